@@ -1,0 +1,61 @@
+"""Global gradient norm over tensors that may be partitioned across ranks, and clipping by it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+
+
+def global_grad_norm(tensors: Iterable[torch.Tensor | None], *, norm_type: float = 2.0,
+                     group: ProcessGroup | None = None, partitioned: bool = True) -> torch.Tensor:
+    """The `norm_type` norm of all `tensors` on all ranks of `group`, as a 0-dim fp32 tensor.
+
+    Args:
+        tensors: this rank's gradient tensors (None entries are skipped).
+        norm_type: p of the p-norm; `inf` for the max-abs norm.
+        group: the ranks whose tensors together make up the whole gradient.
+        partitioned: True when each rank holds a disjoint part (ZeRO): the partial norms are combined
+            with one all-reduce (SUM of |g|^p, or MAX for inf). False when every rank holds the same
+            full gradient: no communication.
+
+    Returns:
+        The norm; inf or nan when a gradient has overflowed (the caller decides what to skip).
+    """
+    grads = [t for t in tensors if t is not None and t.numel() > 0]
+    p = float(norm_type)
+    if grads:
+        norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads], p)
+        stacked = torch.stack([n.float() for n in norms])
+        local = stacked.max() if math.isinf(p) else stacked.pow(p).sum()
+    else:
+        local = torch.zeros(())
+    local = local.reshape(1).float()
+    if partitioned and ds_comm.is_initialized() and ds_comm.get_world_size(group) > 1:
+        op = ds_comm.ReduceOp.MAX if math.isinf(p) else ds_comm.ReduceOp.SUM
+        ds_comm.all_reduce(local, op=op, group=group)
+    total = local if math.isinf(p) else local.pow(1.0 / p)
+    return total.reshape(())
+
+
+def clip_grads_by_norm_(tensors: Iterable[torch.Tensor | None], max_norm: float, total_norm: torch.Tensor,
+                        eps: float = 1e-6) -> float:
+    """Scale `tensors` in place so their global norm is at most `max_norm`; returns the factor used.
+
+    Does nothing (factor 1.0) when `total_norm` is already within bounds or not finite (an overflowed
+    step is skipped elsewhere, and scaling by nan would poison the gradients).
+    """
+    norm = float(total_norm)
+    if max_norm <= 0 or not math.isfinite(norm):
+        return 1.0
+    factor = max_norm / (norm + eps)
+    if factor >= 1.0:
+        return 1.0
+    grads = [t for t in tensors if t is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
+    return factor
