@@ -88,3 +88,17 @@ def test_comms_logger_defaults_match_deepspeed() -> None:
     assert (c.enabled, c.verbose, c.prof_all, c.prof_ops, c.debug) == (False, False, True, [], False)
     with pytest.raises(ConfigError, match=r"comms_logger\.prof_al: .*did you mean 'prof_all'"):
         validate_section(CommsLoggerConfig, {"prof_al": True}, path="comms_logger")
+
+
+class WithInert(ConfigModel):
+    inert_keys: ClassVar[dict[str, str]] = {"zero_quantized_weights": "ZeRO++ is not built"}
+
+    stage: int = 0
+    zero_quantized_weights: bool = False
+
+
+def test_inert_key_accepted_at_default_and_refused_otherwise() -> None:
+    assert validate_section(WithInert, {"zero_quantized_weights": False}).zero_quantized_weights is False
+    with pytest.raises(ConfigError, match=r"z\.zero_quantized_weights: 'zero_quantized_weights'=True is not supported "
+                                          r"by ds \(ZeRO\+\+ is not built\); only the default False is accepted"):
+        validate_section(WithInert, {"zero_quantized_weights": True}, path="z")

@@ -45,6 +45,9 @@ class ConfigModel(BaseModel):
     - `deprecated_keys`: old key -> new key. The old key warns once per validation and maps.
     - `unsupported_keys`: key DeepSpeed accepts but ds does not implement -> why. Using one is
       an error, never silently ignored.
+    - `inert_keys`: fields DeepSpeed accepts whose feature ds does not implement -> why. They are
+      accepted at their default value (configs written for DeepSpeed often spell defaults out) and
+      an error at any other value.
 
     Fields that accept `"auto"` say so in their type (`int | Auto`); `find_auto` lists the ones
     still unresolved so assembly can refuse them by name.
@@ -60,6 +63,7 @@ class ConfigModel(BaseModel):
 
     deprecated_keys: ClassVar[dict[str, str]] = {}
     unsupported_keys: ClassVar[dict[str, str]] = {}
+    inert_keys: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -100,6 +104,14 @@ class ConfigModel(BaseModel):
                         {"old": repr(key), "new": repr(new)},
                     )
                 data[new] = value
+        for key, reason in cls.inert_keys.items():
+            if key in data and data[key] != cls.model_fields[key].default:
+                raise PydanticCustomError(
+                    "unsupported_key",
+                    "{shown}={value} is not supported by ds ({reason}); only the default {default} is accepted",
+                    {"key": key, "shown": repr(key), "value": repr(data[key]), "reason": reason,
+                     "default": repr(cls.model_fields[key].default)},
+                )
         valid = cls.valid_keys()
         for key in data:
             if key not in valid:

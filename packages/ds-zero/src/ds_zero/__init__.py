@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from ds_zero.__about__ import __version__
+from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
-__all__ = ["__version__"]
+__all__ = ["OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig", "__version__"]

@@ -1,0 +1,239 @@
+"""`ZeroConfig`: the `zero_optimization` section, with DeepSpeed's keys, defaults and legacy aliases."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from ds_comm import ConfigDeprecationWarning, ConfigModel
+
+__all__ = ["OffloadDevice", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"]
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+# Field name -> the `stage3_`-prefixed spelling most DeepSpeed configs use. Either is accepted, not both.
+_STAGE3_ALIASES = {
+    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+    "param_persistence_threshold": "stage3_param_persistence_threshold",
+    "model_persistence_threshold": "stage3_model_persistence_threshold",
+    "max_live_parameters": "stage3_max_live_parameters",
+    "max_reuse_distance": "stage3_max_reuse_distance",
+    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+}
+
+
+class OffloadParamConfig(ConfigModel):
+    """`zero_optimization.offload_param`: where stage-3 parameter partitions live between uses."""
+
+    device: OffloadDevice = "none"
+    """"cpu" keeps partitions in host memory; "nvme" swaps them to `nvme_path`."""
+    nvme_path: Path | None = None
+    """Directory for NVMe swap files (required with device "nvme")."""
+    buffer_count: int = Field(5, ge=0)
+    """Pinned buffers for NVMe reads."""
+    buffer_size: int = Field(100_000_000, ge=0)
+    """Elements per NVMe buffer."""
+    max_in_cpu: int = Field(1_000_000_000, ge=0)
+    """Elements kept in CPU memory before swapping to NVMe."""
+    pin_memory: bool = True
+    """Page-lock host buffers for faster device copies (no effect on CPU-only hosts)."""
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self) -> OffloadParamConfig:
+        if self.device == "nvme" and self.nvme_path is None:
+            raise ValueError('device "nvme" needs nvme_path (a directory on a fast local disk)')
+        return self
+
+
+class OffloadOptimizerConfig(ConfigModel):
+    """`zero_optimization.offload_optimizer`: fp32 master weights and optimizer state off the device."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"super_offload": "SuperOffload is not implemented"}
+
+    device: OffloadDevice = "none"
+    """"cpu": state in host memory and the step on the CPU (DeepSpeedCPUAdam); "nvme": swapped to disk."""
+    nvme_path: Path | None = None
+    """Directory for NVMe swap files (required with device "nvme")."""
+    buffer_count: int = Field(4, ge=0)
+    """Pinned buffers for NVMe swapping."""
+    pin_memory: bool = True
+    """Page-lock host buffers (no effect on CPU-only hosts)."""
+    pipeline_read: bool = False
+    """Overlap NVMe reads of the next sub-group with the step."""
+    pipeline_write: bool = False
+    """Overlap NVMe writes of the previous sub-group with the step."""
+    fast_init: bool = False
+    """Skip the NVMe swap warm-up at init."""
+    ratio: float = Field(1.0, ge=0.0, le=1.0)
+    """Fraction of the optimizer state to offload; below 1 only with stage 3."""
+    super_offload: bool = False
+    """DeepSpeed's SuperOffload (not implemented; only False is accepted)."""
+    cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
+    """Share of host cores the CPU optimizer may use."""
+
+    @model_validator(mode="after")
+    def _nvme_needs_path(self) -> OffloadOptimizerConfig:
+        if self.device == "nvme" and self.nvme_path is None:
+            raise ValueError('device "nvme" needs nvme_path (a directory on a fast local disk)')
+        return self
+
+    @property
+    def pipeline(self) -> bool:
+        """Whether NVMe swapping is pipelined at all."""
+        return self.pipeline_read or self.pipeline_write
+
+
+class ZeroConfig(ConfigModel):
+    """The `zero_optimization` section: which ZeRO stage, and how it buckets, overlaps and offloads.
+
+    Keys, defaults and legacy spellings follow DeepSpeed 0.19.8. Sizes are in elements, not bytes;
+    `5e8` is accepted for integer sizes. ZeRO++/MiCS/ZenFlow keys are accepted only at their defaults.
+    """
+
+    deprecated_keys: ClassVar[dict[str, str]] = {
+        "stage3_gather_fp16_weights_on_model_save": "gather_16bit_weights_on_model_save",
+    }
+    inert_keys: ClassVar[dict[str, str]] = {
+        "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning is not implemented",
+        "zero_quantized_weights": "ZeRO++ quantized weights are not implemented",
+        "zero_quantized_nontrainable_weights": "quantized frozen weights are not implemented",
+        "zero_quantized_gradients": "ZeRO++ quantized gradients are not implemented",
+        "mics_shard_size": "MiCS is not implemented",
+        "mics_hierarchical_params_gather": "MiCS is not implemented",
+        "zeropp_loco_param": "ZeRO++ LoCo is not implemented",
+        "zenflow": "ZenFlow is not implemented",
+        "legacy_stage1": "the deprecated ZeRO stage 1 is not supported",
+        "module_granularity_threshold": "fine-grained module fetching is not implemented",
+        "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
+        "allgather_sequential": "parameters are always fetched in coalesced buckets",
+        "save_muon_momentum_buffer_in_memory": "Muon is not implemented",
+    }
+
+    stage: int = Field(0, ge=0, le=3)
+    """0 off, 1 partition optimizer state, 2 + gradients, 3 + parameters."""
+    contiguous_gradients: bool = True
+    """Copy reduced gradients into one contiguous buffer (avoids fragmentation)."""
+    reduce_scatter: bool = True
+    """Reduce gradients with reduce-scatter rather than all-reduce."""
+    reduce_bucket_size: int = Field(500_000_000, gt=0)
+    """Elements reduced at once."""
+    use_multi_rank_bucket_allreduce: bool = True
+    """All-reduce combined buckets."""
+    allgather_partitions: bool = True
+    """All-gather updated partitions after the step (else broadcast from each owner)."""
+    allgather_bucket_size: int = Field(500_000_000, ge=0)
+    """Elements all-gathered at once after the step."""
+    overlap_comm: bool = False
+    """Overlap gradient reduction with backward; default True for stage 3, False otherwise."""
+    compute_grad_norm: bool = True
+    """Compute the global gradient norm at each step (stage 1/2 may turn it off when not clipping)."""
+    load_from_fp32_weights: bool = True
+    """On load, restore master weights from the checkpoint's fp32 partitions."""
+    elastic_checkpoint: bool = False
+    """Legacy flag; checkpoints here always re-partition on load."""
+    offload_param: OffloadParamConfig = OffloadParamConfig()
+    """Stage 3 parameter offload."""
+    offload_optimizer: OffloadOptimizerConfig = OffloadOptimizerConfig()
+    """Optimizer state offload (stages 1-3)."""
+    sub_group_size: int = Field(1_000_000_000, ge=0)
+    """Elements per optimizer-step tile in stage 3 (bounds the step's peak memory)."""
+    prefetch_bucket_size: int = Field(50_000_000, ge=0, alias="stage3_prefetch_bucket_size")
+    """Stage 3: elements prefetched ahead of use."""
+    param_persistence_threshold: int = Field(100_000, ge=0, alias="stage3_param_persistence_threshold")
+    """Stage 3: parameters with fewer elements stay whole on every rank."""
+    model_persistence_threshold: int = Field(2**63 - 1, ge=0, alias="stage3_model_persistence_threshold")
+    """Stage 3: cap on the total elements kept whole."""
+    max_live_parameters: int = Field(1_000_000_000, ge=0, alias="stage3_max_live_parameters")
+    """Stage 3: maximum gathered elements resident at once."""
+    max_reuse_distance: int = Field(1_000_000_000, ge=0, alias="stage3_max_reuse_distance")
+    """Stage 3: keep a gathered parameter if it is used again within this many elements of fetches."""
+    gather_16bit_weights_on_model_save: bool = Field(False, alias="stage3_gather_16bit_weights_on_model_save")
+    """Stage 3: `save_16bit_model()` gathers full weights into one file."""
+    ignore_unused_parameters: bool = True
+    """Stage 2: parameters without gradients are not an error."""
+    round_robin_gradients: bool = False
+    """Stage 1/2 with offload: spread gradient copies across ranks' buffers."""
+    parameter_alignment: bool = False
+    """Pad flat buffers for 16-byte alignment."""
+    memory_efficient_linear: bool = True
+    """Stage 3: linear layers that do not keep gathered weights for backward."""
+    pipeline_loading_checkpoint: bool = False
+    """Stage 3: pipelined checkpoint loading."""
+    override_module_apply: bool = True
+    """Stage 3: `nn.Module.apply` sees gathered parameters."""
+    log_trace_cache_warnings: bool = False
+    """Stage 3: warn when the recorded execution order is invalidated."""
+    enable_sanity_checks: bool = False
+    """Extra invariant checks (slow)."""
+
+    zero_hpz_partition_size: int = 1
+    zero_quantized_weights: bool = False
+    zero_quantized_nontrainable_weights: bool = False
+    zero_quantized_gradients: bool = False
+    mics_shard_size: int = -1
+    mics_hierarchical_params_gather: bool = False
+    zeropp_loco_param: dict[str, Any] | None = None
+    zenflow: dict[str, Any] | None = None
+    legacy_stage1: bool = False
+    module_granularity_threshold: int = 0
+    use_all_reduce_for_fetch_params: bool = False
+    allgather_sequential: bool = False
+    save_muon_momentum_buffer_in_memory: bool = False
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [*super().valid_keys(), "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_forms(cls, data: Any) -> Any:
+        """Map the deprecated `cpu_offload*` switches, refuse a key given in both spellings, default overlap."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for short, long in _STAGE3_ALIASES.items():
+            if short in data and long in data:
+                raise ValueError(f"set either {short!r} or {long!r}, not both (they are the same setting)")
+        legacy = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
+        for old, new in legacy.items():
+            if old in data:
+                value = data.pop(old)
+                warnings.warn(f"config key {old!r} is deprecated; use {new!r}: {{\"device\": \"cpu\"}}",
+                              ConfigDeprecationWarning, stacklevel=2)
+                if value:
+                    if new in data:
+                        raise ValueError(f"both {old!r} (deprecated) and {new!r} are set; keep only {new!r}")
+                    data[new] = {"device": "cpu"}
+        if "cpu_offload_use_pin_memory" in data:
+            data.pop("cpu_offload_use_pin_memory")
+            warnings.warn("config key 'cpu_offload_use_pin_memory' is deprecated and ignored; use "
+                          "offload_optimizer.pin_memory / offload_param.pin_memory", ConfigDeprecationWarning,
+                          stacklevel=2)
+        if data.get("overlap_comm") is None:
+            data["overlap_comm"] = data.get("stage") in (3, "3")
+        return data
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ZeroConfig:
+        if self.offload_optimizer.ratio < 1.0 and self.stage != 3:
+            raise ValueError(f"offload_optimizer.ratio={self.offload_optimizer.ratio} (partial offload) needs "
+                             f"stage 3, but stage is {self.stage}")
+        if self.offload_param.device != "none" and self.stage != 3:
+            warnings.warn(f"zero_optimization.offload_param has no effect at stage {self.stage}: only stage 3 "
+                          "partitions parameters", UserWarning, stacklevel=2)
+        if self.offload_optimizer.device != "none" and self.stage == 0:
+            raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3, but stage is 0")
+        if not self.compute_grad_norm and self.stage == 3:
+            raise ValueError("compute_grad_norm=False is only allowed for stages 1 and 2")
+        return self
+
+    @property
+    def offload_optimizer_device(self) -> OffloadDevice:
+        return self.offload_optimizer.device
+
+    @property
+    def offload_param_device(self) -> OffloadDevice:
+        return self.offload_param.device
