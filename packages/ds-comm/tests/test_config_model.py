@@ -6,8 +6,16 @@ from typing import ClassVar
 
 import pytest
 
-from ds_comm import AUTO, Auto, CommsLoggerConfig, ConfigDeprecationWarning, ConfigError, ConfigModel
-from ds_comm import find_auto, validate_section
+from ds_comm import (
+    AUTO,
+    Auto,
+    CommsLoggerConfig,
+    ConfigDeprecationWarning,
+    ConfigError,
+    ConfigModel,
+    find_auto,
+    validate_section,
+)
 
 
 class Offload(ConfigModel):

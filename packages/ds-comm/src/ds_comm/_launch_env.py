@@ -13,7 +13,9 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 #: Variables whose presence means "started by mpirun/mpiexec" (OpenMPI, PMIx, MPICH/Hydra, Intel MPI, MVAPICH).
-MPI_ENV_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE")
+MPI_ENV_MARKERS = (
+    "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

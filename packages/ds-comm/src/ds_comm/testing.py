@@ -179,7 +179,8 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: fl
                         try:
                             rank2, status, payload = results.get(timeout=1.0)
                         except queue.Empty:
-                            raise RankFailedError(f"rank {rank} exited with code {p.exitcode} without reporting")
+                            raise RankFailedError(
+                                f"rank {rank} exited with code {p.exitcode} without reporting") from None
                         if status == "error":
                             _raise_rank_error(rank2, payload)
                         outputs[rank2] = payload
