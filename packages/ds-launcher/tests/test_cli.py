@@ -108,7 +108,8 @@ def test_mpich_helper_maps_pmi_variables(probe: Path) -> None:
     assert json.loads(done.stdout)["argv"] == ["--local_rank=1", "--y"]
     assert json.loads(done.stdout)["rank"] == "3"
     done = _helper({"PMI_RANK": "3", "PMIX_RANK": "2", "MPI_LOCALRANKID": "1"}, probe)
-    assert done.returncode != 0 and "RANK: the MPI variables disagree: {'PMI_RANK': '3', 'PMIX_RANK': '2'}" in done.stderr
+    assert done.returncode != 0
+    assert "RANK: the MPI variables disagree: {'PMI_RANK': '3', 'PMIX_RANK': '2'}" in done.stderr
     done = _helper({"PMI_RANK": "0"}, probe)
     assert "LOCAL_RANK: none of MPI_LOCALRANKID, PALS_LOCAL_RANKID is set" in done.stderr
 

@@ -61,7 +61,8 @@ def test_home_then_cwd_and_ds_env_file(tmp_path: Path) -> None:
     assert read_env_files({"DS_ENV_FILE": "absent.env"}, cwd=str(cwd), home=str(home)) == {}
     with pytest.raises(EnvFileError) as info:
         read_env_files({"DS_ENV_FILE": str(tmp_path / "nope.env")}, cwd=str(cwd), home=str(home))
-    assert str(info.value) == f"DS_ENV_FILE='{tmp_path / 'nope.env'}' does not exist; point it at a KEY=VALUE file or unset it"
+    assert str(info.value) == (f"DS_ENV_FILE='{tmp_path / 'nope.env'}' does not exist; point it at a KEY=VALUE file "
+                               "or unset it")
 
 
 def test_same_directory_is_read_once(tmp_path: Path) -> None:

@@ -36,7 +36,8 @@ def _plan(tmp_path: Path, *argv: str, environ: dict[str, str] | None = None):
                                   "with `python -m`, --no_python runs it without python"),
     (["-i", "localhost:0", "--num_gpus", "1"], "--num_nodes/--num_gpus cannot be combined with --include/--exclude; "
                                                "select resources one way or the other"),
-    (["--num_nodes", "2", "--num_gpus", "1"], "--num_nodes 2 needs a hostfile listing the other nodes; pass --hostfile"),
+    (["--num_nodes", "2", "--num_gpus", "1"],
+     "--num_nodes 2 needs a hostfile listing the other nodes; pass --hostfile"),
     (["--no_ssh", "--num_gpus", "2"], "--no_ssh needs --node_rank in 0..0 (this node's index among localhost), got -1"),
 ])
 def test_flag_errors(tmp_path: Path, argv: list[str], message: str) -> None:

@@ -31,9 +31,12 @@ GOOD = [
 ]
 
 BAD = [
-    ({"include": "worker-0", "exclude": "worker-1"}, "--include and --exclude are mutually exclusive; pass only one of them"),
-    ({"include": "worker-9"}, "--include 'worker-9': host 'worker-9' is not in the hostfile (hosts: worker-0, worker-1)"),
-    ({"exclude": "worker-9:0"}, "--exclude 'worker-9:0': host 'worker-9' is not in the hostfile (hosts: worker-0, worker-1)"),
+    ({"include": "worker-0", "exclude": "worker-1"},
+     "--include and --exclude are mutually exclusive; pass only one of them"),
+    ({"include": "worker-9"},
+     "--include 'worker-9': host 'worker-9' is not in the hostfile (hosts: worker-0, worker-1)"),
+    ({"exclude": "worker-9:0"},
+     "--exclude 'worker-9:0': host 'worker-9' is not in the hostfile (hosts: worker-0, worker-1)"),
     ({"include": "worker-0:7"}, "--include 'worker-0:7': host 'worker-0' has no slot 7 (slots: 0-3)"),
     ({"exclude": "worker-0:1,7"}, "--exclude 'worker-0:1,7': host 'worker-0' has no slot 7 (slots: 0-3)"),
     ({"exclude": "worker-0@worker-1"}, "--exclude 'worker-0@worker-1' leaves no resources to launch on"),

@@ -17,8 +17,8 @@ import pytest
 
 from ds_launcher import (
     IMPIRunner,
-    LaunchPlan,
     LauncherNotFoundError,
+    LaunchPlan,
     MPICHRunner,
     MVAPICHRunner,
     OpenMPIRunner,
@@ -48,8 +48,8 @@ def make_plan(**overrides: object) -> LaunchPlan:
 
 REMOTE_EXPORTS = ("export PYTHONPATH='/work/job dir:/x' NCCL_DEBUG=INFO MSG='it'\"'\"'s \"quoted\" and spaced' "
                   "DOLLAR='$HOME `whoami`'")
-REMOTE_TAIL = (f"--master_addr=10.0.0.1 --master_port=29500 --log_level=info train.py --foo 'a b' "
-               f"--msg 'it'\"'\"'s \"q\"'")
+REMOTE_TAIL = ("--master_addr=10.0.0.1 --master_port=29500 --log_level=info train.py --foo 'a b' "
+               "--msg 'it'\"'\"'s \"q\"'")
 
 
 def test_pdsh_command() -> None:
@@ -209,8 +209,9 @@ def test_slurm_command() -> None:
                                            "{'a': 2, 'b': 1}; use --num_gpus N to take the first N slots of each host"),
     (IMPIRunner, {"a": [0], "b": [0, 1]}, "--launcher impi needs the same slot count on every host, got "
                                           "{'a': 1, 'b': 2}; use --num_gpus N to take the first N slots of each host"),
-    (MVAPICHRunner, {"a": [0], "b": [0, 1]}, "--launcher mvapich needs the same slot count on every host, got "
-                                             "{'a': 1, 'b': 2}; use --num_gpus N to take the first N slots of each host"),
+    (MVAPICHRunner, {"a": [0], "b": [0, 1]},
+     "--launcher mvapich needs the same slot count on every host, got {'a': 1, 'b': 2}; use --num_gpus N to take "
+     "the first N slots of each host"),
 ])
 def test_backend_resource_limits(runner: type, active: dict[str, list[int]], message: str) -> None:
     with pytest.raises(ValueError) as info:

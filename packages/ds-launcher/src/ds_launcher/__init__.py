@@ -20,7 +20,7 @@ from ds_launcher._resources import (
     filter_resources,
     parse_node_spec,
 )
-from ds_launcher._runner_base import Command, LaunchPlan, LauncherNotFoundError, MultiNodeRunner
+from ds_launcher._runner_base import Command, LauncherNotFoundError, LaunchPlan, MultiNodeRunner
 from ds_launcher._slurm_runner import SlurmRunner
 
 __all__ = [

@@ -163,6 +163,7 @@ class MultiNodeRunner(abc.ABC):
     @classmethod
     def validate_active_resources(cls, active: dict[str, list[int]]) -> None:
         """Reject resource selections this backend cannot honour (ValueError); default: all are fine."""
+        return None
 
     @abc.abstractmethod
     def commands(self, exports: dict[str, str]) -> list[Command]:

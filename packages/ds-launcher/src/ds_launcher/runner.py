@@ -30,7 +30,7 @@ from ds_launcher._mpi_runners import IMPIRunner, MPICHRunner, MVAPICHRunner, Ope
 from ds_launcher._procs import Supervisor
 from ds_launcher._remote_runners import PDSHRunner, SSHRunner
 from ds_launcher._resources import ResourceFilterError, apply_num_nodes_and_gpus, encode_world_info, filter_resources
-from ds_launcher._runner_base import LaunchPlan, LauncherNotFoundError, MultiNodeRunner, launch_command
+from ds_launcher._runner_base import LauncherNotFoundError, LaunchPlan, MultiNodeRunner, launch_command
 from ds_launcher._slurm_runner import SlurmRunner
 
 logger = logging.getLogger("ds_launcher.runner")  # not __name__: this module may run as __main__
