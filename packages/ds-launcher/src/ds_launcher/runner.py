@@ -110,9 +110,11 @@ def resolve_resources(args: argparse.Namespace, env: dict[str, str]) -> tuple[di
         if args.num_nodes > 1:
             raise ResourceFilterError(f"--num_nodes {args.num_nodes} needs a hostfile listing the other nodes; "
                                       "pass --hostfile")
-        include = _visible_devices_include(args, env)
-        saved = os.environ.pop(_VISIBLE_DEVICES, None)  # count every device, as the include names physical ids
+        # Hide the variable from this process before anything asks CUDA (which reads it once): the
+        # count must cover every device, since the include it becomes names physical ids.
+        saved = os.environ.pop(_VISIBLE_DEVICES, None)
         try:
+            include = _visible_devices_include(args, env)
             pool = {"localhost": local_slot_count(args.num_gpus)}
         finally:
             if saved is not None:
