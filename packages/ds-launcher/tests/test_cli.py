@@ -56,6 +56,16 @@ def test_module_and_no_python(launcher, tmp_path: Path, probe: Path) -> None:
                                                                      ("1", "--local_rank=1 x")]
 
 
+def test_program_that_cannot_start(launcher, tmp_path: Path) -> None:
+    done = launcher.run("--num_gpus", "2", "--no_python", str(tmp_path / "no-such-program"), timeout=60)
+    assert done.returncode == 127
+    assert f"cannot start rank 0 ({tmp_path / 'no-such-program'}): [Errno 2] No such file or directory" in done.stderr
+    text = tmp_path / "not-executable.sh"
+    text.write_text("echo hi\n")
+    done = launcher.run("--num_gpus", "2", "--no_python", str(text), timeout=60)
+    assert done.returncode == 126 and "Permission denied" in done.stderr
+
+
 def test_save_pid_file_exists_during_the_run_only(launcher, probe: Path) -> None:
     proc = launcher.start("--num_gpus", "1", "--save_pid", str(probe), "--pidfile")
     done = launcher.wait(proc, timeout=60)

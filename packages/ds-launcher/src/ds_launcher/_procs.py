@@ -174,6 +174,11 @@ class Supervisor:
                 signal.signal(sig, handler)
         return status
 
+    def abort(self) -> None:
+        """Kill everything started so far (a later process could not be started)."""
+        self._kill(signal.SIGKILL)
+        self._sweep()
+
     def _install_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}

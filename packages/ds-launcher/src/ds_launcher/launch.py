@@ -147,7 +147,13 @@ def run(plans: Sequence[RankPlan], *, grace_s: float = KILL_GRACE_S) -> int:
     """Start every planned worker and supervise them; returns the job's exit status."""
     supervisor = Supervisor(grace_s=grace_s)
     for plan in plans:
-        supervisor.start(f"rank {plan.rank}", plan.argv, env=plan.env, log_path=plan.log_path, affinity=plan.cores)
+        try:
+            supervisor.start(f"rank {plan.rank}", plan.argv, env=plan.env, log_path=plan.log_path,
+                             affinity=plan.cores)
+        except OSError as err:
+            logger.error("cannot start rank %d (%s): %s", plan.rank, plan.argv[0], err)
+            supervisor.abort()
+            return 127 if isinstance(err, FileNotFoundError) else 126  # the shell's "not found"/"not executable"
         logger.info("rank %d (local %d): %s%s", plan.rank, plan.local_rank, shlex.join(plan.argv),
                     f" > {plan.log_path}" if plan.log_path else "")
     return supervisor.run()
