@@ -79,6 +79,9 @@ class PipelineExecutor:
         pipe_partitioned: with tensor parallelism, send activation slices (`pipeline.pipe_partitioned`).
         grad_partitioned: likewise for gradients (`pipeline.grad_partitioned`).
         device: where data and received tensors go; default the accelerator's current device.
+        broadcast_parameters: copy every parameter and buffer from data-parallel rank 0 to the other
+            replicas of this stage now (a broadcast on the data-parallel group), so replicas start
+            equal; an engine that already did so can pass False.
 
     Each batch from the data iterator is `(inputs, labels)`; the first stage uses `inputs`, the last
     `labels`, other stages do not read it. `inputs` is a tensor or a tuple of tensors.
@@ -90,7 +93,8 @@ class PipelineExecutor:
                  reduce_grads: Callable[[], None] | None = None,
                  scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  batch_fn: Callable[[Any], Any] | None = None, pipe_partitioned: bool = True,
-                 grad_partitioned: bool = True, device: torch.device | None = None) -> None:
+                 grad_partitioned: bool = True, device: torch.device | None = None,
+                 broadcast_parameters: bool = True) -> None:
         if not isinstance(module, PipelineModule):
             raise TypeError(f"PipelineExecutor: module must be a PipelineModule, got {type(module).__name__}")
         self.module = module
@@ -109,6 +113,10 @@ class PipelineExecutor:
         self.p2p = StageP2P(self.grid, self.device, dynamic_shape=module.dynamic_shape,
                             pipe_partitioned=pipe_partitioned, grad_partitioned=grad_partitioned)
         self.data_iterator: Iterator[Any] | None = None
+        if broadcast_parameters and self.grid.get_data_parallel_world_size() > 1:
+            src = self.grid.dp_group[0]
+            for tensor in [*module.parameters(), *module.buffers()]:
+                ds_comm.broadcast(tensor.data, src=src, group=self.grid.get_data_parallel_group())
         self._timings: dict[str, float] = defaultdict(float)
         self._handlers: dict[type[sched.PipeInstruction], Callable[[Any], None]] = {
             sched.LoadMicroBatch: self._load_micro_batch, sched.ForwardPass: self._forward_pass,
