@@ -41,7 +41,7 @@ class _Buffer:
 
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        return value if value.device == device else value.to(device)
     if isinstance(value, (tuple, list)):
         return type(value)(_to_device(v, device) for v in value)
     return value
@@ -118,6 +118,7 @@ class PipelineExecutor:
             for tensor in [*module.parameters(), *module.buffers()]:
                 ds_comm.broadcast(tensor.data, src=src, group=self.grid.get_data_parallel_group())
         self._timings: dict[str, float] = defaultdict(float)
+        self._schedules: dict[tuple[type[sched.PipeSchedule], int], tuple[int, list[list[Any]]]] = {}
         self._handlers: dict[type[sched.PipeInstruction], Callable[[Any], None]] = {
             sched.LoadMicroBatch: self._load_micro_batch, sched.ForwardPass: self._forward_pass,
             sched.BackwardPass: self._backward_pass, sched.SendActivation: self._send_activation,
@@ -160,8 +161,7 @@ class PipelineExecutor:
             raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
         self.module.train()
         self.module.zero_grad(set_to_none=True)
-        schedule = sched.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id)
-        losses = self._run(schedule, data_iter, mode="train")
+        losses = self._run(self._schedule(sched.TrainSchedule, self.micro_batches), data_iter, mode="train")
         mean = torch.stack(losses).float().mean() if losses else None
         return self._share_loss(mean)
 
@@ -189,9 +189,8 @@ class PipelineExecutor:
         self.module.eval()
         try:
             with torch.no_grad():
-                schedule = sched.InferenceSchedule(num, self.num_stages, self.stage_id)
                 self._compute_loss, self._keep_logits, self._logits = compute_loss, return_logits, []
-                results = self._run(schedule, data_iter, mode="eval")
+                results = self._run(self._schedule(sched.InferenceSchedule, num), data_iter, mode="eval")
         finally:
             self.module.train(was_training)
         result: Any = None
@@ -205,23 +204,37 @@ class PipelineExecutor:
         return (result, logits) if return_logits else result
 
     # Schedule execution
-    def _run(self, schedule: sched.PipeSchedule, data_iter: Iterator[Any] | None, mode: str) -> list[Any]:
+    def _schedule(self, kind: type[sched.PipeSchedule], micro_batches: int) -> tuple[int, list[list[Any]]]:
+        """(buffer count, steps) of a schedule, built once per kind and micro-batch count."""
+        key = (kind, micro_batches)
+        if key not in self._schedules:
+            schedule = kind(micro_batches, self.num_stages, self.stage_id)
+            self._schedules[key] = (schedule.num_pipe_buffers(), list(schedule))
+        return self._schedules[key]
+
+    def _run(self, schedule: tuple[int, list[list[Any]]], data_iter: Iterator[Any] | None, mode: str) -> list[Any]:
         iterator = data_iter if data_iter is not None else self.data_iterator
         if iterator is None and (self.is_first_stage or self.is_last_stage):
             which = "first" if self.is_first_stage else "last"
             raise ValueError(f"stage {self.stage_id} (the {which} stage) reads data: pass data_iter=... or call "
                              "set_dataiterator() first")
         self._iterator, self._mode = iterator, mode
-        self._buffers = [_Buffer() for _ in range(schedule.num_pipe_buffers())]
+        num_buffers, steps = schedule
+        self._buffers = [_Buffer() for _ in range(num_buffers)]
         self._results: list[Any] = []
         self._timings.clear()
         self.p2p.mode = mode
+        # Profiler labels cost ~10 us per instruction: only pay for them while a profiler is recording.
+        label = torch.autograd._profiler_enabled()
         start = time.perf_counter()
         try:
-            for step in schedule:
+            for step in steps:
                 for instruction in step:
                     began = time.perf_counter()
-                    with record_function(f"ds_pipe::{instruction.name}"):
+                    if label:
+                        with record_function(f"ds_pipe::{instruction.name}"):
+                            self._handlers[type(instruction)](instruction)
+                    else:
                         self._handlers[type(instruction)](instruction)
                     self._timings[instruction.name] += time.perf_counter() - began
             self.p2p.wait_sends()
