@@ -209,7 +209,12 @@ class PipelineExecutor:
         key = (kind, micro_batches)
         if key not in self._schedules:
             schedule = kind(micro_batches, self.num_stages, self.stage_id)
-            self._schedules[key] = (schedule.num_pipe_buffers(), list(schedule))
+            # A step's sends refer to the previous step's results and never block: issue them before the
+            # step's receives, so a neighbour waiting for them is not held up by our own wait.
+            sends = (sched.SendActivation, sched.SendGrad)
+            steps = [[c for c in step if isinstance(c, sends)] + [c for c in step if not isinstance(c, sends)]
+                     for step in schedule]
+            self._schedules[key] = (schedule.num_pipe_buffers(), steps)
         return self._schedules[key]
 
     def _run(self, schedule: tuple[int, list[list[Any]]], data_iter: Iterator[Any] | None, mode: str) -> list[Any]:
@@ -221,6 +226,8 @@ class PipelineExecutor:
         self._iterator, self._mode = iterator, mode
         num_buffers, steps = schedule
         self._buffers = [_Buffer() for _ in range(num_buffers)]
+        flat = [type(c) for step in steps for c in step]
+        self._recvs_left = {kind: flat.count(kind) for kind in (sched.RecvActivation, sched.RecvGrad)}
         self._results: list[Any] = []
         self._timings.clear()
         self.p2p.mode = mode
@@ -237,7 +244,7 @@ class PipelineExecutor:
                     else:
                         self._handlers[type(instruction)](instruction)
                     self._timings[instruction.name] += time.perf_counter() - began
-            self.p2p.wait_sends()
+            self.p2p.finish_batch()
         finally:
             self._buffers, self._iterator = [], None
         self._timings["batch"] = time.perf_counter() - start
@@ -307,7 +314,9 @@ class PipelineExecutor:
             buffer.outputs = None
 
     def _recv_activation(self, instruction: sched.RecvActivation) -> None:
-        self._buffers[instruction.buffer_id].inputs = self.p2p.recv_activations()
+        self._recvs_left[sched.RecvActivation] -= 1
+        more = self._recvs_left[sched.RecvActivation] > 0
+        self._buffers[instruction.buffer_id].inputs = self.p2p.recv_activations(prefetch_next=more)
 
     def _send_grad(self, instruction: sched.SendGrad) -> None:
         buffer = self._buffers[instruction.buffer_id]
@@ -316,7 +325,8 @@ class PipelineExecutor:
 
     def _recv_grad(self, instruction: sched.RecvGrad) -> None:
         buffer = self._buffers[instruction.buffer_id]
-        buffer.grads = self.p2p.recv_grads(buffer.outputs)
+        self._recvs_left[sched.RecvGrad] -= 1
+        buffer.grads = self.p2p.recv_grads(buffer.outputs, prefetch_next=self._recvs_left[sched.RecvGrad] > 0)
 
     def _reduce_tied_grads(self, instruction: sched.ReduceTiedGrads) -> None:
         self.module.allreduce_tied_weight_gradients()

@@ -8,8 +8,9 @@ the module was built with `dynamic_shape=True`: every send then carries a one-el
 same as before, n: a new n-long description follows), so descriptions still travel only when the
 shape changes. Gradients need no description: the receiving stage knows its outputs' shapes.
 
-Sends are non-blocking (`ds_comm.isend`); the tensors are kept until `wait_sends()`, which the
-executor calls at the end of a batch. Receives block. With tensor parallelism and
+Sends are non-blocking (`ds_comm.isend`); the tensors are kept until `finish_batch()`, which the
+executor calls at the end of a batch. Receives block, but with static shapes the executor asks for
+the next message's receives to be posted early (`prefetch_next`), so data lands during compute. With tensor parallelism and
 `pipe_partitioned` / `grad_partitioned`, each rank sends only its 1/mp slice of every floating
 tensor and the receiver all-gathers the slices over its tensor-parallel group.
 """
@@ -34,6 +35,8 @@ _CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 # (is_tuple, ((dtype, requires_grad, shape), ...))
 Meta = tuple[bool, tuple[tuple[torch.dtype, bool, tuple[int, ...]], ...]]
+# Posted receives of one message: (handle, buffer, full shape when the buffer is a tensor-parallel piece).
+_Posted = list[tuple[ds_comm.CollectiveHandle, torch.Tensor, tuple[int, ...] | None]]
 
 
 def as_tuple(value: Any) -> tuple[Any, ...]:
@@ -110,6 +113,8 @@ class StageP2P:
         self._sent: dict[str, Meta] = {}
         self._received: dict[str, Meta] = {}
         self._pending: list[tuple[ds_comm.CollectiveHandle, torch.Tensor]] = []
+        self._next_activation: _Posted | None = None
+        self._next_grads: _Posted | None = None
 
     def reset_activation_shape(self) -> None:
         """Forget the exchanged descriptions; the next send/receive exchanges them again (all stages)."""
@@ -125,6 +130,31 @@ class StageP2P:
         tensor = torch.empty(shape, dtype=dtype, device=self.device)
         ds_comm.recv(tensor, src)
         return tensor
+
+    def _post(self, specs: list[tuple[tuple[int, ...], torch.dtype]], src: int, partitioned: bool) -> _Posted:
+        """Post the receives of one message (a stage output, or its gradients) without waiting."""
+        posted: _Posted = []
+        for shape, dtype in specs:
+            if partitioned and dtype.is_floating_point:
+                piece = torch.empty(math.ceil(math.prod(shape) / self._slices), dtype=dtype, device=self.device)
+                posted.append((ds_comm.irecv(piece, src), piece, shape))
+            else:
+                tensor = torch.empty(shape, dtype=dtype, device=self.device)
+                posted.append((ds_comm.irecv(tensor, src), tensor, None))
+        return posted
+
+    def _complete(self, posted: _Posted) -> list[torch.Tensor]:
+        """Wait for posted receives; all-gather partitioned pieces over the tensor-parallel group."""
+        out = []
+        for handle, tensor, full_shape in posted:
+            handle.wait()
+            if full_shape is None:
+                out.append(tensor)
+                continue
+            full = torch.empty(tensor.numel() * self._slices, dtype=tensor.dtype, device=self.device)
+            ds_comm.all_gather_into_tensor(full, tensor, group=self._slice_group)
+            out.append(full[: math.prod(full_shape)].view(full_shape))
+        return out
 
     def wait_sends(self) -> None:
         """Wait for every outstanding send (their tensors may be freed afterwards)."""
@@ -142,16 +172,6 @@ class StageP2P:
             piece[: mine.numel()] = mine
             tensor = piece
         self._isend(tensor, dst)
-
-    def _recv_tensor(self, shape: tuple[int, ...], dtype: torch.dtype, src: int, partitioned: bool) -> torch.Tensor:
-        if not (partitioned and dtype.is_floating_point):
-            return self._recv(shape, dtype, src)
-        numel = math.prod(shape)
-        chunk = math.ceil(numel / self._slices)
-        piece = self._recv((chunk,), dtype, src)
-        full = torch.empty(chunk * self._slices, dtype=dtype, device=self.device)
-        ds_comm.all_gather_into_tensor(full, piece, group=self._slice_group)
-        return full[:numel].view(shape)
 
     # Activations
     def send_activations(self, outputs: Any) -> None:
@@ -174,20 +194,30 @@ class StageP2P:
         for tensor in as_tuple(outputs):
             self._send_tensor(tensor, self.next_rank, self.pipe_partitioned)
 
-    def recv_activations(self) -> Any:
-        """Receive the previous stage's output; floating tensors that required grad there require it here."""
+    def recv_activations(self, prefetch_next: bool = False) -> Any:
+        """Receive the previous stage's output; floating tensors that required grad there require it here.
+
+        With `prefetch_next` (static shapes only) the receives of the next output are posted too, so
+        its data can arrive while this stage computes.
+        """
         assert self.prev_rank is not None, "the first stage receives no activations"
+        posted, self._next_activation = self._next_activation, None
         meta = self._received.get(self.mode)
-        if meta is None or self.dynamic_shape:
-            length = int(self._recv((1,), torch.int64, self.prev_rank).item())
-            if length:
-                meta = _decode(self._recv((length,), torch.int64, self.prev_rank).tolist())
-                self._received[self.mode] = meta
-        assert meta is not None, "a dynamic-shape stream began without a description"
-        tensors = []
-        for dtype, requires_grad, shape in meta[1]:
-            tensor = self._recv_tensor(shape, dtype, self.prev_rank, self.pipe_partitioned)
-            tensors.append(tensor.requires_grad_(requires_grad and torch.is_grad_enabled()))
+        if posted is None:
+            if meta is None or self.dynamic_shape:
+                length = int(self._recv((1,), torch.int64, self.prev_rank).item())
+                if length:
+                    meta = _decode(self._recv((length,), torch.int64, self.prev_rank).tolist())
+                    self._received[self.mode] = meta
+            assert meta is not None, "a dynamic-shape stream began without a description"
+            posted = self._post([(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank, self.pipe_partitioned)
+        assert meta is not None
+        if prefetch_next and not self.dynamic_shape:
+            self._next_activation = self._post([(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank,
+                                               self.pipe_partitioned)
+        grad = torch.is_grad_enabled()
+        tensors = [t.requires_grad_(requires_grad and grad)
+                   for t, (_, requires_grad, _) in zip(self._complete(posted), meta[1])]
         return tuple(tensors) if meta[0] else tensors[0]
 
     # Gradients
@@ -199,11 +229,25 @@ class StageP2P:
                 grad = tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
                 self._send_tensor(grad, self.prev_rank, self.grad_partitioned)
 
-    def recv_grads(self, outputs: Any) -> list[torch.Tensor]:
-        """Receive the gradients of this stage's outputs that require grad, in order."""
+    def recv_grads(self, outputs: Any, prefetch_next: bool = False) -> list[torch.Tensor]:
+        """Receive the gradients of this stage's outputs that require grad, in order.
+
+        With `prefetch_next` (static shapes only) the receives for the next micro-batch's gradients
+        are posted too (same shapes: static mode guarantees every output has the same structure).
+        """
         assert self.next_rank is not None, "the last stage receives no gradients"
-        return [self._recv_tensor(tuple(t.shape), t.dtype, self.next_rank, self.grad_partitioned)
-                for t in as_tuple(outputs) if t.requires_grad]
+        specs = [(tuple(t.shape), t.dtype) for t in as_tuple(outputs) if t.requires_grad]
+        posted, self._next_grads = self._next_grads, None
+        if posted is None:
+            posted = self._post(specs, self.next_rank, self.grad_partitioned)
+        if prefetch_next and not self.dynamic_shape:
+            self._next_grads = self._post(specs, self.next_rank, self.grad_partitioned)
+        return self._complete(posted)
+
+    def finish_batch(self) -> None:
+        """Wait for outstanding sends; no prefetched receive may be left over."""
+        assert self._next_activation is None and self._next_grads is None, "a prefetched receive was never used"
+        self.wait_sends()
 
 
 def _show(meta: Meta) -> str:
