@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
 from ds_comm.testing import run_ranks
 from ds_pipe import LayerSpec, PipelineExecutor, PipelineModule
-from torch import nn
 
 WARMUP = 2
 

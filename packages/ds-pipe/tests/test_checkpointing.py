@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+
 from ds_comm import ConfigError
 from ds_pipe import checkpointing
-from torch import nn
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def _model(use_tracker: bool = False) -> nn.ModuleList:
 
 
 def _assert_identical(a: tuple[list[torch.Tensor], torch.Tensor], b: tuple[list[torch.Tensor], torch.Tensor]) -> None:
-    assert all(torch.equal(x, y) for x, y in zip(a[0], b[0]))
+    assert all(torch.equal(x, y) for x, y in zip(a[0], b[0], strict=False))
     assert torch.equal(a[1], b[1])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ds_comm import ConfigError, validate_section
 from ds_pipe import ActivationCheckpointingConfig, PipelineConfig
 

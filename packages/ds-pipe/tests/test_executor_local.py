@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from ds_pipe import LayerSpec, PipelineExecutor, PipelineModule
 from torch import nn
+
+from ds_pipe import LayerSpec, PipelineExecutor, PipelineModule
 
 
 def _data(n: int, rows: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -53,7 +54,7 @@ def test_eval_batch_modes() -> None:
     avg = executor.eval_batch(iter(data), num_micro_batches=3)
     torch.testing.assert_close(avg, torch.stack(expected).mean(), rtol=0, atol=1e-6)
     per, logits = executor.eval_batch(iter(data), reduce_output=None, return_logits=True, num_micro_batches=3)
-    assert all(torch.equal(a, b) for a, b in zip(per, expected)) and len(logits) == 3
+    assert all(torch.equal(a, b) for a, b in zip(per, expected, strict=False)) and len(logits) == 3
     outputs = executor.eval_batch(iter(data[:2]), compute_loss=False, reduce_output="avg")
     torch.testing.assert_close(outputs, torch.stack([module(x) for x, _ in data[:2]]).mean(0).detach())
     assert module.training, "eval_batch restores the training mode"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from ds_pipe._p2p import _decode, _encode, _show, describe
 
 

@@ -6,6 +6,7 @@ import itertools
 import random
 
 import pytest
+
 from ds_pipe import partition_balanced, partition_uniform, prefix_sum_inc
 
 
@@ -26,7 +27,7 @@ def test_partition_uniform_exhaustive_sizes_differ_by_at_most_one() -> None:
     for items in range(0, 20):
         for parts in range(1, 9):
             bounds = partition_uniform(items, parts)
-            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+            sizes = [b - a for a, b in itertools.pairwise(bounds)]
             assert bounds[0] == 0 and bounds[-1] == items and len(sizes) == parts
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
@@ -60,12 +61,12 @@ def test_partition_balanced_is_optimal_against_brute_force() -> None:
         if sum(weights) == 0:
             continue
         got = partition_balanced(weights, parts)
-        loads = [sum(weights[a:b]) for a, b in zip(got, got[1:])]
-        assert all(b > a for a, b in zip(got, got[1:])), "every part is non-empty"
-        best = min(max(sum(weights[a:b]) for a, b in zip(s, s[1:])) for s in _all_splits(n, parts))
+        loads = [sum(weights[a:b]) for a, b in itertools.pairwise(got)]
+        assert all(b > a for a, b in itertools.pairwise(got)), "every part is non-empty"
+        best = min(max(sum(weights[a:b]) for a, b in itertools.pairwise(s)) for s in _all_splits(n, parts))
         assert max(loads) == best, (weights, parts, got)
-        tied = [s for s in _all_splits(n, parts) if max(sum(weights[a:b]) for a, b in zip(s, s[1:])) == best]
-        least_squares = min(sum(sum(weights[a:b]) ** 2 for a, b in zip(s, s[1:])) for s in tied)
+        tied = [s for s in _all_splits(n, parts) if max(sum(weights[a:b]) for a, b in itertools.pairwise(s)) == best]
+        least_squares = min(sum(sum(weights[a:b]) ** 2 for a, b in itertools.pairwise(s)) for s in tied)
         assert sum(x * x for x in loads) == least_squares, (weights, parts, got)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ds_pipe.schedule import (
     BackwardPass,
     DataParallelSchedule,

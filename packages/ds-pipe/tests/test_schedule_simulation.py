@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from ds_pipe.schedule import (
     BackwardPass,
     ForwardPass,

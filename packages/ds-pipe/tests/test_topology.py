@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from ds_pipe import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 
@@ -48,13 +49,14 @@ def test_exhaustive_round_trips(dims: list[int]) -> None:
     coords = list(itertools.product(*(range(d) for d in dims)))
     assert [tuple(topo.get_coord(r)) for r in range(world)] == coords
     for rank, coord in enumerate(coords):
-        assert topo.get_rank(**dict(zip(axes, coord))) == rank
+        assert topo.get_rank(**dict(zip(axes, coord, strict=False))) == rank
     for axis in axes:
         lists = topo.get_axis_comm_lists(axis)
         assert sorted(r for group in lists for r in group) == list(range(world))
         assert all(len(group) == topo.get_dim(axis) for group in lists)
         for group in lists:
-            varying = {a for a in axes for r in group[1:] if getattr(topo.get_coord(r), a) != getattr(topo.get_coord(group[0]), a)}
+            first = topo.get_coord(group[0])
+            varying = {a for a in axes for r in group[1:] if getattr(topo.get_coord(r), a) != getattr(first, a)}
             assert varying <= {axis}
             assert [getattr(topo.get_coord(r), axis) for r in group] == list(range(topo.get_dim(axis)))
         for idx in range(topo.get_dim(axis)):

@@ -21,7 +21,6 @@ from ds_pipe._topology import PipeDataParallelTopology, PipeModelDataParallelTop
 from ds_pipe.config import ActivationCheckpointingConfig, PipelineConfig
 from ds_pipe.schedule import DataParallelSchedule, InferenceSchedule, PipeSchedule, TrainSchedule
 
-
 __all__ = [
     "ActivationCheckpointingConfig",
     "ActivationShapeError",

@@ -21,11 +21,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-import ds_comm
 import torch
-from ds_comm import get_accelerator
 from torch.distributed import ProcessGroup
 
+import ds_comm
+from ds_comm import get_accelerator
 from ds_pipe._rng import RngSnapshot
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class CheckpointFunction(torch.autograd.Function):
             now.restore()
         recomputed = time.perf_counter()
         flat = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
-        pairs = [(o, g) for o, g in zip(flat, grads)
+        pairs = [(o, g) for o, g in zip(flat, grads, strict=True)
                  if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])

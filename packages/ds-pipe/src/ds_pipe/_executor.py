@@ -9,10 +9,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import ds_comm
 import torch
 from torch.profiler import record_function
 
+import ds_comm
 from ds_pipe import schedule as sched
 from ds_pipe._grad_reduce import allreduce_mean_grads
 from ds_pipe._grid import PipelineParallelGrid

@@ -6,9 +6,10 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 
-import ds_comm
 import torch
 from torch.distributed import ProcessGroup
+
+import ds_comm
 
 logger = logging.getLogger(__name__)
 

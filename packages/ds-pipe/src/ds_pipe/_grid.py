@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import ds_comm
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_pipe._topology import PipeDataParallelTopology, ProcessTopology
 
 logger = logging.getLogger(__name__)

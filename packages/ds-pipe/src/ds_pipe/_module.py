@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import random
@@ -11,11 +12,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ds_comm
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_pipe import checkpointing
 from ds_pipe._grid import PipelineParallelGrid
 from ds_pipe._layer_io import CheckpointEngine, layer_file_name, load_layers, save_layers
@@ -144,10 +145,11 @@ class PipelineModule(nn.Module):
         if not isinstance(method, str):
             parts = list(method)
             ok = (len(parts) == self.num_stages + 1 and parts[0] == 0 and parts[-1] == num_layers
-                  and all(isinstance(b, int) for b in parts) and all(a <= b for a, b in zip(parts, parts[1:])))
+                  and all(isinstance(b, int) for b in parts) and all(a <= b for a, b in itertools.pairwise(parts)))
             if not ok:
                 raise ValueError(f"PipelineModule: explicit partition {parts} must be {self.num_stages + 1} "
-                                 f"non-decreasing ints from 0 to {num_layers} (stage s holds layers parts[s]:parts[s+1])")
+                                 f"non-decreasing ints from 0 to {num_layers} "
+                                 "(stage s holds layers parts[s]:parts[s+1])")
             return parts
         lowered = method.lower()
         if lowered == "uniform":

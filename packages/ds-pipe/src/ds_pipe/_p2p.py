@@ -10,7 +10,8 @@ shape changes. Gradients need no description: the receiving stage knows its outp
 
 Sends are non-blocking (`ds_comm.isend`); the tensors are kept until `finish_batch()`, which the
 executor calls at the end of a batch. Receives block, but with static shapes the executor asks for
-the next message's receives to be posted early (`prefetch_next`), so data lands during compute. With tensor parallelism and
+the next message's receives to be posted early (`prefetch_next`), so data lands during compute.
+With tensor parallelism and
 `pipe_partitioned` / `grad_partitioned`, each rank sends only its 1/mp slice of every floating
 tensor and the receiver all-gathers the slices over its tensor-parallel group.
 """
@@ -21,10 +22,10 @@ import logging
 import math
 from typing import Any
 
-import ds_comm
 import torch
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_pipe._grid import PipelineParallelGrid
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ class StageP2P:
                                                self.pipe_partitioned)
         grad = torch.is_grad_enabled()
         tensors = [t.requires_grad_(requires_grad and grad)
-                   for t, (_, requires_grad, _) in zip(self._complete(posted), meta[1])]
+                   for t, (_, requires_grad, _) in zip(self._complete(posted), meta[1], strict=True)]
         return tuple(tensors) if meta[0] else tensors[0]
 
     # Gradients

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterator
 
 import torch
+
 from ds_comm import get_accelerator
 
 logger = logging.getLogger(__name__)

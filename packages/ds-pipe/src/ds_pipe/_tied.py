@@ -13,11 +13,11 @@ import functools
 import logging
 from collections.abc import Sequence
 
-import ds_comm
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_pipe._topology import ProcessTopology
 
 logger = logging.getLogger(__name__)

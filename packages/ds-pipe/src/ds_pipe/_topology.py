@@ -39,7 +39,7 @@ class ProcessTopology:
             raise ValueError("ProcessTopology: axes must name at least one axis (e.g. ['pipe', 'data'])")
         if len(set(axes)) != len(axes):
             raise ValueError(f"ProcessTopology: axis names must be unique, got {axes}")
-        for axis, dim in zip(axes, dims):
+        for axis, dim in zip(axes, dims, strict=True):
             if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
                 raise ValueError(f"ProcessTopology: dim of axis {axis!r} must be an int >= 1, got {dim!r}")
         self.axes: list[str] = axes
@@ -128,7 +128,7 @@ class ProcessTopology:
         others = [a for a in self.axes if a != axis]
         lists = []
         for fixed in itertools.product(*(range(self.get_dim(a)) for a in others)):
-            coord = dict(zip(others, fixed))
+            coord = dict(zip(others, fixed, strict=True))
             lists.append([self.get_rank(**coord, **{axis: i}) for i in range(self.get_dim(axis))])
         return lists
 

@@ -23,10 +23,10 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import ds_comm
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
+import ds_comm
 from ds_pipe._checkpoint_function import TIMINGS, BufferPool, CheckpointFunction, CheckpointPolicy
 from ds_pipe._rng import CudaRNGStatesTracker, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
 from ds_pipe.config import ActivationCheckpointingConfig

@@ -11,8 +11,9 @@ import logging
 import re
 from typing import Annotated
 
-from ds_comm import Auto, ConfigModel
 from pydantic import Field, field_validator, model_validator
+
+from ds_comm import Auto, ConfigModel
 
 logger = logging.getLogger(__name__)
 

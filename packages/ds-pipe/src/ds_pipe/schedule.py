@@ -179,7 +179,8 @@ class PipeSchedule(abc.ABC):
         return self.steps()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(micro_batches={self.micro_batches}, stages={self.stages}, stage_id={self.stage_id})"
+        name = type(self).__name__
+        return f"{name}(micro_batches={self.micro_batches}, stages={self.stages}, stage_id={self.stage_id})"
 
 
 class TrainSchedule(PipeSchedule):
