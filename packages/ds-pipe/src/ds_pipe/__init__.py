@@ -1,7 +1,49 @@
-"""ds-pipe: Pipeline parallelism: topology, PipelineModule, 1F1B schedules, p2p, executor."""
+"""ds-pipe: pipeline parallelism usable with no engine.
+
+Topologies and the process grid, `PipelineModule` with `LayerSpec`/`TiedLayerSpec` and partition
+methods, 1F1B and inference schedules as instruction streams (`ds_pipe.schedule`), point-to-point
+activation transfer, the `PipelineExecutor` that runs them, activation checkpointing
+(`ds_pipe.checkpointing`), and the `pipeline` / `activation_checkpointing` config models.
+"""
 
 from __future__ import annotations
 
+from ds_pipe import checkpointing, schedule
 from ds_pipe.__about__ import __version__
+from ds_pipe._executor import PipelineError, PipelineExecutor
+from ds_pipe._grid import PipelineParallelGrid
+from ds_pipe._layer_io import CheckpointEngine
+from ds_pipe._layer_spec import LayerSpec, TiedLayerSpec
+from ds_pipe._module import PartitionMethodError, PipelineModule
+from ds_pipe._p2p import ActivationShapeError
+from ds_pipe._partition import partition_balanced, partition_uniform, prefix_sum_inc
+from ds_pipe._topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
+from ds_pipe.config import ActivationCheckpointingConfig, PipelineConfig
+from ds_pipe.schedule import DataParallelSchedule, InferenceSchedule, PipeSchedule, TrainSchedule
 
-__all__ = ["__version__"]
+__all__ = [
+    "ActivationCheckpointingConfig",
+    "ActivationShapeError",
+    "CheckpointEngine",
+    "DataParallelSchedule",
+    "InferenceSchedule",
+    "LayerSpec",
+    "PartitionMethodError",
+    "PipeDataParallelTopology",
+    "PipeModelDataParallelTopology",
+    "PipeSchedule",
+    "PipelineConfig",
+    "PipelineError",
+    "PipelineExecutor",
+    "PipelineModule",
+    "PipelineParallelGrid",
+    "ProcessTopology",
+    "TiedLayerSpec",
+    "TrainSchedule",
+    "__version__",
+    "checkpointing",
+    "partition_balanced",
+    "partition_uniform",
+    "prefix_sum_inc",
+    "schedule",
+]

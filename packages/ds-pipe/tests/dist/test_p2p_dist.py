@@ -1,0 +1,92 @@
+"""p2p between stages on gloo: static-shape errors, dynamic shapes, and tensor-parallel partitioned transfers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pipe_models
+import pytest
+import torch
+from ds_comm.testing import run_ranks
+from ds_pipe import (
+    ActivationShapeError,
+    LayerSpec,
+    PipeModelDataParallelTopology,
+    PipelineExecutor,
+    PipelineModule,
+    checkpointing,
+)
+from torch import nn
+
+
+def _rows_batches(rows: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(r, 4, generator=g), torch.randn(r, 2, generator=g)) for r in rows]
+
+
+def _mlp_module(stages: int, dynamic: bool) -> PipelineModule:
+    layers = [LayerSpec(nn.Linear, 4, 6), nn.Tanh(), LayerSpec(nn.Linear, 6, 2)]
+    return PipelineModule(layers, num_stages=stages, loss_fn=nn.functional.mse_loss, seed_layers=True,
+                          partition_method=[0, 2, 3] if stages == 2 else "uniform", dynamic_shape=dynamic)
+
+
+def _shapes(rank: int, world_size: int, dynamic: bool, rows: list[int]) -> dict[str, Any]:
+    module = _mlp_module(world_size, dynamic)
+    executor = PipelineExecutor(module, micro_batches=len(rows))
+    loss = executor.train_batch(iter(_rows_batches(rows)))
+    evaluated = executor.eval_batch(iter(_rows_batches(rows)), reduce_output=None)
+    return {"loss": loss, "eval": evaluated, "grads": {n: p.grad for n, p in module.named_parameters()}}
+
+
+def _sequential(rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
+    torch.manual_seed(1234)
+    first = nn.Linear(4, 6)
+    torch.manual_seed(1236)
+    last = nn.Linear(6, 2)
+    losses = [nn.functional.mse_loss(last(torch.tanh(first(x))), y) for x, y in _rows_batches(rows)]
+    (sum(losses) / len(losses)).backward()
+    grads = {"0.weight": first.weight.grad, "0.bias": first.bias.grad, "2.weight": last.weight.grad,
+             "2.bias": last.bias.grad}
+    return torch.stack(losses).mean().detach(), [loss.detach() for loss in losses], grads
+
+
+def test_dynamic_shapes_match_sequential() -> None:
+    rows = [3, 5, 5, 2]
+    results = run_ranks(2, _shapes, dynamic=True, rows=rows, timeout_s=90)
+    loss, per_micro, grads = _sequential(rows)
+    for res in results:
+        torch.testing.assert_close(res["loss"], loss, rtol=0, atol=1e-6)
+        torch.testing.assert_close(torch.stack(res["eval"]), torch.stack(per_micro), rtol=0, atol=1e-6)
+        for name, grad in res["grads"].items():
+            torch.testing.assert_close(grad, grads[name], rtol=0, atol=1e-6)
+
+
+def test_static_shapes_reject_a_changed_activation() -> None:
+    with pytest.raises(ActivationShapeError, match=r"changed from float32\[3, 6\] to float32\[5, 6\].*dynamic_shape=True"):
+        run_ranks(2, _shapes, dynamic=False, rows=[3, 5], timeout_s=60, collective_timeout_s=20)
+
+
+def _partitioned(rank: int, world_size: int, partitioned: bool) -> dict[str, Any]:
+    """2 stages x 2 tensor-parallel ranks holding replicated layers (as TP inputs/outputs are)."""
+    topo = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1)
+    module = PipelineModule(pipe_models.specs(p_drop=0.0), topology=topo, loss_fn=pipe_models.loss_fn,
+                            seed_layers=True, base_seed=pipe_models.BASE_SEED, partition_method="uniform",
+                            activation_checkpoint_interval=1 if partitioned else 0)
+    checkpointing.configure(module.mpu(), partition_activations=partitioned)
+    executor = PipelineExecutor(module, micro_batches=3, pipe_partitioned=partitioned, grad_partitioned=partitioned)
+    data = iter([pipe_models.micro_batch(0, 0, k) for k in range(3)])
+    loss = executor.train_batch(data)
+    flags = (executor.p2p.pipe_partitioned, executor.p2p.grad_partitioned,
+             checkpointing._state.policy.partition_world)
+    checkpointing.reset()
+    return {"loss": loss, "grads": {n: p.grad.clone() for n, p in module.named_parameters()}, "flags": flags}
+
+
+def test_partitioned_transfers_and_checkpoints_match_sequential() -> None:
+    results = run_ranks(4, _partitioned, partitioned=True, timeout_s=120)
+    ref = pipe_models.reference_run(pipe_models.specs(p_drop=0.0), micro_batches=3, replicas=1, steps=1, lr=0.0)
+    for rank, res in enumerate(results):
+        assert res["flags"] == (True, True, 2), f"rank {rank} did not partition"
+        torch.testing.assert_close(res["loss"], ref["losses"][0], rtol=0, atol=1e-6)
+        for name, grad in res["grads"].items():
+            torch.testing.assert_close(grad, ref["grads"][name], rtol=0, atol=1e-6, msg=f"{name} rank {rank}")
