@@ -1,0 +1,69 @@
+// Adam / AdamW step on one CPU tensor (DeepSpeedCPUAdam), in tiles, with an optional in-pass copy of
+// the updated parameters into a bf16/fp16 tensor. See includes/ds_cpu_optim.h for tiles and rounding.
+//
+// Per element, in fp32 (the order torch.optim.Adam uses, so results agree to rounding):
+//   g = grad (+ l2 * p)                   Adam's L2 term (adamw_mode=False)
+//   p = p * decay                         AdamW's decoupled decay, decay = 1 - lr * weight_decay
+//   m = m + (1 - beta1) * (g - m)
+//   v = v * beta2 + (1 - beta2) * g * g
+//   p = p + neg_step_size * m / (sqrt(v) / bc2_sqrt + eps)    neg_step_size = -lr / (1 - beta1^t)
+#include <cmath>
+
+#include "ds_cpu_optim.h"
+
+namespace {
+
+struct AdamHyper {
+  float decay, l2, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+};
+
+template <bool kL2>
+void adam_tile(int64_t numel, float* __restrict p, const float* __restrict g, float* __restrict m,
+               float* __restrict v, const AdamHyper& h) {
+#pragma omp simd
+  for (int64_t i = 0; i < numel; ++i) {
+    float grad = g[i];
+    if (kL2) grad = grad + h.l2 * p[i];
+    const float param = p[i] * h.decay;
+    const float exp_avg = m[i] + h.one_minus_beta1 * (grad - m[i]);
+    const float exp_avg_sq = v[i] * h.beta2 + h.one_minus_beta2 * grad * grad;
+    const float denom = std::sqrt(exp_avg_sq) / h.bc2_sqrt + h.eps;
+    p[i] = param + h.neg_step_size * (exp_avg / denom);
+    m[i] = exp_avg;
+    v[i] = exp_avg_sq;
+  }
+}
+
+}  // namespace
+
+DS_DEFINE_OP_INFO()
+
+// Returns ds::kOk, or ds::kBadDType / ds::kBadSize without touching memory.
+// dtypes: 0 fp32, 1 bf16, 2 fp16. copy_out may be null (no copy). exp_avg and exp_avg_sq share state_dtype.
+DS_EXPORT int32_t ds_cpu_adam_step(int64_t numel, void* param, int32_t param_dtype, const void* grad,
+                                   int32_t grad_dtype, void* exp_avg, void* exp_avg_sq, int32_t state_dtype,
+                                   void* copy_out, int32_t copy_dtype, float decay, float l2,
+                                   float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                   float eps, float neg_step_size, int32_t num_threads) {
+  const int32_t status = ds::check_args(numel, param_dtype, grad_dtype, state_dtype, copy_out, copy_dtype);
+  if (status != ds::kOk) return status;
+  const AdamHyper h{decay, l2, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size};
+  void* grad_data = const_cast<void*>(grad);  // only read: load_tile never writes through an fp32 view of it
+  ds::for_each_tile(numel, num_threads, [&](int64_t offset, int64_t n) {
+    alignas(64) float p_buf[ds::kTile], g_buf[ds::kTile], m_buf[ds::kTile], v_buf[ds::kTile];
+    float* p = ds::load_tile(param, param_dtype, offset, n, p_buf);
+    const float* g = ds::load_tile(grad_data, grad_dtype, offset, n, g_buf);
+    float* m = ds::load_tile(exp_avg, state_dtype, offset, n, m_buf);
+    float* v = ds::load_tile(exp_avg_sq, state_dtype, offset, n, v_buf);
+    if (l2 != 0.0f) {
+      adam_tile<true>(n, p, g, m, v, h);
+    } else {
+      adam_tile<false>(n, p, g, m, v, h);
+    }
+    ds::store_tile(param, param_dtype, offset, n, p);
+    ds::store_tile(exp_avg, state_dtype, offset, n, m);
+    ds::store_tile(exp_avg_sq, state_dtype, offset, n, v);
+    if (copy_out != nullptr) ds::store_tile(copy_out, copy_dtype, offset, n, p);
+  });
+  return ds::kOk;
+}
