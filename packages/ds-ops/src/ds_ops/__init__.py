@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ds_ops.__about__ import __version__
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
-from ds_ops.adam import DeepSpeedCPUAdam
+from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.op_builder import (
     ALL_OPS,
@@ -32,6 +32,7 @@ __all__ = [
     "DeepSpeedCPUAdagrad",
     "DeepSpeedCPUAdam",
     "DeepSpeedCPULion",
+    "FusedAdam",
     "FusedAdamBuilder",
     "OpBuildError",
     "OpBuilder",

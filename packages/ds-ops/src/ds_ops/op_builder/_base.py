@@ -164,10 +164,14 @@ class OpBuilder:
     def is_compatible(self, verbose: bool = False) -> Compatibility:
         """Whether the op can be built and run here; falsy with the reasons when not.
 
+        When the op cannot run here (a CUDA op without a device) the build is not probed: that
+        reason is enough, and `can_build()` answers the build question alone.
+
         Args:
             verbose: also log each reason at WARNING.
         """
-        result = Compatibility(self.name, tuple(self.runtime_problems() + self.build_problems()))
+        problems = self.runtime_problems() or self.build_problems()
+        result = Compatibility(self.name, tuple(problems))
         if verbose:
             for reason in result.reasons:
                 logger.warning("op %s is not compatible: %s", self.name, reason)

@@ -67,6 +67,10 @@ class CUDAOpBuilder(OpBuilder):
             return [f"{major}.{minor}" for major, minor in sorted(capabilities)]
         return list(DEFAULT_CUDA_ARCHS)
 
+    def simd_level(self) -> str:
+        """CUDA ops use no CPU SIMD flags, so a prebuilt one runs on any CPU."""
+        return "none"
+
     def nvcc_command(self) -> str | None:
         return find_nvcc()
 
