@@ -189,7 +189,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 copy: torch.Tensor | None, num_threads: int) -> None:
         if param.numel() == 0:
             return
-        data = param.data if param.is_contiguous() else param.data.contiguous()
+        contiguous = param.is_contiguous()
+        data = param.data if contiguous else param.data.contiguous()
         states = []
         for key in self.STATE_KEYS:
             if not state[key].is_contiguous():
@@ -199,7 +200,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         copy_code = 0 if copy is None else dtype_code(copy)
         status = self._call_kernel(data, grad, states, copy_ptr, copy_code, group, state["step"], num_threads)
         assert status == 0, f"{self.KERNEL} returned {status}: arguments were checked before the call"
-        if data is not param.data:
+        if not contiguous:
             param.data.copy_(data)
 
     def _call_kernel(self, data: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor], copy_ptr: int | None,
