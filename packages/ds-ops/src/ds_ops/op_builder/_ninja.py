@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def render(spec: NinjaSpec) -> str:
     lines += ["rule link", f"  command = {linker} $in $ldflags -o $out", "  description = linking $out", ""]
     objects = []
     for index, src in enumerate(spec.sources):
-        obj = f"{index}_{src.stem}.o"
+        obj = f"{index}_{re.sub(r'[^A-Za-z0-9_.-]', '_', src.stem)}.o"  # a plain name ninja needs no escape for
         objects.append(obj)
         lines.append(f"build {obj}: {'nvcc' if src.suffix == '.cu' else 'cxx'} {_escape(src)}")
     lines += [f"build {spec.output}: link {' '.join(objects)}", f"default {spec.output}", ""]

@@ -59,7 +59,7 @@ def simd_from_cpuinfo(text: str, machine: str) -> str:
 
 def simd_from_macros(text: str) -> str:
     """The SIMD level from `cc -march=native -dM -E` output (the fallback off Linux)."""
-    macros = set(re.findall(r"#define (__\w+__)", text))
+    macros = set(re.findall(r"#define (\w+)", text))
     if {"__AVX512F__", "__AVX512BW__", "__AVX512VL__", "__AVX2__", "__FMA__", "__F16C__"} <= macros:
         return "avx512"
     if {"__AVX2__", "__FMA__", "__F16C__"} <= macros:
