@@ -77,7 +77,8 @@ CACHED_LOAD = textwrap.dedent("""
     subprocess.Popen = no_process  # subprocess.run goes through Popen: no ninja, no compiler
     builder = ToyBuilder(Path(sys.argv[1]))
     library = builder.load()
-    print(builder.loaded_from, library.toy_add(3, 4), "torch.utils.cpp_extension" in sys.modules, "torch" in sys.modules)
+    print(builder.loaded_from, library.toy_add(3, 4), "torch.utils.cpp_extension" in sys.modules,
+          "torch" in sys.modules)
 """)
 
 
@@ -106,8 +107,8 @@ RACE = textwrap.dedent("""
 def test_two_processes_loading_at_once_build_once(tmp_path: Path, cache: Path) -> None:
     root = write_toy(tmp_path / "src")
     env = subprocess_env()
-    procs = [subprocess.Popen([sys.executable, "-c", WITHOUT_TORCH + RACE, str(root), str(rank)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-c", WITHOUT_TORCH + RACE, str(root), str(rank)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     results = sorted(line.split()[1:] for out, _ in outputs for line in out.splitlines() if line.startswith("RESULT"))

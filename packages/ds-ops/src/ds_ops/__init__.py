@@ -18,8 +18,8 @@ from ds_ops.op_builder import (
     CPUAdamBuilder,
     CPULionBuilder,
     FusedAdamBuilder,
-    OpBuildError,
     OpBuilder,
+    OpBuildError,
     OpNotCompatibleError,
 )
 

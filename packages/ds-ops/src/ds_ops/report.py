@@ -85,7 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `ds_report`."""
     parser = argparse.ArgumentParser(prog="ds_report", description=__doc__.splitlines()[0])
     parser.add_argument("--hide_operator_status", action="store_true", help="skip the per-op table")
-    parser.add_argument("--hide_errors_and_warnings", action="store_true", help="skip the reasons an op is not compatible")
+    parser.add_argument("--hide_errors_and_warnings", action="store_true",
+                        help="skip the reasons an op is not compatible")
     args = parser.parse_args(argv)
     sys.stdout.write(render(show_ops=not args.hide_operator_status, show_errors=not args.hide_errors_and_warnings))
     return 0
