@@ -7,6 +7,7 @@ no FMA; observed max difference 5e-7 after 200 steps).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _optim_cases import clone_groups, flat, param_groups, run_lockstep
 
@@ -26,6 +27,7 @@ def test_matches_torch_adagrad_over_200_steps() -> None:
         torch.testing.assert_close(ours.state[mine]["exp_avg_sq"], ref.state[theirs]["sum"], **TOL)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks")
 def test_sparse_gradient_matches_torch_sparse_adagrad() -> None:
     weight = torch.nn.Parameter(torch.randn(50, 8, generator=torch.Generator().manual_seed(3)))
     ref_weight = torch.nn.Parameter(weight.detach().clone())
