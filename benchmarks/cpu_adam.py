@@ -29,6 +29,7 @@ from ds_ops.op_builder import OpBuilder
 
 BYTES_PER_PARAM = 28
 CHUNK = 1_000_000
+PAUSE_S = 0.05
 
 ROOFLINE_SOURCE = """#include <cmath>
 #include <cstdint>
@@ -94,12 +95,16 @@ def _make_steppers(numel: int, flat: bool, roofline: Callable[..., None]) -> dic
 def _measure(numel: int, flat: bool, threads: list[int], reps: int, roofline: Callable[..., None]) -> dict:
     steppers = _make_steppers(numel, flat, roofline)
     times: dict[tuple[str, int], list[float]] = {(name, t): [] for name in steppers for t in threads}
+    names = list(steppers)
     for rep in range(reps + 1):  # rep 0 warms up (state allocation, page faults, OpenMP teams)
         for t in threads:
             torch.set_num_threads(t)
-            for name, step in steppers.items():
+            # Rotate the order and pause between contenders: OpenMP workers of the previous one
+            # spin-wait for a while and would slow whoever runs right after them.
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                time.sleep(PAUSE_S)
                 started = time.perf_counter()
-                step(t)
+                steppers[name](t)
                 if rep:
                     times[(name, t)].append(time.perf_counter() - started)
     return {key: statistics.median(values) for key, values in times.items()}

@@ -170,6 +170,16 @@ def test_loads_a_torch_adam_state_dict() -> None:
     torch.testing.assert_close(ours.state[params[0]]["exp_avg"], torch_adam.state[params[0]]["exp_avg"])
 
 
+def test_state_dict_of_another_optimizer_is_rejected_before_loading() -> None:
+    params = _params(sizes=(7,))
+    lion = DeepSpeedCPULion(params)
+    _run(lion, params, range(2))
+    adam = DeepSpeedCPUAdam(params)
+    with pytest.raises(ValueError, match=r"state of parameter 0 has no \['exp_avg_sq'\]; it was saved by another"):
+        adam.load_state_dict(lion.state_dict())
+    assert not adam.state and adam.param_groups[0]["lr"] == 1e-3
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_result_does_not_depend_on_thread_count(name: str) -> None:
     cls, kwargs = OPTIMIZERS[name]

@@ -216,6 +216,12 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         """
         saved_state = state_dict["state"]
         saved_ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
+        for pid in saved_ids:  # checked before anything is replaced
+            saved = saved_state.get(pid) or {}
+            missing = [key for key in ("step", *self.STATE_KEYS) if saved and key not in saved]
+            if missing:
+                raise ValueError(f"{self._owner}.load_state_dict: the state of parameter {pid} has no {missing}; "
+                                 f"it was saved by another optimizer (keys: {sorted(saved_state[pid])})")
         super().load_state_dict(state_dict)
         params = [param for group in self.param_groups for param in group["params"]]
         for pid, param in zip(saved_ids, params, strict=True):
