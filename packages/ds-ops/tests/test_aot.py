@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from _toy_ops import run_python, subprocess_env
-from hatchling.builders.wheel import WheelBuilder
+
+WheelBuilder = pytest.importorskip("hatchling.builders.wheel", reason="needs hatchling").WheelBuilder
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
