@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from ds_ops import DeepSpeedCPUAdam
-from ds_ops.op_builder import OpBuilder
+from ds_ops.op_builder import ABI_VERSION, OpBuilder
 
 BYTES_PER_PARAM = 28
 CHUNK = 1_000_000
@@ -33,7 +33,7 @@ PAUSE_S = 0.05
 
 ROOFLINE_SOURCE = """#include <cmath>
 #include <cstdint>
-extern "C" __attribute__((visibility("default"))) int32_t ds_op_abi_version() { return 1; }
+extern "C" __attribute__((visibility("default"))) int32_t ds_op_abi_version() { return DS_ABI; }
 extern "C" __attribute__((visibility("default"))) const char* ds_op_simd_level() { return DS_SIMD_LEVEL; }
 // The Adam memory pattern with the least work: read p, g, m, v; write p, m, v; one pass, no tiles.
 extern "C" __attribute__((visibility("default")))
@@ -67,6 +67,9 @@ class RooflineBuilder(OpBuilder):
 
     def csrc_root(self) -> Path:
         return self._root
+
+    def cxx_args(self) -> list[str]:
+        return [*super().cxx_args(), f"-DDS_ABI={ABI_VERSION}"]
 
 
 def _layout(numel: int, flat: bool) -> list[int]:

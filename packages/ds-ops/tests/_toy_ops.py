@@ -10,14 +10,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from ds_ops.op_builder import OpBuilder
+from ds_ops.op_builder import ABI_VERSION, OpBuilder
 
 GOOD_SOURCE = """#include <cstdint>
 #define EXPORT extern "C" __attribute__((visibility("default")))
-EXPORT int32_t ds_op_abi_version() { return 1; }
+EXPORT int32_t ds_op_abi_version() { return ABI; }
 EXPORT const char* ds_op_simd_level() { return "toy"; }
 EXPORT int32_t toy_add(int32_t a, int32_t b) { return a + b; }
-"""
+""".replace("ABI", str(ABI_VERSION))
 
 BROKEN_SOURCE = GOOD_SOURCE.replace("return a + b;", "return a + undeclared_thing;")
 

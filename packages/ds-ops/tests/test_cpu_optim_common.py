@@ -195,6 +195,39 @@ def test_result_does_not_depend_on_thread_count(name: str) -> None:
     assert torch.equal(results[0], results[1])
 
 
+def test_params_with_different_step_counts_in_one_group_match_torch() -> None:
+    """A parameter without a gradient is skipped (as torch does), so its step count falls behind: the
+    group is then updated in one kernel call per distinct step count, each with its own bias correction."""
+    params = _params(sizes=(7, 4097, 70_001))
+    reference_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = DeepSpeedCPUAdam(params, lr=1e-2, weight_decay=0.01)
+    reference = torch.optim.AdamW(reference_params, lr=1e-2, weight_decay=0.01, foreach=False)
+    for step in range(8):
+        set_grads(step, params, reference_params)
+        if step < 3:
+            params[1].grad = reference_params[1].grad = None
+        ours.step()
+        reference.step()
+    assert [ours.state[p]["step"] for p in params] == [8, 5, 8]
+    for mine, theirs in zip(params, reference_params, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_dtypes_in_one_group_equal_separate_updates() -> None:
+    together = [_params(torch.float32, sizes=(4097,))[0], _params(torch.bfloat16, sizes=(70_001,))[0],
+                _params(torch.float16, sizes=(7,))[0]]
+    apart = [torch.nn.Parameter(p.detach().clone()) for p in together]
+    grouped = DeepSpeedCPULion(together, lr=1e-2)
+    singles = [DeepSpeedCPULion([p], lr=1e-2) for p in apart]
+    for step in range(4):
+        set_grads(step, together, apart)
+        grouped.step()
+        for optimizer in singles:
+            optimizer.step()
+    for joint, alone in zip(together, apart, strict=True):
+        assert torch.equal(joint, alone)
+
+
 def test_non_contiguous_parameter_is_updated_in_place() -> None:
     base = torch.randn(64, 32, generator=torch.Generator().manual_seed(1))
     param = torch.nn.Parameter(base.t())  # a transposed view: not contiguous

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ds_ops import FusedAdam, FusedAdamBuilder, OpNotCompatibleError
+from ds_ops.op_builder import ABI_VERSION
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
 
@@ -38,7 +39,7 @@ def test_cuda_source_compiles_with_nvcc(tmp_path: Path, monkeypatch: pytest.Monk
     library_path = builder.build(tmp_path / "fused_adam")
     assert library_path.is_file()
     library = ctypes.CDLL(str(library_path))  # cudart is static: loads without a driver
-    assert library.ds_op_abi_version() == 1
+    assert library.ds_op_abi_version() == ABI_VERSION
     assert hasattr(library, "ds_fused_adam_step")
 
 

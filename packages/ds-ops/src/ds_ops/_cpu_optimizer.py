@@ -8,6 +8,7 @@ parameter's dtype, which would round fp32 moments of a bf16 parameter).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -27,6 +28,60 @@ CopyTargets = torch.Tensor | list[torch.Tensor | None] | list[list[torch.Tensor 
 def dtype_code(tensor: torch.Tensor) -> int:
     """The kernels' code for `tensor`'s dtype (0 fp32, 1 bf16, 2 fp16)."""
     return DTYPE_CODES[tensor.dtype]
+
+
+class KernelBatch:
+    """The tensors of one kernel call, as the C side takes them: per-tensor arrays of sizes,
+    pointers and dtype codes. A non-contiguous parameter is updated through a contiguous copy that
+    `write_back()` copies into it after the call."""
+
+    def __init__(self) -> None:
+        self.numels: list[int] = []
+        self.params: list[int] = []
+        self.param_dtypes: list[int] = []
+        self.grads: list[int] = []
+        self.grad_dtypes: list[int] = []
+        self.states: list[list[int]] = []
+        self.state_dtypes: list[int] = []
+        self.copies: list[int | None] = []
+        self.copy_dtypes: list[int] = []
+        self._alive: list[torch.Tensor] = []  # tensors whose memory the call uses
+        self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def add(self, param: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor],
+            copy: torch.Tensor | None) -> None:
+        data = param.data
+        if not param.is_contiguous():
+            data = data.contiguous()
+            self._write_back.append((param, data))
+        self._alive += [data, grad]
+        self.numels.append(data.numel())
+        self.params.append(data.data_ptr())
+        self.param_dtypes.append(dtype_code(data))
+        self.grads.append(grad.data_ptr())
+        self.grad_dtypes.append(dtype_code(grad))
+        for index, state in enumerate(states):
+            if len(self.states) <= index:
+                self.states.append([])
+            self.states[index].append(state.data_ptr())
+        self.state_dtypes.append(dtype_code(states[0]))
+        self.copies.append(None if copy is None else copy.data_ptr())
+        self.copy_dtypes.append(0 if copy is None else dtype_code(copy))
+
+    def arrays(self) -> tuple[Any, ...]:
+        """(num_tensors, numels, params, param dtypes, grads, grad dtypes, *states, state dtypes, copies,
+        copy dtypes): the leading arguments of every CPU optimizer kernel."""
+        n = len(self.numels)
+        pointers = ctypes.c_void_p * n
+        codes = ctypes.c_int32 * n
+        copies = pointers(*self.copies) if any(c is not None for c in self.copies) else None
+        return (n, (ctypes.c_int64 * n)(*self.numels), pointers(*self.params), codes(*self.param_dtypes),
+                pointers(*self.grads), codes(*self.grad_dtypes), *(pointers(*s) for s in self.states),
+                codes(*self.state_dtypes), copies, codes(*self.copy_dtypes))
+
+    def write_back(self) -> None:
+        for param, data in self._write_back:
+            param.data.copy_(data)
 
 
 def check_unit_interval(owner: str, name: str, value: float) -> None:
@@ -153,6 +208,9 @@ class CPUOptimizerBase(torch.optim.Optimizer):
              fp16_param_groups: CopyTargets = None) -> Any:
         """Update every parameter that has a gradient; optionally copy the results into bf16/fp16 tensors.
 
+        One kernel call per param group (per distinct step count within it) updates all its
+        tensors, their tiles spread over `torch.get_num_threads()` threads in one OpenMP region.
+
         Args:
             closure: re-evaluates the model and returns the loss (run with grad enabled).
             fp16_param_groups: copy targets written in the same pass as the update (what ZeRO-Offload
@@ -174,6 +232,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         copies = self._copy_targets(fp16_param_groups)
         num_threads = torch.get_num_threads()
         for g, group in enumerate(self.param_groups):
+            batches: dict[int, KernelBatch] = {}
             for i, param in enumerate(group["params"]):
                 if param.grad is None:
                     continue
@@ -182,29 +241,20 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 if not state:
                     self._init_state(param, state)
                 state["step"] += 1
-                self._update(param, grad, state, group, copies[g][i] if copies else None, num_threads)
+                if param.numel() == 0:
+                    continue
+                for key in self.STATE_KEYS:
+                    if not state[key].is_contiguous():
+                        state[key] = state[key].contiguous()
+                batch = batches.setdefault(state["step"], KernelBatch())
+                batch.add(param, grad, [state[key] for key in self.STATE_KEYS], copies[g][i] if copies else None)
+            for step, batch in batches.items():
+                status = self._call_kernel(batch, group, step, num_threads)
+                assert status == 0, f"{self.KERNEL} returned {status}: arguments were checked before the call"
+                batch.write_back()
         return loss
 
-    def _update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, Any], group: dict[str, Any],
-                copy: torch.Tensor | None, num_threads: int) -> None:
-        if param.numel() == 0:
-            return
-        contiguous = param.is_contiguous()
-        data = param.data if contiguous else param.data.contiguous()
-        states = []
-        for key in self.STATE_KEYS:
-            if not state[key].is_contiguous():
-                state[key] = state[key].contiguous()
-            states.append(state[key])
-        copy_ptr = None if copy is None else copy.data_ptr()
-        copy_code = 0 if copy is None else dtype_code(copy)
-        status = self._call_kernel(data, grad, states, copy_ptr, copy_code, group, state["step"], num_threads)
-        assert status == 0, f"{self.KERNEL} returned {status}: arguments were checked before the call"
-        if not contiguous:
-            param.data.copy_(data)
-
-    def _call_kernel(self, data: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor], copy_ptr: int | None,
-                     copy_code: int, group: dict[str, Any], step: int, num_threads: int) -> int:
+    def _call_kernel(self, batch: KernelBatch, group: dict[str, Any], step: int, num_threads: int) -> int:
         raise NotImplementedError
 
     # ---- checkpoints ----------------------------------------------------------------------------

@@ -6,9 +6,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
-from ds_ops._cpu_optimizer import CPUOptimizerBase, check_non_negative, dtype_code
+from ds_ops._cpu_optimizer import CPUOptimizerBase, KernelBatch, check_non_negative
 from ds_ops.op_builder import CPUAdagradBuilder
 
 logger = logging.getLogger(__name__)
@@ -54,9 +52,5 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
         check_non_negative(owner, "eps", group["eps"])
         check_non_negative(owner, "weight_decay", group["weight_decay"])
 
-    def _call_kernel(self, data: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor], copy_ptr: int | None,
-                     copy_code: int, group: dict[str, Any], step: int, num_threads: int) -> int:
-        (exp_avg_sq,) = states
-        return self._kernel(data.numel(), data.data_ptr(), dtype_code(data), grad.data_ptr(), dtype_code(grad),
-                            exp_avg_sq.data_ptr(), dtype_code(exp_avg_sq), copy_ptr, copy_code,
-                            group["weight_decay"], group["eps"], -group["lr"], num_threads)
+    def _call_kernel(self, batch: KernelBatch, group: dict[str, Any], step: int, num_threads: int) -> int:
+        return self._kernel(*batch.arrays(), group["weight_decay"], group["eps"], -group["lr"], num_threads)

@@ -6,9 +6,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
-from ds_ops._cpu_optimizer import CPUOptimizerBase, check_non_negative, check_unit_interval, dtype_code
+from ds_ops._cpu_optimizer import CPUOptimizerBase, KernelBatch, check_non_negative, check_unit_interval
 from ds_ops.op_builder import CPUAdamBuilder
 
 logger = logging.getLogger(__name__)
@@ -68,9 +66,7 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
         if group.get("amsgrad"):
             raise ValueError(f"{owner}: amsgrad=True is not supported; use amsgrad=False")
 
-    def _call_kernel(self, data: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor], copy_ptr: int | None,
-                     copy_code: int, group: dict[str, Any], step: int, num_threads: int) -> int:
-        exp_avg, exp_avg_sq = states
+    def _call_kernel(self, batch: KernelBatch, group: dict[str, Any], step: int, num_threads: int) -> int:
         beta1, beta2 = group["betas"]
         lr, weight_decay = group["lr"], group["weight_decay"]
         # Scalars are formed in Python floats (double) and rounded once to fp32, as torch does.
@@ -80,7 +76,5 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             bias_correction1 = bias_correction2 = 1.0
         decay = 1 - lr * weight_decay if self.adam_w_mode else 1.0
         l2 = 0.0 if self.adam_w_mode else weight_decay
-        return self._kernel(data.numel(), data.data_ptr(), dtype_code(data), grad.data_ptr(), dtype_code(grad),
-                            exp_avg.data_ptr(), exp_avg_sq.data_ptr(), dtype_code(exp_avg), copy_ptr, copy_code,
-                            decay, l2, 1 - beta1, beta2, 1 - beta2, bias_correction2**0.5, group["eps"],
-                            -(lr / bias_correction1), num_threads)
+        return self._kernel(*batch.arrays(), decay, l2, 1 - beta1, beta2, 1 - beta2, bias_correction2**0.5,
+                            group["eps"], -(lr / bias_correction1), num_threads)

@@ -6,9 +6,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
-from ds_ops._cpu_optimizer import CPUOptimizerBase, check_non_negative, check_unit_interval, dtype_code
+from ds_ops._cpu_optimizer import CPUOptimizerBase, KernelBatch, check_non_negative, check_unit_interval
 from ds_ops.op_builder import CPULionBuilder
 
 logger = logging.getLogger(__name__)
@@ -53,11 +51,8 @@ class DeepSpeedCPULion(CPUOptimizerBase):
         check_unit_interval(owner, "betas[0]", betas[0])
         check_unit_interval(owner, "betas[1]", betas[1])
 
-    def _call_kernel(self, data: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor], copy_ptr: int | None,
-                     copy_code: int, group: dict[str, Any], step: int, num_threads: int) -> int:
-        (exp_avg,) = states
+    def _call_kernel(self, batch: KernelBatch, group: dict[str, Any], step: int, num_threads: int) -> int:
         beta1, beta2 = group["betas"]
         lr = group["lr"]
-        return self._kernel(data.numel(), data.data_ptr(), dtype_code(data), grad.data_ptr(), dtype_code(grad),
-                            exp_avg.data_ptr(), dtype_code(exp_avg), copy_ptr, copy_code,
-                            1 - lr * group["weight_decay"], beta1, 1 - beta1, beta2, 1 - beta2, -lr, num_threads)
+        return self._kernel(*batch.arrays(), 1 - lr * group["weight_decay"], beta1, 1 - beta1, beta2, 1 - beta2,
+                            -lr, num_threads)

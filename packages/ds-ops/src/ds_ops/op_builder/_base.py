@@ -41,7 +41,7 @@ from ds_ops.op_builder._toolchain import (
 logger = logging.getLogger(__name__)
 
 # Must equal ds::kAbiVersion in csrc/includes/ds_cpu_optim.h (and the CUDA sources).
-ABI_VERSION = 1
+ABI_VERSION = 2
 CSRC_ROOT = Path(__file__).resolve().parent.parent / "csrc"
 
 # Loaded libraries by path: a second load() in the process costs a dict lookup.

@@ -9,6 +9,8 @@ from ds_ops.op_builder._base import CFunctionSpec, OpBuilder
 from ds_ops.op_builder._cuda import CUDAOpBuilder
 
 _i32, _i64, _f32, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# Arrays (one entry per tensor of a param group) are passed as pointers to ctypes arrays.
+_i64s, _i32s, _ptrs = ctypes.POINTER(_i64), ctypes.POINTER(_i32), ctypes.POINTER(_ptr)
 
 
 class CPUAdamBuilder(OpBuilder):
@@ -17,9 +19,9 @@ class CPUAdamBuilder(OpBuilder):
     NAME = "cpu_adam"
     SOURCES = ("adam/cpu_adam.cpp",)
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
-        # numel, param, dtype, grad, dtype, exp_avg, exp_avg_sq, state dtype, copy_out, copy dtype,
-        # decay, l2, 1-beta1, beta2, 1-beta2, bc2_sqrt, eps, neg_step_size, num_threads
-        "ds_cpu_adam_step": (_i32, (_i64, _ptr, _i32, _ptr, _i32, _ptr, _ptr, _i32, _ptr, _i32,
+        # num_tensors, numels, params, dtypes, grads, dtypes, exp_avgs, exp_avg_sqs, state dtypes, copies,
+        # copy dtypes, decay, l2, 1-beta1, beta2, 1-beta2, bc2_sqrt, eps, neg_step_size, num_threads
+        "ds_cpu_adam_step": (_i32, (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _ptrs, _i32s, _ptrs, _i32s,
                                     _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _i32)),
     }
 
@@ -30,8 +32,9 @@ class CPUAdagradBuilder(OpBuilder):
     NAME = "cpu_adagrad"
     SOURCES = ("adagrad/cpu_adagrad.cpp",)
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
-        # numel, param, dtype, grad, dtype, exp_avg_sq, state dtype, copy_out, copy dtype, l2, eps, neg_lr, num_threads
-        "ds_cpu_adagrad_step": (_i32, (_i64, _ptr, _i32, _ptr, _i32, _ptr, _i32, _ptr, _i32,
+        # num_tensors, numels, params, dtypes, grads, dtypes, exp_avg_sqs, state dtypes, copies, copy dtypes,
+        # l2, eps, neg_lr, num_threads
+        "ds_cpu_adagrad_step": (_i32, (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s,
                                        _f32, _f32, _f32, _i32)),
     }
 
@@ -42,9 +45,9 @@ class CPULionBuilder(OpBuilder):
     NAME = "cpu_lion"
     SOURCES = ("lion/cpu_lion.cpp",)
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
-        # numel, param, dtype, grad, dtype, exp_avg, state dtype, copy_out, copy dtype,
+        # num_tensors, numels, params, dtypes, grads, dtypes, exp_avgs, state dtypes, copies, copy dtypes,
         # decay, beta1, 1-beta1, beta2, 1-beta2, neg_lr, num_threads
-        "ds_cpu_lion_step": (_i32, (_i64, _ptr, _i32, _ptr, _i32, _ptr, _i32, _ptr, _i32,
+        "ds_cpu_lion_step": (_i32, (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s,
                                     _f32, _f32, _f32, _f32, _f32, _f32, _i32)),
     }
 

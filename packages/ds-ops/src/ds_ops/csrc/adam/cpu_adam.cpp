@@ -1,4 +1,4 @@
-// Adam / AdamW step on one CPU tensor (DeepSpeedCPUAdam), in tiles, with an optional in-pass copy of
+// Adam / AdamW step on a list of CPU tensors (DeepSpeedCPUAdam), in tiles, with an optional in-pass copy of
 // the updated parameters into a bf16/fp16 tensor. See includes/ds_cpu_optim.h for tiles and rounding.
 //
 // Per element, in fp32 (the order torch.optim.Adam uses, so results agree to rounding):
@@ -38,32 +38,34 @@ void adam_tile(int64_t numel, float* __restrict p, const float* __restrict g, fl
 
 DS_DEFINE_OP_INFO()
 
-// Returns ds::kOk, or ds::kBadDType / ds::kBadSize without touching memory.
-// dtypes: 0 fp32, 1 bf16, 2 fp16. copy_out may be null (no copy). exp_avg and exp_avg_sq share state_dtype.
-DS_EXPORT int32_t ds_cpu_adam_step(int64_t numel, void* param, int32_t param_dtype, const void* grad,
-                                   int32_t grad_dtype, void* exp_avg, void* exp_avg_sq, int32_t state_dtype,
-                                   void* copy_out, int32_t copy_dtype, float decay, float l2,
+// Updates `num_tensors` tensors; entry k of each array describes tensor k. Returns ds::kOk, or
+// ds::kBadDType / ds::kBadSize without touching memory. dtypes: 0 fp32, 1 bf16, 2 fp16; exp_avg and
+// exp_avg_sq of a tensor share its state dtype. `copies` may be null, and so may any entry.
+DS_EXPORT int32_t ds_cpu_adam_step(int32_t num_tensors, const int64_t* numels, void* const* params,
+                                   const int32_t* param_dtypes, void* const* grads, const int32_t* grad_dtypes,
+                                   void* const* exp_avgs, void* const* exp_avg_sqs, const int32_t* state_dtypes,
+                                   void* const* copies, const int32_t* copy_dtypes, float decay, float l2,
                                    float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
                                    float eps, float neg_step_size, int32_t num_threads) {
-  const int32_t status = ds::check_args(numel, param_dtype, grad_dtype, state_dtype, copy_out, copy_dtype);
+  const int32_t status =
+      ds::check_args(num_tensors, numels, param_dtypes, grad_dtypes, state_dtypes, copies, copy_dtypes);
   if (status != ds::kOk) return status;
   const AdamHyper h{decay, l2, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size};
-  void* grad_data = const_cast<void*>(grad);  // only read: load_tile never writes through an fp32 view of it
-  ds::for_each_tile(numel, num_threads, [&](int64_t offset, int64_t n) {
+  ds::for_each_tile(num_tensors, numels, num_threads, [&](int32_t k, int64_t offset, int64_t n) {
     alignas(64) float p_buf[ds::kTile], g_buf[ds::kTile], m_buf[ds::kTile], v_buf[ds::kTile];
-    float* p = ds::load_tile(param, param_dtype, offset, n, p_buf);
-    const float* g = ds::load_tile(grad_data, grad_dtype, offset, n, g_buf);
-    float* m = ds::load_tile(exp_avg, state_dtype, offset, n, m_buf);
-    float* v = ds::load_tile(exp_avg_sq, state_dtype, offset, n, v_buf);
+    float* p = ds::load_tile(params[k], param_dtypes[k], offset, n, p_buf);
+    const float* g = ds::load_tile(grads[k], grad_dtypes[k], offset, n, g_buf);  // read only
+    float* m = ds::load_tile(exp_avgs[k], state_dtypes[k], offset, n, m_buf);
+    float* v = ds::load_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v_buf);
     if (l2 != 0.0f) {
       adam_tile<true>(n, p, g, m, v, h);
     } else {
       adam_tile<false>(n, p, g, m, v, h);
     }
-    ds::store_tile(param, param_dtype, offset, n, p);
-    ds::store_tile(exp_avg, state_dtype, offset, n, m);
-    ds::store_tile(exp_avg_sq, state_dtype, offset, n, v);
-    if (copy_out != nullptr) ds::store_tile(copy_out, copy_dtype, offset, n, p);
+    ds::store_tile(params[k], param_dtypes[k], offset, n, p);
+    ds::store_tile(exp_avgs[k], state_dtypes[k], offset, n, m);
+    ds::store_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v);
+    if (void* copy = ds::copy_target(copies, k)) ds::store_tile(copy, copy_dtypes[k], offset, n, p);
   });
   return ds::kOk;
 }

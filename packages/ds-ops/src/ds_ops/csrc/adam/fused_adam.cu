@@ -16,7 +16,7 @@
 
 namespace {
 
-constexpr int32_t kAbiVersion = 1;  // must equal ds_ops.op_builder ABI_VERSION
+constexpr int32_t kAbiVersion = 2;  // must equal ds_ops.op_builder ABI_VERSION
 constexpr int kThreads = 512;
 
 enum DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };

@@ -7,7 +7,8 @@
 // place through a pointer; a bf16/fp16 array is widened into a per-thread fp32 tile buffer (in L1/L2),
 // updated there, and narrowed back. The optional copy of the updated parameter into a bf16/fp16
 // tensor is written from the same tile while it is still in cache, so ZeRO-Offload needs no second
-// pass over memory. Each tile is independent, so results do not depend on the thread count.
+// pass over memory. Each tile is independent, so results do not depend on the thread count. A call
+// takes a list of tensors (a param group) and spreads all their tiles over one OpenMP region.
 //
 // [Note: rounding] Sources are compiled with -ffp-contract=off: no fused multiply-add is formed, so
 // an update is the same bit pattern whatever SIMD width the compiler picks (AVX-512, AVX2, NEON,
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -31,7 +33,7 @@
 namespace ds {
 
 // Must equal ds_ops.op_builder's ABI_VERSION: a prebuilt or cached library with another value is rebuilt.
-constexpr int32_t kAbiVersion = 1;
+constexpr int32_t kAbiVersion = 2;
 
 enum DType : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
@@ -168,26 +170,51 @@ inline void store_tile(void* data, int32_t dtype, int64_t offset, int64_t numel,
   }
 }
 
-// Call fn(offset, numel) for every tile of [0, numel), spread over up to `num_threads` OpenMP threads.
+// Call fn(tensor, offset, numel) for every tile of every tensor, spread over up to `num_threads`
+// OpenMP threads in one parallel region: one fork/join per call however many tensors there are
+// (a region per tensor costs a barrier each, which hurts on a busy host).
 template <typename TileFn>
-inline void for_each_tile(int64_t numel, int32_t num_threads, TileFn fn) {
-  const int64_t num_tiles = (numel + kTile - 1) / kTile;
-  if (num_threads <= 1 || numel < kMinParallelNumel) {
-    for (int64_t t = 0; t < num_tiles; ++t) fn(t * kTile, std::min(kTile, numel - t * kTile));
+inline void for_each_tile(int32_t num_tensors, const int64_t* numels, int32_t num_threads, TileFn fn) {
+  std::vector<int64_t> first_tile(static_cast<size_t>(num_tensors) + 1, 0);
+  int64_t total_numel = 0;
+  for (int32_t k = 0; k < num_tensors; ++k) {
+    first_tile[k + 1] = first_tile[k] + (numels[k] + kTile - 1) / kTile;
+    total_numel += numels[k];
+  }
+  const int64_t num_tiles = first_tile[num_tensors];
+  auto run_tile = [&](int64_t tile) {
+    // the last tensor whose first tile is <= tile (empty tensors own no tile and are skipped)
+    const auto k = static_cast<int32_t>(std::upper_bound(first_tile.begin(), first_tile.end(), tile) -
+                                        first_tile.begin() - 1);
+    const int64_t offset = (tile - first_tile[k]) * kTile;
+    fn(k, offset, std::min(kTile, numels[k] - offset));
+  };
+  if (num_threads <= 1 || total_numel < kMinParallelNumel) {
+    for (int64_t tile = 0; tile < num_tiles; ++tile) run_tile(tile);
     return;
   }
 #pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t t = 0; t < num_tiles; ++t) fn(t * kTile, std::min(kTile, numel - t * kTile));
+  for (int64_t tile = 0; tile < num_tiles; ++tile) run_tile(tile);
 }
 
-// Arguments every optimizer kernel checks before touching memory.
-inline int32_t check_args(int64_t numel, int32_t param_dtype, int32_t grad_dtype, int32_t state_dtype,
-                          const void* copy_out, int32_t copy_dtype) {
-  if (numel < 0) return kBadSize;
-  if (!valid_dtype(param_dtype) || !valid_dtype(grad_dtype) || !valid_dtype(state_dtype)) return kBadDType;
-  if (copy_out != nullptr && !valid_dtype(copy_dtype)) return kBadDType;
+// Arguments every optimizer kernel checks before touching memory. `copies` may be null (no copies),
+// and so may any entry of it.
+inline int32_t check_args(int32_t num_tensors, const int64_t* numels, const int32_t* param_dtypes,
+                          const int32_t* grad_dtypes, const int32_t* state_dtypes, void* const* copies,
+                          const int32_t* copy_dtypes) {
+  if (num_tensors < 0) return kBadSize;
+  for (int32_t k = 0; k < num_tensors; ++k) {
+    if (numels[k] < 0) return kBadSize;
+    if (!valid_dtype(param_dtypes[k]) || !valid_dtype(grad_dtypes[k]) || !valid_dtype(state_dtypes[k])) {
+      return kBadDType;
+    }
+    if (copies != nullptr && copies[k] != nullptr && !valid_dtype(copy_dtypes[k])) return kBadDType;
+  }
   return kOk;
 }
+
+// The copy target of tensor k, or null.
+inline void* copy_target(void* const* copies, int32_t k) { return copies == nullptr ? nullptr : copies[k]; }
 
 }  // namespace ds
 
