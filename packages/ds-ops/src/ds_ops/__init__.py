@@ -1,7 +1,41 @@
-"""ds-ops: Compiled ops: op builders (JIT with ninja, AOT), CPU/CUDA optimizers, precision helpers, ds_report."""
+"""ds-ops: compiled ops for ds.
+
+Op builders that compile native kernels just in time with ninja (or ahead of time into the wheel),
+CPU optimizers with DeepSpeed's classes (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion),
+the multi-tensor CUDA FusedAdam, and `ds_report`. Importing builds nothing and reads no environment.
+"""
 
 from __future__ import annotations
 
 from ds_ops.__about__ import __version__
+from ds_ops.adagrad import DeepSpeedCPUAdagrad
+from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
+from ds_ops.lion import DeepSpeedCPULion
+from ds_ops.op_builder import (
+    ALL_OPS,
+    Compatibility,
+    CPUAdagradBuilder,
+    CPUAdamBuilder,
+    CPULionBuilder,
+    FusedAdamBuilder,
+    OpBuilder,
+    OpBuildError,
+    OpNotCompatibleError,
+)
 
-__all__ = ["__version__"]
+__all__ = [
+    "ALL_OPS",
+    "CPUAdagradBuilder",
+    "CPUAdamBuilder",
+    "CPULionBuilder",
+    "Compatibility",
+    "DeepSpeedCPUAdagrad",
+    "DeepSpeedCPUAdam",
+    "DeepSpeedCPULion",
+    "FusedAdam",
+    "FusedAdamBuilder",
+    "OpBuildError",
+    "OpBuilder",
+    "OpNotCompatibleError",
+    "__version__",
+]

@@ -1,0 +1,154 @@
+"""FusedAdam: multi-tensor Adam / AdamW for CUDA tensors with the fused_adam op (one launch per dtype)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from ds_ops._cpu_optimizer import DTYPE_CODES, check_non_negative, check_unit_interval
+from ds_ops.op_builder import FusedAdamBuilder, OpNotCompatibleError
+
+logger = logging.getLogger(__name__)
+
+# Elements one CUDA block updates; also the granularity of the tensor lookup.
+CHUNK_NUMEL = 65536
+
+
+class FusedAdam(torch.optim.Optimizer):
+    """Adam / AdamW over all CUDA parameters of a group in one kernel launch per dtype (DeepSpeed's FusedAdam).
+
+    The launch gets a device table of every tensor's addresses and sizes; each CUDA block updates
+    one chunk of `CHUNK_NUMEL` elements. Math is fp32 in torch.optim.Adam's order, without fused
+    multiply-adds; moments have the parameter's dtype (fp32, bf16 or fp16), as in DeepSpeed. The
+    step count is per param group (`group["step"]`), as in DeepSpeed.
+
+    Args:
+        params: parameters or param groups (CUDA tensors).
+        lr: learning rate (default 1e-3).
+        bias_correction: divide the moments by (1 - beta^t) (default True).
+        betas: (beta1, beta2) (default (0.9, 0.999)).
+        eps: added to the denominator (default 1e-8).
+        adam_w_mode: decoupled weight decay (AdamW) when True, else L2 added to the gradient (default True).
+        weight_decay: default 0.
+        amsgrad: not supported; True raises.
+        set_grad_none: `zero_grad()` sets gradients to None (default True).
+
+    Raises:
+        OpNotCompatibleError: this host has no CUDA (the message says why and what to use instead),
+            or the op cannot be built.
+        ValueError: amsgrad=True, a hyper-parameter out of range, or a parameter not on a CUDA device.
+        TypeError: a parameter's dtype is not fp32/bf16/fp16.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
+                 weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True) -> None:
+        builder = FusedAdamBuilder()
+        problems = builder.runtime_problems()
+        if problems:
+            raise OpNotCompatibleError(
+                f"FusedAdam needs a CUDA device: {'; '.join(problems)}. On a CPU host use "
+                "ds_ops.DeepSpeedCPUAdam (or torch.optim.AdamW) instead")
+        if amsgrad:
+            raise ValueError("FusedAdam: amsgrad=True is not supported; use amsgrad=False")
+        self.adam_w_mode = adam_w_mode
+        self.set_grad_none = set_grad_none
+        defaults = {"lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
+                    "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self._kernel: Callable[..., int] = builder.load().ds_fused_adam_step
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's `add_param_group`, then checks: CUDA tensors of fp32/bf16/fp16, valid hyper-parameters."""
+        super().add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        group = self.param_groups[index]
+        owner = f"FusedAdam param_groups[{index}]"
+        try:
+            for i, param in enumerate(group["params"]):
+                if param.device.type != "cuda":
+                    raise ValueError(f"{owner}['params'][{i}] is on {param.device}; FusedAdam updates CUDA tensors. "
+                                     "Use ds_ops.DeepSpeedCPUAdam for CPU tensors")
+                if param.dtype not in DTYPE_CODES:
+                    raise TypeError(f"{owner}['params'][{i}] has dtype {param.dtype}; use float32, bfloat16 or float16")
+            for key in ("lr", "eps", "weight_decay"):
+                check_non_negative(owner, key, group[key])
+            check_unit_interval(owner, "betas[0]", group["betas"][0])
+            check_unit_interval(owner, "betas[1]", group["betas"][1])
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients: to None when `set_grad_none` (DeepSpeed's behaviour), else as torch does."""
+        super().zero_grad(set_to_none=self.set_grad_none or set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None, grads: Any = None, output_params: Any = None,
+             scale: Any = None, grad_norms: Any = None, grad_scaler: Any = None) -> Any:
+        """One Adam step for every parameter with a gradient: one kernel launch per (device, dtype).
+
+        The legacy arguments (grads, output_params, scale, grad_norms, grad_scaler) are rejected, as
+        in DeepSpeed.
+        """
+        if any(arg is not None for arg in (grads, output_params, scale, grad_norms, grad_scaler)):
+            raise ValueError("FusedAdam.step takes only `closure`: the legacy grads/output_params/scale/"
+                             "grad_norms/grad_scaler arguments were removed (as in DeepSpeed)")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for index, group in enumerate(self.param_groups):
+            buckets: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, ...]]] = {}
+            for i, param in enumerate(group["params"]):
+                if param.grad is None or param.numel() == 0:
+                    continue
+                if param.grad.is_sparse:
+                    raise TypeError(f"FusedAdam param_groups[{index}]['params'][{i}] has a sparse gradient")
+                if param.grad.dtype != param.dtype:
+                    raise TypeError(f"FusedAdam param_groups[{index}]['params'][{i}]: gradient dtype "
+                                    f"{param.grad.dtype} differs from the parameter's {param.dtype}")
+                state = self.state[param]
+                if not state:
+                    state["exp_avg"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+                    state["exp_avg_sq"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+                buckets.setdefault((param.device, param.dtype), []).append(
+                    (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
+            if not buckets:
+                continue
+            group["step"] = group.get("step", 0) + 1
+            for (device, dtype), tensors in buckets.items():
+                self._launch(device, dtype, tensors, group)
+        return loss
+
+    def _launch(self, device: torch.device, dtype: torch.dtype, tensors: list[tuple[torch.Tensor, ...]],
+                group: dict[str, Any]) -> None:
+        # Non-contiguous tensors are updated through contiguous copies written back afterwards (same stream).
+        work = [tuple(t if t.is_contiguous() else t.contiguous() for t in item) for item in tensors]
+        chunks = [(item[0].numel() + CHUNK_NUMEL - 1) // CHUNK_NUMEL for item in work]
+        offsets = [0]
+        for count in chunks:
+            offsets.append(offsets[-1] + count)
+        table = [value for item in work for value in (*(t.data_ptr() for t in item), item[0].numel())]
+        meta = torch.tensor(table + offsets, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+        beta1, beta2 = group["betas"]
+        lr, weight_decay, step = group["lr"], group["weight_decay"], group["step"]
+        if group["bias_correction"]:
+            bias_correction1, bias_correction2 = 1 - beta1**step, 1 - beta2**step
+        else:
+            bias_correction1 = bias_correction2 = 1.0
+        with torch.cuda.device(device):
+            stream = torch.cuda.current_stream(device).cuda_stream
+            status = self._kernel(meta.data_ptr(), len(work), offsets[-1], CHUNK_NUMEL, DTYPE_CODES[dtype],
+                                  1 - lr * weight_decay if self.adam_w_mode else 1.0,
+                                  0.0 if self.adam_w_mode else weight_decay, 1 - beta1, beta2, 1 - beta2,
+                                  bias_correction2**0.5, group["eps"], -(lr / bias_correction1), stream)
+        if status != 0:
+            raise RuntimeError(f"FusedAdam kernel launch failed with CUDA error {status} on {device}")
+        for original, used in zip(tensors, work, strict=True):
+            for position, (dst, src) in enumerate(zip(original, used, strict=True)):
+                if position != 1 and dst is not src:  # position 1 is the gradient: read only
+                    dst.copy_(src)

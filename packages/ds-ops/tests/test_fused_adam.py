@@ -1,0 +1,52 @@
+"""FusedAdam on a host without CUDA: a clear error at construction; its .cu source compiles with nvcc."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from ds_ops import FusedAdam, FusedAdamBuilder, OpNotCompatibleError
+from ds_ops.op_builder import ABI_VERSION
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+
+
+@needs_no_cuda
+def test_constructing_on_a_cpu_host_says_so_and_what_to_use() -> None:
+    with pytest.raises(OpNotCompatibleError, match="FusedAdam needs a CUDA device: CUDA is not available.*"
+                                                   "use ds_ops.DeepSpeedCPUAdam"):
+        FusedAdam([torch.nn.Parameter(torch.zeros(4))])
+
+
+@needs_no_cuda
+def test_builder_reports_incompatible_with_the_reason() -> None:
+    compatibility = FusedAdamBuilder().is_compatible()
+    assert not compatibility
+    assert compatibility.reasons[0].startswith("CUDA is not available")
+    with pytest.raises(OpNotCompatibleError, match="op fused_adam cannot run on this machine"):
+        FusedAdamBuilder().load()
+
+
+def test_cuda_source_compiles_with_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builder = FusedAdamBuilder()
+    if builder.nvcc_command() is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")  # one target keeps the compile to a few seconds
+    assert "-gencode=arch=compute_80,code=sm_80" in builder.nvcc_args()
+    library_path = builder.build(tmp_path / "fused_adam")
+    assert library_path.is_file()
+    library = ctypes.CDLL(str(library_path))  # cudart is static: loads without a driver
+    assert library.ds_op_abi_version() == ABI_VERSION
+    assert hasattr(library, "ds_fused_adam_step")
+
+
+def test_bad_arch_list_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    builder = FusedAdamBuilder()
+    if builder.nvcc_command() is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;Volta")
+    reasons = builder.can_build().reasons
+    assert any("TORCH_CUDA_ARCH_LIST entry 'Volta'" in reason for reason in reasons), reasons
