@@ -1,0 +1,182 @@
+"""Gradient reduction for ZeRO stages 1 and 2: reducing a flat range to the ranks that own it, and stage 1's
+reduction of full gradients at the accumulation boundary.
+
+[Note: reduce to owners] A gradient bucket covers a contiguous range of a group's flat buffer. Each rank
+only needs the summed values of its own partition, so the range is cut at partition boundaries and each
+piece is reduced (`reduce`, SUM) to the rank that owns it: together the pieces form a reduce-scatter of
+the bucket, whatever its position. Buckets that fill during backward lie in one or two partitions (a
+balanced `reduce_scatter_tensor` would have to wait for the whole model), and on gloo a `reduce` costs
+about half of a `reduce_scatter_tensor` of the same data (measured with 2 ranks on 80 MB: 0.06 s vs
+0.13-0.17 s of process CPU time). `reduce_scatter=False` all-reduces the bucket instead and each rank
+keeps its piece.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_zero._flat_buffer import FlatParamGroup
+from ds_zero._partition import owner_pieces
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BoundaryReducer", "RangeReducer"]
+
+
+@dataclass
+class _Launched:
+    buffer: torch.Tensor
+    start: int
+    end: int
+    handles: list[ds_comm.CollectiveHandle]
+
+
+class RangeReducer:
+    """Reduces a buffer holding flat range `[start, end)` of a group so its owners receive the sums.
+
+    Args:
+        group: the data-parallel process group (None: world).
+        use_reduce_scatter: reduce each piece to its owner (True) or all-reduce the whole range (False).
+        predivide_factor: divide before the reduction by this, and by `world / predivide_factor` after
+            (guards fp16 sums against overflow on large worlds; 1.0 = divide once, after).
+    """
+
+    def __init__(self, group: ProcessGroup | None, *, use_reduce_scatter: bool, predivide_factor: float) -> None:
+        self.group = group
+        self.world = ds_comm.get_world_size(group)
+        self.rank = ds_comm.get_rank(group)
+        self.use_reduce_scatter = use_reduce_scatter
+        self.predivide_factor = float(predivide_factor)
+        self.post_scale = self.predivide_factor / self.world
+        self._owner_ranks = [ds_comm.get_global_rank(group, r) for r in range(self.world)]
+
+    def launch(self, buffer: torch.Tensor, start: int, end: int, partition_numel: int) -> _Launched:
+        """Start the reduction of `buffer` (= flat range `[start, end)`); collectives are asynchronous."""
+        if self.predivide_factor != 1.0:
+            buffer.mul_(1.0 / self.predivide_factor)
+        handles: list[ds_comm.CollectiveHandle] = []
+        if self.world > 1:
+            if self.use_reduce_scatter:
+                for owner, lo, hi in owner_pieces(start, end, partition_numel):
+                    h = ds_comm.reduce(buffer[lo - start: hi - start], dst=self._owner_ranks[owner],
+                                       group=self.group, async_op=True)
+                    handles.append(h)
+            else:
+                handles.append(ds_comm.all_reduce(buffer, group=self.group, async_op=True))
+        return _Launched(buffer, start, end, [h for h in handles if h is not None])
+
+    def own_piece(self, launched: _Launched, partition_numel: int) -> tuple[slice, slice] | None:
+        """`(slice of the buffer, slice of this rank's partition)` for the part of the range it owns."""
+        lo = max(launched.start, self.rank * partition_numel)
+        hi = min(launched.end, (self.rank + 1) * partition_numel)
+        if lo >= hi:
+            return None
+        p0 = self.rank * partition_numel
+        return slice(lo - launched.start, hi - launched.start), slice(lo - p0, hi - p0)
+
+    def complete(self, launched: _Launched, accumulator: torch.Tensor, partition_numel: int) -> None:
+        """Wait for `launched` and add this rank's averaged piece into its partition `accumulator`."""
+        for h in launched.handles:
+            h.wait()
+        piece = self.own_piece(launched, partition_numel)
+        if piece is not None:
+            src, dst = piece
+            values = launched.buffer[src]
+            if values.device != accumulator.device:
+                values = values.to(accumulator.device, non_blocking=True)
+            accumulator[dst].add_(values, alpha=self.post_scale)
+
+
+class BoundaryReducer:
+    """Stage 1: full gradients accumulate in a flat buffer per group; `finish()` reduces them to the owners.
+
+    Each parameter's `.grad` is a view into the group's flat gradient buffer, so autograd accumulates
+    micro-steps in place and the reduction needs no gathering copy. A `.grad` that is not our view (the
+    caller set `.grad = None` or assigned a tensor) is copied in first.
+
+    Args:
+        flats: the flat parameter groups.
+        reducer: the range reducer.
+        bucket_numel: elements reduced per collective (`reduce_bucket_size`).
+        communication_dtype: dtype of the reduction (None: the model dtype).
+        accumulators: per group, this rank's fp32 gradient partition that receives the averaged sums.
+            None (fp32 model, no offload, reduction in fp32): the own partition of each flat gradient
+            buffer is the accumulator, reduced in place, so no second partition-sized buffer exists.
+    """
+
+    def __init__(self, flats: list[FlatParamGroup], reducer: RangeReducer, *, bucket_numel: int,
+                 communication_dtype: torch.dtype | None, accumulators: list[torch.Tensor] | None) -> None:
+        self.flats = flats
+        self.reducer = reducer
+        self.bucket_numel = int(bucket_numel)
+        self.communication_dtype = communication_dtype
+        self.flat_grads = [torch.zeros(f.padded_numel, dtype=f.dtype, device=f.device) for f in flats]
+        self.in_place = accumulators is None
+        if self.in_place:
+            assert all(f.dtype == torch.float32 for f in flats)
+            assert communication_dtype in (None, torch.float32)
+            accumulators = [f.own_slice(g) for f, g in zip(flats, self.flat_grads, strict=True)]
+        self.accumulators: list[torch.Tensor] = accumulators
+        self._clean = True
+        self.attach()
+
+    def attach(self) -> None:
+        """Point every parameter's `.grad` at its view of the flat gradient buffer."""
+        for flat, grads in zip(self.flats, self.flat_grads, strict=True):
+            for p, slot in zip(flat.params, flat.slots, strict=True):
+                p.grad = flat.slot_view(grads, slot)
+
+    def _collect(self, flat: FlatParamGroup, grads: torch.Tensor) -> None:
+        for p, slot in zip(flat.params, flat.slots, strict=True):
+            view = flat.slot_view(grads, slot)
+            g = p.grad
+            if g is None:
+                view.zero_()
+            elif g.data_ptr() != view.data_ptr() or g.shape != view.shape:
+                view.copy_(g)
+            p.grad = None
+
+    def finish(self) -> None:
+        """Reduce every group's full gradients into the accumulators (blocking)."""
+        self._clean = False
+        for index, (flat, grads) in enumerate(zip(self.flats, self.flat_grads, strict=True)):
+            self._collect(flat, grads)
+            launched = []
+            for start in range(0, flat.numel, self.bucket_numel):
+                end = min(start + self.bucket_numel, flat.numel)
+                buffer = grads[start:end]
+                if self.communication_dtype is not None and self.communication_dtype != buffer.dtype:
+                    buffer = buffer.to(self.communication_dtype)
+                launched.append(self.reducer.launch(buffer, start, end, flat.partition_numel))
+            acc = self.accumulators[index]
+            for item in launched:
+                if self.in_place:
+                    for h in item.handles:
+                        h.wait()
+                    piece = self.reducer.own_piece(item, flat.partition_numel)
+                    if piece is not None:
+                        acc[piece[1]].mul_(self.reducer.post_scale)
+                else:
+                    self.reducer.complete(item, acc, flat.partition_numel)
+
+    def zero(self) -> None:
+        """Clear the flat gradient buffers and re-attach the `.grad` views."""
+        if not self._clean:
+            for grads in self.flat_grads:
+                grads.zero_()
+            self._clean = True
+        self.attach()
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        """The gradient storage this reducer holds (for memory accounting)."""
+        return list(self.flat_grads)
+
+    def close(self) -> None:
+        for flat in self.flats:
+            for p in flat.params:
+                p.grad = None
