@@ -1,6 +1,12 @@
-"""ds-zero: ZeRO stages 1-3 with CPU offload, usable with any torch optimizer and no engine."""
+"""ds-zero: ZeRO stages 1-3 with CPU offload, usable with any torch optimizer and no engine.
+
+`LossScaler` and `DynamicLossScaler` are re-exported from ds_ops.precision so a standalone loop needs
+only this package to set up fp16 loss scaling.
+"""
 
 from __future__ import annotations
+
+from ds_ops.precision import DynamicLossScaler, LossScaler
 
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
@@ -16,6 +22,8 @@ from ds_zero.zero_to_fp32 import (
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
     "DeepSpeedZeroOptimizer",
+    "DynamicLossScaler",
+    "LossScaler",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
     "ZeroConfig",
