@@ -7,7 +7,6 @@ only this package to set up fp16 loss scaling.
 from __future__ import annotations
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
-
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zero_dist_cases import flat_params, make_model, make_optimizer, train_zero, zero_config
+from zero_dist_cases import batch, flat_params, loss_fn, make_model, make_optimizer, train_zero, zero_config
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -23,7 +23,7 @@ def _precision_runs(rank: int, world: int, stage: int) -> dict[str, tuple]:
     for name, dtype in DTYPES.items():
         model = make_model(dtype=dtype)
         scaler = ds_zero.DynamicLossScaler(init_scale=2.0**10, scale_window=5) if name == "fp16" else None
-        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, overlap_comm=True),
+        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, overlap_comm=True, reduce_bucket_size=200, allgather_bucket_size=400),
                                              module=model, loss_scaler=scaler, clip_grad=0.05)
         losses = train_zero(opt, model, rank, world, range(20))
         masters = torch.cat([m.detach().float() for m in opt.masters])
@@ -32,9 +32,18 @@ def _precision_runs(rank: int, world: int, stage: int) -> dict[str, tuple]:
     return out
 
 
+def _precision_both_stages(rank: int, world: int) -> dict[int, dict]:
+    return {stage: _precision_runs(rank, world, stage) for stage in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def precision_results() -> dict[int, dict]:
+    return run_ranks(2, _precision_both_stages, timeout_s=150)[0]
+
+
 @pytest.mark.parametrize("stage", [1, 2])
-def test_bf16_and_fp16_track_fp32(stage: int) -> None:
-    res = run_ranks(2, _precision_runs, stage=stage, timeout_s=120)[0]
+def test_bf16_and_fp16_track_fp32(stage: int, precision_results: dict[int, dict]) -> None:
+    res = precision_results[stage]
     fp32_losses, fp32_params = res["fp32"][0], res["fp32"][1]
     for name, loss_tol, param_tol in (("bf16", 2e-2, 3e-2), ("fp16", 5e-3, 5e-3)):
         losses, params, _, masters, dtypes = res[name]
@@ -49,12 +58,15 @@ def test_bf16_and_fp16_track_fp32(stage: int) -> None:
     assert res["fp16"][2] > 2.0**10
 
 
+def _overflow_both_stages(rank: int, world: int) -> dict[int, dict]:
+    return {stage: _overflow_on_one_rank(rank, world, stage) for stage in (1, 2)}
+
+
 def _overflow_on_one_rank(rank: int, world: int, stage: int) -> dict:
     model = make_model(dtype=torch.float16)
     scaler = ds_zero.DynamicLossScaler(init_scale=2.0**8, delayed_shift=1)
     opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage), module=model,
                                          loss_scaler=scaler)
-    from zero_dist_cases import batch, loss_fn
 
     def poison(grad: torch.Tensor) -> torch.Tensor:
         grad = grad.clone()
@@ -79,14 +91,15 @@ def _overflow_on_one_rank(rank: int, world: int, stage: int) -> dict:
             "params": flat_params(model)}
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_fp16_overflow_on_one_rank_skips_everywhere(stage: int) -> None:
-    r0, r1 = run_ranks(2, _overflow_on_one_rank, stage=stage, timeout_s=60)
-    for r in (r0, r1):
-        assert r["applied"] == [True, False, True]
-        assert r["unchanged"] == [False, True, False]
-        assert r["scale"] == 2.0**7           # halved once (delayed_shift=1)
-    if stage == 2:
-        # only rank 0 owns the poisoned element: rank 1 skipped because of the cross-rank check
-        assert r0["local"][1] == 1.0 and r1["local"][1] == 0.0
-    assert torch.equal(r0["params"], r1["params"])
+def test_fp16_overflow_on_one_rank_skips_everywhere() -> None:
+    by_rank = run_ranks(2, _overflow_both_stages, timeout_s=90)
+    for stage in (1, 2):
+        r0, r1 = by_rank[0][stage], by_rank[1][stage]
+        for r in (r0, r1):
+            assert r["applied"] == [True, False, True], f"stage {stage}"
+            assert r["unchanged"] == [False, True, False], f"stage {stage}"
+            assert r["scale"] == 2.0**7           # halved once (delayed_shift=1)
+        if stage == 2:
+            # only rank 0 owns the poisoned element: rank 1 skipped because of the cross-rank check
+            assert r0["local"][1] == 1.0 and r1["local"][1] == 0.0
+        assert torch.equal(r0["params"], r1["params"])
