@@ -87,3 +87,16 @@ class FlatParamGroup:
     def slot_view(self, buffer: torch.Tensor, slot: ParamSlot) -> torch.Tensor:
         """`slot`'s parameter-shaped view into another buffer with the flat layout (e.g. a gradient buffer)."""
         return buffer[slot.flat_offset: slot.flat_end].view(slot.shape)
+
+    def check_views(self) -> None:
+        """Raise if the parameters no longer live in the flat buffer (the model was moved or cast after
+        the optimizer was built, so updates would no longer reach it).
+
+        Raises:
+            ValueError: names the first detached parameter and the fix.
+        """
+        for p, slot in zip(self.params, self.slots, strict=True):
+            if p.data_ptr() != self.flat[slot.flat_offset:].data_ptr() and slot.numel:
+                raise ValueError(f"parameter {slot.name!r} is no longer a view of the ZeRO flat buffer: the model "
+                                 "was moved, cast or had parameters replaced after the optimizer was built; cast "
+                                 "and move the model first, then build the base optimizer and the ZeRO wrapper")

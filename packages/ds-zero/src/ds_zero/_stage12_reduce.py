@@ -88,7 +88,7 @@ class RangeReducer:
             src, dst = piece
             values = launched.buffer[src]
             if values.device != accumulator.device:
-                values = values.to(accumulator.device, non_blocking=True)
+                values = values.to(accumulator.device)   # blocking: the host reads it right away
             accumulator[dst].add_(values, alpha=self.post_scale)
 
 
@@ -123,7 +123,13 @@ class BoundaryReducer:
             accumulators = [f.own_slice(g) for f, g in zip(flats, self.flat_grads, strict=True)]
         self.accumulators: list[torch.Tensor] = accumulators
         self._clean = True
+        # Autograd accumulates into the views in place, invisibly; a hook per parameter only notes that
+        # a backward happened, so zero() can skip the memset when nothing was written since the last one.
+        self._hooks = [p.register_post_accumulate_grad_hook(self._mark_dirty) for f in flats for p in f.params]
         self.attach()
+
+    def _mark_dirty(self, _param: torch.Tensor) -> None:
+        self._clean = False
 
     def attach(self) -> None:
         """Point every parameter's `.grad` at its view of the flat gradient buffer."""
@@ -177,6 +183,9 @@ class BoundaryReducer:
         return list(self.flat_grads)
 
     def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
         for flat in self.flats:
             for p in flat.params:
                 p.grad = None

@@ -19,6 +19,10 @@ def _model(dtype: torch.dtype) -> nn.Module:
     return nn.Sequential(nn.Linear(24, 37), nn.Tanh(), nn.Linear(37, 29)).to(dtype)  # 2027 elements
 
 
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def _memory(rank: int, world: int) -> dict:
     out = {}
     for stage in (1, 2):
@@ -41,7 +45,7 @@ def _memory(rank: int, world: int) -> dict:
                 "breakdown": opt.memory_breakdown(),
                 "state_partition_elems": sum(v.numel() for v in state.values() if v.dim() == 1),
                 "master_numel": master.numel(),
-                "master_is_view_of_params": master.untyped_storage().data_ptr() == flat.flat.untyped_storage().data_ptr(),
+                "master_is_view_of_params": _same_storage(master, flat.flat),
                 "grads_dropped": all(g is None for g in grads_after_backward),
                 "grad_partition_elems": sum(g.numel() for g in opt.grad_partitions),
                 "staging_elems": sum(t.numel() for t in opt._grads.gradient_tensors()),

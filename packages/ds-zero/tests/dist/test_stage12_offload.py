@@ -30,7 +30,7 @@ def _run(rank: int, world: int, stage: int, dtype: torch.dtype, offload: bool, c
         base = torch.optim.AdamW(param_groups(model), betas=(0.9, 0.99), foreach=False)
     config = zero_config(stage, offload_optimizer={"device": "cpu" if offload else "none"})
     opt = ds_zero.DeepSpeedZeroOptimizer(base, config=config, module=model, clip_grad=0.05)
-    losses = train_zero(opt, model, rank, world, range(12), gas=2)
+    losses = train_zero(opt, model, rank, world, range(8), gas=2, global_loss=False)
     flat_ptrs = {f.flat.untyped_storage().data_ptr() for f in opt.flats}
     state = [v for s in opt.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     info = {

@@ -23,9 +23,10 @@ def _precision_runs(rank: int, world: int, stage: int) -> dict[str, tuple]:
     for name, dtype in DTYPES.items():
         model = make_model(dtype=dtype)
         scaler = ds_zero.DynamicLossScaler(init_scale=2.0**10, scale_window=5) if name == "fp16" else None
-        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, overlap_comm=True, reduce_bucket_size=200, allgather_bucket_size=400),
-                                             module=model, loss_scaler=scaler, clip_grad=0.05)
-        losses = train_zero(opt, model, rank, world, range(20))
+        config = zero_config(stage, overlap_comm=True, reduce_bucket_size=200, allgather_bucket_size=400)
+        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=config, module=model, loss_scaler=scaler,
+                                             clip_grad=0.05)
+        losses = train_zero(opt, model, rank, world, range(20), global_loss=False)
         masters = torch.cat([m.detach().float() for m in opt.masters])
         out[name] = (losses, flat_params(model), opt.loss_scale, masters, [p.dtype for p in model.parameters()])
         opt.close()
