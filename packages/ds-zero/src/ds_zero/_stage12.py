@@ -85,12 +85,14 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
         self.offload = config.offload_optimizer.device == "cpu"
-        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0 or self.loss_scaler.dynamic
         self.overflow = False
         self._global_grad_norm: float | None = None
 
         names = ParamNames(module)
         self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
+        # fp16 (any scaler) must detect overflow, which the norm does for free; so does clipping.
+        fp16 = any(f.dtype == torch.float16 for f in self.flats if f.numel)
+        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0 or self.loss_scaler.dynamic or fp16
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
@@ -258,14 +260,16 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
             return float(global_grad_norm(grads, group=self.dp_group, partitioned=True))
         # Offloaded partitions on the host, collectives on the device (nccl): reduce the partial there.
         local = global_grad_norm(grads, partitioned=False).to(self._comm_device).pow(2).reshape(1)
-        ds_comm.all_reduce(local, group=self.dp_group)
+        if self.dp_world_size > 1:
+            ds_comm.all_reduce(local, group=self.dp_group)
         return float(local.sqrt())
 
     def _any_rank_overflow(self, grads: list[torch.Tensor]) -> bool:
         if not self._host_grads_on_device_group:
             return has_overflow(grads, group=self.dp_group)
         flag = local_overflow(grads).to(self._comm_device)
-        ds_comm.all_reduce(flag, op=ds_comm.ReduceOp.MAX, group=self.dp_group)
+        if self.dp_world_size > 1:
+            ds_comm.all_reduce(flag, op=ds_comm.ReduceOp.MAX, group=self.dp_group)
         return bool(flag.item())
 
     # ----- checkpoints ---------------------------------------------------------------------------
