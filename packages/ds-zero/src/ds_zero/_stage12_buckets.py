@@ -223,8 +223,8 @@ class BucketReducer:
         self._armed = None
 
     def gradient_tensors(self) -> list[torch.Tensor]:
-        """Staging buffers this reducer holds (for memory accounting; accumulators are counted by the caller)."""
-        return list(self._pool)
+        """Staging and receive buffers held (for memory accounting; accumulators are counted by the caller)."""
+        return list(self._pool) + self.reducer.buffers()
 
     def close(self) -> None:
         for handle in self._hooks:
