@@ -1,8 +1,36 @@
-"""ds-zero: ZeRO stages 1-3 with CPU offload, usable with any torch optimizer and no engine."""
+"""ds-zero: ZeRO stages 1-3 with CPU offload, usable with any torch optimizer and no engine.
+
+`LossScaler` and `DynamicLossScaler` are re-exported from ds_ops.precision so a standalone loop needs
+only this package to set up fp16 loss scaling.
+"""
 
 from __future__ import annotations
 
+from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
+from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
+from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
+from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+from ds_zero.zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+    load_state_dict_from_zero_checkpoint,
+)
 
-__all__ = ["OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig", "__version__"]
+__all__ = [
+    "CHECKPOINT_FORMAT_VERSION",
+    "DeepSpeedZeroOptimizer",
+    "DynamicLossScaler",
+    "LossScaler",
+    "OffloadOptimizerConfig",
+    "OffloadParamConfig",
+    "ZeroConfig",
+    "ZeroOptimizer",
+    "__version__",
+    "convert_zero_checkpoint_to_fp32_state_dict",
+    "get_fp32_state_dict_from_zero_checkpoint",
+    "load_state_dict_from_zero_checkpoint",
+    "load_zero_checkpoint",
+    "save_zero_checkpoint",
+]

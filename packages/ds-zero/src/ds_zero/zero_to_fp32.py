@@ -1,0 +1,139 @@
+"""Consolidate a ZeRO checkpoint (any stage, any world size) into one fp32 state_dict for `model.load_state_dict`.
+
+Command line (installed as `ds-zero-to-fp32`)::
+
+    ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_FILE [-t TAG] [--exclude_frozen_parameters] [-q]
+
+`CHECKPOINT_DIR` is the save directory holding `latest` (or a tag directory). `OUTPUT_FILE` receives a
+`torch.save`d state_dict (an existing directory gets `pytorch_model.bin` inside, as DeepSpeed's script
+writes). A progress bar on stderr follows the consolidation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ds_zero._checkpoint_format import FragmentIndex, consolidate_fp32_params
+from ds_zero._checkpoint_io import (
+    atomic_torch_save,
+    find_model_states_file,
+    load_optim_state_dicts,
+    resolve_checkpoint_dir,
+)
+from ds_zero._progress import ProgressBar
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "convert_zero_checkpoint_to_fp32_state_dict",
+    "get_fp32_state_dict_from_zero_checkpoint",
+    "load_state_dict_from_zero_checkpoint",
+    "main",
+]
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike[str], tag: str | None = None,
+                                             exclude_frozen_parameters: bool = False, *,
+                                             progress: bool = False) -> dict[str, torch.Tensor]:
+    """Every parameter in fp32, rebuilt from all ranks' partitions, plus buffers from the model states.
+
+    Args:
+        checkpoint_dir: the save directory holding `latest` (or a tag directory).
+        tag: the checkpoint tag (default: the one in `latest`).
+        exclude_frozen_parameters: leave out parameters that had `requires_grad=False`.
+        progress: draw a progress bar on stderr.
+
+    Returns:
+        A state_dict in the module's key order when the model-states file is there: trainable
+        parameters in fp32 from the partitions, frozen parameters (cast to fp32) and buffers (dtype
+        kept) from the module state_dict.
+
+    Raises:
+        FileNotFoundError: no such checkpoint, or no optimizer-state files (a stage-0 checkpoint).
+        ValueError: a rank's file is missing or does not cover its parameters.
+    """
+    ckpt = resolve_checkpoint_dir(checkpoint_dir, tag)
+    state_dicts = load_optim_state_dicts(ckpt)
+    index = FragmentIndex(state_dicts)
+    total = sum(math.prod(shape) for shape in index.param_shapes.values())
+    bar = ProgressBar(total, label=f"zero_to_fp32 {ckpt.name}", enabled=progress)
+    params = consolidate_fp32_params(state_dicts, on_param=lambda _name, numel: bar.update(numel))
+    bar.close()
+    frozen = set(state_dicts[0].get("frozen_param_shapes", {}))
+    states_file = find_model_states_file(ckpt)
+    if states_file is None:
+        logger.warning("no model-states file in %s: buffers and frozen parameters are not included", ckpt)
+        return params
+    module_sd = torch.load(states_file, map_location="cpu", weights_only=False).get("module") or {}
+    out: dict[str, torch.Tensor] = {}
+    for name, value in module_sd.items():
+        if name in params:
+            out[name] = params[name]
+        elif name in frozen:
+            if not exclude_frozen_parameters:
+                out[name] = value.float() if value.is_floating_point() else value
+        elif isinstance(value, torch.Tensor) and value.numel() == 0 and name not in params:
+            continue  # a stage-3 placeholder of a parameter that this checkpoint does not hold
+        else:
+            out[name] = value
+    for name, value in params.items():
+        out.setdefault(name, value)
+    return out
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike[str],
+                                               output_file: str | os.PathLike[str], tag: str | None = None,
+                                               exclude_frozen_parameters: bool = False, *,
+                                               progress: bool = False) -> Path:
+    """Write `get_fp32_state_dict_from_zero_checkpoint(...)` to `output_file` (atomically); returns the path.
+
+    An existing directory as `output_file` gets `pytorch_model.bin` inside it.
+    """
+    out = Path(output_file)
+    if out.is_dir():
+        out = out / "pytorch_model.bin"
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters,
+                                                          progress=progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_torch_save(state_dict, out)
+    return out
+
+
+def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir: str | os.PathLike[str],
+                                         tag: str | None = None) -> torch.nn.Module:
+    """Load the consolidated fp32 weights into `model` (non-strict, as DeepSpeed does) and return it."""
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    model.load_state_dict(state_dict, strict=False)
+    return model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_FILE`: returns the exit status."""
+    parser = argparse.ArgumentParser(prog="ds-zero-to-fp32", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint_dir", help="save directory holding 'latest' (or a tag directory)")
+    parser.add_argument("output_file", help="where to write the fp32 state_dict (torch.save)")
+    parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: read from 'latest')")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave out frozen parameters")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        out = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_file, args.tag,
+                                                         args.exclude_frozen_parameters, progress=not args.quiet)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"ds-zero-to-fp32: error: {err}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"saved fp32 state_dict to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
