@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from ds_comm import init_distributed
-from ds_engine import comm, lr_schedules
+from ds_engine import accelerator, comm, lr_schedules
 from ds_engine.__about__ import __version__
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._initialize import add_config_arguments, initialize
@@ -33,6 +33,7 @@ __all__ = [
     "MixedPrecisionOptimizer",
     "PipelineError",
     "__version__",
+    "accelerator",
     "add_config_arguments",
     "comm",
     "init_distributed",

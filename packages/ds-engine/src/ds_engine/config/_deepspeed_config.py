@@ -79,6 +79,8 @@ class DeepSpeedConfig:
             self.batch = resolve_batch(m.train_batch_size, m.train_micro_batch_size_per_gpu,
                                        m.gradient_accumulation_steps, self.world_size)
         check_cross_fields(m, self.zero)
+        if self.zero.unavailable is not None:
+            raise DeepSpeedConfigError(self.zero.unavailable)
 
     # -- "auto" -------------------------------------------------------------------------------------------
     def fill_auto(self, values: Mapping[str, Any]) -> DeepSpeedConfig:

@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from ds_comm import ConfigModel
 from ds_engine._optimizers import ParamError, canonical_optimizer_name, check_optimizer_params
-from ds_engine._schedulers import check_scheduler_params
+from ds_engine._schedulers import check_scheduler_params, scheduler_class
 from ds_engine.config._types import DtypeName, Float, Int, NonNegFloat, NonNegInt, PosInt
 
 __all__ = [
@@ -148,6 +148,12 @@ class SchedulerConfig(ConfigModel):
     """WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, or a torch.optim.lr_scheduler class."""
     params: dict[str, Any] = {}
     """Constructor keyword arguments (the optimizer is passed first)."""
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        scheduler_class(value)
+        return value
 
     @model_validator(mode="after")
     def _params_fit(self) -> SchedulerConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, model_validator
+from pydantic import BeforeValidator, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import CommsLoggerConfig, ConfigModel
@@ -136,7 +136,7 @@ class DeepSpeedConfigModel(ConfigModel):
     """Allow ZeRO with an optimizer outside Adam/AdamW/Adagrad/Lamb/Lion."""
     zero_force_ds_cpu_optimizer: bool = True
     """With optimizer offload, require a DeepSpeed CPU optimizer."""
-    zero_optimization: dict[str, Any] | bool | None = None
+    zero_optimization: dict[str, Any] | StrictBool | None = None
     """ZeRO; validated by ds_zero.ZeroConfig (true/false is the legacy form of stage 1/0)."""
     comms_logger: CommsLoggerConfig = CommsLoggerConfig()
     """Collective-communication logging (ds-comm)."""

@@ -30,6 +30,9 @@ class ZeroSettings:
     gather_16bit_weights_on_model_save: bool = False
     config: Any = None
     """The `ds_zero.ZeroConfig` instance, or None when ds-zero is not installed (stage 0 only)."""
+    unavailable: str | None = None
+    """Why the requested stage cannot run here (ds-zero missing); DeepSpeedConfig raises it after the
+    cross-field checks, so those report the same way with or without ds-zero."""
 
 
 def _stage_of(section: dict[str, Any]) -> int:
@@ -55,8 +58,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     """Validate `zero_optimization` and reduce it to `ZeroSettings`.
 
     Raises:
-        DeepSpeedConfigError: a bad stage, offload without ZeRO, anything ds-zero's model refuses,
-            or stage >= 1 without ds-zero installed (the message names `pip install 'ds-engine[zero]'`).
+        DeepSpeedConfigError: a bad stage, offload without ZeRO, or anything ds-zero's model refuses.
+            Stage >= 1 without ds-zero installed is reported through `ZeroSettings.unavailable`.
     """
     if value is None:
         return ZeroSettings()
@@ -76,7 +79,7 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
         if stage > 0:
-            raise DeepSpeedConfigError(f"zero_optimization.stage={stage}: {err}") from None
+            return ZeroSettings(stage=stage, unavailable=f"zero_optimization.stage={stage}: {err}")
         extra = sorted(set(value) - {"stage"})
         if extra:
             logger.warning("zero_optimization keys %s have no effect at stage 0 and are not validated without "
