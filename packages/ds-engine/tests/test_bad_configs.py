@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import torch
+from ds_engine_testkit import base_config, flat_params, tiny_net
 
 import ds_engine
 from ds_engine import DeepSpeedConfigError
 from ds_engine.monitors import tensorboard_available
-from ds_engine_testkit import base_config, flat_params, tiny_net
 
 E = DeepSpeedConfigError
 SGD = {"type": "SGD", "params": {"lr": 0.1}}
@@ -28,8 +28,10 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("zero_untested_optimizer", {"zero_optimization": {"stage": 1}, "optimizer": SGD}, E,
      r"optimizer.type='SGD' is not tested with ZeRO .* \"zero_allow_untested_optimizer\": true"),
     ("zero_bad_stage", {"zero_optimization": {"stage": 5}}, E, r"zero_optimization.stage: must be 0, 1, 2 or 3, got 5"),
-    ("zero_not_a_section", {"zero_optimization": "yes"}, E, r"zero_optimization"),
-    ("top_level_typo", {"gradient_cliping": 1.0}, E, r"gradient_cliping: unknown key .*did you mean 'gradient_clipping'"),
+    ("zero_not_a_section", {"zero_optimization": "yes"}, E,
+     r"zero_optimization: expected a section \(object\) or true/false, got 'yes'"),
+    ("top_level_typo", {"gradient_cliping": 1.0}, E,
+     r"gradient_cliping: unknown key .*did you mean 'gradient_clipping'"),
     ("nested_typo", {"fp16": {"enabled": True, "loss_scale_windw": 100}}, E,
      r"fp16.loss_scale_windw: unknown key .*did you mean 'loss_scale_window'"),
     ("bf16_old_overflow_key", {"bf16": {"enabled": True, "check_overflow": True}}, E,
@@ -59,7 +61,8 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("batch_negative", {"gradient_accumulation_steps": -2}, E, r"gradient_accumulation_steps: Input should be greater"),
     ("dynamic_window_zero", {"fp16": {"enabled": True, "loss_scale_window": 0}}, E,
      r"fp16: loss_scale_window=0 must be > 0 with dynamic loss scaling"),
-    ("loss_scale_negative", {"fp16": {"enabled": True, "loss_scale": -1}}, E, r"fp16.loss_scale: Input should be greater"),
+    ("loss_scale_negative", {"fp16": {"enabled": True, "loss_scale": -1}}, E,
+     r"fp16.loss_scale: Input should be greater"),
     ("loss_scale_inf", {"fp16": {"enabled": True, "loss_scale": float("inf")}}, E,
      r"fp16.loss_scale: .*expected a finite number"),
     ("fp16_master_weights", {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}, E,

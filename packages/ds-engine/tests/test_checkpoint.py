@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 import ds_engine._atomic
 from ds_comm.testing import RankFailedError, run_ranks
-from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 SCHED = {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}
 

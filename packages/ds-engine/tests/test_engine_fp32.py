@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 import ds_engine
-from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 
 def _plain_torch(steps: int, batch: int) -> tuple[list[float], torch.Tensor]:
@@ -194,3 +194,16 @@ def test_deepspeed_io_shards_with_the_micro_batch() -> None:
     assert [len(b[0]) for b in eval_loader] == [8, 8, 4]
     with pytest.raises(ValueError, match="route must be"):
         engine.deepspeed_io(data, route="bogus")
+
+
+def test_scale_for_a_manual_backward_matches_engine_backward() -> None:
+    data = batches(4, 4)
+    a, b = tiny_net(0), tiny_net(0)
+    ea = make_engine(a, base_config(gradient_accumulation_steps=2, fp16={"enabled": True, "loss_scale": 8}))
+    eb = make_engine(b, base_config(gradient_accumulation_steps=2, fp16={"enabled": True, "loss_scale": 8}))
+    for x, y in data:
+        ea.backward(loss_fn(ea(x.half()), y))
+        ea.step()
+        eb.scale(loss_fn(eb(x.half()), y)).backward()
+        eb.step()
+    assert torch.equal(flat_params(a), flat_params(b)) and eb.global_steps == 2

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 import ds_engine
 import ds_ops
 from ds_engine._optimizers import normalize_param_groups, plan_config_optimizer, swap_for_cpu_optimizer
-from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 
 class FakeCPUAdam(torch.optim.AdamW):

@@ -13,13 +13,13 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 from pydantic import Field
 
 import ds_engine
 import ds_ops
 from ds_comm import ConfigDeprecationWarning, ConfigModel
 from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
-from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 from ds_ops.precision import LossScaler
 
 
@@ -158,7 +158,7 @@ def test_zero_call_site_training_and_checkpoint_follow_the_contract(monkeypatch,
         engine.backward(loss)
         engine.step()
     # The engine divides by gradient_accumulation_steps before handing the loss over.
-    assert ContractZeroOptimizer.calls[0] == ("backward", pytest.approx(float(loss) / 2, rel=1e-5))
+    assert ContractZeroOptimizer.calls[0] == ("backward", pytest.approx(loss.item() / 2, rel=1e-5))
     assert [c for c, _ in ContractZeroOptimizer.calls].count("step") == 2
     assert sched.last_batch_iteration == 1 and isinstance(engine.get_global_grad_norm(), float)
 

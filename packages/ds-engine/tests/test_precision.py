@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
+
 from ds_ops.precision import LossScaleAtMinimumError
 
 

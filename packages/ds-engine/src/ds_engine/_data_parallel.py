@@ -103,7 +103,8 @@ class ReduceSettings:
         op = "mean" if self.average else "sum"
         scale = "prescale" if self.prescale else f"postscale, predivide {self.predivide:g}"
         dtype = f", comm dtype {self.comm_dtype}" if self.comm_dtype is not None else ""
-        return f"bucketed all-reduce ({op} over {world_size} ranks, {scale}, buckets of {self.bucket_numel} elements{dtype})"
+        return (f"bucketed all-reduce ({op} over {world_size} ranks, {scale}, "
+                f"buckets of {self.bucket_numel} elements{dtype})")
 
 
 class GradAllReducer:

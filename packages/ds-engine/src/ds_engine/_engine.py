@@ -133,6 +133,18 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
         self.timers.stop("backward")
         return loss
 
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).
+
+        Divided by `gradient_accumulation_steps` and multiplied by the loss scale, exactly what
+        `backward` back-propagates. Stage 0 only; ZeRO's optimizer runs its own backward.
+        """
+        if self._zero.stage > 0:
+            raise NotImplementedError("engine.scale() is for ZeRO stage 0; with ZeRO use engine.backward(loss)")
+        scaled = loss / self._gas if self._gas > 1 else loss
+        factor = self._stepper.loss_scale if self._stepper is not None else 1.0
+        return scaled * factor if factor != 1.0 else scaled
+
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""
         if self._boundary_override is not None:

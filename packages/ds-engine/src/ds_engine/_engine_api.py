@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ds_engine._plan import AssemblyPlan
     from ds_engine._dist_info import DistInfo
+    from ds_engine._plan import AssemblyPlan
     from ds_engine.config import DeepSpeedConfig, ZeroSettings
 
 __all__ = ["EngineQueries"]

@@ -110,7 +110,8 @@ def _loss_scaling(config: DeepSpeedConfig) -> tuple[str, dict[str, Any] | None, 
     if fp16.dynamic_loss_scale:
         args = fp16.dynamic_loss_args()
         text = (f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
-                f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, min {fp16.min_loss_scale:g}")
+                f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, "
+                f"min {fp16.min_loss_scale:g}")
         return text, args, 0.0
     return f"static {fp16.loss_scale:g}", None, fp16.loss_scale
 

@@ -1,4 +1,4 @@
-"""Scheduler names from the config: DeepSpeed's five, else `torch.optim.lr_scheduler.<name>`; checked before building."""
+"""Scheduler names from the config: DeepSpeed's five, else a `torch.optim.lr_scheduler` class; checked first."""
 
 from __future__ import annotations
 

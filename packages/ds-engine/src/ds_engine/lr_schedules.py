@@ -1,4 +1,4 @@
-"""DeepSpeed's learning-rate schedules, by name and formula: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest.
+"""DeepSpeed's lr schedules, by name and formula: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest.
 
 Each schedule is stepped once per optimizer step (the engine does it after every applied step)
 and counts `last_batch_iteration` from -1; `state_dict()` is `{"last_batch_iteration": n}`, as in
@@ -58,7 +58,8 @@ class _Schedule:
 
     def __init__(self, optimizer: _HasParamGroups, last_batch_iteration: int) -> None:
         if not hasattr(optimizer, "param_groups"):
-            raise TypeError(f"{type(self).__name__} needs an optimizer with param_groups, got {type(optimizer).__name__}")
+            raise TypeError(f"{type(self).__name__} needs an optimizer with param_groups, "
+                            f"got {type(optimizer).__name__}")
         self.optimizer = optimizer
         self.last_batch_iteration = last_batch_iteration
         self._last_lr: list[float] | None = None

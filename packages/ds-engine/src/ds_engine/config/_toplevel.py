@@ -61,6 +61,12 @@ OFF_SECTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+def _section_or_bool(value: Any) -> Any:
+    if value is not None and not isinstance(value, (dict, bool)):
+        raise ValueError(f"expected a section (object) or true/false, got {value!r}")
+    return value
+
+
 def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
@@ -136,7 +142,7 @@ class DeepSpeedConfigModel(ConfigModel):
     """Allow ZeRO with an optimizer outside Adam/AdamW/Adagrad/Lamb/Lion."""
     zero_force_ds_cpu_optimizer: bool = True
     """With optimizer offload, require a DeepSpeed CPU optimizer."""
-    zero_optimization: dict[str, Any] | StrictBool | None = None
+    zero_optimization: Annotated[dict[str, Any] | StrictBool | None, BeforeValidator(_section_or_bool)] = None
     """ZeRO; validated by ds_zero.ZeroConfig (true/false is the legacy form of stage 1/0)."""
     comms_logger: CommsLoggerConfig = CommsLoggerConfig()
     """Collective-communication logging (ds-comm)."""
