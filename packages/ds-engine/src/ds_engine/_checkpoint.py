@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import random
 import re
 import sys
@@ -73,7 +74,8 @@ def _check_tag(engine: DeepSpeedEngine, tag: str) -> None:
     if mode == "IGNORE" or engine.world_size == 1 or not ds_comm.is_initialized():
         return
     digest = int.from_bytes(hashlib.sha1(tag.encode()).digest()[:7], "big")
-    lo, hi = torch.tensor([digest], dtype=torch.int64), torch.tensor([digest], dtype=torch.int64)
+    lo = torch.tensor([digest], dtype=torch.int64, device=engine.device)
+    hi = lo.clone()
     ds_comm.all_reduce(lo, op=ds_comm.ReduceOp.MIN)
     ds_comm.all_reduce(hi, op=ds_comm.ReduceOp.MAX)
     if lo.item() != hi.item():
@@ -83,13 +85,29 @@ def _check_tag(engine: DeepSpeedEngine, tag: str) -> None:
         logger.warning(message)
 
 
+def _all_gather_pickled(obj: Any, world_size: int, device: torch.device) -> list[Any]:
+    """Every rank's `obj`, in rank order, through two tensor all-gathers.
+
+    [Note: why not all_gather_object] torch's object collectives decode through numpy, which is
+    not a torch dependency; this path needs only tensors (on `device`, so it works on nccl too).
+    """
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world_size)]
+    ds_comm.all_gather(sizes, size)
+    longest = max(int(n) for n in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:payload.numel()] = payload
+    gathered = [torch.zeros_like(padded) for _ in range(world_size)]
+    ds_comm.all_gather(gathered, padded)
+    return [pickle.loads(bytes(g[:int(n)].cpu().tolist())) for g, n in zip(gathered, sizes, strict=True)]
+
+
 def _gather_rng(engine: DeepSpeedEngine) -> list[dict[str, Any]]:
     state = _rng_state()
     if engine.world_size == 1 or not ds_comm.is_initialized():
         return [state]
-    states: list[Any] = [None] * engine.world_size
-    ds_comm.all_gather_object(states, state)
-    return states
+    return _all_gather_pickled(state, engine.world_size, engine.device)
 
 
 def _model_states(engine: DeepSpeedEngine, exclude_frozen: bool, client_state: dict[str, Any],
