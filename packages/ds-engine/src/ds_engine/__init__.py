@@ -9,8 +9,6 @@ pipeline parallelism from ds-pipe (`[pipe]`); both are imported only when asked 
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from ds_comm import init_distributed
 from ds_engine import accelerator, comm, lr_schedules
 from ds_engine.__about__ import __version__
@@ -43,11 +41,15 @@ __all__ = [
 ]
 
 _LAZY = {"zero": ("ds_zero", "zero", "deepspeed.zero (ZeRO)"), "pipe": ("ds_pipe", "pipe", "deepspeed.pipe")}
+_LAZY_ATTRS = {"PipelineModule": ("ds_pipe", "pipe", "deepspeed.PipelineModule")}
 
 
-def __getattr__(name: str) -> ModuleType:
+def __getattr__(name: str) -> object:
     # `deepspeed.zero.Init(...)`, `deepspeed.pipe.PipelineModule`: the optional siblings, imported on first use.
     if name in _LAZY:
         module, extra, feature = _LAZY[name]
         return require(module, extra=extra, feature=feature)
+    if name in _LAZY_ATTRS:
+        module, extra, feature = _LAZY_ATTRS[name]
+        return getattr(require(module, extra=extra, feature=feature), name)
     raise AttributeError(f"module 'ds_engine' has no attribute {name!r}")

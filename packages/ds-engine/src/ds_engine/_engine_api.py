@@ -172,6 +172,11 @@ class EngineQueries:
         return self._dist.dp_world_size
 
     @property
+    def seq_dp_world_size(self) -> int:
+        """Data-parallel size including sequence parallelism (none here: the data-parallel size)."""
+        return self._dist.dp_world_size
+
+    @property
     def mp_world_size(self) -> int:
         return self._dist.mp_world_size
 
