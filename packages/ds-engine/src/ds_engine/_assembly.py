@@ -1,0 +1,220 @@
+"""Build the wrapper chain once: cast and place the model, sync it, base optimizer, wrapper, scheduler, reporting.
+
+The order matters and is the whole recipe:
+  1. cast parameters (not buffers) to the training dtype and move the module to its device;
+  2. broadcast parameters and buffers from data-parallel rank 0 (ZeRO < 3), so every rank starts equal;
+  3. the base optimizer over the cast parameters (client instance, client callable, or from the config);
+  4. the wrapper: nothing (fp32), `MixedPrecisionOptimizer` (fp16/bf16), or ds-zero's optimizer (stage >= 1);
+  5. the lr scheduler over the base optimizer (its param groups are the ones the wrapper steps);
+  6. data loader, timers, monitors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from ds_comm import get_accelerator
+from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
+from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
+from ds_engine._dist_info import DistInfo
+from ds_engine._optimizers import (
+    call_optimizer_factory,
+    is_zero_tested_optimizer,
+    normalize_param_groups,
+    swap_for_cpu_optimizer,
+)
+from ds_engine._optional import require
+from ds_engine._plan import AssemblyPlan
+from ds_engine._precision import MixedPrecisionOptimizer
+from ds_engine._reporting import StepReporter
+from ds_engine._schedulers import build_config_scheduler
+from ds_engine._steppers import Fp32Stepper, Stepper, ZeroStepper
+from ds_engine._timers import NullTimers, ThroughputTimer, WallClockTimers
+from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.config._types import to_torch_dtype
+from ds_engine.monitors import MonitorMaster, build_monitor
+from ds_ops.precision import DynamicLossScaler, LossScaler
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EngineParts", "assemble"]
+
+
+@dataclasses.dataclass
+class EngineParts:
+    """Everything `DeepSpeedEngine.__init__` wires together."""
+
+    module: nn.Module
+    config: DeepSpeedConfig
+    plan: AssemblyPlan
+    dist: DistInfo
+    device: torch.device
+    stepper: Stepper | None
+    optimizer: Any
+    basic_optimizer: Optimizer | None
+    lr_scheduler: Any
+    training_dataloader: DeepSpeedDataLoader | None
+    timers: WallClockTimers | NullTimers
+    reporter: StepReporter
+    monitor: MonitorMaster | None
+    collate_fn: Callable[..., Any] | None
+
+
+def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device) -> None:
+    acc = get_accelerator()
+    if plan.precision == "fp16" and not acc.is_fp16_supported():
+        raise DeepSpeedConfigError(f"fp16.enabled: fp16 is not supported on this {acc.name} device; use bf16 or fp32")
+    if plan.precision == "bf16" and not acc.is_bf16_supported():
+        raise DeepSpeedConfigError(f"bf16.enabled: bf16 is not supported on this {acc.name} device; use fp16 or fp32")
+    module.to(device)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point() and p.dtype != plan.dtype:
+                p.data = p.data.to(plan.dtype)
+        if plan.buffer_dtype is not None:
+            for b in module.buffers():
+                if b.is_floating_point():
+                    b.data = b.data.to(plan.buffer_dtype)
+
+
+def _base_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Module, client: Any,
+                    model_parameters: Any) -> Optimizer | None:
+    if isinstance(client, Optimizer):
+        if config.model.optimizer is not None:
+            logger.warning("the optimizer passed to initialize() overrides the config's optimizer section")
+        optimizer = client
+    elif client is not None:
+        optimizer = call_optimizer_factory(client, normalize_param_groups(model_parameters, module))
+    elif plan.optimizer is not None:
+        optimizer = plan.optimizer.build(normalize_param_groups(model_parameters, module))
+    else:
+        return None
+    if plan.offload_optimizer:
+        optimizer = swap_for_cpu_optimizer(optimizer, force=config.model.zero_force_ds_cpu_optimizer)
+    if plan.zero_stage >= 1 and not config.model.zero_allow_untested_optimizer \
+            and not is_zero_tested_optimizer(optimizer):
+        raise DeepSpeedConfigError(
+            f"zero_allow_untested_optimizer: {type(optimizer).__name__} is not tested with ZeRO stage "
+            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion); set it to true to use it anyway")
+    return optimizer
+
+
+def _loss_scaler(plan: AssemblyPlan) -> LossScaler:
+    if plan.dynamic_loss_args is not None:
+        return DynamicLossScaler(**plan.dynamic_loss_args)
+    return LossScaler(plan.static_loss_scale or 1.0)
+
+
+def _trainable(optimizer: Optimizer) -> list[torch.Tensor]:
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        raise ValueError("the optimizer has no trainable parameters (all requires_grad=False?)")
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        raise ValueError(f"trainable parameters are on several devices {sorted(map(str, devices))}; the engine "
+                         "keeps one model replica per device")
+    return params
+
+
+def _zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer, module: nn.Module,
+                    dist: DistInfo) -> Any:
+    """The ZeRO seam (see ZERO_ENGINE_CONTRACT): ds-zero's optimizer around the base optimizer."""
+    ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {plan.zero_stage}")
+    name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
+    cls = getattr(ds_zero, name, None)
+    if cls is None:
+        raise ImportError(f"ZeRO stage {plan.zero_stage} needs ds_zero.{name}, which the installed ds-zero "
+                          f"{getattr(ds_zero, '__version__', '?')} does not provide; pip install -U 'ds-engine[zero]'")
+    m = config.model
+    comm_dtype = to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
+    return cls(base, config=config.zero.config, module=module, loss_scaler=_loss_scaler(plan), clip_grad=plan.clip,
+               dp_group=dist.dp_group, gradient_predivide_factor=m.gradient_predivide_factor,
+               communication_dtype=comm_dtype)
+
+
+def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None, module: nn.Module,
+             dist: DistInfo, timers: WallClockTimers | NullTimers) -> tuple[Stepper | None, Any]:
+    """(the stepper the engine drives, the optimizer initialize() returns)."""
+    if base is None:
+        if plan.zero_stage >= 1:
+            raise DeepSpeedConfigError(f"zero_optimization.stage={plan.zero_stage} needs an optimizer: add an "
+                                       "\"optimizer\" section or pass optimizer= to initialize()")
+        return None, None
+    if plan.zero_stage >= 1:
+        zero = _zero_optimizer(plan, config, base, module, dist)
+        return ZeroStepper(zero), zero
+    if plan.precision == "fp32":
+        buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True)
+        reducer = None if plan.reduce is None else GradAllReducer(buffer, plan.reduce, group=dist.dp_group,
+                                                                  world_size=dist.dp_world_size)
+        return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers), base
+    _trainable(base)
+    wrapped = MixedPrecisionOptimizer(base, dtype=plan.dtype, loss_scaler=_loss_scaler(plan),
+                                      grad_accum_dtype=plan.grad_accum_dtype, clip_grad=plan.clip,
+                                      check_overflow=plan.check_overflow, reduce=plan.reduce, group=dist.dp_group,
+                                      world_size=dist.dp_world_size, timers=timers)
+    return wrapped, wrapped
+
+
+def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, client_optimizer: Any) -> Any:
+    if client is not None:
+        if config.model.scheduler is not None:
+            logger.warning("the lr_scheduler passed to initialize() overrides the config's scheduler section")
+        if hasattr(client, "step"):
+            if not isinstance(client_optimizer, Optimizer):
+                raise ValueError("a client lr_scheduler instance needs a client optimizer instance (it was built over "
+                                 "an optimizer the engine does not use); pass optimizer=, or pass the scheduler as a "
+                                 "callable(optimizer)")
+            return client
+        if base is None:
+            raise ValueError("lr_scheduler callable given but there is no optimizer to schedule")
+        return client(base)
+    sched = config.model.scheduler
+    if sched is None:
+        return None
+    if base is None:
+        raise DeepSpeedConfigError("scheduler: a scheduler section needs an optimizer (config section or optimizer=)")
+    return build_config_scheduler(sched.type, dict(sched.params), base)
+
+
+def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo) -> None:
+    if dist.dp_world_size > 1 and plan.zero_stage < 3:
+        broadcast_module_states([*module.parameters(), *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)
+
+
+def assemble(*, module: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, dist: DistInfo, device: torch.device,
+             client_optimizer: Any, model_parameters: Any, client_scheduler: Any, training_data: Any,
+             collate_fn: Callable[..., Any] | None) -> EngineParts:
+    """Carry out `plan` (see the module docstring for the order)."""
+    m = config.model
+    _place_and_cast(module, plan, device)
+    _broadcast(module, plan, dist)
+    timers: WallClockTimers | NullTimers = WallClockTimers(get_accelerator().synchronize) \
+        if m.wall_clock_breakdown else NullTimers()
+    base = _base_optimizer(plan, config, module, client_optimizer, model_parameters)
+    stepper, optimizer = _stepper(plan, config, base, module, dist, timers)
+    scheduler = _scheduler(config, client_scheduler, base, client_optimizer)
+    monitor = build_monitor(config, rank=dist.global_rank)
+    tp = m.timers.throughput
+    throughput = ThroughputTimer(get_accelerator().synchronize if tp.synchronized else None) if tp.enabled else None
+    if m.wall_clock_breakdown and m.steps_per_print is None:
+        logger.warning("wall_clock_breakdown: timers are logged every steps_per_print steps, which is unset; read "
+                       "them with engine.get_wall_clock_timers()")
+    reporter = StepReporter(steps_per_print=m.steps_per_print, timers=timers, throughput=throughput, monitor=monitor,
+                            memory_breakdown=m.memory_breakdown)
+    loader = None
+    if training_data is not None:
+        loader = make_dataloader(training_data, batch_size=config.train_micro_batch_size_per_gpu,
+                                 dp_world_size=dist.dp_world_size, dp_rank=dist.dp_rank, pin_memory=True,
+                                 data_sampler=None, collate_fn=collate_fn, num_workers=0,
+                                 drop_last=m.dataloader_drop_last)
+    return EngineParts(module=module, config=config, plan=plan, dist=dist, device=device, stepper=stepper,
+                       optimizer=optimizer, basic_optimizer=base, lr_scheduler=scheduler, training_dataloader=loader,
+                       timers=timers, reporter=reporter, monitor=monitor, collate_fn=collate_fn)

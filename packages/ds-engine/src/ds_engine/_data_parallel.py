@@ -1,0 +1,180 @@
+"""Stage-0 data parallelism: flat gradient buffers, bucketed all-reduce at the boundary, the init broadcast.
+
+[Note: flat gradients] Each trainable parameter's `.grad` is a view into one contiguous buffer
+per dtype, so autograd accumulates micro-steps in place, a bucket is a slice of that buffer
+(all-reduced in place, no flatten/unflatten copies), and clipping, unscaling and the overflow check
+are single ops over the buffer. `zero_()` keeps the views; `rebind()` repairs a `.grad` that a
+script replaced (`optimizer.zero_grad()` sets it to None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FlatGradBuffer", "GradAllReducer", "ReduceSettings", "broadcast_module_states"]
+
+
+class FlatGradBuffer:
+    """Gradients of `params` as views into one contiguous `dtype` tensor.
+
+    Args:
+        params: the parameters, in a fixed order (all on one device).
+        dtype: the buffer dtype (the accumulation dtype).
+        bind: make each `param.grad` the view (True), or keep views to hand out elsewhere (False;
+            fp32 accumulation for 16-bit params binds to the fp32 master copies instead).
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool) -> None:
+        if not params:
+            raise ValueError("FlatGradBuffer needs at least one parameter")
+        device = params[0].device
+        self.params = list(params)
+        self.numels = [p.numel() for p in self.params]
+        self.flat = torch.zeros(sum(self.numels), dtype=dtype, device=device)
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for p, n in zip(self.params, self.numels, strict=True):
+            self.views.append(self.flat[offset:offset + n].view(p.shape))
+            offset += n
+        self._bound = bind
+        if bind:
+            for p, view in zip(self.params, self.views, strict=True):
+                p.grad = view
+
+    def zero_(self) -> None:
+        """Clear the gradients, keeping the views in place."""
+        self.flat.zero_()
+
+    def rebind(self) -> None:
+        """Point every `.grad` back at its view, copying in a gradient that was produced elsewhere."""
+        if not self._bound:
+            return
+        for p, view in zip(self.params, self.views, strict=True):
+            grad = p.grad
+            if grad is view:
+                continue
+            if grad is None:
+                view.zero_()
+            else:
+                view.copy_(grad)
+            p.grad = view
+
+    def bucket_slices(self, bucket_numel: int) -> list[torch.Tensor]:
+        """Contiguous slices of the buffer of at most `bucket_numel` elements, cut at parameter boundaries.
+
+        A parameter larger than the bucket gets a slice of its own.
+        """
+        slices: list[torch.Tensor] = []
+        start = end = 0
+        for n in self.numels:
+            if end > start and end - start + n > bucket_numel:
+                slices.append(self.flat[start:end])
+                start = end
+            end += n
+        if end > start:
+            slices.append(self.flat[start:end])
+        return slices
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceSettings:
+    """How stage-0 gradients are combined across data-parallel ranks (from the config, decided once)."""
+
+    bucket_numel: int = 500_000_000
+    average: bool = True
+    """`gradient_allreduce_op`: mean (True) or sum (False)."""
+    prescale: bool = False
+    """`prescale_gradients`: divide by the world size before the all-reduce."""
+    predivide: float = 1.0
+    """`gradient_predivide_factor`."""
+    comm_dtype: torch.dtype | None = None
+    """`communication_data_type` (None: the buffer's dtype)."""
+
+    def describe(self, world_size: int) -> str:
+        op = "mean" if self.average else "sum"
+        scale = "prescale" if self.prescale else f"postscale, predivide {self.predivide:g}"
+        dtype = f", comm dtype {self.comm_dtype}" if self.comm_dtype is not None else ""
+        return (f"bucketed all-reduce ({op} over {world_size} ranks, {scale}, "
+                f"buckets of {self.bucket_numel} elements{dtype})")
+
+
+class GradAllReducer:
+    """All-reduces a `FlatGradBuffer` in buckets at the accumulation boundary (DeepSpeed's stage-0 scaling).
+
+    Without prescale: multiply by `1/predivide`, all-reduce (sum), then by `predivide/world` for a
+    mean (or by `predivide` for a sum). With prescale: multiply by `1/world`, all-reduce. Every
+    bucket's all-reduce is issued before any is waited on, so gloo/nccl pipeline them.
+    Collective: one all-reduce per bucket on `group`, in the same order on every rank.
+    """
+
+    def __init__(self, buffer: FlatGradBuffer, settings: ReduceSettings, *, group: ProcessGroup | None,
+                 world_size: int) -> None:
+        self.buffer = buffer
+        self.group = group
+        self.world_size = world_size
+        self.buckets = buffer.bucket_slices(settings.bucket_numel)
+        comm = settings.comm_dtype
+        self.comm_dtype = comm if comm is not None and comm != buffer.flat.dtype else None
+        if settings.prescale:
+            self.pre, self.post = 1.0 / world_size, 1.0
+        else:
+            self.pre = 1.0 / settings.predivide
+            self.post = settings.predivide / world_size if settings.average else settings.predivide
+
+    def all_reduce(self) -> None:
+        flat = self.buffer.flat
+        if self.pre != 1.0:
+            flat.mul_(self.pre)
+        if self.comm_dtype is None:
+            handles = [ds_comm.all_reduce(b, group=self.group, async_op=True) for b in self.buckets]
+            for handle in handles:
+                handle.wait()
+        else:
+            staged = [b.to(self.comm_dtype) for b in self.buckets]
+            handles = [ds_comm.all_reduce(s, group=self.group, async_op=True) for s in staged]
+            for handle, bucket, s in zip(handles, self.buckets, staged, strict=True):
+                handle.wait()
+                bucket.copy_(s)
+        if self.post != 1.0:
+            flat.mul_(self.post)
+
+
+@torch.no_grad()
+def broadcast_module_states(tensors: Iterable[torch.Tensor], *, src: int, group: ProcessGroup | None,
+                            bucket_bytes: int = 250 * 1024 * 1024) -> None:
+    """Make every rank's `tensors` equal to rank `src`'s, in coalesced buckets per dtype.
+
+    Collective: one broadcast per bucket on `group`.
+    """
+    by_key: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        by_key.setdefault((t.dtype, t.device), []).append(t)
+    for (dtype, _), group_tensors in by_key.items():
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in group_tensors:
+            bucket.append(t)
+            size += t.numel() * itemsize
+            if size >= bucket_bytes:
+                _broadcast_bucket(bucket, src, group)
+                bucket, size = [], 0
+        if bucket:
+            _broadcast_bucket(bucket, src, group)
+
+
+def _broadcast_bucket(tensors: list[torch.Tensor], src: int, group: ProcessGroup | None) -> None:
+    flat = torch._utils._flatten_dense_tensors([t.data for t in tensors])
+    ds_comm.broadcast(flat, src, group=group)
+    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, [t.data for t in tensors]),
+                         strict=True):
+        t.data.copy_(synced)

@@ -1,0 +1,294 @@
+"""`DeepSpeedEngine`: the training loop's object. forward, backward, step; everything else is wired in.
+
+The engine holds objects initialize() built (a stepper, a scheduler, a reporter, timers) and
+counters; the step path reads no config. See `_assembly.py` for how the parts are made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ds_engine import _checkpoint
+from ds_engine._assembly import EngineParts
+from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
+from ds_engine._engine_api import EngineQueries
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeepSpeedEngine"]
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+class DeepSpeedEngine(EngineQueries, nn.Module):
+    """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
+    `engine.step()`.
+
+    Build it with `ds_engine.initialize(...)`. Attributes not found on the engine are looked up on
+    the wrapped `engine.module`.
+
+    Gradient accumulation is managed by default: `backward` divides the loss by
+    `gradient_accumulation_steps`, and `step()` applies an update only at the boundary (every
+    `gradient_accumulation_steps`-th call), advancing `micro_steps` on every call. With
+    `"managed_gradient_accumulation": false` every `step()` is a boundary.
+    """
+
+    def __init__(self, parts: EngineParts) -> None:
+        super().__init__()
+        self.module = parts.module
+        self._ds_config = parts.config
+        self._plan = parts.plan
+        self._dist = parts.dist
+        self.device = parts.device
+        self._stepper = parts.stepper
+        self.optimizer = parts.optimizer
+        self.basic_optimizer = parts.basic_optimizer
+        self.lr_scheduler = parts.lr_scheduler
+        self.training_dataloader = parts.training_dataloader
+        self.timers = parts.timers
+        self.monitor = parts.monitor
+        self._reporter = parts.reporter
+        self._collate_fn = parts.collate_fn
+        m = parts.config.model
+        self._ckpt_config = m.checkpoint
+        self._zero = parts.config.zero
+        self._gas = parts.config.gradient_accumulation_steps
+        self._micro_batch = parts.config.train_micro_batch_size_per_gpu
+        self._train_batch = parts.config.train_batch_size
+        self._managed = m.managed_gradient_accumulation
+        self._input_dtype = torch.float16 if m.fp16.enabled and m.fp16.auto_cast else None
+        self._boundary_override: bool | None = None
+        self._in_no_sync = False
+        self._step_applied = False
+        self._loss_sum: torch.Tensor | None = None
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+
+    # -- passthrough ------------------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if "module" in modules:
+                return getattr(modules["module"], name)
+            raise
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`)."""
+        self.timers.start("forward")
+        if self._input_dtype is not None:
+            inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
+        out = self.module(*inputs, **kwargs)
+        self.timers.stop("forward")
+        return out
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backward of `loss` into the gradient accumulators.
+
+        The loss is divided by `gradient_accumulation_steps` (when `scale_wrt_gas`), multiplied by
+        the loss scale (fp16), and back-propagated. No collective runs here at stage 0: gradients are
+        reduced at the boundary in `step()`.
+
+        Returns:
+            `loss` as passed in (DeepSpeed returns the gas-divided loss).
+
+        Raises:
+            RuntimeError: no optimizer was configured.
+            ValueError: `loss` is not a scalar tensor that requires grad.
+        """
+        if self._stepper is None:
+            raise RuntimeError("engine.backward() needs an optimizer: add an \"optimizer\" section to the config or "
+                               "pass optimizer= to initialize()")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise ValueError("engine.backward(loss): loss must be a one-element tensor that requires grad, got "
+                             f"{type(loss).__name__}" + (f" of shape {tuple(loss.shape)}, requires_grad="
+                                                         f"{loss.requires_grad}" if isinstance(loss, torch.Tensor)
+                                                         else ""))
+        self.timers.start("backward")
+        if self._reporter.needs_loss:
+            detached = loss.detach().float().reshape(())
+            self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
+        self.timers.start("backward_inner")
+        self._stepper.backward(scaled, retain_graph)
+        self.timers.stop("backward_inner")
+        self.timers.stop("backward")
+        return loss
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).
+
+        Divided by `gradient_accumulation_steps` and multiplied by the loss scale, exactly what
+        `backward` back-propagates. Stage 0 only; ZeRO's optimizer runs its own backward.
+        """
+        if self._zero.stage > 0:
+            raise NotImplementedError("engine.scale() is for ZeRO stage 0; with ZeRO use engine.backward(loss)")
+        scaled = loss / self._gas if self._gas > 1 else loss
+        factor = self._stepper.loss_scale if self._stepper is not None else 1.0
+        return scaled * factor if factor != 1.0 else scaled
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""
+        if self._boundary_override is not None:
+            return self._boundary_override
+        if not self._managed:
+            return True
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Override the boundary decision for the next `step()` (reset after it)."""
+        self._boundary_override = bool(is_boundary)
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        """At the boundary: reduce, (unscale, check), clip, update, step the lr scheduler; always count the micro step.
+
+        On an overflow (fp16, or bf16 with `check_grad_overflow`) the update and the scheduler step
+        are skipped and `skipped_steps` grows; `global_steps` counts every boundary, as in DeepSpeed.
+        Collectives (stage 0, several ranks): one all-reduce per gradient bucket on the
+        data-parallel group.
+        """
+        if self._in_no_sync:
+            raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
+        if self.is_gradient_accumulation_boundary():
+            self._take_model_step(lr_kwargs)
+        else:
+            self._step_applied = False
+        self._boundary_override = None
+        self.micro_steps += 1
+
+    def _take_model_step(self, lr_kwargs: dict[str, Any] | None) -> None:
+        if self._stepper is None:
+            raise RuntimeError("engine.step() needs an optimizer")
+        self.timers.start("step")
+        applied = self._stepper.step()
+        self._step_applied = applied
+        if applied:
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        else:
+            self.skipped_steps += 1
+        self.global_steps += 1
+        self.global_samples += self._train_batch
+        self.timers.stop("step")
+        loss = None
+        if self._loss_sum is not None:
+            loss, self._loss_sum = self._loss_sum / self._gas, None
+        self._reporter.after_step(global_steps=self.global_steps, global_samples=self.global_samples,
+                                  skipped_steps=self.skipped_steps, samples=self._train_batch, lrs=self.get_lr,
+                                  loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0, loss=loss)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear accumulated gradients (the engine does this after every applied or skipped step)."""
+        if self._stepper is not None:
+            self._stepper.zero_grad()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside skip gradient reduction (at stage 0 reduction happens in step() anyway).
+
+        Raises:
+            RuntimeError: under ZeRO stage 2/3 (gradients are reduced during backward), or when nested.
+        """
+        if self._zero.stage >= 2:
+            raise RuntimeError(f"no_sync() is not supported with ZeRO stage {self._zero.stage}")
+        if self._in_no_sync:
+            raise RuntimeError("no_sync() is not re-entrant")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    def was_step_applied(self) -> bool:
+        """False when the last step() skipped its update (overflow, or not a boundary)."""
+        return self._step_applied
+
+    def train(self, mode: bool = True) -> DeepSpeedEngine:
+        super().train(mode)
+        return self
+
+    def eval(self) -> DeepSpeedEngine:
+        return self.train(False)
+
+    def destroy(self) -> None:
+        """Close monitors; the engine should not be used afterwards."""
+        if self.monitor is not None:
+            self.monitor.close()
+
+    # -- data -------------------------------------------------------------------------------------------
+    def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", pin_memory: bool = True,
+                     data_sampler: Any = None, collate_fn: Callable[..., Any] | None = None,
+                     num_local_io_workers: int | None = None) -> DeepSpeedDataLoader:
+        """A loader over `dataset` with the micro batch size, sharded across data-parallel ranks."""
+        if route not in ("train", "eval", "predict"):
+            raise ValueError(f"deepspeed_io: route must be 'train', 'eval' or 'predict', got {route!r}")
+        return make_dataloader(dataset, batch_size=batch_size or self._micro_batch,
+                               dp_world_size=self._dist.dp_world_size, dp_rank=self._dist.dp_rank,
+                               pin_memory=pin_memory, data_sampler=data_sampler,
+                               collate_fn=collate_fn or self._collate_fn, num_workers=num_local_io_workers or 0,
+                               drop_last=self._ds_config.model.dataloader_drop_last, shuffle=route == "train")
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict[str, Any] | None = None,
+                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+        """Save module, optimizer (loss scaler, fp32 masters, ZeRO partitions), scheduler, counters and RNG.
+
+        Collective: every rank must call it. Files go under `save_dir/<tag>` (default tag
+        `global_step<N>`), each written to a temporary name and renamed; after all ranks finished,
+        rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves `latest` on the previous tag.
+        `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
+        """
+        return _checkpoint.save_checkpoint(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+
+    def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False,
+                        custom_load_fn: Callable[..., Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+        """Load `load_dir/<tag>` (default: the tag in `load_dir/latest`); returns `(path, client_state)`.
+
+        Without a `latest` file it logs a warning and returns `(None, None)`, as DeepSpeed does.
+        """
+        return _checkpoint.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                                           load_lr_scheduler_states, load_module_only, custom_load_fn)
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """Rank 0 writes the module's state_dict (parameters in the training dtype) to `save_dir/save_filename`."""
+        return _checkpoint.save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
+    save_fp16_model = save_16bit_model
+
+    def module_state_dict(self, destination: dict[str, Any] | None = None, prefix: str = "", keep_vars: bool = False,
+                          exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+        """The wrapped module's state_dict, optionally without frozen parameters."""
+        state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = type(state)((k, v) for k, v in state.items() if k not in frozen)
+        return state
+
+    def load_module_state_dict(self, checkpoint: dict[str, Any], strict: bool = True,
+                               custom_load_fn: Callable[..., Any] | None = None, **_: Any) -> None:
+        """Load module weights (copied into the existing, already cast parameters)."""
+        if custom_load_fn is not None:
+            custom_load_fn(src=checkpoint, dst=self.module)
+        else:
+            self.module.load_state_dict(checkpoint, strict=strict)

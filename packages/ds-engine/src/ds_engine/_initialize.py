@@ -1,0 +1,160 @@
+"""`initialize()`, `add_config_arguments()`: DeepSpeed's entry points, with its argument rules."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+import ds_comm
+from ds_comm import get_accelerator
+from ds_engine._assembly import assemble
+from ds_engine._dist_info import discover_dist
+from ds_engine._engine import DeepSpeedEngine
+from ds_engine._pipeline import build_pipeline_engine, is_pipeline_module
+from ds_engine._plan import plan_assembly
+from ds_engine.config import DeepSpeedConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["add_config_arguments", "initialize"]
+
+ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | DeepSpeedConfig
+
+
+def _config_source(args: Any, config: ConfigLike | None, config_params: ConfigLike | None) -> ConfigLike:
+    from_args = None
+    if args is not None:
+        from_args = getattr(args, "deepspeed_config", None)
+        legacy = getattr(args, "deepscale_config", None)
+        if from_args is None and legacy is not None:
+            warnings.warn("--deepscale_config is deprecated; use --deepspeed_config", FutureWarning, stacklevel=3)
+            from_args = legacy
+    given = {name: value for name, value in (("args.deepspeed_config", from_args), ("config", config),
+                                              ("config_params", config_params)) if value is not None}
+    if len(given) > 1:
+        raise ValueError(f"initialize(): pass the config once, got {' and '.join(given)}; they are alternatives")
+    if not given:
+        raise ValueError("initialize() needs a config: config=<dict or path>, or --deepspeed_config on the command "
+                         "line (parsed into args)")
+    return next(iter(given.values()))
+
+
+def _check_local_rank(args: Any) -> None:
+    arg_rank = getattr(args, "local_rank", None) if args is not None else None
+    env_rank = os.environ.get("LOCAL_RANK")
+    if isinstance(arg_rank, int) and arg_rank >= 0 and env_rank is not None and int(env_rank) != arg_rank:
+        raise ValueError(f"args.local_rank={arg_rank} disagrees with LOCAL_RANK={env_rank} from the launcher")
+
+
+def _device(local_rank: int) -> torch.device:
+    acc = get_accelerator()
+    if acc.name == "cpu":
+        return torch.device("cpu")
+    acc.set_device(local_rank)
+    return acc.device(local_rank)
+
+
+def _check_client_objects(model: Any, optimizer: Any, lr_scheduler: Any) -> None:
+    if model is None:
+        raise ValueError("initialize(): model is required")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"initialize(): model must be a torch.nn.Module, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, Optimizer) and not callable(optimizer):
+        raise TypeError(f"initialize(): optimizer must be a torch.optim.Optimizer or a callable(params), got "
+                        f"{type(optimizer).__name__}")
+    if lr_scheduler is not None and not hasattr(lr_scheduler, "step") and not callable(lr_scheduler):
+        raise TypeError(f"initialize(): lr_scheduler must be a scheduler (with step()) or a callable(optimizer), got "
+                        f"{type(lr_scheduler).__name__}")
+
+
+def initialize(args: Any = None, model: nn.Module | None = None,
+               optimizer: Optimizer | Callable[..., Optimizer] | None = None,
+               model_parameters: Iterable[Any] | None = None, training_data: Any = None,
+               lr_scheduler: Any = None, distributed_port: int = 29500, mpu: Any = None,
+               dist_init_required: bool | None = None, collate_fn: Callable[..., Any] | None = None,
+               config: ConfigLike | None = None, mesh_param: Any = None,
+               config_params: ConfigLike | None = None) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+    """Wrap `model` for training as the config says; DeepSpeed's signature and rules.
+
+    What happens, in order: the process group is created if needed (`init_distributed`, env or
+    MPI discovery; `dist_init_required=False` with no group runs as a world of one); the config is
+    read and validated (every problem raises here, before any work); then the model's parameters
+    are cast to the training dtype and moved to this rank's device, broadcast from data-parallel
+    rank 0, the base optimizer and its wrapper are built, and the lr scheduler and data loader
+    are created. `ds-engine explain CONFIG` prints the same chain without building it.
+
+    Args:
+        args: an argparse namespace; `args.deepspeed_config` (or deprecated `deepscale_config`) names the config.
+        model: the `torch.nn.Module` to train (required).
+        optimizer: a torch optimizer (used as is), a callable `f(param_groups) -> Optimizer`, or None
+            to build the config's `optimizer` section.
+        model_parameters: parameters or param-group dicts for the optimizer (default `model.parameters()`).
+        training_data: a Dataset; a distributed loader with the micro batch size is returned for it.
+        lr_scheduler: a scheduler (needs a client optimizer), a callable `f(optimizer)`, or None for the config's.
+        distributed_port: MASTER_PORT when the environment has none.
+        mpu: a model-parallel unit (data-parallel group, model-parallel rank) for model-parallel setups.
+        dist_init_required: False to skip creating the process group.
+        collate_fn: for the training data loader.
+        config: a dict, a JSON/hjson path, base64 JSON, or a `DeepSpeedConfig` (with "auto" filled).
+        mesh_param: not supported (must be None).
+        config_params: alternative name for `config`.
+
+    Returns:
+        `(engine, optimizer, training_dataloader, lr_scheduler)`: the optimizer is the wrapper the
+        engine steps (the base optimizer itself for fp32 at stage 0); the loader is None without
+        `training_data`.
+
+    Raises:
+        DeepSpeedConfigError: any config problem, naming the key.
+        ValueError / TypeError: bad arguments (no model, two configs, a client scheduler without a client optimizer).
+        ImportError: the config needs ds-zero or ds-pipe, with the pip command that installs it.
+    """
+    _check_client_objects(model, optimizer, lr_scheduler)
+    assert model is not None
+    if mesh_param is not None:
+        raise ValueError("initialize(): mesh_param (DeepSpeed's device mesh) is not supported by ds; pass mpu= instead")
+    _check_local_rank(args)
+    source = _config_source(args, config, config_params)
+    ds_comm.init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required,
+                             verbose=False)
+    dist = discover_dist(mpu)
+    if isinstance(source, DeepSpeedConfig):
+        ds_config = source.with_world_size(dist.dp_world_size)
+    else:
+        ds_config = DeepSpeedConfig(source, world_size=dist.dp_world_size)
+    ds_config.check_resolved()
+    if "comms_logger" in ds_config.raw:
+        ds_comm.configure(ds_config.model.comms_logger)
+    pipeline = is_pipeline_module(model)
+    plan = plan_assembly(ds_config, device_type=get_accelerator().name, client_optimizer=optimizer,
+                         client_scheduler=lr_scheduler, pipeline=pipeline)
+    if pipeline:
+        return build_pipeline_engine(model=model, config=ds_config, plan=plan, mpu=mpu)
+    parts = assemble(module=model, config=ds_config, plan=plan, dist=dist, device=_device(dist.local_rank),
+                     client_optimizer=optimizer, model_parameters=model_parameters, client_scheduler=lr_scheduler,
+                     training_data=training_data, collate_fn=collate_fn)
+    engine = DeepSpeedEngine(parts)
+    if ds_config.model.dump_state and dist.global_rank == 0:
+        logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add DeepSpeed's `--deepspeed`, `--deepspeed_config` and the deprecated `--deepscale*` flags."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on ds_engine behaviour)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact on behaviour)")
+    group.add_argument("--deepscale_config", default=None, type=str,
+                       help="Deprecated DeepSpeed json configuration file.")
+    return parser

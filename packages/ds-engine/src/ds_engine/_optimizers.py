@@ -1,0 +1,292 @@
+"""Which optimizer a config (or a client) gets, decided once: names, parameter checks, the plan, the build.
+
+[Note: Adam routing] DeepSpeed maps `adam`/`adamw` to FusedAdam (CUDA), DeepSpeedCPUAdam (CPU
+offload) or, with `torch_adam`, torch's Adam/AdamW. Here: `torch_adam` -> torch Adam/AdamW with the
+given kwargs; CPU-resident parameters (offload, or a CPU run) -> `ds_ops.DeepSpeedCPUAdam` when the
+installed ds-ops provides it and its kernel loads; otherwise torch Adam/AdamW with `fused=True` on
+CUDA and `foreach=True` on CPU. Like FusedAdam, this default path uses `weight_decay=0` unless the
+config sets it (torch's AdamW would silently use 0.01).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+import ds_ops
+from ds_engine._torch_optimizers import Lamb, Lion
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "OptimizerPlan",
+    "ParamError",
+    "canonical_optimizer_name",
+    "check_optimizer_params",
+    "is_zero_tested_optimizer",
+    "normalize_param_groups",
+    "plan_config_optimizer",
+    "swap_for_cpu_optimizer",
+]
+
+DS_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "lion")
+_UNSUPPORTED = {
+    "muadam": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
+    "muadamw": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
+    "musgd": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
+    "muon": "Muon is not implemented in ds",
+    "onebitadam": "1-bit Adam was removed in DeepSpeed 0.19; use \"Adam\"",
+    "onebitlamb": "1-bit LAMB was removed in DeepSpeed 0.19; use \"Lamb\"",
+    "zerooneadam": "0/1 Adam was removed in DeepSpeed 0.19; use \"Adam\"",
+}
+_ZERO_TESTED = {"adam", "adamw", "adagrad", "lamb", "lion", "Adam", "AdamW", "Adagrad"}
+_ADAM_EXTRA = {"torch_adam", "adam_w_mode", "fp32_optimizer_states", "bias_correction", "set_grad_none"}
+_CPU_ADAM_KEYS = {"lr", "betas", "eps", "weight_decay", "amsgrad", "bias_correction", "fp32_optimizer_states"}
+_DS_CPU_CLASSES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
+
+
+class ParamError(ValueError):
+    """A constructor argument in `optimizer.params` / `scheduler.params` is wrong; `key` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _torch_optim_names() -> list[str]:
+    return sorted(n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)
+                  and issubclass(getattr(torch.optim, n), Optimizer) and n != "Optimizer")
+
+
+def canonical_optimizer_name(kind: str) -> str:
+    """DeepSpeed's rule: a DeepSpeed optimizer name lower-cased, else a `torch.optim` class (case-sensitive).
+
+    Raises:
+        ValueError: an unsupported, removed or unknown name; unknown names get a suggestion.
+    """
+    lowered = kind.lower()
+    if lowered in DS_OPTIMIZERS:
+        return lowered
+    if lowered in _UNSUPPORTED:
+        raise ValueError(f"optimizer {kind!r} is not supported: {_UNSUPPORTED[lowered]}")
+    names = _torch_optim_names()
+    if kind in names:
+        return kind
+    matches = [n for n in names if n.lower() == lowered]
+    if not matches:
+        import difflib
+
+        matches = difflib.get_close_matches(kind, [*DS_OPTIMIZERS, *names], n=1, cutoff=0.6)
+    hint = f"; did you mean {matches[0]!r}?" if matches else ""
+    raise ValueError(f"{kind!r} is not a known optimizer (DeepSpeed names: {', '.join(DS_OPTIMIZERS)}; "
+                     f"or a torch.optim class, case-sensitive){hint}")
+
+
+def _constructor(name: str) -> type[Optimizer]:
+    return {"adam": torch.optim.AdamW, "adamw": torch.optim.AdamW, "adagrad": torch.optim.Adagrad,
+            "lamb": Lamb, "lion": Lion}.get(name) or getattr(torch.optim, name)
+
+
+def check_optimizer_params(name: str, params: dict[str, Any]) -> None:
+    """Refuse keyword arguments the chosen optimizer does not take, before anything is built.
+
+    Raises:
+        ValueError: naming the bad key (`max_grad_norm` gets DeepSpeed's advice).
+    """
+    if "max_grad_norm" in params:
+        raise ParamError("max_grad_norm", "'max_grad_norm' is not an optimizer parameter here; use the top-level "
+                         "\"gradient_clipping\" key instead")
+    signature = inspect.signature(_constructor(name).__init__)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return
+    accepted = {p for p in signature.parameters if p not in ("self", "params")}
+    if name in ("adam", "adamw"):
+        accepted |= _ADAM_EXTRA
+    for key in params:
+        if key not in accepted:
+            import difflib
+
+            close = difflib.get_close_matches(key, sorted(accepted), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; accepted: {', '.join(sorted(accepted))}"
+            raise ParamError(key, f"{key!r} is not a parameter of optimizer {name!r}{hint}")
+
+
+def is_zero_tested_optimizer(optimizer: str | Optimizer) -> bool:
+    """Whether ZeRO is known to work with this optimizer (else `zero_allow_untested_optimizer` is needed)."""
+    if isinstance(optimizer, str):
+        return optimizer in _ZERO_TESTED
+    tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, Lion, Lamb)
+    return isinstance(optimizer, tested) or type(optimizer).__name__ in _DS_CPU_CLASSES
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerPlan:
+    """The base optimizer initialize() will build: a class path, its kwargs, and why."""
+
+    name: str
+    """The config name (`adamw`, `SGD`) or `client`."""
+    target: str
+    """`torch.optim.AdamW`, `ds_ops.DeepSpeedCPUAdam`, `ds_engine.Lion`, ..."""
+    kwargs: dict[str, Any]
+    note: str = ""
+    fallback: OptimizerPlan | None = None
+    """Used when the target exists but cannot be built here (a ds-ops kernel that fails to load)."""
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        text = f"{self.target}({args})"
+        return f"{text}  [{self.note}]" if self.note else text
+
+    def build(self, params: list[dict[str, Any]]) -> Optimizer:
+        """Construct the optimizer over `params` (a list of param-group dicts)."""
+        module, _, cls_name = self.target.rpartition(".")
+        owner = {"torch.optim": torch.optim, "ds_ops": ds_ops}.get(module)
+        cls = getattr(owner, cls_name) if owner is not None else {"Lion": Lion, "Lamb": Lamb}[cls_name]
+        if self.fallback is None:
+            return cls(params, **self.kwargs)
+        try:
+            return cls(params, **self.kwargs)
+        except (RuntimeError, ImportError, OSError) as err:
+            logger.warning("%s could not be built here (%s); using %s", self.target, err, self.fallback.describe())
+            return self.fallback.build(params)
+
+
+def _has_ds_ops(name: str) -> bool:
+    return hasattr(ds_ops, name)
+
+
+def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: bool) -> OptimizerPlan:
+    kwargs = dict(params)
+    torch_adam = bool(kwargs.pop("torch_adam", False))
+    adamw = name == "adamw" or bool(kwargs.pop("adam_w_mode", True))
+    kwargs.pop("adam_w_mode", None)
+    kwargs.pop("set_grad_none", None)
+    cls = "AdamW" if adamw else "Adam"
+    if torch_adam:
+        for key in ("bias_correction", "fp32_optimizer_states"):
+            if key in kwargs:
+                raise ValueError(f"optimizer.params.{key} does not apply with torch_adam=true "
+                                 f"(torch.optim.{cls} has no such argument)")
+        return OptimizerPlan(name, f"torch.optim.{cls}", kwargs, "torch_adam=true")
+    cpu_adam_ok = _has_ds_ops("DeepSpeedCPUAdam")
+    if offload or (device_type == "cpu" and cpu_adam_ok):
+        if not cpu_adam_ok:
+            raise ValueError("zero_optimization.offload_optimizer needs ds_ops.DeepSpeedCPUAdam, which the installed "
+                             "ds-ops does not provide; upgrade ds-ops or remove the offload")
+        extra = sorted(set(kwargs) - _CPU_ADAM_KEYS)
+        if extra:
+            raise ValueError(f"optimizer.params {extra} are not arguments of ds_ops.DeepSpeedCPUAdam; set "
+                             "torch_adam=true to use torch's Adam with them")
+        cpu = dict(kwargs, adamw_mode=adamw)
+        fallback = None if offload else _torch_adam_plan(name, cls, kwargs, device_type, "fallback")
+        return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", cpu,
+                             "CPU offload" if offload else "CPU-resident parameters", fallback)
+    note = "ds_ops.DeepSpeedCPUAdam not available" if device_type == "cpu" else ""
+    return _torch_adam_plan(name, cls, kwargs, device_type, note)
+
+
+def _torch_adam_plan(name: str, cls: str, kwargs: dict[str, Any], device_type: str, note: str) -> OptimizerPlan:
+    kwargs = dict(kwargs)
+    if not kwargs.pop("bias_correction", True):
+        raise ValueError("optimizer.params.bias_correction=false needs ds_ops.DeepSpeedCPUAdam (torch's Adam "
+                         "always corrects bias)")
+    if "fp32_optimizer_states" in kwargs:
+        raise ValueError("optimizer.params.fp32_optimizer_states only applies to ds_ops.DeepSpeedCPUAdam")
+    kwargs.setdefault("weight_decay", 0.0)
+    if "fused" not in kwargs and "foreach" not in kwargs:
+        kwargs["fused" if device_type == "cuda" else "foreach"] = True
+    return OptimizerPlan(name, f"torch.optim.{cls}", kwargs, note)
+
+
+def plan_config_optimizer(name: str, params: dict[str, Any], *, device_type: str, offload: bool,
+                          force_ds_cpu_optimizer: bool = True) -> OptimizerPlan:
+    """The base optimizer for `optimizer.type == name` (already canonical) on `device_type`.
+
+    Raises:
+        ValueError: an impossible combination (offload without a CPU kernel, CPU-only arguments on
+            the torch path, a non-DeepSpeed optimizer with offload while `zero_force_ds_cpu_optimizer`).
+    """
+    if name in ("adam", "adamw"):
+        return _plan_adam(name, params, device_type=device_type, offload=offload)
+    cpu_classes = {"adagrad": "DeepSpeedCPUAdagrad", "lion": "DeepSpeedCPULion"}
+    if offload and name in cpu_classes:
+        if not _has_ds_ops(cpu_classes[name]):
+            raise ValueError(f"offloading optimizer {name!r} needs ds_ops.{cpu_classes[name]}, which the installed "
+                             "ds-ops does not provide")
+        return OptimizerPlan(name, f"ds_ops.{cpu_classes[name]}", dict(params), "CPU offload")
+    if offload and force_ds_cpu_optimizer:
+        raise ValueError(f"optimizer {name!r} has no DeepSpeed CPU implementation for offload_optimizer; use "
+                         "Adam/AdamW/Adagrad/Lion, or set zero_force_ds_cpu_optimizer=false to step it on CPU as is")
+    target = {"adagrad": "torch.optim.Adagrad", "lion": "ds_engine.Lion", "lamb": "ds_engine.Lamb"}.get(
+        name, f"torch.optim.{name}")
+    return OptimizerPlan(name, target, dict(params))
+
+
+def swap_for_cpu_optimizer(optimizer: Optimizer, *, force: bool) -> Optimizer:
+    """With optimizer offload: a client torch Adam/AdamW becomes `ds_ops.DeepSpeedCPUAdam` (same settings).
+
+    Raises:
+        ValueError: a client optimizer with no CPU counterpart while `zero_force_ds_cpu_optimizer` is true.
+    """
+    if type(optimizer).__name__ in _DS_CPU_CLASSES:
+        return optimizer
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and _has_ds_ops("DeepSpeedCPUAdam"):
+        d = optimizer.defaults
+        kwargs = {"lr": d["lr"], "betas": d["betas"], "eps": d["eps"], "weight_decay": d["weight_decay"],
+                  "amsgrad": d.get("amsgrad", False), "adamw_mode": isinstance(optimizer, torch.optim.AdamW)}
+        logger.info("offload_optimizer: replacing the client %s with ds_ops.DeepSpeedCPUAdam(%s)",
+                    type(optimizer).__name__, kwargs)
+        groups = [dict(g) for g in optimizer.param_groups]
+        return ds_ops.DeepSpeedCPUAdam(groups, **kwargs)
+    if force:
+        raise ValueError(f"offload_optimizer needs a DeepSpeed CPU optimizer, got a client {type(optimizer).__name__}; "
+                         "pass no optimizer (configure it in the config), use torch Adam/AdamW (swapped for "
+                         "DeepSpeedCPUAdam), or set zero_force_ds_cpu_optimizer=false")
+    return optimizer
+
+
+def normalize_param_groups(parameters: Iterable[Any] | None, module: torch.nn.Module) -> list[dict[str, Any]]:
+    """`model_parameters` as a list of param-group dicts: empty groups dropped, duplicates refused.
+
+    Raises:
+        ValueError: a parameter appears twice, or nothing trainable was given.
+        TypeError: an entry is neither a tensor nor a dict with "params".
+    """
+    items = list(module.parameters() if parameters is None else parameters)
+    groups: list[dict[str, Any]] = []
+    loose: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, dict):
+            if "params" not in item:
+                raise TypeError("a param group dict in model_parameters needs a 'params' key")
+            params = item["params"]
+            params = [params] if isinstance(params, torch.Tensor) else list(params)
+            if params:
+                groups.append({**item, "params": params})
+        elif isinstance(item, torch.Tensor):
+            loose.append(item)
+        else:
+            raise TypeError(f"model_parameters entries must be tensors or param-group dicts, got {type(item).__name__}")
+    if loose:
+        groups.insert(0, {"params": loose})
+    seen: set[int] = set()
+    for group in groups:
+        for p in group["params"]:
+            if id(p) in seen:
+                raise ValueError("a parameter appears in more than one entry of model_parameters")
+            seen.add(id(p))
+    return groups
+
+
+def call_optimizer_factory(factory: Callable[..., Optimizer], groups: list[dict[str, Any]]) -> Optimizer:
+    """A client `optimizer=` callable gets the param groups; it must return a torch optimizer."""
+    optimizer = factory(groups)
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"the optimizer callable returned {type(optimizer).__name__}, not a torch.optim.Optimizer")
+    return optimizer

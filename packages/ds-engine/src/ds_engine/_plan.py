@@ -1,0 +1,156 @@
+"""The wrapper chain initialize() will build, decided from the config alone (and shown by `ds-engine explain`).
+
+Planning is pure: no parameters, devices or process groups are touched, so `explain` prints exactly
+the decisions `initialize()` then carries out in `_assembly.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from ds_engine._data_parallel import ReduceSettings
+from ds_engine._optimizers import OptimizerPlan, plan_config_optimizer
+from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.config._types import to_torch_dtype
+
+__all__ = ["AssemblyPlan", "plan_assembly"]
+
+_DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class AssemblyPlan:
+    """Every decision initialize() makes from the config, before it builds anything."""
+
+    device_type: str
+    precision: str
+    dtype: torch.dtype
+    grad_accum_dtype: torch.dtype
+    buffer_dtype: torch.dtype | None
+    zero_stage: int
+    offload_optimizer: bool
+    optimizer_source: str
+    """"config", "client", "client callable" or "none"."""
+    optimizer: OptimizerPlan | None
+    wrapper: str
+    loss_scaler: str
+    dynamic_loss_args: dict[str, Any] | None
+    """Arguments of `ds_ops.precision.DynamicLossScaler` (fp16 with loss_scale 0), else None."""
+    static_loss_scale: float
+    check_overflow: bool
+    clip: float
+    reduce: ReduceSettings | None
+    dp_world_size: int
+    scheduler: str | None
+    engine_class: str
+
+    def lines(self) -> list[str]:
+        """The chain, one line per link, for `explain` and `dump_state`."""
+        cast = "parameters stay fp32" if self.precision == "fp32" else \
+            f"parameters cast to {self.precision} once (buffers {self.buffer_dtype or 'keep their dtype'})"
+        if self.optimizer is not None:
+            base = self.optimizer.describe()
+        else:
+            base = {"client": "the client optimizer, as passed", "client callable": "the client callable(params)",
+                    "none": "none (no optimizer in the config or the call: forward/eval only)"}[self.optimizer_source]
+        out = [f"device: {self.device_type}; {cast}",
+               f"base optimizer: {base}"]
+        if self.optimizer is not None and self.optimizer.fallback is not None:
+            out.append(f"  if it cannot load here: {self.optimizer.fallback.describe()}")
+        accum = str(self.grad_accum_dtype).replace("torch.", "")
+        out.append(f"wrapper: {self.wrapper}")
+        out.append(f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
+                   f"gradient accumulation in {accum}; clip global norm: "
+                   f"{self.clip:g}" + (" (off)" if self.clip == 0 else ""))
+        if self.zero_stage == 0:
+            reduce = self.reduce.describe(self.dp_world_size) if self.reduce is not None else \
+                "no gradient all-reduce (one data-parallel rank)"
+            out.append(f"  data parallel: {reduce}")
+        out.append(f"lr scheduler: {self.scheduler or 'none'}")
+        out.append(f"engine: {self.engine_class}")
+        return out
+
+
+def _scheduler_text(config: DeepSpeedConfig, client_scheduler: object | None) -> str | None:
+    if client_scheduler is not None:
+        kind = "callable(optimizer)" if callable(client_scheduler) and not hasattr(client_scheduler, "step") \
+            else type(client_scheduler).__name__
+        return f"client {kind}, stepped after each applied optimizer step"
+    sched = config.model.scheduler
+    if sched is None:
+        return None
+    args = ", ".join(f"{k}={v!r}" for k, v in sched.params.items())
+    return f"{sched.type}({args}), stepped after each applied optimizer step"
+
+
+def _plan_optimizer(config: DeepSpeedConfig, client_optimizer: object | None, device_type: str,
+                    offload: bool) -> tuple[str, OptimizerPlan | None]:
+    if isinstance(client_optimizer, Optimizer):
+        return "client", None
+    if client_optimizer is not None:
+        return "client callable", None
+    opt = config.model.optimizer
+    if opt is None:
+        return "none", None
+    try:
+        return "config", plan_config_optimizer(opt.type, dict(opt.params), device_type=device_type, offload=offload,
+                                               force_ds_cpu_optimizer=config.model.zero_force_ds_cpu_optimizer)
+    except ValueError as err:
+        raise DeepSpeedConfigError(f"optimizer: {err}") from None
+
+
+def _loss_scaling(config: DeepSpeedConfig) -> tuple[str, dict[str, Any] | None, float]:
+    fp16 = config.model.fp16
+    if config.precision != "fp16":
+        return "static 1.0 (no scaling)", None, 1.0
+    if fp16.dynamic_loss_scale:
+        args = fp16.dynamic_loss_args()
+        text = (f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
+                f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, "
+                f"min {fp16.min_loss_scale:g}")
+        return text, args, 0.0
+    return f"static {fp16.loss_scale:g}", None, fp16.loss_scale
+
+
+def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer: object | None = None,
+                  client_scheduler: object | None = None, pipeline: bool = False) -> AssemblyPlan:
+    """Decide the chain for `config` on `device_type` ("cpu" or "cuda").
+
+    Raises:
+        DeepSpeedConfigError: an optimizer choice that cannot work here (see `plan_config_optimizer`).
+    """
+    m = config.model
+    precision = config.precision
+    accum = m.data_types.grad_accum_dtype or _DEFAULT_ACCUM[precision]
+    stage = config.zero.stage
+    offload = config.zero.offload_optimizer_device != "none"
+    source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
+    if stage >= 1:
+        wrapper = f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} " \
+                  f"(ZeRO stage {stage}{', optimizer offload to CPU' if offload else ''})"
+    elif precision == "fp32":
+        wrapper = "none: the base optimizer is stepped directly"
+    else:
+        wrapper = f"MixedPrecisionOptimizer ({precision} parameters, fp32 master weights)"
+    scaler_text, dynamic_args, static_scale = _loss_scaling(config)
+    world = config.world_size
+    reduce = None
+    if stage == 0 and world > 1:
+        reduce = ReduceSettings(bucket_numel=config.zero.reduce_bucket_size, average=m.gradient_allreduce_op == "mean",
+                                prescale=m.prescale_gradients, predivide=m.gradient_predivide_factor,
+                                comm_dtype=to_torch_dtype(m.communication_data_type)
+                                if m.communication_data_type else None)
+    return AssemblyPlan(
+        device_type=device_type, precision=precision, dtype=to_torch_dtype(precision),
+        grad_accum_dtype=to_torch_dtype(accum),
+        buffer_dtype=to_torch_dtype(m.data_types.buffer_dtype) if m.data_types.buffer_dtype else None,
+        zero_stage=stage, offload_optimizer=offload, optimizer_source=source, optimizer=opt_plan, wrapper=wrapper,
+        loss_scaler=scaler_text, dynamic_loss_args=dynamic_args, static_loss_scale=static_scale,
+        check_overflow=precision == "fp16" or (precision == "bf16" and m.bf16.check_grad_overflow),
+        clip=m.gradient_clipping, reduce=reduce, dp_world_size=world,
+        scheduler=_scheduler_text(config, client_scheduler),
+        engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine")

@@ -1,0 +1,201 @@
+"""fp16/bf16 training at ZeRO stage 0: fp32 master weights, loss scaling, overflow skip, fp32 accumulation.
+
+[Note: the step] The base optimizer steps fp32 master copies of the 16-bit parameters (its
+param groups are re-pointed at them once). Gradients accumulate either in an fp32 flat buffer
+(bf16 default: after each backward the 16-bit grads are added in and freed) or in a 16-bit flat
+buffer bound to the parameters (fp16 default, as DeepSpeed does), copied to fp32 at the boundary.
+At the boundary: all-reduce the accumulation buffer, unscale by 1/loss_scale, check inf/nan over
+the whole buffer (identical on every rank after the all-reduce, so no extra collective), update
+the scaler, and either skip (zero the grads) or clip by the global norm, step the masters and
+copy them back into the 16-bit parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, ReduceSettings
+from ds_engine._timers import NullTimers, WallClockTimers
+from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MixedPrecisionOptimizer"]
+
+
+class MixedPrecisionOptimizer:
+    """The optimizer `initialize()` returns for fp16/bf16 at stage 0 (DeepSpeed's FP16_Optimizer role).
+
+    Args:
+        optimizer: the base optimizer, built over the (already 16-bit) model parameters; its param
+            groups are re-pointed at fp32 master copies here.
+        dtype: the parameters' dtype (`torch.float16` or `torch.bfloat16`).
+        loss_scaler: a `ds_ops.precision` scaler (dynamic for fp16 by default, static 1.0 for bf16).
+        grad_accum_dtype: `torch.float32`, or `dtype` to accumulate in the parameters' own `.grad`.
+        clip_grad: `gradient_clipping` (0: off).
+        check_overflow: skip steps whose gradients hold inf/nan (always for fp16; `bf16.check_grad_overflow`).
+        reduce: data-parallel settings, or None on one rank.
+        group: the data-parallel process group.
+        world_size: its size.
+        timers: times the all-reduce.
+    """
+
+    def __init__(self, optimizer: Optimizer, *, dtype: torch.dtype, loss_scaler: LossScaler,
+                 grad_accum_dtype: torch.dtype, clip_grad: float, check_overflow: bool,
+                 reduce: ReduceSettings | None, group: Any, world_size: int,
+                 timers: WallClockTimers | NullTimers) -> None:
+        self.optimizer = optimizer
+        self.dtype = dtype
+        self.loss_scaler = loss_scaler
+        self.clip_grad = clip_grad
+        self.check_overflow = check_overflow
+        self.timers = timers
+        self.overflow = False
+        self._norm: float | None = None
+        self.model_params: list[torch.Tensor] = []
+        self.masters: list[torch.Tensor] = []
+        self._make_masters()
+        trainable = [i for i, p in enumerate(self.model_params) if p.requires_grad]
+        self._train_model = [self.model_params[i] for i in trainable]
+        self._train_masters = [self.masters[i] for i in trainable]
+        self.master_grads = FlatGradBuffer(self._train_masters, torch.float32, bind=True)
+        if grad_accum_dtype == torch.float32:
+            self.accum = self.master_grads
+            self._absorb_into = self.master_grads.views
+        else:
+            self.accum = FlatGradBuffer(self._train_model, dtype, bind=True)
+            self._absorb_into = None
+        self.reducer = None if reduce is None else GradAllReducer(self.accum, reduce, group=group,
+                                                                  world_size=world_size)
+
+    def _make_masters(self) -> None:
+        remap: dict[int, torch.Tensor] = {}
+        for group in self.optimizer.param_groups:
+            masters = []
+            for p in group["params"]:
+                if p.dtype != self.dtype:
+                    raise TypeError(f"MixedPrecisionOptimizer: a parameter of dtype {p.dtype} is in the optimizer; "
+                                    f"all parameters must be {self.dtype} (the engine casts them)")
+                master = torch.nn.Parameter(p.detach().to(torch.float32).clone(), requires_grad=p.requires_grad)
+                remap[id(p)] = master
+                self.model_params.append(p)
+                self.masters.append(master)
+                masters.append(master)
+            group["params"] = masters
+        for p in list(self.optimizer.state):
+            if id(p) in remap:
+                self.optimizer.state[remap[id(p)]] = self.optimizer.state.pop(p)
+
+    # -- the optimizer face ------------------------------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale
+
+    @property
+    def cur_scale(self) -> float:
+        return self.loss_scaler.cur_scale
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        return self._norm
+
+    # -- the stepper face --------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """Scale, backward, and (fp32 accumulation) move the 16-bit gradients into the fp32 buffer."""
+        self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
+        self._absorb()
+
+    def _absorb(self) -> None:
+        if self._absorb_into is None:
+            return
+        pairs = [(view, p.grad) for view, p in zip(self._absorb_into, self._train_model, strict=True)
+                 if p.grad is not None]
+        if pairs:
+            views, grads = zip(*pairs, strict=True)
+            torch._foreach_add_(list(views), list(grads))
+        for p in self._train_model:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> bool:
+        """The boundary step; False (and the scale updated) when gradients overflowed."""
+        self._absorb()
+        self.accum.rebind()
+        if self.reducer is not None:
+            self.timers.start("allreduce")
+            self.reducer.all_reduce()
+            self.timers.stop("allreduce")
+        grads = self.master_grads.flat
+        if self.accum is not self.master_grads:
+            grads.copy_(self.accum.flat)
+        scale = self.loss_scaler.loss_scale
+        if scale != 1.0:
+            grads.mul_(1.0 / scale)
+        self.overflow = self.check_overflow and not bool(torch.isfinite(grads).all())
+        self.loss_scaler.update_scale(self.overflow)
+        if self.overflow:
+            self.zero_grad()
+            return False
+        norm = global_grad_norm([grads], partitioned=False)
+        clip_grads_by_norm_([grads], self.clip_grad, norm)
+        self._norm = float(norm)
+        self.optimizer.step()
+        torch._foreach_copy_(self.model_params, self.masters)
+        self.zero_grad()
+        return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the accumulated gradients (the flat buffers keep their views)."""
+        self.master_grads.zero_()
+        if self.accum is not self.master_grads:
+            self.accum.zero_()
+        if self._absorb_into is not None:
+            for p in self._train_model:
+                p.grad = None
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """DeepSpeed's FP16_Optimizer layout: scaler state, the base optimizer's state, the fp32 masters."""
+        return {
+            "dynamic_loss_scale": self.loss_scaler.dynamic,
+            "cur_scale": self.loss_scaler.cur_scale,
+            "cur_iter": self.loss_scaler.cur_iter,
+            "loss_scaler": self.loss_scaler.state_dict(),
+            "optimizer_state_dict": self.optimizer.state_dict(),
+            "fp32_groups": [[m.detach().clone() for m in g["params"]] for g in self.optimizer.param_groups],
+            "clip_grad": self.clip_grad,
+        }
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
+        """Restore the scaler and base optimizer; masters from the saved fp32 copies (or from the module)."""
+        self.loss_scaler.load_state_dict(state["loss_scaler"])
+        self.optimizer.load_state_dict(state["optimizer_state_dict"])
+        if load_from_fp32_weights:
+            saved = [t for group in state["fp32_groups"] for t in group]
+            if len(saved) != len(self.masters):
+                raise ValueError(f"checkpoint has {len(saved)} fp32 master tensors, this model has {len(self.masters)}")
+            torch._foreach_copy_(self.masters, saved)
+            torch._foreach_copy_(self.model_params, self.masters)
+        else:
+            self.refresh_from_module()
+
+    @torch.no_grad()
+    def refresh_from_module(self) -> None:
+        torch._foreach_copy_(self.masters, self.model_params)

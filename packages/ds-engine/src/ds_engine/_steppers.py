@@ -1,0 +1,155 @@
+"""How a step happens, chosen once at initialize(): fp32 at stage 0, or ds-zero's optimizer at stage >= 1.
+
+The fp16/bf16 stage-0 stepper is `MixedPrecisionOptimizer` in `_precision.py`. All three offer the
+same small interface the engine drives (`Stepper`), so `engine.step()` has no precision or ZeRO
+branches.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import torch
+from torch.optim import Optimizer
+
+from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer
+from ds_engine._timers import NullTimers, WallClockTimers
+from ds_ops.precision import clip_grads_by_norm_, global_grad_norm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Fp32Stepper", "Stepper", "ZeroStepper"]
+
+
+class Stepper(Protocol):
+    """What the engine needs from its optimizer side."""
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
+        """Backward of an already gas-scaled loss (the stepper applies any loss scale)."""
+
+    def step(self) -> bool:
+        """Reduce, unscale/check/clip as configured, update; False when the step was skipped."""
+
+    def zero_grad(self) -> None: ...
+
+    @property
+    def global_grad_norm(self) -> float | None: ...
+
+    @property
+    def loss_scale(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None: ...
+
+    def refresh_from_module(self) -> None:
+        """Re-derive any master copy from the (just loaded) module weights."""
+
+
+class Fp32Stepper:
+    """fp32 training at ZeRO stage 0: flat gradients, bucketed all-reduce, global-norm clipping, `optimizer.step()`.
+
+    Args:
+        optimizer: the base optimizer (returned by initialize() as is, as DeepSpeed does for fp32).
+        buffer: the flat gradient buffer bound to the optimizer's parameters.
+        reducer: the data-parallel all-reducer, None on one rank.
+        clip: `gradient_clipping` (0: off; the norm is then not computed, as in DeepSpeed).
+        timers: times the all-reduce.
+    """
+
+    def __init__(self, optimizer: Optimizer, *, buffer: FlatGradBuffer, reducer: GradAllReducer | None,
+                 clip: float, timers: WallClockTimers | NullTimers) -> None:
+        self.optimizer = optimizer
+        self.buffer = buffer
+        self.reducer = reducer
+        self.clip = clip
+        self.timers = timers
+        self._norm: float | None = None
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
+        loss.backward(retain_graph=retain_graph)
+
+    def step(self) -> bool:
+        self.buffer.rebind()
+        if self.reducer is not None:
+            self.timers.start("allreduce")
+            self.reducer.all_reduce()
+            self.timers.stop("allreduce")
+        if self.clip > 0:
+            flat = [self.buffer.flat]
+            norm = global_grad_norm(flat, partitioned=False)
+            clip_grads_by_norm_(flat, self.clip, norm)
+            self._norm = float(norm)
+        self.optimizer.step()
+        self.buffer.zero_()
+        return True
+
+    def zero_grad(self) -> None:
+        self.buffer.zero_()
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        return self._norm
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def refresh_from_module(self) -> None:
+        return None
+
+
+class ZeroStepper:
+    """Adapter over ds-zero's `DeepSpeedZeroOptimizer` / `DeepSpeedZeroOptimizer_Stage3` (see the contract).
+
+    ds-zero owns reduction, loss scaling, clipping and the partitioned update; the engine only
+    divides the loss by the accumulation steps before `backward`.
+    """
+
+    def __init__(self, zero_optimizer: Any) -> None:
+        self.optimizer = zero_optimizer
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
+        self.optimizer.backward(loss, retain_graph=retain_graph)
+
+    def step(self) -> bool:
+        return bool(self.optimizer.step())
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        norm = self.optimizer.global_grad_norm
+        return None if norm is None else float(norm)
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.optimizer.loss_scale)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
+        raise TypeError("ZeRO optimizer states load from all ranks' files; use load_partitions()")
+
+    def load_partitions(self, states: list[dict[str, Any]], *, load_optimizer_states: bool,
+                        load_from_fp32_weights: bool) -> None:
+        """Every saved rank's `optimizer_state_dict`, in rank order (ds-zero re-partitions)."""
+        self.optimizer.load_state_dict(states, load_optimizer_states=load_optimizer_states,
+                                       load_from_fp32_weights=load_from_fp32_weights)
+
+    def refresh_from_module(self) -> None:
+        refresh = getattr(self.optimizer, "_restore_from_bit16_weights", None)
+        if refresh is None:
+            raise NotImplementedError(
+                f"{type(self.optimizer).__name__} cannot refresh its fp32 partitions from loaded module weights "
+                "(no _restore_from_bit16_weights); load with load_optimizer_states=True")
+        refresh()

@@ -1,0 +1,7 @@
+"""`deepspeed.accelerator` for migrated scripts: `get_accelerator()` from ds-comm."""
+
+from __future__ import annotations
+
+from ds_comm import Accelerator, get_accelerator, set_accelerator
+
+__all__ = ["Accelerator", "get_accelerator", "set_accelerator"]

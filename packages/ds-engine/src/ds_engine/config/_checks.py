@@ -1,0 +1,76 @@
+"""Cross-field checks: settings that are each valid alone but not together. Run before any work starts."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import TYPE_CHECKING
+
+from ds_engine._optimizers import is_zero_tested_optimizer
+from ds_engine.config._errors import DeepSpeedConfigError
+
+if TYPE_CHECKING:
+    from ds_engine.config._toplevel import DeepSpeedConfigModel
+    from ds_engine.config._zero_section import ZeroSettings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["check_cross_fields", "precision_name"]
+
+# (model dtype, accumulation dtype) pairs the stage-0 wrappers implement.
+_ACCUM_OK = {("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32"), ("bf16", "bf16"), ("bf16", "fp32")}
+
+
+def precision_name(model: DeepSpeedConfigModel) -> str:
+    """"fp16", "bf16" or "fp32": the dtype parameters are trained in."""
+    if model.fp16.enabled:
+        return "fp16"
+    if model.bf16.enabled:
+        return "bf16"
+    return "fp32"
+
+
+def _check_dtypes(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    dtype = precision_name(model)
+    types = model.data_types
+    if types.param_dtype is not None and types.param_dtype != dtype:
+        raise DeepSpeedConfigError(
+            f"data_types.param_dtype={types.param_dtype!r} conflicts with the precision mode ({dtype}: "
+            f"fp16.enabled={model.fp16.enabled}, bf16.enabled={model.bf16.enabled}); drop it or make them agree")
+    accum = types.grad_accum_dtype
+    if accum is not None and zero.stage == 0 and (dtype, accum) not in _ACCUM_OK:
+        allowed = sorted(a for d, a in _ACCUM_OK if d == dtype)
+        raise DeepSpeedConfigError(
+            f"data_types.grad_accum_dtype={accum!r} is not supported with {dtype} parameters at ZeRO stage 0; "
+            f"use one of {allowed}")
+
+
+def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    """Refuse contradictory settings; warn once about settings that have no effect.
+
+    Raises:
+        DeepSpeedConfigError: naming every key involved and the fix.
+    """
+    if model.fp16.enabled and model.bf16.enabled:
+        raise DeepSpeedConfigError("fp16.enabled and bf16.enabled are both true; enable one of them "
+                                   "(bf16 is the safer choice where the hardware supports it)")
+    _check_dtypes(model, zero)
+    opt = model.optimizer
+    if zero.stage >= 1 and opt is not None and not is_zero_tested_optimizer(opt.type) \
+            and not model.zero_allow_untested_optimizer:
+        raise DeepSpeedConfigError(
+            f"optimizer.type={opt.type!r} is not tested with ZeRO (stage {zero.stage}); tested: Adam, AdamW, "
+            "Adagrad, Lamb, Lion. Set \"zero_allow_untested_optimizer\": true to use it anyway")
+    if opt is not None and opt.type == "lamb" and model.fp16.enabled and not model.fp16.dynamic_loss_scale:
+        raise DeepSpeedConfigError(f"optimizer.type='lamb' with fp16 needs dynamic loss scaling; set "
+                                   f"fp16.loss_scale to 0 (it is {model.fp16.loss_scale})")
+    if model.gradient_allreduce_op == "sum" and zero.stage == 3:
+        raise DeepSpeedConfigError("gradient_allreduce_op='sum' is not supported with ZeRO stage 3; use 'mean'")
+    if model.fp16.auto_cast and not model.fp16.enabled:
+        warnings.warn("fp16.auto_cast has no effect while fp16.enabled is false", UserWarning, stacklevel=3)
+    if model.prescale_gradients and model.gradient_predivide_factor != 1.0:
+        warnings.warn("gradient_predivide_factor has no effect with prescale_gradients=true (gradients are "
+                      "divided by the data-parallel size before the all-reduce)", UserWarning, stacklevel=3)
+    if model.vocabulary_size is not None and model.vocabulary_size % 8:
+        logger.warning("vocabulary_size=%d is not a multiple of 8; padding it to %d is faster on tensor cores",
+                       model.vocabulary_size, (model.vocabulary_size + 7) // 8 * 8)

@@ -1,0 +1,198 @@
+"""`DeepSpeedConfig`: a ds_config read, validated and resolved once, with "auto" placeholders tracked."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import ds_comm
+from ds_comm import ConfigError, validate_section
+from ds_engine.config._batch import GAS, MBS, TBS, BatchPlan, resolve_batch
+from ds_engine.config._checks import check_cross_fields, precision_name
+from ds_engine.config._errors import DeepSpeedConfigError
+from ds_engine.config._load import fill_auto, find_auto_paths, load_raw, without_paths
+from ds_engine.config._toplevel import DeepSpeedConfigModel
+from ds_engine.config._zero_section import ZeroSettings, resolve_zero
+
+__all__ = ["DeepSpeedConfig"]
+
+
+class _DataParallelMpu(Protocol):
+    def get_data_parallel_world_size(self) -> int: ...
+
+
+def _validate(data: dict[str, Any]) -> DeepSpeedConfigModel:
+    try:
+        return validate_section(DeepSpeedConfigModel, data)
+    except ConfigError as err:
+        raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
+
+
+def _world_size(world_size: int | None, mpu: _DataParallelMpu | None) -> tuple[int, str]:
+    if world_size is not None:
+        return int(world_size), "given"
+    if mpu is not None:
+        return int(mpu.get_data_parallel_world_size()), "mpu.get_data_parallel_world_size()"
+    if ds_comm.is_initialized():
+        return ds_comm.get_world_size(), "torch.distributed world size"
+    return 1, "default (torch.distributed not initialized)"
+
+
+class DeepSpeedConfig:
+    """A ds_config, validated: section models, the resolved batch triple, ZeRO settings.
+
+    Construction reads the config (dict, JSON/hjson path, or base64 JSON), validates every section
+    (unknown keys are errors with a suggestion), resolves the batch triple for the data-parallel
+    world size and runs the cross-field checks. Nothing is built and nothing on a device is touched.
+
+    "auto" placeholders (as HF Trainer configs use) are allowed here: they sit out validation,
+    are listed in `auto_keys`, and can be filled with `auto_values=` or `fill_auto()`. `initialize()`
+    refuses a config that still has any (`check_resolved()`).
+
+    Args:
+        config: a dict, a path to a JSON/hjson file, or urlsafe-base64 JSON.
+        mpu: an object with `get_data_parallel_world_size()` (model-parallel setups).
+        world_size: the data-parallel world size; default: the mpu's, else torch.distributed's, else 1.
+        auto_values: dotted key path -> value for "auto" placeholders
+            (`{"train_micro_batch_size_per_gpu": 8, "optimizer.params.lr": 3e-4}`).
+
+    Raises:
+        DeepSpeedConfigError: anything wrong, the message starting with the key path.
+    """
+
+    def __init__(self, config: str | os.PathLike[str] | Mapping[str, Any], mpu: _DataParallelMpu | None = None,
+                 *, world_size: int | None = None, auto_values: Mapping[str, Any] | None = None) -> None:
+        self.source = str(config) if isinstance(config, (str, os.PathLike)) and os.path.isfile(config) else "<dict>"
+        raw = load_raw(config)
+        if auto_values:
+            raw = fill_auto(raw, auto_values)
+        self._raw = raw
+        self.auto_keys: tuple[str, ...] = tuple(find_auto_paths(raw))
+        self.model: DeepSpeedConfigModel = _validate(without_paths(raw, list(self.auto_keys)))
+        self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
+        self.world_size, self.world_size_source = _world_size(world_size, mpu)
+        m = self.model
+        self.batch: BatchPlan | None = None
+        if not {TBS, MBS, GAS} & set(self.auto_keys):
+            self.batch = resolve_batch(m.train_batch_size, m.train_micro_batch_size_per_gpu,
+                                       m.gradient_accumulation_steps, self.world_size)
+        check_cross_fields(m, self.zero)
+        if self.zero.unavailable is not None:
+            raise DeepSpeedConfigError(self.zero.unavailable)
+
+    # -- "auto" -------------------------------------------------------------------------------------------
+    def fill_auto(self, values: Mapping[str, Any]) -> DeepSpeedConfig:
+        """A new config with the "auto" placeholders at the given dotted paths replaced (re-validated)."""
+        return DeepSpeedConfig(self._raw, world_size=self.world_size, auto_values=values)
+
+    def with_world_size(self, world_size: int) -> DeepSpeedConfig:
+        """The same config resolved for another data-parallel world size."""
+        if world_size == self.world_size:
+            return self
+        return DeepSpeedConfig(self._raw, world_size=world_size)
+
+    def check_resolved(self) -> None:
+        """Raise unless every "auto" placeholder has been filled (initialize() calls this).
+
+        Raises:
+            DeepSpeedConfigError: listing the unfilled keys.
+        """
+        if self.auto_keys:
+            keys = ", ".join(self.auto_keys)
+            raise DeepSpeedConfigError(
+                f'{keys}: still "auto"; a caller must fill these before initialize() '
+                '(DeepSpeedConfig(config, auto_values={...}) or config.fill_auto({...}), as the HF Trainer '
+                "integration does), or write the values into the config")
+
+    # -- the resolved values, DeepSpeed's attribute names ------------------------------------------------
+    def _batch(self) -> BatchPlan:
+        if self.batch is None:
+            self.check_resolved()
+        assert self.batch is not None
+        return self.batch
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        """The config as the user wrote it (after filling "auto"), a copy."""
+        return copy.deepcopy(self._raw)
+
+    @property
+    def train_batch_size(self) -> int:
+        return self._batch().train_batch_size
+
+    @property
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._batch().train_micro_batch_size_per_gpu
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._batch().gradient_accumulation_steps
+
+    @property
+    def precision(self) -> str:
+        """"fp32", "fp16" or "bf16"."""
+        return precision_name(self.model)
+
+    @property
+    def fp16_enabled(self) -> bool:
+        return self.model.fp16.enabled
+
+    @property
+    def bfloat16_enabled(self) -> bool:
+        return self.model.bf16.enabled
+
+    @property
+    def zero_optimization_stage(self) -> int:
+        return self.zero.stage
+
+    @property
+    def zero_enabled(self) -> bool:
+        return self.zero.stage > 0
+
+    @property
+    def zero_config(self) -> Any:
+        """ds-zero's `ZeroConfig`, or None when ds-zero is not installed."""
+        return self.zero.config
+
+    @property
+    def optimizer_name(self) -> str | None:
+        return self.model.optimizer.type if self.model.optimizer else None
+
+    @property
+    def optimizer_params(self) -> dict[str, Any] | None:
+        return dict(self.model.optimizer.params) if self.model.optimizer else None
+
+    @property
+    def scheduler_name(self) -> str | None:
+        return self.model.scheduler.type if self.model.scheduler else None
+
+    @property
+    def scheduler_params(self) -> dict[str, Any] | None:
+        return dict(self.model.scheduler.params) if self.model.scheduler else None
+
+    def __getattr__(self, name: str) -> Any:
+        # Sections and scalar keys by their ds_config name: config.fp16.loss_scale_window, config.gradient_clipping.
+        if name.startswith("_") or name == "model":
+            raise AttributeError(name)
+        try:
+            return getattr(self.model, name)
+        except AttributeError:
+            raise AttributeError(f"DeepSpeedConfig has no attribute or config key {name!r}") from None
+
+    def iter_given_paths(self) -> Iterator[str]:
+        """Dotted paths of every leaf the user wrote (for telling given values from defaults)."""
+        yield from _leaf_paths(self._raw)
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedConfig(source={self.source!r}, world_size={self.world_size}, auto_keys={self.auto_keys})"
+
+
+def _leaf_paths(node: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            yield from _leaf_paths(value, path)
+        else:
+            yield path

@@ -1,0 +1,320 @@
+"""Pydantic models of the ds_config sections ds-engine owns, with DeepSpeed's keys and defaults.
+
+Sections owned elsewhere: `zero_optimization` (ds_zero.ZeroConfig), `comms_logger`
+(ds_comm.CommsLoggerConfig), `pipeline`/`activation_checkpointing` (ds-pipe; an interim model in
+`_pipe_interim.py` until ds-pipe ships its own).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from ds_comm import ConfigModel
+from ds_engine._optimizers import ParamError, canonical_optimizer_name, check_optimizer_params
+from ds_engine._schedulers import check_scheduler_params, scheduler_class
+from ds_engine.config._types import DtypeName, Float, Int, NonNegFloat, NonNegInt, PosInt
+
+__all__ = [
+    "AioConfig",
+    "BF16Config",
+    "CSVMonitorConfig",
+    "CheckpointConfig",
+    "CometConfig",
+    "DataTypesConfig",
+    "FP16Config",
+    "FlopsProfilerConfig",
+    "OptimizerConfig",
+    "ParallelWriteConfig",
+    "SchedulerConfig",
+    "TensorBoardConfig",
+    "ThroughputTimerConfig",
+    "TimersConfig",
+    "TorchAutocastConfig",
+    "WandbConfig",
+]
+
+
+class FP16Config(ConfigModel):
+    """`fp16`: half-precision training with fp32 master weights and a (dynamic) loss scale."""
+
+    inert_keys: ClassVar[dict[str, str]] = {
+        "fp16_master_weights_and_grads": "fp16 master weights are not implemented; masters stay fp32",
+    }
+
+    enabled: bool = False
+    """Cast parameters to fp16 and train with fp32 master weights."""
+    auto_cast: bool = False
+    """Cast floating-point inputs of `forward` to fp16."""
+    loss_scale: NonNegFloat = 0.0
+    """0 = dynamic loss scaling; > 0 = this static scale."""
+    initial_scale_power: Int = 16
+    """The dynamic scale starts at 2 ** initial_scale_power."""
+    loss_scale_window: NonNegInt = 1000
+    """Clean steps (no inf/nan) before the dynamic scale doubles."""
+    hysteresis: NonNegInt = 2
+    """Overflows tolerated before the dynamic scale halves (delayed shift)."""
+    consecutive_hysteresis: bool = False
+    """Refill the hysteresis budget on every clean step, so only consecutive overflows lower the scale."""
+    min_loss_scale: NonNegFloat = 1.0
+    """Floor of the dynamic scale; an overflow at the floor stops the run (it is diverging)."""
+    fp16_master_weights_and_grads: bool = False
+    """DeepSpeed's fp16 master weights (ZeRO only there); not implemented here, only false is accepted."""
+
+    @model_validator(mode="after")
+    def _dynamic_needs_positive(self) -> FP16Config:
+        if self.loss_scale == 0:
+            for key in ("loss_scale_window", "hysteresis", "min_loss_scale"):
+                if getattr(self, key) <= 0:
+                    raise ValueError(f"{key}={getattr(self, key)} must be > 0 with dynamic loss scaling "
+                                     "(loss_scale=0)")
+        return self
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        return self.loss_scale == 0
+
+    def dynamic_loss_args(self) -> dict[str, Any]:
+        """Keyword arguments of `ds_ops.precision.DynamicLossScaler`."""
+        return {"init_scale": 2.0 ** self.initial_scale_power, "scale_window": self.loss_scale_window,
+                "delayed_shift": self.hysteresis, "consecutive_hysteresis": self.consecutive_hysteresis,
+                "min_scale": self.min_loss_scale}
+
+
+class BF16Config(ConfigModel):
+    """`bf16` (legacy key `bfloat16`): bf16 parameters with fp32 master weights and fp32 gradient accumulation."""
+
+    inert_keys: ClassVar[dict[str, str]] = {
+        "immediate_grad_update": "gradients are applied at the accumulation boundary",
+        "bf16_master_weights_and_grads": "bf16 master weights are not implemented; masters stay fp32",
+        "bf16_optimizer_states": "bf16 optimizer states are not implemented",
+    }
+
+    enabled: bool = False
+    """Cast parameters to bf16 and train with fp32 master weights."""
+    check_grad_overflow: bool = True
+    """Skip the step when a gradient holds inf/nan (no loss scale is involved)."""
+    immediate_grad_update: bool = False
+    """DeepSpeed's BF16_Optimizer per-parameter updates; only false is accepted."""
+    bf16_master_weights_and_grads: bool = False
+    """bf16 master weights (ZeRO only in DeepSpeed); only false is accepted."""
+    bf16_optimizer_states: bool = False
+    """bf16 optimizer moments; only false is accepted."""
+
+
+def _param_error(err: ParamError) -> PydanticCustomError:
+    # Reported as "<section>.params.<key>: ..." by ds_comm's error formatter.
+    return PydanticCustomError("unsupported_key", "{message}", {"key": f"params.{err.key}", "message": str(err)})
+
+
+def _type_name(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise ValueError(f"type must be a string, got {type(value).__name__}")
+    return value
+
+
+class OptimizerConfig(ConfigModel):
+    """`optimizer`: which optimizer initialize() builds when the script passes none."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"legacy_fusion": "legacy FP16 fusion is not implemented"}
+
+    type: Annotated[str, BeforeValidator(_type_name)]
+    """A DeepSpeed name (Adam, AdamW, Adagrad, Lamb, Lion; any case) or a torch.optim class (SGD, RMSprop, ...)."""
+    params: dict[str, Any] = {}
+    """Constructor keyword arguments; for Adam/AdamW also torch_adam, adam_w_mode, fp32_optimizer_states."""
+    legacy_fusion: bool = False
+    """DeepSpeed's legacy flag; only false is accepted."""
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        return canonical_optimizer_name(value)
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> OptimizerConfig:
+        try:
+            check_optimizer_params(self.type, self.params)
+        except ParamError as err:
+            raise _param_error(err) from None
+        return self
+
+
+class SchedulerConfig(ConfigModel):
+    """`scheduler`: the lr schedule initialize() builds when the script passes none."""
+
+    type: Annotated[str, BeforeValidator(_type_name)]
+    """WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, or a torch.optim.lr_scheduler class."""
+    params: dict[str, Any] = {}
+    """Constructor keyword arguments (the optimizer is passed first)."""
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        scheduler_class(value)
+        return value
+
+    @model_validator(mode="after")
+    def _params_fit(self) -> SchedulerConfig:
+        try:
+            check_scheduler_params(self.type, self.params)
+        except ParamError as err:
+            raise _param_error(err) from None
+        return self
+
+
+def _upper(value: Any) -> Any:
+    return value.upper() if isinstance(value, str) else value
+
+
+class ParallelWriteConfig(ConfigModel):
+    """`checkpoint.parallel_write`."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"pipeline_stage": "pipeline-stage parallel writes are not implemented"}
+
+    pipeline_stage: bool = False
+    """Spread pipeline layer files over data-parallel ranks; only false is accepted."""
+
+
+class CheckpointConfig(ConfigModel):
+    """`checkpoint`: how save_checkpoint/load_checkpoint behave."""
+
+    inert_keys: ClassVar[dict[str, str]] = {
+        "load_universal": "universal checkpoints are not implemented",
+        "use_node_local_storage": "node-local checkpoint storage is not implemented",
+        "writer": "DeepSpeed's FastPersist checkpoint writers are not implemented",
+    }
+
+    tag_validation: Annotated[Literal["WARN", "IGNORE", "FAIL"], BeforeValidator(_upper)] = "WARN"
+    """Check that every rank saves under the same tag: Warn, Ignore or Fail (case-insensitive)."""
+    load_universal: bool = False
+    """Load a universal checkpoint; only false is accepted."""
+    use_node_local_storage: bool = False
+    """Write per-node copies; only false is accepted."""
+    parallel_write: ParallelWriteConfig = ParallelWriteConfig()
+    """Parallel write options."""
+    checkpoint_serialization: bool = True
+    """torch.save's zipfile serialization (false: the legacy format)."""
+    writer: dict[str, Any] | None = None
+    """DeepSpeed's checkpoint writer engine; only null is accepted."""
+
+
+class _MonitorConfig(ConfigModel):
+    enabled: bool = False
+    """Write events (rank 0 only)."""
+    output_path: str = ""
+    """Directory for the output (default: the current directory)."""
+    job_name: str = "DeepSpeedJobName"
+    """Subdirectory for this run."""
+
+
+class TensorBoardConfig(_MonitorConfig):
+    """`tensorboard`: scalars through torch.utils.tensorboard (needs the tensorboard package)."""
+
+
+class CSVMonitorConfig(_MonitorConfig):
+    """`csv_monitor`: one CSV file per event under output_path/job_name."""
+
+
+class WandbConfig(ConfigModel):
+    """`wandb`: Weights & Biases logging; not implemented, accepted only disabled."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"enabled": "the wandb monitor is not implemented; use tensorboard "
+                                                       "or csv_monitor"}
+
+    enabled: bool = False
+    group: str | None = None
+    team: str | None = None
+    project: str = "deepspeed"
+
+
+class CometConfig(ConfigModel):
+    """`comet`: Comet logging; not implemented, accepted only disabled."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"enabled": "the comet monitor is not implemented; use tensorboard "
+                                                       "or csv_monitor"}
+
+    enabled: bool = False
+    samples_log_interval: PosInt = 100
+    project: str | None = None
+    workspace: str | None = None
+    api_key: str | None = None
+    experiment_name: str | None = None
+    experiment_key: str | None = None
+    online: bool | None = None
+    mode: str | None = None
+
+
+class DataTypesConfig(ConfigModel):
+    """`data_types`: dtypes of gradient accumulation, parameters and buffers."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"keep_in_fp32_modules": "per-module fp32 islands are not implemented"}
+
+    grad_accum_dtype: DtypeName | None = None
+    """Gradient accumulation dtype; None: fp32 under bf16, the model dtype otherwise."""
+    param_dtype: DtypeName | None = None
+    """Must agree with the fp16/bf16 setting when given."""
+    buffer_dtype: DtypeName | None = None
+    """Cast buffers to this dtype (None: buffers keep their dtype, fp32 under fp16/bf16)."""
+    keep_in_fp32_modules: list[str] | None = None
+    """Modules kept in fp32; only null is accepted."""
+
+
+class ThroughputTimerConfig(ConfigModel):
+    """`timers.throughput`."""
+
+    enabled: bool = True
+    """Measure samples/sec between optimizer steps."""
+    synchronized: bool = True
+    """Synchronize the device before reading the clock (exact, costs a sync per step on GPUs)."""
+
+
+class TimersConfig(ConfigModel):
+    """`timers`."""
+
+    throughput: ThroughputTimerConfig = ThroughputTimerConfig()
+    """The throughput timer."""
+
+
+class FlopsProfilerConfig(ConfigModel):
+    """`flops_profiler`: not implemented, accepted only disabled."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"enabled": "the flops profiler is not implemented"}
+
+    enabled: bool = False
+    recompute_fwd_factor: Float = 0.0
+    profile_step: Int = 1
+    module_depth: Int = -1
+    top_modules: Int = 1
+    detailed: bool = True
+    output_file: str | None = None
+
+
+class TorchAutocastConfig(ConfigModel):
+    """`torch_autocast`: not implemented, accepted only disabled (use `bf16` or `fp16`)."""
+
+    inert_keys: ClassVar[dict[str, str]] = {"enabled": "torch autocast is not implemented; use \"bf16\" or \"fp16\""}
+
+    enabled: bool = False
+    dtype: DtypeName | None = None
+    lower_precision_safe_modules: list[str] | None = None
+
+
+class AioConfig(ConfigModel):
+    """`aio`: async I/O for NVMe offload; NVMe offload is not implemented, so only defaults are accepted."""
+
+    inert_keys: ClassVar[dict[str, str]] = {
+        key: "NVMe offload (async I/O) is not implemented"
+        for key in ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
+                    "overlap_events", "use_gds")
+    }
+
+    block_size: Int = 1048576
+    queue_depth: Int = 8
+    intra_op_parallelism: Int = 1
+    thread_count: Int = 1
+    single_submit: bool = False
+    overlap_events: bool = True
+    use_gds: bool = False
+

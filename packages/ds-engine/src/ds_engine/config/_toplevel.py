@@ -1,0 +1,196 @@
+"""The whole ds_config as one model: every top-level key DeepSpeed users write, known, refused, or inert."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BeforeValidator, StrictBool, model_validator
+from pydantic_core import PydanticCustomError
+
+from ds_comm import CommsLoggerConfig, ConfigModel
+from ds_engine.config._pipe_interim import ActivationCheckpointingConfig, PipelineConfig
+from ds_engine.config._sections import (
+    AioConfig,
+    BF16Config,
+    CheckpointConfig,
+    CometConfig,
+    CSVMonitorConfig,
+    DataTypesConfig,
+    FlopsProfilerConfig,
+    FP16Config,
+    OptimizerConfig,
+    SchedulerConfig,
+    TensorBoardConfig,
+    TimersConfig,
+    TorchAutocastConfig,
+    WandbConfig,
+)
+from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt
+
+__all__ = ["DeepSpeedConfigModel", "OFF_SECTIONS"]
+
+_REMOVED = "was removed in DeepSpeed 0.19 and is not implemented in ds"
+
+#: Keys DeepSpeed knows that ds refuses, with the reason shown to the user.
+UNSUPPORTED_KEYS: dict[str, str] = {
+    "amp": "NVIDIA Apex AMP was removed (DeepSpeed 0.19 rejects it too); use \"bf16\": {\"enabled\": true} "
+           "(recommended where supported) or \"fp16\": {\"enabled\": true}",
+    "nebula": f"Nebula checkpointing {_REMOVED}",
+    "compression_training": f"compression training {_REMOVED}",
+    "quantize_training": f"quantization-aware training {_REMOVED}",
+    "sparse_gradients": f"sparse gradients {_REMOVED}",
+    "eigenvalue": f"eigenvalue computation {_REMOVED}",
+    "sparse_attention": f"sparse attention {_REMOVED}",
+    "elasticity": f"elastic training {_REMOVED}",
+    "graph_harvesting": f"graph harvesting {_REMOVED}",
+    "progressive_layer_drop": f"progressive layer drop {_REMOVED}",
+    "curriculum_learning": "top-level curriculum learning was removed in DeepSpeed 0.19 (it moved to "
+                           "data_efficiency, which ds does not implement)",
+    "expert_parallel": "mixture-of-experts parallelism is not implemented in ds",
+    "weight_quantization": "weight quantization is not implemented in ds",
+    "datastates": "DataStates checkpointing is not implemented in ds",
+}
+
+#: Sections ds accepts only when their feature is switched off: key -> (switch, reason).
+OFF_SECTIONS: dict[str, tuple[str, str]] = {
+    "hybrid_engine": ("enabled", "the RLHF hybrid engine is not implemented in ds"),
+    "autotuning": ("enabled", "autotuning is not implemented in ds"),
+    "data_efficiency": ("enabled", "data efficiency (curriculum, random-LTD) is not implemented in ds"),
+    "compile": ("deepcompile", "DeepCompile is not implemented in ds; call torch.compile on the model instead"),
+    "tensor_parallel": ("autotp_size", "automatic tensor parallelism is not implemented in ds"),
+}
+
+
+def _section_or_bool(value: Any) -> Any:
+    if value is not None and not isinstance(value, (dict, bool)):
+        raise ValueError(f"expected a section (object) or true/false, got {value!r}")
+    return value
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+class DeepSpeedConfigModel(ConfigModel):
+    """Every top-level key of a ds_config (sections are models of their own).
+
+    Unknown keys are errors with a suggestion (DeepSpeed ignores them silently). Keys DeepSpeed
+    removed or ds does not implement are errors that say so; a few are accepted at their inert
+    default only. `zero_optimization` is validated by ds-zero's `ZeroConfig` (lazily, since ds-zero
+    is an optional extra), so here it is raw.
+    """
+
+    unsupported_keys: ClassVar[dict[str, str]] = UNSUPPORTED_KEYS
+    deprecated_keys: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
+    inert_keys: ClassVar[dict[str, str]] = {
+        "disable_allgather": "the legacy disable_allgather switch is not implemented",
+        "seq_parallel_communication_data_type": "sequence parallelism is not implemented",
+        "use_data_before_expert_parallelism": "expert parallelism is not implemented",
+        "disable_python_gc": "the engine does not manage Python's garbage collector",
+        "log_level": "configure logging through the `logging` module (logger 'ds_engine')",
+    }
+
+    train_batch_size: PosInt | None = None
+    """Global batch per optimizer step = micro batch x gradient_accumulation_steps x data-parallel size."""
+    train_micro_batch_size_per_gpu: PosInt | None = None
+    """Samples per rank per forward/backward."""
+    gradient_accumulation_steps: PosInt | None = None
+    """Micro steps per optimizer step."""
+    managed_gradient_accumulation: bool = True
+    """False: every step() applies an update; the script owns the accumulation boundary."""
+    optimizer: OptimizerConfig | None = None
+    """Built when initialize() gets no optimizer."""
+    scheduler: SchedulerConfig | None = None
+    """Built when initialize() gets no lr_scheduler."""
+    fp16: FP16Config = FP16Config()
+    """fp16 mixed precision."""
+    bf16: BF16Config = BF16Config()
+    """bf16 mixed precision."""
+    gradient_clipping: NonNegFloat = 1.0
+    """Clip gradients to this global L2 norm (0: off). DeepSpeed 0.19's default is 1.0."""
+    prescale_gradients: bool = False
+    """Divide gradients by the data-parallel size before the all-reduce rather than after."""
+    gradient_predivide_factor: PosFloat = 1.0
+    """Divide by this before the all-reduce and by (dp size / factor) after (overflow/underflow control)."""
+    gradient_allreduce_op: Annotated[Literal["mean", "sum"], BeforeValidator(_lower)] = "mean"
+    """Average ("mean") or add ("sum") gradients across data-parallel ranks."""
+    communication_data_type: DtypeName | None = None
+    """dtype of gradient all-reduces (None: the accumulation dtype)."""
+    steps_per_print: PosInt | None = None
+    """Log progress every N optimizer steps (None: never)."""
+    wall_clock_breakdown: bool = False
+    """Time forward/backward/all-reduce/step and log them every steps_per_print steps."""
+    memory_breakdown: bool = False
+    """Log device memory with the progress line."""
+    dump_state: bool = False
+    """Log the resolved config and wrapper chain at initialize()."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """Checkpoint options."""
+    tensorboard: TensorBoardConfig = TensorBoardConfig()
+    """TensorBoard monitor."""
+    csv_monitor: CSVMonitorConfig = CSVMonitorConfig()
+    """CSV monitor."""
+    wandb: WandbConfig = WandbConfig()
+    """wandb monitor (only disabled)."""
+    comet: CometConfig = CometConfig()
+    """Comet monitor (only disabled)."""
+    data_types: DataTypesConfig = DataTypesConfig()
+    """Accumulation, parameter and buffer dtypes."""
+    timers: TimersConfig = TimersConfig()
+    """Throughput timer."""
+    zero_allow_untested_optimizer: bool = False
+    """Allow ZeRO with an optimizer outside Adam/AdamW/Adagrad/Lamb/Lion."""
+    zero_force_ds_cpu_optimizer: bool = True
+    """With optimizer offload, require a DeepSpeed CPU optimizer."""
+    zero_optimization: Annotated[dict[str, Any] | StrictBool | None, BeforeValidator(_section_or_bool)] = None
+    """ZeRO; validated by ds_zero.ZeroConfig (true/false is the legacy form of stage 1/0)."""
+    comms_logger: CommsLoggerConfig = CommsLoggerConfig()
+    """Collective-communication logging (ds-comm)."""
+    pipeline: PipelineConfig = PipelineConfig()
+    """Pipeline engine options (ds-pipe)."""
+    activation_checkpointing: ActivationCheckpointingConfig = ActivationCheckpointingConfig()
+    """Activation checkpointing options (ds-pipe)."""
+    flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
+    """Only disabled."""
+    torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
+    """Only disabled."""
+    aio: AioConfig = AioConfig()
+    """Only defaults (NVMe offload is not implemented)."""
+    dataloader_drop_last: bool = False
+    """deepspeed_io() drops the last incomplete batch."""
+    vocabulary_size: PosInt | None = None
+    """Warn when not a multiple of 8 (tensor-core friendly)."""
+    disable_allgather: bool = False
+    seq_parallel_communication_data_type: str = "fp32"
+    use_data_before_expert_parallelism: bool = False
+    disable_python_gc: bool = False
+    log_level: str | None = None
+
+    @classmethod
+    def valid_keys(cls) -> list[str]:
+        return [*super().valid_keys(), *OFF_SECTIONS]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off_sections(cls, data: Any) -> Any:
+        """Drop a feature section that is switched off; refuse one that is switched on."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key, (switch, reason) in OFF_SECTIONS.items():
+            if key not in data:
+                continue
+            section = data.pop(key)
+            if not isinstance(section, dict):
+                raise PydanticCustomError("unsupported_key", "expected a section (object), got {value}",
+                                          {"key": key, "value": repr(section)})
+            value = section.get(switch)
+            if switch == "autotp_size":
+                off = value is None or (isinstance(value, int) and not isinstance(value, bool) and value <= 1)
+            else:
+                off = not value
+            if not off:
+                raise PydanticCustomError(
+                    "unsupported_key", "{shown}={value} is not supported: {reason} (only a disabled section "
+                    "is accepted)", {"key": key, "shown": f"{switch}", "value": repr(value), "reason": reason})
+        return data

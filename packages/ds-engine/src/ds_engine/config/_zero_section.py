@@ -1,0 +1,95 @@
+"""`zero_optimization`: the legacy bool form, offload sanity, and validation by ds-zero (an optional extra)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any
+
+from ds_comm import ConfigDeprecationWarning, ConfigError, validate_section
+from ds_engine._optional import require
+from ds_engine.config._errors import DeepSpeedConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ZeroSettings", "resolve_zero"]
+
+_DEFAULT_BUCKET_NUMEL = 500_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroSettings:
+    """What the engine needs from `zero_optimization`, plus ds-zero's validated model when installed."""
+
+    stage: int = 0
+    offload_optimizer_device: str = "none"
+    offload_param_device: str = "none"
+    reduce_bucket_size: int = _DEFAULT_BUCKET_NUMEL
+    load_from_fp32_weights: bool = True
+    gather_16bit_weights_on_model_save: bool = False
+    config: Any = None
+    """The `ds_zero.ZeroConfig` instance, or None when ds-zero is not installed (stage 0 only)."""
+    unavailable: str | None = None
+    """Why the requested stage cannot run here (ds-zero missing); DeepSpeedConfig raises it after the
+    cross-field checks, so those report the same way with or without ds-zero."""
+
+
+def _stage_of(section: dict[str, Any]) -> int:
+    stage = section.get("stage", 0)
+    try:
+        stage = int(stage) if not isinstance(stage, bool) else -1
+    except (TypeError, ValueError):
+        stage = -1
+    if stage not in (0, 1, 2, 3):
+        raise DeepSpeedConfigError(f"zero_optimization.stage: must be 0, 1, 2 or 3, got {section.get('stage')!r}")
+    return stage
+
+
+def _offload_device(section: dict[str, Any], key: str) -> str:
+    value = section.get(key)
+    legacy = {"offload_optimizer": "cpu_offload", "offload_param": "cpu_offload_param"}[key]
+    if section.get(legacy):
+        return "cpu"
+    return str(value.get("device", "none")) if isinstance(value, dict) else "none"
+
+
+def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
+    """Validate `zero_optimization` and reduce it to `ZeroSettings`.
+
+    Raises:
+        DeepSpeedConfigError: a bad stage, offload without ZeRO, or anything ds-zero's model refuses.
+            Stage >= 1 without ds-zero installed is reported through `ZeroSettings.unavailable`.
+    """
+    if value is None:
+        return ZeroSettings()
+    if isinstance(value, bool):
+        warnings.warn(f'"zero_optimization": {str(value).lower()} is deprecated; write '
+                      f'{{"stage": {int(value)}}}', ConfigDeprecationWarning, stacklevel=3)
+        value = {"stage": int(value)}
+    stage = _stage_of(value)
+    for key in ("offload_optimizer", "offload_param"):
+        device = _offload_device(value, key)
+        if device != "none" and stage == 0:
+            raise DeepSpeedConfigError(
+                f"zero_optimization.{key}.device={device!r}: offload needs ZeRO (stage 1, 2 or 3"
+                f"{'; parameters are offloaded at stage 3 only' if key == 'offload_param' else ''}), but "
+                "zero_optimization.stage is 0")
+    try:
+        ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
+    except ImportError as err:
+        if stage > 0:
+            return ZeroSettings(stage=stage, unavailable=f"zero_optimization.stage={stage}: {err}")
+        extra = sorted(set(value) - {"stage"})
+        if extra:
+            logger.warning("zero_optimization keys %s have no effect at stage 0 and are not validated without "
+                           "ds-zero (pip install 'ds-engine[zero]')", extra)
+        return ZeroSettings()
+    try:
+        cfg = validate_section(ds_zero.ZeroConfig, value, path="zero_optimization")
+    except ConfigError as err:
+        raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
+    return ZeroSettings(stage=cfg.stage, offload_optimizer_device=cfg.offload_optimizer.device,
+                        offload_param_device=cfg.offload_param.device, reduce_bucket_size=cfg.reduce_bucket_size,
+                        load_from_fp32_weights=cfg.load_from_fp32_weights,
+                        gather_16bit_weights_on_model_save=cfg.gather_16bit_weights_on_model_save, config=cfg)

@@ -1,0 +1,137 @@
+"""`ds-engine explain CONFIG [--world-size N]`: why did my setting (not) take effect?
+
+Prints the resolved batch triple with where each number came from, the wrapper chain
+`initialize()` would build (base optimizer -> wrapper -> engine), unfilled "auto" placeholders,
+and every config value marked as set by you or defaulted. Nothing is built; no process group,
+device or model is touched. Also runnable as `python -m ds_engine.explain CONFIG`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from ds_comm import get_accelerator
+from ds_engine._plan import plan_assembly
+from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+
+__all__ = ["cli", "explain", "main"]
+
+
+def _flatten(value: Any, prefix: str, aliases: dict[str, str]) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            path = f"{prefix}.{name}" if prefix else name
+            if field.alias and field.alias != name:
+                aliases[path] = f"{prefix}.{field.alias}" if prefix else field.alias
+            yield from _flatten(getattr(value, name), path, aliases)
+    elif isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}.{key}", aliases)
+    else:
+        yield prefix, value
+
+
+def _resolved_rows(config: DeepSpeedConfig) -> list[tuple[str, Any, str]]:
+    given = {p.replace("bfloat16.", "bf16.", 1) if p.startswith("bfloat16.") else p for p in config.iter_given_paths()}
+    aliases: dict[str, str] = {}
+    rows = []
+    for path, value in _flatten(config.model, "", aliases):
+        if path.startswith("zero_optimization"):
+            continue
+        rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))
+    zero = config.zero.config
+    if zero is not None:
+        for path, value in _flatten(zero, "zero_optimization", aliases):
+            rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))
+    else:
+        rows.append(("zero_optimization.stage", config.zero.stage,
+                     "set" if "zero_optimization.stage" in given else "default"))
+    if config.batch is not None:
+        b = config.batch
+        lookup = {"train_batch_size": b.train_batch_size, "train_micro_batch_size_per_gpu":
+                  b.train_micro_batch_size_per_gpu, "gradient_accumulation_steps": b.gradient_accumulation_steps}
+        rows = [(p, lookup.get(p, v), "derived" if p in lookup and b.sources[p] != "given" else s)
+                for p, v, s in rows]
+    return rows
+
+
+def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
+    """The explanation text for an already-validated config."""
+    lines = [f"config: {config.source}",
+             f"data-parallel world size: {config.world_size} ({config.world_size_source})", "", "batch"]
+    if config.batch is None:
+        lines.append("  unresolved: the batch keys hold \"auto\" placeholders")
+    else:
+        for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+            lines.append(f"  {key:<32}{getattr(config.batch, key):>8}   {config.batch.sources[key]}")
+    plan = plan_assembly(config, device_type=device_type or get_accelerator().name)
+    lines += ["", "wrapper chain initialize() would build", *(f"  {line}" for line in plan.lines())]
+    if config.auto_keys:
+        lines += ["", "unfilled \"auto\" placeholders (initialize() refuses them; fill with auto_values= / --auto):",
+                  *(f"  {key}" for key in config.auto_keys)]
+    rows = _resolved_rows(config)
+    width = max(len(p) for p, _, _ in rows)
+    lines += ["", "resolved config (set = in your file, default = applied by ds, derived = computed)"]
+    lines += [f"  {path:<{width}}  {value!r:<24} {source}" for path, value, source in rows]
+    return "\n".join(lines)
+
+
+def _parse_auto(pairs: Sequence[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--auto expects KEY=VALUE, got {pair!r}")
+        try:
+            values[key] = json.loads(text)
+        except json.JSONDecodeError:
+            values[key] = text
+    return values
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="ds_config: a JSON/hjson file, or base64-encoded JSON")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="data-parallel world size to resolve the batch triple for (default 1)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                        help="device type to plan for (default: this machine's accelerator)")
+    parser.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
+                        help='fill an "auto" placeholder, e.g. --auto train_micro_batch_size_per_gpu=8 (repeatable)')
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m ds_engine.explain") -> int:
+    """Run `explain` with command-line arguments; returns the exit code (2 for a config error)."""
+    args = _parser(prog).parse_args(argv)
+    try:
+        config = DeepSpeedConfig(args.config, world_size=args.world_size or 1, auto_values=_parse_auto(args.auto))
+        text = explain(config, device_type=args.device)
+    except (DeepSpeedConfigError, ImportError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """The `ds-engine` console script: `ds-engine explain CONFIG ...`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: ds-engine explain CONFIG [--world-size N] [--device cpu|cuda] [--auto KEY=VALUE]\n\n"
+              "commands:\n  explain   show the resolved config and the wrapper chain initialize() would build")
+        return 0 if argv else 2
+    if argv[0] != "explain":
+        print(f"ds-engine: unknown command {argv[0]!r}; the command is 'explain'", file=sys.stderr)
+        return 2
+    return main(argv[1:], prog="ds-engine explain")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""`MonitorMaster`: fans events out to the enabled monitors, on rank 0 only."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from ds_engine.config import DeepSpeedConfig
+from ds_engine.monitors._csv import CsvMonitor
+from ds_engine.monitors._tensorboard import TensorBoardMonitor, tensorboard_available
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Event", "MonitorMaster", "build_monitor"]
+
+Event = tuple[str, float, int]
+"""(name such as "Train/Samples/train_loss", value, global_samples)."""
+
+
+class _Monitor(Protocol):
+    def write_events(self, events: Sequence[Event]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MonitorMaster:
+    """The engine's one monitor: writes to every enabled backend (DeepSpeed's `engine.monitor`)."""
+
+    def __init__(self, monitors: list[_Monitor]) -> None:
+        self.monitors = monitors
+        self.enabled = bool(monitors)
+
+    def write_events(self, events: Sequence[Event]) -> None:
+        for monitor in self.monitors:
+            monitor.write_events(events)
+
+    def close(self) -> None:
+        for monitor in self.monitors:
+            monitor.close()
+
+
+def build_monitor(config: DeepSpeedConfig, *, rank: int) -> MonitorMaster | None:
+    """The monitor for the config: None when no monitor is enabled; an empty master on ranks other than 0.
+
+    Raises:
+        ImportError: tensorboard is enabled but not installed (checked on every rank, so all ranks
+            fail together instead of rank 0 alone).
+    """
+    tb, csv_cfg = config.model.tensorboard, config.model.csv_monitor
+    if not (tb.enabled or csv_cfg.enabled):
+        return None
+    if tb.enabled and not tensorboard_available():
+        TensorBoardMonitor(tb.output_path, tb.job_name)  # raises the explanatory ImportError
+    if rank != 0:
+        return MonitorMaster([])
+    monitors: list[_Monitor] = []
+    if tb.enabled:
+        monitors.append(TensorBoardMonitor(tb.output_path, tb.job_name))
+    if csv_cfg.enabled:
+        monitors.append(CsvMonitor(csv_cfg.output_path, csv_cfg.job_name))
+    return MonitorMaster(monitors)

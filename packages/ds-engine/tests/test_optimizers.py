@@ -1,0 +1,157 @@
+"""Optimizer choice from the config (Adam routing, names, params), Lion and Lamb against their update rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
+
+import ds_engine
+import ds_ops
+from ds_engine._optimizers import normalize_param_groups, plan_config_optimizer, swap_for_cpu_optimizer
+
+
+class FakeCPUAdam(torch.optim.AdamW):
+    """Stands in for ds_ops.DeepSpeedCPUAdam (contract signature) where the real one is not installed."""
+
+    def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
+        super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.adamw_mode = adamw_mode
+
+
+FakeCPUAdam.__name__ = "DeepSpeedCPUAdam"
+
+
+@pytest.fixture
+def no_cpu_adam(monkeypatch):
+    monkeypatch.delattr(ds_ops, "DeepSpeedCPUAdam", raising=False)
+
+
+@pytest.fixture
+def fake_cpu_adam(monkeypatch):
+    monkeypatch.setattr(ds_ops, "DeepSpeedCPUAdam", FakeCPUAdam, raising=False)
+
+
+def test_torch_adam_and_adam_w_mode(no_cpu_adam) -> None:
+    plan = plan_config_optimizer("adam", {"lr": 0.1, "torch_adam": True, "adam_w_mode": False}, device_type="cpu",
+                                 offload=False)
+    assert (plan.target, plan.kwargs) == ("torch.optim.Adam", {"lr": 0.1})
+    plan = plan_config_optimizer("adam", {"lr": 0.1, "torch_adam": True}, device_type="cpu", offload=False)
+    assert plan.target == "torch.optim.AdamW"  # "Adam" means AdamW unless adam_w_mode is false, as in DeepSpeed
+    plan = plan_config_optimizer("adamw", {"torch_adam": True, "adam_w_mode": False}, device_type="cpu", offload=False)
+    assert plan.target == "torch.optim.AdamW"
+
+
+def test_default_adam_path_by_device(no_cpu_adam) -> None:
+    cpu = plan_config_optimizer("adamw", {"lr": 0.1}, device_type="cpu", offload=False)
+    assert cpu.target == "torch.optim.AdamW" and cpu.kwargs == {"lr": 0.1, "weight_decay": 0.0, "foreach": True}
+    assert "DeepSpeedCPUAdam not available" in cpu.note
+    cuda = plan_config_optimizer("adam", {"lr": 0.1, "weight_decay": 0.1}, device_type="cuda", offload=False)
+    assert cuda.kwargs == {"lr": 0.1, "weight_decay": 0.1, "fused": True}
+    with pytest.raises(ValueError, match="bias_correction=false needs ds_ops.DeepSpeedCPUAdam"):
+        plan_config_optimizer("adam", {"bias_correction": False}, device_type="cuda", offload=False)
+    with pytest.raises(ValueError, match="offload_optimizer needs ds_ops.DeepSpeedCPUAdam"):
+        plan_config_optimizer("adam", {}, device_type="cuda", offload=True)
+
+
+def test_cpu_adam_is_used_for_cpu_parameters_when_available(fake_cpu_adam) -> None:
+    plan = plan_config_optimizer("adam", {"lr": 0.1, "adam_w_mode": False, "bias_correction": True}, device_type="cpu",
+                                 offload=False)
+    assert plan.target == "ds_ops.DeepSpeedCPUAdam"
+    assert plan.kwargs == {"lr": 0.1, "bias_correction": True, "adamw_mode": False}
+    assert plan.fallback is not None and plan.fallback.target == "torch.optim.Adam"
+    engine = make_engine(tiny_net(0), base_config(optimizer={"type": "AdamW", "params": {"lr": 0.1}}))
+    assert isinstance(engine.optimizer, FakeCPUAdam) and engine.optimizer.adamw_mode is True
+    with pytest.raises(ValueError, match=r"\['foreach'\] are not arguments of ds_ops.DeepSpeedCPUAdam"):
+        plan_config_optimizer("adam", {"foreach": True}, device_type="cpu", offload=False)
+
+
+def test_cpu_adam_that_fails_to_load_falls_back_to_torch(monkeypatch) -> None:
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("the cpu_adam kernel failed to compile")
+
+    monkeypatch.setattr(ds_ops, "DeepSpeedCPUAdam", Broken, raising=False)
+    engine = make_engine(tiny_net(0), base_config(optimizer={"type": "Adam", "params": {"lr": 0.1}}))
+    assert type(engine.optimizer) is torch.optim.AdamW and engine.optimizer.defaults["weight_decay"] == 0.0
+
+
+def test_real_cpu_adam_matches_torch_adamw() -> None:
+    if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
+        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (arrives with the ds-ops CPU optimizers, branch `ops`)")
+    ref = tiny_net(0)
+    ref_engine = make_engine(ref, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True,
+                                                                                       "weight_decay": 0.0}}))
+    model = tiny_net(0)
+    engine = make_engine(model, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2}}))
+    assert type(engine.optimizer).__name__ == "DeepSpeedCPUAdam"
+    for x, y in batches(5, 4):
+        for e in (ref_engine, engine):
+            e.backward(loss_fn(e(x), y))
+            e.step()
+    torch.testing.assert_close(flat_params(model), flat_params(ref), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "cls"), [("SGD", torch.optim.SGD), ("RMSprop", torch.optim.RMSprop),
+                                           ("adagrad", torch.optim.Adagrad), ("Lion", ds_engine.Lion),
+                                           ("LAMB", ds_engine.Lamb)])
+def test_optimizers_by_name(name, cls) -> None:
+    engine = make_engine(tiny_net(0), base_config(optimizer={"type": name, "params": {"lr": 0.01}}))
+    assert type(engine.optimizer) is cls
+    for x, y in batches(2, 4):
+        engine.backward(loss_fn(engine(x), y))
+        engine.step()
+
+
+def test_lion_follows_its_update_rule() -> None:
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5))
+    opt = ds_engine.Lion([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.5)
+    w, m = p.detach().clone(), torch.zeros(5)
+    for _ in range(4):
+        g = torch.randn(5)
+        p.grad = g.clone()
+        opt.step()
+        w = w * (1 - 0.1 * 0.5) - 0.1 * torch.sign(0.9 * m + 0.1 * g)
+        m = 0.99 * m + 0.01 * g
+        torch.testing.assert_close(p.detach(), w)
+
+
+def test_lamb_follows_its_update_rule() -> None:
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(6))
+    opt = ds_engine.Lamb([p], lr=0.05, weight_decay=0.01, max_coeff=10.0, min_coeff=0.01)
+    w, m, v = p.detach().clone(), torch.zeros(6), torch.zeros(6)
+    for t in range(1, 5):
+        g = torch.randn(6)
+        p.grad = g.clone()
+        opt.step()
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        update = (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8) + 0.01 * w
+        trust = min(max(float(w.norm() / update.norm()), 0.01), 10.0)
+        w = w - 0.05 * trust * update
+        torch.testing.assert_close(p.detach(), w)
+    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
+        ds_engine.Lamb([p], amsgrad=True)
+
+
+def test_client_optimizer_swap_for_offload(fake_cpu_adam) -> None:
+    model = tiny_net(0)
+    swapped = swap_for_cpu_optimizer(torch.optim.Adam(model.parameters(), lr=0.3, weight_decay=0.1), force=True)
+    assert isinstance(swapped, FakeCPUAdam) and swapped.defaults["lr"] == 0.3 and swapped.adamw_mode is False
+    with pytest.raises(ValueError, match="offload_optimizer needs a DeepSpeed CPU optimizer, got a client SGD"):
+        swap_for_cpu_optimizer(torch.optim.SGD(model.parameters(), lr=0.1), force=True)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert swap_for_cpu_optimizer(sgd, force=False) is sgd
+
+
+def test_param_groups_are_normalized() -> None:
+    model = tiny_net(0)
+    groups = normalize_param_groups([{"params": model.l1.weight}, {"params": []}, model.l2.bias], model)
+    assert len(groups) == 2 and groups[0]["params"] == [model.l2.bias]
+    with pytest.raises(ValueError, match="more than one entry"):
+        normalize_param_groups([model.l1.weight, {"params": [model.l1.weight]}], model)
+    with pytest.raises(TypeError, match="needs a 'params' key"):
+        normalize_param_groups([{"lr": 1.0}], model)
