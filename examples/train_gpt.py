@@ -8,6 +8,7 @@ Only the import line differs from a DeepSpeed script (`import ds_engine as deeps
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -44,7 +45,8 @@ def main() -> None:
     with open(args.deepspeed_config) as f:
         stage = json.load(f).get("zero_optimization", {}).get("stage", 0)
     cfg = GPTConfig(vocab_size=len(VOCAB), num_layers=args.layers, dim=args.dim)
-    with deepspeed.zero.Init(enabled=stage == 3):
+    # ZeRO-3 partitions parameters as they are created; other stages build the model whole.
+    with deepspeed.zero.Init() if stage == 3 else contextlib.nullcontext():
         model = GPT(cfg)
     dataset = CharDataset(block_size=cfg.block_size)
     engine, _, loader, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
