@@ -29,24 +29,30 @@ class FlatGradBuffer:
     Args:
         params: the parameters, in a fixed order (all on one device).
         dtype: the buffer dtype (the accumulation dtype).
-        bind: make each `param.grad` the view (True), or keep views to hand out elsewhere (False;
-            fp32 accumulation for 16-bit params binds to the fp32 master copies instead).
+        bind: make each `param.grad` the view. With `lazy_bind` the binding happens at the first
+            `rebind()` (the first boundary copies the gradients autograd allocated), so building the
+            buffer costs no memset; otherwise the buffer is zeroed and bound now (needed when
+            something else accumulates into the views, as fp32 accumulation for 16-bit params does).
+        lazy_bind: see `bind`.
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool,
+                 lazy_bind: bool = False) -> None:
         if not params:
             raise ValueError("FlatGradBuffer needs at least one parameter")
         device = params[0].device
         self.params = list(params)
         self.numels = [p.numel() for p in self.params]
-        self.flat = torch.zeros(sum(self.numels), dtype=dtype, device=device)
+        lazy = bind and lazy_bind
+        make = torch.empty if lazy else torch.zeros
+        self.flat = make(sum(self.numels), dtype=dtype, device=device)
         self.views: list[torch.Tensor] = []
         offset = 0
         for p, n in zip(self.params, self.numels, strict=True):
             self.views.append(self.flat[offset:offset + n].view(p.shape))
             offset += n
         self._bound = bind
-        if bind:
+        if bind and not lazy:
             for p, view in zip(self.params, self.views, strict=True):
                 p.grad = view
 

@@ -67,7 +67,7 @@ class MixedPrecisionOptimizer:
             self.accum = self.master_grads
             self._absorb_into = self.master_grads.views
         else:
-            self.accum = FlatGradBuffer(self._train_model, dtype, bind=True)
+            self.accum = FlatGradBuffer(self._train_model, dtype, bind=True, lazy_bind=True)
             self._absorb_into = None
         self.reducer = None if reduce is None else GradAllReducer(self.accum, reduce, group=group,
                                                                   world_size=world_size)
