@@ -1,10 +1,11 @@
 """Stage-0 data parallelism: flat gradient buffers, bucketed all-reduce at the boundary, the init broadcast.
 
-[Note: flat gradients] Each trainable parameter's `.grad` is a view into one contiguous buffer
-per dtype, so autograd accumulates micro-steps in place, a bucket is a slice of that buffer
-(all-reduced in place, no flatten/unflatten copies), and clipping, unscaling and the overflow check
-are single ops over the buffer. `zero_()` keeps the views; `rebind()` repairs a `.grad` that a
-script replaced (`optimizer.zero_grad()` sets it to None).
+[Note: flat gradients] At the accumulation boundary each trainable parameter's `.grad` is a view
+into one contiguous buffer per dtype: a bucket is a slice of that buffer (all-reduced in place, no
+flatten/unflatten copies), and clipping, unscaling and the overflow check are single ops over it.
+Between boundaries `.grad` is autograd's own tensor (micro-steps accumulate into it as in plain
+torch); `rebind()` copies it into the view once per step, which costs less than zeroing the buffer
+and accumulating into it. A `.grad` a script replaced or set to None is handled the same way.
 """
 
 from __future__ import annotations
@@ -57,13 +58,23 @@ class FlatGradBuffer:
                 p.grad = view
 
     def zero_(self) -> None:
-        """Clear the gradients, keeping the views in place."""
+        """Clear the gradients, keeping the views in place (for buffers something accumulates into)."""
         self.flat.zero_()
 
+    def release(self) -> None:
+        """Set the bound `.grad`s to None; the next backward's gradients are copied in by `rebind()`.
+
+        Cheaper than `zero_()` for bound buffers: autograd hands over its freshly computed gradient
+        (no memset, no in-place add) and the boundary copies it once, as DDP's bucket views do.
+        """
+        for p in self.params:
+            p.grad = None
+
     def rebind(self) -> None:
-        """Point every `.grad` back at its view, copying in a gradient that was produced elsewhere."""
+        """Point every `.grad` at its view, copying in gradients autograd allocated (zeros where none)."""
         if not self._bound:
             return
+        fresh_views, fresh_grads = [], []
         for p, view in zip(self.params, self.views, strict=True):
             grad = p.grad
             if grad is view:
@@ -71,8 +82,11 @@ class FlatGradBuffer:
             if grad is None:
                 view.zero_()
             else:
-                view.copy_(grad)
+                fresh_views.append(view)
+                fresh_grads.append(grad)
             p.grad = view
+        if fresh_views:
+            torch._foreach_copy_(fresh_views, fresh_grads)
 
     def bucket_slices(self, bucket_numel: int) -> list[torch.Tensor]:
         """Contiguous slices of the buffer of at most `bucket_numel` elements, cut at parameter boundaries.
