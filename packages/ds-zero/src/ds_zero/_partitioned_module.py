@@ -1,0 +1,151 @@
+"""Partitioning a built module, and keeping `to()`, `state_dict()` and `load_state_dict()` right afterwards.
+
+Each module that owns partitioned parameters gets three small adjustments:
+
+* `_apply` (behind `.to()`, `.half()`, `.cuda()`, ...) converts each shard and recreates the full storage
+  in the new dtype/device, instead of reading the released values;
+* a state_dict post-hook replaces each *released* parameter by an empty tensor (DeepSpeed's stage-3
+  layout: a checkpoint never holds a placeholder that would load as NaN); gathered parameters (inside
+  `GatheredParameters`) keep their values, and `state_dict(keep_vars=True)` keeps the parameter objects;
+* load_state_dict pre/post hooks give each released parameter its full storage just for the copy, then
+  keep this rank's slice and release it, so a full state_dict loads one module at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from ds_zero._partitioned_param import (
+    ZeroParamStatus,
+    alloc_full,
+    convert_param,
+    free_full,
+    install_param_dict,
+    is_zero_param,
+    partition_param,
+    set_available,
+    write_shard_from_full,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["partition_module"]
+
+
+def partition_module(module: nn.Module, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
+                     compute_device: torch.device | None = None, dtype: torch.dtype | None = None,
+                     pin_memory: bool = False, recurse: bool = True) -> int:
+    """Partition every not-yet-partitioned parameter of `module` in place; returns how many were partitioned.
+
+    Args:
+        module: the module; its parameters must hold their full, initialised values.
+        group: the data-parallel group (None: the world).
+        shard_device: where shards live ("cpu" for parameter offload; None: the compute device).
+        compute_device: where full values are gathered (None: where each parameter is).
+        dtype: cast floating-point parameters to it (None keeps theirs).
+        pin_memory: page-lock CPU shards.
+        recurse: include submodules.
+    """
+    count = 0
+    modules = module.modules() if recurse else [module]
+    for m in modules:
+        owns = False
+        for p in m._parameters.values():
+            if p is None:
+                continue
+            if not is_zero_param(p):
+                if p.numel() == 0:
+                    continue
+                partition_param(p, group=group, shard_device=shard_device, compute_device=compute_device,
+                                dtype=dtype, pin_memory=pin_memory)
+                count += 1
+            owns = True
+        if owns:
+            patch_module(m)
+    return count
+
+
+def patch_module(module: nn.Module) -> None:
+    """Install the `_apply` override and the state_dict/load hooks once on a module owning partitioned params."""
+    if getattr(module, "_ds_zero_patched", False):
+        return
+    install_param_dict(module)
+    module._apply = types.MethodType(_zero_apply, module)
+    module.register_state_dict_post_hook(_state_dict_post_hook)
+    module.register_load_state_dict_pre_hook(_load_pre_hook)
+    module.register_load_state_dict_post_hook(_load_post_hook)
+    module._ds_zero_patched = True
+
+
+def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+    zero = {k: p for k, p in self._parameters.items() if is_zero_param(p)}
+    if not zero:
+        return type(self)._apply(self, fn, recurse)
+    saved = self._parameters
+    rest = {k: p for k, p in saved.items() if k not in zero}
+    self._parameters = rest
+    try:
+        type(self)._apply(self, fn, recurse)
+    finally:
+        for k, p in rest.items():
+            saved[k] = p
+        self._parameters = saved
+    for p in zero.values():
+        if _is_noop(fn, p._ds_full) and _is_noop(fn, p.ds_tensor):
+            continue
+        if p._ds_master is not None:
+            raise ValueError(f"cannot convert partitioned parameter {p.ds_name} ({p._ds_full.dtype} on "
+                             f"{p._ds_full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "
+                             "on the model before building DeepSpeedZeroOptimizer_Stage3")
+        old_key = p._ds_full_flat.untyped_storage()._cdata
+        convert_param(p, fn)
+        coord = p._ds_coord
+        if coord is not None:
+            coord.storage_replaced(old_key, p)
+    return self
+
+
+def _is_noop(fn: Any, t: torch.Tensor) -> bool:
+    probe = fn(torch.empty(0, dtype=t.dtype, device=t.device))
+    return probe.dtype == t.dtype and probe.device == t.device
+
+
+def _state_dict_post_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    for name, p in module._parameters.items():
+        if not is_zero_param(p) or p.ds_status is ZeroParamStatus.AVAILABLE:
+            continue
+        key = prefix + name
+        value = state_dict.get(key)
+        if value is not None and value is not p:
+            state_dict[key] = torch.empty(0, dtype=p.dtype, device=p.device)
+
+
+def _load_pre_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                   missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+    loading = []
+    for name, p in module._parameters.items():
+        if not is_zero_param(p) or prefix + name not in state_dict:
+            continue
+        was_available = p.ds_status is ZeroParamStatus.AVAILABLE
+        if not was_available:
+            alloc_full(p)
+            set_available(p)
+        loading.append((p, was_available))
+    module._ds_loading = loading
+
+
+def _load_post_hook(module: nn.Module, incompatible_keys: Any) -> None:
+    loading = getattr(module, "_ds_loading", None)
+    if not loading:
+        return
+    module._ds_loading = []
+    for p, was_available in loading:
+        write_shard_from_full(p, p._ds_full)
+        if not was_available:
+            free_full(p)
