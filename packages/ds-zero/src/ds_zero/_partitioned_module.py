@@ -8,7 +8,9 @@ Each module that owns partitioned parameters gets three small adjustments:
   layout: a checkpoint never holds a placeholder that would load as NaN); gathered parameters (inside
   `GatheredParameters`) keep their values, and `state_dict(keep_vars=True)` keeps the parameter objects;
 * load_state_dict pre/post hooks give each released parameter its full storage just for the copy, then
-  keep this rank's slice and release it, so a full state_dict loads one module at a time.
+  keep this rank's slice and release it, so a full state_dict loads one module at a time. An *empty*
+  tensor for a partitioned parameter (what a stage-3 `state_dict()` holds) means "the values live in the
+  ZeRO partitions": the parameter is left as it is and not reported missing.
 """
 
 from __future__ import annotations
@@ -129,8 +131,15 @@ def _state_dict_post_hook(module: nn.Module, state_dict: dict[str, Any], prefix:
 def _load_pre_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
                    missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
     loading = []
+    skipped = []
     for name, p in module._parameters.items():
-        if not is_zero_param(p) or prefix + name not in state_dict:
+        key = prefix + name
+        if not is_zero_param(p) or key not in state_dict:
+            continue
+        value = state_dict[key]
+        if isinstance(value, torch.Tensor) and value.numel() == 0 and p.ds_numel > 0:
+            del state_dict[key]
+            skipped.append(key)
             continue
         was_available = p.ds_status is ZeroParamStatus.AVAILABLE
         if not was_available:
@@ -138,9 +147,15 @@ def _load_pre_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, l
             set_available(p)
         loading.append((p, was_available))
     module._ds_loading = loading
+    module._ds_load_skipped = skipped
 
 
 def _load_post_hook(module: nn.Module, incompatible_keys: Any) -> None:
+    skipped = getattr(module, "_ds_load_skipped", None)
+    if skipped:
+        missing = incompatible_keys.missing_keys
+        missing[:] = [k for k in missing if k not in skipped]
+        module._ds_load_skipped = []
     loading = getattr(module, "_ds_loading", None)
     if not loading:
         return

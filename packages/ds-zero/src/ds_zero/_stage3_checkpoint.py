@@ -22,7 +22,6 @@ from torch import nn
 import ds_comm
 from ds_zero._checkpoint_format import FORMAT_VERSION, FragmentIndex, fill_partition, partition_metadata
 from ds_zero._gathered_parameters import GatheredParameters
-from ds_zero._param_names import ParamNames
 from ds_zero._partitioned_param import is_zero_param
 from ds_zero._stage12_state import as_state_dict_list, load_base_optimizer_state
 
@@ -59,8 +58,8 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
         "dynamic_loss_scale": bool(opt.loss_scaler.dynamic),
         "overflow": bool(opt.overflow),
         "clip_grad": float(opt.clip_grad),
-        "shared_params": ParamNames(opt.module).shared_params(),
-        "frozen_param_shapes": {p.ds_name: list(p.ds_shape) for p in opt.frozen.params},
+        "shared_params": dict(opt.shared_params),
+        "frozen_param_shapes": dict(opt.frozen_param_shapes),
     }
 
 

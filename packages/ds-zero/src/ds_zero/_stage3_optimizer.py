@@ -14,6 +14,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
+from ds_zero._param_names import ParamNames
 from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
 from ds_zero._stage3_checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3_grads import GradReducer
@@ -102,6 +103,13 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self._global_grad_norm: float | None = None
         self.overflow = False
         self._fused_copy = "fp16_param_groups" in inspect.signature(optimizer.step).parameters
+        names = ParamNames(module)
+        # what ds_zero.save_zero_checkpoint and the engine read (same names as the stage 1/2 optimizer)
+        self.zero_stage = 3
+        self.dp_world_size = self.world_size
+        self.shared_params = names.shared_params()
+        self.frozen_param_shapes = {p.ds_name: list(p.ds_shape) for p in self.frozen.params}
+        self.flats = self.partitions
 
     def _build_partitions(self) -> list[ShardPartition]:
         master_device = torch.device("cpu") if self.offload_optimizer else None

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_zero._partition import Fragment
+from ds_zero._partition import Fragment, ParamSlot
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,12 @@ class ShardPartition:
 
     def fragments(self) -> list[Fragment]:
         return shard_fragments(self.params, self.offsets)
+
+    @property
+    def slots(self) -> list[ParamSlot]:
+        """The partition's parameters (name, full shape, offset of this rank's shard, full numel)."""
+        return [ParamSlot(p.ds_name, tuple(p.ds_shape), off, p.ds_numel)
+                for p, off in zip(self.params, self.offsets, strict=True)]
 
     def param_shapes(self) -> dict[str, list[int]]:
         return {p.ds_name: list(p.ds_shape) for p in self.params}
