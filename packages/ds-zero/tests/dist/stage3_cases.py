@@ -37,7 +37,7 @@ class NestedOut(nn.Module):
 
     def forward(self, x: torch.Tensor, *, gate: float = 1.0) -> tuple[torch.Tensor, dict[str, Any]]:
         h = self.inner(x)
-        return h + gate * self.proj(h), {"aux": h.pow(2).mean(), "tag": "nested"}
+        return h + gate * self.proj(h), {"aux": h.pow(2).mean(dim=-1, keepdim=True), "tag": "nested"}
 
 
 class TinyGPT(nn.Module):
