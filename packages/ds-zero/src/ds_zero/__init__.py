@@ -1,7 +1,12 @@
-"""ds-zero: ZeRO stages 1-3 with CPU offload, usable with any torch optimizer and no engine."""
+"""ds-zero: ZeRO stages 1-3 with CPU offload, usable with any torch optimizer and no engine.
+
+`LossScaler` and `DynamicLossScaler` are re-exported from ds_ops.precision so a standalone loop needs
+only this package to set up fp16 loss scaling.
+"""
 
 from __future__ import annotations
 
+from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
@@ -29,6 +34,8 @@ from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
     "DeepSpeedZeroOptimizer",
+    "DynamicLossScaler",
+    "LossScaler",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
     "ZeroConfig",

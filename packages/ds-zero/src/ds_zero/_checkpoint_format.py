@@ -164,8 +164,9 @@ class FragmentIndex:
 
     @property
     def names(self) -> list[str]:
-        """Parameter names in first-seen order (rank 0's partitions first)."""
-        return list(self._by_name)
+        """Every partitioned parameter: those with fragments in first-seen order (rank 0's partitions
+        first), then any named in `param_shapes` whose fragments are all missing (consolidation fails on them)."""
+        return list(self._by_name) + [n for n in self.param_shapes if n not in self._by_name]
 
     def check_complete(self, name: str) -> None:
         """Raise ValueError unless the saved fragments of `name` tile it exactly."""

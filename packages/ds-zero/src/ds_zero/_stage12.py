@@ -131,7 +131,8 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
                                                                        pin_memory=pin)
             return BoundaryReducer(self.flats, reducer, bucket_numel=config.reduce_bucket_size,
                                    communication_dtype=communication_dtype, accumulators=accumulators)
-        return BucketReducer(self.flats, reducer, build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin),
+        accumulators = build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
+        return BucketReducer(self.flats, reducer, accumulators,
                              bucket_numel=config.reduce_bucket_size, overlap_comm=config.overlap_comm,
                              communication_dtype=communication_dtype,
                              ignore_unused_parameters=config.ignore_unused_parameters)

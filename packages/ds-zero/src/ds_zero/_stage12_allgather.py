@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 

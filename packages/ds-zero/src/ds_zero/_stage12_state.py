@@ -84,10 +84,11 @@ def load_base_optimizer_state(index: FragmentIndex, flats: list[FlatParamGroup],
     if len(saved_groups) != len(optimizer.param_groups):
         raise ValueError(f"the checkpoint's optimizer has {len(saved_groups)} param groups, this one has "
                          f"{len(optimizer.param_groups)}; build the optimizer with the same groups as when saving")
+    saved_state = [sd["base_optimizer_state"]["state"] for sd in index.state_dicts]
     state: dict[int, dict[str, Any]] = {}
     for g, (flat, master) in enumerate(zip(flats, masters, strict=True)):
         sources = _saved_partitions_of_group(index, g)
-        saved_states = [(r, k, index.state_dicts[r]["base_optimizer_state"]["state"].get(k)) for r, k in sources]
+        saved_states = [(r, k, saved_state[r].get(k)) for r, k in sources]
         present = [(r, k, s) for r, k, s in saved_states if s]
         if not present:
             continue
@@ -98,8 +99,7 @@ def load_base_optimizer_state(index: FragmentIndex, flats: list[FlatParamGroup],
             old_numel = int(index.state_dicts[r0]["partitions"][k0]["numel"])
             if is_partition_shaped(value, old_numel):
                 dst = torch.empty(master.numel(), dtype=value.dtype)
-                fill_partition(dst, flat.fragments(), index,
-                               lambda rank, k, key=key: index.state_dicts[rank]["base_optimizer_state"]["state"][k][key])
+                fill_partition(dst, flat.fragments(), index, lambda rank, k, key=key: saved_state[rank][k][key])
                 new[key] = dst
             else:
                 new[key] = value.clone() if isinstance(value, torch.Tensor) else value

@@ -1,0 +1,211 @@
+"""ZeRO stages on 2 gloo ranks vs torch DDP: step time (wall and process CPU) and per-rank peak RSS.
+
+Run: python benchmarks/zero.py [--steps 8] [--batch 4] [--seq 64] [--repeats 2]
+Model: a GPT-style decoder (~21M parameters: vocab 8192, 10 layers of width 384, tied embeddings),
+AdamW, fp32, one micro-step per step. Every mode runs in fresh rank processes (so peak RSS is its
+own); modes are repeated in rotation and the best repeat is kept, since these machines are shared.
+CPU time is process time (all threads, gloo's included) per step, next to wall time.
+
+Modes: torch DDP (bucket_cap_mb=25); stage 0 (ds-engine's when installed, else a stand-in: one
+flat all-reduce of the gradients + AdamW, said so in the output); ZeRO stage 1; stage 2
+(overlap_comm); stage 2 + CPU optimizer offload (ds_ops.DeepSpeedCPUAdam when available, else
+torch AdamW on the host buffers, said so). ZeRO buckets match DDP's 25 MB.
+Targets: stage 2 <= 1.02x DDP CPU time per step, peak RSS <= DDP's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import resource
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ds_comm
+import ds_zero
+from ds_comm.testing import run_ranks
+
+BUCKET_NUMEL = 25 * 2**20 // 4   # DDP's bucket_cap_mb=25, in fp32 elements
+MODES = ("ddp", "stage0", "stage1", "stage2", "stage2+offload")
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 8192, width: int = 384, layers: int = 10, heads: int = 6,
+                 block: int = 128) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.wte.weight                  # tied, as in GPT-2
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _setup(mode: str, model: GPT) -> tuple[object, object, str]:
+    """(module to call, step function after backward, note) for a mode."""
+    adamw = dict(lr=3e-4, weight_decay=0.01, foreach=True)
+    if mode == "ddp":
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+        return ddp, (lambda loss: (loss.backward(), opt.step(), opt.zero_grad())), ""
+    if mode == "stage0":
+        ds_engine = _engine_with_initialize()
+        if ds_engine is not None:
+            engine, _, _, _ = ds_engine.initialize(model=model, model_parameters=model.parameters(), config={
+                "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4,
+                "weight_decay": 0.01, "torch_adam": True}}, "zero_optimization": {"stage": 0}})
+            return engine, (lambda loss: (engine.backward(loss), engine.step())), "ds-engine stage 0"
+        return _stage0_standin(model, adamw)
+    stage = 1 if mode == "stage1" else 2
+    offload = mode.endswith("offload")
+    config = ds_zero.ZeroConfig(stage=stage, overlap_comm=stage == 2, reduce_bucket_size=BUCKET_NUMEL,
+                                allgather_bucket_size=BUCKET_NUMEL,
+                                offload_optimizer={"device": "cpu" if offload else "none"})
+    note = ""
+    base: torch.optim.Optimizer
+    if offload:
+        import ds_ops
+
+        if hasattr(ds_ops, "DeepSpeedCPUAdam"):
+            base = ds_ops.DeepSpeedCPUAdam(model.parameters(), lr=3e-4, weight_decay=0.01, adamw_mode=True)
+            note = "DeepSpeedCPUAdam"
+        else:
+            base = torch.optim.AdamW(model.parameters(), **adamw)
+            note = "torch AdamW on host buffers (ds_ops.DeepSpeedCPUAdam not installed)"
+    else:
+        base = torch.optim.AdamW(model.parameters(), **adamw)
+    opt = ds_zero.ZeroOptimizer(base, config=config, module=model)
+    return model, (lambda loss: (opt.backward(loss), opt.step(), opt.zero_grad())), note
+
+
+def _engine_with_initialize():  # noqa: ANN202 - a module or None
+    """ds_engine when it is installed and provides `initialize` (the package skeleton does not)."""
+    if importlib.util.find_spec("ds_engine") is None:
+        return None
+    import ds_engine
+
+    return ds_engine if hasattr(ds_engine, "initialize") else None
+
+
+def _stage0_standin(model: GPT, adamw: dict) -> tuple[object, object, str]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, **adamw)
+    world = ds_comm.get_world_size()
+
+    def step(loss: torch.Tensor) -> None:
+        loss.backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        ds_comm.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
+            offset += p.numel()
+        opt.step()
+        opt.zero_grad()
+
+    return model, step, "stand-in: flat all-reduce + AdamW (ds-engine.initialize not available)"
+
+
+def _run(rank: int, world: int, mode: str, steps: int, batch: int, seq: int) -> dict:
+    start_rss = _rss_mib()
+    torch.manual_seed(0)
+    model = GPT()
+    numel = sum(p.numel() for p in model.parameters())
+    module, step, note = _setup(mode, model)
+    gen = torch.Generator().manual_seed(rank)
+    data = [torch.randint(0, 8192, (batch, seq + 1), generator=gen) for _ in range(steps + 2)]
+
+    def one(i: int) -> None:
+        idx = data[i]
+        logits = module(idx[:, :-1])
+        step(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1)))
+
+    for i in range(2):                                      # warm-up: buffers, optimizer state
+        one(i)
+    ds_comm.barrier()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i in range(steps):
+        one(i + 2)
+    ds_comm.barrier()
+    return {"wall": (time.perf_counter() - wall) / steps, "cpu": (time.process_time() - cpu) / steps,
+            "peak_rss": _peak_rss_mib(), "rss_growth": _peak_rss_mib() - start_rss, "numel": numel, "note": note}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    best: dict[str, dict] = {}
+    for _ in range(args.repeats):
+        for mode in modes:
+            ranks = run_ranks(2, _run, mode=mode, steps=args.steps, batch=args.batch, seq=args.seq, timeout_s=1800)
+            row = {k: max(r[k] for r in ranks) if isinstance(ranks[0][k], float) else ranks[0][k] for k in ranks[0]}
+            prev = best.get(mode)
+            best[mode] = row if prev is None else {**row, "wall": min(prev["wall"], row["wall"]),
+                                                   "cpu": min(prev["cpu"], row["cpu"]),
+                                                   "peak_rss": min(prev["peak_rss"], row["peak_rss"]),
+                                                   "rss_growth": min(prev["rss_growth"], row["rss_growth"])}
+    numel = next(iter(best.values()))["numel"]
+    print(f"GPT {numel / 1e6:.1f}M params, fp32 AdamW, 2 gloo ranks x 1 thread, batch {args.batch}x{args.seq} "
+          f"tokens/rank, best of {args.repeats} x {args.steps} steps (worst rank)")
+    ref = best.get("ddp")
+    print(f"{'mode':<16}{'wall s/step':>12}{'cpu s/step':>12}{'peak RSS MiB':>14}{'RSS growth':>12}"
+          f"{'wall/DDP':>10}{'cpu/DDP':>9}{'RSS/DDP':>9}")
+    for mode in modes:
+        r = best[mode]
+        ratios = ("", "", "") if ref is None else (f"{r['wall'] / ref['wall']:.3f}", f"{r['cpu'] / ref['cpu']:.3f}",
+                                                   f"{r['peak_rss'] / ref['peak_rss']:.3f}")
+        print(f"{mode:<16}{r['wall']:>12.3f}{r['cpu']:>12.3f}{r['peak_rss']:>14.0f}{r['rss_growth']:>12.0f}"
+              f"{ratios[0]:>10}{ratios[1]:>9}{ratios[2]:>9}")
+    for mode in modes:
+        if best[mode]["note"]:
+            print(f"  {mode}: {best[mode]['note']}")
+    if ref is not None and "stage2" in best:
+        cpu_ratio = best["stage2"]["cpu"] / ref["cpu"]
+        rss_ratio = best["stage2"]["peak_rss"] / ref["peak_rss"]
+        print(f"targets: stage 2 cpu/DDP {cpu_ratio:.3f} (<= 1.02: {'met' if cpu_ratio <= 1.02 else 'NOT met'}), "
+              f"peak RSS/DDP {rss_ratio:.3f} (<= 1: {'met' if rss_ratio <= 1.0 else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
