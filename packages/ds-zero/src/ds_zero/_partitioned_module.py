@@ -23,8 +23,10 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_zero._partitioned_param import (
     ZeroParamStatus,
+    shard_numel,
     alloc_full,
     convert_param,
     free_full,
@@ -54,23 +56,46 @@ def partition_module(module: nn.Module, *, group: ProcessGroup | None, shard_dev
         pin_memory: page-lock CPU shards.
         recurse: include submodules.
     """
-    count = 0
-    modules = module.modules() if recurse else [module]
+    modules = list(module.modules()) if recurse else [module]
+    todo: list[nn.Parameter] = []
+    seen: set[int] = set()
     for m in modules:
-        owns = False
         for p in m._parameters.values():
-            if p is None:
-                continue
-            if not is_zero_param(p):
-                if p.numel() == 0:
-                    continue
-                partition_param(p, group=group, shard_device=shard_device, compute_device=compute_device,
-                                dtype=dtype, pin_memory=pin_memory)
-                count += 1
-            owns = True
-        if owns:
+            if p is not None and not is_zero_param(p) and p.numel() and id(p) not in seen:
+                seen.add(id(p))
+                todo.append(p)
+    buffers = _shared_shard_buffers(todo, group, shard_device, compute_device, dtype, pin_memory)
+    for p, out in zip(todo, buffers, strict=True):
+        partition_param(p, group=group, shard_device=shard_device, compute_device=compute_device, dtype=dtype,
+                        pin_memory=pin_memory, out=out)
+    for m in modules:
+        if any(is_zero_param(p) for p in m._parameters.values()):
             patch_module(m)
-    return count
+    return len(todo)
+
+
+def _shared_shard_buffers(params: list[nn.Parameter], group: ProcessGroup | None, shard_device: torch.device | None,
+                          compute_device: torch.device | None, dtype: torch.dtype | None,
+                          pin_memory: bool) -> list[torch.Tensor | None]:
+    """Slices of one flat buffer for all the shards when they share dtype and device (else Nones).
+
+    One buffer per model, in parameter order, is also the layout the optimizer's flat partition wants,
+    which then needs no copy; and many small shard allocations would fragment the host heap.
+    """
+    world = ds_comm.get_world_size(group)
+    kinds = set()
+    for p in params:
+        target = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
+        device = shard_device or compute_device or p.device
+        kinds.add((target, torch.device(device)))
+    if len(kinds) != 1 or len(params) < 2:
+        return [None] * len(params)
+    target, device = kinds.pop()
+    sizes = [shard_numel(p.numel(), world) for p in params]
+    flat = torch.empty(sum(sizes), dtype=target, device=device)
+    if pin_memory and device.type == "cpu":
+        flat = ds_comm.get_accelerator().pin_memory(flat)
+    return list(torch.split(flat, sizes))
 
 
 def patch_module(module: nn.Module) -> None:

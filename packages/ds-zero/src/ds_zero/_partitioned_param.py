@@ -73,7 +73,7 @@ def _storage_bytes(param: torch.nn.Parameter) -> int:
 
 def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
                     compute_device: torch.device | None = None, dtype: torch.dtype | None = None,
-                    pin_memory: bool = False) -> None:
+                    pin_memory: bool = False, out: torch.Tensor | None = None) -> None:
     """Turn `param` into a partitioned parameter in place; keeps only this rank's shard.
 
     Args:
@@ -83,6 +83,8 @@ def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, sh
         compute_device: where the full values are gathered for compute (None: where the parameter is).
         dtype: cast floating-point parameters to this dtype (None keeps theirs).
         pin_memory: page-lock a CPU shard (faster host-to-device copies; no effect on a CPU-only host).
+        out: a 1-D tensor of `ceil(numel / N)` elements (dtype and device as the shard) to hold the shard,
+            so that many shards can share one buffer.
     """
     if is_zero_param(param):
         return
@@ -96,11 +98,12 @@ def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, sh
     s = shard_numel(numel, world)
     with torch.no_grad():
         flat = data.reshape(-1)
-        shard = torch.zeros(s, dtype=target, device=shard_device)
+        shard = torch.empty(s, dtype=target, device=shard_device) if out is None else out
         start, end = min(rank * s, numel), min((rank + 1) * s, numel)
         if end > start:
             shard[: end - start].copy_(flat[start:end])
-        if pin_memory and shard.device.type == "cpu":
+        shard[end - start:].zero_()
+        if pin_memory and out is None and shard.device.type == "cpu":
             shard = ds_comm.get_accelerator().pin_memory(shard)
     param.ds_id = next(_ids)
     param.ds_shape = data.shape

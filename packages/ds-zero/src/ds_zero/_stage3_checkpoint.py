@@ -1,12 +1,14 @@
 """Stage-3 checkpoints in the shared ZeRO format, and the consolidated 16-bit state_dict for `save_16bit_model`.
 
-A stage-3 rank's optimizer state dict is the format of `ds_zero._checkpoint_format` (version 1) with
-one flat partition per param group: this rank's shards of the group's parameters, back to back. A
-parameter's shard is elements `[r * s, (r + 1) * s)` of it, so each parameter contributes one fragment
-per rank (the zero padding of the last shard is no fragment). Frozen partitioned parameters are saved
-too, in a trailing partition with `group_index` -1 that no base-optimizer parameter refers to, so that
-`zero_to_fp32` rebuilds them and a resume restores them. Loading goes through the fragments, so a
-checkpoint saved at any world size, by any stage, re-partitions onto this one.
+A stage-3 rank's optimizer state dict is the format of `ds_zero._checkpoint_format` (version 1): each
+tile of each param group (this rank's shards of a run of the group's parameters, back to back; one
+tile per group unless `sub_group_size` cuts it) is one partition, and tile k is the base optimizer's
+k-th parameter. A parameter's shard is elements `[r * s, (r + 1) * s)` of it, so each parameter
+contributes one fragment per rank (the zero padding of the last shard is no fragment). Frozen
+partitioned parameters are saved too, in a trailing partition with `group_index` -1 that no
+base-optimizer parameter refers to, so that `zero_to_fp32` rebuilds them and a resume restores them.
+Loading goes through the fragments, so a checkpoint saved at any world size, by any stage, re-partitions
+onto this one.
 """
 
 from __future__ import annotations
@@ -20,22 +22,28 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_zero._checkpoint_format import FORMAT_VERSION, FragmentIndex, fill_partition, partition_metadata
+from ds_zero._checkpoint_format import (
+    FORMAT_VERSION,
+    FragmentIndex,
+    fill_partition,
+    is_partition_shaped,
+    partition_metadata,
+)
 from ds_zero._gathered_parameters import GatheredParameters
 from ds_zero._partitioned_param import is_zero_param
-from ds_zero._stage12_state import as_state_dict_list, load_base_optimizer_state
+from ds_zero._stage12_state import as_state_dict_list
 
 if TYPE_CHECKING:
     from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
-    from ds_zero._stage3_partition import ShardPartition
+    from ds_zero._stage3_partition import ShardTile
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["consolidated_16bit_state_dict", "load_stage3_state_dicts", "stage3_state_dict"]
 
 
-def _partitions(opt: DeepSpeedZeroOptimizer_Stage3) -> list[ShardPartition]:
-    return [*opt.partitions, opt.frozen] if opt.frozen.params else list(opt.partitions)
+def _partitions(opt: DeepSpeedZeroOptimizer_Stage3) -> list[ShardTile]:
+    return [*opt.tiles, *opt.frozen.tiles] if opt.frozen.params else opt.tiles
 
 
 def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
@@ -65,33 +73,78 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
 
 def load_stage3_state_dicts(opt: DeepSpeedZeroOptimizer_Stage3, state_dicts: Any, *, load_optimizer_states: bool,
                             load_from_fp32_weights: bool) -> None:
-    """Fill `opt`'s partitions (masters, shards, frozen shards), base optimizer state and loss scaler.
+    """Fill `opt`'s tiles (masters, shards, frozen shards), base optimizer state and loss scaler.
 
     Raises:
-        ValueError: ranks missing from `state_dicts`, or a trainable parameter the checkpoint lacks.
+        ValueError: ranks missing from `state_dicts`, a trainable parameter the checkpoint lacks, or a
+            different number of optimizer param groups.
     """
     sds = as_state_dict_list(state_dicts)
     index = FragmentIndex(sds)
     fp32 = [sd["single_partition_of_fp32_groups"] for sd in sds]
-    for part in _partitions(opt):
-        if not part.params:
+    for tile in _partitions(opt):
+        if not tile.params:
             continue
-        frozen = part.master is None
-        if frozen and any(p.ds_name not in index.param_shapes for p in part.params):
+        frozen = tile.master is None
+        if frozen and any(p.ds_name not in index.param_shapes for p in tile.params):
             logger.info("stage 3: the checkpoint has no partitions of the frozen parameters; they keep their values")
             continue
         if frozen or load_from_fp32_weights:
-            staging = torch.empty(part.numel, dtype=torch.float32)
-            fill_partition(staging, part.fragments(), index, lambda rank, k: fp32[rank][k])
-            part.load_fp32_values(staging)
-        else:
+            staging = torch.empty(tile.numel, dtype=torch.float32)
+            fill_partition(staging, tile.fragments(), index, lambda rank, k: fp32[rank][k])
+            tile.load_fp32_values(staging)
+    if not load_from_fp32_weights:
+        for part in opt.partitions:
             part.copy_shards_to_master()
     if load_optimizer_states:
-        load_base_optimizer_state(index, opt.partitions, [part.master for part in opt.partitions], opt.optimizer)
+        _load_base_optimizer_state(index, opt)
     saved = sds[0]
     if "loss_scaler" in saved and isinstance(saved["loss_scaler"], Mapping):
         opt.loss_scaler.load_state_dict(dict(saved["loss_scaler"]))
     opt.overflow = bool(saved.get("overflow", False))
+
+
+def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer_Stage3) -> None:
+    """Re-partition the saved base-optimizer state onto this rank's tiles and load it.
+
+    Tile-shaped values (exp_avg, ...) follow the fragments; per-tile values (`step`) come from the first
+    saved partition of the same param group; hyper-parameters from rank 0's saved param groups.
+    """
+    sds = index.state_dicts
+    saved_groups = sds[0]["base_optimizer_state"]["param_groups"]
+    groups = opt.optimizer.param_groups
+    if len(saved_groups) != len(groups):
+        raise ValueError(f"the checkpoint's optimizer has {len(saved_groups)} param groups, this one has "
+                         f"{len(groups)}; build the optimizer with the same groups as when saving")
+    sources: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
+    for rank, sd in enumerate(sds):
+        states = sd["base_optimizer_state"]["state"]
+        for k, meta in enumerate(sd["partitions"]):
+            if int(meta["group_index"]) >= 0 and states.get(k):
+                sources.setdefault(int(meta["group_index"]), []).append((rank, k, states[k]))
+    state: dict[int, dict[str, Any]] = {}
+    for k, tile in enumerate(opt.tiles):
+        present = sources.get(tile.group_index)
+        if not present:
+            continue
+        r0, k0, template = present[0]
+        old_numel = int(sds[r0]["partitions"][k0]["numel"])
+        new: dict[str, Any] = {}
+        for key, value in template.items():
+            if is_partition_shaped(value, old_numel):
+                dst = torch.empty(tile.numel, dtype=value.dtype)
+                fill_partition(dst, tile.fragments(), index,
+                               lambda rank, kk, key=key: sds[rank]["base_optimizer_state"]["state"][kk][key])
+                new[key] = dst
+            else:
+                new[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        state[k] = new
+    ids: list[list[int]] = [[] for _ in groups]
+    for k, tile in enumerate(opt.tiles):
+        ids[tile.group_index].append(k)
+    loaded = [{**{key: v for key, v in saved.items() if key != "params"}, "params": ids[g]}
+              for g, saved in enumerate(saved_groups)]
+    opt.optimizer.load_state_dict({"state": state, "param_groups": loaded})
 
 
 def consolidated_16bit_state_dict(module: nn.Module, *, rank0_only: bool = True,

@@ -276,12 +276,24 @@ class ParamCoordinator:
                 self._left_trace((unit.index, phase), expected)
         if not unit.params:
             return
-        self._fetch(unit.params, f"module {unit.name!r}")
+        following = trace is not None and trace.valid
+        for p in unit.params:
+            if p.ds_status is ZeroParamStatus.INFLIGHT:
+                self._wait(p)
+        missing = [p for p in unit.params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
+        if missing:
+            self._make_room(sum(p.ds_numel for p in missing))
+            ahead, names = self._prefetch_batch(trace, sum(p.ds_numel for p in missing)) if following else ([], [])
+            # the units right after this one ride along in the same collective (fewer, larger gathers)
+            self._issue(missing + ahead, f"module {unit.name!r}" + (f" and {names}" if names else ""),
+                        async_op=False)
+            for p in ahead:
+                self._prefetched[p.ds_id] = p
         for p in unit.params:
             p._ds_active += 1
             self._prefetched.pop(p.ds_id, None)
             self._retained.pop(p.ds_id, None)
-        if trace is not None and trace.valid:
+        if following:
             self._prefetch(trace)
 
     def _describe(self, event: tuple[int, int] | None) -> str:
@@ -366,21 +378,25 @@ class ParamCoordinator:
                 self._free(p)
         self._retained.clear()
 
-    def _prefetch(self, trace: ExecutionTrace) -> None:
+    def _prefetch_batch(self, trace: ExecutionTrace, reserved: int) -> tuple[list[nn.Parameter], list[str]]:
+        """The parameters of the next units in the trace that fit the prefetch budget (advances the cursor).
+
+        `reserved` elements are about to be gathered anyway (they count against `max_live_parameters`).
+        """
         ahead = sum(p.ds_numel for p in self._prefetched.values())
         budget = self.prefetch_bucket_size - ahead
-        if budget <= 0:
-            return
         batch: list[nn.Parameter] = []
+        names: list[str] = []
+        if budget <= 0:
+            return batch, names
         ids: set[int] = set()
         size = 0
-        names = []
         cursor = max(self._prefetch_cursor, trace.pos)
         for position in trace.upcoming(cursor):
             unit = self.units[trace.unit_at(position)]
             cand = [p for p in unit.params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE and p.ds_id not in ids]
             csize = sum(p.ds_numel for p in cand)
-            if size + csize > budget or self.live_numel + size + csize > self.max_live_parameters:
+            if size + csize > budget or self.live_numel + reserved + size + csize > self.max_live_parameters:
                 break
             batch.extend(cand)
             ids.update(p.ds_id for p in cand)
@@ -389,6 +405,14 @@ class ParamCoordinator:
                 names.append(unit.name)
             cursor = position + 1
         self._prefetch_cursor = cursor
+        return batch, names
+
+    def _prefetch(self, trace: ExecutionTrace) -> None:
+        """Issue an asynchronous gather of the units ahead once at least half the prefetch budget is free."""
+        ahead = sum(p.ds_numel for p in self._prefetched.values())
+        if ahead and 2 * ahead > self.prefetch_bucket_size:
+            return
+        batch, names = self._prefetch_batch(trace, 0)
         if batch:
             self._issue(batch, f"prefetch of modules {names}", async_op=True)
             for p in batch:

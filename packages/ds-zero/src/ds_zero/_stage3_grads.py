@@ -72,6 +72,7 @@ class GradReducer:
         self._late: set[int] = set()
         self._next = 0
         self._active = False
+        self._fresh: set[int] = set()
         self._inflight: list[tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]] = []
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
@@ -121,7 +122,32 @@ class GradReducer:
             work = None
         else:
             work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=self.group, async_op=True)
+        # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
         self._inflight.append((work, out, params, sizes, inp))
+
+    def _complete(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
+        work, out, params, sizes, _inp = item
+        if work is not None:
+            work.wait()
+        if self.post != 1.0:
+            out.div_(self.post)
+        offset = 0
+        with torch.no_grad():
+            for p, s in zip(params, sizes, strict=True):
+                master, moff = p._ds_grad_slot
+                if master.grad is None:
+                    # every bucket is reduced once per backward and the shards tile the master, so each
+                    # slice is written exactly once before it is read: no need to zero it first
+                    master.grad = torch.empty_like(master)
+                    self._fresh.add(id(master))
+                piece = out[offset: offset + s].to(master.grad.device)
+                if id(master) in self._fresh:
+                    master.grad[moff: moff + s].copy_(piece)
+                else:
+                    master.grad[moff: moff + s].add_(piece)
+                offset += s
 
     def finish(self) -> None:
         """End of backward: issue the remaining buckets in order, wait, add the results into the master grads."""
@@ -129,7 +155,13 @@ class GradReducer:
             while self._next < len(self.buckets):
                 self._reduce(self.buckets[self._next])
                 self._next += 1
-            for index in sorted(self._late):
+            late = sorted(self._late)
+            if late:  # second gradients of a bucket: they add to the first, whatever the master's state
+                for item in self._inflight:
+                    self._complete(item)
+                self._inflight.clear()
+                self._fresh.clear()
+            for index in late:
                 self._reduce(self.buckets[index])
         self._late.clear()
         self._seen.clear()
@@ -137,19 +169,9 @@ class GradReducer:
         self._next = 0
         self._active = False
         inflight, self._inflight = self._inflight, []
-        for work, out, params, sizes, _inp in inflight:
-            if work is not None:
-                work.wait()
-            if self.post != 1.0:
-                out.div_(self.post)
-            offset = 0
-            with torch.no_grad():
-                for p, s in zip(params, sizes, strict=True):
-                    master, moff = p._ds_grad_slot
-                    if master.grad is None:
-                        master.grad = torch.zeros_like(master)
-                    master.grad[moff: moff + s].add_(out[offset: offset + s].to(master.grad.device))
-                    offset += s
+        for item in inflight:
+            self._complete(item)
+        self._fresh.clear()
 
     def discard(self) -> None:
         """Finish anything in flight and drop any full gradient still on a parameter (zero_grad)."""

@@ -127,10 +127,16 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
-            part = ShardPartition(gi, trainable, master_device=master_device)
-            group["params"] = [part.master]
+            part = ShardPartition(gi, trainable, master_device=master_device,
+                                  sub_group_size=self.config.sub_group_size)
+            group["params"] = [tile.master for tile in part.tiles]
             partitions.append(part)
         return partitions
+
+    @property
+    def tiles(self) -> list[Any]:
+        """The base optimizer's parameters, in order: the tiles of every group's partition."""
+        return [tile for part in self.partitions for tile in part.tiles]
 
     # ------------------------------------------------------------------------------ the contract
     @property
@@ -180,13 +186,43 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         return True
 
     def _base_step(self) -> None:
-        if self._fused_copy and not all(part.master_is_shard for part in self.partitions) and \
-                all(part.shard16 is not None for part in self.partitions):
-            self.optimizer.step(fp16_param_groups=[[part.shard16] for part in self.partitions])
+        tiles = self.tiles
+        for tile in tiles:
+            tile.attach_grad()
+        if len(tiles) == len(self.partitions):
+            self._step_tiles(tiles)
+        else:  # one tile at a time, so the step's temporaries stay within sub_group_size
+            groups = self.optimizer.param_groups
+            saved = [group["params"] for group in groups]
+            try:
+                for tile in tiles:
+                    for gi, group in enumerate(groups):
+                        group["params"] = [tile.master] if gi == tile.group_index else []
+                    self._step_tiles([tile])
+            finally:
+                for group, params in zip(groups, saved, strict=True):
+                    group["params"] = params
+        for tile in tiles:
+            tile.master.grad = None
+
+    def _step_tiles(self, tiles: list[Any]) -> None:
+        """Step the base optimizer (whose groups hold exactly `tiles`) and update the model-dtype shards."""
+        fused = self._fused_copy and all(t.shard16() is not None and not t.partition.master_is_shard for t in tiles)
+        if fused:  # ds_ops CPU optimizers write the 16-bit shards in the same pass
+            by_group: list[list[torch.Tensor]] = [[] for _ in self.optimizer.param_groups]
+            for tile in tiles:
+                by_group[tile.group_index].append(tile.shard16())
+            self.optimizer.step(fp16_param_groups=by_group)
             return
         self.optimizer.step()
-        for part in self.partitions:
-            part.copy_master_to_shards()
+        for tile in tiles:
+            if not tile.partition.master_is_shard:
+                with torch.no_grad():
+                    if tile.shard16() is not None:
+                        tile.shard16().copy_(tile.master)
+                    else:
+                        for p, off in zip(tile.params, tile.offsets, strict=True):
+                            p.ds_tensor.copy_(tile.master[off: off + p.ds_shard_numel])
 
     def refresh_gathered(self, include_frozen: bool = False) -> None:
         """Re-gather the parameters that stay whole after their shards changed; free the other gathered ones."""

@@ -5,6 +5,11 @@ group's flat partition, in parameter order. The shards are re-pointed into one f
 dtype (so the step can write them in one pass); in fp32 training without optimizer offload that buffer
 *is* the fp32 master, so there is no second copy. The master's `.grad` is the flat fp32 gradient
 partition the reduce-scatters add into.
+
+The partition is cut into *tiles* of at most `sub_group_size` elements, on parameter boundaries (a
+larger shard is a tile of its own). Each tile is a view of the master and is one parameter of the base
+optimizer, stepped one at a time, so the step's temporaries are bounded by the tile size; in the
+checkpoint format each tile is one partition.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from ds_zero._partition import Fragment, ParamSlot
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardPartition", "shard_fragments"]
+__all__ = ["ShardPartition", "ShardTile", "shard_fragments"]
 
 
 def shard_fragments(params: list[nn.Parameter], offsets: list[int]) -> list[Fragment]:
@@ -33,6 +38,52 @@ def shard_fragments(params: list[nn.Parameter], offsets: list[int]) -> list[Frag
     return frags
 
 
+class ShardTile:
+    """Elements `[start, end)` of a partition: a run of whole shards, one base-optimizer parameter."""
+
+    def __init__(self, part: ShardPartition, start: int, end: int, first: int, last: int) -> None:
+        self.partition = part
+        self.group_index = part.group_index
+        self.start, self.end = start, end
+        self.numel = end - start
+        self.params = part.params[first:last]
+        self.offsets = [off - start for off in part.offsets[first:last]]
+        self.master = part.master[start:end] if part.master is not None else None
+
+    def fragments(self) -> list[Fragment]:
+        return shard_fragments(self.params, self.offsets)
+
+    def param_shapes(self) -> dict[str, list[int]]:
+        return {p.ds_name: list(p.ds_shape) for p in self.params}
+
+    def attach_grad(self) -> None:
+        """Point the tile's `.grad` at its slice of the partition's gradient (None when there is none)."""
+        grad = self.partition.master.grad
+        self.master.grad = None if grad is None else grad[self.start: self.end]
+
+    def fp32_values(self) -> torch.Tensor:
+        """A fresh fp32 copy of the tile's values."""
+        if self.master is not None:
+            return self.master.detach().to(torch.float32, copy=True)
+        out = torch.empty(self.numel, dtype=torch.float32)
+        for p, off in zip(self.params, self.offsets, strict=True):
+            out[off: off + p.ds_shard_numel].copy_(p.ds_tensor)
+        return out
+
+    def load_fp32_values(self, values: torch.Tensor) -> None:
+        """Set the tile (master and shards) from fp32 `values` of its layout."""
+        with torch.no_grad():
+            if self.master is not None:
+                self.master.copy_(values)
+            for p, off in zip(self.params, self.offsets, strict=True):
+                p.ds_tensor.copy_(values[off: off + p.ds_shard_numel])
+
+    def shard16(self) -> torch.Tensor | None:
+        """The model-dtype view of the tile (None when the shards are not one flat buffer)."""
+        flat = self.partition.shard16
+        return None if flat is None else flat[self.start: self.end]
+
+
 class ShardPartition:
     """The flat partition (fp32 master + model-dtype shards) of one group's partitioned parameters.
 
@@ -41,10 +92,11 @@ class ShardPartition:
         params: the group's partitioned parameters, in order.
         master_device: where the fp32 master lives (None: where the shards are; "cpu" for offload).
         with_master: build the fp32 master (False for frozen parameters).
+        sub_group_size: elements per tile (see the module docstring).
     """
 
     def __init__(self, group_index: int, params: list[nn.Parameter], *, master_device: torch.device | None,
-                 with_master: bool = True) -> None:
+                 with_master: bool = True, sub_group_size: int = 1_000_000_000) -> None:
         self.group_index = group_index
         self.params = params
         self.sizes = [p.ds_shard_numel for p in params]
@@ -61,6 +113,20 @@ class ShardPartition:
             for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
                 p._ds_master = self.master[off: off + s]
                 p._ds_grad_slot = (self.master, off)
+        self.tiles = self._cut(max(1, sub_group_size))
+
+    def _cut(self, tile_numel: int) -> list[ShardTile]:
+        if not self.params:
+            return [ShardTile(self, 0, 0, 0, 0)]
+        tiles = []
+        first = 0
+        for i in range(1, len(self.params) + 1):
+            end = self.offsets[i] if i < len(self.params) else self.numel
+            nxt = self.sizes[i] if i < len(self.params) else 0
+            if i == len(self.params) or end - self.offsets[first] + nxt > tile_numel:
+                tiles.append(ShardTile(self, self.offsets[first], end, first, i))
+                first = i
+        return tiles
 
     def _flatten_shards(self) -> torch.Tensor | None:
         """Re-point every shard into one flat buffer when they share dtype and device."""
@@ -70,6 +136,14 @@ class ShardPartition:
         if len(kinds) != 1:
             return None
         dtype, device = kinds.pop()
+        first = self.params[0].ds_tensor
+        base = first.untyped_storage().data_ptr()
+        item = first.element_size()
+        if all(p.ds_tensor.untyped_storage().data_ptr() == base and p.ds_tensor.is_contiguous()
+               and p.ds_tensor.storage_offset() == first.storage_offset() + off
+               for p, off in zip(self.params, self.offsets, strict=True)) and item:
+            # the shards already lie back to back in one buffer (partitioned together): view it, no copy
+            return first.as_strided((self.numel,), (1,), first.storage_offset())
         flat = torch.empty(self.numel, dtype=dtype, device=device)
         if any(ds_comm.get_accelerator().is_pinned(p.ds_tensor) for p in self.params):
             flat = ds_comm.get_accelerator().pin_memory(flat)
@@ -114,28 +188,6 @@ class ShardPartition:
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
                 self.master[off: off + s].copy_(p.ds_tensor)
-
-    def fp32_values(self) -> torch.Tensor:
-        """A fresh fp32 copy of this partition (masters, or the shards for a frozen partition)."""
-        if self.master is not None:
-            return self.master.detach().to(torch.float32, copy=True)
-        out = torch.empty(self.numel, dtype=torch.float32)
-        for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-            out[off: off + s].copy_(p.ds_tensor)
-        return out
-
-    def load_fp32_values(self, values: torch.Tensor) -> None:
-        """Set the partition (master and shards) from fp32 `values` of this layout."""
-        with torch.no_grad():
-            if self.master is not None:
-                self.master.copy_(values)
-                self.copy_master_to_shards()
-            else:
-                for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                    p.ds_tensor.copy_(values[off: off + s])
-
-    def fragments(self) -> list[Fragment]:
-        return shard_fragments(self.params, self.offsets)
 
     @property
     def slots(self) -> list[ParamSlot]:

@@ -1,5 +1,7 @@
 """Stage-3 checkpoints: same-world resume is bit-exact, 2 -> 4 ranks re-partitions, zero_to_fp32 consolidates.
 
+The 4-rank resume also cuts the optimizer step into tiles (`sub_group_size`), a different layout again.
+
 Saved with `ds_zero.save_zero_checkpoint` in DeepSpeed's layout and the shared ZeRO partition format;
 each global batch is split evenly over the ranks, so 2 and 4 ranks train the same model.
 """
@@ -26,10 +28,11 @@ def _global_batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch
     return idx[rank * rows: (rank + 1) * rows], tgt[rank * rows: (rank + 1) * rows]
 
 
-def _setup() -> tuple[torch.nn.Module, ds_zero.DeepSpeedZeroOptimizer_Stage3]:
+def _setup(sub_group_size: int = 1_000_000_000) -> tuple[torch.nn.Module, ds_zero.DeepSpeedZeroOptimizer_Stage3]:
     model = make_model()
     base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
-    return model, ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=STAGE3_CFG, clip_grad=1.0)
+    config = dict(STAGE3_CFG, sub_group_size=sub_group_size)
+    return model, ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=config, clip_grad=1.0)
 
 
 def _train(model: torch.nn.Module, opt: Any, rank: int, world: int, steps: range) -> list[float]:
@@ -53,11 +56,12 @@ def _train_save_continue(rank: int, world: int, save_dir: str) -> dict[str, Any]
     return {"saved": saved, "losses": losses, "final": gathered_state(model)}
 
 
-def _resume(rank: int, world: int, save_dir: str) -> dict[str, Any]:
-    model, opt = _setup()
+def _resume(rank: int, world: int, save_dir: str, sub_group_size: int = 1_000_000_000) -> dict[str, Any]:
+    model, opt = _setup(sub_group_size)
     ds_zero.load_zero_checkpoint(save_dir, opt, model)
     losses = _train(model, opt, rank, world, range(3, 6))
-    return {"losses": losses, "final": gathered_state(model), "step": opt.optimizer.state_dict()["state"][0]["step"]}
+    return {"losses": losses, "final": gathered_state(model), "tiles": len(opt.tiles),
+            "step": opt.optimizer.state_dict()["state"][0]["step"]}
 
 
 def test_resume_is_bit_exact_repartitions_to_4_ranks_and_consolidates(tmp_path: Path) -> None:
@@ -68,8 +72,9 @@ def test_resume_is_bit_exact_repartitions_to_4_ranks_and_consolidates(tmp_path: 
         assert same[rank]["losses"] == first[rank]["losses"]
         for key, value in first[rank]["final"].items():
             torch.testing.assert_close(same[rank]["final"][key], value, atol=0, rtol=0)
-    wider = run_ranks(4, _resume, save_dir=save_dir, timeout_s=180)
-    assert float(wider[0]["step"]) == 6.0
+    # 4 ranks, and the optimizer step tiled (sub_group_size) where the save had one tile per group
+    wider = run_ranks(4, _resume, save_dir=save_dir, sub_group_size=1500, timeout_s=180)
+    assert wider[0]["tiles"] > 1 and float(wider[0]["step"]) == 6.0
     # the 2-rank losses are the mean over rows 0-3 / 4-7; the 4-rank ones over rows 0-1 / 2-3 / ...
     torch.testing.assert_close(torch.tensor(wider[0]["losses"]) + torch.tensor(wider[1]["losses"]),
                                2 * torch.tensor(first[0]["losses"]), atol=1e-5, rtol=1e-5)
