@@ -152,3 +152,12 @@ def test_gathered_parameters_rejects_a_module_and_a_bad_modifier_rank() -> None:
         GatheredParameters(model)
     with pytest.raises(ValueError, match="modifier_rank=3"):
         GatheredParameters(model.parameters(), modifier_rank=3)
+
+
+def test_forward_of_a_partitioned_but_unmanaged_model_is_refused() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    with pytest.raises(RuntimeError, match="nothing gathers it for this forward"):
+        model(torch.randn(2, 6))
+    with GatheredParameters(model.parameters()):
+        assert model(torch.randn(2, 6)).shape == (2, 3)

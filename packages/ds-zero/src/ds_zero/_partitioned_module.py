@@ -39,7 +39,7 @@ from ds_zero._partitioned_param import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["partition_module"]
+__all__ = ["partition_module", "patch_module", "remove_guard"]
 
 
 def partition_module(module: nn.Module, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
@@ -103,6 +103,7 @@ def patch_module(module: nn.Module) -> None:
     if getattr(module, "_ds_zero_patched", False):
         return
     install_param_dict(module)
+    module._ds_guard = module.register_forward_pre_hook(_unmanaged_guard)
     module._apply = types.MethodType(_zero_apply, module)
     module.register_state_dict_post_hook(_state_dict_post_hook)
     module.register_load_state_dict_pre_hook(_load_pre_hook)
@@ -136,6 +137,24 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
         if coord is not None:
             coord.storage_replaced(old_key, p)
     return self
+
+
+def _unmanaged_guard(module: nn.Module, args: Any) -> None:
+    """Refuse a forward over released parameters that no stage-3 coordinator will gather (it would give NaN)."""
+    for name, p in module._parameters.items():
+        if is_zero_param(p) and p._ds_coord is None and p.ds_status is not ZeroParamStatus.AVAILABLE:
+            raise RuntimeError(
+                f"{type(module).__name__}.{name} is partitioned (ds_zero.Init / partition_model) but nothing gathers "
+                "it for this forward: wrap the model first (ds_zero.DeepSpeedZeroOptimizer_Stage3, "
+                "ds_zero.DeepSpeedZeRoOffload for evaluation, or ds_engine.initialize), or run the forward inside "
+                "ds_zero.GatheredParameters(model.parameters())")
+
+
+def remove_guard(module: nn.Module) -> None:
+    """A coordinator took the module over: drop the unmanaged-forward guard."""
+    handle = module.__dict__.pop("_ds_guard", None)
+    if handle is not None:
+        handle.remove()
 
 
 def _is_noop(fn: Any, t: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._partitioned_module import partition_module
+from ds_zero._partitioned_module import partition_module, remove_guard
 from ds_zero._partitioned_param import iter_zero_params
 from ds_zero._stage3_coordinator import ParamCoordinator
 from ds_zero._stage3_hooks import install_hooks
@@ -93,6 +93,8 @@ class DeepSpeedZeRoOffload:
         if persistent:
             self.coordinator.refresh(persistent, "the persistent parameters")
         self._handles = install_hooks(module, self.coordinator)
+        for m in module.modules():
+            remove_guard(m)
         module._ds_zero3 = self
         logger.info("stage 3: %d parameters partitioned over %d ranks (%d persistent, %d elements)", len(params),
                     self.world_size, len(persistent), sum(p.ds_numel for p in persistent))
