@@ -10,13 +10,6 @@ from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
-from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
-from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
-from ds_zero.zero_to_fp32 import (
-    convert_zero_checkpoint_to_fp32_state_dict,
-    get_fp32_state_dict_from_zero_checkpoint,
-    load_state_dict_from_zero_checkpoint,
-)
 
 # ZeRO stage 3
 from ds_zero._gather import GatherDivergenceError
@@ -30,6 +23,13 @@ from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
 from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3_module import DeepSpeedZeRoOffload
 from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
+from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
+from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+from ds_zero.zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+    load_state_dict_from_zero_checkpoint,
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",

@@ -26,7 +26,6 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._partitioned_param import (
     ZeroParamStatus,
-    shard_numel,
     alloc_full,
     convert_param,
     free_full,
@@ -34,6 +33,7 @@ from ds_zero._partitioned_param import (
     is_zero_param,
     partition_param,
     set_available,
+    shard_numel,
     write_shard_from_full,
 )
 
