@@ -156,15 +156,24 @@ def _peak_gathered(rank: int, world: int, max_live: int) -> dict[str, Any]:
             "after": _gathered_numel(model)}
 
 
-@pytest.mark.parametrize("max_live", [2 * MODULE_NUMEL, 3 * MODULE_NUMEL + 100])
-def test_peak_gathered_stays_within_max_live_parameters_plus_one_module(max_live: int) -> None:
-    for r in run_ranks(2, _peak_gathered, max_live=max_live, timeout_s=120):
-        assert r["measured"] <= max_live + MODULE_NUMEL, r
-        assert r["counted"] <= max_live + MODULE_NUMEL, r
-        assert r["counted"] > MODULE_NUMEL, r  # prefetching did use the budget
-        if max_live >= 3 * MODULE_NUMEL:  # a 2-module prefetch batch lands while the next module runs
-            assert r["measured"] > MODULE_NUMEL, r
-        assert r["after"] == 0, r  # everything released after the step
+def _peak_gathered_budgets(rank: int, world: int, budgets: list[int]) -> dict[int, dict[str, Any]]:
+    return {max_live: _peak_gathered(rank, world, max_live) for max_live in budgets}
+
+
+def test_peak_gathered_stays_within_max_live_parameters_plus_one_module() -> None:
+    budgets = [2 * MODULE_NUMEL, 3 * MODULE_NUMEL + 100]
+    for by_budget in run_ranks(2, _peak_gathered_budgets, budgets=budgets, timeout_s=120):
+        for max_live, r in by_budget.items():
+            _check_peak(max_live, r)
+
+
+def _check_peak(max_live: int, r: dict[str, Any]) -> None:
+    assert r["measured"] <= max_live + MODULE_NUMEL, r
+    assert r["counted"] <= max_live + MODULE_NUMEL, r
+    assert r["counted"] > MODULE_NUMEL, r  # prefetching did use the budget
+    if max_live >= 3 * MODULE_NUMEL:  # a 2-module prefetch batch lands while the next module runs
+        assert r["measured"] > MODULE_NUMEL, r
+    assert r["after"] == 0, r  # everything released after the step
 
 
 def _offload_losses(rank: int, world: int, offload: bool, cpu_adam: bool) -> dict[str, Any]:
@@ -197,17 +206,20 @@ def _offload_losses(rank: int, world: int, offload: bool, cpu_adam: bool) -> dic
                              for p in model.parameters())}
 
 
+def _offload_pair(rank: int, world: int, cpu_adam: bool) -> dict[str, Any]:
+    return {"plain": _offload_losses(rank, world, False, False), "offload": _offload_losses(rank, world, True, cpu_adam)}
+
+
 def test_parameter_and_optimizer_offload_train_like_no_offload() -> None:
-    plain = run_ranks(2, _offload_losses, offload=False, cpu_adam=False, timeout_s=120)
-    off = run_ranks(2, _offload_losses, offload=True, cpu_adam=False, timeout_s=120)
-    assert off[0]["shard_devices"] == {"cpu"} and off[0]["master_devices"] == {"cpu"}
-    torch.testing.assert_close(torch.tensor(off[0]["losses"]), torch.tensor(plain[0]["losses"]), atol=0, rtol=0)
+    r = run_ranks(2, _offload_pair, cpu_adam=False, timeout_s=120)[0]
+    assert r["offload"]["shard_devices"] == {"cpu"} and r["offload"]["master_devices"] == {"cpu"}
+    torch.testing.assert_close(torch.tensor(r["offload"]["losses"]), torch.tensor(r["plain"]["losses"]), atol=0, rtol=0)
 
 
 def test_optimizer_offload_with_ds_ops_cpu_adam() -> None:
     ds_ops = pytest.importorskip("ds_ops")
     if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
         pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers, not merged yet)")
-    plain = run_ranks(2, _offload_losses, offload=False, cpu_adam=False, timeout_s=120)
-    off = run_ranks(2, _offload_losses, offload=True, cpu_adam=True, timeout_s=120)
-    torch.testing.assert_close(torch.tensor(off[0]["losses"]), torch.tensor(plain[0]["losses"]), atol=1e-5, rtol=1e-5)
+    r = run_ranks(2, _offload_pair, cpu_adam=True, timeout_s=120)[0]
+    torch.testing.assert_close(torch.tensor(r["offload"]["losses"]), torch.tensor(r["plain"]["losses"]), atol=1e-5,
+                               rtol=1e-5)

