@@ -12,6 +12,8 @@ flat all-reduce of the gradients + AdamW, said so in the output); ZeRO stage 1; 
 (overlap_comm); stage 2 + CPU optimizer offload (ds_ops.DeepSpeedCPUAdam when available, else
 torch AdamW on the host buffers, said so). ZeRO buckets match DDP's 25 MB.
 Targets: stage 2 <= 1.02x DDP CPU time per step, peak RSS <= DDP's.
+Stage 3 (`--modes fsdp2,stage3`, see benchmarks/_zero3_modes.py) is compared with torch FSDP2
+(`fully_shard` per block): targets <= 1.1x FSDP2's step time and no more peak RSS.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import ds_zero
 from ds_comm.testing import run_ranks
 
 BUCKET_NUMEL = 25 * 2**20 // 4   # DDP's bucket_cap_mb=25, in fp32 elements
-MODES = ("ddp", "stage0", "stage1", "stage2", "stage2+offload")
+MODES = ("ddp", "stage0", "stage1", "stage2", "stage2+offload", "fsdp2", "stage3")
 
 
 class Block(nn.Module):
@@ -80,6 +82,10 @@ def _peak_rss_mib() -> float:
 def _setup(mode: str, model: GPT) -> tuple[object, object, str]:
     """(module to call, step function after backward, note) for a mode."""
     adamw = dict(lr=3e-4, weight_decay=0.01, foreach=True)
+    if mode in ("fsdp2", "stage3"):
+        import _zero3_modes
+
+        return _zero3_modes.setup_fsdp2(model) if mode == "fsdp2" else _zero3_modes.setup_stage3(model)
     if mode == "ddp":
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
         opt = torch.optim.AdamW(model.parameters(), **adamw)
@@ -221,6 +227,12 @@ def main() -> None:
         rss_ratio = rows["stage2"]["peak_rss"] / ref["peak_rss"]
         print(f"targets: stage 2 cpu/DDP {cpu_ratio:.3f} (<= 1.02: {'met' if cpu_ratio <= 1.02 else 'NOT met'}), "
               f"peak RSS/DDP {rss_ratio:.3f} (<= 1: {'met' if rss_ratio <= 1.0 else 'NOT met'})")
+    if "fsdp2" in best and "stage3" in best:
+        fsdp, z3 = best["fsdp2"], best["stage3"]
+        wall, rss = z3["wall"] / fsdp["wall"], z3["peak_rss"] / fsdp["peak_rss"]
+        print(f"stage 3 vs FSDP2: wall {wall:.3f}, cpu {z3['cpu'] / fsdp['cpu']:.3f} "
+              f"(<= 1.1: {'met' if wall <= 1.1 else 'NOT met'}), peak RSS {rss:.3f} "
+              f"(<= 1: {'met' if rss <= 1.0 else 'NOT met'})")
 
 
 if __name__ == "__main__":
