@@ -13,6 +13,7 @@ import logging
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import ds_zero
 from ds_ops.precision import DynamicLossScaler
@@ -154,3 +155,38 @@ def test_optimizer_argument_errors() -> None:
     ds_zero.DeepSpeedZeroOptimizer_Stage3(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="before building DeepSpeedZeroOptimizer_Stage3"):
         wrapped.to(torch.bfloat16)
+
+
+class CheckpointedNet(nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 48), nn.ReLU(), nn.Linear(48, 16)) for _ in range(3))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_with_gathered_parameters(reentrant: bool) -> None:
+    torch.manual_seed(0)
+    ref = CheckpointedNet(reentrant)
+    model = copy.deepcopy(ref)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.Adam(model.parameters(), lr=1e-2),
+                                                config={"stage": 3, "stage3_param_persistence_threshold": 0})
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for _ in range(3):
+        x = torch.randn(5, 16, requires_grad=reentrant)
+        loss = model(x).pow(2).mean()
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    with GatheredParameters(model.parameters()):
+        for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
