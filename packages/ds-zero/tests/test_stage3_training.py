@@ -190,3 +190,29 @@ def test_activation_checkpointing_recomputes_with_gathered_parameters(reentrant:
     with GatheredParameters(model.parameters()):
         for p, r in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
+
+
+def test_both_calling_conventions_and_their_errors() -> None:
+    a, b = Net(), Net()
+    ds_zero.DeepSpeedZeroOptimizer_Stage3(a, torch.optim.SGD(a.parameters(), lr=0.1), config={"stage": 3})
+    engine_style = ds_zero.DeepSpeedZeroOptimizer_Stage3(torch.optim.SGD(b.parameters(), lr=0.1),
+                                                         config={"stage": 3}, module=b)
+    assert engine_style.module is b
+    with pytest.raises(TypeError, match="needs a module"):
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(torch.optim.SGD(Net().parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="unexpected positional argument of type int"):
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(Net(), 3)
+
+
+def test_refresh_fp32_params_after_loading_module_weights() -> None:
+    torch.manual_seed(0)
+    model, source = Net().half(), Net().half()
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                                                config={"stage": 3})
+    model.load_state_dict(source.state_dict())  # the shards change; the fp32 masters do not yet
+    opt.refresh_fp32_params()
+    opt.backward(model(torch.randint(0, 40, (2, 3))).float().mean())
+    opt.step()  # lr 0: the masters are written back into the shards
+    with GatheredParameters(model.parameters()):
+        for p, r in zip(model.parameters(), source.parameters(), strict=True):
+            torch.testing.assert_close(p, r, atol=0, rtol=0)
