@@ -216,3 +216,54 @@ def test_refresh_fp32_params_after_loading_module_weights() -> None:
     with GatheredParameters(model.parameters()):
         for p, r in zip(model.parameters(), source.parameters(), strict=True):
             torch.testing.assert_close(p, r, atol=0, rtol=0)
+
+
+class Reader(nn.Module):
+    """Reads another module's weight in its forward (registered up front, or discovered on first read)."""
+
+    def __init__(self, source: nn.Linear) -> None:
+        super().__init__()
+        self.__dict__["source"] = source  # not a submodule
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.source.weight.t() * self.scale
+
+
+class ReaderNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.reader = Reader(self.a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reader(torch.tanh(self.a(x)))
+
+
+@pytest.mark.parametrize("register", [False, True])
+def test_external_parameters_join_the_reading_module(register: bool) -> None:
+    torch.manual_seed(0)
+    ref = ReaderNet()
+    model = copy.deepcopy(ref)
+    model.reader.__dict__["source"] = model.a
+    if register:
+        ds_zero.register_external_parameter(model.reader, model.a.weight)
+    offload = ds_zero.DeepSpeedZeRoOffload(model, config={"stage3_param_persistence_threshold": 0})
+    x = torch.randn(3, 8)
+    for _ in range(2):
+        torch.testing.assert_close(model(x), ref(x), atol=0, rtol=0)
+    unit = offload.coordinator.unit_for(model.reader)
+    assert any(p is model.a.weight for p in unit.params)
+    assert model.a.weight.ds_status is ZeroParamStatus.NOT_AVAILABLE
+    ds_zero.unregister_external_parameter(model.reader, model.a.weight)
+    assert all(p is not model.a.weight for p in unit.params)
+
+
+def test_persistence_thresholds() -> None:
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2))  # 100 + 10 + 20 + 2 elements
+    ds_zero.DeepSpeedZeRoOffload(model, config={"stage3_param_persistence_threshold": 50,
+                                                "stage3_model_persistence_threshold": 15})
+    persist = {name: p.ds_persist for name, p in model.named_parameters()}
+    # below 50 elements: the biases and the 20-element weight; the 15-element budget admits only 10 + 2
+    assert persist == {"0.weight": False, "0.bias": True, "1.weight": False, "1.bias": True}
+    assert all(p.ds_status is ZeroParamStatus.AVAILABLE for p in model.parameters() if p.ds_persist)
