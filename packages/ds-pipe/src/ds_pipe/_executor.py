@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -368,7 +369,21 @@ class PipelineExecutor:
         return loss
 
     def _broadcast_object(self, value: Any) -> Any:
-        holder = [_to_device(value, torch.device("cpu")) if self.is_last_stage else None]
-        ds_comm.broadcast_object_list(holder, src=self.grid.stage_to_global(self.num_stages - 1),
-                                      group=self.grid.get_pipe_parallel_group())
-        return _to_device(holder[0], self.device)
+        """The last stage's `value` on every stage: pickled bytes in two tensor broadcasts.
+
+        [Note: why not broadcast_object_list] torch's object collectives decode through numpy,
+        which is not a torch dependency (a venv without it fails there).
+        """
+        src, group = self.grid.stage_to_global(self.num_stages - 1), self.grid.get_pipe_parallel_group()
+        payload = torch.empty(0, dtype=torch.uint8)
+        if self.is_last_stage:
+            payload = torch.frombuffer(bytearray(pickle.dumps(_to_device(value, torch.device("cpu")))),
+                                       dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64, device=self.device)
+        ds_comm.broadcast(size, src=src, group=group)
+        buffer = payload.to(self.device) if self.is_last_stage else \
+            torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        ds_comm.broadcast(buffer, src=src, group=group)
+        if self.is_last_stage:
+            return value
+        return _to_device(pickle.loads(bytes(buffer.cpu().tolist())), self.device)
