@@ -151,9 +151,9 @@ class ZeroStepper:
                                        load_from_fp32_weights=load_from_fp32_weights)
 
     def refresh_from_module(self) -> None:
-        refresh = getattr(self.optimizer, "_restore_from_bit16_weights", None)
+        refresh = getattr(self.optimizer, "refresh_fp32_params", None)
         if refresh is None:
             raise NotImplementedError(
                 f"{type(self.optimizer).__name__} cannot refresh its fp32 partitions from loaded module weights "
-                "(no _restore_from_bit16_weights); load with load_optimizer_states=True")
+                "(no refresh_fp32_params); load with load_optimizer_states=True")
         refresh()
