@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,6 +36,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log_json", type=str, default="", help="append per-step losses to this JSON-lines file")
+    parser.add_argument("--load_dir", type=str, default="", help="resume from the latest checkpoint here")
+    parser.add_argument("--save_every", type=int, default=0, help="also save a checkpoint every K steps")
+    # Test hooks (tests-integration): a rank that dies mid-run, and where each rank writes its pid.
+    parser.add_argument("--die_at_step", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--die_rank", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--die_code", type=int, default=3, help=argparse.SUPPRESS)
+    parser.add_argument("--pid_dir", type=str, default="", help=argparse.SUPPRESS)
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -52,13 +61,26 @@ def main() -> None:
     engine, _, loader, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
                                                 training_data=dataset)
     rank = engine.global_rank
+    if args.pid_dir:
+        Path(args.pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
     if rank == 0:
         print(f"model: {param_count(model) / 1e6:.2f}M params | world {engine.world_size} | zero stage "
               f"{engine.zero_optimization_stage()} | batch {engine.train_batch_size()}", flush=True)
-    start, step, samples = time.perf_counter(), 0, 0
+    skip = 0
+    if args.load_dir:
+        path, _ = engine.load_checkpoint(args.load_dir)
+        skip = _consumed_batches(engine)
+        if rank == 0:
+            print(f"resumed from {path} at step {engine.global_steps}", flush=True)
+    eval_x, eval_y = (torch.stack(t) for t in zip(*(dataset[i] for i in range(16)), strict=True))
+    start, step, samples = time.perf_counter(), engine.global_steps, 0
     log = open(args.log_json, "a") if args.log_json and rank == 0 else None
     while step < args.steps:
-        for x, y in loader:
+        for x, y in itertools.islice(loader, skip, None):
+            if args.die_at_step and step + 1 == args.die_at_step and rank == args.die_rank:
+                if args.pid_dir:
+                    Path(args.pid_dir, "died_at").write_text(repr(time.time()))
+                os._exit(args.die_code)
             before = engine.global_steps
             loss = engine(x, y)
             engine.backward(loss)
@@ -73,12 +95,44 @@ def main() -> None:
                       f"{rate:.1f} samples/s", flush=True)
             if log is not None:
                 log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
-            if step >= args.steps or (args.seconds and time.perf_counter() - start > args.seconds):
+                log.flush()
+            done = step >= args.steps or (args.seconds and time.perf_counter() - start > args.seconds)
+            if args.save_every and step % args.save_every == 0 and not done:
+                _save(engine, args.save_dir, step, eval_x, eval_y, log)
+            if done:
                 args.steps = step
                 break
-    engine.save_checkpoint(args.save_dir, client_state={"step": step})
+        skip = 0
+    _save(engine, args.save_dir, step, eval_x, eval_y, log)
     if rank == 0:
         print(f"saved checkpoint to {os.path.abspath(args.save_dir)} (tag global_step{step})", flush=True)
+
+
+def _consumed_batches(engine: deepspeed.DeepSpeedEngine) -> int:
+    """Loader batches this rank skips after a resume: the samples the checkpointed run trained on.
+
+    The DistributedSampler deals a shuffled order round-robin, so the first `global_samples` samples
+    of that order are the first `global_samples / (micro batch * dp ranks)` batches of every rank,
+    whatever the world size of the run that saved them.
+    """
+    per_step = engine.train_micro_batch_size_per_gpu() * engine.dp_world_size
+    if engine.global_samples % per_step:
+        raise ValueError(f"cannot resume: {engine.global_samples} samples consumed is not a multiple of "
+                         f"{per_step} (micro batch x data-parallel ranks); resume with a world size that divides it")
+    return engine.global_samples // per_step
+
+
+def _save(engine: deepspeed.DeepSpeedEngine, save_dir: str, step: int, eval_x: torch.Tensor, eval_y: torch.Tensor,
+          log: Any) -> None:
+    """Log the loss on a fixed held-out batch (so a consolidated checkpoint can be checked), then save."""
+    engine.eval()
+    with torch.no_grad():
+        eval_loss = engine(eval_x, eval_y).item()
+    engine.train()
+    if log is not None:
+        log.write(json.dumps({"step": step, "eval_loss": eval_loss}) + "\n")
+        log.flush()
+    engine.save_checkpoint(save_dir, client_state={"step": step})
 
 
 if __name__ == "__main__":
