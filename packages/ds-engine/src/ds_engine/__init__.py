@@ -16,6 +16,7 @@ from ds_engine._engine import DeepSpeedEngine
 from ds_engine._initialize import add_config_arguments, initialize
 from ds_engine._optional import require
 from ds_engine._pipeline import PipelineError
+from ds_engine._pipeline_engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._torch_optimizers import Lamb, Lion
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
@@ -29,6 +30,7 @@ __all__ = [
     "Lamb",
     "Lion",
     "MixedPrecisionOptimizer",
+    "PipelineEngine",
     "PipelineError",
     "__version__",
     "accelerator",
@@ -41,7 +43,8 @@ __all__ = [
 ]
 
 _LAZY = {"zero": ("ds_zero", "zero", "deepspeed.zero (ZeRO)"), "pipe": ("ds_pipe", "pipe", "deepspeed.pipe")}
-_LAZY_ATTRS = {"PipelineModule": ("ds_pipe", "pipe", "deepspeed.PipelineModule")}
+_LAZY_ATTRS = {"PipelineModule": ("ds_pipe", "pipe", "deepspeed.PipelineModule"),
+               "checkpointing": ("ds_pipe", "pipe", "deepspeed.checkpointing")}
 
 
 def __getattr__(name: str) -> object:

@@ -151,7 +151,7 @@ def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None
         zero = _zero_optimizer(plan, config, base, module, dist)
         return ZeroStepper(zero), zero
     if plan.precision == "fp32":
-        buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True)
+        buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True, lazy_bind=True)
         reducer = None if plan.reduce is None else GradAllReducer(buffer, plan.reduce, group=dist.dp_group,
                                                                   world_size=dist.dp_world_size)
         return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers), base

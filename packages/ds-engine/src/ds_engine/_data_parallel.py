@@ -1,10 +1,11 @@
 """Stage-0 data parallelism: flat gradient buffers, bucketed all-reduce at the boundary, the init broadcast.
 
-[Note: flat gradients] Each trainable parameter's `.grad` is a view into one contiguous buffer
-per dtype, so autograd accumulates micro-steps in place, a bucket is a slice of that buffer
-(all-reduced in place, no flatten/unflatten copies), and clipping, unscaling and the overflow check
-are single ops over the buffer. `zero_()` keeps the views; `rebind()` repairs a `.grad` that a
-script replaced (`optimizer.zero_grad()` sets it to None).
+[Note: flat gradients] At the accumulation boundary each trainable parameter's `.grad` is a view
+into one contiguous buffer per dtype: a bucket is a slice of that buffer (all-reduced in place, no
+flatten/unflatten copies), and clipping, unscaling and the overflow check are single ops over it.
+Between boundaries `.grad` is autograd's own tensor (micro-steps accumulate into it as in plain
+torch); `rebind()` copies it into the view once per step, which costs less than zeroing the buffer
+and accumulating into it. A `.grad` a script replaced or set to None is handled the same way.
 """
 
 from __future__ import annotations
@@ -29,35 +30,51 @@ class FlatGradBuffer:
     Args:
         params: the parameters, in a fixed order (all on one device).
         dtype: the buffer dtype (the accumulation dtype).
-        bind: make each `param.grad` the view (True), or keep views to hand out elsewhere (False;
-            fp32 accumulation for 16-bit params binds to the fp32 master copies instead).
+        bind: make each `param.grad` the view. With `lazy_bind` the binding happens at the first
+            `rebind()` (the first boundary copies the gradients autograd allocated), so building the
+            buffer costs no memset; otherwise the buffer is zeroed and bound now (needed when
+            something else accumulates into the views, as fp32 accumulation for 16-bit params does).
+        lazy_bind: see `bind`.
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool,
+                 lazy_bind: bool = False) -> None:
         if not params:
             raise ValueError("FlatGradBuffer needs at least one parameter")
         device = params[0].device
         self.params = list(params)
         self.numels = [p.numel() for p in self.params]
-        self.flat = torch.zeros(sum(self.numels), dtype=dtype, device=device)
+        lazy = bind and lazy_bind
+        make = torch.empty if lazy else torch.zeros
+        self.flat = make(sum(self.numels), dtype=dtype, device=device)
         self.views: list[torch.Tensor] = []
         offset = 0
         for p, n in zip(self.params, self.numels, strict=True):
             self.views.append(self.flat[offset:offset + n].view(p.shape))
             offset += n
         self._bound = bind
-        if bind:
+        if bind and not lazy:
             for p, view in zip(self.params, self.views, strict=True):
                 p.grad = view
 
     def zero_(self) -> None:
-        """Clear the gradients, keeping the views in place."""
+        """Clear the gradients, keeping the views in place (for buffers something accumulates into)."""
         self.flat.zero_()
 
+    def release(self) -> None:
+        """Set the bound `.grad`s to None; the next backward's gradients are copied in by `rebind()`.
+
+        Cheaper than `zero_()` for bound buffers: autograd hands over its freshly computed gradient
+        (no memset, no in-place add) and the boundary copies it once, as DDP's bucket views do.
+        """
+        for p in self.params:
+            p.grad = None
+
     def rebind(self) -> None:
-        """Point every `.grad` back at its view, copying in a gradient that was produced elsewhere."""
+        """Point every `.grad` at its view, copying in gradients autograd allocated (zeros where none)."""
         if not self._bound:
             return
+        fresh_views, fresh_grads = [], []
         for p, view in zip(self.params, self.views, strict=True):
             grad = p.grad
             if grad is view:
@@ -65,8 +82,11 @@ class FlatGradBuffer:
             if grad is None:
                 view.zero_()
             else:
-                view.copy_(grad)
+                fresh_views.append(view)
+                fresh_grads.append(grad)
             p.grad = view
+        if fresh_views:
+            torch._foreach_copy_(fresh_views, fresh_grads)
 
     def bucket_slices(self, bucket_numel: int) -> list[torch.Tensor]:
         """Contiguous slices of the buffer of at most `bucket_numel` elements, cut at parameter boundaries.

@@ -18,7 +18,7 @@ from ds_comm import get_accelerator
 from ds_engine._assembly import assemble
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
-from ds_engine._pipeline import build_pipeline_engine, is_pipeline_module
+from ds_engine._pipeline import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig
 
@@ -125,7 +125,10 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     source = _config_source(args, config, config_params)
     ds_comm.init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required,
                              verbose=False)
-    dist = discover_dist(mpu)
+    pipeline = is_pipeline_module(model)
+    if pipeline:
+        check_pipeline_call(mpu)  # a PipelineModule's grid is the mpu: data parallel = its data axis
+    dist = discover_dist(model.mpu() if pipeline else mpu)
     if isinstance(source, DeepSpeedConfig):
         ds_config = source.with_world_size(dist.dp_world_size)
     else:
@@ -133,12 +136,15 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     ds_config.check_resolved()
     if "comms_logger" in ds_config.raw:
         ds_comm.configure(ds_config.model.comms_logger)
-    pipeline = is_pipeline_module(model)
     plan = plan_assembly(ds_config, device_type=get_accelerator().name, client_optimizer=optimizer,
                          client_scheduler=lr_scheduler, pipeline=pipeline)
+    device = _device(dist.local_rank)
     if pipeline:
-        return build_pipeline_engine(model=model, config=ds_config, plan=plan, mpu=mpu)
-    parts = assemble(module=model, config=ds_config, plan=plan, dist=dist, device=_device(dist.local_rank),
+        return build_pipeline_engine(model=model, config=ds_config, plan=plan, dist=dist, device=device,
+                                     client_optimizer=optimizer, model_parameters=model_parameters,
+                                     client_scheduler=lr_scheduler, training_data=training_data,
+                                     collate_fn=collate_fn)
+    parts = assemble(module=model, config=ds_config, plan=plan, dist=dist, device=device,
                      client_optimizer=optimizer, model_parameters=model_parameters, client_scheduler=lr_scheduler,
                      training_data=training_data, collate_fn=collate_fn)
     engine = DeepSpeedEngine(parts)

@@ -67,7 +67,7 @@ class MixedPrecisionOptimizer:
             self.accum = self.master_grads
             self._absorb_into = self.master_grads.views
         else:
-            self.accum = FlatGradBuffer(self._train_model, dtype, bind=True)
+            self.accum = FlatGradBuffer(self._train_model, dtype, bind=True, lazy_bind=True)
             self._absorb_into = None
         self.reducer = None if reduce is None else GradAllReducer(self.accum, reduce, group=group,
                                                                   world_size=world_size)
@@ -161,13 +161,18 @@ class MixedPrecisionOptimizer:
         return True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the accumulated gradients (the flat buffers keep their views)."""
-        self.master_grads.zero_()
-        if self.accum is not self.master_grads:
-            self.accum.zero_()
-        if self._absorb_into is not None:
+        """Clear the accumulated gradients.
+
+        fp32 accumulation zeroes the fp32 buffer (backward adds into it); 16-bit accumulation
+        releases the parameters' `.grad` (the next boundary copies fresh ones in, and overwrites
+        the fp32 master gradients from them).
+        """
+        if self.accum is self.master_grads:
+            self.master_grads.zero_()
             for p in self._train_model:
                 p.grad = None
+        else:
+            self.accum.release()
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

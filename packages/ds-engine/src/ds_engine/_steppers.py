@@ -82,11 +82,11 @@ class Fp32Stepper:
             clip_grads_by_norm_(flat, self.clip, norm)
             self._norm = float(norm)
         self.optimizer.step()
-        self.buffer.zero_()
+        self.buffer.release()
         return True
 
     def zero_grad(self) -> None:
-        self.buffer.zero_()
+        self.buffer.release()
 
     @property
     def global_grad_norm(self) -> float | None:

@@ -10,6 +10,19 @@ from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
+
+# ZeRO stage 3
+from ds_zero._gather import GatherDivergenceError
+from ds_zero._gathered_parameters import (
+    GatheredParameters,
+    register_external_parameter,
+    unregister_external_parameter,
+)
+from ds_zero._init import Init, partition_model
+from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
+from ds_zero._stage3_module import DeepSpeedZeRoOffload
+from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 from ds_zero.zero_to_fp32 import (
@@ -33,4 +46,16 @@ __all__ = [
     "load_state_dict_from_zero_checkpoint",
     "load_zero_checkpoint",
     "save_zero_checkpoint",
+    # ZeRO stage 3
+    "DeepSpeedZeRoOffload",
+    "DeepSpeedZeroOptimizer_Stage3",
+    "GatherDivergenceError",
+    "GatheredParameters",
+    "Init",
+    "ZeroParamStatus",
+    "consolidated_16bit_state_dict",
+    "is_zero_param",
+    "partition_model",
+    "register_external_parameter",
+    "unregister_external_parameter",
 ]

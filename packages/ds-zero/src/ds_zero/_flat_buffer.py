@@ -51,7 +51,10 @@ class FlatParamGroup:
         self.numel = offset
         self.padded_numel = padded_numel(offset, num_partitions)
         self.partition_numel = self.padded_numel // num_partitions
-        self.flat = torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
+        # `empty`, not `zeros`: pages become resident as each parameter is copied in while its old storage
+        # is released, so building the buffer costs about one model copy, not two.
+        self.flat = torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
+        self.flat[self.numel:].zero_()
         with torch.no_grad():
             for p, slot in zip(params, slots, strict=True):
                 view = self.flat[slot.flat_offset: slot.flat_end]

@@ -8,6 +8,7 @@ compares parameters after 20 steps and the loss at every step.
 from __future__ import annotations
 
 import pytest
+import torch
 from zero_dist_cases import compare_with_ddp
 
 from ds_comm.testing import run_ranks
@@ -22,7 +23,9 @@ CASES_2 = [
     {"name": "s2-gas4-overlap", "stage": 2, "gas": 4, "overlap_comm": True},
     {"name": "s2-gas4-clip-nooverlap", "stage": 2, "gas": 4, "clip": 0.05, "overlap_comm": False},
     {"name": "s2-allreduce-overlap", "stage": 2, "overlap_comm": True, "reduce_scatter": False},
-    {"name": "s1-one-bucket", "stage": 1, "reduce_bucket_size": 10_000, "allgather_bucket_size": 10_000},
+    {"name": "s1-one-bucket-predivide", "stage": 1, "reduce_bucket_size": 10_000, "allgather_bucket_size": 10_000,
+     "gradient_predivide_factor": 2.0},
+    {"name": "s2-fp32-communication-dtype", "stage": 2, "communication_dtype": torch.float32},
 ]
 CASES_4 = [
     {"name": "s1-gas4-clip-tiny-buckets", "stage": 1, "gas": 4, "clip": 0.05, **TINY},

@@ -154,12 +154,13 @@ def compare_with_ddp(rank: int, world: int, cases: list[dict[str, Any]], steps: 
         gas = case.pop("gas", 1)
         clip = case.pop("clip", 0.0)
         stage = case.pop("stage")
+        extra = {k: case.pop(k) for k in ("gradient_predivide_factor", "communication_dtype") if k in case}
         if (gas, clip) not in references:
             references[(gas, clip)] = train_ddp(rank, world, steps, gas, clip)
         ref_params, ref_losses = references[(gas, clip)]
         model = make_model()
         opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, **case),
-                                             module=model, clip_grad=clip)
+                                             module=model, clip_grad=clip, **extra)
         losses = train_zero(opt, model, rank, world, range(steps), gas=gas, sched=schedule(opt), global_loss=False)
         params = flat_params(model)
         spread = _spread(params)

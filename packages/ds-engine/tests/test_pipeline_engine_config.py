@@ -1,0 +1,74 @@
+"""PipelineEngine in one process (one stage): config checks before any work, and the pipeline sections."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ds_engine
+
+ds_pipe = pytest.importorskip("ds_pipe")
+
+
+def _model(**kwargs: Any) -> Any:
+    torch.manual_seed(0)
+    layers = [ds_pipe.LayerSpec(nn.Linear, 4, 8), ds_pipe.LayerSpec(nn.Tanh), ds_pipe.LayerSpec(nn.Linear, 8, 2)]
+    return ds_pipe.PipelineModule(layers, num_stages=1, loss_fn=lambda out, y: F.mse_loss(out, y), **kwargs)
+
+
+def _config(**extra: Any) -> dict[str, Any]:
+    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, **extra}
+
+
+def _init(model: Any, config: dict[str, Any]) -> Any:
+    engine, *_ = ds_engine.initialize(model=model, config=copy.deepcopy(config), dist_init_required=False)
+    return engine
+
+
+def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(2, 4, generator=g), torch.randn(2, 2, generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True},
+     r"zero_optimization.stage=2: ZeRO-2 and ZeRO-3 are incompatible"),
+    ({"pipeline": {"stages": 2}}, r"pipeline.stages=2 but the PipelineModule was built with 1 stages"),
+    ({"pipeline": {"partition": "best-effort"}}, r"pipeline.partition: .*unknown partition method"),
+    ({"activation_checkpointing": {"contiguous_memory_optimization": True}},
+     r"activation_checkpointing.*number_checkpoints"),
+])
+def test_bad_pipeline_configs_fail_before_training(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _init(_model(), _config(**extra))
+
+
+def test_one_stage_engine_matches_plain_sgd_and_applies_the_pipeline_section() -> None:
+    engine = _init(_model(), _config(pipeline={"activation_checkpoint_interval": 1}, gradient_clipping=0.1))
+    assert isinstance(engine, ds_engine.PipelineEngine) and engine.pipeline_parallelism
+    assert engine.module.activation_checkpoint_interval == 1
+    ref = _model()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    data = _batches(4)
+    for step in range(2):
+        micro = data[2 * step:2 * step + 2]
+        loss = engine.train_batch(iter(micro))
+        ref_loss = torch.stack([F.mse_loss(ref(x), y) for x, y in micro]).mean()
+        ref_loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+        opt.step()
+        opt.zero_grad()
+        assert float(loss) == pytest.approx(ref_loss.item(), rel=1e-6)
+    for p, q in zip(engine.module.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert engine.global_steps == 2 and engine.micro_steps == 4
+    with pytest.raises(ds_engine.PipelineError, match="Only train_batch"):
+        engine(torch.zeros(2, 4))
+    losses, logits = engine.eval_batch(iter(data[:2]), return_logits=True, reduce_output=None)
+    assert len(losses) == 2 and logits[0].shape == (2, 2)

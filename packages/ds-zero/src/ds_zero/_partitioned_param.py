@@ -1,0 +1,236 @@
+"""A stage-3 parameter: a real `nn.Parameter` that keeps its full shape while each rank holds 1/N of it.
+
+[Note: how a released parameter keeps its shape]
+Every partitioned parameter stays the same `nn.Parameter` object for its whole life (optimizers, hooks
+and `named_parameters()` keep working), and its `.data` switches between two tensors of the *full* shape:
+
+* released: a one-element tensor expanded to the full shape (all strides 0), filled with NaN. `shape`,
+  `dtype`, `device` and `numel()` are the logical values, the tensor costs one element, reading it gives
+  NaN (visible, never silently plausible numbers), and writing into it raises torch's "more than one
+  element of the written-to tensor refers to a single memory location" error.
+* available: `_ds_full`, a tensor over a storage this module owns. Releasing it shrinks that storage to 0
+  bytes (`untyped_storage().resize_(0)`) and gathering grows and refills the *same* storage, so views that
+  autograd saved during forward (`weight.t()` inside `F.linear`) read the refilled values in backward and
+  the memory really is freed in between (a plain `.data` swap would keep the old storage alive through
+  those views).
+
+The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
+rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
+`ds_process_group`. Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
+`s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ZeroParamStatus", "is_zero_param"]
+
+_ids = itertools.count()
+
+
+class ZeroParamStatus(enum.Enum):
+    """Where a partitioned parameter's full values are (DeepSpeed's names)."""
+
+    AVAILABLE = 1
+    """Gathered: `.data` holds the full values."""
+    NOT_AVAILABLE = 2
+    """Released: only `ds_tensor` (this rank's shard) holds values."""
+    INFLIGHT = 3
+    """An all-gather into the full storage has been issued and not yet waited on."""
+
+
+def is_zero_param(param: Any) -> bool:
+    """Whether `param` is a stage-3 partitioned parameter."""
+    return isinstance(param, torch.nn.Parameter) and hasattr(param, "ds_id")
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements each rank holds for a parameter of `numel` elements (the last shards are zero-padded)."""
+    return max(1, math.ceil(numel / world_size)) if numel else 0
+
+
+def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
+    return torch.full((1,), fill, dtype=dtype, device=device).expand(shape)
+
+
+def _storage_bytes(param: torch.nn.Parameter) -> int:
+    return param.ds_shard_numel * param.ds_world_size * param._ds_full.element_size()
+
+
+def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
+                    compute_device: torch.device | None = None, dtype: torch.dtype | None = None,
+                    pin_memory: bool = False, out: torch.Tensor | None = None) -> None:
+    """Turn `param` into a partitioned parameter in place; keeps only this rank's shard.
+
+    Args:
+        param: a parameter holding its full, initialised values on the compute device.
+        group: the data-parallel group the parameter is split across (None: the world).
+        shard_device: where `ds_tensor` lives ("cpu" for parameter offload; None: the compute device).
+        compute_device: where the full values are gathered for compute (None: where the parameter is).
+        dtype: cast floating-point parameters to this dtype (None keeps theirs).
+        pin_memory: page-lock a CPU shard (faster host-to-device copies; no effect on a CPU-only host).
+        out: a 1-D tensor of `ceil(numel / N)` elements (dtype and device as the shard) to hold the shard,
+            so that many shards can share one buffer.
+    """
+    if is_zero_param(param):
+        return
+    world = ds_comm.get_world_size(group)
+    rank = ds_comm.get_rank(group)
+    data = param.data
+    compute_device = torch.device(compute_device) if compute_device is not None else data.device
+    shard_device = torch.device(shard_device) if shard_device is not None else compute_device
+    target = dtype if (dtype is not None and data.is_floating_point()) else data.dtype
+    numel = data.numel()
+    s = shard_numel(numel, world)
+    with torch.no_grad():
+        flat = data.reshape(-1)
+        shard = torch.empty(s, dtype=target, device=shard_device) if out is None else out
+        start, end = min(rank * s, numel), min((rank + 1) * s, numel)
+        if end > start:
+            shard[: end - start].copy_(flat[start:end])
+        shard[end - start:].zero_()
+        if pin_memory and out is None and shard.device.type == "cpu":
+            shard = ds_comm.get_accelerator().pin_memory(shard)
+    param.ds_id = next(_ids)
+    param.ds_shape = data.shape
+    param.ds_numel = numel
+    param.ds_shard_numel = s
+    param.ds_world_size = world
+    param.ds_rank = rank
+    param.ds_process_group = group
+    param.ds_tensor = shard
+    param.ds_persist = False
+    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    param.ds_name = f"<parameter {param.ds_id} of shape {tuple(data.shape)}>"
+    param._ds_active = 0
+    param._ds_coord = None
+    param._ds_master = None
+    param._ds_offload = shard_device != compute_device
+    _make_full_storage(param, compute_device, target)
+    param.data = param._ds_placeholder
+    del data, flat
+
+
+def _make_full_storage(param: torch.nn.Parameter, device: torch.device, dtype: torch.dtype) -> None:
+    """(Re)create the owned full-size storage, released, plus the placeholder, on `device` in `dtype`."""
+    padded = param.ds_shard_numel * param.ds_world_size
+    full_flat = torch.empty(padded, dtype=dtype, device=device)
+    param._ds_full_flat = full_flat
+    param._ds_full = full_flat[: param.ds_numel].view(param.ds_shape)
+    full_flat.untyped_storage().resize_(0)  # views made first: a view of a 0-byte storage cannot be created
+    param._ds_placeholder = _placeholder(param.ds_shape, dtype, device)
+
+
+def alloc_full(param: torch.nn.Parameter) -> torch.Tensor:
+    """Give the full storage its bytes (contents undefined); returns the padded flat view to fill."""
+    storage = param._ds_full_flat.untyped_storage()
+    need = _storage_bytes(param)
+    if storage.nbytes() != need:
+        storage.resize_(need)
+    return param._ds_full_flat
+
+
+def set_available(param: torch.nn.Parameter) -> None:
+    """Point `.data` at the filled full tensor."""
+    param.data = param._ds_full
+    param.ds_status = ZeroParamStatus.AVAILABLE
+
+
+def free_full(param: torch.nn.Parameter) -> None:
+    """Release: `.data` back to the placeholder, full storage shrunk to 0 bytes."""
+    param.data = param._ds_placeholder
+    param._ds_full_flat.untyped_storage().resize_(0)
+    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+def full_bytes_held(param: torch.nn.Parameter) -> int:
+    """Bytes the full storage holds right now (0 when released)."""
+    return param._ds_full_flat.untyped_storage().nbytes()
+
+
+def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
+    """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into `ds_tensor` and the master."""
+    flat = full.reshape(-1)
+    s, rank, numel = param.ds_shard_numel, param.ds_rank, param.ds_numel
+    start, end = min(rank * s, numel), min((rank + 1) * s, numel)
+    with torch.no_grad():
+        piece = flat[start:end]
+        param.ds_tensor[: end - start].copy_(piece)
+        param.ds_tensor[end - start:].zero_()
+        master = param._ds_master
+        if master is not None and master is not param.ds_tensor:
+            master[: end - start].copy_(piece)
+            master[end - start:].zero_()
+
+
+def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
+    """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to a partitioned parameter.
+
+    The shard is converted; the full storage is recreated (released) in the converted dtype/device; a
+    parameter that was available (persistent, or gathered) is converted and stays available.
+    """
+    available = param.ds_status is ZeroParamStatus.AVAILABLE
+    with torch.no_grad():
+        full = fn(param._ds_full) if available else None
+        shard = fn(param.ds_tensor)
+        if param._ds_offload and shard.device != param.ds_tensor.device:
+            shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
+        param.ds_tensor = shard
+        probe = fn(torch.empty(0, dtype=param._ds_full.dtype, device=param._ds_full.device))
+        _make_full_storage(param, probe.device, probe.dtype)
+        if full is not None:
+            alloc_full(param)
+            param._ds_full.copy_(full)
+            set_available(param)
+        else:
+            param.data = param._ds_placeholder
+
+
+def iter_zero_params(params: Iterable[Any]) -> list[torch.nn.Parameter]:
+    """The partitioned parameters in `params`, deduplicated, in order (other objects are skipped)."""
+    seen: set[int] = set()
+    out = []
+    for p in params:
+        if is_zero_param(p) and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+class ZeroParamDict(dict):
+    """A module's `_parameters` dict that gathers a released parameter when a running forward reads it.
+
+    `nn.Module.__getattr__` reads parameters through `_parameters[name]`, so `self.embed.weight` used from
+    another module's forward (a tied lm-head) gathers the weight on demand and registers it with the
+    running module, which then gathers it up front on later steps. Iteration (`named_parameters()`,
+    `state_dict()`) goes through `items()`/`values()` and never gathers. Outside a managed forward or
+    backward nothing is gathered: the released parameter (right shape, NaN values) is returned.
+    """
+
+    def __getitem__(self, key: str) -> Any:
+        param = dict.__getitem__(self, key)
+        if param is not None and getattr(param, "ds_status", None) not in (None, ZeroParamStatus.AVAILABLE):
+            coord = param._ds_coord
+            if coord is not None:
+                coord.fetch_on_access(param)
+        return param
+
+
+def install_param_dict(module: torch.nn.Module) -> None:
+    """Swap `module._parameters` for a `ZeroParamDict` (same contents)."""
+    if not isinstance(module._parameters, ZeroParamDict):
+        module._parameters = ZeroParamDict(module._parameters)

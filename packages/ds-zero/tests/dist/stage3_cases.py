@@ -1,0 +1,161 @@
+"""Models and rank functions shared by the stage-3 distributed tests (module level, so ranks can import them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ds_zero
+
+VOCAB, DIM, SEQ = 64, 32, 8
+
+
+class Block(nn.Module):
+    """Pre-LN MLP block: LayerNorm (small: persistent), two Linears (partitioned), a constant buffer."""
+
+    def __init__(self, dim: int = DIM) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x)))) * self.scale
+
+
+class NestedOut(nn.Module):
+    """A block whose output is nested and holds non-tensors: (tensor, {"aux": tensor, "tag": str})."""
+
+    def __init__(self, dim: int = DIM) -> None:
+        super().__init__()
+        self.inner = Block(dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, *, gate: float = 1.0) -> tuple[torch.Tensor, dict[str, Any]]:
+        h = self.inner(x)
+        return h + gate * self.proj(h), {"aux": h.pow(2).mean(dim=-1, keepdim=True), "tag": "nested"}
+
+
+class TinyGPT(nn.Module):
+    """Exercises stage 3: nested modules, a module called twice, tied embedding/lm-head, a frozen layer,
+    buffers, a parameter on the root, nested/non-tensor outputs and a parameter read by a non-owner."""
+
+    def __init__(self, vocab: int = VOCAB, dim: int = DIM, num_layers: int = 2) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Parameter(torch.randn(SEQ, dim) * 0.02)
+        self.blocks = nn.ModuleList([Block(dim) for _ in range(num_layers)])
+        self.shared = NestedOut(dim)
+        self.frozen = nn.Linear(dim, dim)
+        self.frozen.requires_grad_(False)
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self.register_buffer("pos", torch.arange(SEQ))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe[self.pos[: idx.shape[1]]]
+        for block in self.blocks:
+            x = block(x)
+        x, extra = self.shared(x, gate=0.5)
+        x = self.frozen(x) + extra["aux"]
+        x, _ = self.shared(x)
+        # a parameter read by a module that does not own it (the root reads a block's weight)
+        x = x + 0.1 * (x @ self.blocks[0].fc2.weight)[..., : x.shape[-1]]
+        return self.lm_head(self.ln_f(x))
+
+
+def make_model(seed: int = 0, **kwargs: Any) -> TinyGPT:
+    torch.manual_seed(seed)
+    return TinyGPT(**kwargs)
+
+
+def batch(rank: int, step: int, micro: int, batch_size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + 100 * micro + rank)
+    idx = torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+    tgt = torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+    return idx, tgt
+
+
+def loss_fn(logits: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+
+def gathered_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    sd = ds_zero.consolidated_16bit_state_dict(model, rank0_only=False)
+    return {k: v.float() for k, v in sd.items()}
+
+
+STAGE3_CFG = {
+    "stage": 3,
+    "stage3_param_persistence_threshold": 40,  # LayerNorms, biases of width 32 stay whole
+    "stage3_prefetch_bucket_size": 5000,
+    "stage3_max_live_parameters": 12000,
+    "stage3_max_reuse_distance": 3000,
+    "reduce_bucket_size": 4000,
+}
+
+
+def train_stage3(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: float = 0.5,
+                 dtype: torch.dtype = torch.float32, config: dict[str, Any] | None = None, lr: float = 1e-2,
+                 use_init: bool = False) -> dict[str, Any]:
+    cfg = dict(STAGE3_CFG, **(config or {}))
+    if use_init:
+        with ds_zero.Init(config_dict_or_path={"zero_optimization": cfg}, dtype=dtype):
+            model = make_model()
+    else:
+        model = make_model().to(dtype)
+    base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=cfg, clip_grad=clip)
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for micro in range(gas):
+            idx, tgt = batch(rank, step, micro)
+            loss = loss_fn(model(idx), tgt) / gas
+            opt.backward(loss)
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    with torch.no_grad():
+        eval_logits = model(batch(rank, 999, 0)[0]).float()
+    return {"losses": losses, "state": gathered_state(model), "eval": eval_logits,
+            "norm": opt.global_grad_norm, "peak": opt.parameter_offload.peak_live_numel}
+
+
+def train_ddp(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: float = 0.5,
+              lr: float = 1e-2) -> dict[str, Any]:
+    model = make_model()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for micro in range(gas):
+            idx, tgt = batch(rank, step, micro)
+            loss = loss_fn(ddp(idx), tgt) / gas
+            loss.backward()
+            total += loss.item()
+        if clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        base.step()
+        base.zero_grad()
+        losses.append(total)
+    with torch.no_grad():
+        eval_logits = model(batch(rank, 999, 0)[0])
+    state = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+    return {"losses": losses, "state": state, "eval": eval_logits}
+
+
+def compare_with_ddp(rank: int, world: int, *, variants: dict[str, dict[str, Any]], steps: int = 20,
+                     gas: int = 4) -> dict[str, Any]:
+    """DDP once, then each stage-3 variant (keyword arguments of `train_stage3`), in the same processes."""
+    out = {"ddp": train_ddp(rank, world, steps=steps, gas=gas)}
+    for name, kwargs in variants.items():
+        out[name] = train_stage3(rank, world, steps=steps, gas=gas, **kwargs)
+    return out

@@ -1,0 +1,163 @@
+"""A partitioned parameter keeps its full shape, dtype and identity; its shard and metadata are reachable.
+
+Single process (world size 1, no process group): partitioning, release, gather, dtype conversion,
+state_dict/load_state_dict, and the errors for misuse.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ds_zero
+from ds_zero import GatheredParameters, ZeroParamStatus, is_zero_param
+
+
+def _mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 10), nn.ReLU(), nn.Linear(10, 3))
+
+
+def test_released_parameter_answers_full_shape_dtype_numel_and_is_still_the_same_parameter() -> None:
+    model = _mlp()
+    before = {n: (p, p.shape, p.dtype, p.numel()) for n, p in model.named_parameters()}
+    ds_zero.partition_model(model)
+    for name, p in model.named_parameters():
+        param, shape, dtype, numel = before[name]
+        assert p is param and isinstance(p, nn.Parameter) and is_zero_param(p)
+        assert p.shape == shape == p.ds_shape and p.dtype == dtype and p.numel() == numel == p.ds_numel
+        assert p.ds_status is ZeroParamStatus.NOT_AVAILABLE
+        assert p.ds_tensor.numel() == p.ds_numel  # world size 1: the shard is the whole parameter
+        assert p._ds_full_flat.untyped_storage().nbytes() == 0  # the full storage is released
+    assert sum(p.numel() for p in model.parameters()) == sum(v[3] for v in before.values())
+
+
+def test_released_parameter_reads_nan_and_refuses_writes() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    w = model[0].weight
+    assert torch.isnan(w.sum())
+    with pytest.raises(RuntimeError, match="single memory location"):
+        with torch.no_grad():
+            w.copy_(torch.zeros_like(w))
+
+
+def test_gathered_parameters_give_full_values_and_modifier_rank_keeps_changes() -> None:
+    ref = _mlp()
+    model = copy.deepcopy(ref)
+    ds_zero.partition_model(model)
+    with GatheredParameters(model.parameters()):
+        for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+            assert p.ds_status is ZeroParamStatus.AVAILABLE
+            torch.testing.assert_close(p, r, atol=0, rtol=0)
+            with torch.no_grad():
+                p.add_(1.0)  # discarded: no modifier_rank
+    assert model[0].weight.ds_status is ZeroParamStatus.NOT_AVAILABLE
+    with GatheredParameters(model[0].weight, modifier_rank=0):
+        with torch.no_grad():
+            model[0].weight.mul_(2.0)
+    with GatheredParameters(model[0].weight):
+        torch.testing.assert_close(model[0].weight, ref[0].weight * 2.0, atol=0, rtol=0)
+
+
+def test_state_dict_holds_empty_tensors_for_released_parameters_and_full_ones_when_gathered() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    sd = model.state_dict()
+    assert all(v.shape == (0,) for v in sd.values())
+    assert all(v is p for v, p in zip(model.state_dict(keep_vars=True).values(), model.parameters(), strict=True))
+    with GatheredParameters(model.parameters()):
+        assert model.state_dict()["0.weight"].shape == (10, 6)
+
+
+def test_full_state_dict_loads_into_partitioned_model_and_empty_entries_keep_values() -> None:
+    src, dst = _mlp(seed=1), _mlp(seed=2)
+    ds_zero.partition_model(dst)
+    result = dst.load_state_dict(src.state_dict())
+    assert not result.missing_keys and not result.unexpected_keys
+    assert all(p.ds_status is ZeroParamStatus.NOT_AVAILABLE for p in dst.parameters())
+    empty = {k: torch.empty(0) for k in src.state_dict()}
+    assert not dst.load_state_dict(empty).missing_keys  # "the values live in the partitions"
+    with GatheredParameters(dst.parameters()):
+        for p, r in zip(dst.parameters(), src.parameters(), strict=True):
+            torch.testing.assert_close(p, r, atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        dst.load_state_dict({**src.state_dict(), "0.weight": torch.zeros(3, 3)})
+
+
+def test_to_dtype_converts_shards_without_gathering() -> None:
+    ref = _mlp()
+    model = copy.deepcopy(ref)
+    ds_zero.partition_model(model)
+    model.to(torch.bfloat16)
+    for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+        assert p.dtype == torch.bfloat16 and p.ds_tensor.dtype == torch.bfloat16 and p.shape == r.shape
+        assert p.ds_status is ZeroParamStatus.NOT_AVAILABLE
+    with GatheredParameters(model.parameters()):
+        torch.testing.assert_close(model[2].bias, ref[2].bias.to(torch.bfloat16), atol=0, rtol=0)
+
+
+def test_init_context_partitions_as_modules_are_built_and_restores_torch_after() -> None:
+    init_before = nn.Linear.__init__
+    apply_before = nn.Module.apply
+
+    class Net(nn.Module):  # defined inside the context: wrapped through __init_subclass__
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 2)
+            self.apply(self._init)
+
+        @staticmethod
+        def _init(m: nn.Module) -> None:
+            if isinstance(m, nn.Linear):
+                nn.init.constant_(m.weight, 0.25)
+
+    with ds_zero.Init():
+        net = Net()
+        assert all(is_zero_param(p) for p in net.parameters())
+    assert nn.Linear.__init__ is init_before and nn.Module.apply is apply_before
+    assert not is_zero_param(nn.Linear(2, 2).weight)
+    with GatheredParameters(net.parameters()):
+        assert bool((net.a.weight == 0.25).all()) and bool((net.b.weight == 0.25).all())
+
+
+def test_init_dtype_and_config_dtype() -> None:
+    with ds_zero.Init(dtype=torch.bfloat16):
+        a = nn.Linear(3, 3)
+    with ds_zero.Init(config_dict_or_path={"bf16": {"enabled": True}}):
+        b = nn.Linear(3, 3)
+    assert a.weight.dtype == b.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"remote_device": "nvme"}, "remote_device='nvme'"),
+    ({"mpu": object()}, "model parallelism is not supported"),
+    ({"config_dict_or_path": "/no/such/ds_config.json"}, "no such file"),
+    ({"config_dict_or_path": {"zero_optimization": {"stage3_max_live_parameters": -1}}},
+     "zero_optimization.stage3_max_live_parameters"),
+])
+def test_init_rejects_bad_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        ds_zero.Init(**kwargs)
+
+
+def test_gathered_parameters_rejects_a_module_and_a_bad_modifier_rank() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    with pytest.raises(TypeError, match=r"module.parameters\(\)"):
+        GatheredParameters(model)
+    with pytest.raises(ValueError, match="modifier_rank=3"):
+        GatheredParameters(model.parameters(), modifier_rank=3)
+
+
+def test_forward_of_a_partitioned_but_unmanaged_model_is_refused() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    with pytest.raises(RuntimeError, match="nothing gathers it for this forward"):
+        model(torch.randn(2, 6))
+    with GatheredParameters(model.parameters()):
+        assert model(torch.randn(2, 6)).shape == (2, 3)
