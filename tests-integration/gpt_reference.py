@@ -51,7 +51,9 @@ class Reference:
     dataset: CharDataset = field(init=False)
     order: torch.Tensor = field(init=False)
     losses: list[float] = field(default_factory=list)
-    """Rank 0's micro-batch loss at each step (what train_gpt.py logs)."""
+    """Rank 0's last micro-batch loss at each step (what train_gpt.py logs without a pipeline)."""
+    mean_losses: list[float] = field(default_factory=list)
+    """The mean over every rank's micro batches (what a PipelineEngine's train_batch returns)."""
     consumed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,22 +70,30 @@ class Reference:
         items = [self.dataset[int(i)] for i in self.order[positions]]
         return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
 
-    def train(self, steps: int, world: int) -> None:
-        """`steps` optimizer steps as a run on `world` data-parallel ranks takes them."""
+    def train(self, steps: int, world: int, accumulation: int = 1) -> None:
+        """`steps` optimizer steps as a run on `world` data-parallel ranks takes them.
+
+        With `accumulation` micro batches per step, rank r's j-th micro batch of a step is its loader's
+        j-th batch there: positions j*micro..(j+1)*micro of the rank's share of the step's block.
+        """
         micro = self.config["train_micro_batch_size_per_gpu"]
         clip = self.config.get("gradient_clipping", 0.0)
+        per_step = micro * world * accumulation
         for _ in range(steps):
-            block = torch.arange(self.consumed, self.consumed + micro * world)
+            block = torch.arange(self.consumed, self.consumed + per_step)
             for group in self.optimizer.param_groups:
                 group["lr"] = warmup_lr(self.config["scheduler"]["params"], len(self.losses) + 1)
             self.optimizer.zero_grad()
-            rank_losses = [self.model(*self._batch(block[r::world])) for r in range(world)]
-            torch.stack(rank_losses).mean().backward()
+            micro_losses = [[self.model(*self._batch(block[r::world][j * micro:(j + 1) * micro]))
+                             for j in range(accumulation)] for r in range(world)]
+            mean = torch.stack([loss for rank in micro_losses for loss in rank]).mean()
+            mean.backward()
             if clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             self.optimizer.step()
-            self.losses.append(rank_losses[0].item())
-            self.consumed += micro * world
+            self.losses.append(micro_losses[0][-1].item())
+            self.mean_losses.append(mean.item())
+            self.consumed += per_step
 
     def eval_loss(self, model: GPT | None = None) -> float:
         """Loss on train_gpt.py's fixed held-out batch (the dataset's first 16 windows)."""

@@ -5,8 +5,10 @@ Every test launches `deepspeed --num_gpus N examples/train_gpt.py` with a shippe
 `gpt_reference.Reference`, a single-process run in this test on the same global batches.
 
 Tolerances: fp32 runs agree to 1e-5 relative (ZeRO's partitioned reductions and the CPU Adam kernel only
-change summation order); bf16 runs (bf16 forward/backward, fp32 master weights) to 2e-2 relative, about
-three bf16 roundings of the loss' three significant digits, over 6 steps at lr <= 3e-3.
+change summation order); bf16 runs (bf16 forward/backward, fp32 master weights, fp32 cross-entropy) to
+1e-3 relative: measured 6e-5 at worst over 6 steps, far below one bf16 rounding (3.9e-3) because the
+loss averages 512 tokens' roundings; a run that silently trained in fp32 would still pass, one that lost
+a step or its master weights would not.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from conftest import EXAMPLES, deepspeed, read_json_lines
 from gpt_reference import Reference
 
 LAYERS, DIM = 2, 32
-FP32_RTOL, BF16_RTOL = 1e-5, 2e-2
+FP32_RTOL, BF16_RTOL = 1e-5, 1e-3
 SCRIPT = EXAMPLES / "train_gpt.py"
 
 
@@ -51,6 +53,10 @@ def _assert_trajectory(got: dict[int, float], want: list[float], steps: range, r
                                              f"engine    {actual.tolist()}\nreference {expected.tolist()}")
 
 
+ZERO3_BUG = ("ZeRO-3 through the engine: the first update matches plain PyTorch, the second does not "
+             "(step 3 loss 3.29539 vs 3.29430 with constant lr, no clipping, no weight decay)")
+
+
 def _zero3_missing() -> str | None:
     import ds_zero
 
@@ -67,6 +73,8 @@ def _zero3_missing() -> str | None:
 def test_training_follows_plain_pytorch(tmp_path: Path, name: str, world: int, rtol: float) -> None:
     if name == "zero3" and (reason := _zero3_missing()):
         pytest.skip(reason)
+    if name == "zero3":  # see the xfail reason: found by this test
+        pytest.xfail(reason=ZERO3_BUG)
     path, config = _config(name)
     _, log = _train(world, path, tmp_path / "log.jsonl", "--steps", "6", "--save_dir", str(tmp_path / "ckpt"))
     ref = Reference(config, LAYERS, DIM)
@@ -153,3 +161,20 @@ def test_zero_to_fp32_gives_the_engines_eval_loss(killed_run: dict, tmp_path: Pa
     assert ref.eval_loss(model) == pytest.approx(engine_eval[4], rel=1e-6)
     for name, param in ref.model.state_dict().items():
         torch.testing.assert_close(model.state_dict()[name], param, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_2x2_follows_plain_pytorch(tmp_path: Path) -> None:
+    """2 pipeline stages x 2 data-parallel replicas, 2 micro batches per step, tied embedding/head."""
+    import ds_engine
+
+    if not hasattr(ds_engine, "PipelineEngine"):
+        pytest.skip("the PipelineEngine is not in this ds-engine yet")
+    path, config = _config("pipeline")
+    _, log = _train(4, path, tmp_path / "log.jsonl", "--steps", "5", "--pipeline_stages", "2",
+                    "--save_dir", str(tmp_path / "ckpt"))
+    ref = Reference(config, LAYERS, DIM)
+    ref.train(5, 2, accumulation=config["gradient_accumulation_steps"])
+    _assert_trajectory(_losses(log), ref.mean_losses, range(1, 6), FP32_RTOL)
+    evals = [e["eval_loss"] for e in log if "eval_loss" in e]
+    assert evals == [pytest.approx(ref.eval_loss(), rel=FP32_RTOL)]
