@@ -14,7 +14,6 @@ a step or its master weights would not.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 

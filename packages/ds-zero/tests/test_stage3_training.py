@@ -13,6 +13,7 @@ import logging
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import ds_zero
 from ds_ops.precision import DynamicLossScaler
@@ -154,3 +155,115 @@ def test_optimizer_argument_errors() -> None:
     ds_zero.DeepSpeedZeroOptimizer_Stage3(wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="before building DeepSpeedZeroOptimizer_Stage3"):
         wrapped.to(torch.bfloat16)
+
+
+class CheckpointedNet(nn.Module):
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 48), nn.ReLU(), nn.Linear(48, 16)) for _ in range(3))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_with_gathered_parameters(reentrant: bool) -> None:
+    torch.manual_seed(0)
+    ref = CheckpointedNet(reentrant)
+    model = copy.deepcopy(ref)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.Adam(model.parameters(), lr=1e-2),
+                                                config={"stage": 3, "stage3_param_persistence_threshold": 0})
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for _ in range(3):
+        x = torch.randn(5, 16, requires_grad=reentrant)
+        loss = model(x).pow(2).mean()
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        ref(x).pow(2).mean().backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    with GatheredParameters(model.parameters()):
+        for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p, r, atol=1e-6, rtol=1e-5)
+
+
+def test_both_calling_conventions_and_their_errors() -> None:
+    a, b = Net(), Net()
+    ds_zero.DeepSpeedZeroOptimizer_Stage3(a, torch.optim.SGD(a.parameters(), lr=0.1), config={"stage": 3})
+    engine_style = ds_zero.DeepSpeedZeroOptimizer_Stage3(torch.optim.SGD(b.parameters(), lr=0.1),
+                                                         config={"stage": 3}, module=b)
+    assert engine_style.module is b
+    with pytest.raises(TypeError, match="needs a module"):
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(torch.optim.SGD(Net().parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="unexpected positional argument of type int"):
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(Net(), 3)
+
+
+def test_refresh_fp32_params_after_loading_module_weights() -> None:
+    torch.manual_seed(0)
+    model, source = Net().half(), Net().half()
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                                                config={"stage": 3})
+    model.load_state_dict(source.state_dict())  # the shards change; the fp32 masters do not yet
+    opt.refresh_fp32_params()
+    opt.backward(model(torch.randint(0, 40, (2, 3))).float().mean())
+    opt.step()  # lr 0: the masters are written back into the shards
+    with GatheredParameters(model.parameters()):
+        for p, r in zip(model.parameters(), source.parameters(), strict=True):
+            torch.testing.assert_close(p, r, atol=0, rtol=0)
+
+
+class Reader(nn.Module):
+    """Reads another module's weight in its forward (registered up front, or discovered on first read)."""
+
+    def __init__(self, source: nn.Linear) -> None:
+        super().__init__()
+        self.__dict__["source"] = source  # not a submodule
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.source.weight.t() * self.scale
+
+
+class ReaderNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.reader = Reader(self.a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reader(torch.tanh(self.a(x)))
+
+
+@pytest.mark.parametrize("register", [False, True])
+def test_external_parameters_join_the_reading_module(register: bool) -> None:
+    torch.manual_seed(0)
+    ref = ReaderNet()
+    model = copy.deepcopy(ref)
+    model.reader.__dict__["source"] = model.a
+    if register:
+        ds_zero.register_external_parameter(model.reader, model.a.weight)
+    offload = ds_zero.DeepSpeedZeRoOffload(model, config={"stage3_param_persistence_threshold": 0})
+    x = torch.randn(3, 8)
+    for _ in range(2):
+        torch.testing.assert_close(model(x), ref(x), atol=0, rtol=0)
+    unit = offload.coordinator.unit_for(model.reader)
+    assert any(p is model.a.weight for p in unit.params)
+    assert model.a.weight.ds_status is ZeroParamStatus.NOT_AVAILABLE
+    ds_zero.unregister_external_parameter(model.reader, model.a.weight)
+    assert all(p is not model.a.weight for p in unit.params)
+
+
+def test_persistence_thresholds() -> None:
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2))  # 100 + 10 + 20 + 2 elements
+    ds_zero.DeepSpeedZeRoOffload(model, config={"stage3_param_persistence_threshold": 50,
+                                                "stage3_model_persistence_threshold": 15})
+    persist = {name: p.ds_persist for name, p in model.named_parameters()}
+    # below 50 elements: the biases and the 20-element weight; the 15-element budget admits only 10 + 2
+    assert persist == {"0.weight": False, "0.bias": True, "1.weight": False, "1.bias": True}
+    assert all(p.ds_status is ZeroParamStatus.AVAILABLE for p in model.parameters() if p.ds_persist)

@@ -134,12 +134,12 @@ def _zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer
                           f"{getattr(ds_zero, '__version__', '?')} does not provide; pip install -U 'ds-engine[zero]'")
     m = config.model
     comm_dtype = to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
-    kwargs = {"config": config.zero.config, "loss_scaler": _loss_scaler(plan), "clip_grad": plan.clip,
-              "dp_group": dist.dp_group, "gradient_predivide_factor": m.gradient_predivide_factor,
-              "communication_dtype": comm_dtype}
-    if plan.zero_stage == 3:  # DeepSpeed's order: Stage3(module, optimizer, ...)
-        return cls(module, base, **kwargs)
-    return cls(base, module=module, **kwargs)
+    common = dict(config=config.zero.config, loss_scaler=_loss_scaler(plan), clip_grad=plan.clip,
+                  dp_group=dist.dp_group, gradient_predivide_factor=m.gradient_predivide_factor,
+                  communication_dtype=comm_dtype)
+    if plan.zero_stage == 3:  # stage 3 owns the module's parameters, so the module comes first
+        return cls(module, base, **common)
+    return cls(base, module=module, **common)
 
 
 def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None, module: nn.Module,

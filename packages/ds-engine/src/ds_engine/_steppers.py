@@ -120,7 +120,11 @@ class ZeroStepper:
         self.optimizer.backward(loss, retain_graph=retain_graph)
 
     def step(self) -> bool:
-        return bool(self.optimizer.step())
+        applied = bool(self.optimizer.step())
+        # DeepSpeed's engine clears gradients after every boundary step; ZeRO-3's optimizer relies on
+        # it (its fp32 gradient partitions accumulate across micro-steps until zero_grad()).
+        self.optimizer.zero_grad(set_to_none=True)
+        return applied
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

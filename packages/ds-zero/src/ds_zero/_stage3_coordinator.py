@@ -1,8 +1,6 @@
 """The stage-3 parameter coordinator: which partitioned parameters are gathered when, and when they go.
 
-A *gather unit* is a module together with the partitioned, non-persistent parameters its forward needs:
-the ones it registers itself plus *external* ones (another module's parameter read from its forward,
-registered on the first read). Units are gathered with one coalesced collective before the module's
+Each gather unit (`_stage3_units`) is gathered with one coalesced collective before its module's
 forward and again before its backward, and released after each. Around that:
 
 * prefetch: while the iteration follows the recorded trace (`ExecutionTrace`), the units ahead are
@@ -22,7 +20,6 @@ of meeting a different collective (see `_gather`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -32,22 +29,13 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._gather import GatherHandle, check_same_gather, gather_params, name_fingerprint, report_deviation
-from ds_zero._partitioned_param import ZeroParamStatus, free_full, install_param_dict, is_zero_param
+from ds_zero._partitioned_param import ZeroParamStatus, free_full
 from ds_zero._stage3_trace import ExecutionTrace
+from ds_zero._stage3_units import GatherUnit, UnitRegistry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GatherUnit", "ParamCoordinator"]
-
-
-@dataclasses.dataclass(eq=False)
-class GatherUnit:
-    """A module and the partitioned, non-persistent parameters gathered for it."""
-
-    index: int
-    module: nn.Module
-    name: str
-    params: list[nn.Parameter]
+__all__ = ["ParamCoordinator"]
 
 
 class ParamCoordinator:
@@ -72,12 +60,11 @@ class ParamCoordinator:
         self.prefetch_bucket_size = prefetch_bucket_size
         self.max_live_parameters = max_live_parameters
         self.max_reuse_distance = max_reuse_distance
-        self.units: list[GatherUnit] = []
-        self._unit_of: dict[int, GatherUnit] = {}
-        self._module_names = {id(m): name or "<root>" for name, m in root.named_modules(remove_duplicate=False)}
-        self.params: list[nn.Parameter] = []
-        self._storage_index: dict[int, nn.Parameter] = {}
-        self._traces = {kind: ExecutionTrace(self._unit_param_info) for kind in ("train", "eval")}
+        self._traces: dict[str, ExecutionTrace] = {}
+        self.registry = UnitRegistry(root, self, self._refresh_traces)
+        self.units = self.registry.units
+        self.params = self.registry.params
+        self._traces = {kind: ExecutionTrace(self.registry.param_info) for kind in ("train", "eval")}
         for trace in self._traces.values():
             trace.warn_on_invalidate = log_trace_cache_warnings
         self._trace: ExecutionTrace | None = None
@@ -94,86 +81,34 @@ class ParamCoordinator:
         self.live_numel = 0
         self.peak_live_numel = 0
         self.num_gathers = 0
-        self._attach()
 
-    # ----------------------------------------------------------------------------------------- setup
-    def _attach(self) -> None:
-        seen: set[int] = set()
-        for mod_name, module in self.root.named_modules():
-            own = []
-            for p_name, p in module._parameters.items():
-                if not is_zero_param(p):
-                    continue
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    full_name = f"{mod_name}.{p_name}" if mod_name else p_name
-                    p.ds_name = full_name
-                    p._ds_fp = name_fingerprint(full_name)
-                    p._ds_coord = self
-                    self.params.append(p)
-                if not p.ds_persist:
-                    own.append(p)
-            if any(is_zero_param(p) for p in module._parameters.values()):
-                install_param_dict(module)
-                self._new_unit(module, own)  # persistent-only modules too: their calls are trace events
-        for module in self.root.modules():
-            for p in module.__dict__.get("_ds_external_params", []):
-                if is_zero_param(p) and p._ds_coord is self:
-                    self.add_external(module, p)
-        self.reindex_storage()
-
-    def reindex_storage(self) -> None:
-        """Rebuild the storage -> parameter map the saved-tensor hooks use (after a dtype/device change)."""
-        self._storage_index = {p._ds_full_flat.untyped_storage()._cdata: p for p in self.params if not p.ds_persist}
-
-    def storage_replaced(self, old_key: int, param: nn.Parameter) -> None:
-        """A dtype/device conversion recreated `param`'s full storage."""
-        self._storage_index.pop(old_key, None)
-        if not param.ds_persist:
-            self._storage_index[param._ds_full_flat.untyped_storage()._cdata] = param
-
-    def _new_unit(self, module: nn.Module, params: list[nn.Parameter]) -> GatherUnit:
-        unit = GatherUnit(len(self.units), module, self._module_names.get(id(module), type(module).__name__),
-                          params)
-        self.units.append(unit)
-        self._unit_of[id(module)] = unit
-        return unit
-
-    def _unit_param_info(self, index: int) -> list[tuple[int, int]]:
-        return [(p.ds_id, p.ds_numel) for p in self.units[index].params]
+    # ----------------------------------------------------------------------------------------- units
+    def _refresh_traces(self) -> None:
+        for trace in self._traces.values():
+            trace.refresh()
 
     def unit_for(self, module: nn.Module) -> GatherUnit | None:
-        return self._unit_of.get(id(module))
+        return self.registry.unit_for(module)
 
     def gathers_for(self, module: nn.Module) -> bool:
         """Whether `module` has parameters to gather (and so needs backward hooks)."""
-        unit = self._unit_of.get(id(module))
+        unit = self.registry.unit_for(module)
         return unit is not None and bool(unit.params)
+
+    def add_external(self, module: nn.Module, param: nn.Parameter) -> GatherUnit | None:
+        """Gather `param` with `module` from now on (DeepSpeed's `register_external_parameter`)."""
+        return self.registry.add_external(module, param)
+
+    def remove_external(self, module: nn.Module, param: nn.Parameter) -> None:
+        self.registry.remove_external(module, param)
+
+    def storage_replaced(self, old_key: int, param: nn.Parameter) -> None:
+        self.registry.storage_replaced(old_key, param)
 
     @property
     def checked(self) -> bool:
         """Whether gathers now need the fingerprint check (no shared trace is being followed)."""
         return self._trace is None or not self._trace.valid
-
-    def add_external(self, module: nn.Module, param: nn.Parameter) -> GatherUnit | None:
-        """Gather `param` with `module` from now on (DeepSpeed's `register_external_parameter`)."""
-        if param.ds_persist:
-            return None
-        unit = self._unit_of.get(id(module))
-        if unit is None:
-            unit = self._new_unit(module, [])
-        if all(p is not param for p in unit.params):
-            unit.params.append(param)
-            for trace in self._traces.values():
-                trace.refresh()
-        return unit
-
-    def remove_external(self, module: nn.Module, param: nn.Parameter) -> None:
-        unit = self._unit_of.get(id(module))
-        if unit is not None and param in module._parameters.values():
-            return
-        if unit is not None:
-            unit.params = [p for p in unit.params if p is not param]
 
     # ------------------------------------------------------------------------------- iteration edges
     @property
@@ -207,7 +142,7 @@ class ParamCoordinator:
             if torch.is_grad_enabled() and self._saved_hooks is None:
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
                 self._saved_hooks.__enter__()
-        unit = self._unit_of.get(id(module))
+        unit = self.registry.unit_for(module)
         entry = [module, unit, False]
         self._stack.append(entry)
         if unit is not None:
@@ -231,13 +166,13 @@ class ParamCoordinator:
 
     def pre_backward(self, module: nn.Module) -> None:
         self.ensure_backward()
-        unit = self._unit_of.get(id(module))
+        unit = self.registry.unit_for(module)
         if unit is not None:
             self._use(unit, 1)
             self._bwd_uses.append(unit)
 
     def post_backward(self, module: nn.Module) -> None:
-        unit = self._unit_of.get(id(module))
+        unit = self.registry.unit_for(module)
         if unit is None:
             return
         for i in range(len(self._bwd_uses) - 1, -1, -1):
@@ -438,7 +373,7 @@ class ParamCoordinator:
         if param.ds_status is ZeroParamStatus.INFLIGHT:
             self._wait(param)
         entry = self._stack[-1] if self._stack else None
-        where = self._module_names.get(id(entry[0]), "?") if entry else "backward"
+        where = self.registry.name_of(entry[0]) if entry else "backward"
         if param.ds_status is ZeroParamStatus.NOT_AVAILABLE:
             self._make_room(param.ds_numel)
             self._issue([param], f"parameter {param.ds_name!r} read in module {where!r}", async_op=False,
@@ -489,9 +424,9 @@ class ParamCoordinator:
     def _pack(self, tensor: torch.Tensor) -> Any:
         try:
             key = tensor.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError):
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):  # no plain storage (sparse, ...)
             return tensor
-        param = self._storage_index.get(key)
+        param = self.registry.param_for_storage(key)
         if param is None:
             return tensor
         return (param, tensor.size(), tensor.stride(), tensor.storage_offset())

@@ -27,6 +27,25 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer_Stage3"]
 
 
+def _module_and_optimizer(args: tuple[Any, ...], module: nn.Module | None,
+                          optimizer: torch.optim.Optimizer | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Sort the positional arguments of either calling convention into (module, optimizer)."""
+    for arg in args:
+        if isinstance(arg, nn.Module) and module is None:
+            module = arg
+        elif isinstance(arg, torch.optim.Optimizer) and optimizer is None:
+            optimizer = arg
+        else:
+            raise TypeError(f"DeepSpeedZeroOptimizer_Stage3: unexpected positional argument of type "
+                            f"{type(arg).__name__}; pass (module, optimizer, config=...) or "
+                            "(optimizer, module=..., config=...)")
+    if module is None or optimizer is None:
+        missing = "module (the model)" if module is None else "optimizer (a torch.optim.Optimizer)"
+        raise TypeError(f"DeepSpeedZeroOptimizer_Stage3 needs a {missing}: pass (module, optimizer, config=...) "
+                        "or (optimizer, module=..., config=...)")
+    return module, optimizer
+
+
 class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
 
@@ -40,6 +59,10 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     clip, the base optimizer's step on the partitions, copy into the model-dtype shards, and re-gather
     the parameters that stay whole (persistent ones).
 
+    Called as `DeepSpeedZeroOptimizer_Stage3(module, optimizer, config=...)` (DeepSpeed's order) or, like
+    the stage 1/2 optimizer in the engine contract, `DeepSpeedZeroOptimizer_Stage3(optimizer, module=...,
+    config=...)`.
+
     Args:
         module: the model (built normally or under `ds_zero.Init`).
         optimizer: a torch optimizer built over the model's parameters, not stepped yet.
@@ -52,15 +75,18 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         parameter_offload: an existing `DeepSpeedZeRoOffload` of `module` (default: the module's, or a new one).
 
     Raises:
+        TypeError: not exactly one module and one optimizer given.
         ValueError: stage is not 3, the optimizer was already stepped, an optimizer parameter is not in
             `module`, or an unsupported offload device.
     """
 
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, *args: nn.Module | torch.optim.Optimizer, module: nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None,
                  config: ZeroConfig | Mapping[str, Any] | None = None, loss_scaler: LossScaler | None = None,
                  clip_grad: float = 0.0, dp_group: ProcessGroup | None = None,
                  gradient_predivide_factor: float = 1.0, communication_dtype: torch.dtype | None = None,
                  parameter_offload: DeepSpeedZeRoOffload | None = None) -> None:
+        module, optimizer = _module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
         if cfg.stage != 3:
             raise ValueError(f"DeepSpeedZeroOptimizer_Stage3 needs zero_optimization.stage=3, got {cfg.stage}; use "
@@ -241,6 +267,15 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                 part.master.grad.zero_()
         for p in self.coordinator.params:
             p.grad = None
+
+    def refresh_fp32_params(self) -> None:
+        """Reload the fp32 masters from the model-dtype shards (after the module's weights were loaded or
+        edited outside the optimizer), and re-gather the parameters that stay whole."""
+        for part in self.partitions:
+            part.copy_shards_to_master()
+        self.refresh_gathered(include_frozen=True)
+
+    _restore_from_bit16_weights = refresh_fp32_params  # DeepSpeed's name, used by ds-engine
 
     # ------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
