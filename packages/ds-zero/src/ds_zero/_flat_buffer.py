@@ -98,8 +98,9 @@ class FlatParamGroup:
         Raises:
             ValueError: names the first detached parameter and the fix.
         """
+        base, size = self.flat.data_ptr(), self.flat.element_size()
         for p, slot in zip(self.params, self.slots, strict=True):
-            if p.data_ptr() != self.flat[slot.flat_offset:].data_ptr() and slot.numel:
+            if slot.numel and p.data_ptr() != base + slot.flat_offset * size:
                 raise ValueError(f"parameter {slot.name!r} is no longer a view of the ZeRO flat buffer: the model "
                                  "was moved, cast or had parameters replaced after the optimizer was built; cast "
                                  "and move the model first, then build the base optimizer and the ZeRO wrapper")
