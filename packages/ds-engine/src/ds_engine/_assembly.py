@@ -137,8 +137,7 @@ def _zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer
     common = dict(config=config.zero.config, loss_scaler=_loss_scaler(plan), clip_grad=plan.clip,
                   dp_group=dist.dp_group, gradient_predivide_factor=m.gradient_predivide_factor,
                   communication_dtype=comm_dtype)
-    if plan.zero_stage == 3:  # stage 3 owns the module's parameters, so the module comes first
-        return cls(module, base, **common)
+    # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
     return cls(base, module=module, **common)
 
 
