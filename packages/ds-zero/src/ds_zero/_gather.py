@@ -80,7 +80,7 @@ def check_same_gather(params: Sequence[torch.nn.Parameter], label: str, fp_group
         ds_comm.all_gather_into_tensor(rows, mine, group=fp_group)
     except ds_comm.CollectiveTimeoutError as err:
         raise GatherDivergenceError(
-            f"rank {rank} waited to gather {label} but the other ranks never reached a matching parameter "
+            f"rank {rank} waited at a parameter gather ({label}) but the other ranks never reached a matching "
             "gather within the collective timeout: the ranks ran different modules (data-dependent control "
             "flow around partitioned modules?). Stage 3 needs every rank to run the same partitioned "
             f"modules in the same order.{deviation_summary(fp_group)}"
@@ -88,17 +88,32 @@ def check_same_gather(params: Sequence[torch.nn.Parameter], label: str, fp_group
     rows = rows.view(world, 3)
     if bool((rows == mine).all()):
         return
-    labels: list[str | None] = [None] * world
-    ds_comm.all_gather_object(labels, f"{label} (gather #{seq})", group=fp_group)
+    labels = _all_gather_text(f"{label} (gather #{seq})", fp_group, world)
     groups: dict[str, list[int]] = {}
     for r, text in enumerate(labels):
-        groups.setdefault(str(text), []).append(r)
+        groups.setdefault(text, []).append(r)
     detail = "; ".join(f"ranks {ranks} gather {text}" for text, ranks in groups.items())
     raise GatherDivergenceError(
         f"ranks diverged at a stage-3 parameter gather: {detail}. Every rank must run the same partitioned "
         "modules in the same order (no data-dependent control flow around them); make the branch identical "
         "on all ranks, or run the branch's modules on every rank."
     )
+
+
+_LABEL_BYTES = 1024
+
+
+def _all_gather_text(text: str, group: ProcessGroup | None, world: int) -> list[str]:
+    """Every rank's `text` (UTF-8, cut to 1 KiB) through a fixed-size byte all-gather.
+
+    `all_gather_object` would do, but it needs numpy, which ds-zero does not depend on.
+    """
+    data = text.encode("utf-8")[:_LABEL_BYTES]
+    mine = torch.zeros(_LABEL_BYTES, dtype=torch.uint8)
+    mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    rows = torch.empty(world * _LABEL_BYTES, dtype=torch.uint8)
+    ds_comm.all_gather_into_tensor(rows, mine, group=group)
+    return [bytes(row.tolist()).rstrip(b"\0").decode("utf-8", errors="replace") for row in rows.view(world, -1)]
 
 
 _DEVIATION_KEY = "ds_zero/stage3/deviation"

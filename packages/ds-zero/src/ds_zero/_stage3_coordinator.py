@@ -246,7 +246,7 @@ class ParamCoordinator:
         message = (f"rank {ds_comm.get_rank()} ran {self._describe(event)} where the recorded execution order "
                    f"expected {self._describe(expected)}")
         report_deviation(message)
-        check_same_gather([], f"a change of execution order ({message})", self.fp_group, self.num_gathers,
+        check_same_gather([], f"after leaving the recorded execution order: {message}", self.fp_group, self.num_gathers,
                           tag=name_fingerprint(self._describe(event)))
 
     def _fetch(self, params: list[nn.Parameter], label: str) -> None:
