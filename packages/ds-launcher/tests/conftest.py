@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ds_comm.testing import free_port
+
 TESTS = Path(__file__).parent
 #: The worker script of the real-run tests.
 JOB = TESTS / "train_job.py"
@@ -78,6 +80,10 @@ class Launcher:
     def start(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
               module: str = "ds_launcher", name: str = "launcher") -> subprocess.Popen[bytes]:
         out, err = self.tmp_path / f"{name}.out", self.tmp_path / f"{name}.err"
+        if module == "ds_launcher" and "--master_port" not in args and "--help" not in args:
+            # A free rendezvous port per job: the default 29500 collides with any other job or test
+            # process on this host (a world-of-one init_distributed binds it too).
+            args = ("--master_port", str(free_port()), *args)
         with open(out, "wb") as o, open(err, "wb") as e:
             proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd or self.tmp_path,
                                     env=env or clean_env(), stdout=o, stderr=e, start_new_session=True)
