@@ -141,6 +141,11 @@ def _model_states(engine: DeepSpeedEngine, exclude_frozen: bool, client_state: d
         "ds_version": __version__,
         "rng_states": rng_states,
     }
+    return with_client_state(state, client_state)
+
+
+def with_client_state(state: dict[str, Any], client_state: dict[str, Any]) -> dict[str, Any]:
+    """`state` plus the user's `client_state`; a key the engine writes itself is an error, not overwritten."""
     clash = sorted(set(client_state) & set(state))
     if clash:
         raise ValueError(f"client_state keys {clash} collide with keys the engine writes; rename them")
@@ -148,16 +153,22 @@ def _model_states(engine: DeepSpeedEngine, exclude_frozen: bool, client_state: d
     return state
 
 
-def save_checkpoint(engine: DeepSpeedEngine, save_dir: str | Path, tag: Any = None,
-                    client_state: dict[str, Any] | None = None, save_latest: bool = True,
-                    exclude_frozen_parameters: bool = False) -> bool:
-    """See `DeepSpeedEngine.save_checkpoint`."""
+def resolve_save_tag(engine: DeepSpeedEngine, save_dir: str | Path, tag: Any) -> str:
+    """The tag to save under (default `global_step<N>`), checked to be a plain name every rank agrees on."""
     if not save_dir:
         raise ValueError(f"save_checkpoint: save_dir must be a directory path, got {save_dir!r}")
     tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
     if not tag or "/" in tag or tag in (".", ".."):
         raise ValueError(f"save_checkpoint: tag must be a plain directory name, got {tag!r}")
     _check_tag(engine, tag)
+    return tag
+
+
+def save_checkpoint(engine: DeepSpeedEngine, save_dir: str | Path, tag: Any = None,
+                    client_state: dict[str, Any] | None = None, save_latest: bool = True,
+                    exclude_frozen_parameters: bool = False) -> bool:
+    """See `DeepSpeedEngine.save_checkpoint`."""
+    tag = resolve_save_tag(engine, save_dir, tag)
     root = Path(save_dir)
     ckpt_dir = root / tag
     ckpt_dir.mkdir(parents=True, exist_ok=True)

@@ -62,23 +62,14 @@ def _stage_states(engine: PipelineEngine, client_state: dict[str, Any],
         "rng_states": rng_states,
         _LAYOUT_KEY: engine.layout(),
     }
-    clash = sorted(set(client_state) & set(state))
-    if clash:
-        raise ValueError(f"client_state keys {clash} collide with keys the engine writes; rename them")
-    state.update(client_state)
-    return state
+    return _checkpoint.with_client_state(state, client_state)
 
 
 def save_pipeline_checkpoint(engine: PipelineEngine, save_dir: str | Path, tag: Any = None,
                              client_state: dict[str, Any] | None = None, save_latest: bool = True,
                              exclude_frozen_parameters: bool = False) -> bool:
     """See `PipelineEngine.save_checkpoint`."""
-    if not save_dir:
-        raise ValueError(f"save_checkpoint: save_dir must be a directory path, got {save_dir!r}")
-    tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
-    if not tag or "/" in tag or tag in (".", ".."):
-        raise ValueError(f"save_checkpoint: tag must be a plain directory name, got {tag!r}")
-    _checkpoint._check_tag(engine, tag)
+    tag = _checkpoint.resolve_save_tag(engine, save_dir, tag)
     root = Path(save_dir)
     ckpt_dir = root / tag
     ckpt_dir.mkdir(parents=True, exist_ok=True)
