@@ -1,10 +1,11 @@
 """ZeRO stages on 2 gloo ranks vs torch DDP: step time (wall and process CPU) and per-rank peak RSS.
 
-Run: python benchmarks/zero.py [--steps 8] [--batch 4] [--seq 64] [--repeats 2]
+Run: python benchmarks/zero.py [--steps 10] [--batch 4] [--seq 64] [--modes ddp,stage2]
 Model: a GPT-style decoder (~21M parameters: vocab 8192, 10 layers of width 384, tied embeddings),
-AdamW, fp32, one micro-step per step. Every mode runs in fresh rank processes (so peak RSS is its
-own); modes are repeated in rotation and the best repeat is kept, since these machines are shared.
-CPU time is process time (all threads, gloo's included) per step, next to wall time.
+AdamW, fp32, one micro-step per step. Step times come from one pair of rank processes holding every
+mode, which run one step each in rotation (machine noise hits all alike; these machines are shared);
+the median step is reported, for the slower rank. CPU time is process time (all threads, gloo's
+included) per step, next to wall time. Peak RSS comes from fresh rank processes per mode.
 
 Modes: torch DDP (bucket_cap_mb=25); stage 0 (ds-engine's when installed, else a stand-in: one
 flat all-reduce of the gradients + AdamW, said so in the output); ZeRO stage 1; stage 2
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import resource
+import statistics
 import time
 
 import torch
@@ -147,68 +149,82 @@ def _stage0_standin(model: GPT, adamw: dict) -> tuple[object, object, str]:
     return model, step, "stand-in: flat all-reduce + AdamW (ds-engine.initialize not available)"
 
 
-def _run(rank: int, world: int, mode: str, steps: int, batch: int, seq: int) -> dict:
-    start_rss = _rss_mib()
+def _build(mode: str, batch: int, seq: int, rank: int, steps: int):  # noqa: ANN202 - (run one step, numel, note)
     torch.manual_seed(0)
     model = GPT()
     numel = sum(p.numel() for p in model.parameters())
     module, step, note = _setup(mode, model)
     gen = torch.Generator().manual_seed(rank)
-    data = [torch.randint(0, 8192, (batch, seq + 1), generator=gen) for _ in range(steps + 2)]
+    data = [torch.randint(0, 8192, (batch, seq + 1), generator=gen) for _ in range(steps)]
 
     def one(i: int) -> None:
-        idx = data[i]
+        idx = data[i % len(data)]
         logits = module(idx[:, :-1])
         step(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1)))
 
-    for i in range(2):                                      # warm-up: buffers, optimizer state
+    return one, numel, note
+
+
+def _time_interleaved(rank: int, world: int, modes: list[str], steps: int, batch: int, seq: int) -> dict:
+    """Every mode in the same processes, one step each in rotation, so machine noise hits all alike."""
+    runners = {mode: _build(mode, batch, seq, rank, steps) for mode in modes}
+    times: dict[str, dict[str, list[float]]] = {m: {"wall": [], "cpu": []} for m in modes}
+    for i in range(steps + 2):
+        for mode in modes:
+            ds_comm.barrier()
+            wall, cpu = time.perf_counter(), time.process_time()
+            runners[mode][0](i)
+            ds_comm.barrier()
+            if i >= 2:                                      # two warm-up steps: buffers, optimizer state
+                times[mode]["wall"].append(time.perf_counter() - wall)
+                times[mode]["cpu"].append(time.process_time() - cpu)
+    return {m: {"wall": statistics.median(t["wall"]), "cpu": statistics.median(t["cpu"]),
+                "numel": runners[m][1], "note": runners[m][2]} for m, t in times.items()}
+
+
+def _peak_rss(rank: int, world: int, mode: str, batch: int, seq: int) -> dict:
+    """Peak RSS of fresh rank processes running one mode for a few steps (a process holds one model)."""
+    start = _rss_mib()
+    one, _, _ = _build(mode, batch, seq, rank, 3)
+    for i in range(3):
         one(i)
-    ds_comm.barrier()
-    wall, cpu = time.perf_counter(), time.process_time()
-    for i in range(steps):
-        one(i + 2)
-    ds_comm.barrier()
-    return {"wall": (time.perf_counter() - wall) / steps, "cpu": (time.process_time() - cpu) / steps,
-            "peak_rss": _peak_rss_mib(), "rss_growth": _peak_rss_mib() - start_rss, "numel": numel, "note": note}
+    return {"peak_rss": _peak_rss_mib(), "rss_growth": _peak_rss_mib() - start}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args()
     modes = args.modes.split(",")
-    best: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for mode in modes:
-            ranks = run_ranks(2, _run, mode=mode, steps=args.steps, batch=args.batch, seq=args.seq, timeout_s=1800)
-            row = {k: max(r[k] for r in ranks) if isinstance(ranks[0][k], float) else ranks[0][k] for k in ranks[0]}
-            prev = best.get(mode)
-            best[mode] = row if prev is None else {**row, "wall": min(prev["wall"], row["wall"]),
-                                                   "cpu": min(prev["cpu"], row["cpu"]),
-                                                   "peak_rss": min(prev["peak_rss"], row["peak_rss"]),
-                                                   "rss_growth": min(prev["rss_growth"], row["rss_growth"])}
-    numel = next(iter(best.values()))["numel"]
+    ranks = run_ranks(2, _time_interleaved, modes=modes, steps=args.steps, batch=args.batch, seq=args.seq,
+                      timeout_s=3600)
+    rows = {m: {k: max(r[m][k] for r in ranks) if k in ("wall", "cpu") else ranks[0][m][k] for k in ranks[0][m]}
+            for m in modes}
+    for mode in modes:
+        mem = run_ranks(2, _peak_rss, mode=mode, batch=args.batch, seq=args.seq, timeout_s=1800)
+        rows[mode].update(peak_rss=max(r["peak_rss"] for r in mem), rss_growth=max(r["rss_growth"] for r in mem))
+    numel = rows[modes[0]]["numel"]
     print(f"GPT {numel / 1e6:.1f}M params, fp32 AdamW, 2 gloo ranks x 1 thread, batch {args.batch}x{args.seq} "
-          f"tokens/rank, best of {args.repeats} x {args.steps} steps (worst rank)")
-    ref = best.get("ddp")
+          f"tokens/rank; median of {args.steps} steps, modes interleaved step by step (worst rank); peak RSS "
+          "from separate 3-step runs per mode")
+    ref = rows.get("ddp")
     print(f"{'mode':<16}{'wall s/step':>12}{'cpu s/step':>12}{'peak RSS MiB':>14}{'RSS growth':>12}"
           f"{'wall/DDP':>10}{'cpu/DDP':>9}{'RSS/DDP':>9}")
     for mode in modes:
-        r = best[mode]
+        r = rows[mode]
         ratios = ("", "", "") if ref is None else (f"{r['wall'] / ref['wall']:.3f}", f"{r['cpu'] / ref['cpu']:.3f}",
                                                    f"{r['peak_rss'] / ref['peak_rss']:.3f}")
         print(f"{mode:<16}{r['wall']:>12.3f}{r['cpu']:>12.3f}{r['peak_rss']:>14.0f}{r['rss_growth']:>12.0f}"
               f"{ratios[0]:>10}{ratios[1]:>9}{ratios[2]:>9}")
     for mode in modes:
-        if best[mode]["note"]:
-            print(f"  {mode}: {best[mode]['note']}")
-    if ref is not None and "stage2" in best:
-        cpu_ratio = best["stage2"]["cpu"] / ref["cpu"]
-        rss_ratio = best["stage2"]["peak_rss"] / ref["peak_rss"]
+        if rows[mode]["note"]:
+            print(f"  {mode}: {rows[mode]['note']}")
+    if ref is not None and "stage2" in rows:
+        cpu_ratio = rows["stage2"]["cpu"] / ref["cpu"]
+        rss_ratio = rows["stage2"]["peak_rss"] / ref["peak_rss"]
         print(f"targets: stage 2 cpu/DDP {cpu_ratio:.3f} (<= 1.02: {'met' if cpu_ratio <= 1.02 else 'NOT met'}), "
               f"peak RSS/DDP {rss_ratio:.3f} (<= 1: {'met' if rss_ratio <= 1.0 else 'NOT met'})")
     if "fsdp2" in best and "stage3" in best:

@@ -131,3 +131,50 @@ def test_frozen_parameters_are_left_alone_and_recorded() -> None:
     opt.backward(model(torch.randn(2, 5)).sum())
     opt.step()
     assert torch.equal(model[0].weight, frozen_before) and model[0].weight.grad is None
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_grad_discards_a_backward_that_was_not_stepped(stage: int) -> None:
+    model, ref = _model(), _model()
+    opt = _zero(model, stage)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+    opt.backward(model(torch.randn(4, 5)).sum() * 100)      # thrown away
+    opt.zero_grad()
+    x = torch.randn(4, 5)
+    opt.backward(model(x).pow(2).mean())
+    opt.step()
+    ref(x).pow(2).mean().backward()
+    ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_a_backward_that_raised_does_not_break_the_next_one() -> None:
+    model, ref = _model(), _model()
+    opt = _zero(model, 2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
+
+    def boom(grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("boom")
+
+    handle = model[0].weight.register_hook(boom)           # fires after the last layer's buckets
+    with pytest.raises(RuntimeError, match="boom"):
+        opt.backward(model(torch.randn(4, 5)).sum())
+    handle.remove()
+    opt.zero_grad()
+    x = torch.randn(4, 5)
+    opt.backward(model(x).pow(2).mean())
+    opt.step()
+    ref(x).pow(2).mean().backward()
+    ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+
+
+def test_moving_the_model_after_wrapping_is_an_error() -> None:
+    model = _model()
+    opt = _zero(model, 1)
+    model.double()
+    opt.backward(model(torch.randn(2, 5).double()).sum())
+    with pytest.raises(ValueError, match="'0.weight' is no longer a view of the ZeRO flat buffer"):
+        opt.step()

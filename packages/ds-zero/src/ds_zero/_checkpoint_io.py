@@ -132,16 +132,25 @@ def resolve_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], tag: str | No
     return path
 
 
+def _param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
+    """Per param group, name -> shape of the trainable parameters (DeepSpeed's `param_shapes`)."""
+    flats = getattr(optimizer, "flats", None)
+    if flats is not None:
+        return [{slot.name: list(slot.shape) for slot in flat.slots} for flat in flats]
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [{names.get(id(p), f"group{g}.param{i}"): list(getattr(p, "ds_shape", p.shape))
+             for i, p in enumerate(group["params"]) if p.requires_grad}
+            for g, group in enumerate(optimizer.param_groups)]
+
+
 def _model_states(optimizer: Any, module: torch.nn.Module, client_state: Mapping[str, Any]) -> dict[str, Any]:
-    buffer_names = [name for name, _ in module.named_buffers()]
-    param_shapes = [{slot.name: list(slot.shape) for slot in flat.slots} for flat in optimizer.flats]
     state = {
         "module": module.state_dict(),
-        "buffer_names": buffer_names,
+        "buffer_names": [name for name, _ in module.named_buffers()],
         "optimizer": None,
-        "param_shapes": param_shapes,
-        "frozen_param_shapes": dict(optimizer.frozen_param_shapes),
-        "shared_params": dict(optimizer.shared_params),
+        "param_shapes": _param_shapes(optimizer, module),
+        "frozen_param_shapes": dict(getattr(optimizer, "frozen_param_shapes", {})),
+        "shared_params": dict(getattr(optimizer, "shared_params", {})),
         "dp_world_size": optimizer.dp_world_size,
         "zero_stage": optimizer.zero_stage,
         "ds_zero_version": __version__,
@@ -156,7 +165,9 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
     """Save a ZeRO checkpoint in DeepSpeed's layout (a collective: every data-parallel rank calls it).
 
     Each rank writes its `optimizer.state_dict()`; data-parallel rank 0 also writes the model states
-    (when `module` is given) and, after every rank has finished, `save_dir/latest`.
+    (when `module` is given; at stage 3 every rank writes its own) and, after every rank has finished,
+    `save_dir/latest`. The optimizer needs `dp_rank`, `dp_world_size`, `dp_group`, `zero_stage`,
+    `param_groups` and `state_dict()` (both stage families have them).
 
     Args:
         save_dir: the checkpoint root.
@@ -177,8 +188,13 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
     rank = optimizer.dp_rank
     atomic_torch_save({"optimizer_state_dict": optimizer.state_dict(), "ds_zero_version": __version__},
                       path / optim_states_file_name(rank, bf16=bf16_prefix))
-    if rank == 0 and module is not None:
-        atomic_torch_save(_model_states(optimizer, module, client_state or {}), path / MODEL_STATES_FILE)
+    if module is not None:
+        # Stages 1/2: one model-states file (rank 0). Stage 3: every rank writes its own (DeepSpeed's names).
+        if optimizer.zero_stage == 3:
+            atomic_torch_save(_model_states(optimizer, module, client_state or {}),
+                              path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+        elif rank == 0:
+            atomic_torch_save(_model_states(optimizer, module, client_state or {}), path / MODEL_STATES_FILE)
     if ds_comm.is_initialized():
         ds_comm.barrier(group=optimizer.dp_group)
     if rank == 0 and save_latest:
@@ -197,7 +213,10 @@ def load_optim_state_dicts(ckpt_dir: str | os.PathLike[str], *, mmap: bool = Tru
 def load_zero_checkpoint(load_dir: str | os.PathLike[str], optimizer: Any, module: torch.nn.Module | None = None, *,
                          tag: str | None = None, load_optimizer_states: bool = True,
                          load_module_strict: bool = True) -> tuple[Path | None, dict[str, Any] | None]:
-    """Load a checkpoint written by `save_zero_checkpoint` (or the engine), at any world size.
+    """Load a stage 1/2 checkpoint written by `save_zero_checkpoint` (or the engine), at any world size.
+
+    The module's weights come from the model-states file (when `module` is given), then every rank's
+    partition file re-partitions onto this optimizer (a collective: every rank calls it).
 
     Returns `(tag directory, client_state)`, or `(None, None)` with a warning when `load_dir` has no
     `latest` and no tag is given (DeepSpeed's behaviour).

@@ -51,7 +51,10 @@ class FlatParamGroup:
         self.numel = offset
         self.padded_numel = padded_numel(offset, num_partitions)
         self.partition_numel = self.padded_numel // num_partitions
-        self.flat = torch.zeros(self.padded_numel, dtype=self.dtype, device=self.device)
+        # `empty`, not `zeros`: pages become resident as each parameter is copied in while its old storage
+        # is released, so building the buffer costs about one model copy, not two.
+        self.flat = torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
+        self.flat[self.numel:].zero_()
         with torch.no_grad():
             for p, slot in zip(params, slots, strict=True):
                 view = self.flat[slot.flat_offset: slot.flat_end]
@@ -87,3 +90,17 @@ class FlatParamGroup:
     def slot_view(self, buffer: torch.Tensor, slot: ParamSlot) -> torch.Tensor:
         """`slot`'s parameter-shaped view into another buffer with the flat layout (e.g. a gradient buffer)."""
         return buffer[slot.flat_offset: slot.flat_end].view(slot.shape)
+
+    def check_views(self) -> None:
+        """Raise if the parameters no longer live in the flat buffer (the model was moved or cast after
+        the optimizer was built, so updates would no longer reach it).
+
+        Raises:
+            ValueError: names the first detached parameter and the fix.
+        """
+        base, size = self.flat.data_ptr(), self.flat.element_size()
+        for p, slot in zip(self.params, self.slots, strict=True):
+            if slot.numel and p.data_ptr() != base + slot.flat_offset * size:
+                raise ValueError(f"parameter {slot.name!r} is no longer a view of the ZeRO flat buffer: the model "
+                                 "was moved, cast or had parameters replaced after the optimizer was built; cast "
+                                 "and move the model first, then build the base optimizer and the ZeRO wrapper")

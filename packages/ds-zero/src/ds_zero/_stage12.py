@@ -11,7 +11,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import LossScaler, global_grad_norm, has_overflow
+from ds_ops.precision import LossScaler, global_grad_norm, has_overflow, local_overflow
 from ds_zero._checkpoint_format import FragmentIndex
 from ds_zero._flat_buffer import FlatParamGroup
 from ds_zero._param_names import ParamNames
@@ -85,12 +85,14 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
         self.offload = config.offload_optimizer.device == "cpu"
-        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0 or self.loss_scaler.dynamic
         self.overflow = False
         self._global_grad_norm: float | None = None
 
         names = ParamNames(module)
         self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
+        # fp16 (any scaler) must detect overflow, which the norm does for free; so does clipping.
+        fp16 = any(f.dtype == torch.float16 for f in self.flats if f.numel)
+        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0 or self.loss_scaler.dynamic or fp16
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
@@ -101,6 +103,8 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.grad_partitions: list[torch.Tensor] = self._grads.accumulators
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
+        self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
+        self._host_grads_on_device_group = self.offload and self._comm_device.type != "cpu"
         self._sync = PartitionAllGather(self.flats, dp_group, bucket_numel=config.allgather_bucket_size,
                                         allgather_partitions=config.allgather_partitions)
         self._sync()
@@ -217,15 +221,19 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         """
         if closure is not None:
             raise TypeError("DeepSpeedZeroOptimizer.step() takes no closure; call opt.backward(loss) then opt.step()")
+        for flat in self.flats:
+            flat.check_views()
         self._grads.finish()
         grads = self.grad_partitions
         scale = self.loss_scaler.cur_scale
         if self._compute_norm:
-            norm = float(global_grad_norm(grads, group=self.dp_group, partitioned=True))
+            # One all-reduce gives the norm over every partition; an inf/nan anywhere makes it non-finite
+            # on every rank, so all ranks skip together.
+            norm = self._partitioned_norm(grads)
             self.overflow = not math.isfinite(norm)
             self._global_grad_norm = norm / scale
         else:
-            self.overflow = self.loss_scaler.dynamic and has_overflow(grads, group=self.dp_group)
+            self.overflow = self.loss_scaler.dynamic and self._any_rank_overflow(grads)
         if self.overflow:
             logger.info("ZeRO step skipped: gradient overflow (loss scale %s)", scale)
             self.loss_scaler.update_scale(True)
@@ -246,6 +254,23 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self._sync()
         self.zero_grad()
         return True
+
+    def _partitioned_norm(self, grads: list[torch.Tensor]) -> float:
+        if not self._host_grads_on_device_group:
+            return float(global_grad_norm(grads, group=self.dp_group, partitioned=True))
+        # Offloaded partitions on the host, collectives on the device (nccl): reduce the partial there.
+        local = global_grad_norm(grads, partitioned=False).to(self._comm_device).pow(2).reshape(1)
+        if self.dp_world_size > 1:
+            ds_comm.all_reduce(local, group=self.dp_group)
+        return float(local.sqrt())
+
+    def _any_rank_overflow(self, grads: list[torch.Tensor]) -> bool:
+        if not self._host_grads_on_device_group:
+            return has_overflow(grads, group=self.dp_group)
+        flag = local_overflow(grads).to(self._comm_device)
+        if self.dp_world_size > 1:
+            ds_comm.all_reduce(flag, op=ds_comm.ReduceOp.MAX, group=self.dp_group)
+        return bool(flag.item())
 
     # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]

@@ -81,6 +81,12 @@ def _make_bucket(index: int, group: int, flat: FlatParamGroup, positions: list[i
     return bucket
 
 
+def _graph_task_id() -> int:
+    """An id of the running backward pass (-1 outside one); 0 where torch does not expose it."""
+    getter = getattr(torch._C, "_current_graph_task_id", None)
+    return getter() if getter is not None else 0
+
+
 class BucketReducer:
     """Reduce-scatters gradients during backward into each rank's fp32 partition (stage 2).
 
@@ -114,7 +120,7 @@ class BucketReducer:
         self._num_buffers = 0
         self._in_flight: deque[tuple[_Bucket, _Launched]] = deque()
         self._next = 0
-        self._armed = False
+        self._armed: int | None = None
         self._hooks = []
         for bucket in self.buckets:
             for pos, p in enumerate(bucket.params):
@@ -127,9 +133,12 @@ class BucketReducer:
         return on_grad
 
     def _on_grad(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
-        if not self._armed:
+        task = _graph_task_id()
+        if self._armed != task:
+            # First gradient of this backward pass (a pass that raised never ran its callback, so the
+            # graph-task id, not a flag, tells a new pass apart).
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-            self._armed = True
+            self._armed = task
         if param.grad is None:
             return
         if bucket.storage is None:
@@ -173,7 +182,7 @@ class BucketReducer:
 
     def _end_of_backward(self) -> None:
         """Zero-fill and launch buckets whose parameters got no gradient, then finish every reduction."""
-        self._armed = False
+        self._armed = None
         missing: list[str] = []
         for bucket in self.buckets[self._next:]:
             if bucket.pending == 0:
@@ -211,11 +220,11 @@ class BucketReducer:
             for p in bucket.params:
                 p.grad = None
         self._next = 0
-        self._armed = False
+        self._armed = None
 
     def gradient_tensors(self) -> list[torch.Tensor]:
-        """Staging buffers this reducer holds (for memory accounting; accumulators are counted by the caller)."""
-        return list(self._pool)
+        """Staging and receive buffers held (for memory accounting; accumulators are counted by the caller)."""
+        return list(self._pool) + self.reducer.buffers()
 
     def close(self) -> None:
         for handle in self._hooks:

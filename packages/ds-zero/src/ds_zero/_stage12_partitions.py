@@ -72,8 +72,8 @@ class PartitionUpdater:
         flats: the flat parameter groups.
         masters: the fp32 master partitions.
         offload: masters live on the host; a CPU optimizer with an in-pass copy (ds_ops
-            DeepSpeedCPUAdam's `fp16_param_groups`) writes bf16/fp16 results straight into the model's
-            partition, otherwise the results are copied after the step.
+            DeepSpeedCPUAdam's `fp16_param_groups`) writes the results straight into the model's
+            partition when that is in host memory, otherwise the results are copied after the step.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, flats: list[FlatParamGroup], masters: list[torch.Tensor],
@@ -83,12 +83,13 @@ class PartitionUpdater:
         self.masters = masters
         self.copy_back = [m.data_ptr() != f.own_partition.data_ptr() or m.numel() == 0
                           for m, f in zip(masters, flats, strict=True)]
+        # The CPU optimizers write their copy targets in the same pass as the update, but only into host
+        # tensors: a model on an accelerator gets its partition copied after the step.
         used = [f for f in flats if f.numel]
         self.in_pass_copy = (offload and accepts_in_pass_copy(optimizer) and bool(used)
-                             and all(f.dtype in (torch.float16, torch.bfloat16) for f in used))
+                             and all(f.device.type == "cpu" for f in used))
         if offload and not self.in_pass_copy:
-            logger.debug("offload step: %s has no in-pass copy for these dtypes; copying after the step",
-                         type(optimizer).__name__)
+            logger.debug("offload step: %s copies the updated partition after the step", type(optimizer).__name__)
 
     def step(self) -> None:
         """One base-optimizer step over the partitions, then the model's own partitions hold the results."""

@@ -17,7 +17,6 @@ sys.path.insert(0, str(EXAMPLES))
 
 import zero_in_your_loop  # noqa: E402
 
-
 CONFIGS = [(2, "fp16"), (1, "bf16")]
 
 

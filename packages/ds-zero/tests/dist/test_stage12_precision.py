@@ -15,7 +15,7 @@ import ds_zero
 from ds_comm.testing import run_ranks
 from ds_ops.precision import local_overflow
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-fp32comm": torch.bfloat16}
 
 
 def _precision_runs(rank: int, world: int, stage: int) -> dict[str, tuple]:
@@ -23,9 +23,11 @@ def _precision_runs(rank: int, world: int, stage: int) -> dict[str, tuple]:
     for name, dtype in DTYPES.items():
         model = make_model(dtype=dtype)
         scaler = ds_zero.DynamicLossScaler(init_scale=2.0**10, scale_window=5) if name == "fp16" else None
-        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, overlap_comm=True, reduce_bucket_size=200, allgather_bucket_size=400),
-                                             module=model, loss_scaler=scaler, clip_grad=0.05)
-        losses = train_zero(opt, model, rank, world, range(20))
+        config = zero_config(stage, overlap_comm=True, reduce_bucket_size=200, allgather_bucket_size=400)
+        comm = torch.float32 if name == "bf16-fp32comm" else None
+        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=config, module=model, loss_scaler=scaler,
+                                             clip_grad=0.05, communication_dtype=comm)
+        losses = train_zero(opt, model, rank, world, range(20), global_loss=False)
         masters = torch.cat([m.detach().float() for m in opt.masters])
         out[name] = (losses, flat_params(model), opt.loss_scale, masters, [p.dtype for p in model.parameters()])
         opt.close()
@@ -45,9 +47,9 @@ def precision_results() -> dict[int, dict]:
 def test_bf16_and_fp16_track_fp32(stage: int, precision_results: dict[int, dict]) -> None:
     res = precision_results[stage]
     fp32_losses, fp32_params = res["fp32"][0], res["fp32"][1]
-    for name, loss_tol, param_tol in (("bf16", 2e-2, 3e-2), ("fp16", 5e-3, 5e-3)):
+    for name, loss_tol, param_tol in (("bf16", 2e-2, 3e-2), ("fp16", 5e-3, 5e-3), ("bf16-fp32comm", 2e-2, 3e-2)):
         losses, params, _, masters, dtypes = res[name]
-        assert all(d == DTYPES[name] for d in dtypes), f"{name}: model params were not kept in {name}"
+        assert all(d == DTYPES[name] for d in dtypes), f"{name}: model params were not kept in {DTYPES[name]}"
         loss_err = max(abs(a - b) for a, b in zip(losses, fp32_losses, strict=True))
         assert loss_err <= loss_tol, f"{name}: losses differ from fp32 by {loss_err}"
         param_err = float((params - fp32_params).abs().max())

@@ -71,7 +71,8 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 
 
 def zero_config(stage: int, **overrides: Any) -> ds_zero.ZeroConfig:
-    base = {"stage": stage, "reduce_bucket_size": 40, "allgather_bucket_size": 50}
+    """Small buckets, so even this model has several (buckets straddle partitions and param groups)."""
+    base = {"stage": stage, "reduce_bucket_size": 100, "allgather_bucket_size": 200}
     base.update(overrides)
     return ds_zero.ZeroConfig(**base)
 
@@ -81,8 +82,9 @@ def schedule(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler
 
 
 def train_zero(opt: ds_zero.DeepSpeedZeroOptimizer, model: nn.Module, rank: int, world: int, steps: range,
-               gas: int = 1, sched: Any = None) -> list[float]:
-    """Run `steps` optimizer steps of `gas` micro-steps each; returns the global mean loss per step."""
+               gas: int = 1, sched: Any = None, global_loss: bool = True) -> list[float]:
+    """Run `steps` optimizer steps of `gas` micro-steps each; returns the loss per step (the mean over
+    ranks with `global_loss`, else this rank's, which saves a collective per step)."""
     losses = []
     for step in steps:
         total = 0.0
@@ -94,7 +96,7 @@ def train_zero(opt: ds_zero.DeepSpeedZeroOptimizer, model: nn.Module, rank: int,
         opt.step()
         if sched is not None:
             sched.step()
-        losses.append(_global_mean(total))
+        losses.append(_global_mean(total) if global_loss else total)
     return losses
 
 
@@ -127,7 +129,7 @@ def train_ddp(rank: int, world: int, steps: int, gas: int, clip: float) -> tuple
         opt.step()
         opt.zero_grad()
         sched.step()
-        losses.append(_global_mean(total))
+        losses.append(total)
     return flat_params(model), losses
 
 
@@ -140,19 +142,26 @@ class _null:
 
 
 def compare_with_ddp(rank: int, world: int, cases: list[dict[str, Any]], steps: int = 20) -> dict[str, tuple]:
-    """For each case: (max |param diff|, max |loss diff|, max param spread across ranks) vs DDP after `steps`."""
-    results = {}
+    """For each case: (max |param diff|, max |loss diff|, max param spread across ranks, last grad norm) vs DDP.
+
+    Losses are this rank's (same data as DDP's rank); DDP references are shared by cases with the same
+    accumulation and clipping.
+    """
+    results, references = {}, {}
     for case in cases:
         case = dict(case)
         name = case.pop("name")
         gas = case.pop("gas", 1)
         clip = case.pop("clip", 0.0)
         stage = case.pop("stage")
-        ref_params, ref_losses = train_ddp(rank, world, steps, gas, clip)
+        extra = {k: case.pop(k) for k in ("gradient_predivide_factor", "communication_dtype") if k in case}
+        if (gas, clip) not in references:
+            references[(gas, clip)] = train_ddp(rank, world, steps, gas, clip)
+        ref_params, ref_losses = references[(gas, clip)]
         model = make_model()
         opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, **case),
-                                             module=model, clip_grad=clip)
-        losses = train_zero(opt, model, rank, world, range(steps), gas=gas, sched=schedule(opt))
+                                             module=model, clip_grad=clip, **extra)
+        losses = train_zero(opt, model, rank, world, range(steps), gas=gas, sched=schedule(opt), global_loss=False)
         params = flat_params(model)
         spread = _spread(params)
         results[name] = (float((params - ref_params).abs().max()),
