@@ -227,8 +227,8 @@ def main() -> None:
         rss_ratio = rows["stage2"]["peak_rss"] / ref["peak_rss"]
         print(f"targets: stage 2 cpu/DDP {cpu_ratio:.3f} (<= 1.02: {'met' if cpu_ratio <= 1.02 else 'NOT met'}), "
               f"peak RSS/DDP {rss_ratio:.3f} (<= 1: {'met' if rss_ratio <= 1.0 else 'NOT met'})")
-    if "fsdp2" in best and "stage3" in best:
-        fsdp, z3 = best["fsdp2"], best["stage3"]
+    if "fsdp2" in rows and "stage3" in rows:
+        fsdp, z3 = rows["fsdp2"], rows["stage3"]
         wall, rss = z3["wall"] / fsdp["wall"], z3["peak_rss"] / fsdp["peak_rss"]
         print(f"stage 3 vs FSDP2: wall {wall:.3f}, cpu {z3['cpu'] / fsdp['cpu']:.3f} "
               f"(<= 1.1: {'met' if wall <= 1.1 else 'NOT met'}), peak RSS {rss:.3f} "
