@@ -48,6 +48,13 @@ def name_fingerprint(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") & ((1 << 60) - 1)
 
 
+def _comm_device(group: ProcessGroup | None) -> torch.device:
+    """Where small control tensors must live for `group`'s backend (nccl: the accelerator; else the host)."""
+    if ds_comm.is_initialized() and torch.distributed.get_backend(group) == "nccl":
+        return ds_comm.get_accelerator().device()
+    return torch.device("cpu")
+
+
 def _fingerprint(params: Sequence[torch.nn.Parameter], tag: int = 0) -> tuple[int, int]:
     """(hash of `tag` and the parameter names in order, total elements)."""
     h = tag & _MASK
@@ -73,8 +80,9 @@ def check_same_gather(params: Sequence[torch.nn.Parameter], label: str, fp_group
     if world == 1:
         return
     h, total = _fingerprint(params, tag)
-    mine = torch.tensor([h, total, seq], dtype=torch.int64)
-    rows = torch.empty(world * 3, dtype=torch.int64)
+    device = _comm_device(fp_group)
+    mine = torch.tensor([h, total, seq], dtype=torch.int64, device=device)
+    rows = torch.empty(world * 3, dtype=torch.int64, device=device)
     rank = ds_comm.get_rank(fp_group)
     try:
         ds_comm.all_gather_into_tensor(rows, mine, group=fp_group)
@@ -85,7 +93,8 @@ def check_same_gather(params: Sequence[torch.nn.Parameter], label: str, fp_group
             "flow around partitioned modules?). Stage 3 needs every rank to run the same partitioned "
             f"modules in the same order.{deviation_summary(fp_group)}"
         ) from err
-    rows = rows.view(world, 3)
+    rows = rows.view(world, 3).cpu()
+    mine = mine.cpu()
     if bool((rows == mine).all()):
         return
     labels = _all_gather_text(f"{label} (gather #{seq})", fp_group, world)
@@ -109,10 +118,11 @@ def _all_gather_text(text: str, group: ProcessGroup | None, world: int) -> list[
     `all_gather_object` would do, but it needs numpy, which ds-zero does not depend on.
     """
     data = text.encode("utf-8")[:_LABEL_BYTES]
+    device = _comm_device(group)
     mine = torch.zeros(_LABEL_BYTES, dtype=torch.uint8)
     mine[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
-    rows = torch.empty(world * _LABEL_BYTES, dtype=torch.uint8)
-    ds_comm.all_gather_into_tensor(rows, mine, group=group)
+    rows = torch.empty(world * _LABEL_BYTES, dtype=torch.uint8, device=device)
+    ds_comm.all_gather_into_tensor(rows, mine.to(device), group=group)
     return [bytes(row.tolist()).rstrip(b"\0").decode("utf-8", errors="replace") for row in rows.view(world, -1)]
 
 

@@ -84,7 +84,7 @@ class DeepSpeedZeRoOffload:
                                  f"data-parallel group has {self.world_size}; use the same group in ds_zero.Init "
                                  "(data_parallel_group=) and here (dp_group=)")
         self.gather_group = self._new_group()
-        self.fp_group = self._new_group()
+        self.fp_group = self._new_group(backend="gloo")  # tiny CPU tensors, waited on the CPU with a timeout
         persistent = self._mark_persistent(module, cfg)
         self.coordinator = ParamCoordinator(
             module, group=self.gather_group, fp_group=self.fp_group, prefetch_bucket_size=cfg.prefetch_bucket_size,
@@ -99,14 +99,14 @@ class DeepSpeedZeRoOffload:
         logger.info("stage 3: %d parameters partitioned over %d ranks (%d persistent, %d elements)", len(params),
                     self.world_size, len(persistent), sum(p.ds_numel for p in persistent))
 
-    def _new_group(self) -> ProcessGroup | None:
+    def _new_group(self, backend: str | None = None) -> ProcessGroup | None:
         """A group over the data-parallel ranks (parameter gathers and fingerprints each get their own)."""
         if self.world_size == 1:
             return None
         ranks = None
         if self.dp_group is not None:
             ranks = torch.distributed.get_process_group_ranks(self.dp_group)
-        return ds_comm.new_group(ranks)
+        return ds_comm.new_group(ranks, backend=backend)
 
     @staticmethod
     def _mark_persistent(module: nn.Module, cfg: ZeroConfig) -> list[nn.Parameter]:

@@ -129,6 +129,8 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self._global_grad_norm: float | None = None
         self.overflow = False
         self._fused_copy = "fp16_param_groups" in inspect.signature(optimizer.step).parameters
+        nccl = ds_comm.is_initialized() and torch.distributed.get_backend(dp_group) == "nccl"
+        self._norm_device = ds_comm.get_accelerator().device() if nccl else torch.device("cpu")
         names = ParamNames(module)
         # what ds_zero.save_zero_checkpoint and the engine read (same names as the stage 1/2 optimizer)
         self.zero_stage = 3
@@ -196,7 +198,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         scale = self.loss_scaler.loss_scale
         if scale != 1.0 and grads:
             torch._foreach_mul_(grads, 1.0 / scale)
-        norm = global_grad_norm(grads, group=self.dp_group, partitioned=True)
+        norm = self._global_norm(grads)
         self._global_grad_norm = float(norm)
         self.overflow = not math.isfinite(self._global_grad_norm)
         if self.overflow:
@@ -210,6 +212,18 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.loss_scaler.update_scale(False)
         self.refresh_gathered()
         return True
+
+    def _global_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The 2-norm over every rank's gradient partitions (one all-reduce; inf/nan when any overflowed).
+
+        The partial sum travels on the device the group's backend needs (nccl: the accelerator), wherever
+        the partitions live (host memory with optimizer offload).
+        """
+        local = global_grad_norm(grads, partitioned=False).float()
+        total = (local * local).reshape(1).to(self._norm_device)
+        if self.world_size > 1:
+            ds_comm.all_reduce(total, group=self.dp_group)
+        return total.sqrt().reshape(())
 
     def _base_step(self) -> None:
         tiles = self.tiles
