@@ -7,6 +7,8 @@ multi-process test harness.
 
 from __future__ import annotations
 
+import importlib
+
 from ds_comm.__about__ import __version__
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
@@ -38,17 +40,19 @@ from ds_comm.collectives import (
     reduce_scatter_tensor,
     send,
 )
-from ds_comm.config import (
-    AUTO,
-    Auto,
-    CommsLoggerConfig,
-    ConfigDeprecationWarning,
-    ConfigError,
-    ConfigModel,
-    find_auto,
-    validate_section,
-)
+from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm.logging import get_logger, log_dist
+
+#: Names served from `ds_comm.config` on first access: it imports pydantic (~0.3 s), which only
+#: code that reads a config needs. `from ds_comm import ConfigModel` works as usual.
+_CONFIG_NAMES = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "validate_section"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _CONFIG_NAMES:
+        return getattr(importlib.import_module("ds_comm.config"), name)
+    raise AttributeError(f"module 'ds_comm' has no attribute {name!r}")
+
 
 __all__ = [
     "AUTO",

@@ -6,8 +6,10 @@ import dataclasses
 import inspect
 import logging
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from ds_comm.config import CommsLoggerConfig
+if TYPE_CHECKING:
+    from ds_comm.config import CommsLoggerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ class CommsLogger:
     """Collects records when enabled; `enabled` is checked once per collective and is cheap when off."""
 
     def __init__(self) -> None:
-        self.config = CommsLoggerConfig()
+        self.config: CommsLoggerConfig | None = None  # set by configure(); records need it
         self.enabled = False
         self.records: dict[str, dict[int, OpRecord]] = defaultdict(lambda: defaultdict(OpRecord))
 
@@ -54,7 +56,7 @@ class CommsLogger:
         self.enabled = config.enabled
 
     def should_record(self, op: str) -> bool:
-        return self.enabled and (self.config.prof_all or op in self.config.prof_ops)
+        return self.enabled and self.config is not None and (self.config.prof_all or op in self.config.prof_ops)
 
     def record(self, op: str, size_bytes: int, latency_s: float, world_size: int) -> None:
         name = op

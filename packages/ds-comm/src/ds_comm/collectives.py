@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,9 @@ from torch.distributed import ProcessGroup, ReduceOp, Work
 from ds_comm._comms_logger import comms_logger
 from ds_comm._dist_init import state
 from ds_comm.accelerator import get_accelerator
-from ds_comm.config import CommsLoggerConfig, validate_section
+
+if TYPE_CHECKING:
+    from ds_comm.config import CommsLoggerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +314,8 @@ def configure(config: CommsLoggerConfig | dict[str, Any] | Any | None = None, *,
 
     An object with a `comms_logger` attribute (an engine config) is accepted too.
     """
+    from ds_comm.config import CommsLoggerConfig, validate_section  # pydantic loads only when configuring
+
     if config is not None and not isinstance(config, (CommsLoggerConfig, dict)):
         config = getattr(config, "comms_logger", None)
     base = validate_section(CommsLoggerConfig, config or {}, path="comms_logger")

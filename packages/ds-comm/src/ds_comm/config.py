@@ -5,10 +5,12 @@ from __future__ import annotations
 import difflib
 import warnings
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
+
+from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 
 __all__ = [
     "AUTO",
@@ -21,19 +23,7 @@ __all__ = [
     "validate_section",
 ]
 
-#: The literal DeepSpeed users write where a caller (HF Trainer, Accelerate) fills the value in.
-AUTO = "auto"
-Auto = Literal["auto"]
-
 M = TypeVar("M", bound="ConfigModel")
-
-
-class ConfigError(ValueError):
-    """A config value a user wrote is wrong; the message names the key path, the value and the fix."""
-
-
-class ConfigDeprecationWarning(FutureWarning):
-    """A deprecated config key was used; it still works and maps to its replacement."""
 
 
 class ConfigModel(BaseModel):

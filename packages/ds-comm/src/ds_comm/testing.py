@@ -200,7 +200,9 @@ def import_side_effects(module: str) -> dict[str, Any]:
     """Import `module` in a fresh interpreter and report what that import did.
 
     Returns a dict with `ds_modules` (top-level `ds_*` packages now loaded), `cuda_initialized`
-    (whether the import touched CUDA) and `seconds` (import time beyond `import torch`).
+    (whether the import touched CUDA), `pydantic_loaded` (the config models' dependency, ~0.3 s
+    to import, which packages load only when a config is read) and `seconds` (import time beyond
+    `import torch`).
     Used by every package's "importing has no side effects" test.
     """
     import json
@@ -213,7 +215,8 @@ def import_side_effects(module: str) -> dict[str, Any]:
         f"import {module}\n"
         "dt = time.perf_counter() - t\n"
         "mods = sorted({m.split('.')[0] for m in sys.modules if m.startswith('ds_')})\n"
-        "print(json.dumps({'ds_modules': mods, 'cuda_initialized': torch.cuda.is_initialized(), 'seconds': dt}))\n"
+        "print(json.dumps({'ds_modules': mods, 'cuda_initialized': torch.cuda.is_initialized(), 'seconds': dt,"
+        " 'pydantic_loaded': 'pydantic' in sys.modules}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:

@@ -8,6 +8,8 @@ activation transfer, the `PipelineExecutor` that runs them, activation checkpoin
 
 from __future__ import annotations
 
+import importlib
+
 from ds_pipe import checkpointing, schedule
 from ds_pipe.__about__ import __version__
 from ds_pipe._executor import PipelineError, PipelineExecutor
@@ -18,8 +20,16 @@ from ds_pipe._module import PartitionMethodError, PipelineModule
 from ds_pipe._p2p import ActivationShapeError
 from ds_pipe._partition import partition_balanced, partition_uniform, prefix_sum_inc
 from ds_pipe._topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
-from ds_pipe.config import ActivationCheckpointingConfig, PipelineConfig
 from ds_pipe.schedule import DataParallelSchedule, InferenceSchedule, PipeSchedule, TrainSchedule
+
+
+
+def __getattr__(name: str) -> object:
+    # The config models import pydantic (~0.3 s); they load when first asked for.
+    if name in ("ActivationCheckpointingConfig", "PipelineConfig"):
+        return getattr(importlib.import_module("ds_pipe.config"), name)
+    raise AttributeError(f"module 'ds_pipe' has no attribute {name!r}")
+
 
 __all__ = [
     "ActivationCheckpointingConfig",

@@ -21,7 +21,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
@@ -29,7 +29,8 @@ import torch.utils.checkpoint as torch_checkpoint
 import ds_comm
 from ds_pipe._checkpoint_function import TIMINGS, BufferPool, CheckpointFunction, CheckpointPolicy
 from ds_pipe._rng import CudaRNGStatesTracker, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
-from ds_pipe.config import ActivationCheckpointingConfig
+if TYPE_CHECKING:
+    from ds_pipe.config import ActivationCheckpointingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ __all__ = [
 @dataclasses.dataclass
 class _State:
     configured: bool = False
-    config: ActivationCheckpointingConfig = dataclasses.field(default_factory=ActivationCheckpointingConfig)
+    config: ActivationCheckpointingConfig | None = None  # None: the section's defaults
     mpu: Any = None
     policy: CheckpointPolicy = dataclasses.field(default_factory=CheckpointPolicy)
 
@@ -61,8 +62,22 @@ class _State:
 _state = _State()
 
 
+def _model() -> type[ActivationCheckpointingConfig]:
+    """The section's model, imported on first use (pydantic costs ~0.3 s at import; see ds_comm)."""
+    from ds_pipe.config import ActivationCheckpointingConfig
+
+    return ActivationCheckpointingConfig
+
+
+def __getattr__(name: str) -> object:
+    if name == "ActivationCheckpointingConfig":
+        return _model()
+    raise AttributeError(f"module 'ds_pipe.checkpointing' has no attribute {name!r}")
+
+
 def _section(deepspeed_config: Any) -> ActivationCheckpointingConfig:
     """The section from a model, a section dict, a whole ds_config dict, a JSON path, or an object with it."""
+    ActivationCheckpointingConfig = _model()  # noqa: N806 - the class, loaded lazily
     if deepspeed_config is None:
         return ActivationCheckpointingConfig()
     if isinstance(deepspeed_config, ActivationCheckpointingConfig):
@@ -133,7 +148,7 @@ def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activati
         "partition_activations": partition_activations, "contiguous_memory_optimization": contiguous_checkpointing,
         "number_checkpoints": num_checkpoints, "cpu_checkpointing": checkpoint_in_cpu,
         "synchronize_checkpoint_boundary": synchronize, "profile": profile}.items() if value is not None}
-    merged = ds_comm.validate_section(ActivationCheckpointingConfig, {**base.model_dump(), **overrides},
+    merged = ds_comm.validate_section(_model(), {**base.model_dump(), **overrides},
                                       path="activation_checkpointing")
     _state.config, _state.mpu, _state.configured = merged, mpu_, True
     _state.policy = _build_policy(merged, mpu_)
@@ -149,7 +164,7 @@ def reset() -> None:
     """Back to the defaults: no partitioning, offload or buffers; timings cleared."""
     if _state.policy.pool is not None:
         _state.policy.pool.clear()
-    _state.configured, _state.config, _state.mpu = False, ActivationCheckpointingConfig(), None
+    _state.configured, _state.config, _state.mpu = False, None, None
     _state.policy = CheckpointPolicy()
     TIMINGS.clear()
 
