@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from ds_comm.__about__ import __version__
+from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
 from ds_comm.collectives import (
@@ -40,7 +41,6 @@ from ds_comm.collectives import (
     reduce_scatter_tensor,
     send,
 )
-from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm.logging import get_logger, log_dist
 
 #: Names served from `ds_comm.config` on first access: it imports pydantic (~0.3 s), which only

@@ -23,7 +23,6 @@ from ds_pipe._topology import PipeDataParallelTopology, PipeModelDataParallelTop
 from ds_pipe.schedule import DataParallelSchedule, InferenceSchedule, PipeSchedule, TrainSchedule
 
 
-
 def __getattr__(name: str) -> object:
     # The config models import pydantic (~0.3 s); they load when first asked for.
     if name in ("ActivationCheckpointingConfig", "PipelineConfig"):

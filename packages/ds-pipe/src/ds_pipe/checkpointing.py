@@ -29,6 +29,7 @@ import torch.utils.checkpoint as torch_checkpoint
 import ds_comm
 from ds_pipe._checkpoint_function import TIMINGS, BufferPool, CheckpointFunction, CheckpointPolicy
 from ds_pipe._rng import CudaRNGStatesTracker, get_cuda_rng_tracker, model_parallel_cuda_manual_seed
+
 if TYPE_CHECKING:
     from ds_pipe.config import ActivationCheckpointingConfig
 
