@@ -6,6 +6,8 @@ only this package to set up fp16 loss scaling.
 
 from __future__ import annotations
 
+import importlib
+
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
@@ -24,12 +26,21 @@ from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3_module import DeepSpeedZeRoOffload
 from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
-from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
     get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint,
 )
+
+_CONFIG_NAMES = frozenset({"OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
+
+
+def __getattr__(name: str) -> object:
+    # The config models import pydantic (~0.3 s to import); they load when first asked for.
+    if name in _CONFIG_NAMES:
+        return getattr(importlib.import_module("ds_zero.config"), name)
+    raise AttributeError(f"module 'ds_zero' has no attribute {name!r}")
+
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed import ProcessGroup
@@ -25,7 +25,9 @@ from ds_zero._stage12_state import (
     load_base_optimizer_state,
     load_masters,
 )
-from ds_zero.config import ZeroConfig
+
+if TYPE_CHECKING:
+    from ds_zero.config import ZeroConfig
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +347,8 @@ ZeroOptimizer = DeepSpeedZeroOptimizer
 def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: float) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    from ds_zero.config import ZeroConfig  # pydantic: loaded on first use, not at import
+
     if not isinstance(config, ZeroConfig):
         raise TypeError(f"config must be a ds_zero.ZeroConfig (the zero_optimization section), got "
                         f"{type(config).__name__}; build it with ZeroConfig(**section)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,7 +15,9 @@ from ds_zero._partitioned_module import partition_module, remove_guard
 from ds_zero._partitioned_param import iter_zero_params
 from ds_zero._stage3_coordinator import ParamCoordinator
 from ds_zero._stage3_hooks import install_hooks
-from ds_zero.config import ZeroConfig
+
+if TYPE_CHECKING:
+    from ds_zero.config import ZeroConfig
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,8 @@ __all__ = ["DeepSpeedZeRoOffload", "as_zero_config"]
 
 def as_zero_config(config: ZeroConfig | Mapping[str, Any] | None, *, stage: int = 3) -> ZeroConfig:
     """A `ZeroConfig` from a model, a `zero_optimization` dict, or None (defaults at `stage`)."""
+    from ds_zero.config import ZeroConfig  # pydantic: loaded on first use, not at import
+
     if config is None:
         return ZeroConfig(stage=stage)
     if isinstance(config, ZeroConfig):

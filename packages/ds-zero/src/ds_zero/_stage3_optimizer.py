@@ -6,7 +6,7 @@ import inspect
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,7 +20,9 @@ from ds_zero._stage3_checkpoint import load_stage3_state_dicts, stage3_state_dic
 from ds_zero._stage3_grads import GradReducer
 from ds_zero._stage3_module import DeepSpeedZeRoOffload, as_zero_config
 from ds_zero._stage3_partition import ShardPartition
-from ds_zero.config import ZeroConfig
+
+if TYPE_CHECKING:
+    from ds_zero.config import ZeroConfig
 
 logger = logging.getLogger(__name__)
 
