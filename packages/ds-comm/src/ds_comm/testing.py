@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["RankFailedError", "RankTimeoutError", "RemoteTraceback", "free_port", "import_side_effects", "run_ranks"]
 
@@ -60,7 +61,9 @@ def _child(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: 
            collective_timeout_s: float, dump_after_s: float) -> None:
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
+                      # The parent hosts the rendezvous store; every rank connects to it as a client.
+                      TORCHELASTIC_USE_AGENT_STORE="True")
     torch.set_num_threads(num_threads)
     faulthandler.dump_traceback_later(dump_after_s, exit=False)
     from ds_comm._dist_init import destroy_process_group, init_distributed
@@ -147,7 +150,11 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: fl
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = _context()
     results = ctx.Queue()
-    port = free_port()
+    # [Note: rendezvous] The parent hosts the TCPStore on a port the OS picks while binding, so no
+    # other process can take it between choosing and binding (a free_port() race seen on busy hosts).
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=max(timeout_s, 30.0)))
+    port = store.port
     coll_timeout = collective_timeout_s if collective_timeout_s is not None else max(5.0, timeout_s / 2)
     procs = [
         ctx.Process(
@@ -193,6 +200,7 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: fl
     finally:
         _kill(procs)
         results.close()
+        del store
     return [torch.load(io.BytesIO(outputs[r]), weights_only=False) for r in range(world_size)]
 
 
