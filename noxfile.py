@@ -91,7 +91,7 @@ def pkg(session: nox.Session, target: str) -> None:
     # With extras (ds-engine[all]) the package's own suite already ran in its plain session; run only
     # what the extras enable (the ZeRO and pipeline paths), which skip themselves without them.
     selection = ("-k", "zero or pipe") if user_extras else ()
-    session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", *selection, *session.posargs)
+    session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", "--durations=12", *selection, *session.posargs)
 
 
 @nox.session
@@ -99,7 +99,8 @@ def integration(session: nox.Session) -> None:
     """The whole stack: launcher + engine + zero + pipe, end to end."""
     session.install(*CONSTRAINTS, "torch")
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
-    session.run("pytest", str(ROOT / "tests-integration"), "-q", "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", str(ROOT / "tests-integration"), "-q", "-p", "no:cacheprovider", "--durations=12",
+                *session.posargs)
 
 
 @nox.session(python=False)
