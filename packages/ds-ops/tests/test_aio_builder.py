@@ -49,68 +49,62 @@ def test_report_lists_async_io_with_its_notes() -> None:
     assert "op notes:" in text and "  async_io: engine " in text
 
 
-# A child that installs a seccomp filter making one syscall fail with EPERM (as Docker's default
-# profile does for io_uring), then imports torch and ds_ops; it prints what it sees.
-_SECCOMP_PRELUDE = textwrap.dedent("""
+# A child process that blocks io_uring with seccomp filters (EPERM, as Docker's default profile does),
+# first io_uring_enter only, then also io_uring_setup, and prints what the op does in each case.
+_SECCOMP_CHILD = textwrap.dedent("""
     import ctypes, struct, sys
-    blocked = int(sys.argv[2])
-    # BPF: load the syscall number; `blocked` -> ERRNO(EPERM), anything else -> ALLOW.
-    prog = b"".join(struct.pack("HBBI", *ins) for ins in [
-        (0x20, 0, 0, 0), (0x15, 0, 1, blocked), (0x06, 0, 0, 0x00050000 | 1), (0x06, 0, 0, 0x7fff0000)])
     libc = ctypes.CDLL(None, use_errno=True)
-    buf = ctypes.create_string_buffer(prog)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+
     class Fprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-    fprog = Fprog(4, ctypes.addressof(buf))
-    assert libc.prctl(38, 1, 0, 0, 0) == 0                                          # PR_SET_NO_NEW_PRIVS
-    assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()   # SECCOMP_MODE_FILTER
+
+    def block(syscall_number):
+        # BPF: load the syscall number; `syscall_number` -> ERRNO(EPERM), anything else -> ALLOW.
+        prog = b"".join(struct.pack("HBBI", *ins) for ins in [
+            (0x20, 0, 0, 0), (0x15, 0, 1, syscall_number), (0x06, 0, 0, 0x00050000 | 1), (0x06, 0, 0, 0x7fff0000)])
+        buf = ctypes.create_string_buffer(prog)
+        fprog = Fprog(4, ctypes.addressof(buf))
+        assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+
     import torch
     from ds_ops.aio import AioError, AsyncIOBuilder, AsyncIOHandle
+
     def round_trip(handle):
         data = torch.arange(300_000, dtype=torch.float32)
         handle.sync_pwrite(data, sys.argv[1])
         back = torch.empty_like(data)
         handle.sync_pread(back, sys.argv[1])
         return torch.equal(back, data)
-""")
 
-_BLOCK_SETUP = _SECCOMP_PRELUDE + textwrap.dedent("""
+    block(426)  # io_uring_enter: rings set up fine, but nothing can be submitted
+    for single_submit in (False, True):
+        handle = AsyncIOHandle(block_size=65536, queue_depth=4, single_submit=single_submit, engine="io_uring")
+        print("ENTER", handle.engine, "EQUAL", round_trip(handle), handle.num_bytes_moved)
+    block(425)  # io_uring_setup too
     print("NOTE", AsyncIOBuilder().is_compatible().notes[0])
     handle = AsyncIOHandle()
-    print("ENGINE", handle.engine, "EQUAL", round_trip(handle))
+    print("SETUP", handle.engine, "EQUAL", round_trip(handle))
     try:
         AsyncIOHandle(engine="io_uring")
     except AioError as err:
         print("FORCED", err)
 """)
 
-_BLOCK_ENTER = _SECCOMP_PRELUDE + textwrap.dedent("""
-    for single_submit in (False, True):
-        handle = AsyncIOHandle(block_size=65536, queue_depth=4, single_submit=single_submit, engine="io_uring")
-        print("ENGINE", handle.engine, "EQUAL", round_trip(handle), handle.num_bytes_moved)
-""")
-
 
 def test_seccomp_blocked_io_uring_falls_back_to_psync(tmp_path: Path) -> None:
-    """io_uring_setup refused: is_compatible says so, "auto" runs psync and moves the bytes,
-    "io_uring" is a clear error."""
+    """io_uring_enter refused mid-flight: queued blocks are taken back and moved with pread/pwrite,
+    and the worker carries on without its ring; no byte is lost. io_uring_setup refused:
+    is_compatible says so, "auto" runs psync and moves the bytes, "io_uring" is a clear error."""
     if not IO_URING_OK:
-        pytest.skip("io_uring is already unavailable here; the fallback is what every other test runs")
+        pytest.skip(f"io_uring is already unavailable here ({IO_URING_WHY_NOT}); every other test runs psync")
     assert AsyncIOHandle().engine == "io_uring" and AsyncIOHandle(engine="psync").engine == "psync"
-    out = run_python(_BLOCK_SETUP, subprocess_env(), args=(str(tmp_path / "x.bin"), "425")).stdout
+    out = run_python(_SECCOMP_CHILD, subprocess_env(), args=(str(tmp_path / "x.bin"),)).stdout
+    assert out.count("ENTER io_uring EQUAL True 2400000") == 2, out
     assert "NOTE engine psync (pread/pwrite thread pool; slower): io_uring_setup failed with EPERM" in out, out
-    assert "seccomp" in out and "ENGINE psync EQUAL True" in out, out
+    assert "seccomp" in out and "SETUP psync EQUAL True" in out, out
     assert "FORCED AsyncIOHandle(engine='io_uring'): io_uring_setup failed" in out, out
     assert "use engine='auto' to fall back to psync" in out, out
-
-
-def test_io_uring_enter_failing_mid_flight_finishes_with_psync(tmp_path: Path) -> None:
-    """io_uring_setup works but io_uring_enter is refused: queued blocks are taken back and moved with
-    pread/pwrite, and the worker carries on without the ring; no byte is lost."""
-    if not IO_URING_OK:
-        pytest.skip(f"no io_uring here: {IO_URING_WHY_NOT}")
-    out = run_python(_BLOCK_ENTER, subprocess_env(), args=(str(tmp_path / "x.bin"), "426")).stdout
-    assert out.count("ENGINE io_uring EQUAL True 2400000") == 2, out
 
 
 def test_config_defaults_and_keys() -> None:
