@@ -1,9 +1,9 @@
 """Write and read bandwidth of the async_io op vs torch.save/torch.load, numpy tofile/fromfile and dd.
 
 All contenders move the same number of bytes to and from files in one directory (default /tmp),
-interleaved rep by rep so that disk noise hits each alike; the table shows median GB/s and the
-ratio to dd with the same block size (O_DIRECT contenders against `dd oflag=direct`/`iflag=direct`,
-buffered ones against buffered dd).
+interleaved rep by rep so that disk noise hits each alike; the table shows median GB/s (with the
+range over reps) and the ratio to dd with the same block size (O_DIRECT contenders against
+`dd oflag=direct`/`iflag=direct`, buffered ones against buffered dd).
 
 - Buffered writes end with fsync (dd: conv=fsync), so every write figure is data on the device,
   not in the page cache.
@@ -13,7 +13,7 @@ buffered ones against buffered dd).
 
 Target (issue 10): the op with O_DIRECT >= 80% of dd's O_DIRECT bandwidth, write and read.
 
-    python benchmarks/aio.py [--dir /tmp] [--size-mib 256] [--reps 3] [--block-size 1048576]
+    python benchmarks/aio.py [--dir /tmp] [--size-mib 128] [--reps 5] [--block-size 1048576]
                              [--queue-depth 8] [--threads 1] [--json rows.json]
 """
 
@@ -153,8 +153,9 @@ BASELINE = {"op_direct": "dd_direct", "dd_direct": "dd_direct", "op_buffered": "
             "torch": "dd_buffered", "numpy": "dd_buffered", "dd_buffered": "dd_buffered"}
 
 
-def measure(contenders: Contenders, reps: int) -> dict[tuple[str, str], float]:
-    """Median seconds per (contender, "write"|"read"); rep 0 warms up and is dropped."""
+def measure(contenders: Contenders, reps: int) -> dict[tuple[str, str], list[float]]:
+    """Seconds per rep for each (contender, "write"|"read"); rep 0 warms up and is dropped. The
+    order rotates each rep, so no contender always runs right after the same one."""
     times: dict[tuple[str, str], list[float]] = {(n, k): [] for n in NAMES for k in ("write", "read")}
     names = list(NAMES)
     for rep in range(reps + 1):
@@ -164,24 +165,31 @@ def measure(contenders: Contenders, reps: int) -> dict[tuple[str, str], float]:
                 if rep:
                     times[(name, kind)].append(seconds)
             contenders.path(name).unlink()
-    return {key: statistics.median(values) for key, values in times.items()}
+    return times
 
 
-def rows_and_table(medians: dict[tuple[str, str], float], nbytes: int, label: str) -> tuple[list[dict], str]:
-    gbs = {key: nbytes / GB / seconds for key, seconds in medians.items()}
-    header = f"{'contender':<24} {'write GB/s':>10} {'read GB/s':>10} {'write/dd':>9} {'read/dd':>8}  baseline"
+def rows_and_table(times: dict[tuple[str, str], list[float]], nbytes: int, label: str) -> tuple[list[dict], str]:
+    """Median GB/s with its range over reps, and the ratio to the baseline as the median of the per-rep
+    ratios (each rep's contender against the same rep's baseline: robust to a disk whose speed drifts)."""
+    gbs = {key: [nbytes / GB / s for s in seconds] for key, seconds in times.items()}
+    header = (f"{'contender':<24} {'write GB/s':>10} {'(min-max)':>11} {'read GB/s':>10} {'(min-max)':>11} "
+              f"{'write/dd':>9} {'read/dd':>8}  baseline")
     lines = [header, "-" * len(header)]
     rows = []
     for name, title in NAMES.items():
         base = BASELINE[name]
-        ratios = [gbs[(name, k)] / gbs[(base, k)] for k in ("write", "read")]
-        lines.append(f"{title:<24} {gbs[(name, 'write')]:>10.2f} {gbs[(name, 'read')]:>10.2f} {ratios[0]:>9.2f} "
-                     f"{ratios[1]:>8.2f}  {NAMES[base]}")
+        cells, ratios = [], []
+        for kind in ("write", "read"):
+            values = gbs[(name, kind)]
+            cells.append(f"{statistics.median(values):>10.2f} {f'({min(values):.2f}-{max(values):.2f})':>11}")
+            ratios.append(statistics.median(v / b for v, b in zip(values, gbs[(base, kind)], strict=True)))
+        lines.append(f"{title:<24} {cells[0]} {cells[1]} {ratios[0]:>9.2f} {ratios[1]:>8.2f}  {NAMES[base]}")
         if name == base:
             continue
         for kind, ratio in zip(("write", "read"), ratios, strict=True):
-            rows.append({"figure": f"aio {kind} bandwidth: {title} ({label})", "value": round(gbs[(name, kind)], 3),
-                         "unit": "GB/s", "baseline": NAMES[base], "baseline_value": round(gbs[(base, kind)], 3),
+            rows.append({"figure": f"aio {kind} bandwidth: {title} ({label})",
+                         "value": round(statistics.median(gbs[(name, kind)]), 3), "unit": "GB/s",
+                         "baseline": NAMES[base], "baseline_value": round(statistics.median(gbs[(base, kind)]), 3),
                          "ratio": round(ratio, 3), "target": f">= {TARGET}" if name == "op_direct" else None})
     return rows, "\n".join(lines)
 
@@ -189,8 +197,8 @@ def rows_and_table(medians: dict[tuple[str, str], float], nbytes: int, label: st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
-    parser.add_argument("--size-mib", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--size-mib", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=1 << 20)
     parser.add_argument("--queue-depth", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="intra_op_parallelism")
@@ -205,11 +213,12 @@ def main() -> None:
         contenders = Contenders(Path(tmp), nbytes, args.block_size, args.queue_depth, args.threads)
         if not contenders.direct.uses_o_direct(Path(tmp) / "probe.bin"):
             raise SystemExit(f"{args.dir} does not take O_DIRECT; pick another --dir")
-        medians = measure(contenders, args.reps)
+        times = measure(contenders, args.reps)
     label = (f"{args.size_mib} MiB, block {args.block_size}, queue_depth {args.queue_depth}, "
              f"threads {args.threads}, engine {contenders.engine}, dir {args.dir}")
-    rows, table = rows_and_table(medians, nbytes, label)
-    print(f"torch {torch.__version__}; {label}; median of {args.reps} interleaved reps")
+    rows, table = rows_and_table(times, nbytes, label)
+    print(f"torch {torch.__version__}; {label}; median of {args.reps} interleaved reps "
+          f"(ratios: median of per-rep ratios)")
     print("buffered writes end with fsync; buffered reads start with the file evicted from the page cache")
     print(table)
     if args.json:

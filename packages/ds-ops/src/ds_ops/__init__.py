@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ds_ops.__about__ import __version__
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
-from ds_ops.aio import AioConfig, AioError, AsyncIOHandle, aio_handle
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
+from ds_ops.aio import AioConfig, AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.op_builder import (
     ALL_OPS,
