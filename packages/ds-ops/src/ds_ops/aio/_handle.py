@@ -98,6 +98,7 @@ class AsyncIOHandle:
         self._locked: dict[int, torch.Tensor] = {}
         self._direct_by_dir: dict[str, bool] = {}
         self._handle: int | None = None
+        self._pid = os.getpid()  # the workers are threads of this process: a forked child has none
         self.num_bytes_moved = 0
         """Bytes read or written by settled requests of this handle (failed ones count what they moved)."""
         self.num_bytes_direct = 0
@@ -164,8 +165,8 @@ class AsyncIOHandle:
                 O_DIRECT refused). Raised after all requests settled; it names the first failure's
                 operation, file, offset, bytes expected and done, and the cause.
         """
-        if self._handle is None:
-            return 0
+        if self._handle is None or os.getpid() != self._pid:
+            return 0  # a forked child has no requests of this handle in flight
         count = int(self._lib.ds_aio_wait(self._handle))  # releases the GIL while it blocks
         settled, self._pending = self._pending, []
         for request in settled:
@@ -182,6 +183,9 @@ class AsyncIOHandle:
         where = f"AsyncIOHandle.{'async_pwrite' if op == 'write' else 'async_pread'}"
         if self._handle is None:
             raise ValueError(f"{where}: the handle is closed")
+        if os.getpid() != self._pid:
+            raise ValueError(f"{where}: this handle was created in process {self._pid} and its worker threads "
+                             f"do not exist in this forked process {os.getpid()}; create a handle per process")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{where}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.device.type != "cpu":
@@ -283,7 +287,8 @@ class AsyncIOHandle:
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
         """Wait for queued requests (raising `AioError` if one failed), then stop the workers."""
-        if self._handle is None:
+        if self._handle is None or os.getpid() != self._pid:
+            self._handle = None
             return
         try:
             self.wait()
@@ -299,7 +304,7 @@ class AsyncIOHandle:
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)
-        if handle is not None:
+        if handle is not None and os.getpid() == self._pid:
             self._handle = None
             self._lib.ds_aio_destroy(handle)  # waits for in-flight requests: their memory is still ours
 
