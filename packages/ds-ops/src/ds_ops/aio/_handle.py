@@ -7,15 +7,17 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ds_comm import validate_section
 from ds_ops.aio._buffers import aligned_tensor, direct_io_allowed
-from ds_ops.aio._config import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH, AioConfig
+from ds_ops.aio._limits import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH
 from ds_ops.aio._requests import AioError, PendingRequest, Result
 from ds_ops.op_builder import AsyncIOBuilder
+
+if TYPE_CHECKING:
+    from ds_ops.aio._config import AioConfig
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +134,9 @@ class AsyncIOHandle:
         Raises:
             ConfigError: the section is invalid; the message names the key path (`aio.<key>`).
         """
+        from ds_comm import validate_section  # noqa: PLC0415 - pydantic loads on first use, not at import
+        from ds_ops.aio._config import AioConfig  # noqa: PLC0415
+
         section = validate_section(AioConfig, config, path="aio")
         return cls(section.block_size, section.queue_depth, section.single_submit, section.overlap_events,
                    section.intra_op_parallelism, use_o_direct, engine=engine)
