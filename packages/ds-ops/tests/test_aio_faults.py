@@ -173,6 +173,10 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
         handle.async_pwrite(torch.empty(3), tmp_path / "x", file_offset=-1)
     with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
         handle.async_pwrite(torch.empty(3), 7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layout torch.sparse_coo; the op moves dense"):
+        handle.async_pwrite(torch.eye(3).to_sparse(), tmp_path / "x")
+    with pytest.raises(ValueError, match="contains a NUL character"):
+        handle.async_pwrite(torch.empty(3), str(tmp_path / "x\0y"))
     with pytest.raises(ValueError, match="numel=0 must be an int >= 1"):
         handle.new_cpu_locked_tensor(0, torch.empty(0))
     assert handle.wait() == 0  # nothing was queued by the refused calls

@@ -193,6 +193,9 @@ class AsyncIOHandle:
                              f"do not exist in this forked process {os.getpid()}; create a handle per process")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{where}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.layout != torch.strided:
+            raise ValueError(f"{where}: tensor has layout {tensor.layout}; the op moves dense (strided) tensors "
+                             f"(pass tensor.to_dense())")
         if tensor.device.type != "cpu":
             raise ValueError(f"{where}: tensor is on {tensor.device}; the op moves host memory only "
                              f"(copy it to a CPU tensor, e.g. from new_cpu_locked_tensor)")
@@ -206,6 +209,8 @@ class AsyncIOHandle:
         text = os.fspath(path)
         if not isinstance(text, str):
             raise TypeError(f"{where}: path must be a str or os.PathLike of str, got {text!r}")
+        if "\0" in text:
+            raise ValueError(f"{where}: path {text!r} contains a NUL character")
         request = PendingRequest(op=op, path=text, path_bytes=os.fsencode(text), tensor=tensor,
                                  file_offset=file_offset, nbytes=tensor.numel() * tensor.element_size(),
                                  result=Result())
