@@ -2,17 +2,22 @@
 
 Op builders that compile native kernels just in time with ninja (or ahead of time into the wheel),
 CPU optimizers with DeepSpeed's classes (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion),
-the multi-tensor CUDA FusedAdam, and `ds_report`. Importing builds nothing and reads no environment.
+the multi-tensor CUDA FusedAdam, the async I/O op for ZeRO-Infinity (`AsyncIOHandle`, DeepSpeed's
+`aio_handle`), and `ds_report`. Importing builds nothing and reads no environment.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from ds_ops.__about__ import __version__
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
+from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.op_builder import (
     ALL_OPS,
+    AsyncIOBuilder,
     Compatibility,
     CPUAdagradBuilder,
     CPUAdamBuilder,
@@ -23,8 +28,20 @@ from ds_ops.op_builder import (
     OpNotCompatibleError,
 )
 
+
+def __getattr__(name: str) -> object:
+    # AioConfig imports pydantic (~0.3 s to import); it loads when first asked for.
+    if name == "AioConfig":
+        return importlib.import_module("ds_ops.aio._config").AioConfig
+    raise AttributeError(f"module 'ds_ops' has no attribute {name!r}")
+
+
 __all__ = [
     "ALL_OPS",
+    "AioConfig",
+    "AioError",
+    "AsyncIOBuilder",
+    "AsyncIOHandle",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
     "CPULionBuilder",
@@ -38,4 +55,5 @@ __all__ = [
     "OpBuilder",
     "OpNotCompatibleError",
     "__version__",
+    "aio_handle",
 ]
