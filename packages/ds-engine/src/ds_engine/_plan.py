@@ -129,7 +129,12 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
     stage = config.zero.stage
     offload = config.zero.offload_optimizer_device != "none"
     source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
-    if stage >= 1:
+    if stage == 3 and source == "none":
+        wrapper = ("ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "
+                   "gathered per module for evaluation; backward/step refused)")
+    elif stage >= 1 and source == "none":
+        wrapper = f"none: ZeRO stage {stage} needs an optimizer; initialize() refuses this config without optimizer="
+    elif stage >= 1:
         wrapper = f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} " \
                   f"(ZeRO stage {stage}{', optimizer offload to CPU' if offload else ''})"
     elif precision == "fp32":
