@@ -3,8 +3,9 @@
 One 2-rank run checks: eval outputs equal the unpartitioned model's (1e-6), the parameters stay
 partitioned after forward (each rank's `ds_tensor` holds half), `engine.module` is the partitioned
 model, backward/step are refused with a clear error, a model built outside `zero.Init` with different
-weights per rank is partitioned from rank 0's values, and the 16-bit save gathers one module at a time
-and loads into an unpartitioned model with the same outputs. Needs ds-zero (the `ds-engine[all]` session).
+weights per rank is partitioned from rank 0's values, bf16 casts the shards (not the buffers), and the
+16-bit save gathers one module at a time and loads into an unpartitioned model with the same outputs.
+Needs ds-zero (the `ds-engine[all]` session).
 """
 
 from __future__ import annotations
@@ -82,7 +83,14 @@ def _eval_and_save(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     engine_b, *_ = deepspeed.initialize(model=plain, config=no_gather)
     with torch.no_grad():
         out_b = engine_b(x)
-    return {"out": out, "out_b": out_b, "shards": shards, "module_is_model": engine.module is model,
+    torch.manual_seed(0)
+    with deepspeed.zero.Init():  # bf16: the engine casts the shards (buffers keep fp32)
+        model_c = Stack()
+    engine_c, *_ = deepspeed.initialize(model=model_c, config={**copy.deepcopy(CONFIG), "bf16": {"enabled": True}})
+    with torch.no_grad():
+        out_c = engine_c(x.bfloat16())
+    bf16 = (model_c.inp.weight.dtype, model_c.inp.weight.ds_tensor.dtype, model_c.shift.dtype)
+    return {"out": out, "out_b": out_b, "out_c": out_c, "bf16": bf16, "shards": shards, "module_is_model": engine.module is model,
             "optimizer": optimizer, "scheduler": scheduler, "backward": _refused(lambda: engine.backward(loss)),
             "step": _refused(engine.step), "saved": saved, "peak": peak,
             "saved_b": engine_b.save_16bit_model(out_dir + "_b")}
@@ -91,13 +99,18 @@ def _eval_and_save(rank: int, world: int, out_dir: str) -> dict[str, Any]:
 def test_stage3_eval_without_optimizer_and_16bit_save(tmp_path: Path) -> None:
     torch.manual_seed(0)
     reference = Stack()
+    reference_bf16 = copy.deepcopy(reference).bfloat16()
+    reference_bf16.shift.data = reference.shift.data  # buffers keep their dtype
     with torch.no_grad():
         expected = reference(_inputs())
+        expected_bf16 = reference_bf16(_inputs().bfloat16())
     out_dir = tmp_path / "fp16"
     results = run_ranks(2, _eval_and_save, out_dir=str(out_dir), timeout_s=120)
     for rank, r in enumerate(results):
         torch.testing.assert_close(r["out"], expected, rtol=0, atol=1e-6, msg=f"rank {rank} Init-built eval output")
         torch.testing.assert_close(r["out_b"], expected, rtol=0, atol=1e-6, msg=f"rank {rank} engine-partitioned")
+        torch.testing.assert_close(r["out_c"], expected_bf16, rtol=0, atol=0, msg=f"rank {rank} bf16")
+        assert r["bf16"] == (torch.bfloat16, torch.bfloat16, torch.float32)
         assert r["module_is_model"] and r["optimizer"] is None and r["scheduler"] is None
         for name, (shard, numel, status, shape, full_bytes) in r["shards"].items():
             assert shard == math.ceil(numel / 2), name
