@@ -81,11 +81,13 @@ def test_aio_values_are_validated_and_explained(tmp_path: Path, capsys, caplog) 
     with pytest.warns(ConfigDeprecationWarning, match="'thread_count' is deprecated; use 'intra_op_parallelism'"):
         assert DeepSpeedConfig({"train_batch_size": 2, "aio": {"thread_count": 4}}).aio.intra_op_parallelism == 4
     path = tmp_path / "ds_config.json"
-    path.write_text(json.dumps({"train_batch_size": 2, "aio": {"queue_depth": 16}}))
-    assert explain_main([str(path), "--device", "cpu"]) == 0
+    path.write_text(json.dumps({"train_batch_size": 2, "aio": {"queue_depth": 16, "thread_count": 2}}))
+    with pytest.warns(ConfigDeprecationWarning):
+        assert explain_main([str(path), "--device", "cpu"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
             if line.startswith("  aio.")}
     assert rows["aio.queue_depth"] == ["16", "set"] and rows["aio.block_size"] == ["1048576", "default"]
+    assert rows["aio.intra_op_parallelism"] == ["2", "set"]  # given under its deprecated name
     assert set(rows) == {"aio.block_size", "aio.queue_depth", "aio.intra_op_parallelism", "aio.single_submit",
                          "aio.overlap_events", "aio.use_gds"}
 
