@@ -25,6 +25,7 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
     from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
     from ds_engine.ops.lion import DeepSpeedCPULion
     from ds_engine.runtime.lr_schedules import OneCycle, WarmupDecayLR, WarmupLR
+    from ds_engine.utils import log_dist, logger
 
     assert dist.init_distributed is ds_comm.init_distributed and dist.get_rank is ds_comm.get_rank
     assert dist.all_reduce is ds_comm.all_reduce and dist.ReduceOp is ds_comm.ReduceOp
@@ -36,6 +37,7 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
                                                    deepspeed.lr_schedules.WarmupDecayLR,
                                                    deepspeed.lr_schedules.OneCycle)
     assert deepspeed.runtime.lr_schedules.WarmupLR is WarmupLR
+    assert log_dist is ds_comm.log_dist and logger.name == "ds" and deepspeed.utils.logger is logger
 
 
 def test_pipe_zero_and_checkpointing_paths_are_the_siblings_objects() -> None:
@@ -43,6 +45,11 @@ def test_pipe_zero_and_checkpointing_paths_are_the_siblings_objects() -> None:
     ds_zero = pytest.importorskip("ds_zero", reason="needs ds-zero: pip install 'ds-engine[zero]'")
     from ds_engine.checkpointing import checkpoint, configure
     from ds_engine.pipe import LayerSpec, PipelineModule, ProcessTopology, TiedLayerSpec
+    from ds_engine.runtime.activation_checkpointing import checkpointing
+    from ds_engine.runtime.pipe import PipelineModule as RuntimePipelineModule
+    from ds_engine.runtime.pipe.schedule import ForwardPass, TrainSchedule
+    from ds_engine.runtime.pipe.topology import PipeModelDataParallelTopology
+    from ds_engine.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from ds_engine.zero import GatheredParameters, Init
 
     assert (PipelineModule, LayerSpec, TiedLayerSpec, ProcessTopology) == \
@@ -53,6 +60,14 @@ def test_pipe_zero_and_checkpointing_paths_are_the_siblings_objects() -> None:
     assert (checkpoint, configure) == (ds_pipe.checkpointing.checkpoint, ds_pipe.checkpointing.configure)
     assert deepspeed.checkpointing.checkpoint is ds_pipe.checkpointing.checkpoint
     assert "PipelineModule" in dir(deepspeed.pipe) and "Init" in deepspeed.zero.__all__
+    assert RuntimePipelineModule is ds_pipe.PipelineModule
+    assert PipeModelDataParallelTopology is ds_pipe.PipeModelDataParallelTopology
+    assert (TrainSchedule, ForwardPass) == (ds_pipe.schedule.TrainSchedule, ds_pipe.schedule.ForwardPass)
+    assert checkpointing.checkpoint is ds_pipe.checkpointing.checkpoint
+    assert deepspeed.runtime.pipe.topology.ProcessTopology is ds_pipe.ProcessTopology
+    assert get_fp32_state_dict_from_zero_checkpoint is ds_zero.get_fp32_state_dict_from_zero_checkpoint
+    assert deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint is \
+        ds_zero.load_state_dict_from_zero_checkpoint
     with pytest.raises(AttributeError, match="module 'ds_engine.pipe' has no attribute 'NoSuchThing' "
                                              r"\(ds_pipe does not provide it\)"):
         _ = deepspeed.pipe.NoSuchThing
@@ -68,16 +83,20 @@ _BLOCKED = textwrap.dedent("""
     from ds_engine.runtime.lr_schedules import WarmupLR   # hard-dependency paths still work
     from ds_engine.ops.adam import DeepSpeedCPUAdam
     import ds_engine.comm as dist
+    from ds_engine.utils import logger, log_dist
     for statement in ["from ds_engine.pipe import PipelineModule, LayerSpec", "import ds_engine.pipe",
                       "deepspeed.pipe.LayerSpec", "deepspeed.PipelineModule", "from ds_engine.zero import Init",
-                      "deepspeed.zero.Init", "deepspeed.checkpointing.checkpoint"]:
+                      "deepspeed.zero.Init", "deepspeed.checkpointing.checkpoint",
+                      "from ds_engine.runtime.pipe.topology import ProcessTopology",
+                      "from ds_engine.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint"]:
         try:
             exec(statement)
         except ImportError as err:
             print(f"{statement} -> {type(err).__name__}: {err}")
         else:
             print(f"{statement} -> imported")
-    print("loaded:", sorted(m for m in sys.modules if m.startswith(("ds_engine.pipe", "ds_engine.zero"))))
+    print("loaded:", sorted(m for m in sys.modules if m.startswith(("ds_engine.pipe", "ds_engine.zero",
+                                                                    "ds_engine.runtime.pipe", "ds_engine.utils.z"))))
 """)
 
 
@@ -96,4 +115,10 @@ def test_missing_extras_name_the_pip_command() -> None:
     assert lines["deepspeed.checkpointing.checkpoint"] == (
         "ImportError: ds_engine.checkpointing (deepspeed.checkpointing, activation checkpointing) needs ds-pipe: "
         "pip install 'ds-engine[pipe]'")
+    assert lines["from ds_engine.runtime.pipe.topology import ProcessTopology"] == (
+        "ImportError: ds_engine.runtime.pipe (deepspeed.runtime.pipe, pipeline parallelism) needs ds-pipe: pip install "
+        "'ds-engine[pipe]'")
+    assert lines["from ds_engine.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint"] == (
+        "ImportError: ds_engine.utils.zero_to_fp32 (deepspeed.utils.zero_to_fp32, ZeRO checkpoint consolidation) "
+        "needs ds-zero: pip install 'ds-engine[zero]'")
     assert "loaded: []" in proc.stdout  # a failed import leaves no half-made shim behind
