@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ds_engine as deepspeed  # was: import deepspeed
+import ds_engine.comm as dist  # was: import deepspeed.comm as dist
 from ds_engine.accelerator import get_accelerator  # was: from deepspeed.accelerator import get_accelerator
 
 
@@ -82,7 +83,7 @@ def main() -> None:
         if step >= args.steps:
             break
 
-    if model_engine.global_rank == 0:
+    if dist.get_rank() == 0:
         result = {
             "losses": losses, "client_state": loaded, "global_steps": model_engine.global_steps,
             "module_type": type(model_engine.module).__name__, "local_rank": model_engine.local_rank,

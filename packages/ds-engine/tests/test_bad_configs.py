@@ -94,7 +94,13 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("comms_logger_typo", {"comms_logger": {"enable": True}}, E, r"comms_logger.enable: .*did you mean 'enabled'"),
     ("unfilled_auto", {"gradient_clipping": "auto", "optimizer": {"type": "Adam", "params": {"lr": "auto"}}}, E,
      r"gradient_clipping, optimizer.params.lr: still \"auto\""),
-    ("aio_non_default", {"aio": {"block_size": 262144}}, E, r"aio.block_size: .*NVMe offload"),
+    ("aio_block_size", {"aio": {"block_size": 0}}, E, r"aio.block_size: Input should be greater than 0"),
+    ("aio_typo", {"aio": {"queue_dpeth": 16}}, E, r"aio.queue_dpeth: unknown key .*did you mean 'queue_depth'"),
+    ("aio_gds", {"aio": {"use_gds": True}}, E, r"aio.use_gds: .*GPUDirect Storage is not supported"),
+    ("nvme_below_stage_3", {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+                                                                                   "nvme_path": "/tmp"}}}, E,
+     r"zero_optimization.offload_optimizer.device='nvme': NVMe offload \(ZeRO-Infinity\) needs "
+     r"zero_optimization.stage=3, got 2"),
 ]
 
 

@@ -24,7 +24,20 @@ from ds_ops.precision import LossScaler
 
 
 @pytest.fixture
-def no_ds_zero(monkeypatch):
+def fresh_shims():
+    """Drop the `ds_engine.pipe`/`.zero` shims before and after, so they bind to this test's (fake or no) sibling."""
+    def drop() -> None:
+        for name in ("pipe", "zero", "checkpointing"):
+            sys.modules.pop(f"ds_engine.{name}", None)
+            ds_engine.__dict__.pop(name, None)
+
+    drop()
+    yield
+    drop()
+
+
+@pytest.fixture
+def no_ds_zero(monkeypatch, fresh_shims):
     monkeypatch.setitem(sys.modules, "ds_zero", None)  # import ds_zero -> ModuleNotFoundError
 
 
@@ -201,7 +214,7 @@ def test_zero_offload_builds_the_cpu_optimizer(monkeypatch) -> None:
                                              zero_allow_untested_optimizer=True))
 
 
-def test_pipeline_module_reaches_the_pipeline_seam(monkeypatch) -> None:
+def test_pipeline_module_reaches_the_pipeline_seam(monkeypatch, fresh_shims) -> None:
     fake = types.ModuleType("ds_pipe")
 
     class PipelineModule(torch.nn.Module):
@@ -212,7 +225,7 @@ def test_pipeline_module_reaches_the_pipeline_seam(monkeypatch) -> None:
     PipelineModule.__module__ = "ds_pipe"
     fake.PipelineModule = PipelineModule
     monkeypatch.setitem(sys.modules, "ds_pipe", fake)
-    assert ds_engine.PipelineModule is PipelineModule and ds_engine.pipe is fake
+    assert ds_engine.PipelineModule is PipelineModule and ds_engine.pipe.PipelineModule is PipelineModule
     with pytest.raises(ValueError, match="mpu must be None for a PipelineModule"):
         ds_engine.initialize(model=PipelineModule(), config=base_config(), mpu=object(), dist_init_required=False)
     monkeypatch.setitem(sys.modules, "ds_pipe", None)

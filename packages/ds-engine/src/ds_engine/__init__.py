@@ -3,11 +3,15 @@
 `initialize()` reads the ds_config once and builds the chain (cast model, base optimizer, fp16/bf16
 or ZeRO wrapper, lr scheduler) around a `DeepSpeedEngine`; `ds-engine explain CONFIG` shows that
 chain without building it. ZeRO stages >= 1 come from ds-zero (`pip install 'ds-engine[zero]'`),
-pipeline parallelism from ds-pipe (`[pipe]`); both are imported only when asked for
-(`ds_engine.zero`, `ds_engine.pipe` resolve to them lazily).
+pipeline parallelism from ds-pipe (`[pipe]`); both are imported only when asked for.
+DeepSpeed's import paths work: `from ds_engine.pipe import PipelineModule`, `ds_engine.zero.Init`,
+`import ds_engine.comm as dist`, `from ds_engine.ops.adam import DeepSpeedCPUAdam`,
+`from ds_engine.runtime.lr_schedules import WarmupLR` (submodules loaded on first use).
 """
 
 from __future__ import annotations
+
+import importlib
 
 from ds_comm import init_distributed
 from ds_engine import accelerator, comm, lr_schedules
@@ -42,17 +46,14 @@ __all__ = [
     "version",
 ]
 
-_LAZY = {"zero": ("ds_zero", "zero", "deepspeed.zero (ZeRO)"), "pipe": ("ds_pipe", "pipe", "deepspeed.pipe")}
-_LAZY_ATTRS = {"PipelineModule": ("ds_pipe", "pipe", "deepspeed.PipelineModule"),
-               "checkpointing": ("ds_pipe", "pipe", "deepspeed.checkpointing")}
+#: DeepSpeed's submodule paths (`deepspeed.pipe`, `deepspeed.zero`, `deepspeed.ops.adam`...): real submodules,
+#: imported on first use so that `import ds_engine` loads neither ds-zero nor ds-pipe.
+_SUBMODULES = ("checkpointing", "ops", "pipe", "runtime", "utils", "zero")
 
 
 def __getattr__(name: str) -> object:
-    # `deepspeed.zero.Init(...)`, `deepspeed.pipe.PipelineModule`: the optional siblings, imported on first use.
-    if name in _LAZY:
-        module, extra, feature = _LAZY[name]
-        return require(module, extra=extra, feature=feature)
-    if name in _LAZY_ATTRS:
-        module, extra, feature = _LAZY_ATTRS[name]
-        return getattr(require(module, extra=extra, feature=feature), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"ds_engine.{name}")
+    if name == "PipelineModule":  # `deepspeed.PipelineModule`
+        return require("ds_pipe", extra="pipe", feature="deepspeed.PipelineModule").PipelineModule
     raise AttributeError(f"module 'ds_engine' has no attribute {name!r}")

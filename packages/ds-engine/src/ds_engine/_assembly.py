@@ -2,9 +2,11 @@
 
 The order matters and is the whole recipe:
   1. cast parameters (not buffers) to the training dtype and move the module to its device;
-  2. broadcast parameters and buffers from data-parallel rank 0 (ZeRO < 3), so every rank starts equal;
+  2. broadcast parameters and buffers from data-parallel rank 0 (at stage 3 only those `zero.Init` has not
+     partitioned), so every rank starts equal;
   3. the base optimizer over the cast parameters (client instance, client callable, or from the config);
   4. the wrapper: nothing (fp32), `MixedPrecisionOptimizer` (fp16/bf16), or ds-zero's optimizer (stage >= 1);
+     stage 3 without an optimizer gets ds-zero's `DeepSpeedZeRoOffload` (evaluation, parameters still scheduled);
   5. the lr scheduler over the base optimizer (its param groups are the ones the wrapper steps);
   6. data loader, timers, monitors.
 """
@@ -30,17 +32,21 @@ from ds_engine._optimizers import (
     normalize_param_groups,
     swap_for_cpu_optimizer,
 )
-from ds_engine._optional import require
 from ds_engine._plan import AssemblyPlan
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._reporting import StepReporter
 from ds_engine._schedulers import build_config_scheduler
 from ds_engine._steppers import Fp32Stepper, Stepper, ZeroStepper
 from ds_engine._timers import NullTimers, ThroughputTimer, WallClockTimers
+from ds_engine._zero_wiring import (
+    broadcast_unpartitioned,
+    build_parameter_offload,
+    build_zero_optimizer,
+    check_zero_support,
+    loss_scaler_for,
+)
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
-from ds_engine.config._types import to_torch_dtype
 from ds_engine.monitors import MonitorMaster, build_monitor
-from ds_ops.precision import DynamicLossScaler, LossScaler
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,8 @@ class EngineParts:
     reporter: StepReporter
     monitor: MonitorMaster | None
     collate_fn: Callable[..., Any] | None
+    parameter_offload: Any = None
+    """Stage 3 without an optimizer: the `ds_zero.DeepSpeedZeRoOffload` that schedules the parameters."""
 
 
 def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device) -> None:
@@ -75,13 +83,30 @@ def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device)
         raise DeepSpeedConfigError(f"bf16.enabled: bf16 is not supported on this {acc.name} device; use fp16 or fp32")
     module.to(device)
     with torch.no_grad():
-        for p in module.parameters():
-            if p.is_floating_point() and p.dtype != plan.dtype:
-                p.data = p.data.to(plan.dtype)
+        _cast_parameters(module, plan.dtype)
         if plan.buffer_dtype is not None:
             for b in module.buffers():
                 if b.is_floating_point():
                     b.data = b.data.to(plan.buffer_dtype)
+
+
+def _cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
+    """Floating-point parameters (not buffers) to `dtype`, through each module's own `_apply`.
+
+    [Note: stage-3 parameters] A parameter partitioned by `zero.Init` holds a value-less placeholder;
+    ds-zero overrides `_apply` on the modules that own such parameters so that a conversion converts the
+    shard instead. Going through `_apply` per module (not `p.data = p.data.to(...)`) takes that path.
+    """
+    buffers = {id(b) for b in module.buffers()}
+    if all(p.dtype == dtype for p in module.parameters() if p.is_floating_point()):
+        return
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if t.is_floating_point() and id(t) not in buffers else t
+
+    for m in module.modules():
+        if m._parameters:
+            m._apply(cast, recurse=False)
 
 
 def _base_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Module, client: Any,
@@ -106,12 +131,6 @@ def _base_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Modu
     return optimizer
 
 
-def _loss_scaler(plan: AssemblyPlan) -> LossScaler:
-    if plan.dynamic_loss_args is not None:
-        return DynamicLossScaler(**plan.dynamic_loss_args)
-    return LossScaler(plan.static_loss_scale or 1.0)
-
-
 def _trainable(optimizer: Optimizer) -> list[torch.Tensor]:
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if not params:
@@ -123,34 +142,22 @@ def _trainable(optimizer: Optimizer) -> list[torch.Tensor]:
     return params
 
 
-def _zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer, module: nn.Module,
-                    dist: DistInfo) -> Any:
-    """The ZeRO seam (see ZERO_ENGINE_CONTRACT): ds-zero's optimizer around the base optimizer."""
-    ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {plan.zero_stage}")
-    name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
-    cls = getattr(ds_zero, name, None)
-    if cls is None:
-        raise ImportError(f"ZeRO stage {plan.zero_stage} needs ds_zero.{name}, which the installed ds-zero "
-                          f"{getattr(ds_zero, '__version__', '?')} does not provide; pip install -U 'ds-engine[zero]'")
-    m = config.model
-    comm_dtype = to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
-    common = dict(config=config.zero.config, loss_scaler=_loss_scaler(plan), clip_grad=plan.clip,
-                  dp_group=dist.dp_group, gradient_predivide_factor=m.gradient_predivide_factor,
-                  communication_dtype=comm_dtype)
-    # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
-    return cls(base, module=module, **common)
+def _check_optimizer_needed(plan: AssemblyPlan) -> None:
+    if plan.optimizer_source == "none" and plan.zero_stage in (1, 2):
+        # DeepSpeed refuses this too ("zero stage N requires an optimizer"); stage 3 has an evaluation path.
+        raise DeepSpeedConfigError(
+            f"zero_optimization.stage={plan.zero_stage} needs an optimizer (stages 1 and 2 partition optimizer "
+            "state): add an \"optimizer\" section or pass optimizer= to initialize(); to evaluate without an "
+            "optimizer use stage 0 (replicated model) or stage 3 (partitioned parameters)")
 
 
 def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None, module: nn.Module,
              dist: DistInfo, timers: WallClockTimers | NullTimers) -> tuple[Stepper | None, Any]:
-    """(the stepper the engine drives, the optimizer initialize() returns)."""
+    """(the stepper the engine drives, the optimizer initialize() returns); (None, None) without an optimizer."""
     if base is None:
-        if plan.zero_stage >= 1:
-            raise DeepSpeedConfigError(f"zero_optimization.stage={plan.zero_stage} needs an optimizer: add an "
-                                       "\"optimizer\" section or pass optimizer= to initialize()")
         return None, None
     if plan.zero_stage >= 1:
-        zero = _zero_optimizer(plan, config, base, module, dist)
+        zero = build_zero_optimizer(plan, config, base, module, dist)
         return ZeroStepper(zero), zero
     if plan.precision == "fp32":
         buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True, lazy_bind=True)
@@ -158,7 +165,7 @@ def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None
                                                                   world_size=dist.dp_world_size)
         return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers), base
     _trainable(base)
-    wrapped = MixedPrecisionOptimizer(base, dtype=plan.dtype, loss_scaler=_loss_scaler(plan),
+    wrapped = MixedPrecisionOptimizer(base, dtype=plan.dtype, loss_scaler=loss_scaler_for(plan),
                                       grad_accum_dtype=plan.grad_accum_dtype, clip_grad=plan.clip,
                                       check_overflow=plan.check_overflow, reduce=plan.reduce, group=dist.dp_group,
                                       world_size=dist.dp_world_size, timers=timers)
@@ -187,7 +194,9 @@ def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, cli
 
 
 def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo) -> None:
-    if dist.dp_world_size > 1 and plan.zero_stage < 3:
+    if plan.zero_stage == 3:
+        broadcast_unpartitioned(module, dist)
+    elif dist.dp_world_size > 1:
         broadcast_module_states([*module.parameters(), *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)
 
 
@@ -196,12 +205,15 @@ def assemble(*, module: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, 
              collate_fn: Callable[..., Any] | None) -> EngineParts:
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
+    _check_optimizer_needed(plan)
+    check_zero_support(plan, config)
     _place_and_cast(module, plan, device)
     _broadcast(module, plan, dist)
     timers: WallClockTimers | NullTimers = WallClockTimers(get_accelerator().synchronize) \
         if m.wall_clock_breakdown else NullTimers()
     base = _base_optimizer(plan, config, module, client_optimizer, model_parameters)
     stepper, optimizer = _stepper(plan, config, base, module, dist, timers)
+    offload = build_parameter_offload(config, module, dist) if base is None and plan.zero_stage == 3 else None
     scheduler = _scheduler(config, client_scheduler, base, client_optimizer)
     monitor = build_monitor(config, rank=dist.global_rank)
     tp = m.timers.throughput
@@ -219,4 +231,5 @@ def assemble(*, module: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, 
                                  drop_last=m.dataloader_drop_last)
     return EngineParts(module=module, config=config, plan=plan, dist=dist, device=device, stepper=stepper,
                        optimizer=optimizer, basic_optimizer=base, lr_scheduler=scheduler, training_dataloader=loader,
-                       timers=timers, reporter=reporter, monitor=monitor, collate_fn=collate_fn)
+                       timers=timers, reporter=reporter, monitor=monitor, collate_fn=collate_fn,
+                       parameter_offload=offload)

@@ -274,22 +274,27 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir: str | Path, tag: Any = No
 
 def save_16bit_model(engine: DeepSpeedEngine, save_dir: str | Path, save_filename: str = "pytorch_model.bin",
                      exclude_frozen_parameters: bool = False) -> bool:
-    """See `DeepSpeedEngine.save_16bit_model`."""
+    """See `DeepSpeedEngine.save_16bit_model`.
+
+    At stage 3 the full weights are assembled by `ds_zero.consolidated_16bit_state_dict`, which gathers
+    one module's parameters at a time (the whole model is never gathered at once on any rank) and
+    copies them to the CPU on rank 0. Without `stage3_gather_16bit_weights_on_model_save` nothing is
+    written and False is returned (DeepSpeed does the same: the partitioned state_dict would be bogus).
+    """
     if engine._zero.stage == 3:
         if not engine._zero.gather_16bit_weights_on_model_save:
-            logger.warning("save_16bit_model: ZeRO-3 needs zero_optimization.gather_16bit_weights_on_model_save=true "
-                           "to gather full weights; nothing saved")
+            logger.warning("save_16bit_model: nothing saved; under ZeRO stage 3 the parameters are partitioned, set "
+                           "zero_optimization.stage3_gather_16bit_weights_on_model_save=true to gather and save them")
             return False
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 save_16bit_model")
-        with ds_zero.GatheredParameters(list(engine.module.parameters())):
-            return _save_module(engine, Path(save_dir), save_filename, exclude_frozen_parameters)
-    return _save_module(engine, Path(save_dir), save_filename, exclude_frozen_parameters)
-
-
-def _save_module(engine: DeepSpeedEngine, save_dir: Path, save_filename: str, exclude_frozen: bool) -> bool:
+        state = ds_zero.consolidated_16bit_state_dict(engine.module, rank0_only=True,
+                                                      exclude_frozen_parameters=exclude_frozen_parameters)
+    else:
+        state = engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters) \
+            if engine.global_rank == 0 else {}
     if engine.global_rank == 0:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        state = engine.module_state_dict(exclude_frozen_parameters=exclude_frozen)
-        atomic_save(state, save_dir / save_filename, serialization=engine._ckpt_config.checkpoint_serialization)
+        path = Path(save_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_save(state, path / save_filename, serialization=engine._ckpt_config.checkpoint_serialization)
     _barrier()
     return True

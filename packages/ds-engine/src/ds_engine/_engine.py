@@ -57,6 +57,7 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
         self._stepper = parts.stepper
         self.optimizer = parts.optimizer
         self.basic_optimizer = parts.basic_optimizer
+        self.parameter_offload = parts.parameter_offload
         self.lr_scheduler = parts.lr_scheduler
         self.training_dataloader = parts.training_dataloader
         self.timers = parts.timers
@@ -115,8 +116,7 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
             ValueError: `loss` is not a scalar tensor that requires grad.
         """
         if self._stepper is None:
-            raise RuntimeError("engine.backward() needs an optimizer: add an \"optimizer\" section to the config or "
-                               "pass optimizer= to initialize()")
+            raise self._no_optimizer("engine.backward()")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("engine.backward(loss): loss must be a one-element tensor that requires grad, got "
                              f"{type(loss).__name__}" + (f" of shape {tuple(loss.shape)}, requires_grad="
@@ -165,6 +165,8 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
         Collectives (stage 0, several ranks): one all-reduce per gradient bucket on the
         data-parallel group.
         """
+        if self._stepper is None:
+            raise self._no_optimizer("engine.step()")
         if self._in_no_sync:
             raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
         if self.is_gradient_accumulation_boundary():
@@ -174,9 +176,13 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
         self._boundary_override = None
         self.micro_steps += 1
 
+    def _no_optimizer(self, call: str) -> RuntimeError:
+        stage3 = " (ZeRO stage 3 still partitions and gathers the parameters for forward)" \
+            if self.parameter_offload is not None else ""
+        return RuntimeError(f"{call} needs an optimizer: this engine was built without one, for evaluation only"
+                            f"{stage3}; add an \"optimizer\" section to the config or pass optimizer= to initialize()")
+
     def _take_model_step(self, lr_kwargs: dict[str, Any] | None) -> None:
-        if self._stepper is None:
-            raise RuntimeError("engine.step() needs an optimizer")
         self.timers.start("step")
         applied = self._stepper.step()
         self._step_applied = applied
@@ -271,7 +277,12 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
 
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
-        """Rank 0 writes the module's state_dict (parameters in the training dtype) to `save_dir/save_filename`."""
+        """Rank 0 writes the module's state_dict (parameters in the training dtype) to `save_dir/save_filename`.
+
+        Collective under ZeRO stage 3: every rank must call it; parameters are gathered one module at a
+        time, and only with `stage3_gather_16bit_weights_on_model_save` (otherwise a warning, no file,
+        and False, as in DeepSpeed). Returns True when the file was written.
+        """
         return _checkpoint.save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
 
     save_fp16_model = save_16bit_model

@@ -47,6 +47,8 @@ class AssemblyPlan:
     dp_world_size: int
     scheduler: str | None
     engine_class: str
+    nvme_offload: str | None = None
+    """What is swapped to NVMe and the async I/O settings (stage 3 with an "nvme" offload device), else None."""
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
@@ -66,6 +68,8 @@ class AssemblyPlan:
         out.append(f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
                    f"gradient accumulation in {accum}; clip global norm: "
                    f"{self.clip:g}" + (" (off)" if self.clip == 0 else ""))
+        if self.nvme_offload is not None:
+            out.append(f"  {self.nvme_offload}")
         if self.zero_stage == 0:
             reduce = self.reduce.describe(self.dp_world_size) if self.reduce is not None else \
                 "no gradient all-reduce (one data-parallel rank)"
@@ -116,6 +120,19 @@ def _loss_scaling(config: DeepSpeedConfig) -> tuple[str, dict[str, Any] | None, 
     return f"static {fp16.loss_scale:g}", None, fp16.loss_scale
 
 
+def _nvme_text(config: DeepSpeedConfig) -> str | None:
+    z = config.zero
+    swapped = [f"{what} under {getattr(z.config, key).nvme_path}"
+               for key, what in (("offload_param", "parameter partitions"), ("offload_optimizer", "optimizer state"))
+               if getattr(z, f"{key}_device") == "nvme"]
+    if not swapped:
+        return None
+    a = config.model.aio
+    return (f"NVMe offload (ZeRO-Infinity): {' and '.join(swapped)}; aio: block_size={a.block_size}, "
+            f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
+            f"single_submit={a.single_submit}, overlap_events={a.overlap_events}")
+
+
 def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer: object | None = None,
                   client_scheduler: object | None = None, pipeline: bool = False) -> AssemblyPlan:
     """Decide the chain for `config` on `device_type` ("cpu" or "cuda").
@@ -128,10 +145,16 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
     accum = m.data_types.grad_accum_dtype or _DEFAULT_ACCUM[precision]
     stage = config.zero.stage
     offload = config.zero.offload_optimizer_device != "none"
+    where = "NVMe" if config.zero.offload_optimizer_device == "nvme" else "CPU"
     source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
-    if stage >= 1:
+    if stage == 3 and source == "none":
+        wrapper = ("ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "
+                   "gathered per module for evaluation; backward/step refused)")
+    elif stage >= 1 and source == "none":
+        wrapper = f"none: ZeRO stage {stage} needs an optimizer; initialize() refuses this config without optimizer="
+    elif stage >= 1:
         wrapper = f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} " \
-                  f"(ZeRO stage {stage}{', optimizer offload to CPU' if offload else ''})"
+                  f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
     elif precision == "fp32":
         wrapper = "none: the base optimizer is stepped directly"
     else:
@@ -153,4 +176,4 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
         check_overflow=precision == "fp16" or (precision == "bf16" and m.bf16.check_grad_overflow),
         clip=m.gradient_clipping, reduce=reduce, dp_world_size=world,
         scheduler=_scheduler_text(config, client_scheduler),
-        engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine")
+        engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine", nvme_offload=_nvme_text(config))

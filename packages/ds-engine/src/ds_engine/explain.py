@@ -25,6 +25,8 @@ __all__ = ["cli", "explain", "main"]
 
 def _flatten(value: Any, prefix: str, aliases: dict[str, str]) -> Iterator[tuple[str, Any]]:
     if isinstance(value, BaseModel):
+        for old, new in getattr(type(value), "deprecated_keys", {}).items():  # `aio.thread_count` sets intra_op_...
+            aliases.setdefault(f"{prefix}.{new}" if prefix else new, f"{prefix}.{old}" if prefix else old)
         for name, field in type(value).model_fields.items():
             path = f"{prefix}.{name}" if prefix else name
             if field.alias and field.alias != name:

@@ -45,6 +45,18 @@ def _check_dtypes(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
             f"use one of {allowed}")
 
 
+def _check_nvme(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    nvme = [key for key, device in (("offload_param", zero.offload_param_device),
+                                    ("offload_optimizer", zero.offload_optimizer_device)) if device == "nvme"]
+    if nvme and zero.stage != 3:
+        raise DeepSpeedConfigError(
+            f"zero_optimization.{nvme[0]}.device='nvme': NVMe offload (ZeRO-Infinity) needs zero_optimization.stage=3, "
+            f"got {zero.stage}; use device 'cpu' at stages 1 and 2")
+    if not nvme and "aio" in model.model_fields_set:
+        logger.warning("aio: the section has no effect without NVMe offload (zero_optimization.offload_param or "
+                       "offload_optimizer with device 'nvme')")
+
+
 def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     """Refuse contradictory settings; warn once about settings that have no effect.
 
@@ -66,6 +78,7 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
                                    f"fp16.loss_scale to 0 (it is {model.fp16.loss_scale})")
     if model.gradient_allreduce_op == "sum" and zero.stage == 3:
         raise DeepSpeedConfigError("gradient_allreduce_op='sum' is not supported with ZeRO stage 3; use 'mean'")
+    _check_nvme(model, zero)
     if model.fp16.auto_cast and not model.fp16.enabled:
         warnings.warn("fp16.auto_cast has no effect while fp16.enabled is false", UserWarning, stacklevel=3)
     if model.prescale_gradients and model.gradient_predivide_factor != 1.0:

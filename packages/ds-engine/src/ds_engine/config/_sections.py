@@ -1,8 +1,8 @@
 """Pydantic models of the ds_config sections ds-engine owns, with DeepSpeed's keys and defaults.
 
 Sections owned elsewhere: `zero_optimization` (ds_zero.ZeroConfig), `comms_logger`
-(ds_comm.CommsLoggerConfig), `pipeline`/`activation_checkpointing` (ds-pipe; an interim model in
-`_pipe_interim.py` until ds-pipe ships its own).
+(ds_comm.CommsLoggerConfig), `aio` (ds_ops.AioConfig), `pipeline`/`activation_checkpointing`
+(ds-pipe; an interim model in `_pipe_interim.py` until ds-pipe ships its own).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from ds_engine._schedulers import check_scheduler_params, scheduler_class
 from ds_engine.config._types import DtypeName, Float, Int, NonNegFloat, NonNegInt, PosInt
 
 __all__ = [
-    "AioConfig",
     "BF16Config",
     "CSVMonitorConfig",
     "CheckpointConfig",
@@ -299,22 +298,4 @@ class TorchAutocastConfig(ConfigModel):
     enabled: bool = False
     dtype: DtypeName | None = None
     lower_precision_safe_modules: list[str] | None = None
-
-
-class AioConfig(ConfigModel):
-    """`aio`: async I/O for NVMe offload; NVMe offload is not implemented, so only defaults are accepted."""
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        key: "NVMe offload (async I/O) is not implemented"
-        for key in ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit",
-                    "overlap_events", "use_gds")
-    }
-
-    block_size: Int = 1048576
-    queue_depth: Int = 8
-    intra_op_parallelism: Int = 1
-    thread_count: Int = 1
-    single_submit: bool = False
-    overlap_events: bool = True
-    use_gds: bool = False
 

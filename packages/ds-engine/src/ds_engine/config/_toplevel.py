@@ -10,7 +10,6 @@ from pydantic_core import PydanticCustomError
 from ds_comm import CommsLoggerConfig, ConfigModel
 from ds_engine.config._pipe_interim import ActivationCheckpointingConfig, PipelineConfig
 from ds_engine.config._sections import (
-    AioConfig,
     BF16Config,
     CheckpointConfig,
     CometConfig,
@@ -26,6 +25,7 @@ from ds_engine.config._sections import (
     WandbConfig,
 )
 from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt
+from ds_ops import AioConfig
 
 __all__ = ["DeepSpeedConfigModel", "OFF_SECTIONS"]
 
@@ -155,7 +155,7 @@ class DeepSpeedConfigModel(ConfigModel):
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     """Only disabled."""
     aio: AioConfig = AioConfig()
-    """Only defaults (NVMe offload is not implemented)."""
+    """Async I/O for NVMe offload; validated by ds_ops.AioConfig, handed to ds-zero's stage 3 with nvme offload."""
     dataloader_drop_last: bool = False
     """deepspeed_io() drops the last incomplete batch."""
     vocabulary_size: PosInt | None = None

@@ -68,8 +68,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
                       f'{{"stage": {int(value)}}}', ConfigDeprecationWarning, stacklevel=3)
         value = {"stage": int(value)}
     stage = _stage_of(value)
-    for key in ("offload_optimizer", "offload_param"):
-        device = _offload_device(value, key)
+    devices = {key: _offload_device(value, key) for key in ("offload_optimizer", "offload_param")}
+    for key, device in devices.items():
         if device != "none" and stage == 0:
             raise DeepSpeedConfigError(
                 f"zero_optimization.{key}.device={device!r}: offload needs ZeRO (stage 1, 2 or 3"
@@ -79,7 +79,9 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
         if stage > 0:
-            return ZeroSettings(stage=stage, unavailable=f"zero_optimization.stage={stage}: {err}")
+            return ZeroSettings(stage=stage, offload_optimizer_device=devices["offload_optimizer"],
+                                offload_param_device=devices["offload_param"],
+                                unavailable=f"zero_optimization.stage={stage}: {err}")
         extra = sorted(set(value) - {"stage"})
         if extra:
             logger.warning("zero_optimization keys %s have no effect at stage 0 and are not validated without "

@@ -1,0 +1,57 @@
+"""`optional_reexport`: DeepSpeed's import paths (`deepspeed.pipe`, `deepspeed.zero`) over an optional sibling.
+
+A shim module such as `ds_engine/pipe.py` is one line:
+
+    __all__, __getattr__, __dir__ = optional_reexport("ds_engine.pipe", "ds_pipe", extra="pipe", feature=...)
+
+Importing the shim imports the sibling (through `require`, so a missing one is an ImportError that
+names `pip install 'ds-engine[<extra>]'`); names are then looked up on the sibling at each access
+(PEP 562 module `__getattr__`), so `from ds_engine.pipe import PipelineModule` returns ds-pipe's own
+class, never a copy. `import ds_engine` itself imports no shim: `ds_engine.__getattr__` does on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from ds_engine._optional import require
+
+__all__ = ["optional_reexport"]
+
+
+def optional_reexport(shim: str, target: str, *, extra: str,
+                      feature: str) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """`(__all__, __getattr__, __dir__)` for a shim module that re-exports `target` (a sibling or its submodule).
+
+    Args:
+        shim: the shim's own name, for error messages (`"ds_engine.pipe"`).
+        target: what it re-exports: `"ds_pipe"`, or a submodule such as `"ds_pipe.checkpointing"`.
+        extra: the ds-engine extra that installs the sibling (`"pipe"`, `"zero"`).
+        feature: what the user asked for, for the missing-extra message.
+
+    Raises:
+        ImportError: the sibling is not installed (names the pip command).
+    """
+    sibling = target.split(".", 1)[0]
+
+    def load() -> Any:
+        require(sibling, extra=extra, feature=feature)
+        return importlib.import_module(target)
+
+    module = load()
+    public = [name for name in getattr(module, "__all__", dir(module)) if not name.startswith("_")]
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook
+        if name.startswith("__"):  # __path__, __spec__...: this shim is a plain module, not `target`
+            raise AttributeError(f"module {shim!r} has no attribute {name!r}")
+        try:
+            return getattr(load(), name)
+        except AttributeError:
+            raise AttributeError(f"module {shim!r} has no attribute {name!r} ({target} does not provide it)") from None
+
+    def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
+        return sorted(public)
+
+    return public, __getattr__, __dir__

@@ -1,0 +1,7 @@
+"""`deepspeed.ops.adam`: `DeepSpeedCPUAdam` (vectorized CPU Adam/AdamW) and `FusedAdam` (multi-tensor CUDA Adam)."""
+
+from __future__ import annotations
+
+from ds_ops import DeepSpeedCPUAdam, FusedAdam
+
+__all__ = ["DeepSpeedCPUAdam", "FusedAdam"]

@@ -1,0 +1,23 @@
+"""`deepspeed.runtime` for migrated scripts: DeepSpeed's module paths under `runtime`.
+
+`runtime.lr_schedules` (ds-engine's schedules), `runtime.pipe` (with `.topology`, `.schedule`,
+`.module`; ds-pipe, the `pipe` extra) and `runtime.activation_checkpointing.checkpointing` (ds-pipe).
+The ds-pipe paths are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from ds_engine.runtime import lr_schedules
+
+__all__ = ["lr_schedules"]
+
+_LAZY = ("activation_checkpointing", "pipe")
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _LAZY:
+        return importlib.import_module(f"ds_engine.runtime.{name}")
+    raise AttributeError(f"module 'ds_engine.runtime' has no attribute {name!r}")

@@ -1,0 +1,14 @@
+"""`deepspeed.runtime.activation_checkpointing`: holds `checkpointing` (ds-pipe's, the `pipe` extra)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__: list[str] = []
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name == "checkpointing":
+        return importlib.import_module("ds_engine.runtime.activation_checkpointing.checkpointing")
+    raise AttributeError(f"module 'ds_engine.runtime.activation_checkpointing' has no attribute {name!r}")

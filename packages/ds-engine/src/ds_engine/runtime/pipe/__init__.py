@@ -1,0 +1,13 @@
+"""`deepspeed.runtime.pipe`: ds-pipe's API (also `.topology`, `.schedule`, `.module` as DeepSpeed lays it out).
+
+Needs the `pipe` extra: without ds-pipe, importing this package raises ImportError naming
+`pip install 'ds-engine[pipe]'`.
+"""
+
+from __future__ import annotations
+
+from ds_engine._reexport import optional_reexport
+
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.runtime.pipe", "ds_pipe", extra="pipe",
+    feature="ds_engine.runtime.pipe (deepspeed.runtime.pipe, pipeline parallelism)")

@@ -1,0 +1,24 @@
+"""`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, and `utils.zero_to_fp32` (from ds-zero).
+
+`logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
+ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). `ds_engine.utils.zero_to_fp32`
+(DeepSpeed's checkpoint consolidation) needs the `zero` extra and is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from types import ModuleType
+
+from ds_comm import log_dist
+
+__all__ = ["log_dist", "logger"]
+
+logger = logging.getLogger("ds")
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name == "zero_to_fp32":
+        return importlib.import_module("ds_engine.utils.zero_to_fp32")
+    raise AttributeError(f"module 'ds_engine.utils' has no attribute {name!r}")

@@ -1,0 +1,13 @@
+"""`deepspeed.utils.zero_to_fp32`: ds-zero's `get_fp32_state_dict_from_zero_checkpoint` and friends.
+
+Needs the `zero` extra: without ds-zero, importing this module raises ImportError naming
+`pip install 'ds-engine[zero]'`.
+"""
+
+from __future__ import annotations
+
+from ds_engine._reexport import optional_reexport
+
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.utils.zero_to_fp32", "ds_zero.zero_to_fp32", extra="zero",
+    feature="ds_engine.utils.zero_to_fp32 (deepspeed.utils.zero_to_fp32, ZeRO checkpoint consolidation)")

@@ -1,0 +1,12 @@
+"""`deepspeed.zero` for migrated scripts: `zero.Init`, `GatheredParameters`, `register_external_parameter`...
+
+Everything ds-zero exports, looked up on ds-zero itself. Needs the `zero` extra: without ds-zero,
+importing this module raises ImportError naming `pip install 'ds-engine[zero]'`.
+"""
+
+from __future__ import annotations
+
+from ds_engine._reexport import optional_reexport
+
+__all__, __getattr__, __dir__ = optional_reexport("ds_engine.zero", "ds_zero", extra="zero",
+                                                  feature="ds_engine.zero (deepspeed.zero, ZeRO)")
