@@ -23,7 +23,7 @@ from ds_engine._pipeline import PipelineError
 from ds_engine._pipeline_engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._torch_optimizers import Lamb, Lion
-from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.config import DeepSpeedConfigError
 
 version = __version__
 
@@ -52,6 +52,8 @@ _SUBMODULES = ("checkpointing", "ops", "pipe", "runtime", "utils", "zero")
 
 
 def __getattr__(name: str) -> object:
+    if name == "DeepSpeedConfig":  # pydantic models (~0.3 s to import): loaded on first use
+        return importlib.import_module("ds_engine.config").DeepSpeedConfig
     if name in _SUBMODULES:
         return importlib.import_module(f"ds_engine.{name}")
     if name == "PipelineModule":  # `deepspeed.PipelineModule`

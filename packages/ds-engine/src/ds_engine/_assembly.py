@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -45,8 +45,11 @@ from ds_engine._zero_wiring import (
     check_zero_support,
     loss_scaler_for,
 )
-from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.config import DeepSpeedConfigError
 from ds_engine.monitors import MonitorMaster, build_monitor
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
 
 logger = logging.getLogger(__name__)
 

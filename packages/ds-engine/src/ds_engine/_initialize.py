@@ -7,7 +7,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,13 +20,16 @@ from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._pipeline import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
-from ds_engine.config import DeepSpeedConfig
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
+
+    ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | DeepSpeedConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["add_config_arguments", "initialize"]
 
-ConfigLike = str | os.PathLike[str] | Mapping[str, Any] | DeepSpeedConfig
 
 
 def _config_source(args: Any, config: ConfigLike | None, config_params: ConfigLike | None) -> ConfigLike:
@@ -129,6 +132,8 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     if pipeline:
         check_pipeline_call(mpu)  # a PipelineModule's grid is the mpu: data parallel = its data axis
     dist = discover_dist(model.mpu() if pipeline else mpu)
+    from ds_engine.config import DeepSpeedConfig  # pydantic: loaded when a config is read, not at import
+
     if isinstance(source, DeepSpeedConfig):
         ds_config = source.with_world_size(dist.dp_world_size)
     else:

@@ -7,15 +7,18 @@ the decisions `initialize()` then carries out in `_assembly.py`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.optim import Optimizer
 
 from ds_engine._data_parallel import ReduceSettings
 from ds_engine._optimizers import OptimizerPlan, plan_config_optimizer
-from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
-from ds_engine.config._types import to_torch_dtype
+from ds_engine.config import DeepSpeedConfigError
+from ds_engine.config._dtype_names import to_torch_dtype
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
 
 __all__ = ["AssemblyPlan", "plan_assembly"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.optim import Optimizer
@@ -24,9 +24,12 @@ from ds_engine._data_parallel import broadcast_module_states
 from ds_engine._dist_info import DistInfo
 from ds_engine._optional import require
 from ds_engine._plan import AssemblyPlan
-from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
-from ds_engine.config._types import to_torch_dtype
+from ds_engine.config import DeepSpeedConfigError
+from ds_engine.config._dtype_names import to_torch_dtype
 from ds_ops.precision import DynamicLossScaler, LossScaler
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ds_comm import *  # noqa: F403 - this module is a re-export by design
-from ds_comm import __all__ as _comm_all
+import ds_comm
 
-__all__ = [name for name in _comm_all if name != "__version__"]
+#: ds_comm's config models: served on first access (they import pydantic, ~0.3 s), as ds_comm does.
+_LAZY = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "validate_section"})
+
+__all__ = [name for name in ds_comm.__all__ if name != "__version__"]
+globals().update({name: getattr(ds_comm, name) for name in __all__ if name not in _LAZY})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(ds_comm, name)
+    raise AttributeError(f"module 'ds_engine.comm' has no attribute {name!r}")

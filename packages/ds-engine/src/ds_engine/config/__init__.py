@@ -1,24 +1,41 @@
-"""The ds_config: loading, per-section models, the batch triple, "auto" placeholders, cross-field checks."""
+"""The ds_config: loading, per-section models, the batch triple, "auto" placeholders, cross-field checks.
+
+The section models are pydantic models, and pydantic alone costs ~0.3 s to import; so the names
+below load their submodule on first access (`from ds_engine.config import DeepSpeedConfig` works as
+usual) and `import ds_engine` stays cheap. `DeepSpeedConfigError` needs no pydantic.
+"""
 
 from __future__ import annotations
 
-from ds_engine.config._batch import BatchPlan
-from ds_engine.config._deepspeed_config import DeepSpeedConfig
+import importlib
+
 from ds_engine.config._errors import DeepSpeedConfigError
-from ds_engine.config._pipe_interim import ActivationCheckpointingConfig, PipelineConfig
-from ds_engine.config._sections import (
-    BF16Config,
-    CheckpointConfig,
-    CSVMonitorConfig,
-    DataTypesConfig,
-    FP16Config,
-    OptimizerConfig,
-    SchedulerConfig,
-    TensorBoardConfig,
-    TimersConfig,
-)
-from ds_engine.config._toplevel import DeepSpeedConfigModel
-from ds_engine.config._zero_section import ZeroSettings
+
+#: public name -> the submodule that defines it
+_WHERE = {
+    "ActivationCheckpointingConfig": "_pipe_interim",
+    "BF16Config": "_sections",
+    "BatchPlan": "_batch",
+    "CSVMonitorConfig": "_sections",
+    "CheckpointConfig": "_sections",
+    "DataTypesConfig": "_sections",
+    "DeepSpeedConfig": "_deepspeed_config",
+    "DeepSpeedConfigModel": "_toplevel",
+    "FP16Config": "_sections",
+    "OptimizerConfig": "_sections",
+    "PipelineConfig": "_pipe_interim",
+    "SchedulerConfig": "_sections",
+    "TensorBoardConfig": "_sections",
+    "TimersConfig": "_sections",
+    "ZeroSettings": "_zero_section",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"ds_engine.config.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'ds_engine.config' has no attribute {name!r}")
+
 
 __all__ = [
     "ActivationCheckpointingConfig",

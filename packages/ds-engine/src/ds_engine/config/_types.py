@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BeforeValidator, Field
 
+from ds_engine.config._dtype_names import DTYPES, to_torch_dtype
+
 __all__ = [
     "DTYPES",
     "DtypeName",
@@ -50,7 +52,6 @@ _DTYPE_ALIASES = {
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
     "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
 }
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def dtype_name(value: Any) -> Any:
@@ -66,6 +67,3 @@ DtypeName = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(dtype_nam
 """A training dtype by name: fp32 | fp16 | bf16 (float32/float16/half/bfloat16 are accepted too)."""
 
 
-def to_torch_dtype(name: str) -> torch.dtype:
-    """`"bf16"` -> `torch.bfloat16`."""
-    return DTYPES[name]

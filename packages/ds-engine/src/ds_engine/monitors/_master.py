@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ds_engine.config import DeepSpeedConfig
 from ds_engine.monitors._csv import CsvMonitor
 from ds_engine.monitors._tensorboard import TensorBoardMonitor, tensorboard_available
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
 
 logger = logging.getLogger(__name__)
 
