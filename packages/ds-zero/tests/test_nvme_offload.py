@@ -77,7 +77,7 @@ def _files(root: Path, kind: str) -> list[Path]:
 def test_nvme_training_equals_no_offload_and_checkpoints_load_either_way(tmp_path: Path) -> None:
     ref_model, ref_opt = _build(_cfg(None, param=False, opt=False))
     model, opt = _build(_cfg(tmp_path))
-    assert len(_files(tmp_path, "params")) == 3 and len(_files(tmp_path, "optimizer")) == len(opt.tiles) > 1
+    assert len(_files(tmp_path, "params")) == 4 and len(_files(tmp_path, "optimizer")) == len(opt.tiles) > 1
     assert all(p.ds_tensor.stride() == (0,) for p in (model.fc1.weight, model.fc2.weight))  # swapped out
     ref = _train(ref_model, ref_opt, 5)
     got = _train(model, opt, 5)
@@ -145,19 +145,24 @@ def tmpfs(tmp_path: Path) -> Iterator[Any]:
 
 def test_read_only_nvme_path_is_refused(tmpfs: Any) -> None:
     path = tmpfs("ro", "ro,size=1m")
-    with pytest.raises(ValueError, match=r"offload_param\.nvme_path='.*/ro': cannot create swap files under it "
+    with pytest.raises(ValueError, match=r"offload_optimizer\.nvme_path='.*/ro': cannot create swap files under it "
                                          r"\(Read-only file system\)"):
         _build(_cfg(path))
 
 
 def test_disk_full_at_construction_and_at_the_step_where_it_fills(tmpfs: Any) -> None:
-    tiny = tmpfs("tiny", "size=48k")  # room for the probe, not for the 32 KiB shard of fc1.weight and more
+    def cfg(path: Path) -> dict[str, Any]:
+        out = _cfg(path, sub_group_size=32768)
+        out["offload_param"]["buffer_size"] = 32768
+        return out
+
+    tiny = tmpfs("tiny", "size=48k")  # room for the probe, not for the 128 KiB shard of fc1.weight
     with pytest.raises(ds_zero.NVMeSwapError, match=r"write of the shard of parameter .*param_\d+\.swp.* failed.*"
                                                     r"disk full"):
-        _build(_cfg(tiny), width=128)
-    # shards (64+64+4 KiB) and fp32 masters fit; Adam's two state tensors per tile fill the disk at step 1
-    small = tmpfs("small", "size=320k")
-    model, opt = _build(_cfg(small, sub_group_size=16384), width=128)
+        _build(cfg(tiny), width=128)
+    # shards (128 + 128 + 4 + 4 KiB) and fp32 masters (as much) fit; Adam's state fills the disk at step 1
+    small = tmpfs("small", "size=640k")
+    model, opt = _build(cfg(small), width=128)
     with pytest.raises(ds_zero.NVMeSwapError, match=r"write of the optimizer state 'exp_avg.*sub-group.*failed"):
         _train(model, opt, 1, width=128)
 
@@ -183,17 +188,17 @@ def test_file_size_limit_is_a_clear_error(tmp_path: Path) -> None:
 def test_truncated_or_overwritten_swap_files_are_errors_at_the_next_swap_in(tmp_path: Path) -> None:
     model, opt = _build(_cfg(tmp_path))
     _train(model, opt, 1)
-    victim = next(p for p in _files(tmp_path, "params") if p.stat().st_size == 4096 * 4)  # fc1/fc2 weight shard
+    victim = next(p for p in _files(tmp_path, "params") if p.stat().st_size == 8192 * 4)  # fc1/fc2 weight
     os.truncate(victim, 1000)
     with pytest.raises(ds_zero.NVMeSwapError, match=rf"shard of parameter 'fc\d.weight' is truncated \({victim}: 1000 "
-                                                    r"bytes, 16384 were written\)"):
+                                                    r"bytes, 32768 were written\)"):
         _train(model, opt, 1, start=1)
 
     again = tmp_path / "again"
     again.mkdir()
     model, opt = _build(_cfg(again))
     _train(model, opt, 1)
-    master = _files(again, "optimizer")[0]
+    master = again / "zero_stage_3" / "rank0" / "optimizer" / "tile0.fp32.swp"
     data = bytearray(master.read_bytes())
     data[100:104] = b"\x01\x02\x03\x04"
     master.write_bytes(bytes(data))

@@ -156,8 +156,20 @@ class SwapFile:
     digest: int = 0
 
     def recorded(self, tensor: torch.Tensor) -> None:
-        """The write of `tensor` completed: remember its size and checksum."""
-        self.nbytes = tensor.numel() * tensor.element_size()
+        """The write of `tensor` completed: check the file's size, remember the size and checksum."""
+        nbytes = tensor.numel() * tensor.element_size()
+        try:
+            size = os.stat(self.path).st_size
+        except OSError as err:
+            size, reason = -1, err.strerror
+        else:
+            reason = f"{size} bytes on disk"
+        if size < nbytes:
+            self.nbytes = 0
+            raise NVMeSwapError(f"NVMe swap: write of {self.label} ({self.path}) failed: {nbytes} bytes written, "
+                                f"{reason} (disk full or over a file-size limit: free space under nvme_path or "
+                                "point it at a larger disk)")
+        self.nbytes = nbytes
         self.digest = checksum(tensor)
 
     def check_before_read(self, nbytes: int) -> None:

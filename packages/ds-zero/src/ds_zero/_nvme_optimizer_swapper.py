@@ -160,7 +160,9 @@ class OptimizerSwapper:
                 if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)]
 
     def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor]]:
-        reads = []
+        reads: list[tuple[SwapFile, torch.Tensor]] = []
+        if tile.numel == 0:  # a param group without trainable parameters
+            return reads
         for key, dtype in [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]:
             record = self._file(tile, key)
             view = self._view(set_index, key, tile.numel, dtype)
@@ -174,6 +176,8 @@ class OptimizerSwapper:
         """The reads landed: check them, then point the master and the state at the buffers."""
         for record, view in reads:
             record.verify(view)
+        if tile.numel == 0:
+            return
         tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
         keys = self._keys.get(tile.index)
         if keys:
@@ -182,6 +186,8 @@ class OptimizerSwapper:
                 state[key] = self._view(set_index, key, tile.numel, dtype)
 
     def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor]]:
+        if tile.numel == 0:
+            return []
         keys = self._state_keys(tile)
         if tile.index not in self._keys and keys:
             self._ensure_state_buffers(keys)
@@ -202,6 +208,8 @@ class OptimizerSwapper:
         """The writes completed: record them and drop the tile's in-memory values."""
         for record, src in writes:
             record.recorded(src)
+        if tile.numel == 0:
+            return
         tile.master.data = _placeholder(tile.numel, torch.float32)
         state = self.optimizer.state.get(tile.master)
         if state:

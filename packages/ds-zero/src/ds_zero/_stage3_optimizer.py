@@ -258,12 +258,15 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
             groups = self.optimizer.param_groups
             saved = [group["params"] for group in groups]
             swapper = self.optimizer_swapper
+            order = tiles if swapper is None else swapper.swapped_in(tiles)  # NVMe: read / step / write
             try:
-                for tile in (tiles if swapper is None else swapper.swapped_in(tiles)):
+                for tile in order:
                     for gi, group in enumerate(groups):
                         group["params"] = [tile.master] if gi == tile.group_index else []
                     self._step_tiles([tile])
             finally:
+                if swapper is not None:
+                    order.close()  # settles any request still in flight after an error
                 for group, params in zip(groups, saved, strict=True):
                     group["params"] = params
         for tile in tiles:
