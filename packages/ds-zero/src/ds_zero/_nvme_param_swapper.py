@@ -103,9 +103,12 @@ class ParamSwapper:
                    aio_config=aio_config)
 
     # --------------------------------------------------------------------------------- adoption
-    def adopt(self, params: Sequence[nn.Parameter]) -> int:
+    def adopt(self, params: Sequence[nn.Parameter], *, keep: Sequence[nn.Parameter] = ()) -> int:
         """Take over the shards of `params` (partitioned, not yet swapped): keep up to `max_in_cpu` elements
         resident, write the others to their swap files and free their memory. Returns how many were swapped.
+
+        `keep`: partitioned parameters that stay in memory whatever `max_in_cpu` says (the persistent
+        ones); their shards are copied out of the model-wide shard buffer too, so that buffer can go.
 
         Raises:
             ValueError: a shard is larger than `buffer_size`.
@@ -125,7 +128,7 @@ class ParamSwapper:
                                  f"parameter {p.ds_name} ({p.ds_shard_numel} elements on each rank); raise "
                                  "buffer_size to at least the largest shard")
             swapped.append(p)
-        self._compact(resident)
+        self._compact(resident + [p for p in keep if p._ds_swap is None])
         for p in swapped:
             self._shards[p.ds_id] = _Shard(p, SwapFile(self.dir / f"param_{p.ds_id}.swp", ""))
         self._write([(p, p.ds_tensor) for p in swapped])

@@ -95,7 +95,7 @@ class DeepSpeedZeRoOffload:
         self.fp_group = self._new_group(backend="gloo")  # tiny CPU tensors, waited on the CPU with a timeout
         persistent = self._mark_persistent(module, cfg)
         if self.param_swapper is not None:  # persistent parameters stay whole on every rank: not swapped
-            self.param_swapper.adopt([p for p in params if not p.ds_persist])
+            self.param_swapper.adopt([p for p in params if not p.ds_persist], keep=persistent)
         self.coordinator = ParamCoordinator(
             module, group=self.gather_group, fp_group=self.fp_group, prefetch_bucket_size=cfg.prefetch_bucket_size,
             max_live_parameters=cfg.max_live_parameters, max_reuse_distance=cfg.max_reuse_distance,
