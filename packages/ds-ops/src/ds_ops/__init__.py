@@ -2,7 +2,8 @@
 
 Op builders that compile native kernels just in time with ninja (or ahead of time into the wheel),
 CPU optimizers with DeepSpeed's classes (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion),
-the multi-tensor CUDA FusedAdam, and `ds_report`. Importing builds nothing and reads no environment.
+the multi-tensor CUDA FusedAdam, the async I/O op for ZeRO-Infinity (`AsyncIOHandle`, DeepSpeed's
+`aio_handle`), and `ds_report`. Importing builds nothing and reads no environment.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 from ds_ops.__about__ import __version__
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
+from ds_ops.aio import AioConfig, AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.op_builder import (
     ALL_OPS,
+    AsyncIOBuilder,
     Compatibility,
     CPUAdagradBuilder,
     CPUAdamBuilder,
@@ -25,6 +28,10 @@ from ds_ops.op_builder import (
 
 __all__ = [
     "ALL_OPS",
+    "AioConfig",
+    "AioError",
+    "AsyncIOBuilder",
+    "AsyncIOHandle",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
     "CPULionBuilder",
@@ -38,4 +45,5 @@ __all__ = [
     "OpBuilder",
     "OpNotCompatibleError",
     "__version__",
+    "aio_handle",
 ]

@@ -2,8 +2,8 @@
 
 Prints torch's version and CUDA version, the accelerator, ninja, the C++ compiler, nvcc, the CPU's
 SIMD level, the JIT cache folder, and for each op whether it is installed (prebuilt in the wheel),
-already in the JIT cache, and compatible here, with the reasons when it is not. Finding
-compatibility runs each op's compiler probe once.
+already in the JIT cache, and compatible here, with the reasons when it is not and the op's notes
+(e.g. which kernel interface async_io uses). Finding compatibility runs each op's compiler probe once.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ def environment_lines() -> list[str]:
 
 
 def op_lines(show_errors: bool = True) -> list[str]:
-    """One row per op: installed (prebuilt), cached (JIT-built already), compatible; then the reasons."""
+    """One row per op: installed (prebuilt), cached (JIT-built already), compatible; then the reasons and notes."""
     rows = [f"{'op name':<16}{'installed':<12}{'cached':<10}{'compatible':<12}", "-" * WIDTH]
     notes = []
+    facts = []
     for name, builder_class in ALL_OPS.items():
         builder = builder_class()
         installed = prebuilt_entry(name) is not None
@@ -68,8 +69,11 @@ def op_lines(show_errors: bool = True) -> list[str]:
         rows.append(f"{name:<16}{'[YES]' if installed else '[NO]':<12}{'[YES]' if cached else '[NO]':<10}"
                     f"{'[OKAY]' if compatibility else '[NO]':<12}".rstrip())
         notes += [f"{name}: {reason}" for reason in compatibility.reasons]
+        facts += [f"{name}: {note}" for note in compatibility.notes]
     if show_errors and notes:
         rows += ["", "why not compatible:", *(f"  {note}" for note in notes)]
+    if facts:
+        rows += ["", "op notes:", *(f"  {fact}" for fact in facts)]
     return rows
 
 

@@ -13,6 +13,7 @@ This package does not import torch at import time, so the wheel's build hook can
 
 from __future__ import annotations
 
+from ds_ops.op_builder._aio import AsyncIOBuilder, io_uring_status
 from ds_ops.op_builder._aot import env_var, selected_ops
 from ds_ops.op_builder._base import ABI_VERSION, Compatibility, OpBuilder, OpNotCompatibleError
 from ds_ops.op_builder._builders import (
@@ -31,6 +32,7 @@ from ds_ops.op_builder._toolchain import SIMD_FLAGS, detect_simd
 __all__ = [
     "ABI_VERSION",
     "ALL_OPS",
+    "AsyncIOBuilder",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
     "CPULionBuilder",
@@ -46,6 +48,7 @@ __all__ = [
     "detect_simd",
     "env_var",
     "extensions_root",
+    "io_uring_status",
     "prebuilt_entry",
     "selected_ops",
 ]

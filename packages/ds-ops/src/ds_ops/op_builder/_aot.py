@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 _TRUE = {"1", "true", "yes", "on"}
+# DeepSpeed's variables that are not DS_BUILD_<NAME>: async_io is built with DS_BUILD_AIO.
+_BUILD_VARS = {"async_io": "DS_BUILD_AIO"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
 def env_var(op_name: str) -> str:
-    """`cpu_adam` -> `DS_BUILD_CPU_ADAM`."""
-    return f"DS_BUILD_{op_name.upper()}"
+    """`cpu_adam` -> `DS_BUILD_CPU_ADAM` (and DeepSpeed's exception: `async_io` -> `DS_BUILD_AIO`)."""
+    return _BUILD_VARS.get(op_name, f"DS_BUILD_{op_name.upper()}")
 
 
 def _flag(environ: Mapping[str, str], name: str) -> bool | None:

@@ -61,16 +61,20 @@ class Compatibility:
     Attributes:
         op_name: the op.
         reasons: one sentence per problem (empty when compatible).
+        notes: facts worth showing either way (which kernel interface the op uses, which optional
+            library is missing and which package provides it).
     """
 
     op_name: str
     reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return not self.reasons
 
     def __str__(self) -> str:
-        return "compatible" if not self.reasons else "; ".join(self.reasons)
+        text = "compatible" if not self.reasons else "; ".join(self.reasons)
+        return f"{text} ({'; '.join(self.notes)})" if self.notes else text
 
 
 class OpBuilder:
@@ -157,6 +161,10 @@ class OpBuilder:
         """Why the op, even compiled, cannot run here (empty for CPU ops)."""
         return []
 
+    def compatibility_notes(self) -> list[str]:
+        """What `is_compatible` reports besides problems (e.g. which kernel interface is used); none by default."""
+        return []
+
     def can_build(self) -> Compatibility:
         """Whether the op compiles here (what the AOT build hook asks)."""
         return Compatibility(self.name, tuple(self.build_problems()))
@@ -168,13 +176,15 @@ class OpBuilder:
         reason is enough, and `can_build()` answers the build question alone.
 
         Args:
-            verbose: also log each reason at WARNING.
+            verbose: also log each reason at WARNING, and each note at INFO.
         """
         problems = self.runtime_problems() or self.build_problems()
-        result = Compatibility(self.name, tuple(problems))
+        result = Compatibility(self.name, tuple(problems), tuple(self.compatibility_notes()))
         if verbose:
             for reason in result.reasons:
                 logger.warning("op %s is not compatible: %s", self.name, reason)
+            for note in result.notes:
+                logger.info("op %s: %s", self.name, note)
         return result
 
     # ---- building -------------------------------------------------------------------------------

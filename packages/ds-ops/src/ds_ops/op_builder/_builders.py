@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 from typing import ClassVar
 
+from ds_ops.op_builder._aio import AsyncIOBuilder
 from ds_ops.op_builder._base import CFunctionSpec, OpBuilder
 from ds_ops.op_builder._cuda import CUDAOpBuilder
 
@@ -67,5 +68,6 @@ class FusedAdamBuilder(CUDAOpBuilder):
 
 
 ALL_OPS: dict[str, type[OpBuilder]] = {
-    builder.NAME: builder for builder in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder, FusedAdamBuilder)
+    builder.NAME: builder
+    for builder in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder, FusedAdamBuilder, AsyncIOBuilder)
 }
