@@ -243,3 +243,17 @@ def test_stage_1_2_nvme_says_stage_3() -> None:
     with pytest.raises(ValueError, match=r'not supported at stages 1 and 2 .*zero_optimization.stage=3'):
         ds_zero.DeepSpeedZeroOptimizer(torch.optim.AdamW(model.parameters()), config=ds_zero.ZeroConfig(
             stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"}))
+
+
+def test_checksum_depends_on_the_bytes_not_on_where_they_lie() -> None:
+    from ds_zero._nvme_files import checksum
+
+    values = torch.randn(1003)
+    for view in (values[1:], values[3:1002], values.to(torch.bfloat16)[1:]):
+        moved = torch.empty(view.numel() + 5, dtype=view.dtype)[5:]
+        moved.copy_(view)
+        assert checksum(view) == checksum(moved) == checksum(view.clone())
+    changed = values.clone()
+    changed[500] += 1.0
+    assert checksum(changed) != checksum(values)
+    assert checksum(values[:1000]) != checksum(values[:999])

@@ -116,26 +116,23 @@ def claim_finalizer(owner: object, path: Path) -> None:
     weakref.finalize(owner, release_swap_dir, path)
 
 
-def _widest_int_view(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the bulk of `flat`'s bytes as the widest integer dtype its alignment allows, the remaining bytes)."""
-    raw = flat.view(torch.uint8)
-    offset_bytes = flat.storage_offset() * flat.element_size()
-    for width, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
-        if offset_bytes % width == 0:
-            bulk = raw.numel() // width * width
-            return raw[:bulk].view(dtype), raw[bulk:]
-    return raw[:0], raw
-
-
 def checksum(tensor: torch.Tensor) -> int:
-    """A wrapping 64-bit sum of `tensor`'s bytes read as integers (cheap; detects changed or zeroed data)."""
+    """A wrapping 64-bit sum of `tensor`'s bytes read as little 8-byte words from its first byte (plus the
+    trailing bytes): independent of where the tensor lies in memory, cheap, detects changed or zeroed data.
+
+    A tensor whose first byte is not 8-byte aligned in its storage is summed through an aligned copy.
+    """
     flat = tensor.detach().reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    bulk, tail = _widest_int_view(flat)
-    total = int(bulk.sum(dtype=torch.int64)) if bulk.numel() else 0
-    if tail.numel():
-        total += int(tail.sum(dtype=torch.int64))
+    raw = flat.view(torch.uint8)
+    bulk_bytes = raw.numel() // 8 * 8
+    bulk = raw[:bulk_bytes]
+    if (flat.storage_offset() * flat.element_size()) % 8:
+        bulk = bulk.clone()
+    total = int(bulk.view(torch.int64).sum()) if bulk_bytes else 0
+    if bulk_bytes < raw.numel():
+        total += int(raw[bulk_bytes:].sum(dtype=torch.int64))
     return total & ((1 << 64) - 1)
 
 
