@@ -78,8 +78,8 @@ def _rank(rank: int, world: int, *, width: int, layers: int, steps: int, batch: 
 
 
 def step_rows(*, width: int = 1024, layers: int = 8, steps: int = 6, batch: int = 16, directory: str | None = None,
-              sub_group: int = 1_000_000, aio: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """One row per mode: median step seconds (slower rank), ratio vs no offload, bytes of optimizer state."""
+              sub_group: int = 1_000_000, aio: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Rows in benchmarks/aio.py's `--json` format (step time of each offload mode vs no offload) and a table."""
     with tempfile.TemporaryDirectory(dir=directory, prefix="ds_nvme_bench_") as root:
         out = run_ranks(2, _rank, width=width, layers=layers, steps=steps, batch=batch, root=root,
                         sub_group=sub_group, aio=aio or {}, timeout_s=900)
@@ -87,11 +87,22 @@ def step_rows(*, width: int = 1024, layers: int = 8, steps: int = 6, batch: int 
         diff = max(abs(a - b) for a, b in zip(out[0]["losses"][m], out[0]["losses"]["none"], strict=True))
         assert diff < 1e-5, f"mode {m} diverged from no offload by {diff}"
     numel = width * width * layers + width * layers
-    base = max(r["median_s"]["none"] for r in out)
+    label = (f"stage 3, {numel / 1e6:.1f}M params fp32 AdamW, 2 gloo ranks, batch {batch}, sub_group_size {sub_group}, "
+             f"dir {directory or tempfile.gettempdir()}")
+    step_ms = {m: 1e3 * max(r["median_s"][m] for r in out) for m in MODES}
+    titles = {"none": "no offload", "cpu": "CPU offload (params + optimizer)",
+              "nvme": "NVMe offload (params + optimizer)"}
+    header = f"{'mode':<36} {'step ms':>9} {'vs none':>8} {'vs cpu':>7}"
+    lines = [header, "-" * len(header)]
     rows = []
     for mode in MODES:
-        step_s = max(r["median_s"][mode] for r in out)
-        rows.append({"bench": "zero3_step", "mode": f"stage3 offload={mode}", "params": numel, "ranks": 2,
-                     "step_ms": round(step_s * 1e3, 2), "vs_no_offload": round(step_s / base, 2),
-                     "optimizer_state_mb_per_rank": round(numel * 12 / 2 / 2**20, 1)})
-    return rows
+        lines.append(f"{titles[mode]:<36} {step_ms[mode]:>9.1f} {step_ms[mode] / step_ms['none']:>8.2f} "
+                     f"{step_ms[mode] / step_ms['cpu']:>7.2f}")
+        if mode != "none":
+            base = "cpu" if mode == "nvme" else "none"
+            rows.append({"figure": f"zero3 step time: {titles[mode]} ({label})", "value": round(step_ms[mode], 2),
+                         "unit": "ms", "baseline": titles[base], "baseline_value": round(step_ms[base], 2),
+                         "ratio": round(step_ms[mode] / step_ms[base], 3), "target": None})
+    lines.append(f"optimizer state (fp32 master + Adam) per rank: {numel * 12 / 2 / 2**20:.0f} MiB; "
+                 f"NVMe swap-ins per rank over the run: {out[0]['nvme_reads']}")
+    return rows, "\n".join(lines)
