@@ -257,3 +257,19 @@ def test_checksum_depends_on_the_bytes_not_on_where_they_lie() -> None:
     changed[500] += 1.0
     assert checksum(changed) != checksum(values)
     assert checksum(values[:1000]) != checksum(values[:999])
+
+
+def test_inference_with_parameters_on_nvme_and_a_bad_aio_section(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    plain = Net()
+    x = torch.randn(3, 64)
+    expected = plain(x)
+    torch.manual_seed(0)
+    model = Net()
+    offload = ds_zero.DeepSpeedZeRoOffload(model, config=_cfg(tmp_path, opt=False), aio_config={"block_size": 65536})
+    with torch.no_grad():
+        for _ in range(3):  # the second and third pass read ahead along the recorded order
+            torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    assert offload.param_swapper.num_reads >= 9 and offload.param_swapper.num_writes == 4
+    with pytest.raises(ValueError, match=r"aio\.queue_depth"):
+        ds_zero.DeepSpeedZeRoOffload(Net(), config=_cfg(tmp_path, opt=False), aio_config={"queue_depth": 0})

@@ -44,12 +44,8 @@ class NVMeSwapError(OSError):
 
 def make_aio_handle(aio_config: Mapping[str, Any] | AioConfig | None) -> AsyncIOHandle:
     """An `AsyncIOHandle` from the top-level `aio` section (a dict or `ds_ops.AioConfig`; None: defaults)."""
-    if aio_config is None:
-        return AsyncIOHandle.from_config(AioConfig())
-    if isinstance(aio_config, AioConfig):
-        return AsyncIOHandle.from_config(aio_config)
-    if isinstance(aio_config, Mapping):
-        return AsyncIOHandle.from_config(AioConfig(**dict(aio_config)))
+    if aio_config is None or isinstance(aio_config, (AioConfig, Mapping)):
+        return AsyncIOHandle.from_config(aio_config if aio_config is not None else {})  # validated as `aio.<key>`
     raise TypeError(f"aio_config must be the `aio` config section (a dict or ds_ops.AioConfig) or None, got "
                     f"{type(aio_config).__name__}")
 
