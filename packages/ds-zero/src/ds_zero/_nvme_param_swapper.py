@@ -94,6 +94,7 @@ class ParamSwapper:
         self._prefetched_numel = 0
         self.num_reads = 0
         self.num_writes = 0
+        self.num_read_ahead_hits = 0  # gathers that found their shard already read ahead
 
     @classmethod
     def from_config(cls, config: OffloadParamConfig, *, rank: int,
@@ -235,6 +236,7 @@ class ParamSwapper:
             if shard.prefetched:
                 shard.prefetched = False
                 self._prefetched_numel -= shard.slot[2]
+                self.num_read_ahead_hits += 1
             shard.users += 1
             p.ds_tensor = view
 
