@@ -132,6 +132,26 @@ def test_file_system_refusing_o_direct(tmp_path: Path, caplog: pytest.LogCapture
         assert sum("refuses O_DIRECT" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_forked_child_is_told_to_make_its_own_handle(tmp_path: Path) -> None:
+    handle = AsyncIOHandle()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report the error text and leave without running any cleanup
+        try:
+            handle.async_pwrite(torch.ones(4), tmp_path / "child.bin")
+            text = "no error"
+        except ValueError as err:
+            text = str(err)
+        os.write(write_end, text.encode())
+        os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    text = os.read(read_end, 4096).decode()
+    os.close(read_end)
+    assert "created in process" in text and "create a handle per process" in text, text
+    handle.sync_pwrite(torch.ones(4), tmp_path / "parent.bin")  # the parent's handle is unaffected
+
+
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"block_size=0 must be an int in \[1, 1073741824\]"):
         AsyncIOHandle(block_size=0)
@@ -153,6 +173,10 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
         handle.async_pwrite(torch.empty(3), tmp_path / "x", file_offset=-1)
     with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
         handle.async_pwrite(torch.empty(3), 7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layout torch.sparse_coo; the op moves dense"):
+        handle.async_pwrite(torch.eye(3).to_sparse(), tmp_path / "x")
+    with pytest.raises(ValueError, match="contains a NUL character"):
+        handle.async_pwrite(torch.empty(3), str(tmp_path / "x\0y"))
     with pytest.raises(ValueError, match="numel=0 must be an int >= 1"):
         handle.new_cpu_locked_tensor(0, torch.empty(0))
     assert handle.wait() == 0  # nothing was queued by the refused calls

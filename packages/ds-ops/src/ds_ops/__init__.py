@@ -8,10 +8,12 @@ the multi-tensor CUDA FusedAdam, the async I/O op for ZeRO-Infinity (`AsyncIOHan
 
 from __future__ import annotations
 
+import importlib
+
 from ds_ops.__about__ import __version__
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
-from ds_ops.aio import AioConfig, AioError, AsyncIOHandle, aio_handle
+from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.op_builder import (
     ALL_OPS,
@@ -25,6 +27,14 @@ from ds_ops.op_builder import (
     OpBuildError,
     OpNotCompatibleError,
 )
+
+
+def __getattr__(name: str) -> object:
+    # AioConfig imports pydantic (~0.3 s to import); it loads when first asked for.
+    if name == "AioConfig":
+        return importlib.import_module("ds_ops.aio._config").AioConfig
+    raise AttributeError(f"module 'ds_ops' has no attribute {name!r}")
+
 
 __all__ = [
     "ALL_OPS",

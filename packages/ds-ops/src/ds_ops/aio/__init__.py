@@ -10,9 +10,18 @@
 
 from __future__ import annotations
 
-from ds_ops.aio._config import AioConfig
+import importlib
+
 from ds_ops.aio._handle import AsyncIOHandle, aio_handle
 from ds_ops.aio._requests import AioError
 from ds_ops.op_builder import AsyncIOBuilder
+
+
+def __getattr__(name: str) -> object:
+    # AioConfig imports pydantic (~0.3 s); it loads when first asked for, like ds_comm's config names.
+    if name == "AioConfig":
+        return importlib.import_module("ds_ops.aio._config").AioConfig
+    raise AttributeError(f"module 'ds_ops.aio' has no attribute {name!r}")
+
 
 __all__ = ["AioConfig", "AioError", "AsyncIOBuilder", "AsyncIOHandle", "aio_handle"]

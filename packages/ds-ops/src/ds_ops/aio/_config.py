@@ -7,12 +7,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from ds_comm import ConfigModel
-
-#: Largest block one kernel request moves (io_uring takes a 32-bit length; 1 GiB leaves headroom).
-MAX_BLOCK_SIZE = 1 << 30
-#: io_uring's limit on ring entries.
-MAX_QUEUE_DEPTH = 32768
-MAX_INTRA_OP_PARALLELISM = 1024
+from ds_ops.aio._limits import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH
 
 
 class AioConfig(ConfigModel):

@@ -7,15 +7,17 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ds_comm import validate_section
 from ds_ops.aio._buffers import aligned_tensor, direct_io_allowed
-from ds_ops.aio._config import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH, AioConfig
+from ds_ops.aio._limits import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH
 from ds_ops.aio._requests import AioError, PendingRequest, Result
 from ds_ops.op_builder import AsyncIOBuilder
+
+if TYPE_CHECKING:
+    from ds_ops.aio._config import AioConfig
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ class AsyncIOHandle:
         self._locked: dict[int, torch.Tensor] = {}
         self._direct_by_dir: dict[str, bool] = {}
         self._handle: int | None = None
+        self._pid = os.getpid()  # the workers are threads of this process: a forked child has none
         self.num_bytes_moved = 0
         """Bytes read or written by settled requests of this handle (failed ones count what they moved)."""
         self.num_bytes_direct = 0
@@ -131,6 +134,9 @@ class AsyncIOHandle:
         Raises:
             ConfigError: the section is invalid; the message names the key path (`aio.<key>`).
         """
+        from ds_comm import validate_section  # noqa: PLC0415 - pydantic loads on first use, not at import
+        from ds_ops.aio._config import AioConfig  # noqa: PLC0415
+
         section = validate_section(AioConfig, config, path="aio")
         return cls(section.block_size, section.queue_depth, section.single_submit, section.overlap_events,
                    section.intra_op_parallelism, use_o_direct, engine=engine)
@@ -164,8 +170,8 @@ class AsyncIOHandle:
                 O_DIRECT refused). Raised after all requests settled; it names the first failure's
                 operation, file, offset, bytes expected and done, and the cause.
         """
-        if self._handle is None:
-            return 0
+        if self._handle is None or os.getpid() != self._pid:
+            return 0  # a forked child has no requests of this handle in flight
         count = int(self._lib.ds_aio_wait(self._handle))  # releases the GIL while it blocks
         settled, self._pending = self._pending, []
         for request in settled:
@@ -182,8 +188,14 @@ class AsyncIOHandle:
         where = f"AsyncIOHandle.{'async_pwrite' if op == 'write' else 'async_pread'}"
         if self._handle is None:
             raise ValueError(f"{where}: the handle is closed")
+        if os.getpid() != self._pid:
+            raise ValueError(f"{where}: this handle was created in process {self._pid} and its worker threads "
+                             f"do not exist in this forked process {os.getpid()}; create a handle per process")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{where}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.layout != torch.strided:
+            raise ValueError(f"{where}: tensor has layout {tensor.layout}; the op moves dense (strided) tensors "
+                             f"(pass tensor.to_dense())")
         if tensor.device.type != "cpu":
             raise ValueError(f"{where}: tensor is on {tensor.device}; the op moves host memory only "
                              f"(copy it to a CPU tensor, e.g. from new_cpu_locked_tensor)")
@@ -197,6 +209,8 @@ class AsyncIOHandle:
         text = os.fspath(path)
         if not isinstance(text, str):
             raise TypeError(f"{where}: path must be a str or os.PathLike of str, got {text!r}")
+        if "\0" in text:
+            raise ValueError(f"{where}: path {text!r} contains a NUL character")
         request = PendingRequest(op=op, path=text, path_bytes=os.fsencode(text), tensor=tensor,
                                  file_offset=file_offset, nbytes=tensor.numel() * tensor.element_size(),
                                  result=Result())
@@ -283,7 +297,8 @@ class AsyncIOHandle:
     # ---- lifetime -------------------------------------------------------------------------------
     def close(self) -> None:
         """Wait for queued requests (raising `AioError` if one failed), then stop the workers."""
-        if self._handle is None:
+        if self._handle is None or os.getpid() != self._pid:
+            self._handle = None
             return
         try:
             self.wait()
@@ -299,7 +314,7 @@ class AsyncIOHandle:
 
     def __del__(self) -> None:
         handle = getattr(self, "_handle", None)
-        if handle is not None:
+        if handle is not None and os.getpid() == self._pid:
             self._handle = None
             self._lib.ds_aio_destroy(handle)  # waits for in-flight requests: their memory is still ours
 
