@@ -273,3 +273,23 @@ def test_inference_with_parameters_on_nvme_and_a_bad_aio_section(tmp_path: Path)
     assert offload.param_swapper.num_reads >= 9 and offload.param_swapper.num_writes == 4
     with pytest.raises(ValueError, match=r"aio\.queue_depth"):
         ds_zero.DeepSpeedZeRoOffload(Net(), config=_cfg(tmp_path, opt=False), aio_config={"queue_depth": 0})
+
+
+def test_bf16_shards_on_nvme_train_like_cpu_optimizer_offload(tmp_path: Path) -> None:
+    def run(cfg: dict[str, Any]) -> list[float]:
+        torch.manual_seed(0)
+        model = Net().to(torch.bfloat16)
+        opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.AdamW(model.parameters(), lr=1e-2), config=cfg)
+        losses = []
+        for step in range(4):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(6, 64, generator=g).bfloat16(), torch.randn(6, 8, generator=g)
+            loss = nn.functional.mse_loss(model(x).float(), y)
+            opt.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    # same fp32 masters and Adam state, bf16 shards written from them: identical numbers
+    assert run(_cfg(tmp_path)) == run(_cfg(None, param=False, opt=False, offload_optimizer={"device": "cpu"}))
