@@ -15,6 +15,7 @@ Target (issue 10): the op with O_DIRECT >= 80% of dd's O_DIRECT bandwidth, write
 
     python benchmarks/aio.py [--dir /tmp] [--size-mib 128] [--reps 5] [--block-size 1048576]
                              [--queue-depth 8] [--threads 1] [--json rows.json]
+    python benchmarks/aio.py --step [--dir /tmp] [--json rows.json]   # ZeRO-3 step: NVMe vs CPU offload
 """
 
 from __future__ import annotations
@@ -209,7 +210,20 @@ def main() -> None:
     parser.add_argument("--queue-depth", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="intra_op_parallelism")
     parser.add_argument("--json", type=Path, help="write result rows here")
+    parser.add_argument("--step", action="store_true",
+                        help="instead: stage-3 step time with NVMe offload vs CPU offload vs none, 2 gloo ranks "
+                             "(benchmarks/_nvme_step.py; swap files under --dir)")
     args = parser.parse_args()
+    if args.step:
+        import _nvme_step  # sibling module of this script
+
+        aio = {"block_size": args.block_size, "queue_depth": args.queue_depth, "intra_op_parallelism": args.threads}
+        rows, table = _nvme_step.step_rows(directory=str(args.dir), aio=aio)
+        print(f"torch {torch.__version__}; median step of the slower rank, modes interleaved step by step")
+        print(table)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        return
     if shutil.which("dd") is None:
         raise SystemExit("dd not found")
     nbytes = args.size_mib << 20

@@ -134,7 +134,8 @@ def test_init_dtype_and_config_dtype() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    ({"remote_device": "nvme"}, "remote_device='nvme'"),
+    ({"remote_device": "nvme"}, "remote_device='nvme'.*needs zero_optimization.offload_param.nvme_path"),
+    ({"remote_device": "disk"}, "remote_device='disk'"),
     ({"mpu": object()}, "model parallelism is not supported"),
     ({"config_dict_or_path": "/no/such/ds_config.json"}, "no such file"),
     ({"config_dict_or_path": {"zero_optimization": {"stage3_max_live_parameters": -1}}},

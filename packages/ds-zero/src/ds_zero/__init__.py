@@ -21,6 +21,7 @@ from ds_zero._gathered_parameters import (
     unregister_external_parameter,
 )
 from ds_zero._init import Init, partition_model
+from ds_zero._nvme_files import NVMeSwapError
 from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
 from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3_module import DeepSpeedZeRoOffload
@@ -63,6 +64,7 @@ __all__ = [
     "GatherDivergenceError",
     "GatheredParameters",
     "Init",
+    "NVMeSwapError",
     "ZeroParamStatus",
     "consolidated_16bit_state_dict",
     "is_zero_param",

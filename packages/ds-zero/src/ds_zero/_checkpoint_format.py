@@ -36,7 +36,8 @@ Required keys (both stages write them; readers rely on nothing else):
 
 Optional keys: `"shared_params"` (dict alias -> stored name, for tied parameters: the alias gets the same
 tensor on consolidation), `"frozen_param_shapes"` (dict name -> shape of parameters without gradients:
-not partitioned, they come from the model states file), `"offload_optimizer"` (str: "none" or "cpu").
+not partitioned, they come from the model states file), `"offload_optimizer"` (str: "none", "cpu" or "nvme";
+informational: a checkpoint loads with any offload setting).
 
 Model states (`<tag>/mp_rank_00_model_states.pt`, stage 3: `zero_pp_rank_0_mp_rank_00_model_states.pt`):
 `"module"` (the module's state_dict: buffers and frozen parameters are taken from it; stage 3 stores empty

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._partitioned_param import ZeroParamStatus, alloc_full, set_available
+from ds_zero._partitioned_param import ZeroParamStatus, acquire_shards, alloc_full, set_available
 
 logger = logging.getLogger(__name__)
 
@@ -166,11 +166,11 @@ def deviation_summary(group: ProcessGroup | None) -> str:
 class GatherHandle:
     """An issued coalesced gather; `wait()` fills every parameter's full storage and marks it available."""
 
-    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group")
+    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release")
 
     def __init__(self, params: list[torch.nn.Parameter], recv: torch.Tensor | None,
                  work: ds_comm.CollectiveHandle | None, world: int, label: str = "",
-                 group: ProcessGroup | None = None) -> None:
+                 group: ProcessGroup | None = None, release: Callable[[], None] | None = None) -> None:
         self.params = params
         self._recv = recv
         self._work = work
@@ -178,6 +178,7 @@ class GatherHandle:
         self._world = world
         self._label = label
         self._group = group
+        self._release = release  # gives NVMe-swapped shards' buffers back once the collective read them
 
     def wait(self) -> None:
         if self._recv is None:
@@ -201,6 +202,9 @@ class GatherHandle:
             set_available(p)
         self._recv = None
         self._work = None
+        if self._release is not None:
+            self._release()
+            self._release = None
 
 
 def gather_params(params: list[torch.nn.Parameter], *, group: ProcessGroup | None, fp_group: ProcessGroup | None,
@@ -228,15 +232,17 @@ def gather_params(params: list[torch.nn.Parameter], *, group: ProcessGroup | Non
     handles = []
     for dtype, batch in by_dtype.items():
         device = batch[0]._ds_full.device
+        release = acquire_shards(batch, label)  # NVMe-swapped shards are read into pinned buffers
         with torch.no_grad():
             send = torch.cat([p.ds_tensor for p in batch]) if len(batch) > 1 else batch[0].ds_tensor
-            send = send.to(device=device, dtype=dtype, non_blocking=True)
+            # from a swap buffer, the copy must be complete before the buffer is reused
+            send = send.to(device=device, dtype=dtype, non_blocking=release is None)
             if world == 1:
-                handle = GatherHandle(batch, send, None, 1)
+                handle = GatherHandle(batch, send, None, 1, release=release)
             else:
                 recv = torch.empty(send.numel() * world, dtype=dtype, device=device)
                 work = ds_comm.all_gather_into_tensor(recv, send, group=group, async_op=True)
-                handle = GatherHandle(batch, recv, work, world, label, fp_group)
+                handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release)
         for p in batch:
             p.ds_status = ZeroParamStatus.INFLIGHT
         if not async_op:

@@ -30,6 +30,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._gathered_parameters import GatheredParameters
+from ds_zero._nvme_param_swapper import ParamSwapper
 from ds_zero._partitioned_module import partition_module
 from ds_zero._partitioned_param import is_zero_param
 from ds_zero._stage3_module import as_zero_config
@@ -147,8 +148,10 @@ class Init:
     Args:
         module: an already built model to partition now (the context is then not needed).
         data_parallel_group: the group parameters are split across (None: the world).
-        remote_device: where shards live: None/"none" (the compute device) or "cpu" (parameter offload);
-            None takes `zero_optimization.offload_param` from the config. "nvme" is not implemented.
+        remote_device: where shards live: None/"none" (the compute device), "cpu" (parameter offload) or
+            "nvme" (swap files under `zero_optimization.offload_param.nvme_path`, with that section's
+            buffer_count/buffer_size/max_in_cpu and the config's `aio` section); None takes
+            `zero_optimization.offload_param.device` from the config.
         pin_memory: page-lock CPU shards (None-config default: `offload_param.pin_memory`).
         config_dict_or_path: a ds_config dict or JSON path: `zero_optimization.offload_param` and
             `override_module_apply` are read, and the dtype defaults to bf16/fp16 when enabled there.
@@ -158,7 +161,8 @@ class Init:
         mpu: model parallelism is not supported; must be None.
 
     Raises:
-        ValueError: `remote_device` is not None/"none"/"cpu", an unreadable config, or an mpu.
+        ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, or (nvme) a
+            missing or unwritable `nvme_path`.
     """
 
     def __init__(self, module: nn.Module | None = None, data_parallel_group: ProcessGroup | None = None,
@@ -173,9 +177,17 @@ class Init:
         if remote_device is None:
             remote_device = zero.offload_param.device
             pin_memory = pin_memory or (remote_device == "cpu" and zero.offload_param.pin_memory)
-        if remote_device not in ("none", "cpu"):
+        if remote_device not in ("none", "cpu", "nvme"):
             raise ValueError(f"ds_zero.Init(remote_device={remote_device!r}): use None/'none' (shards on the "
-                             "compute device) or 'cpu' (parameter offload); 'nvme' is not implemented")
+                             "compute device), 'cpu' (parameter offload) or 'nvme' (swapped to "
+                             "zero_optimization.offload_param.nvme_path)")
+        self.param_swapper: ParamSwapper | None = None
+        if remote_device == "nvme" and enabled:
+            if zero.offload_param.nvme_path is None:
+                raise ValueError("ds_zero.Init(remote_device='nvme') needs zero_optimization.offload_param.nvme_path "
+                                 "in config_dict_or_path (a directory on a fast local disk)")
+            self.param_swapper = ParamSwapper.from_config(zero.offload_param, rank=ds_comm.get_rank(),
+                                                          aio_config=ds_config.get("aio"))
         if dtype is None:
             if (ds_config.get("bf16") or {}).get("enabled"):
                 dtype = torch.bfloat16
@@ -187,14 +199,17 @@ class Init:
         self.pin_memory = pin_memory
         self.override_apply = zero.override_module_apply
         self.compute_device = ds_comm.get_accelerator().device()
-        self.shard_device = torch.device("cpu") if remote_device == "cpu" else self.compute_device
+        self.shard_device = torch.device("cpu") if remote_device in ("cpu", "nvme") else self.compute_device
         if module is not None and enabled:
             self.partition(module)
 
     def partition(self, module: nn.Module) -> int:
         """Partition every not-yet-partitioned parameter of `module`; returns how many."""
+        before = {id(p) for p in module.parameters() if is_zero_param(p)}
         count = partition_module(module, group=self.dp_group, shard_device=self.shard_device,
                                  compute_device=self.compute_device, dtype=self.dtype, pin_memory=self.pin_memory)
+        if self.param_swapper is not None and count:
+            self.param_swapper.adopt([p for p in module.parameters() if is_zero_param(p) and id(p) not in before])
         if count:
             logger.debug("ds_zero.Init: partitioned %d parameters of %s", count, type(module).__name__)
         return count

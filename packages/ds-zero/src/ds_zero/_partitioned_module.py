@@ -127,7 +127,7 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
     for p in zero.values():
         if _is_noop(fn, p._ds_full) and _is_noop(fn, p.ds_tensor):
             continue
-        if p._ds_master is not None:
+        if p._ds_master is not None or p._ds_master_writer is not None:
             raise ValueError(f"cannot convert partitioned parameter {p.ds_name} ({p._ds_full.dtype} on "
                              f"{p._ds_full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "
                              "on the model before building DeepSpeedZeroOptimizer_Stage3")

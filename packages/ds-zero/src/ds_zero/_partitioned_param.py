@@ -119,6 +119,8 @@ def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, sh
     param._ds_active = 0
     param._ds_coord = None
     param._ds_master = None
+    param._ds_master_writer = None  # set when the fp32 master is swapped to NVMe (optimizer offload)
+    param._ds_swap = None  # the ParamSwapper holding the shard on NVMe (offload_param.device="nvme")
     param._ds_offload = shard_device != compute_device
     _make_full_storage(param, compute_device, target)
     param.data = param._ds_placeholder
@@ -163,18 +165,91 @@ def full_bytes_held(param: torch.nn.Parameter) -> int:
 
 
 def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
-    """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into `ds_tensor` and the master."""
+    """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
+
+    A shard or master swapped to NVMe is written to its swap file.
+    """
     flat = full.reshape(-1)
     s, rank, numel = param.ds_shard_numel, param.ds_rank, param.ds_numel
     start, end = min(rank * s, numel), min((rank + 1) * s, numel)
     with torch.no_grad():
         piece = flat[start:end]
-        param.ds_tensor[: end - start].copy_(piece)
-        param.ds_tensor[end - start:].zero_()
+        if param._ds_swap is not None:
+            padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
+            padded[: end - start].copy_(piece)
+            param._ds_swap.write([param], [padded])
+        else:
+            param.ds_tensor[: end - start].copy_(piece)
+            param.ds_tensor[end - start:].zero_()
         master = param._ds_master
-        if master is not None and master is not param.ds_tensor:
+        if param._ds_master_writer is not None:
+            padded32 = torch.zeros(s, dtype=torch.float32)
+            padded32[: end - start].copy_(piece)
+            param._ds_master_writer(padded32)
+        elif master is not None and master is not param.ds_tensor:
             master[: end - start].copy_(piece)
             master[end - start:].zero_()
+
+
+def shard_values(param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's shard, readable: `ds_tensor`, or a fresh copy read from its NVMe swap file."""
+    if param._ds_swap is None:
+        return param.ds_tensor
+    return param._ds_swap.read_copy(param)
+
+
+def _by_swapper(params: Iterable[torch.nn.Parameter]) -> list[tuple[Any, list[torch.nn.Parameter]]]:
+    groups: dict[int, tuple[Any, list[torch.nn.Parameter]]] = {}
+    for p in params:
+        swap = p._ds_swap
+        if swap is not None:
+            groups.setdefault(id(swap), (swap, []))[1].append(p)
+    return list(groups.values())
+
+
+def write_shards(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> None:
+    """Set the shards of `params` to `values` (each `ds_shard_numel` elements); swapped ones go to NVMe."""
+    swapped: dict[int, tuple[Any, list[torch.nn.Parameter], list[torch.Tensor]]] = {}
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            if p._ds_swap is None:
+                p.ds_tensor.copy_(v)
+            else:
+                entry = swapped.setdefault(id(p._ds_swap), (p._ds_swap, [], []))
+                entry[1].append(p)
+                entry[2].append(v)
+    for swap, ps, vs in swapped.values():
+        swap.write(ps, vs)
+
+
+def acquire_shards(params: list[torch.nn.Parameter], label: str) -> Any:
+    """Read the NVMe-swapped shards of `params` in; returns the callable that releases them (None: none swapped)."""
+    groups = _by_swapper(params)
+    if not groups:
+        return None
+    done: list[tuple[Any, list[torch.nn.Parameter]]] = []
+    try:
+        for swap, ps in groups:
+            swap.acquire(ps, label)
+            done.append((swap, ps))
+    except BaseException:
+        for swap, ps in done:
+            swap.release(ps)
+        raise
+
+    def release() -> None:
+        for swap, ps in done:
+            swap.release(ps)
+
+    return release
+
+
+def prefetch_shards(params: list[torch.nn.Parameter]) -> bool:
+    """Start NVMe reads of the swapped shards of `params`; False when a swapper has no room for more."""
+    ok = True
+    for swap, ps in _by_swapper(params):
+        ok = swap.prefetch(ps) and ok
+    return ok
 
 
 def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
@@ -186,10 +261,18 @@ def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
     available = param.ds_status is ZeroParamStatus.AVAILABLE
     with torch.no_grad():
         full = fn(param._ds_full) if available else None
-        shard = fn(param.ds_tensor)
-        if param._ds_offload and shard.device != param.ds_tensor.device:
-            shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
-        param.ds_tensor = shard
+        if param._ds_swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
+            probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
+            if probe.dtype != param.ds_tensor.dtype:
+                raise ValueError(f"cannot convert partitioned parameter {param.ds_name} to {probe.dtype}: its shard is "
+                                 "swapped to NVMe (offload_param.device='nvme') in "
+                                 f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
+                                 "it is partitioned")
+        else:
+            shard = fn(param.ds_tensor)
+            if param._ds_offload and shard.device != param.ds_tensor.device:
+                shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
+            param.ds_tensor = shard
         probe = fn(torch.empty(0, dtype=param._ds_full.dtype, device=param._ds_full.device))
         _make_full_storage(param, probe.device, probe.dtype)
         if full is not None:

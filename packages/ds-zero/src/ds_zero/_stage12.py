@@ -358,8 +358,9 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
         raise ValueError(f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; "
                          f"{hint}")
     if config.offload_optimizer.device == "nvme":
-        raise ValueError('zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2; '
-                         'use "cpu" (or stage 3)')
+        raise ValueError('zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '
+                         '(NVMe offload, ZeRO-Infinity, is a stage-3 feature, as in DeepSpeed); use "cpu" here, or '
+                         'set zero_optimization.stage=3 to swap the optimizer state to NVMe')
     if clip_grad < 0:
         raise ValueError(f"clip_grad (gradient_clipping) must be >= 0, got {clip_grad}")
     if predivide <= 0:

@@ -57,11 +57,11 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
         "partition_count": int(opt.world_size),
         "dp_rank": int(opt.dp_rank),
         "model_dtype": str(model_dtype).removeprefix("torch."),
-        "offload_optimizer": "cpu" if opt.offload_optimizer else "none",
+        "offload_optimizer": opt.config.offload_optimizer.device,
         "single_partition_of_fp32_groups": [part.fp32_values() for part in parts],
         "partitions": [partition_metadata(part.group_index, part.numel, part.fragments(), part.param_shapes())
                        for part in parts],
-        "base_optimizer_state": opt.optimizer.state_dict(),
+        "base_optimizer_state": opt.base_optimizer_state_dict(),
         "loss_scaler": opt.loss_scaler.state_dict(),
         "dynamic_loss_scale": bool(opt.loss_scaler.dynamic),
         "overflow": bool(opt.overflow),
@@ -145,6 +145,8 @@ def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer
     loaded = [{**{key: v for key, v in saved.items() if key != "params"}, "params": ids[g]}
               for g, saved in enumerate(saved_groups)]
     opt.optimizer.load_state_dict({"state": state, "param_groups": loaded})
+    if opt.optimizer_swapper is not None:
+        opt.optimizer_swapper.adopt_state()
 
 
 def consolidated_16bit_state_dict(module: nn.Module, *, rank0_only: bool = True,

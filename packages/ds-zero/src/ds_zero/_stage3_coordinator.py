@@ -29,7 +29,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._gather import GatherHandle, check_same_gather, gather_params, name_fingerprint, report_deviation
-from ds_zero._partitioned_param import ZeroParamStatus, free_full
+from ds_zero._partitioned_param import ZeroParamStatus, free_full, prefetch_shards
 from ds_zero._stage3_trace import ExecutionTrace
 from ds_zero._stage3_units import GatherUnit, UnitRegistry
 
@@ -76,6 +76,10 @@ class ParamCoordinator:
         self._prefetched: dict[int, nn.Parameter] = {}
         self._held: list[nn.Parameter] = []
         self._prefetch_cursor = 0
+        self._read_cursor = 0
+        # NVMe-swapped shards (offload_param.device="nvme"): read ahead along the trace, dropped when it breaks
+        swappers = {id(p._ds_swap): p._ds_swap for p in self.params if p._ds_swap is not None}
+        self.swappers: list[Any] = list(swappers.values())
         self._saved_hooks: Any = None
         self.end_of_backward_callbacks: list[Any] = []
         self.live_numel = 0
@@ -120,6 +124,7 @@ class ParamCoordinator:
         self._trace = self._traces["train" if torch.is_grad_enabled() else "eval"]
         self._trace.begin()
         self._prefetch_cursor = 0
+        self._read_cursor = 0
 
     def _end_iteration(self) -> None:
         trace = self._trace
@@ -230,6 +235,24 @@ class ParamCoordinator:
             self._retained.pop(p.ds_id, None)
         if following:
             self._prefetch(trace)
+            if self.swappers:
+                self._read_ahead(trace)
+
+    def _read_ahead(self, trace: ExecutionTrace) -> None:
+        """Start the NVMe reads of the shards the units ahead will gather, as far as the swap buffers allow."""
+        cursor = max(self._read_cursor, trace.pos)
+        for position in trace.upcoming(cursor):
+            unit = self.units[trace.unit_at(position)]
+            cand = [p for p in unit.params if p._ds_swap is not None and p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
+            if cand and not prefetch_shards(cand):
+                break
+            cursor = position + 1
+        self._read_cursor = cursor
+
+    def _drop_reads(self) -> None:
+        for swapper in self.swappers:
+            swapper.drop_prefetched()
+        self._read_cursor = 0
 
     def _describe(self, event: tuple[int, int] | None) -> str:
         if event is None:
@@ -312,6 +335,7 @@ class ParamCoordinator:
             if p._ds_active == 0:
                 self._free(p)
         self._retained.clear()
+        self._drop_reads()
 
     def _prefetch_batch(self, trace: ExecutionTrace, reserved: int) -> tuple[list[nn.Parameter], list[str]]:
         """The parameters of the next units in the trace that fit the prefetch budget (advances the cursor).
@@ -364,6 +388,7 @@ class ParamCoordinator:
         self._retained.clear()
         self._prefetched.clear()
         self._prefetch_cursor = 0
+        self._drop_reads()
 
     # ------------------------------------------------------------------------------ on-demand paths
     def fetch_on_access(self, param: nn.Parameter) -> None:

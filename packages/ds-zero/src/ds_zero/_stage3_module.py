@@ -11,6 +11,8 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_ops.aio import AioConfig
+from ds_zero._nvme_param_swapper import ParamSwapper
 from ds_zero._partitioned_module import partition_module, remove_guard
 from ds_zero._partitioned_param import iter_zero_params
 from ds_zero._stage3_coordinator import ParamCoordinator
@@ -43,7 +45,9 @@ class DeepSpeedZeRoOffload:
     """Partitions a model's parameters across the data-parallel ranks and schedules their gathers.
 
     At construction: every parameter not already partitioned (by `ds_zero.Init`) is partitioned, each
-    rank keeping 1/N of it (on the host with `offload_param.device="cpu"`); parameters with fewer than
+    rank keeping 1/N of it (on the host with `offload_param.device="cpu"`; in swap files under
+    `offload_param.nvme_path` with "nvme", read back ahead of each gather: see `ds_zero._nvme_param_swapper`);
+    parameters with fewer than
     `param_persistence_threshold` elements (up to `model_persistence_threshold` elements in total) are
     all-gathered once and stay whole ("persistent"); forward hooks are installed on every submodule. From
     then on, each forward and backward gathers a module's partitioned parameters just before it runs
@@ -55,10 +59,12 @@ class DeepSpeedZeRoOffload:
         module: the model (built normally, or under `ds_zero.Init`).
         config: the `zero_optimization` section (`ZeroConfig` or dict); its stage-3 keys apply.
         dp_group: the data-parallel group (None: the world).
+        aio_config: the top-level `aio` section (dict or `ds_ops.AioConfig`) for NVMe offload (None: defaults).
 
     Raises:
-        ValueError: the module is already managed, `offload_param.device` is "nvme" (not implemented),
-            or parameters were partitioned for a group of another size.
+        ValueError: the module is already managed, parameters were partitioned for a group of another size,
+            or (NVMe offload) `nvme_path` is missing or not writable, or a shard exceeds `buffer_size`.
+        NVMeSwapError: a swap file could not be written (disk full, file-size limit).
 
     Collectives: at construction, the creation of two groups over the data-parallel ranks (parameter
     gathers; gather fingerprints) and one all-gather of the persistent parameters; every rank must
@@ -66,19 +72,21 @@ class DeepSpeedZeRoOffload:
     """
 
     def __init__(self, module: nn.Module, *, config: ZeroConfig | Mapping[str, Any] | None = None,
-                 dp_group: ProcessGroup | None = None) -> None:
+                 dp_group: ProcessGroup | None = None,
+                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
         cfg = as_zero_config(config)
         if getattr(module, "_ds_zero3", None) is not None:
             raise ValueError("this module already has stage-3 parameter management (module._ds_zero3); pass that "
                              "object as parameter_offload= instead of building a second one")
         offload = cfg.offload_param
-        if offload.device == "nvme":
-            raise ValueError('zero_optimization.offload_param.device="nvme" is not implemented; use "cpu" or "none"')
         self.module = module
         self.config = cfg
         self.dp_group = dp_group
         self.world_size = ds_comm.get_world_size(dp_group)
-        shard_device = torch.device("cpu") if offload.device == "cpu" else None
+        # the swap directory is checked before the module is touched
+        self.param_swapper = (ParamSwapper.from_config(offload, rank=ds_comm.get_rank(), aio_config=aio_config)
+                              if offload.device == "nvme" else None)
+        shard_device = torch.device("cpu") if offload.device in ("cpu", "nvme") else None
         partition_module(module, group=dp_group, shard_device=shard_device,
                          pin_memory=offload.pin_memory and offload.device == "cpu")
         params = iter_zero_params(module.parameters())
@@ -90,6 +98,8 @@ class DeepSpeedZeRoOffload:
         self.gather_group = self._new_group()
         self.fp_group = self._new_group(backend="gloo")  # tiny CPU tensors, waited on the CPU with a timeout
         persistent = self._mark_persistent(module, cfg)
+        if self.param_swapper is not None:  # persistent parameters stay whole on every rank: not swapped
+            self.param_swapper.adopt([p for p in params if not p.ds_persist], keep=persistent)
         self.coordinator = ParamCoordinator(
             module, group=self.gather_group, fp_group=self.fp_group, prefetch_bucket_size=cfg.prefetch_bucket_size,
             max_live_parameters=cfg.max_live_parameters, max_reuse_distance=cfg.max_reuse_distance,

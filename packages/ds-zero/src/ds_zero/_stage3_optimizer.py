@@ -13,9 +13,12 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_ops.aio import AioConfig
 from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
+from ds_zero._nvme_files import prepare_swap_dir, release_swap_dir
+from ds_zero._nvme_optimizer_swapper import OptimizerSwapper
 from ds_zero._param_names import ParamNames
-from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param, write_shards
 from ds_zero._stage3_checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3_grads import GradReducer
 from ds_zero._stage3_module import DeepSpeedZeRoOffload, as_zero_config
@@ -75,11 +78,19 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         gradient_predivide_factor: divide gradients by this before the reduction (and by N/factor after).
         communication_dtype: dtype of the gradient reduce-scatter (None: the gradients' dtype).
         parameter_offload: an existing `DeepSpeedZeRoOffload` of `module` (default: the module's, or a new one).
+        aio_config: the top-level `aio` section (dict or `ds_ops.AioConfig`) used by NVMe offload (None: defaults).
+
+    With `offload_optimizer.device="nvme"` the fp32 master and the optimizer state of each tile live in swap
+    files under `nvme_path` and are swapped in and out around the step, tile by tile (`sub_group_size`),
+    overlapping the next read / previous write with `pipeline_read` / `pipeline_write`; the fp32 gradient
+    partition stays in host memory. See `ds_zero._nvme_optimizer_swapper`.
 
     Raises:
         TypeError: not exactly one module and one optimizer given.
         ValueError: stage is not 3, the optimizer was already stepped, an optimizer parameter is not in
-            `module`, or an unsupported offload device.
+            `module`, or (NVMe offload) `nvme_path` is missing or not writable.
+        NVMeSwapError: a swap file could not be written or read back intact, at construction or at the step
+            where it happens (disk full, file-size limit, truncated or corrupted file).
     """
 
     def __init__(self, *args: nn.Module | torch.optim.Optimizer, module: nn.Module | None = None,
@@ -87,7 +98,8 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                  config: ZeroConfig | Mapping[str, Any] | None = None, loss_scaler: LossScaler | None = None,
                  clip_grad: float = 0.0, dp_group: ProcessGroup | None = None,
                  gradient_predivide_factor: float = 1.0, communication_dtype: torch.dtype | None = None,
-                 parameter_offload: DeepSpeedZeRoOffload | None = None) -> None:
+                 parameter_offload: DeepSpeedZeRoOffload | None = None,
+                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
         module, optimizer = _module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
         if cfg.stage != 3:
@@ -96,8 +108,6 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         if optimizer.state:
             raise ValueError("the base optimizer already has state (it was stepped); build "
                              "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer")
-        if cfg.offload_optimizer.device == "nvme":
-            raise ValueError('zero_optimization.offload_optimizer.device="nvme" is not implemented; use "cpu"')
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         self.config = cfg
@@ -106,13 +116,26 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.dp_group = dp_group
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
-        self.parameter_offload = (parameter_offload or getattr(module, "_ds_zero3", None)
-                                  or DeepSpeedZeRoOffload(module, config=cfg, dp_group=dp_group))
+        nvme = cfg.offload_optimizer.device == "nvme"
+        # checked before anything is partitioned or re-pointed
+        swap_dir = (prepare_swap_dir(cfg.offload_optimizer.nvme_path, rank=ds_comm.get_rank(), kind="optimizer",
+                                     key="zero_optimization.offload_optimizer.nvme_path") if nvme else None)
+        try:
+            self.parameter_offload = (parameter_offload or getattr(module, "_ds_zero3", None)
+                                      or DeepSpeedZeRoOffload(module, config=cfg, dp_group=dp_group,
+                                                              aio_config=aio_config))
+        except BaseException:
+            if swap_dir is not None:
+                release_swap_dir(swap_dir)
+            raise
         self.coordinator = self.parameter_offload.coordinator
         self.world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)
-        self.offload_optimizer = cfg.offload_optimizer.device == "cpu"
-        self.partitions = self._build_partitions()
+        self.offload_optimizer = cfg.offload_optimizer.device in ("cpu", "nvme")
+        self.partitions = self._build_partitions(swap_master=nvme)
+        self.optimizer_swapper = (OptimizerSwapper(self.tiles, optimizer, swap_dir=swap_dir,
+                                                   config=cfg.offload_optimizer, aio_config=aio_config)
+                                  if swap_dir is not None else None)
         trained = [p for part in self.partitions for p in part.params]
         trained_ids = {id(p) for p in trained}
         self.frozen = ShardPartition(-1, [p for p in self.coordinator.params if not p.requires_grad],
@@ -141,7 +164,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.frozen_param_shapes = {p.ds_name: list(p.ds_shape) for p in self.frozen.params}
         self.flats = self.partitions
 
-    def _build_partitions(self) -> list[ShardPartition]:
+    def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
         master_device = torch.device("cpu") if self.offload_optimizer else None
         partitions = []
         seen: set[int] = set()
@@ -158,7 +181,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                 if p.requires_grad:
                     trainable.append(p)
             part = ShardPartition(gi, trainable, master_device=master_device,
-                                  sub_group_size=self.config.sub_group_size)
+                                  sub_group_size=self.config.sub_group_size, swap_master=swap_master)
             group["params"] = [tile.master for tile in part.tiles]
             partitions.append(part)
         return partitions
@@ -231,17 +254,21 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         tiles = self.tiles
         for tile in tiles:
             tile.attach_grad()
-        if len(tiles) == len(self.partitions):
+        if len(tiles) == len(self.partitions) and self.optimizer_swapper is None:
             self._step_tiles(tiles)
         else:  # one tile at a time, so the step's temporaries stay within sub_group_size
             groups = self.optimizer.param_groups
             saved = [group["params"] for group in groups]
+            swapper = self.optimizer_swapper
+            order = tiles if swapper is None else swapper.swapped_in(tiles)  # NVMe: read / step / write
             try:
-                for tile in tiles:
+                for tile in order:
                     for gi, group in enumerate(groups):
                         group["params"] = [tile.master] if gi == tile.group_index else []
                     self._step_tiles([tile])
             finally:
+                if swapper is not None:
+                    order.close()  # settles any request still in flight after an error
                 for group, params in zip(groups, saved, strict=True):
                     group["params"] = params
         for tile in tiles:
@@ -262,9 +289,9 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                 with torch.no_grad():
                     if tile.shard16() is not None:
                         tile.shard16().copy_(tile.master)
-                    else:
-                        for p, off in zip(tile.params, tile.offsets, strict=True):
-                            p.ds_tensor.copy_(tile.master[off: off + p.ds_shard_numel])
+                    else:  # shards one by one (NVMe-swapped ones are written to their files)
+                        write_shards(tile.params, [tile.master[off: off + p.ds_shard_numel]
+                                                   for p, off in zip(tile.params, tile.offsets, strict=True)])
 
     def refresh_gathered(self, include_frozen: bool = False) -> None:
         """Re-gather the parameters that stay whole after their shards changed; free the other gathered ones."""
@@ -294,6 +321,12 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     _restore_from_bit16_weights = refresh_fp32_params  # DeepSpeed's name, used by ds-engine
 
     # ------------------------------------------------------------------------------ checkpoints
+    def base_optimizer_state_dict(self) -> dict[str, Any]:
+        """The base optimizer's state dict, with NVMe-swapped state read back into memory."""
+        if self.optimizer_swapper is not None:
+            return self.optimizer_swapper.state_dict()
+        return self.optimizer.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
         """THIS rank's partitions and metadata in the shared ZeRO checkpoint format (`_checkpoint_format`)."""
         return stage3_state_dict(self)

@@ -15,12 +15,14 @@ checkpoint format each tile is one partition.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
 
 import ds_comm
 from ds_zero._partition import Fragment, ParamSlot
+from ds_zero._partitioned_param import shard_values, write_shards
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,12 @@ class ShardTile:
         self.numel = end - start
         self.params = part.params[first:last]
         self.offsets = [off - start for off in part.offsets[first:last]]
-        self.master = part.master[start:end] if part.master is not None else None
+        self.swap: Any = None  # the OptimizerSwapper when the master lives on NVMe
+        self.index = -1  # position among the base optimizer's parameters (set by the swapper)
+        if part.swap_master:  # its own tensor, whose data the swapper points at a buffer during the step
+            self.master = torch.full((1,), float("nan")).expand(self.numel)
+        else:
+            self.master = part.master[start:end] if part.master is not None else None
 
     def fragments(self) -> list[Fragment]:
         return shard_fragments(self.params, self.offsets)
@@ -63,20 +70,28 @@ class ShardTile:
 
     def fp32_values(self) -> torch.Tensor:
         """A fresh fp32 copy of the tile's values."""
+        if self.swap is not None:
+            return self.swap.read_master(self)
         if self.master is not None:
             return self.master.detach().to(torch.float32, copy=True)
+        return self.shard_fp32_values()
+
+    def shard_fp32_values(self) -> torch.Tensor:
+        """The tile's model-dtype shards (read from NVMe when swapped), as fp32."""
         out = torch.empty(self.numel, dtype=torch.float32)
         for p, off in zip(self.params, self.offsets, strict=True):
-            out[off: off + p.ds_shard_numel].copy_(p.ds_tensor)
+            out[off: off + p.ds_shard_numel].copy_(shard_values(p))
         return out
 
     def load_fp32_values(self, values: torch.Tensor) -> None:
         """Set the tile (master and shards) from fp32 `values` of its layout."""
         with torch.no_grad():
-            if self.master is not None:
+            if self.swap is not None:
+                self.swap.write_master(self, values)
+            elif self.master is not None:
                 self.master.copy_(values)
-            for p, off in zip(self.params, self.offsets, strict=True):
-                p.ds_tensor.copy_(values[off: off + p.ds_shard_numel])
+            write_shards(self.params, [values[off: off + p.ds_shard_numel]
+                                       for p, off in zip(self.params, self.offsets, strict=True)])
 
     def shard16(self) -> torch.Tensor | None:
         """The model-dtype view of the tile (None when the shards are not one flat buffer)."""
@@ -96,8 +111,9 @@ class ShardPartition:
     """
 
     def __init__(self, group_index: int, params: list[nn.Parameter], *, master_device: torch.device | None,
-                 with_master: bool = True, sub_group_size: int = 1_000_000_000) -> None:
+                 with_master: bool = True, sub_group_size: int = 1_000_000_000, swap_master: bool = False) -> None:
         self.group_index = group_index
+        self.swap_master = swap_master and with_master
         self.params = params
         self.sizes = [p.ds_shard_numel for p in params]
         self.offsets = []
@@ -108,7 +124,12 @@ class ShardPartition:
         self.numel = total
         self.shard16 = self._flatten_shards()
         self.master: torch.Tensor | None = None
-        if with_master:
+        if self.swap_master:
+            # fp32 values live in the tiles' swap files; this shape-only tensor carries the gradient partition
+            self.master = torch.full((1,), float("nan")).expand(total)
+            for p, off in zip(params, self.offsets, strict=True):
+                p._ds_grad_slot = (self.master, off)
+        elif with_master:
             self.master = self._make_master(master_device)
             for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
                 p._ds_master = self.master[off: off + s]
@@ -130,8 +151,8 @@ class ShardPartition:
 
     def _flatten_shards(self) -> torch.Tensor | None:
         """Re-point every shard into one flat buffer when they share dtype and device."""
-        if not self.params:
-            return None
+        if not self.params or any(p._ds_swap is not None for p in self.params):
+            return None  # shards on NVMe are written one by one from the master
         kinds = {(p.ds_tensor.dtype, p.ds_tensor.device) for p in self.params}
         if len(kinds) != 1:
             return None
@@ -163,31 +184,24 @@ class ShardPartition:
         master = torch.empty(self.numel, dtype=torch.float32, device=device)
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                master[off: off + s].copy_(p.ds_tensor)
+                master[off: off + s].copy_(shard_values(p))
         return master
 
     @property
     def master_is_shard(self) -> bool:
         return self.master is not None and self.master is self.shard16
 
-    def copy_master_to_shards(self) -> None:
-        """After the step: the updated fp32 values into the model-dtype shards (no-op when they are one)."""
-        if self.master is None or self.master_is_shard:
-            return
-        with torch.no_grad():
-            if self.shard16 is not None:
-                self.shard16.copy_(self.master, non_blocking=True)
-            else:
-                for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                    p.ds_tensor.copy_(self.master[off: off + s])
-
     def copy_shards_to_master(self) -> None:
         """The model-dtype shards into the fp32 master (restore from 16-bit weights)."""
         if self.master is None or self.master_is_shard:
             return
+        if self.swap_master:
+            for tile in self.tiles:
+                tile.swap.write_master(tile, tile.shard_fp32_values())
+            return
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                self.master[off: off + s].copy_(p.ds_tensor)
+                self.master[off: off + s].copy_(shard_values(p))
 
     @property
     def slots(self) -> list[ParamSlot]:

@@ -1,0 +1,295 @@
+"""NVMe offload (ZeRO-Infinity) in one process: training equals no offload, and every fault is a clear error.
+
+Faults: a missing, non-directory or read-only `nvme_path` (before anything is partitioned); a full disk
+(a small tmpfs, at construction and at the step where it fills up; RLIMIT_FSIZE -> EFBIG for the
+unprivileged case); a truncated or overwritten swap file between steps (at the next swap-in, naming the file
+and the tensor); buffers too small for a shard or for the optimizer's state.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ds_zero
+from ds_comm.testing import run_ranks
+from ds_zero._partitioned_param import is_zero_param
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, 2 * width)
+        self.fc2 = nn.Linear(2 * width, width)
+        self.head = nn.Linear(width, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def _cfg(path: Path | None, *, param: bool = True, opt: bool = True, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"stage": 3, "stage3_param_persistence_threshold": 100, "sub_group_size": 4096,
+                           "stage3_prefetch_bucket_size": 9000}
+    if param:
+        cfg["offload_param"] = {"device": "nvme", "nvme_path": str(path), "buffer_count": 4, "buffer_size": 8192,
+                                "max_in_cpu": 0}
+    if opt:
+        cfg["offload_optimizer"] = {"device": "nvme", "nvme_path": str(path), "pipeline_read": True,
+                                    "pipeline_write": True}
+    cfg.update(extra)
+    return cfg
+
+
+def _build(cfg: dict[str, Any], seed: int = 0, width: int = 64,
+           adam: type[torch.optim.Optimizer] = torch.optim.AdamW) -> tuple[Net, Any]:
+    torch.manual_seed(seed)
+    model = Net(width)
+    base = adam(model.parameters(), lr=1e-2, weight_decay=0.01)
+    return model, ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=cfg, clip_grad=1.0)
+
+
+def _train(model: nn.Module, opt: Any, steps: int, start: int = 0, width: int = 64) -> list[float]:
+    losses = []
+    for step in range(start, start + steps):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(6, width, generator=g), torch.randn(6, 8, generator=g)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _files(root: Path, kind: str) -> list[Path]:
+    return sorted((root / "zero_stage_3" / "rank0").glob(f"{kind}*/*.swp"))
+
+
+def test_nvme_training_equals_no_offload_and_checkpoints_load_either_way(tmp_path: Path) -> None:
+    ref_model, ref_opt = _build(_cfg(None, param=False, opt=False))
+    model, opt = _build(_cfg(tmp_path))
+    assert len(_files(tmp_path, "params")) == 4 and len(_files(tmp_path, "optimizer")) == len(opt.tiles) > 1
+    assert all(p.ds_tensor.stride() == (0,) for p in (model.fc1.weight, model.fc2.weight))  # swapped out
+    ref = _train(ref_model, ref_opt, 5)
+    got = _train(model, opt, 5)
+    assert got == ref
+    full = ds_zero.consolidated_16bit_state_dict(model, rank0_only=False)
+    for key, value in ds_zero.consolidated_16bit_state_dict(ref_model, rank0_only=False).items():
+        torch.testing.assert_close(full[key], value, rtol=0, atol=0)
+    # the optimizer state went to disk: only placeholders in memory between steps
+    state = opt.optimizer.state[opt.tiles[0].master]
+    assert state["exp_avg"].stride() == (0,) and opt.optimizer_swapper.num_writes > 0
+    # checkpoint of the nvme run -> a run without offload, and back into a fresh nvme run
+    ds_zero.save_zero_checkpoint(tmp_path / "ckpt", "s5", opt, model)
+    plain_model, plain_opt = _build(_cfg(None, param=False, opt=False), seed=1)
+    ds_zero.load_zero_checkpoint(tmp_path / "ckpt", plain_opt, plain_model)
+    nvme_model, nvme_opt = _build(_cfg(tmp_path / "ckpt"), seed=2)
+    ds_zero.load_zero_checkpoint(tmp_path / "ckpt", nvme_opt, nvme_model)
+    cont = _train(model, opt, 3, start=5)
+    assert _train(plain_model, plain_opt, 3, start=5) == cont
+    assert _train(nvme_model, nvme_opt, 3, start=5) == cont
+    fp32 = ds_zero.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
+    for key, value in full.items():
+        torch.testing.assert_close(fp32[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("where", ["offload_param", "offload_optimizer"])
+def test_missing_or_non_directory_nvme_path_fails_before_partitioning(tmp_path: Path, where: str) -> None:
+    regular = tmp_path / "a_file"
+    regular.write_text("x")
+    cases = [(tmp_path / "missing", "the directory does not exist"), (regular, "it is not a directory"),
+             (regular / "below", "the directory does not exist")]
+    for path, reason in cases:
+        cfg = _cfg(tmp_path)
+        cfg[where]["nvme_path"] = str(path)
+        model = Net()
+        base = torch.optim.AdamW(model.parameters())
+        with pytest.raises(ValueError, match=rf"zero_optimization\.{where}\.nvme_path='{path}': {reason}"):
+            ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=cfg)
+        if where == "offload_param":  # nothing was partitioned
+            assert not any(is_zero_param(p) for p in model.parameters())
+
+
+def _mount_tmpfs(path: Path, options: str) -> bool:
+    path.mkdir(exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Any]:
+    mounted: list[Path] = []
+
+    def mount(name: str, options: str) -> Path:
+        path = tmp_path / name
+        if not _mount_tmpfs(path, options):
+            pytest.skip("needs root and tmpfs mounts (the RLIMIT_FSIZE test covers the unprivileged case)")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in mounted:
+        subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def test_read_only_nvme_path_is_refused(tmpfs: Any) -> None:
+    path = tmpfs("ro", "ro,size=1m")
+    with pytest.raises(ValueError, match=r"offload_optimizer\.nvme_path='.*/ro': cannot create swap files under it "
+                                         r"\(Read-only file system\)"):
+        _build(_cfg(path))
+
+
+def test_disk_full_at_construction_and_at_the_step_where_it_fills(tmpfs: Any) -> None:
+    def cfg(path: Path) -> dict[str, Any]:
+        out = _cfg(path, sub_group_size=32768)
+        out["offload_param"]["buffer_size"] = 32768
+        return out
+
+    tiny = tmpfs("tiny", "size=48k")  # room for the probe, not for the 128 KiB shard of fc1.weight
+    with pytest.raises(ds_zero.NVMeSwapError, match=r"write of the shard of parameter .*param_\d+\.swp.* failed.*"
+                                                    r"disk full"):
+        _build(cfg(tiny), width=128)
+    # shards (128 + 128 + 4 + 4 KiB) and fp32 masters (as much) fit; Adam's state fills the disk at step 1
+    small = tmpfs("small", "size=640k")
+    model, opt = _build(cfg(small), width=128)
+    with pytest.raises(ds_zero.NVMeSwapError, match=r"write of the optimizer state 'exp_avg.*sub-group.*failed"):
+        _train(model, opt, 1, width=128)
+
+
+def _efbig(rank: int, world: int, root: str) -> str:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, hard))
+    try:
+        _build(_cfg(Path(root)))
+    except ds_zero.NVMeSwapError as err:
+        return str(err)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    return "no error"
+
+
+def test_file_size_limit_is_a_clear_error(tmp_path: Path) -> None:
+    message = run_ranks(1, _efbig, root=str(tmp_path), timeout_s=60)[0]
+    assert "write of the shard of parameter" in message and "param_" in message and "failed" in message
+
+
+def test_truncated_or_overwritten_swap_files_are_errors_at_the_next_swap_in(tmp_path: Path) -> None:
+    model, opt = _build(_cfg(tmp_path))
+    _train(model, opt, 1)
+    victim = next(p for p in _files(tmp_path, "params") if p.stat().st_size == 8192 * 4)  # fc1/fc2 weight
+    os.truncate(victim, 1000)
+    with pytest.raises(ds_zero.NVMeSwapError, match=rf"shard of parameter 'fc\d.weight' is truncated \({victim}: 1000 "
+                                                    r"bytes, 32768 were written\)"):
+        _train(model, opt, 1, start=1)
+
+    again = tmp_path / "again"
+    again.mkdir()
+    model, opt = _build(_cfg(again))
+    _train(model, opt, 1)
+    master = again / "zero_stage_3" / "rank0" / "optimizer" / "tile0.fp32.swp"
+    data = bytearray(master.read_bytes())
+    data[100:104] = b"\x01\x02\x03\x04"
+    master.write_bytes(bytes(data))
+    with pytest.raises(ds_zero.NVMeSwapError, match=rf"fp32 master of sub-group 0 .* is corrupted \({master}"):
+        _train(model, opt, 1, start=1)
+
+
+def test_buffers_too_small_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"offload_param.buffer_size=1000 elements is smaller than the shard of "
+                                         r"parameter .* \(8192 elements"):
+        _build(_cfg(tmp_path, offload_param={"device": "nvme", "nvme_path": str(tmp_path), "buffer_size": 1000,
+                                             "max_in_cpu": 0}))
+    model, opt = _build(_cfg(tmp_path, offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path),
+                                                          "buffer_count": 2}))
+    with pytest.raises(ValueError, match=r"offload_optimizer.buffer_count=2 is too small: .* 2 state tensors .* "
+                                         r"buffer_count >= 3"):
+        _train(model, opt, 1)
+
+
+def test_max_in_cpu_keeps_the_first_shards_resident_and_init_swaps_at_construction(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, opt=False, offload_optimizer={"device": "cpu"})
+    cfg["offload_param"]["max_in_cpu"] = 8192 + 128  # fc1.weight and fc1.bias stay in host memory
+    model, opt = _build(cfg)
+    swapped = {n for n, p in model.named_parameters() if p._ds_swap is not None}
+    assert swapped == {"fc2.weight", "head.weight"}
+    ref_model, ref_opt = _build(_cfg(None, param=False, opt=False))
+    assert _train(model, opt, 3) == _train(ref_model, ref_opt, 3)
+    # ds_zero.Init(remote_device="nvme"): shards go to NVMe as each module is built
+    init_cfg = {"zero_optimization": _cfg(tmp_path, opt=False), "aio": {"queue_depth": 4}}
+    torch.manual_seed(0)
+    with ds_zero.Init(config_dict_or_path=init_cfg, remote_device="nvme"):
+        built = Net()
+    assert all(p._ds_swap is not None for p in built.parameters())
+    base = torch.optim.AdamW(built.parameters(), lr=1e-2, weight_decay=0.01)
+    built_opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(built, base, config=_cfg(tmp_path), clip_grad=1.0)
+    ref_model, ref_opt = _build(_cfg(None, param=False, opt=False))
+    assert _train(built, built_opt, 3) == _train(ref_model, ref_opt, 3)
+
+
+def test_stage_1_2_nvme_says_stage_3() -> None:
+    model = Net()
+    with pytest.raises(ValueError, match=r'not supported at stages 1 and 2 .*zero_optimization.stage=3'):
+        ds_zero.DeepSpeedZeroOptimizer(torch.optim.AdamW(model.parameters()), config=ds_zero.ZeroConfig(
+            stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"}))
+
+
+def test_checksum_depends_on_the_bytes_not_on_where_they_lie() -> None:
+    from ds_zero._nvme_files import checksum
+
+    values = torch.randn(1003)
+    for view in (values[1:], values[3:1002], values.to(torch.bfloat16)[1:]):
+        moved = torch.empty(view.numel() + 5, dtype=view.dtype)[5:]
+        moved.copy_(view)
+        assert checksum(view) == checksum(moved) == checksum(view.clone())
+    changed = values.clone()
+    changed[500] += 1.0
+    assert checksum(changed) != checksum(values)
+    assert checksum(values[:1000]) != checksum(values[:999])
+
+
+def test_inference_with_parameters_on_nvme_and_a_bad_aio_section(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    plain = Net()
+    x = torch.randn(3, 64)
+    expected = plain(x)
+    torch.manual_seed(0)
+    model = Net()
+    offload = ds_zero.DeepSpeedZeRoOffload(model, config=_cfg(tmp_path, opt=False), aio_config={"block_size": 65536})
+    with torch.no_grad():
+        for _ in range(3):  # the second and third pass read ahead along the recorded order
+            torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    assert offload.param_swapper.num_reads >= 9 and offload.param_swapper.num_writes == 4
+    with pytest.raises(ValueError, match=r"aio\.queue_depth"):
+        ds_zero.DeepSpeedZeRoOffload(Net(), config=_cfg(tmp_path, opt=False), aio_config={"queue_depth": 0})
+
+
+def test_bf16_shards_on_nvme_train_like_cpu_optimizer_offload(tmp_path: Path) -> None:
+    def run(cfg: dict[str, Any]) -> list[float]:
+        torch.manual_seed(0)
+        model = Net().to(torch.bfloat16)
+        opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.AdamW(model.parameters(), lr=1e-2), config=cfg)
+        losses = []
+        for step in range(4):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(6, 64, generator=g).bfloat16(), torch.randn(6, 8, generator=g)
+            loss = nn.functional.mse_loss(model(x).float(), y)
+            opt.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    # same fp32 masters and Adam state, bf16 shards written from them: identical numbers
+    assert run(_cfg(tmp_path)) == run(_cfg(None, param=False, opt=False, offload_optimizer={"device": "cpu"}))
