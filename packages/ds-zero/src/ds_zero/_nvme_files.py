@@ -23,11 +23,14 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ds_ops.aio import AioConfig, AioError, AsyncIOHandle
+from ds_ops.aio import AioError, AsyncIOHandle
+
+if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,8 @@ class NVMeSwapError(OSError):
 
 def make_aio_handle(aio_config: Mapping[str, Any] | AioConfig | None) -> AsyncIOHandle:
     """An `AsyncIOHandle` from the top-level `aio` section (a dict or `ds_ops.AioConfig`; None: defaults)."""
+    from ds_ops.aio import AioConfig  # pydantic: loaded when NVMe offload is configured, not at import
+
     if aio_config is None or isinstance(aio_config, (AioConfig, Mapping)):
         return AsyncIOHandle.from_config(aio_config if aio_config is not None else {})  # validated as `aio.<key>`
     raise TypeError(f"aio_config must be the `aio` config section (a dict or ds_ops.AioConfig) or None, got "

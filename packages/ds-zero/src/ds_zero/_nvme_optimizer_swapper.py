@@ -18,14 +18,17 @@ import logging
 import os
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ds_ops.aio import AioConfig, AioError
+from ds_ops.aio import AioError
 from ds_zero._nvme_files import SwapFile, claim_finalizer, io_failure, make_aio_handle
 from ds_zero._stage3_partition import ShardTile
-from ds_zero.config import OffloadOptimizerConfig
+
+if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
+    from ds_zero.config import OffloadOptimizerConfig
 
 logger = logging.getLogger(__name__)
 

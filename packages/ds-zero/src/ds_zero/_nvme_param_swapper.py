@@ -17,13 +17,13 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 import ds_comm
-from ds_ops.aio import AioConfig, AioError
+from ds_ops.aio import AioError
 from ds_zero._nvme_buffers import BufferPool, Slot, aligned_numel
 from ds_zero._nvme_files import (
     NVMeSwapError,
@@ -33,7 +33,10 @@ from ds_zero._nvme_files import (
     make_aio_handle,
     prepare_swap_dir,
 )
-from ds_zero.config import OffloadParamConfig
+
+if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
+    from ds_zero.config import OffloadParamConfig
 
 logger = logging.getLogger(__name__)
 

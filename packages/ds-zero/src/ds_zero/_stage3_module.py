@@ -11,7 +11,6 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.aio import AioConfig
 from ds_zero._nvme_param_swapper import ParamSwapper
 from ds_zero._partitioned_module import partition_module, remove_guard
 from ds_zero._partitioned_param import iter_zero_params
@@ -19,6 +18,7 @@ from ds_zero._stage3_coordinator import ParamCoordinator
 from ds_zero._stage3_hooks import install_hooks
 
 if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
     from ds_zero.config import ZeroConfig
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.aio import AioConfig
 from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
 from ds_zero._nvme_files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme_optimizer_swapper import OptimizerSwapper
@@ -25,6 +24,7 @@ from ds_zero._stage3_module import DeepSpeedZeRoOffload, as_zero_config
 from ds_zero._stage3_partition import ShardPartition
 
 if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
     from ds_zero.config import ZeroConfig
 
 logger = logging.getLogger(__name__)
