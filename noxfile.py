@@ -125,10 +125,10 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Every benchmark in benchmarks/, side by side with its torch baseline."""
+    """Every benchmark in benchmarks/ against its baseline, into benchmarks/RESULTS.md.
+
+    Arguments go to benchmarks/results.py: `nox -s bench -- --quick`, `nox -s bench -- --only comm,zero`.
+    """
     session.install(*CONSTRAINTS, "torch")
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
-    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*.py")
-                                        if not p.name.startswith("_"))
-    for script in scripts:
-        session.run("python", script)
+    session.run("python", str(ROOT / "benchmarks" / "results.py"), *session.posargs)
