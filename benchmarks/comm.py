@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--max-mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--json", default="", metavar="PATH", help="also write the figures as JSON rows")
     args = parser.parse_args()
     sizes = []
     size = 1024
@@ -86,6 +87,13 @@ def main() -> None:
         print(f"{op:<24}{label:>10}{t_raw * 1e3:>10.3f}{t_ours * 1e3:>10.3f}"
               f"{nbytes * factor / t_raw / 1e9:>16.3f}{nbytes * factor / t_ours / 1e9:>15.3f}{ratio:>8.3f}")
     print(f"worst ds/raw latency ratio at >= 1 MiB: {worst_large:.3f} (target <= 1.02)")
+    if args.json:  # the rows benchmarks/results.py collects: latency at >= 1 MiB (the target's range)
+        import _report
+
+        _report.write_rows(args.json, [
+            _report.Row("comm", f"{op} {nbytes >> 20} MiB latency, {args.world} ranks, median of {args.rounds}",
+                        t_ours * 1e3, "ms", "raw torch.distributed", t_raw * 1e3, target="<= 1.02")
+            for op, nbytes, t_raw, t_ours in rows if nbytes >= 1 << 20])
 
 
 if __name__ == "__main__":
