@@ -43,6 +43,10 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+# torch 2.13 deprecates the *_tensor collectives ds_comm wraps; every rank of every run would say so.
+CHILD_ENV = {"PYTHONWARNINGS": "ignore::FutureWarning:torch.distributed.c10d_logger"}
+
+
 def discover() -> list[str]:
     """Every benchmark script: the known ones in SETTINGS order, then any other `benchmarks/*.py` (e.g. aio)."""
     found = {p.stem for p in HERE.glob("*.py") if not p.name.startswith("_") and p.stem != "results"}
@@ -62,6 +66,38 @@ def cpu_busy_s() -> float | None:
 def _own_cpu_s() -> float:
     t = os.times()  # children: every finished process we waited for, and theirs (the rank processes)
     return t.user + t.system + t.children_user + t.children_system
+
+
+def _become_subreaper() -> None:
+    """Adopt the benchmarks' orphans (multiprocessing's forkserver outlives its parent by a moment).
+
+    [Note: whose CPU time] A process's CPU time reaches us only when we, or a parent we reap, wait
+    for it. Rank processes are children of a forkserver which their benchmark does not wait for;
+    as a subreaper (Linux prctl) this process inherits it and reaps it, so the ranks' time counts as
+    the benchmark's own and not as "other processes". Elsewhere this is a no-op.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_leftovers(group: int) -> None:
+    """End what the benchmark left in its process group, and wait for every adopted orphan."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
 
 
 def _tee(proc: subprocess.Popen, log: Path, name: str) -> None:
@@ -84,7 +120,7 @@ def run_one(name: str, argv: list[str], out_dir: Path, timeout_s: float) -> dict
     started = time.perf_counter()
     # Its own session, so a timeout ends the benchmark and the rank processes it started, nothing else.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            start_new_session=True, cwd=HERE.parent)
+                            start_new_session=True, cwd=HERE.parent, env={**os.environ, **CHILD_ENV})
     timed_out = threading.Event()
 
     def kill() -> None:
@@ -101,6 +137,7 @@ def run_one(name: str, argv: list[str], out_dir: Path, timeout_s: float) -> dict
         rc = proc.wait()
     finally:
         timer.cancel()
+        _reap_leftovers(proc.pid)
     seconds = time.perf_counter() - started
     busy_after, own_after = cpu_busy_s(), _own_cpu_s()
     # Cores that other processes kept busy meanwhile: the machine's CPU time minus ours, over the wall time.
@@ -120,18 +157,24 @@ def run_one(name: str, argv: list[str], out_dir: Path, timeout_s: float) -> dict
 def collect(out_dir: Path, names: list[str] | None) -> tuple[list[_report.Row], list[dict], dict[str, str]]:
     """Rows, run records and raw outputs found in `out_dir` (only `names` when given)."""
     rows, runs, texts = [], [], {}
-    for path in sorted(out_dir.glob("*.json")):
+    order = {name: i for i, name in enumerate(discover())}
+
+    def rank(path: Path) -> tuple[int, str]:
+        stem = path.name.split(".")[0]
+        return order.get(stem, len(order)), stem
+
+    for path in sorted(out_dir.glob("*.json"), key=rank):
         if path.name.endswith(".run.json") or (names and path.stem not in names):
             continue
         try:
             rows += _report.read_rows(path)
         except (ValueError, TypeError) as err:  # json.JSONDecodeError is a ValueError
             rows.append(_report.Row(path.stem, f"unreadable --json output {path.name}: {err}", None, met=False))
-    for path in sorted(out_dir.glob("*.run.json")):
+    for path in sorted(out_dir.glob("*.run.json"), key=rank):
         record = json.loads(path.read_text())
         if not names or record["benchmark"] in names:
             runs.append(record)
-    for path in sorted(out_dir.glob("*.txt")):
+    for path in sorted(out_dir.glob("*.txt"), key=rank):
         if not names or path.stem in names:
             texts[path.stem] = path.read_text()
     return rows, runs, texts
@@ -154,6 +197,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--only: unknown benchmark(s) {unknown}; available: {available}")
     machine = _results_md.machine_info(HERE.parent)
+    _become_subreaper()
     load_before = os.getloadavg()
     started = time.perf_counter()
     if args.collect is None:
@@ -161,14 +205,17 @@ def main() -> None:
         for name in names:
             full, quick = SETTINGS.get(name, ([], []))
             argv = list(quick if args.quick else full)
-            if name == "loss_curves":
-                argv += ["--out-dir", str(args.output.resolve().parent)]
+            if name == "loss_curves" and args.output.resolve().parent != HERE:
+                argv += ["--out-dir", str(args.output.resolve().parent)]  # its plot goes next to RESULTS.md
             run_one(name, argv, args.out_dir, args.timeout)
     source = args.collect if args.collect is not None else args.out_dir
     rows, runs, texts = collect(source, None if args.collect is not None and not args.only else names)
+    total_s, loads = time.perf_counter() - started, (load_before, os.getloadavg())
+    if args.collect and runs:  # the figures' own run, not this invocation
+        total_s, loads = sum(r["seconds"] for r in runs), (runs[0]["load_before"], runs[-1]["load_after"])
     text = _results_md.render(machine=machine, rows=rows, runs=runs, texts=texts, quick=args.quick,
-                              label=args.label, loads=(load_before, os.getloadavg()),
-                              total_s=time.perf_counter() - started, plot=args.output.parent / "loss_curves.svg",
+                              label=args.label, loads=loads, total_s=total_s,
+                              plot=args.output.parent / "loss_curves.svg",
                               command=" ".join(["python", "benchmarks/results.py", *sys.argv[1:]]))
     args.output.write_text(text)
     print(f"\nwrote {args.output} ({len(rows)} figures from {len(runs)} benchmark runs)")
