@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -216,7 +217,7 @@ def main() -> None:
     text = _results_md.render(machine=machine, rows=rows, runs=runs, texts=texts, quick=args.quick,
                               label=args.label, loads=loads, total_s=total_s,
                               plot=args.output.parent / "loss_curves.svg",
-                              command=" ".join(["python", "benchmarks/results.py", *sys.argv[1:]]))
+                              command=shlex.join(["python", "benchmarks/results.py", *sys.argv[1:]]))
     args.output.write_text(text)
     print(f"\nwrote {args.output} ({len(rows)} figures from {len(runs)} benchmark runs)")
     failed = [r["benchmark"] for r in runs if r["status"] != "ok"]
