@@ -38,7 +38,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "comm": ([], ["--max-mib", "4", "--rounds", "3"]),
     "cpu_adam": ([], ["--sizes", "10000000", "--threads", "1", "--reps", "3"]),
     "engine_overhead": ([], ["--steps", "2", "--rounds", "2"]),
-    "zero": ([], ["--steps", "3"]),
+    "zero": ([], ["--steps", "3", "--modes", "ddp,stage2,fsdp2,stage3"]),  # RSS runs per mode dominate
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
 }
