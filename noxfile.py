@@ -116,20 +116,25 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "packages", "tools", "noxfile.py", "benchmarks", "examples", "tests-integration")
 
 
-@nox.session
+# The demo checks no dependencies (the pkg sessions do): its venv may see the interpreter's own
+# packages, so a torch 2.13 already there is reused instead of unpacking ~1 GB again (about half of
+# the demo's wall time); without one, the pinned CPU wheel is installed into the venv as usual.
+@nox.session(venv_params=["--system-site-packages"])
 def demo(session: nox.Session) -> None:
     """The README's main job: a short ZeRO training run through `deepspeed --num_gpus 2` on CPU ranks."""
     session.install(*CONSTRAINTS, "torch")
-    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", str(PACKAGES / "ds-launcher"))
+    # The in-tree siblings too: they are not on an index, so pip could not resolve them by name.
+    dists = dict.fromkeys(closure("ds-engine", ("all",)) + closure("ds-launcher"))
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in dists if d != "ds-engine"))
     session.run("python", str(ROOT / "examples" / "demo.py"), *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Every benchmark in benchmarks/, side by side with its torch baseline."""
+    """Every benchmark in benchmarks/ against its baseline, into benchmarks/RESULTS.md.
+
+    Arguments go to benchmarks/results.py: `nox -s bench -- --quick`, `nox -s bench -- --only comm,zero`.
+    """
     session.install(*CONSTRAINTS, "torch")
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
-    scripts = session.posargs or sorted(str(p) for p in (ROOT / "benchmarks").glob("*.py")
-                                        if not p.name.startswith("_"))
-    for script in scripts:
-        session.run("python", script)
+    session.run("python", str(ROOT / "benchmarks" / "results.py"), *session.posargs)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
+import _report
 import torch
 
 from ds_ops import DeepSpeedCPUAdam
@@ -118,7 +119,9 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000_000, 50_000_000])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--reps", type=int, default=9)
+    _report.add_json_argument(parser)
     args = parser.parse_args()
+    rows: list[_report.Row] = []
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "roofline.cpp").write_text(ROOFLINE_SOURCE)
@@ -138,6 +141,18 @@ def main() -> None:
                 print(f"{numel / 1e6:>5.0f}M {'flat' if flat else '1M tensors':>10} {t:>3} | {ds * 1e3:>7.1f} "
                       f"{fused * 1e3:>8.1f} {foreach * 1e3:>10.1f} {roof * 1e3:>7.1f} | {gbs / ds:>7.2f} "
                       f"{gbs / roof:>9.2f} | {fused / ds:>8.2f} {foreach / ds:>10.2f} {roof / ds:>7.0%}")
+                rows += _rows(numel, flat, t, ds, fused, roof, numel == max(args.sizes))
+    _report.write_rows(args.json, rows)
+
+
+def _rows(numel: int, flat: bool, threads: int, ds: float, fused: float, roof: float,
+          roofline_target: bool) -> list[_report.Row]:
+    """Step time vs torch's fused Adam (target: not slower) and vs the C roofline (at the largest size,
+    >= 90% of its bandwidth, i.e. a time ratio <= 1/0.9 = 1.11)."""
+    setting = f"Adam step {numel / 1e6:.0f}M {'flat' if flat else '1M tensors'}, {threads} thr"
+    return [_report.Row("cpu_adam", setting, ds * 1e3, "ms", "torch Adam(fused=True)", fused * 1e3, target="<= 1.0"),
+            _report.Row("cpu_adam", setting, ds * 1e3, "ms",
+                        "C roofline loop", roof * 1e3, target="<= 1.11" if roofline_target else "")]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import math
 import statistics
 import time
 
+import _report
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -136,7 +137,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6, help="distinct batches per rank")
     parser.add_argument("--rounds", type=int, default=3, help="passes over the batches (steps x rounds timed steps)")
+    _report.add_json_argument(parser)
     args = parser.parse_args()
+    json_rows = []
     results = run_ranks(2, _bench, steps=args.steps, rounds=args.rounds, timeout_s=3600, num_threads=1)
     merged = {k: [v for r in results for v in r[k]] for k in results[0]}
     params = merged.pop("params")[0]
@@ -150,10 +153,13 @@ def main() -> None:
         ddp, eng = statistics.median(merged[f"ddp_{key}"]), statistics.median(merged[f"eng_{key}"])
         ratio = eng / ddp if ddp > 0 else math.nan
         print(f"{label:<26}{ddp * 1e3:>12.1f}{eng * 1e3:>12.1f}{ratio:>8.3f}  {target}")
+        json_rows.append(_report.Row("engine_overhead", f"{label.removesuffix(' (ms)')}, ds-engine stage 0",
+                                     eng * 1e3, "ms", "torch DDP + AdamW", ddp * 1e3, target=target))
     for key in ("step_cpu", "step_wall"):
         paired = [e / d for e, d in zip(merged[f"eng_{key}"], merged[f"ddp_{key}"], strict=True) if d > 0]
         print(f"median of paired per-step ratios, {key.replace('_', ' ')}: {statistics.median(paired):.3f} "
               f"(n={len(paired)})")
+    _report.write_rows(args.json, json_rows)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import _report
+
 NOOP = """\
 import os
 print(f"done rank {os.environ['RANK']}", flush=True)
@@ -72,6 +74,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2)
+    _report.add_json_argument(p)
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,6 +92,9 @@ def main() -> None:
     print(f"{'workload':<12} {'deepspeed':>10} {'(min)':>8} {'torchrun':>10} {'(min)':>8} {'ratio ds/torchrun':>18}")
     for workload, ds, ds_min, tr, tr_min, ratio in rows:
         print(f"{workload:<12} {ds:>10.2f} {ds_min:>8.2f} {tr:>10.2f} {tr_min:>8.2f} {ratio:>18.2f}")
+    _report.write_rows(args.json, [
+        _report.Row("launch", f"{workload}: {args.nproc} CPU ranks start to done, median of {args.repeats}", ds, "s",
+                    f"torchrun --nproc_per_node {args.nproc}", tr) for workload, ds, _, tr, _, _ in rows])
 
 
 if __name__ == "__main__":

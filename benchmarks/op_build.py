@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+import _report
+
 DEEPSPEED_COLD_S, DEEPSPEED_CACHED_S = 90.0, 2.3
 
 CHILD = """
@@ -44,6 +46,7 @@ def _child(cache: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3)
+    _report.add_json_argument(parser)
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {"cold": [], "cached": []}
     with tempfile.TemporaryDirectory() as cache:
@@ -59,10 +62,14 @@ def main() -> None:
     header = f"{'':<8} {'load s':>8} {'import+load s':>14} {'DeepSpeed s':>12} {'DeepSpeed/ours':>15} {'target s':>9}"
     print(header)
     print("-" * len(header))
+    rows = []
     for kind, reference, target in (("cold", DEEPSPEED_COLD_S, 20.0), ("cached", DEEPSPEED_CACHED_S, 0.1)):
         load = statistics.median(r["load"] for r in runs[kind])
         total = statistics.median(r["load"] + r["import_ds_ops"] for r in runs[kind])
         print(f"{kind:<8} {load:>8.3f} {total:>14.3f} {reference:>12.1f} {reference / total:>14.0f}x {target:>9}")
+        rows.append(_report.Row("op_build", f"cpu_adam {kind} import ds_ops + load, median of {args.trials}", total,
+                                "s", "DeepSpeed cpu_adam (issue 3)", reference, target=f"<= {target} s"))
+    _report.write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

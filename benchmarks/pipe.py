@@ -28,6 +28,7 @@ import statistics
 import time
 from typing import Any
 
+import _report
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -177,7 +178,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=5, help="timed batches per measurement")
     parser.add_argument("--repeats", type=int, default=3,
                         help="measurements per setting, interleaved across implementations (median reported)")
+    _report.add_json_argument(parser)
     args = parser.parse_args()
+    rows: list[_report.Row] = []
     modes = ["compute", "sleep"] if args.mode == "both" else [args.mode]
     print(f"{args.stages} stages x {args.layers_per_stage} blocks (compute: Linear({args.hidden}); sleep: "
           f"Linear({args.sleep_hidden}) + {args.sleep_ms} ms forward / {2 * args.sleep_ms} ms backward per stage), "
@@ -204,9 +207,17 @@ def main() -> None:
             print(_row(mode, m, "ds_pipe", ours_s, seq, args, busy=statistics.median(busy)))
             print(_row(mode, m, "torch 1F1B", theirs_s, seq, args), flush=True)
             ratios.append((mode, m, theirs_s / ours_s))
+            setting = f"{mode} m={m}, {args.stages} stages: batch time"
+            rows.append(_report.Row("pipe", setting, ours_s * 1e3, "ms", "torch.distributed.pipelining 1F1B",
+                                    theirs_s * 1e3, target="<= 1.0"))
+            if sleeping:  # stages overlap only when their work does not compete for cores
+                bubble = 1 - seq / ours_s / args.stages
+                rows.append(_report.Row("pipe", f"{mode} m={m}: bubble fraction (1 - speedup/p)", bubble, "",
+                                        "theory (p-1)/(m+p-1)", (args.stages - 1) / (m + args.stages - 1)))
     print("\nds_pipe throughput / torch.distributed.pipelining Schedule1F1B throughput (>1: ds_pipe faster)")
     for mode, m, ratio in ratios:
         print(f"  {mode:8s} m={m:<3d} {ratio:6.2f}x")
+    _report.write_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import resource
 import statistics
 import time
 
+import _report
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -34,6 +35,8 @@ from ds_comm.testing import run_ranks
 
 BUCKET_NUMEL = 25 * 2**20 // 4   # DDP's bucket_cap_mb=25, in fp32 elements
 MODES = ("ddp", "stage0", "stage1", "stage2", "stage2+offload", "fsdp2", "stage3")
+TARGETS = {("stage2", "cpu"): "<= 1.02", ("stage2", "peak_rss"): "<= 1", ("stage3", "wall"): "<= 1.1",
+           ("stage3", "peak_rss"): "<= 1"}
 
 
 class Block(nn.Module):
@@ -197,6 +200,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--modes", default=",".join(MODES))
+    _report.add_json_argument(parser)
     args = parser.parse_args()
     modes = args.modes.split(",")
     ranks = run_ranks(2, _time_interleaved, modes=modes, steps=args.steps, batch=args.batch, seq=args.seq,
@@ -233,6 +237,22 @@ def main() -> None:
         print(f"stage 3 vs FSDP2: wall {wall:.3f}, cpu {z3['cpu'] / fsdp['cpu']:.3f} "
               f"(<= 1.1: {'met' if wall <= 1.1 else 'NOT met'}), peak RSS {rss:.3f} "
               f"(<= 1: {'met' if rss <= 1.0 else 'NOT met'})")
+    _report.write_rows(args.json, _json_rows(rows, args.steps))
+
+
+def _json_rows(rows: dict[str, dict], steps: int) -> list[_report.Row]:
+    """Each ZeRO mode's step wall/CPU time and peak RSS against DDP; stage 3 against FSDP2."""
+    out = []
+    for mode in rows:
+        base = "fsdp2" if mode == "stage3" else "ddp"
+        if mode in ("ddp", "fsdp2") or base not in rows:
+            continue
+        for key, label, unit in (("wall", f"step wall time, median of {steps}", "s"),
+                                 ("cpu", f"step CPU time, median of {steps}", "s"), ("peak_rss", "peak RSS", "MiB")):
+            out.append(_report.Row("zero", f"{mode}: {label}", rows[mode][key], unit,
+                                   "torch FSDP2" if base == "fsdp2" else "torch DDP", rows[base][key],
+                                   target=TARGETS.get((mode, key), "")))
+    return out
 
 
 if __name__ == "__main__":
