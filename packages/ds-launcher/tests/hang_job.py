@@ -34,7 +34,8 @@ def main() -> None:
         signal.signal(signal.SIGTERM, record)
         signal.signal(signal.SIGINT, record)
     child = subprocess.Popen(["sleep", "300"], start_new_session=True).pid if args.spawn_child else None
-    print(json.dumps({"event": "ready", "rank": rank, "pid": os.getpid(), "child_pid": child}), flush=True)
+    # one write() per line, so ranks sharing a stdout pipe never interleave within a line
+    os.write(1, (json.dumps({"event": "ready", "rank": rank, "pid": os.getpid(), "child_pid": child}) + "\n").encode())
     if rank == args.exit_rank:
         time.sleep(0.3)
         sys.exit(args.exit_code)

@@ -24,7 +24,9 @@ CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE"
 
 
 def emit(**record: object) -> None:
-    print(json.dumps(record), flush=True)
+    # One write() per line: ranks share the launcher's stdout pipe, and print(flush=True) under
+    # PYTHONUNBUFFERED writes the text and the newline separately, so two ranks' lines could interleave.
+    os.write(1, (json.dumps(record) + "\n").encode())
 
 
 def shard(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
