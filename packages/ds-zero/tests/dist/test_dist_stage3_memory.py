@@ -23,7 +23,10 @@ from ds_comm.testing import run_ranks
 
 WIDTH, LAYERS = 2048, 6  # 25M parameters, 100 MB in fp32
 LAYER_BYTES = (WIDTH * WIDTH + WIDTH) * 4
-SLACK_BYTES = 16 * 2**20  # first-touch overheads of the process (allocator, RNG, lazy imports)
+# First-touch overheads of the process (allocator, RNG, lazy imports, the gather group's gloo buffers):
+# 16 MiB was exceeded by 2 MiB once in CI. The budget stays below the model (50 + 16 + 24 < 100 MB), so
+# a rank that materialised the whole model still fails; the exact per-tensor figure is `held` below.
+SLACK_BYTES = 24 * 2**20
 
 
 _M_MMAP_THRESHOLD = -3
