@@ -44,6 +44,9 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+#: Second runs of a script under their own name: name -> (script, its leading arguments).
+VARIANTS: dict[str, tuple[str, list[str]]] = {"aio_step": ("aio", ["--step"])}  # ZeRO-3 step: NVMe vs CPU offload
+
 # torch 2.13 deprecates the *_tensor collectives ds_comm wraps; every rank of every run would say so.
 CHILD_ENV = {"PYTHONWARNINGS": "ignore::FutureWarning:torch.distributed.c10d_logger"}
 
@@ -51,6 +54,7 @@ CHILD_ENV = {"PYTHONWARNINGS": "ignore::FutureWarning:torch.distributed.c10d_log
 def discover() -> list[str]:
     """Every benchmark script: the known ones in SETTINGS order, then any other `benchmarks/*.py` (e.g. aio)."""
     found = {p.stem for p in HERE.glob("*.py") if not p.name.startswith("_") and p.stem != "results"}
+    found |= {name for name, (script, _) in VARIANTS.items() if script in found}
     return [n for n in SETTINGS if n in found] + sorted(found - set(SETTINGS))
 
 
@@ -115,8 +119,10 @@ def run_one(name: str, argv: list[str], out_dir: Path, timeout_s: float) -> dict
     """Run one benchmark with `--json`, showing and saving its output; returns its run record."""
     rows_path = out_dir / f"{name}.json"
     rows_path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(HERE / f"{name}.py"), *argv, "--json", str(rows_path)]
-    print(f"\n=== {name}: {' '.join(['python', f'benchmarks/{name}.py', *argv])}", flush=True)
+    script, lead = VARIANTS.get(name, (name, []))
+    argv = [*lead, *argv]
+    cmd = [sys.executable, str(HERE / f"{script}.py"), *argv, "--json", str(rows_path)]
+    print(f"\n=== {name}: {' '.join(['python', f'benchmarks/{script}.py', *argv])}", flush=True)
     load_before, busy_before, own_before = os.getloadavg(), cpu_busy_s(), _own_cpu_s()
     started = time.perf_counter()
     # Its own session, so a timeout ends the benchmark and the rank processes it started, nothing else.
