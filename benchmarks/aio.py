@@ -90,6 +90,10 @@ class Contenders:
         self.plain = self.source.clone()  # torch.save writes a tensor's whole storage: give it an exact one
         self.array = self.source.numpy() if np is not None else None
         self.count = nbytes // block_size
+        # dd writes these same bytes (from the page cache), not /dev/zero: a virtual disk may store zero
+        # blocks as holes and read them back without touching the device, which flatters dd's reads.
+        self.dd_source = directory / "dd_source.bin"
+        self.dd_source.write_bytes(self.source.numpy().tobytes())
 
     def path(self, name: str) -> Path:
         return self.dir / f"{name}.bin"
@@ -113,7 +117,8 @@ class Contenders:
         return seconds
 
     def write_dd_direct(self, path: Path) -> float:
-        return _dd(["if=/dev/zero", f"of={path}", f"bs={self.block_size}", f"count={self.count}", "oflag=direct"])
+        return _dd([f"if={self.dd_source}", f"of={path}", f"bs={self.block_size}", f"count={self.count}",
+                    "oflag=direct"])
 
     def read_dd_direct(self, path: Path) -> float:
         return _dd([f"if={path}", "of=/dev/null", f"bs={self.block_size}", f"count={self.count}", "iflag=direct"])
@@ -143,7 +148,8 @@ class Contenders:
         return self._timed(lambda: np.fromfile(path, dtype=np.float32))
 
     def write_dd_buffered(self, path: Path) -> float:
-        return _dd(["if=/dev/zero", f"of={path}", f"bs={self.block_size}", f"count={self.count}", "conv=fsync"])
+        return _dd([f"if={self.dd_source}", f"of={path}", f"bs={self.block_size}", f"count={self.count}",
+                    "conv=fsync"])
 
     def read_dd_buffered(self, path: Path) -> float:
         _evict(path)
