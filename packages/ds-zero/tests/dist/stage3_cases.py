@@ -100,6 +100,22 @@ STAGE3_CFG = {
 }
 
 
+def train_steps(model: nn.Module, opt: Any, rank: int, steps: range, gas: int) -> list[float]:
+    """The stage-3 training loop: `gas` micro-batches through `opt.backward`, then one step; loss per step."""
+    losses = []
+    for step in steps:
+        total = 0.0
+        for micro in range(gas):
+            idx, tgt = batch(rank, step, micro)
+            loss = loss_fn(model(idx), tgt) / gas
+            opt.backward(loss)
+            total += loss.item()
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses
+
+
 def train_stage3(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: float = 0.5,
                  dtype: torch.dtype = torch.float32, config: dict[str, Any] | None = None, lr: float = 1e-2,
                  use_init: bool = False) -> dict[str, Any]:
@@ -111,17 +127,7 @@ def train_stage3(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: 
         model = make_model().to(dtype)
     base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
     opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=cfg, clip_grad=clip)
-    losses = []
-    for step in range(steps):
-        total = 0.0
-        for micro in range(gas):
-            idx, tgt = batch(rank, step, micro)
-            loss = loss_fn(model(idx), tgt) / gas
-            opt.backward(loss)
-            total += loss.item()
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
+    losses = train_steps(model, opt, rank, range(steps), gas=gas)
     with torch.no_grad():
         eval_logits = model(batch(rank, 999, 0)[0]).float()
     return {"losses": losses, "state": gathered_state(model), "eval": eval_logits,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from stage3_cases import STAGE3_CFG, batch, gathered_state, loss_fn, make_model
+from stage3_cases import STAGE3_CFG, gathered_state, make_model, train_steps
 from torch import nn
 
 import ds_zero
@@ -39,19 +39,8 @@ def _setup(config: dict[str, Any], seed: int = 0) -> tuple[nn.Module, Any]:
                                                         aio_config={"queue_depth": 4})
 
 
-def _train(model: nn.Module, opt: Any, rank: int, steps: range, gas: int = 2) -> list[float]:
-    losses = []
-    for step in steps:
-        total = 0.0
-        for micro in range(gas):
-            idx, tgt = batch(rank, step, micro)
-            loss = loss_fn(model(idx), tgt) / gas
-            opt.backward(loss)
-            total += loss.item()
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
-    return losses
+def _train(model: nn.Module, opt: Any, rank: int, steps: range) -> list[float]:
+    return train_steps(model, opt, rank, steps, gas=2)
 
 
 def _nvme_vs_plain(rank: int, world: int, *, root: str) -> dict[str, Any]:
