@@ -3,8 +3,10 @@
 Every benchmark keeps its own human-readable table on stdout; with `--json PATH` it also writes its
 figures as `Row`s, which `benchmarks/results.py` gathers into `benchmarks/RESULTS.md`.
 
-[Note: ratio and target] `ratio` is always `value / baseline_value` (so for times, below 1 means
-faster than the baseline). `target` is text: a comparison and a number, e.g. `"<= 1.02"`, `">= 0.9"`,
+[Note: ratio and target] `ratio` is `value / baseline_value` (so for times, below 1 means
+faster than the baseline) unless a benchmark passes its own: a *paired* figure (named so) gives the
+median of per-round ratios, which cancels host drift that a ratio of two medians keeps.
+`target` is text: a comparison and a number, e.g. `"<= 1.02"`, `">= 0.9"`,
 `"< 0.3 s"`, `"== 0"`. A target that carries a unit after the number bounds the value (in the row's
 unit); a bare number bounds the ratio, or the value when the row has no ratio. `met` is that
 comparison's outcome, None when there is no target or nothing to compare.

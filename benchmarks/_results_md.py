@@ -146,7 +146,9 @@ def render(*, machine: dict[str, str], rows: list[Row], runs: list[dict], texts:
     out = _header(machine, loads, runs, quick, label, command, total_s)
     failed = [r for r in runs if r["status"] != "ok"]
     out += ["## Figures", "",
-            "`ratio` = value / baseline value (for times, below 1 is faster than the baseline). A target "
+            "`ratio` = value / baseline value (for times, below 1 is faster than the baseline), except in a "
+            "figure marked *paired*: there it is the median of per-round ratios, both sides timed within the "
+            "same fraction of a second (values are then medians of each side). A target "
             "with a unit bounds the value; a bare number bounds the ratio (or the value when there is no "
             "baseline). Each benchmark's own printout (below) has more columns.", ""]
     out += _table([r for r in rows if r.benchmark != "loss_curves"])
