@@ -107,7 +107,7 @@ def _make_steppers(numel: int, flat: bool, roofline: Callable[..., None]) -> dic
     roof_args = (len(layout), (ctypes.c_int64 * len(layout))(*layout),
                  *(pointers(*(quad[k].data_ptr() for quad in roof_tensors)) for k in range(4)))
 
-    def roof(threads: int) -> None:
+    def roof(threads: int, _keep_alive: list = roof_tensors) -> None:  # the C loop holds only their addresses
         roofline(*roof_args, threads)
 
     return {"ds cpu_adam": lambda _: ours.step(), "torch fused": lambda _: fused.step(),

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ds_ops.host_memory import huge_page_zeros
 from ds_ops.op_builder import OpBuilder
 
 logger = logging.getLogger(__name__)
@@ -186,10 +187,15 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     def _state_dtype(self, param: torch.Tensor) -> torch.dtype:
         return torch.float32 if self.fp32_optimizer_states else param.dtype
 
+    def _new_state_tensor(self, param: torch.Tensor) -> torch.Tensor:
+        """Zeros shaped like `param` in the state dtype; in huge pages when large (each step streams
+        the state end to end, see ds_ops.host_memory)."""
+        return huge_page_zeros(param.numel(), self._state_dtype(param)).view(param.shape)
+
     def _init_state(self, param: torch.Tensor, state: dict[str, Any]) -> None:
         state["step"] = 0
         for key in self.STATE_KEYS:
-            state[key] = torch.zeros(param.shape, dtype=self._state_dtype(param))
+            state[key] = self._new_state_tensor(param)
 
     def _grad(self, param: torch.Tensor, where: str) -> torch.Tensor:
         grad = param.grad
@@ -281,5 +287,4 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             state = self.state[param]
             state["step"] = int(saved["step"])
             for key in self.STATE_KEYS:
-                state[key] = saved[key].to(device="cpu", dtype=self._state_dtype(param),
-                                           memory_format=torch.contiguous_format, copy=True)
+                state[key] = self._new_state_tensor(param).copy_(saved[key])

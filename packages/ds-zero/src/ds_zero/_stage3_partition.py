@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import ds_comm
+from ds_ops.host_memory import huge_page_zeros
 from ds_zero._partition import Fragment, ParamSlot
 from ds_zero._partitioned_param import shard_values, write_shards
 
@@ -181,7 +182,10 @@ class ShardPartition:
         if device is None:
             device = flat.device if flat is not None else (self.params[0].ds_tensor.device if self.params
                                                            else torch.device("cpu"))
-        master = torch.empty(self.numel, dtype=torch.float32, device=device)
+        if device.type == "cpu":  # streamed by the CPU optimizer every step: huge pages (ds_ops.host_memory)
+            master = huge_page_zeros(self.numel, torch.float32)
+        else:
+            master = torch.empty(self.numel, dtype=torch.float32, device=device)
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
                 master[off: off + s].copy_(shard_values(p))
