@@ -232,8 +232,10 @@ def test_max_in_cpu_keeps_the_first_shards_resident_and_init_swaps_at_constructi
     with ds_zero.Init(config_dict_or_path=init_cfg, remote_device="nvme"):
         built = Net()
     assert all(p._ds_swap is not None for p in built.parameters())
+    init_swapper = built.fc1.weight._ds_swap
     base = torch.optim.AdamW(built.parameters(), lr=1e-2, weight_decay=0.01)
     built_opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(built, base, config=_cfg(tmp_path), clip_grad=1.0)
+    assert built._ds_zero3.param_swapper is init_swapper  # the optimizer took over Init's swapper, no second pool
     ref_model, ref_opt = _build(_cfg(None, param=False, opt=False))
     assert _train(built, built_opt, 3) == _train(ref_model, ref_opt, 3)
 

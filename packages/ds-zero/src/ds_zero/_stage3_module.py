@@ -83,8 +83,10 @@ class DeepSpeedZeRoOffload:
         self.config = cfg
         self.dp_group = dp_group
         self.world_size = ds_comm.get_world_size(dp_group)
-        # the swap directory is checked before the module is touched
-        self.param_swapper = (ParamSwapper.from_config(offload, rank=ds_comm.get_rank(), aio_config=aio_config)
+        # the swap directory is checked before the module is touched; shards that ds_zero.Init(remote_device=
+        # "nvme") already swapped stay with its swapper, which takes the rest too (no second pool of buffers)
+        self.param_swapper = ((_swapper_of(module) or ParamSwapper.from_config(offload, rank=ds_comm.get_rank(),
+                                                                              aio_config=aio_config))
                               if offload.device == "nvme" else None)
         shard_device = torch.device("cpu") if offload.device in ("cpu", "nvme") else None
         partition_module(module, group=dp_group, shard_device=shard_device,
@@ -158,3 +160,12 @@ class DeepSpeedZeRoOffload:
             handle.remove()
         self._handles.clear()
         self.module._ds_zero3 = None
+
+
+def _swapper_of(module: nn.Module) -> ParamSwapper | None:
+    """The ParamSwapper holding some of `module`'s shards already (from ds_zero.Init), if any."""
+    for p in module.parameters():
+        swapper = getattr(p, "_ds_swap", None)
+        if swapper is not None:
+            return swapper
+    return None
