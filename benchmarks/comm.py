@@ -30,6 +30,10 @@ import ds_comm
 from ds_comm.testing import run_ranks
 
 OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+# The raw baseline calls the name the installed torch does not deprecate (torch 2.13: `*_single`), as
+# ds_comm does: the deprecated names pay a warnings.warn per call.
+RAW_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+RAW_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 TARGET = 1.02
 
 
@@ -43,10 +47,9 @@ def _callables(op: str, numel: int, world: int):
         return (lambda: ds_comm.all_reduce(x)), (lambda: dist.all_reduce(x))
     if op == "all_gather_into_tensor":
         shard, out = torch.ones(numel // world), torch.empty(numel)
-        return (lambda: ds_comm.all_gather_into_tensor(out, shard)), \
-               (lambda: dist.all_gather_into_tensor(out, shard))
+        return (lambda: ds_comm.all_gather_into_tensor(out, shard)), (lambda: RAW_ALL_GATHER(out, shard))
     out = torch.empty(numel // world)
-    return (lambda: ds_comm.reduce_scatter_tensor(out, x)), (lambda: dist.reduce_scatter_tensor(out, x))
+    return (lambda: ds_comm.reduce_scatter_tensor(out, x)), (lambda: RAW_REDUCE_SCATTER(out, x))
 
 
 def _paired_round(ours, raw, iters: int, ours_first: bool) -> tuple[float, float]:

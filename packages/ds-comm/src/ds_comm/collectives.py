@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# torch 2.13 renamed the flat-tensor collectives to `*_single`; the old names still work but warn on every
+# rank at every call site. Call whichever name the installed torch has (the ops keep DeepSpeed's names).
+_dist_all_gather_flat = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_dist_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
 __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
@@ -198,7 +203,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
     """`torch.distributed.all_gather_into_tensor`: rank i's input lands in the i-th slice of the output."""
     return _issue("all_gather_into_tensor",
-                  lambda a: dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=a),
+                  lambda a: _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a),
                   group=group, async_op=async_op, size_bytes=_nbytes(output_tensor))
 
 
@@ -214,7 +219,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceO
                           group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
     """`torch.distributed.reduce_scatter_tensor`: slice `rank` of the reduced input lands in `output`."""
     return _issue("reduce_scatter_tensor",
-                  lambda a: dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=a),
+                  lambda a: _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a),
                   group=group, async_op=async_op, size_bytes=_nbytes(input))
 
 
