@@ -92,7 +92,9 @@ def _make_steppers(numel: int, flat: bool, roofline: Callable[..., None]) -> dic
     """One step function per contender; params and grads shared (timing does not depend on values).
 
     The roofline loop gets its own arrays in the same layout as the parameters (one flat array, or
-    1M-element tensors allocated one by one), so a layout's cost is in both sides of the ratio."""
+    1M-element tensors allocated one by one), so a layout's cost is in both sides of the ratio. They
+    come from torch's allocator (4 KiB pages) as the parameters and gradients do; DeepSpeedCPUAdam
+    keeps its own exp_avg/exp_avg_sq in huge pages (ds_ops.host_memory), torch's optimizers do not."""
     generator = torch.Generator().manual_seed(0)
     layout = _layout(numel, flat)
     params = [torch.nn.Parameter(torch.randn(n, generator=generator)) for n in layout]
