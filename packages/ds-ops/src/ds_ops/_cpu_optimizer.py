@@ -287,4 +287,6 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             state = self.state[param]
             state["step"] = int(saved["step"])
             for key in self.STATE_KEYS:
-                state[key] = self._new_state_tensor(param).copy_(saved[key])
+                # same numel, any shape (as before); another numel is an error here, not memory
+                # the kernel would run past
+                state[key] = self._new_state_tensor(param).copy_(saved[key].reshape(param.shape))
