@@ -180,6 +180,17 @@ def test_state_dict_of_another_optimizer_is_rejected_before_loading() -> None:
     assert not adam.state and adam.param_groups[0]["lr"] == 1e-3
 
 
+def test_state_of_another_size_is_rejected_before_loading() -> None:
+    """Same keys, another numel: the kernel would run past the state's memory; refused up front."""
+    small, big = _params(sizes=(7,)), _params(sizes=(4097,))
+    saved_from = DeepSpeedCPUAdam(small)
+    _run(saved_from, small, range(2))
+    adam = DeepSpeedCPUAdam(big, lr=5e-4)
+    with pytest.raises(ValueError, match=r"parameter 0 has exp_avg of 7 elements, the parameter has 4097"):
+        adam.load_state_dict(saved_from.state_dict())
+    assert not adam.state and adam.param_groups[0]["lr"] == 5e-4
+
+
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_result_does_not_depend_on_thread_count(name: str) -> None:
     cls, kwargs = OPTIMIZERS[name]

@@ -272,12 +272,19 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         """
         saved_state = state_dict["state"]
         saved_ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
-        for pid in saved_ids:  # checked before anything is replaced
+        own = [param for group in self.param_groups for param in group["params"]]
+        # checked before anything is replaced (a count mismatch is left to torch's own check)
+        for pid, param in zip(saved_ids, own, strict=False):
             saved = saved_state.get(pid) or {}
             missing = [key for key in ("step", *self.STATE_KEYS) if saved and key not in saved]
             if missing:
                 raise ValueError(f"{self._owner}.load_state_dict: the state of parameter {pid} has no {missing}; "
                                  f"it was saved by another optimizer (keys: {sorted(saved_state[pid])})")
+            for key in self.STATE_KEYS:
+                if key in saved and saved[key].numel() != param.numel():
+                    raise ValueError(f"{self._owner}.load_state_dict: the state of parameter {pid} has {key} of "
+                                     f"{saved[key].numel()} elements, the parameter has {param.numel()}; the "
+                                     "state_dict was saved for another model")
         super().load_state_dict(state_dict)
         params = [param for group in self.param_groups for param in group["params"]]
         for pid, param in zip(saved_ids, params, strict=True):
@@ -287,6 +294,4 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             state = self.state[param]
             state["step"] = int(saved["step"])
             for key in self.STATE_KEYS:
-                # same numel, any shape (as before); another numel is an error here, not memory
-                # the kernel would run past
                 state[key] = self._new_state_tensor(param).copy_(saved[key].reshape(param.shape))
