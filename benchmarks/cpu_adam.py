@@ -31,7 +31,7 @@ from ds_ops.op_builder import ABI_VERSION, OpBuilder
 
 BYTES_PER_PARAM = 28
 CHUNK = 1_000_000
-PAUSE_S = 0.05
+PAUSE_S = 0.025  # > libgomp's default spin-wait (300k pause instructions, a few ms)
 FOREACH_EVERY = 5
 
 ROOFLINE_SOURCE = """#include <cmath>
@@ -140,6 +140,12 @@ def _measure(numel: int, flat: bool, threads: list[int], reps: int,
     return times
 
 
+def rounds_for(numel: int, reps: int, largest: int) -> int:
+    """`reps` rounds at the largest size, up to 4x as many for smaller ones: a small step is quick to
+    repeat, and its per-round ratios scatter more (a 15 ms step sees more of a host hiccup)."""
+    return reps * max(1, min(4, largest // max(numel, 1)))
+
+
 def paired_ratio(ours: list[float], theirs: list[float]) -> tuple[float, float, float]:
     """Median and quartiles of the per-round ratios ours/theirs.
 
@@ -167,13 +173,14 @@ def main() -> None:
     header = (f"{'params':>6} {'layout':>10} {'thr':>3} | {'ds ms':>7} {'fused ms':>8} {'foreach ms':>10} "
               f"{'roof ms':>7} | {'ds GB/s':>7} {'roof GB/s':>9} | {'ds/fused [q1-q3]':>18} "
               f"{'foreach/ds':>10} {'roof/ds [q1-q3]':>17}")
-    print(f"torch {torch.__version__}, {args.reps} interleaved rounds; times are medians, ratios the median of "
+    print(f"torch {torch.__version__}, {args.reps} interleaved rounds at the largest size (up to 4x more below); "
+          "times are medians, ratios the median of "
           f"per-round ratios; GB/s at {BYTES_PER_PARAM} B/param")
     print(header)
     print("-" * len(header))
     for numel in args.sizes:
         for flat in (True, False):
-            times = _measure(numel, flat, args.threads, args.reps, roofline)
+            times = _measure(numel, flat, args.threads, rounds_for(numel, args.reps, max(args.sizes)), roofline)
             for t in args.threads:
                 ds, fused, foreach, roof = (times[(n, t)] for n in ("ds cpu_adam", "torch fused", "torch foreach",
                                                                     "C roofline"))
