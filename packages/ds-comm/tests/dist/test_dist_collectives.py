@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -125,6 +127,20 @@ def test_every_collective_matches_local_reference(world: int) -> None:
         assert set(got) == set(want), f"rank {rank}"
         for key in want:
             torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=f"rank {rank} {key}")
+
+
+def _flat_collective_warnings(rank: int, world: int) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds_comm.all_gather_into_tensor(torch.empty(2 * world), torch.ones(2))
+        ds_comm.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world))
+    return [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+
+
+def test_flat_collectives_do_not_warn_about_deprecated_torch_names() -> None:
+    """torch 2.13 deprecates all_gather_into_tensor/reduce_scatter_tensor (a warning per rank and call);
+    the wrappers call the `*_single` names where torch has them."""
+    assert run_ranks(2, _flat_collective_warnings, timeout_s=60) == [[], []]
 
 
 def _subgroups(rank: int, world: int) -> dict[str, object]:

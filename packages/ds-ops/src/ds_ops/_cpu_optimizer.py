@@ -285,9 +285,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                     raise ValueError(f"{self._owner}.load_state_dict: the state of parameter {pid} has {key} of "
                                      f"{saved[key].numel()} elements, the parameter has {param.numel()}; the "
                                      "state_dict was saved for another model")
-        super().load_state_dict(state_dict)
-        params = [param for group in self.param_groups for param in group["params"]]
-        for pid, param in zip(saved_ids, params, strict=True):
+        super().load_state_dict(state_dict)  # keeps our parameter objects: `own` still lists them
+        for pid, param in zip(saved_ids, own, strict=True):
             saved = saved_state.get(pid)
             if not saved:
                 continue

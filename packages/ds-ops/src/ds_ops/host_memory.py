@@ -9,8 +9,8 @@ roofline) 8% faster with 1 thread, 4% with 2, when the arrays sit in 2 MiB pages
 torch's CPU allocator gives 4 KiB pages unless THP_MEM_ALLOC_ENABLE is set, and memory it already
 faulted in stays so, hence a fresh private mapping per buffer, 2 MiB-aligned and marked
 MADV_HUGEPAGE. The mark takes effect where /sys/kernel/mm/transparent_hugepage/enabled is `madvise`
-or `always` and is a no-op where it is `never`; below one huge page, or where Python's mmap has no
-MADV_HUGEPAGE (not Linux), buffers come from torch's allocator as before.
+or `always` and is a no-op where it is `never` (and where Python's mmap has no MADV_HUGEPAGE, off
+Linux: the mapping is still 2 MiB-aligned); below one huge page, buffers come from torch's allocator.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
     long as any view of the tensor does.
     """
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if nbytes < HUGE_PAGE:
         return torch.zeros(numel, dtype=dtype)
     # Anonymous memory reads as zeros and nothing is touched here: each page becomes a huge page
     # (or a 4 KiB one, when the kernel has none free) as it is first written.
@@ -39,6 +39,6 @@ def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
     shift = (-raw.data_ptr()) % HUGE_PAGE
     try:
         region.madvise(mmap.MADV_HUGEPAGE, shift, nbytes)
-    except OSError:  # a kernel without transparent huge pages: 4 KiB pages, still aligned
+    except (AttributeError, OSError):  # no THP here (off Linux, or a kernel without it): small pages, aligned
         pass
     return raw[shift:shift + nbytes].view(dtype)
