@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ds_comm._exit_teardown import register_exit_teardown
 from ds_comm._launch_env import LaunchInfo, discover
 from ds_comm.accelerator import get_accelerator
 
@@ -70,6 +71,8 @@ def init_distributed(
         world_size: explicit world size.
 
     Idempotent: when the default group exists nothing changes (the timeout is still recorded).
+    Either way the groups are destroyed at normal interpreter exit (see `ds_comm._exit_teardown`: gloo
+    can otherwise abort a finished process with SIGABRT); an explicit `destroy_process_group` first is fine.
     """
     state.timeout = timeout if timeout is not None else default_timeout()
     if config is not None:
@@ -79,6 +82,7 @@ def init_distributed(
     if dist_init_required is False:
         return
     if dist.is_initialized():
+        register_exit_teardown()
         return
     info = discover(auto_mpi_discovery=auto_mpi_discovery, default_port=distributed_port)
     if rank >= 0 or world_size > 0:
@@ -95,6 +99,7 @@ def init_distributed(
                     info.source, info.master_addr, info.master_port)
     dist.init_process_group(backend=backend, init_method=init_method or "env://", rank=info.rank,
                             world_size=info.world_size, timeout=state.timeout)
+    register_exit_teardown()
 
 
 def get_local_rank() -> int:
