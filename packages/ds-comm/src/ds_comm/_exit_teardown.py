@@ -19,10 +19,12 @@ A watchdog bounds the teardown anyway (an async collective that nobody waited on
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 import torch.distributed as dist
 
@@ -50,15 +52,30 @@ def _ended_by_exception() -> bool:
 def _destroy_at_exit() -> None:
     if _ended_by_exception() or not dist.is_initialized():
         return
-    watchdog = threading.Timer(TEARDOWN_LIMIT_S, _give_up)
-    watchdog.daemon = True
-    watchdog.start()
+    cancel = _start_watchdog()
     try:
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a failed teardown must not mask how the script ended
         logger.warning("destroying the process groups at exit failed: %s", exc)
     finally:
-        watchdog.cancel()
+        cancel()
+
+
+def _start_watchdog() -> Callable[[], None]:
+    """Arm the limit; returns its cancel. A thread where Python allows one at exit, else faulthandler.
+
+    Python 3.12 refuses new threads once shutdown began ("can't create new thread at interpreter
+    shutdown"); faulthandler's C watchdog still works there: it prints the stacks (ours names
+    `_destroy_at_exit`) and exits with status 1.
+    """
+    watchdog = threading.Timer(TEARDOWN_LIMIT_S, _give_up)
+    watchdog.daemon = True
+    try:
+        watchdog.start()
+    except RuntimeError:
+        faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)
+        return faulthandler.cancel_dump_traceback_later
+    return watchdog.cancel
 
 
 def _give_up() -> None:

@@ -1,7 +1,8 @@
 """Started twice (ranks 0 and 1) by test_dist_exit.py: init through ds_comm, collectives, then end as told.
 
 argv[1] picks the ending: `normal` (fall off the end), `raise` (uncaught exception), `stray` (rank 0 leaves
-an async all-reduce that rank 1 never joins, then ends normally). A hook registered before
+an async all-reduce that rank 1 never joins, then ends normally), `stray-nothread` (the same where Python
+refuses to start threads at exit, as 3.12 does). A hook registered before
 `init_distributed` runs after ds_comm's own exit hook (atexit is last-in, first-out) and prints whether the
 default group still exists at that point.
 """
@@ -29,7 +30,14 @@ for _ in range(5):
     del partial
 if ending == "raise":
     raise RuntimeError("the script failed here")
-if ending == "stray":
+if ending == "stray-nothread":
+    import threading
+
+    def _refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    threading.Timer.start = _refuse  # type: ignore[method-assign]
+if ending.startswith("stray"):
     if rank == 0:
         ds_comm.all_reduce(torch.ones(4), async_op=True)  # rank 1 never joins it
     else:
