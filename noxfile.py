@@ -59,10 +59,13 @@ def _pip_config() -> dict[str, str]:
 
 def _point_uv_where_pip_looks() -> None:
     config = _pip_config()
-    for pip_key, uv_var in (("find-links", "UV_FIND_LINKS"), ("index-url", "UV_INDEX_URL"),
-                            ("extra-index-url", "UV_EXTRA_INDEX_URL")):
+    # uv wants find-links comma-separated and fails on a missing directory (pip: spaces, a warning).
+    links = [f for f in config.get("find-links", "").split() if "://" in f or Path(f).is_dir()]
+    if links:
+        os.environ.setdefault("UV_FIND_LINKS", ",".join(links))
+    for pip_key, uv_var in (("index-url", "UV_INDEX_URL"), ("extra-index-url", "UV_EXTRA_INDEX_URL")):
         if config.get(pip_key):
-            os.environ.setdefault(uv_var, config[pip_key])
+            os.environ.setdefault(uv_var, config[pip_key])  # space-separated for both
     os.environ.setdefault("UV_INDEX_STRATEGY", "unsafe-best-match")
     os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 

@@ -7,9 +7,8 @@ to do so. If the script has ended meanwhile, CPython is finalizing: it ends that
 `pthread_exit` inside a `noexcept` C++ destructor and the process dies of SIGABRT ("terminate called without
 an active exception") after a run that succeeded. DeepSpeed-style scripts never call
 `destroy_process_group`, so ds does it for them from an `atexit` hook: destroying the groups joins the
-workers while the interpreter is still whole. (Seen in CI: 2-rank launches of a finished script died of
-SIGABRT in about 1 in 10 exits; with torch alone, 2 of 30 runs of a 2-rank loop ending in an
-all-reduce.)
+workers while the interpreter is still whole. (Seen in CI; here, 6 of 38 2-rank launches of a finished
+script died of SIGABRT, and with torch alone 2 of 30 runs of a 2-rank loop ending in an all-reduce.)
 
 Not after an uncaught exception: a collective may still be in flight then, and destroying would wait for
 peers that are not coming. The process exits at once, as it always did, so a launcher stops the job.
