@@ -14,6 +14,7 @@ from torch import nn
 
 import ds_zero
 from ds_zero import GatheredParameters, ZeroParamStatus, is_zero_param
+from ds_zero._partitioned_param import state_of
 
 
 def _mlp(seed: int = 0) -> nn.Sequential:
@@ -31,7 +32,7 @@ def test_released_parameter_answers_full_shape_dtype_numel_and_is_still_the_same
         assert p.shape == shape == p.ds_shape and p.dtype == dtype and p.numel() == numel == p.ds_numel
         assert p.ds_status is ZeroParamStatus.NOT_AVAILABLE
         assert p.ds_tensor.numel() == p.ds_numel  # world size 1: the shard is the whole parameter
-        assert p._ds_full_flat.untyped_storage().nbytes() == 0  # the full storage is released
+        assert state_of(p).full_flat.untyped_storage().nbytes() == 0  # the full storage is released
     assert sum(p.numel() for p in model.parameters()) == sum(v[3] for v in before.values())
 
 

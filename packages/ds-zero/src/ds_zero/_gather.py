@@ -29,7 +29,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._partitioned_param import ZeroParamStatus, acquire_shards, alloc_full, set_available
+from ds_zero._partitioned_param import acquire_shards, alloc_full, mark_inflight, set_available, state_of
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def _fingerprint(params: Sequence[torch.nn.Parameter], tag: int = 0) -> tuple[in
     h = tag & _MASK
     total = 0
     for p in params:
-        fp = getattr(p, "_ds_fp", None)
+        fp = state_of(p).fingerprint
         if fp is None:  # not attached to a model yet (under Init): the shape is what all ranks agree on
             fp = name_fingerprint(repr(tuple(p.ds_shape)))
         h = (h * 1_000_003 + fp) & _MASK
@@ -174,7 +174,7 @@ class GatherHandle:
         self.params = params
         self._recv = recv
         self._work = work
-        self._sizes = [p.ds_shard_numel for p in params]
+        self._sizes = [state_of(p).shard_numel for p in params]
         self._world = world
         self._label = label
         self._group = group
@@ -228,10 +228,10 @@ def gather_params(params: list[torch.nn.Parameter], *, group: ProcessGroup | Non
         check_same_gather(params, label, fp_group, seq)
     by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
     for p in params:
-        by_dtype.setdefault(p._ds_full.dtype, []).append(p)
+        by_dtype.setdefault(state_of(p).full.dtype, []).append(p)
     handles = []
     for dtype, batch in by_dtype.items():
-        device = batch[0]._ds_full.device
+        device = state_of(batch[0]).full.device
         release = acquire_shards(batch, label)  # NVMe-swapped shards are read into pinned buffers
         with torch.no_grad():
             send = torch.cat([p.ds_tensor for p in batch]) if len(batch) > 1 else batch[0].ds_tensor
@@ -244,7 +244,7 @@ def gather_params(params: list[torch.nn.Parameter], *, group: ProcessGroup | Non
                 work = ds_comm.all_gather_into_tensor(recv, send, group=group, async_op=True)
                 handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release)
         for p in batch:
-            p.ds_status = ZeroParamStatus.INFLIGHT
+            mark_inflight(p)
         if not async_op:
             handle.wait()
         handles.append(handle)

@@ -12,7 +12,14 @@ from torch import nn
 
 import ds_comm
 from ds_zero._gather import broadcast_full, gather_params
-from ds_zero._partitioned_param import ZeroParamStatus, free_full, iter_zero_params, write_shard_from_full
+from ds_zero._partitioned_param import (
+    ZeroParamStatus,
+    free_full,
+    is_zero_param,
+    iter_zero_params,
+    state_of,
+    write_shard_from_full,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +76,12 @@ class GatheredParameters:
     def __enter__(self) -> GatheredParameters:
         if not self.params:
             return self
-        managed = [p for p in self.params if p._ds_coord is not None]
-        coords = {id(p._ds_coord): p._ds_coord for p in managed}
+        managed = [p for p in self.params if state_of(p).coord is not None]
+        coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
         for coord in coords.values():
-            coord.gather_explicit([p for p in managed if p._ds_coord is coord], f"GatheredParameters "
-                                  f"({len(managed)} parameters, first {managed[0].ds_name!r})")
-        standalone = [p for p in self.params if p._ds_coord is None]
+            coord.gather_explicit([p for p in managed if state_of(p).coord is coord], f"GatheredParameters "
+                                  f"({len(managed)} parameters, first {state_of(managed[0]).name!r})")
+        standalone = [p for p in self.params if state_of(p).coord is None]
         if standalone:
             missing = [p for p in standalone if p.ds_status is not ZeroParamStatus.AVAILABLE]
             if missing:
@@ -97,15 +104,15 @@ class GatheredParameters:
                 group = self.params[0].ds_process_group
                 broadcast_full(self.params, self.modifier_rank, group)
                 for p in self.params:
-                    write_shard_from_full(p, p._ds_full)
+                    write_shard_from_full(p, state_of(p).full)
         finally:
             for p in self._standalone:
                 free_full(p)
             self._standalone = []
-            managed = [p for p in self.params if p._ds_coord is not None]
-            coords = {id(p._ds_coord): p._ds_coord for p in managed}
+            managed = [p for p in self.params if state_of(p).coord is not None]
+            coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
             for coord in coords.values():
-                coord.release_explicit([p for p in managed if p._ds_coord is coord])
+                coord.release_explicit([p for p in managed if state_of(p).coord is coord])
 
 
 def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
@@ -119,7 +126,7 @@ def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> N
     externals = module.__dict__.setdefault("_ds_external_params", [])
     if all(p is not parameter for p in externals):
         externals.append(parameter)
-    coord = getattr(parameter, "_ds_coord", None)
+    coord = state_of(parameter).coord if is_zero_param(parameter) else None
     if coord is not None:
         coord.add_external(module, parameter)
 
@@ -128,6 +135,6 @@ def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) ->
     """Undo `register_external_parameter`."""
     externals = module.__dict__.get("_ds_external_params", [])
     module.__dict__["_ds_external_params"] = [p for p in externals if p is not parameter]
-    coord = getattr(parameter, "_ds_coord", None)
+    coord = state_of(parameter).coord if is_zero_param(parameter) else None
     if coord is not None:
         coord.remove_external(module, parameter)

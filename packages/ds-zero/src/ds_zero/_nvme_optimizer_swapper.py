@@ -24,6 +24,7 @@ import torch
 
 from ds_ops.aio import AioError
 from ds_zero._nvme_files import SwapFile, claim_finalizer, io_failure, make_aio_handle
+from ds_zero._partitioned_param import state_of
 from ds_zero._stage3_partition import ShardTile
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class OptimizerSwapper:
         for k, tile in enumerate(tiles):
             tile.index, tile.swap = k, self
             for p, off in zip(tile.params, tile.offsets, strict=True):
-                p._ds_master_writer = self._master_writer(tile, off)
+                state_of(p).master_writer = self._master_writer(tile, off)
         self._write_initial_masters()
         self.num_reads = 0
         self.num_writes = 0
@@ -91,7 +92,8 @@ class OptimizerSwapper:
         record = self._files.get((tile.index, key))
         if record is None:
             name = "fp32 master" if key == _MASTER else f"optimizer state {key!r}"
-            params = ", ".join(repr(p.ds_name) for p in tile.params[:3]) + (" ..." if len(tile.params) > 3 else "")
+            names = [repr(state_of(p).name) for p in tile.params[:3]]
+            params = ", ".join(names) + (" ..." if len(tile.params) > 3 else "")
             record = SwapFile(self.dir / f"tile{tile.index}.{key}.swp",
                               f"the {name} of sub-group {tile.index} (parameters {params})")
             self._files[(tile.index, key)] = record

@@ -33,6 +33,7 @@ from ds_zero._nvme_files import (
     make_aio_handle,
     prepare_swap_dir,
 )
+from ds_zero._partitioned_param import state_of
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -121,27 +122,28 @@ class ParamSwapper:
         swapped: list[nn.Parameter] = []
         resident: list[nn.Parameter] = []
         for p in params:
-            if p._ds_swap is not None or p.ds_shard_numel == 0:
+            st = state_of(p)
+            if st.swap is not None or st.shard_numel == 0:
                 continue
-            if self.resident_numel + p.ds_shard_numel <= self.max_in_cpu:
-                self.resident_numel += p.ds_shard_numel
+            if self.resident_numel + st.shard_numel <= self.max_in_cpu:
+                self.resident_numel += st.shard_numel
                 resident.append(p)
                 continue
-            if p.ds_shard_numel > self.buffer_size:
+            if st.shard_numel > self.buffer_size:
                 raise ValueError(f"{_KEY}.buffer_size={self.buffer_size} elements is smaller than the shard of "
-                                 f"parameter {p.ds_name} ({p.ds_shard_numel} elements on each rank); raise "
+                                 f"parameter {st.name} ({st.shard_numel} elements on each rank); raise "
                                  "buffer_size to at least the largest shard")
             swapped.append(p)
-        self._compact(resident + [p for p in keep if p._ds_swap is None])
+        self._compact(resident + [p for p in keep if state_of(p).swap is None])
         for p in swapped:
             self._shards[p.ds_id] = _Shard(p, SwapFile(self.dir / f"param_{p.ds_id}.swp", ""))
         self._write([(p, p.ds_tensor) for p in swapped])
         for p in swapped:
-            p.ds_tensor = shard_placeholder(p.ds_shard_numel, p.ds_tensor.dtype)
-            p._ds_swap = self
+            p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
+            state_of(p).swap = self
         if swapped:
             logger.info("NVMe offload: %d parameter shards (%d elements) swapped to %s, %d kept in host memory",
-                        len(swapped), sum(p.ds_shard_numel for p in swapped), self.dir, len(resident))
+                        len(swapped), sum(state_of(p).shard_numel for p in swapped), self.dir, len(resident))
         return len(swapped)
 
     def _compact(self, params: list[nn.Parameter]) -> None:
@@ -152,20 +154,20 @@ class ParamSwapper:
         for p in params:
             by_dtype.setdefault(p.ds_tensor.dtype, []).append(p)
         for dtype, group in by_dtype.items():
-            flat = torch.empty(sum(p.ds_shard_numel for p in group), dtype=dtype)
+            flat = torch.empty(sum(state_of(p).shard_numel for p in group), dtype=dtype)
             if self.pin_memory:
                 flat = ds_comm.get_accelerator().pin_memory(flat)
             offset = 0
             for p in group:
-                view = flat[offset: offset + p.ds_shard_numel]
+                view = flat[offset: offset + state_of(p).shard_numel]
                 view.copy_(p.ds_tensor)
                 p.ds_tensor = view
-                offset += p.ds_shard_numel
+                offset += state_of(p).shard_numel
 
     def _pool(self, dtype: torch.dtype) -> BufferPool:
         pool = self._pools.get(dtype)
         if pool is None:
-            sizes = [s.param.ds_shard_numel for s in self._shards.values() if s.param.ds_tensor.dtype == dtype]
+            sizes = [state_of(s.param).shard_numel for s in self._shards.values() if s.param.ds_tensor.dtype == dtype]
             total = sum(aligned_numel(n, dtype) for n in sizes)
             numel = min(self.buffer_size, max(aligned_numel(max(sizes, default=1), dtype), total))
             pool = BufferPool(self.handle, count=self.buffer_count, numel=numel, dtype=dtype)
@@ -183,14 +185,14 @@ class ParamSwapper:
 
     # ---------------------------------------------------------------------------------- reads
     def _label(self, shard: _Shard) -> str:
-        return f"the shard of parameter {shard.param.ds_name!r}"
+        return f"the shard of parameter {state_of(shard.param).name!r}"
 
     def _issue_read(self, shard: _Shard, slot: Slot) -> None:
         p = shard.param
         shard.file.label = self._label(shard)
-        shard.file.check_before_read(p.ds_shard_numel * p.ds_tensor.element_size())
+        shard.file.check_before_read(state_of(p).shard_numel * p.ds_tensor.element_size())
         pool = self._pools[p.ds_tensor.dtype]
-        self.handle.async_pread(pool.view(slot, p.ds_shard_numel), shard.file.path)
+        self.handle.async_pread(pool.view(slot, state_of(p).shard_numel), shard.file.path)
         shard.slot, shard.pending, shard.verified = slot, True, False
         self.num_reads += 1
 
@@ -218,12 +220,12 @@ class ParamSwapper:
         for shard in shards:
             if shard.slot is None:
                 pool = self._pool(shard.param.ds_tensor.dtype)
-                slot = pool.alloc(shard.param.ds_shard_numel)
+                slot = pool.alloc(state_of(shard.param).shard_numel)
                 if slot is None:
                     self._drop_prefetched(keep=shards)
-                    slot = pool.alloc(shard.param.ds_shard_numel)
+                    slot = pool.alloc(state_of(shard.param).shard_numel)
                 if slot is None:
-                    need = sum(pool.reserved(s.param.ds_shard_numel) for s in shards)
+                    need = sum(pool.reserved(state_of(s.param).shard_numel) for s in shards)
                     raise ValueError(f"{_KEY}: the {pool.count} swap buffers of {pool.numel} elements cannot hold the "
                                      f"shards needed at once for {label or 'this gather'} ({len(shards)} shards, "
                                      f"{need} elements with alignment, {pool.used_numel} in use); raise buffer_count "
@@ -232,7 +234,7 @@ class ParamSwapper:
         self._settle_reads()
         for shard in shards:
             p = shard.param
-            view = self._pools[p.ds_tensor.dtype].view(shard.slot, p.ds_shard_numel)
+            view = self._pools[p.ds_tensor.dtype].view(shard.slot, state_of(p).shard_numel)
             if not shard.verified:
                 shard.file.verify(view)
                 shard.verified = True
@@ -258,7 +260,7 @@ class ParamSwapper:
             if shard.prefetched:
                 self._prefetched_numel -= shard.slot[2]
         shard.slot, shard.verified, shard.prefetched = None, False, False
-        p.ds_tensor = shard_placeholder(p.ds_shard_numel, p.ds_tensor.dtype)
+        p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
 
     def prefetch(self, params: Sequence[nn.Parameter]) -> bool:
         """Start reading the shards of `params` (no wait). False once half the pool holds prefetched shards
@@ -268,9 +270,9 @@ class ParamSwapper:
             if shard.slot is not None:
                 continue
             pool = self._pool(p.ds_tensor.dtype)
-            if self._prefetched_numel + pool.reserved(p.ds_shard_numel) > pool.capacity // 2:
+            if self._prefetched_numel + pool.reserved(state_of(p).shard_numel) > pool.capacity // 2:
                 return False
-            slot = pool.alloc(p.ds_shard_numel)
+            slot = pool.alloc(state_of(p).shard_numel)
             if slot is None:
                 return False
             try:
@@ -297,7 +299,7 @@ class ParamSwapper:
 
     # ---------------------------------------------------------------------------------- writes
     def write(self, params: Sequence[nn.Parameter], values: Sequence[torch.Tensor]) -> None:
-        """Store new shard values (each `ds_shard_numel` elements, any float dtype) in the swap files.
+        """Store new shard values (each `shard_numel` elements, any float dtype) in the swap files.
 
         A shard that is currently read in also gets the values in its buffer.
 
@@ -319,7 +321,7 @@ class ParamSwapper:
             if src.dtype != dtype or not src.is_contiguous() or src.device.type != "cpu":
                 src = src.to(device="cpu", dtype=dtype).contiguous()
             if shard.slot is not None:
-                self._pools[dtype].view(shard.slot, p.ds_shard_numel).copy_(src)
+                self._pools[dtype].view(shard.slot, state_of(p).shard_numel).copy_(src)
                 shard.verified = True
             self.handle.async_pwrite(src, shard.file.path)
             sources.append((shard, src))
@@ -334,7 +336,7 @@ class ParamSwapper:
         if shard.slot is not None and shard.users > 0:
             return param.ds_tensor.clone()
         self._settle_reads()
-        out = torch.empty(param.ds_shard_numel, dtype=param.ds_tensor.dtype)
+        out = torch.empty(state_of(param).shard_numel, dtype=param.ds_tensor.dtype)
         shard.file.label = self._label(shard)
         shard.file.check_before_read(out.numel() * out.element_size())
         self.handle.async_pread(out, shard.file.path)

@@ -34,6 +34,7 @@ from ds_zero._partitioned_param import (
     partition_param,
     set_available,
     shard_numel,
+    state_of,
     write_shard_from_full,
 )
 
@@ -125,15 +126,16 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
             saved[k] = p
         self._parameters = saved
     for p in zero.values():
-        if _is_noop(fn, p._ds_full) and _is_noop(fn, p.ds_tensor):
+        st = state_of(p)
+        if _is_noop(fn, st.full) and _is_noop(fn, p.ds_tensor):
             continue
-        if p._ds_master is not None or p._ds_master_writer is not None:
-            raise ValueError(f"cannot convert partitioned parameter {p.ds_name} ({p._ds_full.dtype} on "
-                             f"{p._ds_full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "
+        if st.master is not None or st.master_writer is not None:
+            raise ValueError(f"cannot convert partitioned parameter {st.name} ({st.full.dtype} on "
+                             f"{st.full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "
                              "on the model before building DeepSpeedZeroOptimizer_Stage3")
-        old_key = p._ds_full_flat.untyped_storage()._cdata
+        old_key = st.full_flat.untyped_storage()._cdata
         convert_param(p, fn)
-        coord = p._ds_coord
+        coord = st.coord
         if coord is not None:
             coord.storage_replaced(old_key, p)
     return self
@@ -142,7 +144,7 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
 def _unmanaged_guard(module: nn.Module, args: Any) -> None:
     """Refuse a forward over released parameters that no stage-3 coordinator will gather (it would give NaN)."""
     for name, p in module._parameters.items():
-        if is_zero_param(p) and p._ds_coord is None and p.ds_status is not ZeroParamStatus.AVAILABLE:
+        if is_zero_param(p) and state_of(p).coord is None and p.ds_status is not ZeroParamStatus.AVAILABLE:
             raise RuntimeError(
                 f"{type(module).__name__}.{name} is partitioned (ds_zero.Init / partition_model) but nothing gathers "
                 "it for this forward: wrap the model first (ds_zero.DeepSpeedZeroOptimizer_Stage3, "
@@ -205,6 +207,6 @@ def _load_post_hook(module: nn.Module, incompatible_keys: Any) -> None:
         return
     module._ds_loading = []
     for p, was_available in loading:
-        write_shard_from_full(p, p._ds_full)
+        write_shard_from_full(p, state_of(p).full)
         if not was_available:
             free_full(p)

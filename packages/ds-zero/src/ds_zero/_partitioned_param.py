@@ -8,7 +8,7 @@ and `named_parameters()` keep working), and its `.data` switches between two ten
   `dtype`, `device` and `numel()` are the logical values, the tensor costs one element, reading it gives
   NaN (visible, never silently plausible numbers), and writing into it raises torch's "more than one
   element of the written-to tensor refers to a single memory location" error.
-* available: `_ds_full`, a tensor over a storage this module owns. Releasing it shrinks that storage to 0
+* available: `ZeroParamState.full`, a tensor over a storage this module owns. Releasing it shrinks that storage to 0
   bytes (`untyped_storage().resize_(0)`) and gathering grows and refills the *same* storage, so views that
   autograd saved during forward (`weight.t()` inside `F.linear`) read the refilled values in backward and
   the memory really is freed in between (a plain `.data` swap would keep the old storage alive through
@@ -18,15 +18,24 @@ The local shard and partition metadata are reachable with DeepSpeed's attribute 
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
 `ds_process_group`. Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
 `s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
+
+[Note: user-facing attributes vs internal state]
+Only those DeepSpeed names live on the parameter, as plain attributes (code written for DeepSpeed, such
+as HF transformers, reads and sets them directly; a property would need a Parameter subclass, which
+changes `type(param)` for everyone). Everything else this package tracks per parameter (the full
+storage, use count, owning coordinator, NVMe swapper, optimizer slots, ...) is one `ZeroParamState`
+reached through `state_of(param)`: a typed, slotted record, like FSDP2's per-parameter `FSDPParam`. No
+value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -36,7 +45,7 @@ import ds_comm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ZeroParamStatus", "is_zero_param"]
+__all__ = ["ZeroParamState", "ZeroParamStatus", "is_zero_param", "state_of"]
 
 _ids = itertools.count()
 
@@ -50,6 +59,51 @@ class ZeroParamStatus(enum.Enum):
     """Released: only `ds_tensor` (this rank's shard) holds values."""
     INFLIGHT = 3
     """An all-gather into the full storage has been issued and not yet waited on."""
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class ZeroParamState:
+    """This package's bookkeeping for one partitioned parameter on this rank (`state_of(param)`)."""
+
+    name: str
+    """The parameter's name in its model (`named_parameters()`), once a coordinator adopted it; until
+    then a placeholder naming its id and shape. Checkpoints and error messages use it."""
+    shard_numel: int
+    """Elements of `ds_tensor`: `ceil(ds_numel / world_size)`."""
+    world_size: int
+    """Ranks of `ds_process_group` the parameter is split across."""
+    rank: int
+    """This rank's index in `ds_process_group` (which slice `ds_tensor` holds)."""
+    offload: bool
+    """The shard lives on another device than the full values (parameter offload)."""
+    full_flat: torch.Tensor
+    """The owned, padded (`shard_numel * world_size`) flat storage the full values are gathered into; 0
+    bytes while released."""
+    full: torch.Tensor
+    """`full_flat[:ds_numel]` viewed in `ds_shape`: what `.data` points at while available."""
+    placeholder: torch.Tensor
+    """One NaN element expanded to `ds_shape`: what `.data` points at while released."""
+    active: int = 0
+    """Running modules, `GatheredParameters` blocks and on-demand reads using the full values now."""
+    coord: Any = None
+    """The `ParamCoordinator` that schedules the parameter's gathers (None: not yet adopted by a model)."""
+    fingerprint: int | None = None
+    """Hash of `name` for the gather check (None before a coordinator named it: the shape is used)."""
+    master: torch.Tensor | None = None
+    """The fp32 master slice the stage-3 optimizer keeps for this shard (None: none, or swapped to NVMe)."""
+    master_writer: Callable[[torch.Tensor], None] | None = None
+    """Writes a new fp32 master slice when the master is swapped to NVMe (optimizer offload)."""
+    swap: Any = None
+    """The `ParamSwapper` holding the shard on NVMe (offload_param.device="nvme"); None: `ds_tensor` holds it."""
+    grad_bucket: int | None = None
+    """Index of the gradient reduce bucket the parameter's gradient goes to."""
+    grad_slot: tuple[torch.Tensor, int] | None = None
+    """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
+
+
+def state_of(param: torch.nn.Parameter) -> ZeroParamState:
+    """The internal state of a partitioned parameter (see [Note: user-facing attributes vs internal state])."""
+    return param._ds_state
 
 
 def is_zero_param(param: Any) -> bool:
@@ -68,7 +122,8 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) ->
 
 
 def _storage_bytes(param: torch.nn.Parameter) -> int:
-    return param.ds_shard_numel * param.ds_world_size * param._ds_full.element_size()
+    st = state_of(param)
+    return st.shard_numel * st.world_size * st.full.element_size()
 
 
 def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
@@ -108,60 +163,59 @@ def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, sh
     param.ds_id = next(_ids)
     param.ds_shape = data.shape
     param.ds_numel = numel
-    param.ds_shard_numel = s
-    param.ds_world_size = world
-    param.ds_rank = rank
     param.ds_process_group = group
     param.ds_tensor = shard
     param.ds_persist = False
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
-    param.ds_name = f"<parameter {param.ds_id} of shape {tuple(data.shape)}>"
-    param._ds_active = 0
-    param._ds_coord = None
-    param._ds_master = None
-    param._ds_master_writer = None  # set when the fp32 master is swapped to NVMe (optimizer offload)
-    param._ds_swap = None  # the ParamSwapper holding the shard on NVMe (offload_param.device="nvme")
-    param._ds_offload = shard_device != compute_device
-    _make_full_storage(param, compute_device, target)
-    param.data = param._ds_placeholder
+    full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
+    param._ds_state = ZeroParamState(name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>", shard_numel=s,
+                                     world_size=world, rank=rank, offload=shard_device != compute_device,
+                                     full_flat=full_flat, full=full, placeholder=placeholder)
+    param.data = placeholder
     del data, flat
 
 
-def _make_full_storage(param: torch.nn.Parameter, device: torch.device, dtype: torch.dtype) -> None:
-    """(Re)create the owned full-size storage, released, plus the placeholder, on `device` in `dtype`."""
-    padded = param.ds_shard_numel * param.ds_world_size
+def _full_storage(padded: int, shape: torch.Size, device: torch.device,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A new owned full-size storage, released: (padded flat tensor, full-shape view, placeholder)."""
     full_flat = torch.empty(padded, dtype=dtype, device=device)
-    param._ds_full_flat = full_flat
-    param._ds_full = full_flat[: param.ds_numel].view(param.ds_shape)
+    full = full_flat[: math.prod(shape)].view(shape)
     full_flat.untyped_storage().resize_(0)  # views made first: a view of a 0-byte storage cannot be created
-    param._ds_placeholder = _placeholder(param.ds_shape, dtype, device)
+    return full_flat, full, _placeholder(shape, dtype, device)
 
 
 def alloc_full(param: torch.nn.Parameter) -> torch.Tensor:
     """Give the full storage its bytes (contents undefined); returns the padded flat view to fill."""
-    storage = param._ds_full_flat.untyped_storage()
+    full_flat = state_of(param).full_flat
+    storage = full_flat.untyped_storage()
     need = _storage_bytes(param)
     if storage.nbytes() != need:
         storage.resize_(need)
-    return param._ds_full_flat
+    return full_flat
+
+
+def mark_inflight(param: torch.nn.Parameter) -> None:
+    """A gather into the full storage has been issued and not yet waited on."""
+    param.ds_status = ZeroParamStatus.INFLIGHT
 
 
 def set_available(param: torch.nn.Parameter) -> None:
     """Point `.data` at the filled full tensor."""
-    param.data = param._ds_full
+    param.data = state_of(param).full
     param.ds_status = ZeroParamStatus.AVAILABLE
 
 
 def free_full(param: torch.nn.Parameter) -> None:
     """Release: `.data` back to the placeholder, full storage shrunk to 0 bytes."""
-    param.data = param._ds_placeholder
-    param._ds_full_flat.untyped_storage().resize_(0)
+    st = state_of(param)
+    param.data = st.placeholder
+    st.full_flat.untyped_storage().resize_(0)
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
 def full_bytes_held(param: torch.nn.Parameter) -> int:
     """Bytes the full storage holds right now (0 when released)."""
-    return param._ds_full_flat.untyped_storage().nbytes()
+    return state_of(param).full_flat.untyped_storage().nbytes()
 
 
 def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
@@ -170,22 +224,23 @@ def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None
     A shard or master swapped to NVMe is written to its swap file.
     """
     flat = full.reshape(-1)
-    s, rank, numel = param.ds_shard_numel, param.ds_rank, param.ds_numel
+    st = state_of(param)
+    s, rank, numel = st.shard_numel, st.rank, param.ds_numel
     start, end = min(rank * s, numel), min((rank + 1) * s, numel)
     with torch.no_grad():
         piece = flat[start:end]
-        if param._ds_swap is not None:
+        if st.swap is not None:
             padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
             padded[: end - start].copy_(piece)
-            param._ds_swap.write([param], [padded])
+            st.swap.write([param], [padded])
         else:
             param.ds_tensor[: end - start].copy_(piece)
             param.ds_tensor[end - start:].zero_()
-        master = param._ds_master
-        if param._ds_master_writer is not None:
+        master = st.master
+        if st.master_writer is not None:
             padded32 = torch.zeros(s, dtype=torch.float32)
             padded32[: end - start].copy_(piece)
-            param._ds_master_writer(padded32)
+            st.master_writer(padded32)
         elif master is not None and master is not param.ds_tensor:
             master[: end - start].copy_(piece)
             master[end - start:].zero_()
@@ -193,29 +248,31 @@ def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None
 
 def shard_values(param: torch.nn.Parameter) -> torch.Tensor:
     """This rank's shard, readable: `ds_tensor`, or a fresh copy read from its NVMe swap file."""
-    if param._ds_swap is None:
+    swap = state_of(param).swap
+    if swap is None:
         return param.ds_tensor
-    return param._ds_swap.read_copy(param)
+    return swap.read_copy(param)
 
 
 def _by_swapper(params: Iterable[torch.nn.Parameter]) -> list[tuple[Any, list[torch.nn.Parameter]]]:
     groups: dict[int, tuple[Any, list[torch.nn.Parameter]]] = {}
     for p in params:
-        swap = p._ds_swap
+        swap = state_of(p).swap
         if swap is not None:
             groups.setdefault(id(swap), (swap, []))[1].append(p)
     return list(groups.values())
 
 
 def write_shards(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> None:
-    """Set the shards of `params` to `values` (each `ds_shard_numel` elements); swapped ones go to NVMe."""
+    """Set the shards of `params` to `values` (each `shard_numel` elements); swapped ones go to NVMe."""
     swapped: dict[int, tuple[Any, list[torch.nn.Parameter], list[torch.Tensor]]] = {}
     with torch.no_grad():
         for p, v in zip(params, values, strict=True):
-            if p._ds_swap is None:
+            swap = state_of(p).swap
+            if swap is None:
                 p.ds_tensor.copy_(v)
             else:
-                entry = swapped.setdefault(id(p._ds_swap), (p._ds_swap, [], []))
+                entry = swapped.setdefault(id(swap), (swap, [], []))
                 entry[1].append(p)
                 entry[2].append(v)
     for swap, ps, vs in swapped.values():
@@ -259,28 +316,30 @@ def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
     parameter that was available (persistent, or gathered) is converted and stays available.
     """
     available = param.ds_status is ZeroParamStatus.AVAILABLE
+    st = state_of(param)
     with torch.no_grad():
-        full = fn(param._ds_full) if available else None
-        if param._ds_swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
+        full = fn(st.full) if available else None
+        if st.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
             probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
             if probe.dtype != param.ds_tensor.dtype:
-                raise ValueError(f"cannot convert partitioned parameter {param.ds_name} to {probe.dtype}: its shard is "
+                raise ValueError(f"cannot convert partitioned parameter {st.name} to {probe.dtype}: its shard is "
                                  "swapped to NVMe (offload_param.device='nvme') in "
                                  f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
                                  "it is partitioned")
         else:
             shard = fn(param.ds_tensor)
-            if param._ds_offload and shard.device != param.ds_tensor.device:
+            if st.offload and shard.device != param.ds_tensor.device:
                 shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
             param.ds_tensor = shard
-        probe = fn(torch.empty(0, dtype=param._ds_full.dtype, device=param._ds_full.device))
-        _make_full_storage(param, probe.device, probe.dtype)
+        probe = fn(torch.empty(0, dtype=st.full.dtype, device=st.full.device))
+        st.full_flat, st.full, st.placeholder = _full_storage(st.shard_numel * st.world_size, param.ds_shape,
+                                                              probe.device, probe.dtype)
         if full is not None:
             alloc_full(param)
-            param._ds_full.copy_(full)
+            st.full.copy_(full)
             set_available(param)
         else:
-            param.data = param._ds_placeholder
+            param.data = st.placeholder
 
 
 def iter_zero_params(params: Iterable[Any]) -> list[torch.nn.Parameter]:
@@ -307,7 +366,7 @@ class ZeroParamDict(dict):
     def __getitem__(self, key: str) -> Any:
         param = dict.__getitem__(self, key)
         if param is not None and getattr(param, "ds_status", None) not in (None, ZeroParamStatus.AVAILABLE):
-            coord = param._ds_coord
+            coord = state_of(param).coord
             if coord is not None:
                 coord.fetch_on_access(param)
         return param

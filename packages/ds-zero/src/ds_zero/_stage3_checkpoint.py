@@ -30,7 +30,7 @@ from ds_zero._checkpoint_format import (
     partition_metadata,
 )
 from ds_zero._gathered_parameters import GatheredParameters
-from ds_zero._partitioned_param import is_zero_param
+from ds_zero._partitioned_param import is_zero_param, state_of
 from ds_zero._stage12_state import as_state_dict_list
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def _partitions(opt: DeepSpeedZeroOptimizer_Stage3) -> list[ShardTile]:
 def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
     """This rank's dict (see the module docstring); fp32 values are copies, optimizer state is referenced."""
     parts = _partitions(opt)
-    dtypes = [p._ds_full.dtype for part in opt.partitions for p in part.params]
+    dtypes = [state_of(p).full.dtype for part in opt.partitions for p in part.params]
     model_dtype = dtypes[0] if dtypes else torch.float32
     return {
         "ds_zero_format": FORMAT_VERSION,
@@ -86,7 +86,7 @@ def load_stage3_state_dicts(opt: DeepSpeedZeroOptimizer_Stage3, state_dicts: Any
         if not tile.params:
             continue
         frozen = tile.master is None
-        if frozen and any(p.ds_name not in index.param_shapes for p in tile.params):
+        if frozen and any(state_of(p).name not in index.param_shapes for p in tile.params):
             logger.info("stage 3: the checkpoint has no partitions of the frozen parameters; they keep their values")
             continue
         if frozen or load_from_fp32_weights:

@@ -29,7 +29,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._gather import GatherHandle, check_same_gather, gather_params, name_fingerprint, report_deviation
-from ds_zero._partitioned_param import ZeroParamStatus, free_full, prefetch_shards
+from ds_zero._partitioned_param import ZeroParamStatus, free_full, prefetch_shards, state_of
 from ds_zero._stage3_trace import ExecutionTrace
 from ds_zero._stage3_units import GatherUnit, UnitRegistry
 
@@ -78,7 +78,7 @@ class ParamCoordinator:
         self._prefetch_cursor = 0
         self._read_cursor = 0
         # NVMe-swapped shards (offload_param.device="nvme"): read ahead along the trace, dropped when it breaks
-        swappers = {id(p._ds_swap): p._ds_swap for p in self.params if p._ds_swap is not None}
+        swappers = {id(s.swap): s.swap for s in map(state_of, self.params) if s.swap is not None}
         self.swappers: list[Any] = list(swappers.values())
         self._saved_hooks: Any = None
         self.end_of_backward_callbacks: list[Any] = []
@@ -133,7 +133,7 @@ class ParamCoordinator:
             trace.valid = False
             self._left_trace(None, expected)
         for p in self._held:
-            p._ds_active -= 1
+            state_of(p).active -= 1
         self._held.clear()
         self.release_unused()
         if self._trace is not None:
@@ -230,7 +230,7 @@ class ParamCoordinator:
             for p in ahead:
                 self._prefetched[p.ds_id] = p
         for p in unit.params:
-            p._ds_active += 1
+            state_of(p).active += 1
             self._prefetched.pop(p.ds_id, None)
             self._retained.pop(p.ds_id, None)
         if following:
@@ -243,7 +243,8 @@ class ParamCoordinator:
         cursor = max(self._read_cursor, trace.pos)
         for position in trace.upcoming(cursor):
             unit = self.units[trace.unit_at(position)]
-            cand = [p for p in unit.params if p._ds_swap is not None and p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
+            cand = [p for p in unit.params
+                    if state_of(p).swap is not None and p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
             if cand and not prefetch_shards(cand):
                 break
             cursor = position + 1
@@ -303,8 +304,8 @@ class ParamCoordinator:
     def _release(self, unit: GatherUnit) -> None:
         trace = self._trace
         for p in unit.params:
-            p._ds_active -= 1
-            if p._ds_active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
+            state_of(p).active -= 1
+            if state_of(p).active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
                 continue
             distance = trace.reuse_distance(p.ds_id) if trace is not None else None
             if distance is not None and distance <= self.max_reuse_distance:
@@ -324,7 +325,7 @@ class ParamCoordinator:
         for pool in (self._retained, self._prefetched):
             while pool and self.live_numel + need > self.max_live_parameters:
                 pid, p = next(iter(pool.items()))
-                if p._ds_active > 0:
+                if state_of(p).active > 0:
                     pool.pop(pid)
                 else:
                     self._free(p)
@@ -332,7 +333,7 @@ class ParamCoordinator:
     def _drop_predictions(self) -> None:
         """The trace stopped matching: parameters kept because of it go."""
         for p in list(self._retained.values()):
-            if p._ds_active == 0:
+            if state_of(p).active == 0:
                 self._free(p)
         self._retained.clear()
         self._drop_reads()
@@ -383,7 +384,7 @@ class ParamCoordinator:
             if p.ds_status is ZeroParamStatus.INFLIGHT:
                 self._wait(p)
         for p in self.params:
-            if not p.ds_persist and p._ds_active == 0 and p.ds_status is ZeroParamStatus.AVAILABLE:
+            if not p.ds_persist and state_of(p).active == 0 and p.ds_status is ZeroParamStatus.AVAILABLE:
                 self._free(p)
         self._retained.clear()
         self._prefetched.clear()
@@ -401,21 +402,21 @@ class ParamCoordinator:
         where = self.registry.name_of(entry[0]) if entry else "backward"
         if param.ds_status is ZeroParamStatus.NOT_AVAILABLE:
             self._make_room(param.ds_numel)
-            self._issue([param], f"parameter {param.ds_name!r} read in module {where!r}", async_op=False,
+            self._issue([param], f"parameter {state_of(param).name!r} read in module {where!r}", async_op=False,
                         checked=True)
-        param._ds_active += 1
+        state_of(param).active += 1
         if entry is not None and not param.ds_persist:
             unit = self.add_external(entry[0], param)
             if unit is not None and not entry[2]:
                 entry[1], entry[2] = unit, True
                 for p in unit.params:
                     if p is not param:
-                        p._ds_active += 1
+                        state_of(p).active += 1
             if unit is None:
                 self._held.append(param)
         else:
             self._held.append(param)
-        logger.debug("stage 3: gathered %s on access from %s", param.ds_name, where)
+        logger.debug("stage 3: gathered %s on access from %s", state_of(param).name, where)
 
     def gather_explicit(self, params: list[nn.Parameter], label: str) -> None:
         """Gather `params` and hold them until `release_explicit` (GatheredParameters)."""
@@ -427,7 +428,7 @@ class ParamCoordinator:
             self._make_room(sum(p.ds_numel for p in missing))
             self._issue(missing, label, async_op=False, checked=True)
         for p in params:
-            p._ds_active += 1
+            state_of(p).active += 1
             self._prefetched.pop(p.ds_id, None)
             self._retained.pop(p.ds_id, None)
 
@@ -440,8 +441,8 @@ class ParamCoordinator:
 
     def release_explicit(self, params: list[nn.Parameter]) -> None:
         for p in params:
-            p._ds_active -= 1
-            if p._ds_active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE \
+            state_of(p).active -= 1
+            if state_of(p).active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE \
                     and not self.running:
                 self._free(p)
 
@@ -465,9 +466,9 @@ class ParamCoordinator:
                 self._wait(param)
             else:
                 self._make_room(param.ds_numel)
-                self._issue([param], f"parameter {param.ds_name!r} needed by backward", async_op=False,
+                self._issue([param], f"parameter {state_of(param).name!r} needed by backward", async_op=False,
                             checked=True)
-                logger.debug("stage 3: backward needed %s before any hook gathered it", param.ds_name)
-            param._ds_active += 1
+                logger.debug("stage 3: backward needed %s before any hook gathered it", state_of(param).name)
+            state_of(param).active += 1
             self._held.append(param)
-        return param._ds_full.as_strided(size, stride, offset)
+        return state_of(param).full.as_strided(size, stride, offset)

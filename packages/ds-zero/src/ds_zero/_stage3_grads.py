@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._partitioned_param import state_of
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class GradReducer:
     """Buckets, reduce-scatters and accumulates the gradients of partitioned parameters.
 
     Args:
-        params: trainable partitioned parameters; each has `_ds_grad_slot = (master, offset)`, the fp32
+        params: trainable partitioned parameters; each has `state_of(p).grad_slot = (master, offset)`, the fp32
             master flat tensor and the offset of its shard in it.
         group: the data-parallel group.
         reduce_bucket_size: elements per reduce-scatter (a larger parameter gets a bucket of its own).
@@ -66,7 +67,7 @@ class GradReducer:
         self.buckets = _buckets(params, max(1, reduce_bucket_size))
         for index, bucket in enumerate(self.buckets):
             for p in bucket:
-                p._ds_bucket = index
+                state_of(p).grad_bucket = index
         self._arrived = [0] * len(self.buckets)
         self._seen: set[int] = set()
         self._late: set[int] = set()
@@ -81,7 +82,7 @@ class GradReducer:
         if param.grad is None:
             return
         self._active = True
-        index = param._ds_bucket
+        index = state_of(param).grad_bucket
         if index < self._next:  # a second gradient after its bucket went (reentrant checkpointing)
             self._late.add(index)
             return
@@ -95,9 +96,9 @@ class GradReducer:
     def _reduce(self, params: list[nn.Parameter]) -> None:
         world = self.world
         dtype = self.comm_dtype or params[0].dtype
-        sizes = [p.ds_shard_numel for p in params]
+        sizes = [state_of(p).shard_numel for p in params]
         total = sum(sizes)
-        device = params[0]._ds_full.device
+        device = state_of(params[0]).full.device
         inp = torch.empty(world, total, dtype=dtype, device=device)
         offset = 0
         with torch.no_grad():
@@ -136,7 +137,7 @@ class GradReducer:
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
-                master, moff = p._ds_grad_slot
+                master, moff = state_of(p).grad_slot
                 if master.grad is None:
                     # every bucket is reduced once per backward and the shards tile the master, so each
                     # slice is written exactly once before it is read: no need to zero it first

@@ -13,7 +13,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._nvme_param_swapper import ParamSwapper
 from ds_zero._partitioned_module import partition_module, remove_guard
-from ds_zero._partitioned_param import iter_zero_params
+from ds_zero._partitioned_param import is_zero_param, iter_zero_params, state_of
 from ds_zero._stage3_coordinator import ParamCoordinator
 from ds_zero._stage3_hooks import install_hooks
 
@@ -93,8 +93,8 @@ class DeepSpeedZeRoOffload:
                          pin_memory=offload.pin_memory and offload.device == "cpu")
         params = iter_zero_params(module.parameters())
         for p in params:
-            if p.ds_world_size != self.world_size:
-                raise ValueError(f"parameter {tuple(p.ds_shape)} was partitioned over {p.ds_world_size} ranks but the "
+            if (world := state_of(p).world_size) != self.world_size:
+                raise ValueError(f"parameter {tuple(p.ds_shape)} was partitioned over {world} ranks but the "
                                  f"data-parallel group has {self.world_size}; use the same group in ds_zero.Init "
                                  "(data_parallel_group=) and here (dp_group=)")
         self.gather_group = self._new_group()
@@ -165,7 +165,7 @@ class DeepSpeedZeRoOffload:
 def _swapper_of(module: nn.Module) -> ParamSwapper | None:
     """The ParamSwapper holding some of `module`'s shards already (from ds_zero.Init), if any."""
     for p in module.parameters():
-        swapper = getattr(p, "_ds_swap", None)
+        swapper = state_of(p).swap if is_zero_param(p) else None
         if swapper is not None:
             return swapper
     return None

@@ -17,7 +17,7 @@ from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
 from ds_zero._nvme_files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme_optimizer_swapper import OptimizerSwapper
 from ds_zero._param_names import ParamNames
-from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param, write_shards
+from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
 from ds_zero._stage3_checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3_grads import GradReducer
 from ds_zero._stage3_module import DeepSpeedZeRoOffload, as_zero_config
@@ -143,7 +143,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         untrained = [p for p in self.coordinator.params if p.requires_grad and id(p) not in trained_ids]
         if untrained:
             logger.warning("stage 3: %d trainable parameters of the module are not in the optimizer (first: %s); "
-                           "their gradients are not reduced", len(untrained), untrained[0].ds_name)
+                           "their gradients are not reduced", len(untrained), state_of(untrained[0]).name)
         ordered = [p for p in self.coordinator.params if id(p) in trained_ids]
         self.reducer = GradReducer(ordered, group=dp_group, reduce_bucket_size=cfg.reduce_bucket_size,
                                    communication_dtype=communication_dtype,
@@ -161,7 +161,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.zero_stage = 3
         self.dp_world_size = self.world_size
         self.shared_params = names.shared_params()
-        self.frozen_param_shapes = {p.ds_name: list(p.ds_shape) for p in self.frozen.params}
+        self.frozen_param_shapes = {state_of(p).name: list(p.ds_shape) for p in self.frozen.params}
         self.flats = self.partitions
 
     def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
@@ -171,12 +171,12 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         for gi, group in enumerate(self.optimizer.param_groups):
             trainable = []
             for p in group["params"]:
-                if not is_zero_param(p) or p._ds_coord is not self.coordinator:
+                if not is_zero_param(p) or state_of(p).coord is not self.coordinator:
                     raise ValueError(f"optimizer param group {gi} holds a parameter of shape {tuple(p.shape)} that "
                                      "is not a parameter of the module given to DeepSpeedZeroOptimizer_Stage3; "
                                      "build the optimizer over module.parameters()")
                 if id(p) in seen:
-                    raise ValueError(f"parameter {p.ds_name} appears in more than one optimizer param group")
+                    raise ValueError(f"parameter {state_of(p).name} appears in more than one optimizer param group")
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
@@ -290,7 +290,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                     if tile.shard16() is not None:
                         tile.shard16().copy_(tile.master)
                     else:  # shards one by one (NVMe-swapped ones are written to their files)
-                        write_shards(tile.params, [tile.master[off: off + p.ds_shard_numel]
+                        write_shards(tile.params, [tile.master[off: off + state_of(p).shard_numel]
                                                    for p, off in zip(tile.params, tile.offsets, strict=True)])
 
     def refresh_gathered(self, include_frozen: bool = False) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 import ds_comm
 from ds_ops.host_memory import huge_page_zeros
 from ds_zero._partition import Fragment, ParamSlot
-from ds_zero._partitioned_param import shard_values, write_shards
+from ds_zero._partitioned_param import shard_values, state_of, write_shards
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +34,10 @@ def shard_fragments(params: list[nn.Parameter], offsets: list[int]) -> list[Frag
     """The checkpoint fragments of this rank's shards placed at `offsets` of a flat partition."""
     frags = []
     for p, off in zip(params, offsets, strict=True):
-        start = min(p.ds_rank * p.ds_shard_numel, p.ds_numel)
-        count = max(0, min(p.ds_shard_numel, p.ds_numel - start))
+        start = min(state_of(p).rank * state_of(p).shard_numel, p.ds_numel)
+        count = max(0, min(state_of(p).shard_numel, p.ds_numel - start))
         if count:
-            frags.append(Fragment(p.ds_name, start, count, off))
+            frags.append(Fragment(state_of(p).name, start, count, off))
     return frags
 
 
@@ -62,7 +62,7 @@ class ShardTile:
         return shard_fragments(self.params, self.offsets)
 
     def param_shapes(self) -> dict[str, list[int]]:
-        return {p.ds_name: list(p.ds_shape) for p in self.params}
+        return {state_of(p).name: list(p.ds_shape) for p in self.params}
 
     def attach_grad(self) -> None:
         """Point the tile's `.grad` at its slice of the partition's gradient (None when there is none)."""
@@ -81,7 +81,7 @@ class ShardTile:
         """The tile's model-dtype shards (read from NVMe when swapped), as fp32."""
         out = torch.empty(self.numel, dtype=torch.float32)
         for p, off in zip(self.params, self.offsets, strict=True):
-            out[off: off + p.ds_shard_numel].copy_(shard_values(p))
+            out[off: off + state_of(p).shard_numel].copy_(shard_values(p))
         return out
 
     def load_fp32_values(self, values: torch.Tensor) -> None:
@@ -91,7 +91,7 @@ class ShardTile:
                 self.swap.write_master(self, values)
             elif self.master is not None:
                 self.master.copy_(values)
-            write_shards(self.params, [values[off: off + p.ds_shard_numel]
+            write_shards(self.params, [values[off: off + state_of(p).shard_numel]
                                        for p, off in zip(self.params, self.offsets, strict=True)])
 
     def shard16(self) -> torch.Tensor | None:
@@ -116,7 +116,7 @@ class ShardPartition:
         self.group_index = group_index
         self.swap_master = swap_master and with_master
         self.params = params
-        self.sizes = [p.ds_shard_numel for p in params]
+        self.sizes = [state_of(p).shard_numel for p in params]
         self.offsets = []
         total = 0
         for s in self.sizes:
@@ -129,12 +129,12 @@ class ShardPartition:
             # fp32 values live in the tiles' swap files; this shape-only tensor carries the gradient partition
             self.master = torch.full((1,), float("nan")).expand(total)
             for p, off in zip(params, self.offsets, strict=True):
-                p._ds_grad_slot = (self.master, off)
+                state_of(p).grad_slot = (self.master, off)
         elif with_master:
             self.master = self._make_master(master_device)
             for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
-                p._ds_master = self.master[off: off + s]
-                p._ds_grad_slot = (self.master, off)
+                state_of(p).master = self.master[off: off + s]
+                state_of(p).grad_slot = (self.master, off)
         self.tiles = self._cut(max(1, sub_group_size))
 
     def _cut(self, tile_numel: int) -> list[ShardTile]:
@@ -152,7 +152,7 @@ class ShardPartition:
 
     def _flatten_shards(self) -> torch.Tensor | None:
         """Re-point every shard into one flat buffer when they share dtype and device."""
-        if not self.params or any(p._ds_swap is not None for p in self.params):
+        if not self.params or any(state_of(p).swap is not None for p in self.params):
             return None  # shards on NVMe are written one by one from the master
         kinds = {(p.ds_tensor.dtype, p.ds_tensor.device) for p in self.params}
         if len(kinds) != 1:
@@ -210,8 +210,8 @@ class ShardPartition:
     @property
     def slots(self) -> list[ParamSlot]:
         """The partition's parameters (name, full shape, offset of this rank's shard, full numel)."""
-        return [ParamSlot(p.ds_name, tuple(p.ds_shape), off, p.ds_numel)
+        return [ParamSlot(state_of(p).name, tuple(p.ds_shape), off, p.ds_numel)
                 for p, off in zip(self.params, self.offsets, strict=True)]
 
     def param_shapes(self) -> dict[str, list[int]]:
-        return {p.ds_name: list(p.ds_shape) for p in self.params}
+        return {state_of(p).name: list(p.ds_shape) for p in self.params}

@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from ds_zero._gather import name_fingerprint
-from ds_zero._partitioned_param import install_param_dict, is_zero_param
+from ds_zero._partitioned_param import install_param_dict, is_zero_param, state_of
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class UnitRegistry:
 
     Args:
         root: the model; every parameter in it must already be partitioned.
-        owner: the coordinator the parameters report to (`param._ds_coord`).
+        owner: the coordinator the parameters report to (`state_of(param).coord`).
         on_change: called when a unit gains or loses an external parameter (traces recompute tables).
     """
 
@@ -59,9 +59,9 @@ class UnitRegistry:
                     continue
                 if id(p) not in seen:
                     seen.add(id(p))
-                    p.ds_name = f"{mod_name}.{p_name}" if mod_name else p_name
-                    p._ds_fp = name_fingerprint(p.ds_name)
-                    p._ds_coord = owner
+                    state_of(p).name = f"{mod_name}.{p_name}" if mod_name else p_name
+                    state_of(p).fingerprint = name_fingerprint(state_of(p).name)
+                    state_of(p).coord = owner
                     self.params.append(p)
                 if not p.ds_persist:
                     own.append(p)
@@ -70,9 +70,10 @@ class UnitRegistry:
                 self._new_unit(module, own)
         for module in root.modules():
             for p in module.__dict__.get("_ds_external_params", []):
-                if is_zero_param(p) and p._ds_coord is owner:
+                if is_zero_param(p) and state_of(p).coord is owner:
                     self.add_external(module, p)
-        self._storage_index = {p._ds_full_flat.untyped_storage()._cdata: p for p in self.params if not p.ds_persist}
+        self._storage_index = {state_of(p).full_flat.untyped_storage()._cdata: p
+                               for p in self.params if not p.ds_persist}
 
     def name_of(self, module: nn.Module) -> str:
         return self._names.get(id(module), type(module).__name__)
@@ -117,4 +118,4 @@ class UnitRegistry:
         """A dtype/device conversion recreated `param`'s full storage."""
         self._storage_index.pop(old_key, None)
         if not param.ds_persist:
-            self._storage_index[param._ds_full_flat.untyped_storage()._cdata] = param
+            self._storage_index[state_of(param).full_flat.untyped_storage()._cdata] = param
