@@ -53,10 +53,6 @@ class BufferPool:
     def capacity(self) -> int:
         return self.count * self.numel
 
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.buffers)
-
     def reserved(self, n: int) -> int:
         """Elements a request for `n` occupies (rounded up to the alignment)."""
         return aligned_numel(n, self.dtype)

@@ -117,11 +117,6 @@ class OptimizerSwapper:
                     nbytes = self.max_numel * torch.empty(0, dtype=dtype).element_size()
                     buffers[key] = self.reader.new_cpu_locked_tensor(nbytes, example)
 
-    @property
-    def buffer_bytes(self) -> int:
-        """Bytes of the swap buffers held."""
-        return sum(t.numel() * t.element_size() for buffers in self._sets for t in buffers.values())
-
     def _write_initial_masters(self) -> None:
         for tile in self.tiles:
             if tile.numel:

@@ -175,11 +175,6 @@ class ParamSwapper:
             logger.info("NVMe offload: %d parameter swap buffers of %d elements (%s)", self.buffer_count, numel, dtype)
         return pool
 
-    @property
-    def buffer_bytes(self) -> int:
-        """Bytes of the pinned buffer pools."""
-        return sum(pool.nbytes for pool in self._pools.values())
-
     def swapped(self, param: nn.Parameter) -> bool:
         return param.ds_id in self._shards
 

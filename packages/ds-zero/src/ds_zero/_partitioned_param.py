@@ -213,11 +213,6 @@ def free_full(param: torch.nn.Parameter) -> None:
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
-def full_bytes_held(param: torch.nn.Parameter) -> int:
-    """Bytes the full storage holds right now (0 when released)."""
-    return state_of(param).full_flat.untyped_storage().nbytes()
-
-
 def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
     """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
 

@@ -11,6 +11,10 @@ forward and again before its backward, and released after each. Around that:
 * safety net: saved-tensor hooks replace autograd's references to gathered storage with markers that
   re-gather on unpack, so a backward that no hook anticipated still reads the right values.
 
+Those three live in their own modules (`_stage3_live.LiveParams`, `_stage3_prefetch.Prefetcher`,
+`_stage3_saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
+and the on-demand paths (a parameter read inside a forward, `GatheredParameters`).
+
 All decisions depend only on the sequence of module calls, which is the same on every rank when every
 rank runs the same modules. Gathers that follow the shared trace skip the fingerprint; the others (the
 first iteration, after a change of execution order, on-demand gathers) are checked, and a rank whose
@@ -20,6 +24,7 @@ of meeting a different collective (see `_gather`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -28,14 +33,28 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._gather import GatherHandle, check_same_gather, gather_params, name_fingerprint, report_deviation
-from ds_zero._partitioned_param import ZeroParamStatus, free_full, prefetch_shards, state_of
-from ds_zero._stage3_trace import ExecutionTrace
+from ds_zero._gather import check_same_gather, name_fingerprint, report_deviation
+from ds_zero._partitioned_param import ZeroParamStatus, state_of
+from ds_zero._stage3_live import LiveParams
+from ds_zero._stage3_prefetch import Prefetcher
+from ds_zero._stage3_saved_tensors import SavedTensorNet
+from ds_zero._stage3_trace import Event, ExecutionTrace, Phase
 from ds_zero._stage3_units import GatherUnit, UnitRegistry
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ParamCoordinator"]
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Frame:
+    """One running forward on the coordinator's module stack."""
+
+    module: nn.Module
+    unit: GatherUnit | None
+    """The module's gather unit (None: it has no partitioned parameters, only marks the nesting)."""
+    holds: bool = False
+    """Whether this call claimed `unit`'s parameters (released by the matching `post_forward`)."""
 
 
 class ParamCoordinator:
@@ -57,8 +76,6 @@ class ParamCoordinator:
         self.root = root
         self.group = group
         self.fp_group = fp_group
-        self.prefetch_bucket_size = prefetch_bucket_size
-        self.max_live_parameters = max_live_parameters
         self.max_reuse_distance = max_reuse_distance
         self._traces: dict[str, ExecutionTrace] = {}
         self.registry = UnitRegistry(root, self, self._refresh_traces)
@@ -68,23 +85,17 @@ class ParamCoordinator:
         for trace in self._traces.values():
             trace.warn_on_invalidate = log_trace_cache_warnings
         self._trace: ExecutionTrace | None = None
-        self._stack: list[list[Any]] = []  # [module, unit or None, used]
+        self._stack: list[_Frame] = []
         self._in_backward = False
         self._bwd_uses: list[GatherUnit] = []
-        self._handles: dict[int, GatherHandle] = {}
-        self._retained: dict[int, nn.Parameter] = {}
-        self._prefetched: dict[int, nn.Parameter] = {}
         self._held: list[nn.Parameter] = []
-        self._prefetch_cursor = 0
-        self._read_cursor = 0
+        self.live = LiveParams(group=group, fp_group=fp_group, max_live_parameters=max_live_parameters)
         # NVMe-swapped shards (offload_param.device="nvme"): read ahead along the trace, dropped when it breaks
         swappers = {id(s.swap): s.swap for s in map(state_of, self.params) if s.swap is not None}
-        self.swappers: list[Any] = list(swappers.values())
-        self._saved_hooks: Any = None
+        self.prefetcher = Prefetcher(self.units, self.live, prefetch_bucket_size=prefetch_bucket_size,
+                                     swappers=list(swappers.values()))
+        self.saved_tensors = SavedTensorNet(self.registry, self.live, self._hold)
         self.end_of_backward_callbacks: list[Any] = []
-        self.live_numel = 0
-        self.peak_live_numel = 0
-        self.num_gathers = 0
 
     # ----------------------------------------------------------------------------------------- units
     def _refresh_traces(self) -> None:
@@ -123,8 +134,7 @@ class ParamCoordinator:
     def _begin_iteration(self) -> None:
         self._trace = self._traces["train" if torch.is_grad_enabled() else "eval"]
         self._trace.begin()
-        self._prefetch_cursor = 0
-        self._read_cursor = 0
+        self.prefetcher.restart()
 
     def _end_iteration(self) -> None:
         trace = self._trace
@@ -144,28 +154,25 @@ class ParamCoordinator:
         if not self._stack and not self._in_backward:
             if self._trace is None:
                 self._begin_iteration()
-            if torch.is_grad_enabled() and self._saved_hooks is None:
-                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-                self._saved_hooks.__enter__()
+            if torch.is_grad_enabled():
+                self.saved_tensors.enter()
         unit = self.registry.unit_for(module)
-        entry = [module, unit, False]
-        self._stack.append(entry)
+        frame = _Frame(module, unit)
+        self._stack.append(frame)
         if unit is not None:
-            self._use(unit, 0)
-            entry[2] = True
+            self._use(unit, Phase.FORWARD)
+            frame.holds = True
 
     def post_forward(self, module: nn.Module) -> None:
         if not self._stack:
             return
-        entry = self._stack.pop()
-        while entry[0] is not module and self._stack:  # an exception skipped inner post-hooks
-            entry = self._stack.pop()
-        if entry[2]:
-            self._release(entry[1])
+        frame = self._stack.pop()
+        while frame.module is not module and self._stack:  # an exception skipped inner post-hooks
+            frame = self._stack.pop()
+        if frame.holds and frame.unit is not None:
+            self._release(frame.unit)
         if not self._stack and not self._in_backward:
-            if self._saved_hooks is not None:
-                self._saved_hooks.__exit__(None, None, None)
-                self._saved_hooks = None
+            self.saved_tensors.exit()
             if self._trace is self._traces["eval"]:
                 self._end_iteration()
 
@@ -173,7 +180,7 @@ class ParamCoordinator:
         self.ensure_backward()
         unit = self.registry.unit_for(module)
         if unit is not None:
-            self._use(unit, 1)
+            self._use(unit, Phase.BACKWARD)
             self._bwd_uses.append(unit)
 
     def post_backward(self, module: nn.Module) -> None:
@@ -207,7 +214,7 @@ class ParamCoordinator:
             self._end_iteration()
 
     # ---------------------------------------------------------------------------- gather and release
-    def _use(self, unit: GatherUnit, phase: int) -> None:
+    def _use(self, unit: GatherUnit, phase: Phase) -> None:
         trace = self._trace
         if trace is not None:
             was_valid = trace.valid
@@ -217,198 +224,69 @@ class ParamCoordinator:
         if not unit.params:
             return
         following = trace is not None and trace.valid
-        for p in unit.params:
-            if p.ds_status is ZeroParamStatus.INFLIGHT:
-                self._wait(p)
-        missing = [p for p in unit.params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
-        if missing:
-            self._make_room(sum(p.ds_numel for p in missing))
-            ahead, names = self._prefetch_batch(trace, sum(p.ds_numel for p in missing)) if following else ([], [])
-            # the units right after this one ride along in the same collective (fewer, larger gathers)
-            self._issue(missing + ahead, f"module {unit.name!r}" + (f" and {names}" if names else ""),
-                        async_op=False)
-            for p in ahead:
-                self._prefetched[p.ds_id] = p
-        for p in unit.params:
-            state_of(p).active += 1
-            self._prefetched.pop(p.ds_id, None)
-            self._retained.pop(p.ds_id, None)
+        # the units right after this one ride along in the same collective (fewer, larger gathers)
+        ride_along = (lambda need: self.prefetcher.ride_along(trace, need)) if following else None
+        self.live.gather(unit.params, f"module {unit.name!r}", checked=self.checked, ride_along=ride_along)
+        self.live.claim(unit.params)
         if following:
-            self._prefetch(trace)
-            if self.swappers:
-                self._read_ahead(trace)
+            self.prefetcher.advance(trace)
 
-    def _read_ahead(self, trace: ExecutionTrace) -> None:
-        """Start the NVMe reads of the shards the units ahead will gather, as far as the swap buffers allow."""
-        cursor = max(self._read_cursor, trace.pos)
-        for position in trace.upcoming(cursor):
-            unit = self.units[trace.unit_at(position)]
-            cand = [p for p in unit.params
-                    if state_of(p).swap is not None and p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
-            if cand and not prefetch_shards(cand):
-                break
-            cursor = position + 1
-        self._read_cursor = cursor
-
-    def _drop_reads(self) -> None:
-        for swapper in self.swappers:
-            swapper.drop_prefetched()
-        self._read_cursor = 0
-
-    def _describe(self, event: tuple[int, int] | None) -> str:
+    def _describe(self, event: Event | None) -> str:
         if event is None:
             return "the end of the iteration"
-        return f"module {self.units[event[0]].name!r} ({'forward' if event[1] == 0 else 'backward'})"
+        return f"module {self.units[event[0]].name!r} ({event[1].value})"
 
-    def _left_trace(self, event: tuple[int, int] | None, expected: tuple[int, int] | None) -> None:
+    def _left_trace(self, event: Event | None, expected: Event | None) -> None:
         """This rank's execution stopped following the trace: drop what the trace predicted, tell the others.
 
         The ranks that left the trace the same way exchange a fingerprint at once (and then continue with
         checked gathers); a rank that left alone waits there until the collective timeout and reports.
         """
-        self._drop_predictions()
+        self.live.drop_retained()  # parameters kept because of the trace go
+        self.prefetcher.drop_reads()
         message = (f"rank {ds_comm.get_rank()} ran {self._describe(event)} where the recorded execution order "
                    f"expected {self._describe(expected)}")
         report_deviation(message)
-        check_same_gather([], f"after leaving the recorded execution order: {message}", self.fp_group, self.num_gathers,
-                          tag=name_fingerprint(self._describe(event)))
-
-    def _fetch(self, params: list[nn.Parameter], label: str) -> None:
-        for p in params:
-            if p.ds_status is ZeroParamStatus.INFLIGHT:
-                self._wait(p)
-        missing = [p for p in params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
-        if missing:
-            self._make_room(sum(p.ds_numel for p in missing))
-            self._issue(missing, label, async_op=False)
-
-    def _issue(self, params: list[nn.Parameter], label: str, async_op: bool, checked: bool | None = None) -> None:
-        handles = gather_params(params, group=self.group, fp_group=self.fp_group, label=label, async_op=async_op,
-                                checked=self.checked if checked is None else checked, seq=self.num_gathers)
-        self.num_gathers += len(handles)
-        self.live_numel += sum(p.ds_numel for p in params)
-        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
-        if async_op:
-            for handle in handles:
-                for p in handle.params:
-                    self._handles[p.ds_id] = handle
-
-    def _wait(self, param: nn.Parameter) -> None:
-        handle = self._handles.get(param.ds_id)
-        if handle is None:
-            return
-        handle.wait()
-        for p in handle.params:
-            self._handles.pop(p.ds_id, None)
+        check_same_gather([], f"after leaving the recorded execution order: {message}", self.fp_group,
+                          self.live.num_gathers, tag=name_fingerprint(self._describe(event)))
 
     def _release(self, unit: GatherUnit) -> None:
         trace = self._trace
         for p in unit.params:
-            state_of(p).active -= 1
-            if state_of(p).active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
+            st = state_of(p)
+            st.active -= 1
+            if st.active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
                 continue
             distance = trace.reuse_distance(p.ds_id) if trace is not None else None
             if distance is not None and distance <= self.max_reuse_distance:
-                self._retained[p.ds_id] = p
+                self.live.retained[p.ds_id] = p
             else:
-                self._free(p)
+                self.live.free(p)
 
-    def _free(self, p: nn.Parameter) -> None:
-        if p.ds_status is ZeroParamStatus.INFLIGHT:
-            self._wait(p)
-        free_full(p)
-        self.live_numel -= p.ds_numel
-        self._retained.pop(p.ds_id, None)
-        self._prefetched.pop(p.ds_id, None)
-
-    def _make_room(self, need: int) -> None:
-        for pool in (self._retained, self._prefetched):
-            while pool and self.live_numel + need > self.max_live_parameters:
-                pid, p = next(iter(pool.items()))
-                if state_of(p).active > 0:
-                    pool.pop(pid)
-                else:
-                    self._free(p)
-
-    def _drop_predictions(self) -> None:
-        """The trace stopped matching: parameters kept because of it go."""
-        for p in list(self._retained.values()):
-            if state_of(p).active == 0:
-                self._free(p)
-        self._retained.clear()
-        self._drop_reads()
-
-    def _prefetch_batch(self, trace: ExecutionTrace, reserved: int) -> tuple[list[nn.Parameter], list[str]]:
-        """The parameters of the next units in the trace that fit the prefetch budget (advances the cursor).
-
-        `reserved` elements are about to be gathered anyway (they count against `max_live_parameters`).
-        """
-        ahead = sum(p.ds_numel for p in self._prefetched.values())
-        budget = self.prefetch_bucket_size - ahead
-        batch: list[nn.Parameter] = []
-        names: list[str] = []
-        if budget <= 0:
-            return batch, names
-        ids: set[int] = set()
-        size = 0
-        cursor = max(self._prefetch_cursor, trace.pos)
-        for position in trace.upcoming(cursor):
-            unit = self.units[trace.unit_at(position)]
-            cand = [p for p in unit.params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE and p.ds_id not in ids]
-            csize = sum(p.ds_numel for p in cand)
-            if size + csize > budget or self.live_numel + reserved + size + csize > self.max_live_parameters:
-                break
-            batch.extend(cand)
-            ids.update(p.ds_id for p in cand)
-            size += csize
-            if cand:
-                names.append(unit.name)
-            cursor = position + 1
-        self._prefetch_cursor = cursor
-        return batch, names
-
-    def _prefetch(self, trace: ExecutionTrace) -> None:
-        """Issue an asynchronous gather of the units ahead once at least half the prefetch budget is free."""
-        ahead = sum(p.ds_numel for p in self._prefetched.values())
-        if ahead and 2 * ahead > self.prefetch_bucket_size:
-            return
-        batch, names = self._prefetch_batch(trace, 0)
-        if batch:
-            self._issue(batch, f"prefetch of modules {names}", async_op=True)
-            for p in batch:
-                self._prefetched[p.ds_id] = p
+    def _hold(self, param: nn.Parameter) -> None:
+        """Keep `param` gathered until the end of the iteration."""
+        state_of(param).active += 1
+        self._held.append(param)
 
     def release_unused(self) -> None:
         """Wait for in-flight gathers, then free every gathered parameter no running module or block uses."""
-        for p in self.params:
-            if p.ds_status is ZeroParamStatus.INFLIGHT:
-                self._wait(p)
-        for p in self.params:
-            if not p.ds_persist and state_of(p).active == 0 and p.ds_status is ZeroParamStatus.AVAILABLE:
-                self._free(p)
-        self._retained.clear()
-        self._prefetched.clear()
-        self._prefetch_cursor = 0
-        self._drop_reads()
+        self.live.release_unused(self.params)
+        self.prefetcher.stop()
 
     # ------------------------------------------------------------------------------ on-demand paths
     def fetch_on_access(self, param: nn.Parameter) -> None:
         """A running forward read a released parameter through `module.<name>`: gather it now."""
         if not self.running:
             return
-        if param.ds_status is ZeroParamStatus.INFLIGHT:
-            self._wait(param)
-        entry = self._stack[-1] if self._stack else None
-        where = self.registry.name_of(entry[0]) if entry else "backward"
-        if param.ds_status is ZeroParamStatus.NOT_AVAILABLE:
-            self._make_room(param.ds_numel)
-            self._issue([param], f"parameter {state_of(param).name!r} read in module {where!r}", async_op=False,
-                        checked=True)
+        frame = self._stack[-1] if self._stack else None
+        where = self.registry.name_of(frame.module) if frame else "backward"
+        name = state_of(param).name
+        self.live.gather([param], f"parameter {name!r} read in module {where!r}", checked=True)
         state_of(param).active += 1
-        if entry is not None and not param.ds_persist:
-            unit = self.add_external(entry[0], param)
-            if unit is not None and not entry[2]:
-                entry[1], entry[2] = unit, True
+        if frame is not None and not param.ds_persist:
+            unit = self.add_external(frame.module, param)
+            if unit is not None and not frame.holds:
+                frame.unit, frame.holds = unit, True
                 for p in unit.params:
                     if p is not param:
                         state_of(p).active += 1
@@ -416,59 +294,22 @@ class ParamCoordinator:
                 self._held.append(param)
         else:
             self._held.append(param)
-        logger.debug("stage 3: gathered %s on access from %s", state_of(param).name, where)
+        logger.debug("stage 3: gathered %s on access from %s", name, where)
 
     def gather_explicit(self, params: list[nn.Parameter], label: str) -> None:
         """Gather `params` and hold them until `release_explicit` (GatheredParameters)."""
-        for p in params:
-            if p.ds_status is ZeroParamStatus.INFLIGHT:
-                self._wait(p)
-        missing = [p for p in params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist]
-        if missing:
-            self._make_room(sum(p.ds_numel for p in missing))
-            self._issue(missing, label, async_op=False, checked=True)
-        for p in params:
-            state_of(p).active += 1
-            self._prefetched.pop(p.ds_id, None)
-            self._retained.pop(p.ds_id, None)
+        self.live.wait_inflight(params)
+        self.live.gather([p for p in params if not p.ds_persist], label, checked=True)
+        self.live.claim(params)
 
     def refresh(self, params: list[nn.Parameter], label: str) -> None:
         """Re-gather parameters that are available but whose shards changed (after a step or a load)."""
-        if params:
-            handles = gather_params(params, group=self.group, fp_group=self.fp_group, label=label,
-                                    checked=True, seq=self.num_gathers)
-            self.num_gathers += len(handles)
+        self.live.regather(params, label)
 
     def release_explicit(self, params: list[nn.Parameter]) -> None:
         for p in params:
-            state_of(p).active -= 1
-            if state_of(p).active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE \
+            st = state_of(p)
+            st.active -= 1
+            if st.active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE \
                     and not self.running:
-                self._free(p)
-
-    # ------------------------------------------------------------------------- saved-tensor hooks
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        try:
-            key = tensor.untyped_storage()._cdata
-        except (RuntimeError, NotImplementedError, TypeError, AttributeError):  # no plain storage (sparse, ...)
-            return tensor
-        param = self.registry.param_for_storage(key)
-        if param is None:
-            return tensor
-        return (param, tensor.size(), tensor.stride(), tensor.storage_offset())
-
-    def _unpack(self, packed: Any) -> torch.Tensor:
-        if isinstance(packed, torch.Tensor):
-            return packed
-        param, size, stride, offset = packed
-        if param.ds_status is not ZeroParamStatus.AVAILABLE:
-            if param.ds_status is ZeroParamStatus.INFLIGHT:
-                self._wait(param)
-            else:
-                self._make_room(param.ds_numel)
-                self._issue([param], f"parameter {state_of(param).name!r} needed by backward", async_op=False,
-                            checked=True)
-                logger.debug("stage 3: backward needed %s before any hook gathered it", state_of(param).name)
-            state_of(param).active += 1
-            self._held.append(param)
-        return state_of(param).full.as_strided(size, stride, offset)
+                self.live.free(p)

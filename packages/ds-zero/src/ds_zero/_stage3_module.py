@@ -145,10 +145,10 @@ class DeepSpeedZeRoOffload:
     @property
     def peak_live_numel(self) -> int:
         """Most elements of non-persistent parameters held gathered (or in flight) at once so far."""
-        return self.coordinator.peak_live_numel
+        return self.coordinator.live.peak_live_numel
 
     def reset_peak(self) -> None:
-        self.coordinator.peak_live_numel = self.coordinator.live_numel
+        self.coordinator.live.reset_peak()
 
     def release_all(self) -> None:
         """Free every gathered parameter no running module or `GatheredParameters` block holds."""

@@ -12,14 +12,23 @@ rank runs the same modules, so decisions taken from the trace (and the collectiv
 from __future__ import annotations
 
 import bisect
+import enum
 import logging
 from collections.abc import Callable, Sequence
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ExecutionTrace"]
+__all__ = ["ExecutionTrace", "Phase"]
 
-Event = tuple[int, int]  # (unit index, phase: 0 forward, 1 backward)
+
+class Phase(enum.Enum):
+    """Which pass of a module needs its parameters gathered."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+Event = tuple[int, Phase]  # (unit index, phase)
 
 _MAX_RECORDING = 200_000
 
