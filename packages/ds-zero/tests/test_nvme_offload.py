@@ -22,7 +22,7 @@ from torch import nn
 
 import ds_zero
 from ds_comm.testing import run_ranks
-from ds_zero._partitioned_param import is_zero_param, state_of
+from ds_zero._params.partitioned_param import is_zero_param, state_of
 
 
 class Net(nn.Module):
@@ -248,7 +248,7 @@ def test_stage_1_2_nvme_says_stage_3() -> None:
 
 
 def test_checksum_depends_on_the_bytes_not_on_where_they_lie() -> None:
-    from ds_zero._nvme_files import checksum
+    from ds_zero._nvme.files import checksum
 
     values = torch.randn(1003)
     for view in (values[1:], values[3:1002], values.to(torch.bfloat16)[1:]):

@@ -14,7 +14,7 @@ from torch import nn
 
 import ds_zero
 from ds_zero import GatheredParameters, ZeroParamStatus, is_zero_param
-from ds_zero._partitioned_param import ZeroParamState, state_of
+from ds_zero._params.partitioned_param import ZeroParamState, state_of
 
 
 def _mlp(seed: int = 0) -> nn.Sequential:

@@ -21,7 +21,7 @@ from torch import nn
 
 import ds_zero
 from ds_comm.testing import run_ranks
-from ds_zero._partitioned_param import state_of
+from ds_zero._params.partitioned_param import state_of
 
 STEPS = 10
 

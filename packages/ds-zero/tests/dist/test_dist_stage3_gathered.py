@@ -19,7 +19,7 @@ from stage3_cases import STAGE3_CFG, batch, loss_fn, make_model
 import ds_zero
 from ds_comm.testing import run_ranks
 from ds_zero import GatheredParameters, ZeroParamStatus
-from ds_zero._partitioned_param import state_of
+from ds_zero._params.partitioned_param import state_of
 
 
 def _ema_and_shapes(rank: int, world: int) -> dict[str, Any]:

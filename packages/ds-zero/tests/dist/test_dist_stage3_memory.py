@@ -20,7 +20,7 @@ from torch import nn
 
 import ds_zero
 from ds_comm.testing import run_ranks
-from ds_zero._partitioned_param import state_of
+from ds_zero._params.partitioned_param import state_of
 
 WIDTH, LAYERS = 2048, 6  # 25M parameters, 100 MB in fp32
 LAYER_BYTES = (WIDTH * WIDTH + WIDTH) * 4

@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._partitioned_param import state_of
+from ds_zero._params.partitioned_param import state_of
 
 logger = logging.getLogger(__name__)
 

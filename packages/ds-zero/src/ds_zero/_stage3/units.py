@@ -17,8 +17,8 @@ from typing import Any
 
 from torch import nn
 
-from ds_zero._gather import name_fingerprint
-from ds_zero._partitioned_param import install_param_dict, is_zero_param, state_of
+from ds_zero._params.gather import name_fingerprint
+from ds_zero._params.partitioned_param import install_param_dict, is_zero_param, state_of
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._partitioned_param import (
+from ds_zero._params.partitioned_param import (
     ZeroParamStatus,
     alloc_full,
     convert_param,

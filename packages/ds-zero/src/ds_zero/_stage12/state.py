@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from ds_zero._checkpoint_format import (
+from ds_zero._checkpoint.format import (
     FORMAT_VERSION,
     FragmentIndex,
     fill_partition,
     is_partition_shaped,
     partition_metadata,
 )
-from ds_zero._flat_buffer import FlatParamGroup
+from ds_zero._stage12.flat_buffer import FlatParamGroup
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def build_rank_state_dict(*, zero_stage: int, dp_rank: int, world_size: int, fla
                           masters: list[torch.Tensor], optimizer: torch.optim.Optimizer, loss_scaler: Any,
                           overflow: bool, clip_grad: float, offload: bool, shared_params: dict[str, str],
                           frozen_param_shapes: dict[str, list[int]]) -> dict[str, Any]:
-    """This rank's dict in format version 1 (see `ds_zero._checkpoint_format`).
+    """This rank's dict in format version 1 (see `ds_zero._checkpoint.format`).
 
     The fp32 partitions are copied (an fp32 master is a view of the model's buffer, which keeps changing
     and which `torch.save` would otherwise write whole); optimizer state tensors are references, as in

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_zero._gather import broadcast_full, gather_params
-from ds_zero._partitioned_param import (
+from ds_zero._params.gather import broadcast_full, gather_params
+from ds_zero._params.partitioned_param import (
     ZeroParamStatus,
     free_full,
     is_zero_param,

@@ -29,11 +29,11 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._gathered_parameters import GatheredParameters
-from ds_zero._nvme_param_swapper import ParamSwapper
-from ds_zero._partitioned_module import partition_module
-from ds_zero._partitioned_param import is_zero_param
-from ds_zero._stage3_module import as_zero_config
+from ds_zero._nvme.param_swapper import ParamSwapper
+from ds_zero._params.gathered_parameters import GatheredParameters
+from ds_zero._params.partitioned_module import partition_module
+from ds_zero._params.partitioned_param import is_zero_param
+from ds_zero._stage3.module import as_zero_config
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from torch import nn
 
 import ds_comm
 from ds_ops.aio import AioError
-from ds_zero._nvme_buffers import BufferPool, Slot, aligned_numel
-from ds_zero._nvme_files import (
+from ds_zero._nvme.buffers import BufferPool, Slot, aligned_numel
+from ds_zero._nvme.files import (
     NVMeSwapError,
     SwapFile,
     claim_finalizer,
@@ -33,7 +33,7 @@ from ds_zero._nvme_files import (
     make_aio_handle,
     prepare_swap_dir,
 )
-from ds_zero._partitioned_param import state_of
+from ds_zero._params.partitioned_param import state_of
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_zero._partitioned_param import ZeroParamStatus, state_of
-from ds_zero._stage3_live import LiveParams
-from ds_zero._stage3_units import UnitRegistry
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
+from ds_zero._stage3.live import LiveParams
+from ds_zero._stage3.units import UnitRegistry
 
 logger = logging.getLogger(__name__)
 

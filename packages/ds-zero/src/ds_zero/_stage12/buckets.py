@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ds_zero._flat_buffer import FlatParamGroup
 from ds_zero._partition import ParamSlot
-from ds_zero._stage12_reduce import RangeReducer, _Launched
+from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.reduce import RangeReducer, _Launched
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from torch import nn
 
 import ds_comm
 from ds_ops.host_memory import huge_page_zeros
+from ds_zero._params.partitioned_param import shard_values, state_of, write_shards
 from ds_zero._partition import Fragment, ParamSlot
-from ds_zero._partitioned_param import shard_values, state_of, write_shards
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`OptimizerSwapper`: the stage-3 fp32 master and optimizer state on NVMe (`offload_optimizer.device = "nvme"`).
 
-Each tile (sub-group of at most `sub_group_size` elements, see `_stage3_partition`) has one swap file for
+Each tile (sub-group of at most `sub_group_size` elements, see `_stage3.partition`) has one swap file for
 its fp32 master and one per partition-shaped optimizer-state tensor (Adam: `exp_avg`, `exp_avg_sq`). Between
 steps the tile's master and state tensors are placeholders (right shape, one NaN element). The step visits
 the tiles in order: read the tile into a buffer set, point the master and the state at the buffers, run the
@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ds_ops.aio import AioError
-from ds_zero._nvme_files import SwapFile, claim_finalizer, io_failure, make_aio_handle
-from ds_zero._partitioned_param import state_of
-from ds_zero._stage3_partition import ShardTile
+from ds_zero._nvme.files import SwapFile, claim_finalizer, io_failure, make_aio_handle
+from ds_zero._params.partitioned_param import state_of
+from ds_zero._stage3.partition import ShardTile
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig

@@ -11,11 +11,11 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._nvme_param_swapper import ParamSwapper
-from ds_zero._partitioned_module import partition_module, remove_guard
-from ds_zero._partitioned_param import is_zero_param, iter_zero_params, state_of
-from ds_zero._stage3_coordinator import ParamCoordinator
-from ds_zero._stage3_hooks import install_hooks
+from ds_zero._nvme.param_swapper import ParamSwapper
+from ds_zero._params.partitioned_module import partition_module, remove_guard
+from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
+from ds_zero._stage3.coordinator import ParamCoordinator
+from ds_zero._stage3.hooks import install_hooks
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -46,13 +46,13 @@ class DeepSpeedZeRoOffload:
 
     At construction: every parameter not already partitioned (by `ds_zero.Init`) is partitioned, each
     rank keeping 1/N of it (on the host with `offload_param.device="cpu"`; in swap files under
-    `offload_param.nvme_path` with "nvme", read back ahead of each gather: see `ds_zero._nvme_param_swapper`);
+    `offload_param.nvme_path` with "nvme", read back ahead of each gather: see `ds_zero._nvme.param_swapper`);
     parameters with fewer than
     `param_persistence_threshold` elements (up to `model_persistence_threshold` elements in total) are
     all-gathered once and stay whole ("persistent"); forward hooks are installed on every submodule. From
     then on, each forward and backward gathers a module's partitioned parameters just before it runs
     (one coalesced all-gather per module, prefetched along the recorded execution order) and releases
-    them after, as described in `ds_zero._stage3_coordinator`. This is all that evaluation without an
+    them after, as described in `ds_zero._stage3.coordinator`. This is all that evaluation without an
     optimizer needs; `DeepSpeedZeroOptimizer_Stage3` builds one of these for training.
 
     Args:

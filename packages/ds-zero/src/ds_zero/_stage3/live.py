@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from ds_zero._gather import GatherHandle, gather_params
-from ds_zero._partitioned_param import ZeroParamStatus, free_full, state_of
+from ds_zero._params.gather import GatherHandle, gather_params
+from ds_zero._params.partitioned_param import ZeroParamStatus, free_full, state_of
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._flat_buffer import FlatParamGroup
+from ds_zero._stage12.flat_buffer import FlatParamGroup
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,14 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, global_grad_norm, has_overflow, local_overflow
-from ds_zero._checkpoint_format import FragmentIndex
-from ds_zero._flat_buffer import FlatParamGroup
+from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._param_names import ParamNames
-from ds_zero._stage12_allgather import PartitionAllGather
-from ds_zero._stage12_buckets import BucketReducer
-from ds_zero._stage12_partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
-from ds_zero._stage12_reduce import BoundaryReducer, RangeReducer
-from ds_zero._stage12_state import (
+from ds_zero._stage12.allgather import PartitionAllGather
+from ds_zero._stage12.buckets import BucketReducer
+from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
+from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
+from ds_zero._stage12.state import (
     as_state_dict_list,
     build_rank_state_dict,
     load_base_optimizer_state,
@@ -276,7 +276,7 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
 
     # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        """THIS rank's partition and the metadata to rebuild full tensors (format: `ds_zero._checkpoint_format`)."""
+        """THIS rank's partition and the metadata to rebuild full tensors (format: `ds_zero._checkpoint.format`)."""
         return build_rank_state_dict(
             zero_stage=self.zero_stage, dp_rank=self.dp_rank, world_size=self.dp_world_size, flats=self.flats,
             masters=self.masters, optimizer=self.optimizer, loss_scaler=self.loss_scaler, overflow=self.overflow,

@@ -14,14 +14,14 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
-from ds_zero._nvme_files import prepare_swap_dir, release_swap_dir
-from ds_zero._nvme_optimizer_swapper import OptimizerSwapper
+from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
+from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._param_names import ParamNames
-from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
-from ds_zero._stage3_checkpoint import load_stage3_state_dicts, stage3_state_dict
-from ds_zero._stage3_grads import GradReducer
-from ds_zero._stage3_module import DeepSpeedZeRoOffload, as_zero_config
-from ds_zero._stage3_partition import ShardPartition
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
+from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
+from ds_zero._stage3.grads import GradReducer
+from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
+from ds_zero._stage3.partition import ShardPartition
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -83,7 +83,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     With `offload_optimizer.device="nvme"` the fp32 master and the optimizer state of each tile live in swap
     files under `nvme_path` and are swapped in and out around the step, tile by tile (`sub_group_size`),
     overlapping the next read / previous write with `pipeline_read` / `pipeline_write`; the fp32 gradient
-    partition stays in host memory. See `ds_zero._nvme_optimizer_swapper`.
+    partition stays in host memory. See `ds_zero._nvme.optimizer_swapper`.
 
     Raises:
         TypeError: not exactly one module and one optimizer given.
@@ -328,7 +328,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         return self.optimizer.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """THIS rank's partitions and metadata in the shared ZeRO checkpoint format (`_checkpoint_format`)."""
+        """THIS rank's partitions and metadata in the shared ZeRO checkpoint format (`_checkpoint.format`)."""
         return stage3_state_dict(self)
 
     def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],

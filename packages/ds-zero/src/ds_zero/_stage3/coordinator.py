@@ -1,6 +1,6 @@
 """The stage-3 parameter coordinator: which partitioned parameters are gathered when, and when they go.
 
-Each gather unit (`_stage3_units`) is gathered with one coalesced collective before its module's
+Each gather unit (`units`) is gathered with one coalesced collective before its module's
 forward and again before its backward, and released after each. Around that:
 
 * prefetch: while the iteration follows the recorded trace (`ExecutionTrace`), the units ahead are
@@ -11,15 +11,15 @@ forward and again before its backward, and released after each. Around that:
 * safety net: saved-tensor hooks replace autograd's references to gathered storage with markers that
   re-gather on unpack, so a backward that no hook anticipated still reads the right values.
 
-Those three live in their own modules (`_stage3_live.LiveParams`, `_stage3_prefetch.Prefetcher`,
-`_stage3_saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
+Those three live in their own modules (`live.LiveParams`, `prefetch.Prefetcher`,
+`saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
 and the on-demand paths (a parameter read inside a forward, `GatheredParameters`).
 
 All decisions depend only on the sequence of module calls, which is the same on every rank when every
 rank runs the same modules. Gathers that follow the shared trace skip the fingerprint; the others (the
 first iteration, after a change of execution order, on-demand gathers) are checked, and a rank whose
 execution leaves the trace checks with the others at once, so a rank that diverges is reported instead
-of meeting a different collective (see `_gather`).
+of meeting a different collective (see `_params.gather`).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._gather import check_same_gather, name_fingerprint, report_deviation
-from ds_zero._partitioned_param import ZeroParamStatus, state_of
-from ds_zero._stage3_live import LiveParams
-from ds_zero._stage3_prefetch import Prefetcher
-from ds_zero._stage3_saved_tensors import SavedTensorNet
-from ds_zero._stage3_trace import Event, ExecutionTrace, Phase
-from ds_zero._stage3_units import GatherUnit, UnitRegistry
+from ds_zero._params.gather import check_same_gather, name_fingerprint, report_deviation
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
+from ds_zero._stage3.live import LiveParams
+from ds_zero._stage3.prefetch import Prefetcher
+from ds_zero._stage3.saved_tensors import SavedTensorNet
+from ds_zero._stage3.trace import Event, ExecutionTrace, Phase
+from ds_zero._stage3.units import GatherUnit, UnitRegistry
 
 logger = logging.getLogger(__name__)
 

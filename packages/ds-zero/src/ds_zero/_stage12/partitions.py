@@ -18,7 +18,7 @@ import torch
 
 from ds_comm import get_accelerator
 from ds_ops.host_memory import huge_page_zeros
-from ds_zero._flat_buffer import FlatParamGroup
+from ds_zero._stage12.flat_buffer import FlatParamGroup
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Stage-3 checkpoints in the shared ZeRO format, and the consolidated 16-bit state_dict for `save_16bit_model`.
 
-A stage-3 rank's optimizer state dict is the format of `ds_zero._checkpoint_format` (version 1): each
+A stage-3 rank's optimizer state dict is the format of `ds_zero._checkpoint.format` (version 1): each
 tile of each param group (this rank's shards of a run of the group's parameters, back to back; one
 tile per group unless `sub_group_size` cuts it) is one partition, and tile k is the base optimizer's
 k-th parameter. A parameter's shard is elements `[r * s, (r + 1) * s)` of it, so each parameter
@@ -22,20 +22,20 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_zero._checkpoint_format import (
+from ds_zero._checkpoint.format import (
     FORMAT_VERSION,
     FragmentIndex,
     fill_partition,
     is_partition_shaped,
     partition_metadata,
 )
-from ds_zero._gathered_parameters import GatheredParameters
-from ds_zero._partitioned_param import is_zero_param, state_of
-from ds_zero._stage12_state import as_state_dict_list
+from ds_zero._params.gathered_parameters import GatheredParameters
+from ds_zero._params.partitioned_param import is_zero_param, state_of
+from ds_zero._stage12.state import as_state_dict_list
 
 if TYPE_CHECKING:
-    from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
-    from ds_zero._stage3_partition import ShardTile
+    from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
+    from ds_zero._stage3.partition import ShardTile
 
 logger = logging.getLogger(__name__)
 
