@@ -20,7 +20,7 @@ from torch import nn
 import ds_comm
 from ds_engine._assembly import assemble
 from ds_engine._optional import require
-from ds_engine._pipeline_engine import PipelineEngine, PipelineError, PipelineSettings
+from ds_engine._pipeline.engine import PipelineEngine, PipelineError, PipelineSettings
 from ds_engine.config import DeepSpeedConfigError
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def build_pipeline_engine(*, model: nn.Module, config: DeepSpeedConfig, plan: As
         raise DeepSpeedConfigError(f"zero_optimization.stage={plan.zero_stage}: ZeRO-2 and ZeRO-3 are incompatible "
                                    "with pipeline parallelism; use stage 0 or 1")
     section, _ = _pipeline_sections(model, config)
-    # Clipping must see every stage, so the stepper is built without it and the engine clips (see _pipeline_clip).
+    # Clipping must see every stage, so the stepper is built without it and the engine clips (see _pipeline.clip).
     stepper_plan = dataclasses.replace(plan, clip=0.0)
     parts = assemble(module=model, config=config, plan=stepper_plan, dist=dist, device=device,
                      client_optimizer=client_optimizer, model_parameters=model_parameters,

@@ -26,7 +26,7 @@ from ds_engine.__about__ import __version__
 from ds_engine._atomic import atomic_save, atomic_write_text
 
 if TYPE_CHECKING:
-    from ds_engine._pipeline_engine import PipelineEngine
+    from ds_engine._pipeline.engine import PipelineEngine
 
 logger = logging.getLogger(__name__)
 

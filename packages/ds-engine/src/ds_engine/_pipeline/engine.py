@@ -4,7 +4,7 @@ The optimizer side is the ordinary engine's (assemble() with the module's grid a
 data-parallel group is the grid's): the executor runs the 1F1B `TrainSchedule` over
 `gradient_accumulation_steps` micro-batches, and its `OptimizerStep` calls the engine's stepper,
 which reduces gradients over the data-parallel group (stage 0 all-reduce, or ZeRO-1's partitioned
-reduction) and updates. Clipping spans all stages (`_pipeline_clip.py`).
+reduction) and updates. Clipping spans all stages (`clip.py`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 import ds_comm
-from ds_engine import _pipeline_checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._optional import require
-from ds_engine._pipeline_clip import PipelineGradClipper
+from ds_engine._pipeline import checkpoint as _pipeline_checkpoint
+from ds_engine._pipeline.clip import PipelineGradClipper
 
 logger = logging.getLogger(__name__)
 
