@@ -222,7 +222,7 @@ def test_parameter_and_optimizer_offload_train_like_no_offload() -> None:
 def test_optimizer_offload_with_ds_ops_cpu_adam() -> None:
     ds_ops = pytest.importorskip("ds_ops")
     if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
-        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers, not merged yet)")
+        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers)")
     r = run_ranks(2, _offload_pair, cpu_adam=True, timeout_s=120)[0]
     torch.testing.assert_close(torch.tensor(r["offload"]["losses"]), torch.tensor(r["plain"]["losses"]), atol=1e-5,
                                rtol=1e-5)
