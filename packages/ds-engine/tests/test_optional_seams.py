@@ -1,7 +1,7 @@
 """The ds-zero and ds-pipe seams: clear errors without them, and the ZeRO call site per the contract.
 
-ds-zero's optimizer classes are not part of this branch, so the contract is exercised with a
-stand-in module that implements ZERO_ENGINE_CONTRACT's interface without partitioning.
+ds-engine's own tests run without ds-zero installed, so the contract is exercised with a
+stand-in module that implements the engine contract's interface without partitioning.
 """
 
 from __future__ import annotations

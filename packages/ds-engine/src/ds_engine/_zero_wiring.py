@@ -1,4 +1,4 @@
-"""The ZeRO seam (see ZERO_ENGINE_CONTRACT): what initialize() builds from ds-zero, and nothing else.
+"""The ZeRO seam: what initialize() builds from ds-zero, and nothing else.
 
 Four things cross it, all decided once at initialize():
   * the ZeRO optimizer around the base optimizer (stages 1-3, training);

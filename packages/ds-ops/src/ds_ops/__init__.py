@@ -9,6 +9,7 @@ the multi-tensor CUDA FusedAdam, the async I/O op for ZeRO-Infinity (`AsyncIOHan
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_ops.__about__ import __version__
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
@@ -27,6 +28,9 @@ from ds_ops.op_builder import (
     OpBuildError,
     OpNotCompatibleError,
 )
+
+if TYPE_CHECKING:  # type checkers see the lazy name's real type
+    from ds_ops.aio._config import AioConfig
 
 
 def __getattr__(name: str) -> object:

@@ -7,6 +7,7 @@ only this package to set up fp16 loss scaling.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
@@ -32,6 +33,9 @@ from ds_zero.zero_to_fp32 import (
     get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint,
 )
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types
+    from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
 _CONFIG_NAMES = frozenset({"OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
 

@@ -83,7 +83,8 @@ def _build_under_init(rank: int, world: int) -> dict[str, Any]:
     plain = Tower(WIDTH, LAYERS, probe=samples)
     growth_plain = max(samples) - base
     return {"held": held, "expected": expected, "full": full_bytes, "growth_init": growth_init,
-            "growth_plain": growth_plain, "shapes_ok": shapes_ok, "plain_params": sum(p.numel() for p in plain.parameters())}
+            "growth_plain": growth_plain, "shapes_ok": shapes_ok,
+            "plain_params": sum(p.numel() for p in plain.parameters())}
 
 
 def test_model_built_under_init_holds_one_nth_per_rank() -> None:
@@ -211,7 +212,8 @@ def _offload_losses(rank: int, world: int, offload: bool, cpu_adam: bool) -> dic
 
 
 def _offload_pair(rank: int, world: int, cpu_adam: bool) -> dict[str, Any]:
-    return {"plain": _offload_losses(rank, world, False, False), "offload": _offload_losses(rank, world, True, cpu_adam)}
+    return {"plain": _offload_losses(rank, world, False, False),
+            "offload": _offload_losses(rank, world, True, cpu_adam)}
 
 
 def test_parameter_and_optimizer_offload_train_like_no_offload() -> None:
@@ -223,7 +225,7 @@ def test_parameter_and_optimizer_offload_train_like_no_offload() -> None:
 def test_optimizer_offload_with_ds_ops_cpu_adam() -> None:
     ds_ops = pytest.importorskip("ds_ops")
     if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
-        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers, not merged yet)")
+        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers)")
     r = run_ranks(2, _offload_pair, cpu_adam=True, timeout_s=120)[0]
     torch.testing.assert_close(torch.tensor(r["offload"]["losses"]), torch.tensor(r["plain"]["losses"]), atol=1e-5,
                                rtol=1e-5)

@@ -10,8 +10,12 @@ from __future__ import annotations
 import importlib
 import logging
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ds_comm import log_dist
+
+if TYPE_CHECKING:  # type checkers see the lazy submodule
+    from ds_engine.utils import zero_to_fp32 as zero_to_fp32
 
 __all__ = ["log_dist", "logger"]
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +91,7 @@ def partition_metadata(group_index: int, numel: int, fragments: Iterable[Fragmen
     }
 
 
-def validate_rank_state_dicts(state_dicts: list[Mapping[str, Any]]) -> int:
+def validate_rank_state_dicts(state_dicts: Sequence[Mapping[str, Any]]) -> int:
     """Check that `state_dicts` are all ranks of one ZeRO save, in rank order; returns their world size.
 
     Raises:
@@ -147,7 +147,7 @@ class FragmentIndex:
         param_shapes: full shape of every partitioned parameter.
     """
 
-    def __init__(self, state_dicts: list[Mapping[str, Any]]) -> None:
+    def __init__(self, state_dicts: Sequence[Mapping[str, Any]]) -> None:
         self.world_size = validate_rank_state_dicts(state_dicts)
         self.state_dicts = state_dicts
         self.param_shapes: dict[str, tuple[int, ...]] = {}
@@ -218,7 +218,7 @@ def fill_partition(dst: torch.Tensor, fragments: Iterable[Fragment], index: Frag
         index.copy_slice(dst[f.partition_start: f.partition_start + f.numel], f.name, f.param_start, source)
 
 
-def consolidate_fp32_params(state_dicts: list[Mapping[str, Any]],
+def consolidate_fp32_params(state_dicts: Sequence[Mapping[str, Any]],
                             on_param: Callable[[str, int], None] | None = None) -> dict[str, torch.Tensor]:
     """Full fp32 tensors of every partitioned parameter, rebuilt from all ranks' state dicts.
 
