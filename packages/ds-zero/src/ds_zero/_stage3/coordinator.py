@@ -70,9 +70,17 @@ class ParamCoordinator:
         log_trace_cache_warnings: warn (instead of debug-log) when the execution order changes.
     """
 
-    def __init__(self, root: nn.Module, *, group: ProcessGroup | None, fp_group: ProcessGroup | None,
-                 prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int,
-                 log_trace_cache_warnings: bool = False) -> None:
+    def __init__(
+        self,
+        root: nn.Module,
+        *,
+        group: ProcessGroup | None,
+        fp_group: ProcessGroup | None,
+        prefetch_bucket_size: int,
+        max_live_parameters: int,
+        max_reuse_distance: int,
+        log_trace_cache_warnings: bool = False,
+    ) -> None:
         self.root = root
         self.group = group
         self.fp_group = fp_group
@@ -92,8 +100,9 @@ class ParamCoordinator:
         self.live = LiveParams(group=group, fp_group=fp_group, max_live_parameters=max_live_parameters)
         # NVMe-swapped shards (offload_param.device="nvme"): read ahead along the trace, dropped when it breaks
         swappers = {id(s.swap): s.swap for s in map(state_of, self.params) if s.swap is not None}
-        self.prefetcher = Prefetcher(self.units, self.live, prefetch_bucket_size=prefetch_bucket_size,
-                                     swappers=list(swappers.values()))
+        self.prefetcher = Prefetcher(
+            self.units, self.live, prefetch_bucket_size=prefetch_bucket_size, swappers=list(swappers.values())
+        )
         self.saved_tensors = SavedTensorNet(self.registry, self.live, self._hold)
         self.end_of_backward_callbacks: list[Any] = []
 
@@ -244,11 +253,18 @@ class ParamCoordinator:
         """
         self.live.drop_retained()  # parameters kept because of the trace go
         self.prefetcher.drop_reads()
-        message = (f"rank {ds_comm.get_rank()} ran {self._describe(event)} where the recorded execution order "
-                   f"expected {self._describe(expected)}")
+        message = (
+            f"rank {ds_comm.get_rank()} ran {self._describe(event)} where the recorded execution order "
+            f"expected {self._describe(expected)}"
+        )
         report_deviation(message)
-        check_same_gather([], f"after leaving the recorded execution order: {message}", self.fp_group,
-                          self.live.num_gathers, tag=name_fingerprint(self._describe(event)))
+        check_same_gather(
+            [],
+            f"after leaving the recorded execution order: {message}",
+            self.fp_group,
+            self.live.num_gathers,
+            tag=name_fingerprint(self._describe(event)),
+        )
 
     def _release(self, unit: GatherUnit) -> None:
         trace = self._trace
@@ -310,6 +326,5 @@ class ParamCoordinator:
         for p in params:
             st = state_of(p)
             st.active -= 1
-            if st.active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE \
-                    and not self.running:
+            if st.active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE and not self.running:
                 self.live.free(p)

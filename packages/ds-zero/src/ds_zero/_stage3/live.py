@@ -37,8 +37,7 @@ class LiveParams:
         max_live_parameters: gathered elements kept resident beyond the running modules' own.
     """
 
-    def __init__(self, *, group: ProcessGroup | None, fp_group: ProcessGroup | None,
-                 max_live_parameters: int) -> None:
+    def __init__(self, *, group: ProcessGroup | None, fp_group: ProcessGroup | None, max_live_parameters: int) -> None:
         self.group = group
         self.fp_group = fp_group
         self.max_live_parameters = max_live_parameters
@@ -63,8 +62,15 @@ class LiveParams:
 
     def issue(self, params: list[nn.Parameter], label: str, *, async_op: bool, checked: bool) -> None:
         """Start the gather of `params` (released ones) as one collective per dtype; wait unless `async_op`."""
-        handles = gather_params(params, group=self.group, fp_group=self.fp_group, label=label, async_op=async_op,
-                                checked=checked, seq=self.num_gathers)
+        handles = gather_params(
+            params,
+            group=self.group,
+            fp_group=self.fp_group,
+            label=label,
+            async_op=async_op,
+            checked=checked,
+            seq=self.num_gathers,
+        )
         self.num_gathers += len(handles)
         self.live_numel += sum(p.ds_numel for p in params)
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
@@ -87,8 +93,9 @@ class LiveParams:
             if p.ds_status is ZeroParamStatus.INFLIGHT:
                 self.wait(p)
 
-    def gather(self, params: Sequence[nn.Parameter], label: str, *, checked: bool,
-               ride_along: RideAlong | None = None) -> None:
+    def gather(
+        self, params: Sequence[nn.Parameter], label: str, *, checked: bool, ride_along: RideAlong | None = None
+    ) -> None:
         """Make `params` available now: finish their in-flight gathers, gather the released ones in one go.
 
         Room is made first (`make_room`); `ride_along` may then add parameters needed soon to the same
@@ -150,6 +157,7 @@ class LiveParams:
     def regather(self, params: list[nn.Parameter], label: str) -> None:
         """Gather again parameters that are available but whose shards changed (after a step or a load)."""
         if params:
-            handles = gather_params(params, group=self.group, fp_group=self.fp_group, label=label,
-                                    checked=True, seq=self.num_gathers)
+            handles = gather_params(
+                params, group=self.group, fp_group=self.fp_group, label=label, checked=True, seq=self.num_gathers
+            )
             self.num_gathers += len(handles)

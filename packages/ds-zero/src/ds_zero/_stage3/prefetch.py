@@ -37,8 +37,9 @@ class Prefetcher:
         swappers: the `ParamSwapper`s holding some of the shards on NVMe (empty: no read-ahead).
     """
 
-    def __init__(self, units: Sequence[GatherUnit], live: LiveParams, *, prefetch_bucket_size: int,
-                 swappers: list[Any]) -> None:
+    def __init__(
+        self, units: Sequence[GatherUnit], live: LiveParams, *, prefetch_bucket_size: int, swappers: list[Any]
+    ) -> None:
         self.units = units
         self.live = live
         self.prefetch_bucket_size = prefetch_bucket_size
@@ -118,8 +119,9 @@ class Prefetcher:
         cursor = max(self._read_cursor, trace.pos)
         for position in trace.upcoming(cursor):
             unit = self.units[trace.unit_at(position)]
-            cand = [p for p in unit.params
-                    if state_of(p).swap is not None and p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
+            cand = [
+                p for p in unit.params if state_of(p).swap is not None and p.ds_status is ZeroParamStatus.NOT_AVAILABLE
+            ]
             if cand and not prefetch_shards(cand):
                 break
             cursor = position + 1
