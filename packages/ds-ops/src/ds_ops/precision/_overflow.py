@@ -16,7 +16,10 @@ def local_overflow(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
     for t in tensors:
         if t is None or t.numel() == 0:
             continue
-        bad = torch.logical_not(torch.isfinite(t)).any()
+        # min and max are finite exactly when every element is (both propagate nan), and one read-only
+        # reduction is an order of magnitude faster on CPU than materialising `isfinite(t)`.
+        lo, hi = torch.aminmax(t)
+        bad = torch.logical_not(torch.isfinite(torch.stack((lo, hi))).all())
         found = bad if found is None else torch.logical_or(found, bad)
     if found is None:
         return torch.zeros(1)
