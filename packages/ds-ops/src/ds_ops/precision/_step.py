@@ -86,7 +86,7 @@ def finish_step(grads: Sequence[torch.Tensor | None], *, scaler: LossScaler | No
         The decision, and the norm when computed.
 
     Raises:
-        ValueError: a negative `clip`, or a dynamic scaler without `check_overflow` (it lives on overflows).
+        ValueError: a negative `clip`, or a dynamic scaler without `check_overflow` (it adapts to overflows).
         LossScaleAtMinimumError: from a dynamic scaler that overflows at its minimum scale.
     """
     if clip < 0:
