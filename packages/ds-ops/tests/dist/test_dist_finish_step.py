@@ -1,4 +1,4 @@
-"""`finish_step` across 2 gloo ranks: partitioned norm and clip equal one rank's full gradient; one bad rank skips all."""
+"""`finish_step` on 2 gloo ranks: partitioned norm and clip equal one rank's full gradient; one bad rank skips all."""
 
 from __future__ import annotations
 
