@@ -1,0 +1,356 @@
+"""One GPU: a ~1.3B GPT in bf16 under plain PyTorch, ds ZeRO-0, ds ZeRO-Offload and FSDP2 with CPU offload,
+then the largest GPT that trains with ZeRO-Offload and with ZeRO-Infinity (NVMe).
+
+    python benchmarks/gpu.py [--quick] [--plan] [--deadline-s 300] [--only torch,zero0,...]
+    python benchmarks/gpu.py --cpu-smoke     # the same plan on the CPU with a tiny model: checks the code only
+
+`tools/gpu_check.sh` runs it with `--quick` and what is left of its budget. Each measurement runs in
+its own process (`benchmarks/_gpu_modes.py`, which says what each mode is) under a time cap, so one
+that fails, runs out of memory or overruns leaves the rest measured. Figures: tokens/s (median step
+after a warm-up) and peak GPU memory (allocated and reserved), peak host RSS; the ratios are against
+plain PyTorch + fused AdamW for ZeRO-0, and against FSDP2 + `CPUOffloadPolicy` for ZeRO-Offload.
+
+Model: examples/gpt.py's GPT, width 2048, 16 heads, 24 layers, vocabulary 50304, 1024-token sequences
+(1.31B parameters, tied embeddings). The micro batch is sized to the card: the largest power of two
+whose estimated activations (~2.5 GiB per sequence without checkpointing) plus plain PyTorch's
+16 bytes per parameter of states fit in 60% of the GPU's memory (16 on an H200).
+
+Size search: the same width, micro batch 4, the layer count doubled from 48 until a step fails (out
+of memory) or overruns its cap, then bisected, all under the search's hard time cap. A size whose
+estimated host memory (ZeRO-Offload: 16 bytes per parameter, pinned) or swap space (ZeRO-Infinity:
+18 bytes per parameter) exceeds what the machine has is not tried: it counts as too large, said so.
+The answer is the largest size that trained, with the reason the search stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import _report
+
+HERE = Path(__file__).resolve().parent
+MODES_SCRIPT = HERE / "_gpu_modes.py"
+LABELS = {"torch": "plain PyTorch + fused AdamW", "zero0": "ds ZeRO-0", "offload": "ds ZeRO-Offload (CPU Adam)",
+          "fsdp2_offload": "FSDP2 + CPUOffloadPolicy", "infinity": "ds ZeRO-Infinity (NVMe)"}
+BASELINES = {"zero0": "torch", "offload": "fsdp2_offload"}
+HOST_GIB_DEFAULT = 128  # the H200 machine's memory (KINDS.md); MemTotal there starts lower and grows
+
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int
+    heads: int
+    vocab: int
+    seq: int
+
+    def params(self, layers: int) -> int:
+        return layers * (12 * self.dim * self.dim + 13 * self.dim) + (self.vocab + self.seq) * self.dim
+
+
+@dataclass(frozen=True)
+class Measure:
+    mode: str
+    layers: int
+    batch: int
+    warmup: int
+    steps: int
+    cap_s: float
+
+
+@dataclass(frozen=True)
+class Search:
+    mode: str
+    start_layers: int
+    batch: int
+    cap_s: float
+    probe_cap_s: float
+
+
+@dataclass
+class Plan:
+    shape: Shape
+    measures: list[Measure]
+    searches: list[Search]
+    device: str
+    gpu_gib: float | None
+    host_gib: float
+    disk_gib: float
+    cpu: bool
+
+    def lines(self) -> list[str]:
+        s = self.shape
+        out = [f"device: {self.device}; GPU memory {self.gpu_gib} GiB; host limit {self.host_gib:.0f} GiB; "
+               f"swap space {self.disk_gib:.0f} GiB",
+               f"model: GPT width {s.dim}, {s.heads} heads, vocab {s.vocab}, seq {s.seq}, bf16"]
+        for m in self.measures:
+            out.append(f"  measure {m.mode:<14} {LABELS[m.mode]:<30} {m.layers} layers "
+                       f"({_size(s.params(m.layers))}), batch {m.batch}x{s.seq}, {m.warmup} warm-up + "
+                       f"{m.steps} timed steps, cap {m.cap_s:.0f} s")
+        for q in self.searches:
+            out.append(f"  search  {q.mode:<14} {LABELS[q.mode]:<30} layers doubled from {q.start_layers} "
+                       f"({_size(s.params(q.start_layers))}), batch {q.batch}, probe cap {q.probe_cap_s:.0f} s, "
+                       f"search cap {q.cap_s:.0f} s")
+        return out
+
+
+def _gpu_gib() -> float | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return round(int(out.splitlines()[0]) / 1024, 1)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return 8.0
+
+
+def batch_for(gpu_gib: float, shape: Shape, layers: int) -> int:
+    """The largest power of two (<= 64) whose activations plus fp32 Adam states fit 60% of the card."""
+    per_sequence_gib = 2.5 * layers / 24 * shape.dim / 2048 * shape.seq / 1024
+    room = 0.6 * gpu_gib - 16 * shape.params(layers) / 2**30
+    batch = 1
+    while batch < 64 and (2 * batch) * per_sequence_gib <= room:
+        batch *= 2
+    return batch
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    disk_gib = shutil.disk_usage(work).free / 2**30
+    if args.cpu_smoke:
+        shape = Shape(dim=64, heads=2, vocab=256, seq=32)
+        measures = [Measure(m, 2, 2, 1, 2, 120) for m in ("torch", "zero0", "offload", "fsdp2_offload")]
+        searches = [Search("offload", 2, 2, 30, 25), Search("infinity", 2, 2, 30, 25)]
+        return Plan(shape, measures, searches, "cpu (smoke run: no figures)", None,
+                    min(args.host_gib or _mem_available_gib(), _mem_available_gib()) * 0.5, disk_gib * 0.5, cpu=True)
+    shape = Shape(dim=2048, heads=16, vocab=50304, seq=1024)
+    gpu_gib = _gpu_gib()
+    batch = batch_for(gpu_gib or 80.0, shape, 24)
+    warmup, steps, cap, search_cap = (2, 3, 75, 75) if args.quick else (3, 10, 180, 300)
+    measures = [Measure("torch", 24, batch, warmup, steps, cap), Measure("zero0", 24, batch, warmup, steps, cap),
+                Measure("offload", 24, batch, warmup, steps, cap + 30),
+                Measure("fsdp2_offload", 24, batch, warmup, steps, cap + 30)]
+    searches = [Search("offload", 48, 4, search_cap, search_cap * 0.8),
+                Search("infinity", 48, 4, search_cap, search_cap * 0.8)]
+    return Plan(shape, measures, searches, "cuda", gpu_gib, 0.7 * (args.host_gib or HOST_GIB_DEFAULT),
+                0.8 * disk_gib, cpu=False)
+
+
+class Runner:
+    """Starts measurements as child processes, each killed at its cap or at the overall deadline."""
+
+    def __init__(self, plan: Plan, work: Path, deadline: float) -> None:
+        self.plan, self.work, self.deadline = plan, work, deadline
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, mode: str, layers: int, batch: int, warmup: int, steps: int, cap_s: float) -> dict[str, Any]:
+        s = self.plan.shape
+        cap = min(cap_s, self.left())
+        record: dict[str, Any] = {"mode": mode, "layers": layers, "batch": batch, "params": s.params(layers)}
+        if cap < 15:
+            return {**record, "status": "skipped", "reason": f"{cap:.0f} s left before the deadline"}
+        nvme = self.work / "nvme"
+        shutil.rmtree(nvme, ignore_errors=True)
+        cmd = [sys.executable, str(MODES_SCRIPT), mode, "--layers", str(layers), "--dim", str(s.dim), "--heads",
+               str(s.heads), "--vocab", str(s.vocab), "--seq", str(s.seq), "--batch", str(batch), "--warmup",
+               str(warmup), "--steps", str(steps), "--nvme", str(nvme), *(["--cpu"] if self.plan.cpu else [])]
+        print(f"--- {mode} {layers} layers ({_size(s.params(layers))}), batch {batch}, cap {cap:.0f} s", flush=True)
+        started = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                errors="replace", start_new_session=True)
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        timer = threading.Timer(cap, kill)
+        timer.start()
+        result, tail = None, []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip()
+                if line.startswith("RESULT "):
+                    result = json.loads(line[len("RESULT "):])
+                else:
+                    print(f"    {line}", flush=True)
+                    tail = (tail + [line])[-8:]
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            kill() if proc.poll() is None else None
+        shutil.rmtree(nvme, ignore_errors=True)
+        record["wall_s"] = round(time.monotonic() - started, 1)
+        if timed_out.is_set():
+            return {**record, "status": "timeout", "reason": f"over its {cap:.0f} s cap", "tail": tail}
+        if result is None or rc != 0:
+            return {**record, "status": "failed", "rc": rc, "tail": tail}
+        record.update(result)
+        record["status"] = "oom" if result.get("oom") else "ok"
+        return record
+
+
+def search(runner: Runner, q: Search) -> dict[str, Any]:
+    """Double the layer count from `q.start_layers` until a probe fails, then bisect; all within `q.cap_s`."""
+    plan, s = runner.plan, runner.plan.shape
+    end = min(runner.deadline, time.monotonic() + q.cap_s)
+    largest: dict[str, Any] | None = None
+    too_large: int | None = None
+    probes, stopped = [], "cap reached"
+    layers = q.start_layers
+    while True:
+        params = s.params(layers)
+        host_gib, disk_gib = 16 * params / 2**30, 18 * params / 2**30
+        if q.mode == "offload" and host_gib > plan.host_gib:
+            probes.append({"layers": layers, "params": params, "status": "not tried",
+                           "reason": f"needs ~{host_gib:.0f} GiB pinned host memory > {plan.host_gib:.0f} GiB"})
+            too_large = layers
+        elif q.mode == "infinity" and disk_gib > plan.disk_gib:
+            probes.append({"layers": layers, "params": params, "status": "not tried",
+                           "reason": f"needs ~{disk_gib:.0f} GiB swap space > {plan.disk_gib:.0f} GiB free"})
+            too_large = layers
+        else:
+            left = end - time.monotonic()
+            if left < 20:
+                break
+            cap = min(q.probe_cap_s, left)
+            record = runner.run(q.mode, layers, q.batch, 1, 1, cap)
+            probes.append(record)
+            if record["status"] == "ok":
+                largest = record
+            elif record["status"] == "timeout" and cap < q.probe_cap_s:
+                stopped = f"cap reached during the probe at {layers} layers"  # says nothing about the size
+                break
+            elif record["status"] in ("oom", "timeout"):
+                too_large = layers
+            else:
+                stopped = f"probe at {layers} layers {record['status']}"
+                break
+        low = largest["layers"] if largest else 0
+        if too_large is None:
+            layers *= 2
+        elif too_large - low <= max(1, low // 4):
+            stopped = "bracketed to within 25%" if largest else "the first size did not train"
+            break
+        else:
+            layers = (low + too_large) // 2 if largest else max(1, too_large // 2)
+            if layers in (low, too_large):
+                break
+    return {"mode": q.mode, "label": LABELS[q.mode], "largest": largest, "too_large_layers": too_large,
+            "stopped": stopped, "probes": probes}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+    return "-".rjust(width) if value is None else format(value, spec)
+
+
+def _size(params: int) -> str:
+    return f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+
+
+def report(plan: Plan, measures: list[dict[str, Any]], searches: list[dict[str, Any]]) -> tuple[list[str], list]:
+    """The human table and the `_report.Row`s."""
+    by_mode = {m["mode"]: m for m in measures}
+    lines = [f"{'run':<32} {'status':<8} {'tokens/s':>10} {'step s':>8} {'GPU alloc GiB':>14} {'GPU resv GiB':>13} "
+             f"{'host RSS GiB':>13} {'vs':>6}"]
+    rows = []
+    for m in measures:
+        base = by_mode.get(BASELINES.get(m["mode"], ""))
+        ratio = (m["tokens_per_s"] / base["tokens_per_s"]) if base and base.get("status") == "ok" and \
+            m.get("status") == "ok" else None
+        lines.append(f"{LABELS[m['mode']]:<32} {m['status']:<8} {_fmt(m.get('tokens_per_s'), '10.0f')} "
+                     f"{_fmt(m.get('step_s'), '8.3f')} {_fmt(m.get('gpu_peak_allocated_gib'), '14.1f')} "
+                     f"{_fmt(m.get('gpu_peak_reserved_gib'), '13.1f')} {_fmt(m.get('host_peak_rss_gib'), '13.1f')} "
+                     f"{_fmt(ratio, '6.2f')}")
+        if plan.cpu or m.get("status") != "ok":
+            continue
+        setting = f"{_size(m['params'])} GPT bf16, batch {m['batch']}x{plan.shape.seq}"
+        base_label = LABELS[base["mode"]] if base else ""
+        base_ok = base is not None and base.get("status") == "ok"
+        rows.append(_report.Row("gpu", f"{LABELS[m['mode']]} tokens/s, {setting}", round(m["tokens_per_s"], 1),
+                                "tokens/s", base_label, round(base["tokens_per_s"], 1) if base_ok else None))
+        if "gpu_peak_allocated_gib" in m:
+            rows.append(_report.Row("gpu", f"{LABELS[m['mode']]} peak GPU memory, {setting}",
+                                    round(m["gpu_peak_allocated_gib"], 2), "GiB", base_label,
+                                    round(base["gpu_peak_allocated_gib"], 2) if base_ok else None))
+    for q in searches:
+        big = q["largest"]
+        text = "none trained" if big is None else f"{_size(big['params'])} ({big['layers']} layers), " \
+                                                  f"{big['tokens_per_s']:.0f} tokens/s"
+        lines.append(f"largest with {q['label']}: {text}; stopped: {q['stopped']}")
+        if big is not None and not plan.cpu:
+            rows.append(_report.Row("gpu", f"largest GPT trained, {q['label']} (width {plan.shape.dim}, batch "
+                                    f"{big['batch']}; search {q['stopped']})", round(big["params"] / 1e9, 2),
+                                    "B params"))
+    return lines, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and shorter caps (fits tools/gpu_check.sh)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="the plan on the CPU with a tiny model (no figures)")
+    parser.add_argument("--plan", action="store_true", help="print the plan and exit")
+    parser.add_argument("--only", default="", help="comma-separated: torch, zero0, offload, fsdp2_offload, "
+                                                    "search_offload, search_infinity")
+    parser.add_argument("--deadline-s", type=float, default=1800, help="stop starting work after this many seconds")
+    parser.add_argument("--host-gib", type=float, default=None, help="host memory to size the offload search by")
+    parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "ds_gpu_bench",
+                        help="scratch folder (the NVMe swap files go under it)")
+    parser.add_argument("--details", type=Path, default=None, help="write every record and the table as JSON here")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures as benchmark rows (see _report)")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.deadline_s
+    plan = make_plan(args)
+    wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+    known = {*LABELS} | {f"search_{m}" for m in LABELS}
+    if wanted - known:
+        parser.error(f"--only: unknown {', '.join(sorted(wanted - known))}; choose from {', '.join(sorted(known))}")
+    if wanted:
+        plan.measures = [m for m in plan.measures if m.mode in wanted]
+        plan.searches = [q for q in plan.searches if f"search_{q.mode}" in wanted]
+    print("\n".join(["benchmark plan" + (" (quick)" if args.quick else ""), *plan.lines()]), flush=True)
+    if args.plan:
+        return
+    if not plan.cpu and plan.gpu_gib is None:
+        raise SystemExit("benchmarks/gpu.py: no NVIDIA GPU found (nvidia-smi); --cpu-smoke runs the code on the CPU")
+    runner = Runner(plan, args.work, deadline)
+    measures = [runner.run(m.mode, m.layers, m.batch, m.warmup, m.steps, m.cap_s) for m in plan.measures]
+    searches = [search(runner, q) for q in plan.searches]
+    lines, rows = report(plan, measures, searches)
+    print("\n".join(lines), flush=True)
+    if args.details:
+        args.details.write_text(json.dumps({"plan": asdict(plan), "measurements": measures, "searches": searches,
+                                            "table": lines}, indent=1, default=str) + "\n")
+    if args.json:
+        _report.write_rows(args.json, rows)
+    failed = [m["mode"] for m in measures if m["status"] not in ("ok", "skipped")]
+    if failed:
+        raise SystemExit(f"benchmarks/gpu.py: {', '.join(failed)} did not measure (see above)")
+
+
+if __name__ == "__main__":
+    main()
