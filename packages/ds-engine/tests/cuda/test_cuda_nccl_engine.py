@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_cuda_zero_engine import _config, _train_engine
+from test_cuda_zero_engine import _config, _model, _tokens, _train_engine, _weights
 
 from ds_comm.testing import run_ranks
 
@@ -26,7 +26,6 @@ def _ranked(rank: int, world: int, stage: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     import ds_engine
-    from test_cuda_zero_engine import _model, _tokens, _weights
 
     engine, *_ = ds_engine.initialize(model=_model(), config=copy.deepcopy(_config(stage)))
     tokens, losses = _tokens(6), []
