@@ -149,7 +149,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 Measure("fsdp2_offload", 24, batch, warmup, steps, cap + 30)]
     searches = [Search("offload", 48, 4, search_cap, search_cap * 0.8),
                 Search("infinity", 48, 4, search_cap, search_cap * 0.8)]
-    return Plan(shape, measures, searches, "cuda", gpu_gib, 0.7 * (args.host_gib or HOST_GIB_DEFAULT),
+    # Half the host memory at most: a machine whose memory grows on demand may not survive an overcommit.
+    return Plan(shape, measures, searches, "cuda", gpu_gib, 0.5 * (args.host_gib or HOST_GIB_DEFAULT),
                 0.8 * disk_gib, cpu=False)
 
 
@@ -259,7 +260,9 @@ def search(runner: Runner, q: Search) -> dict[str, Any]:
             layers = (low + too_large) // 2 if largest else max(1, too_large // 2)
             if layers in (low, too_large):
                 break
+    bound = next((p for p in probes if p["layers"] == too_large), None)
     return {"mode": q.mode, "label": LABELS[q.mode], "largest": largest, "too_large_layers": too_large,
+            "too_large_because": None if bound is None else bound.get("reason", bound["status"]),
             "stopped": stopped, "probes": probes}
 
 
@@ -301,7 +304,9 @@ def report(plan: Plan, measures: list[dict[str, Any]], searches: list[dict[str, 
         big = q["largest"]
         text = "none trained" if big is None else f"{_size(big['params'])} ({big['layers']} layers), " \
                                                   f"{big['tokens_per_s']:.0f} tokens/s"
-        lines.append(f"largest with {q['label']}: {text}; stopped: {q['stopped']}")
+        bound = "" if q["too_large_layers"] is None else \
+            f"; {q['too_large_layers']} layers too large ({q['too_large_because']})"
+        lines.append(f"largest with {q['label']}: {text}{bound}; stopped: {q['stopped']}")
         if big is not None and not plan.cpu:
             rows.append(_report.Row("gpu", f"largest GPT trained, {q['label']} (width {plan.shape.dim}, batch "
                                     f"{big['batch']}; search {q['stopped']})", round(big["params"] / 1e9, 2),
@@ -318,8 +323,8 @@ def main() -> None:
                                                     "search_offload, search_infinity")
     parser.add_argument("--deadline-s", type=float, default=1800, help="stop starting work after this many seconds")
     parser.add_argument("--host-gib", type=float, default=None, help="host memory to size the offload search by")
-    parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "ds_gpu_bench",
-                        help="scratch folder (the NVMe swap files go under it)")
+    parser.add_argument("--work", type=Path, default=HERE.parent / "build" / "gpu_bench",
+                        help="scratch folder on a real disk (the NVMe swap files go under it; /tmp may be memory)")
     parser.add_argument("--details", type=Path, default=None, help="write every record and the table as JSON here")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as benchmark rows (see _report)")
     args = parser.parse_args()

@@ -30,7 +30,9 @@ def main() -> int:
     print(f"JIT cache: {extensions_root()}", flush=True)
     records: dict[str, dict[str, object]] = {}
     failed = []
-    for name, builder_class in ALL_OPS.items():
+    # CUDA ops first: their build is the figure this step is for, and the likeliest to fail.
+    order = sorted(ALL_OPS.items(), key=lambda item: not issubclass(item[1], CUDAOpBuilder))
+    for name, builder_class in order:
         builder = builder_class()
         is_cuda = isinstance(builder, CUDAOpBuilder)
         record: dict[str, object] = {"cuda": is_cuda}

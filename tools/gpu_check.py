@@ -180,7 +180,8 @@ def step_env(check: Check, wheels_dir: Path) -> deps.Resolution | None:
                               "machine": platform.machine(), "cpus": os.cpu_count(),
                               "nvcc": _cmd_output(["nvcc", "--version"]),
                               "nvidia_smi": _cmd_output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                                         "--format=csv,noheader"])}
+                                                         "--format=csv,noheader"]),
+                              "work_filesystem": _cmd_output(["df", "-hT", str(check.work)])}
     try:
         detail.update(json.loads((info or "").splitlines()[-1]))
     except (ValueError, IndexError):
@@ -252,6 +253,7 @@ def step_import(check: Check) -> bool:
 def step_build_ops(check: Check, require_cuda: bool) -> None:
     report = check.work / "build_ops.json"
     report.unlink(missing_ok=True)
+    shutil.rmtree(check.env["TORCH_EXTENSIONS_DIR"], ignore_errors=True)  # timed from scratch, every run
     cmd = [sys.executable, str(ROOT / "tools" / "_gpu_check_ops.py"), "--json", str(report)]
     result = check.run("build_ops", cmd + (["--require-cuda"] if require_cuda else []), BUDGETS["build_ops"],
                        reserve_s=check.reserve)
@@ -333,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="install, import, collect the CUDA tests and print the benchmark plan (no GPU needed)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_out"),
                         help="where gpu_check.log and gpu_check.json go (default $OUT, else ./gpu_out)")
-    parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "ds_gpu_check",
-                        help="the private install target, build caches and NVMe swap files (emptied first)")
+    # On the checkout's disk rather than /tmp, which may be memory-backed: the NVMe swap files go here.
+    parser.add_argument("--work", type=Path, default=ROOT / "build" / "gpu_check",
+                        help="the private install target, build caches and NVMe swap files (default build/gpu_check)")
     parser.add_argument("--wheels", type=Path, default=ROOT / ".gpu_wheels",
                         help="carried wheels for requirements the interpreter lacks (default .gpu_wheels)")
     parser.add_argument("--budget-s", type=float, default=570, help="wall-clock budget of the whole check")
@@ -343,7 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-wheels", action="store_true",
                         help="only download the wheels the GPU image lacks into --wheels, then exit")
     parser.add_argument("--python-version", default="3.12", help="with --fetch-wheels: the GPU machine's Python")
+    parser.add_argument("--print-requirements", action="store_true",
+                        help="only print what the packages, their builds and the CUDA tests need, one per line")
     args = parser.parse_args(argv)
+    if args.print_requirements:
+        print("\n".join(deps.declared_needs(ROOT).all()))
+        return 0
     if args.fetch_wheels:
         return deps.fetch_wheels(args.wheels, args.python_version)
     cpu = os.environ.get(CPU_ENV, "") not in ("", "0")
