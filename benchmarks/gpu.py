@@ -1,5 +1,6 @@
-"""One GPU: a ~1.3B GPT in bf16 under plain PyTorch, ds ZeRO-0, ds ZeRO-Offload and FSDP2 with CPU offload,
-then the largest GPT that trains with ZeRO-Offload and with ZeRO-Infinity (NVMe).
+"""One GPU: FusedAdam's step against torch's fused AdamW (100M-1B parameters); a ~1.3B GPT in bf16 under plain
+PyTorch, ds ZeRO-0, ds ZeRO-Offload and FSDP2 with CPU offload; the largest GPT that trains with ZeRO-Offload
+and with ZeRO-Infinity (NVMe).
 
     python benchmarks/gpu.py [--quick] [--plan] [--deadline-s 300] [--only torch,zero0,...]
     python benchmarks/gpu.py --cpu-smoke     # the same plan on the CPU with a tiny model: checks the code only
@@ -9,6 +10,9 @@ its own process (`benchmarks/_gpu_modes.py`, which says what each mode is) under
 that fails, runs out of memory or overruns leaves the rest measured. Figures: tokens/s (median step
 after a warm-up) and peak GPU memory (allocated and reserved), peak host RSS; the ratios are against
 plain PyTorch + fused AdamW for ZeRO-0, and against FSDP2 + `CPUOffloadPolicy` for ZeRO-Offload.
+
+Optimizer step (`benchmarks/_gpu_fused_adam.py`): fp32 parameters in 16M-element tensors, median of
+CUDA-event-timed steps, each optimizer alone on the device.
 
 Model: examples/gpt.py's GPT, width 2048, 16 heads, 24 layers, vocabulary 50304, 1024-token sequences
 (1.31B parameters, tied embeddings). The micro batch is sized to the card: the largest power of two
@@ -41,6 +45,8 @@ import _report
 
 HERE = Path(__file__).resolve().parent
 MODES_SCRIPT = HERE / "_gpu_modes.py"
+ADAM_SCRIPT = HERE / "_gpu_fused_adam.py"
+ADAM_CAP_S = 90
 LABELS = {"torch": "plain PyTorch + fused AdamW", "zero0": "ds ZeRO-0", "offload": "ds ZeRO-Offload (CPU Adam)",
           "fsdp2_offload": "FSDP2 + CPUOffloadPolicy", "infinity": "ds ZeRO-Infinity (NVMe)"}
 BASELINES = {"zero0": "torch", "offload": "fsdp2_offload"}
@@ -80,6 +86,8 @@ class Search:
 @dataclass
 class Plan:
     shape: Shape
+    adam_sizes: list[int]
+    """Parameter counts at which FusedAdam's step is timed against torch's fused AdamW (empty: not timed)."""
     measures: list[Measure]
     searches: list[Search]
     device: str
@@ -91,8 +99,11 @@ class Plan:
     def lines(self) -> list[str]:
         s = self.shape
         out = [f"device: {self.device}; GPU memory {self.gpu_gib} GiB; host limit {self.host_gib:.0f} GiB; "
-               f"swap space {self.disk_gib:.0f} GiB",
-               f"model: GPT width {s.dim}, {s.heads} heads, vocab {s.vocab}, seq {s.seq}, bf16"]
+               f"swap space {self.disk_gib:.0f} GiB"]
+        if self.adam_sizes:
+            out.append(f"  optimizer step: FusedAdam vs torch AdamW(fused=True), fp32, "
+                       f"{', '.join(_size(n) for n in self.adam_sizes)} parameters, cap {ADAM_CAP_S} s")
+        out.append(f"model: GPT width {s.dim}, {s.heads} heads, vocab {s.vocab}, seq {s.seq}, bf16")
         for m in self.measures:
             out.append(f"  measure {m.mode:<14} {LABELS[m.mode]:<30} {m.layers} layers "
                        f"({_size(s.params(m.layers))}), batch {m.batch}x{s.seq}, {m.warmup} warm-up + "
@@ -105,12 +116,17 @@ class Plan:
 
 
 def _gpu_gib() -> float | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        return round(int(out.splitlines()[0]) / 1024, 1)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+    """The first GPU's memory: nvidia-smi, else torch in a child (this process keeps no CUDA context)."""
+    probes = (["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+              [sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory // 2**20 "
+                                     "if torch.cuda.is_available() else '')"])
+    for cmd in probes:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+            return round(int(out.splitlines()[0]) / 1024, 1)
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            continue
+    return None
 
 
 def _mem_available_gib() -> float:
@@ -138,7 +154,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         shape = Shape(dim=64, heads=2, vocab=256, seq=32)
         measures = [Measure(m, 2, 2, 1, 2, 120) for m in ("torch", "zero0", "offload", "fsdp2_offload")]
         searches = [Search("offload", 2, 2, 30, 25), Search("infinity", 2, 2, 30, 25)]
-        return Plan(shape, measures, searches, "cpu (smoke run: no figures)", None,
+        return Plan(shape, [1_000_000], measures, searches, "cpu (smoke run: no figures)", None,
                     min(args.host_gib or _mem_available_gib(), _mem_available_gib()) * 0.5, disk_gib * 0.5, cpu=True)
     shape = Shape(dim=2048, heads=16, vocab=50304, seq=1024)
     gpu_gib = _gpu_gib()
@@ -150,7 +166,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
     searches = [Search("offload", 48, 4, search_cap, search_cap * 0.8),
                 Search("infinity", 48, 4, search_cap, search_cap * 0.8)]
     # Half the host memory at most: a machine whose memory grows on demand may not survive an overcommit.
-    return Plan(shape, measures, searches, "cuda", gpu_gib, 0.5 * (args.host_gib or HOST_GIB_DEFAULT),
+    return Plan(shape, [100_000_000, 300_000_000, 1_000_000_000], measures, searches, "cuda", gpu_gib,
+                0.5 * (args.host_gib or HOST_GIB_DEFAULT),
                 0.8 * disk_gib, cpu=False)
 
 
@@ -164,17 +181,24 @@ class Runner:
         return self.deadline - time.monotonic()
 
     def run(self, mode: str, layers: int, batch: int, warmup: int, steps: int, cap_s: float) -> dict[str, Any]:
+        """One training measurement (`_gpu_modes.py`)."""
         s = self.plan.shape
-        cap = min(cap_s, self.left())
         record: dict[str, Any] = {"mode": mode, "layers": layers, "batch": batch, "params": s.params(layers)}
-        if cap < 15:
-            return {**record, "status": "skipped", "reason": f"{cap:.0f} s left before the deadline"}
         nvme = self.work / "nvme"
         shutil.rmtree(nvme, ignore_errors=True)
         cmd = [sys.executable, str(MODES_SCRIPT), mode, "--layers", str(layers), "--dim", str(s.dim), "--heads",
                str(s.heads), "--vocab", str(s.vocab), "--seq", str(s.seq), "--batch", str(batch), "--warmup",
                str(warmup), "--steps", str(steps), "--nvme", str(nvme), *(["--cpu"] if self.plan.cpu else [])]
-        print(f"--- {mode} {layers} layers ({_size(s.params(layers))}), batch {batch}, cap {cap:.0f} s", flush=True)
+        record = self.spawn(cmd, cap_s, f"{mode} {layers} layers ({_size(s.params(layers))}), batch {batch}", record)
+        shutil.rmtree(nvme, ignore_errors=True)
+        return record
+
+    def spawn(self, cmd: list[str], cap_s: float, what: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Run a child that prints `RESULT <json>` last; killed at `cap_s` or the deadline, whichever is first."""
+        cap = min(cap_s, self.left())
+        if cap < 15:
+            return {**record, "status": "skipped", "reason": f"{cap:.0f} s left before the deadline"}
+        print(f"--- {what}, cap {cap:.0f} s", flush=True)
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 errors="replace", start_new_session=True)
@@ -203,7 +227,6 @@ class Runner:
         finally:
             timer.cancel()
             kill() if proc.poll() is None else None
-        shutil.rmtree(nvme, ignore_errors=True)
         record["wall_s"] = round(time.monotonic() - started, 1)
         if timed_out.is_set():
             return {**record, "status": "timeout", "reason": f"over its {cap:.0f} s cap", "tail": tail}
@@ -275,12 +298,24 @@ def _size(params: int) -> str:
     return f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
 
 
-def report(plan: Plan, measures: list[dict[str, Any]], searches: list[dict[str, Any]]) -> tuple[list[str], list]:
+def report(plan: Plan, adam: dict[str, Any] | None, measures: list[dict[str, Any]],
+           searches: list[dict[str, Any]]) -> tuple[list[str], list]:
     """The human table and the `_report.Row`s."""
     by_mode = {m["mode"]: m for m in measures}
-    lines = [f"{'run':<32} {'status':<8} {'tokens/s':>10} {'step s':>8} {'GPU alloc GiB':>14} {'GPU resv GiB':>13} "
+    lines, rows = [], []
+    if adam is not None:
+        lines.append(f"{'optimizer step (fp32)':<32} {'status':<8} {'FusedAdam ms':>13} {'torch ms':>9} {'ratio':>6}")
+        for size in adam.get("sizes", []):
+            lines.append(f"{_size(size['params']):<32} {adam['status']:<8} {_fmt(size['fused_adam_ms'], '13.2f')} "
+                         f"{_fmt(size['torch_ms'], '9.2f')} {_fmt(size['ratio'], '6.2f')}")
+            if not plan.cpu and size["fused_adam_ms"] is not None:
+                rows.append(_report.Row("gpu", f"FusedAdam step, {_size(size['params'])} fp32 parameters",
+                                        round(size["fused_adam_ms"], 3), "ms", "torch AdamW(fused=True)",
+                                        round(size["torch_ms"], 3)))
+        if not adam.get("sizes"):
+            lines.append(f"{'FusedAdam vs torch':<32} {adam['status']:<8}")
+    lines += [f"{'run':<32} {'status':<8} {'tokens/s':>10} {'step s':>8} {'GPU alloc GiB':>14} {'GPU resv GiB':>13} "
              f"{'host RSS GiB':>13} {'vs':>6}"]
-    rows = []
     for m in measures:
         base = by_mode.get(BASELINES.get(m["mode"], ""))
         ratio = (m["tokens_per_s"] / base["tokens_per_s"]) if base and base.get("status") == "ok" and \
@@ -343,16 +378,21 @@ def main() -> None:
     if not plan.cpu and plan.gpu_gib is None:
         raise SystemExit("benchmarks/gpu.py: no NVIDIA GPU found (nvidia-smi); --cpu-smoke runs the code on the CPU")
     runner = Runner(plan, args.work, deadline)
+    adam = None
+    if plan.adam_sizes:
+        cmd = [sys.executable, str(ADAM_SCRIPT), "--sizes", ",".join(map(str, plan.adam_sizes)),
+               *(["--cpu", "--steps", "3"] if plan.cpu else [])]
+        adam = runner.spawn(cmd, ADAM_CAP_S, "FusedAdam vs torch AdamW(fused=True)", {"mode": "fused_adam"})
     measures = [runner.run(m.mode, m.layers, m.batch, m.warmup, m.steps, m.cap_s) for m in plan.measures]
     searches = [search(runner, q) for q in plan.searches]
-    lines, rows = report(plan, measures, searches)
+    lines, rows = report(plan, adam, measures, searches)
     print("\n".join(lines), flush=True)
     if args.details:
-        args.details.write_text(json.dumps({"plan": asdict(plan), "measurements": measures, "searches": searches,
-                                            "table": lines}, indent=1, default=str) + "\n")
+        args.details.write_text(json.dumps({"plan": asdict(plan), "fused_adam": adam, "measurements": measures,
+                                            "searches": searches, "table": lines}, indent=1, default=str) + "\n")
     if args.json:
         _report.write_rows(args.json, rows)
-    failed = [m["mode"] for m in measures if m["status"] not in ("ok", "skipped")]
+    failed = [m["mode"] for m in [*([adam] if adam else []), *measures] if m["status"] not in ("ok", "skipped")]
     if failed:
         raise SystemExit(f"benchmarks/gpu.py: {', '.join(failed)} did not measure (see above)")
 

@@ -42,6 +42,7 @@ def main() -> int:
             if is_cuda and args.require_cuda:
                 failed.append(name)
         else:
+            record["notes"] = list(compatibility.notes)
             started = time.perf_counter()
             try:
                 builder.load(verbose=True)
