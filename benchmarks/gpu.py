@@ -354,8 +354,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps and shorter caps (fits tools/gpu_check.sh)")
     parser.add_argument("--cpu-smoke", action="store_true", help="the plan on the CPU with a tiny model (no figures)")
     parser.add_argument("--plan", action="store_true", help="print the plan and exit")
-    parser.add_argument("--only", default="", help="comma-separated: torch, zero0, offload, fsdp2_offload, "
-                                                    "search_offload, search_infinity")
+    parser.add_argument("--only", default="", help="comma-separated: fused_adam, torch, zero0, offload, "
+                                                    "fsdp2_offload, search_offload, search_infinity")
     parser.add_argument("--deadline-s", type=float, default=1800, help="stop starting work after this many seconds")
     parser.add_argument("--host-gib", type=float, default=None, help="host memory to size the offload search by")
     parser.add_argument("--work", type=Path, default=HERE.parent / "build" / "gpu_bench",
@@ -366,10 +366,11 @@ def main() -> None:
     deadline = time.monotonic() + args.deadline_s
     plan = make_plan(args)
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
-    known = {*LABELS} | {f"search_{m}" for m in LABELS}
+    known = {*LABELS, "fused_adam"} | {f"search_{m}" for m in LABELS}
     if wanted - known:
         parser.error(f"--only: unknown {', '.join(sorted(wanted - known))}; choose from {', '.join(sorted(known))}")
     if wanted:
+        plan.adam_sizes = plan.adam_sizes if "fused_adam" in wanted else []
         plan.measures = [m for m in plan.measures if m.mode in wanted]
         plan.searches = [q for q in plan.searches if f"search_{q.mode}" in wanted]
     print("\n".join(["benchmark plan" + (" (quick)" if args.quick else ""), *plan.lines()]), flush=True)

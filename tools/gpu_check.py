@@ -311,11 +311,12 @@ def _collected_lines(check: Check, step: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(prefix) and "::" in line]
 
 
-def step_bench(check: Check, plan_only: bool, quick: bool, cpu: bool) -> None:
+def step_bench(check: Check, plan_only: bool, quick: bool, cpu: bool, only: str = "") -> None:
     script = str(ROOT / "benchmarks" / "gpu.py")
     details = check.work / "bench.json"
     details.unlink(missing_ok=True)
-    cmd = [sys.executable, script, *(["--quick"] if quick else []), *(["--cpu-smoke"] if cpu else [])]
+    cmd = [sys.executable, script, *(["--quick"] if quick else []), *(["--cpu-smoke"] if cpu else []),
+           *(["--only", only] if only else [])]
     if plan_only:
         check.run("plan", [*cmd, "--plan"], BUDGETS["plan"])
         return
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=570, help="wall-clock budget of the whole check")
     parser.add_argument("--full-bench", action="store_true", help="the benchmark's full plan instead of --quick")
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out: build_ops, tests, bench")
+    parser.add_argument("--bench-only", default="", help="passed to benchmarks/gpu.py --only (a rerun of some figures)")
     parser.add_argument("--fetch-wheels", action="store_true",
                         help="only download the wheels the GPU image lacks into --wheels, then exit")
     parser.add_argument("--python-version", default="3.12", help="with --fetch-wheels: the GPU machine's Python")
@@ -371,14 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     if ready:
         if args.dry_run:
             step_tests(check, collect_only=True)
-            step_bench(check, plan_only=True, quick=not args.full_bench, cpu=False)
+            step_bench(check, plan_only=True, quick=not args.full_bench, cpu=False, only=args.bench_only)
         else:
             if "build_ops" not in skip:
                 step_build_ops(check, require_cuda=mode == "gpu")
             if "tests" not in skip:
                 step_tests(check, collect_only=False)
             if "bench" not in skip:
-                step_bench(check, plan_only=False, quick=not args.full_bench, cpu=cpu)
+                step_bench(check, plan_only=False, quick=not args.full_bench, cpu=cpu, only=args.bench_only)
     check.write_json()
     _print_summary(check)
     return 0 if ready and check.summary["ok"] else 1
