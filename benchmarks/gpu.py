@@ -171,6 +171,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 0.8 * disk_gib, cpu=False)
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 class Runner:
     """Starts measurements as child processes, each killed at its cap or at the overall deadline."""
 
@@ -202,33 +209,33 @@ class Runner:
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 errors="replace", start_new_session=True)
-        timed_out = threading.Event()
+        seen: dict[str, Any] = {"result": None, "tail": []}
 
-        def kill() -> None:
-            timed_out.set()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-        timer = threading.Timer(cap, kill)
-        timer.start()
-        result, tail = None, []
-        try:
+        def pump() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
                 line = line.rstrip()
                 if line.startswith("RESULT "):
-                    result = json.loads(line[len("RESULT "):])
+                    seen["result"] = json.loads(line[len("RESULT "):])
                 else:
                     print(f"    {line}", flush=True)
-                    tail = (tail + [line])[-8:]
+                    seen["tail"] = (seen["tail"] + [line])[-8:]
+
+        reader = threading.Thread(target=pump, daemon=True)  # the wait below, not the pipe, keeps the cap
+        reader.start()
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
             rc = proc.wait()
         finally:
-            timer.cancel()
-            kill() if proc.poll() is None else None
+            _kill_group(proc.pid)
+        reader.join(timeout=10)
+        result, tail = seen["result"], seen["tail"]
         record["wall_s"] = round(time.monotonic() - started, 1)
-        if timed_out.is_set():
+        if timed_out:
             return {**record, "status": "timeout", "reason": f"over its {cap:.0f} s cap", "tail": tail}
         if result is None or rc != 0:
             return {**record, "status": "failed", "rc": rc, "tail": tail}

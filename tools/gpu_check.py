@@ -126,36 +126,42 @@ class Check:
         started = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1, errors="replace", start_new_session=True)
-        timed_out = threading.Event()
-
-        def kill() -> None:
-            timed_out.set()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-        timer = threading.Timer(limit, kill)
-        timer.start()
         tail: list[str] = []
-        try:
+
+        def pump() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
                 self.say(f"[{name}] {line.rstrip()}")
-                tail = (tail + [line.rstrip()])[-15:]
+                tail.append(line.rstrip())
+                del tail[:-15]
+
+        # Read in a thread and wait here: a grandchild that left the group could hold the pipe open
+        # after the kill, and the step must still end at its limit.
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
             rc = proc.wait()
         finally:
-            timer.cancel()
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind in its group
-            except ProcessLookupError:
-                pass
+            _kill_group(proc.pid)  # whatever it left behind in its group
+        reader.join(timeout=10)
         result.seconds = round(time.monotonic() - started, 2)
-        result.status = "timeout" if timed_out.is_set() else ("ok" if rc == 0 else "failed")
+        result.status = "timeout" if timed_out else ("ok" if rc == 0 else "failed")
         result.detail["rc"] = rc
         if result.status != "ok":
             result.detail["tail"] = tail
         return self.record(result)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # -- steps ------------------------------------------------------------------------------------------------
