@@ -67,12 +67,14 @@ def main() -> None:
     device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
     rows = []
     for total in (int(s) for s in args.sizes.split(",")):
+
         def torch_adamw(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
             return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True)
 
-        row: dict[str, float | int | None] = {"params": total,
-                                               "torch_ms": _time_ms(torch_adamw, total, device, args.warmup,
-                                                                    args.steps)}
+        row: dict[str, float | int | None] = {
+            "params": total,
+            "torch_ms": _time_ms(torch_adamw, total, device, args.warmup, args.steps),
+        }
         if device.type == "cuda":
             from ds_ops import FusedAdam
 
@@ -83,9 +85,11 @@ def main() -> None:
             row["ratio"] = row["fused_adam_ms"] / row["torch_ms"]
         else:
             row["fused_adam_ms"], row["ratio"] = None, None
-        print(f"{total / 1e6:.0f}M params: torch fused AdamW {row['torch_ms']:.2f} ms, FusedAdam "
-              f"{row['fused_adam_ms'] if row['fused_adam_ms'] is None else round(row['fused_adam_ms'], 2)} ms",
-              flush=True)
+        print(
+            f"{total / 1e6:.0f}M params: torch fused AdamW {row['torch_ms']:.2f} ms, FusedAdam "
+            f"{row['fused_adam_ms'] if row['fused_adam_ms'] is None else round(row['fused_adam_ms'], 2)} ms",
+            flush=True,
+        )
         rows.append(row)
     print("RESULT " + json.dumps({"mode": "fused_adam", "sizes": rows}), flush=True)
 

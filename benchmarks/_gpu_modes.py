@@ -53,28 +53,51 @@ def _free_port() -> int:
 
 def ds_config(mode: str, args: argparse.Namespace, cfg: GPTConfig) -> dict[str, Any]:
     """The ds_config of a ds-engine mode (bf16, AdamW, no clipping, one micro batch per step)."""
-    config: dict[str, Any] = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
-                              "bf16": {"enabled": True}, "gradient_clipping": 0.0, "steps_per_print": 10**9,
-                              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}}}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+    }
     if mode == "zero0":
         config["zero_optimization"] = {"stage": 0}
     elif mode == "offload":
-        config["zero_optimization"] = {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                                       "reduce_bucket_size": 200_000_000, "contiguous_gradients": True}
+        config["zero_optimization"] = {
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "reduce_bucket_size": 200_000_000,
+            "contiguous_gradients": True,
+        }
     elif mode == "infinity":
         # The swap buffers must hold any one parameter, and all persistent (small) ones at once.
         persistent = (cfg.num_layers * 13 + 4) * cfg.dim
         largest = max(cfg.vocab_size * cfg.dim, 4 * cfg.dim * cfg.dim, 2 * persistent)
         nvme = str(args.nvme)
         config["zero_optimization"] = {
-            "stage": 3, "stage3_param_persistence_threshold": 10 * cfg.dim,
-            "stage3_prefetch_bucket_size": 2 * 12 * cfg.dim * cfg.dim, "stage3_max_live_parameters": largest * 2,
+            "stage": 3,
+            "stage3_param_persistence_threshold": 10 * cfg.dim,
+            "stage3_prefetch_bucket_size": 2 * 12 * cfg.dim * cfg.dim,
+            "stage3_max_live_parameters": largest * 2,
             "sub_group_size": 200_000_000,
-            "offload_param": {"device": "nvme", "nvme_path": nvme, "pin_memory": True, "buffer_count": 6,
-                              "buffer_size": largest, "max_in_cpu": 0},
-            "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": True, "buffer_count": 4}}
-        config["aio"] = {"block_size": 1 << 20, "queue_depth": 32, "intra_op_parallelism": 8,
-                         "single_submit": False, "overlap_events": True}
+            "offload_param": {
+                "device": "nvme",
+                "nvme_path": nvme,
+                "pin_memory": True,
+                "buffer_count": 6,
+                "buffer_size": largest,
+                "max_in_cpu": 0,
+            },
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme, "pin_memory": True, "buffer_count": 4},
+        }
+        config["aio"] = {
+            "block_size": 1 << 20,
+            "queue_depth": 32,
+            "intra_op_parallelism": 8,
+            "single_submit": False,
+            "overlap_events": True,
+        }
     return config
 
 
@@ -131,8 +154,11 @@ def _build_fsdp2(cfg: GPTConfig, device: torch.device) -> tuple[Any, Any]:
     mesh = init_device_mesh(device.type, (1,))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    policy = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
-              "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")}
+    policy = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda"),
+    }
     model = GPT(cfg)  # on the host: with CPU offload the sharded parameters live there
     for block in model.blocks:
         fully_shard(block, **policy)
@@ -155,8 +181,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.cuda.reset_peak_memory_stats(device)
-    cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq, num_layers=args.layers, num_heads=args.heads,
-                    dim=args.dim, tie_embeddings=True)
+    cfg = GPTConfig(
+        vocab_size=args.vocab,
+        block_size=args.seq,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        dim=args.dim,
+        tie_embeddings=True,
+    )
     torch.manual_seed(0)
     started = time.perf_counter()
     if args.mode == "torch":
@@ -182,10 +214,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         losses.append(float(loss.detach().float()))
         print(f"step {i}: loss {losses[-1]:.4f} {time.perf_counter() - t0:.3f} s", flush=True)
     median = statistics.median(times)
-    result = {"mode": args.mode, "params": params, "layers": args.layers, "dim": args.dim, "batch": args.batch,
-              "seq": args.seq, "build_s": round(build_s, 2), "step_s": median, "step_s_all": times,
-              "tokens_per_s": args.batch * args.seq / median, "losses": losses,
-              "host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    result = {
+        "mode": args.mode,
+        "params": params,
+        "layers": args.layers,
+        "dim": args.dim,
+        "batch": args.batch,
+        "seq": args.seq,
+        "build_s": round(build_s, 2),
+        "step_s": median,
+        "step_s_all": times,
+        "tokens_per_s": args.batch * args.seq / median,
+        "losses": losses,
+        "host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
     if device.type == "cuda":
         result["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         result["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -195,8 +237,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=MODES)
-    for name, default in (("layers", 24), ("dim", 2048), ("heads", 16), ("vocab", 50304), ("seq", 1024),
-                          ("batch", 8), ("warmup", 2), ("steps", 4)):
+    for name, default in (
+        ("layers", 24),
+        ("dim", 2048),
+        ("heads", 16),
+        ("vocab", 50304),
+        ("seq", 1024),
+        ("batch", 8),
+        ("warmup", 2),
+        ("steps", 4),
+    ):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--nvme", type=Path, default=None, help="swap folder of the infinity mode")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (a smoke run of the code, not a figure)")

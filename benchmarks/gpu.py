@@ -47,8 +47,13 @@ HERE = Path(__file__).resolve().parent
 MODES_SCRIPT = HERE / "_gpu_modes.py"
 ADAM_SCRIPT = HERE / "_gpu_fused_adam.py"
 ADAM_CAP_S = 90
-LABELS = {"torch": "plain PyTorch + fused AdamW", "zero0": "ds ZeRO-0", "offload": "ds ZeRO-Offload (CPU Adam)",
-          "fsdp2_offload": "FSDP2 + CPUOffloadPolicy", "infinity": "ds ZeRO-Infinity (NVMe)"}
+LABELS = {
+    "torch": "plain PyTorch + fused AdamW",
+    "zero0": "ds ZeRO-0",
+    "offload": "ds ZeRO-Offload (CPU Adam)",
+    "fsdp2_offload": "FSDP2 + CPUOffloadPolicy",
+    "infinity": "ds ZeRO-Infinity (NVMe)",
+}
 BASELINES = {"zero0": "torch", "offload": "fsdp2_offload"}
 HOST_GIB_DEFAULT = 128  # the H200 machine's memory (KINDS.md); MemTotal there starts lower and grows
 
@@ -98,28 +103,42 @@ class Plan:
 
     def lines(self) -> list[str]:
         s = self.shape
-        out = [f"device: {self.device}; GPU memory {self.gpu_gib} GiB; host limit {self.host_gib:.0f} GiB; "
-               f"swap space {self.disk_gib:.0f} GiB"]
+        out = [
+            f"device: {self.device}; GPU memory {self.gpu_gib} GiB; host limit {self.host_gib:.0f} GiB; "
+            f"swap space {self.disk_gib:.0f} GiB"
+        ]
         if self.adam_sizes:
-            out.append(f"  optimizer step: FusedAdam vs torch AdamW(fused=True), fp32, "
-                       f"{', '.join(_size(n) for n in self.adam_sizes)} parameters, cap {ADAM_CAP_S} s")
+            out.append(
+                f"  optimizer step: FusedAdam vs torch AdamW(fused=True), fp32, "
+                f"{', '.join(_size(n) for n in self.adam_sizes)} parameters, cap {ADAM_CAP_S} s"
+            )
         out.append(f"model: GPT width {s.dim}, {s.heads} heads, vocab {s.vocab}, seq {s.seq}, bf16")
         for m in self.measures:
-            out.append(f"  measure {m.mode:<14} {LABELS[m.mode]:<30} {m.layers} layers "
-                       f"({_size(s.params(m.layers))}), batch {m.batch}x{s.seq}, {m.warmup} warm-up + "
-                       f"{m.steps} timed steps, cap {m.cap_s:.0f} s")
+            out.append(
+                f"  measure {m.mode:<14} {LABELS[m.mode]:<30} {m.layers} layers "
+                f"({_size(s.params(m.layers))}), batch {m.batch}x{s.seq}, {m.warmup} warm-up + "
+                f"{m.steps} timed steps, cap {m.cap_s:.0f} s"
+            )
         for q in self.searches:
-            out.append(f"  search  {q.mode:<14} {LABELS[q.mode]:<30} layers doubled from {q.start_layers} "
-                       f"({_size(s.params(q.start_layers))}), batch {q.batch}, probe cap {q.probe_cap_s:.0f} s, "
-                       f"search cap {q.cap_s:.0f} s")
+            out.append(
+                f"  search  {q.mode:<14} {LABELS[q.mode]:<30} layers doubled from {q.start_layers} "
+                f"({_size(s.params(q.start_layers))}), batch {q.batch}, probe cap {q.probe_cap_s:.0f} s, "
+                f"search cap {q.cap_s:.0f} s"
+            )
         return out
 
 
 def _gpu_gib() -> float | None:
     """The first GPU's memory: nvidia-smi, else torch in a child (this process keeps no CUDA context)."""
-    probes = (["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-              [sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory // 2**20 "
-                                     "if torch.cuda.is_available() else '')"])
+    probes = (
+        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        [
+            sys.executable,
+            "-c",
+            "import torch; print(torch.cuda.get_device_properties(0).total_memory // 2**20 "
+            "if torch.cuda.is_available() else '')",
+        ],
+    )
     for cmd in probes:
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
@@ -154,21 +173,43 @@ def make_plan(args: argparse.Namespace) -> Plan:
         shape = Shape(dim=64, heads=2, vocab=256, seq=32)
         measures = [Measure(m, 2, 2, 1, 2, 120) for m in ("torch", "zero0", "offload", "fsdp2_offload")]
         searches = [Search("offload", 2, 2, 30, 25), Search("infinity", 2, 2, 30, 25)]
-        return Plan(shape, [1_000_000], measures, searches, "cpu (smoke run: no figures)", None,
-                    min(args.host_gib or _mem_available_gib(), _mem_available_gib()) * 0.5, disk_gib * 0.5, cpu=True)
+        return Plan(
+            shape,
+            [1_000_000],
+            measures,
+            searches,
+            "cpu (smoke run: no figures)",
+            None,
+            min(args.host_gib or _mem_available_gib(), _mem_available_gib()) * 0.5,
+            disk_gib * 0.5,
+            cpu=True,
+        )
     shape = Shape(dim=2048, heads=16, vocab=50304, seq=1024)
     gpu_gib = _gpu_gib()
     batch = batch_for(gpu_gib or 80.0, shape, 24)
     warmup, steps, cap, search_cap = (2, 3, 75, 75) if args.quick else (3, 10, 180, 300)
-    measures = [Measure("torch", 24, batch, warmup, steps, cap), Measure("zero0", 24, batch, warmup, steps, cap),
-                Measure("offload", 24, batch, warmup, steps, cap + 30),
-                Measure("fsdp2_offload", 24, batch, warmup, steps, cap + 30)]
-    searches = [Search("offload", 48, 4, search_cap, search_cap * 0.8),
-                Search("infinity", 48, 4, search_cap, search_cap * 0.8)]
+    measures = [
+        Measure("torch", 24, batch, warmup, steps, cap),
+        Measure("zero0", 24, batch, warmup, steps, cap),
+        Measure("offload", 24, batch, warmup, steps, cap + 30),
+        Measure("fsdp2_offload", 24, batch, warmup, steps, cap + 30),
+    ]
+    searches = [
+        Search("offload", 48, 4, search_cap, search_cap * 0.8),
+        Search("infinity", 48, 4, search_cap, search_cap * 0.8),
+    ]
     # Half the host memory at most: a machine whose memory grows on demand may not survive an overcommit.
-    return Plan(shape, [100_000_000, 300_000_000, 1_000_000_000], measures, searches, "cuda", gpu_gib,
-                0.5 * (args.host_gib or HOST_GIB_DEFAULT),
-                0.8 * disk_gib, cpu=False)
+    return Plan(
+        shape,
+        [100_000_000, 300_000_000, 1_000_000_000],
+        measures,
+        searches,
+        "cuda",
+        gpu_gib,
+        0.5 * (args.host_gib or HOST_GIB_DEFAULT),
+        0.8 * disk_gib,
+        cpu=False,
+    )
 
 
 def _kill_group(pid: int) -> None:
@@ -193,9 +234,30 @@ class Runner:
         record: dict[str, Any] = {"mode": mode, "layers": layers, "batch": batch, "params": s.params(layers)}
         nvme = self.work / "nvme"
         shutil.rmtree(nvme, ignore_errors=True)
-        cmd = [sys.executable, str(MODES_SCRIPT), mode, "--layers", str(layers), "--dim", str(s.dim), "--heads",
-               str(s.heads), "--vocab", str(s.vocab), "--seq", str(s.seq), "--batch", str(batch), "--warmup",
-               str(warmup), "--steps", str(steps), "--nvme", str(nvme), *(["--cpu"] if self.plan.cpu else [])]
+        cmd = [
+            sys.executable,
+            str(MODES_SCRIPT),
+            mode,
+            "--layers",
+            str(layers),
+            "--dim",
+            str(s.dim),
+            "--heads",
+            str(s.heads),
+            "--vocab",
+            str(s.vocab),
+            "--seq",
+            str(s.seq),
+            "--batch",
+            str(batch),
+            "--warmup",
+            str(warmup),
+            "--steps",
+            str(steps),
+            "--nvme",
+            str(nvme),
+            *(["--cpu"] if self.plan.cpu else []),
+        ]
         record = self.spawn(cmd, cap_s, f"{mode} {layers} layers ({_size(s.params(layers))}), batch {batch}", record)
         shutil.rmtree(nvme, ignore_errors=True)
         return record
@@ -207,8 +269,15 @@ class Runner:
             return {**record, "status": "skipped", "reason": f"{cap:.0f} s left before the deadline"}
         print(f"--- {what}, cap {cap:.0f} s", flush=True)
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                errors="replace", start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            start_new_session=True,
+        )
         seen: dict[str, Any] = {"result": None, "tail": []}
 
         def pump() -> None:
@@ -216,7 +285,7 @@ class Runner:
             for line in proc.stdout:
                 line = line.rstrip()
                 if line.startswith("RESULT "):
-                    seen["result"] = json.loads(line[len("RESULT "):])
+                    seen["result"] = json.loads(line[len("RESULT ") :])
                 else:
                     print(f"    {line}", flush=True)
                     seen["tail"] = (seen["tail"] + [line])[-8:]
@@ -256,12 +325,24 @@ def search(runner: Runner, q: Search) -> dict[str, Any]:
         params = s.params(layers)
         host_gib, disk_gib = 16 * params / 2**30, 18 * params / 2**30
         if q.mode == "offload" and host_gib > plan.host_gib:
-            probes.append({"layers": layers, "params": params, "status": "not tried",
-                           "reason": f"needs ~{host_gib:.0f} GiB pinned host memory > {plan.host_gib:.0f} GiB"})
+            probes.append(
+                {
+                    "layers": layers,
+                    "params": params,
+                    "status": "not tried",
+                    "reason": f"needs ~{host_gib:.0f} GiB pinned host memory > {plan.host_gib:.0f} GiB",
+                }
+            )
             too_large = layers
         elif q.mode == "infinity" and disk_gib > plan.disk_gib:
-            probes.append({"layers": layers, "params": params, "status": "not tried",
-                           "reason": f"needs ~{disk_gib:.0f} GiB swap space > {plan.disk_gib:.0f} GiB free"})
+            probes.append(
+                {
+                    "layers": layers,
+                    "params": params,
+                    "status": "not tried",
+                    "reason": f"needs ~{disk_gib:.0f} GiB swap space > {plan.disk_gib:.0f} GiB free",
+                }
+            )
             too_large = layers
         else:
             left = end - time.monotonic()
@@ -291,9 +372,15 @@ def search(runner: Runner, q: Search) -> dict[str, Any]:
             if layers in (low, too_large):
                 break
     bound = next((p for p in probes if p["layers"] == too_large), None)
-    return {"mode": q.mode, "label": LABELS[q.mode], "largest": largest, "too_large_layers": too_large,
-            "too_large_because": None if bound is None else bound.get("reason", bound["status"]),
-            "stopped": stopped, "probes": probes}
+    return {
+        "mode": q.mode,
+        "label": LABELS[q.mode],
+        "largest": largest,
+        "too_large_layers": too_large,
+        "too_large_because": None if bound is None else bound.get("reason", bound["status"]),
+        "stopped": stopped,
+        "probes": probes,
+    }
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -305,54 +392,98 @@ def _size(params: int) -> str:
     return f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
 
 
-def report(plan: Plan, adam: dict[str, Any] | None, measures: list[dict[str, Any]],
-           searches: list[dict[str, Any]]) -> tuple[list[str], list]:
+def report(
+    plan: Plan, adam: dict[str, Any] | None, measures: list[dict[str, Any]], searches: list[dict[str, Any]]
+) -> tuple[list[str], list]:
     """The human table and the `_report.Row`s."""
     by_mode = {m["mode"]: m for m in measures}
     lines, rows = [], []
     if adam is not None:
         lines.append(f"{'optimizer step (fp32)':<32} {'status':<8} {'FusedAdam ms':>13} {'torch ms':>9} {'ratio':>6}")
         for size in adam.get("sizes", []):
-            lines.append(f"{_size(size['params']):<32} {adam['status']:<8} {_fmt(size['fused_adam_ms'], '13.2f')} "
-                         f"{_fmt(size['torch_ms'], '9.2f')} {_fmt(size['ratio'], '6.2f')}")
+            lines.append(
+                f"{_size(size['params']):<32} {adam['status']:<8} {_fmt(size['fused_adam_ms'], '13.2f')} "
+                f"{_fmt(size['torch_ms'], '9.2f')} {_fmt(size['ratio'], '6.2f')}"
+            )
             if not plan.cpu and size["fused_adam_ms"] is not None:
-                rows.append(_report.Row("gpu", f"FusedAdam step, {_size(size['params'])} fp32 parameters",
-                                        round(size["fused_adam_ms"], 3), "ms", "torch AdamW(fused=True)",
-                                        round(size["torch_ms"], 3)))
+                rows.append(
+                    _report.Row(
+                        "gpu",
+                        f"FusedAdam step, {_size(size['params'])} fp32 parameters",
+                        round(size["fused_adam_ms"], 3),
+                        "ms",
+                        "torch AdamW(fused=True)",
+                        round(size["torch_ms"], 3),
+                    )
+                )
         if not adam.get("sizes"):
             lines.append(f"{'FusedAdam vs torch':<32} {adam['status']:<8}")
-    lines += [f"{'run':<32} {'status':<8} {'tokens/s':>10} {'step s':>8} {'GPU alloc GiB':>14} {'GPU resv GiB':>13} "
-             f"{'host RSS GiB':>13} {'vs':>6}"]
+    lines += [
+        f"{'run':<32} {'status':<8} {'tokens/s':>10} {'step s':>8} {'GPU alloc GiB':>14} {'GPU resv GiB':>13} "
+        f"{'host RSS GiB':>13} {'vs':>6}"
+    ]
     for m in measures:
         base = by_mode.get(BASELINES.get(m["mode"], ""))
-        ratio = (m["tokens_per_s"] / base["tokens_per_s"]) if base and base.get("status") == "ok" and \
-            m.get("status") == "ok" else None
-        lines.append(f"{LABELS[m['mode']]:<32} {m['status']:<8} {_fmt(m.get('tokens_per_s'), '10.0f')} "
-                     f"{_fmt(m.get('step_s'), '8.3f')} {_fmt(m.get('gpu_peak_allocated_gib'), '14.1f')} "
-                     f"{_fmt(m.get('gpu_peak_reserved_gib'), '13.1f')} {_fmt(m.get('host_peak_rss_gib'), '13.1f')} "
-                     f"{_fmt(ratio, '6.2f')}")
+        ratio = (
+            (m["tokens_per_s"] / base["tokens_per_s"])
+            if base and base.get("status") == "ok" and m.get("status") == "ok"
+            else None
+        )
+        lines.append(
+            f"{LABELS[m['mode']]:<32} {m['status']:<8} {_fmt(m.get('tokens_per_s'), '10.0f')} "
+            f"{_fmt(m.get('step_s'), '8.3f')} {_fmt(m.get('gpu_peak_allocated_gib'), '14.1f')} "
+            f"{_fmt(m.get('gpu_peak_reserved_gib'), '13.1f')} {_fmt(m.get('host_peak_rss_gib'), '13.1f')} "
+            f"{_fmt(ratio, '6.2f')}"
+        )
         if plan.cpu or m.get("status") != "ok":
             continue
         setting = f"{_size(m['params'])} GPT bf16, batch {m['batch']}x{plan.shape.seq}"
         base_label = LABELS[base["mode"]] if base else ""
         base_ok = base is not None and base.get("status") == "ok"
-        rows.append(_report.Row("gpu", f"{LABELS[m['mode']]} tokens/s, {setting}", round(m["tokens_per_s"], 1),
-                                "tokens/s", base_label, round(base["tokens_per_s"], 1) if base_ok else None))
+        rows.append(
+            _report.Row(
+                "gpu",
+                f"{LABELS[m['mode']]} tokens/s, {setting}",
+                round(m["tokens_per_s"], 1),
+                "tokens/s",
+                base_label,
+                round(base["tokens_per_s"], 1) if base_ok else None,
+            )
+        )
         if "gpu_peak_allocated_gib" in m:
-            rows.append(_report.Row("gpu", f"{LABELS[m['mode']]} peak GPU memory, {setting}",
-                                    round(m["gpu_peak_allocated_gib"], 2), "GiB", base_label,
-                                    round(base["gpu_peak_allocated_gib"], 2) if base_ok else None))
+            rows.append(
+                _report.Row(
+                    "gpu",
+                    f"{LABELS[m['mode']]} peak GPU memory, {setting}",
+                    round(m["gpu_peak_allocated_gib"], 2),
+                    "GiB",
+                    base_label,
+                    round(base["gpu_peak_allocated_gib"], 2) if base_ok else None,
+                )
+            )
     for q in searches:
         big = q["largest"]
-        text = "none trained" if big is None else f"{_size(big['params'])} ({big['layers']} layers), " \
-                                                  f"{big['tokens_per_s']:.0f} tokens/s"
-        bound = "" if q["too_large_layers"] is None else \
-            f"; {q['too_large_layers']} layers too large ({q['too_large_because']})"
+        text = (
+            "none trained"
+            if big is None
+            else f"{_size(big['params'])} ({big['layers']} layers), {big['tokens_per_s']:.0f} tokens/s"
+        )
+        bound = (
+            ""
+            if q["too_large_layers"] is None
+            else f"; {q['too_large_layers']} layers too large ({q['too_large_because']})"
+        )
         lines.append(f"largest with {q['label']}: {text}{bound}; stopped: {q['stopped']}")
         if big is not None and not plan.cpu:
-            rows.append(_report.Row("gpu", f"largest GPT trained, {q['label']} (width {plan.shape.dim}, batch "
-                                    f"{big['batch']}; search {q['stopped']})", round(big["params"] / 1e9, 2),
-                                    "B params"))
+            rows.append(
+                _report.Row(
+                    "gpu",
+                    f"largest GPT trained, {q['label']} (width {plan.shape.dim}, batch "
+                    f"{big['batch']}; search {q['stopped']})",
+                    round(big["params"] / 1e9, 2),
+                    "B params",
+                )
+            )
     return lines, rows
 
 
@@ -361,12 +492,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps and shorter caps (fits tools/gpu_check.sh)")
     parser.add_argument("--cpu-smoke", action="store_true", help="the plan on the CPU with a tiny model (no figures)")
     parser.add_argument("--plan", action="store_true", help="print the plan and exit")
-    parser.add_argument("--only", default="", help="comma-separated: fused_adam, torch, zero0, offload, "
-                                                    "fsdp2_offload, search_offload, search_infinity")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated: fused_adam, torch, zero0, offload, fsdp2_offload, search_offload, search_infinity",
+    )
     parser.add_argument("--deadline-s", type=float, default=1800, help="stop starting work after this many seconds")
     parser.add_argument("--host-gib", type=float, default=None, help="host memory to size the offload search by")
-    parser.add_argument("--work", type=Path, default=HERE.parent / "build" / "gpu_bench",
-                        help="scratch folder on a real disk (the NVMe swap files go under it; /tmp may be memory)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=HERE.parent / "build" / "gpu_bench",
+        help="scratch folder on a real disk (the NVMe swap files go under it; /tmp may be memory)",
+    )
     parser.add_argument("--details", type=Path, default=None, help="write every record and the table as JSON here")
     parser.add_argument("--json", type=Path, default=None, help="write the figures as benchmark rows (see _report)")
     args = parser.parse_args()
@@ -388,16 +526,33 @@ def main() -> None:
     runner = Runner(plan, args.work, deadline)
     adam = None
     if plan.adam_sizes:
-        cmd = [sys.executable, str(ADAM_SCRIPT), "--sizes", ",".join(map(str, plan.adam_sizes)),
-               *(["--cpu", "--steps", "3"] if plan.cpu else [])]
+        cmd = [
+            sys.executable,
+            str(ADAM_SCRIPT),
+            "--sizes",
+            ",".join(map(str, plan.adam_sizes)),
+            *(["--cpu", "--steps", "3"] if plan.cpu else []),
+        ]
         adam = runner.spawn(cmd, ADAM_CAP_S, "FusedAdam vs torch AdamW(fused=True)", {"mode": "fused_adam"})
     measures = [runner.run(m.mode, m.layers, m.batch, m.warmup, m.steps, m.cap_s) for m in plan.measures]
     searches = [search(runner, q) for q in plan.searches]
     lines, rows = report(plan, adam, measures, searches)
     print("\n".join(lines), flush=True)
     if args.details:
-        args.details.write_text(json.dumps({"plan": asdict(plan), "fused_adam": adam, "measurements": measures,
-                                            "searches": searches, "table": lines}, indent=1, default=str) + "\n")
+        args.details.write_text(
+            json.dumps(
+                {
+                    "plan": asdict(plan),
+                    "fused_adam": adam,
+                    "measurements": measures,
+                    "searches": searches,
+                    "table": lines,
+                },
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
     if args.json:
         _report.write_rows(args.json, rows)
     failed = [m["mode"] for m in [*([adam] if adam else []), *measures] if m["status"] not in ("ok", "skipped")]

@@ -28,7 +28,8 @@ import gpu as bench  # noqa: E402
 def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> Path:
     path = folder / f"{name}-{version}-py3-none-any.whl"
     meta = "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires))
+        name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(f"{name}-{version}.dist-info/METADATA", meta)
     return path
@@ -38,8 +39,12 @@ def test_requirements_come_from_the_interpreter_then_from_carried_wheels(tmp_pat
     _wheel(tmp_path, "gpucheck_fake_a", "1.2", ["gpucheck_fake_b>=2", "pytest>=1", "gpucheck_x; extra == 'dev'"])
     _wheel(tmp_path, "gpucheck_fake_b", "2.5", [])
     _wheel(tmp_path, "gpucheck_fake_c", "0.9", [])
-    needs = {"pytest>=1": ["the CUDA tests"], "gpucheck-fake-a>=1": ["ds-x"], "gpucheck-fake-c>=1": ["ds-y"],
-             "gpucheck-nowhere>=1": ["ds-z"]}
+    needs = {
+        "pytest>=1": ["the CUDA tests"],
+        "gpucheck-fake-a>=1": ["ds-x"],
+        "gpucheck-fake-c>=1": ["ds-y"],
+        "gpucheck-nowhere>=1": ["ds-z"],
+    }
     found = deps.resolve(needs, deps.carried_wheels(tmp_path))
     assert "pytest>=1" in found.present
     assert sorted(found.carried) == ["gpucheck-fake-a", "gpucheck-fake-b"]  # b: a's own requirement

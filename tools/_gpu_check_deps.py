@@ -72,8 +72,10 @@ def declared_needs(root: Path) -> Needs:
     for pkg in dirs:
         data = tomllib.loads((pkg / "pyproject.toml").read_text())
         name = data["project"]["name"]
-        for table, reqs in ((needs.runtime, data["project"].get("dependencies", [])),
-                            (needs.build, data.get("build-system", {}).get("requires", []))):
+        for table, reqs in (
+            (needs.runtime, data["project"].get("dependencies", [])),
+            (needs.build, data.get("build-system", {}).get("requires", [])),
+        ):
             for text in reqs:
                 req = Requirement(text)
                 if canonicalize_name(req.name) in siblings or (req.marker and not req.marker.evaluate()):
@@ -131,10 +133,14 @@ class Resolution:
     missing: list[str] = field(default_factory=list)
 
     def message(self) -> str:
-        return ("missing on this interpreter (" + sys.executable + ") and not among the carried wheels:\n  "
-                + "\n  ".join(self.missing)
-                + "\nOn a machine with a package index: python tools/gpu_check.py --fetch-wheels "
-                  "(fills .gpu_wheels/ for Python 3.12 x86-64), then carry .gpu_wheels with the run.")
+        return (
+            "missing on this interpreter ("
+            + sys.executable
+            + ") and not among the carried wheels:\n  "
+            + "\n  ".join(self.missing)
+            + "\nOn a machine with a package index: python tools/gpu_check.py --fetch-wheels "
+            "(fills .gpu_wheels/ for Python 3.12 x86-64), then carry .gpu_wheels with the run."
+        )
 
 
 def resolve(needs: dict[str, list[str]], wheels: dict[str, list[Wheel]]) -> Resolution:
@@ -165,8 +171,20 @@ def resolve(needs: dict[str, list[str]], wheels: dict[str, list[Wheel]]) -> Reso
 
 def install_wheels(wheels: list[Wheel], target: Path) -> list[str]:
     """The pip command that puts `wheels` into `target` (nothing resolved, nothing downloaded)."""
-    return [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
-            "--disable-pip-version-check", "--target", str(target), *(str(w.path) for w in wheels)]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+        *(str(w.path) for w in wheels),
+    ]
 
 
 def fetch_wheels(folder: Path, python_version: str = "3.12") -> int:
@@ -177,9 +195,28 @@ def fetch_wheels(folder: Path, python_version: str = "3.12") -> int:
     """
     folder.mkdir(parents=True, exist_ok=True)
     platforms = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)] + ["manylinux2014_x86_64"]
-    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", python_version,
-           "--implementation", "cp", "--abi", f"cp{python_version.replace('.', '')}", "--abi", "abi3",
-           "--abi", "none", *(arg for p in platforms for arg in ("--platform", p)), "--platform", "any",
-           "--dest", str(folder), *FETCH]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{python_version.replace('.', '')}",
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        *(arg for p in platforms for arg in ("--platform", p)),
+        "--platform",
+        "any",
+        "--dest",
+        str(folder),
+        *FETCH,
+    ]
     print("$ " + " ".join(cmd), flush=True)
     return subprocess.run(cmd, check=False).returncode

@@ -55,8 +55,11 @@ def main() -> int:
             if is_cuda:
                 record["archs"] = builder.cuda_archs()
         records[name] = record
-        print(f"{name:<12} {record['status']:<12} {record.get('seconds', '')} "
-              f"{record.get('loaded_from', '')} {'; '.join(record.get('reasons', []))}", flush=True)
+        print(
+            f"{name:<12} {record['status']:<12} {record.get('seconds', '')} "
+            f"{record.get('loaded_from', '')} {'; '.join(record.get('reasons', []))}",
+            flush=True,
+        )
         args.json.write_text(json.dumps(records, indent=1) + "\n")
     if failed:
         print(f"not built: {', '.join(failed)}", flush=True)

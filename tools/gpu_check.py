@@ -43,8 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU_ENV = "DS_GPU_CHECK_CPU"
 
 #: Seconds each step may take before it is killed (the benchmark gets what is left of the budget).
-BUDGETS = {"env": 60, "deps": 60, "install": 120, "import": 60, "build_ops": 180, "collect": 60, "test": 150,
-           "plan": 60}
+BUDGETS = {
+    "env": 60,
+    "deps": 60,
+    "install": 120,
+    "import": 60,
+    "build_ops": 180,
+    "collect": 60,
+    "test": 150,
+    "plan": 60,
+}
 #: Test budgets where a package's CUDA tests need more than `BUDGETS["test"]`.
 TEST_BUDGETS = {"ds-engine": 240, "ds-ops": 180}
 #: What the benchmark needs at least; steps before it are cut short to leave this much.
@@ -71,8 +79,11 @@ class Check:
         self.started = time.monotonic()
         self.deadline = self.started + budget_s
         self.results: list[StepResult] = []
-        self.summary: dict[str, Any] = {"mode": mode, "budget_s": budget_s,
-                                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        self.summary: dict[str, Any] = {
+            "mode": mode,
+            "budget_s": budget_s,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         out.mkdir(parents=True, exist_ok=True)
         self.log = (out / "gpu_check.log").open("w")
         self.site, self.deps_dir = work / "site", work / "deps"
@@ -113,8 +124,9 @@ class Check:
         self.write_json()
         return result
 
-    def run(self, name: str, cmd: list[str], budget_s: float, *, reserve_s: float = 0.0,
-            env: dict[str, str] | None = None) -> StepResult:
+    def run(
+        self, name: str, cmd: list[str], budget_s: float, *, reserve_s: float = 0.0, env: dict[str, str] | None = None
+    ) -> StepResult:
         """Run `cmd` in its own process group, killed after `budget_s` (clipped to leave `reserve_s`)."""
         limit = min(budget_s, self.remaining() - reserve_s)
         result = StepResult(name, command=cmd)
@@ -124,8 +136,17 @@ class Check:
         shown = " ".join("<code>" if "\n" in arg else arg for arg in cmd)
         self.say(f"\n=== {name} (limit {limit:.0f} s): {shown}")
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1, errors="replace", start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env or self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            errors="replace",
+            start_new_session=True,
+        )
         tail: list[str] = []
 
         def pump() -> None:
@@ -177,29 +198,37 @@ def step_env(check: Check, wheels_dir: Path) -> deps.Resolution | None:
     """Interpreter, torch, GPU and toolchain, and whether every requirement can be met (from wheels if need be)."""
     started = time.monotonic()
     result = StepResult("env")
-    probe = ("import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
-             "'torch_cuda': torch.version.cuda, 'cuda_available': c, 'device': torch.cuda.get_device_name(0) if c "
-             "else None, 'capability': torch.cuda.get_device_capability(0) if c else None, 'memory_gib': "
-             "round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if c else None}))")
+    probe = (
+        "import json, torch; c = torch.cuda.is_available(); print(json.dumps({'torch': torch.__version__, "
+        "'torch_cuda': torch.version.cuda, 'cuda_available': c, 'device': torch.cuda.get_device_name(0) if c "
+        "else None, 'capability': torch.cuda.get_device_capability(0) if c else None, 'memory_gib': "
+        "round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if c else None}))"
+    )
     info = _cmd_output([sys.executable, "-c", probe])
-    detail: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
-                              "machine": platform.machine(), "cpus": os.cpu_count(),
-                              "nvcc": _cmd_output(["nvcc", "--version"]),
-                              "nvidia_smi": _cmd_output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                                         "--format=csv,noheader"]),
-                              "work_filesystem": _cmd_output(["df", "-hT", str(check.work)])}
+    detail: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "nvcc": _cmd_output(["nvcc", "--version"]),
+        "nvidia_smi": _cmd_output(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+        ),
+        "work_filesystem": _cmd_output(["df", "-hT", str(check.work)]),
+    }
     try:
         detail.update(json.loads((info or "").splitlines()[-1]))
     except (ValueError, IndexError):
         detail["torch_error"] = info
     needs = deps.declared_needs(ROOT)
     resolution = deps.resolve(needs.all(), deps.carried_wheels(wheels_dir))
-    detail["requirements"] = {"present": resolution.present,
-                              "from_wheels": {k: w.path.name for k, w in resolution.carried.items()},
-                              "missing": resolution.missing}
+    detail["requirements"] = {
+        "present": resolution.present,
+        "from_wheels": {k: w.path.name for k, w in resolution.carried.items()},
+        "missing": resolution.missing,
+    }
     result.detail, result.seconds = detail, round(time.monotonic() - started, 2)
-    for key in ("python", "executable", "torch", "torch_cuda", "cuda_available", "device", "memory_gib",
-                "nvidia_smi"):
+    for key in ("python", "executable", "torch", "torch_cuda", "cuda_available", "device", "memory_gib", "nvidia_smi"):
         check.say(f"[env] {key}: {detail.get(key)}")
     for req, version in resolution.present.items():
         check.say(f"[env] {req}: installed {version}")
@@ -211,8 +240,10 @@ def step_env(check: Check, wheels_dir: Path) -> deps.Resolution | None:
     if "torch" not in detail:
         problems.append(f"torch does not import here: {info}")
     elif not detail["cuda_available"] and check.mode == "gpu":
-        problems.append(f"torch sees no CUDA device (torch {detail['torch']}, CUDA {detail['torch_cuda']}); run "
-                        f"with --dry-run for the CPU check, or {CPU_ENV}=1 to run every step on CPU")
+        problems.append(
+            f"torch sees no CUDA device (torch {detail['torch']}, CUDA {detail['torch_cuda']}); run "
+            f"with --dry-run for the CPU check, or {CPU_ENV}=1 to run every step on CPU"
+        )
     for problem in problems:
         check.say(f"[env] ERROR: {problem}")
     result.status = "failed" if problems else "ok"
@@ -236,9 +267,20 @@ def step_deps(check: Check, resolution: deps.Resolution) -> bool:
 def step_install(check: Check) -> bool:
     shutil.rmtree(check.site, ignore_errors=True)
     dirs = deps.package_dirs(ROOT)
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-           "--disable-pip-version-check", "--no-compile", "--target", str(check.site),
-           *(str(d.relative_to(ROOT)) for d in dirs)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--disable-pip-version-check",
+        "--no-compile",
+        "--target",
+        str(check.site),
+        *(str(d.relative_to(ROOT)) for d in dirs),
+    ]
     result = check.run("install", cmd, BUDGETS["install"], reserve_s=check.reserve)
     result.detail["packages"] = [deps.dist_name(d) for d in dirs]
     return result.status == "ok"
@@ -246,13 +288,16 @@ def step_install(check: Check) -> bool:
 
 def step_import(check: Check) -> bool:
     modules = [deps.dist_name(d).replace("-", "_") for d in deps.package_dirs(ROOT)]
-    code = ("import importlib, json, sys\nfrom pathlib import Path\nsite = Path(sys.argv[1]).resolve()\n"
-            "found = {}\nfor name in sys.argv[2:]:\n    mod = importlib.import_module(name)\n"
-            "    where = Path(mod.__file__).resolve()\n    assert site in where.parents, f'{name} imported from "
-            "{where}, not from {site}'\n    found[name] = getattr(mod, '__version__', '?')\n"
-            "    print(name, found[name], where)\nprint('IMPORTED', json.dumps(found))\n")
-    result = check.run("import", [sys.executable, "-c", code, str(check.site), *modules], BUDGETS["import"],
-                       reserve_s=check.reserve)
+    code = (
+        "import importlib, json, sys\nfrom pathlib import Path\nsite = Path(sys.argv[1]).resolve()\n"
+        "found = {}\nfor name in sys.argv[2:]:\n    mod = importlib.import_module(name)\n"
+        "    where = Path(mod.__file__).resolve()\n    assert site in where.parents, f'{name} imported from "
+        "{where}, not from {site}'\n    found[name] = getattr(mod, '__version__', '?')\n"
+        "    print(name, found[name], where)\nprint('IMPORTED', json.dumps(found))\n"
+    )
+    result = check.run(
+        "import", [sys.executable, "-c", code, str(check.site), *modules], BUDGETS["import"], reserve_s=check.reserve
+    )
     return result.status == "ok"
 
 
@@ -261,8 +306,9 @@ def step_build_ops(check: Check, require_cuda: bool) -> None:
     report.unlink(missing_ok=True)
     shutil.rmtree(check.env["TORCH_EXTENSIONS_DIR"], ignore_errors=True)  # timed from scratch, every run
     cmd = [sys.executable, str(ROOT / "tools" / "_gpu_check_ops.py"), "--json", str(report)]
-    result = check.run("build_ops", cmd + (["--require-cuda"] if require_cuda else []), BUDGETS["build_ops"],
-                       reserve_s=check.reserve)
+    result = check.run(
+        "build_ops", cmd + (["--require-cuda"] if require_cuda else []), BUDGETS["build_ops"], reserve_s=check.reserve
+    )
     if report.exists():
         result.detail["ops"] = json.loads(report.read_text())
         check.write_json()
@@ -283,8 +329,14 @@ def _junit(path: Path) -> dict[str, Any]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
                 message = (child.get("message") or "").splitlines()[0][:300] if child.get("message") else ""
                 break
-        cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                      "seconds": round(float(case.get("time") or 0), 2), "message": message})
+        cases.append(
+            {
+                "test": f"{case.get('classname')}::{case.get('name')}",
+                "outcome": outcome,
+                "seconds": round(float(case.get("time") or 0), 2),
+                "message": message,
+            }
+        )
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "error", "skipped")}
     return {"counts": counts, "cases": cases}
 
@@ -297,8 +349,7 @@ def step_tests(check: Check, collect_only: bool) -> None:
         junit.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "pytest", rel, "-p", "no:cacheprovider", "-q"]
         if collect_only:
-            result = check.run(f"collect:{dist}", [*cmd, "--collect-only"], BUDGETS["collect"],
-                               reserve_s=check.reserve)
+            result = check.run(f"collect:{dist}", [*cmd, "--collect-only"], BUDGETS["collect"], reserve_s=check.reserve)
         else:
             cmd += ["-rfEsx", "--durations=10", f"--junitxml={junit}"]
             result = check.run(f"test:{dist}", cmd, TEST_BUDGETS.get(dist, BUDGETS["test"]), reserve_s=check.reserve)
@@ -321,14 +372,27 @@ def step_bench(check: Check, plan_only: bool, quick: bool, cpu: bool, only: str 
     script = str(ROOT / "benchmarks" / "gpu.py")
     details = check.work / "bench.json"
     details.unlink(missing_ok=True)
-    cmd = [sys.executable, script, *(["--quick"] if quick else []), *(["--cpu-smoke"] if cpu else []),
-           *(["--only", only] if only else [])]
+    cmd = [
+        sys.executable,
+        script,
+        *(["--quick"] if quick else []),
+        *(["--cpu-smoke"] if cpu else []),
+        *(["--only", only] if only else []),
+    ]
     if plan_only:
         check.run("plan", [*cmd, "--plan"], BUDGETS["plan"])
         return
     deadline = max(0.0, check.remaining() - 10)
-    cmd += ["--deadline-s", f"{deadline:.0f}", "--details", str(details), "--json", str(check.work / "bench_rows.json"),
-            "--work", str(check.work / "bench")]
+    cmd += [
+        "--deadline-s",
+        f"{deadline:.0f}",
+        "--details",
+        str(details),
+        "--json",
+        str(check.work / "bench_rows.json"),
+        "--work",
+        str(check.work / "bench"),
+    ]
     result = check.run("bench", cmd, deadline + 5)
     if details.exists():
         result.detail.update(json.loads(details.read_text()))
@@ -338,24 +402,45 @@ def step_bench(check: Check, plan_only: bool, quick: bool, cpu: bool, only: str 
 # -- main -------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true",
-                        help="install, import, collect the CUDA tests and print the benchmark plan (no GPU needed)")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "gpu_out"),
-                        help="where gpu_check.log and gpu_check.json go (default $OUT, else ./gpu_out)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="install, import, collect the CUDA tests and print the benchmark plan (no GPU needed)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT") or ROOT / "gpu_out"),
+        help="where gpu_check.log and gpu_check.json go (default $OUT, else ./gpu_out)",
+    )
     # On the checkout's disk rather than /tmp, which may be memory-backed: the NVMe swap files go here.
-    parser.add_argument("--work", type=Path, default=ROOT / "build" / "gpu_check",
-                        help="the private install target, build caches and NVMe swap files (default build/gpu_check)")
-    parser.add_argument("--wheels", type=Path, default=ROOT / ".gpu_wheels",
-                        help="carried wheels for requirements the interpreter lacks (default .gpu_wheels)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "build" / "gpu_check",
+        help="the private install target, build caches and NVMe swap files (default build/gpu_check)",
+    )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=ROOT / ".gpu_wheels",
+        help="carried wheels for requirements the interpreter lacks (default .gpu_wheels)",
+    )
     parser.add_argument("--budget-s", type=float, default=570, help="wall-clock budget of the whole check")
     parser.add_argument("--full-bench", action="store_true", help="the benchmark's full plan instead of --quick")
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out: build_ops, tests, bench")
     parser.add_argument("--bench-only", default="", help="passed to benchmarks/gpu.py --only (a rerun of some figures)")
-    parser.add_argument("--fetch-wheels", action="store_true",
-                        help="only download the wheels the GPU image lacks into --wheels, then exit")
+    parser.add_argument(
+        "--fetch-wheels",
+        action="store_true",
+        help="only download the wheels the GPU image lacks into --wheels, then exit",
+    )
     parser.add_argument("--python-version", default="3.12", help="with --fetch-wheels: the GPU machine's Python")
-    parser.add_argument("--print-requirements", action="store_true",
-                        help="only print what the packages, their builds and the CUDA tests need, one per line")
+    parser.add_argument(
+        "--print-requirements",
+        action="store_true",
+        help="only print what the packages, their builds and the CUDA tests need, one per line",
+    )
     args = parser.parse_args(argv)
     if args.print_requirements:
         print("\n".join(deps.declared_needs(ROOT).all()))
@@ -371,8 +456,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.work.resolve() in (ROOT, *ROOT.parents):
         parser.error(f"--work {args.work} would empty the checkout or a folder above it; name a scratch folder")
     args.work.mkdir(parents=True, exist_ok=True)
-    check = Check(args.out.resolve(), args.work.resolve(), args.budget_s, mode,
-                  reserve_s=0.0 if args.dry_run or "bench" in skip else BENCH_RESERVE_S)
+    check = Check(
+        args.out.resolve(),
+        args.work.resolve(),
+        args.budget_s,
+        mode,
+        reserve_s=0.0 if args.dry_run or "bench" in skip else BENCH_RESERVE_S,
+    )
     check.say(f"ds GPU check ({mode}): out {check.out}, work {check.work}, budget {args.budget_s:.0f} s")
     resolution = step_env(check, args.wheels.resolve())
     ready = resolution is not None and step_deps(check, resolution) and step_install(check) and step_import(check)

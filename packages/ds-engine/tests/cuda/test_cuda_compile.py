@@ -47,8 +47,11 @@ def test_compiled_module_trains_like_eager(stage: int) -> None:
     torch.testing.assert_close(weights, eager_weights, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(reason="ZeRO-3 + torch.compile: the compiled graph sees the partitioned parameters' stand-in "
-                          "storage (inductor's size/stride guard fails on a gathered parameter)", strict=False)
+@pytest.mark.xfail(
+    reason="ZeRO-3 + torch.compile: the compiled graph sees the partitioned parameters' stand-in "
+    "storage (inductor's size/stride guard fails on a gathered parameter)",
+    strict=False,
+)
 def test_compiled_module_under_zero3_trains_like_eager() -> None:
     eager_losses, eager_weights = _train(3, compiled=False)
     losses, weights = _train(3, compiled=True)
@@ -56,9 +59,12 @@ def test_compiled_module_under_zero3_trains_like_eager() -> None:
     torch.testing.assert_close(weights, eager_weights, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(reason="DeepSpeedEngine has no compile()/is_compiled of its own: engine.compile() is "
-                          "nn.Module.compile on the engine, and is_compiled does not exist", raises=AttributeError,
-                   strict=True)
+@pytest.mark.xfail(
+    reason="DeepSpeedEngine has no compile()/is_compiled of its own: engine.compile() is "
+    "nn.Module.compile on the engine, and is_compiled does not exist",
+    raises=AttributeError,
+    strict=True,
+)
 def test_engine_compile_api_compiles_the_module() -> None:
     import ds_engine
 

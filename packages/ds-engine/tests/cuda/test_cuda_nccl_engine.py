@@ -35,8 +35,12 @@ def _ranked(rank: int, world: int, stage: int) -> dict[str, Any]:
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    return {"backend": str(dist.get_backend()), "losses": torch.tensor(losses), "weights": _weights(engine),
-            "device": engine.device.type}
+    return {
+        "backend": str(dist.get_backend()),
+        "losses": torch.tensor(losses),
+        "weights": _weights(engine),
+        "device": engine.device.type,
+    }
 
 
 @pytest.mark.parametrize("stage", [2, 3])

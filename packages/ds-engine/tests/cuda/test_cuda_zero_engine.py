@@ -37,8 +37,9 @@ class TiedLM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.body = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH),
-                                  nn.LayerNorm(WIDTH))
+        self.body = nn.Sequential(
+            nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH), nn.LayerNorm(WIDTH)
+        )
         self.head = nn.Linear(WIDTH, VOCAB, bias=False)
         self.head.weight = self.emb.weight
 
@@ -63,9 +64,14 @@ def _config(stage: int, *, gas: int = 1, clip: float = 0.0, **extra: Any) -> dic
     if stage in (1, 2):
         zero.update(reduce_bucket_size=4 * WIDTH * WIDTH)
     zero.update(extra.pop("zero", {}))
-    return {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
-            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
-            "zero_optimization": zero, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+        "zero_optimization": zero,
+        **extra,
+    }
 
 
 def _weights(engine: Any) -> torch.Tensor:
@@ -212,5 +218,6 @@ def test_bf16_matches_a_plain_torch_emulation(stage: int) -> None:
             for master, p in zip(masters, model.parameters(), strict=True):
                 p.copy_(master)
     torch.testing.assert_close(losses, torch.tensor(ref_losses), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(weights, torch.cat([p.detach().float().reshape(-1).cpu()
-                                                   for p in model.parameters()]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        weights, torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()]), rtol=1e-5, atol=1e-5
+    )

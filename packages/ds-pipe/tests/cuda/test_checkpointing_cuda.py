@@ -73,8 +73,11 @@ def _input() -> torch.Tensor:
 
 @pytest.mark.parametrize("storage", ["default", "cpu_checkpointing", "contiguous"])
 def test_checkpointed_grads_are_bit_identical_on_cuda(storage: str) -> None:
-    section = {"default": {}, "cpu_checkpointing": {"cpu_checkpointing": True},
-               "contiguous": {"contiguous_memory_optimization": True, "number_checkpoints": DEPTH}}[storage]
+    section = {
+        "default": {},
+        "cpu_checkpointing": {"cpu_checkpointing": True},
+        "contiguous": {"contiguous_memory_optimization": True, "number_checkpoints": DEPTH},
+    }[storage]
     checkpointing.configure(None, deepspeed_config={"activation_checkpointing": section})
     blocks = _blocks()
     x = _input()
