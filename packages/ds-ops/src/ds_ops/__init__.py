@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_ops.__about__ import __version__
+from ds_ops._in_pass_copy import InPassCopyOptimizer, supports_in_pass_copy
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
 from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
@@ -55,9 +56,11 @@ __all__ = [
     "DeepSpeedCPULion",
     "FusedAdam",
     "FusedAdamBuilder",
+    "InPassCopyOptimizer",
     "OpBuildError",
     "OpBuilder",
     "OpNotCompatibleError",
     "__version__",
     "aio_handle",
+    "supports_in_pass_copy",
 ]

@@ -101,8 +101,8 @@ def build_pipeline_engine(*, model: nn.Module, config: DeepSpeedConfig, plan: As
                      client_optimizer=client_optimizer, model_parameters=model_parameters,
                      client_scheduler=client_scheduler, training_data=training_data, collate_fn=collate_fn)
     parts.plan = plan
-    # Steppers that skip on inf/nan: stage-0 fp16/bf16 (check_overflow) and ds-zero under fp16.
-    skips = plan.precision == "fp16" or (plan.zero_stage == 0 and plan.check_overflow)
+    # Every stepper skips on inf/nan exactly when plan.check_overflow says so (ds_ops.precision.finish_step).
+    skips = plan.check_overflow
     settings = PipelineSettings(pipe_partitioned=section.pipe_partitioned, grad_partitioned=section.grad_partitioned,
                                 clip=plan.clip, input_dtype=None if plan.precision == "fp32" else plan.dtype,
                                 scale_loss=plan.precision == "fp16",

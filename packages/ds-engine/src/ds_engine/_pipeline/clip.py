@@ -23,7 +23,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import clip_grads_by_norm_
+from ds_ops.precision import clip_grads_by_norm_, local_norm_term
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +31,7 @@ __all__ = ["PipelineGradClipper"]
 
 
 def _sum_of_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
-    if not tensors:
-        return torch.zeros(())
-    norms = torch._foreach_norm([t.float() if t.dtype != torch.float32 else t for t in tensors], 2.0)
-    return torch.stack([n.float() for n in norms]).pow(2).sum().cpu()
+    return local_norm_term(tensors, 2.0).reshape(()).cpu()
 
 
 class PipelineGradClipper:

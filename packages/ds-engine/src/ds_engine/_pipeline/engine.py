@@ -23,6 +23,7 @@ from ds_engine._engine import DeepSpeedEngine
 from ds_engine._optional import require
 from ds_engine._pipeline import checkpoint as _pipeline_checkpoint
 from ds_engine._pipeline.clip import PipelineGradClipper
+from ds_ops.precision import local_overflow
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +111,9 @@ class PipelineEngine(DeepSpeedEngine):
                 dp_group=self._dist.dp_group, dp_world_size=self._dist.dp_world_size,
                 partitioned=self._zero.stage > 0, device=self.device)
             self.basic_optimizer.register_step_pre_hook(self._clipper)
-        self._overflow_group = self.grid.get_model_parallel_group() \
-            if settings.agree_overflow and self.num_stages > 1 else None
+        # One stage checks its own gradients; with several, the stages agree first (`_agree_on_overflow`).
+        self._agree_overflow = settings.agree_overflow and self.num_stages > 1
+        self._skip: torch.Tensor | None = None
         self._user_batch_fn: Callable[[Any], Any] | None = None
         self._executor = ds_pipe.PipelineExecutor(
             module, micro_batches=self._gas, optimizer_step=self._optimizer_step, grid=self.grid,
@@ -177,27 +179,26 @@ class PipelineEngine(DeepSpeedEngine):
     # -- executor callbacks -----------------------------------------------------------------------------
     def _before_step(self) -> None:
         # The stepper reduces over the data-parallel group itself (stage-0 all-reduce, ZeRO's reduction);
-        # the executor's own averaging would double it. Only the clipper needs a look first.
-        if self._overflow_group is not None:
-            self._agree_on_overflow()
+        # the executor's own averaging would double it. Only the clipper and the skip agreement look first.
+        if self._agree_overflow:
+            self._skip = self._agree_on_overflow()
         if self._clipper is not None:
             self._clipper.note_duplicates()
 
-    def _agree_on_overflow(self) -> None:
-        """If any stage of this pipeline has an inf/nan gradient, poison one here so this stage skips too.
+    def _agree_on_overflow(self) -> torch.Tensor:
+        """A 1-element flag, the same on every rank: 1.0 when any stage of any replica has an inf/nan gradient.
 
-        [Note: why] Each stepper checks overflow over the gradients it holds (one stage; ZeRO and the
-        data-parallel all-reduce spread it over the replicas of that stage). One MAX all-reduce of a
-        flag over the pipeline's stages makes the skip, and so the loss-scale update, identical on
-        every stage; a poisoned gradient reaches the other replicas of its stage through the
-        data-parallel reduction.
+        [Note: why] Each stepper checks overflow over the gradients it holds (one stage; the
+        data-parallel reduction spreads it over that stage's replicas). One MAX all-reduce of this
+        rank's flag over every rank of the pipeline grid (all stages, all replicas) hands each stepper
+        the same skip decision (`Stepper.step(skip=...)`), so the skip, and the loss-scale update, is
+        identical everywhere. The flag stays on the device: the stepper's own step reads it back
+        together with its overflow check, in its one host sync.
         """
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        local = bool(grads) and not bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
-        flag = torch.tensor([1.0 if local else 0.0], device=self.device)
-        ds_comm.all_reduce(flag, op=ds_comm.ReduceOp.MAX, group=self._overflow_group)
-        if flag.item() > 0 and not local and grads:
-            grads[0].fill_(float("nan"))
+        flag = local_overflow(grads).to(self.device)
+        ds_comm.all_reduce(flag, op=ds_comm.ReduceOp.MAX, group=None)
+        return flag
 
     def _scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         assert self._stepper is not None
@@ -213,7 +214,8 @@ class PipelineEngine(DeepSpeedEngine):
     def _optimizer_step(self) -> None:
         assert self._stepper is not None
         self.timers.start("step")
-        applied = self._stepper.step()
+        applied = self._stepper.step(skip=self._skip)
+        self._skip = None
         self._step_applied = applied
         if applied:
             if self.lr_scheduler is not None:

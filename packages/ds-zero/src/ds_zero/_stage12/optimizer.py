@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import LossScaler, global_grad_norm, has_overflow, local_overflow
+from ds_ops.precision import LossScaler, finish_step
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
@@ -50,10 +49,11 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     per-parameter hooks in `reduce_bucket_size` buckets (asynchronously with `overlap_comm`), accumulates
     each micro-step into this rank's fp32 gradient partition and frees the full gradients at once.
 
-    `step()`: finish the reduction, compute the global gradient norm over all partitions (one all-reduce),
-    skip the step on every rank if it is inf/nan (fp16 overflow), else unscale and clip in one multiply,
-    step the base optimizer on the partition, write it back in the model dtype, update the loss scaler and
-    all-gather the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
+    `step()`: finish the reduction, then `ds_ops.precision.finish_step` on this rank's fp32 gradient
+    partitions (unscale, inf/nan check, loss-scaler update, the global norm over all partitions, clip; the
+    flag and the partial norm share one all-reduce), so an inf/nan on any rank skips the step on every
+    rank; else step the base optimizer on the partition, write it back in the model dtype and all-gather
+    the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
 
     Args:
         optimizer: base optimizer built over the model's (already dtype-cast) parameters. Its per-element
@@ -65,6 +65,8 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         loss_scaler: ds_ops loss scaler; None means a static scale of 1 (fp32/bf16). fp16 passes a
             `DynamicLossScaler`.
         clip_grad: clip gradients to this global L2 norm (0: off).
+        check_overflow: skip steps whose gradients hold inf/nan on any rank (fp16 always; the engine
+            passes `bf16.check_grad_overflow` for bf16). Off, such a step is applied as it is.
         dp_group: the data-parallel process group (None: the world).
         gradient_predivide_factor: divide gradients by this before the reduction and by
             `world / factor` after.
@@ -76,8 +78,9 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, config: ZeroConfig, module: torch.nn.Module | None = None,
-                 loss_scaler: LossScaler | None = None, clip_grad: float = 0.0, dp_group: ProcessGroup | None = None,
-                 gradient_predivide_factor: float = 1.0, communication_dtype: torch.dtype | None = None) -> None:
+                 loss_scaler: LossScaler | None = None, clip_grad: float = 0.0, check_overflow: bool = True,
+                 dp_group: ProcessGroup | None = None, gradient_predivide_factor: float = 1.0,
+                 communication_dtype: torch.dtype | None = None) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
         self.optimizer = optimizer
         self.zero_stage = int(config.stage)
@@ -86,15 +89,16 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.dp_rank = ds_comm.get_rank(dp_group)
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
+        self.check_overflow = bool(check_overflow)
         self.offload = config.offload_optimizer.device == "cpu"
         self.overflow = False
         self._global_grad_norm: float | None = None
 
         names = ParamNames(module)
         self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
-        # fp16 (any scaler) must detect overflow, which the norm does for free; so does clipping.
-        fp16 = any(f.dtype == torch.float16 for f in self.flats if f.numel)
-        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0 or self.loss_scaler.dynamic or fp16
+        # The overflow check does not need the norm (finish_step checks on its own), so the norm is taken
+        # only when asked for or needed to clip.
+        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
@@ -106,7 +110,6 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
         self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
-        self._host_grads_on_device_group = self.offload and self._comm_device.type != "cpu"
         self._sync = PartitionAllGather(self.flats, dp_group, bucket_numel=config.allgather_bucket_size,
                                         allgather_partitions=config.allgather_partitions)
         self._sync()
@@ -215,11 +218,16 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     def _grads_are_flat_views(self) -> bool:
         return isinstance(self._grads, BoundaryReducer) and self._grads.in_place
 
-    def step(self, closure: Any = None) -> bool:  # type: ignore[override]
+    def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:  # type: ignore[override]
         """Apply one optimizer step on every rank (a collective); returns False if it was skipped.
 
+        Args:
+            closure: not supported (the loss must go through `backward`).
+            skip: a 1-element flag already agreed across the ranks that must skip together (the pipeline
+                engine's stages); non-zero skips this step as an overflow does.
+
         Raises:
-            TypeError: a closure is given (not supported: the loss must go through `backward`).
+            TypeError: a closure is given.
         """
         if closure is not None:
             raise TypeError("DeepSpeedZeroOptimizer.step() takes no closure; call opt.backward(loss) then opt.step()")
@@ -227,52 +235,22 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
             flat.check_views()
         self._grads.finish()
         grads = self.grad_partitions
-        scale = self.loss_scaler.cur_scale
-        if self._compute_norm:
-            # One all-reduce gives the norm over every partition; an inf/nan anywhere makes it non-finite
-            # on every rank, so all ranks skip together.
-            norm = self._partitioned_norm(grads)
-            self.overflow = not math.isfinite(norm)
-            self._global_grad_norm = norm / scale
-        else:
-            self.overflow = self.loss_scaler.dynamic and self._any_rank_overflow(grads)
+        outcome = finish_step(grads, scaler=self.loss_scaler, clip=self.clip_grad, check_overflow=self.check_overflow,
+                              compute_norm=self._compute_norm, group=self.dp_group, partitioned=True,
+                              comm_device=self._comm_device, skip=skip)
+        self.overflow = outcome.overflow
+        self._global_grad_norm = outcome.grad_norm
         if self.overflow:
-            logger.info("ZeRO step skipped: gradient overflow (loss scale %s)", scale)
-            self.loss_scaler.update_scale(True)
             self.zero_grad()
             return False
-        factor = 1.0 / scale
-        if self.clip_grad > 0 and self._global_grad_norm is not None:
-            clip_coef = self.clip_grad / (self._global_grad_norm + 1e-6)
-            factor *= min(clip_coef, 1.0)
-        if factor != 1.0:
-            torch._foreach_mul_(grads, factor)
         for master, grad in zip(self.masters, grads, strict=True):
             master.grad = grad
         self._updater.step()
         for master in self.masters:
             master.grad = None
-        self.loss_scaler.update_scale(False)
         self._sync()
         self.zero_grad()
         return True
-
-    def _partitioned_norm(self, grads: list[torch.Tensor]) -> float:
-        if not self._host_grads_on_device_group:
-            return float(global_grad_norm(grads, group=self.dp_group, partitioned=True))
-        # Offloaded partitions on the host, collectives on the device (nccl): reduce the partial there.
-        local = global_grad_norm(grads, partitioned=False).to(self._comm_device).pow(2).reshape(1)
-        if self.dp_world_size > 1:
-            ds_comm.all_reduce(local, group=self.dp_group)
-        return float(local.sqrt())
-
-    def _any_rank_overflow(self, grads: list[torch.Tensor]) -> bool:
-        if not self._host_grads_on_device_group:
-            return has_overflow(grads, group=self.dp_group)
-        flag = local_overflow(grads).to(self._comm_device)
-        if self.dp_world_size > 1:
-            ds_comm.all_reduce(flag, op=ds_comm.ReduceOp.MAX, group=self.dp_group)
-        return bool(flag.item())
 
     # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]

@@ -11,12 +11,12 @@ buffers (pinned on CUDA when `pin_memory`), and the step runs there.
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import torch
 
 from ds_comm import get_accelerator
+from ds_ops import supports_in_pass_copy
 from ds_ops.host_memory import huge_page_zeros
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
@@ -58,14 +58,6 @@ def build_grad_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_mem
     return [torch.zeros(f.partition_numel, dtype=torch.float32, device=f.device) for f in flats]
 
 
-def accepts_in_pass_copy(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `optimizer.step` takes DeepSpeed's `fp16_param_groups` (CPU Adam's in-pass copy to 16-bit)."""
-    try:
-        return "fp16_param_groups" in inspect.signature(optimizer.step).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class PartitionUpdater:
     """Steps the base optimizer on the master partitions and writes the results into the flat buffers.
 
@@ -73,9 +65,10 @@ class PartitionUpdater:
         optimizer: the base optimizer, whose k-th parameter group holds exactly `[masters[k]]`.
         flats: the flat parameter groups.
         masters: the fp32 master partitions.
-        offload: masters live on the host; a CPU optimizer with an in-pass copy (ds_ops
-            DeepSpeedCPUAdam's `fp16_param_groups`) writes the results straight into the model's
-            partition when that is in host memory, otherwise the results are copied after the step.
+        offload: masters live on the host; an optimizer that declares the in-pass copy
+            (`ds_ops.supports_in_pass_copy`: ds-ops' CPU optimizers, `step(fp16_param_groups=...)`) writes
+            the results straight into the model's partition when that is in host memory, otherwise the
+            results are copied after the step.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, flats: list[FlatParamGroup], masters: list[torch.Tensor],
@@ -88,7 +81,7 @@ class PartitionUpdater:
         # The CPU optimizers write their copy targets in the same pass as the update, but only into host
         # tensors: a model on an accelerator gets its partition copied after the step.
         used = [f for f in flats if f.numel]
-        self.in_pass_copy = (offload and accepts_in_pass_copy(optimizer) and bool(used)
+        self.in_pass_copy = (offload and supports_in_pass_copy(optimizer) and bool(used)
                              and all(f.device.type == "cpu" for f in used))
         if offload and not self.in_pass_copy:
             logger.debug("offload step: %s copies the updated partition after the step", type(optimizer).__name__)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +11,8 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
+from ds_ops import supports_in_pass_copy
+from ds_ops.precision import LossScaler, finish_step
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._param_names import ParamNames
@@ -60,9 +59,10 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     `offload_optimizer.device="cpu"`); the base optimizer is re-pointed at those partitions, so its state
     is 1/N too. Gradients are reduce-scattered into the masters' `.grad` during backward.
 
-    `step()`: unscale, global norm (one all-reduce; an inf/nan on any rank skips the step on all ranks),
-    clip, the base optimizer's step on the partitions, copy into the model-dtype shards, and re-gather
-    the parameters that stay whole (persistent ones).
+    `step()`: `ds_ops.precision.finish_step` on the fp32 gradient partitions (unscale, inf/nan check,
+    loss-scaler update, global norm, clip; one all-reduce, so an inf/nan on any rank skips the step on
+    all ranks), the base optimizer's step on the partitions, copy into the model-dtype shards, and
+    re-gather the parameters that stay whole (persistent ones).
 
     Called as `DeepSpeedZeroOptimizer_Stage3(module, optimizer, config=...)` (DeepSpeed's order) or, like
     the stage 1/2 optimizer in the engine contract, `DeepSpeedZeroOptimizer_Stage3(optimizer, module=...,
@@ -74,6 +74,8 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         config: the `zero_optimization` section (stage must be 3).
         loss_scaler: ds_ops loss scaler (None: static 1.0; fp16 passes a DynamicLossScaler).
         clip_grad: clip by the global gradient norm (0: off).
+        check_overflow: skip steps whose gradients hold inf/nan on any rank (fp16 always; the engine
+            passes `bf16.check_grad_overflow` for bf16). Off, such a step is applied as it is.
         dp_group: the data-parallel group (None: the world).
         gradient_predivide_factor: divide gradients by this before the reduction (and by N/factor after).
         communication_dtype: dtype of the gradient reduce-scatter (None: the gradients' dtype).
@@ -96,7 +98,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     def __init__(self, *args: nn.Module | torch.optim.Optimizer, module: nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None,
                  config: ZeroConfig | Mapping[str, Any] | None = None, loss_scaler: LossScaler | None = None,
-                 clip_grad: float = 0.0, dp_group: ProcessGroup | None = None,
+                 clip_grad: float = 0.0, check_overflow: bool = True, dp_group: ProcessGroup | None = None,
                  gradient_predivide_factor: float = 1.0, communication_dtype: torch.dtype | None = None,
                  parameter_offload: DeepSpeedZeRoOffload | None = None,
                  aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
@@ -116,6 +118,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.dp_group = dp_group
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
+        self.check_overflow = bool(check_overflow)
         nvme = cfg.offload_optimizer.device == "nvme"
         # checked before anything is partitioned or re-pointed
         swap_dir = (prepare_swap_dir(cfg.offload_optimizer.nvme_path, rank=ds_comm.get_rank(), kind="optimizer",
@@ -153,7 +156,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self._trained = trained
         self._global_grad_norm: float | None = None
         self.overflow = False
-        self._fused_copy = "fp16_param_groups" in inspect.signature(optimizer.step).parameters
+        self._fused_copy = supports_in_pass_copy(optimizer)
         nccl = ds_comm.is_initialized() and torch.distributed.get_backend(dp_group) == "nccl"
         self._norm_device = ds_comm.get_accelerator().device() if nccl else torch.device("cpu")
         names = ParamNames(module)
@@ -214,41 +217,27 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
-    def step(self, closure: Callable[[], Any] | None = None) -> bool:
-        """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank)."""
+    def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
+        """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank).
+
+        `skip` is a 1-element flag already agreed across the ranks that must skip together; non-zero
+        skips this step as an overflow does.
+        """
         if closure is not None:
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self.reducer.finish()
         grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
-        scale = self.loss_scaler.loss_scale
-        if scale != 1.0 and grads:
-            torch._foreach_mul_(grads, 1.0 / scale)
-        norm = self._global_norm(grads)
-        self._global_grad_norm = float(norm)
-        self.overflow = not math.isfinite(self._global_grad_norm)
+        outcome = finish_step(grads, scaler=self.loss_scaler, clip=self.clip_grad, check_overflow=self.check_overflow,
+                              compute_norm=True, group=self.dp_group, partitioned=True,
+                              comm_device=self._norm_device, skip=skip)
+        self._global_grad_norm = outcome.grad_norm
+        self.overflow = outcome.overflow
         if self.overflow:
-            logger.info("stage 3: gradient overflow (norm %s), step skipped", self._global_grad_norm)
-            self.loss_scaler.update_scale(True)
             self.zero_grad()
             return False
-        if self.clip_grad > 0:
-            clip_grads_by_norm_(grads, self.clip_grad, norm)
         self._base_step()
-        self.loss_scaler.update_scale(False)
         self.refresh_gathered()
         return True
-
-    def _global_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The 2-norm over every rank's gradient partitions (one all-reduce; inf/nan when any overflowed).
-
-        The partial sum travels on the device the group's backend needs (nccl: the accelerator), wherever
-        the partitions live (host memory with optimizer offload).
-        """
-        local = global_grad_norm(grads, partitioned=False).float()
-        total = (local * local).reshape(1).to(self._norm_device)
-        if self.world_size > 1:
-            ds_comm.all_reduce(total, group=self.dp_group)
-        return total.sqrt().reshape(())
 
     def _base_step(self) -> None:
         tiles = self.tiles
