@@ -28,6 +28,7 @@ from ds_launcher._env import collect_exports, read_env_files
 from ds_launcher._hostfile import fetch_hostfile
 from ds_launcher._mpi_runners import IMPIRunner, MPICHRunner, MVAPICHRunner, OpenMPIRunner
 from ds_launcher._procs import Supervisor
+from ds_launcher._reachability import SSH_CONNECT_TIMEOUT_S, check_hosts_reachable
 from ds_launcher._remote_runners import PDSHRunner, SSHRunner
 from ds_launcher._resources import ResourceFilterError, apply_num_nodes_and_gpus, encode_world_info, filter_resources
 from ds_launcher._runner_base import LauncherNotFoundError, LaunchPlan, MultiNodeRunner, launch_command
@@ -150,7 +151,8 @@ def resolve_master_addr(args: argparse.Namespace, hosts: Sequence[str], multi_no
     if not multi_node:  # --no_ssh: the name of node 0 is the best we know without ssh
         return first
     port = ["-p", str(args.ssh_port)] if args.ssh_port else []
-    return _first_address(["ssh", *port, first, "hostname", "-I"], f"ssh {first} hostname -I")
+    ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}", *port]
+    return _first_address([*ssh, first, "hostname", "-I"], f"ssh {first} hostname -I")
 
 
 def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: str, home: str) -> Launch:
@@ -186,16 +188,10 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
 
 
 def _check_ssh(args: argparse.Namespace, plan: LaunchPlan) -> None:
-    first = plan.hosts[0]
-    if args.no_ssh_check or args.launcher == "slurm" or is_local_host(first):
+    """Every remote host must answer passwordless ssh before anything starts (not under SLURM, which uses no ssh)."""
+    if args.no_ssh_check or args.launcher == "slurm":
         return
-    port = ["-p", str(args.ssh_port)] if args.ssh_port else []
-    argv = ["ssh", "-o", "PasswordAuthentication=no", *port, first, "hostname"]
-    try:
-        subprocess.run(argv, capture_output=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError):
-        raise RuntimeError(f"host {first!r} (the first in the hostfile) is not reachable by passwordless ssh "
-                           f"(`{shlex.join(argv)}` failed); set up ssh keys, or pass --no_ssh_check") from None
+    check_hosts_reachable(plan.hosts, args.ssh_port, is_local=is_local_host)
 
 
 def run_multi_node(args: argparse.Namespace, launch: Launch, environ: Mapping[str, str], *, home: str) -> int:
@@ -208,14 +204,16 @@ def run_multi_node(args: argparse.Namespace, launch: Launch, environ: Mapping[st
     commands = runner.commands(exports)
 
     def stop_remote() -> None:
+        kill_env = {**launch.env, **runner.kill_env()}
         for argv in runner.kill_commands():
             logger.info("stopping remote launchers: %s", shlex.join(argv))
-            subprocess.run(argv, capture_output=True, timeout=30, check=False)
+            subprocess.run(argv, capture_output=True, timeout=30, check=False, env=kill_env)
 
     supervisor = Supervisor(on_terminate=stop_remote)
     for command in commands:
         logger.info("%s: %s", command.name, shlex.join(command.argv))
-        supervisor.start(command.name, command.argv, env={**launch.env, **command.env}, cwd=plan.cwd)
+        supervisor.start(command.name, command.argv, env={**launch.env, **command.env}, cwd=plan.cwd,
+                         stderr_watch=command.stderr_watch)
     return supervisor.run()
 
 
