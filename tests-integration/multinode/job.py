@@ -29,7 +29,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--local_rank", type=int, default=None)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--fail_rank", type=int, default=-1, help="this rank raises at --fail_step (0: after init, the others sleep)")
+    p.add_argument("--fail_rank", type=int, default=-1,
+                   help="this rank raises at --fail_step (0: right after init, while the others sleep)")
     p.add_argument("--fail_step", type=int, default=2)
     p.add_argument("--hang", action="store_true", help="sleep after init until killed")
     p.add_argument("--report_env", nargs="*", default=[])

@@ -150,7 +150,7 @@ class Launcher:
         self.runs.append(run)
         return run
 
-    def run(self, *args: str, timeout: float = 240, **kwargs: object) -> Run:
+    def run(self, *args: str, timeout: float = 180, **kwargs: object) -> Run:
         return self.start(*args, **kwargs).wait(timeout)  # type: ignore[arg-type]
 
 
@@ -224,3 +224,104 @@ def test_two_nodes_train_like_one(launcher: Launcher, hostfile: Path, one_node_l
     assert "world 4" in run.stdout, run.output()
     torch.testing.assert_close(torch.tensor(_losses(log), dtype=torch.float64),
                                torch.tensor(one_node_losses, dtype=torch.float64), rtol=1e-5, atol=0.0)
+
+
+# ----------------------------------------------------------------------------------------- selection and environment
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("flags", "hosts"), [(("--include", "node1"), ["node1", "node1"]),
+                                              (("--exclude", "node0:1"), ["node0", "node1", "node1"])],
+                         ids=["include-node1", "exclude-node0-slot1"])
+def test_include_exclude_across_hosts(launcher: Launcher, hostfile: Path, flags: tuple[str, str],
+                                      hosts: list[str]) -> None:
+    run = launcher.run("--hostfile", str(hostfile), *flags, "--master_port", str(_free_port()), str(JOB),
+                       "--steps", "1")
+    assert run.returncode == 0, run.output()
+    ready = run.reports("ready")
+    assert [ready[r]["host"] for r in sorted(ready)] == hosts
+    assert {r["world"] for r in ready.values()} == {len(hosts)}
+    assert sorted(run.reports("done")) == list(range(len(hosts)))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("runner", ["pdsh", "ssh"])
+def test_env_file_pythonpath_master_addr_and_ssh_port(launcher: Launcher, hostfile: Path, runner: str) -> None:
+    """Launched from node1: the master address (node0's, first in the hostfile) must come through ssh."""
+    value = "two words, 'quoted' $HOME `id`"
+    (launcher.tmp_path / ".deepspeed_env").write_text(f"DSMN_FROM_ENV_FILE={value}\n")
+    probe = launcher.tmp_path / "probe"
+    probe.mkdir()
+    (probe / "dsmn_probe.py").write_text("VALUE = 'imported through PYTHONPATH'\n")
+    pythonpath = os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
+    run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--ssh_port", "2222", "--master_port",
+                       str(_free_port()), str(JOB), "--steps", "1", "--import_probe", "--report_env",
+                       "DSMN_FROM_ENV_FILE", "MASTER_ADDR", node="node1", env=_env(PYTHONPATH=pythonpath))
+    assert run.returncode == 0, run.output()
+    ready = run.reports("ready")
+    assert [ready[r]["host"] for r in range(4)] == ["node0", "node0", "node1", "node1"]
+    for record in ready.values():
+        assert record["env"] == {"DSMN_FROM_ENV_FILE": value, "MASTER_ADDR": NODE0_ADDR}
+        assert record["probe"] == "imported through PYTHONPATH"
+        # sshd sets SSH_CONNECTION="client port server port": every node launcher came in through 2222.
+        assert record["ssh"] is not None and record["ssh"].split()[3] == "2222", record["ssh"]
+
+
+# ---------------------------------------------------------------------------------------------------- failures
+
+#: A remote rank's failure must end the whole job within this many seconds.
+FAILURE_DEADLINE_S = 30.0
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("runner", ["pdsh", "ssh"])
+@pytest.mark.parametrize("fail_step", [2, 0], ids=["in-a-collective", "while-others-sleep"])
+def test_remote_rank_failure_ends_the_job(launcher: Launcher, hostfile: Path, runner: str, fail_step: int) -> None:
+    port = _free_port()
+    run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(port), str(JOB),
+                       "--steps", "5", "--fail_rank", "3", "--fail_step", str(fail_step))
+    ended = time.time()
+    assert run.returncode == 1, run.output()
+    failing = run.reports("failing")
+    assert list(failing) == [3], run.output()
+    took = ended - failing[3]["t"]
+    print(f"{runner} fail_step={fail_step}: job ended {took:.1f}s after rank 3 raised")
+    assert took < FAILURE_DEADLINE_S, run.output()
+    both = run.stdout + run.stderr
+    assert "Traceback (most recent call last)" in both and "RuntimeError: injected failure on rank 3" in both
+    _assert_all_gone([r["pid"] for r in run.reports("ready").values()], port, within=10)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("runner", "sig"), [("pdsh", signal.SIGTERM), ("pdsh", signal.SIGINT),
+                                             ("ssh", signal.SIGTERM), ("ssh", signal.SIGINT)],
+                         ids=["pdsh-TERM", "pdsh-INT", "ssh-TERM", "ssh-INT"])
+def test_signal_to_the_launcher_ends_every_rank(launcher: Launcher, hostfile: Path, runner: str,
+                                                sig: signal.Signals) -> None:
+    port = _free_port()
+    run = launcher.start("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(port), str(JOB),
+                         "--hang")
+    ready = run.wait_reports("ready", 4, timeout=180)
+    assert {r["host"] for r in ready.values()} == {"node0", "node1"}
+    sent = time.monotonic()
+    run.proc.send_signal(sig)
+    run.wait(timeout=60)
+    print(f"{runner} {sig.name}: launcher exited {run.ended - sent:.1f}s after the signal")
+    assert run.returncode == 128 + sig, run.output()
+    _assert_all_gone([r["pid"] for r in ready.values()], port, within=15)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("runner", ["pdsh", "ssh", "openmpi"])
+def test_unreachable_host_fails_fast_before_any_rank(launcher: Launcher, hostfile: Path, runner: str) -> None:
+    bad = launcher.tmp_path / "hostfile"
+    bad.write_text(hostfile.read_text() + f"{UNREACHABLE} slots=2\n")
+    run = launcher.run("--hostfile", str(bad), "--launcher", runner, "--master_port", str(_free_port()),
+                       str(JOB), timeout=60)
+    took = run.ended - run.started
+    print(f"{runner}: refused the unreachable host after {took:.1f}s")
+    assert run.returncode == 2, run.output()
+    assert f"{UNREACHABLE} (" in run.stderr and "not reachable by passwordless ssh" in run.stderr, run.output()
+    assert "node0 (" not in run.stderr and "node1 (" not in run.stderr  # only the bad host is named
+    assert not run.reports("ready") and "ds_launcher.launch" not in run.stderr, run.output()
+    assert took < 25, run.output()

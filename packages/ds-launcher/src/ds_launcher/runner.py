@@ -129,6 +129,28 @@ def is_local_host(host: str) -> bool:
     return host in {"localhost", "::1", socket.gethostname(), socket.getfqdn()} or host.startswith("127.")
 
 
+def is_this_host(host: str) -> bool:
+    """`is_local_host`, or `host` resolves to an address of this machine (one a socket can bind to).
+
+    Settles whether a job on one host can run here without ssh: a hostfile may name this machine by
+    an address or an alias that `is_local_host` does not know.
+    """
+    if is_local_host(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
 def _first_address(argv: list[str], what: str) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.split()
@@ -170,7 +192,9 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
                          f"{', '.join(active)}), got {args.node_rank}")
     if args.node_rank != -1 and not args.no_ssh:
         logger.warning("--node_rank has no effect without --no_ssh")
-    multi_node = (args.force_multi or len(active) > 1) and not args.no_ssh
+    # One host that is not this one (`--include worker-1`) also goes through the backend: started
+    # here, its ranks would wait for a master on the other host that nothing starts.
+    multi_node = (args.force_multi or len(active) > 1 or not is_this_host(next(iter(active)))) and not args.no_ssh
     RUNNERS[args.launcher].validate_active_resources(active)
     plan = LaunchPlan(
         active=active, world_info=encode_world_info(active),
