@@ -3,7 +3,8 @@
 Each test starts the launcher on node0 (or node1) the way a user on a login node would, with the
 hostfile `hosts.sh up 2` printed (node0 slots=2, node1 slots=2), and checks what reached the ranks:
 
-- training: examples/train_gpt.py (ZeRO stage 2, AdamW) on 2 nodes x 2 ranks through each runner logs
+- training: examples/train_gpt.py (ZeRO stage 2, AdamW) on 2 nodes x 2 ranks through each runner (pdsh,
+  ssh, openmpi, and slurm on a cluster `hosts.sh slurm` starts: slurmctld on node0, slurmd per host) logs
   the same per-step losses as on 1 node x 4 ranks (rank 0's loss; same data shards, same world size,
   so only the reduction's path differs: rtol 1e-5);
 - `--include/--exclude` across hosts, `.deepspeed_env` and PYTHONPATH on remote ranks, `--master_addr`
@@ -76,6 +77,21 @@ def hostfile() -> Iterator[Path]:
     finally:
         down = subprocess.run([str(HOSTS_SH), "down"], capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, f"hosts.sh down failed:\n{down.stdout}\n{down.stderr}"
+
+
+@pytest.fixture(scope="module")
+def slurm_conf(hostfile: Path) -> Path:
+    """`hosts.sh slurm`: slurmctld on node0, slurmd on node0 and node1 (stopped by the hosts' `down`)."""
+    up = subprocess.run([str(HOSTS_SH), "slurm"], capture_output=True, text=True, timeout=900)
+    assert up.returncode == 0, f"hosts.sh slurm failed:\n{up.stdout}\n{up.stderr}"
+    return Path(up.stdout.strip().splitlines()[-1])
+
+
+def _runner_env(request: pytest.FixtureRequest, runner: str) -> dict[str, str]:
+    """The launcher's environment; srun and sinfo find the cluster through SLURM_CONF."""
+    if runner == "slurm":
+        return _env(SLURM_CONF=str(request.getfixturevalue("slurm_conf")))
+    return _env()
 
 
 @dataclass
@@ -209,17 +225,14 @@ def one_node_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     return losses
 
 
-RUNNERS = ["pdsh", "ssh", "openmpi"]
-
-
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("runner", RUNNERS)
-def test_two_nodes_train_like_one(launcher: Launcher, hostfile: Path, one_node_losses: list[float],
-                                  runner: str) -> None:
+@pytest.mark.parametrize("runner", ["pdsh", "ssh", "openmpi", "slurm"])
+def test_two_nodes_train_like_one(request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path,
+                                  one_node_losses: list[float], runner: str) -> None:
     log = launcher.tmp_path / "losses.jsonl"
     run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(_free_port()),
                        str(TRAIN_GPT), *GPT_ARGS, "--log_json", str(log), "--save_dir",
-                       str(launcher.tmp_path / "ckpt"))
+                       str(launcher.tmp_path / "ckpt"), env=_runner_env(request, runner))
     assert run.returncode == 0, run.output()
     assert "world 4" in run.stdout, run.output()
     torch.testing.assert_close(torch.tensor(_losses(log), dtype=torch.float64),
@@ -274,12 +287,14 @@ FAILURE_DEADLINE_S = 30.0
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("runner", ["pdsh", "ssh"])
+@pytest.mark.parametrize("runner", ["pdsh", "ssh", "slurm"])
 @pytest.mark.parametrize("fail_step", [2, 0], ids=["in-a-collective", "while-others-sleep"])
-def test_remote_rank_failure_ends_the_job(launcher: Launcher, hostfile: Path, runner: str, fail_step: int) -> None:
+def test_remote_rank_failure_ends_the_job(request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path,
+                                          runner: str, fail_step: int) -> None:
     port = _free_port()
     run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(port), str(JOB),
-                       "--steps", "5", "--fail_rank", "3", "--fail_step", str(fail_step))
+                       "--steps", "5", "--fail_rank", "3", "--fail_step", str(fail_step),
+                       env=_runner_env(request, runner))
     ended = time.time()
     assert run.returncode == 1, run.output()
     failing = run.reports("failing")
@@ -293,14 +308,13 @@ def test_remote_rank_failure_ends_the_job(launcher: Launcher, hostfile: Path, ru
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("runner", "sig"), [("pdsh", signal.SIGTERM), ("pdsh", signal.SIGINT),
-                                             ("ssh", signal.SIGTERM), ("ssh", signal.SIGINT)],
-                         ids=["pdsh-TERM", "pdsh-INT", "ssh-TERM", "ssh-INT"])
-def test_signal_to_the_launcher_ends_every_rank(launcher: Launcher, hostfile: Path, runner: str,
-                                                sig: signal.Signals) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+@pytest.mark.parametrize("runner", ["pdsh", "ssh", "slurm"])
+def test_signal_to_the_launcher_ends_every_rank(request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path,
+                                                runner: str, sig: signal.Signals) -> None:
     port = _free_port()
     run = launcher.start("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(port), str(JOB),
-                         "--hang")
+                         "--hang", env=_runner_env(request, runner))
     ready = run.wait_reports("ready", 4, timeout=180)
     assert {r["host"] for r in ready.values()} == {"node0", "node1"}
     sent = time.monotonic()

@@ -44,3 +44,13 @@ def test_watched_process_that_succeeds_keeps_its_status(capfd: pytest.CaptureFix
     supervisor.start("pdsh", [sys.executable, "-c", code], env={}, stderr_watch=pdsh_host_failure)
     assert supervisor.run() == 0
     assert "bye" in capfd.readouterr().err
+
+
+def test_srun_failure_line() -> None:
+    from ds_launcher._slurm_runner import srun_task_failure
+
+    assert srun_task_failure("srun: error: node1: task 3: Exited with exit code 1\n") == 1
+    assert srun_task_failure("srun: error: node0: tasks 0-1: Exited with exit code 7") == 7
+    assert srun_task_failure("srun: error: node0: tasks [0,2]: Exited with exit code 9") == 9
+    assert srun_task_failure("srun: error: node0: tasks 0-1: Terminated") is None  # killed by srun: not the cause
+    assert srun_task_failure("srun: error: node1: task 3: Exited with exit code 0") is None

@@ -117,6 +117,8 @@ class Managed:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: str | None = None
+    watcher: threading.Thread | None = None
+    """The thread passing its stderr through `stderr_watch`, if any."""
 
 
 class Supervisor:
@@ -140,7 +142,6 @@ class Supervisor:
         self._signal: int | None = None
         self._failure: tuple[str, int] | None = None
         self._kill_deadline: float | None = None
-        self._watchers: list[threading.Thread] = []
 
     def start(self, name: str, argv: Sequence[str], *, env: dict[str, str], cwd: str | None = None,
               log_path: str | None = None, affinity: Sequence[int] | None = None,
@@ -162,12 +163,12 @@ class Supervisor:
         finally:
             if log_path is not None and out is not None:
                 out.close()
-        self.procs.append(Managed(name, popen, log_path))
+        managed = Managed(name, popen, log_path)
+        self.procs.append(managed)
         if stderr_watch is not None and popen.stderr is not None:
-            watcher = threading.Thread(target=self._watch, args=(name, popen.stderr, stderr_watch), daemon=True,
-                                       name=f"stderr of {name}")
-            watcher.start()
-            self._watchers.append(watcher)
+            managed.watcher = threading.Thread(target=self._watch, args=(name, popen.stderr, stderr_watch),
+                                               daemon=True, name=f"stderr of {name}")
+            managed.watcher.start()
         logger.debug("started %s: pid %d", name, popen.pid)
         return popen
 
@@ -239,20 +240,25 @@ class Supervisor:
                 logger.error("%s; stopping the other %d process(es)", what,
                              sum(m.popen.poll() is None for m in self.procs))
                 self._terminate(signal.SIGTERM)
-            running = 0
+            running, watched_failure = 0, False
             for m in self.procs:
                 rc = m.popen.poll()
+                if rc is not None and m.watcher is not None:
+                    # Its last lines first: they may say why it failed, with a better status than its own.
+                    m.watcher.join(timeout=2.0)
+                    m.watcher = None
+                    if self._failure is not None and status is None:
+                        watched_failure = True  # handled at the top of the loop
+                        break
                 if rc is None:
                     running += 1
                 elif rc != 0 and status is None:
                     status = exit_code(rc)
                     self._report_failure(m, rc)
                     self._terminate(signal.SIGTERM)
+            if watched_failure:
+                continue
             if running == 0:
-                for watcher in self._watchers:  # the last lines a process wrote, before the job's verdict
-                    watcher.join(timeout=2.0)
-                if self._failure is not None and status is None:
-                    continue
                 return status or 0
             if self._kill_deadline is not None and time.monotonic() >= self._kill_deadline:
                 logger.warning("%d process(es) still running %.0fs after SIGTERM: killing", running, self.grace_s)
