@@ -100,6 +100,14 @@ def test_kill_commands_match_only_this_jobs_launchers() -> None:
     assert not re.search(pattern, " ".join(launch_command(make_plan(master_port=29501), 1)))
 
 
+def test_pdsh_kill_command_reaches_the_hosts_like_the_job() -> None:
+    # pdsh's default remote shell is rsh: without the job's PDSH_* variables the kill reached no host.
+    plan = make_plan(ssh_port=2222)
+    assert PDSHRunner(plan).kill_env() == {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": "-p 2222"}
+    assert PDSHRunner(plan).kill_env() == PDSHRunner(plan).commands(EXPORTS)[0].env
+    assert SSHRunner(plan).kill_env() == {}
+
+
 def _fake_python(tmp_path: Path) -> Path:
     fake = tmp_path / "fake python"
     fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"

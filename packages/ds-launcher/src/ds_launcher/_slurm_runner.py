@@ -12,7 +12,6 @@ from ds_launcher._runner_base import (
     require_prefix_slots,
 )
 
-
 #: srun's line for a task that failed by itself: `srun: error: node1: task 3: Exited with exit code 1`
 #: (tasks it then kills are reported as `Killed`/`Terminated`, which do not match).
 _SRUN_TASK_FAILED = re.compile(r"^srun: error: \S+: tasks? [0-9,\-\[\]]+: Exited with exit code (\d+)")
