@@ -11,7 +11,7 @@ after) adds the two-node start-up: 2 nodes x 2 ranks that form one gloo group th
 each runner (pdsh, ssh, openmpi, slurm), against torchrun's multi-node rendezvous (one
 `torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint node0:PORT` per node, started together).
 
-    python benchmarks/launch.py [--repeats 5] [--nproc 2] [--multinode]
+    python benchmarks/launch.py [--repeats 5] [--nproc 2] [--multinode | --multinode-only]
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def _hosts(*args: str) -> str:
     done = subprocess.run([str(HOSTS_SH), *args], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"hosts.sh {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout.strip().splitlines()[-1]
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _time_two_nodes(argvs: list[list[str]], world: int, cwd: str, env: dict[str, str]) -> float:
@@ -146,13 +147,15 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--multinode", action="store_true",
                    help="also time 2 nodes x 2 ranks per runner vs torchrun c10d (root; makes namespace hosts)")
+    p.add_argument("--multinode-only", action="store_true", help="--multinode without the one-node table")
     _report.add_json_argument(p)
     args = p.parse_args()
+    args.multinode |= args.multinode_only
     if args.multinode and os.geteuid() != 0:
         p.error("--multinode needs root: it makes hosts as network namespaces (tests-integration/multinode/hosts.sh)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for workload, text in (("noop", NOOP), ("noop+torch", NOOP_TORCH)):
+        for workload, text in () if args.multinode_only else (("noop", NOOP), ("noop+torch", NOOP_TORCH)):
             script = Path(tmp) / f"{workload.replace('+', '_')}.py"
             script.write_text(text)
             times: dict[str, list[float]] = {"deepspeed": [], "torchrun": []}
@@ -163,10 +166,12 @@ def main() -> None:
             ds, tr = statistics.median(times["deepspeed"]), statistics.median(times["torchrun"])
             rows.append((workload, ds, min(times["deepspeed"]), tr, min(times["torchrun"]), ds / tr))
         multinode = _multinode(args.repeats, tmp) if args.multinode else []
-    print(f"launch of {args.nproc} CPU ranks, median of {args.repeats} (seconds until both ranks are done)")
-    print(f"{'workload':<12} {'deepspeed':>10} {'(min)':>8} {'torchrun':>10} {'(min)':>8} {'ratio ds/torchrun':>18}")
-    for workload, ds, ds_min, tr, tr_min, ratio in rows:
-        print(f"{workload:<12} {ds:>10.2f} {ds_min:>8.2f} {tr:>10.2f} {tr_min:>8.2f} {ratio:>18.2f}")
+    if rows:
+        print(f"launch of {args.nproc} CPU ranks, median of {args.repeats} (seconds until both ranks are done)")
+        print(f"{'workload':<12} {'deepspeed':>10} {'(min)':>8} {'torchrun':>10} {'(min)':>8} "
+              f"{'ratio ds/torchrun':>18}")
+        for workload, ds, ds_min, tr, tr_min, ratio in rows:
+            print(f"{workload:<12} {ds:>10.2f} {ds_min:>8.2f} {tr:>10.2f} {tr_min:>8.2f} {ratio:>18.2f}")
     report = [_report.Row("launch", f"{workload}: {args.nproc} CPU ranks start to done, median of {args.repeats}",
                           ds, "s", f"torchrun --nproc_per_node {args.nproc}", tr)
               for workload, ds, _, tr, _, _ in rows]
