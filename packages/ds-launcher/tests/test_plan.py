@@ -118,8 +118,9 @@ def test_cli_to_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
                         "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=1234", sys.executable, "-u", "t.py", "x y"]
     launch = _plan(tmp_path, "-H", hostfile, "-e", "worker-0", "--force_multi", "--launcher", "slurm",
                    "--master_addr", "10.0.0.1", "t.py")
-    assert SlurmRunner(launch.plan).commands({})[0].argv[:8] == [
-        "srun", "-n", "2", "--ntasks-per-node", "2", "--nodelist", "worker-1", "--nodes"]
+    assert SlurmRunner(launch.plan).commands({})[0].argv[:10] == [
+        "srun", "-n", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1", "--quit-on-interrupt", "--nodelist",
+        "worker-1", "--nodes"]
     launch = _plan(tmp_path, "-H", hostfile, "--master_addr", "10.0.0.1", "--save_pid", "t.py")
     remote = PDSHRunner(launch.plan).commands({})[0].argv[-1]
     assert f"--world_info={encode_world_info({'worker-0': [0, 1], 'worker-1': [0, 1]})} --node_rank=%n" in remote
