@@ -23,7 +23,7 @@ def pdsh_host_failure(line: str) -> int | None:
     watches pdsh's stderr for this line and ends the job at once instead.
     """
     match = _PDSH_HOST_FAILED.match(line)
-    return int(match.group(2)) or None if match else None
+    return (int(match.group(2)) or None) if match else None
 
 
 def _kill_line(pattern: str) -> str:

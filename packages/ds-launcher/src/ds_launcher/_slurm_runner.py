@@ -25,7 +25,7 @@ def srun_task_failure(line: str) -> int | None:
     failing task's own status from this line.
     """
     match = _SRUN_TASK_FAILED.match(line)
-    return int(match.group(1)) or None if match else None
+    return (int(match.group(1)) or None) if match else None
 
 
 class SlurmRunner(MultiNodeRunner):
