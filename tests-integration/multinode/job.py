@@ -29,8 +29,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--local_rank", type=int, default=None)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--fail_rank", type=int, default=-1,
-                   help="this rank raises at --fail_step (0: right after init, while the others sleep)")
+    p.add_argument(
+        "--fail_rank",
+        type=int,
+        default=-1,
+        help="this rank raises at --fail_step (0: right after init, while the others sleep)",
+    )
     p.add_argument("--fail_step", type=int, default=2)
     p.add_argument("--hang", action="store_true", help="sleep after init until killed")
     p.add_argument("--report_env", nargs="*", default=[])
@@ -39,8 +43,17 @@ def main() -> None:
     ds_comm.init_distributed(verbose=False)
     rank, world = ds_comm.get_rank(), ds_comm.get_world_size()
     probe = importlib.import_module("dsmn_probe").VALUE if args.import_probe else None
-    emit(event="ready", rank=rank, world=world, host=socket.gethostname(), pid=os.getpid(), t=time.time(),
-         ssh=os.environ.get("SSH_CONNECTION"), probe=probe, env={k: os.environ.get(k) for k in args.report_env})
+    emit(
+        event="ready",
+        rank=rank,
+        world=world,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        t=time.time(),
+        ssh=os.environ.get("SSH_CONNECTION"),
+        probe=probe,
+        env={k: os.environ.get(k) for k in args.report_env},
+    )
     if args.hang or (args.fail_rank >= 0 and args.fail_step == 0):
         if rank == args.fail_rank:  # --fail_step 0: fail while the others wait outside any collective
             emit(event="failing", rank=rank, step=0, t=time.time())

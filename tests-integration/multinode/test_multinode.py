@@ -42,14 +42,27 @@ ZERO2 = ROOT / "examples" / "ds_config_zero2.json"
 NODE0_ADDR = "10.213.0.10"
 UNREACHABLE = "10.213.0.99"  # in the hosts' subnet, held by no host
 #: Variables a launcher sets, which the test's own environment must not leak into a job.
-CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE",
-            "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "DS_ENV_FILE")
+CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "DS_ENV_FILE",
+)
 GPT_ARGS = ("--deepspeed_config", str(ZERO2), "--layers", "2", "--dim", "32", "--steps", "4")
 
 pytestmark = [
-    pytest.mark.skipif(os.environ.get("DS_MULTINODE") != "1",
-                       reason="multi-node tests change this machine (namespaces, /etc/hosts, sshd): "
-                              "run them with `nox -s multinode` (or DS_MULTINODE=1 as root)"),
+    pytest.mark.skipif(
+        os.environ.get("DS_MULTINODE") != "1",
+        reason="multi-node tests change this machine (namespaces, /etc/hosts, sshd): "
+        "run them with `nox -s multinode` (or DS_MULTINODE=1 as root)",
+    ),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces and sshd"),
 ]
 
@@ -115,7 +128,7 @@ class Run:
         """The ranks' JSON lines of one event by rank (pdsh prefixes each line with `host: `)."""
         found = {}
         for line in self.stdout.splitlines():
-            text = line[line.find("{"):] if "{" in line else ""
+            text = line[line.find("{") :] if "{" in line else ""
             if text:
                 record = json.loads(text)
                 if record.get("event") == event:
@@ -128,8 +141,10 @@ class Run:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            pytest.fail(f"launcher still running after {timeout}s\n--- stdout\n{self.stdout[-3000:]}\n"
-                        f"--- stderr\n{self.stderr[-5000:]}")
+            pytest.fail(
+                f"launcher still running after {timeout}s\n--- stdout\n{self.stdout[-3000:]}\n"
+                f"--- stderr\n{self.stderr[-5000:]}"
+            )
         self.ended = time.monotonic()
         return self
 
@@ -140,8 +155,10 @@ class Run:
             if len(found) >= count:
                 return found
             time.sleep(0.2)
-        pytest.fail(f"not {count} {event!r} reports within {timeout}s\n--- stdout\n{self.stdout[-3000:]}\n"
-                    f"--- stderr\n{self.stderr[-5000:]}")
+        pytest.fail(
+            f"not {count} {event!r} reports within {timeout}s\n--- stdout\n{self.stdout[-3000:]}\n"
+            f"--- stderr\n{self.stderr[-5000:]}"
+        )
 
     def output(self) -> str:
         return f"--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-6000:]}"
@@ -160,8 +177,9 @@ class Launcher:
         argv = [str(HOSTS_SH), "exec", node, sys.executable, "-m", "ds_launcher", *args]
         with open(out, "wb") as o, open(err, "wb") as e:
             # `hosts.sh exec` ends in exec nsenter, which execs python: the pid is the launcher's.
-            proc = subprocess.Popen(argv, cwd=self.tmp_path, env=env or _env(), stdout=o, stderr=e,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, cwd=self.tmp_path, env=env or _env(), stdout=o, stderr=e, start_new_session=True
+            )
         run = Run(proc, out, err, time.monotonic())
         self.runs.append(run)
         return run
@@ -186,7 +204,7 @@ def _alive(pid: int) -> bool:
             data = f.read()
     except OSError:
         return False
-    return data[data.rindex(b")") + 2:].split()[0] != b"Z"
+    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
 
 
 def _job_processes(port: int) -> list[str]:
@@ -216,8 +234,21 @@ def one_node_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """Rank 0's per-step losses of train_gpt.py on 1 node x 4 ranks (this host, no hostfile)."""
     tmp = tmp_path_factory.mktemp("one_node")
     log = tmp / "losses.jsonl"
-    argv = [sys.executable, "-m", "ds_launcher", "--num_gpus", "4", "--master_port", str(_free_port()),
-            str(TRAIN_GPT), *GPT_ARGS, "--log_json", str(log), "--save_dir", str(tmp / "ckpt")]
+    argv = [
+        sys.executable,
+        "-m",
+        "ds_launcher",
+        "--num_gpus",
+        "4",
+        "--master_port",
+        str(_free_port()),
+        str(TRAIN_GPT),
+        *GPT_ARGS,
+        "--log_json",
+        str(log),
+        "--save_dir",
+        str(tmp / "ckpt"),
+    ]
     done = subprocess.run(argv, cwd=tmp, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"1 x 4 reference run failed\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     losses = _losses(log)
@@ -227,29 +258,50 @@ def one_node_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("runner", ["pdsh", "ssh", "openmpi", "slurm"])
-def test_two_nodes_train_like_one(request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path,
-                                  one_node_losses: list[float], runner: str) -> None:
+def test_two_nodes_train_like_one(
+    request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path, one_node_losses: list[float], runner: str
+) -> None:
     log = launcher.tmp_path / "losses.jsonl"
-    run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(_free_port()),
-                       str(TRAIN_GPT), *GPT_ARGS, "--log_json", str(log), "--save_dir",
-                       str(launcher.tmp_path / "ckpt"), env=_runner_env(request, runner))
+    run = launcher.run(
+        "--hostfile",
+        str(hostfile),
+        "--launcher",
+        runner,
+        "--master_port",
+        str(_free_port()),
+        str(TRAIN_GPT),
+        *GPT_ARGS,
+        "--log_json",
+        str(log),
+        "--save_dir",
+        str(launcher.tmp_path / "ckpt"),
+        env=_runner_env(request, runner),
+    )
     assert run.returncode == 0, run.output()
     assert "world 4" in run.stdout, run.output()
-    torch.testing.assert_close(torch.tensor(_losses(log), dtype=torch.float64),
-                               torch.tensor(one_node_losses, dtype=torch.float64), rtol=1e-5, atol=0.0)
+    torch.testing.assert_close(
+        torch.tensor(_losses(log), dtype=torch.float64),
+        torch.tensor(one_node_losses, dtype=torch.float64),
+        rtol=1e-5,
+        atol=0.0,
+    )
 
 
 # ----------------------------------------------------------------------------------------- selection and environment
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("flags", "hosts"), [(("--include", "node1"), ["node1", "node1"]),
-                                              (("--exclude", "node0:1"), ["node0", "node1", "node1"])],
-                         ids=["include-node1", "exclude-node0-slot1"])
-def test_include_exclude_across_hosts(launcher: Launcher, hostfile: Path, flags: tuple[str, str],
-                                      hosts: list[str]) -> None:
-    run = launcher.run("--hostfile", str(hostfile), *flags, "--master_port", str(_free_port()), str(JOB),
-                       "--steps", "1")
+@pytest.mark.parametrize(
+    ("flags", "hosts"),
+    [(("--include", "node1"), ["node1", "node1"]), (("--exclude", "node0:1"), ["node0", "node1", "node1"])],
+    ids=["include-node1", "exclude-node0-slot1"],
+)
+def test_include_exclude_across_hosts(
+    launcher: Launcher, hostfile: Path, flags: tuple[str, str], hosts: list[str]
+) -> None:
+    run = launcher.run(
+        "--hostfile", str(hostfile), *flags, "--master_port", str(_free_port()), str(JOB), "--steps", "1"
+    )
     assert run.returncode == 0, run.output()
     ready = run.reports("ready")
     assert [ready[r]["host"] for r in sorted(ready)] == hosts
@@ -267,9 +319,25 @@ def test_env_file_pythonpath_master_addr_and_ssh_port(launcher: Launcher, hostfi
     probe.mkdir()
     (probe / "dsmn_probe.py").write_text("VALUE = 'imported through PYTHONPATH'\n")
     pythonpath = os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p)
-    run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--ssh_port", "2222", "--master_port",
-                       str(_free_port()), str(JOB), "--steps", "1", "--import_probe", "--report_env",
-                       "DSMN_FROM_ENV_FILE", "MASTER_ADDR", node="node1", env=_env(PYTHONPATH=pythonpath))
+    run = launcher.run(
+        "--hostfile",
+        str(hostfile),
+        "--launcher",
+        runner,
+        "--ssh_port",
+        "2222",
+        "--master_port",
+        str(_free_port()),
+        str(JOB),
+        "--steps",
+        "1",
+        "--import_probe",
+        "--report_env",
+        "DSMN_FROM_ENV_FILE",
+        "MASTER_ADDR",
+        node="node1",
+        env=_env(PYTHONPATH=pythonpath),
+    )
     assert run.returncode == 0, run.output()
     ready = run.reports("ready")
     assert [ready[r]["host"] for r in range(4)] == ["node0", "node0", "node1", "node1"]
@@ -289,12 +357,26 @@ FAILURE_DEADLINE_S = 30.0
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("runner", ["pdsh", "ssh", "slurm"])
 @pytest.mark.parametrize("fail_step", [2, 0], ids=["in-a-collective", "while-others-sleep"])
-def test_remote_rank_failure_ends_the_job(request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path,
-                                          runner: str, fail_step: int) -> None:
+def test_remote_rank_failure_ends_the_job(
+    request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path, runner: str, fail_step: int
+) -> None:
     port = _free_port()
-    run = launcher.run("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(port), str(JOB),
-                       "--steps", "5", "--fail_rank", "3", "--fail_step", str(fail_step),
-                       env=_runner_env(request, runner))
+    run = launcher.run(
+        "--hostfile",
+        str(hostfile),
+        "--launcher",
+        runner,
+        "--master_port",
+        str(port),
+        str(JOB),
+        "--steps",
+        "5",
+        "--fail_rank",
+        "3",
+        "--fail_step",
+        str(fail_step),
+        env=_runner_env(request, runner),
+    )
     ended = time.time()
     assert run.returncode == 1, run.output()
     failing = run.reports("failing")
@@ -310,11 +392,21 @@ def test_remote_rank_failure_ends_the_job(request: pytest.FixtureRequest, launch
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 @pytest.mark.parametrize("runner", ["pdsh", "ssh", "slurm"])
-def test_signal_to_the_launcher_ends_every_rank(request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path,
-                                                runner: str, sig: signal.Signals) -> None:
+def test_signal_to_the_launcher_ends_every_rank(
+    request: pytest.FixtureRequest, launcher: Launcher, hostfile: Path, runner: str, sig: signal.Signals
+) -> None:
     port = _free_port()
-    run = launcher.start("--hostfile", str(hostfile), "--launcher", runner, "--master_port", str(port), str(JOB),
-                         "--hang", env=_runner_env(request, runner))
+    run = launcher.start(
+        "--hostfile",
+        str(hostfile),
+        "--launcher",
+        runner,
+        "--master_port",
+        str(port),
+        str(JOB),
+        "--hang",
+        env=_runner_env(request, runner),
+    )
     ready = run.wait_reports("ready", 4, timeout=180)
     assert {r["host"] for r in ready.values()} == {"node0", "node1"}
     sent = time.monotonic()
@@ -330,8 +422,9 @@ def test_signal_to_the_launcher_ends_every_rank(request: pytest.FixtureRequest, 
 def test_unreachable_host_fails_fast_before_any_rank(launcher: Launcher, hostfile: Path, runner: str) -> None:
     bad = launcher.tmp_path / "hostfile"
     bad.write_text(hostfile.read_text() + f"{UNREACHABLE} slots=2\n")
-    run = launcher.run("--hostfile", str(bad), "--launcher", runner, "--master_port", str(_free_port()),
-                       str(JOB), timeout=60)
+    run = launcher.run(
+        "--hostfile", str(bad), "--launcher", runner, "--master_port", str(_free_port()), str(JOB), timeout=60
+    )
     took = run.ended - run.started
     print(f"{runner}: refused the unreachable host after {took:.1f}s")
     assert run.returncode == 2, run.output()

@@ -45,8 +45,17 @@ def fake_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_command_never_prompts_and_bounds_the_connect() -> None:
-    assert ssh_check_command("w1", 2222, 7) == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=7",
-                                                "-p", "2222", "w1", "true"]
+    assert ssh_check_command("w1", 2222, 7) == [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=7",
+        "-p",
+        "2222",
+        "w1",
+        "true",
+    ]
     assert ssh_check_command("w1", None) == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "w1", "true"]
 
 

@@ -11,9 +11,11 @@ from ds_launcher._procs import Supervisor
 from ds_launcher._remote_runners import pdsh_host_failure
 
 #: Prints pdsh's report of a failed host, then keeps running as pdsh does while other hosts are busy.
-PDSH_LIKE = ("import sys, time; sys.stderr.write('node1: Traceback...\\n');"
-             "sys.stderr.write('pdsh@node0: node1: ssh exited with exit code 3\\n'); sys.stderr.flush();"
-             "time.sleep(60)")
+PDSH_LIKE = (
+    "import sys, time; sys.stderr.write('node1: Traceback...\\n');"
+    "sys.stderr.write('pdsh@node0: node1: ssh exited with exit code 3\\n'); sys.stderr.flush();"
+    "time.sleep(60)"
+)
 
 
 def test_pdsh_failure_line() -> None:

@@ -28,9 +28,13 @@ def ssh_check_command(host: str, ssh_port: int | None, connect_timeout_s: int = 
     return ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout_s}", *port, host, "true"]
 
 
-def check_hosts_reachable(hosts: Sequence[str], ssh_port: int | None, *,
-                          connect_timeout_s: int = SSH_CONNECT_TIMEOUT_S,
-                          is_local: Callable[[str], bool] = lambda host: False) -> None:
+def check_hosts_reachable(
+    hosts: Sequence[str],
+    ssh_port: int | None,
+    *,
+    connect_timeout_s: int = SSH_CONNECT_TIMEOUT_S,
+    is_local: Callable[[str], bool] = lambda host: False,
+) -> None:
     """Raise `UnreachableHostError` unless every host in `hosts` (but local ones) answers ssh.
 
     Args:
@@ -41,9 +45,16 @@ def check_hosts_reachable(hosts: Sequence[str], ssh_port: int | None, *,
         is_local: hosts for which this returns True are not checked (this machine).
     """
     remote = [host for host in dict.fromkeys(hosts) if not is_local(host)]
-    procs = {host: subprocess.Popen(ssh_check_command(host, ssh_port, connect_timeout_s), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for host in remote}
+    procs = {
+        host: subprocess.Popen(
+            ssh_check_command(host, ssh_port, connect_timeout_s),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for host in remote
+    }
     deadline = time.monotonic() + connect_timeout_s + 20
     failures: list[str] = []
     for host, proc in procs.items():
@@ -62,4 +73,5 @@ def check_hosts_reachable(hosts: Sequence[str], ssh_port: int | None, *,
         raise UnreachableHostError(
             f"{len(failures)} host(s) not reachable by passwordless ssh: {'; '.join(failures)}. Nothing was "
             f"started. Check each with e.g. `{example}`, fix its keys or remove it from the hostfile "
-            "(or --exclude it); --no_ssh_check skips this check")
+            "(or --exclude it); --no_ssh_check skips this check"
+        )
