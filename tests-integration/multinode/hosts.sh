@@ -40,10 +40,7 @@ install_missing() {  # install_missing cmd:package ...
     ((${#missing[@]})) || return 0
     command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
     log "installing ${missing[*]}"
-    if [[ ! -e $STATE/../ds-multinode-apt-updated ]]; then
-        apt-get update -qq >&2
-        touch "$STATE/../ds-multinode-apt-updated"
-    fi
+    apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
