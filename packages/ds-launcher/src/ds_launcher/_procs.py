@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -116,6 +117,8 @@ class Managed:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: str | None = None
+    watcher: threading.Thread | None = None
+    """The thread passing its stderr through `stderr_watch`, if any."""
 
 
 class Supervisor:
@@ -137,25 +140,53 @@ class Supervisor:
         self.dedicated = dedicated and become_subreaper()
         self.procs: list[Managed] = []
         self._signal: int | None = None
+        self._failure: tuple[str, int] | None = None
         self._kill_deadline: float | None = None
 
     def start(self, name: str, argv: Sequence[str], *, env: dict[str, str], cwd: str | None = None,
               log_path: str | None = None, affinity: Sequence[int] | None = None,
-              stdout: IO[bytes] | None = None) -> subprocess.Popen[bytes]:
-        """Start `argv` in a new session; with `log_path`, stdout and stderr go to that file."""
+              stdout: IO[bytes] | None = None,
+              stderr_watch: Callable[[str], int | None] | None = None) -> subprocess.Popen[bytes]:
+        """Start `argv` in a new session; with `log_path`, stdout and stderr go to that file.
+
+        With `stderr_watch`, the process's stderr is passed through line by line to this process's
+        stderr, and a line for which `stderr_watch` returns a non-zero status fails the job with that
+        status at once (pdsh reports each host's end this way, but exits only when all hosts ended).
+        """
         out: IO[bytes] | None = stdout
         if log_path is not None:
             out = open(log_path, "ab")  # noqa: SIM115 - the child owns it; closed below once inherited
+        err: int | None = subprocess.STDOUT if log_path else subprocess.PIPE if stderr_watch else None
         try:
-            popen = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=out,
-                                     stderr=subprocess.STDOUT if log_path else None, start_new_session=True,
+            popen = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=out, stderr=err, start_new_session=True,
                                      preexec_fn=_child_setup(os.getpid(), affinity))
         finally:
             if log_path is not None and out is not None:
                 out.close()
-        self.procs.append(Managed(name, popen, log_path))
+        managed = Managed(name, popen, log_path)
+        self.procs.append(managed)
+        if stderr_watch is not None and popen.stderr is not None:
+            managed.watcher = threading.Thread(target=self._watch, args=(name, popen.stderr, stderr_watch),
+                                               daemon=True, name=f"stderr of {name}")
+            managed.watcher.start()
         logger.debug("started %s: pid %d", name, popen.pid)
         return popen
+
+    def fail(self, name: str, status: int) -> None:
+        """End the job with `status` (from any thread): as if the process `name` had exited with it."""
+        if self._failure is None:
+            self._failure = (name, status)
+
+    def _watch(self, name: str, stream: IO[bytes], watch: Callable[[str], int | None]) -> None:
+        sink = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for raw in iter(stream.readline, b""):
+            if sink is not None:
+                sink.write(raw)
+                sink.flush()
+            status = watch(raw.decode(errors="replace"))
+            if status:
+                self.fail(f"{name}: {raw.decode(errors='replace').strip()}", status)
+        stream.close()
 
     def run(self) -> int:
         """Wait for every process; return the job's exit status.
@@ -204,15 +235,29 @@ class Supervisor:
                 if status is None:
                     status = 128 + self._signal
                 self._terminate(self._signal)
-            running = 0
+            if self._failure is not None and status is None:
+                what, status = self._failure
+                logger.error("%s; stopping the other %d process(es)", what,
+                             sum(m.popen.poll() is None for m in self.procs))
+                self._terminate(signal.SIGTERM)
+            running, watched_failure = 0, False
             for m in self.procs:
                 rc = m.popen.poll()
+                if rc is not None and m.watcher is not None:
+                    # Its last lines first: they may say why it failed, with a better status than its own.
+                    m.watcher.join(timeout=2.0)
+                    m.watcher = None
+                    if self._failure is not None and status is None:
+                        watched_failure = True  # handled at the top of the loop
+                        break
                 if rc is None:
                     running += 1
                 elif rc != 0 and status is None:
                     status = exit_code(rc)
                     self._report_failure(m, rc)
                     self._terminate(signal.SIGTERM)
+            if watched_failure:
+                continue
             if running == 0:
                 return status or 0
             if self._kill_deadline is not None and time.monotonic() >= self._kill_deadline:

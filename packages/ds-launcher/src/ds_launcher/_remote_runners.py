@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from ds_launcher._runner_base import Command, MultiNodeRunner, launch_pattern, remote_shell_command
 
 #: pdsh's fan-out (hosts contacted at once).
 PDSH_FANOUT = 1024
+
+
+#: pdsh's line when one host's remote command ended badly: `pdsh@node0: node1: ssh exited with exit code 1`.
+_PDSH_HOST_FAILED = re.compile(r"^pdsh@\S+: (\S+): \S+ exited with exit code (\d+)")
+
+
+def pdsh_host_failure(line: str) -> int | None:
+    """The exit status in pdsh's report of a host whose command failed, or None for any other line.
+
+    pdsh itself exits only when every host's command has ended, so one node's launcher failing
+    (its rank died) would leave the other nodes' ranks running until they notice; the runner
+    watches pdsh's stderr for this line and ends the job at once instead.
+    """
+    match = _PDSH_HOST_FAILED.match(line)
+    return (int(match.group(2)) or None) if match else None
 
 
 def _kill_line(pattern: str) -> str:
@@ -36,10 +52,14 @@ class PDSHRunner(MultiNodeRunner):
 
     def commands(self, exports: dict[str, str]) -> list[Command]:
         remote = remote_shell_command(self.plan, exports, "%n")
-        return [Command("pdsh", [*self._base(), *self.plan.launcher_args, remote], self._env())]
+        return [Command("pdsh", [*self._base(), *self.plan.launcher_args, remote], self._env(),
+                        stderr_watch=pdsh_host_failure)]
 
     def kill_commands(self) -> list[list[str]]:
         return [[*self._base(), _kill_line(launch_pattern(self.plan))]]
+
+    def kill_env(self) -> dict[str, str]:
+        return self._env()
 
 
 class SSHRunner(MultiNodeRunner):

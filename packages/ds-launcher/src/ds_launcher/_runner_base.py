@@ -7,6 +7,7 @@ import re
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -63,6 +64,8 @@ class Command:
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    stderr_watch: Callable[[str], int | None] | None = None
+    """Reads each stderr line; a non-zero result fails the job with that status (see `Supervisor.start`)."""
 
 
 def launch_command(plan: LaunchPlan, node_rank: int | str) -> list[str]:
@@ -172,3 +175,7 @@ class MultiNodeRunner(abc.ABC):
     def kill_commands(self) -> list[list[str]]:
         """Commands that stop the job's remote processes when the runner is interrupted."""
         return []
+
+    def kill_env(self) -> dict[str, str]:
+        """Variables `kill_commands` need on top of the runner's environment (pdsh's remote shell and port)."""
+        return {}

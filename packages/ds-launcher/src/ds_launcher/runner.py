@@ -28,6 +28,7 @@ from ds_launcher._env import collect_exports, read_env_files
 from ds_launcher._hostfile import fetch_hostfile
 from ds_launcher._mpi_runners import IMPIRunner, MPICHRunner, MVAPICHRunner, OpenMPIRunner
 from ds_launcher._procs import Supervisor
+from ds_launcher._reachability import SSH_CONNECT_TIMEOUT_S, check_hosts_reachable
 from ds_launcher._remote_runners import PDSHRunner, SSHRunner
 from ds_launcher._resources import ResourceFilterError, apply_num_nodes_and_gpus, encode_world_info, filter_resources
 from ds_launcher._runner_base import LauncherNotFoundError, LaunchPlan, MultiNodeRunner, launch_command
@@ -128,6 +129,28 @@ def is_local_host(host: str) -> bool:
     return host in {"localhost", "::1", socket.gethostname(), socket.getfqdn()} or host.startswith("127.")
 
 
+def is_this_host(host: str) -> bool:
+    """`is_local_host`, or `host` resolves to an address of this machine (one a socket can bind to).
+
+    Settles whether a job on one host can run here without ssh: a hostfile may name this machine by
+    an address or an alias that `is_local_host` does not know.
+    """
+    if is_local_host(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
 def _first_address(argv: list[str], what: str) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.split()
@@ -150,7 +173,8 @@ def resolve_master_addr(args: argparse.Namespace, hosts: Sequence[str], multi_no
     if not multi_node:  # --no_ssh: the name of node 0 is the best we know without ssh
         return first
     port = ["-p", str(args.ssh_port)] if args.ssh_port else []
-    return _first_address(["ssh", *port, first, "hostname", "-I"], f"ssh {first} hostname -I")
+    ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}", *port]
+    return _first_address([*ssh, first, "hostname", "-I"], f"ssh {first} hostname -I")
 
 
 def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: str, home: str) -> Launch:
@@ -168,7 +192,9 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
                          f"{', '.join(active)}), got {args.node_rank}")
     if args.node_rank != -1 and not args.no_ssh:
         logger.warning("--node_rank has no effect without --no_ssh")
-    multi_node = (args.force_multi or len(active) > 1) and not args.no_ssh
+    # One host that is not this one (`--include worker-1`) also goes through the backend: started
+    # here, its ranks would wait for a master on the other host that nothing starts.
+    multi_node = (args.force_multi or len(active) > 1 or not is_this_host(next(iter(active)))) and not args.no_ssh
     RUNNERS[args.launcher].validate_active_resources(active)
     plan = LaunchPlan(
         active=active, world_info=encode_world_info(active),
@@ -186,16 +212,10 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
 
 
 def _check_ssh(args: argparse.Namespace, plan: LaunchPlan) -> None:
-    first = plan.hosts[0]
-    if args.no_ssh_check or args.launcher == "slurm" or is_local_host(first):
+    """Every remote host must answer passwordless ssh before anything starts (not under SLURM, which uses no ssh)."""
+    if args.no_ssh_check or args.launcher == "slurm":
         return
-    port = ["-p", str(args.ssh_port)] if args.ssh_port else []
-    argv = ["ssh", "-o", "PasswordAuthentication=no", *port, first, "hostname"]
-    try:
-        subprocess.run(argv, capture_output=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError):
-        raise RuntimeError(f"host {first!r} (the first in the hostfile) is not reachable by passwordless ssh "
-                           f"(`{shlex.join(argv)}` failed); set up ssh keys, or pass --no_ssh_check") from None
+    check_hosts_reachable(plan.hosts, args.ssh_port, is_local=is_local_host)
 
 
 def run_multi_node(args: argparse.Namespace, launch: Launch, environ: Mapping[str, str], *, home: str) -> int:
@@ -208,14 +228,16 @@ def run_multi_node(args: argparse.Namespace, launch: Launch, environ: Mapping[st
     commands = runner.commands(exports)
 
     def stop_remote() -> None:
+        kill_env = {**launch.env, **runner.kill_env()}
         for argv in runner.kill_commands():
             logger.info("stopping remote launchers: %s", shlex.join(argv))
-            subprocess.run(argv, capture_output=True, timeout=30, check=False)
+            subprocess.run(argv, capture_output=True, timeout=30, check=False, env=kill_env)
 
     supervisor = Supervisor(on_terminate=stop_remote)
     for command in commands:
         logger.info("%s: %s", command.name, shlex.join(command.argv))
-        supervisor.start(command.name, command.argv, env={**launch.env, **command.env}, cwd=plan.cwd)
+        supervisor.start(command.name, command.argv, env={**launch.env, **command.env}, cwd=plan.cwd,
+                         stderr_watch=command.stderr_watch)
     return supervisor.run()
 
 
