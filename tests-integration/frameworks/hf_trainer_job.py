@@ -87,6 +87,8 @@ def main() -> None:
         deepspeed=a.ds_config, ddp_backend="gloo")
     # After TrainingArguments: with a ZeRO-3 config, from_pretrained now builds the model inside zero.Init.
     model = AutoModelForCausalLM.from_pretrained(a.init_dir, dtype=torch.float32)
+    # Under ZeRO-3 every parameter is a 1/N shard from here on (`ds_tensor`), the full shape kept on `ds_shape`.
+    partitioned_at_load = all(hasattr(q, "ds_tensor") and q.ds_tensor.numel() < q.ds_numel for q in model.parameters())
     optimizers = (None, None)
     if a.ds_config is None:  # the reference: what the ds_config asks DeepSpeed for, built with torch
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
@@ -97,12 +99,16 @@ def main() -> None:
         trainer.save_model(a.save_model)
 
     losses = {int(h["step"]): h["loss"] for h in trainer.state.log_history if "loss" in h}
+    engine = trainer.model_wrapped
+    basic = getattr(engine, "basic_optimizer", None)
     lrs = [g["lr"] for g in trainer.optimizer.param_groups]
     checksum = _weights_checksum(trainer)
     if int(os.environ.get("RANK", "0")) == 0:
         with open(a.summary, "w") as f:
             json.dump({"losses": losses, "lrs": lrs, "checksum": checksum, "global_step": trainer.state.global_step,
-                       "deepspeed": trainer.is_deepspeed_enabled}, f)
+                       "deepspeed": trainer.is_deepspeed_enabled, "partitioned_at_load": partitioned_at_load,
+                       "basic_optimizer": type(basic).__name__ if basic is not None else None,
+                       "cpu_offload": engine.zero_cpu_offload() if trainer.is_deepspeed_enabled else None}, f)
 
 
 def _weights_checksum(trainer: Trainer) -> float:
