@@ -109,6 +109,10 @@ def main() -> None:
                        "deepspeed": trainer.is_deepspeed_enabled, "partitioned_at_load": partitioned_at_load,
                        "basic_optimizer": type(basic).__name__ if basic is not None else None,
                        "cpu_offload": engine.zero_cpu_offload() if trainer.is_deepspeed_enabled else None}, f)
+    # Leave the process group before exit: gloo can abort a finished process while tearing down at exit.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _weights_checksum(trainer: Trainer) -> float:

@@ -10,13 +10,11 @@ within 1e-5 at every step. Checkpoints every 4 steps; resuming from step 4 repro
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import deepspeed, free_port
+from launch_job import launch
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -52,16 +50,8 @@ def _config(tmp: Path, name: str, zero: dict) -> Path:
     return path
 
 
-def _torchrun(*args: str, timeout: float = 300) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
-
-
 def _job(init: Path, out: Path, summary: Path, *extra: str) -> list[str]:
-    return [str(JOB), "--init_dir", str(init), "--out_dir", str(out), "--summary", str(summary), *extra]
+    return ["--init_dir", str(init), "--out_dir", str(out), "--summary", str(summary), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +73,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ddp(work: Path) -> dict:
     """The reference: the same Trainer job on plain PyTorch DDP (no deepspeed), saving its final model."""
     summary = work / "ddp.json"
-    _torchrun(*_job(work / "init", work / "ddp_out", summary, "--save_model", str(work / "ddp_model")))
+    launch(JOB, *_job(work / "init", work / "ddp_out", summary, "--save_model", str(work / "ddp_model")))
     return json.loads(summary.read_text())
 
 
@@ -100,15 +90,15 @@ def _assert_matches(run: dict, ref: dict) -> None:
 def test_zero2_matches_ddp_and_resumes_exactly(work: Path, ddp: dict) -> None:
     cfg, out = _config(work, "zero2", ZERO2), work / "z2_out"
     first, resumed = work / "z2.json", work / "z2_resumed.json"
-    deepspeed(2, JOB, *_job(work / "init", out, first, "--save_steps", "4")[1:], "--ds_config", str(cfg),
-              timeout=300)
+    # through ds's `deepspeed` launcher, as `deepspeed train.py --deepspeed ds_config.json` runs
+    launch(JOB, *_job(work / "init", out, first, "--save_steps", "4"), "--ds_config", str(cfg), launcher="deepspeed")
     a = json.loads(first.read_text())
     _assert_matches(a, ddp)
     assert a["cpu_offload"] is False
     assert (out / "checkpoint-4" / "global_step4").is_dir() and (out / "checkpoint-4" / "latest").is_file()
 
-    deepspeed(2, JOB, *_job(work / "init", work / "z2_resumed_out", resumed,
-                            "--resume", str(out / "checkpoint-4"))[1:], "--ds_config", str(cfg), timeout=300)
+    launch(JOB, *_job(work / "init", work / "z2_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
+           "--ds_config", str(cfg), launcher="deepspeed")
     b = json.loads(resumed.read_text())
     assert b["global_step"] == 8
     assert {k: b["losses"][k] for k in "5678"} == {k: a["losses"][k] for k in "5678"}  # bit-exact
@@ -119,7 +109,7 @@ def test_zero2_matches_ddp_and_resumes_exactly(work: Path, ddp: dict) -> None:
 def test_zero2_cpu_optimizer_offload_matches_ddp(work: Path, ddp: dict) -> None:
     cfg = _config(work, "zero2_offload", {**ZERO2, "offload_optimizer": {"device": "cpu"}})
     summary = work / "z2o.json"
-    _torchrun(*_job(work / "init", work / "z2o_out", summary), "--ds_config", str(cfg))
+    launch(JOB, *_job(work / "init", work / "z2o_out", summary), "--ds_config", str(cfg))
     run = json.loads(summary.read_text())
     _assert_matches(run, ddp)
     assert run["cpu_offload"] is True and run["basic_optimizer"] == "DeepSpeedCPUAdam"
@@ -132,13 +122,13 @@ def test_zero3_from_pretrained_matches_ddp_resumes_and_saves_full_model(work: Pa
 
     cfg, out = _config(work, "zero3", ZERO3), work / "z3_out"
     first, resumed = work / "z3.json", work / "z3_resumed.json"
-    _torchrun(*_job(work / "init", out, first, "--save_steps", "4", "--save_model", str(work / "z3_model")),
+    launch(JOB, *_job(work / "init", out, first, "--save_steps", "4", "--save_model", str(work / "z3_model")),
               "--ds_config", str(cfg))
     a = json.loads(first.read_text())
     assert a["partitioned_at_load"]  # from_pretrained built the model inside zero.Init
     _assert_matches(a, ddp)
 
-    _torchrun(*_job(work / "init", work / "z3_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
+    launch(JOB, *_job(work / "init", work / "z3_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
               "--ds_config", str(cfg))
     b = json.loads(resumed.read_text())
     assert {k: b["losses"][k] for k in "5678"} == {k: a["losses"][k] for k in "5678"}

@@ -29,6 +29,13 @@ FRAMEWORK_PATHS = {
     "deepspeed.utils.zero_to_fp32": "ds_engine.utils.zero_to_fp32",
     "deepspeed.runtime": "ds_engine.runtime",
     "deepspeed.runtime.lr_schedules": "ds_engine.runtime.lr_schedules",
+    "deepspeed.runtime.engine": "ds_engine.runtime.engine",
+    "deepspeed.runtime.base_optimizer": "ds_engine.runtime.base_optimizer",
+    "deepspeed.runtime.zero": "ds_engine.runtime.zero",
+    "deepspeed.runtime.zero.partition_parameters": "ds_engine.runtime.zero.partition_parameters",
+    "deepspeed.checkpoint": "ds_engine.checkpoint",
+    "deepspeed.checkpoint.utils": "ds_engine.checkpoint.utils",
+    "deepspeed.utils.logging": "ds_engine.utils.logging",
     "deepspeed.launcher": "ds_launcher",
     "deepspeed.launcher.runner": "ds_launcher.runner",
 }
@@ -88,6 +95,35 @@ def test_from_import_through_alias() -> None:
     assert main is ds_launcher.runner.main
     assert "WarmupDecayLR" in VALID_LR_SCHEDULES
     assert WarmupDecayLR is ds_engine.lr_schedules.WarmupDecayLR
+
+
+def test_framework_names_resolve() -> None:
+    import ds_zero
+    from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+    from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME
+    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero import partition_parameters as pp
+    from deepspeed.utils import logger
+
+    assert DeepSpeedEngine is deepspeed.DeepSpeedEngine
+    assert pp.Init is deepspeed.zero.Init is ds_zero.Init
+    assert callable(pp.zero_wrapper_for_fp_tensor_constructor) and callable(clone_tensors_for_torch_save)
+    assert issubclass(ds_zero.DeepSpeedZeroOptimizer, DeepSpeedOptimizer)
+    assert DEEPSPEED_ENVIRONMENT_NAME == ".deepspeed_env"
+    assert deepspeed.utils.logging.logger is logger  # Lightning sets the level through this path
+
+
+def test_transformers_style_patch_of_the_constructor_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers' prevent_arange_dtype_change: save, replace, restore through the DeepSpeed path.
+    from deepspeed.runtime.zero import partition_parameters as pp
+
+    original = pp.zero_wrapper_for_fp_tensor_constructor
+    monkeypatch.setattr(pp, "zero_wrapper_for_fp_tensor_constructor", lambda fn, *a, **k: fn)
+    assert importlib.import_module("ds_engine.runtime.zero.partition_parameters") \
+        .zero_wrapper_for_fp_tensor_constructor is not original
+    monkeypatch.undo()
+    assert pp.zero_wrapper_for_fp_tensor_constructor is original
 
 
 def test_monkeypatch_through_alias_reaches_ds_module(monkeypatch: pytest.MonkeyPatch) -> None:

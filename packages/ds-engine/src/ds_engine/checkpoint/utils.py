@@ -13,8 +13,10 @@ import torch
 
 __all__ = ["clone_tensors_for_torch_save"]
 
+_CPU = torch.device("cpu")
 
-def clone_tensors_for_torch_save(item: Any, device: torch.device | str = torch.device("cpu")) -> Any:
+
+def clone_tensors_for_torch_save(item: Any, device: torch.device | str = _CPU) -> Any:
     """`item` with every tensor replaced by a detached copy on `device`; containers keep their type.
 
     Dicts (including `OrderedDict`), lists and tuples are walked recursively; anything else is
