@@ -193,5 +193,7 @@ def bench(session: nox.Session) -> None:
     Arguments go to benchmarks/results.py: `nox -s bench -- --quick`, `nox -s bench -- --only comm,zero`.
     """
     session.install(*CONSTRAINTS, "torch")
-    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
+    # The framework clients too: benchmarks/hf_trainer.py runs the HF Trainer on ds and on DDP.
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS),
+                  extra_requirements=FRAMEWORK_CLIENTS)
     session.run("python", str(ROOT / "benchmarks" / "results.py"), *session.posargs)

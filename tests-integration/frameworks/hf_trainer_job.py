@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -25,8 +26,9 @@ VOCAB, SEQ, SAMPLES = 64, 16, 64
 LR, WARMUP, BETAS, EPS, WEIGHT_DECAY = 5e-3, 2, (0.9, 0.999), 1e-8, 0.01
 
 
-def tiny_config() -> LlamaConfig:
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+def tiny_config(hidden: int = 32, layers: int = 2) -> LlamaConfig:
+    """A Llama of `layers` blocks of width `hidden` (the tests use the default; the benchmark a wider one)."""
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
                        tie_word_embeddings=False, attn_implementation="eager")
 
@@ -94,7 +96,7 @@ def main() -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
         optimizers = (opt, LambdaLR(opt, deepspeed_warmup_decay(a.max_steps, WARMUP)))
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), optimizers=optimizers)
-    trainer.train(resume_from_checkpoint=a.resume)
+    metrics = trainer.train(resume_from_checkpoint=a.resume).metrics
     if a.save_model:
         trainer.save_model(a.save_model)
 
@@ -103,12 +105,19 @@ def main() -> None:
     basic = getattr(engine, "basic_optimizer", None)
     lrs = [g["lr"] for g in trainer.optimizer.param_groups]
     checksum = _weights_checksum(trainer)
+    # peak resident memory of each rank (Linux reports KiB), gathered so rank 0 can report the largest
+    peak_rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]
+    if torch.distributed.is_initialized():
+        every: list[list[float]] = [[] for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather_object(every, peak_rss)
+        peak_rss = [r[0] for r in every]
     if int(os.environ.get("RANK", "0")) == 0:
         with open(a.summary, "w") as f:
             json.dump({"losses": losses, "lrs": lrs, "checksum": checksum, "global_step": trainer.state.global_step,
                        "deepspeed": trainer.is_deepspeed_enabled, "partitioned_at_load": partitioned_at_load,
                        "basic_optimizer": type(basic).__name__ if basic is not None else None,
-                       "cpu_offload": engine.zero_cpu_offload() if trainer.is_deepspeed_enabled else None}, f)
+                       "cpu_offload": engine.zero_cpu_offload() if trainer.is_deepspeed_enabled else None,
+                       "train_runtime_s": metrics["train_runtime"], "peak_rss_mib": peak_rss}, f)
     # Leave the process group before exit: gloo can abort a finished process while tearing down at exit.
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
