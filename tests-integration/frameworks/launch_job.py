@@ -9,6 +9,7 @@ which makes it rare, but a framework may still hold a group of its own. Any othe
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,25 @@ from conftest import free_port
 ABORT_AT_EXIT = "terminate called without an active exception"
 
 
-def launch(script: Path, *args: str, launcher: str = "torchrun", timeout: float = 300) -> None:
-    """Run `script args` on 2 ranks through `launcher` ("torchrun" or "deepspeed", ds's launcher)."""
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`cmd` in its own session; past `timeout` the launcher *and its ranks* are killed and the output so far shown."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout:.0f} s\n--- stdout\n{out[-3000:]}\n"
+                             f"--- stderr\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def launch(script: Path, *args: str, launcher: str = "torchrun", timeout: float = 240) -> None:
+    """Run `script args` on 2 ranks through `launcher` ("torchrun" or "deepspeed", ds's launcher).
+
+    `timeout` bounds each attempt; keep the test's own timeout above two attempts.
+    """
     if launcher == "torchrun":
         head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     elif launcher == "deepspeed":
@@ -29,7 +47,7 @@ def launch(script: Path, *args: str, launcher: str = "torchrun", timeout: float 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for attempt in (1, 2):
         cmd = [*head, "--master_port", str(free_port()), str(script), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = _run(cmd, env, timeout)
         if proc.returncode == 0:
             return
         if attempt == 2 or ABORT_AT_EXIT not in proc.stderr:
