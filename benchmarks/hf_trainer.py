@@ -33,21 +33,39 @@ JOB = JOB_DIR / "hf_trainer_job.py"
 
 ZERO = {
     "zero2": {"stage": 2, "reduce_bucket_size": "auto"},
-    "zero3": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-              "stage3_param_persistence_threshold": "auto"},
+    "zero3": {
+        "stage": 3,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    },
 }
 TARGETS = {"zero2": ">= 0.8", "zero3": ""}
 
 
 def _config(zero: dict) -> dict:
-    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-            "train_batch_size": "auto", "gradient_clipping": "auto", "steps_per_print": float("inf"),
-            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                      "weight_decay": "auto"}},
-            "scheduler": {"type": "WarmupDecayLR",
-                          "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto",
-                                     "total_num_steps": "auto", "warmup_type": "linear"}},
-            "zero_optimization": zero}
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "steps_per_print": float("inf"),
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        },
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": "auto",
+                "warmup_max_lr": "auto",
+                "warmup_num_steps": "auto",
+                "total_num_steps": "auto",
+                "warmup_type": "linear",
+            },
+        },
+        "zero_optimization": zero,
+    }
 
 
 def _run(tmp: Path, mode: str, steps: int, round_: int) -> dict:
@@ -57,11 +75,26 @@ def _run(tmp: Path, mode: str, steps: int, round_: int) -> dict:
         cfg = tmp / f"{mode}.json"
         cfg.write_text(json.dumps(_config(ZERO[mode])))
         extra = ["--ds_config", str(cfg)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(29700 + round_ * 10 + len(mode)), str(JOB), "--init_dir", str(tmp / "init"),
-           "--out_dir", str(tmp / f"out_{mode}"), "--summary", str(summary), "--max_steps", str(steps), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29700 + round_ * 10 + len(mode)),
+        str(JOB),
+        "--init_dir",
+        str(tmp / "init"),
+        "--out_dir",
+        str(tmp / f"out_{mode}"),
+        "--summary",
+        str(summary),
+        "--max_steps",
+        str(steps),
+        *extra,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(summary.read_text())
@@ -81,8 +114,10 @@ def main() -> None:
 
         import deepspeed  # noqa: F401 - the compatibility distribution must be installed
     except ImportError as err:
-        raise SystemExit(f"hf_trainer: needs transformers, accelerate and the deepspeed distribution ({err}); "
-                         "`nox -s bench` installs them") from None
+        raise SystemExit(
+            f"hf_trainer: needs transformers, accelerate and the deepspeed distribution ({err}); "
+            "`nox -s bench` installs them"
+        ) from None
     sys.path.insert(0, str(JOB_DIR))
     from hf_trainer_job import tiny_config
 
@@ -100,19 +135,38 @@ def main() -> None:
 
     rate = {m: statistics.median(a.steps / r["train_runtime_s"] for r in results[m]) for m in modes}
     rss = {m: statistics.median(max(r["peak_rss_mib"]) for r in results[m]) for m in modes}
-    print(f"HF Trainer, Llama {a.layers}x{a.hidden} ({n_params / 1e6:.2f}M params), 2 gloo ranks, "
-          f"{a.steps} steps x {a.rounds} rounds")
+    print(
+        f"HF Trainer, Llama {a.layers}x{a.hidden} ({n_params / 1e6:.2f}M params), 2 gloo ranks, "
+        f"{a.steps} steps x {a.rounds} rounds"
+    )
     print(f"{'mode':8} {'steps/s':>9} {'vs DDP':>7} {'peak RSS MiB':>13} {'vs DDP':>7}")
     rows = []
     for m in modes:
         print(f"{m:8} {rate[m]:9.2f} {rate[m] / rate['ddp']:7.2f} {rss[m]:13.0f} {rss[m] / rss['ddp']:7.2f}")
         if m == "ddp":
             continue
-        rows.append(_report.Row(benchmark="hf_trainer", figure=f"HF Trainer {m} steps/s (ratio >1: faster than DDP)",
-                                value=rate[m], unit="steps/s", baseline="DDP", baseline_value=rate["ddp"],
-                                ratio=rate[m] / rate["ddp"], target=TARGETS[m]))
-        rows.append(_report.Row(benchmark="hf_trainer", figure=f"HF Trainer {m} peak RSS per rank (max of 2)",
-                                value=rss[m], unit="MiB", baseline="DDP", baseline_value=rss["ddp"]))
+        rows.append(
+            _report.Row(
+                benchmark="hf_trainer",
+                figure=f"HF Trainer {m} steps/s (ratio >1: faster than DDP)",
+                value=rate[m],
+                unit="steps/s",
+                baseline="DDP",
+                baseline_value=rate["ddp"],
+                ratio=rate[m] / rate["ddp"],
+                target=TARGETS[m],
+            )
+        )
+        rows.append(
+            _report.Row(
+                benchmark="hf_trainer",
+                figure=f"HF Trainer {m} peak RSS per rank (max of 2)",
+                value=rss[m],
+                unit="MiB",
+                baseline="DDP",
+                baseline_value=rss["ddp"],
+            )
+        )
     _report.write_rows(a.json, rows)
 
 

@@ -15,6 +15,7 @@ import os
 import torch
 from accelerate import Accelerator, DeepSpeedPlugin
 from accelerate.utils import InitProcessGroupKwargs
+from job_exit import leave
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -40,8 +41,10 @@ def main() -> None:
 
     if a.ds_config:
         # This host has no accelerator device: name gloo, or Accelerate would see no distributed backend at all.
-        acc = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=a.ds_config),
-                          kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+        acc = Accelerator(
+            deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=a.ds_config),
+            kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")],
+        )
     else:  # the reference: DDP over gloo on the CPU
         acc = Accelerator(cpu=True)
     g = torch.Generator().manual_seed(0)
@@ -79,12 +82,18 @@ def main() -> None:
     again = train(range(SAVE_AT, STEPS))
     if int(os.environ.get("RANK", "0")) == 0:
         with open(a.summary, "w") as f:
-            json.dump({"losses": first, "losses_after_load": again, "checksum": end, "checksum_at_load": at_save,
-                       "checksum_after_load": _checksum(acc, model),
-                       "distributed_type": str(acc.distributed_type)}, f)
-    # Leave the process group before exit: gloo can abort a finished process while tearing down at exit.
-    acc.wait_for_everyone()
-    acc.end_training()
+            json.dump(
+                {
+                    "losses": first,
+                    "losses_after_load": again,
+                    "checksum": end,
+                    "checksum_at_load": at_save,
+                    "checksum_after_load": _checksum(acc, model),
+                    "distributed_type": str(acc.distributed_type),
+                },
+                f,
+            )
+    leave()
 
 
 if __name__ == "__main__":

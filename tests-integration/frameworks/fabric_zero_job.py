@@ -21,6 +21,7 @@ import sys
 
 import lightning.fabric as lf
 import torch
+from job_exit import leave
 from lightning.fabric.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.fabric.utilities.seed import reset_seed
 from torch import nn
@@ -64,10 +65,14 @@ def main() -> None:
 
     strategy: object = "ddp"
     if a.deepspeed:
-        strategy = CPUDeepSpeedStrategy(config={"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 1.0,
-                                                # stage 3: partition even these small parameters
-                                                "zero_optimization": {"stage": a.deepspeed,
-                                                                      "stage3_param_persistence_threshold": 0}})
+        strategy = CPUDeepSpeedStrategy(
+            config={
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_clipping": 1.0,
+                # stage 3: partition even these small parameters
+                "zero_optimization": {"stage": a.deepspeed, "stage3_param_persistence_threshold": 0},
+            }
+        )
     fabric = lf.Fabric(accelerator="cpu", devices=2, strategy=strategy)
     fabric.launch()
     g = torch.Generator().manual_seed(0)
@@ -80,8 +85,9 @@ def main() -> None:
     if a.zero:
         import ds_zero
 
-        optimizer = ds_zero.ZeroOptimizer(base, config=ds_zero.ZeroConfig(stage=a.zero, reduce_bucket_size=64),
-                                          module=model, clip_grad=1.0)
+        optimizer = ds_zero.ZeroOptimizer(
+            base, config=ds_zero.ZeroConfig(stage=a.zero, reduce_bucket_size=64), module=model, clip_grad=1.0
+        )
     else:
         model, optimizer = fabric.setup(model, base)
 
@@ -107,21 +113,27 @@ def main() -> None:
         return losses
 
     losses = train(range(STEPS))
-    summary = {"losses": losses, "checksum": _checksum(model),
-               # ZeRO-3: every parameter is this rank's 1/2 shard (a 1-element bias: the element on each)
-               "partitioned": all(hasattr(q, "ds_tensor") and q.ds_tensor.numel() == math.ceil(q.ds_numel / 2)
-                                  for q in model.parameters())}
+    summary = {
+        "losses": losses,
+        "checksum": _checksum(model),
+        # ZeRO-3: every parameter is this rank's 1/2 shard (a 1-element bias: the element on each)
+        "partitioned": all(
+            hasattr(q, "ds_tensor") and q.ds_tensor.numel() == math.ceil(q.ds_numel / 2) for q in model.parameters()
+        ),
+    }
     if a.ckpt:
         state = {"model": model, "optimizer": optimizer, "step": 0}
         fabric.load(a.ckpt, state)
-        summary.update(step_loaded=state["step"], losses_after_load=train(range(SAVE_AT, STEPS)),
-                       checksum_after_load=_checksum(model))
+        summary.update(
+            step_loaded=state["step"],
+            losses_after_load=train(range(SAVE_AT, STEPS)),
+            checksum_after_load=_checksum(model),
+        )
     summary["imported"] = sorted(m for m in ("ds_engine", "deepspeed", "ds_zero") if m in sys.modules)
     if fabric.global_rank == 0:
         with open(a.summary, "w") as f:
             json.dump(summary, f)
-    fabric.barrier()
-    torch.distributed.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import os
 import resource
 
 import torch
+from job_exit import leave
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
@@ -28,9 +29,17 @@ LR, WARMUP, BETAS, EPS, WEIGHT_DECAY = 5e-3, 2, (0.9, 0.999), 1e-8, 0.01
 
 def tiny_config(hidden: int = 32, layers: int = 2) -> LlamaConfig:
     """A Llama of `layers` blocks of width `hidden` (the tests use the default; the benchmark a wider one)."""
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                       tie_word_embeddings=False, attn_implementation="eager")
+    return LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
 
 
 class Tokens(Dataset):
@@ -81,12 +90,29 @@ def main() -> None:
     a = p.parse_args()
 
     args = TrainingArguments(
-        output_dir=a.out_dir, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=a.max_steps,
-        learning_rate=LR, warmup_steps=WARMUP, weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
-        adam_epsilon=EPS, max_grad_norm=1.0,
-        logging_steps=1, save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
-        report_to=[], seed=0, data_seed=0, use_cpu=True, dataloader_num_workers=0, disable_tqdm=True,
-        deepspeed=a.ds_config, ddp_backend="gloo")
+        output_dir=a.out_dir,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=a.max_steps,
+        learning_rate=LR,
+        warmup_steps=WARMUP,
+        weight_decay=WEIGHT_DECAY,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        adam_epsilon=EPS,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        save_strategy="steps" if a.save_steps else "no",
+        save_steps=a.save_steps or 500,
+        report_to=[],
+        seed=0,
+        data_seed=0,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        deepspeed=a.ds_config,
+        ddp_backend="gloo",
+    )
     # After TrainingArguments: with a ZeRO-3 config, from_pretrained now builds the model inside zero.Init.
     model = AutoModelForCausalLM.from_pretrained(a.init_dir, dtype=torch.float32)
     # Under ZeRO-3 every parameter is a 1/N shard from here on (`ds_tensor`), the full shape kept on `ds_shape`.
@@ -113,15 +139,22 @@ def main() -> None:
         peak_rss = [r[0] for r in every]
     if int(os.environ.get("RANK", "0")) == 0:
         with open(a.summary, "w") as f:
-            json.dump({"losses": losses, "lrs": lrs, "checksum": checksum, "global_step": trainer.state.global_step,
-                       "deepspeed": trainer.is_deepspeed_enabled, "partitioned_at_load": partitioned_at_load,
-                       "basic_optimizer": type(basic).__name__ if basic is not None else None,
-                       "cpu_offload": engine.zero_cpu_offload() if trainer.is_deepspeed_enabled else None,
-                       "train_runtime_s": metrics["train_runtime"], "peak_rss_mib": peak_rss}, f)
-    # Leave the process group before exit: gloo can abort a finished process while tearing down at exit.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+            json.dump(
+                {
+                    "losses": losses,
+                    "lrs": lrs,
+                    "checksum": checksum,
+                    "global_step": trainer.state.global_step,
+                    "deepspeed": trainer.is_deepspeed_enabled,
+                    "partitioned_at_load": partitioned_at_load,
+                    "basic_optimizer": type(basic).__name__ if basic is not None else None,
+                    "cpu_offload": engine.zero_cpu_offload() if trainer.is_deepspeed_enabled else None,
+                    "train_runtime_s": metrics["train_runtime"],
+                    "peak_rss_mib": peak_rss,
+                },
+                f,
+            )
+    leave()
 
 
 def _weights_checksum(trainer: Trainer) -> float:

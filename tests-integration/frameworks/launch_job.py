@@ -21,15 +21,17 @@ ABORT_AT_EXIT = "terminate called without an active exception"
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     """`cmd` in its own session; past `timeout` the launcher *and its ranks* are killed and the output so far shown."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout:.0f} s\n--- stdout\n{out[-3000:]}\n"
-                             f"--- stderr\n{err[-6000:]}") from None
+        raise AssertionError(
+            f"{' '.join(cmd)} did not finish in {timeout:.0f} s\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-6000:]}"
+        ) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -53,5 +55,7 @@ def launch(script: Path, *args: str, launcher: str = "torchrun", timeout: float 
         if attempt == 2 or ABORT_AT_EXIT not in proc.stderr:
             break
         print(f"retrying once after a SIGABRT at exit: {' '.join(cmd)}", file=sys.stderr)
-    raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
-                         f"--- stderr\n{proc.stderr[-6000:]}")
+    raise AssertionError(
+        f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
+        f"--- stderr\n{proc.stderr[-6000:]}"
+    )

@@ -20,6 +20,7 @@ import os
 
 import lightning.pytorch as pl
 import torch
+from job_exit import leave
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
@@ -90,23 +91,38 @@ def main() -> None:
         entry = StrategyRegistry[a.strategy]
         assert issubclass(entry["strategy"], DeepSpeedStrategy)
         strategy = CPUDeepSpeedStrategy(**entry["init_params"])
-    checkpoints = ModelCheckpoint(dirpath=a.ckpt_dir, every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1,
-                                  filename="{step}")
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=STEPS, gradient_clip_val=1.0,
-                         callbacks=[checkpoints], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, deterministic=True)
+    checkpoints = ModelCheckpoint(
+        dirpath=a.ckpt_dir, every_n_epochs=1, save_on_train_epoch_end=True, save_top_k=-1, filename="{step}"
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=STEPS,
+        gradient_clip_val=1.0,
+        callbacks=[checkpoints],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
     module = Regression()
     trainer.fit(module, _data(), ckpt_path=a.resume)
     checksum = _checksum(trainer, module)
     rank = int(os.environ.get("RANK", "0"))
     with open(f"{a.summary}.{rank}", "w") as f:
-        json.dump({"losses": module.losses, "checksum": checksum, "global_step": trainer.global_step,
-                   "engine": type(trainer.strategy.model).__name__,
-                   "checkpoints": sorted(os.listdir(a.ckpt_dir)) if os.path.isdir(a.ckpt_dir) else []}, f)
-    # Leave the process group before exit: gloo can abort a finished process while tearing down at exit.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        json.dump(
+            {
+                "losses": module.losses,
+                "checksum": checksum,
+                "global_step": trainer.global_step,
+                "engine": type(trainer.strategy.model).__name__,
+                "checkpoints": sorted(os.listdir(a.ckpt_dir)) if os.path.isdir(a.ckpt_dir) else [],
+            },
+            f,
+        )
+    leave()
 
 
 if __name__ == "__main__":

@@ -39,8 +39,14 @@ def ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("stage", [2, 3])
 def test_plain_loop_matches_ddp_and_state_round_trips(tmp_path: Path, ddp: dict, stage: int) -> None:
-    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": 1,
-              "gradient_clipping": 1.0, "steps_per_print": float("inf"), "zero_optimization": {"stage": stage}}
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": float("inf"),
+        "zero_optimization": {"stage": stage},
+    }
     run = _run(tmp_path, f"zero{stage}", config)
     assert run["distributed_type"] == "DistributedType.DEEPSPEED"
     assert len(run["losses"]) == len(ddp["losses"]) == 8

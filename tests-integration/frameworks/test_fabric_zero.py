@@ -46,8 +46,7 @@ def test_fabric_loop_with_ds_zero_matches_fabric_ddp(tmp_path: Path, ddp: dict, 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("stage", [2, 3])
-def test_fabric_deepspeed_strategy_matches_ddp_and_save_load_round_trips(tmp_path: Path, ddp: dict,
-                                                                        stage: int) -> None:
+def test_fabric_deepspeed_strategy_matches_ddp_and_save_load_round_trips(tmp_path: Path, ddp: dict, stage: int) -> None:
     summary = tmp_path / "fabric_ds.json"
     launch(JOB, "--deepspeed", str(stage), "--ckpt", str(tmp_path / "ckpt"), "--summary", str(summary))
     run = json.loads(summary.read_text())

@@ -31,17 +31,34 @@ BASE_CONFIG = {
     "steps_per_print": 1000,
     "fp16": {"enabled": "auto"},
     "bf16": {"enabled": "auto"},
-    "optimizer": {"type": "AdamW",
-                  "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
-    "scheduler": {"type": "WarmupDecayLR",
-                  "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto",
-                             "total_num_steps": "auto", "warmup_type": "linear"}},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {
+        "type": "WarmupDecayLR",
+        "params": {
+            "warmup_min_lr": "auto",
+            "warmup_max_lr": "auto",
+            "warmup_num_steps": "auto",
+            "total_num_steps": "auto",
+            "warmup_type": "linear",
+        },
+    },
 }
-ZERO2 = {"stage": 2, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto",
-         "allgather_bucket_size": 5e8}
-ZERO3 = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": "auto",
-         "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
-         "stage3_gather_16bit_weights_on_model_save": True}
+ZERO2 = {
+    "stage": 2,
+    "overlap_comm": True,
+    "contiguous_gradients": True,
+    "reduce_bucket_size": "auto",
+    "allgather_bucket_size": 5e8,
+}
+ZERO3 = {
+    "stage": 3,
+    "overlap_comm": True,
+    "contiguous_gradients": True,
+    "reduce_bucket_size": "auto",
+    "stage3_prefetch_bucket_size": "auto",
+    "stage3_param_persistence_threshold": "auto",
+    "stage3_gather_16bit_weights_on_model_save": True,
+}
 
 
 def _config(tmp: Path, name: str, zero: dict) -> Path:
@@ -97,8 +114,13 @@ def test_zero2_matches_ddp_and_resumes_exactly(work: Path, ddp: dict) -> None:
     assert a["cpu_offload"] is False
     assert (out / "checkpoint-4" / "global_step4").is_dir() and (out / "checkpoint-4" / "latest").is_file()
 
-    launch(JOB, *_job(work / "init", work / "z2_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
-           "--ds_config", str(cfg), launcher="deepspeed")
+    launch(
+        JOB,
+        *_job(work / "init", work / "z2_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
+        "--ds_config",
+        str(cfg),
+        launcher="deepspeed",
+    )
     b = json.loads(resumed.read_text())
     assert b["global_step"] == 8
     assert {k: b["losses"][k] for k in "5678"} == {k: a["losses"][k] for k in "5678"}  # bit-exact
@@ -122,14 +144,22 @@ def test_zero3_from_pretrained_matches_ddp_resumes_and_saves_full_model(work: Pa
 
     cfg, out = _config(work, "zero3", ZERO3), work / "z3_out"
     first, resumed = work / "z3.json", work / "z3_resumed.json"
-    launch(JOB, *_job(work / "init", out, first, "--save_steps", "4", "--save_model", str(work / "z3_model")),
-              "--ds_config", str(cfg))
+    launch(
+        JOB,
+        *_job(work / "init", out, first, "--save_steps", "4", "--save_model", str(work / "z3_model")),
+        "--ds_config",
+        str(cfg),
+    )
     a = json.loads(first.read_text())
     assert a["partitioned_at_load"]  # from_pretrained built the model inside zero.Init
     _assert_matches(a, ddp)
 
-    launch(JOB, *_job(work / "init", work / "z3_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
-              "--ds_config", str(cfg))
+    launch(
+        JOB,
+        *_job(work / "init", work / "z3_resumed_out", resumed, "--resume", str(out / "checkpoint-4")),
+        "--ds_config",
+        str(cfg),
+    )
     b = json.loads(resumed.read_text())
     assert {k: b["losses"][k] for k in "5678"} == {k: a["losses"][k] for k in "5678"}
     assert b["checksum"] == a["checksum"]

@@ -22,8 +22,16 @@ TOL = 1e-5
 
 def _fit(tmp: Path, strategy: str, name: str, resume: Path | None = None) -> dict:
     summary = tmp / f"{name}.json"
-    launch(JOB, "--strategy", strategy, "--ckpt_dir", str(tmp / f"{name}_ckpt"), "--summary", str(summary),
-           *(["--resume", str(resume)] if resume else []))
+    launch(
+        JOB,
+        "--strategy",
+        strategy,
+        "--ckpt_dir",
+        str(tmp / f"{name}_ckpt"),
+        "--summary",
+        str(summary),
+        *(["--resume", str(resume)] if resume else []),
+    )
     return {rank: json.loads(Path(f"{summary}.{rank}").read_text()) for rank in (0, 1)}
 
 

@@ -120,8 +120,10 @@ def test_transformers_style_patch_of_the_constructor_hook(monkeypatch: pytest.Mo
 
     original = pp.zero_wrapper_for_fp_tensor_constructor
     monkeypatch.setattr(pp, "zero_wrapper_for_fp_tensor_constructor", lambda fn, *a, **k: fn)
-    assert importlib.import_module("ds_engine.runtime.zero.partition_parameters") \
-        .zero_wrapper_for_fp_tensor_constructor is not original
+    assert (
+        importlib.import_module("ds_engine.runtime.zero.partition_parameters").zero_wrapper_for_fp_tensor_constructor
+        is not original
+    )
     monkeypatch.undo()
     assert pp.zero_wrapper_for_fp_tensor_constructor is original
 
@@ -141,16 +143,19 @@ def test_unknown_path_is_module_not_found() -> None:
         importlib.import_module("deepspeed.runtime.no_such_module")
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("deepspeed", None),
-    ("deepspeedx", None),
-    ("ds_engine.zero", None),
-    ("deepspeed.zero", "ds_engine.zero"),
-    ("deepspeed.runtime.zero.partition_parameters", "ds_engine.runtime.zero.partition_parameters"),
-    ("deepspeed.launcher", "ds_launcher"),
-    ("deepspeed.launcher.launch", "ds_launcher.launch"),
-    ("deepspeed.launchers", "ds_engine.launchers"),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("deepspeed", None),
+        ("deepspeedx", None),
+        ("ds_engine.zero", None),
+        ("deepspeed.zero", "ds_engine.zero"),
+        ("deepspeed.runtime.zero.partition_parameters", "ds_engine.runtime.zero.partition_parameters"),
+        ("deepspeed.launcher", "ds_launcher"),
+        ("deepspeed.launcher.launch", "ds_launcher.launch"),
+        ("deepspeed.launchers", "ds_engine.launchers"),
+    ],
+)
 def test_resolve(name: str, expected: str | None) -> None:
     assert _aliases.resolve(name) == expected
 
@@ -167,7 +172,8 @@ def test_no_console_script_of_its_own() -> None:
 
 
 def test_python_dash_m_runs_the_aliased_module() -> None:
-    out = subprocess.run([sys.executable, "-m", "deepspeed.launcher.runner", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "deepspeed.launcher.runner", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert "--num_gpus" in out.stdout

@@ -39,8 +39,12 @@ def test_clone_tensors_for_torch_save_gives_each_view_its_own_storage() -> None:
     assert type(cloned["state"]) is OrderedDict and list(cloned["state"]) == ["a", "b"]
     assert isinstance(cloned["pair"], tuple) and cloned["pair"][1] == 3
     assert cloned["list"][1] == "x" and cloned["step"] == 7
-    for got, src in ((cloned["state"]["a"], state["a"]), (cloned["state"]["b"], state["b"]),
-                     (cloned["pair"][0], flat[:1]), (cloned["list"][0], flat[2:3])):
+    for got, src in (
+        (cloned["state"]["a"], state["a"]),
+        (cloned["state"]["b"], state["b"]),
+        (cloned["pair"][0], flat[:1]),
+        (cloned["list"][0], flat[2:3]),
+    ):
         assert torch.equal(got, src.detach())
         assert not got.requires_grad and got.device.type == "cpu"
         # its own storage of its own size: torch.save writes only this tensor, not the flat buffer

@@ -18,9 +18,13 @@ HF_CONFIG = {
     "train_micro_batch_size_per_gpu": "auto",
     "bf16": {"enabled": "auto"},
     "fp16": {"enabled": False},
-    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                          "stage3_param_persistence_threshold": "auto",
-                          "offload_param": {"device": "cpu", "pin_memory": "auto"}},
+    "zero_optimization": {
+        "stage": 3,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "offload_param": {"device": "cpu", "pin_memory": "auto"},
+    },
 }
 
 

@@ -18,11 +18,11 @@ _aliases.install()
 
 # After the star import, which brought ds-engine's own `__version__`/`version`.
 __version__ = version = __about__.__version__
-__version_major__, __version_minor__, __version_patch__ = (int(part) for part in
-                                                           __version__.split("+")[0].split(".")[:3])
+__version_major__, __version_minor__, __version_patch__ = (
+    int(part) for part in __version__.split("+")[0].split(".")[:3]
+)
 
-__all__ = [*(name for name in _ds_engine.__all__ if name not in ("__version__", "version")), "__version__",
-           "version"]
+__all__ = [*(name for name in _ds_engine.__all__ if name not in ("__version__", "version")), "__version__", "version"]
 
 
 def __getattr__(name: str) -> object:

@@ -47,7 +47,7 @@ def resolve(fullname: str) -> str | None:
         return None
     for prefix in _ORDER:
         if fullname == prefix or fullname.startswith(prefix + "."):
-            return ALIASES[prefix] + fullname[len(prefix):]
+            return ALIASES[prefix] + fullname[len(prefix) :]
     return None
 
 
@@ -83,8 +83,9 @@ class _AliasLoader(importlib.abc.Loader):
 class AliasFinder(importlib.abc.MetaPathFinder):
     """Finds `deepspeed.<path>` by finding the ds module `resolve()` names; unknown paths stay unknown."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         ds_name = resolve(fullname)
         if ds_name is None:
             return None
@@ -94,8 +95,9 @@ class AliasFinder(importlib.abc.MetaPathFinder):
             return None
         if ds_spec is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(ds_name),
-                                              is_package=ds_spec.submodule_search_locations is not None)
+        return importlib.machinery.ModuleSpec(
+            fullname, _AliasLoader(ds_name), is_package=ds_spec.submodule_search_locations is not None
+        )
 
 
 def install() -> AliasFinder:

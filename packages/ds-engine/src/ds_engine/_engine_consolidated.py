@@ -40,9 +40,12 @@ class ConsolidatedWeights:
             ValueError: the engine is not at ZeRO stage 3 (use `module_state_dict()`).
         """
         if self._zero.stage != 3:
-            raise ValueError(f"_zero3_consolidated_16bit_state_dict() needs ZeRO stage 3 (this engine is at stage "
-                             f"{self._zero.stage}); the module's own state_dict() is already complete")
+            raise ValueError(
+                f"_zero3_consolidated_16bit_state_dict() needs ZeRO stage 3 (this engine is at stage "
+                f"{self._zero.stage}); the module's own state_dict() is already complete"
+            )
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 consolidated state_dict")
-        state = ds_zero.consolidated_16bit_state_dict(self.module, rank0_only=True,
-                                                      exclude_frozen_parameters=exclude_frozen_parameters)
+        state = ds_zero.consolidated_16bit_state_dict(
+            self.module, rank0_only=True, exclude_frozen_parameters=exclude_frozen_parameters
+        )
         return state if ds_comm.get_rank() == 0 else None

@@ -35,10 +35,16 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _config(stage: int, gather: bool) -> dict[str, Any]:
-    return {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
-            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                                  "stage3_gather_16bit_weights_on_model_save": gather}}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.0}},
+        "zero_optimization": {
+            "stage": stage,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_gather_16bit_weights_on_model_save": gather,
+        },
+    }
 
 
 def _train_and_consolidate(rank: int, world: int) -> dict[str, Any]:
@@ -60,8 +66,13 @@ def _train_and_consolidate(rank: int, world: int) -> dict[str, Any]:
         refused = "<not refused>"
     except ValueError as err:
         refused = str(err)
-    return {"state": state, "partitioned": partitioned, "gather": engine.zero_gather_16bit_weights_on_model_save(),
-            "no_gather": no_gather.zero_gather_16bit_weights_on_model_save(), "refused": refused}
+    return {
+        "state": state,
+        "partitioned": partitioned,
+        "gather": engine.zero_gather_16bit_weights_on_model_save(),
+        "no_gather": no_gather.zero_gather_16bit_weights_on_model_save(),
+        "refused": refused,
+    }
 
 
 def test_zero3_consolidated_state_dict_matches_plain_training() -> None:

@@ -10,5 +10,6 @@ from __future__ import annotations
 
 from ds_engine._reexport import optional_reexport
 
-__all__, __getattr__, __dir__ = optional_reexport("ds_engine.runtime.zero", "ds_zero", extra="zero",
-                                                  feature="ds_engine.runtime.zero (deepspeed.runtime.zero, ZeRO)")
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.runtime.zero", "ds_zero", extra="zero", feature="ds_engine.runtime.zero (deepspeed.runtime.zero, ZeRO)"
+)

@@ -22,8 +22,11 @@ from ds_comm import get_accelerator
 from ds_engine._reexport import optional_reexport
 
 _zero_all, __getattr__, _zero_dir = optional_reexport(
-    "ds_engine.runtime.zero.partition_parameters", "ds_zero", extra="zero",
-    feature="ds_engine.runtime.zero.partition_parameters (deepspeed.runtime.zero.partition_parameters, ZeRO-3)")
+    "ds_engine.runtime.zero.partition_parameters",
+    "ds_zero",
+    extra="zero",
+    feature="ds_engine.runtime.zero.partition_parameters (deepspeed.runtime.zero.partition_parameters, ZeRO-3)",
+)
 
 #: torch's own constructor, kept before anything could wrap it (DeepSpeed's name for it).
 _orig_torch_arange = torch.arange
@@ -31,9 +34,9 @@ _orig_torch_arange = torch.arange
 __all__ = [*_zero_all, "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"]
 
 
-def zero_wrapper_for_fp_tensor_constructor(fn: Callable[..., torch.Tensor], target_fp_dtype: torch.dtype,
-                                           target_device: torch.device | str | None = None
-                                           ) -> Callable[..., torch.Tensor]:
+def zero_wrapper_for_fp_tensor_constructor(
+    fn: Callable[..., torch.Tensor], target_fp_dtype: torch.dtype, target_device: torch.device | str | None = None
+) -> Callable[..., torch.Tensor]:
     """`fn` (a tensor constructor such as `torch.empty`) that puts its result on `target_device` and casts a
     floating-point result to `target_fp_dtype`; a `device=` passed by the caller wins.
 
