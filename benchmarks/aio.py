@@ -11,7 +11,7 @@ range over reps) and the ratio to dd with the same block size (O_DIRECT contende
   privileges needed, other processes' caches untouched), so buffered reads come from the device
   too. O_DIRECT reads bypass the cache anyway.
 
-Target (issue 10): the op with O_DIRECT >= 80% of dd's O_DIRECT bandwidth, write and read.
+Target: the op with O_DIRECT >= 80% of dd's O_DIRECT bandwidth, write and read.
 
     python benchmarks/aio.py [--dir /tmp] [--size-mib 128] [--reps 5] [--block-size 1048576]
                              [--queue-depth 8] [--threads 1] [--json rows.json]

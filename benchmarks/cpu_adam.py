@@ -7,7 +7,7 @@ exp_avg_sq; write param, exp_avg, exp_avg_sq), and the same for a plain Adam-pat
 in this run with the op builder's flags over arrays of the same layout (the practical roofline of
 this machine). Ratios are medians of per-round ratios (see paired_ratio).
 
-Targets (issue 3): not slower than torch's fused Adam anywhere; >= 90% of the roofline at 50M.
+Targets: not slower than torch's fused Adam anywhere; >= 90% of the roofline at 50M.
 
     python benchmarks/cpu_adam.py [--sizes 10000000 50000000] [--threads 1 2] [--reps 80]
 """

@@ -6,7 +6,7 @@ the time of `CPUAdamBuilder().load()` alone and of `import ds_ops` + load (torch
 and not counted: every user of an optimizer has paid it already). Children may write bytecode and
 one untimed child runs first, as after `pip install` (which compiles .pyc files); with
 PYTHONDONTWRITEBYTECODE set, every `import ds_ops` would compile its sources. DeepSpeed's own cpu_adam took
-about 90 s cold and 2.3 s cached on this class of machine (issue 3).
+about 90 s cold and 2.3 s cached on this class of machine.
 Targets: cold <= 20 s, cached <= 0.1 s.
 
     python benchmarks/op_build.py [--trials 3]
@@ -68,7 +68,7 @@ def main() -> None:
         total = statistics.median(r["load"] + r["import_ds_ops"] for r in runs[kind])
         print(f"{kind:<8} {load:>8.3f} {total:>14.3f} {reference:>12.1f} {reference / total:>14.0f}x {target:>9}")
         rows.append(_report.Row("op_build", f"cpu_adam {kind} import ds_ops + load, median of {args.trials}", total,
-                                "s", "DeepSpeed cpu_adam (issue 3)", reference, target=f"<= {target} s"))
+                                "s", "DeepSpeed cpu_adam", reference, target=f"<= {target} s"))
     _report.write_rows(args.json, rows)
 
 

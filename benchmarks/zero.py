@@ -124,7 +124,7 @@ def _setup(mode: str, model: GPT) -> tuple[object, object, str]:
 
 
 def _engine_with_initialize():  # noqa: ANN202 - a module or None
-    """ds_engine when it is installed and provides `initialize` (the package skeleton does not)."""
+    """ds_engine when it is installed and provides `initialize`; None otherwise."""
     if importlib.util.find_spec("ds_engine") is None:
         return None
     import ds_engine

@@ -33,7 +33,7 @@ def decode(ids: torch.Tensor) -> str:
     return "".join(VOCAB[i] for i in ids.tolist())
 
 
-class CharDataset(Dataset):
+class CharDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Windows of `block_size` characters; item i is (x, y) with y = x shifted by one."""
 
     def __init__(self, block_size: int = 64, num_sentences: int = 4000, seed: int = 1234) -> None:

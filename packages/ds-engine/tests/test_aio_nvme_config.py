@@ -1,8 +1,8 @@
 """The `aio` section (validated by ds_ops.AioConfig) and its hand-over to ds-zero's stage 3 with NVMe offload.
 
-The call site is checked against stand-ins for ds-zero's stage-3 classes (one with the `aio_config=`
-keyword of the ds-engine/ds-zero NVMe contract, one without), so these tests do not depend on which
-ds-zero is installed; tests/dist/test_dist_nvme_engine.py runs the real thing where ds-zero has it.
+The call site is checked against stand-ins for ds-zero's stage-3 classes (with the `aio_config=`
+keyword of the ds-engine/ds-zero NVMe contract), so these tests do not depend on which ds-zero is
+installed; tests/dist/test_dist_nvme_engine.py runs the real thing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from ds_engine_testkit import base_config, make_engine, tiny_net
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
-from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine import DeepSpeedConfig
 from ds_engine.explain import main as explain_main
 
 AIO = {"block_size": 262144, "queue_depth": 16, "intra_op_parallelism": 2, "single_submit": True,
@@ -44,8 +44,8 @@ class _Recorder:
 
 
 class Stage3WithNvme(_Recorder):
-    def __init__(self, optimizer, *, module=None, config=None, loss_scaler=None, clip_grad=0.0, dp_group=None,
-                 gradient_predivide_factor=1.0, communication_dtype=None, aio_config=None) -> None:
+    def __init__(self, optimizer, *, module=None, config=None, loss_scaler=None, clip_grad=0.0, check_overflow=True,
+                 dp_group=None, gradient_predivide_factor=1.0, communication_dtype=None, aio_config=None) -> None:
         self.calls.append(("DeepSpeedZeroOptimizer_Stage3", {"aio_config": aio_config, "config": config}))
 
 
@@ -54,17 +54,11 @@ class OffloadWithNvme(_Recorder):
         self.calls.append(("DeepSpeedZeRoOffload", {"aio_config": aio_config, "config": config}))
 
 
-class Stage3WithoutNvme(_Recorder):
-    def __init__(self, optimizer, *, module=None, config=None, loss_scaler=None, clip_grad=0.0, dp_group=None,
-                 gradient_predivide_factor=1.0, communication_dtype=None) -> None:
-        raise AssertionError("must be refused before construction")
-
-
-def _fake_ds_zero(nvme: bool) -> types.ModuleType:
+def _fake_ds_zero() -> types.ModuleType:
     module = types.ModuleType("ds_zero")
     module.__version__ = "0.1.0"
     module.ZeroConfig = _ZeroConfig
-    module.DeepSpeedZeroOptimizer_Stage3 = Stage3WithNvme if nvme else Stage3WithoutNvme
+    module.DeepSpeedZeroOptimizer_Stage3 = Stage3WithNvme
     module.DeepSpeedZeRoOffload = OffloadWithNvme
     return module
 
@@ -93,7 +87,7 @@ def test_aio_values_are_validated_and_explained(tmp_path: Path, capsys, caplog) 
 
 
 def test_nvme_offload_hands_the_aio_section_to_stage_3(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "ds_zero", _fake_ds_zero(nvme=True))
+    monkeypatch.setitem(sys.modules, "ds_zero", _fake_ds_zero())
     _Recorder.calls.clear()
     make_engine(tiny_net(0), _nvme_config(tmp_path))
     make_engine(tiny_net(0), _nvme_config(tmp_path, optimizer=None))  # evaluation: DeepSpeedZeRoOffload
@@ -111,11 +105,3 @@ def test_nvme_offload_hands_the_aio_section_to_stage_3(monkeypatch, tmp_path: Pa
             "queue_depth=16, intra_op_parallelism=2, single_submit=True, overlap_events=False") in plan.lines()
 
 
-def test_nvme_offload_without_ds_zero_support_is_refused_before_any_work(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "ds_zero", _fake_ds_zero(nvme=False))
-    model = tiny_net(0)
-    with pytest.raises(DeepSpeedConfigError, match=r"zero_optimization.offload_param.device='nvme': the installed "
-                                                   r"ds-zero 0.1.0 has no NVMe offload \(ds_zero."
-                                                   r"DeepSpeedZeroOptimizer_Stage3 takes no aio_config\); use device "
-                                                   r"'cpu'"):
-        make_engine(model, _nvme_config(tmp_path))

@@ -37,8 +37,8 @@ def test_sources_say_where_each_number_came_from() -> None:
     ({"gradient_accumulation_steps": 2}, 1, r"train_batch_size or train_micro_batch_size_per_gpu must be set"),
     ({}, 1, r"train_batch_size or train_micro_batch_size_per_gpu must be set"),
     ({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 1,
-     r"train_batch_size \(7\) must equal train_micro_batch_size_per_gpu \(2\) x gradient_accumulation_steps \(3\) x "
-     r"data-parallel world size \(1\) = 6"),
+     r"train_batch_size \(7\) must equal train_micro_batch_size_per_gpu \(2\) x "
+     r"gradient_accumulation_steps \(3\) x data-parallel world size \(1\) = 6"),
     ({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2}, 1,
      r"gradient_accumulation_steps: .*= 7 / 2 = 3.5 is not a whole number"),
     ({"train_batch_size": 10, "gradient_accumulation_steps": 4}, 1,

@@ -79,7 +79,7 @@ def test_cpu_adam_that_fails_to_load_falls_back_to_torch(monkeypatch) -> None:
 
 def test_real_cpu_adam_matches_torch_adamw() -> None:
     if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
-        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (arrives with the ds-ops CPU optimizers, branch `ops`)")
+        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers)")
     ref = tiny_net(0)
     ref_engine = make_engine(ref, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True,
                                                                                        "weight_decay": 0.0}}))

@@ -1,7 +1,7 @@
 """The ds-zero and ds-pipe seams: clear errors without them, and the ZeRO call site per the contract.
 
-ds-zero's optimizer classes are not part of this branch, so the contract is exercised with a
-stand-in module that implements ZERO_ENGINE_CONTRACT's interface without partitioning.
+The contract (`ds_engine._zero_contract`) is exercised with a stand-in module that implements its
+interface without partitioning; tests/test_zero_contract.py checks ds-zero's real classes against it.
 """
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ class ContractZeroOptimizer:
 
     calls: ClassVar[list[tuple[str, Any]]] = []
 
-    def __init__(self, optimizer, *, config, module=None, loss_scaler=None, clip_grad=0.0, dp_group=None,
-                 gradient_predivide_factor=1.0, communication_dtype=None) -> None:
+    def __init__(self, optimizer, *, config, module=None, loss_scaler=None, clip_grad=0.0, check_overflow=True,
+                 dp_group=None, gradient_predivide_factor=1.0, communication_dtype=None) -> None:
         self.optimizer = optimizer
         self.kwargs = dict(config=config, module=module, loss_scaler=loss_scaler, clip_grad=clip_grad,
-                           dp_group=dp_group, gradient_predivide_factor=gradient_predivide_factor,
-                           communication_dtype=communication_dtype)
+                           check_overflow=check_overflow, dp_group=dp_group,
+                           gradient_predivide_factor=gradient_predivide_factor, communication_dtype=communication_dtype)
         self.loss_scaler = loss_scaler or LossScaler(1.0)
         self.global_grad_norm = None
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -105,8 +105,10 @@ class ContractZeroOptimizer:
         self.calls.append(("backward", float(loss.detach())))
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
-    def step(self) -> bool:
+    def step(self, closure=None, *, skip=None) -> bool:
         self.calls.append(("step", None))
+        if skip is not None and float(skip) > 0:
+            return False
         self.global_grad_norm = torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in self.params]))
         self.optimizer.step()
         return True
@@ -120,6 +122,10 @@ class ContractZeroOptimizer:
     def load_state_dict(self, state_dicts, load_optimizer_states=True, load_from_fp32_weights=True) -> None:
         self.calls.append(("load", (len(state_dicts), load_optimizer_states, load_from_fp32_weights)))
         self.optimizer.load_state_dict(state_dicts[0]["base_optimizer_state"])
+
+
+    def refresh_fp32_params(self) -> None:
+        self.calls.append(("refresh", None))
 
 
 class ContractStage3(ContractZeroOptimizer):
@@ -163,6 +169,7 @@ def test_zero_call_site_training_and_checkpoint_follow_the_contract(monkeypatch,
     assert type(optimizer) is ContractZeroOptimizer and engine.zero_optimization_stage() == 2
     kw = optimizer.kwargs
     assert kw["config"].stage == 2 and kw["module"] is model and kw["clip_grad"] == 0.5 and kw["dp_group"] is None
+    assert kw["check_overflow"] is True  # fp32 under ZeRO: steps with inf/nan gradients are skipped
     assert kw["gradient_predivide_factor"] == 2.0 and kw["communication_dtype"] == torch.float32
     assert type(kw["loss_scaler"]) is LossScaler and isinstance(optimizer.optimizer, torch.optim.AdamW)
     x, y = batches(1, 4)[0]

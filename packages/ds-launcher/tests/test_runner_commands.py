@@ -210,8 +210,8 @@ def test_slurm_command() -> None:
     (IMPIRunner, {"a": [0], "b": [0, 1]}, "--launcher impi needs the same slot count on every host, got "
                                           "{'a': 1, 'b': 2}; use --num_gpus N to take the first N slots of each host"),
     (MVAPICHRunner, {"a": [0], "b": [0, 1]},
-     "--launcher mvapich needs the same slot count on every host, got {'a': 1, 'b': 2}; use --num_gpus N to take "
-     "the first N slots of each host"),
+     "--launcher mvapich needs the same slot count on every host, got {'a': 1, 'b': 2}; use --num_gpus N "
+     "to take the first N slots of each host"),
 ])
 def test_backend_resource_limits(runner: type, active: dict[str, list[int]], message: str) -> None:
     with pytest.raises(ValueError) as info:

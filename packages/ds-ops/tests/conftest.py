@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,8 +12,13 @@ import torch
 
 @pytest.fixture(scope="session", autouse=True)
 def session_extensions_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Point TORCH_EXTENSIONS_DIR at a fresh folder for the session (subprocesses inherit it)."""
-    path = tmp_path_factory.mktemp("torch_extensions")
+    """Point TORCH_EXTENSIONS_DIR at a fresh folder for the session (subprocesses inherit it).
+
+    `DS_OPS_TEST_EXTENSIONS_DIR` names a folder to use instead: tools/gpu_check.py sets it to where
+    its build_ops step just compiled (and timed) the ops, so the CUDA tests do not compile them again.
+    """
+    configured = os.environ.get("DS_OPS_TEST_EXTENSIONS_DIR")
+    path = Path(configured) if configured else tmp_path_factory.mktemp("torch_extensions")
     patch = pytest.MonkeyPatch()
     patch.setenv("TORCH_EXTENSIONS_DIR", str(path))
     patch.delenv("CXX", raising=False)

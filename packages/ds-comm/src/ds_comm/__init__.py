@@ -8,6 +8,7 @@ multi-process test harness.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
@@ -42,6 +43,9 @@ from ds_comm.collectives import (
     send,
 )
 from ds_comm.logging import get_logger, log_dist
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types
+    from ds_comm.config import CommsLoggerConfig, ConfigModel, find_auto, validate_section
 
 #: Names served from `ds_comm.config` on first access: it imports pydantic (~0.3 s), which only
 #: code that reads a config needs. `from ds_comm import ConfigModel` works as usual.

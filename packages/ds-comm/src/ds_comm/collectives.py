@@ -127,7 +127,7 @@ class CollectiveHandle:
     def is_completed(self) -> bool:
         return self._done or self._work.is_completed()
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         return self._work.get_future()
 
 

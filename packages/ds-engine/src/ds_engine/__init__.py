@@ -12,6 +12,7 @@ DeepSpeed's import paths work: `from ds_engine.pipe import PipelineModule`, `ds_
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_comm import init_distributed
 from ds_engine import accelerator, comm, lr_schedules
@@ -19,11 +20,21 @@ from ds_engine.__about__ import __version__
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._initialize import add_config_arguments, initialize
 from ds_engine._optional import require
-from ds_engine._pipeline import PipelineError
-from ds_engine._pipeline_engine import PipelineEngine
+from ds_engine._pipeline.build import PipelineError
+from ds_engine._pipeline.engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._torch_optimizers import Lamb, Lion
 from ds_engine.config import DeepSpeedConfigError
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types
+    from ds_engine import checkpointing as checkpointing
+    from ds_engine import ops as ops
+    from ds_engine import pipe as pipe
+    from ds_engine import runtime as runtime
+    from ds_engine import utils as utils
+    from ds_engine import zero as zero
+    from ds_engine.config import DeepSpeedConfig
+    from ds_pipe import PipelineModule as PipelineModule
 
 version = __version__
 

@@ -42,7 +42,6 @@ from ds_engine._zero_wiring import (
     broadcast_unpartitioned,
     build_parameter_offload,
     build_zero_optimizer,
-    check_zero_support,
     loss_scaler_for,
 )
 from ds_engine.config import DeepSpeedConfigError
@@ -209,7 +208,6 @@ def assemble(*, module: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, 
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
     _check_optimizer_needed(plan)
-    check_zero_support(plan, config)
     _place_and_cast(module, plan, device)
     _broadcast(module, plan, dist)
     timers: WallClockTimers | NullTimers = WallClockTimers(get_accelerator().synchronize) \

@@ -161,8 +161,9 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """At the boundary: reduce, (unscale, check), clip, update, step the lr scheduler; always count the micro step.
 
-        On an overflow (fp16, or bf16 with `check_grad_overflow`) the update and the scheduler step
-        are skipped and `skipped_steps` grows; `global_steps` counts every boundary, as in DeepSpeed.
+        On an overflow (fp16, bf16 with `check_grad_overflow`, fp32 under ZeRO; one order at every
+        stage: `ds_ops.precision.finish_step`) the update and the scheduler step are skipped and
+        `skipped_steps` grows; `global_steps` counts every boundary, as in DeepSpeed.
         Collectives (stage 0, several ranks): one all-reduce per gradient bucket on the
         data-parallel group.
         """

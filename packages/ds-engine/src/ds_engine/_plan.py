@@ -136,6 +136,16 @@ def _nvme_text(config: DeepSpeedConfig) -> str | None:
             f"single_submit={a.single_submit}, overlap_events={a.overlap_events}")
 
 
+def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:
+    """Whether steps with inf/nan gradients are skipped: always for fp16, `bf16.check_grad_overflow` for
+    bf16, and for fp32 under ZeRO (ds-zero always skipped them there; stage 0's fp32 step never checks)."""
+    if precision == "fp16":
+        return True
+    if precision == "bf16":
+        return bf16_check
+    return stage >= 1
+
+
 def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer: object | None = None,
                   client_scheduler: object | None = None, pipeline: bool = False) -> AssemblyPlan:
     """Decide the chain for `config` on `device_type` ("cpu" or "cuda").
@@ -176,7 +186,7 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
         buffer_dtype=to_torch_dtype(m.data_types.buffer_dtype) if m.data_types.buffer_dtype else None,
         zero_stage=stage, offload_optimizer=offload, optimizer_source=source, optimizer=opt_plan, wrapper=wrapper,
         loss_scaler=scaler_text, dynamic_loss_args=dynamic_args, static_loss_scale=static_scale,
-        check_overflow=precision == "fp16" or (precision == "bf16" and m.bf16.check_grad_overflow),
+        check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow),
         clip=m.gradient_clipping, reduce=reduce, dp_world_size=world,
         scheduler=_scheduler_text(config, client_scheduler),
         engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine", nvme_offload=_nvme_text(config))

@@ -4,10 +4,10 @@
 param groups are re-pointed at them once). Gradients accumulate either in an fp32 flat buffer
 (bf16 default: after each backward the 16-bit grads are added in and freed) or in a 16-bit flat
 buffer bound to the parameters (fp16 default, as DeepSpeed does), copied to fp32 at the boundary.
-At the boundary: all-reduce the accumulation buffer, unscale by 1/loss_scale, check inf/nan over
-the whole buffer (identical on every rank after the all-reduce, so no extra collective), update
-the scaler, and either skip (zero the grads) or clip by the global norm, step the masters and
-copy them back into the 16-bit parameters.
+At the boundary: all-reduce the accumulation buffer, then `ds_ops.precision.finish_step` over the
+whole fp32 buffer (unscale, inf/nan check, scaler update, norm, clip; identical on every rank after
+the all-reduce, so `partitioned=False`: no extra collective), and either skip (zero the grads) or
+step the masters and copy them back into the 16-bit parameters.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.optim import Optimizer
 
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, ReduceSettings
 from ds_engine._timers import NullTimers, WallClockTimers
-from ds_ops.precision import LossScaler, clip_grads_by_norm_, global_grad_norm
+from ds_ops.precision import LossScaler, finish_step
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +133,13 @@ class MixedPrecisionOptimizer:
             p.grad = None
 
     @torch.no_grad()
-    def step(self) -> bool:
-        """The boundary step; False (and the scale updated) when gradients overflowed."""
+    def step(self, skip: torch.Tensor | None = None) -> bool:
+        """The boundary step; False (and the scale updated) when gradients overflowed or `skip` is set.
+
+        Args:
+            skip: a 1-element flag already agreed by every rank that must skip together (the pipeline's
+                stages); non-zero skips this step as an overflow would.
+        """
         self._absorb()
         self.accum.rebind()
         if self.reducer is not None:
@@ -144,17 +149,13 @@ class MixedPrecisionOptimizer:
         grads = self.master_grads.flat
         if self.accum is not self.master_grads:
             grads.copy_(self.accum.flat)
-        scale = self.loss_scaler.loss_scale
-        if scale != 1.0:
-            grads.mul_(1.0 / scale)
-        self.overflow = self.check_overflow and not bool(torch.isfinite(grads).all())
-        self.loss_scaler.update_scale(self.overflow)
+        outcome = finish_step([grads], scaler=self.loss_scaler, clip=self.clip_grad,
+                              check_overflow=self.check_overflow, compute_norm=True, skip=skip)
+        self.overflow = outcome.overflow
+        self._norm = outcome.grad_norm
         if self.overflow:
             self.zero_grad()
             return False
-        norm = global_grad_norm([grads], partitioned=False)
-        clip_grads_by_norm_([grads], self.clip_grad, norm)
-        self._norm = float(norm)
         self.optimizer.step()
         torch._foreach_copy_(self.model_params, self.masters)
         self.zero_grad()

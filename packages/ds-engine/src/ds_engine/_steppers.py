@@ -15,7 +15,8 @@ from torch.optim import Optimizer
 
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer
 from ds_engine._timers import NullTimers, WallClockTimers
-from ds_ops.precision import clip_grads_by_norm_, global_grad_norm
+from ds_engine._zero_contract import ZeroOptimizer
+from ds_ops.precision import finish_step
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,12 @@ class Stepper(Protocol):
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         """Backward of an already gas-scaled loss (the stepper applies any loss scale)."""
 
-    def step(self) -> bool:
-        """Reduce, unscale/check/clip as configured, update; False when the step was skipped."""
+    def step(self, skip: torch.Tensor | None = None) -> bool:
+        """Reduce, unscale/check/clip as configured, update; False when the step was skipped.
+
+        `skip` is a 1-element flag the caller already agreed across every rank that must skip together
+        (the pipeline engine's stages); non-zero skips the step as an overflow does (scaler included).
+        """
 
     def zero_grad(self) -> None: ...
 
@@ -70,20 +75,19 @@ class Fp32Stepper:
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         loss.backward(retain_graph=retain_graph)
 
-    def step(self) -> bool:
+    def step(self, skip: torch.Tensor | None = None) -> bool:
         self.buffer.rebind()
         if self.reducer is not None:
             self.timers.start("allreduce")
             self.reducer.all_reduce()
             self.timers.stop("allreduce")
-        if self.clip > 0:
-            flat = [self.buffer.flat]
-            norm = global_grad_norm(flat, partitioned=False)
-            clip_grads_by_norm_(flat, self.clip, norm)
-            self._norm = float(norm)
-        self.optimizer.step()
+        outcome = finish_step([self.buffer.flat], scaler=None, clip=self.clip, check_overflow=False, skip=skip)
+        if outcome.grad_norm is not None:
+            self._norm = outcome.grad_norm
+        if outcome.applied:
+            self.optimizer.step()
         self.buffer.release()
-        return True
+        return outcome.applied
 
     def zero_grad(self) -> None:
         self.buffer.release()
@@ -107,20 +111,20 @@ class Fp32Stepper:
 
 
 class ZeroStepper:
-    """Adapter over ds-zero's `DeepSpeedZeroOptimizer` / `DeepSpeedZeroOptimizer_Stage3` (see the contract).
+    """Adapter over ds-zero's `DeepSpeedZeroOptimizer` / `DeepSpeedZeroOptimizer_Stage3` (`_zero_contract`).
 
     ds-zero owns reduction, loss scaling, clipping and the partitioned update; the engine only
     divides the loss by the accumulation steps before `backward`.
     """
 
-    def __init__(self, zero_optimizer: Any) -> None:
+    def __init__(self, zero_optimizer: ZeroOptimizer) -> None:
         self.optimizer = zero_optimizer
 
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         self.optimizer.backward(loss, retain_graph=retain_graph)
 
-    def step(self) -> bool:
-        applied = bool(self.optimizer.step())
+    def step(self, skip: torch.Tensor | None = None) -> bool:
+        applied = bool(self.optimizer.step(skip=skip))
         # DeepSpeed's engine clears gradients after every boundary step; ZeRO-3's optimizer relies on
         # it (its fp32 gradient partitions accumulate across micro-steps until zero_grad()).
         self.optimizer.zero_grad(set_to_none=True)
@@ -151,9 +155,4 @@ class ZeroStepper:
                                        load_from_fp32_weights=load_from_fp32_weights)
 
     def refresh_from_module(self) -> None:
-        refresh = getattr(self.optimizer, "refresh_fp32_params", None)
-        if refresh is None:
-            raise NotImplementedError(
-                f"{type(self.optimizer).__name__} cannot refresh its fp32 partitions from loaded module weights "
-                "(no refresh_fp32_params); load with load_optimizer_states=True")
-        refresh()
+        self.optimizer.refresh_fp32_params()

@@ -1,4 +1,4 @@
-"""The ZeRO seam (see ZERO_ENGINE_CONTRACT): what initialize() builds from ds-zero, and nothing else.
+"""The ZeRO seam (typed in `_zero_contract`): what initialize() builds from ds-zero, and nothing else.
 
 Four things cross it, all decided once at initialize():
   * the ZeRO optimizer around the base optimizer (stages 1-3, training);
@@ -7,13 +7,13 @@ Four things cross it, all decided once at initialize():
   * the rank-0 broadcast of a stage-3 model's not-yet-partitioned parameters and buffers, so that a
     model built outside `zero.Init` is partitioned from one set of values;
   * with NVMe offload (ZeRO-Infinity), the top-level `aio` section, passed as `aio_config=` (a dict)
-    to the stage-3 constructors: the contract between ds-engine and ds-zero's NVMe swappers.
+    to the stage-3 constructors: the contract between ds-engine and ds-zero's NVMe swappers (every
+    ds-zero in the range the `zero` extra declares takes it).
 ds-zero is imported only inside these functions, through `require`.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from ds_engine._data_parallel import broadcast_module_states
 from ds_engine._dist_info import DistInfo
 from ds_engine._optional import require
 from ds_engine._plan import AssemblyPlan
-from ds_engine.config import DeepSpeedConfigError
+from ds_engine._zero_contract import ZeroOptimizer, ZeroOptimizerFactory
 from ds_engine.config._dtype_names import to_torch_dtype
 from ds_ops.precision import DynamicLossScaler, LossScaler
 
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["broadcast_unpartitioned", "build_parameter_offload", "build_zero_optimizer", "check_zero_support",
-           "loss_scaler_for", "nvme_kwargs"]
+__all__ = ["broadcast_unpartitioned", "build_parameter_offload", "build_zero_optimizer", "loss_scaler_for",
+           "nvme_kwargs"]
 
 
 def loss_scaler_for(plan: AssemblyPlan) -> LossScaler:
@@ -65,44 +65,22 @@ def nvme_kwargs(config: DeepSpeedConfig) -> dict[str, Any]:
     return {"aio_config": config.model.aio.model_dump()}
 
 
-def _stage3_class(plan: AssemblyPlan) -> str:
-    return "DeepSpeedZeRoOffload" if plan.optimizer_source == "none" else "DeepSpeedZeroOptimizer_Stage3"
-
-
-def check_zero_support(plan: AssemblyPlan, config: DeepSpeedConfig) -> None:
-    """Before any work: the installed ds-zero can build what the plan asks for (NVMe offload needs `aio_config=`).
-
-    Raises:
-        DeepSpeedConfigError: NVMe offload asked for, but ds-zero's stage-3 class takes no `aio_config`.
-    """
-    keys = _nvme_keys(config)
-    if not keys or plan.zero_stage != 3:
-        return
-    name = _stage3_class(plan)
-    ds_zero = _ds_zero(3, name)
-    if "aio_config" not in inspect.signature(getattr(ds_zero, name)).parameters:
-        raise DeepSpeedConfigError(
-            f"zero_optimization.{keys[0]}.device='nvme': the installed ds-zero {getattr(ds_zero, '__version__', '?')} "
-            f"has no NVMe offload (ds_zero.{name} takes no aio_config); use device 'cpu', or install a ds-zero with "
-            "ZeRO-Infinity: pip install -U 'ds-engine[zero]'")
-
-
 def build_zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer, module: nn.Module,
-                         dist: DistInfo) -> Any:
+                         dist: DistInfo) -> ZeroOptimizer:
     """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2) or `..._Stage3`.
 
     Raises:
         ImportError: ds-zero is missing, or lacks the class (the message names the pip command).
     """
     name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
-    cls = getattr(_ds_zero(plan.zero_stage, name), name)
+    cls: ZeroOptimizerFactory = getattr(_ds_zero(plan.zero_stage, name), name)
     m = config.model
     comm_dtype = to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
     # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
     return cls(base, module=module, config=config.zero.config, loss_scaler=loss_scaler_for(plan), clip_grad=plan.clip,
-               dp_group=dist.dp_group, gradient_predivide_factor=m.gradient_predivide_factor,
-               communication_dtype=comm_dtype, **extra)
+               check_overflow=plan.check_overflow, dp_group=dist.dp_group,
+               gradient_predivide_factor=m.gradient_predivide_factor, communication_dtype=comm_dtype, **extra)
 
 
 def build_parameter_offload(config: DeepSpeedConfig, module: nn.Module, dist: DistInfo) -> Any:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ds_comm
 
+if TYPE_CHECKING:  # the names below are copied at run time; type checkers see ds_comm's own
+    from ds_comm import *  # noqa: F403
 #: ds_comm's config models: served on first access (they import pydantic, ~0.3 s), as ds_comm does.
 _LAZY = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "validate_section"})
 

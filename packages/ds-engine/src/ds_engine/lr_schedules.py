@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -43,7 +43,7 @@ def _per_group(optimizer: _HasParamGroups, value: float | Sequence[float], name:
         if len(value) != count:
             raise ValueError(f"{name}: expected {count} values (one per param group), got {len(value)}: {value}")
         return [float(v) for v in value]
-    return [float(value)] * count
+    return [float(cast(float, value))] * count
 
 
 def _check_warmup(warmup_num_steps: int, warmup_type: str) -> None:

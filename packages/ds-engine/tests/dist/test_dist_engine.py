@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ds_comm.testing import run_ranks
-from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 STEPS, GAS = 6, 2
 

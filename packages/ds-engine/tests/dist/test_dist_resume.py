@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
 from ds_comm.testing import run_ranks
-from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
 GAS = 2
 CONFIG = base_config(gradient_accumulation_steps=GAS, gradient_clipping=1.0,

@@ -90,7 +90,8 @@ def _eval_and_save(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     with torch.no_grad():
         out_c = engine_c(x.bfloat16())
     bf16 = (model_c.inp.weight.dtype, model_c.inp.weight.ds_tensor.dtype, model_c.shift.dtype)
-    return {"out": out, "out_b": out_b, "out_c": out_c, "bf16": bf16, "shards": shards, "module_is_model": engine.module is model,
+    return {"out": out, "out_b": out_b, "out_c": out_c, "bf16": bf16, "shards": shards,
+            "module_is_model": engine.module is model,
             "optimizer": optimizer, "scheduler": scheduler, "backward": _refused(lambda: engine.backward(loss)),
             "step": _refused(engine.step), "saved": saved, "peak": peak,
             "saved_b": engine_b.save_16bit_model(out_dir + "_b")}

@@ -9,8 +9,10 @@ the multi-tensor CUDA FusedAdam, the async I/O op for ZeRO-Infinity (`AsyncIOHan
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_ops.__about__ import __version__
+from ds_ops._in_pass_copy import InPassCopyOptimizer, supports_in_pass_copy
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
 from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
@@ -27,6 +29,9 @@ from ds_ops.op_builder import (
     OpBuildError,
     OpNotCompatibleError,
 )
+
+if TYPE_CHECKING:  # type checkers see the lazy name's real type
+    from ds_ops.aio._config import AioConfig
 
 
 def __getattr__(name: str) -> object:
@@ -51,9 +56,11 @@ __all__ = [
     "DeepSpeedCPULion",
     "FusedAdam",
     "FusedAdamBuilder",
+    "InPassCopyOptimizer",
     "OpBuildError",
     "OpBuilder",
     "OpNotCompatibleError",
     "__version__",
     "aio_handle",
+    "supports_in_pass_copy",
 ]

@@ -101,9 +101,11 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     """A torch optimizer whose step runs a ds-ops CPU kernel once per parameter.
 
     Subclasses set `STATE_KEYS`, `KERNEL` (the C function's name), `SUPPORTS_SPARSE`, and implement
-    `_check_group` and `_call_kernel`.
+    `_check_group` and `_call_kernel`. Every one declares the in-pass copy (`IN_PASS_COPY`, see
+    `ds_ops.supports_in_pass_copy`): `step(fp16_param_groups=...)`.
     """
 
+    IN_PASS_COPY: ClassVar[bool] = True
     STATE_KEYS: ClassVar[tuple[str, ...]] = ()
     KERNEL: ClassVar[str] = ""
     SUPPORTS_SPARSE: ClassVar[bool] = False

@@ -1,6 +1,7 @@
 """FusedAdam on a CUDA device against torch.optim.AdamW / Adam (runs only where CUDA is present).
 
-Tolerance: rtol=1e-5, atol=1e-6 for fp32 (fp32 math in torch's order, no FMA); bf16/fp16 parameters
+Tolerance: rtol=1e-5, atol=1e-6 for fp32 (fp32 math in torch's order, no FMA), against both torch's
+for-loop Adam and its fused CUDA kernel (`fused=True`); bf16/fp16 parameters
 keep their moments in the parameter dtype (DeepSpeed's FusedAdam), checked against an emulation
 with rtol=2e-2.
 """
@@ -45,6 +46,23 @@ def test_matches_torch_adam_over_100_steps(adam_w_mode: bool) -> None:
     for p, q in zip(ours_params, ref_params, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ours.state[p]["exp_avg_sq"], ref.state[q]["exp_avg_sq"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False])
+def test_matches_torch_fused_adam_over_50_steps(adam_w_mode: bool) -> None:
+    """Against torch's own CUDA kernel (`fused=True`), the engine's default optimizer on CUDA: 1e-5."""
+    ours_params, ref_params = _params(), _params()
+    ours = FusedAdam(ours_params, lr=2e-3, betas=(0.9, 0.95), eps=1e-8, adam_w_mode=adam_w_mode, weight_decay=0.05)
+    ref = (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)(ref_params, lr=2e-3, betas=(0.9, 0.95), eps=1e-8,
+                                                                     weight_decay=0.05, fused=True)
+    for step in range(50):
+        for p, q, g in zip(ours_params, ref_params, _grads(step), strict=True):
+            p.grad, q.grad = g, g.clone()
+        ours.step()
+        ref.step()
+    for p, q in zip(ours_params, ref_params, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours.state[p]["exp_avg"], ref.state[q]["exp_avg"], rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_params_and_state_dict_round_trip() -> None:

@@ -9,6 +9,7 @@ activation transfer, the `PipelineExecutor` that runs them, activation checkpoin
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_pipe import checkpointing, schedule
 from ds_pipe.__about__ import __version__
@@ -21,6 +22,9 @@ from ds_pipe._p2p import ActivationShapeError
 from ds_pipe._partition import partition_balanced, partition_uniform, prefix_sum_inc
 from ds_pipe._topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 from ds_pipe.schedule import DataParallelSchedule, InferenceSchedule, PipeSchedule, TrainSchedule
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types
+    from ds_pipe.config import ActivationCheckpointingConfig, PipelineConfig
 
 
 def __getattr__(name: str) -> object:

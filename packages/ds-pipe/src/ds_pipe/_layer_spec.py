@@ -82,7 +82,7 @@ class TiedLayerSpec(LayerSpec):
     """
 
     def __init__(self, key: str, typename: type[nn.Module], *module_args: Any,
-                 forward_fn: Callable[[nn.Module, Any], Any] | None = None,
+                 forward_fn: Callable[[Any, Any], Any] | None = None,
                  tied_weight_attr: str | Sequence[str] = ("weight",), **module_kwargs: Any) -> None:
         super().__init__(typename, *module_args, **module_kwargs)
         if not isinstance(key, str) or not key:

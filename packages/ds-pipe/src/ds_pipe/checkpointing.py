@@ -116,8 +116,10 @@ def _build_policy(config: ActivationCheckpointingConfig, mpu: Any) -> Checkpoint
         warnings.warn("activation_checkpointing.partition_activations has no effect without tensor parallelism "
                       "(pass mpu_ with a model-parallel group of more than one rank)", stacklevel=3)
     partition_world = world if config.partition_activations else 1
-    pool = BufferPool(config.number_checkpoints) if config.contiguous_memory_optimization else None
-    assert pool is None or config.number_checkpoints is not None
+    pool = None
+    if config.contiguous_memory_optimization:
+        assert config.number_checkpoints is not None  # the config model requires it
+        pool = BufferPool(config.number_checkpoints)
     return CheckpointPolicy(partition_group=group, partition_rank=rank, partition_world=partition_world,
                             to_cpu=config.cpu_checkpointing, pool=pool,
                             synchronize=config.synchronize_checkpoint_boundary, profile=config.profile)
@@ -198,7 +200,8 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not torch.is_grad_enabled():
         return function(*args)
     dummy = torch.empty(0, requires_grad=True)
-    return CheckpointFunction.apply(function, _state.policy, dummy, *args)
+    # torch.autograd.Function.apply carries no annotations.
+    return CheckpointFunction.apply(function, _state.policy, dummy, *args)  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager

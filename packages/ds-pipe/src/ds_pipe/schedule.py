@@ -64,7 +64,7 @@ class PipeInstruction:
         return f"{self.name}({args})"
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self.kwargs == other.kwargs  # type: ignore[attr-defined]
+        return type(self) is type(other) and self.kwargs == other.kwargs
 
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted(self.kwargs.items()))))

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ds_pipe import LayerSpec, TiedLayerSpec
 from torch import nn
+
+from ds_pipe import LayerSpec, TiedLayerSpec
 
 D_IN, D, CLASSES, ROWS = 6, 8, 3, 4
 BASE_SEED = 1234

@@ -7,6 +7,8 @@ from typing import Any
 import pipe_models
 import pytest
 import torch.distributed as dist
+from torch import nn
+
 from ds_comm.testing import run_ranks
 from ds_pipe import (
     LayerSpec,
@@ -16,7 +18,6 @@ from ds_pipe import (
     PipelineParallelGrid,
     PipeModelDataParallelTopology,
 )
-from torch import nn
 
 
 def _members(group: Any) -> list[int]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pipe_models
 import torch
+
 from ds_comm.testing import run_ranks
 from ds_pipe import PipeDataParallelTopology, PipelineExecutor, PipelineModule
 
@@ -50,7 +51,7 @@ def test_layer_files_reload_with_a_different_stage_count(tmp_path: Path) -> None
     reference = saved[0]["logits"]
     assert len(reference) == EVAL_BATCHES and reference[0].shape == (pipe_models.ROWS, pipe_models.CLASSES)
     for logits in run_ranks(4, _load, load_dir=str(tmp_path), timeout_s=120):
-        assert all(torch.equal(a, b) for a, b in zip(logits, reference))
+        assert all(torch.equal(a, b) for a, b in zip(logits, reference, strict=True))
     single = PipelineModule(pipe_models.specs(), num_stages=1, loss_fn=pipe_models.loss_fn)
     single.load_state_dir(tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(_eval(single), reference))
+    assert all(torch.equal(a, b) for a, b in zip(_eval(single), reference, strict=True))

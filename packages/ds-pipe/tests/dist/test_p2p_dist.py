@@ -7,16 +7,17 @@ from typing import Any
 import pipe_models
 import pytest
 import torch
+from torch import nn
+
 from ds_comm.testing import run_ranks
 from ds_pipe import (
     ActivationShapeError,
     LayerSpec,
-    PipeModelDataParallelTopology,
     PipelineExecutor,
     PipelineModule,
+    PipeModelDataParallelTopology,
     checkpointing,
 )
-from torch import nn
 
 
 def _rows_batches(rows: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -62,7 +63,8 @@ def test_dynamic_shapes_match_sequential() -> None:
 
 
 def test_static_shapes_reject_a_changed_activation() -> None:
-    with pytest.raises(ActivationShapeError, match=r"changed from float32\[3, 6\] to float32\[5, 6\].*dynamic_shape=True"):
+    message = r"changed from float32\[3, 6\] to float32\[5, 6\].*dynamic_shape=True"
+    with pytest.raises(ActivationShapeError, match=message):
         run_ranks(2, _shapes, dynamic=False, rows=[3, 5], timeout_s=60, collective_timeout_s=20)
 
 

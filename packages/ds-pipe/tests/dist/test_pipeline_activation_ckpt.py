@@ -11,6 +11,7 @@ from typing import Any
 
 import pipe_models
 import torch
+
 from ds_comm.testing import run_ranks
 from ds_pipe import PipelineExecutor, PipelineModule, checkpointing
 
@@ -36,7 +37,7 @@ def _compare(rank: int, world_size: int) -> dict[str, Any]:
     out = {}
     for interval, cpu in [(1, False), (2, True), (3, False)]:
         losses, grads = _grads_with_interval(interval, cpu)
-        out[(interval, cpu)] = (all(torch.equal(a, b) for a, b in zip(losses, base_losses)),
+        out[(interval, cpu)] = (all(torch.equal(a, b) for a, b in zip(losses, base_losses, strict=True)),
                                 sorted(n for n in base if not torch.equal(base[n], grads[n])))
     # Dropout really is active: another dropout stream changes the gradients.
     _, other = _grads_with_interval(0, False, stream=200)

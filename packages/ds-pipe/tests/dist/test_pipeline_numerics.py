@@ -12,6 +12,7 @@ from typing import Any
 import pipe_models
 import pytest
 import torch
+
 from ds_comm.testing import run_ranks
 from ds_pipe import PipeDataParallelTopology, PipelineExecutor, PipelineModule
 
@@ -45,7 +46,7 @@ def _check_against_reference(results: list[dict[str, Any]], num_dp: int) -> None
                                     steps=STEPS, lr=LR)
     covered = set()
     for rank, res in enumerate(results):
-        for ours, theirs in zip(res["losses"], ref["losses"]):
+        for ours, theirs in zip(res["losses"], ref["losses"], strict=True):
             torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6, msg=f"loss on rank {rank}")
         for name, grad in res["grads"].items():
             torch.testing.assert_close(grad, ref["grads"][name], rtol=0, atol=1e-6, msg=f"grad {name} rank {rank}")

@@ -7,31 +7,35 @@ only this package to set up fp16 loss scaling.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
-from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
-from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
+from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
+from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint
+from ds_zero._nvme.files import NVMeSwapError
 
 # ZeRO stage 3
-from ds_zero._gather import GatherDivergenceError
-from ds_zero._gathered_parameters import (
+from ds_zero._params.gather import GatherDivergenceError
+from ds_zero._params.gathered_parameters import (
     GatheredParameters,
     register_external_parameter,
     unregister_external_parameter,
 )
-from ds_zero._init import Init, partition_model
-from ds_zero._nvme_files import NVMeSwapError
-from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
-from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
-from ds_zero._stage3_module import DeepSpeedZeRoOffload
-from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
-from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
+from ds_zero._stage3.init import Init, partition_model
+from ds_zero._stage3.module import DeepSpeedZeRoOffload
+from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
+from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
     get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint,
 )
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types
+    from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
 _CONFIG_NAMES = frozenset({"OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
 

@@ -9,10 +9,8 @@ import torch.nn as nn
 
 import ds_zero
 
-pytestmark = pytest.mark.cuda
-
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
+# Collected everywhere (tools/gpu_check.sh --dry-run lists them), skipped without a device.
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _model(device: str) -> nn.Module:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from stage3_cases import STAGE3_CFG, VOCAB, SEQ, gathered_state, loss_fn, make_model
+from stage3_cases import SEQ, STAGE3_CFG, VOCAB, gathered_state, loss_fn, make_model
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -81,7 +81,8 @@ def test_resume_is_bit_exact_repartitions_to_4_ranks_and_consolidates(tmp_path: 
     torch.testing.assert_close(torch.tensor(wider[0]["losses"]) + torch.tensor(wider[1]["losses"]),
                                2 * torch.tensor(first[0]["losses"]), atol=1e-5, rtol=1e-5)
     for key, value in first[0]["final"].items():
-        torch.testing.assert_close(wider[3]["final"][key], value, atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+        torch.testing.assert_close(wider[3]["final"][key], value, atol=1e-5, rtol=1e-4,
+                                   msg=lambda m, k=key: f"{k}: {m}")
     # zero_to_fp32: every parameter (frozen ones too), buffers, tied alias; equal to the model at save time
     consolidated = ds_zero.get_fp32_state_dict_from_zero_checkpoint(save_dir)
     assert set(consolidated) == set(first[0]["saved"])

@@ -8,8 +8,27 @@ usual) and `import ds_engine` stays cheap. `DeepSpeedConfigError` needs no pydan
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_engine.config._errors import DeepSpeedConfigError
+
+if TYPE_CHECKING:  # type checkers see the lazy names' real types
+    from ds_engine.config._batch import BatchPlan
+    from ds_engine.config._deepspeed_config import DeepSpeedConfig
+    from ds_engine.config._pipe_interim import ActivationCheckpointingConfig, PipelineConfig
+    from ds_engine.config._sections import (
+        BF16Config,
+        CheckpointConfig,
+        CSVMonitorConfig,
+        DataTypesConfig,
+        FP16Config,
+        OptimizerConfig,
+        SchedulerConfig,
+        TensorBoardConfig,
+        TimersConfig,
+    )
+    from ds_engine.config._toplevel import DeepSpeedConfigModel
+    from ds_engine.config._zero_section import ZeroSettings
 
 #: public name -> the submodule that defines it
 _WHERE = {

@@ -1,10 +1,11 @@
-"""INTERIM models of the `pipeline` and `activation_checkpointing` sections, until ds-pipe ships its own.
+"""ds-engine's copies of the `pipeline` and `activation_checkpointing` section models, for any ds_config.
 
-[Note: swap] These sections belong to ds-pipe. When ds-pipe exports `PipelineConfig` and
-`ActivationCheckpointingConfig`, the lead replaces the two imports in `_toplevel.py` with
-ds-pipe's models (through `ds_engine._optional.require`, or by making the fields plain dicts
-validated lazily as `zero_optimization` is) and deletes this file. Keys and defaults follow
-DeepSpeed 0.19.8; unlike DeepSpeed, unknown keys are errors.
+[Note: swap] These sections belong to ds-pipe, which exports its own `PipelineConfig` and
+`ActivationCheckpointingConfig`; a `PipelineEngine` validates the sections again with those
+(`_pipeline.py`). These copies check them when ds-pipe is not installed. Replacing the two imports
+in `_toplevel.py` with ds-pipe's models (through `ds_engine._optional.require`, or by making the
+fields plain dicts validated lazily as `zero_optimization` is) deletes this file. Keys and defaults
+follow DeepSpeed 0.19.8; unlike DeepSpeed, unknown keys are errors.
 """
 
 from __future__ import annotations

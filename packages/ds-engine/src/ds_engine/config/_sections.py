@@ -2,7 +2,7 @@
 
 Sections owned elsewhere: `zero_optimization` (ds_zero.ZeroConfig), `comms_logger`
 (ds_comm.CommsLoggerConfig), `aio` (ds_ops.AioConfig), `pipeline`/`activation_checkpointing`
-(ds-pipe; an interim model in `_pipe_interim.py` until ds-pipe ships its own).
+(ds-pipe; also checked by ds-engine's copies in `_pipe_interim.py`).
 """
 
 from __future__ import annotations

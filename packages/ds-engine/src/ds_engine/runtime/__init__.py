@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ds_engine.runtime import lr_schedules
+
+if TYPE_CHECKING:  # type checkers see the lazy submodules
+    from ds_engine.runtime import activation_checkpointing as activation_checkpointing
+    from ds_engine.runtime import pipe as pipe
 
 __all__ = ["lr_schedules"]
 

@@ -6,7 +6,12 @@ Needs the `zero` extra: without ds-zero, importing this module raises ImportErro
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ds_engine._reexport import optional_reexport
+
+if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_zero's own
+    from ds_zero.zero_to_fp32 import *  # noqa: F403
 
 __all__, __getattr__, __dir__ = optional_reexport(
     "ds_engine.utils.zero_to_fp32", "ds_zero.zero_to_fp32", extra="zero",

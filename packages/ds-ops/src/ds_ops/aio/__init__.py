@@ -11,10 +11,14 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ds_ops.aio._handle import AsyncIOHandle, aio_handle
 from ds_ops.aio._requests import AioError
 from ds_ops.op_builder import AsyncIOBuilder
+
+if TYPE_CHECKING:  # type checkers see the lazy name's real type
+    from ds_ops.aio._config import AioConfig
 
 
 def __getattr__(name: str) -> object:

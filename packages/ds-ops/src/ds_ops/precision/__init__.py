@@ -1,8 +1,9 @@
-"""Precision helpers shared by ds-zero and ds-engine: loss scalers, overflow checks, gradient norms."""
+"""Precision helpers shared by ds-zero and ds-engine: loss scalers, overflow checks, gradient norms, and
+`finish_step`, the one unscale -> check -> scale update -> norm -> clip sequence every stepper runs."""
 
 from __future__ import annotations
 
-from ds_ops.precision._grad_norm import clip_grads_by_norm_, global_grad_norm
+from ds_ops.precision._grad_norm import clip_grads_by_norm_, global_grad_norm, local_norm_term
 from ds_ops.precision._loss_scaler import (
     DynamicLossScaler,
     LossScaleAtMinimumError,
@@ -10,15 +11,19 @@ from ds_ops.precision._loss_scaler import (
     create_loss_scaler,
 )
 from ds_ops.precision._overflow import has_overflow, local_overflow, unscale_and_check_
+from ds_ops.precision._step import StepOutcome, finish_step
 
 __all__ = [
     "DynamicLossScaler",
     "LossScaleAtMinimumError",
     "LossScaler",
+    "StepOutcome",
     "clip_grads_by_norm_",
     "create_loss_scaler",
+    "finish_step",
     "global_grad_norm",
     "has_overflow",
+    "local_norm_term",
     "local_overflow",
     "unscale_and_check_",
 ]

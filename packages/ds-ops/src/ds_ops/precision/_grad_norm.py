@@ -11,30 +11,47 @@ from torch.distributed import ProcessGroup
 import ds_comm
 
 
+def local_norm_term(tensors: Iterable[torch.Tensor | None], norm_type: float = 2.0) -> torch.Tensor:
+    """This rank's share of the `norm_type` norm, as a 1-element fp32 tensor on the tensors' device.
+
+    The sum of |g|^p over `tensors` (the max |g| for p = inf), so partial terms of disjoint parts add
+    (or max) up to the whole; no communication and no host sync.
+    """
+    grads = [t for t in tensors if t is not None and t.numel() > 0]
+    p = float(norm_type)
+    if not grads:
+        return torch.zeros(1)
+    norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads], p)
+    stacked = torch.stack([n.float() for n in norms])
+    return (stacked.max() if math.isinf(p) else stacked.pow(p).sum()).reshape(1)
+
+
 def global_grad_norm(tensors: Iterable[torch.Tensor | None], *, norm_type: float = 2.0,
-                     group: ProcessGroup | None = None, partitioned: bool = True) -> torch.Tensor:
+                     group: ProcessGroup | None = None, partitioned: bool = True,
+                     comm_device: torch.device | None = None) -> torch.Tensor:
     """The `norm_type` norm of all `tensors` on all ranks of `group`, as a 0-dim fp32 tensor.
+
+    [Note: where the norm lives] A caller says how its gradient is laid out, and this is the one place
+    that turns the layout into communication: `partitioned` (ZeRO: each rank holds a disjoint part)
+    means the partial terms are combined with one all-reduce over `group`; otherwise every rank holds
+    the same full gradient and nothing is sent. The partial travels on `comm_device` when given (nccl
+    needs the accelerator even when ZeRO-Offload keeps the partitions in host memory).
 
     Args:
         tensors: this rank's gradient tensors (None entries are skipped).
         norm_type: p of the p-norm; `inf` for the max-abs norm.
         group: the ranks whose tensors together make up the whole gradient.
-        partitioned: True when each rank holds a disjoint part (ZeRO): the partial norms are combined
-            with one all-reduce (SUM of |g|^p, or MAX for inf). False when every rank holds the same
-            full gradient: no communication.
+        partitioned: True when each rank holds a disjoint part, False when each holds all of it.
+        comm_device: where the partial is all-reduced (default: where the tensors are).
 
     Returns:
-        The norm; inf or nan when a gradient has overflowed (the caller decides what to skip).
+        The norm (on `comm_device` when given); inf or nan when a gradient has overflowed (the caller
+        decides what to skip).
     """
-    grads = [t for t in tensors if t is not None and t.numel() > 0]
     p = float(norm_type)
-    if grads:
-        norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads], p)
-        stacked = torch.stack([n.float() for n in norms])
-        local = stacked.max() if math.isinf(p) else stacked.pow(p).sum()
-    else:
-        local = torch.zeros(())
-    local = local.reshape(1).float()
+    local = local_norm_term(tensors, p)
+    if comm_device is not None:
+        local = local.to(comm_device)
     if partitioned and ds_comm.is_initialized() and ds_comm.get_world_size(group) > 1:
         op = ds_comm.ReduceOp.MAX if math.isinf(p) else ds_comm.ReduceOp.SUM
         ds_comm.all_reduce(local, op=op, group=group)

@@ -16,7 +16,10 @@ def local_overflow(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor:
     for t in tensors:
         if t is None or t.numel() == 0:
             continue
-        bad = torch.logical_not(torch.isfinite(t)).any()
+        # min and max are finite exactly when every element is (both propagate nan), and one read-only
+        # reduction is an order of magnitude faster on CPU than materialising `isfinite(t)`.
+        lo, hi = torch.aminmax(t)
+        bad = torch.logical_not(torch.isfinite(torch.stack((lo, hi))).all())
         found = bad if found is None else torch.logical_or(found, bad)
     if found is None:
         return torch.zeros(1)
@@ -38,11 +41,23 @@ def has_overflow(tensors: Iterable[torch.Tensor | None], group: ProcessGroup | N
 def unscale_and_check_(tensors: list[torch.Tensor], inv_scale: float) -> torch.Tensor:
     """Multiply `tensors` in place by `inv_scale` and return the local overflow flag (1-element float).
 
-    Uses torch's fused AMP kernel (one pass per tensor list) where the device supports it.
+    One fused pass per device with torch's AMP kernel (`_amp_foreach_non_finite_check_and_unscale_`);
+    with `inv_scale == 1` only the check runs (nothing is written). No host sync.
     """
-    found = torch.zeros(1, device=tensors[0].device if tensors else "cpu")
-    if not tensors:
-        return found
-    inv = torch.full((1,), inv_scale, device=found.device)
-    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, inv)
-    return found
+    tensors = [t for t in tensors if t is not None and t.numel() > 0]
+    if inv_scale == 1.0:
+        return local_overflow(tensors)
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
+    if not by_device:
+        return torch.zeros(1)
+    flags = []
+    for device, group in by_device.items():
+        found = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found, torch.full((1,), inv_scale, device=device))
+        flags.append(found)
+    first = flags[0]
+    for other in flags[1:]:
+        first = torch.maximum(first, other.to(first.device))
+    return first

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type checkers see the lazy submodule
+    from ds_engine.runtime.activation_checkpointing import checkpointing as checkpointing
 
 __all__: list[str] = []
 

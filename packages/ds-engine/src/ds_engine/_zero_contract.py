@@ -1,0 +1,89 @@
+"""The ZeRO <-> engine contract as types: what ds-engine calls on ds-zero, and nothing more.
+
+ds-zero's `DeepSpeedZeroOptimizer` (stages 1/2) and `DeepSpeedZeroOptimizer_Stage3` satisfy these
+Protocols structurally: ds-zero never imports ds-engine (it sits below it in the DAG), and ds-engine
+imports ds-zero only lazily (the `zero` extra), so the contract lives here, on the side that relies
+on it. `tests/test_zero_contract.py` checks both ds-zero classes against it.
+
+What crosses the seam:
+  * construction, one calling convention for every stage (`ZeroOptimizerFactory`);
+  * the step path: `backward`, `step(skip=...) -> applied`, `zero_grad`, and what the engine reports
+    (`loss_scale`, `global_grad_norm`); `param_groups` is what `engine.get_lr()` reads;
+  * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
+    size), `refresh_fp32_params` (masters from just-loaded module weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+from torch.optim import Optimizer
+
+from ds_ops.precision import LossScaler
+
+__all__ = ["ZeroOptimizer", "ZeroOptimizerFactory"]
+
+
+@runtime_checkable
+class ZeroOptimizer(Protocol):
+    """A ZeRO optimizer as the engine drives it (`ZeroStepper`)."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The base optimizer's groups (lr schedulers write `lr` here)."""
+        ...
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without fp16 scaling)."""
+        ...
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        """The unscaled global norm at the last step, before clipping; None when not computed."""
+        ...
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """`(loss * loss_scale).backward()`; the engine has already divided by the accumulation steps."""
+        ...
+
+    def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:
+        """The boundary step on every rank (a collective); False when it was skipped.
+
+        `skip` is a 1-element flag already agreed across every rank that must skip together (the
+        pipeline's stages): non-zero skips the step as an overflow does, loss-scale update included.
+        """
+        ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every accumulated gradient (the engine calls it after each boundary step)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """THIS rank's partition in ds-zero's checkpoint format."""
+        ...
+
+    def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+                        load_optimizer_states: bool = True, load_from_fp32_weights: bool = True) -> None:
+        """Restore from ALL saved ranks' state dicts (rank order); a collective."""
+        ...
+
+    def refresh_fp32_params(self) -> None:
+        """Reset the fp32 masters from the module's current (just loaded) weights."""
+        ...
+
+
+class ZeroOptimizerFactory(Protocol):
+    """How `initialize()` builds a ZeRO optimizer, the same for every stage (`_zero_wiring.build_zero_optimizer`).
+
+    Stage 3 also takes `aio_config=` (the top-level `aio` section) when it swaps to NVMe.
+    """
+
+    def __call__(self, optimizer: Optimizer, *, config: Any, module: nn.Module | None, loss_scaler: LossScaler,
+                 clip_grad: float, check_overflow: bool, dp_group: ProcessGroup | None,
+                 gradient_predivide_factor: float, communication_dtype: torch.dtype | None,
+                 **kwargs: Any) -> ZeroOptimizer: ...

@@ -1,0 +1,151 @@
+"""The precision half of an optimizer step, in one order for every caller: unscale, check, scale update, norm, clip.
+
+[Note: one order] Stage 0's fp16/bf16 wrapper, ZeRO 1/2, ZeRO 3 and the fp32 stepper all finish their
+reduced gradients with `finish_step`, so they agree on what an overflow is and what it does:
+
+1. unscale by 1/loss_scale, fused with the inf/nan check (`unscale_and_check_`; one pass);
+2. the overflow flag (plus any skip the caller was told about) is agreed across the caller's ranks;
+3. the loss scaler records the step (overflowed or not);
+4. the global gradient norm, where asked for (clipping, `compute_grad_norm`), over the caller's layout
+   (`global_grad_norm`'s note: where the norm lives);
+5. on a clean step, the clip coefficient is applied to the gradients in place.
+
+The flag and the partial norm share one all-reduce, and the step reads one small tensor back to the
+host (the skip is a Python decision), so a step costs at most one collective and one sync; none when
+nothing is checked, normed or shared. When the norm is computed anyway and no unscale pass is needed
+(scale 1, e.g. bf16), a non-finite norm is the overflow signal and the separate check pass is saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_ops.precision._grad_norm import local_norm_term
+from ds_ops.precision._loss_scaler import LossScaler
+from ds_ops.precision._overflow import unscale_and_check_
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StepOutcome", "finish_step"]
+
+_EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutcome:
+    """What `finish_step` decided.
+
+    Attributes:
+        applied: False when the step must be skipped (an inf/nan gradient on any rank, or the caller's
+            `skip`); the gradients are then unscaled but not clipped, and the caller must not update.
+        grad_norm: the unscaled global gradient norm before clipping; None when it was not computed.
+        clip_coef: the factor the gradients were multiplied by for clipping (1.0: not clipped).
+    """
+
+    applied: bool
+    grad_norm: float | None
+    clip_coef: float = 1.0
+
+    @property
+    def overflow(self) -> bool:
+        return not self.applied
+
+
+def finish_step(grads: Sequence[torch.Tensor | None], *, scaler: LossScaler | None, clip: float = 0.0,
+                check_overflow: bool = True, compute_norm: bool = False, group: ProcessGroup | None = None,
+                partitioned: bool = False, comm_device: torch.device | None = None,
+                skip: torch.Tensor | None = None, norm_type: float = 2.0) -> StepOutcome:
+    """Unscale, check, update the loss scale, take the norm and clip `grads` in place (see the module note).
+
+    Every rank of `group` must call it when `partitioned` (it issues one all-reduce there).
+
+    Args:
+        grads: this rank's reduced, still loss-scaled gradients (None and empty entries are ignored).
+        scaler: the loss scaler (None: no scaling, nothing to update).
+        clip: clip to this global norm (0: off).
+        check_overflow: skip on an inf/nan gradient (fp16 always; `bf16.check_grad_overflow`). Off,
+            a bad gradient is applied as it is (and not clipped: its norm is not finite).
+        compute_norm: compute the norm even when not clipping (`compute_grad_norm`, reporting).
+        group: the ranks that hold the gradient together and must agree on the skip.
+        partitioned: True when each rank of `group` holds a disjoint part (ZeRO): the overflow flag and
+            the partial norm are all-reduced over `group`. False when every rank holds the same full
+            gradient (after a data-parallel all-reduce): the decision already agrees, nothing is sent.
+        comm_device: where the all-reduce runs (the accelerator for nccl, even for host gradients).
+        skip: a 1-element flag from the caller, already agreed across the ranks that must skip together
+            (the pipeline's stages); non-zero skips the step as an overflow would.
+        norm_type: p of the norm (2 for DeepSpeed's clipping).
+
+    Returns:
+        The decision, and the norm when computed.
+
+    Raises:
+        ValueError: a negative `clip`, or a dynamic scaler without `check_overflow` (it adapts to overflows).
+        LossScaleAtMinimumError: from a dynamic scaler that overflows at its minimum scale.
+    """
+    if clip < 0:
+        raise ValueError(f"clip (gradient_clipping) must be >= 0, got {clip}")
+    if scaler is not None and scaler.dynamic and not check_overflow:
+        raise ValueError("a dynamic loss scaler needs check_overflow=True: it lowers the scale on overflows")
+    tensors = [g for g in grads if g is not None and g.numel() > 0]
+    scale = scaler.loss_scale if scaler is not None else 1.0
+    need_norm = compute_norm or clip > 0
+    p = float(norm_type)
+    # 1. unscale (+ check, fused)
+    flag: torch.Tensor | None = None
+    if check_overflow and (scale != 1.0 or not need_norm):
+        flag = unscale_and_check_(tensors, 1.0 / scale)
+    elif scale != 1.0 and tensors:
+        torch._foreach_mul_(tensors, 1.0 / scale)
+    if skip is not None:
+        skip = skip.reshape(1).float()
+        flag = skip if flag is None else torch.maximum(flag, skip.to(flag.device))
+    # 2 + 4. one all-reduce for the flag and the partial norm, one read back
+    parts = []
+    if need_norm:
+        parts.append(local_norm_term(tensors, p))
+    if flag is not None:
+        parts.append(flag)
+    values = _agree(parts, group=group, partitioned=partitioned, comm_device=comm_device, max_op=math.isinf(p))
+    norm = None
+    overflow = False
+    if need_norm:
+        term = values.pop(0)
+        norm = term if math.isinf(p) else term ** (1.0 / p)
+        overflow = check_overflow and not math.isfinite(norm)
+    if flag is not None:
+        overflow = overflow or values.pop(0) > 0
+    # 3. the scaler sees every step, skipped or not
+    if scaler is not None:
+        scaler.update_scale(overflow)
+    if overflow:
+        logger.info("step skipped: %s (loss scale %s)", "gradient overflow" if skip is None else
+                    "gradient overflow or the caller's skip", scale)
+        return StepOutcome(applied=False, grad_norm=norm)
+    # 5. clip
+    coef = 1.0
+    if clip > 0 and norm is not None and math.isfinite(norm):
+        coef = min(clip / (norm + _EPS), 1.0)
+        if coef < 1.0 and tensors:
+            torch._foreach_mul_(tensors, coef)
+    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef)
+
+
+def _agree(parts: list[torch.Tensor], *, group: ProcessGroup | None, partitioned: bool,
+           comm_device: torch.device | None, max_op: bool) -> list[float]:
+    """The parts (1-element tensors) summed (or maxed) over `group` when partitioned, as Python floats."""
+    if not parts:
+        return []
+    device = comm_device if comm_device is not None else parts[0].device
+    packed = torch.cat([t.reshape(1).float().to(device) for t in parts])
+    if partitioned and ds_comm.is_initialized() and ds_comm.get_world_size(group) > 1:
+        # Flags add up as well as they max (any rank's 1 makes the sum > 0), so one SUM serves both.
+        op = ds_comm.ReduceOp.MAX if max_op else ds_comm.ReduceOp.SUM
+        ds_comm.all_reduce(packed, op=op, group=group)
+    return packed.tolist()  # the step's one host sync
