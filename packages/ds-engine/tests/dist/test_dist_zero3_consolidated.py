@@ -1,4 +1,6 @@
-"""`engine._zero3_consolidated_16bit_state_dict()` and `zero_gather_16bit_weights_on_model_save()` (Accelerate's save path).
+"""The engine's `_zero3_consolidated_16bit_state_dict()` and `zero_gather_16bit_weights_on_model_save()`.
+
+Accelerate's `get_state_dict` (HF Trainer's `save_model` at ZeRO-3) calls both.
 
 2 ranks, ZeRO stage 3, a few AdamW steps from the same weights as a plain model trained on the same
 full batch: rank 0's consolidated state_dict has the plain model's keys and values (1e-6), rank 1 gets
