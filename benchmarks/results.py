@@ -41,6 +41,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "zero": ([], ["--steps", "3", "--modes", "ddp,stage2,fsdp2,stage3"]),  # RSS runs per mode dominate
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
+    "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),
 }
 
 

@@ -58,3 +58,15 @@ def test_every_package_builds_wheel_and_sdist(wheel_dir: Path) -> None:
 ])
 def test_install_pulls_exactly_declared_siblings(wheel_dir: Path, requirement: str, expected: set[str]) -> None:
     assert _resolve(wheel_dir, requirement) == expected
+
+
+@pytest.mark.timeout(600)
+def test_deepspeed_distribution_pulls_the_whole_stack_and_no_script(wheel_dir: Path) -> None:
+    # Pinned to this tree's version: an index may also offer upstream DeepSpeed under the same name.
+    about = (ROOT / "packages" / "deepspeed" / "src" / "deepspeed" / "__about__.py").read_text()
+    version = about.split('__version__ = "')[1].split('"')[0]
+    assert _resolve(wheel_dir, f"deepspeed=={version}") == \
+        {"ds-engine", "ds-comm", "ds-ops", "ds-zero", "ds-pipe", "ds-launcher"}
+    wheel = next(wheel_dir.glob("deepspeed-*.whl"))
+    entry_points = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt")]
+    assert entry_points == []  # ds-launcher owns the `deepspeed` command

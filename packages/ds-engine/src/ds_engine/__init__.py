@@ -59,7 +59,7 @@ __all__ = [
 
 #: DeepSpeed's submodule paths (`deepspeed.pipe`, `deepspeed.zero`, `deepspeed.ops.adam`...): real submodules,
 #: imported on first use so that `import ds_engine` loads neither ds-zero nor ds-pipe.
-_SUBMODULES = ("checkpointing", "ops", "pipe", "runtime", "utils", "zero")
+_SUBMODULES = ("checkpoint", "checkpointing", "ops", "pipe", "runtime", "utils", "zero")
 
 
 def __getattr__(name: str) -> object:

@@ -18,6 +18,7 @@ from ds_engine import _checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
+from ds_engine._engine_consolidated import ConsolidatedWeights
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-class DeepSpeedEngine(EngineQueries, nn.Module):
+class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
     `engine.step()`.
 

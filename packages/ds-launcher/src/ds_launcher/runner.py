@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ds_launcher._args import parse_args
 from ds_launcher._cli_logging import configure_cli_logging
-from ds_launcher._env import collect_exports, read_env_files
+from ds_launcher._env import DEFAULT_ENV_FILE, collect_exports, read_env_files
 from ds_launcher._hostfile import fetch_hostfile
 from ds_launcher._mpi_runners import IMPIRunner, MPICHRunner, MVAPICHRunner, OpenMPIRunner
 from ds_launcher._procs import Supervisor
@@ -41,6 +41,8 @@ RUNNERS: dict[str, type[MultiNodeRunner]] = {
     cls.name: cls for cls in (PDSHRunner, OpenMPIRunner, MPICHRunner, IMPIRunner, MVAPICHRunner, SlurmRunner, SSHRunner)
 }
 _VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: DeepSpeed's name for the per-job environment file (`.deepspeed_env`); `accelerate launch` writes to it.
+DEEPSPEED_ENVIRONMENT_NAME = DEFAULT_ENV_FILE
 
 
 @dataclass(frozen=True)

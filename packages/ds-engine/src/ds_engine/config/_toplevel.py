@@ -24,7 +24,7 @@ from ds_engine.config._sections import (
     TorchAutocastConfig,
     WandbConfig,
 )
-from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt
+from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt, StepInterval
 from ds_ops import AioConfig
 
 __all__ = ["DeepSpeedConfigModel", "OFF_SECTIONS"]
@@ -116,8 +116,8 @@ class DeepSpeedConfigModel(ConfigModel):
     """Average ("mean") or add ("sum") gradients across data-parallel ranks."""
     communication_data_type: DtypeName | None = None
     """dtype of gradient all-reduces (None: the accumulation dtype)."""
-    steps_per_print: PosInt | None = None
-    """Log progress every N optimizer steps (None: never)."""
+    steps_per_print: StepInterval = None
+    """Log progress every N optimizer steps (None, or `inf` as Accelerate writes it: never)."""
     wall_clock_breakdown: bool = False
     """Time forward/backward/all-reduce/step and log them every steps_per_print steps."""
     memory_breakdown: bool = False

@@ -19,6 +19,7 @@ __all__ = [
     "NonNegInt",
     "PosFloat",
     "PosInt",
+    "StepInterval",
     "dtype_name",
     "to_torch_dtype",
 ]
@@ -46,6 +47,18 @@ NonNegInt = Annotated[Int, Field(ge=0)]
 Float = Annotated[float, BeforeValidator(_finite_number)]
 PosFloat = Annotated[Float, Field(gt=0)]
 NonNegFloat = Annotated[Float, Field(ge=0)]
+
+
+
+def _infinite_is_never(value: Any) -> Any:
+    # Accelerate writes `steps_per_print: float("inf")` to silence DeepSpeed, where `step % inf` is never 0.
+    if isinstance(value, float) and value == math.inf:
+        return None
+    return value
+
+
+StepInterval = Annotated[PosInt | None, BeforeValidator(_infinite_is_never)]
+"""Every N optimizer steps; None or `inf` (as Accelerate writes it): never."""
 
 _DTYPE_ALIASES = {
     "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",

@@ -1,8 +1,9 @@
 """`deepspeed.runtime` for migrated scripts: DeepSpeed's module paths under `runtime`.
 
 `runtime.lr_schedules` (ds-engine's schedules), `runtime.pipe` (with `.topology`, `.schedule`,
-`.module`; ds-pipe, the `pipe` extra) and `runtime.activation_checkpointing.checkpointing` (ds-pipe).
-The ds-pipe paths are imported on first use.
+`.module`; ds-pipe, the `pipe` extra), `runtime.activation_checkpointing.checkpointing` (ds-pipe) and
+`runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra). The ds-pipe and ds-zero
+paths are imported on first use.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "pipe")
+_LAZY = ("activation_checkpointing", "pipe", "zero")
 
 
 def __getattr__(name: str) -> ModuleType:

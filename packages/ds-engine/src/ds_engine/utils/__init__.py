@@ -8,18 +8,16 @@ ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). `ds_
 from __future__ import annotations
 
 import importlib
-import logging
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from ds_comm import log_dist
+# Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
+from ds_engine.utils.logging import log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy submodule
     from ds_engine.utils import zero_to_fp32 as zero_to_fp32
 
 __all__ = ["log_dist", "logger"]
-
-logger = logging.getLogger("ds")
 
 
 def __getattr__(name: str) -> ModuleType:

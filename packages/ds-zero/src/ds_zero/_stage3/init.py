@@ -131,6 +131,18 @@ def _load_config(config_dict_or_path: Any) -> dict[str, Any]:
     raise TypeError(f"config_dict_or_path must be a dict or a path, got {type(config_dict_or_path).__name__}")
 
 
+def _without_auto(value: Any) -> Any:
+    """`value` with every `"auto"` dict entry removed, recursively (those keys take their defaults).
+
+    Hugging Face builds the model inside `Init` before it knows the values that depend on the model
+    (`reduce_bucket_size`, `stage3_prefetch_bucket_size`... stay `"auto"` until the Trainer starts);
+    DeepSpeed reads such a config with those keys at their defaults. Init uses none of them itself.
+    """
+    if isinstance(value, Mapping):
+        return {k: _without_auto(v) for k, v in value.items() if not (isinstance(v, str) and v == "auto")}
+    return value
+
+
 class Init:
     """Partition parameters across the data-parallel ranks as modules are constructed (stage 3).
 
@@ -155,6 +167,7 @@ class Init:
         pin_memory: page-lock CPU shards (None-config default: `offload_param.pin_memory`).
         config_dict_or_path: a ds_config dict or JSON path: `zero_optimization.offload_param` and
             `override_module_apply` are read, and the dtype defaults to bf16/fp16 when enabled there.
+            Values still `"auto"` (as Hugging Face passes them before training starts) take their defaults.
         enabled: False makes `Init` a no-op.
         dtype: cast floating-point parameters to this dtype as they are partitioned.
         config: DeepSpeed's older name of `config_dict_or_path`.
@@ -172,7 +185,7 @@ class Init:
                  mem_efficient_linear: bool = True, mpu: Any = None) -> None:
         if mpu is not None:
             raise ValueError("ds_zero.Init(mpu=...): model parallelism is not supported by ds-zero; pass mpu=None")
-        ds_config = _load_config(config_dict_or_path if config_dict_or_path is not None else config)
+        ds_config = _without_auto(_load_config(config_dict_or_path if config_dict_or_path is not None else config))
         zero = as_zero_config(ds_config.get("zero_optimization") or {})
         if remote_device is None:
             remote_device = zero.offload_param.device

@@ -1,0 +1,51 @@
+"""The engine's full-weights views for framework integrations (Accelerate's and the HF Trainer's `save_model`).
+
+`zero_gather_16bit_weights_on_model_save()` tells a caller whether the full weights may be gathered for
+saving; `_zero3_consolidated_16bit_state_dict()` gathers them (one module at a time, assembled on the
+CPU of rank 0) under ZeRO stage 3. Both keep DeepSpeed's names: Accelerate's `get_state_dict()` calls them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import ds_comm
+from ds_engine._optional import require
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ds_engine.config import ZeroSettings
+
+__all__ = ["ConsolidatedWeights"]
+
+
+class ConsolidatedWeights:
+    """Mixed into `DeepSpeedEngine`."""
+
+    _zero: ZeroSettings
+    module: nn.Module
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """`zero_optimization.stage3_gather_16bit_weights_on_model_save`: may the full weights be gathered to save?"""
+        return bool(self._zero.gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, Any] | None:
+        """The full state_dict of the stage-3 model (parameters in the training dtype, on the CPU) on global rank 0.
+
+        Collective: every rank must call it. Other ranks get None, as in DeepSpeed. Gathers one
+        module's parameters at a time (`ds_zero.consolidated_16bit_state_dict`).
+
+        Raises:
+            ValueError: the engine is not at ZeRO stage 3 (use `module_state_dict()`).
+        """
+        if self._zero.stage != 3:
+            raise ValueError(
+                f"_zero3_consolidated_16bit_state_dict() needs ZeRO stage 3 (this engine is at stage "
+                f"{self._zero.stage}); the module's own state_dict() is already complete"
+            )
+        ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 consolidated state_dict")
+        state = ds_zero.consolidated_16bit_state_dict(
+            self.module, rank0_only=True, exclude_frozen_parameters=exclude_frozen_parameters
+        )
+        return state if ds_comm.get_rank() == 0 else None

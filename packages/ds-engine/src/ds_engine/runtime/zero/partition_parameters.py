@@ -1,0 +1,61 @@
+"""`deepspeed.runtime.zero.partition_parameters`: the stage-3 construction API (`Init`, `GatheredParameters`...).
+
+ds-zero's names (looked up on ds-zero itself), plus DeepSpeed's tensor-constructor hook as a module
+attribute: `zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype, target_device=None)` returns
+`fn` made to create floating-point tensors in `target_fp_dtype` on `target_device`, and `_orig_torch_arange`
+is torch's own `arange`. Hugging Face swaps the hook around `from_pretrained` so that RoPE buffers built
+with `torch.arange` keep their dtype (`prevent_arange_dtype_change`); it saves, replaces and restores
+this attribute, so it must exist. ds-zero's `Init` casts parameters as it partitions them and leaves
+tensor constructors (and buffers) alone, so there is no dtype change for the swap to prevent: the hook
+is not on ds's construction path, and swapping it changes nothing in ds.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ds_comm import get_accelerator
+from ds_engine._reexport import optional_reexport
+
+_zero_all, __getattr__, _zero_dir = optional_reexport(
+    "ds_engine.runtime.zero.partition_parameters",
+    "ds_zero",
+    extra="zero",
+    feature="ds_engine.runtime.zero.partition_parameters (deepspeed.runtime.zero.partition_parameters, ZeRO-3)",
+)
+
+#: torch's own constructor, kept before anything could wrap it (DeepSpeed's name for it).
+_orig_torch_arange = torch.arange
+
+__all__ = [*_zero_all, "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"]
+
+
+def zero_wrapper_for_fp_tensor_constructor(
+    fn: Callable[..., torch.Tensor], target_fp_dtype: torch.dtype, target_device: torch.device | str | None = None
+) -> Callable[..., torch.Tensor]:
+    """`fn` (a tensor constructor such as `torch.empty`) that puts its result on `target_device` and casts a
+    floating-point result to `target_fp_dtype`; a `device=` passed by the caller wins.
+
+    Args:
+        fn: the constructor to wrap.
+        target_fp_dtype: the dtype floating-point results are cast to.
+        target_device: where results are created (None: the accelerator's current device).
+    """
+    device = torch.device(target_device) if target_device is not None else get_accelerator().device()
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("device") is None:
+            kwargs["device"] = device
+        tensor = fn(*args, **kwargs)
+        return tensor.to(target_fp_dtype) if tensor.is_floating_point() else tensor
+
+    return wrapped
+
+
+def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
+    return sorted({*_zero_dir(), "_orig_torch_arange", "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"})
