@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ds_comm.__about__ import __version__
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
-from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
+from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 from ds_comm.collectives import (
     CollectiveError,
     CollectiveHandle,
@@ -91,6 +91,7 @@ __all__ = [
     "init_distributed",
     "irecv",
     "is_initialized",
+    "is_current_accelerator_supported",
     "isend",
     "log_dist",
     "log_summary",
