@@ -22,6 +22,15 @@ from ds_zero._gathered_parameters import (
     unregister_external_parameter,
 )
 from ds_zero._init import Init, partition_model
+from ds_zero._memory_estimate import (
+    estimate_zero2_model_states_mem_needs,
+    estimate_zero2_model_states_mem_needs_all_cold,
+    estimate_zero2_model_states_mem_needs_all_live,
+    estimate_zero3_model_states_mem_needs,
+    estimate_zero3_model_states_mem_needs_all_cold,
+    estimate_zero3_model_states_mem_needs_all_live,
+    model_to_params,
+)
 from ds_zero._nvme_files import NVMeSwapError
 from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
 from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
@@ -75,4 +84,12 @@ __all__ = [
     "partition_model",
     "register_external_parameter",
     "unregister_external_parameter",
+    # memory estimators (DeepSpeed's stage_1_and_2 / stage3 functions)
+    "estimate_zero2_model_states_mem_needs",
+    "estimate_zero2_model_states_mem_needs_all_cold",
+    "estimate_zero2_model_states_mem_needs_all_live",
+    "estimate_zero3_model_states_mem_needs",
+    "estimate_zero3_model_states_mem_needs_all_cold",
+    "estimate_zero3_model_states_mem_needs_all_live",
+    "model_to_params",
 ]
