@@ -58,13 +58,10 @@ def add_tuning_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     """Add the `Convergence Tuning` group (`--lr_schedule` and every schedule parameter) and return `parser`."""
     group = parser.add_argument_group("Convergence Tuning", "Convergence tuning configurations")
     group.add_argument(f"--{names.LR_SCHEDULE}", type=str, default=None, help="lr schedule for training")
-    for flag, kind, default, text in _LR_RANGE_TEST_FLAGS + _ONE_CYCLE_FLAGS[:5]:
+    for flag, kind, default, text in _LR_RANGE_TEST_FLAGS + _ONE_CYCLE_FLAGS + _WARMUP_FLAGS + _COSINE_FLAGS:
         group.add_argument(f"--{flag}", type=kind, default=default, help=text)
-    for flag, kind, default, text in _ONE_CYCLE_FLAGS[5:8]:
-        group.add_argument(f"--{flag}", type=kind, default=default, help=text)
+    # Parsed but, as in DeepSpeed, never copied into the section: OneCycle's own default applies.
     group.add_argument("--cycle_momentum", default=False, action="store_true", help="cycle momentum with the lr")
-    for flag, kind, default, text in _ONE_CYCLE_FLAGS[8:] + _WARMUP_FLAGS + _COSINE_FLAGS:
-        group.add_argument(f"--{flag}", type=kind, default=default, help=text)
     return parser
 
 
