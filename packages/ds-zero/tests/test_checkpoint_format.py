@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ds_zero._checkpoint_format import (
+from ds_zero._checkpoint.format import (
     FORMAT_VERSION,
     FragmentIndex,
     consolidate_fp32_params,
@@ -17,9 +17,9 @@ from ds_zero._checkpoint_format import (
     partition_metadata,
     validate_rank_state_dicts,
 )
-from ds_zero._checkpoint_io import find_optim_files, resolve_checkpoint_dir
+from ds_zero._checkpoint.io import find_optim_files, resolve_checkpoint_dir
+from ds_zero._checkpoint.progress import ProgressBar
 from ds_zero._partition import ParamSlot, fragments_in_range, padded_numel
-from ds_zero._progress import ProgressBar
 
 FULL = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.arange(100.0, 105.0)}
 

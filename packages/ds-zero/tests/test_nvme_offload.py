@@ -22,7 +22,7 @@ from torch import nn
 
 import ds_zero
 from ds_comm.testing import run_ranks
-from ds_zero._partitioned_param import is_zero_param
+from ds_zero._params.partitioned_param import is_zero_param, state_of
 
 
 class Net(nn.Module):
@@ -222,7 +222,7 @@ def test_max_in_cpu_keeps_the_first_shards_resident_and_init_swaps_at_constructi
     cfg = _cfg(tmp_path, opt=False, offload_optimizer={"device": "cpu"})
     cfg["offload_param"]["max_in_cpu"] = 8192 + 128  # fc1.weight and fc1.bias stay in host memory
     model, opt = _build(cfg)
-    swapped = {n for n, p in model.named_parameters() if p._ds_swap is not None}
+    swapped = {n for n, p in model.named_parameters() if state_of(p).swap is not None}
     assert swapped == {"fc2.weight", "head.weight"}
     ref_model, ref_opt = _build(_cfg(None, param=False, opt=False))
     assert _train(model, opt, 3) == _train(ref_model, ref_opt, 3)
@@ -231,8 +231,8 @@ def test_max_in_cpu_keeps_the_first_shards_resident_and_init_swaps_at_constructi
     torch.manual_seed(0)
     with ds_zero.Init(config_dict_or_path=init_cfg, remote_device="nvme"):
         built = Net()
-    assert all(p._ds_swap is not None for p in built.parameters())
-    init_swapper = built.fc1.weight._ds_swap
+    assert all(state_of(p).swap is not None for p in built.parameters())
+    init_swapper = state_of(built.fc1.weight).swap
     base = torch.optim.AdamW(built.parameters(), lr=1e-2, weight_decay=0.01)
     built_opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(built, base, config=_cfg(tmp_path), clip_grad=1.0)
     assert built._ds_zero3.param_swapper is init_swapper  # the optimizer took over Init's swapper, no second pool
@@ -248,7 +248,7 @@ def test_stage_1_2_nvme_says_stage_3() -> None:
 
 
 def test_checksum_depends_on_the_bytes_not_on_where_they_lie() -> None:
-    from ds_zero._nvme_files import checksum
+    from ds_zero._nvme.files import checksum
 
     values = torch.randn(1003)
     for view in (values[1:], values[3:1002], values.to(torch.bfloat16)[1:]):

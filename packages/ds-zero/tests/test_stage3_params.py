@@ -14,6 +14,7 @@ from torch import nn
 
 import ds_zero
 from ds_zero import GatheredParameters, ZeroParamStatus, is_zero_param
+from ds_zero._params.partitioned_param import ZeroParamState, state_of
 
 
 def _mlp(seed: int = 0) -> nn.Sequential:
@@ -31,8 +32,25 @@ def test_released_parameter_answers_full_shape_dtype_numel_and_is_still_the_same
         assert p.shape == shape == p.ds_shape and p.dtype == dtype and p.numel() == numel == p.ds_numel
         assert p.ds_status is ZeroParamStatus.NOT_AVAILABLE
         assert p.ds_tensor.numel() == p.ds_numel  # world size 1: the shard is the whole parameter
-        assert p._ds_full_flat.untyped_storage().nbytes() == 0  # the full storage is released
+        assert state_of(p).full_flat.untyped_storage().nbytes() == 0  # the full storage is released
     assert sum(p.numel() for p in model.parameters()) == sum(v[3] for v in before.values())
+
+
+def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_record() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    w = model[0].weight
+    assert set(vars(w)) == {"ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_persist",
+                            "ds_process_group", "_ds_state"}
+    st = state_of(w)
+    assert isinstance(st, ZeroParamState) and not hasattr(st, "__dict__")
+    with pytest.raises(AttributeError):
+        st.not_a_field = 1  # slots: a misspelt field fails instead of adding a stray attribute
+    assert (st.shard_numel, st.world_size, st.rank, st.active, st.coord, st.swap) == (60, 1, 0, 0, None, None)
+    assert st.full.shape == w.ds_shape and st.placeholder.shape == w.ds_shape and st.full_flat.numel() == 60
+    with GatheredParameters(w):
+        assert w.data.data_ptr() == st.full.data_ptr() and st.full_flat.untyped_storage().nbytes() == 60 * 4
+    assert st.full_flat.untyped_storage().nbytes() == 0
 
 
 def test_released_parameter_reads_nan_and_refuses_writes() -> None:

@@ -20,8 +20,8 @@ from ds_engine.__about__ import __version__
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._initialize import add_config_arguments, initialize
 from ds_engine._optional import require
-from ds_engine._pipeline import PipelineError
-from ds_engine._pipeline_engine import PipelineEngine
+from ds_engine._pipeline.build import PipelineError
+from ds_engine._pipeline.engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._torch_optimizers import Lamb, Lion
 from ds_engine.config import DeepSpeedConfigError

@@ -18,7 +18,7 @@ from ds_comm import get_accelerator
 from ds_engine._assembly import assemble
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
-from ds_engine._pipeline import build_pipeline_engine, check_pipeline_call, is_pipeline_module
+from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 
 if TYPE_CHECKING:

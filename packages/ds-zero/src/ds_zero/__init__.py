@@ -11,17 +11,8 @@ from typing import TYPE_CHECKING
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
-from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
-from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
-
-# ZeRO stage 3
-from ds_zero._gather import GatherDivergenceError
-from ds_zero._gathered_parameters import (
-    GatheredParameters,
-    register_external_parameter,
-    unregister_external_parameter,
-)
-from ds_zero._init import Init, partition_model
+from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
+from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint
 from ds_zero._memory_estimate import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -31,12 +22,21 @@ from ds_zero._memory_estimate import (
     estimate_zero3_model_states_mem_needs_all_live,
     model_to_params,
 )
-from ds_zero._nvme_files import NVMeSwapError
-from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
-from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
-from ds_zero._stage3_module import DeepSpeedZeRoOffload
-from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
-from ds_zero._stage12 import DeepSpeedZeroOptimizer, ZeroOptimizer
+from ds_zero._nvme.files import NVMeSwapError
+
+# ZeRO stage 3
+from ds_zero._params.gather import GatherDivergenceError
+from ds_zero._params.gathered_parameters import (
+    GatheredParameters,
+    register_external_parameter,
+    unregister_external_parameter,
+)
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
+from ds_zero._stage3.init import Init, partition_model
+from ds_zero._stage3.module import DeepSpeedZeRoOffload
+from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
+from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
     get_fp32_state_dict_from_zero_checkpoint,

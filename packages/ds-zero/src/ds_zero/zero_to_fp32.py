@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from ds_zero._checkpoint_format import FragmentIndex, consolidate_fp32_params
-from ds_zero._checkpoint_io import (
+from ds_zero._checkpoint.format import FragmentIndex, consolidate_fp32_params
+from ds_zero._checkpoint.io import (
     atomic_torch_save,
     find_model_states_file,
     load_optim_state_dicts,
     resolve_checkpoint_dir,
 )
-from ds_zero._progress import ProgressBar
+from ds_zero._checkpoint.progress import ProgressBar
 
 logger = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from torch import nn
 
 import ds_zero
 from ds_comm.testing import run_ranks
+from ds_zero._params.partitioned_param import state_of
 
 STEPS = 10
 
@@ -48,7 +49,7 @@ def _nvme_vs_plain(rank: int, world: int, *, root: str) -> dict[str, Any]:
     ref = _train(plain, plain_opt, rank, range(STEPS))
     model, opt = _setup(_nvme(f"{root}/nvme", pipeline_read=True, pipeline_write=True))
     losses = _train(model, opt, rank, range(STEPS))
-    swapped = sum(p._ds_swap is not None for p in model.parameters())
+    swapped = sum(state_of(p).swap is not None for p in model.parameters())
     ckpt = f"{root}/ckpt"
     ds_zero.save_zero_checkpoint(ckpt, "step10", opt, model)
     final = gathered_state(model)
@@ -105,7 +106,7 @@ def _held_bytes(model: nn.Module, opt: Any) -> int:
     state and masters, gradient partitions (placeholders count their one element)."""
     tensors: list[torch.Tensor] = []
     for p in model.parameters():
-        tensors += [p.ds_tensor, p._ds_full_flat]
+        tensors += [p.ds_tensor, state_of(p).full_flat]
     for pool in opt.parameter_offload.param_swapper._pools.values():
         tensors += pool.buffers
     tensors += [t for buffers in opt.optimizer_swapper._sets for t in buffers.values()]

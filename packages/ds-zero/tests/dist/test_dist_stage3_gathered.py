@@ -19,6 +19,7 @@ from stage3_cases import STAGE3_CFG, batch, loss_fn, make_model
 import ds_zero
 from ds_comm.testing import run_ranks
 from ds_zero import GatheredParameters, ZeroParamStatus
+from ds_zero._params.partitioned_param import state_of
 
 
 def _ema_and_shapes(rank: int, world: int) -> dict[str, Any]:
@@ -91,7 +92,7 @@ def _modify_load_eval_save(rank: int, world: int) -> dict[str, Any]:
     with torch.no_grad():
         ours = [model(batch(rank, 50 + i, 0)[0]) for i in range(2)]
         theirs = [other(batch(rank, 50 + i, 0)[0]) for i in range(2)]
-    gathered = [p.ds_name for p in model.parameters() if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE
+    gathered = [state_of(p).name for p in model.parameters() if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE
                 and not p.ds_persist]
     # 4. the consolidated 16-bit state dict, saved and loaded into a plain model
     sd = ds_zero.consolidated_16bit_state_dict(model)

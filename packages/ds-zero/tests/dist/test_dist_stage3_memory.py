@@ -20,6 +20,7 @@ from torch import nn
 
 import ds_zero
 from ds_comm.testing import run_ranks
+from ds_zero._params.partitioned_param import state_of
 
 WIDTH, LAYERS = 2048, 6  # 25M parameters, 100 MB in fp32
 LAYER_BYTES = (WIDTH * WIDTH + WIDTH) * 4
@@ -56,7 +57,7 @@ def _held_bytes(model: nn.Module) -> int:
     """Bytes of every distinct storage a parameter references (shard, full storage, placeholder)."""
     seen: dict[int, int] = {}
     for p in model.parameters():
-        for t in (p.ds_tensor, p._ds_full_flat, p.data):
+        for t in (p.ds_tensor, state_of(p).full_flat, p.data):
             storage = t.untyped_storage()
             seen[storage.data_ptr() or id(storage)] = storage.nbytes()
     return sum(seen.values())
@@ -101,7 +102,7 @@ def test_model_built_under_init_holds_one_nth_per_rank() -> None:
 
 
 def _gathered_numel(model: nn.Module) -> int:
-    return sum(p._ds_full_flat.untyped_storage().nbytes() // p.element_size() for p in model.parameters())
+    return sum(state_of(p).full_flat.untyped_storage().nbytes() // p.element_size() for p in model.parameters())
 
 
 class _MeasuredLinearFn(torch.autograd.Function):
@@ -206,7 +207,7 @@ def _offload_losses(rank: int, world: int, offload: bool, cpu_adam: bool) -> dic
         losses.append(loss.item())
     return {"losses": losses, "shard_devices": {p.ds_tensor.device.type for p in model.parameters()},
             "master_devices": {part.master.device.type for part in opt.partitions},
-            "offloaded": all(p._ds_offload == offload or p.ds_tensor.device == p._ds_full.device
+            "offloaded": all(state_of(p).offload == offload or p.ds_tensor.device == state_of(p).full.device
                              for p in model.parameters())}
 
 

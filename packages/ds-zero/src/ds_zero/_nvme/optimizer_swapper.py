@@ -1,0 +1,301 @@
+"""`OptimizerSwapper`: the stage-3 fp32 master and optimizer state on NVMe (`offload_optimizer.device = "nvme"`).
+
+Each tile (sub-group of at most `sub_group_size` elements, see `_stage3.partition`) has one swap file for
+its fp32 master and one per partition-shaped optimizer-state tensor (Adam: `exp_avg`, `exp_avg_sq`). Between
+steps the tile's master and state tensors are placeholders (right shape, one NaN element). The step visits
+the tiles in order: read the tile into a buffer set, point the master and the state at the buffers, run the
+base optimizer on it, write it back. The gradient partition stays in host memory.
+
+Buffer sets (allocated once; the state buffers after the first step, when the optimizer has made its state):
+one, plus one with `pipeline_read` (the next tile is read while this one steps), plus one with
+`pipeline_write` (the previous tile's write finishes while this one steps). Each set has one buffer for
+the master and one per state tensor (`buffer_count` must be at least that), each the largest tile's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ds_ops.aio import AioError
+from ds_zero._nvme.files import SwapFile, claim_finalizer, io_failure, make_aio_handle
+from ds_zero._params.partitioned_param import state_of
+from ds_zero._stage3.partition import ShardTile
+
+if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
+    from ds_zero.config import OffloadOptimizerConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OptimizerSwapper"]
+
+_KEY = "zero_optimization.offload_optimizer"
+_MASTER = "fp32"
+
+
+def _placeholder(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.full((1,), float("nan"), dtype=dtype).expand(numel)
+
+
+class OptimizerSwapper:
+    """Swaps each tile's fp32 master and optimizer state between NVMe files and reused host buffers.
+
+    Args:
+        tiles: the base optimizer's parameters (every group's tiles, in order), with `swap_master` partitions.
+        optimizer: the base optimizer (its state is swapped).
+        swap_dir: this rank's directory (`prepare_swap_dir`, checked before the partitions were built).
+        config: the `offload_optimizer` section (buffer_count, pipeline_read, pipeline_write).
+        aio_config: the top-level `aio` section (None: its defaults).
+
+    Raises:
+        NVMeSwapError: the initial masters could not be written (disk full, file-size limit).
+    """
+
+    def __init__(self, tiles: list[ShardTile], optimizer: torch.optim.Optimizer, *, swap_dir: os.PathLike[str],
+                 config: OffloadOptimizerConfig, aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+        self.dir = swap_dir
+        claim_finalizer(self, self.dir)
+        self.tiles = tiles
+        self.optimizer = optimizer
+        self.reader = make_aio_handle(aio_config)
+        self.writer = make_aio_handle(aio_config)  # its own queue, so a write can run while a read is waited on
+        self.buffer_count = config.buffer_count
+        self.pipeline_read = config.pipeline_read
+        self.pipeline_write = config.pipeline_write
+        if config.fast_init:
+            warnings.warn(f"{_KEY}.fast_init has no effect: the initial masters are always written at construction",
+                          UserWarning, stacklevel=3)
+        self.max_numel = max((t.numel for t in tiles), default=0)
+        self.num_sets = 1 + int(self.pipeline_read) + int(self.pipeline_write)
+        self._files: dict[tuple[int, str], SwapFile] = {}
+        self._keys: dict[int, list[tuple[str, torch.dtype]]] = {}
+        self._sets: list[dict[str, torch.Tensor]] = []
+        example = torch.empty(0, dtype=torch.uint8)
+        for _ in range(self.num_sets):
+            self._sets.append({_MASTER: self.reader.new_cpu_locked_tensor(self.max_numel * 4, example)})
+        for k, tile in enumerate(tiles):
+            tile.index, tile.swap = k, self
+            for p, off in zip(tile.params, tile.offsets, strict=True):
+                state_of(p).master_writer = self._master_writer(tile, off)
+        self._write_initial_masters()
+        self.num_reads = 0
+        self.num_writes = 0
+
+    # ------------------------------------------------------------------------------ files and buffers
+    def _file(self, tile: ShardTile, key: str) -> SwapFile:
+        record = self._files.get((tile.index, key))
+        if record is None:
+            name = "fp32 master" if key == _MASTER else f"optimizer state {key!r}"
+            names = [repr(state_of(p).name) for p in tile.params[:3]]
+            params = ", ".join(names) + (" ..." if len(tile.params) > 3 else "")
+            record = SwapFile(self.dir / f"tile{tile.index}.{key}.swp",
+                              f"the {name} of sub-group {tile.index} (parameters {params})")
+            self._files[(tile.index, key)] = record
+        return record
+
+    def _view(self, set_index: int, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        raw = self._sets[set_index][key]
+        return raw[: numel * torch.empty(0, dtype=dtype).element_size()].view(dtype)
+
+    def _ensure_state_buffers(self, keys: list[tuple[str, torch.dtype]]) -> None:
+        """Allocate the state buffers of every set, once (the first time the optimizer's state is known)."""
+        need = 1 + len(keys)
+        if need > self.buffer_count:
+            raise ValueError(f"{_KEY}.buffer_count={self.buffer_count} is too small: the optimizer keeps {len(keys)} "
+                             f"state tensors per parameter ({[k for k, _ in keys]}), which with the fp32 master need "
+                             f"{need} buffers; set buffer_count >= {need}")
+        example = torch.empty(0, dtype=torch.uint8)
+        for buffers in self._sets:
+            for key, dtype in keys:
+                if key not in buffers:
+                    nbytes = self.max_numel * torch.empty(0, dtype=dtype).element_size()
+                    buffers[key] = self.reader.new_cpu_locked_tensor(nbytes, example)
+
+    def _write_initial_masters(self) -> None:
+        for tile in self.tiles:
+            if tile.numel:
+                self._write_now(tile, _MASTER, tile.shard_fp32_values())
+
+    def _write_now(self, tile: ShardTile, key: str, values: torch.Tensor) -> None:
+        record = self._file(tile, key)
+        src = values.detach().reshape(-1).contiguous()
+        self.writer.async_pwrite(src, record.path)
+        self._wait(self.writer, "write", [record])
+        record.recorded(src)
+
+    def _read_now(self, tile: ShardTile, key: str, dtype: torch.dtype) -> torch.Tensor:
+        record = self._file(tile, key)
+        out = torch.empty(tile.numel, dtype=dtype)
+        record.check_before_read(out.numel() * out.element_size())
+        self.reader.async_pread(out, record.path)
+        self._wait(self.reader, "read", [record])
+        record.verify(out)
+        return out
+
+    @staticmethod
+    def _wait(handle: Any, op: str, files: list[SwapFile]) -> None:
+        try:
+            handle.wait()
+        except AioError as err:
+            raise io_failure(err, files, op) from err
+
+    def _master_writer(self, tile: ShardTile, offset: int) -> Any:
+        def write(values: torch.Tensor) -> None:
+            master = self.read_master(tile)
+            master[offset: offset + values.numel()].copy_(values)
+            self._write_now(tile, _MASTER, master)
+        return write
+
+    # ------------------------------------------------------------------------------ the step
+    def _state_keys(self, tile: ShardTile) -> list[tuple[str, torch.dtype]]:
+        """The tile's partition-shaped state tensors now in the optimizer (what gets swapped)."""
+        state = self.optimizer.state.get(tile.master, {})
+        return [(key, v.dtype) for key, v in state.items()
+                if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)]
+
+    def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor]]:
+        reads: list[tuple[SwapFile, torch.Tensor]] = []
+        if tile.numel == 0:  # a param group without trainable parameters
+            return reads
+        for key, dtype in [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]:
+            record = self._file(tile, key)
+            view = self._view(set_index, key, tile.numel, dtype)
+            record.check_before_read(view.numel() * view.element_size())
+            self.reader.async_pread(view, record.path)
+            reads.append((record, view))
+            self.num_reads += 1
+        return reads
+
+    def _bind(self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor]]) -> None:
+        """The reads landed: check them, then point the master and the state at the buffers."""
+        for record, view in reads:
+            record.verify(view)
+        if tile.numel == 0:
+            return
+        tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
+        keys = self._keys.get(tile.index)
+        if keys:
+            state = self.optimizer.state[tile.master]
+            for key, dtype in keys:
+                state[key] = self._view(set_index, key, tile.numel, dtype)
+
+    def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor]]:
+        if tile.numel == 0:
+            return []
+        keys = self._state_keys(tile)
+        if tile.index not in self._keys and keys:
+            self._ensure_state_buffers(keys)
+        self._keys[tile.index] = keys
+        state = self.optimizer.state.get(tile.master, {})
+        writes = []
+        for key, tensor in [(_MASTER, tile.master.data), *((k, state[k]) for k, _ in keys)]:
+            record = self._file(tile, key)
+            src = tensor.detach()
+            if not src.is_contiguous():
+                src = src.contiguous()
+            self.writer.async_pwrite(src, record.path)
+            writes.append((record, src))
+            self.num_writes += 1
+        return writes
+
+    def _unbind(self, tile: ShardTile, writes: list[tuple[SwapFile, torch.Tensor]]) -> None:
+        """The writes completed: record them and drop the tile's in-memory values."""
+        for record, src in writes:
+            record.recorded(src)
+        if tile.numel == 0:
+            return
+        tile.master.data = _placeholder(tile.numel, torch.float32)
+        state = self.optimizer.state.get(tile.master)
+        if state:
+            for key, dtype in self._keys.get(tile.index, []):
+                state[key] = _placeholder(tile.numel, dtype)
+
+    def swapped_in(self, tiles: list[ShardTile]) -> Iterator[ShardTile]:
+        """Yield each tile with its master and state in buffers; write it back when the caller moves on.
+
+        The caller steps the yielded tile (and writes its model-dtype shards) before asking for the next.
+        """
+        pending_write: tuple[ShardTile, list[tuple[SwapFile, torch.Tensor]]] | None = None
+        ahead: list[tuple[SwapFile, torch.Tensor]] | None = None
+        try:
+            for i, tile in enumerate(tiles):
+                set_index = i % self.num_sets
+                reads = ahead if ahead is not None else self._issue_reads(tile, set_index)
+                self._wait(self.reader, "read", [r for r, _ in reads])
+                ahead = None
+                if self.pipeline_read and i + 1 < len(tiles):
+                    ahead = self._issue_reads(tiles[i + 1], (i + 1) % self.num_sets)
+                self._bind(tile, set_index, reads)
+                yield tile
+                writes = self._issue_writes(tile)
+                if pending_write is not None:  # the previous tile's write overlapped this tile's step
+                    self._wait(self.writer, "write", [r for r, _ in pending_write[1]])
+                    self._unbind(*pending_write)
+                    pending_write = None
+                if self.pipeline_write:
+                    pending_write = (tile, writes)
+                else:
+                    self._wait(self.writer, "write", [r for r, _ in writes])
+                    self._unbind(tile, writes)
+            if pending_write is not None:
+                self._wait(self.writer, "write", [r for r, _ in pending_write[1]])
+                self._unbind(*pending_write)
+                pending_write = None
+        finally:  # stopped early (an error): let requests in flight land before their memory can go
+            for handle, busy in ((self.reader, ahead), (self.writer, pending_write)):
+                if busy is not None:
+                    try:
+                        handle.wait()
+                    except AioError:
+                        pass
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def read_master(self, tile: ShardTile) -> torch.Tensor:
+        """A fresh fp32 copy of the tile's master, read from its swap file (checked)."""
+        if tile.numel == 0:
+            return torch.empty(0)
+        return self._read_now(tile, _MASTER, torch.float32)
+
+    def write_master(self, tile: ShardTile, values: torch.Tensor) -> None:
+        """Replace the tile's master with fp32 `values`."""
+        if tile.numel:
+            self._write_now(tile, _MASTER, values.to(torch.float32))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base optimizer's `state_dict()` with every swapped state tensor read back (fresh copies)."""
+        sd = self.optimizer.state_dict()
+        states = sd["state"]
+        for tile in self.tiles:
+            keys = self._keys.get(tile.index)
+            if keys and tile.index in states:
+                entry = dict(states[tile.index])
+                for key, dtype in keys:
+                    entry[key] = self._read_now(tile, key, dtype)
+                states[tile.index] = entry
+        return sd
+
+    def adopt_state(self) -> None:
+        """After `optimizer.load_state_dict`: write the loaded state tensors to their files, free them."""
+        for tile in self.tiles:
+            keys = self._state_keys(tile)
+            self._keys[tile.index] = keys
+            if not keys:
+                continue
+            self._ensure_state_buffers(keys)
+            state = self.optimizer.state[tile.master]
+            for key, dtype in keys:
+                self._write_now(tile, key, state[key])
+                state[key] = _placeholder(tile.numel, dtype)
+
+    def close(self) -> None:
+        for buffers in self._sets:
+            for t in buffers.values():
+                self.reader.free_cpu_locked_tensor(t)
+        self._sets = []
+

@@ -1,0 +1,347 @@
+"""`ParamSwapper`: stage-3 parameter shards on NVMe (`offload_param.device = "nvme"`).
+
+A swapped parameter's shard (`ds_tensor`) lives in its swap file; in memory `ds_tensor` is a placeholder
+of the shard's shape (one element, NaN: never plausible numbers). Around each gather the shard is read
+into a slice of the pinned buffer pool (`acquire`) and the slice is returned after the all-gather
+(`release`). The coordinator starts the reads of the units ahead along the recorded execution order
+(`prefetch`), so a gather normally finds its shards already read. Shards are written only when their
+values change: by the optimizer step, `GatheredParameters(modifier_rank=...)`, or a load.
+
+`max_in_cpu`: the first parameters (in the order given) whose shards total at most that many elements
+stay in host memory and are never swapped (DeepSpeed's meaning of the key).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+import ds_comm
+from ds_ops.aio import AioError
+from ds_zero._nvme.buffers import BufferPool, Slot, aligned_numel
+from ds_zero._nvme.files import (
+    NVMeSwapError,
+    SwapFile,
+    claim_finalizer,
+    io_failure,
+    make_aio_handle,
+    prepare_swap_dir,
+)
+from ds_zero._params.partitioned_param import state_of
+
+if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
+    from ds_zero.config import OffloadParamConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParamSwapper"]
+
+_KEY = "zero_optimization.offload_param"
+
+
+def shard_placeholder(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The in-memory stand-in of a swapped shard: the right shape, one NaN element, not writable."""
+    fill = float("nan") if dtype.is_floating_point else 0
+    return torch.full((1,), fill, dtype=dtype).expand(numel)
+
+
+@dataclass
+class _Shard:
+    param: nn.Parameter
+    file: SwapFile
+    slot: Slot | None = None
+    users: int = 0
+    pending: bool = False   # a read into `slot` was issued and not waited for
+    verified: bool = False  # the slot holds the file's checked contents
+    prefetched: bool = False
+
+
+class ParamSwapper:
+    """Swaps the shards of stage-3 parameters between NVMe files and a pool of pinned buffers.
+
+    Args:
+        nvme_path: the directory for the swap files (`offload_param.nvme_path`).
+        rank: the global rank (its own subdirectory).
+        buffer_count: buffers in the pool (`offload_param.buffer_count`).
+        buffer_size: elements per buffer (`offload_param.buffer_size`); every shard must fit one.
+        max_in_cpu: shard elements kept in host memory instead of swapped (`offload_param.max_in_cpu`).
+        pin_memory: page-lock the resident shards (`offload_param.pin_memory`).
+        aio_config: the top-level `aio` section (None: its defaults).
+
+    Raises:
+        ValueError: the path is missing, not a directory or not writable; buffer_count is 0.
+    """
+
+    def __init__(self, *, nvme_path: str | os.PathLike[str] | None, rank: int, buffer_count: int, buffer_size: int,
+                 max_in_cpu: int, pin_memory: bool = False,
+                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+        if buffer_count < 1 or buffer_size < 1:
+            raise ValueError(f"{_KEY}.buffer_count={buffer_count} and buffer_size={buffer_size}: NVMe parameter "
+                             "offload needs at least one buffer of at least one element; raise them")
+        self.dir = prepare_swap_dir(nvme_path, key=f"{_KEY}.nvme_path", rank=rank, kind="params")
+        claim_finalizer(self, self.dir)
+        self.handle = make_aio_handle(aio_config)
+        self.buffer_count = buffer_count
+        self.buffer_size = buffer_size
+        self.max_in_cpu = max_in_cpu
+        self.pin_memory = pin_memory
+        self.resident_numel = 0
+        self._shards: dict[int, _Shard] = {}
+        self._pools: dict[torch.dtype, BufferPool] = {}
+        self._prefetched_numel = 0
+        self.num_reads = 0
+        self.num_writes = 0
+        self.num_read_ahead_hits = 0  # gathers that found their shard already read ahead
+
+    @classmethod
+    def from_config(cls, config: OffloadParamConfig, *, rank: int,
+                    aio_config: Mapping[str, Any] | AioConfig | None = None) -> ParamSwapper:
+        return cls(nvme_path=config.nvme_path, rank=rank, buffer_count=config.buffer_count,
+                   buffer_size=config.buffer_size, max_in_cpu=config.max_in_cpu, pin_memory=config.pin_memory,
+                   aio_config=aio_config)
+
+    # --------------------------------------------------------------------------------- adoption
+    def adopt(self, params: Sequence[nn.Parameter], *, keep: Sequence[nn.Parameter] = ()) -> int:
+        """Take over the shards of `params` (partitioned, not yet swapped): keep up to `max_in_cpu` elements
+        resident, write the others to their swap files and free their memory. Returns how many were swapped.
+
+        `keep`: partitioned parameters that stay in memory whatever `max_in_cpu` says (the persistent
+        ones); their shards are copied out of the model-wide shard buffer too, so that buffer can go.
+
+        Raises:
+            ValueError: a shard is larger than `buffer_size`.
+            NVMeSwapError: a swap file could not be written (disk full, ...).
+        """
+        swapped: list[nn.Parameter] = []
+        resident: list[nn.Parameter] = []
+        for p in params:
+            st = state_of(p)
+            if st.swap is not None or st.shard_numel == 0:
+                continue
+            if self.resident_numel + st.shard_numel <= self.max_in_cpu:
+                self.resident_numel += st.shard_numel
+                resident.append(p)
+                continue
+            if st.shard_numel > self.buffer_size:
+                raise ValueError(f"{_KEY}.buffer_size={self.buffer_size} elements is smaller than the shard of "
+                                 f"parameter {st.name} ({st.shard_numel} elements on each rank); raise "
+                                 "buffer_size to at least the largest shard")
+            swapped.append(p)
+        self._compact(resident + [p for p in keep if state_of(p).swap is None])
+        for p in swapped:
+            self._shards[p.ds_id] = _Shard(p, SwapFile(self.dir / f"param_{p.ds_id}.swp", ""))
+        self._write([(p, p.ds_tensor) for p in swapped])
+        for p in swapped:
+            p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
+            state_of(p).swap = self
+        if swapped:
+            logger.info("NVMe offload: %d parameter shards (%d elements) swapped to %s, %d kept in host memory",
+                        len(swapped), sum(state_of(p).shard_numel for p in swapped), self.dir, len(resident))
+        return len(swapped)
+
+    def _compact(self, params: list[nn.Parameter]) -> None:
+        """Give resident shards their own buffer (they were views of the whole model's shard buffer)."""
+        if not params:
+            return
+        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+        for p in params:
+            by_dtype.setdefault(p.ds_tensor.dtype, []).append(p)
+        for dtype, group in by_dtype.items():
+            flat = torch.empty(sum(state_of(p).shard_numel for p in group), dtype=dtype)
+            if self.pin_memory:
+                flat = ds_comm.get_accelerator().pin_memory(flat)
+            offset = 0
+            for p in group:
+                view = flat[offset: offset + state_of(p).shard_numel]
+                view.copy_(p.ds_tensor)
+                p.ds_tensor = view
+                offset += state_of(p).shard_numel
+
+    def _pool(self, dtype: torch.dtype) -> BufferPool:
+        pool = self._pools.get(dtype)
+        if pool is None:
+            sizes = [state_of(s.param).shard_numel for s in self._shards.values() if s.param.ds_tensor.dtype == dtype]
+            total = sum(aligned_numel(n, dtype) for n in sizes)
+            numel = min(self.buffer_size, max(aligned_numel(max(sizes, default=1), dtype), total))
+            pool = BufferPool(self.handle, count=self.buffer_count, numel=numel, dtype=dtype)
+            self._pools[dtype] = pool
+            logger.info("NVMe offload: %d parameter swap buffers of %d elements (%s)", self.buffer_count, numel, dtype)
+        return pool
+
+    def swapped(self, param: nn.Parameter) -> bool:
+        return param.ds_id in self._shards
+
+    # ---------------------------------------------------------------------------------- reads
+    def _label(self, shard: _Shard) -> str:
+        return f"the shard of parameter {state_of(shard.param).name!r}"
+
+    def _issue_read(self, shard: _Shard, slot: Slot) -> None:
+        p = shard.param
+        shard.file.label = self._label(shard)
+        shard.file.check_before_read(state_of(p).shard_numel * p.ds_tensor.element_size())
+        pool = self._pools[p.ds_tensor.dtype]
+        self.handle.async_pread(pool.view(slot, state_of(p).shard_numel), shard.file.path)
+        shard.slot, shard.pending, shard.verified = slot, True, False
+        self.num_reads += 1
+
+    def _wait(self, op: str, files: list[SwapFile]) -> None:
+        try:
+            self.handle.wait()
+        except AioError as err:
+            raise io_failure(err, files, op) from err
+
+    def _settle_reads(self) -> None:
+        pending = [s for s in self._shards.values() if s.pending]
+        if pending:
+            self._wait("read", [s.file for s in pending])
+            for s in pending:
+                s.pending = False
+
+    def acquire(self, params: Sequence[nn.Parameter], label: str = "") -> None:
+        """Make the swapped shards of `params` readable in `ds_tensor` until `release` (reads and checks them).
+
+        Raises:
+            ValueError: the buffers cannot hold these shards at once (raise buffer_count or buffer_size).
+            NVMeSwapError: a swap file is missing, truncated, corrupted or unreadable.
+        """
+        shards = [self._shards[p.ds_id] for p in params]
+        for shard in shards:
+            if shard.slot is None:
+                pool = self._pool(shard.param.ds_tensor.dtype)
+                slot = pool.alloc(state_of(shard.param).shard_numel)
+                if slot is None:
+                    self._drop_prefetched(keep=shards)
+                    slot = pool.alloc(state_of(shard.param).shard_numel)
+                if slot is None:
+                    need = sum(pool.reserved(state_of(s.param).shard_numel) for s in shards)
+                    raise ValueError(f"{_KEY}: the {pool.count} swap buffers of {pool.numel} elements cannot hold the "
+                                     f"shards needed at once for {label or 'this gather'} ({len(shards)} shards, "
+                                     f"{need} elements with alignment, {pool.used_numel} in use); raise buffer_count "
+                                     "or buffer_size")
+                self._issue_read(shard, slot)
+        self._settle_reads()
+        for shard in shards:
+            p = shard.param
+            view = self._pools[p.ds_tensor.dtype].view(shard.slot, state_of(p).shard_numel)
+            if not shard.verified:
+                shard.file.verify(view)
+                shard.verified = True
+            if shard.prefetched:
+                shard.prefetched = False
+                self._prefetched_numel -= shard.slot[2]
+                self.num_read_ahead_hits += 1
+            shard.users += 1
+            p.ds_tensor = view
+
+    def release(self, params: Sequence[nn.Parameter]) -> None:
+        """The gather that needed these shards is done: their buffer slices go back to the pool."""
+        for p in params:
+            shard = self._shards[p.ds_id]
+            shard.users -= 1
+            if shard.users == 0:
+                self._free(shard)
+
+    def _free(self, shard: _Shard) -> None:
+        p = shard.param
+        if shard.slot is not None:
+            self._pools[p.ds_tensor.dtype].free(shard.slot)
+            if shard.prefetched:
+                self._prefetched_numel -= shard.slot[2]
+        shard.slot, shard.verified, shard.prefetched = None, False, False
+        p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
+
+    def prefetch(self, params: Sequence[nn.Parameter]) -> bool:
+        """Start reading the shards of `params` (no wait). False once half the pool holds prefetched shards
+        (the rest stays free for the gathers in progress); the caller stops looking further ahead then."""
+        for p in params:
+            shard = self._shards[p.ds_id]
+            if shard.slot is not None:
+                continue
+            pool = self._pool(p.ds_tensor.dtype)
+            if self._prefetched_numel + pool.reserved(state_of(p).shard_numel) > pool.capacity // 2:
+                return False
+            slot = pool.alloc(state_of(p).shard_numel)
+            if slot is None:
+                return False
+            try:
+                self._issue_read(shard, slot)
+            except NVMeSwapError:  # reported by the gather that needs it, with its context
+                pool.free(slot)
+                shard.slot = None
+                continue
+            shard.prefetched = True
+            self._prefetched_numel += slot[2]
+        return True
+
+    def drop_prefetched(self) -> None:
+        """Forget read-ahead shards nothing uses (the execution order changed, or the iteration ended)."""
+        self._drop_prefetched(keep=[])
+
+    def _drop_prefetched(self, keep: Sequence[_Shard]) -> None:
+        keep_ids = {id(s) for s in keep}
+        victims = [s for s in self._shards.values() if s.prefetched and s.users == 0 and id(s) not in keep_ids]
+        if victims:
+            self._settle_reads()  # a buffer must not be reused while a read still lands in it
+            for shard in victims:
+                self._free(shard)
+
+    # ---------------------------------------------------------------------------------- writes
+    def write(self, params: Sequence[nn.Parameter], values: Sequence[torch.Tensor]) -> None:
+        """Store new shard values (each `shard_numel` elements, any float dtype) in the swap files.
+
+        A shard that is currently read in also gets the values in its buffer.
+
+        Raises:
+            NVMeSwapError: a write failed (disk full, file-size limit, I/O error).
+        """
+        self._write(list(zip(params, values, strict=True)))
+
+    def _write(self, items: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
+        if not items:
+            return
+        self._settle_reads()
+        sources = []
+        for p, value in items:
+            shard = self._shards[p.ds_id]
+            shard.file.label = self._label(shard)
+            dtype = p.ds_tensor.dtype
+            src = value.detach().reshape(-1)
+            if src.dtype != dtype or not src.is_contiguous() or src.device.type != "cpu":
+                src = src.to(device="cpu", dtype=dtype).contiguous()
+            if shard.slot is not None:
+                self._pools[dtype].view(shard.slot, state_of(p).shard_numel).copy_(src)
+                shard.verified = True
+            self.handle.async_pwrite(src, shard.file.path)
+            sources.append((shard, src))
+            self.num_writes += 1
+        self._wait("write", [s.file for s, _ in sources])
+        for shard, src in sources:
+            shard.file.recorded(src)
+
+    def read_copy(self, param: nn.Parameter) -> torch.Tensor:
+        """A fresh host copy of a swapped shard's values (checked), without using the pool."""
+        shard = self._shards[param.ds_id]
+        if shard.slot is not None and shard.users > 0:
+            return param.ds_tensor.clone()
+        self._settle_reads()
+        out = torch.empty(state_of(param).shard_numel, dtype=param.ds_tensor.dtype)
+        shard.file.label = self._label(shard)
+        shard.file.check_before_read(out.numel() * out.element_size())
+        self.handle.async_pread(out, shard.file.path)
+        self._wait("read", [shard.file])
+        shard.file.verify(out)
+        return out
+
+    def close(self) -> None:
+        """Free the buffers (the parameters must not be used afterwards)."""
+        self._settle_reads()
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()

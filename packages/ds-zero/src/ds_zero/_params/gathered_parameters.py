@@ -1,0 +1,140 @@
+"""`GatheredParameters`: full parameters inside a block; `register_external_parameter`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+import ds_comm
+from ds_zero._params.gather import broadcast_full, gather_params
+from ds_zero._params.partitioned_param import (
+    ZeroParamStatus,
+    free_full,
+    is_zero_param,
+    iter_zero_params,
+    state_of,
+    write_shard_from_full,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
+
+
+def _as_list(params: Any) -> list[Any]:
+    if params is None:
+        return []
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, nn.Module):
+        raise TypeError("GatheredParameters takes parameters, not a module: pass module.parameters() "
+                        "(or module.parameters(recurse=False) for its own)")
+    if isinstance(params, Iterable):
+        return list(params)
+    raise TypeError(f"GatheredParameters takes a parameter or an iterable of parameters, got {type(params).__name__}")
+
+
+class GatheredParameters:
+    """Gather partitioned parameters for the duration of a `with` block (DeepSpeed's context manager).
+
+    On entry the full values of `params` are all-gathered (one coalesced collective); inside the block
+    they are ordinary full tensors. On exit, with `modifier_rank` set, that rank's values (changed in
+    the block) are broadcast to every rank, and each rank keeps its slice in its shard (and in the
+    optimizer's fp32 master, when there is one); without `modifier_rank`, changes are discarded. Then
+    the parameters are released, unless something else (a running forward, an outer block) uses them.
+    Non-partitioned parameters and non-parameters in `params` are ignored, as in DeepSpeed.
+
+    Every rank of the parameters' group must enter and leave the block (collectives on entry, and on
+    exit with `modifier_rank`). A block left with an exception skips the broadcast.
+
+    Args:
+        params: a parameter or an iterable of parameters (e.g. `model.parameters()`).
+        modifier_rank: the rank (within the parameters' group) whose changes are kept; None keeps none.
+        fwd_module: also register `params` as external parameters of this module, so its forward
+            gathers them from now on.
+        enabled: False makes the block a no-op.
+    """
+
+    def __init__(self, params: Any, modifier_rank: int | None = None, fwd_module: nn.Module | None = None,
+                 enabled: bool = True) -> None:
+        self.params = iter_zero_params(_as_list(params)) if enabled else []
+        self.modifier_rank = modifier_rank
+        self.fwd_module = fwd_module
+        self.enabled = enabled
+        self._standalone: list[nn.Parameter] = []
+        if self.params and modifier_rank is not None:
+            world = ds_comm.get_world_size(self.params[0].ds_process_group)
+            if not 0 <= modifier_rank < world:
+                raise ValueError(f"modifier_rank={modifier_rank} is not a rank of the parameters' group "
+                                 f"(size {world}); pass a rank in [0, {world - 1}] or None")
+
+    def __enter__(self) -> GatheredParameters:
+        if not self.params:
+            return self
+        managed = [p for p in self.params if state_of(p).coord is not None]
+        coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
+        for coord in coords.values():
+            coord.gather_explicit([p for p in managed if state_of(p).coord is coord], f"GatheredParameters "
+                                  f"({len(managed)} parameters, first {state_of(managed[0]).name!r})")
+        standalone = [p for p in self.params if state_of(p).coord is None]
+        if standalone:
+            missing = [p for p in standalone if p.ds_status is not ZeroParamStatus.AVAILABLE]
+            if missing:
+                group = missing[0].ds_process_group
+                gather_params(missing, group=group, fp_group=group,
+                              label=f"GatheredParameters ({len(missing)} parameters of shapes "
+                                    f"{[tuple(p.ds_shape) for p in missing[:4]]})")
+            self._standalone = missing
+        if self.fwd_module is not None:
+            for p in self.params:
+                register_external_parameter(self.fwd_module, p)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self.params:
+            return
+        try:
+            if exc_type is None and self.modifier_rank is not None:
+                group = self.params[0].ds_process_group
+                broadcast_full(self.params, self.modifier_rank, group)
+                for p in self.params:
+                    write_shard_from_full(p, state_of(p).full)
+        finally:
+            for p in self._standalone:
+                free_full(p)
+            self._standalone = []
+            managed = [p for p in self.params if state_of(p).coord is not None]
+            coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
+            for coord in coords.values():
+                coord.release_explicit([p for p in managed if state_of(p).coord is coord])
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Gather `parameter` whenever `module` runs, although another module owns it (DeepSpeed's name).
+
+    Not required for correctness here (a read of another module's parameter inside a forward gathers it
+    and registers it automatically), but registering up front lets the first iteration coalesce it.
+    """
+    if not isinstance(parameter, nn.Parameter):
+        raise TypeError(f"register_external_parameter takes an nn.Parameter, got {type(parameter).__name__}")
+    externals = module.__dict__.setdefault("_ds_external_params", [])
+    if all(p is not parameter for p in externals):
+        externals.append(parameter)
+    coord = state_of(parameter).coord if is_zero_param(parameter) else None
+    if coord is not None:
+        coord.add_external(module, parameter)
+
+
+def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Undo `register_external_parameter`."""
+    externals = module.__dict__.get("_ds_external_params", [])
+    module.__dict__["_ds_external_params"] = [p for p in externals if p is not parameter]
+    coord = state_of(parameter).coord if is_zero_param(parameter) else None
+    if coord is not None:
+        coord.remove_external(module, parameter)

@@ -1,0 +1,373 @@
+"""A stage-3 parameter: a real `nn.Parameter` that keeps its full shape while each rank holds 1/N of it.
+
+[Note: how a released parameter keeps its shape]
+Every partitioned parameter stays the same `nn.Parameter` object for its whole life (optimizers, hooks
+and `named_parameters()` keep working), and its `.data` switches between two tensors of the *full* shape:
+
+* released: a one-element tensor expanded to the full shape (all strides 0), filled with NaN. `shape`,
+  `dtype`, `device` and `numel()` are the logical values, the tensor costs one element, reading it gives
+  NaN (visible, never silently plausible numbers), and writing into it raises torch's "more than one
+  element of the written-to tensor refers to a single memory location" error.
+* available: `ZeroParamState.full`, a tensor over a storage this module owns. Releasing it shrinks that storage to 0
+  bytes (`untyped_storage().resize_(0)`) and gathering grows and refills the *same* storage, so views that
+  autograd saved during forward (`weight.t()` inside `F.linear`) read the refilled values in backward and
+  the memory really is freed in between (a plain `.data` swap would keep the old storage alive through
+  those views).
+
+The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
+rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
+`ds_process_group`. Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
+`s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
+
+[Note: user-facing attributes vs internal state]
+Only those DeepSpeed names live on the parameter, as plain attributes (code written for DeepSpeed, such
+as HF transformers, reads and sets them directly; a property would need a Parameter subclass, which
+changes `type(param)` for everyone). Everything else this package tracks per parameter (the full
+storage, use count, owning coordinator, NVMe swapper, optimizer slots, ...) is one `ZeroParamState`
+reached through `state_of(param)`: a typed, slotted record, like FSDP2's per-parameter `FSDPParam`. No
+value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import logging
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ZeroParamState", "ZeroParamStatus", "is_zero_param", "state_of"]
+
+_ids = itertools.count()
+
+
+class ZeroParamStatus(enum.Enum):
+    """Where a partitioned parameter's full values are (DeepSpeed's names)."""
+
+    AVAILABLE = 1
+    """Gathered: `.data` holds the full values."""
+    NOT_AVAILABLE = 2
+    """Released: only `ds_tensor` (this rank's shard) holds values."""
+    INFLIGHT = 3
+    """An all-gather into the full storage has been issued and not yet waited on."""
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class ZeroParamState:
+    """This package's bookkeeping for one partitioned parameter on this rank (`state_of(param)`)."""
+
+    name: str
+    """The parameter's name in its model (`named_parameters()`), once a coordinator adopted it; until
+    then a placeholder naming its id and shape. Checkpoints and error messages use it."""
+    shard_numel: int
+    """Elements of `ds_tensor`: `ceil(ds_numel / world_size)`."""
+    world_size: int
+    """Ranks of `ds_process_group` the parameter is split across."""
+    rank: int
+    """This rank's index in `ds_process_group` (which slice `ds_tensor` holds)."""
+    offload: bool
+    """The shard lives on another device than the full values (parameter offload)."""
+    full_flat: torch.Tensor
+    """The owned, padded (`shard_numel * world_size`) flat storage the full values are gathered into; 0
+    bytes while released."""
+    full: torch.Tensor
+    """`full_flat[:ds_numel]` viewed in `ds_shape`: what `.data` points at while available."""
+    placeholder: torch.Tensor
+    """One NaN element expanded to `ds_shape`: what `.data` points at while released."""
+    active: int = 0
+    """Running modules, `GatheredParameters` blocks and on-demand reads using the full values now."""
+    coord: Any = None
+    """The `ParamCoordinator` that schedules the parameter's gathers (None: not yet adopted by a model)."""
+    fingerprint: int | None = None
+    """Hash of `name` for the gather check (None before a coordinator named it: the shape is used)."""
+    master: torch.Tensor | None = None
+    """The fp32 master slice the stage-3 optimizer keeps for this shard (None: none, or swapped to NVMe)."""
+    master_writer: Callable[[torch.Tensor], None] | None = None
+    """Writes a new fp32 master slice when the master is swapped to NVMe (optimizer offload)."""
+    swap: Any = None
+    """The `ParamSwapper` holding the shard on NVMe (offload_param.device="nvme"); None: `ds_tensor` holds it."""
+    grad_bucket: int | None = None
+    """Index of the gradient reduce bucket the parameter's gradient goes to."""
+    grad_slot: tuple[torch.Tensor, int] | None = None
+    """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
+
+
+def state_of(param: torch.nn.Parameter) -> ZeroParamState:
+    """The internal state of a partitioned parameter (see [Note: user-facing attributes vs internal state])."""
+    return param._ds_state
+
+
+def is_zero_param(param: Any) -> bool:
+    """Whether `param` is a stage-3 partitioned parameter."""
+    return isinstance(param, torch.nn.Parameter) and hasattr(param, "ds_id")
+
+
+def shard_numel(numel: int, world_size: int) -> int:
+    """Elements each rank holds for a parameter of `numel` elements (the last shards are zero-padded)."""
+    return max(1, math.ceil(numel / world_size)) if numel else 0
+
+
+def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
+    return torch.full((1,), fill, dtype=dtype, device=device).expand(shape)
+
+
+def _storage_bytes(param: torch.nn.Parameter) -> int:
+    st = state_of(param)
+    return st.shard_numel * st.world_size * st.full.element_size()
+
+
+def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
+                    compute_device: torch.device | None = None, dtype: torch.dtype | None = None,
+                    pin_memory: bool = False, out: torch.Tensor | None = None) -> None:
+    """Turn `param` into a partitioned parameter in place; keeps only this rank's shard.
+
+    Args:
+        param: a parameter holding its full, initialised values on the compute device.
+        group: the data-parallel group the parameter is split across (None: the world).
+        shard_device: where `ds_tensor` lives ("cpu" for parameter offload; None: the compute device).
+        compute_device: where the full values are gathered for compute (None: where the parameter is).
+        dtype: cast floating-point parameters to this dtype (None keeps theirs).
+        pin_memory: page-lock a CPU shard (faster host-to-device copies; no effect on a CPU-only host).
+        out: a 1-D tensor of `ceil(numel / N)` elements (dtype and device as the shard) to hold the shard,
+            so that many shards can share one buffer.
+    """
+    if is_zero_param(param):
+        return
+    world = ds_comm.get_world_size(group)
+    rank = ds_comm.get_rank(group)
+    data = param.data
+    compute_device = torch.device(compute_device) if compute_device is not None else data.device
+    shard_device = torch.device(shard_device) if shard_device is not None else compute_device
+    target = dtype if (dtype is not None and data.is_floating_point()) else data.dtype
+    numel = data.numel()
+    s = shard_numel(numel, world)
+    with torch.no_grad():
+        flat = data.reshape(-1)
+        shard = torch.empty(s, dtype=target, device=shard_device) if out is None else out
+        start, end = min(rank * s, numel), min((rank + 1) * s, numel)
+        if end > start:
+            shard[: end - start].copy_(flat[start:end])
+        shard[end - start:].zero_()
+        if pin_memory and out is None and shard.device.type == "cpu":
+            shard = ds_comm.get_accelerator().pin_memory(shard)
+    param.ds_id = next(_ids)
+    param.ds_shape = data.shape
+    param.ds_numel = numel
+    param.ds_process_group = group
+    param.ds_tensor = shard
+    param.ds_persist = False
+    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
+    param._ds_state = ZeroParamState(name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>", shard_numel=s,
+                                     world_size=world, rank=rank, offload=shard_device != compute_device,
+                                     full_flat=full_flat, full=full, placeholder=placeholder)
+    param.data = placeholder
+    del data, flat
+
+
+def _full_storage(padded: int, shape: torch.Size, device: torch.device,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A new owned full-size storage, released: (padded flat tensor, full-shape view, placeholder)."""
+    full_flat = torch.empty(padded, dtype=dtype, device=device)
+    full = full_flat[: math.prod(shape)].view(shape)
+    full_flat.untyped_storage().resize_(0)  # views made first: a view of a 0-byte storage cannot be created
+    return full_flat, full, _placeholder(shape, dtype, device)
+
+
+def alloc_full(param: torch.nn.Parameter) -> torch.Tensor:
+    """Give the full storage its bytes (contents undefined); returns the padded flat view to fill."""
+    full_flat = state_of(param).full_flat
+    storage = full_flat.untyped_storage()
+    need = _storage_bytes(param)
+    if storage.nbytes() != need:
+        storage.resize_(need)
+    return full_flat
+
+
+def mark_inflight(param: torch.nn.Parameter) -> None:
+    """A gather into the full storage has been issued and not yet waited on."""
+    param.ds_status = ZeroParamStatus.INFLIGHT
+
+
+def set_available(param: torch.nn.Parameter) -> None:
+    """Point `.data` at the filled full tensor."""
+    param.data = state_of(param).full
+    param.ds_status = ZeroParamStatus.AVAILABLE
+
+
+def free_full(param: torch.nn.Parameter) -> None:
+    """Release: `.data` back to the placeholder, full storage shrunk to 0 bytes."""
+    st = state_of(param)
+    param.data = st.placeholder
+    st.full_flat.untyped_storage().resize_(0)
+    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+
+def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
+    """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
+
+    A shard or master swapped to NVMe is written to its swap file.
+    """
+    flat = full.reshape(-1)
+    st = state_of(param)
+    s, rank, numel = st.shard_numel, st.rank, param.ds_numel
+    start, end = min(rank * s, numel), min((rank + 1) * s, numel)
+    with torch.no_grad():
+        piece = flat[start:end]
+        if st.swap is not None:
+            padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
+            padded[: end - start].copy_(piece)
+            st.swap.write([param], [padded])
+        else:
+            param.ds_tensor[: end - start].copy_(piece)
+            param.ds_tensor[end - start:].zero_()
+        master = st.master
+        if st.master_writer is not None:
+            padded32 = torch.zeros(s, dtype=torch.float32)
+            padded32[: end - start].copy_(piece)
+            st.master_writer(padded32)
+        elif master is not None and master is not param.ds_tensor:
+            master[: end - start].copy_(piece)
+            master[end - start:].zero_()
+
+
+def shard_values(param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's shard, readable: `ds_tensor`, or a fresh copy read from its NVMe swap file."""
+    swap = state_of(param).swap
+    if swap is None:
+        return param.ds_tensor
+    return swap.read_copy(param)
+
+
+def _by_swapper(params: Iterable[torch.nn.Parameter]) -> list[tuple[Any, list[torch.nn.Parameter]]]:
+    groups: dict[int, tuple[Any, list[torch.nn.Parameter]]] = {}
+    for p in params:
+        swap = state_of(p).swap
+        if swap is not None:
+            groups.setdefault(id(swap), (swap, []))[1].append(p)
+    return list(groups.values())
+
+
+def write_shards(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> None:
+    """Set the shards of `params` to `values` (each `shard_numel` elements); swapped ones go to NVMe."""
+    swapped: dict[int, tuple[Any, list[torch.nn.Parameter], list[torch.Tensor]]] = {}
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            swap = state_of(p).swap
+            if swap is None:
+                p.ds_tensor.copy_(v)
+            else:
+                entry = swapped.setdefault(id(swap), (swap, [], []))
+                entry[1].append(p)
+                entry[2].append(v)
+    for swap, ps, vs in swapped.values():
+        swap.write(ps, vs)
+
+
+def acquire_shards(params: list[torch.nn.Parameter], label: str) -> Any:
+    """Read the NVMe-swapped shards of `params` in; returns the callable that releases them (None: none swapped)."""
+    groups = _by_swapper(params)
+    if not groups:
+        return None
+    done: list[tuple[Any, list[torch.nn.Parameter]]] = []
+    try:
+        for swap, ps in groups:
+            swap.acquire(ps, label)
+            done.append((swap, ps))
+    except BaseException:
+        for swap, ps in done:
+            swap.release(ps)
+        raise
+
+    def release() -> None:
+        for swap, ps in done:
+            swap.release(ps)
+
+    return release
+
+
+def prefetch_shards(params: list[torch.nn.Parameter]) -> bool:
+    """Start NVMe reads of the swapped shards of `params`; False when a swapper has no room for more."""
+    ok = True
+    for swap, ps in _by_swapper(params):
+        ok = swap.prefetch(ps) and ok
+    return ok
+
+
+def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
+    """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to a partitioned parameter.
+
+    The shard is converted; the full storage is recreated (released) in the converted dtype/device; a
+    parameter that was available (persistent, or gathered) is converted and stays available.
+    """
+    available = param.ds_status is ZeroParamStatus.AVAILABLE
+    st = state_of(param)
+    with torch.no_grad():
+        full = fn(st.full) if available else None
+        if st.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
+            probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
+            if probe.dtype != param.ds_tensor.dtype:
+                raise ValueError(f"cannot convert partitioned parameter {st.name} to {probe.dtype}: its shard is "
+                                 "swapped to NVMe (offload_param.device='nvme') in "
+                                 f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
+                                 "it is partitioned")
+        else:
+            shard = fn(param.ds_tensor)
+            if st.offload and shard.device != param.ds_tensor.device:
+                shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
+            param.ds_tensor = shard
+        probe = fn(torch.empty(0, dtype=st.full.dtype, device=st.full.device))
+        st.full_flat, st.full, st.placeholder = _full_storage(st.shard_numel * st.world_size, param.ds_shape,
+                                                              probe.device, probe.dtype)
+        if full is not None:
+            alloc_full(param)
+            st.full.copy_(full)
+            set_available(param)
+        else:
+            param.data = st.placeholder
+
+
+def iter_zero_params(params: Iterable[Any]) -> list[torch.nn.Parameter]:
+    """The partitioned parameters in `params`, deduplicated, in order (other objects are skipped)."""
+    seen: set[int] = set()
+    out = []
+    for p in params:
+        if is_zero_param(p) and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+class ZeroParamDict(dict):
+    """A module's `_parameters` dict that gathers a released parameter when a running forward reads it.
+
+    `nn.Module.__getattr__` reads parameters through `_parameters[name]`, so `self.embed.weight` used from
+    another module's forward (a tied lm-head) gathers the weight on demand and registers it with the
+    running module, which then gathers it up front on later steps. Iteration (`named_parameters()`,
+    `state_dict()`) goes through `items()`/`values()` and never gathers. Outside a managed forward or
+    backward nothing is gathered: the released parameter (right shape, NaN values) is returned.
+    """
+
+    def __getitem__(self, key: str) -> Any:
+        param = dict.__getitem__(self, key)
+        if param is not None and getattr(param, "ds_status", None) not in (None, ZeroParamStatus.AVAILABLE):
+            coord = state_of(param).coord
+            if coord is not None:
+                coord.fetch_on_access(param)
+        return param
+
+
+def install_param_dict(module: torch.nn.Module) -> None:
+    """Swap `module._parameters` for a `ZeroParamDict` (same contents)."""
+    if not isinstance(module._parameters, ZeroParamDict):
+        module._parameters = ZeroParamDict(module._parameters)

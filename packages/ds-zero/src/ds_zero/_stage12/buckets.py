@@ -1,0 +1,232 @@
+"""Stage 2: gradients reduced during backward, bucket by bucket, from per-parameter hooks.
+
+[Note: buckets and order] Buckets are fixed at construction: parameters in reverse registration order
+(roughly the order backward produces their gradients), packed while a bucket stays within
+`reduce_bucket_size` elements and one param group, so each bucket is a contiguous range of one flat
+buffer. A `register_post_accumulate_grad_hook` hook copies a finished gradient into its bucket's staging
+buffer and drops `param.grad` at once (full gradients never outlive their bucket). Buckets are launched
+strictly in index order, the same on every rank, so collectives match even if hooks fire in a different
+order. At the end of each backward (an autograd engine callback) buckets whose parameters got no gradient
+are zero-filled and launched, and every reduction is completed into this rank's fp32 partition, so
+micro-steps accumulate there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ds_zero._partition import ParamSlot
+from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.reduce import RangeReducer, _Launched
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BucketReducer"]
+
+
+@dataclass
+class _Bucket:
+    index: int
+    group: int
+    start: int
+    end: int
+    params: list[torch.nn.Parameter]
+    slots: list[ParamSlot]
+    filled: list[bool] = field(default_factory=list)
+    pending: int = 0
+    storage: torch.Tensor | None = None
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        assert self.storage is not None
+        return self.storage[: self.numel]
+
+    def reset(self) -> None:
+        self.filled = [False] * len(self.params)
+        self.pending = len(self.params)
+        self.storage = None
+
+
+def _build_buckets(flats: list[FlatParamGroup], bucket_numel: int) -> list[_Bucket]:
+    buckets: list[_Bucket] = []
+    for g in reversed(range(len(flats))):
+        flat = flats[g]
+        current: list[int] = []
+        size = 0
+        for i in reversed(range(len(flat.slots))):
+            n = flat.slots[i].numel
+            if current and size + n > bucket_numel:
+                buckets.append(_make_bucket(len(buckets), g, flat, current))
+                current, size = [], 0
+            current.append(i)
+            size += n
+        if current:
+            buckets.append(_make_bucket(len(buckets), g, flat, current))
+    return buckets
+
+
+def _make_bucket(index: int, group: int, flat: FlatParamGroup, positions: list[int]) -> _Bucket:
+    slots = [flat.slots[i] for i in positions]
+    bucket = _Bucket(index, group, min(s.flat_offset for s in slots), max(s.flat_end for s in slots),
+                     [flat.params[i] for i in positions], slots)
+    bucket.reset()
+    return bucket
+
+
+def _graph_task_id() -> int:
+    """An id of the running backward pass (-1 outside one); 0 where torch does not expose it."""
+    getter = getattr(torch._C, "_current_graph_task_id", None)
+    return getter() if getter is not None else 0
+
+
+class BucketReducer:
+    """Reduce-scatters gradients during backward into each rank's fp32 partition (stage 2).
+
+    Args:
+        flats: the flat parameter groups.
+        reducer: the range reducer (which collective, predivide factor).
+        accumulators: per group, this rank's fp32 gradient partition (accumulates across micro-steps).
+        bucket_numel: `reduce_bucket_size` in elements (a larger parameter gets a bucket of its own).
+        overlap_comm: launch reductions asynchronously while backward continues (up to `max_in_flight`
+            buckets in flight); otherwise each bucket is reduced before backward goes on.
+        communication_dtype: dtype of the staging buffers and the reduction (None: the model dtype).
+        ignore_unused_parameters: treat parameters without a gradient as zero; else raise at the end of
+            backward naming them.
+    """
+
+    def __init__(self, flats: list[FlatParamGroup], reducer: RangeReducer, accumulators: list[torch.Tensor], *,
+                 bucket_numel: int, overlap_comm: bool, communication_dtype: torch.dtype | None,
+                 ignore_unused_parameters: bool, max_in_flight: int = 2) -> None:
+        self.flats = flats
+        self.reducer = reducer
+        self.accumulators = accumulators
+        self.overlap_comm = overlap_comm
+        self.ignore_unused_parameters = ignore_unused_parameters
+        self.max_in_flight = max(1, max_in_flight) if overlap_comm else 1
+        self.buckets = _build_buckets(flats, int(bucket_numel))
+        dtype = communication_dtype or (flats[0].dtype if flats else torch.float32)
+        self._buffer_numel = max((b.numel for b in self.buckets), default=0)
+        self._buffer_dtype = dtype
+        self._device = flats[0].device if flats else torch.device("cpu")
+        self._pool: list[torch.Tensor] = []
+        self._num_buffers = 0
+        self._in_flight: deque[tuple[_Bucket, _Launched]] = deque()
+        self._next = 0
+        self._armed: int | None = None
+        self._hooks = []
+        for bucket in self.buckets:
+            for pos, p in enumerate(bucket.params):
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(bucket, pos)))
+
+    def _hook(self, bucket: _Bucket, pos: int):  # noqa: ANN202 - a closure per parameter
+        def on_grad(param: torch.Tensor) -> None:
+            self._on_grad(bucket, pos, param)
+
+        return on_grad
+
+    def _on_grad(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
+        task = _graph_task_id()
+        if self._armed != task:
+            # First gradient of this backward pass (a pass that raised never ran its callback, so the
+            # graph-task id, not a flag, tells a new pass apart).
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._armed = task
+        if param.grad is None:
+            return
+        if bucket.storage is None:
+            bucket.storage = self._acquire()
+        slot = bucket.slots[pos]
+        view = bucket.buffer[slot.flat_offset - bucket.start: slot.flat_end - bucket.start]
+        with torch.no_grad():
+            view.copy_(param.grad.reshape(-1))
+        param.grad = None
+        if not bucket.filled[pos]:
+            bucket.filled[pos] = True
+            bucket.pending -= 1
+            if bucket.pending == 0:
+                self._launch_ready()
+
+    def _acquire(self) -> torch.Tensor:
+        if not self._pool and self._in_flight and self._num_buffers >= self.max_in_flight:
+            self._complete_oldest()
+        if self._pool:
+            return self._pool.pop()
+        self._num_buffers += 1
+        return torch.empty(self._buffer_numel, dtype=self._buffer_dtype, device=self._device)
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
+            bucket = self.buckets[self._next]
+            self._next += 1
+            flat = self.flats[bucket.group]
+            launched = self.reducer.launch(bucket.buffer, bucket.start, bucket.end, flat.partition_numel)
+            self._in_flight.append((bucket, launched))
+            if not self.overlap_comm:
+                self._complete_oldest()
+
+    def _complete_oldest(self) -> None:
+        bucket, launched = self._in_flight.popleft()
+        flat = self.flats[bucket.group]
+        self.reducer.complete(launched, self.accumulators[bucket.group], flat.partition_numel)
+        assert bucket.storage is not None
+        self._pool.append(bucket.storage)
+        bucket.storage = None
+
+    def _end_of_backward(self) -> None:
+        """Zero-fill and launch buckets whose parameters got no gradient, then finish every reduction."""
+        self._armed = None
+        missing: list[str] = []
+        for bucket in self.buckets[self._next:]:
+            if bucket.pending == 0:
+                continue
+            if bucket.storage is None:
+                bucket.storage = self._acquire()
+            for pos, slot in enumerate(bucket.slots):
+                if not bucket.filled[pos]:
+                    bucket.buffer[slot.flat_offset - bucket.start: slot.flat_end - bucket.start].zero_()
+                    missing.append(slot.name)
+            bucket.pending = 0
+        self._launch_ready()
+        self.finish()
+        self._next = 0
+        for bucket in self.buckets:
+            bucket.reset()
+        if missing and not self.ignore_unused_parameters:
+            raise ValueError(f"parameters {missing[:10]} received no gradient in this backward; set "
+                             "zero_optimization.ignore_unused_parameters=true to treat them as zero, or freeze "
+                             "them (requires_grad=False) before building the optimizer")
+
+    def finish(self) -> None:
+        """Complete every launched reduction; afterwards the accumulators hold all reduced gradients."""
+        while self._in_flight:
+            self._complete_oldest()
+
+    def zero(self) -> None:
+        """Drop any gradients left on parameters and reset per-backward state (accumulators are the caller's)."""
+        while self._in_flight:
+            self._complete_oldest()
+        for bucket in self.buckets:
+            if bucket.storage is not None:
+                self._pool.append(bucket.storage)
+            bucket.reset()
+            for p in bucket.params:
+                p.grad = None
+        self._next = 0
+        self._armed = None
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        """Staging and receive buffers held (for memory accounting; accumulators are counted by the caller)."""
+        return list(self._pool) + self.reducer.buffers()
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()

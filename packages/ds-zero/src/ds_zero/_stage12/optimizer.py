@@ -1,0 +1,367 @@
+"""`DeepSpeedZeroOptimizer`: ZeRO stages 1 and 2 around any torch optimizer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_ops.precision import LossScaler, finish_step
+from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._param_names import ParamNames
+from ds_zero._stage12.allgather import PartitionAllGather
+from ds_zero._stage12.buckets import BucketReducer
+from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
+from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
+from ds_zero._stage12.state import (
+    as_state_dict_list,
+    build_rank_state_dict,
+    load_base_optimizer_state,
+    load_masters,
+)
+
+if TYPE_CHECKING:
+    from ds_zero.config import ZeroConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
+
+
+class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
+    """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
+
+    At construction, per param group of `optimizer`, the trainable parameters are copied into one flat
+    buffer of the model dtype, padded to a multiple of the world size, and become views of it (frozen
+    parameters, `requires_grad=False`, are left alone). Rank r owns the contiguous partition r. It keeps
+    the fp32 master values (a view of the flat buffer for fp32 without offload, no copy) and the base
+    optimizer's state for that partition only: the base optimizer's k-th group is re-pointed to
+    `[master partition k]`, so its hyper-parameters (`param_groups[k]["lr"]`) stay live. The parameters
+    are then all-gathered once so every rank starts from the same values.
+
+    Backward: stage 1 lets gradients accumulate in a flat buffer per group (each `.grad` is a view of it)
+    and reduces them to their owners at `step()`. Stage 2 reduces them during backward from
+    per-parameter hooks in `reduce_bucket_size` buckets (asynchronously with `overlap_comm`), accumulates
+    each micro-step into this rank's fp32 gradient partition and frees the full gradients at once.
+
+    `step()`: finish the reduction, then `ds_ops.precision.finish_step` on this rank's fp32 gradient
+    partitions (unscale, inf/nan check, loss-scaler update, the global norm over all partitions, clip; the
+    flag and the partial norm share one all-reduce), so an inf/nan on any rank skips the step on every
+    rank; else step the base optimizer on the partition, write it back in the model dtype and all-gather
+    the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
+
+    Args:
+        optimizer: base optimizer built over the model's (already dtype-cast) parameters. Its per-element
+            math must not depend on the tensor layout (Adam, AdamW, SGD, Adagrad, Lion: yes; LAMB's
+            per-tensor trust ratio: no). With offload it runs on host tensors (ds_ops DeepSpeedCPUAdam).
+        config: the `zero_optimization` section; `stage` must be 1 or 2.
+        module: the model, for parameter names in checkpoints (`zero_to_fp32` needs them); without it the
+            names are `group{g}.param{i}`.
+        loss_scaler: ds_ops loss scaler; None means a static scale of 1 (fp32/bf16). fp16 passes a
+            `DynamicLossScaler`.
+        clip_grad: clip gradients to this global L2 norm (0: off).
+        check_overflow: skip steps whose gradients hold inf/nan on any rank (fp16 always; the engine
+            passes `bf16.check_grad_overflow` for bf16). Off, such a step is applied as it is.
+        dp_group: the data-parallel process group (None: the world).
+        gradient_predivide_factor: divide gradients by this before the reduction and by
+            `world / factor` after.
+        communication_dtype: dtype the gradients are reduced in (None: the model dtype).
+
+    Raises:
+        ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor.
+        TypeError: `optimizer` is not a torch optimizer, or a group mixes dtypes/devices.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, config: ZeroConfig, module: torch.nn.Module | None = None,
+                 loss_scaler: LossScaler | None = None, clip_grad: float = 0.0, check_overflow: bool = True,
+                 dp_group: ProcessGroup | None = None, gradient_predivide_factor: float = 1.0,
+                 communication_dtype: torch.dtype | None = None) -> None:
+        _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
+        self.optimizer = optimizer
+        self.zero_stage = int(config.stage)
+        self.dp_group = dp_group
+        self.dp_world_size = ds_comm.get_world_size(dp_group)
+        self.dp_rank = ds_comm.get_rank(dp_group)
+        self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
+        self.clip_grad = float(clip_grad)
+        self.check_overflow = bool(check_overflow)
+        self.offload = config.offload_optimizer.device == "cpu"
+        self.overflow = False
+        self._global_grad_norm: float | None = None
+
+        names = ParamNames(module)
+        self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
+        # The overflow check does not need the norm (finish_step checks on its own), so the norm is taken
+        # only when asked for or needed to clip.
+        self._compute_norm = config.compute_grad_norm or self.clip_grad > 0
+        self.shared_params = names.shared_params()
+        self.frozen_param_shapes = names.frozen_param_shapes()
+        pin = config.offload_optimizer.pin_memory
+        self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin)
+        reducer = RangeReducer(dp_group, use_reduce_scatter=config.reduce_scatter,
+                               predivide_factor=gradient_predivide_factor)
+        self._grads = self._build_reduction(config, reducer, communication_dtype, pin)
+        self.grad_partitions: list[torch.Tensor] = self._grads.accumulators
+        self._adopt_base_optimizer()
+        self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
+        self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
+        self._sync = PartitionAllGather(self.flats, dp_group, bucket_numel=config.allgather_bucket_size,
+                                        allgather_partitions=config.allgather_partitions)
+        self._sync()
+        logger.info("ZeRO stage %d: %d group(s), %d trainable elements, partition %s elements/rank on %d ranks%s",
+                    self.zero_stage, len(self.flats), sum(f.numel for f in self.flats),
+                    [f.partition_numel for f in self.flats], self.dp_world_size, ", optimizer offloaded to cpu"
+                    if self.offload else "")
+
+    # ----- construction helpers -------------------------------------------------------------------
+    def _flatten_group(self, g: int, group: dict[str, Any], names: ParamNames) -> FlatParamGroup:
+        trainable, seen = [], set()
+        for i, p in enumerate(group["params"]):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.requires_grad:
+                trainable.append((p, names.name_of(p, g, i)))
+            else:
+                names.note_frozen(p, g, i)
+        return FlatParamGroup([p for p, _ in trainable], [n for _, n in trainable], self.dp_world_size, self.dp_rank)
+
+    def _build_reduction(self, config: ZeroConfig, reducer: RangeReducer, communication_dtype: torch.dtype | None,
+                         pin: bool) -> BoundaryReducer | BucketReducer:
+        if self.zero_stage == 1:
+            in_place = (not self.offload and all(f.dtype == torch.float32 for f in self.flats)
+                        and communication_dtype in (None, torch.float32))
+            accumulators = None if in_place else build_grad_partitions(self.flats, offload=self.offload,
+                                                                       pin_memory=pin)
+            return BoundaryReducer(self.flats, reducer, bucket_numel=config.reduce_bucket_size,
+                                   communication_dtype=communication_dtype, accumulators=accumulators)
+        accumulators = build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
+        return BucketReducer(self.flats, reducer, accumulators,
+                             bucket_numel=config.reduce_bucket_size, overlap_comm=config.overlap_comm,
+                             communication_dtype=communication_dtype,
+                             ignore_unused_parameters=config.ignore_unused_parameters)
+
+    def _adopt_base_optimizer(self) -> None:
+        if self.optimizer.state:
+            logger.warning("the base optimizer already has state for %d parameters; ZeRO starts it afresh on the "
+                           "partitions", len(self.optimizer.state))
+            self.optimizer.state.clear()
+        for group, master in zip(self.optimizer.param_groups, self.masters, strict=True):
+            group["params"] = [master]
+
+    # ----- torch.optim.Optimizer surface -----------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The base optimizer's param groups (lr schedulers write `lr` here); `params` are the partitions."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise NotImplementedError("ZeRO flattens the param groups at construction; build the base optimizer with "
+                                  "every group before wrapping it")
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, base={self.optimizer!r})"
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale."""
+        return float(self.loss_scaler.cur_scale)
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        """The unscaled global gradient norm of the last step, before clipping (None before any, or when
+        `compute_grad_norm` is off and nothing needed it)."""
+        return self._global_grad_norm
+
+    # ----- training ------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """`(loss * loss_scale).backward()`; divide the loss by the accumulation steps before calling."""
+        self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear accumulated gradients: the fp32 partitions and any full gradients still held.
+
+        Stage 1 keeps each parameter's `.grad` as a zeroed view of its flat gradient buffer whatever
+        `set_to_none` says (autograd then accumulates into it without allocating); stage 2 sets `.grad`
+        to None.
+        """
+        self._grads.zero()
+        if not self._grads_are_flat_views():
+            for acc in self.grad_partitions:
+                acc.zero_()
+
+    def _grads_are_flat_views(self) -> bool:
+        return isinstance(self._grads, BoundaryReducer) and self._grads.in_place
+
+    def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:  # type: ignore[override]
+        """Apply one optimizer step on every rank (a collective); returns False if it was skipped.
+
+        Args:
+            closure: not supported (the loss must go through `backward`).
+            skip: a 1-element flag already agreed across the ranks that must skip together (the pipeline
+                engine's stages); non-zero skips this step as an overflow does.
+
+        Raises:
+            TypeError: a closure is given.
+        """
+        if closure is not None:
+            raise TypeError("DeepSpeedZeroOptimizer.step() takes no closure; call opt.backward(loss) then opt.step()")
+        for flat in self.flats:
+            flat.check_views()
+        self._grads.finish()
+        grads = self.grad_partitions
+        outcome = finish_step(grads, scaler=self.loss_scaler, clip=self.clip_grad, check_overflow=self.check_overflow,
+                              compute_norm=self._compute_norm, group=self.dp_group, partitioned=True,
+                              comm_device=self._comm_device, skip=skip)
+        self.overflow = outcome.overflow
+        self._global_grad_norm = outcome.grad_norm
+        if self.overflow:
+            self.zero_grad()
+            return False
+        for master, grad in zip(self.masters, grads, strict=True):
+            master.grad = grad
+        self._updater.step()
+        for master in self.masters:
+            master.grad = None
+        self._sync()
+        self.zero_grad()
+        return True
+
+    # ----- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """THIS rank's partition and the metadata to rebuild full tensors (format: `ds_zero._checkpoint.format`)."""
+        return build_rank_state_dict(
+            zero_stage=self.zero_stage, dp_rank=self.dp_rank, world_size=self.dp_world_size, flats=self.flats,
+            masters=self.masters, optimizer=self.optimizer, loss_scaler=self.loss_scaler, overflow=self.overflow,
+            clip_grad=self.clip_grad, offload=self.offload, shared_params=self.shared_params,
+            frozen_param_shapes=self.frozen_param_shapes)
+
+    def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],  # type: ignore[override]
+                        load_optimizer_states: bool = True, load_from_fp32_weights: bool = True) -> None:
+        """Restore from ALL saved ranks' state dicts (rank order), saved at this or any other world size.
+
+        Each rank takes the slices of its new partition from whichever saved partitions hold them, so a
+        save on 2 ranks loads on 4 and the other way round; at the same world size the result is
+        bit-exact. Then the parameters are all-gathered (a collective: every rank must call this).
+
+        Args:
+            state_dicts: every saved rank's `state_dict()`, in rank order.
+            load_optimizer_states: also restore the base optimizer's state and hyper-parameters.
+            load_from_fp32_weights: restore the masters from the saved fp32 partitions; False keeps the
+                model's current (e.g. just loaded 16-bit) weights and refreshes the masters from them.
+
+        Raises:
+            ValueError: missing or inconsistent ranks, parameters absent from the checkpoint, a different
+                number of param groups (the message names what differs).
+        """
+        index = FragmentIndex(as_state_dict_list(state_dicts))
+        first = index.state_dicts[0]
+        if int(first["zero_stage"]) != self.zero_stage or index.world_size != self.dp_world_size:
+            logger.info("loading a stage-%s checkpoint saved on %d ranks into stage %d on %d ranks (re-partitioning)",
+                        first["zero_stage"], index.world_size, self.zero_stage, self.dp_world_size)
+        self.zero_grad()
+        if load_from_fp32_weights:
+            load_masters(index, self.flats, self.masters)
+            with torch.no_grad():
+                for flat, master, copy in zip(self.flats, self.masters, self._updater.copy_back, strict=True):
+                    if copy:
+                        flat.own_partition.copy_(master)
+        else:
+            self._updater.refresh_masters()
+        if load_optimizer_states:
+            load_base_optimizer_state(index, self.flats, self.masters, self.optimizer)
+            for group, master in zip(self.optimizer.param_groups, self.masters, strict=True):
+                group["params"] = [master]
+        self.loss_scaler.load_state_dict(first["loss_scaler"])
+        self.overflow = bool(first.get("overflow", False))
+        self._sync()
+
+    def refresh_fp32_params(self) -> None:
+        """Reset the fp32 masters from the model's current weights (DeepSpeed's name)."""
+        self._updater.refresh_masters()
+
+    # ----- introspection -------------------------------------------------------------------------
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds per role, each storage counted once (params first).
+
+        Keys: `params` (flat model-dtype buffers, padding included), `fp32_master` (0 when the master is
+        a view of the params), `optimizer_state`, `gradients` (fp32 partitions + staging or flat buffers).
+        """
+        return _memory_breakdown(self)
+
+    def close(self) -> None:
+        """Remove the gradient hooks (stage 2) and detach `.grad` views (stage 1)."""
+        self._grads.close()
+
+
+ZeroOptimizer = DeepSpeedZeroOptimizer
+
+
+def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: float) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    from ds_zero.config import ZeroConfig  # pydantic: loaded on first use, not at import
+
+    if not isinstance(config, ZeroConfig):
+        raise TypeError(f"config must be a ds_zero.ZeroConfig (the zero_optimization section), got "
+                        f"{type(config).__name__}; build it with ZeroConfig(**section)")
+    if config.stage not in (1, 2):
+        hint = ("use ds_zero.DeepSpeedZeroOptimizer_Stage3" if config.stage == 3
+                else "stage 0 is plain data parallelism, no ZeRO wrapper")
+        raise ValueError(f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; "
+                         f"{hint}")
+    if config.offload_optimizer.device == "nvme":
+        raise ValueError('zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '
+                         '(NVMe offload, ZeRO-Infinity, is a stage-3 feature, as in DeepSpeed); use "cpu" here, or '
+                         'set zero_optimization.stage=3 to swap the optimizer state to NVMe')
+    if clip_grad < 0:
+        raise ValueError(f"clip_grad (gradient_clipping) must be >= 0, got {clip_grad}")
+    if predivide <= 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+
+
+def _memory_breakdown(opt: DeepSpeedZeroOptimizer) -> dict[str, int]:
+    seen: set[int] = set()
+
+    def count(tensors: list[torch.Tensor]) -> int:
+        total = 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() in seen or storage.nbytes() == 0:
+                continue
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        return total
+
+    state = [v for s in opt.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {
+        "params": count([f.flat for f in opt.flats]),
+        "fp32_master": count(opt.masters),
+        "optimizer_state": count(state),
+        "gradients": count(list(opt.grad_partitions) + opt._grads.gradient_tensors()),
+    }

@@ -1,0 +1,330 @@
+"""The stage-3 parameter coordinator: which partitioned parameters are gathered when, and when they go.
+
+Each gather unit (`units`) is gathered with one coalesced collective before its module's
+forward and again before its backward, and released after each. Around that:
+
+* prefetch: while the iteration follows the recorded trace (`ExecutionTrace`), the units ahead are
+  gathered asynchronously, up to `prefetch_bucket_size` elements ahead;
+* reuse: a released parameter needed again within `max_reuse_distance` gathered elements is kept;
+* `max_live_parameters`: kept and prefetched parameters are evicted before a gather would exceed it (the
+  parameters in use by running modules always stay, so the peak is bounded by max_live + the running units);
+* safety net: saved-tensor hooks replace autograd's references to gathered storage with markers that
+  re-gather on unpack, so a backward that no hook anticipated still reads the right values.
+
+Those three live in their own modules (`live.LiveParams`, `prefetch.Prefetcher`,
+`saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
+and the on-demand paths (a parameter read inside a forward, `GatheredParameters`).
+
+All decisions depend only on the sequence of module calls, which is the same on every rank when every
+rank runs the same modules. Gathers that follow the shared trace skip the fingerprint; the others (the
+first iteration, after a change of execution order, on-demand gathers) are checked, and a rank whose
+execution leaves the trace checks with the others at once, so a rank that diverges is reported instead
+of meeting a different collective (see `_params.gather`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_zero._params.gather import check_same_gather, name_fingerprint, report_deviation
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
+from ds_zero._stage3.live import LiveParams
+from ds_zero._stage3.prefetch import Prefetcher
+from ds_zero._stage3.saved_tensors import SavedTensorNet
+from ds_zero._stage3.trace import Event, ExecutionTrace, Phase
+from ds_zero._stage3.units import GatherUnit, UnitRegistry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParamCoordinator"]
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Frame:
+    """One running forward on the coordinator's module stack."""
+
+    module: nn.Module
+    unit: GatherUnit | None
+    """The module's gather unit (None: it has no partitioned parameters, only marks the nesting)."""
+    holds: bool = False
+    """Whether this call claimed `unit`'s parameters (released by the matching `post_forward`)."""
+
+
+class ParamCoordinator:
+    """Gathers, prefetches and releases the partitioned parameters of one model.
+
+    Args:
+        root: the model; every parameter in it must already be partitioned.
+        group: a group over the data-parallel ranks used only for parameter all-gathers.
+        fp_group: another group over the same ranks for the gather fingerprint (None when world is 1).
+        prefetch_bucket_size: elements gathered ahead of use (0: no prefetch).
+        max_live_parameters: gathered elements kept resident beyond the running modules' own.
+        max_reuse_distance: keep a released parameter needed again within this many gathered elements.
+        log_trace_cache_warnings: warn (instead of debug-log) when the execution order changes.
+    """
+
+    def __init__(
+        self,
+        root: nn.Module,
+        *,
+        group: ProcessGroup | None,
+        fp_group: ProcessGroup | None,
+        prefetch_bucket_size: int,
+        max_live_parameters: int,
+        max_reuse_distance: int,
+        log_trace_cache_warnings: bool = False,
+    ) -> None:
+        self.root = root
+        self.group = group
+        self.fp_group = fp_group
+        self.max_reuse_distance = max_reuse_distance
+        self._traces: dict[str, ExecutionTrace] = {}
+        self.registry = UnitRegistry(root, self, self._refresh_traces)
+        self.units = self.registry.units
+        self.params = self.registry.params
+        self._traces = {kind: ExecutionTrace(self.registry.param_info) for kind in ("train", "eval")}
+        for trace in self._traces.values():
+            trace.warn_on_invalidate = log_trace_cache_warnings
+        self._trace: ExecutionTrace | None = None
+        self._stack: list[_Frame] = []
+        self._in_backward = False
+        self._bwd_uses: list[GatherUnit] = []
+        self._held: list[nn.Parameter] = []
+        self.live = LiveParams(group=group, fp_group=fp_group, max_live_parameters=max_live_parameters)
+        # NVMe-swapped shards (offload_param.device="nvme"): read ahead along the trace, dropped when it breaks
+        swappers = {id(s.swap): s.swap for s in map(state_of, self.params) if s.swap is not None}
+        self.prefetcher = Prefetcher(
+            self.units, self.live, prefetch_bucket_size=prefetch_bucket_size, swappers=list(swappers.values())
+        )
+        self.saved_tensors = SavedTensorNet(self.registry, self.live, self._hold)
+        self.end_of_backward_callbacks: list[Any] = []
+
+    # ----------------------------------------------------------------------------------------- units
+    def _refresh_traces(self) -> None:
+        for trace in self._traces.values():
+            trace.refresh()
+
+    def unit_for(self, module: nn.Module) -> GatherUnit | None:
+        return self.registry.unit_for(module)
+
+    def gathers_for(self, module: nn.Module) -> bool:
+        """Whether `module` has parameters to gather (and so needs backward hooks)."""
+        unit = self.registry.unit_for(module)
+        return unit is not None and bool(unit.params)
+
+    def add_external(self, module: nn.Module, param: nn.Parameter) -> GatherUnit | None:
+        """Gather `param` with `module` from now on (DeepSpeed's `register_external_parameter`)."""
+        return self.registry.add_external(module, param)
+
+    def remove_external(self, module: nn.Module, param: nn.Parameter) -> None:
+        self.registry.remove_external(module, param)
+
+    def storage_replaced(self, old_key: int, param: nn.Parameter) -> None:
+        self.registry.storage_replaced(old_key, param)
+
+    @property
+    def checked(self) -> bool:
+        """Whether gathers now need the fingerprint check (no shared trace is being followed)."""
+        return self._trace is None or not self._trace.valid
+
+    # ------------------------------------------------------------------------------- iteration edges
+    @property
+    def running(self) -> bool:
+        """Whether a forward or backward of this model is in progress."""
+        return bool(self._stack) or self._in_backward
+
+    def _begin_iteration(self) -> None:
+        self._trace = self._traces["train" if torch.is_grad_enabled() else "eval"]
+        self._trace.begin()
+        self.prefetcher.restart()
+
+    def _end_iteration(self) -> None:
+        trace = self._trace
+        if trace is not None and trace.valid and trace.pos < len(trace.events):
+            expected = trace.expected()
+            trace.valid = False
+            self._left_trace(None, expected)
+        for p in self._held:
+            state_of(p).active -= 1
+        self._held.clear()
+        self.release_unused()
+        if self._trace is not None:
+            self._trace.commit()
+        self._trace = None
+
+    def pre_forward(self, module: nn.Module) -> None:
+        if not self._stack and not self._in_backward:
+            if self._trace is None:
+                self._begin_iteration()
+            if torch.is_grad_enabled():
+                self.saved_tensors.enter()
+        unit = self.registry.unit_for(module)
+        frame = _Frame(module, unit)
+        self._stack.append(frame)
+        if unit is not None:
+            self._use(unit, Phase.FORWARD)
+            frame.holds = True
+
+    def post_forward(self, module: nn.Module) -> None:
+        if not self._stack:
+            return
+        frame = self._stack.pop()
+        while frame.module is not module and self._stack:  # an exception skipped inner post-hooks
+            frame = self._stack.pop()
+        if frame.holds and frame.unit is not None:
+            self._release(frame.unit)
+        if not self._stack and not self._in_backward:
+            self.saved_tensors.exit()
+            if self._trace is self._traces["eval"]:
+                self._end_iteration()
+
+    def pre_backward(self, module: nn.Module) -> None:
+        self.ensure_backward()
+        unit = self.registry.unit_for(module)
+        if unit is not None:
+            self._use(unit, Phase.BACKWARD)
+            self._bwd_uses.append(unit)
+
+    def post_backward(self, module: nn.Module) -> None:
+        unit = self.registry.unit_for(module)
+        if unit is None:
+            return
+        for i in range(len(self._bwd_uses) - 1, -1, -1):
+            if self._bwd_uses[i] is unit:
+                del self._bwd_uses[i]
+                self._release(unit)
+                return
+
+    def ensure_backward(self) -> None:
+        """Mark a backward as running and queue the end-of-backward work (call from inside backward)."""
+        if self._in_backward:
+            return
+        self._in_backward = True
+        if self._trace is None:
+            self._begin_iteration()
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _end_backward(self) -> None:
+        try:
+            for callback in self.end_of_backward_callbacks:
+                callback()
+        finally:
+            for unit in self._bwd_uses:
+                self._release(unit)
+            self._bwd_uses.clear()
+            self._in_backward = False
+            self._end_iteration()
+
+    # ---------------------------------------------------------------------------- gather and release
+    def _use(self, unit: GatherUnit, phase: Phase) -> None:
+        trace = self._trace
+        if trace is not None:
+            was_valid = trace.valid
+            expected = trace.expected()
+            if not trace.observe((unit.index, phase)) and was_valid:
+                self._left_trace((unit.index, phase), expected)
+        if not unit.params:
+            return
+        following = trace is not None and trace.valid
+        # the units right after this one ride along in the same collective (fewer, larger gathers)
+        ride_along = (lambda need: self.prefetcher.ride_along(trace, need)) if following else None
+        self.live.gather(unit.params, f"module {unit.name!r}", checked=self.checked, ride_along=ride_along)
+        self.live.claim(unit.params)
+        if following:
+            self.prefetcher.advance(trace)
+
+    def _describe(self, event: Event | None) -> str:
+        if event is None:
+            return "the end of the iteration"
+        return f"module {self.units[event[0]].name!r} ({event[1].value})"
+
+    def _left_trace(self, event: Event | None, expected: Event | None) -> None:
+        """This rank's execution stopped following the trace: drop what the trace predicted, tell the others.
+
+        The ranks that left the trace the same way exchange a fingerprint at once (and then continue with
+        checked gathers); a rank that left alone waits there until the collective timeout and reports.
+        """
+        self.live.drop_retained()  # parameters kept because of the trace go
+        self.prefetcher.drop_reads()
+        message = (
+            f"rank {ds_comm.get_rank()} ran {self._describe(event)} where the recorded execution order "
+            f"expected {self._describe(expected)}"
+        )
+        report_deviation(message)
+        check_same_gather(
+            [],
+            f"after leaving the recorded execution order: {message}",
+            self.fp_group,
+            self.live.num_gathers,
+            tag=name_fingerprint(self._describe(event)),
+        )
+
+    def _release(self, unit: GatherUnit) -> None:
+        trace = self._trace
+        for p in unit.params:
+            st = state_of(p)
+            st.active -= 1
+            if st.active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
+                continue
+            distance = trace.reuse_distance(p.ds_id) if trace is not None else None
+            if distance is not None and distance <= self.max_reuse_distance:
+                self.live.retained[p.ds_id] = p
+            else:
+                self.live.free(p)
+
+    def _hold(self, param: nn.Parameter) -> None:
+        """Keep `param` gathered until the end of the iteration."""
+        state_of(param).active += 1
+        self._held.append(param)
+
+    def release_unused(self) -> None:
+        """Wait for in-flight gathers, then free every gathered parameter no running module or block uses."""
+        self.live.release_unused(self.params)
+        self.prefetcher.stop()
+
+    # ------------------------------------------------------------------------------ on-demand paths
+    def fetch_on_access(self, param: nn.Parameter) -> None:
+        """A running forward read a released parameter through `module.<name>`: gather it now."""
+        if not self.running:
+            return
+        frame = self._stack[-1] if self._stack else None
+        where = self.registry.name_of(frame.module) if frame else "backward"
+        name = state_of(param).name
+        self.live.gather([param], f"parameter {name!r} read in module {where!r}", checked=True)
+        state_of(param).active += 1
+        if frame is not None and not param.ds_persist:
+            unit = self.add_external(frame.module, param)
+            if unit is not None and not frame.holds:
+                frame.unit, frame.holds = unit, True
+                for p in unit.params:
+                    if p is not param:
+                        state_of(p).active += 1
+            if unit is None:
+                self._held.append(param)
+        else:
+            self._held.append(param)
+        logger.debug("stage 3: gathered %s on access from %s", name, where)
+
+    def gather_explicit(self, params: list[nn.Parameter], label: str) -> None:
+        """Gather `params` and hold them until `release_explicit` (GatheredParameters)."""
+        self.live.wait_inflight(params)
+        self.live.gather([p for p in params if not p.ds_persist], label, checked=True)
+        self.live.claim(params)
+
+    def refresh(self, params: list[nn.Parameter], label: str) -> None:
+        """Re-gather parameters that are available but whose shards changed (after a step or a load)."""
+        self.live.regather(params, label)
+
+    def release_explicit(self, params: list[nn.Parameter]) -> None:
+        for p in params:
+            st = state_of(p)
+            st.active -= 1
+            if st.active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE and not self.running:
+                self.live.free(p)

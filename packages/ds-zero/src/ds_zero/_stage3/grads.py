@@ -1,0 +1,187 @@
+"""Stage-3 gradients: reduce-scatter each full gradient into its owner's fp32 partition as it is produced.
+
+The trainable partitioned parameters are split once into fixed buckets of about `reduce_bucket_size`
+elements, in reverse registration order (roughly the order backward produces gradients). A
+post-accumulate-grad hook records each arriving full gradient; bucket k is reduce-scattered, in one
+asynchronous collective that overlaps the rest of backward, as soon as all its gradients are in and
+buckets 0..k-1 are issued; at the end of backward the remaining buckets go in order, with zeros for
+parameters that got no gradient. So every rank issues the same reduce-scatters, of the same sizes, in the
+same order, whatever its graph produced: a data-dependent difference can never pair two different
+collectives. The input is rank-major (`[rank 0: shard 0 of each param | rank 1: shard 1 | ...]`) so the
+output is this rank's shards back to back; each is averaged and added into the fp32 gradient of its
+master partition (accumulating across micro-steps), and each full gradient is dropped once copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_zero._params.partitioned_param import state_of
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GradReducer"]
+
+
+def _buckets(params: list[nn.Parameter], bucket_numel: int) -> list[list[nn.Parameter]]:
+    out: list[list[nn.Parameter]] = []
+    size = 0
+    for p in reversed(params):
+        full = bool(out) and size + p.ds_numel > bucket_numel
+        if not out or full or out[-1][0].dtype != p.dtype:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += p.ds_numel
+    return out
+
+
+class GradReducer:
+    """Buckets, reduce-scatters and accumulates the gradients of partitioned parameters.
+
+    Args:
+        params: trainable partitioned parameters; each has `state_of(p).grad_slot = (master, offset)`, the fp32
+            master flat tensor and the offset of its shard in it.
+        group: the data-parallel group.
+        reduce_bucket_size: elements per reduce-scatter (a larger parameter gets a bucket of its own).
+        communication_dtype: dtype of the collective (None: the parameters' dtype).
+        gradient_predivide_factor: divide by this before the reduction and by world/factor after.
+        on_first_grad: called for every arriving gradient (the coordinator's backward start).
+    """
+
+    def __init__(self, params: list[nn.Parameter], *, group: ProcessGroup | None, reduce_bucket_size: int,
+                 communication_dtype: torch.dtype | None, gradient_predivide_factor: float,
+                 on_first_grad: Any) -> None:
+        self.group = group
+        self.world = ds_comm.get_world_size(group)
+        self.comm_dtype = communication_dtype
+        self.pre = float(gradient_predivide_factor)
+        self.post = self.world / self.pre
+        self._on_first_grad = on_first_grad
+        self.buckets = _buckets(params, max(1, reduce_bucket_size))
+        for index, bucket in enumerate(self.buckets):
+            for p in bucket:
+                state_of(p).grad_bucket = index
+        self._arrived = [0] * len(self.buckets)
+        self._seen: set[int] = set()
+        self._late: set[int] = set()
+        self._next = 0
+        self._active = False
+        self._fresh: set[int] = set()
+        self._inflight: list[tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]] = []
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+
+    def _on_grad(self, param: nn.Parameter) -> None:
+        self._on_first_grad()
+        if param.grad is None:
+            return
+        self._active = True
+        index = state_of(param).grad_bucket
+        if index < self._next:  # a second gradient after its bucket went (reentrant checkpointing)
+            self._late.add(index)
+            return
+        if id(param) not in self._seen:
+            self._seen.add(id(param))
+            self._arrived[index] += 1
+        while self._next < len(self.buckets) and self._arrived[self._next] == len(self.buckets[self._next]):
+            self._reduce(self.buckets[self._next])
+            self._next += 1
+
+    def _reduce(self, params: list[nn.Parameter]) -> None:
+        world = self.world
+        dtype = self.comm_dtype or params[0].dtype
+        sizes = [state_of(p).shard_numel for p in params]
+        total = sum(sizes)
+        device = state_of(params[0]).full.device
+        inp = torch.empty(world, total, dtype=dtype, device=device)
+        offset = 0
+        with torch.no_grad():
+            for p, s in zip(params, sizes, strict=True):
+                dest = inp[:, offset: offset + s]
+                grad = p.grad
+                if grad is None:
+                    dest.zero_()
+                elif p.ds_numel == world * s:
+                    dest.copy_(grad.reshape(world, s))
+                else:
+                    padded = torch.zeros(world * s, dtype=dtype, device=device)
+                    padded[: p.ds_numel].copy_(grad.reshape(-1))
+                    dest.copy_(padded.view(world, s))
+                p.grad = None
+                offset += s
+            if self.pre != 1.0:
+                inp.div_(self.pre)
+        out = torch.empty(total, dtype=dtype, device=device)
+        if world == 1:
+            out.copy_(inp.view(-1))
+            work = None
+        else:
+            work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=self.group, async_op=True)
+        # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
+        self._inflight.append((work, out, params, sizes, inp))
+
+    def _complete(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
+        work, out, params, sizes, _inp = item
+        if work is not None:
+            work.wait()
+        if self.post != 1.0:
+            out.div_(self.post)
+        offset = 0
+        with torch.no_grad():
+            for p, s in zip(params, sizes, strict=True):
+                master, moff = state_of(p).grad_slot
+                if master.grad is None:
+                    # every bucket is reduced once per backward and the shards tile the master, so each
+                    # slice is written exactly once before it is read: no need to zero it first
+                    master.grad = torch.empty_like(master)
+                    self._fresh.add(id(master))
+                piece = out[offset: offset + s].to(master.grad.device)
+                if id(master) in self._fresh:
+                    master.grad[moff: moff + s].copy_(piece)
+                else:
+                    master.grad[moff: moff + s].add_(piece)
+                offset += s
+
+    def finish(self) -> None:
+        """End of backward: issue the remaining buckets in order, wait, add the results into the master grads."""
+        if self._active:
+            while self._next < len(self.buckets):
+                self._reduce(self.buckets[self._next])
+                self._next += 1
+            late = sorted(self._late)
+            if late:  # second gradients of a bucket: they add to the first, whatever the master's state
+                for item in self._inflight:
+                    self._complete(item)
+                self._inflight.clear()
+                self._fresh.clear()
+            for index in late:
+                self._reduce(self.buckets[index])
+        self._late.clear()
+        self._seen.clear()
+        self._arrived = [0] * len(self.buckets)
+        self._next = 0
+        self._active = False
+        inflight, self._inflight = self._inflight, []
+        for item in inflight:
+            self._complete(item)
+        self._fresh.clear()
+
+    def discard(self) -> None:
+        """Finish anything in flight and drop any full gradient still on a parameter (zero_grad)."""
+        self.finish()
+        for bucket in self.buckets:
+            for p in bucket:
+                p.grad = None
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()

@@ -1,0 +1,89 @@
+"""Module and autograd hooks that tell the coordinator when each module runs forward and backward.
+
+* forward pre-hook (prepended, so user pre-hooks already see gathered parameters): gather the unit; wrap
+  the inputs that require grad in `_PostBackward`, an identity whose backward runs once the module's
+  backward has produced its input gradients, which is when its parameters can go;
+* forward post-hook (`always_call`, so an exception still releases): register a multi-grad hook on the
+  outputs that require grad, which fires before the module's backward runs (gather again), then release.
+
+Inputs and outputs may be nested (tuples, lists, dicts, dataclasses registered with pytree) and may hold
+non-tensors. A module whose inputs need no grad (the embedding at the bottom) has no post-backward signal;
+the end-of-backward callback releases it. Modules without gather units only keep the module stack.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.hooks import RemovableHandle
+
+from ds_zero._stage3.coordinator import ParamCoordinator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["install_hooks"]
+
+
+class _PostBackward(torch.autograd.Function):
+    """Identity on a module's inputs; its backward signals that the module's backward is done."""
+
+    @staticmethod
+    def forward(ctx: Any, coord: ParamCoordinator, module: nn.Module, *tensors: torch.Tensor) -> Any:
+        ctx.coord = coord
+        ctx.module = module
+        return tensors
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        ctx.coord.post_backward(ctx.module)
+        return (None, None, *grads)
+
+
+def _grad_tensors(tree: Any) -> tuple[list[Any], Any, list[int]]:
+    flat, spec = tree_flatten(tree)
+    idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+    return flat, spec, idx
+
+
+def _pre_forward(coord: ParamCoordinator, module: nn.Module, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    coord.pre_forward(module)
+    if not torch.is_grad_enabled() or not coord.gathers_for(module):
+        return None
+    flat, spec, idx = _grad_tensors((args, kwargs))
+    if not idx:
+        return None
+    wrapped = _PostBackward.apply(coord, module, *(flat[i] for i in idx))
+    for i, t in zip(idx, wrapped, strict=True):
+        flat[i] = t
+    return tree_unflatten(flat, spec)
+
+
+def _on_output_grad(coord: ParamCoordinator, module: nn.Module, grad: Any) -> None:
+    coord.pre_backward(module)
+
+
+def _post_forward(coord: ParamCoordinator, module: nn.Module, args: Any, output: Any) -> None:
+    try:
+        if output is not None and torch.is_grad_enabled() and coord.gathers_for(module):
+            flat, _, idx = _grad_tensors(output)
+            if idx:
+                torch.autograd.graph.register_multi_grad_hook(
+                    [flat[i] for i in idx], functools.partial(_on_output_grad, coord, module), mode="any")
+    finally:
+        coord.post_forward(module)
+
+
+def install_hooks(root: nn.Module, coord: ParamCoordinator) -> list[RemovableHandle]:
+    """Hook every module of `root` (each instance once); returns the handles for removal."""
+    handles: list[RemovableHandle] = []
+    for module in root.modules():
+        handles.append(module.register_forward_pre_hook(functools.partial(_pre_forward, coord), prepend=True,
+                                                        with_kwargs=True))
+        handles.append(module.register_forward_hook(functools.partial(_post_forward, coord), always_call=True))
+    return handles

@@ -1,0 +1,246 @@
+"""`ds_zero.Init`: partition modules as they are constructed, so a model larger than one rank can be built.
+
+[Note: how construction is intercepted]
+Inside the context, the `__init__` of every `nn.Module` subclass (existing ones, and ones defined inside
+the context via `__init_subclass__`) is wrapped. When the *outermost* `__init__` of an instance returns
+(the module is fully built, including its own `reset_parameters()`), every parameter of that module and
+its children that is not partitioned yet is partitioned: this rank keeps its 1/N shard and the full
+storage is released. So at most one module's full parameters exist at a time, plus the shards.
+`nn.Module.apply` is overridden too (`override_module_apply`, default on): `fn` runs on each module with
+that module's own parameters gathered, and rank 0's result is re-partitioned to every rank, so
+`model.apply(init_weights)` inside `__init__` works and gives the same weights on every rank. Everything
+is restored on exit; importing ds_zero patches nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_zero._nvme.param_swapper import ParamSwapper
+from ds_zero._params.gathered_parameters import GatheredParameters
+from ds_zero._params.partitioned_module import partition_module
+from ds_zero._params.partitioned_param import is_zero_param
+from ds_zero._stage3.module import as_zero_config
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Init", "partition_model"]
+
+_lock = threading.RLock()
+_active: list[Init] = []
+_constructing: list[nn.Module] = []
+_saved_apply: list[Any] = []
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    seen: set[type] = set()
+    todo = [cls]
+    while todo:
+        c = todo.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        yield c
+        todo.extend(c.__subclasses__())
+
+
+def _wrap_init(cls: type) -> None:
+    orig = cls.__dict__.get("__init__")
+    if orig is None or getattr(orig, "_ds_orig_init", None) is not None:
+        return
+
+    @functools.wraps(orig)
+    def init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        _constructing.append(self)
+        try:
+            orig(self, *args, **kwargs)
+        finally:
+            _constructing.pop()
+        if _active and all(m is not self for m in _constructing):
+            _active[-1].partition(self)
+
+    init._ds_orig_init = orig  # type: ignore[attr-defined]
+    cls.__init__ = init  # type: ignore[misc]
+
+
+def _unwrap_init(cls: type) -> None:
+    current = cls.__dict__.get("__init__")
+    orig = getattr(current, "_ds_orig_init", None)
+    if orig is not None:
+        cls.__init__ = orig  # type: ignore[misc]
+
+
+def _init_subclass(cls: type, **kwargs: Any) -> None:
+    super(nn.Module, cls).__init_subclass__(**kwargs)
+    _wrap_init(cls)
+
+
+def _gathered_apply(self: nn.Module, fn: Any) -> nn.Module:
+    for child in self.children():
+        child.apply(fn)
+    own = [p for p in self._parameters.values() if is_zero_param(p)]
+    if own:
+        with GatheredParameters(own, modifier_rank=0):
+            fn(self)
+    else:
+        fn(self)
+    return self
+
+
+def _patch(override_apply: bool) -> None:
+    for cls in _subclasses(nn.Module):
+        _wrap_init(cls)
+    nn.Module.__init_subclass__ = classmethod(_init_subclass)  # type: ignore[assignment]
+    _saved_apply.append(nn.Module.apply)
+    if override_apply:
+        nn.Module.apply = _gathered_apply  # type: ignore[method-assign]
+
+
+def _unpatch() -> None:
+    for cls in _subclasses(nn.Module):
+        _unwrap_init(cls)
+    if "__init_subclass__" in nn.Module.__dict__:
+        del nn.Module.__init_subclass__
+    nn.Module.apply = _saved_apply.pop()  # type: ignore[method-assign]
+
+
+def _load_config(config_dict_or_path: Any) -> dict[str, Any]:
+    if config_dict_or_path is None:
+        return {}
+    if isinstance(config_dict_or_path, Mapping):
+        return dict(config_dict_or_path)
+    if isinstance(config_dict_or_path, (str, os.PathLike)):
+        path = Path(config_dict_or_path)
+        if not path.is_file():
+            raise ValueError(f"ds_zero.Init(config_dict_or_path={str(path)!r}): no such file; pass a ds_config dict "
+                             "or the path of a JSON config")
+        return json.loads(path.read_text())
+    raise TypeError(f"config_dict_or_path must be a dict or a path, got {type(config_dict_or_path).__name__}")
+
+
+class Init:
+    """Partition parameters across the data-parallel ranks as modules are constructed (stage 3).
+
+    Use as a context manager around model construction, or call with `module=` to partition a model
+    that is already built::
+
+        with ds_zero.Init(config_dict_or_path=ds_config):
+            model = MyModel()          # each rank holds 1/N of every parameter from here on
+        ds_zero.Init(module=model2)    # the same, after the fact
+
+    Inside, `p.shape`/`p.numel()` stay the full values, `p.ds_tensor` is this rank's shard; the
+    parameters are gathered by the stage-3 hooks (`DeepSpeedZeroOptimizer_Stage3`, `DeepSpeedZeRoOffload`)
+    or `GatheredParameters`. Every rank must construct the same modules in the same order.
+
+    Args:
+        module: an already built model to partition now (the context is then not needed).
+        data_parallel_group: the group parameters are split across (None: the world).
+        remote_device: where shards live: None/"none" (the compute device), "cpu" (parameter offload) or
+            "nvme" (swap files under `zero_optimization.offload_param.nvme_path`, with that section's
+            buffer_count/buffer_size/max_in_cpu and the config's `aio` section); None takes
+            `zero_optimization.offload_param.device` from the config.
+        pin_memory: page-lock CPU shards (None-config default: `offload_param.pin_memory`).
+        config_dict_or_path: a ds_config dict or JSON path: `zero_optimization.offload_param` and
+            `override_module_apply` are read, and the dtype defaults to bf16/fp16 when enabled there.
+        enabled: False makes `Init` a no-op.
+        dtype: cast floating-point parameters to this dtype as they are partitioned.
+        config: DeepSpeed's older name of `config_dict_or_path`.
+        mpu: model parallelism is not supported; must be None.
+
+    Raises:
+        ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, or (nvme) a
+            missing or unwritable `nvme_path`.
+    """
+
+    def __init__(self, module: nn.Module | None = None, data_parallel_group: ProcessGroup | None = None,
+                 remote_device: str | None = None, pin_memory: bool = False,
+                 config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+                 enabled: bool = True, dtype: torch.dtype | None = None, *, config: Any = None,
+                 mem_efficient_linear: bool = True, mpu: Any = None) -> None:
+        if mpu is not None:
+            raise ValueError("ds_zero.Init(mpu=...): model parallelism is not supported by ds-zero; pass mpu=None")
+        ds_config = _load_config(config_dict_or_path if config_dict_or_path is not None else config)
+        zero = as_zero_config(ds_config.get("zero_optimization") or {})
+        if remote_device is None:
+            remote_device = zero.offload_param.device
+            pin_memory = pin_memory or (remote_device == "cpu" and zero.offload_param.pin_memory)
+        if remote_device not in ("none", "cpu", "nvme"):
+            raise ValueError(f"ds_zero.Init(remote_device={remote_device!r}): use None/'none' (shards on the "
+                             "compute device), 'cpu' (parameter offload) or 'nvme' (swapped to "
+                             "zero_optimization.offload_param.nvme_path)")
+        self.param_swapper: ParamSwapper | None = None
+        if remote_device == "nvme" and enabled:
+            if zero.offload_param.nvme_path is None:
+                raise ValueError("ds_zero.Init(remote_device='nvme') needs zero_optimization.offload_param.nvme_path "
+                                 "in config_dict_or_path (a directory on a fast local disk)")
+            self.param_swapper = ParamSwapper.from_config(zero.offload_param, rank=ds_comm.get_rank(),
+                                                          aio_config=ds_config.get("aio"))
+        if dtype is None:
+            if (ds_config.get("bf16") or {}).get("enabled"):
+                dtype = torch.bfloat16
+            elif (ds_config.get("fp16") or {}).get("enabled"):
+                dtype = torch.float16
+        self.enabled = enabled
+        self.dp_group = data_parallel_group
+        self.dtype = dtype
+        self.pin_memory = pin_memory
+        self.override_apply = zero.override_module_apply
+        self.compute_device = ds_comm.get_accelerator().device()
+        self.shard_device = torch.device("cpu") if remote_device in ("cpu", "nvme") else self.compute_device
+        if module is not None and enabled:
+            self.partition(module)
+
+    def partition(self, module: nn.Module) -> int:
+        """Partition every not-yet-partitioned parameter of `module`; returns how many."""
+        before = {id(p) for p in module.parameters() if is_zero_param(p)}
+        count = partition_module(module, group=self.dp_group, shard_device=self.shard_device,
+                                 compute_device=self.compute_device, dtype=self.dtype, pin_memory=self.pin_memory)
+        if self.param_swapper is not None and count:
+            self.param_swapper.adopt([p for p in module.parameters() if is_zero_param(p) and id(p) not in before])
+        if count:
+            logger.debug("ds_zero.Init: partitioned %d parameters of %s", count, type(module).__name__)
+        return count
+
+    def __enter__(self) -> Init:
+        if not self.enabled:
+            return self
+        with _lock:
+            if not _active:
+                _patch(self.override_apply)
+            _active.append(self)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self.enabled:
+            return
+        with _lock:
+            _active.remove(self)
+            if not _active:
+                _unpatch()
+
+
+def partition_model(module: nn.Module, *, data_parallel_group: ProcessGroup | None = None,
+                    remote_device: str | None = None, pin_memory: bool = False,
+                    config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+                    dtype: torch.dtype | None = None) -> nn.Module:
+    """Partition an already built model in place (what `Init(module=model)` does); returns it.
+
+    Each rank keeps its 1/N shard of every parameter; the full values are released. Arguments as in `Init`.
+    """
+    Init(module=module, data_parallel_group=data_parallel_group, remote_device=remote_device,
+         pin_memory=pin_memory, config_dict_or_path=config_dict_or_path, dtype=dtype)
+    return module

@@ -1,0 +1,328 @@
+"""`DeepSpeedZeroOptimizer_Stage3`: ZeRO stage 3 around any torch optimizer, with the engine contract's methods."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_ops import supports_in_pass_copy
+from ds_ops.precision import LossScaler, finish_step
+from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
+from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
+from ds_zero._param_names import ParamNames
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
+from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
+from ds_zero._stage3.grads import GradReducer
+from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
+from ds_zero._stage3.partition import ShardPartition
+
+if TYPE_CHECKING:
+    from ds_ops.aio import AioConfig
+    from ds_zero.config import ZeroConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeepSpeedZeroOptimizer_Stage3"]
+
+
+def _module_and_optimizer(args: tuple[Any, ...], module: nn.Module | None,
+                          optimizer: torch.optim.Optimizer | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Sort the positional arguments of either calling convention into (module, optimizer)."""
+    for arg in args:
+        if isinstance(arg, nn.Module) and module is None:
+            module = arg
+        elif isinstance(arg, torch.optim.Optimizer) and optimizer is None:
+            optimizer = arg
+        else:
+            raise TypeError(f"DeepSpeedZeroOptimizer_Stage3: unexpected positional argument of type "
+                            f"{type(arg).__name__}; pass (module, optimizer, config=...) or "
+                            "(optimizer, module=..., config=...)")
+    if module is None or optimizer is None:
+        missing = "module (the model)" if module is None else "optimizer (a torch.optim.Optimizer)"
+        raise TypeError(f"DeepSpeedZeroOptimizer_Stage3 needs a {missing}: pass (module, optimizer, config=...) "
+                        "or (optimizer, module=..., config=...)")
+    return module, optimizer
+
+
+class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
+    """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
+
+    Builds (or reuses) the model's `DeepSpeedZeRoOffload`, which partitions the parameters and gathers
+    them around each module's forward and backward. Per param group of `optimizer`, this rank's shards
+    of the group's parameters form one flat fp32 master partition (on the host with
+    `offload_optimizer.device="cpu"`); the base optimizer is re-pointed at those partitions, so its state
+    is 1/N too. Gradients are reduce-scattered into the masters' `.grad` during backward.
+
+    `step()`: `ds_ops.precision.finish_step` on the fp32 gradient partitions (unscale, inf/nan check,
+    loss-scaler update, global norm, clip; one all-reduce, so an inf/nan on any rank skips the step on
+    all ranks), the base optimizer's step on the partitions, copy into the model-dtype shards, and
+    re-gather the parameters that stay whole (persistent ones).
+
+    Called as `DeepSpeedZeroOptimizer_Stage3(module, optimizer, config=...)` (DeepSpeed's order) or, like
+    the stage 1/2 optimizer in the engine contract, `DeepSpeedZeroOptimizer_Stage3(optimizer, module=...,
+    config=...)`.
+
+    Args:
+        module: the model (built normally or under `ds_zero.Init`).
+        optimizer: a torch optimizer built over the model's parameters, not stepped yet.
+        config: the `zero_optimization` section (stage must be 3).
+        loss_scaler: ds_ops loss scaler (None: static 1.0; fp16 passes a DynamicLossScaler).
+        clip_grad: clip by the global gradient norm (0: off).
+        check_overflow: skip steps whose gradients hold inf/nan on any rank (fp16 always; the engine
+            passes `bf16.check_grad_overflow` for bf16). Off, such a step is applied as it is.
+        dp_group: the data-parallel group (None: the world).
+        gradient_predivide_factor: divide gradients by this before the reduction (and by N/factor after).
+        communication_dtype: dtype of the gradient reduce-scatter (None: the gradients' dtype).
+        parameter_offload: an existing `DeepSpeedZeRoOffload` of `module` (default: the module's, or a new one).
+        aio_config: the top-level `aio` section (dict or `ds_ops.AioConfig`) used by NVMe offload (None: defaults).
+
+    With `offload_optimizer.device="nvme"` the fp32 master and the optimizer state of each tile live in swap
+    files under `nvme_path` and are swapped in and out around the step, tile by tile (`sub_group_size`),
+    overlapping the next read / previous write with `pipeline_read` / `pipeline_write`; the fp32 gradient
+    partition stays in host memory. See `ds_zero._nvme.optimizer_swapper`.
+
+    Raises:
+        TypeError: not exactly one module and one optimizer given.
+        ValueError: stage is not 3, the optimizer was already stepped, an optimizer parameter is not in
+            `module`, or (NVMe offload) `nvme_path` is missing or not writable.
+        NVMeSwapError: a swap file could not be written or read back intact, at construction or at the step
+            where it happens (disk full, file-size limit, truncated or corrupted file).
+    """
+
+    def __init__(self, *args: nn.Module | torch.optim.Optimizer, module: nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 config: ZeroConfig | Mapping[str, Any] | None = None, loss_scaler: LossScaler | None = None,
+                 clip_grad: float = 0.0, check_overflow: bool = True, dp_group: ProcessGroup | None = None,
+                 gradient_predivide_factor: float = 1.0, communication_dtype: torch.dtype | None = None,
+                 parameter_offload: DeepSpeedZeRoOffload | None = None,
+                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+        module, optimizer = _module_and_optimizer(args, module, optimizer)
+        cfg = as_zero_config(config)
+        if cfg.stage != 3:
+            raise ValueError(f"DeepSpeedZeroOptimizer_Stage3 needs zero_optimization.stage=3, got {cfg.stage}; use "
+                             "ds_zero.DeepSpeedZeroOptimizer for stages 1 and 2")
+        if optimizer.state:
+            raise ValueError("the base optimizer already has state (it was stepped); build "
+                             "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        self.config = cfg
+        self.module = module
+        self.optimizer = optimizer
+        self.dp_group = dp_group
+        self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
+        self.clip_grad = float(clip_grad)
+        self.check_overflow = bool(check_overflow)
+        nvme = cfg.offload_optimizer.device == "nvme"
+        # checked before anything is partitioned or re-pointed
+        swap_dir = (prepare_swap_dir(cfg.offload_optimizer.nvme_path, rank=ds_comm.get_rank(), kind="optimizer",
+                                     key="zero_optimization.offload_optimizer.nvme_path") if nvme else None)
+        try:
+            self.parameter_offload = (parameter_offload or getattr(module, "_ds_zero3", None)
+                                      or DeepSpeedZeRoOffload(module, config=cfg, dp_group=dp_group,
+                                                              aio_config=aio_config))
+        except BaseException:
+            if swap_dir is not None:
+                release_swap_dir(swap_dir)
+            raise
+        self.coordinator = self.parameter_offload.coordinator
+        self.world_size = ds_comm.get_world_size(dp_group)
+        self.dp_rank = ds_comm.get_rank(dp_group)
+        self.offload_optimizer = cfg.offload_optimizer.device in ("cpu", "nvme")
+        self.partitions = self._build_partitions(swap_master=nvme)
+        self.optimizer_swapper = (OptimizerSwapper(self.tiles, optimizer, swap_dir=swap_dir,
+                                                   config=cfg.offload_optimizer, aio_config=aio_config)
+                                  if swap_dir is not None else None)
+        trained = [p for part in self.partitions for p in part.params]
+        trained_ids = {id(p) for p in trained}
+        self.frozen = ShardPartition(-1, [p for p in self.coordinator.params if not p.requires_grad],
+                                     master_device=None, with_master=False)
+        untrained = [p for p in self.coordinator.params if p.requires_grad and id(p) not in trained_ids]
+        if untrained:
+            logger.warning("stage 3: %d trainable parameters of the module are not in the optimizer (first: %s); "
+                           "their gradients are not reduced", len(untrained), state_of(untrained[0]).name)
+        ordered = [p for p in self.coordinator.params if id(p) in trained_ids]
+        self.reducer = GradReducer(ordered, group=dp_group, reduce_bucket_size=cfg.reduce_bucket_size,
+                                   communication_dtype=communication_dtype,
+                                   gradient_predivide_factor=gradient_predivide_factor,
+                                   on_first_grad=self.coordinator.ensure_backward)
+        self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
+        self._trained = trained
+        self._global_grad_norm: float | None = None
+        self.overflow = False
+        self._fused_copy = supports_in_pass_copy(optimizer)
+        nccl = ds_comm.is_initialized() and torch.distributed.get_backend(dp_group) == "nccl"
+        self._norm_device = ds_comm.get_accelerator().device() if nccl else torch.device("cpu")
+        names = ParamNames(module)
+        # what ds_zero.save_zero_checkpoint and the engine read (same names as the stage 1/2 optimizer)
+        self.zero_stage = 3
+        self.dp_world_size = self.world_size
+        self.shared_params = names.shared_params()
+        self.frozen_param_shapes = {state_of(p).name: list(p.ds_shape) for p in self.frozen.params}
+        self.flats = self.partitions
+
+    def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
+        master_device = torch.device("cpu") if self.offload_optimizer else None
+        partitions = []
+        seen: set[int] = set()
+        for gi, group in enumerate(self.optimizer.param_groups):
+            trainable = []
+            for p in group["params"]:
+                if not is_zero_param(p) or state_of(p).coord is not self.coordinator:
+                    raise ValueError(f"optimizer param group {gi} holds a parameter of shape {tuple(p.shape)} that "
+                                     "is not a parameter of the module given to DeepSpeedZeroOptimizer_Stage3; "
+                                     "build the optimizer over module.parameters()")
+                if id(p) in seen:
+                    raise ValueError(f"parameter {state_of(p).name} appears in more than one optimizer param group")
+                seen.add(id(p))
+                if p.requires_grad:
+                    trainable.append(p)
+            part = ShardPartition(gi, trainable, master_device=master_device,
+                                  sub_group_size=self.config.sub_group_size, swap_master=swap_master)
+            group["params"] = [tile.master for tile in part.tiles]
+            partitions.append(part)
+        return partitions
+
+    @property
+    def tiles(self) -> list[Any]:
+        """The base optimizer's parameters, in order: the tiles of every group's partition."""
+        return [tile for part in self.partitions for tile in part.tiles]
+
+    # ------------------------------------------------------------------------------ the contract
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The base optimizer's param groups (lr schedulers write `lr` here)."""
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        """The gradient norm of the last step, before clipping (None before the first step)."""
+        return self._global_grad_norm
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
+        self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
+
+    def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
+        """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank).
+
+        `skip` is a 1-element flag already agreed across the ranks that must skip together; non-zero
+        skips this step as an overflow does.
+        """
+        if closure is not None:
+            raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
+        self.reducer.finish()
+        grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
+        outcome = finish_step(grads, scaler=self.loss_scaler, clip=self.clip_grad, check_overflow=self.check_overflow,
+                              compute_norm=True, group=self.dp_group, partitioned=True,
+                              comm_device=self._norm_device, skip=skip)
+        self._global_grad_norm = outcome.grad_norm
+        self.overflow = outcome.overflow
+        if self.overflow:
+            self.zero_grad()
+            return False
+        self._base_step()
+        self.refresh_gathered()
+        return True
+
+    def _base_step(self) -> None:
+        tiles = self.tiles
+        for tile in tiles:
+            tile.attach_grad()
+        if len(tiles) == len(self.partitions) and self.optimizer_swapper is None:
+            self._step_tiles(tiles)
+        else:  # one tile at a time, so the step's temporaries stay within sub_group_size
+            groups = self.optimizer.param_groups
+            saved = [group["params"] for group in groups]
+            swapper = self.optimizer_swapper
+            order = tiles if swapper is None else swapper.swapped_in(tiles)  # NVMe: read / step / write
+            try:
+                for tile in order:
+                    for gi, group in enumerate(groups):
+                        group["params"] = [tile.master] if gi == tile.group_index else []
+                    self._step_tiles([tile])
+            finally:
+                if swapper is not None:
+                    order.close()  # settles any request still in flight after an error
+                for group, params in zip(groups, saved, strict=True):
+                    group["params"] = params
+        for tile in tiles:
+            tile.master.grad = None
+
+    def _step_tiles(self, tiles: list[Any]) -> None:
+        """Step the base optimizer (whose groups hold exactly `tiles`) and update the model-dtype shards."""
+        fused = self._fused_copy and all(t.shard16() is not None and not t.partition.master_is_shard for t in tiles)
+        if fused:  # ds_ops CPU optimizers write the 16-bit shards in the same pass
+            by_group: list[list[torch.Tensor]] = [[] for _ in self.optimizer.param_groups]
+            for tile in tiles:
+                by_group[tile.group_index].append(tile.shard16())
+            self.optimizer.step(fp16_param_groups=by_group)
+            return
+        self.optimizer.step()
+        for tile in tiles:
+            if not tile.partition.master_is_shard:
+                with torch.no_grad():
+                    if tile.shard16() is not None:
+                        tile.shard16().copy_(tile.master)
+                    else:  # shards one by one (NVMe-swapped ones are written to their files)
+                        write_shards(tile.params, [tile.master[off: off + state_of(p).shard_numel]
+                                                   for p, off in zip(tile.params, tile.offsets, strict=True)])
+
+    def refresh_gathered(self, include_frozen: bool = False) -> None:
+        """Re-gather the parameters that stay whole after their shards changed; free the other gathered ones."""
+        self.coordinator.release_unused()
+        params = [*self._trained, *self.frozen.params] if include_frozen else self._trained
+        stale = [p for p in params if p.ds_status is ZeroParamStatus.AVAILABLE]
+        self.coordinator.refresh(stale, "the whole parameters updated by the optimizer step")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradient partitions (and any full gradient still on a parameter)."""
+        self.reducer.discard()
+        for part in self.partitions:
+            if set_to_none:
+                part.master.grad = None
+            elif part.master.grad is not None:
+                part.master.grad.zero_()
+        for p in self.coordinator.params:
+            p.grad = None
+
+    def refresh_fp32_params(self) -> None:
+        """Reload the fp32 masters from the model-dtype shards (after the module's weights were loaded or
+        edited outside the optimizer), and re-gather the parameters that stay whole."""
+        for part in self.partitions:
+            part.copy_shards_to_master()
+        self.refresh_gathered(include_frozen=True)
+
+    _restore_from_bit16_weights = refresh_fp32_params  # DeepSpeed's name, used by ds-engine
+
+    # ------------------------------------------------------------------------------ checkpoints
+    def base_optimizer_state_dict(self) -> dict[str, Any]:
+        """The base optimizer's state dict, with NVMe-swapped state read back into memory."""
+        if self.optimizer_swapper is not None:
+            return self.optimizer_swapper.state_dict()
+        return self.optimizer.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """THIS rank's partitions and metadata in the shared ZeRO checkpoint format (`_checkpoint.format`)."""
+        return stage3_state_dict(self)
+
+    def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+                        load_optimizer_states: bool = True, load_from_fp32_weights: bool = True) -> None:
+        """Restore from ALL saved ranks' state dicts (rank order), saved at any world size and any ZeRO stage."""
+        load_stage3_state_dicts(self, state_dicts, load_optimizer_states=load_optimizer_states,
+                                load_from_fp32_weights=load_from_fp32_weights)
+        self.refresh_gathered(include_frozen=True)
