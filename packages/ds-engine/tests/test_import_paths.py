@@ -20,7 +20,7 @@ import ds_ops
 
 def test_hard_dependency_paths_are_the_siblings_objects() -> None:
     import ds_engine.comm as dist
-    from ds_engine.accelerator import get_accelerator
+    from ds_engine.accelerator import get_accelerator, is_current_accelerator_supported
     from ds_engine.ops.adagrad import DeepSpeedCPUAdagrad
     from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
     from ds_engine.ops.lion import DeepSpeedCPULion
@@ -30,6 +30,7 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
     assert dist.init_distributed is ds_comm.init_distributed and dist.get_rank is ds_comm.get_rank
     assert dist.all_reduce is ds_comm.all_reduce and dist.ReduceOp is ds_comm.ReduceOp
     assert get_accelerator is ds_comm.get_accelerator
+    assert is_current_accelerator_supported is ds_comm.is_current_accelerator_supported
     assert (DeepSpeedCPUAdam, FusedAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion) == \
         (ds_ops.DeepSpeedCPUAdam, ds_ops.FusedAdam, ds_ops.DeepSpeedCPUAdagrad, ds_ops.DeepSpeedCPULion)
     assert deepspeed.ops.adam.DeepSpeedCPUAdam is ds_ops.DeepSpeedCPUAdam

@@ -11,9 +11,12 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
+from ds_comm._comms_log_api import get_comm_operation_count, get_logged_comm_ops, has_comm_data, reset_log
+from ds_comm._comms_logger import CommsLogger, comms_logger
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
-from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
+from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
+from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 from ds_comm.collectives import (
     CollectiveError,
     CollectiveHandle,
@@ -65,10 +68,12 @@ __all__ = [
     "CollectiveError",
     "CollectiveHandle",
     "CollectiveTimeoutError",
+    "CommsLogger",
     "CommsLoggerConfig",
     "ConfigDeprecationWarning",
     "ConfigError",
     "ConfigModel",
+    "P2POp",
     "ReduceOp",
     "__version__",
     "all_gather",
@@ -77,28 +82,38 @@ __all__ = [
     "all_reduce",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
+    "comms_logger",
     "configure",
     "destroy_process_group",
     "find_auto",
+    "gather",
     "get_accelerator",
+    "get_comm_operation_count",
     "get_global_rank",
     "get_local_rank",
+    "get_logged_comm_ops",
     "get_logger",
     "get_rank",
     "get_world_size",
+    "has_comm_data",
     "init_distributed",
     "irecv",
+    "is_current_accelerator_supported",
     "is_initialized",
     "isend",
     "log_dist",
     "log_summary",
+    "monitored_barrier",
     "new_group",
     "recv",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reset_log",
+    "scatter",
     "send",
     "set_accelerator",
     "validate_section",

@@ -8,6 +8,8 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from ds_comm._comms_logger_queries import CommsLoggerQueries
+
 if TYPE_CHECKING:
     from ds_comm.config import CommsLoggerConfig
 
@@ -43,7 +45,7 @@ class OpRecord:
     algbw_sum: float = 0.0
 
 
-class CommsLogger:
+class CommsLogger(CommsLoggerQueries):
     """Collects records when enabled; `enabled` is checked once per collective and is cheap when off."""
 
     def __init__(self) -> None:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ds_comm import Accelerator, get_accelerator, set_accelerator
+from ds_comm import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 
-__all__ = ["Accelerator", "get_accelerator", "set_accelerator"]
+__all__ = ["Accelerator", "get_accelerator", "is_current_accelerator_supported", "set_accelerator"]

@@ -16,21 +16,25 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from ds_engine._lr_schedule_names import *  # noqa: F403 - DeepSpeed's string constants, re-exported
+from ds_engine._lr_schedule_names import VALID_LR_SCHEDULES, WARMUP_LINEAR_RATE, WARMUP_LOG_RATE
+from ds_engine._lr_schedule_names import __all__ as _CONSTANT_NAMES
+from ds_engine._lr_tuning_args import *  # noqa: F403 - add_tuning_arguments, get_config_from_args, ...
+from ds_engine._lr_tuning_args import __all__ as _TUNING_NAMES
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "LRRangeTest",
     "OneCycle",
-    "VALID_LR_SCHEDULES",
     "WarmupCosineLR",
     "WarmupDecayLR",
     "WarmupLR",
     "get_lr_from_config",
 ]
 
-WARMUP_LOG_RATE = "log"
-WARMUP_LINEAR_RATE = "linear"
-VALID_LR_SCHEDULES = ["LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"]
+# DeepSpeed keeps its schedule names, parameter keys and tuning flags in this module's namespace.
+__all__ += [*_CONSTANT_NAMES, *_TUNING_NAMES]
 
 
 class _HasParamGroups(Protocol):

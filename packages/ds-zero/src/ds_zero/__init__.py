@@ -13,6 +13,15 @@ from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint
+from ds_zero._memory_estimate import (
+    estimate_zero2_model_states_mem_needs,
+    estimate_zero2_model_states_mem_needs_all_cold,
+    estimate_zero2_model_states_mem_needs_all_live,
+    estimate_zero3_model_states_mem_needs,
+    estimate_zero3_model_states_mem_needs_all_cold,
+    estimate_zero3_model_states_mem_needs_all_live,
+    model_to_params,
+)
 from ds_zero._nvme.files import NVMeSwapError
 
 # ZeRO stage 3
@@ -75,4 +84,12 @@ __all__ = [
     "partition_model",
     "register_external_parameter",
     "unregister_external_parameter",
+    # memory estimators (DeepSpeed's stage_1_and_2 / stage3 functions)
+    "estimate_zero2_model_states_mem_needs",
+    "estimate_zero2_model_states_mem_needs_all_cold",
+    "estimate_zero2_model_states_mem_needs_all_live",
+    "estimate_zero3_model_states_mem_needs",
+    "estimate_zero3_model_states_mem_needs_all_cold",
+    "estimate_zero3_model_states_mem_needs_all_live",
+    "model_to_params",
 ]

@@ -10,9 +10,19 @@ from ds_comm.accelerator._abstract import Accelerator
 from ds_comm.accelerator._cpu import CpuAccelerator
 from ds_comm.accelerator._cuda import CudaAccelerator
 
-__all__ = ["Accelerator", "CpuAccelerator", "CudaAccelerator", "get_accelerator", "set_accelerator"]
+__all__ = [
+    "SUPPORTED_ACCELERATOR_LIST",
+    "Accelerator",
+    "CpuAccelerator",
+    "CudaAccelerator",
+    "get_accelerator",
+    "is_current_accelerator_supported",
+    "set_accelerator",
+]
 
 _IMPLEMENTATIONS: dict[str, type[Accelerator]] = {"cpu": CpuAccelerator, "cuda": CudaAccelerator}
+#: The accelerator names ds implements (DeepSpeed's list also names xpu, npu, mps, hpu, ...).
+SUPPORTED_ACCELERATOR_LIST = sorted(_IMPLEMENTATIONS)
 _current: Accelerator | None = None
 
 
@@ -52,3 +62,8 @@ def set_accelerator(accelerator: Accelerator | None) -> None:
     """Replace the process-wide accelerator (None: choose again on next `get_accelerator()`)."""
     global _current
     _current = accelerator
+
+
+def is_current_accelerator_supported() -> bool:
+    """Whether the current accelerator's device type is one ds implements (DeepSpeed's check, by device name)."""
+    return get_accelerator().device_name() in SUPPORTED_ACCELERATOR_LIST

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Callable
 
 import torch
 
 from ds_comm.accelerator._abstract import Accelerator
+from ds_comm.accelerator._numa import count_numa_devices
+
+#: The legacy typed constructors DeepSpeed's CPU accelerator hands out (`FloatTensor(3)` is a size-3 tensor).
+_LEGACY_TENSOR_TYPES = {torch.bfloat16: "BFloat16Tensor", torch.uint8: "ByteTensor", torch.float64: "DoubleTensor",
+                        torch.float32: "FloatTensor", torch.float16: "HalfTensor", torch.int32: "IntTensor",
+                        torch.int64: "LongTensor"}
 
 
 def _rss_bytes() -> int:
@@ -46,7 +53,19 @@ class CpuAccelerator(Accelerator):
         return torch.device("cpu")
 
     def device_count(self) -> int:
-        return 1
+        """`$LOCAL_SIZE` when set and positive (the launcher's ranks per node), else the NUMA nodes with cores.
+
+        DeepSpeed treats each NUMA node as one CPU device, and its launcher sizes the local pool from this.
+        """
+        local_size = os.environ.get("LOCAL_SIZE", "").strip()
+        if local_size:
+            try:
+                value = int(local_size)
+            except ValueError:
+                raise ValueError(f"LOCAL_SIZE={local_size!r} is not an integer (ranks on this node)") from None
+            if value > 0:
+                return value
+        return count_numa_devices()
 
     def current_device(self) -> int:
         return 0
@@ -88,3 +107,36 @@ class CpuAccelerator(Accelerator):
 
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
+
+    def get_rng_state(self, device_index: int | None = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, new_state: torch.Tensor, device_index: int | None = None) -> None:
+        torch.set_rng_state(new_state)
+
+    def default_generator(self, device_index: int) -> torch.Generator:
+        return torch.default_generator
+
+    def is_synchronized_device(self) -> bool:
+        return True
+
+    def available_memory(self, device_index: int | None = None) -> int:
+        """The kernel's MemAvailable (free plus reclaimable), else free physical pages."""
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+    def memory_stats(self, device_index: int | None = None) -> dict[str, int]:
+        """Ours plus DeepSpeed's two cpu keys (`allocated_bytes.all.current`/`.peak`, both RSS figures)."""
+        stats = super().memory_stats(device_index)
+        stats["allocated_bytes.all.current"] = stats["allocated_bytes"]
+        stats["allocated_bytes.all.peak"] = stats["max_allocated_bytes"]
+        return stats
+
+    def _tensor_constructor(self, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+        return getattr(torch, _LEGACY_TENSOR_TYPES[dtype])

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ds_comm.accelerator._abstract import Accelerator
@@ -68,3 +73,85 @@ class CudaAccelerator(Accelerator):
 
     def manual_seed_all(self, seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
+
+    def get_rng_state(self, device_index: int | None = None) -> torch.Tensor:
+        return torch.cuda.get_rng_state() if device_index is None else torch.cuda.get_rng_state(device_index)
+
+    def set_rng_state(self, new_state: torch.Tensor, device_index: int | None = None) -> None:
+        if device_index is None:
+            torch.cuda.set_rng_state(new_state)
+        else:
+            torch.cuda.set_rng_state(new_state, device_index)
+
+    def default_generator(self, device_index: int) -> torch.Generator:
+        return torch.cuda.default_generators[device_index]
+
+    def initial_seed(self) -> int:
+        return torch.cuda.initial_seed()
+
+    def is_synchronized_device(self) -> bool:
+        return False
+
+    @property
+    def Stream(self) -> type:  # noqa: N802 - DeepSpeed's name
+        return torch.cuda.Stream
+
+    @property
+    def Event(self) -> type:  # noqa: N802 - DeepSpeed's name
+        return torch.cuda.Event
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def current_stream(self, device_index: int | None = None) -> Any:
+        return torch.cuda.current_stream(device_index)
+
+    def default_stream(self, device_index: int | None = None) -> Any:
+        return torch.cuda.default_stream(device_index)
+
+    def create_graph(self) -> Any:
+        return torch.cuda.CUDAGraph()
+
+    def capture_to_graph(self, graph: Any, pool: Any = None,
+                         stream: Any = None) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.graph(graph, pool, stream)
+
+    def replay_graph(self, graph: Any) -> None:
+        graph.replay()
+
+    def range_push(self, msg: str, domain: Any = None, category: Any = None) -> None:
+        torch.cuda.nvtx.range_push(msg)
+
+    def range_pop(self, domain: Any = None) -> None:
+        torch.cuda.nvtx.range_pop()
+
+    def lazy_call(self, callback: Callable[[], Any]) -> Any:
+        return torch.cuda._lazy_call(callback)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def memory_reserved(self, device_index: int | None = None) -> int:
+        return torch.cuda.memory_reserved(device_index)
+
+    def max_memory_reserved(self, device_index: int | None = None) -> int:
+        return torch.cuda.max_memory_reserved(device_index)
+
+    def available_memory(self, device_index: int | None = None) -> int:
+        """Free bytes as the driver reports them (other processes' allocations included)."""
+        free, _total = torch.cuda.mem_get_info(device_index)
+        return free
+
+    def memory_stats(self, device_index: int | None = None) -> dict[str, Any]:
+        """Ours plus the caching allocator's full statistics (`torch.cuda.memory_stats`), as DeepSpeed returns."""
+        return {**torch.cuda.memory_stats(device_index), **super().memory_stats(device_index)}
+
+    def _tensor_constructor(self, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+        return functools.partial(torch.tensor, dtype=dtype, device="cuda")
+
+    def is_triton_supported(self) -> bool:
+        """Ampere (sm80) or newer, as DeepSpeed decides."""
+        return self.is_available() and torch.cuda.get_device_capability()[0] >= 8
+
+    def export_envs(self) -> list[str]:
+        return ["NCCL"]

@@ -1,0 +1,154 @@
+"""`ds_io`: time reads or writes of one file through the aio op, with DeepSpeed's `ds_io` flags.
+
+    ds_io --folder /nvme/scratch --io_size 400M [--read] [--block_size 1M] [--queue_depth 32]
+          [--single_submit] [--sequential_requests] [--io_parallel N] [--loops 3] [--warmup_loops 1] [--validate]
+
+A write test writes `io_size` bytes of a pinned buffer to `<folder>/ds_aio_<io_size>B.bin` per loop; a read
+test first writes that file and then reads it back. Each loop's bytes and seconds give the bandwidth in
+GB/s (1e9 bytes); the summary reports the best and the mean over the timed loops. `--validate` compares
+what a read brings back with what was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ds_ops.aio import AsyncIOHandle
+
+__all__ = ["IoResult", "ds_io_main", "parse_size", "run_io"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str | int) -> int:
+    """`"400M"` -> 419430400; K, M and G are powers of 1024 (DeepSpeed's suffixes); a bare number is bytes.
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text).upper())
+        if match is None:
+            raise ValueError(f"size {text!r} is not a number with an optional K, M or G suffix (e.g. 400M)")
+        value = int(match.group(1)) * _UNITS[match.group(2)]
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class IoResult:
+    """One configuration's timed loops: bytes per loop and each loop's seconds."""
+
+    read: bool
+    num_bytes: int
+    seconds: tuple[float, ...]
+
+    @property
+    def best_gbps(self) -> float:
+        return self.num_bytes / min(self.seconds) / 1e9
+
+    @property
+    def mean_gbps(self) -> float:
+        return self.num_bytes / (sum(self.seconds) / len(self.seconds)) / 1e9
+
+
+def run_io(folder: str | os.PathLike[str], io_size: int, *, read: bool, block_size: int = 1 << 20,
+           queue_depth: int = 32, single_submit: bool = False, overlap_events: bool = True,
+           intra_op_parallelism: int = 1, loops: int = 3, warmup_loops: int = 1, validate: bool = False) -> IoResult:
+    """Time `loops` reads or writes of `io_size` bytes of one file in `folder` through an `AsyncIOHandle`.
+
+    Raises:
+        ValueError: `folder` is not a directory, or a count is not positive; with `validate`, the bytes read back
+            differ (the message names the first one).
+    """
+    if not os.path.isdir(folder):
+        raise ValueError(f"--folder {os.fspath(folder)!r} is not a directory")
+    if loops < 1 or warmup_loops < 0:
+        raise ValueError(f"--loops must be >= 1 and --warmup_loops >= 0, got {loops} and {warmup_loops}")
+    path = os.path.join(folder, f"ds_aio_{io_size}B.bin")
+    handle = AsyncIOHandle(block_size=block_size, queue_depth=queue_depth, single_submit=single_submit,
+                           overlap_events=overlap_events, intra_op_parallelism=intra_op_parallelism)
+    try:
+        buffer = handle.new_cpu_locked_tensor(io_size, torch.empty(0, dtype=torch.uint8))
+        source = torch.randint(0, 256, (io_size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+        buffer.copy_(source)
+        if read:
+            handle.sync_pwrite(buffer, path)
+        seconds = []
+        for i in range(warmup_loops + loops):
+            if read:
+                buffer.zero_()
+            start = time.perf_counter()
+            (handle.sync_pread if read else handle.sync_pwrite)(buffer, path)
+            if i >= warmup_loops:
+                seconds.append(time.perf_counter() - start)
+        if validate:
+            check = buffer if read else torch.empty_like(buffer)
+            if not read:
+                handle.sync_pread(check, path)
+            _check_same(check, source, path)
+        handle.free_cpu_locked_tensor(buffer)
+    finally:
+        handle.close()
+        if os.path.exists(path):
+            os.remove(path)
+    return IoResult(read=read, num_bytes=io_size, seconds=tuple(seconds))
+
+
+def _check_same(got: torch.Tensor, expected: torch.Tensor, path: str) -> None:
+    differ = (got != expected).nonzero()
+    if differ.numel():
+        index = int(differ[0])
+        raise ValueError(f"--validate: {path} byte {index} is {int(got[index])}, expected {int(expected[index])}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds_io", description="Benchmark file reads or writes through the aio op.")
+    p.add_argument("--folder", required=True, help="directory to do the I/O in (on the NVMe device to measure)")
+    p.add_argument("--io_size", required=True, help="bytes per read or write, with K/M/G suffix")
+    p.add_argument("--read", action="store_true", help="measure reads (default: writes)")
+    p.add_argument("--block_size", default="1M", help="bytes per kernel request (default %(default)s)")
+    p.add_argument("--queue_depth", type=int, default=32, help="requests in flight (default %(default)s)")
+    p.add_argument("--single_submit", action="store_true", help="submit requests one at a time")
+    p.add_argument("--sequential_requests", action="store_true",
+                   help="refill the queue per batch instead of as requests complete (overlap_events off)")
+    p.add_argument("--io_parallel", type=int, default=1, help="worker threads per request (default %(default)s)")
+    p.add_argument("--loops", type=int, default=3, help="timed repetitions (default %(default)s)")
+    p.add_argument("--warmup_loops", type=int, default=1, help="untimed repetitions first (default %(default)s)")
+    p.add_argument("--validate", action="store_true", help="check the bytes read back against those written")
+    return p
+
+
+def ds_io_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `ds_io`: run the benchmark and print one summary line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        io_size, block_size = parse_size(args.io_size), parse_size(args.block_size)
+        result = run_io(args.folder, io_size, read=args.read, block_size=block_size, queue_depth=args.queue_depth,
+                        single_submit=args.single_submit, overlap_events=not args.sequential_requests,
+                        intra_op_parallelism=args.io_parallel, loops=args.loops, warmup_loops=args.warmup_loops,
+                        validate=args.validate)
+    except ValueError as err:
+        print(f"ds_io: {err}", file=sys.stderr)
+        return 2
+    kind = "read" if result.read else "write"
+    print(f"{kind} {io_size} bytes x {len(result.seconds)} loops: best {result.best_gbps:.3f} GB/s, "
+          f"mean {result.mean_gbps:.3f} GB/s (block_size={block_size} queue_depth={args.queue_depth} "
+          f"single_submit={args.single_submit} overlap_events={not args.sequential_requests} "
+          f"io_parallel={args.io_parallel}){' validated' if args.validate else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(ds_io_main())

@@ -1,0 +1,93 @@
+"""`ds_io` and `ds_nvme_tune` on a small file in a temp dir, and the ds-ops console-script entry points."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from ds_ops import nvme_bench, nvme_tune
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+SMALL_SWEEP = {"block_size": ["256K", "1M"], "queue_depth": [4], "sequential_requests": [True, False],
+               "single_submit": [False], "io_parallel": [1]}
+
+
+def test_entry_points_are_declared() -> None:
+    scripts = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
+    assert scripts["dsr"] == scripts["ds_report"] == "ds_ops.report:main"  # DeepSpeed's dsr links to ds_report
+    assert scripts["ds_io"] == "ds_ops.nvme_bench:ds_io_main"
+    assert scripts["ds_nvme_tune"] == "ds_ops.nvme_tune:ds_nvme_tune_main"
+
+
+@pytest.mark.parametrize(("text", "size"), [("400M", 400 << 20), ("1k", 1024), ("4096", 4096), ("2GB", 2 << 30)])
+def test_sizes_use_deepspeeds_suffixes(text: str, size: int) -> None:
+    assert nvme_bench.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "1T", "-4M", "0"])
+def test_bad_sizes_are_named(text: str) -> None:
+    with pytest.raises(ValueError, match=repr(text).replace("(", r"\(")):
+        nvme_bench.parse_size(text)
+
+
+@pytest.mark.parametrize("read", [False, True])
+def test_ds_io_moves_and_validates_the_bytes(tmp_path: Path, read: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--folder", str(tmp_path), "--io_size", "2M", "--block_size", "256K", "--queue_depth", "4",
+            "--loops", "2", "--validate", *(["--read"] if read else [])]
+    assert nvme_bench.ds_io_main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{'read' if read else 'write'} 2097152 bytes x 2 loops: best ")
+    assert line.endswith("validated") and "block_size=262144 queue_depth=4" in line
+    assert list(tmp_path.iterdir()) == []  # the scratch file is removed
+
+
+def test_run_io_times_each_loop(tmp_path: Path) -> None:
+    result = nvme_bench.run_io(tmp_path, 1 << 20, read=True, loops=3, warmup_loops=0, block_size=1 << 18)
+    assert len(result.seconds) == 3 and all(s > 0 for s in result.seconds)
+    assert result.best_gbps == pytest.approx((1 << 20) / min(result.seconds) / 1e9)
+    assert result.best_gbps >= result.mean_gbps
+
+
+def test_validation_names_the_first_differing_byte() -> None:
+    expected = torch.arange(8, dtype=torch.uint8)
+    got = expected.clone()
+    got[5] = 0
+    with pytest.raises(ValueError, match="byte 5 is 0, expected 5"):
+        nvme_bench._check_same(got, expected, "f.bin")
+
+
+def test_ds_io_refuses_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert nvme_bench.ds_io_main(["--folder", str(tmp_path / "nope"), "--io_size", "1M"]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_nvme_tune_proposes_the_fastest_measured_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ds_ops.aio import AioConfig
+
+    sweep_file, log_dir = tmp_path / "sweep.json", tmp_path / "logs"
+    sweep_file.write_text(json.dumps(SMALL_SWEEP))
+    (tmp_path / "io").mkdir()
+    argv = ["--nvme_dir", str(tmp_path / "io"), "--io_size", "1M", "--sweep_config", str(sweep_file),
+            "--log_dir", str(log_dir)]
+    assert nvme_tune.ds_nvme_tune_main(argv) == 0
+    out = capsys.readouterr().out
+    records = [json.loads(line) for line in (log_dir / "sweep.jsonl").read_text().splitlines()]
+    assert len(records) == 4  # 2 block sizes x 2 request modes
+    best = max(records, key=lambda r: r["read_gbps"] + r["write_gbps"])
+    section = json.loads(out[out.index("{"):])
+    assert section["aio"] == {"block_size": nvme_bench.parse_size(best["block_size"]), "queue_depth": 4,
+                              "intra_op_parallelism": 1, "single_submit": False,
+                              "overlap_events": not best["sequential_requests"]}
+    AioConfig(**section["aio"])  # the proposal is a valid ds_config aio section
+    assert f"read = {best['read_gbps']:5.2f}, write = {best['write_gbps']:5.2f}" in out
+
+
+def test_nvme_tune_rejects_unknown_sweep_keys(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown keys \['blocksize'\]"):
+        nvme_tune.sweep(str(tmp_path), 4096, {"blocksize": ["1M"]})
+    with pytest.raises(ValueError, match="nothing to measure"):
+        nvme_tune.sweep(str(tmp_path), 4096, SMALL_SWEEP, read=False, write=False)
