@@ -129,8 +129,8 @@ def pkg(session: nox.Session, target: str) -> None:
                   extra_requirements=TEST_REQUIREMENTS.get(dist, ()))
     tests = PACKAGES / dist / "tests"
     # With extras (ds-engine[all]) the package's own suite already ran in its plain session; run only
-    # what the extras enable (the ZeRO and pipeline paths), which skip themselves without them.
-    selection = ("-k", "zero or pipe") if user_extras else ()
+    # what the extras enable (the ZeRO, pipeline and sequence-parallel paths), which skip themselves without them.
+    selection = ("-k", "zero or pipe or parallel") if user_extras else ()
     session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", "--durations=12", *selection, *session.posargs)
 
 

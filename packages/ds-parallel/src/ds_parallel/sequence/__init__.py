@@ -1,0 +1,8 @@
+"""Sequence parallelism: DeepSpeed-Ulysses `DistributedAttention` and its all-to-all (`deepspeed.sequence`)."""
+
+from __future__ import annotations
+
+from ds_parallel.sequence._all_to_all import seq_all_to_all
+from ds_parallel.sequence.layer import DistributedAttention, head_split_sizes
+
+__all__ = ["DistributedAttention", "head_split_sizes", "seq_all_to_all"]
