@@ -8,6 +8,7 @@ and `MeshMPU` the `mpu` methods from it. `ds_parallel.sequence` holds DeepSpeed-
 
 from __future__ import annotations
 
+from ds_parallel import groups
 from ds_parallel.__about__ import __version__
 from ds_parallel._dims import MESH_DIM_NAMES, ParallelDims
 from ds_parallel._mesh import ParallelMesh, build_mesh
@@ -22,5 +23,6 @@ __all__ = [
     "ParallelMesh",
     "__version__",
     "build_mesh",
+    "groups",
     "seq_all_to_all",
 ]
