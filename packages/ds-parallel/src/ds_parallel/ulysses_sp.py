@@ -17,14 +17,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed.nn.functional as dist_fn
 from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_parallel import groups
 from ds_parallel.mpu import MeshMPU
-from ds_parallel.sequence import seq_all_to_all
+from ds_parallel.sequence import all_gather_autograd, seq_all_to_all
 
 __all__ = ["UlyssesSPAttentionHF", "UlyssesSPDataLoaderAdapter", "aggregate_sp_loss"]
 
@@ -243,9 +242,9 @@ def aggregate_sp_loss(
     """
     good = (shift_labels != ignore_index).sum().to(loss.dtype)
     weighted = torch.where(good > 0, loss * good, torch.zeros_like(loss))
-    losses = dist_fn.all_gather(weighted, group=group)
-    counts = dist_fn.all_gather(good, group=group)
-    return torch.stack(losses).sum() / torch.stack(counts).sum().clamp(min=1)
+    losses = all_gather_autograd(weighted, group)
+    counts = all_gather_autograd(good, group)
+    return losses.sum() / counts.sum().clamp(min=1)
 
 
 class UlyssesSPDataLoaderAdapter:
