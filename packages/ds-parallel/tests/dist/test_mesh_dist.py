@@ -71,3 +71,23 @@ def _world_mismatch(rank: int, world: int) -> str:
 
 def test_dims_for_another_world_size_refused() -> None:
     assert "world_size 4 != torch.distributed world size 2" in run_ranks(2, _world_mismatch, timeout_s=60)[0]
+
+
+def _module_mpu(rank: int, world: int) -> tuple[int, ...]:
+    from ds_parallel import parallel_state_sp as mpu
+
+    mpu.initialize_sequence_parallel(2)
+    return (
+        mpu.get_sequence_parallel_world_size(),
+        mpu.get_sequence_parallel_rank(),
+        mpu.get_data_parallel_world_size(),
+        mpu.get_data_parallel_rank(),
+        mpu.get_sequence_data_parallel_world_size(),
+        mpu.get_sequence_data_parallel_rank(),
+        mpu.get_model_parallel_world_size(),
+    )
+
+
+def test_parallel_state_sp_module_is_a_mesh_view() -> None:
+    res = run_ranks(4, _module_mpu, timeout_s=120)
+    assert res == [(2, r % 2, 2, r // 2, 4, r, 1) for r in range(4)]
