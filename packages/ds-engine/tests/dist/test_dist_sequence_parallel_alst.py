@@ -47,7 +47,19 @@ def adamw(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=LR, weight_decay=0.01)
 
 
-def _alst(rank: int, world: int, stage: int) -> dict[str, Any]:
+def tile_mlps(model: Any, shards: int) -> None:
+    """ALST's TiledMLP in every decoder layer: the MLP runs `shards` tiles of the local sequence at a time."""
+    from ds_parallel.ulysses_sp import TiledMLP
+
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        untiled = type(mlp).forward
+        mlp.forward = lambda x, mlp=mlp, untiled=untiled: TiledMLP.apply(
+            untiled, mlp, x, shards, list(mlp.parameters())
+        )
+
+
+def _alst(rank: int, world: int, stage: int, tiles: int) -> dict[str, Any]:
     import ds_engine as deepspeed
     from ds_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter, aggregate_sp_loss
 
@@ -55,6 +67,8 @@ def _alst(rank: int, world: int, stage: int) -> dict[str, Any]:
         tiny_llama("sdpa").config, "sdpa", SP, micro_batch_size=1, max_length=SEQ
     )
     model = tiny_llama("ulysses")
+    if tiles > 1:
+        tile_mlps(model, tiles)
     config = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -104,14 +118,21 @@ def reference(world: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(("world", "stage"), [(2, 3), (4, 3), (2, 0), (2, 2)])
-def test_alst_matches_whole_sequence_training(world: int, stage: int) -> None:
-    ours = run_ranks(world, _alst, stage, timeout_s=360)
+@pytest.mark.parametrize(
+    ("world", "stage", "tiles"), [(2, 3, 1), (4, 3, 1), (2, 0, 1), (2, 2, 1), (2, 3, 4), (4, 3, 2)]
+)
+def test_alst_matches_whole_sequence_training(world: int, stage: int, tiles: int) -> None:
+    """`tiles` > 1: the MLPs run as TiledMLP (the reference stays untiled)."""
+    ours = run_ranks(world, _alst, stage, tiles, timeout_s=360)
     ref_losses, ref_weights = reference(world)
     dp = world // SP
     for r in ours:
         assert r["train_batch_size"] == dp  # micro 1 x gas 1 x data-parallel replicas (SP peers share samples)
-        torch.testing.assert_close(r["weights"], ref_weights, atol=1e-5, rtol=1e-5)
+        # Tiling changes the order in which a parameter's gradient is summed (tile by tile); AdamW's g / sqrt(v)
+        # turns those last-bit differences on near-zero gradients into visible ones (about 1e-4 after 4 steps
+        # at lr 1e-2, in ~0.2% of the elements), so tiled runs compare weights looser; losses stay at 1e-5.
+        weight_tol = 1e-5 if tiles == 1 else 1e-3
+        torch.testing.assert_close(r["weights"], ref_weights, atol=weight_tol, rtol=weight_tol)
     # The step's loss is the mean over data-parallel groups of each group's whole-sequence loss.
     per_group = torch.stack([next(r["losses"] for r in ours if r["dp"] == g) for g in range(dp)])
     torch.testing.assert_close(per_group.mean(0), ref_losses, atol=1e-5, rtol=1e-5)

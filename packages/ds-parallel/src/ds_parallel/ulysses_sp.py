@@ -5,7 +5,8 @@ code: `UlyssesSPAttentionHF.register_with_transformers(...)` registers an attent
 "ulysses" (load the model with `attn_implementation="ulysses"`) that trades sequence shards for head
 shards around the model's own core attention (sdpa, eager, flash), and returns the mpu to pass to
 `initialize(mpu=...)`; `UlyssesSPDataLoaderAdapter` turns each rank's batches into sequence shards for
-its SP group; `aggregate_sp_loss` combines the shards' losses into the whole sequence's.
+its SP group; `aggregate_sp_loss` combines the shards' losses into the whole sequence's; `TiledMLP` and
+`TiledFusedLogitsLoss` bound the MLP's and the logits' activation memory by tiling the sequence.
 
 `transformers` is needed only by `register_with_transformers` (imported there).
 """
@@ -22,10 +23,17 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_parallel import groups
+from ds_parallel._tiling import TiledFusedLogitsLoss, TiledMLP
 from ds_parallel.mpu import MeshMPU
 from ds_parallel.sequence import all_gather_autograd, seq_all_to_all
 
-__all__ = ["UlyssesSPAttentionHF", "UlyssesSPDataLoaderAdapter", "aggregate_sp_loss"]
+__all__ = [
+    "TiledFusedLogitsLoss",
+    "TiledMLP",
+    "UlyssesSPAttentionHF",
+    "UlyssesSPDataLoaderAdapter",
+    "aggregate_sp_loss",
+]
 
 ATTN_NAME = "ulysses"
 
