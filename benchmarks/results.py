@@ -41,6 +41,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "zero": ([], ["--steps", "3", "--modes", "ddp,stage2,fsdp2,stage3"]),  # RSS runs per mode dominate
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
+    "ulysses": ([], ["--lengths", "1024,2048", "--steps", "1", "--modes", "sp1,sp2"]),
 }
 
 
@@ -212,7 +213,7 @@ def main() -> None:
         for name in names:
             full, quick = SETTINGS.get(name, ([], []))
             argv = list(quick if args.quick else full)
-            if name == "loss_curves" and args.output.resolve().parent != HERE:
+            if name in ("loss_curves", "ulysses") and args.output.resolve().parent != HERE:
                 argv += ["--out-dir", str(args.output.resolve().parent)]  # its plot goes next to RESULTS.md
             run_one(name, argv, args.out_dir, args.timeout)
     source = args.collect if args.collect is not None else args.out_dir

@@ -121,6 +121,14 @@ class UlyssesSPAttentionHF(nn.Module):
             gather_sizes=[t.size(2)] * self.world_size,
         )
 
+    def _gather_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """[..., s/P] -> [..., s]: the SP group's shards of the positions, in rank order."""
+        pieces = torch.empty(
+            (self.world_size, *position_ids.shape), dtype=position_ids.dtype, device=position_ids.device
+        )
+        ds_comm.all_gather_into_tensor(pieces, position_ids.contiguous().unsqueeze(0), group=self.process_group)
+        return torch.cat(list(pieces.unbind(0)), dim=-1)
+
     def forward(
         self,
         module: nn.Module,
@@ -136,8 +144,12 @@ class UlyssesSPAttentionHF(nn.Module):
         q, k, v = self._to_heads(query), self._to_heads(key), self._to_heads(value)
         # Whole sequences are causal; the shard-sized mask HF built does not apply (ALST takes position_ids).
         kwargs.pop("is_causal", None)
-        out, _ = self.attn(module, q, k, v, None, *args, **kwargs)  # [b, s, h/P, d]
         local = query.size(2)
+        position_ids = kwargs.get("position_ids")
+        if torch.is_tensor(position_ids) and position_ids.size(-1) == local:
+            # Cores that read positions (flash attention finds packed samples from them) see whole sequences.
+            kwargs["position_ids"] = self._gather_positions(position_ids)
+        out, _ = self.attn(module, q, k, v, None, *args, **kwargs)  # [b, s, h/P, d]
         out = seq_all_to_all(
             out,
             self.process_group,

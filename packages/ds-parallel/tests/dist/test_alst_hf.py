@@ -121,3 +121,37 @@ def test_adapter_shards_and_shifts_labels() -> None:
     assert mb["shift_labels"].tolist() == [[15, 16, 17, -100]]
     assert res[0][1]["shift_labels"].tolist() == [[11, 12, 13, 14]]
     assert "attention_mask" not in mb
+
+
+def _positions_seen(rank: int, world: int) -> list[list[int]]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    from ds_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
+
+    seen: list[list[int]] = []
+
+    def probe(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["position_ids"].reshape(-1).tolist())
+        return sdpa_attention_forward(module, q, k, v, mask, **kwargs)
+
+    AttentionInterface.register("probe_core", probe)
+    config = tiny_llama_config(2)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(config, "probe_core", sequence_parallel_size=world)
+    model = build(config, "ulysses")
+    batch = {"input_ids": sample(0)["input_ids"], "position_ids": torch.arange(SEQ).view(1, SEQ) + 5}
+    mb = next(
+        iter(
+            UlyssesSPDataLoaderAdapter(
+                [batch], mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_group(), world, "cpu"
+            )
+        )
+    )
+    model(**mb, use_cache=False)
+    return seen
+
+
+def test_core_attention_sees_whole_sequence_positions() -> None:
+    """A core that reads position_ids (flash attention's packed-sample detection) gets the whole sequence's."""
+    for seen in run_ranks(2, _positions_seen, timeout_s=120):
+        assert seen == [list(range(5, 5 + SEQ))] * 2  # one call per layer
