@@ -1,4 +1,4 @@
-"""sequence_parallel_size and seq_parallel_communication_data_type: read, validated, and steering the reduction dtype."""
+"""sequence_parallel_size and seq_parallel_communication_data_type: read, validated, steering the reduction dtype."""
 
 from __future__ import annotations
 

@@ -31,5 +31,7 @@ def check_sequence_parallel(config_size: int, dist: DistInfo, *, pipeline: bool)
     if pipeline and config_size > 1:
         raise ValueError(f"sequence_parallel_size={config_size} is not supported with a PipelineModule")
     if config_size != dist.sp_world_size:
-        raise ValueError(f"sequence_parallel_size={config_size} in the config but the mpu's sequence-parallel world "
-                         f'size is {dist.sp_world_size}; set "sequence_parallel_size": {dist.sp_world_size}')
+        raise ValueError(
+            f"sequence_parallel_size={config_size} in the config but the mpu's sequence-parallel world "
+            f'size is {dist.sp_world_size}; set "sequence_parallel_size": {dist.sp_world_size}'
+        )

@@ -205,6 +205,7 @@ class UlyssesSPAttentionHF(nn.Module):
                 f"register_with_transformers: core_attn_implementation={core_attn_implementation!r} "
                 f"is not one of {known}"
             )
+        config: Any
         if isinstance(model_name_or_path, PretrainedConfig):
             config = model_name_or_path
         elif isinstance(model_name_or_path, nn.Module) and hasattr(model_name_or_path, "config"):

@@ -19,7 +19,7 @@ __all__ = ["all_gather_autograd"]
 
 class _AllGather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
         ctx.group, ctx.rank = group, ds_comm.get_rank(group)
         world = ds_comm.get_world_size(group)
         out = torch.empty((world, *x.shape), dtype=x.dtype, device=x.device)
@@ -33,7 +33,7 @@ class _AllGather(torch.autograd.Function):
         return total[ctx.rank], None
 
 
-def all_gather_autograd(x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+def all_gather_autograd(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """`[world, *x.shape]`: every rank's `x`, differentiable (backward: the summed gradient of this rank's piece)."""
     if ds_comm.get_world_size(group) == 1:
         return x.unsqueeze(0)

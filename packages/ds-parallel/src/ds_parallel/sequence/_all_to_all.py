@@ -19,7 +19,7 @@ __all__ = ["seq_all_to_all"]
 
 def _exchange(
     x: torch.Tensor,
-    group: ProcessGroup,
+    group: ProcessGroup | None,
     scatter_dim: int,
     gather_dim: int,
     scatter_sizes: list[int],
@@ -48,7 +48,7 @@ class _SeqAllToAll(torch.autograd.Function):
     def forward(
         ctx: Any,
         x: torch.Tensor,
-        group: ProcessGroup,
+        group: ProcessGroup | None,
         scatter_dim: int,
         gather_dim: int,
         scatter_sizes: list[int],
@@ -67,7 +67,7 @@ class _SeqAllToAll(torch.autograd.Function):
 
 def seq_all_to_all(
     x: torch.Tensor,
-    group: ProcessGroup,
+    group: ProcessGroup | None,
     *,
     scatter_dim: int,
     gather_dim: int,
