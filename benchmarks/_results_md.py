@@ -127,6 +127,14 @@ def _loss_section(rows: list[Row], plot: Path) -> list[str]:
     return out
 
 
+def _ulysses_section(plot: Path) -> list[str]:
+    """The sequence-parallel curves (`benchmarks/ulysses.py`); its figures are in the table above."""
+    if not plot.exists():
+        return []
+    return ["## Ulysses sequence parallelism: activation memory and step time vs sequence length", "",
+            f"![ulysses]({plot.name})", ""]
+
+
 def _runs(runs: list[dict]) -> list[str]:
     out = ["## Runs", "", "Each benchmark's settings (arguments beyond `--json`; none = its defaults), wall time, "
            "the 1-minute load average at its start and end, and the cores other processes kept busy meanwhile.", "",
@@ -156,6 +164,7 @@ def render(*, machine: dict[str, str], rows: list[Row], runs: list[dict], texts:
         out.append(f"| {r['benchmark']} | **{r['status']}**: no figures (output below) | | | | | | **no** |")
     out.append("")
     out += _loss_section(rows, plot)
+    out += _ulysses_section(plot.parent / "ulysses.svg")
     if runs:
         out += _runs(runs)
     if texts:

@@ -42,6 +42,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),
+    "ulysses": ([], ["--lengths", "1024,2048", "--steps", "1", "--modes", "sp1,sp2"]),
 }
 
 
@@ -214,7 +215,7 @@ def main() -> None:
         for name in names:
             full, quick = SETTINGS.get(name, ([], []))
             argv = list(quick if args.quick else full)
-            if name == "loss_curves" and args.output.resolve().parent != HERE:
+            if name in ("loss_curves", "ulysses") and args.output.resolve().parent != HERE:
                 argv += ["--out-dir", str(args.output.resolve().parent)]  # its plot goes next to RESULTS.md
             run_one(name, argv, args.out_dir, args.timeout)
     source = args.collect if args.collect is not None else args.out_dir

@@ -56,10 +56,11 @@ class EngineQueries:
         Raises:
             ValueError: `train_batch_size` is not a multiple of micro batch x data-parallel size.
         """
-        unit = self._micro_batch * self._dist.dp_world_size
+        replicas = self._dist.replica_world_size
+        unit = self._micro_batch * replicas
         if train_batch_size <= 0 or train_batch_size % unit:
             raise ValueError(f"Train batch size must be divisible by micro-batch data parallelism: {train_batch_size} "
-                             f"is not a multiple of {self._micro_batch} x {self._dist.dp_world_size} = {unit}")
+                             f"is not a multiple of {self._micro_batch} x {replicas} = {unit}")
         self._gas = train_batch_size // unit
         self._train_batch = train_batch_size
 
@@ -68,7 +69,7 @@ class EngineQueries:
         if micro_batch_size <= 0:
             raise ValueError(f"micro batch size must be > 0, got {micro_batch_size}")
         self._micro_batch = micro_batch_size
-        self._train_batch = micro_batch_size * self._gas * self._dist.dp_world_size
+        self._train_batch = micro_batch_size * self._gas * self._dist.replica_world_size
 
     # -- precision, clipping, ZeRO ----------------------------------------------------------------------
     def fp16_enabled(self) -> bool:

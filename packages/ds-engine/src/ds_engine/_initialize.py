@@ -20,6 +20,7 @@ from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
+from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
 
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
@@ -103,7 +104,10 @@ def initialize(args: Any = None, model: nn.Module | None = None,
         training_data: a Dataset; a distributed loader with the micro batch size is returned for it.
         lr_scheduler: a scheduler (needs a client optimizer), a callable `f(optimizer)`, or None for the config's.
         distributed_port: MASTER_PORT when the environment has none.
-        mpu: a model-parallel unit (data-parallel group, model-parallel rank) for model-parallel setups.
+        mpu: a model-parallel unit (data-parallel group, model-parallel rank) for model-parallel setups;
+            with a sequence-parallel degree (ALST's `register_with_transformers` returns one) gradients are
+            reduced and ZeRO partitions over data x sequence ranks. Without one, `"sequence_parallel_size": N`
+            in the config builds ds-parallel's mesh (the `parallel` extra).
         dist_init_required: False to skip creating the process group.
         collate_fn: for the training data loader.
         config: a dict, a JSON/hjson path, base64 JSON, or a `DeepSpeedConfig` (with "auto" filled).
@@ -135,9 +139,15 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     from ds_engine.config import DeepSpeedConfig  # pydantic: loaded when a config is read, not at import
 
     if isinstance(source, DeepSpeedConfig):
-        ds_config = source.with_world_size(dist.dp_world_size)
+        ds_config = source.with_world_size(dist.replica_world_size)
     else:
-        ds_config = DeepSpeedConfig(source, world_size=dist.dp_world_size)
+        ds_config = DeepSpeedConfig(source, world_size=dist.replica_world_size)
+    sp = ds_config.model.sequence_parallel_size
+    if sp > 1 and mpu is None and not pipeline:
+        mpu = sequence_parallel_mpu(sp)
+        dist = discover_dist(mpu)
+        ds_config = ds_config.with_world_size(dist.replica_world_size)
+    check_sequence_parallel(sp, dist, pipeline=pipeline)
     ds_config.check_resolved()
     if "comms_logger" in ds_config.raw:
         ds_comm.configure(ds_config.model.comms_logger)

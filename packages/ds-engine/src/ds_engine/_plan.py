@@ -20,7 +20,7 @@ from ds_engine.config._dtype_names import to_torch_dtype
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
 
-__all__ = ["AssemblyPlan", "plan_assembly"]
+__all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype"]
 
 _DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp32"}
 
@@ -146,6 +146,15 @@ def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:
     return stage >= 1
 
 
+def reduction_dtype(config: DeepSpeedConfig) -> torch.dtype | None:
+    """The gradient reductions' dtype: `seq_parallel_communication_data_type` when sequence parallelism is
+    on (as DeepSpeed does), else `communication_data_type` (None: the accumulation dtype)."""
+    m = config.model
+    if m.sequence_parallel_size > 1:
+        return to_torch_dtype(m.seq_parallel_communication_data_type)
+    return to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
+
+
 def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer: object | None = None,
                   client_scheduler: object | None = None, pipeline: bool = False) -> AssemblyPlan:
     """Decide the chain for `config` on `device_type` ("cpu" or "cuda").
@@ -175,11 +184,12 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
     scaler_text, dynamic_args, static_scale = _loss_scaling(config)
     world = config.world_size
     reduce = None
-    if stage == 0 and world > 1:
+    comm_dtype = reduction_dtype(config)
+    # Sequence-parallel peers hold the same parameters too: gradients are reduced over data x sequence ranks.
+    if stage == 0 and world * m.sequence_parallel_size > 1:
         reduce = ReduceSettings(bucket_numel=config.zero.reduce_bucket_size, average=m.gradient_allreduce_op == "mean",
                                 prescale=m.prescale_gradients, predivide=m.gradient_predivide_factor,
-                                comm_dtype=to_torch_dtype(m.communication_data_type)
-                                if m.communication_data_type else None)
+                                comm_dtype=comm_dtype)
     return AssemblyPlan(
         device_type=device_type, precision=precision, dtype=to_torch_dtype(precision),
         grad_accum_dtype=to_torch_dtype(accum),

@@ -23,9 +23,8 @@ from torch.optim import Optimizer
 from ds_engine._data_parallel import broadcast_module_states
 from ds_engine._dist_info import DistInfo
 from ds_engine._optional import require
-from ds_engine._plan import AssemblyPlan
+from ds_engine._plan import AssemblyPlan, reduction_dtype
 from ds_engine._zero_contract import ZeroOptimizer, ZeroOptimizerFactory
-from ds_engine.config._dtype_names import to_torch_dtype
 from ds_ops.precision import DynamicLossScaler, LossScaler
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def build_zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Opti
     name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
     cls: ZeroOptimizerFactory = getattr(_ds_zero(plan.zero_stage, name), name)
     m = config.model
-    comm_dtype = to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
+    comm_dtype = reduction_dtype(config)
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
     # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
     return cls(base, module=module, config=config.zero.config, loss_scaler=loss_scaler_for(plan), clip_grad=plan.clip,

@@ -84,7 +84,6 @@ class DeepSpeedConfigModel(ConfigModel):
     deprecated_keys: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
     inert_keys: ClassVar[dict[str, str]] = {
         "disable_allgather": "the legacy disable_allgather switch is not implemented",
-        "seq_parallel_communication_data_type": "sequence parallelism is not implemented",
         "use_data_before_expert_parallelism": "expert parallelism is not implemented",
         "disable_python_gc": "the engine does not manage Python's garbage collector",
         "log_level": "configure logging through the `logging` module (logger 'ds_engine')",
@@ -116,6 +115,10 @@ class DeepSpeedConfigModel(ConfigModel):
     """Average ("mean") or add ("sum") gradients across data-parallel ranks."""
     communication_data_type: DtypeName | None = None
     """dtype of gradient all-reduces (None: the accumulation dtype)."""
+    sequence_parallel_size: PosInt = 1
+    """Ulysses sequence-parallel degree; must equal the mpu's (initialize() builds the mesh when no mpu is given)."""
+    seq_parallel_communication_data_type: Annotated[DtypeName, BeforeValidator(_lower)] = "fp32"
+    """dtype of gradient reductions when sequence_parallel_size > 1 (it replaces communication_data_type)."""
     steps_per_print: StepInterval = None
     """Log progress every N optimizer steps (None, or `inf` as Accelerate writes it: never)."""
     wall_clock_breakdown: bool = False
@@ -161,7 +164,6 @@ class DeepSpeedConfigModel(ConfigModel):
     vocabulary_size: PosInt | None = None
     """Warn when not a multiple of 8 (tensor-core friendly)."""
     disable_allgather: bool = False
-    seq_parallel_communication_data_type: str = "fp32"
     use_data_before_expert_parallelism: bool = False
     disable_python_gc: bool = False
     log_level: str | None = None

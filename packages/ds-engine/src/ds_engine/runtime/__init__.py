@@ -2,8 +2,9 @@
 
 `runtime.lr_schedules` (ds-engine's schedules), `runtime.pipe` (with `.topology`, `.schedule`,
 `.module`; ds-pipe, the `pipe` extra), `runtime.activation_checkpointing.checkpointing` (ds-pipe) and
-`runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra). The ds-pipe and ds-zero
-paths are imported on first use.
+`runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra),
+`runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra).
+The sibling paths are imported on first use.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from ds_engine.runtime import lr_schedules
 if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import activation_checkpointing as activation_checkpointing
     from ds_engine.runtime import pipe as pipe
+    from ds_engine.runtime import sequence_parallel as sequence_parallel
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "pipe", "zero")
+_LAZY = ("activation_checkpointing", "pipe", "sequence_parallel", "zero")
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -1,0 +1,28 @@
+"""ds-parallel: model parallelism beyond pipelining, over one description of the process layout.
+
+`ParallelDims` + `build_mesh` give the layout as a `torch.distributed.device_mesh.DeviceMesh` with
+named dims (pp, edp x ep = dp, sp, tp); `ds_parallel.groups` answers DeepSpeed's `groups` functions
+and `MeshMPU` the `mpu` methods from it. `ds_parallel.sequence` holds DeepSpeed-Ulysses
+(`DistributedAttention`); `ds_parallel.ulysses_sp` holds ALST for Hugging Face models.
+"""
+
+from __future__ import annotations
+
+from ds_parallel import groups
+from ds_parallel.__about__ import __version__
+from ds_parallel._dims import MESH_DIM_NAMES, ParallelDims
+from ds_parallel._mesh import ParallelMesh, build_mesh
+from ds_parallel.mpu import MeshMPU
+from ds_parallel.sequence import DistributedAttention, seq_all_to_all
+
+__all__ = [
+    "MESH_DIM_NAMES",
+    "DistributedAttention",
+    "MeshMPU",
+    "ParallelDims",
+    "ParallelMesh",
+    "__version__",
+    "build_mesh",
+    "groups",
+    "seq_all_to_all",
+]

@@ -1,0 +1,141 @@
+"""DeepSpeed's `deepspeed.utils.groups` functions as views of the current `ParallelMesh`.
+
+`initialize_mesh(...)` (or `set_mesh`) installs the process-wide mesh; until then the first call builds
+the plain data-parallel layout (every rank one replica), as DeepSpeed's groups default to the world.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed import ProcessGroup
+
+from ds_parallel._dims import ParallelDims
+from ds_parallel._mesh import ParallelMesh, build_mesh
+
+__all__ = [
+    "_get_data_parallel_group",
+    "_get_data_parallel_rank",
+    "_get_data_parallel_world_size",
+    "_get_expert_parallel_group",
+    "_get_expert_parallel_rank",
+    "_get_expert_parallel_world_size",
+    "_get_model_parallel_group",
+    "_get_model_parallel_rank",
+    "_get_model_parallel_world_size",
+    "_get_pipeline_parallel_group",
+    "_get_sequence_data_parallel_group",
+    "_get_sequence_data_parallel_rank",
+    "_get_sequence_data_parallel_world_size",
+    "_get_sequence_parallel_group",
+    "_get_sequence_parallel_rank",
+    "_get_sequence_parallel_world_size",
+    "get_mesh",
+    "initialize_mesh",
+    "reset_mesh",
+    "set_mesh",
+]
+
+_MESH: ParallelMesh | None = None
+
+
+def initialize_mesh(dims: ParallelDims | None = None, **degrees: Any) -> ParallelMesh:
+    """Build the process-wide mesh (`initialize_mesh(sp=2)`) and return it; see `build_mesh`.
+
+    Raises:
+        RuntimeError: a mesh with a different layout is already installed (call `reset_mesh()` first).
+    """
+    global _MESH
+    mesh = build_mesh(dims, **degrees)
+    if _MESH is not None and _MESH.dims != mesh.dims:
+        raise RuntimeError(f"a different mesh is already installed ({_MESH!r}); reset_mesh() before {mesh!r}")
+    _MESH = mesh
+    return mesh
+
+
+def set_mesh(mesh: ParallelMesh) -> None:
+    """Install an already built mesh as the process-wide one."""
+    global _MESH
+    _MESH = mesh
+
+
+def reset_mesh() -> None:
+    """Forget the installed mesh (its process groups stay alive until the process group is destroyed)."""
+    global _MESH
+    _MESH = None
+
+
+def get_mesh() -> ParallelMesh:
+    """The installed mesh; the plain data-parallel one is built on first use."""
+    global _MESH
+    if _MESH is None:
+        _MESH = build_mesh()
+    return _MESH
+
+
+def _get_data_parallel_group() -> ProcessGroup:
+    """Replicas of the model (excluding sequence-parallel peers, which see the same samples)."""
+    return get_mesh().group("dp")
+
+
+def _get_data_parallel_world_size() -> int:
+    return get_mesh().size("dp")
+
+
+def _get_data_parallel_rank() -> int:
+    return get_mesh().rank("dp")
+
+
+def _get_sequence_parallel_group() -> ProcessGroup:
+    """Ranks that share one sample's sequence (Ulysses all-to-alls run here)."""
+    return get_mesh().group("sp")
+
+
+def _get_sequence_parallel_world_size() -> int:
+    return get_mesh().size("sp")
+
+
+def _get_sequence_parallel_rank() -> int:
+    return get_mesh().rank("sp")
+
+
+def _get_sequence_data_parallel_group() -> ProcessGroup:
+    """Data and sequence ranks together: gradients are reduced and ZeRO partitions over this group."""
+    return get_mesh().group("dp_sp")
+
+
+def _get_sequence_data_parallel_world_size() -> int:
+    return get_mesh().size("dp_sp")
+
+
+def _get_sequence_data_parallel_rank() -> int:
+    return get_mesh().rank("dp_sp")
+
+
+def _get_model_parallel_group() -> ProcessGroup:
+    """Tensor-parallel peers (DeepSpeed's model-parallel group without an mpu)."""
+    return get_mesh().group("tp")
+
+
+def _get_model_parallel_world_size() -> int:
+    return get_mesh().size("tp")
+
+
+def _get_model_parallel_rank() -> int:
+    return get_mesh().rank("tp")
+
+
+def _get_expert_parallel_group() -> ProcessGroup:
+    return get_mesh().group("ep")
+
+
+def _get_expert_parallel_world_size() -> int:
+    return get_mesh().size("ep")
+
+
+def _get_expert_parallel_rank() -> int:
+    return get_mesh().rank("ep")
+
+
+def _get_pipeline_parallel_group() -> ProcessGroup:
+    return get_mesh().group("pp")
