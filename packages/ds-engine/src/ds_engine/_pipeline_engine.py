@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ds_engine._assembly import EngineParts
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._optional import require
 from ds_engine._pipeline_clip import PipelineGradClipper
+from ds_engine._train_state import Counters, TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -295,8 +297,26 @@ class PipelineEngine(DeepSpeedEngine):
         partition) and with ZeRO `zero_pp_rank_{dp}_mp_rank_{stage:02d}_optim_states.pt`.
         Collective; `latest` is switched by rank 0 once every rank has written.
         """
-        return _pipeline_checkpoint.save_pipeline_checkpoint(self, save_dir, tag, client_state, save_latest,
-                                                             exclude_frozen_parameters)
+        return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+
+    def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
+        """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
+        stepper = self._stepper
+        return TrainState(
+            module=None,
+            buffer_names=[n for n, _ in self.module.named_buffers()],
+            optimizer=stepper.state_dict() if self._zero.stage == 0 and stepper is not None else None,
+            param_shapes=None,
+            lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            counters=Counters(global_steps=self.global_steps, global_samples=self.global_samples,
+                              micro_steps=self.micro_steps, skipped_steps=self.skipped_steps),
+            dp_world_size=self.dp_world_size, mp_world_size=self.mp_world_size, pp_degree=self.num_stages,
+            ds_config=self._ds_config.raw, rng_states=rng_states,
+            extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()})
+
+    def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
+        """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them)."""
+        return functools.partial(self.module.save_state_dict, exclude_frozen_params=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
