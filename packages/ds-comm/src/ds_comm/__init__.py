@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
 from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text
+from ds_comm._comms_logger import configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
@@ -28,7 +29,6 @@ from ds_comm.collectives import (
     barrier,
     broadcast,
     broadcast_object_list,
-    configure,
     get_global_rank,
     get_rank,
     get_world_size,
