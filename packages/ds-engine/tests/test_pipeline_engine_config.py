@@ -83,6 +83,8 @@ def test_pipe_sections_are_validated_once_at_config_time_by_ds_pipe_models() -> 
     cfg = DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"partition": "Uniform", "stages": 2}})
     assert isinstance(cfg.pipeline, ds_pipe.PipelineConfig) and cfg.pipeline.partition == "uniform"
     assert cfg.activation_checkpointing == ds_pipe.ActivationCheckpointingConfig()  # absent: ds-pipe's defaults
+    auto = DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"stages": "auto"}})
+    assert auto.auto_keys == () and auto.pipeline.stages == "auto"  # DeepSpeed's real value, not a placeholder
     # Before, DeepSpeedConfig accepted this and only initialize() refused it.
     with pytest.raises(DeepSpeedConfigError, match=r"pipeline.partition: unknown partition method 'bogus'"):
         DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"partition": "bogus"}})

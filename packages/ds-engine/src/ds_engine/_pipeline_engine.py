@@ -24,7 +24,7 @@ from ds_engine._assembly import EngineParts
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._optional import require
 from ds_engine._pipeline_clip import PipelineGradClipper
-from ds_engine._train_state import Counters, TrainState
+from ds_engine._train_state import TrainState
 
 logger = logging.getLogger(__name__)
 
@@ -301,18 +301,9 @@ class PipelineEngine(DeepSpeedEngine):
 
     def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
         """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
-        stepper = self._stepper
-        return TrainState(
-            module=None,
-            buffer_names=[n for n, _ in self.module.named_buffers()],
-            optimizer=stepper.state_dict() if self._zero.stage == 0 and stepper is not None else None,
-            param_shapes=None,
-            lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-            counters=Counters(global_steps=self.global_steps, global_samples=self.global_samples,
-                              micro_steps=self.micro_steps, skipped_steps=self.skipped_steps),
-            dp_world_size=self.dp_world_size, mp_world_size=self.mp_world_size, pp_degree=self.num_stages,
-            ds_config=self._ds_config.raw, rng_states=rng_states,
-            extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()})
+        state = super()._train_state(rng_states, exclude_frozen_parameters)
+        return dataclasses.replace(state, module=None, param_shapes=None, pp_degree=self.num_stages, tp_degree=1,
+                                   extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()})
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
         """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them)."""
