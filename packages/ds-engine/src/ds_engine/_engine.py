@@ -260,8 +260,9 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
         """Save module, optimizer (loss scaler, fp32 masters, ZeRO partitions), scheduler, counters and RNG.
 
         Collective: every rank must call it. Files go under `save_dir/<tag>` (default tag
-        `global_step<N>`), each written to a temporary name and renamed; after all ranks finished,
-        rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves `latest` on the previous tag.
+        `global_step<N>`), each through `ds_comm.atomic_save` (temporary name, fsync, rename); after
+        all ranks finished, rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves
+        `latest` on the previous tag.
         `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
         """
         tag = _checkpoint.resolve_save_tag(save_dir, tag, global_steps=self.global_steps,
