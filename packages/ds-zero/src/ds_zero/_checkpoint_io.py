@@ -166,12 +166,12 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
     path.mkdir(parents=True, exist_ok=True)
     rank = optimizer.dp_rank
     atomic_save({"optimizer_state_dict": optimizer.state_dict(), "ds_zero_version": __version__},
-                      path / optim_states_file_name(rank, bf16=bf16_prefix))
+                path / optim_states_file_name(rank, bf16=bf16_prefix))
     if module is not None:
         # Stages 1/2: one model-states file (rank 0). Stage 3: every rank writes its own (DeepSpeed's names).
         if optimizer.zero_stage == 3:
             atomic_save(_model_states(optimizer, module, client_state or {}),
-                              path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+                        path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
         elif rank == 0:
             atomic_save(_model_states(optimizer, module, client_state or {}), path / MODEL_STATES_FILE)
     if ds_comm.is_initialized():
