@@ -47,8 +47,13 @@ def test_events_in_order_and_the_file_appears_only_at_replace(tmp_path: Path) ->
 
     with file_events(hook):
         ds_comm.atomic_write_text(target, "new")
-    assert seen == [("open", False, 0), ("write", False, 1), ("fsync", False, 1), ("replace", False, 1),
-                    ("fsync_dir", True, 1)]
+    assert seen == [
+        ("open", False, 0),
+        ("write", False, 1),
+        ("fsync", False, 1),
+        ("replace", False, 1),
+        ("fsync_dir", True, 1),
+    ]
     ds_comm.atomic_write_text(target, "again")  # the hook is gone again
     assert len(seen) == 5
 

@@ -10,18 +10,20 @@ import torch.distributed as dist
 from ds_comm import collectives
 
 
-@pytest.mark.parametrize(("cause", "waited_s", "expected"), [
-    (RuntimeError("Timed out waiting 3000ms for recv operation to complete"), 0.1, False),  # wording alone: no
-    (RuntimeError("Application timeout caused pair closure"), 0.0, False),  # an earlier timeout's aftermath
-    (RuntimeError("Operation timed out!"), 2.0, True),  # what gloo's Work.wait(timeout) raises, at the limit
-    (RuntimeError("Connection reset by peer"), 2.0, True),  # any failure after the whole timeout elapsed
-    (RuntimeError("Connection reset by peer"), 0.5, False),
-    (TimeoutError("deadline"), 0.0, True),
-    (dist.DistStoreError("wait timeout after 1000ms"), 0.0, True),
-    (dist.DistBackendError("NCCL error"), 0.0, False),
-])
-def test_timeouts_are_recognised_by_type_or_time_waited(cause: BaseException, waited_s: float,
-                                                         expected: bool) -> None:
+@pytest.mark.parametrize(
+    ("cause", "waited_s", "expected"),
+    [
+        (RuntimeError("Timed out waiting 3000ms for recv operation to complete"), 0.1, False),  # wording alone: no
+        (RuntimeError("Application timeout caused pair closure"), 0.0, False),  # an earlier timeout's aftermath
+        (RuntimeError("Operation timed out!"), 2.0, True),  # what gloo's Work.wait(timeout) raises, at the limit
+        (RuntimeError("Connection reset by peer"), 2.0, True),  # any failure after the whole timeout elapsed
+        (RuntimeError("Connection reset by peer"), 0.5, False),
+        (TimeoutError("deadline"), 0.0, True),
+        (dist.DistStoreError("wait timeout after 1000ms"), 0.0, True),
+        (dist.DistBackendError("NCCL error"), 0.0, False),
+    ],
+)
+def test_timeouts_are_recognised_by_type_or_time_waited(cause: BaseException, waited_s: float, expected: bool) -> None:
     assert collectives._timed_out(cause, waited_s, timedelta(seconds=2)) is expected
 
 

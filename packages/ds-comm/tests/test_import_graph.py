@@ -56,7 +56,7 @@ def test_no_import_cycle_among_ds_comm_modules() -> None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                cycle = stack[stack.index(nxt):] + [nxt]
+                cycle = stack[stack.index(nxt) :] + [nxt]
                 raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
             if nxt not in state:
                 dfs(nxt)

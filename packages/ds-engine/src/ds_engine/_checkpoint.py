@@ -40,8 +40,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SaveRequest", "gather_rng", "load_checkpoint", "model_file", "resolve_save_tag", "restore_progress",
-           "save_16bit_model", "write_checkpoint", "zero_file"]
+__all__ = [
+    "SaveRequest",
+    "gather_rng",
+    "load_checkpoint",
+    "model_file",
+    "resolve_save_tag",
+    "restore_progress",
+    "save_16bit_model",
+    "write_checkpoint",
+    "zero_file",
+]
 
 
 def model_file(ckpt_dir: Path, mp_rank: int) -> Path:
@@ -81,10 +90,10 @@ def _all_gather_pickled(obj: Any, world_size: int, device: torch.device) -> list
     ds_comm.all_gather(sizes, size)
     longest = max(int(n) for n in sizes)
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[:payload.numel()] = payload
+    padded[: payload.numel()] = payload
     gathered = [torch.zeros_like(padded) for _ in range(world_size)]
     ds_comm.all_gather(gathered, padded)
-    return [pickle.loads(bytes(g[:int(n)].cpu().tolist())) for g, n in zip(gathered, sizes, strict=True)]
+    return [pickle.loads(bytes(g[: int(n)].cpu().tolist())) for g, n in zip(gathered, sizes, strict=True)]
 
 
 def gather_rng(state: dict[str, Any], *, world_size: int, device: torch.device) -> list[dict[str, Any]]:
@@ -94,8 +103,9 @@ def gather_rng(state: dict[str, Any], *, world_size: int, device: torch.device) 
     return _all_gather_pickled(state, world_size, device)
 
 
-def resolve_save_tag(save_dir: str | Path, tag: Any, *, global_steps: int, tag_validation: str, world_size: int,
-                     device: torch.device) -> str:
+def resolve_save_tag(
+    save_dir: str | Path, tag: Any, *, global_steps: int, tag_validation: str, world_size: int, device: torch.device
+) -> str:
     """The tag to save under (default `global_step<N>`), checked to be a plain name every rank agrees on."""
     if not save_dir:
         raise ValueError(f"save_checkpoint: save_dir must be a directory path, got {save_dir!r}")
@@ -147,10 +157,14 @@ def write_checkpoint(request: SaveRequest) -> Path:
         state = model_states(request.train_state, request.client_state)
         atomic_save(state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization)
     if request.zero_partition is not None:
-        partition = {"optimizer_state_dict": request.zero_partition, "ds_config": request.ds_config,
-                     "ds_version": __version__}
-        atomic_save(partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank),
-                    serialization=request.serialization)
+        partition = {
+            "optimizer_state_dict": request.zero_partition,
+            "ds_config": request.ds_config,
+            "ds_version": __version__,
+        }
+        atomic_save(
+            partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization
+        )
     _barrier()
     if request.save_latest and request.writes_latest:
         atomic_write_text(request.root / "latest", request.tag)
@@ -174,28 +188,34 @@ def _zero_files(ckpt_dir: Path, mp_rank: int) -> list[Path]:
     if not files:
         files = sorted(ckpt_dir.glob(f"bf16_zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt"), key=_rank_of)
     if not files:
-        raise FileNotFoundError(f"no ZeRO optimizer files (zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt) in "
-                                f"{ckpt_dir}; was it saved with ZeRO? Load with load_optimizer_states=False to "
-                                "take the module weights only")
+        raise FileNotFoundError(
+            f"no ZeRO optimizer files (zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt) in "
+            f"{ckpt_dir}; was it saved with ZeRO? Load with load_optimizer_states=False to "
+            "take the module weights only"
+        )
     return files
 
 
-def _load_optimizer(engine: DeepSpeedEngine, state: dict[str, Any], ckpt_dir: Path,
-                    load_optimizer_states: bool) -> None:
+def _load_optimizer(
+    engine: DeepSpeedEngine, state: dict[str, Any], ckpt_dir: Path, load_optimizer_states: bool
+) -> None:
     fp32 = engine._zero.load_from_fp32_weights
     if engine._stepper is None:
         return
     if not load_optimizer_states:
         engine._stepper.refresh_from_module()
     elif engine._zero.stage > 0:
-        parts = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-                 for f in _zero_files(ckpt_dir, engine._mp_rank)]
+        parts = [
+            torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+            for f in _zero_files(ckpt_dir, engine._mp_rank)
+        ]
         engine._stepper.load_partitions(parts, load_optimizer_states=True, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
         engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
-        logger.warning("checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored",
-                       ckpt_dir)
+        logger.warning(
+            "checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored", ckpt_dir
+        )
         engine._stepper.refresh_from_module()
 
 
@@ -203,8 +223,11 @@ def restore_progress(engine: DeepSpeedEngine, state: dict[str, Any], *, load_lr_
     """Counters, lr scheduler and this rank's RNG from a loaded model-states dict (both engines)."""
     if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    counters = restored_counters(state, train_batch_size=engine.train_batch_size(),
-                                 gradient_accumulation_steps=engine.gradient_accumulation_steps())
+    counters = restored_counters(
+        state,
+        train_batch_size=engine.train_batch_size(),
+        gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+    )
     engine.global_steps = counters.global_steps
     engine.global_samples = counters.global_samples
     engine.skipped_steps = counters.skipped_steps
@@ -214,14 +237,21 @@ def restore_progress(engine: DeepSpeedEngine, state: dict[str, Any], *, load_lr_
         if len(rng) == engine.world_size:
             set_rng_state(rng[engine.global_rank])
         else:
-            logger.warning("checkpoint RNG states are for %d ranks, this run has %d; RNG not restored",
-                           len(rng), engine.world_size)
+            logger.warning(
+                "checkpoint RNG states are for %d ranks, this run has %d; RNG not restored", len(rng), engine.world_size
+            )
 
 
-def load_checkpoint(engine: DeepSpeedEngine, load_dir: str | Path, tag: Any = None, load_module_strict: bool = True,
-                    load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                    load_module_only: bool = False,
-                    custom_load_fn: Any = None) -> tuple[str | None, dict[str, Any] | None]:
+def load_checkpoint(
+    engine: DeepSpeedEngine,
+    load_dir: str | Path,
+    tag: Any = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+    custom_load_fn: Any = None,
+) -> tuple[str | None, dict[str, Any] | None]:
     """See `DeepSpeedEngine.load_checkpoint`."""
     root = Path(load_dir)
     if tag is None:
@@ -249,8 +279,12 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir: str | Path, tag: Any = No
     return str(path), client_state
 
 
-def save_16bit_model(engine: DeepSpeedEngine, save_dir: str | Path, save_filename: str = "pytorch_model.bin",
-                     exclude_frozen_parameters: bool = False) -> bool:
+def save_16bit_model(
+    engine: DeepSpeedEngine,
+    save_dir: str | Path,
+    save_filename: str = "pytorch_model.bin",
+    exclude_frozen_parameters: bool = False,
+) -> bool:
     """See `DeepSpeedEngine.save_16bit_model`.
 
     At stage 3 the full weights are assembled by `ds_zero.consolidated_16bit_state_dict`, which gathers
@@ -260,15 +294,21 @@ def save_16bit_model(engine: DeepSpeedEngine, save_dir: str | Path, save_filenam
     """
     if engine._zero.stage == 3:
         if not engine._zero.gather_16bit_weights_on_model_save:
-            logger.warning("save_16bit_model: nothing saved; under ZeRO stage 3 the parameters are partitioned, set "
-                           "zero_optimization.stage3_gather_16bit_weights_on_model_save=true to gather and save them")
+            logger.warning(
+                "save_16bit_model: nothing saved; under ZeRO stage 3 the parameters are partitioned, set "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save=true to gather and save them"
+            )
             return False
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 save_16bit_model")
-        state = ds_zero.consolidated_16bit_state_dict(engine.module, rank0_only=True,
-                                                      exclude_frozen_parameters=exclude_frozen_parameters)
+        state = ds_zero.consolidated_16bit_state_dict(
+            engine.module, rank0_only=True, exclude_frozen_parameters=exclude_frozen_parameters
+        )
     else:
-        state = engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters) \
-            if engine.global_rank == 0 else {}
+        state = (
+            engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+            if engine.global_rank == 0
+            else {}
+        )
     if engine.global_rank == 0:
         path = Path(save_dir)
         path.mkdir(parents=True, exist_ok=True)

@@ -17,12 +17,20 @@ import torch
 
 from ds_engine.__about__ import __version__
 
-__all__ = ["ENGINE_KEYS", "Counters", "TrainState", "model_states", "restored_counters", "rng_state",
-           "set_rng_state"]
+__all__ = ["ENGINE_KEYS", "Counters", "TrainState", "model_states", "restored_counters", "rng_state", "set_rng_state"]
 
 #: Keys of the model-states file the engine restores itself; everything else is returned as client_state.
-ENGINE_KEYS = ("module", "optimizer", "lr_scheduler", "skipped_steps", "global_steps", "micro_steps",
-               "rng_states", "data_sampler", "random_ltd")
+ENGINE_KEYS = (
+    "module",
+    "optimizer",
+    "lr_scheduler",
+    "skipped_steps",
+    "global_steps",
+    "micro_steps",
+    "rng_states",
+    "data_sampler",
+    "random_ltd",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -108,10 +116,12 @@ def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, A
 def restored_counters(saved: dict[str, Any], *, train_batch_size: int, gradient_accumulation_steps: int) -> Counters:
     """The counters in a loaded model-states dict; keys older writers lack are derived from global_steps."""
     global_steps = int(saved["global_steps"])
-    return Counters(global_steps=global_steps,
-                    global_samples=int(saved.get("global_samples", global_steps * train_batch_size)),
-                    micro_steps=int(saved.get("micro_steps", global_steps * gradient_accumulation_steps)),
-                    skipped_steps=int(saved.get("skipped_steps", 0)))
+    return Counters(
+        global_steps=global_steps,
+        global_samples=int(saved.get("global_samples", global_steps * train_batch_size)),
+        micro_steps=int(saved.get("micro_steps", global_steps * gradient_accumulation_steps)),
+        skipped_steps=int(saved.get("skipped_steps", 0)),
+    )
 
 
 def rng_state() -> dict[str, Any]:

@@ -48,8 +48,13 @@ import ds_engine  # noqa: E402
 from ds_comm.testing import file_events, free_port  # noqa: E402
 
 #: kind -> (world size, ZeRO stage or "pipe")
-KINDS: dict[str, tuple[int, int | str]] = {"zero0": (1, 0), "zero1": (2, 1), "zero2": (2, 2), "zero3": (2, 3),
-                                           "pipeline": (2, "pipe")}
+KINDS: dict[str, tuple[int, int | str]] = {
+    "zero0": (1, 0),
+    "zero1": (2, 1),
+    "zero2": (2, 2),
+    "zero3": (2, 3),
+    "pipeline": (2, "pipe"),
+}
 _GROUP_TIMEOUT_S = 90.0
 _SCHED = {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}}
 _D, _H, _OUT, _ROWS, _GAS = 8, 12, 4, 3, 2
@@ -60,13 +65,25 @@ def _pipe_engine(seed: int) -> Any:
     from ds_pipe import LayerSpec, PipeDataParallelTopology, PipelineModule
 
     torch.manual_seed(seed)
-    layers = [LayerSpec(nn.Linear, _D, _H), LayerSpec(nn.Tanh), LayerSpec(nn.Linear, _H, _D),
-              LayerSpec(nn.Linear, _D, _OUT)]
-    module = PipelineModule(layers, topology=PipeDataParallelTopology(num_pp=2, num_dp=1),
-                            loss_fn=lambda out, y: nn.functional.mse_loss(out, y), partition_method=[0, 2, 4])
-    config = {"train_micro_batch_size_per_gpu": _ROWS, "gradient_accumulation_steps": _GAS,
-              "gradient_clipping": 1.0, "scheduler": _SCHED,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}}}
+    layers = [
+        LayerSpec(nn.Linear, _D, _H),
+        LayerSpec(nn.Tanh),
+        LayerSpec(nn.Linear, _H, _D),
+        LayerSpec(nn.Linear, _D, _OUT),
+    ]
+    module = PipelineModule(
+        layers,
+        topology=PipeDataParallelTopology(num_pp=2, num_dp=1),
+        loss_fn=lambda out, y: nn.functional.mse_loss(out, y),
+        partition_method=[0, 2, 4],
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": _ROWS,
+        "gradient_accumulation_steps": _GAS,
+        "gradient_clipping": 1.0,
+        "scheduler": _SCHED,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+    }
     engine, *_ = ds_engine.initialize(model=module, config=config)
     return engine
 
@@ -109,14 +126,19 @@ def _eval_loss(engine: Any, kind: str, rank: int) -> float:
 
 def _fingerprint(engine: Any, kind: str, rank: int) -> list[Any]:
     """What a loaded state determines: counters, lr, a loss; then one more step's loss and the loss after it."""
-    head = [engine.global_steps, engine.global_samples, engine.micro_steps, engine.skipped_steps,
-            engine.get_lr(), _eval_loss(engine, kind, rank)]
+    head = [
+        engine.global_steps,
+        engine.global_samples,
+        engine.micro_steps,
+        engine.skipped_steps,
+        engine.get_lr(),
+        _eval_loss(engine, kind, rank),
+    ]
     return [*head, _train_step(engine, kind, 50, rank), _eval_loss(engine, kind, rank)]
 
 
 # -- roles, run in forked ranks -----------------------------------------------------------------------
-def _save_role(rank: int, world: int, kind: str, save_dir: str, kill_rank: int, kill_at: int,
-               marker: str) -> int:
+def _save_role(rank: int, world: int, kind: str, save_dir: str, kill_rank: int, kill_at: int, marker: str) -> int:
     engine = _engine(kind, seed=0)
     _train_step(engine, kind, 0, rank)
     engine.save_checkpoint(save_dir)  # global_step1
@@ -147,10 +169,15 @@ def _load_role(rank: int, world: int, kind: str, save_dir: str, tag: str | None)
 def _rank_main(rank: int, world: int, port: int, out: Path, role: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     code = 0
     try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                          LOCAL_RANK=str(rank))
-        ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False,
-                                 timeout=timedelta(seconds=_GROUP_TIMEOUT_S / 3))
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+        )
+        ds_comm.init_distributed(
+            dist_backend="gloo",
+            auto_mpi_discovery=False,
+            verbose=False,
+            timeout=timedelta(seconds=_GROUP_TIMEOUT_S / 3),
+        )
         result = role(rank, world, **kwargs)
         (out / f"rank{rank}.json").write_text(json.dumps(result))
     except BaseException:  # noqa: BLE001 - reported through the exit code and stderr
@@ -162,8 +189,9 @@ def _rank_main(rank: int, world: int, port: int, out: Path, role: Callable[..., 
         os._exit(code)
 
 
-def _run_group(world: int, out: Path, role: Callable[..., Any], *, victim: int | None = None,
-               **kwargs: Any) -> tuple[list[int], list[Any]]:
+def _run_group(
+    world: int, out: Path, role: Callable[..., Any], *, victim: int | None = None, **kwargs: Any
+) -> tuple[list[int], list[Any]]:
     """Fork `world` ranks running `role`; returns (exit statuses, results). When `victim` dies, the rest are killed."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -220,10 +248,13 @@ def drive(kind: str, workdir: Path) -> dict[str, Any]:
     start = time.monotonic()
     _warm_up(kind)
     ref = workdir / "ref"
-    steps = _checked(world, workdir / "out-ref", _save_role, kind=kind, save_dir=str(ref), kill_rank=-1, kill_at=0,
-                     marker="")
-    expected = {tag: _checked(world, workdir / f"out-{tag}", _load_role, kind=kind, save_dir=str(ref), tag=tag)
-                for tag in ("global_step1", "global_step2")}
+    steps = _checked(
+        world, workdir / "out-ref", _save_role, kind=kind, save_dir=str(ref), kill_rank=-1, kill_at=0, marker=""
+    )
+    expected = {
+        tag: _checked(world, workdir / f"out-{tag}", _load_role, kind=kind, save_dir=str(ref), tag=tag)
+        for tag in ("global_step1", "global_step2")
+    }
     base = workdir / "base"  # checkpoint 1 alone, as the killed saves start from it
     shutil.copytree(ref, base, ignore=shutil.ignore_patterns("global_step2"))
     (base / "latest").write_text("global_step1")
@@ -234,21 +265,44 @@ def drive(kind: str, workdir: Path) -> dict[str, Any]:
             save_dir = case / "ckpt"
             shutil.copytree(base, save_dir)
             marker = case / "killed-at"
-            statuses, _ = _run_group(world, case / "out-save", _save_role, victim=victim, kind=kind,
-                                     save_dir=str(save_dir), kill_rank=victim, kill_at=n, marker=str(marker))
+            statuses, _ = _run_group(
+                world,
+                case / "out-save",
+                _save_role,
+                victim=victim,
+                kind=kind,
+                save_dir=str(save_dir),
+                kill_rank=victim,
+                kill_at=n,
+                marker=str(marker),
+            )
             loaded = _checked(world, case / "out-load", _load_role, kind=kind, save_dir=str(save_dir), tag=None)
             latest = (save_dir / "latest").read_text()
-            points.append({
-                "rank": victim, "n": n, "event": marker.read_text() if marker.is_file() else None,
-                "killed": os.WIFSIGNALED(statuses[victim]) and os.WTERMSIG(statuses[victim]) == signal.SIGKILL,
-                "latest": latest, "loaded_tag": [r["tag"] for r in loaded],
-                "matches": all(r["fingerprint"] == expected.get(latest, [None] * world)[i]["fingerprint"]
-                               for i, r in enumerate(loaded)) if latest in expected else False,
-            })
+            points.append(
+                {
+                    "rank": victim,
+                    "n": n,
+                    "event": marker.read_text() if marker.is_file() else None,
+                    "killed": os.WIFSIGNALED(statuses[victim]) and os.WTERMSIG(statuses[victim]) == signal.SIGKILL,
+                    "latest": latest,
+                    "loaded_tag": [r["tag"] for r in loaded],
+                    "matches": all(
+                        r["fingerprint"] == expected.get(latest, [None] * world)[i]["fingerprint"]
+                        for i, r in enumerate(loaded)
+                    )
+                    if latest in expected
+                    else False,
+                }
+            )
             shutil.rmtree(case)
-    return {"kind": kind, "world": world, "steps_per_rank": steps,
-            "distinct": expected["global_step1"] != expected["global_step2"], "points": points,
-            "seconds": round(time.monotonic() - start, 1)}
+    return {
+        "kind": kind,
+        "world": world,
+        "steps_per_rank": steps,
+        "distinct": expected["global_step1"] != expected["global_step2"],
+        "points": points,
+        "seconds": round(time.monotonic() - start, 1),
+    }
 
 
 if __name__ == "__main__":

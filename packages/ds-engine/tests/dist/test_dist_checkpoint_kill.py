@@ -18,19 +18,36 @@ import pytest
 
 DRIVER = Path(__file__).with_name("checkpoint_kill_driver.py")
 EVENTS = ("open", "write", "fsync", "replace", "fsync_dir")
-_ZERO_FILES = [["global_step2/mp_rank_00_model_states.pt", "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                "ckpt/latest"],
-               ["global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"]]
+_ZERO_FILES = [
+    [
+        "global_step2/mp_rank_00_model_states.pt",
+        "global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "ckpt/latest",
+    ],
+    ["global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt"],
+]
 #: kind -> (the sibling it needs, the files each rank writes in one save, in order)
 KINDS: dict[str, tuple[str | None, list[list[str]]]] = {
     "zero0": (None, [["global_step2/mp_rank_00_model_states.pt", "ckpt/latest"]]),
     "zero1": ("ds_zero", _ZERO_FILES),
     "zero2": ("ds_zero", _ZERO_FILES),
     "zero3": ("ds_zero", _ZERO_FILES),
-    "pipeline": ("ds_pipe", [["global_step2/layer_00-model_states.pt", "global_step2/layer_01-model_states.pt",
-                              "global_step2/mp_rank_00_model_states.pt", "ckpt/latest"],
-                             ["global_step2/layer_02-model_states.pt", "global_step2/layer_03-model_states.pt",
-                              "global_step2/mp_rank_01_model_states.pt"]]),
+    "pipeline": (
+        "ds_pipe",
+        [
+            [
+                "global_step2/layer_00-model_states.pt",
+                "global_step2/layer_01-model_states.pt",
+                "global_step2/mp_rank_00_model_states.pt",
+                "ckpt/latest",
+            ],
+            [
+                "global_step2/layer_02-model_states.pt",
+                "global_step2/layer_03-model_states.pt",
+                "global_step2/mp_rank_01_model_states.pt",
+            ],
+        ],
+    ),
 }
 
 
@@ -40,8 +57,9 @@ def test_a_save_killed_at_any_step_leaves_a_loadable_latest(kind: str, tmp_path:
     needs, files = KINDS[kind]
     if needs is not None:
         pytest.importorskip(needs, reason=f"{kind} checkpoints need {needs.replace('_', '-')}")
-    proc = subprocess.run([sys.executable, str(DRIVER), kind, str(tmp_path)], capture_output=True, text=True,
-                          timeout=380, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), kind, str(tmp_path)], capture_output=True, text=True, timeout=380, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["distinct"], "checkpoints 1 and 2 must differ, or a stale load would go unnoticed"
