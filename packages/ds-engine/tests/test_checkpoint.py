@@ -10,8 +10,8 @@ import pytest
 import torch
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
-import ds_engine._atomic
-from ds_comm.testing import RankFailedError, run_ranks
+import ds_engine._checkpoint
+from ds_comm.testing import RankFailedError, file_events, run_ranks
 
 SCHED = {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}
 
@@ -105,16 +105,16 @@ def _crash_during_save(rank: int, world: int, save_dir: str, where: str) -> None
         engine.backward(loss_fn(engine(x), y))
         engine.step()
     if where == "mid-file":
-        def torn(handle, obj, serialization):
-            handle.write(b"PK\x03\x04 partial bytes")  # a torn zip, then the process dies
-            handle.flush()
-            os._exit(17)
-        ds_engine._atomic._write = torn
+        def die_unsynced(event, path):
+            if event == "fsync":  # the temporary file holds the data, nothing is synced or renamed yet
+                os._exit(17)
+        with file_events(die_unsynced):
+            engine.save_checkpoint(save_dir, tag="bad")
     else:
         def die(path, text):
             os._exit(17)
         ds_engine._checkpoint.atomic_write_text = die
-    engine.save_checkpoint(save_dir, tag="bad")
+        engine.save_checkpoint(save_dir, tag="bad")
 
 
 @pytest.mark.parametrize("where", ["mid-file", "before-latest"])

@@ -240,3 +240,14 @@ def test_pipeline_module_reaches_the_pipeline_seam(monkeypatch, fresh_shims) -> 
         _ = ds_engine.PipelineModule
     with pytest.raises(ImportError, match=r"needs ds-pipe: pip install 'ds-engine\[pipe\]'"):
         ds_engine.initialize(model=PipelineModule(), config=base_config(), dist_init_required=False)
+
+
+def test_pipe_sections_without_ds_pipe_name_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ds_pipe", None)
+    cfg = DeepSpeedConfig({"train_batch_size": 2})  # no pipe section: ds-pipe is not needed
+    for section in ("pipeline", "activation_checkpointing"):
+        with pytest.raises(DeepSpeedConfigError, match=rf"{section}: the '{section}' config section needs ds-pipe: "
+                                                       r"pip install 'ds-engine\[pipe\]'"):
+            DeepSpeedConfig({"train_batch_size": 2, section: {}})
+        with pytest.raises(DeepSpeedConfigError, match=r"needs ds-pipe"):
+            getattr(cfg, section)

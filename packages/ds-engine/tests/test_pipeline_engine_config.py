@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ds_engine
+from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
 
 ds_pipe = pytest.importorskip("ds_pipe")
 
@@ -72,3 +73,18 @@ def test_one_stage_engine_matches_plain_sgd_and_applies_the_pipeline_section() -
         engine(torch.zeros(2, 4))
     losses, logits = engine.eval_batch(iter(data[:2]), return_logits=True, reduce_output=None)
     assert len(losses) == 2 and logits[0].shape == (2, 2)
+
+
+def test_pipe_sections_are_validated_once_at_config_time_by_ds_pipe_models() -> None:
+    from ds_engine.config import ActivationCheckpointingConfig, PipelineConfig
+
+    assert PipelineConfig is ds_pipe.PipelineConfig
+    assert ActivationCheckpointingConfig is ds_pipe.ActivationCheckpointingConfig
+    cfg = DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"partition": "Uniform", "stages": 2}})
+    assert isinstance(cfg.pipeline, ds_pipe.PipelineConfig) and cfg.pipeline.partition == "uniform"
+    assert cfg.activation_checkpointing == ds_pipe.ActivationCheckpointingConfig()  # absent: ds-pipe's defaults
+    auto = DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"stages": "auto"}})
+    assert auto.auto_keys == () and auto.pipeline.stages == "auto"  # DeepSpeed's real value, not a placeholder
+    # Before, DeepSpeedConfig accepted this and only initialize() refused it.
+    with pytest.raises(DeepSpeedConfigError, match=r"pipeline.partition: unknown partition method 'bogus'"):
+        DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"partition": "bogus"}})

@@ -1,8 +1,8 @@
 """ds-comm: the floor every ds package stands on.
 
 Accelerator abstraction, distributed initialisation (env, MPI, SLURM), collectives with named
-timeouts and an optional comms logger, the `ConfigModel` base, and (in `ds_comm.testing`) the
-multi-process test harness.
+timeouts and an optional comms logger, the `ConfigModel` base, the crash-safe file writer every
+checkpoint uses (`atomic_save`), and (in `ds_comm.testing`) the multi-process test harness.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
+from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text
+from ds_comm._comms_logger import configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
@@ -27,7 +29,6 @@ from ds_comm.collectives import (
     barrier,
     broadcast,
     broadcast_object_list,
-    configure,
     get_global_rank,
     get_rank,
     get_world_size,
@@ -76,6 +77,9 @@ __all__ = [
     "all_gather_object",
     "all_reduce",
     "all_to_all_single",
+    "atomic_save",
+    "atomic_write",
+    "atomic_write_text",
     "barrier",
     "broadcast",
     "broadcast_object_list",

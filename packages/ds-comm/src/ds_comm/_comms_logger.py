@@ -1,4 +1,8 @@
-"""Comms logger: per-op count, bytes, latency, algorithmic and bus bandwidth of collectives."""
+"""Comms logger: per-op count, bytes, latency, algorithmic and bus bandwidth of collectives; `configure` sets it up.
+
+It imports neither the collectives nor `_dist_init`, so both can import `configure` and the
+logger from here at module level (they used to import each other).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,14 @@ import dataclasses
 import inspect
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ds_comm.config import CommsLoggerConfig
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["CommsLogger", "comms_logger", "configure"]
 
 # Bus-bandwidth correction factors as nccl-tests defines them: the fraction of the payload each
 # rank must move over its link, so busbw is comparable across world sizes and ops.
@@ -114,3 +120,21 @@ def format_bytes(size: int) -> str:
 
 
 comms_logger = CommsLogger()
+
+
+def configure(config: CommsLoggerConfig | dict[str, Any] | Any | None = None, *, enabled: bool | None = None,
+              prof_all: bool | None = None, prof_ops: list[str] | None = None, verbose: bool | None = None,
+              debug: bool | None = None) -> None:
+    """Set up the comms logger from a `comms_logger` section (model or dict) and/or keyword overrides.
+
+    An object with a `comms_logger` attribute (an engine config) is accepted too.
+    """
+    # pydantic (~0.3 s) loads only when a script configures the logger, not when ds_comm is imported.
+    from ds_comm.config import CommsLoggerConfig, validate_section
+
+    if config is not None and not isinstance(config, (CommsLoggerConfig, dict)):
+        config = getattr(config, "comms_logger", None)
+    base = validate_section(CommsLoggerConfig, config or {}, path="comms_logger")
+    overrides = {k: v for k, v in dict(enabled=enabled, prof_all=prof_all, prof_ops=prof_ops, verbose=verbose,
+                                       debug=debug).items() if v is not None}
+    comms_logger.configure(base.model_copy(update=overrides) if overrides else base)

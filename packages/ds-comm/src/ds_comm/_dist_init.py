@@ -9,7 +9,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from ds_comm._comms_logger import configure
 from ds_comm._exit_teardown import register_exit_teardown
+from ds_comm._group_cache import forget
 from ds_comm._launch_env import LaunchInfo, discover
 from ds_comm.accelerator import get_accelerator
 
@@ -76,8 +78,6 @@ def init_distributed(
     """
     state.timeout = timeout if timeout is not None else default_timeout()
     if config is not None:
-        from ds_comm.collectives import configure
-
         configure(config)
     if dist_init_required is False:
         return
@@ -113,5 +113,6 @@ def destroy_process_group(group: dist.ProcessGroup | None = None) -> None:
     """Tear down `group` (default: everything) and forget the recorded layout."""
     if dist.is_initialized():
         dist.destroy_process_group(group)
+    forget(group)
     if group is None:
         state.launch = None

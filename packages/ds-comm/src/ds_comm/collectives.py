@@ -13,18 +13,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp, Work
 
-from ds_comm._comms_logger import comms_logger
+from ds_comm._comms_logger import comms_logger, configure
 from ds_comm._dist_init import state
+from ds_comm._group_cache import waits_on_cpu
 from ds_comm.accelerator import get_accelerator
-
-if TYPE_CHECKING:
-    from ds_comm.config import CommsLoggerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +68,6 @@ class CollectiveTimeoutError(CollectiveError):
     """A collective did not complete within the timeout (mismatched ops across ranks, a dead rank)."""
 
 
-_waits_on_cpu: dict[int, bool] = {}
-
-
-def _cpu_wait(group: ProcessGroup | None) -> bool:
-    """Whether ops on `group` are waited on the CPU with a timeout (gloo), cached per group."""
-    key = id(group)
-    cached = _waits_on_cpu.get(key)
-    if cached is None:
-        cached = dist.get_backend(group) == "gloo"
-        _waits_on_cpu[key] = cached
-    return cached
-
-
 def describe_group(group: ProcessGroup | None) -> str:
     """`world group (4 ranks)` or `group of ranks [0, 2]`, for messages."""
     if group is None or group is dist.group.WORLD:
@@ -93,10 +78,30 @@ def describe_group(group: ProcessGroup | None) -> str:
         return "a process group this rank is not part of"
 
 
-def _error(op: str, group: ProcessGroup | None, cause: BaseException, timeout: timedelta | None) -> CollectiveError:
+#: Raised by a blocking torch.distributed call that failed: gloo raises plain RuntimeError (timeouts
+#: included), the c10d typed errors derive from it, and Python's TimeoutError is an OSError.
+_TORCH_ERRORS = (RuntimeError, TimeoutError)
+
+
+def _timed_out(cause: BaseException, waited_s: float, limit: timedelta | None) -> bool:
+    """Whether a failed wait was a timeout: by the exception's type, or by having waited out the limit.
+
+    [Note: what torch raises] torch 2.13 raises a plain `RuntimeError` when a gloo collective times
+    out ("Operation timed out!" from `Work.wait(timeout)`, "Timed out waiting 3000ms for recv ..."
+    from a blocking op), the same type as for any other gloo failure; only the store's waits have
+    a type of their own (`DistStoreError`). So besides `TimeoutError` and `DistStoreError`, a wait
+    that failed after the whole timeout had elapsed is a timeout, whatever its message says.
+    """
+    if isinstance(cause, (TimeoutError, dist.DistStoreError)):
+        return True
+    limits = [t.total_seconds() for t in (limit, state.timeout) if t is not None]
+    return bool(limits) and waited_s >= 0.95 * min(limits)
+
+
+def _error(op: str, group: ProcessGroup | None, cause: BaseException, timeout: timedelta | None, *,
+           timed_out: bool) -> CollectiveError:
     rank = dist.get_rank() if dist.is_initialized() else -1
     text = str(cause)
-    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
     kind = CollectiveTimeoutError if timed_out else CollectiveError
     what = f"did not complete within {timeout}" if timed_out else "failed"
     hint = (" (are all ranks issuing the same collectives in the same order, with matching sizes?)"
@@ -135,13 +140,14 @@ def _finish(work: Work | None, op: str, group: ProcessGroup | None, size_bytes: 
             timeout: timedelta | None = None) -> None:
     if work is not None:
         limit = timeout or state.timeout
+        began = time.monotonic()
         try:
-            if _cpu_wait(group):
+            if waits_on_cpu(group):
                 work.wait(timeout=limit)
             else:
                 work.wait()
-        except RuntimeError as err:
-            raise _error(op, group, err, limit) from err
+        except _TORCH_ERRORS as err:
+            raise _error(op, group, err, limit, timed_out=_timed_out(err, time.monotonic() - began, limit)) from err
     if start:
         get_accelerator().synchronize()
         world = dist.get_world_size(group)
@@ -155,11 +161,13 @@ def _issue(op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup 
     if comms_logger.should_record(op):
         get_accelerator().synchronize()
         start = time.perf_counter()
-    cpu_wait = _cpu_wait(group)
+    cpu_wait = waits_on_cpu(group)
+    began = time.monotonic()
     try:
         work = call(True if cpu_wait else async_op)
-    except RuntimeError as err:
-        raise _error(op, group, err, state.timeout) from err
+    except _TORCH_ERRORS as err:
+        raise _error(op, group, err, state.timeout,
+                     timed_out=_timed_out(err, time.monotonic() - began, state.timeout)) from err
     if async_op:
         assert work is not None
         return CollectiveHandle(work, op, group, size_bytes, start)
@@ -268,18 +276,22 @@ def recv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | Non
 
 def broadcast_object_list(object_list: list[Any], src: int = 0, group: ProcessGroup | None = None) -> None:
     """`torch.distributed.broadcast_object_list` (pickled objects; not for hot paths)."""
+    began = time.monotonic()
     try:
         dist.broadcast_object_list(object_list, src=src, group=group)
-    except RuntimeError as err:
-        raise _error("broadcast_object_list", group, err, state.timeout) from err
+    except _TORCH_ERRORS as err:
+        raise _error("broadcast_object_list", group, err, state.timeout,
+                     timed_out=_timed_out(err, time.monotonic() - began, state.timeout)) from err
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | None = None) -> None:
     """`torch.distributed.all_gather_object` (pickled objects; not for hot paths)."""
+    began = time.monotonic()
     try:
         dist.all_gather_object(object_list, obj, group=group)
-    except RuntimeError as err:
-        raise _error("all_gather_object", group, err, state.timeout) from err
+    except _TORCH_ERRORS as err:
+        raise _error("all_gather_object", group, err, state.timeout,
+                     timed_out=_timed_out(err, time.monotonic() - began, state.timeout)) from err
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = None,
@@ -310,23 +322,6 @@ def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     if group is None or group is dist.group.WORLD:
         return group_rank
     return dist.get_global_rank(group, group_rank)
-
-
-def configure(config: CommsLoggerConfig | dict[str, Any] | Any | None = None, *, enabled: bool | None = None,
-              prof_all: bool | None = None, prof_ops: list[str] | None = None, verbose: bool | None = None,
-              debug: bool | None = None) -> None:
-    """Set up the comms logger from a `comms_logger` section (model or dict) and/or keyword overrides.
-
-    An object with a `comms_logger` attribute (an engine config) is accepted too.
-    """
-    from ds_comm.config import CommsLoggerConfig, validate_section  # pydantic loads only when configuring
-
-    if config is not None and not isinstance(config, (CommsLoggerConfig, dict)):
-        config = getattr(config, "comms_logger", None)
-    base = validate_section(CommsLoggerConfig, config or {}, path="comms_logger")
-    overrides = {k: v for k, v in dict(enabled=enabled, prof_all=prof_all, prof_ops=prof_ops, verbose=verbose,
-                                       debug=debug).items() if v is not None}
-    comms_logger.configure(base.model_copy(update=overrides) if overrides else base)
 
 
 def log_summary() -> str:

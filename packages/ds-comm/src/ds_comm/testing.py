@@ -15,6 +15,7 @@ is killed whole and raises `RankTimeoutError`, after each rank printed its stack
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import multiprocessing as mp
@@ -24,14 +25,18 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["RankFailedError", "RankTimeoutError", "RemoteTraceback", "free_port", "import_side_effects", "run_ranks"]
+from ds_comm import _atomic_file
+
+__all__ = ["RankFailedError", "RankTimeoutError", "RemoteTraceback", "file_events", "free_port", "import_side_effects",
+           "run_ranks"]
 
 
 class RankFailedError(RuntimeError):
@@ -230,3 +235,19 @@ def import_side_effects(module: str) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"importing {module} failed:\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def file_events(hook: Callable[[str, Path], None]) -> Iterator[None]:
+    """Call `hook(event, path)` at every step of every `ds_comm.atomic_write` in this process (fault injection).
+
+    Events, each before its step: `open`, `write`, `fsync`, `replace`, `fsync_dir` (see
+    `ds_comm._atomic_file`); `path` is the final file. A hook that kills the process there leaves the
+    file system exactly as a crash at that point would. Not re-entrant; the previous hook is restored.
+    """
+    previous = _atomic_file._hook
+    _atomic_file._hook = hook
+    try:
+        yield
+    finally:
+        _atomic_file._hook = previous

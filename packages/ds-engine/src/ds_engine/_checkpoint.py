@@ -6,75 +6,68 @@ Layout of `save_dir` (see the package README):
                                                     rank, stage-0 optimizer (incl. loss scaler, fp32 masters)
     <tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.pt   ZeRO >= 1 only: rank r's ds-zero partition
 
-[Note: crash safety] Every file goes to a hidden temporary name and is renamed when complete;
-all ranks finish their files before rank 0 switches `latest`, so a save killed at any point leaves
-`latest` naming the previous complete tag.
+The engines capture what to save as a value (`_train_state.TrainState`, this rank's ZeRO
+partition) and hand it over in a `SaveRequest`; `write_checkpoint` writes the files of both the
+plain and the pipeline engine.
+
+[Note: crash safety] Every file goes through `ds_comm.atomic_save` (a unique temporary name,
+fsync, rename, fsync of the directory); all ranks finish their files before rank 0 switches
+`latest`, so a save killed at any point leaves `latest` naming the previous complete tag
+(`tests/dist/test_dist_checkpoint_kill.py` kills a save at every file-system step).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import pickle
-import random
 import re
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 import ds_comm
+from ds_comm import atomic_save, atomic_write_text
 from ds_engine.__about__ import __version__
-from ds_engine._atomic import atomic_save, atomic_write_text
 from ds_engine._optional import require
+from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
 
 if TYPE_CHECKING:
     from ds_engine._engine import DeepSpeedEngine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_checkpoint", "save_16bit_model", "save_checkpoint"]
+__all__ = [
+    "SaveRequest",
+    "gather_rng",
+    "load_checkpoint",
+    "model_file",
+    "resolve_save_tag",
+    "restore_progress",
+    "save_16bit_model",
+    "write_checkpoint",
+    "zero_file",
+]
 
-#: Keys of the model-states file the engine restores itself; everything else is returned as client_state.
-_ENGINE_KEYS = ("module", "optimizer", "lr_scheduler", "skipped_steps", "global_steps", "micro_steps",
-                "rng_states", "data_sampler", "random_ltd")
 
-
-def _model_file(ckpt_dir: Path, mp_rank: int) -> Path:
+def model_file(ckpt_dir: Path, mp_rank: int) -> Path:
+    """`<tag>/mp_rank_XX_model_states.pt`."""
     return ckpt_dir / f"mp_rank_{mp_rank:02d}_model_states.pt"
 
 
-def _zero_file(ckpt_dir: Path, dp_rank: int, mp_rank: int) -> Path:
+def zero_file(ckpt_dir: Path, dp_rank: int, mp_rank: int) -> Path:
+    """`<tag>/zero_pp_rank_<dp>_mp_rank_XX_optim_states.pt`."""
     return ckpt_dir / f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    numpy = sys.modules.get("numpy")
-    if "numpy" in state and numpy is not None:
-        numpy.random.set_state(state["numpy"])
-
-
-def _check_tag(engine: DeepSpeedEngine, tag: str) -> None:
-    mode = engine._ckpt_config.tag_validation
-    if mode == "IGNORE" or engine.world_size == 1 or not ds_comm.is_initialized():
+def _check_tag(tag: str, *, mode: str, world_size: int, device: torch.device) -> None:
+    if mode == "IGNORE" or world_size == 1 or not ds_comm.is_initialized():
         return
     digest = int.from_bytes(hashlib.sha1(tag.encode()).digest()[:7], "big")
-    lo = torch.tensor([digest], dtype=torch.int64, device=engine.device)
+    lo = torch.tensor([digest], dtype=torch.int64, device=device)
     hi = lo.clone()
     ds_comm.all_reduce(lo, op=ds_comm.ReduceOp.MIN)
     ds_comm.all_reduce(hi, op=ds_comm.ReduceOp.MAX)
@@ -97,96 +90,87 @@ def _all_gather_pickled(obj: Any, world_size: int, device: torch.device) -> list
     ds_comm.all_gather(sizes, size)
     longest = max(int(n) for n in sizes)
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-    padded[:payload.numel()] = payload
+    padded[: payload.numel()] = payload
     gathered = [torch.zeros_like(padded) for _ in range(world_size)]
     ds_comm.all_gather(gathered, padded)
-    return [pickle.loads(bytes(g[:int(n)].cpu().tolist())) for g, n in zip(gathered, sizes, strict=True)]
+    return [pickle.loads(bytes(g[: int(n)].cpu().tolist())) for g, n in zip(gathered, sizes, strict=True)]
 
 
-def _gather_rng(engine: DeepSpeedEngine) -> list[dict[str, Any]]:
-    state = _rng_state()
-    if engine.world_size == 1 or not ds_comm.is_initialized():
+def gather_rng(state: dict[str, Any], *, world_size: int, device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's RNG `state` in global rank order (a collective over the world when it has several ranks)."""
+    if world_size == 1 or not ds_comm.is_initialized():
         return [state]
-    return _all_gather_pickled(state, engine.world_size, engine.device)
+    return _all_gather_pickled(state, world_size, device)
 
 
-def _model_states(engine: DeepSpeedEngine, exclude_frozen: bool, client_state: dict[str, Any],
-                  rng_states: list[dict[str, Any]]) -> dict[str, Any]:
-    module = engine.module_state_dict(exclude_frozen_parameters=exclude_frozen)
-    zero = engine._zero.stage > 0
-    shapes = None
-    if zero:
-        names = {id(p): n for n, p in engine.module.named_parameters()}
-        shapes = [{names[id(p)]: p.shape for p in g["params"] if id(p) in names}
-                  for g in engine.basic_optimizer.param_groups] if engine.basic_optimizer is not None else None
-    state: dict[str, Any] = {
-        "module": module,
-        "buffer_names": [n for n, _ in engine.module.named_buffers()],
-        "optimizer": engine._stepper.state_dict() if not zero and engine._stepper is not None else None,
-        "param_shapes": shapes,
-        "frozen_param_shapes": None,
-        "shared_params": None,
-        "frozen_param_fragments": None,
-        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-        "data_sampler": None,
-        "random_ltd": None,
-        "skipped_steps": engine.skipped_steps,
-        "global_steps": engine.global_steps,
-        "global_samples": engine.global_samples,
-        "micro_steps": engine.micro_steps,
-        "dp_world_size": engine.dp_world_size,
-        "mp_world_size": engine.mp_world_size,
-        "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": engine.mp_world_size},
-        "ds_config": engine._ds_config.raw,
-        "ds_version": __version__,
-        "rng_states": rng_states,
-    }
-    return with_client_state(state, client_state)
-
-
-def with_client_state(state: dict[str, Any], client_state: dict[str, Any]) -> dict[str, Any]:
-    """`state` plus the user's `client_state`; a key the engine writes itself is an error, not overwritten."""
-    clash = sorted(set(client_state) & set(state))
-    if clash:
-        raise ValueError(f"client_state keys {clash} collide with keys the engine writes; rename them")
-    state.update(client_state)
-    return state
-
-
-def resolve_save_tag(engine: DeepSpeedEngine, save_dir: str | Path, tag: Any) -> str:
+def resolve_save_tag(
+    save_dir: str | Path, tag: Any, *, global_steps: int, tag_validation: str, world_size: int, device: torch.device
+) -> str:
     """The tag to save under (default `global_step<N>`), checked to be a plain name every rank agrees on."""
     if not save_dir:
         raise ValueError(f"save_checkpoint: save_dir must be a directory path, got {save_dir!r}")
-    tag = f"global_step{engine.global_steps}" if tag is None else str(tag)
+    tag = f"global_step{global_steps}" if tag is None else str(tag)
     if not tag or "/" in tag or tag in (".", ".."):
         raise ValueError(f"save_checkpoint: tag must be a plain directory name, got {tag!r}")
-    _check_tag(engine, tag)
+    _check_tag(tag, mode=tag_validation, world_size=world_size, device=device)
     return tag
 
 
-def save_checkpoint(engine: DeepSpeedEngine, save_dir: str | Path, tag: Any = None,
-                    client_state: dict[str, Any] | None = None, save_latest: bool = True,
-                    exclude_frozen_parameters: bool = False) -> bool:
-    """See `DeepSpeedEngine.save_checkpoint`."""
-    tag = resolve_save_tag(engine, save_dir, tag)
-    root = Path(save_dir)
-    ckpt_dir = root / tag
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SaveRequest:
+    """One rank's part of a checkpoint save: where, what, and which files this rank writes."""
+
+    root: Path
+    """The save directory (holds `latest` and the tag directories)."""
+    tag: str
+    mp_rank: int
+    dp_rank: int
+    writes_latest: bool
+    """This rank switches `latest` (global rank 0)."""
+    serialization: bool
+    """torch's zipfile format (`checkpoint.checkpoint_serialization`)."""
+    ds_config: dict[str, Any]
+    train_state: TrainState | None
+    """The model-states content; given on data-parallel rank 0 only (the rank that writes it)."""
+    zero_partition: dict[str, Any] | None
+    """Under ZeRO: this rank's optimizer partition (its stepper's state_dict)."""
+    client_state: dict[str, Any]
+    save_latest: bool
+    write_weights: Callable[[Path], None] | None = None
+    """Writes weights kept outside the model-states file into the tag directory (a pipeline's layer files)."""
+
+
+def write_checkpoint(request: SaveRequest) -> Path:
+    """Write this rank's files of a checkpoint, then (rank 0, after every rank finished) `latest`.
+
+    Collective: every rank calls it (two barriers on the world). Every file goes through
+    `ds_comm.atomic_save`, so a save killed at any point leaves `latest` on the previous complete tag.
+
+    Returns:
+        The tag directory.
+    """
+    ckpt_dir = request.root / request.tag
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    serialization = engine._ckpt_config.checkpoint_serialization
-    rng_states = _gather_rng(engine)
-    if engine._dp_rank == 0:
-        state = _model_states(engine, exclude_frozen_parameters, dict(client_state or {}), rng_states)
-        atomic_save(state, _model_file(ckpt_dir, engine._mp_rank), serialization=serialization)
-    if engine._zero.stage > 0:
-        zero_state = {"optimizer_state_dict": engine._stepper.state_dict(), "ds_config": engine._ds_config.raw,
-                      "ds_version": __version__}
-        atomic_save(zero_state, _zero_file(ckpt_dir, engine._dp_rank, engine._mp_rank), serialization=serialization)
+    if request.write_weights is not None:
+        request.write_weights(ckpt_dir)
+    if request.train_state is not None:
+        state = model_states(request.train_state, request.client_state)
+        atomic_save(state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization)
+    if request.zero_partition is not None:
+        partition = {
+            "optimizer_state_dict": request.zero_partition,
+            "ds_config": request.ds_config,
+            "ds_version": __version__,
+        }
+        atomic_save(
+            partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization
+        )
     _barrier()
-    if save_latest and engine.global_rank == 0:
-        atomic_write_text(root / "latest", tag)
+    if request.save_latest and request.writes_latest:
+        atomic_write_text(request.root / "latest", request.tag)
     _barrier()
     logger.info("saved checkpoint %s", ckpt_dir)
-    return True
+    return ckpt_dir
 
 
 def _barrier() -> None:
@@ -204,35 +188,70 @@ def _zero_files(ckpt_dir: Path, mp_rank: int) -> list[Path]:
     if not files:
         files = sorted(ckpt_dir.glob(f"bf16_zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt"), key=_rank_of)
     if not files:
-        raise FileNotFoundError(f"no ZeRO optimizer files (zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt) in "
-                                f"{ckpt_dir}; was it saved with ZeRO? Load with load_optimizer_states=False to "
-                                "take the module weights only")
+        raise FileNotFoundError(
+            f"no ZeRO optimizer files (zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt) in "
+            f"{ckpt_dir}; was it saved with ZeRO? Load with load_optimizer_states=False to "
+            "take the module weights only"
+        )
     return files
 
 
-def _load_optimizer(engine: DeepSpeedEngine, state: dict[str, Any], ckpt_dir: Path,
-                    load_optimizer_states: bool) -> None:
+def _load_optimizer(
+    engine: DeepSpeedEngine, state: dict[str, Any], ckpt_dir: Path, load_optimizer_states: bool
+) -> None:
     fp32 = engine._zero.load_from_fp32_weights
     if engine._stepper is None:
         return
     if not load_optimizer_states:
         engine._stepper.refresh_from_module()
     elif engine._zero.stage > 0:
-        parts = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-                 for f in _zero_files(ckpt_dir, engine._mp_rank)]
+        parts = [
+            torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+            for f in _zero_files(ckpt_dir, engine._mp_rank)
+        ]
         engine._stepper.load_partitions(parts, load_optimizer_states=True, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
         engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
-        logger.warning("checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored",
-                       ckpt_dir)
+        logger.warning(
+            "checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored", ckpt_dir
+        )
         engine._stepper.refresh_from_module()
 
 
-def load_checkpoint(engine: DeepSpeedEngine, load_dir: str | Path, tag: Any = None, load_module_strict: bool = True,
-                    load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                    load_module_only: bool = False,
-                    custom_load_fn: Any = None) -> tuple[str | None, dict[str, Any] | None]:
+def restore_progress(engine: DeepSpeedEngine, state: dict[str, Any], *, load_lr_scheduler_states: bool) -> None:
+    """Counters, lr scheduler and this rank's RNG from a loaded model-states dict (both engines)."""
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    counters = restored_counters(
+        state,
+        train_batch_size=engine.train_batch_size(),
+        gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+    )
+    engine.global_steps = counters.global_steps
+    engine.global_samples = counters.global_samples
+    engine.skipped_steps = counters.skipped_steps
+    engine.micro_steps = counters.micro_steps
+    rng = state.get("rng_states")
+    if rng:
+        if len(rng) == engine.world_size:
+            set_rng_state(rng[engine.global_rank])
+        else:
+            logger.warning(
+                "checkpoint RNG states are for %d ranks, this run has %d; RNG not restored", len(rng), engine.world_size
+            )
+
+
+def load_checkpoint(
+    engine: DeepSpeedEngine,
+    load_dir: str | Path,
+    tag: Any = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+    custom_load_fn: Any = None,
+) -> tuple[str | None, dict[str, Any] | None]:
     """See `DeepSpeedEngine.load_checkpoint`."""
     root = Path(load_dir)
     if tag is None:
@@ -242,7 +261,7 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir: str | Path, tag: Any = No
             return None, None
         tag = latest.read_text().strip()
     ckpt_dir = root / str(tag)
-    path = _model_file(ckpt_dir, engine._mp_rank)
+    path = model_file(ckpt_dir, engine._mp_rank)
     if not path.is_file():
         raise FileNotFoundError(f"load_checkpoint: {path} does not exist (tag {str(tag)!r} in {root})")
     state = torch.load(path, map_location="cpu", weights_only=False)
@@ -255,25 +274,17 @@ def load_checkpoint(engine: DeepSpeedEngine, load_dir: str | Path, tag: Any = No
             engine._stepper.refresh_from_module()
     else:
         _load_optimizer(engine, state, ckpt_dir, load_optimizer_states)
-        if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
-            engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        engine.global_steps = int(state["global_steps"])
-        engine.global_samples = int(state.get("global_samples", engine.global_steps * engine.train_batch_size()))
-        engine.skipped_steps = int(state.get("skipped_steps", 0))
-        engine.micro_steps = int(state.get("micro_steps", engine.global_steps * engine.gradient_accumulation_steps()))
-        rng = state.get("rng_states")
-        if rng:
-            if len(rng) == engine.world_size:
-                _set_rng_state(rng[engine.global_rank])
-            else:
-                logger.warning("checkpoint RNG states are for %d ranks, this run has %d; RNG not restored",
-                               len(rng), engine.world_size)
-    client_state = {k: v for k, v in state.items() if k not in _ENGINE_KEYS}
+        restore_progress(engine, state, load_lr_scheduler_states=load_lr_scheduler_states)
+    client_state = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
     return str(path), client_state
 
 
-def save_16bit_model(engine: DeepSpeedEngine, save_dir: str | Path, save_filename: str = "pytorch_model.bin",
-                     exclude_frozen_parameters: bool = False) -> bool:
+def save_16bit_model(
+    engine: DeepSpeedEngine,
+    save_dir: str | Path,
+    save_filename: str = "pytorch_model.bin",
+    exclude_frozen_parameters: bool = False,
+) -> bool:
     """See `DeepSpeedEngine.save_16bit_model`.
 
     At stage 3 the full weights are assembled by `ds_zero.consolidated_16bit_state_dict`, which gathers
@@ -283,15 +294,21 @@ def save_16bit_model(engine: DeepSpeedEngine, save_dir: str | Path, save_filenam
     """
     if engine._zero.stage == 3:
         if not engine._zero.gather_16bit_weights_on_model_save:
-            logger.warning("save_16bit_model: nothing saved; under ZeRO stage 3 the parameters are partitioned, set "
-                           "zero_optimization.stage3_gather_16bit_weights_on_model_save=true to gather and save them")
+            logger.warning(
+                "save_16bit_model: nothing saved; under ZeRO stage 3 the parameters are partitioned, set "
+                "zero_optimization.stage3_gather_16bit_weights_on_model_save=true to gather and save them"
+            )
             return False
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 save_16bit_model")
-        state = ds_zero.consolidated_16bit_state_dict(engine.module, rank0_only=True,
-                                                      exclude_frozen_parameters=exclude_frozen_parameters)
+        state = ds_zero.consolidated_16bit_state_dict(
+            engine.module, rank0_only=True, exclude_frozen_parameters=exclude_frozen_parameters
+        )
     else:
-        state = engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters) \
-            if engine.global_rank == 0 else {}
+        state = (
+            engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+            if engine.global_rank == 0
+            else {}
+        )
     if engine.global_rank == 0:
         path = Path(save_dir)
         path.mkdir(parents=True, exist_ok=True)

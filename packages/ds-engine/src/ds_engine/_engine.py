@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from ds_engine import _checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
+from ds_engine._train_state import Counters, TrainState, rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -259,11 +261,48 @@ class DeepSpeedEngine(EngineQueries, nn.Module):
         """Save module, optimizer (loss scaler, fp32 masters, ZeRO partitions), scheduler, counters and RNG.
 
         Collective: every rank must call it. Files go under `save_dir/<tag>` (default tag
-        `global_step<N>`), each written to a temporary name and renamed; after all ranks finished,
-        rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves `latest` on the previous tag.
+        `global_step<N>`), each through `ds_comm.atomic_save` (temporary name, fsync, rename); after
+        all ranks finished, rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves
+        `latest` on the previous tag.
         `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
         """
-        return _checkpoint.save_checkpoint(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        tag = _checkpoint.resolve_save_tag(save_dir, tag, global_steps=self.global_steps,
+                                           tag_validation=self._ckpt_config.tag_validation,
+                                           world_size=self.world_size, device=self.device)
+        rng_states = _checkpoint.gather_rng(rng_state(), world_size=self.world_size, device=self.device)
+        partitioned = self._zero.stage > 0 and self._stepper is not None
+        _checkpoint.write_checkpoint(_checkpoint.SaveRequest(
+            root=Path(save_dir), tag=tag, mp_rank=self._mp_rank, dp_rank=self._dp_rank,
+            writes_latest=self.global_rank == 0, serialization=self._ckpt_config.checkpoint_serialization,
+            ds_config=self._ds_config.raw,
+            train_state=self._train_state(rng_states, exclude_frozen_parameters) if self._dp_rank == 0 else None,
+            zero_partition=self._stepper.state_dict() if partitioned else None,
+            client_state=dict(client_state or {}), save_latest=save_latest,
+            write_weights=self._weights_writer(exclude_frozen_parameters)))
+        return True
+
+    def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
+        """This engine's training state as a value, for the model-states file."""
+        zero = self._zero.stage > 0
+        shapes = None
+        if zero and self.basic_optimizer is not None:
+            names = {id(p): n for n, p in self.module.named_parameters()}
+            shapes = [{names[id(p)]: p.shape for p in g["params"] if id(p) in names}
+                      for g in self.basic_optimizer.param_groups]
+        return TrainState(
+            module=self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters),
+            buffer_names=[n for n, _ in self.module.named_buffers()],
+            optimizer=self._stepper.state_dict() if not zero and self._stepper is not None else None,
+            param_shapes=shapes,
+            lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            counters=Counters(global_steps=self.global_steps, global_samples=self.global_samples,
+                              micro_steps=self.micro_steps, skipped_steps=self.skipped_steps),
+            dp_world_size=self.dp_world_size, mp_world_size=self.mp_world_size, tp_degree=self.mp_world_size,
+            ds_config=self._ds_config.raw, rng_states=rng_states)
+
+    def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
+        """Writes weights kept outside the model-states file (none here: the module is in it)."""
+        return None
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,

@@ -2,9 +2,9 @@
 
 `is_pipeline_module` recognises the model without importing ds-pipe eagerly;
 `check_pipeline_call` runs DeepSpeed's preconditions before anything is built (so initialize()
-can then take the data-parallel layout from the module's grid); `build_pipeline_engine` validates
-the `pipeline` and `activation_checkpointing` sections with ds-pipe's own models, carries out the
-ordinary assembly with the grid as the mpu, and wraps it in a `PipelineEngine`.
+can then take the data-parallel layout from the module's grid); `build_pipeline_engine` applies
+the `pipeline` and `activation_checkpointing` sections (validated by ds-pipe's own models when the
+config was read), carries out the ordinary assembly with the grid as the mpu, and wraps it in a `PipelineEngine`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-import ds_comm
 from ds_engine._assembly import assemble
 from ds_engine._optional import require
 from ds_engine._pipeline_engine import PipelineEngine, PipelineError, PipelineSettings
@@ -52,10 +51,10 @@ def check_pipeline_call(mpu: Any) -> None:
 
 
 def _pipeline_sections(model: nn.Module, config: DeepSpeedConfig) -> tuple[Any, Any]:
-    """Validate `pipeline` / `activation_checkpointing` with ds-pipe's models and apply what applies here."""
+    """Apply what applies here of `pipeline` / `activation_checkpointing` (validated by `DeepSpeedConfig`)."""
     ds_pipe = require("ds_pipe", extra="pipe", feature="pipeline parallelism (a PipelineModule)")
     raw = config.raw
-    section = ds_comm.validate_section(ds_pipe.PipelineConfig, raw.get("pipeline", {}), path="pipeline")
+    section = config.pipeline
     stages = model.num_pipeline_stages()
     if section.stages != "auto" and section.stages != stages:
         raise DeepSpeedConfigError(f"pipeline.stages={section.stages} but the PipelineModule was built with {stages} "
@@ -71,8 +70,7 @@ def _pipeline_sections(model: nn.Module, config: DeepSpeedConfig) -> tuple[Any, 
                        "seed_layers=True to PipelineModule")
     ckpt = None
     if "activation_checkpointing" in raw:
-        ckpt = ds_comm.validate_section(ds_pipe.ActivationCheckpointingConfig, raw["activation_checkpointing"],
-                                        path="activation_checkpointing")
+        ckpt = config.activation_checkpointing
         ds_pipe.checkpointing.configure(model.mpu(), deepspeed_config=ckpt)
     return section, ckpt
 

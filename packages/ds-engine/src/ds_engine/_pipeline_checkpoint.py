@@ -1,4 +1,4 @@
-"""PipelineEngine checkpoints: weights per layer (any stage count reloads them), engine state per stage.
+"""Loading PipelineEngine checkpoints: weights per layer (any stage count reloads them), engine state per stage.
 
 Layout of `save_dir/<tag>` (DeepSpeed's names):
     layer_XX-model_states.pt                      one per layer by global index (PipelineModule.save_state_dict)
@@ -11,6 +11,9 @@ into any number of stages. Optimizer state is per stage (which parameters a stag
 holds depends on the partition), so it loads only into the layout it was saved with; a different
 layout needs `load_optimizer_states=False`, which still restores the lr scheduler and counters
 (from `mp_rank_00`) and rebuilds any fp32 masters from the loaded weights.
+
+Saving is the plain engine's `_checkpoint.write_checkpoint`, with the layer files written first
+(`PipelineEngine._weights_writer`) and the stage layout in the model-states file.
 """
 
 from __future__ import annotations
@@ -22,74 +25,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ds_engine import _checkpoint
-from ds_engine.__about__ import __version__
-from ds_engine._atomic import atomic_save, atomic_write_text
+from ds_engine._train_state import ENGINE_KEYS
 
 if TYPE_CHECKING:
     from ds_engine._pipeline_engine import PipelineEngine
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_pipeline_checkpoint", "save_pipeline_checkpoint"]
+__all__ = ["LAYOUT_KEY", "load_pipeline_checkpoint"]
 
-_LAYOUT_KEY = "pipeline_layout"
-
-
-def _stage_states(engine: PipelineEngine, client_state: dict[str, Any],
-                  rng_states: list[dict[str, Any]]) -> dict[str, Any]:
-    zero = engine._zero.stage > 0
-    stepper = engine._stepper
-    state: dict[str, Any] = {
-        "module": None,
-        "buffer_names": [n for n, _ in engine.module.named_buffers()],
-        "optimizer": stepper.state_dict() if not zero and stepper is not None else None,
-        "param_shapes": None,
-        "frozen_param_shapes": None,
-        "shared_params": None,
-        "frozen_param_fragments": None,
-        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-        "data_sampler": None,
-        "random_ltd": None,
-        "skipped_steps": engine.skipped_steps,
-        "global_steps": engine.global_steps,
-        "global_samples": engine.global_samples,
-        "micro_steps": engine.micro_steps,
-        "dp_world_size": engine.dp_world_size,
-        "mp_world_size": engine.mp_world_size,
-        "checkpoint_parallel_dimensions": {"pp_degree": engine.num_stages, "tp_degree": 1},
-        "ds_config": engine._ds_config.raw,
-        "ds_version": __version__,
-        "rng_states": rng_states,
-        _LAYOUT_KEY: engine.layout(),
-    }
-    return _checkpoint.with_client_state(state, client_state)
-
-
-def save_pipeline_checkpoint(engine: PipelineEngine, save_dir: str | Path, tag: Any = None,
-                             client_state: dict[str, Any] | None = None, save_latest: bool = True,
-                             exclude_frozen_parameters: bool = False) -> bool:
-    """See `PipelineEngine.save_checkpoint`."""
-    tag = _checkpoint.resolve_save_tag(engine, save_dir, tag)
-    root = Path(save_dir)
-    ckpt_dir = root / tag
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    serialization = engine._ckpt_config.checkpoint_serialization
-    rng_states = _checkpoint._gather_rng(engine)
-    engine.module.save_state_dict(ckpt_dir, exclude_frozen_params=exclude_frozen_parameters)  # dp rank 0 only
-    if engine._dp_rank == 0:
-        state = _stage_states(engine, dict(client_state or {}), rng_states)
-        atomic_save(state, _checkpoint._model_file(ckpt_dir, engine._mp_rank), serialization=serialization)
-    if engine._zero.stage > 0 and engine._stepper is not None:
-        zero_state = {"optimizer_state_dict": engine._stepper.state_dict(), "ds_config": engine._ds_config.raw,
-                      "ds_version": __version__}
-        atomic_save(zero_state, _checkpoint._zero_file(ckpt_dir, engine._dp_rank, engine._mp_rank),
-                    serialization=serialization)
-    _checkpoint._barrier()
-    if save_latest and engine.global_rank == 0:
-        atomic_write_text(root / "latest", tag)
-    _checkpoint._barrier()
-    logger.info("saved pipeline checkpoint %s", ckpt_dir)
-    return True
+LAYOUT_KEY = "pipeline_layout"
 
 
 def _refresh_masters(engine: PipelineEngine) -> None:
@@ -104,13 +49,13 @@ def _refresh_masters(engine: PipelineEngine) -> None:
 
 def _read_stage_state(engine: PipelineEngine, ckpt_dir: Path) -> tuple[Path, dict[str, Any]]:
     """This stage's states file when the layout matches, else stage 0's (counters and scheduler are shared)."""
-    own = _checkpoint._model_file(ckpt_dir, engine._mp_rank)
-    path = own if own.is_file() else _checkpoint._model_file(ckpt_dir, 0)
+    own = _checkpoint.model_file(ckpt_dir, engine._mp_rank)
+    path = own if own.is_file() else _checkpoint.model_file(ckpt_dir, 0)
     if not path.is_file():
         raise FileNotFoundError(f"load_checkpoint: {path} does not exist; is {ckpt_dir} a pipeline checkpoint?")
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get(_LAYOUT_KEY) != engine.layout() and path != _checkpoint._model_file(ckpt_dir, 0):
-        path = _checkpoint._model_file(ckpt_dir, 0)
+    if state.get(LAYOUT_KEY) != engine.layout() and path != _checkpoint.model_file(ckpt_dir, 0):
+        path = _checkpoint.model_file(ckpt_dir, 0)
         state = torch.load(path, map_location="cpu", weights_only=False)
     return path, state
 
@@ -144,22 +89,6 @@ def _load_optimizer(engine: PipelineEngine, state: dict[str, Any], ckpt_dir: Pat
         _refresh_masters(engine)
 
 
-def _restore_counters(engine: PipelineEngine, state: dict[str, Any], load_lr_scheduler_states: bool) -> None:
-    if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
-        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    engine.global_steps = int(state["global_steps"])
-    engine.global_samples = int(state.get("global_samples", engine.global_steps * engine.train_batch_size()))
-    engine.skipped_steps = int(state.get("skipped_steps", 0))
-    engine.micro_steps = int(state.get("micro_steps", engine.global_steps * engine.gradient_accumulation_steps()))
-    rng = state.get("rng_states")
-    if rng:
-        if len(rng) == engine.world_size:
-            _checkpoint._set_rng_state(rng[engine.global_rank])
-        else:
-            logger.warning("checkpoint RNG states are for %d ranks, this run has %d; RNG not restored",
-                           len(rng), engine.world_size)
-
-
 def load_pipeline_checkpoint(engine: PipelineEngine, load_dir: str | Path, tag: Any = None,
                              load_module_strict: bool = True, load_optimizer_states: bool = True,
                              load_lr_scheduler_states: bool = True, load_module_only: bool = False,
@@ -179,13 +108,13 @@ def load_pipeline_checkpoint(engine: PipelineEngine, load_dir: str | Path, tag: 
     path, state = _read_stage_state(engine, ckpt_dir)
     restore_optimizer = load_optimizer_states and not load_module_only and engine._stepper is not None
     if restore_optimizer:
-        _check_layout(engine, state.get(_LAYOUT_KEY), ckpt_dir)  # before any weight changes
+        _check_layout(engine, state.get(LAYOUT_KEY), ckpt_dir)  # before any weight changes
     engine.module.load_state_dir(ckpt_dir, strict=load_module_strict)
     if restore_optimizer:
         _load_optimizer(engine, state, ckpt_dir)
     else:
         _refresh_masters(engine)
     if not load_module_only:
-        _restore_counters(engine, state, load_lr_scheduler_states)
-    client_state = {k: v for k, v in state.items() if k not in (*_checkpoint._ENGINE_KEYS, _LAYOUT_KEY)}
+        _checkpoint.restore_progress(engine, state, load_lr_scheduler_states=load_lr_scheduler_states)
+    client_state = {k: v for k, v in state.items() if k not in (*ENGINE_KEYS, LAYOUT_KEY)}
     return str(path), client_state

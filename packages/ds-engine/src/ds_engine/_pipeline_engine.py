@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,11 @@ from ds_engine._assembly import EngineParts
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._optional import require
 from ds_engine._pipeline_clip import PipelineGradClipper
+<<<<<<< HEAD
 from ds_ops.precision import local_overflow
+=======
+from ds_engine._train_state import TrainState
+>>>>>>> seams
 
 logger = logging.getLogger(__name__)
 
@@ -297,8 +302,17 @@ class PipelineEngine(DeepSpeedEngine):
         partition) and with ZeRO `zero_pp_rank_{dp}_mp_rank_{stage:02d}_optim_states.pt`.
         Collective; `latest` is switched by rank 0 once every rank has written.
         """
-        return _pipeline_checkpoint.save_pipeline_checkpoint(self, save_dir, tag, client_state, save_latest,
-                                                             exclude_frozen_parameters)
+        return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+
+    def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
+        """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
+        state = super()._train_state(rng_states, exclude_frozen_parameters)
+        return dataclasses.replace(state, module=None, param_shapes=None, pp_degree=self.num_stages, tp_degree=1,
+                                   extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()})
+
+    def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
+        """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them)."""
+        return functools.partial(self.module.save_state_dict, exclude_frozen_params=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,

@@ -22,6 +22,8 @@ from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
 __all__ = ["cli", "explain", "main"]
 
+_PIPE_SECTIONS = ("pipeline", "activation_checkpointing")
+
 
 def _flatten(value: Any, prefix: str, aliases: dict[str, str]) -> Iterator[tuple[str, Any]]:
     if isinstance(value, BaseModel):
@@ -44,9 +46,16 @@ def _resolved_rows(config: DeepSpeedConfig) -> list[tuple[str, Any, str]]:
     aliases: dict[str, str] = {}
     rows = []
     for path, value in _flatten(config.model, "", aliases):
-        if path.startswith("zero_optimization"):
+        if path.startswith(("zero_optimization", *_PIPE_SECTIONS)):
             continue
         rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))
+    for name in _PIPE_SECTIONS:
+        try:
+            section = getattr(config, name)  # ds-pipe's model (its defaults when the section is absent)
+        except DeepSpeedConfigError:
+            continue  # absent, and ds-pipe is not installed to say what its defaults are
+        for path, value in _flatten(section, name, aliases):
+            rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))
     zero = config.zero.config
     if zero is not None:
         for path, value in _flatten(zero, "zero_optimization", aliases):

@@ -5,6 +5,8 @@ Files are named by the layer's global index (not by stage), so a model saved on 
 `rank_repr` is the topology's tag without the pipe and data axes (`model_00` with tensor
 parallelism, empty otherwise). Each file holds the layer's `state_dict()` (an empty dict for a
 layer without state); a tied layer's file holds its tied module's state, in every occurrence.
+Every file is written through `ds_comm.atomic_save` (a unique temporary name, fsync, rename), so
+two writers never collide and a crash never leaves a torn layer file under its final name.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+import ds_comm
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +38,12 @@ def layer_file_name(layer_idx: int, rank_repr: str) -> str:
     return f"layer_{layer_idx:02d}{tag}-model_states.pt"
 
 
-def _atomic_save(obj: Any, path: Path, engine: CheckpointEngine | None) -> None:
-    """Write through a temporary name and rename, so a failed save never leaves a half file behind."""
-    if engine is not None:
-        engine.save(obj, str(path))
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def _save(obj: Any, path: Path, engine: CheckpointEngine | None) -> None:
+    """Write one layer file atomically (see `ds_comm.atomic_write`), through `engine` when one is given."""
+    if engine is None:
+        ds_comm.atomic_save(obj, path)
+    else:
+        ds_comm.atomic_write(path, lambda tmp: engine.save(obj, str(tmp)))
 
 
 def save_layers(layers: list[tuple[int, nn.Module | None]], save_dir: str | os.PathLike[str], rank_repr: str, *,
@@ -63,7 +65,7 @@ def save_layers(layers: list[tuple[int, nn.Module | None]], save_dir: str | os.P
             state = type(state)((k, v) for k, v in state.items() if k not in frozen)
         state = type(state)((k, v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items())
         path = directory / layer_file_name(layer_idx, rank_repr)
-        _atomic_save(state, path, engine)
+        _save(state, path, engine)
         written.append(path)
     logger.debug("saved %d layer files to %s", len(written), directory)
     return written

@@ -3,8 +3,8 @@
 Layout of `save_dir/<tag>/` (the engine writes the same files):
 `mp_rank_00_model_states.pt` (data-parallel rank 0: the module's state_dict and metadata) and one
 `zero_pp_rank_{dp_rank}_mp_rank_00_optim_states.pt` per rank (`{"optimizer_state_dict": ...}`), plus the
-text file `save_dir/latest` holding the tag (no newline), written last. Every file is written to a
-temporary name and renamed, so a failed save never replaces a good file.
+text file `save_dir/latest` holding the tag (no newline), written last. Every file goes through
+`ds_comm.atomic_save` (temporary name, fsync, rename), so a failed save never replaces a good file.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from typing import Any
 import torch
 
 import ds_comm
+from ds_comm import atomic_save, atomic_write_text
 from ds_zero.__about__ import __version__
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "MODEL_STATES_FILE",
-    "atomic_torch_save",
-    "atomic_write_text",
     "find_model_states_file",
     "find_optim_files",
     "load_zero_checkpoint",
@@ -44,26 +43,6 @@ _OPTIM_RE = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?opti
 def optim_states_file_name(dp_rank: int, *, bf16: bool = False) -> str:
     """`[bf16_]zero_pp_rank_{dp_rank}_mp_rank_00_optim_states.pt` (DeepSpeed's name)."""
     return f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp_rank}_mp_rank_00_optim_states.pt"
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """`torch.save` to a temporary name in the same directory, then rename over `path`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` (exactly, no newline added) to `path` through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def read_latest_tag(save_dir: str | os.PathLike[str]) -> str:
@@ -186,15 +165,15 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
     path = Path(save_dir) / str(tag)
     path.mkdir(parents=True, exist_ok=True)
     rank = optimizer.dp_rank
-    atomic_torch_save({"optimizer_state_dict": optimizer.state_dict(), "ds_zero_version": __version__},
-                      path / optim_states_file_name(rank, bf16=bf16_prefix))
+    atomic_save({"optimizer_state_dict": optimizer.state_dict(), "ds_zero_version": __version__},
+                path / optim_states_file_name(rank, bf16=bf16_prefix))
     if module is not None:
         # Stages 1/2: one model-states file (rank 0). Stage 3: every rank writes its own (DeepSpeed's names).
         if optimizer.zero_stage == 3:
-            atomic_torch_save(_model_states(optimizer, module, client_state or {}),
-                              path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+            atomic_save(_model_states(optimizer, module, client_state or {}),
+                        path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
         elif rank == 0:
-            atomic_torch_save(_model_states(optimizer, module, client_state or {}), path / MODEL_STATES_FILE)
+            atomic_save(_model_states(optimizer, module, client_state or {}), path / MODEL_STATES_FILE)
     if ds_comm.is_initialized():
         ds_comm.barrier(group=optimizer.dp_group)
     if rank == 0 and save_latest:

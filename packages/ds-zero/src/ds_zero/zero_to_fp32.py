@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+import ds_comm
 from ds_zero._checkpoint_format import FragmentIndex, consolidate_fp32_params
 from ds_zero._checkpoint_io import (
-    atomic_torch_save,
     find_model_states_file,
     load_optim_state_dicts,
     resolve_checkpoint_dir,
@@ -103,7 +103,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters,
                                                           progress=progress)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_torch_save(state_dict, out)
+    ds_comm.atomic_save(state_dict, out)
     return out
 
 

@@ -15,7 +15,6 @@ from ds_engine.config._errors import DeepSpeedConfigError
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine.config._batch import BatchPlan
     from ds_engine.config._deepspeed_config import DeepSpeedConfig
-    from ds_engine.config._pipe_interim import ActivationCheckpointingConfig, PipelineConfig
     from ds_engine.config._sections import (
         BF16Config,
         CheckpointConfig,
@@ -29,10 +28,10 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     )
     from ds_engine.config._toplevel import DeepSpeedConfigModel
     from ds_engine.config._zero_section import ZeroSettings
+    from ds_pipe import ActivationCheckpointingConfig, PipelineConfig
 
 #: public name -> the submodule that defines it
 _WHERE = {
-    "ActivationCheckpointingConfig": "_pipe_interim",
     "BF16Config": "_sections",
     "BatchPlan": "_batch",
     "CSVMonitorConfig": "_sections",
@@ -42,15 +41,20 @@ _WHERE = {
     "DeepSpeedConfigModel": "_toplevel",
     "FP16Config": "_sections",
     "OptimizerConfig": "_sections",
-    "PipelineConfig": "_pipe_interim",
     "SchedulerConfig": "_sections",
     "TensorBoardConfig": "_sections",
     "TimersConfig": "_sections",
     "ZeroSettings": "_zero_section",
 }
 
+#: ds-pipe's section models, served under their DeepSpeed-era names here (the `pipe` extra)
+_FROM_DS_PIPE = {"ActivationCheckpointingConfig": "activation_checkpointing", "PipelineConfig": "pipeline"}
+
 
 def __getattr__(name: str) -> object:
+    if name in _FROM_DS_PIPE:
+        sections = importlib.import_module("ds_engine.config._pipe_sections")
+        return sections.pipe_section_model(_FROM_DS_PIPE[name])
     if name in _WHERE:
         return getattr(importlib.import_module(f"ds_engine.config.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'ds_engine.config' has no attribute {name!r}")

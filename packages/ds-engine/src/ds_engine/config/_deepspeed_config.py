@@ -13,6 +13,7 @@ from ds_engine.config._batch import GAS, MBS, TBS, BatchPlan, resolve_batch
 from ds_engine.config._checks import check_cross_fields, precision_name
 from ds_engine.config._errors import DeepSpeedConfigError
 from ds_engine.config._load import fill_auto, find_auto_paths, load_raw, without_paths
+from ds_engine.config._pipe_sections import validate_pipe_section
 from ds_engine.config._toplevel import DeepSpeedConfigModel
 from ds_engine.config._zero_section import ZeroSettings, resolve_zero
 
@@ -72,6 +73,8 @@ class DeepSpeedConfig:
         self.auto_keys: tuple[str, ...] = tuple(find_auto_paths(raw))
         self.model: DeepSpeedConfigModel = _validate(without_paths(raw, list(self.auto_keys)))
         self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
+        self._pipe_sections = {name: validate_pipe_section(name, getattr(self.model, name))
+                               for name in ("pipeline", "activation_checkpointing")}
         self.world_size, self.world_size_source = _world_size(world_size, mpu)
         m = self.model
         self.batch: BatchPlan | None = None
@@ -155,6 +158,20 @@ class DeepSpeedConfig:
     def zero_config(self) -> Any:
         """ds-zero's `ZeroConfig`, or None when ds-zero is not installed."""
         return self.zero.config
+
+    @property
+    def pipeline(self) -> Any:
+        """`ds_pipe.PipelineConfig` for the `pipeline` section (its defaults when absent; needs ds-pipe)."""
+        return self._pipe_section("pipeline")
+
+    @property
+    def activation_checkpointing(self) -> Any:
+        """`ds_pipe.ActivationCheckpointingConfig` for that section (defaults when absent; needs ds-pipe)."""
+        return self._pipe_section("activation_checkpointing")
+
+    def _pipe_section(self, name: str) -> Any:
+        section = self._pipe_sections[name]
+        return section if section is not None else validate_pipe_section(name, {})
 
     @property
     def optimizer_name(self) -> str | None:

@@ -2,7 +2,7 @@
 
 Sections owned elsewhere: `zero_optimization` (ds_zero.ZeroConfig), `comms_logger`
 (ds_comm.CommsLoggerConfig), `aio` (ds_ops.AioConfig), `pipeline`/`activation_checkpointing`
-(ds-pipe; also checked by ds-engine's copies in `_pipe_interim.py`).
+(ds_pipe.PipelineConfig / ActivationCheckpointingConfig, see `_pipe_sections.py`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from pydantic import BeforeValidator, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import CommsLoggerConfig, ConfigModel
-from ds_engine.config._pipe_interim import ActivationCheckpointingConfig, PipelineConfig
 from ds_engine.config._sections import (
     BF16Config,
     CheckpointConfig,
@@ -67,6 +66,12 @@ def _section_or_bool(value: Any) -> Any:
     return value
 
 
+def _section(value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"expected a section (object), got {value!r}")
+    return value
+
+
 def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
@@ -76,8 +81,9 @@ class DeepSpeedConfigModel(ConfigModel):
 
     Unknown keys are errors with a suggestion (DeepSpeed ignores them silently). Keys DeepSpeed
     removed or ds does not implement are errors that say so; a few are accepted at their inert
-    default only. `zero_optimization` is validated by ds-zero's `ZeroConfig` (lazily, since ds-zero
-    is an optional extra), so here it is raw.
+    default only. `zero_optimization` is validated by ds-zero's `ZeroConfig`, and `pipeline` /
+    `activation_checkpointing` by ds-pipe's models (lazily, since both are optional extras), so here
+    they are raw.
     """
 
     unsupported_keys: ClassVar[dict[str, str]] = UNSUPPORTED_KEYS
@@ -146,10 +152,10 @@ class DeepSpeedConfigModel(ConfigModel):
     """ZeRO; validated by ds_zero.ZeroConfig (true/false is the legacy form of stage 1/0)."""
     comms_logger: CommsLoggerConfig = CommsLoggerConfig()
     """Collective-communication logging (ds-comm)."""
-    pipeline: PipelineConfig = PipelineConfig()
-    """Pipeline engine options (ds-pipe)."""
-    activation_checkpointing: ActivationCheckpointingConfig = ActivationCheckpointingConfig()
-    """Activation checkpointing options (ds-pipe)."""
+    pipeline: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
+    """Pipeline engine options; validated by ds_pipe.PipelineConfig (see `_pipe_sections.py`)."""
+    activation_checkpointing: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
+    """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
     """Only disabled."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()

@@ -1,0 +1,146 @@
+"""`TrainState`: what a checkpoint records about training, as a value; and the one model-states dict built from it.
+
+The engines capture a `TrainState` at save time (their own fields, read by themselves), and the
+checkpoint writer turns it into DeepSpeed's model-states dict here, in one place for the plain
+and the pipeline engine. Loading goes the other way through `restored_counters` and the RNG
+helpers, again shared by both engines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from typing import Any
+
+import torch
+
+from ds_engine.__about__ import __version__
+
+__all__ = ["ENGINE_KEYS", "Counters", "TrainState", "model_states", "restored_counters", "rng_state", "set_rng_state"]
+
+#: Keys of the model-states file the engine restores itself; everything else is returned as client_state.
+ENGINE_KEYS = (
+    "module",
+    "optimizer",
+    "lr_scheduler",
+    "skipped_steps",
+    "global_steps",
+    "micro_steps",
+    "rng_states",
+    "data_sampler",
+    "random_ltd",
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Counters:
+    """The engine's step counters (DeepSpeed's names)."""
+
+    global_steps: int
+    """Optimizer-step boundaries taken (applied or skipped)."""
+    global_samples: int
+    """Samples consumed: global_steps x train_batch_size, unless the batch size changed on the way."""
+    micro_steps: int
+    """`step()` calls (micro-batches)."""
+    skipped_steps: int
+    """Boundaries whose update was skipped (fp16/bf16 overflow)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainState:
+    """Everything the model-states file holds besides the user's client_state, captured at save time."""
+
+    module: dict[str, Any] | None
+    """The module's state_dict; None for a pipeline (its weights go to per-layer files)."""
+    buffer_names: list[str]
+    """Names of the module's buffers (DeepSpeed's key, read by zero_to_fp32)."""
+    optimizer: dict[str, Any] | None
+    """The stage-0 stepper's state (loss scaler, fp32 masters); None under ZeRO (per-rank partition files)."""
+    param_shapes: list[dict[str, torch.Size]] | None
+    """Per param group, name -> shape of the trainable parameters (ZeRO only, as DeepSpeed writes it)."""
+    lr_scheduler: dict[str, Any] | None
+    """The lr scheduler's state_dict, if there is a scheduler."""
+    counters: Counters
+    dp_world_size: int
+    mp_world_size: int
+    pp_degree: int = 1
+    """Pipeline stages (1 for the plain engine)."""
+    tp_degree: int = 1
+    """Tensor-parallel degree."""
+    ds_config: dict[str, Any]
+    """The config as the user wrote it."""
+    rng_states: list[dict[str, Any]]
+    """Every rank's RNG state, in global rank order."""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Engine-specific keys (the pipeline's stage layout)."""
+
+
+def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, Any]:
+    """DeepSpeed's model-states dict for `state`, plus the user's `client_state`.
+
+    Raises:
+        ValueError: a `client_state` key collides with a key the engine writes (it is never overwritten).
+    """
+    c = state.counters
+    out: dict[str, Any] = {
+        "module": state.module,
+        "buffer_names": state.buffer_names,
+        "optimizer": state.optimizer,
+        "param_shapes": state.param_shapes,
+        "frozen_param_shapes": None,
+        "shared_params": None,
+        "frozen_param_fragments": None,
+        "lr_scheduler": state.lr_scheduler,
+        "data_sampler": None,
+        "random_ltd": None,
+        "skipped_steps": c.skipped_steps,
+        "global_steps": c.global_steps,
+        "global_samples": c.global_samples,
+        "micro_steps": c.micro_steps,
+        "dp_world_size": state.dp_world_size,
+        "mp_world_size": state.mp_world_size,
+        "checkpoint_parallel_dimensions": {"pp_degree": state.pp_degree, "tp_degree": state.tp_degree},
+        "ds_config": state.ds_config,
+        "ds_version": __version__,
+        "rng_states": state.rng_states,
+        **state.extra,
+    }
+    clash = sorted(set(client_state) & set(out))
+    if clash:
+        raise ValueError(f"client_state keys {clash} collide with keys the engine writes; rename them")
+    out.update(client_state)
+    return out
+
+
+def restored_counters(saved: dict[str, Any], *, train_batch_size: int, gradient_accumulation_steps: int) -> Counters:
+    """The counters in a loaded model-states dict; keys older writers lack are derived from global_steps."""
+    global_steps = int(saved["global_steps"])
+    return Counters(
+        global_steps=global_steps,
+        global_samples=int(saved.get("global_samples", global_steps * train_batch_size)),
+        micro_steps=int(saved.get("micro_steps", global_steps * gradient_accumulation_steps)),
+        skipped_steps=int(saved.get("skipped_steps", 0)),
+    )
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states: Python, torch CPU, CUDA (when initialised), numpy (when imported)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured (the parts this process has)."""
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    numpy = sys.modules.get("numpy")
+    if "numpy" in state and numpy is not None:
+        numpy.random.set_state(state["numpy"])
