@@ -24,11 +24,8 @@ from ds_engine._assembly import EngineParts
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._optional import require
 from ds_engine._pipeline_clip import PipelineGradClipper
-<<<<<<< HEAD
-from ds_ops.precision import local_overflow
-=======
 from ds_engine._train_state import TrainState
->>>>>>> seams
+from ds_ops.precision import local_overflow
 
 logger = logging.getLogger(__name__)
 
