@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
 from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text
+from ds_comm._checkpoint_read import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
 from ds_comm._comms_logger import configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
@@ -63,6 +64,7 @@ __all__ = [
     "AUTO",
     "Accelerator",
     "Auto",
+    "CheckpointFileError",
     "CollectiveError",
     "CollectiveHandle",
     "CollectiveTimeoutError",
@@ -83,6 +85,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "check_deepspeed_version",
     "configure",
     "destroy_process_group",
     "find_auto",
@@ -96,6 +99,7 @@ __all__ = [
     "irecv",
     "is_initialized",
     "isend",
+    "load_checkpoint_file",
     "log_dist",
     "log_summary",
     "new_group",

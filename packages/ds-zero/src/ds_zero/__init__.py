@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
+from ds_zero._checkpoint_format import consolidate_fp32_params
 from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
 
 # ZeRO stage 3
@@ -23,6 +24,7 @@ from ds_zero._gathered_parameters import (
 )
 from ds_zero._init import Init, partition_model
 from ds_zero._nvme_files import NVMeSwapError
+from ds_zero._partition_files import load_partition_state_dicts
 from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
 from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3_module import DeepSpeedZeRoOffload
@@ -57,8 +59,10 @@ __all__ = [
     "ZeroConfig",
     "ZeroOptimizer",
     "__version__",
+    "consolidate_fp32_params",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "load_partition_state_dicts",
     "load_state_dict_from_zero_checkpoint",
     "load_zero_checkpoint",
     "save_zero_checkpoint",

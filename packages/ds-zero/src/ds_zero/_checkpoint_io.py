@@ -184,9 +184,13 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
 
 
 def load_optim_state_dicts(ckpt_dir: str | os.PathLike[str], *, mmap: bool = True) -> list[dict[str, Any]]:
-    """Every rank's `optimizer_state_dict` from `ckpt_dir`, in rank order (safe `weights_only` loading)."""
-    return [torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)["optimizer_state_dict"]
-            for p in find_optim_files(ckpt_dir)]
+    """Every rank's `optimizer_state_dict` from `ckpt_dir` (ds's or DeepSpeed's files), in rank order, in format 1.
+
+    Restricted unpickling; see `ds_zero._partition_files.load_partition_state_dicts`.
+    """
+    from ds_zero._partition_files import load_partition_state_dicts  # it imports this module
+
+    return load_partition_state_dicts(ckpt_dir, mmap=mmap)
 
 
 def load_zero_checkpoint(load_dir: str | os.PathLike[str], optimizer: Any, module: torch.nn.Module | None = None, *,
