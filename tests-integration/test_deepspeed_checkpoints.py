@@ -23,6 +23,8 @@ DATA = FIXTURES / "data"
 sys.path.insert(0, str(FIXTURES))
 import border_job  # noqa: E402
 
+from ds_comm._checkpoint_read import deepspeed_pickle_names as _deepspeed_names  # noqa: E402
+
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 CASES = sorted(c for c, v in MANIFEST["cases"].items() if v["status"] == "ok")
 TOL = 1e-6
@@ -79,3 +81,52 @@ def test_other_world_size_continues_like_deepspeed(case):
 def test_other_stage_continues_like_deepspeed(case, stage, world):
     got = run_ranks(world, _continue, case, str(DATA / case / "ckpt"), stage, timeout_s=240)
     _check(got[0], _reference(case))
+
+
+def _load_bad(rank: int, world_size: int, case: str, ckpt: str) -> dict:
+    """Load a damaged checkpoint; return the error and whether the engine's weights stayed as they were."""
+    import ds_engine
+
+    engine = border_job.build(ds_engine, case, world_size)
+    before = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    try:
+        engine.load_checkpoint(ckpt)
+    except Exception as err:  # noqa: BLE001  # the test asserts on type and message
+        error = f"{type(err).__name__}: {err}"
+    else:
+        error = None
+    after = engine.module.state_dict()
+    unchanged = all(torch.equal(before[k], after[k]) for k in before)
+    return {"error": error, "unchanged": unchanged, "steps": engine.global_steps}
+
+
+def _copy(case: str, tmp_path: Path) -> tuple[Path, Path]:
+    dst = tmp_path / case
+    shutil.copytree(DATA / case / "ckpt", dst)
+    return dst, dst / (dst / "latest").read_text()
+
+
+@pytest.mark.parametrize("case", ["z2_fp32", "z3_bf16"])
+def test_truncated_rank_file_names_it_and_loads_nothing(case, tmp_path):
+    root, tag = _copy(case, tmp_path)
+    victim = sorted(tag.glob("*zero_pp_rank_1_mp_rank_00_optim_states.pt"))[0]
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    got = run_ranks(1, _load_bad, case, str(root), timeout_s=240)[0]
+    assert got["error"] and got["error"].startswith("CheckpointFileError"), got
+    assert victim.name in got["error"] and "truncated or corrupt" in got["error"]
+    assert got["unchanged"] and got["steps"] == 0
+
+
+@pytest.mark.parametrize("which", ["mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
+def test_newer_deepspeed_version_is_refused(which, tmp_path):
+    import ds_comm
+
+    root, tag = _copy("z1_fp32", tmp_path)
+    victim = tag / which
+    state = ds_comm.load_checkpoint_file(victim)
+    state["ds_version"] = "0.99.0"
+    with _deepspeed_names():
+        torch.save(state, victim)
+    got = run_ranks(1, _load_bad, "z1_fp32", str(root), timeout_s=240)[0]
+    assert got["error"] and "0.99.0" in got["error"] and "newer" in got["error"] and which in got["error"], got
+    assert got["unchanged"] and got["steps"] == 0

@@ -33,7 +33,9 @@ GLOBAL_MICROS = 2  # micro-batches per optimizer step over all ranks (2 ranks x 
 CLIENT_STATE = {"my_counter": 7, "note": "client"}
 
 CASES = {
-    f"z{stage}_{dtype}": {"stage": stage, "dtype": dtype} for stage in (0, 1, 2, 3) for dtype in ("fp32", "bf16", "fp16")
+    f"z{stage}_{dtype}": {"stage": stage, "dtype": dtype}
+    for stage in (0, 1, 2, 3)
+    for dtype in ("fp32", "bf16", "fp16")
 }
 
 

@@ -13,9 +13,13 @@ returned half loaded: the whole file is parsed before the caller sees any of it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
+import sys
+import types
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +28,12 @@ import torch
 __all__ = [
     "DEEPSPEED_READ_VERSION",
     "CheckpointFileError",
+    "DeepSpeedDynamicLossScaler",
     "DeepSpeedFragmentAddress",
     "DeepSpeedLossScaler",
     "DeepSpeedZeroStage",
     "check_deepspeed_version",
+    "deepspeed_pickle_names",
     "load_checkpoint_file",
 ]
 
@@ -68,6 +74,10 @@ class DeepSpeedLossScaler(_PlainState):
         return dict(self.__dict__)
 
 
+class DeepSpeedDynamicLossScaler(DeepSpeedLossScaler):
+    """Stand-in for DeepSpeed's `DynamicLossScaler` (fp16 with a dynamic scale)."""
+
+
 class DeepSpeedFragmentAddress(_PlainState):
     """Stand-in for `deepspeed.utils.tensor_fragment.fragment_address`: `numel` and `start` of a slice."""
 
@@ -78,9 +88,40 @@ class DeepSpeedFragmentAddress(_PlainState):
 _DEEPSPEED_CLASSES: list[tuple[Any, str]] = [
     (DeepSpeedZeroStage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
     (DeepSpeedLossScaler, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
-    (DeepSpeedLossScaler, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
+    (DeepSpeedDynamicLossScaler, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
     (DeepSpeedFragmentAddress, "deepspeed.utils.tensor_fragment.fragment_address"),
 ]
+
+
+@contextlib.contextmanager
+def deepspeed_pickle_names() -> Iterator[None]:
+    """While active, `torch.save` writes the stand-ins under DeepSpeed's class paths.
+
+    So a file ds writes for DeepSpeed holds the loss scaler, `ZeroStageEnum` and `fragment_address`
+    where DeepSpeed's own unpickler looks for them. pickle checks that a class is importable under its
+    name; for the duration, each DeepSpeed module path that is not already imported gets a placeholder
+    module holding just the stand-in (never a `deepspeed` package: the parents are not registered).
+    Not thread-safe: the stand-ins' names change for the whole process while it is active.
+    """
+    saved = []
+    added = []
+    try:
+        for cls, full in _DEEPSPEED_CLASSES:
+            module, _, name = full.rpartition(".")
+            saved.append((cls, cls.__module__, cls.__qualname__, cls.__name__))
+            if module not in sys.modules:
+                sys.modules[module] = types.ModuleType(module, "placeholder for pickling ds's stand-ins")
+                added.append(module)
+            if getattr(sys.modules[module], name, cls) is not cls:
+                raise RuntimeError(f"{full} is imported and is not ds's stand-in; cannot write DeepSpeed's layout")
+            setattr(sys.modules[module], name, cls)
+            cls.__module__, cls.__qualname__, cls.__name__ = module, name, name
+        yield
+    finally:
+        for cls, module, qualname, name in saved:
+            cls.__module__, cls.__qualname__, cls.__name__ = module, qualname, name
+        for module in added:
+            sys.modules.pop(module, None)
 
 
 def _numpy_globals() -> list[Any]:

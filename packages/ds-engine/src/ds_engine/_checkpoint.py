@@ -257,6 +257,7 @@ def load_checkpoint(
     ckpt_dir = root / str(tag)
     path = read_model_states(ckpt_dir, engine._mp_rank)
     state = ds_comm.load_checkpoint_file(path)
+    ds_comm.check_deepspeed_version(state.get("ds_version"), path)
     # Everything is read and checked before the engine changes (nothing half loaded on a bad file).
     parts = None
     if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
