@@ -23,7 +23,7 @@ DATA = FIXTURES / "data"
 sys.path.insert(0, str(FIXTURES))
 import border_job  # noqa: E402
 
-from ds_comm._checkpoint_read import deepspeed_pickle_names as _deepspeed_names  # noqa: E402
+from ds_comm.checkpoint_files import deepspeed_pickle_names as _deepspeed_names  # noqa: E402
 
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
 CASES = sorted(c for c, v in MANIFEST["cases"].items() if v["status"] == "ok")
@@ -130,3 +130,43 @@ def test_newer_deepspeed_version_is_refused(which, tmp_path):
     got = run_ranks(1, _load_bad, "z1_fp32", str(root), timeout_s=240)[0]
     assert got["error"] and "0.99.0" in got["error"] and "newer" in got["error"] and which in got["error"], got
     assert got["unchanged"] and got["steps"] == 0
+
+
+def _same(a, b, path: str, diffs: list) -> None:
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            diffs.append((path, "keys", sorted(map(str, set(a) ^ set(b)))))
+            return
+        for k in a:
+            _same(a[k], b[k], f"{path}/{k}", diffs)
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            diffs.append((path, "length", len(a), len(b)))
+            return
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]", diffs)
+    elif isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)):
+            diffs.append((path, "tensor"))
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        if type(a) is not type(b) or a.__dict__ != b.__dict__:
+            diffs.append((path, a, b))
+    elif a != b:
+        diffs.append((path, a, b))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")])
+def test_writing_deepspeed_layout_reproduces_deepspeeds_own_files(case, tmp_path):
+    """DeepSpeed's checkpoint, read by ds and written back by `to_deepspeed`: every file, key, dtype and value
+    (flat partitions, paddings, slice mappings, optimizer state, stage-3 placeholders) equals DeepSpeed's."""
+    import ds_comm
+    from ds_zero.to_deepspeed import convert_to_deepspeed
+
+    src = DATA / case / "ckpt"
+    out = convert_to_deepspeed(src, tmp_path)
+    tag = src / (src / "latest").read_text()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in tag.iterdir())
+    diffs: list = []
+    for f in sorted(tag.iterdir()):
+        _same(ds_comm.load_checkpoint_file(f), ds_comm.load_checkpoint_file(out / f.name), f.name, diffs)
+    assert not diffs, diffs[:5]

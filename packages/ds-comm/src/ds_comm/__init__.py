@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
 from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text
-from ds_comm._checkpoint_read import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
 from ds_comm._comms_logger import configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm.accelerator import Accelerator, get_accelerator, set_accelerator
+from ds_comm.checkpoint_files import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
 from ds_comm.collectives import (
     CollectiveError,
     CollectiveHandle,

@@ -13,7 +13,7 @@ from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint_format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint_format import consolidate_fp32_params
-from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint
+from ds_zero._checkpoint_io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
 
 # ZeRO stage 3
 from ds_zero._gather import GatherDivergenceError
@@ -66,6 +66,7 @@ __all__ = [
     "load_state_dict_from_zero_checkpoint",
     "load_zero_checkpoint",
     "save_zero_checkpoint",
+    "zero_param_shapes",
     # ZeRO stage 3
     "DeepSpeedZeRoOffload",
     "DeepSpeedZeroOptimizer_Stage3",

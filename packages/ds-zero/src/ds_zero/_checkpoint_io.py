@@ -33,6 +33,7 @@ __all__ = [
     "read_latest_tag",
     "resolve_checkpoint_dir",
     "save_zero_checkpoint",
+    "zero_param_shapes",
 ]
 
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
@@ -111,8 +112,9 @@ def resolve_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], tag: str | No
     return path
 
 
-def _param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
-    """Per param group, name -> shape of the trainable parameters (DeepSpeed's `param_shapes`)."""
+def zero_param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
+    """Per param group, name -> shape of the trainable parameters of a ZeRO optimizer (DeepSpeed's
+    `param_shapes`), in the order of its flat partitions."""
     flats = getattr(optimizer, "flats", None)
     if flats is not None:
         return [{slot.name: list(slot.shape) for slot in flat.slots} for flat in flats]
@@ -127,7 +129,7 @@ def _model_states(optimizer: Any, module: torch.nn.Module, client_state: Mapping
         "module": module.state_dict(),
         "buffer_names": [name for name, _ in module.named_buffers()],
         "optimizer": None,
-        "param_shapes": _param_shapes(optimizer, module),
+        "param_shapes": zero_param_shapes(optimizer, module),
         "frozen_param_shapes": dict(getattr(optimizer, "frozen_param_shapes", {})),
         "shared_params": dict(getattr(optimizer, "shared_params", {})),
         "dp_world_size": optimizer.dp_world_size,

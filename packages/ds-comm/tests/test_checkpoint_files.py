@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ds_comm
-from ds_comm._checkpoint_read import DeepSpeedLossScaler
+from ds_comm.checkpoint_files import DeepSpeedLossScaler
 
 
 class _Evil:
@@ -92,7 +92,7 @@ def test_newer_deepspeed_version_says_so(tmp_path):
 
 
 def test_stand_ins_write_under_deepspeed_names_and_read_back(tmp_path):
-    from ds_comm._checkpoint_read import DeepSpeedFragmentAddress, DeepSpeedZeroStage, deepspeed_pickle_names
+    from ds_comm.checkpoint_files import DeepSpeedFragmentAddress, DeepSpeedZeroStage, deepspeed_pickle_names
 
     scaler = DeepSpeedLossScaler()
     scaler.__setstate__({"cur_scale": 2.0, "dynamic": False})
@@ -101,7 +101,7 @@ def test_stand_ins_write_under_deepspeed_names_and_read_back(tmp_path):
     before = set(sys.modules)
     with deepspeed_pickle_names():
         torch.save({"s": scaler, "z": DeepSpeedZeroStage.gradients, "a": address}, tmp_path / "f.pt")
-    assert set(sys.modules) == before and DeepSpeedLossScaler.__module__ == "ds_comm._checkpoint_read"
+    assert set(sys.modules) == before and DeepSpeedLossScaler.__module__ == "ds_comm.checkpoint_files"
     names = set(torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "f.pt"))
     assert names == {"deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum",
                      "deepspeed.utils.tensor_fragment.fragment_address"}
