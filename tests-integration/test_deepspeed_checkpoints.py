@@ -170,3 +170,66 @@ def test_writing_deepspeed_layout_reproduces_deepspeeds_own_files(case, tmp_path
     for f in sorted(tag.iterdir()):
         _same(ds_comm.load_checkpoint_file(f), ds_comm.load_checkpoint_file(out / f.name), f.name, diffs)
     assert not diffs, diffs[:5]
+
+
+_NO_DS = ("import runpy, sys\n"
+          "for name in ('ds_comm', 'ds_ops', 'ds_zero', 'ds_engine', 'ds_pipe', 'deepspeed'):\n"
+          "    sys.modules[name] = None  # importing any of them now fails\n"
+          "sys.argv = sys.argv[1:]\n"
+          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def _run_copied_script(save_dir: Path, out: Path) -> dict:
+    """`python zero_to_fp32.py . out` inside `save_dir`, with every ds package (and deepspeed) unimportable."""
+    import subprocess
+
+    script = save_dir / "zero_to_fp32.py"
+    proc = subprocess.run([sys.executable, "-c", _NO_DS, str(script), ".", str(out)], cwd=save_dir,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")])
+def test_copied_zero_to_fp32_reads_deepspeed_checkpoints_with_torch_only(case, tmp_path):
+    from ds_zero import copy_zero_to_fp32_script, get_fp32_state_dict_from_zero_checkpoint
+
+    save_dir = tmp_path / "ckpt"
+    shutil.copytree(DATA / case / "ckpt", save_dir)
+    copy_zero_to_fp32_script(save_dir)
+    got = _run_copied_script(save_dir, tmp_path / "out.bin")
+    want = get_fp32_state_dict_from_zero_checkpoint(save_dir)
+    assert list(got) == list(want) and "buf" in got
+    for name in want:
+        assert got[name].dtype == want[name].dtype and torch.equal(got[name], want[name]), name
+
+
+def _train_and_save(rank: int, world_size: int, case: str, save_dir: str) -> dict:
+    import ds_engine
+
+    engine = border_job.build(ds_engine, case, world_size)
+    border_job.train(engine, 0, border_job.STEPS_BEFORE, rank, world_size, border_job.dtype_of(case))
+    engine.save_checkpoint(save_dir)
+    return {}
+
+
+@pytest.mark.parametrize("case", ["z2_fp32", "z3_bf16"])
+def test_ds_checkpoint_gets_a_working_zero_to_fp32_script(case, tmp_path):
+    """The engine copies the script into the save directory; it and `python -m ds_engine.utils.zero_to_fp32`
+    rebuild the same fp32 weights, equal to ds-zero's consolidation."""
+    import subprocess
+
+    from ds_zero import get_fp32_state_dict_from_zero_checkpoint
+
+    save_dir = tmp_path / "ckpt"
+    run_ranks(2, _train_and_save, case, str(save_dir), timeout_s=240)
+    assert (save_dir / "zero_to_fp32.py").is_file()
+    got = _run_copied_script(save_dir, tmp_path / "script.bin")
+    proc = subprocess.run([sys.executable, "-m", "ds_engine.utils.zero_to_fp32", "-q", str(save_dir),
+                           str(tmp_path / "module.bin")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    by_module = torch.load(tmp_path / "module.bin", weights_only=True)
+    want = get_fp32_state_dict_from_zero_checkpoint(save_dir)
+    assert list(got) == list(want) == list(by_module)
+    for name in want:
+        assert torch.equal(got[name], want[name]) and torch.equal(by_module[name], want[name]), name

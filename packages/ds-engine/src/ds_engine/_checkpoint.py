@@ -167,6 +167,9 @@ def write_checkpoint(request: SaveRequest) -> Path:
         atomic_save(
             partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization
         )
+    if request.zero_partition is not None and request.writes_latest:
+        # DeepSpeed copies its consolidation script next to ZeRO checkpoints; this is ds's (torch only).
+        require("ds_zero", extra="zero", feature="ZeRO checkpoints").copy_zero_to_fp32_script(request.root)
     _barrier()
     if request.save_latest and request.writes_latest:
         atomic_write_text(request.root / "latest", request.tag)

@@ -26,6 +26,7 @@ from ds_zero._init import Init, partition_model
 from ds_zero._nvme_files import NVMeSwapError
 from ds_zero._partition_files import load_partition_state_dicts
 from ds_zero._partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._script_copy import copy_zero_to_fp32_script
 from ds_zero._stage3_checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3_module import DeepSpeedZeRoOffload
 from ds_zero._stage3_optimizer import DeepSpeedZeroOptimizer_Stage3
@@ -61,6 +62,7 @@ __all__ = [
     "__version__",
     "consolidate_fp32_params",
     "convert_zero_checkpoint_to_fp32_state_dict",
+    "copy_zero_to_fp32_script",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_partition_state_dicts",
     "load_state_dict_from_zero_checkpoint",

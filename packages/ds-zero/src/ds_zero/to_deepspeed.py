@@ -9,7 +9,7 @@ Command line::
 for every rank, the partitioned parameters as empty tensors, as DeepSpeed writes them) and
 `<tag>/[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt` in DeepSpeed's per-rank layout, with
 `ds_version`, `param_shapes`, `frozen_param_shapes` and DeepSpeed's class paths for the loss scaler,
-`ZeroStageEnum` and `fragment_address`. DeepSpeed loads
+`ZeroStageEnum` and `fragment_address`, plus ds's torch-only `zero_to_fp32.py`. DeepSpeed loads
 ZeRO files only at the world size they were written for: `--world_size` picks it (default: the
 world size of the ds save), `--stage` the ZeRO stage (default: the saved one).
 """
@@ -32,6 +32,7 @@ from ds_zero._checkpoint_format import FragmentIndex
 from ds_zero._checkpoint_io import read_latest_tag
 from ds_zero._deepspeed_export import DEEPSPEED_VERSION, deepspeed_rank_state_dict
 from ds_zero._partition_files import deepspeed_model_states_file, load_partition_state_dicts
+from ds_zero._script_copy import copy_zero_to_fp32_script
 
 __all__ = ["convert_to_deepspeed", "main"]
 
@@ -111,6 +112,7 @@ def convert_to_deepspeed(checkpoint_dir: str | os.PathLike[str], output_dir: str
             ds_comm.atomic_save({"optimizer_state_dict": sd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION},
                                 out / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     ds_comm.atomic_write_text(Path(output_dir) / "latest", tag)
+    copy_zero_to_fp32_script(output_dir)
     return out
 
 

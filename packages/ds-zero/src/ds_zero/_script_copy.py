@@ -1,0 +1,23 @@
+"""Put ds's torch-only `zero_to_fp32.py` next to a checkpoint, as DeepSpeed puts its own there."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import ds_comm
+
+__all__ = ["ZERO_TO_FP32_SCRIPT", "copy_zero_to_fp32_script"]
+
+#: The standalone script (only torch imports): ds-zero's `_standalone_zero_to_fp32.py`.
+ZERO_TO_FP32_SCRIPT = Path(__file__).with_name("_standalone_zero_to_fp32.py")
+
+
+def copy_zero_to_fp32_script(save_dir: str | os.PathLike[str]) -> Path:
+    """Write `save_dir/zero_to_fp32.py` (atomically, executable); `python zero_to_fp32.py . out.bin` then works
+    in `save_dir` with only torch installed. Returns its path."""
+    target = Path(save_dir) / "zero_to_fp32.py"
+    ds_comm.atomic_write_text(target, ZERO_TO_FP32_SCRIPT.read_text())
+    target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return target
