@@ -16,8 +16,10 @@ ZERO_TO_FP32_SCRIPT = Path(__file__).with_name("_standalone_zero_to_fp32.py")
 
 def copy_zero_to_fp32_script(save_dir: str | os.PathLike[str]) -> Path:
     """Write `save_dir/zero_to_fp32.py` (atomically, executable); `python zero_to_fp32.py . out.bin` then works
-    in `save_dir` with only torch installed. Returns its path."""
+    in `save_dir` with only torch installed. An identical copy already there is kept. Returns its path."""
     target = Path(save_dir) / "zero_to_fp32.py"
-    ds_comm.atomic_write_text(target, ZERO_TO_FP32_SCRIPT.read_text())
+    text = ZERO_TO_FP32_SCRIPT.read_text()
+    if not (target.is_file() and target.read_text() == text):  # every save calls this: rewrite only on change
+        ds_comm.atomic_write_text(target, text)
     target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return target
