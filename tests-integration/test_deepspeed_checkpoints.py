@@ -37,10 +37,14 @@ def _continue(rank: int, world_size: int, case: str, ckpt: str, stage: int | Non
     path, client = engine.load_checkpoint(ckpt)
     assert path is not None
     loaded_steps = engine.global_steps
-    after = border_job.train(engine, engine.global_steps, border_job.STEPS_AFTER, rank, world_size,
-                             border_job.dtype_of(case))
-    return {"after": after, "global_steps": loaded_steps,
-            "client_state": {k: client.get(k) for k in border_job.CLIENT_STATE}}
+    after = border_job.train(
+        engine, engine.global_steps, border_job.STEPS_AFTER, rank, world_size, border_job.dtype_of(case)
+    )
+    return {
+        "after": after,
+        "global_steps": loaded_steps,
+        "client_state": {k: client.get(k) for k in border_job.CLIENT_STATE},
+    }
 
 
 def _reference(case: str) -> dict:
@@ -76,8 +80,9 @@ def test_other_world_size_continues_like_deepspeed(case):
     _check(got[0], _reference(case))
 
 
-@pytest.mark.parametrize(("case", "stage", "world"), [("z2_fp32", 3, 2), ("z3_fp32", 1, 1), ("z1_bf16", 3, 1),
-                                                      ("z3_bf16", 2, 2)])
+@pytest.mark.parametrize(
+    ("case", "stage", "world"), [("z2_fp32", 3, 2), ("z3_fp32", 1, 1), ("z1_bf16", 3, 1), ("z3_bf16", 2, 2)]
+)
 def test_other_stage_continues_like_deepspeed(case, stage, world):
     got = run_ranks(world, _continue, case, str(DATA / case / "ckpt"), stage, timeout_s=240)
     _check(got[0], _reference(case))
@@ -172,11 +177,13 @@ def test_writing_deepspeed_layout_reproduces_deepspeeds_own_files(case, tmp_path
     assert not diffs, diffs[:5]
 
 
-_NO_DS = ("import runpy, sys\n"
-          "for name in ('ds_comm', 'ds_ops', 'ds_zero', 'ds_engine', 'ds_pipe', 'deepspeed'):\n"
-          "    sys.modules[name] = None  # importing any of them now fails\n"
-          "sys.argv = sys.argv[1:]\n"
-          "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+_NO_DS = (
+    "import runpy, sys\n"
+    "for name in ('ds_comm', 'ds_ops', 'ds_zero', 'ds_engine', 'ds_pipe', 'deepspeed'):\n"
+    "    sys.modules[name] = None  # importing any of them now fails\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+)
 
 
 def _run_copied_script(save_dir: Path, out: Path) -> dict:
@@ -184,8 +191,13 @@ def _run_copied_script(save_dir: Path, out: Path) -> dict:
     import subprocess
 
     script = save_dir / "zero_to_fp32.py"
-    proc = subprocess.run([sys.executable, "-c", _NO_DS, str(script), ".", str(out)], cwd=save_dir,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_DS, str(script), ".", str(out)],
+        cwd=save_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
@@ -225,8 +237,12 @@ def test_ds_checkpoint_gets_a_working_zero_to_fp32_script(case, tmp_path):
     run_ranks(2, _train_and_save, case, str(save_dir), timeout_s=240)
     assert (save_dir / "zero_to_fp32.py").is_file()
     got = _run_copied_script(save_dir, tmp_path / "script.bin")
-    proc = subprocess.run([sys.executable, "-m", "ds_engine.utils.zero_to_fp32", "-q", str(save_dir),
-                           str(tmp_path / "module.bin")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ds_engine.utils.zero_to_fp32", "-q", str(save_dir), str(tmp_path / "module.bin")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     by_module = torch.load(tmp_path / "module.bin", weights_only=True)
     want = get_fp32_state_dict_from_zero_checkpoint(save_dir)

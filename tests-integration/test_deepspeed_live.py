@@ -31,8 +31,21 @@ TOL = 1e-6
 
 def _ds_save(case: str, out: Path) -> dict:
     """ds trains, saves and continues from its own checkpoint (2 ranks, torch.distributed.run)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(FIXTURES / "border_job.py"), "save", "--engine", "ds", "--case", case, "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        str(FIXTURES / "border_job.py"),
+        "save",
+        "--engine",
+        "ds",
+        "--case",
+        case,
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -45,8 +58,11 @@ def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     target = tmp_path / "ds" / "ckpt"
     if not case.startswith("z0"):
         target = tmp_path / "for_deepspeed"
-        subprocess.run([sys.executable, "-m", "ds_zero.to_deepspeed", str(tmp_path / "ds" / "ckpt"), str(target)],
-                       check=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "ds_zero.to_deepspeed", str(tmp_path / "ds" / "ckpt"), str(target)],
+            check=True,
+            timeout=300,
+        )
     proc = make_fixtures.run_job(Path(REFERENCE), "load", case, tmp_path / "deepspeed", ckpt=target)
     assert proc.returncode == 0, proc.stderr[-4000:]
     theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())

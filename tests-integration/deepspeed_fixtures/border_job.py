@@ -63,8 +63,10 @@ def config(case: str, world_size: int, stage: int | None = None) -> dict[str, An
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
         "gradient_accumulation_steps": GLOBAL_MICROS // world_size,
         "optimizer": {"type": "Adam", "params": {"lr": 0.05, "torch_adam": True}},
-        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.05,
-                                                       "warmup_num_steps": 10}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.05, "warmup_num_steps": 10},
+        },
         "zero_optimization": {"stage": spec["stage"]},
         "steps_per_print": 1000,
     }
@@ -87,8 +89,9 @@ def build(ds: Any, case: str, world_size: int, stage: int | None = None) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
     model = TinyNet()
-    engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(),
-                                    config=config(case, world_size, stage))
+    engine, _, _, _ = ds.initialize(
+        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage)
+    )
     return engine
 
 
@@ -131,8 +134,12 @@ def main() -> None:
     ds.init_distributed(dist_backend="gloo")
     rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     dtype = dtype_of(args.case)
-    record: dict[str, Any] = {"case": args.case, "engine": args.engine, "world_size": world_size,
-                              "version": ds.__version__}
+    record: dict[str, Any] = {
+        "case": args.case,
+        "engine": args.engine,
+        "world_size": world_size,
+        "version": ds.__version__,
+    }
     if args.mode == "save":
         engine = build(ds, args.case, world_size)
         record["before"] = train(engine, 0, STEPS_BEFORE, rank, world_size, dtype)

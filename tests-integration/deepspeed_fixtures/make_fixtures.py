@@ -42,11 +42,18 @@ def ensure_venv(venv: Path) -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    probe = subprocess.run([str(python), "-c", "import deepspeed, sys; sys.stdout.write(deepspeed.__version__)"],
-                           capture_output=True, text=True, env=_clean_env())
+    probe = subprocess.run(
+        [str(python), "-c", "import deepspeed, sys; sys.stdout.write(deepspeed.__version__)"],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
     if probe.returncode != 0 or probe.stdout.strip() != DEEPSPEED_PIN.split("==")[1]:
-        subprocess.run([str(python), "-m", "pip", "install", "-c", str(ROOT / "constraints.txt"), "torch",
-                        DEEPSPEED_PIN], check=True, env={**_clean_env(), "DS_BUILD_OPS": "0"})
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-c", str(ROOT / "constraints.txt"), "torch", DEEPSPEED_PIN],
+            check=True,
+            env={**_clean_env(), "DS_BUILD_OPS": "0"},
+        )
     return python
 
 
@@ -63,11 +70,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(python: Path, mode: str, case: str, out: Path, *, ckpt: Path | None = None, world_size: int = WORLD_SIZE,
-            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_job(
+    python: Path,
+    mode: str,
+    case: str,
+    out: Path,
+    *,
+    ckpt: Path | None = None,
+    world_size: int = WORLD_SIZE,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
     """`border_job.py MODE` under real DeepSpeed at `world_size` gloo ranks (torch.distributed.run)."""
-    cmd = [str(python), "-m", "torch.distributed.run", f"--nproc_per_node={world_size}",
-           f"--master_port={free_port()}", str(HERE / "border_job.py"), mode, "--case", case, "--out", str(out)]
+    cmd = [
+        str(python),
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={world_size}",
+        f"--master_port={free_port()}",
+        str(HERE / "border_job.py"),
+        mode,
+        "--case",
+        case,
+        "--out",
+        str(out),
+    ]
     if ckpt is not None:
         cmd += ["--ckpt", str(ckpt)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env())

@@ -103,7 +103,10 @@ def test_stand_ins_write_under_deepspeed_names_and_read_back(tmp_path):
         torch.save({"s": scaler, "z": DeepSpeedZeroStage.gradients, "a": address}, tmp_path / "f.pt")
     assert set(sys.modules) == before and DeepSpeedLossScaler.__module__ == "ds_comm.checkpoint_files"
     names = set(torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "f.pt"))
-    assert names == {"deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum",
-                     "deepspeed.utils.tensor_fragment.fragment_address"}
+    assert names == {
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "deepspeed.utils.tensor_fragment.fragment_address",
+    }
     out = ds_comm.load_checkpoint_file(tmp_path / "f.pt")
     assert out["s"].cur_scale == 2.0 and out["z"] == 2 and (out["a"].numel, out["a"].start) == (3, 5)

@@ -131,8 +131,12 @@ def _numpy_globals() -> list[Any]:
     except ImportError:
         return []
     core = getattr(np, "_core", None) or np.core
-    return [np.ndarray, np.dtype, (core.multiarray._reconstruct, f"{core.__name__}.multiarray._reconstruct"),
-            *(getattr(np.dtypes, n) for n in ("UInt32DType", "Int64DType", "Float64DType") if hasattr(np, "dtypes"))]
+    return [
+        np.ndarray,
+        np.dtype,
+        (core.multiarray._reconstruct, f"{core.__name__}.multiarray._reconstruct"),
+        *(getattr(np.dtypes, n) for n in ("UInt32DType", "Int64DType", "Float64DType") if hasattr(np, "dtypes")),
+    ]
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -157,7 +161,8 @@ def check_deepspeed_version(version: Any, path: str | os.PathLike[str]) -> None:
         known = ".".join(map(str, DEEPSPEED_READ_VERSION))
         raise CheckpointFileError(
             f"{path}: written by DeepSpeed {version}, newer than the newest layout this ds reads (DeepSpeed "
-            f"{known}); convert it with that DeepSpeed's ds_to_universal or save it from DeepSpeed {known}")
+            f"{known}); convert it with that DeepSpeed's ds_to_universal or save it from DeepSpeed {known}"
+        )
 
 
 def load_checkpoint_file(path: str | os.PathLike[str], *, mmap: bool = False) -> Any:
@@ -187,9 +192,11 @@ def load_checkpoint_file(path: str | os.PathLike[str], *, mmap: bool = False) ->
         if "Unsupported global" in str(err) or "Weights only load failed" in str(err):
             raise CheckpointFileError(
                 f"{path}: refers to a Python object outside the allow-list of checkpoint classes ({text}); "
-                "ds does not run arbitrary pickled code") from err
-        raise CheckpointFileError(f"{path}: not a readable torch checkpoint ({size} bytes): {text}; the file is "
-                                  "truncated or corrupt") from err
+                "ds does not run arbitrary pickled code"
+            ) from err
+        raise CheckpointFileError(
+            f"{path}: not a readable torch checkpoint ({size} bytes): {text}; the file is truncated or corrupt"
+        ) from err
 
 
 def _check_zip(path: Path) -> None:
@@ -198,7 +205,8 @@ def _check_zip(path: Path) -> None:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as err:
-        raise CheckpointFileError(f"{path}: the zip archive is damaged ({err}); the file is truncated or corrupt") \
-            from err
+        raise CheckpointFileError(
+            f"{path}: the zip archive is damaged ({err}); the file is truncated or corrupt"
+        ) from err
     if bad is not None:
         raise CheckpointFileError(f"{path}: member {bad!r} fails its CRC check; the file is corrupt")

@@ -53,8 +53,9 @@ def _scaler(state: Mapping[str, Any]) -> DeepSpeedLossScaler:
     return scaler
 
 
-def _layout(param_shapes: Sequence[Mapping[str, Sequence[int]]], world: int, rank: int,
-            stage: int) -> list[tuple[int, int, list[Fragment]]]:
+def _layout(
+    param_shapes: Sequence[Mapping[str, Sequence[int]]], world: int, rank: int, stage: int
+) -> list[tuple[int, int, list[Fragment]]]:
     """Per param group: (partition numel incl. padding, this rank's padding, fragments)."""
     out = []
     for shapes in param_shapes:
@@ -91,8 +92,9 @@ def _group_state(index: FragmentIndex, group: int, size: int, frags: list[Fragme
             for key, value in saved.items():
                 if is_partition_shaped(value, int(meta["numel"])):
                     dst = torch.zeros(size, dtype=value.dtype)
-                    fill_partition(dst, frags, index,
-                                   lambda r, kk, key=key: sds[r]["base_optimizer_state"]["state"][kk][key])
+                    fill_partition(
+                        dst, frags, index, lambda r, kk, key=key: sds[r]["base_optimizer_state"]["state"][kk][key]
+                    )
                     out[key] = dst
                 else:
                     out[key] = value.clone() if isinstance(value, torch.Tensor) else value
@@ -100,8 +102,9 @@ def _group_state(index: FragmentIndex, group: int, size: int, frags: list[Fragme
     return {}
 
 
-def deepspeed_rank_state_dict(index: FragmentIndex, param_shapes: Sequence[Mapping[str, Sequence[int]]], *,
-                              world: int, rank: int, stage: int) -> dict[str, Any]:
+def deepspeed_rank_state_dict(
+    index: FragmentIndex, param_shapes: Sequence[Mapping[str, Sequence[int]]], *, world: int, rank: int, stage: int
+) -> dict[str, Any]:
     """DeepSpeed's `optimizer_state_dict` of data-parallel rank `rank` of `world`, at ZeRO `stage`.
 
     Args:
@@ -125,8 +128,9 @@ def deepspeed_rank_state_dict(index: FragmentIndex, param_shapes: Sequence[Mappi
         if state:
             states[g] = state
         mappings.append(OrderedDict((f.name, _address(f.numel, f.partition_start)) for f in frags))
-    groups = [{**{k: v for k, v in saved.items() if k != "params"}, "params": [g]}
-              for g, saved in enumerate(saved_groups)]
+    groups = [
+        {**{k: v for k, v in saved.items() if k != "params"}, "params": [g]} for g, saved in enumerate(saved_groups)
+    ]
     base = {"state": states, "param_groups": groups}
     common = {
         "loss_scaler": _scaler(first.get("loss_scaler") or {"cur_scale": 1.0, "dynamic": False}),
@@ -134,8 +138,13 @@ def deepspeed_rank_state_dict(index: FragmentIndex, param_shapes: Sequence[Mappi
         "overflow": bool(first.get("overflow", False)),
     }
     if stage == 3:
-        return {"zero_stage": DeepSpeedZeroStage(3), **common, "partition_count": int(world),
-                "optimizer_state_dict": base, "fp32_flat_groups": flats}
+        return {
+            "zero_stage": DeepSpeedZeroStage(3),
+            **common,
+            "partition_count": int(world),
+            "optimizer_state_dict": base,
+            "fp32_flat_groups": flats,
+        }
     return {
         **common,
         "clip_grad": float(first.get("clip_grad", 0.0)),

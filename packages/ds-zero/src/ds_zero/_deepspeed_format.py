@@ -53,8 +53,9 @@ def _fragments(names: Sequence[str], numels: Sequence[int], spans: Sequence[int]
     return out
 
 
-def _stage12(sd: Mapping[str, Any], dp_rank: int, world: int,
-             param_shapes: Sequence[Mapping[str, Sequence[int]]]) -> list[dict[str, Any]]:
+def _stage12(
+    sd: Mapping[str, Any], dp_rank: int, world: int, param_shapes: Sequence[Mapping[str, Sequence[int]]]
+) -> list[dict[str, Any]]:
     fp32 = sd["single_partition_of_fp32_groups"]
     paddings = list(sd.get("group_paddings", [0] * len(fp32)))
     align = list(sd.get("param_alignment_paddings", [[] for _ in fp32]))
@@ -72,15 +73,18 @@ def _stage12(sd: Mapping[str, Any], dp_rank: int, world: int,
             saved = {name: (int(a.numel), int(a.start)) for name, a in mappings[g].items()}
             derived = {f.name: (f.numel, f.partition_start) for f in frags}
             if saved != derived:
-                raise ValueError(f"DeepSpeed's param_slice_mappings of group {g} on rank {dp_rank} ({saved}) do not "
-                                 f"match the layout derived from param_shapes ({derived}); the model-states file "
-                                 "and this optimizer file do not belong together")
+                raise ValueError(
+                    f"DeepSpeed's param_slice_mappings of group {g} on rank {dp_rank} ({saved}) do not "
+                    f"match the layout derived from param_shapes ({derived}); the model-states file "
+                    "and this optimizer file do not belong together"
+                )
         metas.append(partition_metadata(g, size, frags, shapes))
     return metas
 
 
-def _stage3(sd: Mapping[str, Any], dp_rank: int, world: int,
-            param_shapes: Sequence[Mapping[str, Sequence[int]]]) -> list[dict[str, Any]]:
+def _stage3(
+    sd: Mapping[str, Any], dp_rank: int, world: int, param_shapes: Sequence[Mapping[str, Sequence[int]]]
+) -> list[dict[str, Any]]:
     flats = sd["fp32_flat_groups"]
     queue = [(g, name, tuple(shape)) for g, shapes in enumerate(param_shapes) for name, shape in shapes.items()]
     metas = []
@@ -100,8 +104,10 @@ def _stage3(sd: Mapping[str, Any], dp_rank: int, world: int,
             shapes[name] = shape
             used += per_rank
         if used != size:
-            raise ValueError(f"DeepSpeed stage-3 flat group of rank {dp_rank} holds {size} elements, the parameters "
-                             f"named in param_shapes account for {used}; the files do not belong together")
+            raise ValueError(
+                f"DeepSpeed stage-3 flat group of rank {dp_rank} holds {size} elements, the parameters "
+                f"named in param_shapes account for {used}; the files do not belong together"
+            )
         frags, at = [], 0
         for name, numel in zip(names, numels, strict=True):
             per_rank = -(-numel // world)
@@ -111,14 +117,22 @@ def _stage3(sd: Mapping[str, Any], dp_rank: int, world: int,
             at += per_rank
         metas.append(partition_metadata(int(group or 0), size, frags, shapes))
     if queue:
-        raise ValueError(f"parameters {[n for _, n, _ in queue[:3]]}... of param_shapes are in no flat group of the "
-                         f"DeepSpeed stage-3 optimizer file of rank {dp_rank}")
+        raise ValueError(
+            f"parameters {[n for _, n, _ in queue[:3]]}... of param_shapes are in no flat group of the "
+            f"DeepSpeed stage-3 optimizer file of rank {dp_rank}"
+        )
     return metas
 
 
-def from_deepspeed(sd: Mapping[str, Any], *, dp_rank: int, param_shapes: Sequence[Mapping[str, Sequence[int]]],
-                   model_dtype: torch.dtype = torch.float32, shared_params: Mapping[str, str] | None = None,
-                   frozen_param_shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+def from_deepspeed(
+    sd: Mapping[str, Any],
+    *,
+    dp_rank: int,
+    param_shapes: Sequence[Mapping[str, Sequence[int]]],
+    model_dtype: torch.dtype = torch.float32,
+    shared_params: Mapping[str, str] | None = None,
+    frozen_param_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, Any]:
     """One rank's DeepSpeed `optimizer_state_dict` as a ds-zero format-1 partition state dict.
 
     Args:
@@ -138,8 +152,10 @@ def from_deepspeed(sd: Mapping[str, Any], *, dp_rank: int, param_shapes: Sequenc
         base = sd["optimizer_state_dict"]
     else:
         metas = _stage12(sd, dp_rank, world, param_shapes)
-        fp32 = [torch.cat([t.detach().float(), t.new_zeros(meta["numel"] - t.numel(), dtype=torch.float32)])
-                for t, meta in zip(sd["single_partition_of_fp32_groups"], metas, strict=True)]
+        fp32 = [
+            torch.cat([t.detach().float(), t.new_zeros(meta["numel"] - t.numel(), dtype=torch.float32)])
+            for t, meta in zip(sd["single_partition_of_fp32_groups"], metas, strict=True)
+        ]
         base = sd["base_optimizer_state"]
     scaler = sd.get("loss_scaler")
     scaler_state = scaler.state_dict() if hasattr(scaler, "state_dict") else {"cur_scale": 1.0, "dynamic": False}

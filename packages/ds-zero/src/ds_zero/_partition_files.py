@@ -39,17 +39,23 @@ def optim_files(ckpt_dir: str | os.PathLike[str], mp_rank: int = 0) -> list[Path
             continue
         rank = int(match.group(1))
         if rank in found:
-            raise ValueError(f"two optimizer-state files for rank {rank} in {ckpt_dir}: {found[rank].name} and "
-                             f"{path.name}; remove the stale one")
+            raise ValueError(
+                f"two optimizer-state files for rank {rank} in {ckpt_dir}: {found[rank].name} and "
+                f"{path.name}; remove the stale one"
+            )
         found[rank] = path
     if not found:
-        raise FileNotFoundError(f"no [bf16_]zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt files in "
-                                f"{ckpt_dir}: not a ZeRO checkpoint (a stage-0 one holds no partitions); load with "
-                                "load_optimizer_states=False to take the module weights only")
+        raise FileNotFoundError(
+            f"no [bf16_]zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt files in "
+            f"{ckpt_dir}: not a ZeRO checkpoint (a stage-0 one holds no partitions); load with "
+            "load_optimizer_states=False to take the module weights only"
+        )
     ranks = sorted(found)
     if ranks != list(range(len(ranks))):
-        raise ValueError(f"optimizer-state files in {ckpt_dir} cover ranks {ranks}; ranks "
-                         f"{sorted(set(range(max(ranks) + 1)) - set(ranks))} are missing")
+        raise ValueError(
+            f"optimizer-state files in {ckpt_dir} cover ranks {ranks}; ranks "
+            f"{sorted(set(range(max(ranks) + 1)) - set(ranks))} are missing"
+        )
     return [found[r] for r in ranks]
 
 
@@ -70,8 +76,9 @@ def _model_dtype(module: Mapping[str, Any] | None, names: list[str]) -> torch.dt
     return torch.float32
 
 
-def load_partition_state_dicts(ckpt_dir: str | os.PathLike[str], *, mp_rank: int = 0,
-                               mmap: bool = False) -> list[dict[str, Any]]:
+def load_partition_state_dicts(
+    ckpt_dir: str | os.PathLike[str], *, mp_rank: int = 0, mmap: bool = False
+) -> list[dict[str, Any]]:
     """Every rank's optimizer partition in `ckpt_dir` (ds's or DeepSpeed's files), in rank order, in format 1.
 
     Raises:
@@ -85,17 +92,18 @@ def load_partition_state_dicts(ckpt_dir: str | os.PathLike[str], *, mp_rank: int
     for path in files:
         top = ds_comm.load_checkpoint_file(path, mmap=mmap)
         if not isinstance(top, Mapping) or "optimizer_state_dict" not in top:
-            raise ds_comm.CheckpointFileError(f"{path}: no 'optimizer_state_dict' key; not a ZeRO optimizer-state "
-                                              "file")
+            raise ds_comm.CheckpointFileError(f"{path}: no 'optimizer_state_dict' key; not a ZeRO optimizer-state file")
         ds_comm.check_deepspeed_version(top.get("ds_version"), path)
         loaded.append((path, top["optimizer_state_dict"]))
     if not any(is_deepspeed_state_dict(sd) for _, sd in loaded):
         return [dict(sd) for _, sd in loaded]
     states_file = deepspeed_model_states_file(ckpt_dir, mp_rank)
     if states_file is None:
-        raise FileNotFoundError(f"{ckpt_dir} holds DeepSpeed optimizer files but no model-states file "
-                                "(mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt): its "
-                                "param_shapes are needed to place the partitions")
+        raise FileNotFoundError(
+            f"{ckpt_dir} holds DeepSpeed optimizer files but no model-states file "
+            "(mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt): its "
+            "param_shapes are needed to place the partitions"
+        )
     states = ds_comm.load_checkpoint_file(states_file)
     param_shapes = [{name: list(shape) for name, shape in group.items()} for group in states.get("param_shapes") or []]
     if not param_shapes:
@@ -105,10 +113,18 @@ def load_partition_state_dicts(ckpt_dir: str | os.PathLike[str], *, mp_rank: int
     for path, sd in loaded:
         rank = int(_OPTIM_RE.match(path.name).group(1))  # type: ignore[union-attr]  # matched by optim_files
         try:
-            out.append(from_deepspeed(sd, dp_rank=rank, param_shapes=param_shapes, model_dtype=dtype,
-                                      shared_params=states.get("shared_params"),
-                                      frozen_param_shapes=states.get("frozen_param_shapes")))
+            out.append(
+                from_deepspeed(
+                    sd,
+                    dp_rank=rank,
+                    param_shapes=param_shapes,
+                    model_dtype=dtype,
+                    shared_params=states.get("shared_params"),
+                    frozen_param_shapes=states.get("frozen_param_shapes"),
+                )
+            )
         except (KeyError, TypeError) as err:
-            raise ds_comm.CheckpointFileError(f"{path}: not a DeepSpeed ZeRO optimizer state this reader knows "
-                                              f"({type(err).__name__}: {err})") from err
+            raise ds_comm.CheckpointFileError(
+                f"{path}: not a DeepSpeed ZeRO optimizer state this reader knows ({type(err).__name__}: {err})"
+            ) from err
     return out

@@ -38,19 +38,21 @@ class _Stage(enum.IntEnum):
     weights = 3
 
 
-_ALLOWED = [(_Stage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
-            (_Attrs, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
-            (type("_Dyn", (_Attrs,), {}), "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
-            (type("_Addr", (_Attrs,), {}), "deepspeed.utils.tensor_fragment.fragment_address")]
+_ALLOWED = [
+    (_Stage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
+    (_Attrs, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
+    (type("_Dyn", (_Attrs,), {}), "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
+    (type("_Addr", (_Attrs,), {}), "deepspeed.utils.tensor_fragment.fragment_address"),
+]
 
 
 def _load(path):
     try:
         import numpy as np  # ds keeps numpy's RNG state in the model states
+
         core = getattr(np, "_core", None) or np.core
         extra = [np.ndarray, np.dtype, (core.multiarray._reconstruct, f"{core.__name__}.multiarray._reconstruct")]
-        extra += [getattr(np.dtypes, n) for n in ("UInt32DType", "Int64DType", "Float64DType")
-                  if hasattr(np, "dtypes")]
+        extra += [getattr(np.dtypes, n) for n in ("UInt32DType", "Int64DType", "Float64DType") if hasattr(np, "dtypes")]
     except ImportError:
         extra = []
     try:
@@ -83,7 +85,7 @@ def _from_ds(sds):
         for k, meta in enumerate(sd["partitions"]):
             flat = sd["single_partition_of_fp32_groups"][k]
             for name, p0, n, s0 in meta["fragments"]:
-                out[name][p0:p0 + n] = flat[s0:s0 + n].float()
+                out[name][p0 : p0 + n] = flat[s0 : s0 + n].float()
                 filled[name] += n
     short = [n for n in shapes if filled[n] != math.prod(shapes[n])]
     if short:
@@ -101,8 +103,9 @@ def _from_deepspeed(sds, param_shapes):
             for name, shape in shapes.items():
                 numel = math.prod(shape)
                 per_rank = -(-numel // world)
-                pieces = [sd["fp32_flat_groups"][0].float()[offsets[r]:offsets[r] + per_rank]
-                          for r, sd in enumerate(sds)]
+                pieces = [
+                    sd["fp32_flat_groups"][0].float()[offsets[r] : offsets[r] + per_rank] for r, sd in enumerate(sds)
+                ]
                 offsets = [o + per_rank for o in offsets]
                 out[name] = torch.cat(pieces)[:numel].view(tuple(shape)).clone()
         return out
@@ -111,7 +114,7 @@ def _from_deepspeed(sds, param_shapes):
         at = 0
         for name, shape in shapes.items():
             numel = math.prod(shape)
-            out[name] = flat[at:at + numel].view(tuple(shape)).clone()
+            out[name] = flat[at : at + numel].view(tuple(shape)).clone()
             at += numel
     return out
 
@@ -121,11 +124,19 @@ def get_fp32_state_dict(checkpoint_dir, tag=None):
     ckpt = _tag_dir(checkpoint_dir, tag)
     files = {int(m.group(1)): p for p in ckpt.iterdir() if (m := _OPTIM.match(p.name))}
     if not files or sorted(files) != list(range(len(files))):
-        raise SystemExit(f"zero_to_fp32: {ckpt} lacks a complete set of zero_pp_rank_*_optim_states.pt files "
-                         f"(found ranks {sorted(files)}); stage-0 checkpoints hold full weights already")
+        raise SystemExit(
+            f"zero_to_fp32: {ckpt} lacks a complete set of zero_pp_rank_*_optim_states.pt files "
+            f"(found ranks {sorted(files)}); stage-0 checkpoints hold full weights already"
+        )
     sds = [_load(files[r])["optimizer_state_dict"] for r in range(len(files))]
-    states_path = next((ckpt / n for n in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
-                        if (ckpt / n).is_file()), None)
+    states_path = next(
+        (
+            ckpt / n
+            for n in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+            if (ckpt / n).is_file()
+        ),
+        None,
+    )
     states = _load(states_path) if states_path else {}
     if "ds_zero_format" in sds[0]:
         params = _from_ds(sds)
@@ -140,8 +151,9 @@ def get_fp32_state_dict(checkpoint_dir, tag=None):
         elif isinstance(value, torch.Tensor) and value.numel() == 0:
             continue
         else:
-            result[name] = value.float() if value.is_floating_point() and name not in states.get(
-                "buffer_names", []) else value
+            result[name] = (
+                value.float() if value.is_floating_point() and name not in states.get("buffer_names", []) else value
+            )
     for name, value in params.items():
         result.setdefault(name, value)
     return result

@@ -57,9 +57,14 @@ def _param_shapes(states: dict[str, Any], index: FragmentIndex) -> list[OrderedD
     return [groups[g] for g in sorted(groups)]
 
 
-def convert_to_deepspeed(checkpoint_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str], *,
-                         tag: str | None = None, world_size: int | None = None,
-                         stage: int | None = None) -> Path:
+def convert_to_deepspeed(
+    checkpoint_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    tag: str | None = None,
+    world_size: int | None = None,
+    stage: int | None = None,
+) -> Path:
     """Write DeepSpeed's layout of the ds checkpoint `checkpoint_dir` (tag `tag`, default `latest`) to `output_dir`.
 
     Returns:
@@ -101,16 +106,20 @@ def convert_to_deepspeed(checkpoint_dir: str | os.PathLike[str], output_dir: str
     with deepspeed_pickle_names():
         if stage == 3:
             placeholders = {n: torch.empty(0, dtype=module[n].dtype if n in module else dtype) for n in names}
-            stage3_states = {**model_states, "module": OrderedDict(
-                (k, placeholders.get(k, v)) for k, v in module.items())}
+            stage3_states = {
+                **model_states,
+                "module": OrderedDict((k, placeholders.get(k, v)) for k, v in module.items()),
+            }
             for rank in range(world):
                 ds_comm.atomic_save(stage3_states, out / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
         else:
             ds_comm.atomic_save(model_states, out / "mp_rank_00_model_states.pt")
         for rank in range(world):
             sd = deepspeed_rank_state_dict(index, shapes, world=world, rank=rank, stage=stage)
-            ds_comm.atomic_save({"optimizer_state_dict": sd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION},
-                                out / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+            ds_comm.atomic_save(
+                {"optimizer_state_dict": sd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION},
+                out / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+            )
     ds_comm.atomic_write_text(Path(output_dir) / "latest", tag)
     copy_zero_to_fp32_script(output_dir)
     return out
@@ -126,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stage", type=int, default=None, choices=(1, 2, 3), help="DeepSpeed's ZeRO stage")
     args = parser.parse_args(argv)
     try:
-        out = convert_to_deepspeed(args.checkpoint_dir, args.output_dir, tag=args.tag, world_size=args.world_size,
-                                   stage=args.stage)
+        out = convert_to_deepspeed(
+            args.checkpoint_dir, args.output_dir, tag=args.tag, world_size=args.world_size, stage=args.stage
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"to_deepspeed: error: {err}", file=sys.stderr)
         return 2
