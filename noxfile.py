@@ -176,6 +176,25 @@ def multinode(session: nox.Session) -> None:
                 "--durations=12", "-rs", *session.posargs, env={"DS_MULTINODE": "1"})
 
 
+@nox.session
+def deepspeed_live(session: nox.Session) -> None:
+    """Regenerate the DeepSpeed checkpoint fixtures with the real deepspeed (pinned in constraints.txt) and
+    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's.
+
+    Not part of plain `nox`: it installs DeepSpeed (slow) into its own isolated venv, `.nox/deepspeed_ref`
+    (`--venv DIR` after `--` picks another), which nothing of ds is installed into.
+    """
+    session.install(*CONSTRAINTS, "torch")
+    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
+    venv = session.posargs[session.posargs.index("--venv") + 1] if "--venv" in session.posargs else str(
+        ROOT / ".nox" / "deepspeed_ref")
+    fixtures = ROOT / "tests-integration" / "deepspeed_fixtures"
+    session.run("python", str(fixtures / "make_fixtures.py"), "--venv", venv)
+    session.run("pytest", str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
+                str(ROOT / "tests-integration" / "test_deepspeed_live.py"), "-q", "-p", "no:cacheprovider",
+                env={"DS_REFERENCE_PYTHON": str(Path(venv) / "bin" / "python")})
+
+
 @nox.session(python=False)
 def dag(session: nox.Session) -> None:
     """Fail on undeclared or eager optional sibling imports, cycles, stale ranges, private imports."""

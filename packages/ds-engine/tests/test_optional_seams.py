@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import types
 import warnings
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -132,6 +133,16 @@ class ContractStage3(ContractZeroOptimizer):
     pass
 
 
+def _fake_param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [{names[id(p)]: list(p.shape) for p in g["params"] if id(p) in names} for g in optimizer.param_groups]
+
+
+def _fake_load_partitions(ckpt_dir: Any, *, mp_rank: int = 0) -> list[dict[str, Any]]:
+    files = sorted(Path(ckpt_dir).glob(f"zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt"))
+    return [torch.load(f, weights_only=False)["optimizer_state_dict"] for f in files]
+
+
 def _fake_ds_zero(with_optimizers: bool) -> types.ModuleType:
     module = types.ModuleType("ds_zero")
     module.__version__ = "0.1.0"
@@ -143,6 +154,10 @@ def _fake_ds_zero(with_optimizers: bool) -> types.ModuleType:
             return _Device(value) if name in ("offload_optimizer", "offload_param") else value
 
     module.ZeroConfig = Config
+    # The module-level checkpoint helpers the engine calls (see `_zero_contract`), in their simplest form.
+    module.zero_param_shapes = _fake_param_shapes
+    module.load_partition_state_dicts = _fake_load_partitions
+    module.copy_zero_to_fp32_script = lambda save_dir: None
     if with_optimizers:
         module.DeepSpeedZeroOptimizer = ContractZeroOptimizer
         module.DeepSpeedZeroOptimizer_Stage3 = ContractStage3

@@ -18,6 +18,7 @@ from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigE
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
 from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
+from ds_comm.checkpoint_files import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
 from ds_comm.collectives import (
     CollectiveError,
     CollectiveHandle,
@@ -65,6 +66,7 @@ __all__ = [
     "AUTO",
     "Accelerator",
     "Auto",
+    "CheckpointFileError",
     "CollectiveError",
     "CollectiveHandle",
     "CollectiveTimeoutError",
@@ -89,6 +91,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "comms_logger",
+    "check_deepspeed_version",
     "configure",
     "destroy_process_group",
     "find_auto",
@@ -107,6 +110,7 @@ __all__ = [
     "is_current_accelerator_supported",
     "is_initialized",
     "isend",
+    "load_checkpoint_file",
     "log_dist",
     "log_summary",
     "monitored_barrier",

@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import pickle
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,11 +45,13 @@ __all__ = [
     "gather_rng",
     "load_checkpoint",
     "model_file",
+    "read_model_states",
     "resolve_save_tag",
     "restore_progress",
     "save_16bit_model",
     "write_checkpoint",
     "zero_file",
+    "zero_partitions",
 ]
 
 
@@ -165,6 +167,9 @@ def write_checkpoint(request: SaveRequest) -> Path:
         atomic_save(
             partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization
         )
+    if request.zero_partition is not None and request.writes_latest:
+        # DeepSpeed copies its consolidation script next to ZeRO checkpoints; this is ds's (torch only).
+        require("ds_zero", extra="zero", feature="ZeRO checkpoints").copy_zero_to_fp32_script(request.root)
     _barrier()
     if request.save_latest and request.writes_latest:
         atomic_write_text(request.root / "latest", request.tag)
@@ -178,26 +183,18 @@ def _barrier() -> None:
         ds_comm.barrier()
 
 
-def _rank_of(path: Path) -> int:
-    match = re.search(r"zero_pp_rank_(\d+)_", path.name)
-    return int(match.group(1)) if match else -1
-
-
-def _zero_files(ckpt_dir: Path, mp_rank: int) -> list[Path]:
-    files = sorted(ckpt_dir.glob(f"zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt"), key=_rank_of)
-    if not files:
-        files = sorted(ckpt_dir.glob(f"bf16_zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt"), key=_rank_of)
-    if not files:
-        raise FileNotFoundError(
-            f"no ZeRO optimizer files (zero_pp_rank_*_mp_rank_{mp_rank:02d}_optim_states.pt) in "
-            f"{ckpt_dir}; was it saved with ZeRO? Load with load_optimizer_states=False to "
-            "take the module weights only"
-        )
-    return files
+def zero_partitions(ckpt_dir: Path, mp_rank: int) -> list[dict[str, Any]]:
+    """Every rank's ZeRO partition of `mp_rank` (ds's or DeepSpeed's files), read and checked in full."""
+    ds_zero = require("ds_zero", extra="zero", feature="loading a ZeRO checkpoint")
+    return ds_zero.load_partition_state_dicts(ckpt_dir, mp_rank=mp_rank)
 
 
 def _load_optimizer(
-    engine: DeepSpeedEngine, state: dict[str, Any], ckpt_dir: Path, load_optimizer_states: bool
+    engine: DeepSpeedEngine,
+    state: dict[str, Any],
+    ckpt_dir: Path,
+    load_optimizer_states: bool,
+    parts: list[dict[str, Any]] | None,
 ) -> None:
     fp32 = engine._zero.load_from_fp32_weights
     if engine._stepper is None:
@@ -205,11 +202,11 @@ def _load_optimizer(
     if not load_optimizer_states:
         engine._stepper.refresh_from_module()
     elif engine._zero.stage > 0:
-        parts = [
-            torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-            for f in _zero_files(ckpt_dir, engine._mp_rank)
-        ]
-        engine._stepper.load_partitions(parts, load_optimizer_states=True, load_from_fp32_weights=fp32)
+        engine._stepper.load_partitions(
+            parts if parts is not None else zero_partitions(ckpt_dir, engine._mp_rank),
+            load_optimizer_states=True,
+            load_from_fp32_weights=fp32,
+        )
     elif state.get("optimizer") is not None:
         engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
@@ -261,22 +258,65 @@ def load_checkpoint(
             return None, None
         tag = latest.read_text().strip()
     ckpt_dir = root / str(tag)
-    path = model_file(ckpt_dir, engine._mp_rank)
-    if not path.is_file():
-        raise FileNotFoundError(f"load_checkpoint: {path} does not exist (tag {str(tag)!r} in {root})")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    path = read_model_states(ckpt_dir, engine._mp_rank)
+    state = ds_comm.load_checkpoint_file(path)
+    ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+    # Everything is read and checked before the engine changes (nothing half loaded on a bad file).
+    parts = None
+    if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
+        parts = zero_partitions(ckpt_dir, engine._mp_rank)
+    module_state = _fill_placeholders(state["module"], parts, path) if _has_placeholders(state) else state["module"]
     if custom_load_fn is not None:
-        custom_load_fn(src=state["module"], dst=engine.module)
+        custom_load_fn(src=module_state, dst=engine.module)
     else:
-        engine.load_module_state_dict(state["module"], strict=load_module_strict)
+        engine.load_module_state_dict(module_state, strict=load_module_strict)
     if load_module_only:
         if engine._stepper is not None:
             engine._stepper.refresh_from_module()
     else:
-        _load_optimizer(engine, state, ckpt_dir, load_optimizer_states)
+        _load_optimizer(engine, state, ckpt_dir, load_optimizer_states, parts)
         restore_progress(engine, state, load_lr_scheduler_states=load_lr_scheduler_states)
     client_state = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
     return str(path), client_state
+
+
+def read_model_states(ckpt_dir: Path, mp_rank: int) -> Path:
+    """The model-states file of `mp_rank`: ds's `mp_rank_XX_model_states.pt`, or DeepSpeed's stage-3 name.
+
+    DeepSpeed's stage 3 has every data-parallel rank write `zero_pp_rank_{dp}_mp_rank_XX_model_states.pt`;
+    they differ only in bookkeeping, so data-parallel rank 0's serves any world size.
+    """
+    for path in (model_file(ckpt_dir, mp_rank), ckpt_dir / f"zero_pp_rank_0_mp_rank_{mp_rank:02d}_model_states.pt"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"load_checkpoint: {model_file(ckpt_dir, mp_rank)} does not exist (nor DeepSpeed's stage-3 "
+        f"zero_pp_rank_0_mp_rank_{mp_rank:02d}_model_states.pt); is {ckpt_dir} a checkpoint tag directory?"
+    )
+
+
+def _has_placeholders(state: dict[str, Any]) -> bool:
+    """DeepSpeed's stage-3 model states hold an empty tensor for every partitioned parameter."""
+    shapes = {name: shape for group in state.get("param_shapes") or [] for name, shape in group.items()}
+    module = state.get("module") or {}
+    return any(
+        isinstance(module.get(name), torch.Tensor) and module[name].numel() == 0 and math.prod(shape) > 0
+        for name, shape in shapes.items()
+    )
+
+
+def _fill_placeholders(module: dict[str, Any], parts: list[dict[str, Any]] | None, path: Path) -> dict[str, Any]:
+    """The module state_dict with each stage-3 placeholder replaced by its value rebuilt from the partitions."""
+    ds_zero = require("ds_zero", extra="zero", feature="loading a ZeRO stage-3 checkpoint")
+    full = ds_zero.consolidate_fp32_params(parts or [])
+    out = dict(module)
+    for name, value in module.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 0 and name in full:
+            out[name] = full[name].to(value.dtype)
+    missing = [n for n, v in out.items() if isinstance(v, torch.Tensor) and v.numel() == 0 and n not in full]
+    if missing:
+        raise ValueError(f"{path}: parameters {missing[:5]} are empty placeholders and in no optimizer partition")
+    return out
 
 
 def save_16bit_model(

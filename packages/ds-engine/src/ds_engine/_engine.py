@@ -20,6 +20,7 @@ from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
 from ds_engine._engine_consolidated import ConsolidatedWeights
+from ds_engine._optional import require
 from ds_engine._train_state import Counters, TrainState, rng_state
 
 logger = logging.getLogger(__name__)
@@ -286,10 +287,11 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         """This engine's training state as a value, for the model-states file."""
         zero = self._zero.stage > 0
         shapes = None
-        if zero and self.basic_optimizer is not None:
-            names = {id(p): n for n, p in self.module.named_parameters()}
-            shapes = [{names[id(p)]: p.shape for p in g["params"] if id(p) in names}
-                      for g in self.basic_optimizer.param_groups]
+        if zero and self._stepper is not None:
+            # The ZeRO optimizer's groups hold flat partitions; ds-zero knows which parameters they hold.
+            ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
+            shapes = [{name: torch.Size(shape) for name, shape in group.items()}
+                      for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)]
         return TrainState(
             module=self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters),
             buffer_names=[n for n, _ in self.module.named_buffers()],

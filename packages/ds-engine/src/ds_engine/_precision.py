@@ -191,7 +191,9 @@ class MixedPrecisionOptimizer:
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
         """Restore the scaler and base optimizer; masters from the saved fp32 copies (or from the module)."""
-        self.loss_scaler.load_state_dict(state["loss_scaler"])
+        # DeepSpeed's FP16_Optimizer keeps the scaler's fields at the top level, without "loss_scaler".
+        scaler = state.get("loss_scaler") or {"cur_scale": state["cur_scale"], "cur_iter": state.get("cur_iter", 0)}
+        self.loss_scaler.load_state_dict(scaler)
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         if load_from_fp32_weights:
             saved = [t for group in state["fp32_groups"] for t in group]

@@ -10,7 +10,11 @@ What crosses the seam:
   * the step path: `backward`, `step(skip=...) -> applied`, `zero_grad`, and what the engine reports
     (`loss_scale`, `global_grad_norm`); `param_groups` is what `engine.get_lr()` reads;
   * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
-    size), `refresh_fp32_params` (masters from just-loaded module weights).
+    size), `refresh_fp32_params` (masters from just-loaded module weights); and four module-level
+    functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
+    `param_shapes`), `load_partition_state_dicts(ckpt_dir, mp_rank=)` (every saved rank's partition,
+    ds's or DeepSpeed's files), `consolidate_fp32_params(state_dicts)` (full fp32 weights, for
+    DeepSpeed's stage-3 placeholders) and `copy_zero_to_fp32_script(save_dir)`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
-from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint
+from ds_zero._checkpoint.format import consolidate_fp32_params
+from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
+from ds_zero._checkpoint.partition_files import load_partition_state_dicts
+from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
 from ds_zero._memory_estimate import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -66,11 +69,15 @@ __all__ = [
     "ZeroConfig",
     "ZeroOptimizer",
     "__version__",
+    "consolidate_fp32_params",
     "convert_zero_checkpoint_to_fp32_state_dict",
+    "copy_zero_to_fp32_script",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "load_partition_state_dicts",
     "load_state_dict_from_zero_checkpoint",
     "load_zero_checkpoint",
     "save_zero_checkpoint",
+    "zero_param_shapes",
     # ZeRO stage 3
     "DeepSpeedZeRoOffload",
     "DeepSpeedZeroOptimizer_Stage3",

@@ -72,7 +72,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike[s
     if states_file is None:
         logger.warning("no model-states file in %s: buffers and frozen parameters are not included", ckpt)
         return params
-    module_sd = torch.load(states_file, map_location="cpu", weights_only=False).get("module") or {}
+    module_sd = ds_comm.load_checkpoint_file(states_file).get("module") or {}
     out: dict[str, torch.Tensor] = {}
     for name, value in module_sd.items():
         if name in params:

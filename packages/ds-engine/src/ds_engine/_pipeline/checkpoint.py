@@ -22,8 +22,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+import ds_comm
 from ds_engine import _checkpoint
 from ds_engine._train_state import ENGINE_KEYS
 
@@ -53,10 +52,10 @@ def _read_stage_state(engine: PipelineEngine, ckpt_dir: Path) -> tuple[Path, dic
     path = own if own.is_file() else _checkpoint.model_file(ckpt_dir, 0)
     if not path.is_file():
         raise FileNotFoundError(f"load_checkpoint: {path} does not exist; is {ckpt_dir} a pipeline checkpoint?")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = ds_comm.load_checkpoint_file(path)
     if state.get(LAYOUT_KEY) != engine.layout() and path != _checkpoint.model_file(ckpt_dir, 0):
         path = _checkpoint.model_file(ckpt_dir, 0)
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = ds_comm.load_checkpoint_file(path)
     return path, state
 
 
@@ -78,8 +77,7 @@ def _load_optimizer(engine: PipelineEngine, state: dict[str, Any], ckpt_dir: Pat
         return
     fp32 = engine._zero.load_from_fp32_weights
     if engine._zero.stage > 0:
-        parts = [torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-                 for f in _checkpoint._zero_files(ckpt_dir, engine._mp_rank)]
+        parts = _checkpoint.zero_partitions(ckpt_dir, engine._mp_rank)
         stepper.load_partitions(parts, load_optimizer_states=True, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
         stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)

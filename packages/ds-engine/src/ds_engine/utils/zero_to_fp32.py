@@ -16,3 +16,10 @@ if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_zero'
 __all__, __getattr__, __dir__ = optional_reexport(
     "ds_engine.utils.zero_to_fp32", "ds_zero.zero_to_fp32", extra="zero",
     feature="ds_engine.utils.zero_to_fp32 (deepspeed.utils.zero_to_fp32, ZeRO checkpoint consolidation)")
+
+if __name__ == "__main__":  # `python -m ds_engine.utils.zero_to_fp32 CKPT OUT`, as DeepSpeed's module runs
+    import sys
+
+    from ds_engine._optional import require
+
+    sys.exit(require("ds_zero", extra="zero", feature="zero_to_fp32").zero_to_fp32.main())

@@ -33,6 +33,7 @@ __all__ = [
     "read_latest_tag",
     "resolve_checkpoint_dir",
     "save_zero_checkpoint",
+    "zero_param_shapes",
 ]
 
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
@@ -111,8 +112,9 @@ def resolve_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], tag: str | No
     return path
 
 
-def _param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
-    """Per param group, name -> shape of the trainable parameters (DeepSpeed's `param_shapes`)."""
+def zero_param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
+    """Per param group, name -> shape of the trainable parameters of a ZeRO optimizer (DeepSpeed's
+    `param_shapes`), in the order of its flat partitions."""
     flats = getattr(optimizer, "flats", None)
     if flats is not None:
         return [{slot.name: list(slot.shape) for slot in flat.slots} for flat in flats]
@@ -127,7 +129,7 @@ def _model_states(optimizer: Any, module: torch.nn.Module, client_state: Mapping
         "module": module.state_dict(),
         "buffer_names": [name for name, _ in module.named_buffers()],
         "optimizer": None,
-        "param_shapes": _param_shapes(optimizer, module),
+        "param_shapes": zero_param_shapes(optimizer, module),
         "frozen_param_shapes": dict(getattr(optimizer, "frozen_param_shapes", {})),
         "shared_params": dict(getattr(optimizer, "shared_params", {})),
         "dp_world_size": optimizer.dp_world_size,
@@ -184,9 +186,13 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
 
 
 def load_optim_state_dicts(ckpt_dir: str | os.PathLike[str], *, mmap: bool = True) -> list[dict[str, Any]]:
-    """Every rank's `optimizer_state_dict` from `ckpt_dir`, in rank order (safe `weights_only` loading)."""
-    return [torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)["optimizer_state_dict"]
-            for p in find_optim_files(ckpt_dir)]
+    """Every rank's `optimizer_state_dict` from `ckpt_dir` (ds's or DeepSpeed's files), in rank order, in format 1.
+
+    Restricted unpickling; see `ds_zero._checkpoint.partition_files.load_partition_state_dicts`.
+    """
+    from ds_zero._checkpoint.partition_files import load_partition_state_dicts  # it imports this module
+
+    return load_partition_state_dicts(ckpt_dir, mmap=mmap)
 
 
 def load_zero_checkpoint(load_dir: str | os.PathLike[str], optimizer: Any, module: torch.nn.Module | None = None, *,

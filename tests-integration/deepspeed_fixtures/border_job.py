@@ -1,0 +1,166 @@
+"""One training job, run by real DeepSpeed *or* by ds: the same model, data, config and steps for both.
+
+Modes (`python border_job.py MODE --case CASE --out DIR [...]`, one process per rank under torchrun or
+`deepspeed`):
+
+* `save`: train `STEPS_BEFORE` steps, `save_checkpoint(DIR/ckpt, client_state=...)`, then build a
+  fresh engine, `load_checkpoint` it and train `STEPS_AFTER` more steps, writing the losses and lr of
+  those steps to `DIR/continuation.json`: the loader's own continuation from its checkpoint.
+* `load --ckpt C`: build a fresh engine, `load_checkpoint(C)` and write the continuation as above
+  (`DIR/continuation.json`). Used both ways: DeepSpeed loading a ds checkpoint, ds loading DeepSpeed's.
+
+The package imported is `deepspeed` unless `--engine ds` (then `ds_engine`, ds's DeepSpeed-compatible
+API), so this file is the single definition of "the same job" on both sides of the border.
+
+Data are deterministic per (step, global micro-batch index), so a run at another world size (with
+gradient accumulation making up the same global batch) sees the same samples in the same steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEPS_BEFORE = 3
+STEPS_AFTER = 2
+MICRO_BATCH = 2
+GLOBAL_MICROS = 2  # micro-batches per optimizer step over all ranks (2 ranks x gas 1, or 1 rank x gas 2)
+CLIENT_STATE = {"my_counter": 7, "note": "client"}
+
+CASES = {
+    f"z{stage}_{dtype}": {"stage": stage, "dtype": dtype}
+    for stage in (0, 1, 2, 3)
+    for dtype in ("fp32", "bf16", "fp16")
+}
+
+
+class TinyNet(torch.nn.Module):
+    """Linear(4, 8) -> ReLU -> Linear(8, 2) with a buffer: small enough for a few-KB checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.act = torch.nn.ReLU()
+        self.fc2 = torch.nn.Linear(8, 2)
+        self.register_buffer("buf", torch.arange(3, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x))) + self.buf.sum() * 0
+
+
+def config(case: str, world_size: int, stage: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config of `case` at `world_size` (same global batch at every world size).
+
+    `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage).
+    """
+    spec = dict(CASES[case], **({} if stage is None else {"stage": stage}))
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": GLOBAL_MICROS // world_size,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.05, "torch_adam": True}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.05, "warmup_num_steps": 10},
+        },
+        "zero_optimization": {"stage": spec["stage"]},
+        "steps_per_print": 1000,
+    }
+    if spec["dtype"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif spec["dtype"] == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    return cfg
+
+
+def batch(step: int, micro: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global micro-batch `micro` of optimizer step `step` (0-based over the whole run)."""
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.randn(MICRO_BATCH, 4, generator=g)
+    y = torch.randn(MICRO_BATCH, 2, generator=g)
+    return x.to(dtype), y.to(dtype)
+
+
+def build(ds: Any, case: str, world_size: int, stage: int | None = None) -> Any:
+    """A fresh engine of `case` (the model's initial weights are the same in every run)."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    engine, _, _, _ = ds.initialize(
+        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage)
+    )
+    return engine
+
+
+def dtype_of(case: str) -> torch.dtype:
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[CASES[case]["dtype"]]
+
+
+def train(engine: Any, first_step: int, steps: int, rank: int, world_size: int, dtype: torch.dtype) -> list[dict]:
+    """`steps` optimizer steps; per step the mean loss over the global batch and the lr used."""
+    gas = GLOBAL_MICROS // world_size
+    out = []
+    for step in range(first_step, first_step + steps):
+        lr = engine.get_lr()[0]
+        losses = []
+        for m in range(gas):
+            x, y = batch(step, rank * gas + m, dtype)
+            loss = torch.nn.functional.mse_loss(engine(x).float(), y.float())
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach().float())
+        total = torch.stack(losses).sum()
+        if torch.distributed.is_initialized() and world_size > 1:
+            torch.distributed.all_reduce(total)
+        out.append({"step": step, "lr": float(lr), "loss": float(total) / GLOBAL_MICROS})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["save", "load"])
+    parser.add_argument("--case", required=True, choices=sorted(CASES))
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--ckpt", type=Path)
+    parser.add_argument("--engine", choices=["deepspeed", "ds"], default="deepspeed")
+    args = parser.parse_args()
+    if args.engine == "deepspeed":
+        import deepspeed as ds
+    else:
+        import ds_engine as ds
+    ds.init_distributed(dist_backend="gloo")
+    rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    dtype = dtype_of(args.case)
+    record: dict[str, Any] = {
+        "case": args.case,
+        "engine": args.engine,
+        "world_size": world_size,
+        "version": ds.__version__,
+    }
+    if args.mode == "save":
+        engine = build(ds, args.case, world_size)
+        record["before"] = train(engine, 0, STEPS_BEFORE, rank, world_size, dtype)
+        engine.save_checkpoint(str(args.out / "ckpt"), client_state=dict(CLIENT_STATE))
+        ckpt = args.out / "ckpt"
+        del engine
+    else:
+        ckpt = args.ckpt
+    engine = build(ds, args.case, world_size)
+    path, client = engine.load_checkpoint(str(ckpt))
+    if path is None:
+        raise SystemExit(f"load_checkpoint({ckpt}) loaded nothing")
+    record["client_state"] = {k: client[k] for k in CLIENT_STATE if k in client}
+    record["global_steps"] = engine.global_steps
+    record["after"] = train(engine, engine.global_steps, STEPS_AFTER, rank, world_size, dtype)
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "continuation.json").write_text(json.dumps(record, indent=1) + "\n")
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    main()

@@ -1,0 +1,135 @@
+"""Regenerate the DeepSpeed checkpoints the test suite reads, with the real DeepSpeed, so CI needs none.
+
+    python tests-integration/deepspeed_fixtures/make_fixtures.py [--venv /tmp/dsref] [--cases z1_fp32 ...]
+
+Makes (or reuses) an isolated venv holding only torch and the pinned DeepSpeed (`DEEPSPEED_PIN`, built
+without ops: `DS_BUILD_OPS=0`; nothing of ds is visible there), then, for every case of `border_job.CASES`,
+runs `border_job.py save` at 2 gloo ranks on the CPU through `torch.distributed.run`. Each case's directory
+under `data/` gets DeepSpeed's checkpoint (`ckpt/`) and `continuation.json`: the losses and lr of the
+steps DeepSpeed itself takes after loading that checkpoint, which ds must match.
+
+DeepSpeed's own helper scripts (`zero_to_fp32.py`, `zero_to_torch.py`) are removed from the stored
+copies: they are DeepSpeed's code, and no test needs them. A case DeepSpeed cannot run on a CPU
+(fp16) is recorded in `data/manifest.json` with its error instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DATA = HERE / "data"
+DEEPSPEED_PIN = "deepspeed==0.19.8"
+WORLD_SIZE = 2
+sys.path.insert(0, str(HERE))
+from border_job import CASES  # noqa: E402
+
+DEEPSPEED_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+_EXCEPTION_RE = re.compile(r"^(?:\[rank\d+\]:)?\s*(\w+(?:Error|Exception): .*)$", re.M)
+
+
+def ensure_venv(venv: Path) -> Path:
+    """The venv's python, with torch and the pinned DeepSpeed installed (created on first use)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    probe = subprocess.run(
+        [str(python), "-c", "import deepspeed, sys; sys.stdout.write(deepspeed.__version__)"],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != DEEPSPEED_PIN.split("==")[1]:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-c", str(ROOT / "constraints.txt"), "torch", DEEPSPEED_PIN],
+            check=True,
+            env={**_clean_env(), "DS_BUILD_OPS": "0"},
+        )
+    return python
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without PYTHONPATH (which may point at ds's sources) and on the CPU accelerator."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(
+    python: Path,
+    mode: str,
+    case: str,
+    out: Path,
+    *,
+    ckpt: Path | None = None,
+    world_size: int = WORLD_SIZE,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """`border_job.py MODE` under real DeepSpeed at `world_size` gloo ranks (torch.distributed.run)."""
+    cmd = [
+        str(python),
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={world_size}",
+        f"--master_port={free_port()}",
+        str(HERE / "border_job.py"),
+        mode,
+        "--case",
+        case,
+        "--out",
+        str(out),
+    ]
+    if ckpt is not None:
+        cmd += ["--ckpt", str(ckpt)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env())
+
+
+def make_case(python: Path, case: str) -> dict[str, str]:
+    out = DATA / case
+    shutil.rmtree(out, ignore_errors=True)
+    proc = run_job(python, "save", case, out)
+    if proc.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
+        found = _EXCEPTION_RE.findall(proc.stderr + proc.stdout)
+        return {"status": "unsupported", "error": found[-1].strip() if found else proc.stderr[-300:].strip()}
+    for script in DEEPSPEED_SCRIPTS:
+        (out / "ckpt" / script).unlink(missing_ok=True)
+    return {"status": "ok"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--venv", type=Path, default=Path("/tmp/dsref"))
+    parser.add_argument("--cases", nargs="*", default=sorted(CASES))
+    args = parser.parse_args()
+    python = ensure_venv(args.venv)
+    manifest_path = DATA / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest["deepspeed"] = DEEPSPEED_PIN
+    manifest["world_size"] = WORLD_SIZE
+    cases = manifest.setdefault("cases", {})
+    for case in args.cases:
+        cases[case] = make_case(python, case)
+        print(case, cases[case], flush=True)
+    DATA.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

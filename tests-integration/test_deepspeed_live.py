@@ -1,0 +1,74 @@
+"""The round trip both ways with the real DeepSpeed 0.19.8 (the `deepspeed_live` nox session; skipped elsewhere).
+
+`DS_REFERENCE_PYTHON` names the python of an isolated venv with the pinned DeepSpeed
+(`deepspeed_fixtures/make_fixtures.py` makes it). For each case ds trains, saves and continues from
+its own checkpoint; `python -m ds_zero.to_deepspeed` writes that checkpoint in DeepSpeed's layout and
+the real DeepSpeed loads it and continues: its losses and lr must equal ds's within 1e-6. The other
+direction (ds continuing from DeepSpeed's checkpoints) is `test_deepspeed_checkpoints.py`, run by the
+session right after regenerating the fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, free_port
+
+FIXTURES = Path(__file__).resolve().parent / "deepspeed_fixtures"
+sys.path.insert(0, str(FIXTURES))
+import make_fixtures  # noqa: E402
+
+REFERENCE = os.environ.get("DS_REFERENCE_PYTHON")
+pytestmark = pytest.mark.skipif(not REFERENCE, reason="DS_REFERENCE_PYTHON (a venv with deepspeed==0.19.8) not set")
+CASES = [f"z{s}_{d}" for s in range(4) for d in ("fp32", "bf16")]
+TOL = 1e-6
+
+
+def _ds_save(case: str, out: Path) -> dict:
+    """ds trains, saves and continues from its own checkpoint (2 ranks, torch.distributed.run)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        str(FIXTURES / "border_job.py"),
+        "save",
+        "--engine",
+        "ds",
+        "--case",
+        case,
+        "--out",
+        str(out),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "continuation.json").read_text())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
+    mine = _ds_save(case, tmp_path / "ds")
+    target = tmp_path / "ds" / "ckpt"
+    if not case.startswith("z0"):
+        target = tmp_path / "for_deepspeed"
+        subprocess.run(
+            [sys.executable, "-m", "ds_zero.to_deepspeed", str(tmp_path / "ds" / "ckpt"), str(target)],
+            check=True,
+            timeout=300,
+        )
+    proc = make_fixtures.run_job(Path(REFERENCE), "load", case, tmp_path / "deepspeed", ckpt=target)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())
+    assert theirs["version"] == "0.19.8" and theirs["global_steps"] == mine["global_steps"]
+    assert theirs["client_state"] == mine["client_state"]
+    for a, b in zip(mine["after"], theirs["after"], strict=True):
+        assert a["step"] == b["step"]
+        assert b["lr"] == pytest.approx(a["lr"], abs=TOL), (a, b)
+        assert b["loss"] == pytest.approx(a["loss"], abs=TOL), (a, b)
