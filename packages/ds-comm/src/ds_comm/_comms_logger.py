@@ -12,6 +12,7 @@ import logging
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from ds_comm._byte_units import format_bytes
 from ds_comm._comms_logger_queries import CommsLoggerQueries
 
 if TYPE_CHECKING:
@@ -109,16 +110,6 @@ def _caller_name() -> str:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("ds_comm."):
         frame = frame.f_back
     return frame.f_code.co_name if frame is not None else "?"
-
-
-def format_bytes(size: int) -> str:
-    """`1536` -> `1.5 KB` (powers of 1024)."""
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{value:.2f} GB"
 
 
 comms_logger = CommsLogger()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ds_comm._byte_units import format_bytes
+
 if TYPE_CHECKING:
     from ds_comm._comms_logger import OpRecord
     from ds_comm.config import CommsLoggerConfig
@@ -65,7 +67,6 @@ class CommsLoggerQueries:
         The keys are DeepSpeed's: `count, total_latency_ms, avg_latency_ms, tput_avg_gbps, busbw_avg_gbps,
         msg_size_bytes, msg_size_str`.
         """
-        from ds_comm._comms_logger import format_bytes
 
         sizes = self.records.get(operation_name)
         if not sizes:

@@ -19,7 +19,7 @@ from torch.distributed import ProcessGroup
 from ds_comm._comms_logger import comms_logger
 from ds_comm._dist_init import state
 from ds_comm.accelerator import get_accelerator
-from ds_comm.collectives import CollectiveHandle, _error, _issue, _nbytes, irecv, isend
+from ds_comm.collectives import CollectiveHandle, _error, _issue, _nbytes, _timed_out, irecv, isend
 
 __all__ = ["P2POp", "batch_isend_irecv", "gather", "monitored_barrier", "scatter"]
 
@@ -124,7 +124,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[CollectiveHandle]:
     try:
         works = dist.batch_isend_irecv(torch_ops)
     except RuntimeError as err:
-        raise _error("batch_isend_irecv", group, err, state.timeout) from err
+        raise _error("batch_isend_irecv", group, err, state.timeout, timed_out=False) from err
     # torch returns one work per op on gloo and a single coalesced work on nccl; keep one handle per op.
     if len(works) != len(p2p_op_list):
         works = [works[-1]] * len(p2p_op_list)
@@ -146,8 +146,10 @@ def monitored_barrier(group: ProcessGroup | None = None, timeout: timedelta | No
         CollectiveError: the backend has no monitored barrier (nccl).
     """
     limit = timeout or state.timeout
+    began = time.monotonic()
     try:
         dist.monitored_barrier(group=group, timeout=limit, wait_all_ranks=wait_all_ranks)
     except RuntimeError as err:
-        raise _error("monitored_barrier", group, err, limit) from err
+        timed_out = _timed_out(err, time.monotonic() - began, limit)
+        raise _error("monitored_barrier", group, err, limit, timed_out=timed_out) from err
 

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ds_comm._comms_logger import bus_factor, format_bytes
+from ds_comm._byte_units import format_bytes
+from ds_comm._comms_logger import bus_factor
 from ds_comm._dist_init import init_distributed
 from ds_comm.accelerator import get_accelerator
 from ds_comm.collectives import (
