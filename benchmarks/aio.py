@@ -117,8 +117,9 @@ class Contenders:
         return seconds
 
     def write_dd_direct(self, path: Path) -> float:
-        return _dd([f"if={self.dd_source}", f"of={path}", f"bs={self.block_size}", f"count={self.count}",
-                    "oflag=direct"])
+        return _dd(
+            [f"if={self.dd_source}", f"of={path}", f"bs={self.block_size}", f"count={self.count}", "oflag=direct"]
+        )
 
     def read_dd_direct(self, path: Path) -> float:
         return _dd([f"if={path}", "of=/dev/null", f"bs={self.block_size}", f"count={self.count}", "iflag=direct"])
@@ -148,8 +149,7 @@ class Contenders:
         return self._timed(lambda: np.fromfile(path, dtype=np.float32))
 
     def write_dd_buffered(self, path: Path) -> float:
-        return _dd([f"if={self.dd_source}", f"of={path}", f"bs={self.block_size}", f"count={self.count}",
-                    "conv=fsync"])
+        return _dd([f"if={self.dd_source}", f"of={path}", f"bs={self.block_size}", f"count={self.count}", "conv=fsync"])
 
     def read_dd_buffered(self, path: Path) -> float:
         _evict(path)
@@ -157,13 +157,23 @@ class Contenders:
 
 
 NAMES = {
-    "op_direct": "ds aio O_DIRECT", "dd_direct": "dd O_DIRECT", "op_buffered": "ds aio buffered",
-    "torch": "torch.save/load", "numpy": "numpy tofile/fromfile", "dd_buffered": "dd buffered",
+    "op_direct": "ds aio O_DIRECT",
+    "dd_direct": "dd O_DIRECT",
+    "op_buffered": "ds aio buffered",
+    "torch": "torch.save/load",
+    "numpy": "numpy tofile/fromfile",
+    "dd_buffered": "dd buffered",
 }
 if np is None:
     del NAMES["numpy"]
-BASELINE = {"op_direct": "dd_direct", "dd_direct": "dd_direct", "op_buffered": "dd_buffered",
-            "torch": "dd_buffered", "numpy": "dd_buffered", "dd_buffered": "dd_buffered"}
+BASELINE = {
+    "op_direct": "dd_direct",
+    "dd_direct": "dd_direct",
+    "op_buffered": "dd_buffered",
+    "torch": "dd_buffered",
+    "numpy": "dd_buffered",
+    "dd_buffered": "dd_buffered",
+}
 
 
 def measure(contenders: Contenders, reps: int) -> dict[tuple[str, str], list[float]]:
@@ -172,7 +182,7 @@ def measure(contenders: Contenders, reps: int) -> dict[tuple[str, str], list[flo
     times: dict[tuple[str, str], list[float]] = {(n, k): [] for n in NAMES for k in ("write", "read")}
     names = list(NAMES)
     for rep in range(reps + 1):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             for kind in ("write", "read"):
                 seconds = contenders.run(name, kind)
                 if rep:
@@ -185,8 +195,10 @@ def rows_and_table(times: dict[tuple[str, str], list[float]], nbytes: int, label
     """Median GB/s with its range over reps, and the ratio to the baseline as the median of the per-rep
     ratios (each rep's contender against the same rep's baseline: robust to a disk whose speed drifts)."""
     gbs = {key: [nbytes / GB / s for s in seconds] for key, seconds in times.items()}
-    header = (f"{'contender':<24} {'write GB/s':>10} {'(min-max)':>11} {'read GB/s':>10} {'(min-max)':>11} "
-              f"{'write/dd':>9} {'read/dd':>8}  baseline")
+    header = (
+        f"{'contender':<24} {'write GB/s':>10} {'(min-max)':>11} {'read GB/s':>10} {'(min-max)':>11} "
+        f"{'write/dd':>9} {'read/dd':>8}  baseline"
+    )
     lines = [header, "-" * len(header)]
     rows = []
     for name, title in NAMES.items():
@@ -200,10 +212,17 @@ def rows_and_table(times: dict[tuple[str, str], list[float]], nbytes: int, label
         if name == base:
             continue
         for kind, ratio in zip(("write", "read"), ratios, strict=True):
-            rows.append({"figure": f"aio {kind} bandwidth: {title} ({label})",
-                         "value": round(statistics.median(gbs[(name, kind)]), 3), "unit": "GB/s",
-                         "baseline": NAMES[base], "baseline_value": round(statistics.median(gbs[(base, kind)]), 3),
-                         "ratio": round(ratio, 3), "target": f">= {TARGET}" if name == "op_direct" else None})
+            rows.append(
+                {
+                    "figure": f"aio {kind} bandwidth: {title} ({label})",
+                    "value": round(statistics.median(gbs[(name, kind)]), 3),
+                    "unit": "GB/s",
+                    "baseline": NAMES[base],
+                    "baseline_value": round(statistics.median(gbs[(base, kind)]), 3),
+                    "ratio": round(ratio, 3),
+                    "target": f">= {TARGET}" if name == "op_direct" else None,
+                }
+            )
     return rows, "\n".join(lines)
 
 
@@ -216,9 +235,12 @@ def main() -> None:
     parser.add_argument("--queue-depth", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="intra_op_parallelism")
     parser.add_argument("--json", type=Path, help="write result rows here")
-    parser.add_argument("--step", action="store_true",
-                        help="instead: stage-3 step time with NVMe offload vs CPU offload vs none, 2 gloo ranks "
-                             "(benchmarks/_nvme_step.py; swap files under --dir)")
+    parser.add_argument(
+        "--step",
+        action="store_true",
+        help="instead: stage-3 step time with NVMe offload vs CPU offload vs none, 2 gloo ranks "
+        "(benchmarks/_nvme_step.py; swap files under --dir)",
+    )
     args = parser.parse_args()
     if args.step:
         import _nvme_step  # sibling module of this script
@@ -240,13 +262,18 @@ def main() -> None:
         if not contenders.direct.uses_o_direct(Path(tmp) / "probe.bin"):
             raise SystemExit(f"{args.dir} does not take O_DIRECT; pick another --dir")
         times = measure(contenders, args.reps)
-    label = (f"{args.size_mib} MiB, block {args.block_size}, queue_depth {args.queue_depth}, "
-             f"threads {args.threads}, engine {contenders.engine}, dir {args.dir}")
+    label = (
+        f"{args.size_mib} MiB, block {args.block_size}, queue_depth {args.queue_depth}, "
+        f"threads {args.threads}, engine {contenders.engine}, dir {args.dir}"
+    )
     rows, table = rows_and_table(times, nbytes, label)
-    print(f"torch {torch.__version__}; {label}; median of {args.reps} interleaved reps "
-          f"(ratios: median of per-rep ratios)")
-    print("buffered writes end with fsync; buffered reads start with the file evicted from the page cache"
-          + ("" if np is not None else "; numpy not installed: its contender is left out"))
+    print(
+        f"torch {torch.__version__}; {label}; median of {args.reps} interleaved reps (ratios: median of per-rep ratios)"
+    )
+    print(
+        "buffered writes end with fsync; buffered reads start with the file evicted from the page cache"
+        + ("" if np is not None else "; numpy not installed: its contender is left out")
+    )
     print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

@@ -84,8 +84,15 @@ def _bench(rank: int, world: int, sizes: list[int], rounds: int) -> list[dict]:
                 lat_ours.append(a)
                 lat_raw.append(b)
                 ratios.append(a / b)
-            rows.append({"op": op, "bytes": numel * 4, "raw_s": statistics.median(lat_raw),
-                         "ours_s": statistics.median(lat_ours), "ratio": statistics.median(ratios)})
+            rows.append(
+                {
+                    "op": op,
+                    "bytes": numel * 4,
+                    "raw_s": statistics.median(lat_raw),
+                    "ours_s": statistics.median(lat_ours),
+                    "ratio": statistics.median(ratios),
+                }
+            )
     return rows
 
 
@@ -99,7 +106,7 @@ def _fixed_cost(rank: int, world: int, calls: int, blocks: int) -> dict:
             ours(), raw()
         t_ours, t_raw = [], []
         for b in range(blocks):
-            for fn, acc in (((ours, t_ours), (raw, t_raw)) if b % 2 == 0 else ((raw, t_raw), (ours, t_ours))):
+            for fn, acc in ((ours, t_ours), (raw, t_raw)) if b % 2 == 0 else ((raw, t_raw), (ours, t_ours)):
                 start = time.perf_counter()
                 for _ in range(calls):
                     fn()
@@ -124,10 +131,14 @@ def main() -> None:
     overhead_s = fixed["ours_s"] - fixed["raw_s"]
     rows = run_ranks(args.world, _bench, sizes=sizes, rounds=args.rounds, timeout_s=1800)[0]
 
-    print(f"collectives on {args.world} gloo ranks, median of {args.rounds} rounds alternating call by call, "
-          "comms logger off")
-    print(f"{'op':<24}{'size':>10}{'raw ms':>10}{'ds ms':>10}{'raw busbw GB/s':>16}{'ds busbw GB/s':>15}"
-          f"{'ds/raw':>8}{'fixed share':>13}")
+    print(
+        f"collectives on {args.world} gloo ranks, median of {args.rounds} rounds alternating call by call, "
+        "comms logger off"
+    )
+    print(
+        f"{'op':<24}{'size':>10}{'raw ms':>10}{'ds ms':>10}{'raw busbw GB/s':>16}{'ds busbw GB/s':>15}"
+        f"{'ds/raw':>8}{'fixed share':>13}"
+    )
     worst_paired = worst_fixed = 0.0
     for row in rows:
         factor = _bus_factor(row["op"], args.world)
@@ -137,28 +148,50 @@ def main() -> None:
             worst_paired = max(worst_paired, row["ratio"])
             worst_fixed = max(worst_fixed, share)
         label = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
-        print(f"{row['op']:<24}{label:>10}{row['raw_s'] * 1e3:>10.3f}{row['ours_s'] * 1e3:>10.3f}"
-              f"{nbytes * factor / row['raw_s'] / 1e9:>16.3f}{nbytes * factor / row['ours_s'] / 1e9:>15.3f}"
-              f"{row['ratio']:>8.3f}{share * 100:>12.2f}%")
-    print(f"wrapper fixed cost per call (1-rank gloo group, 1 element): ds {fixed['ours_s'] * 1e6:.1f} us vs raw "
-          f"{fixed['raw_s'] * 1e6:.1f} us -> +{overhead_s * 1e6:.1f} us per call")
-    print(f"at >= 1 MiB: worst paired ds/raw {worst_paired:.3f}; wrapper cost <= {worst_fixed * 100:.2f}% of the "
-          f"collective (target: ratio <= {TARGET})")
+        print(
+            f"{row['op']:<24}{label:>10}{row['raw_s'] * 1e3:>10.3f}{row['ours_s'] * 1e3:>10.3f}"
+            f"{nbytes * factor / row['raw_s'] / 1e9:>16.3f}{nbytes * factor / row['ours_s'] / 1e9:>15.3f}"
+            f"{row['ratio']:>8.3f}{share * 100:>12.2f}%"
+        )
+    print(
+        f"wrapper fixed cost per call (1-rank gloo group, 1 element): ds {fixed['ours_s'] * 1e6:.1f} us vs raw "
+        f"{fixed['raw_s'] * 1e6:.1f} us -> +{overhead_s * 1e6:.1f} us per call"
+    )
+    print(
+        f"at >= 1 MiB: worst paired ds/raw {worst_paired:.3f}; wrapper cost <= {worst_fixed * 100:.2f}% of the "
+        f"collective (target: ratio <= {TARGET})"
+    )
     if args.json:  # the rows benchmarks/results.py collects into RESULTS.md
         import _report
 
         large = [row for row in rows if row["bytes"] >= 1 << 20]
         by_share = max(large, key=lambda row: overhead_s / row["raw_s"])
         by_ratio = max(large, key=lambda row: row["ratio"])
-        _report.write_rows(args.json, [
-            _report.Row("comm", f"wrapper cost (+{overhead_s * 1e6:.1f} us/call) on the fastest >= 1 MiB collective: "
-                        f"{by_share['op']} {by_share['bytes'] >> 20} MiB, {args.world} ranks",
-                        (by_share["raw_s"] + overhead_s) * 1e3, "ms", "raw torch.distributed", by_share["raw_s"] * 1e3,
-                        target=f"<= {TARGET}"),
-            _report.Row("comm", f"worst paired latency at >= 1 MiB ({by_ratio['op']} {by_ratio['bytes'] >> 20} MiB, "
-                        f"median of {args.rounds} rounds; host noise both ways)", by_ratio["ours_s"] * 1e3, "ms",
-                        "raw torch.distributed", by_ratio["raw_s"] * 1e3, target=f"<= {TARGET}"),
-        ])
+        _report.write_rows(
+            args.json,
+            [
+                _report.Row(
+                    "comm",
+                    f"wrapper cost (+{overhead_s * 1e6:.1f} us/call) on the fastest >= 1 MiB collective: "
+                    f"{by_share['op']} {by_share['bytes'] >> 20} MiB, {args.world} ranks",
+                    (by_share["raw_s"] + overhead_s) * 1e3,
+                    "ms",
+                    "raw torch.distributed",
+                    by_share["raw_s"] * 1e3,
+                    target=f"<= {TARGET}",
+                ),
+                _report.Row(
+                    "comm",
+                    f"worst paired latency at >= 1 MiB ({by_ratio['op']} {by_ratio['bytes'] >> 20} MiB, "
+                    f"median of {args.rounds} rounds; host noise both ways)",
+                    by_ratio["ours_s"] * 1e3,
+                    "ms",
+                    "raw torch.distributed",
+                    by_ratio["raw_s"] * 1e3,
+                    target=f"<= {TARGET}",
+                ),
+            ],
+        )
 
 
 if __name__ == "__main__":

@@ -70,8 +70,20 @@ class RooflineBuilder(OpBuilder):
     NAME = "bench_adam_roofline"
     SOURCES = ("roofline.cpp",)
     INCLUDE_DIRS = ()
-    FUNCTIONS: ClassVar = {"roofline": (None, (ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32))}
+    FUNCTIONS: ClassVar = {
+        "roofline": (
+            None,
+            (
+                ctypes.c_int32,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+                ctypes.c_int32,
+            ),
+        )
+    }
 
     def __init__(self, root: Path) -> None:
         super().__init__()
@@ -107,18 +119,26 @@ def _make_steppers(numel: int, flat: bool, roofline: Callable[..., None]) -> dic
     for quad in roof_tensors:
         quad[1].normal_(generator=generator)
     pointers = ctypes.c_void_p * len(layout)
-    roof_args = (len(layout), (ctypes.c_int64 * len(layout))(*layout),
-                 *(pointers(*(quad[k].data_ptr() for quad in roof_tensors)) for k in range(4)))
+    roof_args = (
+        len(layout),
+        (ctypes.c_int64 * len(layout))(*layout),
+        *(pointers(*(quad[k].data_ptr() for quad in roof_tensors)) for k in range(4)),
+    )
 
     def roof(threads: int, _keep_alive: list = roof_tensors) -> None:  # the C loop holds only their addresses
         roofline(*roof_args, threads)
 
-    return {"ds cpu_adam": lambda _: ours.step(), "torch fused": lambda _: fused.step(),
-            "torch foreach": lambda _: foreach.step(), "C roofline": roof}
+    return {
+        "ds cpu_adam": lambda _: ours.step(),
+        "torch fused": lambda _: fused.step(),
+        "torch foreach": lambda _: foreach.step(),
+        "C roofline": roof,
+    }
 
 
-def _measure(numel: int, flat: bool, threads: list[int], reps: int,
-             roofline: Callable[..., None]) -> dict[tuple[str, int], list[float]]:
+def _measure(
+    numel: int, flat: bool, threads: list[int], reps: int, roofline: Callable[..., None]
+) -> dict[tuple[str, int], list[float]]:
     """Step times of every contender, round by round (entry k of the paired contenders ran within the
     same round). torch's foreach Adam, 5x slower and in no target, runs every FOREACH_EVERY-th round
     only, so the paired three stay close in time."""
@@ -130,7 +150,7 @@ def _measure(numel: int, flat: bool, threads: list[int], reps: int,
             torch.set_num_threads(t)
             # Rotate the order and pause between contenders: OpenMP workers of the previous one
             # spin-wait for a while and would slow whoever runs right after them.
-            names = paired[rep % len(paired):] + paired[:rep % len(paired)]
+            names = paired[rep % len(paired) :] + paired[: rep % len(paired)]
             for name in names + (["torch foreach"] if rep <= 1 or rep % FOREACH_EVERY == 0 else []):
                 time.sleep(PAUSE_S)
                 started = time.perf_counter()
@@ -170,42 +190,67 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "roofline.cpp").write_text(ROOFLINE_SOURCE)
         roofline = RooflineBuilder(Path(tmp)).load(verbose=False).roofline
-    header = (f"{'params':>6} {'layout':>10} {'thr':>3} | {'ds ms':>7} {'fused ms':>8} {'foreach ms':>10} "
-              f"{'roof ms':>7} | {'ds GB/s':>7} {'roof GB/s':>9} | {'ds/fused [q1-q3]':>18} "
-              f"{'foreach/ds':>10} {'roof/ds [q1-q3]':>17}")
-    print(f"torch {torch.__version__}, {args.reps} interleaved rounds at the largest size (up to 4x more below); "
-          "times are medians, ratios the median of "
-          f"per-round ratios; GB/s at {BYTES_PER_PARAM} B/param")
+    header = (
+        f"{'params':>6} {'layout':>10} {'thr':>3} | {'ds ms':>7} {'fused ms':>8} {'foreach ms':>10} "
+        f"{'roof ms':>7} | {'ds GB/s':>7} {'roof GB/s':>9} | {'ds/fused [q1-q3]':>18} "
+        f"{'foreach/ds':>10} {'roof/ds [q1-q3]':>17}"
+    )
+    print(
+        f"torch {torch.__version__}, {args.reps} interleaved rounds at the largest size (up to 4x more below); "
+        "times are medians, ratios the median of "
+        f"per-round ratios; GB/s at {BYTES_PER_PARAM} B/param"
+    )
     print(header)
     print("-" * len(header))
     for numel in args.sizes:
         for flat in (True, False):
             times = _measure(numel, flat, args.threads, rounds_for(numel, args.reps, max(args.sizes)), roofline)
             for t in args.threads:
-                ds, fused, foreach, roof = (times[(n, t)] for n in ("ds cpu_adam", "torch fused", "torch foreach",
-                                                                    "C roofline"))
+                ds, fused, foreach, roof = (
+                    times[(n, t)] for n in ("ds cpu_adam", "torch fused", "torch foreach", "C roofline")
+                )
                 vs_fused, vs_roof = paired_ratio(ds, fused), paired_ratio(ds, roof)
                 ds_ms, fused_ms, foreach_ms, roof_ms = (statistics.median(x) * 1e3 for x in (ds, fused, foreach, roof))
                 gb = numel * BYTES_PER_PARAM / 1e9
-                print(f"{numel / 1e6:>5.0f}M {'flat' if flat else '1M tensors':>10} {t:>3} | {ds_ms:>7.1f} "
-                      f"{fused_ms:>8.1f} {foreach_ms:>10.1f} {roof_ms:>7.1f} | {gb / ds_ms * 1e3:>7.2f} "
-                      f"{gb / roof_ms * 1e3:>9.2f} | {vs_fused[0]:>5.3f} [{vs_fused[1]:.2f}-{vs_fused[2]:.2f}] "
-                      f"{foreach_ms / ds_ms:>10.2f} {1 / vs_roof[0]:>6.0%} [{1 / vs_roof[2]:.0%}-{1 / vs_roof[1]:.0%}]")
-                rows += _rows(numel, flat, t, (ds_ms, fused_ms, roof_ms), (vs_fused[0], vs_roof[0]),
-                              numel == max(args.sizes))
+                print(
+                    f"{numel / 1e6:>5.0f}M {'flat' if flat else '1M tensors':>10} {t:>3} | {ds_ms:>7.1f} "
+                    f"{fused_ms:>8.1f} {foreach_ms:>10.1f} {roof_ms:>7.1f} | {gb / ds_ms * 1e3:>7.2f} "
+                    f"{gb / roof_ms * 1e3:>9.2f} | {vs_fused[0]:>5.3f} [{vs_fused[1]:.2f}-{vs_fused[2]:.2f}] "
+                    f"{foreach_ms / ds_ms:>10.2f} {1 / vs_roof[0]:>6.0%} [{1 / vs_roof[2]:.0%}-{1 / vs_roof[1]:.0%}]"
+                )
+                rows += _rows(
+                    numel, flat, t, (ds_ms, fused_ms, roof_ms), (vs_fused[0], vs_roof[0]), numel == max(args.sizes)
+                )
     _report.write_rows(args.json, rows)
 
 
-def _rows(numel: int, flat: bool, threads: int, ms: tuple[float, float, float], ratios: tuple[float, float],
-          roofline_target: bool) -> list[_report.Row]:
+def _rows(
+    numel: int,
+    flat: bool,
+    threads: int,
+    ms: tuple[float, float, float],
+    ratios: tuple[float, float],
+    roofline_target: bool,
+) -> list[_report.Row]:
     """Step time vs torch's fused Adam (target: not slower) and vs the C roofline (at the largest size,
     >= 90% of its bandwidth, i.e. a time ratio <= 1/0.9 = 1.11); ratios are paired (see paired_ratio)."""
     ds_ms, fused_ms, roof_ms = ms
     setting = f"Adam step {numel / 1e6:.0f}M {'flat' if flat else '1M tensors'}, {threads} thr, paired"
-    return [_report.Row("cpu_adam", setting, ds_ms, "ms", "torch Adam(fused=True)", fused_ms, ratio=ratios[0],
-                        target="<= 1.0"),
-            _report.Row("cpu_adam", setting, ds_ms, "ms", "C roofline loop, same layout", roof_ms, ratio=ratios[1],
-                        target="<= 1.11" if roofline_target else "")]
+    return [
+        _report.Row(
+            "cpu_adam", setting, ds_ms, "ms", "torch Adam(fused=True)", fused_ms, ratio=ratios[0], target="<= 1.0"
+        ),
+        _report.Row(
+            "cpu_adam",
+            setting,
+            ds_ms,
+            "ms",
+            "C roofline loop, same layout",
+            roof_ms,
+            ratio=ratios[1],
+            target="<= 1.11" if roofline_target else "",
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -65,8 +65,11 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
-CONFIG = {"train_micro_batch_size_per_gpu": MICRO, "gradient_clipping": 1.0,
-          "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "torch_adam": True}}}
+CONFIG = {
+    "train_micro_batch_size_per_gpu": MICRO,
+    "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "torch_adam": True}},
+}
 
 
 def _ddp_setup(model: nn.Module):
@@ -101,11 +104,15 @@ def _timed(fn, *args) -> tuple[float, float]:
 
 def _bench(rank: int, world: int, steps: int, rounds: int) -> dict[str, list[float]]:
     g = torch.Generator().manual_seed(rank)
-    data = [(torch.randint(0, VOCAB, (MICRO, SEQ), generator=g), torch.randint(0, VOCAB, (MICRO, SEQ), generator=g))
-            for _ in range(steps)]
-    out: dict[str, list[float]] = {f"{n}_{k}": [] for n in ("ddp", "eng") for k in
-                                   ("step_cpu", "step_wall", "first_setup_cpu", "first_setup_wall", "setup_cpu",
-                                    "setup_wall")}
+    data = [
+        (torch.randint(0, VOCAB, (MICRO, SEQ), generator=g), torch.randint(0, VOCAB, (MICRO, SEQ), generator=g))
+        for _ in range(steps)
+    ]
+    out: dict[str, list[float]] = {
+        f"{n}_{k}": []
+        for n in ("ddp", "eng")
+        for k in ("step_cpu", "step_wall", "first_setup_cpu", "first_setup_wall", "setup_cpu", "setup_wall")
+    }
     torch.manual_seed(0)
     ddp_model, eng_model = GPT(), GPT()
     out["params"] = [sum(p.numel() for p in ddp_model.parameters())]
@@ -143,22 +150,40 @@ def main() -> None:
     results = run_ranks(2, _bench, steps=args.steps, rounds=args.rounds, timeout_s=3600, num_threads=1)
     merged = {k: [v for r in results for v in r[k]] for k in results[0]}
     params = merged.pop("params")[0]
-    print(f"GPT: {params / 1e6:.1f}M params, {LAYERS} layers, d_model {D_MODEL}, seq {SEQ}, micro batch {MICRO}, "
-          f"2 gloo ranks x 1 thread; {args.rounds * args.steps} interleaved steps per loop (medians over both ranks)")
+    print(
+        f"GPT: {params / 1e6:.1f}M params, {LAYERS} layers, d_model {D_MODEL}, seq {SEQ}, micro batch {MICRO}, "
+        f"2 gloo ranks x 1 thread; {args.rounds * args.steps} interleaved steps per loop (medians over both ranks)"
+    )
     print(f"{'':<26}{'torch DDP':>12}{'ds-engine':>12}{'ratio':>8}  target")
-    rows = (("step CPU time (ms)", "step_cpu", "<= 1.03"), ("step wall time (ms)", "step_wall", ""),
-            ("setup CPU time (ms)", "setup_cpu", "<= 1.5"), ("setup wall time (ms)", "setup_wall", ""),
-            ("first setup CPU (ms)", "first_setup_cpu", ""), ("first setup wall (ms)", "first_setup_wall", ""))
+    rows = (
+        ("step CPU time (ms)", "step_cpu", "<= 1.03"),
+        ("step wall time (ms)", "step_wall", ""),
+        ("setup CPU time (ms)", "setup_cpu", "<= 1.5"),
+        ("setup wall time (ms)", "setup_wall", ""),
+        ("first setup CPU (ms)", "first_setup_cpu", ""),
+        ("first setup wall (ms)", "first_setup_wall", ""),
+    )
     for label, key, target in rows:
         ddp, eng = statistics.median(merged[f"ddp_{key}"]), statistics.median(merged[f"eng_{key}"])
         ratio = eng / ddp if ddp > 0 else math.nan
         print(f"{label:<26}{ddp * 1e3:>12.1f}{eng * 1e3:>12.1f}{ratio:>8.3f}  {target}")
-        json_rows.append(_report.Row("engine_overhead", f"{label.removesuffix(' (ms)')}, ds-engine stage 0",
-                                     eng * 1e3, "ms", "torch DDP + AdamW", ddp * 1e3, target=target))
+        json_rows.append(
+            _report.Row(
+                "engine_overhead",
+                f"{label.removesuffix(' (ms)')}, ds-engine stage 0",
+                eng * 1e3,
+                "ms",
+                "torch DDP + AdamW",
+                ddp * 1e3,
+                target=target,
+            )
+        )
     for key in ("step_cpu", "step_wall"):
         paired = [e / d for e, d in zip(merged[f"eng_{key}"], merged[f"ddp_{key}"], strict=True) if d > 0]
-        print(f"median of paired per-step ratios, {key.replace('_', ' ')}: {statistics.median(paired):.3f} "
-              f"(n={len(paired)})")
+        print(
+            f"median of paired per-step ratios, {key.replace('_', ' ')}: {statistics.median(paired):.3f} "
+            f"(n={len(paired)})"
+        )
     _report.write_rows(args.json, json_rows)
 
 

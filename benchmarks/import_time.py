@@ -28,8 +28,15 @@ def main() -> None:
         cuda = any(r["cuda_initialized"] for r in reports)
         print(f"{module:<14}{statistics.median(times):>10.3f}{max(times):>8.3f}{str(cuda):>11}")
         any_cuda |= cuda
-        rows.append(_report.Row("import_time", f"import {module} beyond torch, median of {args.runs}",
-                                statistics.median(times), "s", target="< 0.3 s"))
+        rows.append(
+            _report.Row(
+                "import_time",
+                f"import {module} beyond torch, median of {args.runs}",
+                statistics.median(times),
+                "s",
+                target="< 0.3 s",
+            )
+        )
     rows.append(_report.Row("import_time", "imports that initialised CUDA", float(any_cuda), "", target="== 0"))
     _report.write_rows(args.json, rows)
 

@@ -72,10 +72,26 @@ def _env() -> dict[str, str]:
 
 def _commands(script: Path, nproc: int) -> dict[str, list[str]]:
     return {
-        "deepspeed": [sys.executable, "-m", "ds_launcher", "-q", "--num_gpus", str(nproc),
-                      "--master_port", str(_free_port()), str(script)],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                     str(script)],
+        "deepspeed": [
+            sys.executable,
+            "-m",
+            "ds_launcher",
+            "-q",
+            "--num_gpus",
+            str(nproc),
+            "--master_port",
+            str(_free_port()),
+            str(script),
+        ],
+        "torchrun": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            str(script),
+        ],
     }
 
 
@@ -100,8 +116,10 @@ def _hosts(*args: str) -> str:
 def _time_two_nodes(argvs: list[list[str]], world: int, cwd: str, env: dict[str, str]) -> float:
     """Start every command at once; seconds until the last exits, after checking all ranks finished."""
     start = time.perf_counter()
-    procs = [subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv in argvs]
+    procs = [
+        subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for argv in argvs
+    ]
     outs = [proc.communicate(timeout=300) for proc in procs]
     seconds = time.perf_counter() - start
     done = re.findall(r"done rank \d+", "".join(out for out, _ in outs))
@@ -119,14 +137,49 @@ def _multinode(repeats: int, tmp: str) -> list[tuple[str, float, float, float, f
         env = {**_env(), "SLURM_CONF": _hosts("slurm"), "OMP_NUM_THREADS": "1"}
 
         def deepspeed(runner: str) -> list[list[str]]:
-            return [[str(HOSTS_SH), "exec", "node0", sys.executable, "-m", "ds_launcher", "-q", "--hostfile",
-                     hostfile, "--launcher", runner, "--master_port", str(_free_port()), str(script)]]
+            return [
+                [
+                    str(HOSTS_SH),
+                    "exec",
+                    "node0",
+                    sys.executable,
+                    "-m",
+                    "ds_launcher",
+                    "-q",
+                    "--hostfile",
+                    hostfile,
+                    "--launcher",
+                    runner,
+                    "--master_port",
+                    str(_free_port()),
+                    str(script),
+                ]
+            ]
 
         def torchrun() -> list[list[str]]:
             port, rdzv_id = _free_port(), f"bench{time.monotonic_ns()}"
-            return [[str(HOSTS_SH), "exec", node, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                     "--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"node0:{port}",
-                     "--rdzv-id", rdzv_id, str(script)] for node in ("node0", "node1")]
+            return [
+                [
+                    str(HOSTS_SH),
+                    "exec",
+                    node,
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    "2",
+                    "--nproc_per_node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"node0:{port}",
+                    "--rdzv-id",
+                    rdzv_id,
+                    str(script),
+                ]
+                for node in ("node0", "node1")
+            ]
 
         _time_two_nodes(deepspeed("pdsh"), 4, tmp, env)  # warm the page cache
         times: dict[str, list[float]] = {name: [] for name in (*MULTINODE_RUNNERS, "torchrun")}
@@ -137,16 +190,21 @@ def _multinode(repeats: int, tmp: str) -> list[tuple[str, float, float, float, f
     finally:
         _hosts("down")
     tr = times["torchrun"]
-    return [(runner, statistics.median(times[runner]), min(times[runner]), statistics.median(tr), min(tr))
-            for runner in MULTINODE_RUNNERS]
+    return [
+        (runner, statistics.median(times[runner]), min(times[runner]), statistics.median(tr), min(tr))
+        for runner in MULTINODE_RUNNERS
+    ]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--multinode", action="store_true",
-                   help="also time 2 nodes x 2 ranks per runner vs torchrun c10d (root; makes namespace hosts)")
+    p.add_argument(
+        "--multinode",
+        action="store_true",
+        help="also time 2 nodes x 2 ranks per runner vs torchrun c10d (root; makes namespace hosts)",
+    )
     p.add_argument("--multinode-only", action="store_true", help="--multinode without the one-node table")
     _report.add_json_argument(p)
     args = p.parse_args()
@@ -168,22 +226,41 @@ def main() -> None:
         multinode = _multinode(args.repeats, tmp) if args.multinode else []
     if rows:
         print(f"launch of {args.nproc} CPU ranks, median of {args.repeats} (seconds until both ranks are done)")
-        print(f"{'workload':<12} {'deepspeed':>10} {'(min)':>8} {'torchrun':>10} {'(min)':>8} "
-              f"{'ratio ds/torchrun':>18}")
+        print(
+            f"{'workload':<12} {'deepspeed':>10} {'(min)':>8} {'torchrun':>10} {'(min)':>8} {'ratio ds/torchrun':>18}"
+        )
         for workload, ds, ds_min, tr, tr_min, ratio in rows:
             print(f"{workload:<12} {ds:>10.2f} {ds_min:>8.2f} {tr:>10.2f} {tr_min:>8.2f} {ratio:>18.2f}")
-    report = [_report.Row("launch", f"{workload}: {args.nproc} CPU ranks start to done, median of {args.repeats}",
-                          ds, "s", f"torchrun --nproc_per_node {args.nproc}", tr)
-              for workload, ds, _, tr, _, _ in rows]
+    report = [
+        _report.Row(
+            "launch",
+            f"{workload}: {args.nproc} CPU ranks start to done, median of {args.repeats}",
+            ds,
+            "s",
+            f"torchrun --nproc_per_node {args.nproc}",
+            tr,
+        )
+        for workload, ds, _, tr, _, _ in rows
+    ]
     if multinode:
-        print(f"\n2 nodes x 2 CPU ranks (network namespaces), init_distributed + barrier, median of {args.repeats} "
-              "(seconds until every rank is done)")
+        print(
+            f"\n2 nodes x 2 CPU ranks (network namespaces), init_distributed + barrier, median of {args.repeats} "
+            "(seconds until every rank is done)"
+        )
         print(f"{'runner':<12} {'deepspeed':>10} {'(min)':>8} {'torchrun':>10} {'(min)':>8} {'ratio ds/torchrun':>18}")
         for runner, ds, ds_min, tr, tr_min in multinode:
             print(f"{runner:<12} {ds:>10.2f} {ds_min:>8.2f} {tr:>10.2f} {tr_min:>8.2f} {ds / tr:>18.2f}")
-        report += [_report.Row("launch", f"2 nodes x 2 ranks, --launcher {runner}: start to done, median of "
-                               f"{args.repeats}", ds, "s", "torchrun --nnodes 2 --rdzv-backend c10d", tr)
-                   for runner, ds, _, tr, _ in multinode]
+        report += [
+            _report.Row(
+                "launch",
+                f"2 nodes x 2 ranks, --launcher {runner}: start to done, median of {args.repeats}",
+                ds,
+                "s",
+                "torchrun --nnodes 2 --rdzv-backend c10d",
+                tr,
+            )
+            for runner, ds, _, tr, _ in multinode
+        ]
     _report.write_rows(args.json, report)
 
 

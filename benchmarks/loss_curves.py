@@ -43,8 +43,13 @@ from data import VOCAB, CharDataset  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
 from train_gpt import pipeline_gpt  # noqa: E402
 
-MODES = {"ddp": "torch DDP + AdamW", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
-         "pipe": "pipeline, 2 stages"}
+MODES = {
+    "ddp": "torch DDP + AdamW",
+    "zero1": "ZeRO-1",
+    "zero2": "ZeRO-2",
+    "zero3": "ZeRO-3",
+    "pipe": "pipeline, 2 stages",
+}
 WORLD, MICRO = 2, 8
 LR, BETAS, WEIGHT_DECAY, CLIP = 1e-3, (0.9, 0.95), 0.01, 1.0
 TOLERANCE = "1e-4"
@@ -59,15 +64,21 @@ def _global_batches(cfg: GPTConfig, steps: int) -> list[tuple[torch.Tensor, torc
         raise ValueError(f"--steps {steps} needs {steps * per_step} windows; the corpus has {len(dataset)}")
     out = []
     for step in range(steps):
-        items = [dataset[int(i)] for i in order[step * per_step:(step + 1) * per_step]]
+        items = [dataset[int(i)] for i in order[step * per_step : (step + 1) * per_step]]
         out.append((torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])))
     return out
 
 
 def _config(mode: str) -> dict:
-    config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_clipping": CLIP, "steps_per_print": 10**9,
-              "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS),
-                                                        "weight_decay": WEIGHT_DECAY, "torch_adam": True}}}
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_clipping": CLIP,
+        "steps_per_print": 10**9,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": LR, "betas": list(BETAS), "weight_decay": WEIGHT_DECAY, "torch_adam": True},
+        },
+    }
     if mode == "pipe":  # one pipeline of 2 stages: no data parallelism, the 16 windows as 2 micro-batches
         config["gradient_accumulation_steps"] = WORLD
     else:
@@ -128,11 +139,23 @@ def _write_csv(path: Path, curves: dict[str, list[float]]) -> None:
 def _plot(curves: dict[str, list[float]], steps: int) -> str:
     xs = list(range(1, steps + 1))
     ddp = curves["ddp"]
-    loss = _svg_plot.Panel("training loss", "step", "loss (mean over the global batch)",
-                           [_svg_plot.Series(MODES[m], xs, c) for m, c in curves.items()])
-    diff = _svg_plot.Panel("|loss - DDP loss|", "step", "absolute difference",
-                           [_svg_plot.Series(MODES[m], xs, [abs(a - b) for a, b in zip(c, ddp, strict=True)])
-                            for m, c in curves.items() if m != "ddp"], log_y=True)
+    loss = _svg_plot.Panel(
+        "training loss",
+        "step",
+        "loss (mean over the global batch)",
+        [_svg_plot.Series(MODES[m], xs, c) for m, c in curves.items()],
+    )
+    diff = _svg_plot.Panel(
+        "|loss - DDP loss|",
+        "step",
+        "absolute difference",
+        [
+            _svg_plot.Series(MODES[m], xs, [abs(a - b) for a, b in zip(c, ddp, strict=True)])
+            for m, c in curves.items()
+            if m != "ddp"
+        ],
+        log_y=True,
+    )
     return _svg_plot.render([loss, diff], title=f"Example GPT on {WORLD} gloo ranks, fp32, same seed and batches")
 
 
@@ -151,28 +174,43 @@ def main() -> None:
         parser.error(f"--modes {args.modes!r}: unknown {unknown}; choose from {list(MODES)}, including ddp")
     curves, seconds = {}, {}
     for mode in modes:
-        result = run_ranks(WORLD, _train, mode=mode, steps=args.steps, layers=args.layers, dim=args.dim,
-                           timeout_s=900)
+        result = run_ranks(WORLD, _train, mode=mode, steps=args.steps, layers=args.layers, dim=args.dim, timeout_s=900)
         curves[mode], seconds[mode] = result[0]["losses"], result[0]["seconds"]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     _write_csv(args.out_dir / "loss_curves.csv", curves)
     (args.out_dir / "loss_curves.svg").write_text(_plot(curves, args.steps))
     ddp = curves["ddp"]
-    print(f"GPT {args.layers} layers x {args.dim}, {WORLD} gloo ranks, {WORLD * MICRO} windows per step, "
-          f"{args.steps} steps, fp32 AdamW lr {LR}, clip {CLIP}; wrote {args.out_dir / 'loss_curves.csv'} and .svg")
+    print(
+        f"GPT {args.layers} layers x {args.dim}, {WORLD} gloo ranks, {WORLD * MICRO} windows per step, "
+        f"{args.steps} steps, fp32 AdamW lr {LR}, clip {CLIP}; wrote {args.out_dir / 'loss_curves.csv'} and .svg"
+    )
     print(f"{'mode':<22}{'first loss':>11}{'last loss':>11}{'max |diff|':>12}{'at step':>8}{'train s':>9}")
     rows = []
     for mode, curve in curves.items():
         diffs = [abs(a - b) for a, b in zip(curve, ddp, strict=True)]
         worst = max(range(len(diffs)), key=diffs.__getitem__)
-        print(f"{MODES[mode]:<22}{curve[0]:>11.5f}{curve[-1]:>11.5f}{diffs[worst]:>12.2e}{worst + 1:>8}"
-              f"{seconds[mode]:>9.1f}")
+        print(
+            f"{MODES[mode]:<22}{curve[0]:>11.5f}{curve[-1]:>11.5f}{diffs[worst]:>12.2e}{worst + 1:>8}"
+            f"{seconds[mode]:>9.1f}"
+        )
         if mode == "ddp":
             continue
-        rows.append(_report.Row("loss_curves", f"{MODES[mode]}: max |loss - DDP loss| over {args.steps} steps",
-                                diffs[worst], "", MODES["ddp"], None, target=f"<= {TOLERANCE}"))
-        rows.append(_report.Row("loss_curves", f"{MODES[mode]}: loss at step {args.steps}", curve[-1], "",
-                                MODES["ddp"], ddp[-1]))
+        rows.append(
+            _report.Row(
+                "loss_curves",
+                f"{MODES[mode]}: max |loss - DDP loss| over {args.steps} steps",
+                diffs[worst],
+                "",
+                MODES["ddp"],
+                None,
+                target=f"<= {TOLERANCE}",
+            )
+        )
+        rows.append(
+            _report.Row(
+                "loss_curves", f"{MODES[mode]}: loss at step {args.steps}", curve[-1], "", MODES["ddp"], ddp[-1]
+            )
+        )
     _report.write_rows(args.json, rows)
 
 

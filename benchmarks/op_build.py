@@ -57,8 +57,10 @@ def main() -> None:
             runs["cached"].append(_child(cache))
     assert all(r["from"] == "jit" for r in runs["cold"]) and all(r["from"] == "cache" for r in runs["cached"])
     assert not any(r["cpp_extension"] for r in runs["cold"] + runs["cached"])
-    print(f"cpu_adam op, median of {args.trials} fresh processes each (torch import not counted: "
-          f"median {statistics.median(r['torch_import'] for r in runs['cached']):.2f} s)")
+    print(
+        f"cpu_adam op, median of {args.trials} fresh processes each (torch import not counted: "
+        f"median {statistics.median(r['torch_import'] for r in runs['cached']):.2f} s)"
+    )
     header = f"{'':<8} {'load s':>8} {'import+load s':>14} {'DeepSpeed s':>12} {'DeepSpeed/ours':>15} {'target s':>9}"
     print(header)
     print("-" * len(header))
@@ -67,8 +69,17 @@ def main() -> None:
         load = statistics.median(r["load"] for r in runs[kind])
         total = statistics.median(r["load"] + r["import_ds_ops"] for r in runs[kind])
         print(f"{kind:<8} {load:>8.3f} {total:>14.3f} {reference:>12.1f} {reference / total:>14.0f}x {target:>9}")
-        rows.append(_report.Row("op_build", f"cpu_adam {kind} import ds_ops + load, median of {args.trials}", total,
-                                "s", "DeepSpeed cpu_adam", reference, target=f"<= {target} s"))
+        rows.append(
+            _report.Row(
+                "op_build",
+                f"cpu_adam {kind} import ds_ops + load, median of {args.trials}",
+                total,
+                "s",
+                "DeepSpeed cpu_adam",
+                reference,
+                target=f"<= {target} s",
+            )
+        )
     _report.write_rows(args.json, rows)
 
 

@@ -67,14 +67,18 @@ class Block(nn.Module):
 
 
 def _blocks(args: argparse.Namespace) -> list[LayerSpec]:
-    return [LayerSpec(Block, args.hidden, args.sleep_ms / 1000 / args.layers_per_stage)
-            for _ in range(args.stages * args.layers_per_stage)]
+    return [
+        LayerSpec(Block, args.hidden, args.sleep_ms / 1000 / args.layers_per_stage)
+        for _ in range(args.stages * args.layers_per_stage)
+    ]
 
 
 def _data(args: argparse.Namespace, m: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(args.rows, args.hidden, generator=g), torch.randn(args.rows, args.hidden, generator=g))
-            for _ in range(m)]
+    return [
+        (torch.randn(args.rows, args.hidden, generator=g), torch.randn(args.rows, args.hidden, generator=g))
+        for _ in range(m)
+    ]
 
 
 def _time_batches(run_batch: Any, batches: int, sync: bool = True) -> list[float]:
@@ -110,8 +114,9 @@ def sequential(args: argparse.Namespace, m: int) -> float:
 
 def ds_pipe_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, float]:
     torch.manual_seed(0)
-    module = PipelineModule(_blocks(args), num_stages=world_size, loss_fn=nn.functional.mse_loss,
-                            partition_method="uniform")
+    module = PipelineModule(
+        _blocks(args), num_stages=world_size, loss_fn=nn.functional.mse_loss, partition_method="uniform"
+    )
     opt = torch.optim.SGD(module.parameters(), lr=1e-3)
     executor = PipelineExecutor(module, micro_batches=m, optimizer_step=opt.step)
     data = _data(args, m)
@@ -132,7 +137,7 @@ def torch_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -
     torch.manual_seed(0)
     specs = _blocks(args)
     per = args.layers_per_stage
-    stage_module = nn.Sequential(*[spec.build() for spec in specs[rank * per:(rank + 1) * per]])
+    stage_module = nn.Sequential(*[spec.build() for spec in specs[rank * per : (rank + 1) * per]])
     opt = torch.optim.SGD(stage_module.parameters(), lr=1e-3)
     stage = PipelineStage(stage_module, rank, world_size, torch.device("cpu"))
     schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=nn.functional.mse_loss)
@@ -153,16 +158,19 @@ def torch_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -
     return {"time": statistics.median(_time_batches(run, args.batches))}
 
 
-def _row(mode: str, m: int, name: str, seconds: float, seq: float, args: argparse.Namespace,
-         busy: float | None = None) -> str:
+def _row(
+    mode: str, m: int, name: str, seconds: float, seq: float, args: argparse.Namespace, busy: float | None = None
+) -> str:
     p = args.stages
     speedup = seq / seconds
     samples = m * args.rows / seconds
     theory = (p - 1) / (m + p - 1)
     bubble = "" if name == "sequential" else f"{1 - speedup / p:7.3f}"
     busy_text = "" if busy is None else f"{busy:7.3f}"
-    return (f"{mode:8s} {m:3d}  {name:11s} {seconds * 1e3:9.2f} {samples:10.0f} {speedup:7.2f} "
-            f"{bubble:>7s} {theory:7.3f} {busy_text:>7s}")
+    return (
+        f"{mode:8s} {m:3d}  {name:11s} {seconds * 1e3:9.2f} {samples:10.0f} {speedup:7.2f} "
+        f"{bubble:>7s} {theory:7.3f} {busy_text:>7s}"
+    )
 
 
 def main() -> None:
@@ -176,23 +184,36 @@ def main() -> None:
     parser.add_argument("--layers-per-stage", type=int, default=4)
     parser.add_argument("--sleep-ms", type=float, default=10.0, help="forward delay per stage (sleep mode)")
     parser.add_argument("--batches", type=int, default=5, help="timed batches per measurement")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="measurements per setting, interleaved across implementations (median reported)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measurements per setting, interleaved across implementations (median reported)",
+    )
     _report.add_json_argument(parser)
     args = parser.parse_args()
     rows: list[_report.Row] = []
     modes = ["compute", "sleep"] if args.mode == "both" else [args.mode]
-    print(f"{args.stages} stages x {args.layers_per_stage} blocks (compute: Linear({args.hidden}); sleep: "
-          f"Linear({args.sleep_hidden}) + {args.sleep_ms} ms forward / {2 * args.sleep_ms} ms backward per stage), "
-          f"{args.rows} rows per micro-batch, gloo on CPU, 1 thread per rank; medians of {args.repeats} x "
-          f"{args.batches} batches")
-    print(f"{'mode':8s} {'m':>3s}  {'impl':11s} {'batch_ms':>9s} {'samples/s':>10s} {'speedup':>7s} "
-          f"{'bubble':>7s} {'theory':>7s} {'busy_bb':>7s}")
+    print(
+        f"{args.stages} stages x {args.layers_per_stage} blocks (compute: Linear({args.hidden}); sleep: "
+        f"Linear({args.sleep_hidden}) + {args.sleep_ms} ms forward / {2 * args.sleep_ms} ms backward per stage), "
+        f"{args.rows} rows per micro-batch, gloo on CPU, 1 thread per rank; medians of {args.repeats} x "
+        f"{args.batches} batches"
+    )
+    print(
+        f"{'mode':8s} {'m':>3s}  {'impl':11s} {'batch_ms':>9s} {'samples/s':>10s} {'speedup':>7s} "
+        f"{'bubble':>7s} {'theory':>7s} {'busy_bb':>7s}"
+    )
     ratios = []
     for mode in modes:
         sleeping = mode == "sleep"
-        run_args = argparse.Namespace(**{**vars(args), "sleep_ms": args.sleep_ms if sleeping else 0.0,
-                                         "hidden": args.sleep_hidden if sleeping else args.hidden})
+        run_args = argparse.Namespace(
+            **{
+                **vars(args),
+                "sleep_ms": args.sleep_ms if sleeping else 0.0,
+                "hidden": args.sleep_hidden if sleeping else args.hidden,
+            }
+        )
         for m in args.micro_batches:
             seqs, ours, theirs, busy = [], [], [], []
             for _ in range(args.repeats):  # interleaved, so drifting machine load hits all three alike
@@ -208,12 +229,29 @@ def main() -> None:
             print(_row(mode, m, "torch 1F1B", theirs_s, seq, args), flush=True)
             ratios.append((mode, m, theirs_s / ours_s))
             setting = f"{mode} m={m}, {args.stages} stages: batch time"
-            rows.append(_report.Row("pipe", setting, ours_s * 1e3, "ms", "torch.distributed.pipelining 1F1B",
-                                    theirs_s * 1e3, target="<= 1.0"))
+            rows.append(
+                _report.Row(
+                    "pipe",
+                    setting,
+                    ours_s * 1e3,
+                    "ms",
+                    "torch.distributed.pipelining 1F1B",
+                    theirs_s * 1e3,
+                    target="<= 1.0",
+                )
+            )
             if sleeping:  # stages overlap only when their work does not compete for cores
                 bubble = 1 - seq / ours_s / args.stages
-                rows.append(_report.Row("pipe", f"{mode} m={m}: bubble fraction (1 - speedup/p)", bubble, "",
-                                        "theory (p-1)/(m+p-1)", (args.stages - 1) / (m + args.stages - 1)))
+                rows.append(
+                    _report.Row(
+                        "pipe",
+                        f"{mode} m={m}: bubble fraction (1 - speedup/p)",
+                        bubble,
+                        "",
+                        "theory (p-1)/(m+p-1)",
+                        (args.stages - 1) / (m + args.stages - 1),
+                    )
+                )
     print("\nds_pipe throughput / torch.distributed.pipelining Schedule1F1B throughput (>1: ds_pipe faster)")
     for mode, m, ratio in ratios:
         print(f"  {mode:8s} m={m:<3d} {ratio:6.2f}x")

@@ -129,8 +129,16 @@ def run_one(name: str, argv: list[str], out_dir: Path, timeout_s: float) -> dict
     load_before, busy_before, own_before = os.getloadavg(), cpu_busy_s(), _own_cpu_s()
     started = time.perf_counter()
     # Its own session, so a timeout ends the benchmark and the rank processes it started, nothing else.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            start_new_session=True, cwd=HERE.parent, env={**os.environ, **CHILD_ENV})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        cwd=HERE.parent,
+        env={**os.environ, **CHILD_ENV},
+    )
     timed_out = threading.Event()
 
     def kill() -> None:
@@ -151,16 +159,29 @@ def run_one(name: str, argv: list[str], out_dir: Path, timeout_s: float) -> dict
     seconds = time.perf_counter() - started
     busy_after, own_after = cpu_busy_s(), _own_cpu_s()
     # Cores that other processes kept busy meanwhile: the machine's CPU time minus ours, over the wall time.
-    others = None if busy_before is None or busy_after is None else \
-        max(0.0, (busy_after - busy_before) - (own_after - own_before)) / seconds
+    others = (
+        None
+        if busy_before is None or busy_after is None
+        else max(0.0, (busy_after - busy_before) - (own_after - own_before)) / seconds
+    )
     status = "timeout" if timed_out.is_set() else ("ok" if rc == 0 else f"failed (exit {rc})")
     if status == "ok" and not rows_path.exists():
         status = "no --json rows written"
-    record = {"benchmark": name, "args": argv, "seconds": seconds, "status": status,
-              "load_before": load_before, "load_after": os.getloadavg(), "others_cores": others}
+    record = {
+        "benchmark": name,
+        "args": argv,
+        "seconds": seconds,
+        "status": status,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "others_cores": others,
+    }
     (out_dir / f"{name}.run.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"=== {name}: {status} in {seconds:.0f} s" + ("" if others is None else
-          f"; other processes used {others:.2f} cores meanwhile"), flush=True)
+    print(
+        f"=== {name}: {status} in {seconds:.0f} s"
+        + ("" if others is None else f"; other processes used {others:.2f} cores meanwhile"),
+        flush=True,
+    )
     return record
 
 
@@ -194,8 +215,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a check, not figures)")
     parser.add_argument("--only", default="", help="comma-separated benchmark names (default: all)")
-    parser.add_argument("--collect", type=Path, default=None, metavar="DIR",
-                        help="do not run anything: build RESULTS.md from DIR/*.json")
+    parser.add_argument(
+        "--collect",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="do not run anything: build RESULTS.md from DIR/*.json",
+    )
     parser.add_argument("--out-dir", type=Path, default=HERE / "out", help="where raw outputs go")
     parser.add_argument("--output", type=Path, default=HERE / "RESULTS.md")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per benchmark before it is killed")
@@ -223,10 +249,18 @@ def main() -> None:
     total_s, loads = time.perf_counter() - started, (load_before, os.getloadavg())
     if args.collect and runs:  # the figures' own run, not this invocation
         total_s, loads = sum(r["seconds"] for r in runs), (runs[0]["load_before"], runs[-1]["load_after"])
-    text = _results_md.render(machine=machine, rows=rows, runs=runs, texts=texts, quick=args.quick,
-                              label=args.label, loads=loads, total_s=total_s,
-                              plot=args.output.parent / "loss_curves.svg",
-                              command=shlex.join(["python", "benchmarks/results.py", *sys.argv[1:]]))
+    text = _results_md.render(
+        machine=machine,
+        rows=rows,
+        runs=runs,
+        texts=texts,
+        quick=args.quick,
+        label=args.label,
+        loads=loads,
+        total_s=total_s,
+        plot=args.output.parent / "loss_curves.svg",
+        command=shlex.join(["python", "benchmarks/results.py", *sys.argv[1:]]),
+    )
     args.output.write_text(text)
     print(f"\nwrote {args.output} ({len(rows)} figures from {len(runs)} benchmark runs)")
     failed = [r["benchmark"] for r in runs if r["status"] != "ok"]

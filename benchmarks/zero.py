@@ -33,10 +33,14 @@ import ds_comm
 import ds_zero
 from ds_comm.testing import run_ranks
 
-BUCKET_NUMEL = 25 * 2**20 // 4   # DDP's bucket_cap_mb=25, in fp32 elements
+BUCKET_NUMEL = 25 * 2**20 // 4  # DDP's bucket_cap_mb=25, in fp32 elements
 MODES = ("ddp", "stage0", "stage1", "stage2", "stage2+offload", "fsdp2", "stage3")
-TARGETS = {("stage2", "cpu"): "<= 1.02", ("stage2", "peak_rss"): "<= 1", ("stage3", "wall"): "<= 1.1",
-           ("stage3", "peak_rss"): "<= 1"}
+TARGETS = {
+    ("stage2", "cpu"): "<= 1.02",
+    ("stage2", "peak_rss"): "<= 1",
+    ("stage3", "wall"): "<= 1.1",
+    ("stage3", "peak_rss"): "<= 1",
+}
 
 
 class Block(nn.Module):
@@ -57,14 +61,13 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int = 8192, width: int = 384, layers: int = 10, heads: int = 6,
-                 block: int = 128) -> None:
+    def __init__(self, vocab: int = 8192, width: int = 384, layers: int = 10, heads: int = 6, block: int = 128) -> None:
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(block, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.wte.weight                  # tied, as in GPT-2
+        self.head.weight = self.wte.weight  # tied, as in GPT-2
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
@@ -96,16 +99,26 @@ def _setup(mode: str, model: GPT) -> tuple[object, object, str]:
     if mode == "stage0":
         ds_engine = _engine_with_initialize()
         if ds_engine is not None:
-            engine, _, _, _ = ds_engine.initialize(model=model, model_parameters=model.parameters(), config={
-                "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4,
-                "weight_decay": 0.01, "torch_adam": True}}, "zero_optimization": {"stage": 0}})
+            engine, _, _, _ = ds_engine.initialize(
+                model=model,
+                model_parameters=model.parameters(),
+                config={
+                    "train_micro_batch_size_per_gpu": 1,
+                    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01, "torch_adam": True}},
+                    "zero_optimization": {"stage": 0},
+                },
+            )
             return engine, (lambda loss: (engine.backward(loss), engine.step())), "ds-engine stage 0"
         return _stage0_standin(model, adamw)
     stage = 1 if mode == "stage1" else 2
     offload = mode.endswith("offload")
-    config = ds_zero.ZeroConfig(stage=stage, overlap_comm=stage == 2, reduce_bucket_size=BUCKET_NUMEL,
-                                allgather_bucket_size=BUCKET_NUMEL,
-                                offload_optimizer={"device": "cpu" if offload else "none"})
+    config = ds_zero.ZeroConfig(
+        stage=stage,
+        overlap_comm=stage == 2,
+        reduce_bucket_size=BUCKET_NUMEL,
+        allgather_bucket_size=BUCKET_NUMEL,
+        offload_optimizer={"device": "cpu" if offload else "none"},
+    )
     note = ""
     base: torch.optim.Optimizer
     if offload:
@@ -144,7 +157,7 @@ def _stage0_standin(model: GPT, adamw: dict) -> tuple[object, object, str]:
         flat /= world
         offset = 0
         for p in params:
-            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         opt.step()
         opt.zero_grad()
@@ -178,11 +191,18 @@ def _time_interleaved(rank: int, world: int, modes: list[str], steps: int, batch
             wall, cpu = time.perf_counter(), time.process_time()
             runners[mode][0](i)
             ds_comm.barrier()
-            if i >= 2:                                      # two warm-up steps: buffers, optimizer state
+            if i >= 2:  # two warm-up steps: buffers, optimizer state
                 times[mode]["wall"].append(time.perf_counter() - wall)
                 times[mode]["cpu"].append(time.process_time() - cpu)
-    return {m: {"wall": statistics.median(t["wall"]), "cpu": statistics.median(t["cpu"]),
-                "numel": runners[m][1], "note": runners[m][2]} for m, t in times.items()}
+    return {
+        m: {
+            "wall": statistics.median(t["wall"]),
+            "cpu": statistics.median(t["cpu"]),
+            "numel": runners[m][1],
+            "note": runners[m][2],
+        }
+        for m, t in times.items()
+    }
 
 
 def _peak_rss(rank: int, world: int, mode: str, batch: int, seq: int) -> dict:
@@ -203,40 +223,60 @@ def main() -> None:
     _report.add_json_argument(parser)
     args = parser.parse_args()
     modes = args.modes.split(",")
-    ranks = run_ranks(2, _time_interleaved, modes=modes, steps=args.steps, batch=args.batch, seq=args.seq,
-                      timeout_s=3600)
-    rows = {m: {k: max(r[m][k] for r in ranks) if k in ("wall", "cpu") else ranks[0][m][k] for k in ranks[0][m]}
-            for m in modes}
+    ranks = run_ranks(
+        2, _time_interleaved, modes=modes, steps=args.steps, batch=args.batch, seq=args.seq, timeout_s=3600
+    )
+    rows = {
+        m: {k: max(r[m][k] for r in ranks) if k in ("wall", "cpu") else ranks[0][m][k] for k in ranks[0][m]}
+        for m in modes
+    }
     for mode in modes:
         mem = run_ranks(2, _peak_rss, mode=mode, batch=args.batch, seq=args.seq, timeout_s=1800)
         rows[mode].update(peak_rss=max(r["peak_rss"] for r in mem), rss_growth=max(r["rss_growth"] for r in mem))
     numel = rows[modes[0]]["numel"]
-    print(f"GPT {numel / 1e6:.1f}M params, fp32 AdamW, 2 gloo ranks x 1 thread, batch {args.batch}x{args.seq} "
-          f"tokens/rank; median of {args.steps} steps, modes interleaved step by step (worst rank); peak RSS "
-          "from separate 3-step runs per mode")
+    print(
+        f"GPT {numel / 1e6:.1f}M params, fp32 AdamW, 2 gloo ranks x 1 thread, batch {args.batch}x{args.seq} "
+        f"tokens/rank; median of {args.steps} steps, modes interleaved step by step (worst rank); peak RSS "
+        "from separate 3-step runs per mode"
+    )
     ref = rows.get("ddp")
-    print(f"{'mode':<16}{'wall s/step':>12}{'cpu s/step':>12}{'peak RSS MiB':>14}{'RSS growth':>12}"
-          f"{'wall/DDP':>10}{'cpu/DDP':>9}{'RSS/DDP':>9}")
+    print(
+        f"{'mode':<16}{'wall s/step':>12}{'cpu s/step':>12}{'peak RSS MiB':>14}{'RSS growth':>12}"
+        f"{'wall/DDP':>10}{'cpu/DDP':>9}{'RSS/DDP':>9}"
+    )
     for mode in modes:
         r = rows[mode]
-        ratios = ("", "", "") if ref is None else (f"{r['wall'] / ref['wall']:.3f}", f"{r['cpu'] / ref['cpu']:.3f}",
-                                                   f"{r['peak_rss'] / ref['peak_rss']:.3f}")
-        print(f"{mode:<16}{r['wall']:>12.3f}{r['cpu']:>12.3f}{r['peak_rss']:>14.0f}{r['rss_growth']:>12.0f}"
-              f"{ratios[0]:>10}{ratios[1]:>9}{ratios[2]:>9}")
+        ratios = (
+            ("", "", "")
+            if ref is None
+            else (
+                f"{r['wall'] / ref['wall']:.3f}",
+                f"{r['cpu'] / ref['cpu']:.3f}",
+                f"{r['peak_rss'] / ref['peak_rss']:.3f}",
+            )
+        )
+        print(
+            f"{mode:<16}{r['wall']:>12.3f}{r['cpu']:>12.3f}{r['peak_rss']:>14.0f}{r['rss_growth']:>12.0f}"
+            f"{ratios[0]:>10}{ratios[1]:>9}{ratios[2]:>9}"
+        )
     for mode in modes:
         if rows[mode]["note"]:
             print(f"  {mode}: {rows[mode]['note']}")
     if ref is not None and "stage2" in rows:
         cpu_ratio = rows["stage2"]["cpu"] / ref["cpu"]
         rss_ratio = rows["stage2"]["peak_rss"] / ref["peak_rss"]
-        print(f"targets: stage 2 cpu/DDP {cpu_ratio:.3f} (<= 1.02: {'met' if cpu_ratio <= 1.02 else 'NOT met'}), "
-              f"peak RSS/DDP {rss_ratio:.3f} (<= 1: {'met' if rss_ratio <= 1.0 else 'NOT met'})")
+        print(
+            f"targets: stage 2 cpu/DDP {cpu_ratio:.3f} (<= 1.02: {'met' if cpu_ratio <= 1.02 else 'NOT met'}), "
+            f"peak RSS/DDP {rss_ratio:.3f} (<= 1: {'met' if rss_ratio <= 1.0 else 'NOT met'})"
+        )
     if "fsdp2" in rows and "stage3" in rows:
         fsdp, z3 = rows["fsdp2"], rows["stage3"]
         wall, rss = z3["wall"] / fsdp["wall"], z3["peak_rss"] / fsdp["peak_rss"]
-        print(f"stage 3 vs FSDP2: wall {wall:.3f}, cpu {z3['cpu'] / fsdp['cpu']:.3f} "
-              f"(<= 1.1: {'met' if wall <= 1.1 else 'NOT met'}), peak RSS {rss:.3f} "
-              f"(<= 1: {'met' if rss <= 1.0 else 'NOT met'})")
+        print(
+            f"stage 3 vs FSDP2: wall {wall:.3f}, cpu {z3['cpu'] / fsdp['cpu']:.3f} "
+            f"(<= 1.1: {'met' if wall <= 1.1 else 'NOT met'}), peak RSS {rss:.3f} "
+            f"(<= 1: {'met' if rss <= 1.0 else 'NOT met'})"
+        )
     _report.write_rows(args.json, _json_rows(rows, args.steps))
 
 
@@ -247,11 +287,22 @@ def _json_rows(rows: dict[str, dict], steps: int) -> list[_report.Row]:
         base = "fsdp2" if mode == "stage3" else "ddp"
         if mode in ("ddp", "fsdp2") or base not in rows:
             continue
-        for key, label, unit in (("wall", f"step wall time, median of {steps}", "s"),
-                                 ("cpu", f"step CPU time, median of {steps}", "s"), ("peak_rss", "peak RSS", "MiB")):
-            out.append(_report.Row("zero", f"{mode}: {label}", rows[mode][key], unit,
-                                   "torch FSDP2" if base == "fsdp2" else "torch DDP", rows[base][key],
-                                   target=TARGETS.get((mode, key), "")))
+        for key, label, unit in (
+            ("wall", f"step wall time, median of {steps}", "s"),
+            ("cpu", f"step CPU time, median of {steps}", "s"),
+            ("peak_rss", "peak RSS", "MiB"),
+        ):
+            out.append(
+                _report.Row(
+                    "zero",
+                    f"{mode}: {label}",
+                    rows[mode][key],
+                    unit,
+                    "torch FSDP2" if base == "fsdp2" else "torch DDP",
+                    rows[base][key],
+                    target=TARGETS.get((mode, key), ""),
+                )
+            )
     return out
 
 

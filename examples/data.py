@@ -45,5 +45,5 @@ class CharDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = i * self.block_size
-        chunk = self.data[start:start + self.block_size + 1]
+        chunk = self.data[start : start + self.block_size + 1]
         return chunk[:-1], chunk[1:]

@@ -52,7 +52,7 @@ def _sample(model: GPT, prompt: str, length: int = 60) -> str:
     model.eval()
     with torch.no_grad():
         for _ in range(length):
-            logits = model(idx[:, -model.cfg.block_size:])
+            logits = model(idx[:, -model.cfg.block_size :])
             idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return decode(idx[0])
 
@@ -76,9 +76,26 @@ def main() -> None:
     log_file.unlink(missing_ok=True)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    _run([_tool("deepspeed"), "--num_gpus", "2", "--master_port", str(_master_port()), str(HERE / "train_gpt.py"),
-          "--deepspeed_config", str(HERE / "ds_config_zero2.json"), "--steps", "100000",
-          "--seconds", str(args.seconds), "--save_dir", str(args.out), "--log_json", str(log_file)])
+    _run(
+        [
+            _tool("deepspeed"),
+            "--num_gpus",
+            "2",
+            "--master_port",
+            str(_master_port()),
+            str(HERE / "train_gpt.py"),
+            "--deepspeed_config",
+            str(HERE / "ds_config_zero2.json"),
+            "--steps",
+            "100000",
+            "--seconds",
+            str(args.seconds),
+            "--save_dir",
+            str(args.out),
+            "--log_json",
+            str(log_file),
+        ]
+    )
     trained = time.perf_counter()
     fp32_file = args.out / "fp32_state_dict.pt"
     _run([_tool("ds-zero-to-fp32"), str(args.out), str(fp32_file)])
@@ -93,12 +110,16 @@ def main() -> None:
     saved_eval = [e["eval_loss"] for e in log if "eval_loss" in e][-1]
     (first_step, first), (last_step, last) = losses[0], losses[-1]
     print(f"\ndone in {time.perf_counter() - started:.0f} s ({trained - started:.0f} s launch + training)")
-    print(f"  training loss:       {first:.3f} at step {first_step} -> {last:.3f} at step {last_step} "
-          f"(ZeRO-2, 2 CPU ranks; per-step log: {log_file.resolve()})")
+    print(
+        f"  training loss:       {first:.3f} at step {first_step} -> {last:.3f} at step {last_step} "
+        f"(ZeRO-2, 2 CPU ranks; per-step log: {log_file.resolve()})"
+    )
     print(f"  checkpoint:          {args.out.resolve()} (latest tag: {(args.out / 'latest').read_text().strip()})")
     print(f"  consolidated fp32:   {fp32_file.resolve()} ({param_count(model) / 1e6:.2f}M params)")
-    print(f"  held-out loss:       {_held_out_loss(model):.4f} from the fp32 file, {saved_eval:.4f} from the "
-          "trained engine")
+    print(
+        f"  held-out loss:       {_held_out_loss(model):.4f} from the fp32 file, {saved_eval:.4f} from the "
+        "trained engine"
+    )
     print(f"  sample from the model: {_sample(model, 'the cat ')!r}")
 
 

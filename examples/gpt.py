@@ -54,8 +54,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.dim)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.dim)
-        self.mlp = nn.Sequential(nn.Linear(cfg.dim, 4 * cfg.dim), nn.GELU(), nn.Linear(4 * cfg.dim, cfg.dim),
-                                 nn.Dropout(cfg.dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.dim, 4 * cfg.dim), nn.GELU(), nn.Linear(4 * cfg.dim, cfg.dim), nn.Dropout(cfg.dropout)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -136,5 +137,3 @@ def gpt_for_params(target_params: int, *, vocab_size: int = 64, block_size: int 
 
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-

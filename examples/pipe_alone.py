@@ -32,14 +32,21 @@ def main() -> None:
     ds_comm.init_distributed()
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=len(VOCAB), num_layers=4, dim=64, tie_embeddings=False)
-    layers = [LayerSpec(Embedding, cfg), *(LayerSpec(Block, cfg) for _ in range(cfg.num_layers)),
-              LayerSpec(Head, cfg, None)]
-    model = PipelineModule(layers, num_stages=ds_comm.get_world_size(), loss_fn=lm_loss,
-                           partition_method="parameters")
+    layers = [
+        LayerSpec(Embedding, cfg),
+        *(LayerSpec(Block, cfg) for _ in range(cfg.num_layers)),
+        LayerSpec(Head, cfg, None),
+    ]
+    model = PipelineModule(layers, num_stages=ds_comm.get_world_size(), loss_fn=lm_loss, partition_method="parameters")
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     pipe = PipelineExecutor(model, micro_batches=args.micro_batches, optimizer_step=optimizer.step)
-    loader = torch.utils.data.DataLoader(CharDataset(block_size=cfg.block_size), batch_size=args.micro_batch_size,
-                                         shuffle=True, generator=torch.Generator().manual_seed(0), drop_last=True)
+    loader = torch.utils.data.DataLoader(
+        CharDataset(block_size=cfg.block_size),
+        batch_size=args.micro_batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(0),
+        drop_last=True,
+    )
     batches = iter(loader)
     for step in range(1, args.steps + 1):
         optimizer.zero_grad(set_to_none=True)

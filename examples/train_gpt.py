@@ -39,8 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--log_json", type=str, default="", help="append per-step losses to this JSON-lines file")
     parser.add_argument("--load_dir", type=str, default="", help="resume from the latest checkpoint here")
     parser.add_argument("--save_every", type=int, default=0, help="also save a checkpoint every K steps")
-    parser.add_argument("--pipeline_stages", type=int, default=0,
-                        help="train as a PipelineModule of this many stages (0: no pipeline)")
+    parser.add_argument(
+        "--pipeline_stages", type=int, default=0, help="train as a PipelineModule of this many stages (0: no pipeline)"
+    )
     # Test hooks (tests-integration): a rank that dies mid-run, and where each rank writes its pid.
     parser.add_argument("--die_at_step", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--die_rank", type=int, default=1, help=argparse.SUPPRESS)
@@ -64,14 +65,18 @@ def main() -> None:
         with deepspeed.zero.Init() if stage == 3 else contextlib.nullcontext():
             model = GPT(cfg)
     dataset = CharDataset(block_size=cfg.block_size)
-    engine, _, loader, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
-                                                training_data=dataset)
+    engine, _, loader, _ = deepspeed.initialize(
+        args=args, model=model, model_parameters=model.parameters(), training_data=dataset
+    )
     rank = engine.global_rank
     if args.pid_dir:
         Path(args.pid_dir, f"rank{rank}.pid").write_text(str(os.getpid()))
     if rank == 0:
-        print(f"model: {param_count(model) / 1e6:.2f}M params | world {engine.world_size} | zero stage "
-              f"{engine.zero_optimization_stage()} | batch {engine.train_batch_size()}", flush=True)
+        print(
+            f"model: {param_count(model) / 1e6:.2f}M params | world {engine.world_size} | zero stage "
+            f"{engine.zero_optimization_stage()} | batch {engine.train_batch_size()}",
+            flush=True,
+        )
     skip = 0
     if args.load_dir:
         path, _ = engine.load_checkpoint(args.load_dir)
@@ -100,8 +105,10 @@ def main() -> None:
         samples = engine.global_samples
         if rank == 0 and (step % 10 == 0 or step == 1):
             rate = samples / (time.perf_counter() - start)
-            print(f"step {step:4d} | loss {loss.item():.4f} | lr {engine.get_lr()[0]:.2e} | "
-                  f"{rate:.1f} samples/s", flush=True)
+            print(
+                f"step {step:4d} | loss {loss.item():.4f} | lr {engine.get_lr()[0]:.2e} | {rate:.1f} samples/s",
+                flush=True,
+            )
         if log is not None:
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
             log.flush()
@@ -125,10 +132,13 @@ def pipeline_gpt(cfg: GPTConfig, num_stages: int) -> torch.nn.Module:
     TiedLayerSpec = deepspeed.pipe.TiedLayerSpec  # noqa: N806 - a class
 
     gpt = GPT(cfg)
-    layers = [TiedLayerSpec("embed", Embedding, cfg, tied_weight_attr="tok.weight"), *gpt.blocks, gpt.head.ln,
-              TiedLayerSpec("embed", Embedding, cfg, forward_fn=_tied_logits, tied_weight_attr="tok.weight")]
-    model = deepspeed.PipelineModule(layers=layers, num_stages=num_stages, loss_fn=lm_loss,
-                                     partition_method="uniform")
+    layers = [
+        TiedLayerSpec("embed", Embedding, cfg, tied_weight_attr="tok.weight"),
+        *gpt.blocks,
+        gpt.head.ln,
+        TiedLayerSpec("embed", Embedding, cfg, forward_fn=_tied_logits, tied_weight_attr="tok.weight"),
+    ]
+    model = deepspeed.PipelineModule(layers=layers, num_stages=num_stages, loss_fn=lm_loss, partition_method="uniform")
     if "embed" in model.tied_modules:
         model.tied_modules["embed"].load_state_dict(gpt.embed.state_dict())
     return model
@@ -154,13 +164,16 @@ def _consumed_batches(engine: deepspeed.DeepSpeedEngine) -> int:
     """
     per_step = engine.train_micro_batch_size_per_gpu() * engine.dp_world_size
     if engine.global_samples % per_step:
-        raise ValueError(f"cannot resume: {engine.global_samples} samples consumed is not a multiple of "
-                         f"{per_step} (micro batch x data-parallel ranks); resume with a world size that divides it")
+        raise ValueError(
+            f"cannot resume: {engine.global_samples} samples consumed is not a multiple of "
+            f"{per_step} (micro batch x data-parallel ranks); resume with a world size that divides it"
+        )
     return engine.global_samples // per_step
 
 
-def _save(engine: deepspeed.DeepSpeedEngine, save_dir: str, step: int, eval_x: torch.Tensor, eval_y: torch.Tensor,
-          log: Any) -> None:
+def _save(
+    engine: deepspeed.DeepSpeedEngine, save_dir: str, step: int, eval_x: torch.Tensor, eval_y: torch.Tensor, log: Any
+) -> None:
     """Log the loss on a fixed held-out batch (so a consolidated checkpoint can be checked), then save."""
     if isinstance(engine, deepspeed.PipelineEngine):
         micro = engine.train_micro_batch_size_per_gpu()

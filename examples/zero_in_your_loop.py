@@ -31,7 +31,9 @@ def make_data(step: int, rank: int, world_size: int, batch_per_rank: int = 16) -
     x = torch.randn(batch_per_rank * world_size, 32, generator=g)
     w_true = torch.linspace(-1, 1, 32 * 4).reshape(32, 4)
     y = torch.tanh(x @ w_true)
-    return x[rank * batch_per_rank:(rank + 1) * batch_per_rank], y[rank * batch_per_rank:(rank + 1) * batch_per_rank]
+    return x[rank * batch_per_rank : (rank + 1) * batch_per_rank], y[
+        rank * batch_per_rank : (rank + 1) * batch_per_rank
+    ]
 
 
 def backward(loss: torch.Tensor, loss_scaler: ds_zero.LossScaler) -> None:
@@ -39,10 +41,18 @@ def backward(loss: torch.Tensor, loss_scaler: ds_zero.LossScaler) -> None:
     loss_scaler.scale_loss(loss).backward()
 
 
-def train(rank: int, world_size: int, *, steps: int = 40, stage: int = 2, dtype: str = "fp16",
-          grad_accum: int = 2, lr: float = 3e-3) -> list[float]:
+def train(
+    rank: int,
+    world_size: int,
+    *,
+    steps: int = 40,
+    stage: int = 2,
+    dtype: str = "fp16",
+    grad_accum: int = 2,
+    lr: float = 3e-3,
+) -> list[float]:
     """Train a small MLP with ZeRO; returns the loss (averaged over ranks) at every step."""
-    torch.manual_seed(0)                      # every rank builds the same initial model
+    torch.manual_seed(0)  # every rank builds the same initial model
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 4)).to(DTYPES[dtype])
     base = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     scaler = ds_zero.DynamicLossScaler(init_scale=2.0**12) if dtype == "fp16" else ds_zero.LossScaler(1.0)
@@ -56,16 +66,18 @@ def train(rank: int, world_size: int, *, steps: int = 40, stage: int = 2, dtype:
         for micro in range(grad_accum):
             x, y = make_data(step * grad_accum + micro, rank, world_size)
             loss = nn.functional.mse_loss(model(x.to(DTYPES[dtype])).float(), y)
-            backward(loss / grad_accum, scaler)   # stage 2 reduce-scatters gradients during this call
+            backward(loss / grad_accum, scaler)  # stage 2 reduce-scatters gradients during this call
             total += loss.detach() / grad_accum
-        applied = optimizer.step()                # False: an fp16 overflow somewhere, skipped everywhere
+        applied = optimizer.step()  # False: an fp16 overflow somewhere, skipped everywhere
         if applied:
             schedule.step()
         ds_comm.all_reduce(total)
         losses.append(total.item() / world_size)
         if rank == 0 and step % 10 == 0:
-            print(f"step {step:3d}  loss {losses[-1]:.4f}  loss scale {optimizer.loss_scale:g}  "
-                  f"grad norm {optimizer.global_grad_norm}")
+            print(
+                f"step {step:3d}  loss {losses[-1]:.4f}  loss scale {optimizer.loss_scale:g}  "
+                f"grad norm {optimizer.global_grad_norm}"
+            )
     return losses
 
 
@@ -77,8 +89,7 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=-1, help="set by some launchers; unused")
     args = parser.parse_args()
     ds_comm.init_distributed()
-    losses = train(ds_comm.get_rank(), ds_comm.get_world_size(), steps=args.steps, stage=args.stage,
-                   dtype=args.dtype)
+    losses = train(ds_comm.get_rank(), ds_comm.get_world_size(), steps=args.steps, stage=args.stage, dtype=args.dtype)
     if ds_comm.get_rank() == 0:
         print(f"final loss {losses[-1]:.4f} (first {losses[0]:.4f})")
     ds_comm.destroy_process_group()

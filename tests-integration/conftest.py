@@ -20,19 +20,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def deepspeed(num_gpus: int, script: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None,
-              check: bool = True) -> subprocess.CompletedProcess[str]:
+def deepspeed(
+    num_gpus: int, script: Path, *args: str, timeout: float = 180, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run `deepspeed --num_gpus N script args` (the launcher as a module, so the venv's python runs it).
 
     `check` raises with the job's output when it does not exit 0; every launch has a timeout.
     """
-    cmd = [sys.executable, "-m", "ds_launcher", "--num_gpus", str(num_gpus), "--master_port", str(free_port()),
-           str(script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ds_launcher",
+        "--num_gpus",
+        str(num_gpus),
+        "--master_port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
-                             f"--- stderr\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 

@@ -63,8 +63,13 @@ class Reference:
         self.dataset = CharDataset(block_size=cfg.block_size)
         self.order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(0))
         opt = self.config["optimizer"]["params"]
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=tuple(opt.get("betas", (0.9, 0.999))),
-                                           eps=opt.get("eps", 1e-8), weight_decay=opt.get("weight_decay", 0.01))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=0.0,
+            betas=tuple(opt.get("betas", (0.9, 0.999))),
+            eps=opt.get("eps", 1e-8),
+            weight_decay=opt.get("weight_decay", 0.01),
+        )
 
     def _batch(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         items = [self.dataset[int(i)] for i in self.order[positions]]
@@ -84,8 +89,10 @@ class Reference:
             for group in self.optimizer.param_groups:
                 group["lr"] = warmup_lr(self.config["scheduler"]["params"], len(self.losses) + 1)
             self.optimizer.zero_grad()
-            micro_losses = [[self.model(*self._batch(block[r::world][j * micro:(j + 1) * micro]))
-                             for j in range(accumulation)] for r in range(world)]
+            micro_losses = [
+                [self.model(*self._batch(block[r::world][j * micro : (j + 1) * micro])) for j in range(accumulation)]
+                for r in range(world)
+            ]
             mean = torch.stack([loss for rank in micro_losses for loss in rank]).mean()
             mean.backward()
             if clip:

@@ -26,8 +26,19 @@ def test_deepspeed_script_runs_and_resumes_unchanged(tmp_path: Path, config: str
     first, resumed = tmp_path / "first.json", tmp_path / "resumed.json"
     deepspeed(2, script, "--deepspeed", "--deepspeed_config", cfg, "--save_dir", save, "--out", str(first))
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step2"  # 4 micro batches, accumulation 2
-    deepspeed(2, script, "--deepspeed", "--deepspeed_config", cfg, "--save_dir", save, "--out", str(resumed),
-              "--resume_tag", "global_step2")
+    deepspeed(
+        2,
+        script,
+        "--deepspeed",
+        "--deepspeed_config",
+        cfg,
+        "--save_dir",
+        save,
+        "--out",
+        str(resumed),
+        "--resume_tag",
+        "global_step2",
+    )
     a, b = json.loads(first.read_text()), json.loads(resumed.read_text())
 
     assert a["module_type"] == "Net" and a["local_rank"] == 0 and a["world_size"] == 2 and a["fp16"]

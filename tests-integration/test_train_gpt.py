@@ -34,8 +34,21 @@ def _config(name: str) -> tuple[str, dict]:
 
 def _train(world: int, config: str, log: Path, *args: str, check: bool = True, timeout: float = 240):
     """Launch train_gpt.py on `world` ranks; returns (the finished process, rank 0's JSON log lines)."""
-    proc = deepspeed(world, SCRIPT, "--deepspeed_config", config, "--layers", str(LAYERS), "--dim", str(DIM),
-                     "--log_json", str(log), *args, timeout=timeout, check=check)
+    proc = deepspeed(
+        world,
+        SCRIPT,
+        "--deepspeed_config",
+        config,
+        "--layers",
+        str(LAYERS),
+        "--dim",
+        str(DIM),
+        "--log_json",
+        str(log),
+        *args,
+        timeout=timeout,
+        check=check,
+    )
     return proc, (read_json_lines(log) if log.exists() else [])
 
 
@@ -47,9 +60,16 @@ def _assert_trajectory(got: dict[int, float], want: list[float], steps: range, r
     assert sorted(got) == list(steps), f"logged steps {sorted(got)}, expected {list(steps)}"
     expected = torch.tensor([want[s - 1] for s in steps], dtype=torch.float64)
     actual = torch.tensor([got[s] for s in steps], dtype=torch.float64)
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=0.0,
-                               msg=lambda m: f"loss trajectory differs from the reference:\n{m}\n"
-                                             f"engine    {actual.tolist()}\nreference {expected.tolist()}")
+    torch.testing.assert_close(
+        actual,
+        expected,
+        rtol=rtol,
+        atol=0.0,
+        msg=lambda m: (
+            f"loss trajectory differs from the reference:\n{m}\n"
+            f"engine    {actual.tolist()}\nreference {expected.tolist()}"
+        ),
+    )
 
 
 def _zero3_missing() -> str | None:
@@ -59,12 +79,15 @@ def _zero3_missing() -> str | None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("name", "world", "rtol"), [
-    ("zero0", 4, FP32_RTOL),
-    ("offload", 2, FP32_RTOL),
-    ("bf16", 2, BF16_RTOL),
-    ("zero3", 2, FP32_RTOL),
-])
+@pytest.mark.parametrize(
+    ("name", "world", "rtol"),
+    [
+        ("zero0", 4, FP32_RTOL),
+        ("offload", 2, FP32_RTOL),
+        ("bf16", 2, BF16_RTOL),
+        ("zero3", 2, FP32_RTOL),
+    ],
+)
 def test_training_follows_plain_pytorch(tmp_path: Path, name: str, world: int, rtol: float) -> None:
     if name == "zero3" and (reason := _zero3_missing()):
         pytest.skip(reason)
@@ -95,9 +118,26 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("killed")
     (out / "pids").mkdir()
     path, config = _config("zero2")
-    proc, log = _train(2, path, out / "log.jsonl", "--steps", "8", "--save_every", "2", "--save_dir",
-                       str(out / "ckpt"), "--die_at_step", "5", "--die_rank", "1", "--die_code", "3",
-                       "--pid_dir", str(out / "pids"), check=False)
+    proc, log = _train(
+        2,
+        path,
+        out / "log.jsonl",
+        "--steps",
+        "8",
+        "--save_every",
+        "2",
+        "--save_dir",
+        str(out / "ckpt"),
+        "--die_at_step",
+        "5",
+        "--die_rank",
+        "1",
+        "--die_code",
+        "3",
+        "--pid_dir",
+        str(out / "pids"),
+        check=False,
+    )
     ended = time.time()
     return {"proc": proc, "log": log, "ended": ended, "dir": out, "config": config, "path": path}
 
@@ -128,8 +168,17 @@ def test_killed_rank_ends_the_job_with_its_exit_code(killed_run: dict) -> None:
 def test_resume_killed_zero2_run_on_four_ranks(killed_run: dict, tmp_path: Path) -> None:
     """The last checkpoint of the 2-rank job loads into a 4-rank ZeRO-2 job, which continues the trajectory."""
     ckpt = str(killed_run["dir"] / "ckpt")
-    _, log = _train(4, killed_run["path"], tmp_path / "log.jsonl", "--steps", "8", "--load_dir", ckpt,
-                    "--save_dir", str(tmp_path / "ckpt"))
+    _, log = _train(
+        4,
+        killed_run["path"],
+        tmp_path / "log.jsonl",
+        "--steps",
+        "8",
+        "--load_dir",
+        ckpt,
+        "--save_dir",
+        str(tmp_path / "ckpt"),
+    )
     ref = Reference(killed_run["config"], LAYERS, DIM)
     ref.train(4, 2)
     ref.train(4, 4)
@@ -143,8 +192,12 @@ def test_zero_to_fp32_gives_the_engines_eval_loss(killed_run: dict, tmp_path: Pa
     import sys
 
     out = tmp_path / "fp32.pt"
-    subprocess.run([sys.executable, "-m", "ds_zero.zero_to_fp32", str(killed_run["dir"] / "ckpt"), str(out), "-q"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "ds_zero.zero_to_fp32", str(killed_run["dir"] / "ckpt"), str(out), "-q"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     ref = Reference(killed_run["config"], LAYERS, DIM)
     ref.train(4, 2)
     model = ref.new_model()
@@ -164,8 +217,9 @@ def test_pipeline_2x2_follows_plain_pytorch(tmp_path: Path) -> None:
     if not hasattr(ds_engine, "PipelineEngine"):
         pytest.skip("the PipelineEngine is not in this ds-engine yet")
     path, config = _config("pipeline")
-    _, log = _train(4, path, tmp_path / "log.jsonl", "--steps", "5", "--pipeline_stages", "2",
-                    "--save_dir", str(tmp_path / "ckpt"))
+    _, log = _train(
+        4, path, tmp_path / "log.jsonl", "--steps", "5", "--pipeline_stages", "2", "--save_dir", str(tmp_path / "ckpt")
+    )
     ref = Reference(config, LAYERS, DIM)
     ref.train(5, 2, accumulation=config["gradient_accumulation_steps"])
     _assert_trajectory(_losses(log), ref.mean_losses, range(1, 6), FP32_RTOL)

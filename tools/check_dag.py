@@ -74,8 +74,10 @@ def main(root: Path) -> int:
         hard = {_name(r) for r in project.get("dependencies", [])}
         extra = {_name(r) for reqs in project.get("optional-dependencies", {}).values() for r in reqs} - hard - {me}
         graph[me] = {d for d in hard if d in projects}
-        for req_text in [*project.get("dependencies", []),
-                         *(r for reqs in project.get("optional-dependencies", {}).values() for r in reqs)]:
+        for req_text in [
+            *project.get("dependencies", []),
+            *(r for reqs in project.get("optional-dependencies", {}).values() for r in reqs),
+        ]:
             req = Requirement(req_text)
             dep = req.name.lower()
             if dep in projects and dep != me and versions.get(dep) is not None:
@@ -105,8 +107,10 @@ def main(root: Path) -> int:
                         continue
                     if dist in extra:
                         if id(node) in eager:
-                            problems.append(f"{me}: optional {dist} imported at module level at {where}; "
-                                            "import it inside the function that needs it")
+                            problems.append(
+                                f"{me}: optional {dist} imported at module level at {where}; "
+                                "import it inside the function that needs it"
+                            )
                         else:
                             notes.append(f"{me}: optional {dist} imported lazily at {where}")
                     else:
@@ -119,7 +123,7 @@ def main(root: Path) -> int:
         state[node] = 1
         for nxt in graph.get(node, ()):
             if state.get(nxt) == 1:
-                problems.append("cycle: " + " -> ".join([*stack[stack.index(nxt):], nxt]))
+                problems.append("cycle: " + " -> ".join([*stack[stack.index(nxt) :], nxt]))
             elif nxt not in state:
                 dfs(nxt, [*stack, nxt])
         state[node] = 2

@@ -58,8 +58,10 @@ class OpsBuildHook(BuildHookInterface):
 
     def dependencies(self) -> list[str]:
         """ninja joins the (isolated) build environment only when an AOT build is asked for."""
-        asked = any(key.startswith("DS_BUILD_") and value.strip().lower() in ("1", "true", "yes", "on")
-                    for key, value in os.environ.items())
+        asked = any(
+            key.startswith("DS_BUILD_") and value.strip().lower() in ("1", "true", "yes", "on")
+            for key, value in os.environ.items()
+        )
         return ["ninja>=1.11"] if asked else []
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
@@ -95,5 +97,9 @@ class OpsBuildHook(BuildHookInterface):
         started = time.perf_counter()
         library = builder.build(BUILD_DIR / name)
         self.app.display_info(f"prebuilt op {name} ({builder.simd_level()}) in {time.perf_counter() - started:.1f} s")
-        return {"file": library.name, "simd": builder.simd_level(), "machine": platform.machine(),
-                "abi": op_builder.ABI_VERSION}
+        return {
+            "file": library.name,
+            "simd": builder.simd_level(),
+            "machine": platform.machine(),
+            "abi": op_builder.ABI_VERSION,
+        }

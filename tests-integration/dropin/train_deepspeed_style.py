@@ -37,7 +37,7 @@ class Net(nn.Module):
 def make_dataset() -> TensorDataset:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(512, 16, generator=gen)
-    y = (x[:, :4].sum(dim=1, keepdim=True).sin() + 0.1 * x[:, 4:5])
+    y = x[:, :4].sum(dim=1, keepdim=True).sin() + 0.1 * x[:, 4:5]
     return TensorDataset(x, y)
 
 
@@ -56,7 +56,8 @@ def main() -> None:
     torch.manual_seed(42)
     model = Net()
     model_engine, optimizer, trainloader, _ = deepspeed.initialize(
-        args=args, model=model, model_parameters=model.parameters(), training_data=make_dataset())
+        args=args, model=model, model_parameters=model.parameters(), training_data=make_dataset()
+    )
     device = torch.device(get_accelerator().device_name(model_engine.local_rank))
     dtype = torch.half if model_engine.fp16_enabled() else torch.float
 
@@ -78,17 +79,23 @@ def main() -> None:
         model_engine.step()
         losses[step] = loss.item()
         if step == args.save_at:
-            model_engine.save_checkpoint(args.save_dir, client_state={"step": step, "note": "resume here",
-                                                                       "losses": dict(losses)})
+            model_engine.save_checkpoint(
+                args.save_dir, client_state={"step": step, "note": "resume here", "losses": dict(losses)}
+            )
         if step >= args.steps:
             break
 
     if dist.get_rank() == 0:
         result = {
-            "losses": losses, "client_state": loaded, "global_steps": model_engine.global_steps,
-            "module_type": type(model_engine.module).__name__, "local_rank": model_engine.local_rank,
-            "world_size": model_engine.world_size, "lr": model_engine.get_lr()[0],
-            "fp16": model_engine.fp16_enabled(), "zero_stage": model_engine.zero_optimization_stage(),
+            "losses": losses,
+            "client_state": loaded,
+            "global_steps": model_engine.global_steps,
+            "module_type": type(model_engine.module).__name__,
+            "local_rank": model_engine.local_rank,
+            "world_size": model_engine.world_size,
+            "lr": model_engine.get_lr()[0],
+            "fp16": model_engine.fp16_enabled(),
+            "zero_stage": model_engine.zero_optimization_stage(),
             "param_sum": sum(p.detach().float().sum().item() for p in model_engine.module.parameters()),
         }
         with open(args.out, "w") as f:

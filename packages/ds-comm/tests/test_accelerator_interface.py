@@ -58,9 +58,9 @@ def _node(root: Path, index: int, cpulist: str) -> None:
 def test_numa_count_skips_coreless_and_repeated_nodes(tmp_path: Path) -> None:
     _node(tmp_path, 0, "0-3,8")
     _node(tmp_path, 1, "4-7")
-    _node(tmp_path, 2, "")       # HBM in flat mode: memory only
-    _node(tmp_path, 3, "4-7")    # same cores as the previous node
-    _node(tmp_path, 10, "9")     # node10 sorts after node3 by number
+    _node(tmp_path, 2, "")  # HBM in flat mode: memory only
+    _node(tmp_path, 3, "4-7")  # same cores as the previous node
+    _node(tmp_path, 10, "9")  # node10 sorts after node3 by number
     assert count_numa_devices(tmp_path) == 3
     assert count_numa_devices(tmp_path / "absent") == 1
     assert parse_cpulist("0-2,5,7-8") == [0, 1, 2, 5, 7, 8]
@@ -106,9 +106,13 @@ def test_memory_figures(cpu) -> None:
 
 def test_typed_constructors_make_cpu_tensors_of_that_dtype(cpu) -> None:
     made = {
-        torch.bfloat16: cpu.BFloat16Tensor([1.5]), torch.uint8: cpu.ByteTensor([3]),
-        torch.float64: cpu.DoubleTensor([1.5]), torch.float32: cpu.FloatTensor([1.5]),
-        torch.float16: cpu.HalfTensor([1.5]), torch.int32: cpu.IntTensor([3]), torch.int64: cpu.LongTensor([3]),
+        torch.bfloat16: cpu.BFloat16Tensor([1.5]),
+        torch.uint8: cpu.ByteTensor([3]),
+        torch.float64: cpu.DoubleTensor([1.5]),
+        torch.float32: cpu.FloatTensor([1.5]),
+        torch.float16: cpu.HalfTensor([1.5]),
+        torch.int32: cpu.IntTensor([3]),
+        torch.int64: cpu.LongTensor([3]),
     }
     for dtype, tensor in made.items():
         assert tensor.dtype == dtype and tensor.device.type == "cpu"

@@ -71,8 +71,11 @@ def test_deprecated_and_new_key_together_is_an_error() -> None:
 
 
 def test_unsupported_key_is_an_error_not_ignored() -> None:
-    with pytest.raises(ConfigError, match=r"z\.zero_hpz_partition_size: key 'zero_hpz_partition_size' is not "
-                                          r"supported by ds: hierarchical"):
+    with pytest.raises(
+        ConfigError,
+        match=r"z\.zero_hpz_partition_size: key 'zero_hpz_partition_size' is not "
+        r"supported by ds: hierarchical",
+    ):
         validate_section(Section, {"zero_hpz_partition_size": 8}, path="z")
 
 
@@ -107,6 +110,9 @@ class WithInert(ConfigModel):
 
 def test_inert_key_accepted_at_default_and_refused_otherwise() -> None:
     assert validate_section(WithInert, {"zero_quantized_weights": False}).zero_quantized_weights is False
-    with pytest.raises(ConfigError, match=r"z\.zero_quantized_weights: 'zero_quantized_weights'=True is not supported "
-                                          r"by ds \(ZeRO\+\+ is not built\); only the default False is accepted"):
+    with pytest.raises(
+        ConfigError,
+        match=r"z\.zero_quantized_weights: 'zero_quantized_weights'=True is not supported "
+        r"by ds \(ZeRO\+\+ is not built\); only the default False is accepted",
+    ):
         validate_section(WithInert, {"zero_quantized_weights": True}, path="z")

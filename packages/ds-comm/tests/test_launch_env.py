@@ -8,8 +8,16 @@ from ds_comm._launch_env import discover, expand_slurm_nodelist, is_mpi_launch
 
 
 def test_torch_env_wins() -> None:
-    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
-           "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "1234",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+    }
     info = discover(auto_mpi_discovery=True, default_port=29500, env=env)
     assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (3, 8, 1, 4)
     assert (info.master_addr, info.master_port, info.source) == ("10.0.0.1", 1234, "env")

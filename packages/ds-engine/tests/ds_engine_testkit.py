@@ -30,8 +30,9 @@ def tiny_net(seed: int = 0, dropout: float = 0.0) -> TinyNet:
     return TinyNet(dropout)
 
 
-def batches(num: int, batch: int, seed: int = 1, d_in: int = 8,
-            d_out: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    num: int, batch: int, seed: int = 1, d_in: int = 8, d_out: int = 4
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`num` (x, y) pairs of `batch` rows each, from a fixed generator."""
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(batch, d_in, generator=g), torch.randn(batch, d_out, generator=g)) for _ in range(num)]

@@ -20,8 +20,13 @@ from ds_comm import ConfigDeprecationWarning, ConfigModel
 from ds_engine import DeepSpeedConfig
 from ds_engine.explain import main as explain_main
 
-AIO = {"block_size": 262144, "queue_depth": 16, "intra_op_parallelism": 2, "single_submit": True,
-       "overlap_events": False}
+AIO = {
+    "block_size": 262144,
+    "queue_depth": 16,
+    "intra_op_parallelism": 2,
+    "single_submit": True,
+    "overlap_events": False,
+}
 
 
 class _Offload(ConfigModel):
@@ -44,8 +49,20 @@ class _Recorder:
 
 
 class Stage3WithNvme(_Recorder):
-    def __init__(self, optimizer, *, module=None, config=None, loss_scaler=None, clip_grad=0.0, check_overflow=True,
-                 dp_group=None, gradient_predivide_factor=1.0, communication_dtype=None, aio_config=None) -> None:
+    def __init__(
+        self,
+        optimizer,
+        *,
+        module=None,
+        config=None,
+        loss_scaler=None,
+        clip_grad=0.0,
+        check_overflow=True,
+        dp_group=None,
+        gradient_predivide_factor=1.0,
+        communication_dtype=None,
+        aio_config=None,
+    ) -> None:
         self.calls.append(("DeepSpeedZeroOptimizer_Stage3", {"aio_config": aio_config, "config": config}))
 
 
@@ -64,8 +81,11 @@ def _fake_ds_zero() -> types.ModuleType:
 
 
 def _nvme_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
-    return base_config(aio=dict(AIO), zero_optimization={"stage": 3, "offload_param": {
-        "device": "nvme", "nvme_path": str(tmp_path)}}, **overrides)
+    return base_config(
+        aio=dict(AIO),
+        zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}},
+        **overrides,
+    )
 
 
 def test_aio_values_are_validated_and_explained(tmp_path: Path, capsys, caplog) -> None:
@@ -78,12 +98,19 @@ def test_aio_values_are_validated_and_explained(tmp_path: Path, capsys, caplog) 
     path.write_text(json.dumps({"train_batch_size": 2, "aio": {"queue_depth": 16, "thread_count": 2}}))
     with pytest.warns(ConfigDeprecationWarning):
         assert explain_main([str(path), "--device", "cpu"]) == 0
-    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
-            if line.startswith("  aio.")}
+    rows = {
+        line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("  aio.")
+    }
     assert rows["aio.queue_depth"] == ["16", "set"] and rows["aio.block_size"] == ["1048576", "default"]
     assert rows["aio.intra_op_parallelism"] == ["2", "set"]  # given under its deprecated name
-    assert set(rows) == {"aio.block_size", "aio.queue_depth", "aio.intra_op_parallelism", "aio.single_submit",
-                         "aio.overlap_events", "aio.use_gds"}
+    assert set(rows) == {
+        "aio.block_size",
+        "aio.queue_depth",
+        "aio.intra_op_parallelism",
+        "aio.single_submit",
+        "aio.overlap_events",
+        "aio.use_gds",
+    }
 
 
 def test_nvme_offload_hands_the_aio_section_to_stage_3(monkeypatch, tmp_path: Path) -> None:
@@ -93,7 +120,9 @@ def test_nvme_offload_hands_the_aio_section_to_stage_3(monkeypatch, tmp_path: Pa
     make_engine(tiny_net(0), _nvme_config(tmp_path, optimizer=None))  # evaluation: DeepSpeedZeRoOffload
     expected = {**AIO, "use_gds": False}
     assert [(name, kw["aio_config"]) for name, kw in _Recorder.calls] == [
-        ("DeepSpeedZeroOptimizer_Stage3", expected), ("DeepSpeedZeRoOffload", expected)]
+        ("DeepSpeedZeroOptimizer_Stage3", expected),
+        ("DeepSpeedZeRoOffload", expected),
+    ]
     _Recorder.calls.clear()
     make_engine(tiny_net(0), base_config(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}))
     assert _Recorder.calls[0][1]["aio_config"] is None  # no NVMe: nothing handed over
@@ -101,7 +130,7 @@ def test_nvme_offload_hands_the_aio_section_to_stage_3(monkeypatch, tmp_path: Pa
     from ds_engine._plan import plan_assembly
 
     plan = plan_assembly(DeepSpeedConfig(_nvme_config(tmp_path)), device_type="cpu")
-    assert (f"  NVMe offload (ZeRO-Infinity): parameter partitions under {tmp_path}; aio: block_size=262144, "
-            "queue_depth=16, intra_op_parallelism=2, single_submit=True, overlap_events=False") in plan.lines()
-
-
+    assert (
+        f"  NVMe offload (ZeRO-Infinity): parameter partitions under {tmp_path}; aio: block_size=262144, "
+        "queue_depth=16, intra_op_parallelism=2, single_submit=True, overlap_events=False"
+    ) in plan.lines()

@@ -17,93 +17,223 @@ SGD = {"type": "SGD", "params": {"lr": 0.1}}
 
 # (id, config overrides on top of a valid base config, exception type, regex the message must match)
 BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
-    ("fp16_and_bf16", {"fp16": {"enabled": True}, "bf16": {"enabled": True}}, E,
-     r"fp16.enabled and bf16.enabled are both true"),
-    ("apex_amp", {"amp": {"enabled": True, "opt_level": "O1"}}, E,
-     r"amp: key 'amp' is not supported by ds: NVIDIA Apex AMP was removed .* \"bf16\""),
-    ("offload_without_zero", {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, E,
-     r"zero_optimization.offload_optimizer.device='cpu': offload needs ZeRO"),
-    ("offload_param_without_zero", {"zero_optimization": {"offload_param": {"device": "cpu"}}}, E,
-     r"zero_optimization.offload_param.device='cpu': offload needs ZeRO"),
-    ("zero_untested_optimizer", {"zero_optimization": {"stage": 1}, "optimizer": SGD}, E,
-     r"optimizer.type='SGD' is not tested with ZeRO .* \"zero_allow_untested_optimizer\": true"),
+    (
+        "fp16_and_bf16",
+        {"fp16": {"enabled": True}, "bf16": {"enabled": True}},
+        E,
+        r"fp16.enabled and bf16.enabled are both true",
+    ),
+    (
+        "apex_amp",
+        {"amp": {"enabled": True, "opt_level": "O1"}},
+        E,
+        r"amp: key 'amp' is not supported by ds: NVIDIA Apex AMP was removed .* \"bf16\"",
+    ),
+    (
+        "offload_without_zero",
+        {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
+        E,
+        r"zero_optimization.offload_optimizer.device='cpu': offload needs ZeRO",
+    ),
+    (
+        "offload_param_without_zero",
+        {"zero_optimization": {"offload_param": {"device": "cpu"}}},
+        E,
+        r"zero_optimization.offload_param.device='cpu': offload needs ZeRO",
+    ),
+    (
+        "zero_untested_optimizer",
+        {"zero_optimization": {"stage": 1}, "optimizer": SGD},
+        E,
+        r"optimizer.type='SGD' is not tested with ZeRO .* \"zero_allow_untested_optimizer\": true",
+    ),
     ("zero_bad_stage", {"zero_optimization": {"stage": 5}}, E, r"zero_optimization.stage: must be 0, 1, 2 or 3, got 5"),
-    ("zero_not_a_section", {"zero_optimization": "yes"}, E,
-     r"zero_optimization: expected a section \(object\) or true/false, got 'yes'"),
-    ("top_level_typo", {"gradient_cliping": 1.0}, E,
-     r"gradient_cliping: unknown key .*did you mean 'gradient_clipping'"),
-    ("nested_typo", {"fp16": {"enabled": True, "loss_scale_windw": 100}}, E,
-     r"fp16.loss_scale_windw: unknown key .*did you mean 'loss_scale_window'"),
-    ("bf16_old_overflow_key", {"bf16": {"enabled": True, "check_overflow": True}}, E,
-     r"bf16.check_overflow: unknown key .*did you mean 'check_grad_overflow'"),
+    (
+        "zero_not_a_section",
+        {"zero_optimization": "yes"},
+        E,
+        r"zero_optimization: expected a section \(object\) or true/false, got 'yes'",
+    ),
+    (
+        "top_level_typo",
+        {"gradient_cliping": 1.0},
+        E,
+        r"gradient_cliping: unknown key .*did you mean 'gradient_clipping'",
+    ),
+    (
+        "nested_typo",
+        {"fp16": {"enabled": True, "loss_scale_windw": 100}},
+        E,
+        r"fp16.loss_scale_windw: unknown key .*did you mean 'loss_scale_window'",
+    ),
+    (
+        "bf16_old_overflow_key",
+        {"bf16": {"enabled": True, "check_overflow": True}},
+        E,
+        r"bf16.check_overflow: unknown key .*did you mean 'check_grad_overflow'",
+    ),
     ("optimizer_unknown", {"optimizer": {"type": "AdamWW"}}, E, r"optimizer.type: 'AdamWW' is not a known optimizer"),
     ("optimizer_lowercase_torch", {"optimizer": {"type": "rmsprop"}}, E, r"optimizer.type: .*did you mean 'RMSprop'"),
-    ("optimizer_removed_onebit", {"optimizer": {"type": "OneBitAdam"}}, E,
-     r"optimizer.type: optimizer 'OneBitAdam' is not supported: 1-bit Adam was removed"),
-    ("optimizer_param_typo", {"optimizer": {"type": "Adam", "params": {"lr": 0.1, "beta": [0.9, 0.99]}}}, E,
-     r"optimizer.params.beta: 'beta' is not a parameter of optimizer 'adam'; did you mean 'betas'"),
-    ("optimizer_max_grad_norm", {"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}, E,
-     r"optimizer.params.max_grad_norm: .*use the top-level \"gradient_clipping\""),
+    (
+        "optimizer_removed_onebit",
+        {"optimizer": {"type": "OneBitAdam"}},
+        E,
+        r"optimizer.type: optimizer 'OneBitAdam' is not supported: 1-bit Adam was removed",
+    ),
+    (
+        "optimizer_param_typo",
+        {"optimizer": {"type": "Adam", "params": {"lr": 0.1, "beta": [0.9, 0.99]}}},
+        E,
+        r"optimizer.params.beta: 'beta' is not a parameter of optimizer 'adam'; did you mean 'betas'",
+    ),
+    (
+        "optimizer_max_grad_norm",
+        {"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}},
+        E,
+        r"optimizer.params.max_grad_norm: .*use the top-level \"gradient_clipping\"",
+    ),
     ("optimizer_type_not_string", {"optimizer": {"type": 3}}, E, r"optimizer.type: .*type must be a string"),
     ("scheduler_unknown", {"scheduler": {"type": "WarmUpLR"}}, E, r"scheduler.type.*did you mean 'WarmupLR'"),
-    ("scheduler_missing_param", {"scheduler": {"type": "WarmupCosineLR", "params": {}}}, E,
-     r"scheduler.params.total_num_steps: WarmupCosineLR needs 'total_num_steps'"),
-    ("scheduler_param_typo", {"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1,
-                                                                            "cycle_frist_step_size": 5}}}, E,
-     r"scheduler.params.cycle_frist_step_size: .*did you mean 'cycle_first_step_size'"),
-    ("batch_mismatch", {"train_batch_size": 10, "gradient_accumulation_steps": 2}, E,
-     r"train_batch_size \(10\) must equal train_micro_batch_size_per_gpu \(4\) x gradient_accumulation_steps \(2\)"),
-    ("batch_not_divisible", {"train_batch_size": 10, "train_micro_batch_size_per_gpu": None,
-                             "gradient_accumulation_steps": 4}, E,
-     r"train_micro_batch_size_per_gpu: .*= 10 / 4 = 2.5 is not a whole number"),
-    ("batch_bool", {"train_micro_batch_size_per_gpu": True}, E,
-     r"train_micro_batch_size_per_gpu: expected an integer, got the boolean True"),
+    (
+        "scheduler_missing_param",
+        {"scheduler": {"type": "WarmupCosineLR", "params": {}}},
+        E,
+        r"scheduler.params.total_num_steps: WarmupCosineLR needs 'total_num_steps'",
+    ),
+    (
+        "scheduler_param_typo",
+        {
+            "scheduler": {
+                "type": "OneCycle",
+                "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_frist_step_size": 5},
+            }
+        },
+        E,
+        r"scheduler.params.cycle_frist_step_size: .*did you mean 'cycle_first_step_size'",
+    ),
+    (
+        "batch_mismatch",
+        {"train_batch_size": 10, "gradient_accumulation_steps": 2},
+        E,
+        r"train_batch_size \(10\) must equal train_micro_batch_size_per_gpu \(4\) x gradient_accumulation_steps \(2\)",
+    ),
+    (
+        "batch_not_divisible",
+        {"train_batch_size": 10, "train_micro_batch_size_per_gpu": None, "gradient_accumulation_steps": 4},
+        E,
+        r"train_micro_batch_size_per_gpu: .*= 10 / 4 = 2.5 is not a whole number",
+    ),
+    (
+        "batch_bool",
+        {"train_micro_batch_size_per_gpu": True},
+        E,
+        r"train_micro_batch_size_per_gpu: expected an integer, got the boolean True",
+    ),
     ("batch_negative", {"gradient_accumulation_steps": -2}, E, r"gradient_accumulation_steps: Input should be greater"),
-    ("dynamic_window_zero", {"fp16": {"enabled": True, "loss_scale_window": 0}}, E,
-     r"fp16: loss_scale_window=0 must be > 0 with dynamic loss scaling"),
-    ("loss_scale_negative", {"fp16": {"enabled": True, "loss_scale": -1}}, E,
-     r"fp16.loss_scale: Input should be greater"),
-    ("loss_scale_inf", {"fp16": {"enabled": True, "loss_scale": float("inf")}}, E,
-     r"fp16.loss_scale: .*expected a finite number"),
-    ("fp16_master_weights", {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}, E,
-     r"fp16.fp16_master_weights_and_grads: .*not supported by ds"),
-    ("lamb_static_fp16", {"optimizer": {"type": "Lamb"}, "fp16": {"enabled": True, "loss_scale": 64}}, E,
-     r"optimizer.type='lamb' with fp16 needs dynamic loss scaling; set fp16.loss_scale to 0"),
-    ("tag_validation", {"checkpoint": {"tag_validation": "maybe"}}, E,
-     r"checkpoint.tag_validation: Input should be 'WARN', 'IGNORE' or 'FAIL' \(got 'MAYBE'\)"),
+    (
+        "dynamic_window_zero",
+        {"fp16": {"enabled": True, "loss_scale_window": 0}},
+        E,
+        r"fp16: loss_scale_window=0 must be > 0 with dynamic loss scaling",
+    ),
+    (
+        "loss_scale_negative",
+        {"fp16": {"enabled": True, "loss_scale": -1}},
+        E,
+        r"fp16.loss_scale: Input should be greater",
+    ),
+    (
+        "loss_scale_inf",
+        {"fp16": {"enabled": True, "loss_scale": float("inf")}},
+        E,
+        r"fp16.loss_scale: .*expected a finite number",
+    ),
+    (
+        "fp16_master_weights",
+        {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
+        E,
+        r"fp16.fp16_master_weights_and_grads: .*not supported by ds",
+    ),
+    (
+        "lamb_static_fp16",
+        {"optimizer": {"type": "Lamb"}, "fp16": {"enabled": True, "loss_scale": 64}},
+        E,
+        r"optimizer.type='lamb' with fp16 needs dynamic loss scaling; set fp16.loss_scale to 0",
+    ),
+    (
+        "tag_validation",
+        {"checkpoint": {"tag_validation": "maybe"}},
+        E,
+        r"checkpoint.tag_validation: Input should be 'WARN', 'IGNORE' or 'FAIL' \(got 'MAYBE'\)",
+    ),
     ("allreduce_op", {"gradient_allreduce_op": "avg"}, E, r"gradient_allreduce_op: Input should be 'mean' or 'sum'"),
     ("comm_dtype", {"communication_data_type": "int8"}, E, r"communication_data_type: Input should be 'fp32', 'fp16'"),
     ("clipping_negative", {"gradient_clipping": -1.0}, E, r"gradient_clipping: Input should be greater than or equal"),
     ("steps_per_print_zero", {"steps_per_print": 0}, E, r"steps_per_print: Input should be greater than 0"),
     ("wandb_enabled", {"wandb": {"enabled": True}}, E, r"wandb.enabled: .*the wandb monitor is not implemented"),
-    ("flops_profiler_enabled", {"flops_profiler": {"enabled": True}}, E,
-     r"flops_profiler.enabled: .*the flops profiler is not implemented"),
+    (
+        "flops_profiler_enabled",
+        {"flops_profiler": {"enabled": True}},
+        E,
+        r"flops_profiler.enabled: .*the flops profiler is not implemented",
+    ),
     ("torch_autocast_enabled", {"torch_autocast": {"enabled": True}}, E, r"torch_autocast.enabled: .*use \"bf16\""),
-    ("hybrid_engine_enabled", {"hybrid_engine": {"enabled": True}}, E,
-     r"hybrid_engine: enabled=True is not supported: the RLHF hybrid engine"),
-    ("removed_sparse_attention", {"sparse_attention": {"mode": "fixed"}}, E,
-     r"sparse_attention: .*sparse attention was removed in DeepSpeed 0.19"),
+    (
+        "hybrid_engine_enabled",
+        {"hybrid_engine": {"enabled": True}},
+        E,
+        r"hybrid_engine: enabled=True is not supported: the RLHF hybrid engine",
+    ),
+    (
+        "removed_sparse_attention",
+        {"sparse_attention": {"mode": "fixed"}},
+        E,
+        r"sparse_attention: .*sparse attention was removed in DeepSpeed 0.19",
+    ),
     ("removed_curriculum", {"curriculum_learning": {"enabled": True}}, E, r"curriculum_learning: .*data_efficiency"),
-    ("param_dtype_conflict", {"bf16": {"enabled": True}, "data_types": {"param_dtype": "fp16"}}, E,
-     r"data_types.param_dtype='fp16' conflicts with the precision mode \(bf16"),
-    ("grad_accum_mix", {"data_types": {"grad_accum_dtype": "bf16"}}, E,
-     r"data_types.grad_accum_dtype='bf16' is not supported with fp32 parameters"),
-    ("activation_ckpt", {"activation_checkpointing": {"contiguous_memory_optimization": True}}, E,
-     r"activation_checkpointing: contiguous_memory_optimization needs number_checkpoints"),
-    ("pipeline_partition", {"pipeline": {"partition": "bogus"}}, E,
-     r"pipeline.partition: unknown partition method 'bogus'"),
+    (
+        "param_dtype_conflict",
+        {"bf16": {"enabled": True}, "data_types": {"param_dtype": "fp16"}},
+        E,
+        r"data_types.param_dtype='fp16' conflicts with the precision mode \(bf16",
+    ),
+    (
+        "grad_accum_mix",
+        {"data_types": {"grad_accum_dtype": "bf16"}},
+        E,
+        r"data_types.grad_accum_dtype='bf16' is not supported with fp32 parameters",
+    ),
+    (
+        "activation_ckpt",
+        {"activation_checkpointing": {"contiguous_memory_optimization": True}},
+        E,
+        r"activation_checkpointing: contiguous_memory_optimization needs number_checkpoints",
+    ),
+    (
+        "pipeline_partition",
+        {"pipeline": {"partition": "bogus"}},
+        E,
+        r"pipeline.partition: unknown partition method 'bogus'",
+    ),
     ("pipeline_not_a_section", {"pipeline": 3}, E, r"pipeline: expected a section \(object\), got 3"),
     ("pipeline_typo", {"pipeline": {"stage": 2}}, E, r"pipeline.stage: unknown key .*did you mean 'stages'"),
     ("comms_logger_typo", {"comms_logger": {"enable": True}}, E, r"comms_logger.enable: .*did you mean 'enabled'"),
-    ("unfilled_auto", {"gradient_clipping": "auto", "optimizer": {"type": "Adam", "params": {"lr": "auto"}}}, E,
-     r"gradient_clipping, optimizer.params.lr: still \"auto\""),
+    (
+        "unfilled_auto",
+        {"gradient_clipping": "auto", "optimizer": {"type": "Adam", "params": {"lr": "auto"}}},
+        E,
+        r"gradient_clipping, optimizer.params.lr: still \"auto\"",
+    ),
     ("aio_block_size", {"aio": {"block_size": 0}}, E, r"aio.block_size: Input should be greater than 0"),
     ("aio_typo", {"aio": {"queue_dpeth": 16}}, E, r"aio.queue_dpeth: unknown key .*did you mean 'queue_depth'"),
     ("aio_gds", {"aio": {"use_gds": True}}, E, r"aio.use_gds: .*GPUDirect Storage is not supported"),
-    ("nvme_below_stage_3", {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
-                                                                                   "nvme_path": "/tmp"}}}, E,
-     r"zero_optimization.offload_optimizer.device='nvme': NVMe offload \(ZeRO-Infinity\) needs "
-     r"zero_optimization.stage=3, got 2"),
+    (
+        "nvme_below_stage_3",
+        {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}},
+        E,
+        r"zero_optimization.offload_optimizer.device='nvme': NVMe offload \(ZeRO-Infinity\) needs "
+        r"zero_optimization.stage=3, got 2",
+    ),
 ]
 
 
@@ -112,15 +242,23 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
 _NEEDS_DS_PIPE = {"activation_ckpt", "pipeline_typo", "pipeline_partition"}
 try:
     import ds_pipe  # noqa: F401
+
     _NO_DS_PIPE = False
 except ImportError:
     _NO_DS_PIPE = True
 
 
 def _rows() -> list[Any]:
-    return [pytest.param(*row[1:], id=row[0], marks=pytest.mark.skipif(
-        row[0] in _NEEDS_DS_PIPE and _NO_DS_PIPE, reason="needs ds-pipe: pip install 'ds-engine[pipe]'"))
-        for row in BAD]
+    return [
+        pytest.param(
+            *row[1:],
+            id=row[0],
+            marks=pytest.mark.skipif(
+                row[0] in _NEEDS_DS_PIPE and _NO_DS_PIPE, reason="needs ds-pipe: pip install 'ds-engine[pipe]'"
+            ),
+        )
+        for row in BAD
+    ]
 
 
 @pytest.mark.parametrize(("overrides", "exc", "message"), _rows())
@@ -141,10 +279,14 @@ def test_the_table_is_big_enough() -> None:
 
 @pytest.mark.skipif(tensorboard_available(), reason="tensorboard is installed here")
 def test_tensorboard_enabled_without_the_package() -> None:
-    with pytest.raises(ImportError, match=r"tensorboard.enabled is true but the tensorboard package is not installed: "
-                                          r"pip install tensorboard"):
-        ds_engine.initialize(model=tiny_net(0), config=base_config(tensorboard={"enabled": True}),
-                             dist_init_required=False)
+    with pytest.raises(
+        ImportError,
+        match=r"tensorboard.enabled is true but the tensorboard package is not installed: "
+        r"pip install tensorboard",
+    ):
+        ds_engine.initialize(
+            model=tiny_net(0), config=base_config(tensorboard={"enabled": True}), dist_init_required=False
+        )
 
 
 def test_engine_time_argument_errors() -> None:

@@ -32,10 +32,27 @@ def test_layout_keys_and_round_trip(tmp_path: Path) -> None:
     assert (tmp_path / "latest").read_bytes() == b"global_step2"  # no trailing newline, as DeepSpeed
     assert sorted(p.name for p in (tmp_path / "global_step2").iterdir()) == ["mp_rank_00_model_states.pt"]
     state = torch.load(tmp_path / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False)
-    for key in ("module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
-                "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "skipped_steps", "global_steps",
-                "global_samples", "dp_world_size", "mp_world_size", "checkpoint_parallel_dimensions", "ds_config",
-                "ds_version", "my"):
+    for key in (
+        "module",
+        "buffer_names",
+        "optimizer",
+        "param_shapes",
+        "frozen_param_shapes",
+        "shared_params",
+        "frozen_param_fragments",
+        "lr_scheduler",
+        "data_sampler",
+        "random_ltd",
+        "skipped_steps",
+        "global_steps",
+        "global_samples",
+        "dp_world_size",
+        "mp_world_size",
+        "checkpoint_parallel_dimensions",
+        "ds_config",
+        "ds_version",
+        "my",
+    ):
         assert key in state, key
     assert state["lr_scheduler"] == {"last_batch_iteration": 1} and state["global_samples"] == 8
     assert state["buffer_names"] == ["buf"] and state["ds_config"]["scheduler"] == SCHED
@@ -57,8 +74,13 @@ def test_bf16_checkpoint_restores_fp32_masters_and_loss_scaler(tmp_path: Path) -
     engine.save_checkpoint(str(tmp_path), tag="bf")
     state = torch.load(tmp_path / "bf" / "mp_rank_00_model_states.pt", weights_only=False)
     assert state["module"]["l1.weight"].dtype == torch.bfloat16 and state["module"]["buf"].dtype == torch.float32
-    assert set(state["optimizer"]) >= {"dynamic_loss_scale", "cur_scale", "optimizer_state_dict", "fp32_groups",
-                                       "loss_scaler"}
+    assert set(state["optimizer"]) >= {
+        "dynamic_loss_scale",
+        "cur_scale",
+        "optimizer_state_dict",
+        "fp32_groups",
+        "loss_scaler",
+    }
     fresh = make_engine(tiny_net(7), base_config(scheduler=SCHED, bf16={"enabled": True}))
     fresh.load_checkpoint(str(tmp_path), tag="bf")
     for mine, theirs in zip(engine.optimizer.masters, fresh.optimizer.masters, strict=True):
@@ -105,14 +127,18 @@ def _crash_during_save(rank: int, world: int, save_dir: str, where: str) -> None
         engine.backward(loss_fn(engine(x), y))
         engine.step()
     if where == "mid-file":
+
         def die_unsynced(event, path):
             if event == "fsync":  # the temporary file holds the data, nothing is synced or renamed yet
                 os._exit(17)
+
         with file_events(die_unsynced):
             engine.save_checkpoint(save_dir, tag="bad")
     else:
+
         def die(path, text):
             os._exit(17)
+
         ds_engine._checkpoint.atomic_write_text = die
         engine.save_checkpoint(save_dir, tag="bad")
 

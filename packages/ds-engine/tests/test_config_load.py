@@ -18,11 +18,17 @@ def test_dict_json_hjson_and_base64_give_the_same_config(tmp_path) -> None:
     as_json = tmp_path / "ds.json"
     as_json.write_text(json.dumps(BASIC))
     as_hjson = tmp_path / "ds.hjson"
-    as_hjson.write_text("{\n  # comments and unquoted keys are fine in hjson\n  train_batch_size: 8\n"
-                        "  optimizer: {\n    type: AdamW\n    params: {lr: 0.001}\n  }\n}\n")
+    as_hjson.write_text(
+        "{\n  # comments and unquoted keys are fine in hjson\n  train_batch_size: 8\n"
+        "  optimizer: {\n    type: AdamW\n    params: {lr: 0.001}\n  }\n}\n"
+    )
     encoded = base64.urlsafe_b64encode(json.dumps(BASIC).encode()).decode()
-    configs = [DeepSpeedConfig(BASIC), DeepSpeedConfig(str(as_json)), DeepSpeedConfig(as_hjson),
-               DeepSpeedConfig(encoded)]
+    configs = [
+        DeepSpeedConfig(BASIC),
+        DeepSpeedConfig(str(as_json)),
+        DeepSpeedConfig(as_hjson),
+        DeepSpeedConfig(encoded),
+    ]
     for cfg in configs:
         assert cfg.train_batch_size == 8 and cfg.optimizer_name == "adamw"
         assert cfg.optimizer_params == {"lr": 1e-3}
@@ -59,25 +65,38 @@ def test_missing_file_and_garbage_string_have_clear_messages(tmp_path) -> None:
 
 
 def test_auto_placeholders_are_tracked_filled_and_refused_until_filled() -> None:
-    raw = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2,
-           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
-           "gradient_clipping": "auto"}
+    raw = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}},
+        "gradient_clipping": "auto",
+    }
     cfg = DeepSpeedConfig(raw)
     assert cfg.auto_keys == ("train_micro_batch_size_per_gpu", "optimizer.params.lr", "gradient_clipping")
     assert cfg.batch is None
-    with pytest.raises(DeepSpeedConfigError, match=r'train_micro_batch_size_per_gpu, optimizer\.params\.lr, '
-                                                   r'gradient_clipping: still "auto"'):
+    with pytest.raises(
+        DeepSpeedConfigError,
+        match=r"train_micro_batch_size_per_gpu, optimizer\.params\.lr, "
+        r'gradient_clipping: still "auto"',
+    ):
         cfg.check_resolved()
-    with pytest.raises(DeepSpeedConfigError, match="still \"auto\""):
+    with pytest.raises(DeepSpeedConfigError, match='still "auto"'):
         _ = cfg.train_batch_size
-    filled = cfg.fill_auto({"train_micro_batch_size_per_gpu": 4, "optimizer.params.lr": 3e-4,
-                            "gradient_clipping": 0.5, "optimizer.params.weight_decay": 9.0})
+    filled = cfg.fill_auto(
+        {
+            "train_micro_batch_size_per_gpu": 4,
+            "optimizer.params.lr": 3e-4,
+            "gradient_clipping": 0.5,
+            "optimizer.params.weight_decay": 9.0,
+        }
+    )
     filled.check_resolved()
     assert filled.train_batch_size == 8 and filled.gradient_clipping == 0.5
     # An explicit user value wins over the caller's fill value, as in the HF integration.
     assert filled.optimizer_params == {"lr": 3e-4, "weight_decay": 0.1}
-    same = DeepSpeedConfig(raw, auto_values={"train_micro_batch_size_per_gpu": 4, "optimizer.params.lr": 3e-4,
-                                             "gradient_clipping": 0.5})
+    same = DeepSpeedConfig(
+        raw, auto_values={"train_micro_batch_size_per_gpu": 4, "optimizer.params.lr": 3e-4, "gradient_clipping": 0.5}
+    )
     assert same.raw == filled.raw
 
 
@@ -102,23 +121,41 @@ def test_sections_and_keys_read_by_name_with_deepspeed_defaults() -> None:
         cfg = DeepSpeedConfig({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True, "loss_scale_window": 50}})
     assert cfg.fp16.loss_scale_window == 50 and cfg.fp16.hysteresis == 2 and cfg.fp16.initial_scale_power == 16
     assert cfg.gradient_clipping == 1.0 and cfg.steps_per_print is None and cfg.checkpoint.tag_validation == "WARN"
-    assert cfg.fp16.dynamic_loss_args() == {"init_scale": 65536.0, "scale_window": 50, "delayed_shift": 2,
-                                            "consecutive_hysteresis": False, "min_scale": 1.0}
+    assert cfg.fp16.dynamic_loss_args() == {
+        "init_scale": 65536.0,
+        "scale_window": 50,
+        "delayed_shift": 2,
+        "consecutive_hysteresis": False,
+        "min_scale": 1.0,
+    }
     assert cfg.zero_optimization_stage == 0 and cfg.gradient_accumulation_steps == 1
     with pytest.raises(AttributeError, match="no attribute or config key 'nonsense'"):
         _ = cfg.nonsense
 
 
 def test_scientific_notation_and_case_insensitive_enums() -> None:
-    cfg = DeepSpeedConfig({"train_batch_size": 4e0, "checkpoint": {"tag_validation": "fail"},
-                           "gradient_allreduce_op": "SUM", "communication_data_type": "bfloat16",
-                           "optimizer": {"type": "adam"}})
+    cfg = DeepSpeedConfig(
+        {
+            "train_batch_size": 4e0,
+            "checkpoint": {"tag_validation": "fail"},
+            "gradient_allreduce_op": "SUM",
+            "communication_data_type": "bfloat16",
+            "optimizer": {"type": "adam"},
+        }
+    )
     assert cfg.train_batch_size == 4 and cfg.checkpoint.tag_validation == "FAIL"
     assert cfg.gradient_allreduce_op == "sum" and cfg.communication_data_type == "bf16"
 
 
 def test_off_sections_are_accepted_only_when_off() -> None:
-    cfg = DeepSpeedConfig({"train_batch_size": 2, "hybrid_engine": {"enabled": False, "max_out_tokens": 512},
-                           "autotuning": {"enabled": False}, "compile": {"deepcompile": False},
-                           "tensor_parallel": {"autotp_size": 1}, "flops_profiler": {"enabled": False}})
+    cfg = DeepSpeedConfig(
+        {
+            "train_batch_size": 2,
+            "hybrid_engine": {"enabled": False, "max_out_tokens": 512},
+            "autotuning": {"enabled": False},
+            "compile": {"deepcompile": False},
+            "tensor_parallel": {"autotp_size": 1},
+            "flops_profiler": {"enabled": False},
+        }
+    )
     assert cfg.train_batch_size == 2

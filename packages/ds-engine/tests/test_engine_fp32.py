@@ -53,7 +53,7 @@ def test_accumulation_4x2_matches_1x8_on_the_same_samples() -> None:
         e_big.step()
         for i in range(4):
             assert e_small.is_gradient_accumulation_boundary() == (i == 3)
-            e_small.backward(loss_fn(e_small(x[2 * i:2 * i + 2]), y[2 * i:2 * i + 2]))
+            e_small.backward(loss_fn(e_small(x[2 * i : 2 * i + 2]), y[2 * i : 2 * i + 2]))
             e_small.step()
             assert e_small.was_step_applied() == (i == 3)
     torch.testing.assert_close(flat_params(small), flat_params(big), rtol=1e-6, atol=1e-6)
@@ -64,8 +64,9 @@ def test_unmanaged_accumulation_steps_on_every_call() -> None:
     data = batches(4, 4)
     managed_model, unmanaged_model = tiny_net(0), tiny_net(0)
     managed = make_engine(managed_model, base_config(gradient_accumulation_steps=2))
-    unmanaged = make_engine(unmanaged_model, base_config(gradient_accumulation_steps=2,
-                                                         managed_gradient_accumulation=False))
+    unmanaged = make_engine(
+        unmanaged_model, base_config(gradient_accumulation_steps=2, managed_gradient_accumulation=False)
+    )
     for i, (x, y) in enumerate(data):
         managed.backward(loss_fn(managed(x), y))
         managed.step()
@@ -105,8 +106,12 @@ def test_client_optimizer_scheduler_callable_and_boundary_stepping() -> None:
     model = tiny_net(0)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     engine, optimizer, loader, sched = ds_engine.initialize(
-        model=model, optimizer=opt, lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
-        config=base_config(gradient_accumulation_steps=2, optimizer=None), dist_init_required=False)
+        model=model,
+        optimizer=opt,
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+        config=base_config(gradient_accumulation_steps=2, optimizer=None),
+        dist_init_required=False,
+    )
     assert optimizer is opt and loader is None and isinstance(sched, torch.optim.lr_scheduler.StepLR)
     for x, y in batches(4, 4):
         engine.backward(loss_fn(engine(x), y))
@@ -122,8 +127,11 @@ def test_optimizer_callable_gets_param_groups() -> None:
         return torch.optim.SGD(groups, lr=0.5)
 
     model = tiny_net(0)
-    groups = [{"params": [model.l1.weight, model.l1.bias], "lr": 0.1}, {"params": list(model.l2.parameters())},
-              {"params": []}]
+    groups = [
+        {"params": [model.l1.weight, model.l1.bias], "lr": 0.1},
+        {"params": list(model.l2.parameters())},
+        {"params": []},
+    ]
     engine = make_engine(model, base_config(optimizer=None), optimizer=factory, model_parameters=groups)
     assert len(seen["groups"]) == 2 and engine.get_lr() == [0.1, 0.5]
 
@@ -134,9 +142,14 @@ def test_queries_passthrough_and_batch_changes() -> None:
     assert engine.l1 is model.l1 and engine.module is model
     assert (engine.local_rank, engine.global_rank, engine.world_size, engine.dp_world_size) == (0, 0, 1, 1)
     assert engine.get_batch_info() == (8, 4, 2)
-    assert (engine.zero_optimization(), engine.zero_optimization_stage(), engine.fp16_enabled(),
-            engine.bfloat16_enabled(), engine.gradient_clipping(), engine.steps_per_print()) == (False, 0, False,
-                                                                                                  False, 0.0, 10)
+    assert (
+        engine.zero_optimization(),
+        engine.zero_optimization_stage(),
+        engine.fp16_enabled(),
+        engine.bfloat16_enabled(),
+        engine.gradient_clipping(),
+        engine.steps_per_print(),
+    ) == (False, 0, False, False, 0.0, 10)
     assert engine.optimizer_name() == "adamw" and engine.get_mom() == [(0.9, 0.999)]
     assert engine.config["gradient_accumulation_steps"] == 2
     engine.set_train_batch_size(16)
@@ -185,8 +198,9 @@ def test_zero_grad_by_the_script_is_respected() -> None:
 def test_deepspeed_io_shards_with_the_micro_batch() -> None:
     data = torch.utils.data.TensorDataset(torch.arange(20.0).unsqueeze(1))
     model = tiny_net(0)
-    engine, _, loader, _ = ds_engine.initialize(model=model, config=base_config(), training_data=data,
-                                                dist_init_required=False)
+    engine, _, loader, _ = ds_engine.initialize(
+        model=model, config=base_config(), training_data=data, dist_init_required=False
+    )
     assert loader is engine.training_dataloader
     sizes = [len(b[0]) for b in loader]
     assert sizes == [4, 4, 4, 4, 4]

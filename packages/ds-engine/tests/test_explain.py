@@ -33,16 +33,21 @@ def test_explain_shows_batch_sources_chain_autos_and_defaults(config_file: Path,
     out = capsys.readouterr().out
     assert "data-parallel world size: 4 (given)" in out
     assert "train_batch_size                      64   given" in out
-    assert ("train_micro_batch_size_per_gpu         4   derived: train_batch_size / (gradient_accumulation_steps x "
-            "world size) = 64 / (4 x 4)") in out
+    assert (
+        "train_micro_batch_size_per_gpu         4   derived: train_batch_size / (gradient_accumulation_steps x "
+        "world size) = 64 / (4 x 4)"
+    ) in out
     assert "base optimizer: torch.optim.AdamW(" in out and "torch_adam=true" in out
     assert "wrapper: MixedPrecisionOptimizer (bf16 parameters, fp32 master weights)" in out
     assert "gradient accumulation in float32; clip global norm: 0.5" in out
     assert "data parallel: bucketed all-reduce (mean over 4 ranks" in out
     assert "lr scheduler: WarmupLR(warmup_num_steps=100)" in out and "engine: DeepSpeedEngine" in out
     assert 'unfilled "auto" placeholders' in out and "  optimizer.params.lr" in out
-    lines = {line.split()[0]: line.split()[-1] for line in out.splitlines() if line.startswith("  ") and
-             len(line.split()) >= 3}
+    lines = {
+        line.split()[0]: line.split()[-1]
+        for line in out.splitlines()
+        if line.startswith("  ") and len(line.split()) >= 3
+    }
     assert lines["bf16.enabled"] == "set" and lines["fp16.enabled"] == "default"
     assert lines["gradient_clipping"] == "set" and lines["steps_per_print"] == "default"
     assert lines["train_micro_batch_size_per_gpu"] == "derived"
@@ -63,7 +68,12 @@ def test_bad_config_exits_2_with_the_key(tmp_path: Path, capsys) -> None:
 
 
 def test_module_entry_point_runs(config_file: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "ds_engine.explain", str(config_file), "--world-size", "2"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ds_engine.explain", str(config_file), "--world-size", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "train_micro_batch_size_per_gpu         8   derived" in proc.stdout

@@ -31,12 +31,18 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
     assert dist.all_reduce is ds_comm.all_reduce and dist.ReduceOp is ds_comm.ReduceOp
     assert get_accelerator is ds_comm.get_accelerator
     assert is_current_accelerator_supported is ds_comm.is_current_accelerator_supported
-    assert (DeepSpeedCPUAdam, FusedAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion) == \
-        (ds_ops.DeepSpeedCPUAdam, ds_ops.FusedAdam, ds_ops.DeepSpeedCPUAdagrad, ds_ops.DeepSpeedCPULion)
+    assert (DeepSpeedCPUAdam, FusedAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion) == (
+        ds_ops.DeepSpeedCPUAdam,
+        ds_ops.FusedAdam,
+        ds_ops.DeepSpeedCPUAdagrad,
+        ds_ops.DeepSpeedCPULion,
+    )
     assert deepspeed.ops.adam.DeepSpeedCPUAdam is ds_ops.DeepSpeedCPUAdam
-    assert (WarmupLR, WarmupDecayLR, OneCycle) == (deepspeed.lr_schedules.WarmupLR,
-                                                   deepspeed.lr_schedules.WarmupDecayLR,
-                                                   deepspeed.lr_schedules.OneCycle)
+    assert (WarmupLR, WarmupDecayLR, OneCycle) == (
+        deepspeed.lr_schedules.WarmupLR,
+        deepspeed.lr_schedules.WarmupDecayLR,
+        deepspeed.lr_schedules.OneCycle,
+    )
     assert deepspeed.runtime.lr_schedules.WarmupLR is WarmupLR
     assert log_dist is ds_comm.log_dist and logger.name == "ds" and deepspeed.utils.logger is logger
 
@@ -53,8 +59,12 @@ def test_pipe_zero_and_checkpointing_paths_are_the_siblings_objects() -> None:
     from ds_engine.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from ds_engine.zero import GatheredParameters, Init
 
-    assert (PipelineModule, LayerSpec, TiedLayerSpec, ProcessTopology) == \
-        (ds_pipe.PipelineModule, ds_pipe.LayerSpec, ds_pipe.TiedLayerSpec, ds_pipe.ProcessTopology)
+    assert (PipelineModule, LayerSpec, TiedLayerSpec, ProcessTopology) == (
+        ds_pipe.PipelineModule,
+        ds_pipe.LayerSpec,
+        ds_pipe.TiedLayerSpec,
+        ds_pipe.ProcessTopology,
+    )
     assert deepspeed.pipe.PipelineModule is deepspeed.PipelineModule is ds_pipe.PipelineModule
     assert (Init, GatheredParameters) == (ds_zero.Init, ds_zero.GatheredParameters)
     assert deepspeed.zero.Init is ds_zero.Init and deepspeed.zero.GatheredParameters is ds_zero.GatheredParameters
@@ -67,10 +77,15 @@ def test_pipe_zero_and_checkpointing_paths_are_the_siblings_objects() -> None:
     assert checkpointing.checkpoint is ds_pipe.checkpointing.checkpoint
     assert deepspeed.runtime.pipe.topology.ProcessTopology is ds_pipe.ProcessTopology
     assert get_fp32_state_dict_from_zero_checkpoint is ds_zero.get_fp32_state_dict_from_zero_checkpoint
-    assert deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint is \
-        ds_zero.load_state_dict_from_zero_checkpoint
-    with pytest.raises(AttributeError, match="module 'ds_engine.pipe' has no attribute 'NoSuchThing' "
-                                             r"\(ds_pipe does not provide it\)"):
+    assert (
+        deepspeed.utils.zero_to_fp32.load_state_dict_from_zero_checkpoint
+        is ds_zero.load_state_dict_from_zero_checkpoint
+    )
+    with pytest.raises(
+        AttributeError,
+        match="module 'ds_engine.pipe' has no attribute 'NoSuchThing' "
+        r"\(ds_pipe does not provide it\)",
+    ):
         _ = deepspeed.pipe.NoSuchThing
     with pytest.raises(ImportError, match="cannot import name 'NoSuchThing'"):
         exec("from ds_engine.zero import NoSuchThing", {})
@@ -105,21 +120,27 @@ def test_missing_extras_name_the_pip_command() -> None:
     proc = subprocess.run([sys.executable, "-c", _BLOCKED], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" -> ", 1) for line in proc.stdout.splitlines() if " -> " in line)
-    pipe = "ImportError: ds_engine.pipe (deepspeed.pipe, pipeline parallelism) needs ds-pipe: pip install " \
-           "'ds-engine[pipe]'"
+    pipe = (
+        "ImportError: ds_engine.pipe (deepspeed.pipe, pipeline parallelism) needs ds-pipe: pip install "
+        "'ds-engine[pipe]'"
+    )
     zero = "ImportError: ds_engine.zero (deepspeed.zero, ZeRO) needs ds-zero: pip install 'ds-engine[zero]'"
     assert lines["from ds_engine.pipe import PipelineModule, LayerSpec"] == pipe
     assert lines["import ds_engine.pipe"] == pipe and lines["deepspeed.pipe.LayerSpec"] == pipe
-    assert lines["deepspeed.PipelineModule"] == ("ImportError: deepspeed.PipelineModule needs ds-pipe: pip install "
-                                                 "'ds-engine[pipe]'")
+    assert lines["deepspeed.PipelineModule"] == (
+        "ImportError: deepspeed.PipelineModule needs ds-pipe: pip install 'ds-engine[pipe]'"
+    )
     assert lines["from ds_engine.zero import Init"] == zero and lines["deepspeed.zero.Init"] == zero
     assert lines["deepspeed.checkpointing.checkpoint"] == (
         "ImportError: ds_engine.checkpointing (deepspeed.checkpointing, activation checkpointing) needs ds-pipe: "
-        "pip install 'ds-engine[pipe]'")
+        "pip install 'ds-engine[pipe]'"
+    )
     assert lines["from ds_engine.runtime.pipe.topology import ProcessTopology"] == (
         "ImportError: ds_engine.runtime.pipe (deepspeed.runtime.pipe, pipeline parallelism) needs ds-pipe: pip install "
-        "'ds-engine[pipe]'")
+        "'ds-engine[pipe]'"
+    )
     assert lines["from ds_engine.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint"] == (
         "ImportError: ds_engine.utils.zero_to_fp32 (deepspeed.utils.zero_to_fp32, ZeRO checkpoint consolidation) "
-        "needs ds-zero: pip install 'ds-engine[zero]'")
+        "needs ds-zero: pip install 'ds-engine[zero]'"
+    )
     assert "loaded: []" in proc.stdout  # a failed import leaves no half-made shim behind

@@ -14,25 +14,59 @@ from ds_engine.runtime import lr_schedules as runtime_lr_schedules
 
 # DeepSpeed 0.19.x's values, written out so a typo on our side fails here.
 EXPECTED = {
-    "LR_SCHEDULE": "lr_schedule", "LR_RANGE_TEST": "LRRangeTest", "ONE_CYCLE": "OneCycle", "WARMUP_LR": "WarmupLR",
-    "WARMUP_DECAY_LR": "WarmupDecayLR", "WARMUP_COSINE_LR": "WarmupCosineLR",
-    "LR_RANGE_TEST_MIN_LR": "lr_range_test_min_lr", "LR_RANGE_TEST_STEP_RATE": "lr_range_test_step_rate",
-    "LR_RANGE_TEST_STEP_SIZE": "lr_range_test_step_size", "LR_RANGE_TEST_STAIRCASE": "lr_range_test_staircase",
-    "EDGE_VALUE": "edge_value", "MID_VALUE": "mid_value", "CYCLE_FIRST_STEP_SIZE": "cycle_first_step_size",
-    "CYCLE_FIRST_STAIR_COUNT": "cycle_first_stair_count", "CYCLE_SECOND_STEP_SIZE": "cycle_second_step_size",
-    "CYCLE_SECOND_STAIR_COUNT": "cycle_second_stair_count", "DECAY_STEP_SIZE": "decay_step_size",
-    "CYCLE_MIN_LR": "cycle_min_lr", "CYCLE_MAX_LR": "cycle_max_lr", "DECAY_LR_RATE": "decay_lr_rate",
-    "CYCLE_MIN_MOM": "cycle_min_mom", "CYCLE_MAX_MOM": "cycle_max_mom", "DECAY_MOM_RATE": "decay_mom_rate",
-    "WARMUP_MIN_LR": "warmup_min_lr", "WARMUP_MAX_LR": "warmup_max_lr", "WARMUP_NUM_STEPS": "warmup_num_steps",
-    "WARMUP_TYPE": "warmup_type", "WARMUP_LOG_RATE": "log", "WARMUP_LINEAR_RATE": "linear",
-    "WARMUP_MIN_RATIO": "warmup_min_ratio", "COS_MIN_RATIO": "cos_min_ratio", "TOTAL_NUM_STEPS": "total_num_steps",
+    "LR_SCHEDULE": "lr_schedule",
+    "LR_RANGE_TEST": "LRRangeTest",
+    "ONE_CYCLE": "OneCycle",
+    "WARMUP_LR": "WarmupLR",
+    "WARMUP_DECAY_LR": "WarmupDecayLR",
+    "WARMUP_COSINE_LR": "WarmupCosineLR",
+    "LR_RANGE_TEST_MIN_LR": "lr_range_test_min_lr",
+    "LR_RANGE_TEST_STEP_RATE": "lr_range_test_step_rate",
+    "LR_RANGE_TEST_STEP_SIZE": "lr_range_test_step_size",
+    "LR_RANGE_TEST_STAIRCASE": "lr_range_test_staircase",
+    "EDGE_VALUE": "edge_value",
+    "MID_VALUE": "mid_value",
+    "CYCLE_FIRST_STEP_SIZE": "cycle_first_step_size",
+    "CYCLE_FIRST_STAIR_COUNT": "cycle_first_stair_count",
+    "CYCLE_SECOND_STEP_SIZE": "cycle_second_step_size",
+    "CYCLE_SECOND_STAIR_COUNT": "cycle_second_stair_count",
+    "DECAY_STEP_SIZE": "decay_step_size",
+    "CYCLE_MIN_LR": "cycle_min_lr",
+    "CYCLE_MAX_LR": "cycle_max_lr",
+    "DECAY_LR_RATE": "decay_lr_rate",
+    "CYCLE_MIN_MOM": "cycle_min_mom",
+    "CYCLE_MAX_MOM": "cycle_max_mom",
+    "DECAY_MOM_RATE": "decay_mom_rate",
+    "WARMUP_MIN_LR": "warmup_min_lr",
+    "WARMUP_MAX_LR": "warmup_max_lr",
+    "WARMUP_NUM_STEPS": "warmup_num_steps",
+    "WARMUP_TYPE": "warmup_type",
+    "WARMUP_LOG_RATE": "log",
+    "WARMUP_LINEAR_RATE": "linear",
+    "WARMUP_MIN_RATIO": "warmup_min_ratio",
+    "COS_MIN_RATIO": "cos_min_ratio",
+    "TOTAL_NUM_STEPS": "total_num_steps",
 }
 SCHEDULE_KEYS = {
-    "LRRangeTest": ["LR_RANGE_TEST_MIN_LR", "LR_RANGE_TEST_STEP_RATE", "LR_RANGE_TEST_STEP_SIZE",
-                    "LR_RANGE_TEST_STAIRCASE"],
-    "OneCycle": ["CYCLE_FIRST_STEP_SIZE", "CYCLE_FIRST_STAIR_COUNT", "CYCLE_SECOND_STEP_SIZE",
-                 "CYCLE_SECOND_STAIR_COUNT", "DECAY_STEP_SIZE", "CYCLE_MIN_LR", "CYCLE_MAX_LR", "DECAY_LR_RATE",
-                 "CYCLE_MIN_MOM", "CYCLE_MAX_MOM", "DECAY_MOM_RATE"],
+    "LRRangeTest": [
+        "LR_RANGE_TEST_MIN_LR",
+        "LR_RANGE_TEST_STEP_RATE",
+        "LR_RANGE_TEST_STEP_SIZE",
+        "LR_RANGE_TEST_STAIRCASE",
+    ],
+    "OneCycle": [
+        "CYCLE_FIRST_STEP_SIZE",
+        "CYCLE_FIRST_STAIR_COUNT",
+        "CYCLE_SECOND_STEP_SIZE",
+        "CYCLE_SECOND_STAIR_COUNT",
+        "DECAY_STEP_SIZE",
+        "CYCLE_MIN_LR",
+        "CYCLE_MAX_LR",
+        "DECAY_LR_RATE",
+        "CYCLE_MIN_MOM",
+        "CYCLE_MAX_MOM",
+        "DECAY_MOM_RATE",
+    ],
     "WarmupLR": ["WARMUP_MIN_LR", "WARMUP_MAX_LR", "WARMUP_NUM_STEPS", "WARMUP_TYPE"],
     "WarmupDecayLR": ["WARMUP_MIN_LR", "WARMUP_MAX_LR", "WARMUP_NUM_STEPS", "WARMUP_TYPE", "TOTAL_NUM_STEPS"],
     "WarmupCosineLR": ["WARMUP_MIN_RATIO", "WARMUP_NUM_STEPS", "COS_MIN_RATIO", "WARMUP_TYPE", "TOTAL_NUM_STEPS"],
@@ -49,9 +83,19 @@ def test_every_constant_has_deepspeeds_value(module) -> None:
 
 @pytest.mark.parametrize("kind", sorted(SCHEDULE_KEYS))
 def test_parameter_constants_are_the_schedules_keyword_arguments(kind: str) -> None:
-    schedule = getattr(lr_schedules, getattr(lr_schedules, {"LRRangeTest": "LR_RANGE_TEST", "OneCycle": "ONE_CYCLE",
-                                                            "WarmupLR": "WARMUP_LR", "WarmupDecayLR": "WARMUP_DECAY_LR",
-                                                            "WarmupCosineLR": "WARMUP_COSINE_LR"}[kind]))
+    schedule = getattr(
+        lr_schedules,
+        getattr(
+            lr_schedules,
+            {
+                "LRRangeTest": "LR_RANGE_TEST",
+                "OneCycle": "ONE_CYCLE",
+                "WarmupLR": "WARMUP_LR",
+                "WarmupDecayLR": "WARMUP_DECAY_LR",
+                "WarmupCosineLR": "WARMUP_COSINE_LR",
+            }[kind],
+        ),
+    )
     accepted = set(inspect.signature(schedule.__init__).parameters)
     for constant in SCHEDULE_KEYS[kind]:
         assert getattr(lr_schedules, constant) in accepted, (kind, constant)
@@ -96,7 +140,9 @@ def test_config_from_args_holds_only_that_schedules_keys(kind: str) -> None:
 def test_config_from_args_reports_a_missing_or_unknown_schedule() -> None:
     parser = lr_schedules.add_tuning_arguments(argparse.ArgumentParser())
     assert lr_schedules.get_config_from_args(parser.parse_args([])) == (
-        None, "--lr_schedule not specified on command line")
+        None,
+        "--lr_schedule not specified on command line",
+    )
     config, error = lr_schedules.get_config_from_args(parser.parse_args(["--lr_schedule", "Cosine"]))
     assert config is None and "Cosine" in error
 

@@ -49,8 +49,9 @@ def test_warmup_lr_max_defaults_to_the_optimizer_lr_and_reference_value() -> Non
 
 @pytest.mark.parametrize("kind", ["log", "linear"])
 def test_warmup_decay_lr(kind: str) -> None:
-    sched = WarmupDecayLR(_opt(), total_num_steps=80, warmup_min_lr=0.0, warmup_max_lr=0.05, warmup_num_steps=20,
-                          warmup_type=kind)
+    sched = WarmupDecayLR(
+        _opt(), total_num_steps=80, warmup_min_lr=0.0, warmup_max_lr=0.05, warmup_num_steps=20, warmup_type=kind
+    )
     lrs = _run(sched, 100)
     expected = [0.0]
     for it in range(99):
@@ -62,8 +63,14 @@ def test_warmup_decay_lr(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["log", "linear"])
 def test_warmup_cosine_lr(kind: str) -> None:
-    sched = WarmupCosineLR(_opt(lr=0.3, groups=2), total_num_steps=70, warmup_min_ratio=0.1, warmup_num_steps=20,
-                           cos_min_ratio=0.01, warmup_type=kind)
+    sched = WarmupCosineLR(
+        _opt(lr=0.3, groups=2),
+        total_num_steps=70,
+        warmup_min_ratio=0.1,
+        warmup_num_steps=20,
+        cos_min_ratio=0.01,
+        warmup_type=kind,
+    )
     lrs = _run(sched, 90)
     expected = [0.0]
     for it in range(89):
@@ -87,9 +94,18 @@ def _one_cycle_scale(it: int, first: int, second: int) -> float:
 
 def test_one_cycle_lr_momentum_and_decay() -> None:
     opt = _opt(adam=True)
-    sched = OneCycle(opt, cycle_min_lr=0.01, cycle_max_lr=0.1, decay_lr_rate=0.5, cycle_first_step_size=10,
-                     cycle_second_step_size=6, decay_step_size=4, cycle_min_mom=0.8, cycle_max_mom=0.9,
-                     decay_mom_rate=0.01)
+    sched = OneCycle(
+        opt,
+        cycle_min_lr=0.01,
+        cycle_max_lr=0.1,
+        decay_lr_rate=0.5,
+        cycle_first_step_size=10,
+        cycle_second_step_size=6,
+        decay_step_size=4,
+        cycle_min_mom=0.8,
+        cycle_max_mom=0.9,
+        decay_mom_rate=0.01,
+    )
     assert opt.param_groups[0]["lr"] == 0.01 and opt.param_groups[0]["betas"] == (0.8, 0.999)
     for it in range(40):
         sched.step()
@@ -105,20 +121,32 @@ def test_one_cycle_lr_momentum_and_decay() -> None:
 
 
 def test_one_cycle_staircase_holds_each_stair() -> None:
-    sched = OneCycle(_opt(), cycle_min_lr=0.0, cycle_max_lr=1.0, cycle_first_step_size=8, cycle_first_stair_count=4,
-                     cycle_momentum=False)
+    sched = OneCycle(
+        _opt(),
+        cycle_min_lr=0.0,
+        cycle_max_lr=1.0,
+        cycle_first_step_size=8,
+        cycle_first_stair_count=4,
+        cycle_momentum=False,
+    )
     lrs = []
     for _ in range(16):
         sched.step()
         lrs.append(sched.get_last_lr()[0])
-    assert lrs == pytest.approx([0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0, 0.75, 0.75, 0.5, 0.5, 0.25, 0.25, 0.0,
-                                 0.0])
+    assert lrs == pytest.approx(
+        [0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0, 0.75, 0.75, 0.5, 0.5, 0.25, 0.25, 0.0, 0.0]
+    )
 
 
 @pytest.mark.parametrize("staircase", [False, True])
 def test_lr_range_test(staircase: bool) -> None:
-    sched = LRRangeTest(_opt(), lr_range_test_min_lr=0.002, lr_range_test_step_size=5, lr_range_test_step_rate=0.5,
-                        lr_range_test_staircase=staircase)
+    sched = LRRangeTest(
+        _opt(),
+        lr_range_test_min_lr=0.002,
+        lr_range_test_step_size=5,
+        lr_range_test_step_rate=0.5,
+        lr_range_test_staircase=staircase,
+    )
     lrs = _run(sched, 30)
     expected = [0.002]
     for it in range(29):

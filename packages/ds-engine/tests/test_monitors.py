@@ -18,9 +18,15 @@ def _rows(path: Path) -> list[list[str]]:
 
 
 def test_csv_events_progress_line_and_timers(tmp_path: Path, caplog) -> None:
-    engine = make_engine(tiny_net(0), base_config(
-        steps_per_print=2, wall_clock_breakdown=True, gradient_accumulation_steps=2,
-        csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "job"}))
+    engine = make_engine(
+        tiny_net(0),
+        base_config(
+            steps_per_print=2,
+            wall_clock_breakdown=True,
+            gradient_accumulation_steps=2,
+            csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "job"},
+        ),
+    )
     losses = []
     with caplog.at_level(logging.INFO, logger="ds_engine"):
         for i, (x, y) in enumerate(batches(8, 4)):
@@ -63,8 +69,9 @@ def test_tensorboard_monitor_writes_or_explains(tmp_path: Path) -> None:
         with pytest.raises(ImportError, match="pip install tensorboard"):
             TensorBoardMonitor(str(tmp_path), "job")
         return
-    engine = make_engine(tiny_net(0), base_config(tensorboard={"enabled": True, "output_path": str(tmp_path),
-                                                               "job_name": "tb"}))
+    engine = make_engine(
+        tiny_net(0), base_config(tensorboard={"enabled": True, "output_path": str(tmp_path), "job_name": "tb"})
+    )
     for x, y in batches(2, 4):
         engine.backward(loss_fn(engine(x), y))
         engine.step()

@@ -14,8 +14,18 @@ from ds_engine._optimizers import normalize_param_groups, plan_config_optimizer,
 class FakeCPUAdam(torch.optim.AdamW):
     """Stands in for ds_ops.DeepSpeedCPUAdam (contract signature) where the real one is not installed."""
 
-    def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
+    def __init__(
+        self,
+        model_params,
+        lr=1e-3,
+        bias_correction=True,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0,
+        amsgrad=False,
+        adamw_mode=True,
+        fp32_optimizer_states=True,
+    ):
         super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.adamw_mode = adamw_mode
 
@@ -34,8 +44,9 @@ def fake_cpu_adam(monkeypatch):
 
 
 def test_torch_adam_and_adam_w_mode(no_cpu_adam) -> None:
-    plan = plan_config_optimizer("adam", {"lr": 0.1, "torch_adam": True, "adam_w_mode": False}, device_type="cpu",
-                                 offload=False)
+    plan = plan_config_optimizer(
+        "adam", {"lr": 0.1, "torch_adam": True, "adam_w_mode": False}, device_type="cpu", offload=False
+    )
     assert (plan.target, plan.kwargs) == ("torch.optim.Adam", {"lr": 0.1})
     plan = plan_config_optimizer("adam", {"lr": 0.1, "torch_adam": True}, device_type="cpu", offload=False)
     assert plan.target == "torch.optim.AdamW"  # "Adam" means AdamW unless adam_w_mode is false, as in DeepSpeed
@@ -56,8 +67,9 @@ def test_default_adam_path_by_device(no_cpu_adam) -> None:
 
 
 def test_cpu_adam_is_used_for_cpu_parameters_when_available(fake_cpu_adam) -> None:
-    plan = plan_config_optimizer("adam", {"lr": 0.1, "adam_w_mode": False, "bias_correction": True}, device_type="cpu",
-                                 offload=False)
+    plan = plan_config_optimizer(
+        "adam", {"lr": 0.1, "adam_w_mode": False, "bias_correction": True}, device_type="cpu", offload=False
+    )
     assert plan.target == "ds_ops.DeepSpeedCPUAdam"
     assert plan.kwargs == {"lr": 0.1, "bias_correction": True, "adamw_mode": False}
     assert plan.fallback is not None and plan.fallback.target == "torch.optim.Adam"
@@ -81,8 +93,9 @@ def test_real_cpu_adam_matches_torch_adamw() -> None:
     if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
         pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers)")
     ref = tiny_net(0)
-    ref_engine = make_engine(ref, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True,
-                                                                                       "weight_decay": 0.0}}))
+    ref_engine = make_engine(
+        ref, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True, "weight_decay": 0.0}})
+    )
     model = tiny_net(0)
     engine = make_engine(model, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2}}))
     assert type(engine.optimizer).__name__ == "DeepSpeedCPUAdam"
@@ -93,9 +106,16 @@ def test_real_cpu_adam_matches_torch_adamw() -> None:
     torch.testing.assert_close(flat_params(model), flat_params(ref), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("name", "cls"), [("SGD", torch.optim.SGD), ("RMSprop", torch.optim.RMSprop),
-                                           ("adagrad", torch.optim.Adagrad), ("Lion", ds_engine.Lion),
-                                           ("LAMB", ds_engine.Lamb)])
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [
+        ("SGD", torch.optim.SGD),
+        ("RMSprop", torch.optim.RMSprop),
+        ("adagrad", torch.optim.Adagrad),
+        ("Lion", ds_engine.Lion),
+        ("LAMB", ds_engine.Lamb),
+    ],
+)
 def test_optimizers_by_name(name, cls) -> None:
     engine = make_engine(tiny_net(0), base_config(optimizer={"type": name, "params": {"lr": 0.01}}))
     assert type(engine.optimizer) is cls
@@ -129,7 +149,7 @@ def test_lamb_follows_its_update_rule() -> None:
         opt.step()
         m = 0.9 * m + 0.1 * g
         v = 0.999 * v + 0.001 * g * g
-        update = (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8) + 0.01 * w
+        update = (m / (1 - 0.9**t)) / ((v / (1 - 0.999**t)).sqrt() + 1e-8) + 0.01 * w
         trust = min(max(float(w.norm() / update.norm()), 0.01), 10.0)
         w = w - 0.05 * trust * update
         torch.testing.assert_close(p.detach(), w)

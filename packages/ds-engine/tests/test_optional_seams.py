@@ -27,6 +27,7 @@ from ds_ops.precision import LossScaler
 @pytest.fixture
 def fresh_shims():
     """Drop the `ds_engine.pipe`/`.zero` shims before and after, so they bind to this test's (fake or no) sibling."""
+
     def drop() -> None:
         for name in ("pipe", "zero", "checkpointing"):
             sys.modules.pop(f"ds_engine.{name}", None)
@@ -49,8 +50,10 @@ def test_stage_2_without_ds_zero_names_the_extra(no_ds_zero) -> None:
     model = tiny_net(0)
     with pytest.raises(DeepSpeedConfigError, match=expected):
         ds_engine.initialize(model=model, config=base_config(zero_optimization={"stage": 2}), dist_init_required=False)
-    with pytest.raises(DeepSpeedConfigError, match=r"stage=1: ZeRO stage 1 needs ds-zero"), \
-            pytest.warns(ConfigDeprecationWarning):
+    with (
+        pytest.raises(DeepSpeedConfigError, match=r"stage=1: ZeRO stage 1 needs ds-zero"),
+        pytest.warns(ConfigDeprecationWarning),
+    ):
         DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": True})
     with pytest.raises(ImportError, match=r"needs ds-zero: pip install 'ds-engine\[zero\]'"):
         _ = ds_engine.zero
@@ -84,12 +87,30 @@ class ContractZeroOptimizer:
 
     calls: ClassVar[list[tuple[str, Any]]] = []
 
-    def __init__(self, optimizer, *, config, module=None, loss_scaler=None, clip_grad=0.0, check_overflow=True,
-                 dp_group=None, gradient_predivide_factor=1.0, communication_dtype=None) -> None:
+    def __init__(
+        self,
+        optimizer,
+        *,
+        config,
+        module=None,
+        loss_scaler=None,
+        clip_grad=0.0,
+        check_overflow=True,
+        dp_group=None,
+        gradient_predivide_factor=1.0,
+        communication_dtype=None,
+    ) -> None:
         self.optimizer = optimizer
-        self.kwargs = dict(config=config, module=module, loss_scaler=loss_scaler, clip_grad=clip_grad,
-                           check_overflow=check_overflow, dp_group=dp_group,
-                           gradient_predivide_factor=gradient_predivide_factor, communication_dtype=communication_dtype)
+        self.kwargs = dict(
+            config=config,
+            module=module,
+            loss_scaler=loss_scaler,
+            clip_grad=clip_grad,
+            check_overflow=check_overflow,
+            dp_group=dp_group,
+            gradient_predivide_factor=gradient_predivide_factor,
+            communication_dtype=communication_dtype,
+        )
         self.loss_scaler = loss_scaler or LossScaler(1.0)
         self.global_grad_norm = None
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -123,7 +144,6 @@ class ContractZeroOptimizer:
     def load_state_dict(self, state_dicts, load_optimizer_states=True, load_from_fp32_weights=True) -> None:
         self.calls.append(("load", (len(state_dicts), load_optimizer_states, load_from_fp32_weights)))
         self.optimizer.load_state_dict(state_dicts[0]["base_optimizer_state"])
-
 
     def refresh_fp32_params(self) -> None:
         self.calls.append(("refresh", None))
@@ -166,8 +186,11 @@ def _fake_ds_zero(with_optimizers: bool) -> types.ModuleType:
 
 def test_missing_zero_optimizer_class_is_a_clear_import_error(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ds_zero", _fake_ds_zero(with_optimizers=False))
-    with pytest.raises(ImportError, match=r"ZeRO stage 2 needs ds_zero.DeepSpeedZeroOptimizer, which the installed "
-                                          r"ds-zero 0.1.0 does not provide"):
+    with pytest.raises(
+        ImportError,
+        match=r"ZeRO stage 2 needs ds_zero.DeepSpeedZeroOptimizer, which the installed "
+        r"ds-zero 0.1.0 does not provide",
+    ):
         make_engine(tiny_net(0), base_config(zero_optimization={"stage": 2}))
 
 
@@ -176,11 +199,17 @@ def test_zero_call_site_training_and_checkpoint_follow_the_contract(monkeypatch,
     ContractZeroOptimizer.calls.clear()
     model = tiny_net(0)
     engine, optimizer, _, sched = ds_engine.initialize(
-        model=model, config=base_config(zero_optimization={"stage": 2}, gradient_clipping=0.5,
-                                        gradient_accumulation_steps=2, gradient_predivide_factor=2.0,
-                                        communication_data_type="fp32",
-                                        scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5}}),
-        dist_init_required=False)
+        model=model,
+        config=base_config(
+            zero_optimization={"stage": 2},
+            gradient_clipping=0.5,
+            gradient_accumulation_steps=2,
+            gradient_predivide_factor=2.0,
+            communication_data_type="fp32",
+            scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5}},
+        ),
+        dist_init_required=False,
+    )
     assert type(optimizer) is ContractZeroOptimizer and engine.zero_optimization_stage() == 2
     kw = optimizer.kwargs
     assert kw["config"].stage == 2 and kw["module"] is model and kw["clip_grad"] == 0.5 and kw["dp_group"] is None
@@ -203,8 +232,12 @@ def test_zero_call_site_training_and_checkpoint_follow_the_contract(monkeypatch,
     zero_file = torch.load(tmp_path / "z" / files[1], weights_only=False)
     assert set(zero_file) == {"optimizer_state_dict", "ds_config", "ds_version"}
     model_file = torch.load(tmp_path / "z" / files[0], weights_only=False)
-    assert model_file["optimizer"] is None and list(model_file["param_shapes"][0]) == ["l1.weight", "l1.bias",
-                                                                                      "l2.weight", "l2.bias"]
+    assert model_file["optimizer"] is None and list(model_file["param_shapes"][0]) == [
+        "l1.weight",
+        "l1.bias",
+        "l2.weight",
+        "l2.bias",
+    ]
     fresh_model = tiny_net(9)
     fresh = make_engine(fresh_model, base_config(zero_optimization={"stage": 2}))
     fresh.load_checkpoint(str(tmp_path))
@@ -220,20 +253,39 @@ def test_zero_offload_builds_the_cpu_optimizer(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ds_zero", _fake_ds_zero(with_optimizers=True))
 
     class CPUAdam(torch.optim.AdamW):
-        def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                     amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
+        def __init__(
+            self,
+            params,
+            lr=1e-3,
+            bias_correction=True,
+            betas=(0.9, 0.999),
+            eps=1e-8,
+            weight_decay=0,
+            amsgrad=False,
+            adamw_mode=True,
+            fp32_optimizer_states=True,
+        ):
             super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     CPUAdam.__name__ = "DeepSpeedCPUAdam"
     monkeypatch.setattr(ds_ops, "DeepSpeedCPUAdam", CPUAdam, raising=False)
-    engine = make_engine(tiny_net(0), base_config(
-        zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
-        optimizer={"type": "AdamW", "params": {"lr": 0.1, "torch_adam": False}}))
+    engine = make_engine(
+        tiny_net(0),
+        base_config(
+            zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            optimizer={"type": "AdamW", "params": {"lr": 0.1, "torch_adam": False}},
+        ),
+    )
     assert type(engine.optimizer.optimizer) is CPUAdam and engine.zero_cpu_offload()
     with pytest.raises(DeepSpeedConfigError, match="has no DeepSpeed CPU implementation for offload_optimizer"):
-        make_engine(tiny_net(0), base_config(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
-                                             optimizer={"type": "SGD", "params": {"lr": 0.1}},
-                                             zero_allow_untested_optimizer=True))
+        make_engine(
+            tiny_net(0),
+            base_config(
+                zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                optimizer={"type": "SGD", "params": {"lr": 0.1}},
+                zero_allow_untested_optimizer=True,
+            ),
+        )
 
 
 def test_pipeline_module_reaches_the_pipeline_seam(monkeypatch, fresh_shims) -> None:
@@ -261,8 +313,11 @@ def test_pipe_sections_without_ds_pipe_name_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ds_pipe", None)
     cfg = DeepSpeedConfig({"train_batch_size": 2})  # no pipe section: ds-pipe is not needed
     for section in ("pipeline", "activation_checkpointing"):
-        with pytest.raises(DeepSpeedConfigError, match=rf"{section}: the '{section}' config section needs ds-pipe: "
-                                                       r"pip install 'ds-engine\[pipe\]'"):
+        with pytest.raises(
+            DeepSpeedConfigError,
+            match=rf"{section}: the '{section}' config section needs ds-pipe: "
+            r"pip install 'ds-engine\[pipe\]'",
+        ):
             DeepSpeedConfig({"train_batch_size": 2, section: {}})
         with pytest.raises(DeepSpeedConfigError, match=r"needs ds-pipe"):
             getattr(cfg, section)

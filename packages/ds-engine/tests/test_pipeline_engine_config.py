@@ -23,8 +23,12 @@ def _model(**kwargs: Any) -> Any:
 
 
 def _config(**extra: Any) -> dict[str, Any]:
-    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-            "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        **extra,
+    }
 
 
 def _init(model: Any, config: dict[str, Any]) -> Any:
@@ -37,14 +41,21 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(2, 4, generator=g), torch.randn(2, 2, generator=g)) for _ in range(n)]
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True},
-     r"zero_optimization.stage=2: ZeRO-2 and ZeRO-3 are incompatible"),
-    ({"pipeline": {"stages": 2}}, r"pipeline.stages=2 but the PipelineModule was built with 1 stages"),
-    ({"pipeline": {"partition": "best-effort"}}, r"pipeline.partition: .*unknown partition method"),
-    ({"activation_checkpointing": {"contiguous_memory_optimization": True}},
-     r"activation_checkpointing.*number_checkpoints"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True},
+            r"zero_optimization.stage=2: ZeRO-2 and ZeRO-3 are incompatible",
+        ),
+        ({"pipeline": {"stages": 2}}, r"pipeline.stages=2 but the PipelineModule was built with 1 stages"),
+        ({"pipeline": {"partition": "best-effort"}}, r"pipeline.partition: .*unknown partition method"),
+        (
+            {"activation_checkpointing": {"contiguous_memory_optimization": True}},
+            r"activation_checkpointing.*number_checkpoints",
+        ),
+    ],
+)
 def test_bad_pipeline_configs_fail_before_training(extra: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _init(_model(), _config(**extra))
@@ -58,7 +69,7 @@ def test_one_stage_engine_matches_plain_sgd_and_applies_the_pipeline_section() -
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     data = _batches(4)
     for step in range(2):
-        micro = data[2 * step:2 * step + 2]
+        micro = data[2 * step : 2 * step + 2]
         loss = engine.train_batch(iter(micro))
         ref_loss = torch.stack([F.mse_loss(ref(x), y) for x, y in micro]).mean()
         ref_loss.backward()

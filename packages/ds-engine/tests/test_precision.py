@@ -10,15 +10,20 @@ from ds_ops.precision import LossScaleAtMinimumError
 
 
 def _fp16_config(**fp16: object) -> dict:
-    return base_config(fp16={"enabled": True, **fp16},
-                       scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 100, "warmup_type": "linear",
-                                                                 "warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2}})
+    return base_config(
+        fp16={"enabled": True, **fp16},
+        scheduler={
+            "type": "WarmupLR",
+            "params": {"warmup_num_steps": 100, "warmup_type": "linear", "warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2},
+        },
+    )
 
 
 def test_fp16_overflow_skips_steps_lowers_the_scale_and_honours_the_minimum() -> None:
     model = tiny_net(0)
-    engine = make_engine(model, _fp16_config(initial_scale_power=8, loss_scale_window=3, hysteresis=2,
-                                             min_loss_scale=100))
+    engine = make_engine(
+        model, _fp16_config(initial_scale_power=8, loss_scale_window=3, hysteresis=2, min_loss_scale=100)
+    )
     assert model.l1.weight.dtype == torch.float16 and model.buf.dtype == torch.float32  # params only
     # Step i injects: inf, nan, or nothing into the loss (and so into every gradient).
     inject = {1: float("inf"), 2: float("nan"), 7: float("inf"), 8: float("nan"), 9: float("inf")}
@@ -36,8 +41,10 @@ def test_fp16_overflow_skips_steps_lowers_the_scale_and_honours_the_minimum() ->
         lrs.append(engine.get_lr()[0])
         changed = not torch.equal(flat_params(model), before)
         assert changed == applied[-1], f"step {i}: params changed={changed} but applied={applied[-1]}"
-        assert torch.isfinite(flat_params(model)).all() and torch.isfinite(torch.cat(
-            [m.reshape(-1) for m in engine.optimizer.masters])).all()
+        assert (
+            torch.isfinite(flat_params(model)).all()
+            and torch.isfinite(torch.cat([m.reshape(-1) for m in engine.optimizer.masters])).all()
+        )
     # Hysteresis 2: the first overflow only spends hysteresis; window 3: three clean steps double it back;
     # the floor clamps 128 / 2 to 100.
     assert scales == [256, 256, 128, 128, 128, 128, 256, 256, 128, 100]
@@ -60,8 +67,9 @@ def test_fp16_static_loss_scale_is_applied_and_removed() -> None:
     ref = tiny_net(0)
     ref_engine = make_engine(ref, base_config(optimizer={"type": "SGD", "params": {"lr": 0.1}}))
     model = tiny_net(0)
-    engine = make_engine(model, base_config(fp16={"enabled": True, "loss_scale": 128},
-                                            optimizer={"type": "SGD", "params": {"lr": 0.1}}))
+    engine = make_engine(
+        model, base_config(fp16={"enabled": True, "loss_scale": 128}, optimizer={"type": "SGD", "params": {"lr": 0.1}})
+    )
     assert not engine.dynamic_loss_scale() and engine.loss_scale() == 128
     for x, y in batches(4, 4):
         ref_engine.backward(loss_fn(ref_engine(x.half().float()), y))
@@ -101,14 +109,18 @@ def test_bf16_converges_and_tracks_fp32() -> None:
     assert isinstance(engine.get_global_grad_norm(), float)
 
 
-@pytest.mark.parametrize(("precision", "accum", "buffer_dtype"), [
-    ({"bf16": {"enabled": True}}, "bf16", torch.bfloat16),
-    ({"fp16": {"enabled": True}}, "fp32", torch.float32),
-    ({"fp16": {"enabled": True}}, None, torch.float16),
-])
+@pytest.mark.parametrize(
+    ("precision", "accum", "buffer_dtype"),
+    [
+        ({"bf16": {"enabled": True}}, "bf16", torch.bfloat16),
+        ({"fp16": {"enabled": True}}, "fp32", torch.float32),
+        ({"fp16": {"enabled": True}}, None, torch.float16),
+    ],
+)
 def test_grad_accum_dtype_choices_train(precision, accum, buffer_dtype) -> None:
-    losses, _, engine = _regression(precision, steps=30, gradient_accumulation_steps=2,
-                                    data_types={"grad_accum_dtype": accum})
+    losses, _, engine = _regression(
+        precision, steps=30, gradient_accumulation_steps=2, data_types={"grad_accum_dtype": accum}
+    )
     assert engine.optimizer.accum.flat.dtype == buffer_dtype
     assert sum(losses[-5:]) < sum(losses[:5])
 

@@ -38,8 +38,9 @@ def test_every_contract_member_has_a_compatible_signature(name: str) -> None:
         have = inspect.signature(theirs).parameters
         for param in want.values():
             assert param.name in have, f"ds_zero.{name}.{member} takes no {param.name!r}"
-            assert (param.default is inspect.Parameter.empty) == (have[param.name].default is inspect.Parameter.empty
-                                                                  ), f"ds_zero.{name}.{member}({param.name})"
+            assert (param.default is inspect.Parameter.empty) == (
+                have[param.name].default is inspect.Parameter.empty
+            ), f"ds_zero.{name}.{member}({param.name})"
     init = inspect.signature(cls.__init__).parameters
     for param in inspect.signature(ZeroOptimizerFactory.__call__).parameters.values():
         if param.kind is inspect.Parameter.KEYWORD_ONLY:

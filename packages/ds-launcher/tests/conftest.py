@@ -19,8 +19,20 @@ TESTS = Path(__file__).parent
 #: The worker script of the real-run tests.
 JOB = TESTS / "train_job.py"
 #: Variables a launcher sets; a test process must not leak its own into the job.
-CONTRACT_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE",
-                 "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "DS_ENV_FILE")
+CONTRACT_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "DS_ENV_FILE",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -43,7 +55,7 @@ def alive(pid: int) -> bool:
             data = f.read()
     except OSError:
         return False
-    return data[data.rindex(b")") + 2:].split()[0] != b"Z"
+    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
 
 
 @dataclass
@@ -77,16 +89,28 @@ class Launcher:
         self.procs: list[subprocess.Popen[bytes]] = []
         self._outputs: dict[int, tuple[Path, Path]] = {}
 
-    def start(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-              module: str = "ds_launcher", name: str = "launcher") -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        module: str = "ds_launcher",
+        name: str = "launcher",
+    ) -> subprocess.Popen[bytes]:
         out, err = self.tmp_path / f"{name}.out", self.tmp_path / f"{name}.err"
         if module == "ds_launcher" and "--master_port" not in args and "--help" not in args:
             # A free rendezvous port per job: the default 29500 collides with any other job or test
             # process on this host (a world-of-one init_distributed binds it too).
             args = ("--master_port", str(free_port()), *args)
         with open(out, "wb") as o, open(err, "wb") as e:
-            proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd or self.tmp_path,
-                                    env=env or clean_env(), stdout=o, stderr=e, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=cwd or self.tmp_path,
+                env=env or clean_env(),
+                stdout=o,
+                stderr=e,
+                start_new_session=True,
+            )
         self.procs.append(proc)
         self._outputs[proc.pid] = (out, err)
         return proc

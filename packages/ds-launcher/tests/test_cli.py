@@ -43,8 +43,15 @@ def test_user_args_and_local_rank(launcher, probe: Path) -> None:
 
 
 def test_module_and_no_python(launcher, tmp_path: Path, probe: Path) -> None:
-    done = launcher.run("--num_gpus", "1", "--module", "probe", "-v", timeout=60,
-                        env=launcher.env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"))
+    done = launcher.run(
+        "--num_gpus",
+        "1",
+        "--module",
+        "probe",
+        "-v",
+        timeout=60,
+        env=launcher.env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"),
+    )
     assert done.returncode == 0, done.stderr
     assert done.reports[0]["argv"] == ["--local_rank=0", "-v"]
     script = tmp_path / "run.sh"
@@ -52,8 +59,10 @@ def test_module_and_no_python(launcher, tmp_path: Path, probe: Path) -> None:
     script.chmod(0o755)
     done = launcher.run("--num_gpus", "2", "--no_python", str(script), "x", timeout=60)
     assert done.returncode == 0, done.stderr
-    assert sorted((r["rank"], r["argv"]) for r in done.reports) == [("0", "--local_rank=0 x"),
-                                                                     ("1", "--local_rank=1 x")]
+    assert sorted((r["rank"], r["argv"]) for r in done.reports) == [
+        ("0", "--local_rank=0 x"),
+        ("1", "--local_rank=1 x"),
+    ]
 
 
 def test_program_that_cannot_start(launcher, tmp_path: Path) -> None:
@@ -75,13 +84,21 @@ def test_save_pid_file_exists_during_the_run_only(launcher, probe: Path) -> None
     assert not Path(f"/tmp/{proc.pid}.deepspeed").exists()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["-H", "/nonexistent/hostfile", "t.py"], "[deepspeed] ERROR error: --hostfile '/nonexistent/hostfile' does not "
-                                              "exist; pass an existing file, or omit --hostfile"),
-    (["--num_gpus", "2", "-i", "localhost:0", "t.py"], "[deepspeed] ERROR error: --num_nodes/--num_gpus cannot be "
-                                                       "combined with --include/--exclude"),
-    (["--launcher", "torchrun", "t.py"], "argument --launcher: invalid choice: 'torchrun'"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["-H", "/nonexistent/hostfile", "t.py"],
+            "[deepspeed] ERROR error: --hostfile '/nonexistent/hostfile' does not "
+            "exist; pass an existing file, or omit --hostfile",
+        ),
+        (
+            ["--num_gpus", "2", "-i", "localhost:0", "t.py"],
+            "[deepspeed] ERROR error: --num_nodes/--num_gpus cannot be combined with --include/--exclude",
+        ),
+        (["--launcher", "torchrun", "t.py"], "argument --launcher: invalid choice: 'torchrun'"),
+    ],
+)
 def test_bad_invocations_exit_2_with_the_reason(launcher, argv: list[str], message: str) -> None:
     done = launcher.run(*argv, timeout=60)
     assert done.returncode == 2
@@ -91,11 +108,21 @@ def test_bad_invocations_exit_2_with_the_reason(launcher, argv: list[str], messa
 def test_missing_backend_is_reported_before_anything_starts(launcher, tmp_path: Path, probe: Path) -> None:
     hostfile = tmp_path / "hf"
     hostfile.write_text("worker-0 slots=1\nworker-1 slots=1\n")
-    done = launcher.run("-H", str(hostfile), "--master_addr", "10.0.0.1", "--no_ssh_check", str(probe), timeout=60,
-                        env=launcher.env(PATH=str(tmp_path)))
+    done = launcher.run(
+        "-H",
+        str(hostfile),
+        "--master_addr",
+        "10.0.0.1",
+        "--no_ssh_check",
+        str(probe),
+        timeout=60,
+        env=launcher.env(PATH=str(tmp_path)),
+    )
     assert done.returncode == 2
-    assert ("[deepspeed] ERROR not installed: --launcher pdsh needs `pdsh`, which is not on PATH; install pdsh "
-            "(apt-get install pdsh, yum install pdsh)") in done.stderr
+    assert (
+        "[deepspeed] ERROR not installed: --launcher pdsh needs `pdsh`, which is not on PATH; install pdsh "
+        "(apt-get install pdsh, yum install pdsh)"
+    ) in done.stderr
 
 
 def test_bad_env_file_is_reported(launcher, tmp_path: Path, probe: Path) -> None:
@@ -108,8 +135,13 @@ def test_bad_env_file_is_reported(launcher, tmp_path: Path, probe: Path) -> None
 
 def _helper(env: dict[str, str], probe: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
-    return subprocess.run([sys.executable, "-m", "ds_launcher.launcher_helper", "--launcher", "mpich", *extra,
-                           str(probe), "--y"], env={**base, **env}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ds_launcher.launcher_helper", "--launcher", "mpich", *extra, str(probe), "--y"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_mpich_helper_maps_pmi_variables(probe: Path) -> None:

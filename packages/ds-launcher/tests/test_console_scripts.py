@@ -28,7 +28,9 @@ def test_pdsh_gets_every_host_once_and_the_command_quoted() -> None:
 
 def test_without_pdsh_each_host_gets_an_ssh_line() -> None:
     assert ssh_all.build_commands(["w0", "w1"], ["nvidia-smi"], pdsh=None) == [
-        ["ssh", "w0", "nvidia-smi"], ["ssh", "w1", "nvidia-smi"]]
+        ["ssh", "w0", "nvidia-smi"],
+        ["ssh", "w1", "nvidia-smi"],
+    ]
 
 
 def test_empty_command_is_refused() -> None:
@@ -42,8 +44,9 @@ def _fake(bin_dir: Path, name: str, log: Path, status: int = 0) -> None:
     script.chmod(0o755)
 
 
-def test_main_runs_pdsh_over_the_hostfile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_runs_pdsh_over_the_hostfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     hostfile, log = tmp_path / "hostfile", tmp_path / "calls.log"
     hostfile.write_text("# cluster\nworker-0 slots=4\n\nworker-1 slots=8  # big one\n")
     _fake(tmp_path, "pdsh", log)
@@ -53,8 +56,10 @@ def test_main_runs_pdsh_over_the_hostfile(tmp_path: Path, monkeypatch: pytest.Mo
     assert capsys.readouterr().out == f"hostfile={hostfile}\n"
 
 
-def test_main_falls_back_to_ssh_and_reports_the_first_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                              ) -> None:
+def test_main_falls_back_to_ssh_and_reports_the_first_failure(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     hostfile, log = tmp_path / "hostfile", tmp_path / "calls.log"
     hostfile.write_text("a slots=1\nb slots=1\n")
     _fake(tmp_path, "ssh", log, status=3)
@@ -69,8 +74,12 @@ def test_missing_hostfile_is_a_clear_error(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_ds_elastic_says_elasticity_was_removed() -> None:
-    done = subprocess.run([sys.executable, "-m", "ds_launcher.elastic_cli", "-c", "ds_config.json", "-w", "8"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ds_launcher.elastic_cli", "-c", "ds_config.json", "-w", "8"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == elastic_cli.MESSAGE
     assert "removed in DeepSpeed 0.19" in done.stderr and done.stdout == ""

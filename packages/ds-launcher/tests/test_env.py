@@ -9,7 +9,7 @@ import pytest
 from ds_launcher import EnvFileError, collect_exports, parse_env_file, read_env_files
 
 AWKWARD = {
-    "MSG": "it's \"quoted\" and spaced",
+    "MSG": 'it\'s "quoted" and spaced',
     "DOLLAR": "$HOME `whoami` $(id) ; rm -rf /",
     "EQ": "a=b=c",
     "EMPTY": "",
@@ -31,15 +31,26 @@ def test_later_lines_override() -> None:
     assert parse_env_file("A=1\nA=2\n") == {"A": "2"}
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("A=1\n\nNOEQUALS\n", "envf:3: 'NOEQUALS' is not KEY=VALUE; write e.g. 'NCCL_DEBUG=INFO'"),
-    ("1X=2\n", "envf:1: '1X' is not a valid environment variable name (letters, digits and '_', not starting "
-               "with a digit)"),
-    ("=value\n", "envf:1: '' is not a valid environment variable name (letters, digits and '_', not starting "
-                 "with a digit)"),
-    ("MY VAR=1\n", "envf:1: 'MY VAR' is not a valid environment variable name (letters, digits and '_', not "
-                   "starting with a digit)"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("A=1\n\nNOEQUALS\n", "envf:3: 'NOEQUALS' is not KEY=VALUE; write e.g. 'NCCL_DEBUG=INFO'"),
+        (
+            "1X=2\n",
+            "envf:1: '1X' is not a valid environment variable name (letters, digits and '_', not starting "
+            "with a digit)",
+        ),
+        (
+            "=value\n",
+            "envf:1: '' is not a valid environment variable name (letters, digits and '_', not starting with a digit)",
+        ),
+        (
+            "MY VAR=1\n",
+            "envf:1: 'MY VAR' is not a valid environment variable name (letters, digits and '_', not "
+            "starting with a digit)",
+        ),
+    ],
+)
 def test_bad_env_file_lines(text: str, message: str) -> None:
     with pytest.raises(EnvFileError) as info:
         parse_env_file(text, source="envf")
@@ -61,8 +72,9 @@ def test_home_then_cwd_and_ds_env_file(tmp_path: Path) -> None:
     assert read_env_files({"DS_ENV_FILE": "absent.env"}, cwd=str(cwd), home=str(home)) == {}
     with pytest.raises(EnvFileError) as info:
         read_env_files({"DS_ENV_FILE": str(tmp_path / "nope.env")}, cwd=str(cwd), home=str(home))
-    assert str(info.value) == (f"DS_ENV_FILE='{tmp_path / 'nope.env'}' does not exist; point it at a KEY=VALUE file "
-                               "or unset it")
+    assert str(info.value) == (
+        f"DS_ENV_FILE='{tmp_path / 'nope.env'}' does not exist; point it at a KEY=VALUE file or unset it"
+    )
 
 
 def test_same_directory_is_read_once(tmp_path: Path) -> None:
@@ -72,9 +84,20 @@ def test_same_directory_is_read_once(tmp_path: Path) -> None:
 
 def test_collect_exports_order_and_selection(tmp_path: Path) -> None:
     (tmp_path / ".deepspeed_env").write_text(_env_text(AWKWARD) + "NCCL_DEBUG=WARN\n")
-    environ = {"PYTHONPATH": "/x:/y", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0 ", "UCX_TLS": "tcp",
-               "HOME": "/h", "OTHER": "1", "PYTHONHASHSEED": "0", "MLFLOW_RUN": "r", "MV2_X": "y",
-               "DS_ACCELERATOR": "cpu", "DEEPSPEED_TIMEOUT": "5", "PATH": "/bin"}
+    environ = {
+        "PYTHONPATH": "/x:/y",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_SOCKET_IFNAME": "eth0 ",
+        "UCX_TLS": "tcp",
+        "HOME": "/h",
+        "OTHER": "1",
+        "PYTHONHASHSEED": "0",
+        "MLFLOW_RUN": "r",
+        "MV2_X": "y",
+        "DS_ACCELERATOR": "cpu",
+        "DEEPSPEED_TIMEOUT": "5",
+        "PATH": "/bin",
+    }
     exports = collect_exports(environ, cwd=str(tmp_path), home=str(tmp_path / "nohome"))
     assert list(exports.items()) == [
         ("PYTHONPATH", f"{tmp_path}:/x:/y"),

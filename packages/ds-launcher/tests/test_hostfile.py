@@ -19,10 +19,14 @@ GOOD = [
 ]
 
 BAD = [
-    ("worker-0 slots=4\nworker-0 slots=2\n",
-     "hf:2: host 'worker-0' is already listed on line 1; list each host once with its total slot count"),
-    ("# header\n\na slots=1\nb slots=1\na slots=1\n",
-     "hf:5: host 'a' is already listed on line 3; list each host once with its total slot count"),
+    (
+        "worker-0 slots=4\nworker-0 slots=2\n",
+        "hf:2: host 'worker-0' is already listed on line 1; list each host once with its total slot count",
+    ),
+    (
+        "# header\n\na slots=1\nb slots=1\na slots=1\n",
+        "hf:5: host 'a' is already listed on line 3; list each host once with its total slot count",
+    ),
     ("worker-0 slot=2\n", f"hf:1: 'worker-0 slot=2' has no slot count; {EXPECTED}"),
     ("worker-0\n", f"hf:1: 'worker-0' has no slot count; {EXPECTED}"),
     ("a slots=1\nworker-0 slots=0\n", "hf:2: host 'worker-0' has slots=0; give at least 1 slot or remove the line"),
@@ -65,8 +69,10 @@ def test_fetch_missing_or_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(HostfileError) as info:
         fetch_hostfile(str(missing))
-    assert str(info.value) == (f"--hostfile '{missing}' does not exist; pass an existing file, or omit --hostfile "
-                               "to use this host's local resources")
+    assert str(info.value) == (
+        f"--hostfile '{missing}' does not exist; pass an existing file, or omit --hostfile "
+        "to use this host's local resources"
+    )
     with pytest.raises(HostfileError, match="is a directory; pass the hostfile itself"):
         fetch_hostfile(str(tmp_path))
 

@@ -28,19 +28,37 @@ def _plan(tmp_path: Path, *argv: str, environ: dict[str, str] | None = None):
     return plan_launch(parse_args([*argv]), environ or {}, cwd=str(tmp_path), home=str(tmp_path / "home"))
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--min_elastic_nodes", "2"], "--elastic_training/--min_elastic_nodes/--max_elastic_nodes: elastic training "
-                                   "is not supported by ds-launcher; launch a fixed set of nodes"),
-    (["--autotuning", "tune"], "--autotuning tune: the autotuner is not part of ds-launcher; launch without "
-                               "--autotuning"),
-    (["--module", "--no_python"], "--no_python and --module cannot be used together: --module runs the script "
-                                  "with `python -m`, --no_python runs it without python"),
-    (["-i", "localhost:0", "--num_gpus", "1"], "--num_nodes/--num_gpus cannot be combined with --include/--exclude; "
-                                               "select resources one way or the other"),
-    (["--num_nodes", "2", "--num_gpus", "1"],
-     "--num_nodes 2 needs a hostfile listing the other nodes; pass --hostfile"),
-    (["--no_ssh", "--num_gpus", "2"], "--no_ssh needs --node_rank in 0..0 (this node's index among localhost), got -1"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--min_elastic_nodes", "2"],
+            "--elastic_training/--min_elastic_nodes/--max_elastic_nodes: elastic training "
+            "is not supported by ds-launcher; launch a fixed set of nodes",
+        ),
+        (
+            ["--autotuning", "tune"],
+            "--autotuning tune: the autotuner is not part of ds-launcher; launch without --autotuning",
+        ),
+        (
+            ["--module", "--no_python"],
+            "--no_python and --module cannot be used together: --module runs the script "
+            "with `python -m`, --no_python runs it without python",
+        ),
+        (
+            ["-i", "localhost:0", "--num_gpus", "1"],
+            "--num_nodes/--num_gpus cannot be combined with --include/--exclude; select resources one way or the other",
+        ),
+        (
+            ["--num_nodes", "2", "--num_gpus", "1"],
+            "--num_nodes 2 needs a hostfile listing the other nodes; pass --hostfile",
+        ),
+        (
+            ["--no_ssh", "--num_gpus", "2"],
+            "--no_ssh needs --node_rank in 0..0 (this node's index among localhost), got -1",
+        ),
+    ],
+)
 def test_flag_errors(tmp_path: Path, argv: list[str], message: str) -> None:
     with pytest.raises(ValueError) as info:
         _plan(tmp_path, *argv, "train.py")
@@ -109,18 +127,73 @@ def test_cli_to_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("ds_launcher._mpi_runners.os.geteuid", lambda: 1000)
     hostfile = _hostfile(tmp_path, "worker-0 slots=2\nworker-1 slots=2\n")
     environ = {"NCCL_IB_DISABLE": "1", "PATH": "/bin"}
-    launch = _plan(tmp_path, "-H", hostfile, "--launcher", "openmpi", "--master_addr", "10.0.0.1",
-                   "--master_port", "1234", "--launcher_args", "--bind-to none", "t.py", "x y", environ=environ)
+    launch = _plan(
+        tmp_path,
+        "-H",
+        hostfile,
+        "--launcher",
+        "openmpi",
+        "--master_addr",
+        "10.0.0.1",
+        "--master_port",
+        "1234",
+        "--launcher_args",
+        "--bind-to none",
+        "t.py",
+        "x y",
+        environ=environ,
+    )
     exports = collect_exports(environ, cwd=str(tmp_path), home=str(tmp_path / "home"))
     (cmd,) = OpenMPIRunner(launch.plan).commands(exports)
-    assert cmd.argv == ["mpirun", "-n", "4", "--host", "worker-0:2,worker-1:2", "--mca", "btl", "^openib",
-                        "--bind-to", "none", "-x", f"PYTHONPATH={tmp_path}", "-x", "NCCL_IB_DISABLE=1",
-                        "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=1234", sys.executable, "-u", "t.py", "x y"]
-    launch = _plan(tmp_path, "-H", hostfile, "-e", "worker-0", "--force_multi", "--launcher", "slurm",
-                   "--master_addr", "10.0.0.1", "t.py")
+    assert cmd.argv == [
+        "mpirun",
+        "-n",
+        "4",
+        "--host",
+        "worker-0:2,worker-1:2",
+        "--mca",
+        "btl",
+        "^openib",
+        "--bind-to",
+        "none",
+        "-x",
+        f"PYTHONPATH={tmp_path}",
+        "-x",
+        "NCCL_IB_DISABLE=1",
+        "-x",
+        "MASTER_ADDR=10.0.0.1",
+        "-x",
+        "MASTER_PORT=1234",
+        sys.executable,
+        "-u",
+        "t.py",
+        "x y",
+    ]
+    launch = _plan(
+        tmp_path,
+        "-H",
+        hostfile,
+        "-e",
+        "worker-0",
+        "--force_multi",
+        "--launcher",
+        "slurm",
+        "--master_addr",
+        "10.0.0.1",
+        "t.py",
+    )
     assert SlurmRunner(launch.plan).commands({})[0].argv[:10] == [
-        "srun", "-n", "2", "--ntasks-per-node", "2", "--kill-on-bad-exit=1", "--quit-on-interrupt", "--nodelist",
-        "worker-1", "--nodes"]
+        "srun",
+        "-n",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--kill-on-bad-exit=1",
+        "--quit-on-interrupt",
+        "--nodelist",
+        "worker-1",
+        "--nodes",
+    ]
     launch = _plan(tmp_path, "-H", hostfile, "--master_addr", "10.0.0.1", "--save_pid", "t.py")
     remote = PDSHRunner(launch.plan).commands({})[0].argv[-1]
     assert f"--world_info={encode_world_info({'worker-0': [0, 1], 'worker-1': [0, 1]})} --node_rank=%n" in remote
@@ -148,25 +221,56 @@ def _launch_args(*argv: str) -> argparse.Namespace:
 
 
 def test_rank_plan_contract() -> None:
-    plans = plan_ranks(_launch_args("--node_rank=1", "--master_addr=10.0.0.1", "--master_port=1234",
-                                    "train.py", "--x", "1"), {"KEEP": "me"})
+    plans = plan_ranks(
+        _launch_args("--node_rank=1", "--master_addr=10.0.0.1", "--master_port=1234", "train.py", "--x", "1"),
+        {"KEEP": "me"},
+    )
     assert [(p.rank, p.local_rank) for p in plans] == [(2, 0), (3, 1)]
-    contract = {k: plans[1].env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE",
-                                            "CROSS_RANK", "CROSS_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                            "CUDA_VISIBLE_DEVICES", "KEEP")}
-    assert contract == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                        "CROSS_RANK": "1", "CROSS_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234",
-                        "CUDA_VISIBLE_DEVICES": "2,3", "KEEP": "me"}
+    contract = {
+        k: plans[1].env[k]
+        for k in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_SIZE",
+            "LOCAL_WORLD_SIZE",
+            "CROSS_RANK",
+            "CROSS_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "CUDA_VISIBLE_DEVICES",
+            "KEEP",
+        )
+    }
+    assert contract == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "CROSS_RANK": "1",
+        "CROSS_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "1234",
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "KEEP": "me",
+    }
     assert plans[1].argv == [sys.executable, "-u", "train.py", "--local_rank=1", "--x", "1"]
     assert plans[0].log_path is None and plans[0].cores is None
 
 
 def test_rank_plan_variants() -> None:
     assert plan_ranks(_launch_args("--module", "--no_local_rank", "pkg.train", "-v"), {})[1].argv == [
-        sys.executable, "-u", "-m", "pkg.train", "-v"]
+        sys.executable,
+        "-u",
+        "-m",
+        "pkg.train",
+        "-v",
+    ]
     assert plan_ranks(_launch_args("--no_python", "./run.sh", "a"), {})[0].argv == ["./run.sh", "--local_rank=0", "a"]
     assert plan_ranks(_launch_args("t.py"), {})[0].env["OMP_NUM_THREADS"] == str(
-        max(1, len(os.sched_getaffinity(0)) // 2))
+        max(1, len(os.sched_getaffinity(0)) // 2)
+    )
     assert plan_ranks(_launch_args("t.py"), {"OMP_NUM_THREADS": "7"})[0].env["OMP_NUM_THREADS"] == "7"
 
 
@@ -174,22 +278,36 @@ def test_rank_logs_and_bound_cores(tmp_path: Path) -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip("needs two cores")
-    plans = plan_ranks(_launch_args(f"--enable_each_rank_log={tmp_path / 'logs'}", "--bind_cores_to_rank",
-                                    f"--bind_core_list={cores[0]},{cores[1]}", "t.py"), {})
+    plans = plan_ranks(
+        _launch_args(
+            f"--enable_each_rank_log={tmp_path / 'logs'}",
+            "--bind_cores_to_rank",
+            f"--bind_core_list={cores[0]},{cores[1]}",
+            "t.py",
+        ),
+        {},
+    )
     assert (tmp_path / "logs").is_dir()
     assert [Path(p.log_path).name.split("_", 1)[1] for p in plans] == ["rank0.log", "rank1.log"]  # type: ignore[arg-type]
     assert [p.cores for p in plans] == [[cores[0]], [cores[1]]]
     assert [p.env["OMP_NUM_THREADS"] for p in plans] == ["1", "1"]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["t.py"], "--world_info is required (base64url JSON {host: [slots]}, written by `deepspeed`)"),
-    ([f"--world_info={encode_world_info(WORLD)}", "--node_rank=2", "t.py"],
-     "--node_rank 2 is outside the world info's 2 node(s) (node-a, node-b); use 0..1"),
-    ([f"--world_info={encode_world_info(WORLD)}", "--module", "--no_python", "t.py"],
-     "--no_python and --module cannot be used together: --module runs the script with `python -m`, --no_python "
-     "runs it without python"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["t.py"], "--world_info is required (base64url JSON {host: [slots]}, written by `deepspeed`)"),
+        (
+            [f"--world_info={encode_world_info(WORLD)}", "--node_rank=2", "t.py"],
+            "--node_rank 2 is outside the world info's 2 node(s) (node-a, node-b); use 0..1",
+        ),
+        (
+            [f"--world_info={encode_world_info(WORLD)}", "--module", "--no_python", "t.py"],
+            "--no_python and --module cannot be used together: --module runs the script with `python -m`, --no_python "
+            "runs it without python",
+        ),
+    ],
+)
 def test_rank_plan_errors(argv: list[str], message: str) -> None:
     with pytest.raises(ValueError) as info:
         plan_ranks(launch_parser().parse_args(argv), {})
@@ -209,11 +327,14 @@ def test_core_list(text: str, cores: list[int]) -> None:
     assert parse_core_list(text) == cores
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("0,a", "--bind_core_list '0,a': 'a' is not a core id or range; write e.g. '0,2-4,7'"),
-    ("4-2", "--bind_core_list '4-2': range '4-2' runs backwards; write it as '2-4'"),
-    ("", "--bind_core_list '': '' is not a core id or range; write e.g. '0,2-4,7'"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0,a", "--bind_core_list '0,a': 'a' is not a core id or range; write e.g. '0,2-4,7'"),
+        ("4-2", "--bind_core_list '4-2': range '4-2' runs backwards; write it as '2-4'"),
+        ("", "--bind_core_list '': '' is not a core id or range; write e.g. '0,2-4,7'"),
+    ],
+)
 def test_bad_core_list(text: str, message: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_core_list(text)
@@ -222,8 +343,11 @@ def test_bad_core_list(text: str, message: str) -> None:
 
 def test_split_cores_errors() -> None:
     allowed = sorted(os.sched_getaffinity(0))
-    with pytest.raises(ValueError, match=rf"^--bind_cores_to_rank: {len(allowed)} core\(s\) for {len(allowed) + 1} "
-                                         "local ranks; each rank needs at least one core"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^--bind_cores_to_rank: {len(allowed)} core\(s\) for {len(allowed) + 1} "
+        "local ranks; each rank needs at least one core",
+    ):
         split_cores(len(allowed) + 1)
     with pytest.raises(ValueError, match=r"^--bind_core_list '100000': cores \[100000\] are not available"):
         split_cores(1, "100000")

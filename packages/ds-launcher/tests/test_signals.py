@@ -43,8 +43,9 @@ def test_signal_is_forwarded_to_every_rank(launcher, tmp_path: Path, sig: signal
 
 
 def test_failing_rank_ends_the_job_and_stubborn_ranks_are_killed(launcher) -> None:
-    proc = launcher.start("--num_gpus", "3", str(HANG), "--spawn_child", "--exit_rank", "1", "--exit_code", "7",
-                          "--ignore_term")
+    proc = launcher.start(
+        "--num_gpus", "3", str(HANG), "--spawn_child", "--exit_rank", "1", "--exit_code", "7", "--ignore_term"
+    )
     ready = launcher.wait_for_reports(proc, "ready", 3, timeout=30)
     done = launcher.wait(proc, timeout=30)
     assert done.returncode == 7, done.stderr
@@ -64,8 +65,18 @@ def test_killed_launcher_takes_its_ranks_down(launcher) -> None:
 
 def test_per_rank_logs_and_the_failing_ranks_tail(launcher, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    done = launcher.run("--num_gpus", "2", "--enable_each_rank_log", str(logs), str(HANG), "--exit_rank", "0",
-                        "--exit_code", "4", timeout=30)
+    done = launcher.run(
+        "--num_gpus",
+        "2",
+        "--enable_each_rank_log",
+        str(logs),
+        str(HANG),
+        "--exit_rank",
+        "0",
+        "--exit_code",
+        "4",
+        timeout=30,
+    )
     assert done.returncode == 4
     files = sorted(logs.iterdir(), key=lambda p: p.name[-9:])
     assert [p.name.split("_", 1)[1] for p in files] == ["rank0.log", "rank1.log"]

@@ -19,8 +19,19 @@ import torch
 
 import ds_comm
 
-CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE",
-            "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+CONTRACT = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+)
 
 
 def emit(**record: object) -> None:
@@ -99,9 +110,19 @@ def main() -> None:
         while True:
             time.sleep(1)
     losses, net = train(args, rank, world)
-    emit(event="done", rank=rank, world=world, local_rank=ds_comm.get_local_rank(), arg_local_rank=args.local_rank,
-         env=env, echo=args.echo, argv=sys.argv[1:], losses=losses, params=flat(net),
-         ref_params=flat(reference(args, world)))
+    emit(
+        event="done",
+        rank=rank,
+        world=world,
+        local_rank=ds_comm.get_local_rank(),
+        arg_local_rank=args.local_rank,
+        env=env,
+        echo=args.echo,
+        argv=sys.argv[1:],
+        losses=losses,
+        params=flat(net),
+        ref_params=flat(reference(args, world)),
+    )
     ds_comm.destroy_process_group()
 
 

@@ -29,7 +29,7 @@ def unaligned_empty(nbytes: int) -> torch.Tensor:
     """An uninitialised uint8 tensor whose first byte is NOT 4096-aligned (forces the bounce path)."""
     base = torch.empty(nbytes + 4096 + 1, dtype=torch.uint8)
     shift = (-base.data_ptr()) % 4096 + 1
-    return base[shift:shift + nbytes]
+    return base[shift : shift + nbytes]
 
 
 @contextlib.contextmanager
@@ -38,8 +38,13 @@ def mounted(target: Path, fstype: str, options: str) -> Iterator[Path]:
     not permitted (not root, or no CAP_SYS_ADMIN in this container)."""
     target.mkdir(parents=True, exist_ok=True)
     try:
-        result = subprocess.run(["mount", "-t", fstype, "-o", options, fstype, str(target)], capture_output=True,
-                                text=True, timeout=30, check=False)
+        result = subprocess.run(
+            ["mount", "-t", fstype, "-o", options, fstype, str(target)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except OSError as err:
         pytest.skip(f"cannot run mount: {err}")
     if result.returncode != 0:

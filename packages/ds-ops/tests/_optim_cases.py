@@ -25,8 +25,9 @@ def make_params(sizes: Sequence[int], seed: int, dtype: torch.dtype = torch.floa
     return [torch.nn.Parameter(torch.randn(n, generator=generator).to(dtype)) for n in sizes]
 
 
-def param_groups(seed: int, hyper_extra: dict[str, Any] | None = None,
-                 dtype: torch.dtype = torch.float32) -> list[dict[str, Any]]:
+def param_groups(
+    seed: int, hyper_extra: dict[str, Any] | None = None, dtype: torch.dtype = torch.float32
+) -> list[dict[str, Any]]:
     """GROUPS as torch param-group dicts with fresh seeded parameters."""
     groups = []
     for index, spec in enumerate(GROUPS):
@@ -60,7 +61,7 @@ def set_grads(step: int, *param_lists: Sequence[torch.Tensor]) -> None:
     for position, params in enumerate(zip(*param_lists, strict=True)):
         numel = params[0].numel()
         offset = (step * 7919) % (numel + 5)
-        grad = _noise(numel, position)[offset:offset + numel].view(params[0].shape) * scale
+        grad = _noise(numel, position)[offset : offset + numel].view(params[0].shape) * scale
         for param in params:
             param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
 
@@ -69,8 +70,13 @@ def flat(groups: list[dict[str, Any]]) -> list[torch.Tensor]:
     return [p for g in groups for p in g["params"]]
 
 
-def run_lockstep(ours: torch.optim.Optimizer, ours_params: list[torch.Tensor], reference: Callable[[int], None],
-                 ref_params: list[torch.Tensor], steps: int = STEPS) -> None:
+def run_lockstep(
+    ours: torch.optim.Optimizer,
+    ours_params: list[torch.Tensor],
+    reference: Callable[[int], None],
+    ref_params: list[torch.Tensor],
+    steps: int = STEPS,
+) -> None:
     """Step both optimizers `steps` times on identical gradients; `reference(step)` steps the reference."""
     for step in range(steps):
         set_grads(step, ours_params, ref_params)
@@ -78,8 +84,13 @@ def run_lockstep(ours: torch.optim.Optimizer, ours_params: list[torch.Tensor], r
         reference(step)
 
 
-def lion_reference_step(params: list[torch.Tensor], states: dict[int, torch.Tensor], lr: float,
-                        betas: tuple[float, float], weight_decay: float) -> None:
+def lion_reference_step(
+    params: list[torch.Tensor],
+    states: dict[int, torch.Tensor],
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+) -> None:
     """Lion written with torch tensor ops (Chen et al. 2023), each product rounded on its own."""
     beta1, beta2 = betas
     with torch.no_grad():

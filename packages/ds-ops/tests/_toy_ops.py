@@ -71,10 +71,17 @@ def subprocess_env(extra: Mapping[str, str] | None = None, pythonpath: tuple[Pat
     return env
 
 
-def run_python(code: str, env: Mapping[str, str], args: tuple[str, ...] = (),
-               timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def run_python(
+    code: str, env: Mapping[str, str], args: tuple[str, ...] = (), timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run `code` (with `args` as sys.argv[1:]) in a fresh interpreter; fail with its output if it exits non-zero."""
-    result = subprocess.run([sys.executable, "-c", code, *args], env=dict(env), capture_output=True, text=True,
-                            timeout=timeout_s, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     assert result.returncode == 0, f"child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     return result

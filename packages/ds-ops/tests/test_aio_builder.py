@@ -109,14 +109,32 @@ def test_seccomp_blocked_io_uring_falls_back_to_psync(tmp_path: Path) -> None:
 
 def test_config_defaults_and_keys() -> None:
     config = AioConfig()
-    assert config.model_dump() == {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
-                                   "single_submit": False, "overlap_events": True, "use_gds": False}
+    assert config.model_dump() == {
+        "block_size": 1048576,
+        "queue_depth": 8,
+        "intra_op_parallelism": 1,
+        "single_submit": False,
+        "overlap_events": True,
+        "use_gds": False,
+    }
     with pytest.warns(ConfigDeprecationWarning, match="'thread_count' is deprecated; use 'intra_op_parallelism'"):
         assert AioConfig.model_validate({"thread_count": 4}).intra_op_parallelism == 4
-    handle = AsyncIOHandle.from_config({"block_size": 262144, "queue_depth": 16, "intra_op_parallelism": 2,
-                                        "single_submit": True, "overlap_events": False})
-    assert (handle.get_block_size(), handle.get_queue_depth(), handle.get_intra_op_parallelism(),
-            handle.get_single_submit(), handle.get_overlap_events()) == (262144, 16, 2, True, False)
+    handle = AsyncIOHandle.from_config(
+        {
+            "block_size": 262144,
+            "queue_depth": 16,
+            "intra_op_parallelism": 2,
+            "single_submit": True,
+            "overlap_events": False,
+        }
+    )
+    assert (
+        handle.get_block_size(),
+        handle.get_queue_depth(),
+        handle.get_intra_op_parallelism(),
+        handle.get_single_submit(),
+        handle.get_overlap_events(),
+    ) == (262144, 16, 2, True, False)
     assert AsyncIOHandle.from_config(AioConfig(use_gds=False)).get_block_size() == 1048576
 
 

@@ -20,8 +20,9 @@ SIZES = [1, 7, 4095, 4096, 4097, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 4096 +
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("use_o_direct", [True, False], ids=["direct", "buffered"])
 def test_round_trip_many_sizes(tmp_path: Path, engine: str, use_o_direct: bool) -> None:
-    handle = AsyncIOHandle(block_size=BLOCK, queue_depth=4, intra_op_parallelism=2, use_o_direct=use_o_direct,
-                           engine=engine)
+    handle = AsyncIOHandle(
+        block_size=BLOCK, queue_depth=4, intra_op_parallelism=2, use_o_direct=use_o_direct, engine=engine
+    )
     assert handle.engine == engine
     sources = [random_bytes(n, seed=n) for n in SIZES]
     for index, source in enumerate(sources):  # all in flight at once
@@ -65,8 +66,9 @@ def test_unaligned_writes_and_dtypes(tmp_path: Path, engine: str) -> None:
         back = torch.empty_like(tensor)
         handle.sync_pread(back, tmp_path / f"{name}.bin")
         assert torch.equal(back, tensor), name
-        assert torch.equal(torch.from_file(str(tmp_path / f"{name}.bin"), size=tensor.numel(), dtype=tensor.dtype),
-                           tensor), name
+        assert torch.equal(
+            torch.from_file(str(tmp_path / f"{name}.bin"), size=tensor.numel(), dtype=tensor.dtype), tensor
+        ), name
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -87,7 +89,7 @@ def test_offsets_into_one_file(tmp_path: Path, engine: str, use_o_direct: bool |
         assert torch.equal(back, source), offset
     expected = torch.zeros((1 << 20) + 70_001, dtype=torch.uint8)
     for (offset, n), source in zip(layout, sources, strict=True):
-        expected[offset:offset + n] = source
+        expected[offset : offset + n] = source
     assert torch.equal(torch.from_file(str(path), size=expected.numel(), dtype=torch.uint8), expected)
 
 
@@ -109,8 +111,13 @@ def test_many_concurrent_requests_all_settle(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("single_submit,overlap_events", [(True, False), (False, False), (True, True)])
 def test_submission_modes_move_the_same_bytes(tmp_path: Path, single_submit: bool, overlap_events: bool) -> None:
-    handle = AsyncIOHandle(block_size=BLOCK, queue_depth=3, single_submit=single_submit,
-                           overlap_events=overlap_events, intra_op_parallelism=2)
+    handle = AsyncIOHandle(
+        block_size=BLOCK,
+        queue_depth=3,
+        single_submit=single_submit,
+        overlap_events=overlap_events,
+        intra_op_parallelism=2,
+    )
     source = random_bytes(10 * BLOCK + 123, seed=7)
     handle.sync_pwrite(source, tmp_path / "x.bin")
     back = torch.empty_like(source)

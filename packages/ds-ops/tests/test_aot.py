@@ -23,8 +23,11 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 def _copy_package(tmp_path: Path) -> Path:
     """A copy of the package folder to build from (the hook writes under build/)."""
     source = tmp_path / "ds-ops"
-    shutil.copytree(PACKAGE_DIR, source, ignore=shutil.ignore_patterns("build", "dist", "__pycache__", "*.egg-info",
-                                                                       ".pytest_cache"))
+    shutil.copytree(
+        PACKAGE_DIR,
+        source,
+        ignore=shutil.ignore_patterns("build", "dist", "__pycache__", "*.egg-info", ".pytest_cache"),
+    )
     return source
 
 
@@ -73,9 +76,24 @@ USE_PREBUILT = textwrap.dedent("""
 def test_ds_build_op_compiles_it_into_the_wheel_and_load_uses_it(tmp_path: Path) -> None:
     """Through pip, as a user would: `DS_BUILD_CPU_LION=1 pip wheel ...`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DS_BUILD_")} | {"DS_BUILD_CPU_LION": "1"}
-    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-                             str(tmp_path / "wheels"), str(_copy_package(tmp_path))],
-                            env=env, capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheels"),
+            str(_copy_package(tmp_path)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     (wheel,) = (tmp_path / "wheels").glob("ds_ops-*.whl")
     assert not wheel.name.endswith("-none-any.whl") and wheel.name.startswith("ds_ops-0"), wheel.name
@@ -88,8 +106,9 @@ def test_ds_build_op_compiles_it_into_the_wheel_and_load_uses_it(tmp_path: Path)
 
     installed = tmp_path / "site"
     archive.extractall(installed)
-    env = subprocess_env({"CXX": str(tmp_path / "no-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "empty")},
-                         pythonpath=(installed,))
+    env = subprocess_env(
+        {"CXX": str(tmp_path / "no-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "empty")}, pythonpath=(installed,)
+    )
     out = run_python(USE_PREBUILT, env, args=(str(installed),)).stdout
     assert "FROM prebuilt True" in out, out
     assert "PARAM [0.75, 0.75, 0.75]" in out, out
@@ -99,6 +118,8 @@ def test_ds_build_op_compiles_it_into_the_wheel_and_load_uses_it(tmp_path: Path)
 
 def test_asking_for_an_op_that_cannot_build_fails_the_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
-    with pytest.raises(RuntimeError, match="DS_BUILD_CPU_ADAM=1 but op cpu_adam cannot be built here: "
-                                           "C.. compiler .*no-compiler' not found"):
+    with pytest.raises(
+        RuntimeError,
+        match="DS_BUILD_CPU_ADAM=1 but op cpu_adam cannot be built here: C.. compiler .*no-compiler' not found",
+    ):
         _build_wheel(tmp_path, monkeypatch, DS_BUILD_CPU_ADAM="1")

@@ -36,8 +36,9 @@ def test_torch_extensions_dir_is_honoured(cache: Path) -> None:
     assert CPUAdamBuilder().cache_dir().parent == cache / "ds_ops"
 
 
-def test_cache_key_covers_sources_flags_and_torch_version(tmp_path: Path, cache: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_key_covers_sources_flags_and_torch_version(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = write_toy(tmp_path / "src")
     base = ToyBuilder(root).cache_dir()
     assert base.name.startswith("toy_add_")
@@ -52,8 +53,9 @@ def test_cache_key_covers_sources_flags_and_torch_version(tmp_path: Path, cache:
     assert "-mavx2" in parts or "-mavx512f" in parts or "DS_SIMD_LEVEL" in parts  # SIMD level is in the key
 
 
-def test_first_load_compiles_and_logs_one_line_with_duration(tmp_path: Path, cache: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_first_load_compiles_and_logs_one_line_with_duration(
+    tmp_path: Path, cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     builder = ToyBuilder(write_toy(tmp_path / "src"))
     with caplog.at_level("INFO", logger="ds_ops.op_builder"):
         library = builder.load()
@@ -107,8 +109,16 @@ RACE = textwrap.dedent("""
 def test_two_processes_loading_at_once_build_once(tmp_path: Path, cache: Path) -> None:
     root = write_toy(tmp_path / "src")
     env = subprocess_env()
-    procs = [subprocess.Popen([sys.executable, "-c", WITHOUT_TORCH + RACE, str(root), str(rank)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WITHOUT_TORCH + RACE, str(root), str(rank)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     outputs = [proc.communicate(timeout=120) for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     results = sorted(line.split()[1:] for out, _ in outputs for line in out.splitlines() if line.startswith("RESULT"))

@@ -17,8 +17,12 @@ from ds_ops import DeepSpeedCPUAdam
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def _compare_state(ours: torch.optim.Optimizer, ref: torch.optim.Optimizer, ours_params: list[torch.Tensor],
-                   ref_params: list[torch.Tensor]) -> None:
+def _compare_state(
+    ours: torch.optim.Optimizer,
+    ref: torch.optim.Optimizer,
+    ours_params: list[torch.Tensor],
+    ref_params: list[torch.Tensor],
+) -> None:
     for mine, theirs in zip(ours_params, ref_params, strict=True):
         torch.testing.assert_close(mine, theirs, **TOL)
         for key in ("exp_avg", "exp_avg_sq"):
@@ -40,8 +44,14 @@ def test_matches_torch_adam_over_200_steps(adamw_mode: bool) -> None:
     assert flat(groups)[0].numel() == 0 and ours.state[flat(groups)[0]]["step"] == 200
 
 
-def _adam_no_bias_correction(params: list[torch.Tensor], states: dict[int, list[torch.Tensor]], lr: float,
-                             betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+def _adam_no_bias_correction(
+    params: list[torch.Tensor],
+    states: dict[int, list[torch.Tensor]],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
     """Adam without bias correction (DeepSpeed's bias_correction=False), decoupled decay, in torch ops."""
     with torch.no_grad():
         for p in params:
@@ -57,8 +67,13 @@ def test_bias_correction_off_matches_reference() -> None:
     ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     ours = DeepSpeedCPUAdam(params, lr=1e-3, bias_correction=False, weight_decay=0.05)
     states: dict[int, list[torch.Tensor]] = {}
-    run_lockstep(ours, params, lambda _: _adam_no_bias_correction(ref_params, states, 1e-3, (0.9, 0.999), 1e-8, 0.05),
-                 ref_params, steps=50)
+    run_lockstep(
+        ours,
+        params,
+        lambda _: _adam_no_bias_correction(ref_params, states, 1e-3, (0.9, 0.999), 1e-8, 0.05),
+        ref_params,
+        steps=50,
+    )
     for mine, theirs in zip(params, ref_params, strict=True):
         torch.testing.assert_close(mine, theirs, **TOL)
 
@@ -67,7 +82,12 @@ def test_deepspeed_signature_defaults() -> None:
     ours = DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(2))])
     group = ours.param_groups[0]
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"], group["bias_correction"]) == (
-        1e-3, (0.9, 0.999), 1e-8, 0, True)
+        1e-3,
+        (0.9, 0.999),
+        1e-8,
+        0,
+        True,
+    )
     assert ours.adam_w_mode is True and ours.fp32_optimizer_states is True
     assert isinstance(ours, torch.optim.Optimizer)
 

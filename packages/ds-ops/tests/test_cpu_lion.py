@@ -22,8 +22,9 @@ def test_matches_torch_lion_reference_over_200_steps() -> None:
     def reference(_: int) -> None:
         for index, group in enumerate(ref_groups):
             hyper = GROUPS[index]["hyper"]
-            lion_reference_step(group["params"], states, hyper.get("lr", 1e-3), group.get("betas", (0.9, 0.999)),
-                                hyper["weight_decay"])
+            lion_reference_step(
+                group["params"], states, hyper.get("lr", 1e-3), group.get("betas", (0.9, 0.999)), hyper["weight_decay"]
+            )
 
     run_lockstep(ours, flat(groups), reference, flat(ref_groups))
     for mine, theirs in zip(flat(groups), flat(ref_groups), strict=True):

@@ -103,6 +103,7 @@ def test_a_bad_copy_target_is_rejected_before_any_update() -> None:
 
 def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Distance in units in the last place between same-dtype 16-bit floats (bit patterns as integers)."""
+
     def ordered(t: torch.Tensor) -> torch.Tensor:
         bits = t.view(torch.int16).to(torch.int32)
         return torch.where(bits < 0, -(bits & 0x7FFF), bits)  # sign-magnitude to a monotonic integer line
@@ -128,8 +129,9 @@ def test_low_precision_params_match_an_fp32_master_reference(dtype: torch.dtype)
         for p, s in zip(params, shadow, strict=True):
             assert int(_ulps_apart(p.detach(), s.detach().to(dtype)).max()) <= 1, step
             assert optimizer.state[p]["exp_avg"].dtype == torch.float32
-            torch.testing.assert_close(optimizer.state[p]["exp_avg_sq"], reference.state[s]["exp_avg_sq"],
-                                       rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(
+                optimizer.state[p]["exp_avg_sq"], reference.state[s]["exp_avg_sq"], rtol=1e-5, atol=1e-6
+            )
 
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
@@ -225,8 +227,11 @@ def test_params_with_different_step_counts_in_one_group_match_torch() -> None:
 
 
 def test_mixed_dtypes_in_one_group_equal_separate_updates() -> None:
-    together = [_params(torch.float32, sizes=(4097,))[0], _params(torch.bfloat16, sizes=(70_001,))[0],
-                _params(torch.float16, sizes=(7,))[0]]
+    together = [
+        _params(torch.float32, sizes=(4097,))[0],
+        _params(torch.bfloat16, sizes=(70_001,))[0],
+        _params(torch.float16, sizes=(7,))[0],
+    ]
     apart = [torch.nn.Parameter(p.detach().clone()) for p in together]
     grouped = DeepSpeedCPULion(together, lr=1e-2)
     singles = [DeepSpeedCPULion([p], lr=1e-2) for p in apart]
@@ -244,8 +249,10 @@ def test_non_contiguous_parameter_is_updated_in_place() -> None:
     param = torch.nn.Parameter(base.t())  # a transposed view: not contiguous
     assert not param.is_contiguous()
     reference = torch.nn.Parameter(param.detach().clone())
-    ours, ref = DeepSpeedCPUAdam([param], lr=1e-2), torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.0,
-                                                                           foreach=False)
+    ours, ref = (
+        DeepSpeedCPUAdam([param], lr=1e-2),
+        torch.optim.AdamW([reference], lr=1e-2, weight_decay=0.0, foreach=False),
+    )
     for step in range(5):
         set_grads(step, [param], [reference])
         ours.step()
@@ -254,12 +261,15 @@ def test_non_contiguous_parameter_is_updated_in_place() -> None:
     assert not param.is_contiguous()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"lr": -1.0}, r"param_groups\[0\]: lr=-1.0 must be a finite number >= 0"),
-    ({"betas": (1.0, 0.9)}, r"betas\[0\]=1.0 must be in \[0, 1\)"),
-    ({"betas": (0.9,)}, r"betas=\(0.9,\) must be a pair"),
-    ({"weight_decay": float("nan")}, "weight_decay=nan must be a finite number"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lr": -1.0}, r"param_groups\[0\]: lr=-1.0 must be a finite number >= 0"),
+        ({"betas": (1.0, 0.9)}, r"betas\[0\]=1.0 must be in \[0, 1\)"),
+        ({"betas": (0.9,)}, r"betas=\(0.9,\) must be a pair"),
+        ({"weight_decay": float("nan")}, "weight_decay=nan must be a finite number"),
+    ],
+)
 def test_bad_hyper_parameters_name_the_argument(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(2))], **kwargs)
@@ -274,8 +284,11 @@ def test_bad_param_group_is_not_added() -> None:
 
 def test_non_cpu_parameter_is_rejected_with_the_fix() -> None:
     param = torch.nn.Parameter(torch.empty(4, device="meta"))
-    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[0\] is on meta; it updates CPU "
-                                         r"tensors only.*'offload_optimizer'"):
+    with pytest.raises(
+        ValueError,
+        match=r"param_groups\[0\]\['params'\]\[0\] is on meta; it updates CPU "
+        r"tensors only.*'offload_optimizer'",
+    ):
         DeepSpeedCPUAdam([param])
 
 

@@ -27,9 +27,9 @@ def _torch_reference(grads: list[torch.Tensor], scale: float, clip: float) -> tu
     return [p.grad for p in params], float(norm)
 
 
-@pytest.mark.parametrize(("scale", "clip", "compute_norm"), list(itertools.product((1.0, 256.0, 1000.0),
-                                                                                   (0.0, 0.5, 100.0),
-                                                                                   (True, False))))
+@pytest.mark.parametrize(
+    ("scale", "clip", "compute_norm"), list(itertools.product((1.0, 256.0, 1000.0), (0.0, 0.5, 100.0), (True, False)))
+)
 def test_clean_step_matches_torch(scale: float, clip: float, compute_norm: bool) -> None:
     grads = _grads(scale=scale)
     ref, ref_norm = _torch_reference(grads, scale, clip)
@@ -44,9 +44,10 @@ def test_clean_step_matches_torch(scale: float, clip: float, compute_norm: bool)
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(("bad", "scale", "clip", "compute_norm"),
-                         list(itertools.product((math.inf, -math.inf, math.nan), (1.0, 8.0), (0.0, 0.5),
-                                                (True, False))))
+@pytest.mark.parametrize(
+    ("bad", "scale", "clip", "compute_norm"),
+    list(itertools.product((math.inf, -math.inf, math.nan), (1.0, 8.0), (0.0, 0.5), (True, False))),
+)
 def test_overflow_skips_and_updates_the_scaler(bad: float, scale: float, clip: float, compute_norm: bool) -> None:
     grads = _grads(scale=scale)
     grads[1][2, 3] = bad

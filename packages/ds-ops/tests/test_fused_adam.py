@@ -16,8 +16,9 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the
 
 @needs_no_cuda
 def test_constructing_on_a_cpu_host_says_so_and_what_to_use() -> None:
-    with pytest.raises(OpNotCompatibleError, match="FusedAdam needs a CUDA device: CUDA is not available.*"
-                                                   "use ds_ops.DeepSpeedCPUAdam"):
+    with pytest.raises(
+        OpNotCompatibleError, match="FusedAdam needs a CUDA device: CUDA is not available.*use ds_ops.DeepSpeedCPUAdam"
+    ):
         FusedAdam([torch.nn.Parameter(torch.zeros(4))])
 
 

@@ -78,9 +78,29 @@ def test_narrowing_rounds_like_torch(library: ctypes.CDLL, dtype: torch.dtype) -
     grid = grid[torch.isfinite(grid)]
     # every fp16 value, the midpoints to its neighbours (ties), and one float ulp either side of them
     mid = (grid[:-1].double() + grid[1:].double()).div(2).float()
-    values = torch.cat([grid, mid, torch.nextafter(mid, torch.tensor(float("inf"))),
-                        torch.nextafter(mid, torch.tensor(float("-inf"))),
-                        torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 1e3,
-                        torch.tensor([65504.0, 65519.99, 65520.0, 1e6, -1e6, float("inf"), float("-inf"),
-                                      float("nan"), 3e-8, 2.9802322e-08, 6e-8, 1e-45])])
+    values = torch.cat(
+        [
+            grid,
+            mid,
+            torch.nextafter(mid, torch.tensor(float("inf"))),
+            torch.nextafter(mid, torch.tensor(float("-inf"))),
+            torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * 1e3,
+            torch.tensor(
+                [
+                    65504.0,
+                    65519.99,
+                    65520.0,
+                    1e6,
+                    -1e6,
+                    float("inf"),
+                    float("-inf"),
+                    float("nan"),
+                    3e-8,
+                    2.9802322e-08,
+                    6e-8,
+                    1e-45,
+                ]
+            ),
+        ]
+    )
     assert _same_bits(_narrow(library, values, dtype), values.to(dtype))

@@ -53,12 +53,15 @@ def test_defaults_match_deepspeed_fp16_section() -> None:
     assert (s.cur_scale, s.scale_factor, s.scale_window, s.min_scale, s.delayed_shift) == (65536.0, 2.0, 1000, 1.0, 2)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"scale_window": 0}, "fp16.loss_scale_window"),
-    ({"delayed_shift": 0}, "fp16.hysteresis"),
-    ({"min_scale": 0}, "fp16.min_loss_scale"),
-    ({"scale_factor": 1.0}, "scale_factor must be > 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"scale_window": 0}, "fp16.loss_scale_window"),
+        ({"delayed_shift": 0}, "fp16.hysteresis"),
+        ({"min_scale": 0}, "fp16.min_loss_scale"),
+        ({"scale_factor": 1.0}, "scale_factor must be > 1"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DynamicLossScaler(**kwargs)

@@ -12,8 +12,13 @@ import torch
 from ds_ops import nvme_bench, nvme_tune
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
-SMALL_SWEEP = {"block_size": ["256K", "1M"], "queue_depth": [4], "sequential_requests": [True, False],
-               "single_submit": [False], "io_parallel": [1]}
+SMALL_SWEEP = {
+    "block_size": ["256K", "1M"],
+    "queue_depth": [4],
+    "sequential_requests": [True, False],
+    "single_submit": [False],
+    "io_parallel": [1],
+}
 
 
 def test_entry_points_are_declared() -> None:
@@ -36,8 +41,20 @@ def test_bad_sizes_are_named(text: str) -> None:
 
 @pytest.mark.parametrize("read", [False, True])
 def test_ds_io_moves_and_validates_the_bytes(tmp_path: Path, read: bool, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--folder", str(tmp_path), "--io_size", "2M", "--block_size", "256K", "--queue_depth", "4",
-            "--loops", "2", "--validate", *(["--read"] if read else [])]
+    argv = [
+        "--folder",
+        str(tmp_path),
+        "--io_size",
+        "2M",
+        "--block_size",
+        "256K",
+        "--queue_depth",
+        "4",
+        "--loops",
+        "2",
+        "--validate",
+        *(["--read"] if read else []),
+    ]
     assert nvme_bench.ds_io_main(argv) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"{'read' if read else 'write'} 2097152 bytes x 2 loops: best ")
@@ -71,17 +88,29 @@ def test_nvme_tune_proposes_the_fastest_measured_setting(tmp_path: Path, capsys:
     sweep_file, log_dir = tmp_path / "sweep.json", tmp_path / "logs"
     sweep_file.write_text(json.dumps(SMALL_SWEEP))
     (tmp_path / "io").mkdir()
-    argv = ["--nvme_dir", str(tmp_path / "io"), "--io_size", "1M", "--sweep_config", str(sweep_file),
-            "--log_dir", str(log_dir)]
+    argv = [
+        "--nvme_dir",
+        str(tmp_path / "io"),
+        "--io_size",
+        "1M",
+        "--sweep_config",
+        str(sweep_file),
+        "--log_dir",
+        str(log_dir),
+    ]
     assert nvme_tune.ds_nvme_tune_main(argv) == 0
     out = capsys.readouterr().out
     records = [json.loads(line) for line in (log_dir / "sweep.jsonl").read_text().splitlines()]
     assert len(records) == 4  # 2 block sizes x 2 request modes
     best = max(records, key=lambda r: r["read_gbps"] + r["write_gbps"])
-    section = json.loads(out[out.index("{"):])
-    assert section["aio"] == {"block_size": nvme_bench.parse_size(best["block_size"]), "queue_depth": 4,
-                              "intra_op_parallelism": 1, "single_submit": False,
-                              "overlap_events": not best["sequential_requests"]}
+    section = json.loads(out[out.index("{") :])
+    assert section["aio"] == {
+        "block_size": nvme_bench.parse_size(best["block_size"]),
+        "queue_depth": 4,
+        "intra_op_parallelism": 1,
+        "single_submit": False,
+        "overlap_events": not best["sequential_requests"],
+    }
     AioConfig(**section["aio"])  # the proposal is a valid ds_config aio section
     assert f"read = {best['read_gbps']:5.2f}, write = {best['write_gbps']:5.2f}" in out
 

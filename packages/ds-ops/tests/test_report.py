@@ -18,12 +18,23 @@ def test_report_lists_environment_and_every_op(capsys: pytest.CaptureFixture[str
     CPULionBuilder().load()  # in the session cache: the report shows it as cached
     assert main([]) == 0
     text = capsys.readouterr().out
-    for label in ("torch version", "torch CUDA version", "accelerator", "ninja", "C++ compiler", "nvcc",
-                  "SIMD level", "JIT cache"):
+    for label in (
+        "torch version",
+        "torch CUDA version",
+        "accelerator",
+        "ninja",
+        "C++ compiler",
+        "nvcc",
+        "SIMD level",
+        "JIT cache",
+    ):
         assert label in text, label
     assert torch.__version__ in text
-    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.split()[:1] and
-            line.split()[0] in ALL_OPS}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in text.splitlines()
+        if line.split()[:1] and line.split()[0] in ALL_OPS
+    }
     assert set(rows) == set(ALL_OPS)
     assert rows["cpu_lion"] == ["[NO]", "[YES]", "[OKAY]"]  # not prebuilt, cached, compatible
     if not torch.cuda.is_available():
@@ -41,7 +52,6 @@ def test_module_and_console_script_run() -> None:
     if shutil.which("ds_report"):
         commands.append(["ds_report", "--hide_operator_status"])
     for command in commands:
-        result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-                                check=False)
+        result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=120, check=False)
         assert result.returncode == 0, result.stderr
         assert "ds-ops report" in result.stdout and "SIMD level" in result.stdout

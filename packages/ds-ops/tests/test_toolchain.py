@@ -48,8 +48,15 @@ def test_which_builds_a_cpu_can_run() -> None:
 
 
 def test_ninja_file_compiles_each_source_and_links_once(tmp_path: Path) -> None:
-    spec = NinjaSpec(sources=(tmp_path / "a b.cpp", tmp_path / "k.cu"), output="op.so", cxx="g++",
-                     cxx_flags=("-O3", '-DX="y"'), ldflags=("-shared",), nvcc="/cuda/bin/nvcc", nvcc_flags=("-O3",))
+    spec = NinjaSpec(
+        sources=(tmp_path / "a b.cpp", tmp_path / "k.cu"),
+        output="op.so",
+        cxx="g++",
+        cxx_flags=("-O3", '-DX="y"'),
+        ldflags=("-shared",),
+        nvcc="/cuda/bin/nvcc",
+        nvcc_flags=("-O3",),
+    )
     text = render(spec)
     assert "build 0_a_b.o: cxx " + str(tmp_path / "a$ b.cpp").replace(":", "$:") in text
     assert "build 1_k.o: nvcc" in text
@@ -63,9 +70,11 @@ def test_ninja_file_compiles_each_source_and_links_once(tmp_path: Path) -> None:
 def test_cuda_arch_list_parsing() -> None:
     assert parse_arch_list("8.0;9.0+PTX") == ["8.0", "9.0+PTX"]
     assert parse_arch_list(" 7.5 8.6 ") == ["7.5", "8.6"]
-    assert gencode_flags(["8.0", "9.0+PTX"]) == ["-gencode=arch=compute_80,code=sm_80",
-                                                 "-gencode=arch=compute_90,code=sm_90",
-                                                 "-gencode=arch=compute_90,code=compute_90"]
+    assert gencode_flags(["8.0", "9.0+PTX"]) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
     with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST entry 'Hopper' is not like '9.0'"):
         parse_arch_list("8.0;Hopper")
 
@@ -96,7 +105,8 @@ def test_ds_build_variables_select_ops() -> None:
     assert selected_ops({}, ops) == {}
     assert selected_ops({"DS_BUILD_OPS": "1"}, ops) == dict.fromkeys(ops, False)
     assert selected_ops({"DS_BUILD_OPS": "1", "DS_BUILD_FUSED_ADAM": "0"}, ops) == {
-        name: False for name in ops if name != "fused_adam"}
+        name: False for name in ops if name != "fused_adam"
+    }
     assert selected_ops({"DS_BUILD_CPU_ADAM": "1"}, ops) == {"cpu_adam": True}
     assert selected_ops({"DS_BUILD_OPS": "0", "DS_BUILD_CPU_LION": "true"}, ops) == {"cpu_lion": True}
     with pytest.raises(ValueError, match="DS_BUILD_CPU_ADAM='maybe' is not a boolean; use DS_BUILD_CPU_ADAM=1"):

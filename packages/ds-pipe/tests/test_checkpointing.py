@@ -26,8 +26,12 @@ def _fresh_state() -> Iterator[None]:
 class Block(nn.Module):
     def __init__(self, width: int = 16, p: float = 0.3, use_tracker: bool = False) -> None:
         super().__init__()
-        self.lin1, self.lin2, self.drop, self.use_tracker = nn.Linear(width, width), nn.Linear(width, width), \
-            nn.Dropout(p), use_tracker
+        self.lin1, self.lin2, self.drop, self.use_tracker = (
+            nn.Linear(width, width),
+            nn.Linear(width, width),
+            nn.Dropout(p),
+            use_tracker,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.lin1(x))
@@ -39,8 +43,9 @@ class Block(nn.Module):
         return self.drop(self.lin2(h)) + x
 
 
-def _grads(blocks: nn.ModuleList, x: torch.Tensor, wrap: Callable[..., torch.Tensor] | None,
-           steps: int = 2) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _grads(
+    blocks: nn.ModuleList, x: torch.Tensor, wrap: Callable[..., torch.Tensor] | None, steps: int = 2
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Run `steps` forward/backward passes from a fixed RNG state; return param grads and the input grad."""
     torch.manual_seed(123)
     blocks.zero_grad(set_to_none=True)
@@ -135,9 +140,18 @@ def test_tuples_non_tensor_args_kwargs_and_no_grad() -> None:
 def test_cpu_and_contiguous_storage_give_identical_grads(caplog: pytest.LogCaptureFixture) -> None:
     blocks, x = _model(), torch.randn(8, 16)
     plain = _grads(blocks, x, None)
-    checkpointing.configure(None, {"activation_checkpointing": {
-        "cpu_checkpointing": True, "contiguous_memory_optimization": True, "number_checkpoints": 3,
-        "synchronize_checkpoint_boundary": True, "profile": True}})
+    checkpointing.configure(
+        None,
+        {
+            "activation_checkpointing": {
+                "cpu_checkpointing": True,
+                "contiguous_memory_optimization": True,
+                "number_checkpoints": 3,
+                "synchronize_checkpoint_boundary": True,
+                "profile": True,
+            }
+        },
+    )
     assert checkpointing.is_configured()
     _assert_identical(plain, _grads(blocks, x, checkpointing.checkpoint))
     timings = checkpointing.timings()

@@ -18,8 +18,9 @@ def _data(n: int, rows: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _module(loss_fn: Callable | None = nn.functional.mse_loss) -> PipelineModule:
     torch.manual_seed(0)
-    return PipelineModule([LayerSpec(nn.Linear, 4, 5), nn.Tanh(), LayerSpec(nn.Linear, 5, 2)], num_stages=1,
-                          loss_fn=loss_fn)
+    return PipelineModule(
+        [LayerSpec(nn.Linear, 4, 5), nn.Tanh(), LayerSpec(nn.Linear, 5, 2)], num_stages=1, loss_fn=loss_fn
+    )
 
 
 def test_train_batch_matches_gradient_accumulation() -> None:
@@ -33,9 +34,14 @@ def test_train_batch_matches_gradient_accumulation() -> None:
         calls.append("step")
         grads.update({n: p.grad.clone() for n, p in module.named_parameters()})
 
-    executor = PipelineExecutor(module, micro_batches=4, optimizer_step=step,
-                                reduce_grads=lambda: calls.append("reduce"), scale_loss=lambda loss: loss * 8,
-                                batch_fn=lambda batch: (batch[0] * 2, batch[1]))
+    executor = PipelineExecutor(
+        module,
+        micro_batches=4,
+        optimizer_step=step,
+        reduce_grads=lambda: calls.append("reduce"),
+        scale_loss=lambda loss: loss * 8,
+        batch_fn=lambda batch: (batch[0] * 2, batch[1]),
+    )
     loss = executor.train_batch(iter(_data(4)))
     losses = [nn.functional.mse_loss(reference(x * 2), y) for x, y in _data(4)]
     (sum(losses) / 4 * 8).backward()

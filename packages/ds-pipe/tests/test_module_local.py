@@ -44,8 +44,11 @@ def test_seed_layers_makes_initialisation_independent_of_the_process_rng() -> No
 
 
 def test_tied_layers_share_one_module_on_one_stage() -> None:
-    layers = [TiedLayerSpec("emb", nn.Linear, 3, 3, bias=False), nn.Tanh(),
-              TiedLayerSpec("emb", nn.Linear, 3, 3, bias=False, forward_fn=lambda m, x: x @ m.weight)]
+    layers = [
+        TiedLayerSpec("emb", nn.Linear, 3, 3, bias=False),
+        nn.Tanh(),
+        TiedLayerSpec("emb", nn.Linear, 3, 3, bias=False, forward_fn=lambda m, x: x @ m.weight),
+    ]
     module = PipelineModule(layers, num_stages=1)
     assert [n for n, _ in module.named_parameters()] == ["tied_modules.emb.weight"]
     x = torch.randn(2, 3)
@@ -54,16 +57,22 @@ def test_tied_layers_share_one_module_on_one_stage() -> None:
     assert module.get_tied_weights_and_groups() == []  # nothing shared with another stage
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({}, ValueError, "must provide num_stages or topology"),
-    ({"num_stages": 2}, ValueError, "num_stages=2 must be an int >= 1 dividing the world size 1"),
-    ({"num_stages": 2, "topology": PipeDataParallelTopology(1, 1)}, ValueError, "num_stages=2 disagrees with"),
-    ({"num_stages": 1, "partition_method": "profile"}, PartitionMethodError,
-     "Partitioning method profile not implemented"),
-    ({"num_stages": 1, "partition_method": "type:Conv"}, PartitionMethodError, "matches no layer; layer types are"),
-    ({"num_stages": 1, "partition_method": [0, 3]}, ValueError, "explicit partition \\[0, 3\\] must be 2"),
-    ({"num_stages": 1, "activation_checkpoint_interval": -1}, ValueError, "activation_checkpoint_interval"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({}, ValueError, "must provide num_stages or topology"),
+        ({"num_stages": 2}, ValueError, "num_stages=2 must be an int >= 1 dividing the world size 1"),
+        ({"num_stages": 2, "topology": PipeDataParallelTopology(1, 1)}, ValueError, "num_stages=2 disagrees with"),
+        (
+            {"num_stages": 1, "partition_method": "profile"},
+            PartitionMethodError,
+            "Partitioning method profile not implemented",
+        ),
+        ({"num_stages": 1, "partition_method": "type:Conv"}, PartitionMethodError, "matches no layer; layer types are"),
+        ({"num_stages": 1, "partition_method": [0, 3]}, ValueError, "explicit partition \\[0, 3\\] must be 2"),
+        ({"num_stages": 1, "activation_checkpoint_interval": -1}, ValueError, "activation_checkpoint_interval"),
+    ],
+)
 def test_bad_construction_is_named(kwargs: dict, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         PipelineModule(_layers(), **kwargs)
@@ -95,8 +104,11 @@ def test_save_and_load_layer_files(tmp_path: Path) -> None:
     module = PipelineModule(_layers(), num_stages=1)
     getattr(module, "0").bias.requires_grad_(False)
     written = module.save_state_dict(tmp_path, exclude_frozen_params=True)
-    assert [p.name for p in written] == ["layer_00-model_states.pt", "layer_01-model_states.pt",
-                                        "layer_03-model_states.pt"]
+    assert [p.name for p in written] == [
+        "layer_00-model_states.pt",
+        "layer_01-model_states.pt",
+        "layer_03-model_states.pt",
+    ]
     assert module.ckpt_layer_path(tmp_path, 3) == str(tmp_path / "layer_03-model_states.pt")
     assert module.ckpt_layer_path_list(tmp_path, 3) == [str(tmp_path / "layer_03-model_states.pt")]
     assert torch.load(written[1], weights_only=True) == {}  # Tanh: an empty dict, as DeepSpeed writes

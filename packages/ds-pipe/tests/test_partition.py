@@ -10,15 +10,18 @@ import pytest
 from ds_pipe import partition_balanced, partition_uniform, prefix_sum_inc
 
 
-@pytest.mark.parametrize(("items", "parts", "expected"), [
-    (10, 4, [0, 3, 6, 8, 10]),
-    (8, 4, [0, 2, 4, 6, 8]),
-    (7, 3, [0, 3, 5, 7]),
-    (5, 1, [0, 5]),
-    (2, 4, [0, 1, 2, 2, 2]),
-    (0, 2, [0, 0, 0]),
-    (4, 4, [0, 1, 2, 3, 4]),
-])
+@pytest.mark.parametrize(
+    ("items", "parts", "expected"),
+    [
+        (10, 4, [0, 3, 6, 8, 10]),
+        (8, 4, [0, 2, 4, 6, 8]),
+        (7, 3, [0, 3, 5, 7]),
+        (5, 1, [0, 5]),
+        (2, 4, [0, 1, 2, 2, 2]),
+        (0, 2, [0, 0, 0]),
+        (4, 4, [0, 1, 2, 3, 4]),
+    ],
+)
 def test_partition_uniform(items: int, parts: int, expected: list[int]) -> None:
     assert partition_uniform(items, parts) == expected
 
@@ -32,17 +35,20 @@ def test_partition_uniform_exhaustive_sizes_differ_by_at_most_one() -> None:
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
 
 
-@pytest.mark.parametrize(("weights", "parts", "expected"), [
-    ([1] * 9 + [10], 3, [0, 5, 9, 10]),          # the bottleneck is 10; the rest split evenly
-    ([10, 0, 10, 0], 2, [0, 2, 4]),             # zero-weight layers stay with the layer before
-    ([0, 1, 1, 1, 1, 0], 2, [0, 3, 6]),          # type:Block-style binary weights
-    ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3, [0, 5, 7, 9]),
-    ([5, 5, 5, 5], 4, [0, 1, 2, 3, 4]),
-    ([3, 1, 1, 1], 2, [0, 1, 4]),
-    ([1, 1], 3, [0, 1, 2, 2]),                   # fewer items than parts: uniform
-    ([0, 0, 0, 0], 2, [0, 2, 4]),                # all zero: uniform
-    ([7], 1, [0, 1]),
-])
+@pytest.mark.parametrize(
+    ("weights", "parts", "expected"),
+    [
+        ([1] * 9 + [10], 3, [0, 5, 9, 10]),  # the bottleneck is 10; the rest split evenly
+        ([10, 0, 10, 0], 2, [0, 2, 4]),  # zero-weight layers stay with the layer before
+        ([0, 1, 1, 1, 1, 0], 2, [0, 3, 6]),  # type:Block-style binary weights
+        ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3, [0, 5, 7, 9]),
+        ([5, 5, 5, 5], 4, [0, 1, 2, 3, 4]),
+        ([3, 1, 1, 1], 2, [0, 1, 4]),
+        ([1, 1], 3, [0, 1, 2, 2]),  # fewer items than parts: uniform
+        ([0, 0, 0, 0], 2, [0, 2, 4]),  # all zero: uniform
+        ([7], 1, [0, 1]),
+    ],
+)
 def test_partition_balanced_exact(weights: list[float], parts: int, expected: list[int]) -> None:
     assert partition_balanced(weights, parts) == expected
 

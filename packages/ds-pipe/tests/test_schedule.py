@@ -22,8 +22,16 @@ from ds_pipe.schedule import (
 )
 
 CODES: dict[str, type[PipeInstruction]] = {
-    "L": LoadMicroBatch, "F": ForwardPass, "B": BackwardPass, "SA": SendActivation, "RA": RecvActivation,
-    "SG": SendGrad, "RG": RecvGrad, "RT": ReduceTiedGrads, "RD": ReduceGrads, "OS": OptimizerStep,
+    "L": LoadMicroBatch,
+    "F": ForwardPass,
+    "B": BackwardPass,
+    "SA": SendActivation,
+    "RA": RecvActivation,
+    "SG": SendGrad,
+    "RG": RecvGrad,
+    "RT": ReduceTiedGrads,
+    "RD": ReduceGrads,
+    "OS": OptimizerStep,
 }
 
 
@@ -34,7 +42,7 @@ def parse(text: str) -> list[list[PipeInstruction]]:
         cmds: list[PipeInstruction] = []
         for token in step.split():
             name = token.rstrip("0123456789")
-            digits = token[len(name):]
+            digits = token[len(name) :]
             cmds.append(CODES[name](int(digits)) if digits else CODES[name]())
         steps.append(cmds)
     return steps
@@ -71,11 +79,12 @@ TRAIN = {
 
 INFERENCE = {
     (1, 1): ["L0 F0"],
-    (2, 4): ["L0 F0 | L1 SA0 F1 | L0 SA1 F0 | L1 SA0 F1 | SA1",
-             " | L0 RA0 F0 | L1 RA1 F1 | L0 RA0 F0 | L1 RA1 F1"],
-    (3, 5): ["L0 F0 | L1 SA0 F1 | L0 SA1 F0 | L1 SA0 F1 | L0 SA1 F0 | SA0 | ",
-             " | RA0 F0 | RA1 SA0 F1 | RA0 SA1 F0 | RA1 SA0 F1 | RA0 SA1 F0 | SA0",
-             " |  | L0 RA0 F0 | L1 RA1 F1 | L0 RA0 F0 | L1 RA1 F1 | L0 RA0 F0"],
+    (2, 4): ["L0 F0 | L1 SA0 F1 | L0 SA1 F0 | L1 SA0 F1 | SA1", " | L0 RA0 F0 | L1 RA1 F1 | L0 RA0 F0 | L1 RA1 F1"],
+    (3, 5): [
+        "L0 F0 | L1 SA0 F1 | L0 SA1 F0 | L1 SA0 F1 | L0 SA1 F0 | SA0 | ",
+        " | RA0 F0 | RA1 SA0 F1 | RA0 SA1 F0 | RA1 SA0 F1 | RA0 SA1 F0 | SA0",
+        " |  | L0 RA0 F0 | L1 RA1 F1 | L0 RA0 F0 | L1 RA1 F1 | L0 RA0 F0",
+    ],
 }
 
 
@@ -116,12 +125,15 @@ def test_instruction_repr_and_equality() -> None:
     assert schedule.is_last_stage and not schedule.is_first_stage
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ((0, 2, 0), "micro_batches must be an int >= 1, got 0"),
-    ((4, 0, 0), "stages must be an int >= 1, got 0"),
-    ((4, 2, 2), r"stage_id must be in \[0, 2\), got 2"),
-    ((4, 2, -1), r"stage_id must be in \[0, 2\), got -1"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 2, 0), "micro_batches must be an int >= 1, got 0"),
+        ((4, 0, 0), "stages must be an int >= 1, got 0"),
+        ((4, 2, 2), r"stage_id must be in \[0, 2\), got 2"),
+        ((4, 2, -1), r"stage_id must be in \[0, 2\), got -1"),
+    ],
+)
 def test_bad_arguments_are_named(args: tuple[int, int, int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainSchedule(*args)

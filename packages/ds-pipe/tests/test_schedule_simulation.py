@@ -182,8 +182,11 @@ def test_simulator_catches_a_broken_schedule() -> None:
         def steps(self):  # type: ignore[no-untyped-def]
             for cmds in super().steps():
                 sends = [c for c in cmds if isinstance(c, SendGrad)]
-                yield [c for c in cmds if not isinstance(c, SendGrad)][:1] + sends + \
-                    [c for c in cmds if not isinstance(c, SendGrad)][1:]
+                yield (
+                    [c for c in cmds if not isinstance(c, SendGrad)][:1]
+                    + sends
+                    + [c for c in cmds if not isinstance(c, SendGrad)][1:]
+                )
 
     with pytest.raises(AssertionError, match="deadlock"):
         simulate(Swapped, 2, 4)  # type: ignore[arg-type]

@@ -63,12 +63,15 @@ def test_exhaustive_round_trips(dims: list[int]) -> None:
             assert topo.get_axis_list(axis, idx) == topo.filter_match(**{axis: idx})
 
 
-@pytest.mark.parametrize(("axes", "dims", "message"), [
-    (["pipe", "data"], [2], "must have the same length"),
-    ([], [], "at least one axis"),
-    (["pipe", "pipe"], [2, 2], "must be unique"),
-    (["pipe", "data"], [2, 0], "dim of axis 'data' must be an int >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    ("axes", "dims", "message"),
+    [
+        (["pipe", "data"], [2], "must have the same length"),
+        ([], [], "at least one axis"),
+        (["pipe", "pipe"], [2, 2], "must be unique"),
+        (["pipe", "data"], [2, 0], "dim of axis 'data' must be an int >= 1, got 0"),
+    ],
+)
 def test_bad_topology_is_named(axes: list[str], dims: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ProcessTopology(axes, dims)

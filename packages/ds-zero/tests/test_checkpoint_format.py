@@ -32,16 +32,23 @@ def _save(world: int) -> list[dict]:
     flat = torch.cat([flat, torch.zeros(part * world - 11)])
     out = []
     for r in range(world):
-        values = flat[r * part:(r + 1) * part].clone()
+        values = flat[r * part : (r + 1) * part].clone()
         frags = fragments_in_range(slots, r * part, (r + 1) * part)
-        out.append({
-            "ds_zero_format": FORMAT_VERSION, "zero_stage": 2, "partition_count": world, "dp_rank": r,
-            "single_partition_of_fp32_groups": [values],
-            "partitions": [partition_metadata(0, part, frags, {"w": (2, 3), "b": (5,)})],
-            "base_optimizer_state": {"state": {0: {"exp_avg": values * 2, "step": torch.tensor(3.0)}},
-                                     "param_groups": [{"lr": 0.1, "params": [0]}]},
-            "shared_params": {"b_alias": "b"},
-        })
+        out.append(
+            {
+                "ds_zero_format": FORMAT_VERSION,
+                "zero_stage": 2,
+                "partition_count": world,
+                "dp_rank": r,
+                "single_partition_of_fp32_groups": [values],
+                "partitions": [partition_metadata(0, part, frags, {"w": (2, 3), "b": (5,)})],
+                "base_optimizer_state": {
+                    "state": {0: {"exp_avg": values * 2, "step": torch.tensor(3.0)}},
+                    "param_groups": [{"lr": 0.1, "params": [0]}],
+                },
+                "shared_params": {"b_alias": "b"},
+            }
+        )
     return out
 
 
@@ -89,8 +96,12 @@ def test_validation_messages() -> None:
         consolidate_fp32_params(broken)
     index = FragmentIndex(saved)
     with pytest.raises(ValueError, match="parameter 'other' is not in the checkpoint"):
-        fill_partition(torch.zeros(3), fragments_in_range([ParamSlot("other", (3,), 0, 3)], 0, 3), index,
-                       lambda r, k: saved[r]["single_partition_of_fp32_groups"][k])
+        fill_partition(
+            torch.zeros(3),
+            fragments_in_range([ParamSlot("other", (3,), 0, 3)], 0, 3),
+            index,
+            lambda r, k: saved[r]["single_partition_of_fp32_groups"][k],
+        )
 
 
 def test_optim_file_discovery(tmp_path: Path) -> None:

@@ -37,20 +37,34 @@ class Net(nn.Module):
 
 
 def _cfg(path: Path | None, *, param: bool = True, opt: bool = True, **extra: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"stage": 3, "stage3_param_persistence_threshold": 100, "sub_group_size": 4096,
-                           "stage3_prefetch_bucket_size": 9000}
+    cfg: dict[str, Any] = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 100,
+        "sub_group_size": 4096,
+        "stage3_prefetch_bucket_size": 9000,
+    }
     if param:
-        cfg["offload_param"] = {"device": "nvme", "nvme_path": str(path), "buffer_count": 4, "buffer_size": 8192,
-                                "max_in_cpu": 0}
+        cfg["offload_param"] = {
+            "device": "nvme",
+            "nvme_path": str(path),
+            "buffer_count": 4,
+            "buffer_size": 8192,
+            "max_in_cpu": 0,
+        }
     if opt:
-        cfg["offload_optimizer"] = {"device": "nvme", "nvme_path": str(path), "pipeline_read": True,
-                                    "pipeline_write": True}
+        cfg["offload_optimizer"] = {
+            "device": "nvme",
+            "nvme_path": str(path),
+            "pipeline_read": True,
+            "pipeline_write": True,
+        }
     cfg.update(extra)
     return cfg
 
 
-def _build(cfg: dict[str, Any], seed: int = 0, width: int = 64,
-           adam: type[torch.optim.Optimizer] = torch.optim.AdamW) -> tuple[Net, Any]:
+def _build(
+    cfg: dict[str, Any], seed: int = 0, width: int = 64, adam: type[torch.optim.Optimizer] = torch.optim.AdamW
+) -> tuple[Net, Any]:
     torch.manual_seed(seed)
     model = Net(width)
     base = adam(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -106,8 +120,11 @@ def test_nvme_training_equals_no_offload_and_checkpoints_load_either_way(tmp_pat
 def test_missing_or_non_directory_nvme_path_fails_before_partitioning(tmp_path: Path, where: str) -> None:
     regular = tmp_path / "a_file"
     regular.write_text("x")
-    cases = [(tmp_path / "missing", "the directory does not exist"), (regular, "it is not a directory"),
-             (regular / "below", "the directory does not exist")]
+    cases = [
+        (tmp_path / "missing", "the directory does not exist"),
+        (regular, "it is not a directory"),
+        (regular / "below", "the directory does not exist"),
+    ]
     for path, reason in cases:
         cfg = _cfg(tmp_path)
         cfg[where]["nvme_path"] = str(path)
@@ -145,8 +162,11 @@ def tmpfs(tmp_path: Path) -> Iterator[Any]:
 
 def test_read_only_nvme_path_is_refused(tmpfs: Any) -> None:
     path = tmpfs("ro", "ro,size=1m")
-    with pytest.raises(ValueError, match=r"offload_optimizer\.nvme_path='.*/ro': cannot create swap files under it "
-                                         r"\(Read-only file system\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"offload_optimizer\.nvme_path='.*/ro': cannot create swap files under it "
+        r"\(Read-only file system\)",
+    ):
         _build(_cfg(path))
 
 
@@ -157,8 +177,11 @@ def test_disk_full_at_construction_and_at_the_step_where_it_fills(tmpfs: Any) ->
         return out
 
     tiny = tmpfs("tiny", "size=48k")  # room for the probe, not for the 128 KiB shard of fc1.weight
-    with pytest.raises(ds_zero.NVMeSwapError, match=r"write of the shard of parameter .*param_\d+\.swp.* failed.*"
-                                                    r"disk full"):
+    with pytest.raises(
+        ds_zero.NVMeSwapError,
+        match=r"write of the shard of parameter .*param_\d+\.swp.* failed.*"
+        r"disk full",
+    ):
         _build(cfg(tiny), width=128)
     # shards (128 + 128 + 4 + 4 KiB) and fp32 masters (as much) fit; Adam's state fills the disk at step 1
     small = tmpfs("small", "size=640k")
@@ -190,8 +213,11 @@ def test_truncated_or_overwritten_swap_files_are_errors_at_the_next_swap_in(tmp_
     _train(model, opt, 1)
     victim = next(p for p in _files(tmp_path, "params") if p.stat().st_size == 8192 * 4)  # fc1/fc2 weight
     os.truncate(victim, 1000)
-    with pytest.raises(ds_zero.NVMeSwapError, match=rf"shard of parameter 'fc\d.weight' is truncated \({victim}: 1000 "
-                                                    r"bytes, 32768 were written\)"):
+    with pytest.raises(
+        ds_zero.NVMeSwapError,
+        match=rf"shard of parameter 'fc\d.weight' is truncated \({victim}: 1000 "
+        r"bytes, 32768 were written\)",
+    ):
         _train(model, opt, 1, start=1)
 
     again = tmp_path / "again"
@@ -207,14 +233,25 @@ def test_truncated_or_overwritten_swap_files_are_errors_at_the_next_swap_in(tmp_
 
 
 def test_buffers_too_small_are_config_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"offload_param.buffer_size=1000 elements is smaller than the shard of "
-                                         r"parameter .* \(8192 elements"):
-        _build(_cfg(tmp_path, offload_param={"device": "nvme", "nvme_path": str(tmp_path), "buffer_size": 1000,
-                                             "max_in_cpu": 0}))
-    model, opt = _build(_cfg(tmp_path, offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path),
-                                                          "buffer_count": 2}))
-    with pytest.raises(ValueError, match=r"offload_optimizer.buffer_count=2 is too small: .* 2 state tensors .* "
-                                         r"buffer_count >= 3"):
+    with pytest.raises(
+        ValueError,
+        match=r"offload_param.buffer_size=1000 elements is smaller than the shard of "
+        r"parameter .* \(8192 elements",
+    ):
+        _build(
+            _cfg(
+                tmp_path,
+                offload_param={"device": "nvme", "nvme_path": str(tmp_path), "buffer_size": 1000, "max_in_cpu": 0},
+            )
+        )
+    model, opt = _build(
+        _cfg(tmp_path, offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path), "buffer_count": 2})
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"offload_optimizer.buffer_count=2 is too small: .* 2 state tensors .* "
+        r"buffer_count >= 3",
+    ):
         _train(model, opt, 1)
 
 
@@ -242,9 +279,11 @@ def test_max_in_cpu_keeps_the_first_shards_resident_and_init_swaps_at_constructi
 
 def test_stage_1_2_nvme_says_stage_3() -> None:
     model = Net()
-    with pytest.raises(ValueError, match=r'not supported at stages 1 and 2 .*zero_optimization.stage=3'):
-        ds_zero.DeepSpeedZeroOptimizer(torch.optim.AdamW(model.parameters()), config=ds_zero.ZeroConfig(
-            stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"}))
+    with pytest.raises(ValueError, match=r"not supported at stages 1 and 2 .*zero_optimization.stage=3"):
+        ds_zero.DeepSpeedZeroOptimizer(
+            torch.optim.AdamW(model.parameters()),
+            config=ds_zero.ZeroConfig(stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"}),
+        )
 
 
 def test_checksum_depends_on_the_bytes_not_on_where_they_lie() -> None:

@@ -17,7 +17,7 @@ def test_padding_is_less_than_the_number_of_partitions() -> None:
 
 
 def test_fragments_split_a_parameter_at_partition_boundaries() -> None:
-    slots = [ParamSlot("a", (2, 3), 0, 6), ParamSlot("b", (5,), 6, 5)]   # 11 elements, 2 ranks of 6
+    slots = [ParamSlot("a", (2, 3), 0, 6), ParamSlot("b", (5,), 6, 5)]  # 11 elements, 2 ranks of 6
     assert fragments_in_range(slots, 0, 6) == [Fragment("a", 0, 6, 0)]
     assert fragments_in_range(slots, 6, 12) == [Fragment("b", 0, 5, 0)]
     # 3 ranks of 4: "a" straddles ranks 0/1, "b" straddles ranks 1/2

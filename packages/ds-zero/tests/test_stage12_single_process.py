@@ -17,8 +17,9 @@ def _model(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
 
 def _zero(model: nn.Module, stage: int, **kwargs) -> ds_zero.DeepSpeedZeroOptimizer:
     base = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    return ds_zero.ZeroOptimizer(base, config=ds_zero.ZeroConfig(stage=stage, reduce_bucket_size=20), module=model,
-                                 **kwargs)
+    return ds_zero.ZeroOptimizer(
+        base, config=ds_zero.ZeroConfig(stage=stage, reduce_bucket_size=20), module=model, **kwargs
+    )
 
 
 @pytest.mark.parametrize("stage", [1, 2])
@@ -61,8 +62,9 @@ def test_argument_errors_name_the_setting() -> None:
     with pytest.raises(ValueError, match="stage=0.*no ZeRO wrapper"):
         ds_zero.ZeroOptimizer(base, config=ds_zero.ZeroConfig(stage=0))
     with pytest.raises(ValueError, match='device="nvme" is not supported at stages 1 and 2'):
-        ds_zero.ZeroOptimizer(base, config=ds_zero.ZeroConfig(stage=2, offload_optimizer={"device": "nvme",
-                                                                                        "nvme_path": "/tmp"}))
+        ds_zero.ZeroOptimizer(
+            base, config=ds_zero.ZeroConfig(stage=2, offload_optimizer={"device": "nvme", "nvme_path": "/tmp"})
+        )
     with pytest.raises(TypeError, match="must be a torch.optim.Optimizer, got list"):
         ds_zero.ZeroOptimizer([base], config=ds_zero.ZeroConfig(stage=1))
     with pytest.raises(TypeError, match="ds_zero.ZeroConfig"):
@@ -87,7 +89,7 @@ def test_state_dict_roundtrip_is_exact_and_checks_ranks() -> None:
     saved = opt.state_dict()
     other = _model(seed=5, dtype=torch.bfloat16)
     opt2 = _zero(other, 2, loss_scaler=ds_zero.DynamicLossScaler())
-    opt2.load_state_dict(saved)          # one dict is accepted for a 1-rank save
+    opt2.load_state_dict(saved)  # one dict is accepted for a 1-rank save
     for a, b in zip(model.parameters(), other.parameters(), strict=True):
         assert torch.equal(a, b)
     assert torch.equal(opt.masters[0], opt2.masters[0]) and opt2.loss_scale == opt.loss_scale
@@ -109,14 +111,18 @@ def test_unused_parameters_are_zero_or_an_error() -> None:
 
     model = TwoHeads()
     before = model.unused.weight.detach().clone()
-    opt = ds_zero.ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                config=ds_zero.ZeroConfig(stage=2), module=model)
+    opt = ds_zero.ZeroOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), config=ds_zero.ZeroConfig(stage=2), module=model
+    )
     opt.backward(model(torch.randn(3, 4)).sum())
     assert opt.step()
-    assert torch.equal(model.unused.weight, before)           # zero gradient, plain SGD: unchanged
+    assert torch.equal(model.unused.weight, before)  # zero gradient, plain SGD: unchanged
     strict = TwoHeads()
-    opt = ds_zero.ZeroOptimizer(torch.optim.SGD(strict.parameters(), lr=0.1),
-                                config=ds_zero.ZeroConfig(stage=2, ignore_unused_parameters=False), module=strict)
+    opt = ds_zero.ZeroOptimizer(
+        torch.optim.SGD(strict.parameters(), lr=0.1),
+        config=ds_zero.ZeroConfig(stage=2, ignore_unused_parameters=False),
+        module=strict,
+    )
     with pytest.raises(ValueError, match=r"\['unused.bias', 'unused.weight'\] received no gradient"):
         opt.backward(strict(torch.randn(3, 4)).sum())
 
@@ -138,7 +144,7 @@ def test_zero_grad_discards_a_backward_that_was_not_stepped(stage: int) -> None:
     model, ref = _model(), _model()
     opt = _zero(model, stage)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
-    opt.backward(model(torch.randn(4, 5)).sum() * 100)      # thrown away
+    opt.backward(model(torch.randn(4, 5)).sum() * 100)  # thrown away
     opt.zero_grad()
     x = torch.randn(4, 5)
     opt.backward(model(x).pow(2).mean())
@@ -157,7 +163,7 @@ def test_a_backward_that_raised_does_not_break_the_next_one() -> None:
     def boom(grad: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("boom")
 
-    handle = model[0].weight.register_hook(boom)           # fires after the last layer's buckets
+    handle = model[0].weight.register_hook(boom)  # fires after the last layer's buckets
     with pytest.raises(RuntimeError, match="boom"):
         opt.backward(model(torch.randn(4, 5)).sum())
     handle.remove()

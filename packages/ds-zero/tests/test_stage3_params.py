@@ -40,8 +40,16 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
     model = _mlp()
     ds_zero.partition_model(model)
     w = model[0].weight
-    assert set(vars(w)) == {"ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_persist",
-                            "ds_process_group", "_ds_state"}
+    assert set(vars(w)) == {
+        "ds_id",
+        "ds_shape",
+        "ds_numel",
+        "ds_tensor",
+        "ds_status",
+        "ds_persist",
+        "ds_process_group",
+        "_ds_state",
+    }
     st = state_of(w)
     assert isinstance(st, ZeroParamState) and not hasattr(st, "__dict__")
     with pytest.raises(AttributeError):
@@ -151,14 +159,19 @@ def test_init_dtype_and_config_dtype() -> None:
     assert a.weight.dtype == b.weight.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"remote_device": "nvme"}, "remote_device='nvme'.*needs zero_optimization.offload_param.nvme_path"),
-    ({"remote_device": "disk"}, "remote_device='disk'"),
-    ({"mpu": object()}, "model parallelism is not supported"),
-    ({"config_dict_or_path": "/no/such/ds_config.json"}, "no such file"),
-    ({"config_dict_or_path": {"zero_optimization": {"stage3_max_live_parameters": -1}}},
-     "zero_optimization.stage3_max_live_parameters"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"remote_device": "nvme"}, "remote_device='nvme'.*needs zero_optimization.offload_param.nvme_path"),
+        ({"remote_device": "disk"}, "remote_device='disk'"),
+        ({"mpu": object()}, "model parallelism is not supported"),
+        ({"config_dict_or_path": "/no/such/ds_config.json"}, "no such file"),
+        (
+            {"config_dict_or_path": {"zero_optimization": {"stage3_max_live_parameters": -1}}},
+            "zero_optimization.stage3_max_live_parameters",
+        ),
+    ],
+)
 def test_init_rejects_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         ds_zero.Init(**kwargs)

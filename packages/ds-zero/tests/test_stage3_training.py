@@ -57,8 +57,13 @@ class OpaqueNet(Net):
         return self.head(torch.tanh(self.l2(h)))
 
 
-CFG = {"stage": 3, "stage3_param_persistence_threshold": 20, "stage3_prefetch_bucket_size": 600,
-       "stage3_max_live_parameters": 1200, "stage3_max_reuse_distance": 600}
+CFG = {
+    "stage": 3,
+    "stage3_param_persistence_threshold": 20,
+    "stage3_prefetch_bucket_size": 600,
+    "stage3_max_live_parameters": 1200,
+    "stage3_max_reuse_distance": 600,
+}
 
 
 def _train(model: nn.Module, steps: int = 6, wrap: bool = True) -> tuple[list[float], nn.Module]:
@@ -120,8 +125,9 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale() -> None:
     torch.manual_seed(0)
     model = Net().half()
     scaler = DynamicLossScaler(init_scale=2.0**8, delayed_shift=1)
-    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                                config={"stage": 3}, loss_scaler=scaler)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), config={"stage": 3}, loss_scaler=scaler
+    )
     with GatheredParameters(model.parameters()):
         before = [p.detach().clone() for p in model.parameters()]
     loss = model(torch.randint(0, 40, (2, 3))).float().mean() * float("inf")
@@ -137,14 +143,16 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale() -> None:
 def test_optimizer_argument_errors() -> None:
     model = Net()
     with pytest.raises(ValueError, match="stage=3, got 2"):
-        ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                              config={"stage": 2})
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.1), config={"stage": 2})
     stray = nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match="not a parameter of the module"):
         ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD([*model.parameters(), stray], lr=0.1))
     with pytest.raises(ValueError, match="offload_optimizer.nvme_path='/no/such/dir': the directory does not exist"):
-        ds_zero.DeepSpeedZeroOptimizer_Stage3(Net(), torch.optim.SGD(Net().parameters(), lr=0.1), config={
-            "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/no/such/dir"}})
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(
+            Net(),
+            torch.optim.SGD(Net().parameters(), lr=0.1),
+            config={"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/no/such/dir"}},
+        )
     other = Net()
     used = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
     other(torch.randint(0, 40, (1, 2))).sum().backward()
@@ -175,8 +183,11 @@ def test_activation_checkpointing_recomputes_with_gathered_parameters(reentrant:
     torch.manual_seed(0)
     ref = CheckpointedNet(reentrant)
     model = copy.deepcopy(ref)
-    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.Adam(model.parameters(), lr=1e-2),
-                                                config={"stage": 3, "stage3_param_persistence_threshold": 0})
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-2),
+        config={"stage": 3, "stage3_param_persistence_threshold": 0},
+    )
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     for _ in range(3):
         x = torch.randn(5, 16, requires_grad=reentrant)
@@ -195,8 +206,9 @@ def test_activation_checkpointing_recomputes_with_gathered_parameters(reentrant:
 def test_both_calling_conventions_and_their_errors() -> None:
     a, b = Net(), Net()
     ds_zero.DeepSpeedZeroOptimizer_Stage3(a, torch.optim.SGD(a.parameters(), lr=0.1), config={"stage": 3})
-    engine_style = ds_zero.DeepSpeedZeroOptimizer_Stage3(torch.optim.SGD(b.parameters(), lr=0.1),
-                                                         config={"stage": 3}, module=b)
+    engine_style = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        torch.optim.SGD(b.parameters(), lr=0.1), config={"stage": 3}, module=b
+    )
     assert engine_style.module is b
     with pytest.raises(TypeError, match="needs a module"):
         ds_zero.DeepSpeedZeroOptimizer_Stage3(torch.optim.SGD(Net().parameters(), lr=0.1))
@@ -207,8 +219,7 @@ def test_both_calling_conventions_and_their_errors() -> None:
 def test_refresh_fp32_params_after_loading_module_weights() -> None:
     torch.manual_seed(0)
     model, source = Net().half(), Net().half()
-    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.0),
-                                                config={"stage": 3})
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.0), config={"stage": 3})
     model.load_state_dict(source.state_dict())  # the shards change; the fp32 masters do not yet
     opt.refresh_fp32_params()
     opt.backward(model(torch.randint(0, 40, (2, 3))).float().mean())
@@ -261,8 +272,9 @@ def test_external_parameters_join_the_reading_module(register: bool) -> None:
 
 def test_persistence_thresholds() -> None:
     model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 2))  # 100 + 10 + 20 + 2 elements
-    ds_zero.DeepSpeedZeRoOffload(model, config={"stage3_param_persistence_threshold": 50,
-                                                "stage3_model_persistence_threshold": 15})
+    ds_zero.DeepSpeedZeRoOffload(
+        model, config={"stage3_param_persistence_threshold": 50, "stage3_model_persistence_threshold": 15}
+    )
     persist = {name: p.ds_persist for name, p in model.named_parameters()}
     # below 50 elements: the biases and the 20-element weight; the 15-element budget admits only 10 + 2
     assert persist == {"0.weight": False, "0.bias": True, "1.weight": False, "1.bias": True}

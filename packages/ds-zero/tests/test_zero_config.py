@@ -17,9 +17,15 @@ def test_defaults_match_deepspeed() -> None:
     assert (z.stage, z.contiguous_gradients, z.reduce_scatter, z.reduce_bucket_size) == (0, True, True, 500_000_000)
     assert (z.allgather_partitions, z.allgather_bucket_size, z.overlap_comm) == (True, 500_000_000, False)
     assert (z.prefetch_bucket_size, z.param_persistence_threshold, z.max_live_parameters) == (
-        50_000_000, 100_000, 1_000_000_000)
+        50_000_000,
+        100_000,
+        1_000_000_000,
+    )
     assert (z.offload_optimizer.device, z.offload_optimizer.pin_memory, z.offload_optimizer.buffer_count) == (
-        "none", True, 4)
+        "none",
+        True,
+        4,
+    )
     assert (z.offload_param.buffer_count, z.offload_param.buffer_size) == (5, 100_000_000)
 
 
@@ -50,20 +56,29 @@ def test_legacy_cpu_offload_maps_with_warning() -> None:
     assert z.gather_16bit_weights_on_model_save is True
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"stage": 4}, r"zero_optimization\.stage: Input should be less than or equal to 3"),
-    ({"stgae": 2}, r"zero_optimization\.stgae: unknown key 'stgae'; did you mean 'stage'\?"),
-    ({"reduce_bucket_size": 0}, r"zero_optimization\.reduce_bucket_size: Input should be greater than 0"),
-    ({"reduce_bucket_size": 5.5}, r"zero_optimization\.reduce_bucket_size: .*integer"),
-    ({"offload_optimizer": {"device": "gpu"}}, r"zero_optimization\.offload_optimizer\.device: .*'none', 'cpu' or "
-                                               r"'nvme'"),
-    ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, r"nvme_path"),
-    ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, r"ratio=0.5 .*needs stage 3"),
-    ({"offload_optimizer": {"device": "cpu"}}, r"offload_optimizer needs ZeRO stage 1, 2 or 3"),
-    ({"stage": 2, "zero_quantized_gradients": True}, r"zero_optimization\.zero_quantized_gradients: .*not supported"),
-    ({"stage": 1, "legacy_stage1": True}, r"legacy_stage1.*not supported"),
-    ({"stage": 3, "compute_grad_norm": False}, r"compute_grad_norm=False is only allowed for stages 1 and 2"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"stage": 4}, r"zero_optimization\.stage: Input should be less than or equal to 3"),
+        ({"stgae": 2}, r"zero_optimization\.stgae: unknown key 'stgae'; did you mean 'stage'\?"),
+        ({"reduce_bucket_size": 0}, r"zero_optimization\.reduce_bucket_size: Input should be greater than 0"),
+        ({"reduce_bucket_size": 5.5}, r"zero_optimization\.reduce_bucket_size: .*integer"),
+        (
+            {"offload_optimizer": {"device": "gpu"}},
+            r"zero_optimization\.offload_optimizer\.device: .*'none', 'cpu' or "
+            r"'nvme'",
+        ),
+        ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, r"nvme_path"),
+        ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, r"ratio=0.5 .*needs stage 3"),
+        ({"offload_optimizer": {"device": "cpu"}}, r"offload_optimizer needs ZeRO stage 1, 2 or 3"),
+        (
+            {"stage": 2, "zero_quantized_gradients": True},
+            r"zero_optimization\.zero_quantized_gradients: .*not supported",
+        ),
+        ({"stage": 1, "legacy_stage1": True}, r"legacy_stage1.*not supported"),
+        ({"stage": 3, "compute_grad_norm": False}, r"compute_grad_norm=False is only allowed for stages 1 and 2"),
+    ],
+)
 def test_bad_sections_name_the_key(data: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _zero(data)

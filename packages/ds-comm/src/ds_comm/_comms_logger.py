@@ -82,16 +82,24 @@ class CommsLogger(CommsLoggerQueries):
         rec.algbw_sum += algbw
         rec.busbw_sum += busbw
         if self.config.verbose:
-            logger.info("comm op: %s | time (ms): %.3f | msg size: %s | algbw (Gbps): %.2f | busbw (Gbps): %.2f",
-                        name, latency_s * 1e3, format_bytes(size_bytes), algbw * 8 / 1e9, busbw * 8 / 1e9)
+            logger.info(
+                "comm op: %s | time (ms): %.3f | msg size: %s | algbw (Gbps): %.2f | busbw (Gbps): %.2f",
+                name,
+                latency_s * 1e3,
+                format_bytes(size_bytes),
+                algbw * 8 / 1e9,
+                busbw * 8 / 1e9,
+            )
 
     def reset(self) -> None:
         self.records.clear()
 
     def summary(self) -> str:
         """A table: op, message size, count, total bytes, avg latency, avg algbw and busbw."""
-        header = f"{'Comm. Op':<28}{'Message Size':>14}{'Count':>8}{'Total Bytes':>14}" \
-                 f"{'Avg Lat(ms)':>13}{'algbw(Gbps)':>13}{'busbw(Gbps)':>13}"
+        header = (
+            f"{'Comm. Op':<28}{'Message Size':>14}{'Count':>8}{'Total Bytes':>14}"
+            f"{'Avg Lat(ms)':>13}{'algbw(Gbps)':>13}{'busbw(Gbps)':>13}"
+        )
         lines = [header]
         for op in sorted(self.records):
             for size in sorted(self.records[op]):
@@ -115,9 +123,15 @@ def _caller_name() -> str:
 comms_logger = CommsLogger()
 
 
-def configure(config: CommsLoggerConfig | dict[str, Any] | Any | None = None, *, enabled: bool | None = None,
-              prof_all: bool | None = None, prof_ops: list[str] | None = None, verbose: bool | None = None,
-              debug: bool | None = None) -> None:
+def configure(
+    config: CommsLoggerConfig | dict[str, Any] | Any | None = None,
+    *,
+    enabled: bool | None = None,
+    prof_all: bool | None = None,
+    prof_ops: list[str] | None = None,
+    verbose: bool | None = None,
+    debug: bool | None = None,
+) -> None:
     """Set up the comms logger from a `comms_logger` section (model or dict) and/or keyword overrides.
 
     An object with a `comms_logger` attribute (an engine config) is accepted too.
@@ -128,6 +142,9 @@ def configure(config: CommsLoggerConfig | dict[str, Any] | Any | None = None, *,
     if config is not None and not isinstance(config, (CommsLoggerConfig, dict)):
         config = getattr(config, "comms_logger", None)
     base = validate_section(CommsLoggerConfig, config or {}, path="comms_logger")
-    overrides = {k: v for k, v in dict(enabled=enabled, prof_all=prof_all, prof_ops=prof_ops, verbose=verbose,
-                                       debug=debug).items() if v is not None}
+    overrides = {
+        k: v
+        for k, v in dict(enabled=enabled, prof_all=prof_all, prof_ops=prof_ops, verbose=verbose, debug=debug).items()
+        if v is not None
+    }
     comms_logger.configure(base.model_copy(update=overrides) if overrides else base)

@@ -95,10 +95,21 @@ def init_distributed(
     state.launch = info
     backend = dist_backend or get_accelerator().communication_backend_name()
     if verbose and info.rank == 0:
-        logger.info("initializing %s: world_size=%d from %s, master %s:%d", backend, info.world_size,
-                    info.source, info.master_addr, info.master_port)
-    dist.init_process_group(backend=backend, init_method=init_method or "env://", rank=info.rank,
-                            world_size=info.world_size, timeout=state.timeout)
+        logger.info(
+            "initializing %s: world_size=%d from %s, master %s:%d",
+            backend,
+            info.world_size,
+            info.source,
+            info.master_addr,
+            info.master_port,
+        )
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method or "env://",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=state.timeout,
+    )
     register_exit_teardown()
 
 

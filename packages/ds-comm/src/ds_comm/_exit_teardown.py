@@ -78,8 +78,10 @@ def _start_watchdog() -> Callable[[], None]:
 
 
 def _give_up() -> None:
-    sys.stderr.write(f"[ds_comm] destroying the process groups at exit took over {TEARDOWN_LIMIT_S:g} s: a "
-                     "collective is still in flight (an async_op=True handle nobody waited on?). Exiting "
-                     "without the teardown, status 1.\n")
+    sys.stderr.write(
+        f"[ds_comm] destroying the process groups at exit took over {TEARDOWN_LIMIT_S:g} s: a "
+        "collective is still in flight (an async_op=True handle nobody waited on?). Exiting "
+        "without the teardown, status 1.\n"
+    )
     sys.stderr.flush()
     os._exit(1)

@@ -14,7 +14,12 @@ logger = logging.getLogger(__name__)
 
 #: Variables whose presence means "started by mpirun/mpiexec" (OpenMPI, PMIx, MPICH/Hydra, Intel MPI, MVAPICH).
 MPI_ENV_MARKERS = (
-    "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "PMI_SIZE",
+    "PMI_RANK",
+    "MPI_LOCALNRANKS",
+    "MV2_COMM_WORLD_SIZE",
 )
 
 
@@ -62,9 +67,13 @@ def from_torch_env(env: Mapping[str, str], default_port: int) -> LaunchInfo | No
     local_rank = _int_env(env, "LOCAL_RANK", default=0)
     local_world = _int_env(env, "LOCAL_WORLD_SIZE", "LOCAL_SIZE", default=world)
     return LaunchInfo(
-        rank=rank, world_size=world, local_rank=local_rank or 0, local_world_size=local_world or world,
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank or 0,
+        local_world_size=local_world or world,
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=_int_env(env, "MASTER_PORT", default=default_port) or default_port, source="env",
+        master_port=_int_env(env, "MASTER_PORT", default=default_port) or default_port,
+        source="env",
     )
 
 
@@ -88,8 +97,15 @@ def from_mpi(default_port: int) -> LaunchInfo:
     node_comm.Free()
     master_addr = comm.bcast(_host_address() if rank == 0 else None, root=0)
     master_port = comm.bcast(int(os.environ.get("MASTER_PORT", default_port)) if rank == 0 else None, root=0)
-    return LaunchInfo(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-                      master_addr=master_addr, master_port=master_port, source="mpi")
+    return LaunchInfo(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        master_addr=master_addr,
+        master_port=master_port,
+        source="mpi",
+    )
 
 
 def _host_address() -> str:
@@ -135,9 +151,13 @@ def from_slurm(env: Mapping[str, str], default_port: int) -> LaunchInfo | None:
     if local_world is None:
         local_world = max(1, world // max(1, len(hosts)))
     return LaunchInfo(
-        rank=rank, world_size=world, local_rank=_int_env(env, "SLURM_LOCALID", default=0) or 0,
-        local_world_size=local_world, master_addr=master,
-        master_port=_int_env(env, "MASTER_PORT", default=default_port) or default_port, source="slurm",
+        rank=rank,
+        world_size=world,
+        local_rank=_int_env(env, "SLURM_LOCALID", default=0) or 0,
+        local_world_size=local_world,
+        master_addr=master,
+        master_port=_int_env(env, "MASTER_PORT", default=default_port) or default_port,
+        source="slurm",
     )
 
 
@@ -145,8 +165,9 @@ def _scontrol_hostnames(nodelist: str) -> list[str]:
     if not nodelist:
         return []
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=10, check=True)
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return out.stdout.split()
@@ -154,8 +175,15 @@ def _scontrol_hostnames(nodelist: str) -> list[str]:
 
 def single_process(default_port: int) -> LaunchInfo:
     """`python train.py` with no launcher: a world of one."""
-    return LaunchInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
-                      master_port=int(os.environ.get("MASTER_PORT", default_port)), source="single")
+    return LaunchInfo(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        master_addr="127.0.0.1",
+        master_port=int(os.environ.get("MASTER_PORT", default_port)),
+        source="single",
+    )
 
 
 def discover(*, auto_mpi_discovery: bool, default_port: int, env: Mapping[str, str] | None = None) -> LaunchInfo:

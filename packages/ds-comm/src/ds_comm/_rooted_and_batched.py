@@ -24,8 +24,13 @@ from ds_comm.collectives import CollectiveHandle, _error, _issue, _nbytes, _time
 __all__ = ["P2POp", "batch_isend_irecv", "gather", "monitored_barrier", "scatter"]
 
 
-def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0,
-           group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = None,
+    dst: int = 0,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.gather`: every rank's `tensor` lands in `gather_list[rank]` on global rank `dst`.
 
     Args:
@@ -39,12 +44,22 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
         ValueError: `gather_list` is missing on the destination or has the wrong length.
     """
     _check_root_list("gather", "gather_list", gather_list, dst, group)
-    return _issue("gather", lambda a: dist.gather(tensor, gather_list, dst=dst, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+    return _issue(
+        "gather",
+        lambda a: dist.gather(tensor, gather_list, dst=dst, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(tensor),
+    )
 
 
-def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0,
-            group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: list[torch.Tensor] | None = None,
+    src: int = 0,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.scatter`: `scatter_list[rank]` on global rank `src` lands in each rank's `tensor`.
 
     Args:
@@ -58,12 +73,18 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         ValueError: `scatter_list` is missing on the source or has the wrong length.
     """
     _check_root_list("scatter", "scatter_list", scatter_list, src, group)
-    return _issue("scatter", lambda a: dist.scatter(tensor, scatter_list, src=src, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+    return _issue(
+        "scatter",
+        lambda a: dist.scatter(tensor, scatter_list, src=src, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(tensor),
+    )
 
 
-def _check_root_list(op: str, arg: str, tensors: list[torch.Tensor] | None, root: int,
-                     group: ProcessGroup | None) -> None:
+def _check_root_list(
+    op: str, arg: str, tensors: list[torch.Tensor] | None, root: int, group: ProcessGroup | None
+) -> None:
     if dist.get_rank() != root:
         return
     world = dist.get_world_size(group)
@@ -118,8 +139,10 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[CollectiveHandle]:
     if comms_logger.should_record("send") or comms_logger.should_record("recv"):
         get_accelerator().synchronize()
         start = time.perf_counter()
-    torch_ops = [dist.P2POp(dist.isend if p.is_send else dist.irecv, p.tensor, p.peer, group=p.group, tag=p.tag)
-                 for p in p2p_op_list]
+    torch_ops = [
+        dist.P2POp(dist.isend if p.is_send else dist.irecv, p.tensor, p.peer, group=p.group, tag=p.tag)
+        for p in p2p_op_list
+    ]
     group = p2p_op_list[0].group
     try:
         works = dist.batch_isend_irecv(torch_ops)
@@ -128,12 +151,15 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[CollectiveHandle]:
     # torch returns one work per op on gloo and a single coalesced work on nccl; keep one handle per op.
     if len(works) != len(p2p_op_list):
         works = [works[-1]] * len(p2p_op_list)
-    return [CollectiveHandle(work, "send" if p.is_send else "recv", p.group, _nbytes(p.tensor), start)
-            for work, p in zip(works, p2p_op_list, strict=True)]
+    return [
+        CollectiveHandle(work, "send" if p.is_send else "recv", p.group, _nbytes(p.tensor), start)
+        for work, p in zip(works, p2p_op_list, strict=True)
+    ]
 
 
-def monitored_barrier(group: ProcessGroup | None = None, timeout: timedelta | None = None,
-                      wait_all_ranks: bool = False) -> None:
+def monitored_barrier(
+    group: ProcessGroup | None = None, timeout: timedelta | None = None, wait_all_ranks: bool = False
+) -> None:
     """A barrier that names the ranks that did not arrive (gloo only, as in torch).
 
     Args:
@@ -152,4 +178,3 @@ def monitored_barrier(group: ProcessGroup | None = None, timeout: timedelta | No
     except RuntimeError as err:
         timed_out = _timed_out(err, time.monotonic() - began, limit)
         raise _error("monitored_barrier", group, err, limit, timed_out=timed_out) from err
-

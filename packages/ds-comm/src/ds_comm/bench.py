@@ -102,13 +102,22 @@ def _time(op: str, numel: int, dtype: torch.dtype, trials: int, warmups: int) ->
     all_reduce(elapsed, op=ReduceOp.MAX)  # the slowest rank sets the pace of a collective
     duration = float(elapsed.item())
     algbw = size_bytes / duration
-    factor = 1.0 if op == "pt2pt" else bus_factor({"all_gather": "all_gather_into_tensor",
-                                                   "all_to_all": "all_to_all_single"}.get(op, op), world)
+    factor = (
+        1.0
+        if op == "pt2pt"
+        else bus_factor({"all_gather": "all_gather_into_tensor", "all_to_all": "all_to_all_single"}.get(op, op), world)
+    )
     return BenchRow(op, size_bytes, numel, trials, duration, algbw, algbw * factor)
 
 
-def run_benchmark(ops: Sequence[str], sizes_bytes: Sequence[int], *, trials: int = 50, warmups: int = 5,
-                  dtype: torch.dtype = torch.float32) -> list[BenchRow]:
+def run_benchmark(
+    ops: Sequence[str],
+    sizes_bytes: Sequence[int],
+    *,
+    trials: int = 50,
+    warmups: int = 5,
+    dtype: torch.dtype = torch.float32,
+) -> list[BenchRow]:
     """Time each op at each size on the current process group; every rank returns the same rows.
 
     Raises:
@@ -132,13 +141,17 @@ def format_table(rows: Sequence[BenchRow], *, bw_unit: str = "Gbps", raw: bool =
     lines = []
     for op in dict.fromkeys(r.op for r in rows):
         lines.append(f"---- Performance of {op} on {get_world_size()} ranks ----")
-        lines.append(f"{'Size (Bytes)':<20}{'Description':<25}{'Duration':<18}"
-                     f"{f'Throughput ({bw_unit})':<24}{f'BusBW ({bw_unit})':<20}")
+        lines.append(
+            f"{'Size (Bytes)':<20}{'Description':<25}{'Duration':<18}"
+            f"{f'Throughput ({bw_unit})':<24}{f'BusBW ({bw_unit})':<20}"
+        )
         for r in (r for r in rows if r.op == op):
             size = str(r.size_bytes) if raw else format_bytes(r.size_bytes)
             duration = f"{r.duration_s:.6f} s" if raw else _format_duration(r.duration_s)
-            lines.append(f"{size:<20}{f'{r.trials}x{r.numel}':<25}{duration:<18}"
-                         f"{r.algbw_bytes_s * scale:<24.3f}{r.busbw_bytes_s * scale:<20.3f}")
+            lines.append(
+                f"{size:<20}{f'{r.trials}x{r.numel}':<25}{duration:<18}"
+                f"{r.algbw_bytes_s * scale:<24.3f}{r.busbw_bytes_s * scale:<20.3f}"
+            )
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -176,8 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ops = [op for op in OPS if getattr(args, op)] or [op for op in OPS if op != "pt2pt" or world > 1]
     exponents = range(_MIN_EXPONENT, args.maxsize + 1) if args.scan else [args.maxsize]
     try:
-        rows = run_benchmark(ops, [2**e for e in exponents], trials=args.trials, warmups=args.warmups,
-                             dtype=_DTYPES[args.dtype])
+        rows = run_benchmark(
+            ops, [2**e for e in exponents], trials=args.trials, warmups=args.warmups, dtype=_DTYPES[args.dtype]
+        )
     except ValueError as err:
         print(f"ds_bench: {err}", file=sys.stderr)
         return 2

@@ -98,14 +98,14 @@ def _timed_out(cause: BaseException, waited_s: float, limit: timedelta | None) -
     return bool(limits) and waited_s >= 0.95 * min(limits)
 
 
-def _error(op: str, group: ProcessGroup | None, cause: BaseException, timeout: timedelta | None, *,
-           timed_out: bool) -> CollectiveError:
+def _error(
+    op: str, group: ProcessGroup | None, cause: BaseException, timeout: timedelta | None, *, timed_out: bool
+) -> CollectiveError:
     rank = dist.get_rank() if dist.is_initialized() else -1
     text = str(cause)
     kind = CollectiveTimeoutError if timed_out else CollectiveError
     what = f"did not complete within {timeout}" if timed_out else "failed"
-    hint = (" (are all ranks issuing the same collectives in the same order, with matching sizes?)"
-            if timed_out else "")
+    hint = " (are all ranks issuing the same collectives in the same order, with matching sizes?)" if timed_out else ""
     return kind(f"{op} on {describe_group(group)} {what} on rank {rank}{hint}: {text.splitlines()[0] if text else ''}")
 
 
@@ -136,8 +136,14 @@ class CollectiveHandle:
         return self._work.get_future()
 
 
-def _finish(work: Work | None, op: str, group: ProcessGroup | None, size_bytes: int, start: float,
-            timeout: timedelta | None = None) -> None:
+def _finish(
+    work: Work | None,
+    op: str,
+    group: ProcessGroup | None,
+    size_bytes: int,
+    start: float,
+    timeout: timedelta | None = None,
+) -> None:
     if work is not None:
         limit = timeout or state.timeout
         began = time.monotonic()
@@ -154,8 +160,9 @@ def _finish(work: Work | None, op: str, group: ProcessGroup | None, size_bytes: 
         comms_logger.record(op, size_bytes, time.perf_counter() - start, world)
 
 
-def _issue(op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup | None, async_op: bool,
-           size_bytes: int) -> CollectiveHandle | None:
+def _issue(
+    op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup | None, async_op: bool, size_bytes: int
+) -> CollectiveHandle | None:
     """Run `call(async_op)` with the timeout policy and logging; `size_bytes` feeds the logger."""
     start = 0.0
     if comms_logger.should_record(op):
@@ -166,8 +173,9 @@ def _issue(op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup 
     try:
         work = call(True if cpu_wait else async_op)
     except _TORCH_ERRORS as err:
-        raise _error(op, group, err, state.timeout,
-                     timed_out=_timed_out(err, time.monotonic() - began, state.timeout)) from err
+        raise _error(
+            op, group, err, state.timeout, timed_out=_timed_out(err, time.monotonic() - began, state.timeout)
+        ) from err
     if async_op:
         assert work is not None
         return CollectiveHandle(work, op, group, size_bytes, start)
@@ -179,87 +187,161 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def all_reduce(tensor: torch.Tensor, op: ReduceOp.RedOpType = ReduceOp.SUM, group: ProcessGroup | None = None,
-               async_op: bool = False) -> CollectiveHandle | None:
+def all_reduce(
+    tensor: torch.Tensor,
+    op: ReduceOp.RedOpType = ReduceOp.SUM,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.all_reduce`, in place on `tensor`."""
-    return _issue("all_reduce", lambda a: dist.all_reduce(tensor, op=op, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+    return _issue(
+        "all_reduce",
+        lambda a: dist.all_reduce(tensor, op=op, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(tensor),
+    )
 
 
-def reduce(tensor: torch.Tensor, dst: int, op: ReduceOp.RedOpType = ReduceOp.SUM, group: ProcessGroup | None = None,
-           async_op: bool = False) -> CollectiveHandle | None:
+def reduce(
+    tensor: torch.Tensor,
+    dst: int,
+    op: ReduceOp.RedOpType = ReduceOp.SUM,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.reduce` to global rank `dst`."""
-    return _issue("reduce", lambda a: dist.reduce(tensor, dst, op=op, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+    return _issue(
+        "reduce",
+        lambda a: dist.reduce(tensor, dst, op=op, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(tensor),
+    )
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None = None,
-              async_op: bool = False) -> CollectiveHandle | None:
+def broadcast(
+    tensor: torch.Tensor, src: int, group: ProcessGroup | None = None, async_op: bool = False
+) -> CollectiveHandle | None:
     """`torch.distributed.broadcast` from global rank `src`."""
-    return _issue("broadcast", lambda a: dist.broadcast(tensor, src, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(tensor))
+    return _issue(
+        "broadcast",
+        lambda a: dist.broadcast(tensor, src, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(tensor),
+    )
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: ProcessGroup | None = None,
-               async_op: bool = False) -> CollectiveHandle | None:
+def all_gather(
+    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: ProcessGroup | None = None, async_op: bool = False
+) -> CollectiveHandle | None:
     """`torch.distributed.all_gather` into a list of per-rank tensors."""
-    return _issue("all_gather", lambda a: dist.all_gather(tensor_list, tensor, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=sum(_nbytes(t) for t in tensor_list))
+    return _issue(
+        "all_gather",
+        lambda a: dist.all_gather(tensor_list, tensor, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=sum(_nbytes(t) for t in tensor_list),
+    )
 
 
-def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                           group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: ProcessGroup | None = None, async_op: bool = False
+) -> CollectiveHandle | None:
     """`torch.distributed.all_gather_into_tensor`: rank i's input lands in the i-th slice of the output."""
-    return _issue("all_gather_into_tensor",
-                  lambda a: _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(output_tensor))
+    return _issue(
+        "all_gather_into_tensor",
+        lambda a: _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(output_tensor),
+    )
 
 
-def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp.RedOpType = ReduceOp.SUM,
-                   group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: ReduceOp.RedOpType = ReduceOp.SUM,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.reduce_scatter`: the sum of everyone's `input_list[rank]` lands in `output`."""
-    return _issue("reduce_scatter",
-                  lambda a: dist.reduce_scatter(output, input_list, op=op, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=sum(_nbytes(t) for t in input_list))
+    return _issue(
+        "reduce_scatter",
+        lambda a: dist.reduce_scatter(output, input_list, op=op, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=sum(_nbytes(t) for t in input_list),
+    )
 
 
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: ReduceOp.RedOpType = ReduceOp.SUM,
-                          group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: ReduceOp.RedOpType = ReduceOp.SUM,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.reduce_scatter_tensor`: slice `rank` of the reduced input lands in `output`."""
-    return _issue("reduce_scatter_tensor",
-                  lambda a: _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(input))
+    return _issue(
+        "reduce_scatter_tensor",
+        lambda a: _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(input),
+    )
 
 
-def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,
-                      input_split_sizes: list[int] | None = None, group: ProcessGroup | None = None,
-                      async_op: bool = False) -> CollectiveHandle | None:
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: list[int] | None = None,
+    input_split_sizes: list[int] | None = None,
+    group: ProcessGroup | None = None,
+    async_op: bool = False,
+) -> CollectiveHandle | None:
     """`torch.distributed.all_to_all_single`."""
-    return _issue("all_to_all_single",
-                  lambda a: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
-                                                   group=group, async_op=a),
-                  group=group, async_op=async_op, size_bytes=_nbytes(input))
+    return _issue(
+        "all_to_all_single",
+        lambda a: dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=group, async_op=a),
+        group=group,
+        async_op=async_op,
+        size_bytes=_nbytes(input),
+    )
 
 
 def barrier(group: ProcessGroup | None = None, async_op: bool = False) -> CollectiveHandle | None:
     """`torch.distributed.barrier`, with the timeout applied on gloo."""
-    return _issue("barrier", lambda a: dist.barrier(group=group, async_op=a), group=group, async_op=async_op,
-                  size_bytes=0)
+    return _issue(
+        "barrier", lambda a: dist.barrier(group=group, async_op=a), group=group, async_op=async_op, size_bytes=0
+    )
 
 
 def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> CollectiveHandle:
     """Non-blocking send to global rank `dst`; `wait()` on the handle."""
-    handle = _issue("send", lambda a: dist.isend(tensor, dst, group=group, tag=tag), group=group, async_op=True,
-                    size_bytes=_nbytes(tensor))
+    handle = _issue(
+        "send",
+        lambda a: dist.isend(tensor, dst, group=group, tag=tag),
+        group=group,
+        async_op=True,
+        size_bytes=_nbytes(tensor),
+    )
     assert handle is not None
     return handle
 
 
-def irecv(tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None,
-          tag: int = 0) -> CollectiveHandle:
+def irecv(
+    tensor: torch.Tensor, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0
+) -> CollectiveHandle:
     """Non-blocking receive from global rank `src`; `wait()` on the handle."""
-    handle = _issue("recv", lambda a: dist.irecv(tensor, src, group=group, tag=tag), group=group, async_op=True,
-                    size_bytes=_nbytes(tensor))
+    handle = _issue(
+        "recv",
+        lambda a: dist.irecv(tensor, src, group=group, tag=tag),
+        group=group,
+        async_op=True,
+        size_bytes=_nbytes(tensor),
+    )
     assert handle is not None
     return handle
 
@@ -280,8 +362,13 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: ProcessGr
     try:
         dist.broadcast_object_list(object_list, src=src, group=group)
     except _TORCH_ERRORS as err:
-        raise _error("broadcast_object_list", group, err, state.timeout,
-                     timed_out=_timed_out(err, time.monotonic() - began, state.timeout)) from err
+        raise _error(
+            "broadcast_object_list",
+            group,
+            err,
+            state.timeout,
+            timed_out=_timed_out(err, time.monotonic() - began, state.timeout),
+        ) from err
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | None = None) -> None:
@@ -290,15 +377,22 @@ def all_gather_object(object_list: list[Any], obj: Any, group: ProcessGroup | No
     try:
         dist.all_gather_object(object_list, obj, group=group)
     except _TORCH_ERRORS as err:
-        raise _error("all_gather_object", group, err, state.timeout,
-                     timed_out=_timed_out(err, time.monotonic() - began, state.timeout)) from err
+        raise _error(
+            "all_gather_object",
+            group,
+            err,
+            state.timeout,
+            timed_out=_timed_out(err, time.monotonic() - began, state.timeout),
+        ) from err
 
 
-def new_group(ranks: Sequence[int] | None = None, timeout: timedelta | None = None,
-              backend: str | None = None) -> ProcessGroup:
+def new_group(
+    ranks: Sequence[int] | None = None, timeout: timedelta | None = None, backend: str | None = None
+) -> ProcessGroup:
     """`torch.distributed.new_group`; every rank of the world must call it with the same `ranks`."""
-    group = dist.new_group(ranks=list(ranks) if ranks is not None else None, timeout=timeout or state.timeout,
-                           backend=backend)
+    group = dist.new_group(
+        ranks=list(ranks) if ranks is not None else None, timeout=timeout or state.timeout, backend=backend
+    )
     return group
 
 

@@ -99,8 +99,13 @@ class ConfigModel(BaseModel):
                 raise PydanticCustomError(
                     "unsupported_key",
                     "{shown}={value} is not supported by ds ({reason}); only the default {default} is accepted",
-                    {"key": key, "shown": repr(key), "value": repr(data[key]), "reason": reason,
-                     "default": repr(cls.model_fields[key].default)},
+                    {
+                        "key": key,
+                        "shown": repr(key),
+                        "value": repr(data[key]),
+                        "reason": reason,
+                        "default": repr(cls.model_fields[key].default),
+                    },
                 )
         valid = cls.valid_keys()
         for key in data:

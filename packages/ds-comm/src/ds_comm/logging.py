@@ -21,8 +21,9 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def log_dist(message: str, ranks: Iterable[int] | None = (0,), level: int = logging.INFO,
-             log: logging.Logger | None = None) -> None:
+def log_dist(
+    message: str, ranks: Iterable[int] | None = (0,), level: int = logging.INFO, log: logging.Logger | None = None
+) -> None:
     """Log `message` on the listed ranks only, prefixed with the rank.
 
     Args:

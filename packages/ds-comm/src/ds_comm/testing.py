@@ -35,8 +35,15 @@ import torch.distributed as dist
 
 from ds_comm import _atomic_file
 
-__all__ = ["RankFailedError", "RankTimeoutError", "RemoteTraceback", "file_events", "free_port", "import_side_effects",
-           "run_ranks"]
+__all__ = [
+    "RankFailedError",
+    "RankTimeoutError",
+    "RemoteTraceback",
+    "file_events",
+    "free_port",
+    "import_side_effects",
+    "run_ranks",
+]
 
 
 class RankFailedError(RuntimeError):
@@ -61,14 +68,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...],
-           kwargs: dict[str, Any], results: Any, env: dict[str, str], backend: str, num_threads: int,
-           collective_timeout_s: float, dump_after_s: float) -> None:
+def _child(
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    results: Any,
+    env: dict[str, str],
+    backend: str,
+    num_threads: int,
+    collective_timeout_s: float,
+    dump_after_s: float,
+) -> None:
     os.environ.update(env)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
-                      # The parent hosts the rendezvous store; every rank connects to it as a client.
-                      TORCHELASTIC_USE_AGENT_STORE="True")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        # The parent hosts the rendezvous store; every rank connects to it as a client.
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
     torch.set_num_threads(num_threads)
     faulthandler.dump_traceback_later(dump_after_s, exit=False)
     from ds_comm._dist_init import destroy_process_group, init_distributed
@@ -129,9 +153,17 @@ def _context() -> Any:
     return ctx
 
 
-def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0,
-              backend: str = "gloo", num_threads: int = 1, env: dict[str, str] | None = None,
-              collective_timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
+def run_ranks(
+    world_size: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout_s: float = 60.0,
+    backend: str = "gloo",
+    num_threads: int = 1,
+    env: dict[str, str] | None = None,
+    collective_timeout_s: float | None = None,
+    **kwargs: Any,
+) -> list[Any]:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` fresh processes; return per-rank results.
 
     Args:
@@ -157,15 +189,33 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: fl
     results = ctx.Queue()
     # [Note: rendezvous] The parent hosts the TCPStore on a port the OS picks while binding, so no
     # other process can take it between choosing and binding (a free_port() race seen on busy hosts).
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=max(timeout_s, 30.0)))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=max(timeout_s, 30.0)),
+    )
     port = store.port
     coll_timeout = collective_timeout_s if collective_timeout_s is not None else max(5.0, timeout_s / 2)
     procs = [
         ctx.Process(
             target=_child,
-            args=(rank, world_size, port, fn, args, kwargs, results, dict(env or {}), backend, num_threads,
-                  coll_timeout, max(1.0, timeout_s - 2)),
+            args=(
+                rank,
+                world_size,
+                port,
+                fn,
+                args,
+                kwargs,
+                results,
+                dict(env or {}),
+                backend,
+                num_threads,
+                coll_timeout,
+                max(1.0, timeout_s - 2),
+            ),
             daemon=True,
             name=f"ds-rank-{rank}",
         )
@@ -180,8 +230,9 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: fl
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 pending = sorted(set(range(world_size)) - set(outputs))
-                raise RankTimeoutError(f"ranks {pending} of {world_size} did not finish within {timeout_s}s "
-                                       "(stacks were dumped to stderr)")
+                raise RankTimeoutError(
+                    f"ranks {pending} of {world_size} did not finish within {timeout_s}s (stacks were dumped to stderr)"
+                )
             try:
                 rank, status, payload = results.get(timeout=min(remaining, 0.5))
             except queue.Empty:
@@ -192,7 +243,8 @@ def run_ranks(world_size: int, fn: Callable[..., Any], *args: Any, timeout_s: fl
                             rank2, status, payload = results.get(timeout=1.0)
                         except queue.Empty:
                             raise RankFailedError(
-                                f"rank {rank} exited with code {p.exitcode} without reporting") from None
+                                f"rank {rank} exited with code {p.exitcode} without reporting"
+                            ) from None
                         if status == "error":
                             _raise_rank_error(rank2, payload)
                         outputs[rank2] = payload

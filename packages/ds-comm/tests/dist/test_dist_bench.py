@@ -40,8 +40,21 @@ def test_every_op_and_size_with_its_bus_factor() -> None:
 def _cli(rank: int, world: int) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = bench.main(["--all-reduce", "--pt2pt", "--scan", "--maxsize", "11", "--trials", "2", "--warmups",
-                             "0", "--bw-unit", "GBps"])
+        status = bench.main(
+            [
+                "--all-reduce",
+                "--pt2pt",
+                "--scan",
+                "--maxsize",
+                "11",
+                "--trials",
+                "2",
+                "--warmups",
+                "0",
+                "--bw-unit",
+                "GBps",
+            ]
+        )
     return f"{status}\n{out.getvalue()}"
 
 
@@ -51,8 +64,7 @@ def test_cli_prints_one_table_per_op_on_rank_0() -> None:
     lines = first.splitlines()
     assert lines[0] == "0"
     assert lines[1] == "---- Performance of all_reduce on 2 ranks ----"
-    assert lines[2].split() == ["Size", "(Bytes)", "Description", "Duration", "Throughput", "(GBps)", "BusBW",
-                                "(GBps)"]
+    assert lines[2].split() == ["Size", "(Bytes)", "Description", "Duration", "Throughput", "(GBps)", "BusBW", "(GBps)"]
     assert lines[3].startswith("1.00 KB") and "2x256" in lines[3]
     assert lines[4].startswith("2.00 KB") and "2x512" in lines[4]
     assert lines[5] == "---- Performance of pt2pt on 2 ranks ----"
@@ -68,8 +80,14 @@ def _free_port() -> int:
 def test_unlaunched_run_is_one_rank_and_says_so() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    done = subprocess.run([sys.executable, "-m", "ds_comm.bench", "--broadcast", "--maxsize", "10", "--trials", "2"],
-                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ds_comm.bench", "--broadcast", "--maxsize", "10", "--trials", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith("ds_bench: running on 1 rank")
     assert "---- Performance of broadcast on 1 ranks ----" in done.stdout

@@ -103,10 +103,11 @@ def _expected(world: int) -> list[dict[str, torch.Tensor]]:
             "broadcast": _rank_tensor(world - 1),
             "all_gather": torch.cat([_rank_tensor(r) for r in ranks]),
             "all_gather_into_tensor": torch.cat([_rank_tensor(r) for r in ranks]),
-            "reduce_scatter_tensor": full_sum[4 * rank:4 * rank + 4],
-            "reduce_scatter": full_sum[4 * rank:4 * rank + 4],
-            "all_to_all_single": torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) + 100 * r
-                                            for r in ranks]),
+            "reduce_scatter_tensor": full_sum[4 * rank : 4 * rank + 4],
+            "reduce_scatter": full_sum[4 * rank : 4 * rank + 4],
+            "all_to_all_single": torch.cat(
+                [torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float32) + 100 * r for r in ranks]
+            ),
             "async_sum": total * 3,
             "objects": torch.arange(world),
             "ranks": torch.tensor([rank, world, rank]),
@@ -156,8 +157,13 @@ def _subgroups(rank: int, world: int) -> dict[str, object]:
     h = ds_comm.all_reduce(torch.ones(1), group=mine, async_op=True)
     assert h is not None
     h.wait()
-    return {"sum": t, "gathered": torch.cat(parts), "bcast": b, "group_rank": ds_comm.get_rank(mine),
-            "group_size": ds_comm.get_world_size(mine)}
+    return {
+        "sum": t,
+        "gathered": torch.cat(parts),
+        "bcast": b,
+        "group_rank": ds_comm.get_rank(mine),
+        "group_size": ds_comm.get_world_size(mine),
+    }
 
 
 def test_subgroups_on_four_ranks() -> None:

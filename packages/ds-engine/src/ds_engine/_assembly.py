@@ -111,8 +111,9 @@ def _cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
             m._apply(cast, recurse=False)
 
 
-def _base_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Module, client: Any,
-                    model_parameters: Any) -> Optimizer | None:
+def _base_optimizer(
+    plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Module, client: Any, model_parameters: Any
+) -> Optimizer | None:
     if isinstance(client, Optimizer):
         if config.model.optimizer is not None:
             logger.warning("the optimizer passed to initialize() overrides the config's optimizer section")
@@ -125,11 +126,15 @@ def _base_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Modu
         return None
     if plan.offload_optimizer:
         optimizer = swap_for_cpu_optimizer(optimizer, force=config.model.zero_force_ds_cpu_optimizer)
-    if plan.zero_stage >= 1 and not config.model.zero_allow_untested_optimizer \
-            and not is_zero_tested_optimizer(optimizer):
+    if (
+        plan.zero_stage >= 1
+        and not config.model.zero_allow_untested_optimizer
+        and not is_zero_tested_optimizer(optimizer)
+    ):
         raise DeepSpeedConfigError(
             f"zero_allow_untested_optimizer: {type(optimizer).__name__} is not tested with ZeRO stage "
-            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion); set it to true to use it anyway")
+            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion); set it to true to use it anyway"
+        )
     return optimizer
 
 
@@ -139,8 +144,10 @@ def _trainable(optimizer: Optimizer) -> list[torch.Tensor]:
         raise ValueError("the optimizer has no trainable parameters (all requires_grad=False?)")
     devices = {p.device for p in params}
     if len(devices) > 1:
-        raise ValueError(f"trainable parameters are on several devices {sorted(map(str, devices))}; the engine "
-                         "keeps one model replica per device")
+        raise ValueError(
+            f"trainable parameters are on several devices {sorted(map(str, devices))}; the engine "
+            "keeps one model replica per device"
+        )
     return params
 
 
@@ -149,12 +156,19 @@ def _check_optimizer_needed(plan: AssemblyPlan) -> None:
         # DeepSpeed refuses this too ("zero stage N requires an optimizer"); stage 3 has an evaluation path.
         raise DeepSpeedConfigError(
             f"zero_optimization.stage={plan.zero_stage} needs an optimizer (stages 1 and 2 partition optimizer "
-            "state): add an \"optimizer\" section or pass optimizer= to initialize(); to evaluate without an "
-            "optimizer use stage 0 (replicated model) or stage 3 (partitioned parameters)")
+            'state): add an "optimizer" section or pass optimizer= to initialize(); to evaluate without an '
+            "optimizer use stage 0 (replicated model) or stage 3 (partitioned parameters)"
+        )
 
 
-def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None, module: nn.Module,
-             dist: DistInfo, timers: WallClockTimers | NullTimers) -> tuple[Stepper | None, Any]:
+def _stepper(
+    plan: AssemblyPlan,
+    config: DeepSpeedConfig,
+    base: Optimizer | None,
+    module: nn.Module,
+    dist: DistInfo,
+    timers: WallClockTimers | NullTimers,
+) -> tuple[Stepper | None, Any]:
     """(the stepper the engine drives, the optimizer initialize() returns); (None, None) without an optimizer."""
     if base is None:
         return None, None
@@ -163,14 +177,25 @@ def _stepper(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer | None
         return ZeroStepper(zero), zero
     if plan.precision == "fp32":
         buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True, lazy_bind=True)
-        reducer = None if plan.reduce is None else GradAllReducer(buffer, plan.reduce, group=dist.dp_group,
-                                                                  world_size=dist.dp_world_size)
+        reducer = (
+            None
+            if plan.reduce is None
+            else GradAllReducer(buffer, plan.reduce, group=dist.dp_group, world_size=dist.dp_world_size)
+        )
         return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers), base
     _trainable(base)
-    wrapped = MixedPrecisionOptimizer(base, dtype=plan.dtype, loss_scaler=loss_scaler_for(plan),
-                                      grad_accum_dtype=plan.grad_accum_dtype, clip_grad=plan.clip,
-                                      check_overflow=plan.check_overflow, reduce=plan.reduce, group=dist.dp_group,
-                                      world_size=dist.dp_world_size, timers=timers)
+    wrapped = MixedPrecisionOptimizer(
+        base,
+        dtype=plan.dtype,
+        loss_scaler=loss_scaler_for(plan),
+        grad_accum_dtype=plan.grad_accum_dtype,
+        clip_grad=plan.clip,
+        check_overflow=plan.check_overflow,
+        reduce=plan.reduce,
+        group=dist.dp_group,
+        world_size=dist.dp_world_size,
+        timers=timers,
+    )
     return wrapped, wrapped
 
 
@@ -180,9 +205,11 @@ def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, cli
             logger.warning("the lr_scheduler passed to initialize() overrides the config's scheduler section")
         if hasattr(client, "step"):
             if not isinstance(client_optimizer, Optimizer):
-                raise ValueError("a client lr_scheduler instance needs a client optimizer instance (it was built over "
-                                 "an optimizer the engine does not use); pass optimizer=, or pass the scheduler as a "
-                                 "callable(optimizer)")
+                raise ValueError(
+                    "a client lr_scheduler instance needs a client optimizer instance (it was built over "
+                    "an optimizer the engine does not use); pass optimizer=, or pass the scheduler as a "
+                    "callable(optimizer)"
+                )
             return client
         if base is None:
             raise ValueError("lr_scheduler callable given but there is no optimizer to schedule")
@@ -202,16 +229,27 @@ def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo) -> None:
         broadcast_module_states([*module.parameters(), *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)
 
 
-def assemble(*, module: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, dist: DistInfo, device: torch.device,
-             client_optimizer: Any, model_parameters: Any, client_scheduler: Any, training_data: Any,
-             collate_fn: Callable[..., Any] | None) -> EngineParts:
+def assemble(
+    *,
+    module: nn.Module,
+    config: DeepSpeedConfig,
+    plan: AssemblyPlan,
+    dist: DistInfo,
+    device: torch.device,
+    client_optimizer: Any,
+    model_parameters: Any,
+    client_scheduler: Any,
+    training_data: Any,
+    collate_fn: Callable[..., Any] | None,
+) -> EngineParts:
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
     _check_optimizer_needed(plan)
     _place_and_cast(module, plan, device)
     _broadcast(module, plan, dist)
-    timers: WallClockTimers | NullTimers = WallClockTimers(get_accelerator().synchronize) \
-        if m.wall_clock_breakdown else NullTimers()
+    timers: WallClockTimers | NullTimers = (
+        WallClockTimers(get_accelerator().synchronize) if m.wall_clock_breakdown else NullTimers()
+    )
     base = _base_optimizer(plan, config, module, client_optimizer, model_parameters)
     stepper, optimizer = _stepper(plan, config, base, module, dist, timers)
     offload = build_parameter_offload(config, module, dist) if base is None and plan.zero_stage == 3 else None
@@ -220,17 +258,44 @@ def assemble(*, module: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, 
     tp = m.timers.throughput
     throughput = ThroughputTimer(get_accelerator().synchronize if tp.synchronized else None) if tp.enabled else None
     if m.wall_clock_breakdown and m.steps_per_print is None:
-        logger.warning("wall_clock_breakdown: timers are logged every steps_per_print steps, which is unset; read "
-                       "them with engine.get_wall_clock_timers()")
-    reporter = StepReporter(steps_per_print=m.steps_per_print, timers=timers, throughput=throughput, monitor=monitor,
-                            memory_breakdown=m.memory_breakdown)
+        logger.warning(
+            "wall_clock_breakdown: timers are logged every steps_per_print steps, which is unset; read "
+            "them with engine.get_wall_clock_timers()"
+        )
+    reporter = StepReporter(
+        steps_per_print=m.steps_per_print,
+        timers=timers,
+        throughput=throughput,
+        monitor=monitor,
+        memory_breakdown=m.memory_breakdown,
+    )
     loader = None
     if training_data is not None:
-        loader = make_dataloader(training_data, batch_size=config.train_micro_batch_size_per_gpu,
-                                 dp_world_size=dist.dp_world_size, dp_rank=dist.dp_rank, pin_memory=True,
-                                 data_sampler=None, collate_fn=collate_fn, num_workers=0,
-                                 drop_last=m.dataloader_drop_last)
-    return EngineParts(module=module, config=config, plan=plan, dist=dist, device=device, stepper=stepper,
-                       optimizer=optimizer, basic_optimizer=base, lr_scheduler=scheduler, training_dataloader=loader,
-                       timers=timers, reporter=reporter, monitor=monitor, collate_fn=collate_fn,
-                       parameter_offload=offload)
+        loader = make_dataloader(
+            training_data,
+            batch_size=config.train_micro_batch_size_per_gpu,
+            dp_world_size=dist.dp_world_size,
+            dp_rank=dist.dp_rank,
+            pin_memory=True,
+            data_sampler=None,
+            collate_fn=collate_fn,
+            num_workers=0,
+            drop_last=m.dataloader_drop_last,
+        )
+    return EngineParts(
+        module=module,
+        config=config,
+        plan=plan,
+        dist=dist,
+        device=device,
+        stepper=stepper,
+        optimizer=optimizer,
+        basic_optimizer=base,
+        lr_scheduler=scheduler,
+        training_dataloader=loader,
+        timers=timers,
+        reporter=reporter,
+        monitor=monitor,
+        collate_fn=collate_fn,
+        parameter_offload=offload,
+    )

@@ -37,8 +37,9 @@ class FlatGradBuffer:
         lazy_bind: see `bind`.
     """
 
-    def __init__(self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool,
-                 lazy_bind: bool = False) -> None:
+    def __init__(
+        self, params: Sequence[torch.Tensor], dtype: torch.dtype, *, bind: bool, lazy_bind: bool = False
+    ) -> None:
         if not params:
             raise ValueError("FlatGradBuffer needs at least one parameter")
         device = params[0].device
@@ -50,7 +51,7 @@ class FlatGradBuffer:
         self.views: list[torch.Tensor] = []
         offset = 0
         for p, n in zip(self.params, self.numels, strict=True):
-            self.views.append(self.flat[offset:offset + n].view(p.shape))
+            self.views.append(self.flat[offset : offset + n].view(p.shape))
             offset += n
         self._bound = bind
         if bind and not lazy:
@@ -123,8 +124,10 @@ class ReduceSettings:
         op = "mean" if self.average else "sum"
         scale = "prescale" if self.prescale else f"postscale, predivide {self.predivide:g}"
         dtype = f", comm dtype {self.comm_dtype}" if self.comm_dtype is not None else ""
-        return (f"bucketed all-reduce ({op} over {world_size} ranks, {scale}, "
-                f"buckets of {self.bucket_numel} elements{dtype})")
+        return (
+            f"bucketed all-reduce ({op} over {world_size} ranks, {scale}, "
+            f"buckets of {self.bucket_numel} elements{dtype})"
+        )
 
 
 class GradAllReducer:
@@ -136,8 +139,9 @@ class GradAllReducer:
     Collective: one all-reduce per bucket on `group`, in the same order on every rank.
     """
 
-    def __init__(self, buffer: FlatGradBuffer, settings: ReduceSettings, *, group: ProcessGroup | None,
-                 world_size: int) -> None:
+    def __init__(
+        self, buffer: FlatGradBuffer, settings: ReduceSettings, *, group: ProcessGroup | None, world_size: int
+    ) -> None:
         self.buffer = buffer
         self.group = group
         self.world_size = world_size
@@ -169,8 +173,9 @@ class GradAllReducer:
 
 
 @torch.no_grad()
-def broadcast_module_states(tensors: Iterable[torch.Tensor], *, src: int, group: ProcessGroup | None,
-                            bucket_bytes: int = 250 * 1024 * 1024) -> None:
+def broadcast_module_states(
+    tensors: Iterable[torch.Tensor], *, src: int, group: ProcessGroup | None, bucket_bytes: int = 250 * 1024 * 1024
+) -> None:
     """Make every rank's `tensors` equal to rank `src`'s, in coalesced buckets per dtype.
 
     Collective: one broadcast per bucket on `group`.
@@ -195,6 +200,5 @@ def broadcast_module_states(tensors: Iterable[torch.Tensor], *, src: int, group:
 def _broadcast_bucket(tensors: list[torch.Tensor], src: int, group: ProcessGroup | None) -> None:
     flat = torch._utils._flatten_dense_tensors([t.data for t in tensors])
     ds_comm.broadcast(flat, src, group=group)
-    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, [t.data for t in tensors]),
-                         strict=True):
+    for t, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, [t.data for t in tensors]), strict=True):
         t.data.copy_(synced)

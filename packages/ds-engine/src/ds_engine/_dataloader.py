@@ -28,13 +28,28 @@ class DeepSpeedDataLoader(DataLoader):
             sampler.set_epoch(epoch)
 
 
-def make_dataloader(dataset: Dataset[Any], *, batch_size: int, dp_world_size: int, dp_rank: int,
-                    pin_memory: bool, data_sampler: Sampler[Any] | None, collate_fn: Callable[..., Any] | None,
-                    num_workers: int, drop_last: bool, shuffle: bool = True) -> DeepSpeedDataLoader:
+def make_dataloader(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    dp_world_size: int,
+    dp_rank: int,
+    pin_memory: bool,
+    data_sampler: Sampler[Any] | None,
+    collate_fn: Callable[..., Any] | None,
+    num_workers: int,
+    drop_last: bool,
+    shuffle: bool = True,
+) -> DeepSpeedDataLoader:
     """Build the loader; without a `data_sampler`, a `DistributedSampler` (shuffled, seed 0) over the DP ranks."""
     if data_sampler is None:
         data_sampler = DistributedSampler(dataset, num_replicas=dp_world_size, rank=dp_rank, shuffle=shuffle)
-    return DeepSpeedDataLoader(dataset, batch_size=batch_size, sampler=data_sampler, collate_fn=collate_fn,
-                               num_workers=num_workers, drop_last=drop_last,
-                               pin_memory=pin_memory and get_accelerator().name != "cpu"
-                               and torch.cuda.is_available())
+    return DeepSpeedDataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=data_sampler,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        drop_last=drop_last,
+        pin_memory=pin_memory and get_accelerator().name != "cpu" and torch.cuda.is_available(),
+    )

@@ -58,5 +58,15 @@ def discover_dist(mpu: Any = None) -> DistInfo:
     else:
         group = mpu.get_data_parallel_group()
         size, dp_rank = int(mpu.get_data_parallel_world_size()), int(mpu.get_data_parallel_rank())
-    return DistInfo(rank, world, local, group, size, dp_rank, ds_comm.get_global_rank(group, 0),
-                    int(mpu.get_model_parallel_rank()), int(mpu.get_model_parallel_world_size()), sp)
+    return DistInfo(
+        rank,
+        world,
+        local,
+        group,
+        size,
+        dp_rank,
+        ds_comm.get_global_rank(group, 0),
+        int(mpu.get_model_parallel_rank()),
+        int(mpu.get_model_parallel_world_size()),
+        sp,
+    )

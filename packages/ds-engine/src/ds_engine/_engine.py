@@ -122,10 +122,15 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         if self._stepper is None:
             raise self._no_optimizer("engine.backward()")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-            raise ValueError("engine.backward(loss): loss must be a one-element tensor that requires grad, got "
-                             f"{type(loss).__name__}" + (f" of shape {tuple(loss.shape)}, requires_grad="
-                                                         f"{loss.requires_grad}" if isinstance(loss, torch.Tensor)
-                                                         else ""))
+            raise ValueError(
+                "engine.backward(loss): loss must be a one-element tensor that requires grad, got "
+                f"{type(loss).__name__}"
+                + (
+                    f" of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}"
+                    if isinstance(loss, torch.Tensor)
+                    else ""
+                )
+            )
         self.timers.start("backward")
         if self._reporter.needs_loss:
             detached = loss.detach().float().reshape(())
@@ -182,10 +187,15 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         self.micro_steps += 1
 
     def _no_optimizer(self, call: str) -> RuntimeError:
-        stage3 = " (ZeRO stage 3 still partitions and gathers the parameters for forward)" \
-            if self.parameter_offload is not None else ""
-        return RuntimeError(f"{call} needs an optimizer: this engine was built without one, for evaluation only"
-                            f"{stage3}; add an \"optimizer\" section to the config or pass optimizer= to initialize()")
+        stage3 = (
+            " (ZeRO stage 3 still partitions and gathers the parameters for forward)"
+            if self.parameter_offload is not None
+            else ""
+        )
+        return RuntimeError(
+            f"{call} needs an optimizer: this engine was built without one, for evaluation only"
+            f'{stage3}; add an "optimizer" section to the config or pass optimizer= to initialize()'
+        )
 
     def _take_model_step(self, lr_kwargs: dict[str, Any] | None) -> None:
         self.timers.start("step")
@@ -202,9 +212,15 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         loss = None
         if self._loss_sum is not None:
             loss, self._loss_sum = self._loss_sum / self._gas, None
-        self._reporter.after_step(global_steps=self.global_steps, global_samples=self.global_samples,
-                                  skipped_steps=self.skipped_steps, samples=self._train_batch, lrs=self.get_lr,
-                                  loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0, loss=loss)
+        self._reporter.after_step(
+            global_steps=self.global_steps,
+            global_samples=self.global_samples,
+            skipped_steps=self.skipped_steps,
+            samples=self._train_batch,
+            lrs=self.get_lr,
+            loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
+            loss=loss,
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear accumulated gradients (the engine does this after every applied or skipped step)."""
@@ -245,21 +261,41 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             self.monitor.close()
 
     # -- data -------------------------------------------------------------------------------------------
-    def deepspeed_io(self, dataset: Any, batch_size: int | None = None, route: str = "train", pin_memory: bool = True,
-                     data_sampler: Any = None, collate_fn: Callable[..., Any] | None = None,
-                     num_local_io_workers: int | None = None) -> DeepSpeedDataLoader:
+    def deepspeed_io(
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        route: str = "train",
+        pin_memory: bool = True,
+        data_sampler: Any = None,
+        collate_fn: Callable[..., Any] | None = None,
+        num_local_io_workers: int | None = None,
+    ) -> DeepSpeedDataLoader:
         """A loader over `dataset` with the micro batch size, sharded across data-parallel ranks."""
         if route not in ("train", "eval", "predict"):
             raise ValueError(f"deepspeed_io: route must be 'train', 'eval' or 'predict', got {route!r}")
-        return make_dataloader(dataset, batch_size=batch_size or self._micro_batch,
-                               dp_world_size=self._dist.dp_world_size, dp_rank=self._dist.dp_rank,
-                               pin_memory=pin_memory, data_sampler=data_sampler,
-                               collate_fn=collate_fn or self._collate_fn, num_workers=num_local_io_workers or 0,
-                               drop_last=self._ds_config.model.dataloader_drop_last, shuffle=route == "train")
+        return make_dataloader(
+            dataset,
+            batch_size=batch_size or self._micro_batch,
+            dp_world_size=self._dist.dp_world_size,
+            dp_rank=self._dist.dp_rank,
+            pin_memory=pin_memory,
+            data_sampler=data_sampler,
+            collate_fn=collate_fn or self._collate_fn,
+            num_workers=num_local_io_workers or 0,
+            drop_last=self._ds_config.model.dataloader_drop_last,
+            shuffle=route == "train",
+        )
 
     # -- checkpoints ------------------------------------------------------------------------------------
-    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict[str, Any] | None = None,
-                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: Any = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
         """Save module, optimizer (loss scaler, fp32 masters, ZeRO partitions), scheduler, counters and RNG.
 
         Collective: every rank must call it. Files go under `save_dir/<tag>` (default tag
@@ -268,19 +304,32 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         `latest` on the previous tag.
         `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
         """
-        tag = _checkpoint.resolve_save_tag(save_dir, tag, global_steps=self.global_steps,
-                                           tag_validation=self._ckpt_config.tag_validation,
-                                           world_size=self.world_size, device=self.device)
+        tag = _checkpoint.resolve_save_tag(
+            save_dir,
+            tag,
+            global_steps=self.global_steps,
+            tag_validation=self._ckpt_config.tag_validation,
+            world_size=self.world_size,
+            device=self.device,
+        )
         rng_states = _checkpoint.gather_rng(rng_state(), world_size=self.world_size, device=self.device)
         partitioned = self._zero.stage > 0 and self._stepper is not None
-        _checkpoint.write_checkpoint(_checkpoint.SaveRequest(
-            root=Path(save_dir), tag=tag, mp_rank=self._mp_rank, dp_rank=self._dp_rank,
-            writes_latest=self.global_rank == 0, serialization=self._ckpt_config.checkpoint_serialization,
-            ds_config=self._ds_config.raw,
-            train_state=self._train_state(rng_states, exclude_frozen_parameters) if self._dp_rank == 0 else None,
-            zero_partition=self._stepper.state_dict() if partitioned else None,
-            client_state=dict(client_state or {}), save_latest=save_latest,
-            write_weights=self._weights_writer(exclude_frozen_parameters)))
+        _checkpoint.write_checkpoint(
+            _checkpoint.SaveRequest(
+                root=Path(save_dir),
+                tag=tag,
+                mp_rank=self._mp_rank,
+                dp_rank=self._dp_rank,
+                writes_latest=self.global_rank == 0,
+                serialization=self._ckpt_config.checkpoint_serialization,
+                ds_config=self._ds_config.raw,
+                train_state=self._train_state(rng_states, exclude_frozen_parameters) if self._dp_rank == 0 else None,
+                zero_partition=self._stepper.state_dict() if partitioned else None,
+                client_state=dict(client_state or {}),
+                save_latest=save_latest,
+                write_weights=self._weights_writer(exclude_frozen_parameters),
+            )
+        )
         return True
 
     def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
@@ -290,36 +339,61 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         if zero and self._stepper is not None:
             # The ZeRO optimizer's groups hold flat partitions; ds-zero knows which parameters they hold.
             ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
-            shapes = [{name: torch.Size(shape) for name, shape in group.items()}
-                      for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)]
+            shapes = [
+                {name: torch.Size(shape) for name, shape in group.items()}
+                for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)
+            ]
         return TrainState(
             module=self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters),
             buffer_names=[n for n, _ in self.module.named_buffers()],
             optimizer=self._stepper.state_dict() if not zero and self._stepper is not None else None,
             param_shapes=shapes,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-            counters=Counters(global_steps=self.global_steps, global_samples=self.global_samples,
-                              micro_steps=self.micro_steps, skipped_steps=self.skipped_steps),
-            dp_world_size=self.dp_world_size, mp_world_size=self.mp_world_size, tp_degree=self.mp_world_size,
-            ds_config=self._ds_config.raw, rng_states=rng_states)
+            counters=Counters(
+                global_steps=self.global_steps,
+                global_samples=self.global_samples,
+                micro_steps=self.micro_steps,
+                skipped_steps=self.skipped_steps,
+            ),
+            dp_world_size=self.dp_world_size,
+            mp_world_size=self.mp_world_size,
+            tp_degree=self.mp_world_size,
+            ds_config=self._ds_config.raw,
+            rng_states=rng_states,
+        )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
         """Writes weights kept outside the model-states file (none here: the module is in it)."""
         return None
 
-    def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
-                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False,
-                        custom_load_fn: Callable[..., Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: Any = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn: Callable[..., Any] | None = None,
+    ) -> tuple[str | None, dict[str, Any] | None]:
         """Load `load_dir/<tag>` (default: the tag in `load_dir/latest`); returns `(path, client_state)`.
 
         Without a `latest` file it logs a warning and returns `(None, None)`, as DeepSpeed does.
         """
-        return _checkpoint.load_checkpoint(self, load_dir, tag, load_module_strict, load_optimizer_states,
-                                           load_lr_scheduler_states, load_module_only, custom_load_fn)
+        return _checkpoint.load_checkpoint(
+            self,
+            load_dir,
+            tag,
+            load_module_strict,
+            load_optimizer_states,
+            load_lr_scheduler_states,
+            load_module_only,
+            custom_load_fn,
+        )
 
-    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
-                         exclude_frozen_parameters: bool = False) -> bool:
+    def save_16bit_model(
+        self, save_dir: str, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False
+    ) -> bool:
         """Rank 0 writes the module's state_dict (parameters in the training dtype) to `save_dir/save_filename`.
 
         Collective under ZeRO stage 3: every rank must call it; parameters are gathered one module at a
@@ -330,8 +404,13 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
 
     save_fp16_model = save_16bit_model
 
-    def module_state_dict(self, destination: dict[str, Any] | None = None, prefix: str = "", keep_vars: bool = False,
-                          exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+    def module_state_dict(
+        self,
+        destination: dict[str, Any] | None = None,
+        prefix: str = "",
+        keep_vars: bool = False,
+        exclude_frozen_parameters: bool = False,
+    ) -> dict[str, Any]:
         """The wrapped module's state_dict, optionally without frozen parameters."""
         state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         if exclude_frozen_parameters:
@@ -339,8 +418,13 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             state = type(state)((k, v) for k, v in state.items() if k not in frozen)
         return state
 
-    def load_module_state_dict(self, checkpoint: dict[str, Any], strict: bool = True,
-                               custom_load_fn: Callable[..., Any] | None = None, **_: Any) -> None:
+    def load_module_state_dict(
+        self,
+        checkpoint: dict[str, Any],
+        strict: bool = True,
+        custom_load_fn: Callable[..., Any] | None = None,
+        **_: Any,
+    ) -> None:
         """Load module weights (copied into the existing, already cast parameters)."""
         if custom_load_fn is not None:
             custom_load_fn(src=checkpoint, dst=self.module)

@@ -59,8 +59,10 @@ class EngineQueries:
         replicas = self._dist.replica_world_size
         unit = self._micro_batch * replicas
         if train_batch_size <= 0 or train_batch_size % unit:
-            raise ValueError(f"Train batch size must be divisible by micro-batch data parallelism: {train_batch_size} "
-                             f"is not a multiple of {self._micro_batch} x {replicas} = {unit}")
+            raise ValueError(
+                f"Train batch size must be divisible by micro-batch data parallelism: {train_batch_size} "
+                f"is not a multiple of {self._micro_batch} x {replicas} = {unit}"
+            )
         self._gas = train_batch_size // unit
         self._train_batch = train_batch_size
 

@@ -32,7 +32,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["add_config_arguments", "initialize"]
 
 
-
 def _config_source(args: Any, config: ConfigLike | None, config_params: ConfigLike | None) -> ConfigLike:
     from_args = None
     if args is not None:
@@ -41,13 +40,18 @@ def _config_source(args: Any, config: ConfigLike | None, config_params: ConfigLi
         if from_args is None and legacy is not None:
             warnings.warn("--deepscale_config is deprecated; use --deepspeed_config", FutureWarning, stacklevel=3)
             from_args = legacy
-    given = {name: value for name, value in (("args.deepspeed_config", from_args), ("config", config),
-                                              ("config_params", config_params)) if value is not None}
+    given = {
+        name: value
+        for name, value in (("args.deepspeed_config", from_args), ("config", config), ("config_params", config_params))
+        if value is not None
+    }
     if len(given) > 1:
         raise ValueError(f"initialize(): pass the config once, got {' and '.join(given)}; they are alternatives")
     if not given:
-        raise ValueError("initialize() needs a config: config=<dict or path>, or --deepspeed_config on the command "
-                         "line (parsed into args)")
+        raise ValueError(
+            "initialize() needs a config: config=<dict or path>, or --deepspeed_config on the command "
+            "line (parsed into args)"
+        )
     return next(iter(given.values()))
 
 
@@ -72,20 +76,32 @@ def _check_client_objects(model: Any, optimizer: Any, lr_scheduler: Any) -> None
     if not isinstance(model, nn.Module):
         raise TypeError(f"initialize(): model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, Optimizer) and not callable(optimizer):
-        raise TypeError(f"initialize(): optimizer must be a torch.optim.Optimizer or a callable(params), got "
-                        f"{type(optimizer).__name__}")
+        raise TypeError(
+            f"initialize(): optimizer must be a torch.optim.Optimizer or a callable(params), got "
+            f"{type(optimizer).__name__}"
+        )
     if lr_scheduler is not None and not hasattr(lr_scheduler, "step") and not callable(lr_scheduler):
-        raise TypeError(f"initialize(): lr_scheduler must be a scheduler (with step()) or a callable(optimizer), got "
-                        f"{type(lr_scheduler).__name__}")
+        raise TypeError(
+            f"initialize(): lr_scheduler must be a scheduler (with step()) or a callable(optimizer), got "
+            f"{type(lr_scheduler).__name__}"
+        )
 
 
-def initialize(args: Any = None, model: nn.Module | None = None,
-               optimizer: Optimizer | Callable[..., Optimizer] | None = None,
-               model_parameters: Iterable[Any] | None = None, training_data: Any = None,
-               lr_scheduler: Any = None, distributed_port: int = 29500, mpu: Any = None,
-               dist_init_required: bool | None = None, collate_fn: Callable[..., Any] | None = None,
-               config: ConfigLike | None = None, mesh_param: Any = None,
-               config_params: ConfigLike | None = None) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+def initialize(
+    args: Any = None,
+    model: nn.Module | None = None,
+    optimizer: Optimizer | Callable[..., Optimizer] | None = None,
+    model_parameters: Iterable[Any] | None = None,
+    training_data: Any = None,
+    lr_scheduler: Any = None,
+    distributed_port: int = 29500,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Callable[..., Any] | None = None,
+    config: ConfigLike | None = None,
+    mesh_param: Any = None,
+    config_params: ConfigLike | None = None,
+) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """Wrap `model` for training as the config says; DeepSpeed's signature and rules.
 
     What happens, in order: the process group is created if needed (`init_distributed`, env or
@@ -130,8 +146,7 @@ def initialize(args: Any = None, model: nn.Module | None = None,
         raise ValueError("initialize(): mesh_param (DeepSpeed's device mesh) is not supported by ds; pass mpu= instead")
     _check_local_rank(args)
     source = _config_source(args, config, config_params)
-    ds_comm.init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required,
-                             verbose=False)
+    ds_comm.init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required, verbose=False)
     pipeline = is_pipeline_module(model)
     if pipeline:
         check_pipeline_call(mpu)  # a PipelineModule's grid is the mpu: data parallel = its data axis
@@ -151,17 +166,39 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     ds_config.check_resolved()
     if "comms_logger" in ds_config.raw:
         ds_comm.configure(ds_config.model.comms_logger)
-    plan = plan_assembly(ds_config, device_type=get_accelerator().name, client_optimizer=optimizer,
-                         client_scheduler=lr_scheduler, pipeline=pipeline)
+    plan = plan_assembly(
+        ds_config,
+        device_type=get_accelerator().name,
+        client_optimizer=optimizer,
+        client_scheduler=lr_scheduler,
+        pipeline=pipeline,
+    )
     device = _device(dist.local_rank)
     if pipeline:
-        return build_pipeline_engine(model=model, config=ds_config, plan=plan, dist=dist, device=device,
-                                     client_optimizer=optimizer, model_parameters=model_parameters,
-                                     client_scheduler=lr_scheduler, training_data=training_data,
-                                     collate_fn=collate_fn)
-    parts = assemble(module=model, config=ds_config, plan=plan, dist=dist, device=device,
-                     client_optimizer=optimizer, model_parameters=model_parameters, client_scheduler=lr_scheduler,
-                     training_data=training_data, collate_fn=collate_fn)
+        return build_pipeline_engine(
+            model=model,
+            config=ds_config,
+            plan=plan,
+            dist=dist,
+            device=device,
+            client_optimizer=optimizer,
+            model_parameters=model_parameters,
+            client_scheduler=lr_scheduler,
+            training_data=training_data,
+            collate_fn=collate_fn,
+        )
+    parts = assemble(
+        module=model,
+        config=ds_config,
+        plan=plan,
+        dist=dist,
+        device=device,
+        client_optimizer=optimizer,
+        model_parameters=model_parameters,
+        client_scheduler=lr_scheduler,
+        training_data=training_data,
+        collate_fn=collate_fn,
+    )
     engine = DeepSpeedEngine(parts)
     if ds_config.model.dump_state and dist.global_rank == 0:
         logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))
@@ -171,11 +208,20 @@ def initialize(args: Any = None, model: nn.Module | None = None,
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add DeepSpeed's `--deepspeed`, `--deepspeed_config` and the deprecated `--deepscale*` flags."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
-    group.add_argument("--deepspeed", default=False, action="store_true",
-                       help="Enable DeepSpeed (helper flag for user code, no impact on ds_engine behaviour)")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (helper flag for user code, no impact on ds_engine behaviour)",
+    )
     group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
-    group.add_argument("--deepscale", default=False, action="store_true",
-                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact on behaviour)")
-    group.add_argument("--deepscale_config", default=None, type=str,
-                       help="Deprecated DeepSpeed json configuration file.")
+    group.add_argument(
+        "--deepscale",
+        default=False,
+        action="store_true",
+        help="Deprecated enable DeepSpeed (helper flag for user code, no impact on behaviour)",
+    )
+    group.add_argument(
+        "--deepscale_config", default=None, type=str, help="Deprecated DeepSpeed json configuration file."
+    )
     return parser

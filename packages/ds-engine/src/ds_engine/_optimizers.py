@@ -41,9 +41,9 @@ _UNSUPPORTED = {
     "muadamw": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
     "musgd": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
     "muon": "Muon is not implemented in ds",
-    "onebitadam": "1-bit Adam was removed in DeepSpeed 0.19; use \"Adam\"",
-    "onebitlamb": "1-bit LAMB was removed in DeepSpeed 0.19; use \"Lamb\"",
-    "zerooneadam": "0/1 Adam was removed in DeepSpeed 0.19; use \"Adam\"",
+    "onebitadam": '1-bit Adam was removed in DeepSpeed 0.19; use "Adam"',
+    "onebitlamb": '1-bit LAMB was removed in DeepSpeed 0.19; use "Lamb"',
+    "zerooneadam": '0/1 Adam was removed in DeepSpeed 0.19; use "Adam"',
 }
 _ZERO_TESTED = {"adam", "adamw", "adagrad", "lamb", "lion", "Adam", "AdamW", "Adagrad"}
 _ADAM_EXTRA = {"torch_adam", "adam_w_mode", "fp32_optimizer_states", "bias_correction", "set_grad_none"}
@@ -60,8 +60,13 @@ class ParamError(ValueError):
 
 
 def _torch_optim_names() -> list[str]:
-    return sorted(n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)
-                  and issubclass(getattr(torch.optim, n), Optimizer) and n != "Optimizer")
+    return sorted(
+        n
+        for n in dir(torch.optim)
+        if isinstance(getattr(torch.optim, n), type)
+        and issubclass(getattr(torch.optim, n), Optimizer)
+        and n != "Optimizer"
+    )
 
 
 def canonical_optimizer_name(kind: str) -> str:
@@ -84,13 +89,20 @@ def canonical_optimizer_name(kind: str) -> str:
 
         matches = difflib.get_close_matches(kind, [*DS_OPTIMIZERS, *names], n=1, cutoff=0.6)
     hint = f"; did you mean {matches[0]!r}?" if matches else ""
-    raise ValueError(f"{kind!r} is not a known optimizer (DeepSpeed names: {', '.join(DS_OPTIMIZERS)}; "
-                     f"or a torch.optim class, case-sensitive){hint}")
+    raise ValueError(
+        f"{kind!r} is not a known optimizer (DeepSpeed names: {', '.join(DS_OPTIMIZERS)}; "
+        f"or a torch.optim class, case-sensitive){hint}"
+    )
 
 
 def _constructor(name: str) -> type[Optimizer]:
-    return {"adam": torch.optim.AdamW, "adamw": torch.optim.AdamW, "adagrad": torch.optim.Adagrad,
-            "lamb": Lamb, "lion": Lion}.get(name) or getattr(torch.optim, name)
+    return {
+        "adam": torch.optim.AdamW,
+        "adamw": torch.optim.AdamW,
+        "adagrad": torch.optim.Adagrad,
+        "lamb": Lamb,
+        "lion": Lion,
+    }.get(name) or getattr(torch.optim, name)
 
 
 def check_optimizer_params(name: str, params: dict[str, Any]) -> None:
@@ -100,8 +112,10 @@ def check_optimizer_params(name: str, params: dict[str, Any]) -> None:
         ValueError: naming the bad key (`max_grad_norm` gets DeepSpeed's advice).
     """
     if "max_grad_norm" in params:
-        raise ParamError("max_grad_norm", "'max_grad_norm' is not an optimizer parameter here; use the top-level "
-                         "\"gradient_clipping\" key instead")
+        raise ParamError(
+            "max_grad_norm",
+            "'max_grad_norm' is not an optimizer parameter here; use the top-level \"gradient_clipping\" key instead",
+        )
     signature = inspect.signature(_constructor(name).__init__)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
         return
@@ -171,22 +185,29 @@ def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: 
     if torch_adam:
         for key in ("bias_correction", "fp32_optimizer_states"):
             if key in kwargs:
-                raise ValueError(f"optimizer.params.{key} does not apply with torch_adam=true "
-                                 f"(torch.optim.{cls} has no such argument)")
+                raise ValueError(
+                    f"optimizer.params.{key} does not apply with torch_adam=true "
+                    f"(torch.optim.{cls} has no such argument)"
+                )
         return OptimizerPlan(name, f"torch.optim.{cls}", kwargs, "torch_adam=true")
     cpu_adam_ok = _has_ds_ops("DeepSpeedCPUAdam")
     if offload or (device_type == "cpu" and cpu_adam_ok):
         if not cpu_adam_ok:
-            raise ValueError("zero_optimization.offload_optimizer needs ds_ops.DeepSpeedCPUAdam, which the installed "
-                             "ds-ops does not provide; upgrade ds-ops or remove the offload")
+            raise ValueError(
+                "zero_optimization.offload_optimizer needs ds_ops.DeepSpeedCPUAdam, which the installed "
+                "ds-ops does not provide; upgrade ds-ops or remove the offload"
+            )
         extra = sorted(set(kwargs) - _CPU_ADAM_KEYS)
         if extra:
-            raise ValueError(f"optimizer.params {extra} are not arguments of ds_ops.DeepSpeedCPUAdam; set "
-                             "torch_adam=true to use torch's Adam with them")
+            raise ValueError(
+                f"optimizer.params {extra} are not arguments of ds_ops.DeepSpeedCPUAdam; set "
+                "torch_adam=true to use torch's Adam with them"
+            )
         cpu = dict(kwargs, adamw_mode=adamw)
         fallback = None if offload else _torch_adam_plan(name, cls, kwargs, device_type, "fallback")
-        return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", cpu,
-                             "CPU offload" if offload else "CPU-resident parameters", fallback)
+        return OptimizerPlan(
+            name, "ds_ops.DeepSpeedCPUAdam", cpu, "CPU offload" if offload else "CPU-resident parameters", fallback
+        )
     note = "ds_ops.DeepSpeedCPUAdam not available" if device_type == "cpu" else ""
     return _torch_adam_plan(name, cls, kwargs, device_type, note)
 
@@ -194,8 +215,9 @@ def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: 
 def _torch_adam_plan(name: str, cls: str, kwargs: dict[str, Any], device_type: str, note: str) -> OptimizerPlan:
     kwargs = dict(kwargs)
     if not kwargs.pop("bias_correction", True):
-        raise ValueError("optimizer.params.bias_correction=false needs ds_ops.DeepSpeedCPUAdam (torch's Adam "
-                         "always corrects bias)")
+        raise ValueError(
+            "optimizer.params.bias_correction=false needs ds_ops.DeepSpeedCPUAdam (torch's Adam always corrects bias)"
+        )
     if "fp32_optimizer_states" in kwargs:
         raise ValueError("optimizer.params.fp32_optimizer_states only applies to ds_ops.DeepSpeedCPUAdam")
     kwargs.setdefault("weight_decay", 0.0)
@@ -204,8 +226,9 @@ def _torch_adam_plan(name: str, cls: str, kwargs: dict[str, Any], device_type: s
     return OptimizerPlan(name, f"torch.optim.{cls}", kwargs, note)
 
 
-def plan_config_optimizer(name: str, params: dict[str, Any], *, device_type: str, offload: bool,
-                          force_ds_cpu_optimizer: bool = True) -> OptimizerPlan:
+def plan_config_optimizer(
+    name: str, params: dict[str, Any], *, device_type: str, offload: bool, force_ds_cpu_optimizer: bool = True
+) -> OptimizerPlan:
     """The base optimizer for `optimizer.type == name` (already canonical) on `device_type`.
 
     Raises:
@@ -217,14 +240,19 @@ def plan_config_optimizer(name: str, params: dict[str, Any], *, device_type: str
     cpu_classes = {"adagrad": "DeepSpeedCPUAdagrad", "lion": "DeepSpeedCPULion"}
     if offload and name in cpu_classes:
         if not _has_ds_ops(cpu_classes[name]):
-            raise ValueError(f"offloading optimizer {name!r} needs ds_ops.{cpu_classes[name]}, which the installed "
-                             "ds-ops does not provide")
+            raise ValueError(
+                f"offloading optimizer {name!r} needs ds_ops.{cpu_classes[name]}, which the installed "
+                "ds-ops does not provide"
+            )
         return OptimizerPlan(name, f"ds_ops.{cpu_classes[name]}", dict(params), "CPU offload")
     if offload and force_ds_cpu_optimizer:
-        raise ValueError(f"optimizer {name!r} has no DeepSpeed CPU implementation for offload_optimizer; use "
-                         "Adam/AdamW/Adagrad/Lion, or set zero_force_ds_cpu_optimizer=false to step it on CPU as is")
+        raise ValueError(
+            f"optimizer {name!r} has no DeepSpeed CPU implementation for offload_optimizer; use "
+            "Adam/AdamW/Adagrad/Lion, or set zero_force_ds_cpu_optimizer=false to step it on CPU as is"
+        )
     target = {"adagrad": "torch.optim.Adagrad", "lion": "ds_engine.Lion", "lamb": "ds_engine.Lamb"}.get(
-        name, f"torch.optim.{name}")
+        name, f"torch.optim.{name}"
+    )
     return OptimizerPlan(name, target, dict(params))
 
 
@@ -238,16 +266,27 @@ def swap_for_cpu_optimizer(optimizer: Optimizer, *, force: bool) -> Optimizer:
         return optimizer
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and _has_ds_ops("DeepSpeedCPUAdam"):
         d = optimizer.defaults
-        kwargs = {"lr": d["lr"], "betas": d["betas"], "eps": d["eps"], "weight_decay": d["weight_decay"],
-                  "amsgrad": d.get("amsgrad", False), "adamw_mode": isinstance(optimizer, torch.optim.AdamW)}
-        logger.info("offload_optimizer: replacing the client %s with ds_ops.DeepSpeedCPUAdam(%s)",
-                    type(optimizer).__name__, kwargs)
+        kwargs = {
+            "lr": d["lr"],
+            "betas": d["betas"],
+            "eps": d["eps"],
+            "weight_decay": d["weight_decay"],
+            "amsgrad": d.get("amsgrad", False),
+            "adamw_mode": isinstance(optimizer, torch.optim.AdamW),
+        }
+        logger.info(
+            "offload_optimizer: replacing the client %s with ds_ops.DeepSpeedCPUAdam(%s)",
+            type(optimizer).__name__,
+            kwargs,
+        )
         groups = [dict(g) for g in optimizer.param_groups]
         return ds_ops.DeepSpeedCPUAdam(groups, **kwargs)
     if force:
-        raise ValueError(f"offload_optimizer needs a DeepSpeed CPU optimizer, got a client {type(optimizer).__name__}; "
-                         "pass no optimizer (configure it in the config), use torch Adam/AdamW (swapped for "
-                         "DeepSpeedCPUAdam), or set zero_force_ds_cpu_optimizer=false")
+        raise ValueError(
+            f"offload_optimizer needs a DeepSpeed CPU optimizer, got a client {type(optimizer).__name__}; "
+            "pass no optimizer (configure it in the config), use torch Adam/AdamW (swapped for "
+            "DeepSpeedCPUAdam), or set zero_force_ds_cpu_optimizer=false"
+        )
     return optimizer
 
 

@@ -55,27 +55,37 @@ class AssemblyPlan:
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
-        cast = "parameters stay fp32" if self.precision == "fp32" else \
-            f"parameters cast to {self.precision} once (buffers {self.buffer_dtype or 'keep their dtype'})"
+        cast = (
+            "parameters stay fp32"
+            if self.precision == "fp32"
+            else f"parameters cast to {self.precision} once (buffers {self.buffer_dtype or 'keep their dtype'})"
+        )
         if self.optimizer is not None:
             base = self.optimizer.describe()
         else:
-            base = {"client": "the client optimizer, as passed", "client callable": "the client callable(params)",
-                    "none": "none (no optimizer in the config or the call: forward/eval only)"}[self.optimizer_source]
-        out = [f"device: {self.device_type}; {cast}",
-               f"base optimizer: {base}"]
+            base = {
+                "client": "the client optimizer, as passed",
+                "client callable": "the client callable(params)",
+                "none": "none (no optimizer in the config or the call: forward/eval only)",
+            }[self.optimizer_source]
+        out = [f"device: {self.device_type}; {cast}", f"base optimizer: {base}"]
         if self.optimizer is not None and self.optimizer.fallback is not None:
             out.append(f"  if it cannot load here: {self.optimizer.fallback.describe()}")
         accum = str(self.grad_accum_dtype).replace("torch.", "")
         out.append(f"wrapper: {self.wrapper}")
-        out.append(f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
-                   f"gradient accumulation in {accum}; clip global norm: "
-                   f"{self.clip:g}" + (" (off)" if self.clip == 0 else ""))
+        out.append(
+            f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
+            f"gradient accumulation in {accum}; clip global norm: "
+            f"{self.clip:g}" + (" (off)" if self.clip == 0 else "")
+        )
         if self.nvme_offload is not None:
             out.append(f"  {self.nvme_offload}")
         if self.zero_stage == 0:
-            reduce = self.reduce.describe(self.dp_world_size) if self.reduce is not None else \
-                "no gradient all-reduce (one data-parallel rank)"
+            reduce = (
+                self.reduce.describe(self.dp_world_size)
+                if self.reduce is not None
+                else "no gradient all-reduce (one data-parallel rank)"
+            )
             out.append(f"  data parallel: {reduce}")
         out.append(f"lr scheduler: {self.scheduler or 'none'}")
         out.append(f"engine: {self.engine_class}")
@@ -84,8 +94,11 @@ class AssemblyPlan:
 
 def _scheduler_text(config: DeepSpeedConfig, client_scheduler: object | None) -> str | None:
     if client_scheduler is not None:
-        kind = "callable(optimizer)" if callable(client_scheduler) and not hasattr(client_scheduler, "step") \
+        kind = (
+            "callable(optimizer)"
+            if callable(client_scheduler) and not hasattr(client_scheduler, "step")
             else type(client_scheduler).__name__
+        )
         return f"client {kind}, stepped after each applied optimizer step"
     sched = config.model.scheduler
     if sched is None:
@@ -94,8 +107,9 @@ def _scheduler_text(config: DeepSpeedConfig, client_scheduler: object | None) ->
     return f"{sched.type}({args}), stepped after each applied optimizer step"
 
 
-def _plan_optimizer(config: DeepSpeedConfig, client_optimizer: object | None, device_type: str,
-                    offload: bool) -> tuple[str, OptimizerPlan | None]:
+def _plan_optimizer(
+    config: DeepSpeedConfig, client_optimizer: object | None, device_type: str, offload: bool
+) -> tuple[str, OptimizerPlan | None]:
     if isinstance(client_optimizer, Optimizer):
         return "client", None
     if client_optimizer is not None:
@@ -104,8 +118,13 @@ def _plan_optimizer(config: DeepSpeedConfig, client_optimizer: object | None, de
     if opt is None:
         return "none", None
     try:
-        return "config", plan_config_optimizer(opt.type, dict(opt.params), device_type=device_type, offload=offload,
-                                               force_ds_cpu_optimizer=config.model.zero_force_ds_cpu_optimizer)
+        return "config", plan_config_optimizer(
+            opt.type,
+            dict(opt.params),
+            device_type=device_type,
+            offload=offload,
+            force_ds_cpu_optimizer=config.model.zero_force_ds_cpu_optimizer,
+        )
     except ValueError as err:
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
 
@@ -116,24 +135,30 @@ def _loss_scaling(config: DeepSpeedConfig) -> tuple[str, dict[str, Any] | None, 
         return "static 1.0 (no scaling)", None, 1.0
     if fp16.dynamic_loss_scale:
         args = fp16.dynamic_loss_args()
-        text = (f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
-                f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, "
-                f"min {fp16.min_loss_scale:g}")
+        text = (
+            f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
+            f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, "
+            f"min {fp16.min_loss_scale:g}"
+        )
         return text, args, 0.0
     return f"static {fp16.loss_scale:g}", None, fp16.loss_scale
 
 
 def _nvme_text(config: DeepSpeedConfig) -> str | None:
     z = config.zero
-    swapped = [f"{what} under {getattr(z.config, key).nvme_path}"
-               for key, what in (("offload_param", "parameter partitions"), ("offload_optimizer", "optimizer state"))
-               if getattr(z, f"{key}_device") == "nvme"]
+    swapped = [
+        f"{what} under {getattr(z.config, key).nvme_path}"
+        for key, what in (("offload_param", "parameter partitions"), ("offload_optimizer", "optimizer state"))
+        if getattr(z, f"{key}_device") == "nvme"
+    ]
     if not swapped:
         return None
     a = config.model.aio
-    return (f"NVMe offload (ZeRO-Infinity): {' and '.join(swapped)}; aio: block_size={a.block_size}, "
-            f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
-            f"single_submit={a.single_submit}, overlap_events={a.overlap_events}")
+    return (
+        f"NVMe offload (ZeRO-Infinity): {' and '.join(swapped)}; aio: block_size={a.block_size}, "
+        f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
+        f"single_submit={a.single_submit}, overlap_events={a.overlap_events}"
+    )
 
 
 def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:
@@ -155,8 +180,14 @@ def reduction_dtype(config: DeepSpeedConfig) -> torch.dtype | None:
     return to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
 
 
-def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer: object | None = None,
-                  client_scheduler: object | None = None, pipeline: bool = False) -> AssemblyPlan:
+def plan_assembly(
+    config: DeepSpeedConfig,
+    *,
+    device_type: str,
+    client_optimizer: object | None = None,
+    client_scheduler: object | None = None,
+    pipeline: bool = False,
+) -> AssemblyPlan:
     """Decide the chain for `config` on `device_type` ("cpu" or "cuda").
 
     Raises:
@@ -170,13 +201,17 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
     where = "NVMe" if config.zero.offload_optimizer_device == "nvme" else "CPU"
     source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
     if stage == 3 and source == "none":
-        wrapper = ("ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "
-                   "gathered per module for evaluation; backward/step refused)")
+        wrapper = (
+            "ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "
+            "gathered per module for evaluation; backward/step refused)"
+        )
     elif stage >= 1 and source == "none":
         wrapper = f"none: ZeRO stage {stage} needs an optimizer; initialize() refuses this config without optimizer="
     elif stage >= 1:
-        wrapper = f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} " \
-                  f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
+        wrapper = (
+            f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} "
+            f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
+        )
     elif precision == "fp32":
         wrapper = "none: the base optimizer is stepped directly"
     else:
@@ -187,16 +222,32 @@ def plan_assembly(config: DeepSpeedConfig, *, device_type: str, client_optimizer
     comm_dtype = reduction_dtype(config)
     # Sequence-parallel peers hold the same parameters too: gradients are reduced over data x sequence ranks.
     if stage == 0 and world * m.sequence_parallel_size > 1:
-        reduce = ReduceSettings(bucket_numel=config.zero.reduce_bucket_size, average=m.gradient_allreduce_op == "mean",
-                                prescale=m.prescale_gradients, predivide=m.gradient_predivide_factor,
-                                comm_dtype=comm_dtype)
+        reduce = ReduceSettings(
+            bucket_numel=config.zero.reduce_bucket_size,
+            average=m.gradient_allreduce_op == "mean",
+            prescale=m.prescale_gradients,
+            predivide=m.gradient_predivide_factor,
+            comm_dtype=comm_dtype,
+        )
     return AssemblyPlan(
-        device_type=device_type, precision=precision, dtype=to_torch_dtype(precision),
+        device_type=device_type,
+        precision=precision,
+        dtype=to_torch_dtype(precision),
         grad_accum_dtype=to_torch_dtype(accum),
         buffer_dtype=to_torch_dtype(m.data_types.buffer_dtype) if m.data_types.buffer_dtype else None,
-        zero_stage=stage, offload_optimizer=offload, optimizer_source=source, optimizer=opt_plan, wrapper=wrapper,
-        loss_scaler=scaler_text, dynamic_loss_args=dynamic_args, static_loss_scale=static_scale,
+        zero_stage=stage,
+        offload_optimizer=offload,
+        optimizer_source=source,
+        optimizer=opt_plan,
+        wrapper=wrapper,
+        loss_scaler=scaler_text,
+        dynamic_loss_args=dynamic_args,
+        static_loss_scale=static_scale,
         check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow),
-        clip=m.gradient_clipping, reduce=reduce, dp_world_size=world,
+        clip=m.gradient_clipping,
+        reduce=reduce,
+        dp_world_size=world,
         scheduler=_scheduler_text(config, client_scheduler),
-        engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine", nvme_offload=_nvme_text(config))
+        engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine",
+        nvme_offload=_nvme_text(config),
+    )

@@ -44,10 +44,20 @@ class MixedPrecisionOptimizer:
         timers: times the all-reduce.
     """
 
-    def __init__(self, optimizer: Optimizer, *, dtype: torch.dtype, loss_scaler: LossScaler,
-                 grad_accum_dtype: torch.dtype, clip_grad: float, check_overflow: bool,
-                 reduce: ReduceSettings | None, group: Any, world_size: int,
-                 timers: WallClockTimers | NullTimers) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        *,
+        dtype: torch.dtype,
+        loss_scaler: LossScaler,
+        grad_accum_dtype: torch.dtype,
+        clip_grad: float,
+        check_overflow: bool,
+        reduce: ReduceSettings | None,
+        group: Any,
+        world_size: int,
+        timers: WallClockTimers | NullTimers,
+    ) -> None:
         self.optimizer = optimizer
         self.dtype = dtype
         self.loss_scaler = loss_scaler
@@ -69,8 +79,9 @@ class MixedPrecisionOptimizer:
         else:
             self.accum = FlatGradBuffer(self._train_model, dtype, bind=True, lazy_bind=True)
             self._absorb_into = None
-        self.reducer = None if reduce is None else GradAllReducer(self.accum, reduce, group=group,
-                                                                  world_size=world_size)
+        self.reducer = (
+            None if reduce is None else GradAllReducer(self.accum, reduce, group=group, world_size=world_size)
+        )
 
     def _make_masters(self) -> None:
         remap: dict[int, torch.Tensor] = {}
@@ -78,8 +89,10 @@ class MixedPrecisionOptimizer:
             masters = []
             for p in group["params"]:
                 if p.dtype != self.dtype:
-                    raise TypeError(f"MixedPrecisionOptimizer: a parameter of dtype {p.dtype} is in the optimizer; "
-                                    f"all parameters must be {self.dtype} (the engine casts them)")
+                    raise TypeError(
+                        f"MixedPrecisionOptimizer: a parameter of dtype {p.dtype} is in the optimizer; "
+                        f"all parameters must be {self.dtype} (the engine casts them)"
+                    )
                 master = torch.nn.Parameter(p.detach().to(torch.float32).clone(), requires_grad=p.requires_grad)
                 remap[id(p)] = master
                 self.model_params.append(p)
@@ -124,8 +137,9 @@ class MixedPrecisionOptimizer:
     def _absorb(self) -> None:
         if self._absorb_into is None:
             return
-        pairs = [(view, p.grad) for view, p in zip(self._absorb_into, self._train_model, strict=True)
-                 if p.grad is not None]
+        pairs = [
+            (view, p.grad) for view, p in zip(self._absorb_into, self._train_model, strict=True) if p.grad is not None
+        ]
         if pairs:
             views, grads = zip(*pairs, strict=True)
             torch._foreach_add_(list(views), list(grads))
@@ -149,8 +163,14 @@ class MixedPrecisionOptimizer:
         grads = self.master_grads.flat
         if self.accum is not self.master_grads:
             grads.copy_(self.accum.flat)
-        outcome = finish_step([grads], scaler=self.loss_scaler, clip=self.clip_grad,
-                              check_overflow=self.check_overflow, compute_norm=True, skip=skip)
+        outcome = finish_step(
+            [grads],
+            scaler=self.loss_scaler,
+            clip=self.clip_grad,
+            check_overflow=self.check_overflow,
+            compute_norm=True,
+            skip=skip,
+        )
         self.overflow = outcome.overflow
         self._norm = outcome.grad_norm
         if self.overflow:

@@ -21,8 +21,9 @@ from ds_engine._optional import require
 __all__ = ["optional_reexport"]
 
 
-def optional_reexport(shim: str, target: str, *, extra: str,
-                      feature: str) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+def optional_reexport(
+    shim: str, target: str, *, extra: str, feature: str
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """`(__all__, __getattr__, __dir__)` for a shim module that re-exports `target` (a sibling or its submodule).
 
     Args:

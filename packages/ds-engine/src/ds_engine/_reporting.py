@@ -27,8 +27,15 @@ class StepReporter:
         memory_breakdown: add device memory to the progress line.
     """
 
-    def __init__(self, *, steps_per_print: int | None, timers: WallClockTimers | NullTimers,
-                 throughput: ThroughputTimer | None, monitor: MonitorMaster | None, memory_breakdown: bool) -> None:
+    def __init__(
+        self,
+        *,
+        steps_per_print: int | None,
+        timers: WallClockTimers | NullTimers,
+        throughput: ThroughputTimer | None,
+        monitor: MonitorMaster | None,
+        memory_breakdown: bool,
+    ) -> None:
         self.steps_per_print = steps_per_print
         self.timers = timers
         self.throughput = throughput
@@ -37,15 +44,25 @@ class StepReporter:
         self.needs_loss = self.monitor is not None
         self._steps_since_print = 0
 
-    def after_step(self, *, global_steps: int, global_samples: int, skipped_steps: int, samples: int,
-                   lrs: Callable[[], list[float]], loss_scale: Callable[[], float],
-                   loss: torch.Tensor | None) -> None:
+    def after_step(
+        self,
+        *,
+        global_steps: int,
+        global_samples: int,
+        skipped_steps: int,
+        samples: int,
+        lrs: Callable[[], list[float]],
+        loss_scale: Callable[[], float],
+        loss: torch.Tensor | None,
+    ) -> None:
         """Called once per optimizer step, after the counters moved."""
         rate = self.throughput.boundary(samples) if self.throughput is not None else None
         self._steps_since_print += 1
         if self.monitor is not None:
-            events: list[Event] = [("Train/Samples/lr", float(lrs()[0]), global_samples),
-                                   ("Train/Samples/loss_scale", float(loss_scale()), global_samples)]
+            events: list[Event] = [
+                ("Train/Samples/lr", float(lrs()[0]), global_samples),
+                ("Train/Samples/loss_scale", float(loss_scale()), global_samples),
+            ]
             if loss is not None:
                 events.append(("Train/Samples/train_loss", float(loss), global_samples))
             if rate is not None:
@@ -61,15 +78,21 @@ class StepReporter:
         line = f"step={step}, skipped={skipped}, lr={lrs}, loss_scale={loss_scale:g}, samples/sec={rate}"
         if self.memory_breakdown:
             stats = get_accelerator().memory_stats()
-            line += (f", mem_allocated={stats['allocated_bytes'] / 2**30:.2f}GB, "
-                     f"max_allocated={stats['max_allocated_bytes'] / 2**30:.2f}GB")
+            line += (
+                f", mem_allocated={stats['allocated_bytes'] / 2**30:.2f}GB, "
+                f"max_allocated={stats['max_allocated_bytes'] / 2**30:.2f}GB"
+            )
         log_dist(line, ranks=[0], log=logger)
         if self.timers.enabled:
             per_step = self._steps_since_print
             log_dist(self.timers.log_line(PHASES, normalizer=per_step), ranks=[0], log=logger)
             if self.monitor is not None:
                 snap = self.timers.snapshot()
-                self.monitor.write_events([(f"Train/Samples/elapsed_time_ms_{name}", ms / per_step, global_samples)
-                                           for name, ms in snap.items()])
+                self.monitor.write_events(
+                    [
+                        (f"Train/Samples/elapsed_time_ms_{name}", ms / per_step, global_samples)
+                        for name, ms in snap.items()
+                    ]
+                )
             self.timers.reset()
         self._steps_since_print = 0

@@ -19,8 +19,14 @@ _DS_SCHEDULES: dict[str, type] = {name: getattr(lr_schedules, name) for name in 
 def _torch_schedules() -> list[str]:
     base = torch.optim.lr_scheduler.LRScheduler
     mod = torch.optim.lr_scheduler
-    return sorted(n for n in dir(mod) if isinstance(getattr(mod, n), type) and issubclass(getattr(mod, n), base)
-                  and not n.startswith("_") and n != "LRScheduler")
+    return sorted(
+        n
+        for n in dir(mod)
+        if isinstance(getattr(mod, n), type)
+        and issubclass(getattr(mod, n), base)
+        and not n.startswith("_")
+        and n != "LRScheduler"
+    )
 
 
 def scheduler_class(kind: str) -> type:
@@ -37,8 +43,10 @@ def scheduler_class(kind: str) -> type:
     names = [*_DS_SCHEDULES, *torch_names]
     close = [n for n in names if n.lower() == kind.lower()] or difflib.get_close_matches(kind, names, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{kind!r} is not a known lr scheduler (DeepSpeed's: {', '.join(_DS_SCHEDULES)}; or a "
-                     f"torch.optim.lr_scheduler class){hint}")
+    raise ValueError(
+        f"{kind!r} is not a known lr scheduler (DeepSpeed's: {', '.join(_DS_SCHEDULES)}; or a "
+        f"torch.optim.lr_scheduler class){hint}"
+    )
 
 
 def check_scheduler_params(kind: str, params: dict[str, Any]) -> None:
@@ -48,8 +56,12 @@ def check_scheduler_params(kind: str, params: dict[str, Any]) -> None:
         ValueError: `"'warmup_num_step' is not a parameter of WarmupLR; did you mean 'warmup_num_steps'?"`.
     """
     signature = inspect.signature(scheduler_class(kind).__init__)
-    named = {n: p for n, p in signature.parameters.items() if n not in ("self", "optimizer")
-             and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+    named = {
+        n: p
+        for n, p in signature.parameters.items()
+        if n not in ("self", "optimizer")
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    }
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values())
     for key in params:
         if key not in named and not takes_any:

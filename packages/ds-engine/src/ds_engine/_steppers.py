@@ -63,8 +63,15 @@ class Fp32Stepper:
         timers: times the all-reduce.
     """
 
-    def __init__(self, optimizer: Optimizer, *, buffer: FlatGradBuffer, reducer: GradAllReducer | None,
-                 clip: float, timers: WallClockTimers | NullTimers) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        *,
+        buffer: FlatGradBuffer,
+        reducer: GradAllReducer | None,
+        clip: float,
+        timers: WallClockTimers | NullTimers,
+    ) -> None:
         self.optimizer = optimizer
         self.buffer = buffer
         self.reducer = reducer
@@ -148,11 +155,13 @@ class ZeroStepper:
     def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
         raise TypeError("ZeRO optimizer states load from all ranks' files; use load_partitions()")
 
-    def load_partitions(self, states: list[dict[str, Any]], *, load_optimizer_states: bool,
-                        load_from_fp32_weights: bool) -> None:
+    def load_partitions(
+        self, states: list[dict[str, Any]], *, load_optimizer_states: bool, load_from_fp32_weights: bool
+    ) -> None:
         """Every saved rank's `optimizer_state_dict`, in rank order (ds-zero re-partitions)."""
-        self.optimizer.load_state_dict(states, load_optimizer_states=load_optimizer_states,
-                                       load_from_fp32_weights=load_from_fp32_weights)
+        self.optimizer.load_state_dict(
+            states, load_optimizer_states=load_optimizer_states, load_from_fp32_weights=load_from_fp32_weights
+        )
 
     def refresh_from_module(self) -> None:
         self.optimizer.refresh_fp32_params()

@@ -34,8 +34,9 @@ class Lion(Optimizer):
         weight_decay: decoupled weight decay.
     """
 
-    def __init__(self, params: Params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self, params: Params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0
+    ) -> None:
         if lr < 0:
             raise ValueError(f"Lion: lr must be >= 0, got {lr}")
         for i, beta in enumerate(betas):
@@ -88,17 +89,33 @@ class Lamb(Optimizer):
         amsgrad: not supported (FusedLamb refuses it too).
     """
 
-    def __init__(self, params: Params, lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, eps_inside_sqrt: bool = False,
-                 weight_decay: float = 0.0, max_coeff: float = 10.0, min_coeff: float = 0.01,
-                 amsgrad: bool = False) -> None:
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        eps_inside_sqrt: bool = False,
+        weight_decay: float = 0.0,
+        max_coeff: float = 10.0,
+        min_coeff: float = 0.01,
+        amsgrad: bool = False,
+    ) -> None:
         if amsgrad:
             raise ValueError("Lamb: amsgrad=True is not supported (DeepSpeed's FusedLamb refuses it too)")
         if min_coeff > max_coeff:
             raise ValueError(f"Lamb: min_coeff={min_coeff} must not exceed max_coeff={max_coeff}")
-        defaults = {"lr": lr, "bias_correction": bias_correction, "betas": tuple(betas), "eps": eps,
-                    "eps_inside_sqrt": eps_inside_sqrt, "weight_decay": weight_decay, "max_coeff": max_coeff,
-                    "min_coeff": min_coeff}
+        defaults = {
+            "lr": lr,
+            "bias_correction": bias_correction,
+            "betas": tuple(betas),
+            "eps": eps,
+            "eps_inside_sqrt": eps_inside_sqrt,
+            "weight_decay": weight_decay,
+            "max_coeff": max_coeff,
+            "min_coeff": min_coeff,
+        }
         super().__init__(params, defaults)
 
     @torch.no_grad()

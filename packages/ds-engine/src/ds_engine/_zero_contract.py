@@ -71,8 +71,12 @@ class ZeroOptimizer(Protocol):
         """THIS rank's partition in ds-zero's checkpoint format."""
         ...
 
-    def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
-                        load_optimizer_states: bool = True, load_from_fp32_weights: bool = True) -> None:
+    def load_state_dict(
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
         """Restore from ALL saved ranks' state dicts (rank order); a collective."""
         ...
 
@@ -87,7 +91,17 @@ class ZeroOptimizerFactory(Protocol):
     Stage 3 also takes `aio_config=` (the top-level `aio` section) when it swaps to NVMe.
     """
 
-    def __call__(self, optimizer: Optimizer, *, config: Any, module: nn.Module | None, loss_scaler: LossScaler,
-                 clip_grad: float, check_overflow: bool, dp_group: ProcessGroup | None,
-                 gradient_predivide_factor: float, communication_dtype: torch.dtype | None,
-                 **kwargs: Any) -> ZeroOptimizer: ...
+    def __call__(
+        self,
+        optimizer: Optimizer,
+        *,
+        config: Any,
+        module: nn.Module | None,
+        loss_scaler: LossScaler,
+        clip_grad: float,
+        check_overflow: bool,
+        dp_group: ProcessGroup | None,
+        gradient_predivide_factor: float,
+        communication_dtype: torch.dtype | None,
+        **kwargs: Any,
+    ) -> ZeroOptimizer: ...

@@ -32,8 +32,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["broadcast_unpartitioned", "build_parameter_offload", "build_zero_optimizer", "loss_scaler_for",
-           "nvme_kwargs"]
+__all__ = [
+    "broadcast_unpartitioned",
+    "build_parameter_offload",
+    "build_zero_optimizer",
+    "loss_scaler_for",
+    "nvme_kwargs",
+]
 
 
 def loss_scaler_for(plan: AssemblyPlan) -> LossScaler:
@@ -46,15 +51,23 @@ def loss_scaler_for(plan: AssemblyPlan) -> LossScaler:
 def _ds_zero(stage: int, what: str) -> Any:
     ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     if getattr(ds_zero, what, None) is None:
-        raise ImportError(f"ZeRO stage {stage} needs ds_zero.{what}, which the installed ds-zero "
-                          f"{getattr(ds_zero, '__version__', '?')} does not provide; pip install -U 'ds-engine[zero]'")
+        raise ImportError(
+            f"ZeRO stage {stage} needs ds_zero.{what}, which the installed ds-zero "
+            f"{getattr(ds_zero, '__version__', '?')} does not provide; pip install -U 'ds-engine[zero]'"
+        )
     return ds_zero
 
 
 def _nvme_keys(config: DeepSpeedConfig) -> list[str]:
     z = config.zero
-    return [key for key, device in (("offload_param", z.offload_param_device),
-                                    ("offload_optimizer", z.offload_optimizer_device)) if device == "nvme"]
+    return [
+        key
+        for key, device in (
+            ("offload_param", z.offload_param_device),
+            ("offload_optimizer", z.offload_optimizer_device),
+        )
+        if device == "nvme"
+    ]
 
 
 def nvme_kwargs(config: DeepSpeedConfig) -> dict[str, Any]:
@@ -64,8 +77,9 @@ def nvme_kwargs(config: DeepSpeedConfig) -> dict[str, Any]:
     return {"aio_config": config.model.aio.model_dump()}
 
 
-def build_zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer, module: nn.Module,
-                         dist: DistInfo) -> ZeroOptimizer:
+def build_zero_optimizer(
+    plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer, module: nn.Module, dist: DistInfo
+) -> ZeroOptimizer:
     """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2) or `..._Stage3`.
 
     Raises:
@@ -77,9 +91,18 @@ def build_zero_optimizer(plan: AssemblyPlan, config: DeepSpeedConfig, base: Opti
     comm_dtype = reduction_dtype(config)
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
     # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
-    return cls(base, module=module, config=config.zero.config, loss_scaler=loss_scaler_for(plan), clip_grad=plan.clip,
-               check_overflow=plan.check_overflow, dp_group=dist.dp_group,
-               gradient_predivide_factor=m.gradient_predivide_factor, communication_dtype=comm_dtype, **extra)
+    return cls(
+        base,
+        module=module,
+        config=config.zero.config,
+        loss_scaler=loss_scaler_for(plan),
+        clip_grad=plan.clip,
+        check_overflow=plan.check_overflow,
+        dp_group=dist.dp_group,
+        gradient_predivide_factor=m.gradient_predivide_factor,
+        communication_dtype=comm_dtype,
+        **extra,
+    )
 
 
 def build_parameter_offload(config: DeepSpeedConfig, module: nn.Module, dist: DistInfo) -> Any:
@@ -89,10 +112,12 @@ def build_parameter_offload(config: DeepSpeedConfig, module: nn.Module, dist: Di
     then on every forward gathers a module's parameters just before it runs and releases them after.
     """
     ds_zero = _ds_zero(3, "DeepSpeedZeRoOffload")
-    offload = ds_zero.DeepSpeedZeRoOffload(module, config=config.zero.config, dp_group=dist.dp_group,
-                                           **nvme_kwargs(config))
-    logger.info("ZeRO stage 3 without an optimizer: parameters partitioned over %d ranks for evaluation",
-                dist.dp_world_size)
+    offload = ds_zero.DeepSpeedZeRoOffload(
+        module, config=config.zero.config, dp_group=dist.dp_group, **nvme_kwargs(config)
+    )
+    logger.info(
+        "ZeRO stage 3 without an optimizer: parameters partitioned over %d ranks for evaluation", dist.dp_world_size
+    )
     return offload
 
 

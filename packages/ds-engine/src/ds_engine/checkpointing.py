@@ -14,5 +14,8 @@ if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_pipe'
     from ds_pipe.checkpointing import *  # noqa: F403
 
 __all__, __getattr__, __dir__ = optional_reexport(
-    "ds_engine.checkpointing", "ds_pipe.checkpointing", extra="pipe",
-    feature="ds_engine.checkpointing (deepspeed.checkpointing, activation checkpointing)")
+    "ds_engine.checkpointing",
+    "ds_pipe.checkpointing",
+    extra="pipe",
+    feature="ds_engine.checkpointing (deepspeed.checkpointing, activation checkpointing)",
+)

@@ -61,31 +61,41 @@ def _resolved_rows(config: DeepSpeedConfig) -> list[tuple[str, Any, str]]:
         for path, value in _flatten(zero, "zero_optimization", aliases):
             rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))
     else:
-        rows.append(("zero_optimization.stage", config.zero.stage,
-                     "set" if "zero_optimization.stage" in given else "default"))
+        rows.append(
+            ("zero_optimization.stage", config.zero.stage, "set" if "zero_optimization.stage" in given else "default")
+        )
     if config.batch is not None:
         b = config.batch
-        lookup = {"train_batch_size": b.train_batch_size, "train_micro_batch_size_per_gpu":
-                  b.train_micro_batch_size_per_gpu, "gradient_accumulation_steps": b.gradient_accumulation_steps}
-        rows = [(p, lookup.get(p, v), "derived" if p in lookup and b.sources[p] != "given" else s)
-                for p, v, s in rows]
+        lookup = {
+            "train_batch_size": b.train_batch_size,
+            "train_micro_batch_size_per_gpu": b.train_micro_batch_size_per_gpu,
+            "gradient_accumulation_steps": b.gradient_accumulation_steps,
+        }
+        rows = [(p, lookup.get(p, v), "derived" if p in lookup and b.sources[p] != "given" else s) for p, v, s in rows]
     return rows
 
 
 def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
     """The explanation text for an already-validated config."""
-    lines = [f"config: {config.source}",
-             f"data-parallel world size: {config.world_size} ({config.world_size_source})", "", "batch"]
+    lines = [
+        f"config: {config.source}",
+        f"data-parallel world size: {config.world_size} ({config.world_size_source})",
+        "",
+        "batch",
+    ]
     if config.batch is None:
-        lines.append("  unresolved: the batch keys hold \"auto\" placeholders")
+        lines.append('  unresolved: the batch keys hold "auto" placeholders')
     else:
         for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
             lines.append(f"  {key:<32}{getattr(config.batch, key):>8}   {config.batch.sources[key]}")
     plan = plan_assembly(config, device_type=device_type or get_accelerator().name)
     lines += ["", "wrapper chain initialize() would build", *(f"  {line}" for line in plan.lines())]
     if config.auto_keys:
-        lines += ["", "unfilled \"auto\" placeholders (initialize() refuses them; fill with auto_values= / --auto):",
-                  *(f"  {key}" for key in config.auto_keys)]
+        lines += [
+            "",
+            'unfilled "auto" placeholders (initialize() refuses them; fill with auto_values= / --auto):',
+            *(f"  {key}" for key in config.auto_keys),
+        ]
     rows = _resolved_rows(config)
     width = max(len(p) for p, _, _ in rows)
     lines += ["", "resolved config (set = in your file, default = applied by ds, derived = computed)"]
@@ -109,12 +119,25 @@ def _parse_auto(pairs: Sequence[str]) -> dict[str, Any]:
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("config", help="ds_config: a JSON/hjson file, or base64-encoded JSON")
-    parser.add_argument("--world-size", type=int, default=None,
-                        help="data-parallel world size to resolve the batch triple for (default 1)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="device type to plan for (default: this machine's accelerator)")
-    parser.add_argument("--auto", action="append", default=[], metavar="KEY=VALUE",
-                        help='fill an "auto" placeholder, e.g. --auto train_micro_batch_size_per_gpu=8 (repeatable)')
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="data-parallel world size to resolve the batch triple for (default 1)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="device type to plan for (default: this machine's accelerator)",
+    )
+    parser.add_argument(
+        "--auto",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='fill an "auto" placeholder, e.g. --auto train_micro_batch_size_per_gpu=8 (repeatable)',
+    )
     return parser
 
 
@@ -135,8 +158,10 @@ def cli(argv: Sequence[str] | None = None) -> int:
     """The `ds-engine` console script: `ds-engine explain CONFIG ...`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: ds-engine explain CONFIG [--world-size N] [--device cpu|cuda] [--auto KEY=VALUE]\n\n"
-              "commands:\n  explain   show the resolved config and the wrapper chain initialize() would build")
+        print(
+            "usage: ds-engine explain CONFIG [--world-size N] [--device cpu|cuda] [--auto KEY=VALUE]\n\n"
+            "commands:\n  explain   show the resolved config and the wrapper chain initialize() would build"
+        )
         return 0 if argv else 2
     if argv[0] != "explain":
         print(f"ds-engine: unknown command {argv[0]!r}; the command is 'explain'", file=sys.stderr)

@@ -62,8 +62,9 @@ class _Schedule:
 
     def __init__(self, optimizer: _HasParamGroups, last_batch_iteration: int) -> None:
         if not hasattr(optimizer, "param_groups"):
-            raise TypeError(f"{type(self).__name__} needs an optimizer with param_groups, "
-                            f"got {type(optimizer).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs an optimizer with param_groups, got {type(optimizer).__name__}"
+            )
         self.optimizer = optimizer
         self.last_batch_iteration = last_batch_iteration
         self._last_lr: list[float] | None = None
@@ -81,8 +82,9 @@ class _Schedule:
 
     def step(self, last_batch_iteration: int | None = None) -> None:
         """Advance to `last_batch_iteration` (default: the next one) and write the lrs."""
-        self.last_batch_iteration = self.last_batch_iteration + 1 if last_batch_iteration is None \
-            else last_batch_iteration
+        self.last_batch_iteration = (
+            self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        )
         self._write_lrs(self.get_lr())
 
     def get_last_lr(self) -> list[float]:
@@ -114,9 +116,15 @@ class WarmupLR(_Schedule):
         last_batch_iteration: -1 to start; a step index to resume.
     """
 
-    def __init__(self, optimizer: _HasParamGroups, warmup_min_lr: float | Sequence[float] = 0.0,
-                 warmup_max_lr: float | Sequence[float] | None = None, warmup_num_steps: int = 1000,
-                 warmup_type: str = WARMUP_LOG_RATE, last_batch_iteration: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: _HasParamGroups,
+        warmup_min_lr: float | Sequence[float] = 0.0,
+        warmup_max_lr: float | Sequence[float] | None = None,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = WARMUP_LOG_RATE,
+        last_batch_iteration: int = -1,
+    ) -> None:
         super().__init__(optimizer, last_batch_iteration)
         _check_warmup(warmup_num_steps, warmup_type)
         if warmup_max_lr is None:
@@ -160,16 +168,24 @@ class WarmupDecayLR(WarmupLR):
             `WarmupLR`, except that `warmup_max_lr` defaults to 0.001.
     """
 
-    def __init__(self, optimizer: _HasParamGroups, total_num_steps: int,
-                 warmup_min_lr: float | Sequence[float] = 0.0, warmup_max_lr: float | Sequence[float] = 0.001,
-                 warmup_num_steps: int = 1000, warmup_type: str = WARMUP_LOG_RATE,
-                 last_batch_iteration: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: _HasParamGroups,
+        total_num_steps: int,
+        warmup_min_lr: float | Sequence[float] = 0.0,
+        warmup_max_lr: float | Sequence[float] = 0.001,
+        warmup_num_steps: int = 1000,
+        warmup_type: str = WARMUP_LOG_RATE,
+        last_batch_iteration: int = -1,
+    ) -> None:
         self.total_num_steps = total_num_steps
-        super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type,
-                         last_batch_iteration)
+        super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, last_batch_iteration)
         if total_num_steps < self.warmup_num_steps:
-            logger.warning("WarmupDecayLR: total_num_steps %d is less than warmup_num_steps %d",
-                           total_num_steps, self.warmup_num_steps)
+            logger.warning(
+                "WarmupDecayLR: total_num_steps %d is less than warmup_num_steps %d",
+                total_num_steps,
+                self.warmup_num_steps,
+            )
 
     def _get_gamma(self) -> float:
         it = self.last_batch_iteration
@@ -195,9 +211,16 @@ class WarmupCosineLR(_Schedule):
         last_batch_iteration: -1 to start.
     """
 
-    def __init__(self, optimizer: _HasParamGroups, total_num_steps: int, warmup_min_ratio: float = 0.0,
-                 warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = WARMUP_LOG_RATE,
-                 last_batch_iteration: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: _HasParamGroups,
+        total_num_steps: int,
+        warmup_min_ratio: float = 0.0,
+        warmup_num_steps: int = 1000,
+        cos_min_ratio: float = 0.0001,
+        warmup_type: str = WARMUP_LOG_RATE,
+        last_batch_iteration: int = -1,
+    ) -> None:
         super().__init__(optimizer, last_batch_iteration)
         _check_warmup(warmup_num_steps, warmup_type)
         self.total_num_steps = total_num_steps
@@ -207,8 +230,11 @@ class WarmupCosineLR(_Schedule):
         self.warmup_num_steps = max(2, warmup_num_steps)
         self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
         if total_num_steps < self.warmup_num_steps:
-            logger.warning("WarmupCosineLR: total_num_steps %d is less than warmup_num_steps %d",
-                           total_num_steps, self.warmup_num_steps)
+            logger.warning(
+                "WarmupCosineLR: total_num_steps %d is less than warmup_num_steps %d",
+                total_num_steps,
+                self.warmup_num_steps,
+            )
         self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
         if last_batch_iteration == -1:
             self._write_lrs(self.get_lr())
@@ -218,8 +244,11 @@ class WarmupCosineLR(_Schedule):
         if it < 0:
             return 0.0
         if it < self.warmup_num_steps:
-            warm = self.inverse_log_warm_up * math.log(it + 1) if self.warmup_type == WARMUP_LOG_RATE \
+            warm = (
+                self.inverse_log_warm_up * math.log(it + 1)
+                if self.warmup_type == WARMUP_LOG_RATE
                 else it / self.warmup_num_steps
+            )
             return self.warmup_min_ratio + warm * (1.0 - self.warmup_min_ratio)
         progress = min(1.0, (it - self.warmup_num_steps + 1) / max(1, self.total_num_steps - self.warmup_num_steps))
         cosine = (1.0 + math.cos(math.pi * progress)) / 2.0
@@ -256,24 +285,38 @@ class OneCycle(_Schedule):
         last_batch_iteration: -1 to start.
     """
 
-    def __init__(self, optimizer: _HasParamGroups, cycle_min_lr: float, cycle_max_lr: float,
-                 decay_lr_rate: float = 0.0, cycle_first_step_size: int = 2000,
-                 cycle_second_step_size: int | None = None, cycle_first_stair_count: int = 0,
-                 cycle_second_stair_count: int | None = None, decay_step_size: int = 0,
-                 cycle_momentum: bool = True, cycle_min_mom: float = 0.8, cycle_max_mom: float = 0.9,
-                 decay_mom_rate: float = 0.0, last_batch_iteration: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: _HasParamGroups,
+        cycle_min_lr: float,
+        cycle_max_lr: float,
+        decay_lr_rate: float = 0.0,
+        cycle_first_step_size: int = 2000,
+        cycle_second_step_size: int | None = None,
+        cycle_first_stair_count: int = 0,
+        cycle_second_stair_count: int | None = None,
+        decay_step_size: int = 0,
+        cycle_momentum: bool = True,
+        cycle_min_mom: float = 0.8,
+        cycle_max_mom: float = 0.9,
+        decay_mom_rate: float = 0.0,
+        last_batch_iteration: int = -1,
+    ) -> None:
         super().__init__(optimizer, last_batch_iteration)
         self.first_step_size = float(cycle_first_step_size)
-        self.second_step_size = float(cycle_second_step_size if cycle_second_step_size is not None
-                                      else cycle_first_step_size)
+        self.second_step_size = float(
+            cycle_second_step_size if cycle_second_step_size is not None else cycle_first_step_size
+        )
         if self.first_step_size <= 0 or self.second_step_size <= 0:
-            raise ValueError(f"OneCycle: cycle step sizes must be > 0, got {cycle_first_step_size}, "
-                             f"{cycle_second_step_size}")
+            raise ValueError(
+                f"OneCycle: cycle step sizes must be > 0, got {cycle_first_step_size}, {cycle_second_step_size}"
+            )
         self.total_size = self.first_step_size + self.second_step_size
         self.step_ratio = self.first_step_size / self.total_size
         self.first_stair_count = cycle_first_stair_count
-        self.second_stair_count = cycle_first_stair_count if cycle_second_stair_count is None \
-            else cycle_second_stair_count
+        self.second_stair_count = (
+            cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count
+        )
         self.decay_step_size = decay_step_size
         self.min_lrs = _per_group(optimizer, cycle_min_lr, "cycle_min_lr")
         self.max_lrs = _per_group(optimizer, cycle_max_lr, "cycle_max_lr")
@@ -357,9 +400,15 @@ class LRRangeTest(_Schedule):
         last_batch_iteration: -1 to start.
     """
 
-    def __init__(self, optimizer: _HasParamGroups, lr_range_test_min_lr: float | Sequence[float] = 1e-3,
-                 lr_range_test_step_size: int = 2000, lr_range_test_step_rate: float = 1.0,
-                 lr_range_test_staircase: bool = False, last_batch_iteration: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: _HasParamGroups,
+        lr_range_test_min_lr: float | Sequence[float] = 1e-3,
+        lr_range_test_step_size: int = 2000,
+        lr_range_test_step_rate: float = 1.0,
+        lr_range_test_staircase: bool = False,
+        last_batch_iteration: int = -1,
+    ) -> None:
         super().__init__(optimizer, last_batch_iteration)
         if lr_range_test_step_size <= 0:
             raise ValueError(f"lr_range_test_step_size must be > 0, got {lr_range_test_step_size}")

@@ -14,5 +14,6 @@ from ds_engine._reexport import optional_reexport
 if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_pipe's own
     from ds_pipe import *  # noqa: F403
 
-__all__, __getattr__, __dir__ = optional_reexport("ds_engine.pipe", "ds_pipe", extra="pipe",
-                                                  feature="ds_engine.pipe (deepspeed.pipe, pipeline parallelism)")
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.pipe", "ds_pipe", extra="pipe", feature="ds_engine.pipe (deepspeed.pipe, pipeline parallelism)"
+)

@@ -13,5 +13,6 @@ from ds_engine._reexport import optional_reexport
 if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_zero's own
     from ds_zero import *  # noqa: F403
 
-__all__, __getattr__, __dir__ = optional_reexport("ds_engine.zero", "ds_zero", extra="zero",
-                                                  feature="ds_engine.zero (deepspeed.zero, ZeRO)")
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.zero", "ds_zero", extra="zero", feature="ds_engine.zero (deepspeed.zero, ZeRO)"
+)

@@ -32,8 +32,9 @@ def test_mixed_precision_on_cuda_trains(precision: str) -> None:
     torch.manual_seed(0)
     teacher = torch.randn(8, 4, device="cuda")
     model = tiny_net(0)
-    engine = make_engine(model, base_config(**{precision: {"enabled": True}},
-                                            optimizer={"type": "Adam", "params": {"lr": 1e-2}}))
+    engine = make_engine(
+        model, base_config(**{precision: {"enabled": True}}, optimizer={"type": "Adam", "params": {"lr": 1e-2}})
+    )
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     assert model.l1.weight.dtype == dtype and model.buf.dtype == torch.float32
     losses = []

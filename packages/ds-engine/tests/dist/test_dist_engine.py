@@ -70,8 +70,9 @@ def _variants(rank: int, world: int) -> dict[str, torch.Tensor]:
         "small_buckets": _engine(rank, optimizer=sgd, zero_optimization={"stage": 0, "reduce_bucket_size": 50})[1],
         # A sum of two ranks' gradients with half the lr is the mean with the full lr (clipping off).
         "mean_noclip": _engine(rank, optimizer=sgd, gradient_clipping=0.0)[1],
-        "sum_half_lr": _engine(rank, optimizer={"type": "SGD", "params": {"lr": 0.05}}, gradient_clipping=0.0,
-                               gradient_allreduce_op="sum")[1],
+        "sum_half_lr": _engine(
+            rank, optimizer={"type": "SGD", "params": {"lr": 0.05}}, gradient_clipping=0.0, gradient_allreduce_op="sum"
+        )[1],
         "comm_bf16": _engine(rank, optimizer=sgd, communication_data_type="bf16")[1],
     }
     bf16_model = tiny_net(seed=rank)

@@ -31,8 +31,13 @@ class Net(nn.Module):
 def _config(nvme_path: str | None, optimizer: bool = True) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": 3, "stage3_param_persistence_threshold": 0}
     if nvme_path is not None:
-        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path, "buffer_count": 4, "buffer_size": 4096,
-                                 "max_in_cpu": 0}
+        zero["offload_param"] = {
+            "device": "nvme",
+            "nvme_path": nvme_path,
+            "buffer_count": 4,
+            "buffer_size": 4096,
+            "max_in_cpu": 0,
+        }
     cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": zero}
     if nvme_path is not None:
         cfg["aio"] = {"block_size": 65536, "queue_depth": 4, "intra_op_parallelism": 2}
@@ -74,8 +79,13 @@ def _nvme_run(rank: int, world: int, root: str) -> dict[str, Any]:
     engine, optimizer, *_ = deepspeed.initialize(model=model, config=_config(f"{root}/eval", optimizer=False))
     with torch.no_grad():
         out = engine(_data(0, 9)[0])
-    return {"plain": plain, "nvme": nvme, "eval": out, "optimizer": optimizer,
-            "files": sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())}
+    return {
+        "plain": plain,
+        "nvme": nvme,
+        "eval": out,
+        "optimizer": optimizer,
+        "files": sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file()),
+    }
 
 
 def test_nvme_param_offload_through_the_engine(tmp_path: Path) -> None:

@@ -44,9 +44,13 @@ def _config(stage: int, dtype: str, compute_norm: bool, clip: float) -> dict[str
         zero["compute_grad_norm"] = False
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
-    return {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": clip, dtype: precision,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-            "zero_optimization": zero}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_clipping": clip,
+        dtype: precision,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": zero,
+    }
 
 
 def _data(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -73,8 +77,7 @@ def _opt_state(engine: Any) -> list[torch.Tensor]:
     return [v.detach().clone() for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
-def _train_step(engine: Any, batch: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype,
-                bad: float | None) -> None:
+def _train_step(engine: Any, batch: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype, bad: float | None) -> None:
     x, y = batch
     out = engine(x.to(dtype))
     if bad is not None:
@@ -101,9 +104,11 @@ def _case(rank: int, stage: int, dtype_name: str, compute_norm: bool, clip: floa
     assert not engine.was_step_applied(), f"{where}: the bad step was applied"
     assert engine.skipped_steps == 1, f"{where}: skipped_steps={engine.skipped_steps}"
     assert engine.global_steps == 2, where
-    for name, before, after in (("weight", weights, _gathered(engine, stage)),
-                                ("fp32 master", masters, _masters(engine, stage)),
-                                ("optimizer state", state, _opt_state(engine))):
+    for name, before, after in (
+        ("weight", weights, _gathered(engine, stage)),
+        ("fp32 master", masters, _masters(engine, stage)),
+        ("optimizer state", state, _opt_state(engine)),
+    ):
         assert len(before) == len(after), where
         for i, (b, a) in enumerate(zip(before, after, strict=True)):
             assert torch.equal(b, a), f"{where}: {name} {i} changed by the skipped step"
@@ -140,8 +145,10 @@ def _stage(rank: int, world: int, stage: int) -> list[dict[str, Any]]:
         for bad in (float("inf"), float("nan")):
             result = _case(rank, stage, dtype_name, compute_norm, clip, bad)
             for i, (ours, ref) in enumerate(zip(result["weights"], reference, strict=True)):
-                assert torch.equal(ours, ref), f"{result['where']}: weight {i} after the skip differs from the " \
-                                               f"run without the bad batch (max diff {(ours - ref).abs().max()})"
+                assert torch.equal(ours, ref), (
+                    f"{result['where']}: weight {i} after the skip differs from the "
+                    f"run without the bad batch (max diff {(ours - ref).abs().max()})"
+                )
             out.append(result)
     return out
 

@@ -35,11 +35,23 @@ def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _pipe_model(stages: int, dp: int) -> Any:
     from ds_pipe import LayerSpec, PipeDataParallelTopology, PipelineModule, TiedLayerSpec
-    layers = [TiedLayerSpec("tie", nn.Linear, D, D, bias=False), LayerSpec(nn.Linear, D, H), LayerSpec(nn.Tanh),
-              LayerSpec(nn.Linear, H, D), TiedLayerSpec("tie", nn.Linear, D, D, bias=False, forward_fn=_tied_out),
-              LayerSpec(nn.Linear, D, OUT)]
-    return PipelineModule(layers, topology=PipeDataParallelTopology(num_pp=stages, num_dp=dp), loss_fn=_mse,
-                          seed_layers=True, base_seed=BASE_SEED, partition_method=BOUNDS[stages])
+
+    layers = [
+        TiedLayerSpec("tie", nn.Linear, D, D, bias=False),
+        LayerSpec(nn.Linear, D, H),
+        LayerSpec(nn.Tanh),
+        LayerSpec(nn.Linear, H, D),
+        TiedLayerSpec("tie", nn.Linear, D, D, bias=False, forward_fn=_tied_out),
+        LayerSpec(nn.Linear, D, OUT),
+    ]
+    return PipelineModule(
+        layers,
+        topology=PipeDataParallelTopology(num_pp=stages, num_dp=dp),
+        loss_fn=_mse,
+        seed_layers=True,
+        base_seed=BASE_SEED,
+        partition_method=BOUNDS[stages],
+    )
 
 
 class _Reference(nn.Module):
@@ -81,15 +93,22 @@ def _schedule(opt: torch.optim.Optimizer) -> Any:
 
 
 def _config(clip: float, zero: int = 0, **extra: Any) -> dict[str, Any]:
-    return {"train_micro_batch_size_per_gpu": ROWS, "gradient_accumulation_steps": GAS, "gradient_clipping": clip,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
-            "zero_optimization": {"stage": zero}, **extra}
+    return {
+        "train_micro_batch_size_per_gpu": ROWS,
+        "gradient_accumulation_steps": GAS,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
+        "zero_optimization": {"stage": zero},
+        **extra,
+    }
 
 
 def _engine(stages: int, dp: int, config: dict[str, Any]) -> Any:
     import ds_engine
-    engine, *_ = ds_engine.initialize(model=_pipe_model(stages, dp), config=copy.deepcopy(config),
-                                      lr_scheduler=_schedule)
+
+    engine, *_ = ds_engine.initialize(
+        model=_pipe_model(stages, dp), config=copy.deepcopy(config), lr_scheduler=_schedule
+    )
     return engine
 
 
@@ -128,8 +147,11 @@ def _reference(num_dp: int, clip: float, steps: int = STEPS) -> dict[str, Any]:
         losses.append(loss.item())
     with torch.no_grad():
         evals = [_mse(model(x), y) for r in range(num_dp) for x, y in _data(99, r)]
-    return {"losses": losses, "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "eval": float(torch.stack(evals).mean())}
+    return {
+        "losses": losses,
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "eval": float(torch.stack(evals).mean()),
+    }
 
 
 def _check(result: dict[str, Any], ref: dict[str, Any]) -> None:
@@ -144,9 +166,14 @@ def _check(result: dict[str, Any], ref: dict[str, Any]) -> None:
 def _two_stages(rank: int, world: int) -> dict[str, Any]:
     import ds_engine
     import ds_pipe
+
     engine = _engine(2, 1, _config(clip=0.05))
-    out: dict[str, Any] = {"type": type(engine).__name__, "first": engine.is_first_stage(),
-                           "last": engine.is_last_stage(), "stage": engine.get_pipeline_parallel_rank()}
+    out: dict[str, Any] = {
+        "type": type(engine).__name__,
+        "first": engine.is_first_stage(),
+        "last": engine.is_last_stage(),
+        "stage": engine.get_pipeline_parallel_rank(),
+    }
     out["losses"] = _train(engine, range(STEPS))
     out["params"], out["eval"] = _params(engine), _eval(engine)
     out["counters"] = (engine.global_steps, engine.global_samples, engine.micro_steps)
@@ -186,8 +213,9 @@ def test_two_stages_match_sequential_pytorch() -> None:
         assert "requires gradients enabled" in r["no_grad"]
         assert r["gas_after"] == 4
         assert r["bf16_dtype"] == torch.bfloat16
-        torch.testing.assert_close(torch.tensor(r["bf16_losses"]), torch.tensor(_reference(1, 0.0)["losses"]),
-                                   rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(
+            torch.tensor(r["bf16_losses"]), torch.tensor(_reference(1, 0.0)["losses"]), rtol=3e-2, atol=3e-2
+        )
     assert [(r["first"], r["last"], r["stage"]) for r in results] == [(True, False, 0), (False, True, 1)]
     assert results[0]["norm"] == pytest.approx(results[1]["norm"]) and results[0]["norm"] > 0.05  # clipping bit
 
@@ -197,8 +225,13 @@ def _pipes_by_data(rank: int, world: int) -> dict[str, Any]:
     for name, zero in (("stage0", 0), ("zero1", 1)):
         engine = _engine(2, 2, _config(clip=0.05, zero=zero))
         losses = _train(engine, range(STEPS))
-        out[name] = {"losses": losses, "params": _params(engine), "eval": _eval(engine),
-                     "optimizer": type(engine.optimizer).__name__, "dp": engine.dp_world_size}
+        out[name] = {
+            "losses": losses,
+            "params": _params(engine),
+            "eval": _eval(engine),
+            "optimizer": type(engine.optimizer).__name__,
+            "dp": engine.dp_world_size,
+        }
     return out
 
 
@@ -238,8 +271,10 @@ def _checkpoints(rank: int, world: int, root: str) -> dict[str, Any]:
 def test_checkpoint_reloads_with_other_stage_counts(tmp_path: Path) -> None:
     results = run_ranks(4, _checkpoints, root=str(tmp_path), timeout_s=180)
     names = sorted(p.name for p in (tmp_path / "global_step2").iterdir())
-    assert names == [f"layer_{i:02d}-model_states.pt" for i in range(6)] + \
-        ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    assert names == [f"layer_{i:02d}-model_states.pt" for i in range(6)] + [
+        "mp_rank_00_model_states.pt",
+        "mp_rank_01_model_states.pt",
+    ]
     assert (tmp_path / "latest").read_text() == "global_step2"
     stage_state = torch.load(tmp_path / "global_step2" / "mp_rank_01_model_states.pt", weights_only=False)
     assert stage_state["module"] is None and stage_state["checkpoint_parallel_dimensions"]["pp_degree"] == 2

@@ -21,8 +21,11 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_pipe")
 
 D, H, OUT, ROWS, GAS = 6, 10, 3, 3, 2
-CASES = {"bf16_stage0": ({"bf16": {"enabled": True}}, 0), "fp16_stage0": ({"fp16": {
-    "enabled": True, "initial_scale_power": 8}}, 0), "bf16_zero1": ({"bf16": {"enabled": True}}, 1)}
+CASES = {
+    "bf16_stage0": ({"bf16": {"enabled": True}}, 0),
+    "fp16_stage0": ({"fp16": {"enabled": True, "initial_scale_power": 8}}, 0),
+    "bf16_zero1": ({"bf16": {"enabled": True}}, 1),
+}
 
 
 def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -33,13 +36,29 @@ def _engine(precision: dict[str, Any], zero: int) -> Any:
     import ds_engine
     from ds_pipe import LayerSpec, PipeDataParallelTopology, PipelineModule
 
-    layers = [LayerSpec(nn.Linear, D, H), LayerSpec(nn.Tanh), LayerSpec(nn.Linear, H, H), LayerSpec(nn.Tanh),
-              LayerSpec(nn.Linear, H, OUT)]
-    module = PipelineModule(layers, topology=PipeDataParallelTopology(num_pp=2, num_dp=2), loss_fn=_mse,
-                            seed_layers=True, base_seed=7, partition_method=[0, 2, 5])
-    config = {"train_micro_batch_size_per_gpu": ROWS, "gradient_accumulation_steps": GAS, "gradient_clipping": 0.0,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-              "zero_optimization": {"stage": zero}, **copy.deepcopy(precision)}
+    layers = [
+        LayerSpec(nn.Linear, D, H),
+        LayerSpec(nn.Tanh),
+        LayerSpec(nn.Linear, H, H),
+        LayerSpec(nn.Tanh),
+        LayerSpec(nn.Linear, H, OUT),
+    ]
+    module = PipelineModule(
+        layers,
+        topology=PipeDataParallelTopology(num_pp=2, num_dp=2),
+        loss_fn=_mse,
+        seed_layers=True,
+        base_seed=7,
+        partition_method=[0, 2, 5],
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": ROWS,
+        "gradient_accumulation_steps": GAS,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": zero},
+        **copy.deepcopy(precision),
+    }
     engine, *_ = ds_engine.initialize(model=module, config=config)
     return engine
 
@@ -74,8 +93,14 @@ def _run(rank: int, world: int) -> dict[str, Any]:
         for step in (0, 2):
             reference.train_batch(_data(step, replica))
         same = all(torch.equal(a, b) for a, b in zip(_weights(engine), _weights(reference), strict=True))
-        out[name] = {"unchanged": unchanged, "skipped": skipped, "after": engine.skipped_steps,
-                     "same_as_reference": same, "stage": engine.stage_id, "replica": replica}
+        out[name] = {
+            "unchanged": unchanged,
+            "skipped": skipped,
+            "after": engine.skipped_steps,
+            "same_as_reference": same,
+            "stage": engine.stage_id,
+            "replica": replica,
+        }
     return out
 
 

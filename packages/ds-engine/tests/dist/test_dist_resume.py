@@ -8,9 +8,14 @@ from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_n
 from ds_comm.testing import run_ranks
 
 GAS = 2
-CONFIG = base_config(gradient_accumulation_steps=GAS, gradient_clipping=1.0,
-                     scheduler={"type": "WarmupDecayLR", "params": {"total_num_steps": 20, "warmup_num_steps": 5,
-                                                                    "warmup_max_lr": 1e-2}})
+CONFIG = base_config(
+    gradient_accumulation_steps=GAS,
+    gradient_clipping=1.0,
+    scheduler={
+        "type": "WarmupDecayLR",
+        "params": {"total_num_steps": 20, "warmup_num_steps": 5, "warmup_max_lr": 1e-2},
+    },
+)
 
 
 def _train(rank: int, world: int, save_dir: str, phase: str) -> list[float]:

@@ -38,9 +38,14 @@ class Stack(nn.Module):
         return self.out(torch.tanh(self.mid(self.inp(x)))) + self.shift
 
 
-CONFIG: dict[str, Any] = {"train_micro_batch_size_per_gpu": 2,
-                          "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
-                                                "stage3_gather_16bit_weights_on_model_save": True}}
+CONFIG: dict[str, Any] = {
+    "train_micro_batch_size_per_gpu": 2,
+    "zero_optimization": {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+}
 MODULE_NUMELS = {"inp": 12 * 32 + 32, "mid.0": 32 * 48 + 48, "mid.2": 48 * 32 + 32, "out": 32 * 5 + 5}
 
 
@@ -68,8 +73,10 @@ def _eval_and_save(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     with torch.no_grad():
         out = engine(x)
     loss = engine(x).sum()  # grad mode: the forward works, backward is refused
-    shards = {n: (p.ds_tensor.numel(), p.ds_numel, p.ds_status.name, tuple(p.shape), p.data.untyped_storage().nbytes())
-              for n, p in model.named_parameters()}
+    shards = {
+        n: (p.ds_tensor.numel(), p.ds_numel, p.ds_status.name, tuple(p.shape), p.data.untyped_storage().nbytes())
+        for n, p in model.named_parameters()
+    }
     offload = engine.parameter_offload
     offload.release_all()
     offload.reset_peak()
@@ -90,11 +97,21 @@ def _eval_and_save(rank: int, world: int, out_dir: str) -> dict[str, Any]:
     with torch.no_grad():
         out_c = engine_c(x.bfloat16())
     bf16 = (model_c.inp.weight.dtype, model_c.inp.weight.ds_tensor.dtype, model_c.shift.dtype)
-    return {"out": out, "out_b": out_b, "out_c": out_c, "bf16": bf16, "shards": shards,
-            "module_is_model": engine.module is model,
-            "optimizer": optimizer, "scheduler": scheduler, "backward": _refused(lambda: engine.backward(loss)),
-            "step": _refused(engine.step), "saved": saved, "peak": peak,
-            "saved_b": engine_b.save_16bit_model(out_dir + "_b")}
+    return {
+        "out": out,
+        "out_b": out_b,
+        "out_c": out_c,
+        "bf16": bf16,
+        "shards": shards,
+        "module_is_model": engine.module is model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "backward": _refused(lambda: engine.backward(loss)),
+        "step": _refused(engine.step),
+        "saved": saved,
+        "peak": peak,
+        "saved_b": engine_b.save_16bit_model(out_dir + "_b"),
+    }
 
 
 def test_stage3_eval_without_optimizer_and_16bit_save(tmp_path: Path) -> None:
@@ -118,8 +135,9 @@ def test_stage3_eval_without_optimizer_and_16bit_save(tmp_path: Path) -> None:
             assert status == "NOT_AVAILABLE" and full_bytes < numel * 4, (name, status, full_bytes)  # released
             assert shape == tuple(reference.get_parameter(name).shape), name
         for message in (r["backward"], r["step"]):
-            assert "needs an optimizer: this engine was built without one, for evaluation only (ZeRO stage 3" \
-                   in message, message
+            assert (
+                "needs an optimizer: this engine was built without one, for evaluation only (ZeRO stage 3" in message
+            ), message
         assert r["saved"] is True and r["saved_b"] is False
         # One module's parameters at a time, never the whole model.
         assert 0 < r["peak"] <= max(MODULE_NUMELS.values()) < sum(MODULE_NUMELS.values()), r["peak"]
@@ -139,9 +157,11 @@ def test_stages_1_and_2_without_optimizer_are_refused_before_any_work() -> None:
     from ds_engine._plan import plan_assembly
 
     for stage in (1, 2):
-        with pytest.raises(DeepSpeedConfigError, match=rf"zero_optimization.stage={stage} needs an optimizer .*"
-                                                        r"use stage 0 \(replicated model\) or stage 3"):
+        with pytest.raises(
+            DeepSpeedConfigError,
+            match=rf"zero_optimization.stage={stage} needs an optimizer .*"
+            r"use stage 0 \(replicated model\) or stage 3",
+        ):
             make_engine(tiny_net(0), base_config(optimizer=None, zero_optimization={"stage": stage}))
-    plan = plan_assembly(DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": {"stage": 3}}),
-                         device_type="cpu")
+    plan = plan_assembly(DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": {"stage": 3}}), device_type="cpu")
     assert "wrapper: ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer" in "\n".join(plan.lines())

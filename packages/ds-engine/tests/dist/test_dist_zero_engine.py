@@ -37,11 +37,18 @@ def _train(rank: int, world: int, stage: int, gas: int) -> dict[str, object]:
     torch.manual_seed(0)
     with deepspeed.zero.Init() if stage == 3 else contextlib.nullcontext():
         model = TiedLM()
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
-              "gradient_clipping": 0.5,
-              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
-                                    "reduce_bucket_size": 1000, "allgather_bucket_size": 1000}}
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "gradient_clipping": 0.5,
+        "zero_optimization": {
+            "stage": stage,
+            "stage3_param_persistence_threshold": 0,
+            "reduce_bucket_size": 1000,
+            "allgather_bucket_size": 1000,
+        },
+    }
     engine, *_ = deepspeed.initialize(model=model, config=config)
     data = torch.Generator().manual_seed(1)
     idx = torch.randint(0, 50, (6 * gas, world, 2, 5), generator=data)
@@ -51,8 +58,9 @@ def _train(rank: int, world: int, stage: int, gas: int) -> dict[str, object]:
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())) if stage == 3 \
-            else contextlib.nullcontext():
+    with (
+        deepspeed.zero.GatheredParameters(list(engine.module.parameters())) if stage == 3 else contextlib.nullcontext()
+    ):
         weights = torch.cat([p.detach().reshape(-1).clone() for p in engine.module.parameters()])
     return {"losses": torch.tensor(losses), "weights": weights, "steps": engine.global_steps}
 
@@ -64,7 +72,17 @@ def test_zero_stages_match_stage0_through_initialize(gas: int) -> None:
         ours = run_ranks(2, _train, stage=stage, gas=gas, timeout_s=120)
         for rank in range(2):
             assert ours[rank]["steps"] == reference[rank]["steps"] == 6
-            torch.testing.assert_close(ours[rank]["losses"], reference[rank]["losses"], rtol=1e-5, atol=1e-6,
-                                       msg=f"stage {stage} rank {rank} losses")
-            torch.testing.assert_close(ours[rank]["weights"], reference[rank]["weights"], rtol=1e-5, atol=1e-6,
-                                       msg=f"stage {stage} rank {rank} weights")
+            torch.testing.assert_close(
+                ours[rank]["losses"],
+                reference[rank]["losses"],
+                rtol=1e-5,
+                atol=1e-6,
+                msg=f"stage {stage} rank {rank} losses",
+            )
+            torch.testing.assert_close(
+                ours[rank]["weights"],
+                reference[rank]["weights"],
+                rtol=1e-5,
+                atol=1e-6,
+                msg=f"stage {stage} rank {rank} weights",
+            )

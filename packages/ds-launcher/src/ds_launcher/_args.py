@@ -19,23 +19,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="deepspeed",
         description="Launch a training script on the local host or on every host of a hostfile. "
-                    "Launcher flags go before the script; everything after the script is passed to it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("-H", "--hostfile", type=str, default=None,
-                   help=f"hostfile with 'hostname slots=N' lines (default: {DEFAULT_HOSTFILE} if it exists, "
-                        "else this host's devices)")
-    p.add_argument("-i", "--include", type=str, default="",
-                   help="resources to use: NAME[:SLOT[,SLOT...]] joined by '@', e.g. 'worker-0:0,1@worker-1'")
+        "Launcher flags go before the script; everything after the script is passed to it.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "-H",
+        "--hostfile",
+        type=str,
+        default=None,
+        help=f"hostfile with 'hostname slots=N' lines (default: {DEFAULT_HOSTFILE} if it exists, "
+        "else this host's devices)",
+    )
+    p.add_argument(
+        "-i",
+        "--include",
+        type=str,
+        default="",
+        help="resources to use: NAME[:SLOT[,SLOT...]] joined by '@', e.g. 'worker-0:0,1@worker-1'",
+    )
     p.add_argument("-e", "--exclude", type=str, default="", help="resources to skip, same grammar as --include")
     p.add_argument("--num_nodes", type=int, default=-1, help="use the first N hosts of the hostfile")
-    p.add_argument("--num_gpus", "--num_accelerators", "--num_procs", dest="num_gpus", type=int, default=-1,
-                   help="use slots 0..N-1 on each host; on a CPU host, start N CPU ranks")
+    p.add_argument(
+        "--num_gpus",
+        "--num_accelerators",
+        "--num_procs",
+        dest="num_gpus",
+        type=int,
+        default=-1,
+        help="use slots 0..N-1 on each host; on a CPU host, start N CPU ranks",
+    )
     p.add_argument("--min_elastic_nodes", type=int, default=-1, help="not supported (elastic training)")
     p.add_argument("--max_elastic_nodes", type=int, default=-1, help="not supported (elastic training)")
     p.add_argument("--elastic_training", action="store_true", help="not supported")
     p.add_argument("--master_port", type=int, default=DEFAULT_MASTER_PORT, help="rank 0's rendezvous port")
-    p.add_argument("--master_addr", type=str, default="",
-                   help="rank 0's address (default: 127.0.0.1 on one host, else found from the first host)")
+    p.add_argument(
+        "--master_addr",
+        type=str,
+        default="",
+        help="rank 0's address (default: 127.0.0.1 on one host, else found from the first host)",
+    )
     p.add_argument("--node_rank", type=int, default=-1, help="this node's index; with --no_ssh")
     p.add_argument("--launcher", type=str.lower, default="pdsh", choices=LAUNCHERS, help="multi-node backend")
     p.add_argument("--launcher_args", type=str, default="", help="extra arguments for the backend (shell-split)")

@@ -45,10 +45,13 @@ def split_cores(num_local_procs: int, core_list: str | None = None) -> list[list
     cores = parse_core_list(core_list) if core_list else allowed
     outside = sorted(set(cores) - set(allowed))
     if outside:
-        raise ValueError(f"--bind_core_list {core_list!r}: cores {outside} are not available to this process "
-                         f"(available: {allowed})")
+        raise ValueError(
+            f"--bind_core_list {core_list!r}: cores {outside} are not available to this process (available: {allowed})"
+        )
     per_rank = len(cores) // num_local_procs
     if per_rank == 0:
-        raise ValueError(f"--bind_cores_to_rank: {len(cores)} core(s) for {num_local_procs} local ranks; "
-                         "each rank needs at least one core (start fewer ranks or give more cores)")
-    return [cores[i * per_rank:(i + 1) * per_rank] for i in range(num_local_procs)]
+        raise ValueError(
+            f"--bind_cores_to_rank: {len(cores)} core(s) for {num_local_procs} local ranks; "
+            "each rank needs at least one core (start fewer ranks or give more cores)"
+        )
+    return [cores[i * per_rank : (i + 1) * per_rank] for i in range(num_local_procs)]

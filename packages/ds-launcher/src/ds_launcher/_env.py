@@ -47,14 +47,16 @@ def parse_env_file(text: str, source: str = DEFAULT_ENV_FILE) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         if line.startswith("export "):
-            line = line[len("export "):].lstrip()
+            line = line[len("export ") :].lstrip()
         key, sep, value = line.partition("=")
         key = key.strip()
         if not sep:
             raise EnvFileError(f"{source}:{lineno}: {raw!r} is not KEY=VALUE; write e.g. 'NCCL_DEBUG=INFO'")
         if not _KEY.match(key):
-            raise EnvFileError(f"{source}:{lineno}: {key!r} is not a valid environment variable name "
-                               "(letters, digits and '_', not starting with a digit)")
+            raise EnvFileError(
+                f"{source}:{lineno}: {key!r} is not a valid environment variable name "
+                "(letters, digits and '_', not starting with a digit)"
+            )
         values[key] = value.strip()
     return values
 

@@ -34,7 +34,7 @@ def _parse_line(line: str, where: str) -> tuple[str, int]:
         raise HostfileError(f"{where}: bad host name {host!r}; {expected}")
     if len(tokens) < 2 or not tokens[1].startswith("slots="):
         raise HostfileError(f"{where}: {line!r} has no slot count; {expected}")
-    value = tokens[1][len("slots="):]
+    value = tokens[1][len("slots=") :]
     if not re.fullmatch(r"[0-9]+", value):
         raise HostfileError(f"{where}: slot count {value!r} of host {host!r} is not a whole number; {expected}")
     slots = int(value)
@@ -69,8 +69,10 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> dict[str, int]:
         where = f"{source}:{lineno}"
         host, slots = _parse_line(line, where)
         if host in pool:
-            raise HostfileError(f"{where}: host {host!r} is already listed on line {first_seen[host]}; "
-                                "list each host once with its total slot count")
+            raise HostfileError(
+                f"{where}: host {host!r} is already listed on line {first_seen[host]}; "
+                "list each host once with its total slot count"
+            )
         pool[host] = slots
         first_seen[host] = lineno
     if not pool:
@@ -98,8 +100,10 @@ def fetch_hostfile(path: str | None) -> dict[str, int] | None:
             return None
         path = DEFAULT_HOSTFILE
     if not os.path.exists(path):
-        raise HostfileError(f"--hostfile {path!r} does not exist; pass an existing file, or omit --hostfile "
-                            "to use this host's local resources")
+        raise HostfileError(
+            f"--hostfile {path!r} does not exist; pass an existing file, or omit --hostfile "
+            "to use this host's local resources"
+        )
     if os.path.isdir(path):
         raise HostfileError(f"--hostfile {path!r} is a directory; pass the hostfile itself")
     with open(path, encoding="utf-8") as f:

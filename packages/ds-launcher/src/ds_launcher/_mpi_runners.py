@@ -24,8 +24,14 @@ from ds_launcher._runner_base import (
 )
 
 #: Variables MVAPICH2-GDR needs for torch workers (DeepSpeed's list; set MV2_USE_CUDA=1 yourself on GPUs).
-MVAPICH_DEFAULTS = {"MV2_SMP_USE_CMA": "0", "MV2_DEBUG_SHOW_BACKTRACE": "1", "MV2_SUPPORT_DL": "1",
-                    "MV2_ENABLE_AFFINITY": "0", "MV2_INTER_ALLGATHER_TUNING": "5", "MV2_CUDA_USE_NAIVE": "0"}
+MVAPICH_DEFAULTS = {
+    "MV2_SMP_USE_CMA": "0",
+    "MV2_DEBUG_SHOW_BACKTRACE": "1",
+    "MV2_SUPPORT_DL": "1",
+    "MV2_ENABLE_AFFINITY": "0",
+    "MV2_INTER_ALLGATHER_TUNING": "5",
+    "MV2_CUDA_USE_NAIVE": "0",
+}
 
 
 def _master(plan: LaunchPlan) -> dict[str, str]:
@@ -58,9 +64,16 @@ class OpenMPIRunner(MultiNodeRunner):
 
     def commands(self, exports: dict[str, str]) -> list[Command]:
         plan = self.plan
-        argv = ["mpirun", "-n", str(plan.world_size),
-                "--host", ",".join(f"{host}:{len(slots)}" for host, slots in plan.active.items()),
-                "--mca", "btl", "^openib"]
+        argv = [
+            "mpirun",
+            "-n",
+            str(plan.world_size),
+            "--host",
+            ",".join(f"{host}:{len(slots)}" for host, slots in plan.active.items()),
+            "--mca",
+            "btl",
+            "^openib",
+        ]
         if os.geteuid() == 0 and "--allow-run-as-root" not in plan.launcher_args:
             argv.append("--allow-run-as-root")
         argv += plan.launcher_args
@@ -88,9 +101,20 @@ class MPICHRunner(MultiNodeRunner):
         helper = [plan.python, "-u", "-m", "ds_launcher.launcher_helper", "--launcher", self.name]
         helper += ["--module"] * plan.module + ["--no_python"] * plan.no_python
         helper += ["--no_local_rank"] * plan.no_local_rank
-        argv = ["mpirun", "-n", str(plan.world_size), "-ppn", str(per_node), *plan.launcher_args,
-                *_genv({**exports, **_master(plan), **sizes}), "-hosts", ",".join(plan.hosts),
-                *helper, plan.user_script, *plan.user_args]
+        argv = [
+            "mpirun",
+            "-n",
+            str(plan.world_size),
+            "-ppn",
+            str(per_node),
+            *plan.launcher_args,
+            *_genv({**exports, **_master(plan), **sizes}),
+            "-hosts",
+            ",".join(plan.hosts),
+            *helper,
+            plan.user_script,
+            *plan.user_args,
+        ]
         return [Command("mpirun", argv)]
 
 
@@ -109,8 +133,13 @@ class IMPIRunner(MultiNodeRunner):
     def commands(self, exports: dict[str, str]) -> list[Command]:
         plan = self.plan
         per_node = len(next(iter(plan.active.values())))
-        shared = {**exports, **_master(plan), "WORLD_SIZE": str(plan.world_size), "LOCAL_SIZE": str(per_node),
-                  "I_MPI_PIN": "0"}
+        shared = {
+            **exports,
+            **_master(plan),
+            "WORLD_SIZE": str(plan.world_size),
+            "LOCAL_SIZE": str(per_node),
+            "I_MPI_PIN": "0",
+        }
         argv = ["mpirun", "-ppn", str(per_node), *plan.launcher_args, *_genv(shared), "-hosts", ",".join(plan.hosts)]
         worker = python_command(plan)
         for rank in range(plan.world_size):
@@ -131,8 +160,9 @@ class MVAPICHRunner(MultiNodeRunner):
 
     def __init__(self, plan: LaunchPlan, hostfile_path: str | None = None) -> None:
         super().__init__(plan)
-        self.hostfile_path = hostfile_path or os.path.join(tempfile.gettempdir(),
-                                                           f"ds_mvapich_hostfile_{plan.master_port}")
+        self.hostfile_path = hostfile_path or os.path.join(
+            tempfile.gettempdir(), f"ds_mvapich_hostfile_{plan.master_port}"
+        )
 
     def backend_exists(self) -> bool:
         if shutil.which("mpiname") is None:
@@ -154,6 +184,16 @@ class MVAPICHRunner(MultiNodeRunner):
         with open(self.hostfile_path, "w") as f:
             f.write("".join(f"{host}\n" for host in plan.hosts))
         variables = {**MVAPICH_DEFAULTS, **exports, **_master(plan)}
-        argv = ["mpirun", "-np", str(plan.world_size), "-ppn", str(per_node), "--hostfile", self.hostfile_path,
-                *plan.launcher_args, *_genv(variables), *python_command(plan)]
+        argv = [
+            "mpirun",
+            "-np",
+            str(plan.world_size),
+            "-ppn",
+            str(per_node),
+            "--hostfile",
+            self.hostfile_path,
+            *plan.launcher_args,
+            *_genv(variables),
+            *python_command(plan),
+        ]
         return [Command("mpirun", argv)]

@@ -69,7 +69,7 @@ def _process_table() -> dict[int, tuple[int, int, bool]]:
                 data = f.read()
         except OSError:
             continue  # it exited while we looked
-        fields = data[data.rindex(b")") + 2:].split()
+        fields = data[data.rindex(b")") + 2 :].split()
         table[int(name)] = (int(fields[1]), int(fields[2]), fields[0] == b"Z")
     return table
 
@@ -132,8 +132,14 @@ class Supervisor:
             belongs to the job (true for `ds_launcher.launch` and the runner).
     """
 
-    def __init__(self, *, grace_s: float = 5.0, poll_s: float = 0.05,
-                 on_terminate: Callable[[], None] | None = None, dedicated: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        grace_s: float = 5.0,
+        poll_s: float = 0.05,
+        on_terminate: Callable[[], None] | None = None,
+        dedicated: bool = True,
+    ) -> None:
         self.grace_s = grace_s
         self.poll_s = poll_s
         self.on_terminate = on_terminate
@@ -143,10 +149,18 @@ class Supervisor:
         self._failure: tuple[str, int] | None = None
         self._kill_deadline: float | None = None
 
-    def start(self, name: str, argv: Sequence[str], *, env: dict[str, str], cwd: str | None = None,
-              log_path: str | None = None, affinity: Sequence[int] | None = None,
-              stdout: IO[bytes] | None = None,
-              stderr_watch: Callable[[str], int | None] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str],
+        cwd: str | None = None,
+        log_path: str | None = None,
+        affinity: Sequence[int] | None = None,
+        stdout: IO[bytes] | None = None,
+        stderr_watch: Callable[[str], int | None] | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Start `argv` in a new session; with `log_path`, stdout and stderr go to that file.
 
         With `stderr_watch`, the process's stderr is passed through line by line to this process's
@@ -158,16 +172,24 @@ class Supervisor:
             out = open(log_path, "ab")  # noqa: SIM115 - the child owns it; closed below once inherited
         err: int | None = subprocess.STDOUT if log_path else subprocess.PIPE if stderr_watch else None
         try:
-            popen = subprocess.Popen(list(argv), env=env, cwd=cwd, stdout=out, stderr=err, start_new_session=True,
-                                     preexec_fn=_child_setup(os.getpid(), affinity))
+            popen = subprocess.Popen(
+                list(argv),
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                preexec_fn=_child_setup(os.getpid(), affinity),
+            )
         finally:
             if log_path is not None and out is not None:
                 out.close()
         managed = Managed(name, popen, log_path)
         self.procs.append(managed)
         if stderr_watch is not None and popen.stderr is not None:
-            managed.watcher = threading.Thread(target=self._watch, args=(name, popen.stderr, stderr_watch),
-                                               daemon=True, name=f"stderr of {name}")
+            managed.watcher = threading.Thread(
+                target=self._watch, args=(name, popen.stderr, stderr_watch), daemon=True, name=f"stderr of {name}"
+            )
             managed.watcher.start()
         logger.debug("started %s: pid %d", name, popen.pid)
         return popen
@@ -230,15 +252,19 @@ class Supervisor:
         while True:
             if self._signal is not None and not signalled:
                 signalled = True
-                logger.warning("got %s: forwarding it to %d process(es)", signal.Signals(self._signal).name,
-                               sum(m.popen.poll() is None for m in self.procs))
+                logger.warning(
+                    "got %s: forwarding it to %d process(es)",
+                    signal.Signals(self._signal).name,
+                    sum(m.popen.poll() is None for m in self.procs),
+                )
                 if status is None:
                     status = 128 + self._signal
                 self._terminate(self._signal)
             if self._failure is not None and status is None:
                 what, status = self._failure
-                logger.error("%s; stopping the other %d process(es)", what,
-                             sum(m.popen.poll() is None for m in self.procs))
+                logger.error(
+                    "%s; stopping the other %d process(es)", what, sum(m.popen.poll() is None for m in self.procs)
+                )
                 self._terminate(signal.SIGTERM)
             running, watched_failure = 0, False
             for m in self.procs:

@@ -52,8 +52,11 @@ class PDSHRunner(MultiNodeRunner):
 
     def commands(self, exports: dict[str, str]) -> list[Command]:
         remote = remote_shell_command(self.plan, exports, "%n")
-        return [Command("pdsh", [*self._base(), *self.plan.launcher_args, remote], self._env(),
-                        stderr_watch=pdsh_host_failure)]
+        return [
+            Command(
+                "pdsh", [*self._base(), *self.plan.launcher_args, remote], self._env(), stderr_watch=pdsh_host_failure
+            )
+        ]
 
     def kill_commands(self) -> list[list[str]]:
         return [[*self._base(), _kill_line(launch_pattern(self.plan))]]
@@ -79,8 +82,10 @@ class SSHRunner(MultiNodeRunner):
         return ["ssh", *port, *self.plan.launcher_args, host]
 
     def commands(self, exports: dict[str, str]) -> list[Command]:
-        return [Command(f"ssh {host} (node {rank})", [*self._ssh(host), remote_shell_command(self.plan, exports, rank)])
-                for rank, host in enumerate(self.plan.hosts)]
+        return [
+            Command(f"ssh {host} (node {rank})", [*self._ssh(host), remote_shell_command(self.plan, exports, rank)])
+            for rank, host in enumerate(self.plan.hosts)
+        ]
 
     def kill_commands(self) -> list[list[str]]:
         line = _kill_line(launch_pattern(self.plan))

@@ -36,16 +36,20 @@ def parse_node_spec(spec: str, *, flag: str = "--include") -> dict[str, list[int
     for node in spec.split("@"):
         name, sep, slot_text = node.partition(":")
         if not name or not _NAME.match(name):
-            raise ResourceFilterError(f"{flag} {spec!r}: bad node spec {node!r}; "
-                                      "expected NAME[:SLOT,...] joined by '@', e.g. 'worker-0:0,1@worker-1'")
+            raise ResourceFilterError(
+                f"{flag} {spec!r}: bad node spec {node!r}; "
+                "expected NAME[:SLOT,...] joined by '@', e.g. 'worker-0:0,1@worker-1'"
+            )
         slots = result.setdefault(name, [])
         if not sep:
             whole.add(name)
             continue
         for piece in slot_text.split(","):
             if not re.fullmatch(r"[0-9]+", piece.strip()):
-                raise ResourceFilterError(f"{flag} {spec!r}: slot {piece!r} of host {name!r} is not a "
-                                          "non-negative integer; expected e.g. 'worker-0:0,1'")
+                raise ResourceFilterError(
+                    f"{flag} {spec!r}: slot {piece!r} of host {name!r} is not a "
+                    "non-negative integer; expected e.g. 'worker-0:0,1'"
+                )
             slots.append(int(piece))
     return {name: ([] if name in whole else sorted(set(slots))) for name, slots in result.items()}
 
@@ -98,8 +102,9 @@ def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = 
     return active
 
 
-def apply_num_nodes_and_gpus(active: dict[str, list[int]], *, num_nodes: int = -1,
-                             num_gpus: int = -1) -> dict[str, list[int]]:
+def apply_num_nodes_and_gpus(
+    active: dict[str, list[int]], *, num_nodes: int = -1, num_gpus: int = -1
+) -> dict[str, list[int]]:
     """Keep the first `num_nodes` hosts, then slots `[0, num_gpus)` on each (-1: no limit).
 
     Raises:
@@ -110,15 +115,19 @@ def apply_num_nodes_and_gpus(active: dict[str, list[int]], *, num_nodes: int = -
         if value == 0 or value < -1:
             raise ResourceFilterError(f"{flag} {value}: must be a positive count (or omitted)")
     if num_nodes > len(active):
-        raise ResourceFilterError(f"--num_nodes {num_nodes}: only {len(active)} host(s) available "
-                                  f"({', '.join(active)}); add hosts to the hostfile or ask for fewer nodes")
+        raise ResourceFilterError(
+            f"--num_nodes {num_nodes}: only {len(active)} host(s) available "
+            f"({', '.join(active)}); add hosts to the hostfile or ask for fewer nodes"
+        )
     hosts = list(active)[:num_nodes] if num_nodes > 0 else list(active)
     result: dict[str, list[int]] = {}
     for host in hosts:
         if num_gpus > 0:
             if num_gpus > len(active[host]):
-                raise ResourceFilterError(f"--num_gpus {num_gpus}: host {host!r} has only {len(active[host])} "
-                                          "slot(s) in the hostfile; ask for fewer or raise its slots=")
+                raise ResourceFilterError(
+                    f"--num_gpus {num_gpus}: host {host!r} has only {len(active[host])} "
+                    "slot(s) in the hostfile; ask for fewer or raise its slots="
+                )
             result[host] = list(range(num_gpus))
         else:
             result[host] = list(active[host])
@@ -139,11 +148,18 @@ def decode_world_info(text: str) -> dict[str, list[int]]:
     try:
         value = json.loads(base64.urlsafe_b64decode(text.encode("ascii")))
     except (binascii.Error, UnicodeError, ValueError):
-        raise ValueError(f"--world_info {text!r} is not base64url-encoded JSON; it is written by the "
-                         "`deepspeed` runner, pass it through unchanged") from None
-    ok = isinstance(value, dict) and value and all(
-        isinstance(h, str) and isinstance(s, list) and s and all(isinstance(i, int) and i >= 0 for i in s)
-        for h, s in value.items())
+        raise ValueError(
+            f"--world_info {text!r} is not base64url-encoded JSON; it is written by the "
+            "`deepspeed` runner, pass it through unchanged"
+        ) from None
+    ok = (
+        isinstance(value, dict)
+        and value
+        and all(
+            isinstance(h, str) and isinstance(s, list) and s and all(isinstance(i, int) and i >= 0 for i in s)
+            for h, s in value.items()
+        )
+    )
     if not ok:
         raise ValueError(f"--world_info decodes to {value!r}; expected a non-empty {{host: [slot, ...]}} map")
     return value

@@ -70,8 +70,16 @@ class Command:
 
 def launch_command(plan: LaunchPlan, node_rank: int | str) -> list[str]:
     """`python -u -m ds_launcher.launch ... script args` for one node (`node_rank` may be pdsh's `%n`)."""
-    argv = [plan.python, "-u", "-m", "ds_launcher.launch", f"--world_info={plan.world_info}",
-            f"--node_rank={node_rank}", f"--master_addr={plan.master_addr}", f"--master_port={plan.master_port}"]
+    argv = [
+        plan.python,
+        "-u",
+        "-m",
+        "ds_launcher.launch",
+        f"--world_info={plan.world_info}",
+        f"--node_rank={node_rank}",
+        f"--master_addr={plan.master_addr}",
+        f"--master_port={plan.master_port}",
+    ]
     argv += ["--module"] * plan.module + ["--no_python"] * plan.no_python + ["--no_local_rank"] * plan.no_local_rank
     if plan.save_pid:
         argv += ["--save_pid", str(plan.save_pid)]
@@ -104,8 +112,10 @@ def launch_pattern(plan: LaunchPlan) -> str:
     def ere(text: str) -> str:
         return re.sub(r"([.\[\]()*+?{}|^$\\])", r"\\\1", text)
 
-    return (f"ds_launcher\\.launch --world_info={ere(plan.world_info)} --node_rank=[0-9]+ "
-            f"--master_addr={ere(plan.master_addr)} --master_port={plan.master_port}")
+    return (
+        f"ds_launcher\\.launch --world_info={ere(plan.world_info)} --node_rank=[0-9]+ "
+        f"--master_addr={ere(plan.master_addr)} --master_port={plan.master_port}"
+    )
 
 
 def remote_shell_command(plan: LaunchPlan, exports: dict[str, str], node_rank: int | str) -> str:
@@ -127,16 +137,20 @@ def require_prefix_slots(name: str, active: dict[str, list[int]]) -> None:
     """Backends that start N ranks per host cannot pick device ids: every host must use slots 0..n-1."""
     for host, slots in active.items():
         if slots != list(range(len(slots))):
-            raise ValueError(f"--launcher {name} cannot select specific device ids, got {slots} on {host!r}; "
-                             "filter whole hosts, or keep the first N slots on every host (--num_gpus N)")
+            raise ValueError(
+                f"--launcher {name} cannot select specific device ids, got {slots} on {host!r}; "
+                "filter whole hosts, or keep the first N slots on every host (--num_gpus N)"
+            )
 
 
 def require_equal_slots(name: str, active: dict[str, list[int]]) -> None:
     """Backends with a single processes-per-node count need the same slot count everywhere."""
     counts = {host: len(slots) for host, slots in active.items()}
     if len(set(counts.values())) > 1:
-        raise ValueError(f"--launcher {name} needs the same slot count on every host, got {counts}; "
-                         "use --num_gpus N to take the first N slots of each host")
+        raise ValueError(
+            f"--launcher {name} needs the same slot count on every host, got {counts}; "
+            "use --num_gpus N to take the first N slots of each host"
+        )
 
 
 class MultiNodeRunner(abc.ABC):
@@ -160,8 +174,9 @@ class MultiNodeRunner(abc.ABC):
     def check_backend(self) -> None:
         """Raises `LauncherNotFoundError` naming the tool and the package that provides it."""
         if not self.backend_exists():
-            raise LauncherNotFoundError(f"--launcher {self.name} needs `{self.tool}`, which is not on PATH; "
-                                        f"install {self.provider}")
+            raise LauncherNotFoundError(
+                f"--launcher {self.name} needs `{self.tool}`, which is not on PATH; install {self.provider}"
+            )
 
     @classmethod
     def validate_active_resources(cls, active: dict[str, list[int]]) -> None:

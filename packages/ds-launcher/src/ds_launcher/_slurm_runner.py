@@ -52,8 +52,16 @@ class SlurmRunner(MultiNodeRunner):
         # --kill-on-bad-exit: one task failing ends the step (srun otherwise waits for every task, and the
         # others may never finish without it). --quit-on-interrupt: the SIGINT the runner forwards ends the
         # step (a single one otherwise only prints its status). Before the user's arguments, which come later.
-        argv = ["srun", "-n", str(plan.world_size), "--ntasks-per-node", str(per_node), "--kill-on-bad-exit=1",
-                "--quit-on-interrupt", *plan.launcher_args]
+        argv = [
+            "srun",
+            "-n",
+            str(plan.world_size),
+            "--ntasks-per-node",
+            str(per_node),
+            "--kill-on-bad-exit=1",
+            "--quit-on-interrupt",
+            *plan.launcher_args,
+        ]
         if plan.slurm_comment:
             argv += ["--comment", plan.slurm_comment]
         if plan.filtered:

@@ -11,9 +11,11 @@ from collections.abc import Sequence
 
 __all__ = ["MESSAGE", "main"]
 
-MESSAGE = ("ds_elastic: elastic training (the `elasticity` config section and its batch-size calculator) was "
-           "removed in DeepSpeed 0.19 and is not implemented in ds. Set train_batch_size, "
-           "train_micro_batch_size_per_gpu and gradient_accumulation_steps for a fixed world size instead.")
+MESSAGE = (
+    "ds_elastic: elastic training (the `elasticity` config section and its batch-size calculator) was "
+    "removed in DeepSpeed 0.19 and is not implemented in ds. Set train_batch_size, "
+    "train_micro_batch_size_per_gpu and gradient_accumulation_steps for a fixed world size instead."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

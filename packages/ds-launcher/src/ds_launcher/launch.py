@@ -34,9 +34,11 @@ KILL_GRACE_S = 5.0
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of `deepspeed.launcher.launch`."""
-    p = argparse.ArgumentParser(prog="python -m ds_launcher.launch",
-                                description="Start one worker per local slot of this node and supervise them.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m ds_launcher.launch",
+        description="Start one worker per local slot of this node and supervise them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--node_rank", type=int, default=0, help="this node's index in the world info")
     p.add_argument("--master_addr", type=str, default="127.0.0.1", help="rank 0's address")
     p.add_argument("--master_port", type=int, default=29500, help="rank 0's port")
@@ -69,8 +71,10 @@ class RankPlan:
 
 def _worker_argv(args: argparse.Namespace, local_rank: int) -> list[str]:
     if args.no_python and args.module:
-        raise ValueError("--no_python and --module cannot be used together: --module runs the script "
-                         "with `python -m`, --no_python runs it without python")
+        raise ValueError(
+            "--no_python and --module cannot be used together: --module runs the script "
+            "with `python -m`, --no_python runs it without python"
+        )
     prefix = [] if args.no_python else [sys.executable, "-u", *(["-m"] if args.module else [])]
     local = [] if args.no_local_rank else [f"--local_rank={local_rank}"]
     return [*prefix, args.training_script, *local, *args.training_script_args]
@@ -98,16 +102,24 @@ def plan_ranks(args: argparse.Namespace, environ: Mapping[str, str]) -> list[Ran
     world = decode_world_info(args.world_info)
     nodes = list(world)
     if not 0 <= args.node_rank < len(nodes):
-        raise ValueError(f"--node_rank {args.node_rank} is outside the world info's {len(nodes)} node(s) "
-                         f"({', '.join(nodes)}); use 0..{len(nodes) - 1}")
+        raise ValueError(
+            f"--node_rank {args.node_rank} is outside the world info's {len(nodes)} node(s) "
+            f"({', '.join(nodes)}); use 0..{len(nodes) - 1}"
+        )
     slots = world[nodes[args.node_rank]]
-    first_rank = sum(len(world[n]) for n in nodes[:args.node_rank])
+    first_rank = sum(len(world[n]) for n in nodes[: args.node_rank])
     num_local = len(slots)
     base = dict(environ)
-    base.update(MASTER_ADDR=args.master_addr, MASTER_PORT=str(args.master_port),
-                WORLD_SIZE=str(sum(len(s) for s in world.values())), CROSS_RANK=str(args.node_rank),
-                CROSS_SIZE=str(len(nodes)), LOCAL_SIZE=str(num_local), LOCAL_WORLD_SIZE=str(num_local),
-                CUDA_VISIBLE_DEVICES=",".join(map(str, slots)))
+    base.update(
+        MASTER_ADDR=args.master_addr,
+        MASTER_PORT=str(args.master_port),
+        WORLD_SIZE=str(sum(len(s) for s in world.values())),
+        CROSS_RANK=str(args.node_rank),
+        CROSS_SIZE=str(len(nodes)),
+        LOCAL_SIZE=str(num_local),
+        LOCAL_WORLD_SIZE=str(num_local),
+        CUDA_VISIBLE_DEVICES=",".join(map(str, slots)),
+    )
     cores = split_cores(num_local, args.bind_core_list) if args.bind_cores_to_rank else None
     if cores is None and args.bind_core_list:
         logger.warning("--bind_core_list has no effect without --bind_cores_to_rank")
@@ -124,9 +136,16 @@ def plan_ranks(args: argparse.Namespace, environ: Mapping[str, str]) -> list[Ran
         env = dict(base, RANK=str(rank), LOCAL_RANK=str(local_rank))
         if cores is not None:
             env["OMP_NUM_THREADS"] = str(len(cores[local_rank]))
-        plans.append(RankPlan(rank=rank, local_rank=local_rank, argv=_worker_argv(args, local_rank), env=env,
-                              log_path=os.path.join(log_dir, f"{stamp}_rank{rank}.log") if log_dir else None,
-                              cores=cores[local_rank] if cores is not None else None))
+        plans.append(
+            RankPlan(
+                rank=rank,
+                local_rank=local_rank,
+                argv=_worker_argv(args, local_rank),
+                env=env,
+                log_path=os.path.join(log_dir, f"{stamp}_rank{rank}.log") if log_dir else None,
+                cores=cores[local_rank] if cores is not None else None,
+            )
+        )
     return plans
 
 
@@ -135,8 +154,10 @@ def _write_pid_file(save_pid: int) -> str | None:
         return None
     path = f"/tmp/{save_pid}.deepspeed"
     if os.path.exists(path):
-        raise ValueError(f"--save_pid: {path} already exists (another launch with runner pid {save_pid}?); "
-                         "remove it if that job is gone")
+        raise ValueError(
+            f"--save_pid: {path} already exists (another launch with runner pid {save_pid}?); "
+            "remove it if that job is gone"
+        )
     with open(path, "w") as f:
         f.write(str(os.getpid()))
     logger.info("launcher pid: %d (written to %s)", os.getpid(), path)
@@ -148,14 +169,18 @@ def run(plans: Sequence[RankPlan], *, grace_s: float = KILL_GRACE_S) -> int:
     supervisor = Supervisor(grace_s=grace_s)
     for plan in plans:
         try:
-            supervisor.start(f"rank {plan.rank}", plan.argv, env=plan.env, log_path=plan.log_path,
-                             affinity=plan.cores)
+            supervisor.start(f"rank {plan.rank}", plan.argv, env=plan.env, log_path=plan.log_path, affinity=plan.cores)
         except OSError as err:
             logger.error("cannot start rank %d (%s): %s", plan.rank, plan.argv[0], err)
             supervisor.abort()
             return 127 if isinstance(err, FileNotFoundError) else 126  # the shell's "not found"/"not executable"
-        logger.info("rank %d (local %d): %s%s", plan.rank, plan.local_rank, shlex.join(plan.argv),
-                    f" > {plan.log_path}" if plan.log_path else "")
+        logger.info(
+            "rank %d (local %d): %s%s",
+            plan.rank,
+            plan.local_rank,
+            shlex.join(plan.argv),
+            f" > {plan.log_path}" if plan.log_path else "",
+        )
     return supervisor.run()
 
 

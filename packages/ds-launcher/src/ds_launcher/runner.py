@@ -57,17 +57,23 @@ class Launch:
 
 def _check_flags(args: argparse.Namespace) -> None:
     if args.elastic_training or args.min_elastic_nodes != -1 or args.max_elastic_nodes != -1:
-        raise ValueError("--elastic_training/--min_elastic_nodes/--max_elastic_nodes: elastic training is not "
-                         "supported by ds-launcher; launch a fixed set of nodes")
+        raise ValueError(
+            "--elastic_training/--min_elastic_nodes/--max_elastic_nodes: elastic training is not "
+            "supported by ds-launcher; launch a fixed set of nodes"
+        )
     if args.autotuning:
-        raise ValueError(f"--autotuning {args.autotuning}: the autotuner is not part of ds-launcher; "
-                         "launch without --autotuning")
+        raise ValueError(
+            f"--autotuning {args.autotuning}: the autotuner is not part of ds-launcher; launch without --autotuning"
+        )
     if args.module and args.no_python:
-        raise ValueError("--no_python and --module cannot be used together: --module runs the script with "
-                         "`python -m`, --no_python runs it without python")
+        raise ValueError(
+            "--no_python and --module cannot be used together: --module runs the script with "
+            "`python -m`, --no_python runs it without python"
+        )
     if (args.include or args.exclude) and (args.num_nodes != -1 or args.num_gpus != -1):
-        raise ResourceFilterError("--num_nodes/--num_gpus cannot be combined with --include/--exclude; "
-                                  "select resources one way or the other")
+        raise ResourceFilterError(
+            "--num_nodes/--num_gpus cannot be combined with --include/--exclude; select resources one way or the other"
+        )
 
 
 def local_slot_count(num_gpus: int) -> int:
@@ -89,8 +95,9 @@ def _visible_devices_include(args: argparse.Namespace, env: dict[str, str]) -> s
     if not visible:
         return args.include
     if args.include or args.exclude or args.num_gpus > 0 or args.num_nodes > 1:
-        logger.info("ignoring %s=%s: --include/--exclude/--num_gpus/--num_nodes choose the devices",
-                    _VISIBLE_DEVICES, visible)
+        logger.info(
+            "ignoring %s=%s: --include/--exclude/--num_gpus/--num_nodes choose the devices", _VISIBLE_DEVICES, visible
+        )
         return args.include
     from ds_comm import get_accelerator
 
@@ -111,8 +118,9 @@ def resolve_resources(args: argparse.Namespace, env: dict[str, str]) -> tuple[di
     from_hostfile = pool is not None
     if pool is None:
         if args.num_nodes > 1:
-            raise ResourceFilterError(f"--num_nodes {args.num_nodes} needs a hostfile listing the other nodes; "
-                                      "pass --hostfile")
+            raise ResourceFilterError(
+                f"--num_nodes {args.num_nodes} needs a hostfile listing the other nodes; pass --hostfile"
+            )
         # Hide the variable from this process before anything asks CUDA (which reads it once): the
         # count must cover every device, since the include it becomes names physical ids.
         saved = os.environ.pop(_VISIBLE_DEVICES, None)
@@ -190,8 +198,10 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
     env = dict(environ)
     active, _ = resolve_resources(args, env)
     if args.no_ssh and not 0 <= args.node_rank < len(active):
-        raise ValueError(f"--no_ssh needs --node_rank in 0..{len(active) - 1} (this node's index among "
-                         f"{', '.join(active)}), got {args.node_rank}")
+        raise ValueError(
+            f"--no_ssh needs --node_rank in 0..{len(active) - 1} (this node's index among "
+            f"{', '.join(active)}), got {args.node_rank}"
+        )
     if args.node_rank != -1 and not args.no_ssh:
         logger.warning("--node_rank has no effect without --no_ssh")
     # One host that is not this one (`--include worker-1`) also goes through the backend: started
@@ -199,15 +209,30 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
     multi_node = (args.force_multi or len(active) > 1 or not is_this_host(next(iter(active)))) and not args.no_ssh
     RUNNERS[args.launcher].validate_active_resources(active)
     plan = LaunchPlan(
-        active=active, world_info=encode_world_info(active),
-        master_addr=resolve_master_addr(args, list(active), multi_node), master_port=args.master_port,
-        user_script=args.user_script, user_args=tuple(args.user_args), cwd=cwd, module=args.module,
-        no_python=args.no_python, no_local_rank=args.no_local_rank, save_pid=os.getpid() if args.save_pid else 0,
+        active=active,
+        world_info=encode_world_info(active),
+        master_addr=resolve_master_addr(args, list(active), multi_node),
+        master_port=args.master_port,
+        user_script=args.user_script,
+        user_args=tuple(args.user_args),
+        cwd=cwd,
+        module=args.module,
+        no_python=args.no_python,
+        no_local_rank=args.no_local_rank,
+        save_pid=os.getpid() if args.save_pid else 0,
         enable_each_rank_log=None if args.enable_each_rank_log in ("", "None") else args.enable_each_rank_log,
-        bind_cores_to_rank=args.bind_cores_to_rank, bind_core_list=args.bind_core_list,
-        launcher_args=tuple(shlex.split(args.launcher_args)), ssh_port=args.ssh_port, venv_script=args.venv_script,
-        log_level=args.log_level, quiet=args.quiet, filtered=bool(args.include or args.exclude),
-        num_nodes=args.num_nodes, num_gpus=args.num_gpus, slurm_comment=args.slurm_comment)
+        bind_cores_to_rank=args.bind_cores_to_rank,
+        bind_core_list=args.bind_core_list,
+        launcher_args=tuple(shlex.split(args.launcher_args)),
+        ssh_port=args.ssh_port,
+        venv_script=args.venv_script,
+        log_level=args.log_level,
+        quiet=args.quiet,
+        filtered=bool(args.include or args.exclude),
+        num_nodes=args.num_nodes,
+        num_gpus=args.num_gpus,
+        slurm_comment=args.slurm_comment,
+    )
     if not multi_node:
         env.update(read_env_files(environ, cwd=cwd, home=home))
     return Launch(plan, multi_node, env)
@@ -238,8 +263,13 @@ def run_multi_node(args: argparse.Namespace, launch: Launch, environ: Mapping[st
     supervisor = Supervisor(on_terminate=stop_remote)
     for command in commands:
         logger.info("%s: %s", command.name, shlex.join(command.argv))
-        supervisor.start(command.name, command.argv, env={**launch.env, **command.env}, cwd=plan.cwd,
-                         stderr_watch=command.stderr_watch)
+        supervisor.start(
+            command.name,
+            command.argv,
+            env={**launch.env, **command.env},
+            cwd=plan.cwd,
+            stderr_watch=command.stderr_watch,
+        )
     return supervisor.run()
 
 

@@ -10,8 +10,9 @@ import pytest
 
 @pytest.mark.timeout(120)
 def test_rank_raising_at_step_3_ends_the_job(launcher) -> None:
-    proc = launcher.start("--num_gpus", "2", str(launcher.job), "--steps", "200", "--fail_rank", "1",
-                          "--fail_step", "3", "--spawn_child")
+    proc = launcher.start(
+        "--num_gpus", "2", str(launcher.job), "--steps", "200", "--fail_rank", "1", "--fail_step", "3", "--spawn_child"
+    )
     done = launcher.wait(proc, timeout=100)
     ended = time.time()
     ready = done.by_event("ready")

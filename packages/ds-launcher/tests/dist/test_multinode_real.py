@@ -18,12 +18,12 @@ import torch
 
 from ds_comm.testing import free_port
 
-AWKWARD = {"MSG": "it's \"quoted\" and spaced", "DOLLAR": "$HOME `whoami` $(id)", "NCCL_FAKE_KNOB": "a b,c"}
+AWKWARD = {"MSG": 'it\'s "quoted" and spaced', "DOLLAR": "$HOME `whoami` $(id)", "NCCL_FAKE_KNOB": "a b,c"}
 
 
 def _env_file(tmp_path: Path) -> Path:
     path = tmp_path / "job.env"
-    path.write_text("MSG=it's \"quoted\" and spaced\nDOLLAR=$HOME `whoami` $(id)\n")
+    path.write_text('MSG=it\'s "quoted" and spaced\nDOLLAR=$HOME `whoami` $(id)\n')
     return path
 
 
@@ -31,8 +31,9 @@ def _check(reports: dict[int, dict], world: int) -> None:
     assert sorted(reports) == list(range(world))
     for report in reports.values():
         assert report["world"] == world
-        torch.testing.assert_close(torch.tensor(report["params"]), torch.tensor(report["ref_params"]),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(report["params"]), torch.tensor(report["ref_params"]), rtol=1e-5, atol=1e-6
+        )
         assert {k: report["env"][k] for k in AWKWARD} == AWKWARD
 
 
@@ -44,9 +45,22 @@ def test_openmpi_runner_with_mpirun(launcher, tmp_path: Path) -> None:
     hostfile.write_text("localhost slots=2\n")
     env = launcher.env(DS_ENV_FILE=str(_env_file(tmp_path)), NCCL_FAKE_KNOB=AWKWARD["NCCL_FAKE_KNOB"])
     # As root, the runner adds --allow-run-as-root itself (Open MPI refuses root without it).
-    done = launcher.run("-H", str(hostfile), "--launcher", "openmpi", "--force_multi", "--master_port",
-                        str(free_port()), str(launcher.job), "--steps", "3", "--report_env", *AWKWARD,
-                        env=env, timeout=130)
+    done = launcher.run(
+        "-H",
+        str(hostfile),
+        "--launcher",
+        "openmpi",
+        "--force_multi",
+        "--master_port",
+        str(free_port()),
+        str(launcher.job),
+        "--steps",
+        "3",
+        "--report_env",
+        *AWKWARD,
+        env=env,
+        timeout=130,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "mpirun -n 2 --host localhost:2" in done.stderr
     reports = done.by_event("done")
@@ -75,18 +89,36 @@ def test_ssh_fanout_forms_one_job(launcher, tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     ssh = bindir / "ssh"
-    ssh.write_text(FAKE_SSH.format(python=sys.executable, log=str(tmp_path / "ssh.log"),
-                                   path=f"{Path(sys.executable).parent}:/usr/bin:/bin"))
+    ssh.write_text(
+        FAKE_SSH.format(
+            python=sys.executable, log=str(tmp_path / "ssh.log"), path=f"{Path(sys.executable).parent}:/usr/bin:/bin"
+        )
+    )
     ssh.chmod(0o755)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    env = launcher.env(DS_ENV_FILE=str(_env_file(tmp_path)), NCCL_FAKE_KNOB=AWKWARD["NCCL_FAKE_KNOB"],
-                       PATH=f"{bindir}:{os.environ['PATH']}")
-    done = launcher.run("-H", str(hostfile), "--launcher", "ssh", "--master_port", str(free_port()),
-                        str(launcher.job), "--steps", "3", "--report_env", *AWKWARD, env=env, timeout=130)
+    env = launcher.env(
+        DS_ENV_FILE=str(_env_file(tmp_path)),
+        NCCL_FAKE_KNOB=AWKWARD["NCCL_FAKE_KNOB"],
+        PATH=f"{bindir}:{os.environ['PATH']}",
+    )
+    done = launcher.run(
+        "-H",
+        str(hostfile),
+        "--launcher",
+        "ssh",
+        "--master_port",
+        str(free_port()),
+        str(launcher.job),
+        "--steps",
+        "3",
+        "--report_env",
+        *AWKWARD,
+        env=env,
+        timeout=130,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted((tmp_path / "ssh.log").read_text().split()) == ["127.0.0.1", "localhost"]
     reports = done.by_event("done")
     _check(reports, world=2)
-    assert [(reports[r]["env"]["CROSS_RANK"], reports[r]["env"]["RANK"]) for r in range(2)] == [("0", "0"),
-                                                                                                 ("1", "1")]
+    assert [(reports[r]["env"]["CROSS_RANK"], reports[r]["env"]["RANK"]) for r in range(2)] == [("0", "0"), ("1", "1")]

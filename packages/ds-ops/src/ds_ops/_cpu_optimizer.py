@@ -49,8 +49,9 @@ class KernelBatch:
         self._alive: list[torch.Tensor] = []  # tensors whose memory the call uses
         self._write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def add(self, param: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor],
-            copy: torch.Tensor | None) -> None:
+    def add(
+        self, param: torch.Tensor, grad: torch.Tensor, states: list[torch.Tensor], copy: torch.Tensor | None
+    ) -> None:
         data = param.data
         if not param.is_contiguous():
             data = data.contiguous()
@@ -76,9 +77,18 @@ class KernelBatch:
         pointers = ctypes.c_void_p * n
         codes = ctypes.c_int32 * n
         copies = pointers(*self.copies) if any(c is not None for c in self.copies) else None
-        return (n, (ctypes.c_int64 * n)(*self.numels), pointers(*self.params), codes(*self.param_dtypes),
-                pointers(*self.grads), codes(*self.grad_dtypes), *(pointers(*s) for s in self.states),
-                codes(*self.state_dtypes), copies, codes(*self.copy_dtypes))
+        return (
+            n,
+            (ctypes.c_int64 * n)(*self.numels),
+            pointers(*self.params),
+            codes(*self.param_dtypes),
+            pointers(*self.grads),
+            codes(*self.grad_dtypes),
+            *(pointers(*s) for s in self.states),
+            codes(*self.state_dtypes),
+            copies,
+            codes(*self.copy_dtypes),
+        )
 
     def write_back(self) -> None:
         for param, data in self._write_back:
@@ -110,8 +120,9 @@ class CPUOptimizerBase(torch.optim.Optimizer):
     KERNEL: ClassVar[str] = ""
     SUPPORTS_SPARSE: ClassVar[bool] = False
 
-    def __init__(self, model_params: Iterable[Any], defaults: dict[str, Any], *, fp32_optimizer_states: bool,
-                 builder: OpBuilder) -> None:
+    def __init__(
+        self, model_params: Iterable[Any], defaults: dict[str, Any], *, fp32_optimizer_states: bool, builder: OpBuilder
+    ) -> None:
         self.fp32_optimizer_states = fp32_optimizer_states
         super().__init__(model_params, defaults)
         # Built (or loaded from cache) at construction, as DeepSpeed does: a compiler problem shows
@@ -144,10 +155,13 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                     raise ValueError(
                         f"{self._owner}: {where} is on {param.device}; it updates CPU tensors only. Keep the "
                         "parameters on the CPU (with ZeRO: 'offload_optimizer': {'device': 'cpu'}), or use "
-                        "FusedAdam / a torch.optim optimizer for accelerator tensors")
+                        "FusedAdam / a torch.optim optimizer for accelerator tensors"
+                    )
                 if param.dtype not in DTYPE_CODES:
-                    raise TypeError(f"{self._owner}: {where} has dtype {param.dtype}; supported dtypes are "
-                                    "torch.float32, torch.bfloat16 and torch.float16")
+                    raise TypeError(
+                        f"{self._owner}: {where} has dtype {param.dtype}; supported dtypes are "
+                        "torch.float32, torch.bfloat16 and torch.float16"
+                    )
             self._check_group(group, f"param_groups[{index}]")
         except (TypeError, ValueError):
             self.param_groups.pop()
@@ -160,17 +174,22 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         if torch.is_tensor(fp16_param_groups):
             groups: list[Any] = [[fp16_param_groups]]
         elif isinstance(fp16_param_groups, (list, tuple)) and not any(
-                isinstance(item, (list, tuple)) for item in fp16_param_groups):
+            isinstance(item, (list, tuple)) for item in fp16_param_groups
+        ):
             groups = [list(fp16_param_groups)]
         else:
             groups = [list(group) for group in fp16_param_groups]  # type: ignore[union-attr]
         if len(groups) != len(self.param_groups):
-            raise ValueError(f"{self._owner}.step: fp16_param_groups has {len(groups)} group(s), the optimizer has "
-                             f"{len(self.param_groups)}; pass one list of copy targets per param group")
+            raise ValueError(
+                f"{self._owner}.step: fp16_param_groups has {len(groups)} group(s), the optimizer has "
+                f"{len(self.param_groups)}; pass one list of copy targets per param group"
+            )
         for g, (targets, group) in enumerate(zip(groups, self.param_groups, strict=True)):
             if len(targets) != len(group["params"]):
-                raise ValueError(f"{self._owner}.step: fp16_param_groups[{g}] has {len(targets)} tensor(s), "
-                                 f"param group {g} has {len(group['params'])}; pass one target (or None) per parameter")
+                raise ValueError(
+                    f"{self._owner}.step: fp16_param_groups[{g}] has {len(targets)} tensor(s), "
+                    f"param group {g} has {len(group['params'])}; pass one target (or None) per parameter"
+                )
             for i, (target, param) in enumerate(zip(targets, group["params"], strict=True)):
                 if target is None:
                     continue
@@ -178,11 +197,14 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 if not torch.is_tensor(target) or target.device.type != "cpu" or not target.is_contiguous():
                     raise ValueError(f"{self._owner}.step: {where} must be a contiguous CPU tensor")
                 if target.dtype not in DTYPE_CODES:
-                    raise TypeError(f"{self._owner}.step: {where} has dtype {target.dtype}; use torch.bfloat16, "
-                                    "torch.float16 or torch.float32")
+                    raise TypeError(
+                        f"{self._owner}.step: {where} has dtype {target.dtype}; use torch.bfloat16, "
+                        "torch.float16 or torch.float32"
+                    )
                 if target.numel() != param.numel():
-                    raise ValueError(f"{self._owner}.step: {where} has {target.numel()} elements, its parameter "
-                                     f"has {param.numel()}")
+                    raise ValueError(
+                        f"{self._owner}.step: {where} has {target.numel()} elements, its parameter has {param.numel()}"
+                    )
         return groups
 
     # ---- the step -------------------------------------------------------------------------------
@@ -207,13 +229,14 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                 raise TypeError(f"{self._owner}: {where} has a sparse gradient, which it does not support")
             grad = grad.to_dense()
         if grad.dtype not in DTYPE_CODES:
-            raise TypeError(f"{self._owner}: the gradient of {where} has dtype {grad.dtype}; supported dtypes "
-                            "are torch.float32, torch.bfloat16 and torch.float16")
+            raise TypeError(
+                f"{self._owner}: the gradient of {where} has dtype {grad.dtype}; supported dtypes "
+                "are torch.float32, torch.bfloat16 and torch.float16"
+            )
         return grad.contiguous()
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None,
-             fp16_param_groups: CopyTargets = None) -> Any:
+    def step(self, closure: Callable[[], Any] | None = None, fp16_param_groups: CopyTargets = None) -> Any:
         """Update every parameter that has a gradient; optionally copy the results into bf16/fp16 tensors.
 
         One kernel call per param group (per distinct step count within it) updates all its
@@ -280,13 +303,17 @@ class CPUOptimizerBase(torch.optim.Optimizer):
             saved = saved_state.get(pid) or {}
             missing = [key for key in ("step", *self.STATE_KEYS) if saved and key not in saved]
             if missing:
-                raise ValueError(f"{self._owner}.load_state_dict: the state of parameter {pid} has no {missing}; "
-                                 f"it was saved by another optimizer (keys: {sorted(saved_state[pid])})")
+                raise ValueError(
+                    f"{self._owner}.load_state_dict: the state of parameter {pid} has no {missing}; "
+                    f"it was saved by another optimizer (keys: {sorted(saved_state[pid])})"
+                )
             for key in self.STATE_KEYS:
                 if key in saved and saved[key].numel() != param.numel():
-                    raise ValueError(f"{self._owner}.load_state_dict: the state of parameter {pid} has {key} of "
-                                     f"{saved[key].numel()} elements, the parameter has {param.numel()}; the "
-                                     "state_dict was saved for another model")
+                    raise ValueError(
+                        f"{self._owner}.load_state_dict: the state of parameter {pid} has {key} of "
+                        f"{saved[key].numel()} elements, the parameter has {param.numel()}; the "
+                        "state_dict was saved for another model"
+                    )
         super().load_state_dict(state_dict)  # keeps our parameter objects: `own` still lists them
         for pid, param in zip(saved_ids, own, strict=True):
             saved = saved_state.get(pid)

@@ -41,4 +41,4 @@ def huge_page_zeros(numel: int, dtype: torch.dtype) -> torch.Tensor:
         region.madvise(mmap.MADV_HUGEPAGE, shift, nbytes)
     except (AttributeError, OSError):  # no THP here (off Linux, or a kernel without it): small pages, aligned
         pass
-    return raw[shift:shift + nbytes].view(dtype)
+    return raw[shift : shift + nbytes].view(dtype)

@@ -63,9 +63,20 @@ class IoResult:
         return self.num_bytes / (sum(self.seconds) / len(self.seconds)) / 1e9
 
 
-def run_io(folder: str | os.PathLike[str], io_size: int, *, read: bool, block_size: int = 1 << 20,
-           queue_depth: int = 32, single_submit: bool = False, overlap_events: bool = True,
-           intra_op_parallelism: int = 1, loops: int = 3, warmup_loops: int = 1, validate: bool = False) -> IoResult:
+def run_io(
+    folder: str | os.PathLike[str],
+    io_size: int,
+    *,
+    read: bool,
+    block_size: int = 1 << 20,
+    queue_depth: int = 32,
+    single_submit: bool = False,
+    overlap_events: bool = True,
+    intra_op_parallelism: int = 1,
+    loops: int = 3,
+    warmup_loops: int = 1,
+    validate: bool = False,
+) -> IoResult:
     """Time `loops` reads or writes of `io_size` bytes of one file in `folder` through an `AsyncIOHandle`.
 
     Raises:
@@ -77,8 +88,13 @@ def run_io(folder: str | os.PathLike[str], io_size: int, *, read: bool, block_si
     if loops < 1 or warmup_loops < 0:
         raise ValueError(f"--loops must be >= 1 and --warmup_loops >= 0, got {loops} and {warmup_loops}")
     path = os.path.join(folder, f"ds_aio_{io_size}B.bin")
-    handle = AsyncIOHandle(block_size=block_size, queue_depth=queue_depth, single_submit=single_submit,
-                           overlap_events=overlap_events, intra_op_parallelism=intra_op_parallelism)
+    handle = AsyncIOHandle(
+        block_size=block_size,
+        queue_depth=queue_depth,
+        single_submit=single_submit,
+        overlap_events=overlap_events,
+        intra_op_parallelism=intra_op_parallelism,
+    )
     try:
         buffer = handle.new_cpu_locked_tensor(io_size, torch.empty(0, dtype=torch.uint8))
         source = torch.randint(0, 256, (io_size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -121,8 +137,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block_size", default="1M", help="bytes per kernel request (default %(default)s)")
     p.add_argument("--queue_depth", type=int, default=32, help="requests in flight (default %(default)s)")
     p.add_argument("--single_submit", action="store_true", help="submit requests one at a time")
-    p.add_argument("--sequential_requests", action="store_true",
-                   help="refill the queue per batch instead of as requests complete (overlap_events off)")
+    p.add_argument(
+        "--sequential_requests",
+        action="store_true",
+        help="refill the queue per batch instead of as requests complete (overlap_events off)",
+    )
     p.add_argument("--io_parallel", type=int, default=1, help="worker threads per request (default %(default)s)")
     p.add_argument("--loops", type=int, default=3, help="timed repetitions (default %(default)s)")
     p.add_argument("--warmup_loops", type=int, default=1, help="untimed repetitions first (default %(default)s)")
@@ -135,18 +154,29 @@ def ds_io_main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         io_size, block_size = parse_size(args.io_size), parse_size(args.block_size)
-        result = run_io(args.folder, io_size, read=args.read, block_size=block_size, queue_depth=args.queue_depth,
-                        single_submit=args.single_submit, overlap_events=not args.sequential_requests,
-                        intra_op_parallelism=args.io_parallel, loops=args.loops, warmup_loops=args.warmup_loops,
-                        validate=args.validate)
+        result = run_io(
+            args.folder,
+            io_size,
+            read=args.read,
+            block_size=block_size,
+            queue_depth=args.queue_depth,
+            single_submit=args.single_submit,
+            overlap_events=not args.sequential_requests,
+            intra_op_parallelism=args.io_parallel,
+            loops=args.loops,
+            warmup_loops=args.warmup_loops,
+            validate=args.validate,
+        )
     except ValueError as err:
         print(f"ds_io: {err}", file=sys.stderr)
         return 2
     kind = "read" if result.read else "write"
-    print(f"{kind} {io_size} bytes x {len(result.seconds)} loops: best {result.best_gbps:.3f} GB/s, "
-          f"mean {result.mean_gbps:.3f} GB/s (block_size={block_size} queue_depth={args.queue_depth} "
-          f"single_submit={args.single_submit} overlap_events={not args.sequential_requests} "
-          f"io_parallel={args.io_parallel}){' validated' if args.validate else ''}")
+    print(
+        f"{kind} {io_size} bytes x {len(result.seconds)} loops: best {result.best_gbps:.3f} GB/s, "
+        f"mean {result.mean_gbps:.3f} GB/s (block_size={block_size} queue_depth={args.queue_depth} "
+        f"single_submit={args.single_submit} overlap_events={not args.sequential_requests} "
+        f"io_parallel={args.io_parallel}){' validated' if args.validate else ''}"
+    )
     return 0
 
 

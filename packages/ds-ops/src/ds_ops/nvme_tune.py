@@ -46,8 +46,16 @@ def _settings(sweep_config: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]
     return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
 
-def sweep(nvme_dir: str, io_size: int, sweep_config: Mapping[str, Sequence[Any]] | None = None, *,
-          read: bool = True, write: bool = True, loops: int = 1, log_path: str | None = None) -> list[dict[str, Any]]:
+def sweep(
+    nvme_dir: str,
+    io_size: int,
+    sweep_config: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    read: bool = True,
+    write: bool = True,
+    loops: int = 1,
+    log_path: str | None = None,
+) -> list[dict[str, Any]]:
     """Time every setting of the sweep; one record per setting with `read_gbps`/`write_gbps` (None if skipped).
 
     Raises:
@@ -60,10 +68,17 @@ def sweep(nvme_dir: str, io_size: int, sweep_config: Mapping[str, Sequence[Any]]
         record: dict[str, Any] = {**setting, "io_size": io_size, "read_gbps": None, "write_gbps": None}
         for kind, wanted in (("read", read), ("write", write)):
             if wanted:
-                result = run_io(nvme_dir, io_size, read=kind == "read", block_size=parse_size(setting["block_size"]),
-                                queue_depth=int(setting["queue_depth"]), single_submit=bool(setting["single_submit"]),
-                                overlap_events=not setting["sequential_requests"],
-                                intra_op_parallelism=int(setting["io_parallel"]), loops=loops)
+                result = run_io(
+                    nvme_dir,
+                    io_size,
+                    read=kind == "read",
+                    block_size=parse_size(setting["block_size"]),
+                    queue_depth=int(setting["queue_depth"]),
+                    single_submit=bool(setting["single_submit"]),
+                    overlap_events=not setting["sequential_requests"],
+                    intra_op_parallelism=int(setting["io_parallel"]),
+                    loops=loops,
+                )
                 record[f"{kind}_gbps"] = result.best_gbps
         records.append(record)
         if log_path is not None:
@@ -77,10 +92,15 @@ def best_aio_config(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any
     if not records:
         raise ValueError("no measurements to choose from")
     best = max(records, key=lambda r: (r["read_gbps"] or 0.0) + (r["write_gbps"] or 0.0))
-    section = {"aio": {"block_size": parse_size(best["block_size"]), "queue_depth": int(best["queue_depth"]),
-                       "intra_op_parallelism": int(best["io_parallel"]),
-                       "single_submit": bool(best["single_submit"]),
-                       "overlap_events": not best["sequential_requests"]}}
+    section = {
+        "aio": {
+            "block_size": parse_size(best["block_size"]),
+            "queue_depth": int(best["queue_depth"]),
+            "intra_op_parallelism": int(best["io_parallel"]),
+            "single_submit": bool(best["single_submit"]),
+            "overlap_events": not best["sequential_requests"],
+        }
+    }
     return section, best
 
 
@@ -109,15 +129,24 @@ def ds_nvme_tune_main(argv: Sequence[str] | None = None) -> int:
         records = []
         for nvme_dir in args.nvme_dir:
             print(f"Running aio performance tuning on {nvme_dir}")
-            records += sweep(nvme_dir, parse_size(args.io_size), config, read=not args.no_read,
-                             write=not args.no_write, loops=args.loops, log_path=log_path)
+            records += sweep(
+                nvme_dir,
+                parse_size(args.io_size),
+                config,
+                read=not args.no_read,
+                write=not args.no_write,
+                loops=args.loops,
+                log_path=log_path,
+            )
         section, best = best_aio_config(records)
     except (OSError, ValueError) as err:
         print(f"ds_nvme_tune: {err}", file=sys.stderr)
         return 2
     read, write = best["read_gbps"], best["write_gbps"]
-    print(f"Best performance (GB/sec): read = {read if read is None else f'{read:5.2f}'}, "
-          f"write = {write if write is None else f'{write:5.2f}'}")
+    print(
+        f"Best performance (GB/sec): read = {read if read is None else f'{read:5.2f}'}, "
+        f"write = {write if write is None else f'{write:5.2f}'}"
+    )
     print(json.dumps(section, indent=3))
     return 0
 

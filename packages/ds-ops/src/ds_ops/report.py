@@ -42,8 +42,10 @@ def environment_lines() -> list[str]:
         _line("python", f"{platform.python_version()} ({sys.executable})"),
         _line("torch version", str(torch.__version__)),
         _line("torch CUDA version", str(torch.version.cuda)),
-        _line("accelerator", f"{accelerator.device_name()} (communication backend "
-                             f"{accelerator.communication_backend_name()})"),
+        _line(
+            "accelerator",
+            f"{accelerator.device_name()} (communication backend {accelerator.communication_backend_name()})",
+        ),
         _line("ninja", f"{tool_version(ninja)} ({ninja})" if ninja else "NOT FOUND (pip install ninja)"),
         _line("C++ compiler", f"{tool_version(cxx)} ({cxx})" if cxx else "NOT FOUND (install g++ or set $CXX)"),
         _line("nvcc", f"{tool_version(nvcc)} ({nvcc})" if nvcc else "not found (needed for CUDA ops only)"),
@@ -66,8 +68,10 @@ def op_lines(show_errors: bool = True) -> list[str]:
             cached = False
             notes.append(f"{name}: {err}")
         compatibility = builder.is_compatible()
-        rows.append(f"{name:<16}{'[YES]' if installed else '[NO]':<12}{'[YES]' if cached else '[NO]':<10}"
-                    f"{'[OKAY]' if compatibility else '[NO]':<12}".rstrip())
+        rows.append(
+            f"{name:<16}{'[YES]' if installed else '[NO]':<12}{'[YES]' if cached else '[NO]':<10}"
+            f"{'[OKAY]' if compatibility else '[NO]':<12}".rstrip()
+        )
         notes += [f"{name}: {reason}" for reason in compatibility.reasons]
         facts += [f"{name}: {note}" for note in compatibility.notes]
     if show_errors and notes:
@@ -89,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `ds_report`."""
     parser = argparse.ArgumentParser(prog="ds_report", description=__doc__.splitlines()[0])
     parser.add_argument("--hide_operator_status", action="store_true", help="skip the per-op table")
-    parser.add_argument("--hide_errors_and_warnings", action="store_true",
-                        help="skip the reasons an op is not compatible")
+    parser.add_argument(
+        "--hide_errors_and_warnings", action="store_true", help="skip the reasons an op is not compatible"
+    )
     args = parser.parse_args(argv)
     sys.stdout.write(render(show_ops=not args.hide_operator_status, show_errors=not args.hide_errors_and_warnings))
     return 0

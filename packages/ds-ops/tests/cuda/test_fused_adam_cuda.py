@@ -36,8 +36,9 @@ def test_matches_torch_adam_over_100_steps(adam_w_mode: bool) -> None:
     groups = [{"params": ours_params[:3]}, {"params": ours_params[3:], "lr": 3e-3, "weight_decay": 0.1}]
     ref_groups = [{"params": ref_params[:3]}, {"params": ref_params[3:], "lr": 3e-3, "weight_decay": 0.1}]
     ours = FusedAdam(groups, lr=1e-3, adam_w_mode=adam_w_mode, weight_decay=0.01)
-    ref = (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)(ref_groups, lr=1e-3, weight_decay=0.01,
-                                                                     foreach=False)
+    ref = (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)(
+        ref_groups, lr=1e-3, weight_decay=0.01, foreach=False
+    )
     for step in range(100):
         for p, q, g in zip(ours_params, ref_params, _grads(step), strict=True):
             p.grad, q.grad = g, g.clone()
@@ -53,8 +54,9 @@ def test_matches_torch_fused_adam_over_50_steps(adam_w_mode: bool) -> None:
     """Against torch's own CUDA kernel (`fused=True`), the engine's default optimizer on CUDA: 1e-5."""
     ours_params, ref_params = _params(), _params()
     ours = FusedAdam(ours_params, lr=2e-3, betas=(0.9, 0.95), eps=1e-8, adam_w_mode=adam_w_mode, weight_decay=0.05)
-    ref = (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)(ref_params, lr=2e-3, betas=(0.9, 0.95), eps=1e-8,
-                                                                     weight_decay=0.05, fused=True)
+    ref = (torch.optim.AdamW if adam_w_mode else torch.optim.Adam)(
+        ref_params, lr=2e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.05, fused=True
+    )
     for step in range(50):
         for p, q, g in zip(ours_params, ref_params, _grads(step), strict=True):
             p.grad, q.grad = g, g.clone()

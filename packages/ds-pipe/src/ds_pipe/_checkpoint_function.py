@@ -46,8 +46,11 @@ class BufferPool:
         """A slot with at least `needs[key]` elements per key; slot None (fresh memory) when all are taken."""
         if not self._free:
             if not self._warned:
-                logger.warning("more than number_checkpoints=%d checkpoints are alive at once; the extra ones use "
-                               "fresh memory (raise number_checkpoints)", self.num_slots)
+                logger.warning(
+                    "more than number_checkpoints=%d checkpoints are alive at once; the extra ones use "
+                    "fresh memory (raise number_checkpoints)",
+                    self.num_slots,
+                )
                 self._warned = True
             return None, {key: torch.empty(n, dtype=key[0], device=key[1]) for key, n in needs.items()}
         slot = self._free.pop(0)
@@ -110,11 +113,19 @@ def _pack(args: tuple[Any, ...], policy: CheckpointPolicy) -> tuple[list[_Saved]
             flat = tensor.reshape(-1)
             padded = torch.zeros(chunk * policy.partition_world, dtype=flat.dtype, device=flat.device)
             padded[: flat.numel()] = flat
-            tensor = padded[policy.partition_rank * chunk:(policy.partition_rank + 1) * chunk].clone()
+            tensor = padded[policy.partition_rank * chunk : (policy.partition_rank + 1) * chunk].clone()
         if policy.to_cpu and tensor.device.type != "cpu":
             tensor = tensor.to("cpu")
-        layout.append(_Saved(tensor_index=len(data), shape=arg.shape, numel=arg.numel(), device=arg.device,
-                             requires_grad=arg.requires_grad, partitioned=partitioned))
+        layout.append(
+            _Saved(
+                tensor_index=len(data),
+                shape=arg.shape,
+                numel=arg.numel(),
+                device=arg.device,
+                requires_grad=arg.requires_grad,
+                partitioned=partitioned,
+            )
+        )
         data.append(tensor)
     slot = None
     if policy.pool is not None and data:
@@ -125,7 +136,7 @@ def _pack(args: tuple[Any, ...], policy: CheckpointPolicy) -> tuple[list[_Saved]
         offsets: dict[_Key, int] = defaultdict(int)
         for i, t in enumerate(data):
             key = (t.dtype, t.device)
-            view = buffers[key][offsets[key]:offsets[key] + t.numel()].view(t.shape)
+            view = buffers[key][offsets[key] : offsets[key] + t.numel()].view(t.shape)
             view.copy_(t)
             offsets[key] += t.numel()
             data[i] = view
@@ -165,8 +176,9 @@ class CheckpointFunction(torch.autograd.Function):
     """Run `run_function` without keeping its activations; rerun it (same RNG draws) in backward."""
 
     @staticmethod
-    def forward(ctx: Any, run_function: Callable[..., Any], policy: CheckpointPolicy, dummy: torch.Tensor,
-                *args: Any) -> Any:
+    def forward(
+        ctx: Any, run_function: Callable[..., Any], policy: CheckpointPolicy, dummy: torch.Tensor, *args: Any
+    ) -> Any:
         del dummy  # only there to make the outputs require grad (module note)
         _sync(policy)
         start = time.perf_counter()
@@ -193,8 +205,9 @@ class CheckpointFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         if not torch.autograd._is_checkpoint_valid():
-            raise RuntimeError("checkpoint() does not work with torch.autograd.grad(); use .backward() "
-                               "or non_reentrant_checkpoint()")
+            raise RuntimeError(
+                "checkpoint() does not work with torch.autograd.grad(); use .backward() or non_reentrant_checkpoint()"
+            )
         policy: CheckpointPolicy = ctx.policy
         _sync(policy)
         start = time.perf_counter()
@@ -208,8 +221,11 @@ class CheckpointFunction(torch.autograd.Function):
             now.restore()
         recomputed = time.perf_counter()
         flat = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
-        pairs = [(o, g) for o, g in zip(flat, grads, strict=True)
-                 if isinstance(o, torch.Tensor) and o.requires_grad and g is not None]
+        pairs = [
+            (o, g)
+            for o, g in zip(flat, grads, strict=True)
+            if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
+        ]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         if policy.pool is not None:

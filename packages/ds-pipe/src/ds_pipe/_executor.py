@@ -88,14 +88,22 @@ class PipelineExecutor:
     `labels`, other stages do not read it. `inputs` is a tensor or a tuple of tensors.
     """
 
-    def __init__(self, module: PipelineModule, *, micro_batches: int,
-                 optimizer_step: Callable[[], None] | None = None, grid: PipelineParallelGrid | None = None,
-                 loss_fn: Callable[..., torch.Tensor] | None = None,
-                 reduce_grads: Callable[[], None] | None = None,
-                 scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 batch_fn: Callable[[Any], Any] | None = None, pipe_partitioned: bool = True,
-                 grad_partitioned: bool = True, device: torch.device | None = None,
-                 broadcast_parameters: bool = True) -> None:
+    def __init__(
+        self,
+        module: PipelineModule,
+        *,
+        micro_batches: int,
+        optimizer_step: Callable[[], None] | None = None,
+        grid: PipelineParallelGrid | None = None,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        reduce_grads: Callable[[], None] | None = None,
+        scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        batch_fn: Callable[[Any], Any] | None = None,
+        pipe_partitioned: bool = True,
+        grad_partitioned: bool = True,
+        device: torch.device | None = None,
+        broadcast_parameters: bool = True,
+    ) -> None:
         if not isinstance(module, PipelineModule):
             raise TypeError(f"PipelineExecutor: module must be a PipelineModule, got {type(module).__name__}")
         self.module = module
@@ -111,8 +119,13 @@ class PipelineExecutor:
         self.num_stages = self.grid.get_pipe_parallel_world_size()
         self.is_first_stage = self.stage_id == 0
         self.is_last_stage = self.stage_id == self.num_stages - 1
-        self.p2p = StageP2P(self.grid, self.device, dynamic_shape=module.dynamic_shape,
-                            pipe_partitioned=pipe_partitioned, grad_partitioned=grad_partitioned)
+        self.p2p = StageP2P(
+            self.grid,
+            self.device,
+            dynamic_shape=module.dynamic_shape,
+            pipe_partitioned=pipe_partitioned,
+            grad_partitioned=grad_partitioned,
+        )
         self.data_iterator: Iterator[Any] | None = None
         if broadcast_parameters and self.grid.get_data_parallel_world_size() > 1:
             src = self.grid.dp_group[0]
@@ -121,11 +134,16 @@ class PipelineExecutor:
         self._timings: dict[str, float] = defaultdict(float)
         self._schedules: dict[tuple[type[sched.PipeSchedule], int], tuple[int, list[list[Any]]]] = {}
         self._handlers: dict[type[sched.PipeInstruction], Callable[[Any], None]] = {
-            sched.LoadMicroBatch: self._load_micro_batch, sched.ForwardPass: self._forward_pass,
-            sched.BackwardPass: self._backward_pass, sched.SendActivation: self._send_activation,
-            sched.RecvActivation: self._recv_activation, sched.SendGrad: self._send_grad,
-            sched.RecvGrad: self._recv_grad, sched.ReduceTiedGrads: self._reduce_tied_grads,
-            sched.ReduceGrads: self._reduce_grads, sched.OptimizerStep: self._optimizer_step,
+            sched.LoadMicroBatch: self._load_micro_batch,
+            sched.ForwardPass: self._forward_pass,
+            sched.BackwardPass: self._backward_pass,
+            sched.SendActivation: self._send_activation,
+            sched.RecvActivation: self._recv_activation,
+            sched.SendGrad: self._send_grad,
+            sched.RecvGrad: self._recv_grad,
+            sched.ReduceTiedGrads: self._reduce_tied_grads,
+            sched.ReduceGrads: self._reduce_grads,
+            sched.OptimizerStep: self._optimizer_step,
         }
 
     # Configuration
@@ -166,9 +184,15 @@ class PipelineExecutor:
         mean = torch.stack(losses).float().mean() if losses else None
         return self._share_loss(mean)
 
-    def eval_batch(self, data_iter: Iterator[Any] | None = None, return_logits: bool = False,
-                   compute_loss: bool = True, reduce_output: str | None = "avg", bcast_loss: bool = True,
-                   num_micro_batches: int | None = None) -> Any:
+    def eval_batch(
+        self,
+        data_iter: Iterator[Any] | None = None,
+        return_logits: bool = False,
+        compute_loss: bool = True,
+        reduce_output: str | None = "avg",
+        bcast_loss: bool = True,
+        num_micro_batches: int | None = None,
+    ) -> Any:
         """Run the forward of one batch with `InferenceSchedule` under `torch.no_grad()`.
 
         Args:
@@ -213,8 +237,10 @@ class PipelineExecutor:
             # A step's sends refer to the previous step's results and never block: issue them before the
             # step's receives, so a neighbour waiting for them is not held up by our own wait.
             sends = (sched.SendActivation, sched.SendGrad)
-            steps = [[c for c in step if isinstance(c, sends)] + [c for c in step if not isinstance(c, sends)]
-                     for step in schedule]
+            steps = [
+                [c for c in step if isinstance(c, sends)] + [c for c in step if not isinstance(c, sends)]
+                for step in schedule
+            ]
             self._schedules[key] = (schedule.num_pipe_buffers(), steps)
         return self._schedules[key]
 
@@ -222,8 +248,10 @@ class PipelineExecutor:
         iterator = data_iter if data_iter is not None else self.data_iterator
         if iterator is None and (self.is_first_stage or self.is_last_stage):
             which = "first" if self.is_first_stage else "last"
-            raise ValueError(f"stage {self.stage_id} (the {which} stage) reads data: pass data_iter=... or call "
-                             "set_dataiterator() first")
+            raise ValueError(
+                f"stage {self.stage_id} (the {which} stage) reads data: pass data_iter=... or call "
+                "set_dataiterator() first"
+            )
         self._iterator, self._mode = iterator, mode
         num_buffers, steps = schedule
         self._buffers = [_Buffer() for _ in range(num_buffers)]
@@ -257,8 +285,10 @@ class PipelineExecutor:
         if self.batch_fn is not None:
             batch = self.batch_fn(batch)
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise TypeError(f"each batch from data_iter must be an (inputs, labels) pair, got {type(batch).__name__}"
-                            + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+            raise TypeError(
+                f"each batch from data_iter must be an (inputs, labels) pair, got {type(batch).__name__}"
+                + (f" of length {len(batch)}" if isinstance(batch, (tuple, list)) else "")
+            )
         buffer = self._buffers[instruction.buffer_id]
         if self.is_first_stage:
             inputs = batch[0]
@@ -286,8 +316,10 @@ class PipelineExecutor:
         loss = self.loss_fn(outputs, buffer.labels) if self.loss_fn is not None else outputs
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             shown = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ValueError(f"the loss on the last stage must be a scalar tensor, got {shown}; pass a loss_fn "
-                             "that reduces (e.g. mean) or make the last layer return the loss")
+            raise ValueError(
+                f"the loss on the last stage must be a scalar tensor, got {shown}; pass a loss_fn "
+                "that reduces (e.g. mean) or make the last layer return the loss"
+            )
         buffer.loss = loss
         buffer.labels = None
         self._results.append(loss.detach())
@@ -336,8 +368,9 @@ class PipelineExecutor:
         if self.reduce_grads is not None:
             self.reduce_grads()
         elif self.grid.get_data_parallel_world_size() > 1:
-            allreduce_mean_grads(self.module.parameters(), self.grid.get_data_parallel_group(),
-                                 self.grid.get_data_parallel_world_size())
+            allreduce_mean_grads(
+                self.module.parameters(), self.grid.get_data_parallel_group(), self.grid.get_data_parallel_world_size()
+            )
 
     def _optimizer_step(self, instruction: sched.OptimizerStep) -> None:
         if self.optimizer_step is not None:
@@ -364,8 +397,9 @@ class PipelineExecutor:
         else:
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.num_stages > 1:
-            ds_comm.broadcast(loss, src=self.grid.stage_to_global(self.num_stages - 1),
-                              group=self.grid.get_pipe_parallel_group())
+            ds_comm.broadcast(
+                loss, src=self.grid.stage_to_global(self.num_stages - 1), group=self.grid.get_pipe_parallel_group()
+            )
         return loss
 
     def _broadcast_object(self, value: Any) -> Any:
@@ -377,12 +411,16 @@ class PipelineExecutor:
         src, group = self.grid.stage_to_global(self.num_stages - 1), self.grid.get_pipe_parallel_group()
         payload = torch.empty(0, dtype=torch.uint8)
         if self.is_last_stage:
-            payload = torch.frombuffer(bytearray(pickle.dumps(_to_device(value, torch.device("cpu")))),
-                                       dtype=torch.uint8)
+            payload = torch.frombuffer(
+                bytearray(pickle.dumps(_to_device(value, torch.device("cpu")))), dtype=torch.uint8
+            )
         size = torch.tensor([payload.numel()], dtype=torch.int64, device=self.device)
         ds_comm.broadcast(size, src=src, group=group)
-        buffer = payload.to(self.device) if self.is_last_stage else \
-            torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        buffer = (
+            payload.to(self.device)
+            if self.is_last_stage
+            else torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        )
         ds_comm.broadcast(buffer, src=src, group=group)
         if self.is_last_stage:
             return value

@@ -29,8 +29,12 @@ def _buckets(grads: list[torch.Tensor], bucket_numel: int) -> list[list[torch.Te
     return [b for b in buckets if b]
 
 
-def allreduce_mean_grads(params: Iterable[torch.nn.Parameter], group: ProcessGroup | None, world_size: int,
-                         bucket_numel: int = DEFAULT_BUCKET_NUMEL) -> None:
+def allreduce_mean_grads(
+    params: Iterable[torch.nn.Parameter],
+    group: ProcessGroup | None,
+    world_size: int,
+    bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+) -> None:
     """Average `.grad` of every trainable parameter over `group` (a missing gradient counts as zero).
 
     Gradients are grouped by dtype and device, flattened into buckets of at most `bucket_numel`
@@ -50,5 +54,5 @@ def allreduce_mean_grads(params: Iterable[torch.nn.Parameter], group: ProcessGro
             flat.div_(world_size)
             offset = 0
             for g in bucket:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()

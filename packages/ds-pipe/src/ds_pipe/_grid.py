@@ -59,10 +59,13 @@ class PipelineParallelGrid:
         if topology.world_size() != self.world_size:
             raise ValueError(
                 f"PipelineParallelGrid: {topology} has {topology.world_size()} ranks but the world has "
-                f"{self.world_size}; choose dims whose product is {self.world_size}")
+                f"{self.world_size}; choose dims whose product is {self.world_size}"
+            )
         if "pipe" not in topology.get_axis_names():
-            raise ValueError(f"PipelineParallelGrid: {topology} has no 'pipe' axis; "
-                             "use PipeDataParallelTopology or PipeModelDataParallelTopology")
+            raise ValueError(
+                f"PipelineParallelGrid: {topology} has no 'pipe' axis; "
+                "use PipeDataParallelTopology or PipeModelDataParallelTopology"
+            )
         self._topo = topology
         self.data_parallel_size = max(topology.get_dim("data"), 1)
         self.pipe_parallel_size = max(topology.get_dim("pipe"), 1)
@@ -80,17 +83,26 @@ class PipelineParallelGrid:
         me, world = self.global_rank, self.world_size
         data_lists = topology.get_axis_comm_lists("data") or [[r] for r in range(world)]
         self.dp_group, self.dp_proc_group = _new_groups(data_lists, me, distributed)
-        model_lists = [topology.get_axis_list("data", dp) if "data" in topology.get_axis_names() else list(range(world))
-                       for dp in range(self.data_parallel_size)]
+        model_lists = [
+            topology.get_axis_list("data", dp) if "data" in topology.get_axis_names() else list(range(world))
+            for dp in range(self.data_parallel_size)
+        ]
         self.ds_model_group, self.ds_model_proc_group = _new_groups(model_lists, me, distributed)
         self.ds_model_rank = self.ds_model_group.index(me)
         self.ds_model_world_size = len(self.ds_model_group)
         self.pp_group, self.pp_proc_group = _new_groups(topology.get_axis_comm_lists("pipe"), me, distributed)
         slice_lists = topology.get_axis_comm_lists("model") or [[r] for r in range(world)]
         self.slice_group, self.slice_proc_group = _new_groups(slice_lists, me, distributed)
-        logger.debug("grid on rank %d: stage %d of %d, dp %d of %d, mp %d of %d", me, self.stage_id,
-                     self.pipe_parallel_size, self.data_parallel_id, self.data_parallel_size,
-                     self.get_slice_parallel_rank(), self.slice_parallel_size)
+        logger.debug(
+            "grid on rank %d: stage %d of %d, dp %d of %d, mp %d of %d",
+            me,
+            self.stage_id,
+            self.pipe_parallel_size,
+            self.data_parallel_id,
+            self.data_parallel_size,
+            self.get_slice_parallel_rank(),
+            self.slice_parallel_size,
+        )
 
     # Topology and stages
     def topology(self) -> ProcessTopology:
@@ -181,6 +193,13 @@ class PipelineParallelGrid:
 
     def describe(self) -> dict[str, Any]:
         """This rank's coordinates and group members, for logs and tests."""
-        return {"rank": self.global_rank, "stage": self.stage_id, "data": self.data_parallel_id,
-                "slice": self.get_slice_parallel_rank(), "dp_group": self.dp_group, "pp_group": self.pp_group,
-                "model_group": self.ds_model_group, "slice_group": self.slice_group}
+        return {
+            "rank": self.global_rank,
+            "stage": self.stage_id,
+            "data": self.data_parallel_id,
+            "slice": self.get_slice_parallel_rank(),
+            "dp_group": self.dp_group,
+            "pp_group": self.pp_group,
+            "model_group": self.ds_model_group,
+            "slice_group": self.slice_group,
+        }

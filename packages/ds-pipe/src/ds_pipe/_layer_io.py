@@ -46,8 +46,14 @@ def _save(obj: Any, path: Path, engine: CheckpointEngine | None) -> None:
         ds_comm.atomic_write(path, lambda tmp: engine.save(obj, str(tmp)))
 
 
-def save_layers(layers: list[tuple[int, nn.Module | None]], save_dir: str | os.PathLike[str], rank_repr: str, *,
-                exclude_frozen_params: bool = False, engine: CheckpointEngine | None = None) -> list[Path]:
+def save_layers(
+    layers: list[tuple[int, nn.Module | None]],
+    save_dir: str | os.PathLike[str],
+    rank_repr: str,
+    *,
+    exclude_frozen_params: bool = False,
+    engine: CheckpointEngine | None = None,
+) -> list[Path]:
     """Save each (global index, module) pair's state dict to its layer file; return the paths written.
 
     Tensors are cloned so a file holds only its own data (a view would drag its whole storage along).
@@ -71,8 +77,14 @@ def save_layers(layers: list[tuple[int, nn.Module | None]], save_dir: str | os.P
     return written
 
 
-def load_layers(layers: list[tuple[int, nn.Module | None]], load_dir: str | os.PathLike[str], rank_repr: str, *,
-                strict: bool = True, engine: CheckpointEngine | None = None) -> None:
+def load_layers(
+    layers: list[tuple[int, nn.Module | None]],
+    load_dir: str | os.PathLike[str],
+    rank_repr: str,
+    *,
+    strict: bool = True,
+    engine: CheckpointEngine | None = None,
+) -> None:
     """Load each module's state from its layer file (saved by `save_layers`, with any stage count).
 
     Raises:
@@ -87,9 +99,11 @@ def load_layers(layers: list[tuple[int, nn.Module | None]], load_dir: str | os.P
         path = directory / layer_file_name(layer_idx, rank_repr)
         if not path.exists():
             present = sorted(p.name for p in directory.glob("layer_*model_states.pt"))[:8]
-            raise FileNotFoundError(f"load_state_dir: no checkpoint for layer {layer_idx}: {path} is missing "
-                                    f"(layer files present: {present or 'none'}); was it saved with the same model "
-                                    "and tensor-parallel degree?")
+            raise FileNotFoundError(
+                f"load_state_dir: no checkpoint for layer {layer_idx}: {path} is missing "
+                f"(layer files present: {present or 'none'}); was it saved with the same model "
+                "and tensor-parallel degree?"
+            )
         if engine is not None:
             state = engine.load(str(path), map_location="cpu")
         else:
@@ -97,6 +111,7 @@ def load_layers(layers: list[tuple[int, nn.Module | None]], load_dir: str | os.P
         try:
             module.load_state_dict(state, strict=strict)
         except RuntimeError as err:
-            raise RuntimeError(f"load_state_dir: {path.name} does not match layer {layer_idx} "
-                               f"({type(module).__name__}): {err}") from err
+            raise RuntimeError(
+                f"load_state_dir: {path.name} does not match layer {layer_idx} ({type(module).__name__}): {err}"
+            ) from err
         loaded.add(id(module))

@@ -81,16 +81,23 @@ class TiedLayerSpec(LayerSpec):
         **module_kwargs: keyword constructor arguments.
     """
 
-    def __init__(self, key: str, typename: type[nn.Module], *module_args: Any,
-                 forward_fn: Callable[[Any, Any], Any] | None = None,
-                 tied_weight_attr: str | Sequence[str] = ("weight",), **module_kwargs: Any) -> None:
+    def __init__(
+        self,
+        key: str,
+        typename: type[nn.Module],
+        *module_args: Any,
+        forward_fn: Callable[[Any, Any], Any] | None = None,
+        tied_weight_attr: str | Sequence[str] = ("weight",),
+        **module_kwargs: Any,
+    ) -> None:
         super().__init__(typename, *module_args, **module_kwargs)
         if not isinstance(key, str) or not key:
             raise TypeError(f"TiedLayerSpec: key must be a non-empty str, got {key!r}")
         self.key = key
         self.forward_fn = forward_fn
-        self.tied_weight_attr: list[str] = ([tied_weight_attr] if isinstance(tied_weight_attr, str)
-                                            else list(tied_weight_attr))
+        self.tied_weight_attr: list[str] = (
+            [tied_weight_attr] if isinstance(tied_weight_attr, str) else list(tied_weight_attr)
+        )
 
     def __repr__(self) -> str:
         return f"TiedLayerSpec(key={self.key!r}, {super().__repr__()})"

@@ -86,21 +86,34 @@ class PipelineModule(nn.Module):
         TypeError: a layer that is neither a module, a spec nor a callable.
     """
 
-    def __init__(self, layers: Sequence[Layer], num_stages: int | None = None,
-                 topology: ProcessTopology | None = None, loss_fn: Callable[..., torch.Tensor] | None = None,
-                 seed_layers: bool = False, seed_fn: Callable[[int], None] | None = None, base_seed: int = 1234,
-                 partition_method: str | Sequence[int] = "parameters", activation_checkpoint_interval: int = 0,
-                 activation_checkpoint_func: Callable[..., Any] = checkpointing.checkpoint,
-                 checkpointable_layers: Sequence[str] | None = None, dynamic_shape: bool = False) -> None:
+    def __init__(
+        self,
+        layers: Sequence[Layer],
+        num_stages: int | None = None,
+        topology: ProcessTopology | None = None,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        seed_layers: bool = False,
+        seed_fn: Callable[[int], None] | None = None,
+        base_seed: int = 1234,
+        partition_method: str | Sequence[int] = "parameters",
+        activation_checkpoint_interval: int = 0,
+        activation_checkpoint_func: Callable[..., Any] = checkpointing.checkpoint,
+        checkpointable_layers: Sequence[str] | None = None,
+        dynamic_shape: bool = False,
+    ) -> None:
         super().__init__()
         self._layer_specs = list(layers)
         for idx, layer in enumerate(self._layer_specs):
             if not (isinstance(layer, (nn.Module, LayerSpec)) or callable(layer)):
-                raise TypeError(f"PipelineModule: layer {idx} must be an nn.Module, LayerSpec, TiedLayerSpec or "
-                                f"callable, got {type(layer).__name__}")
+                raise TypeError(
+                    f"PipelineModule: layer {idx} must be an nn.Module, LayerSpec, TiedLayerSpec or "
+                    f"callable, got {type(layer).__name__}"
+                )
         if isinstance(activation_checkpoint_interval, bool) or activation_checkpoint_interval < 0:
-            raise ValueError("PipelineModule: activation_checkpoint_interval must be an int >= 0, got "
-                             f"{activation_checkpoint_interval!r}")
+            raise ValueError(
+                "PipelineModule: activation_checkpoint_interval must be an int >= 0, got "
+                f"{activation_checkpoint_interval!r}"
+            )
         self._topo = self._resolve_topology(num_stages, topology)
         self._grid = PipelineParallelGrid(self._topo)
         self.num_stages = self._topo.get_dim("pipe")
@@ -129,27 +142,37 @@ class PipelineModule(nn.Module):
     def _resolve_topology(self, num_stages: int | None, topology: ProcessTopology | None) -> ProcessTopology:
         if topology is not None:
             if num_stages is not None and num_stages != topology.get_dim("pipe"):
-                raise ValueError(f"PipelineModule: num_stages={num_stages} disagrees with {topology} "
-                                 f"(pipe dim {topology.get_dim('pipe')}); pass one of them")
+                raise ValueError(
+                    f"PipelineModule: num_stages={num_stages} disagrees with {topology} "
+                    f"(pipe dim {topology.get_dim('pipe')}); pass one of them"
+                )
             return topology
         if num_stages is None:
             raise ValueError("PipelineModule: must provide num_stages or topology")
         world = ds_comm.get_world_size()
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1 or world % num_stages:
-            raise ValueError(f"PipelineModule: num_stages={num_stages!r} must be an int >= 1 dividing the world "
-                             f"size {world}")
+            raise ValueError(
+                f"PipelineModule: num_stages={num_stages!r} must be an int >= 1 dividing the world size {world}"
+            )
         return PipeDataParallelTopology(num_pp=num_stages, num_dp=world // num_stages)
 
     def _partition(self, method: str | Sequence[int]) -> list[int]:
         num_layers = len(self._layer_specs)
         if not isinstance(method, str):
             parts = list(method)
-            ok = (len(parts) == self.num_stages + 1 and parts[0] == 0 and parts[-1] == num_layers
-                  and all(isinstance(b, int) for b in parts) and all(a <= b for a, b in itertools.pairwise(parts)))
+            ok = (
+                len(parts) == self.num_stages + 1
+                and parts[0] == 0
+                and parts[-1] == num_layers
+                and all(isinstance(b, int) for b in parts)
+                and all(a <= b for a, b in itertools.pairwise(parts))
+            )
             if not ok:
-                raise ValueError(f"PipelineModule: explicit partition {parts} must be {self.num_stages + 1} "
-                                 f"non-decreasing ints from 0 to {num_layers} "
-                                 "(stage s holds layers parts[s]:parts[s+1])")
+                raise ValueError(
+                    f"PipelineModule: explicit partition {parts} must be {self.num_stages + 1} "
+                    f"non-decreasing ints from 0 to {num_layers} "
+                    "(stage s holds layers parts[s]:parts[s+1])"
+                )
             return parts
         lowered = method.lower()
         if lowered == "uniform":
@@ -157,15 +180,18 @@ class PipelineModule(nn.Module):
         if lowered == "parameters":
             return partition_balanced([self._count_params(layer) for layer in self._layer_specs], self.num_stages)
         if lowered.startswith("type:"):
-            pattern = method[len("type:"):]
+            pattern = method[len("type:") :]
             names = [_layer_type_name(layer) for layer in self._layer_specs]
             weights = [1 if re.search(pattern, name, re.IGNORECASE) else 0 for name in names]
             if not any(weights):
-                raise PartitionMethodError(f"partition_method {method!r} matches no layer; layer types are "
-                                           f"{sorted(set(names))}")
+                raise PartitionMethodError(
+                    f"partition_method {method!r} matches no layer; layer types are {sorted(set(names))}"
+                )
             return partition_balanced(weights, self.num_stages)
-        raise PartitionMethodError(f"Partitioning method {method} not implemented. Use 'parameters', 'uniform', "
-                                   "'type:<regex>' or explicit boundaries")
+        raise PartitionMethodError(
+            f"Partitioning method {method} not implemented. Use 'parameters', 'uniform', "
+            "'type:<regex>' or explicit boundaries"
+        )
 
     @staticmethod
     def _count_params(layer: Layer) -> int:
@@ -205,8 +231,9 @@ class PipelineModule(nn.Module):
                 stage = self.stage_owner(idx)
                 if stage not in stages:
                     stages.append(stage)
-        return build_tied_groups(self._topo, owners, self.global_rank, dict(self.tied_modules.items()),
-                                 self.tied_weight_attrs)
+        return build_tied_groups(
+            self._topo, owners, self.global_rank, dict(self.tied_modules.items()), self.tied_weight_attrs
+        )
 
     # Forward
     def forward(self, forward_input: Any) -> Any:
@@ -228,6 +255,7 @@ class PipelineModule(nn.Module):
 
     def _range_fn(self, start: int, end: int, offset: int) -> Callable[..., Any]:
         """A function running local layers `start:end`; it takes the input as one or several arguments."""
+
         def run(*inputs: Any) -> Any:
             x = inputs[0] if len(inputs) == 1 else inputs
             for local_idx in range(start, end):
@@ -235,6 +263,7 @@ class PipelineModule(nn.Module):
                     (self.seed_fn or _seed_all)(self.base_seed * offset + self._local_start + local_idx)
                 x = self.forward_funcs[local_idx](x)
             return x
+
         return run
 
     def _is_checkpointable(self, funcs: Sequence[Callable[[Any], Any]]) -> bool:
@@ -306,8 +335,13 @@ class PipelineModule(nn.Module):
     def _local_layers(self) -> list[tuple[int, nn.Module | None]]:
         return [(self._local_start + i, m) for i, m in enumerate(self._local_modules)]
 
-    def save_state_dict(self, save_dir: str | os.PathLike[str], checkpoint_engine: CheckpointEngine | None = None,
-                        exclude_frozen_params: bool = False, parallel_write: bool = False) -> list[Path]:
+    def save_state_dict(
+        self,
+        save_dir: str | os.PathLike[str],
+        checkpoint_engine: CheckpointEngine | None = None,
+        exclude_frozen_params: bool = False,
+        parallel_write: bool = False,
+    ) -> list[Path]:
         """Write one file per local layer into `save_dir`; returns the paths this rank wrote.
 
         Data-parallel rank 0 writes every local layer; with `parallel_write` the layers are spread
@@ -318,14 +352,16 @@ class PipelineModule(nn.Module):
         dp_rank, dp_size = self._grid.get_data_parallel_rank(), self._grid.get_data_parallel_world_size()
         if parallel_write:
             bounds = partition_uniform(len(layers), dp_size)
-            layers = layers[bounds[dp_rank]:bounds[dp_rank + 1]]
+            layers = layers[bounds[dp_rank] : bounds[dp_rank + 1]]
         elif dp_rank != 0:
             return []
-        return save_layers(layers, save_dir, self._rank_repr(), exclude_frozen_params=exclude_frozen_params,
-                           engine=checkpoint_engine)
+        return save_layers(
+            layers, save_dir, self._rank_repr(), exclude_frozen_params=exclude_frozen_params, engine=checkpoint_engine
+        )
 
-    def load_state_dir(self, load_dir: str | os.PathLike[str], checkpoint_engine: CheckpointEngine | None = None,
-                       strict: bool = True) -> None:
+    def load_state_dir(
+        self, load_dir: str | os.PathLike[str], checkpoint_engine: CheckpointEngine | None = None, strict: bool = True
+    ) -> None:
         """Load this stage's layers from the layer files in `load_dir` (saved with any stage count).
 
         Raises:

@@ -30,8 +30,20 @@ from ds_pipe._grid import PipelineParallelGrid
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
-           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
 _CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 # (is_tuple, ((dtype, requires_grad, shape), ...))
@@ -60,8 +72,10 @@ def describe(outputs: Any) -> Meta:
     items = []
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"pipeline stages must pass tensors or tuples of tensors between them; element {i} of "
-                            f"the stage output is a {type(t).__name__}")
+            raise TypeError(
+                f"pipeline stages must pass tensors or tuples of tensors between them; element {i} of "
+                f"the stage output is a {type(t).__name__}"
+            )
         if t.dtype not in _CODE:
             raise TypeError(f"pipeline p2p cannot send dtype {t.dtype} (element {i} of the stage output)")
         items.append((t.dtype, t.requires_grad, tuple(t.shape)))
@@ -80,8 +94,8 @@ def _decode(values: list[int]) -> Meta:
     is_tuple, count, pos = bool(values[0]), values[1], 2
     items = []
     for _ in range(count):
-        code, requires_grad, ndim = values[pos:pos + 3]
-        shape = tuple(values[pos + 3:pos + 3 + ndim])
+        code, requires_grad, ndim = values[pos : pos + 3]
+        shape = tuple(values[pos + 3 : pos + 3 + ndim])
         items.append((_DTYPES[code], bool(requires_grad), shape))
         pos += 3 + ndim
     return is_tuple, tuple(items)
@@ -98,8 +112,15 @@ class StageP2P:
         grad_partitioned: the same for gradients.
     """
 
-    def __init__(self, grid: PipelineParallelGrid, device: torch.device, *, dynamic_shape: bool = False,
-                 pipe_partitioned: bool = True, grad_partitioned: bool = True) -> None:
+    def __init__(
+        self,
+        grid: PipelineParallelGrid,
+        device: torch.device,
+        *,
+        dynamic_shape: bool = False,
+        pipe_partitioned: bool = True,
+        grad_partitioned: bool = True,
+    ) -> None:
         self.device = device
         self.dynamic_shape = dynamic_shape
         stage, num_stages = grid.get_stage_id(), grid.get_pipe_parallel_world_size()
@@ -169,7 +190,7 @@ class StageP2P:
             flat = tensor.detach().reshape(-1)
             start = self._slice_rank * chunk
             piece = torch.zeros(chunk, dtype=flat.dtype, device=flat.device)
-            mine = flat[start:start + chunk]
+            mine = flat[start : start + chunk]
             piece[: mine.numel()] = mine
             tensor = piece
         self._isend(tensor, dst)
@@ -185,7 +206,8 @@ class StageP2P:
                 raise ActivationShapeError(
                     f"stage output changed from {_show(known)} to {_show(meta)} between micro-batches; build the "
                     "PipelineModule with dynamic_shape=True, or call reset_activation_shape() on every stage "
-                    "between batches")
+                    "between batches"
+                )
             encoded = _encode(meta)
             self._isend(torch.tensor([len(encoded)], dtype=torch.int64, device=self.device), self.next_rank)
             self._isend(torch.tensor(encoded, dtype=torch.int64, device=self.device), self.next_rank)
@@ -214,11 +236,14 @@ class StageP2P:
             posted = self._post([(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank, self.pipe_partitioned)
         assert meta is not None
         if prefetch_next and not self.dynamic_shape:
-            self._next_activation = self._post([(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank,
-                                               self.pipe_partitioned)
+            self._next_activation = self._post(
+                [(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank, self.pipe_partitioned
+            )
         grad = torch.is_grad_enabled()
-        tensors = [t.requires_grad_(requires_grad and grad)
-                   for t, (_, requires_grad, _) in zip(self._complete(posted), meta[1], strict=True)]
+        tensors = [
+            t.requires_grad_(requires_grad and grad)
+            for t, (_, requires_grad, _) in zip(self._complete(posted), meta[1], strict=True)
+        ]
         return tuple(tensors) if meta[0] else tensors[0]
 
     # Gradients

@@ -76,8 +76,9 @@ def _min_bottleneck(weights: Sequence[float], num_parts: int) -> float:
     prefix = [0.0, *prefix_sum_inc(weights)]
     n = len(weights)
     lower = max(weights)
-    candidates = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)
-                         if prefix[j] - prefix[i] >= lower})
+    candidates = sorted(
+        {prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1) if prefix[j] - prefix[i] >= lower}
+    )
     lo, hi = 0, len(candidates) - 1
     while lo < hi:
         mid = (lo + hi) // 2

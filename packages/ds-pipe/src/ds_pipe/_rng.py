@@ -101,8 +101,9 @@ class CudaRNGStatesTracker:
             KeyError: no stream of that name was added.
         """
         if name not in self.states_:
-            raise KeyError(f"CudaRNGStatesTracker.fork: no stream {name!r}; add it first "
-                           f"(known: {sorted(self.states_)})")
+            raise KeyError(
+                f"CudaRNGStatesTracker.fork: no stream {name!r}; add it first (known: {sorted(self.states_)})"
+            )
         saved = get_device_rng_state()
         set_device_rng_state(self.states_[name])
         try:

@@ -37,8 +37,13 @@ class TiedGroup:
         return [functools.reduce(getattr, attr.split("."), self.module) for attr in self.weight_attrs]
 
 
-def build_tied_groups(topology: ProcessTopology, owners: dict[str, list[int]], my_rank: int,
-                      modules: dict[str, nn.Module], weight_attrs: dict[str, list[str]]) -> dict[str, TiedGroup]:
+def build_tied_groups(
+    topology: ProcessTopology,
+    owners: dict[str, list[int]],
+    my_rank: int,
+    modules: dict[str, nn.Module],
+    weight_attrs: dict[str, list[str]],
+) -> dict[str, TiedGroup]:
     """Create the tie groups of every key (all ranks call this with the same `owners`, in order).
 
     Args:
@@ -64,8 +69,9 @@ def build_tied_groups(topology: ProcessTopology, owners: dict[str, list[int]], m
             group = ds_comm.new_group(ranks) if distributed else None
             mine = all(coord[a] == v for a, v in fixed.items()) and coord["pipe"] in stages
             if mine:
-                groups[key] = TiedGroup(key=key, ranks=ranks, group=group, module=modules[key],
-                                        weight_attrs=weight_attrs[key])
+                groups[key] = TiedGroup(
+                    key=key, ranks=ranks, group=group, module=modules[key], weight_attrs=weight_attrs[key]
+                )
     return groups
 
 

@@ -88,8 +88,9 @@ class ProcessTopology:
             raise ValueError(f"get_coord: rank {rank} is out of range [0, {self.world_size()})")
         return self._coords[rank]
 
-    def get_rank_repr(self, rank: int, omit_axes: Sequence[str] = ("data", "pipe"), inner_sep: str = "_",
-                      outer_sep: str = "-") -> str:
+    def get_rank_repr(
+        self, rank: int, omit_axes: Sequence[str] = ("data", "pipe"), inner_sep: str = "_", outer_sep: str = "-"
+    ) -> str:
         """A file-name tag for `rank` from the axes not omitted, e.g. `model_01` (empty for pipe x data).
 
         Used in per-layer checkpoint names: `layer_03-model_01-model_states.pt`.
@@ -114,8 +115,11 @@ class ProcessTopology:
         unknown = set(filter_kwargs) - set(self.axes)
         if unknown:
             raise ValueError(f"filter_match: unknown axes {sorted(unknown)}; the mesh has {self.axes}")
-        return [rank for rank, coord in enumerate(self._coords)
-                if all(getattr(coord, axis) == value for axis, value in filter_kwargs.items())]
+        return [
+            rank
+            for rank, coord in enumerate(self._coords)
+            if all(getattr(coord, axis) == value for axis, value in filter_kwargs.items())
+        ]
 
     def get_axis_comm_lists(self, axis: str) -> list[list[int]]:
         """The groups of ranks that communicate along `axis`: one list per fixed coordinate of the other axes.

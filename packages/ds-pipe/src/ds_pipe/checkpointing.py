@@ -96,8 +96,10 @@ def _section(deepspeed_config: Any) -> ActivationCheckpointingConfig:
         return ds_comm.validate_section(ActivationCheckpointingConfig, section, path="activation_checkpointing")
     section = getattr(deepspeed_config, "activation_checkpointing", None)
     if section is None:
-        raise TypeError("configure: deepspeed_config must be an ActivationCheckpointingConfig, a dict, a path to a "
-                        f"JSON file, or an object with an activation_checkpointing attribute; got {deepspeed_config!r}")
+        raise TypeError(
+            "configure: deepspeed_config must be an ActivationCheckpointingConfig, a dict, a path to a "
+            f"JSON file, or an object with an activation_checkpointing attribute; got {deepspeed_config!r}"
+        )
     return _section(section)
 
 
@@ -113,22 +115,37 @@ def _tensor_parallel(mpu: Any) -> tuple[Any, int, int]:
 def _build_policy(config: ActivationCheckpointingConfig, mpu: Any) -> CheckpointPolicy:
     group, rank, world = _tensor_parallel(mpu)
     if config.partition_activations and world == 1:
-        warnings.warn("activation_checkpointing.partition_activations has no effect without tensor parallelism "
-                      "(pass mpu_ with a model-parallel group of more than one rank)", stacklevel=3)
+        warnings.warn(
+            "activation_checkpointing.partition_activations has no effect without tensor parallelism "
+            "(pass mpu_ with a model-parallel group of more than one rank)",
+            stacklevel=3,
+        )
     partition_world = world if config.partition_activations else 1
     pool = None
     if config.contiguous_memory_optimization:
         assert config.number_checkpoints is not None  # the config model requires it
         pool = BufferPool(config.number_checkpoints)
-    return CheckpointPolicy(partition_group=group, partition_rank=rank, partition_world=partition_world,
-                            to_cpu=config.cpu_checkpointing, pool=pool,
-                            synchronize=config.synchronize_checkpoint_boundary, profile=config.profile)
+    return CheckpointPolicy(
+        partition_group=group,
+        partition_rank=rank,
+        partition_world=partition_world,
+        to_cpu=config.cpu_checkpointing,
+        pool=pool,
+        synchronize=config.synchronize_checkpoint_boundary,
+        profile=config.profile,
+    )
 
 
-def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activations: bool | None = None,
-              contiguous_checkpointing: bool | None = None, num_checkpoints: int | None = None,
-              checkpoint_in_cpu: bool | None = None, synchronize: bool | None = None,
-              profile: bool | None = None) -> None:
+def configure(
+    mpu_: Any = None,
+    deepspeed_config: Any = None,
+    partition_activations: bool | None = None,
+    contiguous_checkpointing: bool | None = None,
+    num_checkpoints: int | None = None,
+    checkpoint_in_cpu: bool | None = None,
+    synchronize: bool | None = None,
+    profile: bool | None = None,
+) -> None:
     """Set how `checkpoint` stores its inputs, from the `activation_checkpointing` section and overrides.
 
     Args:
@@ -147,12 +164,19 @@ def configure(mpu_: Any = None, deepspeed_config: Any = None, partition_activati
         ConfigError: the section is invalid (unknown key, contiguous without a checkpoint count, ...).
     """
     base = _section(deepspeed_config)
-    overrides = {key: value for key, value in {
-        "partition_activations": partition_activations, "contiguous_memory_optimization": contiguous_checkpointing,
-        "number_checkpoints": num_checkpoints, "cpu_checkpointing": checkpoint_in_cpu,
-        "synchronize_checkpoint_boundary": synchronize, "profile": profile}.items() if value is not None}
-    merged = ds_comm.validate_section(_model(), {**base.model_dump(), **overrides},
-                                      path="activation_checkpointing")
+    overrides = {
+        key: value
+        for key, value in {
+            "partition_activations": partition_activations,
+            "contiguous_memory_optimization": contiguous_checkpointing,
+            "number_checkpoints": num_checkpoints,
+            "cpu_checkpointing": checkpoint_in_cpu,
+            "synchronize_checkpoint_boundary": synchronize,
+            "profile": profile,
+        }.items()
+        if value is not None
+    }
+    merged = ds_comm.validate_section(_model(), {**base.model_dump(), **overrides}, path="activation_checkpointing")
     _state.config, _state.mpu, _state.configured = merged, mpu_, True
     _state.policy = _build_policy(merged, mpu_)
     logger.debug("activation checkpointing configured: %s", merged)
@@ -221,11 +245,13 @@ def non_reentrant_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     The CPU and device generators are preserved by torch; the tracker's named streams are restored
     here. The storage options of `configure` (partition, cpu, contiguous) do not apply.
     """
+
     def context_fn() -> tuple[contextlib.AbstractContextManager[None], contextlib.AbstractContextManager[None]]:
         return contextlib.nullcontext(), _tracker_states(get_cuda_rng_tracker().get_states())
 
-    return torch_checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True,
-                                       context_fn=context_fn)
+    return torch_checkpoint.checkpoint(
+        function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context_fn
+    )
 
 
 def model_parallel_reconfigure_tp_seed(seed: int) -> None:

@@ -50,12 +50,14 @@ class PipelineConfig(ConfigModel):
             return method
         if method.startswith("type:"):
             try:
-                re.compile(value[len("type:"):], re.IGNORECASE)
+                re.compile(value[len("type:") :], re.IGNORECASE)
             except re.error as err:
                 raise ValueError(f"'type:' needs a valid regular expression after it ({err}), got {value!r}") from None
             return value
-        raise ValueError(f"unknown partition method {value!r}; use 'best', 'uniform', 'parameters' or "
-                         "'type:<regex>' (e.g. 'type:TransformerBlock')")
+        raise ValueError(
+            f"unknown partition method {value!r}; use 'best', 'uniform', 'parameters' or "
+            "'type:<regex>' (e.g. 'type:TransformerBlock')"
+        )
 
 
 class ActivationCheckpointingConfig(ConfigModel):
@@ -80,6 +82,8 @@ class ActivationCheckpointingConfig(ConfigModel):
     @model_validator(mode="after")
     def _contiguous_needs_count(self) -> ActivationCheckpointingConfig:
         if self.contiguous_memory_optimization and self.number_checkpoints is None:
-            raise ValueError("contiguous_memory_optimization needs number_checkpoints (the count of checkpoints "
-                             "alive at once, e.g. layers per stage x micro-batches in flight)")
+            raise ValueError(
+                "contiguous_memory_optimization needs number_checkpoints (the count of checkpoints "
+                "alive at once, e.g. layers per stage x micro-batches in flight)"
+            )
         return self

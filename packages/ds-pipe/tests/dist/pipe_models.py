@@ -64,8 +64,13 @@ def specs(p_drop: float = 0.0, num_blocks: int = 6) -> list[Any]:
     """Embed, tied-in, blocks (a function layer in the middle), tied-out, head."""
     blocks: list[Any] = [LayerSpec(Block, p_drop) for _ in range(num_blocks)]
     blocks.insert(num_blocks // 2, scale_half)
-    return [LayerSpec(Embed), TiedLayerSpec("proj", nn.Linear, D, D, bias=False, forward_fn=tied_in), *blocks,
-            TiedLayerSpec("proj", nn.Linear, D, D, bias=False, forward_fn=tied_out), LayerSpec(Head)]
+    return [
+        LayerSpec(Embed),
+        TiedLayerSpec("proj", nn.Linear, D, D, bias=False, forward_fn=tied_in),
+        *blocks,
+        TiedLayerSpec("proj", nn.Linear, D, D, bias=False, forward_fn=tied_out),
+        LayerSpec(Head),
+    ]
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -114,8 +119,9 @@ class Reference(nn.Module):
         return x
 
 
-def reference_run(layer_specs: list[Any], *, micro_batches: int, replicas: int, steps: int,
-                  lr: float) -> dict[str, Any]:
+def reference_run(
+    layer_specs: list[Any], *, micro_batches: int, replicas: int, steps: int, lr: float
+) -> dict[str, Any]:
     """Losses, first-step gradients and final parameters of the sequential model on the same data.
 
     Each replica's forward counter runs separately (as each data-parallel pipeline's does), so the
@@ -138,5 +144,8 @@ def reference_run(layer_specs: list[Any], *, micro_batches: int, replicas: int, 
         if step == 0:
             first_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
         opt.step()
-    return {"losses": losses, "grads": first_grads,
-            "params": {name: p.detach().clone() for name, p in model.named_parameters()}}
+    return {
+        "losses": losses,
+        "grads": first_grads,
+        "params": {name: p.detach().clone() for name, p in model.named_parameters()},
+    }

@@ -27,14 +27,28 @@ def _members(group: Any) -> list[int]:
 def _grids(rank: int, world_size: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pd = PipelineParallelGrid(PipeDataParallelTopology(num_pp=2, num_dp=2))
-    out["pd"] = (pd.get_stage_id(), pd.get_data_parallel_rank(), _members(pd.get_data_parallel_group()),
-                 _members(pd.get_pipe_parallel_group()), _members(pd.get_model_parallel_group()),
-                 pd.get_model_parallel_rank(), pd.get_slice_parallel_world_size(), pd.stage_to_global(1),
-                 pd.is_first_stage, pd.is_last_stage)
+    out["pd"] = (
+        pd.get_stage_id(),
+        pd.get_data_parallel_rank(),
+        _members(pd.get_data_parallel_group()),
+        _members(pd.get_pipe_parallel_group()),
+        _members(pd.get_model_parallel_group()),
+        pd.get_model_parallel_rank(),
+        pd.get_slice_parallel_world_size(),
+        pd.stage_to_global(1),
+        pd.is_first_stage,
+        pd.is_last_stage,
+    )
     pm = PipelineParallelGrid(PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1))
-    out["pm"] = (pm.get_stage_id(), pm.get_slice_parallel_rank(), _members(pm.get_slice_parallel_group()),
-                 _members(pm.get_pipe_parallel_group()), _members(pm.get_data_parallel_group()),
-                 pm.get_model_parallel_world_size(), pm.stage_to_global(0, model=0))
+    out["pm"] = (
+        pm.get_stage_id(),
+        pm.get_slice_parallel_rank(),
+        _members(pm.get_slice_parallel_group()),
+        _members(pm.get_pipe_parallel_group()),
+        _members(pm.get_data_parallel_group()),
+        pm.get_model_parallel_world_size(),
+        pm.stage_to_global(0, model=0),
+    )
     try:
         PipelineParallelGrid(PipeDataParallelTopology(num_pp=2, num_dp=1))
     except ValueError as err:
@@ -76,12 +90,19 @@ def test_grid_groups_and_partitions_on_four_ranks() -> None:
     assert parts[0]["parameters"][0] == [0, 3, 6, 8, 11]  # loads 192, 144, 144, 163
     assert parts[0]["type:block"][0] == [0, 4, 7, 8, 11]  # blocks per stage 2, 2, 1, 1
     assert parts[0]["[0, 1, 1, 5, 11]"][0] == [0, 1, 1, 5, 11]
-    assert parts[0]["uniform"][1] == ["0.lin.bias", "0.lin.weight", "2.lin.bias", "2.lin.weight",
-                                      "tied_modules.proj.weight"]
+    assert parts[0]["uniform"][1] == [
+        "0.lin.bias",
+        "0.lin.weight",
+        "2.lin.bias",
+        "2.lin.weight",
+        "tied_modules.proj.weight",
+    ]
     assert parts[1]["[0, 1, 1, 5, 11]"][1] == []  # an empty stage passes its input through
     assert parts[3]["uniform"][1] == ["10.lin.bias", "10.lin.weight", "tied_modules.proj.weight"]
-    assert "partition_method 'type:Conv' matches no layer; layer types are ['Block', 'Embed', 'Head', " \
-           "'Linear', 'scale_half']" in results[0]["no_match"]
+    assert (
+        "partition_method 'type:Conv' matches no layer; layer types are ['Block', 'Embed', 'Head', "
+        "'Linear', 'scale_half']" in results[0]["no_match"]
+    )
     assert "num_stages=3 must be an int >= 1 dividing the world size 4" in results[0]["indivisible"]
 
 

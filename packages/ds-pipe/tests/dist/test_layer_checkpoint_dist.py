@@ -22,8 +22,12 @@ def _eval(module: PipelineModule) -> list[torch.Tensor]:
 
 def _save(rank: int, world_size: int, save_dir: str) -> dict[str, Any]:
     torch.manual_seed(rank)
-    module = PipelineModule(pipe_models.specs(), topology=PipeDataParallelTopology(2, 2), loss_fn=pipe_models.loss_fn,
-                            partition_method="uniform")
+    module = PipelineModule(
+        pipe_models.specs(),
+        topology=PipeDataParallelTopology(2, 2),
+        loss_fn=pipe_models.loss_fn,
+        partition_method="uniform",
+    )
     opt = torch.optim.SGD(module.parameters(), lr=0.5)
     executor = PipelineExecutor(module, micro_batches=2, optimizer_step=opt.step)
     replica = module.mpu().get_data_parallel_rank()
@@ -34,8 +38,9 @@ def _save(rank: int, world_size: int, save_dir: str) -> dict[str, Any]:
 
 def _load(rank: int, world_size: int, load_dir: str) -> list[torch.Tensor]:
     torch.manual_seed(1000 + rank)  # a different initialisation, overwritten by the load
-    module = PipelineModule(pipe_models.specs(), num_stages=world_size, loss_fn=pipe_models.loss_fn,
-                            partition_method="parameters")
+    module = PipelineModule(
+        pipe_models.specs(), num_stages=world_size, loss_fn=pipe_models.loss_fn, partition_method="parameters"
+    )
     module.load_state_dir(load_dir)
     return _eval(module)
 

@@ -27,8 +27,14 @@ def _rows_batches(rows: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _mlp_module(stages: int, dynamic: bool) -> PipelineModule:
     layers = [LayerSpec(nn.Linear, 4, 6), nn.Tanh(), LayerSpec(nn.Linear, 6, 2)]
-    return PipelineModule(layers, num_stages=stages, loss_fn=nn.functional.mse_loss, seed_layers=True,
-                          partition_method=[0, 2, 3] if stages == 2 else "uniform", dynamic_shape=dynamic)
+    return PipelineModule(
+        layers,
+        num_stages=stages,
+        loss_fn=nn.functional.mse_loss,
+        seed_layers=True,
+        partition_method=[0, 2, 3] if stages == 2 else "uniform",
+        dynamic_shape=dynamic,
+    )
 
 
 def _shapes(rank: int, world_size: int, dynamic: bool, rows: list[int]) -> dict[str, Any]:
@@ -46,8 +52,12 @@ def _sequential(rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor], dict
     last = nn.Linear(6, 2)
     losses = [nn.functional.mse_loss(last(torch.tanh(first(x))), y) for x, y in _rows_batches(rows)]
     (sum(losses) / len(losses)).backward()
-    grads = {"0.weight": first.weight.grad, "0.bias": first.bias.grad, "2.weight": last.weight.grad,
-             "2.bias": last.bias.grad}
+    grads = {
+        "0.weight": first.weight.grad,
+        "0.bias": first.bias.grad,
+        "2.weight": last.weight.grad,
+        "2.bias": last.bias.grad,
+    }
     return torch.stack(losses).mean().detach(), [loss.detach() for loss in losses], grads
 
 
@@ -71,15 +81,20 @@ def test_static_shapes_reject_a_changed_activation() -> None:
 def _partitioned(rank: int, world_size: int, partitioned: bool) -> dict[str, Any]:
     """2 stages x 2 tensor-parallel ranks holding replicated layers (as TP inputs/outputs are)."""
     topo = PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1)
-    module = PipelineModule(pipe_models.specs(p_drop=0.0), topology=topo, loss_fn=pipe_models.loss_fn,
-                            seed_layers=True, base_seed=pipe_models.BASE_SEED, partition_method="uniform",
-                            activation_checkpoint_interval=1 if partitioned else 0)
+    module = PipelineModule(
+        pipe_models.specs(p_drop=0.0),
+        topology=topo,
+        loss_fn=pipe_models.loss_fn,
+        seed_layers=True,
+        base_seed=pipe_models.BASE_SEED,
+        partition_method="uniform",
+        activation_checkpoint_interval=1 if partitioned else 0,
+    )
     checkpointing.configure(module.mpu(), partition_activations=partitioned)
     executor = PipelineExecutor(module, micro_batches=3, pipe_partitioned=partitioned, grad_partitioned=partitioned)
     data = iter([pipe_models.micro_batch(0, 0, k) for k in range(3)])
     loss = executor.train_batch(data)
-    flags = (executor.p2p.pipe_partitioned, executor.p2p.grad_partitioned,
-             checkpointing._state.policy.partition_world)
+    flags = (executor.p2p.pipe_partitioned, executor.p2p.grad_partitioned, checkpointing._state.policy.partition_world)
     checkpointing.reset()
     return {"loss": loss, "grads": {n: p.grad.clone() for n, p in module.named_parameters()}, "flags": flags}
 

@@ -16,13 +16,19 @@ from ds_comm.testing import run_ranks
 from ds_pipe import PipelineExecutor, PipelineModule, checkpointing
 
 
-def _grads_with_interval(interval: int, cpu_checkpointing: bool,
-                         stream: int = 100) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+def _grads_with_interval(
+    interval: int, cpu_checkpointing: bool, stream: int = 100
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     checkpointing.configure(None, checkpoint_in_cpu=cpu_checkpointing)
     rank = torch.distributed.get_rank()
     torch.manual_seed(0)
-    module = PipelineModule(pipe_models.specs(p_drop=0.3), num_stages=2, loss_fn=pipe_models.loss_fn,
-                            partition_method="uniform", activation_checkpoint_interval=interval)
+    module = PipelineModule(
+        pipe_models.specs(p_drop=0.3),
+        num_stages=2,
+        loss_fn=pipe_models.loss_fn,
+        partition_method="uniform",
+        activation_checkpoint_interval=interval,
+    )
     torch.manual_seed(stream + rank)  # dropout stream of this stage
     executor = PipelineExecutor(module, micro_batches=4)
     losses = []
@@ -37,13 +43,19 @@ def _compare(rank: int, world_size: int) -> dict[str, Any]:
     out = {}
     for interval, cpu in [(1, False), (2, True), (3, False)]:
         losses, grads = _grads_with_interval(interval, cpu)
-        out[(interval, cpu)] = (all(torch.equal(a, b) for a, b in zip(losses, base_losses, strict=True)),
-                                sorted(n for n in base if not torch.equal(base[n], grads[n])))
+        out[(interval, cpu)] = (
+            all(torch.equal(a, b) for a, b in zip(losses, base_losses, strict=True)),
+            sorted(n for n in base if not torch.equal(base[n], grads[n])),
+        )
     # Dropout really is active: another dropout stream changes the gradients.
     _, other = _grads_with_interval(0, False, stream=200)
     checkpointing.reset()
-    return {"same": out, "grad_names": sorted(base), "losses": base_losses,
-            "dropout_matters": any(not torch.equal(base[n], other[n]) for n in base)}
+    return {
+        "same": out,
+        "grad_names": sorted(base),
+        "losses": base_losses,
+        "dropout_matters": any(not torch.equal(base[n], other[n]) for n in base),
+    }
 
 
 def test_checkpointed_pipeline_gradients_are_bit_identical() -> None:

@@ -20,9 +20,14 @@ MICRO_BATCHES, STEPS, LR = 4, 3, 0.1
 
 
 def _train(rank: int, world_size: int, num_pp: int, num_dp: int) -> dict[str, Any]:
-    module = PipelineModule(pipe_models.specs(p_drop=0.2), topology=PipeDataParallelTopology(num_pp, num_dp),
-                            loss_fn=pipe_models.loss_fn, seed_layers=True, base_seed=pipe_models.BASE_SEED,
-                            partition_method="uniform")
+    module = PipelineModule(
+        pipe_models.specs(p_drop=0.2),
+        topology=PipeDataParallelTopology(num_pp, num_dp),
+        loss_fn=pipe_models.loss_fn,
+        seed_layers=True,
+        base_seed=pipe_models.BASE_SEED,
+        partition_method="uniform",
+    )
     opt = torch.optim.SGD(module.parameters(), lr=LR)
     first_grads: dict[str, torch.Tensor] = {}
 
@@ -37,13 +42,19 @@ def _train(rank: int, world_size: int, num_pp: int, num_dp: int) -> dict[str, An
     for s in range(STEPS):
         data = iter([pipe_models.micro_batch(s, replica, k) for k in range(MICRO_BATCHES)])
         losses.append(executor.train_batch(data if executor.is_first_stage or executor.is_last_stage else None))
-    return {"losses": losses, "grads": first_grads, "parts": module.partitions(), "stage": module.stage_id,
-            "params": {n: p.detach().clone() for n, p in module.named_parameters()}}
+    return {
+        "losses": losses,
+        "grads": first_grads,
+        "parts": module.partitions(),
+        "stage": module.stage_id,
+        "params": {n: p.detach().clone() for n, p in module.named_parameters()},
+    }
 
 
 def _check_against_reference(results: list[dict[str, Any]], num_dp: int) -> None:
-    ref = pipe_models.reference_run(pipe_models.specs(p_drop=0.2), micro_batches=MICRO_BATCHES, replicas=num_dp,
-                                    steps=STEPS, lr=LR)
+    ref = pipe_models.reference_run(
+        pipe_models.specs(p_drop=0.2), micro_batches=MICRO_BATCHES, replicas=num_dp, steps=STEPS, lr=LR
+    )
     covered = set()
     for rank, res in enumerate(results):
         for ours, theirs in zip(res["losses"], ref["losses"], strict=True):

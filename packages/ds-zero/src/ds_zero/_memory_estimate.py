@@ -43,9 +43,13 @@ def _check(total_params: int, num_gpus_per_node: int, num_nodes: int, additional
         raise ValueError(f"additional_buffer_factor must be > 0, got {additional_buffer_factor!r}")
 
 
-def estimate_zero2_model_states_mem_needs(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
-                                          cpu_offload: bool = True, additional_buffer_factor: float = 1.5,
-                                          ) -> tuple[int, int]:
+def estimate_zero2_model_states_mem_needs(
+    total_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int]:
     """`(host_bytes, device_bytes)` per process for ZeRO-2 model states (params, grads, optimizer states).
 
     Raises:
@@ -62,10 +66,16 @@ def estimate_zero2_model_states_mem_needs(total_params: int, num_gpus_per_node: 
     return int(host_bytes), int(device_bytes)
 
 
-def estimate_zero3_model_states_mem_needs(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1,
-                                          num_nodes: int = 1, cpu_offload: bool = True,
-                                          cpu_offload_params: bool = True, zero_init: bool = True,
-                                          additional_buffer_factor: float = 1.5) -> tuple[int, int, int]:
+def estimate_zero3_model_states_mem_needs(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    cpu_offload_params: bool = True,
+    zero_init: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int, int]:
     """`(host_bytes, device_bytes, largest_layer_bytes)` per process for ZeRO-3 model states.
 
     Raises:
@@ -117,42 +127,55 @@ def _header(total_params: int, num_gpus_per_node: int, num_nodes: int, largest_l
     model = f"SW: Model with {int(total_params / 1e6)}M total params"
     if largest_layer_params is not None:
         model += f", {int(largest_layer_params / 1e6)}M largest layer params"
-    return ("Estimated memory needed for params, optim states and gradients for a:\n"
-            f"HW: Setup with {num_nodes} {nodes}, {num_gpus_per_node} {gpus} per node.\n"
-            f"{model}.\n"
-            "  per CPU  |  per GPU |   Options")
+    return (
+        "Estimated memory needed for params, optim states and gradients for a:\n"
+        f"HW: Setup with {num_nodes} {nodes}, {num_gpus_per_node} {gpus} per node.\n"
+        f"{model}.\n"
+        "  per CPU  |  per GPU |   Options"
+    )
 
 
 def _device(on_cpu: bool) -> str:
     return "cpu " if on_cpu else "none"  # padded to the width of "none", so the columns line up
 
 
-def estimate_zero2_model_states_mem_needs_all_cold(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
-                                                   additional_buffer_factor: float = 1.5) -> str:
+def estimate_zero2_model_states_mem_needs_all_cold(
+    total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, additional_buffer_factor: float = 1.5
+) -> str:
     """Print (and return) the ZeRO-2 table for a model of `total_params` parameters, one row per option.
 
     Rows: `offload_optimizer=cpu`, then `offload_optimizer=none`. Columns: host bytes per process,
     device bytes per device, in GiB with two decimals (printed as "GB", as DeepSpeed does).
     """
-    rows = [_Row(*estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node, num_nodes, offload,
-                                                        additional_buffer_factor),
-                 f"offload_optimizer={_device(offload)}") for offload in (True, False)]
+    rows = [
+        _Row(
+            *estimate_zero2_model_states_mem_needs(
+                total_params, num_gpus_per_node, num_nodes, offload, additional_buffer_factor
+            ),
+            f"offload_optimizer={_device(offload)}",
+        )
+        for offload in (True, False)
+    ]
     text = "\n".join([_header(total_params, num_gpus_per_node, num_nodes, None), *(r.line() for r in rows)])
     print(text)
     return text
 
 
-def estimate_zero2_model_states_mem_needs_all_live(model: nn.Module, num_gpus_per_node: int = 1, num_nodes: int = 1,
-                                                   additional_buffer_factor: float = 1.5) -> str:
+def estimate_zero2_model_states_mem_needs_all_live(
+    model: nn.Module, num_gpus_per_node: int = 1, num_nodes: int = 1, additional_buffer_factor: float = 1.5
+) -> str:
     """`estimate_zero2_model_states_mem_needs_all_cold` with the parameter count taken from `model`."""
     total, _largest = model_to_params(model)
-    return estimate_zero2_model_states_mem_needs_all_cold(total, num_gpus_per_node, num_nodes,
-                                                          additional_buffer_factor)
+    return estimate_zero2_model_states_mem_needs_all_cold(total, num_gpus_per_node, num_nodes, additional_buffer_factor)
 
 
-def estimate_zero3_model_states_mem_needs_all_cold(total_params: int, largest_layer_params: int,
-                                                   num_gpus_per_node: int = 1, num_nodes: int = 1,
-                                                   additional_buffer_factor: float = 1.5) -> str:
+def estimate_zero3_model_states_mem_needs_all_cold(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    additional_buffer_factor: float = 1.5,
+) -> str:
     """Print (and return) the ZeRO-3 table: six rows over offload_param, offload_optimizer and zero_init.
 
     Param offload is listed only together with optimizer offload (ZeRO-Offload's combinations).
@@ -161,10 +184,19 @@ def estimate_zero3_model_states_mem_needs_all_cold(total_params: int, largest_la
     for offload_optimizer, offload_param in ((True, True), (True, False), (False, False)):
         for zero_init in (True, False):
             host, device, _ = estimate_zero3_model_states_mem_needs(
-                total_params, largest_layer_params, num_gpus_per_node, num_nodes, offload_optimizer, offload_param,
-                zero_init, additional_buffer_factor)
-            options = (f"offload_param={_device(offload_param)}, offload_optimizer={_device(offload_optimizer)}, "
-                       f"zero_init={int(zero_init)}")
+                total_params,
+                largest_layer_params,
+                num_gpus_per_node,
+                num_nodes,
+                offload_optimizer,
+                offload_param,
+                zero_init,
+                additional_buffer_factor,
+            )
+            options = (
+                f"offload_param={_device(offload_param)}, offload_optimizer={_device(offload_optimizer)}, "
+                f"zero_init={int(zero_init)}"
+            )
             rows.append(_Row(host, device, options))
     header = _header(total_params, num_gpus_per_node, num_nodes, largest_layer_params)
     text = "\n".join([header, *(r.line() for r in rows)])
@@ -172,9 +204,11 @@ def estimate_zero3_model_states_mem_needs_all_cold(total_params: int, largest_la
     return text
 
 
-def estimate_zero3_model_states_mem_needs_all_live(model: nn.Module, num_gpus_per_node: int = 1, num_nodes: int = 1,
-                                                   additional_buffer_factor: float = 1.5) -> str:
+def estimate_zero3_model_states_mem_needs_all_live(
+    model: nn.Module, num_gpus_per_node: int = 1, num_nodes: int = 1, additional_buffer_factor: float = 1.5
+) -> str:
     """`estimate_zero3_model_states_mem_needs_all_cold` with the counts taken from `model`."""
     total, largest = model_to_params(model)
-    return estimate_zero3_model_states_mem_needs_all_cold(total, largest, num_gpus_per_node, num_nodes,
-                                                          additional_buffer_factor)
+    return estimate_zero3_model_states_mem_needs_all_cold(
+        total, largest, num_gpus_per_node, num_nodes, additional_buffer_factor
+    )

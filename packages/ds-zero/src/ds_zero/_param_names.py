@@ -37,8 +37,9 @@ class ParamNames:
         if name is None:
             name = f"group{group}.param{index}"
             if self.module is not None:
-                logger.warning("an optimizer parameter (group %d, index %d) is not in the module; saved as %r",
-                               group, index, name)
+                logger.warning(
+                    "an optimizer parameter (group %d, index %d) is not in the module; saved as %r", group, index, name
+                )
         return name
 
     def note_frozen(self, param: torch.Tensor, group: int, index: int) -> None:

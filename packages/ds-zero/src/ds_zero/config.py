@@ -201,17 +201,23 @@ class ZeroConfig(ConfigModel):
         for old, new in legacy.items():
             if old in data:
                 value = data.pop(old)
-                warnings.warn(f"config key {old!r} is deprecated; use {new!r}: {{\"device\": \"cpu\"}}",
-                              ConfigDeprecationWarning, stacklevel=2)
+                warnings.warn(
+                    f'config key {old!r} is deprecated; use {new!r}: {{"device": "cpu"}}',
+                    ConfigDeprecationWarning,
+                    stacklevel=2,
+                )
                 if value:
                     if new in data:
                         raise ValueError(f"both {old!r} (deprecated) and {new!r} are set; keep only {new!r}")
                     data[new] = {"device": "cpu"}
         if "cpu_offload_use_pin_memory" in data:
             data.pop("cpu_offload_use_pin_memory")
-            warnings.warn("config key 'cpu_offload_use_pin_memory' is deprecated and ignored; use "
-                          "offload_optimizer.pin_memory / offload_param.pin_memory", ConfigDeprecationWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "config key 'cpu_offload_use_pin_memory' is deprecated and ignored; use "
+                "offload_optimizer.pin_memory / offload_param.pin_memory",
+                ConfigDeprecationWarning,
+                stacklevel=2,
+            )
         if data.get("overlap_comm") is None:
             data["overlap_comm"] = data.get("stage") in (3, "3")
         return data
@@ -219,11 +225,17 @@ class ZeroConfig(ConfigModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> ZeroConfig:
         if self.offload_optimizer.ratio < 1.0 and self.stage != 3:
-            raise ValueError(f"offload_optimizer.ratio={self.offload_optimizer.ratio} (partial offload) needs "
-                             f"stage 3, but stage is {self.stage}")
+            raise ValueError(
+                f"offload_optimizer.ratio={self.offload_optimizer.ratio} (partial offload) needs "
+                f"stage 3, but stage is {self.stage}"
+            )
         if self.offload_param.device != "none" and self.stage != 3:
-            warnings.warn(f"zero_optimization.offload_param has no effect at stage {self.stage}: only stage 3 "
-                          "partitions parameters", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"zero_optimization.offload_param has no effect at stage {self.stage}: only stage 3 "
+                "partitions parameters",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.offload_optimizer.device != "none" and self.stage == 0:
             raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3, but stage is 0")
         if not self.compute_grad_norm and self.stage == 3:

@@ -40,9 +40,13 @@ __all__ = [
 ]
 
 
-def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike[str], tag: str | None = None,
-                                             exclude_frozen_parameters: bool = False, *,
-                                             progress: bool = False) -> dict[str, torch.Tensor]:
+def get_fp32_state_dict_from_zero_checkpoint(
+    checkpoint_dir: str | os.PathLike[str],
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    *,
+    progress: bool = False,
+) -> dict[str, torch.Tensor]:
     """Every parameter in fp32, rebuilt from all ranks' partitions, plus buffers from the model states.
 
     Args:
@@ -89,10 +93,14 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str | os.PathLike[s
     return out
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike[str],
-                                               output_file: str | os.PathLike[str], tag: str | None = None,
-                                               exclude_frozen_parameters: bool = False, *,
-                                               progress: bool = False) -> Path:
+def convert_zero_checkpoint_to_fp32_state_dict(
+    checkpoint_dir: str | os.PathLike[str],
+    output_file: str | os.PathLike[str],
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    *,
+    progress: bool = False,
+) -> Path:
     """Write `get_fp32_state_dict_from_zero_checkpoint(...)` to `output_file` (atomically); returns the path.
 
     An existing directory as `output_file` gets `pytorch_model.bin` inside it.
@@ -100,15 +108,17 @@ def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str | os.PathLike
     out = Path(output_file)
     if out.is_dir():
         out = out / "pytorch_model.bin"
-    state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag, exclude_frozen_parameters,
-                                                          progress=progress)
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(
+        checkpoint_dir, tag, exclude_frozen_parameters, progress=progress
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     ds_comm.atomic_save(state_dict, out)
     return out
 
 
-def load_state_dict_from_zero_checkpoint(model: torch.nn.Module, checkpoint_dir: str | os.PathLike[str],
-                                         tag: str | None = None) -> torch.nn.Module:
+def load_state_dict_from_zero_checkpoint(
+    model: torch.nn.Module, checkpoint_dir: str | os.PathLike[str], tag: str | None = None
+) -> torch.nn.Module:
     """Load the consolidated fp32 weights into `model` (non-strict, as DeepSpeed does) and return it."""
     state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
     model.load_state_dict(state_dict, strict=False)
@@ -125,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        out = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_file, args.tag,
-                                                         args.exclude_frozen_parameters, progress=not args.quiet)
+        out = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir, args.output_file, args.tag, args.exclude_frozen_parameters, progress=not args.quiet
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"ds-zero-to-fp32: error: {err}", file=sys.stderr)
         return 2

@@ -23,8 +23,9 @@ def _model(device: str) -> nn.Module:
 def test_cuda_matches_plain_torch(stage: int, offload: str) -> None:
     model, ref = _model("cuda"), _model("cuda")
     config = ds_zero.ZeroConfig(stage=stage, reduce_bucket_size=200, offload_optimizer={"device": offload})
-    opt = ds_zero.ZeroOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False), config=config,
-                                module=model, clip_grad=0.5)
+    opt = ds_zero.ZeroOptimizer(
+        torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False), config=config, module=model, clip_grad=0.5
+    )
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
     assert opt.flats[0].flat.is_cuda
     assert opt.masters[0].is_cuda == (offload == "none")

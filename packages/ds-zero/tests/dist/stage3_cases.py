@@ -116,9 +116,18 @@ def train_steps(model: nn.Module, opt: Any, rank: int, steps: range, gas: int) -
     return losses
 
 
-def train_stage3(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: float = 0.5,
-                 dtype: torch.dtype = torch.float32, config: dict[str, Any] | None = None, lr: float = 1e-2,
-                 use_init: bool = False) -> dict[str, Any]:
+def train_stage3(
+    rank: int,
+    world: int,
+    *,
+    steps: int = 20,
+    gas: int = 4,
+    clip: float = 0.5,
+    dtype: torch.dtype = torch.float32,
+    config: dict[str, Any] | None = None,
+    lr: float = 1e-2,
+    use_init: bool = False,
+) -> dict[str, Any]:
     cfg = dict(STAGE3_CFG, **(config or {}))
     if use_init:
         with ds_zero.Init(config_dict_or_path={"zero_optimization": cfg}, dtype=dtype):
@@ -130,12 +139,18 @@ def train_stage3(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: 
     losses = train_steps(model, opt, rank, range(steps), gas=gas)
     with torch.no_grad():
         eval_logits = model(batch(rank, 999, 0)[0]).float()
-    return {"losses": losses, "state": gathered_state(model), "eval": eval_logits,
-            "norm": opt.global_grad_norm, "peak": opt.parameter_offload.peak_live_numel}
+    return {
+        "losses": losses,
+        "state": gathered_state(model),
+        "eval": eval_logits,
+        "norm": opt.global_grad_norm,
+        "peak": opt.parameter_offload.peak_live_numel,
+    }
 
 
-def train_ddp(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: float = 0.5,
-              lr: float = 1e-2) -> dict[str, Any]:
+def train_ddp(
+    rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: float = 0.5, lr: float = 1e-2
+) -> dict[str, Any]:
     model = make_model()
     ddp = nn.parallel.DistributedDataParallel(model)
     base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
@@ -158,8 +173,9 @@ def train_ddp(rank: int, world: int, *, steps: int = 20, gas: int = 4, clip: flo
     return {"losses": losses, "state": state, "eval": eval_logits}
 
 
-def compare_with_ddp(rank: int, world: int, *, variants: dict[str, dict[str, Any]], steps: int = 20,
-                     gas: int = 4) -> dict[str, Any]:
+def compare_with_ddp(
+    rank: int, world: int, *, variants: dict[str, dict[str, Any]], steps: int = 20, gas: int = 4
+) -> dict[str, Any]:
     """DDP once, then each stage-3 variant (keyword arguments of `train_stage3`), in the same processes."""
     out = {"ddp": train_ddp(rank, world, steps=steps, gas=gas)}
     for name, kwargs in variants.items():

@@ -27,17 +27,20 @@ STEPS = 10
 
 
 def _nvme(path: str, **optimizer: Any) -> dict[str, Any]:
-    return dict(STAGE3_CFG, sub_group_size=1500,
-                offload_param={"device": "nvme", "nvme_path": path, "buffer_count": 5, "buffer_size": 8192,
-                               "max_in_cpu": 0},
-                offload_optimizer={"device": "nvme", "nvme_path": path, **optimizer})
+    return dict(
+        STAGE3_CFG,
+        sub_group_size=1500,
+        offload_param={"device": "nvme", "nvme_path": path, "buffer_count": 5, "buffer_size": 8192, "max_in_cpu": 0},
+        offload_optimizer={"device": "nvme", "nvme_path": path, **optimizer},
+    )
 
 
 def _setup(config: dict[str, Any], seed: int = 0) -> tuple[nn.Module, Any]:
     model = make_model(seed)
     base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
-    return model, ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=config, clip_grad=0.5,
-                                                        aio_config={"queue_depth": 4})
+    return model, ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        model, base, config=config, clip_grad=0.5, aio_config={"queue_depth": 4}
+    )
 
 
 def _train(model: nn.Module, opt: Any, rank: int, steps: range) -> list[float]:
@@ -63,9 +66,18 @@ def _nvme_vs_plain(rank: int, world: int, *, root: str) -> dict[str, Any]:
     back, back_opt = _setup(_nvme(f"{root}/back"), seed=8)  # no pipelining this time
     ds_zero.load_zero_checkpoint(ckpt, back_opt, back)
     back_cont = _train(back, back_opt, rank, range(STEPS, STEPS + 2))
-    return {"ref": ref, "losses": losses, "ref_state": gathered_state(plain), "final": final, "swapped": swapped,
-            "reads": reads, "cont": cont, "loaded_state": loaded_state, "loaded_cont": loaded_cont,
-            "back_cont": back_cont}
+    return {
+        "ref": ref,
+        "losses": losses,
+        "ref_state": gathered_state(plain),
+        "final": final,
+        "swapped": swapped,
+        "reads": reads,
+        "cont": cont,
+        "loaded_state": loaded_state,
+        "loaded_cont": loaded_cont,
+        "back_cont": back_cont,
+    }
 
 
 @torch.no_grad()
@@ -125,11 +137,20 @@ def _held_bytes(model: nn.Module, opt: Any) -> int:
 def _budget_run(rank: int, world: int, *, root: str, budget: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = Tower()
-    config = {"stage": 3, "sub_group_size": 65536, "stage3_prefetch_bucket_size": WIDTH * WIDTH,
-              "stage3_max_live_parameters": WIDTH * WIDTH,
-              "offload_param": {"device": "nvme", "nvme_path": root, "buffer_count": 2,
-                                "buffer_size": WIDTH * WIDTH // 2, "max_in_cpu": 0},
-              "offload_optimizer": {"device": "nvme", "nvme_path": root}}
+    config = {
+        "stage": 3,
+        "sub_group_size": 65536,
+        "stage3_prefetch_bucket_size": WIDTH * WIDTH,
+        "stage3_max_live_parameters": WIDTH * WIDTH,
+        "offload_param": {
+            "device": "nvme",
+            "nvme_path": root,
+            "buffer_count": 2,
+            "buffer_size": WIDTH * WIDTH // 2,
+            "max_in_cpu": 0,
+        },
+        "offload_optimizer": {"device": "nvme", "nvme_path": root},
+    }
     base = torch.optim.AdamW(model.parameters(), lr=1e-3)
     opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=config)
     samples: list[int] = []

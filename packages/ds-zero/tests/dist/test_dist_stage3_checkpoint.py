@@ -26,7 +26,7 @@ def _global_batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch
     idx = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
     tgt = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=g)
     rows = GLOBAL_BATCH // world
-    return idx[rank * rows: (rank + 1) * rows], tgt[rank * rows: (rank + 1) * rows]
+    return idx[rank * rows : (rank + 1) * rows], tgt[rank * rows : (rank + 1) * rows]
 
 
 def _setup(sub_group_size: int = 1_000_000_000) -> tuple[torch.nn.Module, ds_zero.DeepSpeedZeroOptimizer_Stage3]:
@@ -62,8 +62,12 @@ def _resume(rank: int, world: int, save_dir: str, sub_group_size: int = 1_000_00
     model, opt = _setup(sub_group_size)
     ds_zero.load_zero_checkpoint(save_dir, opt, model)
     losses = _train(model, opt, rank, world, range(3, 6))
-    return {"losses": losses, "final": gathered_state(model), "tiles": len(opt.tiles),
-            "step": opt.optimizer.state_dict()["state"][0]["step"]}
+    return {
+        "losses": losses,
+        "final": gathered_state(model),
+        "tiles": len(opt.tiles),
+        "step": opt.optimizer.state_dict()["state"][0]["step"],
+    }
 
 
 @pytest.mark.timeout(300)  # several trainings on up to 4 ranks sharing the host's cores
@@ -78,11 +82,16 @@ def test_resume_is_bit_exact_repartitions_to_4_ranks_and_consolidates(tmp_path: 
     wider = run_ranks(4, _resume, save_dir=save_dir, sub_group_size=1500, timeout_s=180)
     assert wider[0]["tiles"] > 1 and float(wider[0]["step"]) == 6.0
     # the 2-rank losses are the mean over rows 0-3 / 4-7; the 4-rank ones over rows 0-1 / 2-3 / ...
-    torch.testing.assert_close(torch.tensor(wider[0]["losses"]) + torch.tensor(wider[1]["losses"]),
-                               2 * torch.tensor(first[0]["losses"]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(wider[0]["losses"]) + torch.tensor(wider[1]["losses"]),
+        2 * torch.tensor(first[0]["losses"]),
+        atol=1e-5,
+        rtol=1e-5,
+    )
     for key, value in first[0]["final"].items():
-        torch.testing.assert_close(wider[3]["final"][key], value, atol=1e-5, rtol=1e-4,
-                                   msg=lambda m, k=key: f"{k}: {m}")
+        torch.testing.assert_close(
+            wider[3]["final"][key], value, atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}"
+        )
     # zero_to_fp32: every parameter (frozen ones too), buffers, tied alias; equal to the model at save time
     consolidated = ds_zero.get_fp32_state_dict_from_zero_checkpoint(save_dir)
     assert set(consolidated) == set(first[0]["saved"])

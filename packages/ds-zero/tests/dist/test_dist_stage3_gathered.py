@@ -27,8 +27,9 @@ def _ema_and_shapes(rank: int, world: int) -> dict[str, Any]:
     ref = make_model()
     shapes = {n: p.shape for n, p in ref.named_parameters()}
     model = make_model()
-    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(
-        [p for p in model.parameters() if p.requires_grad], lr=0.1), config=STAGE3_CFG)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1), config=STAGE3_CFG
+    )
     shapes_ok = all(p.shape == shapes[n] for n, p in model.named_parameters())
     with GatheredParameters(model.parameters()):
         ema = {n: p.detach().clone().float() for n, p in model.named_parameters()}
@@ -70,8 +71,9 @@ def test_shapes_and_ema_inside_gathered_parameters_match_unpartitioned() -> None
 def _modify_load_eval_save(rank: int, world: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = make_model().to(torch.bfloat16)
-    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(
-        [p for p in model.parameters() if p.requires_grad], lr=0.0), config=STAGE3_CFG)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0), config=STAGE3_CFG
+    )
     fc1 = model.blocks[1].fc1
     # 1. rank 1 edits the weights; every rank receives them; so does the fp32 master (an lr-0 step keeps them)
     with GatheredParameters([fc1.weight, model.ln_f.weight], modifier_rank=1):
@@ -92,8 +94,11 @@ def _modify_load_eval_save(rank: int, world: int) -> dict[str, Any]:
     with torch.no_grad():
         ours = [model(batch(rank, 50 + i, 0)[0]) for i in range(2)]
         theirs = [other(batch(rank, 50 + i, 0)[0]) for i in range(2)]
-    gathered = [state_of(p).name for p in model.parameters() if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE
-                and not p.ds_persist]
+    gathered = [
+        state_of(p).name
+        for p in model.parameters()
+        if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE and not p.ds_persist
+    ]
     # 4. the consolidated 16-bit state dict, saved and loaded into a plain model
     sd = ds_zero.consolidated_16bit_state_dict(model)
     blob = None
@@ -101,8 +106,16 @@ def _modify_load_eval_save(rank: int, world: int) -> dict[str, Any]:
         buffer = io.BytesIO()
         torch.save(sd, buffer)
         blob = buffer.getvalue()
-    return {"edited": edited, "missing": load.missing_keys, "unexpected": load.unexpected_keys, "ours": ours,
-            "theirs": theirs, "gathered": gathered, "blob": blob, "keys": list(other.state_dict())}
+    return {
+        "edited": edited,
+        "missing": load.missing_keys,
+        "unexpected": load.unexpected_keys,
+        "ours": ours,
+        "theirs": theirs,
+        "gathered": gathered,
+        "blob": blob,
+        "keys": list(other.state_dict()),
+    }
 
 
 def test_modifier_rank_load_eval_and_16bit_save() -> None:

@@ -82,9 +82,15 @@ def _build_under_init(rank: int, world: int) -> dict[str, Any]:
     samples = []
     plain = Tower(WIDTH, LAYERS, probe=samples)
     growth_plain = max(samples) - base
-    return {"held": held, "expected": expected, "full": full_bytes, "growth_init": growth_init,
-            "growth_plain": growth_plain, "shapes_ok": shapes_ok,
-            "plain_params": sum(p.numel() for p in plain.parameters())}
+    return {
+        "held": held,
+        "expected": expected,
+        "full": full_bytes,
+        "growth_init": growth_init,
+        "growth_plain": growth_plain,
+        "shapes_ok": shapes_ok,
+        "plain_params": sum(p.numel() for p in plain.parameters()),
+    }
 
 
 def test_model_built_under_init_holds_one_nth_per_rank() -> None:
@@ -109,8 +115,9 @@ class _MeasuredLinearFn(torch.autograd.Function):
     """A linear layer that records how many parameter elements are gathered, in its forward and backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, model: nn.Module,
-                log: list[int]) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, model: nn.Module, log: list[int]
+    ) -> torch.Tensor:
         log.append(_gathered_numel(model))
         ctx.save_for_backward(x, w)
         ctx.model, ctx.log = model, log
@@ -148,8 +155,13 @@ MODULE_NUMEL = 64 * 64 + 64
 def _peak_gathered(rank: int, world: int, max_live: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model = ProbedTower()
-    cfg = {"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 2 * MODULE_NUMEL,
-           "stage3_max_live_parameters": max_live, "stage3_max_reuse_distance": 0}
+    cfg = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_prefetch_bucket_size": 2 * MODULE_NUMEL,
+        "stage3_max_live_parameters": max_live,
+        "stage3_max_reuse_distance": 0,
+    }
     opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.1), config=cfg)
     for step in range(3):
         model.log.clear()
@@ -157,8 +169,11 @@ def _peak_gathered(rank: int, world: int, max_live: int) -> dict[str, Any]:
         opt.backward(model(x).pow(2).mean())
         opt.step()
         opt.zero_grad()
-    return {"measured": max(model.log), "counted": opt.parameter_offload.peak_live_numel,
-            "after": _gathered_numel(model)}
+    return {
+        "measured": max(model.log),
+        "counted": opt.parameter_offload.peak_live_numel,
+        "after": _gathered_numel(model),
+    }
 
 
 def _peak_gathered_budgets(rank: int, world: int, budgets: list[int]) -> dict[int, dict[str, Any]]:
@@ -205,15 +220,21 @@ def _offload_losses(rank: int, world: int, offload: bool, cpu_adam: bool) -> dic
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {"losses": losses, "shard_devices": {p.ds_tensor.device.type for p in model.parameters()},
-            "master_devices": {part.master.device.type for part in opt.partitions},
-            "offloaded": all(state_of(p).offload == offload or p.ds_tensor.device == state_of(p).full.device
-                             for p in model.parameters())}
+    return {
+        "losses": losses,
+        "shard_devices": {p.ds_tensor.device.type for p in model.parameters()},
+        "master_devices": {part.master.device.type for part in opt.partitions},
+        "offloaded": all(
+            state_of(p).offload == offload or p.ds_tensor.device == state_of(p).full.device for p in model.parameters()
+        ),
+    }
 
 
 def _offload_pair(rank: int, world: int, cpu_adam: bool) -> dict[str, Any]:
-    return {"plain": _offload_losses(rank, world, False, False),
-            "offload": _offload_losses(rank, world, True, cpu_adam)}
+    return {
+        "plain": _offload_losses(rank, world, False, False),
+        "offload": _offload_losses(rank, world, True, cpu_adam),
+    }
 
 
 def test_parameter_and_optimizer_offload_train_like_no_offload() -> None:
@@ -227,5 +248,6 @@ def test_optimizer_offload_with_ds_ops_cpu_adam() -> None:
     if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
         pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers)")
     r = run_ranks(2, _offload_pair, cpu_adam=True, timeout_s=120)[0]
-    torch.testing.assert_close(torch.tensor(r["offload"]["losses"]), torch.tensor(r["plain"]["losses"]), atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor(r["offload"]["losses"]), torch.tensor(r["plain"]["losses"]), atol=1e-5, rtol=1e-5
+    )

@@ -52,8 +52,9 @@ def test_fp32_matches_ddp_over_20_steps(world: int, gas: int) -> None:
 @pytest.mark.timeout(300)  # several trainings on up to 4 ranks sharing the host's cores
 def test_bf16_tracks_fp32_ddp() -> None:
     """bf16 parameters with fp32 masters: losses within 2%, every tensor within 10% (relative norm)."""
-    results = run_ranks(2, compare_with_ddp, variants={"bf16": {"dtype": torch.bfloat16}}, steps=10, gas=2,
-                        timeout_s=240)
+    results = run_ranks(
+        2, compare_with_ddp, variants={"bf16": {"dtype": torch.bfloat16}}, steps=10, gas=2, timeout_s=240
+    )
     ours, ref = results[0]["bf16"], results[0]["ddp"]
     torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(ref["losses"]), rtol=2e-2, atol=2e-2)
     for key, value in ref["state"].items():

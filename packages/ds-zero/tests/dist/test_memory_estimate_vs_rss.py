@@ -44,13 +44,13 @@ def _train(rank: int, world: int, stage: int) -> dict[str, int]:
     if stage == 3:
         with ds_zero.Init():
             model = _tower()
-        opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.Adam(model.parameters(), lr=1e-3),
-                                                    config={"stage": 3})
+        opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+            model, torch.optim.Adam(model.parameters(), lr=1e-3), config={"stage": 3}
+        )
     else:
         model = _tower()
         config = ds_zero.ZeroConfig(stage=stage, reduce_bucket_size=BUCKET_NUMEL, allgather_bucket_size=BUCKET_NUMEL)
-        opt = ds_zero.DeepSpeedZeroOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), config=config,
-                                             module=model)
+        opt = ds_zero.DeepSpeedZeroOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), config=config, module=model)
     total, largest = ds_zero.model_to_params(model)
     for _ in range(2):
         opt.backward(model(x).float().pow(2).mean())
@@ -64,12 +64,20 @@ def test_estimate_matches_measured_rss(stage: int, world: int) -> None:
     results = run_ranks(world, _train, stage, timeout_s=240)
     for rank, r in enumerate(results):
         if stage == 2:
-            _host, device = ds_zero.estimate_zero2_model_states_mem_needs(r["total"], num_gpus_per_node=world,
-                                                                          cpu_offload=False)
+            _host, device = ds_zero.estimate_zero2_model_states_mem_needs(
+                r["total"], num_gpus_per_node=world, cpu_offload=False
+            )
         else:
             _host, device, _ = ds_zero.estimate_zero3_model_states_mem_needs(
-                r["total"], r["largest"], num_gpus_per_node=world, cpu_offload=False, cpu_offload_params=False,
-                zero_init=True)
+                r["total"],
+                r["largest"],
+                num_gpus_per_node=world,
+                cpu_offload=False,
+                cpu_offload_params=False,
+                zero_init=True,
+            )
         ratio = r["held"] / device
-        assert 0.8 <= ratio <= 1.2, (f"stage {stage}, {world} ranks, rank {rank}: held {r['held'] / 2**20:.0f} MiB, "
-                                     f"estimate {device / 2**20:.0f} MiB (ratio {ratio:.2f})")
+        assert 0.8 <= ratio <= 1.2, (
+            f"stage {stage}, {world} ranks, rank {rank}: held {r['held'] / 2**20:.0f} MiB, "
+            f"estimate {device / 2**20:.0f} MiB (ratio {ratio:.2f})"
+        )

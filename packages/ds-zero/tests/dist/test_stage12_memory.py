@@ -29,9 +29,11 @@ def _memory(rank: int, world: int) -> dict:
         for dtype in (torch.float32, torch.bfloat16):
             model = _model(dtype)
             numel = sum(p.numel() for p in model.parameters())
-            opt = ds_zero.DeepSpeedZeroOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
-                                                 config=ds_zero.ZeroConfig(stage=stage, reduce_bucket_size=BUCKET),
-                                                 module=model)
+            opt = ds_zero.DeepSpeedZeroOptimizer(
+                torch.optim.Adam(model.parameters(), lr=1e-3),
+                config=ds_zero.ZeroConfig(stage=stage, reduce_bucket_size=BUCKET),
+                module=model,
+            )
             x = torch.randn(4, 24).to(dtype)
             opt.backward(model(x).float().pow(2).mean())
             grads_after_backward = [p.grad for p in model.parameters()]

@@ -40,8 +40,9 @@ def _run(rank: int, world: int, stage: int, dtype: torch.dtype, offload: bool, c
         "masters_separate": all(m.untyped_storage().data_ptr() not in flat_ptrs for m in opt.masters),
         "masters_on_cpu": all(m.device.type == "cpu" and m.dtype == torch.float32 for m in opt.masters),
         "state_on_cpu": bool(state) and all(t.device.type == "cpu" for t in state),
-        "stepped_params_are_masters": all(g["params"][0] is m for g, m in zip(opt.param_groups, opt.masters,
-                                                                               strict=True)),
+        "stepped_params_are_masters": all(
+            g["params"][0] is m for g, m in zip(opt.param_groups, opt.masters, strict=True)
+        ),
         "grads_on_cpu": all(g.device.type == "cpu" and g.dtype == torch.float32 for g in opt.grad_partitions),
         "in_pass_copy": opt._updater.in_pass_copy,
     }

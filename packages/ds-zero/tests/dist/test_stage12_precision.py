@@ -25,8 +25,14 @@ def _precision_runs(rank: int, world: int, stage: int) -> dict[str, tuple]:
         scaler = ds_zero.DynamicLossScaler(init_scale=2.0**10, scale_window=5) if name == "fp16" else None
         config = zero_config(stage, overlap_comm=True, reduce_bucket_size=200, allgather_bucket_size=400)
         comm = torch.float32 if name == "bf16-fp32comm" else None
-        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=config, module=model, loss_scaler=scaler,
-                                             clip_grad=0.05, communication_dtype=comm)
+        opt = ds_zero.DeepSpeedZeroOptimizer(
+            make_optimizer(model),
+            config=config,
+            module=model,
+            loss_scaler=scaler,
+            clip_grad=0.05,
+            communication_dtype=comm,
+        )
         losses = train_zero(opt, model, rank, world, range(20), global_loss=False)
         masters = torch.cat([m.detach().float() for m in opt.masters])
         out[name] = (losses, flat_params(model), opt.loss_scale, masters, [p.dtype for p in model.parameters()])
@@ -67,12 +73,13 @@ def _overflow_both_stages(rank: int, world: int) -> dict[int, dict]:
 def _overflow_on_one_rank(rank: int, world: int, stage: int) -> dict:
     model = make_model(dtype=torch.float16)
     scaler = ds_zero.DynamicLossScaler(init_scale=2.0**8, delayed_shift=1)
-    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage), module=model,
-                                         loss_scaler=scaler)
+    opt = ds_zero.DeepSpeedZeroOptimizer(
+        make_optimizer(model), config=zero_config(stage), module=model, loss_scaler=scaler
+    )
 
     def poison(grad: torch.Tensor) -> torch.Tensor:
         grad = grad.clone()
-        grad.view(-1)[0] = float("inf")   # emb.weight[0] lies in rank 0's partition
+        grad.view(-1)[0] = float("inf")  # emb.weight[0] lies in rank 0's partition
         return grad
 
     applied, local_flags, unchanged = [], [], []
@@ -89,8 +96,13 @@ def _overflow_on_one_rank(rank: int, world: int, stage: int) -> dict:
         unchanged.append(bool(torch.equal(before, flat_params(model))))
         if step == 1:
             scale_after_overflow = opt.loss_scale
-    return {"applied": applied, "local": local_flags, "unchanged": unchanged, "scale": scale_after_overflow,
-            "params": flat_params(model)}
+    return {
+        "applied": applied,
+        "local": local_flags,
+        "unchanged": unchanged,
+        "scale": scale_after_overflow,
+        "params": flat_params(model),
+    }
 
 
 def test_fp16_overflow_on_one_rank_skips_everywhere() -> None:
@@ -100,7 +112,7 @@ def test_fp16_overflow_on_one_rank_skips_everywhere() -> None:
         for r in (r0, r1):
             assert r["applied"] == [True, False, True], f"stage {stage}"
             assert r["unchanged"] == [False, True, False], f"stage {stage}"
-            assert r["scale"] == 2.0**7           # halved once (delayed_shift=1)
+            assert r["scale"] == 2.0**7  # halved once (delayed_shift=1)
         if stage == 2:
             # only rank 0 owns the poisoned element: rank 1 skipped because of the cross-rank check
             assert r0["local"][1] == 1.0 and r1["local"][1] == 0.0

@@ -15,7 +15,7 @@ from ds_comm.testing import run_ranks
 
 TOL = 1e-6
 
-TINY = {"reduce_bucket_size": 40, "allgather_bucket_size": 50}   # many buckets, most straddling partitions
+TINY = {"reduce_bucket_size": 40, "allgather_bucket_size": 50}  # many buckets, most straddling partitions
 CASES_2 = [
     {"name": "s1-gas1", "stage": 1},
     {"name": "s1-gas4-clip", "stage": 1, "gas": 4, "clip": 0.05},
@@ -23,8 +23,13 @@ CASES_2 = [
     {"name": "s2-gas4-overlap", "stage": 2, "gas": 4, "overlap_comm": True},
     {"name": "s2-gas4-clip-nooverlap", "stage": 2, "gas": 4, "clip": 0.05, "overlap_comm": False},
     {"name": "s2-allreduce-overlap", "stage": 2, "overlap_comm": True, "reduce_scatter": False},
-    {"name": "s1-one-bucket-predivide", "stage": 1, "reduce_bucket_size": 10_000, "allgather_bucket_size": 10_000,
-     "gradient_predivide_factor": 2.0},
+    {
+        "name": "s1-one-bucket-predivide",
+        "stage": 1,
+        "reduce_bucket_size": 10_000,
+        "allgather_bucket_size": 10_000,
+        "gradient_predivide_factor": 2.0,
+    },
     {"name": "s2-fp32-communication-dtype", "stage": 2, "communication_dtype": torch.float32},
 ]
 CASES_4 = [

@@ -24,8 +24,7 @@ RUNS = {"s2-fp32": (2, torch.float32), "s1-bf16": (1, torch.bfloat16)}
 def _build(stage: int, dtype: torch.dtype, seed: int = 0) -> tuple[Tiny, ds_zero.DeepSpeedZeroOptimizer]:
     model = make_model(seed=seed, dtype=dtype)
     config = zero_config(stage, overlap_comm=True, reduce_bucket_size=120, allgather_bucket_size=400)
-    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=config,
-                                         module=model, clip_grad=0.05)
+    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=config, module=model, clip_grad=0.05)
     return model, opt
 
 
@@ -35,8 +34,14 @@ def _save_then_continue(rank: int, world: int, root: str, names: list[str]) -> d
         stage, dtype = RUNS[name]
         model, opt = _build(stage, dtype)
         train_zero(opt, model, rank, world, range(SAVE_AT), gas=2)
-        ds_zero.save_zero_checkpoint(f"{root}/{name}", f"global_step{SAVE_AT}", opt, model,
-                                     client_state={"my": 1}, bf16_prefix=dtype == torch.bfloat16)
+        ds_zero.save_zero_checkpoint(
+            f"{root}/{name}",
+            f"global_step{SAVE_AT}",
+            opt,
+            model,
+            client_state={"my": 1},
+            bf16_prefix=dtype == torch.bfloat16,
+        )
         snapshot = {k: v.clone() for k, v in model.state_dict().items()}
         masters = [m.detach().clone() for m in opt.masters]
         losses = train_zero(opt, model, rank, world, range(SAVE_AT, TOTAL), gas=2)
@@ -49,7 +54,7 @@ def _load_then_continue(rank: int, world: int, root: str, names: list[str]) -> d
     out = {}
     for name in names:
         stage, dtype = RUNS[name]
-        model, opt = _build(stage, dtype, seed=123)         # a different init: everything must come from disk
+        model, opt = _build(stage, dtype, seed=123)  # a different init: everything must come from disk
         path, client = ds_zero.load_zero_checkpoint(f"{root}/{name}", opt, model)
         assert path is not None and client["my"] == 1
         losses = train_zero(opt, model, rank, world, range(SAVE_AT, TOTAL), gas=2)
@@ -71,15 +76,18 @@ def test_layout_and_safe_loading(saved: dict) -> None:
     tag = saved["root2"] / "s2-fp32" / f"global_step{SAVE_AT}"
     assert (saved["root2"] / "s2-fp32" / "latest").read_text() == f"global_step{SAVE_AT}"  # no newline
     names = sorted(p.name for p in tag.iterdir())
-    assert names == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                     "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert names == [
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
     bf16 = saved["root2"] / "s1-bf16" / f"global_step{SAVE_AT}"
     assert (bf16 / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").is_file()
-    sd = torch.load(tag / names[1], weights_only=True)["optimizer_state_dict"]   # plain types only
+    sd = torch.load(tag / names[1], weights_only=True)["optimizer_state_dict"]  # plain types only
     assert sd["ds_zero_format"] == ds_zero.CHECKPOINT_FORMAT_VERSION and sd["partition_count"] == 2
     assert sd["zero_stage"] == 2 and sd["dp_rank"] == 0 and sd["model_dtype"] == "float32"
     frags = [f for meta in sd["partitions"] for f in meta["fragments"]]
-    assert frags[0] == ["emb.weight", 0, 77, 0]   # 153 elements in group 0: 77 per rank, emb.weight straddles
+    assert frags[0] == ["emb.weight", 0, 77, 0]  # 153 elements in group 0: 77 per rank, emb.weight straddles
     assert "frozen.weight" in sd["frozen_param_shapes"]
 
 
@@ -107,11 +115,11 @@ def test_resume_2_to_4_and_4_to_2_repartitions(saved: dict) -> None:
 def test_zero_to_fp32_equals_the_gathered_model(saved: dict) -> None:
     fp32_sd = ds_zero.get_fp32_state_dict_from_zero_checkpoint(saved["root2"] / "s2-fp32")
     snapshot = saved["on2"][0]["s2-fp32"]["snapshot"]
-    assert list(fp32_sd) == list(snapshot)          # same keys, module order (buffers, frozen params too)
+    assert list(fp32_sd) == list(snapshot)  # same keys, module order (buffers, frozen params too)
     for key, value in snapshot.items():
         assert torch.equal(fp32_sd[key], value), key
     model = Tiny()
-    model.load_state_dict(fp32_sd)                  # strict
+    model.load_state_dict(fp32_sd)  # strict
     # saved on 4 ranks: the same consolidation
     four = ds_zero.get_fp32_state_dict_from_zero_checkpoint(saved["root4"] / "s2-fp32")
     assert all(torch.equal(four[k], v) for k, v in saved["on4"][0]["s2-fp32"]["snapshot"].items())
@@ -130,17 +138,21 @@ def test_zero_to_fp32_equals_the_gathered_model(saved: dict) -> None:
         expected = torch.cat([bf16_sd[k].reshape(-1) for k in names])
         held = torch.cat([saved["on2"][r]["s1-bf16"]["masters"][g] for r in range(2)])
         assert torch.equal(held[: expected.numel()], expected), names
-        assert not held[expected.numel():].any(), "padding must be zero"
+        assert not held[expected.numel() :].any(), "padding must be zero"
 
 
 def test_console_script_writes_a_loadable_state_dict(saved: dict, tmp_path: Path) -> None:
     out = tmp_path / "model_fp32.pt"
-    proc = subprocess.run([sys.executable, "-m", "ds_zero.zero_to_fp32", str(saved["root2"] / "s2-fp32"), str(out)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ds_zero.zero_to_fp32", str(saved["root2"] / "s2-fp32"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "100.0%" in proc.stderr and "saved fp32 state_dict" in proc.stderr
     Tiny().load_state_dict(torch.load(out, weights_only=True))
-
 
 
 def test_console_script_error_exit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,11 +21,11 @@ GLOBAL_BATCH = 8  # split evenly over 2 or 4 ranks
 class Tiny(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.emb = nn.Linear(IN, 13)                     # 104
+        self.emb = nn.Linear(IN, 13)  # 104
         self.scale = nn.Parameter(torch.ones(13) * 0.9)  # 13 -> group A: 104 + 13 + 36 = 153
-        self.mid = nn.Linear(13, 9, bias=False)          # 117 -> group B
-        self.frozen = nn.Linear(9, 11)                   # frozen: not partitioned
-        self.head = nn.Linear(11, OUT)                   # 36
+        self.mid = nn.Linear(13, 9, bias=False)  # 117 -> group B
+        self.frozen = nn.Linear(9, 11)  # frozen: not partitioned
+        self.head = nn.Linear(11, OUT)  # 36
         self.frozen.requires_grad_(False)
         self.register_buffer("offset", torch.linspace(-0.1, 0.1, OUT))
 
@@ -44,8 +44,7 @@ def make_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> Tiny:
 def param_groups(model: Tiny, lr_a: float = 1e-2, lr_b: float = 5e-3) -> list[dict[str, Any]]:
     group_a = [model.emb.weight, model.emb.bias, model.scale, model.head.weight, model.head.bias]
     group_b = [model.mid.weight, model.frozen.weight, model.frozen.bias]  # frozen ones stay frozen
-    return [{"params": group_a, "lr": lr_a, "weight_decay": 0.01},
-            {"params": group_b, "lr": lr_b, "weight_decay": 0.0}]
+    return [{"params": group_a, "lr": lr_a, "weight_decay": 0.01}, {"params": group_b, "lr": lr_b, "weight_decay": 0.0}]
 
 
 def make_optimizer(model: Tiny) -> torch.optim.Optimizer:
@@ -58,7 +57,7 @@ def batch(step: int, micro: int, rank: int, world: int) -> tuple[torch.Tensor, t
     x = torch.randn(GLOBAL_BATCH, IN, generator=g)
     y = torch.randn(GLOBAL_BATCH, OUT, generator=g)
     per = GLOBAL_BATCH // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
 def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -81,8 +80,16 @@ def schedule(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.1 * s))
 
 
-def train_zero(opt: ds_zero.DeepSpeedZeroOptimizer, model: nn.Module, rank: int, world: int, steps: range,
-               gas: int = 1, sched: Any = None, global_loss: bool = True) -> list[float]:
+def train_zero(
+    opt: ds_zero.DeepSpeedZeroOptimizer,
+    model: nn.Module,
+    rank: int,
+    world: int,
+    steps: range,
+    gas: int = 1,
+    sched: Any = None,
+    global_loss: bool = True,
+) -> list[float]:
     """Run `steps` optimizer steps of `gas` micro-steps each; returns the loss per step (the mean over
     ranks with `global_loss`, else this rank's, which saves a collective per step)."""
     losses = []
@@ -159,14 +166,18 @@ def compare_with_ddp(rank: int, world: int, cases: list[dict[str, Any]], steps: 
             references[(gas, clip)] = train_ddp(rank, world, steps, gas, clip)
         ref_params, ref_losses = references[(gas, clip)]
         model = make_model()
-        opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, **case),
-                                             module=model, clip_grad=clip, **extra)
+        opt = ds_zero.DeepSpeedZeroOptimizer(
+            make_optimizer(model), config=zero_config(stage, **case), module=model, clip_grad=clip, **extra
+        )
         losses = train_zero(opt, model, rank, world, range(steps), gas=gas, sched=schedule(opt), global_loss=False)
         params = flat_params(model)
         spread = _spread(params)
-        results[name] = (float((params - ref_params).abs().max()),
-                         max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)), spread,
-                         opt.global_grad_norm)
+        results[name] = (
+            float((params - ref_params).abs().max()),
+            max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
+            spread,
+            opt.global_grad_norm,
+        )
         opt.close()
     return results
 

@@ -186,8 +186,9 @@ class Accelerator(abc.ABC):
         """A new capture graph, or None where graphs are not supported."""
         return None
 
-    def capture_to_graph(self, graph: Any, pool: Any = None,
-                         stream: Any = None) -> contextlib.AbstractContextManager[Any]:
+    def capture_to_graph(
+        self, graph: Any, pool: Any = None, stream: Any = None
+    ) -> contextlib.AbstractContextManager[Any]:
         """Context that records into `graph` (a no-op context without graphs)."""
         return contextlib.nullcontext()
 
@@ -291,8 +292,11 @@ class Accelerator(abc.ABC):
         """Variables that restrict the devices a process sees (`CUDA_VISIBLE_DEVICES`, also on cpu)."""
         return ["CUDA_VISIBLE_DEVICES"]
 
-    def set_visible_devices_envs(self, current_env: MutableMapping[str, str], local_accelerator_ids: Sequence[int],
-                                 ) -> None:
+    def set_visible_devices_envs(
+        self,
+        current_env: MutableMapping[str, str],
+        local_accelerator_ids: Sequence[int],
+    ) -> None:
         """Write `local_accelerator_ids`, comma-joined, into every variable of `visible_devices_envs()`."""
         for name in self.visible_devices_envs():
             current_env[name] = ",".join(str(i) for i in local_accelerator_ids)

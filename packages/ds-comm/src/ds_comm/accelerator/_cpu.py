@@ -12,9 +12,15 @@ from ds_comm.accelerator._abstract import Accelerator
 from ds_comm.accelerator._numa import count_numa_devices
 
 #: The legacy typed constructors DeepSpeed's CPU accelerator hands out (`FloatTensor(3)` is a size-3 tensor).
-_LEGACY_TENSOR_TYPES = {torch.bfloat16: "BFloat16Tensor", torch.uint8: "ByteTensor", torch.float64: "DoubleTensor",
-                        torch.float32: "FloatTensor", torch.float16: "HalfTensor", torch.int32: "IntTensor",
-                        torch.int64: "LongTensor"}
+_LEGACY_TENSOR_TYPES = {
+    torch.bfloat16: "BFloat16Tensor",
+    torch.uint8: "ByteTensor",
+    torch.float64: "DoubleTensor",
+    torch.float32: "FloatTensor",
+    torch.float16: "HalfTensor",
+    torch.int32: "IntTensor",
+    torch.int64: "LongTensor",
+}
 
 
 def _rss_bytes() -> int:

@@ -112,8 +112,9 @@ class CudaAccelerator(Accelerator):
     def create_graph(self) -> Any:
         return torch.cuda.CUDAGraph()
 
-    def capture_to_graph(self, graph: Any, pool: Any = None,
-                         stream: Any = None) -> contextlib.AbstractContextManager[Any]:
+    def capture_to_graph(
+        self, graph: Any, pool: Any = None, stream: Any = None
+    ) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.graph(graph, pool, stream)
 
     def replay_graph(self, graph: Any) -> None:

@@ -32,8 +32,9 @@ def parse_cpulist(text: str) -> list[int]:
 
 def numa_core_lists(root: Path = _NODE_ROOT) -> list[list[int]]:
     """The cores of each NUMA node in node order; `[]` where sysfs has no node directory."""
-    nodes = sorted((p for p in root.glob("node[0-9]*") if (p / "cpulist").is_file()),
-                   key=lambda p: int(p.name[len("node"):]))
+    nodes = sorted(
+        (p for p in root.glob("node[0-9]*") if (p / "cpulist").is_file()), key=lambda p: int(p.name[len("node") :])
+    )
     return [parse_cpulist((node / "cpulist").read_text()) for node in nodes]
 
 

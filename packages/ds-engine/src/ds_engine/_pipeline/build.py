@@ -34,8 +34,7 @@ __all__ = ["PipelineError", "build_pipeline_engine", "check_pipeline_call", "is_
 
 def is_pipeline_module(model: nn.Module) -> bool:
     """Whether `model` is a ds_pipe.PipelineModule (checked by class lineage, so ds-pipe is not imported)."""
-    return any(cls.__name__ == "PipelineModule" and cls.__module__.startswith("ds_pipe")
-               for cls in type(model).__mro__)
+    return any(cls.__name__ == "PipelineModule" and cls.__module__.startswith("ds_pipe") for cls in type(model).__mro__)
 
 
 def check_pipeline_call(mpu: Any) -> None:
@@ -57,17 +56,25 @@ def _pipeline_sections(model: nn.Module, config: DeepSpeedConfig) -> tuple[Any, 
     section = config.pipeline
     stages = model.num_pipeline_stages()
     if section.stages != "auto" and section.stages != stages:
-        raise DeepSpeedConfigError(f"pipeline.stages={section.stages} but the PipelineModule was built with {stages} "
-                                   "stages; set \"auto\" or match PipelineModule(num_stages=...)")
+        raise DeepSpeedConfigError(
+            f"pipeline.stages={section.stages} but the PipelineModule was built with {stages} "
+            'stages; set "auto" or match PipelineModule(num_stages=...)'
+        )
     given = raw.get("pipeline", {})
     if section.activation_checkpoint_interval > 0:
         model.set_checkpoint_interval(section.activation_checkpoint_interval)
     if "partition" in given and section.partition != "best":
-        logger.warning("pipeline.partition=%r has no effect: the PipelineModule is partitioned when it is built; "
-                       "pass partition_method=%r to PipelineModule", section.partition, section.partition)
+        logger.warning(
+            "pipeline.partition=%r has no effect: the PipelineModule is partitioned when it is built; "
+            "pass partition_method=%r to PipelineModule",
+            section.partition,
+            section.partition,
+        )
     if given.get("seed_layers") and not model.seed_layers:
-        logger.warning("pipeline.seed_layers=true has no effect: layers are built before initialize(); pass "
-                       "seed_layers=True to PipelineModule")
+        logger.warning(
+            "pipeline.seed_layers=true has no effect: layers are built before initialize(); pass "
+            "seed_layers=True to PipelineModule"
+        )
     ckpt = None
     if "activation_checkpointing" in raw:
         ckpt = config.activation_checkpointing
@@ -75,10 +82,19 @@ def _pipeline_sections(model: nn.Module, config: DeepSpeedConfig) -> tuple[Any, 
     return section, ckpt
 
 
-def build_pipeline_engine(*, model: nn.Module, config: DeepSpeedConfig, plan: AssemblyPlan, dist: DistInfo,
-                          device: torch.device, client_optimizer: Any, model_parameters: Any,
-                          client_scheduler: Any, training_data: Any,
-                          collate_fn: Callable[..., Any] | None) -> tuple[PipelineEngine, Any, Any, Any]:
+def build_pipeline_engine(
+    *,
+    model: nn.Module,
+    config: DeepSpeedConfig,
+    plan: AssemblyPlan,
+    dist: DistInfo,
+    device: torch.device,
+    client_optimizer: Any,
+    model_parameters: Any,
+    client_scheduler: Any,
+    training_data: Any,
+    collate_fn: Callable[..., Any] | None,
+) -> tuple[PipelineEngine, Any, Any, Any]:
     """The PipelineEngine for a PipelineModule (ZeRO stage < 2; `dist` from the module's grid).
 
     Returns:
@@ -90,20 +106,35 @@ def build_pipeline_engine(*, model: nn.Module, config: DeepSpeedConfig, plan: As
             `pipeline.stages` disagreeing with the module.
     """
     if plan.zero_stage >= 2:
-        raise DeepSpeedConfigError(f"zero_optimization.stage={plan.zero_stage}: ZeRO-2 and ZeRO-3 are incompatible "
-                                   "with pipeline parallelism; use stage 0 or 1")
+        raise DeepSpeedConfigError(
+            f"zero_optimization.stage={plan.zero_stage}: ZeRO-2 and ZeRO-3 are incompatible "
+            "with pipeline parallelism; use stage 0 or 1"
+        )
     section, _ = _pipeline_sections(model, config)
     # Clipping must see every stage, so the stepper is built without it and the engine clips (see _pipeline.clip).
     stepper_plan = dataclasses.replace(plan, clip=0.0)
-    parts = assemble(module=model, config=config, plan=stepper_plan, dist=dist, device=device,
-                     client_optimizer=client_optimizer, model_parameters=model_parameters,
-                     client_scheduler=client_scheduler, training_data=training_data, collate_fn=collate_fn)
+    parts = assemble(
+        module=model,
+        config=config,
+        plan=stepper_plan,
+        dist=dist,
+        device=device,
+        client_optimizer=client_optimizer,
+        model_parameters=model_parameters,
+        client_scheduler=client_scheduler,
+        training_data=training_data,
+        collate_fn=collate_fn,
+    )
     parts.plan = plan
     # Every stepper skips on inf/nan exactly when plan.check_overflow says so (ds_ops.precision.finish_step).
     skips = plan.check_overflow
-    settings = PipelineSettings(pipe_partitioned=section.pipe_partitioned, grad_partitioned=section.grad_partitioned,
-                                clip=plan.clip, input_dtype=None if plan.precision == "fp32" else plan.dtype,
-                                scale_loss=plan.precision == "fp16",
-                                agree_overflow=skips)
+    settings = PipelineSettings(
+        pipe_partitioned=section.pipe_partitioned,
+        grad_partitioned=section.grad_partitioned,
+        clip=plan.clip,
+        input_dtype=None if plan.precision == "fp32" else plan.dtype,
+        scale_loss=plan.precision == "fp16",
+        agree_overflow=skips,
+    )
     engine = PipelineEngine(parts, settings)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -68,7 +68,8 @@ def _check_layout(engine: PipelineEngine, saved: Any, ckpt_dir: Path) -> None:
         f"(layer boundaries {saved.get('partitions') if saved else '?'}); this engine has {mine['num_stages']} "
         f"(boundaries {mine['partitions']}). Optimizer state only loads into the same stage layout: pass "
         "load_optimizer_states=False (or load_module_only=True) to load the weights, lr scheduler and counters "
-        "and start the optimizer afresh")
+        "and start the optimizer afresh"
+    )
 
 
 def _load_optimizer(engine: PipelineEngine, state: dict[str, Any], ckpt_dir: Path) -> None:
@@ -82,19 +83,28 @@ def _load_optimizer(engine: PipelineEngine, state: dict[str, Any], ckpt_dir: Pat
     elif state.get("optimizer") is not None:
         stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
-        logger.warning("checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored",
-                       ckpt_dir)
+        logger.warning(
+            "checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored", ckpt_dir
+        )
         _refresh_masters(engine)
 
 
-def load_pipeline_checkpoint(engine: PipelineEngine, load_dir: str | Path, tag: Any = None,
-                             load_module_strict: bool = True, load_optimizer_states: bool = True,
-                             load_lr_scheduler_states: bool = True, load_module_only: bool = False,
-                             custom_load_fn: Any = None) -> tuple[str | None, dict[str, Any] | None]:
+def load_pipeline_checkpoint(
+    engine: PipelineEngine,
+    load_dir: str | Path,
+    tag: Any = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+    custom_load_fn: Any = None,
+) -> tuple[str | None, dict[str, Any] | None]:
     """See `PipelineEngine.load_checkpoint`."""
     if custom_load_fn is not None:
-        raise ValueError("load_checkpoint: custom_load_fn is not supported for a PipelineEngine (weights load per "
-                         "layer through PipelineModule.load_state_dir); pass custom_load_fn=None")
+        raise ValueError(
+            "load_checkpoint: custom_load_fn is not supported for a PipelineEngine (weights load per "
+            "layer through PipelineModule.load_state_dir); pass custom_load_fn=None"
+        )
     root = Path(load_dir)
     if tag is None:
         latest = root / "latest"

@@ -47,9 +47,17 @@ class PipelineGradClipper:
         device: where the norm is all-reduced (the engine device, so nccl works).
     """
 
-    def __init__(self, *, max_norm: float, tied: list[tuple[torch.Tensor, ProcessGroup | None]],
-                 model_group: ProcessGroup | None, dp_group: ProcessGroup | None, dp_world_size: int,
-                 partitioned: bool, device: torch.device) -> None:
+    def __init__(
+        self,
+        *,
+        max_norm: float,
+        tied: list[tuple[torch.Tensor, ProcessGroup | None]],
+        model_group: ProcessGroup | None,
+        dp_group: ProcessGroup | None,
+        dp_world_size: int,
+        partitioned: bool,
+        device: torch.device,
+    ) -> None:
         self.max_norm = float(max_norm)
         self.model_group = model_group
         self.dp_group = dp_group

@@ -77,8 +77,9 @@ def _cast_inputs(batch: Any, dtype: torch.dtype) -> Any:
     if isinstance(inputs, torch.Tensor):
         inputs = inputs.to(dtype) if inputs.is_floating_point() else inputs
     elif isinstance(inputs, (tuple, list)):
-        inputs = type(inputs)(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                              for t in inputs)
+        inputs = type(inputs)(
+            t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs
+        )
     return inputs, labels
 
 
@@ -108,21 +109,32 @@ class PipelineEngine(DeepSpeedEngine):
         self._clipper: PipelineGradClipper | None = None
         if settings.clip > 0 and self.basic_optimizer is not None:
             self._clipper = PipelineGradClipper(
-                max_norm=settings.clip, tied=module.get_tied_weights_and_groups(),
+                max_norm=settings.clip,
+                tied=module.get_tied_weights_and_groups(),
                 model_group=self.grid.get_model_parallel_group() if self.num_stages > 1 else None,
-                dp_group=self._dist.dp_group, dp_world_size=self._dist.dp_world_size,
-                partitioned=self._zero.stage > 0, device=self.device)
+                dp_group=self._dist.dp_group,
+                dp_world_size=self._dist.dp_world_size,
+                partitioned=self._zero.stage > 0,
+                device=self.device,
+            )
             self.basic_optimizer.register_step_pre_hook(self._clipper)
         # One stage checks its own gradients; with several, the stages agree first (`_agree_on_overflow`).
         self._agree_overflow = settings.agree_overflow and self.num_stages > 1
         self._skip: torch.Tensor | None = None
         self._user_batch_fn: Callable[[Any], Any] | None = None
         self._executor = ds_pipe.PipelineExecutor(
-            module, micro_batches=self._gas, optimizer_step=self._optimizer_step, grid=self.grid,
-            reduce_grads=self._before_step, scale_loss=self._scale_loss if settings.scale_loss else None,
+            module,
+            micro_batches=self._gas,
+            optimizer_step=self._optimizer_step,
+            grid=self.grid,
+            reduce_grads=self._before_step,
+            scale_loss=self._scale_loss if settings.scale_loss else None,
             batch_fn=self._batch_fn if settings.input_dtype is not None else None,
-            pipe_partitioned=settings.pipe_partitioned, grad_partitioned=settings.grad_partitioned,
-            device=self.device, broadcast_parameters=False)
+            pipe_partitioned=settings.pipe_partitioned,
+            grad_partitioned=settings.grad_partitioned,
+            device=self.device,
+            broadcast_parameters=False,
+        )
         if self.training_dataloader is not None:
             self.set_dataiterator(_repeat(self.training_dataloader))
 
@@ -139,32 +151,50 @@ class PipelineEngine(DeepSpeedEngine):
             ValueError: the first or last stage has no data.
         """
         if self._stepper is None:
-            raise RuntimeError("train_batch() needs an optimizer: add an \"optimizer\" section to the config or "
-                               "pass optimizer= to initialize()")
+            raise RuntimeError(
+                'train_batch() needs an optimizer: add an "optimizer" section to the config or '
+                "pass optimizer= to initialize()"
+            )
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
         self.timers.start("train_batch")
         loss = self._executor.train_batch(data_iter)
         self.micro_steps += self._gas
         self.timers.stop("train_batch")
-        self._reporter.after_step(global_steps=self.global_steps, global_samples=self.global_samples,
-                                  skipped_steps=self.skipped_steps, samples=self._train_batch, lrs=self.get_lr,
-                                  loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
-                                  loss=loss.detach().float())
+        self._reporter.after_step(
+            global_steps=self.global_steps,
+            global_samples=self.global_samples,
+            skipped_steps=self.skipped_steps,
+            samples=self._train_batch,
+            lrs=self.get_lr,
+            loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
+            loss=loss.detach().float(),
+        )
         return loss
 
-    def eval_batch(self, data_iter: Iterator[Any] | None = None, return_logits: bool = False,
-                   compute_loss: bool = True, reduce_output: str | None = "avg", bcast_loss: bool = True,
-                   num_micro_batches: int | None = None) -> Any:
+    def eval_batch(
+        self,
+        data_iter: Iterator[Any] | None = None,
+        return_logits: bool = False,
+        compute_loss: bool = True,
+        reduce_output: str | None = "avg",
+        bcast_loss: bool = True,
+        num_micro_batches: int | None = None,
+    ) -> Any:
         """Forward of one batch with the `InferenceSchedule` (no grad); see `ds_pipe.PipelineExecutor.eval_batch`.
 
         Returns the loss averaged over micro-batches and data-parallel replicas (`reduce_output="avg"`)
         or the per-micro-batch list (`None`), on every stage with `bcast_loss`; with
         `return_logits`, `(loss, logits)` where the logits are the last stage's outputs (None elsewhere).
         """
-        return self._executor.eval_batch(data_iter, return_logits=return_logits, compute_loss=compute_loss,
-                                         reduce_output=reduce_output, bcast_loss=bcast_loss,
-                                         num_micro_batches=num_micro_batches)
+        return self._executor.eval_batch(
+            data_iter,
+            return_logits=return_logits,
+            compute_loss=compute_loss,
+            reduce_output=reduce_output,
+            bcast_loss=bcast_loss,
+            num_micro_batches=num_micro_batches,
+        )
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Not available: raises `PipelineError` (use `train_batch()` / `eval_batch()`)."""
@@ -261,8 +291,10 @@ class PipelineEngine(DeepSpeedEngine):
         self._executor.set_micro_batches(self._gas)
 
     def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
-        raise _pipeline_error_type()("set_train_micro_batch_size() is not supported in pipeline mode: the micro "
-                                     "batch is whatever the data iterator yields; use set_train_batch_size()")
+        raise _pipeline_error_type()(
+            "set_train_micro_batch_size() is not supported in pipeline mode: the micro "
+            "batch is whatever the data iterator yields; use set_train_batch_size()"
+        )
 
     # -- stage info -------------------------------------------------------------------------------------
     def is_first_stage(self) -> bool:
@@ -289,8 +321,14 @@ class PipelineEngine(DeepSpeedEngine):
         return self._executor.timings()
 
     # -- checkpoints ------------------------------------------------------------------------------------
-    def save_checkpoint(self, save_dir: str, tag: Any = None, client_state: dict[str, Any] | None = None,
-                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: Any = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
         """Save per-layer weights, per-stage engine state and (ZeRO) per-rank optimizer partitions.
 
         Layout of `save_dir/<tag>`: `layer_XX-model_states.pt` (one per layer, by global index,
@@ -304,17 +342,29 @@ class PipelineEngine(DeepSpeedEngine):
     def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
         """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
         state = super()._train_state(rng_states, exclude_frozen_parameters)
-        return dataclasses.replace(state, module=None, param_shapes=None, pp_degree=self.num_stages, tp_degree=1,
-                                   extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()})
+        return dataclasses.replace(
+            state,
+            module=None,
+            param_shapes=None,
+            pp_degree=self.num_stages,
+            tp_degree=1,
+            extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()},
+        )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
         """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them)."""
         return functools.partial(self.module.save_state_dict, exclude_frozen_params=exclude_frozen_parameters)
 
-    def load_checkpoint(self, load_dir: str, tag: Any = None, load_module_strict: bool = True,
-                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False,
-                        custom_load_fn: Callable[..., Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: Any = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn: Callable[..., Any] | None = None,
+    ) -> tuple[str | None, dict[str, Any] | None]:
         """Load a pipeline checkpoint; the layer weights load with any number of stages.
 
         The optimizer state loads only into the same stage layout (stages and partition) it was saved
@@ -326,8 +376,15 @@ class PipelineEngine(DeepSpeedEngine):
             FileNotFoundError: the tag or a layer file is missing.
         """
         return _pipeline_checkpoint.load_pipeline_checkpoint(
-            self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
-            load_module_only, custom_load_fn)
+            self,
+            load_dir,
+            tag,
+            load_module_strict,
+            load_optimizer_states,
+            load_lr_scheduler_states,
+            load_module_only,
+            custom_load_fn,
+        )
 
     def layout(self) -> dict[str, Any]:
         """The stage layout a checkpoint's optimizer state depends on."""

@@ -27,7 +27,8 @@ def _exact(numerator: int, denominator: int, *, target: str, why: str) -> int:
     if numerator % denominator:
         raise DeepSpeedConfigError(
             f"{target}: {why} = {numerator} / {denominator} = {numerator / denominator:g} is not a whole number; "
-            f"make {TBS} a multiple of {denominator}")
+            f"make {TBS} a multiple of {denominator}"
+        )
     return numerator // denominator
 
 
@@ -46,13 +47,16 @@ def resolve_batch(tbs: int | None, mbs: int | None, gas: int | None, world_size:
     ws = world_size
     src = {TBS: "given", MBS: "given", GAS: "given"}
     if tbs is None and mbs is None:
-        raise DeepSpeedConfigError(f"{TBS} or {MBS} must be set (with {GAS} they define the batch: "
-                                   f"{TBS} = {MBS} x {GAS} x data-parallel world size)")
+        raise DeepSpeedConfigError(
+            f"{TBS} or {MBS} must be set (with {GAS} they define the batch: "
+            f"{TBS} = {MBS} x {GAS} x data-parallel world size)"
+        )
     if tbs is not None and mbs is not None and gas is not None:
         if tbs != mbs * gas * ws:
             raise DeepSpeedConfigError(
                 f"{TBS} ({tbs}) must equal {MBS} ({mbs}) x {GAS} ({gas}) x data-parallel world size ({ws}) "
-                f"= {mbs * gas * ws}")
+                f"= {mbs * gas * ws}"
+            )
     elif tbs is not None and mbs is not None:
         gas = _exact(tbs, mbs * ws, target=GAS, why=f"{TBS} / ({MBS} x world size) = {tbs} / ({mbs} x {ws})")
         src[GAS] = f"derived: {TBS} / ({MBS} x world size) = {tbs} / ({mbs} x {ws})"

@@ -22,7 +22,7 @@ _ACCUM_OK = {("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32"), ("bf16", "bf1
 
 
 def precision_name(model: DeepSpeedConfigModel) -> str:
-    """"fp16", "bf16" or "fp32": the dtype parameters are trained in."""
+    """ "fp16", "bf16" or "fp32": the dtype parameters are trained in."""
     if model.fp16.enabled:
         return "fp16"
     if model.bf16.enabled:
@@ -36,25 +36,36 @@ def _check_dtypes(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     if types.param_dtype is not None and types.param_dtype != dtype:
         raise DeepSpeedConfigError(
             f"data_types.param_dtype={types.param_dtype!r} conflicts with the precision mode ({dtype}: "
-            f"fp16.enabled={model.fp16.enabled}, bf16.enabled={model.bf16.enabled}); drop it or make them agree")
+            f"fp16.enabled={model.fp16.enabled}, bf16.enabled={model.bf16.enabled}); drop it or make them agree"
+        )
     accum = types.grad_accum_dtype
     if accum is not None and zero.stage == 0 and (dtype, accum) not in _ACCUM_OK:
         allowed = sorted(a for d, a in _ACCUM_OK if d == dtype)
         raise DeepSpeedConfigError(
             f"data_types.grad_accum_dtype={accum!r} is not supported with {dtype} parameters at ZeRO stage 0; "
-            f"use one of {allowed}")
+            f"use one of {allowed}"
+        )
 
 
 def _check_nvme(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
-    nvme = [key for key, device in (("offload_param", zero.offload_param_device),
-                                    ("offload_optimizer", zero.offload_optimizer_device)) if device == "nvme"]
+    nvme = [
+        key
+        for key, device in (
+            ("offload_param", zero.offload_param_device),
+            ("offload_optimizer", zero.offload_optimizer_device),
+        )
+        if device == "nvme"
+    ]
     if nvme and zero.stage != 3:
         raise DeepSpeedConfigError(
             f"zero_optimization.{nvme[0]}.device='nvme': NVMe offload (ZeRO-Infinity) needs zero_optimization.stage=3, "
-            f"got {zero.stage}; use device 'cpu' at stages 1 and 2")
+            f"got {zero.stage}; use device 'cpu' at stages 1 and 2"
+        )
     if not nvme and "aio" in model.model_fields_set:
-        logger.warning("aio: the section has no effect without NVMe offload (zero_optimization.offload_param or "
-                       "offload_optimizer with device 'nvme')")
+        logger.warning(
+            "aio: the section has no effect without NVMe offload (zero_optimization.offload_param or "
+            "offload_optimizer with device 'nvme')"
+        )
 
 
 def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
@@ -64,26 +75,42 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         DeepSpeedConfigError: naming every key involved and the fix.
     """
     if model.fp16.enabled and model.bf16.enabled:
-        raise DeepSpeedConfigError("fp16.enabled and bf16.enabled are both true; enable one of them "
-                                   "(bf16 is the safer choice where the hardware supports it)")
+        raise DeepSpeedConfigError(
+            "fp16.enabled and bf16.enabled are both true; enable one of them "
+            "(bf16 is the safer choice where the hardware supports it)"
+        )
     _check_dtypes(model, zero)
     opt = model.optimizer
-    if zero.stage >= 1 and opt is not None and not is_zero_tested_optimizer(opt.type) \
-            and not model.zero_allow_untested_optimizer:
+    if (
+        zero.stage >= 1
+        and opt is not None
+        and not is_zero_tested_optimizer(opt.type)
+        and not model.zero_allow_untested_optimizer
+    ):
         raise DeepSpeedConfigError(
             f"optimizer.type={opt.type!r} is not tested with ZeRO (stage {zero.stage}); tested: Adam, AdamW, "
-            "Adagrad, Lamb, Lion. Set \"zero_allow_untested_optimizer\": true to use it anyway")
+            'Adagrad, Lamb, Lion. Set "zero_allow_untested_optimizer": true to use it anyway'
+        )
     if opt is not None and opt.type == "lamb" and model.fp16.enabled and not model.fp16.dynamic_loss_scale:
-        raise DeepSpeedConfigError(f"optimizer.type='lamb' with fp16 needs dynamic loss scaling; set "
-                                   f"fp16.loss_scale to 0 (it is {model.fp16.loss_scale})")
+        raise DeepSpeedConfigError(
+            f"optimizer.type='lamb' with fp16 needs dynamic loss scaling; set "
+            f"fp16.loss_scale to 0 (it is {model.fp16.loss_scale})"
+        )
     if model.gradient_allreduce_op == "sum" and zero.stage == 3:
         raise DeepSpeedConfigError("gradient_allreduce_op='sum' is not supported with ZeRO stage 3; use 'mean'")
     _check_nvme(model, zero)
     if model.fp16.auto_cast and not model.fp16.enabled:
         warnings.warn("fp16.auto_cast has no effect while fp16.enabled is false", UserWarning, stacklevel=3)
     if model.prescale_gradients and model.gradient_predivide_factor != 1.0:
-        warnings.warn("gradient_predivide_factor has no effect with prescale_gradients=true (gradients are "
-                      "divided by the data-parallel size before the all-reduce)", UserWarning, stacklevel=3)
+        warnings.warn(
+            "gradient_predivide_factor has no effect with prescale_gradients=true (gradients are "
+            "divided by the data-parallel size before the all-reduce)",
+            UserWarning,
+            stacklevel=3,
+        )
     if model.vocabulary_size is not None and model.vocabulary_size % 8:
-        logger.warning("vocabulary_size=%d is not a multiple of 8; padding it to %d is faster on tensor cores",
-                       model.vocabulary_size, (model.vocabulary_size + 7) // 8 * 8)
+        logger.warning(
+            "vocabulary_size=%d is not a multiple of 8; padding it to %d is faster on tensor cores",
+            model.vocabulary_size,
+            (model.vocabulary_size + 7) // 8 * 8,
+        )

@@ -63,8 +63,14 @@ class DeepSpeedConfig:
         DeepSpeedConfigError: anything wrong, the message starting with the key path.
     """
 
-    def __init__(self, config: str | os.PathLike[str] | Mapping[str, Any], mpu: _DataParallelMpu | None = None,
-                 *, world_size: int | None = None, auto_values: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: str | os.PathLike[str] | Mapping[str, Any],
+        mpu: _DataParallelMpu | None = None,
+        *,
+        world_size: int | None = None,
+        auto_values: Mapping[str, Any] | None = None,
+    ) -> None:
         self.source = str(config) if isinstance(config, (str, os.PathLike)) and os.path.isfile(config) else "<dict>"
         raw = load_raw(config)
         if auto_values:
@@ -73,14 +79,17 @@ class DeepSpeedConfig:
         self.auto_keys: tuple[str, ...] = tuple(find_auto_paths(raw))
         self.model: DeepSpeedConfigModel = _validate(without_paths(raw, list(self.auto_keys)))
         self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
-        self._pipe_sections = {name: validate_pipe_section(name, getattr(self.model, name))
-                               for name in ("pipeline", "activation_checkpointing")}
+        self._pipe_sections = {
+            name: validate_pipe_section(name, getattr(self.model, name))
+            for name in ("pipeline", "activation_checkpointing")
+        }
         self.world_size, self.world_size_source = _world_size(world_size, mpu)
         m = self.model
         self.batch: BatchPlan | None = None
         if not {TBS, MBS, GAS} & set(self.auto_keys):
-            self.batch = resolve_batch(m.train_batch_size, m.train_micro_batch_size_per_gpu,
-                                       m.gradient_accumulation_steps, self.world_size)
+            self.batch = resolve_batch(
+                m.train_batch_size, m.train_micro_batch_size_per_gpu, m.gradient_accumulation_steps, self.world_size
+            )
         check_cross_fields(m, self.zero)
         if self.zero.unavailable is not None:
             raise DeepSpeedConfigError(self.zero.unavailable)
@@ -106,8 +115,9 @@ class DeepSpeedConfig:
             keys = ", ".join(self.auto_keys)
             raise DeepSpeedConfigError(
                 f'{keys}: still "auto"; a caller must fill these before initialize() '
-                '(DeepSpeedConfig(config, auto_values={...}) or config.fill_auto({...}), as the HF Trainer '
-                "integration does), or write the values into the config")
+                "(DeepSpeedConfig(config, auto_values={...}) or config.fill_auto({...}), as the HF Trainer "
+                "integration does), or write the values into the config"
+            )
 
     # -- the resolved values, DeepSpeed's attribute names ------------------------------------------------
     def _batch(self) -> BatchPlan:
@@ -135,7 +145,7 @@ class DeepSpeedConfig:
 
     @property
     def precision(self) -> str:
-        """"fp32", "fp16" or "bf16"."""
+        """ "fp32", "fp16" or "bf16"."""
         return precision_name(self.model)
 
     @property

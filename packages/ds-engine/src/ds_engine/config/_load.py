@@ -87,8 +87,9 @@ def load_raw(config: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, An
             raw = _from_base64(text)
             if raw is None:
                 shown = text if len(text) < 60 else text[:57] + "..."
-                raise DeepSpeedConfigError(f"expected a path to an existing config file, a dict, or base64-encoded "
-                                           f"JSON; got {shown!r}")
+                raise DeepSpeedConfigError(
+                    f"expected a path to an existing config file, a dict, or base64-encoded JSON; got {shown!r}"
+                )
     else:
         raise TypeError(f"config must be a dict, a file path or a base64 string, got {type(config).__name__}")
     raw = _plain(raw)

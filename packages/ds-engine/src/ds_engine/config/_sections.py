@@ -67,8 +67,7 @@ class FP16Config(ConfigModel):
         if self.loss_scale == 0:
             for key in ("loss_scale_window", "hysteresis", "min_loss_scale"):
                 if getattr(self, key) <= 0:
-                    raise ValueError(f"{key}={getattr(self, key)} must be > 0 with dynamic loss scaling "
-                                     "(loss_scale=0)")
+                    raise ValueError(f"{key}={getattr(self, key)} must be > 0 with dynamic loss scaling (loss_scale=0)")
         return self
 
     @property
@@ -77,9 +76,13 @@ class FP16Config(ConfigModel):
 
     def dynamic_loss_args(self) -> dict[str, Any]:
         """Keyword arguments of `ds_ops.precision.DynamicLossScaler`."""
-        return {"init_scale": 2.0 ** self.initial_scale_power, "scale_window": self.loss_scale_window,
-                "delayed_shift": self.hysteresis, "consecutive_hysteresis": self.consecutive_hysteresis,
-                "min_scale": self.min_loss_scale}
+        return {
+            "init_scale": 2.0**self.initial_scale_power,
+            "scale_window": self.loss_scale_window,
+            "delayed_shift": self.hysteresis,
+            "consecutive_hysteresis": self.consecutive_hysteresis,
+            "min_scale": self.min_loss_scale,
+        }
 
 
 class BF16Config(ConfigModel):
@@ -219,8 +222,9 @@ class CSVMonitorConfig(_MonitorConfig):
 class WandbConfig(ConfigModel):
     """`wandb`: Weights & Biases logging; not implemented, accepted only disabled."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": "the wandb monitor is not implemented; use tensorboard "
-                                                       "or csv_monitor"}
+    inert_keys: ClassVar[dict[str, str]] = {
+        "enabled": "the wandb monitor is not implemented; use tensorboard or csv_monitor"
+    }
 
     enabled: bool = False
     group: str | None = None
@@ -231,8 +235,9 @@ class WandbConfig(ConfigModel):
 class CometConfig(ConfigModel):
     """`comet`: Comet logging; not implemented, accepted only disabled."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": "the comet monitor is not implemented; use tensorboard "
-                                                       "or csv_monitor"}
+    inert_keys: ClassVar[dict[str, str]] = {
+        "enabled": "the comet monitor is not implemented; use tensorboard or csv_monitor"
+    }
 
     enabled: bool = False
     samples_log_interval: PosInt = 100
@@ -293,9 +298,8 @@ class FlopsProfilerConfig(ConfigModel):
 class TorchAutocastConfig(ConfigModel):
     """`torch_autocast`: not implemented, accepted only disabled (use `bf16` or `fp16`)."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": "torch autocast is not implemented; use \"bf16\" or \"fp16\""}
+    inert_keys: ClassVar[dict[str, str]] = {"enabled": 'torch autocast is not implemented; use "bf16" or "fp16"'}
 
     enabled: bool = False
     dtype: DtypeName | None = None
     lower_precision_safe_modules: list[str] | None = None
-

@@ -32,8 +32,8 @@ _REMOVED = "was removed in DeepSpeed 0.19 and is not implemented in ds"
 
 #: Keys DeepSpeed knows that ds refuses, with the reason shown to the user.
 UNSUPPORTED_KEYS: dict[str, str] = {
-    "amp": "NVIDIA Apex AMP was removed (DeepSpeed 0.19 rejects it too); use \"bf16\": {\"enabled\": true} "
-           "(recommended where supported) or \"fp16\": {\"enabled\": true}",
+    "amp": 'NVIDIA Apex AMP was removed (DeepSpeed 0.19 rejects it too); use "bf16": {"enabled": true} '
+    '(recommended where supported) or "fp16": {"enabled": true}',
     "nebula": f"Nebula checkpointing {_REMOVED}",
     "compression_training": f"compression training {_REMOVED}",
     "quantize_training": f"quantization-aware training {_REMOVED}",
@@ -44,7 +44,7 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "graph_harvesting": f"graph harvesting {_REMOVED}",
     "progressive_layer_drop": f"progressive layer drop {_REMOVED}",
     "curriculum_learning": "top-level curriculum learning was removed in DeepSpeed 0.19 (it moved to "
-                           "data_efficiency, which ds does not implement)",
+    "data_efficiency, which ds does not implement)",
     "expert_parallel": "mixture-of-experts parallelism is not implemented in ds",
     "weight_quantization": "weight quantization is not implemented in ds",
     "datastates": "DataStates checkpointing is not implemented in ds",
@@ -190,8 +190,9 @@ class DeepSpeedConfigModel(ConfigModel):
                 continue
             section = data.pop(key)
             if not isinstance(section, dict):
-                raise PydanticCustomError("unsupported_key", "expected a section (object), got {value}",
-                                          {"key": key, "value": repr(section)})
+                raise PydanticCustomError(
+                    "unsupported_key", "expected a section (object), got {value}", {"key": key, "value": repr(section)}
+                )
             value = section.get(switch)
             if switch == "autotp_size":
                 off = value is None or (isinstance(value, int) and not isinstance(value, bool) and value <= 1)
@@ -199,6 +200,8 @@ class DeepSpeedConfigModel(ConfigModel):
                 off = not value
             if not off:
                 raise PydanticCustomError(
-                    "unsupported_key", "{shown}={value} is not supported: {reason} (only a disabled section "
-                    "is accepted)", {"key": key, "shown": f"{switch}", "value": repr(value), "reason": reason})
+                    "unsupported_key",
+                    "{shown}={value} is not supported: {reason} (only a disabled section is accepted)",
+                    {"key": key, "shown": f"{switch}", "value": repr(value), "reason": reason},
+                )
         return data

@@ -49,7 +49,6 @@ PosFloat = Annotated[Float, Field(gt=0)]
 NonNegFloat = Annotated[Float, Field(ge=0)]
 
 
-
 def _infinite_is_never(value: Any) -> Any:
     # Accelerate writes `steps_per_print: float("inf")` to silence DeepSpeed, where `step % inf` is never 0.
     if isinstance(value, float) and value == math.inf:
@@ -61,9 +60,17 @@ StepInterval = Annotated[PosInt | None, BeforeValidator(_infinite_is_never)]
 """Every N optimizer steps; None or `inf` (as Accelerate writes it): never."""
 
 _DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
 }
 
 
@@ -78,5 +85,3 @@ def dtype_name(value: Any) -> Any:
 
 DtypeName = Annotated[Literal["fp32", "fp16", "bf16"], BeforeValidator(dtype_name)]
 """A training dtype by name: fp32 | fp16 | bf16 (float32/float16/half/bfloat16 are accepted too)."""
-
-

@@ -64,8 +64,11 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     if value is None:
         return ZeroSettings()
     if isinstance(value, bool):
-        warnings.warn(f'"zero_optimization": {str(value).lower()} is deprecated; write '
-                      f'{{"stage": {int(value)}}}', ConfigDeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f'"zero_optimization": {str(value).lower()} is deprecated; write {{"stage": {int(value)}}}',
+            ConfigDeprecationWarning,
+            stacklevel=3,
+        )
         value = {"stage": int(value)}
     stage = _stage_of(value)
     devices = {key: _offload_device(value, key) for key in ("offload_optimizer", "offload_param")}
@@ -74,24 +77,36 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
             raise DeepSpeedConfigError(
                 f"zero_optimization.{key}.device={device!r}: offload needs ZeRO (stage 1, 2 or 3"
                 f"{'; parameters are offloaded at stage 3 only' if key == 'offload_param' else ''}), but "
-                "zero_optimization.stage is 0")
+                "zero_optimization.stage is 0"
+            )
     try:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
         if stage > 0:
-            return ZeroSettings(stage=stage, offload_optimizer_device=devices["offload_optimizer"],
-                                offload_param_device=devices["offload_param"],
-                                unavailable=f"zero_optimization.stage={stage}: {err}")
+            return ZeroSettings(
+                stage=stage,
+                offload_optimizer_device=devices["offload_optimizer"],
+                offload_param_device=devices["offload_param"],
+                unavailable=f"zero_optimization.stage={stage}: {err}",
+            )
         extra = sorted(set(value) - {"stage"})
         if extra:
-            logger.warning("zero_optimization keys %s have no effect at stage 0 and are not validated without "
-                           "ds-zero (pip install 'ds-engine[zero]')", extra)
+            logger.warning(
+                "zero_optimization keys %s have no effect at stage 0 and are not validated without "
+                "ds-zero (pip install 'ds-engine[zero]')",
+                extra,
+            )
         return ZeroSettings()
     try:
         cfg = validate_section(ds_zero.ZeroConfig, value, path="zero_optimization")
     except ConfigError as err:
         raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
-    return ZeroSettings(stage=cfg.stage, offload_optimizer_device=cfg.offload_optimizer.device,
-                        offload_param_device=cfg.offload_param.device, reduce_bucket_size=cfg.reduce_bucket_size,
-                        load_from_fp32_weights=cfg.load_from_fp32_weights,
-                        gather_16bit_weights_on_model_save=cfg.gather_16bit_weights_on_model_save, config=cfg)
+    return ZeroSettings(
+        stage=cfg.stage,
+        offload_optimizer_device=cfg.offload_optimizer.device,
+        offload_param_device=cfg.offload_param.device,
+        reduce_bucket_size=cfg.reduce_bucket_size,
+        load_from_fp32_weights=cfg.load_from_fp32_weights,
+        gather_16bit_weights_on_model_save=cfg.gather_16bit_weights_on_model_save,
+        config=cfg,
+    )

@@ -27,8 +27,10 @@ class TensorBoardMonitor:
 
     def __init__(self, output_path: str, job_name: str) -> None:
         if not tensorboard_available():
-            raise ImportError("tensorboard.enabled is true but the tensorboard package is not installed: "
-                              "pip install tensorboard (or set tensorboard.enabled to false, or use csv_monitor)")
+            raise ImportError(
+                "tensorboard.enabled is true but the tensorboard package is not installed: "
+                "pip install tensorboard (or set tensorboard.enabled to false, or use csv_monitor)"
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = Path(output_path or os.path.join(os.getcwd(), "runs")) / job_name

@@ -14,8 +14,11 @@ if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_zero'
     from ds_zero.zero_to_fp32 import *  # noqa: F403
 
 __all__, __getattr__, __dir__ = optional_reexport(
-    "ds_engine.utils.zero_to_fp32", "ds_zero.zero_to_fp32", extra="zero",
-    feature="ds_engine.utils.zero_to_fp32 (deepspeed.utils.zero_to_fp32, ZeRO checkpoint consolidation)")
+    "ds_engine.utils.zero_to_fp32",
+    "ds_zero.zero_to_fp32",
+    extra="zero",
+    feature="ds_engine.utils.zero_to_fp32 (deepspeed.utils.zero_to_fp32, ZeRO checkpoint consolidation)",
+)
 
 if __name__ == "__main__":  # `python -m ds_engine.utils.zero_to_fp32 CKPT OUT`, as DeepSpeed's module runs
     import sys

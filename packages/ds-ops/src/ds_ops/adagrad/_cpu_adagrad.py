@@ -38,13 +38,21 @@ class DeepSpeedCPUAdagrad(CPUOptimizerBase):
     KERNEL = "ds_cpu_adagrad_step"
     SUPPORTS_SPARSE = True
 
-    def __init__(self, model_params: Iterable[Any], lr: float = 1e-2, eps: float = 1e-10, weight_decay: float = 0,
-                 amsgrad: bool = False, fp32_optimizer_states: bool = True) -> None:
+    def __init__(
+        self,
+        model_params: Iterable[Any],
+        lr: float = 1e-2,
+        eps: float = 1e-10,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        fp32_optimizer_states: bool = True,
+    ) -> None:
         if amsgrad:
             raise ValueError("DeepSpeedCPUAdagrad: amsgrad=True has no meaning for Adagrad; use amsgrad=False")
         defaults = {"lr": lr, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad}
-        super().__init__(model_params, defaults, fp32_optimizer_states=fp32_optimizer_states,
-                         builder=CPUAdagradBuilder())
+        super().__init__(
+            model_params, defaults, fp32_optimizer_states=fp32_optimizer_states, builder=CPUAdagradBuilder()
+        )
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         owner = f"{self._owner} {where}"

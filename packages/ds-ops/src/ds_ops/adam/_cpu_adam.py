@@ -41,17 +41,32 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
     STATE_KEYS = ("exp_avg", "exp_avg_sq")
     KERNEL = "ds_cpu_adam_step"
 
-    def __init__(self, model_params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
-                 amsgrad: bool = False, adamw_mode: bool = True, fp32_optimizer_states: bool = True) -> None:
+    def __init__(
+        self,
+        model_params: Iterable[Any],
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0,
+        amsgrad: bool = False,
+        adamw_mode: bool = True,
+        fp32_optimizer_states: bool = True,
+    ) -> None:
         if amsgrad:
-            raise ValueError("DeepSpeedCPUAdam: amsgrad=True is not supported; use amsgrad=False "
-                             "(or torch.optim.Adam(amsgrad=True))")
+            raise ValueError(
+                "DeepSpeedCPUAdam: amsgrad=True is not supported; use amsgrad=False (or torch.optim.Adam(amsgrad=True))"
+            )
         self.adam_w_mode = adamw_mode
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                    "bias_correction": bias_correction, "amsgrad": amsgrad}
-        super().__init__(model_params, defaults, fp32_optimizer_states=fp32_optimizer_states,
-                         builder=CPUAdamBuilder())
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "bias_correction": bias_correction,
+            "amsgrad": amsgrad,
+        }
+        super().__init__(model_params, defaults, fp32_optimizer_states=fp32_optimizer_states, builder=CPUAdamBuilder())
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         owner = f"{self._owner} {where}"
@@ -76,5 +91,15 @@ class DeepSpeedCPUAdam(CPUOptimizerBase):
             bias_correction1 = bias_correction2 = 1.0
         decay = 1 - lr * weight_decay if self.adam_w_mode else 1.0
         l2 = 0.0 if self.adam_w_mode else weight_decay
-        return self._kernel(*batch.arrays(), decay, l2, 1 - beta1, beta2, 1 - beta2, bias_correction2**0.5,
-                            group["eps"], -(lr / bias_correction1), num_threads)
+        return self._kernel(
+            *batch.arrays(),
+            decay,
+            l2,
+            1 - beta1,
+            beta2,
+            1 - beta2,
+            bias_correction2**0.5,
+            group["eps"],
+            -(lr / bias_correction1),
+            num_threads,
+        )

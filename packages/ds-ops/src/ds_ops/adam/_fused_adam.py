@@ -43,21 +43,36 @@ class FusedAdam(torch.optim.Optimizer):
         TypeError: a parameter's dtype is not fp32/bf16/fp16.
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, bias_correction: bool = True,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool = True,
-                 weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        adam_w_mode: bool = True,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        set_grad_none: bool = True,
+    ) -> None:
         builder = FusedAdamBuilder()
         problems = builder.runtime_problems()
         if problems:
             raise OpNotCompatibleError(
                 f"FusedAdam needs a CUDA device: {'; '.join(problems)}. On a CPU host use "
-                "ds_ops.DeepSpeedCPUAdam (or torch.optim.AdamW) instead")
+                "ds_ops.DeepSpeedCPUAdam (or torch.optim.AdamW) instead"
+            )
         if amsgrad:
             raise ValueError("FusedAdam: amsgrad=True is not supported; use amsgrad=False")
         self.adam_w_mode = adam_w_mode
         self.set_grad_none = set_grad_none
-        defaults = {"lr": lr, "bias_correction": bias_correction, "betas": betas, "eps": eps,
-                    "weight_decay": weight_decay}
+        defaults = {
+            "lr": lr,
+            "bias_correction": bias_correction,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+        }
         super().__init__(params, defaults)
         self._kernel: Callable[..., int] = builder.load().ds_fused_adam_step
 
@@ -70,8 +85,10 @@ class FusedAdam(torch.optim.Optimizer):
         try:
             for i, param in enumerate(group["params"]):
                 if param.device.type != "cuda":
-                    raise ValueError(f"{owner}['params'][{i}] is on {param.device}; FusedAdam updates CUDA tensors. "
-                                     "Use ds_ops.DeepSpeedCPUAdam for CPU tensors")
+                    raise ValueError(
+                        f"{owner}['params'][{i}] is on {param.device}; FusedAdam updates CUDA tensors. "
+                        "Use ds_ops.DeepSpeedCPUAdam for CPU tensors"
+                    )
                 if param.dtype not in DTYPE_CODES:
                     raise TypeError(f"{owner}['params'][{i}] has dtype {param.dtype}; use float32, bfloat16 or float16")
             for key in ("lr", "eps", "weight_decay"):
@@ -87,16 +104,25 @@ class FusedAdam(torch.optim.Optimizer):
         super().zero_grad(set_to_none=self.set_grad_none or set_to_none)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None, grads: Any = None, output_params: Any = None,
-             scale: Any = None, grad_norms: Any = None, grad_scaler: Any = None) -> Any:
+    def step(
+        self,
+        closure: Callable[[], Any] | None = None,
+        grads: Any = None,
+        output_params: Any = None,
+        scale: Any = None,
+        grad_norms: Any = None,
+        grad_scaler: Any = None,
+    ) -> Any:
         """One Adam step for every parameter with a gradient: one kernel launch per (device, dtype).
 
         The legacy arguments (grads, output_params, scale, grad_norms, grad_scaler) are rejected, as
         in DeepSpeed.
         """
         if any(arg is not None for arg in (grads, output_params, scale, grad_norms, grad_scaler)):
-            raise ValueError("FusedAdam.step takes only `closure`: the legacy grads/output_params/scale/"
-                             "grad_norms/grad_scaler arguments were removed (as in DeepSpeed)")
+            raise ValueError(
+                "FusedAdam.step takes only `closure`: the legacy grads/output_params/scale/"
+                "grad_norms/grad_scaler arguments were removed (as in DeepSpeed)"
+            )
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -109,14 +135,17 @@ class FusedAdam(torch.optim.Optimizer):
                 if param.grad.is_sparse:
                     raise TypeError(f"FusedAdam param_groups[{index}]['params'][{i}] has a sparse gradient")
                 if param.grad.dtype != param.dtype:
-                    raise TypeError(f"FusedAdam param_groups[{index}]['params'][{i}]: gradient dtype "
-                                    f"{param.grad.dtype} differs from the parameter's {param.dtype}")
+                    raise TypeError(
+                        f"FusedAdam param_groups[{index}]['params'][{i}]: gradient dtype "
+                        f"{param.grad.dtype} differs from the parameter's {param.dtype}"
+                    )
                 state = self.state[param]
                 if not state:
                     state["exp_avg"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
                     state["exp_avg_sq"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
                 buckets.setdefault((param.device, param.dtype), []).append(
-                    (param, param.grad, state["exp_avg"], state["exp_avg_sq"]))
+                    (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+                )
             if not buckets:
                 continue
             group["step"] = group.get("step", 0) + 1
@@ -124,8 +153,9 @@ class FusedAdam(torch.optim.Optimizer):
                 self._launch(device, dtype, tensors, group)
         return loss
 
-    def _launch(self, device: torch.device, dtype: torch.dtype, tensors: list[tuple[torch.Tensor, ...]],
-                group: dict[str, Any]) -> None:
+    def _launch(
+        self, device: torch.device, dtype: torch.dtype, tensors: list[tuple[torch.Tensor, ...]], group: dict[str, Any]
+    ) -> None:
         # Non-contiguous tensors are updated through contiguous copies written back afterwards (same stream).
         work = [tuple(t if t.is_contiguous() else t.contiguous() for t in item) for item in tensors]
         chunks = [(item[0].numel() + CHUNK_NUMEL - 1) // CHUNK_NUMEL for item in work]
@@ -142,10 +172,22 @@ class FusedAdam(torch.optim.Optimizer):
             bias_correction1 = bias_correction2 = 1.0
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream
-            status = self._kernel(meta.data_ptr(), len(work), offsets[-1], CHUNK_NUMEL, DTYPE_CODES[dtype],
-                                  1 - lr * weight_decay if self.adam_w_mode else 1.0,
-                                  0.0 if self.adam_w_mode else weight_decay, 1 - beta1, beta2, 1 - beta2,
-                                  bias_correction2**0.5, group["eps"], -(lr / bias_correction1), stream)
+            status = self._kernel(
+                meta.data_ptr(),
+                len(work),
+                offsets[-1],
+                CHUNK_NUMEL,
+                DTYPE_CODES[dtype],
+                1 - lr * weight_decay if self.adam_w_mode else 1.0,
+                0.0 if self.adam_w_mode else weight_decay,
+                1 - beta1,
+                beta2,
+                1 - beta2,
+                bias_correction2**0.5,
+                group["eps"],
+                -(lr / bias_correction1),
+                stream,
+            )
         if status != 0:
             raise RuntimeError(f"FusedAdam kernel launch failed with CUDA error {status} on {device}")
         for original, used in zip(tensors, work, strict=True):

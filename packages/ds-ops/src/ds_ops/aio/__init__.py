@@ -1,11 +1,11 @@
 """Asynchronous file I/O for ZeRO-Infinity: the async_io op behind DeepSpeed's `aio_handle` API.
 
-    from ds_ops.aio import AsyncIOHandle
-    handle = AsyncIOHandle(block_size=1 << 20, queue_depth=8, intra_op_parallelism=2)
-    buffer = handle.new_cpu_locked_tensor(1 << 20, torch.empty(0, dtype=torch.float32))
-    handle.async_pwrite(buffer, "/nvme/swap/param_0.bin")
-    handle.wait()              # raises AioError naming the file if anything failed
-    handle.sync_pread(buffer, "/nvme/swap/param_0.bin")
+from ds_ops.aio import AsyncIOHandle
+handle = AsyncIOHandle(block_size=1 << 20, queue_depth=8, intra_op_parallelism=2)
+buffer = handle.new_cpu_locked_tensor(1 << 20, torch.empty(0, dtype=torch.float32))
+handle.async_pwrite(buffer, "/nvme/swap/param_0.bin")
+handle.wait()              # raises AioError naming the file if anything failed
+handle.sync_pread(buffer, "/nvme/swap/param_0.bin")
 """
 
 from __future__ import annotations

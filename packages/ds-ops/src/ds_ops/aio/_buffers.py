@@ -33,7 +33,7 @@ def aligned_tensor(numel: int, dtype: torch.dtype, *, pin: bool) -> torch.Tensor
         return huge_page_zeros(numel, dtype)
     raw = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8, pin_memory=pin)
     shift = (-raw.data_ptr()) % ALIGNMENT
-    return raw[shift:shift + nbytes].view(dtype)
+    return raw[shift : shift + nbytes].view(dtype)
 
 
 def direct_io_allowed(path: str) -> bool:

@@ -76,18 +76,28 @@ class AsyncIOHandle:
         AioError: engine="io_uring" and the kernel refuses io_uring, or the workers cannot start.
     """
 
-    def __init__(self, block_size: int = 1048576, queue_depth: int = 8, single_submit: bool = False,
-                 overlap_events: bool = True, intra_op_parallelism: int = 1, use_o_direct: bool | None = None, *,
-                 thread_count: int | None = None, engine: str = "auto") -> None:
+    def __init__(
+        self,
+        block_size: int = 1048576,
+        queue_depth: int = 8,
+        single_submit: bool = False,
+        overlap_events: bool = True,
+        intra_op_parallelism: int = 1,
+        use_o_direct: bool | None = None,
+        *,
+        thread_count: int | None = None,
+        engine: str = "auto",
+    ) -> None:
         if thread_count is not None:
             if intra_op_parallelism not in (1, thread_count):
-                raise ValueError(f"AsyncIOHandle: thread_count={thread_count!r} and intra_op_parallelism="
-                                 f"{intra_op_parallelism!r} disagree; pass only intra_op_parallelism")
+                raise ValueError(
+                    f"AsyncIOHandle: thread_count={thread_count!r} and intra_op_parallelism="
+                    f"{intra_op_parallelism!r} disagree; pass only intra_op_parallelism"
+                )
             intra_op_parallelism = thread_count
         self._block_size = _check_int("block_size", block_size, MAX_BLOCK_SIZE)
         self._queue_depth = _check_int("queue_depth", queue_depth, MAX_QUEUE_DEPTH)
-        self._intra_op_parallelism = _check_int("intra_op_parallelism", intra_op_parallelism,
-                                                MAX_INTRA_OP_PARALLELISM)
+        self._intra_op_parallelism = _check_int("intra_op_parallelism", intra_op_parallelism, MAX_INTRA_OP_PARALLELISM)
         self._single_submit = _check_bool("single_submit", single_submit)
         self._overlap_events = _check_bool("overlap_events", overlap_events)
         if use_o_direct is not None:
@@ -111,24 +121,34 @@ class AsyncIOHandle:
 
     def _start(self, engine: str) -> str:
         used, setup_error = ctypes.c_int32(0), ctypes.c_int32(0)
-        handle = self._lib.ds_aio_create(self._block_size, self._queue_depth, int(self._single_submit),
-                                         int(self._overlap_events), self._intra_op_parallelism, ENGINES[engine],
-                                         ctypes.byref(used), ctypes.byref(setup_error))
+        handle = self._lib.ds_aio_create(
+            self._block_size,
+            self._queue_depth,
+            int(self._single_submit),
+            int(self._overlap_events),
+            self._intra_op_parallelism,
+            ENGINES[engine],
+            ctypes.byref(used),
+            ctypes.byref(setup_error),
+        )
         if not handle:
             code = setup_error.value
             what = "io_uring_setup" if engine == "io_uring" else "starting the worker threads"
-            raise AioError(f"AsyncIOHandle(engine={engine!r}): {what} failed: {os.strerror(code)} "
-                           f"({code}); use engine='auto' to fall back to psync", code=code)
+            raise AioError(
+                f"AsyncIOHandle(engine={engine!r}): {what} failed: {os.strerror(code)} "
+                f"({code}); use engine='auto' to fall back to psync",
+                code=code,
+            )
         self._handle = handle
         name = _ENGINE_NAMES[used.value]
         if engine == "auto" and name == "psync":
-            logger.info("aio: io_uring unavailable (%s); using the pread/pwrite engine",
-                        os.strerror(setup_error.value))
+            logger.info("aio: io_uring unavailable (%s); using the pread/pwrite engine", os.strerror(setup_error.value))
         return name
 
     @classmethod
-    def from_config(cls, config: AioConfig | Mapping[str, Any], *, use_o_direct: bool | None = None,
-                    engine: str = "auto") -> AsyncIOHandle:
+    def from_config(
+        cls, config: AioConfig | Mapping[str, Any], *, use_o_direct: bool | None = None, engine: str = "auto"
+    ) -> AsyncIOHandle:
         """A handle from the `aio` section (an `AioConfig` or its dict).
 
         Raises:
@@ -138,8 +158,15 @@ class AsyncIOHandle:
         from ds_ops.aio._config import AioConfig  # noqa: PLC0415
 
         section = validate_section(AioConfig, config, path="aio")
-        return cls(section.block_size, section.queue_depth, section.single_submit, section.overlap_events,
-                   section.intra_op_parallelism, use_o_direct, engine=engine)
+        return cls(
+            section.block_size,
+            section.queue_depth,
+            section.single_submit,
+            section.overlap_events,
+            section.intra_op_parallelism,
+            use_o_direct,
+            engine=engine,
+        )
 
     # ---- requests -------------------------------------------------------------------------------
     def async_pwrite(self, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int = 0) -> None:
@@ -189,19 +216,27 @@ class AsyncIOHandle:
         if self._handle is None:
             raise ValueError(f"{where}: the handle is closed")
         if os.getpid() != self._pid:
-            raise ValueError(f"{where}: this handle was created in process {self._pid} and its worker threads "
-                             f"do not exist in this forked process {os.getpid()}; create a handle per process")
+            raise ValueError(
+                f"{where}: this handle was created in process {self._pid} and its worker threads "
+                f"do not exist in this forked process {os.getpid()}; create a handle per process"
+            )
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{where}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.layout != torch.strided:
-            raise ValueError(f"{where}: tensor has layout {tensor.layout}; the op moves dense (strided) tensors "
-                             f"(pass tensor.to_dense())")
+            raise ValueError(
+                f"{where}: tensor has layout {tensor.layout}; the op moves dense (strided) tensors "
+                f"(pass tensor.to_dense())"
+            )
         if tensor.device.type != "cpu":
-            raise ValueError(f"{where}: tensor is on {tensor.device}; the op moves host memory only "
-                             f"(copy it to a CPU tensor, e.g. from new_cpu_locked_tensor)")
+            raise ValueError(
+                f"{where}: tensor is on {tensor.device}; the op moves host memory only "
+                f"(copy it to a CPU tensor, e.g. from new_cpu_locked_tensor)"
+            )
         if not tensor.is_contiguous():
-            raise ValueError(f"{where}: tensor of shape {tuple(tensor.shape)} is not contiguous; pass "
-                             f"tensor.contiguous() (and copy back after a read)")
+            raise ValueError(
+                f"{where}: tensor of shape {tuple(tensor.shape)} is not contiguous; pass "
+                f"tensor.contiguous() (and copy back after a read)"
+            )
         if isinstance(file_offset, bool) or not isinstance(file_offset, int) or file_offset < 0:
             raise ValueError(f"{where}: file_offset={file_offset!r} must be an int >= 0")
         if not isinstance(path, (str, os.PathLike)):
@@ -211,13 +246,26 @@ class AsyncIOHandle:
             raise TypeError(f"{where}: path must be a str or os.PathLike of str, got {text!r}")
         if "\0" in text:
             raise ValueError(f"{where}: path {text!r} contains a NUL character")
-        request = PendingRequest(op=op, path=text, path_bytes=os.fsencode(text), tensor=tensor,
-                                 file_offset=file_offset, nbytes=tensor.numel() * tensor.element_size(),
-                                 result=Result())
+        request = PendingRequest(
+            op=op,
+            path=text,
+            path_bytes=os.fsencode(text),
+            tensor=tensor,
+            file_offset=file_offset,
+            nbytes=tensor.numel() * tensor.element_size(),
+            result=Result(),
+        )
         self._pending.append(request)  # before submitting: the op may write the result at once
-        self._lib.ds_aio_submit(self._handle, int(op == "write"), tensor.data_ptr(), request.nbytes,
-                                request.path_bytes, file_offset, self._direct_mode,
-                                ctypes.addressof(request.result))
+        self._lib.ds_aio_submit(
+            self._handle,
+            int(op == "write"),
+            tensor.data_ptr(),
+            request.nbytes,
+            request.path_bytes,
+            file_offset,
+            self._direct_mode,
+            ctypes.addressof(request.result),
+        )
 
     def _log_fallback(self, path: str) -> None:
         directory = os.path.dirname(os.path.abspath(path))
@@ -225,8 +273,11 @@ class AsyncIOHandle:
             if directory in _FALLBACK_LOGGED:
                 return
             _FALLBACK_LOGGED.add(directory)
-        logger.warning("aio: the file system of %s refuses O_DIRECT; using buffered I/O there "
-                       "(pass use_o_direct=False to silence this)", directory)
+        logger.warning(
+            "aio: the file system of %s refuses O_DIRECT; using buffered I/O there "
+            "(pass use_o_direct=False to silence this)",
+            directory,
+        )
 
     # ---- buffers --------------------------------------------------------------------------------
     def new_cpu_locked_tensor(self, numel: int, example: torch.Tensor) -> torch.Tensor:
@@ -240,8 +291,10 @@ class AsyncIOHandle:
         if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
             raise ValueError(f"AsyncIOHandle.new_cpu_locked_tensor: numel={numel!r} must be an int >= 1")
         if not isinstance(example, torch.Tensor):
-            raise TypeError(f"AsyncIOHandle.new_cpu_locked_tensor: example must be a torch.Tensor "
-                            f"(its dtype is used), got {type(example).__name__}")
+            raise TypeError(
+                f"AsyncIOHandle.new_cpu_locked_tensor: example must be a torch.Tensor "
+                f"(its dtype is used), got {type(example).__name__}"
+            )
         tensor = aligned_tensor(numel, example.dtype, pin=torch.cuda.is_available())
         self._locked[tensor.data_ptr()] = tensor
         return tensor
@@ -253,8 +306,10 @@ class AsyncIOHandle:
             ValueError: the tensor was not allocated by this handle (or was already freed).
         """
         if self._locked.pop(tensor.data_ptr(), None) is None:
-            raise ValueError("AsyncIOHandle.free_cpu_locked_tensor: this tensor was not allocated by this "
-                             "handle's new_cpu_locked_tensor, or was freed already")
+            raise ValueError(
+                "AsyncIOHandle.free_cpu_locked_tensor: this tensor was not allocated by this "
+                "handle's new_cpu_locked_tensor, or was freed already"
+            )
 
     # ---- settings -------------------------------------------------------------------------------
     def get_block_size(self) -> int:
@@ -290,8 +345,11 @@ class AsyncIOHandle:
             try:
                 self._direct_by_dir[directory] = direct_io_allowed(text)
             except OSError as err:
-                raise AioError(f"aio: cannot probe O_DIRECT support for {text!r}: {err.strerror} "
-                               f"({err.filename})", code=err.errno or 0, filename=text) from None
+                raise AioError(
+                    f"aio: cannot probe O_DIRECT support for {text!r}: {err.strerror} ({err.filename})",
+                    code=err.errno or 0,
+                    filename=text,
+                ) from None
         return self._direct_by_dir[directory]
 
     # ---- lifetime -------------------------------------------------------------------------------
@@ -319,10 +377,12 @@ class AsyncIOHandle:
             self._lib.ds_aio_destroy(handle)  # waits for in-flight requests: their memory is still ours
 
     def __repr__(self) -> str:
-        return (f"AsyncIOHandle(block_size={self._block_size}, queue_depth={self._queue_depth}, "
-                f"single_submit={self._single_submit}, overlap_events={self._overlap_events}, "
-                f"intra_op_parallelism={self._intra_op_parallelism}, use_o_direct={self._use_o_direct}, "
-                f"engine={self.engine!r})")
+        return (
+            f"AsyncIOHandle(block_size={self._block_size}, queue_depth={self._queue_depth}, "
+            f"single_submit={self._single_submit}, overlap_events={self._overlap_events}, "
+            f"intra_op_parallelism={self._intra_op_parallelism}, use_o_direct={self._use_o_direct}, "
+            f"engine={self.engine!r})"
+        )
 
 
 #: DeepSpeed's name (`deepspeed.ops.op_builder.AsyncIOBuilder().load().aio_handle`).

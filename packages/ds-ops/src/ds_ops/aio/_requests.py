@@ -25,8 +25,14 @@ class Stage(enum.IntEnum):
 class Result(ctypes.Structure):
     """What the op writes back when a request settles (mirrors ds_aio::Result)."""
 
-    _fields_ = [("bytes_done", ctypes.c_int64), ("direct_bytes", ctypes.c_int64), ("error", ctypes.c_int32),
-                ("stage", ctypes.c_int32), ("direct_refused", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+    _fields_ = [
+        ("bytes_done", ctypes.c_int64),
+        ("direct_bytes", ctypes.c_int64),
+        ("error", ctypes.c_int32),
+        ("stage", ctypes.c_int32),
+        ("direct_refused", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
 
 
 @dataclass
@@ -72,24 +78,32 @@ def _short_read(request: PendingRequest) -> str:
     except OSError as err:
         return f"got {request.result.bytes_done} (the file is gone: {err.strerror})"
     available = max(0, min(size - request.file_offset, request.nbytes))
-    return (f"got {available} (the file has {size} bytes: truncated, or written with another size or offset?; "
-            f"{request.result.bytes_done} bytes were read before the request stopped)")
+    return (
+        f"got {available} (the file has {size} bytes: truncated, or written with another size or offset?; "
+        f"{request.result.bytes_done} bytes were read before the request stopped)"
+    )
 
 
 def describe(request: PendingRequest) -> str:
     """One sentence: the op, the file, the offset, the bytes expected and done, and the cause."""
     r = request.result
-    head = (f"aio {request.op} of {request.nbytes} bytes at offset {request.file_offset} of {request.path!r} "
-            f"failed after {r.bytes_done} bytes")
+    head = (
+        f"aio {request.op} of {request.nbytes} bytes at offset {request.file_offset} of {request.path!r} "
+        f"failed after {r.bytes_done} bytes"
+    )
     stage = Stage(r.stage)
     if stage is Stage.OPEN:
-        return f"{head}: cannot open the file for {'writing' if request.op == 'write' else 'reading'}: " \
-               f"{_errno_text(r.error)}"
+        return (
+            f"{head}: cannot open the file for {'writing' if request.op == 'write' else 'reading'}: "
+            f"{_errno_text(r.error)}"
+        )
     if stage is Stage.SHORT_READ:
         return f"{head}: short read: expected {request.nbytes} bytes, {_short_read(request)}"
     if stage is Stage.DIRECT_REFUSED:
-        return (f"{head}: the file system refuses O_DIRECT (open with O_DIRECT failed with EINVAL); create "
-                f"the handle with use_o_direct=False, or use_o_direct=None to fall back to buffered I/O there")
+        return (
+            f"{head}: the file system refuses O_DIRECT (open with O_DIRECT failed with EINVAL); create "
+            f"the handle with use_o_direct=False, or use_o_direct=None to fall back to buffered I/O there"
+        )
     if stage is Stage.CLOSE:
         return f"{head}: closing the written file reported a deferred write error: {_errno_text(r.error)}"
     text = f"{head}: {_errno_text(r.error)}"
@@ -115,9 +129,18 @@ class AioError(OSError):
         failures: one sentence per failed request.
     """
 
-    def __init__(self, message: str, *, code: int = 0, filename: str | None = None, op: str = "",
-                 file_offset: int = 0, nbytes: int = 0, bytes_done: int = 0,
-                 failures: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int = 0,
+        filename: str | None = None,
+        op: str = "",
+        file_offset: int = 0,
+        nbytes: int = 0,
+        bytes_done: int = 0,
+        failures: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.errno = code
         self.strerror = os.strerror(code) if code else message
@@ -140,6 +163,13 @@ class AioError(OSError):
         if len(failed) > 1:
             others = ", ".join(repr(r.path) for r in failed[1:4]) + (", ..." if len(failed) > 4 else "")
             message += f" (and {len(failed) - 1} more failed request(s): {others}; see .failures)"
-        return cls(message, code=first.result.error, filename=first.path, op=first.op,
-                   file_offset=first.file_offset, nbytes=first.nbytes, bytes_done=first.result.bytes_done,
-                   failures=sentences)
+        return cls(
+            message,
+            code=first.result.error,
+            filename=first.path,
+            op=first.op,
+            file_offset=first.file_offset,
+            nbytes=first.nbytes,
+            bytes_done=first.result.bytes_done,
+            failures=sentences,
+        )

@@ -35,11 +35,16 @@ class DeepSpeedCPULion(CPUOptimizerBase):
     STATE_KEYS = ("exp_avg",)
     KERNEL = "ds_cpu_lion_step"
 
-    def __init__(self, model_params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 weight_decay: float = 0, fp32_optimizer_states: bool = True) -> None:
+    def __init__(
+        self,
+        model_params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0,
+        fp32_optimizer_states: bool = True,
+    ) -> None:
         defaults = {"lr": lr, "betas": betas, "weight_decay": weight_decay}
-        super().__init__(model_params, defaults, fp32_optimizer_states=fp32_optimizer_states,
-                         builder=CPULionBuilder())
+        super().__init__(model_params, defaults, fp32_optimizer_states=fp32_optimizer_states, builder=CPULionBuilder())
 
     def _check_group(self, group: dict[str, Any], where: str) -> None:
         owner = f"{self._owner} {where}"
@@ -54,5 +59,6 @@ class DeepSpeedCPULion(CPUOptimizerBase):
     def _call_kernel(self, batch: KernelBatch, group: dict[str, Any], step: int, num_threads: int) -> int:
         beta1, beta2 = group["betas"]
         lr = group["lr"]
-        return self._kernel(*batch.arrays(), 1 - lr * group["weight_decay"], beta1, 1 - beta1, beta2, 1 - beta2,
-                            -lr, num_threads)
+        return self._kernel(
+            *batch.arrays(), 1 - lr * group["weight_decay"], beta1, 1 - beta1, beta2, 1 - beta2, -lr, num_threads
+        )

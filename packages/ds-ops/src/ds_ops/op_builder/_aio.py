@@ -101,8 +101,15 @@ class AsyncIOBuilder(OpBuilder):
         return "none"
 
     def cxx_args(self) -> list[str]:
-        return ["-O3", "-std=c++17", "-fPIC", "-pthread", "-fvisibility=hidden", '-DDS_SIMD_LEVEL="none"',
-                *(f"-I{path}" for path in self.include_paths())]
+        return [
+            "-O3",
+            "-std=c++17",
+            "-fPIC",
+            "-pthread",
+            "-fvisibility=hidden",
+            '-DDS_SIMD_LEVEL="none"',
+            *(f"-I{path}" for path in self.include_paths()),
+        ]
 
     def extra_ldflags(self) -> list[str]:
         return ["-shared", "-pthread"]

@@ -39,11 +39,13 @@ def selected_ops(environ: Mapping[str, str], op_names: Iterable[str]) -> dict[st
     """
     names = list(op_names)
     known = {env_var(name) for name in names} | {"DS_BUILD_OPS"}
-    unknown = sorted(key for key in environ if key.startswith("DS_BUILD_") and key not in known
-                     and key not in ("DS_BUILD_STRING",))
+    unknown = sorted(
+        key for key in environ if key.startswith("DS_BUILD_") and key not in known and key not in ("DS_BUILD_STRING",)
+    )
     if unknown:
-        raise ValueError(f"unknown op variable(s) {', '.join(unknown)}; ops are: "
-                         f"{', '.join(env_var(n) for n in names)}")
+        raise ValueError(
+            f"unknown op variable(s) {', '.join(unknown)}; ops are: {', '.join(env_var(n) for n in names)}"
+        )
     build_all = bool(_flag(environ, "DS_BUILD_OPS"))
     selected: dict[str, bool] = {}
     for name in names:

@@ -120,9 +120,18 @@ class OpBuilder:
     def cxx_args(self) -> list[str]:
         """C++ flags: -O3, OpenMP, the SIMD flags, and no FMA contraction (see ds_cpu_optim.h)."""
         level = self.simd_level()
-        return ["-O3", "-std=c++17", "-fPIC", "-fopenmp", "-fno-math-errno", "-ffp-contract=off",
-                "-fvisibility=hidden", *SIMD_FLAGS[level], f'-DDS_SIMD_LEVEL="{level}"',
-                *(f"-I{path}" for path in self.include_paths())]
+        return [
+            "-O3",
+            "-std=c++17",
+            "-fPIC",
+            "-fopenmp",
+            "-fno-math-errno",
+            "-ffp-contract=off",
+            "-fvisibility=hidden",
+            *SIMD_FLAGS[level],
+            f'-DDS_SIMD_LEVEL="{level}"',
+            *(f"-I{path}" for path in self.include_paths()),
+        ]
 
     def extra_ldflags(self) -> list[str]:
         """Link flags."""
@@ -191,10 +200,18 @@ class OpBuilder:
     def cache_parts(self) -> list[str]:
         """What the JIT cache key covers."""
         headers = sorted(p for inc in self.include_paths() if inc.is_dir() for p in inc.rglob("*") if p.is_file())
-        return [f"op={self.name}", f"abi={ABI_VERSION}", f"torch={torch_version()}",
-                f"machine={platform.machine()}", f"cxx={cxx_command()}", f"cxx_flags={' '.join(self.cxx_args())}",
-                f"ldflags={' '.join(self.extra_ldflags())}", f"nvcc={self.nvcc_command()}",
-                f"nvcc_flags={' '.join(self.nvcc_args())}", f"sources={hash_files([*self.sources(), *headers])}"]
+        return [
+            f"op={self.name}",
+            f"abi={ABI_VERSION}",
+            f"torch={torch_version()}",
+            f"machine={platform.machine()}",
+            f"cxx={cxx_command()}",
+            f"cxx_flags={' '.join(self.cxx_args())}",
+            f"ldflags={' '.join(self.extra_ldflags())}",
+            f"nvcc={self.nvcc_command()}",
+            f"nvcc_flags={' '.join(self.nvcc_args())}",
+            f"sources={hash_files([*self.sources(), *headers])}",
+        ]
 
     def cache_dir(self) -> Path:
         """This op's JIT build folder (one per cache key)."""
@@ -209,10 +226,15 @@ class OpBuilder:
         ninja = find_ninja()
         if ninja is None:
             raise OpNotCompatibleError(f"op {self.name}: ninja not found (pip install ninja)")
-        spec = NinjaSpec(sources=tuple(self.sources()), output=output_name or f"{self.name}.so",
-                         cxx=find_cxx() or cxx_command(), cxx_flags=tuple(self.cxx_args()),
-                         ldflags=tuple(self.extra_ldflags()), nvcc=self.nvcc_command(),
-                         nvcc_flags=tuple(self.nvcc_args()))
+        spec = NinjaSpec(
+            sources=tuple(self.sources()),
+            output=output_name or f"{self.name}.so",
+            cxx=find_cxx() or cxx_command(),
+            cxx_flags=tuple(self.cxx_args()),
+            ldflags=tuple(self.extra_ldflags()),
+            nvcc=self.nvcc_command(),
+            nvcc_flags=tuple(self.nvcc_args()),
+        )
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / "build.ninja").write_text(render(spec))
         run_ninja(ninja, build_dir, op_name=self.name)
@@ -227,8 +249,9 @@ class OpBuilder:
             if not compatibility:
                 raise OpNotCompatibleError(f"op {self.name} cannot be built on this machine: {compatibility}")
             level = logging.INFO if verbose else logging.DEBUG
-            logger.log(level, "compiling op %s (%s; first use, cached in %s)...", self.name,
-                       self.simd_level(), library.parent)
+            logger.log(
+                level, "compiling op %s (%s; first use, cached in %s)...", self.name, self.simd_level(), library.parent
+            )
             started = time.perf_counter()
             built = self.build(library.parent, output_name=f"{self.name}.partial.so")
             os.replace(built, library)  # readers that skip the lock never see a half-written library
@@ -241,8 +264,11 @@ class OpBuilder:
         if library is not None:
             return library
         library = ctypes.CDLL(str(path))
-        functions = {"ds_op_abi_version": (ctypes.c_int32, ()), "ds_op_simd_level": (ctypes.c_char_p, ()),
-                     **self.FUNCTIONS}
+        functions = {
+            "ds_op_abi_version": (ctypes.c_int32, ()),
+            "ds_op_simd_level": (ctypes.c_char_p, ()),
+            **self.FUNCTIONS,
+        }
         for name, (restype, argtypes) in functions.items():
             function = getattr(library, name)
             function.restype = restype

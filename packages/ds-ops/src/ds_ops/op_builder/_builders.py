@@ -22,8 +22,31 @@ class CPUAdamBuilder(OpBuilder):
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
         # num_tensors, numels, params, dtypes, grads, dtypes, exp_avgs, exp_avg_sqs, state dtypes, copies,
         # copy dtypes, decay, l2, 1-beta1, beta2, 1-beta2, bc2_sqrt, eps, neg_step_size, num_threads
-        "ds_cpu_adam_step": (_i32, (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _ptrs, _i32s, _ptrs, _i32s,
-                                    _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _i32)),
+        "ds_cpu_adam_step": (
+            _i32,
+            (
+                _i32,
+                _i64s,
+                _ptrs,
+                _i32s,
+                _ptrs,
+                _i32s,
+                _ptrs,
+                _ptrs,
+                _i32s,
+                _ptrs,
+                _i32s,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _i32,
+            ),
+        ),
     }
 
 
@@ -35,8 +58,10 @@ class CPUAdagradBuilder(OpBuilder):
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
         # num_tensors, numels, params, dtypes, grads, dtypes, exp_avg_sqs, state dtypes, copies, copy dtypes,
         # l2, eps, neg_lr, num_threads
-        "ds_cpu_adagrad_step": (_i32, (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s,
-                                       _f32, _f32, _f32, _i32)),
+        "ds_cpu_adagrad_step": (
+            _i32,
+            (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s, _f32, _f32, _f32, _i32),
+        ),
     }
 
 
@@ -48,8 +73,28 @@ class CPULionBuilder(OpBuilder):
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
         # num_tensors, numels, params, dtypes, grads, dtypes, exp_avgs, state dtypes, copies, copy dtypes,
         # decay, beta1, 1-beta1, beta2, 1-beta2, neg_lr, num_threads
-        "ds_cpu_lion_step": (_i32, (_i32, _i64s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s, _ptrs, _i32s,
-                                    _f32, _f32, _f32, _f32, _f32, _f32, _i32)),
+        "ds_cpu_lion_step": (
+            _i32,
+            (
+                _i32,
+                _i64s,
+                _ptrs,
+                _i32s,
+                _ptrs,
+                _i32s,
+                _ptrs,
+                _i32s,
+                _ptrs,
+                _i32s,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _f32,
+                _i32,
+            ),
+        ),
     }
 
 
@@ -62,8 +107,10 @@ class FusedAdamBuilder(CUDAOpBuilder):
     FUNCTIONS: ClassVar[dict[str, CFunctionSpec]] = {
         # meta, num_tensors, num_chunks, chunk_numel, dtype,
         # decay, l2, 1-beta1, beta2, 1-beta2, bc2_sqrt, eps, neg_step_size, stream
-        "ds_fused_adam_step": (_i32, (_ptr, _i32, _i64, _i64, _i32,
-                                      _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _ptr)),
+        "ds_fused_adam_step": (
+            _i32,
+            (_ptr, _i32, _i64, _i64, _i32, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _f32, _ptr),
+        ),
     }
 
 

@@ -36,8 +36,9 @@ def parse_arch_list(text: str) -> list[str]:
     archs = [item for item in re.split(r"[;\s]+", text.strip()) if item]
     for arch in archs:
         if not re.fullmatch(r"\d+\.\d+[a-z]?(\+PTX)?", arch):
-            raise ValueError(f"TORCH_CUDA_ARCH_LIST entry {arch!r} is not like '9.0' or '9.0+PTX'; "
-                             f"fix the variable (got {text!r})")
+            raise ValueError(
+                f"TORCH_CUDA_ARCH_LIST entry {arch!r} is not like '9.0' or '9.0+PTX'; fix the variable (got {text!r})"
+            )
     return archs
 
 
@@ -75,9 +76,16 @@ class CUDAOpBuilder(OpBuilder):
         return find_nvcc()
 
     def nvcc_args(self) -> list[str]:
-        return ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
-                *gencode_flags(self.cuda_archs()),
-                *(f"-I{path}" for path in self.include_paths())]
+        return [
+            "-O3",
+            "-std=c++17",
+            "-Xcompiler",
+            "-fPIC",
+            "-Xcompiler",
+            "-fvisibility=hidden",
+            *gencode_flags(self.cuda_archs()),
+            *(f"-I{path}" for path in self.include_paths()),
+        ]
 
     def cxx_args(self) -> list[str]:
         return ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", *(f"-I{path}" for path in self.include_paths())]

@@ -104,6 +104,5 @@ def run_ninja(ninja: str, build_dir: Path, *, op_name: str, num_jobs: int | None
         output = result.stdout.strip()
         if len(output) > MAX_MESSAGE_CHARS:
             output = "...\n" + output[-MAX_MESSAGE_CHARS:]
-        raise OpBuildError(
-            f"compiling op {op_name!r} failed (full log: {build_dir / 'build.log'}):\n{output}")
+        raise OpBuildError(f"compiling op {op_name!r} failed (full log: {build_dir / 'build.log'}):\n{output}")
     logger.debug("ninja output for %s:\n%s", op_name, result.stdout)

@@ -85,8 +85,9 @@ def detect_simd() -> str:
     compiler = find_cxx()
     if compiler is None:
         return "none"
-    result = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True, check=False
+    )
     return simd_from_macros(result.stdout) if result.returncode == 0 else "none"
 
 
@@ -151,8 +152,9 @@ def tool_version(path: str | None, flag: str = "--version") -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def probe_compiler(compiler: str, flags: tuple[str, ...], ldflags: tuple[str, ...], source: str,
-                   suffix: str = ".cpp") -> tuple[bool, str]:
+def probe_compiler(
+    compiler: str, flags: tuple[str, ...], ldflags: tuple[str, ...], source: str, suffix: str = ".cpp"
+) -> tuple[bool, str]:
     """Compile and link `source` with `flags`; returns (ok, the compiler's message when not ok).
 
     Cached per process: `is_compatible` answers from memory after the first call.

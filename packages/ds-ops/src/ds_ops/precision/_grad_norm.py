@@ -26,9 +26,14 @@ def local_norm_term(tensors: Iterable[torch.Tensor | None], norm_type: float = 2
     return (stacked.max() if math.isinf(p) else stacked.pow(p).sum()).reshape(1)
 
 
-def global_grad_norm(tensors: Iterable[torch.Tensor | None], *, norm_type: float = 2.0,
-                     group: ProcessGroup | None = None, partitioned: bool = True,
-                     comm_device: torch.device | None = None) -> torch.Tensor:
+def global_grad_norm(
+    tensors: Iterable[torch.Tensor | None],
+    *,
+    norm_type: float = 2.0,
+    group: ProcessGroup | None = None,
+    partitioned: bool = True,
+    comm_device: torch.device | None = None,
+) -> torch.Tensor:
     """The `norm_type` norm of all `tensors` on all ranks of `group`, as a 0-dim fp32 tensor.
 
     [Note: where the norm lives] A caller says how its gradient is laid out, and this is the one place
@@ -59,8 +64,9 @@ def global_grad_norm(tensors: Iterable[torch.Tensor | None], *, norm_type: float
     return total.reshape(())
 
 
-def clip_grads_by_norm_(tensors: Iterable[torch.Tensor | None], max_norm: float, total_norm: torch.Tensor,
-                        eps: float = 1e-6) -> float:
+def clip_grads_by_norm_(
+    tensors: Iterable[torch.Tensor | None], max_norm: float, total_norm: torch.Tensor, eps: float = 1e-6
+) -> float:
     """Scale `tensors` in place so their global norm is at most `max_norm`; returns the factor used.
 
     Does nothing (factor 1.0) when `total_norm` is already within bounds or not finite (an overflowed

@@ -78,9 +78,16 @@ class DynamicLossScaler(LossScaler):
 
     dynamic = True
 
-    def __init__(self, init_scale: float = 2.0**16, scale_factor: float = 2.0, scale_window: int = 1000,
-                 min_scale: float = 1.0, delayed_shift: int = 2, consecutive_hysteresis: bool = False,
-                 raise_error_at_min_scale: bool = True) -> None:
+    def __init__(
+        self,
+        init_scale: float = 2.0**16,
+        scale_factor: float = 2.0,
+        scale_window: int = 1000,
+        min_scale: float = 1.0,
+        delayed_shift: int = 2,
+        consecutive_hysteresis: bool = False,
+        raise_error_at_min_scale: bool = True,
+    ) -> None:
         super().__init__(init_scale)
         if scale_factor <= 1:
             raise ValueError(f"scale_factor must be > 1, got {scale_factor}")
@@ -113,8 +120,9 @@ class DynamicLossScaler(LossScaler):
                 self.cur_scale = new_scale
             else:
                 self.cur_hysteresis -= 1
-                logger.info("gradient overflow: hysteresis left %d, loss scale stays %s", self.cur_hysteresis,
-                            self.cur_scale)
+                logger.info(
+                    "gradient overflow: hysteresis left %d, loss scale stays %s", self.cur_hysteresis, self.cur_scale
+                )
             self.last_overflow_iter = self.cur_iter
         else:
             if self.consecutive_hysteresis:
@@ -128,9 +136,15 @@ class DynamicLossScaler(LossScaler):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state.update(cur_hysteresis=self.cur_hysteresis, last_overflow_iter=self.last_overflow_iter,
-                     scale_factor=self.scale_factor, scale_window=self.scale_window, min_scale=self.min_scale,
-                     delayed_shift=self.delayed_shift, consecutive_hysteresis=self.consecutive_hysteresis)
+        state.update(
+            cur_hysteresis=self.cur_hysteresis,
+            last_overflow_iter=self.last_overflow_iter,
+            scale_factor=self.scale_factor,
+            scale_window=self.scale_window,
+            min_scale=self.min_scale,
+            delayed_shift=self.delayed_shift,
+            consecutive_hysteresis=self.consecutive_hysteresis,
+        )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -139,8 +153,9 @@ class DynamicLossScaler(LossScaler):
         self.last_overflow_iter = int(state.get("last_overflow_iter", -1))
 
 
-def create_loss_scaler(dtype: torch.dtype, *, static_loss_scale: float = 0.0, dynamic_scaling: bool = True,
-                       **dynamic_args: Any) -> LossScaler:
+def create_loss_scaler(
+    dtype: torch.dtype, *, static_loss_scale: float = 0.0, dynamic_scaling: bool = True, **dynamic_args: Any
+) -> LossScaler:
     """The scaler a precision mode needs: dynamic for fp16 with `loss_scale == 0`, else static.
 
     Args:

@@ -58,10 +58,19 @@ class StepOutcome:
         return not self.applied
 
 
-def finish_step(grads: Sequence[torch.Tensor | None], *, scaler: LossScaler | None, clip: float = 0.0,
-                check_overflow: bool = True, compute_norm: bool = False, group: ProcessGroup | None = None,
-                partitioned: bool = False, comm_device: torch.device | None = None,
-                skip: torch.Tensor | None = None, norm_type: float = 2.0) -> StepOutcome:
+def finish_step(
+    grads: Sequence[torch.Tensor | None],
+    *,
+    scaler: LossScaler | None,
+    clip: float = 0.0,
+    check_overflow: bool = True,
+    compute_norm: bool = False,
+    group: ProcessGroup | None = None,
+    partitioned: bool = False,
+    comm_device: torch.device | None = None,
+    skip: torch.Tensor | None = None,
+    norm_type: float = 2.0,
+) -> StepOutcome:
     """Unscale, check, update the loss scale, take the norm and clip `grads` in place (see the module note).
 
     Every rank of `group` must call it when `partitioned` (it issues one all-reduce there).
@@ -125,8 +134,11 @@ def finish_step(grads: Sequence[torch.Tensor | None], *, scaler: LossScaler | No
     if scaler is not None:
         scaler.update_scale(overflow)
     if overflow:
-        logger.info("step skipped: %s (loss scale %s)", "gradient overflow" if skip is None else
-                    "gradient overflow or the caller's skip", scale)
+        logger.info(
+            "step skipped: %s (loss scale %s)",
+            "gradient overflow" if skip is None else "gradient overflow or the caller's skip",
+            scale,
+        )
         return StepOutcome(applied=False, grad_norm=norm)
     # 5. clip
     coef = 1.0
@@ -137,8 +149,14 @@ def finish_step(grads: Sequence[torch.Tensor | None], *, scaler: LossScaler | No
     return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef)
 
 
-def _agree(parts: list[torch.Tensor], *, group: ProcessGroup | None, partitioned: bool,
-           comm_device: torch.device | None, max_op: bool) -> list[float]:
+def _agree(
+    parts: list[torch.Tensor],
+    *,
+    group: ProcessGroup | None,
+    partitioned: bool,
+    comm_device: torch.device | None,
+    max_op: bool,
+) -> list[float]:
     """The parts (1-element tensors) summed (or maxed) over `group` when partitioned, as Python floats."""
     if not parts:
         return []

@@ -72,12 +72,20 @@ __all__ = [
 
 FORMAT_VERSION = 1
 
-REQUIRED_KEYS = ("ds_zero_format", "zero_stage", "partition_count", "dp_rank", "single_partition_of_fp32_groups",
-                 "partitions", "base_optimizer_state")
+REQUIRED_KEYS = (
+    "ds_zero_format",
+    "zero_stage",
+    "partition_count",
+    "dp_rank",
+    "single_partition_of_fp32_groups",
+    "partitions",
+    "base_optimizer_state",
+)
 
 
-def partition_metadata(group_index: int, numel: int, fragments: Iterable[Fragment],
-                       param_shapes: Mapping[str, Iterable[int]]) -> dict[str, Any]:
+def partition_metadata(
+    group_index: int, numel: int, fragments: Iterable[Fragment], param_shapes: Mapping[str, Iterable[int]]
+) -> dict[str, Any]:
     """The `"partitions"` entry of one flat partition (plain types only)."""
     frags = list(fragments)
     used = max((f.partition_start + f.numel for f in frags), default=0)
@@ -105,20 +113,27 @@ def validate_rank_state_dicts(state_dicts: Sequence[Mapping[str, Any]]) -> int:
             raise TypeError(f"state_dicts[{i}] must be a dict, got {type(sd).__name__}")
         missing = [k for k in REQUIRED_KEYS if k not in sd]
         if missing:
-            raise ValueError(f"state_dicts[{i}] is not a ds_zero partition state dict (missing keys {missing}); "
-                             "it may come from another tool or from a stage-0 checkpoint")
+            raise ValueError(
+                f"state_dicts[{i}] is not a ds_zero partition state dict (missing keys {missing}); "
+                "it may come from another tool or from a stage-0 checkpoint"
+            )
         if int(sd["ds_zero_format"]) > FORMAT_VERSION:
-            raise ValueError(f"state_dicts[{i}] has ds_zero_format={sd['ds_zero_format']}, newer than this ds-zero "
-                             f"reads ({FORMAT_VERSION}); upgrade ds-zero")
+            raise ValueError(
+                f"state_dicts[{i}] has ds_zero_format={sd['ds_zero_format']}, newer than this ds-zero "
+                f"reads ({FORMAT_VERSION}); upgrade ds-zero"
+            )
     world = int(state_dicts[0]["partition_count"])
     ranks = [int(sd["dp_rank"]) for sd in state_dicts]
     if len(state_dicts) != world or ranks != list(range(world)):
-        raise ValueError(f"expected the state dicts of all {world} ranks in order (dp_rank 0..{world - 1}), got "
-                         f"dp_ranks {ranks}; is a zero_pp_rank_*_optim_states.pt file missing?")
+        raise ValueError(
+            f"expected the state dicts of all {world} ranks in order (dp_rank 0..{world - 1}), got "
+            f"dp_ranks {ranks}; is a zero_pp_rank_*_optim_states.pt file missing?"
+        )
     counts = {int(sd["partition_count"]) for sd in state_dicts}
     if len(counts) != 1:
-        raise ValueError(f"the state dicts disagree on partition_count ({sorted(counts)}): they come from "
-                         "different saves")
+        raise ValueError(
+            f"the state dicts disagree on partition_count ({sorted(counts)}): they come from different saves"
+        )
     return world
 
 
@@ -159,7 +174,8 @@ class FragmentIndex:
                 for item in meta["fragments"]:
                     f = Fragment.from_list(item)
                     self._by_name.setdefault(f.name, []).append(
-                        _Located(f.param_start, f.numel, rank, k, f.partition_start))
+                        _Located(f.param_start, f.numel, rank, k, f.partition_start)
+                    )
         for located in self._by_name.values():
             located.sort(key=lambda loc: loc.param_start)
 
@@ -178,11 +194,14 @@ class FragmentIndex:
                 break
             pos += loc.numel
         if pos != numel:
-            raise ValueError(f"parameter {name!r} ({numel} elements) is not fully covered by the saved partitions "
-                             f"(covered up to element {pos}); a rank's optimizer-state file is missing or corrupt")
+            raise ValueError(
+                f"parameter {name!r} ({numel} elements) is not fully covered by the saved partitions "
+                f"(covered up to element {pos}); a rank's optimizer-state file is missing or corrupt"
+            )
 
-    def copy_slice(self, dst: torch.Tensor, name: str, param_start: int,
-                   source: Callable[[int, int], torch.Tensor]) -> None:
+    def copy_slice(
+        self, dst: torch.Tensor, name: str, param_start: int, source: Callable[[int, int], torch.Tensor]
+    ) -> None:
         """Fill `dst` (1-D) with elements `[param_start, param_start + dst.numel())` of parameter `name`.
 
         `source(rank, k)` returns the saved 1-D tensor of rank `rank`'s partition `k` to read from
@@ -196,15 +215,18 @@ class FragmentIndex:
                 continue
             src = source(loc.rank, loc.k)
             src_lo = loc.partition_start + (lo - loc.param_start)
-            dst[lo - want_lo: hi - want_lo].copy_(src[src_lo: src_lo + hi - lo])
+            dst[lo - want_lo : hi - want_lo].copy_(src[src_lo : src_lo + hi - lo])
             filled += hi - lo
         if filled != dst.numel():
-            raise ValueError(f"elements [{want_lo}, {want_hi}) of parameter {name!r} are not in the saved "
-                             f"partitions (found {filled}); does the model match the checkpoint?")
+            raise ValueError(
+                f"elements [{want_lo}, {want_hi}) of parameter {name!r} are not in the saved "
+                f"partitions (found {filled}); does the model match the checkpoint?"
+            )
 
 
-def fill_partition(dst: torch.Tensor, fragments: Iterable[Fragment], index: FragmentIndex,
-                   source: Callable[[int, int], torch.Tensor]) -> None:
+def fill_partition(
+    dst: torch.Tensor, fragments: Iterable[Fragment], index: FragmentIndex, source: Callable[[int, int], torch.Tensor]
+) -> None:
     """Build a partition of the current layout from a save with any world size (re-partitioning).
 
     `dst` is the new 1-D partition tensor; `fragments` says which parameter slices it holds; padding
@@ -213,13 +235,16 @@ def fill_partition(dst: torch.Tensor, fragments: Iterable[Fragment], index: Frag
     dst.zero_()
     for f in fragments:
         if f.name not in index.param_shapes:
-            raise ValueError(f"parameter {f.name!r} is not in the checkpoint (saved parameters include "
-                             f"{index.names[:5]}...); was the model or its parameter naming changed?")
-        index.copy_slice(dst[f.partition_start: f.partition_start + f.numel], f.name, f.param_start, source)
+            raise ValueError(
+                f"parameter {f.name!r} is not in the checkpoint (saved parameters include "
+                f"{index.names[:5]}...); was the model or its parameter naming changed?"
+            )
+        index.copy_slice(dst[f.partition_start : f.partition_start + f.numel], f.name, f.param_start, source)
 
 
-def consolidate_fp32_params(state_dicts: Sequence[Mapping[str, Any]],
-                            on_param: Callable[[str, int], None] | None = None) -> dict[str, torch.Tensor]:
+def consolidate_fp32_params(
+    state_dicts: Sequence[Mapping[str, Any]], on_param: Callable[[str, int], None] | None = None
+) -> dict[str, torch.Tensor]:
     """Full fp32 tensors of every partitioned parameter, rebuilt from all ranks' state dicts.
 
     Args:

@@ -54,8 +54,9 @@ def read_latest_tag(save_dir: str | os.PathLike[str]) -> str:
     """
     latest = Path(save_dir) / "latest"
     if not latest.is_file():
-        raise FileNotFoundError(f"no 'latest' file in {save_dir}: pass tag=... (a subdirectory name) or point at "
-                                "the tag directory itself")
+        raise FileNotFoundError(
+            f"no 'latest' file in {save_dir}: pass tag=... (a subdirectory name) or point at the tag directory itself"
+        )
     return latest.read_text().strip()
 
 
@@ -72,16 +73,22 @@ def find_optim_files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
             continue
         rank = int(match.group(1))
         if rank in found:
-            raise ValueError(f"two optimizer-state files for rank {rank} in {ckpt_dir}: {found[rank].name} and "
-                             f"{path.name}; remove the stale one")
+            raise ValueError(
+                f"two optimizer-state files for rank {rank} in {ckpt_dir}: {found[rank].name} and "
+                f"{path.name}; remove the stale one"
+            )
         found[rank] = path
     if not found:
-        raise FileNotFoundError(f"no zero_pp_rank_*_mp_rank_00_optim_states.pt files in {ckpt_dir}: not a ZeRO "
-                                "checkpoint (stage 0 checkpoints hold no partitions)")
+        raise FileNotFoundError(
+            f"no zero_pp_rank_*_mp_rank_00_optim_states.pt files in {ckpt_dir}: not a ZeRO "
+            "checkpoint (stage 0 checkpoints hold no partitions)"
+        )
     ranks = sorted(found)
     if ranks != list(range(len(ranks))):
-        raise ValueError(f"optimizer-state files in {ckpt_dir} cover ranks {ranks}; ranks "
-                         f"{sorted(set(range(max(ranks) + 1)) - set(ranks))} are missing")
+        raise ValueError(
+            f"optimizer-state files in {ckpt_dir} cover ranks {ranks}; ranks "
+            f"{sorted(set(range(max(ranks) + 1)) - set(ranks))} are missing"
+        )
     return [found[r] for r in ranks]
 
 
@@ -105,8 +112,10 @@ def resolve_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], tag: str | No
     elif any(_OPTIM_RE.match(p.name) for p in root.iterdir()) if root.is_dir() else False:
         path = root
     else:
-        raise FileNotFoundError(f"no 'latest' file in {root} and no optimizer-state files there: pass the save "
-                                "directory that holds 'latest', or tag=...")
+        raise FileNotFoundError(
+            f"no 'latest' file in {root} and no optimizer-state files there: pass the save "
+            "directory that holds 'latest', or tag=..."
+        )
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     return path
@@ -119,9 +128,14 @@ def zero_param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str,
     if flats is not None:
         return [{slot.name: list(slot.shape) for slot in flat.slots} for flat in flats]
     names = {id(p): n for n, p in module.named_parameters()}
-    return [{names.get(id(p), f"group{g}.param{i}"): list(getattr(p, "ds_shape", p.shape))
-             for i, p in enumerate(group["params"]) if p.requires_grad}
-            for g, group in enumerate(optimizer.param_groups)]
+    return [
+        {
+            names.get(id(p), f"group{g}.param{i}"): list(getattr(p, "ds_shape", p.shape))
+            for i, p in enumerate(group["params"])
+            if p.requires_grad
+        }
+        for g, group in enumerate(optimizer.param_groups)
+    ]
 
 
 def _model_states(optimizer: Any, module: torch.nn.Module, client_state: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,9 +154,16 @@ def _model_states(optimizer: Any, module: torch.nn.Module, client_state: Mapping
     return state
 
 
-def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: Any,
-                         module: torch.nn.Module | None = None, *, client_state: Mapping[str, Any] | None = None,
-                         save_latest: bool = True, bf16_prefix: bool = False) -> Path:
+def save_zero_checkpoint(
+    save_dir: str | os.PathLike[str],
+    tag: str,
+    optimizer: Any,
+    module: torch.nn.Module | None = None,
+    *,
+    client_state: Mapping[str, Any] | None = None,
+    save_latest: bool = True,
+    bf16_prefix: bool = False,
+) -> Path:
     """Save a ZeRO checkpoint in DeepSpeed's layout (a collective: every data-parallel rank calls it).
 
     Each rank writes its `optimizer.state_dict()`; data-parallel rank 0 also writes the model states
@@ -167,13 +188,17 @@ def save_zero_checkpoint(save_dir: str | os.PathLike[str], tag: str, optimizer: 
     path = Path(save_dir) / str(tag)
     path.mkdir(parents=True, exist_ok=True)
     rank = optimizer.dp_rank
-    atomic_save({"optimizer_state_dict": optimizer.state_dict(), "ds_zero_version": __version__},
-                path / optim_states_file_name(rank, bf16=bf16_prefix))
+    atomic_save(
+        {"optimizer_state_dict": optimizer.state_dict(), "ds_zero_version": __version__},
+        path / optim_states_file_name(rank, bf16=bf16_prefix),
+    )
     if module is not None:
         # Stages 1/2: one model-states file (rank 0). Stage 3: every rank writes its own (DeepSpeed's names).
         if optimizer.zero_stage == 3:
-            atomic_save(_model_states(optimizer, module, client_state or {}),
-                        path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+            atomic_save(
+                _model_states(optimizer, module, client_state or {}),
+                path / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
+            )
         elif rank == 0:
             atomic_save(_model_states(optimizer, module, client_state or {}), path / MODEL_STATES_FILE)
     if ds_comm.is_initialized():
@@ -195,9 +220,15 @@ def load_optim_state_dicts(ckpt_dir: str | os.PathLike[str], *, mmap: bool = Tru
     return load_partition_state_dicts(ckpt_dir, mmap=mmap)
 
 
-def load_zero_checkpoint(load_dir: str | os.PathLike[str], optimizer: Any, module: torch.nn.Module | None = None, *,
-                         tag: str | None = None, load_optimizer_states: bool = True,
-                         load_module_strict: bool = True) -> tuple[Path | None, dict[str, Any] | None]:
+def load_zero_checkpoint(
+    load_dir: str | os.PathLike[str],
+    optimizer: Any,
+    module: torch.nn.Module | None = None,
+    *,
+    tag: str | None = None,
+    load_optimizer_states: bool = True,
+    load_module_strict: bool = True,
+) -> tuple[Path | None, dict[str, Any] | None]:
     """Load a stage 1/2 checkpoint written by `save_zero_checkpoint` (or the engine), at any world size.
 
     The module's weights come from the model-states file (when `module` is given), then every rank's
@@ -216,6 +247,7 @@ def load_zero_checkpoint(load_dir: str | os.PathLike[str], optimizer: Any, modul
         states = torch.load(states_file, map_location="cpu", weights_only=False)
         module.load_state_dict(states.pop("module"), strict=load_module_strict)
         client_state = states
-    optimizer.load_state_dict(load_optim_state_dicts(path), load_optimizer_states=load_optimizer_states,
-                              load_from_fp32_weights=True)
+    optimizer.load_state_dict(
+        load_optim_state_dicts(path), load_optimizer_states=load_optimizer_states, load_from_fp32_weights=True
+    )
     return path, client_state

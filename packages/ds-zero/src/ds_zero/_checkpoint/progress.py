@@ -20,8 +20,9 @@ class ProgressBar:
         width: characters of the bar.
     """
 
-    def __init__(self, total: int, *, label: str = "", stream: TextIO | None = None, enabled: bool = True,
-                 width: int = 30) -> None:
+    def __init__(
+        self, total: int, *, label: str = "", stream: TextIO | None = None, enabled: bool = True, width: int = 30
+    ) -> None:
         self.total = max(int(total), 0)
         self.label = label
         self.stream = stream if stream is not None else sys.stderr

@@ -75,7 +75,7 @@ class BufferPool:
 
     def view(self, slot: Slot, n: int) -> torch.Tensor:
         index, start, _ = slot
-        return self.buffers[index][start: start + n]
+        return self.buffers[index][start : start + n]
 
     def free(self, slot: Slot) -> None:
         index, start, need = slot

@@ -34,8 +34,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NVMeSwapError", "SwapFile", "checksum", "claim_finalizer", "io_failure", "make_aio_handle",
-           "prepare_swap_dir", "release_swap_dir"]
+__all__ = [
+    "NVMeSwapError",
+    "SwapFile",
+    "checksum",
+    "claim_finalizer",
+    "io_failure",
+    "make_aio_handle",
+    "prepare_swap_dir",
+    "release_swap_dir",
+]
 
 _IN_USE: set[str] = set()
 _PROBE_BYTES = 4096
@@ -51,13 +59,16 @@ def make_aio_handle(aio_config: Mapping[str, Any] | AioConfig | None) -> AsyncIO
 
     if aio_config is None or isinstance(aio_config, (AioConfig, Mapping)):
         return AsyncIOHandle.from_config(aio_config if aio_config is not None else {})  # validated as `aio.<key>`
-    raise TypeError(f"aio_config must be the `aio` config section (a dict or ds_ops.AioConfig) or None, got "
-                    f"{type(aio_config).__name__}")
+    raise TypeError(
+        f"aio_config must be the `aio` config section (a dict or ds_ops.AioConfig) or None, got "
+        f"{type(aio_config).__name__}"
+    )
 
 
 def _refuse(key: str, path: Path, reason: str) -> ValueError:
-    return ValueError(f"{key}={str(path)!r}: {reason}; point it at an existing, writable directory on a fast local "
-                      "disk (NVMe)")
+    return ValueError(
+        f"{key}={str(path)!r}: {reason}; point it at an existing, writable directory on a fast local disk (NVMe)"
+    )
 
 
 def prepare_swap_dir(nvme_path: str | os.PathLike[str] | None, *, key: str, rank: int, kind: str) -> Path:
@@ -164,31 +175,41 @@ class SwapFile:
             reason = f"{size} bytes on disk"
         if size < nbytes:
             self.nbytes = 0
-            raise NVMeSwapError(f"NVMe swap: write of {self.label} ({self.path}) failed: {nbytes} bytes written, "
-                                f"{reason} (disk full or over a file-size limit: free space under nvme_path or "
-                                "point it at a larger disk)")
+            raise NVMeSwapError(
+                f"NVMe swap: write of {self.label} ({self.path}) failed: {nbytes} bytes written, "
+                f"{reason} (disk full or over a file-size limit: free space under nvme_path or "
+                "point it at a larger disk)"
+            )
         self.nbytes = nbytes
         self.digest = checksum(tensor)
 
     def check_before_read(self, nbytes: int) -> None:
         """Refuse to read a file that was never written, is missing, or has the wrong size."""
         if self.nbytes == 0 or nbytes != self.nbytes:
-            raise NVMeSwapError(f"NVMe swap: {self.label} has no valid swap file to read {nbytes} bytes from "
-                                f"({self.path}; {self.nbytes} bytes were written)")
+            raise NVMeSwapError(
+                f"NVMe swap: {self.label} has no valid swap file to read {nbytes} bytes from "
+                f"({self.path}; {self.nbytes} bytes were written)"
+            )
         try:
             size = os.stat(self.path).st_size
         except OSError as err:
-            raise NVMeSwapError(f"NVMe swap: the swap file of {self.label} is gone ({self.path}: "
-                                f"{err.strerror}); it was deleted while training ran") from None
+            raise NVMeSwapError(
+                f"NVMe swap: the swap file of {self.label} is gone ({self.path}: "
+                f"{err.strerror}); it was deleted while training ran"
+            ) from None
         if size < self.nbytes:
-            raise NVMeSwapError(f"NVMe swap: the swap file of {self.label} is truncated ({self.path}: {size} bytes, "
-                                f"{self.nbytes} were written); the run cannot continue from it")
+            raise NVMeSwapError(
+                f"NVMe swap: the swap file of {self.label} is truncated ({self.path}: {size} bytes, "
+                f"{self.nbytes} were written); the run cannot continue from it"
+            )
 
     def verify(self, tensor: torch.Tensor) -> None:
         """Compare what was read into `tensor` with what was written."""
         if checksum(tensor) != self.digest:
-            raise NVMeSwapError(f"NVMe swap: the swap file of {self.label} is corrupted ({self.path}: its "
-                                f"{self.nbytes} bytes differ from those written); the run cannot continue from it")
+            raise NVMeSwapError(
+                f"NVMe swap: the swap file of {self.label} is corrupted ({self.path}: its "
+                f"{self.nbytes} bytes differ from those written); the run cannot continue from it"
+            )
 
 
 def io_failure(err: AioError, files: list[SwapFile], op: str) -> NVMeSwapError:
@@ -197,6 +218,9 @@ def io_failure(err: AioError, files: list[SwapFile], op: str) -> NVMeSwapError:
     named = [f for f in files if str(f.path) in text] or files
     what = "; ".join(f"{f.label} ({f.path})" for f in named[:4])
     more = f" and {len(named) - 4} more" if len(named) > 4 else ""
-    hint = (" (disk full or over a file-size limit: free space under nvme_path or point it at a larger disk)"
-            if op == "write" else "")
+    hint = (
+        " (disk full or over a file-size limit: free space under nvme_path or point it at a larger disk)"
+        if op == "write"
+        else ""
+    )
     return NVMeSwapError(f"NVMe swap: {op} of {what}{more} failed: {text}{hint}")

@@ -57,8 +57,15 @@ class OptimizerSwapper:
         NVMeSwapError: the initial masters could not be written (disk full, file-size limit).
     """
 
-    def __init__(self, tiles: list[ShardTile], optimizer: torch.optim.Optimizer, *, swap_dir: os.PathLike[str],
-                 config: OffloadOptimizerConfig, aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+    def __init__(
+        self,
+        tiles: list[ShardTile],
+        optimizer: torch.optim.Optimizer,
+        *,
+        swap_dir: os.PathLike[str],
+        config: OffloadOptimizerConfig,
+        aio_config: Mapping[str, Any] | AioConfig | None = None,
+    ) -> None:
         self.dir = swap_dir
         claim_finalizer(self, self.dir)
         self.tiles = tiles
@@ -69,8 +76,11 @@ class OptimizerSwapper:
         self.pipeline_read = config.pipeline_read
         self.pipeline_write = config.pipeline_write
         if config.fast_init:
-            warnings.warn(f"{_KEY}.fast_init has no effect: the initial masters are always written at construction",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                f"{_KEY}.fast_init has no effect: the initial masters are always written at construction",
+                UserWarning,
+                stacklevel=3,
+            )
         self.max_numel = max((t.numel for t in tiles), default=0)
         self.num_sets = 1 + int(self.pipeline_read) + int(self.pipeline_write)
         self._files: dict[tuple[int, str], SwapFile] = {}
@@ -94,8 +104,9 @@ class OptimizerSwapper:
             name = "fp32 master" if key == _MASTER else f"optimizer state {key!r}"
             names = [repr(state_of(p).name) for p in tile.params[:3]]
             params = ", ".join(names) + (" ..." if len(tile.params) > 3 else "")
-            record = SwapFile(self.dir / f"tile{tile.index}.{key}.swp",
-                              f"the {name} of sub-group {tile.index} (parameters {params})")
+            record = SwapFile(
+                self.dir / f"tile{tile.index}.{key}.swp", f"the {name} of sub-group {tile.index} (parameters {params})"
+            )
             self._files[(tile.index, key)] = record
         return record
 
@@ -107,9 +118,11 @@ class OptimizerSwapper:
         """Allocate the state buffers of every set, once (the first time the optimizer's state is known)."""
         need = 1 + len(keys)
         if need > self.buffer_count:
-            raise ValueError(f"{_KEY}.buffer_count={self.buffer_count} is too small: the optimizer keeps {len(keys)} "
-                             f"state tensors per parameter ({[k for k, _ in keys]}), which with the fp32 master need "
-                             f"{need} buffers; set buffer_count >= {need}")
+            raise ValueError(
+                f"{_KEY}.buffer_count={self.buffer_count} is too small: the optimizer keeps {len(keys)} "
+                f"state tensors per parameter ({[k for k, _ in keys]}), which with the fp32 master need "
+                f"{need} buffers; set buffer_count >= {need}"
+            )
         example = torch.empty(0, dtype=torch.uint8)
         for buffers in self._sets:
             for key, dtype in keys:
@@ -148,16 +161,20 @@ class OptimizerSwapper:
     def _master_writer(self, tile: ShardTile, offset: int) -> Any:
         def write(values: torch.Tensor) -> None:
             master = self.read_master(tile)
-            master[offset: offset + values.numel()].copy_(values)
+            master[offset : offset + values.numel()].copy_(values)
             self._write_now(tile, _MASTER, master)
+
         return write
 
     # ------------------------------------------------------------------------------ the step
     def _state_keys(self, tile: ShardTile) -> list[tuple[str, torch.dtype]]:
         """The tile's partition-shaped state tensors now in the optimizer (what gets swapped)."""
         state = self.optimizer.state.get(tile.master, {})
-        return [(key, v.dtype) for key, v in state.items()
-                if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)]
+        return [
+            (key, v.dtype)
+            for key, v in state.items()
+            if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)
+        ]
 
     def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor]]:
         reads: list[tuple[SwapFile, torch.Tensor]] = []
@@ -298,4 +315,3 @@ class OptimizerSwapper:
             for t in buffers.values():
                 self.reader.free_cpu_locked_tensor(t)
         self._sets = []
-

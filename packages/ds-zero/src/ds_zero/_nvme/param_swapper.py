@@ -58,7 +58,7 @@ class _Shard:
     file: SwapFile
     slot: Slot | None = None
     users: int = 0
-    pending: bool = False   # a read into `slot` was issued and not waited for
+    pending: bool = False  # a read into `slot` was issued and not waited for
     verified: bool = False  # the slot holds the file's checked contents
     prefetched: bool = False
 
@@ -79,12 +79,22 @@ class ParamSwapper:
         ValueError: the path is missing, not a directory or not writable; buffer_count is 0.
     """
 
-    def __init__(self, *, nvme_path: str | os.PathLike[str] | None, rank: int, buffer_count: int, buffer_size: int,
-                 max_in_cpu: int, pin_memory: bool = False,
-                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nvme_path: str | os.PathLike[str] | None,
+        rank: int,
+        buffer_count: int,
+        buffer_size: int,
+        max_in_cpu: int,
+        pin_memory: bool = False,
+        aio_config: Mapping[str, Any] | AioConfig | None = None,
+    ) -> None:
         if buffer_count < 1 or buffer_size < 1:
-            raise ValueError(f"{_KEY}.buffer_count={buffer_count} and buffer_size={buffer_size}: NVMe parameter "
-                             "offload needs at least one buffer of at least one element; raise them")
+            raise ValueError(
+                f"{_KEY}.buffer_count={buffer_count} and buffer_size={buffer_size}: NVMe parameter "
+                "offload needs at least one buffer of at least one element; raise them"
+            )
         self.dir = prepare_swap_dir(nvme_path, key=f"{_KEY}.nvme_path", rank=rank, kind="params")
         claim_finalizer(self, self.dir)
         self.handle = make_aio_handle(aio_config)
@@ -101,11 +111,18 @@ class ParamSwapper:
         self.num_read_ahead_hits = 0  # gathers that found their shard already read ahead
 
     @classmethod
-    def from_config(cls, config: OffloadParamConfig, *, rank: int,
-                    aio_config: Mapping[str, Any] | AioConfig | None = None) -> ParamSwapper:
-        return cls(nvme_path=config.nvme_path, rank=rank, buffer_count=config.buffer_count,
-                   buffer_size=config.buffer_size, max_in_cpu=config.max_in_cpu, pin_memory=config.pin_memory,
-                   aio_config=aio_config)
+    def from_config(
+        cls, config: OffloadParamConfig, *, rank: int, aio_config: Mapping[str, Any] | AioConfig | None = None
+    ) -> ParamSwapper:
+        return cls(
+            nvme_path=config.nvme_path,
+            rank=rank,
+            buffer_count=config.buffer_count,
+            buffer_size=config.buffer_size,
+            max_in_cpu=config.max_in_cpu,
+            pin_memory=config.pin_memory,
+            aio_config=aio_config,
+        )
 
     # --------------------------------------------------------------------------------- adoption
     def adopt(self, params: Sequence[nn.Parameter], *, keep: Sequence[nn.Parameter] = ()) -> int:
@@ -130,9 +147,11 @@ class ParamSwapper:
                 resident.append(p)
                 continue
             if st.shard_numel > self.buffer_size:
-                raise ValueError(f"{_KEY}.buffer_size={self.buffer_size} elements is smaller than the shard of "
-                                 f"parameter {st.name} ({st.shard_numel} elements on each rank); raise "
-                                 "buffer_size to at least the largest shard")
+                raise ValueError(
+                    f"{_KEY}.buffer_size={self.buffer_size} elements is smaller than the shard of "
+                    f"parameter {st.name} ({st.shard_numel} elements on each rank); raise "
+                    "buffer_size to at least the largest shard"
+                )
             swapped.append(p)
         self._compact(resident + [p for p in keep if state_of(p).swap is None])
         for p in swapped:
@@ -142,8 +161,13 @@ class ParamSwapper:
             p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
             state_of(p).swap = self
         if swapped:
-            logger.info("NVMe offload: %d parameter shards (%d elements) swapped to %s, %d kept in host memory",
-                        len(swapped), sum(state_of(p).shard_numel for p in swapped), self.dir, len(resident))
+            logger.info(
+                "NVMe offload: %d parameter shards (%d elements) swapped to %s, %d kept in host memory",
+                len(swapped),
+                sum(state_of(p).shard_numel for p in swapped),
+                self.dir,
+                len(resident),
+            )
         return len(swapped)
 
     def _compact(self, params: list[nn.Parameter]) -> None:
@@ -159,7 +183,7 @@ class ParamSwapper:
                 flat = ds_comm.get_accelerator().pin_memory(flat)
             offset = 0
             for p in group:
-                view = flat[offset: offset + state_of(p).shard_numel]
+                view = flat[offset : offset + state_of(p).shard_numel]
                 view.copy_(p.ds_tensor)
                 p.ds_tensor = view
                 offset += state_of(p).shard_numel
@@ -221,10 +245,12 @@ class ParamSwapper:
                     slot = pool.alloc(state_of(shard.param).shard_numel)
                 if slot is None:
                     need = sum(pool.reserved(state_of(s.param).shard_numel) for s in shards)
-                    raise ValueError(f"{_KEY}: the {pool.count} swap buffers of {pool.numel} elements cannot hold the "
-                                     f"shards needed at once for {label or 'this gather'} ({len(shards)} shards, "
-                                     f"{need} elements with alignment, {pool.used_numel} in use); raise buffer_count "
-                                     "or buffer_size")
+                    raise ValueError(
+                        f"{_KEY}: the {pool.count} swap buffers of {pool.numel} elements cannot hold the "
+                        f"shards needed at once for {label or 'this gather'} ({len(shards)} shards, "
+                        f"{need} elements with alignment, {pool.used_numel} in use); raise buffer_count "
+                        "or buffer_size"
+                    )
                 self._issue_read(shard, slot)
         self._settle_reads()
         for shard in shards:

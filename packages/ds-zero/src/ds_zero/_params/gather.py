@@ -33,8 +33,14 @@ from ds_zero._params.partitioned_param import acquire_shards, alloc_full, mark_i
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GatherDivergenceError", "GatherHandle", "deviation_summary", "gather_params", "name_fingerprint",
-           "report_deviation"]
+__all__ = [
+    "GatherDivergenceError",
+    "GatherHandle",
+    "deviation_summary",
+    "gather_params",
+    "name_fingerprint",
+    "report_deviation",
+]
 
 _MASK = (1 << 61) - 1
 
@@ -68,8 +74,9 @@ def _fingerprint(params: Sequence[torch.nn.Parameter], tag: int = 0) -> tuple[in
     return h, total
 
 
-def check_same_gather(params: Sequence[torch.nn.Parameter], label: str, fp_group: ProcessGroup | None,
-                      seq: int = 0, tag: int = 0) -> None:
+def check_same_gather(
+    params: Sequence[torch.nn.Parameter], label: str, fp_group: ProcessGroup | None, seq: int = 0, tag: int = 0
+) -> None:
     """Verify that every rank in `fp_group` is about to gather the same parameters; raise naming them if not.
 
     Every rank must call it (one 3-element all-gather on `fp_group`; on a mismatch, one object all-gather).
@@ -168,9 +175,16 @@ class GatherHandle:
 
     __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release")
 
-    def __init__(self, params: list[torch.nn.Parameter], recv: torch.Tensor | None,
-                 work: ds_comm.CollectiveHandle | None, world: int, label: str = "",
-                 group: ProcessGroup | None = None, release: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        recv: torch.Tensor | None,
+        work: ds_comm.CollectiveHandle | None,
+        world: int,
+        label: str = "",
+        group: ProcessGroup | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         self.params = params
         self._recv = recv
         self._work = work
@@ -190,7 +204,8 @@ class GatherHandle:
                 raise GatherDivergenceError(
                     f"rank {ds_comm.get_rank()}: the parameter gather of {self._label} did not complete within "
                     "the collective timeout: another rank ran different modules from here on (data-dependent "
-                    f"control flow around partitioned modules?).{deviation_summary(self._group)}") from err
+                    f"control flow around partitioned modules?).{deviation_summary(self._group)}"
+                ) from err
         rows = self._recv.view(self._world, -1)
         outs = [alloc_full(p).view(self._world, s) for p, s in zip(self.params, self._sizes, strict=True)]
         with torch.no_grad():
@@ -207,8 +222,16 @@ class GatherHandle:
             self._release = None
 
 
-def gather_params(params: list[torch.nn.Parameter], *, group: ProcessGroup | None, fp_group: ProcessGroup | None,
-                  label: str, async_op: bool = False, checked: bool = True, seq: int = 0) -> list[GatherHandle]:
+def gather_params(
+    params: list[torch.nn.Parameter],
+    *,
+    group: ProcessGroup | None,
+    fp_group: ProcessGroup | None,
+    label: str,
+    async_op: bool = False,
+    checked: bool = True,
+    seq: int = 0,
+) -> list[GatherHandle]:
     """All-gather the full values of `params` (one collective per dtype), after the fingerprint check.
 
     Args:
@@ -265,5 +288,5 @@ def broadcast_full(params: Sequence[torch.nn.Parameter], src_rank: int, group: P
             ds_comm.broadcast(flat, src=src, group=group)
             offset = 0
             for p in batch:
-                p.data.copy_(flat[offset: offset + p.numel()].view_as(p.data))
+                p.data.copy_(flat[offset : offset + p.numel()].view_as(p.data))
                 offset += p.numel()

@@ -32,8 +32,10 @@ def _as_list(params: Any) -> list[Any]:
     if isinstance(params, torch.Tensor):
         return [params]
     if isinstance(params, nn.Module):
-        raise TypeError("GatheredParameters takes parameters, not a module: pass module.parameters() "
-                        "(or module.parameters(recurse=False) for its own)")
+        raise TypeError(
+            "GatheredParameters takes parameters, not a module: pass module.parameters() "
+            "(or module.parameters(recurse=False) for its own)"
+        )
     if isinstance(params, Iterable):
         return list(params)
     raise TypeError(f"GatheredParameters takes a parameter or an iterable of parameters, got {type(params).__name__}")
@@ -60,8 +62,9 @@ class GatheredParameters:
         enabled: False makes the block a no-op.
     """
 
-    def __init__(self, params: Any, modifier_rank: int | None = None, fwd_module: nn.Module | None = None,
-                 enabled: bool = True) -> None:
+    def __init__(
+        self, params: Any, modifier_rank: int | None = None, fwd_module: nn.Module | None = None, enabled: bool = True
+    ) -> None:
         self.params = iter_zero_params(_as_list(params)) if enabled else []
         self.modifier_rank = modifier_rank
         self.fwd_module = fwd_module
@@ -70,8 +73,10 @@ class GatheredParameters:
         if self.params and modifier_rank is not None:
             world = ds_comm.get_world_size(self.params[0].ds_process_group)
             if not 0 <= modifier_rank < world:
-                raise ValueError(f"modifier_rank={modifier_rank} is not a rank of the parameters' group "
-                                 f"(size {world}); pass a rank in [0, {world - 1}] or None")
+                raise ValueError(
+                    f"modifier_rank={modifier_rank} is not a rank of the parameters' group "
+                    f"(size {world}); pass a rank in [0, {world - 1}] or None"
+                )
 
     def __enter__(self) -> GatheredParameters:
         if not self.params:
@@ -79,24 +84,31 @@ class GatheredParameters:
         managed = [p for p in self.params if state_of(p).coord is not None]
         coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
         for coord in coords.values():
-            coord.gather_explicit([p for p in managed if state_of(p).coord is coord], f"GatheredParameters "
-                                  f"({len(managed)} parameters, first {state_of(managed[0]).name!r})")
+            coord.gather_explicit(
+                [p for p in managed if state_of(p).coord is coord],
+                f"GatheredParameters ({len(managed)} parameters, first {state_of(managed[0]).name!r})",
+            )
         standalone = [p for p in self.params if state_of(p).coord is None]
         if standalone:
             missing = [p for p in standalone if p.ds_status is not ZeroParamStatus.AVAILABLE]
             if missing:
                 group = missing[0].ds_process_group
-                gather_params(missing, group=group, fp_group=group,
-                              label=f"GatheredParameters ({len(missing)} parameters of shapes "
-                                    f"{[tuple(p.ds_shape) for p in missing[:4]]})")
+                gather_params(
+                    missing,
+                    group=group,
+                    fp_group=group,
+                    label=f"GatheredParameters ({len(missing)} parameters of shapes "
+                    f"{[tuple(p.ds_shape) for p in missing[:4]]})",
+                )
             self._standalone = missing
         if self.fwd_module is not None:
             for p in self.params:
                 register_external_parameter(self.fwd_module, p)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if not self.params:
             return
         try:

@@ -43,9 +43,16 @@ logger = logging.getLogger(__name__)
 __all__ = ["partition_module", "patch_module", "remove_guard"]
 
 
-def partition_module(module: nn.Module, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
-                     compute_device: torch.device | None = None, dtype: torch.dtype | None = None,
-                     pin_memory: bool = False, recurse: bool = True) -> int:
+def partition_module(
+    module: nn.Module,
+    *,
+    group: ProcessGroup | None,
+    shard_device: torch.device | None = None,
+    compute_device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    pin_memory: bool = False,
+    recurse: bool = True,
+) -> int:
     """Partition every not-yet-partitioned parameter of `module` in place; returns how many were partitioned.
 
     Args:
@@ -67,17 +74,29 @@ def partition_module(module: nn.Module, *, group: ProcessGroup | None, shard_dev
                 todo.append(p)
     buffers = _shared_shard_buffers(todo, group, shard_device, compute_device, dtype, pin_memory)
     for p, out in zip(todo, buffers, strict=True):
-        partition_param(p, group=group, shard_device=shard_device, compute_device=compute_device, dtype=dtype,
-                        pin_memory=pin_memory, out=out)
+        partition_param(
+            p,
+            group=group,
+            shard_device=shard_device,
+            compute_device=compute_device,
+            dtype=dtype,
+            pin_memory=pin_memory,
+            out=out,
+        )
     for m in modules:
         if any(is_zero_param(p) for p in m._parameters.values()):
             patch_module(m)
     return len(todo)
 
 
-def _shared_shard_buffers(params: list[nn.Parameter], group: ProcessGroup | None, shard_device: torch.device | None,
-                          compute_device: torch.device | None, dtype: torch.dtype | None,
-                          pin_memory: bool) -> list[torch.Tensor | None]:
+def _shared_shard_buffers(
+    params: list[nn.Parameter],
+    group: ProcessGroup | None,
+    shard_device: torch.device | None,
+    compute_device: torch.device | None,
+    dtype: torch.dtype | None,
+    pin_memory: bool,
+) -> list[torch.Tensor | None]:
     """Slices of one flat buffer for all the shards when they share dtype and device (else Nones).
 
     One buffer per model, in parameter order, is also the layout the optimizer's flat partition wants,
@@ -130,9 +149,11 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
         if _is_noop(fn, st.full) and _is_noop(fn, p.ds_tensor):
             continue
         if st.master is not None or st.master_writer is not None:
-            raise ValueError(f"cannot convert partitioned parameter {st.name} ({st.full.dtype} on "
-                             f"{st.full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "
-                             "on the model before building DeepSpeedZeroOptimizer_Stage3")
+            raise ValueError(
+                f"cannot convert partitioned parameter {st.name} ({st.full.dtype} on "
+                f"{st.full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "
+                "on the model before building DeepSpeedZeroOptimizer_Stage3"
+            )
         old_key = st.full_flat.untyped_storage()._cdata
         convert_param(p, fn)
         coord = st.coord
@@ -149,7 +170,8 @@ def _unmanaged_guard(module: nn.Module, args: Any) -> None:
                 f"{type(module).__name__}.{name} is partitioned (ds_zero.Init / partition_model) but nothing gathers "
                 "it for this forward: wrap the model first (ds_zero.DeepSpeedZeroOptimizer_Stage3, "
                 "ds_zero.DeepSpeedZeRoOffload for evaluation, or ds_engine.initialize), or run the forward inside "
-                "ds_zero.GatheredParameters(model.parameters())")
+                "ds_zero.GatheredParameters(model.parameters())"
+            )
 
 
 def remove_guard(module: nn.Module) -> None:
@@ -174,8 +196,16 @@ def _state_dict_post_hook(module: nn.Module, state_dict: dict[str, Any], prefix:
             state_dict[key] = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
-def _load_pre_hook(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
-                   missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+def _load_pre_hook(
+    module: nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
     loading = []
     skipped = []
     for name, p in module._parameters.items():

@@ -126,9 +126,16 @@ def _storage_bytes(param: torch.nn.Parameter) -> int:
     return st.shard_numel * st.world_size * st.full.element_size()
 
 
-def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, shard_device: torch.device | None = None,
-                    compute_device: torch.device | None = None, dtype: torch.dtype | None = None,
-                    pin_memory: bool = False, out: torch.Tensor | None = None) -> None:
+def partition_param(
+    param: torch.nn.Parameter,
+    *,
+    group: ProcessGroup | None,
+    shard_device: torch.device | None = None,
+    compute_device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    pin_memory: bool = False,
+    out: torch.Tensor | None = None,
+) -> None:
     """Turn `param` into a partitioned parameter in place; keeps only this rank's shard.
 
     Args:
@@ -157,7 +164,7 @@ def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, sh
         start, end = min(rank * s, numel), min((rank + 1) * s, numel)
         if end > start:
             shard[: end - start].copy_(flat[start:end])
-        shard[end - start:].zero_()
+        shard[end - start :].zero_()
         if pin_memory and out is None and shard.device.type == "cpu":
             shard = ds_comm.get_accelerator().pin_memory(shard)
     param.ds_id = next(_ids)
@@ -168,15 +175,23 @@ def partition_param(param: torch.nn.Parameter, *, group: ProcessGroup | None, sh
     param.ds_persist = False
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
     full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
-    param._ds_state = ZeroParamState(name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>", shard_numel=s,
-                                     world_size=world, rank=rank, offload=shard_device != compute_device,
-                                     full_flat=full_flat, full=full, placeholder=placeholder)
+    param._ds_state = ZeroParamState(
+        name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
+        shard_numel=s,
+        world_size=world,
+        rank=rank,
+        offload=shard_device != compute_device,
+        full_flat=full_flat,
+        full=full,
+        placeholder=placeholder,
+    )
     param.data = placeholder
     del data, flat
 
 
-def _full_storage(padded: int, shape: torch.Size, device: torch.device,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _full_storage(
+    padded: int, shape: torch.Size, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A new owned full-size storage, released: (padded flat tensor, full-shape view, placeholder)."""
     full_flat = torch.empty(padded, dtype=dtype, device=device)
     full = full_flat[: math.prod(shape)].view(shape)
@@ -230,7 +245,7 @@ def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None
             st.swap.write([param], [padded])
         else:
             param.ds_tensor[: end - start].copy_(piece)
-            param.ds_tensor[end - start:].zero_()
+            param.ds_tensor[end - start :].zero_()
         master = st.master
         if st.master_writer is not None:
             padded32 = torch.zeros(s, dtype=torch.float32)
@@ -238,7 +253,7 @@ def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None
             st.master_writer(padded32)
         elif master is not None and master is not param.ds_tensor:
             master[: end - start].copy_(piece)
-            master[end - start:].zero_()
+            master[end - start :].zero_()
 
 
 def shard_values(param: torch.nn.Parameter) -> torch.Tensor:
@@ -317,18 +332,21 @@ def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
         if st.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
             probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
             if probe.dtype != param.ds_tensor.dtype:
-                raise ValueError(f"cannot convert partitioned parameter {st.name} to {probe.dtype}: its shard is "
-                                 "swapped to NVMe (offload_param.device='nvme') in "
-                                 f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
-                                 "it is partitioned")
+                raise ValueError(
+                    f"cannot convert partitioned parameter {st.name} to {probe.dtype}: its shard is "
+                    "swapped to NVMe (offload_param.device='nvme') in "
+                    f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
+                    "it is partitioned"
+                )
         else:
             shard = fn(param.ds_tensor)
             if st.offload and shard.device != param.ds_tensor.device:
                 shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
             param.ds_tensor = shard
         probe = fn(torch.empty(0, dtype=st.full.dtype, device=st.full.device))
-        st.full_flat, st.full, st.placeholder = _full_storage(st.shard_numel * st.world_size, param.ds_shape,
-                                                              probe.device, probe.dtype)
+        st.full_flat, st.full, st.placeholder = _full_storage(
+            st.shard_numel * st.world_size, param.ds_shape, probe.device, probe.dtype
+        )
         if full is not None:
             alloc_full(param)
             st.full.copy_(full)

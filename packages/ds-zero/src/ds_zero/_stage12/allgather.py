@@ -34,8 +34,9 @@ class PartitionAllGather:
             gloo always uses broadcasts (see the note above).
     """
 
-    def __init__(self, flats: list[FlatParamGroup], group: ProcessGroup | None, *, bucket_numel: int,
-                 allgather_partitions: bool) -> None:
+    def __init__(
+        self, flats: list[FlatParamGroup], group: ProcessGroup | None, *, bucket_numel: int, allgather_partitions: bool
+    ) -> None:
         self.flats = flats
         self.group = group
         self.world = ds_comm.get_world_size(group)
@@ -56,13 +57,14 @@ class PartitionAllGather:
                 hi = min(lo + chunk, numel)
                 if self.use_broadcast:
                     for r in range(self.world):
-                        piece = flat.flat[r * numel + lo: r * numel + hi]
+                        piece = flat.flat[r * numel + lo : r * numel + hi]
                         handles.append(ds_comm.broadcast(piece, src=self._global[r], group=self.group, async_op=True))
                 elif lo == 0 and hi == numel:
-                    handles.append(ds_comm.all_gather_into_tensor(flat.flat, flat.own_partition, group=self.group,
-                                                                  async_op=True))
+                    handles.append(
+                        ds_comm.all_gather_into_tensor(flat.flat, flat.own_partition, group=self.group, async_op=True)
+                    )
                 else:
-                    outputs = [flat.flat[r * numel + lo: r * numel + hi] for r in range(self.world)]
+                    outputs = [flat.flat[r * numel + lo : r * numel + hi] for r in range(self.world)]
                     own = flat.own_partition[lo:hi].clone()
                     handles.append(ds_comm.all_gather(outputs, own, group=self.group, async_op=True))
                 if len(handles) >= 4 * self.world:
@@ -75,4 +77,3 @@ class PartitionAllGather:
             if h is not None:
                 h.wait()
         handles.clear()
-

@@ -75,8 +75,14 @@ def _build_buckets(flats: list[FlatParamGroup], bucket_numel: int) -> list[_Buck
 
 def _make_bucket(index: int, group: int, flat: FlatParamGroup, positions: list[int]) -> _Bucket:
     slots = [flat.slots[i] for i in positions]
-    bucket = _Bucket(index, group, min(s.flat_offset for s in slots), max(s.flat_end for s in slots),
-                     [flat.params[i] for i in positions], slots)
+    bucket = _Bucket(
+        index,
+        group,
+        min(s.flat_offset for s in slots),
+        max(s.flat_end for s in slots),
+        [flat.params[i] for i in positions],
+        slots,
+    )
     bucket.reset()
     return bucket
 
@@ -102,9 +108,18 @@ class BucketReducer:
             backward naming them.
     """
 
-    def __init__(self, flats: list[FlatParamGroup], reducer: RangeReducer, accumulators: list[torch.Tensor], *,
-                 bucket_numel: int, overlap_comm: bool, communication_dtype: torch.dtype | None,
-                 ignore_unused_parameters: bool, max_in_flight: int = 2) -> None:
+    def __init__(
+        self,
+        flats: list[FlatParamGroup],
+        reducer: RangeReducer,
+        accumulators: list[torch.Tensor],
+        *,
+        bucket_numel: int,
+        overlap_comm: bool,
+        communication_dtype: torch.dtype | None,
+        ignore_unused_parameters: bool,
+        max_in_flight: int = 2,
+    ) -> None:
         self.flats = flats
         self.reducer = reducer
         self.accumulators = accumulators
@@ -144,7 +159,7 @@ class BucketReducer:
         if bucket.storage is None:
             bucket.storage = self._acquire()
         slot = bucket.slots[pos]
-        view = bucket.buffer[slot.flat_offset - bucket.start: slot.flat_end - bucket.start]
+        view = bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start]
         with torch.no_grad():
             view.copy_(param.grad.reshape(-1))
         param.grad = None
@@ -184,14 +199,14 @@ class BucketReducer:
         """Zero-fill and launch buckets whose parameters got no gradient, then finish every reduction."""
         self._armed = None
         missing: list[str] = []
-        for bucket in self.buckets[self._next:]:
+        for bucket in self.buckets[self._next :]:
             if bucket.pending == 0:
                 continue
             if bucket.storage is None:
                 bucket.storage = self._acquire()
             for pos, slot in enumerate(bucket.slots):
                 if not bucket.filled[pos]:
-                    bucket.buffer[slot.flat_offset - bucket.start: slot.flat_end - bucket.start].zero_()
+                    bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start].zero_()
                     missing.append(slot.name)
             bucket.pending = 0
         self._launch_ready()
@@ -200,9 +215,11 @@ class BucketReducer:
         for bucket in self.buckets:
             bucket.reset()
         if missing and not self.ignore_unused_parameters:
-            raise ValueError(f"parameters {missing[:10]} received no gradient in this backward; set "
-                             "zero_optimization.ignore_unused_parameters=true to treat them as zero, or freeze "
-                             "them (requires_grad=False) before building the optimizer")
+            raise ValueError(
+                f"parameters {missing[:10]} received no gradient in this backward; set "
+                "zero_optimization.ignore_unused_parameters=true to treat them as zero, or freeze "
+                "them (requires_grad=False) before building the optimizer"
+            )
 
     def finish(self) -> None:
         """Complete every launched reduction; afterwards the accumulators hold all reduced gradients."""

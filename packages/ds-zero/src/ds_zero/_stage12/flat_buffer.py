@@ -38,9 +38,11 @@ class FlatParamGroup:
         dtypes = {p.dtype for p in params}
         devices = {p.device for p in params}
         if len(dtypes) > 1 or len(devices) > 1:
-            raise TypeError(f"a ZeRO param group needs parameters of one dtype and device, got dtypes "
-                            f"{sorted(map(str, dtypes))} and devices {sorted(map(str, devices))}; cast the model "
-                            "(model.to(dtype)) before building the optimizer")
+            raise TypeError(
+                f"a ZeRO param group needs parameters of one dtype and device, got dtypes "
+                f"{sorted(map(str, dtypes))} and devices {sorted(map(str, devices))}; cast the model "
+                "(model.to(dtype)) before building the optimizer"
+            )
         self.dtype = params[0].dtype if params else torch.float32
         self.device = params[0].device if params else torch.device("cpu")
         slots, offset = [], 0
@@ -54,17 +56,17 @@ class FlatParamGroup:
         # `empty`, not `zeros`: pages become resident as each parameter is copied in while its old storage
         # is released, so building the buffer costs about one model copy, not two.
         self.flat = torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
-        self.flat[self.numel:].zero_()
+        self.flat[self.numel :].zero_()
         with torch.no_grad():
             for p, slot in zip(params, slots, strict=True):
-                view = self.flat[slot.flat_offset: slot.flat_end]
+                view = self.flat[slot.flat_offset : slot.flat_end]
                 view.copy_(p.detach().reshape(-1))
                 p.data = view.view(slot.shape)
 
     def partition(self, rank: int) -> torch.Tensor:
         """Rank `rank`'s partition of the flat buffer (a view)."""
         start = rank * self.partition_numel
-        return self.flat[start: start + self.partition_numel]
+        return self.flat[start : start + self.partition_numel]
 
     @property
     def own_partition(self) -> torch.Tensor:
@@ -72,7 +74,7 @@ class FlatParamGroup:
 
     def own_slice(self, buffer: torch.Tensor) -> torch.Tensor:
         """This rank's partition of another buffer with the flat layout (e.g. a gradient buffer)."""
-        return buffer[self.own_start: self.own_start + self.partition_numel]
+        return buffer[self.own_start : self.own_start + self.partition_numel]
 
     @property
     def own_start(self) -> int:
@@ -89,7 +91,7 @@ class FlatParamGroup:
 
     def slot_view(self, buffer: torch.Tensor, slot: ParamSlot) -> torch.Tensor:
         """`slot`'s parameter-shaped view into another buffer with the flat layout (e.g. a gradient buffer)."""
-        return buffer[slot.flat_offset: slot.flat_end].view(slot.shape)
+        return buffer[slot.flat_offset : slot.flat_end].view(slot.shape)
 
     def check_views(self) -> None:
         """Raise if the parameters no longer live in the flat buffer (the model was moved or cast after
@@ -101,6 +103,8 @@ class FlatParamGroup:
         base, size = self.flat.data_ptr(), self.flat.element_size()
         for p, slot in zip(self.params, self.slots, strict=True):
             if slot.numel and p.data_ptr() != base + slot.flat_offset * size:
-                raise ValueError(f"parameter {slot.name!r} is no longer a view of the ZeRO flat buffer: the model "
-                                 "was moved, cast or had parameters replaced after the optimizer was built; cast "
-                                 "and move the model first, then build the base optimizer and the ZeRO wrapper")
+                raise ValueError(
+                    f"parameter {slot.name!r} is no longer a view of the ZeRO flat buffer: the model "
+                    "was moved, cast or had parameters replaced after the optimizer was built; cast "
+                    "and move the model first, then build the base optimizer and the ZeRO wrapper"
+                )

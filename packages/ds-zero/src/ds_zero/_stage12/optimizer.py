@@ -77,10 +77,19 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         TypeError: `optimizer` is not a torch optimizer, or a group mixes dtypes/devices.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, config: ZeroConfig, module: torch.nn.Module | None = None,
-                 loss_scaler: LossScaler | None = None, clip_grad: float = 0.0, check_overflow: bool = True,
-                 dp_group: ProcessGroup | None = None, gradient_predivide_factor: float = 1.0,
-                 communication_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        config: ZeroConfig,
+        module: torch.nn.Module | None = None,
+        loss_scaler: LossScaler | None = None,
+        clip_grad: float = 0.0,
+        check_overflow: bool = True,
+        dp_group: ProcessGroup | None = None,
+        gradient_predivide_factor: float = 1.0,
+        communication_dtype: torch.dtype | None = None,
+    ) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
         self.optimizer = optimizer
         self.zero_stage = int(config.stage)
@@ -103,20 +112,30 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
         self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin)
-        reducer = RangeReducer(dp_group, use_reduce_scatter=config.reduce_scatter,
-                               predivide_factor=gradient_predivide_factor)
+        reducer = RangeReducer(
+            dp_group, use_reduce_scatter=config.reduce_scatter, predivide_factor=gradient_predivide_factor
+        )
         self._grads = self._build_reduction(config, reducer, communication_dtype, pin)
         self.grad_partitions: list[torch.Tensor] = self._grads.accumulators
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
         self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
-        self._sync = PartitionAllGather(self.flats, dp_group, bucket_numel=config.allgather_bucket_size,
-                                        allgather_partitions=config.allgather_partitions)
+        self._sync = PartitionAllGather(
+            self.flats,
+            dp_group,
+            bucket_numel=config.allgather_bucket_size,
+            allgather_partitions=config.allgather_partitions,
+        )
         self._sync()
-        logger.info("ZeRO stage %d: %d group(s), %d trainable elements, partition %s elements/rank on %d ranks%s",
-                    self.zero_stage, len(self.flats), sum(f.numel for f in self.flats),
-                    [f.partition_numel for f in self.flats], self.dp_world_size, ", optimizer offloaded to cpu"
-                    if self.offload else "")
+        logger.info(
+            "ZeRO stage %d: %d group(s), %d trainable elements, partition %s elements/rank on %d ranks%s",
+            self.zero_stage,
+            len(self.flats),
+            sum(f.numel for f in self.flats),
+            [f.partition_numel for f in self.flats],
+            self.dp_world_size,
+            ", optimizer offloaded to cpu" if self.offload else "",
+        )
 
     # ----- construction helpers -------------------------------------------------------------------
     def _flatten_group(self, g: int, group: dict[str, Any], names: ParamNames) -> FlatParamGroup:
@@ -131,25 +150,40 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
                 names.note_frozen(p, g, i)
         return FlatParamGroup([p for p, _ in trainable], [n for _, n in trainable], self.dp_world_size, self.dp_rank)
 
-    def _build_reduction(self, config: ZeroConfig, reducer: RangeReducer, communication_dtype: torch.dtype | None,
-                         pin: bool) -> BoundaryReducer | BucketReducer:
+    def _build_reduction(
+        self, config: ZeroConfig, reducer: RangeReducer, communication_dtype: torch.dtype | None, pin: bool
+    ) -> BoundaryReducer | BucketReducer:
         if self.zero_stage == 1:
-            in_place = (not self.offload and all(f.dtype == torch.float32 for f in self.flats)
-                        and communication_dtype in (None, torch.float32))
-            accumulators = None if in_place else build_grad_partitions(self.flats, offload=self.offload,
-                                                                       pin_memory=pin)
-            return BoundaryReducer(self.flats, reducer, bucket_numel=config.reduce_bucket_size,
-                                   communication_dtype=communication_dtype, accumulators=accumulators)
+            in_place = (
+                not self.offload
+                and all(f.dtype == torch.float32 for f in self.flats)
+                and communication_dtype in (None, torch.float32)
+            )
+            accumulators = None if in_place else build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
+            return BoundaryReducer(
+                self.flats,
+                reducer,
+                bucket_numel=config.reduce_bucket_size,
+                communication_dtype=communication_dtype,
+                accumulators=accumulators,
+            )
         accumulators = build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
-        return BucketReducer(self.flats, reducer, accumulators,
-                             bucket_numel=config.reduce_bucket_size, overlap_comm=config.overlap_comm,
-                             communication_dtype=communication_dtype,
-                             ignore_unused_parameters=config.ignore_unused_parameters)
+        return BucketReducer(
+            self.flats,
+            reducer,
+            accumulators,
+            bucket_numel=config.reduce_bucket_size,
+            overlap_comm=config.overlap_comm,
+            communication_dtype=communication_dtype,
+            ignore_unused_parameters=config.ignore_unused_parameters,
+        )
 
     def _adopt_base_optimizer(self) -> None:
         if self.optimizer.state:
-            logger.warning("the base optimizer already has state for %d parameters; ZeRO starts it afresh on the "
-                           "partitions", len(self.optimizer.state))
+            logger.warning(
+                "the base optimizer already has state for %d parameters; ZeRO starts it afresh on the partitions",
+                len(self.optimizer.state),
+            )
             self.optimizer.state.clear()
         for group, master in zip(self.optimizer.param_groups, self.masters, strict=True):
             group["params"] = [master]
@@ -181,8 +215,10 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        raise NotImplementedError("ZeRO flattens the param groups at construction; build the base optimizer with "
-                                  "every group before wrapping it")
+        raise NotImplementedError(
+            "ZeRO flattens the param groups at construction; build the base optimizer with "
+            "every group before wrapping it"
+        )
 
     def __repr__(self) -> str:
         return f"DeepSpeedZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, base={self.optimizer!r})"
@@ -235,9 +271,17 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
             flat.check_views()
         self._grads.finish()
         grads = self.grad_partitions
-        outcome = finish_step(grads, scaler=self.loss_scaler, clip=self.clip_grad, check_overflow=self.check_overflow,
-                              compute_norm=self._compute_norm, group=self.dp_group, partitioned=True,
-                              comm_device=self._comm_device, skip=skip)
+        outcome = finish_step(
+            grads,
+            scaler=self.loss_scaler,
+            clip=self.clip_grad,
+            check_overflow=self.check_overflow,
+            compute_norm=self._compute_norm,
+            group=self.dp_group,
+            partitioned=True,
+            comm_device=self._comm_device,
+            skip=skip,
+        )
         self.overflow = outcome.overflow
         self._global_grad_norm = outcome.grad_norm
         if self.overflow:
@@ -256,13 +300,26 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """THIS rank's partition and the metadata to rebuild full tensors (format: `ds_zero._checkpoint.format`)."""
         return build_rank_state_dict(
-            zero_stage=self.zero_stage, dp_rank=self.dp_rank, world_size=self.dp_world_size, flats=self.flats,
-            masters=self.masters, optimizer=self.optimizer, loss_scaler=self.loss_scaler, overflow=self.overflow,
-            clip_grad=self.clip_grad, offload=self.offload, shared_params=self.shared_params,
-            frozen_param_shapes=self.frozen_param_shapes)
+            zero_stage=self.zero_stage,
+            dp_rank=self.dp_rank,
+            world_size=self.dp_world_size,
+            flats=self.flats,
+            masters=self.masters,
+            optimizer=self.optimizer,
+            loss_scaler=self.loss_scaler,
+            overflow=self.overflow,
+            clip_grad=self.clip_grad,
+            offload=self.offload,
+            shared_params=self.shared_params,
+            frozen_param_shapes=self.frozen_param_shapes,
+        )
 
-    def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],  # type: ignore[override]
-                        load_optimizer_states: bool = True, load_from_fp32_weights: bool = True) -> None:
+    def load_state_dict(
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],  # type: ignore[override]
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
         """Restore from ALL saved ranks' state dicts (rank order), saved at this or any other world size.
 
         Each rank takes the slices of its new partition from whichever saved partitions hold them, so a
@@ -282,8 +339,13 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         index = FragmentIndex(as_state_dict_list(state_dicts))
         first = index.state_dicts[0]
         if int(first["zero_stage"]) != self.zero_stage or index.world_size != self.dp_world_size:
-            logger.info("loading a stage-%s checkpoint saved on %d ranks into stage %d on %d ranks (re-partitioning)",
-                        first["zero_stage"], index.world_size, self.zero_stage, self.dp_world_size)
+            logger.info(
+                "loading a stage-%s checkpoint saved on %d ranks into stage %d on %d ranks (re-partitioning)",
+                first["zero_stage"],
+                index.world_size,
+                self.zero_stage,
+                self.dp_world_size,
+            )
         self.zero_grad()
         if load_from_fp32_weights:
             load_masters(index, self.flats, self.masters)
@@ -328,17 +390,25 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
     from ds_zero.config import ZeroConfig  # pydantic: loaded on first use, not at import
 
     if not isinstance(config, ZeroConfig):
-        raise TypeError(f"config must be a ds_zero.ZeroConfig (the zero_optimization section), got "
-                        f"{type(config).__name__}; build it with ZeroConfig(**section)")
+        raise TypeError(
+            f"config must be a ds_zero.ZeroConfig (the zero_optimization section), got "
+            f"{type(config).__name__}; build it with ZeroConfig(**section)"
+        )
     if config.stage not in (1, 2):
-        hint = ("use ds_zero.DeepSpeedZeroOptimizer_Stage3" if config.stage == 3
-                else "stage 0 is plain data parallelism, no ZeRO wrapper")
-        raise ValueError(f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; "
-                         f"{hint}")
+        hint = (
+            "use ds_zero.DeepSpeedZeroOptimizer_Stage3"
+            if config.stage == 3
+            else "stage 0 is plain data parallelism, no ZeRO wrapper"
+        )
+        raise ValueError(
+            f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; {hint}"
+        )
     if config.offload_optimizer.device == "nvme":
-        raise ValueError('zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '
-                         '(NVMe offload, ZeRO-Infinity, is a stage-3 feature, as in DeepSpeed); use "cpu" here, or '
-                         'set zero_optimization.stage=3 to swap the optimizer state to NVMe')
+        raise ValueError(
+            'zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '
+            '(NVMe offload, ZeRO-Infinity, is a stage-3 feature, as in DeepSpeed); use "cpu" here, or '
+            "set zero_optimization.stage=3 to swap the optimizer state to NVMe"
+        )
     if clip_grad < 0:
         raise ValueError(f"clip_grad (gradient_clipping) must be >= 0, got {clip_grad}")
     if predivide <= 0:

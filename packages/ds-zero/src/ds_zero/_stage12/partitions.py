@@ -71,18 +71,26 @@ class PartitionUpdater:
             results are copied after the step.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, flats: list[FlatParamGroup], masters: list[torch.Tensor],
-                 *, offload: bool) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        flats: list[FlatParamGroup],
+        masters: list[torch.Tensor],
+        *,
+        offload: bool,
+    ) -> None:
         self.optimizer = optimizer
         self.flats = flats
         self.masters = masters
-        self.copy_back = [m.data_ptr() != f.own_partition.data_ptr() or m.numel() == 0
-                          for m, f in zip(masters, flats, strict=True)]
+        self.copy_back = [
+            m.data_ptr() != f.own_partition.data_ptr() or m.numel() == 0 for m, f in zip(masters, flats, strict=True)
+        ]
         # The CPU optimizers write their copy targets in the same pass as the update, but only into host
         # tensors: a model on an accelerator gets its partition copied after the step.
         used = [f for f in flats if f.numel]
-        self.in_pass_copy = (offload and supports_in_pass_copy(optimizer) and bool(used)
-                             and all(f.device.type == "cpu" for f in used))
+        self.in_pass_copy = (
+            offload and supports_in_pass_copy(optimizer) and bool(used) and all(f.device.type == "cpu" for f in used)
+        )
         if offload and not self.in_pass_copy:
             logger.debug("offload step: %s copies the updated partition after the step", type(optimizer).__name__)
 

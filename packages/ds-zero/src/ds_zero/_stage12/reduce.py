@@ -77,10 +77,9 @@ class RangeReducer:
             return launched
         self._tag = (self._tag + 1) % _TAG_SPACE
         for owner, lo, hi in owner_pieces(start, end, partition_numel):
-            piece = buffer[lo - start: hi - start]
+            piece = buffer[lo - start : hi - start]
             if not self.point_to_point:
-                launched.handles.append(ds_comm.reduce(piece, dst=self._global[owner], group=self.group,
-                                                       async_op=True))
+                launched.handles.append(ds_comm.reduce(piece, dst=self._global[owner], group=self.group, async_op=True))
             elif owner != self.rank:
                 launched.handles.append(ds_comm.isend(piece, self._global[owner], group=self.group, tag=self._tag))
             else:
@@ -88,8 +87,7 @@ class RangeReducer:
                     if src != self.rank:
                         recv = self._acquire(piece)
                         launched.received.append(recv)
-                        launched.handles.append(ds_comm.irecv(recv, self._global[src], group=self.group,
-                                                              tag=self._tag))
+                        launched.handles.append(ds_comm.irecv(recv, self._global[src], group=self.group, tag=self._tag))
         return launched
 
     def own_piece(self, launched: _Launched, partition_numel: int) -> tuple[slice, slice] | None:
@@ -101,8 +99,9 @@ class RangeReducer:
         p0 = self.rank * partition_numel
         return slice(lo - launched.start, hi - launched.start), slice(lo - p0, hi - p0)
 
-    def complete(self, launched: _Launched, accumulator: torch.Tensor, partition_numel: int, *,
-                 in_place: bool = False) -> None:
+    def complete(
+        self, launched: _Launched, accumulator: torch.Tensor, partition_numel: int, *, in_place: bool = False
+    ) -> None:
         """Wait for `launched` and add this rank's averaged piece into its partition `accumulator`.
 
         `in_place`: the accumulator already holds this rank's own contribution (stage 1, fp32), which
@@ -140,7 +139,7 @@ class RangeReducer:
 
 
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return t if t.device == device else t.to(device)   # blocking: the host reads it right away
+    return t if t.device == device else t.to(device)  # blocking: the host reads it right away
 
 
 class BoundaryReducer:
@@ -160,8 +159,15 @@ class BoundaryReducer:
             buffer is the accumulator, reduced in place, so no second partition-sized buffer exists.
     """
 
-    def __init__(self, flats: list[FlatParamGroup], reducer: RangeReducer, *, bucket_numel: int,
-                 communication_dtype: torch.dtype | None, accumulators: list[torch.Tensor] | None) -> None:
+    def __init__(
+        self,
+        flats: list[FlatParamGroup],
+        reducer: RangeReducer,
+        *,
+        bucket_numel: int,
+        communication_dtype: torch.dtype | None,
+        accumulators: list[torch.Tensor] | None,
+    ) -> None:
         self.flats = flats
         self.reducer = reducer
         self.bucket_numel = int(bucket_numel)
@@ -211,8 +217,9 @@ class BoundaryReducer:
                     buffer = buffer.to(self.communication_dtype)
                 in_flight.append(self.reducer.launch(buffer, start, end, flat.partition_numel))
                 if len(in_flight) > 2:
-                    self.reducer.complete(in_flight.pop(0), self.accumulators[index], flat.partition_numel,
-                                          in_place=self.in_place)
+                    self.reducer.complete(
+                        in_flight.pop(0), self.accumulators[index], flat.partition_numel, in_place=self.in_place
+                    )
             for item in in_flight:
                 self.reducer.complete(item, self.accumulators[index], flat.partition_numel, in_place=self.in_place)
 

@@ -22,10 +22,21 @@ logger = logging.getLogger(__name__)
 __all__ = ["build_rank_state_dict", "load_masters", "load_base_optimizer_state"]
 
 
-def build_rank_state_dict(*, zero_stage: int, dp_rank: int, world_size: int, flats: list[FlatParamGroup],
-                          masters: list[torch.Tensor], optimizer: torch.optim.Optimizer, loss_scaler: Any,
-                          overflow: bool, clip_grad: float, offload: bool, shared_params: dict[str, str],
-                          frozen_param_shapes: dict[str, list[int]]) -> dict[str, Any]:
+def build_rank_state_dict(
+    *,
+    zero_stage: int,
+    dp_rank: int,
+    world_size: int,
+    flats: list[FlatParamGroup],
+    masters: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    loss_scaler: Any,
+    overflow: bool,
+    clip_grad: float,
+    offload: bool,
+    shared_params: dict[str, str],
+    frozen_param_shapes: dict[str, list[int]],
+) -> dict[str, Any]:
     """This rank's dict in format version 1 (see `ds_zero._checkpoint.format`).
 
     The fp32 partitions are copied (an fp32 master is a view of the model's buffer, which keeps changing
@@ -40,8 +51,9 @@ def build_rank_state_dict(*, zero_stage: int, dp_rank: int, world_size: int, fla
         "model_dtype": str(next((f.dtype for f in flats if f.numel), torch.float32)).removeprefix("torch."),
         "offload_optimizer": "cpu" if offload else "none",
         "single_partition_of_fp32_groups": [m.detach().to(torch.float32, copy=True) for m in masters],
-        "partitions": [partition_metadata(g, f.partition_numel, f.fragments(), f.param_shapes())
-                       for g, f in enumerate(flats)],
+        "partitions": [
+            partition_metadata(g, f.partition_numel, f.fragments(), f.param_shapes()) for g, f in enumerate(flats)
+        ],
         "base_optimizer_state": optimizer.state_dict(),
         "loss_scaler": loss_scaler.state_dict(),
         "dynamic_loss_scale": bool(loss_scaler.dynamic),
@@ -64,12 +76,17 @@ def load_masters(index: FragmentIndex, flats: list[FlatParamGroup], masters: lis
 
 def _saved_partitions_of_group(index: FragmentIndex, group: int) -> list[tuple[int, int]]:
     """`(rank, k)` of every saved partition that belongs to param group `group`."""
-    return [(rank, k) for rank, sd in enumerate(index.state_dicts)
-            for k, meta in enumerate(sd["partitions"]) if int(meta["group_index"]) == group]
+    return [
+        (rank, k)
+        for rank, sd in enumerate(index.state_dicts)
+        for k, meta in enumerate(sd["partitions"])
+        if int(meta["group_index"]) == group
+    ]
 
 
-def load_base_optimizer_state(index: FragmentIndex, flats: list[FlatParamGroup], masters: list[torch.Tensor],
-                              optimizer: torch.optim.Optimizer) -> None:
+def load_base_optimizer_state(
+    index: FragmentIndex, flats: list[FlatParamGroup], masters: list[torch.Tensor], optimizer: torch.optim.Optimizer
+) -> None:
     """Re-partition the saved base-optimizer state onto this rank's partitions and load it.
 
     Partition-shaped values (exp_avg, ...) follow the fragments; per-group values (`step`) come from the
@@ -82,8 +99,10 @@ def load_base_optimizer_state(index: FragmentIndex, flats: list[FlatParamGroup],
     saved0 = index.state_dicts[0]["base_optimizer_state"]
     saved_groups = saved0["param_groups"]
     if len(saved_groups) != len(optimizer.param_groups):
-        raise ValueError(f"the checkpoint's optimizer has {len(saved_groups)} param groups, this one has "
-                         f"{len(optimizer.param_groups)}; build the optimizer with the same groups as when saving")
+        raise ValueError(
+            f"the checkpoint's optimizer has {len(saved_groups)} param groups, this one has "
+            f"{len(optimizer.param_groups)}; build the optimizer with the same groups as when saving"
+        )
     saved_state = [sd["base_optimizer_state"]["state"] for sd in index.state_dicts]
     state: dict[int, dict[str, Any]] = {}
     for g, (flat, master) in enumerate(zip(flats, masters, strict=True)):
@@ -118,6 +137,8 @@ def as_state_dict_list(state_dicts: list[Mapping[str, Any]] | Mapping[str, Any])
         count = state_dicts.get("partition_count")
         if count == 1:
             return [state_dicts]
-        raise TypeError(f"load_state_dict needs the state dicts of ALL {count} saved ranks as a list in rank order "
-                        "(each rank's dict holds only its partition), got a single dict")
+        raise TypeError(
+            f"load_state_dict needs the state dicts of ALL {count} saved ranks as a list in rank order "
+            "(each rank's dict holds only its partition), got a single dict"
+        )
     return list(state_dicts)

@@ -59,8 +59,9 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
         "model_dtype": str(model_dtype).removeprefix("torch."),
         "offload_optimizer": opt.config.offload_optimizer.device,
         "single_partition_of_fp32_groups": [part.fp32_values() for part in parts],
-        "partitions": [partition_metadata(part.group_index, part.numel, part.fragments(), part.param_shapes())
-                       for part in parts],
+        "partitions": [
+            partition_metadata(part.group_index, part.numel, part.fragments(), part.param_shapes()) for part in parts
+        ],
         "base_optimizer_state": opt.base_optimizer_state_dict(),
         "loss_scaler": opt.loss_scaler.state_dict(),
         "dynamic_loss_scale": bool(opt.loss_scaler.dynamic),
@@ -71,8 +72,9 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
     }
 
 
-def load_stage3_state_dicts(opt: DeepSpeedZeroOptimizer_Stage3, state_dicts: Any, *, load_optimizer_states: bool,
-                            load_from_fp32_weights: bool) -> None:
+def load_stage3_state_dicts(
+    opt: DeepSpeedZeroOptimizer_Stage3, state_dicts: Any, *, load_optimizer_states: bool, load_from_fp32_weights: bool
+) -> None:
     """Fill `opt`'s tiles (masters, shards, frozen shards), base optimizer state and loss scaler.
 
     Raises:
@@ -114,8 +116,10 @@ def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer
     saved_groups = sds[0]["base_optimizer_state"]["param_groups"]
     groups = opt.optimizer.param_groups
     if len(saved_groups) != len(groups):
-        raise ValueError(f"the checkpoint's optimizer has {len(saved_groups)} param groups, this one has "
-                         f"{len(groups)}; build the optimizer with the same groups as when saving")
+        raise ValueError(
+            f"the checkpoint's optimizer has {len(saved_groups)} param groups, this one has "
+            f"{len(groups)}; build the optimizer with the same groups as when saving"
+        )
     sources: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
     for rank, sd in enumerate(sds):
         states = sd["base_optimizer_state"]["state"]
@@ -133,8 +137,12 @@ def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer
         for key, value in template.items():
             if is_partition_shaped(value, old_numel):
                 dst = torch.empty(tile.numel, dtype=value.dtype)
-                fill_partition(dst, tile.fragments(), index,
-                               lambda rank, kk, key=key: sds[rank]["base_optimizer_state"]["state"][kk][key])
+                fill_partition(
+                    dst,
+                    tile.fragments(),
+                    index,
+                    lambda rank, kk, key=key: sds[rank]["base_optimizer_state"]["state"][kk][key],
+                )
                 new[key] = dst
             else:
                 new[key] = value.clone() if isinstance(value, torch.Tensor) else value
@@ -142,15 +150,18 @@ def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer
     ids: list[list[int]] = [[] for _ in groups]
     for k, tile in enumerate(opt.tiles):
         ids[tile.group_index].append(k)
-    loaded = [{**{key: v for key, v in saved.items() if key != "params"}, "params": ids[g]}
-              for g, saved in enumerate(saved_groups)]
+    loaded = [
+        {**{key: v for key, v in saved.items() if key != "params"}, "params": ids[g]}
+        for g, saved in enumerate(saved_groups)
+    ]
     opt.optimizer.load_state_dict({"state": state, "param_groups": loaded})
     if opt.optimizer_swapper is not None:
         opt.optimizer_swapper.adopt_state()
 
 
-def consolidated_16bit_state_dict(module: nn.Module, *, rank0_only: bool = True,
-                                  exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+def consolidated_16bit_state_dict(
+    module: nn.Module, *, rank0_only: bool = True, exclude_frozen_parameters: bool = False
+) -> dict[str, Any]:
     """The full state_dict of a stage-3 model (parameters in their training dtype, buffers as they are).
 
     Gathers one module's parameters at a time (`GatheredParameters`), so no rank ever holds more than one

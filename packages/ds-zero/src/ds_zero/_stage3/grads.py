@@ -55,9 +55,16 @@ class GradReducer:
         on_first_grad: called for every arriving gradient (the coordinator's backward start).
     """
 
-    def __init__(self, params: list[nn.Parameter], *, group: ProcessGroup | None, reduce_bucket_size: int,
-                 communication_dtype: torch.dtype | None, gradient_predivide_factor: float,
-                 on_first_grad: Any) -> None:
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        *,
+        group: ProcessGroup | None,
+        reduce_bucket_size: int,
+        communication_dtype: torch.dtype | None,
+        gradient_predivide_factor: float,
+        on_first_grad: Any,
+    ) -> None:
         self.group = group
         self.world = ds_comm.get_world_size(group)
         self.comm_dtype = communication_dtype
@@ -103,7 +110,7 @@ class GradReducer:
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
-                dest = inp[:, offset: offset + s]
+                dest = inp[:, offset : offset + s]
                 grad = p.grad
                 if grad is None:
                     dest.zero_()
@@ -143,11 +150,11 @@ class GradReducer:
                     # slice is written exactly once before it is read: no need to zero it first
                     master.grad = torch.empty_like(master)
                     self._fresh.add(id(master))
-                piece = out[offset: offset + s].to(master.grad.device)
+                piece = out[offset : offset + s].to(master.grad.device)
                 if id(master) in self._fresh:
-                    master.grad[moff: moff + s].copy_(piece)
+                    master.grad[moff : moff + s].copy_(piece)
                 else:
-                    master.grad[moff: moff + s].add_(piece)
+                    master.grad[moff : moff + s].add_(piece)
                 offset += s
 
     def finish(self) -> None:

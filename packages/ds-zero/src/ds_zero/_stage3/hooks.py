@@ -50,8 +50,9 @@ def _grad_tensors(tree: Any) -> tuple[list[Any], Any, list[int]]:
     return flat, spec, idx
 
 
-def _pre_forward(coord: ParamCoordinator, module: nn.Module, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def _pre_forward(
+    coord: ParamCoordinator, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     coord.pre_forward(module)
     if not torch.is_grad_enabled() or not coord.gathers_for(module):
         return None
@@ -74,7 +75,8 @@ def _post_forward(coord: ParamCoordinator, module: nn.Module, args: Any, output:
             flat, _, idx = _grad_tensors(output)
             if idx:
                 torch.autograd.graph.register_multi_grad_hook(
-                    [flat[i] for i in idx], functools.partial(_on_output_grad, coord, module), mode="any")
+                    [flat[i] for i in idx], functools.partial(_on_output_grad, coord, module), mode="any"
+                )
     finally:
         coord.post_forward(module)
 
@@ -83,7 +85,8 @@ def install_hooks(root: nn.Module, coord: ParamCoordinator) -> list[RemovableHan
     """Hook every module of `root` (each instance once); returns the handles for removal."""
     handles: list[RemovableHandle] = []
     for module in root.modules():
-        handles.append(module.register_forward_pre_hook(functools.partial(_pre_forward, coord), prepend=True,
-                                                        with_kwargs=True))
+        handles.append(
+            module.register_forward_pre_hook(functools.partial(_pre_forward, coord), prepend=True, with_kwargs=True)
+        )
         handles.append(module.register_forward_hook(functools.partial(_post_forward, coord), always_call=True))
     return handles

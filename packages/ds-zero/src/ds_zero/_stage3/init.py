@@ -125,8 +125,10 @@ def _load_config(config_dict_or_path: Any) -> dict[str, Any]:
     if isinstance(config_dict_or_path, (str, os.PathLike)):
         path = Path(config_dict_or_path)
         if not path.is_file():
-            raise ValueError(f"ds_zero.Init(config_dict_or_path={str(path)!r}): no such file; pass a ds_config dict "
-                             "or the path of a JSON config")
+            raise ValueError(
+                f"ds_zero.Init(config_dict_or_path={str(path)!r}): no such file; pass a ds_config dict "
+                "or the path of a JSON config"
+            )
         return json.loads(path.read_text())
     raise TypeError(f"config_dict_or_path must be a dict or a path, got {type(config_dict_or_path).__name__}")
 
@@ -178,11 +180,20 @@ class Init:
             missing or unwritable `nvme_path`.
     """
 
-    def __init__(self, module: nn.Module | None = None, data_parallel_group: ProcessGroup | None = None,
-                 remote_device: str | None = None, pin_memory: bool = False,
-                 config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-                 enabled: bool = True, dtype: torch.dtype | None = None, *, config: Any = None,
-                 mem_efficient_linear: bool = True, mpu: Any = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module | None = None,
+        data_parallel_group: ProcessGroup | None = None,
+        remote_device: str | None = None,
+        pin_memory: bool = False,
+        config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        enabled: bool = True,
+        dtype: torch.dtype | None = None,
+        *,
+        config: Any = None,
+        mem_efficient_linear: bool = True,
+        mpu: Any = None,
+    ) -> None:
         if mpu is not None:
             raise ValueError("ds_zero.Init(mpu=...): model parallelism is not supported by ds-zero; pass mpu=None")
         ds_config = _without_auto(_load_config(config_dict_or_path if config_dict_or_path is not None else config))
@@ -191,16 +202,21 @@ class Init:
             remote_device = zero.offload_param.device
             pin_memory = pin_memory or (remote_device == "cpu" and zero.offload_param.pin_memory)
         if remote_device not in ("none", "cpu", "nvme"):
-            raise ValueError(f"ds_zero.Init(remote_device={remote_device!r}): use None/'none' (shards on the "
-                             "compute device), 'cpu' (parameter offload) or 'nvme' (swapped to "
-                             "zero_optimization.offload_param.nvme_path)")
+            raise ValueError(
+                f"ds_zero.Init(remote_device={remote_device!r}): use None/'none' (shards on the "
+                "compute device), 'cpu' (parameter offload) or 'nvme' (swapped to "
+                "zero_optimization.offload_param.nvme_path)"
+            )
         self.param_swapper: ParamSwapper | None = None
         if remote_device == "nvme" and enabled:
             if zero.offload_param.nvme_path is None:
-                raise ValueError("ds_zero.Init(remote_device='nvme') needs zero_optimization.offload_param.nvme_path "
-                                 "in config_dict_or_path (a directory on a fast local disk)")
-            self.param_swapper = ParamSwapper.from_config(zero.offload_param, rank=ds_comm.get_rank(),
-                                                          aio_config=ds_config.get("aio"))
+                raise ValueError(
+                    "ds_zero.Init(remote_device='nvme') needs zero_optimization.offload_param.nvme_path "
+                    "in config_dict_or_path (a directory on a fast local disk)"
+                )
+            self.param_swapper = ParamSwapper.from_config(
+                zero.offload_param, rank=ds_comm.get_rank(), aio_config=ds_config.get("aio")
+            )
         if dtype is None:
             if (ds_config.get("bf16") or {}).get("enabled"):
                 dtype = torch.bfloat16
@@ -219,8 +235,14 @@ class Init:
     def partition(self, module: nn.Module) -> int:
         """Partition every not-yet-partitioned parameter of `module`; returns how many."""
         before = {id(p) for p in module.parameters() if is_zero_param(p)}
-        count = partition_module(module, group=self.dp_group, shard_device=self.shard_device,
-                                 compute_device=self.compute_device, dtype=self.dtype, pin_memory=self.pin_memory)
+        count = partition_module(
+            module,
+            group=self.dp_group,
+            shard_device=self.shard_device,
+            compute_device=self.compute_device,
+            dtype=self.dtype,
+            pin_memory=self.pin_memory,
+        )
         if self.param_swapper is not None and count:
             self.param_swapper.adopt([p for p in module.parameters() if is_zero_param(p) and id(p) not in before])
         if count:
@@ -236,8 +258,9 @@ class Init:
             _active.append(self)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if not self.enabled:
             return
         with _lock:
@@ -246,14 +269,25 @@ class Init:
                 _unpatch()
 
 
-def partition_model(module: nn.Module, *, data_parallel_group: ProcessGroup | None = None,
-                    remote_device: str | None = None, pin_memory: bool = False,
-                    config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-                    dtype: torch.dtype | None = None) -> nn.Module:
+def partition_model(
+    module: nn.Module,
+    *,
+    data_parallel_group: ProcessGroup | None = None,
+    remote_device: str | None = None,
+    pin_memory: bool = False,
+    config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
     """Partition an already built model in place (what `Init(module=model)` does); returns it.
 
     Each rank keeps its 1/N shard of every parameter; the full values are released. Arguments as in `Init`.
     """
-    Init(module=module, data_parallel_group=data_parallel_group, remote_device=remote_device,
-         pin_memory=pin_memory, config_dict_or_path=config_dict_or_path, dtype=dtype)
+    Init(
+        module=module,
+        data_parallel_group=data_parallel_group,
+        remote_device=remote_device,
+        pin_memory=pin_memory,
+        config_dict_or_path=config_dict_or_path,
+        dtype=dtype,
+    )
     return module

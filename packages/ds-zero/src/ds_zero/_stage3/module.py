@@ -71,13 +71,20 @@ class DeepSpeedZeRoOffload:
     construct it, in the same order.
     """
 
-    def __init__(self, module: nn.Module, *, config: ZeroConfig | Mapping[str, Any] | None = None,
-                 dp_group: ProcessGroup | None = None,
-                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        config: ZeroConfig | Mapping[str, Any] | None = None,
+        dp_group: ProcessGroup | None = None,
+        aio_config: Mapping[str, Any] | AioConfig | None = None,
+    ) -> None:
         cfg = as_zero_config(config)
         if getattr(module, "_ds_zero3", None) is not None:
-            raise ValueError("this module already has stage-3 parameter management (module._ds_zero3); pass that "
-                             "object as parameter_offload= instead of building a second one")
+            raise ValueError(
+                "this module already has stage-3 parameter management (module._ds_zero3); pass that "
+                "object as parameter_offload= instead of building a second one"
+            )
         offload = cfg.offload_param
         self.module = module
         self.config = cfg
@@ -85,35 +92,50 @@ class DeepSpeedZeRoOffload:
         self.world_size = ds_comm.get_world_size(dp_group)
         # the swap directory is checked before the module is touched; shards that ds_zero.Init(remote_device=
         # "nvme") already swapped stay with its swapper, which takes the rest too (no second pool of buffers)
-        self.param_swapper = ((_swapper_of(module) or ParamSwapper.from_config(offload, rank=ds_comm.get_rank(),
-                                                                              aio_config=aio_config))
-                              if offload.device == "nvme" else None)
+        self.param_swapper = (
+            (_swapper_of(module) or ParamSwapper.from_config(offload, rank=ds_comm.get_rank(), aio_config=aio_config))
+            if offload.device == "nvme"
+            else None
+        )
         shard_device = torch.device("cpu") if offload.device in ("cpu", "nvme") else None
-        partition_module(module, group=dp_group, shard_device=shard_device,
-                         pin_memory=offload.pin_memory and offload.device == "cpu")
+        partition_module(
+            module, group=dp_group, shard_device=shard_device, pin_memory=offload.pin_memory and offload.device == "cpu"
+        )
         params = iter_zero_params(module.parameters())
         for p in params:
             if (world := state_of(p).world_size) != self.world_size:
-                raise ValueError(f"parameter {tuple(p.ds_shape)} was partitioned over {world} ranks but the "
-                                 f"data-parallel group has {self.world_size}; use the same group in ds_zero.Init "
-                                 "(data_parallel_group=) and here (dp_group=)")
+                raise ValueError(
+                    f"parameter {tuple(p.ds_shape)} was partitioned over {world} ranks but the "
+                    f"data-parallel group has {self.world_size}; use the same group in ds_zero.Init "
+                    "(data_parallel_group=) and here (dp_group=)"
+                )
         self.gather_group = self._new_group()
         self.fp_group = self._new_group(backend="gloo")  # tiny CPU tensors, waited on the CPU with a timeout
         persistent = self._mark_persistent(module, cfg)
         if self.param_swapper is not None:  # persistent parameters stay whole on every rank: not swapped
             self.param_swapper.adopt([p for p in params if not p.ds_persist], keep=persistent)
         self.coordinator = ParamCoordinator(
-            module, group=self.gather_group, fp_group=self.fp_group, prefetch_bucket_size=cfg.prefetch_bucket_size,
-            max_live_parameters=cfg.max_live_parameters, max_reuse_distance=cfg.max_reuse_distance,
-            log_trace_cache_warnings=cfg.log_trace_cache_warnings)
+            module,
+            group=self.gather_group,
+            fp_group=self.fp_group,
+            prefetch_bucket_size=cfg.prefetch_bucket_size,
+            max_live_parameters=cfg.max_live_parameters,
+            max_reuse_distance=cfg.max_reuse_distance,
+            log_trace_cache_warnings=cfg.log_trace_cache_warnings,
+        )
         if persistent:
             self.coordinator.refresh(persistent, "the persistent parameters")
         self._handles = install_hooks(module, self.coordinator)
         for m in module.modules():
             remove_guard(m)
         module._ds_zero3 = self
-        logger.info("stage 3: %d parameters partitioned over %d ranks (%d persistent, %d elements)", len(params),
-                    self.world_size, len(persistent), sum(p.ds_numel for p in persistent))
+        logger.info(
+            "stage 3: %d parameters partitioned over %d ranks (%d persistent, %d elements)",
+            len(params),
+            self.world_size,
+            len(persistent),
+            sum(p.ds_numel for p in persistent),
+        )
 
     def _new_group(self, backend: str | None = None) -> ProcessGroup | None:
         """A group over the data-parallel ranks (parameter gathers and fingerprints each get their own)."""

@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer_Stage3"]
 
 
-def _module_and_optimizer(args: tuple[Any, ...], module: nn.Module | None,
-                          optimizer: torch.optim.Optimizer | None) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _module_and_optimizer(
+    args: tuple[Any, ...], module: nn.Module | None, optimizer: torch.optim.Optimizer | None
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Sort the positional arguments of either calling convention into (module, optimizer)."""
     for arg in args:
         if isinstance(arg, nn.Module) and module is None:
@@ -40,13 +41,17 @@ def _module_and_optimizer(args: tuple[Any, ...], module: nn.Module | None,
         elif isinstance(arg, torch.optim.Optimizer) and optimizer is None:
             optimizer = arg
         else:
-            raise TypeError(f"DeepSpeedZeroOptimizer_Stage3: unexpected positional argument of type "
-                            f"{type(arg).__name__}; pass (module, optimizer, config=...) or "
-                            "(optimizer, module=..., config=...)")
+            raise TypeError(
+                f"DeepSpeedZeroOptimizer_Stage3: unexpected positional argument of type "
+                f"{type(arg).__name__}; pass (module, optimizer, config=...) or "
+                "(optimizer, module=..., config=...)"
+            )
     if module is None or optimizer is None:
         missing = "module (the model)" if module is None else "optimizer (a torch.optim.Optimizer)"
-        raise TypeError(f"DeepSpeedZeroOptimizer_Stage3 needs a {missing}: pass (module, optimizer, config=...) "
-                        "or (optimizer, module=..., config=...)")
+        raise TypeError(
+            f"DeepSpeedZeroOptimizer_Stage3 needs a {missing}: pass (module, optimizer, config=...) "
+            "or (optimizer, module=..., config=...)"
+        )
     return module, optimizer
 
 
@@ -95,21 +100,33 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
             where it happens (disk full, file-size limit, truncated or corrupted file).
     """
 
-    def __init__(self, *args: nn.Module | torch.optim.Optimizer, module: nn.Module | None = None,
-                 optimizer: torch.optim.Optimizer | None = None,
-                 config: ZeroConfig | Mapping[str, Any] | None = None, loss_scaler: LossScaler | None = None,
-                 clip_grad: float = 0.0, check_overflow: bool = True, dp_group: ProcessGroup | None = None,
-                 gradient_predivide_factor: float = 1.0, communication_dtype: torch.dtype | None = None,
-                 parameter_offload: DeepSpeedZeRoOffload | None = None,
-                 aio_config: Mapping[str, Any] | AioConfig | None = None) -> None:
+    def __init__(
+        self,
+        *args: nn.Module | torch.optim.Optimizer,
+        module: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        config: ZeroConfig | Mapping[str, Any] | None = None,
+        loss_scaler: LossScaler | None = None,
+        clip_grad: float = 0.0,
+        check_overflow: bool = True,
+        dp_group: ProcessGroup | None = None,
+        gradient_predivide_factor: float = 1.0,
+        communication_dtype: torch.dtype | None = None,
+        parameter_offload: DeepSpeedZeRoOffload | None = None,
+        aio_config: Mapping[str, Any] | AioConfig | None = None,
+    ) -> None:
         module, optimizer = _module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
         if cfg.stage != 3:
-            raise ValueError(f"DeepSpeedZeroOptimizer_Stage3 needs zero_optimization.stage=3, got {cfg.stage}; use "
-                             "ds_zero.DeepSpeedZeroOptimizer for stages 1 and 2")
+            raise ValueError(
+                f"DeepSpeedZeroOptimizer_Stage3 needs zero_optimization.stage=3, got {cfg.stage}; use "
+                "ds_zero.DeepSpeedZeroOptimizer for stages 1 and 2"
+            )
         if optimizer.state:
-            raise ValueError("the base optimizer already has state (it was stepped); build "
-                             "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer")
+            raise ValueError(
+                "the base optimizer already has state (it was stepped); build "
+                "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer"
+            )
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         self.config = cfg
@@ -121,12 +138,22 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.check_overflow = bool(check_overflow)
         nvme = cfg.offload_optimizer.device == "nvme"
         # checked before anything is partitioned or re-pointed
-        swap_dir = (prepare_swap_dir(cfg.offload_optimizer.nvme_path, rank=ds_comm.get_rank(), kind="optimizer",
-                                     key="zero_optimization.offload_optimizer.nvme_path") if nvme else None)
+        swap_dir = (
+            prepare_swap_dir(
+                cfg.offload_optimizer.nvme_path,
+                rank=ds_comm.get_rank(),
+                kind="optimizer",
+                key="zero_optimization.offload_optimizer.nvme_path",
+            )
+            if nvme
+            else None
+        )
         try:
-            self.parameter_offload = (parameter_offload or getattr(module, "_ds_zero3", None)
-                                      or DeepSpeedZeRoOffload(module, config=cfg, dp_group=dp_group,
-                                                              aio_config=aio_config))
+            self.parameter_offload = (
+                parameter_offload
+                or getattr(module, "_ds_zero3", None)
+                or DeepSpeedZeRoOffload(module, config=cfg, dp_group=dp_group, aio_config=aio_config)
+            )
         except BaseException:
             if swap_dir is not None:
                 release_swap_dir(swap_dir)
@@ -136,22 +163,35 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         self.dp_rank = ds_comm.get_rank(dp_group)
         self.offload_optimizer = cfg.offload_optimizer.device in ("cpu", "nvme")
         self.partitions = self._build_partitions(swap_master=nvme)
-        self.optimizer_swapper = (OptimizerSwapper(self.tiles, optimizer, swap_dir=swap_dir,
-                                                   config=cfg.offload_optimizer, aio_config=aio_config)
-                                  if swap_dir is not None else None)
+        self.optimizer_swapper = (
+            OptimizerSwapper(
+                self.tiles, optimizer, swap_dir=swap_dir, config=cfg.offload_optimizer, aio_config=aio_config
+            )
+            if swap_dir is not None
+            else None
+        )
         trained = [p for part in self.partitions for p in part.params]
         trained_ids = {id(p) for p in trained}
-        self.frozen = ShardPartition(-1, [p for p in self.coordinator.params if not p.requires_grad],
-                                     master_device=None, with_master=False)
+        self.frozen = ShardPartition(
+            -1, [p for p in self.coordinator.params if not p.requires_grad], master_device=None, with_master=False
+        )
         untrained = [p for p in self.coordinator.params if p.requires_grad and id(p) not in trained_ids]
         if untrained:
-            logger.warning("stage 3: %d trainable parameters of the module are not in the optimizer (first: %s); "
-                           "their gradients are not reduced", len(untrained), state_of(untrained[0]).name)
+            logger.warning(
+                "stage 3: %d trainable parameters of the module are not in the optimizer (first: %s); "
+                "their gradients are not reduced",
+                len(untrained),
+                state_of(untrained[0]).name,
+            )
         ordered = [p for p in self.coordinator.params if id(p) in trained_ids]
-        self.reducer = GradReducer(ordered, group=dp_group, reduce_bucket_size=cfg.reduce_bucket_size,
-                                   communication_dtype=communication_dtype,
-                                   gradient_predivide_factor=gradient_predivide_factor,
-                                   on_first_grad=self.coordinator.ensure_backward)
+        self.reducer = GradReducer(
+            ordered,
+            group=dp_group,
+            reduce_bucket_size=cfg.reduce_bucket_size,
+            communication_dtype=communication_dtype,
+            gradient_predivide_factor=gradient_predivide_factor,
+            on_first_grad=self.coordinator.ensure_backward,
+        )
         self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
         self._trained = trained
         self._global_grad_norm: float | None = None
@@ -175,16 +215,23 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
             trainable = []
             for p in group["params"]:
                 if not is_zero_param(p) or state_of(p).coord is not self.coordinator:
-                    raise ValueError(f"optimizer param group {gi} holds a parameter of shape {tuple(p.shape)} that "
-                                     "is not a parameter of the module given to DeepSpeedZeroOptimizer_Stage3; "
-                                     "build the optimizer over module.parameters()")
+                    raise ValueError(
+                        f"optimizer param group {gi} holds a parameter of shape {tuple(p.shape)} that "
+                        "is not a parameter of the module given to DeepSpeedZeroOptimizer_Stage3; "
+                        "build the optimizer over module.parameters()"
+                    )
                 if id(p) in seen:
                     raise ValueError(f"parameter {state_of(p).name} appears in more than one optimizer param group")
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
-            part = ShardPartition(gi, trainable, master_device=master_device,
-                                  sub_group_size=self.config.sub_group_size, swap_master=swap_master)
+            part = ShardPartition(
+                gi,
+                trainable,
+                master_device=master_device,
+                sub_group_size=self.config.sub_group_size,
+                swap_master=swap_master,
+            )
             group["params"] = [tile.master for tile in part.tiles]
             partitions.append(part)
         return partitions
@@ -227,9 +274,17 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self.reducer.finish()
         grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
-        outcome = finish_step(grads, scaler=self.loss_scaler, clip=self.clip_grad, check_overflow=self.check_overflow,
-                              compute_norm=True, group=self.dp_group, partitioned=True,
-                              comm_device=self._norm_device, skip=skip)
+        outcome = finish_step(
+            grads,
+            scaler=self.loss_scaler,
+            clip=self.clip_grad,
+            check_overflow=self.check_overflow,
+            compute_norm=True,
+            group=self.dp_group,
+            partitioned=True,
+            comm_device=self._norm_device,
+            skip=skip,
+        )
         self._global_grad_norm = outcome.grad_norm
         self.overflow = outcome.overflow
         if self.overflow:
@@ -279,8 +334,13 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
                     if tile.shard16() is not None:
                         tile.shard16().copy_(tile.master)
                     else:  # shards one by one (NVMe-swapped ones are written to their files)
-                        write_shards(tile.params, [tile.master[off: off + state_of(p).shard_numel]
-                                                   for p, off in zip(tile.params, tile.offsets, strict=True)])
+                        write_shards(
+                            tile.params,
+                            [
+                                tile.master[off : off + state_of(p).shard_numel]
+                                for p, off in zip(tile.params, tile.offsets, strict=True)
+                            ],
+                        )
 
     def refresh_gathered(self, include_frozen: bool = False) -> None:
         """Re-gather the parameters that stay whole after their shards changed; free the other gathered ones."""
@@ -320,9 +380,17 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         """THIS rank's partitions and metadata in the shared ZeRO checkpoint format (`_checkpoint.format`)."""
         return stage3_state_dict(self)
 
-    def load_state_dict(self, state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
-                        load_optimizer_states: bool = True, load_from_fp32_weights: bool = True) -> None:
+    def load_state_dict(
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
         """Restore from ALL saved ranks' state dicts (rank order), saved at any world size and any ZeRO stage."""
-        load_stage3_state_dicts(self, state_dicts, load_optimizer_states=load_optimizer_states,
-                                load_from_fp32_weights=load_from_fp32_weights)
+        load_stage3_state_dicts(
+            self,
+            state_dicts,
+            load_optimizer_states=load_optimizer_states,
+            load_from_fp32_weights=load_from_fp32_weights,
+        )
         self.refresh_gathered(include_frozen=True)

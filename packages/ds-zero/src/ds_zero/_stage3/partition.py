@@ -67,7 +67,7 @@ class ShardTile:
     def attach_grad(self) -> None:
         """Point the tile's `.grad` at its slice of the partition's gradient (None when there is none)."""
         grad = self.partition.master.grad
-        self.master.grad = None if grad is None else grad[self.start: self.end]
+        self.master.grad = None if grad is None else grad[self.start : self.end]
 
     def fp32_values(self) -> torch.Tensor:
         """A fresh fp32 copy of the tile's values."""
@@ -81,7 +81,7 @@ class ShardTile:
         """The tile's model-dtype shards (read from NVMe when swapped), as fp32."""
         out = torch.empty(self.numel, dtype=torch.float32)
         for p, off in zip(self.params, self.offsets, strict=True):
-            out[off: off + state_of(p).shard_numel].copy_(shard_values(p))
+            out[off : off + state_of(p).shard_numel].copy_(shard_values(p))
         return out
 
     def load_fp32_values(self, values: torch.Tensor) -> None:
@@ -91,13 +91,15 @@ class ShardTile:
                 self.swap.write_master(self, values)
             elif self.master is not None:
                 self.master.copy_(values)
-            write_shards(self.params, [values[off: off + state_of(p).shard_numel]
-                                       for p, off in zip(self.params, self.offsets, strict=True)])
+            write_shards(
+                self.params,
+                [values[off : off + state_of(p).shard_numel] for p, off in zip(self.params, self.offsets, strict=True)],
+            )
 
     def shard16(self) -> torch.Tensor | None:
         """The model-dtype view of the tile (None when the shards are not one flat buffer)."""
         flat = self.partition.shard16
-        return None if flat is None else flat[self.start: self.end]
+        return None if flat is None else flat[self.start : self.end]
 
 
 class ShardPartition:
@@ -111,8 +113,16 @@ class ShardPartition:
         sub_group_size: elements per tile (see the module docstring).
     """
 
-    def __init__(self, group_index: int, params: list[nn.Parameter], *, master_device: torch.device | None,
-                 with_master: bool = True, sub_group_size: int = 1_000_000_000, swap_master: bool = False) -> None:
+    def __init__(
+        self,
+        group_index: int,
+        params: list[nn.Parameter],
+        *,
+        master_device: torch.device | None,
+        with_master: bool = True,
+        sub_group_size: int = 1_000_000_000,
+        swap_master: bool = False,
+    ) -> None:
         self.group_index = group_index
         self.swap_master = swap_master and with_master
         self.params = params
@@ -133,7 +143,7 @@ class ShardPartition:
         elif with_master:
             self.master = self._make_master(master_device)
             for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
-                state_of(p).master = self.master[off: off + s]
+                state_of(p).master = self.master[off : off + s]
                 state_of(p).grad_slot = (self.master, off)
         self.tiles = self._cut(max(1, sub_group_size))
 
@@ -161,9 +171,15 @@ class ShardPartition:
         first = self.params[0].ds_tensor
         base = first.untyped_storage().data_ptr()
         item = first.element_size()
-        if all(p.ds_tensor.untyped_storage().data_ptr() == base and p.ds_tensor.is_contiguous()
-               and p.ds_tensor.storage_offset() == first.storage_offset() + off
-               for p, off in zip(self.params, self.offsets, strict=True)) and item:
+        if (
+            all(
+                p.ds_tensor.untyped_storage().data_ptr() == base
+                and p.ds_tensor.is_contiguous()
+                and p.ds_tensor.storage_offset() == first.storage_offset() + off
+                for p, off in zip(self.params, self.offsets, strict=True)
+            )
+            and item
+        ):
             # the shards already lie back to back in one buffer (partitioned together): view it, no copy
             return first.as_strided((self.numel,), (1,), first.storage_offset())
         flat = torch.empty(self.numel, dtype=dtype, device=device)
@@ -171,8 +187,8 @@ class ShardPartition:
             flat = ds_comm.get_accelerator().pin_memory(flat)
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                flat[off: off + s].copy_(p.ds_tensor)
-                p.ds_tensor = flat[off: off + s]
+                flat[off : off + s].copy_(p.ds_tensor)
+                p.ds_tensor = flat[off : off + s]
         return flat
 
     def _make_master(self, device: torch.device | None) -> torch.Tensor:
@@ -180,15 +196,18 @@ class ShardPartition:
         if flat is not None and flat.dtype == torch.float32 and (device is None or flat.device == device):
             return flat
         if device is None:
-            device = flat.device if flat is not None else (self.params[0].ds_tensor.device if self.params
-                                                           else torch.device("cpu"))
+            device = (
+                flat.device
+                if flat is not None
+                else (self.params[0].ds_tensor.device if self.params else torch.device("cpu"))
+            )
         if device.type == "cpu":  # streamed by the CPU optimizer every step: huge pages (ds_ops.host_memory)
             master = huge_page_zeros(self.numel, torch.float32)
         else:
             master = torch.empty(self.numel, dtype=torch.float32, device=device)
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                master[off: off + s].copy_(shard_values(p))
+                master[off : off + s].copy_(shard_values(p))
         return master
 
     @property
@@ -205,13 +224,15 @@ class ShardPartition:
             return
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
-                self.master[off: off + s].copy_(shard_values(p))
+                self.master[off : off + s].copy_(shard_values(p))
 
     @property
     def slots(self) -> list[ParamSlot]:
         """The partition's parameters (name, full shape, offset of this rank's shard, full numel)."""
-        return [ParamSlot(state_of(p).name, tuple(p.ds_shape), off, p.ds_numel)
-                for p, off in zip(self.params, self.offsets, strict=True)]
+        return [
+            ParamSlot(state_of(p).name, tuple(p.ds_shape), off, p.ds_numel)
+            for p, off in zip(self.params, self.offsets, strict=True)
+        ]
 
     def param_shapes(self) -> dict[str, list[int]]:
         return {state_of(p).name: list(p.ds_shape) for p in self.params}

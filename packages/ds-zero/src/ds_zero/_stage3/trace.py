@@ -72,9 +72,13 @@ class ExecutionTrace:
                 return True
             self.valid = False
             log = logger.warning if self.warn_on_invalidate else logger.debug
-            log("stage 3: execution order differs from the recorded trace at event %d (expected %s, got %s); "
-                "prefetching stops for this iteration and the trace is re-recorded", self.pos,
-                self.events[self.pos] if self.pos < len(self.events) else "end", event)
+            log(
+                "stage 3: execution order differs from the recorded trace at event %d (expected %s, got %s); "
+                "prefetching stops for this iteration and the trace is re-recorded",
+                self.pos,
+                self.events[self.pos] if self.pos < len(self.events) else "end",
+                event,
+            )
         return False
 
     def commit(self) -> None:

@@ -72,8 +72,9 @@ class UnitRegistry:
             for p in module.__dict__.get("_ds_external_params", []):
                 if is_zero_param(p) and state_of(p).coord is owner:
                     self.add_external(module, p)
-        self._storage_index = {state_of(p).full_flat.untyped_storage()._cdata: p
-                               for p in self.params if not p.ds_persist}
+        self._storage_index = {
+            state_of(p).full_flat.untyped_storage()._cdata: p for p in self.params if not p.ds_persist
+        }
 
     def name_of(self, module: nn.Module) -> str:
         return self._names.get(id(module), type(module).__name__)

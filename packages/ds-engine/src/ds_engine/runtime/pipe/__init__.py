@@ -14,5 +14,8 @@ if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_pipe'
     from ds_pipe import *  # noqa: F403
 
 __all__, __getattr__, __dir__ = optional_reexport(
-    "ds_engine.runtime.pipe", "ds_pipe", extra="pipe",
-    feature="ds_engine.runtime.pipe (deepspeed.runtime.pipe, pipeline parallelism)")
+    "ds_engine.runtime.pipe",
+    "ds_pipe",
+    extra="pipe",
+    feature="ds_engine.runtime.pipe (deepspeed.runtime.pipe, pipeline parallelism)",
+)

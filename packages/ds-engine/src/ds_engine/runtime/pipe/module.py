@@ -10,5 +10,8 @@ if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_pipe'
     from ds_pipe import *  # noqa: F403
 
 __all__, __getattr__, __dir__ = optional_reexport(
-    "ds_engine.runtime.pipe.module", "ds_pipe", extra="pipe",
-    feature="ds_engine.runtime.pipe.module (deepspeed.runtime.pipe.module, pipeline parallelism)")
+    "ds_engine.runtime.pipe.module",
+    "ds_pipe",
+    extra="pipe",
+    feature="ds_engine.runtime.pipe.module (deepspeed.runtime.pipe.module, pipeline parallelism)",
+)
