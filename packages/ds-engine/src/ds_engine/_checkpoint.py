@@ -239,6 +239,19 @@ def restore_progress(engine: DeepSpeedEngine, state: dict[str, Any], *, load_lr_
             )
 
 
+def resolve_load_dir(load_dir: str | Path, tag: Any) -> Path | None:
+    """`load_dir/<tag>`, the tag defaulting to the one in `load_dir/latest`; None (with a warning, as
+    DeepSpeed does) when no tag is given and there is no `latest` file."""
+    root = Path(load_dir)
+    if tag is None:
+        latest = root / "latest"
+        if not latest.is_file():
+            logger.warning("load_checkpoint: no 'latest' file in %s; nothing loaded (pass tag= to pick one)", root)
+            return None
+        tag = latest.read_text().strip()
+    return root / str(tag)
+
+
 def load_checkpoint(
     engine: DeepSpeedEngine,
     load_dir: str | Path,
@@ -250,14 +263,9 @@ def load_checkpoint(
     custom_load_fn: Any = None,
 ) -> tuple[str | None, dict[str, Any] | None]:
     """See `DeepSpeedEngine.load_checkpoint`."""
-    root = Path(load_dir)
-    if tag is None:
-        latest = root / "latest"
-        if not latest.is_file():
-            logger.warning("load_checkpoint: no 'latest' file in %s; nothing loaded (pass tag= to pick one)", root)
-            return None, None
-        tag = latest.read_text().strip()
-    ckpt_dir = root / str(tag)
+    ckpt_dir = resolve_load_dir(load_dir, tag)
+    if ckpt_dir is None:
+        return None, None
     path = read_model_states(ckpt_dir, engine._mp_rank)
     state = ds_comm.load_checkpoint_file(path)
     ds_comm.check_deepspeed_version(state.get("ds_version"), path)

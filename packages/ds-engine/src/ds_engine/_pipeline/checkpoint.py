@@ -105,14 +105,9 @@ def load_pipeline_checkpoint(
             "load_checkpoint: custom_load_fn is not supported for a PipelineEngine (weights load per "
             "layer through PipelineModule.load_state_dir); pass custom_load_fn=None"
         )
-    root = Path(load_dir)
-    if tag is None:
-        latest = root / "latest"
-        if not latest.is_file():
-            logger.warning("load_checkpoint: no 'latest' file in %s; nothing loaded (pass tag= to pick one)", root)
-            return None, None
-        tag = latest.read_text().strip()
-    ckpt_dir = root / str(tag)
+    ckpt_dir = _checkpoint.resolve_load_dir(load_dir, tag)
+    if ckpt_dir is None:
+        return None, None
     path, state = _read_stage_state(engine, ckpt_dir)
     restore_optimizer = load_optimizer_states and not load_module_only and engine._stepper is not None
     if restore_optimizer:
