@@ -4,7 +4,7 @@ Two ways a finished 2-rank gloo job has been seen to fail here at exit, both aft
 written: gloo's worker threads abort a process that is finalizing the interpreter ("terminate called
 without an active exception", see `ds_comm._exit_teardown`), and `destroy_process_group()` waiting
 forever on one rank once its peer had already gone (Fabric's DDP, on a loaded host). So the rank
-destroys its groups on a helper thread, waits at most `timeout_s`, and leaves with `os._exit`: no
+destroys its groups on a separate thread, waits at most `timeout_s`, and leaves with `os._exit`: no
 interpreter finalization for the gloo threads to trip over, and no hang.
 """
 
