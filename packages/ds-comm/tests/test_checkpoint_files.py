@@ -28,13 +28,18 @@ def _deepspeed_like_pickle(path: Path) -> None:
     scaler = Scaler()
     scaler.cur_scale, scaler.dynamic = 4.0, False
 
-    fake = types.ModuleType("deepspeed.runtime.fp16.loss_scaler")
-    fake.LossScaler = Scaler
-    sys.modules["deepspeed.runtime.fp16.loss_scaler"] = fake
+    # pickle imports the class's module by name, and Python imports a dotted name's top package too:
+    # placeholders for the leaf and each parent that is not imported (none is, where DeepSpeed is absent).
+    parts = "deepspeed.runtime.fp16.loss_scaler".split(".")
+    added = [p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if p not in sys.modules]
+    for name in added:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["deepspeed.runtime.fp16.loss_scaler"].LossScaler = Scaler  # type: ignore[attr-defined]
     try:
         torch.save({"loss_scaler": scaler, "t": torch.arange(3)}, path)
     finally:
-        del sys.modules["deepspeed.runtime.fp16.loss_scaler"]
+        for name in reversed(added):
+            del sys.modules[name]
 
 
 def test_plain_tensors_round_trip(tmp_path):

@@ -99,9 +99,11 @@ def deepspeed_pickle_names() -> Iterator[None]:
 
     So a file ds writes for DeepSpeed holds the loss scaler, `ZeroStageEnum` and `fragment_address`
     where DeepSpeed's own unpickler looks for them. pickle checks that a class is importable under its
-    name; for the duration, each DeepSpeed module path that is not already imported gets a placeholder
-    module holding just the stand-in (never a `deepspeed` package: the parents are not registered).
-    Not thread-safe: the stand-ins' names change for the whole process while it is active.
+    name, and Python's import of a dotted name imports its top package too; so for the duration, each
+    DeepSpeed module path (and each parent of it) that is not already imported gets an empty placeholder
+    module, the leaf holding just the stand-in; all are removed afterwards, so a later `import deepspeed`
+    finds the real one if installed. Not thread-safe: the stand-ins' names (and the placeholders) are
+    visible to the whole process while it is active.
     """
     saved = []
     added = []
@@ -109,9 +111,12 @@ def deepspeed_pickle_names() -> Iterator[None]:
         for cls, full in _DEEPSPEED_CLASSES:
             module, _, name = full.rpartition(".")
             saved.append((cls, cls.__module__, cls.__qualname__, cls.__name__))
-            if module not in sys.modules:
-                sys.modules[module] = types.ModuleType(module, "placeholder for pickling ds's stand-ins")
-                added.append(module)
+            parts = module.split(".")
+            for depth in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:depth])
+                if prefix not in sys.modules:
+                    sys.modules[prefix] = types.ModuleType(prefix, "placeholder for pickling ds's stand-ins")
+                    added.append(prefix)
             if getattr(sys.modules[module], name, cls) is not cls:
                 raise RuntimeError(f"{full} is imported and is not ds's stand-in; cannot write DeepSpeed's layout")
             setattr(sys.modules[module], name, cls)
@@ -120,7 +125,7 @@ def deepspeed_pickle_names() -> Iterator[None]:
     finally:
         for cls, module, qualname, name in saved:
             cls.__module__, cls.__qualname__, cls.__name__ = module, qualname, name
-        for module in added:
+        for module in reversed(added):
             sys.modules.pop(module, None)
 
 
