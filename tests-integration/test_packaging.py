@@ -75,7 +75,8 @@ def test_every_package_builds_wheel_and_sdist(wheel_dir: Path) -> None:
     ("requirement", "expected"),
     [
         ("ds-engine[zero,pipe]", {"ds-engine", "ds-comm", "ds-ops", "ds-zero", "ds-pipe"}),
-        ("ds-engine[all]", {"ds-engine", "ds-comm", "ds-ops", "ds-zero", "ds-pipe"}),
+        ("ds-engine[all]", {"ds-engine", "ds-comm", "ds-ops", "ds-zero", "ds-pipe", "ds-parallel"}),
+        ("ds-parallel", {"ds-parallel", "ds-comm"}),
         ("ds-engine", {"ds-engine", "ds-comm", "ds-ops"}),
         ("ds-zero", {"ds-zero", "ds-comm", "ds-ops"}),
         ("ds-pipe", {"ds-pipe", "ds-comm"}),
@@ -97,6 +98,7 @@ def test_deepspeed_distribution_pulls_the_whole_stack_and_no_script(wheel_dir: P
         "ds-ops",
         "ds-zero",
         "ds-pipe",
+        "ds-parallel",
         "ds-launcher",
     }
     wheel = next(wheel_dir.glob("deepspeed-*.whl"))
