@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import gc
 import logging
 import os
 import sys
@@ -49,15 +50,31 @@ def _ended_by_exception() -> bool:
 
 
 def _destroy_at_exit() -> None:
-    if _ended_by_exception() or not dist.is_initialized():
+    if _ended_by_exception():
         return
     cancel = _start_watchdog()
     try:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        collect_unreachable_groups()
     except Exception as exc:  # noqa: BLE001 - a failed teardown must not mask how the script ended
         logger.warning("destroying the process groups at exit failed: %s", exc)
     finally:
         cancel()
+
+
+def collect_unreachable_groups() -> None:
+    """Free process groups that only a reference cycle still holds, now rather than at interpreter exit.
+
+    [Note: groups in a cycle] `destroy_process_group` drops torch's references, but a group that is
+    still part of a reference cycle lives on until the garbage collector runs, and the last collection
+    is during interpreter finalization: its destructor then joins gloo's worker threads while they may
+    still need the GIL, and the process dies of SIGABRT after a finished run (a core of such a rank:
+    the main thread in `PyGC_Collect` under `Py_FinalizeEx`, two `ProcessGroupGloo::runLoop` threads
+    alive, a third unwinding in `std::terminate`). One collection while the interpreter is whole frees
+    it in time, also for a script that destroyed its groups itself.
+    """
+    gc.collect()
 
 
 def _start_watchdog() -> Callable[[], None]:
