@@ -17,7 +17,8 @@ from ds_zero._checkpoint.format import (
     partition_metadata,
     validate_rank_state_dicts,
 )
-from ds_zero._checkpoint.io import find_optim_files, resolve_checkpoint_dir
+from ds_zero._checkpoint.io import resolve_checkpoint_dir
+from ds_zero._checkpoint.partition_files import optim_files
 from ds_zero._checkpoint.progress import ProgressBar
 from ds_zero._partition import ParamSlot, fragments_in_range, padded_numel
 
@@ -108,15 +109,15 @@ def test_optim_file_discovery(tmp_path: Path) -> None:
     for r in (0, 2, 10):
         (tmp_path / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"")
     with pytest.raises(ValueError, match=r"ranks \[1, 3, 4, 5, 6, 7, 8, 9\] are missing"):
-        find_optim_files(tmp_path)
+        optim_files(tmp_path)
     for r in (1, 3, 4, 5, 6, 7, 8, 9):
         (tmp_path / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"")
-    assert [p.name.split("_")[3] for p in find_optim_files(tmp_path)] == [str(r) for r in range(11)]  # natural
+    assert [p.name.split("_")[3] for p in optim_files(tmp_path)] == [str(r) for r in range(11)]  # natural
     (tmp_path / "bf16_zero_pp_rank_3_mp_rank_00_optim_states.pt").write_bytes(b"")
     with pytest.raises(ValueError, match="two optimizer-state files for rank 3"):
-        find_optim_files(tmp_path)
+        optim_files(tmp_path)
     with pytest.raises(FileNotFoundError, match="not a ZeRO checkpoint"):
-        find_optim_files(tmp_path / "..")
+        optim_files(tmp_path / "..")
 
 
 def test_checkpoint_dir_resolution(tmp_path: Path) -> None:

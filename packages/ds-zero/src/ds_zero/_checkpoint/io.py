@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,13 @@ import torch
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
 from ds_zero.__about__ import __version__
+from ds_zero._checkpoint.partition_files import _OPTIM_RE, load_partition_state_dicts
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "MODEL_STATES_FILE",
     "find_model_states_file",
-    "find_optim_files",
     "load_zero_checkpoint",
     "optim_states_file_name",
     "read_latest_tag",
@@ -38,7 +37,6 @@ __all__ = [
 
 MODEL_STATES_FILE = "mp_rank_00_model_states.pt"
 _STAGE3_MODEL_STATES_FILE = "zero_pp_rank_0_mp_rank_00_model_states.pt"
-_OPTIM_RE = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 
 
 def optim_states_file_name(dp_rank: int, *, bf16: bool = False) -> str:
@@ -58,38 +56,6 @@ def read_latest_tag(save_dir: str | os.PathLike[str]) -> str:
             f"no 'latest' file in {save_dir}: pass tag=... (a subdirectory name) or point at the tag directory itself"
         )
     return latest.read_text().strip()
-
-
-def find_optim_files(ckpt_dir: str | os.PathLike[str]) -> list[Path]:
-    """Every rank's optimizer-states file in `ckpt_dir`, sorted by data-parallel rank (natural order).
-
-    Raises:
-        FileNotFoundError: none found. ValueError: two files for the same rank, or a rank missing.
-    """
-    found: dict[int, Path] = {}
-    for path in Path(ckpt_dir).iterdir():
-        match = _OPTIM_RE.match(path.name)
-        if not match:
-            continue
-        rank = int(match.group(1))
-        if rank in found:
-            raise ValueError(
-                f"two optimizer-state files for rank {rank} in {ckpt_dir}: {found[rank].name} and "
-                f"{path.name}; remove the stale one"
-            )
-        found[rank] = path
-    if not found:
-        raise FileNotFoundError(
-            f"no zero_pp_rank_*_mp_rank_00_optim_states.pt files in {ckpt_dir}: not a ZeRO "
-            "checkpoint (stage 0 checkpoints hold no partitions)"
-        )
-    ranks = sorted(found)
-    if ranks != list(range(len(ranks))):
-        raise ValueError(
-            f"optimizer-state files in {ckpt_dir} cover ranks {ranks}; ranks "
-            f"{sorted(set(range(max(ranks) + 1)) - set(ranks))} are missing"
-        )
-    return [found[r] for r in ranks]
 
 
 def find_model_states_file(ckpt_dir: str | os.PathLike[str]) -> Path | None:
@@ -215,8 +181,6 @@ def load_optim_state_dicts(ckpt_dir: str | os.PathLike[str], *, mmap: bool = Tru
 
     Restricted unpickling; see `ds_zero._checkpoint.partition_files.load_partition_state_dicts`.
     """
-    from ds_zero._checkpoint.partition_files import load_partition_state_dicts  # it imports this module
-
     return load_partition_state_dicts(ckpt_dir, mmap=mmap)
 
 
