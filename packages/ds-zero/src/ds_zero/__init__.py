@@ -16,6 +16,8 @@ from ds_zero._checkpoint.format import consolidate_fp32_params
 from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts
 from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
+from ds_zero._checkpoint.universal_read import load_universal_partitions, universal_model_states_file
+from ds_zero._checkpoint.universal_write import convert_to_universal
 from ds_zero._memory_estimate import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -70,13 +72,16 @@ __all__ = [
     "ZeroOptimizer",
     "__version__",
     "consolidate_fp32_params",
+    "convert_to_universal",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "copy_zero_to_fp32_script",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_partition_state_dicts",
     "load_state_dict_from_zero_checkpoint",
+    "load_universal_partitions",
     "load_zero_checkpoint",
     "save_zero_checkpoint",
+    "universal_model_states_file",
     "zero_param_shapes",
     # ZeRO stage 3
     "DeepSpeedZeRoOffload",

@@ -183,7 +183,6 @@ class CheckpointConfig(ConfigModel):
     """`checkpoint`: how save_checkpoint/load_checkpoint behave."""
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "load_universal": "universal checkpoints are not implemented",
         "use_node_local_storage": "node-local checkpoint storage is not implemented",
         "writer": "DeepSpeed's FastPersist checkpoint writers are not implemented",
     }
@@ -191,7 +190,8 @@ class CheckpointConfig(ConfigModel):
     tag_validation: Annotated[Literal["WARN", "IGNORE", "FAIL"], BeforeValidator(_upper)] = "WARN"
     """Check that every rank saves under the same tag: Warn, Ignore or Fail (case-insensitive)."""
     load_universal: bool = False
-    """Load a universal checkpoint; only false is accepted."""
+    """`load_checkpoint` reads a universal checkpoint (`ds_to_universal`'s output; the tag from
+    `latest_universal`), at any world size and ZeRO stage 1-3."""
     use_node_local_storage: bool = False
     """Write per-node copies; only false is accepted."""
     parallel_write: ParallelWriteConfig = ParallelWriteConfig()
