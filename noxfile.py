@@ -227,6 +227,7 @@ def deepspeed_live(session: nox.Session) -> None:
     session.run(
         "pytest",
         str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_universal.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live.py"),
         "-q",
         "-p",

@@ -6,6 +6,10 @@ its own checkpoint; `python -m ds_zero.to_deepspeed` writes that checkpoint in D
 the real DeepSpeed loads it and continues: its losses and lr must equal ds's within 1e-6. The other
 direction (ds continuing from DeepSpeed's checkpoints) is `test_deepspeed_checkpoints.py`, run by the
 session right after regenerating the fixtures.
+
+Universal checkpoints: ds's `ds_to_universal` (as `python -m deepspeed.checkpoint.ds_to_universal`)
+converts ds's checkpoint, and the real DeepSpeed loads it with `checkpoint.load_universal: true` at
+another world size (1 rank) and continues as ds did from its own checkpoint.
 """
 
 from __future__ import annotations
@@ -68,6 +72,36 @@ def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())
     assert theirs["version"] == "0.19.8" and theirs["global_steps"] == mine["global_steps"]
     assert theirs["client_state"] == mine["client_state"]
+    for a, b in zip(mine["after"], theirs["after"], strict=True):
+        assert a["step"] == b["step"]
+        assert b["lr"] == pytest.approx(a["lr"], abs=TOL), (a, b)
+        assert b["loss"] == pytest.approx(a["loss"], abs=TOL), (a, b)
+
+
+@pytest.mark.timeout(600)  # two jobs: ds trains at 2 ranks, DeepSpeed loads at 1
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")])
+def test_deepspeed_continues_from_a_ds_universal_checkpoint_like_ds(case, tmp_path):
+    mine = _ds_save(case, tmp_path / "ds")
+    save_dir = tmp_path / "ds" / "ckpt"
+    tag = (save_dir / "latest").read_text()
+    convert = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(save_dir / tag),
+        "--output_folder",
+        str(save_dir / f"{tag}_universal"),
+        "--inject_missing_state",
+    ]
+    subprocess.run(convert, check=True, timeout=300, cwd=ROOT)
+    out = tmp_path / "deepspeed"
+    world = make_fixtures.UNIVERSAL_WORLD_SIZE
+    proc = make_fixtures.run_job(Path(REFERENCE), "load", case, out, ckpt=save_dir, world_size=world, universal=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = json.loads((out / "continuation.json").read_text())
+    assert theirs["version"] == "0.19.8" and theirs["world_size"] == world
+    assert theirs["global_steps"] == mine["global_steps"] and theirs["client_state"] == mine["client_state"]
     for a, b in zip(mine["after"], theirs["after"], strict=True):
         assert a["step"] == b["step"]
         assert b["lr"] == pytest.approx(a["lr"], abs=TOL), (a, b)

@@ -8,6 +8,8 @@ Modes (`python border_job.py MODE --case CASE --out DIR [...]`, one process per 
   those steps to `DIR/continuation.json`: the loader's own continuation from its checkpoint.
 * `load --ckpt C`: build a fresh engine, `load_checkpoint(C)` and write the continuation as above
   (`DIR/continuation.json`). Used both ways: DeepSpeed loading a ds checkpoint, ds loading DeepSpeed's.
+  With `--universal` the engine's config has `checkpoint.load_universal: true` and `C` is the folder
+  holding `latest_universal` (a universal checkpoint, loadable at any world size).
 
 The package imported is `deepspeed` unless `--engine ds` (then `ds_engine`, ds's DeepSpeed-compatible
 API), so this file is the single definition of "the same job" on both sides of the border.
@@ -53,10 +55,11 @@ class TinyNet(torch.nn.Module):
         return self.fc2(self.act(self.fc1(x))) + self.buf.sum() * 0
 
 
-def config(case: str, world_size: int, stage: int | None = None) -> dict[str, Any]:
+def config(case: str, world_size: int, stage: int | None = None, universal: bool = False) -> dict[str, Any]:
     """The DeepSpeed config of `case` at `world_size` (same global batch at every world size).
 
-    `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage).
+    `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage); `universal` sets
+    `checkpoint.load_universal`.
     """
     spec = dict(CASES[case], **({} if stage is None else {"stage": stage}))
     cfg: dict[str, Any] = {
@@ -74,6 +77,8 @@ def config(case: str, world_size: int, stage: int | None = None) -> dict[str, An
         cfg["bf16"] = {"enabled": True}
     elif spec["dtype"] == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    if universal:
+        cfg["checkpoint"] = {"load_universal": True}
     return cfg
 
 
@@ -85,12 +90,12 @@ def batch(step: int, micro: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return x.to(dtype), y.to(dtype)
 
 
-def build(ds: Any, case: str, world_size: int, stage: int | None = None) -> Any:
+def build(ds: Any, case: str, world_size: int, stage: int | None = None, universal: bool = False) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
     model = TinyNet()
     engine, _, _, _ = ds.initialize(
-        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage)
+        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage, universal)
     )
     return engine
 
@@ -126,6 +131,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--ckpt", type=Path)
     parser.add_argument("--engine", choices=["deepspeed", "ds"], default="deepspeed")
+    parser.add_argument("--universal", action="store_true", help="load with checkpoint.load_universal")
     args = parser.parse_args()
     if args.engine == "deepspeed":
         import deepspeed as ds
@@ -148,7 +154,7 @@ def main() -> None:
         del engine
     else:
         ckpt = args.ckpt
-    engine = build(ds, args.case, world_size)
+    engine = build(ds, args.case, world_size, universal=args.universal)
     path, client = engine.load_checkpoint(str(ckpt))
     if path is None:
         raise SystemExit(f"load_checkpoint({ckpt}) loaded nothing")
