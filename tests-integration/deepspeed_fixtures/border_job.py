@@ -21,6 +21,7 @@ gradient accumulation making up the same global batch) sees the same samples in 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 from pathlib import Path
@@ -39,6 +40,20 @@ CASES = {
     for stage in (0, 1, 2, 3)
     for dtype in ("fp32", "bf16", "fp16")
 }
+# Pipeline parallelism: `PipelineModule` of Linear(4, 8), ReLU, Linear(8, 2) at PIPE_STAGES stages (data
+# parallel degree 1 at 2 ranks), trained with `train_batch`; ZeRO 0 or 1 (DeepSpeed's pipeline takes no more).
+PIPE_STAGES = 2
+CASES.update({f"pipe_z{stage}_fp32": {"stage": stage, "dtype": "fp32", "pipe": True} for stage in (0, 1)})
+# ZeRO-Offload: the optimizer state and fp32 masters on the CPU (`offload_optimizer.device: cpu`). The
+# optimizer stays torch's Adam (`torch_adam: true`): DeepSpeed's CPU Adam is a compiled op its fixture
+# venv does not build (DS_BUILD_OPS=0), and the checkpoint files are the same either way.
+CASES.update(
+    {
+        f"z{stage}_{dtype}_offload": {"stage": stage, "dtype": dtype, "offload": True}
+        for stage in (2, 3)
+        for dtype in ("fp32", "bf16")
+    }
+)
 
 
 class TinyNet(torch.nn.Module):
@@ -64,7 +79,7 @@ def config(case: str, world_size: int, stage: int | None = None, universal: bool
     spec = dict(CASES[case], **({} if stage is None else {"stage": stage}))
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
-        "gradient_accumulation_steps": GLOBAL_MICROS // world_size,
+        "gradient_accumulation_steps": GLOBAL_MICROS // (1 if spec.get("pipe") else world_size),
         "optimizer": {"type": "Adam", "params": {"lr": 0.05, "torch_adam": True}},
         "scheduler": {
             "type": "WarmupLR",
@@ -77,6 +92,8 @@ def config(case: str, world_size: int, stage: int | None = None, universal: bool
         cfg["bf16"] = {"enabled": True}
     elif spec["dtype"] == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    if spec.get("offload") and spec["stage"] > 0:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
     return cfg
@@ -90,10 +107,21 @@ def batch(step: int, micro: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return x.to(dtype), y.to(dtype)
 
 
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(out.float(), y.float())
+
+
+def pipe_model(ds: Any) -> Any:
+    """TinyNet's layers as a `PipelineModule` of `ds` (layers built here, so every rank has the same weights)."""
+    pipe = importlib.import_module(f"{ds.__name__}.pipe")
+    layers = [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)]
+    return pipe.PipelineModule(layers=layers, num_stages=PIPE_STAGES, loss_fn=_mse, partition_method="uniform")
+
+
 def build(ds: Any, case: str, world_size: int, stage: int | None = None, universal: bool = False) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
-    model = TinyNet()
+    model = pipe_model(ds) if CASES[case].get("pipe") else TinyNet()
     engine, _, _, _ = ds.initialize(
         model=model, model_parameters=model.parameters(), config=config(case, world_size, stage, universal)
     )
@@ -106,6 +134,8 @@ def dtype_of(case: str) -> torch.dtype:
 
 def train(engine: Any, first_step: int, steps: int, rank: int, world_size: int, dtype: torch.dtype) -> list[dict]:
     """`steps` optimizer steps; per step the mean loss over the global batch and the lr used."""
+    if hasattr(engine, "train_batch") and type(engine).__name__ == "PipelineEngine":
+        return train_pipe(engine, first_step, steps, dtype)
     gas = GLOBAL_MICROS // world_size
     out = []
     for step in range(first_step, first_step + steps):
@@ -121,6 +151,16 @@ def train(engine: Any, first_step: int, steps: int, rank: int, world_size: int, 
         if torch.distributed.is_initialized() and world_size > 1:
             torch.distributed.all_reduce(total)
         out.append({"step": step, "lr": float(lr), "loss": float(total) / GLOBAL_MICROS})
+    return out
+
+
+def train_pipe(engine: Any, first_step: int, steps: int, dtype: torch.dtype) -> list[dict]:
+    """`train` for a pipeline engine: one `train_batch` of all global micro-batches per step (dp degree 1)."""
+    out = []
+    for step in range(first_step, first_step + steps):
+        lr = engine.get_lr()[0]
+        loss = engine.train_batch(data_iter=iter([batch(step, m, dtype) for m in range(GLOBAL_MICROS)]))
+        out.append({"step": step, "lr": float(lr), "loss": float(loss)})
     return out
 
 

@@ -18,7 +18,9 @@ Universal checkpoints: DeepSpeed's own converter (`python -m deepspeed.checkpoin
 checkpoint into `universal/<tag>_universal` (plus `universal/latest_universal`), then DeepSpeed loads it
 with `checkpoint.load_universal: true` at `UNIVERSAL_WORLD_SIZE` ranks (another world size than the
 save) and records its continuation in `universal/continuation.json`; the outcome of each case is under
-`universal` in the manifest (stage 0 has no ZeRO files, so DeepSpeed's converter refuses it).
+`universal` in the manifest (stage 0 has no ZeRO files, so DeepSpeed's converter refuses it). Offload
+cases write the same files as their plain counterparts, and pipeline cases need their stage count, so
+neither gets a universal conversion.
 `--keep-saves` reuses the stored checkpoints and only remakes the universal part.
 """
 
@@ -182,7 +184,8 @@ def main() -> int:
     for case in args.cases:
         if not args.keep_saves:
             cases[case] = make_case(python, case)
-        if cases.get(case, {}).get("status") == "ok":
+        plain = not (CASES[case].get("pipe") or CASES[case].get("offload"))  # the same files, or pp > 1
+        if plain and cases.get(case, {}).get("status") == "ok":
             universal[case] = make_universal(python, case)
         print(case, cases.get(case), universal.get(case), flush=True)
     DATA.mkdir(parents=True, exist_ok=True)
