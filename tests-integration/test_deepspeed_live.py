@@ -30,6 +30,8 @@ import make_fixtures  # noqa: E402
 REFERENCE = os.environ.get("DS_REFERENCE_PYTHON")
 pytestmark = pytest.mark.skipif(not REFERENCE, reason="DS_REFERENCE_PYTHON (a venv with deepspeed==0.19.8) not set")
 CASES = [f"z{s}_{d}" for s in range(4) for d in ("fp32", "bf16")]
+# ZeRO-Offload, and a 2-stage pipeline without ZeRO (ds writes DeepSpeed's layer files itself).
+MORE = ["z2_fp32_offload", "z3_bf16_offload", "pipe_z0_fp32"]
 TOL = 1e-6
 
 
@@ -56,11 +58,11 @@ def _ds_save(case: str, out: Path) -> dict:
     return json.loads((out / "continuation.json").read_text())
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + MORE)
 def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     mine = _ds_save(case, tmp_path / "ds")
     target = tmp_path / "ds" / "ckpt"
-    if not case.startswith("z0"):
+    if make_fixtures.CASES[case]["stage"] > 0:
         target = tmp_path / "for_deepspeed"
         subprocess.run(
             [sys.executable, "-m", "ds_zero.to_deepspeed", str(tmp_path / "ds" / "ckpt"), str(target)],

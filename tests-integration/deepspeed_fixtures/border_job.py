@@ -48,11 +48,7 @@ CASES.update({f"pipe_z{stage}_fp32": {"stage": stage, "dtype": "fp32", "pipe": T
 # optimizer stays torch's Adam (`torch_adam: true`): DeepSpeed's CPU Adam is a compiled op its fixture
 # venv does not build (DS_BUILD_OPS=0), and the checkpoint files are the same either way.
 CASES.update(
-    {
-        f"z{stage}_{dtype}_offload": {"stage": stage, "dtype": dtype, "offload": True}
-        for stage in (2, 3)
-        for dtype in ("fp32", "bf16")
-    }
+    {c: {"stage": int(c[1]), "dtype": c[3:7], "offload": True} for c in ("z2_fp32_offload", "z3_bf16_offload")}
 )
 
 
@@ -92,6 +88,11 @@ def config(case: str, world_size: int, stage: int | None = None, universal: bool
         cfg["bf16"] = {"enabled": True}
     elif spec["dtype"] == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    if spec.get("pipe"):
+        # DeepSpeed 0.19.8's pipeline without ZeRO clips by the norm of the first stage's gradients only
+        # (`clip_grad_norm_` with the pipe grid as mpu counts parameters on model-parallel rank 0), which
+        # is not a checkpoint property: the pipeline cases train unclipped.
+        cfg["gradient_clipping"] = 0.0
     if spec.get("offload") and spec["stage"] > 0:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if universal:
