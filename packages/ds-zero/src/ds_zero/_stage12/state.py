@@ -125,7 +125,9 @@ def load_base_optimizer_state(
         state[g] = new
     groups = []
     for g, saved in enumerate(saved_groups):
-        group = {k: v for k, v in saved.items() if k != "params"}
+        # Saved hyper-parameters win; keys only this optimizer has (another optimizer class saved the
+        # checkpoint: torch's AdamW under DeepSpeed, ds-ops' CPU Adam with offload here) keep their values.
+        group = {k: v for k, v in {**optimizer.param_groups[g], **saved}.items() if k != "params"}
         group["params"] = [g]
         groups.append(group)
     optimizer.load_state_dict({"state": state, "param_groups": groups})
