@@ -102,3 +102,17 @@ def test_ds_pipeline_checkpoint_has_deepspeeds_layer_files(tmp_path):
         assert got["module"] is None and want["module"] is None
         for key in ("global_steps", "skipped_steps", "dp_world_size", "mp_world_size", "lr_scheduler", "my_counter"):
             assert got[key] == want[key], (stage, key)
+
+
+def _load_universal(rank: int, world_size: int, case: str, ckpt: str) -> str:
+    import ds_engine
+
+    engine = border_job.build(ds_engine, case, world_size, universal=True)
+    with pytest.raises(ValueError, match="load_universal is not supported by the PipelineEngine"):
+        engine.load_checkpoint(ckpt)
+    return "refused"
+
+
+def test_pipeline_engine_refuses_load_universal():
+    case = "pipe_z1_fp32"
+    assert run_ranks(WORLD, _load_universal, case, str(DATA / case / "ckpt"), timeout_s=240) == ["refused"] * WORLD

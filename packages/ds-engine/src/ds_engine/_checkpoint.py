@@ -272,6 +272,11 @@ def _read_universal(engine: DeepSpeedEngine, ckpt_dir: Path) -> tuple[Path, dict
             "checkpoint.load_universal needs ZeRO stage 1, 2 or 3 (a universal checkpoint holds the "
             "optimizer state per parameter, which only the ZeRO optimizers load); set zero_optimization.stage"
         )
+    if engine.mp_world_size > 1:
+        raise ValueError(
+            f"checkpoint.load_universal with model parallelism ({engine.mp_world_size} model-parallel ranks) "
+            "is not supported: ds_to_universal here converts tensor- and pipeline-parallel degree 1 checkpoints"
+        )
     ds_zero = require("ds_zero", extra="zero", feature="loading a universal checkpoint")
     path = ds_zero.universal_model_states_file(ckpt_dir)
     state = ds_comm.load_checkpoint_file(path)

@@ -127,6 +127,11 @@ def load_pipeline_checkpoint(
             "load_checkpoint: custom_load_fn is not supported for a PipelineEngine (weights load per "
             "layer through PipelineModule.load_state_dir); pass custom_load_fn=None"
         )
+    if engine._ckpt_config.load_universal:
+        raise ValueError(
+            "load_checkpoint: checkpoint.load_universal is not supported by the PipelineEngine (universal "
+            "checkpoints here are for pipeline-parallel degree 1); load the pipeline checkpoint itself"
+        )
     ckpt_dir = _checkpoint.resolve_load_dir(load_dir, tag)
     if ckpt_dir is None:
         return None, None
