@@ -37,6 +37,16 @@ from ds_zero._params.gathered_parameters import (
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.init import Init, partition_model
+from ds_zero._stage3.leaf_modules import (
+    get_z3_leaf_modules,
+    set_z3_leaf_module,
+    set_z3_leaf_modules,
+    set_z3_leaf_modules_by_name,
+    set_z3_leaf_modules_by_suffix,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+    z3_leaf_parameter,
+)
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
@@ -47,9 +57,9 @@ from ds_zero.zero_to_fp32 import (
 )
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
-    from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+    from ds_zero.config import LeafModuleConfig, OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
-_CONFIG_NAMES = frozenset({"OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
+_CONFIG_NAMES = frozenset({"LeafModuleConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
 
 
 def __getattr__(name: str) -> object:
@@ -63,6 +73,7 @@ __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
     "DeepSpeedZeroOptimizer",
     "DynamicLossScaler",
+    "LeafModuleConfig",
     "LossScaler",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
@@ -91,6 +102,15 @@ __all__ = [
     "partition_model",
     "register_external_parameter",
     "unregister_external_parameter",
+    # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
+    "get_z3_leaf_modules",
+    "set_z3_leaf_module",
+    "set_z3_leaf_modules",
+    "set_z3_leaf_modules_by_name",
+    "set_z3_leaf_modules_by_suffix",
+    "unset_z3_leaf_modules",
+    "z3_leaf_module",
+    "z3_leaf_parameter",
     # memory estimators (DeepSpeed's stage_1_and_2 / stage3 functions)
     "estimate_zero2_model_states_mem_needs",
     "estimate_zero2_model_states_mem_needs_all_cold",
