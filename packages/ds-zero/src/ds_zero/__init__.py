@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
+from ds_zero._access.owner import zero_optimizer_of
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.format import consolidate_fp32_params
 from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
@@ -88,6 +89,7 @@ __all__ = [
     "load_state_dict_from_zero_checkpoint",
     "load_zero_checkpoint",
     "save_zero_checkpoint",
+    "zero_optimizer_of",
     "zero_param_shapes",
     # ZeRO stage 3
     "DeepSpeedZeRoOffload",

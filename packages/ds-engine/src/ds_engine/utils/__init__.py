@@ -1,9 +1,11 @@
 """`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, ZeRO's accessors and leaf modules, submodules.
 
 `logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
-ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO-3 leaf-module
-functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`) and `utils.zero_to_fp32` need the `zero`
-extra, `utils.groups` (ds-parallel's mesh views) the `parallel` extra; all are imported on first use.
+ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
+(`safe_get_full_fp32_param`, `safe_get_full_grad`...; `utils.tensor_fragment`), the ZeRO-3 leaf-module
+functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`, which needs the `zero` extra),
+`utils.zero_to_fp32` (the `zero` extra) and `utils.groups` (ds-parallel's mesh views, the `parallel`
+extra) are imported on first use.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from ds_engine.utils.logging import log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules and names
     from ds_engine.utils import groups as groups
+    from ds_engine.utils import tensor_fragment as tensor_fragment
     from ds_engine.utils import z3_leaf_module as z3_leaf_module
     from ds_engine.utils import zero_to_fp32 as zero_to_fp32
+    from ds_engine.utils.tensor_fragment import *  # noqa: F403
     from ds_engine.utils.z3_leaf_module import (  # noqa: F401
         get_z3_leaf_modules,
         set_z3_leaf_module,
@@ -28,7 +32,23 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules and names
         z3_leaf_parameter,
     )
 
-_SUBMODULES = ("groups", "z3_leaf_module", "zero_to_fp32")
+_SUBMODULES = ("groups", "tensor_fragment", "z3_leaf_module", "zero_to_fp32")
+
+_ACCESSORS = (
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
+    "safe_set_full_fp32_param",
+    "safe_set_full_grad",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_grad",
+    "safe_set_local_optimizer_state",
+    "safe_update_full_grad_vectorized",
+)
 
 #: name -> the submodule that serves it (imported on first use: these need optional siblings).
 _LAZY_NAMES = {
@@ -42,7 +62,7 @@ _LAZY_NAMES = {
         "unset_z3_leaf_modules",
         "z3_leaf_parameter",
     )
-}
+} | dict.fromkeys(_ACCESSORS, "tensor_fragment")
 
 __all__ = ["log_dist", "logger", *sorted(_LAZY_NAMES)]
 

@@ -72,9 +72,7 @@ def _set_by_class(
     model: nn.Module, classes: Sequence[type | str], flag: bool, raise_if_not_found: bool
 ) -> list[nn.Module]:
     if isinstance(classes, (str, type)) or not all(isinstance(c, (type, str)) for c in classes):
-        raise TypeError(
-            f"leaf_module_classes must be a list of module classes or class names, got {classes!r}"
-        )
+        raise TypeError(f"leaf_module_classes must be a list of module classes or class names, got {classes!r}")
     matched = [m for m in model.modules() if any(_class_matches(m, c) for c in classes)]
     if not matched and raise_if_not_found:
         raise ValueError(f"no modules of type {list(classes)} found in model {type(model).__name__}")
