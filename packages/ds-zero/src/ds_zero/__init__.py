@@ -35,8 +35,9 @@ from ds_zero._params.gathered_parameters import (
     register_external_parameter,
     unregister_external_parameter,
 )
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is_zero_param
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
+from ds_zero._stage3.generation import unwrap_model_for_generation
 from ds_zero._stage3.init import Init, partition_model
 from ds_zero._stage3.leaf_modules import (
     get_z3_leaf_modules,
@@ -50,6 +51,7 @@ from ds_zero._stage3.leaf_modules import (
 )
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
+from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
@@ -98,12 +100,16 @@ __all__ = [
     "GatheredParameters",
     "Init",
     "NVMeSwapError",
+    "TiledLinear",
+    "TiledLinearReturnBias",
     "ZeroParamStatus",
+    "ZeroParamType",
     "consolidated_16bit_state_dict",
     "is_zero_param",
     "partition_model",
     "register_external_parameter",
     "unregister_external_parameter",
+    "unwrap_model_for_generation",
     # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
     "get_z3_leaf_modules",
     "set_z3_leaf_module",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -179,6 +180,22 @@ class DeepSpeedZeRoOffload:
     def release_all(self) -> None:
         """Free every gathered parameter no running module or `GatheredParameters` block holds."""
         self.coordinator.release_unused()
+
+    @contextlib.contextmanager
+    def hooks_paused(self) -> Iterator[None]:
+        """Inside the block the model runs as a plain module: no gathers or releases around its modules.
+
+        For parameters gathered for the whole block (`GatheredParameters`, `unwrap_model_for_generation`);
+        a released parameter read inside stays released (its placeholder holds NaN). The hooks are back
+        on exit, exceptions included.
+        """
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        try:
+            yield
+        finally:
+            self._handles = install_hooks(self.module, self.coordinator)
 
     def remove_hooks(self) -> None:
         """Stop scheduling (the parameters stay partitioned)."""
