@@ -7,10 +7,12 @@ Adam state equal the reference's (1e-6). Setters are checked by doing the same e
 (a doubled gradient, a vectorized update, a new weight and a new `exp_avg`) and comparing the next
 steps; the ZeRO-3 local accessors by their slice of the whole value. Stages 1, 2, 3, with and without
 CPU optimizer offload, and stage 0 (no partitioned state: the fp32 getters give None, as in DeepSpeed).
+With bf16 weights the fp32 master read back is the separate fp32 copy that rounds to the weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -196,3 +198,45 @@ def _run(rank: int, world: int, stage: int, offload: bool) -> dict[str, Any]:
 def test_accessors_match_plain_torch(stage: int, offload: bool) -> None:
     results = run_ranks(2, _run, stage, offload, timeout_s=180)
     assert all(r["checks"] > 0 for r in results)
+
+
+def _bf16(rank: int, world: int) -> dict[str, Any]:
+    """bf16 weights: the accessors give the separate fp32 master, which rounds to the model's weights."""
+    import ds_engine as deepspeed
+    from ds_engine.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    out = {}
+    for stage in (1, 2, 3):
+        torch.manual_seed(0)
+        model = Net()
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        config = {
+            "train_micro_batch_size_per_gpu": 4,
+            "bf16": {"enabled": True},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        }
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+        named = dict(engine.module.named_parameters())
+        start = {n: safe_get_full_fp32_param(p) for n, p in named.items()}
+        x, y = _batch(rank, 0)
+        engine.backward(_loss(engine, x.bfloat16(), y.bfloat16()))
+        grads = {n: safe_get_full_grad(p) for n, p in named.items()}
+        engine.step()
+        after = {n: safe_get_full_fp32_param(p) for n, p in named.items()}
+        gather = deepspeed.zero.GatheredParameters(list(named.values())) if stage == 3 else contextlib.nullcontext()
+        with gather:
+            weights = {n: p.detach().clone() for n, p in named.items()}
+        out[stage] = {
+            "start_is_bf16_of_initial": all(torch.equal(start[n], initial[n].bfloat16().float()) for n in named),
+            "grads_fp32": all(g is not None and g.dtype == torch.float32 for g in grads.values()),
+            "rounds_to_weights": all(torch.equal(after[n].bfloat16(), weights[n]) for n in named),
+            "finer_than_bf16": any(not torch.equal(after[n], weights[n].float()) for n in named),
+        }
+    return out
+
+
+def test_bf16_master_is_the_fp32_copy() -> None:
+    for result in run_ranks(2, _bf16, timeout_s=180):
+        for stage, checks in result.items():
+            assert all(checks.values()), (stage, checks)
