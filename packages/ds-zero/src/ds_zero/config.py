@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
 
-__all__ = ["OffloadDevice", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"]
+__all__ = ["LeafModuleConfig", "OffloadDevice", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"]
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -84,6 +84,46 @@ class OffloadOptimizerConfig(ConfigModel):
     def pipeline(self) -> bool:
         """Whether NVMe swapping is pipelined at all."""
         return self.pipeline_read or self.pipeline_write
+
+
+#: The Hugging Face MoE blocks DeepSpeed 0.19.8 makes ZeRO-3 leaf modules by default (`leaf_module.classes`).
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+
+
+class LeafModuleConfig(ConfigModel):
+    """`zero_optimization.leaf_module`: modules ZeRO-3 gathers whole on entry (`ds_zero.set_z3_leaf_modules`).
+
+    Each field takes a list or a single string; duplicates are dropped. Entries that match no module of
+    the model are not an error.
+    """
+
+    classes: list[str] = Field(default_factory=lambda: list(DEFAULT_LEAF_MODULE_CLASSES))
+    """Class names, bare (`"MixtralSparseMoeBlock"`) or qualified with their module."""
+    names: list[str] = Field(default_factory=list)
+    """Module names as in `model.named_modules()` (`"model.layers.0.mlp"`)."""
+    name_suffixes: list[str] = Field(default_factory=list)
+    """Suffixes of `named_modules()` names (`"mlp"` flags every `*.mlp`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists(cls, data: Any) -> Any:
+        """A single string means a list of one; duplicates go (first occurrence kept)."""
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise TypeError(f"leaf_module must be a mapping of classes/names/name_suffixes, got {type(data).__name__}")
+        out = {}
+        for key, value in data.items():
+            if isinstance(value, str):
+                value = [value]
+            if isinstance(value, (list, tuple)):
+                value = list(dict.fromkeys(value))
+            out[key] = value
+        return out
 
 
 class ZeroConfig(ConfigModel):
@@ -168,6 +208,8 @@ class ZeroConfig(ConfigModel):
     """Stage 3: warn when the recorded execution order is invalidated."""
     enable_sanity_checks: bool = False
     """Extra invariant checks (slow)."""
+    leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
+    """Stage 3: modules gathered whole on entry (mixture-of-experts blocks); see `LeafModuleConfig`."""
 
     zero_hpz_partition_size: int = 1
     zero_quantized_weights: bool = False
