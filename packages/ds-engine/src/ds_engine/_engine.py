@@ -358,6 +358,7 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             dp_world_size=self.dp_world_size,
             mp_world_size=self.mp_world_size,
             tp_degree=self.mp_world_size,
+            sp_degree=self._dist.sp_world_size,
             ds_config=self._ds_config.raw,
             rng_states=rng_states,
         )
