@@ -19,8 +19,11 @@ from ds_engine import _checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
+from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
+from ds_engine._engine_grad_reduce import EngineGradReduce
 from ds_engine._engine_offload_states import BACKWARD_NEEDS, FORWARD_NEEDS, STEP_NEEDS, EngineOffloadStates
+from ds_engine._engine_queries import EngineCompatQueries
 from ds_engine._optional import require
 from ds_engine._train_state import Counters, TrainState, rng_state
 
@@ -39,7 +42,15 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-class DeepSpeedEngine(EngineQueries, EngineOffloadStates, ConsolidatedWeights, nn.Module):
+class DeepSpeedEngine(
+    EngineQueries,
+    EngineCompatQueries,
+    EngineOffloadStates,
+    EngineGradReduce,
+    EngineCompile,
+    ConsolidatedWeights,
+    nn.Module,
+):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
     `engine.step()`.
 
@@ -115,7 +126,8 @@ class DeepSpeedEngine(EngineQueries, EngineOffloadStates, ConsolidatedWeights, n
         reduced at the boundary in `step()`.
 
         Returns:
-            `loss` as passed in (DeepSpeed returns the gas-divided loss).
+            the loss divided by `gradient_accumulation_steps` (when `scale_wrt_gas`), before any loss
+            scale: what was back-propagated, as DeepSpeed returns it.
 
         Raises:
             RuntimeError: no optimizer was configured.
@@ -143,7 +155,7 @@ class DeepSpeedEngine(EngineQueries, EngineOffloadStates, ConsolidatedWeights, n
         self._stepper.backward(scaled, retain_graph)
         self.timers.stop("backward_inner")
         self.timers.stop("backward")
-        return loss
+        return scaled
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).

@@ -18,6 +18,7 @@ from ds_comm import get_accelerator
 from ds_engine._assembly import assemble
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._engine_queries import ClientObjects
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
@@ -175,7 +176,7 @@ def initialize(
     )
     device = _device(dist.local_rank)
     if pipeline:
-        return build_pipeline_engine(
+        built = build_pipeline_engine(
             model=model,
             config=ds_config,
             plan=plan,
@@ -187,6 +188,10 @@ def initialize(
             training_data=training_data,
             collate_fn=collate_fn,
         )
+        built[0]._client = ClientObjects(
+            mpu=model.mpu(), optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data
+        )
+        return built
     parts = assemble(
         module=model,
         config=ds_config,
@@ -200,6 +205,7 @@ def initialize(
         collate_fn=collate_fn,
     )
     engine = DeepSpeedEngine(parts)
+    engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)
     if ds_config.model.dump_state and dist.global_rank == 0:
         logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
