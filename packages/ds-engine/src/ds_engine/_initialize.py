@@ -22,6 +22,7 @@ from ds_engine._engine_queries import ClientObjects
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
+from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
 
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
@@ -95,7 +96,7 @@ def initialize(
     model_parameters: Iterable[Any] | None = None,
     training_data: Any = None,
     lr_scheduler: Any = None,
-    distributed_port: int = 29500,
+    distributed_port: int = TORCH_DISTRIBUTED_DEFAULT_PORT,
     mpu: Any = None,
     dist_init_required: bool | None = None,
     collate_fn: Callable[..., Any] | None = None,

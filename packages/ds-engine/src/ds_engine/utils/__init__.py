@@ -13,13 +13,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
+from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy submodule
     from ds_engine.utils import groups as groups
     from ds_engine.utils import zero_to_fp32 as zero_to_fp32
 
-__all__ = ["log_dist", "logger"]
+__all__ = ["OnDevice", "log_dist", "logger"]
 
 
 def __getattr__(name: str) -> ModuleType:
