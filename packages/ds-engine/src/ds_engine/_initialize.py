@@ -23,6 +23,7 @@ from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
 from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
+from ds_engine.utils.logging import set_log_level_from_string
 
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
@@ -166,6 +167,8 @@ def initialize(
         ds_config = ds_config.with_world_size(dist.replica_world_size)
     check_sequence_parallel(sp, dist, pipeline=pipeline)
     ds_config.check_resolved()
+    if ds_config.model.log_level is not None:
+        set_log_level_from_string(ds_config.model.log_level)
     if "comms_logger" in ds_config.raw:
         ds_comm.configure(ds_config.model.comms_logger)
     plan = plan_assembly(
