@@ -3,6 +3,9 @@ libraries read, the zero_*/precision getters, offload without an optimizer, comp
 
 from __future__ import annotations
 
+import zipfile as zipfile_module
+from pathlib import Path
+
 import pytest
 import torch
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
@@ -83,7 +86,8 @@ def test_zero_queries_read_the_section() -> None:
         "stage3_prefetch_bucket_size": 77,
         "sub_group_size": 99,
     }
-    engine = make_engine(tiny_net(0), base_config(zero_optimization=section))
+    with pytest.warns(UserWarning, match="zero_optimization.contiguous_gradients=False has no effect"):
+        engine = make_engine(tiny_net(0), base_config(zero_optimization=section))
     assert engine.zero_reduce_bucket_size() == 1234 and engine.zero_allgather_bucket_size() == 4321
     assert engine.zero_overlap_comm() and not engine.zero_contiguous_gradients()
     assert engine.zero_prefetch_bucket_size() == 77 and engine.zero_sub_group_size() == 99
@@ -134,3 +138,30 @@ def test_compile_refuses_deepcompile_arguments() -> None:
         engine.compile(compile_kwargs="max-autotune")  # type: ignore[arg-type]
     assert not engine.is_compiled
     assert isinstance(engine, ds_engine.DeepSpeedEngine)
+
+
+@pytest.mark.parametrize("zipfile", [True, False])
+def test_checkpoint_engine_saves_in_the_configured_format(tmp_path: Path, zipfile: bool) -> None:
+    from ds_engine.runtime.checkpoint_engine import CheckpointCommitInfo, TorchCheckpointEngine
+
+    engine = make_engine(tiny_net(0), base_config(checkpoint={"checkpoint_serialization": zipfile}))
+    ckpt = engine.checkpoint_engine
+    assert isinstance(ckpt, TorchCheckpointEngine) and ckpt is engine.checkpoint_engine
+    info = CheckpointCommitInfo(tag="t1", save_dir=str(tmp_path), save_latest=True)
+    ckpt.create(info)
+    ckpt.makedirs(tmp_path / "t1", exist_ok=True)
+    state = {"w": torch.arange(4.0), "step": 3}
+    ckpt.save(state, tmp_path / "t1" / "x.pt")
+    assert ckpt.commit(info) is True
+    assert zipfile_module.is_zipfile(tmp_path / "t1" / "x.pt") is zipfile
+    loaded = ckpt.load(tmp_path / "t1" / "x.pt", map_location="cpu")
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
+    assert sorted(p.name for p in (tmp_path / "t1").iterdir()) == ["x.pt"]  # no temporary left behind
+
+
+def test_offload_config_path() -> None:
+    pytest.importorskip("ds_zero")
+    import ds_ops
+    from ds_engine.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+    assert OffloadDeviceEnum is ds_ops.OffloadDeviceEnum and OffloadStateTypeEnum.lp_grads == "lp_grads"

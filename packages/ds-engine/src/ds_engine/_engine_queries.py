@@ -18,6 +18,7 @@ from torch import nn
 import ds_comm
 from ds_engine._optional import require
 from ds_engine.config._dtype_names import to_torch_dtype
+from ds_engine.runtime.checkpoint_engine import TorchCheckpointEngine
 
 if TYPE_CHECKING:
     from ds_engine._dist_info import DistInfo
@@ -81,6 +82,15 @@ class EngineCompatQueries:
     @property
     def collate_fn(self) -> Any:
         return self._collate_fn
+
+    @property
+    def checkpoint_engine(self) -> TorchCheckpointEngine:
+        """The engine scripts save their own files through (the config's serialization, atomic writes)."""
+        engine = self.__dict__.get("_checkpoint_engine")
+        if engine is None:
+            engine = TorchCheckpointEngine(self._ds_config)
+            self.__dict__["_checkpoint_engine"] = engine
+        return engine
 
     @property
     def param_names(self) -> dict[nn.Parameter, str]:

@@ -3,7 +3,8 @@
 `runtime.lr_schedules` (ds-engine's schedules), `runtime.pipe` (with `.topology`, `.schedule`,
 `.module`; ds-pipe, the `pipe` extra), `runtime.activation_checkpointing.checkpointing` (ds-pipe) and
 `runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra),
-`runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra).
+`runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
+`runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is).
 The sibling paths are imported on first use.
 """
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "pipe", "sequence_parallel", "zero")
+_LAZY = ("activation_checkpointing", "checkpoint_engine", "pipe", "sequence_parallel", "zero")
 
 
 def __getattr__(name: str) -> ModuleType:
