@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
 
@@ -22,7 +22,15 @@ _STAGE3_ALIASES = {
     "max_live_parameters": "stage3_max_live_parameters",
     "max_reuse_distance": "stage3_max_reuse_distance",
     "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "module_granularity_threshold": "stage3_module_granularity_threshold",
+    "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
+    "allgather_sequential": "stage3_allgather_sequential",
 }
+
+
+def _none_is_default(value: Any) -> Any:
+    """`"offload_param": null` (DeepSpeed's default value) means the default section."""
+    return {} if value is None else value
 
 
 class OffloadParamConfig(ConfigModel):
@@ -52,6 +60,10 @@ class OffloadOptimizerConfig(ConfigModel):
     """`zero_optimization.offload_optimizer`: fp32 master weights and optimizer state off the device."""
 
     inert_keys: ClassVar[dict[str, str]] = {"super_offload": "SuperOffload is not implemented"}
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "ratio": "the whole optimizer state is offloaded",
+        "cpuadam_cores_perc": "the CPU optimizer uses torch's intra-op threads (torch.set_num_threads)",
+    }
 
     device: OffloadDevice = "none"
     """"cpu": state in host memory and the step on the CPU (DeepSpeedCPUAdam); "nvme": swapped to disk."""
@@ -146,10 +158,19 @@ class ZeroConfig(ConfigModel):
         "zeropp_loco_param": "ZeRO++ LoCo is not implemented",
         "zenflow": "ZenFlow is not implemented",
         "legacy_stage1": "the deprecated ZeRO stage 1 is not supported",
-        "module_granularity_threshold": "fine-grained module fetching is not implemented",
+        "save_muon_momentum_buffer_in_memory": "Muon is not implemented",
+    }
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "contiguous_gradients": "gradient partitions are always contiguous buffers",
+        "use_multi_rank_bucket_allreduce": "buckets are reduced with reduce-scatter or one all-reduce each",
+        "round_robin_gradients": "each rank copies only its own contiguous gradient partition",
+        "parameter_alignment": "flat buffers are padded to the data-parallel size only",
+        "memory_efficient_linear": "stage 3 frees gathered weights after use whatever the layer type",
+        "pipeline_loading_checkpoint": "stage-3 checkpoints load partition by partition",
+        "enable_sanity_checks": "no extra invariant checks are implemented",
+        "module_granularity_threshold": "stage 3 fetches parameters per module; no fine-grained grouping",
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
-        "save_muon_momentum_buffer_in_memory": "Muon is not implemented",
     }
 
     stage: int = Field(0, ge=0, le=3)
@@ -174,10 +195,10 @@ class ZeroConfig(ConfigModel):
     """On load, restore master weights from the checkpoint's fp32 partitions."""
     elastic_checkpoint: bool = False
     """Legacy flag; checkpoints here always re-partition on load."""
-    offload_param: OffloadParamConfig = OffloadParamConfig()
-    """Stage 3 parameter offload."""
-    offload_optimizer: OffloadOptimizerConfig = OffloadOptimizerConfig()
-    """Optimizer state offload (stages 1-3)."""
+    offload_param: Annotated[OffloadParamConfig, BeforeValidator(_none_is_default)] = OffloadParamConfig()
+    """Stage 3 parameter offload (null: the default, off)."""
+    offload_optimizer: Annotated[OffloadOptimizerConfig, BeforeValidator(_none_is_default)] = OffloadOptimizerConfig()
+    """Optimizer state offload (stages 1-3; null: the default, off)."""
     sub_group_size: int = Field(1_000_000_000, ge=0)
     """Elements per optimizer-step tile in stage 3 (bounds the step's peak memory)."""
     prefetch_bucket_size: int = Field(50_000_000, ge=0, alias="stage3_prefetch_bucket_size")
@@ -220,9 +241,9 @@ class ZeroConfig(ConfigModel):
     zeropp_loco_param: dict[str, Any] | None = None
     zenflow: dict[str, Any] | None = None
     legacy_stage1: bool = False
-    module_granularity_threshold: int = 0
-    use_all_reduce_for_fetch_params: bool = False
-    allgather_sequential: bool = False
+    module_granularity_threshold: int = Field(0, alias="stage3_module_granularity_threshold")
+    use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
+    allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
     save_muon_momentum_buffer_in_memory: bool = False
 
     @classmethod

@@ -4,7 +4,8 @@
 `.module`; ds-pipe, the `pipe` extra), `runtime.activation_checkpointing.checkpointing` (ds-pipe) and
 `runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra),
 `runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
-`runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...).
+`runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...),
+`runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is).
 The sibling paths are imported on first use.
 """
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "pipe", "sequence_parallel", "utils", "zero")
+_LAZY = ("activation_checkpointing", "checkpoint_engine", "pipe", "sequence_parallel", "utils", "zero")
 
 
 def __getattr__(name: str) -> ModuleType:

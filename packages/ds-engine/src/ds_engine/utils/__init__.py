@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
+from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules and names
@@ -64,7 +65,7 @@ _LAZY_NAMES = {
     )
 } | dict.fromkeys(_ACCESSORS, "tensor_fragment")
 
-__all__ = ["log_dist", "logger", *sorted(_LAZY_NAMES)]
+__all__ = ["OnDevice", "log_dist", "logger", *sorted(_LAZY_NAMES)]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ from ds_ops.precision import LossScaler, finish_step
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
 
-class DeepSpeedZeroOptimizer(PartitionParamAccess, torch.optim.Optimizer):
+class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.optim.Optimizer):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
     At construction, per param group of `optimizer`, the trainable parameters are copied into one flat

@@ -17,6 +17,7 @@ from ds_zero._access.owner import register_owner
 from ds_zero._access.stage3 import ShardParamAccess
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
+from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
@@ -57,7 +58,7 @@ def _module_and_optimizer(
     return module, optimizer
 
 
-class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess):  # noqa: N801 - DeepSpeed's class name
+class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # noqa: N801 - DeepSpeed's class name
     """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
 
     Builds (or reuses) the model's `DeepSpeedZeRoOffload`, which partitions the parameters and gathers
