@@ -165,3 +165,15 @@ def test_offload_config_path() -> None:
     from ds_engine.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 
     assert OffloadDeviceEnum is ds_ops.OffloadDeviceEnum and OffloadStateTypeEnum.lp_grads == "lp_grads"
+
+
+def test_small_getters_and_helpers() -> None:
+    engine = make_engine(tiny_net(0), base_config())
+    assert engine.optimizer_legacy_fusion() is False and engine.torch_autocast_dtype() is None
+    assert isinstance(engine.collect_python_gc(), int)
+    tensors = [torch.arange(3.0), torch.ones(2, 2)]
+    flat = engine.flatten(tensors)
+    assert flat.shape == (7,) and all(
+        torch.equal(a, b) for a, b in zip(engine.unflatten(flat, tensors), tensors, strict=True)
+    )
+    assert ds_engine.DeepSpeedOptimizerCallable is not None and ds_engine.DeepSpeedSchedulerCallable is not None

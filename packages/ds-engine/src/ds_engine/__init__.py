@@ -19,7 +19,12 @@ from ds_engine import accelerator, comm, git_version_info, lr_schedules
 from ds_engine.__about__ import __version__
 from ds_engine._dataloader import DeepSpeedDataLoader
 from ds_engine._engine import DeepSpeedEngine
-from ds_engine._initialize import add_config_arguments, initialize
+from ds_engine._initialize import (
+    DeepSpeedOptimizerCallable,
+    DeepSpeedSchedulerCallable,
+    add_config_arguments,
+    initialize,
+)
 from ds_engine._optional import require
 from ds_engine._pipeline.build import PipelineError
 from ds_engine._pipeline.engine import PipelineEngine
@@ -54,12 +59,14 @@ __all__ = [
     "DeepSpeedDataLoader",
     "DeepSpeedEngine",
     "DeepSpeedOptimizer",
+    "DeepSpeedOptimizerCallable",
     "Lamb",
     "Lion",
     "MixedPrecisionOptimizer",
     "OnDevice",
     "PipelineEngine",
     "PipelineError",
+    "DeepSpeedSchedulerCallable",
     "ZeROOptimizer",
     "__git_branch__",
     "__git_hash__",

@@ -10,10 +10,12 @@ getter is on the step path. Features ds does not implement answer as DeepSpeed d
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 import ds_comm
 from ds_engine._optional import require
@@ -174,6 +176,14 @@ class EngineCompatQueries:
     def torch_autocast_enabled(self) -> bool:
         return self._ds_config.model.torch_autocast.enabled
 
+    def torch_autocast_dtype(self) -> torch.dtype | None:
+        named = self._ds_config.model.torch_autocast.dtype
+        return to_torch_dtype(named) if named is not None else None
+
+    def optimizer_legacy_fusion(self) -> bool:
+        section = self._ds_config.model.optimizer
+        return bool(section.legacy_fusion) if section is not None else False
+
     def bfloat16_master_weights_and_gradients(self) -> bool:
         return self._ds_config.model.bf16.bf16_master_weights_and_grads
 
@@ -244,6 +254,14 @@ class EngineCompatQueries:
 
     def is_deepcompile_active(self) -> bool:
         return False
+
+    def collect_python_gc(self) -> int:
+        """Run Python's cyclic garbage collector now, at a point the script chose; returns what it freed."""
+        return gc.collect()
+
+    flatten = staticmethod(_flatten_dense_tensors)
+    """DeepSpeed's `engine.flatten`: torch's dense-tensor flattening."""
+    unflatten = staticmethod(_unflatten_dense_tensors)
 
     @staticmethod
     def is_map_style_dataset(obj: Any) -> bool:

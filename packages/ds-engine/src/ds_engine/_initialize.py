@@ -32,7 +32,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_config_arguments", "initialize"]
+__all__ = ["DeepSpeedOptimizerCallable", "DeepSpeedSchedulerCallable", "add_config_arguments", "initialize"]
+
+#: What `initialize(optimizer=...)` may be instead of an optimizer: a factory over the parameters (DeepSpeed's alias).
+DeepSpeedOptimizerCallable = Callable[[Iterable[Any]], Optimizer]
+#: What `initialize(lr_scheduler=...)` may be instead of a scheduler: a factory over the optimizer.
+DeepSpeedSchedulerCallable = Callable[[Optimizer], Any]
 
 
 def _config_source(args: Any, config: ConfigLike | None, config_params: ConfigLike | None) -> ConfigLike:

@@ -9,6 +9,8 @@ What crosses the seam:
   * construction, one calling convention for every stage (`ZeroOptimizerFactory`);
   * the step path: `backward`, `step(skip=...) -> applied`, `zero_grad`, and what the engine reports
     (`loss_scale`, `global_grad_norm`); `param_groups` is what `engine.get_lr()` reads;
+  * `offload_states` / `reload_states` / `offloaded_states` / `empty_partition_cache` (RLHF: states
+    parked in host memory between steps);
   * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
     size), `refresh_fp32_params` (masters from just-loaded module weights); and four module-level
     functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
@@ -22,7 +24,7 @@ What crosses the seam:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -30,6 +32,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 
+from ds_ops import OffloadDeviceEnum, OffloadStateTypeEnum
 from ds_ops.precision import LossScaler
 
 __all__ = ["ZeroOptimizer", "ZeroOptimizerFactory", "ZeroParamAccess"]
@@ -85,6 +88,29 @@ class ZeroOptimizer(Protocol):
 
     def refresh_fp32_params(self) -> None:
         """Reset the fp32 masters from the module's current (just loaded) weights."""
+        ...
+
+    @property
+    def offloaded_states(self) -> set[OffloadStateTypeEnum]:
+        """The kinds of state `offload_states` moved off and `reload_states` has not brought back."""
+        ...
+
+    def offload_states(
+        self,
+        include: Container[OffloadStateTypeEnum] | None = None,
+        device: OffloadDeviceEnum = OffloadDeviceEnum.cpu,
+        pin_memory: bool = True,
+        non_blocking: bool = False,
+    ) -> None:
+        """Move this rank's states to host memory (`engine.offload_states()`); not a collective."""
+        ...
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Bring back, bit for bit, what `offload_states` moved."""
+        ...
+
+    def empty_partition_cache(self) -> None:
+        """Stage 3: free the gathered parameters no running module holds; otherwise nothing."""
         ...
 
 
