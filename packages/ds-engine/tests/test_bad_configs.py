@@ -170,7 +170,7 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("comm_dtype", {"communication_data_type": "int8"}, E, r"communication_data_type: Input should be 'fp32', 'fp16'"),
     ("clipping_negative", {"gradient_clipping": -1.0}, E, r"gradient_clipping: Input should be greater than or equal"),
     ("steps_per_print_zero", {"steps_per_print": 0}, E, r"steps_per_print: Input should be greater than 0"),
-    ("wandb_enabled", {"wandb": {"enabled": True}}, E, r"wandb.enabled: .*the wandb monitor is not implemented"),
+    ("comet_interval_zero", {"comet": {"samples_log_interval": 0}}, E, r"comet.samples_log_interval: Input should be"),
     (
         "flops_profiler_enabled",
         {"flops_profiler": {"enabled": True}},

@@ -220,34 +220,39 @@ class CSVMonitorConfig(_MonitorConfig):
 
 
 class WandbConfig(ConfigModel):
-    """`wandb`: Weights & Biases logging; not implemented, accepted only disabled."""
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        "enabled": "the wandb monitor is not implemented; use tensorboard or csv_monitor"
-    }
+    """`wandb`: Weights & Biases logging (needs the wandb package; mode and directory from WANDB_* variables)."""
 
     enabled: bool = False
+    """Log events to a wandb run (rank 0 only)."""
     group: str | None = None
+    """wandb group of the run."""
     team: str | None = None
+    """wandb entity (team); None: the user's default."""
     project: str = "deepspeed"
+    """wandb project."""
 
 
 class CometConfig(ConfigModel):
-    """`comet`: Comet logging; not implemented, accepted only disabled."""
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        "enabled": "the comet monitor is not implemented; use tensorboard or csv_monitor"
-    }
+    """`comet`: Comet logging (needs the comet_ml package); None values fall back to Comet's own configuration."""
 
     enabled: bool = False
+    """Log events to a Comet experiment (rank 0 only)."""
     samples_log_interval: PosInt = 100
+    """Log an event name again only after this many more samples."""
     project: str | None = None
+    """Comet project."""
     workspace: str | None = None
+    """Comet workspace."""
     api_key: str | None = None
+    """Comet API key."""
     experiment_name: str | None = None
+    """Name given to the experiment."""
     experiment_key: str | None = None
+    """Key of the experiment to create or continue."""
     online: bool | None = None
+    """False: write an offline archive instead of uploading."""
     mode: str | None = None
+    """comet_ml.start's mode: "get", "create" or "get_or_create"."""
 
 
 class DataTypesConfig(ConfigModel):

@@ -140,9 +140,9 @@ class DeepSpeedConfigModel(ConfigModel):
     csv_monitor: CSVMonitorConfig = CSVMonitorConfig()
     """CSV monitor."""
     wandb: WandbConfig = WandbConfig()
-    """wandb monitor (only disabled)."""
+    """wandb monitor."""
     comet: CometConfig = CometConfig()
-    """Comet monitor (only disabled)."""
+    """Comet monitor."""
     data_types: DataTypesConfig = DataTypesConfig()
     """Accumulation, parameter and buffer dtypes."""
     timers: TimersConfig = TimersConfig()
