@@ -109,7 +109,7 @@ class ZeroConfig(ConfigModel):
         "module_granularity_threshold": "fine-grained module fetching is not implemented",
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
-        "save_muon_momentum_buffer_in_memory": "Muon is not implemented",
+        "save_muon_momentum_buffer_in_memory": "a ZeRO-3 Muon setting; Muon is not supported at stage 3 in ds",
     }
 
     stage: int = Field(0, ge=0, le=3)
