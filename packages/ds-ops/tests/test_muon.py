@@ -154,3 +154,16 @@ def test_bad_groups_are_named() -> None:
         MuonWithAuxAdam([{"params": [w], "use_muon": True, "ns_method": "svd"}])
     with pytest.raises(ValueError, match="momentum must be in"):
         MuonWithAuxAdam([{"params": [w], "use_muon": True, "momentum": 1.5}])
+
+
+def test_flat_partition_needs_the_zero_mark() -> None:
+    w = torch.zeros(4, 4, requires_grad=True)
+    opt = MuonWithAuxAdam([{"params": [w], "use_muon": True, "lr": 0.5}])
+    part = torch.ones(8, requires_grad=True)
+    opt.param_groups[0]["params"] = [part]  # what a ZeRO optimizer does
+    part.grad = torch.full((8,), 2.0)
+    with pytest.raises(RuntimeError, match="no ZeRO optimizer prepared"):
+        opt.step()
+    part.muon_update_in_grad = True  # type: ignore[attr-defined]
+    opt.step()
+    assert torch.equal(part.detach(), torch.zeros(8))  # 1 - 0.5 * 2: the gradient is the update

@@ -8,8 +8,10 @@ optimizer.
 Under ZeRO stages 1 and 2 a Muon group holds a flat partition (1-D) instead of matrices, and
 Newton–Schulz needs each whole matrix: the ZeRO optimizer gathers the full gradients and
 momentum, computes the Muon update with `muon_update`, and leaves this rank's slice of it in the
-partition's `.grad` (and the advanced momentum in `state["momentum_buffer"]`). A 1-D parameter in
-a Muon group is therefore taken as "the update is already in `.grad`", as in DeepSpeed.
+partition's `.grad` (and the advanced momentum in `state["momentum_buffer"]`). It marks such a
+partition with `muon_update_in_grad = True`, and only a marked 1-D parameter is stepped with its
+`.grad` taken as the finished update (DeepSpeed takes any 1-D one so; an unmarked one here is an
+error rather than a silent SGD step).
 """
 
 from __future__ import annotations
@@ -85,6 +87,11 @@ class MuonWithAuxAdam(Optimizer):
             if p.grad is None:
                 continue
             if p.ndim < 2:
+                if not getattr(p, "muon_update_in_grad", False):
+                    raise RuntimeError(
+                        f"MuonWithAuxAdam: a {p.ndim}-D parameter in a use_muon group that no ZeRO optimizer "
+                        "prepared (muon_update_in_grad is not set); Muon steps matrices only"
+                    )
                 update = p.grad  # a ZeRO partition: the gathered Muon update is already here (module docstring)
             else:
                 state = self.state[p]

@@ -8,7 +8,8 @@ partition, so checkpoints carry it), is gathered with it. Every matrix overlappi
 partition is then updated with `ds_ops.muon_update` on its full gradient and momentum (identical
 inputs on every rank that computes it, so the overlapping slices agree), and this rank keeps its own
 slice: the update goes into the partition's gradient, for `MuonWithAuxAdam` to apply with the group's
-lr and weight decay, and the advanced momentum into the state.
+lr and weight decay (the master partition is marked `muon_update_in_grad`), and the advanced momentum
+into the state.
 
 It runs after the gradients are unscaled, checked and clipped, so the Muon update is computed from
 the same (clipped) gradient a replicated run would give the optimizer; DeepSpeed 0.19.8 instead
@@ -69,6 +70,7 @@ class MuonPartitionUpdate:
                     f"param group {k} has use_muon=True but holds parameters with fewer than 2 dims "
                     f"({', '.join(f'{s.name} {s.shape}' for s in flat)}); Muon updates matrices only"
                 )
+            masters[k].muon_update_in_grad = True  # type: ignore[attr-defined]  # the contract with ds_ops.MuonWithAuxAdam
 
     @property
     def active(self) -> bool:
