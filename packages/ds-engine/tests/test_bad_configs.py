@@ -197,10 +197,10 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ("steps_per_print_zero", {"steps_per_print": 0}, E, r"steps_per_print: Input should be greater than 0"),
     ("comet_interval_zero", {"comet": {"samples_log_interval": 0}}, E, r"comet.samples_log_interval: Input should be"),
     (
-        "flops_profiler_enabled",
-        {"flops_profiler": {"enabled": True}},
+        "flops_profiler_depth",
+        {"flops_profiler": {"enabled": True, "module_depth": -2}},
         E,
-        r"flops_profiler.enabled: .*the flops profiler is not implemented",
+        r"flops_profiler.module_depth: .*must be -1 \(all\) or >= 0, got -2",
     ),
     ("torch_autocast_enabled", {"torch_autocast": {"enabled": True}}, E, r"torch_autocast.enabled: .*use \"bf16\""),
     (

@@ -160,7 +160,7 @@ class DeepSpeedConfigModel(ConfigModel):
     activation_checkpointing: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
     """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
-    """Only disabled."""
+    """Flops profiler (one step, rank 0)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     """Only disabled."""
     aio: AioConfig = AioConfig()
