@@ -106,6 +106,13 @@ class OpCounter(TorchDispatchMode):
         self.add_backward = add_backward
         self.backward = False
 
+    def start(self) -> None:
+        """Enter the mode (counting starts); `stop()` leaves it. Not nested with itself."""
+        self.__enter__()  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        self.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ class FlopsProfiler:
             self._handles.append(module.register_forward_pre_hook(self._enter))
             self._handles.append(module.register_forward_hook(self._exit, always_call=True))
         self._counter = OpCounter(self._stack, self._add, self._add_backward)
-        self._counter.__enter__()
+        self._counter.start()
         self._counting = True
         self.started = True
         logger.info("flops profiler started")
@@ -125,7 +125,7 @@ class FlopsProfiler:
     def pause(self) -> None:
         """Stop counting ops until `count_backward()` (the hooks stay; forward counts stay readable)."""
         if self._counter is not None and self._counting:
-            self._counter.__exit__(None, None, None)
+            self._counter.stop()
             self._counting = False
 
     def stop_profile(self) -> None:
@@ -170,7 +170,7 @@ class FlopsProfiler:
             return
         entered = not self._counting
         if entered:
-            counter.__enter__()
+            counter.start()
             self._counting = True
         counter.backward = True
         try:
@@ -178,7 +178,7 @@ class FlopsProfiler:
         finally:
             counter.backward = False
             if entered:
-                counter.__exit__(None, None, None)
+                counter.stop()
                 self._counting = False
 
     # -- hooks -------------------------------------------------------------------------------------
@@ -325,7 +325,7 @@ class FlopsProfiler:
 
 
 def _call(model: nn.Module, args: Sequence[Any], kwargs: dict[str, Any], mode: str) -> None:
-    fn = model.generate if mode == "generate" else model  # type: ignore[operator]
+    fn: Callable[..., Any] = getattr(model, "generate") if mode == "generate" else model  # noqa: B009
     fn(*args, **kwargs)
 
 
@@ -373,8 +373,9 @@ def get_model_profile(
         if not isinstance(input_shape, tuple) or not input_shape:
             raise TypeError(f"get_model_profile: input_shape must be a non-empty tuple, got {input_shape!r}")
         first = next(model.parameters(), None)
-        like = {"dtype": first.dtype, "device": first.device} if first is not None else {}
-        args = [torch.ones(input_shape, **like)]
+        dtype = first.dtype if first is not None else None
+        device = first.device if first is not None else None
+        args = [torch.ones(input_shape, dtype=dtype, device=device)]
     if not args and not kwargs:
         raise ValueError("get_model_profile: give input_shape, or args and/or kwargs for the model")
     model.eval()
