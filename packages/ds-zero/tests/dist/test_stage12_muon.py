@@ -2,7 +2,8 @@
 
 Muon needs whole matrices; the ZeRO partitions of this model cut through them (a 13x7 and a 9x13
 matrix over partitions of odd length), so agreement with DDP shows the gathered update is right.
-Also: the Muon momentum stays partitioned in the base optimizer's state, and stage 3 refuses Muon.
+Also: the Muon momentum stays partitioned in the base optimizer's state and survives a checkpoint
+(a resumed run equals the straight one bit for bit), and stage 3 refuses Muon.
 """
 
 from __future__ import annotations
@@ -80,6 +81,36 @@ def test_muon_zero12_matches_ddp() -> None:
             assert r["moved"] > 1e-3, f"{where}: training did not move the parameters"
             # partitioned momentum: half of the (padded) Muon group per rank
             assert r["momentum_numel"] == r["partition_numel"] < r["group_numel"], where
+
+
+def _resume(rank: int, world: int) -> dict[str, float]:
+    def build() -> tuple[nn.Module, ds_zero.DeepSpeedZeroOptimizer]:
+        model = make_model()
+        return model, ds_zero.DeepSpeedZeroOptimizer(
+            MuonWithAuxAdam(muon_groups(model)), config=zero_config(2), module=model
+        )
+
+    model, opt = build()
+    train_zero(opt, model, rank, world, range(STEPS), global_loss=False)
+    straight = flat_params(model)
+    opt.close()
+    model, opt = build()
+    train_zero(opt, model, rank, world, range(STEPS // 2), global_loss=False)
+    saved: list[Any] = [None] * world
+    torch.distributed.all_gather_object(saved, opt.state_dict())
+    opt.close()
+    model, opt = build()
+    opt.load_state_dict(saved)
+    momentum = opt.optimizer.state[opt.masters[0]]["momentum_buffer"]
+    train_zero(opt, model, rank, world, range(STEPS // 2, STEPS), global_loss=False)
+    opt.close()
+    return {"diff": float((flat_params(model) - straight).abs().max()), "momentum": float(momentum.abs().max())}
+
+
+def test_muon_momentum_survives_a_checkpoint() -> None:
+    for rank, r in enumerate(run_ranks(2, _resume, timeout_s=150)):
+        assert r["momentum"] > 0, f"rank {rank}: the Muon momentum was not restored"
+        assert r["diff"] == 0.0, f"rank {rank}: resumed run differs from the straight run by {r['diff']}"
 
 
 def test_stage3_refuses_muon() -> None:
