@@ -213,7 +213,8 @@ def multinode(session: nox.Session) -> None:
 @nox.session
 def deepspeed_live(session: nox.Session) -> None:
     """Regenerate the DeepSpeed checkpoint fixtures with the real deepspeed (pinned in constraints.txt) and
-    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's.
+    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's; and the
+    same Muon job under both (`test_deepspeed_live_muon.py`).
 
     Not part of plain `nox`: it installs DeepSpeed (slow) into its own isolated venv, `.nox/deepspeed_ref`
     (`--venv DIR` after `--` picks another), which nothing of ds is installed into.
@@ -231,6 +232,7 @@ def deepspeed_live(session: nox.Session) -> None:
         "pytest",
         str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_live_muon.py"),
         "-q",
         "-p",
         "no:cacheprovider",
