@@ -24,6 +24,7 @@ from ds_engine._engine_consolidated import ConsolidatedWeights
 from ds_engine._engine_grad_reduce import EngineGradReduce
 from ds_engine._engine_offload_states import BACKWARD_NEEDS, FORWARD_NEEDS, STEP_NEEDS, EngineOffloadStates
 from ds_engine._engine_queries import EngineCompatQueries
+from ds_engine._flops_step import StepFlopsProfile
 from ds_engine._optional import require
 from ds_engine._train_state import Counters, TrainState, rng_state
 
@@ -96,6 +97,9 @@ class DeepSpeedEngine(
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
+        fp = m.flops_profiler
+        self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
+        self.flops_profiler = self._flops.profiler if self._flops is not None else None
 
     # -- passthrough ------------------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -114,7 +118,11 @@ class DeepSpeedEngine(
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
-        out = self.module(*inputs, **kwargs)
+        if self._flops is None:
+            out = self.module(*inputs, **kwargs)
+        else:
+            with self._flops.forward(self.global_steps):
+                out = self.module(*inputs, **kwargs)
         self.timers.stop("forward")
         return out
 
@@ -152,7 +160,11 @@ class DeepSpeedEngine(
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
         self.timers.start("backward_inner")
-        self._stepper.backward(scaled, retain_graph)
+        if self._flops is None:
+            self._stepper.backward(scaled, retain_graph)
+        else:
+            with self._flops.backward(self.global_steps):
+                self._stepper.backward(scaled, retain_graph)
         self.timers.stop("backward_inner")
         self.timers.stop("backward")
         return scaled
@@ -196,7 +208,11 @@ class DeepSpeedEngine(
             raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
         self._check_states_loaded("engine.step()", STEP_NEEDS)
         if self.is_gradient_accumulation_boundary():
-            self._take_model_step(lr_kwargs)
+            if self._flops is None:
+                self._take_model_step(lr_kwargs)
+            else:
+                with self._flops.step(self.global_steps):
+                    self._take_model_step(lr_kwargs)
         else:
             self._step_applied = False
         self._boundary_override = None

@@ -159,7 +159,7 @@ def initialize(
     if pipeline:
         check_pipeline_call(mpu)  # a PipelineModule's grid is the mpu: data parallel = its data axis
     dist = discover_dist(model.mpu() if pipeline else mpu)
-    from ds_engine.config import DeepSpeedConfig  # pydantic: loaded when a config is read, not at import
+    from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError  # pydantic: loaded when a config is read
 
     if isinstance(source, DeepSpeedConfig):
         ds_config = source.with_world_size(dist.replica_world_size)
@@ -184,6 +184,11 @@ def initialize(
         pipeline=pipeline,
     )
     device = _device(dist.local_rank)
+    if pipeline and ds_config.model.flops_profiler.enabled:
+        raise DeepSpeedConfigError(
+            "flops_profiler.enabled: the flops profiler is not implemented for the PipelineEngine in ds "
+            "(profile the stages' modules with ds_engine.profiling.flops_profiler.get_model_profile instead)"
+        )
     if pipeline:
         built = build_pipeline_engine(
             model=model,

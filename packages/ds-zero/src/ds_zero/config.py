@@ -158,7 +158,6 @@ class ZeroConfig(ConfigModel):
         "zeropp_loco_param": "ZeRO++ LoCo is not implemented",
         "zenflow": "ZenFlow is not implemented",
         "legacy_stage1": "the deprecated ZeRO stage 1 is not supported",
-        "save_muon_momentum_buffer_in_memory": "Muon is not implemented",
     }
     ignored_keys: ClassVar[dict[str, str]] = {
         "contiguous_gradients": "gradient partitions are always contiguous buffers",
@@ -171,6 +170,7 @@ class ZeroConfig(ConfigModel):
         "module_granularity_threshold": "stage 3 fetches parameters per module; no fine-grained grouping",
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
+        "save_muon_momentum_buffer_in_memory": "a ZeRO-3 Muon setting; Muon is not supported at stage 3 in ds",
     }
 
     stage: int = Field(0, ge=0, le=3)

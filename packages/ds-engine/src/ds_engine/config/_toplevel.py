@@ -147,9 +147,9 @@ class DeepSpeedConfigModel(ConfigModel):
     csv_monitor: CSVMonitorConfig = CSVMonitorConfig()
     """CSV monitor."""
     wandb: WandbConfig = WandbConfig()
-    """wandb monitor (only disabled)."""
+    """wandb monitor."""
     comet: CometConfig = CometConfig()
-    """Comet monitor (only disabled)."""
+    """Comet monitor."""
     data_types: DataTypesConfig = DataTypesConfig()
     """Accumulation, parameter and buffer dtypes."""
     timers: TimersConfig = TimersConfig()
@@ -167,7 +167,7 @@ class DeepSpeedConfigModel(ConfigModel):
     activation_checkpointing: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
     """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
-    """Only disabled."""
+    """Flops profiler (one step, rank 0)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     """Only disabled."""
     aio: AioConfig = AioConfig()

@@ -19,6 +19,7 @@ from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.muon import MuonPartitionUpdate
 from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
 from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
 from ds_zero._stage12.state import (
@@ -55,7 +56,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
     `step()`: finish the reduction, then `ds_ops.precision.finish_step` on this rank's fp32 gradient
     partitions (unscale, inf/nan check, loss-scaler update, the global norm over all partitions, clip; the
     flag and the partial norm share one all-reduce), so an inf/nan on any rank skips the step on every
-    rank; else step the base optimizer on the partition, write it back in the model dtype and all-gather
+    rank; else (groups flagged `use_muon` first get their slice of the Muon update of the whole matrices,
+    see `_stage12/muon.py`) step the base optimizer on the partition, write it back in the model dtype and all-gather
     the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
 
     One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
@@ -127,6 +129,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
         self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
+        muon = MuonPartitionUpdate(optimizer, self.flats, self.masters, dp_group, self._comm_device)
+        self._muon = muon if muon.active else None
         self._sync = PartitionAllGather(
             self.flats,
             dp_group,
@@ -295,6 +299,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         if self.overflow:
             self.zero_grad()
             return False
+        if self._muon is not None:
+            self._muon(grads)
         for master, grad in zip(self.masters, grads, strict=True):
             master.grad = grad
         self._updater.step()

@@ -134,6 +134,12 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                 "the base optimizer already has state (it was stepped); build "
                 "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer"
             )
+        if any(g.get("use_muon", False) for g in optimizer.param_groups):
+            raise ValueError(
+                "Muon (param groups with use_muon=True) is not supported at ZeRO stage 3 in ds: Muon "
+                "orthogonalizes each whole weight matrix, and stage 3 keeps only a shard of every gradient "
+                "and parameter on each rank; use zero_optimization.stage 0, 1 or 2 for Muon"
+            )
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         self.config = cfg
