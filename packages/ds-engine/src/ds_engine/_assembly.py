@@ -26,6 +26,7 @@ from ds_comm import get_accelerator
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._dist_info import DistInfo
+from ds_engine._muon import tag_muon_params
 from ds_engine._optimizers import (
     call_optimizer_factory,
     is_zero_tested_optimizer,
@@ -121,6 +122,8 @@ def _base_optimizer(
     elif client is not None:
         optimizer = call_optimizer_factory(client, normalize_param_groups(model_parameters, module))
     elif plan.optimizer is not None:
+        if plan.optimizer.name == "muon":
+            tag_muon_params(module)
         optimizer = plan.optimizer.build(normalize_param_groups(model_parameters, module))
     else:
         return None
@@ -133,7 +136,7 @@ def _base_optimizer(
     ):
         raise DeepSpeedConfigError(
             f"zero_allow_untested_optimizer: {type(optimizer).__name__} is not tested with ZeRO stage "
-            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion); set it to true to use it anyway"
+            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion, Muon); set it to true to use it anyway"
         )
     return optimizer
 

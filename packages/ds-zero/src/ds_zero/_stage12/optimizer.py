@@ -11,11 +11,15 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, finish_step
+from ds_zero._access.owner import register_owner
+from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.muon import MuonPartitionUpdate
 from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
 from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
 from ds_zero._stage12.state import (
@@ -33,7 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
 
-class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
+class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.optim.Optimizer):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
     At construction, per param group of `optimizer`, the trainable parameters are copied into one flat
@@ -52,8 +56,13 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     `step()`: finish the reduction, then `ds_ops.precision.finish_step` on this rank's fp32 gradient
     partitions (unscale, inf/nan check, loss-scaler update, the global norm over all partitions, clip; the
     flag and the partial norm share one all-reduce), so an inf/nan on any rank skips the step on every
-    rank; else step the base optimizer on the partition, write it back in the model dtype and all-gather
+    rank; else (groups flagged `use_muon` first get their slice of the Muon update of the whole matrices,
+    see `_stage12/muon.py`) step the base optimizer on the partition, write it back in the model dtype and all-gather
     the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
+
+    One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
+    per-parameter methods (`get_full_hp_param`, `get_fp32_grad_for_param`, ...; `ds_zero._access.stage12`),
+    which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
 
     Args:
         optimizer: base optimizer built over the model's (already dtype-cast) parameters. Its per-element
@@ -120,6 +129,8 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
         self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
+        muon = MuonPartitionUpdate(optimizer, self.flats, self.masters, dp_group, self._comm_device)
+        self._muon = muon if muon.active else None
         self._sync = PartitionAllGather(
             self.flats,
             dp_group,
@@ -127,6 +138,7 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
             allgather_partitions=config.allgather_partitions,
         )
         self._sync()
+        register_owner([p for f in self.flats for p in f.params], self)
         logger.info(
             "ZeRO stage %d: %d group(s), %d trainable elements, partition %s elements/rank on %d ranks%s",
             self.zero_stage,
@@ -287,6 +299,8 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         if self.overflow:
             self.zero_grad()
             return False
+        if self._muon is not None:
+            self._muon(grads)
         for master, grad in zip(self.masters, grads, strict=True):
             master.grad = grad
         self._updater.step()
