@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import ops as ops
     from ds_engine import pipe as pipe
     from ds_engine import runtime as runtime
+    from ds_engine import moe as moe
     from ds_engine import sequence as sequence
     from ds_engine import utils as utils
     from ds_engine import zero as zero
@@ -60,7 +61,7 @@ __all__ = [
 
 #: DeepSpeed's submodule paths (`deepspeed.pipe`, `deepspeed.zero`, `deepspeed.ops.adam`...): real submodules,
 #: imported on first use so that `import ds_engine` loads neither ds-zero nor ds-pipe.
-_SUBMODULES = ("checkpoint", "checkpointing", "ops", "pipe", "runtime", "sequence", "utils", "zero")
+_SUBMODULES = ("checkpoint", "checkpointing", "moe", "ops", "pipe", "runtime", "sequence", "utils", "zero")
 
 
 def __getattr__(name: str) -> object:

@@ -62,6 +62,14 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         self.optimizer = parts.optimizer
         self.basic_optimizer = parts.basic_optimizer
         self.parameter_offload = parts.parameter_offload
+        self._moe = parts.moe
+        self.has_moe_layers = parts.moe is not None
+        self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
+        self.moe_layers: list[nn.Module] = (
+            [parts.module.get_submodule(layer.prefix).deepspeed_moe for layer in parts.moe.layers]
+            if parts.moe is not None
+            else []
+        )
         self.lr_scheduler = parts.lr_scheduler
         self.training_dataloader = parts.training_dataloader
         self.timers = parts.timers

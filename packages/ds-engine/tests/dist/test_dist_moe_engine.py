@@ -1,0 +1,93 @@
+"""MoE through `initialize()` at ZeRO stages 0, 1 and 2 on 2 and 4 gloo ranks, ep_size 1, 2 and 4.
+
+Each rank trains on its own batches; 20 steps of losses and the final weights (each rank's experts
+compared with the same global experts) must equal one process that holds every expert and steps AdamW
+on the mean of all ranks' losses. Expert gradients are summed over the expert-data-parallel group and
+divided by the data-parallel world, the clipping norm counts every expert once.
+
+Needs ds-parallel (the `ds-engine[all]` session); skipped without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ds_comm.testing import run_ranks
+
+pytest.importorskip("ds_parallel", reason="MoE needs ds-parallel: pip install 'ds-engine[parallel]'")
+
+STEPS, LR = 20, 1e-2
+
+
+def _train(rank: int, world: int, ep_size: int, stage: int, clip: float) -> dict[str, Any]:
+    import ds_engine as deepspeed
+    from moe_cases import TinyMoE, batch, config, global_name, load_full_into, reference_run
+
+    full, ref_losses = reference_run(world, STEPS, LR, clip)
+    torch.manual_seed(0)
+    initial_full = TinyMoE(ep_size=1)
+    model = TinyMoE(ep_size=ep_size)
+    ep_rank = rank % ep_size
+    load_full_into(model, initial_full, ep_rank, 4 // ep_size)
+    engine, *_ = deepspeed.initialize(model=model, config=config(stage, clip, LR))
+    loss_err = 0.0
+    for step in range(STEPS):
+        loss = engine(*batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+        loss_err = max(loss_err, abs(float(loss) - ref_losses[step][rank]))
+    ref = dict(full.named_parameters())
+    param_err = max(
+        float((p.detach() - ref[global_name(n, ep_rank, 4 // ep_size)].detach()).abs().max())
+        for n, p in engine.module.named_parameters()
+    )
+    return {
+        "loss": loss_err,
+        "param": param_err,
+        "has_moe": engine.has_moe_layers,
+        "num_experts": engine.num_experts,
+        "norm": engine.get_global_grad_norm(),
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("world", "ep_size", "stage", "clip"),
+    [
+        (2, 2, 0, 0.0),
+        (2, 2, 0, 0.3),
+        (2, 2, 1, 0.3),
+        (2, 2, 2, 0.0),
+        (2, 1, 2, 0.3),
+        (4, 2, 1, 0.0),
+        (4, 2, 2, 0.3),
+        (4, 4, 0, 0.3),
+        (4, 4, 2, 0.0),
+    ],
+)
+def test_moe_training_matches_all_experts_on_one_rank(world: int, ep_size: int, stage: int, clip: float) -> None:
+    for r in run_ranks(world, _train, ep_size, stage, clip, timeout_s=540):
+        assert r["has_moe"] and r["num_experts"] == [4, 4]
+        assert r["loss"] <= 1e-6, r
+        assert r["param"] <= 1e-6, r
+        if clip:
+            assert r["norm"] is not None and r["norm"] > clip  # clipping was active
+
+
+def _zero3(rank: int, world: int) -> str:
+    import ds_engine as deepspeed
+    from moe_cases import TinyMoE, config
+
+    try:
+        deepspeed.initialize(model=TinyMoE(ep_size=2), config=config(3, 0.0, LR))
+    except Exception as err:  # noqa: BLE001 - the message is what is checked
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+def test_zero3_with_moe_is_refused_by_name() -> None:
+    msg = run_ranks(2, _zero3, timeout_s=120)[0]
+    assert "zero_optimization.stage=3" in msg and "MoE" in msg
