@@ -32,6 +32,7 @@ import torch
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
 from ds_engine.__about__ import __version__
+from ds_engine import _moe_checkpoint
 from ds_engine._optional import require
 from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
 
@@ -207,6 +208,9 @@ def _load_optimizer(
             load_optimizer_states=True,
             load_from_fp32_weights=fp32,
         )
+    elif engine._moe is not None:
+        optimizer = _moe_checkpoint.read_stage0_optimizer(ckpt_dir, engine._moe, mp_rank=engine._mp_rank)
+        engine._stepper.load_state_dict(optimizer, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
         engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
@@ -274,6 +278,8 @@ def load_checkpoint(
     if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
         parts = zero_partitions(ckpt_dir, engine._mp_rank)
     module_state = _fill_placeholders(state["module"], parts, path) if _has_placeholders(state) else state["module"]
+    if engine._moe is not None:
+        module_state = _moe_checkpoint.merge_expert_states(module_state, engine._moe, ckpt_dir, mp_rank=engine._mp_rank)
     if custom_load_fn is not None:
         custom_load_fn(src=module_state, dst=engine.module)
     else:
