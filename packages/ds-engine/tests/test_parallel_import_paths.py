@@ -67,7 +67,9 @@ def test_moe_paths_give_ds_parallels_objects(fresh_shims) -> None:
     assert MoE is moe.MoE and ds_engine.moe.MoE is moe.MoE and Experts is moe.Experts
     assert (MOELayer, TopKGate, top1gating) == (moe.MOELayer, moe.TopKGate, moe.top1gating)
     assert is_moe_param is moe.is_moe_param
-    assert split_params_into_different_moe_groups_for_optimizer is moe.split_params_into_different_moe_groups_for_optimizer
+    assert (
+        split_params_into_different_moe_groups_for_optimizer is moe.split_params_into_different_moe_groups_for_optimizer
+    )
 
 
 @pytest.mark.parametrize("path", SHIMS)

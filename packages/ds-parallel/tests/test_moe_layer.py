@@ -36,8 +36,17 @@ def _reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("drop", [True, False])
 def test_output_is_the_gate_weighted_sum_of_expert_outputs(k: int, drop: bool) -> None:
     torch.manual_seed(0)
-    moe = MoE(H, _expert(), num_experts=4, k=k, capacity_factor=0.75, min_capacity=1, drop_tokens=drop,
-              use_rts=False, top2_2nd_expert_sampling=False)
+    moe = MoE(
+        H,
+        _expert(),
+        num_experts=4,
+        k=k,
+        capacity_factor=0.75,
+        min_capacity=1,
+        drop_tokens=drop,
+        use_rts=False,
+        top2_2nd_expert_sampling=False,
+    )
     x = torch.randn(2, 9, H)
     out, l_aux, counts = moe(x)
     torch.testing.assert_close(out, _reference(moe, x), atol=1e-6, rtol=1e-5)

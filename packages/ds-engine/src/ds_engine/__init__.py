@@ -28,10 +28,10 @@ from ds_engine.config import DeepSpeedConfigError
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import checkpointing as checkpointing
+    from ds_engine import moe as moe
     from ds_engine import ops as ops
     from ds_engine import pipe as pipe
     from ds_engine import runtime as runtime
-    from ds_engine import moe as moe
     from ds_engine import sequence as sequence
     from ds_engine import utils as utils
     from ds_engine import zero as zero

@@ -31,8 +31,8 @@ import torch
 
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
-from ds_engine.__about__ import __version__
 from ds_engine import _moe_checkpoint
+from ds_engine.__about__ import __version__
 from ds_engine._optional import require
 from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
 

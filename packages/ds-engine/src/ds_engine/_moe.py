@@ -172,9 +172,7 @@ def detect_moe(module: nn.Module, dist: DistInfo) -> MoeWiring | None:
         layers=layers,
         expert_names=expert_names,
     )
-    logger.info(
-        "MoE: %d layer(s), experts %s, expert groups %s", len(layers), wiring.num_experts, ", ".join(names)
-    )
+    logger.info("MoE: %d layer(s), experts %s, expert groups %s", len(layers), wiring.num_experts, ", ".join(names))
     return wiring
 
 

@@ -22,8 +22,9 @@ STEPS, LR = 20, 1e-2
 
 
 def _engine(ep_size: int, stage: int) -> Any:
-    import ds_engine as deepspeed
     from moe_cases import TinyMoE, config
+
+    import ds_engine as deepspeed
 
     torch.manual_seed(0)
     model = TinyMoE(ep_size=ep_size)
@@ -32,8 +33,9 @@ def _engine(ep_size: int, stage: int) -> Any:
 
 
 def _save_then_resume(rank: int, world: int, root: str, save_ep: int, load_ep: int, stage: int) -> dict[str, Any]:
-    from ds_parallel import groups
     from moe_cases import batch, reference_run
+
+    from ds_parallel import groups
 
     _, ref_losses = reference_run(world, STEPS, LR, 0.3)
     # Seeded alike on every rank, and experts start as copies of one module: the reference's weights.

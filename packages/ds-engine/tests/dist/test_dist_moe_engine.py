@@ -23,8 +23,9 @@ STEPS, LR = 20, 1e-2
 
 
 def _train(rank: int, world: int, ep_size: int, stage: int, clip: float) -> dict[str, Any]:
-    import ds_engine as deepspeed
     from moe_cases import TinyMoE, batch, config, global_name, load_full_into, reference_run
+
+    import ds_engine as deepspeed
 
     full, ref_losses = reference_run(world, STEPS, LR, clip)
     torch.manual_seed(0)
@@ -78,8 +79,9 @@ def test_moe_training_matches_all_experts_on_one_rank(world: int, ep_size: int, 
 
 
 def _zero3(rank: int, world: int) -> str:
-    import ds_engine as deepspeed
     from moe_cases import TinyMoE, config
+
+    import ds_engine as deepspeed
 
     try:
         deepspeed.initialize(model=TinyMoE(ep_size=2), config=config(3, 0.0, LR))

@@ -154,7 +154,9 @@ def _get_expert_parallel_rank(group_name: str | None = None) -> int:
     return _experts.get_expert_groups(group_name).ep_rank
 
 
-def _create_expert_and_data_parallel(expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False) -> None:
+def _create_expert_and_data_parallel(
+    expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False
+) -> None:
     """Create the `ep_size_{N}` expert-parallel and expert-data-parallel groups (a collective)."""
     if use_data_before_expert_parallel_:
         raise NotImplementedError("use_data_before_expert_parallel_=True (the D+E rank layout) is not supported")

@@ -16,9 +16,9 @@ from ds_comm.testing import run_ranks
 
 def _run(rank: int, world: int, ep_size: int, k: int, drop: bool) -> dict[str, float]:
     import torch.distributed as dist
+    from _moe_model import TinyMoEModel, batch, expert_name, load_from_full, loss_of
 
     from ds_parallel import groups
-    from _moe_model import TinyMoEModel, batch, expert_name, load_from_full, loss_of
 
     num_experts = 4
     torch.manual_seed(0)

@@ -1,4 +1,7 @@
-"""`deepspeed.moe.sharded_moe`: ds-parallel's `ds_parallel.moe.sharded_moe` (DeepSpeed-MoE). Needs the `parallel` extra."""
+"""`deepspeed.moe.sharded_moe`: ds-parallel's `ds_parallel.moe.sharded_moe` (DeepSpeed-MoE gating and dispatch).
+
+Needs the `parallel` extra.
+"""
 
 from __future__ import annotations
 

@@ -37,7 +37,12 @@ __all__ = [
     "Routes",
     "capacity_for",
     "dense_combine",
-    "gumbel_noise", "route_top1", "route_top2", "route_topk", "uniform_noise"]
+    "gumbel_noise",
+    "route_top1",
+    "route_top2",
+    "route_topk",
+    "uniform_noise",
+]
 
 
 @dataclass
@@ -195,7 +200,10 @@ def route_top2(
         capacity=capacity,
         num_experts=num_experts,
         indices=torch.stack(
-            [torch.where(kept1, first, torch.full_like(first, -1)), torch.where(kept2, second, torch.full_like(second, -1))]
+            [
+                torch.where(kept1, first, torch.full_like(first, -1)),
+                torch.where(kept2, second, torch.full_like(second, -1)),
+            ]
         ),
         locations=torch.stack([_slot_of(mask1, locations1), _slot_of(mask2, locations2)]),
         gates=torch.stack([gate1 / denom, gate2 / denom]),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-
 from torch import Tensor, nn
 from torch.nn import functional as F
 
@@ -69,9 +68,7 @@ class MoE(nn.Module):
     ) -> None:
         super().__init__()
         if ep_size < 1 or num_experts < 1 or num_experts % ep_size:
-            raise ValueError(
-                f"MoE: num_experts ({num_experts}) must be a positive multiple of ep_size ({ep_size})"
-            )
+            raise ValueError(f"MoE: num_experts ({num_experts}) must be a positive multiple of ep_size ({ep_size})")
         self.use_residual = use_residual
         self.enable_expert_tensor_parallelism = enable_expert_tensor_parallelism
         self.ep_size = ep_size
@@ -142,5 +139,3 @@ class MoE(nn.Module):
         l_aux, exp_counts = self.deepspeed_moe.l_aux, self.deepspeed_moe.exp_counts
         assert l_aux is not None and exp_counts is not None
         return output, l_aux, exp_counts
-
-

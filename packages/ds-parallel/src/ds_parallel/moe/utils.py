@@ -149,12 +149,12 @@ def configure_moe_param_groups(model_parameters: list[Any]) -> list[dict[str, An
         raise TypeError("model_parameters must be a non-empty list of parameters or param-group dicts")
     for p in model_parameters:
         if not isinstance(p, torch.Tensor | dict):
-            raise TypeError(
-                f"the optimizer's params must be tensors or param-group dicts, got {type(p).__name__}"
-            )
+            raise TypeError(f"the optimizer's params must be tensors or param-group dicts, got {type(p).__name__}")
     first = model_parameters[0]
     if isinstance(first, nn.Parameter):
-        return split_params_into_different_moe_groups_for_optimizer({"params": model_parameters, "name": "dense-params"})
+        return split_params_into_different_moe_groups_for_optimizer(
+            {"params": model_parameters, "name": "dense-params"}
+        )
     if isinstance(first, dict) and not any("moe" in g for g in model_parameters):
         return split_params_into_different_moe_groups_for_optimizer(model_parameters)
     return model_parameters

@@ -48,7 +48,9 @@ class PartitionAllGather:
         self.bucket_numel = max(1, int(bucket_numel))
         backend = dist.get_backend(groups[0]) if ds_comm.is_initialized() and groups else "gloo"
         self.use_broadcast = (not allgather_partitions) or backend == "gloo"
-        self._global = [[ds_comm.get_global_rank(g, r) for r in range(w)] for g, w in zip(groups, self.worlds)]
+        self._global = [
+            [ds_comm.get_global_rank(g, r) for r in range(w)] for g, w in zip(groups, self.worlds, strict=True)
+        ]
 
     def __call__(self) -> None:
         """Run the exchange (blocking)."""
