@@ -66,16 +66,6 @@ class MoeLayer:
             count=1,
         )
 
-    def local_name(self, global_name: str) -> str | None:
-        """The inverse of `global_name`: None when this rank does not hold that expert."""
-        m = _EXPERT_INDEX.search(global_name)
-        if m is None:
-            return global_name
-        local = int(m.group(2)) - self.ep_rank * self.num_local_experts
-        if not 0 <= local < self.num_local_experts:
-            return None
-        return global_name[: m.start(2)] + str(local) + global_name[m.end(2) :]
-
 
 @dataclasses.dataclass
 class MoeWiring:
@@ -204,9 +194,12 @@ def broadcast_moe_model(module: nn.Module, wiring: MoeWiring, dist: DistInfo) ->
 
 
 def moe_param_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """DeepSpeed's MoE param groups for an optimizer the config builds (unnamed groups get a name)."""
+    """DeepSpeed's MoE param groups for an optimizer the config builds (unnamed groups get a name); groups
+    that already include MoE groups (`moe` keys) are used as they are, as DeepSpeed does."""
     from ds_parallel.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
+    if any("moe" in g for g in groups):
+        return groups
     named = [
         {**g, "name": g.get("name", "dense-params" if i == 0 else f"dense-params-{i}")} for i, g in enumerate(groups)
     ]

@@ -22,10 +22,11 @@ pytest.importorskip("ds_parallel", reason="MoE needs ds-parallel: pip install 'd
 STEPS, LR = 20, 1e-2
 
 
-def _train(rank: int, world: int, ep_size: int, stage: int, clip: float) -> dict[str, Any]:
+def _train(rank: int, world: int, ep_size: int, stage: int, clip: float, client: bool = False) -> dict[str, Any]:
     from moe_cases import TinyMoE, batch, config, global_name, load_full_into, reference_run
 
     import ds_engine as deepspeed
+    from ds_parallel.moe import split_params_into_different_moe_groups_for_optimizer
 
     full, ref_losses = reference_run(world, STEPS, LR, clip)
     torch.manual_seed(0)
@@ -33,7 +34,15 @@ def _train(rank: int, world: int, ep_size: int, stage: int, clip: float) -> dict
     model = TinyMoE(ep_size=ep_size)
     ep_rank = rank % ep_size
     load_full_into(model, initial_full, ep_rank, 4 // ep_size)
-    engine, *_ = deepspeed.initialize(model=model, config=config(stage, clip, LR))
+    cfg = config(stage, clip, LR)
+    optimizer = None
+    if client:  # the client builds DeepSpeed's MoE param groups itself
+        cfg.pop("optimizer")
+        groups = split_params_into_different_moe_groups_for_optimizer(
+            {"params": list(model.parameters()), "name": "all"}
+        )
+        optimizer = torch.optim.AdamW(groups, lr=LR, weight_decay=0.0)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
     loss_err = 0.0
     for step in range(STEPS):
         loss = engine(*batch(rank, step))
@@ -70,12 +79,42 @@ def _train(rank: int, world: int, ep_size: int, stage: int, clip: float) -> dict
     ],
 )
 def test_moe_training_matches_all_experts_on_one_rank(world: int, ep_size: int, stage: int, clip: float) -> None:
-    for r in run_ranks(world, _train, ep_size, stage, clip, timeout_s=540):
+    _check(run_ranks(world, _train, ep_size, stage, clip, timeout_s=540), clip)
+
+
+@pytest.mark.timeout(600)
+def test_client_optimizer_over_moe_param_groups() -> None:
+    _check(run_ranks(2, _train, 2, 2, 0.3, True, timeout_s=540), 0.3)
+
+
+def _check(results: list[dict[str, Any]], clip: float) -> None:
+    for r in results:
         assert r["has_moe"] and r["num_experts"] == [4, 4]
         assert r["loss"] <= 1e-6, r
         assert r["param"] <= 1e-6, r
         if clip:
             assert r["norm"] is not None and r["norm"] > clip  # clipping was active
+
+
+def _mixed_groups(rank: int, world: int) -> str:
+    from moe_cases import TinyMoE, config
+
+    import ds_engine as deepspeed
+
+    model = TinyMoE(ep_size=2)
+    cfg = config(1, 0.0, LR)
+    cfg.pop("optimizer")
+    try:
+        deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=LR), config=cfg)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_zero_refuses_a_client_optimizer_mixing_experts_and_dense_params() -> None:
+    msg = run_ranks(2, _mixed_groups, timeout_s=120)[0]
+    assert "mixes expert parameters with dense ones" in msg
+    assert "split_params_into_different_moe_groups_for_optimizer" in msg
 
 
 def _zero3(rank: int, world: int) -> str:

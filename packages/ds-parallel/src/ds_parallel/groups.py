@@ -22,10 +22,15 @@ __all__ = [
     "_get_expert_broadcast_src_rank",
     "_get_expert_data_parallel_group",
     "_get_expert_data_parallel_group_dict",
+    "_get_expert_data_parallel_group_ranks",
     "_get_expert_data_parallel_rank",
     "_get_expert_data_parallel_world_size",
     "_get_expert_parallel_group",
     "_get_expert_parallel_group_dict",
+    "_get_expert_parallel_group_ranks",
+    "_get_max_expert_parallel_group",
+    "_get_max_expert_size",
+    "_get_max_expert_size_name",
     "_get_expert_parallel_rank",
     "_get_expert_parallel_world_size",
     "_get_model_parallel_group",
@@ -179,6 +184,30 @@ def _get_expert_data_parallel_rank(group_name: str) -> int:
 def _get_expert_broadcast_src_rank(group_name: str) -> int:
     """Global rank of the first member of this rank's expert-data-parallel group."""
     return _experts.get_expert_groups(group_name).edp_ranks[0]
+
+
+def _get_expert_parallel_group_ranks(group_name: str) -> list[int]:
+    """Global ranks of this rank's expert-parallel group of degree `group_name`."""
+    return list(_experts.get_expert_groups(group_name).ep_ranks)
+
+
+def _get_expert_data_parallel_group_ranks(group_name: str) -> list[int]:
+    """Global ranks of this rank's expert-data-parallel group of degree `group_name`."""
+    return list(_experts.get_expert_groups(group_name).edp_ranks)
+
+
+def _get_max_expert_size() -> int | None:
+    """The largest expert-parallel degree with groups (None before any)."""
+    sizes = [g.ep_size for g in _experts.expert_groups().values()]
+    return max(sizes) if sizes else None
+
+
+def _get_max_expert_size_name() -> str:
+    return _experts.expert_group_name(_get_max_expert_size() or 1)
+
+
+def _get_max_expert_parallel_group() -> ProcessGroup:
+    return _get_expert_parallel_group(_get_max_expert_size_name())
 
 
 def _get_expert_parallel_group_dict() -> dict[str, ProcessGroup]:

@@ -80,6 +80,11 @@ def _groups(rank: int, world: int) -> dict[str, object]:
         g = create_expert_groups(ep)
         out[g.name] = (g.ep_ranks, g.edp_ranks, groups._get_expert_broadcast_src_rank(g.name))
     out["dict"] = sorted(groups._get_expert_parallel_group_dict())
+    out["max"] = (groups._get_max_expert_size(), groups._get_max_expert_size_name())
+    out["ranks2"] = (
+        groups._get_expert_parallel_group_ranks("ep_size_2"),
+        groups._get_expert_data_parallel_group_ranks("ep_size_2"),
+    )
     try:
         create_expert_groups(3)
     except ValueError as err:
@@ -95,4 +100,6 @@ def test_expert_groups_follow_deepspeeds_layout() -> None:
         assert r["ep_size_2"] == ((lo, lo + 1), (rank % 2, rank % 2 + 2), rank % 2)
         assert r["ep_size_4"] == ((0, 1, 2, 3), (rank,), rank)
         assert r["dict"] == ["ep_size_1", "ep_size_2", "ep_size_4"]
+        assert r["max"] == (4, "ep_size_4")
+        assert r["ranks2"] == ([lo, lo + 1], [rank % 2, rank % 2 + 2])
         assert "ep_size=3 must divide the data-parallel world size 4" in r["bad"]
