@@ -56,6 +56,8 @@ def test_layout_keys_and_round_trip(tmp_path: Path) -> None:
         assert key in state, key
     assert state["lr_scheduler"] == {"last_batch_iteration": 1} and state["global_samples"] == 8
     assert state["buffer_names"] == ["buf"] and state["ds_config"]["scheduler"] == SCHED
+    # DeepSpeed's pp/tp degrees, and ds's sequence-parallel degree (ZeRO partitions over dp x sp ranks).
+    assert state["checkpoint_parallel_dimensions"] == {"pp_degree": 1, "tp_degree": 1, "sp_degree": 1}
 
     fresh_model = tiny_net(5)
     fresh = make_engine(fresh_model, base_config(scheduler=SCHED))
@@ -108,6 +110,33 @@ def test_load_without_latest_warns_and_returns_none(tmp_path: Path, caplog) -> N
     assert "no 'latest' file" in caplog.text
     with pytest.raises(FileNotFoundError, match="does not exist"):
         engine.load_checkpoint(str(tmp_path), tag="missing")
+
+
+def test_a_save_from_another_data_x_sequence_layout_is_reported_not_refused(tmp_path: Path, caplog) -> None:
+    engine, model = _trained()
+    engine.save_checkpoint(str(tmp_path))
+    path = tmp_path / "global_step2" / "mp_rank_00_model_states.pt"
+    fresh_model = tiny_net(5)
+    fresh = make_engine(fresh_model, base_config(scheduler=SCHED))
+
+    def load(dp_world_size: int, sp_degree: int | None) -> str:
+        state = torch.load(path, weights_only=False)
+        state["dp_world_size"] = dp_world_size
+        state["checkpoint_parallel_dimensions"].pop("sp_degree", None)
+        if sp_degree is not None:
+            state["checkpoint_parallel_dimensions"]["sp_degree"] = sp_degree
+        torch.save(state, path)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ds_engine._checkpoint"):
+            assert fresh.load_checkpoint(str(tmp_path))[0] == str(path)
+        assert torch.equal(flat_params(fresh_model), flat_params(model))
+        return caplog.text
+
+    assert "re-partitions" not in load(1, 1)  # this run's layout
+    # As if saved at SP=2 x DP=2 (four ZeRO partitions); this run has one rank and no sequence parallelism.
+    assert "saved on 4 data x sequence ranks (sp_degree 2), this run has 1 (sp_degree 1)" in load(4, 2)
+    assert "re-partitions" not in load(1, None)  # DeepSpeed's files do not record sp
+    assert "sp_degree unrecorded" in load(2, None)
 
 
 def test_bad_arguments(tmp_path: Path) -> None:

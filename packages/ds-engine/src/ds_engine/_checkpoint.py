@@ -243,6 +243,29 @@ def restore_progress(engine: DeepSpeedEngine, state: dict[str, Any], *, load_lr_
             )
 
 
+def _log_layout_change(state: dict[str, Any], path: Path, *, dp_world_size: int, sp_degree: int) -> None:
+    """Say when the save came from another data x sequence layout; it loads all the same.
+
+    ZeRO partitions over data x sequence ranks, so a save holds `dp_world_size` (= replicas x sp)
+    partitions, and ds-zero re-partitions them onto this run's ranks whatever their split (DeepSpeed
+    refuses a different count). Saves without `sp_degree` (DeepSpeed's, older ds) leave it unknown.
+    """
+    saved_dp = state.get("dp_world_size")
+    dims = state.get("checkpoint_parallel_dimensions")
+    saved_sp = dims.get("sp_degree") if isinstance(dims, dict) else None
+    if saved_dp is None or (int(saved_dp) == dp_world_size and saved_sp in (None, sp_degree)):
+        return
+    logger.info(
+        "load_checkpoint: %s was saved on %s data x sequence ranks (sp_degree %s), this run has %d "
+        "(sp_degree %d); ZeRO state re-partitions onto this layout",
+        path,
+        saved_dp,
+        "unrecorded" if saved_sp is None else saved_sp,
+        dp_world_size,
+        sp_degree,
+    )
+
+
 def resolve_load_dir(load_dir: str | Path, tag: Any) -> Path | None:
     """`load_dir/<tag>`, the tag defaulting to the one in `load_dir/latest`; None (with a warning, as
     DeepSpeed does) when no tag is given and there is no `latest` file."""
@@ -273,6 +296,8 @@ def load_checkpoint(
     path = read_model_states(ckpt_dir, engine._mp_rank)
     state = ds_comm.load_checkpoint_file(path)
     ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+    if engine.global_rank == 0:
+        _log_layout_change(state, path, dp_world_size=engine.dp_world_size, sp_degree=engine._dist.sp_world_size)
     # Everything is read and checked before the engine changes (nothing half loaded on a bad file).
     parts = None
     if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):

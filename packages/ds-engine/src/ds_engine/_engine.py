@@ -19,7 +19,11 @@ from ds_engine import _checkpoint, _moe_checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
+from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
+from ds_engine._engine_grad_reduce import EngineGradReduce
+from ds_engine._engine_offload_states import BACKWARD_NEEDS, FORWARD_NEEDS, STEP_NEEDS, EngineOffloadStates
+from ds_engine._engine_queries import EngineCompatQueries
 from ds_engine._optional import require
 from ds_engine._train_state import Counters, TrainState, rng_state
 
@@ -38,7 +42,15 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
+class DeepSpeedEngine(
+    EngineQueries,
+    EngineCompatQueries,
+    EngineOffloadStates,
+    EngineGradReduce,
+    EngineCompile,
+    ConsolidatedWeights,
+    nn.Module,
+):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
     `engine.step()`.
 
@@ -106,6 +118,7 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`)."""
+        self._check_states_loaded("engine.forward()", FORWARD_NEEDS)
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
@@ -121,7 +134,8 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         reduced at the boundary in `step()`.
 
         Returns:
-            `loss` as passed in (DeepSpeed returns the gas-divided loss).
+            the loss divided by `gradient_accumulation_steps` (when `scale_wrt_gas`), before any loss
+            scale: what was back-propagated, as DeepSpeed returns it.
 
         Raises:
             RuntimeError: no optimizer was configured.
@@ -139,6 +153,7 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
                     else ""
                 )
             )
+        self._check_states_loaded("engine.backward()", BACKWARD_NEEDS)
         self.timers.start("backward")
         if self._reporter.needs_loss:
             detached = loss.detach().float().reshape(())
@@ -148,7 +163,7 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         self._stepper.backward(scaled, retain_graph)
         self.timers.stop("backward_inner")
         self.timers.stop("backward")
-        return loss
+        return scaled
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).
@@ -187,6 +202,7 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             raise self._no_optimizer("engine.step()")
         if self._in_no_sync:
             raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
+        self._check_states_loaded("engine.step()", STEP_NEEDS)
         if self.is_gradient_accumulation_boundary():
             self._take_model_step(lr_kwargs)
         else:
@@ -370,6 +386,7 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             dp_world_size=self.dp_world_size,
             mp_world_size=self.mp_world_size,
             tp_degree=self.mp_world_size,
+            sp_degree=self._dist.sp_world_size,
             ds_config=self._ds_config.raw,
             rng_states=rng_states,
         )

@@ -14,12 +14,15 @@ What crosses the seam:
     functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
     `param_shapes`), `load_partition_state_dicts(ckpt_dir, mp_rank=)` (every saved rank's partition,
     ds's or DeepSpeed's files), `consolidate_fp32_params(state_dicts)` (full fp32 weights, for
-    DeepSpeed's stage-3 placeholders) and `copy_zero_to_fp32_script(save_dir)`.
+    DeepSpeed's stage-3 placeholders) and `copy_zero_to_fp32_script(save_dir)`;
+  * per-parameter access for `deepspeed.utils.safe_get_full_fp32_param` and friends: the
+    `ZeroParamAccess` methods (DeepSpeed's stage-3 optimizer names, at every stage) and
+    `ds_zero.zero_optimizer_of(param)`, the optimizer that trains a parameter (None for none).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -29,7 +32,7 @@ from torch.optim import Optimizer
 
 from ds_ops.precision import LossScaler
 
-__all__ = ["ZeroOptimizer", "ZeroOptimizerFactory"]
+__all__ = ["ZeroOptimizer", "ZeroOptimizerFactory", "ZeroParamAccess"]
 
 
 @runtime_checkable
@@ -83,6 +86,41 @@ class ZeroOptimizer(Protocol):
     def refresh_fp32_params(self) -> None:
         """Reset the fp32 masters from the module's current (just loaded) weights."""
         ...
+
+
+@runtime_checkable
+class ZeroParamAccess(Protocol):
+    """One parameter's fp32 master, gradient and optimizer state, as `deepspeed.utils.tensor_fragment` reads them.
+
+    The `full` methods work on the parameter's whole value and are collectives over the data-parallel
+    group; the `local` ones on this rank's partition (ZeRO-3; stages 1/2 raise ValueError). Getters give
+    None, and setters do nothing, for a parameter the optimizer does not train. `optim_state_key` None
+    means the fp32 master itself.
+    """
+
+    def get_full_hp_param(self, param: torch.Tensor, optim_state_key: str | None = None) -> torch.Tensor | None: ...
+
+    def set_full_hp_param(
+        self, value: torch.Tensor, param: torch.Tensor, optim_state_key: str | None = None
+    ) -> None: ...
+
+    def get_fp32_grad_for_param(self, param: torch.Tensor) -> torch.Tensor | None: ...
+
+    def set_fp32_grad_for_param(self, value: torch.Tensor, param: torch.Tensor) -> None: ...
+
+    def update_fp32_grad_for_param_vectorized(
+        self, update_func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], param_list: list[torch.Tensor]
+    ) -> None: ...
+
+    def get_local_fp32_param(self, param: torch.Tensor, optim_state_key: str | None = None) -> torch.Tensor | None: ...
+
+    def set_local_hp_param(
+        self, value: torch.Tensor, param: torch.Tensor, optim_state_key: str | None = None
+    ) -> None: ...
+
+    def get_local_fp32_grad_for_param(self, param: torch.Tensor) -> torch.Tensor | None: ...
+
+    def set_local_grad_for_param(self, value: torch.Tensor, param: torch.Tensor) -> None: ...
 
 
 class ZeroOptimizerFactory(Protocol):

@@ -17,6 +17,7 @@ from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
 from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
+from ds_ops.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateOffloader, StatesOffloadedError
 from ds_ops.op_builder import (
     ALL_OPS,
     AsyncIOBuilder,
@@ -57,9 +58,13 @@ __all__ = [
     "FusedAdam",
     "FusedAdamBuilder",
     "InPassCopyOptimizer",
+    "OffloadDeviceEnum",
+    "OffloadStateTypeEnum",
     "OpBuildError",
     "OpBuilder",
     "OpNotCompatibleError",
+    "StateOffloader",
+    "StatesOffloadedError",
     "__version__",
     "aio_handle",
     "supports_in_pass_copy",

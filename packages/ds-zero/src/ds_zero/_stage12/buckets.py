@@ -136,6 +136,7 @@ class BucketReducer:
         self._in_flight: deque[tuple[_Bucket, _Launched]] = deque()
         self._next = 0
         self._armed: int | None = None
+        self._dirty = False
         self._hooks = []
         for bucket in self.buckets:
             for pos, p in enumerate(bucket.params):
@@ -156,6 +157,7 @@ class BucketReducer:
             self._armed = task
         if param.grad is None:
             return
+        self._dirty = True
         if bucket.storage is None:
             bucket.storage = self._acquire()
         slot = bucket.slots[pos]
@@ -238,6 +240,12 @@ class BucketReducer:
                 p.grad = None
         self._next = 0
         self._armed = None
+        self._dirty = False
+
+    @property
+    def has_gradients(self) -> bool:
+        """Whether a backward reduced gradients into the accumulators since the last `zero()`."""
+        return self._dirty
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         """Staging and receive buffers held (for memory accounting; accumulators are counted by the caller)."""

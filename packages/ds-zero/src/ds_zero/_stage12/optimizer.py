@@ -11,7 +11,10 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, finish_step
+from ds_zero._access.owner import register_owner
+from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
@@ -33,7 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
 
-class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
+class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.optim.Optimizer):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
     At construction, per param group of `optimizer`, the trainable parameters are copied into one flat
@@ -54,6 +57,10 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     flag and the partial norm share one all-reduce), so an inf/nan on any rank skips the step on every
     rank; else step the base optimizer on the partition, write it back in the model dtype and all-gather
     the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
+
+    One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
+    per-parameter methods (`get_full_hp_param`, `get_fp32_grad_for_param`, ...; `ds_zero._access.stage12`),
+    which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
 
     Args:
         optimizer: base optimizer built over the model's (already dtype-cast) parameters. Its per-element
@@ -154,6 +161,7 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
             allgather_partitions=config.allgather_partitions,
         )
         self._sync()
+        register_owner([p for f in self.flats for p in f.params], self)
         logger.info(
             "ZeRO stage %d: %d group(s), %d trainable elements, partition %s elements/rank on %d ranks%s",
             self.zero_stage,

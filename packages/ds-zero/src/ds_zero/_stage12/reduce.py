@@ -203,6 +203,11 @@ class BoundaryReducer:
     def _mark_dirty(self, _param: torch.Tensor) -> None:
         self._clean = False
 
+    @property
+    def has_gradients(self) -> bool:
+        """Whether a backward wrote gradients since the last `zero()`."""
+        return not self._clean
+
     def attach(self) -> None:
         """Point every parameter's `.grad` at its view of the flat gradient buffer."""
         for flat, grads in zip(self.flats, self.flat_grads, strict=True):
