@@ -132,3 +132,33 @@ def _zero3(rank: int, world: int) -> str:
 def test_zero3_with_moe_is_refused_by_name() -> None:
     msg = run_ranks(2, _zero3, timeout_s=120)[0]
     assert "zero_optimization.stage=3" in msg and "MoE" in msg
+
+
+def _accessors(rank: int, world: int, stage: int) -> dict[str, float]:
+    from moe_cases import TinyMoE, batch, config, global_name
+
+    import ds_engine as deepspeed
+    from ds_engine.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    torch.manual_seed(0)
+    full = TinyMoE(ep_size=1)
+    (sum(full(*batch(r, 0)) for r in range(world)) / world).backward()
+    ref = dict(full.named_parameters())
+    torch.manual_seed(0)
+    engine, *_ = deepspeed.initialize(model=TinyMoE(ep_size=2), config=config(stage, 0.0, LR))
+    engine.backward(engine(*batch(rank, 0)))
+    grad_err = value_err = 0.0
+    for name, p in engine.module.named_parameters():
+        want = ref[global_name(name, rank % 2, 2)]
+        grad_err = max(grad_err, float((safe_get_full_grad(p) - want.grad).abs().max()))
+        value_err = max(value_err, float((safe_get_full_fp32_param(p) - want.detach()).abs().max()))
+    engine.step()
+    return {"grad": grad_err, "value": value_err}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_accessors_see_expert_parameters_over_their_own_group(stage: int) -> None:
+    """On 4 ranks with ep_size 2 an expert is partitioned over 2 ranks: the accessors gather it there."""
+    for r in run_ranks(4, _accessors, stage, timeout_s=240):
+        assert r["grad"] <= 1e-6 and r["value"] == 0.0, r
