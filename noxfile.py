@@ -213,8 +213,9 @@ def multinode(session: nox.Session) -> None:
 @nox.session
 def deepspeed_live(session: nox.Session) -> None:
     """Regenerate the DeepSpeed checkpoint fixtures with the real deepspeed (pinned in constraints.txt) and
-    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's; and the
-    same Muon job under both (`test_deepspeed_live_muon.py`).
+    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's; the
+    same Muon job under both (`test_deepspeed_live_muon.py`); and MoE training side by side (the same
+    weights and batches give the same losses, l_aux and expert counts).
 
     Not part of plain `nox`: it installs DeepSpeed (slow) into its own isolated venv, `.nox/deepspeed_ref`
     (`--venv DIR` after `--` picks another), which nothing of ds is installed into.
@@ -234,6 +235,7 @@ def deepspeed_live(session: nox.Session) -> None:
         str(ROOT / "tests-integration" / "test_deepspeed_universal.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live_muon.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_moe_live.py"),
         "-q",
         "-p",
         "no:cacheprovider",

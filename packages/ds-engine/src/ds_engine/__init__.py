@@ -38,6 +38,7 @@ from ds_engine.utils import OnDevice, log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import checkpointing as checkpointing
+    from ds_engine import moe as moe
     from ds_engine import ops as ops
     from ds_engine import pipe as pipe
     from ds_engine import runtime as runtime
@@ -88,7 +89,18 @@ __all__ = [
 
 #: DeepSpeed's submodule paths (`deepspeed.pipe`, `deepspeed.zero`, `deepspeed.ops.adam`...): real submodules,
 #: imported on first use so that `import ds_engine` loads neither ds-zero nor ds-pipe.
-_SUBMODULES = ("checkpoint", "checkpointing", "constants", "ops", "pipe", "runtime", "sequence", "utils", "zero")
+_SUBMODULES = (
+    "checkpoint",
+    "checkpointing",
+    "constants",
+    "moe",
+    "ops",
+    "pipe",
+    "runtime",
+    "sequence",
+    "utils",
+    "zero",
+)
 
 
 def __getattr__(name: str) -> object:

@@ -31,6 +31,7 @@ import torch
 
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
+from ds_engine import _moe_checkpoint
 from ds_engine.__about__ import __version__
 from ds_engine._optional import require
 from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
@@ -207,6 +208,9 @@ def _load_optimizer(
             load_optimizer_states=True,
             load_from_fp32_weights=fp32,
         )
+    elif engine._moe is not None:
+        optimizer = _moe_checkpoint.read_stage0_optimizer(ckpt_dir, engine._moe, mp_rank=engine._mp_rank)
+        engine._stepper.load_state_dict(optimizer, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
         engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
@@ -329,6 +333,12 @@ def load_checkpoint(
     # Everything is read and checked before the engine changes (nothing half loaded on a bad file).
     parts = None
     if universal:
+        if engine._moe is not None:
+            raise ValueError(
+                f"checkpoint.load_universal: {ckpt_dir} cannot be loaded into a model with MoE layers "
+                "(universal checkpoints hold no per-expert files here); load the ZeRO checkpoint itself, "
+                "which re-partitions to this world size and ep_size"
+            )
         path, state, parts, module_state = _read_universal(engine, ckpt_dir)
     else:
         path = read_model_states(ckpt_dir, engine._mp_rank)
@@ -338,6 +348,8 @@ def load_checkpoint(
             parts = zero_partitions(ckpt_dir, engine._mp_rank)
         placeholders = _has_placeholders(state)
         module_state = _fill_placeholders(state["module"], parts, path) if placeholders else state["module"]
+    if engine._moe is not None:
+        module_state = _moe_checkpoint.merge_expert_states(module_state, engine._moe, ckpt_dir, mp_rank=engine._mp_rank)
     if engine.global_rank == 0:
         _log_layout_change(state, path, dp_world_size=engine.dp_world_size, sp_degree=engine._dist.sp_world_size)
     if custom_load_fn is not None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_engine import _checkpoint
+from ds_engine import _checkpoint, _moe_checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
@@ -75,6 +75,14 @@ class DeepSpeedEngine(
         self.optimizer = parts.optimizer
         self.basic_optimizer = parts.basic_optimizer
         self.parameter_offload = parts.parameter_offload
+        self._moe = parts.moe
+        self.has_moe_layers = parts.moe is not None
+        self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
+        self.moe_layers: list[nn.Module] = (
+            [parts.module.get_submodule(layer.prefix).deepspeed_moe for layer in parts.moe.layers]
+            if parts.moe is not None
+            else []
+        )
         self.lr_scheduler = parts.lr_scheduler
         self.training_dataloader = parts.training_dataloader
         self.timers = parts.timers
@@ -375,10 +383,14 @@ class DeepSpeedEngine(
                 {name: torch.Size(shape) for name, shape in group.items()}
                 for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)
             ]
+        module_state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
+            module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
+        keep_optimizer = not zero and self._stepper is not None and self._moe is None
         return TrainState(
-            module=self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters),
+            module=module_state,
             buffer_names=[n for n, _ in self.module.named_buffers()],
-            optimizer=self._stepper.state_dict() if not zero and self._stepper is not None else None,
+            optimizer=self._stepper.state_dict() if keep_optimizer else None,
             param_shapes=shapes,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=Counters(
@@ -396,8 +408,24 @@ class DeepSpeedEngine(
         )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
-        """Writes weights kept outside the model-states file (none here: the module is in it)."""
-        return None
+        """Writes weights kept outside the model-states file: an MoE model's expert files (and, at stage 0,
+        its per-expert-parallel-rank optimizer file); nothing for a dense model."""
+        moe = self._moe
+        if moe is None:
+            return None
+        serialization = self._ckpt_config.checkpoint_serialization
+        stage0_optimizer = self._stepper.state_dict() if self._zero.stage == 0 and self._stepper is not None else None
+
+        def write(ckpt_dir: Path) -> None:
+            _moe_checkpoint.write_expert_files(
+                self.module, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
+            )
+            if stage0_optimizer is not None:
+                _moe_checkpoint.write_stage0_optimizer(
+                    stage0_optimizer, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
+                )
+
+        return write
 
     def load_checkpoint(
         self,

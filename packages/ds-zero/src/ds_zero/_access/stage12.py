@@ -45,8 +45,14 @@ class PartitionParamAccess:
     optimizer: torch.optim.Optimizer
     dp_group: Any
     dp_world_size: int
+    partition_groups: list[Any]
     zero_stage: int
     _grads: Any
+
+    def _group_of(self, g: int) -> tuple[Any, int]:
+        """The process group param group `g` is partitioned over (an MoE expert group's own) and its size."""
+        group = self.partition_groups[g]
+        return group, ds_comm.get_world_size(group)
 
     def _slot_of(self, param: torch.Tensor) -> tuple[int, ParamSlot] | None:
         index: dict[int, tuple[int, ParamSlot]] | None = self.__dict__.get("_slot_index")
@@ -74,8 +80,9 @@ class PartitionParamAccess:
         if piece is not None:
             start, n, at = piece
             full[start : start + n].copy_(partition[at : at + n])
-        if self.dp_world_size > 1:
-            ds_comm.all_reduce(full, group=self.dp_group)
+        group, world = self._group_of(g)
+        if world > 1:
+            ds_comm.all_reduce(full, group=group)
         return full.view(slot.shape)
 
     def _scatter(self, value: torch.Tensor, g: int, slot: ParamSlot, partition: torch.Tensor, what: str) -> None:
@@ -140,9 +147,11 @@ class PartitionParamAccess:
         self._require_gradients(slot)
         if isinstance(self._grads, BoundaryReducer):
             full = self._stage1_grad(param, g, slot).detach().to(torch.float32, copy=True)
+            group, world = self._group_of(g)
+            if world > 1:
+                ds_comm.all_reduce(full, group=group)
             if self.dp_world_size > 1:
-                ds_comm.all_reduce(full, group=self.dp_group)
-                full.div_(self.dp_world_size)
+                full.div_(self.dp_world_size)  # averaged over data parallel, as the reduction does
             return full
         return self._gather(g, slot, self.grad_partitions[g])
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,6 +80,15 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         gradient_predivide_factor: divide gradients by this before the reduction and by
             `world / factor` after.
         communication_dtype: dtype the gradients are reduced in (None: the model dtype).
+        partition_groups: per param group of `optimizer`, the process group its parameters are replicated
+            over, so partitioned and reduced over (None or a None entry: `dp_group`). It must lie inside
+            `dp_group`, and every rank of `dp_group` must hold a group of the same shape there. Gradients
+            are still averaged over `dp_group`'s size. Mixture-of-experts models give their expert param
+            groups the expert-data-parallel group: each expert lives on the ranks of one such group, and
+            tokens of every data-parallel rank reach it. The global norm and the overflow check still
+            reduce over `dp_group`, which counts every partition of every group once.
+        checkpoint_names: module parameter name -> the name to save it under (an expert's global name,
+            so that saves at one expert-parallel degree load at another).
 
     Raises:
         ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor.
@@ -98,8 +107,15 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         dp_group: ProcessGroup | None = None,
         gradient_predivide_factor: float = 1.0,
         communication_dtype: torch.dtype | None = None,
+        partition_groups: Sequence[ProcessGroup | None] | None = None,
+        checkpoint_names: Mapping[str, str] | None = None,
     ) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
+        if partition_groups is not None and len(partition_groups) != len(optimizer.param_groups):
+            raise ValueError(
+                f"partition_groups has {len(partition_groups)} entries but the optimizer has "
+                f"{len(optimizer.param_groups)} param groups; give one process group (or None) per group"
+            )
         self.optimizer = optimizer
         self.zero_stage = int(config.stage)
         self.dp_group = dp_group
@@ -112,7 +128,11 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         self.overflow = False
         self._global_grad_norm: float | None = None
 
-        names = ParamNames(module)
+        names = ParamNames(module, renames=checkpoint_names)
+        self.partition_groups: list[ProcessGroup | None] = [
+            dp_group if partition_groups is None or partition_groups[g] is None else partition_groups[g]
+            for g in range(len(optimizer.param_groups))
+        ]
         self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
         # The overflow check does not need the norm (finish_step checks on its own), so the norm is taken
         # only when asked for or needed to clip.
@@ -121,10 +141,17 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
         self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin)
-        reducer = RangeReducer(
-            dp_group, use_reduce_scatter=config.reduce_scatter, predivide_factor=gradient_predivide_factor
-        )
-        self._grads = self._build_reduction(config, reducer, communication_dtype, pin)
+        by_group: dict[int, RangeReducer] = {}
+        for pg in self.partition_groups:
+            if id(pg) not in by_group:
+                by_group[id(pg)] = RangeReducer(
+                    pg,
+                    use_reduce_scatter=config.reduce_scatter,
+                    predivide_factor=gradient_predivide_factor,
+                    average_world=self.dp_world_size,
+                )
+        reducers = [by_group[id(pg)] for pg in self.partition_groups]
+        self._grads = self._build_reduction(config, reducers, communication_dtype, pin)
         self.grad_partitions: list[torch.Tensor] = self._grads.accumulators
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
@@ -133,7 +160,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         self._muon = muon if muon.active else None
         self._sync = PartitionAllGather(
             self.flats,
-            dp_group,
+            self.partition_groups,
             bucket_numel=config.allgather_bucket_size,
             allgather_partitions=config.allgather_partitions,
         )
@@ -160,10 +187,17 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
                 trainable.append((p, names.name_of(p, g, i)))
             else:
                 names.note_frozen(p, g, i)
-        return FlatParamGroup([p for p, _ in trainable], [n for _, n in trainable], self.dp_world_size, self.dp_rank)
+        pg = self.partition_groups[g]
+        return FlatParamGroup(
+            [p for p, _ in trainable], [n for _, n in trainable], ds_comm.get_world_size(pg), ds_comm.get_rank(pg)
+        )
 
     def _build_reduction(
-        self, config: ZeroConfig, reducer: RangeReducer, communication_dtype: torch.dtype | None, pin: bool
+        self,
+        config: ZeroConfig,
+        reducers: list[RangeReducer],
+        communication_dtype: torch.dtype | None,
+        pin: bool,
     ) -> BoundaryReducer | BucketReducer:
         if self.zero_stage == 1:
             in_place = (
@@ -174,7 +208,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
             accumulators = None if in_place else build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
             return BoundaryReducer(
                 self.flats,
-                reducer,
+                reducers,
                 bucket_numel=config.reduce_bucket_size,
                 communication_dtype=communication_dtype,
                 accumulators=accumulators,
@@ -182,7 +216,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         accumulators = build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
         return BucketReducer(
             self.flats,
-            reducer,
+            reducers,
             accumulators,
             bucket_numel=config.reduce_bucket_size,
             overlap_comm=config.overlap_comm,
