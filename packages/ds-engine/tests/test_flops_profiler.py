@@ -1,4 +1,4 @@
-"""The flops profiler: exact MACs of matrix ops, a small GPT against the 2*N*tokens / 6*N*tokens rules, the engine's profile.
+"""The flops profiler: exact MACs of matrix ops, a small GPT against the 2*N*tokens and 6*N*tokens rules.
 
 N is the number of parameters that take part in matrix multiplies (every Linear weight, the output
 head included; not embeddings, biases or norms), tokens = batch x sequence length. A forward is
