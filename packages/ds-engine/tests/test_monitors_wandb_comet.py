@@ -84,7 +84,10 @@ def test_wandb_offline_run_gets_deepspeed_events(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    losses = _train(config)
+    losses = _train(config)  # engine.destroy() finishes the run
+    import wandb
+
+    wandb.teardown()  # the run file is written by wandb's service process: wait for it to flush and exit
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     history = _wandb_history(run_file)
     assert _NAMES <= set(history)
