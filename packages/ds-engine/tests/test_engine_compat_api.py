@@ -177,3 +177,19 @@ def test_small_getters_and_helpers() -> None:
         torch.equal(a, b) for a, b in zip(engine.unflatten(flat, tensors), tensors, strict=True)
     )
     assert ds_engine.DeepSpeedOptimizerCallable is not None and ds_engine.DeepSpeedSchedulerCallable is not None
+
+
+def test_save_checkpoint_refuses_while_states_are_offloaded(tmp_path: Path) -> None:
+    from ds_ops import StatesOffloadedError
+
+    engine = make_engine(tiny_net(0), base_config())
+    x, y = batches(1, 4)[0]
+    engine.backward(loss_fn(engine(x), y))
+    engine.step()
+    engine.offload_states(include=["optim_states"])
+    with pytest.raises(
+        StatesOffloadedError, match=r"engine.save_checkpoint\(\) needs the training states optim_states"
+    ):
+        engine.save_checkpoint(str(tmp_path))
+    engine.reload_states()
+    assert engine.save_checkpoint(str(tmp_path)) is True

@@ -22,7 +22,13 @@ from ds_engine._engine_api import EngineQueries
 from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
 from ds_engine._engine_grad_reduce import EngineGradReduce
-from ds_engine._engine_offload_states import BACKWARD_NEEDS, FORWARD_NEEDS, STEP_NEEDS, EngineOffloadStates
+from ds_engine._engine_offload_states import (
+    BACKWARD_NEEDS,
+    FORWARD_NEEDS,
+    SAVE_NEEDS,
+    STEP_NEEDS,
+    EngineOffloadStates,
+)
 from ds_engine._engine_queries import EngineCompatQueries
 from ds_engine._flops_step import StepFlopsProfile
 from ds_engine._optional import require
@@ -344,6 +350,7 @@ class DeepSpeedEngine(
         `latest` on the previous tag.
         `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
         """
+        self._check_states_loaded("engine.save_checkpoint()", SAVE_NEEDS)
         tag = _checkpoint.resolve_save_tag(
             save_dir,
             tag,

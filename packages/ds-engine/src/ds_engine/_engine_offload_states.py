@@ -9,8 +9,8 @@ support, the engine names its own steppers' tensors to the same `ds_ops.StateOff
   gradient buffers, dropped (not copied) while no `.grad` points into them, since the next boundary
   overwrites them.
 
-While anything is offloaded, `forward`, `backward` and `step` raise `StatesOffloadedError` for the
-states they need rather than reading freed memory.
+While anything is offloaded, `forward`, `backward`, `step` and `save_checkpoint` raise
+`StatesOffloadedError` for the states they need rather than reading freed memory.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._steppers import Fp32Stepper, ZeroStepper
 from ds_ops import OffloadDeviceEnum, OffloadStateTypeEnum, StateOffloader
 
-__all__ = ["BACKWARD_NEEDS", "FORWARD_NEEDS", "STEP_NEEDS", "EngineOffloadStates"]
+__all__ = ["BACKWARD_NEEDS", "FORWARD_NEEDS", "SAVE_NEEDS", "STEP_NEEDS", "EngineOffloadStates"]
 
 _Kind = OffloadStateTypeEnum
 FORWARD_NEEDS = (_Kind.lp_params,)
 BACKWARD_NEEDS = (_Kind.lp_params, _Kind.lp_grads, _Kind.contiguous_grad_buffer)
 STEP_NEEDS = tuple(OffloadStateTypeEnum)
+SAVE_NEEDS = (_Kind.optim_states, _Kind.hp_params, _Kind.lp_params)
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
