@@ -196,14 +196,15 @@ def broadcast_moe_model(module: nn.Module, wiring: MoeWiring, dist: DistInfo) ->
 def moe_param_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """DeepSpeed's MoE param groups for an optimizer the config builds (unnamed groups get a name); groups
     that already include MoE groups (`moe` keys) are used as they are, as DeepSpeed does."""
-    from ds_parallel.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
     if any("moe" in g for g in groups):
         return groups
+    ds_parallel = require("ds_parallel", extra="parallel", feature="mixture-of-experts (MoE layers)")
+    split = ds_parallel.moe.split_params_into_different_moe_groups_for_optimizer
     named = [
         {**g, "name": g.get("name", "dense-params" if i == 0 else f"dense-params-{i}")} for i, g in enumerate(groups)
     ]
-    return split_params_into_different_moe_groups_for_optimizer(named)
+    result: list[dict[str, Any]] = split(named)
+    return result
 
 
 class MoeFp32Stepper:
