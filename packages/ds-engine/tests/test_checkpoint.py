@@ -182,3 +182,14 @@ def test_a_save_killed_midway_leaves_latest_on_the_previous_tag(tmp_path: Path, 
     engine = make_engine(tiny_net(3), base_config(scheduler=SCHED))
     path, _ = engine.load_checkpoint(str(tmp_path))
     assert "/good/" in path and engine.global_steps == 2
+
+
+def test_micro_steps_saved_at_another_accumulation_count_are_rederived() -> None:
+    """A checkpoint saved at gas 1 (micro_steps 3) loaded at gas 2: the boundary must stay on whole batches."""
+    from ds_engine._train_state import restored_counters
+
+    saved = {"global_steps": 3, "micro_steps": 3, "global_samples": 12}
+    assert restored_counters(saved, train_batch_size=4, gradient_accumulation_steps=2).micro_steps == 6
+    assert restored_counters(saved, train_batch_size=4, gradient_accumulation_steps=1).micro_steps == 3
+    kept = restored_counters({"global_steps": 3, "micro_steps": 8}, train_batch_size=4, gradient_accumulation_steps=4)
+    assert (kept.micro_steps, kept.global_samples) == (8, 12)

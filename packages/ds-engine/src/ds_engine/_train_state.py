@@ -122,12 +122,20 @@ def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, A
 
 
 def restored_counters(saved: dict[str, Any], *, train_batch_size: int, gradient_accumulation_steps: int) -> Counters:
-    """The counters in a loaded model-states dict; keys older writers lack are derived from global_steps."""
+    """The counters in a loaded model-states dict; keys older writers lack are derived from global_steps.
+
+    A saved `micro_steps` that is not a multiple of this run's `gradient_accumulation_steps` (saved at
+    another world size, hence another accumulation count) would put the accumulation boundary mid-batch:
+    it is derived from global_steps then, as for DeepSpeed's files, which have none.
+    """
     global_steps = int(saved["global_steps"])
+    micro_steps = int(saved.get("micro_steps", global_steps * gradient_accumulation_steps))
+    if micro_steps % gradient_accumulation_steps:
+        micro_steps = global_steps * gradient_accumulation_steps
     return Counters(
         global_steps=global_steps,
         global_samples=int(saved.get("global_samples", global_steps * train_batch_size)),
-        micro_steps=int(saved.get("micro_steps", global_steps * gradient_accumulation_steps)),
+        micro_steps=micro_steps,
         skipped_steps=int(saved.get("skipped_steps", 0)),
     )
 
