@@ -18,6 +18,7 @@ from ds_comm import init_distributed
 from ds_engine import accelerator, comm, lr_schedules
 from ds_engine.__about__ import __version__
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._init_inference import init_inference
 from ds_engine._initialize import add_config_arguments, initialize
 from ds_engine._optional import require
 from ds_engine._pipeline.build import PipelineError
@@ -28,6 +29,8 @@ from ds_engine.config import DeepSpeedConfigError
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import checkpointing as checkpointing
+    from ds_engine import inference as inference
+    from ds_engine import module_inject as module_inject
     from ds_engine import ops as ops
     from ds_engine import pipe as pipe
     from ds_engine import runtime as runtime
@@ -35,6 +38,9 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import utils as utils
     from ds_engine import zero as zero
     from ds_engine.config import DeepSpeedConfig
+    from ds_engine.inference import DeepSpeedInferenceConfig as DeepSpeedInferenceConfig
+    from ds_engine.inference import InferenceEngine as InferenceEngine
+    from ds_parallel.tensor import set_autotp_mode as set_autotp_mode
     from ds_pipe import PipelineModule as PipelineModule
 
 version = __version__
@@ -53,6 +59,7 @@ __all__ = [
     "add_config_arguments",
     "comm",
     "init_distributed",
+    "init_inference",
     "initialize",
     "lr_schedules",
     "version",
@@ -60,12 +67,31 @@ __all__ = [
 
 #: DeepSpeed's submodule paths (`deepspeed.pipe`, `deepspeed.zero`, `deepspeed.ops.adam`...): real submodules,
 #: imported on first use so that `import ds_engine` loads neither ds-zero nor ds-pipe.
-_SUBMODULES = ("checkpoint", "checkpointing", "ops", "pipe", "runtime", "sequence", "utils", "zero")
+_SUBMODULES = (
+    "checkpoint",
+    "checkpointing",
+    "inference",
+    "module_inject",
+    "ops",
+    "pipe",
+    "runtime",
+    "sequence",
+    "utils",
+    "zero",
+)
+#: `deepspeed.InferenceEngine` and friends: served from their submodules on first use (pydantic, ds-parallel).
+_LAZY_NAMES = {
+    "InferenceEngine": "ds_engine.inference",
+    "DeepSpeedInferenceConfig": "ds_engine.inference",
+    "set_autotp_mode": "ds_engine.module_inject",
+}
 
 
 def __getattr__(name: str) -> object:
     if name == "DeepSpeedConfig":  # pydantic models (~0.3 s to import): loaded on first use
         return importlib.import_module("ds_engine.config").DeepSpeedConfig
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"ds_engine.{name}")
     if name == "PipelineModule":  # `deepspeed.PipelineModule`

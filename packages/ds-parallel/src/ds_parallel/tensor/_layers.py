@@ -49,9 +49,10 @@ class TensorParallelLayer(nn.Module):
         training: build for training (trainable shards, differentiable collectives); None: the
             process-wide `set_autotp_mode`.
 
-    Raises:
-        ValueError: the cut dimension is too small for the group (a rank would hold nothing).
     """
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
 
     def __init__(
         self,
@@ -76,13 +77,8 @@ class TensorParallelLayer(nn.Module):
             if full is None:
                 self.register_parameter(pname, None)
                 continue
+            # A share may be empty (a grain larger than the dimension): that rank contributes nothing, as in DeepSpeed.
             layout = self._layout(pname, full)
-            if not layout.replicated and min(layout.local_sizes()) == 0:
-                raise ValueError(
-                    f"AutoTP: layer {name!r} ({type(module).__name__} {tuple(full.shape)}) cannot be split over "
-                    f"{self.tp_world_size} tensor-parallel ranks: the shares {layout.local_sizes()} leave a rank "
-                    "empty; use a smaller tensor-parallel size"
-                )
             self.layouts[pname] = layout
             shard = layout.shard(full.data, self.tp_index)
             param = nn.Parameter(shard, requires_grad=self.training_mode and full.requires_grad)

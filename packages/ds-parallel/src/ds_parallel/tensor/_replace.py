@@ -102,7 +102,7 @@ class _Sharder:
         self.num_replaced += 1
         if "gate_up_proj" in name or ("dense_h_to_4h" in name and "GLM" in self.model_classes):
             return GateUpPackLinearLayer(linear, self.group, **kwargs)
-        if name in policy.row_parallel or "down_proj" in name:
+        if name in policy.row_parallel or name.lstrip(".") in policy.row_parallel or "down_proj" in name:
             return LinearAllreduce(linear, self.group, **kwargs)
         if any(fused in name for fused in _FUSED_QKV_NAMES):
             block_name = type(block).__name__
@@ -156,6 +156,7 @@ def shard_model(
     training: bool | None = None,
     tp_grain_size: int = 1,
     model_config: Any = None,
+    policies: list[BlockPolicy] | None = None,
 ) -> nn.Module:
     """Shard `model`'s linear layers over `tp_group` in place (DeepSpeed's automatic tensor parallelism).
 
@@ -172,6 +173,8 @@ def shard_model(
             frozen, output head row-parallel); None: the process-wide `set_autotp_mode`.
         tp_grain_size: MLP and output-head shards are multiples of this.
         model_config: where head counts are read (default `model.config`).
+        policies: the blocks to shard and their row-parallel layers (DeepSpeed's `injection_policy`);
+            None: found automatically (`find_block_policies`).
 
     Returns:
         `model`, with `ds_autotp_parsed = True`.
@@ -187,10 +190,10 @@ def shard_model(
         model.ds_autotp_parsed = True  # type: ignore[assignment]
         return model
     meta = TPMeta.from_model_config(model_config or getattr(model, "config", None), tp_grain_size)
-    policies = {p.block_type: p for p in find_block_policies(model)}
+    by_type = {p.block_type: p for p in (find_block_policies(model) if policies is None else policies)}
     sharder = _Sharder(model, tp_group, meta, training)
     for path, module in list(model.named_modules()):
-        policy = policies.get(type(module))
+        policy = by_type.get(type(module))
         if policy is not None:
             sharder.block(module, policy, path)
     if not training:
