@@ -24,6 +24,7 @@ from ds_engine._optional import require
 from ds_engine._pipeline.build import PipelineError
 from ds_engine._pipeline.engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
+from ds_engine._tensor_parallel import tp_model_init
 from ds_engine._torch_optimizers import Lamb, Lion
 from ds_engine.config import DeepSpeedConfigError
 
@@ -62,6 +63,7 @@ __all__ = [
     "init_inference",
     "initialize",
     "lr_schedules",
+    "tp_model_init",
     "version",
 ]
 

@@ -3,12 +3,13 @@
 `ParallelDims` + `build_mesh` give the layout as a `torch.distributed.device_mesh.DeviceMesh` with
 named dims (pp, edp x ep = dp, sp, tp); `ds_parallel.groups` answers DeepSpeed's `groups` functions
 and `MeshMPU` the `mpu` methods from it. `ds_parallel.sequence` holds DeepSpeed-Ulysses
-(`DistributedAttention`); `ds_parallel.ulysses_sp` holds ALST for Hugging Face models.
+(`DistributedAttention`); `ds_parallel.ulysses_sp` holds ALST for Hugging Face models;
+`ds_parallel.tensor` holds AutoTP (automatic tensor parallelism over the "tp" dim).
 """
 
 from __future__ import annotations
 
-from ds_parallel import groups
+from ds_parallel import groups, tensor
 from ds_parallel.__about__ import __version__
 from ds_parallel._dims import MESH_DIM_NAMES, ParallelDims
 from ds_parallel._mesh import ParallelMesh, build_mesh
@@ -25,4 +26,5 @@ __all__ = [
     "build_mesh",
     "groups",
     "seq_all_to_all",
+    "tensor",
 ]
