@@ -49,7 +49,8 @@ def tp_model_init(model: nn.Module, tp_size: int, dtype: torch.dtype, config: An
     """Record tensor-parallel arguments for the next initialize() and switch AutoTP to training mode.
 
     As in DeepSpeed 0.19.8 nothing is sharded here: initialize() shards the model, taking `tp_size`
-    as `tensor_parallel.autotp_size` when the config leaves it unset (a different value there is an error).
+    as `tensor_parallel.autotp_size` when the config leaves it unset (a different value there is an error);
+    the next initialize() consumes the record.
 
     Args:
         model: returned unchanged.
@@ -78,7 +79,8 @@ def resolve_autotp_size(config: Any) -> int:
     """
     section = config.model.tensor_parallel
     size = section.autotp_size
-    recorded = _RECORDED.get("tp_size")
+    recorded = _RECORDED.pop("tp_size", None)  # consumed by this initialize()
+    _RECORDED.clear()
     if recorded is not None and size not in (0, recorded):
         raise DeepSpeedConfigError(
             f"tensor_parallel.autotp_size={size} but tp_model_init recorded tp_size={recorded}; make them agree"
