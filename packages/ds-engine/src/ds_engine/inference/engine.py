@@ -44,6 +44,8 @@ def _tp_group(config: DeepSpeedInferenceConfig) -> tuple[Any, int]:
     if tp.tp_size <= 1:
         return None, 1
     ds_comm.init_distributed(verbose=False)
+    if get_accelerator().name != "cpu":  # nccl groups bind to the current device
+        get_accelerator().set_device(ds_comm.get_local_rank())
     world = ds_comm.get_world_size()
     if world % tp.tp_size:
         raise ValueError(f"init_inference: tensor_parallel.tp_size={tp.tp_size} does not divide the world size {world}")
@@ -157,9 +159,11 @@ class InferenceEngine(nn.Module):
 
     @staticmethod
     def _sync_rng() -> None:
-        state = torch.get_rng_state()
+        """Every rank samples as rank 0 does (the accelerator's generator; a collective on the world)."""
+        acc = get_accelerator()
+        state = acc.get_rng_state().to(_device())  # nccl broadcasts device tensors only
         ds_comm.broadcast(state, 0)
-        torch.set_rng_state(state)
+        acc.set_rng_state(state.cpu())
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """The module's forward (one all-reduce per row-parallel layer on the tensor-parallel group)."""
