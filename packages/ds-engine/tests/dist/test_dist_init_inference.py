@@ -63,3 +63,31 @@ def test_checkpoint_files_load_into_the_shards(tmp_path: Path) -> None:
     for r in run_ranks(2, _infer, "llama", 2, str(tmp_path), timeout_s=180):
         assert r["err"] < 1e-5, r
         assert r["same_tokens"], r
+
+
+def _with_policy(rank: int, world: int) -> dict[str, Any]:
+    from transformers.models.opt.modeling_opt import OPTDecoderLayer
+
+    import ds_engine as deepspeed
+
+    model = build("opt")
+    ids = batch(size=2, seq=8)
+    with torch.no_grad():
+        ref = model(ids).logits
+    policy = {OPTDecoderLayer: ("self_attn.out_proj", "fc2")}
+    engine = deepspeed.init_inference(model, tp={"tp_size": world}, dtype=torch.float32, injection_policy=policy)
+    with torch.no_grad():
+        err = (engine(ids).logits - ref).abs().max().item()
+    try:
+        deepspeed.init_inference(
+            build("opt"), tp={"tp_size": world}, dtype="fp32", injection_dict={OPTDecoderLayer: "fc9"}
+        )
+    except ValueError as bad:
+        return {"err": err, "bad": str(bad)}
+    return {"err": err, "bad": "no error"}
+
+
+def test_user_injection_policy() -> None:
+    for r in run_ranks(2, _with_policy, timeout_s=180):
+        assert r["err"] < 1e-5, r
+        assert "injection policy layer 'fc9' is not in the model" in r["bad"], r
