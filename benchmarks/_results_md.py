@@ -17,6 +17,10 @@ QUIET_LOAD = 0.5
 """A 1-minute load average above this before the run means the machine was not idle when it started."""
 QUIET_OTHERS = 0.25
 """Cores that other processes kept busy during a benchmark (on average) above which it shared the machine."""
+LOSS_HEADING = "## Loss curves: DDP vs ZeRO 1/2/3 vs pipeline"
+ULYSSES_HEADING = "## Ulysses sequence parallelism: activation memory and step time vs sequence length"
+PLOT_OWNERS = {LOSS_HEADING: "loss_curves", ULYSSES_HEADING: "ulysses"}
+"""The benchmark whose run each plot section shows (`results.py --only` replaces it with that benchmark's)."""
 
 
 def _first(path: str, key: str) -> str:
@@ -87,8 +91,15 @@ def _table(rows: list[Row]) -> list[str]:
     return out
 
 
-def _loads(loads: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
+def format_loads(loads: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
+    """`(before, after)` load averages as `b1 b5 b15 / a1 a5 a15`."""
     return " / ".join(" ".join(f"{x:.2f}" for x in load) for load in loads)
+
+
+def shared_machine(loads: tuple, runs: list[dict]) -> bool:
+    """Whether the run shared the machine: loaded before it started, or other processes busy during a benchmark."""
+    others = [r["others_cores"] for r in runs if r.get("others_cores") is not None]
+    return loads[0][0] > QUIET_LOAD or any(o > QUIET_OTHERS for o in others)
 
 
 def _header(
@@ -96,7 +107,7 @@ def _header(
 ) -> list[str]:
     out = ["# Benchmark results", ""]
     others = [r["others_cores"] for r in runs if r.get("others_cores") is not None]
-    busy = loads[0][0] > QUIET_LOAD or any(o > QUIET_OTHERS for o in others)
+    busy = shared_machine(loads, runs)
     if quick or label or busy:
         what = [
             "**--quick run** (small sizes, few repeats)" if quick else "",
@@ -115,7 +126,7 @@ def _header(
         "| --- | --- |",
     ]
     out += [f"| {k} | {_cell(v)} |" for k, v in machine.items()]
-    out += [f"| load average 1/5/15 min, before / after the run | {_loads(loads)} |"]
+    out += [f"| load average 1/5/15 min, before / after the run | {format_loads(loads)} |"]
     if others:
         out.append(
             f"| other processes' CPU use during the benchmarks | up to {max(others):.2f} cores "
@@ -135,7 +146,7 @@ def _header(
 
 
 def _loss_section(rows: list[Row], plot: Path) -> list[str]:
-    out = ["## Loss curves: DDP vs ZeRO 1/2/3 vs pipeline", ""]
+    out = [LOSS_HEADING, ""]
     if plot.exists():
         out += [f"![loss curves]({plot.name})", ""]
     else:
@@ -157,7 +168,7 @@ def _ulysses_section(plot: Path) -> list[str]:
     if not plot.exists():
         return []
     return [
-        "## Ulysses sequence parallelism: activation memory and step time vs sequence length",
+        ULYSSES_HEADING,
         "",
         f"![ulysses]({plot.name})",
         "",

@@ -2,7 +2,7 @@
 
     python benchmarks/results.py                  # every benchmark with its full settings (~20 min, 2 idle cores)
     python benchmarks/results.py --quick          # smaller sizes, fewer repeats: checks the pipeline, not the figures
-    python benchmarks/results.py --only comm,zero # a subset (the table then holds only those)
+    python benchmarks/results.py --only comm,zero # a subset: their parts of an existing RESULTS.md are replaced
     python benchmarks/results.py --collect DIR    # no runs: rows from DIR/*.json written by `<bench>.py --json`
 
 `nox -s bench` installs the packages and runs this (arguments after `--` come here). Each benchmark
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import _report
 import _results_md
+import _results_merge
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,6 +44,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),
     "ulysses": ([], ["--lengths", "1024,2048", "--steps", "1", "--modes", "sp1,sp2"]),
+    "moe": ([], ["--tokens", "256", "--steps", "2"]),
 }
 
 
@@ -249,6 +251,7 @@ def main() -> None:
     total_s, loads = time.perf_counter() - started, (load_before, os.getloadavg())
     if args.collect and runs:  # the figures' own run, not this invocation
         total_s, loads = sum(r["seconds"] for r in runs), (runs[0]["load_before"], runs[-1]["load_after"])
+    command = shlex.join(["python", "benchmarks/results.py", *sys.argv[1:]])
     text = _results_md.render(
         machine=machine,
         rows=rows,
@@ -259,8 +262,18 @@ def main() -> None:
         loads=loads,
         total_s=total_s,
         plot=args.output.parent / "loss_curves.svg",
-        command=shlex.join(["python", "benchmarks/results.py", *sys.argv[1:]]),
+        command=command,
     )
+    if args.only and args.output.exists():
+        # Only these benchmarks ran: the rest of the page keeps the figures of the run it describes.
+        busy = _results_md.shared_machine(loads, runs)
+        note = (
+            f"**{', '.join(names)}** re-run by `{command}` at {machine['commit']} on {machine['date']}"
+            f"{', on a loaded machine' if busy else ''} "
+            f"(load average 1/5/15 min before / after: {_results_md.format_loads(loads)}); their figures, "
+            "runs, plots and raw output come from that run, everything else from the run described below."
+        )
+        text = _results_merge.merge_pages(args.output.read_text(), text, names, discover(), note)
     args.output.write_text(text)
     print(f"\nwrote {args.output} ({len(rows)} figures from {len(runs)} benchmark runs)")
     failed = [r["benchmark"] for r in runs if r["status"] != "ok"]

@@ -26,7 +26,8 @@ import border_job  # noqa: E402
 from ds_comm.checkpoint_files import deepspeed_pickle_names as _deepspeed_names  # noqa: E402
 
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
-CASES = sorted(c for c, v in MANIFEST["cases"].items() if v["status"] == "ok")
+# Pipeline cases need their stage count and their own training loop: test_deepspeed_pipeline.py.
+CASES = sorted(c for c, v in MANIFEST["cases"].items() if v["status"] == "ok" and not border_job.CASES[c].get("pipe"))
 TOL = 1e-6
 
 

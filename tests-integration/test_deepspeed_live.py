@@ -6,6 +6,10 @@ its own checkpoint; `python -m ds_zero.to_deepspeed` writes that checkpoint in D
 the real DeepSpeed loads it and continues: its losses and lr must equal ds's within 1e-6. The other
 direction (ds continuing from DeepSpeed's checkpoints) is `test_deepspeed_checkpoints.py`, run by the
 session right after regenerating the fixtures.
+
+Universal checkpoints: ds's `ds_to_universal` (as `python -m deepspeed.checkpoint.ds_to_universal`)
+converts ds's checkpoint, and the real DeepSpeed loads it with `checkpoint.load_universal: true` at
+another world size (1 rank) and continues as ds did from its own checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import make_fixtures  # noqa: E402
 REFERENCE = os.environ.get("DS_REFERENCE_PYTHON")
 pytestmark = pytest.mark.skipif(not REFERENCE, reason="DS_REFERENCE_PYTHON (a venv with deepspeed==0.19.8) not set")
 CASES = [f"z{s}_{d}" for s in range(4) for d in ("fp32", "bf16")]
+# ZeRO-Offload, and a 2-stage pipeline without ZeRO (ds writes DeepSpeed's layer files itself).
+MORE = ["z2_fp32_offload", "z3_bf16_offload", "pipe_z0_fp32"]
 TOL = 1e-6
 
 
@@ -52,11 +58,11 @@ def _ds_save(case: str, out: Path) -> dict:
     return json.loads((out / "continuation.json").read_text())
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + MORE)
 def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     mine = _ds_save(case, tmp_path / "ds")
     target = tmp_path / "ds" / "ckpt"
-    if not case.startswith("z0"):
+    if make_fixtures.CASES[case]["stage"] > 0:
         target = tmp_path / "for_deepspeed"
         subprocess.run(
             [sys.executable, "-m", "ds_zero.to_deepspeed", str(tmp_path / "ds" / "ckpt"), str(target)],
@@ -68,6 +74,36 @@ def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())
     assert theirs["version"] == "0.19.8" and theirs["global_steps"] == mine["global_steps"]
     assert theirs["client_state"] == mine["client_state"]
+    for a, b in zip(mine["after"], theirs["after"], strict=True):
+        assert a["step"] == b["step"]
+        assert b["lr"] == pytest.approx(a["lr"], abs=TOL), (a, b)
+        assert b["loss"] == pytest.approx(a["loss"], abs=TOL), (a, b)
+
+
+@pytest.mark.timeout(600)  # two jobs: ds trains at 2 ranks, DeepSpeed loads at 1
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")])
+def test_deepspeed_continues_from_a_ds_universal_checkpoint_like_ds(case, tmp_path):
+    mine = _ds_save(case, tmp_path / "ds")
+    save_dir = tmp_path / "ds" / "ckpt"
+    tag = (save_dir / "latest").read_text()
+    convert = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(save_dir / tag),
+        "--output_folder",
+        str(save_dir / f"{tag}_universal"),
+        "--inject_missing_state",
+    ]
+    subprocess.run(convert, check=True, timeout=300, cwd=ROOT)
+    out = tmp_path / "deepspeed"
+    world = make_fixtures.UNIVERSAL_WORLD_SIZE
+    proc = make_fixtures.run_job(Path(REFERENCE), "load", case, out, ckpt=save_dir, world_size=world, universal=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = json.loads((out / "continuation.json").read_text())
+    assert theirs["version"] == "0.19.8" and theirs["world_size"] == world
+    assert theirs["global_steps"] == mine["global_steps"] and theirs["client_state"] == mine["client_state"]
     for a, b in zip(mine["after"], theirs["after"], strict=True):
         assert a["step"] == b["step"]
         assert b["lr"] == pytest.approx(a["lr"], abs=TOL), (a, b)

@@ -8,6 +8,8 @@ Modes (`python border_job.py MODE --case CASE --out DIR [...]`, one process per 
   those steps to `DIR/continuation.json`: the loader's own continuation from its checkpoint.
 * `load --ckpt C`: build a fresh engine, `load_checkpoint(C)` and write the continuation as above
   (`DIR/continuation.json`). Used both ways: DeepSpeed loading a ds checkpoint, ds loading DeepSpeed's.
+  With `--universal` the engine's config has `checkpoint.load_universal: true` and `C` is the folder
+  holding `latest_universal` (a universal checkpoint, loadable at any world size).
 
 The package imported is `deepspeed` unless `--engine ds` (then `ds_engine`, ds's DeepSpeed-compatible
 API), so this file is the single definition of "the same job" on both sides of the border.
@@ -19,6 +21,7 @@ gradient accumulation making up the same global batch) sees the same samples in 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 from pathlib import Path
@@ -37,6 +40,16 @@ CASES = {
     for stage in (0, 1, 2, 3)
     for dtype in ("fp32", "bf16", "fp16")
 }
+# Pipeline parallelism: `PipelineModule` of Linear(4, 8), ReLU, Linear(8, 2) at PIPE_STAGES stages (data
+# parallel degree 1 at 2 ranks), trained with `train_batch`; ZeRO 0 or 1 (DeepSpeed's pipeline takes no more).
+PIPE_STAGES = 2
+CASES.update({f"pipe_z{stage}_fp32": {"stage": stage, "dtype": "fp32", "pipe": True} for stage in (0, 1)})
+# ZeRO-Offload: the optimizer state and fp32 masters on the CPU (`offload_optimizer.device: cpu`). The
+# optimizer stays torch's Adam (`torch_adam: true`): DeepSpeed's CPU Adam is a compiled op its fixture
+# venv does not build (DS_BUILD_OPS=0), and the checkpoint files are the same either way.
+CASES.update(
+    {c: {"stage": int(c[1]), "dtype": c[3:7], "offload": True} for c in ("z2_fp32_offload", "z3_bf16_offload")}
+)
 
 
 class TinyNet(torch.nn.Module):
@@ -53,15 +66,16 @@ class TinyNet(torch.nn.Module):
         return self.fc2(self.act(self.fc1(x))) + self.buf.sum() * 0
 
 
-def config(case: str, world_size: int, stage: int | None = None) -> dict[str, Any]:
+def config(case: str, world_size: int, stage: int | None = None, universal: bool = False) -> dict[str, Any]:
     """The DeepSpeed config of `case` at `world_size` (same global batch at every world size).
 
-    `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage).
+    `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage); `universal` sets
+    `checkpoint.load_universal`.
     """
     spec = dict(CASES[case], **({} if stage is None else {"stage": stage}))
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
-        "gradient_accumulation_steps": GLOBAL_MICROS // world_size,
+        "gradient_accumulation_steps": GLOBAL_MICROS // (1 if spec.get("pipe") else world_size),
         "optimizer": {"type": "Adam", "params": {"lr": 0.05, "torch_adam": True}},
         "scheduler": {
             "type": "WarmupLR",
@@ -74,6 +88,15 @@ def config(case: str, world_size: int, stage: int | None = None) -> dict[str, An
         cfg["bf16"] = {"enabled": True}
     elif spec["dtype"] == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
+    if spec.get("pipe"):
+        # DeepSpeed 0.19.8's pipeline without ZeRO clips by the norm of the first stage's gradients only
+        # (`clip_grad_norm_` with the pipe grid as mpu counts parameters on model-parallel rank 0), which
+        # is not a checkpoint property: the pipeline cases train unclipped.
+        cfg["gradient_clipping"] = 0.0
+    if spec.get("offload") and spec["stage"] > 0:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if universal:
+        cfg["checkpoint"] = {"load_universal": True}
     return cfg
 
 
@@ -85,12 +108,23 @@ def batch(step: int, micro: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return x.to(dtype), y.to(dtype)
 
 
-def build(ds: Any, case: str, world_size: int, stage: int | None = None) -> Any:
+def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(out.float(), y.float())
+
+
+def pipe_model(ds: Any) -> Any:
+    """TinyNet's layers as a `PipelineModule` of `ds` (layers built here, so every rank has the same weights)."""
+    pipe = importlib.import_module(f"{ds.__name__}.pipe")
+    layers = [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)]
+    return pipe.PipelineModule(layers=layers, num_stages=PIPE_STAGES, loss_fn=_mse, partition_method="uniform")
+
+
+def build(ds: Any, case: str, world_size: int, stage: int | None = None, universal: bool = False) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
-    model = TinyNet()
+    model = pipe_model(ds) if CASES[case].get("pipe") else TinyNet()
     engine, _, _, _ = ds.initialize(
-        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage)
+        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage, universal)
     )
     return engine
 
@@ -101,6 +135,8 @@ def dtype_of(case: str) -> torch.dtype:
 
 def train(engine: Any, first_step: int, steps: int, rank: int, world_size: int, dtype: torch.dtype) -> list[dict]:
     """`steps` optimizer steps; per step the mean loss over the global batch and the lr used."""
+    if hasattr(engine, "train_batch") and type(engine).__name__ == "PipelineEngine":
+        return train_pipe(engine, first_step, steps, dtype)
     gas = GLOBAL_MICROS // world_size
     out = []
     for step in range(first_step, first_step + steps):
@@ -119,6 +155,16 @@ def train(engine: Any, first_step: int, steps: int, rank: int, world_size: int, 
     return out
 
 
+def train_pipe(engine: Any, first_step: int, steps: int, dtype: torch.dtype) -> list[dict]:
+    """`train` for a pipeline engine: one `train_batch` of all global micro-batches per step (dp degree 1)."""
+    out = []
+    for step in range(first_step, first_step + steps):
+        lr = engine.get_lr()[0]
+        loss = engine.train_batch(data_iter=iter([batch(step, m, dtype) for m in range(GLOBAL_MICROS)]))
+        out.append({"step": step, "lr": float(lr), "loss": float(loss)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["save", "load"])
@@ -126,6 +172,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--ckpt", type=Path)
     parser.add_argument("--engine", choices=["deepspeed", "ds"], default="deepspeed")
+    parser.add_argument("--universal", action="store_true", help="load with checkpoint.load_universal")
     args = parser.parse_args()
     if args.engine == "deepspeed":
         import deepspeed as ds
@@ -148,7 +195,7 @@ def main() -> None:
         del engine
     else:
         ckpt = args.ckpt
-    engine = build(ds, args.case, world_size)
+    engine = build(ds, args.case, world_size, universal=args.universal)
     path, client = engine.load_checkpoint(str(ckpt))
     if path is None:
         raise SystemExit(f"load_checkpoint({ckpt}) loaded nothing")

@@ -1,6 +1,7 @@
 """Regenerate the DeepSpeed checkpoints the test suite reads, with the real DeepSpeed, so CI needs none.
 
     python tests-integration/deepspeed_fixtures/make_fixtures.py [--venv /tmp/dsref] [--cases z1_fp32 ...]
+        [--keep-saves]
 
 Makes (or reuses) an isolated venv holding only torch and the pinned DeepSpeed (`DEEPSPEED_PIN`, built
 without ops: `DS_BUILD_OPS=0`; nothing of ds is visible there), then, for every case of `border_job.CASES`,
@@ -11,6 +12,16 @@ steps DeepSpeed itself takes after loading that checkpoint, which ds must match.
 DeepSpeed's own helper scripts (`zero_to_fp32.py`, `zero_to_torch.py`) are removed from the stored
 copies: they are DeepSpeed's code, and no test needs them. A case DeepSpeed cannot run on a CPU
 (fp16) is recorded in `data/manifest.json` with its error instead.
+
+Universal checkpoints: DeepSpeed's own converter (`python -m deepspeed.checkpoint.ds_to_universal
+--inject_missing_state`: an engine checkpoint carries no `universal_checkpoint_info`) turns each case's
+checkpoint into `universal/<tag>_universal` (plus `universal/latest_universal`), then DeepSpeed loads it
+with `checkpoint.load_universal: true` at `UNIVERSAL_WORLD_SIZE` ranks (another world size than the
+save) and records its continuation in `universal/continuation.json`; the outcome of each case is under
+`universal` in the manifest (stage 0 has no ZeRO files, so DeepSpeed's converter refuses it). Offload
+cases write the same files as their plain counterparts, and pipeline cases need their stage count, so
+neither gets a universal conversion.
+`--keep-saves` reuses the stored checkpoints and only remakes the universal part.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ ROOT = HERE.parents[1]
 DATA = HERE / "data"
 DEEPSPEED_PIN = "deepspeed==0.19.8"
 WORLD_SIZE = 2
+UNIVERSAL_WORLD_SIZE = 1
 sys.path.insert(0, str(HERE))
 from border_job import CASES  # noqa: E402
 
@@ -78,9 +90,11 @@ def run_job(
     *,
     ckpt: Path | None = None,
     world_size: int = WORLD_SIZE,
+    universal: bool = False,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
-    """`border_job.py MODE` under real DeepSpeed at `world_size` gloo ranks (torch.distributed.run)."""
+    """`border_job.py MODE` under real DeepSpeed at `world_size` gloo ranks (torch.distributed.run);
+    `universal` loads `ckpt` as a universal checkpoint."""
     cmd = [
         str(python),
         "-m",
@@ -96,6 +110,8 @@ def run_job(
     ]
     if ckpt is not None:
         cmd += ["--ckpt", str(ckpt)]
+    if universal:
+        cmd.append("--universal")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env())
 
 
@@ -112,20 +128,66 @@ def make_case(python: Path, case: str) -> dict[str, str]:
     return {"status": "ok"}
 
 
+def _failure(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    found = _EXCEPTION_RE.findall(proc.stderr + proc.stdout)
+    error = found[-1].strip() if found else proc.stderr[-300:].strip()
+    return {"status": "unsupported", "error": error.replace(f"{ROOT}/", "")}
+
+
+def make_universal(python: Path, case: str) -> dict[str, str]:
+    """DeepSpeed's ds_to_universal of the case's checkpoint, and DeepSpeed's continuation from it."""
+    src = DATA / case / "ckpt"
+    out = DATA / case / "universal"
+    shutil.rmtree(out, ignore_errors=True)
+    if not (src / "latest").is_file():
+        return {"status": "unsupported", "error": "no DeepSpeed checkpoint for this case"}
+    tag = (src / "latest").read_text().strip()
+    convert = [
+        str(python),
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(src / tag),
+        "--output_folder",
+        str(out / f"{tag}_universal"),
+        "--inject_missing_state",
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+    proc = subprocess.run(convert, capture_output=True, text=True, timeout=600, env=_clean_env())
+    if proc.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
+        return _failure(proc)
+    proc = run_job(python, "load", case, out, ckpt=out, world_size=UNIVERSAL_WORLD_SIZE, universal=True)
+    if proc.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
+        return _failure(proc)
+    return {"status": "ok"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, default=Path("/tmp/dsref"))
     parser.add_argument("--cases", nargs="*", default=sorted(CASES))
+    parser.add_argument("--keep-saves", action="store_true", help="reuse the stored checkpoints")
     args = parser.parse_args()
     python = ensure_venv(args.venv)
     manifest_path = DATA / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     manifest["deepspeed"] = DEEPSPEED_PIN
     manifest["world_size"] = WORLD_SIZE
+    manifest["universal_world_size"] = UNIVERSAL_WORLD_SIZE
     cases = manifest.setdefault("cases", {})
+    universal = manifest.setdefault("universal", {})
     for case in args.cases:
-        cases[case] = make_case(python, case)
-        print(case, cases[case], flush=True)
+        if not args.keep_saves:
+            cases[case] = make_case(python, case)
+        plain = not (CASES[case].get("pipe") or CASES[case].get("offload"))  # the same files, or pp > 1
+        if plain and cases.get(case, {}).get("status") == "ok":
+            universal[case] = make_universal(python, case)
+        print(case, cases.get(case), universal.get(case), flush=True)
     DATA.mkdir(parents=True, exist_ok=True)
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return 0

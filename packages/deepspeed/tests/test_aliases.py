@@ -35,6 +35,7 @@ FRAMEWORK_PATHS = {
     "deepspeed.runtime.zero.partition_parameters": "ds_engine.runtime.zero.partition_parameters",
     "deepspeed.checkpoint": "ds_engine.checkpoint",
     "deepspeed.checkpoint.utils": "ds_engine.checkpoint.utils",
+    "deepspeed.checkpoint.ds_to_universal": "ds_engine.checkpoint.ds_to_universal",
     "deepspeed.utils.logging": "ds_engine.utils.logging",
     "deepspeed.launcher": "ds_launcher",
     "deepspeed.launcher.runner": "ds_launcher.runner",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import pytest
+from pydantic import Field
 
 from ds_comm import (
     AUTO,
@@ -14,7 +15,9 @@ from ds_comm import (
     ConfigError,
     ConfigModel,
     find_auto,
+    find_ignored,
     validate_section,
+    warn_ignored,
 )
 
 
@@ -116,3 +119,43 @@ def test_inert_key_accepted_at_default_and_refused_otherwise() -> None:
         r"by ds \(ZeRO\+\+ is not built\); only the default False is accepted",
     ):
         validate_section(WithInert, {"zero_quantized_weights": True}, path="z")
+
+
+class WithAliasedInert(ConfigModel):
+    inert_keys: ClassVar[dict[str, str]] = {"granularity": "not built"}
+
+    granularity: int = Field(0, alias="stage3_granularity")
+
+
+def test_inert_key_is_refused_under_its_alias_too() -> None:
+    assert validate_section(WithAliasedInert, {"stage3_granularity": 0}).granularity == 0
+    with pytest.raises(ConfigError, match=r"z\.stage3_granularity: 'stage3_granularity'=4 is not supported"):
+        validate_section(WithAliasedInert, {"stage3_granularity": 4}, path="z")
+
+
+class Inner(ConfigModel):
+    ignored_keys: ClassVar[dict[str, str]] = {"cores": "threads come from torch"}
+
+    cores: float = 0.8
+
+
+class WithIgnored(ConfigModel):
+    ignored_keys: ClassVar[dict[str, str]] = {"contiguous": "always contiguous"}
+
+    contiguous: bool = True
+    inner: Inner = Inner()
+
+
+def test_ignored_keys_are_found_with_their_path_when_not_default() -> None:
+    assert find_ignored(validate_section(WithIgnored, {"contiguous": True, "inner": {"cores": 0.8}})) == []
+    model = validate_section(WithIgnored, {"contiguous": False, "inner": {"cores": 0.5}})
+    assert find_ignored(model, path="zero") == [
+        ("zero.contiguous", False, "always contiguous"),
+        ("zero.inner.cores", 0.5, "threads come from torch"),
+    ]
+    with pytest.warns(UserWarning) as record:
+        warn_ignored(model, path="zero")
+    assert [str(w.message) for w in record] == [
+        "zero.contiguous=False has no effect in ds (always contiguous)",
+        "zero.inner.cores=0.5 has no effect in ds (threads come from torch)",
+    ]

@@ -56,6 +56,8 @@ def test_layout_keys_and_round_trip(tmp_path: Path) -> None:
         assert key in state, key
     assert state["lr_scheduler"] == {"last_batch_iteration": 1} and state["global_samples"] == 8
     assert state["buffer_names"] == ["buf"] and state["ds_config"]["scheduler"] == SCHED
+    # DeepSpeed's pp/tp degrees, and ds's sequence-parallel degree (ZeRO partitions over dp x sp ranks).
+    assert state["checkpoint_parallel_dimensions"] == {"pp_degree": 1, "tp_degree": 1, "sp_degree": 1}
 
     fresh_model = tiny_net(5)
     fresh = make_engine(fresh_model, base_config(scheduler=SCHED))
@@ -110,6 +112,33 @@ def test_load_without_latest_warns_and_returns_none(tmp_path: Path, caplog) -> N
         engine.load_checkpoint(str(tmp_path), tag="missing")
 
 
+def test_a_save_from_another_data_x_sequence_layout_is_reported_not_refused(tmp_path: Path, caplog) -> None:
+    engine, model = _trained()
+    engine.save_checkpoint(str(tmp_path))
+    path = tmp_path / "global_step2" / "mp_rank_00_model_states.pt"
+    fresh_model = tiny_net(5)
+    fresh = make_engine(fresh_model, base_config(scheduler=SCHED))
+
+    def load(dp_world_size: int, sp_degree: int | None) -> str:
+        state = torch.load(path, weights_only=False)
+        state["dp_world_size"] = dp_world_size
+        state["checkpoint_parallel_dimensions"].pop("sp_degree", None)
+        if sp_degree is not None:
+            state["checkpoint_parallel_dimensions"]["sp_degree"] = sp_degree
+        torch.save(state, path)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ds_engine._checkpoint"):
+            assert fresh.load_checkpoint(str(tmp_path))[0] == str(path)
+        assert torch.equal(flat_params(fresh_model), flat_params(model))
+        return caplog.text
+
+    assert "re-partitions" not in load(1, 1)  # this run's layout
+    # As if saved at SP=2 x DP=2 (four ZeRO partitions); this run has one rank and no sequence parallelism.
+    assert "saved on 4 data x sequence ranks (sp_degree 2), this run has 1 (sp_degree 1)" in load(4, 2)
+    assert "re-partitions" not in load(1, None)  # DeepSpeed's files do not record sp
+    assert "sp_degree unrecorded" in load(2, None)
+
+
 def test_bad_arguments(tmp_path: Path) -> None:
     engine, _ = _trained()
     with pytest.raises(ValueError, match="save_dir must be a directory path"):
@@ -153,3 +182,14 @@ def test_a_save_killed_midway_leaves_latest_on_the_previous_tag(tmp_path: Path, 
     engine = make_engine(tiny_net(3), base_config(scheduler=SCHED))
     path, _ = engine.load_checkpoint(str(tmp_path))
     assert "/good/" in path and engine.global_steps == 2
+
+
+def test_micro_steps_saved_at_another_accumulation_count_are_rederived() -> None:
+    """A checkpoint saved at gas 1 (micro_steps 3) loaded at gas 2: the boundary must stay on whole batches."""
+    from ds_engine._train_state import restored_counters
+
+    saved = {"global_steps": 3, "micro_steps": 3, "global_samples": 12}
+    assert restored_counters(saved, train_batch_size=4, gradient_accumulation_steps=2).micro_steps == 6
+    assert restored_counters(saved, train_batch_size=4, gradient_accumulation_steps=1).micro_steps == 3
+    kept = restored_counters({"global_steps": 3, "micro_steps": 8}, train_batch_size=4, gradient_accumulation_steps=4)
+    assert (kept.micro_steps, kept.global_samples) == (8, 12)

@@ -144,3 +144,16 @@ def test_missing_extras_name_the_pip_command() -> None:
         "needs ds-zero: pip install 'ds-engine[zero]'"
     )
     assert "loaded: []" in proc.stdout  # a failed import leaves no half-made shim behind
+
+
+def test_profiler_and_muon_paths() -> None:
+    from ds_engine.profiling.flops_profiler import FlopsProfiler, get_model_profile
+    from ds_engine.profiling.flops_profiler.profiler import FlopsProfiler as Profiler2
+
+    assert FlopsProfiler is Profiler2 and callable(get_model_profile)
+    pytest.importorskip("ds_zero", reason="deepspeed.runtime.zero.* needs ds-zero")
+    from ds_engine.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+    from ds_engine.runtime.zero.muon.original_muon import muon_update, zeropower_via_newtonschulz5
+
+    assert MuonWithAuxAdam is ds_ops.MuonWithAuxAdam and muon_update is ds_ops.muon_update
+    assert zeropower_via_newtonschulz5 is ds_ops.newton_schulz_orthogonalize

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from ds_engine._zero_contract import ZeroOptimizer, ZeroOptimizerFactory
+from ds_engine._zero_contract import ZeroOptimizer, ZeroOptimizerFactory, ZeroParamAccess
 
 ds_zero = pytest.importorskip("ds_zero", reason="the contract needs ds-zero: pip install 'ds-engine[zero]'")
 
@@ -24,11 +24,12 @@ def _members(protocol: type) -> list[str]:
     return [name for name in protocol.__dict__ if not name.startswith("_")]
 
 
+@pytest.mark.parametrize("protocol", [ZeroOptimizer, ZeroParamAccess], ids=lambda p: p.__name__)
 @pytest.mark.parametrize("name", CLASSES)
-def test_every_contract_member_has_a_compatible_signature(name: str) -> None:
+def test_every_contract_member_has_a_compatible_signature(name: str, protocol: type) -> None:
     cls = getattr(ds_zero, name)
-    for member in _members(ZeroOptimizer):
-        ours = getattr(ZeroOptimizer, member)
+    for member in _members(protocol):
+        ours = getattr(protocol, member)
         theirs = getattr(cls, member, None)
         assert theirs is not None, f"ds_zero.{name} lacks {member}"
         if isinstance(ours, property):
@@ -58,7 +59,8 @@ def test_instances_are_zero_optimizers_and_honour_skip(stage: int) -> None:
     base = torch.optim.SGD(model.parameters(), lr=0.1)
     cls = ds_zero.DeepSpeedZeroOptimizer_Stage3 if stage == 3 else ds_zero.DeepSpeedZeroOptimizer
     opt = cls(base, module=model, config=ds_zero.ZeroConfig(stage=stage), clip_grad=0.0, check_overflow=True)
-    assert isinstance(opt, ZeroOptimizer)
+    assert isinstance(opt, ZeroOptimizer) and isinstance(opt, ZeroParamAccess)
+    assert all(ds_zero.zero_optimizer_of(p) is opt for p in model.parameters())
     x = torch.randn(3, 4)
     masters = [t.master for t in opt.tiles] if stage == 3 else opt.masters
     before = [m.clone() for m in masters]

@@ -92,3 +92,46 @@ def test_inert_keys_accepted_at_defaults() -> None:
 def test_offload_param_below_stage3_warns_no_effect() -> None:
     with pytest.warns(UserWarning, match="offload_param has no effect at stage 2"):
         _zero({"stage": 2, "offload_param": {"device": "cpu"}})
+
+
+@pytest.mark.parametrize(
+    ("short", "long", "value"),
+    [
+        ("module_granularity_threshold", "stage3_module_granularity_threshold", 5000),
+        ("use_all_reduce_for_fetch_params", "stage3_use_all_reduce_for_fetch_params", True),
+        ("allgather_sequential", "stage3_allgather_sequential", True),
+    ],
+)
+def test_deepspeeds_other_stage3_spellings(short: str, long: str, value: object) -> None:
+    assert getattr(_zero({"stage": 3, long: value}), short) == value
+    assert getattr(_zero({"stage": 3, short: value}), short) == value
+    with pytest.raises(ConfigError, match=f"set either '{short}' or '{long}'"):
+        _zero({short: value, long: value})
+
+
+def test_explicit_null_offload_sections_are_the_defaults() -> None:
+    z = _zero({"stage": 3, "offload_param": None, "offload_optimizer": None})
+    assert z.offload_param == _zero({}).offload_param and z.offload_optimizer.device == "none"
+
+
+def test_knobs_without_effect_are_accepted_and_listed() -> None:
+    from ds_comm import find_ignored
+
+    z = _zero(
+        {
+            "stage": 3,
+            "contiguous_gradients": False,
+            "round_robin_gradients": True,
+            "stage3_module_granularity_threshold": 100,
+            "offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": 0.5, "ratio": 0.3},
+        }
+    )
+    found = {path: value for path, value, _ in find_ignored(z, path="zero_optimization")}
+    assert found == {
+        "zero_optimization.contiguous_gradients": False,
+        "zero_optimization.round_robin_gradients": True,
+        "zero_optimization.module_granularity_threshold": 100,
+        "zero_optimization.offload_optimizer.ratio": 0.3,
+        "zero_optimization.offload_optimizer.cpuadam_cores_perc": 0.5,
+    }
+    assert find_ignored(_zero({"stage": 2, "contiguous_gradients": True}), path="zero_optimization") == []

@@ -49,11 +49,20 @@ from ds_comm.collectives import (
 from ds_comm.logging import get_logger, log_dist
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
-    from ds_comm.config import CommsLoggerConfig, ConfigModel, find_auto, validate_section
+    from ds_comm.config import (
+        CommsLoggerConfig,
+        ConfigModel,
+        find_auto,
+        find_ignored,
+        validate_section,
+        warn_ignored,
+    )
 
 #: Names served from `ds_comm.config` on first access: it imports pydantic (~0.3 s), which only
 #: code that reads a config needs. `from ds_comm import ConfigModel` works as usual.
-_CONFIG_NAMES = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "validate_section"})
+_CONFIG_NAMES = frozenset(
+    {"CommsLoggerConfig", "ConfigModel", "find_auto", "find_ignored", "validate_section", "warn_ignored"}
+)
 
 
 def __getattr__(name: str) -> object:
@@ -95,6 +104,7 @@ __all__ = [
     "configure",
     "destroy_process_group",
     "find_auto",
+    "find_ignored",
     "gather",
     "get_accelerator",
     "get_comm_operation_count",
@@ -124,4 +134,5 @@ __all__ = [
     "send",
     "set_accelerator",
     "validate_section",
+    "warn_ignored",
 ]

@@ -20,7 +20,9 @@ __all__ = [
     "ConfigDeprecationWarning",
     "ConfigModel",
     "find_auto",
+    "find_ignored",
     "validate_section",
+    "warn_ignored",
 ]
 
 M = TypeVar("M", bound="ConfigModel")
@@ -38,6 +40,9 @@ class ConfigModel(BaseModel):
     - `inert_keys`: fields DeepSpeed accepts whose feature ds does not implement -> why. They are
       accepted at their default value (configs written for DeepSpeed often spell defaults out) and
       an error at any other value.
+    - `ignored_keys`: fields DeepSpeed reads that have no effect in ds (a tuning knob whose job ds
+      does another way) -> why. Any value is accepted; `find_ignored` lists the ones set to a
+      non-default value so the caller can warn, naming the key path.
 
     Fields that accept `"auto"` say so in their type (`int | Auto`); `find_auto` lists the ones
     still unresolved so assembly can refuse them by name.
@@ -54,6 +59,7 @@ class ConfigModel(BaseModel):
     deprecated_keys: ClassVar[dict[str, str]] = {}
     unsupported_keys: ClassVar[dict[str, str]] = {}
     inert_keys: ClassVar[dict[str, str]] = {}
+    ignored_keys: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def valid_keys(cls) -> list[str]:
@@ -94,19 +100,21 @@ class ConfigModel(BaseModel):
                         {"old": repr(key), "new": repr(new)},
                     )
                 data[new] = value
-        for key, reason in cls.inert_keys.items():
-            if key in data and data[key] != cls.model_fields[key].default:
-                raise PydanticCustomError(
-                    "unsupported_key",
-                    "{shown}={value} is not supported by ds ({reason}); only the default {default} is accepted",
-                    {
-                        "key": key,
-                        "shown": repr(key),
-                        "value": repr(data[key]),
-                        "reason": reason,
-                        "default": repr(cls.model_fields[key].default),
-                    },
-                )
+        for name, reason in cls.inert_keys.items():
+            alias = cls.model_fields[name].alias
+            for key in (name, alias) if alias else (name,):
+                if key in data and data[key] != cls.model_fields[name].default:
+                    raise PydanticCustomError(
+                        "unsupported_key",
+                        "{shown}={value} is not supported by ds ({reason}); only the default {default} is accepted",
+                        {
+                            "key": key,
+                            "shown": repr(key),
+                            "value": repr(data[key]),
+                            "reason": reason,
+                            "default": repr(cls.model_fields[name].default),
+                        },
+                    )
         valid = cls.valid_keys()
         for key in data:
             if key not in valid:
@@ -171,6 +179,26 @@ def find_auto(model: BaseModel, *, path: str = "") -> list[str]:
         elif isinstance(value, BaseModel):
             found.extend(find_auto(value, path=key))
     return found
+
+
+def find_ignored(model: BaseModel, *, path: str = "") -> list[tuple[str, Any, str]]:
+    """`(key path, value, reason)` of every `ignored_keys` field (recursively) set to a non-default value."""
+    found: list[tuple[str, Any, str]] = []
+    ignored = getattr(type(model), "ignored_keys", {})
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        key = f"{path}.{name}" if path else name
+        if name in ignored and value != field.default:
+            found.append((key, value, ignored[name]))
+        elif isinstance(value, BaseModel):
+            found.extend(find_ignored(value, path=key))
+    return found
+
+
+def warn_ignored(model: BaseModel, *, path: str = "") -> None:
+    """One `UserWarning` per `find_ignored` entry: "<key path>=<value> has no effect in ds (<why>)"."""
+    for key, value, reason in find_ignored(model, path=path):
+        warnings.warn(f"{key}={value!r} has no effect in ds ({reason})", UserWarning, stacklevel=2)
 
 
 class CommsLoggerConfig(ConfigModel):

@@ -14,12 +14,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from ds_comm import init_distributed
-from ds_engine import accelerator, comm, lr_schedules
+from ds_comm import get_accelerator, init_distributed
+from ds_engine import accelerator, comm, git_version_info, lr_schedules
 from ds_engine.__about__ import __version__
+from ds_engine._dataloader import DeepSpeedDataLoader
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._init_inference import init_inference
-from ds_engine._initialize import add_config_arguments, initialize
+from ds_engine._initialize import (
+    DeepSpeedOptimizerCallable,
+    DeepSpeedSchedulerCallable,
+    add_config_arguments,
+    initialize,
+)
 from ds_engine._optional import require
 from ds_engine._pipeline.build import PipelineError
 from ds_engine._pipeline.engine import PipelineEngine
@@ -27,11 +33,16 @@ from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._tensor_parallel import tp_model_init
 from ds_engine._torch_optimizers import Lamb, Lion
 from ds_engine.config import DeepSpeedConfigError
+from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
+from ds_engine.git_version_info import git_branch, git_hash
+from ds_engine.runtime.base_optimizer import DeepSpeedOptimizer, ZeROOptimizer
+from ds_engine.utils import OnDevice, log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import checkpointing as checkpointing
     from ds_engine import inference as inference
     from ds_engine import module_inject as module_inject
+    from ds_engine import moe as moe
     from ds_engine import ops as ops
     from ds_engine import pipe as pipe
     from ds_engine import runtime as runtime
@@ -45,23 +56,41 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_pipe import PipelineModule as PipelineModule
 
 version = __version__
+__version_major__, __version_minor__, __version_patch__ = (int(p) for p in __version__.split("+")[0].split(".")[:3])
+__git_hash__ = git_hash
+__git_branch__ = git_branch
 
 __all__ = [
+    "TORCH_DISTRIBUTED_DEFAULT_PORT",
     "DeepSpeedConfig",
     "DeepSpeedConfigError",
+    "DeepSpeedDataLoader",
     "DeepSpeedEngine",
+    "DeepSpeedOptimizer",
+    "DeepSpeedOptimizerCallable",
     "Lamb",
     "Lion",
     "MixedPrecisionOptimizer",
+    "OnDevice",
     "PipelineEngine",
     "PipelineError",
+    "DeepSpeedSchedulerCallable",
+    "ZeROOptimizer",
+    "__git_branch__",
+    "__git_hash__",
     "__version__",
     "accelerator",
     "add_config_arguments",
     "comm",
+    "get_accelerator",
+    "git_branch",
+    "git_hash",
+    "git_version_info",
     "init_distributed",
     "init_inference",
     "initialize",
+    "log_dist",
+    "logger",
     "lr_schedules",
     "tp_model_init",
     "version",
@@ -72,8 +101,10 @@ __all__ = [
 _SUBMODULES = (
     "checkpoint",
     "checkpointing",
+    "constants",
     "inference",
     "module_inject",
+    "moe",
     "ops",
     "pipe",
     "runtime",

@@ -26,6 +26,8 @@ from ds_comm import get_accelerator
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._dist_info import DistInfo
+from ds_engine._moe import MoeFp32Stepper, MoeWiring, broadcast_moe_model, detect_moe, moe_param_groups
+from ds_engine._muon import tag_muon_params
 from ds_engine._optimizers import (
     call_optimizer_factory,
     is_zero_tested_optimizer,
@@ -78,6 +80,8 @@ class EngineParts:
     """Stage 3 without an optimizer: the `ds_zero.DeepSpeedZeRoOffload` that schedules the parameters."""
     tensor_parallel: TensorParallelState | None = None
     """With `tensor_parallel.autotp_size` > 1: the tensor-parallel group and whole-weight I/O."""
+    moe: MoeWiring | None = None
+    """The MoE layout (expert groups, layers) when the model has expert parameters."""
 
 
 def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device) -> None:
@@ -115,7 +119,12 @@ def _cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
 
 
 def _base_optimizer(
-    plan: AssemblyPlan, config: DeepSpeedConfig, module: nn.Module, client: Any, model_parameters: Any
+    plan: AssemblyPlan,
+    config: DeepSpeedConfig,
+    module: nn.Module,
+    client: Any,
+    model_parameters: Any,
+    moe: MoeWiring | None = None,
 ) -> Optimizer | None:
     if isinstance(client, Optimizer):
         if config.model.optimizer is not None:
@@ -124,7 +133,10 @@ def _base_optimizer(
     elif client is not None:
         optimizer = call_optimizer_factory(client, normalize_param_groups(model_parameters, module))
     elif plan.optimizer is not None:
-        optimizer = plan.optimizer.build(normalize_param_groups(model_parameters, module))
+        if plan.optimizer.name == "muon":
+            tag_muon_params(module)
+        groups = normalize_param_groups(model_parameters, module)
+        optimizer = plan.optimizer.build(moe_param_groups(groups) if moe is not None else groups)
     else:
         return None
     if plan.offload_optimizer:
@@ -136,7 +148,7 @@ def _base_optimizer(
     ):
         raise DeepSpeedConfigError(
             f"zero_allow_untested_optimizer: {type(optimizer).__name__} is not tested with ZeRO stage "
-            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion); set it to true to use it anyway"
+            f"{plan.zero_stage} (tested: Adam, AdamW, Adagrad, Lamb, Lion, Muon); set it to true to use it anyway"
         )
     return optimizer
 
@@ -171,13 +183,23 @@ def _stepper(
     module: nn.Module,
     dist: DistInfo,
     timers: WallClockTimers | NullTimers,
+    moe: MoeWiring | None = None,
 ) -> tuple[Stepper | None, Any]:
     """(the stepper the engine drives, the optimizer initialize() returns); (None, None) without an optimizer."""
     if base is None:
         return None, None
     if plan.zero_stage >= 1:
-        zero = build_zero_optimizer(plan, config, base, module, dist)
+        zero = build_zero_optimizer(plan, config, base, module, dist, moe=moe)
         return ZeroStepper(zero), zero
+    if moe is not None:
+        if plan.precision != "fp32":
+            raise DeepSpeedConfigError(
+                f"{plan.precision}: MoE models train in {plan.precision} with ZeRO stage 1 or 2 here; set "
+                "zero_optimization.stage to 1 or 2 (stage 0 handles MoE in fp32 only)"
+            )
+        _trainable(base)
+        stepper = MoeFp32Stepper(base, wiring=moe, dist=dist, settings=plan.reduce, clip=plan.clip, timers=timers)
+        return stepper, base
     if plan.precision == "fp32":
         buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True, lazy_bind=True)
         reducer = (
@@ -225,8 +247,10 @@ def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, cli
     return build_config_scheduler(sched.type, dict(sched.params), base)
 
 
-def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo) -> None:
-    if plan.zero_stage == 3:
+def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo, moe: MoeWiring | None) -> None:
+    if moe is not None:
+        broadcast_moe_model(module, moe, dist)
+    elif plan.zero_stage == 3:
         broadcast_unpartitioned(module, dist)
     elif dist.dp_world_size > 1:
         broadcast_module_states([*module.parameters(), *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)
@@ -250,12 +274,18 @@ def assemble(
     m = config.model
     _check_optimizer_needed(plan)
     _place_and_cast(module, plan, device)
-    _broadcast(module, plan, dist)
+    moe = detect_moe(module, dist)
+    if moe is not None and plan.zero_stage == 3:
+        raise DeepSpeedConfigError(
+            "zero_optimization.stage=3: DeepSpeed MoE layers are not supported with ZeRO stage 3 (as in "
+            "DeepSpeed); use stage 1 or 2"
+        )
+    _broadcast(module, plan, dist, moe)
     timers: WallClockTimers | NullTimers = (
         WallClockTimers(get_accelerator().synchronize) if m.wall_clock_breakdown else NullTimers()
     )
-    base = _base_optimizer(plan, config, module, client_optimizer, model_parameters)
-    stepper, optimizer = _stepper(plan, config, base, module, dist, timers)
+    base = _base_optimizer(plan, config, module, client_optimizer, model_parameters, moe)
+    stepper, optimizer = _stepper(plan, config, base, module, dist, timers, moe)
     offload = build_parameter_offload(config, module, dist) if base is None and plan.zero_stage == 3 else None
     scheduler = _scheduler(config, client_scheduler, base, client_optimizer)
     monitor = build_monitor(config, rank=dist.global_rank)
@@ -303,4 +333,5 @@ def assemble(
         collate_fn=collate_fn,
         parameter_offload=offload,
         tensor_parallel=tensor_parallel,
+        moe=moe,
     )

@@ -31,6 +31,7 @@ import torch
 
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
+from ds_engine import _moe_checkpoint
 from ds_engine.__about__ import __version__
 from ds_engine._optional import require
 from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
@@ -207,6 +208,9 @@ def _load_optimizer(
             load_optimizer_states=True,
             load_from_fp32_weights=fp32,
         )
+    elif engine._moe is not None:
+        optimizer = _moe_checkpoint.read_stage0_optimizer(ckpt_dir, engine._moe, mp_rank=engine._mp_rank)
+        engine._stepper.load_state_dict(optimizer, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
         engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
     else:
@@ -239,17 +243,76 @@ def restore_progress(engine: DeepSpeedEngine, state: dict[str, Any], *, load_lr_
             )
 
 
-def resolve_load_dir(load_dir: str | Path, tag: Any) -> Path | None:
+def _log_layout_change(state: dict[str, Any], path: Path, *, dp_world_size: int, sp_degree: int) -> None:
+    """Say when the save came from another data x sequence layout; it loads all the same.
+
+    ZeRO partitions over data x sequence ranks, so a save holds `dp_world_size` (= replicas x sp)
+    partitions, and ds-zero re-partitions them onto this run's ranks whatever their split (DeepSpeed
+    refuses a different count). Saves without `sp_degree` (DeepSpeed's, older ds) leave it unknown.
+    """
+    saved_dp = state.get("dp_world_size")
+    dims = state.get("checkpoint_parallel_dimensions")
+    saved_sp = dims.get("sp_degree") if isinstance(dims, dict) else None
+    if saved_dp is None or (int(saved_dp) == dp_world_size and saved_sp in (None, sp_degree)):
+        return
+    logger.info(
+        "load_checkpoint: %s was saved on %s data x sequence ranks (sp_degree %s), this run has %d "
+        "(sp_degree %d); ZeRO state re-partitions onto this layout",
+        path,
+        saved_dp,
+        "unrecorded" if saved_sp is None else saved_sp,
+        dp_world_size,
+        sp_degree,
+    )
+
+
+def resolve_load_dir(load_dir: str | Path, tag: Any, *, universal: bool = False) -> Path | None:
     """`load_dir/<tag>`, the tag defaulting to the one in `load_dir/latest`; None (with a warning, as
-    DeepSpeed does) when no tag is given and there is no `latest` file."""
+    DeepSpeed does) when no tag is given and there is no `latest` file.
+
+    `universal` (`checkpoint.load_universal`): the tag comes from `load_dir/latest_universal`, which
+    must exist (ValueError otherwise, as in DeepSpeed).
+    """
     root = Path(load_dir)
     if tag is None:
-        latest = root / "latest"
+        latest = root / ("latest_universal" if universal else "latest")
         if not latest.is_file():
+            if universal:
+                raise ValueError(
+                    f"load_checkpoint: checkpoint.load_universal is set and {latest} does not exist; "
+                    "ds_to_universal writes it next to its --output_folder (or pass tag=)"
+                )
             logger.warning("load_checkpoint: no 'latest' file in %s; nothing loaded (pass tag= to pick one)", root)
             return None
         tag = latest.read_text().strip()
     return root / str(tag)
+
+
+def _read_universal(engine: DeepSpeedEngine, ckpt_dir: Path) -> tuple[Path, dict[str, Any], list[dict[str, Any]], Any]:
+    """A universal checkpoint's model states, its single-rank ZeRO partition and the module state_dict.
+
+    The parameters come from the fp32 values in `zero/<name>/fp32.pt` (cast to the dtype the
+    model-states file has them in), the buffers from the model-states file.
+    """
+    if engine._zero.stage == 0:
+        raise ValueError(
+            "checkpoint.load_universal needs ZeRO stage 1, 2 or 3 (a universal checkpoint holds the "
+            "optimizer state per parameter, which only the ZeRO optimizers load); set zero_optimization.stage"
+        )
+    if engine.mp_world_size > 1:
+        raise ValueError(
+            f"checkpoint.load_universal with model parallelism ({engine.mp_world_size} model-parallel ranks) "
+            "is not supported: ds_to_universal here converts tensor- and pipeline-parallel degree 1 checkpoints"
+        )
+    ds_zero = require("ds_zero", extra="zero", feature="loading a universal checkpoint")
+    path = ds_zero.universal_model_states_file(ckpt_dir)
+    state = ds_comm.load_checkpoint_file(path)
+    ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+    parts = ds_zero.load_universal_partitions(ckpt_dir)
+    full = ds_zero.consolidate_fp32_params(parts)
+    module = state.get("module") or {}
+    module_state = type(module)((k, full[k].to(v.dtype) if k in full else v) for k, v in module.items())
+    return path, state, parts, module_state
 
 
 def load_checkpoint(
@@ -263,26 +326,41 @@ def load_checkpoint(
     custom_load_fn: Any = None,
 ) -> tuple[str | None, dict[str, Any] | None]:
     """See `DeepSpeedEngine.load_checkpoint`."""
-    ckpt_dir = resolve_load_dir(load_dir, tag)
+    universal = engine._ckpt_config.load_universal
+    ckpt_dir = resolve_load_dir(load_dir, tag, universal=universal)
     if ckpt_dir is None:
         return None, None
-    path = read_model_states(ckpt_dir, engine._mp_rank)
-    state = ds_comm.load_checkpoint_file(path)
-    ds_comm.check_deepspeed_version(state.get("ds_version"), path)
     # Everything is read and checked before the engine changes (nothing half loaded on a bad file).
-    saved_tp = int((state.get("checkpoint_parallel_dimensions") or {}).get("tp_degree", 1) or 1)
-    tp = 1 if engine.pipeline_parallelism else engine.mp_world_size
-    if saved_tp != tp and not load_module_only and load_optimizer_states:
-        # The module is saved whole (any tensor-parallel size loads it); optimizer state is per shard.
-        raise ValueError(
-            f"load_checkpoint: {path} was saved with a tensor-parallel degree of {saved_tp}, this engine has {tp}; "
-            "its optimizer state does not fit: pass load_module_only=True (or load_optimizer_states=False) to "
-            "load the weights alone"
-        )
     parts = None
-    if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
-        parts = zero_partitions(ckpt_dir, engine._mp_rank)
-    module_state = _fill_placeholders(state["module"], parts, path) if _has_placeholders(state) else state["module"]
+    if universal:
+        if engine._moe is not None:
+            raise ValueError(
+                f"checkpoint.load_universal: {ckpt_dir} cannot be loaded into a model with MoE layers "
+                "(universal checkpoints hold no per-expert files here); load the ZeRO checkpoint itself, "
+                "which re-partitions to this world size and ep_size"
+            )
+        path, state, parts, module_state = _read_universal(engine, ckpt_dir)
+    else:
+        path = read_model_states(ckpt_dir, engine._mp_rank)
+        state = ds_comm.load_checkpoint_file(path)
+        ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+        saved_tp = int((state.get("checkpoint_parallel_dimensions") or {}).get("tp_degree", 1) or 1)
+        tp = 1 if engine.pipeline_parallelism else engine.mp_world_size
+        if saved_tp != tp and not load_module_only and load_optimizer_states:
+            # The module is saved whole (any tensor-parallel size loads it); optimizer state is per shard.
+            raise ValueError(
+                f"load_checkpoint: {path} was saved with a tensor-parallel degree of {saved_tp}, this engine has {tp}; "
+                "its optimizer state does not fit: pass load_module_only=True (or load_optimizer_states=False) to "
+                "load the weights alone"
+            )
+        if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
+            parts = zero_partitions(ckpt_dir, engine._mp_rank)
+        placeholders = _has_placeholders(state)
+        module_state = _fill_placeholders(state["module"], parts, path) if placeholders else state["module"]
+    if engine._moe is not None:
+        module_state = _moe_checkpoint.merge_expert_states(module_state, engine._moe, ckpt_dir, mp_rank=engine._mp_rank)
+    if engine.global_rank == 0:
+        _log_layout_change(state, path, dp_world_size=engine.dp_world_size, sp_degree=engine._dist.sp_world_size)
     if custom_load_fn is not None:
         custom_load_fn(src=module_state, dst=engine.module)
     else:

@@ -15,11 +15,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_engine import _checkpoint
+from ds_engine import _checkpoint, _moe_checkpoint
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
+from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
+from ds_engine._engine_grad_reduce import EngineGradReduce
+from ds_engine._engine_offload_states import BACKWARD_NEEDS, FORWARD_NEEDS, STEP_NEEDS, EngineOffloadStates
+from ds_engine._engine_queries import EngineCompatQueries
+from ds_engine._flops_step import StepFlopsProfile
 from ds_engine._optional import require
 from ds_engine._train_state import Counters, TrainState, rng_state
 
@@ -38,7 +43,15 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
+class DeepSpeedEngine(
+    EngineQueries,
+    EngineCompatQueries,
+    EngineOffloadStates,
+    EngineGradReduce,
+    EngineCompile,
+    ConsolidatedWeights,
+    nn.Module,
+):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
     `engine.step()`.
 
@@ -63,6 +76,14 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         self.basic_optimizer = parts.basic_optimizer
         self.parameter_offload = parts.parameter_offload
         self._tp = parts.tensor_parallel
+        self._moe = parts.moe
+        self.has_moe_layers = parts.moe is not None
+        self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
+        self.moe_layers: list[nn.Module] = (
+            [parts.module.get_submodule(layer.prefix).deepspeed_moe for layer in parts.moe.layers]
+            if parts.moe is not None
+            else []
+        )
         self.lr_scheduler = parts.lr_scheduler
         self.training_dataloader = parts.training_dataloader
         self.timers = parts.timers
@@ -85,6 +106,9 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
+        fp = m.flops_profiler
+        self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
+        self.flops_profiler = self._flops.profiler if self._flops is not None else None
 
     # -- passthrough ------------------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -99,10 +123,15 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`)."""
+        self._check_states_loaded("engine.forward()", FORWARD_NEEDS)
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
-        out = self.module(*inputs, **kwargs)
+        if self._flops is None:
+            out = self.module(*inputs, **kwargs)
+        else:
+            with self._flops.forward(self.global_steps):
+                out = self.module(*inputs, **kwargs)
         self.timers.stop("forward")
         return out
 
@@ -114,7 +143,8 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
         reduced at the boundary in `step()`.
 
         Returns:
-            `loss` as passed in (DeepSpeed returns the gas-divided loss).
+            the loss divided by `gradient_accumulation_steps` (when `scale_wrt_gas`), before any loss
+            scale: what was back-propagated, as DeepSpeed returns it.
 
         Raises:
             RuntimeError: no optimizer was configured.
@@ -132,16 +162,21 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
                     else ""
                 )
             )
+        self._check_states_loaded("engine.backward()", BACKWARD_NEEDS)
         self.timers.start("backward")
         if self._reporter.needs_loss:
             detached = loss.detach().float().reshape(())
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
         self.timers.start("backward_inner")
-        self._stepper.backward(scaled, retain_graph)
+        if self._flops is None:
+            self._stepper.backward(scaled, retain_graph)
+        else:
+            with self._flops.backward(self.global_steps):
+                self._stepper.backward(scaled, retain_graph)
         self.timers.stop("backward_inner")
         self.timers.stop("backward")
-        return loss
+        return scaled
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).
@@ -180,8 +215,13 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             raise self._no_optimizer("engine.step()")
         if self._in_no_sync:
             raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
+        self._check_states_loaded("engine.step()", STEP_NEEDS)
         if self.is_gradient_accumulation_boundary():
-            self._take_model_step(lr_kwargs)
+            if self._flops is None:
+                self._take_model_step(lr_kwargs)
+            else:
+                with self._flops.step(self.global_steps):
+                    self._take_model_step(lr_kwargs)
         else:
             self._step_applied = False
         self._boundary_override = None
@@ -344,10 +384,14 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
                 {name: torch.Size(shape) for name, shape in group.items()}
                 for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)
             ]
+        module_state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
+            module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
+        keep_optimizer = not zero and self._stepper is not None and self._moe is None
         return TrainState(
-            module=self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters),
+            module=module_state,
             buffer_names=[n for n, _ in self.module.named_buffers()],
-            optimizer=self._stepper.state_dict() if not zero and self._stepper is not None else None,
+            optimizer=self._stepper.state_dict() if keep_optimizer else None,
             param_shapes=shapes,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=Counters(
@@ -359,13 +403,30 @@ class DeepSpeedEngine(EngineQueries, ConsolidatedWeights, nn.Module):
             dp_world_size=self.dp_world_size,
             mp_world_size=self.mp_world_size,
             tp_degree=self.mp_world_size,
+            sp_degree=self._dist.sp_world_size,
             ds_config=self._ds_config.raw,
             rng_states=rng_states,
         )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
-        """Writes weights kept outside the model-states file (none here: the module is in it)."""
-        return None
+        """Writes weights kept outside the model-states file: an MoE model's expert files (and, at stage 0,
+        its per-expert-parallel-rank optimizer file); nothing for a dense model."""
+        moe = self._moe
+        if moe is None:
+            return None
+        serialization = self._ckpt_config.checkpoint_serialization
+        stage0_optimizer = self._stepper.state_dict() if self._zero.stage == 0 and self._stepper is not None else None
+
+        def write(ckpt_dir: Path) -> None:
+            _moe_checkpoint.write_expert_files(
+                self.module, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
+            )
+            if stage0_optimizer is not None:
+                _moe_checkpoint.write_stage0_optimizer(
+                    stage0_optimizer, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
+                )
+
+        return write
 
     def load_checkpoint(
         self,

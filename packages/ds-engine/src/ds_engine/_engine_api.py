@@ -19,6 +19,7 @@ class EngineQueries:
     _plan: AssemblyPlan
     _dist: DistInfo
     _zero: ZeroSettings
+    _ckpt_config: Any
     _gas: int
     _micro_batch: int
     _train_batch: int
@@ -100,6 +101,10 @@ class EngineQueries:
 
     def zero_optimization_partition_weights(self) -> bool:
         return self._zero.stage >= 3
+
+    def load_universal_checkpoint(self) -> bool:
+        """Whether `load_checkpoint` reads universal checkpoints (`checkpoint.load_universal`)."""
+        return bool(self._ckpt_config.load_universal)
 
     def zero_offload_optimizer(self) -> Any:
         cfg = self._zero.config

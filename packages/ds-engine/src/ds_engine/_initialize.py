@@ -18,6 +18,7 @@ from ds_comm import get_accelerator
 from ds_engine._assembly import assemble
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._engine_queries import ClientObjects
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
@@ -27,6 +28,8 @@ from ds_engine._tensor_parallel import (
     resolve_autotp_size,
     tensor_parallel_mpu,
 )
+from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
+from ds_engine.utils.logging import set_log_level_from_string
 
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
@@ -35,7 +38,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["add_config_arguments", "initialize"]
+__all__ = ["DeepSpeedOptimizerCallable", "DeepSpeedSchedulerCallable", "add_config_arguments", "initialize"]
+
+#: What `initialize(optimizer=...)` may be instead of an optimizer: a factory over the parameters (DeepSpeed's alias).
+DeepSpeedOptimizerCallable = Callable[[Iterable[Any]], Optimizer]
+#: What `initialize(lr_scheduler=...)` may be instead of a scheduler: a factory over the optimizer.
+DeepSpeedSchedulerCallable = Callable[[Optimizer], Any]
 
 
 def _config_source(args: Any, config: ConfigLike | None, config_params: ConfigLike | None) -> ConfigLike:
@@ -100,7 +108,7 @@ def initialize(
     model_parameters: Iterable[Any] | None = None,
     training_data: Any = None,
     lr_scheduler: Any = None,
-    distributed_port: int = 29500,
+    distributed_port: int = TORCH_DISTRIBUTED_DEFAULT_PORT,
     mpu: Any = None,
     dist_init_required: bool | None = None,
     collate_fn: Callable[..., Any] | None = None,
@@ -159,7 +167,7 @@ def initialize(
     if pipeline:
         check_pipeline_call(mpu)  # a PipelineModule's grid is the mpu: data parallel = its data axis
     dist = discover_dist(model.mpu() if pipeline else mpu)
-    from ds_engine.config import DeepSpeedConfig  # pydantic: loaded when a config is read, not at import
+    from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError  # pydantic: loaded when a config is read
 
     if isinstance(source, DeepSpeedConfig):
         ds_config = source.with_world_size(dist.replica_world_size)
@@ -191,6 +199,8 @@ def initialize(
         ds_config = ds_config.with_world_size(dist.replica_world_size)
     check_sequence_parallel(sp, dist, pipeline=pipeline)
     ds_config.check_resolved()
+    if ds_config.model.log_level is not None:
+        set_log_level_from_string(ds_config.model.log_level)
     if "comms_logger" in ds_config.raw:
         ds_comm.configure(ds_config.model.comms_logger)
     plan = plan_assembly(
@@ -201,8 +211,13 @@ def initialize(
         pipeline=pipeline,
     )
     device = _device(dist.local_rank)
+    if pipeline and ds_config.model.flops_profiler.enabled:
+        raise DeepSpeedConfigError(
+            "flops_profiler.enabled: the flops profiler is not implemented for the PipelineEngine in ds "
+            "(profile the stages' modules with ds_engine.profiling.flops_profiler.get_model_profile instead)"
+        )
     if pipeline:
-        return build_pipeline_engine(
+        built = build_pipeline_engine(
             model=model,
             config=ds_config,
             plan=plan,
@@ -214,6 +229,10 @@ def initialize(
             training_data=training_data,
             collate_fn=collate_fn,
         )
+        built[0]._client = ClientObjects(
+            mpu=model.mpu(), optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data
+        )
+        return built
     parts = assemble(
         module=model,
         config=ds_config,
@@ -228,6 +247,7 @@ def initialize(
         tensor_parallel=tp_state,
     )
     engine = DeepSpeedEngine(parts)
+    engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)
     if ds_config.model.dump_state and dist.global_rank == 0:
         logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -20,6 +20,7 @@ import torch
 from torch.optim import Optimizer
 
 import ds_ops
+from ds_engine._muon import check_muon_params, muon_param_groups
 from ds_engine._torch_optimizers import Lamb, Lion
 
 logger = logging.getLogger(__name__)
@@ -35,17 +36,16 @@ __all__ = [
     "swap_for_cpu_optimizer",
 ]
 
-DS_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "lion")
+DS_OPTIMIZERS = ("adagrad", "adam", "adamw", "lamb", "lion", "muon")
 _UNSUPPORTED = {
     "muadam": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
     "muadamw": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
     "musgd": "MuP optimizers are not implemented in ds (DeepSpeed needs the `mup` package for them)",
-    "muon": "Muon is not implemented in ds",
     "onebitadam": '1-bit Adam was removed in DeepSpeed 0.19; use "Adam"',
     "onebitlamb": '1-bit LAMB was removed in DeepSpeed 0.19; use "Lamb"',
     "zerooneadam": '0/1 Adam was removed in DeepSpeed 0.19; use "Adam"',
 }
-_ZERO_TESTED = {"adam", "adamw", "adagrad", "lamb", "lion", "Adam", "AdamW", "Adagrad"}
+_ZERO_TESTED = {"adam", "adamw", "adagrad", "lamb", "lion", "muon", "Adam", "AdamW", "Adagrad"}
 _ADAM_EXTRA = {"torch_adam", "adam_w_mode", "fp32_optimizer_states", "bias_correction", "set_grad_none"}
 _CPU_ADAM_KEYS = {"lr", "betas", "eps", "weight_decay", "amsgrad", "bias_correction", "fp32_optimizer_states"}
 _DS_CPU_CLASSES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
@@ -116,6 +116,11 @@ def check_optimizer_params(name: str, params: dict[str, Any]) -> None:
             "max_grad_norm",
             "'max_grad_norm' is not an optimizer parameter here; use the top-level \"gradient_clipping\" key instead",
         )
+    if name == "muon":
+        bad = check_muon_params(params)
+        if bad is not None:
+            raise ParamError(*bad)
+        return
     signature = inspect.signature(_constructor(name).__init__)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
         return
@@ -136,7 +141,7 @@ def is_zero_tested_optimizer(optimizer: str | Optimizer) -> bool:
     if isinstance(optimizer, str):
         return optimizer in _ZERO_TESTED
     tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, Lion, Lamb)
-    return isinstance(optimizer, tested) or type(optimizer).__name__ in _DS_CPU_CLASSES
+    return isinstance(optimizer, tested) or type(optimizer).__name__ in (*_DS_CPU_CLASSES, "MuonWithAuxAdam")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +164,10 @@ class OptimizerPlan:
 
     def build(self, params: list[dict[str, Any]]) -> Optimizer:
         """Construct the optimizer over `params` (a list of param-group dicts)."""
+        if self.name == "muon":
+            kwargs = dict(self.kwargs)
+            adam_w_mode = bool(kwargs.pop("adam_w_mode", True))
+            return ds_ops.MuonWithAuxAdam(muon_param_groups(params, kwargs), adam_w_mode=adam_w_mode)
         module, _, cls_name = self.target.rpartition(".")
         owner = {"torch.optim": torch.optim, "ds_ops": ds_ops}.get(module)
         cls = getattr(owner, cls_name) if owner is not None else {"Lion": Lion, "Lamb": Lamb}[cls_name]
@@ -237,6 +246,20 @@ def plan_config_optimizer(
     """
     if name in ("adam", "adamw"):
         return _plan_adam(name, params, device_type=device_type, offload=offload)
+    if name == "muon":
+        # Plain torch on any device; with offload the ZeRO step runs it on the host partitions.
+        if not _has_ds_ops("MuonWithAuxAdam"):
+            raise ValueError(
+                "optimizer 'muon' needs ds_ops.MuonWithAuxAdam, which the installed ds-ops lacks; upgrade ds-ops"
+            )
+        if offload and force_ds_cpu_optimizer:
+            raise ValueError(
+                "optimizer 'muon' with offload_optimizer: ds has no DeepSpeed CPU Muon; set "
+                "zero_force_ds_cpu_optimizer=false to step ds_ops.MuonWithAuxAdam on the host partitions"
+            )
+        return OptimizerPlan(
+            name, "ds_ops.MuonWithAuxAdam", dict(params), "Muon for use_muon matrices, Adam for the rest"
+        )
     cpu_classes = {"adagrad": "DeepSpeedCPUAdagrad", "lion": "DeepSpeedCPULion"}
     if offload and name in cpu_classes:
         if not _has_ds_ops(cpu_classes[name]):

@@ -200,6 +200,12 @@ def plan_assembly(
     offload = config.zero.offload_optimizer_device != "none"
     where = "NVMe" if config.zero.offload_optimizer_device == "nvme" else "CPU"
     source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
+    if opt_plan is not None and opt_plan.name == "muon" and stage == 3:
+        raise DeepSpeedConfigError(
+            "optimizer: Muon is not supported at zero_optimization.stage=3 in ds: Muon orthogonalizes each whole "
+            "weight matrix, and stage 3 keeps only a shard of every parameter and gradient on each rank; use "
+            "stage 0, 1 or 2 (stages 1 and 2 gather the Muon matrices' gradients for the update)"
+        )
     if stage == 3 and source == "none":
         wrapper = (
             "ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "

@@ -66,6 +66,7 @@ class MixedPrecisionOptimizer:
         self.timers = timers
         self.overflow = False
         self._norm: float | None = None
+        self._reduced = False
         self.model_params: list[torch.Tensor] = []
         self.masters: list[torch.Tensor] = []
         self._make_masters()
@@ -147,6 +148,19 @@ class MixedPrecisionOptimizer:
             p.grad = None
 
     @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """All-reduce the accumulated gradients now (`engine.allreduce_gradients()`); the step then skips it."""
+        if self._reduced:
+            return
+        self._absorb()
+        self.accum.rebind()
+        if self.reducer is not None:
+            self.timers.start("allreduce")
+            self.reducer.all_reduce()
+            self.timers.stop("allreduce")
+        self._reduced = True
+
+    @torch.no_grad()
     def step(self, skip: torch.Tensor | None = None) -> bool:
         """The boundary step; False (and the scale updated) when gradients overflowed or `skip` is set.
 
@@ -154,12 +168,8 @@ class MixedPrecisionOptimizer:
             skip: a 1-element flag already agreed by every rank that must skip together (the pipeline's
                 stages); non-zero skips this step as an overflow would.
         """
-        self._absorb()
-        self.accum.rebind()
-        if self.reducer is not None:
-            self.timers.start("allreduce")
-            self.reducer.all_reduce()
-            self.timers.stop("allreduce")
+        self.reduce_gradients()
+        self._reduced = False
         grads = self.master_grads.flat
         if self.accum is not self.master_grads:
             grads.copy_(self.accum.flat)
@@ -188,6 +198,7 @@ class MixedPrecisionOptimizer:
         releases the parameters' `.grad` (the next boundary copies fresh ones in, and overwrites
         the fp32 master gradients from them).
         """
+        self._reduced = False
         if self.accum is self.master_grads:
             self.master_grads.zero_()
             for p in self._train_model:

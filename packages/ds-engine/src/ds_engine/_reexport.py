@@ -13,7 +13,7 @@ class, never a copy. `import ds_engine` itself imports no shim: `ds_engine.__get
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ds_engine._optional import require
@@ -22,7 +22,7 @@ __all__ = ["optional_reexport"]
 
 
 def optional_reexport(
-    shim: str, target: str, *, extra: str, feature: str
+    shim: str, target: str, *, extra: str, feature: str, names: Sequence[str] | None = None
 ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """`(__all__, __getattr__, __dir__)` for a shim module that re-exports `target` (a sibling or its submodule).
 
@@ -31,6 +31,7 @@ def optional_reexport(
         target: what it re-exports: `"ds_pipe"`, or a submodule such as `"ds_pipe.checkpointing"`.
         extra: the ds-engine extra that installs the sibling (`"pipe"`, `"zero"`).
         feature: what the user asked for, for the missing-extra message.
+        names: re-export only these names of `target` (None: its whole public API).
 
     Raises:
         ImportError: the sibling is not installed (names the pip command).
@@ -43,9 +44,12 @@ def optional_reexport(
 
     module = load()
     public = [name for name in getattr(module, "__all__", dir(module)) if not name.startswith("_")]
+    if names is not None:
+        public = list(names)
 
     def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook
-        if name.startswith("__"):  # __path__, __spec__...: this shim is a plain module, not `target`
+        if name.startswith("__") or (names is not None and name not in names):
+            # __path__, __spec__...: this shim is a plain module, not `target`
             raise AttributeError(f"module {shim!r} has no attribute {name!r}")
         try:
             return getattr(load(), name)

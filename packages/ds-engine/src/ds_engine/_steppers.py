@@ -78,16 +78,25 @@ class Fp32Stepper:
         self.clip = clip
         self.timers = timers
         self._norm: float | None = None
+        self._reduced = False
 
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         loss.backward(retain_graph=retain_graph)
 
-    def step(self, skip: torch.Tensor | None = None) -> bool:
+    def reduce_gradients(self) -> None:
+        """All-reduce the accumulated gradients now (`engine.allreduce_gradients()`); the step then skips it."""
+        if self._reduced:
+            return
         self.buffer.rebind()
         if self.reducer is not None:
             self.timers.start("allreduce")
             self.reducer.all_reduce()
             self.timers.stop("allreduce")
+        self._reduced = True
+
+    def step(self, skip: torch.Tensor | None = None) -> bool:
+        self.reduce_gradients()
+        self._reduced = False
         outcome = finish_step([self.buffer.flat], scaler=None, clip=self.clip, check_overflow=False, skip=skip)
         if outcome.grad_norm is not None:
             self._norm = outcome.grad_norm
@@ -98,6 +107,7 @@ class Fp32Stepper:
 
     def zero_grad(self) -> None:
         self.buffer.release()
+        self._reduced = False
 
     @property
     def global_grad_norm(self) -> float | None:

@@ -68,6 +68,9 @@ class TrainState:
     """Pipeline stages (1 for the plain engine)."""
     tp_degree: int = 1
     """Tensor-parallel degree."""
+    sp_degree: int = 1
+    """Sequence-parallel degree. ZeRO partitions over data x sequence ranks, so `dp_world_size` (the
+    partition count, as DeepSpeed records it) is replicas x `sp_degree`; a load re-partitions onto any split."""
     ds_config: dict[str, Any]
     """The config as the user wrote it."""
     rng_states: list[dict[str, Any]]
@@ -100,7 +103,12 @@ def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, A
         "micro_steps": c.micro_steps,
         "dp_world_size": state.dp_world_size,
         "mp_world_size": state.mp_world_size,
-        "checkpoint_parallel_dimensions": {"pp_degree": state.pp_degree, "tp_degree": state.tp_degree},
+        # DeepSpeed writes pp and tp here; ds adds sp (DeepSpeed's readers take the keys they know).
+        "checkpoint_parallel_dimensions": {
+            "pp_degree": state.pp_degree,
+            "tp_degree": state.tp_degree,
+            "sp_degree": state.sp_degree,
+        },
         "ds_config": state.ds_config,
         "ds_version": __version__,
         "rng_states": state.rng_states,
@@ -114,12 +122,20 @@ def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, A
 
 
 def restored_counters(saved: dict[str, Any], *, train_batch_size: int, gradient_accumulation_steps: int) -> Counters:
-    """The counters in a loaded model-states dict; keys older writers lack are derived from global_steps."""
+    """The counters in a loaded model-states dict; keys older writers lack are derived from global_steps.
+
+    A saved `micro_steps` that is not a multiple of this run's `gradient_accumulation_steps` (saved at
+    another world size, hence another accumulation count) would put the accumulation boundary mid-batch:
+    it is derived from global_steps then, as for DeepSpeed's files, which have none.
+    """
     global_steps = int(saved["global_steps"])
+    micro_steps = int(saved.get("micro_steps", global_steps * gradient_accumulation_steps))
+    if micro_steps % gradient_accumulation_steps:
+        micro_steps = global_steps * gradient_accumulation_steps
     return Counters(
         global_steps=global_steps,
         global_samples=int(saved.get("global_samples", global_steps * train_batch_size)),
-        micro_steps=int(saved.get("micro_steps", global_steps * gradient_accumulation_steps)),
+        micro_steps=micro_steps,
         skipped_steps=int(saved.get("skipped_steps", 0)),
     )
 

@@ -9,17 +9,22 @@ What crosses the seam:
   * construction, one calling convention for every stage (`ZeroOptimizerFactory`);
   * the step path: `backward`, `step(skip=...) -> applied`, `zero_grad`, and what the engine reports
     (`loss_scale`, `global_grad_norm`); `param_groups` is what `engine.get_lr()` reads;
+  * `offload_states` / `reload_states` / `offloaded_states` / `empty_partition_cache` (RLHF: states
+    parked in host memory between steps);
   * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
     size), `refresh_fp32_params` (masters from just-loaded module weights); and four module-level
     functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
     `param_shapes`), `load_partition_state_dicts(ckpt_dir, mp_rank=)` (every saved rank's partition,
     ds's or DeepSpeed's files), `consolidate_fp32_params(state_dicts)` (full fp32 weights, for
-    DeepSpeed's stage-3 placeholders) and `copy_zero_to_fp32_script(save_dir)`.
+    DeepSpeed's stage-3 placeholders) and `copy_zero_to_fp32_script(save_dir)`;
+  * per-parameter access for `deepspeed.utils.safe_get_full_fp32_param` and friends: the
+    `ZeroParamAccess` methods (DeepSpeed's stage-3 optimizer names, at every stage) and
+    `ds_zero.zero_optimizer_of(param)`, the optimizer that trains a parameter (None for none).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -27,9 +32,10 @@ from torch import nn
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 
+from ds_ops import OffloadDeviceEnum, OffloadStateTypeEnum
 from ds_ops.precision import LossScaler
 
-__all__ = ["ZeroOptimizer", "ZeroOptimizerFactory"]
+__all__ = ["ZeroOptimizer", "ZeroOptimizerFactory", "ZeroParamAccess"]
 
 
 @runtime_checkable
@@ -83,6 +89,64 @@ class ZeroOptimizer(Protocol):
     def refresh_fp32_params(self) -> None:
         """Reset the fp32 masters from the module's current (just loaded) weights."""
         ...
+
+    @property
+    def offloaded_states(self) -> set[OffloadStateTypeEnum]:
+        """The kinds of state `offload_states` moved off and `reload_states` has not brought back."""
+        ...
+
+    def offload_states(
+        self,
+        include: Container[OffloadStateTypeEnum] | None = None,
+        device: OffloadDeviceEnum = OffloadDeviceEnum.cpu,
+        pin_memory: bool = True,
+        non_blocking: bool = False,
+    ) -> None:
+        """Move this rank's states to host memory (`engine.offload_states()`); not a collective."""
+        ...
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Bring back, bit for bit, what `offload_states` moved."""
+        ...
+
+    def empty_partition_cache(self) -> None:
+        """Stage 3: free the gathered parameters no running module holds; otherwise nothing."""
+        ...
+
+
+@runtime_checkable
+class ZeroParamAccess(Protocol):
+    """One parameter's fp32 master, gradient and optimizer state, as `deepspeed.utils.tensor_fragment` reads them.
+
+    The `full` methods work on the parameter's whole value and are collectives over the data-parallel
+    group; the `local` ones on this rank's partition (ZeRO-3; stages 1/2 raise ValueError). Getters give
+    None, and setters do nothing, for a parameter the optimizer does not train. `optim_state_key` None
+    means the fp32 master itself.
+    """
+
+    def get_full_hp_param(self, param: torch.Tensor, optim_state_key: str | None = None) -> torch.Tensor | None: ...
+
+    def set_full_hp_param(
+        self, value: torch.Tensor, param: torch.Tensor, optim_state_key: str | None = None
+    ) -> None: ...
+
+    def get_fp32_grad_for_param(self, param: torch.Tensor) -> torch.Tensor | None: ...
+
+    def set_fp32_grad_for_param(self, value: torch.Tensor, param: torch.Tensor) -> None: ...
+
+    def update_fp32_grad_for_param_vectorized(
+        self, update_func: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], param_list: list[torch.Tensor]
+    ) -> None: ...
+
+    def get_local_fp32_param(self, param: torch.Tensor, optim_state_key: str | None = None) -> torch.Tensor | None: ...
+
+    def set_local_hp_param(
+        self, value: torch.Tensor, param: torch.Tensor, optim_state_key: str | None = None
+    ) -> None: ...
+
+    def get_local_fp32_grad_for_param(self, param: torch.Tensor) -> torch.Tensor | None: ...
+
+    def set_local_grad_for_param(self, value: torch.Tensor, param: torch.Tensor) -> None: ...
 
 
 class ZeroOptimizerFactory(Protocol):

@@ -22,6 +22,7 @@ from torch.optim import Optimizer
 
 from ds_engine._data_parallel import broadcast_module_states
 from ds_engine._dist_info import DistInfo
+from ds_engine._moe import MoeWiring
 from ds_engine._optional import require
 from ds_engine._plan import AssemblyPlan, reduction_dtype
 from ds_engine._zero_contract import ZeroOptimizer, ZeroOptimizerFactory
@@ -78,9 +79,19 @@ def nvme_kwargs(config: DeepSpeedConfig) -> dict[str, Any]:
 
 
 def build_zero_optimizer(
-    plan: AssemblyPlan, config: DeepSpeedConfig, base: Optimizer, module: nn.Module, dist: DistInfo
+    plan: AssemblyPlan,
+    config: DeepSpeedConfig,
+    base: Optimizer,
+    module: nn.Module,
+    dist: DistInfo,
+    *,
+    moe: MoeWiring | None = None,
 ) -> ZeroOptimizer:
     """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2) or `..._Stage3`.
+
+    With MoE layers (stage 1/2), each MoE param group is partitioned and reduced over its
+    expert-data-parallel group (`partition_groups=`), and expert parameters are saved under their global
+    expert names (`checkpoint_names=`), so a save loads at another expert-parallel degree.
 
     Raises:
         ImportError: ds-zero is missing, or lacks the class (the message names the pip command).
@@ -90,6 +101,8 @@ def build_zero_optimizer(
     m = config.model
     comm_dtype = reduction_dtype(config)
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
+    if moe is not None:
+        extra = {"partition_groups": moe.partition_groups(base.param_groups), "checkpoint_names": moe.expert_names}
     # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
     return cls(
         base,

@@ -9,7 +9,7 @@ import ds_comm
 if TYPE_CHECKING:  # the names below are copied at run time; type checkers see ds_comm's own
     from ds_comm import *  # noqa: F403
 #: ds_comm's config models: served on first access (they import pydantic, ~0.3 s), as ds_comm does.
-_LAZY = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "validate_section"})
+_LAZY = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "find_ignored", "validate_section", "warn_ignored"})
 
 __all__ = [name for name in ds_comm.__all__ if name != "__version__"]
 globals().update({name: getattr(ds_comm, name) for name in __all__ if name not in _LAZY})

@@ -2,7 +2,8 @@
 
 Op builders that compile native kernels just in time with ninja (or ahead of time into the wheel),
 CPU optimizers with DeepSpeed's classes (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion),
-the multi-tensor CUDA FusedAdam, the async I/O op for ZeRO-Infinity (`AsyncIOHandle`, DeepSpeed's
+the multi-tensor CUDA FusedAdam, `MuonWithAuxAdam` (Muon with Newton–Schulz in torch), the async I/O
+op for ZeRO-Infinity (`AsyncIOHandle`, DeepSpeed's
 `aio_handle`), and `ds_report`. Importing builds nothing and reads no environment.
 """
 
@@ -17,6 +18,8 @@ from ds_ops.adagrad import DeepSpeedCPUAdagrad
 from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
 from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
+from ds_ops.muon import MuonWithAuxAdam, muon_update, newton_schulz_orthogonalize
+from ds_ops.offload_states import OffloadDeviceEnum, OffloadStateTypeEnum, StateOffloader, StatesOffloadedError
 from ds_ops.op_builder import (
     ALL_OPS,
     AsyncIOBuilder,
@@ -56,11 +59,18 @@ __all__ = [
     "DeepSpeedCPULion",
     "FusedAdam",
     "FusedAdamBuilder",
+    "MuonWithAuxAdam",
     "InPassCopyOptimizer",
+    "OffloadDeviceEnum",
+    "OffloadStateTypeEnum",
     "OpBuildError",
     "OpBuilder",
     "OpNotCompatibleError",
+    "StateOffloader",
+    "StatesOffloadedError",
     "__version__",
     "aio_handle",
+    "muon_update",
+    "newton_schulz_orthogonalize",
     "supports_in_pass_copy",
 ]

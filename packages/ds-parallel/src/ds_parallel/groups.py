@@ -12,12 +12,25 @@ from torch.distributed import ProcessGroup
 
 from ds_parallel._dims import ParallelDims
 from ds_parallel._mesh import ParallelMesh, build_mesh
+from ds_parallel.moe import _groups as _experts
 
 __all__ = [
     "_get_data_parallel_group",
     "_get_data_parallel_rank",
     "_get_data_parallel_world_size",
+    "_create_expert_and_data_parallel",
+    "_get_expert_broadcast_src_rank",
+    "_get_expert_data_parallel_group",
+    "_get_expert_data_parallel_group_dict",
+    "_get_expert_data_parallel_group_ranks",
+    "_get_expert_data_parallel_rank",
+    "_get_expert_data_parallel_world_size",
     "_get_expert_parallel_group",
+    "_get_expert_parallel_group_dict",
+    "_get_expert_parallel_group_ranks",
+    "_get_max_expert_parallel_group",
+    "_get_max_expert_size",
+    "_get_max_expert_size_name",
     "_get_expert_parallel_rank",
     "_get_expert_parallel_world_size",
     "_get_model_parallel_group",
@@ -60,9 +73,11 @@ def set_mesh(mesh: ParallelMesh) -> None:
 
 
 def reset_mesh() -> None:
-    """Forget the installed mesh (its process groups stay alive until the process group is destroyed)."""
+    """Forget the installed mesh and the expert groups (process groups stay alive until torch.distributed is
+    torn down)."""
     global _MESH
     _MESH = None
+    _experts.reset_expert_groups()
 
 
 def get_mesh() -> ParallelMesh:
@@ -125,16 +140,82 @@ def _get_model_parallel_rank() -> int:
     return get_mesh().rank("tp")
 
 
-def _get_expert_parallel_group() -> ProcessGroup:
-    return get_mesh().group("ep")
+def _get_expert_parallel_group(group_name: str | None = None) -> ProcessGroup:
+    """The mesh's `ep` group, or with a name (`ep_size_{N}`) that degree's group (see `ds_parallel.moe`)."""
+    if group_name is None:
+        return get_mesh().group("ep")
+    return _experts.get_expert_groups(group_name).ep_group
 
 
-def _get_expert_parallel_world_size() -> int:
-    return get_mesh().size("ep")
+def _get_expert_parallel_world_size(group_name: str | None = None) -> int:
+    if group_name is None:
+        return get_mesh().size("ep")
+    return _experts.get_expert_groups(group_name).ep_size
 
 
-def _get_expert_parallel_rank() -> int:
-    return get_mesh().rank("ep")
+def _get_expert_parallel_rank(group_name: str | None = None) -> int:
+    if group_name is None:
+        return get_mesh().rank("ep")
+    return _experts.get_expert_groups(group_name).ep_rank
+
+
+def _create_expert_and_data_parallel(
+    expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False
+) -> None:
+    """Create the `ep_size_{N}` expert-parallel and expert-data-parallel groups (a collective)."""
+    if use_data_before_expert_parallel_:
+        raise NotImplementedError("use_data_before_expert_parallel_=True (the D+E rank layout) is not supported")
+    _experts.create_expert_groups(expert_parallel_size_)
+
+
+def _get_expert_data_parallel_group(group_name: str) -> ProcessGroup:
+    """Ranks holding the same experts of degree `group_name`: expert gradients are reduced here."""
+    return _experts.get_expert_groups(group_name).edp_group
+
+
+def _get_expert_data_parallel_world_size(group_name: str) -> int:
+    return _experts.get_expert_groups(group_name).edp_size
+
+
+def _get_expert_data_parallel_rank(group_name: str) -> int:
+    return _experts.get_expert_groups(group_name).edp_rank
+
+
+def _get_expert_broadcast_src_rank(group_name: str) -> int:
+    """Global rank of the first member of this rank's expert-data-parallel group."""
+    return _experts.get_expert_groups(group_name).edp_ranks[0]
+
+
+def _get_expert_parallel_group_ranks(group_name: str) -> list[int]:
+    """Global ranks of this rank's expert-parallel group of degree `group_name`."""
+    return list(_experts.get_expert_groups(group_name).ep_ranks)
+
+
+def _get_expert_data_parallel_group_ranks(group_name: str) -> list[int]:
+    """Global ranks of this rank's expert-data-parallel group of degree `group_name`."""
+    return list(_experts.get_expert_groups(group_name).edp_ranks)
+
+
+def _get_max_expert_size() -> int | None:
+    """The largest expert-parallel degree with groups (None before any)."""
+    sizes = [g.ep_size for g in _experts.expert_groups().values()]
+    return max(sizes) if sizes else None
+
+
+def _get_max_expert_size_name() -> str:
+    return _experts.expert_group_name(_get_max_expert_size() or 1)
+
+
+def _get_max_expert_parallel_group() -> ProcessGroup:
+    return _get_expert_parallel_group(_get_max_expert_size_name())
+
+
+def _get_expert_parallel_group_dict() -> dict[str, ProcessGroup]:
+    return {name: g.ep_group for name, g in _experts.expert_groups().items()}
+
+
+def _get_expert_data_parallel_group_dict() -> dict[str, ProcessGroup]:
+    return {name: g.edp_group for name, g in _experts.expert_groups().items()}
 
 
 def _get_pipeline_parallel_group() -> ProcessGroup:

@@ -11,11 +11,14 @@ from typing import TYPE_CHECKING
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
+from ds_zero._access.owner import zero_optimizer_of
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.format import consolidate_fp32_params
 from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts
 from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
+from ds_zero._checkpoint.universal_read import load_universal_partitions, universal_model_states_file
+from ds_zero._checkpoint.universal_write import convert_to_universal
 from ds_zero._memory_estimate import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -34,11 +37,23 @@ from ds_zero._params.gathered_parameters import (
     register_external_parameter,
     unregister_external_parameter,
 )
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param
+from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is_zero_param
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
+from ds_zero._stage3.generation import unwrap_model_for_generation
 from ds_zero._stage3.init import Init, partition_model
+from ds_zero._stage3.leaf_modules import (
+    get_z3_leaf_modules,
+    set_z3_leaf_module,
+    set_z3_leaf_modules,
+    set_z3_leaf_modules_by_name,
+    set_z3_leaf_modules_by_suffix,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+    z3_leaf_parameter,
+)
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
+from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
@@ -47,9 +62,9 @@ from ds_zero.zero_to_fp32 import (
 )
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
-    from ds_zero.config import OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+    from ds_zero.config import LeafModuleConfig, OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
 
-_CONFIG_NAMES = frozenset({"OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
+_CONFIG_NAMES = frozenset({"LeafModuleConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
 
 
 def __getattr__(name: str) -> object:
@@ -63,6 +78,7 @@ __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
     "DeepSpeedZeroOptimizer",
     "DynamicLossScaler",
+    "LeafModuleConfig",
     "LossScaler",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
@@ -70,13 +86,17 @@ __all__ = [
     "ZeroOptimizer",
     "__version__",
     "consolidate_fp32_params",
+    "convert_to_universal",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "copy_zero_to_fp32_script",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_partition_state_dicts",
     "load_state_dict_from_zero_checkpoint",
+    "load_universal_partitions",
     "load_zero_checkpoint",
     "save_zero_checkpoint",
+    "universal_model_states_file",
+    "zero_optimizer_of",
     "zero_param_shapes",
     # ZeRO stage 3
     "DeepSpeedZeRoOffload",
@@ -85,12 +105,25 @@ __all__ = [
     "GatheredParameters",
     "Init",
     "NVMeSwapError",
+    "TiledLinear",
+    "TiledLinearReturnBias",
     "ZeroParamStatus",
+    "ZeroParamType",
     "consolidated_16bit_state_dict",
     "is_zero_param",
     "partition_model",
     "register_external_parameter",
     "unregister_external_parameter",
+    "unwrap_model_for_generation",
+    # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
+    "get_z3_leaf_modules",
+    "set_z3_leaf_module",
+    "set_z3_leaf_modules",
+    "set_z3_leaf_modules_by_name",
+    "set_z3_leaf_modules_by_suffix",
+    "unset_z3_leaf_modules",
+    "z3_leaf_module",
+    "z3_leaf_parameter",
     # memory estimators (DeepSpeed's stage_1_and_2 / stage3 functions)
     "estimate_zero2_model_states_mem_needs",
     "estimate_zero2_model_states_mem_needs_all_cold",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import torch
 
@@ -16,15 +17,17 @@ class ParamNames:
 
     Args:
         module: the model; None gives positional names `group{g}.param{i}`.
+        renames: module name -> the name to use instead (e.g. an expert's global name).
     """
 
-    def __init__(self, module: torch.nn.Module | None) -> None:
+    def __init__(self, module: torch.nn.Module | None, renames: Mapping[str, str] | None = None) -> None:
         self.module = module
         self._names: dict[int, str] = {}
         self._aliases: dict[str, str] = {}
         self._frozen: dict[str, list[int]] = {}
         if module is not None:
             for name, p in module.named_parameters(remove_duplicate=False):
+                name = renames.get(name, name) if renames else name
                 first = self._names.setdefault(id(p), name)
                 if first != name:
                     self._aliases[name] = first

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
 
-__all__ = ["OffloadDevice", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"]
+__all__ = ["LeafModuleConfig", "OffloadDevice", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"]
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -22,7 +22,15 @@ _STAGE3_ALIASES = {
     "max_live_parameters": "stage3_max_live_parameters",
     "max_reuse_distance": "stage3_max_reuse_distance",
     "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    "module_granularity_threshold": "stage3_module_granularity_threshold",
+    "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
+    "allgather_sequential": "stage3_allgather_sequential",
 }
+
+
+def _none_is_default(value: Any) -> Any:
+    """`"offload_param": null` (DeepSpeed's default value) means the default section."""
+    return {} if value is None else value
 
 
 class OffloadParamConfig(ConfigModel):
@@ -52,6 +60,10 @@ class OffloadOptimizerConfig(ConfigModel):
     """`zero_optimization.offload_optimizer`: fp32 master weights and optimizer state off the device."""
 
     inert_keys: ClassVar[dict[str, str]] = {"super_offload": "SuperOffload is not implemented"}
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "ratio": "the whole optimizer state is offloaded",
+        "cpuadam_cores_perc": "the CPU optimizer uses torch's intra-op threads (torch.set_num_threads)",
+    }
 
     device: OffloadDevice = "none"
     """"cpu": state in host memory and the step on the CPU (DeepSpeedCPUAdam); "nvme": swapped to disk."""
@@ -86,6 +98,46 @@ class OffloadOptimizerConfig(ConfigModel):
         return self.pipeline_read or self.pipeline_write
 
 
+#: The Hugging Face MoE blocks DeepSpeed 0.19.8 makes ZeRO-3 leaf modules by default (`leaf_module.classes`).
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+
+
+class LeafModuleConfig(ConfigModel):
+    """`zero_optimization.leaf_module`: modules ZeRO-3 gathers whole on entry (`ds_zero.set_z3_leaf_modules`).
+
+    Each field takes a list or a single string; duplicates are dropped. Entries that match no module of
+    the model are not an error.
+    """
+
+    classes: list[str] = Field(default_factory=lambda: list(DEFAULT_LEAF_MODULE_CLASSES))
+    """Class names, bare (`"MixtralSparseMoeBlock"`) or qualified with their module."""
+    names: list[str] = Field(default_factory=list)
+    """Module names as in `model.named_modules()` (`"model.layers.0.mlp"`)."""
+    name_suffixes: list[str] = Field(default_factory=list)
+    """Suffixes of `named_modules()` names (`"mlp"` flags every `*.mlp`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists(cls, data: Any) -> Any:
+        """A single string means a list of one; duplicates go (first occurrence kept)."""
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise TypeError(f"leaf_module must be a mapping of classes/names/name_suffixes, got {type(data).__name__}")
+        out = {}
+        for key, value in data.items():
+            if isinstance(value, str):
+                value = [value]
+            if isinstance(value, (list, tuple)):
+                value = list(dict.fromkeys(value))
+            out[key] = value
+        return out
+
+
 class ZeroConfig(ConfigModel):
     """The `zero_optimization` section: which ZeRO stage, and how it buckets, overlaps and offloads.
 
@@ -106,10 +158,19 @@ class ZeroConfig(ConfigModel):
         "zeropp_loco_param": "ZeRO++ LoCo is not implemented",
         "zenflow": "ZenFlow is not implemented",
         "legacy_stage1": "the deprecated ZeRO stage 1 is not supported",
-        "module_granularity_threshold": "fine-grained module fetching is not implemented",
+    }
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "contiguous_gradients": "gradient partitions are always contiguous buffers",
+        "use_multi_rank_bucket_allreduce": "buckets are reduced with reduce-scatter or one all-reduce each",
+        "round_robin_gradients": "each rank copies only its own contiguous gradient partition",
+        "parameter_alignment": "flat buffers are padded to the data-parallel size only",
+        "memory_efficient_linear": "stage 3 frees gathered weights after use whatever the layer type",
+        "pipeline_loading_checkpoint": "stage-3 checkpoints load partition by partition",
+        "enable_sanity_checks": "no extra invariant checks are implemented",
+        "module_granularity_threshold": "stage 3 fetches parameters per module; no fine-grained grouping",
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
-        "save_muon_momentum_buffer_in_memory": "Muon is not implemented",
+        "save_muon_momentum_buffer_in_memory": "a ZeRO-3 Muon setting; Muon is not supported at stage 3 in ds",
     }
 
     stage: int = Field(0, ge=0, le=3)
@@ -134,10 +195,10 @@ class ZeroConfig(ConfigModel):
     """On load, restore master weights from the checkpoint's fp32 partitions."""
     elastic_checkpoint: bool = False
     """Legacy flag; checkpoints here always re-partition on load."""
-    offload_param: OffloadParamConfig = OffloadParamConfig()
-    """Stage 3 parameter offload."""
-    offload_optimizer: OffloadOptimizerConfig = OffloadOptimizerConfig()
-    """Optimizer state offload (stages 1-3)."""
+    offload_param: Annotated[OffloadParamConfig, BeforeValidator(_none_is_default)] = OffloadParamConfig()
+    """Stage 3 parameter offload (null: the default, off)."""
+    offload_optimizer: Annotated[OffloadOptimizerConfig, BeforeValidator(_none_is_default)] = OffloadOptimizerConfig()
+    """Optimizer state offload (stages 1-3; null: the default, off)."""
     sub_group_size: int = Field(1_000_000_000, ge=0)
     """Elements per optimizer-step tile in stage 3 (bounds the step's peak memory)."""
     prefetch_bucket_size: int = Field(50_000_000, ge=0, alias="stage3_prefetch_bucket_size")
@@ -168,6 +229,8 @@ class ZeroConfig(ConfigModel):
     """Stage 3: warn when the recorded execution order is invalidated."""
     enable_sanity_checks: bool = False
     """Extra invariant checks (slow)."""
+    leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
+    """Stage 3: modules gathered whole on entry (mixture-of-experts blocks); see `LeafModuleConfig`."""
 
     zero_hpz_partition_size: int = 1
     zero_quantized_weights: bool = False
@@ -178,9 +241,9 @@ class ZeroConfig(ConfigModel):
     zeropp_loco_param: dict[str, Any] | None = None
     zenflow: dict[str, Any] | None = None
     legacy_stage1: bool = False
-    module_granularity_threshold: int = 0
-    use_all_reduce_for_fetch_params: bool = False
-    allgather_sequential: bool = False
+    module_granularity_threshold: int = Field(0, alias="stage3_module_granularity_threshold")
+    use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
+    allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
     save_muon_momentum_buffer_in_memory: bool = False
 
     @classmethod

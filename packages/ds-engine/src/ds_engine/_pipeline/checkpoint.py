@@ -53,16 +53,38 @@ def _read_stage_state(engine: PipelineEngine, ckpt_dir: Path) -> tuple[Path, dic
     if not path.is_file():
         raise FileNotFoundError(f"load_checkpoint: {path} does not exist; is {ckpt_dir} a pipeline checkpoint?")
     state = ds_comm.load_checkpoint_file(path)
-    if state.get(LAYOUT_KEY) != engine.layout() and path != _checkpoint.model_file(ckpt_dir, 0):
+    if not _layout_matches(engine, state) and path != _checkpoint.model_file(ckpt_dir, 0):
         path = _checkpoint.model_file(ckpt_dir, 0)
         state = ds_comm.load_checkpoint_file(path)
     return path, state
 
 
-def _check_layout(engine: PipelineEngine, saved: Any, ckpt_dir: Path) -> None:
+def _layout_matches(engine: PipelineEngine, state: dict[str, Any]) -> bool:
+    """Whether a stage's states file was saved with this engine's stage layout.
+
+    ds records the layout (`LAYOUT_KEY`). DeepSpeed records only the stage count
+    (`checkpoint_parallel_dimensions.pp_degree`): then the stage's parameters must be this stage's, in
+    order, by shape (ZeRO's `param_shapes`), or by number (the stage-0 optimizer's param groups).
+    """
+    saved = state.get(LAYOUT_KEY)
+    if saved is not None or "ds_version" not in state:
+        return bool(saved == engine.layout())
+    dims = state.get("checkpoint_parallel_dimensions") or {}
+    if dims.get("pp_degree", state.get("mp_world_size")) != engine.layout()["num_stages"]:
+        return False
+    mine = [tuple(p.shape) for p in engine.module.parameters() if p.requires_grad]
+    if state.get("param_shapes"):
+        return [tuple(s) for group in state["param_shapes"] for s in group.values()] == mine
+    optimizer = state.get("optimizer") or {}
+    groups = optimizer.get("param_groups") or (optimizer.get("optimizer_state_dict") or {}).get("param_groups") or []
+    return sum(len(g["params"]) for g in groups) == len(mine)
+
+
+def _check_layout(engine: PipelineEngine, state: dict[str, Any], ckpt_dir: Path) -> None:
     mine = engine.layout()
-    if saved == mine:
+    if _layout_matches(engine, state):
         return
+    saved = state.get(LAYOUT_KEY)
     raise ValueError(
         f"load_checkpoint: {ckpt_dir} was saved with {saved.get('num_stages') if saved else '?'} pipeline stages "
         f"(layer boundaries {saved.get('partitions') if saved else '?'}); this engine has {mine['num_stages']} "
@@ -105,13 +127,18 @@ def load_pipeline_checkpoint(
             "load_checkpoint: custom_load_fn is not supported for a PipelineEngine (weights load per "
             "layer through PipelineModule.load_state_dir); pass custom_load_fn=None"
         )
+    if engine._ckpt_config.load_universal:
+        raise ValueError(
+            "load_checkpoint: checkpoint.load_universal is not supported by the PipelineEngine (universal "
+            "checkpoints here are for pipeline-parallel degree 1); load the pipeline checkpoint itself"
+        )
     ckpt_dir = _checkpoint.resolve_load_dir(load_dir, tag)
     if ckpt_dir is None:
         return None, None
     path, state = _read_stage_state(engine, ckpt_dir)
     restore_optimizer = load_optimizer_states and not load_module_only and engine._stepper is not None
     if restore_optimizer:
-        _check_layout(engine, state.get(LAYOUT_KEY), ckpt_dir)  # before any weight changes
+        _check_layout(engine, state, ckpt_dir)  # before any weight changes
     engine.module.load_state_dir(ckpt_dir, strict=load_module_strict)
     if restore_optimizer:
         _load_optimizer(engine, state, ckpt_dir)

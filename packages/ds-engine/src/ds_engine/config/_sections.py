@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 from ds_comm import ConfigModel
 from ds_engine._optimizers import ParamError, canonical_optimizer_name, check_optimizer_params
 from ds_engine._schedulers import check_scheduler_params, scheduler_class
-from ds_engine.config._types import DtypeName, Float, Int, NonNegFloat, NonNegInt, PosInt
+from ds_engine.config._types import DtypeName, Int, NonNegFloat, NonNegInt, PosInt
 
 __all__ = [
     "BF16Config",
@@ -183,7 +183,6 @@ class CheckpointConfig(ConfigModel):
     """`checkpoint`: how save_checkpoint/load_checkpoint behave."""
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "load_universal": "universal checkpoints are not implemented",
         "use_node_local_storage": "node-local checkpoint storage is not implemented",
         "writer": "DeepSpeed's FastPersist checkpoint writers are not implemented",
     }
@@ -191,7 +190,8 @@ class CheckpointConfig(ConfigModel):
     tag_validation: Annotated[Literal["WARN", "IGNORE", "FAIL"], BeforeValidator(_upper)] = "WARN"
     """Check that every rank saves under the same tag: Warn, Ignore or Fail (case-insensitive)."""
     load_universal: bool = False
-    """Load a universal checkpoint; only false is accepted."""
+    """`load_checkpoint` reads a universal checkpoint (`ds_to_universal`'s output; the tag from
+    `latest_universal`), at any world size and ZeRO stage 1-3."""
     use_node_local_storage: bool = False
     """Write per-node copies; only false is accepted."""
     parallel_write: ParallelWriteConfig = ParallelWriteConfig()
@@ -220,34 +220,39 @@ class CSVMonitorConfig(_MonitorConfig):
 
 
 class WandbConfig(ConfigModel):
-    """`wandb`: Weights & Biases logging; not implemented, accepted only disabled."""
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        "enabled": "the wandb monitor is not implemented; use tensorboard or csv_monitor"
-    }
+    """`wandb`: Weights & Biases logging (needs the wandb package; mode and directory from WANDB_* variables)."""
 
     enabled: bool = False
+    """Log events to a wandb run (rank 0 only)."""
     group: str | None = None
+    """wandb group of the run."""
     team: str | None = None
+    """wandb entity (team); None: the user's default."""
     project: str = "deepspeed"
+    """wandb project."""
 
 
 class CometConfig(ConfigModel):
-    """`comet`: Comet logging; not implemented, accepted only disabled."""
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        "enabled": "the comet monitor is not implemented; use tensorboard or csv_monitor"
-    }
+    """`comet`: Comet logging (needs the comet_ml package); None values fall back to Comet's own configuration."""
 
     enabled: bool = False
+    """Log events to a Comet experiment (rank 0 only)."""
     samples_log_interval: PosInt = 100
+    """Log an event name again only after this many more samples."""
     project: str | None = None
+    """Comet project."""
     workspace: str | None = None
+    """Comet workspace."""
     api_key: str | None = None
+    """Comet API key."""
     experiment_name: str | None = None
+    """Name given to the experiment."""
     experiment_key: str | None = None
+    """Key of the experiment to create or continue."""
     online: bool | None = None
+    """False: write an offline archive instead of uploading."""
     mode: str | None = None
+    """comet_ml.start's mode: "get", "create" or "get_or_create"."""
 
 
 class DataTypesConfig(ConfigModel):
@@ -282,17 +287,30 @@ class TimersConfig(ConfigModel):
 
 
 class FlopsProfilerConfig(ConfigModel):
-    """`flops_profiler`: not implemented, accepted only disabled."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": "the flops profiler is not implemented"}
+    """`flops_profiler`: profile one optimizer step on rank 0 and print (or write) per-module params, MACs, latency."""
 
     enabled: bool = False
-    recompute_fwd_factor: Float = 0.0
-    profile_step: Int = 1
+    """Profile the step `profile_step`."""
+    recompute_fwd_factor: NonNegFloat = 0.0
+    """Forward recomputations per backward (activation checkpointing), for the estimated backward flops
+    `(2 + factor) x forward`; ds also prints the measured backward flops."""
+    profile_step: NonNegInt = 1
+    """The optimizer step to profile (counted from 0 before it runs; 1 lets one step warm up)."""
     module_depth: Int = -1
-    top_modules: Int = 1
+    """Deepest module level shown (-1: all)."""
+    top_modules: PosInt = 1
+    """Module classes listed per depth in the aggregated profile."""
     detailed: bool = True
+    """Also print the per-module tree."""
     output_file: str | None = None
+    """Write the profile to this file instead of stdout."""
+
+    @field_validator("module_depth")
+    @classmethod
+    def _depth(cls, value: int) -> int:
+        if value < -1:
+            raise ValueError(f"module_depth must be -1 (all) or >= 0, got {value}")
+        return value
 
 
 class TorchAutocastConfig(ConfigModel):

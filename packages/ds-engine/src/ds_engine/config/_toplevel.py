@@ -48,7 +48,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "data_efficiency, which ds does not implement)",
     "expert_parallel": "mixture-of-experts parallelism is not implemented in ds",
     "weight_quantization": "weight quantization is not implemented in ds",
-    "datastates": "DataStates checkpointing is not implemented in ds",
 }
 
 #: Sections ds accepts only when their feature is switched off: key -> (switch, reason).
@@ -76,6 +75,15 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
+def _datastates_off(value: Any) -> Any:
+    if value is not None and value is not False:
+        raise ValueError(
+            f"DataStates checkpointing is not implemented in ds; only false is accepted (DeepSpeed turns it "
+            f"on for any other value), got {value!r}"
+        )
+    return value
+
+
 class DeepSpeedConfigModel(ConfigModel):
     """Every top-level key of a ds_config (sections are models of their own).
 
@@ -92,7 +100,6 @@ class DeepSpeedConfigModel(ConfigModel):
         "disable_allgather": "the legacy disable_allgather switch is not implemented",
         "use_data_before_expert_parallelism": "expert parallelism is not implemented",
         "disable_python_gc": "the engine does not manage Python's garbage collector",
-        "log_level": "configure logging through the `logging` module (logger 'ds_engine')",
     }
 
     train_batch_size: PosInt | None = None
@@ -142,9 +149,9 @@ class DeepSpeedConfigModel(ConfigModel):
     csv_monitor: CSVMonitorConfig = CSVMonitorConfig()
     """CSV monitor."""
     wandb: WandbConfig = WandbConfig()
-    """wandb monitor (only disabled)."""
+    """wandb monitor."""
     comet: CometConfig = CometConfig()
-    """Comet monitor (only disabled)."""
+    """Comet monitor."""
     data_types: DataTypesConfig = DataTypesConfig()
     """Accumulation, parameter and buffer dtypes."""
     timers: TimersConfig = TimersConfig()
@@ -162,7 +169,7 @@ class DeepSpeedConfigModel(ConfigModel):
     activation_checkpointing: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
     """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
-    """Only disabled."""
+    """Flops profiler (one step, rank 0)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     """Only disabled."""
     aio: AioConfig = AioConfig()
@@ -174,7 +181,12 @@ class DeepSpeedConfigModel(ConfigModel):
     disable_allgather: bool = False
     use_data_before_expert_parallelism: bool = False
     disable_python_gc: bool = False
-    log_level: str | None = None
+    log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"] | None, BeforeValidator(_lower)] = (
+        None
+    )
+    """Level of the ds packages' loggers, set at initialize() (debug, info, warning, error, critical)."""
+    datastates_ckpt: Annotated[Literal[False] | None, BeforeValidator(_datastates_off)] = None
+    """DataStates asynchronous checkpointing (DeepSpeed enables it for any value but false); only false."""
 
     @classmethod
     def valid_keys(cls) -> list[str]:

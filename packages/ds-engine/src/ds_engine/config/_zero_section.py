@@ -7,7 +7,7 @@ import logging
 import warnings
 from typing import Any
 
-from ds_comm import ConfigDeprecationWarning, ConfigError, validate_section
+from ds_comm import ConfigDeprecationWarning, ConfigError, validate_section, warn_ignored
 from ds_engine._optional import require
 from ds_engine.config._errors import DeepSpeedConfigError
 
@@ -101,6 +101,7 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         cfg = validate_section(ds_zero.ZeroConfig, value, path="zero_optimization")
     except ConfigError as err:
         raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
+    warn_ignored(cfg, path="zero_optimization")
     return ZeroSettings(
         stage=cfg.stage,
         offload_optimizer_device=cfg.offload_optimizer.device,

@@ -6,8 +6,10 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ds_engine.monitors._comet import CometMonitor, require_comet
 from ds_engine.monitors._csv import CsvMonitor
 from ds_engine.monitors._tensorboard import TensorBoardMonitor, tensorboard_available
+from ds_engine.monitors._wandb import WandbMonitor, require_wandb
 
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
@@ -46,19 +48,39 @@ def build_monitor(config: DeepSpeedConfig, *, rank: int) -> MonitorMaster | None
     """The monitor for the config: None when no monitor is enabled; an empty master on ranks other than 0.
 
     Raises:
-        ImportError: tensorboard is enabled but not installed (checked on every rank, so all ranks
-            fail together instead of rank 0 alone).
+        ImportError: tensorboard, wandb or comet is enabled but its package is not installed (checked
+            on every rank, so all ranks fail together instead of rank 0 alone).
     """
-    tb, csv_cfg = config.model.tensorboard, config.model.csv_monitor
-    if not (tb.enabled or csv_cfg.enabled):
+    model = config.model
+    tb, csv_cfg, wb, comet = model.tensorboard, model.csv_monitor, model.wandb, model.comet
+    if not (tb.enabled or csv_cfg.enabled or wb.enabled or comet.enabled):
         return None
     if tb.enabled and not tensorboard_available():
         TensorBoardMonitor(tb.output_path, tb.job_name)  # raises the explanatory ImportError
+    if wb.enabled:
+        require_wandb()
+    if comet.enabled:
+        require_comet()
     if rank != 0:
         return MonitorMaster([])
     monitors: list[_Monitor] = []
     if tb.enabled:
         monitors.append(TensorBoardMonitor(tb.output_path, tb.job_name))
+    if wb.enabled:
+        monitors.append(WandbMonitor(wb.project, wb.group, wb.team))
     if csv_cfg.enabled:
         monitors.append(CsvMonitor(csv_cfg.output_path, csv_cfg.job_name))
+    if comet.enabled:
+        monitors.append(
+            CometMonitor(
+                samples_log_interval=comet.samples_log_interval,
+                project=comet.project,
+                workspace=comet.workspace,
+                api_key=comet.api_key,
+                experiment_name=comet.experiment_name,
+                experiment_key=comet.experiment_key,
+                online=comet.online,
+                mode=comet.mode,
+            )
+        )
     return MonitorMaster(monitors)

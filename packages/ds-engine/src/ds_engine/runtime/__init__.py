@@ -3,7 +3,9 @@
 `runtime.lr_schedules` (ds-engine's schedules), `runtime.pipe` (with `.topology`, `.schedule`,
 `.module`; ds-pipe, the `pipe` extra), `runtime.activation_checkpointing.checkpointing` (ds-pipe) and
 `runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra),
-`runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra).
+`runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
+`runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...),
+`runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is).
 The sibling paths are imported on first use.
 """
 
@@ -19,10 +21,11 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import activation_checkpointing as activation_checkpointing
     from ds_engine.runtime import pipe as pipe
     from ds_engine.runtime import sequence_parallel as sequence_parallel
+    from ds_engine.runtime import utils as utils
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "pipe", "sequence_parallel", "zero")
+_LAZY = ("activation_checkpointing", "checkpoint_engine", "pipe", "sequence_parallel", "utils", "zero")
 
 
 def __getattr__(name: str) -> ModuleType:

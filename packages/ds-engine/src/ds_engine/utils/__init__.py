@@ -1,28 +1,80 @@
-"""`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, and `utils.zero_to_fp32` (from ds-zero).
+"""`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, ZeRO's accessors and leaf modules, submodules.
 
 `logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
-ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). `ds_engine.utils.zero_to_fp32`
-(DeepSpeed's checkpoint consolidation) needs the `zero` extra and `ds_engine.utils.groups` (ds-parallel's
-mesh views) the `parallel` extra; both are imported on first use.
+ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
+(`safe_get_full_fp32_param`, `safe_get_full_grad`...; `utils.tensor_fragment`), the ZeRO-3 leaf-module
+functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`, which needs the `zero` extra),
+`utils.zero_to_fp32` (the `zero` extra) and `utils.groups` (ds-parallel's mesh views, the `parallel`
+extra) are imported on first use.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
+from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger
 
-if TYPE_CHECKING:  # type checkers see the lazy submodule
+if TYPE_CHECKING:  # type checkers see the lazy submodules and names
     from ds_engine.utils import groups as groups
+    from ds_engine.utils import tensor_fragment as tensor_fragment
+    from ds_engine.utils import z3_leaf_module as z3_leaf_module
     from ds_engine.utils import zero_to_fp32 as zero_to_fp32
+    from ds_engine.utils.tensor_fragment import *  # noqa: F403
+    from ds_engine.utils.z3_leaf_module import (  # noqa: F401
+        get_z3_leaf_modules,
+        set_z3_leaf_module,
+        set_z3_leaf_modules,
+        set_z3_leaf_modules_by_name,
+        set_z3_leaf_modules_by_suffix,
+        unset_z3_leaf_modules,
+        z3_leaf_parameter,
+    )
 
-__all__ = ["log_dist", "logger"]
+_SUBMODULES = ("groups", "tensor_fragment", "z3_leaf_module", "zero_to_fp32")
+
+_ACCESSORS = (
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
+    "safe_set_full_fp32_param",
+    "safe_set_full_grad",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_grad",
+    "safe_set_local_optimizer_state",
+    "safe_update_full_grad_vectorized",
+)
+
+#: name -> the submodule that serves it (imported on first use: these need optional siblings).
+_LAZY_NAMES = {
+    name: "z3_leaf_module"
+    for name in (
+        "get_z3_leaf_modules",
+        "set_z3_leaf_module",
+        "set_z3_leaf_modules",
+        "set_z3_leaf_modules_by_name",
+        "set_z3_leaf_modules_by_suffix",
+        "unset_z3_leaf_modules",
+        "z3_leaf_parameter",
+    )
+} | dict.fromkeys(_ACCESSORS, "tensor_fragment")
+
+__all__ = ["OnDevice", "log_dist", "logger", *sorted(_LAZY_NAMES)]
 
 
-def __getattr__(name: str) -> ModuleType:
-    if name in ("zero_to_fp32", "groups"):
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
         return importlib.import_module(f"ds_engine.utils.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"ds_engine.utils.{_LAZY_NAMES[name]}"), name)
     raise AttributeError(f"module 'ds_engine.utils' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, *_LAZY_NAMES})

@@ -185,6 +185,11 @@ class FragmentIndex:
         first), then any named in `param_shapes` whose fragments are all missing (consolidation fails on them)."""
         return list(self._by_name) + [n for n in self.param_shapes if n not in self._by_name]
 
+    def first_partition(self, name: str) -> tuple[int, int]:
+        """`(rank, k)` of the partition holding the first saved slice of `name` (KeyError if none)."""
+        loc = self._by_name[name][0]
+        return loc.rank, loc.k
+
     def check_complete(self, name: str) -> None:
         """Raise ValueError unless the saved fragments of `name` tile it exactly."""
         numel = math.prod(self.param_shapes[name])

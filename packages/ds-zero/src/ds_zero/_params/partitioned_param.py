@@ -16,7 +16,7 @@ and `named_parameters()` keep working), and its `.data` switches between two ten
 
 The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
-`ds_process_group`. Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
+`ds_process_group`, `ds_param_type`. Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
 `s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
 
 [Note: user-facing attributes vs internal state]
@@ -45,7 +45,7 @@ import ds_comm
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ZeroParamState", "ZeroParamStatus", "is_zero_param", "state_of"]
+__all__ = ["ZeroParamState", "ZeroParamStatus", "ZeroParamType", "is_zero_param", "state_of"]
 
 _ids = itertools.count()
 
@@ -59,6 +59,17 @@ class ZeroParamStatus(enum.Enum):
     """Released: only `ds_tensor` (this rank's shard) holds values."""
     INFLIGHT = 3
     """An all-gather into the full storage has been issued and not yet waited on."""
+
+
+class ZeroParamType(enum.Enum):
+    """How a parameter is held across the ranks (DeepSpeed's names; `param.ds_param_type`)."""
+
+    NORMAL = 1
+    """A plain parameter, whole on every rank."""
+    PARTITIONED = 2
+    """Split across the data-parallel ranks (every stage-3 partitioned parameter here)."""
+    REMOTE = 3
+    """Held by one rank only (DeepSpeed's name; ds never creates such parameters)."""
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -174,6 +185,7 @@ def partition_param(
     param.ds_tensor = shard
     param.ds_persist = False
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    param.ds_param_type = ZeroParamType.PARTITIONED
     full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
     param._ds_state = ZeroParamState(
         name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",

@@ -28,46 +28,53 @@ class PartitionAllGather:
 
     Args:
         flats: the flat parameter groups (their own partitions already hold the updated values).
-        group: the data-parallel process group.
+        groups: each flat group's process group (the ranks its partitions are spread over).
         bucket_numel: elements moved per collective round (`allgather_bucket_size`, over all ranks).
         allgather_partitions: use all-gather collectives (True) or one broadcast per owner (False);
             gloo always uses broadcasts (see the note above).
     """
 
     def __init__(
-        self, flats: list[FlatParamGroup], group: ProcessGroup | None, *, bucket_numel: int, allgather_partitions: bool
+        self,
+        flats: list[FlatParamGroup],
+        groups: list[ProcessGroup | None],
+        *,
+        bucket_numel: int,
+        allgather_partitions: bool,
     ) -> None:
         self.flats = flats
-        self.group = group
-        self.world = ds_comm.get_world_size(group)
+        self.groups = groups
+        self.worlds = [ds_comm.get_world_size(g) for g in groups]
         self.bucket_numel = max(1, int(bucket_numel))
-        backend = dist.get_backend(group) if ds_comm.is_initialized() else "gloo"
+        backend = dist.get_backend(groups[0]) if ds_comm.is_initialized() and groups else "gloo"
         self.use_broadcast = (not allgather_partitions) or backend == "gloo"
-        self._global = [ds_comm.get_global_rank(group, r) for r in range(self.world)]
+        self._global = [
+            [ds_comm.get_global_rank(g, r) for r in range(w)] for g, w in zip(groups, self.worlds, strict=True)
+        ]
 
     def __call__(self) -> None:
         """Run the exchange (blocking)."""
-        if self.world == 1:
-            return
-        handles = []
-        for flat in self.flats:
+        handles: list = []
+        for flat, group, world, global_ranks in zip(self.flats, self.groups, self.worlds, self._global, strict=True):
+            if world == 1:
+                continue
             numel = flat.partition_numel
-            chunk = max(1, self.bucket_numel // self.world)
+            chunk = max(1, self.bucket_numel // world)
             for lo in range(0, numel, chunk):
                 hi = min(lo + chunk, numel)
                 if self.use_broadcast:
-                    for r in range(self.world):
+                    for r in range(world):
                         piece = flat.flat[r * numel + lo : r * numel + hi]
-                        handles.append(ds_comm.broadcast(piece, src=self._global[r], group=self.group, async_op=True))
+                        handles.append(ds_comm.broadcast(piece, src=global_ranks[r], group=group, async_op=True))
                 elif lo == 0 and hi == numel:
                     handles.append(
-                        ds_comm.all_gather_into_tensor(flat.flat, flat.own_partition, group=self.group, async_op=True)
+                        ds_comm.all_gather_into_tensor(flat.flat, flat.own_partition, group=group, async_op=True)
                     )
                 else:
-                    outputs = [flat.flat[r * numel + lo : r * numel + hi] for r in range(self.world)]
+                    outputs = [flat.flat[r * numel + lo : r * numel + hi] for r in range(world)]
                     own = flat.own_partition[lo:hi].clone()
-                    handles.append(ds_comm.all_gather(outputs, own, group=self.group, async_op=True))
-                if len(handles) >= 4 * self.world:
+                    handles.append(ds_comm.all_gather(outputs, own, group=group, async_op=True))
+                if len(handles) >= 4 * world:
                     self._wait(handles)
         self._wait(handles)
 

@@ -21,7 +21,7 @@ import torch
 
 from ds_zero._partition import ParamSlot
 from ds_zero._stage12.flat_buffer import FlatParamGroup
-from ds_zero._stage12.reduce import RangeReducer, _Launched
+from ds_zero._stage12.reduce import RangeReducer, _distinct, _Launched
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class BucketReducer:
 
     Args:
         flats: the flat parameter groups.
-        reducer: the range reducer (which collective, predivide factor).
+        reducers: each flat group's range reducer (which process group and collective, predivide factor).
         accumulators: per group, this rank's fp32 gradient partition (accumulates across micro-steps).
         bucket_numel: `reduce_bucket_size` in elements (a larger parameter gets a bucket of its own).
         overlap_comm: launch reductions asynchronously while backward continues (up to `max_in_flight`
@@ -111,7 +111,7 @@ class BucketReducer:
     def __init__(
         self,
         flats: list[FlatParamGroup],
-        reducer: RangeReducer,
+        reducers: list[RangeReducer],
         accumulators: list[torch.Tensor],
         *,
         bucket_numel: int,
@@ -121,7 +121,7 @@ class BucketReducer:
         max_in_flight: int = 2,
     ) -> None:
         self.flats = flats
-        self.reducer = reducer
+        self.reducers = reducers
         self.accumulators = accumulators
         self.overlap_comm = overlap_comm
         self.ignore_unused_parameters = ignore_unused_parameters
@@ -136,6 +136,7 @@ class BucketReducer:
         self._in_flight: deque[tuple[_Bucket, _Launched]] = deque()
         self._next = 0
         self._armed: int | None = None
+        self._dirty = False
         self._hooks = []
         for bucket in self.buckets:
             for pos, p in enumerate(bucket.params):
@@ -156,6 +157,7 @@ class BucketReducer:
             self._armed = task
         if param.grad is None:
             return
+        self._dirty = True
         if bucket.storage is None:
             bucket.storage = self._acquire()
         slot = bucket.slots[pos]
@@ -182,7 +184,7 @@ class BucketReducer:
             bucket = self.buckets[self._next]
             self._next += 1
             flat = self.flats[bucket.group]
-            launched = self.reducer.launch(bucket.buffer, bucket.start, bucket.end, flat.partition_numel)
+            launched = self.reducers[bucket.group].launch(bucket.buffer, bucket.start, bucket.end, flat.partition_numel)
             self._in_flight.append((bucket, launched))
             if not self.overlap_comm:
                 self._complete_oldest()
@@ -190,7 +192,7 @@ class BucketReducer:
     def _complete_oldest(self) -> None:
         bucket, launched = self._in_flight.popleft()
         flat = self.flats[bucket.group]
-        self.reducer.complete(launched, self.accumulators[bucket.group], flat.partition_numel)
+        self.reducers[bucket.group].complete(launched, self.accumulators[bucket.group], flat.partition_numel)
         assert bucket.storage is not None
         self._pool.append(bucket.storage)
         bucket.storage = None
@@ -238,10 +240,16 @@ class BucketReducer:
                 p.grad = None
         self._next = 0
         self._armed = None
+        self._dirty = False
+
+    @property
+    def has_gradients(self) -> bool:
+        """Whether a backward reduced gradients into the accumulators since the last `zero()`."""
+        return self._dirty
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         """Staging and receive buffers held (for memory accounting; accumulators are counted by the caller)."""
-        return list(self._pool) + self.reducer.buffers()
+        return list(self._pool) + [b for r in _distinct(self.reducers) for b in r.buffers()]
 
     def close(self) -> None:
         for handle in self._hooks:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,11 +11,15 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, finish_step
+from ds_zero._access.owner import register_owner
+from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.muon import MuonPartitionUpdate
 from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
 from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
 from ds_zero._stage12.state import (
@@ -33,7 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
 
-class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
+class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.optim.Optimizer):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
     At construction, per param group of `optimizer`, the trainable parameters are copied into one flat
@@ -52,8 +56,13 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
     `step()`: finish the reduction, then `ds_ops.precision.finish_step` on this rank's fp32 gradient
     partitions (unscale, inf/nan check, loss-scaler update, the global norm over all partitions, clip; the
     flag and the partial norm share one all-reduce), so an inf/nan on any rank skips the step on every
-    rank; else step the base optimizer on the partition, write it back in the model dtype and all-gather
+    rank; else (groups flagged `use_muon` first get their slice of the Muon update of the whole matrices,
+    see `_stage12/muon.py`) step the base optimizer on the partition, write it back in the model dtype and all-gather
     the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
+
+    One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
+    per-parameter methods (`get_full_hp_param`, `get_fp32_grad_for_param`, ...; `ds_zero._access.stage12`),
+    which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
 
     Args:
         optimizer: base optimizer built over the model's (already dtype-cast) parameters. Its per-element
@@ -71,6 +80,15 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         gradient_predivide_factor: divide gradients by this before the reduction and by
             `world / factor` after.
         communication_dtype: dtype the gradients are reduced in (None: the model dtype).
+        partition_groups: per param group of `optimizer`, the process group its parameters are replicated
+            over, so partitioned and reduced over (None or a None entry: `dp_group`). It must lie inside
+            `dp_group`, and every rank of `dp_group` must hold a group of the same shape there. Gradients
+            are still averaged over `dp_group`'s size. Mixture-of-experts models give their expert param
+            groups the expert-data-parallel group: each expert lives on the ranks of one such group, and
+            tokens of every data-parallel rank reach it. The global norm and the overflow check still
+            reduce over `dp_group`, which counts every partition of every group once.
+        checkpoint_names: module parameter name -> the name to save it under (an expert's global name,
+            so that saves at one expert-parallel degree load at another).
 
     Raises:
         ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor.
@@ -89,8 +107,15 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         dp_group: ProcessGroup | None = None,
         gradient_predivide_factor: float = 1.0,
         communication_dtype: torch.dtype | None = None,
+        partition_groups: Sequence[ProcessGroup | None] | None = None,
+        checkpoint_names: Mapping[str, str] | None = None,
     ) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
+        if partition_groups is not None and len(partition_groups) != len(optimizer.param_groups):
+            raise ValueError(
+                f"partition_groups has {len(partition_groups)} entries but the optimizer has "
+                f"{len(optimizer.param_groups)} param groups; give one process group (or None) per group"
+            )
         self.optimizer = optimizer
         self.zero_stage = int(config.stage)
         self.dp_group = dp_group
@@ -103,7 +128,11 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.overflow = False
         self._global_grad_norm: float | None = None
 
-        names = ParamNames(module)
+        names = ParamNames(module, renames=checkpoint_names)
+        self.partition_groups: list[ProcessGroup | None] = [
+            dp_group if partition_groups is None or partition_groups[g] is None else partition_groups[g]
+            for g in range(len(optimizer.param_groups))
+        ]
         self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
         # The overflow check does not need the norm (finish_step checks on its own), so the norm is taken
         # only when asked for or needed to clip.
@@ -112,21 +141,31 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
         self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin)
-        reducer = RangeReducer(
-            dp_group, use_reduce_scatter=config.reduce_scatter, predivide_factor=gradient_predivide_factor
-        )
-        self._grads = self._build_reduction(config, reducer, communication_dtype, pin)
+        by_group: dict[int, RangeReducer] = {}
+        for pg in self.partition_groups:
+            if id(pg) not in by_group:
+                by_group[id(pg)] = RangeReducer(
+                    pg,
+                    use_reduce_scatter=config.reduce_scatter,
+                    predivide_factor=gradient_predivide_factor,
+                    average_world=self.dp_world_size,
+                )
+        reducers = [by_group[id(pg)] for pg in self.partition_groups]
+        self._grads = self._build_reduction(config, reducers, communication_dtype, pin)
         self.grad_partitions: list[torch.Tensor] = self._grads.accumulators
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
         self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
+        muon = MuonPartitionUpdate(optimizer, self.flats, self.masters, dp_group, self._comm_device)
+        self._muon = muon if muon.active else None
         self._sync = PartitionAllGather(
             self.flats,
-            dp_group,
+            self.partition_groups,
             bucket_numel=config.allgather_bucket_size,
             allgather_partitions=config.allgather_partitions,
         )
         self._sync()
+        register_owner([p for f in self.flats for p in f.params], self)
         logger.info(
             "ZeRO stage %d: %d group(s), %d trainable elements, partition %s elements/rank on %d ranks%s",
             self.zero_stage,
@@ -148,10 +187,17 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
                 trainable.append((p, names.name_of(p, g, i)))
             else:
                 names.note_frozen(p, g, i)
-        return FlatParamGroup([p for p, _ in trainable], [n for _, n in trainable], self.dp_world_size, self.dp_rank)
+        pg = self.partition_groups[g]
+        return FlatParamGroup(
+            [p for p, _ in trainable], [n for _, n in trainable], ds_comm.get_world_size(pg), ds_comm.get_rank(pg)
+        )
 
     def _build_reduction(
-        self, config: ZeroConfig, reducer: RangeReducer, communication_dtype: torch.dtype | None, pin: bool
+        self,
+        config: ZeroConfig,
+        reducers: list[RangeReducer],
+        communication_dtype: torch.dtype | None,
+        pin: bool,
     ) -> BoundaryReducer | BucketReducer:
         if self.zero_stage == 1:
             in_place = (
@@ -162,7 +208,7 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
             accumulators = None if in_place else build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
             return BoundaryReducer(
                 self.flats,
-                reducer,
+                reducers,
                 bucket_numel=config.reduce_bucket_size,
                 communication_dtype=communication_dtype,
                 accumulators=accumulators,
@@ -170,7 +216,7 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         accumulators = build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
         return BucketReducer(
             self.flats,
-            reducer,
+            reducers,
             accumulators,
             bucket_numel=config.reduce_bucket_size,
             overlap_comm=config.overlap_comm,
@@ -287,6 +333,8 @@ class DeepSpeedZeroOptimizer(torch.optim.Optimizer):
         if self.overflow:
             self.zero_grad()
             return False
+        if self._muon is not None:
+            self._muon(grads)
         for master, grad in zip(self.masters, grads, strict=True):
             master.grad = grad
         self._updater.step()

@@ -46,19 +46,29 @@ class RangeReducer:
     """Reduces a buffer holding flat range `[start, end)` of a group so its owners receive the sums.
 
     Args:
-        group: the data-parallel process group (None: world).
+        group: the process group the range's parameters are replicated and partitioned over (None: world).
         use_reduce_scatter: send each piece to its owner (True) or all-reduce the whole range (False).
-        predivide_factor: divide before the reduction by this, and by `world / predivide_factor` after
-            (guards fp16 sums against overflow on large worlds; 1.0 = divide once, after).
+        predivide_factor: divide before the reduction by this, and by `average_world / predivide_factor`
+            after (guards fp16 sums against overflow on large worlds; 1.0 = divide once, after).
+        average_world: the number of data-parallel losses the sum is averaged over (None: the group's
+            size). Expert parameters are reduced over their expert-data-parallel group but averaged over
+            the whole data-parallel world, since tokens of every data-parallel rank reach them.
     """
 
-    def __init__(self, group: ProcessGroup | None, *, use_reduce_scatter: bool, predivide_factor: float) -> None:
+    def __init__(
+        self,
+        group: ProcessGroup | None,
+        *,
+        use_reduce_scatter: bool,
+        predivide_factor: float,
+        average_world: int | None = None,
+    ) -> None:
         self.group = group
         self.world = ds_comm.get_world_size(group)
         self.rank = ds_comm.get_rank(group)
         self.use_reduce_scatter = use_reduce_scatter
         self.predivide_factor = float(predivide_factor)
-        self.post_scale = self.predivide_factor / self.world
+        self.post_scale = self.predivide_factor / (average_world or self.world)
         self._global = [ds_comm.get_global_rank(group, r) for r in range(self.world)]
         backend = dist.get_backend(group) if ds_comm.is_initialized() else "gloo"
         self.point_to_point = use_reduce_scatter and backend == "gloo"
@@ -138,6 +148,11 @@ class RangeReducer:
         return list(self._pool)
 
 
+def _distinct(reducers: list[RangeReducer]) -> list[RangeReducer]:
+    """Each reducer once (flat groups over the same process group share one)."""
+    return list({id(r): r for r in reducers}.values())
+
+
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)  # blocking: the host reads it right away
 
@@ -151,7 +166,7 @@ class BoundaryReducer:
 
     Args:
         flats: the flat parameter groups.
-        reducer: the range reducer.
+        reducers: the range reducer of each flat group (groups may reduce over different process groups).
         bucket_numel: elements reduced per collective (`reduce_bucket_size`).
         communication_dtype: dtype of the reduction (None: the model dtype).
         accumulators: per group, this rank's fp32 gradient partition that receives the averaged sums.
@@ -162,14 +177,14 @@ class BoundaryReducer:
     def __init__(
         self,
         flats: list[FlatParamGroup],
-        reducer: RangeReducer,
+        reducers: list[RangeReducer],
         *,
         bucket_numel: int,
         communication_dtype: torch.dtype | None,
         accumulators: list[torch.Tensor] | None,
     ) -> None:
         self.flats = flats
-        self.reducer = reducer
+        self.reducers = reducers
         self.bucket_numel = int(bucket_numel)
         self.communication_dtype = communication_dtype
         self.flat_grads = [torch.zeros(f.padded_numel, dtype=f.dtype, device=f.device) for f in flats]
@@ -187,6 +202,11 @@ class BoundaryReducer:
 
     def _mark_dirty(self, _param: torch.Tensor) -> None:
         self._clean = False
+
+    @property
+    def has_gradients(self) -> bool:
+        """Whether a backward wrote gradients since the last `zero()`."""
+        return not self._clean
 
     def attach(self) -> None:
         """Point every parameter's `.grad` at its view of the flat gradient buffer."""
@@ -208,6 +228,7 @@ class BoundaryReducer:
         """Reduce every group's full gradients into the accumulators (blocking; at most 2 buckets in flight)."""
         self._clean = False
         for index, (flat, grads) in enumerate(zip(self.flats, self.flat_grads, strict=True)):
+            reducer = self.reducers[index]
             self._collect(flat, grads)
             in_flight: list = []
             for start in range(0, flat.numel, self.bucket_numel):
@@ -215,13 +236,13 @@ class BoundaryReducer:
                 buffer = grads[start:end]
                 if self.communication_dtype is not None and self.communication_dtype != buffer.dtype:
                     buffer = buffer.to(self.communication_dtype)
-                in_flight.append(self.reducer.launch(buffer, start, end, flat.partition_numel))
+                in_flight.append(reducer.launch(buffer, start, end, flat.partition_numel))
                 if len(in_flight) > 2:
-                    self.reducer.complete(
+                    reducer.complete(
                         in_flight.pop(0), self.accumulators[index], flat.partition_numel, in_place=self.in_place
                     )
             for item in in_flight:
-                self.reducer.complete(item, self.accumulators[index], flat.partition_numel, in_place=self.in_place)
+                reducer.complete(item, self.accumulators[index], flat.partition_numel, in_place=self.in_place)
 
     def zero(self) -> None:
         """Clear the flat gradient buffers and re-attach the `.grad` views."""
@@ -233,7 +254,7 @@ class BoundaryReducer:
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         """The gradient storage this reducer holds (for memory accounting)."""
-        return list(self.flat_grads) + self.reducer.buffers()
+        return list(self.flat_grads) + [b for r in _distinct(self.reducers) for b in r.buffers()]
 
     def close(self) -> None:
         for handle in self._hooks:

@@ -125,10 +125,19 @@ def load_base_optimizer_state(
         state[g] = new
     groups = []
     for g, saved in enumerate(saved_groups):
-        group = {k: v for k, v in saved.items() if k != "params"}
+        # Saved hyper-parameters win; keys only this optimizer has (another optimizer class saved the
+        # checkpoint: torch's AdamW under DeepSpeed, ds-ops' CPU Adam with offload here) keep their values.
+        group = {k: v for k, v in {**optimizer.param_groups[g], **saved}.items() if k != "params"}
+        for key in _IDENTITY_KEYS:  # what the group IS stays this run's (an MoE group's name follows ep_size)
+            if key in optimizer.param_groups[g]:
+                group[key] = optimizer.param_groups[g][key]
         group["params"] = [g]
         groups.append(group)
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+#: Param-group keys that name the group rather than tune it: kept from the running optimizer on load.
+_IDENTITY_KEYS = ("name", "moe")
 
 
 def as_state_dict_list(state_dicts: list[Mapping[str, Any]] | Mapping[str, Any]) -> list[Mapping[str, Any]]:

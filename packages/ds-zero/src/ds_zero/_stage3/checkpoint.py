@@ -150,8 +150,9 @@ def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer
     ids: list[list[int]] = [[] for _ in groups]
     for k, tile in enumerate(opt.tiles):
         ids[tile.group_index].append(k)
+    # Saved hyper-parameters win; keys only this optimizer has (another optimizer class saved it) stay.
     loaded = [
-        {**{key: v for key, v in saved.items() if key != "params"}, "params": ids[g]}
+        {**{key: v for key, v in {**groups[g], **saved}.items() if key != "params"}, "params": ids[g]}
         for g, saved in enumerate(saved_groups)
     ]
     opt.optimizer.load_state_dict({"state": state, "param_groups": loaded})

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +17,7 @@ from ds_zero._params.partitioned_module import partition_module, remove_guard
 from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
 from ds_zero._stage3.coordinator import ParamCoordinator
 from ds_zero._stage3.hooks import install_hooks
+from ds_zero._stage3.leaf_modules import apply_leaf_module_config
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -52,7 +54,9 @@ class DeepSpeedZeRoOffload:
     all-gathered once and stay whole ("persistent"); forward hooks are installed on every submodule. From
     then on, each forward and backward gathers a module's partitioned parameters just before it runs
     (one coalesced all-gather per module, prefetched along the recorded execution order) and releases
-    them after, as described in `ds_zero._stage3.coordinator`. This is all that evaluation without an
+    them after, as described in `ds_zero._stage3.coordinator`; a leaf module (flagged with
+    `ds_zero.set_z3_leaf_modules` or named by `zero_optimization.leaf_module`) gathers its whole subtree
+    on entry instead (`ds_zero._stage3.leaf_modules`). This is all that evaluation without an
     optimizer needs; `DeepSpeedZeroOptimizer_Stage3` builds one of these for training.
 
     Args:
@@ -114,6 +118,7 @@ class DeepSpeedZeRoOffload:
         persistent = self._mark_persistent(module, cfg)
         if self.param_swapper is not None:  # persistent parameters stay whole on every rank: not swapped
             self.param_swapper.adopt([p for p in params if not p.ds_persist], keep=persistent)
+        apply_leaf_module_config(module, cfg.leaf_module)  # before the units are cut
         self.coordinator = ParamCoordinator(
             module,
             group=self.gather_group,
@@ -175,6 +180,22 @@ class DeepSpeedZeRoOffload:
     def release_all(self) -> None:
         """Free every gathered parameter no running module or `GatheredParameters` block holds."""
         self.coordinator.release_unused()
+
+    @contextlib.contextmanager
+    def hooks_paused(self) -> Iterator[None]:
+        """Inside the block the model runs as a plain module: no gathers or releases around its modules.
+
+        For parameters gathered for the whole block (`GatheredParameters`, `unwrap_model_for_generation`);
+        a released parameter read inside stays released (its placeholder holds NaN). The hooks are back
+        on exit, exceptions included.
+        """
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        try:
+            yield
+        finally:
+            self._handles = install_hooks(self.module, self.coordinator)
 
     def remove_hooks(self) -> None:
         """Stop scheduling (the parameters stay partitioned)."""

@@ -13,8 +13,11 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_ops import supports_in_pass_copy
 from ds_ops.precision import LossScaler, finish_step
+from ds_zero._access.owner import register_owner
+from ds_zero._access.stage3 import ShardParamAccess
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
+from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
@@ -55,7 +58,7 @@ def _module_and_optimizer(
     return module, optimizer
 
 
-class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
+class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # noqa: N801 - DeepSpeed's class name
     """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
 
     Builds (or reuses) the model's `DeepSpeedZeRoOffload`, which partitions the parameters and gathers
@@ -68,6 +71,10 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
     loss-scaler update, global norm, clip; one all-reduce, so an inf/nan on any rank skips the step on
     all ranks), the base optimizer's step on the partitions, copy into the model-dtype shards, and
     re-gather the parameters that stay whole (persistent ones).
+
+    One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
+    per-parameter methods (`get_full_hp_param`, `get_local_fp32_param`, `get_fp32_grad_for_param`, ...;
+    `ds_zero._access.stage3`), which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
 
     Called as `DeepSpeedZeroOptimizer_Stage3(module, optimizer, config=...)` (DeepSpeed's order) or, like
     the stage 1/2 optimizer in the engine contract, `DeepSpeedZeroOptimizer_Stage3(optimizer, module=...,
@@ -126,6 +133,12 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
             raise ValueError(
                 "the base optimizer already has state (it was stepped); build "
                 "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer"
+            )
+        if any(g.get("use_muon", False) for g in optimizer.param_groups):
+            raise ValueError(
+                "Muon (param groups with use_muon=True) is not supported at ZeRO stage 3 in ds: Muon "
+                "orthogonalizes each whole weight matrix, and stage 3 keeps only a shard of every gradient "
+                "and parameter on each rank; use zero_optimization.stage 0, 1 or 2 for Muon"
             )
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
@@ -194,6 +207,7 @@ class DeepSpeedZeroOptimizer_Stage3:  # noqa: N801 - DeepSpeed's class name
         )
         self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
         self._trained = trained
+        register_owner(trained, self)
         self._global_grad_norm: float | None = None
         self.overflow = False
         self._fused_copy = supports_in_pass_copy(optimizer)

@@ -6,6 +6,9 @@ registered on the first read or with `register_external_parameter`). Every modul
 parameter has a unit, even when all its parameters are persistent (its calls still mark the execution
 order). The registry also names every parameter after `named_parameters()` (the names checkpoints and
 error messages use) and maps each full storage back to its parameter for the saved-tensor hooks.
+
+A leaf module (`leaf_modules`) has one unit holding every partitioned parameter of its subtree; the
+modules inside it have none, and an external parameter registered on one of them joins the leaf's unit.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch import nn
 
 from ds_zero._params.gather import name_fingerprint
 from ds_zero._params.partitioned_param import install_param_dict, is_zero_param, state_of
+from ds_zero._stage3.leaf_modules import z3_leaf_module
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ class UnitRegistry:
         self._on_change = on_change
         self.params: list[nn.Parameter] = []
         self._storage_index: dict[int, nn.Parameter] = {}
+        self._leaf_of = _leaf_map(root)
         seen: set[int] = set()
         for mod_name, module in root.named_modules():
             own = []
@@ -67,6 +72,11 @@ class UnitRegistry:
                     own.append(p)
             if any(is_zero_param(p) for p in module._parameters.values()):
                 install_param_dict(module)
+            if id(module) in self._leaf_of:
+                continue  # inside a leaf: its parameters are the leaf's
+            if z3_leaf_module(module):
+                self._new_unit(module, _subtree_params(module))
+            elif any(is_zero_param(p) for p in module._parameters.values()):
                 self._new_unit(module, own)
         for module in root.modules():
             for p in module.__dict__.get("_ds_external_params", []):
@@ -96,6 +106,7 @@ class UnitRegistry:
         """Gather `param` with `module` from now on; None for a persistent parameter (always whole)."""
         if param.ds_persist:
             return None
+        module = self._leaf_of.get(id(module), module)
         unit = self._unit_of.get(id(module))
         if unit is None:
             unit = self._new_unit(module, [])
@@ -105,8 +116,9 @@ class UnitRegistry:
         return unit
 
     def remove_external(self, module: nn.Module, param: nn.Parameter) -> None:
+        module = self._leaf_of.get(id(module), module)
         unit = self._unit_of.get(id(module))
-        if unit is None or any(p is param for p in module._parameters.values()):
+        if unit is None or any(p is param for p in _owned(module)):
             return
         unit.params = [p for p in unit.params if p is not param]
         self._on_change()
@@ -120,3 +132,35 @@ class UnitRegistry:
         self._storage_index.pop(old_key, None)
         if not param.ds_persist:
             self._storage_index[state_of(param).full_flat.untyped_storage()._cdata] = param
+
+
+def _leaf_map(root: nn.Module) -> dict[int, nn.Module]:
+    """id of every module strictly inside a leaf -> the outermost leaf containing it."""
+    inside: dict[int, nn.Module] = {}
+
+    def visit(module: nn.Module, leaf: nn.Module | None) -> None:
+        for child in module.children():
+            if leaf is not None:
+                inside.setdefault(id(child), leaf)
+            visit(child, leaf if leaf is not None else (child if z3_leaf_module(child) else None))
+
+    visit(root, root if z3_leaf_module(root) else None)
+    return inside
+
+
+def _subtree_params(leaf: nn.Module) -> list[nn.Parameter]:
+    """The partitioned, non-persistent parameters of `leaf`'s subtree (each once), marked as the leaf's."""
+    params = []
+    for p in leaf.parameters():
+        if is_zero_param(p):
+            p.ds_z3_leaf_module = leaf
+            if not p.ds_persist:
+                params.append(p)
+    return params
+
+
+def _owned(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters a unit holds as its own: a leaf's subtree, else the module's direct parameters."""
+    if z3_leaf_module(module):
+        return list(module.parameters())
+    return [p for p in module._parameters.values() if p is not None]

@@ -1,0 +1,30 @@
+"""`deepspeed.checkpoint.ds_to_universal`: ds-zero's universal-checkpoint converter under DeepSpeed's module path.
+
+`python -m deepspeed.checkpoint.ds_to_universal --input_folder ... --output_folder ...` (or
+`python -m ds_engine.checkpoint.ds_to_universal`, or the `ds_to_universal` command) runs
+`ds_zero.ds_to_universal.main`. Needs the `zero` extra: without ds-zero, importing this module raises
+ImportError naming `pip install 'ds-engine[zero]'`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ds_engine._reexport import optional_reexport
+
+if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_zero's own
+    from ds_zero.ds_to_universal import *  # noqa: F403
+
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.checkpoint.ds_to_universal",
+    "ds_zero.ds_to_universal",
+    extra="zero",
+    feature="ds_engine.checkpoint.ds_to_universal (deepspeed.checkpoint.ds_to_universal, universal checkpoints)",
+)
+
+if __name__ == "__main__":  # `python -m ds_engine.checkpoint.ds_to_universal ...`, as DeepSpeed's module runs
+    import sys
+
+    from ds_engine._optional import require
+
+    sys.exit(require("ds_zero", extra="zero", feature="ds_to_universal").ds_to_universal.main())

@@ -1,0 +1,17 @@
+"""`deepspeed.moe.experts`: ds-parallel's `ds_parallel.moe.experts` (DeepSpeed-MoE). Needs the `parallel` extra."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ds_engine._reexport import optional_reexport
+
+if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_parallel's own
+    from ds_parallel.moe.experts import *  # noqa: F403
+
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.moe.experts",
+    "ds_parallel.moe.experts",
+    extra="parallel",
+    feature="ds_engine.moe.experts (deepspeed.moe.experts, mixture of experts)",
+)

@@ -1,0 +1,3 @@
+"""`deepspeed.profiling`: the flops profiler (`profiling.flops_profiler`)."""
+
+from __future__ import annotations

@@ -1,0 +1,11 @@
+"""`deepspeed.runtime.checkpoint_engine`: the object that writes and reads checkpoint files by path.
+
+`engine.checkpoint_engine` is a `TorchCheckpointEngine`; scripts (Megatron-DeepSpeed and others) save
+their own files through it so they follow the engine's serialization setting.
+"""
+
+from __future__ import annotations
+
+from ds_engine.runtime.checkpoint_engine.torch_checkpoint_engine import CheckpointCommitInfo, TorchCheckpointEngine
+
+__all__ = ["CheckpointCommitInfo", "TorchCheckpointEngine"]

@@ -1,0 +1,164 @@
+"""MoE through `initialize()` at ZeRO stages 0, 1 and 2 on 2 and 4 gloo ranks, ep_size 1, 2 and 4.
+
+Each rank trains on its own batches; 20 steps of losses and the final weights (each rank's experts
+compared with the same global experts) must equal one process that holds every expert and steps AdamW
+on the mean of all ranks' losses. Expert gradients are summed over the expert-data-parallel group and
+divided by the data-parallel world, the clipping norm counts every expert once.
+
+Needs ds-parallel (the `ds-engine[all]` session); skipped without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ds_comm.testing import run_ranks
+
+pytest.importorskip("ds_parallel", reason="MoE needs ds-parallel: pip install 'ds-engine[parallel]'")
+
+STEPS, LR = 20, 1e-2
+
+
+def _train(rank: int, world: int, ep_size: int, stage: int, clip: float, client: bool = False) -> dict[str, Any]:
+    from moe_cases import TinyMoE, batch, config, global_name, load_full_into, reference_run
+
+    import ds_engine as deepspeed
+    from ds_parallel.moe import split_params_into_different_moe_groups_for_optimizer
+
+    full, ref_losses = reference_run(world, STEPS, LR, clip)
+    torch.manual_seed(0)
+    initial_full = TinyMoE(ep_size=1)
+    model = TinyMoE(ep_size=ep_size)
+    ep_rank = rank % ep_size
+    load_full_into(model, initial_full, ep_rank, 4 // ep_size)
+    cfg = config(stage, clip, LR)
+    optimizer = None
+    if client:  # the client builds DeepSpeed's MoE param groups itself
+        cfg.pop("optimizer")
+        groups = split_params_into_different_moe_groups_for_optimizer(
+            {"params": list(model.parameters()), "name": "all"}
+        )
+        optimizer = torch.optim.AdamW(groups, lr=LR, weight_decay=0.0)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=cfg)
+    loss_err = 0.0
+    for step in range(STEPS):
+        loss = engine(*batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+        loss_err = max(loss_err, abs(float(loss) - ref_losses[step][rank]))
+    ref = dict(full.named_parameters())
+    param_err = max(
+        float((p.detach() - ref[global_name(n, ep_rank, 4 // ep_size)].detach()).abs().max())
+        for n, p in engine.module.named_parameters()
+    )
+    return {
+        "loss": loss_err,
+        "param": param_err,
+        "has_moe": engine.has_moe_layers,
+        "num_experts": engine.num_experts,
+        "norm": engine.get_global_grad_norm(),
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("world", "ep_size", "stage", "clip"),
+    [
+        (2, 2, 0, 0.0),
+        (2, 2, 0, 0.3),
+        (2, 2, 1, 0.3),
+        (2, 2, 2, 0.0),
+        (2, 1, 2, 0.3),
+        (4, 2, 1, 0.0),
+        (4, 2, 2, 0.3),
+        (4, 4, 0, 0.3),
+        (4, 4, 2, 0.0),
+    ],
+)
+def test_moe_training_matches_all_experts_on_one_rank(world: int, ep_size: int, stage: int, clip: float) -> None:
+    _check(run_ranks(world, _train, ep_size, stage, clip, timeout_s=540), clip)
+
+
+@pytest.mark.timeout(600)
+def test_client_optimizer_over_moe_param_groups() -> None:
+    _check(run_ranks(2, _train, 2, 2, 0.3, True, timeout_s=540), 0.3)
+
+
+def _check(results: list[dict[str, Any]], clip: float) -> None:
+    for r in results:
+        assert r["has_moe"] and r["num_experts"] == [4, 4]
+        assert r["loss"] <= 1e-6, r
+        assert r["param"] <= 1e-6, r
+        if clip:
+            assert r["norm"] is not None and r["norm"] > clip  # clipping was active
+
+
+def _mixed_groups(rank: int, world: int) -> str:
+    from moe_cases import TinyMoE, config
+
+    import ds_engine as deepspeed
+
+    model = TinyMoE(ep_size=2)
+    cfg = config(1, 0.0, LR)
+    cfg.pop("optimizer")
+    try:
+        deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=LR), config=cfg)
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_zero_refuses_a_client_optimizer_mixing_experts_and_dense_params() -> None:
+    msg = run_ranks(2, _mixed_groups, timeout_s=120)[0]
+    assert "mixes expert parameters with dense ones" in msg
+    assert "split_params_into_different_moe_groups_for_optimizer" in msg
+
+
+def _zero3(rank: int, world: int) -> str:
+    from moe_cases import TinyMoE, config
+
+    import ds_engine as deepspeed
+
+    try:
+        deepspeed.initialize(model=TinyMoE(ep_size=2), config=config(3, 0.0, LR))
+    except Exception as err:  # noqa: BLE001 - the message is what is checked
+        return f"{type(err).__name__}: {err}"
+    return "no error"
+
+
+def test_zero3_with_moe_is_refused_by_name() -> None:
+    msg = run_ranks(2, _zero3, timeout_s=120)[0]
+    assert "zero_optimization.stage=3" in msg and "MoE" in msg
+
+
+def _accessors(rank: int, world: int, stage: int) -> dict[str, float]:
+    from moe_cases import TinyMoE, batch, config, global_name
+
+    import ds_engine as deepspeed
+    from ds_engine.utils import safe_get_full_fp32_param, safe_get_full_grad
+
+    torch.manual_seed(0)
+    full = TinyMoE(ep_size=1)
+    (sum(full(*batch(r, 0)) for r in range(world)) / world).backward()
+    ref = dict(full.named_parameters())
+    torch.manual_seed(0)
+    engine, *_ = deepspeed.initialize(model=TinyMoE(ep_size=2), config=config(stage, 0.0, LR))
+    engine.backward(engine(*batch(rank, 0)))
+    grad_err = value_err = 0.0
+    for name, p in engine.module.named_parameters():
+        want = ref[global_name(name, rank % 2, 2)]
+        grad_err = max(grad_err, float((safe_get_full_grad(p) - want.grad).abs().max()))
+        value_err = max(value_err, float((safe_get_full_fp32_param(p) - want.detach()).abs().max()))
+    engine.step()
+    return {"grad": grad_err, "value": value_err}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_accessors_see_expert_parameters_over_their_own_group(stage: int) -> None:
+    """On 4 ranks with ep_size 2 an expert is partitioned over 2 ranks: the accessors gather it there."""
+    for r in run_ranks(4, _accessors, stage, timeout_s=240):
+        assert r["grad"] <= 1e-6 and r["value"] == 0.0, r

@@ -1,0 +1,67 @@
+"""DeepSpeed 0.19.8 config keys the engine now takes as DeepSpeed does: `log_level` (applied at initialize),
+`datastates_ckpt` (only false), explicit null offload sections, and knobs without effect (accepted, with a
+warning naming the key path)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+from ds_engine_testkit import base_config, make_engine, tiny_net
+
+from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.utils.logging import DS_LOGGERS, get_log_level_from_string, set_log_level_from_string
+
+
+def _config(**keys: object) -> DeepSpeedConfig:
+    return DeepSpeedConfig({"train_batch_size": 2, **keys}, world_size=1)
+
+
+def test_log_level_sets_every_ds_logger_at_initialize() -> None:
+    saved = {name: logging.getLogger(name).level for name in DS_LOGGERS}
+    try:
+        make_engine(tiny_net(0), base_config(log_level="ERROR"))
+        assert {logging.getLogger(name).level for name in DS_LOGGERS} == {logging.ERROR}
+        assert logging.getLogger("ds_zero._stage3.optimizer").getEffectiveLevel() == logging.ERROR
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+    assert _config().model.log_level is None
+    with pytest.raises(DeepSpeedConfigError, match=r"log_level: Input should be 'debug', 'info'"):
+        _config(log_level="loud")
+
+
+def test_log_level_helpers() -> None:
+    assert get_log_level_from_string("Warning") == logging.WARNING
+    with pytest.raises(ValueError, match="'verbose' is not one of debug, info"):
+        get_log_level_from_string("verbose")
+    custom = logging.getLogger("engineapi-test")
+    handler = logging.NullHandler()
+    custom.addHandler(handler)
+    set_log_level_from_string("debug", custom_logger=custom)
+    assert custom.level == handler.level == logging.DEBUG
+    custom.removeHandler(handler)
+
+
+def test_datastates_ckpt_only_off() -> None:
+    assert _config(datastates_ckpt=False).model.datastates_ckpt is False
+    with pytest.raises(DeepSpeedConfigError, match=r"datastates_ckpt: DataStates checkpointing is not implemented"):
+        _config(datastates_ckpt={"host_cache_size": 16})
+    with pytest.raises(DeepSpeedConfigError, match=r"unknown key 'datastates'; did you mean 'datastates_ckpt'"):
+        _config(datastates={})
+
+
+def test_null_offload_sections() -> None:
+    pytest.importorskip("ds_zero")
+    cfg = _config(zero_optimization={"stage": 2, "offload_optimizer": None, "offload_param": None})
+    assert cfg.zero.offload_optimizer_device == "none" and cfg.zero.config.offload_param.device == "none"
+
+
+def test_knobs_without_effect_warn_with_their_key_path() -> None:
+    pytest.importorskip("ds_zero")
+    with pytest.warns(UserWarning, match=r"zero_optimization\.round_robin_gradients=True has no effect in ds"):
+        _config(zero_optimization={"stage": 2, "round_robin_gradients": True})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DeepSpeed's defaults spelled out: silent
+        _config(zero_optimization={"stage": 2, "contiguous_gradients": True, "round_robin_gradients": False})

@@ -1,0 +1,49 @@
+"""`expert_all_to_all`: the expert-parallel exchange of capacity buffers, as an autograd function.
+
+The `[E, C, M]` buffer splits along experts into one equal piece per rank of the expert-parallel group;
+piece j goes to rank j, which holds experts `j * E/ep ... (j+1) * E/ep - 1`. What a rank receives is
+`[ep, E/ep, C, M]` stacked on the first dim: the tokens every rank routed to its experts. Sending the
+results back is the same exchange, and so is the backward of either one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.distributed import ProcessGroup
+
+import ds_comm
+
+__all__ = ["expert_all_to_all"]
+
+
+def _exchange(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    ds_comm.all_to_all_single(out, x, group=group)
+    return out
+
+
+class _ExpertAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: ProcessGroup | None) -> Tensor:
+        ctx.group = group
+        return _exchange(x, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return _ExpertAllToAll.apply(grad, ctx.group), None
+
+
+def expert_all_to_all(x: Tensor, group: ProcessGroup | None) -> Tensor:
+    """Exchange equal first-dim pieces of `x` with every rank of `group` (differentiable).
+
+    Raises:
+        ValueError: the first dim does not split evenly over the group.
+    """
+    world = ds_comm.get_world_size(group)
+    if x.shape[0] % world:
+        raise ValueError(f"expert all-to-all: dim 0 ({x.shape[0]}) must split evenly over {world} ranks")
+    return _ExpertAllToAll.apply(x, group)

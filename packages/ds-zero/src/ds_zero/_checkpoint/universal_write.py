@@ -1,0 +1,259 @@
+"""Writing DeepSpeed's universal checkpoint: every parameter's full fp32 value and optimizer state on its own.
+
+A ZeRO checkpoint stores flat per-rank partitions, so it loads only at the world size that wrote it
+(ds re-partitions, DeepSpeed does not). DeepSpeed's answer is the universal layout its
+`ds_to_universal` writes from a tag directory (`--input_folder`) into `--output_folder`:
+
+* `zero/<param>/fp32.pt`, `exp_avg.pt`, `exp_avg_sq.pt` (one file per optimizer-state tensor): from a
+  stage-1/2 save `{"cat_dim": 0, "param": full tensor}` (full shape), plus `step.pt` (the step value);
+  from a stage-3 save the bare flat tensor and no step file (the step is in `optimizer_state.pt`).
+  Stage 1/2 also give every module entry without optimizer state (buffers) `{"param": fp32 copy}`.
+* `zero/optimizer_state.pt`: data-parallel rank 0's optimizer state minus the partitions (stage 1/2),
+  or all of it (stage 3), plus `param_groups`.
+* the model-states files, copied; and `latest_universal` next to the output folder, naming it.
+
+`convert_to_universal` writes that layout, tensor for tensor what DeepSpeed 0.19.8's converter
+writes, from DeepSpeed's checkpoints and from ds's own (which are first written in DeepSpeed's layout
+by `to_deepspeed`, so both go through one path). Only tensor-parallel degree 1 and one pipeline stage
+are handled (`mp_rank_00`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ds_comm
+from ds_comm.checkpoint_files import deepspeed_pickle_names
+from ds_zero._checkpoint.deepspeed_format import is_deepspeed_state_dict
+from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._checkpoint.partition_files import load_partition_state_dicts, optim_files
+
+__all__ = ["UNIVERSAL_INFO_KEY", "convert_to_universal"]
+
+logger = logging.getLogger(__name__)
+
+UNIVERSAL_INFO_KEY = "universal_checkpoint_info"
+_UNIVERSAL_VERSION = 0.4  # what DeepSpeed 0.19.8 injects with --inject_missing_state
+_STAGE12_SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
+# universal_checkpoint_info's parameter categories (regex lists), as DeepSpeed names them.
+_REPLICATED = "tp_replicated_parameter_patterns"
+_AVERAGE = "parameter_to_average_patterns"
+_ROW_PARALLEL = "parameter_with_row_parallelism_patterns"
+_VOCABULARY = "vocabulary_parameter_patterns"
+_TWO_SUB_PARAMS = "parameter_with_2_sub_params_cat_dim_0"
+_UNSUPPORTED = ("parameter_with_sub_params", "affine_map")
+
+
+def _model_states_files(folder: Path, stage: int) -> list[Path]:
+    """The model-states files DeepSpeed's converter copies (stage 1/2: `mp_rank_*`; stage 3: every
+    `*_model_states.pt` but MoE expert files)."""
+    if stage == 3:
+        files = [p for p in folder.glob("*_model_states.pt") if not re.match(r"layer_.*_expert_", p.name)]
+    else:
+        files = list(folder.glob("mp_rank_*_model_states.pt"))
+    files.sort()
+    if not files:
+        raise FileNotFoundError(f"no model-states files in {folder}: not a ZeRO checkpoint tag directory")
+    mp_ranks = {m.group(1) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))}
+    if len(mp_ranks) > 1 or list(folder.glob("layer_*-model_states.pt")):
+        raise ValueError(
+            f"{folder} holds model-parallel ranks {sorted(mp_ranks)} or pipeline layer files: only tensor- "
+            "and pipeline-parallel degree 1 checkpoints convert to universal here"
+        )
+    return files
+
+
+class _Categories:
+    """The parameter categories of `universal_checkpoint_info`, and which of their patterns were used."""
+
+    def __init__(self, info: Mapping[str, Any]) -> None:
+        for key in _UNSUPPORTED:
+            if info.get(key):
+                raise ValueError(f"{UNIVERSAL_INFO_KEY}[{key!r}] is set: sub-parameter layouts are not converted here")
+        self.info = info
+        self.unused = {
+            p for key in (_REPLICATED, _AVERAGE, _ROW_PARALLEL, _VOCABULARY, _TWO_SUB_PARAMS) for p in info.get(key, [])
+        }
+
+    def _match(self, key: str, name: str) -> bool:
+        hits = [p for p in self.info.get(key, []) if re.match(p, name)]
+        if len(hits) > 1:
+            raise ValueError(f"parameter {name!r} matches several {key} patterns: {hits}")
+        self.unused.difference_update(hits)
+        return bool(hits)
+
+    def payload(self, name: str, full: torch.Tensor) -> dict[str, Any]:
+        """The `{cat_dim?, vocab_tensor?, param}` dict of a stage-1/2 state file (one tensor-parallel slice)."""
+        out: dict[str, Any] = {}
+        if self._match(_REPLICATED, name) or self._match(_AVERAGE, name):
+            pass  # one slice: replicated and averaged parameters are that slice
+        elif self._match(_TWO_SUB_PARAMS, name):
+            out["cat_dim"] = 0
+            out["param_n_sub_params"] = 2
+        else:
+            out["cat_dim"] = 1 if self._match(_ROW_PARALLEL, name) else 0
+        if self._match(_VOCABULARY, name):
+            full = full[: int(self.info["original_vocab_size"]), :]
+            out["vocab_tensor"] = True
+        out["param"] = full
+        return out
+
+
+def _full_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    """`fp32`, every partition-shaped optimizer-state tensor, and `step` of parameter `name`, unpartitioned."""
+    index.check_complete(name)
+    shape = index.param_shapes[name]
+    numel = math.prod(shape)
+
+    def gather(source: Callable[[int, int], torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=dtype)
+        index.copy_slice(out, name, 0, source)
+        return out
+
+    rank, k = index.first_partition(name)  # the partition of its first slice says which states there are
+    state = parts[rank]["base_optimizer_state"]["state"].get(k, {})
+    out: dict[str, Any] = {"fp32": gather(lambda r, k: parts[r]["single_partition_of_fp32_groups"][k], torch.float32)}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 1:
+            out[key] = gather(lambda r, k, key=key: parts[r]["base_optimizer_state"]["state"][k][key], value.dtype)
+        else:
+            out.setdefault("step" if key == "step" else key, value)
+    return out
+
+
+def _check_universal_info(states: Mapping[str, Any], path: Path, inject: bool) -> dict[str, Any]:
+    info = states.get(UNIVERSAL_INFO_KEY)
+    if info is None:
+        if not inject:
+            raise ValueError(
+                f"{path} has no {UNIVERSAL_INFO_KEY!r} (DeepSpeed's engine writes none; Megatron-style clients "
+                "do): pass --inject_missing_state to convert it with the defaults, as DeepSpeed's converter asks"
+            )
+        info = {"universal_checkpoint_version": _UNIVERSAL_VERSION}
+    return dict(info)
+
+
+def convert_to_universal(
+    input_folder: str | os.PathLike[str],
+    output_folder: str | os.PathLike[str],
+    *,
+    num_extract_workers: int = 4,
+    num_merge_workers: int = 2,
+    keep_temp_folder: bool = False,
+    strict: bool = True,
+    inject_missing_state: bool = False,
+) -> Path:
+    """Write the universal checkpoint of the ZeRO checkpoint tag directory `input_folder` into `output_folder`.
+
+    Args:
+        input_folder: a tag directory (`<save_dir>/global_step100`) of DeepSpeed's or ds's, ZeRO stage 1-3.
+        output_folder: the universal checkpoint's directory; `latest_universal` naming it is written
+            next to it (in its parent), last.
+        num_extract_workers: accepted for DeepSpeed's interface (checked >= 1); the rank files are read one
+            after another, as `ds_comm.load_checkpoint_file`'s allow-list is process-wide and not thread-safe.
+        num_merge_workers: threads writing the per-parameter files.
+        keep_temp_folder: keep `output_folder/tmp` (a ds checkpoint's DeepSpeed layout, written there first).
+        strict: fail when a pattern of the checkpoint's `universal_checkpoint_info` matches no parameter.
+        inject_missing_state: a stage-1/2 checkpoint without `universal_checkpoint_info` (any engine
+            checkpoint) is converted with the defaults; without it, that is an error, as in DeepSpeed.
+
+    Returns:
+        `output_folder`.
+
+    Raises:
+        FileNotFoundError: not a ZeRO checkpoint tag directory (stage 0 has no optimizer partitions).
+        ValueError: a layout this converter does not handle, missing universal info, unused patterns.
+        ds_comm.CheckpointFileError: a file that cannot be read (names it).
+    """
+    if num_extract_workers < 1 or num_merge_workers < 1:
+        raise ValueError(f"worker counts must be >= 1, got {num_extract_workers} and {num_merge_workers}")
+    src, out = Path(input_folder), Path(output_folder)
+    if not src.is_dir():
+        raise FileNotFoundError(f"input folder {src} does not exist")
+    temp = out / "tmp"
+    files = optim_files(src)
+    first = ds_comm.load_checkpoint_file(files[0])
+    if not is_deepspeed_state_dict(first["optimizer_state_dict"]):
+        from ds_zero.to_deepspeed import convert_to_deepspeed  # a ds checkpoint: DeepSpeed's layout first
+
+        src = convert_to_deepspeed(src.parent, temp, tag=src.name)
+        first = ds_comm.load_checkpoint_file(optim_files(src)[0])
+    try:
+        _write(
+            src,
+            out,
+            first["optimizer_state_dict"],
+            num_extract_workers,
+            num_merge_workers,
+            strict,
+            inject_missing_state,
+        )
+    finally:
+        if not keep_temp_folder:
+            shutil.rmtree(temp, ignore_errors=True)
+    ds_comm.atomic_write_text(out.parent / "latest_universal", out.name)
+    return out
+
+
+def _write(
+    src: Path, out: Path, rank0: Mapping[str, Any], extract: int, merge: int, strict: bool, inject: bool
+) -> None:
+    stage = int(rank0["zero_stage"])
+    model_files = _model_states_files(src, stage)
+    del extract  # reading stays serial: the restricted unpickler's allow-list is process-wide state
+    parts = load_partition_state_dicts(src)
+    states = ds_comm.load_checkpoint_file(model_files[0])
+    categories = _Categories(_check_universal_info(states, model_files[0], inject)) if stage < 3 else None
+    index = FragmentIndex(parts)
+    zero = out / "zero"
+    zero.mkdir(parents=True, exist_ok=True)
+
+    def one(name: str) -> None:
+        full = _full_states(index, parts, name)
+        shape = index.param_shapes[name]
+        folder = zero / name
+        folder.mkdir(exist_ok=True)
+        step = full.pop("step", None)
+        for key, value in full.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            value.requires_grad_(key == "fp32")  # as DeepSpeed's: its fp32 masters are leaves requiring grad
+            if categories is None:  # stage 3: the bare flat tensor
+                payload: Any = value
+            else:
+                payload = categories.payload(name, value.view(shape))
+            ds_comm.atomic_save(payload, folder / f"{key}.pt")
+        if categories is not None and step is not None:
+            ds_comm.atomic_save(step, folder / "step.pt")
+
+    with ThreadPoolExecutor(max_workers=merge) as pool:
+        list(pool.map(one, index.names))
+    if categories is not None:
+        if categories.unused:
+            message = f"unused patterns {sorted(categories.unused)} of {UNIVERSAL_INFO_KEY} while converting"
+            if strict:
+                raise ValueError(message)
+            logger.warning(message)
+        for name, value in (states.get("module") or {}).items():  # buffers, and parameters ZeRO holds no state for
+            if isinstance(value, torch.Tensor) and not (zero / name / "fp32.pt").is_file():
+                (zero / name).mkdir(exist_ok=True)
+                ds_comm.atomic_save({"param": value.float()}, zero / name / "fp32.pt")
+        common = {k: v for k, v in rank0.items() if k not in _STAGE12_SHARDED}
+        common["param_groups"] = rank0["base_optimizer_state"]["param_groups"]
+    else:
+        common = dict(rank0)
+        common["param_groups"] = rank0["optimizer_state_dict"]["param_groups"]
+    with deepspeed_pickle_names():
+        ds_comm.atomic_save(common, zero / "optimizer_state.pt")
+    for path in model_files:
+        shutil.copy2(path, out / path.name)
