@@ -19,6 +19,7 @@ from ds_engine import accelerator, comm, git_version_info, lr_schedules
 from ds_engine.__about__ import __version__
 from ds_engine._dataloader import DeepSpeedDataLoader
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._init_inference import init_inference
 from ds_engine._initialize import (
     DeepSpeedOptimizerCallable,
     DeepSpeedSchedulerCallable,
@@ -29,6 +30,7 @@ from ds_engine._optional import require
 from ds_engine._pipeline.build import PipelineError
 from ds_engine._pipeline.engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
+from ds_engine._tensor_parallel import tp_model_init
 from ds_engine._torch_optimizers import Lamb, Lion
 from ds_engine.config import DeepSpeedConfigError
 from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
@@ -38,6 +40,8 @@ from ds_engine.utils import OnDevice, log_dist, logger
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import checkpointing as checkpointing
+    from ds_engine import inference as inference
+    from ds_engine import module_inject as module_inject
     from ds_engine import moe as moe
     from ds_engine import ops as ops
     from ds_engine import pipe as pipe
@@ -46,6 +50,9 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import utils as utils
     from ds_engine import zero as zero
     from ds_engine.config import DeepSpeedConfig
+    from ds_engine.inference import DeepSpeedInferenceConfig as DeepSpeedInferenceConfig
+    from ds_engine.inference import InferenceEngine as InferenceEngine
+    from ds_parallel.tensor import set_autotp_mode as set_autotp_mode
     from ds_pipe import PipelineModule as PipelineModule
 
 version = __version__
@@ -80,10 +87,12 @@ __all__ = [
     "git_hash",
     "git_version_info",
     "init_distributed",
+    "init_inference",
     "initialize",
     "log_dist",
     "logger",
     "lr_schedules",
+    "tp_model_init",
     "version",
 ]
 
@@ -93,6 +102,8 @@ _SUBMODULES = (
     "checkpoint",
     "checkpointing",
     "constants",
+    "inference",
+    "module_inject",
     "moe",
     "ops",
     "pipe",
@@ -101,11 +112,19 @@ _SUBMODULES = (
     "utils",
     "zero",
 )
+#: `deepspeed.InferenceEngine` and friends: served from their submodules on first use (pydantic, ds-parallel).
+_LAZY_NAMES = {
+    "InferenceEngine": "ds_engine.inference",
+    "DeepSpeedInferenceConfig": "ds_engine.inference",
+    "set_autotp_mode": "ds_engine.module_inject",
+}
 
 
 def __getattr__(name: str) -> object:
     if name == "DeepSpeedConfig":  # pydantic models (~0.3 s to import): loaded on first use
         return importlib.import_module("ds_engine.config").DeepSpeedConfig
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(_LAZY_NAMES[name]), name)
     if name in _SUBMODULES:
         return importlib.import_module(f"ds_engine.{name}")
     if name == "PipelineModule":  # `deepspeed.PipelineModule`

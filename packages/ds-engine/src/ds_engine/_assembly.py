@@ -39,6 +39,7 @@ from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._reporting import StepReporter
 from ds_engine._schedulers import build_config_scheduler
 from ds_engine._steppers import Fp32Stepper, Stepper, ZeroStepper
+from ds_engine._tensor_parallel import TensorParallelState
 from ds_engine._timers import NullTimers, ThroughputTimer, WallClockTimers
 from ds_engine._zero_wiring import (
     broadcast_unpartitioned,
@@ -77,6 +78,8 @@ class EngineParts:
     collate_fn: Callable[..., Any] | None
     parameter_offload: Any = None
     """Stage 3 without an optimizer: the `ds_zero.DeepSpeedZeRoOffload` that schedules the parameters."""
+    tensor_parallel: TensorParallelState | None = None
+    """With `tensor_parallel.autotp_size` > 1: the tensor-parallel group and whole-weight I/O."""
     moe: MoeWiring | None = None
     """The MoE layout (expert groups, layers) when the model has expert parameters."""
 
@@ -265,6 +268,7 @@ def assemble(
     client_scheduler: Any,
     training_data: Any,
     collate_fn: Callable[..., Any] | None,
+    tensor_parallel: TensorParallelState | None = None,
 ) -> EngineParts:
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
@@ -328,5 +332,6 @@ def assemble(
         monitor=monitor,
         collate_fn=collate_fn,
         parameter_offload=offload,
+        tensor_parallel=tensor_parallel,
         moe=moe,
     )

@@ -344,6 +344,15 @@ def load_checkpoint(
         path = read_model_states(ckpt_dir, engine._mp_rank)
         state = ds_comm.load_checkpoint_file(path)
         ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+        saved_tp = int((state.get("checkpoint_parallel_dimensions") or {}).get("tp_degree", 1) or 1)
+        tp = 1 if engine.pipeline_parallelism else engine.mp_world_size
+        if saved_tp != tp and not load_module_only and load_optimizer_states:
+            # The module is saved whole (any tensor-parallel size loads it); optimizer state is per shard.
+            raise ValueError(
+                f"load_checkpoint: {path} was saved with a tensor-parallel degree of {saved_tp}, this engine has {tp}; "
+                "its optimizer state does not fit: pass load_module_only=True (or load_optimizer_states=False) to "
+                "load the weights alone"
+            )
         if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
             parts = zero_partitions(ckpt_dir, engine._mp_rank)
         placeholders = _has_placeholders(state)
@@ -429,6 +438,8 @@ def save_16bit_model(
         state = ds_zero.consolidated_16bit_state_dict(
             engine.module, rank0_only=True, exclude_frozen_parameters=exclude_frozen_parameters
         )
+    elif engine._tp is not None:  # whole weights are gathered in every tensor-parallel group (a collective)
+        state = engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
     else:
         state = (
             engine.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)

@@ -81,6 +81,7 @@ class DeepSpeedEngine(
         self.optimizer = parts.optimizer
         self.basic_optimizer = parts.basic_optimizer
         self.parameter_offload = parts.parameter_offload
+        self._tp = parts.tensor_parallel
         self._moe = parts.moe
         self.has_moe_layers = parts.moe is not None
         self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
@@ -479,8 +480,16 @@ class DeepSpeedEngine(
         keep_vars: bool = False,
         exclude_frozen_parameters: bool = False,
     ) -> dict[str, Any]:
-        """The wrapped module's state_dict, optionally without frozen parameters."""
-        state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        """The wrapped module's state_dict, optionally without frozen parameters.
+
+        With tensor parallelism the weights are whole (gathered: a collective on the tensor-parallel
+        group), so checkpoints load at any tensor-parallel size, or without it.
+        """
+        if self._tp is not None:
+            full = self._tp.full_state_dict(self.module)
+            state = type(full)((prefix + k, v) for k, v in full.items())
+        else:
+            state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         if exclude_frozen_parameters:
             frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = type(state)((k, v) for k, v in state.items() if k not in frozen)
@@ -496,5 +505,7 @@ class DeepSpeedEngine(
         """Load module weights (copied into the existing, already cast parameters)."""
         if custom_load_fn is not None:
             custom_load_fn(src=checkpoint, dst=self.module)
+        elif self._tp is not None:
+            self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
         else:
             self.module.load_state_dict(checkpoint, strict=strict)

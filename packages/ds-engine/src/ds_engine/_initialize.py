@@ -22,6 +22,12 @@ from ds_engine._engine_queries import ClientObjects
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
+from ds_engine._tensor_parallel import (
+    apply_autotp,
+    check_tensor_parallel,
+    resolve_autotp_size,
+    tensor_parallel_mpu,
+)
 from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
 from ds_engine.utils.logging import set_log_level_from_string
 
@@ -131,7 +137,9 @@ def initialize(
         mpu: a model-parallel unit (data-parallel group, model-parallel rank) for model-parallel setups;
             with a sequence-parallel degree (ALST's `register_with_transformers` returns one) gradients are
             reduced and ZeRO partitions over data x sequence ranks. Without one, `"sequence_parallel_size": N`
-            in the config builds ds-parallel's mesh (the `parallel` extra).
+            in the config builds ds-parallel's mesh (the `parallel` extra), and so does
+            `"tensor_parallel": {"autotp_size": N}`, which also shards the model with AutoTP (the mpu's
+            model-parallel group is the tensor-parallel group when one is given).
         dist_init_required: False to skip creating the process group.
         collate_fn: for the training data loader.
         config: a dict, a JSON/hjson path, base64 JSON, or a `DeepSpeedConfig` (with "auto" filled).
@@ -165,6 +173,25 @@ def initialize(
         ds_config = source.with_world_size(dist.replica_world_size)
     else:
         ds_config = DeepSpeedConfig(source, world_size=dist.replica_world_size)
+    tp_size = resolve_autotp_size(ds_config)
+    tp_state = None
+    if tp_size > 1:
+        check_tensor_parallel(ds_config, tp_size=tp_size, pipeline=pipeline)
+        if mpu is None:
+            mpu = tensor_parallel_mpu(tp_size)
+        dist = discover_dist(mpu)
+        if dist.mp_world_size != tp_size:
+            raise ValueError(
+                f"tensor_parallel.autotp_size={tp_size} but the mpu's model-parallel world size is {dist.mp_world_size}"
+            )
+        ds_config = ds_config.with_world_size(dist.replica_world_size)
+        tp_state, model_parameters = apply_autotp(
+            model,
+            group=mpu.get_model_parallel_group(),
+            tp_grain_size=ds_config.model.tensor_parallel.tensor_parallel.tp_grain_size,
+            optimizer=optimizer,
+            model_parameters=model_parameters,
+        )
     sp = ds_config.model.sequence_parallel_size
     if sp > 1 and mpu is None and not pipeline:
         mpu = sequence_parallel_mpu(sp)
@@ -217,6 +244,7 @@ def initialize(
         client_scheduler=lr_scheduler,
         training_data=training_data,
         collate_fn=collate_fn,
+        tensor_parallel=tp_state,
     )
     engine = DeepSpeedEngine(parts)
     engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)

@@ -23,6 +23,7 @@ from ds_engine.config._sections import (
     TorchAutocastConfig,
     WandbConfig,
 )
+from ds_engine.config._tensor_parallel import TensorParallelConfig
 from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt, StepInterval
 from ds_ops import AioConfig
 
@@ -55,7 +56,6 @@ OFF_SECTIONS: dict[str, tuple[str, str]] = {
     "autotuning": ("enabled", "autotuning is not implemented in ds"),
     "data_efficiency": ("enabled", "data efficiency (curriculum, random-LTD) is not implemented in ds"),
     "compile": ("deepcompile", "DeepCompile is not implemented in ds; call torch.compile on the model instead"),
-    "tensor_parallel": ("autotp_size", "automatic tensor parallelism is not implemented in ds"),
 }
 
 
@@ -130,6 +130,8 @@ class DeepSpeedConfigModel(ConfigModel):
     """dtype of gradient all-reduces (None: the accumulation dtype)."""
     sequence_parallel_size: PosInt = 1
     """Ulysses sequence-parallel degree; must equal the mpu's (initialize() builds the mesh when no mpu is given)."""
+    tensor_parallel: TensorParallelConfig = TensorParallelConfig()
+    """Automatic tensor parallelism in training (`autotp_size`); initialize() builds the mesh and shards the model."""
     seq_parallel_communication_data_type: Annotated[DtypeName, BeforeValidator(_lower)] = "fp32"
     """dtype of gradient reductions when sequence_parallel_size > 1 (it replaces communication_data_type)."""
     steps_per_print: StepInterval = None
@@ -206,11 +208,7 @@ class DeepSpeedConfigModel(ConfigModel):
                     "unsupported_key", "expected a section (object), got {value}", {"key": key, "value": repr(section)}
                 )
             value = section.get(switch)
-            if switch == "autotp_size":
-                off = value is None or (isinstance(value, int) and not isinstance(value, bool) and value <= 1)
-            else:
-                off = not value
-            if not off:
+            if value:
                 raise PydanticCustomError(
                     "unsupported_key",
                     "{shown}={value} is not supported: {reason} (only a disabled section is accepted)",

@@ -1,0 +1,232 @@
+"""Automatic tensor parallelism in training: `tp_model_init`, and what initialize() does for `autotp_size`.
+
+With `"tensor_parallel": {"autotp_size": N}` (or `tp_model_init(model, tp_size=N, ...)` before
+initialize()), initialize() builds ds-parallel's mesh with a "tp" dim of N (consecutive ranks), shards
+the model's linear layers with AutoTP (training mode: trainable shards, replicated norms, embeddings
+and output head), re-points a client optimizer at the shards, and checks on the first forward that the
+ranks of each tensor-parallel group received the same batch. Data parallelism and ZeRO 1/2 then run
+over the data-parallel dim only; replicated parameters get identical gradients on the tensor-parallel
+ranks (the column-parallel layers' backward all-reduces their input gradients).
+
+[Note: what is refused] The global gradient norm and the fp16 overflow decision would have to span the
+tensor-parallel ranks (sharded parameters summed over the group, replicated ones counted once); ds
+takes them over the data-parallel ranks only. So `gradient_clipping` must be 0 and fp16 is refused
+with tensor parallelism (bf16 and fp32 train), and ZeRO stage 3, pipelines and sequence parallelism do
+not combine with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+from torch.optim import Optimizer
+
+import ds_comm
+from ds_comm import get_accelerator
+from ds_engine._optional import require
+from ds_engine.config import DeepSpeedConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "TensorParallelState",
+    "apply_autotp",
+    "check_tensor_parallel",
+    "resolve_autotp_size",
+    "tensor_parallel_mpu",
+    "tp_model_init",
+]
+
+_RECORDED: dict[str, Any] = {}
+
+
+def tp_model_init(model: nn.Module, tp_size: int, dtype: torch.dtype, config: Any = None, **kwargs: Any) -> nn.Module:
+    """Record tensor-parallel arguments for the next initialize() and switch AutoTP to training mode.
+
+    As in DeepSpeed 0.19.8 nothing is sharded here: initialize() shards the model, taking `tp_size`
+    as `tensor_parallel.autotp_size` when the config leaves it unset (a different value there is an error);
+    the next initialize() consumes the record.
+
+    Args:
+        model: returned unchanged.
+        tp_size: the tensor-parallel degree (a positive int).
+        dtype: recorded (the training dtype comes from the config's fp16/bf16 sections).
+        config: accepted for DeepSpeed's signature; the config is read by initialize().
+        **kwargs: `tp_group` is refused (initialize() builds the group; pass mpu= for your own).
+
+    Raises:
+        ValueError: `tp_size` is not a positive int, or `tp_group` is given.
+    """
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ValueError(f"tp_model_init: tp_size must be a positive int, got {tp_size!r}")
+    if kwargs.get("tp_group") is not None:
+        raise ValueError("tp_model_init(tp_group=...) is not supported by ds; pass mpu= to initialize() instead")
+    require("ds_parallel", extra="parallel", feature="tp_model_init").tensor.set_autotp_mode(training=True)
+    _RECORDED.update(tp_size=tp_size, dtype=dtype)
+    return model
+
+
+def resolve_autotp_size(config: Any) -> int:
+    """The tensor-parallel degree: the config's `autotp_size`, else what `tp_model_init` recorded.
+
+    Raises:
+        DeepSpeedConfigError: both are set and disagree, or `tensor_parallel.tp.tp_size` disagrees.
+    """
+    section = config.model.tensor_parallel
+    size = section.autotp_size
+    recorded = _RECORDED.pop("tp_size", None)  # consumed by this initialize()
+    _RECORDED.clear()
+    if recorded is not None and size not in (0, recorded):
+        raise DeepSpeedConfigError(
+            f"tensor_parallel.autotp_size={size} but tp_model_init recorded tp_size={recorded}; make them agree"
+        )
+    size = size or recorded or 0
+    if section.tensor_parallel.tp_size not in (1, size):
+        raise DeepSpeedConfigError(
+            f"tensor_parallel.tp.tp_size={section.tensor_parallel.tp_size} does not match "
+            f"tensor_parallel.autotp_size={size}"
+        )
+    return int(size)
+
+
+def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
+    """Refuse what does not combine with tensor parallelism (module note: what is refused), naming the key."""
+    m = config.model
+    problems = [
+        (pipeline, "a PipelineModule (pipeline + tensor parallelism is not implemented)"),
+        (m.sequence_parallel_size > 1, f"sequence_parallel_size={m.sequence_parallel_size} (not combined with it)"),
+        (config.zero.stage == 3, "zero_optimization.stage=3 (use stage 0, 1 or 2)"),
+        (config.precision == "fp16", "fp16.enabled (overflow checks do not span the tensor-parallel ranks; use bf16)"),
+        (
+            m.gradient_clipping > 0,
+            f"gradient_clipping={m.gradient_clipping:g} (the global norm does not span the tensor-parallel ranks; "
+            "set it to 0)",
+        ),
+    ]
+    for bad, what in problems:
+        if bad:
+            raise DeepSpeedConfigError(f"tensor_parallel.autotp_size={tp_size} does not support {what}")
+
+
+def tensor_parallel_mpu(tp_size: int) -> Any:
+    """Build ds-parallel's process-wide mesh with `tp=tp_size` and return its mpu.
+
+    Raises:
+        ImportError: ds-parallel is missing (names `pip install 'ds-engine[parallel]'`).
+        ValueError: the world size is not a multiple of `tp_size` (from `ParallelDims`).
+    """
+    ds_parallel = require("ds_parallel", extra="parallel", feature=f"tensor_parallel.autotp_size={tp_size}")
+    return ds_parallel.MeshMPU(ds_parallel.groups.initialize_mesh(tp=tp_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallelState:
+    """The engine's view of a tensor-parallel model: its group, and whole-weight I/O."""
+
+    group: ProcessGroup
+    size: int
+    rank: int
+
+    def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The module's state with whole weights (collective on the tensor-parallel group)."""
+        return _tensor().full_state_dict(module)
+
+    def load_full_state_dict(self, module: nn.Module, state: dict[str, Any], *, strict: bool) -> None:
+        """Load whole weights into the shards (no communication)."""
+        _tensor().load_full_state_dict(module, state, strict=strict)
+
+
+def _tensor() -> Any:
+    return require("ds_parallel", extra="parallel", feature="tensor parallelism").tensor
+
+
+def _remap(params: Any, mapping: dict[int, nn.Parameter]) -> Any:
+    if isinstance(params, dict):
+        return {**params, "params": _remap(params["params"], mapping)}
+    if isinstance(params, torch.Tensor):
+        return mapping.get(id(params), params)
+    return [_remap(p, mapping) for p in params]
+
+
+def _remap_optimizer(optimizer: Optimizer, mapping: dict[int, nn.Parameter]) -> None:
+    for group in optimizer.param_groups:
+        replaced = [p for p in group["params"] if id(p) in mapping]
+        if any(p in optimizer.state for p in replaced):
+            raise ValueError(
+                "initialize(): the client optimizer already holds state for parameters AutoTP replaces; build "
+                "it before any step, or pass a callable(params)"
+            )
+        group["params"] = [mapping.get(id(p), p) for p in group["params"]]
+
+
+def apply_autotp(
+    model: nn.Module, *, group: ProcessGroup, tp_grain_size: int, optimizer: Any, model_parameters: Any
+) -> tuple[TensorParallelState, Any]:
+    """Shard `model` for training over `group`; re-point `optimizer` (in place) and return the re-pointed
+    `model_parameters`. Registers the first-forward batch check (collective on `group`).
+
+    Raises:
+        ValueError: AutoTP cannot shard the model (the message names the layer).
+    """
+    tensor = _tensor()
+    tensor.set_autotp_mode(training=True)
+    before = {name: id(p) for name, p in model.named_parameters()}
+    tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size)
+    mapping = {before[name]: p for name, p in model.named_parameters() if name in before and before[name] != id(p)}
+    if isinstance(optimizer, Optimizer):
+        _remap_optimizer(optimizer, mapping)
+    if model_parameters is not None and not hasattr(model_parameters, "__next__"):
+        model_parameters = _remap(list(model_parameters), mapping)
+    model.register_forward_pre_hook(_BatchCheck(group), prepend=True, with_kwargs=True)
+    return TensorParallelState(group, ds_comm.get_world_size(group), ds_comm.get_rank(group)), model_parameters
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(o) for o in obj) if not hasattr(obj, "_fields") else type(obj)(*map(_to_cpu, obj))
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+class _BatchCheck:
+    """First forward only: the tensor-parallel ranks must have received the same inputs (DeepSpeed checks too)."""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+        self.done = False
+
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if self.done:
+            return
+        self.done = True
+        mine = _to_cpu((tuple(args), dict(kwargs)))
+        box = [mine]
+        ds_comm.broadcast_object_list(box, src=ds_comm.get_global_rank(self.group, 0), group=self.group)
+        acc = get_accelerator()
+        device = torch.device("cpu") if acc.name == "cpu" else acc.device(ds_comm.get_local_rank())
+        flag = torch.tensor([0.0 if _same(box[0], mine) else 1.0], device=device)
+        ds_comm.all_reduce(flag, group=self.group)
+        if flag.item() > 0:
+            raise ValueError(
+                "tensor parallelism: the ranks of a tensor-parallel group received different inputs in their first "
+                "forward; each group must see the same batch (shard data over the data-parallel ranks only, e.g. "
+                "with engine.deepspeed_io or a sampler over engine.dp_world_size / get_data_parallel_rank())"
+            )

@@ -1,0 +1,21 @@
+"""`deepspeed.module_inject.layers`: the AutoTP layers and `set_autotp_mode` (ds-parallel's `tensor`).
+
+Needs the `parallel` extra: without ds-parallel, importing this package raises ImportError naming
+`pip install 'ds-engine[parallel]'`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ds_engine._reexport import optional_reexport
+
+if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_parallel's own
+    from ds_parallel.tensor import *  # noqa: F403
+
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.module_inject.layers",
+    "ds_parallel.tensor",
+    extra="parallel",
+    feature="ds_engine.module_inject.layers (deepspeed.module_inject.layers, automatic tensor parallelism)",
+)

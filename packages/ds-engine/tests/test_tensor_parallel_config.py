@@ -1,0 +1,74 @@
+"""The `tensor_parallel` section and `tp_model_init` on one process: DeepSpeed's keys, and the refusals
+(unimplemented partitioning options, fp16, clipping, stage 3, a size that disagrees with tp_model_init),
+each naming the key, before any group is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ds_engine as deepspeed
+from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+
+pytest.importorskip("ds_parallel", reason="AutoTP needs ds-parallel: pip install 'ds-engine[parallel]'")
+
+BASE: dict[str, Any] = {
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_clipping": 0.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
+}
+
+
+def test_section_keys() -> None:
+    c = DeepSpeedConfig({**BASE, "tensor_parallel": {"autotp_size": 2, "tp": {"tp_grain_size": 8}}}, world_size=1)
+    tp = c.model.tensor_parallel
+    assert (tp.autotp_size, tp.tensor_parallel.tp_grain_size, tp.enabled) == (2, 8, True)
+    assert not DeepSpeedConfig(BASE, world_size=1).model.tensor_parallel.enabled
+
+
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        ({"autotp_size": 2, "partition_config": {"layer_specs": []}}, "configurable AutoTP partitioning"),
+        ({"autotp_size": 2, "preset_model": "llama"}, "AutoTP model presets"),
+        ({"autotp_sise": 2}, "tensor_parallel.autotp_sise: unknown key 'autotp_sise'; did you mean 'autotp_size'"),
+        ({"autotp_size": -1}, "tensor_parallel.autotp_size"),
+    ],
+)
+def test_bad_section_names_the_key(section: dict[str, Any], match: str) -> None:
+    with pytest.raises(DeepSpeedConfigError, match=match):
+        DeepSpeedConfig({**BASE, "tensor_parallel": section}, world_size=1)
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"fp16": {"enabled": True}}, "autotp_size=2 does not support fp16.enabled"),
+        ({"gradient_clipping": 1.0}, "autotp_size=2 does not support gradient_clipping=1"),
+        ({"zero_optimization": {"stage": 3}}, "autotp_size=2 does not support zero_optimization.stage=3"),
+        ({"sequence_parallel_size": 2}, "autotp_size=2 does not support sequence_parallel_size=2"),
+    ],
+)
+def test_combinations_tensor_parallelism_refuses(extra: dict[str, Any], match: str) -> None:
+    config = {**BASE, "tensor_parallel": {"autotp_size": 2}, **extra}
+    with pytest.raises(DeepSpeedConfigError, match=match):
+        deepspeed.initialize(model=nn.Linear(4, 4), config=config, dist_init_required=False)
+
+
+def test_tp_model_init_records_and_must_agree() -> None:
+    model = nn.Linear(4, 4)
+    assert deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32) is model
+    from ds_parallel.tensor import is_autotp_training_mode, set_autotp_mode
+
+    assert is_autotp_training_mode()
+    set_autotp_mode(training=False)
+    config = {**BASE, "tensor_parallel": {"autotp_size": 4}}
+    with pytest.raises(DeepSpeedConfigError, match="autotp_size=4 but tp_model_init recorded tp_size=2"):
+        deepspeed.initialize(model=model, config=config, dist_init_required=False)
+    with pytest.raises(ValueError, match="tp_size must be a positive int, got 0"):
+        deepspeed.tp_model_init(model, tp_size=0, dtype=torch.float32)
+    with pytest.raises(ValueError, match="tp_group=...\\) is not supported"):
+        deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32, tp_group=object())

@@ -1,0 +1,209 @@
+"""`shard_model`: replace a model's linear layers with tensor-parallel ones, in place.
+
+The recipe, in order (DeepSpeed's AutoTP, heuristic path):
+  1. find the block types and their row-parallel layers (`_parser`);
+  2. in every block instance, replace each `nn.Linear` by its tensor-parallel counterpart: row-parallel
+     (`LinearAllreduce`), fused qkv / packed gate-up, or column-parallel (`LinearLayer`); MoE routers
+     and low-rank projections stay whole;
+  3. in every module of a block that now holds shards, divide the head and width attributes
+     (`num_heads`, `embed_dim`, ...) so the model's own reshapes see the local sizes;
+  4. at inference only, the output head (`lm_head` / `embed_out`) becomes row-parallel
+     (`LmHeadLinearAllreduce`); in training it stays replicated, as in DeepSpeed.
+Embeddings and norms stay replicated.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import nn
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_parallel.tensor._layers import (
+    FusedQKVLinearLayer,
+    GateUpPackLinearLayer,
+    LinearAllreduce,
+    LinearLayer,
+    LmHeadLinearAllreduce,
+    TensorParallelLayer,
+)
+from ds_parallel.tensor._mode import is_autotp_training_mode
+from ds_parallel.tensor._parser import BlockPolicy, find_block_policies
+from ds_parallel.tensor._shard_sizes import TPMeta, shard_size
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["shard_model"]
+
+#: Attributes that count heads or features of a sharded module (DeepSpeed's list); divided per rank.
+HEAD_ATTRS = (
+    "n_heads",
+    "inner_dim",
+    "num_heads",
+    "num_kv",
+    "num_attention_heads",
+    "num_attn_heads",
+    "all_head_size",
+    "embed_dim",
+    "hidden_size",
+    "num_key_value_heads",
+    "num_kv_heads",
+    "kv_n_heads",
+    "d_model",
+    "num_attention_heads_per_partition",
+    "num_multi_query_groups_per_partition",
+    "hidden_size_per_partition",
+)
+_FUSED_QKV_NAMES = ("qkv_proj", "query_key_value", "attn.Wqkv", "self_attn.W_pack", "c_attn")
+#: Blocks whose fused qkv is [q | k | v] (each section split by heads); others keep each head's q, k, v together.
+_SECTIONED_QKV_BLOCKS = ("Phi3DecoderLayer", "GLMBlock", "MPTBlock", "MptBlock", "BaichuanLayer")
+_UNSUPPORTED_QKV_BLOCKS = ("CodeGenBlock", "GPTBigCodeBlock", "QWenBlock")
+_LM_HEAD_NAMES = ("lm_head", "embed_out")
+
+
+def _keeps_whole(name: str, model_classes: str) -> bool:
+    """MoE routers and low-rank attention projections stay replicated."""
+    return (
+        name in ("mlp.gate", "block_sparse_moe.gate")
+        or "q_a_proj" in name
+        or "kv_a_proj_with_mqa" in name
+        or (name == "mlp.shared_expert_gate" and "Qwen2Moe" in model_classes)
+    )
+
+
+class _Sharder:
+    def __init__(self, model: nn.Module, group: ProcessGroup, meta: TPMeta, training: bool) -> None:
+        self.model = model
+        self.group = group
+        self.tp_size = ds_comm.get_world_size(group)
+        self.tp_rank = ds_comm.get_rank(group)
+        self.meta = meta
+        self.training = training
+        self.model_classes = " ".join(type(m).__name__ for m in model.modules())
+        self.num_replaced = 0
+
+    def _check_heads(self, linear: nn.Linear, name: str, path: str) -> None:
+        kv = self.meta.num_kv_heads
+        if kv is None or kv % self.tp_size == 0 or "mlp" in name:
+            return
+        if linear.out_features % kv == 0 or linear.in_features % kv == 0:
+            raise ValueError(
+                f"AutoTP: layer {path!r} splits by attention heads, but the model's {kv} key/value heads do not "
+                f"divide over {self.tp_size} tensor-parallel ranks; use a tensor-parallel size that divides {kv}"
+            )
+
+    def linear(self, linear: nn.Linear, name: str, path: str, policy: BlockPolicy, block: nn.Module) -> nn.Module:
+        if _keeps_whole(name, self.model_classes):
+            return linear
+        self._check_heads(linear, name, path)
+        kwargs: dict[str, Any] = {"name": name, "tp_meta": self.meta, "training": self.training}
+        self.num_replaced += 1
+        if "gate_up_proj" in name or ("dense_h_to_4h" in name and "GLM" in self.model_classes):
+            return GateUpPackLinearLayer(linear, self.group, **kwargs)
+        if name in policy.row_parallel or name.lstrip(".") in policy.row_parallel or "down_proj" in name:
+            return LinearAllreduce(linear, self.group, **kwargs)
+        if any(fused in name for fused in _FUSED_QKV_NAMES):
+            block_name = type(block).__name__
+            if block_name in _UNSUPPORTED_QKV_BLOCKS:
+                raise ValueError(f"AutoTP: the fused qkv layout of {block_name} ({path!r}) is not supported by ds")
+            interleaved = block_name not in _SECTIONED_QKV_BLOCKS
+            return FusedQKVLinearLayer(linear, self.group, interleaved=interleaved, **kwargs)
+        return LinearLayer(linear, self.group, **kwargs)
+
+    def block(self, block: nn.Module, policy: BlockPolicy, path: str) -> None:
+        self._walk(block, policy, block, path, parent_key="")
+
+    def _walk(self, module: nn.Module, policy: BlockPolicy, block: nn.Module, path: str, parent_key: str) -> None:
+        for key, child in list(module.named_children()):
+            child_path = f"{path}.{key}"
+            if isinstance(child, TensorParallelLayer):
+                continue
+            if isinstance(child, nn.Linear):
+                setattr(module, key, self.linear(child, f"{parent_key}.{key}", child_path, policy, block))
+            else:
+                self._walk(child, policy, block, child_path, parent_key=key)
+                self._divide_head_attrs(child, key)
+
+    def _divide_head_attrs(self, module: nn.Module, name: str) -> None:
+        """A module over sharded layers sees local head counts and widths (its reshapes read them)."""
+        if not any(isinstance(m, TensorParallelLayer) for m in module.modules()):
+            return
+        if any(p.dim() >= 3 for p in module.parameters()):
+            return  # high-dimensional weights (conv patches) are never cut: their sizes stay whole
+        for attr in HEAD_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(module, attr, shard_size(value, self.tp_size, self.meta, name, self.tp_rank))
+
+    def lm_head(self) -> None:
+        owner: nn.Module = self.model
+        if not any(isinstance(getattr(owner, n, None), nn.Linear) for n in _LM_HEAD_NAMES):
+            owner = getattr(self.model, "language_model", self.model)
+        for n in _LM_HEAD_NAMES:
+            head = getattr(owner, n, None)
+            if isinstance(head, nn.Linear) and not isinstance(head, TensorParallelLayer):
+                setattr(owner, n, LmHeadLinearAllreduce(head, self.group, tp_meta=self.meta, training=False))
+                self.num_replaced += 1
+                return
+
+
+def shard_model(
+    model: nn.Module,
+    *,
+    tp_group: ProcessGroup,
+    training: bool | None = None,
+    tp_grain_size: int = 1,
+    model_config: Any = None,
+    policies: list[BlockPolicy] | None = None,
+) -> nn.Module:
+    """Shard `model`'s linear layers over `tp_group` in place (DeepSpeed's automatic tensor parallelism).
+
+    Every rank of `tp_group` must call this on a model holding the same weights (a seeded build, or
+    weights loaded from one checkpoint); each keeps only its shard. Afterwards a forward issues one
+    all-reduce per row-parallel layer on `tp_group` (and, in training, one per column-parallel layer in
+    the backward), and the outputs equal the unsharded model's.
+
+    Args:
+        model: a transformer with its blocks in an `nn.ModuleList` (Hugging Face Llama, Mistral,
+            Qwen2, OPT, ...); modified in place and returned.
+        tp_group: the tensor-parallel group (ds-parallel's mesh dim "tp").
+        training: shard for training (shards trainable, output head replicated) or inference (shards
+            frozen, output head row-parallel); None: the process-wide `set_autotp_mode`.
+        tp_grain_size: MLP and output-head shards are multiples of this.
+        model_config: where head counts are read (default `model.config`).
+        policies: the blocks to shard and their row-parallel layers (DeepSpeed's `injection_policy`);
+            None: found automatically (`find_block_policies`).
+
+    Returns:
+        `model`, with `ds_autotp_parsed = True`.
+
+    Raises:
+        ValueError: an unsupported model family, no shardable block, key/value heads that do not divide
+            over the group, or a layer too small to split (each message names the model or layer).
+    """
+    if getattr(model, "ds_autotp_parsed", False):
+        return model
+    training = is_autotp_training_mode() if training is None else training
+    if ds_comm.get_world_size(tp_group) <= 1:
+        model.ds_autotp_parsed = True  # type: ignore[assignment]
+        return model
+    meta = TPMeta.from_model_config(model_config or getattr(model, "config", None), tp_grain_size)
+    by_type = {p.block_type: p for p in (find_block_policies(model) if policies is None else policies)}
+    sharder = _Sharder(model, tp_group, meta, training)
+    for path, module in list(model.named_modules()):
+        policy = by_type.get(type(module))
+        if policy is not None:
+            sharder.block(module, policy, path)
+    if not training:
+        sharder.lm_head()
+    model.ds_autotp_parsed = True  # type: ignore[assignment]
+    logger.info(
+        "AutoTP: %d linear layers of %s sharded over %d ranks (%s)",
+        sharder.num_replaced,
+        type(model).__name__,
+        sharder.tp_size,
+        "training" if training else "inference",
+    )
+    return model
