@@ -80,9 +80,23 @@ def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = 
     Raises:
         ResourceFilterError: both specs given, an unknown host or slot, a bad spec, or nothing left.
     """
-    full = {host: list(range(slots)) for host, slots in pool.items()}
+    active = select_slots({host: list(range(slots)) for host, slots in pool.items()}, include=include, exclude=exclude)
+    if not active:
+        raise ResourceFilterError(
+            f"{'--include' if include else '--exclude'} {include or exclude!r} leaves no resources to launch on"
+        )
+    return active
+
+
+def select_slots(slots_by_host: dict[str, list[int]], *, include: str = "", exclude: str = "") -> dict[str, list[int]]:
+    """`filter_resources` on `{host: [slot ids]}`, where a selection that leaves nothing is `{}`, not an error.
+
+    Raises:
+        ResourceFilterError: both specs given, an unknown host or slot, or a bad spec.
+    """
     if include and exclude:
         raise ResourceFilterError("--include and --exclude are mutually exclusive; pass only one of them")
+    full = {host: list(slots) for host, slots in slots_by_host.items()}
     if not include and not exclude:
         return full
     flag, spec = ("--include", include) if include else ("--exclude", exclude)
@@ -96,10 +110,7 @@ def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = 
         else:
             removed = set(requested[host] or slots) if host in requested else set()
             active[host] = [s for s in slots if s not in removed]
-    active = {host: slots for host, slots in active.items() if slots}
-    if not active:
-        raise ResourceFilterError(f"{flag} {spec!r} leaves no resources to launch on")
-    return active
+    return {host: slots for host, slots in active.items() if slots}
 
 
 def apply_num_nodes_and_gpus(
