@@ -44,6 +44,12 @@ def test_parse_resource_filter_errors_name_the_problem(include: str, exclude: st
         runner.parse_resource_filter({"a": [0, 1], "b": [0]}, include_str=include, exclude_str=exclude)
 
 
+def test_parse_resource_filter_names_the_slots_a_host_has() -> None:
+    with pytest.raises(ValueError, match=r"host 'a' has no slot 1 \(slots: 0,2\)"):
+        runner.parse_resource_filter({"a": [0, 2]}, include_str="a:1")
+    assert runner.parse_resource_filter({"a": [0, 2, 5]}, exclude_str="a:2") == {"a": [0, 5]}
+
+
 def test_launch_path_still_refuses_an_empty_selection() -> None:
     with pytest.raises(ValueError, match="leaves no resources"):
         runner.filter_resources({"a": 2}, exclude="a")

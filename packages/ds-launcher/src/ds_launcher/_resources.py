@@ -61,8 +61,11 @@ def _check_known(pool: dict[str, list[int]], requested: dict[str, list[int]], fl
             raise ResourceFilterError(f"{flag} {spec!r}: host {host!r} is not in the hostfile (hosts: {known})")
         for slot in slots:
             if slot not in pool[host]:
-                have = f"0-{len(pool[host]) - 1}" if pool[host] else "none"
-                raise ResourceFilterError(f"{flag} {spec!r}: host {host!r} has no slot {slot} (slots: {have})")
+                have = pool[host]
+                have_text = (
+                    f"0-{len(have) - 1}" if have == list(range(len(have))) else ",".join(map(str, have))
+                ) or "none"
+                raise ResourceFilterError(f"{flag} {spec!r}: host {host!r} has no slot {slot} (slots: {have_text})")
 
 
 def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = "") -> dict[str, list[int]]:
