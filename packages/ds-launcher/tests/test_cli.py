@@ -162,4 +162,4 @@ def test_console_script_entry_point() -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("ds-launcher is not installed (running from sources)")
     scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
-    assert scripts["deepspeed"] == "ds_launcher.runner:main"
+    assert scripts["deepspeed"] == "ds_launcher.runner:cli"

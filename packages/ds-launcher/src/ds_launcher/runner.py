@@ -25,12 +25,18 @@ from dataclasses import dataclass
 from ds_launcher._args import parse_args
 from ds_launcher._cli_logging import configure_cli_logging
 from ds_launcher._env import DEFAULT_ENV_FILE, collect_exports, read_env_files
-from ds_launcher._hostfile import fetch_hostfile
+from ds_launcher._hostfile import fetch_hostfile, parse_hostfile
 from ds_launcher._mpi_runners import IMPIRunner, MPICHRunner, MVAPICHRunner, OpenMPIRunner
 from ds_launcher._procs import Supervisor
 from ds_launcher._reachability import SSH_CONNECT_TIMEOUT_S, check_hosts_reachable
 from ds_launcher._remote_runners import PDSHRunner, SSHRunner
-from ds_launcher._resources import ResourceFilterError, apply_num_nodes_and_gpus, encode_world_info, filter_resources
+from ds_launcher._resources import (
+    ResourceFilterError,
+    apply_num_nodes_and_gpus,
+    encode_world_info,
+    filter_resources,
+    select_slots,
+)
 from ds_launcher._runner_base import LauncherNotFoundError, LaunchPlan, MultiNodeRunner, launch_command
 from ds_launcher._slurm_runner import SlurmRunner
 
@@ -187,31 +193,12 @@ def resolve_master_addr(args: argparse.Namespace, hosts: Sequence[str], multi_no
     return _first_address([*ssh, first, "hostname", "-I"], f"ssh {first} hostname -I")
 
 
-def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: str, home: str) -> Launch:
-    """Check everything and decide how to launch; starts nothing.
-
-    Raises:
-        ValueError: bad flags, hostfile, filters, `.deepspeed_env`, or a selection the backend cannot run.
-        RuntimeError: the master address could not be found.
-    """
-    _check_flags(args)
-    env = dict(environ)
-    active, _ = resolve_resources(args, env)
-    if args.no_ssh and not 0 <= args.node_rank < len(active):
-        raise ValueError(
-            f"--no_ssh needs --node_rank in 0..{len(active) - 1} (this node's index among "
-            f"{', '.join(active)}), got {args.node_rank}"
-        )
-    if args.node_rank != -1 and not args.no_ssh:
-        logger.warning("--node_rank has no effect without --no_ssh")
-    # One host that is not this one (`--include worker-1`) also goes through the backend: started
-    # here, its ranks would wait for a master on the other host that nothing starts.
-    multi_node = (args.force_multi or len(active) > 1 or not is_this_host(next(iter(active)))) and not args.no_ssh
-    RUNNERS[args.launcher].validate_active_resources(active)
-    plan = LaunchPlan(
+def build_plan(args: argparse.Namespace, active: dict[str, list[int]], *, master_addr: str, cwd: str) -> LaunchPlan:
+    """The launch plan for `active` resources from parsed `deepspeed` flags (no checks, nothing started)."""
+    return LaunchPlan(
         active=active,
         world_info=encode_world_info(active),
-        master_addr=resolve_master_addr(args, list(active), multi_node),
+        master_addr=master_addr,
         master_port=args.master_port,
         user_script=args.user_script,
         user_args=tuple(args.user_args),
@@ -233,6 +220,30 @@ def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: st
         num_gpus=args.num_gpus,
         slurm_comment=args.slurm_comment,
     )
+
+
+def plan_launch(args: argparse.Namespace, environ: Mapping[str, str], *, cwd: str, home: str) -> Launch:
+    """Check everything and decide how to launch; starts nothing.
+
+    Raises:
+        ValueError: bad flags, hostfile, filters, `.deepspeed_env`, or a selection the backend cannot run.
+        RuntimeError: the master address could not be found.
+    """
+    _check_flags(args)
+    env = dict(environ)
+    active, _ = resolve_resources(args, env)
+    if args.no_ssh and not 0 <= args.node_rank < len(active):
+        raise ValueError(
+            f"--no_ssh needs --node_rank in 0..{len(active) - 1} (this node's index among "
+            f"{', '.join(active)}), got {args.node_rank}"
+        )
+    if args.node_rank != -1 and not args.no_ssh:
+        logger.warning("--node_rank has no effect without --no_ssh")
+    # One host that is not this one (`--include worker-1`) also goes through the backend: started
+    # here, its ranks would wait for a master on the other host that nothing starts.
+    multi_node = (args.force_multi or len(active) > 1 or not is_this_host(next(iter(active)))) and not args.no_ssh
+    RUNNERS[args.launcher].validate_active_resources(active)
+    plan = build_plan(args, active, master_addr=resolve_master_addr(args, list(active), multi_node), cwd=cwd)
     if not multi_node:
         env.update(read_env_files(environ, cwd=cwd, home=home))
     return Launch(plan, multi_node, env)
@@ -283,24 +294,62 @@ def _exec_local(launch: Launch, node_rank: int) -> None:
     os.execve(argv[0], argv, launch.env)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `deepspeed` console script (and `python -m ds_launcher`)."""
-    args = parse_args(argv)
-    configure_cli_logging(args.log_level, quiet=args.quiet, name="deepspeed")
+def parse_resource_filter(
+    host_info: Mapping[str, Sequence[int]], include_str: str = "", exclude_str: str = ""
+) -> dict[str, list[int]]:
+    """DeepSpeed's name and signature for `--include/--exclude` on `{host: [slot ids]}`.
+
+    Unlike the launch path (`filter_resources`), excluding everything gives `{}` rather than an
+    error: callers of DeepSpeed's function test the result themselves.
+
+    Raises:
+        ValueError: both filters given, an unknown host or slot, or a malformed spec.
+    """
+    return select_slots(
+        {host: list(slots) for host, slots in host_info.items()}, include=include_str, exclude=exclude_str
+    )
+
+
+def _parse_hostfile(hostfile_lines: Sequence[str]) -> dict[str, int]:
+    """DeepSpeed's hostfile parser over a list of lines: `{host: slots}` in file order.
+
+    Raises:
+        ValueError: a malformed line, a host listed twice, or no hosts (see `parse_hostfile`).
+    """
+    return parse_hostfile("\n".join(hostfile_lines))
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    """Run the `deepspeed` command with `args` (default `sys.argv[1:]`); DeepSpeed's programmatic entry.
+
+    Returns the job's exit status. Bad input is raised, as DeepSpeed's `main` does, so a caller
+    can catch it; the console script (`cli`) reports it as one line and exit status 2 instead.
+
+    Raises:
+        ValueError: bad flags, hostfile, filters or `.deepspeed_env`.
+        RuntimeError: the master address could not be found, or the backend tool is missing.
+    """
+    parsed = parse_args(args)
+    configure_cli_logging(parsed.log_level, quiet=parsed.quiet, name="deepspeed")
     cwd, home = os.getcwd(), os.path.expanduser("~")
-    try:
-        launch = plan_launch(args, os.environ, cwd=cwd, home=home)
-        if not launch.multi_node:
-            _exec_local(launch, max(args.node_rank, 0) if args.no_ssh else 0)
-        status = run_multi_node(args, launch, os.environ, home=home)
-    except (ValueError, RuntimeError) as err:
-        kind = "not installed" if isinstance(err, LauncherNotFoundError) else "error"
-        logger.error("%s: %s", kind, err)
-        return 2
+    launch = plan_launch(parsed, os.environ, cwd=cwd, home=home)
+    if not launch.multi_node:
+        _exec_local(launch, max(parsed.node_rank, 0) if parsed.no_ssh else 0)
+    status = run_multi_node(parsed, launch, os.environ, home=home)
     if status:
         logger.error("job ended with exit status %d", status)
     return status
 
 
+def cli(argv: Sequence[str] | None = None) -> int:
+    """The `deepspeed` console script (and `python -m ds_launcher`): `main`, with errors as exit status 2."""
+    try:
+        return main(argv)
+    except (ValueError, RuntimeError) as err:
+        kind = "not installed" if isinstance(err, LauncherNotFoundError) else "error"
+        logging.getLogger("ds_launcher.runner").error("%s: %s", kind, err)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -5,7 +5,8 @@
 `runtime.zero` (with `.partition_parameters`; ds-zero, the `zero` extra),
 `runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
 `runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...),
-`runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is).
+`runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is),
+`runtime.dataloader` (`RepeatingLoader`).
 The sibling paths are imported on first use.
 """
 
@@ -19,13 +20,14 @@ from ds_engine.runtime import lr_schedules
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import activation_checkpointing as activation_checkpointing
+    from ds_engine.runtime import dataloader as dataloader
     from ds_engine.runtime import pipe as pipe
     from ds_engine.runtime import sequence_parallel as sequence_parallel
     from ds_engine.runtime import utils as utils
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "checkpoint_engine", "pipe", "sequence_parallel", "utils", "zero")
+_LAZY = ("activation_checkpointing", "checkpoint_engine", "dataloader", "pipe", "sequence_parallel", "utils", "zero")
 
 
 def __getattr__(name: str) -> ModuleType:

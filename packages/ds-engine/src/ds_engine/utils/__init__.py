@@ -1,5 +1,7 @@
 """`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, ZeRO's accessors and leaf modules, submodules.
 
+`RepeatingLoader` is `runtime.dataloader`'s; `utils.numa` has `parse_range_list` (`--bind_core_list` syntax).
+
 `logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
 ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
 (`safe_get_full_fp32_param`, `safe_get_full_grad`...; `utils.tensor_fragment`), the ZeRO-3 leaf-module
@@ -14,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
+from ds_engine.runtime.dataloader import RepeatingLoader
 from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger
 
@@ -33,7 +36,7 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules and names
         z3_leaf_parameter,
     )
 
-_SUBMODULES = ("groups", "tensor_fragment", "z3_leaf_module", "zero_to_fp32")
+_SUBMODULES = ("groups", "numa", "tensor_fragment", "z3_leaf_module", "zero_to_fp32")
 
 _ACCESSORS = (
     "safe_get_full_fp32_param",
@@ -65,7 +68,7 @@ _LAZY_NAMES = {
     )
 } | dict.fromkeys(_ACCESSORS, "tensor_fragment")
 
-__all__ = ["OnDevice", "log_dist", "logger", *sorted(_LAZY_NAMES)]
+__all__ = ["OnDevice", "RepeatingLoader", "log_dist", "logger", *sorted(_LAZY_NAMES)]
 
 
 def __getattr__(name: str) -> Any:
