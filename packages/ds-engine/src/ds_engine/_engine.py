@@ -70,6 +70,9 @@ class DeepSpeedEngine(
     `"managed_gradient_accumulation": false` every `step()` is a boundary.
     """
 
+    #: DeepSpeed's static helper: a model-states dict plus this rank's experts from their files.
+    load_moe_state_dict = staticmethod(_moe_checkpoint.load_moe_state_dict)
+
     def __init__(self, parts: EngineParts) -> None:
         super().__init__()
         self.module = parts.module

@@ -136,11 +136,29 @@ def detect_moe(module: nn.Module, dist: DistInfo) -> MoeWiring | None:
             f"MoE: ds-parallel's data-parallel world ({dp}) differs from the engine's ({dist.dp_world_size}); "
             "an mpu that splits the world another way is not supported with MoE layers"
         )
+    layers, expert_names = moe_layout(module)
+    wiring = MoeWiring(
+        ep_groups={n: groups._get_expert_parallel_group(n) for n in names},
+        edp_groups={n: groups._get_expert_data_parallel_group(n) for n in names},
+        edp_src={n: groups._get_expert_broadcast_src_rank(n) for n in names},
+        layers=layers,
+        expert_names=expert_names,
+    )
+    logger.info("MoE: %d layer(s), experts %s, expert groups %s", len(layers), wiring.num_experts, ", ".join(names))
+    return wiring
+
+
+def moe_layout(module: nn.Module) -> tuple[list[MoeLayer], dict[str, str]]:
+    """The MoE layers of `module` (module order) and every expert entry's name -> its global-index name.
+
+    Needs the expert groups to exist (ds-parallel's, set up by the layers' `set_deepspeed_parallelism`).
+    """
+    ds_parallel = require("ds_parallel", extra="parallel", feature="mixture-of-experts (MoE layers)")
+    groups = ds_parallel.groups
     layers: list[MoeLayer] = []
     expert_names: dict[str, str] = {}
-    moe_cls = ds_parallel.moe.MoE
     for prefix, sub in module.named_modules():
-        if isinstance(sub, moe_cls):
+        if isinstance(sub, ds_parallel.moe.MoE):
             layer = MoeLayer(
                 prefix=prefix,
                 num_experts=sub.num_experts,
@@ -155,15 +173,7 @@ def detect_moe(module: nn.Module, dist: DistInfo) -> MoeWiring | None:
                 full = head + name
                 if _EXPERT_INDEX.search(full):
                     expert_names[full] = layer.global_name(full)
-    wiring = MoeWiring(
-        ep_groups={n: groups._get_expert_parallel_group(n) for n in names},
-        edp_groups={n: groups._get_expert_data_parallel_group(n) for n in names},
-        edp_src={n: groups._get_expert_broadcast_src_rank(n) for n in names},
-        layers=layers,
-        expert_names=expert_names,
-    )
-    logger.info("MoE: %d layer(s), experts %s, expert groups %s", len(layers), wiring.num_experts, ", ".join(names))
-    return wiring
+    return layers, expert_names
 
 
 def broadcast_moe_model(module: nn.Module, wiring: MoeWiring, dist: DistInfo) -> None:

@@ -26,12 +26,13 @@ from torch import nn
 
 import ds_comm
 from ds_comm import atomic_save
-from ds_engine._moe import MoeWiring
+from ds_engine._moe import MoeWiring, moe_layout
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "expert_file",
+    "load_moe_state_dict",
     "merge_expert_states",
     "non_expert_state",
     "optimizer_file",
@@ -151,3 +152,37 @@ def write_stage0_optimizer(
 def _largest_group_rank(wiring: MoeWiring) -> tuple[int, int]:
     largest = max(wiring.layers, key=lambda layer: int(layer.group_name.rsplit("_", 1)[1]))
     return largest.ep_rank, int(largest.group_name.rsplit("_", 1)[1])
+
+
+def load_moe_state_dict(
+    checkpoint_path: str | Path,
+    tag: Any,
+    state_dict: dict[str, Any],
+    old_moe_load: bool = False,
+    model: nn.Module | None = None,
+    mpu: Any = None,
+    num_experts: int | list[int] = 1,
+    checkpoint_engine: Any = None,
+) -> None:
+    """DeepSpeed's `DeepSpeedEngine.load_moe_state_dict`: add `model`'s local experts to `state_dict`, in place.
+
+    For scripts that load a model-states file themselves (Megatron-style): the expert entries are read
+    from `<checkpoint_path>/<tag>/layer_{L}_expert_{E}_...` files by global expert index and stored under
+    this rank's local names, so `model.load_state_dict(state_dict)` works at any expert-parallel degree.
+    `num_experts` and `checkpoint_engine` are accepted for DeepSpeed's signature; the counts come from the
+    model's MoE layers and the files are read with ds's restricted unpickler.
+
+    Raises:
+        ValueError: no `model`, a model without MoE layers, or `old_moe_load` (DeepSpeed's pre-0.5 layout).
+        FileNotFoundError: an expert file is missing (named).
+    """
+    if old_moe_load:
+        raise ValueError("load_moe_state_dict(old_moe_load=True): DeepSpeed's pre-0.5 MoE layout is not supported")
+    if model is None:
+        raise ValueError("load_moe_state_dict needs model= (the module whose MoE layers name the local experts)")
+    layers, expert_names = moe_layout(model)
+    if not layers:
+        raise ValueError(f"load_moe_state_dict: {type(model).__name__} has no MoE layers")
+    wiring = MoeWiring(ep_groups={}, edp_groups={}, edp_src={}, layers=layers, expert_names=expert_names)
+    mp_rank = 0 if mpu is None else int(mpu.get_model_parallel_rank())
+    state_dict.update(merge_expert_states(state_dict, wiring, Path(checkpoint_path) / str(tag), mp_rank=mp_rank))

@@ -105,3 +105,55 @@ def _stage0_other_ep(rank: int, world: int, root: str) -> str:
 def test_stage0_optimizer_state_at_another_ep_size_is_refused_by_name(tmp_path: Path) -> None:
     msg = run_ranks(2, _stage0_other_ep, str(tmp_path), timeout_s=240)[0]
     assert "load_optimizer_states=False" in msg
+
+
+def _load_moe_state_dict_by_hand(rank: int, world: int, root: str, load_ep: int) -> dict[str, Any]:
+    from moe_cases import TinyMoE, batch
+
+    from ds_engine import DeepSpeedEngine
+    from ds_parallel import groups
+
+    engine = _engine(2, 2)
+    for step in range(3):
+        loss = engine(*batch(rank, step))
+        engine.backward(loss)
+        engine.step()
+    engine.save_checkpoint(root, tag="mid")
+    trained = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    ep_rank = groups._get_expert_parallel_rank(engine.module.moe[0].expert_group_name)
+    groups.reset_mesh()
+
+    # A Megatron-style load: the model-states file read by the script, experts added by DeepSpeed's helper.
+    torch.manual_seed(1)
+    model = TinyMoE(ep_size=load_ep)
+    for sub in model.modules():
+        if sub is not model and hasattr(sub, "set_deepspeed_parallelism"):
+            sub.set_deepspeed_parallelism()
+    state = torch.load(Path(root) / "mid" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    DeepSpeedEngine.load_moe_state_dict(root, "mid", state_dict=state, model=model)
+    model.load_state_dict(state, strict=True)
+    new_rank = groups._get_expert_parallel_rank(model.moe[0].expert_group_name)
+    return {
+        "trained": trained,
+        "loaded": model.state_dict(),
+        "save_ep_rank": ep_rank,
+        "load_ep_rank": new_rank,
+        "num_local": model.moe[0].num_local_experts,
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("load_ep", [2, 1])
+def test_load_moe_state_dict_fills_local_experts_from_the_global_files(tmp_path: Path, load_ep: int) -> None:
+    from moe_cases import global_name
+
+    results = run_ranks(2, _load_moe_state_dict_by_hand, str(tmp_path), load_ep, timeout_s=540)
+    # Every global expert, as the saving ranks held it (their local index -> global index).
+    saved: dict[str, torch.Tensor] = {}
+    for r in results:
+        for name, value in r["trained"].items():
+            saved[global_name(name, r["save_ep_rank"], 4 // 2)] = value
+    for r in results:
+        for name, value in r["loaded"].items():
+            want = saved[global_name(name, r["load_ep_rank"], r["num_local"])]
+            torch.testing.assert_close(value, want, rtol=0, atol=0, msg=name)
