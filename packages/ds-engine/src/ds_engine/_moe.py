@@ -30,6 +30,7 @@ import ds_comm
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, ReduceSettings, broadcast_module_states
 from ds_engine._dist_info import DistInfo
 from ds_engine._optional import require
+from ds_engine._steppers import PlainOptimizerState
 from ds_engine._timers import NullTimers, WallClockTimers
 from ds_ops.precision import finish_step
 
@@ -217,7 +218,7 @@ def moe_param_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return result
 
 
-class MoeFp32Stepper:
+class MoeFp32Stepper(PlainOptimizerState):
     """fp32 at ZeRO stage 0 for an MoE model: dense and expert gradients in separate flat buffers.
 
     The dense buffer is all-reduced (averaged) over the data-parallel group; each expert group's buffer is
@@ -300,20 +301,3 @@ class MoeFp32Stepper:
     def zero_grad(self) -> None:
         for buffer in self.buffers:
             buffer.release()
-
-    @property
-    def global_grad_norm(self) -> float | None:
-        return self._norm
-
-    @property
-    def loss_scale(self) -> float:
-        return 1.0
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
-        self.optimizer.load_state_dict(state)
-
-    def refresh_from_module(self) -> None:
-        return None

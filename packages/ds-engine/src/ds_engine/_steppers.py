@@ -20,7 +20,7 @@ from ds_ops.precision import finish_step
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Fp32Stepper", "Stepper", "ZeroStepper"]
+__all__ = ["Fp32Stepper", "PlainOptimizerState", "Stepper", "ZeroStepper"]
 
 
 class Stepper(Protocol):
@@ -52,7 +52,35 @@ class Stepper(Protocol):
         """Re-derive any master copy from the (just loaded) module weights."""
 
 
-class Fp32Stepper:
+class PlainOptimizerState:
+    """What an fp32 stepper at stage 0 reports and saves: the base optimizer's own state, no loss scale.
+
+    The optimizer steps the model's parameters themselves (no masters), so there is nothing to refresh
+    after a module-only load. Subclasses set `optimizer` and `_norm` (the last clipping norm).
+    """
+
+    optimizer: Optimizer
+    _norm: float | None
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        return self._norm
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def refresh_from_module(self) -> None:
+        return None
+
+
+class Fp32Stepper(PlainOptimizerState):
     """fp32 training at ZeRO stage 0: flat gradients, bucketed all-reduce, global-norm clipping, `optimizer.step()`.
 
     Args:
@@ -108,23 +136,6 @@ class Fp32Stepper:
     def zero_grad(self) -> None:
         self.buffer.release()
         self._reduced = False
-
-    @property
-    def global_grad_norm(self) -> float | None:
-        return self._norm
-
-    @property
-    def loss_scale(self) -> float:
-        return 1.0
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
-        self.optimizer.load_state_dict(state)
-
-    def refresh_from_module(self) -> None:
-        return None
 
 
 class ZeroStepper:

@@ -4,10 +4,10 @@
 
 `logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
 ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
-(`safe_get_full_fp32_param`, `safe_get_full_grad`...; `utils.tensor_fragment`), the ZeRO-3 leaf-module
-functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`, which needs the `zero` extra),
-`utils.zero_to_fp32` (the `zero` extra) and `utils.groups` (ds-parallel's mesh views, the `parallel`
-extra) are imported on first use.
+(`safe_get_full_fp32_param`, `safe_get_full_grad`...) are `utils.tensor_fragment`'s, which needs no sibling
+to import. The ZeRO-3 leaf-module functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`, which
+needs the `zero` extra), `utils.zero_to_fp32` (the `zero` extra) and `utils.groups` (ds-parallel's mesh
+views, the `parallel` extra) are imported on first use.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
 from ds_engine.runtime.dataloader import RepeatingLoader
+from ds_engine.utils import tensor_fragment
 from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger
+from ds_engine.utils.tensor_fragment import *  # noqa: F403 - the 13 accessors, listed in its __all__
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules and names
     from ds_engine.utils import groups as groups
-    from ds_engine.utils import tensor_fragment as tensor_fragment
     from ds_engine.utils import z3_leaf_module as z3_leaf_module
     from ds_engine.utils import zero_to_fp32 as zero_to_fp32
-    from ds_engine.utils.tensor_fragment import *  # noqa: F403
     from ds_engine.utils.z3_leaf_module import (  # noqa: F401
         get_z3_leaf_modules,
         set_z3_leaf_module,
@@ -36,23 +36,7 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules and names
         z3_leaf_parameter,
     )
 
-_SUBMODULES = ("groups", "numa", "tensor_fragment", "z3_leaf_module", "zero_to_fp32")
-
-_ACCESSORS = (
-    "safe_get_full_fp32_param",
-    "safe_get_full_grad",
-    "safe_get_full_optimizer_state",
-    "safe_get_local_fp32_param",
-    "safe_get_local_grad",
-    "safe_get_local_optimizer_state",
-    "safe_set_full_fp32_param",
-    "safe_set_full_grad",
-    "safe_set_full_optimizer_state",
-    "safe_set_local_fp32_param",
-    "safe_set_local_grad",
-    "safe_set_local_optimizer_state",
-    "safe_update_full_grad_vectorized",
-)
+_SUBMODULES = ("groups", "numa", "z3_leaf_module", "zero_to_fp32")
 
 #: name -> the submodule that serves it (imported on first use: these need optional siblings).
 _LAZY_NAMES = {
@@ -66,9 +50,9 @@ _LAZY_NAMES = {
         "unset_z3_leaf_modules",
         "z3_leaf_parameter",
     )
-} | dict.fromkeys(_ACCESSORS, "tensor_fragment")
+}
 
-__all__ = ["OnDevice", "RepeatingLoader", "log_dist", "logger", *sorted(_LAZY_NAMES)]
+__all__ = ["OnDevice", "RepeatingLoader", "log_dist", "logger", *tensor_fragment.__all__, *sorted(_LAZY_NAMES)]
 
 
 def __getattr__(name: str) -> Any:
