@@ -3,7 +3,9 @@ stage) load into ds's PipelineEngine (ds-pipe through ds-engine), which continue
 own pipeline checkpoint of the same job has DeepSpeed's files, keys and dtypes.
 
 The fixtures (`deepspeed_fixtures/make_fixtures.py`, cases `pipe_z0_fp32` and `pipe_z1_fp32`) are a
-2-stage `PipelineModule` (data-parallel degree 1) at 2 ranks, trained with `train_batch`, ZeRO 0 and 1.
+2-stage `PipelineModule` (data-parallel degree 1) at 2 ranks, trained with `train_batch`, ZeRO 0 and 1;
+`pipe4_z1_fp32` is a 4-layer one at 2 stages x 2 data-parallel ranks. Universal checkpoints of pipelines:
+`test_deepspeed_pipeline_universal.py`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def _reference(case: str) -> dict:
     return json.loads((DATA / case / "continuation.json").read_text())
 
 
+def _world(case: str) -> int:
+    return border_job.CASES[case].get("world", WORLD)
+
+
 def _continue(rank: int, world_size: int, case: str, ckpt: str) -> dict:
     import ds_engine
 
@@ -49,19 +55,21 @@ def _continue(rank: int, world_size: int, case: str, ckpt: str) -> dict:
 
 
 def test_fixtures_hold_deepspeeds_pipeline_checkpoints():
-    assert set(CASES) == {"pipe_z0_fp32", "pipe_z1_fp32"}
+    assert set(CASES) == {"pipe_z0_fp32", "pipe_z1_fp32", "pipe4_z1_fp32"}
     for case in CASES:
         tag = DATA / case / "ckpt" / "global_step3"
         names = sorted(p.name for p in tag.iterdir())
-        assert [n for n in names if n.startswith("layer_")] == [f"layer_0{i}-model_states.pt" for i in range(3)]
+        layers = border_job.CASES[case].get("layers", 3)
+        assert [n for n in names if n.startswith("layer_")] == [f"layer_0{i}-model_states.pt" for i in range(layers)]
         assert "mp_rank_00_model_states.pt" in names and "mp_rank_01_model_states.pt" in names
-        if case == "pipe_z1_fp32":
-            assert "zero_pp_rank_0_mp_rank_01_optim_states.pt" in names
+        if border_job.CASES[case]["stage"] == 1:
+            dp = _world(case) // WORLD
+            assert f"zero_pp_rank_{dp - 1}_mp_rank_01_optim_states.pt" in names
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_ds_continues_from_deepspeeds_pipeline_checkpoint(case):
-    got = run_ranks(WORLD, _continue, case, str(DATA / case / "ckpt"), timeout_s=240)
+    got = run_ranks(_world(case), _continue, case, str(DATA / case / "ckpt"), timeout_s=240)
     ref = _reference(case)
     assert got[0]["global_steps"] == ref["global_steps"]
     assert got[0]["client_state"] == ref["client_state"] == border_job.CLIENT_STATE
@@ -102,17 +110,3 @@ def test_ds_pipeline_checkpoint_has_deepspeeds_layer_files(tmp_path):
         assert got["module"] is None and want["module"] is None
         for key in ("global_steps", "skipped_steps", "dp_world_size", "mp_world_size", "lr_scheduler", "my_counter"):
             assert got[key] == want[key], (stage, key)
-
-
-def _load_universal(rank: int, world_size: int, case: str, ckpt: str) -> str:
-    import ds_engine
-
-    engine = border_job.build(ds_engine, case, world_size, universal=True)
-    with pytest.raises(ValueError, match="load_universal is not supported by the PipelineEngine"):
-        engine.load_checkpoint(ckpt)
-    return "refused"
-
-
-def test_pipeline_engine_refuses_load_universal():
-    case = "pipe_z1_fp32"
-    assert run_ranks(WORLD, _load_universal, case, str(DATA / case / "ckpt"), timeout_s=240) == ["refused"] * WORLD

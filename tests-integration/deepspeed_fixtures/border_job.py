@@ -9,7 +9,8 @@ Modes (`python border_job.py MODE --case CASE --out DIR [...]`, one process per 
 * `load --ckpt C`: build a fresh engine, `load_checkpoint(C)` and write the continuation as above
   (`DIR/continuation.json`). Used both ways: DeepSpeed loading a ds checkpoint, ds loading DeepSpeed's.
   With `--universal` the engine's config has `checkpoint.load_universal: true` and `C` is the folder
-  holding `latest_universal` (a universal checkpoint, loadable at any world size).
+  holding `latest_universal` (a universal checkpoint, loadable at any world size). `--stages N` builds a
+  pipeline case with N stages (the data-parallel degree is the world size over N).
 
 The package imported is `deepspeed` unless `--engine ds` (then `ds_engine`, ds's DeepSpeed-compatible
 API), so this file is the single definition of "the same job" on both sides of the border.
@@ -44,6 +45,10 @@ CASES = {
 # parallel degree 1 at 2 ranks), trained with `train_batch`; ZeRO 0 or 1 (DeepSpeed's pipeline takes no more).
 PIPE_STAGES = 2
 CASES.update({f"pipe_z{stage}_fp32": {"stage": stage, "dtype": "fp32", "pipe": True} for stage in (0, 1)})
+# A deeper pipeline for universal checkpoints: DeepSpeed's converter needs at least one layer per stage
+# between the first and the last layer files. Linear(4, 8), ReLU, Linear(8, 8), Linear(8, 2) at 2
+# stages and data-parallel degree 2 (4 ranks), so each stage's optimizer state is split in two.
+CASES["pipe4_z1_fp32"] = {"stage": 1, "dtype": "fp32", "pipe": True, "layers": 4, "world": 4}
 # ZeRO-Offload: the optimizer state and fp32 masters on the CPU (`offload_optimizer.device: cpu`). The
 # optimizer stays torch's Adam (`torch_adam: true`): DeepSpeed's CPU Adam is a compiled op its fixture
 # venv does not build (DS_BUILD_OPS=0), and the checkpoint files are the same either way.
@@ -66,16 +71,20 @@ class TinyNet(torch.nn.Module):
         return self.fc2(self.act(self.fc1(x))) + self.buf.sum() * 0
 
 
-def config(case: str, world_size: int, stage: int | None = None, universal: bool = False) -> dict[str, Any]:
+def config(
+    case: str, world_size: int, stage: int | None = None, universal: bool = False, stages: int = PIPE_STAGES
+) -> dict[str, Any]:
     """The DeepSpeed config of `case` at `world_size` (same global batch at every world size).
 
     `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage); `universal` sets
-    `checkpoint.load_universal`.
+    `checkpoint.load_universal`; `stages` is a pipeline case's stage count (data-parallel degree
+    `world_size // stages`).
     """
     spec = dict(CASES[case], **({} if stage is None else {"stage": stage}))
+    dp = world_size // stages if spec.get("pipe") else world_size
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
-        "gradient_accumulation_steps": GLOBAL_MICROS // (1 if spec.get("pipe") else world_size),
+        "gradient_accumulation_steps": GLOBAL_MICROS // dp,
         "optimizer": {"type": "Adam", "params": {"lr": 0.05, "torch_adam": True}},
         "scheduler": {
             "type": "WarmupLR",
@@ -112,19 +121,30 @@ def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(out.float(), y.float())
 
 
-def pipe_model(ds: Any) -> Any:
-    """TinyNet's layers as a `PipelineModule` of `ds` (layers built here, so every rank has the same weights)."""
+def pipe_model(ds: Any, case: str = "pipe_z0_fp32", stages: int = PIPE_STAGES) -> Any:
+    """TinyNet's layers (or the deeper case's) as a `PipelineModule` of `ds` at `stages` stages (layers
+    built here, so every rank has the same weights)."""
     pipe = importlib.import_module(f"{ds.__name__}.pipe")
-    layers = [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)]
-    return pipe.PipelineModule(layers=layers, num_stages=PIPE_STAGES, loss_fn=_mse, partition_method="uniform")
+    if CASES[case].get("layers") == 4:
+        layers = [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)]
+    else:
+        layers = [torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)]
+    return pipe.PipelineModule(layers=layers, num_stages=stages, loss_fn=_mse, partition_method="uniform")
 
 
-def build(ds: Any, case: str, world_size: int, stage: int | None = None, universal: bool = False) -> Any:
+def build(
+    ds: Any,
+    case: str,
+    world_size: int,
+    stage: int | None = None,
+    universal: bool = False,
+    stages: int = PIPE_STAGES,
+) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
-    model = pipe_model(ds) if CASES[case].get("pipe") else TinyNet()
+    model = pipe_model(ds, case, stages) if CASES[case].get("pipe") else TinyNet()
     engine, _, _, _ = ds.initialize(
-        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage, universal)
+        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage, universal, stages)
     )
     return engine
 
@@ -156,11 +176,15 @@ def train(engine: Any, first_step: int, steps: int, rank: int, world_size: int, 
 
 
 def train_pipe(engine: Any, first_step: int, steps: int, dtype: torch.dtype) -> list[dict]:
-    """`train` for a pipeline engine: one `train_batch` of all global micro-batches per step (dp degree 1)."""
+    """`train` for a pipeline engine: one `train_batch` per step, each data-parallel replica feeding its
+    share of the global micro-batches (`train_batch` returns the mean over all of them)."""
+    dp_rank, dp = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+    gas = GLOBAL_MICROS // dp
     out = []
     for step in range(first_step, first_step + steps):
         lr = engine.get_lr()[0]
-        loss = engine.train_batch(data_iter=iter([batch(step, m, dtype) for m in range(GLOBAL_MICROS)]))
+        micros = [batch(step, dp_rank * gas + m, dtype) for m in range(gas)]
+        loss = engine.train_batch(data_iter=iter(micros))
         out.append({"step": step, "lr": float(lr), "loss": float(loss)})
     return out
 
@@ -173,6 +197,7 @@ def main() -> None:
     parser.add_argument("--ckpt", type=Path)
     parser.add_argument("--engine", choices=["deepspeed", "ds"], default="deepspeed")
     parser.add_argument("--universal", action="store_true", help="load with checkpoint.load_universal")
+    parser.add_argument("--stages", type=int, default=PIPE_STAGES, help="pipeline stages (pipeline cases)")
     args = parser.parse_args()
     if args.engine == "deepspeed":
         import deepspeed as ds
@@ -187,15 +212,17 @@ def main() -> None:
         "world_size": world_size,
         "version": ds.__version__,
     }
+    if CASES[args.case].get("pipe"):
+        record["stages"] = args.stages
     if args.mode == "save":
-        engine = build(ds, args.case, world_size)
+        engine = build(ds, args.case, world_size, stages=args.stages)
         record["before"] = train(engine, 0, STEPS_BEFORE, rank, world_size, dtype)
         engine.save_checkpoint(str(args.out / "ckpt"), client_state=dict(CLIENT_STATE))
         ckpt = args.out / "ckpt"
         del engine
     else:
         ckpt = args.ckpt
-    engine = build(ds, args.case, world_size, universal=args.universal)
+    engine = build(ds, args.case, world_size, universal=args.universal, stages=args.stages)
     path, client = engine.load_checkpoint(str(ckpt))
     if path is None:
         raise SystemExit(f"load_checkpoint({ckpt}) loaded nothing")

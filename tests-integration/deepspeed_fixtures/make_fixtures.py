@@ -19,8 +19,10 @@ checkpoint into `universal/<tag>_universal` (plus `universal/latest_universal`),
 with `checkpoint.load_universal: true` at `UNIVERSAL_WORLD_SIZE` ranks (another world size than the
 save) and records its continuation in `universal/continuation.json`; the outcome of each case is under
 `universal` in the manifest (stage 0 has no ZeRO files, so DeepSpeed's converter refuses it). Offload
-cases write the same files as their plain counterparts, and pipeline cases need their stage count, so
-neither gets a universal conversion.
+cases write the same files as their plain counterparts, so they get no universal conversion. Pipeline
+cases are loaded back at `UNIVERSAL_PIPE_STAGES` stages on `UNIVERSAL_PIPE_WORLD_SIZE` ranks (another
+pipeline and data-parallel degree than the save); DeepSpeed's converter refuses the 3-layer pipeline
+(it needs a layer per stage between the first and the last), which the manifest records.
 `--keep-saves` reuses the stored checkpoints and only remakes the universal part.
 """
 
@@ -42,6 +44,8 @@ DATA = HERE / "data"
 DEEPSPEED_PIN = "deepspeed==0.19.8"
 WORLD_SIZE = 2
 UNIVERSAL_WORLD_SIZE = 1
+UNIVERSAL_PIPE_STAGES = 1
+UNIVERSAL_PIPE_WORLD_SIZE = 2
 sys.path.insert(0, str(HERE))
 from border_job import CASES  # noqa: E402
 
@@ -91,10 +95,11 @@ def run_job(
     ckpt: Path | None = None,
     world_size: int = WORLD_SIZE,
     universal: bool = False,
+    stages: int | None = None,
     timeout: float = 600,
 ) -> subprocess.CompletedProcess[str]:
     """`border_job.py MODE` under real DeepSpeed at `world_size` gloo ranks (torch.distributed.run);
-    `universal` loads `ckpt` as a universal checkpoint."""
+    `universal` loads `ckpt` as a universal checkpoint; `stages` is a pipeline case's stage count."""
     cmd = [
         str(python),
         "-m",
@@ -112,13 +117,15 @@ def run_job(
         cmd += ["--ckpt", str(ckpt)]
     if universal:
         cmd.append("--universal")
+    if stages is not None:
+        cmd += ["--stages", str(stages)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_clean_env())
 
 
 def make_case(python: Path, case: str) -> dict[str, str]:
     out = DATA / case
     shutil.rmtree(out, ignore_errors=True)
-    proc = run_job(python, "save", case, out)
+    proc = run_job(python, "save", case, out, world_size=CASES[case].get("world", WORLD_SIZE))
     if proc.returncode != 0:
         shutil.rmtree(out, ignore_errors=True)
         found = _EXCEPTION_RE.findall(proc.stderr + proc.stdout)
@@ -160,7 +167,17 @@ def make_universal(python: Path, case: str) -> dict[str, str]:
     if proc.returncode != 0:
         shutil.rmtree(out, ignore_errors=True)
         return _failure(proc)
-    proc = run_job(python, "load", case, out, ckpt=out, world_size=UNIVERSAL_WORLD_SIZE, universal=True)
+    pipe = bool(CASES[case].get("pipe"))
+    proc = run_job(
+        python,
+        "load",
+        case,
+        out,
+        ckpt=out,
+        world_size=UNIVERSAL_PIPE_WORLD_SIZE if pipe else UNIVERSAL_WORLD_SIZE,
+        universal=True,
+        stages=UNIVERSAL_PIPE_STAGES if pipe else None,
+    )
     if proc.returncode != 0:
         shutil.rmtree(out, ignore_errors=True)
         return _failure(proc)
@@ -179,12 +196,14 @@ def main() -> int:
     manifest["deepspeed"] = DEEPSPEED_PIN
     manifest["world_size"] = WORLD_SIZE
     manifest["universal_world_size"] = UNIVERSAL_WORLD_SIZE
+    manifest["universal_pipe_stages"] = UNIVERSAL_PIPE_STAGES
+    manifest["universal_pipe_world_size"] = UNIVERSAL_PIPE_WORLD_SIZE
     cases = manifest.setdefault("cases", {})
     universal = manifest.setdefault("universal", {})
     for case in args.cases:
         if not args.keep_saves:
             cases[case] = make_case(python, case)
-        plain = not (CASES[case].get("pipe") or CASES[case].get("offload"))  # the same files, or pp > 1
+        plain = not CASES[case].get("offload")  # an offload case writes its plain counterpart's files
         if plain and cases.get(case, {}).get("status") == "ok":
             universal[case] = make_universal(python, case)
         print(case, cases.get(case), universal.get(case), flush=True)

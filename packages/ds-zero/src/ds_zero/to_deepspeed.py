@@ -12,12 +12,19 @@ for every rank, the partitioned parameters as empty tensors, as DeepSpeed writes
 `ZeroStageEnum` and `fragment_address`, plus ds's torch-only `zero_to_fp32.py`. DeepSpeed loads
 ZeRO files only at the world size they were written for: `--world_size` picks it (default: the
 world size of the ds save), `--stage` the ZeRO stage (default: the saved one).
+
+Every model-parallel rank of the save is written: a pipeline checkpoint's stages (`mp_rank_{stage:02d}`
+files, each stage's optimizer partitions over its own data-parallel ranks, `--world_size` being the
+data-parallel degree) with its `layer_XX-model_states.pt` weight files copied as they are (ds writes
+DeepSpeed's layer files). DeepSpeed's pipeline engine takes ZeRO stage 0 or 1 only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,24 +43,40 @@ from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
 
 __all__ = ["convert_to_deepspeed", "main"]
 
+_MP_RANK = re.compile(r"zero_pp_rank_\d+_mp_rank_(\d+)_?optim_states\.pt$")
+_LAYER_FILE = re.compile(r"layer_\d+-model_states\.pt")
 
-def _module_dtype(module: dict[str, Any], names: Sequence[str]) -> torch.dtype:
+
+def _module_dtype(module: dict[str, Any], names: Sequence[str], part: dict[str, Any]) -> torch.dtype:
+    """The training dtype: the module's parameters' (a pipeline stage has none there: the partition's)."""
     for name in names:
         value = module.get(name)
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.dtype
-    return torch.float32
+    saved = part.get("model_dtype")
+    return getattr(torch, saved) if isinstance(saved, str) and hasattr(torch, saved) else torch.float32
+
+
+def _mp_ranks(src: Path) -> list[int]:
+    """The model-parallel ranks (pipeline stages) with optimizer files in `src`, checked to be 0..n-1."""
+    ranks = sorted({int(m.group(1)) for p in src.glob("*optim_states.pt") if (m := _MP_RANK.search(p.name))})
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"{src}: optimizer files cover model-parallel ranks {ranks}; some are missing")
+    return ranks or [0]
 
 
 def _param_shapes(states: dict[str, Any], index: FragmentIndex) -> list[OrderedDict[str, torch.Size]]:
+    """The model-states file's `param_shapes`, or (a pipeline stage's file, ds before 0.1 wrote `[{}]` under
+    ZeRO) the parameters in flat order: every rank's fragments in rank order, by position in the partition."""
     saved = states.get("param_shapes")
-    if saved and all(saved):  # ds before this release wrote [{}] under ZeRO: then the partitions say
+    if saved and all(saved):
         return [OrderedDict((n, torch.Size(s)) for n, s in group.items()) for group in saved]
     groups: dict[int, OrderedDict[str, torch.Size]] = {}
-    for sd in index.state_dicts[:1]:
+    for sd in index.state_dicts:
         for meta in sd["partitions"]:
-            for name, shape in meta["param_shapes"].items():
-                groups.setdefault(int(meta["group_index"]), OrderedDict())[name] = torch.Size(shape)
+            group = groups.setdefault(int(meta["group_index"]), OrderedDict())
+            for name, *_, _start in sorted(meta["fragments"], key=lambda f: int(f[3])):
+                group.setdefault(name, torch.Size(meta["param_shapes"][name]))
     return [groups[g] for g in sorted(groups)]
 
 
@@ -67,31 +90,52 @@ def convert_to_deepspeed(
 ) -> Path:
     """Write DeepSpeed's layout of the ds checkpoint `checkpoint_dir` (tag `tag`, default `latest`) to `output_dir`.
 
+    Every model-parallel rank (pipeline stage) of the save is written, and a pipeline's layer files copied.
+
     Returns:
         The written tag directory.
 
     Raises:
-        FileNotFoundError: no checkpoint there. ValueError: not a ZeRO checkpoint, or a bad world size/stage.
+        FileNotFoundError: no checkpoint there. ValueError: not a ZeRO checkpoint, a bad world size/stage,
+            or a pipeline checkpoint asked for ZeRO stage 2 or 3.
     """
     root = Path(checkpoint_dir)
     tag = str(tag) if tag is not None else read_latest_tag(root)
     src = root / tag
-    parts = load_partition_state_dicts(src)
+    layer_files = sorted(p for p in src.iterdir() if _LAYER_FILE.fullmatch(p.name)) if src.is_dir() else []
+    out = Path(output_dir) / tag
+    for mp_rank in _mp_ranks(src) if src.is_dir() else [0]:
+        _write_mp_rank(src, out, mp_rank, world_size=world_size, stage=stage, pipeline=bool(layer_files))
+    for path in layer_files:
+        shutil.copy2(path, out / path.name)
+    ds_comm.atomic_write_text(Path(output_dir) / "latest", tag)
+    copy_zero_to_fp32_script(output_dir)
+    return out
+
+
+def _write_mp_rank(
+    src: Path, out: Path, mp_rank: int, *, world_size: int | None, stage: int | None, pipeline: bool
+) -> None:
+    """DeepSpeed's model-states and optimizer files of model-parallel rank `mp_rank` of the save in `src`."""
+    parts = load_partition_state_dicts(src, mp_rank=mp_rank)
     index = FragmentIndex(parts)
-    states_file = deepspeed_model_states_file(src)
+    states_file = deepspeed_model_states_file(src, mp_rank)
     if states_file is None:
-        raise FileNotFoundError(f"{src} has no mp_rank_00_model_states.pt")
+        raise FileNotFoundError(f"{src} has no mp_rank_{mp_rank:02d}_model_states.pt")
     states = load_checkpoint_file(states_file)
     world = int(world_size or parts[0]["partition_count"])
     stage = int(stage or parts[0]["zero_stage"])
     if world < 1 or stage not in (1, 2, 3):
         raise ValueError(f"world_size must be >= 1 and stage 1, 2 or 3; got {world} and {stage}")
+    if pipeline and stage > 1:
+        raise ValueError(
+            f"{src} is a pipeline checkpoint: DeepSpeed's pipeline engine takes ZeRO stage 0 or 1, not {stage}"
+        )
     shapes = _param_shapes(states, index)
     names = [n for group in shapes for n in group]
     module = dict(states.get("module") or {})
-    dtype = _module_dtype(module, names)
+    dtype = _module_dtype(module, names, parts[0])
     prefix = "bf16_" if dtype == torch.bfloat16 else ""
-    out = Path(output_dir) / tag
     out.mkdir(parents=True, exist_ok=True)
     model_states = {
         **states,
@@ -111,18 +155,15 @@ def convert_to_deepspeed(
                 "module": OrderedDict((k, placeholders.get(k, v)) for k, v in module.items()),
             }
             for rank in range(world):
-                ds_comm.atomic_save(stage3_states, out / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+                ds_comm.atomic_save(stage3_states, out / f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_model_states.pt")
         else:
-            ds_comm.atomic_save(model_states, out / "mp_rank_00_model_states.pt")
+            ds_comm.atomic_save(model_states, out / f"mp_rank_{mp_rank:02d}_model_states.pt")
         for rank in range(world):
             sd = deepspeed_rank_state_dict(index, shapes, world=world, rank=rank, stage=stage)
             ds_comm.atomic_save(
                 {"optimizer_state_dict": sd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION},
-                out / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+                out / f"{prefix}zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_optim_states.pt",
             )
-    ds_comm.atomic_write_text(Path(output_dir) / "latest", tag)
-    copy_zero_to_fp32_script(output_dir)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

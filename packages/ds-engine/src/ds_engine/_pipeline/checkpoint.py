@@ -12,6 +12,9 @@ holds depends on the partition), so it loads only into the layout it was saved w
 layout needs `load_optimizer_states=False`, which still restores the lr scheduler and counters
 (from `mp_rank_00`) and rebuilds any fp32 masters from the loaded weights.
 
+With `checkpoint.load_universal` the checkpoint is a universal one instead (`_pipeline.universal`):
+it loads at any stage count and data-parallel degree, optimizer state included.
+
 Saving is the plain engine's `_checkpoint.write_checkpoint`, with the layer files written first
 (`PipelineEngine._weights_writer`) and the stage layout in the model-states file.
 """
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import ds_comm
 from ds_engine import _checkpoint
+from ds_engine._pipeline.universal import load_pipeline_universal
 from ds_engine._train_state import ENGINE_KEYS
 
 if TYPE_CHECKING:
@@ -128,10 +132,15 @@ def load_pipeline_checkpoint(
             "layer through PipelineModule.load_state_dir); pass custom_load_fn=None"
         )
     if engine._ckpt_config.load_universal:
-        raise ValueError(
-            "load_checkpoint: checkpoint.load_universal is not supported by the PipelineEngine (universal "
-            "checkpoints here are for pipeline-parallel degree 1); load the pipeline checkpoint itself"
+        path, state = load_pipeline_universal(
+            engine,
+            load_dir,
+            tag,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
         )
+        return path, {k: v for k, v in (state or {}).items() if k not in (*ENGINE_KEYS, LAYOUT_KEY)}
     ckpt_dir = _checkpoint.resolve_load_dir(load_dir, tag)
     if ckpt_dir is None:
         return None, None

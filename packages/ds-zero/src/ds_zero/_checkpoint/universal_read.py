@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,23 @@ def _state_keys(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.pt") if p.stem not in ("fp32", "step"))
 
 
-def load_universal_partitions(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def load_universal_partitions(
+    folder: str | os.PathLike[str],
+    *,
+    param_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
+    model_dtype: torch.dtype | None = None,
+) -> list[dict[str, Any]]:
     """The universal checkpoint in `folder` as the single-rank format-1 state dict list ds-zero loads.
+
+    Args:
+        folder: the universal checkpoint's directory (`ds_to_universal`'s `--output_folder`).
+        param_shapes: per param group, name -> shape of the parameters to read, in the loading
+            optimizer's order (`zero_param_shapes(optimizer, module)`). Default: the model-states
+            file's `param_shapes`, i.e. the model that was saved. A pipeline stage passes its own
+            parameters: a pipeline's universal checkpoint holds every stage's parameters, and its
+            model-states file describes stage 0 only.
+        model_dtype: the training dtype recorded in the partition (default: the dtype of the
+            model-states file's module tensors, float32 when it has none).
 
     Raises:
         FileNotFoundError: a missing model-states, `zero/optimizer_state.pt` or parameter file (names it).
@@ -74,26 +89,28 @@ def load_universal_partitions(folder: str | os.PathLike[str]) -> list[dict[str, 
     states_file = universal_model_states_file(root)
     states = ds_comm.load_checkpoint_file(states_file)
     ds_comm.check_deepspeed_version(states.get("ds_version"), states_file)
-    param_shapes = [{n: [int(d) for d in s] for n, s in group.items()} for group in states.get("param_shapes") or []]
-    if not param_shapes:
-        raise ValueError(f"{states_file}: no param_shapes; it does not describe a ZeRO checkpoint")
+    if param_shapes is None:
+        param_shapes = states.get("param_shapes") or []
+        if not param_shapes:
+            raise ValueError(f"{states_file}: no param_shapes; it does not describe a ZeRO checkpoint")
+    shapes_by_group = [{n: [int(d) for d in s] for n, s in group.items()} for group in param_shapes]
     common_file = root / "zero" / "optimizer_state.pt"
     if not common_file.is_file():
         raise FileNotFoundError(f"{common_file} is missing: it holds the optimizer's global state")
     common = ds_comm.load_checkpoint_file(common_file)
     groups = list(common.get("param_groups") or [])
-    if len(groups) != len(param_shapes):
-        raise ValueError(f"{common_file} has {len(groups)} param groups, {states_file} describes {len(param_shapes)}")
+    if len(groups) != len(shapes_by_group):
+        raise ValueError(f"{common_file} has {len(groups)} param groups, the loading model has {len(shapes_by_group)}")
     stage3_step = None
     if "optimizer_state_dict" in common:  # stage 3's common file: the step lives in the base state
         stage3_step = (common["optimizer_state_dict"].get("state") or {}).get(0, {}).get("step")
     fp32, metas, base_state = [], [], {}
     module = states.get("module") or {}
-    dtype = next(
-        (v.dtype for n in param_shapes[0] if isinstance(v := module.get(n), torch.Tensor) and v.is_floating_point()),
+    dtype = model_dtype or next(
+        (v.dtype for n in shapes_by_group[0] if isinstance(v := module.get(n), torch.Tensor) and v.is_floating_point()),
         torch.float32,
     )
-    for g, shapes in enumerate(param_shapes):
+    for g, shapes in enumerate(shapes_by_group):
         flats: dict[str, list[torch.Tensor]] = {}
         frags, at, steps = [], 0, {}
         keys = None

@@ -14,12 +14,22 @@ A ZeRO checkpoint stores flat per-rank partitions, so it loads only at the world
 
 `convert_to_universal` writes that layout, tensor for tensor what DeepSpeed 0.19.8's converter
 writes, from DeepSpeed's checkpoints and from ds's own (which are first written in DeepSpeed's layout
-by `to_deepspeed`, so both go through one path). Only tensor-parallel degree 1 and one pipeline stage
-are handled (`mp_rank_00`).
+by `to_deepspeed`, so both go through one path).
+
+[Note: pipeline checkpoints] A pipeline checkpoint (`layer_XX-model_states.pt` files present) has one
+`mp_rank_{stage:02d}_model_states.pt` per stage, whose `param_shapes` name that stage's parameters
+(by global layer index, `2.weight`), and per stage the optimizer files of its data-parallel ranks
+(`zero_pp_rank_{dp}_mp_rank_{stage:02d}_optim_states.pt`). Each stage's partitions are merged on their
+own; together the stages give every parameter once (a tied parameter held by several stages is taken
+from the last one, as DeepSpeed's converter does, unless it matches
+`pipeline_replicated_parameter_patterns`: then the first stage's copy). Every stage's model-states
+file is copied; `optimizer_state.pt` is stage 0's. Tensor-parallel checkpoints (several `mp_rank`
+files without layer files) are refused.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -52,11 +62,14 @@ _ROW_PARALLEL = "parameter_with_row_parallelism_patterns"
 _VOCABULARY = "vocabulary_parameter_patterns"
 _TWO_SUB_PARAMS = "parameter_with_2_sub_params_cat_dim_0"
 _UNSUPPORTED = ("parameter_with_sub_params", "affine_map")
+_PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
+_LAYER_FILE = re.compile(r"layer_(\d+)-model_.*")  # DeepSpeed's test for a pipeline checkpoint
 
 
-def _model_states_files(folder: Path, stage: int) -> list[Path]:
-    """The model-states files DeepSpeed's converter copies (stage 1/2: `mp_rank_*`; stage 3: every
-    `*_model_states.pt` but MoE expert files)."""
+def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool]:
+    """The model-states files DeepSpeed's converter copies, in model-parallel rank order (stage 1/2:
+    `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), and whether the checkpoint
+    is a pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints])."""
     if stage == 3:
         files = [p for p in folder.glob("*_model_states.pt") if not re.match(r"layer_.*_expert_", p.name)]
     else:
@@ -64,13 +77,25 @@ def _model_states_files(folder: Path, stage: int) -> list[Path]:
     files.sort()
     if not files:
         raise FileNotFoundError(f"no model-states files in {folder}: not a ZeRO checkpoint tag directory")
-    mp_ranks = {m.group(1) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))}
-    if len(mp_ranks) > 1 or list(folder.glob("layer_*-model_states.pt")):
+    pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir())
+    mp_ranks = sorted({int(m.group(1)) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))})
+    if pipeline:
+        if stage > 1:
+            raise ValueError(f"{folder} is a pipeline checkpoint at ZeRO stage {stage}: pipelines take stage 0 or 1")
+        if mp_ranks != list(range(len(mp_ranks))):
+            raise ValueError(f"{folder}: the pipeline stages' model-states files cover stages {mp_ranks}")
+        dims = ds_comm.load_checkpoint_file(files[0]).get("checkpoint_parallel_dimensions") or {}
+        if int(dims.get("tp_degree", 1) or 1) > 1:
+            raise ValueError(
+                f"{folder} combines pipeline and tensor parallelism (tp_degree {dims['tp_degree']}): only "
+                "pipeline checkpoints of tensor-parallel degree 1 convert to universal here"
+            )
+    elif len(mp_ranks) > 1:
         raise ValueError(
-            f"{folder} holds model-parallel ranks {sorted(mp_ranks)} or pipeline layer files: only tensor- "
-            "and pipeline-parallel degree 1 checkpoints convert to universal here"
+            f"{folder} holds tensor-parallel ranks {mp_ranks} (several mp_rank files, no pipeline layer "
+            "files): tensor-parallel checkpoints do not convert to universal here"
         )
-    return files
+    return files, pipeline
 
 
 class _Categories:
@@ -209,45 +234,34 @@ def _write(
     src: Path, out: Path, rank0: Mapping[str, Any], extract: int, merge: int, strict: bool, inject: bool
 ) -> None:
     stage = int(rank0["zero_stage"])
-    model_files = _model_states_files(src, stage)
+    model_files, pipeline = _model_states_files(src, stage)
     del extract  # reading stays serial: the restricted unpickler's allow-list is process-wide state
-    parts = load_partition_state_dicts(src)
     states = ds_comm.load_checkpoint_file(model_files[0])
-    categories = _Categories(_check_universal_info(states, model_files[0], inject)) if stage < 3 else None
-    index = FragmentIndex(parts)
+    info = _check_universal_info(states, model_files[0], inject) if stage < 3 else {}
+    categories = _Categories(info) if stage < 3 else None
     zero = out / "zero"
     zero.mkdir(parents=True, exist_ok=True)
-
-    def one(name: str) -> None:
-        full = _full_states(index, parts, name)
-        shape = index.param_shapes[name]
-        folder = zero / name
-        folder.mkdir(exist_ok=True)
-        step = full.pop("step", None)
-        for key, value in full.items():
-            if not isinstance(value, torch.Tensor):
-                continue
-            value.requires_grad_(key == "fp32")  # as DeepSpeed's: its fp32 masters are leaves requiring grad
-            if categories is None:  # stage 3: the bare flat tensor
-                payload: Any = value
-            else:
-                payload = categories.payload(name, value.view(shape))
-            ds_comm.atomic_save(payload, folder / f"{key}.pt")
-        if categories is not None and step is not None:
-            ds_comm.atomic_save(step, folder / "step.pt")
-
-    with ThreadPoolExecutor(max_workers=merge) as pool:
-        list(pool.map(one, index.names))
+    replicated = list(info.get(_PIPELINE_REPLICATED, []))
+    for mp_rank in range(len(model_files)) if pipeline else [0]:
+        parts = load_partition_state_dicts(src, mp_rank=mp_rank)
+        index = FragmentIndex(parts)
+        names = [n for n in index.names if mp_rank == 0 or not any(re.match(p, n) for p in replicated)]
+        with ThreadPoolExecutor(max_workers=merge) as pool:
+            list(pool.map(functools.partial(_write_param, zero, index, parts, categories), names))
     if categories is not None:
         if categories.unused:
             message = f"unused patterns {sorted(categories.unused)} of {UNIVERSAL_INFO_KEY} while converting"
             if strict:
                 raise ValueError(message)
             logger.warning(message)
-        for name, value in (states.get("module") or {}).items():  # buffers, and parameters ZeRO holds no state for
-            if isinstance(value, torch.Tensor) and not (zero / name / "fp32.pt").is_file():
-                (zero / name).mkdir(exist_ok=True)
-                ds_comm.atomic_save({"param": value.float()}, zero / name / "fp32.pt")
+        for path in model_files:  # buffers, and parameters ZeRO holds no state for (a pipeline's module is None)
+            module = (
+                states.get("module") if path == model_files[0] else ds_comm.load_checkpoint_file(path).get("module")
+            )
+            for name, value in (module or {}).items():
+                if isinstance(value, torch.Tensor) and not (zero / name / "fp32.pt").is_file():
+                    (zero / name).mkdir(exist_ok=True)
+                    ds_comm.atomic_save({"param": value.float()}, zero / name / "fp32.pt")
         common = {k: v for k, v in rank0.items() if k not in _STAGE12_SHARDED}
         common["param_groups"] = rank0["base_optimizer_state"]["param_groups"]
     else:
@@ -257,3 +271,29 @@ def _write(
         ds_comm.atomic_save(common, zero / "optimizer_state.pt")
     for path in model_files:
         shutil.copy2(path, out / path.name)
+
+
+def _write_param(
+    zero: Path,
+    index: FragmentIndex,
+    parts: Sequence[Mapping[str, Any]],
+    categories: _Categories | None,
+    name: str,
+) -> None:
+    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, stage 1/2's `step.pt`)."""
+    full = _full_states(index, parts, name)
+    shape = index.param_shapes[name]
+    folder = zero / name
+    folder.mkdir(exist_ok=True)
+    step = full.pop("step", None)
+    for key, value in full.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        value.requires_grad_(key == "fp32")  # as DeepSpeed's: its fp32 masters are leaves requiring grad
+        if categories is None:  # stage 3: the bare flat tensor
+            payload: Any = value
+        else:
+            payload = categories.payload(name, value.view(shape))
+        ds_comm.atomic_save(payload, folder / f"{key}.pt")
+    if categories is not None and step is not None:
+        ds_comm.atomic_save(step, folder / "step.pt")
