@@ -9,7 +9,11 @@ session right after regenerating the fixtures.
 
 Universal checkpoints: ds's `ds_to_universal` (as `python -m deepspeed.checkpoint.ds_to_universal`)
 converts ds's checkpoint, and the real DeepSpeed loads it with `checkpoint.load_universal: true` at
-another world size (1 rank) and continues as ds did from its own checkpoint.
+another world size (1 rank; a pipeline at 1 stage on 2 ranks) and continues as ds did from its own
+checkpoint.
+
+Pipelines with ZeRO-1 (`pipe_z1_fp32`: 2 stages; `pipe4_z1_fp32`: 2 stages x 2 data-parallel ranks) go
+through `to_deepspeed` too, which writes every stage's model-states and optimizer files.
 """
 
 from __future__ import annotations
@@ -30,18 +34,22 @@ import make_fixtures  # noqa: E402
 REFERENCE = os.environ.get("DS_REFERENCE_PYTHON")
 pytestmark = pytest.mark.skipif(not REFERENCE, reason="DS_REFERENCE_PYTHON (a venv with deepspeed==0.19.8) not set")
 CASES = [f"z{s}_{d}" for s in range(4) for d in ("fp32", "bf16")]
-# ZeRO-Offload, and a 2-stage pipeline without ZeRO (ds writes DeepSpeed's layer files itself).
-MORE = ["z2_fp32_offload", "z3_bf16_offload", "pipe_z0_fp32"]
+# ZeRO-Offload, and 2-stage pipelines without ZeRO (ds writes DeepSpeed's layer files itself) and with ZeRO-1.
+MORE = ["z2_fp32_offload", "z3_bf16_offload", "pipe_z0_fp32", "pipe_z1_fp32", "pipe4_z1_fp32"]
 TOL = 1e-6
 
 
+def _world(case: str) -> int:
+    return make_fixtures.CASES[case].get("world", make_fixtures.WORLD_SIZE)
+
+
 def _ds_save(case: str, out: Path) -> dict:
-    """ds trains, saves and continues from its own checkpoint (2 ranks, torch.distributed.run)."""
+    """ds trains, saves and continues from its own checkpoint (2 ranks, or the case's, torch.distributed.run)."""
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={_world(case)}",
         f"--master_port={free_port()}",
         str(FIXTURES / "border_job.py"),
         "save",
@@ -58,6 +66,7 @@ def _ds_save(case: str, out: Path) -> dict:
     return json.loads((out / "continuation.json").read_text())
 
 
+@pytest.mark.timeout(600)  # two jobs: ds trains and saves, DeepSpeed loads (4 ranks each for pipe4_z1_fp32)
 @pytest.mark.parametrize("case", CASES + MORE)
 def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     mine = _ds_save(case, tmp_path / "ds")
@@ -69,7 +78,9 @@ def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
             check=True,
             timeout=300,
         )
-    proc = make_fixtures.run_job(Path(REFERENCE), "load", case, tmp_path / "deepspeed", ckpt=target)
+    proc = make_fixtures.run_job(
+        Path(REFERENCE), "load", case, tmp_path / "deepspeed", ckpt=target, world_size=_world(case)
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())
     assert theirs["version"] == "0.19.8" and theirs["global_steps"] == mine["global_steps"]
@@ -81,7 +92,7 @@ def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
 
 
 @pytest.mark.timeout(600)  # two jobs: ds trains at 2 ranks, DeepSpeed loads at 1
-@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")])
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")] + ["pipe4_z1_fp32"])
 def test_deepspeed_continues_from_a_ds_universal_checkpoint_like_ds(case, tmp_path):
     mine = _ds_save(case, tmp_path / "ds")
     save_dir = tmp_path / "ds" / "ckpt"
@@ -98,8 +109,12 @@ def test_deepspeed_continues_from_a_ds_universal_checkpoint_like_ds(case, tmp_pa
     ]
     subprocess.run(convert, check=True, timeout=300, cwd=ROOT)
     out = tmp_path / "deepspeed"
-    world = make_fixtures.UNIVERSAL_WORLD_SIZE
-    proc = make_fixtures.run_job(Path(REFERENCE), "load", case, out, ckpt=save_dir, world_size=world, universal=True)
+    pipe = bool(make_fixtures.CASES[case].get("pipe"))
+    world = make_fixtures.UNIVERSAL_PIPE_WORLD_SIZE if pipe else make_fixtures.UNIVERSAL_WORLD_SIZE
+    stages = make_fixtures.UNIVERSAL_PIPE_STAGES if pipe else None
+    proc = make_fixtures.run_job(
+        Path(REFERENCE), "load", case, out, ckpt=save_dir, world_size=world, universal=True, stages=stages
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     theirs = json.loads((out / "continuation.json").read_text())
     assert theirs["version"] == "0.19.8" and theirs["world_size"] == world

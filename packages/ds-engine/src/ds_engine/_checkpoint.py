@@ -31,7 +31,7 @@ import torch
 
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
-from ds_engine import _moe_checkpoint
+from ds_engine import _moe_checkpoint, _universal_tp
 from ds_engine.__about__ import __version__
 from ds_engine._optional import require
 from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
@@ -299,10 +299,11 @@ def _read_universal(engine: DeepSpeedEngine, ckpt_dir: Path) -> tuple[Path, dict
             "checkpoint.load_universal needs ZeRO stage 1, 2 or 3 (a universal checkpoint holds the "
             "optimizer state per parameter, which only the ZeRO optimizers load); set zero_optimization.stage"
         )
-    if engine.mp_world_size > 1:
+    if engine.mp_world_size > 1 and engine._tp is None:
         raise ValueError(
-            f"checkpoint.load_universal with model parallelism ({engine.mp_world_size} model-parallel ranks) "
-            "is not supported: ds_to_universal here converts tensor- and pipeline-parallel degree 1 checkpoints"
+            f"checkpoint.load_universal with a model-parallel unit ({engine.mp_world_size} model-parallel ranks) "
+            "is not supported: universal checkpoints load into AutoTP (tensor_parallel.autotp_size) and "
+            "pipeline engines, not into models sliced by the client's mpu"
         )
     ds_zero = require("ds_zero", extra="zero", feature="loading a universal checkpoint")
     path = ds_zero.universal_model_states_file(ckpt_dir)
@@ -312,6 +313,12 @@ def _read_universal(engine: DeepSpeedEngine, ckpt_dir: Path) -> tuple[Path, dict
     full = ds_zero.consolidate_fp32_params(parts)
     module = state.get("module") or {}
     module_state = type(module)((k, full[k].to(v.dtype) if k in full else v) for k, v in module.items())
+    if engine._tp is not None and engine._stepper is not None:
+        # Whole weights load through AutoTP (load_module_state_dict); the optimizer takes this rank's shards.
+        shapes = ds_zero.zero_param_shapes(engine._stepper.optimizer, engine.module)
+        parts = ds_zero.load_universal_partitions(
+            ckpt_dir, param_shapes=shapes, transform=_universal_tp.shard_transform(engine.module)
+        )
     return path, state, parts, module_state
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,10 @@ from ds_zero._checkpoint.format import FORMAT_VERSION, partition_metadata
 from ds_zero._checkpoint.partition_files import deepspeed_model_states_file
 from ds_zero._partition import Fragment
 
-__all__ = ["load_universal_partitions", "universal_model_states_file"]
+__all__ = ["ShardTransform", "load_universal_partitions", "universal_model_states_file"]
+
+#: `(name, whole) -> the part of parameter name this rank holds` (see `load_universal_partitions`).
+ShardTransform = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def universal_model_states_file(folder: str | os.PathLike[str]) -> Path:
@@ -41,17 +44,29 @@ def universal_model_states_file(folder: str | os.PathLike[str]) -> Path:
     return path
 
 
-def _tensor(path: Path, shape: list[int]) -> torch.Tensor:
-    """The flat value stored in one state file (`{"param": ...}` or a bare tensor)."""
+def _tensor(
+    path: Path,
+    shape: list[int],
+    *,
+    name: str,
+    saved_shape: list[int] | None = None,
+    transform: ShardTransform | None = None,
+) -> torch.Tensor:
+    """The flat value stored in one state file (`{"param": ...}` or a bare tensor), through `transform`."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the universal checkpoint is incomplete")
     loaded = ds_comm.load_checkpoint_file(path)
     value = loaded.get("param") if isinstance(loaded, Mapping) else loaded
     if not isinstance(value, torch.Tensor):
         raise ds_comm.CheckpointFileError(f"{path}: holds no tensor (a 'param' entry or a bare tensor)")
+    whole = saved_shape if transform is not None and saved_shape is not None else shape
+    if isinstance(loaded, Mapping) and loaded.get("vocab_tensor") and value.dim() == 2 and value.shape[0] < whole[0]:
+        value = torch.nn.functional.pad(value, (0, 0, 0, whole[0] - value.shape[0]))  # DeepSpeed strips vocab padding
+    if transform is not None:
+        if saved_shape is not None and value.numel() == math.prod(saved_shape):
+            value = value.reshape(saved_shape)  # stage 3 stores the bare flat tensor
+        value = transform(name, value.detach())
     numel = math.prod(shape)
-    if isinstance(loaded, Mapping) and loaded.get("vocab_tensor") and value.dim() == 2 and value.shape[0] < shape[0]:
-        value = torch.nn.functional.pad(value, (0, 0, 0, shape[0] - value.shape[0]))  # DeepSpeed strips vocab padding
     if value.numel() != numel:
         raise ValueError(f"{path}: {value.numel()} elements, the model's parameter has shape {shape} ({numel})")
     return value.detach().reshape(-1)
@@ -66,6 +81,7 @@ def load_universal_partitions(
     *,
     param_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
     model_dtype: torch.dtype | None = None,
+    transform: ShardTransform | None = None,
 ) -> list[dict[str, Any]]:
     """The universal checkpoint in `folder` as the single-rank format-1 state dict list ds-zero loads.
 
@@ -78,6 +94,10 @@ def load_universal_partitions(
             model-states file describes stage 0 only.
         model_dtype: the training dtype recorded in the partition (default: the dtype of the
             model-states file's module tensors, float32 when it has none).
+        transform: `transform(name, whole)` returns the part of parameter `name` this rank holds, for
+            the fp32 value and every optimizer state alike (a tensor-parallel rank's shard: universal
+            files hold whole parameters). `whole` has the saved shape (the model-states file's
+            `param_shapes`); the result must have `param_shapes[name]`'s number of elements.
 
     Raises:
         FileNotFoundError: a missing model-states, `zero/optimizer_state.pt` or parameter file (names it).
@@ -89,6 +109,7 @@ def load_universal_partitions(
     states_file = universal_model_states_file(root)
     states = ds_comm.load_checkpoint_file(states_file)
     ds_comm.check_deepspeed_version(states.get("ds_version"), states_file)
+    saved_shapes = {n: [int(d) for d in shp] for group in states.get("param_shapes") or [] for n, shp in group.items()}
     if param_shapes is None:
         param_shapes = states.get("param_shapes") or []
         if not param_shapes:
@@ -122,7 +143,10 @@ def load_universal_partitions(
             elif names != keys:
                 raise ValueError(f"{pdir} holds optimizer states {names}, other parameters of group {g} hold {keys}")
             for key in ["fp32", *names]:
-                flats.setdefault(key, []).append(_tensor(pdir / f"{key}.pt", shape))
+                value = _tensor(
+                    pdir / f"{key}.pt", shape, name=name, saved_shape=saved_shapes.get(name), transform=transform
+                )
+                flats.setdefault(key, []).append(value)
             if (pdir / "step.pt").is_file():
                 value = ds_comm.load_checkpoint_file(pdir / "step.pt")
                 steps[float(value)] = value
