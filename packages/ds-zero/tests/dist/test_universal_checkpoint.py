@@ -6,6 +6,8 @@ buffer, fp32 and bf16."""
 
 from __future__ import annotations
 
+import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,53 @@ def test_missing_universal_info_and_stage_0_are_refused(saved: dict, tmp_path: P
     torch.save({"module": {}}, tmp_path / "stage0" / "mp_rank_00_model_states.pt")
     with pytest.raises(FileNotFoundError, match="stage-0"):
         ds_zero.convert_to_universal(tmp_path / "stage0", tmp_path / "u0", inject_missing_state=True)
+
+
+def test_a_rank_reads_only_what_it_holds(saved: dict) -> None:
+    """`param_shapes=` picks the parameters the loading model holds (a pipeline stage's) and `transform=` cuts
+    each whole value, fp32 and every optimizer state alike (a tensor-parallel rank's rows)."""
+    uni = saved["root"] / "s2-fp32" / f"{TAG}_universal"
+    whole = ds_zero.load_universal_partitions(uni)
+    shapes = ds_comm.load_checkpoint_file(ds_zero.universal_model_states_file(uni))["param_shapes"]
+    mine = [{name: shape} for name, shape in (next(iter(group.items())) for group in shapes)]  # one per group
+    cut = [{name: [shape[0] // 2, *shape[1:]]} for group in mine for name, shape in group.items()]
+    calls = []
+
+    def top_rows(name: str, value: torch.Tensor) -> torch.Tensor:
+        calls.append((name, tuple(value.shape)))
+        return value[: value.shape[0] // 2]
+
+    parts = ds_zero.load_universal_partitions(uni, param_shapes=cut, transform=top_rows)
+    assert {name for name, _ in calls} == {n for group in mine for n in group}
+    saved_shapes = {name: tuple(shape) for group in mine for name, shape in group.items()}
+    assert all(shape == saved_shapes[name] for name, shape in calls)  # whole values, in their saved shape
+    full, rows = ds_zero.consolidate_fp32_params(whole), ds_zero.consolidate_fp32_params(parts)
+    assert sorted(rows) == sorted(n for group in cut for n in group)
+    for g, group in enumerate(mine):
+        (name, shape), (_, local) = next(iter(group.items())), next(iter(cut[g].items()))
+        assert torch.equal(rows[name], full[name][: shape[0] // 2]), name
+        # the optimizer state of the group is exactly this parameter's top rows, like its weight
+        exp_avg = ds_comm.load_checkpoint_file(uni / "zero" / name / "exp_avg.pt")["param"]
+        held = parts[0]["base_optimizer_state"]["state"][g]["exp_avg"]
+        assert torch.equal(held, exp_avg[: shape[0] // 2].reshape(-1)), name
+        assert held.numel() == math.prod(local)
+
+
+def test_to_deepspeed_without_saved_param_shapes_lays_out_the_model_order(saved: dict, tmp_path: Path) -> None:
+    """A model-states file without `param_shapes` (a pipeline stage's): the order comes from every rank's
+    fragments, so DeepSpeed's files are the same as with the saved shapes."""
+    from ds_zero.to_deepspeed import convert_to_deepspeed
+
+    src = saved["root"] / "s2-fp32"
+    stripped = tmp_path / "stripped"
+    shutil.copytree(src / TAG, stripped / TAG)
+    states = ds_comm.load_checkpoint_file(stripped / TAG / "mp_rank_00_model_states.pt")
+    torch.save({**states, "param_shapes": None}, stripped / TAG / "mp_rank_00_model_states.pt")
+    want = convert_to_deepspeed(src, tmp_path / "want", tag=TAG)
+    got = convert_to_deepspeed(stripped, tmp_path / "got", tag=TAG)
+    for path in sorted(want.glob("*optim_states.pt")):
+        a = ds_comm.load_checkpoint_file(path)["optimizer_state_dict"]
+        b = ds_comm.load_checkpoint_file(got / path.name)["optimizer_state_dict"]
+        assert [list(m) for m in a["param_slice_mappings"]] == [list(m) for m in b["param_slice_mappings"]]
+        for x, y in zip(a["single_partition_of_fp32_groups"], b["single_partition_of_fp32_groups"], strict=True):
+            assert torch.equal(x, y), path.name
