@@ -53,7 +53,7 @@ def _stage_state(engine: PipelineEngine, ckpt_dir: Path) -> tuple[Path, dict[str
 def _read_weights(engine: PipelineEngine, ckpt_dir: Path) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
     """This stage's parameters as a one-rank ZeRO partition, and their full fp32 values by name."""
     ds_zero = require("ds_zero", extra="zero", feature="loading a universal checkpoint")
-    optimizer = engine._stepper.optimizer  # type: ignore[union-attr]  # checked by the caller
+    optimizer = engine._stepper.optimizer  # a ZeRO stepper: checked by the caller
     shapes = ds_zero.zero_param_shapes(optimizer, engine.module)
     dtype = next((p.dtype for p in engine.module.parameters() if p.is_floating_point()), torch.float32)
     parts = ds_zero.load_universal_partitions(ckpt_dir, param_shapes=shapes, model_dtype=dtype)
