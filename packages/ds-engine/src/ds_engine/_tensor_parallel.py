@@ -8,17 +8,20 @@ ranks of each tensor-parallel group received the same batch. Data parallelism an
 over the data-parallel dim only; replicated parameters get identical gradients on the tensor-parallel
 ranks (the column-parallel layers' backward all-reduces their input gradients).
 
-[Note: what is refused] The global gradient norm and the fp16 overflow decision would have to span the
-tensor-parallel ranks (sharded parameters summed over the group, replicated ones counted once); ds
-takes them over the data-parallel ranks only. So `gradient_clipping` must be 0 and fp16 is refused
-with tensor parallelism (bf16 and fp32 train), and ZeRO stage 3, pipelines and sequence parallelism do
-not combine with it.
+[Note: the norm and the overflow flag] Gradient clipping needs the whole model's norm, and fp16 needs
+every shard to skip the same steps. So each stepper (stage 0 fp32 and fp16/bf16, ZeRO 1/2) hands the
+tensor-parallel group and its cut gradients (parameters marked `tensor_model_parallel`, DeepSpeed's
+marker) to `ds_ops.precision.finish_step`: cut shards' squares are summed over the group, replicated
+parameters (layer norms, row-parallel biases, embeddings) are counted by the group's first rank only,
+and the overflow flag is OR-ed over the group, after the data-parallel reduction. ZeRO stage 3,
+pipelines and sequence parallelism do not combine with tensor parallelism (refused).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -37,6 +40,7 @@ __all__ = [
     "TensorParallelState",
     "apply_autotp",
     "check_tensor_parallel",
+    "is_cut",
     "resolve_autotp_size",
     "tensor_parallel_mpu",
     "tp_model_init",
@@ -101,12 +105,6 @@ def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
         (pipeline, "a PipelineModule (pipeline + tensor parallelism is not implemented)"),
         (m.sequence_parallel_size > 1, f"sequence_parallel_size={m.sequence_parallel_size} (not combined with it)"),
         (config.zero.stage == 3, "zero_optimization.stage=3 (use stage 0, 1 or 2)"),
-        (config.precision == "fp16", "fp16.enabled (overflow checks do not span the tensor-parallel ranks; use bf16)"),
-        (
-            m.gradient_clipping > 0,
-            f"gradient_clipping={m.gradient_clipping:g} (the global norm does not span the tensor-parallel ranks; "
-            "set it to 0)",
-        ),
     ]
     for bad, what in problems:
         if bad:
@@ -139,6 +137,16 @@ class TensorParallelState:
     def load_full_state_dict(self, module: nn.Module, state: dict[str, Any], *, strict: bool) -> None:
         """Load whole weights into the shards (no communication)."""
         _tensor().load_full_state_dict(module, state, strict=strict)
+
+    @staticmethod
+    def cut_params(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters among `params` cut across the group (module note: the norm and the overflow flag)."""
+        return [p for p in params if is_cut(p)]
+
+
+def is_cut(param: torch.Tensor) -> bool:
+    """True for a parameter AutoTP cut across the tensor-parallel ranks (DeepSpeed's `tensor_model_parallel`)."""
+    return bool(getattr(param, "tensor_model_parallel", False))
 
 
 def _tensor() -> Any:
