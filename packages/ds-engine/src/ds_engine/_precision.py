@@ -234,6 +234,10 @@ class MixedPrecisionOptimizer:
             "clip_grad": self.clip_grad,
         }
 
+    def state_params(self) -> list[torch.Tensor]:
+        """The model parameters `state_dict()`'s indices (and `fp32_groups` entries) stand for, in order."""
+        return list(self.model_params)
+
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
         """Restore the scaler and base optimizer; masters from the saved fp32 copies (or from the module)."""

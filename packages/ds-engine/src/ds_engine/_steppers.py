@@ -75,6 +75,10 @@ class PlainOptimizerState:
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
+    def state_params(self) -> list[torch.Tensor]:
+        """The model parameters `state_dict()`'s indices stand for, in index order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
     def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
         self.optimizer.load_state_dict(state)
 
