@@ -175,8 +175,9 @@ def _remap_optimizer(optimizer: Optimizer, mapping: dict[int, nn.Parameter]) -> 
 def apply_autotp(
     model: nn.Module, *, group: ProcessGroup, tp_grain_size: int, optimizer: Any, model_parameters: Any
 ) -> tuple[TensorParallelState, Any]:
-    """Shard `model` for training over `group`; re-point `optimizer` (in place) and return the re-pointed
-    `model_parameters`. Registers the first-forward batch check (collective on `group`).
+    """Shard `model` for training over `group` (unless `TpTrainingManager` did, `ds_autotp_parsed`); re-point
+    `optimizer` (in place) and return the re-pointed `model_parameters`. Registers the first-forward batch
+    check (collective on `group`).
 
     Raises:
         ValueError: AutoTP cannot shard the model (the message names the layer).
@@ -184,7 +185,8 @@ def apply_autotp(
     tensor = _tensor()
     tensor.set_autotp_mode(training=True)
     before = {name: id(p) for name, p in model.named_parameters()}
-    tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size)
+    if not getattr(model, "ds_autotp_parsed", False):  # TpTrainingManager has sharded it already
+        tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size)
     mapping = {before[name]: p for name, p in model.named_parameters() if name in before and before[name] != id(p)}
     if isinstance(optimizer, Optimizer):
         _remap_optimizer(optimizer, mapping)
