@@ -368,12 +368,13 @@ class DeepSpeedEngine(
         extra: dict[str, Any] = {}
         if partitioned and self._tp is not None:  # `_tp_optimizer_state`'s note: whole, like the weights
             ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
-            whole = _tp_optimizer_state.gather_param_states(
-                ds_zero.param_states_of(self._stepper.optimizer), self.module
+            whole = ds_zero.param_states_of(
+                self._stepper.optimizer,
+                transform=_tp_optimizer_state.whole_tensors(self.module),
+                keep_tensors=self.global_rank == 0,  # the rank that writes it; the others only take part
             )
             if self.global_rank == 0:
                 extra[_tp_optimizer_state.PARAM_STATES_KEY] = whole
-            del whole
         _checkpoint.write_checkpoint(
             _checkpoint.SaveRequest(
                 root=Path(save_dir),

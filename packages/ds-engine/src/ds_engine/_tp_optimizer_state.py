@@ -31,10 +31,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "PARAM_STATES_KEY",
-    "gather_param_states",
     "gather_stage0_state",
     "shard_param_states",
     "shard_stage0_state",
+    "whole_tensors",
 ]
 
 #: The model-states key of the whole per-parameter ZeRO optimizer state (tensor-parallel saves only).
@@ -131,14 +131,16 @@ def shard_stage0_state(state: dict[str, Any], params: list[torch.Tensor], module
     return _map_stage0(state, params, local)
 
 
-def gather_param_states(states: dict[str, Any], module: nn.Module) -> dict[str, Any]:
-    """`ds_zero.param_states_of(...)` with cut parameters' tensors whole (collective on the TP group)."""
+def whole_tensors(module: nn.Module) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """`transform=` for `ds_zero.param_states_of`: a cut parameter's tensor gathered whole (collective on
+    the TP group, in the order ds-zero calls it, the same on every rank); others as they are."""
     cut = _cut_layers(module)
-    params = {}
-    for name, entry in states["params"].items():  # the same order on every rank (the flat layout's)
+
+    def whole(name: str, tensor: torch.Tensor) -> torch.Tensor:
         found = cut.get(name)
-        params[name] = entry if found is None else {k: _gather(*found, t) for k, t in entry.items()}
-    return {**states, "params": params}
+        return tensor if found is None else _gather(*found, tensor)
+
+    return whole
 
 
 def shard_param_states(states: dict[str, Any], module: nn.Module | None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ The form (plain types and tensors, so it can be saved with `weights_only` loadin
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,11 +35,23 @@ def _hyper(group: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in group.items() if k != "params"}
 
 
-def param_states_of(optimizer: Any) -> dict[str, Any]:
+def param_states_of(
+    optimizer: Any,
+    *,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    keep_tensors: bool = True,
+) -> dict[str, Any]:
     """The per-parameter form of a live `DeepSpeedZeroOptimizer` (stages 1/2).
 
     Collective: one all-reduce per parameter and state over its partition group (every rank of the
     data-parallel group calls it, in the same order); every rank gets the whole form.
+
+    Args:
+        optimizer: the ZeRO optimizer.
+        transform: applied to each tensor as `transform(name, tensor)` right after it is assembled, in the
+            same order on every rank (a caller's own collective, e.g. gathering a tensor-parallel shard).
+        keep_tensors: False drops each tensor once transformed (`params` is then empty): for the ranks
+            that take part in the collectives but write nothing, so they never hold the whole state.
 
     Raises:
         TypeError: a stage-3 optimizer (its partitions hold sub-groups; not supported here).
@@ -56,10 +68,14 @@ def param_states_of(optimizer: Any) -> dict[str, Any]:
         step = step.detach().clone() if isinstance(step, torch.Tensor) else step  # a snapshot, not the live counter
         groups.append({"names": names, "hyper": _hyper(group), "step": step, "keys": keys})
         for p, name in zip(flat.params, names, strict=True):
-            entry = {"fp32": optimizer.get_full_hp_param(p).cpu()}
-            for key in keys:
-                entry[key] = optimizer.get_full_hp_param(p, key).cpu()
-            params[name] = entry
+            entry = {}
+            for key in ["fp32", *keys]:
+                value = optimizer.get_full_hp_param(p, None if key == "fp32" else key)
+                if transform is not None:
+                    value = transform(name, value)
+                entry[key] = value.cpu()
+            if keep_tensors:
+                params[name] = entry
     dtype = next((f.dtype for f in optimizer.flats if f.numel), torch.float32)
     return {
         "zero_stage": int(optimizer.zero_stage),
