@@ -15,6 +15,9 @@ marker) to `ds_ops.precision.finish_step`: cut shards' squares are summed over t
 parameters (layer norms, row-parallel biases, embeddings) are counted by the group's first rank only,
 and the overflow flag is OR-ed over the group, after the data-parallel reduction. ZeRO stage 3,
 pipelines and sequence parallelism do not combine with tensor parallelism (refused).
+
+Checkpoints hold whole weights and whole optimizer state, so they load at any degree
+(`_tp_optimizer_state`).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ def resolve_autotp_size(config: Any) -> int:
 
 
 def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
-    """Refuse what does not combine with tensor parallelism (module note: what is refused), naming the key."""
+    """Refuse what does not combine with tensor parallelism (ZeRO 3, pipelines, sequence parallelism), by key."""
     m = config.model
     problems = [
         (pipeline, "a PipelineModule (pipeline + tensor parallelism is not implemented)"),
