@@ -58,7 +58,7 @@ class TpTrainingManager:
         ds_comm.init_distributed(verbose=False)
         group = tensor_parallel_mpu(tp_size).get_model_parallel_group()
         self.tp_config = TPConfig(tp_size=tp_size, tp_group=group)
-        self.config = TensorParallelConfig(dtype=dtype, autotp_size=tp_size, tp=self.tp_config)
+        self.config = TensorParallelConfig(dtype=dtype, autotp_size=tp_size, tensor_parallel=self.tp_config)
         self.model_config: Any = getattr(model, "config", None)
         _share_rng_state(group)
         tensor.set_autotp_mode(training=True)
