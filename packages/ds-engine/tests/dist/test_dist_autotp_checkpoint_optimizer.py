@@ -80,6 +80,7 @@ def _resume(
     return _steps(engine, FIRST, THEN)
 
 
+@pytest.mark.timeout(900)  # five runs one after another
 @pytest.mark.parametrize(("stage", "precision"), [(0, "fp32"), (1, "fp32"), (2, "fp32"), (0, "bf16")])
 def test_optimizer_state_moves_between_tp2_and_tp1(stage: int, precision: str, tmp_path: Path) -> None:
     tp1_dir, tp2_dir = str(tmp_path / "tp1"), str(tmp_path / "tp2")
@@ -97,6 +98,7 @@ def test_optimizer_state_moves_between_tp2_and_tp1(stage: int, precision: str, t
         assert max(abs(a - b) for a, b in zip(fresh[1:], tp2[FIRST + 1 :], strict=True)) > 1e-3
 
 
+@pytest.mark.timeout(600)
 def test_tp2_by_dp2_zero2_resumes_at_tp1_by_dp2(tmp_path: Path) -> None:
     """4 ranks (TP=2 x DP=2) saved, 2 ranks (DP=2) resumed: cut across TP, re-partitioned across DP."""
     saved = run_ranks(4, _train_and_save, 2, "fp32", str(tmp_path), 2, timeout_s=300)

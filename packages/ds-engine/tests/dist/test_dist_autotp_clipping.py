@@ -88,6 +88,7 @@ def reference() -> dict[str, list[float]]:
     return _torch_reference()
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_tp2_clipping_equals_torch_on_the_whole_model(stage: int, reference: dict[str, list[float]]) -> None:
     assert min(reference["norms"]) > CLIP  # every step clips
@@ -96,6 +97,7 @@ def test_tp2_clipping_equals_torch_on_the_whole_model(stage: int, reference: dic
         torch.testing.assert_close(torch.tensor(r["norms"]), torch.tensor(reference["norms"]), rtol=1e-5, atol=0)
 
 
+@pytest.mark.timeout(600)
 def test_tp2_by_dp2_zero2_clipping_equals_dp2() -> None:
     ref = run_ranks(2, _train, 1, 2, timeout_s=240)
     results = run_ranks(4, _train, 2, 2, timeout_s=300)
@@ -130,6 +132,7 @@ def _fp16_inject(rank: int, world: int, stage: int) -> dict[str, Any]:
     return {"scales": scales, "skipped": skipped, "changed": changed}
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_fp16_an_inf_in_one_shard_skips_both_tp_ranks(stage: int) -> None:
     for r in run_ranks(2, _fp16_inject, stage, timeout_s=240):
@@ -138,6 +141,7 @@ def test_fp16_an_inf_in_one_shard_skips_both_tp_ranks(stage: int) -> None:
         assert r["scales"] == [256.0, 128.0, 128.0], r
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16bit_tp2_clipping_trains_like_one_rank(precision: str) -> None:
     (ref,) = run_ranks(1, _train, 1, 1, precision, timeout_s=180)

@@ -117,6 +117,7 @@ def _train_managed(rank: int, world: int) -> dict[str, Any]:
     return {"losses": losses}
 
 
+@pytest.mark.timeout(600)
 def test_tp_training_manager_then_initialize_equals_data_parallel_alone() -> None:
     (ref,) = run_ranks(1, _train, 1, 0, timeout_s=180)
     for r in run_ranks(2, _train_managed, timeout_s=240):

@@ -65,7 +65,7 @@ def _uninterrupted(rank: int, world: int, stage: int) -> list[float]:
     return _steps(model, opt, rank, world, 3, 2)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # four runs one after another
 @pytest.mark.parametrize("stage", [1, 2])
 def test_per_parameter_form_round_trips_across_world_sizes(stage: int) -> None:
     import ds_zero
