@@ -339,16 +339,18 @@ class PipelineEngine(DeepSpeedEngine):
         """
         return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
-    def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
+    def _train_state(
+        self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
+    ) -> TrainState:
         """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
-        state = super()._train_state(rng_states, exclude_frozen_parameters)
+        state = super()._train_state(rng_states, exclude_frozen_parameters, extra)
         return dataclasses.replace(
             state,
             module=None,
             param_shapes=None,
             pp_degree=self.num_stages,
             tp_degree=1,
-            extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()},
+            extra={**(extra or {}), _pipeline_checkpoint.LAYOUT_KEY: self.layout()},
         )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
