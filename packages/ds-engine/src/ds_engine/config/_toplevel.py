@@ -23,6 +23,7 @@ from ds_engine.config._sections import (
     TorchAutocastConfig,
     WandbConfig,
 )
+from ds_engine.config._hybrid_engine import HybridEngineConfig
 from ds_engine.config._tensor_parallel import TensorParallelConfig
 from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt, StepInterval
 from ds_ops import AioConfig
@@ -52,7 +53,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
 
 #: Sections ds accepts only when their feature is switched off: key -> (switch, reason).
 OFF_SECTIONS: dict[str, tuple[str, str]] = {
-    "hybrid_engine": ("enabled", "the RLHF hybrid engine is not implemented in ds"),
     "autotuning": ("enabled", "autotuning is not implemented in ds"),
     "data_efficiency": ("enabled", "data efficiency (curriculum, random-LTD) is not implemented in ds"),
     "compile": ("deepcompile", "DeepCompile is not implemented in ds; call torch.compile on the model instead"),
@@ -170,6 +170,8 @@ class DeepSpeedConfigModel(ConfigModel):
     """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
     """Flops profiler (one step, rank 0)."""
+    hybrid_engine: HybridEngineConfig = HybridEngineConfig()
+    """The RLHF hybrid engine (training plus fast generation in one engine)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     """Only disabled."""
     aio: AioConfig = AioConfig()
