@@ -89,7 +89,7 @@ class DeepSpeedHybridEngine(DeepSpeedEngine):
         generate = getattr(self.module, "generate", None)
         self._generate = generate if callable(generate) else None
         if self._generate is not None:
-            self.module.generate = self.generate
+            self.module.generate = self.generate  # type: ignore[assignment]
 
     # -- generation -------------------------------------------------------------------------------------
     def generate(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -166,7 +166,8 @@ class DeepSpeedHybridEngine(DeepSpeedEngine):
             return
         ds_zero = require("ds_zero", extra="zero", feature="the hybrid engine at ZeRO stage 3")
         for layer in self._lora.layers:
-            for p in (layer.module.weight, *layer.params):
+            weight: Any = layer.module.weight
+            for p in (weight, *layer.params):
                 if ds_zero.is_zero_param(p) and p.ds_status is not ds_zero.ZeroParamStatus.AVAILABLE:
                     raise RuntimeError(
                         f"fuse_lora_weight(): the parameters of LoRA layer {layer.name!r} are partitioned; under "

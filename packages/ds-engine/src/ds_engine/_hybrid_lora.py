@@ -35,12 +35,12 @@ class LoraLayer:
     @property
     def params(self) -> list[nn.Parameter]:
         """The LoRA factors (the ones a ZeRO-3 gather must include besides the base weight)."""
-        m = self.module
+        m: Any = self.module
         return [t for t in (m.lora_right_weight, m.lora_left_weight) if isinstance(t, nn.Parameter)]
 
     def delta(self) -> torch.Tensor:
         """`lora_scaling * left.T @ right.T`, the base weight's shape and dtype."""
-        m = self.module
+        m: Any = self.module
         weight, right, left = m.weight, m.lora_right_weight, m.lora_left_weight
         out_f, in_f = weight.shape
         if right.shape[0] != in_f or left.shape[1] != out_f or right.shape[1] != left.shape[0]:
@@ -61,7 +61,7 @@ def find_lora_layers(model: nn.Module) -> list[LoraLayer]:
     return found
 
 
-def _plain_linear(module: nn.Module) -> Any:
+def _plain_linear(module: Any) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, module.weight, getattr(module, "bias", None))
 
@@ -90,7 +90,7 @@ class LoraFusion:
         try:
             with torch.no_grad():
                 for layer in self.layers:
-                    m = layer.module
+                    m: Any = layer.module
                     delta = layer.delta()
                     original = m.weight.detach().clone()
                     self._saved.append(
@@ -108,7 +108,7 @@ class LoraFusion:
         with torch.no_grad():
             while self._saved:
                 layer, original, forward, flag = self._saved.pop()
-                m = layer.module
+                m: Any = layer.module
                 m.weight.copy_(original)
                 if forward is _ABSENT:
                     m.__dict__.pop("forward", None)

@@ -8,6 +8,7 @@ from pydantic import BeforeValidator, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import CommsLoggerConfig, ConfigModel
+from ds_engine.config._hybrid_engine import HybridEngineConfig
 from ds_engine.config._sections import (
     BF16Config,
     CheckpointConfig,
@@ -23,7 +24,6 @@ from ds_engine.config._sections import (
     TorchAutocastConfig,
     WandbConfig,
 )
-from ds_engine.config._hybrid_engine import HybridEngineConfig
 from ds_engine.config._tensor_parallel import TensorParallelConfig
 from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt, StepInterval
 from ds_ops import AioConfig
