@@ -82,6 +82,17 @@ def test_initialize_builds_the_hybrid_engine_only_when_enabled() -> None:
     assert type(make_engine(tiny_net(0), base_config(hybrid_engine={"enabled": False}))) is ds_engine.DeepSpeedEngine
 
 
+def test_explain_names_the_hybrid_engine(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from ds_engine.explain import main
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 2, "hybrid_engine": {"enabled": True}}))
+    assert main([str(path), "--world-size", "1", "--device", "cpu"]) == 0
+    assert "engine: DeepSpeedHybridEngine" in capsys.readouterr().out
+
+
 def test_generate_needs_a_module_with_generate() -> None:
     engine = make_engine(tiny_net(0), _hybrid())
     with pytest.raises(AttributeError, match=r"engine.generate\(\): the wrapped module \(TinyNet\) has no generate"):

@@ -5,7 +5,8 @@
   one step the copy trained with torch's AdamW on both ranks' batches: tokens exactly, scores 1e-4).
   Each generate() gathers each parameter once (ds-zero's `num_param_gathers`), not once per token, and
   leaves every parameter partitioned with the gathered memory given back; `engine.module.generate`
-  takes the same path; generate() while the parameters are offloaded is refused.
+  takes the same path; ranks may generate different numbers of tokens in one call; generate() while the
+  parameters are offloaded is refused.
 * `pin_parameters: false`: the same tokens, gathered per layer for every token.
 * LoRA layers in DeepSpeed-Chat's convention: the generation scores equal, bit for bit, those of a copy
   whose LoRA factors were merged into plain linears (so the layers really ran fused), and afterwards
@@ -83,6 +84,9 @@ def _rlhf_loop(rank: int, world: int) -> dict[str, Any]:
     expected = _generate(ref.generate, ids)
     out["tokens_1"] = torch.equal(first.sequences, expected.sequences)
     out["scores_1"] = _scores_diff(first, expected)
+    # gathered once, each rank generates on its own: ranks may run different numbers of forwards
+    uneven = engine.generate(ids, max_new_tokens=2 + 3 * rank, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out["uneven"] = tuple(uneven.shape) == (2, 5 + 2 + 3 * rank)
 
     engine.train()
     loss = engine(input_ids=ids, labels=ids).loss
@@ -115,7 +119,7 @@ def _rlhf_loop(rank: int, world: int) -> dict[str, Any]:
 def test_generate_gathers_once_and_matches_the_unpartitioned_model_through_an_rlhf_loop() -> None:
     for r in run_ranks(2, _rlhf_loop, timeout_s=300):
         assert r["kind"] == "DeepSpeedHybridEngine"
-        assert r["tokens_1"] and r["scores_1"] == 0.0
+        assert r["tokens_1"] and r["scores_1"] == 0.0 and r["uneven"]
         assert r["gathers_1"] == r["nparams"] and r["gathers_2"] == r["nparams"]
         assert r["released_1"] == r["released_2"] == {"NOT_AVAILABLE"} and r["live_back_1"]
         assert "engine.generate()" in r["refused"] and "reload_states" in r["refused"]
