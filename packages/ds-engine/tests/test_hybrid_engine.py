@@ -79,6 +79,7 @@ def test_initialize_builds_the_hybrid_engine_only_when_enabled() -> None:
     engine = make_engine(tiny_net(0), _hybrid())
     assert type(engine) is DeepSpeedHybridEngine and isinstance(engine, ds_engine.DeepSpeedEngine)
     assert not engine.Z3_enabled and engine.gather_all_layers and engine.all_lora_params == []
+    assert engine._config.hybrid_engine.enabled  # DeepSpeed's path to the section
     assert type(make_engine(tiny_net(0), base_config(hybrid_engine={"enabled": False}))) is ds_engine.DeepSpeedEngine
 
 
