@@ -184,6 +184,11 @@ class DeepSpeedConfig:
         return section if section is not None else validate_pipe_section(name, {})
 
     @property
+    def hybrid_engine(self) -> Any:
+        """The `hybrid_engine` section (`HybridEngineConfig`, its defaults when absent)."""
+        return self.model.hybrid_engine
+
+    @property
     def optimizer_name(self) -> str | None:
         return self.model.optimizer.type if self.model.optimizer else None
 
