@@ -14,6 +14,7 @@ import torch
 from ds_ops.aio._buffers import aligned_tensor, direct_io_allowed
 from ds_ops.aio._limits import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH
 from ds_ops.aio._requests import AioError, PendingRequest, Result
+from ds_ops.aio._trace import record_settled
 from ds_ops.op_builder import AsyncIOBuilder
 
 if TYPE_CHECKING:
@@ -201,6 +202,7 @@ class AsyncIOHandle:
             return 0  # a forked child has no requests of this handle in flight
         count = int(self._lib.ds_aio_wait(self._handle))  # releases the GIL while it blocks
         settled, self._pending = self._pending, []
+        record_settled(settled)
         for request in settled:
             self.num_bytes_moved += request.result.bytes_done
             self.num_bytes_direct += request.result.direct_bytes

@@ -33,7 +33,7 @@ from ds_ops.precision._overflow import unscale_and_check_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepOutcome", "finish_step"]
+__all__ = ["GradStats", "StepOutcome", "finish_step"]
 
 _EPS = 1e-6
 
@@ -52,10 +52,35 @@ class StepOutcome:
     applied: bool
     grad_norm: float | None
     clip_coef: float = 1.0
+    unscale: float = 1.0
+    """With `stats` (gradients not in memory): the factor the caller must still multiply the gradients by,
+    before `clip_coef`, as it reads them (1/loss_scale); 1.0 when `finish_step` unscaled them in place."""
+
+    def apply_(self, grad: torch.Tensor) -> torch.Tensor:
+        """Multiply a gradient read after the decision by the pending factors, in `finish_step`'s order."""
+        if self.unscale != 1.0:
+            grad.mul_(self.unscale)
+        if self.clip_coef != 1.0:
+            grad.mul_(self.clip_coef)
+        return grad
 
     @property
     def overflow(self) -> bool:
         return not self.applied
+
+
+@dataclasses.dataclass(frozen=True)
+class GradStats:
+    """What `finish_step` needs of gradients the caller keeps out of memory (ZeRO-Infinity swaps them to
+    NVMe): measured on the still loss-scaled gradients as they were last written.
+
+    Attributes:
+        norm_term: this rank's sum of |g|^p (the max |g| for p = inf), as `local_norm_term` computes it.
+        nonfinite: whether any element is inf or nan.
+    """
+
+    norm_term: float
+    nonfinite: bool
 
 
 def finish_step(
@@ -70,6 +95,7 @@ def finish_step(
     comm_device: torch.device | None = None,
     skip: torch.Tensor | None = None,
     norm_type: float = 2.0,
+    stats: GradStats | None = None,
 ) -> StepOutcome:
     """Unscale, check, update the loss scale, take the norm and clip `grads` in place (see the module note).
 
@@ -90,6 +116,9 @@ def finish_step(
         skip: a 1-element flag from the caller, already agreed across the ranks that must skip together
             (the pipeline's stages); non-zero skips the step as an overflow would.
         norm_type: p of the norm (2 for DeepSpeed's clipping).
+        stats: instead of `grads` (pass none), the measured norm term and inf/nan flag of gradients the
+            caller holds elsewhere; nothing is multiplied in place, and the outcome's `unscale` and
+            `clip_coef` are for the caller to apply (`StepOutcome.apply_`) as it reads them.
 
     Returns:
         The decision, and the norm when computed.
@@ -103,12 +132,19 @@ def finish_step(
     if scaler is not None and scaler.dynamic and not check_overflow:
         raise ValueError("a dynamic loss scaler needs check_overflow=True: it lowers the scale on overflows")
     tensors = [g for g in grads if g is not None and g.numel() > 0]
+    if stats is not None and tensors:
+        raise ValueError("finish_step: pass the gradients or their stats, not both")
     scale = scaler.loss_scale if scaler is not None else 1.0
     need_norm = compute_norm or clip > 0
     p = float(norm_type)
     # 1. unscale (+ check, fused)
     flag: torch.Tensor | None = None
-    if check_overflow and (scale != 1.0 or not need_norm):
+    pending = 1.0
+    if stats is not None:
+        pending = 1.0 / scale
+        if check_overflow:
+            flag = torch.tensor([float(stats.nonfinite)])
+    elif check_overflow and (scale != 1.0 or not need_norm):
         flag = unscale_and_check_(tensors, 1.0 / scale)
     elif scale != 1.0 and tensors:
         torch._foreach_mul_(tensors, 1.0 / scale)
@@ -117,7 +153,10 @@ def finish_step(
         flag = skip if flag is None else torch.maximum(flag, skip.to(flag.device))
     # 2 + 4. one all-reduce for the flag and the partial norm, one read back
     parts = []
-    if need_norm:
+    if need_norm and stats is not None:  # the unscaled term: |g / scale|^p = |g|^p / scale^p
+        factor = pending if math.isinf(p) else pending**p
+        parts.append(torch.tensor([stats.norm_term * factor], dtype=torch.float32))
+    elif need_norm:
         parts.append(local_norm_term(tensors, p))
     if flag is not None:
         parts.append(flag)
@@ -139,14 +178,14 @@ def finish_step(
             "gradient overflow" if skip is None else "gradient overflow or the caller's skip",
             scale,
         )
-        return StepOutcome(applied=False, grad_norm=norm)
+        return StepOutcome(applied=False, grad_norm=norm, unscale=pending)
     # 5. clip
     coef = 1.0
     if clip > 0 and norm is not None and math.isfinite(norm):
         coef = min(clip / (norm + _EPS), 1.0)
         if coef < 1.0 and tensors:
             torch._foreach_mul_(tensors, coef)
-    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef)
+    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef, unscale=pending)
 
 
 def _agree(

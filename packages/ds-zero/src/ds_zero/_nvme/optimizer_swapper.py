@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ds_ops.aio import AioError
+from ds_ops.precision import StepOutcome
 from ds_zero._nvme.files import SwapFile, claim_finalizer, io_failure, make_aio_handle
+from ds_zero._nvme.grad_swapper import GradSwapper
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._stage3.partition import ShardTile
 
@@ -37,6 +39,7 @@ __all__ = ["OptimizerSwapper"]
 
 _KEY = "zero_optimization.offload_optimizer"
 _MASTER = "fp32"
+_GRAD = "grad"  # the set's buffer the tile's swapped gradient is read into (GradSwapper writes the files)
 
 
 def _placeholder(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -94,6 +97,8 @@ class OptimizerSwapper:
             for p, off in zip(tile.params, tile.offsets, strict=True):
                 state_of(p).master_writer = self._master_writer(tile, off)
         self._write_initial_masters()
+        self.grads = GradSwapper(tiles, swap_dir=self.dir, handle=make_aio_handle(aio_config))
+        self.grad_outcome: StepOutcome | None = None  # the factors finish_step left for the gradients read
         self.num_reads = 0
         self.num_writes = 0
 
@@ -180,8 +185,16 @@ class OptimizerSwapper:
         reads: list[tuple[SwapFile, torch.Tensor]] = []
         if tile.numel == 0:  # a param group without trainable parameters
             return reads
-        for key, dtype in [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]:
-            record = self._file(tile, key)
+        keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
+        if self.grads.has_grad(tile):
+            keys.append((_GRAD, torch.float32))
+            if _GRAD not in self._sets[set_index]:
+                for buffers in self._sets:
+                    buffers[_GRAD] = self.reader.new_cpu_locked_tensor(
+                        self.max_numel * 4, torch.empty(0, dtype=torch.uint8)
+                    )
+        for key, dtype in keys:
+            record = self.grads.file(tile) if key == _GRAD else self._file(tile, key)
             view = self._view(set_index, key, tile.numel, dtype)
             record.check_before_read(view.numel() * view.element_size())
             self.reader.async_pread(view, record.path)
@@ -196,6 +209,9 @@ class OptimizerSwapper:
         if tile.numel == 0:
             return
         tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
+        if self.grads.has_grad(tile):
+            grad = self._view(set_index, _GRAD, tile.numel, torch.float32)
+            tile.master.grad = grad if self.grad_outcome is None else self.grad_outcome.apply_(grad)
         keys = self._keys.get(tile.index)
         if keys:
             state = self.optimizer.state[tile.master]
@@ -227,6 +243,7 @@ class OptimizerSwapper:
             record.recorded(src)
         if tile.numel == 0:
             return
+        tile.master.grad = None
         tile.master.data = _placeholder(tile.numel, torch.float32)
         state = self.optimizer.state.get(tile.master)
         if state:
@@ -311,6 +328,7 @@ class OptimizerSwapper:
                 state[key] = _placeholder(tile.numel, dtype)
 
     def close(self) -> None:
+        self.grads.close()
         for buffers in self._sets:
             for t in buffers.values():
                 self.reader.free_cpu_locked_tensor(t)

@@ -15,7 +15,8 @@ master partition (accumulating across micro-steps), and each full gradient is dr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,6 +24,9 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._params.partitioned_param import state_of
+
+if TYPE_CHECKING:
+    from ds_zero._nvme.grad_swapper import GradSwapper
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ class GradReducer:
         communication_dtype: dtype of the collective (None: the parameters' dtype).
         gradient_predivide_factor: divide by this before the reduction and by world/factor after.
         on_first_grad: called for every arriving gradient (the coordinator's backward start).
+        swapped: for parameters whose tile's gradient is swapped to NVMe, `id(param) -> (tile, offset)`.
+        grad_swapper: the `GradSwapper` those pieces go to (flushed at the end of each backward).
     """
 
     def __init__(
@@ -64,8 +70,13 @@ class GradReducer:
         communication_dtype: torch.dtype | None,
         gradient_predivide_factor: float,
         on_first_grad: Any,
+        swapped: Mapping[int, tuple[Any, int]] | None = None,
+        grad_swapper: GradSwapper | None = None,
     ) -> None:
         self.group = group
+        # NVMe: parameter id -> (tile, offset in the tile); their pieces go to `grad_swapper`, not to a master
+        self._swapped = dict(swapped or {})
+        self.grad_swapper = grad_swapper
         self.world = ds_comm.get_world_size(group)
         self.comm_dtype = communication_dtype
         self.pre = float(gradient_predivide_factor)
@@ -144,6 +155,11 @@ class GradReducer:
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
+                route = self._swapped.get(id(p))
+                if route is not None and self.grad_swapper is not None:
+                    self.grad_swapper.add(route[0], route[1], out[offset : offset + s])
+                    offset += s
+                    continue
                 master, moff = state_of(p).grad_slot
                 if master.grad is None:
                     # every bucket is reduced once per backward and the shards tile the master, so each
@@ -180,6 +196,8 @@ class GradReducer:
         for item in inflight:
             self._complete(item)
         self._fresh.clear()
+        if self.grad_swapper is not None:
+            self.grad_swapper.flush()
 
     def discard(self) -> None:
         """Finish anything in flight and drop any full gradient still on a parameter (zero_grad)."""

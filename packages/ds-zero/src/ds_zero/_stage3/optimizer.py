@@ -197,6 +197,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                 state_of(untrained[0]).name,
             )
         ordered = [p for p in self.coordinator.params if id(p) in trained_ids]
+        swapper = self.optimizer_swapper
         self.reducer = GradReducer(
             ordered,
             group=dp_group,
@@ -204,6 +205,10 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             communication_dtype=communication_dtype,
             gradient_predivide_factor=gradient_predivide_factor,
             on_first_grad=self.coordinator.ensure_backward,
+            swapped={id(p): (t, off) for t in self.tiles for p, off in zip(t.params, t.offsets, strict=True)}
+            if swapper is not None
+            else None,
+            grad_swapper=swapper.grads if swapper is not None else None,
         )
         self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
         self._trained = trained
@@ -288,6 +293,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self.reducer.finish()
         grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
+        swapper = self.optimizer_swapper
         outcome = finish_step(
             grads,
             scaler=self.loss_scaler,
@@ -298,7 +304,10 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             partitioned=True,
             comm_device=self._norm_device,
             skip=skip,
+            stats=swapper.grads.stats() if swapper is not None else None,  # NVMe: the gradients are on disk
         )
+        if swapper is not None:
+            swapper.grad_outcome = outcome
         self._global_grad_norm = outcome.grad_norm
         self.overflow = outcome.overflow
         if self.overflow:
@@ -366,6 +375,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradient partitions (and any full gradient still on a parameter)."""
         self.reducer.discard()
+        if self.optimizer_swapper is not None:
+            self.optimizer_swapper.grads.zero_grad()
         for part in self.partitions:
             if set_to_none:
                 part.master.grad = None

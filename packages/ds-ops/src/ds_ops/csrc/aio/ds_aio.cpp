@@ -132,6 +132,8 @@ void Handle::settle(Request* r) {
   out->error = r->error.load();
   out->stage = r->stage.load();
   out->direct_refused = r->direct_refused;
+  out->end_ns = monotonic_ns();
+  out->start_ns = r->start_ns.load() != 0 ? r->start_ns.load() : out->end_ns;
   delete r;
   std::lock_guard<std::mutex> lock(mu_);
   ++completed_;

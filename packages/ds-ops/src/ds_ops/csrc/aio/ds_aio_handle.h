@@ -104,6 +104,7 @@ class Handle {
     if (queue_.empty()) return nullptr;
     Slice* slice = queue_.front();
     queue_.pop_front();
+    slice->req->mark_started();
     return slice;
   }
 

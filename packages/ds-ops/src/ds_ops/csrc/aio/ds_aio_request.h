@@ -11,6 +11,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -39,7 +40,16 @@ struct Result {
   int32_t stage;         // a Stage
   int32_t direct_refused;  // O_DIRECT was asked for "where allowed" and the file system refused it
   int32_t reserved;
+  int64_t start_ns;  // CLOCK_MONOTONIC when a worker first took up the request (0: never started)
+  int64_t end_ns;    // CLOCK_MONOTONIC when it settled
 };
+
+// CLOCK_MONOTONIC in nanoseconds: the clock Python's time.monotonic_ns() reads on Linux.
+inline int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 inline bool is_aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlign == 0; }
 
@@ -56,7 +66,14 @@ struct Request {
   std::atomic<int32_t> error{0};
   std::atomic<int32_t> stage{kStageNone};
   std::atomic<int32_t> slices_left{0};
+  std::atomic<int64_t> start_ns{0};
   int32_t direct_refused = 0;
+
+  // The first worker to take up a slice of this request stamps its start.
+  void mark_started() {
+    int64_t never = 0;
+    if (start_ns.load(std::memory_order_relaxed) == 0) start_ns.compare_exchange_strong(never, monotonic_ns());
+  }
 
   bool direct() const { return fd_direct >= 0; }
   bool failed() const { return error.load(std::memory_order_relaxed) != 0; }
