@@ -190,7 +190,8 @@ def test_disk_full_at_construction_and_at_the_step_where_it_fills(tmpfs: Any) ->
     small = tmpfs("small", "size=640k")
     model, opt = _build(cfg(small), width=128)
     with pytest.raises(
-        ds_zero.NVMeSwapError, match=r"write of the fp32 gradient of sub-group \d .*tile\d\.grad\.swp.* failed.*disk full"
+        ds_zero.NVMeSwapError,
+        match=r"write of the fp32 gradient of sub-group \d .*tile\d\.grad\.swp.* failed.*disk full",
     ):
         _train(model, opt, 1, width=128)
     # with room for the gradients too, Adam's state fills the disk at step 1

@@ -60,8 +60,7 @@ def record_settled(requests: Iterable[PendingRequest]) -> None:
     if not _ACTIVE:
         return
     rows = [
-        IoRecord(r.op, int(r.result.bytes_done), int(r.result.start_ns), int(r.result.end_ns), r.path)
-        for r in requests
+        IoRecord(r.op, int(r.result.bytes_done), int(r.result.start_ns), int(r.result.end_ns), r.path) for r in requests
     ]
     for trace in _ACTIVE:
         trace.records.extend(rows)

@@ -82,7 +82,8 @@ class GradReducer:
         self.pre = float(gradient_predivide_factor)
         self.post = self.world / self.pre
         self._on_first_grad = on_first_grad
-        self.buckets = _buckets(params, max(1, reduce_bucket_size))
+        # One rank reduces nothing: a bucket per parameter lets each gradient go (copy-free) as it arrives.
+        self.buckets = _buckets(params, 1 if self.world == 1 and self.pre == 1.0 else max(1, reduce_bucket_size))
         for index, bucket in enumerate(self.buckets):
             for p in bucket:
                 state_of(p).grad_bucket = index
@@ -117,6 +118,15 @@ class GradReducer:
         sizes = [state_of(p).shard_numel for p in params]
         total = sum(sizes)
         device = state_of(params[0]).full.device
+        if world == 1 and len(params) == 1 and self.pre == 1.0:
+            grad = params[0].grad
+            if grad is not None and grad.dtype == dtype and grad.is_contiguous() and grad.numel() == total:
+                # one rank: the reduction is the identity, the gradient itself is the piece (no copies)
+                params[0].grad = None
+                while self._inflight:
+                    self._complete(self._inflight.pop(0))
+                self._inflight.append((None, grad.reshape(-1), params, sizes, grad))
+                return
         inp = torch.empty(world, total, dtype=dtype, device=device)
         offset = 0
         with torch.no_grad():
@@ -135,11 +145,10 @@ class GradReducer:
                 offset += s
             if self.pre != 1.0:
                 inp.div_(self.pre)
-        out = torch.empty(total, dtype=dtype, device=device)
         if world == 1:
-            out.copy_(inp.view(-1))
-            work = None
+            out, work = inp.view(-1), None
         else:
+            out = torch.empty(total, dtype=dtype, device=device)
             work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=self.group, async_op=True)
         # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
         while self._inflight:

@@ -340,6 +340,9 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                     group["params"] = params
         for tile in tiles:
             tile.master.grad = None
+        swapper = getattr(self.parameter_offload, "param_swapper", None)
+        if swapper is not None:  # the new 16-bit shards' writes overlapped the next tiles; a failure shows here
+            swapper.settle()
 
     def _step_tiles(self, tiles: list[Any]) -> None:
         """Step the base optimizer (whose groups hold exactly `tiles`) and update the model-dtype shards."""
