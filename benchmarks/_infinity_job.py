@@ -145,8 +145,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         import deepspeed  # type: ignore[no-redef]
 
+        # one rank without a launcher: DeepSpeed looks for these before it falls back to MPI discovery
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_SIZE", "1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
         deepspeed.init_distributed(dist_backend="gloo")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if args.offload == "nvme":
         shutil.rmtree(args.nvme, ignore_errors=True)
         Path(args.nvme).mkdir(parents=True)
@@ -188,7 +192,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         engine.step()
         d = time.monotonic_ns()
         step: dict[str, Any] = {
-            "loss": float(loss),
+            "loss": float(loss.detach()),
             "t": [a, b, c, d],
             "peak_rss_gib": _peak_rss_gib(),
         }

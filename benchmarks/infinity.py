@@ -52,7 +52,8 @@ def _deepspeed_ready(python: str) -> str:
     if not _ensure_libaio():
         return "libaio-dev is missing and could not be installed"
     probe = "from deepspeed.ops.op_builder import AsyncIOBuilder as B; print(B().is_compatible(verbose=False))"
-    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # ours would shadow the real package
+    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0 or out.stdout.strip().splitlines()[-1:] != ["True"]:
         return "DeepSpeed's async_io op is not compatible here"
     return ""

@@ -34,6 +34,7 @@ class Result(ctypes.Structure):
         ("reserved", ctypes.c_int32),
         ("start_ns", ctypes.c_int64),  # time.monotonic_ns() when a worker took the request up
         ("end_ns", ctypes.c_int64),  # ... and when it settled
+        ("checksum", ctypes.c_uint64),  # asked for with checksum=True: see AsyncIOHandle.async_pread
     ]
 
 

@@ -67,7 +67,8 @@ class GradSwapper:
         self._stats: dict[int, tuple[float, bool]] = {}
         self._open: dict[int, _OpenTile] = {}
         self._free: list[torch.Tensor] = []
-        self._writing: list[tuple[SwapFile, torch.Tensor, torch.Tensor]] = []  # (file, written view, its buffer)
+        # (file, written view, its buffer, the aio request)
+        self._writing: list[tuple[SwapFile, torch.Tensor, torch.Tensor, Any]] = []
         self.num_buffers = 0
 
     # ------------------------------------------------------------------------------ files and buffers
@@ -99,9 +100,9 @@ class GradSwapper:
         try:
             self.handle.wait()
         except AioError as err:
-            raise io_failure(err, [record for record, _, _ in writing], "write") from err
-        for record, src, base in writing:
-            record.recorded(src)
+            raise io_failure(err, [record for record, _, _, _ in writing], "write") from err
+        for record, src, base, request in writing:
+            record.recorded(src, request.result.checksum)
             self._free.append(base)
 
     # ------------------------------------------------------------------------------ backward
@@ -128,10 +129,11 @@ class GradSwapper:
             record.check_before_read(tile.numel * 4)
             self._settle_writes()
             try:
-                self.handle.sync_pread(buffer, record.path)
+                request = self.handle.async_pread(buffer, record.path, checksum=True)
+                self.handle.wait()
             except AioError as err:
                 raise io_failure(err, [record], "read") from err
-            record.verify(buffer)
+            record.verify(buffer, request.result.checksum)
         entry = _OpenTile(tile, base, buffer, accumulate)
         self._open[tile.index] = entry
         return entry
@@ -144,8 +146,8 @@ class GradSwapper:
         term = norm if math.isinf(p) else norm**p
         self._stats[entry.tile.index] = (term, not math.isfinite(norm))
         record = self.file(entry.tile)
-        self.handle.async_pwrite(buffer, record.path)
-        self._writing.append((record, buffer, entry.base))
+        request = self.handle.async_pwrite(buffer, record.path, checksum=True)
+        self._writing.append((record, buffer, entry.base, request))
         self._valid.add(entry.tile.index)
 
     def flush(self) -> None:

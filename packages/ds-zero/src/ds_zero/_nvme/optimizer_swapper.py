@@ -181,8 +181,8 @@ class OptimizerSwapper:
             if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)
         ]
 
-    def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor]]:
-        reads: list[tuple[SwapFile, torch.Tensor]] = []
+    def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+        reads: list[tuple[SwapFile, torch.Tensor, Any]] = []
         if tile.numel == 0:  # a param group without trainable parameters
             return reads
         keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
@@ -197,15 +197,14 @@ class OptimizerSwapper:
             record = self.grads.file(tile) if key == _GRAD else self._file(tile, key)
             view = self._view(set_index, key, tile.numel, dtype)
             record.check_before_read(view.numel() * view.element_size())
-            self.reader.async_pread(view, record.path)
-            reads.append((record, view))
+            reads.append((record, view, self.reader.async_pread(view, record.path, checksum=True)))
             self.num_reads += 1
         return reads
 
-    def _bind(self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor]]) -> None:
+    def _bind(self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor, Any]]) -> None:
         """The reads landed: check them, then point the master and the state at the buffers."""
-        for record, view in reads:
-            record.verify(view)
+        for record, view, request in reads:
+            record.verify(view, request.result.checksum)
         if tile.numel == 0:
             return
         tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
@@ -218,7 +217,7 @@ class OptimizerSwapper:
             for key, dtype in keys:
                 state[key] = self._view(set_index, key, tile.numel, dtype)
 
-    def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor]]:
+    def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor, Any]]:
         if tile.numel == 0:
             return []
         keys = self._state_keys(tile)
@@ -232,15 +231,14 @@ class OptimizerSwapper:
             src = tensor.detach()
             if not src.is_contiguous():
                 src = src.contiguous()
-            self.writer.async_pwrite(src, record.path)
-            writes.append((record, src))
+            writes.append((record, src, self.writer.async_pwrite(src, record.path, checksum=True)))
             self.num_writes += 1
         return writes
 
-    def _unbind(self, tile: ShardTile, writes: list[tuple[SwapFile, torch.Tensor]]) -> None:
+    def _unbind(self, tile: ShardTile, writes: list[tuple[SwapFile, torch.Tensor, Any]]) -> None:
         """The writes completed: record them and drop the tile's in-memory values."""
-        for record, src in writes:
-            record.recorded(src)
+        for record, src, request in writes:
+            record.recorded(src, request.result.checksum)
         if tile.numel == 0:
             return
         tile.master.grad = None
@@ -255,13 +253,13 @@ class OptimizerSwapper:
 
         The caller steps the yielded tile (and writes its model-dtype shards) before asking for the next.
         """
-        pending_write: tuple[ShardTile, list[tuple[SwapFile, torch.Tensor]]] | None = None
-        ahead: list[tuple[SwapFile, torch.Tensor]] | None = None
+        pending_write: tuple[ShardTile, list[tuple[SwapFile, torch.Tensor, Any]]] | None = None
+        ahead: list[tuple[SwapFile, torch.Tensor, Any]] | None = None
         try:
             for i, tile in enumerate(tiles):
                 set_index = i % self.num_sets
                 reads = ahead if ahead is not None else self._issue_reads(tile, set_index)
-                self._wait(self.reader, "read", [r for r, _ in reads])
+                self._wait(self.reader, "read", [r for r, _, _ in reads])
                 ahead = None
                 if self.pipeline_read and i + 1 < len(tiles):
                     ahead = self._issue_reads(tiles[i + 1], (i + 1) % self.num_sets)
@@ -269,16 +267,16 @@ class OptimizerSwapper:
                 yield tile
                 writes = self._issue_writes(tile)
                 if pending_write is not None:  # the previous tile's write overlapped this tile's step
-                    self._wait(self.writer, "write", [r for r, _ in pending_write[1]])
+                    self._wait(self.writer, "write", [r for r, _, _ in pending_write[1]])
                     self._unbind(*pending_write)
                     pending_write = None
                 if self.pipeline_write:
                     pending_write = (tile, writes)
                 else:
-                    self._wait(self.writer, "write", [r for r, _ in writes])
+                    self._wait(self.writer, "write", [r for r, _, _ in writes])
                     self._unbind(tile, writes)
             if pending_write is not None:
-                self._wait(self.writer, "write", [r for r, _ in pending_write[1]])
+                self._wait(self.writer, "write", [r for r, _, _ in pending_write[1]])
                 self._unbind(*pending_write)
                 pending_write = None
         finally:  # stopped early (an error): let requests in flight land before their memory can go

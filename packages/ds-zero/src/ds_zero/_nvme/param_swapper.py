@@ -61,6 +61,7 @@ class _Shard:
     users: int = 0
     pending: bool = False  # a read into `slot` was issued and not waited for
     verified: bool = False  # the slot holds the file's checked contents
+    request: Any = None  # the read in flight into `slot` (its result carries the checksum)
     prefetched: bool = False
 
 
@@ -107,7 +108,8 @@ class ParamSwapper:
         self._shards: dict[int, _Shard] = {}
         self._pools: dict[torch.dtype, BufferPool] = {}
         self._prefetched_numel = 0
-        self._writes: list[tuple[_Shard, torch.Tensor, torch.Tensor]] = []  # queued: (shard, source, its staging)
+        # queued writes: (shard, source, its staging buffer, the aio request)
+        self._writes: list[tuple[_Shard, torch.Tensor, torch.Tensor, Any]] = []
         self._staging: list[torch.Tensor] = []
         self.num_reads = 0
         self.num_writes = 0
@@ -212,12 +214,14 @@ class ParamSwapper:
 
     def _issue_read(self, shard: _Shard, slot: Slot) -> None:
         p = shard.param
-        if any(queued is shard for queued, _, _ in self._writes):  # read after write: let the write land first
+        if any(queued is shard for queued, _, _, _ in self._writes):  # read after write: let the write land first
             self._settle_reads()
         shard.file.label = self._label(shard)
         shard.file.check_before_read(state_of(p).shard_numel * p.ds_tensor.element_size())
         pool = self._pools[p.ds_tensor.dtype]
-        self.handle.async_pread(pool.view(slot, state_of(p).shard_numel), shard.file.path)
+        shard.request = self.handle.async_pread(
+            pool.view(slot, state_of(p).shard_numel), shard.file.path, checksum=True
+        )
         shard.slot, shard.pending, shard.verified = slot, True, False
         self.num_reads += 1
 
@@ -233,13 +237,13 @@ class ParamSwapper:
         writes, self._writes = self._writes, []
         if pending or writes:
             if writes and not pending:
-                self._wait("write", [s.file for s, _, _ in writes])
+                self._wait("write", [s.file for s, _, _, _ in writes])
             else:
-                self._wait("read", [s.file for s in pending] + [s.file for s, _, _ in writes])
+                self._wait("read", [s.file for s in pending] + [s.file for s, _, _, _ in writes])
             for s in pending:
                 s.pending = False
-            for shard, src, _stage in writes:
-                shard.file.recorded(src)
+            for shard, src, _stage, request in writes:
+                shard.file.recorded(src, request.result.checksum)
 
     def settle(self) -> None:
         """Finish every queued read and write (before the swap files are read by anyone else)."""
@@ -274,8 +278,8 @@ class ParamSwapper:
             p = shard.param
             view = self._pools[p.ds_tensor.dtype].view(shard.slot, state_of(p).shard_numel)
             if not shard.verified:
-                shard.file.verify(view)
-                shard.verified = True
+                shard.file.verify(view, shard.request.result.checksum if shard.request is not None else None)
+                shard.verified, shard.request = True, None
             if shard.prefetched:
                 shard.prefetched = False
                 self._prefetched_numel -= shard.slot[2]
@@ -368,13 +372,13 @@ class ParamSwapper:
                 if shard.slot is not None:
                     self._pools[dtype].view(shard.slot, numel).copy_(src)
                     shard.verified = True
-            self.handle.async_pwrite(src, shard.file.path)
-            self._writes.append((shard, src, stage))
+            request = self.handle.async_pwrite(src, shard.file.path, checksum=True)
+            self._writes.append((shard, src, stage, request))
             self.num_writes += 1
 
     def _staging_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """A free staging buffer of at least `numel` elements of `dtype` (settles the writes when all are busy)."""
-        busy = {id(stage) for _, _, stage in self._writes}
+        busy = {id(stage) for _, _, stage, _ in self._writes}
         for stage in self._staging:
             if id(stage) not in busy and stage.dtype == dtype and stage.numel() >= numel:
                 return stage
