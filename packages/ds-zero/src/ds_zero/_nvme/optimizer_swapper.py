@@ -221,7 +221,7 @@ class OptimizerSwapper:
         if tile.numel == 0:
             return []
         keys = self._state_keys(tile)
-        if tile.index not in self._keys and keys:
+        if keys and any(key not in self._sets[0] for key, _ in keys):  # (also after loading a stateless checkpoint)
             self._ensure_state_buffers(keys)
         self._keys[tile.index] = keys
         state = self.optimizer.state.get(tile.master, {})
