@@ -70,6 +70,9 @@ class GradSwapper:
         # (file, written view, its buffer, the aio request)
         self._writing: list[tuple[SwapFile, torch.Tensor, torch.Tensor, Any]] = []
         self.num_buffers = 0
+        self.eager: Any = None  # an `EagerSteps` while this backward may step sub-groups as they complete
+        self._closing_order: list[ShardTile] = []
+        self.last_order: list[ShardTile] = []  # the sub-groups in the order the last backward completed them
 
     # ------------------------------------------------------------------------------ files and buffers
     def file(self, tile: ShardTile) -> SwapFile:
@@ -110,6 +113,12 @@ class GradSwapper:
         """Add (or, first in the window, copy) a reduced gradient piece at `offset` of the tile's gradient."""
         entry = self._open.get(tile.index)
         if entry is None:
+            if self.eager is not None and tile.index in self.eager.stepped:
+                raise RuntimeError(
+                    f"NVMe offload: sub-group {tile.index} was already updated during this backward (its gradient "
+                    "looked complete) when another gradient piece for it arrived; this happens when a parameter's "
+                    "gradient is produced twice in one backward (reentrant activation checkpointing)"
+                )
             entry = self._start(tile)
         view = entry.buffer[offset : offset + piece.numel()]
         if entry.accumulate:
@@ -145,6 +154,10 @@ class GradSwapper:
         norm = float(torch.linalg.vector_norm(buffer, p))
         term = norm if math.isinf(p) else norm**p
         self._stats[entry.tile.index] = (term, not math.isfinite(norm))
+        self._closing_order.append(entry.tile)
+        if self.eager is not None and self.eager.offer(entry.tile, buffer):
+            self._free.append(entry.base)  # the step consumed the gradient: nothing to write
+            return
         record = self.file(entry.tile)
         request = self.handle.async_pwrite(buffer, record.path, checksum=True)
         self._writing.append((record, buffer, entry.base, request))
@@ -160,6 +173,10 @@ class GradSwapper:
                 )
             self._close(entry)
         self._settle_writes()
+        if self.eager is not None:
+            self.eager.finish()
+        if self._closing_order:
+            self.last_order, self._closing_order = self._closing_order, []
 
     # ------------------------------------------------------------------------------ the step
     def stats(self) -> GradStats:
@@ -177,6 +194,8 @@ class GradSwapper:
         self._open.clear()
         self._valid.clear()
         self._stats.clear()
+        self._closing_order = []
+        self.eager = None
 
     def state(self) -> dict[str, Any]:
         return {"valid": sorted(self._valid), "buffers": self.num_buffers}

@@ -181,12 +181,14 @@ class OptimizerSwapper:
             if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)
         ]
 
-    def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+    def _issue_reads(
+        self, tile: ShardTile, set_index: int, with_grad: bool = True
+    ) -> list[tuple[SwapFile, torch.Tensor, Any]]:
         reads: list[tuple[SwapFile, torch.Tensor, Any]] = []
         if tile.numel == 0:  # a param group without trainable parameters
             return reads
         keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
-        if self.grads.has_grad(tile):
+        if with_grad and self.grads.has_grad(tile):
             keys.append((_GRAD, torch.float32))
             if _GRAD not in self._sets[set_index]:
                 for buffers in self._sets:
@@ -201,14 +203,16 @@ class OptimizerSwapper:
             self.num_reads += 1
         return reads
 
-    def _bind(self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor, Any]]) -> None:
+    def _bind(
+        self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor, Any]], with_grad: bool = True
+    ) -> None:
         """The reads landed: check them, then point the master and the state at the buffers."""
         for record, view, request in reads:
             record.verify(view, request.result.checksum)
         if tile.numel == 0:
             return
         tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
-        if self.grads.has_grad(tile):
+        if with_grad and self.grads.has_grad(tile):
             grad = self._view(set_index, _GRAD, tile.numel, torch.float32)
             tile.master.grad = grad if self.grad_outcome is None else self.grad_outcome.apply_(grad)
         keys = self._keys.get(tile.index)

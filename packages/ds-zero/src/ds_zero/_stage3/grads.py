@@ -90,6 +90,7 @@ class GradReducer:
         self._arrived = [0] * len(self.buckets)
         self._seen: set[int] = set()
         self._late: set[int] = set()
+        self.saw_late = False  # a bucket ever got a second gradient in one backward (reentrant checkpointing)
         self._next = 0
         self._active = False
         self._fresh: set[int] = set()
@@ -189,6 +190,7 @@ class GradReducer:
                 self._reduce(self.buckets[self._next])
                 self._next += 1
             late = sorted(self._late)
+            self.saw_late = self.saw_late or bool(late)
             if late:  # second gradients of a bucket: they add to the first, whatever the master's state
                 for item in self._inflight:
                     self._complete(item)
