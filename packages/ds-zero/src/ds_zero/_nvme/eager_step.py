@@ -7,8 +7,9 @@ round trip (4 bytes per parameter written in backward, read at the step). When n
 gradient before any update (no clipping, no inf/nan check, loss scale 1) and this backward ends the
 accumulation window, a sub-group can be updated the moment its last gradient piece arrives: its state
 is read ahead while earlier layers' backward computes, the update uses the gradient still in memory,
-and the write overlaps the rest of backward (with `pipeline_read`/`pipeline_write`, as in `step()`). The result is the same update `step()` would make (same
-gradient, same hyper-parameters, same order of operations within the sub-group).
+and the write overlaps the rest of backward (with `pipeline_read`/`pipeline_write`, as in `step()`).
+The result is the same update `step()` would make (same gradient, same hyper-parameters, same order of
+operations within the sub-group).
 
 The sub-groups are expected in the order the previous backward completed them (recorded by the
 `GradSwapper`); one that completes out of that order is simply left for `step()` (its gradient goes to
