@@ -57,12 +57,15 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
             "max_in_cpu": 0,
             "pin_memory": False,
         }
+        # DeepSpeed 0.19.8's pipelined optimizer swapper stops here with `assert new_alloc_buffers is not None`
+        # (4 buffers): its side runs unpipelined, its default
+        pipelined = args.side == "ds"
         zero["offload_optimizer"] = {
             "device": "nvme",
             "nvme_path": args.nvme,
             "buffer_count": 4,
-            "pipeline_read": True,
-            "pipeline_write": True,
+            "pipeline_read": pipelined,
+            "pipeline_write": pipelined,
             "pin_memory": False,
         }
     return {
