@@ -178,6 +178,9 @@ class DeepSpeedEngine(
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
         self.timers.start("backward_inner")
+        hint = getattr(self._stepper, "set_step_boundary", None)
+        if hint is not None:  # ZeRO-Infinity may update sub-groups during the backward that ends the window
+            hint(self.is_gradient_accumulation_boundary())
         if self._flops is None:
             self._stepper.backward(scaled, retain_graph)
         else:

@@ -172,6 +172,13 @@ class ZeroStepper:
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         self.optimizer.backward(loss, retain_graph=retain_graph)
 
+    def set_step_boundary(self, is_boundary: bool) -> None:
+        """Tell the ZeRO optimizer whether the coming backward ends the accumulation window (stage 3 with
+        the optimizer on NVMe then updates sub-groups during that backward where it can)."""
+        hint = getattr(self.optimizer, "set_step_boundary", None)
+        if hint is not None:
+            hint(is_boundary)
+
     def step(self, skip: torch.Tensor | None = None) -> bool:
         applied = bool(self.optimizer.step(skip=skip))
         # DeepSpeed's engine clears gradients after every boundary step; ZeRO-3's optimizer relies on

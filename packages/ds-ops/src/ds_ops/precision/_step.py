@@ -41,7 +41,7 @@ from ds_ops.precision._overflow import unscale_and_check_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepOutcome", "finish_step"]
+__all__ = ["GradStats", "StepOutcome", "finish_step"]
 
 _EPS = 1e-6
 
@@ -60,10 +60,35 @@ class StepOutcome:
     applied: bool
     grad_norm: float | None
     clip_coef: float = 1.0
+    unscale: float = 1.0
+    """With `stats` (gradients not in memory): the factor the caller must still multiply the gradients by,
+    before `clip_coef`, as it reads them (1/loss_scale); 1.0 when `finish_step` unscaled them in place."""
+
+    def apply_(self, grad: torch.Tensor) -> torch.Tensor:
+        """Multiply a gradient read after the decision by the pending factors, in `finish_step`'s order."""
+        if self.unscale != 1.0:
+            grad.mul_(self.unscale)
+        if self.clip_coef != 1.0:
+            grad.mul_(self.clip_coef)
+        return grad
 
     @property
     def overflow(self) -> bool:
         return not self.applied
+
+
+@dataclasses.dataclass(frozen=True)
+class GradStats:
+    """What `finish_step` needs of gradients the caller keeps out of memory (ZeRO-Infinity swaps them to
+    NVMe): measured on the still loss-scaled gradients as they were last written.
+
+    Attributes:
+        norm_term: this rank's sum of |g|^p (the max |g| for p = inf), as `local_norm_term` computes it.
+        nonfinite: whether any element is inf or nan.
+    """
+
+    norm_term: float
+    nonfinite: bool
 
 
 def finish_step(
@@ -80,6 +105,7 @@ def finish_step(
     norm_type: float = 2.0,
     model_parallel_group: ProcessGroup | None = None,
     model_parallel_grads: Sequence[torch.Tensor | None] | None = None,
+    stats: GradStats | None = None,
 ) -> StepOutcome:
     """Unscale, check, update the loss scale, take the norm and clip `grads` in place (see the module note).
 
@@ -107,6 +133,10 @@ def finish_step(
         model_parallel_grads: with `model_parallel_group`, views into `grads` of the parameters cut across
             it; the rest of `grads` is replicated on the group and counted in the norm by its first rank
             only. None: all of `grads` is cut (counted on every rank).
+        stats: instead of `grads` (pass none), the measured norm term and inf/nan flag of gradients the
+            caller holds elsewhere; nothing is multiplied in place, and the outcome's `unscale` and
+            `clip_coef` are for the caller to apply (`StepOutcome.apply_`) as it reads them (no model
+            parallelism with it).
 
     Returns:
         The decision, and the norm when computed.
@@ -120,6 +150,8 @@ def finish_step(
     if scaler is not None and scaler.dynamic and not check_overflow:
         raise ValueError("a dynamic loss scaler needs check_overflow=True: it lowers the scale on overflows")
     tensors = [g for g in grads if g is not None and g.numel() > 0]
+    if stats is not None and (tensors or model_parallel_group is not None):
+        raise ValueError("finish_step: pass the gradients or their stats, not both (and no model-parallel group)")
     counted = _counted(tensors, model_parallel_group, model_parallel_grads)
     scale = scaler.loss_scale if scaler is not None else 1.0
     need_norm = compute_norm or clip > 0
@@ -128,7 +160,12 @@ def finish_step(
     # cannot stand in for the check; every rank of the group must send the same parts, so all check.
     partial = model_parallel_group is not None and model_parallel_grads is not None
     flag: torch.Tensor | None = None
-    if check_overflow and (scale != 1.0 or not need_norm or partial):
+    pending = 1.0
+    if stats is not None:
+        pending = 1.0 / scale
+        if check_overflow:
+            flag = torch.tensor([float(stats.nonfinite)])
+    elif check_overflow and (scale != 1.0 or not need_norm or partial):
         flag = unscale_and_check_(tensors, 1.0 / scale)
     elif scale != 1.0 and tensors:
         torch._foreach_mul_(tensors, 1.0 / scale)
@@ -137,7 +174,10 @@ def finish_step(
         flag = skip if flag is None else torch.maximum(flag, skip.to(flag.device))
     # 2 + 4. one all-reduce for the flag and the partial norm, one read back
     parts = []
-    if need_norm:
+    if need_norm and stats is not None:  # the unscaled term: |g / scale|^p = |g|^p / scale^p
+        factor = pending if math.isinf(p) else pending**p
+        parts.append(torch.tensor([stats.norm_term * factor], dtype=torch.float32))
+    elif need_norm:
         parts.append(local_norm_term(counted, p))
     if flag is not None:
         parts.append(flag)
@@ -166,14 +206,14 @@ def finish_step(
             "gradient overflow" if skip is None else "gradient overflow or the caller's skip",
             scale,
         )
-        return StepOutcome(applied=False, grad_norm=norm)
+        return StepOutcome(applied=False, grad_norm=norm, unscale=pending)
     # 5. clip
     coef = 1.0
     if clip > 0 and norm is not None and math.isfinite(norm):
         coef = min(clip / (norm + _EPS), 1.0)
         if coef < 1.0 and tensors:
             torch._foreach_mul_(tensors, coef)
-    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef)
+    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef, unscale=pending)
 
 
 def _counted(
