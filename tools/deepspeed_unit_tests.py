@@ -66,9 +66,15 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def ensure_venv(venv: Path, side: str) -> Path:
-    """A venv with the chosen `deepspeed` and DeepSpeed's test requirements (created on first use)."""
+def ensure_venv(venv: Path, side: str, reuse: bool = False) -> Path:
+    """A venv with the chosen `deepspeed` and DeepSpeed's test requirements (created on first use).
+
+    `reuse` takes an existing venv as it is: one where the ds packages were installed editable
+    (`pip install -e packages/...`) follows the working tree without a reinstall per run.
+    """
     python = venv / "bin" / "python"
+    if reuse and python.exists():
+        return python
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
@@ -151,9 +157,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("--out", type=Path, required=True, help="outcomes as JSON")
     parser.add_argument("--compare", type=Path, help="a JSON written by another run")
+    parser.add_argument("--reuse-venv", action="store_true", help="use an existing venv as it is, no install")
     args = parser.parse_args()
 
-    python = ensure_venv(args.venv or args.work / f"venv-{args.side}", args.side)
+    python = ensure_venv(args.venv or args.work / f"venv-{args.side}", args.side, args.reuse_venv)
     tests = export_tests(args.deepspeed_git, args.work / f"tree-{args.side}")
     reports = args.work / f"reports-{args.side}"
     reports.mkdir(parents=True, exist_ok=True)
