@@ -6,7 +6,8 @@
 `runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
 `runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...),
 `runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is),
-`runtime.dataloader` (`RepeatingLoader`).
+`runtime.dataloader` (`RepeatingLoader`), `runtime.config` (`DeepSpeedConfig`), `runtime.fp16` and
+`runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names).
 The sibling paths are imported on first use.
 """
 
@@ -27,7 +28,18 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "checkpoint_engine", "dataloader", "pipe", "sequence_parallel", "utils", "zero")
+_LAZY = (
+    "activation_checkpointing",
+    "bf16_optimizer",
+    "checkpoint_engine",
+    "config",
+    "dataloader",
+    "fp16",
+    "pipe",
+    "sequence_parallel",
+    "utils",
+    "zero",
+)
 
 
 def __getattr__(name: str) -> ModuleType:
