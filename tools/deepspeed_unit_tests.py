@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
 DEEPSPEED_PIN = "deepspeed==0.19.8"
 PYTEST_PIN = ("pytest==8.3.5", "pytest-timeout==2.4.0")
+# What DeepSpeed's tests import themselves (the CPU optimizer tests read the CPU's flags through cpuinfo).
+TEST_REQUIREMENTS = ("transformers", "py-cpuinfo")
 # The groups DeepSpeed's tests run on a CPU host (the rest need CUDA kernels, inference models or downloads).
 GROUPS = (
     "launcher",
@@ -82,10 +84,10 @@ def ensure_venv(venv: Path, side: str, reuse: bool = False) -> Path:
     env = _clean_env()
     if side == "ds":
         sources = [str(p) for p in sorted(PACKAGES.iterdir()) if (p / "pyproject.toml").exists()]
-        subprocess.run([*pip, *constraints, "torch", "transformers", *sources], check=True, env=env)
+        subprocess.run([*pip, *constraints, "torch", *TEST_REQUIREMENTS, *sources], check=True, env=env)
     else:
         env["DS_BUILD_OPS"] = "0"
-        subprocess.run([*pip, *constraints, "torch", "transformers", DEEPSPEED_PIN], check=True, env=env)
+        subprocess.run([*pip, *constraints, "torch", *TEST_REQUIREMENTS, DEEPSPEED_PIN], check=True, env=env)
     subprocess.run([*pip, *PYTEST_PIN], check=True, env=env)
     return python
 
