@@ -315,9 +315,10 @@ class PipelineEngine(DeepSpeedEngine):
         only reports.
         """
         ds_pipe = require("ds_pipe", extra="pipe", feature="pipeline parallelism")
-        if self.module.activation_checkpoint_interval <= 0:
+        module: Any = self.module  # a ds_pipe.PipelineModule
+        if module.activation_checkpoint_interval <= 0:
             return False
-        return self.module.activation_checkpoint_func is not ds_pipe.checkpointing.non_reentrant_checkpoint
+        return module.activation_checkpoint_func is not ds_pipe.checkpointing.non_reentrant_checkpoint
 
     @property
     def pipeline_parallelism(self) -> bool:

@@ -42,7 +42,9 @@ def _degrees(folder: Path, states: list[dict[str, Any]]) -> tuple[int, int]:
         return len(states), 1
     if any(r is None for r in recorded):
         raise ValueError(f"{folder}: {CHECKPOINT_PARALLEL_DIMS!r} is missing from some model-states files")
-    pairs = {(int(r.get(CHECKPOINT_PP_DEGREE, 1)), int(r.get(CHECKPOINT_TP_DEGREE, 1))) for r in recorded}
+    pairs = {
+        (int(r.get(CHECKPOINT_PP_DEGREE, 1)), int(r.get(CHECKPOINT_TP_DEGREE, 1))) for r in recorded if r is not None
+    }
     if len(pairs) != 1:
         raise ValueError(f"{folder}: the model-states files disagree on (pp, tp) degrees: {sorted(pairs)}")
     pp, tp = pairs.pop()
