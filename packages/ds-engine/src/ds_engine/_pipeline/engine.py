@@ -306,6 +306,20 @@ class PipelineEngine(DeepSpeedEngine):
     def get_pipeline_parallel_rank(self) -> int:
         return self.stage_id
 
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """Whether the module checkpoints its blocks now, with the reentrant function (DeepSpeed's query).
+
+        Read from the module (its interval and `activation_checkpoint_func`), not the config, so a later
+        `set_checkpoint_interval` counts. DeepSpeed uses it to make the first stage's inputs require
+        grad; ds-pipe's reentrant checkpoint passes a grad-requiring dummy through instead, so here it
+        only reports.
+        """
+        ds_pipe = require("ds_pipe", extra="pipe", feature="pipeline parallelism")
+        module: Any = self.module  # a ds_pipe.PipelineModule
+        if module.activation_checkpoint_interval <= 0:
+            return False
+        return module.activation_checkpoint_func is not ds_pipe.checkpointing.non_reentrant_checkpoint
+
     @property
     def pipeline_parallelism(self) -> bool:
         return True

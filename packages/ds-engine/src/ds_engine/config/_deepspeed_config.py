@@ -189,6 +189,16 @@ class DeepSpeedConfig:
         return self.model.hybrid_engine
 
     @property
+    def monitor_config(self) -> Any:
+        """`deepspeed.monitor.config.DeepSpeedMonitorConfig` of the four monitor sections (DeepSpeed's attribute)."""
+        from ds_engine.monitor.config import DeepSpeedMonitorConfig
+
+        m = self.model
+        return DeepSpeedMonitorConfig(
+            tensorboard=m.tensorboard, comet=m.comet, wandb=m.wandb, csv_monitor=m.csv_monitor
+        )
+
+    @property
     def optimizer_name(self) -> str | None:
         return self.model.optimizer.type if self.model.optimizer else None
 

@@ -8,7 +8,8 @@
 `runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is),
 `runtime.dataloader` (`RepeatingLoader`), `runtime.hybrid_engine` (`DeepSpeedHybridEngine`),
 `runtime.tensor_parallel` (`TpTrainingManager`, the `tensor_parallel` section's models; AutoTP from
-ds-parallel, the `parallel` extra).
+ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runtime.fp16` and
+`runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names).
 The sibling paths are imported on first use.
 """
 
@@ -33,8 +34,11 @@ __all__ = ["lr_schedules"]
 
 _LAZY = (
     "activation_checkpointing",
+    "bf16_optimizer",
     "checkpoint_engine",
+    "config",
     "dataloader",
+    "fp16",
     "hybrid_engine",
     "pipe",
     "sequence_parallel",
