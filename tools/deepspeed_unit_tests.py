@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
 DEEPSPEED_PIN = "deepspeed==0.19.8"
 PYTEST_PIN = ("pytest==8.3.5", "pytest-timeout==2.4.0")
+# What DeepSpeed's tests import themselves (the CPU optimizer tests read the CPU's flags through cpuinfo).
+TEST_REQUIREMENTS = ("transformers", "py-cpuinfo")
 # The groups DeepSpeed's tests run on a CPU host (the rest need CUDA kernels, inference models or downloads).
 GROUPS = (
     "launcher",
@@ -66,9 +68,15 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def ensure_venv(venv: Path, side: str) -> Path:
-    """A venv with the chosen `deepspeed` and DeepSpeed's test requirements (created on first use)."""
+def ensure_venv(venv: Path, side: str, reuse: bool = False) -> Path:
+    """A venv with the chosen `deepspeed` and DeepSpeed's test requirements (created on first use).
+
+    `reuse` takes an existing venv as it is: one where the ds packages were installed editable
+    (`pip install -e packages/...`) follows the working tree without a reinstall per run.
+    """
     python = venv / "bin" / "python"
+    if reuse and python.exists():
+        return python
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
@@ -76,10 +84,10 @@ def ensure_venv(venv: Path, side: str) -> Path:
     env = _clean_env()
     if side == "ds":
         sources = [str(p) for p in sorted(PACKAGES.iterdir()) if (p / "pyproject.toml").exists()]
-        subprocess.run([*pip, *constraints, "torch", "transformers", *sources], check=True, env=env)
+        subprocess.run([*pip, *constraints, "torch", *TEST_REQUIREMENTS, *sources], check=True, env=env)
     else:
         env["DS_BUILD_OPS"] = "0"
-        subprocess.run([*pip, *constraints, "torch", "transformers", DEEPSPEED_PIN], check=True, env=env)
+        subprocess.run([*pip, *constraints, "torch", *TEST_REQUIREMENTS, DEEPSPEED_PIN], check=True, env=env)
     subprocess.run([*pip, *PYTEST_PIN], check=True, env=env)
     return python
 
@@ -151,9 +159,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("--out", type=Path, required=True, help="outcomes as JSON")
     parser.add_argument("--compare", type=Path, help="a JSON written by another run")
+    parser.add_argument("--reuse-venv", action="store_true", help="use an existing venv as it is, no install")
     args = parser.parse_args()
 
-    python = ensure_venv(args.venv or args.work / f"venv-{args.side}", args.side)
+    python = ensure_venv(args.venv or args.work / f"venv-{args.side}", args.side, args.reuse_venv)
     tests = export_tests(args.deepspeed_git, args.work / f"tree-{args.side}")
     reports = args.work / f"reports-{args.side}"
     reports.mkdir(parents=True, exist_ok=True)

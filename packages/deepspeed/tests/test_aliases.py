@@ -86,6 +86,21 @@ def test_module_path_is_the_ds_module_itself(path: str, target: str) -> None:
     assert module.__spec__ is not None and module.__spec__.name == target
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "deepspeed.runtime.tensor_parallel",
+        "deepspeed.runtime.tensor_parallel.config",
+        "deepspeed.runtime.tensor_parallel.tp_manager",
+        "deepspeed.module_inject.auto_tp",
+    ],
+)
+def test_autotp_training_paths_are_ds_engine_modules(path: str) -> None:
+    pytest.importorskip("ds_parallel")
+    target = "ds_engine" + path.removeprefix("deepspeed")
+    assert importlib.import_module(path) is importlib.import_module(target)
+
+
 def test_from_import_through_alias() -> None:
     import ds_ops
     from deepspeed.launcher.runner import main

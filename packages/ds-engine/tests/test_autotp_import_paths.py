@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
 
 import ds_engine
 
@@ -23,3 +24,46 @@ def test_inference_paths() -> None:
     assert ds_engine.InferenceEngine is engine_mod.InferenceEngine
     assert ds_engine.DeepSpeedInferenceConfig is config_mod.DeepSpeedInferenceConfig
     assert callable(ds_engine.init_inference) and callable(ds_engine.tp_model_init)
+
+
+def test_auto_tp_static_helpers_read_ds_parallels_policy() -> None:
+    tensor = pytest.importorskip("ds_parallel", reason="needs ds-parallel: pip install 'ds-engine[parallel]'").tensor
+    pytest.importorskip("transformers")
+    from tiny_hf_models import build
+
+    auto_tp = importlib.import_module("ds_engine.module_inject.auto_tp")
+    AutoTP = auto_tp.AutoTP
+    llama, gpt2 = build("llama", kv_heads=2), build("gpt2")
+    block = type(llama.model.layers[0])
+    assert AutoTP.tp_parser(llama) == [(block, ["mlp.down_proj", "self_attn.o_proj"])]
+    assert AutoTP.supported(llama) and not AutoTP.supported(gpt2)
+    assert [type(m) for m in AutoTP.get_module_list(llama)] == [block]
+    assert AutoTP.in_module_list(llama.model.layers[1], AutoTP.get_module_list(llama))
+    assert not AutoTP.in_module_list(llama.model.norm, AutoTP.get_module_list(llama))
+    assert not AutoTP.kernel_supported(AutoTP.get_module_list(llama))
+    policies = AutoTP.update_policy_list([], llama.model.layers[0], [".o_proj"])
+    assert AutoTP.update_policy_list(policies, llama.model.layers[1], [".down_proj"]) == [
+        (block, {".o_proj", ".down_proj"})
+    ]
+    with pytest.raises(ValueError, match="AutoTP does not support gpt2 models"):
+        AutoTP.tp_parser(gpt2)
+    with pytest.raises(TypeError, match="ds_parallel.tensor.shard_model"):
+        AutoTP(llama, (), "", None, None, None)
+    assert tensor.find_block_policies(llama)[0].row_parallel == {"mlp.down_proj", "self_attn.o_proj"}
+
+
+def test_runtime_tensor_parallel_paths() -> None:
+    tensor = pytest.importorskip("ds_parallel", reason="needs ds-parallel: pip install 'ds-engine[parallel]'").tensor
+    tp = importlib.import_module("ds_engine.runtime.tensor_parallel")
+    config = importlib.import_module("ds_engine.runtime.tensor_parallel.config")
+    manager = importlib.import_module("ds_engine.runtime.tensor_parallel.tp_manager")
+    assert tp.AUTOTP_MODE is config.AUTOTP_MODE is tensor.AutoTPMode
+    assert tp.TpTrainingManager is manager.TpTrainingManager
+    from ds_engine.config._tensor_parallel import TensorParallelConfig, TPConfig
+
+    assert config.TPTrainingConfig is TensorParallelConfig and config.TPConfig is TPConfig
+    section = tp.get_tensor_parallel_config({"tensor_parallel": {"autotp_size": 2, "tp": {"tp_grain_size": 8}}})
+    assert (section.autotp_size, section.tensor_parallel.tp_grain_size) == (2, 8)
+    assert tp.get_tensor_parallel_config({}).autotp_size == 0
+    with pytest.raises(ValueError, match="tp_size must be a positive int"):
+        tp.TpTrainingManager(torch.nn.Linear(2, 2), 0, torch.float32)

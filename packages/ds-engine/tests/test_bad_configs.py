@@ -204,10 +204,10 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ),
     ("torch_autocast_enabled", {"torch_autocast": {"enabled": True}}, E, r"torch_autocast.enabled: .*use \"bf16\""),
     (
-        "hybrid_engine_enabled",
-        {"hybrid_engine": {"enabled": True}},
+        "hybrid_engine_tensor_parallel",
+        {"hybrid_engine": {"enabled": True, "inference_tp_size": 2}},
         E,
-        r"hybrid_engine: enabled=True is not supported: the RLHF hybrid engine",
+        r"hybrid_engine.inference_tp_size: 'inference_tp_size'=2 is not supported by ds \(tensor-parallel generation",
     ),
     (
         "removed_sparse_attention",

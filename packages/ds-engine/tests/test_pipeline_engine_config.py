@@ -99,3 +99,25 @@ def test_pipe_sections_are_validated_once_at_config_time_by_ds_pipe_models() -> 
     # Before, DeepSpeedConfig accepted this and only initialize() refused it.
     with pytest.raises(DeepSpeedConfigError, match=r"pipeline.partition: unknown partition method 'bogus'"):
         DeepSpeedConfig({"train_batch_size": 2, "pipeline": {"partition": "bogus"}})
+
+
+def test_use_reentrant_false_picks_the_non_reentrant_checkpoint_even_when_off() -> None:
+    # With the interval 0 in the config, a later set_checkpoint_interval() must still use the function
+    # the config chose.
+    engine = _init(_model(), _config(pipeline={"use_reentrant": False}))
+    assert engine.module.activation_checkpoint_func is ds_pipe.checkpointing.non_reentrant_checkpoint
+    assert not engine._reentrant_activation_checkpointing()
+    engine.module.set_checkpoint_interval(1)
+    assert engine.module.activation_checkpoint_func is ds_pipe.checkpointing.non_reentrant_checkpoint
+    assert not engine._reentrant_activation_checkpointing()
+    x, y = _batches(1)[0]
+    loss = engine.train_batch(iter([(x, y), (x, y)]))
+    assert torch.isfinite(loss)
+
+
+def test_reentrant_query_follows_the_module_not_the_config() -> None:
+    engine = _init(_model(), _config())
+    assert engine.module.activation_checkpoint_func is ds_pipe.checkpointing.checkpoint
+    assert not engine._reentrant_activation_checkpointing()  # interval 0
+    engine.module.set_checkpoint_interval(2)
+    assert engine._reentrant_activation_checkpointing()

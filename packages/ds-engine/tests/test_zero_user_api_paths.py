@@ -96,3 +96,17 @@ def test_local_accessors_refuse_unpartitioned_parameters() -> None:
     assert safe_get_full_fp32_param(p) is None and safe_get_full_grad(p) is p.grad  # no ZeRO: DeepSpeed's answers
     with pytest.raises(ValueError, match="ZeRO-3 partitioned parameters only"):
         safe_get_local_grad(p)
+
+
+def test_zero12_path_names_the_engines_optimizer_class() -> None:
+    from ds_engine_testkit import base_config, make_engine, tiny_net
+
+    stage12 = importlib.import_module("ds_engine.runtime.zero.stage_1_and_2")
+    assert stage12.DeepSpeedZeroOptimizer is ds_zero.DeepSpeedZeroOptimizer
+    assert (
+        stage12.estimate_zero2_model_states_mem_needs_all_live is ds_zero.estimate_zero2_model_states_mem_needs_all_live
+    )
+    engine = make_engine(tiny_net(0), base_config(zero_optimization={"stage": 2}))
+    assert isinstance(engine.optimizer, stage12.DeepSpeedZeroOptimizer)
+    with pytest.raises(AttributeError, match="has no attribute 'Init'"):
+        stage12.Init  # noqa: B018 - only the module's own names

@@ -15,6 +15,7 @@ def test_pipeline_defaults_match_deepspeed() -> None:
         "partition": "best",
         "seed_layers": False,
         "activation_checkpoint_interval": 0,
+        "use_reentrant": True,
         "pipe_partitioned": True,
         "grad_partitioned": True,
     }

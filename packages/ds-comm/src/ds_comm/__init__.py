@@ -16,6 +16,12 @@ from ds_comm._comms_log_api import get_comm_operation_count, get_logged_comm_ops
 from ds_comm._comms_logger import CommsLogger, comms_logger, configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
+from ds_comm._pinned_memory import (
+    PinnedMemoryTracker,
+    pinned_memory_summary,
+    pinned_memory_tracker,
+    track_pinned_memory,
+)
 from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
 from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 from ds_comm.checkpoint_files import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
@@ -85,6 +91,7 @@ __all__ = [
     "ConfigError",
     "ConfigModel",
     "P2POp",
+    "PinnedMemoryTracker",
     "ReduceOp",
     "__version__",
     "all_gather",
@@ -125,6 +132,8 @@ __all__ = [
     "log_summary",
     "monitored_barrier",
     "new_group",
+    "pinned_memory_summary",
+    "pinned_memory_tracker",
     "recv",
     "reduce",
     "reduce_scatter",
@@ -133,6 +142,7 @@ __all__ = [
     "scatter",
     "send",
     "set_accelerator",
+    "track_pinned_memory",
     "validate_section",
     "warn_ignored",
 ]

@@ -27,6 +27,32 @@ class CommsLoggerQueries:
         base = self.config if self.config is not None else CommsLoggerConfig()
         self.config = base.model_copy(update=changes)
 
+    def _setting(self, name: str) -> Any:
+        from ds_comm.config import CommsLoggerConfig  # pydantic loads only when a setting is read
+
+        return getattr(self.config if self.config is not None else CommsLoggerConfig(), name)
+
+    # DeepSpeed's CommsLogger keeps its settings as attributes; here they are read from the config.
+    @property
+    def prof_all(self) -> bool:
+        """Whether every op is recorded (else only `prof_ops`)."""
+        return bool(self._setting("prof_all"))
+
+    @property
+    def prof_ops(self) -> list[str]:
+        """The op names recorded when `prof_all` is off."""
+        return list(self._setting("prof_ops"))
+
+    @property
+    def verbose(self) -> bool:
+        """Whether each recorded op is logged as it completes."""
+        return bool(self._setting("verbose"))
+
+    @property
+    def debug(self) -> bool:
+        """Whether each record carries its calling function's name."""
+        return bool(self._setting("debug"))
+
     def start_profiling_comms(self) -> None:
         """Record every op from now on (sets `prof_all`; the logger must be `enabled` to record)."""
         self._update_config(prof_all=True)

@@ -19,6 +19,7 @@ from ds_engine import accelerator, comm, git_version_info, lr_schedules
 from ds_engine.__about__ import __version__
 from ds_engine._dataloader import DeepSpeedDataLoader
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._hybrid_engine import DeepSpeedHybridEngine
 from ds_engine._init_inference import init_inference
 from ds_engine._initialize import (
     DeepSpeedOptimizerCallable,
@@ -66,6 +67,7 @@ __all__ = [
     "DeepSpeedConfigError",
     "DeepSpeedDataLoader",
     "DeepSpeedEngine",
+    "DeepSpeedHybridEngine",
     "DeepSpeedOptimizer",
     "DeepSpeedOptimizerCallable",
     "Lamb",

@@ -184,12 +184,21 @@ def _stepper(
     dist: DistInfo,
     timers: WallClockTimers | NullTimers,
     moe: MoeWiring | None = None,
+    tp: TensorParallelState | None = None,
 ) -> tuple[Stepper | None, Any]:
-    """(the stepper the engine drives, the optimizer initialize() returns); (None, None) without an optimizer."""
+    """(the stepper the engine drives, the optimizer initialize() returns); (None, None) without an optimizer.
+
+    With tensor parallelism every stepper gets the group and the cut parameters, so its norm and overflow
+    flag span the shards (`_tensor_parallel`'s note: the norm and the overflow flag).
+    """
     if base is None:
         return None, None
+    mp: dict[str, Any] = {}
+    if tp is not None:
+        params = [p for g in base.param_groups for p in g["params"]]
+        mp = {"model_parallel_group": tp.group, "model_parallel_params": tp.cut_params(params)}
     if plan.zero_stage >= 1:
-        zero = build_zero_optimizer(plan, config, base, module, dist, moe=moe)
+        zero = build_zero_optimizer(plan, config, base, module, dist, moe=moe, model_parallel=mp)
         return ZeroStepper(zero), zero
     if moe is not None:
         if plan.precision != "fp32":
@@ -207,7 +216,7 @@ def _stepper(
             if plan.reduce is None
             else GradAllReducer(buffer, plan.reduce, group=dist.dp_group, world_size=dist.dp_world_size)
         )
-        return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers), base
+        return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers, **mp), base
     _trainable(base)
     wrapped = MixedPrecisionOptimizer(
         base,
@@ -220,6 +229,7 @@ def _stepper(
         group=dist.dp_group,
         world_size=dist.dp_world_size,
         timers=timers,
+        **mp,
     )
     return wrapped, wrapped
 
@@ -285,7 +295,7 @@ def assemble(
         WallClockTimers(get_accelerator().synchronize) if m.wall_clock_breakdown else NullTimers()
     )
     base = _base_optimizer(plan, config, module, client_optimizer, model_parameters, moe)
-    stepper, optimizer = _stepper(plan, config, base, module, dist, timers, moe)
+    stepper, optimizer = _stepper(plan, config, base, module, dist, timers, moe, tensor_parallel)
     offload = build_parameter_offload(config, module, dist) if base is None and plan.zero_stage == 3 else None
     scheduler = _scheduler(config, client_scheduler, base, client_optimizer)
     monitor = build_monitor(config, rank=dist.global_rank)

@@ -31,7 +31,7 @@ import torch
 
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
-from ds_engine import _moe_checkpoint, _universal_tp
+from ds_engine import _moe_checkpoint, _tp_optimizer_state, _universal_tp
 from ds_engine.__about__ import __version__
 from ds_engine._optional import require
 from ds_engine._train_state import ENGINE_KEYS, TrainState, model_states, restored_counters, set_rng_state
@@ -212,7 +212,12 @@ def _load_optimizer(
         optimizer = _moe_checkpoint.read_stage0_optimizer(ckpt_dir, engine._moe, mp_rank=engine._mp_rank)
         engine._stepper.load_state_dict(optimizer, load_from_fp32_weights=fp32)
     elif state.get("optimizer") is not None:
-        engine._stepper.load_state_dict(state["optimizer"], load_from_fp32_weights=fp32)
+        optimizer = state["optimizer"]
+        if engine._tp is not None or _saved_tp(state) > 1:  # saved whole: cut to this rank's shards
+            params = engine._stepper.state_params()  # type: ignore[attr-defined]  # every stage-0 stepper has it
+            module = engine.module if engine._tp is not None else None
+            optimizer = _tp_optimizer_state.shard_stage0_state(optimizer, params, module)
+        engine._stepper.load_state_dict(optimizer, load_from_fp32_weights=fp32)
     else:
         logger.warning(
             "checkpoint %s has no stage-0 optimizer state (saved with ZeRO?); optimizer not restored", ckpt_dir
@@ -348,19 +353,15 @@ def load_checkpoint(
             )
         path, state, parts, module_state = _read_universal(engine, ckpt_dir)
     else:
-        path = read_model_states(ckpt_dir, engine._mp_rank)
+        path = read_model_states(ckpt_dir, engine._mp_rank, any_mp_rank=engine._tp is not None)
         state = ds_comm.load_checkpoint_file(path)
         ds_comm.check_deepspeed_version(state.get("ds_version"), path)
-        saved_tp = int((state.get("checkpoint_parallel_dimensions") or {}).get("tp_degree", 1) or 1)
+        saved_tp = _saved_tp(state)
         tp = 1 if engine.pipeline_parallelism else engine.mp_world_size
-        if saved_tp != tp and not load_module_only and load_optimizer_states:
-            # The module is saved whole (any tensor-parallel size loads it); optimizer state is per shard.
-            raise ValueError(
-                f"load_checkpoint: {path} was saved with a tensor-parallel degree of {saved_tp}, this engine has {tp}; "
-                "its optimizer state does not fit: pass load_module_only=True (or load_optimizer_states=False) to "
-                "load the weights alone"
-            )
-        if _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
+        if saved_tp != tp and engine._zero.stage > 0 and load_optimizer_states and not load_module_only:
+            # The module is saved whole; so is the optimizer state (`_tp_optimizer_state`), cut here.
+            parts = _tensor_parallel_partitions(engine, ckpt_dir, state, path, saved_tp)
+        elif _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
             parts = zero_partitions(ckpt_dir, engine._mp_rank)
         placeholders = _has_placeholders(state)
         module_state = _fill_placeholders(state["module"], parts, path) if placeholders else state["module"]
@@ -382,13 +383,49 @@ def load_checkpoint(
     return str(path), client_state
 
 
-def read_model_states(ckpt_dir: Path, mp_rank: int) -> Path:
+def _saved_tp(state: dict[str, Any]) -> int:
+    return int((state.get("checkpoint_parallel_dimensions") or {}).get("tp_degree", 1) or 1)
+
+
+def _tensor_parallel_partitions(
+    engine: DeepSpeedEngine, ckpt_dir: Path, state: dict[str, Any], path: Path, saved_tp: int
+) -> list[dict[str, Any]]:
+    """A ZeRO save at another tensor-parallel degree as a single-rank save of this rank's shards.
+
+    The whole per-parameter state comes from the save's `optimizer_param_states` (tensor-parallel saves) or
+    from its partitions (a TP=1 save); cut parameters are cut for this rank (`_tp_optimizer_state`).
+    """
+    ds_zero = require("ds_zero", extra="zero", feature="loading a ZeRO checkpoint")
+    if saved_tp == 1:
+        whole = ds_zero.param_states_from_partitions(zero_partitions(ckpt_dir, 0))
+    else:
+        key = _tp_optimizer_state.PARAM_STATES_KEY
+        whole = state.get(key)
+        if whole is None and path != model_file(ckpt_dir, 0) and model_file(ckpt_dir, 0).is_file():
+            whole = ds_comm.load_checkpoint_file(model_file(ckpt_dir, 0)).get(key)
+        if whole is None:
+            raise ValueError(
+                f"load_checkpoint: {path} was saved with a tensor-parallel degree of {saved_tp}, this engine has "
+                f"{1 if engine.pipeline_parallelism else engine.mp_world_size}, and holds no whole optimizer state "
+                f"({key}; saved by an older ds): pass load_module_only=True (or load_optimizer_states=False) to "
+                "load the weights alone"
+            )
+    mine = _tp_optimizer_state.shard_param_states(whole, engine.module if engine._tp is not None else None)
+    return ds_zero.partitions_from_param_states(mine)
+
+
+def read_model_states(ckpt_dir: Path, mp_rank: int, *, any_mp_rank: bool = False) -> Path:
     """The model-states file of `mp_rank`: ds's `mp_rank_XX_model_states.pt`, or DeepSpeed's stage-3 name.
 
     DeepSpeed's stage 3 has every data-parallel rank write `zero_pp_rank_{dp}_mp_rank_XX_model_states.pt`;
-    they differ only in bookkeeping, so data-parallel rank 0's serves any world size.
+    they differ only in bookkeeping, so data-parallel rank 0's serves any world size. `any_mp_rank`
+    (tensor parallelism, whose files all hold the whole model): without a file of `mp_rank`, mp rank 0's
+    (a save at a lower degree).
     """
-    for path in (model_file(ckpt_dir, mp_rank), ckpt_dir / f"zero_pp_rank_0_mp_rank_{mp_rank:02d}_model_states.pt"):
+    candidates = [model_file(ckpt_dir, mp_rank), ckpt_dir / f"zero_pp_rank_0_mp_rank_{mp_rank:02d}_model_states.pt"]
+    if any_mp_rank:
+        candidates.append(model_file(ckpt_dir, 0))
+    for path in candidates:
         if path.is_file():
             return path
     raise FileNotFoundError(

@@ -58,6 +58,11 @@ class FlatGradBuffer:
             for p, view in zip(self.params, self.views, strict=True):
                 p.grad = view
 
+    def views_of(self, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """The views of those of `params` this buffer holds (in buffer order)."""
+        wanted = {id(p) for p in params}
+        return [view for p, view in zip(self.params, self.views, strict=True) if id(p) in wanted]
+
     def zero_(self) -> None:
         """Clear the gradients, keeping the views in place (for buffers something accumulates into)."""
         self.flat.zero_()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_engine import _checkpoint, _moe_checkpoint
+from ds_engine import _checkpoint, _moe_checkpoint, _tp_optimizer_state
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
@@ -178,6 +178,9 @@ class DeepSpeedEngine(
             self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
         self.timers.start("backward_inner")
+        hint = getattr(self._stepper, "set_step_boundary", None)
+        if hint is not None:  # ZeRO-Infinity may update sub-groups during the backward that ends the window
+            hint(self.is_gradient_accumulation_boundary())
         if self._flops is None:
             self._stepper.backward(scaled, retain_graph)
         else:
@@ -365,6 +368,16 @@ class DeepSpeedEngine(
         )
         rng_states = _checkpoint.gather_rng(rng_state(), world_size=self.world_size, device=self.device)
         partitioned = self._zero.stage > 0 and self._stepper is not None
+        extra: dict[str, Any] = {}
+        if partitioned and self._tp is not None:  # `_tp_optimizer_state`'s note: whole, like the weights
+            ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
+            whole = ds_zero.param_states_of(
+                self._stepper.optimizer,
+                transform=_tp_optimizer_state.whole_tensors(self.module),
+                keep_tensors=self.global_rank == 0,  # the rank that writes it; the others only take part
+            )
+            if self.global_rank == 0:
+                extra[_tp_optimizer_state.PARAM_STATES_KEY] = whole
         _checkpoint.write_checkpoint(
             _checkpoint.SaveRequest(
                 root=Path(save_dir),
@@ -374,7 +387,9 @@ class DeepSpeedEngine(
                 writes_latest=self.global_rank == 0,
                 serialization=self._ckpt_config.checkpoint_serialization,
                 ds_config=self._ds_config.raw,
-                train_state=self._train_state(rng_states, exclude_frozen_parameters) if self._dp_rank == 0 else None,
+                train_state=self._train_state(rng_states, exclude_frozen_parameters, extra)
+                if self._dp_rank == 0
+                else None,
                 zero_partition=self._stepper.state_dict() if partitioned else None,
                 client_state=dict(client_state or {}),
                 save_latest=save_latest,
@@ -383,8 +398,13 @@ class DeepSpeedEngine(
         )
         return True
 
-    def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
-        """This engine's training state as a value, for the model-states file."""
+    def _train_state(
+        self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
+    ) -> TrainState:
+        """This engine's training state as a value, for the model-states file (`extra`: engine keys beside it).
+
+        With tensor parallelism the stage-0 optimizer state is saved whole (`_tp_optimizer_state`).
+        """
         zero = self._zero.stage > 0
         shapes = None
         if zero and self._stepper is not None:
@@ -398,10 +418,14 @@ class DeepSpeedEngine(
         if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
             module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
         keep_optimizer = not zero and self._stepper is not None and self._moe is None
+        optimizer = self._stepper.state_dict() if keep_optimizer and self._stepper is not None else None
+        if optimizer is not None and self._tp is not None:
+            params = self._stepper.state_params()  # type: ignore[attr-defined]  # every stage-0 stepper has it
+            optimizer = _tp_optimizer_state.gather_stage0_state(optimizer, params, self.module)
         return TrainState(
             module=module_state,
             buffer_names=[n for n, _ in self.module.named_buffers()],
-            optimizer=self._stepper.state_dict() if keep_optimizer else None,
+            optimizer=optimizer,
             param_shapes=shapes,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=Counters(
@@ -416,6 +440,7 @@ class DeepSpeedEngine(
             sp_degree=self._dist.sp_world_size,
             ds_config=self._ds_config.raw,
             rng_states=rng_states,
+            extra=extra or {},
         )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:

@@ -19,6 +19,7 @@ from ds_engine._assembly import assemble
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._engine_queries import ClientObjects
+from ds_engine._hybrid_engine import DeepSpeedHybridEngine
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
@@ -216,6 +217,11 @@ def initialize(
             "flops_profiler.enabled: the flops profiler is not implemented for the PipelineEngine in ds "
             "(profile the stages' modules with ds_engine.profiling.flops_profiler.get_model_profile instead)"
         )
+    if pipeline and ds_config.hybrid_engine.enabled:
+        raise DeepSpeedConfigError(
+            "hybrid_engine.enabled: the hybrid engine wraps a plain module, not a PipelineModule (DeepSpeed builds "
+            "the PipelineEngine and ignores the section); switch it off for pipeline training"
+        )
     if pipeline:
         built = build_pipeline_engine(
             model=model,
@@ -246,7 +252,7 @@ def initialize(
         collate_fn=collate_fn,
         tensor_parallel=tp_state,
     )
-    engine = DeepSpeedEngine(parts)
+    engine = DeepSpeedHybridEngine(parts) if ds_config.hybrid_engine.enabled else DeepSpeedEngine(parts)
     engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)
     if ds_config.model.dump_state and dist.global_rank == 0:
         logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))

@@ -254,6 +254,8 @@ def plan_assembly(
         reduce=reduce,
         dp_world_size=world,
         scheduler=_scheduler_text(config, client_scheduler),
-        engine_class="PipelineEngine" if pipeline else "DeepSpeedEngine",
+        engine_class=(
+            "PipelineEngine" if pipeline else "DeepSpeedHybridEngine" if m.hybrid_engine.enabled else "DeepSpeedEngine"
+        ),
         nvme_offload=_nvme_text(config),
     )

@@ -6,16 +6,19 @@ param groups are re-pointed at them once). Gradients accumulate either in an fp3
 buffer bound to the parameters (fp16 default, as DeepSpeed does), copied to fp32 at the boundary.
 At the boundary: all-reduce the accumulation buffer, then `ds_ops.precision.finish_step` over the
 whole fp32 buffer (unscale, inf/nan check, scaler update, norm, clip; identical on every rank after
-the all-reduce, so `partitioned=False`: no extra collective), and either skip (zero the grads) or
+the all-reduce, so `partitioned=False`: no extra collective; with tensor parallelism one over the
+tensor-parallel group), and either skip (zero the grads) or
 step the masters and copy them back into the 16-bit parameters.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, ReduceSettings
@@ -42,6 +45,8 @@ class MixedPrecisionOptimizer:
         group: the data-parallel process group.
         world_size: its size.
         timers: times the all-reduce.
+        model_parallel_group: the tensor-parallel group (None: none); the norm and the overflow flag span it.
+        model_parallel_params: the model parameters cut across it; the others are counted once in the norm.
     """
 
     def __init__(
@@ -57,6 +62,8 @@ class MixedPrecisionOptimizer:
         group: Any,
         world_size: int,
         timers: WallClockTimers | NullTimers,
+        model_parallel_group: ProcessGroup | None = None,
+        model_parallel_params: Sequence[torch.Tensor] = (),
     ) -> None:
         self.optimizer = optimizer
         self.dtype = dtype
@@ -83,6 +90,12 @@ class MixedPrecisionOptimizer:
         self.reducer = (
             None if reduce is None else GradAllReducer(self.accum, reduce, group=group, world_size=world_size)
         )
+        self.model_parallel_group = model_parallel_group
+        self._cut_grads = None
+        if model_parallel_group is not None:
+            cut = {id(p) for p in model_parallel_params}
+            masters = [m for p, m in zip(self._train_model, self._train_masters, strict=True) if id(p) in cut]
+            self._cut_grads = self.master_grads.views_of(masters)
 
     def _make_masters(self) -> None:
         remap: dict[int, torch.Tensor] = {}
@@ -180,6 +193,8 @@ class MixedPrecisionOptimizer:
             check_overflow=self.check_overflow,
             compute_norm=True,
             skip=skip,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut_grads,
         )
         self.overflow = outcome.overflow
         self._norm = outcome.grad_norm
@@ -218,6 +233,10 @@ class MixedPrecisionOptimizer:
             "fp32_groups": [[m.detach().clone() for m in g["params"]] for g in self.optimizer.param_groups],
             "clip_grad": self.clip_grad,
         }
+
+    def state_params(self) -> list[torch.Tensor]:
+        """The model parameters `state_dict()`'s indices (and `fp32_groups` entries) stand for, in order."""
+        return list(self.model_params)
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:

@@ -8,9 +8,11 @@ branches.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer
@@ -73,6 +75,10 @@ class PlainOptimizerState:
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
+    def state_params(self) -> list[torch.Tensor]:
+        """The model parameters `state_dict()`'s indices stand for, in index order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
     def load_state_dict(self, state: dict[str, Any], *, load_from_fp32_weights: bool = True) -> None:
         self.optimizer.load_state_dict(state)
 
@@ -89,6 +95,9 @@ class Fp32Stepper(PlainOptimizerState):
         reducer: the data-parallel all-reducer, None on one rank.
         clip: `gradient_clipping` (0: off; the norm is then not computed, as in DeepSpeed).
         timers: times the all-reduce.
+        model_parallel_group: the tensor-parallel group (None: none); the norm spans it.
+        model_parallel_params: the parameters cut across it (`_tensor_parallel`'s note: the norm and the
+            overflow flag); the others are counted once.
     """
 
     def __init__(
@@ -99,6 +108,8 @@ class Fp32Stepper(PlainOptimizerState):
         reducer: GradAllReducer | None,
         clip: float,
         timers: WallClockTimers | NullTimers,
+        model_parallel_group: ProcessGroup | None = None,
+        model_parallel_params: Sequence[torch.Tensor] = (),
     ) -> None:
         self.optimizer = optimizer
         self.buffer = buffer
@@ -107,6 +118,8 @@ class Fp32Stepper(PlainOptimizerState):
         self.timers = timers
         self._norm: float | None = None
         self._reduced = False
+        self.model_parallel_group = model_parallel_group
+        self._cut_grads = buffer.views_of(model_parallel_params) if model_parallel_group is not None else None
 
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         loss.backward(retain_graph=retain_graph)
@@ -125,7 +138,15 @@ class Fp32Stepper(PlainOptimizerState):
     def step(self, skip: torch.Tensor | None = None) -> bool:
         self.reduce_gradients()
         self._reduced = False
-        outcome = finish_step([self.buffer.flat], scaler=None, clip=self.clip, check_overflow=False, skip=skip)
+        outcome = finish_step(
+            [self.buffer.flat],
+            scaler=None,
+            clip=self.clip,
+            check_overflow=False,
+            skip=skip,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut_grads,
+        )
         if outcome.grad_norm is not None:
             self._norm = outcome.grad_norm
         if outcome.applied:
@@ -150,6 +171,13 @@ class ZeroStepper:
 
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
         self.optimizer.backward(loss, retain_graph=retain_graph)
+
+    def set_step_boundary(self, is_boundary: bool) -> None:
+        """Tell the ZeRO optimizer whether the coming backward ends the accumulation window (stage 3 with
+        the optimizer on NVMe then updates sub-groups during that backward where it can)."""
+        hint = getattr(self.optimizer, "set_step_boundary", None)
+        if hint is not None:
+            hint(is_boundary)
 
     def step(self, skip: torch.Tensor | None = None) -> bool:
         applied = bool(self.optimizer.step(skip=skip))

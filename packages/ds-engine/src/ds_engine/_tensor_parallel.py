@@ -8,17 +8,23 @@ ranks of each tensor-parallel group received the same batch. Data parallelism an
 over the data-parallel dim only; replicated parameters get identical gradients on the tensor-parallel
 ranks (the column-parallel layers' backward all-reduces their input gradients).
 
-[Note: what is refused] The global gradient norm and the fp16 overflow decision would have to span the
-tensor-parallel ranks (sharded parameters summed over the group, replicated ones counted once); ds
-takes them over the data-parallel ranks only. So `gradient_clipping` must be 0 and fp16 is refused
-with tensor parallelism (bf16 and fp32 train), and ZeRO stage 3, pipelines and sequence parallelism do
-not combine with it.
+[Note: the norm and the overflow flag] Gradient clipping needs the whole model's norm, and fp16 needs
+every shard to skip the same steps. So each stepper (stage 0 fp32 and fp16/bf16, ZeRO 1/2) hands the
+tensor-parallel group and its cut gradients (parameters marked `tensor_model_parallel`, DeepSpeed's
+marker) to `ds_ops.precision.finish_step`: cut shards' squares are summed over the group, replicated
+parameters (layer norms, row-parallel biases, embeddings) are counted by the group's first rank only,
+and the overflow flag is OR-ed over the group, after the data-parallel reduction. ZeRO stage 3,
+pipelines and sequence parallelism do not combine with tensor parallelism (refused).
+
+Checkpoints hold whole weights and whole optimizer state, so they load at any degree
+(`_tp_optimizer_state`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -37,6 +43,7 @@ __all__ = [
     "TensorParallelState",
     "apply_autotp",
     "check_tensor_parallel",
+    "is_cut",
     "resolve_autotp_size",
     "tensor_parallel_mpu",
     "tp_model_init",
@@ -95,18 +102,12 @@ def resolve_autotp_size(config: Any) -> int:
 
 
 def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
-    """Refuse what does not combine with tensor parallelism (module note: what is refused), naming the key."""
+    """Refuse what does not combine with tensor parallelism (ZeRO 3, pipelines, sequence parallelism), by key."""
     m = config.model
     problems = [
         (pipeline, "a PipelineModule (pipeline + tensor parallelism is not implemented)"),
         (m.sequence_parallel_size > 1, f"sequence_parallel_size={m.sequence_parallel_size} (not combined with it)"),
         (config.zero.stage == 3, "zero_optimization.stage=3 (use stage 0, 1 or 2)"),
-        (config.precision == "fp16", "fp16.enabled (overflow checks do not span the tensor-parallel ranks; use bf16)"),
-        (
-            m.gradient_clipping > 0,
-            f"gradient_clipping={m.gradient_clipping:g} (the global norm does not span the tensor-parallel ranks; "
-            "set it to 0)",
-        ),
     ]
     for bad, what in problems:
         if bad:
@@ -140,6 +141,16 @@ class TensorParallelState:
         """Load whole weights into the shards (no communication)."""
         _tensor().load_full_state_dict(module, state, strict=strict)
 
+    @staticmethod
+    def cut_params(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters among `params` cut across the group (module note: the norm and the overflow flag)."""
+        return [p for p in params if is_cut(p)]
+
+
+def is_cut(param: torch.Tensor) -> bool:
+    """True for a parameter AutoTP cut across the tensor-parallel ranks (DeepSpeed's `tensor_model_parallel`)."""
+    return bool(getattr(param, "tensor_model_parallel", False))
+
 
 def _tensor() -> Any:
     return require("ds_parallel", extra="parallel", feature="tensor parallelism").tensor
@@ -167,8 +178,9 @@ def _remap_optimizer(optimizer: Optimizer, mapping: dict[int, nn.Parameter]) -> 
 def apply_autotp(
     model: nn.Module, *, group: ProcessGroup, tp_grain_size: int, optimizer: Any, model_parameters: Any
 ) -> tuple[TensorParallelState, Any]:
-    """Shard `model` for training over `group`; re-point `optimizer` (in place) and return the re-pointed
-    `model_parameters`. Registers the first-forward batch check (collective on `group`).
+    """Shard `model` for training over `group` (unless `TpTrainingManager` did, `ds_autotp_parsed`); re-point
+    `optimizer` (in place) and return the re-pointed `model_parameters`. Registers the first-forward batch
+    check (collective on `group`).
 
     Raises:
         ValueError: AutoTP cannot shard the model (the message names the layer).
@@ -176,7 +188,8 @@ def apply_autotp(
     tensor = _tensor()
     tensor.set_autotp_mode(training=True)
     before = {name: id(p) for name, p in model.named_parameters()}
-    tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size)
+    if not getattr(model, "ds_autotp_parsed", False):  # TpTrainingManager has sharded it already
+        tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size)
     mapping = {before[name]: p for name, p in model.named_parameters() if name in before and before[name] != id(p)}
     if isinstance(optimizer, Optimizer):
         _remap_optimizer(optimizer, mapping)

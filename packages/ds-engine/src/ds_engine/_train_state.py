@@ -30,6 +30,7 @@ ENGINE_KEYS = (
     "rng_states",
     "data_sampler",
     "random_ltd",
+    "optimizer_param_states",
 )
 
 

@@ -86,12 +86,15 @@ def build_zero_optimizer(
     dist: DistInfo,
     *,
     moe: MoeWiring | None = None,
+    model_parallel: dict[str, Any] | None = None,
 ) -> ZeroOptimizer:
     """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2) or `..._Stage3`.
 
     With MoE layers (stage 1/2), each MoE param group is partitioned and reduced over its
     expert-data-parallel group (`partition_groups=`), and expert parameters are saved under their global
-    expert names (`checkpoint_names=`), so a save loads at another expert-parallel degree.
+    expert names (`checkpoint_names=`), so a save loads at another expert-parallel degree. With tensor
+    parallelism (stage 1/2), `model_parallel` holds `model_parallel_group=` and `model_parallel_params=`
+    (the norm and the overflow flag span the tensor-parallel shards).
 
     Raises:
         ImportError: ds-zero is missing, or lacks the class (the message names the pip command).
@@ -103,6 +106,7 @@ def build_zero_optimizer(
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
     if moe is not None:
         extra = {"partition_groups": moe.partition_groups(base.param_groups), "checkpoint_names": moe.expert_names}
+    extra.update(model_parallel or {})
     # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
     return cls(
         base,

@@ -1,7 +1,8 @@
 """`"tensor_parallel": {"autotp_size": N}` in training: a tiny HF Llama trained with TP=2 gives the losses of
 data parallelism alone (fp32, 1e-5 over 10 steps), also as TP=2 x DP=2 under ZeRO 1/2 on 4 ranks;
 replicated weights stay identical on the TP ranks; checkpoints and `save_16bit_model` hold whole
-weights (a TP=2 checkpoint loads at TP=1 with the same logits); mismatched batches in a TP group are refused.
+weights (a TP=2 checkpoint loads at TP=1 with the same logits); mismatched batches in a TP group are refused;
+a model sharded by `TpTrainingManager` before initialize() trains the same.
 
 Needs ds-parallel and transformers (the `ds-engine[all]` session); skipped without them.
 """
@@ -93,14 +94,42 @@ def test_tp2_by_dp2_zero2_equals_dp2() -> None:
         assert torch.equal(r["norm"], results[0]["norm"])
 
 
+def _train_managed(rank: int, world: int) -> dict[str, Any]:
+    """DeepSpeed's `TpTrainingManager` shards the model before initialize(), which keeps its shards."""
+    import ds_engine as deepspeed
+    from ds_engine.runtime.tensor_parallel import TpTrainingManager
+
+    model = build("llama", kv_heads=2)
+    model.train()
+    manager = TpTrainingManager(model, tp_size=2, dtype=torch.float32)
+    sharded = dict(model.named_parameters())
+    assert manager.module is model and manager.tp_config.tp_size == 2
+    assert getattr(model.model.layers[0].mlp.gate_proj.weight, "tensor_model_parallel", False)
+    engine, *_ = deepspeed.initialize(model=model, config=_config(2, 0))
+    assert all(p is sharded[n] for n, p in model.named_parameters())  # not sharded twice
+    losses = []
+    for step in range(STEPS):
+        ids = batch(seed=1000 + step, size=2, seq=8)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+@pytest.mark.timeout(600)
+def test_tp_training_manager_then_initialize_equals_data_parallel_alone() -> None:
+    (ref,) = run_ranks(1, _train, 1, 0, timeout_s=180)
+    for r in run_ranks(2, _train_managed, timeout_s=240):
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=0, atol=1e-5)
+
+
 def _load_at_tp1(rank: int, world: int, save_dir: str) -> dict[str, Any]:
     import ds_engine as deepspeed
 
     model = build("llama", kv_heads=2, seed=3)
     engine, *_ = deepspeed.initialize(model=model, config=_config(1, 0))
-    with pytest.raises(ValueError, match="tensor-parallel degree of 2, this engine has 1"):
-        engine.load_checkpoint(save_dir, tag="tp")
-    engine.load_checkpoint(save_dir, tag="tp", load_module_only=True)
+    engine.load_checkpoint(save_dir, tag="tp")  # optimizer state too (test_dist_autotp_checkpoint_optimizer.py)
     probe = batch(seed=5, size=2, seq=8)
     with torch.no_grad():
         logits = engine(input_ids=probe).logits

@@ -103,3 +103,63 @@ def test_nvme_param_offload_through_the_engine(tmp_path: Path) -> None:
         assert r["optimizer"] is None
     files = results[0]["files"]
     assert any(f.startswith("train/") for f in files) and any(f.startswith("eval/") for f in files), files
+
+
+def _bf16_config(nvme_path: str | None, gas: int) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": 3, "stage3_param_persistence_threshold": 0, "sub_group_size": 500}
+    if nvme_path is not None:
+        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path, "buffer_count": 4, "buffer_size": 4096}
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme_path, "pipeline_read": gas == 1}
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": 0.0,
+        "bf16": {"enabled": True, "check_grad_overflow": False},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": zero,
+    }
+
+
+def _bf16_train(rank: int, config: dict[str, Any], gas: int) -> tuple[list[float], torch.Tensor, int]:
+    import ds_engine as deepspeed
+
+    torch.manual_seed(0)
+    engine, *_ = deepspeed.initialize(model=Net(), config=config)
+    losses, eager = [], 0
+    for step in range(4 * gas):
+        x, y = _data(rank, step)
+        loss = nn.functional.mse_loss(engine(x.to(torch.bfloat16)).float(), y)
+        engine.backward(loss)
+        swapper = getattr(engine.optimizer, "optimizer_swapper", None)
+        if swapper is not None and swapper.grads.eager is not None:
+            eager += len(swapper.grads.eager.stepped)  # sub-groups updated during this backward
+        engine.step()
+        losses.append(loss.item())
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        weights = torch.cat([p.detach().float().reshape(-1).clone() for p in engine.module.parameters()])
+    return losses, weights, eager
+
+
+def _eager_run(rank: int, world: int, root: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for gas in (1, 2):
+        out[gas] = (
+            _bf16_train(rank, _bf16_config(None, gas), gas),
+            _bf16_train(rank, _bf16_config(f"{root}/g{gas}", gas), gas),
+        )
+    return out
+
+
+def test_nvme_steps_sub_groups_during_backward_and_matches_in_memory_training(tmp_path: Path) -> None:
+    """bf16 without the overflow check and without clipping: ZeRO-Infinity updates each sub-group as its
+    gradient completes in backward (from the second step, once the completion order is known); the
+    losses and weights equal stage 3 without offload, with and without gradient accumulation."""
+    for gas in (1, 2):
+        (tmp_path / f"g{gas}").mkdir()
+    results = run_ranks(2, _eager_run, root=str(tmp_path), timeout_s=240)
+    for rank, r in enumerate(results):
+        for gas in (1, 2):
+            (plain_losses, plain_weights, _), (losses, weights, eager) = r[gas]
+            assert losses == pytest.approx(plain_losses, rel=1e-6, abs=1e-7), f"rank {rank} gas {gas}"
+            torch.testing.assert_close(weights, plain_weights, rtol=0, atol=0, msg=f"rank {rank} gas {gas}")
+            assert eager > 0, f"rank {rank} gas {gas}: no sub-group was updated during backward"

@@ -28,6 +28,7 @@ __all__ = [
     "_get_expert_parallel_group",
     "_get_expert_parallel_group_dict",
     "_get_expert_parallel_group_ranks",
+    "_get_expert_parallel_ranks",
     "_get_max_expert_parallel_group",
     "_get_max_expert_size",
     "_get_max_expert_size_name",
@@ -166,6 +167,56 @@ def _create_expert_and_data_parallel(
     if use_data_before_expert_parallel_:
         raise NotImplementedError("use_data_before_expert_parallel_=True (the D+E rank layout) is not supported")
     _experts.create_expert_groups(expert_parallel_size_)
+
+
+def _get_expert_parallel_ranks(
+    world_size: int,
+    tensor_parallel_size_: int,
+    expert_parallel_size_: int,
+    pipeline_parallel_size_: int = 1,
+    use_data_before_expert_parallel_: bool = False,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """The expert-parallel and expert-data-parallel rank lists of a world, computed without any process group.
+
+    Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline stage (DeepSpeed's
+    E + M + D layout). Each stage's data-parallel ranks at one tensor-parallel index (`i, i + tp, ...`)
+    split into expert-parallel groups of `expert_parallel_size_` consecutive members; the members at the
+    same position of those groups form an expert-data-parallel group. World 16, tp 2, ep 4 gives
+    expert-parallel `[0, 2, 4, 6], [8, 10, 12, 14], [1, 3, 5, 7], [9, 11, 13, 15]` and expert-data-parallel
+    `[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], ...`.
+
+    Raises:
+        ValueError: a size does not divide what it must (named with the values).
+        NotImplementedError: `use_data_before_expert_parallel_=True` (the D + E layout).
+    """
+    if use_data_before_expert_parallel_:
+        raise NotImplementedError("use_data_before_expert_parallel_=True (the D+E rank layout) is not supported")
+    model_size = tensor_parallel_size_ * pipeline_parallel_size_
+    if min(world_size, tensor_parallel_size_, expert_parallel_size_, pipeline_parallel_size_) < 1:
+        raise ValueError(
+            f"sizes must be >= 1: world_size={world_size}, tensor_parallel_size_={tensor_parallel_size_}, "
+            f"expert_parallel_size_={expert_parallel_size_}, pipeline_parallel_size_={pipeline_parallel_size_}"
+        )
+    if world_size % model_size:
+        raise ValueError(
+            f"world_size {world_size} is not divisible by "
+            f"tensor_parallel_size_ x pipeline_parallel_size_ = {model_size}"
+        )
+    dp_size = world_size // model_size
+    if dp_size % expert_parallel_size_:
+        raise ValueError(
+            f"the data-parallel size {dp_size} is not divisible by expert_parallel_size_ {expert_parallel_size_}"
+        )
+    stage_size = world_size // pipeline_parallel_size_
+    ep_groups: list[list[int]] = []
+    edp_groups: list[list[int]] = []
+    for stage_start in range(0, world_size, stage_size):
+        for tp_index in range(tensor_parallel_size_):
+            dp_ranks = list(range(stage_start + tp_index, stage_start + stage_size, tensor_parallel_size_))
+            chunks = [dp_ranks[i : i + expert_parallel_size_] for i in range(0, dp_size, expert_parallel_size_)]
+            ep_groups.extend(chunks)
+            edp_groups.extend([list(column) for column in zip(*chunks, strict=True)])
+    return ep_groups, edp_groups
 
 
 def _get_expert_data_parallel_group(group_name: str) -> ProcessGroup:

@@ -125,6 +125,10 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_interval = activation_checkpoint_interval
         self.activation_checkpoint_func = activation_checkpoint_func
         self.checkpointable_layers = list(checkpointable_layers) if checkpointable_layers is not None else None
+        # Per block of `activation_checkpoint_interval` local layers: checkpoint it or not. Decided
+        # once per interval (DeepSpeed's names), not per micro-batch; see _precompute_checkpointable_values.
+        self.is_checkpointable_results: list[bool] = []
+        self.is_checkpointable_results_interval: int | None = None
         self.dynamic_shape = dynamic_shape
         self.micro_offset = 0
         self.parts = self._partition(partition_method)
@@ -243,11 +247,13 @@ class PipelineModule(nn.Module):
         num_local = len(self.forward_funcs)
         if self.activation_checkpoint_interval == 0:
             return self._range_fn(0, num_local, offset)(forward_input)
+        self._precompute_checkpointable_values()
         x = forward_input
-        for start in range(0, num_local, self.activation_checkpoint_interval):
+        starts = range(0, num_local, self.activation_checkpoint_interval)
+        for start, checkpointable in zip(starts, self.is_checkpointable_results, strict=True):
             end = min(start + self.activation_checkpoint_interval, num_local)
             run = self._range_fn(start, end, offset)
-            if self._is_checkpointable(self.forward_funcs[start:end]):
+            if checkpointable:
                 x = self.activation_checkpoint_func(run, *(x if isinstance(x, tuple) else (x,)))
             else:
                 x = run(x)
@@ -265,6 +271,22 @@ class PipelineModule(nn.Module):
             return x
 
         return run
+
+    def _precompute_checkpointable_values(self) -> None:
+        """Fill `is_checkpointable_results` (one bool per block of local layers) for the current interval.
+
+        A no-op when the interval is 0 or the results already belong to it; `set_checkpoint_interval`
+        and `forward` call it, so the blocks `forward` walks always match the results it reads.
+        """
+        interval = self.activation_checkpoint_interval
+        if interval <= 0 or self.is_checkpointable_results_interval == interval:
+            return
+        num_local = len(self.forward_funcs)
+        self.is_checkpointable_results = [
+            self._is_checkpointable(self.forward_funcs[start : start + interval])
+            for start in range(0, num_local, interval)
+        ]
+        self.is_checkpointable_results_interval = interval
 
     def _is_checkpointable(self, funcs: Sequence[Callable[[Any], Any]]) -> bool:
         if self.checkpointable_layers is not None:
@@ -306,6 +328,7 @@ class PipelineModule(nn.Module):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
             raise ValueError(f"set_checkpoint_interval: interval must be an int >= 0, got {interval!r}")
         self.activation_checkpoint_interval = interval
+        self._precompute_checkpointable_values()
 
     def allreduce_tied_weight_gradients(self) -> None:
         """Sum tied weights' gradients over their tie groups (all-reduce on each tie group)."""

@@ -36,6 +36,9 @@ class PipelineConfig(ConfigModel):
     initialisation and dropout do not depend on the partition."""
     activation_checkpoint_interval: Annotated[int, Field(ge=0)] = 0
     """Checkpoint every this many layers inside each stage (0 = off)."""
+    use_reentrant: bool = True
+    """Checkpoint with `checkpointing.checkpoint` (an autograd Function that reruns the block); False
+    uses `checkpointing.non_reentrant_checkpoint` (torch's saved-tensor hooks) instead."""
     pipe_partitioned: bool = True
     """With tensor parallelism (a `model` axis > 1), send only this rank's 1/mp slice of each
     activation to the next stage, which all-gathers it over its tensor-parallel group."""

@@ -15,6 +15,11 @@ from ds_zero._access.owner import zero_optimizer_of
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.format import consolidate_fp32_params
 from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
+from ds_zero._checkpoint.param_states import (
+    param_states_from_partitions,
+    param_states_of,
+    partitions_from_param_states,
+)
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts
 from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
 from ds_zero._checkpoint.universal_read import load_universal_partitions, universal_model_states_file
@@ -94,6 +99,9 @@ __all__ = [
     "load_state_dict_from_zero_checkpoint",
     "load_universal_partitions",
     "load_zero_checkpoint",
+    "param_states_from_partitions",
+    "param_states_of",
+    "partitions_from_param_states",
     "save_zero_checkpoint",
     "universal_model_states_file",
     "zero_optimizer_of",

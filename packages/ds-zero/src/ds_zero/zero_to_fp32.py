@@ -15,6 +15,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,9 +36,44 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "convert_zero_checkpoint_to_fp32_state_dict",
     "get_fp32_state_dict_from_zero_checkpoint",
+    "get_model_state_files",
+    "get_optim_files",
     "load_state_dict_from_zero_checkpoint",
     "main",
 ]
+
+
+def _natural_key(path: str) -> list[int | str]:
+    # rank 10 after rank 9, as ranks are numbered: split the name into text and integer runs.
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
+def _files_ending(checkpoint_dir: str | os.PathLike[str], suffix: str) -> list[str]:
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {checkpoint_dir} does not exist")
+    found = sorted((str(p) for p in root.iterdir() if p.name.endswith(suffix)), key=_natural_key)
+    if not found:
+        raise FileNotFoundError(f"no '*{suffix}' files in {checkpoint_dir}")
+    return found
+
+
+def get_optim_files(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
+    """Paths of the `*_optim_states.pt` files in a tag directory, ranks in numeric order (DeepSpeed's lister).
+
+    Raises:
+        FileNotFoundError: the directory does not exist or holds no such file.
+    """
+    return _files_ending(checkpoint_dir, "optim_states.pt")
+
+
+def get_model_state_files(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
+    """Paths of the `*_model_states.pt` files in a tag directory, ranks in numeric order.
+
+    Raises:
+        FileNotFoundError: the directory does not exist or holds no such file.
+    """
+    return _files_ending(checkpoint_dir, "_model_states.pt")
 
 
 def get_fp32_state_dict_from_zero_checkpoint(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from stage3_cases import STAGE3_CFG, gathered_state, make_model, train_steps
 from torch import nn
@@ -92,7 +93,8 @@ def test_nvme_offload_matches_no_offload_and_its_checkpoint_is_ordinary(tmp_path
         assert r["swapped"] >= 8 and min(r["reads"]) > 0  # the last: gathers whose shards were read ahead
         for key, value in r["final"].items():
             torch.testing.assert_close(r["loaded_state"][key], value, rtol=0, atol=0)
-        assert r["loaded_cont"] == r["cont"] and r["back_cont"] == r["cont"]
+        # the in-memory run sums the clipping norm over whole partitions, the NVMe run tile by tile
+        assert r["loaded_cont"] == pytest.approx(r["cont"], rel=1e-6, abs=0) and r["back_cont"] == r["cont"]
     fp32 = ds_zero.get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
     for key, value in out[0]["final"].items():
         torch.testing.assert_close(fp32[key].float(), value, rtol=0, atol=0)

@@ -87,8 +87,10 @@ def _generation(rank: int, world: int) -> dict[str, Any]:
     with torch.no_grad():
         hooked = model(x)
     before = live.num_gathers
+    params_before = opt.parameter_offload.num_param_gathers
     with torch.no_grad(), ds_zero.unwrap_model_for_generation(model) as unwrapped:
         inside_gathers = live.num_gathers
+        params_on_entry = opt.parameter_offload.num_param_gathers - params_before
         statuses = {p.ds_status for p in unwrapped.parameters()}
         outs = [unwrapped(x) for _ in range(3)]
         gathers_during = live.num_gathers - inside_gathers
@@ -98,6 +100,8 @@ def _generation(rank: int, world: int) -> dict[str, Any]:
     return {
         "same": all(torch.equal(o, hooked) for o in outs) and torch.equal(again, hooked),
         "gathered_on_entry": inside_gathers > before,
+        "params_on_entry": params_on_entry,
+        "num_params": len(list(model.parameters())),
         "gathers_during": gathers_during,
         "statuses": statuses,
         "after": after_statuses,
@@ -109,5 +113,6 @@ def test_unwrap_model_for_generation_gathers_once_and_restores_the_hooks() -> No
     for r in run_ranks(2, _generation, timeout_s=120):
         assert r["same"]
         assert r["gathered_on_entry"] and r["gathers_during"] == 0 and r["gathers_after"]
+        assert r["params_on_entry"] == r["num_params"]  # each parameter once (nothing persists here)
         assert r["statuses"] == {ds_zero.ZeroParamStatus.AVAILABLE}
         assert r["after"] == {ds_zero.ZeroParamStatus.NOT_AVAILABLE}

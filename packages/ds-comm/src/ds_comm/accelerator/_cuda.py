@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ds_comm._pinned_memory import track_pinned_memory
 from ds_comm.accelerator._abstract import Accelerator
 
 
@@ -50,7 +51,11 @@ class CudaAccelerator(Accelerator):
         return major >= 6
 
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.pin_memory()
+        if tensor.is_pinned():
+            return tensor
+        pinned = tensor.pin_memory()
+        track_pinned_memory(pinned.nbytes)
+        return pinned
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return tensor.is_pinned()

@@ -61,6 +61,8 @@ def _pipeline_sections(model: nn.Module, config: DeepSpeedConfig) -> tuple[Any, 
             'stages; set "auto" or match PipelineModule(num_stages=...)'
         )
     given = raw.get("pipeline", {})
+    if not section.use_reentrant:  # whatever the interval: set_checkpoint_interval() may turn it on later
+        model.activation_checkpoint_func = ds_pipe.checkpointing.non_reentrant_checkpoint
     if section.activation_checkpoint_interval > 0:
         model.set_checkpoint_interval(section.activation_checkpoint_interval)
     if "partition" in given and section.partition != "best":

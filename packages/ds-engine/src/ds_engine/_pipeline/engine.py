@@ -306,6 +306,20 @@ class PipelineEngine(DeepSpeedEngine):
     def get_pipeline_parallel_rank(self) -> int:
         return self.stage_id
 
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """Whether the module checkpoints its blocks now, with the reentrant function (DeepSpeed's query).
+
+        Read from the module (its interval and `activation_checkpoint_func`), not the config, so a later
+        `set_checkpoint_interval` counts. DeepSpeed uses it to make the first stage's inputs require
+        grad; ds-pipe's reentrant checkpoint passes a grad-requiring dummy through instead, so here it
+        only reports.
+        """
+        ds_pipe = require("ds_pipe", extra="pipe", feature="pipeline parallelism")
+        module: Any = self.module  # a ds_pipe.PipelineModule
+        if module.activation_checkpoint_interval <= 0:
+            return False
+        return module.activation_checkpoint_func is not ds_pipe.checkpointing.non_reentrant_checkpoint
+
     @property
     def pipeline_parallelism(self) -> bool:
         return True
@@ -339,16 +353,18 @@ class PipelineEngine(DeepSpeedEngine):
         """
         return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
-    def _train_state(self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool) -> TrainState:
+    def _train_state(
+        self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
+    ) -> TrainState:
         """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
-        state = super()._train_state(rng_states, exclude_frozen_parameters)
+        state = super()._train_state(rng_states, exclude_frozen_parameters, extra)
         return dataclasses.replace(
             state,
             module=None,
             param_shapes=None,
             pp_degree=self.num_stages,
             tp_degree=1,
-            extra={_pipeline_checkpoint.LAYOUT_KEY: self.layout()},
+            extra={**(extra or {}), _pipeline_checkpoint.LAYOUT_KEY: self.layout()},
         )
 
     def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:

@@ -15,6 +15,7 @@ from ds_engine.config._errors import DeepSpeedConfigError
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine.config._batch import BatchPlan
     from ds_engine.config._deepspeed_config import DeepSpeedConfig
+    from ds_engine.config._hybrid_engine import HybridEngineConfig
     from ds_engine.config._sections import (
         BF16Config,
         CheckpointConfig,
@@ -40,6 +41,7 @@ _WHERE = {
     "DeepSpeedConfig": "_deepspeed_config",
     "DeepSpeedConfigModel": "_toplevel",
     "FP16Config": "_sections",
+    "HybridEngineConfig": "_hybrid_engine",
     "OptimizerConfig": "_sections",
     "SchedulerConfig": "_sections",
     "TensorBoardConfig": "_sections",
@@ -71,6 +73,7 @@ __all__ = [
     "DeepSpeedConfigError",
     "DeepSpeedConfigModel",
     "FP16Config",
+    "HybridEngineConfig",
     "OptimizerConfig",
     "PipelineConfig",
     "SchedulerConfig",

@@ -184,6 +184,21 @@ class DeepSpeedConfig:
         return section if section is not None else validate_pipe_section(name, {})
 
     @property
+    def hybrid_engine(self) -> Any:
+        """The `hybrid_engine` section (`HybridEngineConfig`, its defaults when absent)."""
+        return self.model.hybrid_engine
+
+    @property
+    def monitor_config(self) -> Any:
+        """`deepspeed.monitor.config.DeepSpeedMonitorConfig` of the four monitor sections (DeepSpeed's attribute)."""
+        from ds_engine.monitor.config import DeepSpeedMonitorConfig
+
+        m = self.model
+        return DeepSpeedMonitorConfig(
+            tensorboard=m.tensorboard, comet=m.comet, wandb=m.wandb, csv_monitor=m.csv_monitor
+        )
+
+    @property
     def optimizer_name(self) -> str | None:
         return self.model.optimizer.type if self.model.optimizer else None
 

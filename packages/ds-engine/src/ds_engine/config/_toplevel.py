@@ -8,6 +8,7 @@ from pydantic import BeforeValidator, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import CommsLoggerConfig, ConfigModel
+from ds_engine.config._hybrid_engine import HybridEngineConfig
 from ds_engine.config._sections import (
     BF16Config,
     CheckpointConfig,
@@ -52,7 +53,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
 
 #: Sections ds accepts only when their feature is switched off: key -> (switch, reason).
 OFF_SECTIONS: dict[str, tuple[str, str]] = {
-    "hybrid_engine": ("enabled", "the RLHF hybrid engine is not implemented in ds"),
     "autotuning": ("enabled", "autotuning is not implemented in ds"),
     "data_efficiency": ("enabled", "data efficiency (curriculum, random-LTD) is not implemented in ds"),
     "compile": ("deepcompile", "DeepCompile is not implemented in ds; call torch.compile on the model instead"),
@@ -170,6 +170,8 @@ class DeepSpeedConfigModel(ConfigModel):
     """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
     """Flops profiler (one step, rank 0)."""
+    hybrid_engine: HybridEngineConfig = HybridEngineConfig()
+    """The RLHF hybrid engine (training plus fast generation in one engine)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     """Only disabled."""
     aio: AioConfig = AioConfig()

@@ -6,7 +6,10 @@
 `runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
 `runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...),
 `runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is),
-`runtime.dataloader` (`RepeatingLoader`).
+`runtime.dataloader` (`RepeatingLoader`), `runtime.hybrid_engine` (`DeepSpeedHybridEngine`),
+`runtime.tensor_parallel` (`TpTrainingManager`, the `tensor_parallel` section's models; AutoTP from
+ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runtime.fp16` and
+`runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names).
 The sibling paths are imported on first use.
 """
 
@@ -21,13 +24,28 @@ from ds_engine.runtime import lr_schedules
 if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import activation_checkpointing as activation_checkpointing
     from ds_engine.runtime import dataloader as dataloader
+    from ds_engine.runtime import hybrid_engine as hybrid_engine
     from ds_engine.runtime import pipe as pipe
     from ds_engine.runtime import sequence_parallel as sequence_parallel
+    from ds_engine.runtime import tensor_parallel as tensor_parallel
     from ds_engine.runtime import utils as utils
 
 __all__ = ["lr_schedules"]
 
-_LAZY = ("activation_checkpointing", "checkpoint_engine", "dataloader", "pipe", "sequence_parallel", "utils", "zero")
+_LAZY = (
+    "activation_checkpointing",
+    "bf16_optimizer",
+    "checkpoint_engine",
+    "config",
+    "dataloader",
+    "fp16",
+    "hybrid_engine",
+    "pipe",
+    "sequence_parallel",
+    "tensor_parallel",
+    "utils",
+    "zero",
+)
 
 
 def __getattr__(name: str) -> ModuleType:

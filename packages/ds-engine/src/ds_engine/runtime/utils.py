@@ -3,20 +3,26 @@
 `move_to_device` / `copy_to_device` (nested batches to a device; Accelerate's ALST test uses the first),
 `see_memory_usage` / `empty_cache` (memory debugging), `clip_grad_norm_`, `get_global_norm`,
 `has_inf_or_nan`, `is_model_parallel_parameter` (gradient norms, DeepSpeed's semantics), `set_random_seed`
-and `ensure_directory_exists`. DeepSpeed's internal helpers of this module (flat-buffer alignment,
-`PartitionedTensor`, the MoE norm variants...) are not part of ds's surface.
+and `ensure_directory_exists`. `partition_uniform` / `partition_balanced` / `prefix_sum_inc` (how a
+pipeline's layers split into stages) are ds-pipe's, imported on first use (the `pipe` extra). DeepSpeed's
+internal helpers of this module (flat-buffer alignment, `PartitionedTensor`, the MoE norm variants...) are not
+part of ds's surface.
 """
 
 from __future__ import annotations
 
 import os
 import random
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ds_engine._grad_norms import clip_grad_norm_, get_global_norm, has_inf_or_nan, is_model_parallel_parameter
 from ds_engine._memory_report import empty_cache, see_memory_usage
 from ds_engine._tensor_moves import copy_to_device, move_to_device
+
+if TYPE_CHECKING:  # served by __getattr__ from ds-pipe; type checkers see its own
+    from ds_pipe import partition_balanced, partition_uniform, prefix_sum_inc
 
 __all__ = [
     "clip_grad_norm_",
@@ -27,6 +33,9 @@ __all__ = [
     "has_inf_or_nan",
     "is_model_parallel_parameter",
     "move_to_device",
+    "partition_balanced",
+    "partition_uniform",
+    "prefix_sum_inc",
     "see_memory_usage",
     "set_random_seed",
 ]
@@ -47,3 +56,15 @@ def set_random_seed(seed: int) -> None:
 def ensure_directory_exists(filename: str) -> None:
     """Create the directory that will hold `filename`, if missing."""
     os.makedirs(os.path.dirname(filename) or ".", exist_ok=True)
+
+
+#: ds-pipe's partitioning helpers, served on first use (ds-pipe is an optional sibling).
+_PIPE_NAMES = frozenset({"partition_balanced", "partition_uniform", "prefix_sum_inc"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PIPE_NAMES:
+        from ds_engine._optional import require
+
+        return getattr(require("ds_pipe", extra="pipe", feature=f"deepspeed.runtime.utils.{name}"), name)
+    raise AttributeError(f"module 'ds_engine.runtime.utils' has no attribute {name!r}")

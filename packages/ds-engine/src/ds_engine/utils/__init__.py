@@ -1,6 +1,8 @@
 """`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, ZeRO's accessors and leaf modules, submodules.
 
 `RepeatingLoader` is `runtime.dataloader`'s; `utils.numa` has `parse_range_list` (`--bind_core_list` syntax).
+Submodules at DeepSpeed's paths: `nvtx` (`instrument_w_nvtx`), `pin_memory_tracker` and `comms_logging`
+(ds-comm's pinned-memory total and comms logger), `timer` (`trim_mean`), `torch` (`required_torch_version`).
 
 `logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
 ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
@@ -36,7 +38,17 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules and names
         z3_leaf_parameter,
     )
 
-_SUBMODULES = ("groups", "numa", "z3_leaf_module", "zero_to_fp32")
+_SUBMODULES = (
+    "comms_logging",
+    "groups",
+    "numa",
+    "nvtx",
+    "pin_memory_tracker",
+    "timer",
+    "torch",
+    "z3_leaf_module",
+    "zero_to_fp32",
+)
 
 #: name -> the submodule that serves it (imported on first use: these need optional siblings).
 _LAZY_NAMES = {

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ds_ops.aio._handle import AsyncIOHandle, aio_handle
 from ds_ops.aio._requests import AioError
+from ds_ops.aio._trace import IoRecord, IoTrace
 from ds_ops.op_builder import AsyncIOBuilder
 
 if TYPE_CHECKING:  # type checkers see the lazy name's real type
@@ -28,4 +29,4 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'ds_ops.aio' has no attribute {name!r}")
 
 
-__all__ = ["AioConfig", "AioError", "AsyncIOBuilder", "AsyncIOHandle", "aio_handle"]
+__all__ = ["AioConfig", "AioError", "AsyncIOBuilder", "AsyncIOHandle", "IoRecord", "IoTrace", "aio_handle"]

@@ -14,6 +14,7 @@ import torch
 from ds_ops.aio._buffers import aligned_tensor, direct_io_allowed
 from ds_ops.aio._limits import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH
 from ds_ops.aio._requests import AioError, PendingRequest, Result
+from ds_ops.aio._trace import record_settled
 from ds_ops.op_builder import AsyncIOBuilder
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ ENGINES = {"auto": 0, "psync": 1, "io_uring": 2}
 _ENGINE_NAMES = {1: "psync", 2: "io_uring"}
 # direct_mode codes of ds_aio_submit: buffered, O_DIRECT or fail, O_DIRECT where the file system allows it.
 _DIRECT_OFF, _DIRECT_ON, _DIRECT_WHERE_ALLOWED = 0, 1, 2
+_WANT_CHECKSUM = 1  # ds_aio_submit flag (kWantChecksum in csrc/aio/ds_aio_request.h)
 
 # Directories whose buffered fallback was already logged (log once per directory per process).
 _FALLBACK_LOGGED: set[str] = set()
@@ -169,15 +171,26 @@ class AsyncIOHandle:
         )
 
     # ---- requests -------------------------------------------------------------------------------
-    def async_pwrite(self, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int = 0) -> None:
+    def async_pwrite(
+        self, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int = 0, *, checksum: bool = False
+    ) -> PendingRequest:
         """Queue a write of `tensor`'s bytes to `path` at `file_offset` (the file is created if
-        missing, never truncated). The tensor must not change until `wait()` returns."""
-        self._submit("write", tensor, path, file_offset)
+        missing, never truncated). The tensor must not change until `wait()` returns.
 
-    def async_pread(self, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int = 0) -> None:
+        With `checksum`, the worker threads also sum the bytes as they go (see `async_pread`)."""
+        return self._submit("write", tensor, path, file_offset, checksum)
+
+    def async_pread(
+        self, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int = 0, *, checksum: bool = False
+    ) -> PendingRequest:
         """Queue a read of `tensor.nbytes` bytes of `path` from `file_offset` into `tensor`; its
-        contents are undefined until `wait()` returns. A file that ends first is a short-read error."""
-        self._submit("read", tensor, path, file_offset)
+        contents are undefined until `wait()` returns. A file that ends first is a short-read error.
+
+        With `checksum`, after `wait()` the returned request's `result.checksum` is the wrapping 64-bit
+        sum of the bytes moved, read as little-endian 8-byte words from the tensor's first byte (bytes past
+        the last whole word add as themselves): computed by the worker threads as each piece lands, so the
+        caller's thread does not pass over the data again to check it."""
+        return self._submit("read", tensor, path, file_offset, checksum)
 
     def sync_pwrite(self, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int = 0) -> None:
         """`async_pwrite` then `wait()`."""
@@ -201,6 +214,7 @@ class AsyncIOHandle:
             return 0  # a forked child has no requests of this handle in flight
         count = int(self._lib.ds_aio_wait(self._handle))  # releases the GIL while it blocks
         settled, self._pending = self._pending, []
+        record_settled(settled)
         for request in settled:
             self.num_bytes_moved += request.result.bytes_done
             self.num_bytes_direct += request.result.direct_bytes
@@ -211,7 +225,9 @@ class AsyncIOHandle:
             raise AioError.from_requests(failed)
         return count
 
-    def _submit(self, op: str, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int) -> None:
+    def _submit(
+        self, op: str, tensor: torch.Tensor, path: str | os.PathLike[str], file_offset: int, checksum: bool = False
+    ) -> PendingRequest:
         where = f"AsyncIOHandle.{'async_pwrite' if op == 'write' else 'async_pread'}"
         if self._handle is None:
             raise ValueError(f"{where}: the handle is closed")
@@ -265,7 +281,9 @@ class AsyncIOHandle:
             file_offset,
             self._direct_mode,
             ctypes.addressof(request.result),
+            _WANT_CHECKSUM if checksum else 0,
         )
+        return request
 
     def _log_fallback(self, path: str) -> None:
         directory = os.path.dirname(os.path.abspath(path))

@@ -32,6 +32,9 @@ class Result(ctypes.Structure):
         ("stage", ctypes.c_int32),
         ("direct_refused", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
+        ("start_ns", ctypes.c_int64),  # time.monotonic_ns() when a worker took the request up
+        ("end_ns", ctypes.c_int64),  # ... and when it settled
+        ("checksum", ctypes.c_uint64),  # asked for with checksum=True: see AsyncIOHandle.async_pread
     ]
 
 

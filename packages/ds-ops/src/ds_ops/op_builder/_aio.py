@@ -88,7 +88,7 @@ class AsyncIOBuilder(OpBuilder):
         "ds_aio_create": (_ptr, (_i64, _i32, _i32, _i32, _i32, _i32, _i32p, _i32p)),
         "ds_aio_destroy": (None, (_ptr,)),
         # handle, is_write, buffer, nbytes, path, file_offset, direct_mode, result
-        "ds_aio_submit": (None, (_ptr, _i32, _ptr, _i64, ctypes.c_char_p, _i64, _i32, _ptr)),
+        "ds_aio_submit": (None, (_ptr, _i32, _ptr, _i64, ctypes.c_char_p, _i64, _i32, _ptr, _i32)),
         "ds_aio_wait": (_i64, (_ptr,)),
         "ds_aio_probe_io_uring": (_i32, ()),
     }

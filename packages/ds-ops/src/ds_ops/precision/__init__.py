@@ -11,10 +11,11 @@ from ds_ops.precision._loss_scaler import (
     create_loss_scaler,
 )
 from ds_ops.precision._overflow import has_overflow, local_overflow, unscale_and_check_
-from ds_ops.precision._step import StepOutcome, finish_step
+from ds_ops.precision._step import GradStats, StepOutcome, finish_step
 
 __all__ = [
     "DynamicLossScaler",
+    "GradStats",
     "LossScaleAtMinimumError",
     "LossScaler",
     "StepOutcome",

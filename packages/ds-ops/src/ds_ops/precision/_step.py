@@ -11,9 +11,17 @@ reduced gradients with `finish_step`, so they agree on what an overflow is and w
 5. on a clean step, the clip coefficient is applied to the gradients in place.
 
 The flag and the partial norm share one all-reduce, and the step reads one small tensor back to the
-host (the skip is a Python decision), so a step costs at most one collective and one sync; none when
-nothing is checked, normed or shared. When the norm is computed anyway and no unscale pass is needed
-(scale 1, e.g. bf16), a non-finite norm is the overflow signal and the separate check pass is saved.
+host (the skip is a Python decision), so a step costs at most one collective (two with a
+model-parallel group) and one sync; none when nothing is checked, normed or shared. When the norm is
+computed anyway over every gradient and no unscale pass is needed (scale 1, e.g. bf16), a non-finite
+norm is the overflow signal and the separate check pass is saved.
+
+[Note: model parallelism] With tensor parallelism each rank of a model-parallel group holds a
+different shard of the cut parameters, and a copy of the rest (layer norms, row-parallel biases). The
+true norm counts every shard once and every replicated parameter once: each rank adds its cut
+gradients' terms, only the group's first rank adds the replicated ones, and the terms are summed over
+the group; the overflow flag is OR-ed there too, so every shard of the model skips the same step. This
+is the same small tensor sent once more, over `model_parallel_group`, after the data-parallel reduction.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from ds_ops.precision._overflow import unscale_and_check_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StepOutcome", "finish_step"]
+__all__ = ["GradStats", "StepOutcome", "finish_step"]
 
 _EPS = 1e-6
 
@@ -52,10 +60,35 @@ class StepOutcome:
     applied: bool
     grad_norm: float | None
     clip_coef: float = 1.0
+    unscale: float = 1.0
+    """With `stats` (gradients not in memory): the factor the caller must still multiply the gradients by,
+    before `clip_coef`, as it reads them (1/loss_scale); 1.0 when `finish_step` unscaled them in place."""
+
+    def apply_(self, grad: torch.Tensor) -> torch.Tensor:
+        """Multiply a gradient read after the decision by the pending factors, in `finish_step`'s order."""
+        if self.unscale != 1.0:
+            grad.mul_(self.unscale)
+        if self.clip_coef != 1.0:
+            grad.mul_(self.clip_coef)
+        return grad
 
     @property
     def overflow(self) -> bool:
         return not self.applied
+
+
+@dataclasses.dataclass(frozen=True)
+class GradStats:
+    """What `finish_step` needs of gradients the caller keeps out of memory (ZeRO-Infinity swaps them to
+    NVMe): measured on the still loss-scaled gradients as they were last written.
+
+    Attributes:
+        norm_term: this rank's sum of |g|^p (the max |g| for p = inf), as `local_norm_term` computes it.
+        nonfinite: whether any element is inf or nan.
+    """
+
+    norm_term: float
+    nonfinite: bool
 
 
 def finish_step(
@@ -70,10 +103,14 @@ def finish_step(
     comm_device: torch.device | None = None,
     skip: torch.Tensor | None = None,
     norm_type: float = 2.0,
+    model_parallel_group: ProcessGroup | None = None,
+    model_parallel_grads: Sequence[torch.Tensor | None] | None = None,
+    stats: GradStats | None = None,
 ) -> StepOutcome:
     """Unscale, check, update the loss scale, take the norm and clip `grads` in place (see the module note).
 
-    Every rank of `group` must call it when `partitioned` (it issues one all-reduce there).
+    Every rank of `group` must call it when `partitioned` (it issues one all-reduce there), and every
+    rank of `model_parallel_group` when that is given (one more all-reduce there).
 
     Args:
         grads: this rank's reduced, still loss-scaled gradients (None and empty entries are ignored).
@@ -90,6 +127,16 @@ def finish_step(
         skip: a 1-element flag from the caller, already agreed across the ranks that must skip together
             (the pipeline's stages); non-zero skips the step as an overflow would.
         norm_type: p of the norm (2 for DeepSpeed's clipping).
+        model_parallel_group: the ranks that hold other pieces of the same model (tensor-parallel shards;
+            see the module note): the flag and the norm are also combined over it. None: no model
+            parallelism.
+        model_parallel_grads: with `model_parallel_group`, views into `grads` of the parameters cut across
+            it; the rest of `grads` is replicated on the group and counted in the norm by its first rank
+            only. None: all of `grads` is cut (counted on every rank).
+        stats: instead of `grads` (pass none), the measured norm term and inf/nan flag of gradients the
+            caller holds elsewhere; nothing is multiplied in place, and the outcome's `unscale` and
+            `clip_coef` are for the caller to apply (`StepOutcome.apply_`) as it reads them (no model
+            parallelism with it).
 
     Returns:
         The decision, and the norm when computed.
@@ -103,12 +150,22 @@ def finish_step(
     if scaler is not None and scaler.dynamic and not check_overflow:
         raise ValueError("a dynamic loss scaler needs check_overflow=True: it lowers the scale on overflows")
     tensors = [g for g in grads if g is not None and g.numel() > 0]
+    if stats is not None and (tensors or model_parallel_group is not None):
+        raise ValueError("finish_step: pass the gradients or their stats, not both (and no model-parallel group)")
+    counted = _counted(tensors, model_parallel_group, model_parallel_grads)
     scale = scaler.loss_scale if scaler is not None else 1.0
     need_norm = compute_norm or clip > 0
     p = float(norm_type)
-    # 1. unscale (+ check, fused)
+    # 1. unscale (+ check, fused). A norm that leaves the replicated gradients out (on all but one rank)
+    # cannot stand in for the check; every rank of the group must send the same parts, so all check.
+    partial = model_parallel_group is not None and model_parallel_grads is not None
     flag: torch.Tensor | None = None
-    if check_overflow and (scale != 1.0 or not need_norm):
+    pending = 1.0
+    if stats is not None:
+        pending = 1.0 / scale
+        if check_overflow:
+            flag = torch.tensor([float(stats.nonfinite)])
+    elif check_overflow and (scale != 1.0 or not need_norm or partial):
         flag = unscale_and_check_(tensors, 1.0 / scale)
     elif scale != 1.0 and tensors:
         torch._foreach_mul_(tensors, 1.0 / scale)
@@ -117,11 +174,21 @@ def finish_step(
         flag = skip if flag is None else torch.maximum(flag, skip.to(flag.device))
     # 2 + 4. one all-reduce for the flag and the partial norm, one read back
     parts = []
-    if need_norm:
-        parts.append(local_norm_term(tensors, p))
+    if need_norm and stats is not None:  # the unscaled term: |g / scale|^p = |g|^p / scale^p
+        factor = pending if math.isinf(p) else pending**p
+        parts.append(torch.tensor([stats.norm_term * factor], dtype=torch.float32))
+    elif need_norm:
+        parts.append(local_norm_term(counted, p))
     if flag is not None:
         parts.append(flag)
-    values = _agree(parts, group=group, partitioned=partitioned, comm_device=comm_device, max_op=math.isinf(p))
+    values = _agree(
+        parts,
+        group=group,
+        partitioned=partitioned,
+        comm_device=comm_device if comm_device is not None or not tensors else tensors[0].device,
+        max_op=math.isinf(p),
+        model_parallel_group=model_parallel_group,
+    )
     norm = None
     overflow = False
     if need_norm:
@@ -139,14 +206,27 @@ def finish_step(
             "gradient overflow" if skip is None else "gradient overflow or the caller's skip",
             scale,
         )
-        return StepOutcome(applied=False, grad_norm=norm)
+        return StepOutcome(applied=False, grad_norm=norm, unscale=pending)
     # 5. clip
     coef = 1.0
     if clip > 0 and norm is not None and math.isfinite(norm):
         coef = min(clip / (norm + _EPS), 1.0)
         if coef < 1.0 and tensors:
             torch._foreach_mul_(tensors, coef)
-    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef)
+    return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef, unscale=pending)
+
+
+def _counted(
+    tensors: list[torch.Tensor],
+    model_parallel_group: ProcessGroup | None,
+    model_parallel_grads: Sequence[torch.Tensor | None] | None,
+) -> list[torch.Tensor]:
+    """What this rank adds to the norm: everything, except the replicated part off the group's first rank."""
+    if model_parallel_group is None or model_parallel_grads is None or not ds_comm.is_initialized():
+        return tensors
+    if ds_comm.get_world_size(model_parallel_group) == 1 or ds_comm.get_rank(model_parallel_group) == 0:
+        return tensors
+    return [g for g in model_parallel_grads if g is not None and g.numel() > 0]
 
 
 def _agree(
@@ -156,14 +236,19 @@ def _agree(
     partitioned: bool,
     comm_device: torch.device | None,
     max_op: bool,
+    model_parallel_group: ProcessGroup | None = None,
 ) -> list[float]:
-    """The parts (1-element tensors) summed (or maxed) over `group` when partitioned, as Python floats."""
+    """The parts (1-element tensors) summed (or maxed) over `group` when partitioned, then over
+    `model_parallel_group` when given, as Python floats."""
     if not parts:
         return []
     device = comm_device if comm_device is not None else parts[0].device
     packed = torch.cat([t.reshape(1).float().to(device) for t in parts])
+    # Flags add up as well as they max (any rank's 1 makes the sum > 0), so one SUM serves both.
+    op = ds_comm.ReduceOp.MAX if max_op else ds_comm.ReduceOp.SUM
     if partitioned and ds_comm.is_initialized() and ds_comm.get_world_size(group) > 1:
-        # Flags add up as well as they max (any rank's 1 makes the sum > 0), so one SUM serves both.
-        op = ds_comm.ReduceOp.MAX if max_op else ds_comm.ReduceOp.SUM
         ds_comm.all_reduce(packed, op=op, group=group)
+    mp = model_parallel_group
+    if mp is not None and ds_comm.is_initialized() and ds_comm.get_world_size(mp) > 1:
+        ds_comm.all_reduce(packed, op=op, group=model_parallel_group)
     return packed.tolist()  # the step's one host sync

@@ -18,13 +18,20 @@ from ds_parallel.tensor._layers import (
 )
 from ds_parallel.tensor._layout import ShardLayout
 from ds_parallel.tensor._mode import AutoTPMode, get_autotp_mode, is_autotp_training_mode, set_autotp_mode
-from ds_parallel.tensor._parser import BlockPolicy, find_block_policies
+from ds_parallel.tensor._parser import (
+    UNSUPPORTED_FAMILIES,
+    BlockPolicy,
+    block_modules,
+    find_block_policies,
+    model_family,
+)
 from ds_parallel.tensor._regions import CopyToTPRegion, ReduceFromTPRegion
 from ds_parallel.tensor._replace import shard_model
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_size, shard_sizes
 from ds_parallel.tensor._state import full_state_dict, load_full_state_dict, tp_layers
 
 __all__ = [
+    "UNSUPPORTED_FAMILIES",
     "AutoTPMode",
     "BlockPolicy",
     "CopyToTPRegion",
@@ -37,11 +44,13 @@ __all__ = [
     "ShardLayout",
     "TPMeta",
     "TensorParallelLayer",
+    "block_modules",
     "find_block_policies",
     "full_state_dict",
     "get_autotp_mode",
     "is_autotp_training_mode",
     "load_full_state_dict",
+    "model_family",
     "set_autotp_mode",
     "shard_model",
     "shard_size",

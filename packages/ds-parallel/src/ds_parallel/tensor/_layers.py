@@ -97,7 +97,12 @@ class TensorParallelLayer(nn.Module):
     # -- whole weights -------------------------------------------------------------------------------
     def full_tensor(self, pname: str) -> torch.Tensor:
         """The whole parameter `pname` ("weight"/"bias"), gathered from the group (collective when cut)."""
-        layout, local = self.layouts[pname], getattr(self, pname)
+        return self.full_like(pname, getattr(self, pname))
+
+    def full_like(self, pname: str, local: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of which `local` is this rank's shard, cut as parameter `pname` is (collective
+        when cut). For state that follows a parameter's layout: its fp32 master, its optimizer moments."""
+        layout = self.layouts[pname]
         if layout.replicated or self.mp_group is None or self.tp_world_size == 1:
             return local.detach().clone()
         assert layout.dim is not None
@@ -105,10 +110,14 @@ class TensorParallelLayer(nn.Module):
         shards = list(stacked.split(layout.local_sizes(), dim=layout.dim))
         return layout.unshard(shards)
 
+    def shard_like(self, pname: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of the whole tensor `full`, cut as parameter `pname` is (no communication)."""
+        return self.layouts[pname].shard(full, self.tp_index)
+
     @torch.no_grad()
     def load_full(self, pname: str, full: torch.Tensor) -> None:
         """Copy this rank's shard of the whole parameter `full` into `pname` (no communication)."""
-        getattr(self, pname).copy_(self.layouts[pname].shard(full, self.tp_index))
+        getattr(self, pname).copy_(self.shard_like(pname, full))
 
     @torch.no_grad()
     def gather_params(self, params_list: list[torch.Tensor | None]) -> None:

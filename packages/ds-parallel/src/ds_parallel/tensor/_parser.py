@@ -14,7 +14,7 @@ import re
 
 from torch import nn
 
-__all__ = ["BlockPolicy", "find_block_policies", "model_family"]
+__all__ = ["UNSUPPORTED_FAMILIES", "BlockPolicy", "block_modules", "find_block_policies", "model_family"]
 
 #: Model families DeepSpeed's AutoTP refuses (GPT-2 keeps its projections in `Conv1D`, the others have
 #: attention layouts the automatic policy gets wrong); DeepSpeed points them at kernel injection.
@@ -42,8 +42,8 @@ def model_family(model: nn.Module) -> str:
     return (match.group(1) if match else type(model).__name__).lower()
 
 
-def _block_types(model: nn.Module) -> list[nn.Module]:
-    """One instance of every distinct layer type held in an `nn.ModuleList`, in tree order."""
+def block_modules(model: nn.Module) -> list[nn.Module]:
+    """One instance of every distinct layer type held in an `nn.ModuleList`, in tree order (the blocks)."""
     found: list[nn.Module] = []
     seen: set[str] = set()
 
@@ -111,7 +111,7 @@ def find_block_policies(model: nn.Module) -> list[BlockPolicy]:
             f"AutoTP does not support {family} models ({type(model).__name__}): DeepSpeed's automatic tensor "
             "parallelism refuses this family too (use a model with nn.Linear projections, e.g. Llama, OPT, Qwen2)"
         )
-    blocks = _block_types(model)
+    blocks = block_modules(model)
     model_classes = " ".join(type(m).__name__ for m in model.modules())
     policies: list[BlockPolicy] = []
     for block in blocks:

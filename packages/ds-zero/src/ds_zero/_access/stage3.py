@@ -71,6 +71,11 @@ class ShardParamAccess:
         return hp[offset : offset + s]
 
     def _local_grad(self, param: nn.Parameter, create: bool) -> torch.Tensor | None:
+        if self.optimizer_swapper is not None:
+            raise ValueError(
+                f"{self._what(param)}: the fp32 gradient is swapped to NVMe with the optimizer state "
+                "(offload_optimizer.device='nvme') and cannot be read or written here"
+            )
         master, offset = state_of(param).grad_slot
         if master.grad is None:
             if not create:

@@ -7,7 +7,9 @@ directory is emptied when a swapper takes it and removed when the swapper is gar
 
 [Note: integrity]
 Every file the swappers write is recorded with its byte size and a checksum of the bytes written (a
-wrapping 64-bit sum of the data read as integers: one vectorised pass, ~memory bandwidth). Before a read
+wrapping 64-bit sum of the data read as integers: one vectorised pass, ~memory bandwidth; on the swap
+paths the aio op's worker threads compute it as each piece of a request lands, `checksum=True`, so the
+training thread never passes over the data again). Before a read
 the file's size is checked (a truncated file is reported before any byte is used); after the read the
 checksum is compared (a file overwritten with other bytes is reported). Either raises `NVMeSwapError`
 naming the file and the tensor; the values are never used.
@@ -164,8 +166,11 @@ class SwapFile:
     nbytes: int = 0
     digest: int = 0
 
-    def recorded(self, tensor: torch.Tensor) -> None:
-        """The write of `tensor` completed: check the file's size, remember the size and checksum."""
+    def recorded(self, tensor: torch.Tensor, digest: int | None = None) -> None:
+        """The write of `tensor` completed: check the file's size, remember the size and checksum.
+
+        `digest`: the checksum the aio workers computed while writing (`checksum=True`); None: computed here.
+        """
         nbytes = tensor.numel() * tensor.element_size()
         try:
             size = os.stat(self.path).st_size
@@ -181,7 +186,7 @@ class SwapFile:
                 "point it at a larger disk)"
             )
         self.nbytes = nbytes
-        self.digest = checksum(tensor)
+        self.digest = checksum(tensor) if digest is None else digest
 
     def check_before_read(self, nbytes: int) -> None:
         """Refuse to read a file that was never written, is missing, or has the wrong size."""
@@ -203,9 +208,10 @@ class SwapFile:
                 f"{self.nbytes} were written); the run cannot continue from it"
             )
 
-    def verify(self, tensor: torch.Tensor) -> None:
-        """Compare what was read into `tensor` with what was written."""
-        if checksum(tensor) != self.digest:
+    def verify(self, tensor: torch.Tensor, digest: int | None = None) -> None:
+        """Compare what was read into `tensor` with what was written (`digest`: computed by the aio workers
+        during the read; None: computed here)."""
+        if (checksum(tensor) if digest is None else digest) != self.digest:
             raise NVMeSwapError(
                 f"NVMe swap: the swap file of {self.label} is corrupted ({self.path}: its "
                 f"{self.nbytes} bytes differ from those written); the run cannot continue from it"

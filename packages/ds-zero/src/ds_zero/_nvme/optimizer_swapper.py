@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ds_ops.aio import AioError
+from ds_ops.precision import StepOutcome
 from ds_zero._nvme.files import SwapFile, claim_finalizer, io_failure, make_aio_handle
+from ds_zero._nvme.grad_swapper import GradSwapper
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._stage3.partition import ShardTile
 
@@ -37,6 +39,7 @@ __all__ = ["OptimizerSwapper"]
 
 _KEY = "zero_optimization.offload_optimizer"
 _MASTER = "fp32"
+_GRAD = "grad"  # the set's buffer the tile's swapped gradient is read into (GradSwapper writes the files)
 
 
 def _placeholder(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -94,6 +97,8 @@ class OptimizerSwapper:
             for p, off in zip(tile.params, tile.offsets, strict=True):
                 state_of(p).master_writer = self._master_writer(tile, off)
         self._write_initial_masters()
+        self.grads = GradSwapper(tiles, swap_dir=self.dir, handle=make_aio_handle(aio_config))
+        self.grad_outcome: StepOutcome | None = None  # the factors finish_step left for the gradients read
         self.num_reads = 0
         self.num_writes = 0
 
@@ -176,37 +181,51 @@ class OptimizerSwapper:
             if torch.is_tensor(v) and key != "step" and tuple(v.shape) == (tile.numel,)
         ]
 
-    def _issue_reads(self, tile: ShardTile, set_index: int) -> list[tuple[SwapFile, torch.Tensor]]:
-        reads: list[tuple[SwapFile, torch.Tensor]] = []
+    def _issue_reads(
+        self, tile: ShardTile, set_index: int, with_grad: bool = True
+    ) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+        reads: list[tuple[SwapFile, torch.Tensor, Any]] = []
         if tile.numel == 0:  # a param group without trainable parameters
             return reads
-        for key, dtype in [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]:
-            record = self._file(tile, key)
+        keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
+        if with_grad and self.grads.has_grad(tile):
+            keys.append((_GRAD, torch.float32))
+            if _GRAD not in self._sets[set_index]:
+                for buffers in self._sets:
+                    buffers[_GRAD] = self.reader.new_cpu_locked_tensor(
+                        self.max_numel * 4, torch.empty(0, dtype=torch.uint8)
+                    )
+        for key, dtype in keys:
+            record = self.grads.file(tile) if key == _GRAD else self._file(tile, key)
             view = self._view(set_index, key, tile.numel, dtype)
             record.check_before_read(view.numel() * view.element_size())
-            self.reader.async_pread(view, record.path)
-            reads.append((record, view))
+            reads.append((record, view, self.reader.async_pread(view, record.path, checksum=True)))
             self.num_reads += 1
         return reads
 
-    def _bind(self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor]]) -> None:
+    def _bind(
+        self, tile: ShardTile, set_index: int, reads: list[tuple[SwapFile, torch.Tensor, Any]], with_grad: bool = True
+    ) -> None:
         """The reads landed: check them, then point the master and the state at the buffers."""
-        for record, view in reads:
-            record.verify(view)
+        for record, view, request in reads:
+            record.verify(view, request.result.checksum)
         if tile.numel == 0:
             return
         tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
+        if with_grad and self.grads.has_grad(tile):
+            grad = self._view(set_index, _GRAD, tile.numel, torch.float32)
+            tile.master.grad = grad if self.grad_outcome is None else self.grad_outcome.apply_(grad)
         keys = self._keys.get(tile.index)
         if keys:
             state = self.optimizer.state[tile.master]
             for key, dtype in keys:
                 state[key] = self._view(set_index, key, tile.numel, dtype)
 
-    def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor]]:
+    def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor, Any]]:
         if tile.numel == 0:
             return []
         keys = self._state_keys(tile)
-        if tile.index not in self._keys and keys:
+        if keys and any(key not in self._sets[0] for key, _ in keys):  # (also after loading a stateless checkpoint)
             self._ensure_state_buffers(keys)
         self._keys[tile.index] = keys
         state = self.optimizer.state.get(tile.master, {})
@@ -216,17 +235,17 @@ class OptimizerSwapper:
             src = tensor.detach()
             if not src.is_contiguous():
                 src = src.contiguous()
-            self.writer.async_pwrite(src, record.path)
-            writes.append((record, src))
+            writes.append((record, src, self.writer.async_pwrite(src, record.path, checksum=True)))
             self.num_writes += 1
         return writes
 
-    def _unbind(self, tile: ShardTile, writes: list[tuple[SwapFile, torch.Tensor]]) -> None:
+    def _unbind(self, tile: ShardTile, writes: list[tuple[SwapFile, torch.Tensor, Any]]) -> None:
         """The writes completed: record them and drop the tile's in-memory values."""
-        for record, src in writes:
-            record.recorded(src)
+        for record, src, request in writes:
+            record.recorded(src, request.result.checksum)
         if tile.numel == 0:
             return
+        tile.master.grad = None
         tile.master.data = _placeholder(tile.numel, torch.float32)
         state = self.optimizer.state.get(tile.master)
         if state:
@@ -238,13 +257,13 @@ class OptimizerSwapper:
 
         The caller steps the yielded tile (and writes its model-dtype shards) before asking for the next.
         """
-        pending_write: tuple[ShardTile, list[tuple[SwapFile, torch.Tensor]]] | None = None
-        ahead: list[tuple[SwapFile, torch.Tensor]] | None = None
+        pending_write: tuple[ShardTile, list[tuple[SwapFile, torch.Tensor, Any]]] | None = None
+        ahead: list[tuple[SwapFile, torch.Tensor, Any]] | None = None
         try:
             for i, tile in enumerate(tiles):
                 set_index = i % self.num_sets
                 reads = ahead if ahead is not None else self._issue_reads(tile, set_index)
-                self._wait(self.reader, "read", [r for r, _ in reads])
+                self._wait(self.reader, "read", [r for r, _, _ in reads])
                 ahead = None
                 if self.pipeline_read and i + 1 < len(tiles):
                     ahead = self._issue_reads(tiles[i + 1], (i + 1) % self.num_sets)
@@ -252,16 +271,16 @@ class OptimizerSwapper:
                 yield tile
                 writes = self._issue_writes(tile)
                 if pending_write is not None:  # the previous tile's write overlapped this tile's step
-                    self._wait(self.writer, "write", [r for r, _ in pending_write[1]])
+                    self._wait(self.writer, "write", [r for r, _, _ in pending_write[1]])
                     self._unbind(*pending_write)
                     pending_write = None
                 if self.pipeline_write:
                     pending_write = (tile, writes)
                 else:
-                    self._wait(self.writer, "write", [r for r, _ in writes])
+                    self._wait(self.writer, "write", [r for r, _, _ in writes])
                     self._unbind(tile, writes)
             if pending_write is not None:
-                self._wait(self.writer, "write", [r for r, _ in pending_write[1]])
+                self._wait(self.writer, "write", [r for r, _, _ in pending_write[1]])
                 self._unbind(*pending_write)
                 pending_write = None
         finally:  # stopped early (an error): let requests in flight land before their memory can go
@@ -311,6 +330,7 @@ class OptimizerSwapper:
                 state[key] = _placeholder(tile.numel, dtype)
 
     def close(self) -> None:
+        self.grads.close()
         for buffers in self._sets:
             for t in buffers.values():
                 self.reader.free_cpu_locked_tensor(t)

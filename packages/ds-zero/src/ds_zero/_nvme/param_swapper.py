@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ParamSwapper"]
 
 _KEY = "zero_optimization.offload_param"
+_STAGING_BUFFERS = 2  # writes in flight while the next shard is converted
 
 
 def shard_placeholder(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -60,6 +61,7 @@ class _Shard:
     users: int = 0
     pending: bool = False  # a read into `slot` was issued and not waited for
     verified: bool = False  # the slot holds the file's checked contents
+    request: Any = None  # the read in flight into `slot` (its result carries the checksum)
     prefetched: bool = False
 
 
@@ -106,6 +108,9 @@ class ParamSwapper:
         self._shards: dict[int, _Shard] = {}
         self._pools: dict[torch.dtype, BufferPool] = {}
         self._prefetched_numel = 0
+        # queued writes: (shard, source, its staging buffer, the aio request)
+        self._writes: list[tuple[_Shard, torch.Tensor, torch.Tensor, Any]] = []
+        self._staging: list[torch.Tensor] = []
         self.num_reads = 0
         self.num_writes = 0
         self.num_read_ahead_hits = 0  # gathers that found their shard already read ahead
@@ -157,6 +162,7 @@ class ParamSwapper:
         for p in swapped:
             self._shards[p.ds_id] = _Shard(p, SwapFile(self.dir / f"param_{p.ds_id}.swp", ""))
         self._write([(p, p.ds_tensor) for p in swapped])
+        self._settle_reads()  # a full disk is reported here, at construction
         for p in swapped:
             p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
             state_of(p).swap = self
@@ -208,10 +214,14 @@ class ParamSwapper:
 
     def _issue_read(self, shard: _Shard, slot: Slot) -> None:
         p = shard.param
+        if any(queued is shard for queued, _, _, _ in self._writes):  # read after write: let the write land first
+            self._settle_reads()
         shard.file.label = self._label(shard)
         shard.file.check_before_read(state_of(p).shard_numel * p.ds_tensor.element_size())
         pool = self._pools[p.ds_tensor.dtype]
-        self.handle.async_pread(pool.view(slot, state_of(p).shard_numel), shard.file.path)
+        shard.request = self.handle.async_pread(
+            pool.view(slot, state_of(p).shard_numel), shard.file.path, checksum=True
+        )
         shard.slot, shard.pending, shard.verified = slot, True, False
         self.num_reads += 1
 
@@ -222,11 +232,22 @@ class ParamSwapper:
             raise io_failure(err, files, op) from err
 
     def _settle_reads(self) -> None:
+        """Wait for every request in flight: reads (then usable) and queued writes (then checked and recorded)."""
         pending = [s for s in self._shards.values() if s.pending]
-        if pending:
-            self._wait("read", [s.file for s in pending])
+        writes, self._writes = self._writes, []
+        if pending or writes:
+            if writes and not pending:
+                self._wait("write", [s.file for s, _, _, _ in writes])
+            else:
+                self._wait("read", [s.file for s in pending] + [s.file for s, _, _, _ in writes])
             for s in pending:
                 s.pending = False
+            for shard, src, _stage, request in writes:
+                shard.file.recorded(src, request.result.checksum)
+
+    def settle(self) -> None:
+        """Finish every queued read and write (before the swap files are read by anyone else)."""
+        self._settle_reads()
 
     def acquire(self, params: Sequence[nn.Parameter], label: str = "") -> None:
         """Make the swapped shards of `params` readable in `ds_tensor` until `release` (reads and checks them).
@@ -257,8 +278,8 @@ class ParamSwapper:
             p = shard.param
             view = self._pools[p.ds_tensor.dtype].view(shard.slot, state_of(p).shard_numel)
             if not shard.verified:
-                shard.file.verify(view)
-                shard.verified = True
+                shard.file.verify(view, shard.request.result.checksum if shard.request is not None else None)
+                shard.verified, shard.request = True, None
             if shard.prefetched:
                 shard.prefetched = False
                 self._prefetched_numel -= shard.slot[2]
@@ -330,26 +351,44 @@ class ParamSwapper:
         self._write(list(zip(params, values, strict=True)))
 
     def _write(self, items: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
+        """Queue the writes; they settle (checked and recorded) before the next read or wait of the handle.
+
+        Each value is converted into a reused aligned staging buffer (no allocation, no page faults, the
+        zero-copy O_DIRECT path), so the caller's tensor is free again when this returns.
+        """
         if not items:
             return
-        self._settle_reads()
-        sources = []
         for p, value in items:
             shard = self._shards[p.ds_id]
             shard.file.label = self._label(shard)
             dtype = p.ds_tensor.dtype
-            src = value.detach().reshape(-1)
-            if src.dtype != dtype or not src.is_contiguous() or src.device.type != "cpu":
-                src = src.to(device="cpu", dtype=dtype).contiguous()
-            if shard.slot is not None:
-                self._pools[dtype].view(shard.slot, state_of(p).shard_numel).copy_(src)
-                shard.verified = True
-            self.handle.async_pwrite(src, shard.file.path)
-            sources.append((shard, src))
+            numel = state_of(p).shard_numel
+            if shard.pending:  # a read of the old values is still landing in its slot
+                self._settle_reads()
+            stage = self._staging_buffer(dtype, numel)
+            src = stage[:numel]
+            with torch.no_grad():
+                src.copy_(value.detach().reshape(-1))
+                if shard.slot is not None:
+                    self._pools[dtype].view(shard.slot, numel).copy_(src)
+                    shard.verified = True
+            request = self.handle.async_pwrite(src, shard.file.path, checksum=True)
+            self._writes.append((shard, src, stage, request))
             self.num_writes += 1
-        self._wait("write", [s.file for s, _ in sources])
-        for shard, src in sources:
-            shard.file.recorded(src)
+
+    def _staging_buffer(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A free staging buffer of at least `numel` elements of `dtype` (settles the writes when all are busy)."""
+        busy = {id(stage) for _, _, stage, _ in self._writes}
+        for stage in self._staging:
+            if id(stage) not in busy and stage.dtype == dtype and stage.numel() >= numel:
+                return stage
+        if len(self._staging) >= _STAGING_BUFFERS and self._writes:
+            self._settle_reads()
+            return self._staging_buffer(dtype, numel)
+        size = max(numel, max((state_of(s.param).shard_numel for s in self._shards.values()), default=numel))
+        stage = self.handle.new_cpu_locked_tensor(size, torch.empty(0, dtype=dtype))
+        self._staging.append(stage)
+        return stage
 
     def read_copy(self, param: nn.Parameter) -> torch.Tensor:
         """A fresh host copy of a swapped shard's values (checked), without using the pool."""
@@ -371,3 +410,6 @@ class ParamSwapper:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+        for stage in self._staging:
+            self.handle.free_cpu_locked_tensor(stage)
+        self._staging = []

@@ -257,6 +257,15 @@ def gather_params(
         device = state_of(batch[0]).full.device
         release = acquire_shards(batch, label)  # NVMe-swapped shards are read into pinned buffers
         with torch.no_grad():
+            if world == 1 and all(p.ds_tensor.device == device and p.ds_tensor.dtype == dtype for p in batch):
+                # one rank: each shard is the whole parameter; copied straight into its full storage
+                for p in batch:
+                    alloc_full(p)[: p.ds_tensor.numel()].copy_(p.ds_tensor)
+                    set_available(p)
+                if release is not None:
+                    release()
+                handles.append(GatherHandle(batch, None, None, 1))
+                continue
             send = torch.cat([p.ds_tensor for p in batch]) if len(batch) > 1 else batch[0].ds_tensor
             # from a swap buffer, the copy must be complete before the buffer is reused
             send = send.to(device=device, dtype=dtype, non_blocking=release is None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +19,7 @@ from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.model_parallel import CutRanges
 from ds_zero._stage12.muon import MuonPartitionUpdate
 from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
 from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
@@ -89,6 +90,12 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
             reduce over `dp_group`, which counts every partition of every group once.
         checkpoint_names: module parameter name -> the name to save it under (an expert's global name,
             so that saves at one expert-parallel degree load at another).
+        model_parallel_group: the tensor-parallel group, whose ranks hold other shards of the same model
+            (None: no model parallelism). The global norm and the overflow flag are then also combined
+            over it (`ds_ops.precision.finish_step`), so every shard clips by the whole model's norm and
+            skips the same steps. Every rank of it must step together.
+        model_parallel_params: with `model_parallel_group`, the parameters cut across it (each rank holds
+            a different shard); the others are replicated on it and counted once in the norm.
 
     Raises:
         ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor.
@@ -109,6 +116,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         communication_dtype: torch.dtype | None = None,
         partition_groups: Sequence[ProcessGroup | None] | None = None,
         checkpoint_names: Mapping[str, str] | None = None,
+        model_parallel_group: ProcessGroup | None = None,
+        model_parallel_params: Collection[torch.Tensor] = (),
     ) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
         if partition_groups is not None and len(partition_groups) != len(optimizer.param_groups):
@@ -137,6 +146,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         # The overflow check does not need the norm (finish_step checks on its own), so the norm is taken
         # only when asked for or needed to clip.
         self._compute_norm = config.compute_grad_norm or self.clip_grad > 0
+        self.model_parallel_group = model_parallel_group
+        self._cut = CutRanges(self.flats, model_parallel_params) if model_parallel_group is not None else None
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer.pin_memory
@@ -327,6 +338,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
             partitioned=True,
             comm_device=self._comm_device,
             skip=skip,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut.views(grads) if self._cut is not None else None,
         )
         self.overflow = outcome.overflow
         self._global_grad_norm = outcome.grad_norm

@@ -15,7 +15,8 @@ master partition (accumulating across micro-steps), and each full gradient is dr
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,6 +24,9 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._params.partitioned_param import state_of
+
+if TYPE_CHECKING:
+    from ds_zero._nvme.grad_swapper import GradSwapper
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ class GradReducer:
         communication_dtype: dtype of the collective (None: the parameters' dtype).
         gradient_predivide_factor: divide by this before the reduction and by world/factor after.
         on_first_grad: called for every arriving gradient (the coordinator's backward start).
+        swapped: for parameters whose tile's gradient is swapped to NVMe, `id(param) -> (tile, offset)`.
+        grad_swapper: the `GradSwapper` those pieces go to (flushed at the end of each backward).
     """
 
     def __init__(
@@ -64,20 +70,27 @@ class GradReducer:
         communication_dtype: torch.dtype | None,
         gradient_predivide_factor: float,
         on_first_grad: Any,
+        swapped: Mapping[int, tuple[Any, int]] | None = None,
+        grad_swapper: GradSwapper | None = None,
     ) -> None:
         self.group = group
+        # NVMe: parameter id -> (tile, offset in the tile); their pieces go to `grad_swapper`, not to a master
+        self._swapped = dict(swapped or {})
+        self.grad_swapper = grad_swapper
         self.world = ds_comm.get_world_size(group)
         self.comm_dtype = communication_dtype
         self.pre = float(gradient_predivide_factor)
         self.post = self.world / self.pre
         self._on_first_grad = on_first_grad
-        self.buckets = _buckets(params, max(1, reduce_bucket_size))
+        # One rank reduces nothing: a bucket per parameter lets each gradient go (copy-free) as it arrives.
+        self.buckets = _buckets(params, 1 if self.world == 1 and self.pre == 1.0 else max(1, reduce_bucket_size))
         for index, bucket in enumerate(self.buckets):
             for p in bucket:
                 state_of(p).grad_bucket = index
         self._arrived = [0] * len(self.buckets)
         self._seen: set[int] = set()
         self._late: set[int] = set()
+        self.saw_late = False  # a bucket ever got a second gradient in one backward (reentrant checkpointing)
         self._next = 0
         self._active = False
         self._fresh: set[int] = set()
@@ -106,6 +119,15 @@ class GradReducer:
         sizes = [state_of(p).shard_numel for p in params]
         total = sum(sizes)
         device = state_of(params[0]).full.device
+        if world == 1 and len(params) == 1 and self.pre == 1.0:
+            grad = params[0].grad
+            if grad is not None and grad.dtype == dtype and grad.is_contiguous() and grad.numel() == total:
+                # one rank: the reduction is the identity, the gradient itself is the piece (no copies)
+                params[0].grad = None
+                while self._inflight:
+                    self._complete(self._inflight.pop(0))
+                self._inflight.append((None, grad.reshape(-1), params, sizes, grad))
+                return
         inp = torch.empty(world, total, dtype=dtype, device=device)
         offset = 0
         with torch.no_grad():
@@ -124,11 +146,10 @@ class GradReducer:
                 offset += s
             if self.pre != 1.0:
                 inp.div_(self.pre)
-        out = torch.empty(total, dtype=dtype, device=device)
         if world == 1:
-            out.copy_(inp.view(-1))
-            work = None
+            out, work = inp.view(-1), None
         else:
+            out = torch.empty(total, dtype=dtype, device=device)
             work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=self.group, async_op=True)
         # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
         while self._inflight:
@@ -144,6 +165,11 @@ class GradReducer:
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
+                route = self._swapped.get(id(p))
+                if route is not None and self.grad_swapper is not None:
+                    self.grad_swapper.add(route[0], route[1], out[offset : offset + s])
+                    offset += s
+                    continue
                 master, moff = state_of(p).grad_slot
                 if master.grad is None:
                     # every bucket is reduced once per backward and the shards tile the master, so each
@@ -164,6 +190,7 @@ class GradReducer:
                 self._reduce(self.buckets[self._next])
                 self._next += 1
             late = sorted(self._late)
+            self.saw_late = self.saw_late or bool(late)
             if late:  # second gradients of a bucket: they add to the first, whatever the master's state
                 for item in self._inflight:
                     self._complete(item)
@@ -180,6 +207,8 @@ class GradReducer:
         for item in inflight:
             self._complete(item)
         self._fresh.clear()
+        if self.grad_swapper is not None:
+            self.grad_swapper.flush()
 
     def discard(self) -> None:
         """Finish anything in flight and drop any full gradient still on a parameter (zero_grad)."""

@@ -52,6 +52,8 @@ class LiveParams:
         """The most `live_numel` has been since construction or `reset_peak`."""
         self.num_gathers = 0
         """Collectives issued so far (part of the gather fingerprint)."""
+        self.num_param_gathers = 0
+        """Parameters gathered so far, counted once per gather (what a fetch-count test compares)."""
 
     @property
     def prefetched_numel(self) -> int:
@@ -72,6 +74,7 @@ class LiveParams:
             seq=self.num_gathers,
         )
         self.num_gathers += len(handles)
+        self.num_param_gathers += len(params)
         self.live_numel += sum(p.ds_numel for p in params)
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
         if async_op:
@@ -161,3 +164,4 @@ class LiveParams:
                 params, group=self.group, fp_group=self.fp_group, label=label, checked=True, seq=self.num_gathers
             )
             self.num_gathers += len(handles)
+            self.num_param_gathers += len(params)

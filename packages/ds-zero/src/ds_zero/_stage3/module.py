@@ -177,6 +177,11 @@ class DeepSpeedZeRoOffload:
     def reset_peak(self) -> None:
         self.coordinator.live.reset_peak()
 
+    @property
+    def num_param_gathers(self) -> int:
+        """Parameters all-gathered so far, each gather counted (prefetches and explicit gathers included)."""
+        return self.coordinator.live.num_param_gathers
+
     def release_all(self) -> None:
         """Free every gathered parameter no running module or `GatheredParameters` block holds."""
         self.coordinator.release_unused()

@@ -15,6 +15,7 @@ from ds_ops import supports_in_pass_copy
 from ds_ops.precision import LossScaler, finish_step
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage3 import ShardParamAccess
+from ds_zero._nvme.eager_step import EagerSteps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
@@ -197,6 +198,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                 state_of(untrained[0]).name,
             )
         ordered = [p for p in self.coordinator.params if id(p) in trained_ids]
+        swapper = self.optimizer_swapper
         self.reducer = GradReducer(
             ordered,
             group=dp_group,
@@ -204,11 +206,16 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             communication_dtype=communication_dtype,
             gradient_predivide_factor=gradient_predivide_factor,
             on_first_grad=self.coordinator.ensure_backward,
+            swapped={id(p): (t, off) for t in self.tiles for p, off in zip(t.params, t.offsets, strict=True)}
+            if swapper is not None
+            else None,
+            grad_swapper=swapper.grads if swapper is not None else None,
         )
         self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
         self._trained = trained
         register_owner(trained, self)
         self._global_grad_norm: float | None = None
+        self._boundary_hint = False
         self.overflow = False
         self._fused_copy = supports_in_pass_copy(optimizer)
         nccl = ds_comm.is_initialized() and torch.distributed.get_backend(dp_group) == "nccl"
@@ -274,9 +281,37 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         """The gradient norm of the last step, before clipping (None before the first step)."""
         return self._global_grad_norm
 
+    def set_step_boundary(self, is_boundary: bool) -> None:
+        """The engine says whether the next backward ends the gradient accumulation window (the next
+        `step()` updates). Only then may NVMe-swapped sub-groups be updated during that backward."""
+        self._boundary_hint = bool(is_boundary)
+
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
+        self._arm_eager_steps()
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
+
+    def _arm_eager_steps(self) -> None:
+        """With the optimizer on NVMe, step sub-groups during this backward when nothing needs the whole
+        gradient first (`ds_zero._nvme.eager_step`'s note): told this backward ends the accumulation window,
+        no clipping, no inf/nan check, loss scale 1, and a previous backward
+        whose completion order is known and which never produced a second gradient for a parameter."""
+        swapper = self.optimizer_swapper
+        boundary, self._boundary_hint = self._boundary_hint, False
+        if swapper is None or swapper.grads.eager is not None:
+            return
+        order = swapper.grads.last_order
+        if (
+            boundary
+            and self.clip_grad == 0.0
+            and not self.check_overflow
+            and not self.loss_scaler.dynamic
+            and self.loss_scaler.loss_scale == 1.0
+            and not self.reducer.saw_late
+            and len(order) == sum(1 for t in self.tiles if t.numel)
+        ):
+            swapper.grads.eager = EagerSteps(swapper, order, self._step_one)
+            swapper.grads.eager.start()
 
     def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
         """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank).
@@ -288,6 +323,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self.reducer.finish()
         grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
+        swapper = self.optimizer_swapper
         outcome = finish_step(
             grads,
             scaler=self.loss_scaler,
@@ -298,7 +334,10 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             partitioned=True,
             comm_device=self._norm_device,
             skip=skip,
+            stats=swapper.grads.stats() if swapper is not None else None,  # NVMe: the gradients are on disk
         )
+        if swapper is not None:
+            swapper.grad_outcome = outcome
         self._global_grad_norm = outcome.grad_norm
         self.overflow = outcome.overflow
         if self.overflow:
@@ -308,8 +347,23 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         self.refresh_gathered()
         return True
 
+    def _step_one(self, tile: Any) -> None:
+        """Step the base optimizer on one bound tile (its group narrowed to it) and write its 16-bit shards."""
+        groups = self.optimizer.param_groups
+        saved = [group["params"] for group in groups]
+        try:
+            for gi, group in enumerate(groups):
+                group["params"] = [tile.master] if gi == tile.group_index else []
+            self._step_tiles([tile])
+        finally:
+            for group, params in zip(groups, saved, strict=True):
+                group["params"] = params
+
     def _base_step(self) -> None:
         tiles = self.tiles
+        eager = self.optimizer_swapper.grads.eager if self.optimizer_swapper is not None else None
+        if eager is not None:  # stepped during backward: not again
+            tiles = [t for t in tiles if t.index not in eager.stepped]
         for tile in tiles:
             tile.attach_grad()
         if len(tiles) == len(self.partitions) and self.optimizer_swapper is None:
@@ -331,6 +385,9 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                     group["params"] = params
         for tile in tiles:
             tile.master.grad = None
+        swapper = getattr(self.parameter_offload, "param_swapper", None)
+        if swapper is not None:  # the new 16-bit shards' writes overlapped the next tiles; a failure shows here
+            swapper.settle()
 
     def _step_tiles(self, tiles: list[Any]) -> None:
         """Step the base optimizer (whose groups hold exactly `tiles`) and update the model-dtype shards."""
@@ -366,6 +423,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradient partitions (and any full gradient still on a parameter)."""
         self.reducer.discard()
+        if self.optimizer_swapper is not None:
+            self.optimizer_swapper.grads.zero_grad()
         for part in self.partitions:
             if set_to_none:
                 part.master.grad = None

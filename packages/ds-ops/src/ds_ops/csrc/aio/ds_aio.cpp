@@ -116,7 +116,9 @@ void Handle::submit(Request* r, int32_t direct_mode, const char* path) {
     std::lock_guard<std::mutex> lock(mu_);
     for (int64_t k = 0; k < num_slices; ++k) {
       const int64_t first = k * num_blocks / num_slices, last = (k + 1) * num_blocks / num_slices;
-      queue_.push_back(new Slice{r, first * unit, std::min(last * unit, r->nbytes), unit});
+      auto* slice = new Slice{r, first * unit, std::min(last * unit, r->nbytes), unit};
+      slice->begin = slice->pos;
+      queue_.push_back(slice);
     }
   }
   work_cv_.notify_all();
@@ -132,6 +134,9 @@ void Handle::settle(Request* r) {
   out->error = r->error.load();
   out->stage = r->stage.load();
   out->direct_refused = r->direct_refused;
+  out->end_ns = monotonic_ns();
+  out->checksum = r->checksum.load();
+  out->start_ns = r->start_ns.load() != 0 ? r->start_ns.load() : out->end_ns;
   delete r;
   std::lock_guard<std::mutex> lock(mu_);
   ++completed_;
@@ -168,9 +173,10 @@ DS_EXPORT void ds_aio_destroy(void* handle) { delete static_cast<ds_aio::Handle*
 
 // Queues a read (is_write 0) or write of `nbytes` at `buffer` from/to `path` at `file_offset`;
 // direct_mode 0 buffered, 1 O_DIRECT or fail, 2 O_DIRECT where the file system allows it. `out` is
-// filled when the request settles and must stay valid until ds_aio_wait returns.
+// filled when the request settles and must stay valid until ds_aio_wait returns. `flags`: kWantChecksum
+// has the workers sum the bytes as each slice completes (Result::checksum).
 DS_EXPORT void ds_aio_submit(void* handle, int32_t is_write, void* buffer, int64_t nbytes, const char* path,
-                             int64_t file_offset, int32_t direct_mode, ds_aio::Result* out) {
+                             int64_t file_offset, int32_t direct_mode, ds_aio::Result* out, int32_t flags) {
   std::memset(out, 0, sizeof(*out));
   auto* r = new ds_aio::Request;
   r->write = is_write != 0;
@@ -178,6 +184,7 @@ DS_EXPORT void ds_aio_submit(void* handle, int32_t is_write, void* buffer, int64
   r->nbytes = nbytes;
   r->file_offset = file_offset;
   r->out = out;
+  r->want_checksum = (flags & ds_aio::kWantChecksum) != 0;
   static_cast<ds_aio::Handle*>(handle)->submit(r, direct_mode, path);
 }
 

@@ -25,6 +25,7 @@ struct Slice {
   int64_t pos;   // next byte (relative to the request) to issue
   int64_t end;   // one past the slice's last byte
   int64_t unit;  // block size for this request
+  int64_t begin = 0;  // the slice's first byte (pos advances)
   int32_t outstanding = 0;  // blocks in flight (io_uring)
   bool issued_all = false;
 };
@@ -104,11 +105,14 @@ class Handle {
     if (queue_.empty()) return nullptr;
     Slice* slice = queue_.front();
     queue_.pop_front();
+    slice->req->mark_started();
     return slice;
   }
 
   void finish_slice(Slice* slice) {
     Request* r = slice->req;
+    if (r->want_checksum && !r->failed())  // the bytes are in the buffer now (read) or on their way out (write)
+      r->checksum.fetch_add(checksum_part(r->buffer, slice->begin, slice->end, r->nbytes), std::memory_order_relaxed);
     delete slice;
     if (r->slices_left.fetch_sub(1, std::memory_order_acq_rel) == 1) settle(r);
   }

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 
 namespace ds_aio {
 
@@ -39,7 +41,41 @@ struct Result {
   int32_t stage;         // a Stage
   int32_t direct_refused;  // O_DIRECT was asked for "where allowed" and the file system refused it
   int32_t reserved;
+  int64_t start_ns;  // CLOCK_MONOTONIC when a worker first took up the request (0: never started)
+  int64_t end_ns;    // CLOCK_MONOTONIC when it settled
+  uint64_t checksum;  // with kWantChecksum: wrapping sum of the buffer's 8-byte words (+ trailing bytes)
 };
+
+// ds_aio_submit flags.
+constexpr int32_t kWantChecksum = 1;
+
+// The checksum's share of bytes [begin, end) of a `total`-byte buffer: each byte counts at its place in
+// its little-endian 8-byte word (from the buffer's first byte), bytes past the last whole word count
+// as themselves; all sums wrap at 2^64. Slices of one buffer add up to the whole buffer's value.
+inline uint64_t checksum_part(const char* buf, int64_t begin, int64_t end, int64_t total) {
+  const int64_t words_end = total / 8 * 8;
+  uint64_t sum = 0;
+  int64_t i = begin;
+  for (; i < end && i < words_end && i % 8 != 0; ++i)
+    sum += static_cast<uint64_t>(static_cast<unsigned char>(buf[i])) << (8 * (i % 8));
+  for (; i + 8 <= end && i + 8 <= words_end; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, buf + i, 8);
+    sum += word;
+  }
+  for (; i < end; ++i) {
+    const uint64_t byte = static_cast<unsigned char>(buf[i]);
+    sum += i < words_end ? byte << (8 * (i % 8)) : byte;
+  }
+  return sum;
+}
+
+// CLOCK_MONOTONIC in nanoseconds: the clock Python's time.monotonic_ns() reads on Linux.
+inline int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 inline bool is_aligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % kAlign == 0; }
 
@@ -56,7 +92,16 @@ struct Request {
   std::atomic<int32_t> error{0};
   std::atomic<int32_t> stage{kStageNone};
   std::atomic<int32_t> slices_left{0};
+  std::atomic<int64_t> start_ns{0};
+  std::atomic<uint64_t> checksum{0};
+  bool want_checksum = false;
   int32_t direct_refused = 0;
+
+  // The first worker to take up a slice of this request stamps its start.
+  void mark_started() {
+    int64_t never = 0;
+    if (start_ns.load(std::memory_order_relaxed) == 0) start_ns.compare_exchange_strong(never, monotonic_ns());
+  }
 
   bool direct() const { return fd_direct >= 0; }
   bool failed() const { return error.load(std::memory_order_relaxed) != 0; }

@@ -1,0 +1,7 @@
+"""`deepspeed.runtime.hybrid_engine`: the module path of `DeepSpeedHybridEngine`."""
+
+from __future__ import annotations
+
+from ds_engine._hybrid_engine import DeepSpeedHybridEngine
+
+__all__ = ["DeepSpeedHybridEngine"]
