@@ -65,10 +65,10 @@ def step_breakdown(step: dict[str, Any]) -> dict[str, Any]:
             "write_busy_s": length_s(clip(writes, window)),
             "io_busy_s": length_s(io_busy),
         }
+        adam_in = clip(adam, window)  # type: ignore[arg-type]
+        row["adam_s"] = length_s(adam_in)  # in backward too when sub-groups are updated there (eager steps)
+        row["adam_with_io_s"] = length_s(intersect(adam_in, io_busy))
         if name == "optimizer":
-            adam_in = clip(adam, window)  # type: ignore[arg-type]
-            row["adam_s"] = length_s(adam_in)
-            row["adam_with_io_s"] = length_s(intersect(adam_in, io_busy))
             row["idle_s"] = row["s"] - length_s(adam_in + io_busy)  # neither Adam nor I/O: copies, bookkeeping
         out[name] = row
     out["read_bytes"] = sum(n for op, n, _s, _e in io if op == "read")

@@ -19,7 +19,8 @@ QUIET_OTHERS = 0.25
 """Cores that other processes kept busy during a benchmark (on average) above which it shared the machine."""
 LOSS_HEADING = "## Loss curves: DDP vs ZeRO 1/2/3 vs pipeline"
 ULYSSES_HEADING = "## Ulysses sequence parallelism: activation memory and step time vs sequence length"
-PLOT_OWNERS = {LOSS_HEADING: "loss_curves", ULYSSES_HEADING: "ulysses"}
+INFINITY_HEADING = "## ZeRO-Infinity: where a step's seconds go"
+PLOT_OWNERS = {LOSS_HEADING: "loss_curves", ULYSSES_HEADING: "ulysses", INFINITY_HEADING: "infinity"}
 """The benchmark whose run each plot section shows (`results.py --only` replaces it with that benchmark's)."""
 
 
@@ -175,6 +176,21 @@ def _ulysses_section(plot: Path) -> list[str]:
     ]
 
 
+def _infinity_section(plot: Path) -> list[str]:
+    """The per-phase bars of `benchmarks/infinity.py` (median step, forward / backward / optimizer)."""
+    if not plot.exists():
+        return []
+    return [
+        INFINITY_HEADING,
+        "",
+        "Median step by phase (ds updates each sub-group during backward, so its optimizer phase is empty; "
+        "the NVMe traffic and CPU Adam per phase are in the raw output below).",
+        "",
+        f"![infinity]({plot.name})",
+        "",
+    ]
+
+
 def _runs(runs: list[dict]) -> list[str]:
     out = [
         "## Runs",
@@ -227,6 +243,7 @@ def render(
     out.append("")
     out += _loss_section(rows, plot)
     out += _ulysses_section(plot.parent / "ulysses.svg")
+    out += _infinity_section(plot.parent / "infinity.svg")
     if runs:
         out += _runs(runs)
     if texts:

@@ -46,13 +46,17 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "ulysses": ([], ["--lengths", "1024,2048", "--steps", "1", "--modes", "sp1,sp2"]),
     "moe": ([], ["--tokens", "256", "--steps", "2"]),
     "hybrid_engine": ([], ["--hidden", "128", "--layers", "2", "--new-tokens", "8", "--reps", "1"]),
-    # full: the 2.42B job from NVMe (31.5 GB of swap files; DeepSpeed cannot run it here), ~15 min
+    # full: the 2.42B job from NVMe, ds alone (43 GB of swap files; DeepSpeed cannot run it here), ~5 min
     "infinity": ([], ["--layers", "2", "--width", "2048", "--steps", "1", "--sides", "ds"]),
+    "infinity_0.6b": ([], ["--layers", "1", "--width", "2048", "--steps", "1", "--sides", "ds"]),
 }
 
 
 #: Second runs of a script under their own name: name -> (script, its leading arguments).
-VARIANTS: dict[str, tuple[str, list[str]]] = {"aio_step": ("aio", ["--step"])}  # ZeRO-3 step: NVMe vs CPU offload
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "aio_step": ("aio", ["--step"]),  # ZeRO-3 step: NVMe vs CPU offload
+    "infinity_0.6b": ("infinity", ["--layers", "9", "--steps", "4"]),  # ds beside DeepSpeed where both run
+}
 
 # torch 2.13 deprecates the *_tensor collectives ds_comm wraps; every rank of every run would say so.
 CHILD_ENV = {"PYTHONWARNINGS": "ignore::FutureWarning:torch.distributed.c10d_logger"}
@@ -248,6 +252,8 @@ def main() -> None:
             argv = list(quick if args.quick else full)
             if name in ("loss_curves", "ulysses") and args.output.resolve().parent != HERE:
                 argv += ["--out-dir", str(args.output.resolve().parent)]  # its plot goes next to RESULTS.md
+            if name == "infinity":  # its per-phase chart goes next to RESULTS.md
+                argv += ["--plot", str(args.output.resolve().parent / "infinity.svg")]
             run_one(name, argv, args.out_dir, args.timeout)
     source = args.collect if args.collect is not None else args.out_dir
     rows, runs, texts = collect(source, None if args.collect is not None and not args.only else names)
