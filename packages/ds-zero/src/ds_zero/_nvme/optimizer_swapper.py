@@ -329,6 +329,14 @@ class OptimizerSwapper:
                 self._write_now(tile, key, state[key])
                 state[key] = _placeholder(tile.numel, dtype)
 
+    def release_grad_buffers(self) -> None:
+        """Free the sets' gradient buffers (updates during backward use the gradient swapper's own; a later
+        step that reads gradients from disk allocates them again)."""
+        for buffers in self._sets:
+            grad = buffers.pop(_GRAD, None)
+            if grad is not None:
+                self.reader.free_cpu_locked_tensor(grad)
+
     def close(self) -> None:
         self.grads.close()
         for buffers in self._sets:

@@ -305,14 +305,14 @@ class ParamSwapper:
         p.ds_tensor = shard_placeholder(state_of(p).shard_numel, p.ds_tensor.dtype)
 
     def prefetch(self, params: Sequence[nn.Parameter]) -> bool:
-        """Start reading the shards of `params` (no wait). False once half the pool holds prefetched shards
+        """Start reading the shards of `params` (no wait). False once a quarter of the pool holds prefetched shards
         (the rest stays free for the gathers in progress); the caller stops looking further ahead then."""
         for p in params:
             shard = self._shards[p.ds_id]
             if shard.slot is not None:
                 continue
             pool = self._pool(p.ds_tensor.dtype)
-            if self._prefetched_numel + pool.reserved(state_of(p).shard_numel) > pool.capacity // 2:
+            if self._prefetched_numel + pool.reserved(state_of(p).shard_numel) > pool.capacity // 4:
                 return False
             slot = pool.alloc(state_of(p).shard_numel)
             if slot is None:

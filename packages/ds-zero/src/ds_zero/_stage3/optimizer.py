@@ -310,6 +310,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
             and not self.reducer.saw_late
             and len(order) == sum(1 for t in self.tiles if t.numel)
         ):
+            swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward
             swapper.grads.eager = EagerSteps(swapper, order, self._step_one)
             swapper.grads.eager.start()
 
