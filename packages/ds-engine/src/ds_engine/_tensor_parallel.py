@@ -216,7 +216,11 @@ def _same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return bool(a == b)
+    if isinstance(a, (int, float, str, bytes, bool, type(None))) or isinstance(b, (int, float, str, bytes, bool)):
+        return bool(a == b)
+    # Other objects (HF generate's KV cache, configs, ...) travel as pickles whose equality is identity:
+    # the same type on both ranks is all that can be asked of them.
+    return type(a) is type(b)
 
 
 class _BatchCheck:
