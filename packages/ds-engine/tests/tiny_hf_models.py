@@ -53,6 +53,19 @@ def build(family: str, *, seed: int = 0, **kwargs: Any) -> Any:
     return model.float().eval()
 
 
+def greedy(gen: Any, ids: torch.Tensor, new_tokens: int) -> Any:
+    """`new_tokens` greedy tokens from `gen` (a `generate`), with their scores (no early stop at eos)."""
+    return gen(
+        ids,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+
+
 def batch(seed: int = 1, *, size: int = 2, seq: int = 12) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (size, seq), generator=gen)

@@ -28,7 +28,7 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_zero", reason="the hybrid engine at ZeRO-3 needs ds-zero: pip install 'ds-engine[zero]'")
 pytest.importorskip("transformers")
 
-from tiny_hf_models import LoraLinear, batch, build, lora_llama, merged_copy  # noqa: E402
+from tiny_hf_models import LoraLinear, batch, build, greedy, lora_llama, merged_copy  # noqa: E402
 
 NEW_TOKENS = 6
 LR = 1e-2
@@ -45,15 +45,7 @@ def _config(**hybrid: Any) -> dict[str, Any]:
 
 
 def _generate(gen: Any, ids: torch.Tensor) -> Any:
-    return gen(
-        ids,
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
+    return greedy(gen, ids, NEW_TOKENS)
 
 
 def _scores_diff(a: Any, b: Any) -> float:

@@ -18,22 +18,14 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_parallel", reason="AutoTP needs ds-parallel: pip install 'ds-engine[parallel]'")
 pytest.importorskip("transformers")
 
-from tiny_hf_models import batch, build  # noqa: E402
+from tiny_hf_models import batch, build, greedy  # noqa: E402
 
 NEW_TOKENS = 6
 LR = 0.1
 
 
 def _generate(gen: Any, ids: torch.Tensor) -> Any:
-    return gen(
-        ids,
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
+    return greedy(gen, ids, NEW_TOKENS)
 
 
 def _run(rank: int, world: int) -> dict[str, Any]:

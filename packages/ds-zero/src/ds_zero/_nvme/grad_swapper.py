@@ -197,9 +197,6 @@ class GradSwapper:
         self._closing_order = []
         self.eager = None
 
-    def state(self) -> dict[str, Any]:
-        return {"valid": sorted(self._valid), "buffers": self.num_buffers}
-
     def close(self) -> None:
         try:
             self._settle_writes()
