@@ -62,6 +62,10 @@ def test_knobs_without_effect_warn_with_their_key_path() -> None:
     pytest.importorskip("ds_zero")
     with pytest.warns(UserWarning, match=r"zero_optimization\.round_robin_gradients=True has no effect in ds"):
         _config(zero_optimization={"stage": 2, "round_robin_gradients": True})
+    with pytest.warns(
+        UserWarning, match=r"elastic_checkpoint=True has no effect in ds \(elastic checkpointing is deprecated"
+    ):
+        _config(zero_optimization={"stage": 3, "elastic_checkpoint": True})
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # DeepSpeed's defaults spelled out: silent
         _config(zero_optimization={"stage": 2, "contiguous_gradients": True, "round_robin_gradients": False})

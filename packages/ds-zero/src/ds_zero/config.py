@@ -171,6 +171,7 @@ class ZeroConfig(ConfigModel):
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
         "save_muon_momentum_buffer_in_memory": "a ZeRO-3 Muon setting; Muon is not supported at stage 3 in ds",
+        "elastic_checkpoint": "elastic checkpointing is deprecated; ds checkpoints always re-partition on load",
     }
 
     stage: int = Field(0, ge=0, le=3)
