@@ -53,6 +53,14 @@ def test_git_version_info_describes_this_install() -> None:
     assert compatible["deepspeed_not_implemented"] is False
     assert compatible["cpu_adam"] == bool(ds_ops.CPUAdamBuilder().is_compatible())
     assert set(compatible) == {*ds_ops.ALL_OPS, "deepspeed_not_implemented"}
+    # fused_adam is answered for the accelerator's implementation: the CPU Adam kernel on a CPU host
+    fused_adam = ds_engine.ops.op_builder.FusedAdamBuilder
+    assert fused_adam.NAME == "fused_adam"
+    if ds_comm.get_accelerator().device_name() == "cpu":
+        assert fused_adam is ds_ops.op_builder.CPUFusedAdamBuilder
+        assert compatible["fused_adam"] == bool(ds_ops.CPUAdamBuilder().is_compatible())
+    else:
+        assert fused_adam is ds_ops.FusedAdamBuilder
 
 
 def test_on_device_builds_on_meta_in_the_dtype_and_restores() -> None:

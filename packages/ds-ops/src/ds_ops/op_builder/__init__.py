@@ -20,8 +20,10 @@ from ds_ops.op_builder._builders import (
     ALL_OPS,
     CPUAdagradBuilder,
     CPUAdamBuilder,
+    CPUFusedAdamBuilder,
     CPULionBuilder,
     FusedAdamBuilder,
+    host_op_builders,
 )
 from ds_ops.op_builder._cache import extensions_root
 from ds_ops.op_builder._cuda import CUDAOpBuilder
@@ -35,6 +37,7 @@ __all__ = [
     "AsyncIOBuilder",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
+    "CPUFusedAdamBuilder",
     "CPULionBuilder",
     "CUDAOpBuilder",
     "Compatibility",
@@ -48,6 +51,7 @@ __all__ = [
     "detect_simd",
     "env_var",
     "extensions_root",
+    "host_op_builders",
     "io_uring_status",
     "prebuilt_entry",
     "selected_ops",

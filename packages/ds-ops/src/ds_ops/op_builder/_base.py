@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ds_ops.op_builder._cache import cache_key, extensions_root, file_lock, hash_files, torch_version
 from ds_ops.op_builder._ninja import NinjaSpec, OpBuildError, render, run_ninja
-from ds_ops.op_builder._prebuilt import usable_prebuilt
+from ds_ops.op_builder._prebuilt import prebuilt_entry, usable_prebuilt
 from ds_ops.op_builder._toolchain import (
     PROBE_SOURCE,
     SIMD_FLAGS,
@@ -270,7 +270,10 @@ class OpBuilder:
             **self.FUNCTIONS,
         }
         for name, (restype, argtypes) in functions.items():
-            function = getattr(library, name)
+            try:
+                function = getattr(library, name)
+            except AttributeError:
+                raise OSError(f"{path} does not export {name}: it is not op {self.name}'s library") from None
             function.restype = restype
             function.argtypes = list(argtypes)
         abi = library.ds_op_abi_version()
@@ -278,6 +281,14 @@ class OpBuilder:
             raise OSError(f"{path} has op ABI {abi}, this ds-ops needs {ABI_VERSION}")
         _LIBRARIES[path] = library
         return library
+
+    def prebuilt_installed(self) -> bool:
+        """Whether the wheel holds a prebuilt library of this op (usable on this host or not)."""
+        return prebuilt_entry(self.name) is not None
+
+    def prebuilt_library(self) -> tuple[Path | None, str]:
+        """(the wheel's prebuilt library of this op, usable here) or (None, why not)."""
+        return usable_prebuilt(self.name, ABI_VERSION)
 
     def load(self, verbose: bool = True) -> ctypes.CDLL:
         """The op's library, ready to call: prebuilt, else cached, else JIT-built (see module note).
@@ -292,7 +303,7 @@ class OpBuilder:
         runtime = self.runtime_problems()
         if runtime:
             raise OpNotCompatibleError(f"op {self.name} cannot run on this machine: {'; '.join(runtime)}")
-        prebuilt, why_not = usable_prebuilt(self.name, ABI_VERSION)
+        prebuilt, why_not = self.prebuilt_library()
         if prebuilt is not None:
             try:
                 library = self._open(prebuilt)
