@@ -28,6 +28,7 @@ from ds_ops.op_builder._builders import (
 from ds_ops.op_builder._cache import extensions_root
 from ds_ops.op_builder._cuda import CUDAOpBuilder
 from ds_ops.op_builder._ninja import OpBuildError
+from ds_ops.op_builder._not_implemented import NotImplementedBuilder
 from ds_ops.op_builder._prebuilt import MANIFEST_NAME, PREBUILT_DIR, prebuilt_entry
 from ds_ops.op_builder._toolchain import SIMD_FLAGS, detect_simd
 
@@ -43,6 +44,7 @@ __all__ = [
     "Compatibility",
     "FusedAdamBuilder",
     "MANIFEST_NAME",
+    "NotImplementedBuilder",
     "OpBuildError",
     "OpBuilder",
     "OpNotCompatibleError",
