@@ -53,6 +53,23 @@ def test_git_version_info_describes_this_install() -> None:
     assert compatible["deepspeed_not_implemented"] is False
     assert compatible["cpu_adam"] == bool(ds_ops.CPUAdamBuilder().is_compatible())
     assert set(compatible) == {*ds_ops.ALL_OPS, "deepspeed_not_implemented"}
+    # fused_adam is answered for the accelerator's implementation: the CPU Adam kernel on a CPU host
+    fused_adam = ds_engine.ops.op_builder.FusedAdamBuilder
+    assert fused_adam.NAME == "fused_adam"
+    if ds_comm.get_accelerator().device_name() == "cpu":
+        assert fused_adam is ds_ops.op_builder.CPUFusedAdamBuilder
+        assert compatible["fused_adam"] == bool(ds_ops.CPUAdamBuilder().is_compatible())
+    else:
+        assert fused_adam is ds_ops.FusedAdamBuilder
+    # an op ds does not implement resolves as on DeepSpeed's CPU accelerator: listed, never compatible
+    from ds_engine.ops.op_builder import InferenceBuilder
+
+    assert InferenceBuilder.NAME == "deepspeed_not_implemented" and not compatible[InferenceBuilder.NAME]
+    assert not InferenceBuilder().is_compatible()
+    with pytest.raises(ds_ops.OpNotCompatibleError, match="not implemented in ds"):
+        InferenceBuilder().load()
+    with pytest.raises(AttributeError, match="NoSuchBuilder"):
+        ds_engine.ops.op_builder.NoSuchBuilder  # noqa: B018
 
 
 def test_on_device_builds_on_meta_in_the_dtype_and_restores() -> None:

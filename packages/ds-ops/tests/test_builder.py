@@ -161,3 +161,31 @@ def test_broken_source_raises_the_compiler_error(tmp_path: Path, cache: Path) ->
     # Fixing the source gives a new cache key and a working op.
     write_toy(tmp_path / "src", GOOD_SOURCE)
     assert builder.load().toy_add(1, 1) == 2
+
+
+def test_a_prebuilt_library_of_another_op_is_rebuilt(cache: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A library lacking a function the builder declares (e.g. the CUDA fused_adam where the CPU one is
+    wanted) does not load: the op is JIT-built instead."""
+    from ds_ops.op_builder import CPULionBuilder  # noqa: PLC0415
+
+    lion = CPULionBuilder().load()
+    lion_path = Path(lion._name)
+
+    class WrongPrebuilt(CPUAdamBuilder):
+        def prebuilt_library(self) -> tuple[Path | None, str]:
+            return lion_path, ""
+
+    with caplog.at_level("WARNING", logger="ds_ops.op_builder._base"):
+        library = WrongPrebuilt().load()
+    assert hasattr(library, "ds_cpu_adam_step")
+    assert any("does not export ds_cpu_adam_step" in record.getMessage() for record in caplog.records)
+
+
+def test_not_implemented_builder_is_never_compatible() -> None:
+    from ds_ops.op_builder import NotImplementedBuilder  # noqa: PLC0415
+
+    builder = NotImplementedBuilder()
+    assert builder.name == "deepspeed_not_implemented"
+    assert not builder.is_compatible() and not builder.can_build() and not builder.prebuilt_installed()
+    with pytest.raises(OpNotCompatibleError, match="not implemented in ds"):
+        builder.load()

@@ -47,6 +47,7 @@ __all__ = [
     "get_global_rank",
     "get_rank",
     "get_world_size",
+    "inference_all_reduce",
     "irecv",
     "is_initialized",
     "isend",
@@ -201,6 +202,20 @@ def all_reduce(
         async_op=async_op,
         size_bytes=_nbytes(tensor),
     )
+
+
+def inference_all_reduce(
+    tensor: torch.Tensor, op: ReduceOp.RedOpType = ReduceOp.SUM, group: ProcessGroup | None = None
+) -> torch.Tensor:
+    """DeepSpeed's `inference_all_reduce`: a synchronous in-place all-reduce for tensor-parallel inference.
+
+    DeepSpeed sends it to a shared-memory kernel on CPU hosts when one is built, else to torch's
+    all_reduce; here it is `all_reduce` (gloo or nccl, logged as `all_reduce`, as DeepSpeed logs it),
+    skipped in a group of one. Returns `tensor`, which holds the reduction.
+    """
+    if get_world_size(group) > 1:
+        all_reduce(tensor, op=op, group=group)
+    return tensor
 
 
 def reduce(

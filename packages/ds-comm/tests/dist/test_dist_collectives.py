@@ -25,6 +25,11 @@ def _all_collectives(rank: int, world: int) -> dict[str, torch.Tensor]:
     ds_comm.all_reduce(t, op=ds_comm.ReduceOp.MAX)
     out["all_reduce_max"] = t
 
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # DeepSpeed's test covers all three
+        t = _rank_tensor(rank).to(dtype)
+        assert ds_comm.inference_all_reduce(t) is t
+        out[f"inference_all_reduce_{dtype}"] = t.float()
+
     t = _rank_tensor(rank)
     ds_comm.reduce(t, dst=world - 1)
     if rank == world - 1:
@@ -100,6 +105,7 @@ def _expected(world: int) -> list[dict[str, torch.Tensor]]:
         e = {
             "all_reduce": total,
             "all_reduce_max": _rank_tensor(world - 1),
+            **{f"inference_all_reduce_{dtype}": total for dtype in (torch.float32, torch.bfloat16, torch.float16)},
             "broadcast": _rank_tensor(world - 1),
             "all_gather": torch.cat([_rank_tensor(r) for r in ranks]),
             "all_gather_into_tensor": torch.cat([_rank_tensor(r) for r in ranks]),

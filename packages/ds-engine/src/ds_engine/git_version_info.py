@@ -2,7 +2,8 @@
 
 DeepSpeed writes these at build time. A ds wheel records no commit, so `git_hash` and `git_branch`
 are `"[none]"`, DeepSpeed's own value for a build without git information. `installed_ops` says which
-ops are prebuilt into the ds-ops wheel. They, `compatible_ops` (each op's compiler probe), `torch_info`
+ops are prebuilt into the ds-ops wheel. They, `compatible_ops` (each op's compiler probe, for the
+implementation the accelerator uses, as in DeepSpeed: `fused_adam` is the CPU op on a CPU host), `torch_info`
 and `accelerator_name` are found on first access, since importing must not probe anything.
 """
 
@@ -12,7 +13,7 @@ import functools
 from typing import Any
 
 from ds_engine.__about__ import __version__
-from ds_ops.op_builder import ALL_OPS, prebuilt_entry
+from ds_ops.op_builder import host_op_builders
 
 __all__ = [
     "accelerator_name",
@@ -36,12 +37,13 @@ accelerator_name: str
 
 @functools.cache
 def _installed_ops() -> dict[str, bool]:
-    return {name: prebuilt_entry(name) is not None for name in ALL_OPS}
+    return {name: builder().prebuilt_installed() for name, builder in host_op_builders().items()}
 
 
 @functools.cache
 def _compatible_ops() -> dict[str, bool]:
-    found = {name: bool(builder().is_compatible()) for name, builder in ALL_OPS.items()}
+    # each op as this accelerator builds it (fused_adam on a CPU accelerator: the CPU Adam kernel)
+    found = {name: bool(builder().is_compatible()) for name, builder in host_op_builders().items()}
     return {**found, "deepspeed_not_implemented": False}
 
 

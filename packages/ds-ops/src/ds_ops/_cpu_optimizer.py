@@ -127,7 +127,8 @@ class CPUOptimizerBase(torch.optim.Optimizer):
         super().__init__(model_params, defaults)
         # Built (or loaded from cache) at construction, as DeepSpeed does: a compiler problem shows
         # here, not at the first step.
-        self._kernel: Callable[..., int] = getattr(builder.load(), self.KERNEL)
+        self._library: ctypes.CDLL = builder.load()
+        self._kernel: Callable[..., int] = getattr(self._library, self.KERNEL)
 
     # ---- checks ---------------------------------------------------------------------------------
     @property

@@ -18,7 +18,7 @@ import torch
 
 from ds_comm import get_accelerator
 from ds_ops.__about__ import __version__
-from ds_ops.op_builder import ALL_OPS, SIMD_FLAGS, detect_simd, extensions_root, prebuilt_entry
+from ds_ops.op_builder import SIMD_FLAGS, detect_simd, extensions_root, host_op_builders
 from ds_ops.op_builder._toolchain import find_cxx, find_ninja, find_nvcc, tool_version
 
 logger = logging.getLogger(__name__)
@@ -59,9 +59,9 @@ def op_lines(show_errors: bool = True) -> list[str]:
     rows = [f"{'op name':<16}{'installed':<12}{'cached':<10}{'compatible':<12}", "-" * WIDTH]
     notes = []
     facts = []
-    for name, builder_class in ALL_OPS.items():
+    for name, builder_class in host_op_builders().items():  # fused_adam: the accelerator's implementation
         builder = builder_class()
-        installed = prebuilt_entry(name) is not None
+        installed = builder.prebuilt_installed()
         try:
             cached = (builder.cache_dir() / f"{name}.so").exists()
         except (OSError, ValueError) as err:  # e.g. a malformed TORCH_CUDA_ARCH_LIST

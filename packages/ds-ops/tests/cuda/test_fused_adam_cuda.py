@@ -90,6 +90,22 @@ def test_bf16_params_and_state_dict_round_trip() -> None:
         assert torch.equal(p, q)
 
 
-def test_cpu_parameter_is_rejected() -> None:
-    with pytest.raises(ValueError, match="FusedAdam updates CUDA tensors"):
-        FusedAdam([torch.nn.Parameter(torch.zeros(3))])
+def test_cuda_and_cpu_parameters_in_one_group() -> None:
+    """A group with parameters on both devices: CUDA ones through the CUDA op, CPU ones through the CPU op."""
+    params = [
+        torch.nn.Parameter(torch.randn(4097, device="cuda")),
+        torch.nn.Parameter(torch.randn(513)),
+    ]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = FusedAdam(params, lr=1e-3, weight_decay=0.01)
+    reference = torch.optim.AdamW(ref_params, lr=1e-3, weight_decay=0.01, foreach=False)
+    for step in range(20):
+        generator = torch.Generator().manual_seed(step)
+        for p, q in zip(params, ref_params, strict=True):
+            grad = torch.randn(p.numel(), generator=generator).to(p.device)
+            p.grad, q.grad = grad, grad.clone()
+        ours.step()
+        reference.step()
+    for p, q in zip(params, ref_params, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert ours.param_groups[0]["step"] == 20

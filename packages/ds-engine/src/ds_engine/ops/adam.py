@@ -1,4 +1,4 @@
-"""`deepspeed.ops.adam`: `DeepSpeedCPUAdam` (vectorized CPU Adam/AdamW) and `FusedAdam` (multi-tensor CUDA Adam)."""
+"""`deepspeed.ops.adam`: `DeepSpeedCPUAdam` (vectorized CPU Adam/AdamW), `FusedAdam` (multi-tensor, CUDA or CPU)."""
 
 from __future__ import annotations
 

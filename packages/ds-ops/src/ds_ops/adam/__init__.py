@@ -1,4 +1,4 @@
-"""Adam optimizers (DeepSpeed's `deepspeed.ops.adam`): DeepSpeedCPUAdam for CPU tensors, FusedAdam for CUDA."""
+"""Adam optimizers (DeepSpeed's `deepspeed.ops.adam`): DeepSpeedCPUAdam for CPU tensors, FusedAdam for CUDA or CPU."""
 
 from __future__ import annotations
 

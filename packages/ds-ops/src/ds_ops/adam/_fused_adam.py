@@ -1,4 +1,9 @@
-"""FusedAdam: multi-tensor Adam / AdamW for CUDA tensors with the fused_adam op (one launch per dtype)."""
+"""FusedAdam: Adam / AdamW over all parameters of a group at once, on CUDA tensors or CPU tensors.
+
+CUDA tensors step with the fused_adam CUDA op (one launch per dtype); CPU tensors with the fused_adam
+op of a CPU accelerator, which is ds-ops' CPU Adam kernel (`CPUFusedAdamBuilder`), as DeepSpeed's CPU
+accelerator gives FusedAdam its CPU Adam kernel.
+"""
 
 from __future__ import annotations
 
@@ -8,25 +13,31 @@ from typing import Any
 
 import torch
 
-from ds_ops._cpu_optimizer import DTYPE_CODES, check_non_negative, check_unit_interval
-from ds_ops.op_builder import FusedAdamBuilder, OpNotCompatibleError
+from ds_ops._cpu_optimizer import DTYPE_CODES, KernelBatch, check_non_negative, check_unit_interval
+from ds_ops.adam._scalars import adam_scalars
+from ds_ops.op_builder import CPUFusedAdamBuilder, FusedAdamBuilder, OpBuildError, OpNotCompatibleError
 
 logger = logging.getLogger(__name__)
 
 # Elements one CUDA block updates; also the granularity of the tensor lookup.
 CHUNK_NUMEL = 65536
 
+_DEVICE_TYPES = ("cuda", "cpu")
+
 
 class FusedAdam(torch.optim.Optimizer):
-    """Adam / AdamW over all CUDA parameters of a group in one kernel launch per dtype (DeepSpeed's FusedAdam).
+    """Adam / AdamW over all parameters of a group in one kernel call per device (DeepSpeed's FusedAdam).
 
-    The launch gets a device table of every tensor's addresses and sizes; each CUDA block updates
-    one chunk of `CHUNK_NUMEL` elements. Math is fp32 in torch.optim.Adam's order, without fused
-    multiply-adds; moments have the parameter's dtype (fp32, bf16 or fp16), as in DeepSpeed. The
-    step count is per param group (`group["step"]`), as in DeepSpeed.
+    CUDA parameters: one launch per (device, dtype) gets a device table of every tensor's addresses
+    and sizes; each CUDA block updates one chunk of `CHUNK_NUMEL` elements. CPU parameters: one call
+    of the CPU Adam kernel per group spreads every tensor's tiles over `torch.get_num_threads()`
+    OpenMP threads. Either way math is fp32 in torch.optim.Adam's order, without fused multiply-adds;
+    moments have the parameter's dtype (fp32, bf16 or fp16), as in DeepSpeed. The step count is per
+    param group (`group["step"]`), as in DeepSpeed. Each device's op is loaded (built on first use)
+    when a parameter on that device joins.
 
     Args:
-        params: parameters or param groups (CUDA tensors).
+        params: parameters or param groups (CUDA or CPU tensors).
         lr: learning rate (default 1e-3).
         bias_correction: divide the moments by (1 - beta^t) (default True).
         betas: (beta1, beta2) (default (0.9, 0.999)).
@@ -37,9 +48,10 @@ class FusedAdam(torch.optim.Optimizer):
         set_grad_none: `zero_grad()` sets gradients to None (default True).
 
     Raises:
-        OpNotCompatibleError: this host has no CUDA (the message says why and what to use instead),
-            or the op cannot be built.
-        ValueError: amsgrad=True, a hyper-parameter out of range, or a parameter not on a CUDA device.
+        OpNotCompatibleError: a parameter is on CUDA and this host cannot run the CUDA op (the
+            message says why), or an op cannot be built.
+        OpBuildError: the compiler failed on an op (its output is in the message).
+        ValueError: amsgrad=True, a hyper-parameter out of range, or a parameter neither on CUDA nor the CPU.
         TypeError: a parameter's dtype is not fp32/bf16/fp16.
     """
 
@@ -55,17 +67,11 @@ class FusedAdam(torch.optim.Optimizer):
         amsgrad: bool = False,
         set_grad_none: bool = True,
     ) -> None:
-        builder = FusedAdamBuilder()
-        problems = builder.runtime_problems()
-        if problems:
-            raise OpNotCompatibleError(
-                f"FusedAdam needs a CUDA device: {'; '.join(problems)}. On a CPU host use "
-                "ds_ops.DeepSpeedCPUAdam (or torch.optim.AdamW) instead"
-            )
         if amsgrad:
             raise ValueError("FusedAdam: amsgrad=True is not supported; use amsgrad=False")
         self.adam_w_mode = adam_w_mode
         self.set_grad_none = set_grad_none
+        self._kernels: dict[str, Callable[..., int]] = {}  # by device type, loaded by add_param_group
         defaults = {
             "lr": lr,
             "bias_correction": bias_correction,
@@ -74,20 +80,34 @@ class FusedAdam(torch.optim.Optimizer):
             "weight_decay": weight_decay,
         }
         super().__init__(params, defaults)
-        self._kernel: Callable[..., int] = builder.load().ds_fused_adam_step
+
+    def _load_kernel(self, device_type: str) -> None:
+        if device_type in self._kernels:
+            return
+        if device_type == "cpu":
+            self._kernels["cpu"] = CPUFusedAdamBuilder().load().ds_cpu_adam_step
+            return
+        builder = FusedAdamBuilder()
+        problems = builder.runtime_problems()
+        if problems:
+            raise OpNotCompatibleError(
+                f"FusedAdam needs a CUDA device for CUDA parameters: {'; '.join(problems)}. Keep the "
+                "parameters on the CPU (FusedAdam steps CPU tensors too) or use torch.optim.AdamW"
+            )
+        self._kernels["cuda"] = builder.load().ds_fused_adam_step
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """torch's `add_param_group`, then checks: CUDA tensors of fp32/bf16/fp16, valid hyper-parameters."""
+        """torch's `add_param_group`, then checks (CUDA or CPU tensors of fp32/bf16/fp16, valid
+        hyper-parameters) and the op of each device the group uses; on failure the group is not added."""
         super().add_param_group(param_group)
         index = len(self.param_groups) - 1
         group = self.param_groups[index]
         owner = f"FusedAdam param_groups[{index}]"
         try:
             for i, param in enumerate(group["params"]):
-                if param.device.type != "cuda":
+                if param.device.type not in _DEVICE_TYPES:
                     raise ValueError(
-                        f"{owner}['params'][{i}] is on {param.device}; FusedAdam updates CUDA tensors. "
-                        "Use ds_ops.DeepSpeedCPUAdam for CPU tensors"
+                        f"{owner}['params'][{i}] is on {param.device}; FusedAdam updates CUDA or CPU tensors"
                     )
                 if param.dtype not in DTYPE_CODES:
                     raise TypeError(f"{owner}['params'][{i}] has dtype {param.dtype}; use float32, bfloat16 or float16")
@@ -95,7 +115,9 @@ class FusedAdam(torch.optim.Optimizer):
                 check_non_negative(owner, key, group[key])
             check_unit_interval(owner, "betas[0]", group["betas"][0])
             check_unit_interval(owner, "betas[1]", group["betas"][1])
-        except (TypeError, ValueError):
+            for device_type in sorted({param.device.type for param in group["params"]}):
+                self._load_kernel(device_type)
+        except (TypeError, ValueError, OpNotCompatibleError, OpBuildError):
             self.param_groups.pop()
             raise
 
@@ -113,7 +135,8 @@ class FusedAdam(torch.optim.Optimizer):
         grad_norms: Any = None,
         grad_scaler: Any = None,
     ) -> Any:
-        """One Adam step for every parameter with a gradient: one kernel launch per (device, dtype).
+        """One Adam step for every parameter with a gradient: per group, one CUDA launch per (device,
+        dtype) and one CPU kernel call for its CPU tensors.
 
         The legacy arguments (grads, output_params, scale, grad_norms, grad_scaler) are rejected, as
         in DeepSpeed.
@@ -129,6 +152,7 @@ class FusedAdam(torch.optim.Optimizer):
                 loss = closure()
         for index, group in enumerate(self.param_groups):
             buckets: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, ...]]] = {}
+            host = KernelBatch()
             for i, param in enumerate(group["params"]):
                 if param.grad is None or param.numel() == 0:
                     continue
@@ -143,15 +167,29 @@ class FusedAdam(torch.optim.Optimizer):
                 if not state:
                     state["exp_avg"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
                     state["exp_avg_sq"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
-                buckets.setdefault((param.device, param.dtype), []).append(
-                    (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
-                )
-            if not buckets:
+                if param.device.type == "cpu":
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        if not state[key].is_contiguous():
+                            state[key] = state[key].contiguous()
+                    host.add(param, param.grad.contiguous(), [state["exp_avg"], state["exp_avg_sq"]], None)
+                else:
+                    buckets.setdefault((param.device, param.dtype), []).append(
+                        (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+                    )
+            if not buckets and not host.numels:
                 continue
             group["step"] = group.get("step", 0) + 1
+            if host.numels:
+                self._step_cpu(host, group)
             for (device, dtype), tensors in buckets.items():
                 self._launch(device, dtype, tensors, group)
         return loss
+
+    def _step_cpu(self, batch: KernelBatch, group: dict[str, Any]) -> None:
+        scalars = adam_scalars(group, group["step"], self.adam_w_mode)
+        status = self._kernels["cpu"](*batch.arrays(), *scalars, torch.get_num_threads())
+        assert status == 0, f"ds_cpu_adam_step returned {status}: arguments were checked before the call"
+        batch.write_back()
 
     def _launch(
         self, device: torch.device, dtype: torch.dtype, tensors: list[tuple[torch.Tensor, ...]], group: dict[str, Any]
@@ -164,28 +202,15 @@ class FusedAdam(torch.optim.Optimizer):
             offsets.append(offsets[-1] + count)
         table = [value for item in work for value in (*(t.data_ptr() for t in item), item[0].numel())]
         meta = torch.tensor(table + offsets, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-        beta1, beta2 = group["betas"]
-        lr, weight_decay, step = group["lr"], group["weight_decay"], group["step"]
-        if group["bias_correction"]:
-            bias_correction1, bias_correction2 = 1 - beta1**step, 1 - beta2**step
-        else:
-            bias_correction1 = bias_correction2 = 1.0
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream
-            status = self._kernel(
+            status = self._kernels["cuda"](
                 meta.data_ptr(),
                 len(work),
                 offsets[-1],
                 CHUNK_NUMEL,
                 DTYPE_CODES[dtype],
-                1 - lr * weight_decay if self.adam_w_mode else 1.0,
-                0.0 if self.adam_w_mode else weight_decay,
-                1 - beta1,
-                beta2,
-                1 - beta2,
-                bias_correction2**0.5,
-                group["eps"],
-                -(lr / bias_correction1),
+                *adam_scalars(group, group["step"], self.adam_w_mode),
                 stream,
             )
         if status != 0:

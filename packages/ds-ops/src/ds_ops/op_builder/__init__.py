@@ -20,12 +20,15 @@ from ds_ops.op_builder._builders import (
     ALL_OPS,
     CPUAdagradBuilder,
     CPUAdamBuilder,
+    CPUFusedAdamBuilder,
     CPULionBuilder,
     FusedAdamBuilder,
+    host_op_builders,
 )
 from ds_ops.op_builder._cache import extensions_root
 from ds_ops.op_builder._cuda import CUDAOpBuilder
 from ds_ops.op_builder._ninja import OpBuildError
+from ds_ops.op_builder._not_implemented import NotImplementedBuilder
 from ds_ops.op_builder._prebuilt import MANIFEST_NAME, PREBUILT_DIR, prebuilt_entry
 from ds_ops.op_builder._toolchain import SIMD_FLAGS, detect_simd
 
@@ -35,11 +38,13 @@ __all__ = [
     "AsyncIOBuilder",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
+    "CPUFusedAdamBuilder",
     "CPULionBuilder",
     "CUDAOpBuilder",
     "Compatibility",
     "FusedAdamBuilder",
     "MANIFEST_NAME",
+    "NotImplementedBuilder",
     "OpBuildError",
     "OpBuilder",
     "OpNotCompatibleError",
@@ -48,6 +53,7 @@ __all__ = [
     "detect_simd",
     "env_var",
     "extensions_root",
+    "host_op_builders",
     "io_uring_status",
     "prebuilt_entry",
     "selected_ops",

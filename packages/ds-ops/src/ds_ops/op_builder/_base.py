@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ds_ops.op_builder._cache import cache_key, extensions_root, file_lock, hash_files, torch_version
 from ds_ops.op_builder._ninja import NinjaSpec, OpBuildError, render, run_ninja
-from ds_ops.op_builder._prebuilt import usable_prebuilt
+from ds_ops.op_builder._prebuilt import prebuilt_entry, usable_prebuilt
 from ds_ops.op_builder._toolchain import (
     PROBE_SOURCE,
     SIMD_FLAGS,
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 ABI_VERSION = 2
 CSRC_ROOT = Path(__file__).resolve().parent.parent / "csrc"
 
-# Loaded libraries by path: a second load() in the process costs a dict lookup.
+# Loaded libraries by path: a second load() in the process costs a dict lookup and binding its functions.
 _LIBRARIES: dict[Path, ctypes.CDLL] = {}
 
 CFunctionSpec = tuple[Any, tuple[Any, ...]]
@@ -260,24 +260,41 @@ class OpBuilder:
 
     # ---- loading --------------------------------------------------------------------------------
     def _open(self, path: Path) -> ctypes.CDLL:
+        """The library at `path` (opened and ABI-checked once per process), checked to export this op's functions.
+
+        The check runs on every call: two builders can meet at one path (a prebuilt library of
+        another flavour of the op), and one that lacks a function must fail as OSError, so that
+        load() builds the right library instead.
+        """
         library = _LIBRARIES.get(path)
-        if library is not None:
-            return library
-        library = ctypes.CDLL(str(path))
-        functions = {
-            "ds_op_abi_version": (ctypes.c_int32, ()),
-            "ds_op_simd_level": (ctypes.c_char_p, ()),
-            **self.FUNCTIONS,
-        }
+        if library is None:
+            library = ctypes.CDLL(str(path))
+            self._bind(
+                library, path, {"ds_op_abi_version": (ctypes.c_int32, ()), "ds_op_simd_level": (ctypes.c_char_p, ())}
+            )
+            abi = library.ds_op_abi_version()
+            if abi != ABI_VERSION:
+                raise OSError(f"{path} has op ABI {abi}, this ds-ops needs {ABI_VERSION}")
+            _LIBRARIES[path] = library
+        self._bind(library, path, self.FUNCTIONS)
+        return library
+
+    def _bind(self, library: ctypes.CDLL, path: Path, functions: dict[str, CFunctionSpec]) -> None:
         for name, (restype, argtypes) in functions.items():
-            function = getattr(library, name)
+            try:
+                function = getattr(library, name)
+            except AttributeError:
+                raise OSError(f"{path} does not export {name}: it is not op {self.name}'s library") from None
             function.restype = restype
             function.argtypes = list(argtypes)
-        abi = library.ds_op_abi_version()
-        if abi != ABI_VERSION:
-            raise OSError(f"{path} has op ABI {abi}, this ds-ops needs {ABI_VERSION}")
-        _LIBRARIES[path] = library
-        return library
+
+    def prebuilt_installed(self) -> bool:
+        """Whether the wheel holds a prebuilt library of this op (usable on this host or not)."""
+        return prebuilt_entry(self.name) is not None
+
+    def prebuilt_library(self) -> tuple[Path | None, str]:
+        """(the wheel's prebuilt library of this op, usable here) or (None, why not)."""
+        return usable_prebuilt(self.name, ABI_VERSION)
 
     def load(self, verbose: bool = True) -> ctypes.CDLL:
         """The op's library, ready to call: prebuilt, else cached, else JIT-built (see module note).
@@ -292,7 +309,7 @@ class OpBuilder:
         runtime = self.runtime_problems()
         if runtime:
             raise OpNotCompatibleError(f"op {self.name} cannot run on this machine: {'; '.join(runtime)}")
-        prebuilt, why_not = usable_prebuilt(self.name, ABI_VERSION)
+        prebuilt, why_not = self.prebuilt_library()
         if prebuilt is not None:
             try:
                 library = self._open(prebuilt)
