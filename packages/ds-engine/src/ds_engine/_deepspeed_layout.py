@@ -2,7 +2,7 @@
 
 How a save goes (every rank calls it; the file system is shared, as for any ds save):
 
-1. Global rank 0 clears `save_dir/.<tag>.deepspeed-staging/` (left by a save that died), then a barrier.
+1. Global rank 0 removes any `save_dir/.<tag>.deepspeed-staging/` (left by saves that failed), then a barrier.
 2. Every rank writes its ds files there (`_checkpoint.write_checkpoint`, so the same atomic writes):
    under ZeRO into `staging/ds/`, a pipeline's layer files straight into `staging/<tag>/` (ds writes
    DeepSpeed's layer files); without ZeRO ds's files already are DeepSpeed's and go to `staging/<tag>/`.
@@ -49,6 +49,7 @@ __all__ = ["DEEPSPEED_VERSION", "check_deepspeed_layout", "check_deepspeed_layou
 #: The `ds_version` DeepSpeed-layout files carry (the DeepSpeed release whose layout they follow).
 DEEPSPEED_VERSION = ".".join(map(str, DEEPSPEED_READ_VERSION))
 _KEY = 'checkpoint.layout="deepspeed"'
+_STAGING_SUFFIX = ".deepspeed-staging"
 
 
 def _refuse(feature: str, fix: str) -> DeepSpeedConfigError:
@@ -104,10 +105,12 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
         The published tag directory.
     """
     root, tag = request.root, request.tag
-    staging = root / f".{tag}.deepspeed-staging"
+    staging = root / f".{tag}{_STAGING_SUFFIX}"
     out = staging / tag
-    if request.writes_latest and staging.exists():
-        shutil.rmtree(staging)
+    if request.writes_latest:
+        for stale in root.glob(f".*{_STAGING_SUFFIX}") if root.is_dir() else []:
+            logger.info("removing %s, left by a save that did not finish", stale)
+            shutil.rmtree(stale)
     _checkpoint.barrier()
     zero = request.zero_partition is not None
     weights = request.write_weights

@@ -33,6 +33,12 @@ CASES: dict[str, dict[str, Any]] = {
     "z2_fp32_offload": {"stage": 2, "dtype": "fp32", "offload": True},
     "pipe_z1_fp32": {"stage": 1, "dtype": "fp32", "pipe": True},
 }
+#: without ZeRO, ds's files are DeepSpeed's: the layout changes only `ds_version`
+STAGE0_CASES: dict[str, dict[str, Any]] = {
+    "z0_bf16": {"stage": 0, "dtype": "bf16"},
+    "pipe_z0_fp32": {"stage": 0, "dtype": "fp32", "pipe": True},
+}
+CASES.update(STAGE0_CASES)
 #: the ZeRO stage each save is reloaded at on 1 rank
 OTHER_STAGE = {1: 3, 2: 1, 3: 2}
 
@@ -140,7 +146,7 @@ def _files(root: Path) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c for c in CASES if c not in STAGE0_CASES])
 def test_deepspeed_layout_save_is_to_deepspeed_output_and_continues_like_ds(case: str, tmp_path: Path) -> None:
     from ds_zero.to_deepspeed import convert_to_deepspeed
 
@@ -169,3 +175,24 @@ def test_deepspeed_layout_save_is_to_deepspeed_output_and_continues_like_ds(case
     other = OTHER_STAGE[CASES[case]["stage"]]
     single = run_ranks(1, _continue, root=str(tmp_path), case=case, stage=other, timeout_s=240)[0]
     _assert_same(single["deepspeed"], single["ds"], f"1 rank at ZeRO stage {other}")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(STAGE0_CASES))
+def test_deepspeed_layout_without_zero_is_ds_layout_with_deepspeeds_version(case: str, tmp_path: Path) -> None:
+    run_ranks(2, _save_both, root=str(tmp_path), case=case, timeout_s=240)
+    mine, plain = tmp_path / "deepspeed", tmp_path / "ds"
+    assert _files(mine) == _files(plain)
+    assert not any(name.endswith("optim_states.pt") or name == "zero_to_fp32.py" for name in _files(mine))
+    for name in _files(mine):
+        if not name.endswith(".pt"):
+            assert (mine / name).read_bytes() == (plain / name).read_bytes(), name
+            continue
+        ours, theirs = ds_comm.load_checkpoint_file(mine / name), ds_comm.load_checkpoint_file(plain / name)
+        if "/layer_" not in name:
+            assert ours["ds_version"] == "0.19.8" and theirs["ds_version"] != "0.19.8", name
+            theirs["ds_version"] = ours["ds_version"]
+        _assert_same(ours, theirs, name)
+    after = run_ranks(2, _continue, root=str(tmp_path), case=case, timeout_s=240)
+    for rank in range(2):
+        _assert_same(after[rank]["deepspeed"], after[rank]["ds"], f"rank {rank} continuation")
