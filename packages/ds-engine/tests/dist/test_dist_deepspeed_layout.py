@@ -1,6 +1,6 @@
 """`checkpoint.layout: "deepspeed"` on 2 gloo ranks: the engine's own save is `to_deepspeed`'s output, and loads.
 
-For ZeRO 1/2/3 in fp32 and bf16, ZeRO-2 with CPU offload and a 2-stage ZeRO-1 pipeline, two engines train
+For ZeRO 1/2/3 in fp32 and bf16, ZeRO-2 in fp16, ZeRO-2 with CPU offload and a 2-stage ZeRO-1 pipeline, two engines train
 the same steps on the same data, one saving in ds's layout and one in DeepSpeed's. Then:
 
 * every file of the DeepSpeed-layout save equals, key for key and value for value (tensors bit for bit),
@@ -30,6 +30,7 @@ pytest.importorskip("ds_zero")
 STEPS_BEFORE, STEPS_AFTER, TAG = 3, 2, "global_step3"
 CASES: dict[str, dict[str, Any]] = {
     **{f"z{s}_{d}": {"stage": s, "dtype": d} for s in (1, 2, 3) for d in ("fp32", "bf16")},
+    "z2_fp16": {"stage": 2, "dtype": "fp16"},
     "z2_fp32_offload": {"stage": 2, "dtype": "fp32", "offload": True},
     "pipe_z1_fp32": {"stage": 1, "dtype": "fp32", "pipe": True},
 }
@@ -58,6 +59,8 @@ def _config(case: str, layout: str, *, stage: int | None = None) -> dict[str, An
         cfg["gradient_accumulation_steps"] = 2
     if spec["dtype"] == "bf16":
         cfg["bf16"] = {"enabled": True}
+    elif spec["dtype"] == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8}
     return cfg
 
 
@@ -76,7 +79,7 @@ def _engine(case: str, layout: str, *, stage: int | None = None) -> Any:
 
 def _train(engine: Any, case: str, first: int, steps: int, rank: int, world: int) -> list[float]:
     """`steps` optimizer steps from step `first`; each rank's data depend on (step, rank, world) only."""
-    dtype = torch.bfloat16 if CASES[case]["dtype"] == "bf16" else torch.float32
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[CASES[case]["dtype"]]
     losses = []
     for step in range(first, first + steps):
         data = batches(2, 2 if CASES[case].get("pipe") else 4, seed=100 * step + (rank if world > 1 else 0))
