@@ -4,13 +4,14 @@ How a save goes (every rank calls it; the file system is shared, as for any ds s
 
 1. Global rank 0 removes any `save_dir/.<tag>.deepspeed-staging/` (left by saves that failed), then a barrier.
 2. Every rank writes its ds files there (`_checkpoint.write_checkpoint`, so the same atomic writes):
-   under ZeRO into `staging/ds/`, a pipeline's layer files straight into `staging/<tag>/` (ds writes
-   DeepSpeed's layer files); without ZeRO ds's files already are DeepSpeed's and go to `staging/<tag>/`.
-3. Under ZeRO each rank writes its own DeepSpeed files into `staging/<tag>/` from the staged ds save
+   under ZeRO as the tag `ds-layout`, a pipeline's layer files straight into `deepspeed-layout/` (ds
+   writes DeepSpeed's layer files); without ZeRO ds's files already are DeepSpeed's and go to
+   `deepspeed-layout/` with DeepSpeed's `ds_version`.
+3. Under ZeRO each rank writes its own DeepSpeed files into `deepspeed-layout/` from the staged ds save
    (`ds_zero.write_deepspeed_files`, partitions read memory-mapped: a rank reads the fragments it needs):
    its `[bf16_]zero_pp_rank_{dp}_..._optim_states.pt`, and the model-states file on data-parallel rank 0
    (every rank at stage 3, as DeepSpeed does). Then a barrier.
-4. Global rank 0 publishes: `staging/<tag>` becomes `save_dir/<tag>` with one rename (an existing tag
+4. Global rank 0 publishes: `deepspeed-layout/` becomes `save_dir/<tag>` with one rename (an existing tag
    directory is swapped out atomically where the kernel can, `_dir_swap`), then `zero_to_fp32.py`,
    then `latest`, then the staging directory is removed. A barrier ends the save.
 
@@ -50,6 +51,7 @@ __all__ = ["DEEPSPEED_VERSION", "check_deepspeed_layout", "check_deepspeed_layou
 DEEPSPEED_VERSION = ".".join(map(str, DEEPSPEED_READ_VERSION))
 _KEY = 'checkpoint.layout="deepspeed"'
 _STAGING_SUFFIX = ".deepspeed-staging"
+_STAGED, _BUILT = "ds-layout", "deepspeed-layout"  # the staging directory's ds save and DeepSpeed tag directory
 
 
 def _refuse(feature: str, fix: str) -> DeepSpeedConfigError:
@@ -106,7 +108,7 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
     """
     root, tag = request.root, request.tag
     staging = root / f".{tag}{_STAGING_SUFFIX}"
-    out = staging / tag
+    out = staging / _BUILT  # becomes save_dir/<tag>; its own name never meets a user's tag
     if request.writes_latest:
         for stale in root.glob(f".*{_STAGING_SUFFIX}") if root.is_dir() else []:
             logger.info("removing %s, left by a save that did not finish", stale)
@@ -119,7 +121,7 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
         staged = dataclasses.replace(
             request,
             root=staging,
-            tag="ds",
+            tag=_STAGED,
             writes_latest=False,
             save_latest=False,
             write_weights=(lambda _: weights(out)) if weights is not None else None,
@@ -137,7 +139,12 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
     else:  # without ZeRO partitions ds's files are DeepSpeed's
         _checkpoint.write_checkpoint(
             dataclasses.replace(
-                request, root=staging, writes_latest=False, save_latest=False, ds_version=DEEPSPEED_VERSION
+                request,
+                root=staging,
+                tag=_BUILT,
+                writes_latest=False,
+                save_latest=False,
+                ds_version=DEEPSPEED_VERSION,
             )
         )
     _checkpoint.barrier()

@@ -73,6 +73,10 @@ def _failing_saves(rank: int, world: int, root: str) -> dict[str, Any]:
     out["params equal after resave"] = all(
         torch.equal(a, b) for a, b in zip(engine.module.parameters(), fresh.module.parameters(), strict=True)
     )
+    for tag in ("ds-layout", "deepspeed-layout"):  # the staging directory's own names, as user tags
+        engine.save_checkpoint(root, tag=tag)
+        out[f"files of {tag}"] = sorted(p.name for p in (save_dir / tag).iterdir())
+    out["files of good"] = sorted(p.name for p in (save_dir / "good").iterdir())
     return out
 
 
@@ -84,4 +88,5 @@ def test_a_failed_deepspeed_layout_save_leaves_the_last_good_one(tmp_path: Path)
     assert out["loaded steps"] == 1
     assert out["resaved steps"] == 2
     assert out["leftovers"] == [], "the staging directory or the replaced tag directory was left behind"
+    assert out["files of ds-layout"] == out["files of deepspeed-layout"] == out["files of good"]
     assert out["params equal after resave"]
