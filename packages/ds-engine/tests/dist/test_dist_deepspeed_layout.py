@@ -1,7 +1,7 @@
 """`checkpoint.layout: "deepspeed"` on 2 gloo ranks: the engine's own save is `to_deepspeed`'s output, and loads.
 
-For ZeRO 1/2/3 in fp32 and bf16, ZeRO-2 in fp16, ZeRO-2 with CPU offload and a 2-stage ZeRO-1 pipeline, two engines train
-the same steps on the same data, one saving in ds's layout and one in DeepSpeed's. Then:
+For ZeRO 1/2/3 in fp32 and bf16, ZeRO-2 in fp16, ZeRO-2 with CPU offload and a 2-stage ZeRO-1 pipeline,
+two engines train the same steps on the same data, one saving in ds's layout and one in DeepSpeed's. Then:
 
 * every file of the DeepSpeed-layout save equals, key for key and value for value (tensors bit for bit),
   what `ds_zero.to_deepspeed` writes from the ds-layout save, and no file is missing or extra
