@@ -14,6 +14,9 @@ checkpoint.
 
 Pipelines with ZeRO-1 (`pipe_z1_fp32`: 2 stages; `pipe4_z1_fp32`: 2 stages x 2 data-parallel ranks) go
 through `to_deepspeed` too, which writes every stage's model-states and optimizer files.
+
+`checkpoint.layout: "deepspeed"`: ds's engine writes DeepSpeed's files itself; ds continues from that
+save, and the real DeepSpeed loads it as it is and continues within 1e-6 of ds, for every case.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ def _world(case: str) -> int:
     return make_fixtures.CASES[case].get("world", make_fixtures.WORLD_SIZE)
 
 
-def _ds_save(case: str, out: Path) -> dict:
-    """ds trains, saves and continues from its own checkpoint (2 ranks, or the case's, torch.distributed.run)."""
+def _ds_save(case: str, out: Path, layout: str | None = None) -> dict:
+    """ds trains, saves (in `checkpoint.layout` `layout`) and continues from its own checkpoint (2 ranks, or
+    the case's, torch.distributed.run)."""
     cmd = [
         sys.executable,
         "-m",
@@ -59,6 +63,7 @@ def _ds_save(case: str, out: Path) -> dict:
         case,
         "--out",
         str(out),
+        *(["--layout", layout] if layout else []),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
@@ -83,12 +88,37 @@ def test_deepspeed_continues_from_a_ds_checkpoint_like_ds(case, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())
+    _assert_continues_like(theirs, mine)
+
+
+def _assert_continues_like(theirs: dict, mine: dict) -> None:
+    """DeepSpeed 0.19.8's continuation `theirs` has ds's steps, client state, lr and losses (within TOL)."""
     assert theirs["version"] == "0.19.8" and theirs["global_steps"] == mine["global_steps"]
     assert theirs["client_state"] == mine["client_state"]
     for a, b in zip(mine["after"], theirs["after"], strict=True):
         assert a["step"] == b["step"]
         assert b["lr"] == pytest.approx(a["lr"], abs=TOL), (a, b)
         assert b["loss"] == pytest.approx(a["loss"], abs=TOL), (a, b)
+
+
+@pytest.mark.timeout(600)  # two jobs: ds trains and saves in DeepSpeed's layout, DeepSpeed loads it as it is
+@pytest.mark.parametrize("case", CASES + MORE)
+def test_deepspeed_continues_from_a_deepspeed_layout_save_like_ds(case, tmp_path):
+    """`checkpoint.layout: "deepspeed"`: the engine's own save, no converter; ds continues from it too."""
+    mine = _ds_save(case, tmp_path / "ds", layout="deepspeed")
+    save_dir = tmp_path / "ds" / "ckpt"
+    assert not any(p.name.startswith(".") for p in save_dir.iterdir()), "staging left behind"
+    proc = make_fixtures.run_job(
+        Path(REFERENCE), "load", case, tmp_path / "deepspeed", ckpt=save_dir, world_size=_world(case)
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    theirs = json.loads((tmp_path / "deepspeed" / "continuation.json").read_text())
+    _assert_continues_like(theirs, mine)
+    pairs = list(zip(mine["after"], theirs["after"], strict=True))
+    print(  # the figures, for `pytest -s`
+        f"{case}: max |loss - DeepSpeed's| {max(abs(a['loss'] - b['loss']) for a, b in pairs):.2e}, "
+        f"max |lr - DeepSpeed's| {max(abs(a['lr'] - b['lr']) for a, b in pairs):.2e}"
+    )
 
 
 @pytest.mark.timeout(600)  # two jobs: ds trains at 2 ranks, DeepSpeed loads at 1

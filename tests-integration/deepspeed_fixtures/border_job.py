@@ -3,7 +3,8 @@
 Modes (`python border_job.py MODE --case CASE --out DIR [...]`, one process per rank under torchrun or
 `deepspeed`):
 
-* `save`: train `STEPS_BEFORE` steps, `save_checkpoint(DIR/ckpt, client_state=...)`, then build a
+* `save`: train `STEPS_BEFORE` steps, `save_checkpoint(DIR/ckpt, client_state=...)` (ds: in the
+  `--layout` given, `checkpoint.layout`), then build a
   fresh engine, `load_checkpoint` it and train `STEPS_AFTER` more steps, writing the losses and lr of
   those steps to `DIR/continuation.json`: the loader's own continuation from its checkpoint.
 * `load --ckpt C`: build a fresh engine, `load_checkpoint(C)` and write the continuation as above
@@ -72,13 +73,18 @@ class TinyNet(torch.nn.Module):
 
 
 def config(
-    case: str, world_size: int, stage: int | None = None, universal: bool = False, stages: int = PIPE_STAGES
+    case: str,
+    world_size: int,
+    stage: int | None = None,
+    universal: bool = False,
+    stages: int = PIPE_STAGES,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """The DeepSpeed config of `case` at `world_size` (same global batch at every world size).
 
     `stage` overrides the case's ZeRO stage (loading a checkpoint into another stage); `universal` sets
     `checkpoint.load_universal`; `stages` is a pipeline case's stage count (data-parallel degree
-    `world_size // stages`).
+    `world_size // stages`); `layout` sets ds's `checkpoint.layout` (DeepSpeed ignores the key).
     """
     spec = dict(CASES[case], **({} if stage is None else {"stage": stage}))
     dp = world_size // stages if spec.get("pipe") else world_size
@@ -106,6 +112,8 @@ def config(
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if layout is not None:
+        cfg.setdefault("checkpoint", {})["layout"] = layout
     return cfg
 
 
@@ -139,13 +147,13 @@ def build(
     stage: int | None = None,
     universal: bool = False,
     stages: int = PIPE_STAGES,
+    layout: str | None = None,
 ) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
     model = pipe_model(ds, case, stages) if CASES[case].get("pipe") else TinyNet()
-    engine, _, _, _ = ds.initialize(
-        model=model, model_parameters=model.parameters(), config=config(case, world_size, stage, universal, stages)
-    )
+    cfg = config(case, world_size, stage, universal, stages, layout)
+    engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     return engine
 
 
@@ -198,6 +206,7 @@ def main() -> None:
     parser.add_argument("--engine", choices=["deepspeed", "ds"], default="deepspeed")
     parser.add_argument("--universal", action="store_true", help="load with checkpoint.load_universal")
     parser.add_argument("--stages", type=int, default=PIPE_STAGES, help="pipeline stages (pipeline cases)")
+    parser.add_argument("--layout", choices=["ds", "deepspeed"], help="ds's checkpoint.layout for the save")
     args = parser.parse_args()
     if args.engine == "deepspeed":
         import deepspeed as ds
@@ -215,7 +224,7 @@ def main() -> None:
     if CASES[args.case].get("pipe"):
         record["stages"] = args.stages
     if args.mode == "save":
-        engine = build(ds, args.case, world_size, stages=args.stages)
+        engine = build(ds, args.case, world_size, stages=args.stages, layout=args.layout)
         record["before"] = train(engine, 0, STEPS_BEFORE, rank, world_size, dtype)
         engine.save_checkpoint(str(args.out / "ckpt"), client_state=dict(CLIENT_STATE))
         ckpt = args.out / "ckpt"

@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from ds_comm import get_accelerator
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
+from ds_engine._deepspeed_layout import check_deepspeed_layout_moe
 from ds_engine._dist_info import DistInfo
 from ds_engine._moe import MoeFp32Stepper, MoeWiring, broadcast_moe_model, detect_moe, moe_param_groups
 from ds_engine._muon import tag_muon_params
@@ -285,6 +286,7 @@ def assemble(
     _check_optimizer_needed(plan)
     _place_and_cast(module, plan, device)
     moe = detect_moe(module, dist)
+    check_deepspeed_layout_moe(config, has_moe=moe is not None)
     if moe is not None and plan.zero_stage == 3:
         raise DeepSpeedConfigError(
             "zero_optimization.stage=3: DeepSpeed MoE layers are not supported with ZeRO stage 3 (as in "

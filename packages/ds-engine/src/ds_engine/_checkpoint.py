@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SaveRequest",
+    "barrier",
     "gather_rng",
     "load_checkpoint",
     "model_file",
@@ -141,6 +142,8 @@ class SaveRequest:
     save_latest: bool
     write_weights: Callable[[Path], None] | None = None
     """Writes weights kept outside the model-states file into the tag directory (a pipeline's layer files)."""
+    ds_version: str = __version__
+    """The `ds_version` the model-states file carries (DeepSpeed's release for a DeepSpeed-layout save)."""
 
 
 def write_checkpoint(request: SaveRequest) -> Path:
@@ -157,7 +160,7 @@ def write_checkpoint(request: SaveRequest) -> Path:
     if request.write_weights is not None:
         request.write_weights(ckpt_dir)
     if request.train_state is not None:
-        state = model_states(request.train_state, request.client_state)
+        state = model_states(request.train_state, request.client_state, ds_version=request.ds_version)
         atomic_save(state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization)
     if request.zero_partition is not None:
         partition = {
@@ -171,15 +174,15 @@ def write_checkpoint(request: SaveRequest) -> Path:
     if request.zero_partition is not None and request.writes_latest:
         # DeepSpeed copies its consolidation script next to ZeRO checkpoints; this is ds's (torch only).
         require("ds_zero", extra="zero", feature="ZeRO checkpoints").copy_zero_to_fp32_script(request.root)
-    _barrier()
+    barrier()
     if request.save_latest and request.writes_latest:
         atomic_write_text(request.root / "latest", request.tag)
-    _barrier()
+    barrier()
     logger.info("saved checkpoint %s", ckpt_dir)
     return ckpt_dir
 
 
-def _barrier() -> None:
+def barrier() -> None:
     if ds_comm.is_initialized() and ds_comm.get_world_size() > 1:
         ds_comm.barrier()
 
@@ -494,5 +497,5 @@ def save_16bit_model(
         path = Path(save_dir)
         path.mkdir(parents=True, exist_ok=True)
         atomic_save(state, path / save_filename, serialization=engine._ckpt_config.checkpoint_serialization)
-    _barrier()
+    barrier()
     return True

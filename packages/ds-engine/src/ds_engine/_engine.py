@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_engine import _checkpoint, _moe_checkpoint, _tp_optimizer_state
+from ds_engine import _checkpoint, _deepspeed_layout, _moe_checkpoint, _tp_optimizer_state
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
@@ -101,6 +101,11 @@ class DeepSpeedEngine(
         self._collate_fn = parts.collate_fn
         m = parts.config.model
         self._ckpt_config = m.checkpoint
+        self._write_checkpoint = (  # checkpoint.layout, decided once
+            _deepspeed_layout.write_deepspeed_checkpoint
+            if m.checkpoint.layout == "deepspeed"
+            else _checkpoint.write_checkpoint
+        )
         self._zero = parts.config.zero
         self._gas = parts.config.gradient_accumulation_steps
         self._micro_batch = parts.config.train_micro_batch_size_per_gpu
@@ -356,6 +361,9 @@ class DeepSpeedEngine(
         all ranks finished, rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves
         `latest` on the previous tag.
         `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
+
+        With `checkpoint.layout: "deepspeed"` the files are DeepSpeed 0.19.8's (`_deepspeed_layout`: built
+        in a staging directory from a ds save, then published with one rename before `latest` moves).
         """
         self._check_states_loaded("engine.save_checkpoint()", SAVE_NEEDS)
         tag = _checkpoint.resolve_save_tag(
@@ -378,7 +386,7 @@ class DeepSpeedEngine(
             )
             if self.global_rank == 0:
                 extra[_tp_optimizer_state.PARAM_STATES_KEY] = whole
-        _checkpoint.write_checkpoint(
+        self._write_checkpoint(
             _checkpoint.SaveRequest(
                 root=Path(save_dir),
                 tag=tag,

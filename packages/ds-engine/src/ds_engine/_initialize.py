@@ -16,6 +16,7 @@ from torch.optim import Optimizer
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._assembly import assemble
+from ds_engine._deepspeed_layout import check_deepspeed_layout
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._engine_queries import ClientObjects
@@ -199,6 +200,7 @@ def initialize(
         dist = discover_dist(mpu)
         ds_config = ds_config.with_world_size(dist.replica_world_size)
     check_sequence_parallel(sp, dist, pipeline=pipeline)
+    check_deepspeed_layout(ds_config, pipeline=pipeline, tp_size=tp_size, mp_world_size=dist.mp_world_size, sp_size=sp)
     ds_config.check_resolved()
     if ds_config.model.log_level is not None:
         set_log_level_from_string(ds_config.model.log_level)

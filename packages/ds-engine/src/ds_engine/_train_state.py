@@ -80,8 +80,9 @@ class TrainState:
     """Engine-specific keys (the pipeline's stage layout)."""
 
 
-def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, Any]:
-    """DeepSpeed's model-states dict for `state`, plus the user's `client_state`.
+def model_states(state: TrainState, client_state: dict[str, Any], *, ds_version: str = __version__) -> dict[str, Any]:
+    """DeepSpeed's model-states dict for `state`, plus the user's `client_state` (`ds_version`: the writer's
+    version, ds's by default).
 
     Raises:
         ValueError: a `client_state` key collides with a key the engine writes (it is never overwritten).
@@ -111,7 +112,7 @@ def model_states(state: TrainState, client_state: dict[str, Any]) -> dict[str, A
             "sp_degree": state.sp_degree,
         },
         "ds_config": state.ds_config,
-        "ds_version": __version__,
+        "ds_version": ds_version,
         "rng_states": state.rng_states,
         **state.extra,
     }

@@ -1,7 +1,8 @@
 """Kill a checkpoint save with SIGKILL at every file-system step and load what is left (run as a script).
 
 `python checkpoint_kill_driver.py KIND WORKDIR` prints one JSON report. KIND is one of `KINDS`
-(engine ZeRO-0 on 1 rank; ZeRO-1, ZeRO-2, ZeRO-3 and a 2-stage pipeline on 2 gloo ranks).
+(engine ZeRO-0 on 1 rank; ZeRO-1, ZeRO-2, ZeRO-3, a 2-stage pipeline, and ZeRO-2 saving in DeepSpeed's
+layout on 2 gloo ranks).
 
 For each kind:
 1. A reference group trains a tiny model, saves checkpoint 1 (`global_step1`), trains a step,
@@ -54,7 +55,10 @@ KINDS: dict[str, tuple[int, int | str]] = {
     "zero2": (2, 2),
     "zero3": (2, 3),
     "pipeline": (2, "pipe"),
+    "zero2_deepspeed": (2, 2),
 }
+#: kinds saving with `checkpoint.layout: "deepspeed"` (staged ds save, DeepSpeed files, one rename, latest)
+_DEEPSPEED_LAYOUT = {"zero2_deepspeed"}
 _GROUP_TIMEOUT_S = 90.0
 _SCHED = {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}}
 _D, _H, _OUT, _ROWS, _GAS = 8, 12, 4, 3, 2
@@ -95,6 +99,8 @@ def _engine(kind: str, seed: int) -> Any:
     config = base_config(scheduler=_SCHED, gradient_clipping=1.0)
     if stage:
         config["zero_optimization"] = {"stage": stage, "stage3_param_persistence_threshold": 0}
+    if kind in _DEEPSPEED_LAYOUT:
+        config["checkpoint"] = {"layout": "deepspeed"}
     init = ds_engine.zero.Init() if stage == 3 else contextlib.nullcontext()
     with init:
         model = tiny_net(seed)

@@ -1,10 +1,11 @@
 """kill -9 at every file-system step of a checkpoint save leaves the previous checkpoint loadable and `latest` on it.
 
-One kind per test: engine ZeRO-0 (1 rank), ZeRO-1, ZeRO-2, ZeRO-3 and a 2-stage pipeline (2 gloo
-ranks). `checkpoint_kill_driver.py` (its docstring has the method) saves checkpoint 2 over a
-directory holding checkpoint 1 and SIGKILLs rank r at its n-th step (open, write, fsync, replace,
-fsync_dir of every file it writes), for every r and n; after each kill a fresh group loads `latest`
-and must get checkpoint 1's exact state, or checkpoint 2's exact state where `latest` already moved.
+One kind per test: engine ZeRO-0 (1 rank), ZeRO-1, ZeRO-2, ZeRO-3, a 2-stage pipeline and ZeRO-2 with
+`checkpoint.layout: "deepspeed"` (2 gloo ranks). `checkpoint_kill_driver.py` (its docstring has the
+method) saves checkpoint 2 over a directory holding checkpoint 1 and SIGKILLs rank r at its n-th step
+(open, write, fsync, replace, fsync_dir of every file it writes), for every r and n; after each kill a
+fresh group loads `latest` and must get checkpoint 1's exact state, or checkpoint 2's exact state where
+`latest` already moved.
 """
 
 from __future__ import annotations
@@ -45,6 +46,24 @@ KINDS: dict[str, tuple[str | None, list[list[str]]]] = {
                 "global_step2/layer_02-model_states.pt",
                 "global_step2/layer_03-model_states.pt",
                 "global_step2/mp_rank_01_model_states.pt",
+            ],
+        ],
+    ),
+    # checkpoint.layout "deepspeed": the staged ds save, then each rank's DeepSpeed files (zero_to_fp32.py is
+    # already there, identical, so not rewritten); the tag directory's rename is no file event, `latest` follows it.
+    "zero2_deepspeed": (
+        "ds_zero",
+        [
+            [
+                "ds-layout/mp_rank_00_model_states.pt",
+                "ds-layout/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                "deepspeed-layout/mp_rank_00_model_states.pt",
+                "deepspeed-layout/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                "ckpt/latest",
+            ],
+            [
+                "ds-layout/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                "deepspeed-layout/zero_pp_rank_1_mp_rank_00_optim_states.pt",
             ],
         ],
     ),

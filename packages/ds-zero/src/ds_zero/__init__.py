@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
 from ds_zero._access.owner import zero_optimizer_of
+from ds_zero._checkpoint.deepspeed_files import write_deepspeed_files
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.format import consolidate_fp32_params
 from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
@@ -104,6 +105,7 @@ __all__ = [
     "partitions_from_param_states",
     "save_zero_checkpoint",
     "universal_model_states_file",
+    "write_deepspeed_files",
     "zero_optimizer_of",
     "zero_param_shapes",
     # ZeRO stage 3

@@ -26,19 +26,12 @@ import os
 import re
 import shutil
 import sys
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
 
 import ds_comm
-from ds_comm.checkpoint_files import deepspeed_pickle_names, load_checkpoint_file
-from ds_zero._checkpoint.deepspeed_export import DEEPSPEED_VERSION, deepspeed_rank_state_dict
-from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._checkpoint.deepspeed_files import write_deepspeed_files
 from ds_zero._checkpoint.io import read_latest_tag
-from ds_zero._checkpoint.partition_files import deepspeed_model_states_file, load_partition_state_dicts
 from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
 
 __all__ = ["convert_to_deepspeed", "main"]
@@ -47,37 +40,12 @@ _MP_RANK = re.compile(r"zero_pp_rank_\d+_mp_rank_(\d+)_?optim_states\.pt$")
 _LAYER_FILE = re.compile(r"layer_\d+-model_states\.pt")
 
 
-def _module_dtype(module: dict[str, Any], names: Sequence[str], part: dict[str, Any]) -> torch.dtype:
-    """The training dtype: the module's parameters' (a pipeline stage has none there: the partition's)."""
-    for name in names:
-        value = module.get(name)
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.dtype
-    saved = part.get("model_dtype")
-    return getattr(torch, saved) if isinstance(saved, str) and hasattr(torch, saved) else torch.float32
-
-
 def _mp_ranks(src: Path) -> list[int]:
     """The model-parallel ranks (pipeline stages) with optimizer files in `src`, checked to be 0..n-1."""
     ranks = sorted({int(m.group(1)) for p in src.glob("*optim_states.pt") if (m := _MP_RANK.search(p.name))})
     if ranks != list(range(len(ranks))):
         raise ValueError(f"{src}: optimizer files cover model-parallel ranks {ranks}; some are missing")
     return ranks or [0]
-
-
-def _param_shapes(states: dict[str, Any], index: FragmentIndex) -> list[OrderedDict[str, torch.Size]]:
-    """The model-states file's `param_shapes`, or (a pipeline stage's file, ds before 0.1 wrote `[{}]` under
-    ZeRO) the parameters in flat order: every rank's fragments in rank order, by position in the partition."""
-    saved = states.get("param_shapes")
-    if saved and all(saved):
-        return [OrderedDict((n, torch.Size(s)) for n, s in group.items()) for group in saved]
-    groups: dict[int, OrderedDict[str, torch.Size]] = {}
-    for sd in index.state_dicts:
-        for meta in sd["partitions"]:
-            group = groups.setdefault(int(meta["group_index"]), OrderedDict())
-            for name, *_, _start in sorted(meta["fragments"], key=lambda f: int(f[3])):
-                group.setdefault(name, torch.Size(meta["param_shapes"][name]))
-    return [groups[g] for g in sorted(groups)]
 
 
 def convert_to_deepspeed(
@@ -105,65 +73,12 @@ def convert_to_deepspeed(
     layer_files = sorted(p for p in src.iterdir() if _LAYER_FILE.fullmatch(p.name)) if src.is_dir() else []
     out = Path(output_dir) / tag
     for mp_rank in _mp_ranks(src) if src.is_dir() else [0]:
-        _write_mp_rank(src, out, mp_rank, world_size=world_size, stage=stage, pipeline=bool(layer_files))
+        write_deepspeed_files(src, out, mp_rank=mp_rank, world_size=world_size, stage=stage, pipeline=bool(layer_files))
     for path in layer_files:
         shutil.copy2(path, out / path.name)
     ds_comm.atomic_write_text(Path(output_dir) / "latest", tag)
     copy_zero_to_fp32_script(output_dir)
     return out
-
-
-def _write_mp_rank(
-    src: Path, out: Path, mp_rank: int, *, world_size: int | None, stage: int | None, pipeline: bool
-) -> None:
-    """DeepSpeed's model-states and optimizer files of model-parallel rank `mp_rank` of the save in `src`."""
-    parts = load_partition_state_dicts(src, mp_rank=mp_rank)
-    index = FragmentIndex(parts)
-    states_file = deepspeed_model_states_file(src, mp_rank)
-    if states_file is None:
-        raise FileNotFoundError(f"{src} has no mp_rank_{mp_rank:02d}_model_states.pt")
-    states = load_checkpoint_file(states_file)
-    world = int(world_size or parts[0]["partition_count"])
-    stage = int(stage or parts[0]["zero_stage"])
-    if world < 1 or stage not in (1, 2, 3):
-        raise ValueError(f"world_size must be >= 1 and stage 1, 2 or 3; got {world} and {stage}")
-    if pipeline and stage > 1:
-        raise ValueError(
-            f"{src} is a pipeline checkpoint: DeepSpeed's pipeline engine takes ZeRO stage 0 or 1, not {stage}"
-        )
-    shapes = _param_shapes(states, index)
-    names = [n for group in shapes for n in group]
-    module = dict(states.get("module") or {})
-    dtype = _module_dtype(module, names, parts[0])
-    prefix = "bf16_" if dtype == torch.bfloat16 else ""
-    out.mkdir(parents=True, exist_ok=True)
-    model_states = {
-        **states,
-        "param_shapes": shapes,
-        "frozen_param_shapes": {} if stage >= 2 else None,
-        "shared_params": dict(states.get("shared_params") or {}),
-        "frozen_param_fragments": {} if stage >= 2 else None,
-        "dp_world_size": world,
-        "ds_version": DEEPSPEED_VERSION,
-    }
-    ds_config = states.get("ds_config") or {}
-    with deepspeed_pickle_names():
-        if stage == 3:
-            placeholders = {n: torch.empty(0, dtype=module[n].dtype if n in module else dtype) for n in names}
-            stage3_states = {
-                **model_states,
-                "module": OrderedDict((k, placeholders.get(k, v)) for k, v in module.items()),
-            }
-            for rank in range(world):
-                ds_comm.atomic_save(stage3_states, out / f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_model_states.pt")
-        else:
-            ds_comm.atomic_save(model_states, out / f"mp_rank_{mp_rank:02d}_model_states.pt")
-        for rank in range(world):
-            sd = deepspeed_rank_state_dict(index, shapes, world=world, rank=rank, stage=stage)
-            ds_comm.atomic_save(
-                {"optimizer_state_dict": sd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION},
-                out / f"{prefix}zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_optim_states.pt",
-            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

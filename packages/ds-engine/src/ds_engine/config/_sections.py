@@ -200,6 +200,11 @@ class CheckpointConfig(ConfigModel):
     """torch.save's zipfile serialization (false: the legacy format)."""
     writer: dict[str, Any] | None = None
     """DeepSpeed's checkpoint writer engine; only null is accepted."""
+    layout: Literal["ds", "deepspeed"] = "ds"
+    """The files `save_checkpoint` writes (a ds key; DeepSpeed ignores it): "ds", ds's own layout (ZeRO
+    partitions in ds-zero's format, loadable by ds at any world size and stage), or "deepspeed", the
+    files DeepSpeed 0.19.8 writes (and loads at the saved world size), built from a staged ds save.
+    ds loads both layouts."""
 
 
 class _MonitorConfig(ConfigModel):
