@@ -152,3 +152,24 @@ def test_tp2_save_converts_and_resumes_at_another_layout(
     for result in run_ranks(world, _load_universal, tp, stage, str(root), timeout_s=300):
         assert result["q_rows"] == 32 // tp  # hidden 32: the weights are this layout's shards
         torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference), rtol=0, atol=1e-5)
+
+
+def test_a_tensor_parallel_save_without_its_cut_recorded_is_refused(
+    saves: dict, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """Nothing would say which shards are rows, columns or copies: refused by name, nothing written."""
+    import shutil
+
+    import ds_comm
+    import ds_zero
+
+    root, _ = _saved(saves, tmp_path_factory, 2, 1)
+    tag = tmp_path / TAG
+    shutil.copytree(root / TAG, tag)
+    states = ds_comm.load_checkpoint_file(tag / "mp_rank_00_model_states.pt")
+    del states["universal_checkpoint_info"]
+    ds_comm.atomic_save(states, tag / "mp_rank_00_model_states.pt")
+    for inject in (False, True):
+        with pytest.raises(ValueError, match=r"tensor-parallel rank 0 of 2 but has no 'universal_checkpoint_info'"):
+            ds_zero.convert_to_universal(tag, tmp_path / "uni", inject_missing_state=inject)
+    assert not (tmp_path / "latest_universal").exists()
