@@ -13,7 +13,9 @@ model-states file as DeepSpeed's AutoTP does (its `universal_checkpoint_info` ke
 whole are `tp_replicated_parameter_patterns`, row-parallel weights (cut along dim 1)
 `parameter_with_row_parallelism_patterns`, column-parallel ones (dim 0, the converter's default) need
 no entry, and fused projections (several sections along the cut dim, each split on its own) are
-`parameter_with_sub_params` with every rank's width of every section in `sub_param_shard_widths`.
+`parameter_with_sub_params` with every rank's width of every section in `sub_param_shard_widths`, and
+also get an `affine_map` entry (DeepSpeed's geometric form, which its converter and ds's prefer): for each
+rank, where its piece of each section sits in the whole parameter and in its shard.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = ["UNIVERSAL_INFO_KEY", "shard_transform", "universal_checkpoint_info"]
 #: The model-states key holding the conversion metadata (DeepSpeed's `UNIVERSAL_CHECKPOINT_INFO`).
 UNIVERSAL_INFO_KEY = "universal_checkpoint_info"
 _VERSION = 0.4  # DeepSpeed 0.19.8's UNIVERSAL_CHECKPOINT_VERSION_VALUE: sub_param_shard_widths exist from 0.4
+_AFFINE_VERSION = 1  # DeepSpeed 0.19.8's AFFINE_MAP_FORMAT_VERSION
 
 
 def _layouts(module: nn.Module) -> dict[str, tuple[Any, int]]:
@@ -65,6 +68,7 @@ def universal_checkpoint_info(module: nn.Module) -> dict[str, Any]:
     cuts = _layouts(module)
     replicated, row, sub_params = [], [], []
     widths: dict[str, list[list[int]]] = {}
+    maps: dict[str, dict[str, Any]] = {}
     for name, param in module.named_parameters():
         if not param.requires_grad:
             continue
@@ -77,6 +81,8 @@ def universal_checkpoint_info(module: nn.Module) -> dict[str, Any]:
             shape[layout.dim] = tuple(sum(section) for section in layout.sections)
             sub_params.append({"patterns": [pattern], "shape": shape, "partition_dim": layout.dim})
             widths[pattern] = [list(section) for section in layout.sections]
+            whole = [*param.shape[: layout.dim], layout.full_size, *param.shape[layout.dim + 1 :]]
+            maps[pattern] = _sections_map(whole, layout)
         elif layout.dim == 1:
             row.append(pattern)
         elif layout.dim != 0:
@@ -91,4 +97,36 @@ def universal_checkpoint_info(module: nn.Module) -> dict[str, Any]:
     }
     if widths:
         info["sub_param_shard_widths"] = widths
+        info["affine_map"] = {"version": _AFFINE_VERSION, "params": maps}
     return info
+
+
+def _row_major(shape: list[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return strides
+
+
+def _sections_map(whole: list[int], layout: Any) -> dict[str, Any]:
+    """DeepSpeed's affine map of a sectioned cut: rank r's shard is its piece of every section, in order.
+
+    One piece per (rank, section): where the piece starts along the cut dim in the whole parameter and
+    in the shard, as `torch.as_strided` offsets and row-major strides of each.
+    """
+    dim, strides = layout.dim, _row_major(whole)
+    ranks = {}
+    for rank in range(len(layout.sections[0])):
+        local = list(whole)
+        local[dim] = layout.local_size(rank)
+        local_strides = _row_major(local)
+        pieces, start, at = [], 0, 0
+        for section in layout.sections:
+            shape = list(whole)
+            shape[dim] = section[rank]
+            source = [(start + sum(section[:rank])) * strides[dim], strides]
+            pieces.append({"shape": shape, "source": source, "dest": [at * local_strides[dim], local_strides]})
+            pieces[-1]["locations"] = [rank]
+            start, at = start + sum(section), at + section[rank]
+        ranks[rank] = {"shard_shape": local, "pieces": pieces}
+    return {"logical_shape": list(whole), "ranks": ranks}

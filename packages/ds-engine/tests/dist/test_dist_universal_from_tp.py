@@ -68,10 +68,10 @@ def _steps(engine: Any, first: int, count: int) -> list[float]:
     return losses
 
 
-def _save_then_continue(rank: int, world: int, tp: int, stage: int, save_dir: str) -> list[float]:
+def _save_then_continue(rank: int, world: int, tp: int, stage: int, save_dir: str, family: str) -> list[float]:
     import ds_engine
 
-    model = build("llama", kv_heads=2)
+    model = build(family, kv_heads=2)
     model.train()
     engine, *_ = ds_engine.initialize(model=model, config=_config(tp, world // tp, stage, False))
     _steps(engine, 0, BEFORE)
@@ -79,15 +79,15 @@ def _save_then_continue(rank: int, world: int, tp: int, stage: int, save_dir: st
     return _steps(engine, BEFORE, AFTER)
 
 
-def _load_universal(rank: int, world: int, tp: int, stage: int, load_dir: str) -> dict[str, Any]:
+def _load_universal(rank: int, world: int, tp: int, stage: int, load_dir: str, family: str) -> dict[str, Any]:
     import ds_engine
 
-    model = build("llama", kv_heads=2, seed=7)  # another init: everything must come from the checkpoint
+    model = build(family, kv_heads=2, seed=7)  # another init: everything must come from the checkpoint
     model.train()
     engine, *_ = ds_engine.initialize(model=model, config=_config(tp, world // tp, stage, True))
     path, _ = engine.load_checkpoint(load_dir)
     assert path is not None and engine.global_steps == BEFORE
-    return {"losses": _steps(engine, BEFORE, AFTER), "q_rows": model.model.layers[0].self_attn.q_proj.weight.shape[0]}
+    return {"losses": _steps(engine, BEFORE, AFTER), "o_cols": model.model.layers[0].self_attn.o_proj.weight.shape[1]}
 
 
 def _check_universal_files(root: Path) -> None:
@@ -103,8 +103,10 @@ def _check_universal_files(root: Path) -> None:
             assert torch.equal(stored["param"], value), (name, key)
             if key == "fp32":
                 assert torch.equal(stored["param"], module[name].float()), name
-            if ".o_proj." in name or ".down_proj." in name:
-                assert stored["cat_dim"] == 1, name
+            if ".qkv_proj." in name or ".gate_up_proj." in name:  # fused sections: placed by an affine map
+                assert list(stored) == ["param"], name
+            elif ".o_proj." in name or ".down_proj." in name:  # row-parallel: the bias is added whole
+                assert stored.get("cat_dim") == (1 if name.endswith(".weight") else None), name
             elif "_proj." in name:
                 assert stored["cat_dim"] == 0, name
             else:  # norms, embeddings, the output head: every rank holds them whole
@@ -117,16 +119,18 @@ def saves(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, int], tup
     return {}
 
 
-def _saved(saves: dict, tmp_path_factory: pytest.TempPathFactory, world: int, stage: int) -> tuple[Path, list[float]]:
-    """The TP=2 save on `world` ranks at `stage`, converted (made once per module)."""
+def _saved(
+    saves: dict, tmp_path_factory: pytest.TempPathFactory, world: int, stage: int, family: str = "llama"
+) -> tuple[Path, list[float]]:
+    """The TP=2 save of `family` on `world` ranks at `stage`, converted (made once per module)."""
     import ds_zero
 
-    if (world, stage) not in saves:
-        root = tmp_path_factory.mktemp(f"tp2_on{world}_z{stage}")
-        reference = run_ranks(world, _save_then_continue, 2, stage, str(root), timeout_s=300)[0]
+    if (world, stage, family) not in saves:
+        root = tmp_path_factory.mktemp(f"{family}_tp2_on{world}_z{stage}")
+        reference = run_ranks(world, _save_then_continue, 2, stage, str(root), family, timeout_s=300)[0]
         ds_zero.convert_to_universal(root / TAG, root / f"{TAG}_universal")
-        saves[(world, stage)] = (root, reference)
-    return saves[(world, stage)]
+        saves[(world, stage, family)] = (root, reference)
+    return saves[(world, stage, family)]
 
 
 # (save world at TP=2, ZeRO stage, load TP, load world)
@@ -149,9 +153,79 @@ def test_tp2_save_converts_and_resumes_at_another_layout(
 ) -> None:
     root, reference = _saved(saves, tmp_path_factory, save_world, stage)
     _check_universal_files(root)
-    for result in run_ranks(world, _load_universal, tp, stage, str(root), timeout_s=300):
-        assert result["q_rows"] == 32 // tp  # hidden 32: the weights are this layout's shards
+    for result in run_ranks(world, _load_universal, tp, stage, str(root), "llama", timeout_s=300):
+        assert result["o_cols"] == 32 // tp  # hidden 32: the weights are this layout's shards
         torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference), rtol=0, atol=1e-5)
+
+
+class PackedBlock(torch.nn.Module):
+    """An MLP with a packed gate/up projection: AutoTP cuts `gate_up_proj` as two sections, each split on its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.gate_up_proj = torch.nn.Linear(8, 2 * 12)
+        self.down_proj = torch.nn.Linear(12, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(self.norm(x)).chunk(2, dim=-1)
+        return x + self.down_proj(torch.nn.functional.silu(gate) * up)
+
+
+class PackedMLPModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([PackedBlock(), PackedBlock()])
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _packed_run(rank: int, world: int, tp: int, save_dir: str, universal: bool) -> list[float]:
+    """Train 3 steps and save (`universal` False), or load the universal checkpoint; then 2 more steps."""
+    import ds_engine
+
+    torch.manual_seed(7 if universal else 0)
+    model = PackedMLPModel()
+    cfg = {**_config(tp, world // tp, 1, universal), "train_micro_batch_size_per_gpu": 4}
+    cfg["gradient_accumulation_steps"] = 1  # one replica, one micro-batch per step at every layout
+    engine, *_ = ds_engine.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+
+    def steps(first: int, count: int) -> list[float]:
+        out = []
+        for step in range(first, first + count):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            out.append(loss.item())
+        return out
+
+    if universal:
+        engine.load_checkpoint(save_dir)
+    else:
+        steps(0, BEFORE)
+        engine.save_checkpoint(save_dir)
+        assert model.layers[0].gate_up_proj.weight.shape == (12, 8)  # each rank: 6 rows of gate, 6 of up
+    return steps(BEFORE, AFTER)
+
+
+@pytest.mark.timeout(600)
+def test_packed_projections_convert_by_their_sections(tmp_path: Path) -> None:
+    """Each rank holds its piece of both sections of `gate_up_proj`; the save's affine map puts them back
+    (written as `{"param"}` alone, as DeepSpeed's affine conversion does), and the universal checkpoint
+    resumes at TP=1 within 1e-5 of the run that went on at TP=2."""
+    import ds_zero
+
+    reference = run_ranks(2, _packed_run, 2, str(tmp_path), False, timeout_s=300)[0]
+    ds_zero.convert_to_universal(tmp_path / TAG, tmp_path / f"{TAG}_universal")
+    _check_universal_files(tmp_path)
+    (resumed,) = run_ranks(1, _packed_run, 1, str(tmp_path), True, timeout_s=300)
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(reference), rtol=0, atol=1e-5)
 
 
 def test_a_tensor_parallel_save_without_its_cut_recorded_is_refused(
