@@ -1,6 +1,7 @@
 """How `universal_checkpoint_info`'s categories merge tensor-parallel slices (`Categories.payload`), against
 the whole tensor the slices were cut from: column (dim 0, also uneven), row (dim 1), replicated (equal
-slices required), two stacked sub-parameters, vocabulary padding; refused layouts name their key."""
+slices required), two stacked sub-parameters, vocabulary padding; DeepSpeed's affine maps (placed blocks,
+replicas checked, scales undone for fp32 only, newer versions refused); refused layouts name their key."""
 
 from __future__ import annotations
 

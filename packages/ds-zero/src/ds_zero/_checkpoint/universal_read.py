@@ -75,13 +75,14 @@ def _tensor(
 def _whole_param_shapes(root: Path, states: Mapping[str, Any]) -> list[dict[str, list[int]]]:
     """Per param group, name -> whole shape of every parameter of the universal checkpoint in `root`.
 
-    The model-states file's `param_shapes` are the saving rank's: a tensor-parallel save (several
-    `mp_rank` files copied, no pipeline layer files) records rank 0's shards there, while `fp32.pt`
-    holds the merged whole. For such a checkpoint the shapes are those of the `fp32.pt` files.
+    The model-states file's `param_shapes` are the saving rank's: a tensor-parallel save
+    (`checkpoint_parallel_dimensions.tp_degree` > 1, as DeepSpeed and ds record it) has rank 0's shards
+    there, while `fp32.pt` holds the merged whole. For such a checkpoint the shapes are those of the
+    `fp32.pt` files.
     """
     groups = [{n: [int(d) for d in shp] for n, shp in group.items()} for group in states.get("param_shapes") or []]
-    tensor_parallel = len(list(root.glob("mp_rank_*_model_states.pt"))) > 1 and not any(root.glob("layer_*"))
-    if not tensor_parallel:
+    dims = states.get("checkpoint_parallel_dimensions") or {}
+    if int(dims.get("tp_degree", 1) or 1) == 1:
         return groups
     out = []
     for group in groups:

@@ -64,11 +64,12 @@ _PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_.*")  # DeepSpeed's test for a pipeline checkpoint
 
 
-def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool]:
+def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int]:
     """The model-states files DeepSpeed's converter copies, in model-parallel rank order (stage 1/2:
-    `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), and whether the checkpoint
-    is a pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints]); otherwise several
-    `mp_rank` files are tensor-parallel ranks (see [Note: merging tensor-parallel slices])."""
+    `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), whether the checkpoint is a
+    pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints]), and the number of
+    model-parallel ranks; without pipeline several are tensor-parallel ranks (see [Note: merging
+    tensor-parallel slices])."""
     if stage == 3:
         files = [p for p in folder.glob("*_model_states.pt") if not re.match(r"layer_.*_expert_", p.name)]
     else:
@@ -95,7 +96,7 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool]:
             f"{folder} holds tensor-parallel ranks {mp_ranks} at ZeRO stage 3: tensor-parallel checkpoints "
             "convert to universal at ZeRO stage 1 or 2 here (ds's AutoTP trains with stage 0-2)"
         )
-    return files, pipeline
+    return files, pipeline, len(mp_ranks)
 
 
 def _full_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
@@ -198,13 +199,12 @@ def _write(
     src: Path, out: Path, rank0: Mapping[str, Any], extract: int, merge: int, strict: bool, inject: bool
 ) -> None:
     stage = int(rank0["zero_stage"])
-    model_files, pipeline = _model_states_files(src, stage)
+    model_files, pipeline, mp_degree = _model_states_files(src, stage)
     del extract  # reading stays serial: the restricted unpickler's allow-list is process-wide state
     states = ds_comm.load_checkpoint_file(model_files[0])
-    tensor_parallel = not pipeline and len(model_files) > 1
-    if tensor_parallel and UNIVERSAL_INFO_KEY not in states:
+    if not pipeline and mp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
         raise ValueError(
-            f"{model_files[0]} is tensor-parallel rank 0 of {len(model_files)} but has no {UNIVERSAL_INFO_KEY!r}: "
+            f"{model_files[0]} is tensor-parallel rank 0 of {mp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
             "nothing says how its parameters are cut (replicated, row or column), so the shards cannot be "
             "merged (a save by an older ds, or a client that does not record it)"
         )
@@ -215,7 +215,7 @@ def _write(
     replicated = list(info.get(_PIPELINE_REPLICATED, []))
     # A pipeline's stages hold different parameters (merged one stage after another); tensor-parallel
     # ranks hold slices of the same ones (merged together).
-    groups = [[r] for r in range(len(model_files))] if pipeline else [list(range(len(model_files)))]
+    groups = [[r] for r in range(mp_degree)] if pipeline else [list(range(mp_degree))]
     for mp_ranks in groups:
         shards = [_Shard(load_partition_state_dicts(src, mp_rank=r)) for r in mp_ranks]
         _check_same_names(src, shards)
