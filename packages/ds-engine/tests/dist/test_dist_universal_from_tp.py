@@ -11,7 +11,10 @@ reference's within 1e-5 (fp32: tensor-parallel matmuls and the data-parallel gra
 order at another layout, as in `test_dist_autotp_checkpoint_optimizer.py`).
 
 Every run sees the same global batch per step (2 micro-batches, split over the data-parallel ranks), so
-layouts compare step for step. Needs ds-zero, ds-parallel and transformers (`ds-engine[all]`).
+layouts compare step for step. A model with a packed gate/up projection (two sections, each split on its
+own) converts through the affine map its save records and resumes at TP=1 the same way; a save whose
+record of the cut was removed is refused by name. Needs ds-zero, ds-parallel and transformers
+(`ds-engine[all]`).
 """
 
 from __future__ import annotations
