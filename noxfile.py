@@ -238,6 +238,7 @@ def deepspeed_live(session: nox.Session) -> None:
         "pytest",
         str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_universal.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_autotp_universal.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live_muon.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_moe_live.py"),

@@ -217,9 +217,10 @@ def test_stage_0_pipeline_and_tensor_parallel_checkpoints_are_refused_by_name(tm
 
     with pytest.raises(FileNotFoundError, match="stage-0"):
         convert_to_universal(DATA / "pipe_z0_fp32" / "ckpt" / TAG, tmp_path / "u0", inject_missing_state=True)
-    # Two mp_rank files without layer files: tensor-parallel ranks, which do not convert here.
+    # Two mp_rank files without layer files: tensor-parallel ranks, which convert only with the record of how
+    # each parameter is cut (universal_checkpoint_info), which this one lacks.
     shutil.copytree(DATA / CASE / "ckpt" / TAG, tmp_path / "tp")
     for layer in (tmp_path / "tp").glob("layer_*"):
         layer.unlink()
-    with pytest.raises(ValueError, match="tensor-parallel checkpoints do not convert"):
+    with pytest.raises(ValueError, match="tensor-parallel rank 0 of 2 but has no 'universal_checkpoint_info'"):
         convert_to_universal(tmp_path / "tp", tmp_path / "u1", inject_missing_state=True)

@@ -24,6 +24,13 @@ cases are loaded back at `UNIVERSAL_PIPE_STAGES` stages on `UNIVERSAL_PIPE_WORLD
 pipeline and data-parallel degree than the save); DeepSpeed's converter refuses the 3-layer pipeline
 (it needs a layer per stage between the first and the last), which the manifest records.
 `--keep-saves` reuses the stored checkpoints and only remakes the universal part.
+
+AutoTP (`autotp_job.CASES`, `tensor_parallel.autotp_size: 2` on 2 ranks): DeepSpeed's AutoTP imports
+transformers, so the venv gets the pinned transformers too. DeepSpeed trains and saves at TP=2
+(`ckpt/`), its converter writes `universal/<tag>_universal` (no `--inject_missing_state`: its AutoTP
+records `universal_checkpoint_info`), and DeepSpeed's continuations from that universal checkpoint at
+TP=1 on 1 rank and at TP=2 on 2 ranks go to `universal/continuation_tp{T}_world{N}.json`; the outcome
+is under `autotp` in the manifest. One ZeRO-1 case keeps the fixtures small (about 170 KB).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ UNIVERSAL_WORLD_SIZE = 1
 UNIVERSAL_PIPE_STAGES = 1
 UNIVERSAL_PIPE_WORLD_SIZE = 2
 sys.path.insert(0, str(HERE))
+from autotp_job import CASES as AUTOTP_CASES  # noqa: E402
 from border_job import CASES  # noqa: E402
 
 DEEPSPEED_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
@@ -59,14 +67,16 @@ def ensure_venv(venv: Path) -> Path:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     probe = subprocess.run(
-        [str(python), "-c", "import deepspeed, sys; sys.stdout.write(deepspeed.__version__)"],
+        [str(python), "-c", "import deepspeed, transformers, sys; sys.stdout.write(deepspeed.__version__)"],
         capture_output=True,
         text=True,
         env=_clean_env(),
     )
     if probe.returncode != 0 or probe.stdout.strip() != DEEPSPEED_PIN.split("==")[1]:
+        # transformers: DeepSpeed's AutoTP imports it (the AutoTP cases).
+        packages = ["torch", DEEPSPEED_PIN, "transformers"]
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-c", str(ROOT / "constraints.txt"), "torch", DEEPSPEED_PIN],
+            [str(python), "-m", "pip", "install", "-c", str(ROOT / "constraints.txt"), *packages],
             check=True,
             env={**_clean_env(), "DS_BUILD_OPS": "0"},
         )
@@ -184,10 +194,45 @@ def make_universal(python: Path, case: str) -> dict[str, str]:
     return {"status": "ok"}
 
 
+def run_autotp(
+    python: Path, mode: str, case: str, out: Path, *, world_size: int, tp: int, ckpt: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`autotp_job.py MODE` under real DeepSpeed at `world_size` gloo ranks and tensor-parallel degree `tp`."""
+    cmd = [str(python), "-m", "torch.distributed.run", f"--nproc_per_node={world_size}", f"--master_port={free_port()}"]
+    cmd += [str(HERE / "autotp_job.py"), mode, "--case", case, "--out", str(out), "--tp", str(tp)]
+    if ckpt is not None:
+        cmd += ["--ckpt", str(ckpt), "--universal"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_clean_env())
+
+
+def make_autotp(python: Path, case: str) -> dict[str, str]:
+    """DeepSpeed's AutoTP save of `case`, its own universal conversion, and its continuations from that."""
+    out = DATA / case
+    shutil.rmtree(out, ignore_errors=True)
+    proc = run_autotp(python, "save", case, out, world_size=2, tp=2)
+    if proc.returncode != 0:
+        shutil.rmtree(out, ignore_errors=True)
+        return _failure(proc)
+    for script in DEEPSPEED_SCRIPTS:
+        (out / "ckpt" / script).unlink(missing_ok=True)
+    tag = (out / "ckpt" / "latest").read_text().strip()
+    universal = out / "universal"
+    convert = [str(python), "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(out / "ckpt" / tag)]
+    convert += ["--output_folder", str(universal / f"{tag}_universal"), "--num_extract_workers", "1"]
+    proc = subprocess.run([*convert, "--num_merge_workers", "1"], capture_output=True, text=True, env=_clean_env())
+    if proc.returncode != 0:
+        return _failure(proc)
+    for world, tp in ((1, 1), (2, 2)):
+        proc = run_autotp(python, "load", case, universal, world_size=world, tp=tp, ckpt=universal)
+        if proc.returncode != 0:
+            return _failure(proc)
+    return {"status": "ok"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, default=Path("/tmp/dsref"))
-    parser.add_argument("--cases", nargs="*", default=sorted(CASES))
+    parser.add_argument("--cases", nargs="*", default=sorted(CASES) + sorted(AUTOTP_CASES))
     parser.add_argument("--keep-saves", action="store_true", help="reuse the stored checkpoints")
     args = parser.parse_args()
     python = ensure_venv(args.venv)
@@ -200,7 +245,12 @@ def main() -> int:
     manifest["universal_pipe_world_size"] = UNIVERSAL_PIPE_WORLD_SIZE
     cases = manifest.setdefault("cases", {})
     universal = manifest.setdefault("universal", {})
+    autotp = manifest.setdefault("autotp", {})
     for case in args.cases:
+        if case in AUTOTP_CASES:
+            autotp[case] = make_autotp(python, case)
+            print(case, autotp[case], flush=True)
+            continue
         if not args.keep_saves:
             cases[case] = make_case(python, case)
         plain = not CASES[case].get("offload")  # an offload case writes its plain counterpart's files

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_engine import _checkpoint, _deepspeed_layout, _moe_checkpoint, _tp_optimizer_state
+from ds_engine import _checkpoint, _deepspeed_layout, _moe_checkpoint, _tp_optimizer_state, _universal_tp
 from ds_engine._assembly import EngineParts
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
@@ -386,6 +386,8 @@ class DeepSpeedEngine(
             )
             if self.global_rank == 0:
                 extra[_tp_optimizer_state.PARAM_STATES_KEY] = whole
+        if self._tp is not None:  # how each parameter is cut, for ds_to_universal (DeepSpeed's AutoTP records it)
+            extra[_universal_tp.UNIVERSAL_INFO_KEY] = _universal_tp.universal_checkpoint_info(self.module)
         self._write_checkpoint(
             _checkpoint.SaveRequest(
                 root=Path(save_dir),

@@ -72,6 +72,34 @@ def _tensor(
     return value.detach().reshape(-1)
 
 
+def _whole_param_shapes(root: Path, states: Mapping[str, Any]) -> list[dict[str, list[int]]]:
+    """Per param group, name -> whole shape of every parameter of the universal checkpoint in `root`.
+
+    The model-states file's `param_shapes` are the saving rank's: a tensor-parallel save
+    (`checkpoint_parallel_dimensions.tp_degree` > 1, as DeepSpeed and ds record it) has rank 0's shards
+    there, while `fp32.pt` holds the merged whole. For such a checkpoint the shapes are those of the
+    `fp32.pt` files.
+    """
+    groups = [{n: [int(d) for d in shp] for n, shp in group.items()} for group in states.get("param_shapes") or []]
+    dims = states.get("checkpoint_parallel_dimensions") or {}
+    if int(dims.get("tp_degree", 1) or 1) == 1:
+        return groups
+    out = []
+    for group in groups:
+        whole = {}
+        for name in group:
+            path = root / "zero" / name / "fp32.pt"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} is missing: the universal checkpoint is incomplete")
+            loaded = ds_comm.load_checkpoint_file(path)
+            value = loaded.get("param") if isinstance(loaded, Mapping) else loaded
+            if not isinstance(value, torch.Tensor):
+                raise ds_comm.CheckpointFileError(f"{path}: holds no tensor (a 'param' entry or a bare tensor)")
+            whole[name] = list(value.shape)
+        out.append(whole)
+    return out
+
+
 def _state_keys(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.pt") if p.stem not in ("fp32", "step"))
 
@@ -89,15 +117,16 @@ def load_universal_partitions(
         folder: the universal checkpoint's directory (`ds_to_universal`'s `--output_folder`).
         param_shapes: per param group, name -> shape of the parameters to read, in the loading
             optimizer's order (`zero_param_shapes(optimizer, module)`). Default: the model-states
-            file's `param_shapes`, i.e. the model that was saved. A pipeline stage passes its own
-            parameters: a pipeline's universal checkpoint holds every stage's parameters, and its
+            file's `param_shapes`, i.e. the model that was saved (whole: for a tensor-parallel save,
+            whose file records rank 0's shards, the shapes of the `fp32.pt` files). A pipeline stage
+            passes its own parameters: a pipeline's universal checkpoint holds every stage's parameters, and its
             model-states file describes stage 0 only.
         model_dtype: the training dtype recorded in the partition (default: the dtype of the
             model-states file's module tensors, float32 when it has none).
         transform: `transform(name, whole)` returns the part of parameter `name` this rank holds, for
             the fp32 value and every optimizer state alike (a tensor-parallel rank's shard: universal
-            files hold whole parameters). `whole` has the saved shape (the model-states file's
-            `param_shapes`); the result must have `param_shapes[name]`'s number of elements.
+            files hold whole parameters). `whole` has the saved whole shape; the result must have
+            `param_shapes[name]`'s number of elements.
 
     Raises:
         FileNotFoundError: a missing model-states, `zero/optimizer_state.pt` or parameter file (names it).
@@ -109,9 +138,10 @@ def load_universal_partitions(
     states_file = universal_model_states_file(root)
     states = ds_comm.load_checkpoint_file(states_file)
     ds_comm.check_deepspeed_version(states.get("ds_version"), states_file)
-    saved_shapes = {n: [int(d) for d in shp] for group in states.get("param_shapes") or [] for n, shp in group.items()}
+    saved = _whole_param_shapes(root, states)
+    saved_shapes = {n: shp for group in saved for n, shp in group.items()}
     if param_shapes is None:
-        param_shapes = states.get("param_shapes") or []
+        param_shapes = saved
         if not param_shapes:
             raise ValueError(f"{states_file}: no param_shapes; it does not describe a ZeRO checkpoint")
     shapes_by_group = [{n: [int(d) for d in s] for n, s in group.items()} for group in param_shapes]

@@ -23,8 +23,13 @@ by `to_deepspeed`, so both go through one path).
 own; together the stages give every parameter once (a tied parameter held by several stages is taken
 from the last one, as DeepSpeed's converter does, unless it matches
 `pipeline_replicated_parameter_patterns`: then the first stage's copy). Every stage's model-states
-file is copied; `optimizer_state.pt` is stage 0's. Tensor-parallel checkpoints (several `mp_rank`
-files without layer files) are refused.
+file is copied; `optimizer_state.pt` is stage 0's. Pipeline checkpoints that are tensor-parallel too
+(`tp_degree` > 1) are refused.
+
+Tensor-parallel checkpoints (several `mp_rank` files without layer files, ZeRO 1/2) merge each
+parameter's slices as their `universal_checkpoint_info` says ([Note: merging tensor-parallel slices]
+in `universal_categories.py`); one without that info is refused, as the cut of its shards is unknown.
+`optimizer_state.pt` is tensor-parallel rank 0's, and every rank's model-states file is copied.
 """
 
 from __future__ import annotations
@@ -47,29 +52,24 @@ from ds_comm.checkpoint_files import deepspeed_pickle_names
 from ds_zero._checkpoint.deepspeed_format import is_deepspeed_state_dict
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts, optim_files
+from ds_zero._checkpoint.universal_categories import UNIVERSAL_INFO_KEY, Categories
 
 __all__ = ["UNIVERSAL_INFO_KEY", "convert_to_universal"]
 
 logger = logging.getLogger(__name__)
 
-UNIVERSAL_INFO_KEY = "universal_checkpoint_info"
 _UNIVERSAL_VERSION = 0.4  # what DeepSpeed 0.19.8 injects with --inject_missing_state
 _STAGE12_SHARDED = ("base_optimizer_state", "param_slice_mappings", "single_partition_of_fp32_groups")
-# universal_checkpoint_info's parameter categories (regex lists), as DeepSpeed names them.
-_REPLICATED = "tp_replicated_parameter_patterns"
-_AVERAGE = "parameter_to_average_patterns"
-_ROW_PARALLEL = "parameter_with_row_parallelism_patterns"
-_VOCABULARY = "vocabulary_parameter_patterns"
-_TWO_SUB_PARAMS = "parameter_with_2_sub_params_cat_dim_0"
-_UNSUPPORTED = ("parameter_with_sub_params", "affine_map")
 _PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_.*")  # DeepSpeed's test for a pipeline checkpoint
 
 
-def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool]:
+def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int]:
     """The model-states files DeepSpeed's converter copies, in model-parallel rank order (stage 1/2:
-    `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), and whether the checkpoint
-    is a pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints])."""
+    `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), whether the checkpoint is a
+    pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints]), and the number of
+    model-parallel ranks; without pipeline several are tensor-parallel ranks (see [Note: merging
+    tensor-parallel slices])."""
     if stage == 3:
         files = [p for p in folder.glob("*_model_states.pt") if not re.match(r"layer_.*_expert_", p.name)]
     else:
@@ -79,59 +79,24 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool]:
         raise FileNotFoundError(f"no model-states files in {folder}: not a ZeRO checkpoint tag directory")
     pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir())
     mp_ranks = sorted({int(m.group(1)) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))})
+    if mp_ranks != list(range(len(mp_ranks))):
+        what = "pipeline stages'" if pipeline else "tensor-parallel ranks'"
+        raise ValueError(f"{folder}: the {what} model-states files cover model-parallel ranks {mp_ranks}")
     if pipeline:
         if stage > 1:
             raise ValueError(f"{folder} is a pipeline checkpoint at ZeRO stage {stage}: pipelines take stage 0 or 1")
-        if mp_ranks != list(range(len(mp_ranks))):
-            raise ValueError(f"{folder}: the pipeline stages' model-states files cover stages {mp_ranks}")
         dims = ds_comm.load_checkpoint_file(files[0]).get("checkpoint_parallel_dimensions") or {}
         if int(dims.get("tp_degree", 1) or 1) > 1:
             raise ValueError(
                 f"{folder} combines pipeline and tensor parallelism (tp_degree {dims['tp_degree']}): only "
                 "pipeline checkpoints of tensor-parallel degree 1 convert to universal here"
             )
-    elif len(mp_ranks) > 1:
+    elif len(mp_ranks) > 1 and stage == 3:
         raise ValueError(
-            f"{folder} holds tensor-parallel ranks {mp_ranks} (several mp_rank files, no pipeline layer "
-            "files): tensor-parallel checkpoints do not convert to universal here"
+            f"{folder} holds tensor-parallel ranks {mp_ranks} at ZeRO stage 3: tensor-parallel checkpoints "
+            "convert to universal at ZeRO stage 1 or 2 here (ds's AutoTP trains with stage 0-2)"
         )
-    return files, pipeline
-
-
-class _Categories:
-    """The parameter categories of `universal_checkpoint_info`, and which of their patterns were used."""
-
-    def __init__(self, info: Mapping[str, Any]) -> None:
-        for key in _UNSUPPORTED:
-            if info.get(key):
-                raise ValueError(f"{UNIVERSAL_INFO_KEY}[{key!r}] is set: sub-parameter layouts are not converted here")
-        self.info = info
-        self.unused = {
-            p for key in (_REPLICATED, _AVERAGE, _ROW_PARALLEL, _VOCABULARY, _TWO_SUB_PARAMS) for p in info.get(key, [])
-        }
-
-    def _match(self, key: str, name: str) -> bool:
-        hits = [p for p in self.info.get(key, []) if re.match(p, name)]
-        if len(hits) > 1:
-            raise ValueError(f"parameter {name!r} matches several {key} patterns: {hits}")
-        self.unused.difference_update(hits)
-        return bool(hits)
-
-    def payload(self, name: str, full: torch.Tensor) -> dict[str, Any]:
-        """The `{cat_dim?, vocab_tensor?, param}` dict of a stage-1/2 state file (one tensor-parallel slice)."""
-        out: dict[str, Any] = {}
-        if self._match(_REPLICATED, name) or self._match(_AVERAGE, name):
-            pass  # one slice: replicated and averaged parameters are that slice
-        elif self._match(_TWO_SUB_PARAMS, name):
-            out["cat_dim"] = 0
-            out["param_n_sub_params"] = 2
-        else:
-            out["cat_dim"] = 1 if self._match(_ROW_PARALLEL, name) else 0
-        if self._match(_VOCABULARY, name):
-            full = full[: int(self.info["original_vocab_size"]), :]
-            out["vocab_tensor"] = True
-        out["param"] = full
-        return out
+    return files, pipeline, len(mp_ranks)
 
 
 def _full_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
@@ -234,20 +199,30 @@ def _write(
     src: Path, out: Path, rank0: Mapping[str, Any], extract: int, merge: int, strict: bool, inject: bool
 ) -> None:
     stage = int(rank0["zero_stage"])
-    model_files, pipeline = _model_states_files(src, stage)
+    model_files, pipeline, mp_degree = _model_states_files(src, stage)
     del extract  # reading stays serial: the restricted unpickler's allow-list is process-wide state
     states = ds_comm.load_checkpoint_file(model_files[0])
+    if not pipeline and mp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
+        raise ValueError(
+            f"{model_files[0]} is tensor-parallel rank 0 of {mp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
+            "nothing says how its parameters are cut (replicated, row or column), so the shards cannot be "
+            "merged (a save by an older ds, or a client that does not record it)"
+        )
     info = _check_universal_info(states, model_files[0], inject) if stage < 3 else {}
-    categories = _Categories(info) if stage < 3 else None
+    categories = Categories(info) if stage < 3 else None
     zero = out / "zero"
     zero.mkdir(parents=True, exist_ok=True)
     replicated = list(info.get(_PIPELINE_REPLICATED, []))
-    for mp_rank in range(len(model_files)) if pipeline else [0]:
-        parts = load_partition_state_dicts(src, mp_rank=mp_rank)
-        index = FragmentIndex(parts)
-        names = [n for n in index.names if mp_rank == 0 or not any(re.match(p, n) for p in replicated)]
+    # A pipeline's stages hold different parameters (merged one stage after another); tensor-parallel
+    # ranks hold slices of the same ones (merged together).
+    groups = [[r] for r in range(mp_degree)] if pipeline else [list(range(mp_degree))]
+    for mp_ranks in groups:
+        shards = [_Shard(load_partition_state_dicts(src, mp_rank=r)) for r in mp_ranks]
+        _check_same_names(src, shards)
+        first = mp_ranks[0]
+        names = [n for n in shards[0].index.names if first == 0 or not any(re.match(p, n) for p in replicated)]
         with ThreadPoolExecutor(max_workers=merge) as pool:
-            list(pool.map(functools.partial(_write_param, zero, index, parts, categories), names))
+            list(pool.map(functools.partial(_write_param, zero, shards, categories), names))
     if categories is not None:
         if categories.unused:
             message = f"unused patterns {sorted(categories.unused)} of {UNIVERSAL_INFO_KEY} while converting"
@@ -273,27 +248,50 @@ def _write(
         shutil.copy2(path, out / path.name)
 
 
-def _write_param(
-    zero: Path,
-    index: FragmentIndex,
-    parts: Sequence[Mapping[str, Any]],
-    categories: _Categories | None,
-    name: str,
-) -> None:
-    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, stage 1/2's `step.pt`)."""
-    full = _full_states(index, parts, name)
-    shape = index.param_shapes[name]
+class _Shard:
+    """One model-parallel rank's ZeRO partitions (every data-parallel rank's) and where each slice lives."""
+
+    def __init__(self, parts: list[dict[str, Any]]) -> None:
+        self.parts = parts
+        self.index = FragmentIndex(parts)
+
+
+def _check_same_names(src: Path, shards: Sequence[_Shard]) -> None:
+    names = set(shards[0].index.names)
+    for rank, shard in enumerate(shards[1:], start=1):
+        if set(shard.index.names) != names:
+            diff = sorted(names.symmetric_difference(shard.index.names))
+            raise ValueError(
+                f"{src}: tensor-parallel ranks 0 and {rank} hold different parameters ({diff[:5]}): the "
+                "checkpoint's ranks come from different models"
+            )
+
+
+def _write_param(zero: Path, shards: Sequence[_Shard], categories: Categories | None, name: str) -> None:
+    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, stage 1/2's `step.pt`),
+    its slices on every tensor-parallel rank in `shards` merged (one shard: no tensor parallelism)."""
+    states = [_full_states(s.index, s.parts, name) for s in shards]
+    shapes = [s.index.param_shapes[name] for s in shards]
     folder = zero / name
     folder.mkdir(exist_ok=True)
-    step = full.pop("step", None)
-    for key, value in full.items():
+    steps = [state.pop("step", None) for state in states]
+    if any(not _same(steps[0], other) for other in steps[1:]):
+        raise ValueError(f"parameter {name!r}: the tensor-parallel ranks hold different steps {steps}")
+    for key, value in states[0].items():
         if not isinstance(value, torch.Tensor):
             continue
-        value.requires_grad_(key == "fp32")  # as DeepSpeed's: its fp32 masters are leaves requiring grad
         if categories is None:  # stage 3: the bare flat tensor
-            payload: Any = value
+            payload: Any = value.requires_grad_(key == "fp32")  # as DeepSpeed's: its fp32 masters require grad
         else:
-            payload = categories.payload(name, value.view(shape))
+            slices = [state[key].view(shape) for state, shape in zip(states, shapes, strict=True)]
+            payload = categories.payload(name, slices, key)
+            payload["param"].requires_grad_(key == "fp32")
         ds_comm.atomic_save(payload, folder / f"{key}.pt")
-    if categories is not None and step is not None:
-        ds_comm.atomic_save(step, folder / "step.pt")
+    if categories is not None and steps[0] is not None:
+        ds_comm.atomic_save(steps[0], folder / "step.pt")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return torch.equal(a, b)
+    return bool(a == b)
