@@ -138,3 +138,16 @@ def test_zero_config_names() -> None:
     assert zc.stage == 2 == config.ZeroStageEnum.gradients and config.ZeroStageEnum.max_stage == 3
     assert isinstance(zc.offload_param, config.DeepSpeedZeroOffloadParamConfig)
     assert isinstance(zc.offload_optimizer, config.DeepSpeedZeroOffloadOptimizerConfig)
+
+
+def test_leaf_module_config_defaults_are_the_models() -> None:
+    ds_zero = pytest.importorskip("ds_zero")
+    from ds_engine.runtime.zero import leaf_module_config as lmc
+
+    assert lmc.DeepSpeedZeroLeafModuleConfig is ds_zero.config.LeafModuleConfig
+    zc = ds_zero.ZeroConfig()
+    assert zc.leaf_module.classes == lmc.DEFAULT_LEAF_MODULE_CLASSES and len(lmc.DEFAULT_LEAF_MODULE_CLASSES) == 3
+    assert zc.leaf_module.names == lmc.DEFAULT_LEAF_MODULE_NAMES == []
+    assert zc.leaf_module.name_suffixes == lmc.DEFAULT_LEAF_MODULE_NAME_SUFFIXES == []
+    lmc.DEFAULT_LEAF_MODULE_NAMES.append("x")  # each access is a fresh list
+    assert lmc.DEFAULT_LEAF_MODULE_NAMES == [] and ds_zero.ZeroConfig().leaf_module.names == []
