@@ -11,7 +11,8 @@
 ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runtime.fp16` and
 `runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names),
 `runtime.precision_config` (the `fp16`/`bf16` section models) and `runtime.config_utils`
-(`DeepSpeedConfigModel`, the base of config classes written against DeepSpeed).
+(`DeepSpeedConfigModel`, the base of config classes written against DeepSpeed), `runtime.rollout`
+(on-policy generation for RL trainers: `RolloutEngine`, `HybridEngineRollout`, `build_rollout`).
 The sibling paths are imported on first use.
 """
 
@@ -45,6 +46,7 @@ _LAZY = (
     "hybrid_engine",
     "pipe",
     "precision_config",
+    "rollout",
     "sequence_parallel",
     "tensor_parallel",
     "utils",
