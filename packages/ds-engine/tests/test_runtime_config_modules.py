@@ -131,8 +131,9 @@ def test_runtime_config_optimizer_names_are_what_the_engine_builds() -> None:
 
 def test_zero_config_names() -> None:
     ds_zero = pytest.importorskip("ds_zero")
-    from ds_engine.runtime.zero import config
+    from ds_engine.runtime.zero import config  # this package's module, even before anything imported it
 
+    assert config.__name__ == "ds_engine.runtime.zero.config"
     assert config.DeepSpeedZeroConfig is ds_zero.ZeroConfig
     zc = config.DeepSpeedZeroConfig(stage=config.ZeroStageEnum.gradients, offload_param={}, offload_optimizer={})
     assert zc.stage == 2 == config.ZeroStageEnum.gradients and config.ZeroStageEnum.max_stage == 3
