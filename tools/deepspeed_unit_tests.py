@@ -93,7 +93,12 @@ def ensure_venv(venv: Path, side: str, reuse: bool = False) -> Path:
 
 
 def run_group(python: Path, tests: Path, group: str, report: Path, timeout_s: int) -> None:
-    """One pytest process for `unit/<group>`; outcomes land in `report` (JUnit XML)."""
+    """One pytest process for `unit/<group>`; outcomes land in `report` (JUnit XML).
+
+    A group may be a sub-path (`runtime/zero`, `runtime/test_ds_config_dict.py`): a big group then runs in
+    pieces, each with its own report under the same folder layout.
+    """
+    report.parent.mkdir(parents=True, exist_ok=True)
     command = [
         str(python),
         "-m",
@@ -155,7 +160,9 @@ def main() -> int:
     parser.add_argument("--side", choices=("ds", "deepspeed"), required=True)
     parser.add_argument("--venv", type=Path, help="default: /tmp/dsunit/venv-<side>")
     parser.add_argument("--work", type=Path, default=Path("/tmp/dsunit"))
-    parser.add_argument("--groups", default=",".join(GROUPS))
+    parser.add_argument(
+        "--groups", default=",".join(GROUPS), help="comma-separated; a group may be a sub-path such as runtime/zero"
+    )
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("--out", type=Path, required=True, help="outcomes as JSON")
     parser.add_argument("--compare", type=Path, help="a JSON written by another run")

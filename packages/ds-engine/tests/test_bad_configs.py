@@ -191,7 +191,7 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         E,
         r"checkpoint.tag_validation: Input should be 'WARN', 'IGNORE' or 'FAIL' \(got 'MAYBE'\)",
     ),
-    ("allreduce_op", {"gradient_allreduce_op": "avg"}, E, r"gradient_allreduce_op: Input should be 'mean' or 'sum'"),
+    ("allreduce_op", {"gradient_allreduce_op": "avg"}, E, r"gradient_allreduce_op: Invalid gradient_allreduce_op 'avg"),
     ("comm_dtype", {"communication_data_type": "int8"}, E, r"communication_data_type: Input should be 'fp32', 'fp16'"),
     ("clipping_negative", {"gradient_clipping": -1.0}, E, r"gradient_clipping: Input should be greater than or equal"),
     ("steps_per_print_zero", {"steps_per_print": 0}, E, r"steps_per_print: Input should be greater than 0"),

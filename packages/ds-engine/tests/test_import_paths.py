@@ -23,6 +23,7 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
     from ds_engine.accelerator import get_accelerator, is_current_accelerator_supported
     from ds_engine.ops.adagrad import DeepSpeedCPUAdagrad
     from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from ds_engine.ops.aio import AsyncIOBuilder
     from ds_engine.ops.lion import DeepSpeedCPULion
     from ds_engine.runtime.lr_schedules import OneCycle, WarmupDecayLR, WarmupLR
     from ds_engine.utils import log_dist, logger
@@ -38,6 +39,7 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
         ds_ops.DeepSpeedCPULion,
     )
     assert deepspeed.ops.adam.DeepSpeedCPUAdam is ds_ops.DeepSpeedCPUAdam
+    assert AsyncIOBuilder is deepspeed.ops.aio.AsyncIOBuilder is ds_ops.op_builder.AsyncIOBuilder
     assert (WarmupLR, WarmupDecayLR, OneCycle) == (
         deepspeed.lr_schedules.WarmupLR,
         deepspeed.lr_schedules.WarmupDecayLR,

@@ -181,3 +181,60 @@ def test_arguments_are_checked() -> None:
 def test_get_lr_from_config() -> None:
     assert get_lr_from_config({"type": "OneCycle", "params": {"cycle_max_lr": 0.5}}) == (0.5, "")
     assert get_lr_from_config({"type": "Nope", "params": {}})[0] is None
+
+
+def _two_groups(lrs: tuple[float, float] = (0.1, 0.2), beta2: tuple[float, float] = (0.99, 0.95)) -> torch.optim.Adam:
+    groups = [
+        {"params": [torch.nn.Parameter(torch.zeros(1))], "lr": lr, "betas": (0.9, b2)}
+        for lr, b2 in zip(lrs, beta2, strict=True)
+    ]
+    return torch.optim.Adam(groups)
+
+
+def test_warmup_lr_without_max_warms_each_group_to_its_own_lr() -> None:
+    opt = _two_groups()
+    sched = WarmupLR(opt, warmup_min_lr=0.0, warmup_num_steps=10, warmup_type="linear")
+    assert sched.max_lrs == [0.1, 0.2]
+    sched.step(5)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.05, 0.1])
+    sched.step(10)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.1, 0.2])
+
+
+def test_one_cycle_per_group_ranges_follow_the_scalar_formula_per_group() -> None:
+    opt = _two_groups()
+    sched = OneCycle(
+        opt,
+        cycle_min_lr=[0.01, 0.02],
+        cycle_max_lr=[0.1, 0.3],
+        cycle_first_step_size=6,
+        cycle_second_step_size=4,
+        cycle_min_mom=[0.8, 0.85],
+        cycle_max_mom=[0.9, 0.95],
+    )
+    # construction: each group at its own minimum lr and momentum, its beta2 kept
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.01, 0.02])
+    assert [g["betas"] for g in opt.param_groups] == [(0.8, 0.99), (0.85, 0.95)]
+    for it in range(10):
+        sched.step()
+        scale = _one_cycle_scale(it, 6, 4)
+        lrs = [0.01 + 0.09 * scale, 0.02 + 0.28 * scale]
+        moms = [0.9 - 0.1 * scale, 0.95 - 0.1 * scale]
+        assert sched.get_lr() == pytest.approx(lrs, rel=1e-12) == [g["lr"] for g in opt.param_groups]
+        assert sched.get_mom() == [g["betas"] for g in opt.param_groups]
+        assert [m for m, _ in sched.get_mom()] == pytest.approx(moms, rel=1e-12)
+        assert [b2 for _, b2 in sched.get_mom()] == [0.99, 0.95]
+    with pytest.raises(ValueError, match="cycle_max_mom: expected 2 values"):
+        OneCycle(_two_groups(), 0.01, 0.1, cycle_max_mom=[0.9, 0.95, 0.99])
+    assert OneCycle(_two_groups(), 0.01, 0.1, cycle_momentum=False).get_mom() is None
+
+
+def test_one_cycle_with_an_empty_second_half_rises_over_the_whole_cycle() -> None:
+    sched = OneCycle(_opt(), cycle_min_lr=0.001, cycle_max_lr=0.1, cycle_first_step_size=100, cycle_second_step_size=0)
+    assert sched.step_ratio == 1.0 and sched.get_last_lr() == [pytest.approx(0.001)]
+    lrs = _run(sched, 101)[1:]
+    assert lrs == pytest.approx([0.001 + 0.099 * (i + 1) / 100 for i in range(99)] + [0.001], rel=1e-9)
+    with pytest.raises(ValueError, match="cycle_second_step_size >= 0"):
+        OneCycle(_opt(), 0.001, 0.1, cycle_first_step_size=10, cycle_second_step_size=-1)
+    with pytest.raises(ValueError, match="cycle_first_step_size must be > 0"):
+        OneCycle(_opt(), 0.001, 0.1, cycle_first_step_size=0, cycle_second_step_size=10)

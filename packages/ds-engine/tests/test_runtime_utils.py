@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ds_engine.runtime.utils import (
+    call_to_str,
     clip_grad_norm_,
     copy_to_device,
     empty_cache,
@@ -91,3 +92,10 @@ def test_set_random_seed_and_directories(tmp_path: Path) -> None:
     ensure_directory_exists(str(target))
     ensure_directory_exists(str(target))
     assert target.parent.is_dir()
+
+
+def test_call_to_str_renders_positional_then_keyword_arguments() -> None:
+    assert call_to_str("step") == "step()"
+    assert call_to_str("load", 3, "a") == "load(3, 'a')"
+    assert call_to_str("send", buffer_id=1) == "send(buffer_id=1)"
+    assert call_to_str("f", [1], None, x="y", n=2.5) == "f([1], None, x='y', n=2.5)"

@@ -110,7 +110,7 @@ class WarmupLR(_Schedule):
     Args:
         optimizer: anything with `param_groups` (a torch optimizer or an engine wrapper).
         warmup_min_lr: starting lr (one value, or one per param group).
-        warmup_max_lr: final lr; None means the first group's current lr.
+        warmup_max_lr: final lr; None means each group's own current lr.
         warmup_num_steps: warmup length in optimizer steps (a positive int).
         warmup_type: "log" or "linear".
         last_batch_iteration: -1 to start; a step index to resume.
@@ -128,7 +128,7 @@ class WarmupLR(_Schedule):
         super().__init__(optimizer, last_batch_iteration)
         _check_warmup(warmup_num_steps, warmup_type)
         if warmup_max_lr is None:
-            warmup_max_lr = float(optimizer.param_groups[0]["lr"])
+            warmup_max_lr = [float(group["lr"]) for group in optimizer.param_groups]
         self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(optimizer, warmup_max_lr, "warmup_max_lr")
         self.delta_lrs = [hi - lo for hi, lo in zip(self.max_lrs, self.min_lrs, strict=True)]
@@ -265,22 +265,22 @@ class OneCycle(_Schedule):
     Within the cycle (`i < first + second`), with `b = i + 1`, `x = b / size - floor(b / size)`:
     `scale = x / r` while `x <= r` (r = first / size), else `(x - 1) / (r - 1)`; a stair count
     quantises `scale` to `floor(position * stairs) / stairs`. `lr = min + (max - min) * scale`,
-    momentum (`betas[0]`, when `cycle_momentum`) `= max_mom - (max_mom - min_mom) * scale`.
+    momentum (`betas[0]`, when `cycle_momentum`) `= max_mom - (max_mom - min_mom) * scale`; `betas[1]` is kept.
     After the cycle, with `d = i - size + 1`: `lr = min / (1 + decay_lr_rate * d / decay_step_size)` and
     momentum `= max_mom * (1 + decay_mom_rate * d / decay_step_size)` (no decay when the step size or
     rate is 0).
 
     Args:
         optimizer: anything with `param_groups` (momentum cycling needs `betas` in its defaults).
-        cycle_min_lr, cycle_max_lr: the lr range.
+        cycle_min_lr, cycle_max_lr: the lr range (one value, or one per param group).
         decay_lr_rate: post-cycle lr decay rate.
         cycle_first_step_size: steps of the rising half.
-        cycle_second_step_size: steps of the falling half (default: the first's).
+        cycle_second_step_size: steps of the falling half (default: the first's; 0: the lr drops back at once).
         cycle_first_stair_count, cycle_second_stair_count: staircase steps per half (0: continuous;
             the second defaults to the first).
         decay_step_size: post-cycle decay interval in steps (0: no decay).
         cycle_momentum: cycle `betas[0]` inversely to the lr.
-        cycle_min_mom, cycle_max_mom: the momentum range.
+        cycle_min_mom, cycle_max_mom: the momentum range (one value, or one per param group).
         decay_mom_rate: post-cycle momentum growth rate.
         last_batch_iteration: -1 to start.
     """
@@ -288,8 +288,8 @@ class OneCycle(_Schedule):
     def __init__(
         self,
         optimizer: _HasParamGroups,
-        cycle_min_lr: float,
-        cycle_max_lr: float,
+        cycle_min_lr: float | Sequence[float],
+        cycle_max_lr: float | Sequence[float],
         decay_lr_rate: float = 0.0,
         cycle_first_step_size: int = 2000,
         cycle_second_step_size: int | None = None,
@@ -297,8 +297,8 @@ class OneCycle(_Schedule):
         cycle_second_stair_count: int | None = None,
         decay_step_size: int = 0,
         cycle_momentum: bool = True,
-        cycle_min_mom: float = 0.8,
-        cycle_max_mom: float = 0.9,
+        cycle_min_mom: float | Sequence[float] = 0.8,
+        cycle_max_mom: float | Sequence[float] = 0.9,
         decay_mom_rate: float = 0.0,
         last_batch_iteration: int = -1,
     ) -> None:
@@ -307,9 +307,10 @@ class OneCycle(_Schedule):
         self.second_step_size = float(
             cycle_second_step_size if cycle_second_step_size is not None else cycle_first_step_size
         )
-        if self.first_step_size <= 0 or self.second_step_size <= 0:
+        if self.first_step_size <= 0 or self.second_step_size < 0:
             raise ValueError(
-                f"OneCycle: cycle step sizes must be > 0, got {cycle_first_step_size}, {cycle_second_step_size}"
+                "OneCycle: cycle_first_step_size must be > 0 and cycle_second_step_size >= 0, got "
+                f"{cycle_first_step_size}, {cycle_second_step_size}"
             )
         self.total_size = self.first_step_size + self.second_step_size
         self.step_ratio = self.first_step_size / self.total_size
@@ -322,7 +323,8 @@ class OneCycle(_Schedule):
         self.max_lrs = _per_group(optimizer, cycle_max_lr, "cycle_max_lr")
         self.decay_lr_rate = decay_lr_rate
         self.decay_mom_rate = decay_mom_rate
-        self.cycle_min_mom, self.cycle_max_mom = cycle_min_mom, cycle_max_mom
+        self.min_moms = _per_group(optimizer, cycle_min_mom, "cycle_min_mom")
+        self.max_moms = _per_group(optimizer, cycle_max_mom, "cycle_max_mom")
         self.cycle_momentum = cycle_momentum
         if cycle_momentum and "betas" not in getattr(optimizer, "defaults", {}):
             logger.warning("OneCycle: cycle_momentum disabled: %s has no betas", type(optimizer).__name__)
@@ -330,7 +332,7 @@ class OneCycle(_Schedule):
         if last_batch_iteration == -1:
             self._write_lrs(self.min_lrs)
             if self.cycle_momentum:
-                self._write_moms([cycle_min_mom] * len(optimizer.param_groups))
+                self._write_moms(self.min_moms)
 
     def _scale_factor(self) -> float:
         batch = self.last_batch_iteration + 1
@@ -362,17 +364,24 @@ class OneCycle(_Schedule):
         factor = 1.0 + self.decay_lr_rate * self._decay_interval()
         return [lo / factor for lo in self.min_lrs]
 
-    def get_mom(self) -> list[float] | None:
-        """`betas[0]` per group at the current iteration (None without momentum cycling)."""
-        if not self.cycle_momentum:
-            return None
-        count = len(self.optimizer.param_groups)
+    def _momentums(self) -> list[float]:
+        """`betas[0]` per group at the current iteration."""
         if self.last_batch_iteration < self.total_size:
             scale = self._scale_factor()
-            return [self.cycle_max_mom - (self.cycle_max_mom - self.cycle_min_mom) * scale] * count
+            return [hi - (hi - lo) * scale for lo, hi in zip(self.min_moms, self.max_moms, strict=True)]
         if self.decay_step_size == 0 or self.decay_mom_rate == 0:
-            return [self.cycle_max_mom] * count
-        return [self.cycle_max_mom * (1.0 + self.decay_mom_rate * self._decay_interval())] * count
+            return list(self.max_moms)
+        factor = 1.0 + self.decay_mom_rate * self._decay_interval()
+        return [hi * factor for hi in self.max_moms]
+
+    def get_mom(self) -> list[tuple[float, float]] | None:
+        """`betas` per group at the current iteration, `(cycled beta1, the group's beta2)`; None without cycling."""
+        if not self.cycle_momentum:
+            return None
+        return [
+            (mom, float(group["betas"][1]))
+            for mom, group in zip(self._momentums(), self.optimizer.param_groups, strict=True)
+        ]
 
     def _write_moms(self, moms: Sequence[float]) -> None:
         for group, mom in zip(self.optimizer.param_groups, moms, strict=False):
@@ -380,9 +389,8 @@ class OneCycle(_Schedule):
 
     def step(self, last_batch_iteration: int | None = None) -> None:
         super().step(last_batch_iteration)
-        moms = self.get_mom()
-        if moms is not None:
-            self._write_moms(moms)
+        if self.cycle_momentum:
+            self._write_moms(self._momentums())
 
 
 class LRRangeTest(_Schedule):

@@ -20,6 +20,7 @@ from ds_pipe._layer_spec import LayerSpec, TiedLayerSpec
 from ds_pipe._module import PartitionMethodError, PipelineModule
 from ds_pipe._p2p import ActivationShapeError
 from ds_pipe._partition import partition_balanced, partition_uniform, prefix_sum_inc
+from ds_pipe._partitioned_tensor import PartitionedTensor
 from ds_pipe._topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 from ds_pipe.schedule import DataParallelSchedule, InferenceSchedule, PipeSchedule, TrainSchedule
 
@@ -42,6 +43,7 @@ __all__ = [
     "InferenceSchedule",
     "LayerSpec",
     "PartitionMethodError",
+    "PartitionedTensor",
     "PipeDataParallelTopology",
     "PipeModelDataParallelTopology",
     "PipeSchedule",

@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 from ds_comm import ConfigModel
 from ds_engine._optimizers import ParamError, canonical_optimizer_name, check_optimizer_params
 from ds_engine._schedulers import check_scheduler_params, scheduler_class
-from ds_engine.config._types import DtypeName, Int, NonNegFloat, NonNegInt, PosInt
+from ds_engine.config._types import DtypeName, Float, Int, NonNegFloat, NonNegInt, PosInt
 
 __all__ = [
     "BF16Config",
@@ -36,6 +36,13 @@ __all__ = [
 ]
 
 
+def _a_number(value: Any) -> Any:
+    # pydantic's own message for a list or dict ("valid number") does not say what the key wants.
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"must be a number, got {type(value).__name__} {value!r}")
+    return value
+
+
 class FP16Config(ConfigModel):
     """`fp16`: half-precision training with fp32 master weights and a (dynamic) loss scale."""
 
@@ -47,24 +54,26 @@ class FP16Config(ConfigModel):
     """Cast parameters to fp16 and train with fp32 master weights."""
     auto_cast: bool = False
     """Cast floating-point inputs of `forward` to fp16."""
-    loss_scale: NonNegFloat = 0.0
+    loss_scale: Annotated[NonNegFloat, BeforeValidator(_a_number)] = 0.0
     """0 = dynamic loss scaling; > 0 = this static scale."""
     initial_scale_power: Int = 16
     """The dynamic scale starts at 2 ** initial_scale_power."""
-    loss_scale_window: NonNegInt = 1000
+    # The dynamic scaler's knobs are checked (> 0) only where they are used: fp16 on with loss_scale 0.
+    # A static or disabled section may carry any integer there, as DeepSpeed accepts.
+    loss_scale_window: Int = 1000
     """Clean steps (no inf/nan) before the dynamic scale doubles."""
-    hysteresis: NonNegInt = 2
+    hysteresis: Int = 2
     """Overflows tolerated before the dynamic scale halves (delayed shift)."""
     consecutive_hysteresis: bool = False
     """Refill the hysteresis budget on every clean step, so only consecutive overflows lower the scale."""
-    min_loss_scale: NonNegFloat = 1.0
+    min_loss_scale: Float = 1.0
     """Floor of the dynamic scale; an overflow at the floor stops the run (it is diverging)."""
     fp16_master_weights_and_grads: bool = False
     """DeepSpeed's fp16 master weights (ZeRO only there); not implemented here, only false is accepted."""
 
     @model_validator(mode="after")
     def _dynamic_needs_positive(self) -> FP16Config:
-        if self.loss_scale == 0:
+        if self.enabled and self.loss_scale == 0:
             for key in ("loss_scale_window", "hysteresis", "min_loss_scale"):
                 if getattr(self, key) <= 0:
                     raise ValueError(f"{key}={getattr(self, key)} must be > 0 with dynamic loss scaling (loss_scale=0)")

@@ -75,6 +75,14 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
+def _allreduce_op(value: Any) -> Any:
+    # DeepSpeed's wording ("Invalid gradient_allreduce_op"), which its users and tests match on.
+    op = _lower(value)
+    if op not in ("mean", "sum"):
+        raise ValueError(f"Invalid gradient_allreduce_op {value!r}: use 'mean' or 'sum'")
+    return op
+
+
 def _datastates_off(value: Any) -> Any:
     if value is not None and value is not False:
         raise ValueError(
@@ -124,7 +132,7 @@ class DeepSpeedConfigModel(ConfigModel):
     """Divide gradients by the data-parallel size before the all-reduce rather than after."""
     gradient_predivide_factor: PosFloat = 1.0
     """Divide by this before the all-reduce and by (dp size / factor) after (overflow/underflow control)."""
-    gradient_allreduce_op: Annotated[Literal["mean", "sum"], BeforeValidator(_lower)] = "mean"
+    gradient_allreduce_op: Annotated[Literal["mean", "sum"], BeforeValidator(_allreduce_op)] = "mean"
     """Average ("mean") or add ("sum") gradients across data-parallel ranks."""
     communication_data_type: DtypeName | None = None
     """dtype of gradient all-reduces (None: the accumulation dtype)."""

@@ -9,7 +9,10 @@
 `runtime.dataloader` (`RepeatingLoader`), `runtime.hybrid_engine` (`DeepSpeedHybridEngine`),
 `runtime.tensor_parallel` (`TpTrainingManager`, the `tensor_parallel` section's models; AutoTP from
 ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runtime.fp16` and
-`runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names).
+`runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names),
+`runtime.precision_config` (the `fp16`/`bf16` section models) and `runtime.config_utils`
+(`DeepSpeedConfigModel`, the base of config classes written against DeepSpeed), `runtime.rollout`
+(on-policy generation for RL trainers: `RolloutEngine`, `HybridEngineRollout`, `build_rollout`).
 The sibling paths are imported on first use.
 """
 
@@ -37,10 +40,13 @@ _LAZY = (
     "bf16_optimizer",
     "checkpoint_engine",
     "config",
+    "config_utils",
     "dataloader",
     "fp16",
     "hybrid_engine",
     "pipe",
+    "precision_config",
+    "rollout",
     "sequence_parallel",
     "tensor_parallel",
     "utils",

@@ -1,11 +1,40 @@
-"""`deepspeed.runtime.config`: `DeepSpeedConfig` (a ds_config validated and resolved) and its error type.
+"""`deepspeed.runtime.config`: `DeepSpeedConfig` (a ds_config validated and resolved), its error type and names.
 
 `DeepSpeedConfig(config_dict_or_path)` is what DeepSpeed's tools and tests build to read a config's
-sections (`.monitor_config`, `.zero_config`, `.train_batch_size`...) without an engine.
+sections (`.monitor_config`, `.zero_config`, `.train_batch_size`...) without an engine. The optimizer
+name constants (`ADAM_OPTIMIZER`, ...) are the lower-case `optimizer.type` values; `DEEPSPEED_OPTIMIZERS`
+lists those the engine builds itself (DeepSpeed's list also names the MuP optimizers, which ds refuses).
+`TORCH_ADAM_PARAM` / `ADAM_W_MODE` are the Adam `params` keys choosing torch's Adam and decoupled decay.
 """
 
 from __future__ import annotations
 
+from ds_engine._optimizers import DS_OPTIMIZERS
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
-__all__ = ["DeepSpeedConfig", "DeepSpeedConfigError"]
+__all__ = [
+    "ADAGRAD_OPTIMIZER",
+    "ADAMW_OPTIMIZER",
+    "ADAM_OPTIMIZER",
+    "ADAM_W_MODE",
+    "ADAM_W_MODE_DEFAULT",
+    "DEEPSPEED_OPTIMIZERS",
+    "LAMB_OPTIMIZER",
+    "LION_OPTIMIZER",
+    "MUON_OPTIMIZER",
+    "TORCH_ADAM_PARAM",
+    "DeepSpeedConfig",
+    "DeepSpeedConfigError",
+]
+
+ADAGRAD_OPTIMIZER = "adagrad"
+ADAM_OPTIMIZER = "adam"
+ADAMW_OPTIMIZER = "adamw"
+LAMB_OPTIMIZER = "lamb"
+LION_OPTIMIZER = "lion"
+MUON_OPTIMIZER = "muon"
+DEEPSPEED_OPTIMIZERS = list(DS_OPTIMIZERS)
+
+TORCH_ADAM_PARAM = "torch_adam"
+ADAM_W_MODE = "adam_w_mode"
+ADAM_W_MODE_DEFAULT = True

@@ -2,11 +2,12 @@
 
 `move_to_device` / `copy_to_device` (nested batches to a device; Accelerate's ALST test uses the first),
 `see_memory_usage` / `empty_cache` (memory debugging), `clip_grad_norm_`, `get_global_norm`,
-`has_inf_or_nan`, `is_model_parallel_parameter` (gradient norms, DeepSpeed's semantics), `set_random_seed`
-and `ensure_directory_exists`. `partition_uniform` / `partition_balanced` / `prefix_sum_inc` (how a
-pipeline's layers split into stages) are ds-pipe's, imported on first use (the `pipe` extra). DeepSpeed's
-internal helpers of this module (flat-buffer alignment, `PartitionedTensor`, the MoE norm variants...) are not
-part of ds's surface.
+`has_inf_or_nan`, `is_model_parallel_parameter` (gradient norms, DeepSpeed's semantics), `set_random_seed`,
+`ensure_directory_exists` and `call_to_str` (a call's text, as schedules and timers name their steps).
+`partition_uniform` / `partition_balanced` / `prefix_sum_inc` (how a pipeline's layers split into stages) and
+`PartitionedTensor` (a rank's slice of a tensor across a group) are ds-pipe's, imported on first use (the
+`pipe` extra). DeepSpeed's internal helpers of this module (flat-buffer
+alignment, the MoE norm variants...) are not part of ds's surface.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from ds_engine._memory_report import empty_cache, see_memory_usage
 from ds_engine._tensor_moves import copy_to_device, move_to_device
 
 if TYPE_CHECKING:  # served by __getattr__ from ds-pipe; type checkers see its own
-    from ds_pipe import partition_balanced, partition_uniform, prefix_sum_inc
+    from ds_pipe import PartitionedTensor, partition_balanced, partition_uniform, prefix_sum_inc
 
 __all__ = [
+    "PartitionedTensor",
+    "call_to_str",
     "clip_grad_norm_",
     "copy_to_device",
     "empty_cache",
@@ -58,8 +61,14 @@ def ensure_directory_exists(filename: str) -> None:
     os.makedirs(os.path.dirname(filename) or ".", exist_ok=True)
 
 
+def call_to_str(base: str, *args: Any, **kwargs: Any) -> str:
+    """`base(*args, **kwargs)` as text: positional arguments by `repr`, then `key=repr(value)` in the given order."""
+    parts = [repr(arg) for arg in args] + [f"{key}={value!r}" for key, value in kwargs.items()]
+    return f"{base}({', '.join(parts)})"
+
+
 #: ds-pipe's partitioning helpers, served on first use (ds-pipe is an optional sibling).
-_PIPE_NAMES = frozenset({"partition_balanced", "partition_uniform", "prefix_sum_inc"})
+_PIPE_NAMES = frozenset({"PartitionedTensor", "partition_balanced", "partition_uniform", "prefix_sum_inc"})
 
 
 def __getattr__(name: str) -> Any:
