@@ -44,6 +44,22 @@ def universal_model_states_file(folder: str | os.PathLike[str]) -> Path:
     return path
 
 
+def _read_state_file(path: Path) -> tuple[Any, torch.Tensor]:
+    """(what one universal state file holds, its tensor: the `param` entry or the bare tensor).
+
+    Raises:
+        FileNotFoundError: the file is missing (the checkpoint is incomplete).
+        ds_comm.CheckpointFileError: it holds no tensor.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the universal checkpoint is incomplete")
+    loaded = ds_comm.load_checkpoint_file(path)
+    value = loaded.get("param") if isinstance(loaded, Mapping) else loaded
+    if not isinstance(value, torch.Tensor):
+        raise ds_comm.CheckpointFileError(f"{path}: holds no tensor (a 'param' entry or a bare tensor)")
+    return loaded, value
+
+
 def _tensor(
     path: Path,
     shape: list[int],
@@ -53,12 +69,7 @@ def _tensor(
     transform: ShardTransform | None = None,
 ) -> torch.Tensor:
     """The flat value stored in one state file (`{"param": ...}` or a bare tensor), through `transform`."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: the universal checkpoint is incomplete")
-    loaded = ds_comm.load_checkpoint_file(path)
-    value = loaded.get("param") if isinstance(loaded, Mapping) else loaded
-    if not isinstance(value, torch.Tensor):
-        raise ds_comm.CheckpointFileError(f"{path}: holds no tensor (a 'param' entry or a bare tensor)")
+    loaded, value = _read_state_file(path)
     whole = saved_shape if transform is not None and saved_shape is not None else shape
     if isinstance(loaded, Mapping) and loaded.get("vocab_tensor") and value.dim() == 2 and value.shape[0] < whole[0]:
         value = torch.nn.functional.pad(value, (0, 0, 0, whole[0] - value.shape[0]))  # DeepSpeed strips vocab padding
@@ -88,14 +99,7 @@ def _whole_param_shapes(root: Path, states: Mapping[str, Any]) -> list[dict[str,
     for group in groups:
         whole = {}
         for name in group:
-            path = root / "zero" / name / "fp32.pt"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} is missing: the universal checkpoint is incomplete")
-            loaded = ds_comm.load_checkpoint_file(path)
-            value = loaded.get("param") if isinstance(loaded, Mapping) else loaded
-            if not isinstance(value, torch.Tensor):
-                raise ds_comm.CheckpointFileError(f"{path}: holds no tensor (a 'param' entry or a bare tensor)")
-            whole[name] = list(value.shape)
+            whole[name] = list(_read_state_file(root / "zero" / name / "fp32.pt")[1].shape)
         out.append(whole)
     return out
 

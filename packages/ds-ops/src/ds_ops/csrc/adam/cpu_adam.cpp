@@ -66,6 +66,31 @@ void adam_rollback_tile(int64_t numel, float* __restrict p, const float* __restr
   }
 }
 
+// Loads each tile of tensor k's parameter, gradient and moments as fp32, runs `tile_fn(n, p, g, m, v)` on it
+// and stores the results back (and into the optional copy): the loop the step and the rollback share.
+template <typename TileFn>
+int32_t for_each_adam_tile(int32_t num_tensors, const int64_t* numels, void* const* params,
+                           const int32_t* param_dtypes, void* const* grads, const int32_t* grad_dtypes,
+                           void* const* exp_avgs, void* const* exp_avg_sqs, const int32_t* state_dtypes,
+                           void* const* copies, const int32_t* copy_dtypes, int32_t num_threads, TileFn tile_fn) {
+  const int32_t status =
+      ds::check_args(num_tensors, numels, param_dtypes, grad_dtypes, state_dtypes, copies, copy_dtypes);
+  if (status != ds::kOk) return status;
+  ds::for_each_tile(num_tensors, numels, num_threads, [&](int32_t k, int64_t offset, int64_t n) {
+    alignas(64) float p_buf[ds::kTile], g_buf[ds::kTile], m_buf[ds::kTile], v_buf[ds::kTile];
+    float* p = ds::load_tile(params[k], param_dtypes[k], offset, n, p_buf);
+    const float* g = ds::load_tile(grads[k], grad_dtypes[k], offset, n, g_buf);  // read only
+    float* m = ds::load_tile(exp_avgs[k], state_dtypes[k], offset, n, m_buf);
+    float* v = ds::load_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v_buf);
+    tile_fn(n, p, g, m, v);
+    ds::store_tile(params[k], param_dtypes[k], offset, n, p);
+    ds::store_tile(exp_avgs[k], state_dtypes[k], offset, n, m);
+    ds::store_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v);
+    if (void* copy = ds::copy_target(copies, k)) ds::store_tile(copy, copy_dtypes[k], offset, n, p);
+  });
+  return ds::kOk;
+}
+
 }  // namespace
 
 DS_DEFINE_OP_INFO()
@@ -79,27 +104,16 @@ DS_EXPORT int32_t ds_cpu_adam_step(int32_t num_tensors, const int64_t* numels, v
                                    void* const* copies, const int32_t* copy_dtypes, float decay, float l2,
                                    float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
                                    float eps, float neg_step_size, int32_t num_threads) {
-  const int32_t status =
-      ds::check_args(num_tensors, numels, param_dtypes, grad_dtypes, state_dtypes, copies, copy_dtypes);
-  if (status != ds::kOk) return status;
   const AdamHyper h{decay, l2, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size};
-  ds::for_each_tile(num_tensors, numels, num_threads, [&](int32_t k, int64_t offset, int64_t n) {
-    alignas(64) float p_buf[ds::kTile], g_buf[ds::kTile], m_buf[ds::kTile], v_buf[ds::kTile];
-    float* p = ds::load_tile(params[k], param_dtypes[k], offset, n, p_buf);
-    const float* g = ds::load_tile(grads[k], grad_dtypes[k], offset, n, g_buf);  // read only
-    float* m = ds::load_tile(exp_avgs[k], state_dtypes[k], offset, n, m_buf);
-    float* v = ds::load_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v_buf);
-    if (l2 != 0.0f) {
-      adam_tile<true>(n, p, g, m, v, h);
-    } else {
-      adam_tile<false>(n, p, g, m, v, h);
-    }
-    ds::store_tile(params[k], param_dtypes[k], offset, n, p);
-    ds::store_tile(exp_avgs[k], state_dtypes[k], offset, n, m);
-    ds::store_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v);
-    if (void* copy = ds::copy_target(copies, k)) ds::store_tile(copy, copy_dtypes[k], offset, n, p);
-  });
-  return ds::kOk;
+  return for_each_adam_tile(num_tensors, numels, params, param_dtypes, grads, grad_dtypes, exp_avgs, exp_avg_sqs,
+                            state_dtypes, copies, copy_dtypes, num_threads,
+                            [&](int64_t n, float* p, const float* g, float* m, float* v) {
+                              if (l2 != 0.0f) {
+                                adam_tile<true>(n, p, g, m, v, h);
+                              } else {
+                                adam_tile<false>(n, p, g, m, v, h);
+                              }
+                            });
 }
 
 // Undoes the step `ds_cpu_adam_step` made with the same arguments (the same gradients and scalars; `beta1`
@@ -110,25 +124,14 @@ DS_EXPORT int32_t ds_cpu_adam_rollback(int32_t num_tensors, const int64_t* numel
                                        void* const* copies, const int32_t* copy_dtypes, float decay, float l2,
                                        float one_minus_beta1, float beta2, float one_minus_beta2, float bc2_sqrt,
                                        float eps, float neg_step_size, float beta1, int32_t num_threads) {
-  const int32_t status =
-      ds::check_args(num_tensors, numels, param_dtypes, grad_dtypes, state_dtypes, copies, copy_dtypes);
-  if (status != ds::kOk) return status;
   const AdamInverse r{{decay, l2, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size}, beta1};
-  ds::for_each_tile(num_tensors, numels, num_threads, [&](int32_t k, int64_t offset, int64_t n) {
-    alignas(64) float p_buf[ds::kTile], g_buf[ds::kTile], m_buf[ds::kTile], v_buf[ds::kTile];
-    float* p = ds::load_tile(params[k], param_dtypes[k], offset, n, p_buf);
-    const float* g = ds::load_tile(grads[k], grad_dtypes[k], offset, n, g_buf);  // read only
-    float* m = ds::load_tile(exp_avgs[k], state_dtypes[k], offset, n, m_buf);
-    float* v = ds::load_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v_buf);
-    if (l2 != 0.0f) {
-      adam_rollback_tile<true>(n, p, g, m, v, r);
-    } else {
-      adam_rollback_tile<false>(n, p, g, m, v, r);
-    }
-    ds::store_tile(params[k], param_dtypes[k], offset, n, p);
-    ds::store_tile(exp_avgs[k], state_dtypes[k], offset, n, m);
-    ds::store_tile(exp_avg_sqs[k], state_dtypes[k], offset, n, v);
-    if (void* copy = ds::copy_target(copies, k)) ds::store_tile(copy, copy_dtypes[k], offset, n, p);
-  });
-  return ds::kOk;
+  return for_each_adam_tile(num_tensors, numels, params, param_dtypes, grads, grad_dtypes, exp_avgs, exp_avg_sqs,
+                            state_dtypes, copies, copy_dtypes, num_threads,
+                            [&](int64_t n, float* p, const float* g, float* m, float* v) {
+                              if (l2 != 0.0f) {
+                                adam_rollback_tile<true>(n, p, g, m, v, r);
+                              } else {
+                                adam_rollback_tile<false>(n, p, g, m, v, r);
+                              }
+                            });
 }
