@@ -18,6 +18,7 @@ from ds_engine._deepspeed_layout import check_deepspeed_layout
 from ds_engine.config import DeepSpeedConfig
 
 _LAYOUT = r'checkpoint.layout="deepspeed" cannot be written with '
+needs_zero = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero (ZeRO configs)")
 
 
 def _refused(config: dict, message: str, model: torch.nn.Module | None = None) -> None:
@@ -33,7 +34,7 @@ def test_the_default_is_ds_and_a_bad_value_names_the_key_and_the_values() -> Non
     _refused(base_config(checkpoint={"layout": "DeepSpeed"}), r"checkpoint.layout: Input should be 'ds' or 'deepspeed'")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero")
+@needs_zero
 def test_nvme_offload_is_refused(tmp_path: Path) -> None:
     zero = {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}
     config = base_config(zero_optimization=zero, checkpoint={"layout": "deepspeed"})
@@ -61,7 +62,7 @@ def _moe_refusal(rank: int, world: int) -> str:
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(importlib.util.find_spec("ds_parallel") is None, reason="needs ds-parallel")
-@pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero")
+@needs_zero
 def test_moe_is_refused() -> None:  # MoE layers need a process group: one gloo rank
     message = run_ranks(1, _moe_refusal, timeout_s=100)[0]
     assert re.search(_LAYOUT + r"MoE layers", message), message
@@ -76,6 +77,7 @@ def test_moe_is_refused() -> None:  # MoE layers need a process group: one gloo 
         (2, {"sp_size": 2}, r"sequence parallelism \(sequence_parallel_size=2\)"),
     ],
 )
+@needs_zero
 def test_what_deepspeeds_layout_cannot_hold_is_refused(stage: int, kwargs: dict, message: str) -> None:
     args = {"pipeline": False, "tp_size": 1, "mp_world_size": 1, "sp_size": 1, **kwargs}
     for layout in ("ds", "deepspeed"):
@@ -89,6 +91,7 @@ def test_what_deepspeeds_layout_cannot_hold_is_refused(stage: int, kwargs: dict,
             check_deepspeed_layout(config, **args)
 
 
+@needs_zero
 def test_a_pipeline_at_zero_1_and_plain_data_parallelism_are_accepted() -> None:
     config = DeepSpeedConfig(
         base_config(zero_optimization={"stage": 1}, checkpoint={"layout": "deepspeed"}), world_size=1
