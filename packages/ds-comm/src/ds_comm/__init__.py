@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_comm.__about__ import __version__
-from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text
+from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text, fsync_dir
 from ds_comm._comms_log_api import get_comm_operation_count, get_logged_comm_ops, has_comm_data, reset_log
 from ds_comm._comms_logger import CommsLogger, comms_logger, configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
@@ -113,6 +113,7 @@ __all__ = [
     "destroy_process_group",
     "find_auto",
     "find_ignored",
+    "fsync_dir",
     "gather",
     "get_accelerator",
     "get_comm_operation_count",

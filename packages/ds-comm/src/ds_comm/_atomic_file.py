@@ -30,7 +30,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["atomic_save", "atomic_write", "atomic_write_text"]
+__all__ = ["atomic_save", "atomic_write", "atomic_write_text", "fsync_dir"]
 
 #: Called as `hook(event, final_path)` before each step of a write; None outside fault-injection tests.
 _hook: Callable[[str, Path], None] | None = None
@@ -54,7 +54,7 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Make a rename in `directory` durable; filesystems that cannot sync a directory are skipped."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -100,7 +100,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) ->
         tmp.unlink(missing_ok=True)
         raise
     _event("fsync_dir", path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str], *, serialization: bool = True) -> None:

@@ -16,6 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ds_comm import fsync_dir
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["publish_dir"]
@@ -39,14 +41,6 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, f"renameat2(RENAME_EXCHANGE) of {a} and {b}: {os.strerror(err)}")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def publish_dir(built: Path, target: Path) -> None:
     """Make the complete directory `built` appear as `target` (same file system), replacing any `target`.
 
@@ -54,7 +48,7 @@ def publish_dir(built: Path, target: Path) -> None:
         OSError: the rename failed; `target` is then unchanged.
     """
     if target.is_dir() and _exchange(built, target):
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         shutil.rmtree(built)  # now the old directory
         return
     aside = None
@@ -63,6 +57,6 @@ def publish_dir(built: Path, target: Path) -> None:
         os.replace(target, aside)
         logger.info("moved %s aside to %s while publishing its replacement", target, aside)
     os.replace(built, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if aside is not None:
         shutil.rmtree(aside)
