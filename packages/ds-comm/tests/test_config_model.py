@@ -7,6 +7,7 @@ from typing import ClassVar
 import pytest
 from pydantic import Field
 
+import ds_comm
 from ds_comm import (
     AUTO,
     Auto,
@@ -44,6 +45,13 @@ def test_defaults_and_scientific_notation() -> None:
 def test_unknown_key_names_path_and_suggests() -> None:
     with pytest.raises(ConfigError, match=r"zero_optimization\.stgae: unknown key 'stgae'; did you mean 'stage'\?"):
         validate_section(Section, {"stgae": 2}, path="zero_optimization")
+
+
+def test_config_errors_are_value_and_assertion_errors() -> None:
+    """Code written for DeepSpeed catches its asserted config checks as AssertionError; ds's errors still match."""
+    for caught in (ValueError, AssertionError, ds_comm.UsageError):
+        with pytest.raises(caught, match=r"zero_optimization\.stgae: unknown key"):
+            validate_section(Section, {"stgae": 2}, path="zero_optimization")
 
 
 def test_nested_unknown_key_has_full_path() -> None:

@@ -321,10 +321,14 @@ def test_tensorboard_enabled_without_the_package() -> None:
 def test_engine_time_argument_errors() -> None:
     model = tiny_net(0)
     sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), step_size=1)
-    with pytest.raises(ValueError, match="a client lr_scheduler instance needs a client optimizer instance"):
+    # these two are AssertionErrors as well (ds_comm.UsageError): DeepSpeed asserts them, and code written
+    # for it catches AssertionError
+    with pytest.raises(AssertionError, match="a client lr_scheduler instance needs a client optimizer instance"):
         ds_engine.initialize(model=model, lr_scheduler=sched, config=base_config(), dist_init_required=False)
-    with pytest.raises(ValueError, match="model is required"):
+    with pytest.raises(AssertionError, match="model is required"):
         ds_engine.initialize(config=base_config(), dist_init_required=False)
+    with pytest.raises(ValueError, match="model is required"):
+        ds_engine.initialize(tiny_net(0), config=base_config(), dist_init_required=False)  # positional = args
     with pytest.raises(TypeError, match="model must be a torch.nn.Module, got dict"):
         ds_engine.initialize(model={}, config=base_config(), dist_init_required=False)
     with pytest.raises(ValueError, match="pass the config once, got config and config_params"):

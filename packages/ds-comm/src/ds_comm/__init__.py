@@ -14,7 +14,7 @@ from ds_comm.__about__ import __version__
 from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text, fsync_dir
 from ds_comm._comms_log_api import get_comm_operation_count, get_logged_comm_ops, has_comm_data, reset_log
 from ds_comm._comms_logger import CommsLogger, comms_logger, configure
-from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError
+from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError, UsageError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm._pinned_memory import (
     PinnedMemoryTracker,
@@ -94,6 +94,7 @@ __all__ = [
     "P2POp",
     "PinnedMemoryTracker",
     "ReduceOp",
+    "UsageError",
     "__version__",
     "all_gather",
     "all_gather_into_tensor",
@@ -146,6 +147,7 @@ __all__ = [
     "send",
     "set_accelerator",
     "track_pinned_memory",
+    "UsageError",
     "validate_section",
     "warn_ignored",
 ]

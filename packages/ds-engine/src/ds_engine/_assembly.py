@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
@@ -241,14 +242,14 @@ def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, cli
             logger.warning("the lr_scheduler passed to initialize() overrides the config's scheduler section")
         if hasattr(client, "step"):
             if not isinstance(client_optimizer, Optimizer):
-                raise ValueError(
+                raise ds_comm.UsageError(
                     "a client lr_scheduler instance needs a client optimizer instance (it was built over "
                     "an optimizer the engine does not use); pass optimizer=, or pass the scheduler as a "
                     "callable(optimizer)"
                 )
             return client
         if base is None:
-            raise ValueError("lr_scheduler callable given but there is no optimizer to schedule")
+            raise ds_comm.UsageError("lr_scheduler callable given but there is no optimizer to schedule")
         return client(base)
     sched = config.model.scheduler
     if sched is None:

@@ -88,7 +88,7 @@ def _device(local_rank: int) -> torch.device:
 
 def _check_client_objects(model: Any, optimizer: Any, lr_scheduler: Any) -> None:
     if model is None:
-        raise ValueError("initialize(): model is required")
+        raise ds_comm.UsageError("initialize(): model is required (pass it as model=; the first positional is args)")
     if not isinstance(model, nn.Module):
         raise TypeError(f"initialize(): model must be a torch.nn.Module, got {type(model).__name__}")
     if optimizer is not None and not isinstance(optimizer, Optimizer) and not callable(optimizer):

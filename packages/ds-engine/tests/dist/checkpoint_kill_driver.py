@@ -1,8 +1,8 @@
 """Kill a checkpoint save with SIGKILL at every file-system step and load what is left (run as a script).
 
 `python checkpoint_kill_driver.py KIND WORKDIR` prints one JSON report. KIND is one of `KINDS`
-(engine ZeRO-0 on 1 rank; ZeRO-1, ZeRO-2, ZeRO-3, a 2-stage pipeline, and ZeRO-2 saving in DeepSpeed's
-layout on 2 gloo ranks).
+(engine ZeRO-0 on 1 rank; ZeRO-2 (stage 1 writes the same files), ZeRO-3, a 2-stage pipeline, and
+ZeRO-2 saving in DeepSpeed's layout on 2 gloo ranks).
 
 For each kind:
 1. A reference group trains a tiny model, saves checkpoint 1 (`global_step1`), trains a step,
@@ -51,7 +51,6 @@ from ds_comm.testing import file_events, free_port  # noqa: E402
 #: kind -> (world size, ZeRO stage or "pipe")
 KINDS: dict[str, tuple[int, int | str]] = {
     "zero0": (1, 0),
-    "zero1": (2, 1),
     "zero2": (2, 2),
     "zero3": (2, 3),
     "pipeline": (2, "pipe"),

@@ -81,7 +81,7 @@ def _resume(
 
 
 @pytest.mark.timeout(900)  # five runs one after another
-@pytest.mark.parametrize(("stage", "precision"), [(0, "fp32"), (1, "fp32"), (2, "fp32"), (0, "bf16")])
+@pytest.mark.parametrize(("stage", "precision"), [(0, "fp32"), (2, "fp32"), (0, "bf16")])
 def test_optimizer_state_moves_between_tp2_and_tp1(stage: int, precision: str, tmp_path: Path) -> None:
     tp1_dir, tp2_dir = str(tmp_path / "tp1"), str(tmp_path / "tp2")
     (tp1,) = run_ranks(1, _train_and_save, stage, precision, tp1_dir, timeout_s=180)

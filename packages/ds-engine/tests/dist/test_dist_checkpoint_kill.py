@@ -30,7 +30,6 @@ _ZERO_FILES = [
 #: kind -> (the sibling it needs, the files each rank writes in one save, in order)
 KINDS: dict[str, tuple[str | None, list[list[str]]]] = {
     "zero0": (None, [["global_step2/mp_rank_00_model_states.pt", "ckpt/latest"]]),
-    "zero1": ("ds_zero", _ZERO_FILES),
     "zero2": ("ds_zero", _ZERO_FILES),
     "zero3": ("ds_zero", _ZERO_FILES),
     "pipeline": (

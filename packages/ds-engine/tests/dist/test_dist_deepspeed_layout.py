@@ -29,7 +29,10 @@ pytest.importorskip("ds_zero")
 
 STEPS_BEFORE, STEPS_AFTER, TAG = 3, 2, "global_step3"
 CASES: dict[str, dict[str, Any]] = {
-    **{f"z{s}_{d}": {"stage": s, "dtype": d} for s in (1, 2, 3) for d in ("fp32", "bf16")},
+    # each stage once, each dtype at least once (a full stage x dtype grid costs 8 s a case for nothing new)
+    "z1_bf16": {"stage": 1, "dtype": "bf16"},
+    "z2_fp32": {"stage": 2, "dtype": "fp32"},
+    "z3_bf16": {"stage": 3, "dtype": "bf16"},
     "z2_fp16": {"stage": 2, "dtype": "fp16"},
     "z2_fp32_offload": {"stage": 2, "dtype": "fp32", "offload": True},
     "pipe_z1_fp32": {"stage": 1, "dtype": "fp32", "pipe": True},

@@ -36,8 +36,9 @@ __all__ = [
 ]
 
 
-class DeprecatedAndNewKeyError(ds_comm.ConfigError, AssertionError):
-    """A deprecated config field and the field replacing it were both given."""
+class DeprecatedAndNewKeyError(ds_comm.ConfigError):
+    """A deprecated config field and the field replacing it were both given (an AssertionError too, as all
+    ds_comm.ConfigErrors are)."""
 
 
 class DeepSpeedConfigModel(ds_comm.ConfigModel):

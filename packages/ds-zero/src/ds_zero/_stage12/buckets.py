@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import ds_comm
 from ds_zero._partition import ParamSlot
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.reduce import RangeReducer, _distinct, _Launched
@@ -217,7 +218,7 @@ class BucketReducer:
         for bucket in self.buckets:
             bucket.reset()
         if missing and not self.ignore_unused_parameters:
-            raise ValueError(
+            raise ds_comm.UsageError(
                 f"parameters {missing[:10]} received no gradient in this backward; set "
                 "zero_optimization.ignore_unused_parameters=true to treat them as zero, or freeze "
                 "them (requires_grad=False) before building the optimizer"
