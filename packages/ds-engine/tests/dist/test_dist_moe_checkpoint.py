@@ -66,7 +66,7 @@ def _save_then_resume(rank: int, world: int, root: str, save_ep: int, load_ep: i
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("save_ep", "load_ep", "stage"), [(2, 2, 0), (2, 2, 2), (2, 1, 1), (2, 1, 2)])
+@pytest.mark.parametrize(("save_ep", "load_ep", "stage"), [(2, 2, 0), (2, 1, 2)])
 def test_moe_checkpoint_resumes_at_the_same_or_another_ep_size(
     tmp_path: Path, save_ep: int, load_ep: int, stage: int
 ) -> None:

@@ -66,15 +66,12 @@ def _train(rank: int, world: int, ep_size: int, stage: int, clip: float, client:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("world", "ep_size", "stage", "clip"),
+    # every stage, clipping on and off, expert-parallel sizes 1, 2 and 4, expert data-parallel groups of 1 and 2
     [
-        (2, 2, 0, 0.0),
         (2, 2, 0, 0.3),
-        (2, 2, 1, 0.3),
-        (2, 2, 2, 0.0),
         (2, 1, 2, 0.3),
         (4, 2, 1, 0.0),
         (4, 2, 2, 0.3),
-        (4, 4, 0, 0.3),
         (4, 4, 2, 0.0),
     ],
 )
