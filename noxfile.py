@@ -150,7 +150,7 @@ def pkg(session: nox.Session, target: str) -> None:
     tests = PACKAGES / dist / "tests"
     # With extras (ds-engine[all]) the whole suite runs again: the tests that need a sibling skip themselves in
     # the plain session, and they are not findable by name (MoE, AutoTP, Muon, offload_states...).
-    session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", "--durations=12", *session.posargs)
+    session.run("pytest", str(tests), "-q", "-p", "no:cacheprovider", "--durations=30", *session.posargs)
 
 
 @nox.session
@@ -164,7 +164,7 @@ def integration(session: nox.Session) -> None:
         "-q",
         "-p",
         "no:cacheprovider",
-        "--durations=12",
+        "--durations=30",
         f"--ignore={FRAMEWORK_TESTS}",
         *session.posargs,
     )
@@ -184,7 +184,7 @@ def frameworks(session: nox.Session) -> None:
         *(str(PACKAGES / d) for d in PKGS),
         extra_requirements=FRAMEWORK_CLIENTS,
     )
-    session.run("pytest", str(FRAMEWORK_TESTS), "-q", "-p", "no:cacheprovider", "--durations=12", *session.posargs)
+    session.run("pytest", str(FRAMEWORK_TESTS), "-q", "-p", "no:cacheprovider", "--durations=30", *session.posargs)
 
 
 @nox.session
@@ -208,7 +208,7 @@ def multinode(session: nox.Session) -> None:
         "-q",
         "-p",
         "no:cacheprovider",
-        "--durations=12",
+        "--durations=30",
         "-rs",
         *session.posargs,
         env={"DS_MULTINODE": "1"},
