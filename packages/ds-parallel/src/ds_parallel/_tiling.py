@@ -67,17 +67,20 @@ class TiledMLP(torch.autograd.Function):
 class TiledFusedLogitsLoss(torch.autograd.Function):
     """`TiledFusedLogitsLoss.apply(fn, module, x, y, mask, shards, compute_params, output_reduction)`.
 
-    `fn(module, x_tile, y_tile)` returns the tile's loss summed over its tokens (e.g. the lm head and a
-    cross-entropy with `reduction="sum"`); the logits exist one tile at a time. `x` is
-    `[..., seq, hidden]` (tiled along dim -2), `y` the matching `[..., seq]` labels (tiled along dim -1).
-    `output_reduction="sum"` returns the sum over tiles; `"mean"` divides it by the tokens that count:
-    `mask.sum()` (a bool `[..., seq]` tensor), or `y.numel()` without a mask.
+    DeepSpeed's contract: `x` (`[batch, seq, hidden]`) and `y` (`[batch, seq, ...]`, the labels) are flattened
+    over batch and sequence and cut into `shards` tiles (`torch.chunk`: the last may be shorter, and there may
+    be fewer tiles than asked when the tokens do not fill them); `fn(module, x_tile, y_tile)` returns the
+    tile's loss, with `mask_tile` as a fourth argument when `mask` (`[batch, seq]`) is given. The result is
+    the tiles' losses summed (`"sum"`) or averaged (`"mean"`, over tiles). So an `fn` that averages over its
+    tokens gives the whole sequence's mean only when the tiles hold equal numbers of counted tokens; for
+    uneven tiles or masks, return a sum from `fn`, ask for `"sum"` and divide by the token count yourself.
+    The logits exist one tile at a time, in forward and in the backward recomputation.
     """
 
     @staticmethod
     def forward(
         ctx: Any,
-        fn: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor],
+        fn: Callable[..., torch.Tensor],
         module: nn.Module,
         x: torch.Tensor,
         y: torch.Tensor,
@@ -86,38 +89,51 @@ class TiledFusedLogitsLoss(torch.autograd.Function):
         compute_params: Iterable[nn.Parameter] | None = None,
         output_reduction: Literal["mean", "sum"] = "mean",
     ) -> torch.Tensor:
-        _check_shards(shards, x.size(-2), "TiledFusedLogitsLoss")
         if output_reduction not in ("mean", "sum"):
             raise ValueError(
                 f"TiledFusedLogitsLoss: output_reduction must be 'mean' or 'sum', got {output_reduction!r}"
             )
-        if y.shape != x.shape[:-1]:
+        if x.dim() < 2 or y.dim() < 2 or x.shape[:2] != y.shape[:2]:
             raise ValueError(
                 f"TiledFusedLogitsLoss: labels of shape {tuple(y.shape)} do not match hidden states "
-                f"{tuple(x.shape)} (expected {tuple(x.shape[:-1])})"
+                f"{tuple(x.shape)}: both must be [batch, seq, ...] with the same batch and seq"
             )
-        count = (mask.sum() if mask is not None else torch.tensor(y.numel())).to(torch.float32)
-        ctx.scale = 1.0 / max(float(count), 1.0) if output_reduction == "mean" else 1.0
-        ctx.fn, ctx.module, ctx.shards = fn, module, shards
-        ctx.save_for_backward(x, y)
+        if mask is not None and mask.shape != x.shape[:2]:
+            raise ValueError(
+                f"TiledFusedLogitsLoss: mask of shape {tuple(mask.shape)} must be [batch, seq] = {tuple(x.shape[:2])}"
+            )
+        _check_shards(shards, x.size(0) * x.size(1), "TiledFusedLogitsLoss")
+        ctx.fn, ctx.module, ctx.shards, ctx.has_mask = fn, module, shards, mask is not None
+        ctx.save_for_backward(x, y, mask)
         with torch.no_grad():
-            total = sum(
-                fn(module, xt, yt).float()
-                for xt, yt in zip(x.chunk(shards, dim=-2), y.chunk(shards, dim=-1), strict=True)
-            )
-        return (total * ctx.scale).to(x.dtype if x.is_floating_point() else torch.float32)
+            losses = [fn(module, *tile).reshape(()) for tile in _flat_tiles(x, y, mask, shards)]
+        ctx.scale = 1.0 / len(losses) if output_reduction == "mean" else 1.0
+        total = torch.stack(losses).sum()
+        return total * ctx.scale
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, y = ctx.saved_tensors
-        x_grad = torch.empty_like(x) if ctx.needs_input_grad[2] else None
+        x, y, mask = ctx.saved_tensors
+        wants_grad = ctx.needs_input_grad[2]
+        x_grad = x.new_empty((x.size(0) * x.size(1), *x.shape[2:])) if wants_grad else None
         offset = 0
-        for xt, yt in zip(x.chunk(ctx.shards, dim=-2), y.chunk(ctx.shards, dim=-1), strict=True):
-            xt = xt.detach().requires_grad_(x_grad is not None)
+        for xt, *rest in _flat_tiles(x, y, mask if ctx.has_mask else None, ctx.shards):
+            xt = xt.detach().requires_grad_(wants_grad)
             with torch.enable_grad():
-                loss = ctx.fn(ctx.module, xt, yt).float() * ctx.scale
-            torch.autograd.backward(loss, grad.float())
+                loss = ctx.fn(ctx.module, xt, *rest).reshape(())
+            if loss.requires_grad:
+                torch.autograd.backward(loss, (grad * ctx.scale).to(loss.dtype))
             if x_grad is not None:
-                x_grad.narrow(-2, offset, xt.size(-2)).copy_(xt.grad)
-            offset += xt.size(-2)
-        return None, None, x_grad, None, None, None, None, None
+                x_grad.narrow(0, offset, xt.size(0)).copy_(xt.grad if xt.grad is not None else torch.zeros_like(xt))
+            offset += xt.size(0)
+        return None, None, None if x_grad is None else x_grad.view_as(x), None, None, None, None, None
+
+
+def _flat_tiles(
+    x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None, shards: int
+) -> list[tuple[torch.Tensor, ...]]:
+    """`(x, y[, mask])` flattened over batch and sequence, then cut into tiles along that token dimension."""
+    parts = [x.reshape(-1, *x.shape[2:]), y.reshape(-1, *y.shape[2:])]
+    if mask is not None:
+        parts.append(mask.reshape(-1))
+    return list(zip(*(part.chunk(shards, dim=0) for part in parts), strict=True))

@@ -6,7 +6,8 @@ code: `UlyssesSPAttentionHF.register_with_transformers(...)` registers an attent
 shards around the model's own core attention (sdpa, eager, flash), and returns the mpu to pass to
 `initialize(mpu=...)`; `UlyssesSPDataLoaderAdapter` turns each rank's batches into sequence shards for
 its SP group; `aggregate_sp_loss` combines the shards' losses into the whole sequence's; `TiledMLP` and
-`TiledFusedLogitsLoss` bound the MLP's and the logits' activation memory by tiling the sequence.
+`TiledFusedLogitsLoss` bound the MLP's and the logits' activation memory by tiling the sequence, and
+`sequence_tiled_compute` does the same for any function that is local along the sequence.
 
 `transformers` is needed only by `register_with_transformers` (imported there).
 """
@@ -23,16 +24,19 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_parallel import groups
+from ds_parallel._tiled_compute import SequenceTiledCompute, sequence_tiled_compute
 from ds_parallel._tiling import TiledFusedLogitsLoss, TiledMLP
 from ds_parallel.mpu import MeshMPU
 from ds_parallel.sequence import all_gather_autograd, seq_all_to_all
 
 __all__ = [
+    "SequenceTiledCompute",
     "TiledFusedLogitsLoss",
     "TiledMLP",
     "UlyssesSPAttentionHF",
     "UlyssesSPDataLoaderAdapter",
     "aggregate_sp_loss",
+    "sequence_tiled_compute",
 ]
 
 ATTN_NAME = "ulysses"
