@@ -73,12 +73,15 @@ def _post_forward(coord: ParamCoordinator, module: nn.Module, args: Any, output:
     try:
         if output is not None and torch.is_grad_enabled() and coord.gathers_for(module):
             flat, _, idx = _grad_tensors(output)
-            if idx:
+            # computed outputs only: a hook on a returned parameter (a leaf) would outlive this iteration and
+            # fire in every later backward, and its gradient does not mean the module's backward is next
+            computed = [flat[i] for i in idx if flat[i].grad_fn is not None]
+            if computed:
                 torch.autograd.graph.register_multi_grad_hook(
-                    [flat[i] for i in idx], functools.partial(_on_output_grad, coord, module), mode="any"
+                    computed, functools.partial(_on_output_grad, coord, module), mode="any"
                 )
     finally:
-        coord.post_forward(module)
+        coord.post_forward(module, output)
 
 
 def install_hooks(root: nn.Module, coord: ParamCoordinator) -> list[RemovableHandle]:
