@@ -13,7 +13,8 @@ forward and again before its backward, and released after each. Around that:
 
 Those three live in their own modules (`live.LiveParams`, `prefetch.Prefetcher`,
 `saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
-and the on-demand paths (a parameter read inside a forward, `GatheredParameters`).
+and the on-demand paths (a parameter read inside a forward, `GatheredParameters`, a parameter a
+forward returns: the caller takes it over as an external parameter and releases it at its own end).
 
 All decisions depend only on the sequence of module calls, which is the same on every rank when every
 rank runs the same modules. Gathers that follow the shared trace skip the fingerprint; the others (the

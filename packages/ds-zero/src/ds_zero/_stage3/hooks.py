@@ -4,7 +4,8 @@
   the inputs that require grad in `_PostBackward`, an identity whose backward runs once the module's
   backward has produced its input gradients, which is when its parameters can go;
 * forward post-hook (`always_call`, so an exception still releases): register a multi-grad hook on the
-  outputs that require grad, which fires before the module's backward runs (gather again), then release.
+  computed outputs that require grad, which fires before the module's backward runs (gather again), then
+  release, keeping any parameter in the output gathered for the caller.
 
 Inputs and outputs may be nested (tuples, lists, dicts, dataclasses registered with pytree) and may hold
 non-tensors. A module whose inputs need no grad (the embedding at the bottom) has no post-backward signal;
