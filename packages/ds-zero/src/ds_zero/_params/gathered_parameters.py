@@ -23,7 +23,7 @@ from ds_zero._params.partitioned_param import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GatheredParameters", "register_external_parameter", "unregister_external_parameter"]
+__all__ = ["GatheredParameters", "external_params", "register_external_parameter", "unregister_external_parameter"]
 
 
 def _as_list(params: Any) -> list[Any]:
@@ -127,17 +127,28 @@ class GatheredParameters:
                 coord.release_explicit([p for p in managed if state_of(p).coord is coord])
 
 
+def external_params(module: nn.Module) -> dict[int, nn.Parameter]:
+    """`module._external_params`: the parameters registered on it that another module owns, by `id`.
+
+    DeepSpeed's attribute (its tests and some user code read it); created empty on first use. Parameters
+    gathered because a forward read them on its own are not listed (the coordinator's units hold those).
+    """
+    found = module.__dict__.get("_external_params")
+    if not isinstance(found, dict):
+        found = module.__dict__["_external_params"] = {}
+    return found
+
+
 def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
     """Gather `parameter` whenever `module` runs, although another module owns it (DeepSpeed's name).
 
     Not required for correctness here (a read of another module's parameter inside a forward gathers it
-    and registers it automatically), but registering up front lets the first iteration coalesce it.
+    and registers it automatically, and so does returning a parameter from a forward), but registering up
+    front lets the first iteration coalesce it.
     """
     if not isinstance(parameter, nn.Parameter):
         raise TypeError(f"register_external_parameter takes an nn.Parameter, got {type(parameter).__name__}")
-    externals = module.__dict__.setdefault("_ds_external_params", [])
-    if all(p is not parameter for p in externals):
-        externals.append(parameter)
+    external_params(module)[id(parameter)] = parameter
     coord = state_of(parameter).coord if is_zero_param(parameter) else None
     if coord is not None:
         coord.add_external(module, parameter)
@@ -145,8 +156,7 @@ def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> N
 
 def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
     """Undo `register_external_parameter`."""
-    externals = module.__dict__.get("_ds_external_params", [])
-    module.__dict__["_ds_external_params"] = [p for p in externals if p is not parameter]
+    external_params(module).pop(id(parameter), None)
     coord = state_of(parameter).coord if is_zero_param(parameter) else None
     if coord is not None:
         coord.remove_external(module, parameter)

@@ -13,7 +13,8 @@ forward and again before its backward, and released after each. Around that:
 
 Those three live in their own modules (`live.LiveParams`, `prefetch.Prefetcher`,
 `saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
-and the on-demand paths (a parameter read inside a forward, `GatheredParameters`).
+and the on-demand paths (a parameter read inside a forward, `GatheredParameters`, a parameter a
+forward returns: the caller takes it over as an external parameter and releases it at its own end).
 
 All decisions depend only on the sequence of module calls, which is the same on every rank when every
 rank runs the same modules. Gathers that follow the shared trace skip the fingerprint; the others (the
@@ -34,9 +35,11 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._params.gather import check_same_gather, name_fingerprint, report_deviation
+from ds_zero._params.gathered_parameters import external_params
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._stage3.live import LiveParams
 from ds_zero._stage3.prefetch import Prefetcher
+from ds_zero._stage3.returned_params import returned_params
 from ds_zero._stage3.saved_tensors import SavedTensorNet
 from ds_zero._stage3.trace import Event, ExecutionTrace, Phase
 from ds_zero._stage3.units import GatherUnit, UnitRegistry
@@ -172,14 +175,21 @@ class ParamCoordinator:
             self._use(unit, Phase.FORWARD)
             frame.holds = True
 
-    def post_forward(self, module: nn.Module) -> None:
+    def post_forward(self, module: nn.Module, output: Any = None) -> None:
+        """`module`'s forward returned `output`: keep the parameters in it for the caller, release the rest."""
         if not self._stack:
             return
         frame = self._stack.pop()
         while frame.module is not module and self._stack:  # an exception skipped inner post-hooks
             frame = self._stack.pop()
+        handed = [p for p in returned_params(output) if self._hand_to_caller(p)]
         if frame.holds and frame.unit is not None:
             self._release(frame.unit)
+        if handed and self._stack[-1].module is not module:  # (a module calling itself keeps what it took)
+            own = external_params(module)
+            for param in handed:
+                if own.pop(id(param), None) is not None:  # the caller took it over: this module lets it go
+                    self.remove_external(module, param)
         if not self._stack and not self._in_backward:
             self.saved_tensors.exit()
             if self._trace is self._traces["eval"]:
@@ -298,19 +308,48 @@ class ParamCoordinator:
         where = self.registry.name_of(frame.module) if frame else "backward"
         name = state_of(param).name
         self.live.gather([param], f"parameter {name!r} read in module {where!r}", checked=True)
-        state_of(param).active += 1
         if frame is not None and not param.ds_persist:
-            unit = self.add_external(frame.module, param)
-            if unit is not None and not frame.holds:
-                frame.unit, frame.holds = unit, True
-                for p in unit.params:
-                    if p is not param:
-                        state_of(p).active += 1
-            if unit is None:
-                self._held.append(param)
+            self._attach(frame, param)
         else:
-            self._held.append(param)
+            self._hold(param)
         logger.debug("stage 3: gathered %s on access from %s", name, where)
+
+    def _attach(self, frame: _Frame, param: nn.Parameter) -> None:
+        """Gather the gathered `param` with `frame`'s module from now on, and claim it for this call."""
+        state_of(param).active += 1
+        unit = self.add_external(frame.module, param)
+        if unit is None:
+            self._held.append(param)
+        elif not frame.holds:
+            frame.unit, frame.holds = unit, True
+            for p in unit.params:
+                if p is not param:
+                    state_of(p).active += 1
+
+    def _hand_to_caller(self, param: nn.Parameter) -> bool:
+        """A finished forward returned `param`: make the calling module gather it (DeepSpeed's "external parameter").
+
+        Nothing to do when a running module already gathers it (it owns it, or took it over earlier) or it is
+        persistent. The root's own return is held to the end of the iteration. True when the caller took it.
+        [Note: the forward just used `param`, so it is gathered; the claim added here keeps it so past this
+        module's release, and from the next iteration on the caller's gather (and the trace) include it.]
+        """
+        if state_of(param).coord is not self or param.ds_persist:
+            return False
+        if any(f.holds and f.unit is not None and any(p is param for p in f.unit.params) for f in self._stack):
+            return False
+        if not self._stack:
+            self._hold(param)
+            return False
+        caller = self._stack[-1]
+        external_params(caller.module)[id(param)] = param
+        self._attach(caller, param)
+        logger.debug(
+            "stage 3: %s returned to module %r, gathered with it from now on",
+            state_of(param).name,
+            self.registry.name_of(caller.module),
+        )
+        return True
 
     def gather_explicit(self, params: list[nn.Parameter], label: str) -> None:
         """Gather `params` and hold them until `release_explicit` (GatheredParameters)."""

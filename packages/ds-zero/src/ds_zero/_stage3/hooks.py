@@ -4,7 +4,8 @@
   the inputs that require grad in `_PostBackward`, an identity whose backward runs once the module's
   backward has produced its input gradients, which is when its parameters can go;
 * forward post-hook (`always_call`, so an exception still releases): register a multi-grad hook on the
-  outputs that require grad, which fires before the module's backward runs (gather again), then release.
+  computed outputs that require grad, which fires before the module's backward runs (gather again), then
+  release, keeping any parameter in the output gathered for the caller.
 
 Inputs and outputs may be nested (tuples, lists, dicts, dataclasses registered with pytree) and may hold
 non-tensors. A module whose inputs need no grad (the embedding at the bottom) has no post-backward signal;
@@ -73,12 +74,15 @@ def _post_forward(coord: ParamCoordinator, module: nn.Module, args: Any, output:
     try:
         if output is not None and torch.is_grad_enabled() and coord.gathers_for(module):
             flat, _, idx = _grad_tensors(output)
-            if idx:
+            # computed outputs only: a hook on a returned parameter (a leaf) would outlive this iteration and
+            # fire in every later backward, and its gradient does not mean the module's backward is next
+            computed = [flat[i] for i in idx if flat[i].grad_fn is not None]
+            if computed:
                 torch.autograd.graph.register_multi_grad_hook(
-                    [flat[i] for i in idx], functools.partial(_on_output_grad, coord, module), mode="any"
+                    computed, functools.partial(_on_output_grad, coord, module), mode="any"
                 )
     finally:
-        coord.post_forward(module)
+        coord.post_forward(module, output)
 
 
 def install_hooks(root: nn.Module, coord: ParamCoordinator) -> list[RemovableHandle]:

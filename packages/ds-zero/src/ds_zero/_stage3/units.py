@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from ds_zero._params.gather import name_fingerprint
+from ds_zero._params.gathered_parameters import external_params
 from ds_zero._params.partitioned_param import install_param_dict, is_zero_param, state_of
 from ds_zero._stage3.leaf_modules import z3_leaf_module
 
@@ -79,7 +80,7 @@ class UnitRegistry:
             elif any(is_zero_param(p) for p in module._parameters.values()):
                 self._new_unit(module, own)
         for module in root.modules():
-            for p in module.__dict__.get("_ds_external_params", []):
+            for p in list(external_params(module).values()):  # also gives every module DeepSpeed's attribute
                 if is_zero_param(p) and state_of(p).coord is owner:
                     self.add_external(module, p)
         self._storage_index = {
