@@ -6,8 +6,8 @@ logits, the loss and every whole gradient (shards gathered back) equal the unsha
 same batch, fp32 to 1e-5 (the sums run in another order; the largest error seen is ~1e-7).
 Llama's own plan cuts the output head (gathered output), Qwen3's also sums the gradients of the
 replicated q/k norms over the group, and a custom plan entry overrides what the name-based parser
-would do. A plan with a style AutoTP does not support (Olmo2's `rowwise_split_input`) is refused
-before any layer is touched.
+would do. A plan with a style AutoTP does not support (Olmo2's `rowwise_split_input`), and key/value
+heads that do not divide over the ranks, are refused before any layer is touched.
 """
 
 from __future__ import annotations
@@ -144,11 +144,11 @@ def test_custom_plan_entry_beats_the_name_parser() -> None:
     assert r["types"]["o"] == "LinearAllreduce"  # the config's entries the instance did not override
 
 
-def _refused(rank: int, world: int) -> dict[str, Any]:
+def _refused(rank: int, world: int, family: str, kwargs: dict[str, int]) -> dict[str, Any]:
     from ds_parallel import build_mesh
     from ds_parallel.tensor import extract_hf_tp_plan, shard_model, tp_layers
 
-    model = build("olmo2")
+    model = build(family, **kwargs)
     try:
         shard_model(model, tp_group=build_mesh(tp=world).group("tp"), training=True, tp_plan=extract_hf_tp_plan(model))
     except ValueError as err:
@@ -157,6 +157,13 @@ def _refused(rank: int, world: int) -> dict[str, Any]:
 
 
 def test_unsupported_plan_style_is_refused_before_any_work() -> None:
-    for r in run_ranks(2, _refused, timeout_s=120):
+    for r in run_ranks(2, _refused, "olmo2", {}, timeout_s=120):
         assert "'model.layers.0.self_attn.o_proj'" in r["msg"] and "'rowwise_split_input'" in r["msg"], r
+        assert r["layers"] == 0 and r["parsed"] is False
+
+
+def test_kv_heads_not_dividing_are_refused_by_plan_before_any_work() -> None:
+    # the same rule as the name-based policy: 3 key/value heads do not split over 2 ranks
+    for r in run_ranks(2, _refused, "llama", {"kv_heads": 3, "heads": 6, "hidden": 48}, timeout_s=120):
+        assert "'model.layers.0.self_attn.q_proj'" in r["msg"] and "3 key/value heads" in r["msg"], r
         assert r["layers"] == 0 and r["parsed"] is False

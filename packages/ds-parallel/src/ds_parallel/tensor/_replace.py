@@ -137,7 +137,14 @@ class _Sharder:
                 self._divide_head_attrs(child, key)
 
     def by_plan(self, resolved: ResolvedPlan) -> None:
-        """Replace the layers `resolved` cuts, then divide the attributes of the modules above them."""
+        """Replace the layers `resolved` cuts, then divide the attributes of the modules above them.
+
+        The head counts are checked for every layer first, so a refusal leaves the model untouched.
+        """
+        for path in resolved.layers:
+            layer = self.model.get_submodule(path)
+            if isinstance(layer, nn.Linear) and path.rpartition(".")[2] not in _LM_HEAD_NAMES:
+                self._check_heads(layer, path, path)
         for path, style in resolved.layers.items():
             parent_path, _, key = path.rpartition(".")
             parent = self.model.get_submodule(parent_path)
@@ -158,10 +165,7 @@ class _Sharder:
         if style is PlanStyle.ROW:
             if leaf in _LM_HEAD_NAMES:
                 return LmHeadLinearAllreduce(linear, self.group, **kwargs)
-            self._check_heads(linear, path, path)
             return LinearAllreduce(linear, self.group, **kwargs)
-        if leaf not in _LM_HEAD_NAMES:
-            self._check_heads(linear, path, path)
         return LinearLayer(linear, self.group, gather_output=style is PlanStyle.COLUMN_GATHER, **kwargs)
 
     def _divide_head_attrs(self, module: nn.Module, name: str) -> None:
