@@ -10,15 +10,16 @@ import torch
 from torch import nn
 
 VOCAB = 96
+#: Llama-like decoders built from the same sizes (Olmo2's plan has a style AutoTP refuses).
+_DECODER_CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "olmo2": "Olmo2Config"}
 
 
 def tiny_config(family: str, *, kv_heads: int = 4, heads: int = 4, hidden: int = 32) -> Any:
     import transformers as tf
 
     common = {"vocab_size": VOCAB, "max_position_embeddings": 64}
-    if family in ("llama", "mistral", "qwen2"):
-        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config}[family]
-        return cls(
+    if family in _DECODER_CONFIGS:
+        return getattr(tf, _DECODER_CONFIGS[family])(
             hidden_size=hidden,
             intermediate_size=72,
             num_hidden_layers=2,

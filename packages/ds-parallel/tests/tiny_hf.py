@@ -13,8 +13,16 @@ def tiny_config(family: str, *, kv_heads: int = 4, heads: int = 4, hidden: int =
     import transformers as tf
 
     common = {"vocab_size": VOCAB, "max_position_embeddings": 64}
-    if family in ("llama", "mistral", "qwen2"):
-        cls = {"llama": tf.LlamaConfig, "mistral": tf.MistralConfig, "qwen2": tf.Qwen2Config}[family]
+    if family in ("llama", "mistral", "qwen2", "qwen3", "olmo2"):
+        cls = {
+            "llama": tf.LlamaConfig,
+            "mistral": tf.MistralConfig,
+            "qwen2": tf.Qwen2Config,
+            "qwen3": tf.Qwen3Config,
+            "olmo2": tf.Olmo2Config,
+        }[family]
+        if family == "qwen3":
+            common["head_dim"] = hidden // heads  # Qwen3's default head_dim does not follow hidden_size
         return cls(
             hidden_size=hidden,
             intermediate_size=72,

@@ -2,9 +2,13 @@
 
 With `"tensor_parallel": {"autotp_size": N}` (or `tp_model_init(model, tp_size=N, ...)` before
 initialize()), initialize() builds ds-parallel's mesh with a "tp" dim of N (consecutive ranks), shards
-the model's linear layers with AutoTP (training mode: trainable shards, replicated norms, embeddings
-and output head), re-points a client optimizer at the shards, and checks on the first forward that the
-ranks of each tensor-parallel group received the same batch. Data parallelism and ZeRO 1/2 then run
+the model's linear layers with AutoTP (training mode: trainable shards, replicated norms and
+embeddings), re-points a client optimizer at the shards, and checks on the first forward that the
+ranks of each tensor-parallel group received the same batch. As in DeepSpeed 0.19.8, a model that
+carries a Hugging Face tensor-parallel plan (`_tp_plan` / `base_model_tp_plan`, merged by
+`extract_hf_tp_plan`) is cut by that plan (Llama's cuts the output head too, its output gathered);
+one without is cut by AutoTP's module-name policy (the output head stays replicated). A plan style
+AutoTP does not support is refused before anything is cut. Data parallelism and ZeRO 1/2 then run
 over the data-parallel dim only; replicated parameters get identical gradients on the tensor-parallel
 ranks (the column-parallel layers' backward all-reduces their input gradients).
 
@@ -182,14 +186,26 @@ def apply_autotp(
     `optimizer` (in place) and return the re-pointed `model_parameters`. Registers the first-forward batch
     check (collective on `group`).
 
+    The model's Hugging Face tensor-parallel plan, when it has one, decides the cuts; otherwise
+    AutoTP's module-name policy.
+
     Raises:
-        ValueError: AutoTP cannot shard the model (the message names the layer).
+        ValueError: AutoTP cannot shard the model, or its plan has a style AutoTP does not support
+            (the message names the layer and the style).
     """
     tensor = _tensor()
     tensor.set_autotp_mode(training=True)
     before = {name: id(p) for name, p in model.named_parameters()}
     if not getattr(model, "ds_autotp_parsed", False):  # TpTrainingManager has sharded it already
-        tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size)
+        plan = tensor.extract_hf_tp_plan(model)
+        if ds_comm.get_rank() == 0:
+            logger.info(
+                "AutoTP: %s",
+                f"partitioning by the Hugging Face tp_plan {plan}"
+                if plan
+                else "no Hugging Face tp_plan on the model; partitioning by the module-name policy",
+            )
+        tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size, tp_plan=plan)
     mapping = {before[name]: p for name, p in model.named_parameters() if name in before and before[name] != id(p)}
     if isinstance(optimizer, Optimizer):
         _remap_optimizer(optimizer, mapping)

@@ -110,9 +110,9 @@ def _check_universal_files(root: Path) -> None:
                 assert list(stored) == ["param"], name
             elif ".o_proj." in name or ".down_proj." in name:  # row-parallel: the bias is added whole
                 assert stored.get("cat_dim") == (1 if name.endswith(".weight") else None), name
-            elif "_proj." in name:
+            elif "_proj." in name or name.startswith("lm_head."):  # Llama's HF plan cuts the head by columns too
                 assert stored["cat_dim"] == 0, name
-            else:  # norms, embeddings, the output head: every rank holds them whole
+            else:  # norms, embeddings: every rank holds them whole
                 assert "cat_dim" not in stored, name
     assert {p.name for p in zero.iterdir()} >= set(whole)
 

@@ -18,7 +18,12 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_parallel.tensor._layout import ShardLayout
 from ds_parallel.tensor._mode import is_autotp_training_mode
-from ds_parallel.tensor._regions import all_gather_along, copy_to_tp_region, reduce_from_tp_region
+from ds_parallel.tensor._regions import (
+    all_gather_along,
+    copy_to_tp_region,
+    gather_from_tp_region,
+    reduce_from_tp_region,
+)
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_sizes
 
 logger = logging.getLogger(__name__)
@@ -147,15 +152,30 @@ class LinearLayer(TensorParallelLayer):
     """Column-parallel: the output features are split (weight and bias by rows).
 
     Forward: `y_local = x @ W_local.T + b_local` on the replicated input, no communication; in
-    training the backward all-reduces the input gradient over the group.
+    training the backward all-reduces the input gradient over the group. With `gather_output=True`
+    (DeepSpeed's flag; a Hugging Face plan's `colwise_gather_output`) the local outputs are then
+    all-gathered, so every rank gets the whole output (one all_gather per forward).
     """
+
+    def __init__(
+        self, module: nn.Linear, mp_group: ProcessGroup | None, *, gather_output: bool = False, **kwargs: object
+    ) -> None:
+        self.gather_output = gather_output
+        super().__init__(module, mp_group, **kwargs)  # type: ignore[arg-type]
 
     def _layout(self, pname: str, full: torch.Tensor) -> ShardLayout:
         return ShardLayout(0, (self._split(full.shape[0]),))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp_region(x, self.mp_group, self.training_mode)
-        return F.linear(x, self.weight, self.bias)
+        out = F.linear(x, self.weight, self.bias)
+        if self.gather_output and self.tp_world_size > 1:
+            sizes = self.layouts["weight"].local_sizes()
+            out = gather_from_tp_region(out, sizes, self.tp_index, self.mp_group, self.training_mode)
+        return out
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", gather_output=True" if self.gather_output else "")
 
 
 class LinearAllreduce(TensorParallelLayer):
@@ -176,9 +196,12 @@ class LinearAllreduce(TensorParallelLayer):
 
 
 class LmHeadLinearAllreduce(LinearAllreduce):
-    """The output head at inference: row-parallel over the hidden size, the input sliced locally.
+    """The output head row-parallel over the hidden size, its replicated input sliced locally.
 
-    Its weight is copied first, so an input embedding tied to the head stays whole.
+    AutoTP's inference head, and a plan's `rowwise` head in training (DeepSpeed's
+    `LinearAllreduceWithReplicatedInput`): in training the backward all-reduces the input gradient,
+    since each rank's slice only reaches its part of the input. Its weight is copied first, so an
+    input embedding tied to the head stays whole.
     """
 
     def __init__(self, module: nn.Linear, mp_group: ProcessGroup | None, **kwargs: object) -> None:
@@ -190,6 +213,7 @@ class LmHeadLinearAllreduce(LinearAllreduce):
         self._input_size = sizes[self.tp_index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp_region(x, self.mp_group, self.training_mode)
         local = x.narrow(-1, self._input_offset, self._input_size)
         return super().forward(local)
 

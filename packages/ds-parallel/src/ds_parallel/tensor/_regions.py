@@ -16,7 +16,15 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 
-__all__ = ["CopyToTPRegion", "ReduceFromTPRegion", "all_gather_along", "copy_to_tp_region", "reduce_from_tp_region"]
+__all__ = [
+    "CopyToTPRegion",
+    "GatherFromTPRegion",
+    "ReduceFromTPRegion",
+    "all_gather_along",
+    "copy_to_tp_region",
+    "gather_from_tp_region",
+    "reduce_from_tp_region",
+]
 
 
 class CopyToTPRegion(torch.autograd.Function):
@@ -48,6 +56,24 @@ class ReduceFromTPRegion(torch.autograd.Function):
         return None, grad
 
 
+class GatherFromTPRegion(torch.autograd.Function):
+    """Concatenate every rank's slice along the last dim (forward); the backward keeps this rank's slice.
+
+    For a column-parallel layer whose output must be whole (a gathered output head): the gathered
+    output is the same on every rank, so its gradient is too, and each rank's slice of it is the
+    gradient of that rank's shard of the output.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, group: ProcessGroup, x: torch.Tensor, sizes: tuple[int, ...], rank: int) -> torch.Tensor:
+        ctx.offset, ctx.size = sum(sizes[:rank]), sizes[rank]
+        return all_gather_along(x.contiguous(), sizes, x.dim() - 1, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor, None, None]:
+        return None, grad.narrow(-1, ctx.offset, ctx.size).contiguous(), None, None
+
+
 def copy_to_tp_region(x: torch.Tensor, group: ProcessGroup | None, training: bool) -> torch.Tensor:
     """`CopyToTPRegion` when gradients can flow (training), else `x` as is."""
     if group is None or not training:
@@ -64,6 +90,20 @@ def reduce_from_tp_region(x: torch.Tensor, group: ProcessGroup | None, training:
     x = x.contiguous()
     ds_comm.all_reduce(x, group=group)
     return x
+
+
+def gather_from_tp_region(
+    x: torch.Tensor, sizes: tuple[int, ...], rank: int, group: ProcessGroup | None, training: bool
+) -> torch.Tensor:
+    """Every rank's slice of the last dim put together (rank `r`'s is `sizes[r]` wide); differentiable in training.
+
+    Collective: one all_gather on `group` (none when `group` is None).
+    """
+    if group is None:
+        return x
+    if training:
+        return GatherFromTPRegion.apply(group, x, sizes, rank)
+    return all_gather_along(x.contiguous(), sizes, x.dim() - 1, group)
 
 
 @torch.no_grad()

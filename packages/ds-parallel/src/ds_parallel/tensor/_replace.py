@@ -1,6 +1,13 @@
 """`shard_model`: replace a model's linear layers with tensor-parallel ones, in place.
 
-The recipe, in order (DeepSpeed's AutoTP, heuristic path):
+With a Hugging Face tensor-parallel plan (`tp_plan`, see `_plan`), the plan alone decides: each
+`nn.Linear` it names becomes column-parallel (`LinearLayer`, gathered when the style says so) or
+row-parallel (`LinearAllreduce`; `LmHeadLinearAllreduce` for an output head), every other module stays
+whole, the modules above the cut layers get their head and width attributes divided (step 3 below),
+and in training the parameters the plan marks `replicated_with_grad_allreduce` get their gradients
+summed over the group. The plan is checked whole before anything is replaced.
+
+Without a plan, the recipe, in order (DeepSpeed's AutoTP, heuristic path):
   1. find the block types and their row-parallel layers (`_parser`);
   2. in every block instance, replace each `nn.Linear` by its tensor-parallel counterpart: row-parallel
      (`LinearAllreduce`), fused qkv / packed gate-up, or column-parallel (`LinearLayer`); MoE routers
@@ -15,8 +22,10 @@ Embeddings and norms stay replicated.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
@@ -31,6 +40,7 @@ from ds_parallel.tensor._layers import (
 )
 from ds_parallel.tensor._mode import is_autotp_training_mode
 from ds_parallel.tensor._parser import BlockPolicy, find_block_policies
+from ds_parallel.tensor._plan import PlanStyle, ResolvedPlan, resolve_plan
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_size
 
 logger = logging.getLogger(__name__)
@@ -126,6 +136,38 @@ class _Sharder:
                 self._walk(child, policy, block, child_path, parent_key=key)
                 self._divide_head_attrs(child, key)
 
+    def by_plan(self, resolved: ResolvedPlan) -> None:
+        """Replace the layers `resolved` cuts, then divide the attributes of the modules above them.
+
+        The head counts are checked for every layer first, so a refusal leaves the model untouched.
+        """
+        for path in resolved.layers:
+            layer = self.model.get_submodule(path)
+            if isinstance(layer, nn.Linear) and path.rpartition(".")[2] not in _LM_HEAD_NAMES:
+                self._check_heads(layer, path, path)
+        for path, style in resolved.layers.items():
+            parent_path, _, key = path.rpartition(".")
+            parent = self.model.get_submodule(parent_path)
+            linear = getattr(parent, key)
+            setattr(parent, key, self.plan_linear(linear, path, style))
+        for path, module in list(self.model.named_modules()):
+            if path and not isinstance(module, TensorParallelLayer) and path not in resolved.layers:
+                self._divide_head_attrs(module, path)
+        if self.training:
+            for name, param in self.model.named_parameters():
+                if name in resolved.grad_allreduce:
+                    param.register_hook(_GradAllReduce(self.group))
+
+    def plan_linear(self, linear: nn.Linear, path: str, style: PlanStyle) -> nn.Module:
+        kwargs: dict[str, Any] = {"name": path, "tp_meta": self.meta, "training": self.training}
+        leaf = path.rpartition(".")[2]
+        self.num_replaced += 1
+        if style is PlanStyle.ROW:
+            if leaf in _LM_HEAD_NAMES:
+                return LmHeadLinearAllreduce(linear, self.group, **kwargs)
+            return LinearAllreduce(linear, self.group, **kwargs)
+        return LinearLayer(linear, self.group, gather_output=style is PlanStyle.COLUMN_GATHER, **kwargs)
+
     def _divide_head_attrs(self, module: nn.Module, name: str) -> None:
         """A module over sharded layers sees local head counts and widths (its reshapes read them)."""
         if not any(isinstance(m, TensorParallelLayer) for m in module.modules()):
@@ -149,6 +191,18 @@ class _Sharder:
                 return
 
 
+class _GradAllReduce:
+    """A gradient hook summing a replicated parameter's gradient over the tensor-parallel group."""
+
+    def __init__(self, group: ProcessGroup) -> None:
+        self.group = group
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        ds_comm.all_reduce(grad, group=self.group)
+        return grad
+
+
 def shard_model(
     model: nn.Module,
     *,
@@ -157,6 +211,7 @@ def shard_model(
     tp_grain_size: int = 1,
     model_config: Any = None,
     policies: list[BlockPolicy] | None = None,
+    tp_plan: Mapping[str, str] | None = None,
 ) -> nn.Module:
     """Shard `model`'s linear layers over `tp_group` in place (DeepSpeed's automatic tensor parallelism).
 
@@ -175,13 +230,16 @@ def shard_model(
         model_config: where head counts are read (default `model.config`).
         policies: the blocks to shard and their row-parallel layers (DeepSpeed's `injection_policy`);
             None: found automatically (`find_block_policies`).
+        tp_plan: a Hugging Face tensor-parallel plan (pattern -> style, `extract_hf_tp_plan`); when
+            given (and not empty) it decides alone which layers are cut and how, instead of `policies`.
 
     Returns:
         `model`, with `ds_autotp_parsed = True`.
 
     Raises:
         ValueError: an unsupported model family, no shardable block, key/value heads that do not divide
-            over the group, or a layer too small to split (each message names the model or layer).
+            over the group, a layer too small to split, or a plan style AutoTP does not support (each
+            message names the model or layer; a plan is checked before any layer is replaced).
     """
     if getattr(model, "ds_autotp_parsed", False):
         return model
@@ -190,20 +248,26 @@ def shard_model(
         model.ds_autotp_parsed = True  # type: ignore[assignment]
         return model
     meta = TPMeta.from_model_config(model_config or getattr(model, "config", None), tp_grain_size)
-    by_type = {p.block_type: p for p in (find_block_policies(model) if policies is None else policies)}
-    sharder = _Sharder(model, tp_group, meta, training)
-    for path, module in list(model.named_modules()):
-        policy = by_type.get(type(module))
-        if policy is not None:
-            sharder.block(module, policy, path)
-    if not training:
-        sharder.lm_head()
+    if tp_plan:
+        resolved = resolve_plan(model, tp_plan, skip=(TensorParallelLayer,))
+        sharder = _Sharder(model, tp_group, meta, training)
+        sharder.by_plan(resolved)
+    else:
+        by_type = {p.block_type: p for p in (find_block_policies(model) if policies is None else policies)}
+        sharder = _Sharder(model, tp_group, meta, training)
+        for path, module in list(model.named_modules()):
+            policy = by_type.get(type(module))
+            if policy is not None:
+                sharder.block(module, policy, path)
+        if not training:
+            sharder.lm_head()
     model.ds_autotp_parsed = True  # type: ignore[assignment]
     logger.info(
-        "AutoTP: %d linear layers of %s sharded over %d ranks (%s)",
+        "AutoTP: %d linear layers of %s sharded over %d ranks (%s, %s)",
         sharder.num_replaced,
         type(model).__name__,
         sharder.tp_size,
         "training" if training else "inference",
+        "by the Hugging Face tp_plan" if tp_plan else "by the module-name policy",
     )
     return model

@@ -3,7 +3,8 @@
 `TPTrainingConfig` is ds-engine's `TensorParallelConfig` (the section, with DeepSpeed's keys and
 defaults) and `TPConfig` its `tp` sub-section; `get_tensor_parallel_config(ds_config)` reads the section
 of a config dict. `AUTOTP_MODE` is ds-parallel's `AutoTPMode` (what `get_autotp_mode()` returns), so it
-needs the `parallel` extra and loads on first use.
+needs the `parallel` extra and loads on first use; so does `_get_hf_tp_plan(model)`, ds-parallel's
+`extract_hf_tp_plan` (a Hugging Face model's merged tensor-parallel plan, which initialize() shards by).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ds_engine.config._tensor_parallel import TensorParallelConfig, TPConfig
 if TYPE_CHECKING:
     from ds_parallel.tensor import AutoTPMode as AUTOTP_MODE
 
-__all__ = ["AUTOTP_MODE", "TPConfig", "TPTrainingConfig", "get_tensor_parallel_config"]
+__all__ = ["AUTOTP_MODE", "TPConfig", "TPTrainingConfig", "_get_hf_tp_plan", "get_tensor_parallel_config"]
 
 TPTrainingConfig = TensorParallelConfig
 
@@ -30,6 +31,17 @@ def get_tensor_parallel_config(ds_config: Mapping[str, Any]) -> TensorParallelCo
     """
     section = ds_config.get("tensor_parallel")
     return TensorParallelConfig(**dict(section)) if section else TensorParallelConfig()
+
+
+def _get_hf_tp_plan(model: Any) -> dict[str, str] | None:
+    """The model's Hugging Face tensor-parallel plan, merged from its config, class and instance (None: none).
+
+    Raises:
+        ImportError: ds-parallel is missing (names `pip install 'ds-engine[parallel]'`).
+    """
+    tensor = require("ds_parallel", extra="parallel", feature="_get_hf_tp_plan").tensor
+    plan: dict[str, str] | None = tensor.extract_hf_tp_plan(model)
+    return plan
 
 
 def __getattr__(name: str) -> Any:
