@@ -8,6 +8,8 @@ backward reads by poisoning the device-side originals after forward.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -40,9 +42,18 @@ def _tiny_llama(seed: int = 0) -> nn.Module:
     )
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    _enable_checkpointing(model, use_reentrant=False)
     model.train()
     return model
+
+
+def _enable_checkpointing(model: nn.Module, *, use_reentrant: bool) -> None:
+    # transformers 5 renamed the switch; the old name still works there but warns.
+    kwargs = {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _batch() -> torch.Tensor:
@@ -133,7 +144,7 @@ def test_backward_reads_the_host_copies(keep_last_count: int) -> None:
 
 def test_llama_reentrant_checkpointing_bitwise_equal() -> None:
     model, ids = _tiny_llama(seed=2), _batch()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    _enable_checkpointing(model, use_reentrant=True)
     ref = _grads(model, ids)
     offload = CheckpointHiddenStatesOffload(min_offload_bytes=0, keep_last_count=1, accelerator=HostAsDevice())
     with offload:
@@ -165,3 +176,22 @@ def test_cpu_accelerator_leaves_tensors_in_place() -> None:
     assert offload.stats.marked_tensors == NUM_LAYERS
     assert offload.stats.skipped_marked_tensors == NUM_LAYERS
     assert offload.stats.offloaded_tensors == 0
+
+
+def test_import_needs_no_transformers_and_the_deepspeed_path_aliases_it() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['transformers'] = None\n"  # as if not installed: importing it would fail
+        "import ds_engine.runtime.activation_checkpointing as ac\n"
+        "m = ac.offload_activations\n"
+        "assert m.CheckpointHiddenStatesOffload.__module__ == m.__name__\n"
+        "try:\n"
+        "    import deepspeed.runtime.activation_checkpointing.offload_activations as d\n"
+        "except ModuleNotFoundError as err:\n"
+        "    assert err.name == 'deepspeed', err\n"  # the alias distribution is not installed
+        "else:\n"
+        "    assert d.get_checkpoint_hidden_states_offloading_ctx_manager is "
+        "m.get_checkpoint_hidden_states_offloading_ctx_manager\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
