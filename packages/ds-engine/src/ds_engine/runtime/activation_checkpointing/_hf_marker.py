@@ -103,7 +103,7 @@ def patch_gradient_checkpointing_layer_marker() -> None:
 
     def _marking_call(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         manager = current_manager()
-        marked = None
+        marked: torch.Tensor | None = None
         if (
             manager is not None
             and self.training
@@ -119,7 +119,7 @@ def patch_gradient_checkpointing_layer_marker() -> None:
         try:
             return inherited_call(self, *args, **kwargs)
         finally:
-            if marked is not None:
+            if manager is not None and marked is not None:
                 # Marks are keyed by id(), which Python reuses: never leave one behind.
                 manager._consume_mark(marked)
 

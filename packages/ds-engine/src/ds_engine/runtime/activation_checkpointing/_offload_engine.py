@@ -144,7 +144,7 @@ class ActivationOffloadEngine:
         # Host buffers a running host-to-device copy still reads, with the event that ends it.
         self._pending_cpu_buffers: list[tuple[_BufferKey, torch.Tensor, Any]] = []
         stream_cls = self._accelerator.Stream
-        self.s1 = stream_cls() if use_streams and stream_cls is not None else None
+        self.s1: Any = stream_cls() if use_streams and stream_cls is not None else None
         self.use_streams = self.s1 is not None
 
     # -- streams -------------------------------------------------------------------------------
