@@ -7,6 +7,7 @@ backward reads by poisoning the device-side originals after forward.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -195,3 +196,22 @@ def test_import_needs_no_transformers_and_the_deepspeed_path_aliases_it() -> Non
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_engine_training_steps_match_with_offload() -> None:
+    """Two AdamW steps of a DeepSpeedEngine with the context around forward+backward: same weights bit for bit."""
+    from ds_engine_testkit import base_config, flat_params, make_engine
+
+    ids = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(9))
+    results = []
+    for offload in (None, CheckpointHiddenStatesOffload(min_offload_bytes=0, accelerator=HostAsDevice())):
+        engine = make_engine(_tiny_llama(seed=3), base_config())
+        for _ in range(2):
+            with offload if offload is not None else contextlib.nullcontext():
+                loss = engine(input_ids=ids, labels=ids).loss
+                engine.backward(loss)
+            engine.step()
+        results.append(flat_params(engine.module))
+        if offload is not None:
+            assert offload.stats.offloaded_tensors == NUM_LAYERS - 1
+    assert torch.equal(results[0], results[1])
