@@ -254,3 +254,22 @@ def test_a_selection_of_another_size_is_refused() -> None:
 def test_bucket_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="bucket_size must be positive, got 0"):
         ZenFlowSelectiveAdamW([torch.nn.Parameter(torch.randn(2))], offload=True, bucket_size=0)
+
+
+def test_a_failure_mid_bucket_keeps_what_was_done_and_what_was_not() -> None:
+    gen = torch.Generator().manual_seed(17)
+    good, bad = (
+        torch.nn.Parameter(torch.randn(3, 4, generator=gen)),
+        torch.nn.Parameter(torch.randn(3, 4, generator=gen)),
+    )
+    bad_before = bad.data.clone()
+    opt = ZenFlowSelectiveAdamW([good, bad], lr=1e-2, offload=True)  # one bucket for both
+    grad = torch.randn(3, 4, generator=gen)
+    good.selected_indices = bad.selected_indices = torch.tensor([1, 2])
+    good.selected_grad = grad[:, [1, 2]].clone()
+    bad.selected_grad = torch.randn(3, 3)
+    with pytest.raises(ValueError, match="selected_grad has shape"):
+        opt.step()
+    torch.testing.assert_close(good.exp_avg_cpu_data, 0.1 * grad[:, [1, 2]])  # the update's moments were stored
+    assert good.selected_grad is None and good.exp_avg is None, "the done update was not consumed"
+    assert torch.equal(bad.data, bad_before) and bad.selected_grad is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ class AdamWHyper:
     maximize: bool
 
     @classmethod
-    def from_group(cls, group: dict) -> AdamWHyper:
+    def from_group(cls, group: dict[str, Any]) -> AdamWHyper:
         beta1, beta2 = group["betas"]
         return cls(
             lr=float(group["lr"]),

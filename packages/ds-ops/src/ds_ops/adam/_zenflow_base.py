@@ -27,6 +27,7 @@ The subclasses say where the selected slice lives: the columns of `param.data` (
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -47,7 +48,7 @@ def _has_selected_grad(param: torch.Tensor) -> bool:
     return getattr(param, "selected_grad", None) is not None
 
 
-class SelectiveAdamWBase(torch.optim.AdamW):
+class SelectiveAdamWBase(torch.optim.AdamW, abc.ABC):
     """torch's AdamW arguments, plus `offload` (moments on the host) and `bucket_size` (see module note).
 
     `step` is bound once at construction to `_step_with_offload` or `_step_without_offload`, as in
@@ -69,7 +70,7 @@ class SelectiveAdamWBase(torch.optim.AdamW):
         self.step = self._step_with_offload if self.offload else self._step_without_offload  # type: ignore[method-assign]
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
         # A step count saved in half precision would stop counting at 2048 (fp16); keep it fp32.
         for param_state in self.state.values():
             step = param_state.get("step")
@@ -77,19 +78,19 @@ class SelectiveAdamWBase(torch.optim.AdamW):
                 param_state["step"] = step.float()
 
     # -- where the slice lives (the subclass) ------------------------------------------------------------
+    @abc.abstractmethod
     def _compute_device(self, param: torch.Tensor) -> torch.device:
         """Where the update runs (the gradient's and the moments' device)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _storage_dtype(self, param: torch.Tensor) -> torch.dtype:
         """The dtype of the values the slice is read from (the moments get it too)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _selected(
         self, param: torch.Tensor, *, device: torch.device | None, write: bool
     ) -> contextlib.AbstractContextManager[torch.Tensor]:
         """The selected slice on `device` (None: where it is stored); with `write`, stored back on exit."""
-        raise NotImplementedError
 
     # -- the steps -----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -127,14 +128,16 @@ class SelectiveAdamWBase(torch.optim.AdamW):
         hyper = AdamWHyper.from_group(self.param_groups[group_id])
         if self.offload:
             self.copy_mv_from_cpu(live)
-        for param in live:
-            self._update_one(param, hyper, apply_temp=apply_temp)
-        if self.offload:
-            self.copy_mv_to_cpu(live)
-        for param in live:
-            param.selected_grad = None
-            if apply_temp and hasattr(param, "temp_selected_param"):
-                param.temp_selected_param = None
+        try:
+            for param in live:
+                self._update_one(param, hyper, apply_temp=apply_temp)
+                # Consumed at once: if a later parameter fails, a retry does not update this one twice.
+                param.selected_grad = None
+                if apply_temp and hasattr(param, "temp_selected_param"):
+                    param.temp_selected_param = None
+        finally:
+            if self.offload:  # also on failure: the moments of the parameters already updated are kept
+                self.copy_mv_to_cpu(live)
 
     def _update_one(self, param: torch.Tensor, hyper: AdamWHyper, *, apply_temp: bool) -> None:
         grad = param.selected_grad
