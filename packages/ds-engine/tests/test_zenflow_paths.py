@@ -33,6 +33,7 @@ def test_zenflow_config_is_ds_zeros_model() -> None:
 
     assert ZenFlowConfig is ds_zero.ZenFlowConfig
     assert ds_engine.runtime.zenflow.zenflow_config.ZenFlowConfig is ZenFlowConfig
+    assert ds_engine.runtime.zenflow.zenflow_utils._split_affinity is _split_affinity
 
 
 @pytest.mark.parametrize(
