@@ -249,6 +249,37 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         E,
         r"gradient_clipping, optimizer.params.lr: still \"auto\"",
     ),
+    (
+        "zenflow_enabled",
+        {
+            "zero_optimization": {
+                "stage": 2,
+                "offload_optimizer": {"device": "cpu"},
+                "zenflow": {"topk_ratio": 0.05, "select_strategy": "step", "select_interval": 4},
+            }
+        },
+        E,
+        r"zero_optimization.zenflow: ZenFlow's training loop .* is not implemented in ds; .*"
+        r"deepspeed.ops.adam.ZenFlowSelectiveAdamW",
+    ),
+    (
+        "zenflow_empty_section",  # present at all = on, as in DeepSpeed
+        {"zero_optimization": {"stage": 3, "zenflow": {}}},
+        E,
+        r"zero_optimization.zenflow: ZenFlow's training loop .* is not implemented in ds",
+    ),
+    (
+        "zenflow_bad_ratio",
+        {"zero_optimization": {"stage": 2, "zenflow": {"topk_ratio": 1.0}}},
+        E,
+        r"zero_optimization.zenflow.topk_ratio: Input should be less than 1",
+    ),
+    (
+        "zenflow_typo",
+        {"zero_optimization": {"stage": 2, "zenflow": {"update_intervall": 4}}},
+        E,
+        r"zero_optimization.zenflow.update_intervall: unknown key .*did you mean 'update_interval'",
+    ),
     ("aio_block_size", {"aio": {"block_size": 0}}, E, r"aio.block_size: Input should be greater than 0"),
     ("aio_typo", {"aio": {"queue_dpeth": 16}}, E, r"aio.queue_dpeth: unknown key .*did you mean 'queue_depth'"),
     ("aio_gds", {"aio": {"use_gds": True}}, E, r"aio.use_gds: .*GPUDirect Storage is not supported"),
@@ -274,7 +305,7 @@ except ImportError:
 
 
 #: rows that need a ZeRO stage ds-zero validates first (without it the error names the extra instead)
-_NEEDS_DS_ZERO = {"muon_zero3"}
+_NEEDS_DS_ZERO = {"muon_zero3", "zenflow_bad_ratio", "zenflow_typo"}
 _NO_DS_ZERO = importlib.util.find_spec("ds_zero") is None
 
 

@@ -2,9 +2,9 @@
 
 Op builders that compile native kernels just in time with ninja (or ahead of time into the wheel),
 CPU optimizers with DeepSpeed's classes (DeepSpeedCPUAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion),
-the multi-tensor CUDA FusedAdam, `MuonWithAuxAdam` (Muon with Newton–Schulz in torch), the async I/O
-op for ZeRO-Infinity (`AsyncIOHandle`, DeepSpeed's
-`aio_handle`), and `ds_report`. Importing builds nothing and reads no environment.
+the multi-tensor CUDA FusedAdam, `MuonWithAuxAdam` (Muon with Newton–Schulz in torch), ZenFlow's
+selective AdamW (`ZenFlowSelectiveAdamW[_stage3]`), the async I/O op for ZeRO-Infinity
+(`AsyncIOHandle`, DeepSpeed's `aio_handle`), and `ds_report`. Importing builds nothing and reads no environment.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ds_ops.__about__ import __version__
 from ds_ops._in_pass_copy import InPassCopyOptimizer, supports_in_pass_copy
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
-from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam
+from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam, ZenFlowSelectiveAdamW, ZenFlowSelectiveAdamW_stage3
 from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.muon import MuonWithAuxAdam, muon_update, newton_schulz_orthogonalize
@@ -68,6 +68,8 @@ __all__ = [
     "OpNotCompatibleError",
     "StateOffloader",
     "StatesOffloadedError",
+    "ZenFlowSelectiveAdamW",
+    "ZenFlowSelectiveAdamW_stage3",
     "__version__",
     "aio_handle",
     "muon_update",

@@ -68,9 +68,11 @@ from ds_zero.zero_to_fp32 import (
 )
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
-    from ds_zero.config import LeafModuleConfig, OffloadOptimizerConfig, OffloadParamConfig, ZeroConfig
+    from ds_zero.config import LeafModuleConfig, OffloadOptimizerConfig, OffloadParamConfig, ZenFlowConfig, ZeroConfig
 
-_CONFIG_NAMES = frozenset({"LeafModuleConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"})
+_CONFIG_NAMES = frozenset(
+    {"LeafModuleConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "ZenFlowConfig", "ZeroConfig"}
+)
 
 
 def __getattr__(name: str) -> object:
@@ -88,6 +90,7 @@ __all__ = [
     "LossScaler",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
+    "ZenFlowConfig",
     "ZeroConfig",
     "ZeroOptimizer",
     "__version__",

@@ -9,8 +9,16 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
+from ds_zero._zenflow_config import ZenFlowConfig
 
-__all__ = ["LeafModuleConfig", "OffloadDevice", "OffloadOptimizerConfig", "OffloadParamConfig", "ZeroConfig"]
+__all__ = [
+    "LeafModuleConfig",
+    "OffloadDevice",
+    "OffloadOptimizerConfig",
+    "OffloadParamConfig",
+    "ZenFlowConfig",
+    "ZeroConfig",
+]
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -142,7 +150,8 @@ class ZeroConfig(ConfigModel):
     """The `zero_optimization` section: which ZeRO stage, and how it buckets, overlaps and offloads.
 
     Keys, defaults and legacy spellings follow DeepSpeed 0.19.8. Sizes are in elements, not bytes;
-    `5e8` is accepted for integer sizes. ZeRO++/MiCS/ZenFlow keys are accepted only at their defaults.
+    `5e8` is accepted for integer sizes. ZeRO++/MiCS keys are accepted only at their defaults; the
+    `zenflow` section is parsed (`ZenFlowConfig`), but the ZeRO optimizers refuse an enabled one.
     """
 
     deprecated_keys: ClassVar[dict[str, str]] = {
@@ -156,7 +165,6 @@ class ZeroConfig(ConfigModel):
         "mics_shard_size": "MiCS is not implemented",
         "mics_hierarchical_params_gather": "MiCS is not implemented",
         "zeropp_loco_param": "ZeRO++ LoCo is not implemented",
-        "zenflow": "ZenFlow is not implemented",
         "legacy_stage1": "the deprecated ZeRO stage 1 is not supported",
     }
     ignored_keys: ClassVar[dict[str, str]] = {
@@ -240,7 +248,8 @@ class ZeroConfig(ConfigModel):
     mics_shard_size: int = -1
     mics_hierarchical_params_gather: bool = False
     zeropp_loco_param: dict[str, Any] | None = None
-    zenflow: dict[str, Any] | None = None
+    zenflow: ZenFlowConfig | None = None
+    """ZenFlow's importance-aware offload (`ZenFlowConfig`); present = on. Parsed only: no ZeRO optimizer runs it."""
     legacy_stage1: bool = False
     module_granularity_threshold: int = Field(0, alias="stage3_module_granularity_threshold")
     use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")

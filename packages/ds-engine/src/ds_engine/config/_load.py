@@ -19,7 +19,14 @@ __all__ = ["AUTO", "fill_auto", "find_auto_paths", "load_raw", "without_paths"]
 
 AUTO = "auto"
 #: Keys where "auto" is a real value DeepSpeed defines, not a placeholder for a caller to fill.
-_LITERAL_AUTO = {"pipeline.stages", "data_types.keep_in_fp32_modules"}
+_LITERAL_AUTO = {
+    "pipeline.stages",
+    "data_types.keep_in_fp32_modules",
+    # ZenFlow's own "auto" modes (adaptive intervals), not placeholders for a caller to fill.
+    "zero_optimization.zenflow.select_strategy",
+    "zero_optimization.zenflow.select_interval",
+    "zero_optimization.zenflow.update_interval",
+}
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

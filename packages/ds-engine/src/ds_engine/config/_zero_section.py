@@ -1,4 +1,8 @@
-"""`zero_optimization`: the legacy bool form, offload sanity, and validation by ds-zero (an optional extra)."""
+"""`zero_optimization`: the legacy bool form, offload sanity, and validation by ds-zero (an optional extra).
+
+An enabled `zenflow` section is refused here, at config time, before anything is built: ds parses it
+(ds-zero's `ZenFlowConfig`) but has no ZenFlow training loop.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,13 @@ logger = logging.getLogger(__name__)
 __all__ = ["ZeroSettings", "resolve_zero"]
 
 _DEFAULT_BUCKET_NUMEL = 500_000_000
+
+ZENFLOW_NOT_IMPLEMENTED = (
+    "zero_optimization.zenflow: ZenFlow's training loop (importance-aware selective updates with the "
+    "overlapped ZeRO-Offload CPU step) is not implemented in ds; remove the section or set it to null. "
+    "The selective optimizers can be used directly: deepspeed.ops.adam.ZenFlowSelectiveAdamW / "
+    "ZenFlowSelectiveAdamW_stage3"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +69,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     """Validate `zero_optimization` and reduce it to `ZeroSettings`.
 
     Raises:
-        DeepSpeedConfigError: a bad stage, offload without ZeRO, or anything ds-zero's model refuses.
+        DeepSpeedConfigError: a bad stage, offload without ZeRO, anything ds-zero's model refuses, or an
+            enabled `zenflow` section (after ds-zero validated it, when installed).
             Stage >= 1 without ds-zero installed is reported through `ZeroSettings.unavailable`.
     """
     if value is None:
@@ -82,6 +94,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     try:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
+        if value.get("zenflow") is not None:
+            raise DeepSpeedConfigError(ZENFLOW_NOT_IMPLEMENTED) from None
         if stage > 0:
             return ZeroSettings(
                 stage=stage,
@@ -101,6 +115,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         cfg = validate_section(ds_zero.ZeroConfig, value, path="zero_optimization")
     except ConfigError as err:
         raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
+    if getattr(cfg, "zenflow", None) is not None:
+        raise DeepSpeedConfigError(ZENFLOW_NOT_IMPLEMENTED)
     warn_ignored(cfg, path="zero_optimization")
     return ZeroSettings(
         stage=cfg.stage,

@@ -12,7 +12,8 @@ ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runti
 `runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names),
 `runtime.precision_config` (the `fp16`/`bf16` section models) and `runtime.config_utils`
 (`DeepSpeedConfigModel`, the base of config classes written against DeepSpeed), `runtime.rollout`
-(on-policy generation for RL trainers: `RolloutEngine`, `HybridEngineRollout`, `build_rollout`).
+(on-policy generation for RL trainers: `RolloutEngine`, `HybridEngineRollout`, `build_rollout`),
+`runtime.zenflow` (`zenflow_config.ZenFlowConfig`, ds-zero's; `zenflow_utils._split_affinity`).
 The sibling paths are imported on first use.
 """
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import sequence_parallel as sequence_parallel
     from ds_engine.runtime import tensor_parallel as tensor_parallel
     from ds_engine.runtime import utils as utils
+    from ds_engine.runtime import zenflow as zenflow
 
 __all__ = ["lr_schedules"]
 
@@ -50,6 +52,7 @@ _LAZY = (
     "sequence_parallel",
     "tensor_parallel",
     "utils",
+    "zenflow",
     "zero",
 )
 

@@ -29,6 +29,7 @@ from ds_zero._stage12.state import (
     load_base_optimizer_state,
     load_masters,
 )
+from ds_zero._zenflow_refusal import refuse_zenflow
 
 if TYPE_CHECKING:
     from ds_zero.config import ZeroConfig
@@ -464,6 +465,7 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
         raise ValueError(
             f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; {hint}"
         )
+    refuse_zenflow(config)
     if config.offload_optimizer.device == "nvme":
         raise ValueError(
             'zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '

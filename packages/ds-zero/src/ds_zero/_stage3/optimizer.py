@@ -25,6 +25,7 @@ from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dic
 from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
 from ds_zero._stage3.partition import ShardPartition
+from ds_zero._zenflow_refusal import refuse_zenflow
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -130,6 +131,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                 f"DeepSpeedZeroOptimizer_Stage3 needs zero_optimization.stage=3, got {cfg.stage}; use "
                 "ds_zero.DeepSpeedZeroOptimizer for stages 1 and 2"
             )
+        refuse_zenflow(cfg)
         if optimizer.state:
             raise ValueError(
                 "the base optimizer already has state (it was stepped); build "
