@@ -39,7 +39,7 @@ def _inputs(seqlen: int, seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.
     return GatedMLP(), torch.randn(2, seqlen, 8), torch.rand(2, seqlen, 1) + 0.5
 
 
-@pytest.mark.parametrize(("seqlen", "shards"), [(12, 4), (10, 4), (7, 7), (9, 1)])
+@pytest.mark.parametrize(("seqlen", "shards"), [(12, 4), (10, 4), (9, 4), (7, 7), (9, 1)])
 @pytest.mark.parametrize("reduction", [None, "mean", "sum"])
 def test_per_position_output_matches_untiled(seqlen: int, shards: int, reduction: str | None) -> None:
     module, x, scale = _inputs(seqlen)

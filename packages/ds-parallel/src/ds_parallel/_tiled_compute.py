@@ -22,8 +22,8 @@ __all__ = ["SequenceTiledCompute", "sequence_tiled_compute"]
 Reduction = Literal["mean", "sum"] | None
 
 
-def _tiles(tensor: torch.Tensor, step: int, shards: int) -> list[torch.Tensor]:
-    return [tensor[:, i * step : (i + 1) * step] for i in range(shards)]
+def _tiles(tensor: torch.Tensor, step: int, count: int) -> list[torch.Tensor]:
+    return [tensor[:, i * step : (i + 1) * step] for i in range(count)]
 
 
 def _join(outputs: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -62,16 +62,17 @@ class SequenceTiledCompute(torch.autograd.Function):
         sharded = dict(zip(keys_to_shard, values[: len(keys_to_shard)], strict=True))
         passed = dict(zip(keys_to_pass, values[len(keys_to_shard) :], strict=True))
         step = math.ceil(seqlen / shards)
-        tiles = {k: _tiles(v, step, shards) for k, v in sharded.items()}
+        count = math.ceil(seqlen / step)  # never an empty tile (9 positions in 4 shards of 3: three tiles)
+        tiles = {k: _tiles(v, step, count) for k, v in sharded.items()}
         with torch.no_grad():
-            outputs = [fn(**{k: t[i] for k, t in tiles.items()}, **passed) for i in range(shards)]
+            outputs = [fn(**{k: t[i] for k, t in tiles.items()}, **passed) for i in range(count)]
             joined = _join(outputs, output_unshard_dimension)
-        ctx.fn, ctx.passed, ctx.step, ctx.shards = fn, passed, step, shards
+        ctx.fn, ctx.passed, ctx.step, ctx.count = fn, passed, step, count
         ctx.keys_to_shard, ctx.grad_key, ctx.grad_index = keys_to_shard, grad_key, keys_to_shard.index(grad_key)
-        ctx.dim, ctx.reduction, ctx.count = output_unshard_dimension, output_reduction, joined.numel()
+        ctx.dim, ctx.reduction, ctx.numel = output_unshard_dimension, output_reduction, joined.numel()
         # where each tile's output starts in the joined one (tiles may differ in length: the last is shorter)
         sizes = [1 if output_unshard_dimension == 0 else o.size(output_unshard_dimension) for o in outputs]
-        ctx.out_starts = [sum(sizes[:i]) for i in range(shards)]
+        ctx.out_starts = [sum(sizes[:i]) for i in range(count)]
         ctx.save_for_backward(*sharded.values())
         return _reduce(joined, output_reduction)
 
@@ -79,11 +80,11 @@ class SequenceTiledCompute(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         sharded = dict(zip(ctx.keys_to_shard, ctx.saved_tensors, strict=True))
         wants_grad = ctx.needs_input_grad[9 + ctx.grad_index]
-        tiles = {k: _tiles(v, ctx.step, ctx.shards) for k, v in sharded.items()}
+        tiles = {k: _tiles(v, ctx.step, ctx.count) for k, v in sharded.items()}
         target = sharded[ctx.grad_key]
         target_grad = torch.zeros_like(target) if wants_grad else None
         start = 0
-        for i in range(ctx.shards):
+        for i in range(ctx.count):
             inputs = {k: t[i] for k, t in tiles.items()}
             length = inputs[ctx.grad_key].size(1)
             inputs[ctx.grad_key] = inputs[ctx.grad_key].detach().requires_grad_(wants_grad)
@@ -92,7 +93,7 @@ class SequenceTiledCompute(torch.autograd.Function):
             if ctx.reduction is None:  # this tile's slice of the incoming gradient
                 out_grad = grad[i] if ctx.dim == 0 else grad.narrow(ctx.dim, ctx.out_starts[i], out.size(ctx.dim))
             else:
-                scale = grad / ctx.count if ctx.reduction == "mean" else grad
+                scale = grad / ctx.numel if ctx.reduction == "mean" else grad
                 out_grad = scale.expand_as(out).to(out.dtype)
             if out.requires_grad:
                 torch.autograd.backward(out, out_grad)
@@ -122,7 +123,8 @@ def sequence_tiled_compute(
         fn: called once per tile in forward and again in backward (so it runs twice per step); its output at
             a position must depend only on that position's inputs.
         seqlen: the length of dim 1 of every tensor in `kwargs_to_shard`.
-        shards: how many tiles; each is `ceil(seqlen / shards)` long, the last shorter when it does not divide.
+        shards: how many tiles to aim for; each is `ceil(seqlen / shards)` long, the last shorter when it does
+            not divide, and there are fewer when the last would be empty (9 positions, 4 shards: 3, 3, 3).
         kwargs_to_shard: `[batch, seq, ...]` tensors, cut along dim 1.
         kwargs_to_pass: passed to every call unchanged (a module, a mask that is not per position...).
         grad_requiring_tensor_key: the key in `kwargs_to_shard` that gets a gradient.
