@@ -5,7 +5,6 @@ Needs the `zero` extra: without ds-zero, using it raises ImportError naming `pip
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,6 +17,7 @@ def __getattr__(name: str) -> Any:
     if name == "ZenFlowConfig":
         from ds_engine._optional import require
 
-        require("ds_zero", extra="zero", feature=f"deepspeed.runtime.zenflow.zenflow_config.{name}")
-        return importlib.import_module("ds_zero").ZenFlowConfig
+        return require(
+            "ds_zero", extra="zero", feature=f"deepspeed.runtime.zenflow.zenflow_config.{name}"
+        ).ZenFlowConfig
     raise AttributeError(f"module 'ds_engine.runtime.zenflow.zenflow_config' has no attribute {name!r}")
