@@ -2,8 +2,10 @@
 
 `move_to_device` / `copy_to_device` (nested batches to a device; Accelerate's ALST test uses the first),
 `see_memory_usage` / `empty_cache` (memory debugging), `clip_grad_norm_`, `get_global_norm`,
-`has_inf_or_nan`, `is_model_parallel_parameter` (gradient norms, DeepSpeed's semantics), `set_random_seed`,
-`ensure_directory_exists` and `call_to_str` (a call's text, as schedules and timers name their steps).
+`has_inf_or_nan`, `is_model_parallel_parameter` (gradient norms, DeepSpeed's semantics),
+`count_used_parameters_in_backward` (from a backward hook: how many parameters this backward reaches),
+`set_random_seed`, `ensure_directory_exists` and `call_to_str` (a call's text, as schedules and timers name
+their steps).
 `partition_uniform` / `partition_balanced` / `prefix_sum_inc` (how a pipeline's layers split into stages) and
 `PartitionedTensor` (a rank's slice of a tensor across a group) are ds-pipe's, imported on first use (the
 `pipe` extra). DeepSpeed's internal helpers of this module (flat-buffer
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ds_engine._backward_graph import count_used_parameters_in_backward
 from ds_engine._grad_norms import clip_grad_norm_, get_global_norm, has_inf_or_nan, is_model_parallel_parameter
 from ds_engine._memory_report import empty_cache, see_memory_usage
 from ds_engine._tensor_moves import copy_to_device, move_to_device
@@ -30,6 +33,7 @@ __all__ = [
     "call_to_str",
     "clip_grad_norm_",
     "copy_to_device",
+    "count_used_parameters_in_backward",
     "empty_cache",
     "ensure_directory_exists",
     "get_global_norm",
