@@ -4,7 +4,9 @@
 `get_files` / `get_zero_files` list a tag directory's files, the ZeRO ones in DeepSpeed's rank order
 (data-parallel rank major, then model-parallel rank), which is the order the 3D maps index into;
 `merge_state` folds the optimizer states of several source ranks into one (tensors concatenated on
-dim 0, nested dicts and lists merged entry by entry, anything else taken from the first).
+dim 0, nested dicts and lists merged entry by entry, anything else taken from the first). A 0-d
+tensor is a scalar, such as torch's per-parameter `step` counter, which every partition holds alike:
+it is taken from the first too (concatenating it would fail).
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def _where(key_list: Sequence[str]) -> str:
 
 
 def merge_state(state_a: Any, state_b: Any, key_list: Sequence[str] = ()) -> Any:
-    """`state_b` folded into `state_a`: tensors concatenated on dim 0, containers merged entry by entry.
+    """`state_b` folded into `state_a`: tensors concatenated on dim 0 (0-d ones kept from `state_a`),
+    containers merged entry by entry.
 
     Raises:
         ValueError: the two states differ in type, or two lists differ in length, at `key_list`.
@@ -93,14 +96,15 @@ def merge_state(state_a: Any, state_b: Any, key_list: Sequence[str] = ()) -> Any
             f"cannot merge a {type(state_a).__name__} with a {type(state_b).__name__} at {_where(key_list)}"
         )
     if isinstance(state_a, (dict, OrderedDict)):
-        merged = type(state_a)()
+        merged = type(state_a)(state_a)  # a key only one side has is kept as it is
         for key, value in state_b.items():
             merged[key] = merge_state(state_a[key], value, [*key_list, str(key)]) if key in state_a else value
         return merged
     if isinstance(state_a, (list, tuple)):
         if len(state_a) != len(state_b):
             raise ValueError(f"cannot merge lists of lengths {len(state_a)} and {len(state_b)} at {_where(key_list)}")
-        return type(state_a)(merge_state(a, b, key_list) for a, b in zip(state_a, state_b, strict=True))
-    if torch.is_tensor(state_a):
+        pairs = enumerate(zip(state_a, state_b, strict=True))
+        return type(state_a)(merge_state(a, b, [*key_list, str(i)]) for i, (a, b) in pairs)
+    if torch.is_tensor(state_a) and state_a.dim() > 0:
         return torch.cat([state_a, state_b], 0)
     return state_a
