@@ -1,7 +1,7 @@
 """`DeepSpeedCheckpoint`: one tag directory of a checkpoint (ds's or DeepSpeed's), read without an engine.
 
 Offline tools (format converters, inspection scripts) open a saved checkpoint with it to find its
-files, its parallel layout and its saved states. Each `mp_rank_XX_model_states.pt` is loaded once, at
+files, its parallel layout and its saved states. Each `mp_rank_XX_model_states.pt` is loaded once (mmapped), at
 construction, and only a summary of it is kept (`model_state_metadata`, see `model_state_metadata.py`)
 plus rank 0's iteration, `args` and checkpoint-info keys: a model-states file may hold the whole model.
 The layout is `get_model_3d_descriptor`'s: the recorded `checkpoint_parallel_dimensions` (ds and
@@ -87,11 +87,11 @@ class DeepSpeedCheckpoint:
         self.model_state_metadata: list[tuple[str, dict[str, Any]]] = []
         self.global_state: dict[str, Any] = {}
         for mp, path in enumerate(self.mp_rank_files):
-            state = ds_comm.load_checkpoint_file(path)
+            state = ds_comm.load_checkpoint_file(path, mmap=True)  # tensors stay on disk: only the summary is read
             self.model_state_metadata.append((path, summarize_model_state(state)))
             if mp == 0:
                 self.global_state = {key: state.get(key) for key in _GLOBAL_KEYS}
-            del state  # one file's tensors alive at a time
+            del state  # drop the mapping before the next file
 
         zero: dict[tuple[int, int], str] = {}
         for name in names:

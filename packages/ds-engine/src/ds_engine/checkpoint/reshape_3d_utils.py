@@ -203,7 +203,7 @@ def model_state_files(file_list: Sequence[str]) -> list[str]:
 
 
 def get_model_3d_descriptor(dir: str | os.PathLike[str]) -> model_3d_desc:  # noqa: A002 - DeepSpeed's argument name
-    """The pp/tp/dp layout of the checkpoint tag directory `dir` (each model-state file is loaded once).
+    """The pp/tp/dp layout of the checkpoint tag directory `dir` (each model-state file is loaded once, mmapped).
 
     Raises:
         CheckpointLayoutError: see `get_model_3d_descriptor_from_metadata`.
@@ -211,7 +211,7 @@ def get_model_3d_descriptor(dir: str | os.PathLike[str]) -> model_3d_desc:  # no
     file_list = get_files(dir)
     metadata = []
     for model_file in model_state_files(file_list):
-        state = ds_comm.load_checkpoint_file(model_file)
+        state = ds_comm.load_checkpoint_file(model_file, mmap=True)  # tensors stay on disk
         metadata.append((model_file, {CHECKPOINT_PARALLEL_DIMS: state.get(CHECKPOINT_PARALLEL_DIMS)}))
-        del state  # keep one file's tensors alive at a time
+        del state
     return get_model_3d_descriptor_from_metadata(file_list, get_zero_files(dir), metadata)
