@@ -68,8 +68,11 @@ def test_deepspeed_pipeline_layout(tmp_path: Path) -> None:
     assert len(ckpt.layer_files) == 3
     torch.testing.assert_close(ckpt.get_layer_state(2)["weight"], torch.full((2,), 2.0))
     assert ckpt.get_iteration() == 70 and ckpt.get_args() == {"lr": 0.1}
-    assert ckpt.get_checkpoint_info() == {"universal_checkpoint_version": 0.2}
-    assert ckpt.model_state_metadata[1]["global_steps"] == 7
+    assert ckpt.get_checkpoint_info(constants.UNIVERSAL_CHECKPOINT_INFO) == {"universal_checkpoint_version": 0.2}
+    assert ckpt.get_checkpoint_info() is None  # Megatron's checkpoint_info, by default as in DeepSpeed
+    assert [path for path, _ in ckpt.model_state_metadata] == ckpt.mp_rank_files
+    assert ckpt.model_state_metadata[1][1][constants.CHECKPOINT_PARALLEL_DIMS] == dims
+    assert ckpt.get_model_state(pp_index=1)["global_steps"] == 7
 
 
 def test_legacy_files_without_parallel_dimensions(tmp_path: Path) -> None:
@@ -81,9 +84,9 @@ def test_legacy_files_without_parallel_dimensions(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("dims", "message"),
     [
-        ([{"pp_degree": 2, "tp_degree": 1}, None], "missing from some model-states files"),
-        ([{"pp_degree": 2, "tp_degree": 1}, {"pp_degree": 1, "tp_degree": 2}], "disagree on"),
-        ([{"pp_degree": 4, "tp_degree": 1}] * 2, "pp 4 x tp 1"),
+        ([{"pp_degree": 2, "tp_degree": 1}, None], "missing from model-state files"),
+        ([{"pp_degree": 2, "tp_degree": 1}, {"pp_degree": 1, "tp_degree": 2}], "disagrees across model-state files"),
+        ([{"pp_degree": 4, "tp_degree": 1}] * 2, r"count 2 does not match pp_degree=4 \* tp_degree=1"),
     ],
 )
 def test_inconsistent_layouts_are_named(tmp_path: Path, dims: list[dict[str, int] | None], message: str) -> None:

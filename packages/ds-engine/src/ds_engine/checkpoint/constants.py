@@ -1,8 +1,9 @@
 """`deepspeed.checkpoint.constants`: the key and file names of DeepSpeed's checkpoint format.
 
 ds reads and writes checkpoints in this format (see `checkpoint/utils.py` for the file names), so
-tools that index a checkpoint's dicts by these names work on ds's files too. DeepSpeed's AutoEP and
-AutoTP-folding keys are left out: ds neither writes nor reads them.
+tools that index a checkpoint's dicts by these names work on ds's files too. Of DeepSpeed's AutoEP keys
+only those a reader checks are here (ds writes no AutoEP metadata; `DeepSpeedCheckpoint` reads
+DeepSpeed's); the AutoTP-folding keys are left out.
 """
 
 from __future__ import annotations
@@ -70,3 +71,13 @@ PARAMETER_WITH_SUB_PARAMS = "parameter_with_sub_params"
 EP_IS_EXPERT_PARAM = "is_expert_param"
 EP_NUM_EXPERTS = "ep_num_experts"
 EXPERT_PARAMETER_PATTERNS = "expert_parameter_patterns"
+
+# AutoEP (DeepSpeed's automatic expert parallelism): the per-layer metadata a model-states file carries,
+# and the fields a ZeRO-1/2 universal conversion needs from each layer entry.
+AUTOEP_LAYERS_KEY = "ds_autoep_layers"
+AUTOEP_LAYERS_KEY_LEGACY = "autoep_layers"
+AUTOEP_EXPERT_KEY_PREFIX = "expert_key_prefix"
+AUTOEP_NUM_EXPERTS = "num_experts"
+AUTOEP_NUM_LOCAL_EXPERTS = "num_local_experts"
+AUTOEP_EP_SIZE = "ep_size"
+AUTOEP_ZERO12_REQUIRED_FIELDS = (AUTOEP_EXPERT_KEY_PREFIX, AUTOEP_NUM_EXPERTS, AUTOEP_NUM_LOCAL_EXPERTS, AUTOEP_EP_SIZE)

@@ -1,16 +1,17 @@
 """`DeepSpeedCheckpoint`: one tag directory of a checkpoint (ds's or DeepSpeed's), read without an engine.
 
 Offline tools (format converters, inspection scripts) open a saved checkpoint with it to find its
-files, its parallel layout and its saved states. The layout comes from the model-states files:
-`checkpoint_parallel_dimensions` gives the pipeline and tensor-parallel degrees when present (ds and
-recent DeepSpeed write it); otherwise the pipeline degree is the count of `mp_rank_XX` files and the
-tensor-parallel degree 1. The data-parallel degree is the number of optimizer-state files per
-model-parallel rank (1 for a checkpoint without ZeRO). Every file goes through
-`ds_comm.load_checkpoint_file` (restricted unpickling, errors naming the file); the model-states files
-are read once, at construction.
+files, its parallel layout and its saved states. Each `mp_rank_XX_model_states.pt` is loaded once (mmapped), at
+construction, and only a summary of it is kept (`model_state_metadata`, see `model_state_metadata.py`)
+plus rank 0's iteration, `args` and checkpoint-info keys: a model-states file may hold the whole model.
+The layout is `get_model_3d_descriptor`'s: the recorded `checkpoint_parallel_dimensions` (ds and
+DeepSpeed 0.19.8 write it), else DeepSpeed's rule for older files; dp is the number of optimizer-state
+files per model-parallel rank (1 for a checkpoint without ZeRO). Every file goes through
+`ds_comm.load_checkpoint_file` (restricted unpickling, errors naming the file).
 
 Reading a checkpoint into a different layout (DeepSpeed's reshaping) is not done here: convert it to a
-universal checkpoint (`ds_to_universal`) and load that at the new world size.
+universal checkpoint (`ds_to_universal`) and load that at the new world size. `ZeROCheckpoint` maps the
+optimizer-state files onto a smaller layout for tools that merge them themselves.
 """
 
 from __future__ import annotations
@@ -21,12 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import ds_comm
-from ds_engine.checkpoint.constants import (
-    CHECKPOINT_PARALLEL_DIMS,
-    CHECKPOINT_PP_DEGREE,
-    CHECKPOINT_TP_DEGREE,
-    UNIVERSAL_CHECKPOINT_INFO,
-)
+from ds_engine.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+from ds_engine.checkpoint.model_state_metadata import summarize_model_state
+from ds_engine.checkpoint.reshape_3d_utils import get_model_3d_descriptor_from_metadata
 
 __all__ = ["DeepSpeedCheckpoint"]
 
@@ -34,23 +32,11 @@ _MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 _ZERO_RE = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$")
 _LAYER_RE = re.compile(r"^layer_(\d+)(?:-model_(\d+))?-model_states\.pt$")
 
-
-def _degrees(folder: Path, states: list[dict[str, Any]]) -> tuple[int, int]:
-    """(pp, tp) from the model-states files; every file that records them must agree."""
-    recorded = [s.get(CHECKPOINT_PARALLEL_DIMS) for s in states]
-    if all(r is None for r in recorded):
-        return len(states), 1
-    if any(r is None for r in recorded):
-        raise ValueError(f"{folder}: {CHECKPOINT_PARALLEL_DIMS!r} is missing from some model-states files")
-    pairs = {
-        (int(r.get(CHECKPOINT_PP_DEGREE, 1)), int(r.get(CHECKPOINT_TP_DEGREE, 1))) for r in recorded if r is not None
-    }
-    if len(pairs) != 1:
-        raise ValueError(f"{folder}: the model-states files disagree on (pp, tp) degrees: {sorted(pairs)}")
-    pp, tp = pairs.pop()
-    if pp * tp != len(states):
-        raise ValueError(f"{folder}: pp {pp} x tp {tp} model-parallel ranks but {len(states)} mp_rank files")
-    return pp, tp
+ARGS_KEY = "args"
+CHECKPOINT_INFO_KEY = "checkpoint_info"
+ITERATION_KEY = "iteration"
+# Rank 0's top-level values kept at construction, so reading them loads no file again.
+_GLOBAL_KEYS = (ITERATION_KEY, "global_steps", ARGS_KEY, CHECKPOINT_INFO_KEY, UNIVERSAL_CHECKPOINT_INFO)
 
 
 class DeepSpeedCheckpoint:
@@ -63,6 +49,7 @@ class DeepSpeedCheckpoint:
 
     Attributes:
         mp_rank_files: the `mp_rank_XX_model_states.pt` paths, in rank order.
+        model_state_metadata: one `(path, summary)` pair per model-states file, in rank order.
         zero_files: the optimizer-state paths (any `bf16_`/`fp16_` prefix), by model-parallel then dp rank.
         layer_files: the pipeline `layer_XX[-model_YY]-model_states.pt` paths, by layer then tp rank.
         pp_degree, tp_degree, dp_degree: the checkpoint's layout (`original_*` are the same values).
@@ -70,7 +57,9 @@ class DeepSpeedCheckpoint:
     Raises:
         FileNotFoundError: `dir` is not a directory or holds no `mp_rank_XX_model_states.pt` (a ZeRO-3
             checkpoint has per-rank model states instead; consolidate it with `zero_to_fp32`).
-        ValueError: missing ranks, or model-states files that disagree on the layout.
+        ValueError: missing ranks, or unequal optimizer-state files per model-parallel rank.
+        CheckpointLayoutError (a RuntimeError and a ValueError): model-states files that disagree on the
+            layout, or a layout that does not match the file counts.
         NotImplementedError: a requested degree differs from the checkpoint's.
     """
 
@@ -95,8 +84,14 @@ class DeepSpeedCheckpoint:
         if sorted(models) != list(range(len(models))):
             raise ValueError(f"{folder}: model-states files cover mp ranks {sorted(models)}; some are missing")
         self.mp_rank_files = [str(folder / models[r]) for r in range(len(models))]
-        self._model_states = [ds_comm.load_checkpoint_file(f) for f in self.mp_rank_files]
-        self.pp_degree, self.tp_degree = _degrees(folder, self._model_states)
+        self.model_state_metadata: list[tuple[str, dict[str, Any]]] = []
+        self.global_state: dict[str, Any] = {}
+        for mp, path in enumerate(self.mp_rank_files):
+            state = ds_comm.load_checkpoint_file(path, mmap=True)  # tensors stay on disk: only the summary is read
+            self.model_state_metadata.append((path, summarize_model_state(state)))
+            if mp == 0:
+                self.global_state = {key: state.get(key) for key in _GLOBAL_KEYS}
+            del state  # drop the mapping before the next file
 
         zero: dict[tuple[int, int], str] = {}
         for name in names:
@@ -106,8 +101,11 @@ class DeepSpeedCheckpoint:
         per_mp = {mp: sum(1 for k in zero if k[0] == mp) for mp in range(len(models))}
         if zero and len(set(per_mp.values())) != 1:
             raise ValueError(f"{folder}: optimizer-state files per mp rank differ: {per_mp}")
-        self.dp_degree = next(iter(per_mp.values())) if zero else 1
         self._zero = zero
+        layout = get_model_3d_descriptor_from_metadata(
+            [str(folder / n) for n in names], list(zero.values()), self.model_state_metadata
+        )
+        self.pp_degree, self.tp_degree, self.dp_degree = layout.pp_degree, layout.tp_degree, layout.dp_degree
 
         layers = sorted(((int(m.group(1)), int(m.group(2) or 0)), n) for n in names if (m := _LAYER_RE.match(n)))
         self.layer_files = [str(folder / n) for _, n in layers]
@@ -130,11 +128,6 @@ class DeepSpeedCheckpoint:
                     "universal checkpoint at the new world size"
                 )
 
-    @property
-    def model_state_metadata(self) -> list[dict[str, Any]]:
-        """Each model-parallel rank's model-states dict, as loaded (shared, not copied)."""
-        return self._model_states
-
     def _mp_rank(self, pp_index: int, tp_index: int) -> int:
         if not (0 <= pp_index < self.pp_degree and 0 <= tp_index < self.tp_degree):
             raise IndexError(
@@ -144,23 +137,30 @@ class DeepSpeedCheckpoint:
         return pp_index * self.tp_degree + tp_index
 
     def get_model_state(self, pp_index: int = 0, tp_index: int = 0) -> dict[str, Any]:
-        """The model-states dict of one model-parallel rank."""
-        return self._model_states[self._mp_rank(pp_index, tp_index)]
+        """The model-states dict of one model-parallel rank, loaded now."""
+        return ds_comm.load_checkpoint_file(self.mp_rank_files[self._mp_rank(pp_index, tp_index)])
 
-    def get_checkpoint_info(self, info_key: str = UNIVERSAL_CHECKPOINT_INFO) -> Any:
-        """`universal_checkpoint_info` (or another top-level key) of mp rank 0's model states; None if absent."""
-        return self._model_states[0].get(info_key)
+    def _global_value(self, key: str) -> Any:
+        """A top-level value of mp rank 0's model states (None if absent); loads the file once per new key."""
+        if key not in self.global_state:
+            self.global_state[key] = ds_comm.load_checkpoint_file(self.mp_rank_files[0]).get(key)
+        return self.global_state[key]
+
+    def get_checkpoint_info(self, info_key: str = CHECKPOINT_INFO_KEY) -> Any:
+        """A top-level value of mp rank 0's model states: Megatron's `checkpoint_info` by default, or
+        `universal_checkpoint_info` and the like by name; None if absent."""
+        return self._global_value(info_key)
 
     def get_iteration(self) -> int:
         """The step the checkpoint was saved at (`iteration` when a training script stored it, else `global_steps`)."""
-        state = self._model_states[0]
-        if "iteration" in state:
-            return int(state["iteration"])
-        return int(state.get("global_steps", 0))
+        iteration = self._global_value(ITERATION_KEY)
+        if iteration is not None:
+            return int(iteration)
+        return int(self._global_value("global_steps") or 0)
 
     def get_args(self) -> Any:
         """The training script's `args`, when it stored them (Megatron-style scripts do), else None."""
-        return self._model_states[0].get("args")
+        return self._global_value(ARGS_KEY)
 
     def get_zero_files(self, pp_index: int, tp_index: int, dp_index: int) -> list[str]:
         """The optimizer-state file of one (pp, tp, dp) rank, as a one-element list ([] without ZeRO)."""

@@ -2,7 +2,8 @@
 
 `RepeatingLoader` is `runtime.dataloader`'s; `utils.numa` has `parse_range_list` (`--bind_core_list` syntax).
 Submodules at DeepSpeed's paths: `nvtx` (`instrument_w_nvtx`), `pin_memory_tracker` and `comms_logging`
-(ds-comm's pinned-memory total and comms logger), `timer` (`trim_mean`), `torch` (`required_torch_version`).
+(ds-comm's pinned-memory total and comms logger), `timer` (`trim_mean`), `torch` (`required_torch_version`),
+`bwc` (an mpu's tensor- and pipeline-parallel degrees, whichever API generation it has).
 
 `logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
 ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
