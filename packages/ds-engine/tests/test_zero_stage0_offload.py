@@ -48,6 +48,7 @@ def test_stage0_offload_warns_once_per_key_and_resolves_to_none(section: dict[st
 
 
 @pytest.mark.parametrize(("section", "keys"), [pytest.param(s, k, id=i) for i, s, k in SECTIONS])
+@pytest.mark.filterwarnings("ignore:config key 'cpu_offload' is deprecated")
 def test_stage0_offload_trains_exactly_as_stage0_without_it(section: dict[str, Any], keys: list[str]) -> None:
     # The default optimizer choice (no torch_adam): with offload in effect it would be a CPU Adam.
     config = base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2}})

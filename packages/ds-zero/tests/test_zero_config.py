@@ -94,6 +94,7 @@ def test_offload_param_below_stage3_warns_no_effect() -> None:
 
 
 @pytest.mark.parametrize("data", [{"offload_optimizer": {"device": "cpu"}}, {"cpu_offload": True}])
+@pytest.mark.filterwarnings("ignore:config key 'cpu_offload' is deprecated")
 def test_offload_optimizer_at_stage0_warns_no_effect_and_keeps_the_section(data: dict) -> None:
     with pytest.warns(UserWarning, match=r"zero_optimization\.offload_optimizer has no effect at stage 0"):
         z = _zero({"stage": 0, **data})

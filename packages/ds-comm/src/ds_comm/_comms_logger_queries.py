@@ -14,7 +14,7 @@ from ds_comm._comms_summary import format_summary, metadata, size_summary, strag
 if TYPE_CHECKING:
     from ds_comm.config import CommsLoggerConfig
 
-logger = logging.getLogger("ds_comm._comms_logger")
+logger = logging.getLogger(__name__)
 
 
 class CommsLoggerQueries:
