@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import logging
 import subprocess
 import sys
 
@@ -128,6 +129,7 @@ def test_framework_names_resolve() -> None:
     assert issubclass(ds_zero.DeepSpeedZeroOptimizer, DeepSpeedOptimizer)
     assert DEEPSPEED_ENVIRONMENT_NAME == ".deepspeed_env"
     assert deepspeed.utils.logging.logger is logger  # Lightning sets the level through this path
+    assert logger is logging.getLogger("DeepSpeed") and logging.getLogger("ds_zero").parent is logger
 
 
 def test_transformers_style_patch_of_the_constructor_hook(monkeypatch: pytest.MonkeyPatch) -> None:

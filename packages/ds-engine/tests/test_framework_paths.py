@@ -60,11 +60,11 @@ def test_clone_tensors_for_torch_save_to_a_device() -> None:
     assert out["w"].device.type == "meta"
 
 
-def test_utils_logging_is_the_submodule_with_the_ds_logger() -> None:
+def test_utils_logging_is_the_submodule_with_deepspeeds_logger() -> None:
     module = importlib.import_module("ds_engine.utils.logging")
     utils = importlib.import_module("ds_engine.utils")
     assert utils.logging is module  # not the standard library's logging
-    assert module.logger is utils.logger is logging.getLogger("ds")
+    assert module.logger is utils.logger is logging.getLogger("DeepSpeed")
     assert callable(module.log_dist)
 
 

@@ -46,7 +46,7 @@ def test_hard_dependency_paths_are_the_siblings_objects() -> None:
         deepspeed.lr_schedules.OneCycle,
     )
     assert deepspeed.runtime.lr_schedules.WarmupLR is WarmupLR
-    assert log_dist is ds_comm.log_dist and logger.name == "ds" and deepspeed.utils.logger is logger
+    assert log_dist is ds_comm.log_dist and logger.name == "DeepSpeed" and deepspeed.utils.logger is logger
 
 
 def test_pipe_zero_and_checkpointing_paths_are_the_siblings_objects() -> None:

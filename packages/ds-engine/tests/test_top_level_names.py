@@ -18,7 +18,7 @@ import ds_ops
 
 def test_plain_aliases_are_the_implementing_objects() -> None:
     assert ds_engine.get_accelerator is ds_comm.get_accelerator
-    assert ds_engine.logger is logging.getLogger("ds") and ds_engine.log_dist is ds_comm.log_dist
+    assert ds_engine.logger is logging.getLogger("DeepSpeed") and ds_engine.log_dist is ds_comm.log_dist
     assert ds_engine.utils.OnDevice is ds_engine.OnDevice
     assert ds_engine.TORCH_DISTRIBUTED_DEFAULT_PORT == 29500 == ds_engine.constants.TORCH_DISTRIBUTED_DEFAULT_PORT
     assert inspect.signature(ds_engine.initialize).parameters["distributed_port"].default == 29500

@@ -70,7 +70,6 @@ def test_legacy_cpu_offload_maps_with_warning() -> None:
         ),
         ({"stage": 2, "offload_optimizer": {"device": "nvme"}}, r"nvme_path"),
         ({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, r"ratio=0.5 .*needs stage 3"),
-        ({"offload_optimizer": {"device": "cpu"}}, r"offload_optimizer needs ZeRO stage 1, 2 or 3"),
         (
             {"stage": 2, "zero_quantized_gradients": True},
             r"zero_optimization\.zero_quantized_gradients: .*not supported",
@@ -92,6 +91,15 @@ def test_inert_keys_accepted_at_defaults() -> None:
 def test_offload_param_below_stage3_warns_no_effect() -> None:
     with pytest.warns(UserWarning, match="offload_param has no effect at stage 2"):
         _zero({"stage": 2, "offload_param": {"device": "cpu"}})
+
+
+@pytest.mark.parametrize("data", [{"offload_optimizer": {"device": "cpu"}}, {"cpu_offload": True}])
+@pytest.mark.filterwarnings("ignore:config key 'cpu_offload' is deprecated")
+def test_offload_optimizer_at_stage0_warns_no_effect_and_keeps_the_section(data: dict) -> None:
+    with pytest.warns(UserWarning, match=r"zero_optimization\.offload_optimizer has no effect at stage 0"):
+        z = _zero({"stage": 0, **data})
+    assert z.offload_optimizer.device == "cpu"  # the section as given, as DeepSpeed keeps it
+    assert z.offload_optimizer_device == "none"  # what takes effect
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ds_comm.__about__ import __version__
 from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text, fsync_dir
 from ds_comm._comms_log_api import get_comm_operation_count, get_logged_comm_ops, has_comm_data, reset_log
-from ds_comm._comms_logger import CommsLogger, comms_logger, configure
+from ds_comm._comms_logger import DEFAULT_MAX_SAMPLES, CommsLogger, comms_logger, configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError, UsageError
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm._pinned_memory import (
@@ -23,6 +23,7 @@ from ds_comm._pinned_memory import (
     track_pinned_memory,
 )
 from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
+from ds_comm._trim_mean import trim_mean
 from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 from ds_comm.checkpoint_files import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
 from ds_comm.collectives import (
@@ -83,6 +84,7 @@ __all__ = [
     "Accelerator",
     "Auto",
     "CheckpointFileError",
+    "DEFAULT_MAX_SAMPLES",
     "CollectiveError",
     "CollectiveHandle",
     "CollectiveTimeoutError",
@@ -147,6 +149,7 @@ __all__ = [
     "send",
     "set_accelerator",
     "track_pinned_memory",
+    "trim_mean",
     "UsageError",
     "validate_section",
     "warn_ignored",

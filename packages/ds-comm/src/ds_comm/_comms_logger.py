@@ -6,10 +6,8 @@ logger from here at module level (they used to import each other).
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from ds_comm._byte_units import format_bytes
@@ -20,7 +18,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CommsLogger", "comms_logger", "configure"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "CommsLogger", "comms_logger", "configure"]
 
 # Bus-bandwidth correction factors as nccl-tests defines them: the fraction of the payload each
 # rank must move over its link, so busbw is comparable across world sizes and ops.
@@ -41,24 +39,49 @@ def bus_factor(op: str, world_size: int) -> float:
     return _BUS_FACTOR.get(op, lambda n: 1.0)(world_size)
 
 
-@dataclasses.dataclass
-class OpRecord:
-    """Totals for one (op, message size) pair."""
-
-    count: int = 0
-    total_bytes: int = 0
-    total_latency_s: float = 0.0
-    busbw_sum: float = 0.0
-    algbw_sum: float = 0.0
+DEFAULT_MAX_SAMPLES = 1000
+"""Per (op, message size), how many of the most recent calls keep their latency and bandwidths
+(`CommsLogger(max_samples=...)`): a long run's record stays bounded (about 100 KB per pair at most),
+while the call count and the total latency stay exact."""
 
 
 class CommsLogger(CommsLoggerQueries):
-    """Collects records when enabled; `enabled` is checked once per collective and is cheap when off."""
+    """Collects records when enabled; `enabled` is checked once per collective and is cheap when off.
 
-    def __init__(self) -> None:
+    [Note: the record layout] As DeepSpeed keeps it: `comms_dict[op_name][msg_size_bytes]` is
+    `[count, [latency_ms, ...], [algbw_gbps, ...], [busbw_gbps, ...]]`, three parallel lists whose index
+    i is the i-th kept call. `count` counts every call; the lists keep the most recent `max_samples`
+    calls (older ones are dropped together from the front, so the lists stay parallel), and the latency
+    of dropped calls is kept summed so totals stay exact. Summaries read the lists and never reorder them.
+
+    Args:
+        max_samples: calls kept per (op, message size) in the lists (default `DEFAULT_MAX_SAMPLES`).
+
+    Raises:
+        ValueError: `max_samples` < 1.
+    """
+
+    def __init__(self, max_samples: int = DEFAULT_MAX_SAMPLES) -> None:
+        if max_samples < 1:
+            raise ValueError(f"CommsLogger: max_samples must be >= 1, got {max_samples}")
         self.config: CommsLoggerConfig | None = None  # set by configure(); records need it
         self.enabled = False
-        self.records: dict[str, dict[int, OpRecord]] = defaultdict(lambda: defaultdict(OpRecord))
+        self.max_samples = int(max_samples)
+        self._comms_dict: dict[str, dict[int, list[Any]]] = {}
+        self._dropped_latency_ms: dict[tuple[str, int], float] = {}
+
+    @property
+    def comms_dict(self) -> dict[str, dict[int, list[Any]]]:
+        """The records, `{op_name: {msg_size: [count, [latency_ms], [algbw_gbps], [busbw_gbps]]}}`.
+
+        Assigning a new dict replaces the records (and forgets the latency of calls dropped earlier).
+        """
+        return self._comms_dict
+
+    @comms_dict.setter
+    def comms_dict(self, value: dict[str, dict[int, list[Any]]]) -> None:
+        self._comms_dict = value
+        self._dropped_latency_ms = {}
 
     def configure(self, config: CommsLoggerConfig) -> None:
         self.config = config
@@ -69,47 +92,39 @@ class CommsLogger(CommsLoggerQueries):
 
     def record(self, op: str, size_bytes: int, latency_s: float, world_size: int) -> None:
         name = op
-        if self.config.debug:
+        if self.config is not None and self.config.debug:
             caller = _caller_name()
             name = f"{op} | [Caller Func: {caller}]"
         latency_s = max(latency_s, 1e-9)
-        algbw = size_bytes / latency_s
-        busbw = algbw * bus_factor(op, world_size)
-        rec = self.records[name][size_bytes]
-        rec.count += 1
-        rec.total_bytes += size_bytes
-        rec.total_latency_s += latency_s
-        rec.algbw_sum += algbw
-        rec.busbw_sum += busbw
-        if self.config.verbose:
+        algbw_gbps = size_bytes / latency_s * 8 / 1e9
+        busbw_gbps = algbw_gbps * bus_factor(op, world_size)
+        self._append(name, size_bytes, latency_s * 1e3, algbw_gbps, busbw_gbps)
+        if self.config is not None and self.config.verbose:
             logger.info(
                 "comm op: %s | time (ms): %.3f | msg size: %s | algbw (Gbps): %.2f | busbw (Gbps): %.2f",
                 name,
                 latency_s * 1e3,
                 format_bytes(size_bytes),
-                algbw * 8 / 1e9,
-                busbw * 8 / 1e9,
+                algbw_gbps,
+                busbw_gbps,
             )
 
-    def reset(self) -> None:
-        self.records.clear()
-
-    def summary(self) -> str:
-        """A table: op, message size, count, total bytes, avg latency, avg algbw and busbw."""
-        header = (
-            f"{'Comm. Op':<28}{'Message Size':>14}{'Count':>8}{'Total Bytes':>14}"
-            f"{'Avg Lat(ms)':>13}{'algbw(Gbps)':>13}{'busbw(Gbps)':>13}"
-        )
-        lines = [header]
-        for op in sorted(self.records):
-            for size in sorted(self.records[op]):
-                rec = self.records[op][size]
-                lines.append(
-                    f"{op:<28}{format_bytes(size):>14}{rec.count:>8}{format_bytes(rec.total_bytes):>14}"
-                    f"{rec.total_latency_s / rec.count * 1e3:>13.3f}{rec.algbw_sum / rec.count * 8 / 1e9:>13.3f}"
-                    f"{rec.busbw_sum / rec.count * 8 / 1e9:>13.3f}"
-                )
-        return "\n".join(lines)
+    def _append(self, name: str, size_bytes: int, latency_ms: float, algbw_gbps: float, busbw_gbps: float) -> None:
+        sizes = self._comms_dict.setdefault(name, {})
+        entry = sizes.get(size_bytes)
+        if entry is None:
+            sizes[size_bytes] = [1, [latency_ms], [algbw_gbps], [busbw_gbps]]
+            return
+        entry[0] += 1
+        entry[1].append(latency_ms)
+        entry[2].append(algbw_gbps)
+        entry[3].append(busbw_gbps)
+        excess = len(entry[1]) - self.max_samples
+        if excess > 0:
+            key = (name, size_bytes)
+            self._dropped_latency_ms[key] = self._dropped_latency_ms.get(key, 0.0) + sum(entry[1][:excess])
+            for values in entry[1:]:
+                del values[:excess]
 
 
 def _caller_name() -> str:

@@ -1,25 +1,28 @@
 """The comms logger's profiling switches and read-outs, under DeepSpeed's `CommsLogger` method names.
 
-DeepSpeed keeps every call's latency and reports a 10%-trimmed mean; ds keeps running sums per
-(op, message size), so the averages here are plain means over all recorded calls.
+The read-outs see the records in DeepSpeed's layout (`CommsLogger`'s note) and summarise them as DeepSpeed
+does (`ds_comm._comms_summary`: 10%-trimmed means over the kept calls, exact counts and totals).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
-from ds_comm._byte_units import format_bytes
+from ds_comm._comms_summary import format_summary, metadata, size_summary, straggler_analysis, summarize
 
 if TYPE_CHECKING:
-    from ds_comm._comms_logger import OpRecord
     from ds_comm.config import CommsLoggerConfig
+
+logger = logging.getLogger(__name__)
 
 
 class CommsLoggerQueries:
     """Mixed into `CommsLogger`: turn profiling on and off at run time, and read the records back."""
 
     config: CommsLoggerConfig | None
-    records: dict[str, dict[int, OpRecord]]
+    comms_dict: dict[str, dict[int, list[Any]]]
+    _dropped_latency_ms: dict[tuple[str, int], float]
 
     def _update_config(self, **changes: Any) -> None:
         from ds_comm.config import CommsLoggerConfig  # pydantic loads only when profiling is switched
@@ -73,39 +76,72 @@ class CommsLoggerQueries:
 
     def has_data(self) -> bool:
         """Whether any op has been recorded."""
-        return any(self.records.values())
+        return any(self.comms_dict.values())
 
     def reset_data(self) -> None:
         """Forget every record."""
-        self.records.clear()
+        self.comms_dict.clear()
+        self._dropped_latency_ms.clear()
+
+    def total_latency_ms(self, name: str, size_bytes: int) -> float:
+        """The summed latency of every recorded call of `name` at `size_bytes`, dropped samples included."""
+        entry = self.comms_dict[name][size_bytes]
+        return float(sum(entry[1])) + self._dropped_latency_ms.get((name, size_bytes), 0.0)
+
+    def get_raw_data(self) -> dict[str, dict[int, list[Any]]]:
+        """A copy of the records: `{op_name: {msg_size: [count, [latency_ms], [algbw_gbps], [busbw_gbps]]}}`.
+
+        Index i of the three lists is the same call (the most recent `max_samples` calls are kept; `count`
+        counts all). The lists are copies, so the caller may sort or change them.
+        """
+        return {
+            name: {size: [e[0], list(e[1]), list(e[2]), list(e[3])] for size, e in sizes.items()}
+            for name, sizes in self.comms_dict.items()
+        }
 
     def get_operation_names(self) -> list[str]:
         """The recorded op names (with the caller appended when `debug` is on), in first-seen order."""
-        return [name for name, sizes in self.records.items() if sizes]
+        return [name for name, sizes in self.comms_dict.items() if sizes]
 
     def get_total_operations(self) -> int:
         """Number of recorded calls over all ops and sizes."""
-        return sum(rec.count for sizes in self.records.values() for rec in sizes.values())
+        return sum(entry[0] for sizes in self.comms_dict.values() for entry in sizes.values())
 
     def get_operation_summary(self, operation_name: str) -> dict[int, dict[str, Any]] | None:
         """Per message size: count, total/avg latency (ms), avg algbw/busbw (Gbps), size; None if never seen.
 
         The keys are DeepSpeed's: `count, total_latency_ms, avg_latency_ms, tput_avg_gbps, busbw_avg_gbps,
-        msg_size_bytes, msg_size_str`.
+        msg_size_bytes, msg_size_str`; the averages are 10%-trimmed means over the kept calls, `count` and
+        `total_latency_ms` cover every call. The records are read, never reordered.
         """
-
-        sizes = self.records.get(operation_name)
+        sizes = self.comms_dict.get(operation_name)
         if not sizes:
             return None
-        return {
-            size: {
-                "count": rec.count,
-                "total_latency_ms": rec.total_latency_s * 1e3,
-                "avg_latency_ms": rec.total_latency_s / rec.count * 1e3,
-                "tput_avg_gbps": rec.algbw_sum / rec.count * 8 / 1e9,
-                "busbw_avg_gbps": rec.busbw_sum / rec.count * 8 / 1e9,
-                "msg_size_bytes": size,
-                "msg_size_str": format_bytes(size),
-            }
-            for size, rec in sorted(sizes.items())
-        }
+        return {size: size_summary(self, operation_name, size) for size in sorted(sizes)}
+
+    def summary(self, *, straggler: bool = False) -> str:
+        """DeepSpeed's summary table of every record (`straggler`: the straggler table, a collective)."""
+        return format_summary(straggler_analysis(self) if straggler else summarize(self), straggler=straggler)
+
+    def log_all(
+        self, print_log: bool = True, show_straggler: bool = False, return_dict: bool = False
+    ) -> dict[str, Any] | None:
+        """Log the summary table (and the straggler table) of this rank's records, and/or return them.
+
+        As DeepSpeed's `CommsLogger.log_all`, except that the tables go to the `ds_comm` logger at INFO
+        (the library never prints). With `show_straggler` every rank must call it (one MIN all-reduce of
+        the latencies per record over the world).
+
+        Returns:
+            With `return_dict`: `{"summary": {op: {size: entry}}, "straggler_analysis": {...} or None,
+            "metadata": {"world_size", "rank", "timestamp"}}`; else None.
+        """
+        summary = summarize(self)
+        stragglers = straggler_analysis(self) if show_straggler else None
+        if print_log:
+            logger.info("comms summary:\n%s", format_summary(summary))
+            if stragglers is not None:
+                logger.info("comms breakdown with straggler effect:\n%s", format_summary(stragglers, straggler=True))
+        if not return_dict:
+            return None
+        return {"summary": summary, "straggler_analysis": stragglers, "metadata": metadata()}

@@ -433,9 +433,18 @@ def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     return dist.get_global_rank(group, group_rank)
 
 
-def log_summary() -> str:
-    """Log the comms summary table on rank 0 and return it (every rank gets its own figures)."""
-    text = comms_logger.summary()
-    if get_rank() == 0:
-        logger.info("comms summary:\n%s", text)
-    return text
+def log_summary(show_straggler: bool = False, return_dict: bool = False) -> str | dict[str, Any]:
+    """Log the comms summary table on rank 0 and return it (every rank gets its own figures).
+
+    DeepSpeed's columns: per op and message size, the call count, total latency, and the 10%-trimmed
+    mean latency, algorithmic and bus bandwidth over the kept calls (`CommsLogger`'s note).
+
+    Args:
+        show_straggler: add the straggler table (each call's latency against the fastest rank's); then
+            every rank must call it (a MIN all-reduce per record over the world).
+        return_dict: return DeepSpeed's dictionary (`CommsLogger.log_all`) instead of the table text.
+    """
+    result = comms_logger.log_all(print_log=get_rank() == 0, show_straggler=show_straggler, return_dict=return_dict)
+    if result is not None:
+        return result
+    return comms_logger.summary()

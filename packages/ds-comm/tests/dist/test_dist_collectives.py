@@ -192,13 +192,18 @@ def _logged(rank: int, world: int) -> str:
     h.wait()
     ds_comm.configure(enabled=False)
     ds_comm.all_reduce(torch.ones(256))  # not recorded
-    return ds_comm.log_summary()
+    return {"table": ds_comm.log_summary(), "dict": ds_comm.log_summary(return_dict=True)}
 
 
 def test_comms_logger_counts_bytes_and_bandwidth() -> None:
-    table = run_ranks(2, _logged, timeout_s=60)[0]
-    lines = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    result = run_ranks(2, _logged, timeout_s=60)[0]
+    lines = result["table"].splitlines()
+    # DeepSpeed's table: each op's name on its own line, then a row per message size
+    rows = {lines[i - 1]: lines[i].split() for i in range(2, len(lines)) if lines[i].startswith(" ")}
     # all_reduce: 4 recorded calls (3 sync + 1 async) of 1 KiB each
-    assert lines["all_reduce"][1:5] == ["1.00", "KB", "4", "4.00"]
-    assert lines["all_gather_into_tensor"][1:4] == ["4.00", "KB", "1"]
-    assert float(lines["all_reduce"][-1]) > 0  # busbw
+    assert rows["all_reduce"][:3] == ["1.00", "KB", "4"]
+    assert rows["all_gather_into_tensor"][:3] == ["4.00", "KB", "1"]
+    assert float(rows["all_reduce"][-1]) > 0  # busbw
+    summary = result["dict"]["summary"]
+    assert summary["all_reduce"][1024]["count"] == 4 and summary["all_gather_into_tensor"][4096]["count"] == 1
+    assert result["dict"]["straggler_analysis"] is None and result["dict"]["metadata"]["world_size"] == 2

@@ -310,14 +310,22 @@ class ZeroConfig(ConfigModel):
                 stacklevel=2,
             )
         if self.offload_optimizer.device != "none" and self.stage == 0:
-            raise ValueError("offload_optimizer needs ZeRO stage 1, 2 or 3, but stage is 0")
+            # DeepSpeed accepts the section at stage 0 and ignores it, so a config toggled between stages
+            # keeps working; the effective device there is "none" (`offload_optimizer_device`).
+            warnings.warn(
+                "zero_optimization.offload_optimizer has no effect at stage 0: only ZeRO stages 1, 2 and 3 "
+                "offload the optimizer state",
+                UserWarning,
+                stacklevel=2,
+            )
         if not self.compute_grad_norm and self.stage == 3:
             raise ValueError("compute_grad_norm=False is only allowed for stages 1 and 2")
         return self
 
     @property
     def offload_optimizer_device(self) -> OffloadDevice:
-        return self.offload_optimizer.device
+        """Where the optimizer state lives: `offload_optimizer.device`, but "none" at stage 0 (no effect there)."""
+        return self.offload_optimizer.device if self.stage > 0 else "none"
 
     @property
     def offload_param_device(self) -> OffloadDevice:

@@ -1,4 +1,4 @@
-"""`zero_optimization`: the legacy bool form, offload sanity, and validation by ds-zero (an optional extra).
+"""`zero_optimization`: the legacy bool form, offload devices, and validation by ds-zero (an optional extra).
 
 An enabled `zenflow` section is refused here, at config time, before anything is built: ds parses it
 (ds-zero's `ZenFlowConfig`) but has no ZenFlow training loop.
@@ -68,8 +68,10 @@ def _offload_device(section: dict[str, Any], key: str) -> str:
 def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     """Validate `zero_optimization` and reduce it to `ZeroSettings`.
 
+    Offload sections at stage 0 warn that they have no effect and resolve to device "none".
+
     Raises:
-        DeepSpeedConfigError: a bad stage, offload without ZeRO, anything ds-zero's model refuses, or an
+        DeepSpeedConfigError: a bad stage, anything ds-zero's model refuses, or an
             enabled `zenflow` section (after ds-zero validated it, when installed).
             Stage >= 1 without ds-zero installed is reported through `ZeroSettings.unavailable`.
     """
@@ -84,13 +86,6 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         value = {"stage": int(value)}
     stage = _stage_of(value)
     devices = {key: _offload_device(value, key) for key in ("offload_optimizer", "offload_param")}
-    for key, device in devices.items():
-        if device != "none" and stage == 0:
-            raise DeepSpeedConfigError(
-                f"zero_optimization.{key}.device={device!r}: offload needs ZeRO (stage 1, 2 or 3"
-                f"{'; parameters are offloaded at stage 3 only' if key == 'offload_param' else ''}), but "
-                "zero_optimization.stage is 0"
-            )
     try:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
@@ -118,10 +113,12 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     if getattr(cfg, "zenflow", None) is not None:
         raise DeepSpeedConfigError(ZENFLOW_NOT_IMPLEMENTED)
     warn_ignored(cfg, path="zero_optimization")
+    # Offload sections at stage 0 have no effect (ds-zero's model warned once, naming each one), as in
+    # DeepSpeed: nothing downstream offloads, swaps or picks a CPU optimizer for them.
     return ZeroSettings(
         stage=cfg.stage,
-        offload_optimizer_device=cfg.offload_optimizer.device,
-        offload_param_device=cfg.offload_param.device,
+        offload_optimizer_device=cfg.offload_optimizer.device if cfg.stage > 0 else "none",
+        offload_param_device=cfg.offload_param.device if cfg.stage > 0 else "none",
         reduce_bucket_size=cfg.reduce_bucket_size,
         load_from_fp32_weights=cfg.load_from_fp32_weights,
         gather_16bit_weights_on_model_save=cfg.gather_16bit_weights_on_model_save,

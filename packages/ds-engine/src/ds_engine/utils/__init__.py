@@ -5,8 +5,9 @@ Submodules at DeepSpeed's paths: `nvtx` (`instrument_w_nvtx`), `pin_memory_track
 (ds-comm's pinned-memory total and comms logger), `timer` (`trim_mean`), `torch` (`required_torch_version`),
 `bwc` (an mpu's tensor- and pipeline-parallel degrees, whichever API generation it has).
 
-`logger` is the `ds` logger the ds packages share (the library adds no handlers); `log_dist(message,
-ranks=(0,), level=logging.INFO)` logs on the listed ranks only (ds-comm's). The ZeRO accessors
+`logger` is DeepSpeed's "DeepSpeed" logger, the parent of every ds package's logger (`utils.logging`'s
+note; the library adds no handlers); `log_dist(message, ranks=(0,), level=logging.INFO)` logs on the
+listed ranks only (ds-comm's). The ZeRO accessors
 (`safe_get_full_fp32_param`, `safe_get_full_grad`...) are `utils.tensor_fragment`'s, which needs no sibling
 to import. The ZeRO-3 leaf-module functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`, which
 needs the `zero` extra), `utils.zero_to_fp32` (the `zero` extra) and `utils.groups` (ds-parallel's mesh

@@ -1,9 +1,10 @@
 """`deepspeed.utils.comms_logging`: the comms logger class, which is ds-comm's `CommsLogger`.
 
-`CommsLogger()` has DeepSpeed's switches and read-outs (`start_profiling_comms`, `prof_all`,
-`get_operation_summary`, ...); `comms_logger` is the process's instance that the collectives feed.
-ds-comm keeps running sums per (op, message size) where DeepSpeed keeps every call's latency in
-`comms_dict`, so summaries are plain means over the recorded calls, not DeepSpeed's 10%-trimmed ones.
+`CommsLogger()` has DeepSpeed's switches, records and read-outs (`start_profiling_comms`, `prof_all`,
+`comms_dict`, `get_raw_data`, `get_operation_summary`, `log_all`, ...); `comms_logger` is the process's
+instance that the collectives feed. Records are kept in DeepSpeed's layout (per op and message size: the
+count and parallel lists of latency, algbw and busbw, the lists capped at the most recent
+`ds_comm.DEFAULT_MAX_SAMPLES` calls), and summaries are DeepSpeed's 10%-trimmed means over them.
 """
 
 from __future__ import annotations

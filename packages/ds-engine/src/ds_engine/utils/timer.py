@@ -1,31 +1,12 @@
 """`deepspeed.utils.timer`: `trim_mean`, the outlier-robust average DeepSpeed reports timings with.
 
-The engine's own timers (`wall_clock_breakdown`, throughput) are `ds_engine._timers`; only this helper
-of DeepSpeed's timer module is part of the surface scripts import.
+It is ds-comm's (`ds_comm.trim_mean`), which the comms logger's summaries use. The engine's own timers
+(`wall_clock_breakdown`, throughput) are `ds_engine._timers`; only this helper of DeepSpeed's timer
+module is part of the surface scripts import.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from ds_comm import trim_mean
 
 __all__ = ["trim_mean"]
-
-
-def trim_mean(data: Sequence[float], trim_percent: float) -> float:
-    """Mean of `data` without the `round(len(data) * trim_percent)` smallest and largest values.
-
-    `data` is not modified (the values are sorted in a copy). An empty sequence gives 0.
-
-    Raises:
-        ValueError: `trim_percent` is outside [0, 1].
-    """
-    if not 0.0 <= trim_percent <= 1.0:
-        raise ValueError(f"trim_mean: trim_percent must be in [0, 1], got {trim_percent}")
-    values = sorted(data)
-    if not values:
-        return 0
-    cut = int(round(len(values) * trim_percent))
-    kept = values[cut : len(values) - cut]
-    if not kept:
-        raise ValueError(f"trim_mean: trimming {cut} values from each end of {len(values)} leaves none")
-    return sum(kept) / len(kept)

@@ -11,7 +11,7 @@ from ds_ops.precision._loss_scaler import (
     create_loss_scaler,
 )
 from ds_ops.precision._overflow import has_overflow, local_overflow, unscale_and_check_
-from ds_ops.precision._step import GradStats, StepOutcome, finish_step
+from ds_ops.precision._step import GradStats, StepOutcome, finish_step, grad_norm_groups
 
 __all__ = [
     "DynamicLossScaler",
@@ -23,6 +23,7 @@ __all__ = [
     "create_loss_scaler",
     "finish_step",
     "global_grad_norm",
+    "grad_norm_groups",
     "has_overflow",
     "local_norm_term",
     "local_overflow",

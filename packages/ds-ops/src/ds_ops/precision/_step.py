@@ -41,7 +41,7 @@ from ds_ops.precision._overflow import unscale_and_check_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GradStats", "StepOutcome", "finish_step"]
+__all__ = ["GradStats", "StepOutcome", "finish_step", "grad_norm_groups"]
 
 _EPS = 1e-6
 
@@ -216,6 +216,72 @@ def finish_step(
     return StepOutcome(applied=True, grad_norm=norm, clip_coef=coef, unscale=pending)
 
 
+def grad_norm_groups(
+    groups: Sequence[Sequence[torch.Tensor | None]] | None = None,
+    *,
+    group: ProcessGroup | None = None,
+    partitioned: bool = True,
+    comm_device: torch.device | None = None,
+    norm_type: float = 2.0,
+    model_parallel_group: ProcessGroup | None = None,
+    model_parallel_grads: Sequence[Sequence[torch.Tensor | None]] | None = None,
+    stats: Sequence[GradStats] | None = None,
+) -> list[torch.Tensor]:
+    """The `norm_type` norm of each entry of `groups`, measured as `finish_step` measures the whole gradient.
+
+    Each entry (one optimizer param group's gradients, say) is combined over the same layout
+    `finish_step` uses (`partitioned` over `group`, the model-parallel rule of the module note), so the
+    norm of the returned norms is the global norm `finish_step` would take. Nothing is unscaled or
+    checked: the gradients are measured as they are held (loss-scaled, under fp16). Every rank of
+    `group` must call it when `partitioned`, and every rank of `model_parallel_group` when given: one
+    all-reduce for all entries on each. No host sync.
+
+    Args:
+        groups: per entry, this rank's gradient tensors (None and empty ones are skipped).
+        group, partitioned, comm_device, norm_type, model_parallel_group: as for `finish_step`.
+        model_parallel_grads: with `model_parallel_group`, per entry, the views of its cut parameters.
+        stats: instead of `groups` (pass None), per entry, the measured term of gradients held elsewhere.
+
+    Returns:
+        One 0-dim fp32 tensor per entry, on `comm_device` (default: where the tensors are); inf or nan
+        where an entry holds an overflowed gradient.
+
+    Raises:
+        ValueError: both or neither of `groups` and `stats`, or a `model_parallel_grads` of another length.
+    """
+    if (groups is None) == (stats is None):
+        raise ValueError("grad_norm_groups: pass the gradients (groups) or their stats, exactly one of them")
+    p = float(norm_type)
+    terms: list[torch.Tensor] = []
+    if stats is not None:
+        terms = [torch.tensor([s.norm_term], dtype=torch.float32) for s in stats]
+    else:
+        assert groups is not None
+        if model_parallel_grads is not None and len(model_parallel_grads) != len(groups):
+            raise ValueError(
+                f"grad_norm_groups: model_parallel_grads has {len(model_parallel_grads)} entries for "
+                f"{len(groups)} groups"
+            )
+        for i, grads in enumerate(groups):
+            tensors = [g for g in grads if g is not None and g.numel() > 0]
+            cut = list(model_parallel_grads[i]) if model_parallel_grads is not None else None
+            terms.append(local_norm_term(_counted(tensors, model_parallel_group, cut), p))
+    if not terms:
+        return []
+    if comm_device is None:
+        comm_device = next((t.device for grads in groups or () for t in grads if t is not None), None)
+    packed = _agree_packed(
+        terms,
+        group=group,
+        partitioned=partitioned,
+        comm_device=comm_device,
+        max_op=math.isinf(p),
+        model_parallel_group=model_parallel_group,
+    )
+    norms = packed if math.isinf(p) else packed.pow(1.0 / p)
+    return list(norms.unbind())
+
+
 def _counted(
     tensors: list[torch.Tensor],
     model_parallel_group: ProcessGroup | None,
@@ -242,6 +308,27 @@ def _agree(
     `model_parallel_group` when given, as Python floats."""
     if not parts:
         return []
+    packed = _agree_packed(
+        parts,
+        group=group,
+        partitioned=partitioned,
+        comm_device=comm_device,
+        max_op=max_op,
+        model_parallel_group=model_parallel_group,
+    )
+    return packed.tolist()  # the step's one host sync
+
+
+def _agree_packed(
+    parts: list[torch.Tensor],
+    *,
+    group: ProcessGroup | None,
+    partitioned: bool,
+    comm_device: torch.device | None,
+    max_op: bool,
+    model_parallel_group: ProcessGroup | None = None,
+) -> torch.Tensor:
+    """`_agree` without the read back: the combined parts as one fp32 tensor on `comm_device`."""
     device = comm_device if comm_device is not None else parts[0].device
     packed = torch.cat([t.reshape(1).float().to(device) for t in parts])
     # Flags add up as well as they max (any rank's 1 makes the sum > 0), so one SUM serves both.
@@ -251,4 +338,4 @@ def _agree(
     mp = model_parallel_group
     if mp is not None and ds_comm.is_initialized() and ds_comm.get_world_size(mp) > 1:
         ds_comm.all_reduce(packed, op=op, group=model_parallel_group)
-    return packed.tolist()  # the step's one host sync
+    return packed

@@ -129,6 +129,11 @@ class PartitionParamAccess:
                 "backward and the optimizer step"
             )
 
+    def _stage1_unreduced(self) -> bool:
+        """Stage 1 before its reduction: each rank still holds its own full gradients (after it, e.g. once
+        `_get_norm_groups()` reduced the window, the partitions are read as at stage 2)."""
+        return isinstance(self._grads, BoundaryReducer) and not self._grads.reduced
+
     def _stage1_grad(self, param: torch.Tensor, g: int, slot: ParamSlot) -> torch.Tensor:
         """This rank's own (not yet reduced) gradient of `param` at stage 1, bound to the flat gradient buffer."""
         grads: BoundaryReducer = self._grads
@@ -145,7 +150,7 @@ class PartitionParamAccess:
             return None
         g, slot = found
         self._require_gradients(slot)
-        if isinstance(self._grads, BoundaryReducer):
+        if self._stage1_unreduced():
             full = self._stage1_grad(param, g, slot).detach().to(torch.float32, copy=True)
             group, world = self._group_of(g)
             if world > 1:
@@ -163,7 +168,7 @@ class PartitionParamAccess:
         g, slot = found
         what = f"parameter {slot.name!r}"
         self._require_gradients(slot)
-        if isinstance(self._grads, BoundaryReducer):
+        if self._stage1_unreduced():
             flat_value = check_numel(value, slot.numel, what)
             with torch.no_grad():
                 self._stage1_grad(param, g, slot).copy_(flat_value.view(slot.shape))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -179,12 +180,14 @@ class GradSwapper:
             self.last_order, self._closing_order = self._closing_order, []
 
     # ------------------------------------------------------------------------------ the step
-    def stats(self) -> GradStats:
-        """The norm term and inf/nan flag of every written gradient (for `finish_step`)."""
-        terms = [t for t, _ in self._stats.values()]
+    def stats(self, tiles: Iterable[ShardTile] | None = None) -> GradStats:
+        """The norm term and inf/nan flag of every written gradient (for `finish_step`), or of `tiles`' only."""
+        wanted = None if tiles is None else {t.index for t in tiles}
+        measured = [v for i, v in self._stats.items() if wanted is None or i in wanted]
+        terms = [t for t, _ in measured]
         p = self.norm_type
         term = (max(terms) if math.isinf(p) else sum(terms)) if terms else 0.0
-        return GradStats(norm_term=term, nonfinite=any(bad for _, bad in self._stats.values()))
+        return GradStats(norm_term=term, nonfinite=any(bad for _, bad in measured))
 
     def zero_grad(self) -> None:
         """Forget the gradients: the next backward starts the files afresh (nothing is read back)."""

@@ -43,8 +43,11 @@ class CutRanges:
 
     def views(self, partitions: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The cut parts of `partitions` (one tensor per group, this rank's gradient partitions), as views."""
+        return [view for group in self.group_views(partitions) for view in group]
+
+    def group_views(self, partitions: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """`views`, kept apart per group (for per-group norms)."""
         return [
-            part[start : start + numel]
+            [part[start : start + numel] for start, numel in ranges]
             for part, ranges in zip(partitions, self.ranges, strict=True)
-            for start, numel in ranges
         ]

@@ -10,7 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import LossScaler, finish_step
+from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
@@ -292,9 +292,43 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
         `compute_grad_norm` is off and nothing needed it)."""
         return self._global_grad_norm
 
+    def _get_norm_groups(self) -> list[torch.Tensor]:
+        """The L2 norm of each param group's current gradient, over all ranks (DeepSpeed's name); a collective.
+
+        Completes this accumulation window's reduction first (stage 2: waits for the buckets still in
+        flight; stage 1: reduces now, which `step()` then does not repeat, so no further backward may run
+        before `step()` or `zero_grad()`), then measures the reduced gradient partitions as `step()` does
+        (`ds_ops.precision.grad_norm_groups`: over the data-parallel group, parameters cut across the
+        model-parallel group counted once). The gradients are read as held, before `step()` unscales or
+        clips them: still multiplied by the loss scale under fp16, as DeepSpeed's stage-3 norms are.
+
+        Returns:
+            One 0-dim fp32 tensor per param group; one all-reduce over the data-parallel group (and one
+            over the model-parallel group when given).
+        """
+        self._grads.finish()
+        grads = self.grad_partitions
+        return grad_norm_groups(
+            [[g] for g in grads],
+            group=self.dp_group,
+            comm_device=self._comm_device,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut.group_views(grads) if self._cut is not None else None,
+        )
+
     # ----- training ------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
-        """`(loss * loss_scale).backward()`; divide the loss by the accumulation steps before calling."""
+        """`(loss * loss_scale).backward()`; divide the loss by the accumulation steps before calling.
+
+        Raises:
+            ValueError: stage 1 already reduced this window's gradients (`_get_norm_groups()`); call
+                `step()` or `zero_grad()` first.
+        """
+        if isinstance(self._grads, BoundaryReducer) and self._grads.reduced:
+            raise ValueError(
+                "ZeRO stage 1 already reduced this accumulation window's gradients (_get_norm_groups() was "
+                "called); call step() or zero_grad() before the next backward"
+            )
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

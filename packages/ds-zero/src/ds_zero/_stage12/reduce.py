@@ -195,6 +195,7 @@ class BoundaryReducer:
             accumulators = [f.own_slice(g) for f, g in zip(flats, self.flat_grads, strict=True)]
         self.accumulators: list[torch.Tensor] = accumulators
         self._clean = True
+        self._reduced = False
         # Autograd accumulates into the views in place, invisibly; a hook per parameter only notes that
         # a backward happened, so zero() can skip the memset when nothing was written since the last one.
         self._hooks = [p.register_post_accumulate_grad_hook(self._mark_dirty) for f in flats for p in f.params]
@@ -207,6 +208,11 @@ class BoundaryReducer:
     def has_gradients(self) -> bool:
         """Whether a backward wrote gradients since the last `zero()`."""
         return not self._clean
+
+    @property
+    def reduced(self) -> bool:
+        """Whether `finish()` already reduced this accumulation window (until the next `zero()`)."""
+        return self._reduced
 
     def attach(self) -> None:
         """Point every parameter's `.grad` at its view of the flat gradient buffer."""
@@ -225,7 +231,14 @@ class BoundaryReducer:
             p.grad = None
 
     def finish(self) -> None:
-        """Reduce every group's full gradients into the accumulators (blocking; at most 2 buckets in flight)."""
+        """Reduce every group's full gradients into the accumulators (blocking; at most 2 buckets in flight).
+
+        Once per accumulation window: a second call before `zero()` does nothing (the sums are averaged in
+        place, and the gradients were taken off the parameters).
+        """
+        if self._reduced:
+            return
+        self._reduced = True
         self._clean = False
         for index, (flat, grads) in enumerate(zip(self.flats, self.flat_grads, strict=True)):
             reducer = self.reducers[index]
@@ -246,6 +259,7 @@ class BoundaryReducer:
 
     def zero(self) -> None:
         """Clear the flat gradient buffers and re-attach the `.grad` views."""
+        self._reduced = False
         if not self._clean:
             for grads in self.flat_grads:
                 grads.zero_()

@@ -12,7 +12,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops import supports_in_pass_copy
-from ds_ops.precision import LossScaler, finish_step
+from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage3 import ShardParamAccess
 from ds_zero._nvme.eager_step import EagerSteps
@@ -282,6 +282,28 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
     def global_grad_norm(self) -> float | None:
         """The gradient norm of the last step, before clipping (None before the first step)."""
         return self._global_grad_norm
+
+    def _get_norm_groups(self) -> list[torch.Tensor]:
+        """The L2 norm of each param group's current gradient, over all ranks (DeepSpeed's name); a collective.
+
+        Reads the reduced gradient partitions of this accumulation window as they are held, before
+        `step()` unscales or clips them: still multiplied by the loss scale under fp16 (as DeepSpeed's are;
+        `_global_grad_norm` after the step is unscaled), and including any `safe_set_local_grad` edits.
+        Measured as `step()` measures them (`ds_ops.precision.grad_norm_groups`), so the norm of these norms
+        is the step's global norm times the loss scale. With the optimizer on NVMe the per-tile terms
+        recorded as the gradients were written are used.
+
+        Returns:
+            One 0-dim fp32 tensor per param group of the base optimizer (0 for a group without gradients),
+            on the device the step's norm is reduced on. One all-reduce over the data-parallel group.
+        """
+        swapper = self.optimizer_swapper
+        if swapper is not None:
+            stats = [swapper.grads.stats(part.tiles) for part in self.partitions]
+            return grad_norm_groups(stats=stats, group=self.dp_group, comm_device=self._norm_device)
+        return grad_norm_groups(
+            [[part.master.grad] for part in self.partitions], group=self.dp_group, comm_device=self._norm_device
+        )
 
     def set_step_boundary(self, is_boundary: bool) -> None:
         """The engine says whether the next backward ends the gradient accumulation window (the next
