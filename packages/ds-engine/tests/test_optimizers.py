@@ -210,3 +210,15 @@ def test_param_groups_are_normalized() -> None:
         normalize_param_groups([model.l1.weight, {"params": [model.l1.weight]}], model)
     with pytest.raises(TypeError, match="needs a 'params' key"):
         normalize_param_groups([{"lr": 1.0}], model)
+
+
+def test_config_torch_adam_is_not_swapped_under_offload() -> None:
+    """DeepSpeed swaps (or refuses) client optimizers under offload; `torch_adam: true` stays torch's AdamW."""
+    pytest.importorskip("ds_zero", reason="optimizer offload needs ds-zero: pip install 'ds-engine[zero]'")
+    offload = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    engine = make_engine(tiny_net(0), base_config(zero_optimization=offload))
+    assert type(engine.optimizer.optimizer) is torch.optim.AdamW and engine.zero_cpu_offload()
+    model = tiny_net(0)
+    client = torch.optim.AdamW(model.parameters(), lr=0.1)
+    swapped = make_engine(model, base_config(zero_optimization=offload, optimizer=None), optimizer=client)
+    assert type(swapped.optimizer.optimizer) is ds_ops.DeepSpeedCPUAdam
