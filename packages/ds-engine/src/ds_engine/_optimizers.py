@@ -155,7 +155,8 @@ def is_zero_tested_optimizer(optimizer: str | Optimizer) -> bool:
     if isinstance(optimizer, str):
         return optimizer in _ZERO_TESTED
     tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, Lion, Lamb)
-    return isinstance(optimizer, tested) or type(optimizer).__name__ in (*_DS_CPU_CLASSES, "FusedAdam", "MuonWithAuxAdam")
+    names = (*_DS_CPU_CLASSES, "FusedAdam", "MuonWithAuxAdam")
+    return isinstance(optimizer, tested) or type(optimizer).__name__ in names
 
 
 @dataclasses.dataclass(frozen=True)
