@@ -156,3 +156,17 @@ def test_state_dicts_cross_between_fused_and_cpu_adam(fused_first: bool) -> None
         second.step()
         reference.step()
     _assert_same(second_params, ref_params)
+
+
+def test_a_refused_step_leaves_every_count_as_it_was() -> None:
+    good, bad = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(3))
+    optimizer = FusedAdam([good, bad], lr=1e-2)
+    good.grad, bad.grad = torch.ones(4), torch.ones(3)
+    optimizer.step()
+    bad.grad_dtype = None  # torch refuses a gradient of another dtype unless told to accept one
+    bad.grad = torch.ones(3, dtype=torch.bfloat16)
+    before = good.detach().clone()
+    with pytest.raises(TypeError, match="gradient dtype torch.bfloat16 differs"):
+        optimizer.step()
+    assert [optimizer.state[p]["step"] for p in (good, bad)] == [1, 1]
+    assert torch.equal(good.detach(), before)

@@ -170,6 +170,7 @@ class FusedAdam(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             buckets: dict[tuple[torch.device, torch.dtype, int], list[tuple[torch.Tensor, ...]]] = {}
             hosts: dict[int, KernelBatch] = {}
+            counts: list[tuple[dict[str, Any], int]] = []  # written once every parameter passed the checks
             for i, param in enumerate(group["params"]):
                 if param.grad is None or param.numel() == 0:
                     continue
@@ -185,7 +186,7 @@ class FusedAdam(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
                     state["exp_avg_sq"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
                 step = int(state.get("step", group.get("step", 0))) + 1
-                state["step"] = step
+                counts.append((state, step))
                 if param.device.type == "cpu":
                     for key in ("exp_avg", "exp_avg_sq"):
                         if not state[key].is_contiguous():
@@ -196,6 +197,8 @@ class FusedAdam(torch.optim.Optimizer):
                     buckets.setdefault((param.device, param.dtype, step), []).append(
                         (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
                     )
+            for state, step in counts:
+                state["step"] = step
             for step, batch in hosts.items():
                 self._step_cpu(batch, group, step)
             for (device, dtype, step), tensors in buckets.items():
