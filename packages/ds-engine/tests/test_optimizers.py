@@ -39,6 +39,11 @@ def no_cpu_adam(monkeypatch):
 
 
 @pytest.fixture
+def no_fused_adam(monkeypatch):
+    monkeypatch.delattr(ds_ops, "FusedAdam", raising=False)
+
+
+@pytest.fixture
 def fake_cpu_adam(monkeypatch):
     monkeypatch.setattr(ds_ops, "DeepSpeedCPUAdam", FakeCPUAdam, raising=False)
 
@@ -54,51 +59,81 @@ def test_torch_adam_and_adam_w_mode(no_cpu_adam) -> None:
     assert plan.target == "torch.optim.AdamW"
 
 
-def test_default_adam_path_by_device(no_cpu_adam) -> None:
+def test_torch_adam_stays_torch_under_offload(caplog) -> None:
+    """DeepSpeed: `torch_adam` wins over offload, and `fp32_optimizer_states` is dropped (popped) there."""
+    params = {"lr": 0.1, "torch_adam": True, "adam_w_mode": False, "fp32_optimizer_states": True}
+    with caplog.at_level("WARNING", logger="ds_engine._optimizers"):
+        plan = plan_config_optimizer("adam", params, device_type="cpu", offload=True)
+    assert (plan.target, plan.kwargs) == ("torch.optim.Adam", {"lr": 0.1})
+    assert "fp32_optimizer_states applies to ds_ops.DeepSpeedCPUAdam" in caplog.text
+    with pytest.raises(ValueError, match="bias_correction does not apply with torch_adam=true"):
+        plan_config_optimizer("adam", {"torch_adam": True, "bias_correction": True}, device_type="cpu", offload=True)
+
+
+def test_default_adam_path_by_device(no_fused_adam) -> None:
     cpu = plan_config_optimizer("adamw", {"lr": 0.1}, device_type="cpu", offload=False)
     assert cpu.target == "torch.optim.AdamW" and cpu.kwargs == {"lr": 0.1, "weight_decay": 0.0, "foreach": True}
-    assert "DeepSpeedCPUAdam not available" in cpu.note
+    assert "ds_ops.FusedAdam not available" in cpu.note
     cuda = plan_config_optimizer("adam", {"lr": 0.1, "weight_decay": 0.1}, device_type="cuda", offload=False)
     assert cuda.kwargs == {"lr": 0.1, "weight_decay": 0.1, "fused": True}
-    with pytest.raises(ValueError, match="bias_correction=false needs ds_ops.DeepSpeedCPUAdam"):
+    with pytest.raises(ValueError, match="bias_correction=false needs ds_ops.FusedAdam or ds_ops.DeepSpeedCPUAdam"):
         plan_config_optimizer("adam", {"bias_correction": False}, device_type="cuda", offload=False)
+
+
+def test_offload_needs_cpu_adam(no_cpu_adam) -> None:
     with pytest.raises(ValueError, match="offload_optimizer needs ds_ops.DeepSpeedCPUAdam"):
         plan_config_optimizer("adam", {}, device_type="cuda", offload=True)
+    with pytest.raises(ValueError, match="offload_optimizer needs ds_ops.DeepSpeedCPUAdam"):
+        plan_config_optimizer("adam", {}, device_type="cpu", offload=True)
 
 
-def test_cpu_adam_is_used_for_cpu_parameters_when_available(fake_cpu_adam) -> None:
-    plan = plan_config_optimizer(
-        "adam", {"lr": 0.1, "adam_w_mode": False, "bias_correction": True}, device_type="cpu", offload=False
-    )
-    assert plan.target == "ds_ops.DeepSpeedCPUAdam"
-    assert plan.kwargs == {"lr": 0.1, "bias_correction": True, "adamw_mode": False}
+def test_cpu_parameters_get_fused_adam_and_offload_gets_cpu_adam(fake_cpu_adam, caplog) -> None:
+    """DeepSpeed on a CPU host: FusedAdam (its CPU fused-adam kernel) without offload, DeepSpeedCPUAdam with."""
+    params = {"lr": 0.1, "adam_w_mode": False, "bias_correction": True, "set_grad_none": False}
+    plan = plan_config_optimizer("adam", params, device_type="cpu", offload=False)
+    assert plan.target == "ds_ops.FusedAdam"
+    assert plan.kwargs == {"lr": 0.1, "bias_correction": True, "set_grad_none": False, "adam_w_mode": False}
     assert plan.fallback is not None and plan.fallback.target == "torch.optim.Adam"
+    assert plan.fallback.kwargs == {"lr": 0.1, "weight_decay": 0.0, "foreach": True}
+    offload = plan_config_optimizer("adam", params, device_type="cpu", offload=True)
+    assert offload.target == "ds_ops.DeepSpeedCPUAdam" and offload.fallback is None
+    assert offload.kwargs == {"lr": 0.1, "bias_correction": True, "adamw_mode": False}
+    with caplog.at_level("WARNING", logger="ds_engine._optimizers"):
+        dropped = plan_config_optimizer("adamw", {"fp32_optimizer_states": False}, device_type="cpu", offload=False)
+    assert dropped.kwargs == {"adam_w_mode": True} and "ds_ops.FusedAdam ignores it" in caplog.text
+    kept = plan_config_optimizer("adamw", {"fp32_optimizer_states": False}, device_type="cpu", offload=True)
+    assert kept.kwargs == {"fp32_optimizer_states": False, "adamw_mode": True}
+    no_fallback = plan_config_optimizer("adam", {"bias_correction": False}, device_type="cpu", offload=False)
+    assert no_fallback.target == "ds_ops.FusedAdam" and no_fallback.fallback is None
     engine = make_engine(tiny_net(0), base_config(optimizer={"type": "AdamW", "params": {"lr": 0.1}}))
-    assert isinstance(engine.optimizer, FakeCPUAdam) and engine.optimizer.adamw_mode is True
-    with pytest.raises(ValueError, match=r"\['foreach'\] are not arguments of ds_ops.DeepSpeedCPUAdam"):
+    assert type(engine.optimizer) is ds_ops.FusedAdam and engine.optimizer.adam_w_mode is True
+    with pytest.raises(ValueError, match=r"\['foreach'\] are not arguments of ds_ops.FusedAdam"):
         plan_config_optimizer("adam", {"foreach": True}, device_type="cpu", offload=False)
+    with pytest.raises(ValueError, match=r"\['foreach'\] are not arguments of ds_ops.DeepSpeedCPUAdam"):
+        plan_config_optimizer("adam", {"foreach": True, "set_grad_none": True}, device_type="cpu", offload=True)
+    with pytest.raises(ValueError, match="amsgrad=true: ds_ops.FusedAdam"):
+        plan_config_optimizer("adam", {"amsgrad": True}, device_type="cpu", offload=False)
 
 
-def test_cpu_adam_that_fails_to_load_falls_back_to_torch(monkeypatch) -> None:
+def test_fused_adam_that_fails_to_load_falls_back_to_torch(monkeypatch) -> None:
     class Broken:
         def __init__(self, *args, **kwargs):
-            raise RuntimeError("the cpu_adam kernel failed to compile")
+            raise RuntimeError("the fused_adam CPU kernel failed to compile")
 
-    monkeypatch.setattr(ds_ops, "DeepSpeedCPUAdam", Broken, raising=False)
+    monkeypatch.setattr(ds_ops, "FusedAdam", Broken, raising=False)
     engine = make_engine(tiny_net(0), base_config(optimizer={"type": "Adam", "params": {"lr": 0.1}}))
     assert type(engine.optimizer) is torch.optim.AdamW and engine.optimizer.defaults["weight_decay"] == 0.0
 
 
-def test_real_cpu_adam_matches_torch_adamw() -> None:
-    if not hasattr(ds_ops, "DeepSpeedCPUAdam"):
-        pytest.skip("needs ds_ops.DeepSpeedCPUAdam (the ds-ops CPU optimizers)")
+def test_real_fused_adam_matches_torch_adamw() -> None:
+    """5 steps of the config AdamW (FusedAdam on CPU) against torch's AdamW: rtol=1e-5, atol=1e-6."""
     ref = tiny_net(0)
     ref_engine = make_engine(
         ref, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True, "weight_decay": 0.0}})
     )
     model = tiny_net(0)
     engine = make_engine(model, base_config(optimizer={"type": "AdamW", "params": {"lr": 1e-2}}))
-    assert type(engine.optimizer).__name__ == "DeepSpeedCPUAdam"
+    assert type(engine.optimizer) is ds_ops.FusedAdam
     for x, y in batches(5, 4):
         for e in (ref_engine, engine):
             e.backward(loss_fn(e(x), y))
@@ -175,3 +210,15 @@ def test_param_groups_are_normalized() -> None:
         normalize_param_groups([model.l1.weight, {"params": [model.l1.weight]}], model)
     with pytest.raises(TypeError, match="needs a 'params' key"):
         normalize_param_groups([{"lr": 1.0}], model)
+
+
+def test_config_torch_adam_is_not_swapped_under_offload() -> None:
+    """DeepSpeed swaps (or refuses) client optimizers under offload; `torch_adam: true` stays torch's AdamW."""
+    pytest.importorskip("ds_zero", reason="optimizer offload needs ds-zero: pip install 'ds-engine[zero]'")
+    offload = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    engine = make_engine(tiny_net(0), base_config(zero_optimization=offload))
+    assert type(engine.optimizer.optimizer) is torch.optim.AdamW and engine.zero_cpu_offload()
+    model = tiny_net(0)
+    client = torch.optim.AdamW(model.parameters(), lr=0.1)
+    swapped = make_engine(model, base_config(zero_optimization=offload, optimizer=None), optimizer=client)
+    assert type(swapped.optimizer.optimizer) is ds_ops.DeepSpeedCPUAdam

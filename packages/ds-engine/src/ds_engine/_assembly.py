@@ -141,7 +141,9 @@ def _base_optimizer(
         optimizer = plan.optimizer.build(moe_param_groups(groups) if moe is not None else groups)
     else:
         return None
-    if plan.offload_optimizer:
+    if plan.offload_optimizer and client is not None:
+        # Client optimizers only, as DeepSpeed's force check: the config's were planned for offload
+        # already, and its `torch_adam: true` stays torch's Adam ([Note: Adam routing]).
         optimizer = swap_for_cpu_optimizer(optimizer, force=config.model.zero_force_ds_cpu_optimizer)
     if (
         plan.zero_stage >= 1

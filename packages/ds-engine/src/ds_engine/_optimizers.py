@@ -1,11 +1,24 @@
 """Which optimizer a config (or a client) gets, decided once: names, parameter checks, the plan, the build.
 
-[Note: Adam routing] DeepSpeed maps `adam`/`adamw` to FusedAdam (CUDA), DeepSpeedCPUAdam (CPU
-offload) or, with `torch_adam`, torch's Adam/AdamW. Here: `torch_adam` -> torch Adam/AdamW with the
-given kwargs; CPU-resident parameters (offload, or a CPU run) -> `ds_ops.DeepSpeedCPUAdam` when the
-installed ds-ops provides it and its kernel loads; otherwise torch Adam/AdamW with `fused=True` on
-CUDA and `foreach=True` on CPU. Like FusedAdam, this default path uses `weight_decay=0` unless the
-config sets it (torch's AdamW would silently use 0.01).
+[Note: Adam routing] As DeepSpeed 0.19.8's engine does for `adam`/`adamw` on a CPU host:
+- `torch_adam: true` -> torch's Adam/AdamW with the given kwargs, also with optimizer offload (the
+  offload swap in `swap_for_cpu_optimizer`, like DeepSpeed's `zero_force_ds_cpu_optimizer` check,
+  applies to client optimizers only);
+- else with optimizer offload -> `ds_ops.DeepSpeedCPUAdam` (`fp32_optimizer_states` default true);
+- else CPU-resident parameters -> `ds_ops.FusedAdam`, which on CPU tensors runs the same CPU Adam
+  kernel (moments in the dtype of the tensors it steps: the fp32 masters under ZeRO and under the
+  bf16/fp16 wrapper, which every ds stage-0 bf16/fp16 run has);
+- CUDA parameters without offload keep torch's AdamW/Adam with `fused=True` (DeepSpeed takes its
+  CUDA FusedAdam there).
+`fp32_optimizer_states` only means something to DeepSpeedCPUAdam; elsewhere it is dropped, as
+DeepSpeed pops it (a warning says so). Keys the chosen class does not take are refused by name.
+When FusedAdam's CPU op cannot be built here (no compiler), or the installed ds-ops lacks the
+class, the run uses torch's Adam/AdamW with `foreach=True` instead (the plan's `fallback`; with
+`bias_correction: false`, which torch cannot do, there is no fallback and the build error stands).
+The torch paths use `weight_decay=0` unless the config sets it, as FusedAdam does (torch's AdamW
+would silently use 0.01). A checkpoint saved by the DeepSpeedCPUAdam route that ds took here before
+(per-parameter `step`, fp32 moments) resumes under FusedAdam: see `ds_ops.FusedAdam`'s note on its
+step count.
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ _UNSUPPORTED = {
 _ZERO_TESTED = {"adam", "adamw", "adagrad", "lamb", "lion", "muon", "Adam", "AdamW", "Adagrad"}
 _ADAM_EXTRA = {"torch_adam", "adam_w_mode", "fp32_optimizer_states", "bias_correction", "set_grad_none"}
 _CPU_ADAM_KEYS = {"lr", "betas", "eps", "weight_decay", "amsgrad", "bias_correction", "fp32_optimizer_states"}
+_FUSED_ADAM_KEYS = {"lr", "betas", "eps", "weight_decay", "amsgrad", "bias_correction", "set_grad_none"}
 _DS_CPU_CLASSES = ("DeepSpeedCPUAdam", "DeepSpeedCPUAdagrad", "DeepSpeedCPULion")
 
 
@@ -141,7 +155,8 @@ def is_zero_tested_optimizer(optimizer: str | Optimizer) -> bool:
     if isinstance(optimizer, str):
         return optimizer in _ZERO_TESTED
     tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, Lion, Lamb)
-    return isinstance(optimizer, tested) or type(optimizer).__name__ in (*_DS_CPU_CLASSES, "MuonWithAuxAdam")
+    names = (*_DS_CPU_CLASSES, "FusedAdam", "MuonWithAuxAdam")
+    return isinstance(optimizer, tested) or type(optimizer).__name__ in names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,51 +199,77 @@ def _has_ds_ops(name: str) -> bool:
     return hasattr(ds_ops, name)
 
 
+def _drop_fp32_optimizer_states(kwargs: dict[str, Any], target: str) -> None:
+    if "fp32_optimizer_states" in kwargs:
+        kwargs.pop("fp32_optimizer_states")
+        logger.warning(
+            "optimizer.params.fp32_optimizer_states applies to ds_ops.DeepSpeedCPUAdam (optimizer offload) "
+            "only; %s ignores it, as DeepSpeed does",
+            target,
+        )
+
+
 def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: bool) -> OptimizerPlan:
     kwargs = dict(params)
     torch_adam = bool(kwargs.pop("torch_adam", False))
     adamw = name == "adamw" or bool(kwargs.pop("adam_w_mode", True))
     kwargs.pop("adam_w_mode", None)
-    kwargs.pop("set_grad_none", None)
     cls = "AdamW" if adamw else "Adam"
     if torch_adam:
-        for key in ("bias_correction", "fp32_optimizer_states"):
-            if key in kwargs:
-                raise ValueError(
-                    f"optimizer.params.{key} does not apply with torch_adam=true "
-                    f"(torch.optim.{cls} has no such argument)"
-                )
-        return OptimizerPlan(name, f"torch.optim.{cls}", kwargs, "torch_adam=true")
-    cpu_adam_ok = _has_ds_ops("DeepSpeedCPUAdam")
-    if offload or (device_type == "cpu" and cpu_adam_ok):
-        if not cpu_adam_ok:
+        kwargs.pop("set_grad_none", None)
+        _drop_fp32_optimizer_states(kwargs, f"torch.optim.{cls}")
+        if "bias_correction" in kwargs:
+            raise ValueError(
+                f"optimizer.params.bias_correction does not apply with torch_adam=true "
+                f"(torch.optim.{cls} has no such argument)"
+            )
+        note = "torch_adam=true" + (" (not swapped for DeepSpeedCPUAdam under offload)" if offload else "")
+        return OptimizerPlan(name, f"torch.optim.{cls}", kwargs, note)
+    if offload:
+        if not _has_ds_ops("DeepSpeedCPUAdam"):
             raise ValueError(
                 "zero_optimization.offload_optimizer needs ds_ops.DeepSpeedCPUAdam, which the installed "
                 "ds-ops does not provide; upgrade ds-ops or remove the offload"
             )
-        extra = sorted(set(kwargs) - _CPU_ADAM_KEYS)
-        if extra:
+        kwargs.pop("set_grad_none", None)
+        _check_keys(kwargs, _CPU_ADAM_KEYS, "ds_ops.DeepSpeedCPUAdam")
+        return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", dict(kwargs, adamw_mode=adamw), "CPU offload")
+    if device_type == "cpu" and _has_ds_ops("FusedAdam"):
+        _drop_fp32_optimizer_states(kwargs, "ds_ops.FusedAdam")
+        _check_keys(kwargs, _FUSED_ADAM_KEYS, "ds_ops.FusedAdam")
+        if kwargs.get("amsgrad"):
             raise ValueError(
-                f"optimizer.params {extra} are not arguments of ds_ops.DeepSpeedCPUAdam; set "
-                "torch_adam=true to use torch's Adam with them"
+                "optimizer.params.amsgrad=true: ds_ops.FusedAdam (DeepSpeed's FusedAdam) has no AMSGrad; set "
+                "torch_adam=true to use torch's Adam with it"
             )
-        cpu = dict(kwargs, adamw_mode=adamw)
-        fallback = None if offload else _torch_adam_plan(name, cls, kwargs, device_type, "fallback")
+        fallback = None
+        if kwargs.get("bias_correction", True):
+            rest = {k: v for k, v in kwargs.items() if k != "set_grad_none"}
+            fallback = _torch_adam_plan(name, cls, rest, device_type, "fallback")
         return OptimizerPlan(
-            name, "ds_ops.DeepSpeedCPUAdam", cpu, "CPU offload" if offload else "CPU-resident parameters", fallback
+            name, "ds_ops.FusedAdam", dict(kwargs, adam_w_mode=adamw), "CPU-resident parameters", fallback
         )
-    note = "ds_ops.DeepSpeedCPUAdam not available" if device_type == "cpu" else ""
+    kwargs.pop("set_grad_none", None)
+    _drop_fp32_optimizer_states(kwargs, f"torch.optim.{cls}")
+    note = "ds_ops.FusedAdam not available" if device_type == "cpu" else ""
     return _torch_adam_plan(name, cls, kwargs, device_type, note)
+
+
+def _check_keys(kwargs: dict[str, Any], accepted: set[str], target: str) -> None:
+    extra = sorted(set(kwargs) - accepted)
+    if extra:
+        raise ValueError(
+            f"optimizer.params {extra} are not arguments of {target}; set torch_adam=true to use torch's Adam with them"
+        )
 
 
 def _torch_adam_plan(name: str, cls: str, kwargs: dict[str, Any], device_type: str, note: str) -> OptimizerPlan:
     kwargs = dict(kwargs)
     if not kwargs.pop("bias_correction", True):
         raise ValueError(
-            "optimizer.params.bias_correction=false needs ds_ops.DeepSpeedCPUAdam (torch's Adam always corrects bias)"
+            "optimizer.params.bias_correction=false needs ds_ops.FusedAdam or ds_ops.DeepSpeedCPUAdam "
+            "(torch's Adam always corrects bias)"
         )
-    if "fp32_optimizer_states" in kwargs:
-        raise ValueError("optimizer.params.fp32_optimizer_states only applies to ds_ops.DeepSpeedCPUAdam")
     kwargs.setdefault("weight_decay", 0.0)
     if "fused" not in kwargs and "foreach" not in kwargs:
         kwargs["fused" if device_type == "cuda" else "foreach"] = True

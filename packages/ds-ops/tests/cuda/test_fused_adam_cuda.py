@@ -108,4 +108,4 @@ def test_cuda_and_cpu_parameters_in_one_group() -> None:
         reference.step()
     for p, q in zip(params, ref_params, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert ours.param_groups[0]["step"] == 20
+    assert [ours.state[p]["step"] for p in params] == [20] * len(params)

@@ -32,9 +32,17 @@ class FusedAdam(torch.optim.Optimizer):
     and sizes; each CUDA block updates one chunk of `CHUNK_NUMEL` elements. CPU parameters: one call
     of the CPU Adam kernel per group spreads every tensor's tiles over `torch.get_num_threads()`
     OpenMP threads. Either way math is fp32 in torch.optim.Adam's order, without fused multiply-adds;
-    moments have the parameter's dtype (fp32, bf16 or fp16), as in DeepSpeed. The step count is per
-    param group (`group["step"]`), as in DeepSpeed. Each device's op is loaded (built on first use)
-    when a parameter on that device joins.
+    moments have the parameter's dtype (fp32, bf16 or fp16), as in DeepSpeed. Each device's op is
+    loaded (built on first use) when a parameter on that device joins.
+
+    [Note: FusedAdam's step count] The count is per parameter (`state["step"]`, an int), as in
+    DeepSpeed's FusedAdam, whose comment gives the reason: ZeRO-3 steps one sub-group at a time (the
+    group narrowed to one tile), so a per-group count would advance once per tile. Parameters of one
+    group at different counts take one kernel call per count. A new state starts from
+    `group.get("step", 0)`: that is how a state saved without a count (by ds's FusedAdam before it
+    kept one per parameter, with the count under `group["step"]`) resumes at the right step, as
+    DeepSpeed's does. States of `DeepSpeedCPUAdam` and of torch's Adam/AdamW (same keys, a per-
+    parameter step) load as they are; moments are cast to the parameter's dtype by torch's loader.
 
     Args:
         params: parameters or param groups (CUDA or CPU tensors).
@@ -121,6 +129,14 @@ class FusedAdam(torch.optim.Optimizer):
             self.param_groups.pop()
             raise
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's `load_state_dict`; a saved group without one of FusedAdam's hyper-parameters (torch's
+        Adam/AdamW have no `bias_correction`) gets this optimizer's default for it."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients: to None when `set_grad_none` (DeepSpeed's behaviour), else as torch does."""
         super().zero_grad(set_to_none=self.set_grad_none or set_to_none)
@@ -136,7 +152,8 @@ class FusedAdam(torch.optim.Optimizer):
         grad_scaler: Any = None,
     ) -> Any:
         """One Adam step for every parameter with a gradient: per group, one CUDA launch per (device,
-        dtype) and one CPU kernel call for its CPU tensors.
+        dtype, step count) and one CPU kernel call per step count for its CPU tensors (one of each
+        when the group's parameters are stepped together, the usual case).
 
         The legacy arguments (grads, output_params, scale, grad_norms, grad_scaler) are rejected, as
         in DeepSpeed.
@@ -151,8 +168,9 @@ class FusedAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for index, group in enumerate(self.param_groups):
-            buckets: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, ...]]] = {}
-            host = KernelBatch()
+            buckets: dict[tuple[torch.device, torch.dtype, int], list[tuple[torch.Tensor, ...]]] = {}
+            hosts: dict[int, KernelBatch] = {}
+            counts: list[tuple[dict[str, Any], int]] = []  # written once every parameter passed the checks
             for i, param in enumerate(group["params"]):
                 if param.grad is None or param.numel() == 0:
                     continue
@@ -164,35 +182,42 @@ class FusedAdam(torch.optim.Optimizer):
                         f"{param.grad.dtype} differs from the parameter's {param.dtype}"
                     )
                 state = self.state[param]
-                if not state:
+                if "exp_avg" not in state:
                     state["exp_avg"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
                     state["exp_avg_sq"] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
+                step = int(state.get("step", group.get("step", 0))) + 1
+                counts.append((state, step))
                 if param.device.type == "cpu":
                     for key in ("exp_avg", "exp_avg_sq"):
                         if not state[key].is_contiguous():
                             state[key] = state[key].contiguous()
-                    host.add(param, param.grad.contiguous(), [state["exp_avg"], state["exp_avg_sq"]], None)
+                    batch = hosts.setdefault(step, KernelBatch())
+                    batch.add(param, param.grad.contiguous(), [state["exp_avg"], state["exp_avg_sq"]], None)
                 else:
-                    buckets.setdefault((param.device, param.dtype), []).append(
+                    buckets.setdefault((param.device, param.dtype, step), []).append(
                         (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
                     )
-            if not buckets and not host.numels:
-                continue
-            group["step"] = group.get("step", 0) + 1
-            if host.numels:
-                self._step_cpu(host, group)
-            for (device, dtype), tensors in buckets.items():
-                self._launch(device, dtype, tensors, group)
+            for state, step in counts:
+                state["step"] = step
+            for step, batch in hosts.items():
+                self._step_cpu(batch, group, step)
+            for (device, dtype, step), tensors in buckets.items():
+                self._launch(device, dtype, tensors, group, step)
         return loss
 
-    def _step_cpu(self, batch: KernelBatch, group: dict[str, Any]) -> None:
-        scalars = adam_scalars(group, group["step"], self.adam_w_mode)
+    def _step_cpu(self, batch: KernelBatch, group: dict[str, Any], step: int) -> None:
+        scalars = adam_scalars(group, step, self.adam_w_mode)
         status = self._kernels["cpu"](*batch.arrays(), *scalars, torch.get_num_threads())
         assert status == 0, f"ds_cpu_adam_step returned {status}: arguments were checked before the call"
         batch.write_back()
 
     def _launch(
-        self, device: torch.device, dtype: torch.dtype, tensors: list[tuple[torch.Tensor, ...]], group: dict[str, Any]
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        tensors: list[tuple[torch.Tensor, ...]],
+        group: dict[str, Any],
+        step: int,
     ) -> None:
         # Non-contiguous tensors are updated through contiguous copies written back afterwards (same stream).
         work = [tuple(t if t.is_contiguous() else t.contiguous() for t in item) for item in tensors]
@@ -210,7 +235,7 @@ class FusedAdam(torch.optim.Optimizer):
                 offsets[-1],
                 CHUNK_NUMEL,
                 DTYPE_CODES[dtype],
-                *adam_scalars(group, group["step"], self.adam_w_mode),
+                *adam_scalars(group, step, self.adam_w_mode),
                 stream,
             )
         if status != 0:
