@@ -11,7 +11,12 @@ import torch
 from torch import nn
 
 from ds_engine.checkpoint import constants
-from ds_engine.checkpoint.universal_checkpoint import _narrow_sub_params, _resolve_autotp_partition
+from ds_engine.checkpoint.universal_checkpoint import (
+    AutoTPRestoreError,
+    SubparamShape,
+    _narrow_sub_params,
+    _resolve_autotp_partition,
+)
 
 tensor = pytest.importorskip("ds_parallel", reason="the AutoTP layers are ds-parallel's").tensor
 
@@ -66,3 +71,21 @@ def test_narrow_sub_params_refuses_bad_records() -> None:
     with pytest.raises(ValueError, match="before version 0.4"):
         _narrow_sub_params(full, 0, (3, 3), None, 0, 2, 0.3)
     assert torch.equal(_narrow_sub_params(full, 0, (4, 2), [[3, 1], [1, 1]], 1, 2, 0.4), full[[3, 5]].flatten())
+
+
+def test_legacy_records_and_error_kinds() -> None:
+    """Old records: sub-parameters named only by a converter's `SubparamShape`, or no sizes at all (an even
+    split). An uneven dim with no recorded sizes is refused, as both AssertionError and ValueError."""
+    full = torch.arange(24.0).view(8, 3)
+    param = nn.Parameter(torch.zeros(4, 3))
+    spec = SubparamShape(patterns=["^p$"], shape=((4, 4), 3), partition_dim=0)
+    setattr(param, constants.DS_AUTOTP_UC_META, {"partition_dim": 0, "logical_shape": (8, 3), "sub_param_shape": spec})
+    got = _resolve_autotp_partition(param, {}, full.flatten(), tp_rank=1, tp_world_size=2)
+    assert got is not None and torch.equal(got, full[[2, 3, 6, 7]].flatten())
+    setattr(param, constants.DS_AUTOTP_UC_META, {"partition_dim": 0, "logical_shape": (8, 3)})
+    got = _resolve_autotp_partition(param, {}, full.flatten(), tp_rank=1, tp_world_size=2)
+    assert got is not None and torch.equal(got, full[4:].flatten())
+    for kind in (AssertionError, ValueError):
+        with pytest.raises(kind, match="not divisible by tp_world_size 3"):
+            _resolve_autotp_partition(param, {}, full.flatten(), tp_rank=0, tp_world_size=3)
+    assert issubclass(AutoTPRestoreError, AssertionError)
