@@ -6,6 +6,10 @@
 what layers are built for, as `deepspeed.module_inject.layers.set_autotp_mode` does.
 `extract_hf_tp_plan` reads a Hugging Face model's tensor-parallel plan; `shard_model(..., tp_plan=...)`
 cuts by that plan instead of by module names (`resolve_plan` shows what it would cut).
+Every layer records on its parameters how it cut them, in DeepSpeed's universal-checkpoint schema
+(`DS_AUTOTP_UC_META`); `collect_autotp_universal_checkpoint_info` aggregates the records into DeepSpeed's
+model-level `universal_checkpoint_info`. DeepSpeed's sub-parameter, Yuan and fused-qkv layers are here
+under their DeepSpeed names, and DeepSpeed's private helper names are aliases of the public ones.
 """
 
 from __future__ import annotations
