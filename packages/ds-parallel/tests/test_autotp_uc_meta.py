@@ -130,3 +130,19 @@ def test_zero3_emptied_module_keeps_its_whole_shape() -> None:
     lin.weight.data = torch.empty(0)
     layer = tp.LinearLayer(lin, None, name="up")
     assert getattr(layer.weight, tp.DS_AUTOTP_UC_META)["original_shape"] == (4, 6)
+
+
+def test_yuan_cut_takes_each_rank_its_paired_value_heads() -> None:
+    """8 heads of 2 features over 2 ranks: rank r holds value heads 2r, 2r+1 (first half) and 4+2r, 5+2r."""
+    meta = tp.TPMeta(num_kv_heads=8)
+    layer = tp.Yuan_LinearLayer(nn.Linear(4, 16), None, name="v_proj", tp_meta=meta)
+    layer.tp_world_size = 2
+    layer._freeze_partition_sizes(16)
+    whole = torch.arange(16.0 * 4).view(16, 4)
+    for rank in range(2):
+        heads = [2 * rank, 2 * rank + 1, 4 + 2 * rank, 5 + 2 * rank]
+        expected = torch.cat([whole[2 * h : 2 * h + 2] for h in heads])
+        assert torch.equal(layer.layouts["weight"].shard(whole, rank), expected)
+    with pytest.raises(ValueError, match="even number of heads per rank"):
+        layer.tp_world_size = 8  # one head per rank: its pair would straddle two ranks
+        layer._freeze_partition_sizes(16)
