@@ -8,11 +8,14 @@ the same `ShardLayout` that cut the weight (sections of fused projections includ
 
 Saving: the ZeRO partition files of a tensor-parallel save hold each rank's shards, and nothing in them
 says how a shard sits in the whole parameter. `universal_checkpoint_info` writes that down in the
-model-states file as DeepSpeed's AutoTP does (its `universal_checkpoint_info` key, version 0.4), so
+model-states file as DeepSpeed's AutoTP does (its `universal_checkpoint_info` key, version 0.4, built by
+ds-parallel's `collect_autotp_universal_checkpoint_info` from each layer's per-parameter record), so
 `ds_to_universal` (ds's or DeepSpeed's) can put the shards back together: parameters every rank holds
 whole are `tp_replicated_parameter_patterns`, row-parallel weights (cut along dim 1)
 `parameter_with_row_parallelism_patterns`, column-parallel ones (dim 0, the converter's default) need
-no entry, and fused projections (several sections along the cut dim, each split on its own) are
+no entry (an output head or embedding among them is also a `vocabulary_parameter_patterns` entry), cuts a
+layer cannot describe are `autotp_unsupported_parameter_patterns`, and fused projections (several
+sections along the cut dim, each split on its own) are
 `parameter_with_sub_params` with every rank's width of every section in `sub_param_shard_widths`, and
 also get an `affine_map` entry (DeepSpeed's geometric form, which its converter and ds's prefer): for each
 rank, where its piece of each section sits in the whole parameter and in its shard.
@@ -28,12 +31,12 @@ import torch
 from torch import nn
 
 from ds_engine._optional import require
+from ds_engine.checkpoint.constants import AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS
 
 __all__ = ["UNIVERSAL_INFO_KEY", "shard_transform", "universal_checkpoint_info"]
 
 #: The model-states key holding the conversion metadata (DeepSpeed's `UNIVERSAL_CHECKPOINT_INFO`).
 UNIVERSAL_INFO_KEY = "universal_checkpoint_info"
-_VERSION = 0.4  # DeepSpeed 0.19.8's UNIVERSAL_CHECKPOINT_VERSION_VALUE: sub_param_shard_widths exist from 0.4
 _AFFINE_VERSION = 1  # DeepSpeed 0.19.8's AFFINE_MAP_FORMAT_VERSION
 
 
@@ -61,42 +64,32 @@ def shard_transform(module: nn.Module) -> Callable[[str, torch.Tensor], torch.Te
 def universal_checkpoint_info(module: nn.Module) -> dict[str, Any]:
     """DeepSpeed's `universal_checkpoint_info` of a tensor-parallel model: how each trainable parameter is cut.
 
-    One exact-name pattern (`^name$`) per parameter, under the category its `ShardLayout` says; frozen
-    parameters are left out (they have no optimizer state to convert, and a pattern that matches
-    nothing fails the converter's strict check). The same on every rank (layouts hold every rank's share).
+    The categories are the AutoTP layers' own records, aggregated as DeepSpeed's engine does
+    (`collect_autotp_universal_checkpoint_info`: one exact-name `^name$` pattern per parameter). Frozen
+    parameters are then left out (they have no optimizer state to convert, and a pattern that matches
+    nothing fails the converter's strict check), and every sectioned cut also gets its `affine_map` entry.
+    The same on every rank (layouts hold every rank's share).
     """
+    tensor = require("ds_parallel", extra="parallel", feature="tensor parallelism").tensor
+    info: dict[str, Any] = tensor.collect_autotp_universal_checkpoint_info(module)
+    frozen = {f"^{re.escape(name)}$" for name, param in module.named_parameters() if not param.requires_grad}
+    for key, value in list(info.items()):
+        if isinstance(value, list):
+            info[key] = [p for p in value if (p["patterns"][0] if isinstance(p, dict) else p) not in frozen]
+        elif isinstance(value, dict):
+            info[key] = {p: v for p, v in value.items() if p not in frozen}
     cuts = _layouts(module)
-    replicated, row, sub_params = [], [], []
-    widths: dict[str, list[list[int]]] = {}
-    maps: dict[str, dict[str, Any]] = {}
+    maps = {}
     for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        pattern = f"^{re.escape(name)}$"
         layout = cuts[name][0] if name in cuts else None
-        if layout is None or layout.replicated or len(layout.sections[0]) == 1:
-            replicated.append(pattern)
-        elif len(layout.sections) > 1:
-            shape: list[Any] = list(param.shape)  # the local shape but along the cut dim: each section's size
-            shape[layout.dim] = tuple(sum(section) for section in layout.sections)
-            sub_params.append({"patterns": [pattern], "shape": shape, "partition_dim": layout.dim})
-            widths[pattern] = [list(section) for section in layout.sections]
-            whole = [*param.shape[: layout.dim], layout.full_size, *param.shape[layout.dim + 1 :]]
-            maps[pattern] = _sections_map(whole, layout)
-        elif layout.dim == 1:
-            row.append(pattern)
-        elif layout.dim != 0:
-            raise ValueError(f"parameter {name!r} is cut along dim {layout.dim}: no universal-checkpoint category")
-    info: dict[str, Any] = {
-        "universal_checkpoint_version": _VERSION,
-        "parameter_with_row_parallelism_patterns": sorted(row),
-        "tp_replicated_parameter_patterns": sorted(replicated),
-        "vocabulary_parameter_patterns": [],
-        "parameter_with_sub_params": sub_params,
-        "autotp_unsupported_parameter_patterns": {},
-    }
-    if widths:
-        info["sub_param_shard_widths"] = widths
+        pattern = f"^{re.escape(name)}$"
+        if pattern in frozen or layout is None or layout.replicated or len(layout.sections) < 2:
+            continue
+        if pattern in info[AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS]:
+            continue
+        whole = [*param.shape[: layout.dim], layout.full_size, *param.shape[layout.dim + 1 :]]
+        maps[pattern] = _sections_map(whole, layout)
+    if maps:
         info["affine_map"] = {"version": _AFFINE_VERSION, "params": maps}
     return info
 

@@ -48,6 +48,15 @@ FP16_ZERO_FILE_PREFIX = "fp16_" + ZERO_FILE_PREFIX
 UNIVERSAL_CHECKPOINT_INFO = "universal_checkpoint_info"
 UNIVERSAL_CHECKPOINT_VERSION_KEY = "universal_checkpoint_version"
 UNIVERSAL_CHECKPOINT_VERSION_VALUE = 0.4
+# AutoTP: the per-parameter attribute holding how a layer cut the parameter (its restore view, with the
+# conversion view nested under "conversion"), and the UNIVERSAL_CHECKPOINT_INFO entry of parameters whose
+# cut cannot be described (pattern -> why). ds-parallel's tensor layers write both under these names.
+DS_AUTOTP_UC_META = "ds_autotp_universal_checkpoint_meta"
+AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS = "autotp_unsupported_parameter_patterns"
+# The geometric description of each parameter's cut (UNIVERSAL_CHECKPOINT_INFO[AFFINE_MAP]).
+AFFINE_MAP = "affine_map"
+AFFINE_MAP_VERSION = "version"
+AFFINE_MAP_PARAMS = "params"
 VOCAB_TENSOR = "vocab_tensor"
 PADDED_VOCAB_SIZE = "padded_vocab_size"
 ORIGINAL_VOCAB_SIZE = "original_vocab_size"

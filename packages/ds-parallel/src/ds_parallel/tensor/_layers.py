@@ -25,6 +25,7 @@ from ds_parallel.tensor._regions import (
     reduce_from_tp_region,
 )
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_sizes
+from ds_parallel.tensor._uc_meta import mark_param_from_layout
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,10 @@ class TensorParallelLayer(nn.Module):
 
     weight: nn.Parameter
     bias: nn.Parameter | None
+    #: DeepSpeed's name for how the layer cuts ("column": output features, "row": input features).
+    _uc_partition_type = "column"
+    #: Why a universal checkpoint cannot describe this layer's cut (None: it can).
+    _unsupported_uc_reason: str | None = None
 
     def __init__(
         self,
@@ -77,23 +82,77 @@ class TensorParallelLayer(nn.Module):
         self.training_mode = is_autotp_training_mode() if training is None else training
         self.in_features, self.out_features = module.in_features, module.out_features
         self.layouts: dict[str, ShardLayout] = {}
+        #: Each parameter's whole shape (under ZeRO-3, the `ds_shape` it had before being partitioned).
+        self._orig_shapes: dict[str, tuple[int, ...]] = {}
         for pname in ("weight", "bias"):
             full = getattr(module, pname, None)
             if full is None:
                 self.register_parameter(pname, None)
                 continue
+            shape = tuple(getattr(full, "ds_shape", None) or full.shape)
+            self._orig_shapes[pname] = shape
             # A share may be empty (a grain larger than the dimension): that rank contributes nothing, as in DeepSpeed.
-            layout = self._layout(pname, full)
+            layout = self._layout(pname, shape)
             self.layouts[pname] = layout
-            shard = layout.shard(full.data, self.tp_index)
+            shard = self._initial_shard(pname, layout, full.data, shape)
             param = nn.Parameter(shard, requires_grad=self.training_mode and full.requires_grad)
             setattr(param, IS_REPLACED_MODULE, True)
             if not layout.replicated and self.tp_world_size > 1:
                 setattr(param, TENSOR_MODEL_PARALLEL, True)
             self.register_parameter(pname, param)
+        self._partition_sizes = self._cut_sizes()
+        self._mark_uc_metadata()
+
+    def _initial_shard(
+        self, pname: str, layout: ShardLayout, data: torch.Tensor, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """This rank's shard of the module's `data`. A ZeRO-3 parameter whose local data is gone (empty,
+        its whole shape in `ds_shape`) is kept as it is when nothing is cut; it cannot be cut here."""
+        if data.numel() == 0 and tuple(data.shape) != shape:
+            if self.tp_world_size == 1:
+                return data
+            raise ValueError(
+                f"AutoTP: layer {self.name!r}: {pname} holds no data (ZeRO-3 partitioned, whole shape {shape}); "
+                "gather it before cutting it over the tensor-parallel ranks"
+            )
+        return layout.shard(data, self.tp_index)
+
+    # -- the cut, frozen -------------------------------------------------------------------------------
+    def _cut_sizes(self) -> tuple[int, ...]:
+        """Every rank's share of the weight's cut dim (the whole dim, once, when not cut)."""
+        layout = self.layouts["weight"]
+        if layout.replicated:
+            return (self._orig_shapes["weight"][0],)
+        return layout.local_sizes()
+
+    def _freeze_partition_sizes(self, total_size: int) -> tuple[int, ...]:
+        """Decide the cut again for the current `tp_world_size` (DeepSpeed's hook; layers call it once, when
+        built) and return every rank's share of the weight's cut dim, of `total_size` elements."""
+        layouts = {pname: self._layout(pname, shape) for pname, shape in self._orig_shapes.items()}
+        weight = layouts["weight"]
+        if not weight.replicated and weight.full_size != total_size:
+            raise ValueError(
+                f"AutoTP: layer {self.name!r}: its weight's cut dim has {weight.full_size} elements, not {total_size}"
+            )
+        self.layouts = layouts
+        self._partition_sizes = self._cut_sizes()
+        return self._partition_sizes
+
+    def _mark_uc_metadata(self) -> None:
+        """Record on each parameter how it is cut (`ds_autotp_universal_checkpoint_meta`, DeepSpeed's schema):
+        what universal-checkpoint conversion and restore read. Re-run after the shards change."""
+        for pname, layout in self.layouts.items():
+            mark_param_from_layout(
+                getattr(self, pname),
+                layout,
+                self._orig_shapes[pname],
+                partition_type=self._uc_partition_type,
+                is_bias=pname == "bias",
+                unsupported_reason=self._unsupported_uc_reason,
+            )
 
     # -- what subclasses decide -----------------------------------------------------------------------
-    def _layout(self, pname: str, full: torch.Tensor) -> ShardLayout:
+    def _layout(self, pname: str, shape: tuple[int, ...]) -> ShardLayout:
         raise NotImplementedError
 
     def _split(self, total: int, name: str | None = None) -> tuple[int, ...]:
@@ -163,8 +222,8 @@ class LinearLayer(TensorParallelLayer):
         self.gather_output = gather_output
         super().__init__(module, mp_group, **kwargs)  # type: ignore[arg-type]
 
-    def _layout(self, pname: str, full: torch.Tensor) -> ShardLayout:
-        return ShardLayout(0, (self._split(full.shape[0]),))
+    def _layout(self, pname: str, shape: tuple[int, ...]) -> ShardLayout:
+        return ShardLayout(0, (self._split(shape[0]),))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp_region(x, self.mp_group, self.training_mode)
@@ -185,10 +244,12 @@ class LinearAllreduce(TensorParallelLayer):
     the group per forward.
     """
 
-    def _layout(self, pname: str, full: torch.Tensor) -> ShardLayout:
+    _uc_partition_type = "row"
+
+    def _layout(self, pname: str, shape: tuple[int, ...]) -> ShardLayout:
         if pname == "bias":
             return ShardLayout(None)
-        return ShardLayout(1, (self._split(full.shape[1]),))
+        return ShardLayout(1, (self._split(shape[1]),))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = reduce_from_tp_region(F.linear(x, self.weight), self.mp_group, self.training_mode)
@@ -207,14 +268,14 @@ class LmHeadLinearAllreduce(LinearAllreduce):
     def __init__(self, module: nn.Linear, mp_group: ProcessGroup | None, **kwargs: object) -> None:
         kwargs["name"] = "lm_head"  # the head splits near evenly, never by attention heads
         super().__init__(module, mp_group, **kwargs)  # type: ignore[arg-type]
-        layout = self.layouts["weight"]
-        sizes = layout.local_sizes()
-        self._input_offset = sum(sizes[: self.tp_index])
-        self._input_size = sizes[self.tp_index]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The input is cut as the weight was, by the sizes frozen with the layout (never re-derived here).
+        sizes = self.layouts["weight"].local_sizes()
+        if sum(sizes) != x.shape[-1]:
+            raise ValueError(f"AutoTP: output head cut for {sum(sizes)} input features, got {x.shape[-1]}")
         x = copy_to_tp_region(x, self.mp_group, self.training_mode)
-        local = x.narrow(-1, self._input_offset, self._input_size)
+        local = x.narrow(-1, sum(sizes[: self.tp_index]), sizes[self.tp_index])
         return super().forward(local)
 
 
@@ -224,10 +285,10 @@ class _SectionedColumn(LinearLayer):
     def _sections(self, total: int) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def _layout(self, pname: str, full: torch.Tensor) -> ShardLayout:
-        sections = self._sections(full.shape[0])
-        if sum(sections) != full.shape[0]:
-            raise ValueError(f"AutoTP: layer {self.name!r}: sections {sections} do not tile {full.shape[0]} features")
+    def _layout(self, pname: str, shape: tuple[int, ...]) -> ShardLayout:
+        sections = self._sections(shape[0])
+        if sum(sections) != shape[0]:
+            raise ValueError(f"AutoTP: layer {self.name!r}: sections {sections} do not tile {shape[0]} features")
         return ShardLayout(0, tuple(self._split(s) for s in sections))
 
 
