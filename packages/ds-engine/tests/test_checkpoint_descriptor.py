@@ -25,7 +25,9 @@ from ds_engine.checkpoint import (
     merge_state,
     model_3d_desc,
 )
-from ds_engine.checkpoint.ds_to_universal import _aggregate_autoep_zero12_metadata
+from ds_engine.checkpoint.model_state_metadata import (
+    aggregate_autoep_zero12_metadata as _aggregate_autoep_zero12_metadata,
+)
 from ds_engine.runtime.engine import _checkpoint_parallel_metadata
 
 
@@ -266,3 +268,10 @@ def test_merge_state_refusals() -> None:
         merge_state({"a": [torch.ones(1)]}, {"a": [1.0]})
     with pytest.raises(ValueError, match="cannot merge lists of lengths 1 and 2 at a"):
         merge_state({"a": [1]}, {"a": [1, 2]})
+
+
+def test_ds_to_universal_serves_the_aggregation_under_deepspeeds_name() -> None:
+    pytest.importorskip("ds_zero", reason="deepspeed.checkpoint.ds_to_universal needs the zero extra")
+    from ds_engine.checkpoint import ds_to_universal
+
+    assert ds_to_universal._aggregate_autoep_zero12_metadata is _aggregate_autoep_zero12_metadata
