@@ -15,6 +15,10 @@ from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_e
 
 from ds_engine.config import DeepSpeedConfig
 
+# The per-key warning comes from ds-zero's config model; without ds-zero, ds-engine logs one line for every
+# stage-0 key instead (tested in test_optional_seams).
+pytest.importorskip("ds_zero", reason="the stage-0 offload warning is ds-zero's config model's")
+
 SECTIONS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("optimizer_cpu", {"offload_optimizer": {"device": "cpu"}}, ["offload_optimizer"]),
     ("param_cpu", {"offload_param": {"device": "cpu"}}, ["offload_param"]),
