@@ -145,3 +145,20 @@ def test_knobs_without_effect_are_accepted_and_listed() -> None:
         "zero_optimization.offload_optimizer.cpuadam_cores_perc": 0.5,
     }
     assert find_ignored(_zero({"stage": 2, "contiguous_gradients": True}), path="zero_optimization") == []
+
+
+@pytest.mark.parametrize(("stage", "logged"), [(3, True), (2, False), (1, False)])
+def test_stage3_elastic_checkpoint_logs_deprecation_on_deepspeed_logger(
+    caplog: pytest.LogCaptureFixture, stage: int, logged: bool
+) -> None:
+    # DeepSpeed states this deprecation for stage 3 only, on its "DeepSpeed" logger, at validation.
+    with caplog.at_level("WARNING", logger="DeepSpeed"):
+        _zero({"stage": stage, "elastic_checkpoint": True})
+        _zero({"stage": 3, "elastic_checkpoint": False})
+    records = [
+        r for r in caplog.records if r.name == "DeepSpeed" and "elastic checkpointing is deprecated" in r.message
+    ]
+    assert len(records) == (1 if logged else 0)
+    if logged:
+        assert records[0].levelname == "WARNING"
+        assert "no effect" in records[0].message

@@ -32,6 +32,7 @@ from ds_engine._engine_offload_states import (
 from ds_engine._engine_queries import EngineCompatQueries
 from ds_engine._flops_step import StepFlopsProfile
 from ds_engine._optional import require
+from ds_engine._recovery_script import change_recovery_script_permissions
 from ds_engine._train_state import Counters, TrainState, rng_state
 
 logger = logging.getLogger(__name__)
@@ -472,6 +473,11 @@ class DeepSpeedEngine(
                 )
 
         return write
+
+    def _change_recovery_script_permissions(self, dst: str | Path) -> None:
+        """DeepSpeed's private chmod step for a checkpoint's `zero_to_fp32.py`: make `dst` executable, or log
+        on the "DeepSpeed" logger (INFO) why not and go on (`_recovery_script`)."""
+        change_recovery_script_permissions(dst)
 
     def load_checkpoint(
         self,

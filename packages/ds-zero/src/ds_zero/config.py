@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -21,6 +22,11 @@ __all__ = [
 ]
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
+
+#: DeepSpeed's logger name. Deprecation notices DeepSpeed states at config validation go there as well,
+#: where migrated tooling watches for them; the engine's `warn_ignored` still reports an ignored key as a
+#: `UserWarning` naming its key path.
+_DEEPSPEED_LOGGER = logging.getLogger("DeepSpeed")
 
 # Field name -> the `stage3_`-prefixed spelling most DeepSpeed configs use. Either is accepted, not both.
 _STAGE3_ALIASES = {
@@ -317,6 +323,12 @@ class ZeroConfig(ConfigModel):
                 "offload the optimizer state",
                 UserWarning,
                 stacklevel=2,
+            )
+        if self.elastic_checkpoint and self.stage == 3:
+            _DEEPSPEED_LOGGER.warning(
+                "ZeRO-3 elastic checkpointing is deprecated and no longer supported: zero_optimization."
+                "elastic_checkpoint=True has no effect (ds checkpoints re-partition on load; use universal "
+                "checkpointing to change the parallel layout)"
             )
         if not self.compute_grad_norm and self.stage == 3:
             raise ValueError("compute_grad_norm=False is only allowed for stages 1 and 2")
