@@ -15,6 +15,7 @@ from ds_comm._atomic_file import atomic_save, atomic_write, atomic_write_text, f
 from ds_comm._comms_log_api import get_comm_operation_count, get_logged_comm_ops, has_comm_data, reset_log
 from ds_comm._comms_logger import DEFAULT_MAX_SAMPLES, CommsLogger, comms_logger, configure
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError, UsageError
+from ds_comm._device_mesh import initialize_mesh_device
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
 from ds_comm._pinned_memory import (
     PinnedMemoryTracker,
@@ -129,6 +130,7 @@ __all__ = [
     "has_comm_data",
     "inference_all_reduce",
     "init_distributed",
+    "initialize_mesh_device",
     "irecv",
     "is_current_accelerator_supported",
     "is_initialized",
