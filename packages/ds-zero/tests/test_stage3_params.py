@@ -49,8 +49,10 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "ds_persist",
         "ds_process_group",
         "ds_param_type",
+        "ds_secondary_tensor",  # hpZ's slice: None without it
         "_ds_state",
     }
+    assert w.ds_secondary_tensor is None
     assert w.ds_param_type is ds_zero.ZeroParamType.PARTITIONED
     st = state_of(w)
     assert isinstance(st, ZeroParamState) and not hasattr(st, "__dict__")

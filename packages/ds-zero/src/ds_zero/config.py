@@ -156,15 +156,15 @@ class ZeroConfig(ConfigModel):
     """The `zero_optimization` section: which ZeRO stage, and how it buckets, overlaps and offloads.
 
     Keys, defaults and legacy spellings follow DeepSpeed 0.19.8. Sizes are in elements, not bytes;
-    `5e8` is accepted for integer sizes. ZeRO++/MiCS keys are accepted only at their defaults; the
-    `zenflow` section is parsed (`ZenFlowConfig`), but the ZeRO optimizers refuse an enabled one.
+    `5e8` is accepted for integer sizes. Of ZeRO++, hpZ (`zero_hpz_partition_size`) is implemented; the
+    other ZeRO++ and the MiCS keys are accepted only at their defaults; the `zenflow` section is parsed
+    (`ZenFlowConfig`), but the ZeRO optimizers refuse an enabled one.
     """
 
     deprecated_keys: ClassVar[dict[str, str]] = {
         "stage3_gather_fp16_weights_on_model_save": "gather_16bit_weights_on_model_save",
     }
     inert_keys: ClassVar[dict[str, str]] = {
-        "zero_hpz_partition_size": "ZeRO++ hierarchical partitioning is not implemented",
         "zero_quantized_weights": "ZeRO++ quantized weights are not implemented",
         "zero_quantized_nontrainable_weights": "quantized frozen weights are not implemented",
         "zero_quantized_gradients": "ZeRO++ quantized gradients are not implemented",
@@ -247,7 +247,9 @@ class ZeroConfig(ConfigModel):
     leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
     """Stage 3: modules gathered whole on entry (mixture-of-experts blocks); see `LeafModuleConfig`."""
 
-    zero_hpz_partition_size: int = 1
+    zero_hpz_partition_size: int = Field(1, ge=1)
+    """ZeRO++ hpZ (stage 3): ranks per block holding a secondary partition that backward gathers read
+    inside the block (1: off). Must divide the data-parallel world size."""
     zero_quantized_weights: bool = False
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False

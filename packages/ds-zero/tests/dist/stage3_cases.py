@@ -145,6 +145,8 @@ def train_stage3(
         "eval": eval_logits,
         "norm": opt.global_grad_norm,
         "peak": opt.parameter_offload.peak_live_numel,
+        "gathers": opt.parameter_offload.num_param_gathers,
+        "block_gathers": opt.parameter_offload.num_block_param_gathers,
     }
 
 

@@ -17,6 +17,9 @@ checked gathers and posts what it ran to the c10d store; parameter gathers run o
 group, so a rank that left the trace can never meet another rank's unchecked gather with a different
 collective. The ranks still on the trace then time out in their gather and report the deviations posted
 by the others.
+
+With hpZ (`_params.secondary`), a parameter whose secondary slice is current is gathered inside its
+block of ranks from that slice; the fingerprint check still runs over all data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._params.partitioned_param import acquire_shards, alloc_full, mark_inflight, set_available, state_of
+from ds_zero._params.secondary import SecondaryPartition, fill_secondary
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +177,7 @@ def deviation_summary(group: ProcessGroup | None) -> str:
 class GatherHandle:
     """An issued coalesced gather; `wait()` fills every parameter's full storage and marks it available."""
 
-    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release")
+    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release", "_fill")
 
     def __init__(
         self,
@@ -184,11 +188,15 @@ class GatherHandle:
         label: str = "",
         group: ProcessGroup | None = None,
         release: Callable[[], None] | None = None,
+        sizes: list[int] | None = None,
+        fill: SecondaryPartition | None = None,
     ) -> None:
         self.params = params
         self._recv = recv
         self._work = work
-        self._sizes = [state_of(p).shard_numel for p in params]
+        # elements each of the `world` senders contributed per parameter (their shard, or their hpZ slice)
+        self._sizes = sizes if sizes is not None else [state_of(p).shard_numel for p in params]
+        self._fill = fill  # hpZ: keep this rank's secondary slice of what was gathered
         self._world = world
         self._label = label
         self._group = group
@@ -215,6 +223,10 @@ class GatherHandle:
                 torch.split_with_sizes_copy(rows, self._sizes, dim=1, out=outs)
         for p in self.params:
             set_available(p)
+        if self._fill is not None:
+            for p in self.params:
+                if not p.ds_persist:
+                    fill_secondary(p, self._fill)
         self._recv = None
         self._work = None
         if self._release is not None:
@@ -231,6 +243,7 @@ def gather_params(
     async_op: bool = False,
     checked: bool = True,
     seq: int = 0,
+    secondary: SecondaryPartition | None = None,
 ) -> list[GatherHandle]:
     """All-gather the full values of `params` (one collective per dtype), after the fingerprint check.
 
@@ -242,17 +255,27 @@ def gather_params(
         async_op: return handles still in flight (their parameters are marked INFLIGHT) instead of waiting.
         checked: run the fingerprint check first (False only for gathers taken from a shared trace).
         seq: parameter gathers issued on `group` before this one (part of the fingerprint).
+        secondary: this rank's hpZ block (None: hpZ off). Parameters with a current secondary slice are
+            gathered in the block from it (one more collective per dtype); the others from their primary
+            shards, refreshing their slices.
 
     Returns:
-        One handle per dtype; already waited on unless `async_op`.
+        One handle per dtype (and, with hpZ, per source); already waited on unless `async_op`.
     """
     world = ds_comm.get_world_size(group)
     if checked:
         check_same_gather(params, label, fp_group, seq)
     by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    from_secondary: dict[torch.dtype, list[torch.nn.Parameter]] = {}
     for p in params:
-        by_dtype.setdefault(state_of(p).full.dtype, []).append(p)
+        st = state_of(p)
+        (from_secondary if secondary is not None and st.secondary_valid else by_dtype).setdefault(
+            st.full.dtype, []
+        ).append(p)
     handles = []
+    if secondary is not None:
+        for dtype, batch in from_secondary.items():
+            handles.append(_gather_secondary(batch, dtype, secondary, label, fp_group, async_op))
     for dtype, batch in by_dtype.items():
         device = state_of(batch[0]).full.device
         release = acquire_shards(batch, label)  # NVMe-swapped shards are read into pinned buffers
@@ -274,13 +297,39 @@ def gather_params(
             else:
                 recv = torch.empty(send.numel() * world, dtype=dtype, device=device)
                 work = ds_comm.all_gather_into_tensor(recv, send, group=group, async_op=True)
-                handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release)
+                handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release, fill=secondary)
         for p in batch:
             mark_inflight(p)
         if not async_op:
             handle.wait()
         handles.append(handle)
     return handles
+
+
+def _gather_secondary(
+    batch: list[torch.nn.Parameter],
+    dtype: torch.dtype,
+    part: SecondaryPartition,
+    label: str,
+    fp_group: ProcessGroup | None,
+    async_op: bool,
+) -> GatherHandle:
+    """Issue the in-block all-gather of `batch`'s secondary slices (see `_params.secondary`)."""
+    slices = [p.ds_secondary_tensor for p in batch]
+    device = state_of(batch[0]).full.device
+    with torch.no_grad():
+        send = torch.cat(slices) if len(slices) > 1 else slices[0]
+        send = send.to(device=device, dtype=dtype)
+        recv = torch.empty(send.numel() * part.size, dtype=dtype, device=device)
+        work = ds_comm.all_gather_into_tensor(recv, send, group=part.group, async_op=True)
+    handle = GatherHandle(
+        batch, recv, work, part.size, f"{label} (hpZ block)", fp_group, sizes=[s.numel() for s in slices]
+    )
+    for p in batch:
+        mark_inflight(p)
+    if not async_op:
+        handle.wait()
+    return handle
 
 
 def broadcast_full(params: Sequence[torch.nn.Parameter], src_rank: int, group: ProcessGroup | None) -> None:

@@ -16,7 +16,8 @@ and `named_parameters()` keep working), and its `.data` switches between two ten
 
 The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
-`ds_process_group`, `ds_param_type`. Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
+`ds_process_group`, `ds_param_type`, and `ds_secondary_tensor` (hpZ's slice, see `_params.secondary`;
+None without hpZ). Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
 `s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
 
 [Note: user-facing attributes vs internal state]
@@ -110,6 +111,8 @@ class ZeroParamState:
     """Index of the gradient reduce bucket the parameter's gradient goes to."""
     grad_slot: tuple[torch.Tensor, int] | None = None
     """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
+    secondary_valid: bool = False
+    """hpZ: `ds_secondary_tensor` holds the current values (see `_params.secondary`); False: gather the primary."""
 
 
 def state_of(param: torch.nn.Parameter) -> ZeroParamState:
@@ -186,6 +189,7 @@ def partition_param(
     param.ds_persist = False
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
     param.ds_param_type = ZeroParamType.PARTITIONED
+    param.ds_secondary_tensor = None
     full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
     param._ds_state = ZeroParamState(
         name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
@@ -247,6 +251,7 @@ def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None
     """
     flat = full.reshape(-1)
     st = state_of(param)
+    st.secondary_valid = False
     s, rank, numel = st.shard_numel, st.rank, param.ds_numel
     start, end = min(rank * s, numel), min((rank + 1) * s, numel)
     with torch.no_grad():
@@ -290,6 +295,7 @@ def write_shards(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -
     swapped: dict[int, tuple[Any, list[torch.nn.Parameter], list[torch.Tensor]]] = {}
     with torch.no_grad():
         for p, v in zip(params, values, strict=True):
+            state_of(p).secondary_valid = False
             swap = state_of(p).swap
             if swap is None:
                 p.ds_tensor.copy_(v)
@@ -339,6 +345,8 @@ def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
     """
     available = param.ds_status is ZeroParamStatus.AVAILABLE
     st = state_of(param)
+    st.secondary_valid = False
+    param.ds_secondary_tensor = None  # reallocated in the new dtype/device by the next primary gather
     with torch.no_grad():
         full = fn(st.full) if available else None
         if st.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible

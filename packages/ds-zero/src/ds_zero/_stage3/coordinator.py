@@ -37,6 +37,7 @@ import ds_comm
 from ds_zero._params.gather import check_same_gather, name_fingerprint, report_deviation
 from ds_zero._params.gathered_parameters import external_params
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
+from ds_zero._params.secondary import SecondaryPartition, invalidate_secondaries
 from ds_zero._stage3.live import LiveParams
 from ds_zero._stage3.prefetch import Prefetcher
 from ds_zero._stage3.returned_params import returned_params
@@ -71,6 +72,8 @@ class ParamCoordinator:
         max_live_parameters: gathered elements kept resident beyond the running modules' own.
         max_reuse_distance: keep a released parameter needed again within this many gathered elements.
         log_trace_cache_warnings: warn (instead of debug-log) when the execution order changes.
+        secondary: this rank's hpZ block (None: hpZ off). Gathers of parameters gathered earlier in the
+            same iteration run inside the block; the secondary slices go stale at each iteration's end.
     """
 
     def __init__(
@@ -83,6 +86,7 @@ class ParamCoordinator:
         max_live_parameters: int,
         max_reuse_distance: int,
         log_trace_cache_warnings: bool = False,
+        secondary: SecondaryPartition | None = None,
     ) -> None:
         self.root = root
         self.group = group
@@ -100,7 +104,9 @@ class ParamCoordinator:
         self._in_backward = False
         self._bwd_uses: list[GatherUnit] = []
         self._held: list[nn.Parameter] = []
-        self.live = LiveParams(group=group, fp_group=fp_group, max_live_parameters=max_live_parameters)
+        self.live = LiveParams(
+            group=group, fp_group=fp_group, max_live_parameters=max_live_parameters, secondary=secondary
+        )
         # NVMe-swapped shards (offload_param.device="nvme"): read ahead along the trace, dropped when it breaks
         swappers = {id(s.swap): s.swap for s in map(state_of, self.params) if s.swap is not None}
         self.prefetcher = Prefetcher(
@@ -161,6 +167,8 @@ class ParamCoordinator:
         if self._trace is not None:
             self._trace.commit()
         self._trace = None
+        if self.live.secondary is not None:  # an optimizer step may change the shards before the next gather
+            invalidate_secondaries(self.params)
 
     def pre_forward(self, module: nn.Module) -> None:
         if not self._stack and not self._in_backward:

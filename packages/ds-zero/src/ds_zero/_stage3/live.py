@@ -19,6 +19,7 @@ from torch.distributed import ProcessGroup
 
 from ds_zero._params.gather import GatherHandle, gather_params
 from ds_zero._params.partitioned_param import ZeroParamStatus, free_full, state_of
+from ds_zero._params.secondary import SecondaryPartition
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +36,20 @@ class LiveParams:
         group: the data-parallel group the parameters are gathered on.
         fp_group: the group for the gather fingerprint check (None when world is 1).
         max_live_parameters: gathered elements kept resident beyond the running modules' own.
+        secondary: this rank's hpZ block (None: hpZ off; see `_params.secondary`).
     """
 
-    def __init__(self, *, group: ProcessGroup | None, fp_group: ProcessGroup | None, max_live_parameters: int) -> None:
+    def __init__(
+        self,
+        *,
+        group: ProcessGroup | None,
+        fp_group: ProcessGroup | None,
+        max_live_parameters: int,
+        secondary: SecondaryPartition | None = None,
+    ) -> None:
         self.group = group
         self.fp_group = fp_group
+        self.secondary = secondary
         self.max_live_parameters = max_live_parameters
         self.retained: dict[int, nn.Parameter] = {}
         """Released by their modules, kept because the trace needs them again soon (by `ds_id`)."""
@@ -54,6 +64,8 @@ class LiveParams:
         """Collectives issued so far (part of the gather fingerprint)."""
         self.num_param_gathers = 0
         """Parameters gathered so far, counted once per gather (what a fetch-count test compares)."""
+        self.num_block_param_gathers = 0
+        """Of those, the ones gathered inside the hpZ block from secondary slices."""
 
     @property
     def prefetched_numel(self) -> int:
@@ -64,6 +76,8 @@ class LiveParams:
 
     def issue(self, params: list[nn.Parameter], label: str, *, async_op: bool, checked: bool) -> None:
         """Start the gather of `params` (released ones) as one collective per dtype; wait unless `async_op`."""
+        if self.secondary is not None:
+            self.num_block_param_gathers += sum(state_of(p).secondary_valid for p in params)
         handles = gather_params(
             params,
             group=self.group,
@@ -72,6 +86,7 @@ class LiveParams:
             async_op=async_op,
             checked=checked,
             seq=self.num_gathers,
+            secondary=self.secondary,
         )
         self.num_gathers += len(handles)
         self.num_param_gathers += len(params)

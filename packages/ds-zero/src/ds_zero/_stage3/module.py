@@ -15,6 +15,7 @@ import ds_comm
 from ds_zero._nvme.param_swapper import ParamSwapper
 from ds_zero._params.partitioned_module import partition_module, remove_guard
 from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
+from ds_zero._params.secondary import secondary_partition
 from ds_zero._stage3.coordinator import ParamCoordinator
 from ds_zero._stage3.hooks import install_hooks
 from ds_zero._stage3.leaf_modules import apply_leaf_module_config
@@ -70,9 +71,13 @@ class DeepSpeedZeRoOffload:
             or (NVMe offload) `nvme_path` is missing or not writable, or a shard exceeds `buffer_size`.
         NVMeSwapError: a swap file could not be written (disk full, file-size limit).
 
+    With `zero_hpz_partition_size = h > 1` (ZeRO++ hpZ), each rank also keeps a 1/h slice of every
+    parameter it gathered, and gathers it again within its block of h consecutive ranks until the end of
+    the iteration (the backward's gathers): see `ds_zero._params.secondary`.
+
     Collectives: at construction, the creation of two groups over the data-parallel ranks (parameter
-    gathers; gather fingerprints) and one all-gather of the persistent parameters; every rank must
-    construct it, in the same order.
+    gathers; gather fingerprints), with hpZ one group per block, and one all-gather of the persistent
+    parameters; every rank must construct it, in the same order.
     """
 
     def __init__(
@@ -113,8 +118,15 @@ class DeepSpeedZeRoOffload:
                     f"data-parallel group has {self.world_size}; use the same group in ds_zero.Init "
                     "(data_parallel_group=) and here (dp_group=)"
                 )
+        hpz = cfg.zero_hpz_partition_size
+        if hpz > 1 and self.world_size % hpz:  # refused before any group is made
+            raise ValueError(
+                f"zero_optimization.zero_hpz_partition_size={hpz} must divide the data-parallel world size "
+                f"{self.world_size}"
+            )
         self.gather_group = self._new_group()
         self.fp_group = self._new_group(backend="gloo")  # tiny CPU tensors, waited on the CPU with a timeout
+        self.secondary = secondary_partition(dp_group, hpz) if hpz > 1 else None
         persistent = self._mark_persistent(module, cfg)
         if self.param_swapper is not None:  # persistent parameters stay whole on every rank: not swapped
             self.param_swapper.adopt([p for p in params if not p.ds_persist], keep=persistent)
@@ -127,6 +139,7 @@ class DeepSpeedZeRoOffload:
             max_live_parameters=cfg.max_live_parameters,
             max_reuse_distance=cfg.max_reuse_distance,
             log_trace_cache_warnings=cfg.log_trace_cache_warnings,
+            secondary=self.secondary,
         )
         if persistent:
             self.coordinator.refresh(persistent, "the persistent parameters")
@@ -181,6 +194,11 @@ class DeepSpeedZeRoOffload:
     def num_param_gathers(self) -> int:
         """Parameters all-gathered so far, each gather counted (prefetches and explicit gathers included)."""
         return self.coordinator.live.num_param_gathers
+
+    @property
+    def num_block_param_gathers(self) -> int:
+        """Of `num_param_gathers`, those served inside the hpZ block from secondary slices (0 without hpZ)."""
+        return self.coordinator.live.num_block_param_gathers
 
     def release_all(self) -> None:
         """Free every gathered parameter no running module or `GatheredParameters` block holds."""
