@@ -83,6 +83,16 @@ def test_zero3_paths() -> None:
         tiling.Init  # noqa: B018 - only the module's own names
 
 
+def test_zeropp_names_in_partition_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    pp = importlib.import_module("ds_engine.runtime.zero.partition_parameters")
+    assert pp.CUDAQuantizer is ds_zero.CUDAQuantizer and pp.Init is ds_zero.Init
+    assert callable(pp.Init._partition_param_sec)
+    pp.print_rank_0("quiet")
+    pp.print_rank_0("loud", force=True)
+    pp.print_rank_0("debug", debug=True)
+    assert capsys.readouterr().out == "loud\ndebug\n"  # rank 0 of a single process
+
+
 def test_runtime_utils_is_a_lazy_runtime_attribute() -> None:
     runtime = importlib.import_module("ds_engine.runtime")
     assert runtime.utils.move_to_device is importlib.import_module("ds_engine.runtime.utils").move_to_device

@@ -44,6 +44,7 @@ from ds_zero._params.gathered_parameters import (
     unregister_external_parameter,
 )
 from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is_zero_param
+from ds_zero._quantizer import CUDAQuantizer
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.generation import unwrap_model_for_generation
 from ds_zero._stage3.init import Init, partition_model
@@ -84,6 +85,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "CHECKPOINT_FORMAT_VERSION",
+    "CUDAQuantizer",
     "DeepSpeedZeroOptimizer",
     "DynamicLossScaler",
     "LeafModuleConfig",

@@ -32,7 +32,8 @@ import ds_comm
 from ds_zero._nvme.param_swapper import ParamSwapper
 from ds_zero._params.gathered_parameters import GatheredParameters
 from ds_zero._params.partitioned_module import partition_module
-from ds_zero._params.partitioned_param import is_zero_param
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, shard_numel
+from ds_zero._params.secondary import write_secondary
 from ds_zero._stage3.module import as_zero_config
 
 logger = logging.getLogger(__name__)
@@ -229,6 +230,12 @@ class Init:
         self.override_apply = zero.override_module_apply
         self.compute_device = ds_comm.get_accelerator().device()
         self.shard_device = torch.device("cpu") if remote_device in ("cpu", "nvme") else self.compute_device
+        # DeepSpeed's names for the layout, read by `_partition_param_sec`
+        self.remote_device = remote_device
+        self.dp_world_size = ds_comm.get_world_size(data_parallel_group)
+        self.num_ranks_in_param_group = zero.zero_hpz_partition_size
+        self.rank_in_group = ds_comm.get_rank(data_parallel_group) % self.num_ranks_in_param_group
+        self.quantized_nontrainable_weights = zero.zero_quantized_nontrainable_weights
         if module is not None and enabled:
             self.partition(module)
 
@@ -248,6 +255,43 @@ class Init:
         if count:
             logger.debug("ds_zero.Init: partitioned %d parameters of %s", count, type(module).__name__)
         return count
+
+    def _aligned_size(self, param: nn.Parameter) -> int:
+        """`param`'s padded flat size: its shard size times the data-parallel world size."""
+        return shard_numel(param.ds_numel, self.dp_world_size) * self.dp_world_size
+
+    def _partition_param_sec(
+        self, param: nn.Parameter, buffer: torch.Tensor | None = None, has_been_updated: bool = False
+    ) -> None:
+        """DeepSpeed's hpZ step: write this rank's secondary slice of a gathered `param` (`ds_secondary_tensor`).
+
+        The slice is `_aligned_size(param) // num_ranks_in_param_group` elements at `rank_in_group` times
+        that in the flattened values, zero past `ds_numel` (`ds_zero._params.secondary.write_secondary`),
+        on the CPU when shards are offloaded (`remote_device`), else beside the values. A parameter that is
+        not gathered is left alone, and so is an existing slice unless `has_been_updated`. The stage-3
+        coordinator fills slices itself after each primary gather; this is the same step on request.
+
+        Raises:
+            ValueError: `param`'s gather is still in flight, or quantized frozen weights are asked for
+                (`quantized_nontrainable_weights`; ds does not quantize secondary slices).
+        """
+        if param.ds_status is ZeroParamStatus.INFLIGHT:
+            raise ValueError(f"parameter {param.ds_id} is being gathered; wait for it before partitioning it")
+        if param.ds_status is not ZeroParamStatus.AVAILABLE:
+            return
+        if param.ds_secondary_tensor is not None and not has_been_updated:
+            return
+        if self.quantized_nontrainable_weights and not param.requires_grad:
+            raise ValueError("quantized secondary slices (zero_quantized_nontrainable_weights) are not supported")
+        write_secondary(
+            param,
+            param.data,
+            aligned_numel=self._aligned_size(param),
+            group_size=self.num_ranks_in_param_group,
+            rank_in_group=self.rank_in_group,
+            device=torch.device("cpu") if self.remote_device in ("cpu", "nvme") else param.device,
+            pin_memory=self.pin_memory,
+        )
 
     def __enter__(self) -> Init:
         if not self.enabled:

@@ -8,6 +8,10 @@ with `torch.arange` keep their dtype (`prevent_arange_dtype_change`); it saves, 
 this attribute, so it must exist. ds-zero's `Init` casts parameters as it partitions them and leaves
 tensor constructors (and buffers) alone, so there is no dtype change for the swap to prevent: the hook
 is not on ds's construction path, and swapping it changes nothing in ds.
+
+`print_rank_0(message, debug=False, force=False)` is DeepSpeed's debug printer of this module: it prints
+on global rank 0 when `debug` or `force` is set (ds-zero logs through `logging` instead; scripts and tests
+call or replace this one).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import torch
 
+import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._reexport import optional_reexport
 
@@ -31,7 +36,13 @@ _zero_all, __getattr__, _zero_dir = optional_reexport(
 #: torch's own constructor, kept before anything could wrap it (DeepSpeed's name for it).
 _orig_torch_arange = torch.arange
 
-__all__ = [*_zero_all, "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = [*_zero_all, "get_accelerator", "print_rank_0", "zero_wrapper_for_fp_tensor_constructor"]
+
+
+def print_rank_0(message: str, debug: bool = False, force: bool = False) -> None:
+    """Print `message` on global rank 0 when `debug` or `force` (otherwise nothing)."""
+    if ds_comm.get_rank() == 0 and (debug or force):
+        print(message)
 
 
 def zero_wrapper_for_fp_tensor_constructor(
@@ -58,4 +69,12 @@ def zero_wrapper_for_fp_tensor_constructor(
 
 
 def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
-    return sorted({*_zero_dir(), "_orig_torch_arange", "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"})
+    return sorted(
+        {
+            *_zero_dir(),
+            "_orig_torch_arange",
+            "get_accelerator",
+            "print_rank_0",
+            "zero_wrapper_for_fp_tensor_constructor",
+        }
+    )
