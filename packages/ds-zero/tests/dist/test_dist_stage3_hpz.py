@@ -103,3 +103,27 @@ def _bad_block_size(rank: int, world: int) -> str:
 def test_block_size_must_divide_the_world() -> None:
     for message in run_ranks(2, _bad_block_size, timeout_s=120):
         assert "zero_hpz_partition_size=4 must divide the data-parallel world size 2" in message
+
+
+def _slices_filled_between_iterations(rank: int, world: int) -> float:
+    import ds_zero
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6, bias=False), torch.nn.Linear(6, 2, bias=False))
+    cfg = {"stage": 3, "zero_hpz_partition_size": 2, "stage3_param_persistence_threshold": 0}
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.5), config=cfg)
+    x = torch.arange(12.0).view(2, 6) / 10
+    opt.backward(model(x).square().sum())
+    with ds_zero.GatheredParameters(list(model.parameters())):
+        pass  # a gather between iterations leaves current-looking slices of the pre-step weights
+    opt.step()
+    with torch.no_grad():
+        out = model(x)
+    with ds_zero.GatheredParameters(list(model.parameters())):
+        w0, w1 = (p.detach().clone() for p in model.parameters())
+    return float((out - x @ w0.t() @ w1.t()).abs().max())
+
+
+@pytest.mark.timeout(120)
+def test_a_step_between_iterations_never_leaves_stale_slices() -> None:
+    assert run_ranks(2, _slices_filled_between_iterations, timeout_s=120) == [0.0, 0.0]

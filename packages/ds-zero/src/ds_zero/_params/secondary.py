@@ -7,10 +7,11 @@ from its primary shards (all `N` ranks, inter-node), this rank also keeps `ds_se
 1/h slice of the padded flat parameter (`shard_numel * N` elements, the layout the primary gather
 fills), zeros past `ds_numel`. Until the end of the iteration, gathers of that parameter (its
 backward, a re-fetch) all-gather those slices inside the block instead (intra-node traffic only):
-the same padded flat, in the same order, hence the same values bit for bit. At the end of each
-iteration (after the backward, before any optimizer step can change the shards) and whenever a shard
-is written, the secondary slices are marked stale; the next primary gather refreshes them. The slice
-buffer stays allocated (1/h of the parameter) so it is not reallocated every iteration.
+the same padded flat, in the same order, hence the same values bit for bit. At the start and the end
+of each iteration (so no optimizer step, checkpoint load or other shard change between iterations can
+leave a slice behind) and whenever a shard is written, the secondary slices are marked stale; the next
+primary gather refreshes them. The slice buffer stays allocated (1/h of the parameter) so it is not
+reallocated every iteration.
 
 Every rank makes the same choice for the same gather (it depends only on the sequence of gathers),
 so all ranks of a block meet in the same collectives.

@@ -150,6 +150,8 @@ class ParamCoordinator:
         return bool(self._stack) or self._in_backward
 
     def _begin_iteration(self) -> None:
+        if self.live.secondary is not None:  # slices filled outside an iteration may predate a step: not used
+            invalidate_secondaries(self.params)
         self._trace = self._traces["train" if torch.is_grad_enabled() else "eval"]
         self._trace.begin()
         self.prefetcher.restart()
