@@ -37,7 +37,7 @@ from ds_zero._memory_estimate import (
 from ds_zero._nvme.files import NVMeSwapError
 
 # ZeRO stage 3
-from ds_zero._params.gather import GatherDivergenceError
+from ds_zero._params.gather import GatherDivergenceError, MultipleAllGatherHandles
 from ds_zero._params.gathered_parameters import (
     GatheredParameters,
     register_external_parameter,
@@ -117,6 +117,7 @@ __all__ = [
     "GatherDivergenceError",
     "GatheredParameters",
     "Init",
+    "MultipleAllGatherHandles",
     "NVMeSwapError",
     "TiledLinear",
     "TiledLinearReturnBias",

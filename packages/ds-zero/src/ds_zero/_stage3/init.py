@@ -175,6 +175,9 @@ class Init:
         config: DeepSpeed's older name of `config_dict_or_path`.
         mpu: model parallelism is not supported; must be None.
 
+    An enabled `Init` initialises the distributed backend (`ds_comm.init_distributed()`) when it is
+    not initialised yet, as DeepSpeed's does.
+
     Raises:
         ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, or (nvme) a
             missing or unwritable `nvme_path`.
@@ -196,6 +199,11 @@ class Init:
     ) -> None:
         if mpu is not None:
             raise ValueError("ds_zero.Init(mpu=...): model parallelism is not supported by ds-zero; pass mpu=None")
+        if enabled and not ds_comm.is_initialized():
+            # DeepSpeed's contract: Init initialises the distributed backend when nothing has yet, from
+            # whatever launched the process (a world of one when nothing did), so the ranks it
+            # partitions across are the ones later collectives use.
+            ds_comm.init_distributed()
         ds_config = _without_auto(_load_config(config_dict_or_path if config_dict_or_path is not None else config))
         zero = as_zero_config(ds_config.get("zero_optimization") or {})
         if remote_device is None:

@@ -8,6 +8,12 @@ with `torch.arange` keep their dtype (`prevent_arange_dtype_change`); it saves, 
 this attribute, so it must exist. ds-zero's `Init` casts parameters as it partitions them and leaves
 tensor constructors (and buffers) alone, so there is no dtype change for the swap to prevent: the hook
 is not on ds's construction path, and swapping it changes nothing in ds.
+
+`partitioned_param_data_shape` is DeepSpeed's constant for the shape of a released parameter's `data`
+(`[0]` there). ds keeps a released parameter at its logical shape (a one-element NaN tensor expanded to
+`ds_shape`, see ds_zero's partitioned_param module), so in ds the constant describes DeepSpeed, not the
+parameters: code that needs the released state should test `param.ds_status`, and the full shape is
+`param.ds_shape` in both.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ _zero_all, __getattr__, _zero_dir = optional_reexport(
     feature="ds_engine.runtime.zero.partition_parameters (deepspeed.runtime.zero.partition_parameters, ZeRO-3)",
 )
 
+#: DeepSpeed's shape of a released stage-3 parameter's `data` (ds keeps the logical shape; see above).
+partitioned_param_data_shape = [0]
+
 #: torch's own constructor, kept before anything could wrap it (DeepSpeed's name for it).
 _orig_torch_arange = torch.arange
 
-__all__ = [*_zero_all, "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = [*_zero_all, "get_accelerator", "partitioned_param_data_shape", "zero_wrapper_for_fp_tensor_constructor"]
 
 
 def zero_wrapper_for_fp_tensor_constructor(
@@ -58,4 +67,12 @@ def zero_wrapper_for_fp_tensor_constructor(
 
 
 def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
-    return sorted({*_zero_dir(), "_orig_torch_arange", "get_accelerator", "zero_wrapper_for_fp_tensor_constructor"})
+    return sorted(
+        {
+            *_zero_dir(),
+            "_orig_torch_arange",
+            "get_accelerator",
+            "partitioned_param_data_shape",
+            "zero_wrapper_for_fp_tensor_constructor",
+        }
+    )
