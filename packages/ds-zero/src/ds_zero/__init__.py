@@ -43,6 +43,8 @@ from ds_zero._params.gathered_parameters import (
     register_external_parameter,
     unregister_external_parameter,
 )
+from ds_zero._params.param_dict import ZeroParamDict as ZeROOrderedDict
+from ds_zero._params.param_dict import ensure_zero_ordered_dict
 from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is_zero_param
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.generation import unwrap_model_for_generation
@@ -121,9 +123,11 @@ __all__ = [
     "NVMeSwapError",
     "TiledLinear",
     "TiledLinearReturnBias",
+    "ZeROOrderedDict",
     "ZeroParamStatus",
     "ZeroParamType",
     "consolidated_16bit_state_dict",
+    "ensure_zero_ordered_dict",
     "is_zero_param",
     "partition_model",
     "register_external_parameter",
