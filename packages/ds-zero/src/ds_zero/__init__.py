@@ -49,6 +49,7 @@ from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.generation import unwrap_model_for_generation
 from ds_zero._stage3.init import Init, partition_model
+from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.leaf_modules import (
     get_z3_leaf_modules,
     set_z3_leaf_module,
@@ -59,6 +60,7 @@ from ds_zero._stage3.leaf_modules import (
     z3_leaf_module,
     z3_leaf_parameter,
 )
+from ds_zero._stage3.linear import LinearFunctionForZeroStage3, zero3_linear_wrap
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
@@ -119,6 +121,8 @@ __all__ = [
     "GatherDivergenceError",
     "GatheredParameters",
     "Init",
+    "InsertPostInitMethodToModuleSubClasses",
+    "LinearFunctionForZeroStage3",
     "MultipleAllGatherHandles",
     "NVMeSwapError",
     "TiledLinear",
@@ -133,6 +137,7 @@ __all__ = [
     "register_external_parameter",
     "unregister_external_parameter",
     "unwrap_model_for_generation",
+    "zero3_linear_wrap",
     # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
     "get_z3_leaf_modules",
     "set_z3_leaf_module",

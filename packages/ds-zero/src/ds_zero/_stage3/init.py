@@ -33,6 +33,7 @@ from ds_zero._nvme.param_swapper import ParamSwapper
 from ds_zero._params.gathered_parameters import GatheredParameters
 from ds_zero._params.partitioned_module import partition_module
 from ds_zero._params.partitioned_param import is_zero_param
+from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.module import as_zero_config
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ def _without_auto(value: Any) -> Any:
     return value
 
 
-class Init:
+class Init(InsertPostInitMethodToModuleSubClasses):
     """Partition parameters across the data-parallel ranks as modules are constructed (stage 3).
 
     Use as a context manager around model construction, or call with `module=` to partition a model
@@ -173,6 +174,9 @@ class Init:
         enabled: False makes `Init` a no-op.
         dtype: cast floating-point parameters to this dtype as they are partitioned.
         config: DeepSpeed's older name of `config_dict_or_path`.
+        mem_efficient_linear: make `torch.nn.functional.linear` DeepSpeed's `zero3_linear_wrap` (same values
+            and gradients) from the first `Init` entered or given a module on, for the rest of the process,
+            as DeepSpeed does; a config's `zero_optimization.memory_efficient_linear` overrides it.
         mpu: model parallelism is not supported; must be None.
 
     An enabled `Init` initialises the distributed backend (`ds_comm.init_distributed()`) when it is
@@ -230,7 +234,9 @@ class Init:
                 dtype = torch.bfloat16
             elif (ds_config.get("fp16") or {}).get("enabled"):
                 dtype = torch.float16
-        self.enabled = enabled
+        if config_dict_or_path is not None or config is not None:
+            mem_efficient_linear = zero.memory_efficient_linear
+        super().__init__(enabled=enabled, mem_efficient_linear=mem_efficient_linear)
         self.dp_group = data_parallel_group
         self.dtype = dtype
         self.pin_memory = pin_memory
@@ -238,6 +244,7 @@ class Init:
         self.compute_device = ds_comm.get_accelerator().device()
         self.shard_device = torch.device("cpu") if remote_device in ("cpu", "nvme") else self.compute_device
         if module is not None and enabled:
+            self._enable_mem_efficient_linear()
             self.partition(module)
 
     def partition(self, module: nn.Module) -> int:
@@ -263,6 +270,7 @@ class Init:
         with _lock:
             if not _active:
                 _patch(self.override_apply)
+                self._enable_mem_efficient_linear()
             _active.append(self)
         return self
 
