@@ -104,7 +104,8 @@ class DeepSpeedZeRoOffload:
         )
         shard_device = torch.device("cpu") if offload.device in ("cpu", "nvme") else None
         # DeepSpeed's engine partitions through Init(module=...), which installs its linear (process-wide)
-        InsertPostInitMethodToModuleSubClasses(mem_efficient_linear=cfg.memory_efficient_linear)._enable_mem_efficient_linear()
+        linear = InsertPostInitMethodToModuleSubClasses(mem_efficient_linear=cfg.memory_efficient_linear)
+        linear._enable_mem_efficient_linear()
         partition_module(
             module, group=dp_group, shard_device=shard_device, pin_memory=offload.pin_memory and offload.device == "cpu"
         )
