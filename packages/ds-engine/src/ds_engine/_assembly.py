@@ -305,7 +305,9 @@ def assemble(
     scheduler = _scheduler(config, client_scheduler, base, client_optimizer)
     monitor = build_monitor(config, rank=dist.global_rank)
     tp = m.timers.throughput
-    throughput = ThroughputTimer(get_accelerator().synchronize if tp.synchronized else None) if tp.enabled else None
+    throughput = ThroughputTimer(
+        get_accelerator().synchronize if tp.synchronized else None, config.train_batch_size, enabled=tp.enabled
+    )
     if m.wall_clock_breakdown and m.steps_per_print is None:
         logger.warning(
             "wall_clock_breakdown: timers are logged every steps_per_print steps, which is unset; read "

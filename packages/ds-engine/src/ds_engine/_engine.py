@@ -99,6 +99,8 @@ class DeepSpeedEngine(
         self.timers = parts.timers
         self.monitor = parts.monitor
         self._reporter = parts.reporter
+        #: DeepSpeed's samples/sec timer: started at each forward, stopped at each step() (see `_timers`).
+        self.tput_timer = parts.reporter.throughput
         self._collate_fn = parts.collate_fn
         m = parts.config.model
         self._ckpt_config = m.checkpoint
@@ -139,6 +141,7 @@ class DeepSpeedEngine(
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`)."""
         self._check_states_loaded("engine.forward()", FORWARD_NEEDS)
+        self.tput_timer.start()
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
@@ -234,7 +237,8 @@ class DeepSpeedEngine(
         if self._in_no_sync:
             raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
         self._check_states_loaded("engine.step()", STEP_NEEDS)
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             if self._flops is None:
                 self._take_model_step(lr_kwargs)
             else:
@@ -243,6 +247,9 @@ class DeepSpeedEngine(
         else:
             self._step_applied = False
         self._boundary_override = None
+        self.tput_timer.stop(global_step=boundary)
+        if boundary:
+            self._report_step()
         self.micro_steps += 1
 
     def _no_optimizer(self, call: str) -> RuntimeError:
@@ -268,6 +275,9 @@ class DeepSpeedEngine(
         self.global_steps += 1
         self.global_samples += self._train_batch
         self.timers.stop("step")
+
+    def _report_step(self) -> None:
+        """The reporter's turn after an optimizer step (after the throughput timer took the step's time)."""
         loss = None
         if self._loss_sum is not None:
             loss, self._loss_sum = self._loss_sum / self._gas, None
@@ -275,7 +285,6 @@ class DeepSpeedEngine(
             global_steps=self.global_steps,
             global_samples=self.global_samples,
             skipped_steps=self.skipped_steps,
-            samples=self._train_batch,
             lrs=self.get_lr,
             loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
             loss=loss,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -22,7 +23,7 @@ class StepReporter:
     Args:
         steps_per_print: progress-line interval in optimizer steps (None: never).
         timers: the wall-clock timers (logged and reset at each progress line).
-        throughput: samples/sec timer, or None (`timers.throughput.enabled: false`).
+        throughput: the samples/sec timer (the engine starts and stops it; a disabled one reports nothing).
         monitor: the monitor, or None.
         memory_breakdown: add device memory to the progress line.
     """
@@ -32,7 +33,7 @@ class StepReporter:
         *,
         steps_per_print: int | None,
         timers: WallClockTimers | NullTimers,
-        throughput: ThroughputTimer | None,
+        throughput: ThroughputTimer,
         monitor: MonitorMaster | None,
         memory_breakdown: bool,
     ) -> None:
@@ -50,13 +51,13 @@ class StepReporter:
         global_steps: int,
         global_samples: int,
         skipped_steps: int,
-        samples: int,
         lrs: Callable[[], list[float]],
         loss_scale: Callable[[], float],
         loss: torch.Tensor | None,
     ) -> None:
         """Called once per optimizer step, after the counters moved."""
-        rate = self.throughput.boundary(samples) if self.throughput is not None else None
+        rate = self.throughput.last_samples_per_sec if self.throughput.enabled else None
+        self.throughput.last_samples_per_sec = None  # each step's rate is reported once
         self._steps_since_print += 1
         if self.monitor is not None:
             events: list[Event] = [
@@ -73,8 +74,8 @@ class StepReporter:
         self._print(global_steps, skipped_steps, lrs(), loss_scale(), global_samples)
 
     def _print(self, step: int, skipped: int, lrs: list[float], loss_scale: float, global_samples: int) -> None:
-        avg = self.throughput.avg_samples_per_sec if self.throughput is not None else None
-        rate = f"{avg:.2f}" if avg is not None else "n/a"
+        avg = self.throughput.avg_samples_per_sec()
+        rate = f"{avg:.2f}" if math.isfinite(avg) else "n/a"
         line = f"step={step}, skipped={skipped}, lr={lrs}, loss_scale={loss_scale:g}, samples/sec={rate}"
         if self.memory_breakdown:
             stats = get_accelerator().memory_stats()

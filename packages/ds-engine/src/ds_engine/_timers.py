@@ -78,34 +78,90 @@ class NullTimers:
 
 
 class ThroughputTimer:
-    """Samples/sec between optimizer steps; the first step (warm-up, allocation) is left out of the average.
+    """Samples/sec of training, measured as DeepSpeed's `engine.tput_timer` measures it (same attributes).
+
+    The engine calls `start()` at every forward and `stop(global_step=...)` at every `step()`, so each
+    micro step is timed from its forward to its `step()`; the durations of a gradient-accumulation
+    window add up to `step_elapsed_time`, which at the boundary gives that step's rate
+    (`last_samples_per_sec`, `batch_size` samples) and goes back to 0. The first `start_step` optimizer
+    steps (warm-up, allocation) are not timed: `start_time` stays 0 until `global_step_count` reaches
+    `start_step`. `total_elapsed_time` sums every timed duration; `avg_samples_per_sec()` divides the
+    samples of the timed steps by it. A disabled timer (`timers.throughput.enabled: false`) does nothing.
 
     Args:
-        synchronize: waits for queued device work before reading the clock (`timers.throughput.synchronized`).
+        synchronize: waits for queued device work before reading the clock (None: `timers.throughput.synchronized`
+            is off).
+        batch_size: samples per optimizer step (the global train batch size).
+        enabled: `timers.throughput.enabled`.
+        start_step: optimizer steps left out before timing starts.
     """
 
-    def __init__(self, synchronize: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        synchronize: Callable[[], None] | None,
+        batch_size: int,
+        *,
+        enabled: bool = True,
+        start_step: int = 2,
+    ) -> None:
         self._sync = synchronize
-        self._last: float | None = None
-        self._total_s = 0.0
-        self._total_samples = 0
+        self.enabled = enabled
+        self.batch_size = batch_size
+        self.start_step = start_step
+        self.initialized = False
+        self.started = False
+        self.start_time = 0.0
+        self.end_time = 0.0
+        self.epoch_count = 0
+        self.micro_step_count = 0
+        self.global_step_count = 0
+        self.total_elapsed_time = 0.0
+        self.step_elapsed_time = 0.0
         self.last_samples_per_sec: float | None = None
 
-    def boundary(self, samples: int) -> float | None:
-        """Record an optimizer step that processed `samples`; returns this step's samples/sec (None for the first)."""
+    def _now(self) -> float:
         if self._sync is not None:
             self._sync()
-        now = time.perf_counter()
-        rate = None
-        if self._last is not None:
-            elapsed = max(now - self._last, 1e-9)
-            rate = samples / elapsed
-            self._total_s += elapsed
-            self._total_samples += samples
-        self._last = now
-        self.last_samples_per_sec = rate
-        return rate
+        return time.time()
 
-    @property
-    def avg_samples_per_sec(self) -> float | None:
-        return self._total_samples / self._total_s if self._total_s > 0 else None
+    def update_epoch_count(self) -> None:
+        """A new epoch: count it and restart the micro-step count."""
+        self.epoch_count += 1
+        self.micro_step_count = 0
+
+    def start(self) -> None:
+        """A micro step begins (its forward); the clock is read once warm-up is over."""
+        if not self.enabled:
+            return
+        self.initialized = True
+        self.started = True
+        if self.global_step_count >= self.start_step:
+            self.start_time = self._now()
+
+    def stop(self, global_step: bool = False, report_speed: bool = True) -> None:
+        """The micro step ends (`engine.step()`); `global_step`: it was an optimizer step.
+
+        `report_speed` is accepted for DeepSpeed's signature; the progress line is the engine's reporter's.
+        """
+        del report_speed
+        if not self.enabled or not self.started:
+            return
+        self.started = False
+        self.micro_step_count += 1
+        if global_step:
+            self.global_step_count += 1
+        if self.start_time > 0:
+            self.end_time = self._now()
+            duration = self.end_time - self.start_time
+            self.total_elapsed_time += duration
+            self.step_elapsed_time += duration
+            if global_step:
+                self.last_samples_per_sec = self.batch_size / max(self.step_elapsed_time, 1e-9)
+                self.step_elapsed_time = 0
+
+    def avg_samples_per_sec(self) -> float:
+        """Samples/sec over the timed optimizer steps (`-inf` before any was timed, as in DeepSpeed)."""
+        timed_steps = self.global_step_count - self.start_step
+        if timed_steps <= 0 or self.total_elapsed_time <= 0:
+            return float("-inf")
+        return self.batch_size * timed_steps / self.total_elapsed_time

@@ -37,17 +37,20 @@ from ds_zero._memory_estimate import (
 from ds_zero._nvme.files import NVMeSwapError
 
 # ZeRO stage 3
-from ds_zero._params.gather import GatherDivergenceError
+from ds_zero._params.gather import GatherDivergenceError, MultipleAllGatherHandles
 from ds_zero._params.gathered_parameters import (
     GatheredParameters,
     register_external_parameter,
     unregister_external_parameter,
 )
+from ds_zero._params.param_dict import ZeroParamDict as ZeROOrderedDict
+from ds_zero._params.param_dict import ensure_zero_ordered_dict
 from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is_zero_param
 from ds_zero._quantizer import CUDAQuantizer
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.generation import unwrap_model_for_generation
 from ds_zero._stage3.init import Init, partition_model
+from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.leaf_modules import (
     get_z3_leaf_modules,
     set_z3_leaf_module,
@@ -58,6 +61,7 @@ from ds_zero._stage3.leaf_modules import (
     z3_leaf_module,
     z3_leaf_parameter,
 )
+from ds_zero._stage3.linear import LinearFunctionForZeroStage3, zero3_linear_wrap
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
@@ -119,17 +123,23 @@ __all__ = [
     "GatherDivergenceError",
     "GatheredParameters",
     "Init",
+    "InsertPostInitMethodToModuleSubClasses",
+    "LinearFunctionForZeroStage3",
+    "MultipleAllGatherHandles",
     "NVMeSwapError",
     "TiledLinear",
     "TiledLinearReturnBias",
+    "ZeROOrderedDict",
     "ZeroParamStatus",
     "ZeroParamType",
     "consolidated_16bit_state_dict",
+    "ensure_zero_ordered_dict",
     "is_zero_param",
     "partition_model",
     "register_external_parameter",
     "unregister_external_parameter",
     "unwrap_model_for_generation",
+    "zero3_linear_wrap",
     # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
     "get_z3_leaf_modules",
     "set_z3_leaf_module",

@@ -157,15 +157,16 @@ class PipelineEngine(DeepSpeedEngine):
             )
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
+        self.tput_timer.start()
         self.timers.start("train_batch")
         loss = self._executor.train_batch(data_iter)
         self.micro_steps += self._gas
         self.timers.stop("train_batch")
+        self.tput_timer.stop(global_step=True)
         self._reporter.after_step(
             global_steps=self.global_steps,
             global_samples=self.global_samples,
             skipped_steps=self.skipped_steps,
-            samples=self._train_batch,
             lrs=self.get_lr,
             loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
             loss=loss.detach().float(),

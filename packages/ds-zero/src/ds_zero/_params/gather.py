@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.distributed import ProcessGroup
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "GatherDivergenceError",
     "GatherHandle",
+    "MultipleAllGatherHandles",
     "deviation_summary",
     "gather_params",
     "name_fingerprint",
@@ -202,7 +204,11 @@ class GatherHandle:
         self._group = group
         self._release = release  # gives NVMe-swapped shards' buffers back once the collective read them
 
-    def wait(self) -> None:
+    def wait(self, handle_dependency: bool = True) -> None:
+        """Complete the gather. `handle_dependency` is DeepSpeed's flag for deferring the free of the
+        receive buffer on asynchronous devices; here the buffer is consumed before `wait` returns, so
+        it changes nothing."""
+        del handle_dependency
         if self._recv is None:
             return
         if self._work is not None:
@@ -232,6 +238,23 @@ class GatherHandle:
         if self._release is not None:
             self._release()
             self._release = None
+
+
+class MultipleAllGatherHandles:
+    """Several issued gathers waited on as one (`gather_params` issues one per dtype).
+
+    `wait(handle_dependency=...)` forwards the flag to every handle by keyword, so handles whose `wait`
+    takes it keyword-only (or as `**kwargs`) are waited on as well as positional ones.
+    """
+
+    __slots__ = ("handles",)
+
+    def __init__(self, handles: Sequence[Any]) -> None:
+        self.handles = list(handles)
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        for handle in self.handles:
+            handle.wait(handle_dependency=handle_dependency)
 
 
 def gather_params(

@@ -24,12 +24,12 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._params.param_dict import install_param_dict
 from ds_zero._params.partitioned_param import (
     ZeroParamStatus,
     alloc_full,
     convert_param,
     free_full,
-    install_param_dict,
     is_zero_param,
     partition_param,
     set_available,

@@ -384,28 +384,3 @@ def iter_zero_params(params: Iterable[Any]) -> list[torch.nn.Parameter]:
             seen.add(id(p))
             out.append(p)
     return out
-
-
-class ZeroParamDict(dict):
-    """A module's `_parameters` dict that gathers a released parameter when a running forward reads it.
-
-    `nn.Module.__getattr__` reads parameters through `_parameters[name]`, so `self.embed.weight` used from
-    another module's forward (a tied lm-head) gathers the weight on demand and registers it with the
-    running module, which then gathers it up front on later steps. Iteration (`named_parameters()`,
-    `state_dict()`) goes through `items()`/`values()` and never gathers. Outside a managed forward or
-    backward nothing is gathered: the released parameter (right shape, NaN values) is returned.
-    """
-
-    def __getitem__(self, key: str) -> Any:
-        param = dict.__getitem__(self, key)
-        if param is not None and getattr(param, "ds_status", None) not in (None, ZeroParamStatus.AVAILABLE):
-            coord = state_of(param).coord
-            if coord is not None:
-                coord.fetch_on_access(param)
-        return param
-
-
-def install_param_dict(module: torch.nn.Module) -> None:
-    """Swap `module._parameters` for a `ZeroParamDict` (same contents)."""
-    if not isinstance(module._parameters, ZeroParamDict):
-        module._parameters = ZeroParamDict(module._parameters)

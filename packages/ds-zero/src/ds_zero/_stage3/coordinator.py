@@ -36,6 +36,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._params.gather import check_same_gather, name_fingerprint, report_deviation
 from ds_zero._params.gathered_parameters import external_params
+from ds_zero._params.param_dict import ensure_zero_ordered_dict
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.secondary import SecondaryPartition, invalidate_secondaries
 from ds_zero._stage3.live import LiveParams
@@ -174,6 +175,10 @@ class ParamCoordinator:
 
     def pre_forward(self, module: nn.Module) -> None:
         if not self._stack and not self._in_backward:
+            # submodules attached after the model was wrapped read their parameters through a
+            # ZeroParamDict too, so a partitioned parameter they share is gathered on access
+            for m in self.root.modules():
+                ensure_zero_ordered_dict(m)
             if self._trace is None:
                 self._begin_iteration()
             if torch.is_grad_enabled():

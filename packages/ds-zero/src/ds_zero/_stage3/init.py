@@ -34,6 +34,7 @@ from ds_zero._params.gathered_parameters import GatheredParameters
 from ds_zero._params.partitioned_module import partition_module
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, shard_numel
 from ds_zero._params.secondary import write_secondary
+from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.module import as_zero_config
 
 logger = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def _without_auto(value: Any) -> Any:
     return value
 
 
-class Init:
+class Init(InsertPostInitMethodToModuleSubClasses):
     """Partition parameters across the data-parallel ranks as modules are constructed (stage 3).
 
     Use as a context manager around model construction, or call with `module=` to partition a model
@@ -174,7 +175,13 @@ class Init:
         enabled: False makes `Init` a no-op.
         dtype: cast floating-point parameters to this dtype as they are partitioned.
         config: DeepSpeed's older name of `config_dict_or_path`.
+        mem_efficient_linear: make `torch.nn.functional.linear` DeepSpeed's `zero3_linear_wrap` (same values
+            and gradients) from the first `Init` entered or given a module on, for the rest of the process,
+            as DeepSpeed does; a config's `zero_optimization.memory_efficient_linear` overrides it.
         mpu: model parallelism is not supported; must be None.
+
+    An enabled `Init` initialises the distributed backend (`ds_comm.init_distributed()`) when it is
+    not initialised yet, as DeepSpeed's does.
 
     Raises:
         ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, or (nvme) a
@@ -197,6 +204,11 @@ class Init:
     ) -> None:
         if mpu is not None:
             raise ValueError("ds_zero.Init(mpu=...): model parallelism is not supported by ds-zero; pass mpu=None")
+        if enabled and not ds_comm.is_initialized():
+            # DeepSpeed's contract: Init initialises the distributed backend when nothing has yet, from
+            # whatever launched the process (a world of one when nothing did), so the ranks it
+            # partitions across are the ones later collectives use.
+            ds_comm.init_distributed()
         ds_config = _without_auto(_load_config(config_dict_or_path if config_dict_or_path is not None else config))
         zero = as_zero_config(ds_config.get("zero_optimization") or {})
         if remote_device is None:
@@ -223,7 +235,9 @@ class Init:
                 dtype = torch.bfloat16
             elif (ds_config.get("fp16") or {}).get("enabled"):
                 dtype = torch.float16
-        self.enabled = enabled
+        if config_dict_or_path is not None or config is not None:
+            mem_efficient_linear = zero.memory_efficient_linear
+        super().__init__(enabled=enabled, mem_efficient_linear=mem_efficient_linear)
         self.dp_group = data_parallel_group
         self.dtype = dtype
         self.pin_memory = pin_memory
@@ -237,6 +251,7 @@ class Init:
         self.rank_in_group = ds_comm.get_rank(data_parallel_group) % self.num_ranks_in_param_group
         self.quantized_nontrainable_weights = zero.zero_quantized_nontrainable_weights
         if module is not None and enabled:
+            self._enable_mem_efficient_linear()
             self.partition(module)
 
     def partition(self, module: nn.Module) -> int:
@@ -299,6 +314,7 @@ class Init:
         with _lock:
             if not _active:
                 _patch(self.override_apply)
+                self._enable_mem_efficient_linear()
             _active.append(self)
         return self
 

@@ -12,6 +12,12 @@ is not on ds's construction path, and swapping it changes nothing in ds.
 `print_rank_0(message, debug=False, force=False)` is DeepSpeed's debug printer of this module: it prints
 on global rank 0 when `debug` or `force` is set (ds-zero logs through `logging` instead; scripts and tests
 call or replace this one).
+
+`partitioned_param_data_shape` is DeepSpeed's constant for the shape of a released parameter's `data`
+(`[0]` there). ds keeps a released parameter at its logical shape (a one-element NaN tensor expanded to
+`ds_shape`, see ds_zero's partitioned_param module), so in ds the constant describes DeepSpeed, not the
+parameters: code that needs the released state should test `param.ds_status`, and the full shape is
+`param.ds_shape` in both.
 """
 
 from __future__ import annotations
@@ -33,10 +39,19 @@ _zero_all, __getattr__, _zero_dir = optional_reexport(
     feature="ds_engine.runtime.zero.partition_parameters (deepspeed.runtime.zero.partition_parameters, ZeRO-3)",
 )
 
+#: DeepSpeed's shape of a released stage-3 parameter's `data` (ds keeps the logical shape; see above).
+partitioned_param_data_shape = [0]
+
 #: torch's own constructor, kept before anything could wrap it (DeepSpeed's name for it).
 _orig_torch_arange = torch.arange
 
-__all__ = [*_zero_all, "get_accelerator", "print_rank_0", "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = [
+    *_zero_all,
+    "get_accelerator",
+    "partitioned_param_data_shape",
+    "print_rank_0",
+    "zero_wrapper_for_fp_tensor_constructor",
+]
 
 
 def print_rank_0(message: str, debug: bool = False, force: bool = False) -> None:
@@ -75,6 +90,7 @@ def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
             "_orig_torch_arange",
             "get_accelerator",
             "print_rank_0",
+            "partitioned_param_data_shape",
             "zero_wrapper_for_fp_tensor_constructor",
         }
     )
