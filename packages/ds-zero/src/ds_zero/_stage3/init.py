@@ -175,9 +175,10 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         enabled: False makes `Init` a no-op.
         dtype: cast floating-point parameters to this dtype as they are partitioned.
         config: DeepSpeed's older name of `config_dict_or_path`.
-        mem_efficient_linear: make `torch.nn.functional.linear` DeepSpeed's `zero3_linear_wrap` (same values
-            and gradients) from the first `Init` entered or given a module on, for the rest of the process,
-            as DeepSpeed does; a config's `zero_optimization.memory_efficient_linear` overrides it.
+        mem_efficient_linear: DeepSpeed's switch for replacing `torch.nn.functional.linear` process-wide;
+            recorded only: ds leaves `F.linear` alone and re-gathers saved weights whatever the op (see
+            `InsertPostInitMethodToModuleSubClasses`). A config's `zero_optimization.memory_efficient_linear`
+            overrides it.
         mpu: model parallelism is not supported; must be None.
 
     An enabled `Init` initialises the distributed backend (`ds_comm.init_distributed()`) when it is
@@ -251,7 +252,6 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         self.rank_in_group = ds_comm.get_rank(data_parallel_group) % self.num_ranks_in_param_group
         self.quantized_nontrainable_weights = zero.zero_quantized_nontrainable_weights
         if module is not None and enabled:
-            self._enable_mem_efficient_linear()
             self.partition(module)
 
     def partition(self, module: nn.Module) -> int:
@@ -314,7 +314,6 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         with _lock:
             if not _active:
                 _patch(self.override_apply)
-                self._enable_mem_efficient_linear()
             _active.append(self)
         return self
 

