@@ -51,15 +51,17 @@ def test_values_and_gradients_equal_nn_linear(bias: bool, shape: tuple[int, ...]
     assert repr(ours).endswith(f"(in_features=6, out_features=5, bias={bias})")
 
 
-def test_autocast_forward_and_backward_match_f_linear_under_autocast() -> None:
+@pytest.mark.parametrize("shape", [(6,), (4, 6), (2, 3, 6)])
+def test_autocast_forward_and_backward_match_f_linear_under_autocast(shape: tuple[int, ...]) -> None:
     ours, reference = _pair(True, torch.float32)
     g = torch.Generator().manual_seed(1)
-    x, weight = torch.randn(4, 6, generator=g), torch.randn(4, 5, generator=g)
+    x, weight = torch.randn(shape, generator=g), torch.randn((*shape[:-1], 5), generator=g)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = ours(x)
         want = reference(x)
     assert out.dtype == want.dtype == torch.bfloat16
-    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    # one bf16 rounding apart: F.linear adds the bias inside its kernel, DeepSpeed's function after the matmul
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2)
     x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         a, b = ours(x1), reference(x2)

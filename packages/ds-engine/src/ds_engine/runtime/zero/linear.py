@@ -47,7 +47,9 @@ class LinearFunctionForZeroStage3(torch.autograd.Function):
         if input.dim() == 2 and bias is not None:
             return torch.addmm(bias, input, weight.t())  # one fused kernel for the common case
         output = input.matmul(weight.t())
-        return output + bias if bias is not None else output
+        if bias is not None:
+            output += bias  # in place: under autocast the result keeps matmul's dtype, as F.linear's does
+        return output
 
     @staticmethod
     @autocast_custom_bwd
