@@ -268,6 +268,26 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         E,
         r"zero_optimization.zenflow.update_intervall: unknown key .*did you mean 'update_interval'",
     ),
+    (
+        "sum_allreduce_with_zenflow",  # DeepSpeed's reason for the pair first, then ds's for ZenFlow alone
+        {"gradient_allreduce_op": "SUM", "zero_optimization": {"stage": 2, "zenflow": {}}},
+        E,
+        r"gradient_allreduce_op='sum' is not supported with ZenFlow; besides, zero_optimization.zenflow: "
+        r"ZenFlow's training loop .* is not implemented in ds",
+    ),
+    (
+        "sum_allreduce_with_deepcompile",
+        {"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 1}, "compile": {"deepcompile": True}},
+        E,
+        r"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.deepcompile=True is not "
+        r"supported: DeepCompile is not implemented in ds; call torch.compile",
+    ),
+    (
+        "mean_allreduce_with_deepcompile",  # no conflict: only ds's refusal
+        {"gradient_allreduce_op": "mean", "compile": {"deepcompile": True}},
+        E,
+        r"^invalid config:\n  compile: deepcompile=True is not supported: DeepCompile is not implemented in ds",
+    ),
     ("aio_block_size", {"aio": {"block_size": 0}}, E, r"aio.block_size: Input should be greater than 0"),
     ("aio_typo", {"aio": {"queue_dpeth": 16}}, E, r"aio.queue_dpeth: unknown key .*did you mean 'queue_depth'"),
     ("aio_gds", {"aio": {"use_gds": True}}, E, r"aio.use_gds: .*GPUDirect Storage is not supported"),
@@ -365,3 +385,15 @@ def test_precision_the_device_cannot_run(monkeypatch) -> None:
     with pytest.raises(E, match=r"fp16.enabled: fp16 is not supported on this cpu device"):
         ds_engine.initialize(model=model, config=base_config(fp16={"enabled": True}), dist_init_required=False)
     assert model.l1.weight.dtype == torch.float32
+
+
+def test_sum_allreduce_with_zenflow_and_deepcompile_off_is_accepted() -> None:
+    config = ds_engine.DeepSpeedConfig(
+        {
+            "train_batch_size": 2,
+            "gradient_allreduce_op": "sum",
+            "zero_optimization": {"stage": 0, "zenflow": None},
+            "compile": {"deepcompile": False},
+        }
+    )
+    assert config.model.gradient_allreduce_op == "sum"

@@ -47,8 +47,9 @@ def test_factory_and_refused_options() -> None:
     rollout = build_rollout(RolloutConfig(), student_engine=engine, tokenizer=tok)
     assert isinstance(rollout, HybridEngineRollout) and rollout.engine is engine and rollout.tokenizer is tok
     assert rollout.sync_weights(step=3) is None and not rollout.use_graph_capture
-    with pytest.raises(NotImplementedError, match="use_graph_capture"):
-        HybridEngineRollout(engine, tok, cfg=HybridEngineRolloutConfig(use_graph_capture=True))
+    with pytest.warns(UserWarning, match="use_graph_capture .* not implemented in ds; greedy rollouts .* will raise"):
+        graph = HybridEngineRollout(engine, tok, cfg=HybridEngineRolloutConfig(use_graph_capture=True))
+    assert graph.use_graph_capture is True and graph.engine is engine and graph.tokenizer is tok
 
 
 def _setup() -> tuple[Any, Any, RolloutRequest]:
@@ -92,6 +93,20 @@ def test_greedy_rollout_is_the_models_greedy_generate_with_padding_after_eos() -
         assert batch.attention_mask[row, 6:].tolist() == [1] * end + [0] * (8 - end)
     assert batch.input_ids[0, 6:].tolist().count(0) >= 5  # eos at index 2: five pads after it
 
+    # CUDA-graph greedy decode: refused before any forward runs
+    forwards = []
+    handle = model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    with pytest.warns(UserWarning, match="use_graph_capture"):
+        graph = HybridEngineRollout(
+            engine,
+            types.SimpleNamespace(pad_token_id=0, eos_token_id=eos),
+            cfg=HybridEngineRolloutConfig(use_graph_capture=True),
+        )
+    with pytest.raises(NotImplementedError, match=r"use_graph_capture \(CUDA-graph greedy decode\) is not implemented"):
+        graph.generate(request, SamplingConfig(max_new_tokens=8, temperature=0.0))
+    handle.remove()
+    assert forwards == []
+
 
 def test_sampled_rollout_expands_prompts_and_matches_generate_under_the_same_seed() -> None:
     engine, model, request = _setup()
@@ -105,6 +120,12 @@ def test_sampled_rollout_expands_prompts_and_matches_generate_under_the_same_see
     assert torch.equal(batch.input_ids[:, :6], request.prompt_ids.repeat_interleave(3, dim=0))
     assert torch.equal(batch.attention_mask[:, :6], request.prompt_attention_mask.repeat_interleave(3, dim=0))
     assert batch.response_start_idx.tolist() == [6] * 6
+    with pytest.warns(UserWarning, match="use_graph_capture"):  # sampled decode ignores it, as in DeepSpeed
+        graph = HybridEngineRollout(
+            engine, types.SimpleNamespace(pad_token_id=0, eos_token_id=None), HybridEngineRolloutConfig(True)
+        )
+    torch.manual_seed(11)
+    assert torch.equal(graph.generate(request, sampling).input_ids, expected)
     with pytest.raises(NotImplementedError, match="continuous batching"):
         rollout.generate(request, SamplingConfig(max_new_tokens=2, continuous_batch_size=4))
     with pytest.raises(ValueError, match="max_new_tokens and n_samples_per_prompt must be >= 1"):

@@ -181,6 +181,42 @@ def test_configure_sources_and_overrides(tmp_path: Path) -> None:
     assert not checkpointing.is_configured()
 
 
+def test_deepspeed_module_globals_read_the_configuration() -> None:
+    names = ("PARTITION_ACTIVATIONS", "CONTIGUOUS_CHECKPOINTING", "CPU_CHECKPOINT", "SYNCHRONIZE", "PROFILE_TIME")
+    assert [getattr(checkpointing, name) for name in names] == [False] * 5
+    assert checkpointing.num_layers is None and checkpointing.mpu is None
+    assert checkpointing.deepspeed_checkpointing_enabled is False
+
+    class OneRankMpu:  # a Megatron-style mpu with a model-parallel group of one rank
+        def get_model_parallel_group(self) -> None:
+            return None
+
+        def get_model_parallel_rank(self) -> int:
+            return 0
+
+        def get_model_parallel_world_size(self) -> int:
+            return 1
+
+    mpu = OneRankMpu()
+    with pytest.warns(UserWarning, match="no effect without tensor parallelism"):
+        checkpointing.configure(
+            mpu, {"cpu_checkpointing": True, "profile": True}, partition_activations=True, num_checkpoints=3
+        )
+    assert [getattr(checkpointing, name) for name in names] == [True, False, True, False, True]
+    assert checkpointing.num_layers == 3 and checkpointing.mpu is mpu
+    assert checkpointing.deepspeed_checkpointing_enabled is True
+    checkpointing.reset()
+    assert checkpointing.num_layers is None and checkpointing.deepspeed_checkpointing_enabled is False
+
+
+def test_contiguous_without_a_count_is_an_assertion_naming_the_layers_and_changes_nothing() -> None:
+    checkpointing.configure(None, checkpoint_in_cpu=True)
+    with pytest.raises(AssertionError, match="needs number_checkpoints, the number of layers checkpointed"):
+        checkpointing.configure(None, partition_activations=True, contiguous_checkpointing=True)
+    assert checkpointing.CPU_CHECKPOINT and not checkpointing.PARTITION_ACTIVATIONS
+    assert not checkpointing.CONTIGUOUS_CHECKPOINTING
+
+
 def test_non_reentrant_checkpoint_matches_and_supports_autograd_grad() -> None:
     checkpointing.model_parallel_cuda_manual_seed(3)
     blocks, x = _model(use_tracker=True), torch.randn(8, 16)

@@ -9,6 +9,11 @@ draw from (CPU, the accelerator's, and the named streams of `get_cuda_rng_tracke
 them for the recomputation, so dropout masks are reproduced exactly and the gradients are
 bit-identical to running without checkpointing. `configure` reads the `activation_checkpointing`
 section (see `ActivationCheckpointingConfig`); explicit arguments override it.
+
+DeepSpeed keeps that configuration in module globals, and code written for it reads them:
+`PARTITION_ACTIVATIONS`, `CONTIGUOUS_CHECKPOINTING`, `num_layers`, `CPU_CHECKPOINT`, `SYNCHRONIZE`,
+`PROFILE_TIME`, `mpu` and `deepspeed_checkpointing_enabled` read the current configuration here
+(defaults before `configure`). They are views: assigning one changes nothing, `configure` does.
 """
 
 from __future__ import annotations
@@ -70,9 +75,29 @@ def _model() -> type[ActivationCheckpointingConfig]:
     return ActivationCheckpointingConfig
 
 
+def _config() -> ActivationCheckpointingConfig:
+    """The configuration in force: the last `configure`'s, else the section's defaults."""
+    return _state.config if _state.config is not None else _model()()
+
+
+# DeepSpeed's module globals (see the module docstring), each computed from the configuration in force.
+_DEEPSPEED_GLOBALS: dict[str, Callable[[], object]] = {
+    "PARTITION_ACTIVATIONS": lambda: _config().partition_activations,
+    "CONTIGUOUS_CHECKPOINTING": lambda: _config().contiguous_memory_optimization,
+    "num_layers": lambda: _config().number_checkpoints,
+    "CPU_CHECKPOINT": lambda: _config().cpu_checkpointing,
+    "SYNCHRONIZE": lambda: _config().synchronize_checkpoint_boundary,
+    "PROFILE_TIME": lambda: _config().profile,
+    "mpu": lambda: _state.mpu,
+    "deepspeed_checkpointing_enabled": lambda: _state.configured,
+}
+
+
 def __getattr__(name: str) -> object:
     if name == "ActivationCheckpointingConfig":
         return _model()
+    if name in _DEEPSPEED_GLOBALS:
+        return _DEEPSPEED_GLOBALS[name]()
     raise AttributeError(f"module 'ds_pipe.checkpointing' has no attribute {name!r}")
 
 
@@ -161,7 +186,8 @@ def configure(
         profile: overrides `profile`.
 
     Raises:
-        ConfigError: the section is invalid (unknown key, contiguous without a checkpoint count, ...).
+        ConfigError: the section is invalid (unknown key, contiguous without a checkpoint count, ...); an
+            AssertionError too, as DeepSpeed's checks are. The configuration in force is left as it was.
     """
     base = _section(deepspeed_config)
     overrides = {

@@ -86,7 +86,8 @@ class ActivationCheckpointingConfig(ConfigModel):
     def _contiguous_needs_count(self) -> ActivationCheckpointingConfig:
         if self.contiguous_memory_optimization and self.number_checkpoints is None:
             raise ValueError(
-                "contiguous_memory_optimization needs number_checkpoints (the count of checkpoints "
-                "alive at once, e.g. layers per stage x micro-batches in flight)"
+                "contiguous_memory_optimization needs number_checkpoints, the number of layers checkpointed "
+                "(checkpoints alive at once, e.g. layers per stage x micro-batches in flight; configure() "
+                "takes it as num_checkpoints)"
             )
         return self

@@ -61,7 +61,6 @@ from ds_zero._stage3.leaf_modules import (
     z3_leaf_module,
     z3_leaf_parameter,
 )
-from ds_zero._stage3.linear import LinearFunctionForZeroStage3, zero3_linear_wrap
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
@@ -124,7 +123,6 @@ __all__ = [
     "GatheredParameters",
     "Init",
     "InsertPostInitMethodToModuleSubClasses",
-    "LinearFunctionForZeroStage3",
     "MultipleAllGatherHandles",
     "NVMeSwapError",
     "TiledLinear",
@@ -139,7 +137,6 @@ __all__ = [
     "register_external_parameter",
     "unregister_external_parameter",
     "unwrap_model_for_generation",
-    "zero3_linear_wrap",
     # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
     "get_z3_leaf_modules",
     "set_z3_leaf_module",

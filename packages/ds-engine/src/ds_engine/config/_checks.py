@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ds_engine._optimizers import is_zero_tested_optimizer
 from ds_engine.config._errors import DeepSpeedConfigError
+from ds_engine.config._toplevel import OFF_SECTIONS
+from ds_engine.config._zero_section import ZENFLOW_NOT_IMPLEMENTED
 
 if TYPE_CHECKING:
     from ds_engine.config._toplevel import DeepSpeedConfigModel
@@ -15,7 +18,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_cross_fields", "precision_name"]
+__all__ = ["check_cross_fields", "check_sum_allreduce_conflicts", "precision_name"]
 
 # (model dtype, accumulation dtype) pairs the stage-0 wrappers implement.
 _ACCUM_OK = {("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32"), ("bf16", "bf16"), ("bf16", "fp32")}
@@ -28,6 +31,33 @@ def precision_name(model: DeepSpeedConfigModel) -> str:
     if model.bf16.enabled:
         return "bf16"
     return "fp32"
+
+
+def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
+    """Refuse `gradient_allreduce_op='sum'` with ZenFlow or DeepCompile, naming that conflict as DeepSpeed does.
+
+    ds implements neither feature and refuses each alone while validating its section. With 'sum' as
+    well, the config is wrong for DeepSpeed too, so the message leads with DeepSpeed's reason and then
+    gives ds's. It reads the raw dict because it must run before the sections are validated.
+
+    Raises:
+        DeepSpeedConfigError: 'sum' with a `zero_optimization.zenflow` section or with `compile.deepcompile` on.
+    """
+    op = raw.get("gradient_allreduce_op")
+    if not (isinstance(op, str) and op.lower() == "sum"):
+        return
+    zero = raw.get("zero_optimization")
+    if isinstance(zero, Mapping) and zero.get("zenflow") is not None:
+        raise DeepSpeedConfigError(
+            f"gradient_allreduce_op='sum' is not supported with ZenFlow; besides, {ZENFLOW_NOT_IMPLEMENTED}"
+        )
+    compile_section = raw.get("compile")
+    switch, reason = OFF_SECTIONS["compile"]
+    if isinstance(compile_section, Mapping) and compile_section.get(switch):
+        raise DeepSpeedConfigError(
+            f"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.{switch}="
+            f"{compile_section[switch]!r} is not supported: {reason}"
+        )
 
 
 def _check_dtypes(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import ds_comm
 from ds_comm import ConfigError, validate_section
 from ds_engine.config._batch import GAS, MBS, TBS, BatchPlan, resolve_batch
-from ds_engine.config._checks import check_cross_fields, precision_name
+from ds_engine.config._checks import check_cross_fields, check_sum_allreduce_conflicts, precision_name
 from ds_engine.config._errors import DeepSpeedConfigError
 from ds_engine.config._load import fill_auto, find_auto_paths, load_raw, without_paths
 from ds_engine.config._pipe_sections import validate_pipe_section
@@ -77,6 +77,7 @@ class DeepSpeedConfig:
             raw = fill_auto(raw, auto_values)
         self._raw = raw
         self.auto_keys: tuple[str, ...] = tuple(find_auto_paths(raw))
+        check_sum_allreduce_conflicts(raw)
         self.model: DeepSpeedConfigModel = _validate(without_paths(raw, list(self.auto_keys)))
         self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
         self._pipe_sections = {

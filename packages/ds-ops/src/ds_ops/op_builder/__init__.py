@@ -27,6 +27,7 @@ from ds_ops.op_builder._builders import (
 )
 from ds_ops.op_builder._cache import extensions_root
 from ds_ops.op_builder._cuda import CUDAOpBuilder
+from ds_ops.op_builder._evoformer import EvoformerAttnBuilder
 from ds_ops.op_builder._ninja import OpBuildError
 from ds_ops.op_builder._not_implemented import NotImplementedBuilder
 from ds_ops.op_builder._prebuilt import MANIFEST_NAME, PREBUILT_DIR, prebuilt_entry
@@ -42,6 +43,7 @@ __all__ = [
     "CPULionBuilder",
     "CUDAOpBuilder",
     "Compatibility",
+    "EvoformerAttnBuilder",
     "FusedAdamBuilder",
     "MANIFEST_NAME",
     "NotImplementedBuilder",

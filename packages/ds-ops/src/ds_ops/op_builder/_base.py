@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -109,7 +110,7 @@ class OpBuilder:
         """Absolute paths of the sources."""
         return [self.csrc_root() / src for src in self.SOURCES]
 
-    def include_paths(self) -> list[Path]:
+    def include_paths(self) -> Sequence[Path | str]:
         """Absolute include folders."""
         return [self.csrc_root() / inc for inc in self.INCLUDE_DIRS]
 
@@ -174,6 +175,10 @@ class OpBuilder:
         """What `is_compatible` reports besides problems (e.g. which kernel interface is used); none by default."""
         return []
 
+    def warning(self, message: str) -> None:
+        """Log `message` about this op at WARNING (DeepSpeed's builders report through this method)."""
+        logger.warning("op %s: %s", self.name, message)
+
     def can_build(self) -> Compatibility:
         """Whether the op compiles here (what the AOT build hook asks)."""
         return Compatibility(self.name, tuple(self.build_problems()))
@@ -199,7 +204,8 @@ class OpBuilder:
     # ---- building -------------------------------------------------------------------------------
     def cache_parts(self) -> list[str]:
         """What the JIT cache key covers."""
-        headers = sorted(p for inc in self.include_paths() if inc.is_dir() for p in inc.rglob("*") if p.is_file())
+        folders = [Path(inc) for inc in self.include_paths()]
+        headers = sorted(p for inc in folders if inc.is_dir() for p in inc.rglob("*") if p.is_file())
         return [
             f"op={self.name}",
             f"abi={ABI_VERSION}",

@@ -57,16 +57,37 @@ class CUDAOpBuilder(OpBuilder):
     """A builder whose sources include .cu files; needs nvcc to build and a CUDA device to run."""
 
     def cuda_archs(self) -> list[str]:
-        """$TORCH_CUDA_ARCH_LIST, else the visible devices' capabilities, else `DEFAULT_CUDA_ARCHS`."""
+        """The targets compiled for, as `filter_ccs` keeps them.
+
+        From $TORCH_CUDA_ARCH_LIST, else the visible devices' capabilities, else `DEFAULT_CUDA_ARCHS`.
+
+        Raises:
+            ValueError: $TORCH_CUDA_ARCH_LIST is malformed, or `filter_ccs` leaves no target; the message
+                names the op and what was asked.
+        """
         configured = os.environ.get("TORCH_CUDA_ARCH_LIST")
         if configured:
-            return parse_arch_list(configured)
-        import torch  # noqa: PLC0415 - only CUDA builds ask torch about devices
+            archs = parse_arch_list(configured)
+        else:
+            import torch  # noqa: PLC0415 - only CUDA builds ask torch about devices
 
-        if torch.cuda.is_available():
-            capabilities = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-            return [f"{major}.{minor}" for major, minor in sorted(capabilities)]
-        return list(DEFAULT_CUDA_ARCHS)
+            if torch.cuda.is_available():
+                capabilities = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+                archs = [f"{major}.{minor}" for major, minor in sorted(capabilities)]
+            else:
+                archs = list(DEFAULT_CUDA_ARCHS)
+        kept = [".".join(parts) for parts in self.filter_ccs(archs)]
+        if not kept:
+            raise ValueError(f"op {self.name} supports none of the CUDA targets {archs}; set TORCH_CUDA_ARCH_LIST")
+        return kept
+
+    def filter_ccs(self, ccs: list[str]) -> list[list[str]]:
+        """The compute capabilities this op compiles for, each split at its dot (`"8.0+PTX"` -> `["8", "0+PTX"]`).
+
+        Every one by default; an op whose kernels need newer hardware drops the rest (and says so with
+        `warning`). The split form is DeepSpeed's contract for this method.
+        """
+        return [cc.split(".") for cc in ccs]
 
     def simd_level(self) -> str:
         """CUDA ops use no CPU SIMD flags, so a prebuilt one runs on any CPU."""

@@ -9,7 +9,8 @@ original as `linear_bk`), so that backward re-gathers a weight released after fo
 memory saving for every op, not only linear, from its saved-tensor hooks (`_stage3.saved_tensors`), so a
 process-wide patch would only cost: every `F.linear` in the process, ZeRO or not, would run through a
 Python autograd function (2.7x the time of torch's linear forward+backward on an 8x64x64 case on this
-CPU). `zero3_linear_wrap` is still there for code that calls it; `F.linear` stays torch's.
+CPU). `zero3_linear_wrap` is in `deepspeed.runtime.zero.linear` (ds-engine) for code that calls it;
+`F.linear` stays torch's.
 """
 
 from __future__ import annotations

@@ -8,13 +8,17 @@ the usual result: a response keeps its first end-of-sequence token and everythin
 masked out in `attention_mask`. Greedy when `temperature <= 0`, else sampled with temperature, top-p and
 top-k (`top_k <= 0`: no top-k), through Hugging Face's `generate`.
 
-Not implemented in ds (refused by name): CUDA-graph decode capture (`use_graph_capture`) and continuous
-batching (`SamplingConfig.continuous_batch_size`).
+Not implemented in ds: CUDA-graph decode (`use_graph_capture`) and continuous batching
+(`SamplingConfig.continuous_batch_size`). DeepSpeed applies graph capture to greedy rollouts only, and
+sampled ones ignore it, so a rollout made with `use_graph_capture=True` is accepted (with a warning): its
+sampled rollouts run as without it, and a greedy one raises NotImplementedError before any forward. (On a
+CPU accelerator DeepSpeed's graph decode has no graph to replay and repeats the first decoded token.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -23,10 +27,12 @@ from ds_engine.runtime.rollout.base import RolloutBatch, RolloutEngine, RolloutR
 
 __all__ = ["HybridEngineRollout", "HybridEngineRolloutConfig"]
 
+_NO_GRAPH_CAPTURE = "use_graph_capture (CUDA-graph greedy decode) is not implemented in ds"
+
 
 @dataclasses.dataclass
 class HybridEngineRolloutConfig:
-    """Options of `HybridEngineRollout`; `use_graph_capture` (CUDA graphs) is accepted only off in ds."""
+    """Options of `HybridEngineRollout`; `use_graph_capture` (CUDA-graph greedy decode) is not implemented in ds."""
 
     use_graph_capture: bool = False
 
@@ -39,9 +45,7 @@ class HybridEngineRollout(RolloutEngine):
             when it has one (the hybrid engine gathers ZeRO-3 parameters once per call).
         tokenizer: anything with `pad_token_id` and `eos_token_id` (pad falls back to eos).
         cfg: a `HybridEngineRolloutConfig` (or an object with `use_graph_capture`); None: defaults.
-
-    Raises:
-        NotImplementedError: `use_graph_capture` is set.
+            `use_graph_capture=True` warns: greedy rollouts will raise, sampled ones run without it.
     """
 
     name = "hybrid_engine"
@@ -51,8 +55,11 @@ class HybridEngineRollout(RolloutEngine):
         self.tokenizer = tokenizer
         self.use_graph_capture = bool(getattr(cfg, "use_graph_capture", False))
         if self.use_graph_capture:
-            raise NotImplementedError(
-                "HybridEngineRollout: use_graph_capture (CUDA-graph decode) is not implemented in ds; leave it off"
+            warnings.warn(
+                f"HybridEngineRollout: {_NO_GRAPH_CAPTURE}; greedy rollouts (temperature <= 0) will raise "
+                "NotImplementedError, sampled ones run without it (DeepSpeed captures greedy decode only)",
+                UserWarning,
+                stacklevel=2,
             )
 
     def _pad_token_id(self) -> int:
@@ -74,7 +81,8 @@ class HybridEngineRollout(RolloutEngine):
         """`n_samples_per_prompt` samples of `max_new_tokens` tokens per prompt, prompt first (see the module).
 
         Raises:
-            NotImplementedError: `sampling.continuous_batch_size` is set.
+            NotImplementedError: `sampling.continuous_batch_size` is set, or the rollout was made with
+                `use_graph_capture` and `sampling` is greedy.
             ValueError: a non-positive `max_new_tokens` or `n_samples_per_prompt`; no pad or eos id.
         """
         if sampling.continuous_batch_size is not None:
@@ -97,7 +105,10 @@ class HybridEngineRollout(RolloutEngine):
         }
         if sampling.temperature > 0:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0))
-        out = self._generate_fn()(prompt_ids, **kwargs)
+        if self.use_graph_capture and sampling.temperature <= 0:
+            out = self._generate_graph(prompt_ids, prompt_mask, sampling.max_new_tokens, pad)
+        else:
+            out = self._generate_fn()(prompt_ids, **kwargs)
         prompt_len = prompt_ids.shape[1]
         response = out[:, prompt_len:].clone()
         keep = torch.ones_like(response, dtype=torch.bool)
@@ -111,6 +122,19 @@ class HybridEngineRollout(RolloutEngine):
             input_ids=torch.cat([prompt_ids, response], dim=1),
             attention_mask=torch.cat([prompt_mask, keep.to(prompt_mask.dtype)], dim=1),
             response_start_idx=torch.full((out.shape[0],), prompt_len, dtype=torch.long, device=out.device),
+        )
+
+    def _generate_graph(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int, pad_token_id: int
+    ) -> torch.Tensor:
+        """DeepSpeed's CUDA-graph greedy decode, which ds does not have.
+
+        Raises:
+            NotImplementedError: always, before any forward.
+        """
+        raise NotImplementedError(
+            f"HybridEngineRollout: {_NO_GRAPH_CAPTURE}; make the rollout with use_graph_capture=False "
+            "(greedy decoding then runs through the model's generate)"
         )
 
     def sync_weights(self, step: int) -> None:

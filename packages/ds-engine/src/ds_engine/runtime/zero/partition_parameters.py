@@ -13,6 +13,9 @@ is not on ds's construction path, and swapping it changes nothing in ds.
 on global rank 0 when `debug` or `force` is set (ds-zero logs through `logging` instead; scripts and tests
 call or replace this one).
 
+`zero3_linear_wrap` is DeepSpeed's stage-3 linear (`deepspeed.runtime.zero.linear`'s, which says why ds
+does not install it over `torch.nn.functional.linear`).
+
 `partitioned_param_data_shape` is DeepSpeed's constant for the shape of a released parameter's `data`
 (`[0]` there). ds keeps a released parameter at its logical shape (a one-element NaN tensor expanded to
 `ds_shape`, see ds_zero's partitioned_param module), so in ds the constant describes DeepSpeed, not the
@@ -31,6 +34,7 @@ import torch
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._reexport import optional_reexport
+from ds_engine.runtime.zero.linear import zero3_linear_wrap
 
 _zero_all, __getattr__, _zero_dir = optional_reexport(
     "ds_engine.runtime.zero.partition_parameters",
@@ -50,6 +54,7 @@ __all__ = [
     "get_accelerator",
     "partitioned_param_data_shape",
     "print_rank_0",
+    "zero3_linear_wrap",
     "zero_wrapper_for_fp_tensor_constructor",
 ]
 
@@ -91,6 +96,7 @@ def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
             "get_accelerator",
             "print_rank_0",
             "partitioned_param_data_shape",
+            "zero3_linear_wrap",
             "zero_wrapper_for_fp_tensor_constructor",
         }
     )
