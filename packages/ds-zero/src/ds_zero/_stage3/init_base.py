@@ -8,9 +8,9 @@ replaces `torch.nn.functional.linear` by its `zero3_linear_wrap` for the rest of
 original as `linear_bk`), so that backward re-gathers a weight released after forward. ds-zero gets that
 memory saving for every op, not only linear, from its saved-tensor hooks (`_stage3.saved_tensors`), so a
 process-wide patch would only cost: every `F.linear` in the process, ZeRO or not, would run through a
-Python autograd function (2.7x the time of torch's linear forward+backward on an 8x64x64 case on this
-CPU). `zero3_linear_wrap` is in `deepspeed.runtime.zero.linear` (ds-engine) for code that calls it;
-`F.linear` stays torch's.
+Python autograd function (forward+backward of an 8x64 by 64x64 linear on a 2-core CPU: 107 us against
+torch's 46 us; at 256x1024 by 1024x1024, 1.03x). `zero3_linear_wrap` is in `deepspeed.runtime.zero.linear`
+(ds-engine) for code that calls it; `F.linear` stays torch's.
 """
 
 from __future__ import annotations
