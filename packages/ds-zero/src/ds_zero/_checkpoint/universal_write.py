@@ -30,6 +30,14 @@ Tensor-parallel checkpoints (several `mp_rank` files without layer files, ZeRO 1
 parameter's slices as their `universal_checkpoint_info` says ([Note: merging tensor-parallel slices]
 in `universal_categories.py`); one without that info is refused, as the cut of its shards is unknown.
 `optimizer_state.pt` is tensor-parallel rank 0's, and every rank's model-states file is copied.
+
+[Note: ZeRO-3 and AutoTP] A ZeRO-3 checkpoint of a tensor-parallel model has one model-states file per
+(data-parallel, tensor-parallel) rank, `zero_pp_rank_{dp}_mp_rank_{tp:02d}_model_states.pt`, each
+`param_shapes` that rank's shard shapes. Each tensor-parallel rank's partitions are merged over its
+data-parallel ranks, then the ranks' slices merge by the categories of the `universal_checkpoint_info`
+(`{"cat_dim": ..., "param": ...}` files, as at stage 1/2, and no `step.pt`: the steps stay in
+`optimizer_state.pt`), as DeepSpeed 0.19.8's converter does; without that info every parameter would
+be taken as cut along dim 0, so one without it is refused, as at stage 1/2.
 """
 
 from __future__ import annotations
@@ -91,11 +99,6 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int
                 f"{folder} combines pipeline and tensor parallelism (tp_degree {dims['tp_degree']}): only "
                 "pipeline checkpoints of tensor-parallel degree 1 convert to universal here"
             )
-    elif len(mp_ranks) > 1 and stage == 3:
-        raise ValueError(
-            f"{folder} holds tensor-parallel ranks {mp_ranks} at ZeRO stage 3: tensor-parallel checkpoints "
-            "convert to universal at ZeRO stage 1 or 2 here (ds's AutoTP trains with stage 0-2)"
-        )
     return files, pipeline, len(mp_ranks)
 
 
@@ -208,8 +211,11 @@ def _write(
             "nothing says how its parameters are cut (replicated, row or column), so the shards cannot be "
             "merged (a save by an older ds, or a client that does not record it)"
         )
-    info = _check_universal_info(states, model_files[0], inject) if stage < 3 else {}
-    categories = Categories(info) if stage < 3 else None
+    # Stage 3 without tensor parallelism writes bare flat tensors (no categories); with it, the slices of
+    # every tensor-parallel rank merge by the categories, as at stage 1/2 ([Note: ZeRO-3 and AutoTP]).
+    merged = stage < 3 or (mp_degree > 1 and not pipeline)
+    info = _check_universal_info(states, model_files[0], inject or stage == 3) if merged else {}
+    categories = Categories(info) if merged else None
     zero = out / "zero"
     zero.mkdir(parents=True, exist_ok=True)
     replicated = list(info.get(_PIPELINE_REPLICATED, []))
@@ -221,22 +227,24 @@ def _write(
         _check_same_names(src, shards)
         first = mp_ranks[0]
         names = [n for n in shards[0].index.names if first == 0 or not any(re.match(p, n) for p in replicated)]
+        write = functools.partial(_write_param, zero, shards, categories, stage < 3)
         with ThreadPoolExecutor(max_workers=merge) as pool:
-            list(pool.map(functools.partial(_write_param, zero, shards, categories), names))
+            list(pool.map(write, names))
     if categories is not None:
         if categories.unused:
             message = f"unused patterns {sorted(categories.unused)} of {UNIVERSAL_INFO_KEY} while converting"
             if strict:
                 raise ValueError(message)
             logger.warning(message)
-        for path in model_files:  # buffers, and parameters ZeRO holds no state for (a pipeline's module is None)
-            module = (
+        for path in model_files if stage < 3 else ():  # buffers, and parameters ZeRO holds no state for
+            module = (  # (a pipeline's module is None; a ZeRO-3 module holds no weights)
                 states.get("module") if path == model_files[0] else ds_comm.load_checkpoint_file(path).get("module")
             )
             for name, value in (module or {}).items():
                 if isinstance(value, torch.Tensor) and not (zero / name / "fp32.pt").is_file():
                     (zero / name).mkdir(exist_ok=True)
                     ds_comm.atomic_save({"param": value.float()}, zero / name / "fp32.pt")
+    if stage < 3:
         common = {k: v for k, v in rank0.items() if k not in _STAGE12_SHARDED}
         common["param_groups"] = rank0["base_optimizer_state"]["param_groups"]
     else:
@@ -267,9 +275,12 @@ def _check_same_names(src: Path, shards: Sequence[_Shard]) -> None:
             )
 
 
-def _write_param(zero: Path, shards: Sequence[_Shard], categories: Categories | None, name: str) -> None:
-    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, stage 1/2's `step.pt`),
-    its slices on every tensor-parallel rank in `shards` merged (one shard: no tensor parallelism)."""
+def _write_param(
+    zero: Path, shards: Sequence[_Shard], categories: Categories | None, with_step: bool, name: str
+) -> None:
+    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, and `step.pt` when
+    `with_step`: stage 1/2), its slices on every tensor-parallel rank in `shards` merged (one shard: no
+    tensor parallelism)."""
     states = [_full_states(s.index, s.parts, name) for s in shards]
     shapes = [s.index.param_shapes[name] for s in shards]
     folder = zero / name
@@ -287,7 +298,7 @@ def _write_param(zero: Path, shards: Sequence[_Shard], categories: Categories | 
             payload = categories.payload(name, slices, key)
             payload["param"].requires_grad_(key == "fp32")
         ds_comm.atomic_save(payload, folder / f"{key}.pt")
-    if categories is not None and steps[0] is not None:
+    if with_step and steps[0] is not None:
         ds_comm.atomic_save(steps[0], folder / "step.pt")
 
 
