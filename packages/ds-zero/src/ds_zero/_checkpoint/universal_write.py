@@ -23,8 +23,9 @@ by `to_deepspeed`, so both go through one path).
 own; together the stages give every parameter once (a tied parameter held by several stages is taken
 from the last one, as DeepSpeed's converter does, unless it matches
 `pipeline_replicated_parameter_patterns`: then the first stage's copy). Every stage's model-states
-file is copied; `optimizer_state.pt` is stage 0's. Pipeline checkpoints that are tensor-parallel too
-(`tp_degree` > 1) are refused.
+file is copied; `optimizer_state.pt` is stage 0's. A pipeline that is tensor-parallel too (`tp_degree`
+> 1 in `checkpoint_parallel_dimensions`) has `stages x tp_degree` files, stage-major
+(`mp_rank = stage * tp_degree + tp_rank`); each stage's tensor-parallel ranks merge by the categories.
 
 Tensor-parallel checkpoints (several `mp_rank` files without layer files, ZeRO 1/2) merge each
 parameter's slices as their `universal_checkpoint_info` says ([Note: merging tensor-parallel slices]
@@ -72,12 +73,12 @@ _PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_.*")  # DeepSpeed's test for a pipeline checkpoint
 
 
-def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int]:
+def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int, int]:
     """The model-states files DeepSpeed's converter copies, in model-parallel rank order (stage 1/2:
     `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), whether the checkpoint is a
     pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints]), and the number of
-    model-parallel ranks; without pipeline several are tensor-parallel ranks (see [Note: merging
-    tensor-parallel slices])."""
+    model-parallel ranks, and the tensor-parallel degree (without pipeline every model-parallel rank is a
+    tensor-parallel rank, see [Note: merging tensor-parallel slices])."""
     if stage == 3:
         files = [p for p in folder.glob("*_model_states.pt") if not re.match(r"layer_.*_expert_", p.name)]
     else:
@@ -85,21 +86,24 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int
     files.sort()
     if not files:
         raise FileNotFoundError(f"no model-states files in {folder}: not a ZeRO checkpoint tag directory")
-    pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir())
+    dims = ds_comm.load_checkpoint_file(files[0]).get("checkpoint_parallel_dimensions") or {}
+    # the layer files, or (a converted copy without them) the recorded stage count
+    pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir()) or int(dims.get("pp_degree", 1) or 1) > 1
     mp_ranks = sorted({int(m.group(1)) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))})
     if mp_ranks != list(range(len(mp_ranks))):
         what = "pipeline stages'" if pipeline else "tensor-parallel ranks'"
         raise ValueError(f"{folder}: the {what} model-states files cover model-parallel ranks {mp_ranks}")
+    tp_degree = len(mp_ranks)
     if pipeline:
         if stage > 1:
             raise ValueError(f"{folder} is a pipeline checkpoint at ZeRO stage {stage}: pipelines take stage 0 or 1")
-        dims = ds_comm.load_checkpoint_file(files[0]).get("checkpoint_parallel_dimensions") or {}
-        if int(dims.get("tp_degree", 1) or 1) > 1:
+        tp_degree = int(dims.get("tp_degree", 1) or 1)
+        if len(mp_ranks) % tp_degree:
             raise ValueError(
-                f"{folder} combines pipeline and tensor parallelism (tp_degree {dims['tp_degree']}): only "
-                "pipeline checkpoints of tensor-parallel degree 1 convert to universal here"
+                f"{folder}: {len(mp_ranks)} model-parallel ranks are not whole pipeline stages of tensor-parallel "
+                f"degree {tp_degree}"
             )
-    return files, pipeline, len(mp_ranks)
+    return files, pipeline, len(mp_ranks), tp_degree
 
 
 def _full_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
@@ -202,10 +206,10 @@ def _write(
     src: Path, out: Path, rank0: Mapping[str, Any], extract: int, merge: int, strict: bool, inject: bool
 ) -> None:
     stage = int(rank0["zero_stage"])
-    model_files, pipeline, mp_degree = _model_states_files(src, stage)
+    model_files, pipeline, mp_degree, tp_degree = _model_states_files(src, stage)
     del extract  # reading stays serial: the restricted unpickler's allow-list is process-wide state
     states = ds_comm.load_checkpoint_file(model_files[0])
-    if not pipeline and mp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
+    if not pipeline and tp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
         raise ValueError(
             f"{model_files[0]} is tensor-parallel rank 0 of {mp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
             "nothing says how its parameters are cut (replicated, row or column), so the shards cannot be "
@@ -213,15 +217,15 @@ def _write(
         )
     # Stage 3 without tensor parallelism writes bare flat tensors (no categories); with it, the slices of
     # every tensor-parallel rank merge by the categories, as at stage 1/2 ([Note: ZeRO-3 and AutoTP]).
-    merged = stage < 3 or (mp_degree > 1 and not pipeline)
+    merged = stage < 3 or tp_degree > 1
     info = _check_universal_info(states, model_files[0], inject or stage == 3) if merged else {}
     categories = Categories(info) if merged else None
     zero = out / "zero"
     zero.mkdir(parents=True, exist_ok=True)
     replicated = list(info.get(_PIPELINE_REPLICATED, []))
     # A pipeline's stages hold different parameters (merged one stage after another); tensor-parallel
-    # ranks hold slices of the same ones (merged together).
-    groups = [[r] for r in range(mp_degree)] if pipeline else [list(range(mp_degree))]
+    # ranks hold slices of the same ones (merged together). Files are stage-major: stage * tp + tp_rank.
+    groups = [list(range(at, at + tp_degree)) for at in range(0, mp_degree, tp_degree)]
     for mp_ranks in groups:
         shards = [_Shard(load_partition_state_dicts(src, mp_rank=r)) for r in mp_ranks]
         _check_same_names(src, shards)
