@@ -86,7 +86,7 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int
     files.sort()
     if not files:
         raise FileNotFoundError(f"no model-states files in {folder}: not a ZeRO checkpoint tag directory")
-    dims = ds_comm.load_checkpoint_file(files[0]).get("checkpoint_parallel_dimensions") or {}
+    dims = ds_comm.load_checkpoint_file(files[0], mmap=True).get("checkpoint_parallel_dimensions") or {}
     # the layer files, or (a converted copy without them) the recorded stage count
     pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir()) or int(dims.get("pp_degree", 1) or 1) > 1
     mp_ranks = sorted({int(m.group(1)) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))})
@@ -211,7 +211,7 @@ def _write(
     states = ds_comm.load_checkpoint_file(model_files[0])
     if not pipeline and tp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
         raise ValueError(
-            f"{model_files[0]} is tensor-parallel rank 0 of {mp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
+            f"{model_files[0]} is tensor-parallel rank 0 of {tp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
             "nothing says how its parameters are cut (replicated, row or column), so the shards cannot be "
             "merged (a save by an older ds, or a client that does not record it)"
         )
