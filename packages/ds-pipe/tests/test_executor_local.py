@@ -86,3 +86,19 @@ def test_executor_errors_are_named() -> None:
         no_loss.train_batch(iter(_data(2)))
     executor.set_dataiterator(iter(_data(2)))
     assert executor.train_batch().dim() == 0
+
+
+def test_a_one_element_output_is_the_loss_without_a_loss_fn() -> None:
+    # A last Linear(h, 1) on one row gives a (1, 1) output; like DeepSpeed, it is taken as the loss.
+    torch.manual_seed(0)
+    module = PipelineModule([LayerSpec(nn.Linear, 4, 3), nn.Tanh(), LayerSpec(nn.Linear, 3, 1)], num_stages=1)
+    reference = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1))
+    reference.load_state_dict(module.state_dict())
+    data = [(x[:1], y[:1]) for x, y in _data(2)]
+    loss = PipelineExecutor(module, micro_batches=2).train_batch(iter(data))
+    outputs = [reference(x) for x, _ in data]
+    (sum(outputs) / 2).sum().backward()
+    assert loss.dim() == 0
+    torch.testing.assert_close(loss, torch.stack([o.reshape(()) for o in outputs]).mean().detach(), rtol=0, atol=1e-6)
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(dict(module.named_parameters())[name].grad, p.grad, rtol=0, atol=1e-6)

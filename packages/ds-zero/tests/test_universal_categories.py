@@ -1,7 +1,8 @@
 """How `universal_checkpoint_info`'s categories merge tensor-parallel slices (`Categories.payload`), against
 the whole tensor the slices were cut from: column (dim 0, also uneven), row (dim 1), replicated (equal
-slices required), two stacked sub-parameters, vocabulary padding; DeepSpeed's affine maps (placed blocks,
-replicas checked, scales undone for fp32 only, newer versions refused); refused layouts name their key."""
+slices required), two stacked sub-parameters, fused sections, vocabulary padding; DeepSpeed's affine maps
+(placed blocks, replicas checked, scales undone for fp32 only, newer versions refused); refused layouts name
+their key."""
 
 from __future__ import annotations
 
@@ -100,9 +101,14 @@ def test_an_affine_map_checks_replicas_and_undoes_scales_of_fp32_only() -> None:
         Categories({"affine_map": {"version": 2, "params": {}}})
 
 
-def test_fused_projections_without_a_map_and_unconvertible_parameters_are_refused() -> None:
+def test_fused_projections_merge_per_section_and_unconvertible_parameters_are_refused() -> None:
+    whole = torch.randn(8, 2)
+    q, k, v = whole.split([4, 2, 2])
+    slices = [torch.cat([q[:2], k[:1], v[:1]]), torch.cat([q[2:], k[1:], v[1:]])]
     fused = {"parameter_with_sub_params": [{"patterns": [r"^qkv$"], "shape": [(4, 2, 2), -1], "partition_dim": 0}]}
-    with pytest.raises(ValueError, match="'qkv' is a fused projection"):
-        Categories(fused).payload("qkv", [torch.ones(4, 2), torch.ones(4, 2)])
+    payload = Categories(fused).payload("qkv", slices)
+    assert torch.equal(payload["param"], whole) and payload["sub_param_shape"]["shape"] == ((4, 2, 2), -1)
+    with pytest.raises(ValueError, match="shard widths describe"):  # slices of another parameter
+        Categories(fused).payload("qkv", [torch.ones(3, 2), torch.ones(5, 2)])
     with pytest.raises(ValueError, match=r"\^x\$: fused heads"):
         Categories({"autotp_unsupported_parameter_patterns": {"^x$": "fused heads"}})

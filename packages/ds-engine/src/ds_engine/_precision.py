@@ -27,6 +27,8 @@ from ds_ops.precision import LossScaler, finish_step
 
 logger = logging.getLogger(__name__)
 
+_UC_INFO = "universal_checkpoint_info"  # the parameter attribute (and state-dict key) DeepSpeed's clients set
+
 __all__ = ["MixedPrecisionOptimizer"]
 
 
@@ -76,7 +78,10 @@ class MixedPrecisionOptimizer:
         self._reduced = False
         self.model_params: list[torch.Tensor] = []
         self.masters: list[torch.Tensor] = []
+        #: DeepSpeed's name: each param group's 16-bit model parameters.
+        self.bf16_groups: list[list[torch.Tensor]] = []
         self._make_masters()
+        self._enable_universal_checkpoint()
         trainable = [i for i, p in enumerate(self.model_params) if p.requires_grad]
         self._train_model = [self.model_params[i] for i in trainable]
         self._train_masters = [self.masters[i] for i in trainable]
@@ -112,10 +117,23 @@ class MixedPrecisionOptimizer:
                 self.model_params.append(p)
                 self.masters.append(master)
                 masters.append(master)
+            self.bf16_groups.append(list(group["params"]))
             group["params"] = masters
         for p in list(self.optimizer.state):
             if id(p) in remap:
                 self.optimizer.state[remap[id(p)]] = self.optimizer.state.pop(p)
+
+    def _enable_universal_checkpoint(self) -> None:
+        """Cache the first `universal_checkpoint_info` a model parameter carries (DeepSpeed's Megatron-style
+        clients set it on parameters), so it is read once here and not looked up at save time."""
+        self._universal_checkpoint_info = next(
+            (info for group in self.bf16_groups for p in group if (info := getattr(p, _UC_INFO, None)) is not None),
+            None,
+        )
+
+    def _get_universal_checkpoint_info(self) -> dict[str, Any] | None:
+        """The cached `universal_checkpoint_info` (None when no parameter carried one)."""
+        return getattr(self, "_universal_checkpoint_info", None)
 
     # -- the optimizer face ------------------------------------------------------------------------------
     @property
@@ -232,6 +250,7 @@ class MixedPrecisionOptimizer:
             "optimizer_state_dict": self.optimizer.state_dict(),
             "fp32_groups": [[m.detach().clone() for m in g["params"]] for g in self.optimizer.param_groups],
             "clip_grad": self.clip_grad,
+            **({_UC_INFO: info} if (info := self._get_universal_checkpoint_info()) is not None else {}),
         }
 
     def state_params(self) -> list[torch.Tensor]:

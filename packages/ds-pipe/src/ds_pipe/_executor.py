@@ -314,12 +314,13 @@ class PipelineExecutor:
             buffer.inputs = buffer.labels = None
             return
         loss = self.loss_fn(outputs, buffer.labels) if self.loss_fn is not None else outputs
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             shown = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ValueError(
                 f"the loss on the last stage must be a scalar tensor, got {shown}; pass a loss_fn "
                 "that reduces (e.g. mean) or make the last layer return the loss"
             )
+        loss = loss.reshape(())  # a one-element output ((1, 1) from a last Linear(h, 1)) is a loss too, as in DeepSpeed
         buffer.loss = loss
         buffer.labels = None
         self._results.append(loss.detach())

@@ -7,6 +7,9 @@
 The arguments are DeepSpeed 0.19.8's; `--inject_missing_state` is needed for checkpoints an engine wrote
 (they carry no `universal_checkpoint_info`), as with DeepSpeed's converter. The result loads, in ds and in
 DeepSpeed, with `"checkpoint": {"load_universal": true}` and `load_checkpoint(SAVE_DIR)` at any world size.
+
+`merge_zero_shards`, `merge_tp_slices` and `group_per_tp_shapes` are DeepSpeed's file-level steps (its
+intermediate per-fragment files, see `_checkpoint/slice_files.py`) over the same merge rules.
 """
 
 from __future__ import annotations
@@ -16,13 +19,19 @@ import sys
 from collections.abc import Sequence
 
 import ds_comm
+from ds_zero._checkpoint.slice_files import group_per_tp_shapes, merge_tp_slices, merge_zero_shards
+from ds_zero._checkpoint.sub_param_merge import UniversalMergeError
 from ds_zero._checkpoint.universal_read import load_universal_partitions, universal_model_states_file
 from ds_zero._checkpoint.universal_write import convert_to_universal
 
 __all__ = [
+    "UniversalMergeError",
     "convert_to_universal",
+    "group_per_tp_shapes",
     "load_universal_partitions",
     "main",
+    "merge_tp_slices",
+    "merge_zero_shards",
     "parse_arguments",
     "universal_model_states_file",
 ]

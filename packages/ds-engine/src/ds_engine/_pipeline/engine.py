@@ -357,14 +357,18 @@ class PipelineEngine(DeepSpeedEngine):
     def _train_state(
         self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
     ) -> TrainState:
-        """The stage's state: no module (its weights are in the layer files), the stage layout besides."""
+        """The stage's state: no module (its weights are in the layer files), the stage layout besides.
+
+        With ZeRO, `param_shapes` are this stage's parameters (DeepSpeed writes them; a universal conversion
+        reads them), and `tp_degree` is the grid's tensor-parallel (`model` axis) degree: the model-states
+        files are numbered stage-major, `mp_rank = stage * tp_degree + tp_rank`.
+        """
         state = super()._train_state(rng_states, exclude_frozen_parameters, extra)
         return dataclasses.replace(
             state,
             module=None,
-            param_shapes=None,
             pp_degree=self.num_stages,
-            tp_degree=1,
+            tp_degree=self.grid.get_slice_parallel_world_size(),
             extra={**(extra or {}), _pipeline_checkpoint.LAYOUT_KEY: self.layout()},
         )
 

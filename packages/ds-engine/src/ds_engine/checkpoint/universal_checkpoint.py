@@ -7,17 +7,40 @@ reads that record (DeepSpeed's semantics, order of precedence included): refused
 cut cannot be described; whole when replicated; per sub-parameter when it is made of several (with the
 recorded widths, or an even split for metadata older than version 0.4); by the recorded partition sizes;
 else an even split. Needs no ds-parallel: it reads only the dict on the parameter.
+
+`load_hp_checkpoint_state` (bound on a parameter by `enable_universal_checkpoint`, as DeepSpeed's ZeRO
+and bf16 optimizers bind it) loads one parameter's folder of a universal checkpoint (`fp32.pt`, its
+optimizer states, `step.pt`) into the parameter's high-precision fragment, DeepSpeed's `_hp_mapping`
+protocol (`lp_fragment_address` start/numel, `get_hp_fragment()`, `optim_fragment`). This rank's shard
+is the AutoTP record's cut when the parameter has one (even when the whole parameter fits one rank, as a
+single key/value head does), else DeepSpeed's rules from the file's own keys (`cat_dim`,
+`param_n_sub_params`, `sub_param_shape`, vocabulary padding). ds's own optimizers restore universal
+checkpoints through `ds_zero.load_universal_partitions` instead and keep no `_hp_mapping`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import os
+import types
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from ds_engine.checkpoint.constants import DS_AUTOTP_UC_META, UNIVERSAL_CHECKPOINT_VERSION_KEY
+import ds_comm
+from ds_engine.checkpoint.constants import (
+    CAT_DIM,
+    DS_AUTOTP_UC_META,
+    EP_IS_EXPERT_PARAM,
+    EP_NUM_EXPERTS,
+    FP32_WEIGHT_KEY,
+    PARAM,
+    PARAM_N_SUB_PARAMS,
+    SUB_PARAM_SHAPE,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    VOCAB_TENSOR,
+)
 
 __all__ = [
     "AutoTPRestoreError",
@@ -25,6 +48,8 @@ __all__ = [
     "_get_param_uc_restore_meta",
     "_narrow_sub_params",
     "_resolve_autotp_partition",
+    "enable_universal_checkpoint",
+    "load_hp_checkpoint_state",
 ]
 
 
@@ -159,3 +184,107 @@ def _resolve_autotp_partition(
             "metadata records no partition_sizes: the uneven cut cannot be rebuilt"
         )
     return full_view.chunk(tp_world_size, dim=dim)[tp_rank].flatten()
+
+
+def _load_state_file(path: str) -> Any:
+    """A universal state file, through ds's restricted unpickler (which also admits `SubparamShape`)."""
+    names: list[Any] = [SubparamShape, (SubparamShape, "deepspeed.checkpoint.universal_checkpoint.SubparamShape")]
+    with torch.serialization.safe_globals(names):
+        return ds_comm.load_checkpoint_file(path)
+
+
+def _generic_tp_slice(
+    ckpt_dict: dict[str, Any], full: torch.Tensor, numel: int, tp_rank: int, tp_world_size: int, path: str
+) -> torch.Tensor:
+    """DeepSpeed's cut of a parameter with no AutoTP record: by the file's sub-parameters or `cat_dim`."""
+    if full.numel() != tp_world_size * numel:
+        raise AutoTPRestoreError(
+            f"{path}: the whole parameter has {full.numel()} elements, not {tp_world_size} ranks x {numel}"
+        )
+    spec = ckpt_dict.get(SUB_PARAM_SHAPE)
+    dim = int(ckpt_dict.get(CAT_DIM, 0))
+    n_sub = int(ckpt_dict.get(PARAM_N_SUB_PARAMS, 1))
+    if spec:
+        fields: dict[str, Any] = spec if isinstance(spec, dict) else dataclasses.asdict(spec)
+        part_dim, shape = int(fields["partition_dim"]), fields["shape"]
+        sizes = shape[part_dim] if isinstance(shape[part_dim], (tuple, list)) else (shape[part_dim],)
+        view = full.view([sum(d) if isinstance(d, (tuple, list)) else d for d in shape])
+        pieces, start = [], 0
+        for size in sizes:
+            pieces.append(view.narrow(part_dim, start, size).chunk(tp_world_size, dim=part_dim)[tp_rank])
+            start += size
+        return torch.cat(pieces, dim=part_dim).flatten()
+    if n_sub > 1:
+        subs = full.chunk(n_sub, dim=dim)
+        return torch.cat([p.chunk(tp_world_size, dim=dim)[tp_rank] for p in subs], dim=dim).flatten()
+    return full.chunk(tp_world_size, dim)[tp_rank].flatten()
+
+
+def load_hp_checkpoint_state(
+    self: torch.Tensor, folder: str, tp_rank: int, tp_world_size: int, ep_rank: int = 0, ep_size: int = 1
+) -> Any:
+    """Load `folder` (one parameter of a universal checkpoint) into this parameter's `_hp_mapping`.
+
+    `fp32` is copied into the high-precision fragment; every other state becomes
+    `_hp_mapping.optim_fragment[name]`. Expert parameters (`is_expert_param`) are first cut to this
+    expert-parallel rank's experts when `ep_size` > 1.
+
+    Returns:
+        The value of `step.pt`, or None when there is none.
+
+    Raises:
+        AutoTPRestoreError: the file does not fit the parameter (element counts, expert counts).
+        RuntimeError: the AutoTP record says the cut cannot be restored.
+    """
+    mapping = self._hp_mapping  # type: ignore[attr-defined]
+    mapping.optim_fragment = {}
+    has_meta = _get_param_uc_restore_meta(self) is not None
+    step = None
+    for file in sorted(os.listdir(folder)):
+        if not file.endswith(".pt"):
+            continue
+        key, path = file[: -len(".pt")], os.path.join(folder, file)
+        ckpt_dict = _load_state_file(path)
+        if key == "step":
+            step = ckpt_dict
+            continue
+        full = ckpt_dict[PARAM]
+        is_expert = bool(ckpt_dict.get(EP_IS_EXPERT_PARAM, False))
+        if is_expert and ep_size > 1:
+            experts = ckpt_dict.get(EP_NUM_EXPERTS)
+            if experts is None or full.shape[0] != experts or experts % ep_size:
+                raise AutoTPRestoreError(
+                    f"{path}: expert parameter with {EP_NUM_EXPERTS}={experts} and dim 0 of {full.shape[0]} cannot "
+                    f"be split over {ep_size} expert-parallel ranks"
+                )
+            local = experts // ep_size
+            full = full[ep_rank * local : (ep_rank + 1) * local]
+        rank, world = tp_rank, tp_world_size
+        if full.shape == self.shape and not has_meta:  # whole on every rank (replicated or averaged)
+            rank, world = 0, 1
+        if ckpt_dict.get(VOCAB_TENSOR, False) and not is_expert and not has_meta:
+            padded = self.shape[0] * world
+            if padded < full.shape[0]:
+                raise AutoTPRestoreError(
+                    f"{path}: vocabulary of {full.shape[0]} rows exceeds {world} x {self.shape[0]}"
+                )
+            full = torch.nn.functional.pad(full, (0, 0, 0, padded - full.shape[0]))
+        tp_slice = _resolve_autotp_partition(self, ckpt_dict, full, rank, world, state_key=key)
+        if tp_slice is None:
+            tp_slice = _generic_tp_slice(ckpt_dict, full, self.numel(), rank, world, path)
+        address = mapping.lp_fragment_address
+        fragment = tp_slice.narrow(0, address.start, address.numel)
+        if key == FP32_WEIGHT_KEY:
+            target = mapping.get_hp_fragment()
+            if target.numel() != address.numel:
+                raise AutoTPRestoreError(f"{path}: fragment of {address.numel} elements into {target.numel()}")
+            target.data.copy_(fragment.data)
+        else:
+            mapping.optim_fragment[key] = fragment.clone().detach()
+    return step
+
+
+def enable_universal_checkpoint(param_list: Iterable[torch.Tensor]) -> None:
+    """Bind `load_hp_checkpoint_state` on each parameter (as `param.load_hp_checkpoint_state(folder, ...)`)."""
+    for param in param_list:
+        param.load_hp_checkpoint_state = types.MethodType(load_hp_checkpoint_state, param)  # type: ignore[attr-defined]

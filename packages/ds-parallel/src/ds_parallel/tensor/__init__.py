@@ -10,6 +10,8 @@ Every layer records on its parameters how it cut them, in DeepSpeed's universal-
 (`DS_AUTOTP_UC_META`); `collect_autotp_universal_checkpoint_info` aggregates the records into DeepSpeed's
 model-level `universal_checkpoint_info`. DeepSpeed's sub-parameter, Yuan and fused-qkv layers are here
 under their DeepSpeed names, and DeepSpeed's private helper names are aliases of the public ones.
+`AutoTPMeta`, `get_shard_size` and `get_shard_size_list` are DeepSpeed's `tp_shard` spellings of `TPMeta`
+and `shard_size(s)`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ds_parallel.tensor._replace import shard_model
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_size, shard_sizes
 from ds_parallel.tensor._state import full_state_dict, load_full_state_dict, tp_layers
 from ds_parallel.tensor._subparam import SubParamLinearAllreduce, SubParamLinearLayer
+from ds_parallel.tensor._tp_shard import AutoTPMeta, get_shard_size, get_shard_size_list
 from ds_parallel.tensor._uc_meta import (
     DS_AUTOTP_UC_META,
     build_param_uc_conversion_meta,
@@ -59,6 +62,7 @@ __all__ = [
     "DS_AUTOTP_UC_META",
     "PLAN_STYLES",
     "UNSUPPORTED_FAMILIES",
+    "AutoTPMeta",
     "AutoTPMode",
     "BlockPolicy",
     "CopyToTPRegion",
@@ -88,6 +92,8 @@ __all__ = [
     "full_state_dict",
     "fused_LinearLayer",
     "get_autotp_mode",
+    "get_shard_size",
+    "get_shard_size_list",
     "is_autotp_training_mode",
     "load_full_state_dict",
     "model_family",

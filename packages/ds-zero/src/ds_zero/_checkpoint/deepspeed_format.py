@@ -132,6 +132,7 @@ def from_deepspeed(
     model_dtype: torch.dtype = torch.float32,
     shared_params: Mapping[str, str] | None = None,
     frozen_param_shapes: Mapping[str, Sequence[int]] | None = None,
+    partition_count: int | None = None,
 ) -> dict[str, Any]:
     """One rank's DeepSpeed `optimizer_state_dict` as a ds-zero format-1 partition state dict.
 
@@ -140,16 +141,22 @@ def from_deepspeed(
         dp_rank: the rank in its file name.
         param_shapes: the model-states file's `param_shapes` (per param group, name -> shape, in order).
         model_dtype: the dtype of the module's parameters in the model-states file.
+        partition_count: the data-parallel ranks when `sd` records none (the number of files, as
+            DeepSpeed's converter counts them); a recorded `partition_count` wins.
 
     Raises:
         ValueError: the layout does not add up (names what disagrees).
     """
     stage = int(sd["zero_stage"])
-    world = _int(sd["partition_count"])
+    if "partition_count" not in sd and partition_count is None:
+        raise KeyError("partition_count")
+    world = _int(sd.get("partition_count", partition_count))
     if stage == 3:
         metas = _stage3(sd, dp_rank, world, param_shapes)
         fp32 = [t.detach().float() for t in sd["fp32_flat_groups"]]
-        base = sd["optimizer_state_dict"]
+        base = dict(sd["optimizer_state_dict"])
+        if isinstance(base.get("state"), list):  # one entry per sub-group, in order
+            base["state"] = dict(enumerate(base["state"]))
     else:
         metas = _stage12(sd, dp_rank, world, param_shapes)
         fp32 = [

@@ -121,6 +121,7 @@ def load_partition_state_dicts(
                     model_dtype=dtype,
                     shared_params=states.get("shared_params"),
                     frozen_param_shapes=states.get("frozen_param_shapes"),
+                    partition_count=len(loaded),
                 )
             )
         except (KeyError, TypeError) as err:

@@ -19,8 +19,10 @@ name falls in (a regex list of the checkpoint's `universal_checkpoint_info`, as 
 
 A slice's shape is its own rank's (the `param_shapes` of that rank's model-states file), so uneven cuts
 merge as they were made. With one rank (no tensor parallelism) every category is that one slice. The
-same rules apply to the fp32 value and to every optimizer state. Fused projections described only by
-their section widths (`parameter_with_sub_params`, no `affine_map`) are refused.
+same rules apply to the fp32 value and to every optimizer state. Fused projections described by their
+sections (`parameter_with_sub_params`, no `affine_map`) merge section by section (`sub_param_merge.py`),
+after the categories above and before the default, in DeepSpeed's order; their payload records the
+sections as `sub_param_shape` (a dict of DeepSpeed's `SubparamShape` fields).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from ds_zero._checkpoint.affine_map import AFFINE_MAP_KEY, AffineMaps, rebuild
+from ds_zero._checkpoint.sub_param_merge import UniversalMergeError, merge_sub_params
 
 __all__ = ["UNIVERSAL_INFO_KEY", "Categories"]
 
@@ -43,6 +46,8 @@ _VOCABULARY = "vocabulary_parameter_patterns"
 _TWO_SUB_PARAMS = "parameter_with_2_sub_params_cat_dim_0"
 _SUB_PARAMS = "parameter_with_sub_params"
 _UNSUPPORTED_AUTOTP = "autotp_unsupported_parameter_patterns"
+_SUB_PARAM_SHARD_WIDTHS = "sub_param_shard_widths"
+_VERSION = "universal_checkpoint_version"
 _CATEGORIES = (_REPLICATED, _AVERAGE, _ROW_PARALLEL, _VOCABULARY, _TWO_SUB_PARAMS)
 
 
@@ -71,7 +76,7 @@ class Categories:
         return bool(hits)
 
     def payload(self, name: str, slices: Sequence[torch.Tensor], state: str = "fp32") -> dict[str, Any]:
-        """The `{cat_dim?, param_n_sub_params?, vocab_tensor?, param}` dict of a stage-1/2 state file.
+        """The `{cat_dim?, param_n_sub_params?, sub_param_shape?, vocab_tensor?, param}` dict of a stage-1/2 state file.
 
         Args:
             name: the parameter.
@@ -80,7 +85,8 @@ class Categories:
 
         Raises:
             ValueError: a replicated parameter whose ranks hold different values (names it and the ranks),
-                a fused projection without an affine map, or slices its affine map does not describe.
+                slices its affine map does not describe, or a fused projection whose recorded sections do
+                not fit its slices (`UniversalMergeError`, also an AssertionError).
         """
         out: dict[str, Any] = {}
         amap = self.maps.find(name)
@@ -90,15 +96,10 @@ class Categories:
             for key in _CATEGORIES:
                 self._match(key, name)
             full = rebuild(amap, slices, name, state)
-        elif sub_params:
-            raise ValueError(
-                f"parameter {name!r} is a fused projection ({_SUB_PARAMS} {sub_params[0]!r}) without an "
-                "affine_map: its sections are not merged here"
-            )
         elif self._match(_REPLICATED, name):
             for rank, other in enumerate(slices[1:], start=1):
                 if not torch.equal(slices[0], other):
-                    raise ValueError(
+                    raise UniversalMergeError(
                         f"parameter {name!r} is tensor-parallel replicated, but its {state} differs between "
                         f"tensor-parallel ranks 0 and {rank}: the checkpoint is inconsistent"
                     )
@@ -110,6 +111,11 @@ class Categories:
             full = torch.cat([torch.cat([h[i] for h in halves], dim=0) for i in (0, 1)], dim=0)
             out["cat_dim"] = 0
             out["param_n_sub_params"] = 2
+        elif sub_params:
+            entry = next(e for e in self.info[_SUB_PARAMS] if sub_params[0] in e["patterns"])
+            widths = self.info.get(_SUB_PARAM_SHARD_WIDTHS) or {}
+            version = float(self.info.get(_VERSION, 0.0))
+            full, out["sub_param_shape"] = merge_sub_params(entry, sub_params[0], widths, version, slices, name)
         else:
             out["cat_dim"] = 1 if self._match(_ROW_PARALLEL, name) else 0
             full = slices[0] if len(slices) == 1 else torch.cat(list(slices), dim=out["cat_dim"])

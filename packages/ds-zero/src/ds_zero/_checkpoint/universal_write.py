@@ -23,13 +23,22 @@ by `to_deepspeed`, so both go through one path).
 own; together the stages give every parameter once (a tied parameter held by several stages is taken
 from the last one, as DeepSpeed's converter does, unless it matches
 `pipeline_replicated_parameter_patterns`: then the first stage's copy). Every stage's model-states
-file is copied; `optimizer_state.pt` is stage 0's. Pipeline checkpoints that are tensor-parallel too
-(`tp_degree` > 1) are refused.
+file is copied; `optimizer_state.pt` is stage 0's. A pipeline that is tensor-parallel too (`tp_degree`
+> 1 in `checkpoint_parallel_dimensions`) has `stages x tp_degree` files, stage-major
+(`mp_rank = stage * tp_degree + tp_rank`); each stage's tensor-parallel ranks merge by the categories.
 
 Tensor-parallel checkpoints (several `mp_rank` files without layer files, ZeRO 1/2) merge each
 parameter's slices as their `universal_checkpoint_info` says ([Note: merging tensor-parallel slices]
 in `universal_categories.py`); one without that info is refused, as the cut of its shards is unknown.
 `optimizer_state.pt` is tensor-parallel rank 0's, and every rank's model-states file is copied.
+
+[Note: ZeRO-3 and AutoTP] A ZeRO-3 checkpoint of a tensor-parallel model has one model-states file per
+(data-parallel, tensor-parallel) rank, `zero_pp_rank_{dp}_mp_rank_{tp:02d}_model_states.pt`, each
+`param_shapes` that rank's shard shapes. Each tensor-parallel rank's partitions are merged over its
+data-parallel ranks, then the ranks' slices merge by the categories of the `universal_checkpoint_info`
+(`{"cat_dim": ..., "param": ...}` files, as at stage 1/2, and no `step.pt`: the steps stay in
+`optimizer_state.pt`), as DeepSpeed 0.19.8's converter does; without that info every parameter would
+be taken as cut along dim 0, so one without it is refused, as at stage 1/2.
 """
 
 from __future__ import annotations
@@ -64,12 +73,12 @@ _PIPELINE_REPLICATED = "pipeline_replicated_parameter_patterns"
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_.*")  # DeepSpeed's test for a pipeline checkpoint
 
 
-def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int]:
+def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int, int]:
     """The model-states files DeepSpeed's converter copies, in model-parallel rank order (stage 1/2:
     `mp_rank_*`; stage 3: every `*_model_states.pt` but MoE expert files), whether the checkpoint is a
     pipeline's (one `mp_rank` file per stage, see [Note: pipeline checkpoints]), and the number of
-    model-parallel ranks; without pipeline several are tensor-parallel ranks (see [Note: merging
-    tensor-parallel slices])."""
+    model-parallel ranks, and the tensor-parallel degree (without pipeline every model-parallel rank is a
+    tensor-parallel rank, see [Note: merging tensor-parallel slices])."""
     if stage == 3:
         files = [p for p in folder.glob("*_model_states.pt") if not re.match(r"layer_.*_expert_", p.name)]
     else:
@@ -77,26 +86,24 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int
     files.sort()
     if not files:
         raise FileNotFoundError(f"no model-states files in {folder}: not a ZeRO checkpoint tag directory")
-    pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir())
+    dims = ds_comm.load_checkpoint_file(files[0], mmap=True).get("checkpoint_parallel_dimensions") or {}
+    # the layer files, or (a converted copy without them) the recorded stage count
+    pipeline = any(_LAYER_FILE.fullmatch(p.name) for p in folder.iterdir()) or int(dims.get("pp_degree", 1) or 1) > 1
     mp_ranks = sorted({int(m.group(1)) for p in files if (m := re.search(r"mp_rank_(\d+)", p.name))})
     if mp_ranks != list(range(len(mp_ranks))):
         what = "pipeline stages'" if pipeline else "tensor-parallel ranks'"
         raise ValueError(f"{folder}: the {what} model-states files cover model-parallel ranks {mp_ranks}")
+    tp_degree = len(mp_ranks)
     if pipeline:
         if stage > 1:
             raise ValueError(f"{folder} is a pipeline checkpoint at ZeRO stage {stage}: pipelines take stage 0 or 1")
-        dims = ds_comm.load_checkpoint_file(files[0]).get("checkpoint_parallel_dimensions") or {}
-        if int(dims.get("tp_degree", 1) or 1) > 1:
+        tp_degree = int(dims.get("tp_degree", 1) or 1)
+        if len(mp_ranks) % tp_degree:
             raise ValueError(
-                f"{folder} combines pipeline and tensor parallelism (tp_degree {dims['tp_degree']}): only "
-                "pipeline checkpoints of tensor-parallel degree 1 convert to universal here"
+                f"{folder}: {len(mp_ranks)} model-parallel ranks are not whole pipeline stages of tensor-parallel "
+                f"degree {tp_degree}"
             )
-    elif len(mp_ranks) > 1 and stage == 3:
-        raise ValueError(
-            f"{folder} holds tensor-parallel ranks {mp_ranks} at ZeRO stage 3: tensor-parallel checkpoints "
-            "convert to universal at ZeRO stage 1 or 2 here (ds's AutoTP trains with stage 0-2)"
-        )
-    return files, pipeline, len(mp_ranks)
+    return files, pipeline, len(mp_ranks), tp_degree
 
 
 def _full_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
@@ -199,44 +206,49 @@ def _write(
     src: Path, out: Path, rank0: Mapping[str, Any], extract: int, merge: int, strict: bool, inject: bool
 ) -> None:
     stage = int(rank0["zero_stage"])
-    model_files, pipeline, mp_degree = _model_states_files(src, stage)
+    model_files, pipeline, mp_degree, tp_degree = _model_states_files(src, stage)
     del extract  # reading stays serial: the restricted unpickler's allow-list is process-wide state
     states = ds_comm.load_checkpoint_file(model_files[0])
-    if not pipeline and mp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
+    if not pipeline and tp_degree > 1 and UNIVERSAL_INFO_KEY not in states:
         raise ValueError(
-            f"{model_files[0]} is tensor-parallel rank 0 of {mp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
+            f"{model_files[0]} is tensor-parallel rank 0 of {tp_degree} but has no {UNIVERSAL_INFO_KEY!r}: "
             "nothing says how its parameters are cut (replicated, row or column), so the shards cannot be "
             "merged (a save by an older ds, or a client that does not record it)"
         )
-    info = _check_universal_info(states, model_files[0], inject) if stage < 3 else {}
-    categories = Categories(info) if stage < 3 else None
+    # Stage 3 without tensor parallelism writes bare flat tensors (no categories); with it, the slices of
+    # every tensor-parallel rank merge by the categories, as at stage 1/2 ([Note: ZeRO-3 and AutoTP]).
+    merged = stage < 3 or tp_degree > 1
+    info = _check_universal_info(states, model_files[0], inject or stage == 3) if merged else {}
+    categories = Categories(info) if merged else None
     zero = out / "zero"
     zero.mkdir(parents=True, exist_ok=True)
     replicated = list(info.get(_PIPELINE_REPLICATED, []))
     # A pipeline's stages hold different parameters (merged one stage after another); tensor-parallel
-    # ranks hold slices of the same ones (merged together).
-    groups = [[r] for r in range(mp_degree)] if pipeline else [list(range(mp_degree))]
+    # ranks hold slices of the same ones (merged together). Files are stage-major: stage * tp + tp_rank.
+    groups = [list(range(at, at + tp_degree)) for at in range(0, mp_degree, tp_degree)]
     for mp_ranks in groups:
         shards = [_Shard(load_partition_state_dicts(src, mp_rank=r)) for r in mp_ranks]
         _check_same_names(src, shards)
         first = mp_ranks[0]
         names = [n for n in shards[0].index.names if first == 0 or not any(re.match(p, n) for p in replicated)]
+        write = functools.partial(_write_param, zero, shards, categories, stage < 3)
         with ThreadPoolExecutor(max_workers=merge) as pool:
-            list(pool.map(functools.partial(_write_param, zero, shards, categories), names))
+            list(pool.map(write, names))
     if categories is not None:
         if categories.unused:
             message = f"unused patterns {sorted(categories.unused)} of {UNIVERSAL_INFO_KEY} while converting"
             if strict:
                 raise ValueError(message)
             logger.warning(message)
-        for path in model_files:  # buffers, and parameters ZeRO holds no state for (a pipeline's module is None)
-            module = (
+        for path in model_files if stage < 3 else ():  # buffers, and parameters ZeRO holds no state for
+            module = (  # (a pipeline's module is None; a ZeRO-3 module holds no weights)
                 states.get("module") if path == model_files[0] else ds_comm.load_checkpoint_file(path).get("module")
             )
             for name, value in (module or {}).items():
                 if isinstance(value, torch.Tensor) and not (zero / name / "fp32.pt").is_file():
                     (zero / name).mkdir(exist_ok=True)
                     ds_comm.atomic_save({"param": value.float()}, zero / name / "fp32.pt")
+    if stage < 3:
         common = {k: v for k, v in rank0.items() if k not in _STAGE12_SHARDED}
         common["param_groups"] = rank0["base_optimizer_state"]["param_groups"]
     else:
@@ -267,9 +279,12 @@ def _check_same_names(src: Path, shards: Sequence[_Shard]) -> None:
             )
 
 
-def _write_param(zero: Path, shards: Sequence[_Shard], categories: Categories | None, name: str) -> None:
-    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, stage 1/2's `step.pt`),
-    its slices on every tensor-parallel rank in `shards` merged (one shard: no tensor parallelism)."""
+def _write_param(
+    zero: Path, shards: Sequence[_Shard], categories: Categories | None, with_step: bool, name: str
+) -> None:
+    """The state files of parameter `name` (`fp32.pt`, one per optimizer state, and `step.pt` when
+    `with_step`: stage 1/2), its slices on every tensor-parallel rank in `shards` merged (one shard: no
+    tensor parallelism)."""
     states = [_full_states(s.index, s.parts, name) for s in shards]
     shapes = [s.index.param_shapes[name] for s in shards]
     folder = zero / name
@@ -287,7 +302,7 @@ def _write_param(zero: Path, shards: Sequence[_Shard], categories: Categories | 
             payload = categories.payload(name, slices, key)
             payload["param"].requires_grad_(key == "fp32")
         ds_comm.atomic_save(payload, folder / f"{key}.pt")
-    if categories is not None and steps[0] is not None:
+    if with_step and steps[0] is not None:
         ds_comm.atomic_save(steps[0], folder / "step.pt")
 
 

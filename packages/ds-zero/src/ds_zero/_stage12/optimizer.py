@@ -29,6 +29,7 @@ from ds_zero._stage12.state import (
     load_base_optimizer_state,
     load_masters,
 )
+from ds_zero._stage12.universal_info import UNIVERSAL_INFO_KEY, UniversalInfoCache
 from ds_zero._zenflow_refusal import refuse_zenflow
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
 
-class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.optim.Optimizer):
+class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, UniversalInfoCache, torch.optim.Optimizer):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
     At construction, per param group of `optimizer`, the trainable parameters are copied into one flat
@@ -144,6 +145,8 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
             for g in range(len(optimizer.param_groups))
         ]
         self.flats = [self._flatten_group(g, group, names) for g, group in enumerate(optimizer.param_groups)]
+        self.bit16_groups = [list(f.params) for f in self.flats]
+        self._enable_universal_checkpoint()
         # The overflow check does not need the norm (finish_step checks on its own), so the norm is taken
         # only when asked for or needed to clip.
         self._compute_norm = config.compute_grad_norm or self.clip_grad > 0
@@ -395,7 +398,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
     # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """THIS rank's partition and the metadata to rebuild full tensors (format: `ds_zero._checkpoint.format`)."""
-        return build_rank_state_dict(
+        state = build_rank_state_dict(
             zero_stage=self.zero_stage,
             dp_rank=self.dp_rank,
             world_size=self.dp_world_size,
@@ -409,6 +412,10 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, torch.opt
             shared_params=self.shared_params,
             frozen_param_shapes=self.frozen_param_shapes,
         )
+        info = self._get_universal_checkpoint_info()
+        if info is not None:  # a client's own description of its cuts, saved as DeepSpeed saves it
+            state[UNIVERSAL_INFO_KEY] = info
+        return state
 
     def load_state_dict(
         self,
