@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 import torch
 
+from ds_engine._precision import MixedPrecisionOptimizer
+from ds_engine._timers import NullTimers
 from ds_engine.checkpoint.universal_checkpoint import enable_universal_checkpoint, load_hp_checkpoint_state
+from ds_ops.precision import LossScaler
 
 
 class _Mapping:
@@ -98,12 +101,24 @@ def test_vocabulary_is_padded_to_the_target_and_a_wrong_size_refused(tmp_path: P
         load_hp_checkpoint_state(_param((2, 2), 0, 4), str(tmp_path / "odd"), 0, 2)
 
 
+def _bf16_optimizer(model: torch.nn.Module) -> MixedPrecisionOptimizer:
+    """A single-process bf16 `MixedPrecisionOptimizer` (DeepSpeed's BF16_Optimizer) over SGD."""
+    return MixedPrecisionOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        dtype=torch.bfloat16,
+        loss_scaler=LossScaler(1.0),
+        grad_accum_dtype=torch.float32,
+        clip_grad=0.0,
+        check_overflow=False,
+        reduce=None,
+        group=None,
+        world_size=1,
+        timers=NullTimers(),
+    )
+
+
 def test_zero_and_bf16_optimizers_cache_the_parameters_universal_info() -> None:
     ds_zero = pytest.importorskip("ds_zero")
-    from ds_engine._precision import MixedPrecisionOptimizer
-    from ds_engine._timers import NullTimers
-    from ds_ops.precision import LossScaler
-
     info = {"tp_replicated_parameter_patterns": ["^b$"]}
     model = torch.nn.Linear(4, 2)
     model.bias.universal_checkpoint_info = info  # type: ignore[attr-defined]
@@ -115,30 +130,8 @@ def test_zero_and_bf16_optimizers_cache_the_parameters_universal_info() -> None:
     assert zero._get_universal_checkpoint_info() is info and zero.state_dict()["universal_checkpoint_info"] is info
     half = torch.nn.Linear(4, 2).to(torch.bfloat16)
     half.weight.universal_checkpoint_info = info  # type: ignore[attr-defined]
-    bf16 = MixedPrecisionOptimizer(
-        torch.optim.SGD(half.parameters(), lr=0.1),
-        dtype=torch.bfloat16,
-        loss_scaler=LossScaler(1.0),
-        grad_accum_dtype=torch.float32,
-        clip_grad=0.0,
-        check_overflow=False,
-        reduce=None,
-        group=None,
-        world_size=1,
-        timers=NullTimers(),
-    )
+    bf16 = _bf16_optimizer(half)
     assert bf16.bf16_groups == [[half.weight, half.bias]] and bf16._get_universal_checkpoint_info() is info
     assert bf16.state_dict()["universal_checkpoint_info"] is info
-    plain = MixedPrecisionOptimizer(
-        torch.optim.SGD(torch.nn.Linear(2, 2).to(torch.bfloat16).parameters(), lr=0.1),
-        dtype=torch.bfloat16,
-        loss_scaler=LossScaler(1.0),
-        grad_accum_dtype=torch.float32,
-        clip_grad=0.0,
-        check_overflow=False,
-        reduce=None,
-        group=None,
-        world_size=1,
-        timers=NullTimers(),
-    )
+    plain = _bf16_optimizer(torch.nn.Linear(2, 2).to(torch.bfloat16))
     assert plain._get_universal_checkpoint_info() is None and "universal_checkpoint_info" not in plain.state_dict()
