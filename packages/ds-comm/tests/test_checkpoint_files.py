@@ -115,3 +115,25 @@ def test_stand_ins_write_under_deepspeed_names_and_read_back(tmp_path):
     }
     out = ds_comm.load_checkpoint_file(tmp_path / "f.pt")
     assert out["s"].cur_scale == 2.0 and out["z"] == 2 and (out["a"].numel, out["a"].start) == (3, 5)
+
+
+def test_an_imported_deepspeed_module_is_shadowed_while_saving_and_restored(tmp_path, monkeypatch):
+    """With `deepspeed.runtime.zero.config` really imported (ds's alias does that), saving still writes
+    DeepSpeed's name, and the module keeps its own class afterwards."""
+    from ds_comm.checkpoint_files import DeepSpeedZeroStage, deepspeed_pickle_names
+
+    class ZeroStageEnum(int):
+        pass
+
+    for name in ("deepspeed", "deepspeed.runtime", "deepspeed.runtime.zero"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    imported = types.ModuleType("deepspeed.runtime.zero.config")
+    imported.ZeroStageEnum = ZeroStageEnum
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.config", imported)
+    with deepspeed_pickle_names():
+        assert imported.ZeroStageEnum is DeepSpeedZeroStage
+        torch.save({"z": DeepSpeedZeroStage.optimizer_states}, tmp_path / "f.pt")
+    assert imported.ZeroStageEnum is ZeroStageEnum
+    names = set(torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "f.pt"))
+    assert names == {"deepspeed.runtime.zero.config.ZeroStageEnum"}
+    assert ds_comm.load_checkpoint_file(tmp_path / "f.pt")["z"] == 1

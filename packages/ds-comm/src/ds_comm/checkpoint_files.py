@@ -102,11 +102,14 @@ def deepspeed_pickle_names() -> Iterator[None]:
     name, and Python's import of a dotted name imports its top package too; so for the duration, each
     DeepSpeed module path (and each parent of it) that is not already imported gets an empty placeholder
     module, the leaf holding just the stand-in; all are removed afterwards, so a later `import deepspeed`
-    finds the real one if installed. Not thread-safe: the stand-ins' names (and the placeholders) are
-    visible to the whole process while it is active.
+    finds the real one if installed. Where such a module is really imported (ds's `deepspeed` alias, or
+    DeepSpeed), its own class is shadowed by the stand-in for the duration and put back afterwards. Not
+    thread-safe: the stand-ins' names (and the placeholders) are visible to the whole process while it is
+    active.
     """
     saved = []
     added = []
+    shadowed: list[tuple[types.ModuleType, str, Any]] = []
     try:
         for cls, full in _DEEPSPEED_CLASSES:
             module, _, name = full.rpartition(".")
@@ -117,14 +120,19 @@ def deepspeed_pickle_names() -> Iterator[None]:
                 if prefix not in sys.modules:
                     sys.modules[prefix] = types.ModuleType(prefix, "placeholder for pickling ds's stand-ins")
                     added.append(prefix)
-            if getattr(sys.modules[module], name, cls) is not cls:
-                raise RuntimeError(f"{full} is imported and is not ds's stand-in; cannot write DeepSpeed's layout")
-            setattr(sys.modules[module], name, cls)
+            target = sys.modules[module]
+            if hasattr(target, name) and getattr(target, name) is not cls:
+                # the module is really imported (ds's `deepspeed` alias, or DeepSpeed itself): its class is
+                # put back afterwards; pickle only needs the name to resolve to the stand-in while saving
+                shadowed.append((target, name, getattr(target, name)))
+            setattr(target, name, cls)
             cls.__module__, cls.__qualname__, cls.__name__ = module, name, name
         yield
     finally:
         for cls, module, qualname, name in saved:
             cls.__module__, cls.__qualname__, cls.__name__ = module, qualname, name
+        for target, name, original in reversed(shadowed):
+            setattr(target, name, original)
         for module in reversed(added):
             sys.modules.pop(module, None)
 
