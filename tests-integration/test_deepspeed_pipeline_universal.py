@@ -217,10 +217,15 @@ def test_stage_0_pipeline_and_tensor_parallel_checkpoints_are_refused_by_name(tm
 
     with pytest.raises(FileNotFoundError, match="stage-0"):
         convert_to_universal(DATA / "pipe_z0_fp32" / "ckpt" / TAG, tmp_path / "u0", inject_missing_state=True)
-    # Two mp_rank files without layer files: tensor-parallel ranks, which convert only with the record of how
-    # each parameter is cut (universal_checkpoint_info), which this one lacks.
+    # Two mp_rank files without layer files, recorded as tensor-parallel (pp 1, tp 2): tensor-parallel ranks,
+    # which convert only with the record of how each parameter is cut (universal_checkpoint_info), which this
+    # one lacks. (With its recorded pp_degree of 2 it would still convert as the pipeline it is.)
     shutil.copytree(DATA / CASE / "ckpt" / TAG, tmp_path / "tp")
     for layer in (tmp_path / "tp").glob("layer_*"):
         layer.unlink()
+    for states in (tmp_path / "tp").glob("mp_rank_*_model_states.pt"):
+        saved = torch.load(states, weights_only=False)
+        saved["checkpoint_parallel_dimensions"] = {"pp_degree": 1, "tp_degree": 2}
+        torch.save(saved, states)
     with pytest.raises(ValueError, match="tensor-parallel rank 0 of 2 but has no 'universal_checkpoint_info'"):
         convert_to_universal(tmp_path / "tp", tmp_path / "u1", inject_missing_state=True)
