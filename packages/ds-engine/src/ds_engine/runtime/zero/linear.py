@@ -43,7 +43,7 @@ _aten_linear = torch._C._nn.linear
 
 
 def _autocast_state() -> tuple[str, bool, torch.dtype | None]:
-    device_type = get_accelerator().device_name()
+    device_type = _DEVICE_TYPE  # the device type the decorators above are bound to, resolved once
     try:
         return device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
     except (RuntimeError, TypeError):  # a device type torch's autocast does not know
