@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+
 import pytest
 
 from ds_comm._launch_env import discover, expand_slurm_nodelist, is_mpi_launch
@@ -68,3 +72,34 @@ def test_mpi_markers_ignored_when_discovery_off() -> None:
 def test_plain_python_is_world_of_one() -> None:
     info = discover(auto_mpi_discovery=True, default_port=29500, env={})
     assert (info.rank, info.world_size, info.source) == (0, 1, "single")
+
+
+def test_a_world_of_one_takes_master_port_from_its_env_else_a_free_port() -> None:
+    assert discover(auto_mpi_discovery=False, default_port=29500, env={"MASTER_PORT": "31234"}).master_port == 31234
+    port = discover(auto_mpi_discovery=False, default_port=29500, env={}).master_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", port))  # it was free: nothing else chose it
+
+
+_INIT_WHILE_29500_IS_TAKEN = """
+import os, socket
+for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    os.environ.pop(k, None)
+blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    blocker.bind(("0.0.0.0", 29500)); blocker.listen()
+except OSError:
+    pass  # someone else already holds 29500, which is the point
+import ds_comm
+ds_comm.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+print("world", ds_comm.get_world_size(), "port", os.environ["MASTER_PORT"])
+"""
+
+
+def test_a_plain_script_initialises_while_port_29500_is_taken() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _INIT_WHILE_29500_IS_TAKEN], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("world 1 port ") and "port 29500" not in out.stdout

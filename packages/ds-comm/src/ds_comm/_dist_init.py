@@ -62,7 +62,8 @@ def init_distributed(
     Args:
         dist_backend: "gloo", "nccl", ...; default: the accelerator's (nccl on cuda, gloo on cpu).
         auto_mpi_discovery: ask mpi4py for the layout when mpirun started us without torch env vars.
-        distributed_port: MASTER_PORT when the environment has none.
+        distributed_port: MASTER_PORT when a launched job's environment has none. A world of one (no
+            launcher) without MASTER_PORT listens on a free port instead, as only it joins the store.
         verbose: log the layout found on rank 0.
         timeout: how long a collective may take before it fails; default `DEEPSPEED_TIMEOUT`
             minutes or 30 minutes. The collective wrappers use it too.

@@ -173,15 +173,29 @@ def _scontrol_hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
-def single_process(default_port: int) -> LaunchInfo:
-    """`python train.py` with no launcher: a world of one."""
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def single_process(env: Mapping[str, str]) -> LaunchInfo:
+    """`python train.py` with no launcher: a world of one.
+
+    Only this process ever joins its rendezvous store, so unless MASTER_PORT says otherwise it listens
+    on a free port, not DeepSpeed's fixed 29500: two un-launched scripts on one machine (two notebooks,
+    or a script beside a test run) would otherwise both bind 29500 and the second would fail with
+    EADDRINUSE.
+    """
     return LaunchInfo(
         rank=0,
         world_size=1,
         local_rank=0,
         local_world_size=1,
         master_addr="127.0.0.1",
-        master_port=int(os.environ.get("MASTER_PORT", default_port)),
+        master_port=_int_env(env, "MASTER_PORT") or free_port(),
         source="single",
     )
 
@@ -197,4 +211,4 @@ def discover(*, auto_mpi_discovery: bool, default_port: int, env: Mapping[str, s
     info = from_slurm(env, default_port)
     if info is not None:
         return info
-    return single_process(default_port)
+    return single_process(env)

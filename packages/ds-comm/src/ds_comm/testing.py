@@ -22,7 +22,6 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -34,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ds_comm import _atomic_file
+from ds_comm._launch_env import free_port
 
 __all__ = [
     "RankFailedError",
@@ -59,13 +59,6 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(
