@@ -43,6 +43,23 @@ class _ZeroConfig(ConfigModel):
     offload_param: _Offload = _Offload()
     offload_optimizer: _Offload = _Offload()
 
+    # What the engine reads, as ds-zero's `ZeroConfig` names it (sections here are never absent).
+    @property
+    def offload_param_or_default(self) -> _Offload:
+        return self.offload_param
+
+    @property
+    def offload_optimizer_or_default(self) -> _Offload:
+        return self.offload_optimizer
+
+    @property
+    def offload_param_device(self) -> str:
+        return self.offload_param.device
+
+    @property
+    def offload_optimizer_device(self) -> str:
+        return self.offload_optimizer.device if self.stage > 0 else "none"
+
 
 class _Recorder:
     calls: ClassVar[list[tuple[str, dict[str, Any]]]] = []

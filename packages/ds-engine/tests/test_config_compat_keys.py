@@ -55,7 +55,8 @@ def test_datastates_ckpt_only_off() -> None:
 def test_null_offload_sections() -> None:
     pytest.importorskip("ds_zero")
     cfg = _config(zero_optimization={"stage": 2, "offload_optimizer": None, "offload_param": None})
-    assert cfg.zero.offload_optimizer_device == "none" and cfg.zero.config.offload_param.device == "none"
+    assert cfg.zero.offload_optimizer_device == "none" and cfg.zero.offload_param_device == "none"
+    assert cfg.zero.config.offload_param is None and cfg.zero.config.offload_optimizer is None  # as DeepSpeed
 
 
 def test_knobs_without_effect_warn_with_their_key_path() -> None:

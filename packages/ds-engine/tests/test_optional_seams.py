@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
-from pydantic import Field
 
 import ds_engine
 import ds_ops
@@ -73,13 +72,17 @@ class FakeZeroConfig(ConfigModel):
     reduce_bucket_size: int = 500_000_000
     load_from_fp32_weights: bool = True
     gather_16bit_weights_on_model_save: bool = False
-    offload_optimizer: dict[str, Any] = Field(default_factory=lambda: {"device": "none"})
-    offload_param: dict[str, Any] = Field(default_factory=lambda: {"device": "none"})
+    offload_optimizer: dict[str, Any] | None = None
+    offload_param: dict[str, Any] | None = None
 
+    # resolve_zero reads the effective devices (ds-zero's `ZeroConfig` properties of the same names).
+    @property
+    def offload_optimizer_device(self) -> str:
+        return str((self.offload_optimizer or {}).get("device", "none")) if self.stage > 0 else "none"
 
-class _Device:
-    def __init__(self, section: dict[str, Any]) -> None:
-        self.device = section.get("device", "none")
+    @property
+    def offload_param_device(self) -> str:
+        return str((self.offload_param or {}).get("device", "none"))
 
 
 class ContractZeroOptimizer:
@@ -167,13 +170,7 @@ def _fake_ds_zero(with_optimizers: bool) -> types.ModuleType:
     module = types.ModuleType("ds_zero")
     module.__version__ = "0.1.0"
 
-    # resolve_zero reads `.offload_optimizer.device`; give it attribute access over the dict sections.
-    class Config(FakeZeroConfig):
-        def __getattribute__(self, name):
-            value = super().__getattribute__(name)
-            return _Device(value) if name in ("offload_optimizer", "offload_param") else value
-
-    module.ZeroConfig = Config
+    module.ZeroConfig = FakeZeroConfig
     # The module-level checkpoint helpers the engine calls (see `_zero_contract`), in their simplest form.
     module.zero_param_shapes = _fake_param_shapes
     module.load_partition_state_dicts = _fake_load_partitions

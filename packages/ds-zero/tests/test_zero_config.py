@@ -21,12 +21,10 @@ def test_defaults_match_deepspeed() -> None:
         100_000,
         1_000_000_000,
     )
-    assert (z.offload_optimizer.device, z.offload_optimizer.pin_memory, z.offload_optimizer.buffer_count) == (
-        "none",
-        True,
-        4,
-    )
-    assert (z.offload_param.buffer_count, z.offload_param.buffer_size) == (5, 100_000_000)
+    assert (z.offload_optimizer, z.offload_param) == (None, None)  # absent sections stay None, as in DeepSpeed
+    off = z.offload_optimizer_or_default
+    assert (off.device, off.pin_memory, off.buffer_count) == ("none", True, 4)
+    assert (z.offload_param_or_default.buffer_count, z.offload_param_or_default.buffer_size) == (5, 100_000_000)
 
 
 def test_overlap_comm_defaults_true_for_stage3_only() -> None:
@@ -117,9 +115,10 @@ def test_deepspeeds_other_stage3_spellings(short: str, long: str, value: object)
         _zero({short: value, long: value})
 
 
-def test_explicit_null_offload_sections_are_the_defaults() -> None:
+def test_explicit_null_offload_sections_stay_none() -> None:
     z = _zero({"stage": 3, "offload_param": None, "offload_optimizer": None})
-    assert z.offload_param == _zero({}).offload_param and z.offload_optimizer.device == "none"
+    assert z.offload_param is None and z.offload_optimizer is None
+    assert (z.offload_param_device, z.offload_optimizer_device) == ("none", "none")
 
 
 def test_knobs_without_effect_are_accepted_and_listed() -> None:

@@ -107,10 +107,12 @@ class EngineQueries:
         return bool(self._ckpt_config.load_universal)
 
     def zero_offload_optimizer(self) -> Any:
+        """The `zero_optimization.offload_optimizer` section as given, None when absent (DeepSpeed's answer)."""
         cfg = self._zero.config
         return cfg.offload_optimizer if cfg is not None else None
 
     def zero_offload_param(self) -> Any:
+        """The `zero_optimization.offload_param` section as given, None when absent (DeepSpeed's answer)."""
         cfg = self._zero.config
         return cfg.offload_param if cfg is not None else None
 

@@ -42,6 +42,10 @@ class ClientObjects:
 
 _NO_CLIENT = ClientObjects()
 
+#: `cpuadam_cores_perc()` with no `offload_optimizer` section: DeepSpeed 0.19.8's engine falls back to 0.9
+#: there, while a given section defaults the key to 0.8.
+_CPUADAM_CORES_PERC_WITHOUT_SECTION = 0.9
+
 
 class EngineCompatQueries:
     """Mixed into `DeepSpeedEngine`; complements `EngineQueries` (`_engine_api.py`)."""
@@ -369,16 +373,18 @@ class EngineCompatQueries:
         return bool(self._zero_config().enable_sanity_checks)
 
     def zero_partial_offload(self) -> float:
-        return float(self._zero_config().offload_optimizer.ratio)
+        return float(self._zero_config().offload_optimizer_or_default.ratio)
 
     def zero_nvme_offload_optimizer(self) -> bool:
         return self._zero.offload_optimizer_device == "nvme"
 
     def super_offload(self) -> bool:
-        return bool(self._zero_config().offload_optimizer.super_offload)
+        return bool(self._zero_config().offload_optimizer_or_default.super_offload)
 
     def cpuadam_cores_perc(self) -> float:
-        return float(self._zero_config().offload_optimizer.cpuadam_cores_perc)
+        """The section's `cpuadam_cores_perc` (0.8 by default); DeepSpeed's engine answers 0.9 without a section."""
+        section = self._zero_config().offload_optimizer
+        return _CPUADAM_CORES_PERC_WITHOUT_SECTION if section is None else float(section.cpuadam_cores_perc)
 
     def is_first_weights_partition_group(self) -> bool:
         return self._zero.stage >= 3

@@ -99,7 +99,7 @@ class OffloadStatesMixin:
             ValueError: parameter offload is on (stage 3), or `device`/`include` is invalid.
         """
         config = getattr(self, "config", None)
-        if config is not None and config.offload_param.device != "none":
+        if config is not None and config.offload_param_device != "none":
             raise ValueError(
                 "offload_states() is not supported with zero_optimization.offload_param (the parameters "
                 "already live off the device), as in DeepSpeed"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import Field, model_validator
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
 from ds_zero._zenflow_config import ZenFlowConfig
@@ -40,11 +40,6 @@ _STAGE3_ALIASES = {
     "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
     "allgather_sequential": "stage3_allgather_sequential",
 }
-
-
-def _none_is_default(value: Any) -> Any:
-    """`"offload_param": null` (DeepSpeed's default value) means the default section."""
-    return {} if value is None else value
 
 
 class OffloadParamConfig(ConfigModel):
@@ -110,6 +105,11 @@ class OffloadOptimizerConfig(ConfigModel):
     def pipeline(self) -> bool:
         """Whether NVMe swapping is pipelined at all."""
         return self.pipeline_read or self.pipeline_write
+
+
+#: What an absent offload section reads as (frozen models, so one shared instance each is safe).
+_NO_PARAM_OFFLOAD = OffloadParamConfig()
+_NO_OPTIMIZER_OFFLOAD = OffloadOptimizerConfig()
 
 
 #: The Hugging Face MoE blocks DeepSpeed 0.19.8 makes ZeRO-3 leaf modules by default (`leaf_module.classes`).
@@ -211,10 +211,11 @@ class ZeroConfig(ConfigModel):
     """On load, restore master weights from the checkpoint's fp32 partitions."""
     elastic_checkpoint: bool = False
     """Legacy flag; checkpoints here always re-partition on load."""
-    offload_param: Annotated[OffloadParamConfig, BeforeValidator(_none_is_default)] = OffloadParamConfig()
-    """Stage 3 parameter offload (null: the default, off)."""
-    offload_optimizer: Annotated[OffloadOptimizerConfig, BeforeValidator(_none_is_default)] = OffloadOptimizerConfig()
-    """Optimizer state offload (stages 1-3; null: the default, off)."""
+    offload_param: OffloadParamConfig | None = None
+    """Stage 3 parameter offload, as given; None (absent or null): off. Read it via `offload_param_or_default`."""
+    offload_optimizer: OffloadOptimizerConfig | None = None
+    """Optimizer state offload (stages 1-3), as given; None (absent or null): off. Read it via
+    `offload_optimizer_or_default`."""
     sub_group_size: int = Field(1_000_000_000, ge=0)
     """Elements per optimizer-step tile in stage 3 (bounds the step's peak memory)."""
     prefetch_bucket_size: int = Field(50_000_000, ge=0, alias="stage3_prefetch_bucket_size")
@@ -306,19 +307,19 @@ class ZeroConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ZeroConfig:
-        if self.offload_optimizer.ratio < 1.0 and self.stage != 3:
+        if self.offload_optimizer_or_default.ratio < 1.0 and self.stage != 3:
             raise ValueError(
-                f"offload_optimizer.ratio={self.offload_optimizer.ratio} (partial offload) needs "
+                f"offload_optimizer.ratio={self.offload_optimizer_or_default.ratio} (partial offload) needs "
                 f"stage 3, but stage is {self.stage}"
             )
-        if self.offload_param.device != "none" and self.stage != 3:
+        if self.offload_param_device != "none" and self.stage != 3:
             warnings.warn(
                 f"zero_optimization.offload_param has no effect at stage {self.stage}: only stage 3 "
                 "partitions parameters",
                 UserWarning,
                 stacklevel=2,
             )
-        if self.offload_optimizer.device != "none" and self.stage == 0:
+        if self.offload_optimizer_or_default.device != "none" and self.stage == 0:
             # DeepSpeed accepts the section at stage 0 and ignores it, so a config toggled between stages
             # keeps working; the effective device there is "none" (`offload_optimizer_device`).
             warnings.warn(
@@ -337,11 +338,29 @@ class ZeroConfig(ConfigModel):
             raise ValueError("compute_grad_norm=False is only allowed for stages 1 and 2")
         return self
 
+    # [Note: absent offload sections] DeepSpeed keeps an absent (or null) `offload_param` /
+    # `offload_optimizer` as None, and code written for it tests `zero_config.offload_param is not None`,
+    # so the fields hold the section exactly as given. The mechanism instead reads the section through
+    # the `*_or_default` properties: an absent section then behaves exactly as `{"device": "none"}`
+    # (every other setting at its default), and no reader needs its own None check.
+
+    @property
+    def offload_param_or_default(self) -> OffloadParamConfig:
+        """The `offload_param` section as given, or the all-defaults one (device "none") when absent."""
+        return self.offload_param if self.offload_param is not None else _NO_PARAM_OFFLOAD
+
+    @property
+    def offload_optimizer_or_default(self) -> OffloadOptimizerConfig:
+        """The `offload_optimizer` section as given, or the all-defaults one (device "none") when absent."""
+        return self.offload_optimizer if self.offload_optimizer is not None else _NO_OPTIMIZER_OFFLOAD
+
     @property
     def offload_optimizer_device(self) -> OffloadDevice:
-        """Where the optimizer state lives: `offload_optimizer.device`, but "none" at stage 0 (no effect there)."""
-        return self.offload_optimizer.device if self.stage > 0 else "none"
+        """Where the optimizer state lives: `offload_optimizer.device`, but "none" at stage 0 (no effect there)
+        and when the section is absent."""
+        return self.offload_optimizer_or_default.device if self.stage > 0 else "none"
 
     @property
     def offload_param_device(self) -> OffloadDevice:
-        return self.offload_param.device
+        """Where stage-3 parameter partitions live: `offload_param.device`; "none" when the section is absent."""
+        return self.offload_param_or_default.device

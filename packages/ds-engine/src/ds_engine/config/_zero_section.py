@@ -117,8 +117,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     # DeepSpeed: nothing downstream offloads, swaps or picks a CPU optimizer for them.
     return ZeroSettings(
         stage=cfg.stage,
-        offload_optimizer_device=cfg.offload_optimizer.device if cfg.stage > 0 else "none",
-        offload_param_device=cfg.offload_param.device if cfg.stage > 0 else "none",
+        offload_optimizer_device=cfg.offload_optimizer_device,
+        offload_param_device=cfg.offload_param_device if cfg.stage > 0 else "none",
         reduce_bucket_size=cfg.reduce_bucket_size,
         load_from_fp32_weights=cfg.load_from_fp32_weights,
         gather_16bit_weights_on_model_save=cfg.gather_16bit_weights_on_model_save,

@@ -135,7 +135,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, Universal
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
         self.check_overflow = bool(check_overflow)
-        self.offload = config.offload_optimizer.device == "cpu"
+        self.offload = config.offload_optimizer_device == "cpu"
         self.overflow = False
         self._global_grad_norm: float | None = None
 
@@ -154,7 +154,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, Universal
         self._cut = CutRanges(self.flats, model_parallel_params) if model_parallel_group is not None else None
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = names.frozen_param_shapes()
-        pin = config.offload_optimizer.pin_memory
+        pin = config.offload_optimizer_or_default.pin_memory
         self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin)
         by_group: dict[int, RangeReducer] = {}
         for pg in self.partition_groups:
@@ -507,7 +507,7 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
             f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; {hint}"
         )
     refuse_zenflow(config)
-    if config.offload_optimizer.device == "nvme":
+    if config.offload_optimizer_device == "nvme":
         raise ValueError(
             'zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '
             '(NVMe offload, ZeRO-Infinity, is a stage-3 feature, as in DeepSpeed); use "cpu" here, or '

@@ -57,7 +57,7 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
         "partition_count": int(opt.world_size),
         "dp_rank": int(opt.dp_rank),
         "model_dtype": str(model_dtype).removeprefix("torch."),
-        "offload_optimizer": opt.config.offload_optimizer.device,
+        "offload_optimizer": opt.config.offload_optimizer_device,
         "single_partition_of_fp32_groups": [part.fp32_values() for part in parts],
         "partitions": [
             partition_metadata(part.group_index, part.numel, part.fragments(), part.param_shapes()) for part in parts

@@ -213,8 +213,8 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         ds_config = _without_auto(_load_config(config_dict_or_path if config_dict_or_path is not None else config))
         zero = as_zero_config(ds_config.get("zero_optimization") or {})
         if remote_device is None:
-            remote_device = zero.offload_param.device
-            pin_memory = pin_memory or (remote_device == "cpu" and zero.offload_param.pin_memory)
+            remote_device = zero.offload_param_device
+            pin_memory = pin_memory or (remote_device == "cpu" and zero.offload_param_or_default.pin_memory)
         if remote_device not in ("none", "cpu", "nvme"):
             raise ValueError(
                 f"ds_zero.Init(remote_device={remote_device!r}): use None/'none' (shards on the "
@@ -223,13 +223,13 @@ class Init(InsertPostInitMethodToModuleSubClasses):
             )
         self.param_swapper: ParamSwapper | None = None
         if remote_device == "nvme" and enabled:
-            if zero.offload_param.nvme_path is None:
+            if zero.offload_param_or_default.nvme_path is None:
                 raise ValueError(
                     "ds_zero.Init(remote_device='nvme') needs zero_optimization.offload_param.nvme_path "
                     "in config_dict_or_path (a directory on a fast local disk)"
                 )
             self.param_swapper = ParamSwapper.from_config(
-                zero.offload_param, rank=ds_comm.get_rank(), aio_config=ds_config.get("aio")
+                zero.offload_param_or_default, rank=ds_comm.get_rank(), aio_config=ds_config.get("aio")
             )
         if dtype is None:
             if (ds_config.get("bf16") or {}).get("enabled"):

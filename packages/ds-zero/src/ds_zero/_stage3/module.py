@@ -94,7 +94,7 @@ class DeepSpeedZeRoOffload:
                 "this module already has stage-3 parameter management (module._ds_zero3); pass that "
                 "object as parameter_offload= instead of building a second one"
             )
-        offload = cfg.offload_param
+        offload = cfg.offload_param_or_default
         self.module = module
         self.config = cfg
         self.dp_group = dp_group

@@ -152,11 +152,11 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
         self.check_overflow = bool(check_overflow)
-        nvme = cfg.offload_optimizer.device == "nvme"
+        nvme = cfg.offload_optimizer_device == "nvme"
         # checked before anything is partitioned or re-pointed
         swap_dir = (
             prepare_swap_dir(
-                cfg.offload_optimizer.nvme_path,
+                cfg.offload_optimizer_or_default.nvme_path,
                 rank=ds_comm.get_rank(),
                 kind="optimizer",
                 key="zero_optimization.offload_optimizer.nvme_path",
@@ -177,11 +177,11 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         self.coordinator = self.parameter_offload.coordinator
         self.world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)
-        self.offload_optimizer = cfg.offload_optimizer.device in ("cpu", "nvme")
+        self.offload_optimizer = cfg.offload_optimizer_device in ("cpu", "nvme")
         self.partitions = self._build_partitions(swap_master=nvme)
         self.optimizer_swapper = (
             OptimizerSwapper(
-                self.tiles, optimizer, swap_dir=swap_dir, config=cfg.offload_optimizer, aio_config=aio_config
+                self.tiles, optimizer, swap_dir=swap_dir, config=cfg.offload_optimizer_or_default, aio_config=aio_config
             )
             if swap_dir is not None
             else None
