@@ -16,6 +16,10 @@ function is there for the contract, and it is made cheap:
 - the autocast device type is resolved once, and backward enters an autocast region only when forward
   ran under autocast or backward runs under it (otherwise the region would change nothing).
 
+Measured (CPU time, one thread, min of 3 runs on a loaded 2-core machine; torch's linear = 1.00x):
+forward+backward of an 8x64 by 64x64 linear 1.05x (1.76x before these changes), 256x1024 by 1024x1024
+1.00x, 256x512 by 2048x512 1.03x (as before); a no-grad 8x64 by 64x64 forward 1.1x (6.4x before).
+
 Values come from torch's own linear kernel (bit-identical to an unpatched `F.linear`), gradients from
 linear's derivative (two matmuls and a sum), in forward's autocast state as `torch.amp.custom_bwd` gives.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._functorch.utils import unwrap_dead_wrappers
+from torch._C._functorch import unwrap_if_dead
 from torch.nn import functional
 
 import ds_comm
@@ -79,6 +83,7 @@ class LinearFunctionForZeroStage3(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # an autocast region only where it changes something: forward ran under autocast, or backward does
         if ctx._fwd_used_autocast or (_AUTOCAST_KNOWN and _autocast_enabled(_DEVICE_TYPE)):
             with torch.autocast(device_type=ctx._device_type, enabled=ctx._fwd_used_autocast, dtype=ctx._dtype):
                 return _linear_grads(ctx, grad_out)
@@ -124,7 +129,10 @@ def zero3_linear_wrap(input: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     if _transforms_active():
         result: torch.Tensor = LinearFunctionForZeroStage3.apply(input, weight, bias)  # type: ignore[no-untyped-call]
         return result
-    result = _apply_unbound(*unwrap_dead_wrappers((input, weight, bias)))
+    # what Function.apply does before it reaches the C++ apply: unwrap tensors of a finished transform
+    result = _apply_unbound(
+        unwrap_if_dead(input), unwrap_if_dead(weight), None if bias is None else unwrap_if_dead(bias)
+    )
     return result
 
 
