@@ -14,7 +14,12 @@ import torch
 
 import ds_comm
 from ds_zero._quantizer import GroupQuantizer
-from ds_zero._stage3.quantized_init import QuantizedLayout, quantize_param, refuse_trainable
+from ds_zero._stage3.quantized_init import (
+    QuantizedLayout,
+    quantize_module_weights,
+    quantize_param,
+    refuse_trainable,
+)
 from ds_zero.config import WeightQuantizationConfig
 
 
@@ -128,3 +133,17 @@ def test_the_section_refuses_post_init_quant_and_needs_the_quantizers_keys() -> 
     ):
         with pytest.raises(ds_comm.ConfigError, match=message):
             ds_comm.validate_section(WeightQuantizationConfig, bad, path="weight_quantization")
+
+
+def test_module_weights_of_the_listed_types_only_are_quantized_and_bad_shapes_name_the_key() -> None:
+    class Sub(torch.nn.Linear):  # a subclass is not quantized (DeepSpeed matches exact types)
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.LayerNorm(6), Sub(6, 4), torch.nn.Embedding(5, 4))
+    count = quantize_module_weights(model, GroupQuantizer(8, 2, 1), skip=lambda p: False, dtype=torch.bfloat16)
+    assert count == 2
+    assert model[0].weight.weight_quantized and model[3].weight.weight_quantized
+    assert model[0].weight.dtype == torch.bfloat16 and model[0].bias.dtype == torch.float32  # weights only
+    assert not hasattr(model[1].weight, "weight_quantized") and not hasattr(model[2].weight, "weight_quantized")
+    with pytest.raises(ValueError, match=r"weight_quantization\.quantized_initialization: Linear\.weight: .*group"):
+        quantize_module_weights(torch.nn.Linear(5, 2), GroupQuantizer(8, 2, 1), skip=lambda p: False, dtype=None)

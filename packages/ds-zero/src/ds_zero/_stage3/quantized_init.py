@@ -144,6 +144,9 @@ def quantize_module_weights(
 
     Weights for which `skip(param)` is true (already partitioned) are left alone; `dtype` (Init's) is
     applied to a floating-point weight first, since the storage tensor's bytes must not be cast later.
+
+    Raises:
+        ValueError: a weight does not split into the quantizer's groups (the message names the key and layer).
     """
     count = 0
     for sub in module.modules():
@@ -152,7 +155,11 @@ def quantize_module_weights(
             continue
         if dtype is not None and weight.is_floating_point() and weight.dtype != dtype:
             weight.data = weight.data.to(dtype)
-        quantize_param(weight, quantizer)
+        try:
+            quantize_param(weight, quantizer)
+        except ValueError as err:
+            key = "weight_quantization.quantized_initialization"
+            raise ValueError(f"{key}: {type(sub).__name__}.weight: {err}") from None
         count += 1
     return count
 
