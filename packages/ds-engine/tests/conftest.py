@@ -1,10 +1,43 @@
-"""Make the shared test helpers (`ds_engine_testkit`) importable from tests/ and tests/dist/."""
+"""Make the shared test helpers (`ds_engine_testkit`) importable from tests/ and tests/dist/; restore torch's
+`F.linear` after each test (see `_restore_torch_linear`)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+from torch import nn
+from torch.nn import functional
 
 HERE = str(Path(__file__).parent)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_linear() -> Iterator[None]:
+    """Each test starts with torch's own `F.linear` / `F.embedding` and leaves them so.
+
+    With ds-zero installed, `zero.Init` and stage 3 replace `torch.nn.functional.linear` for the rest of
+    the process (DeepSpeed's `memory_efficient_linear`), and a quantized `Init` also wraps `F.embedding`
+    and the state-dict loading of `nn.Linear` / `nn.Embedding`; one test's install must not leak into the next.
+    """
+    try:
+        from ds_zero import InsertPostInitMethodToModuleSubClasses as base
+    except ImportError:  # ds-engine alone: nothing installs anything
+        base = None
+    saved = (functional.linear, functional.embedding)
+    loaders = {cls: cls.__dict__.get("_load_from_state_dict") for cls in (nn.Linear, nn.Embedding)}
+    had_backup = base is not None and "linear_bk" in base.__dict__
+    yield
+    functional.linear, functional.embedding = saved
+    for cls, loader in loaders.items():
+        if loader is None:
+            if "_load_from_state_dict" in cls.__dict__:
+                delattr(cls, "_load_from_state_dict")
+        else:
+            cls._load_from_state_dict = loader  # type: ignore[method-assign]
+    if base is not None and not had_backup and "linear_bk" in base.__dict__:
+        del base.linear_bk

@@ -38,6 +38,18 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ),
     ("zero_bad_stage", {"zero_optimization": {"stage": 5}}, E, r"zero_optimization.stage: must be 0, 1, 2 or 3, got 5"),
     (
+        "weight_quant_post_init",
+        {"weight_quantization": {"post_init_quant": {"fc": {"num_bits": 8, "group_size": 32}}}},
+        E,
+        r"weight_quantization.post_init_quant: post-init weight quantization .* is not implemented in ds",
+    ),
+    (
+        "weight_quant_bits",
+        {"weight_quantization": {"quantized_initialization": {"num_bits": 2, "group_size": 32, "group_dim": 1}}},
+        E,
+        r"weight_quantization.quantized_initialization.num_bits: Input should be 4 or 8",
+    ),
+    (
         "zero_not_a_section",
         {"zero_optimization": "yes"},
         E,
@@ -313,7 +325,7 @@ except ImportError:
 
 
 #: rows that need a ZeRO stage ds-zero validates first (without it the error names the extra instead)
-_NEEDS_DS_ZERO = {"muon_zero3", "zenflow_bad_ratio", "zenflow_typo"}
+_NEEDS_DS_ZERO = {"muon_zero3", "zenflow_bad_ratio", "zenflow_typo", "weight_quant_post_init", "weight_quant_bits"}
 _NO_DS_ZERO = importlib.util.find_spec("ds_zero") is None
 
 

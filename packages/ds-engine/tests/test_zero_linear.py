@@ -111,3 +111,16 @@ def test_torch_func_grad_runs_through_zero3_linear_wrap() -> None:
     w64 = w.double().requires_grad_()
     (x.double() @ w64.t()).pow(2).sum().backward()
     torch.testing.assert_close(grad_w.double(), w64.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_one_stage3_linear_object_across_the_deepspeed_paths() -> None:
+    import ds_zero
+    from ds_engine.runtime.zero import partition_parameters
+
+    assert linear.zero3_linear_wrap is ds_zero.zero3_linear_wrap is partition_parameters.zero3_linear_wrap
+    assert linear.LinearFunctionForZeroStage3 is ds_zero.LinearFunctionForZeroStage3
+    original = nn.functional.linear
+    partition_parameters.InsertPostInitMethodToModuleSubClasses()._enable_mem_efficient_linear()
+    # installed process-wide (the conftest fixture restores torch's after this test)
+    assert nn.functional.linear is linear.zero3_linear_wrap is partition_parameters.zero3_linear_wrap
+    assert partition_parameters.InsertPostInitMethodToModuleSubClasses.linear_bk is original

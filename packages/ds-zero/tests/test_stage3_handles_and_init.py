@@ -1,10 +1,10 @@
 """`MultipleAllGatherHandles` forwards `handle_dependency` by keyword; `Init` initialises torch.distributed;
-`Init` and stage 3 leave `torch.nn.functional.linear` alone.
+`Init` and stage 3 install DeepSpeed's stage-3 linear over `torch.nn.functional.linear`.
 
-DeepSpeed replaces `F.linear` by its stage-3 linear for the rest of the process once `zero.Init` runs or
-a stage-3 model is built; ds-zero's saved-tensor hooks re-gather saved weights for every op, so it does
-not. The Init checks run in a fresh interpreter (the test process must not keep a process group, and
-nothing another test did to `F.linear` can hide a patch).
+Under `memory_efficient_linear` (default true) an entered `Init`, `Init(module=...)` and the stage-3
+parameter manager leave `F.linear is zero3_linear_wrap` for the rest of the process, keeping the original
+as `InsertPostInitMethodToModuleSubClasses.linear_bk`, as DeepSpeed does. The Init checks run in a fresh
+interpreter (the test process must not keep a process group, nor a patched `F.linear`).
 """
 
 from __future__ import annotations
@@ -81,27 +81,56 @@ def test_init_initialises_distributed_once_and_disabled_init_does_not() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_init_and_stage3_leave_torch_linear_alone() -> None:
+def test_init_and_stage3_install_the_stage3_linear_as_deepspeed_does() -> None:
     script = textwrap.dedent(
         """
         import torch
         import torch.nn.functional as F
         import ds_zero
-        from ds_zero import InsertPostInitMethodToModuleSubClasses as Base
+        from ds_zero import InsertPostInitMethodToModuleSubClasses as Base, zero3_linear_wrap
 
         original = F.linear
-        on = {"zero_optimization": {"stage": 3, "memory_efficient_linear": True}}
-        with ds_zero.Init(config_dict_or_path=on) as init:
-            assert isinstance(init, Base) and init.mem_efficient_linear
+        off = {"zero_optimization": {"stage": 3, "memory_efficient_linear": False}}
+        with ds_zero.Init(config_dict_or_path=off):
             torch.nn.Linear(2, 2)
-            assert F.linear is original, "entering Init"
-        assert F.linear is original, "after Init"
-        ds_zero.Init(module=torch.nn.Linear(3, 3), config_dict_or_path=on)
-        assert F.linear is original, "Init(module=...)"
+        ds_zero.Init(module=torch.nn.Linear(3, 3), config_dict_or_path=off)
+        model = torch.nn.Linear(3, 2)
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), config={"stage": 3, "memory_efficient_linear": False}
+        )
+        assert F.linear is original and not hasattr(Base, "linear_bk"), "memory_efficient_linear false: no install"
+
+        with ds_zero.Init(enabled=False):
+            assert F.linear is original
+        on = {"zero_optimization": {"stage": 3, "memory_efficient_linear": True}}
+        init = ds_zero.Init(config_dict_or_path=on)
+        assert F.linear is original and not hasattr(Base, "linear_bk"), "constructing Init installs nothing"
+        with init as entered:
+            assert isinstance(entered, Base) and F.linear is zero3_linear_wrap
+            with ds_zero.Init():
+                assert F.linear is zero3_linear_wrap and Base.linear_bk is original
+        assert F.linear is zero3_linear_wrap and Base.linear_bk is original, "persists after exit"
+
+        F.linear = original  # reset by the user: the next partitioning installs it again, same backup
+        ds_zero.Init(module=torch.nn.Linear(3, 3))
+        assert F.linear is zero3_linear_wrap and Base.linear_bk is original
+
+        def foreign(*args, **kwargs):
+            return zero3_linear_wrap(*args, **kwargs)
+        F.linear = foreign  # someone wrapped it: it stays
         model = torch.nn.Linear(3, 2)
         ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.1), config={"stage": 3})
-        assert F.linear is original, "the stage-3 optimizer"
-        assert not hasattr(Base, "linear_bk")
+        assert F.linear is foreign and Base.linear_bk is original
+
+        F.linear = original
+        with ds_zero.Init():
+            built = torch.nn.Linear(3, 2)  # already partitioned: the engine path does not install again
+        F.linear = original
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(built, torch.optim.SGD(built.parameters(), lr=0.1), config={"stage": 3})
+        assert F.linear is original, "a model built under Init: the optimizer converts nothing, installs nothing"
+        model = torch.nn.Linear(3, 2)
+        ds_zero.DeepSpeedZeroOptimizer_Stage3(model, torch.optim.SGD(model.parameters(), lr=0.1), config={"stage": 3})
+        assert F.linear is zero3_linear_wrap, "the stage-3 optimizer partitioning a model installs it"
         print("OK")
         """
     )

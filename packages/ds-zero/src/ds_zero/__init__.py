@@ -61,6 +61,7 @@ from ds_zero._stage3.leaf_modules import (
     z3_leaf_module,
     z3_leaf_parameter,
 )
+from ds_zero._stage3.linear import LinearFunctionForZeroStage3, zero3_linear_wrap
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
@@ -72,10 +73,24 @@ from ds_zero.zero_to_fp32 import (
 )
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
-    from ds_zero.config import LeafModuleConfig, OffloadOptimizerConfig, OffloadParamConfig, ZenFlowConfig, ZeroConfig
+    from ds_zero.config import (
+        LeafModuleConfig,
+        OffloadOptimizerConfig,
+        OffloadParamConfig,
+        WeightQuantizationConfig,
+        ZenFlowConfig,
+        ZeroConfig,
+    )
 
 _CONFIG_NAMES = frozenset(
-    {"LeafModuleConfig", "OffloadOptimizerConfig", "OffloadParamConfig", "ZenFlowConfig", "ZeroConfig"}
+    {
+        "LeafModuleConfig",
+        "OffloadOptimizerConfig",
+        "OffloadParamConfig",
+        "WeightQuantizationConfig",
+        "ZenFlowConfig",
+        "ZeroConfig",
+    }
 )
 
 
@@ -95,6 +110,7 @@ __all__ = [
     "LossScaler",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
+    "WeightQuantizationConfig",
     "ZenFlowConfig",
     "ZeroConfig",
     "ZeroOptimizer",
@@ -123,6 +139,7 @@ __all__ = [
     "GatheredParameters",
     "Init",
     "InsertPostInitMethodToModuleSubClasses",
+    "LinearFunctionForZeroStage3",
     "MultipleAllGatherHandles",
     "NVMeSwapError",
     "TiledLinear",
@@ -137,6 +154,7 @@ __all__ = [
     "register_external_parameter",
     "unregister_external_parameter",
     "unwrap_model_for_generation",
+    "zero3_linear_wrap",
     # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
     "get_z3_leaf_modules",
     "set_z3_leaf_module",

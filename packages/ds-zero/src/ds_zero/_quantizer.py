@@ -1,4 +1,6 @@
-"""`CUDAQuantizer`: DeepSpeed's ZeRO++ weight quantizer (symmetric int8 in groups), with a PyTorch kernel.
+"""ds-zero's group-wise quantizers: ZeRO++'s all-gather quantizer and ZeRO-Inference's weight quantizer.
+
+`CUDAQuantizer`: DeepSpeed's ZeRO++ weight quantizer (symmetric int8 in groups), with a PyTorch kernel.
 
 DeepSpeed's class calls a compiled kernel module (`QuantizerBuilder().load()`, fp16 in, fp16 out) held
 in the class attribute `quantizer_cuda_module`, which code and tests replace. ds keeps that contract: the
@@ -7,10 +9,18 @@ attribute is any object with DeepSpeed's kernel methods, `quantize(x, groups, nu
 `Symmetric`. Left unset, it is `TorchQuantizerModule`, the same arithmetic in plain PyTorch on any device.
 As in DeepSpeed, `quantize` hands the kernel fp16 (a bf16 or fp32 tensor is converted first) and
 `dequantize(..., dtype=)` returns the caller's dtype.
+
+`GroupQuantizer`: the weight quantizer of `weight_quantization.quantized_initialization` (DeepSpeed's
+`Quantizer` / `DeQuantizer` pair): 8 or 4 bits per value in groups of `group_size` consecutive values
+along dimension `group_dim`, each group with its own minimum and step (unsigned codes, `round((x - min)
+/ step)`, two 4-bit codes packed per byte along the last dimension), so each value comes back within
+half its group's step `(max - min) / (2**num_bits - 1)`. `symmetric` centres each group's range on zero
+(`min = -max|x|`), which DeepSpeed refuses and ds allows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, ClassVar
 
@@ -18,7 +28,7 @@ import torch
 
 import ds_comm
 
-__all__ = ["CUDAQuantizer", "TorchQuantizerModule"]
+__all__ = ["CUDAQuantizer", "GroupQuantizer", "TorchQuantizerModule"]
 
 
 class TorchQuantizerModule:
@@ -115,3 +125,87 @@ class CUDAQuantizer:
         module = self.quantizer_cuda_module
         out = module.dequantize(quantized_param, scale, scale.numel(), 8, module.Symmetric)
         return out.to(dtype) if dtype is not None and out.dtype != dtype else out
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupQuantizer:
+    """Quantize a tensor to `num_bits` unsigned codes in groups along `group_dim`, each with its own min and step.
+
+    Args:
+        num_bits: 8 or 4 (4-bit codes are packed two per byte along the last dimension).
+        group_size: values per group; must divide the tensor's size along `group_dim`.
+        group_dim: the dimension the groups run along.
+        symmetric: each group's range is `[-max|x|, max|x|]` instead of `[min x, max x]`.
+
+    Raises:
+        ValueError: `num_bits` not 4 or 8, or `group_size` < 1 or `group_dim` < 0.
+    """
+
+    num_bits: int
+    group_size: int
+    group_dim: int
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_bits not in (4, 8):
+            raise ValueError(f"GroupQuantizer(num_bits={self.num_bits}): only 4 and 8 bits are supported")
+        if self.group_size < 1 or self.group_dim < 0:
+            raise ValueError(
+                f"GroupQuantizer(group_size={self.group_size}, group_dim={self.group_dim}): group_size must be "
+                "positive and group_dim non-negative"
+            )
+
+    @property
+    def levels(self) -> int:
+        """The largest code, `2**num_bits - 1`."""
+        return 2**self.num_bits - 1
+
+    def _grouped_shape(self, shape: torch.Size) -> tuple[int, ...]:
+        dim = self.group_dim
+        if dim >= len(shape) or shape[dim] % self.group_size:
+            raise ValueError(
+                f"cannot quantize a tensor of shape {tuple(shape)} in groups of {self.group_size} along dimension "
+                f"{dim}: the dimension must exist and be a multiple of group_size"
+            )
+        if self.num_bits == 4 and shape[-1] % 2:
+            raise ValueError(f"4-bit codes are packed in pairs along the last dimension; {tuple(shape)} is odd there")
+        return (*shape[:dim], shape[dim] // self.group_size, self.group_size, *shape[dim + 1 :])
+
+    def quantize(
+        self, tensor: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`(codes, step, min)`: uint8 codes shaped like `tensor` (last dimension halved at 4 bits), and the
+        per-group step `(max - min) / (2**num_bits - 1)` and minimum (broadcastable against the grouped
+        view) in `dtype` (default `tensor`'s).
+
+        The step and minimum are rounded to `dtype` before the codes are computed, so dequantizing with the
+        stored values is what the bound above describes. (DeepSpeed stores the reciprocal of the step,
+        which overflows fp16 for groups whose range is under 0.004; the step does not.)
+        """
+        grouped = tensor.detach().reshape(self._grouped_shape(tensor.shape)).float()
+        reduce_dim = self.group_dim + 1
+        low, high = grouped.amin(dim=reduce_dim, keepdim=True), grouped.amax(dim=reduce_dim, keepdim=True)
+        if self.symmetric:
+            high = torch.maximum(high.abs(), low.abs())
+            low = -high
+        out_dtype = dtype or tensor.dtype
+        step, low = ((high - low) / self.levels).to(out_dtype), low.to(out_dtype)
+        safe = torch.where(step > 0, step.float(), 1.0)  # a constant group: every code 0, value = its min
+        codes = ((grouped - low.float()) / safe).clamp_(0, self.levels).round_().to(torch.uint8)
+        codes = codes.reshape(tensor.shape)
+        if self.num_bits == 4:
+            codes = codes[..., 0::2].bitwise_left_shift(4).bitwise_or_(codes[..., 1::2])
+        return codes, step, low
+
+    def dequantize(
+        self, codes: torch.Tensor, step: torch.Tensor, minimum: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The values `codes * step + min` in `dtype`, shaped like the quantized tensor."""
+        if self.num_bits == 4:
+            unpacked = torch.empty((*codes.shape[:-1], codes.shape[-1] * 2), dtype=torch.uint8, device=codes.device)
+            unpacked[..., 0::2] = codes.bitwise_right_shift(4)
+            unpacked[..., 1::2] = codes.bitwise_and(0xF)
+            codes = unpacked
+        grouped = codes.reshape(self._grouped_shape(codes.shape)).float()
+        values = grouped * step.float() + minimum.float()
+        return values.reshape(codes.shape).to(dtype)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from ds_comm import ConfigDeprecationWarning, ConfigModel
+from ds_zero._weight_quant_config import QuantizedInitializationConfig, WeightQuantizationConfig
 from ds_zero._zenflow_config import ZenFlowConfig
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "OffloadDevice",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
+    "QuantizedInitializationConfig",
+    "WeightQuantizationConfig",
     "ZenFlowConfig",
     "ZeroConfig",
 ]
@@ -178,8 +181,6 @@ class ZeroConfig(ConfigModel):
         "use_multi_rank_bucket_allreduce": "buckets are reduced with reduce-scatter or one all-reduce each",
         "round_robin_gradients": "each rank copies only its own contiguous gradient partition",
         "parameter_alignment": "flat buffers are padded to the data-parallel size only",
-        "memory_efficient_linear": "stage 3 re-gathers saved weights for backward whatever the op; "
-        "torch.nn.functional.linear is not replaced",
         "pipeline_loading_checkpoint": "stage-3 checkpoints load partition by partition",
         "enable_sanity_checks": "no extra invariant checks are implemented",
         "module_granularity_threshold": "stage 3 fetches parameters per module; no fine-grained grouping",
@@ -237,7 +238,10 @@ class ZeroConfig(ConfigModel):
     parameter_alignment: bool = False
     """Pad flat buffers for 16-byte alignment."""
     memory_efficient_linear: bool = True
-    """Stage 3: linear layers that do not keep gathered weights for backward."""
+    """Stage 3: make `torch.nn.functional.linear` DeepSpeed's `zero3_linear_wrap` for the rest of the process
+    (installed by an entered `Init`, `Init(module=...)` and the stage-3 parameter manager; same values and
+    gradients, ds re-gathers saved weights for backward whatever the op). Needed by
+    `weight_quantization.quantized_initialization`, whose dequantizing wrappers go over it."""
     pipeline_loading_checkpoint: bool = False
     """Stage 3: pipelined checkpoint loading."""
     override_module_apply: bool = True

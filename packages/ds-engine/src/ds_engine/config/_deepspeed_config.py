@@ -15,6 +15,7 @@ from ds_engine.config._errors import DeepSpeedConfigError
 from ds_engine.config._load import fill_auto, find_auto_paths, load_raw, without_paths
 from ds_engine.config._pipe_sections import validate_pipe_section
 from ds_engine.config._toplevel import DeepSpeedConfigModel
+from ds_engine.config._weight_quant_section import resolve_weight_quantization
 from ds_engine.config._zero_section import ZeroSettings, resolve_zero
 
 __all__ = ["DeepSpeedConfig"]
@@ -80,6 +81,7 @@ class DeepSpeedConfig:
         check_sum_allreduce_conflicts(raw)
         self.model: DeepSpeedConfigModel = _validate(without_paths(raw, list(self.auto_keys)))
         self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
+        self._weight_quantization = resolve_weight_quantization(self.model.weight_quantization)
         self._pipe_sections = {
             name: validate_pipe_section(name, getattr(self.model, name))
             for name in ("pipeline", "activation_checkpointing")
@@ -169,6 +171,11 @@ class DeepSpeedConfig:
     def zero_config(self) -> Any:
         """ds-zero's `ZeroConfig`, or None when ds-zero is not installed."""
         return self.zero.config
+
+    @property
+    def weight_quantization_config(self) -> Any:
+        """ds-zero's `WeightQuantizationConfig` of the `weight_quantization` section, or None when absent."""
+        return self._weight_quantization
 
     @property
     def pipeline(self) -> Any:

@@ -48,7 +48,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "curriculum_learning": "top-level curriculum learning was removed in DeepSpeed 0.19 (it moved to "
     "data_efficiency, which ds does not implement)",
     "expert_parallel": "mixture-of-experts parallelism is not implemented in ds",
-    "weight_quantization": "weight quantization is not implemented in ds",
 }
 
 #: Sections ds accepts only when their feature is switched off: key -> (switch, reason).
@@ -176,6 +175,8 @@ class DeepSpeedConfigModel(ConfigModel):
     """Pipeline engine options; validated by ds_pipe.PipelineConfig (see `_pipe_sections.py`)."""
     activation_checkpointing: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
     """Activation checkpointing options; validated by ds_pipe.ActivationCheckpointingConfig."""
+    weight_quantization: Annotated[dict[str, Any] | None, BeforeValidator(_section)] = None
+    """ZeRO-Inference weight quantization read by zero.Init; validated by ds_zero.WeightQuantizationConfig."""
     flops_profiler: FlopsProfilerConfig = FlopsProfilerConfig()
     """Flops profiler (one step, rank 0)."""
     hybrid_engine: HybridEngineConfig = HybridEngineConfig()

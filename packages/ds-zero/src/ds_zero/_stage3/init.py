@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -36,6 +36,10 @@ from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, sh
 from ds_zero._params.secondary import write_secondary
 from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.module import as_zero_config
+from ds_zero._stage3.quantized_init import install_quantized_wrappers, quantize_module_weights
+
+if TYPE_CHECKING:
+    from ds_zero.config import QuantizedInitializationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ def _wrap_init(cls: type) -> None:
         finally:
             _constructing.pop()
         if _active and all(m is not self for m in _constructing):
-            _active[-1].partition(self)
+            _active[-1]._post_init_partition(self)
 
     init._ds_orig_init = orig  # type: ignore[attr-defined]
     cls.__init__ = init  # type: ignore[misc]
@@ -147,6 +151,18 @@ def _without_auto(value: Any) -> Any:
     return value
 
 
+def _quantized_initialization(ds_config: Mapping[str, Any]) -> QuantizedInitializationConfig | None:
+    """The config's `weight_quantization.quantized_initialization` (None when absent or off)."""
+    section = ds_config.get("weight_quantization")
+    if section is None:
+        return None
+    from ds_zero.config import WeightQuantizationConfig  # pydantic: loaded on first use
+
+    return ds_comm.validate_section(
+        WeightQuantizationConfig, section, path="weight_quantization"
+    ).quantized_initialization
+
+
 class Init(InsertPostInitMethodToModuleSubClasses):
     """Partition parameters across the data-parallel ranks as modules are constructed (stage 3).
 
@@ -171,22 +187,26 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         pin_memory: page-lock CPU shards (None-config default: `offload_param.pin_memory`).
         config_dict_or_path: a ds_config dict or JSON path: `zero_optimization.offload_param` and
             `override_module_apply` are read, and the dtype defaults to bf16/fp16 when enabled there.
+            With `weight_quantization.quantized_initialization`, the weights of `nn.Linear` / `nn.Embedding`
+            layers built inside the context are quantized as they are partitioned (not those of
+            `module=`, as in DeepSpeed), and entering installs the dequantizing wrappers of
+            `torch.nn.functional.linear` / `embedding` (see `ds_zero._stage3.quantized_init`).
             Values still `"auto"` (as Hugging Face passes them before training starts) take their defaults.
         enabled: False makes `Init` a no-op.
         dtype: cast floating-point parameters to this dtype as they are partitioned.
         config: DeepSpeed's older name of `config_dict_or_path`.
-        mem_efficient_linear: DeepSpeed's switch for replacing `torch.nn.functional.linear` process-wide;
-            recorded only: ds leaves `F.linear` alone and re-gathers saved weights whatever the op (see
-            `InsertPostInitMethodToModuleSubClasses`). A config's `zero_optimization.memory_efficient_linear`
-            overrides it.
+        mem_efficient_linear: make `torch.nn.functional.linear` DeepSpeed's `zero3_linear_wrap` (same values
+            and gradients) from the first `Init` entered or given a module on, for the rest of the process,
+            as DeepSpeed does (see `InsertPostInitMethodToModuleSubClasses`); a config's
+            `zero_optimization.memory_efficient_linear` overrides it.
         mpu: model parallelism is not supported; must be None.
 
     An enabled `Init` initialises the distributed backend (`ds_comm.init_distributed()`) when it is
     not initialised yet, as DeepSpeed's does.
 
     Raises:
-        ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, or (nvme) a
-            missing or unwritable `nvme_path`.
+        ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, (nvme) a
+            missing or unwritable `nvme_path`, or `quantized_initialization` without `memory_efficient_linear`.
     """
 
     def __init__(
@@ -239,6 +259,12 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         if config_dict_or_path is not None or config is not None:
             mem_efficient_linear = zero.memory_efficient_linear
         super().__init__(enabled=enabled, mem_efficient_linear=mem_efficient_linear)
+        self.quantized_initialization = _quantized_initialization(ds_config)
+        if self.quantized_initialization is not None and enabled and not mem_efficient_linear:
+            raise ValueError(
+                "weight_quantization.quantized_initialization needs zero_optimization.memory_efficient_linear "
+                "(the wrappers that dequantize quantized weights in F.linear / F.embedding are installed with it)"
+            )
         self.dp_group = data_parallel_group
         self.dtype = dtype
         self.pin_memory = pin_memory
@@ -252,6 +278,7 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         self.rank_in_group = ds_comm.get_rank(data_parallel_group) % self.num_ranks_in_param_group
         self.quantized_nontrainable_weights = zero.zero_quantized_nontrainable_weights
         if module is not None and enabled:
+            self._enable_mem_efficient_linear()
             self.partition(module)
 
     def partition(self, module: nn.Module) -> int:
@@ -270,6 +297,13 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         if count:
             logger.debug("ds_zero.Init: partitioned %d parameters of %s", count, type(module).__name__)
         return count
+
+    def _post_init_partition(self, module: nn.Module) -> int:
+        """Partition a module just built inside the context, quantizing its weights first when configured."""
+        quantizer = self.quantized_initialization
+        if quantizer is not None:
+            quantize_module_weights(module, quantizer.quantizer(), skip=is_zero_param, dtype=self.dtype)
+        return self.partition(module)
 
     def _aligned_size(self, param: nn.Parameter) -> int:
         """`param`'s padded flat size: its shard size times the data-parallel world size."""
@@ -312,8 +346,11 @@ class Init(InsertPostInitMethodToModuleSubClasses):
         if not self.enabled:
             return self
         with _lock:
-            if not _active:
+            if not _active:  # the outermost context patches, as DeepSpeed's
                 _patch(self.override_apply)
+                self._enable_mem_efficient_linear()
+                if self.mem_efficient_linear and self.quantized_initialization is not None:
+                    install_quantized_wrappers()
             _active.append(self)
         return self
 

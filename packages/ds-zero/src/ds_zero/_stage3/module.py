@@ -18,6 +18,7 @@ from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, s
 from ds_zero._params.secondary import secondary_partition
 from ds_zero._stage3.coordinator import ParamCoordinator
 from ds_zero._stage3.hooks import install_hooks
+from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.leaf_modules import apply_leaf_module_config
 
 if TYPE_CHECKING:
@@ -107,6 +108,12 @@ class DeepSpeedZeRoOffload:
             else None
         )
         shard_device = torch.device("cpu") if offload.device in ("cpu", "nvme") else None
+        params = list(module.parameters())
+        if params and not any(is_zero_param(p) for p in params):
+            # DeepSpeed's engine partitions a model not built under Init through Init(module=...), which
+            # installs its stage-3 linear over torch.nn.functional.linear (process-wide)
+            linear = InsertPostInitMethodToModuleSubClasses(mem_efficient_linear=cfg.memory_efficient_linear)
+            linear._enable_mem_efficient_linear()
         partition_module(
             module, group=dp_group, shard_device=shard_device, pin_memory=offload.pin_memory and offload.device == "cpu"
         )

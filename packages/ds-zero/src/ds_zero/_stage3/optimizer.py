@@ -25,6 +25,7 @@ from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dic
 from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
 from ds_zero._stage3.partition import ShardPartition
+from ds_zero._stage3.quantized_init import refuse_trainable
 from ds_zero._zenflow_refusal import refuse_zenflow
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
     Raises:
         TypeError: not exactly one module and one optimizer given.
         ValueError: stage is not 3, the optimizer was already stepped, an optimizer parameter is not in
-            `module`, or (NVMe offload) `nvme_path` is missing or not writable.
+            `module` or is a trainable quantized weight (`weight_quantization.quantized_initialization`), or
+            (NVMe offload) `nvme_path` is missing or not writable.
         NVMeSwapError: a swap file could not be written or read back intact, at construction or at the step
             where it happens (disk full, file-size limit, truncated or corrupted file).
     """
@@ -143,6 +145,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
                 "orthogonalizes each whole weight matrix, and stage 3 keeps only a shard of every gradient "
                 "and parameter on each rank; use zero_optimization.stage 0, 1 or 2 for Muon"
             )
+        refuse_trainable(p for g in optimizer.param_groups for p in g["params"])
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         self.config = cfg

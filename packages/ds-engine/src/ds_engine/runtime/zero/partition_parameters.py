@@ -13,8 +13,9 @@ is not on ds's construction path, and swapping it changes nothing in ds.
 on global rank 0 when `debug` or `force` is set (ds-zero logs through `logging` instead; scripts and tests
 call or replace this one).
 
-`zero3_linear_wrap` is DeepSpeed's stage-3 linear (`deepspeed.runtime.zero.linear`'s, which says why ds
-does not install it over `torch.nn.functional.linear`).
+`zero3_linear_wrap` is DeepSpeed's stage-3 linear (ds-zero's, the object `deepspeed.runtime.zero.linear`
+re-exports and that `zero.Init` installs over `torch.nn.functional.linear` under
+`zero_optimization.memory_efficient_linear`).
 
 `partitioned_param_data_shape` is DeepSpeed's constant for the shape of a released parameter's `data`
 (`[0]` there). ds keeps a released parameter at its logical shape (a one-element NaN tensor expanded to
