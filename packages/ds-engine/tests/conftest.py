@@ -8,8 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from torch import nn
-from torch.nn import functional
 
 HERE = str(Path(__file__).parent)
 if HERE not in sys.path:
@@ -25,19 +23,9 @@ def _restore_torch_linear() -> Iterator[None]:
     and the state-dict loading of `nn.Linear` / `nn.Embedding`; one test's install must not leak into the next.
     """
     try:
-        from ds_zero import InsertPostInitMethodToModuleSubClasses as base
+        from ds_zero import torch_patches_restored
     except ImportError:  # ds-engine alone: nothing installs anything
-        base = None
-    saved = (functional.linear, functional.embedding)
-    loaders = {cls: cls.__dict__.get("_load_from_state_dict") for cls in (nn.Linear, nn.Embedding)}
-    had_backup = base is not None and "linear_bk" in base.__dict__
-    yield
-    functional.linear, functional.embedding = saved
-    for cls, loader in loaders.items():
-        if loader is None:
-            if "_load_from_state_dict" in cls.__dict__:
-                delattr(cls, "_load_from_state_dict")
-        else:
-            cls._load_from_state_dict = loader  # type: ignore[method-assign]
-    if base is not None and not had_backup and "linear_bk" in base.__dict__:
-        del base.linear_bk
+        yield
+        return
+    with torch_patches_restored():
+        yield

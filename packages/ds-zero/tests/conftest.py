@@ -11,24 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from torch import nn
-from torch.nn import functional
+
+from ds_zero import torch_patches_restored
 
 
 @pytest.fixture(autouse=True)
 def _restore_torch_linear() -> Iterator[None]:
-    from ds_zero import InsertPostInitMethodToModuleSubClasses as Base
-
-    saved = (functional.linear, functional.embedding)
-    loaders = {cls: cls.__dict__.get("_load_from_state_dict") for cls in (nn.Linear, nn.Embedding)}
-    had_backup = "linear_bk" in Base.__dict__
-    yield
-    functional.linear, functional.embedding = saved
-    for cls, loader in loaders.items():
-        if loader is None:
-            if "_load_from_state_dict" in cls.__dict__:
-                delattr(cls, "_load_from_state_dict")
-        else:
-            cls._load_from_state_dict = loader  # type: ignore[method-assign]
-    if not had_backup and "linear_bk" in Base.__dict__:
-        del Base.linear_bk
+    with torch_patches_restored():
+        yield

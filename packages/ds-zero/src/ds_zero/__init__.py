@@ -65,6 +65,7 @@ from ds_zero._stage3.linear import LinearFunctionForZeroStage3, zero3_linear_wra
 from ds_zero._stage3.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
+from ds_zero._stage3.torch_patches import torch_patches_restored
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
@@ -154,6 +155,7 @@ __all__ = [
     "register_external_parameter",
     "unregister_external_parameter",
     "unwrap_model_for_generation",
+    "torch_patches_restored",
     "zero3_linear_wrap",
     # ZeRO-3 leaf modules (DeepSpeed's deepspeed.utils.z3_leaf_module)
     "get_z3_leaf_modules",
