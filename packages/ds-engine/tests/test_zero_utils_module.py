@@ -10,7 +10,10 @@ import pytest
 import torch
 
 import ds_ops
-from ds_engine.runtime.zero import utils as zu
+
+pytest.importorskip("ds_zero", reason="deepspeed.runtime.zero needs ds-zero: pip install 'ds-engine[zero]'")
+
+from ds_engine.runtime.zero import utils as zu  # noqa: E402
 
 
 class _Pair(typing.NamedTuple):

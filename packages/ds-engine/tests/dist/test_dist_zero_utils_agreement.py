@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ds_comm.testing import run_ranks
+
+pytest.importorskip("ds_zero", reason="deepspeed.runtime.zero needs ds-zero: pip install 'ds-engine[zero]'")
 
 
 def _agreement(rank: int, world_size: int) -> dict[str, Any]:
