@@ -44,6 +44,7 @@ __all__ = [
     "canonical_optimizer_name",
     "check_optimizer_params",
     "is_zero_tested_optimizer",
+    "zero_supported_optimizer_classes",
     "normalize_param_groups",
     "plan_config_optimizer",
     "swap_for_cpu_optimizer",
@@ -150,13 +151,38 @@ def check_optimizer_params(name: str, params: dict[str, Any]) -> None:
             raise ParamError(key, f"{key!r} is not a parameter of optimizer {name!r}{hint}")
 
 
+def zero_supported_optimizer_classes() -> tuple[type[Optimizer], ...]:
+    """DeepSpeed's list of optimizer classes ZeRO is tested with, as ds builds them.
+
+    The one list behind both checks: `deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS` (DeepSpeed's
+    exact-type test) and `is_zero_tested_optimizer` below (ds's isinstance test, which also accepts Lamb).
+    `Lion` is what the `lion` config name builds in ds (DeepSpeed's FusedLion).
+    """
+    return (
+        torch.optim.Adam,
+        torch.optim.AdamW,
+        torch.optim.Adagrad,
+        ds_ops.FusedAdam,
+        ds_ops.DeepSpeedCPUAdam,
+        ds_ops.DeepSpeedCPUAdagrad,
+        ds_ops.DeepSpeedCPULion,
+        ds_ops.MuonWithAuxAdam,
+        Lion,
+    )
+
+
 def is_zero_tested_optimizer(optimizer: str | Optimizer) -> bool:
-    """Whether ZeRO is known to work with this optimizer (else `zero_allow_untested_optimizer` is needed)."""
+    """Whether ZeRO is known to work with this optimizer (else `zero_allow_untested_optimizer` is needed).
+
+    Wider than DeepSpeed's exact-type check: subclasses count, and so does ds's Lamb, which ds's ZeRO tests
+    cover (DeepSpeed asks for `zero_allow_untested_optimizer` with its FusedLamb).
+    """
     if isinstance(optimizer, str):
         return optimizer in _ZERO_TESTED
-    tested = (torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad, Lion, Lamb)
-    names = (*_DS_CPU_CLASSES, "FusedAdam", "MuonWithAuxAdam")
-    return isinstance(optimizer, tested) or type(optimizer).__name__ in names
+    if isinstance(optimizer, (*zero_supported_optimizer_classes(), Lamb)):
+        return True
+    # Same-named classes from elsewhere: apex's FusedAdam (DeepSpeed accepts it when apex is installed).
+    return type(optimizer).__name__ in (*_DS_CPU_CLASSES, "FusedAdam", "MuonWithAuxAdam")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 import ds_comm
-import ds_ops
 from ds_comm import get_accelerator
-from ds_engine._torch_optimizers import Lion
+from ds_engine._optimizers import zero_supported_optimizer_classes
 
 __all__ = [
     "ZERO_SUPPORTED_OPTIMIZERS",
@@ -47,18 +46,9 @@ class ZeRORuntimeException(Exception):
     """A ZeRO usage error at run time (DeepSpeed's name)."""
 
 
-#: Optimizer classes ZeRO is tested with; `is_zero_supported_optimizer` checks the exact type.
-ZERO_SUPPORTED_OPTIMIZERS: list[type] = [
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adagrad,
-    ds_ops.FusedAdam,
-    ds_ops.DeepSpeedCPUAdam,
-    ds_ops.DeepSpeedCPUAdagrad,
-    ds_ops.DeepSpeedCPULion,
-    ds_ops.MuonWithAuxAdam,
-    Lion,  # what the `lion` config name builds in ds (DeepSpeed's FusedLion)
-]
+#: Optimizer classes ZeRO is tested with; `is_zero_supported_optimizer` checks the exact type, as DeepSpeed
+#: does (the engine's own check, `zero_allow_untested_optimizer`'s, is ds's wider isinstance one).
+ZERO_SUPPORTED_OPTIMIZERS: list[type] = list(zero_supported_optimizer_classes())
 
 
 def get_norm_dtype() -> torch.dtype:
