@@ -120,3 +120,13 @@ def test_zero12_path_names_the_engines_optimizer_class() -> None:
     assert isinstance(engine.optimizer, stage12.DeepSpeedZeroOptimizer)
     with pytest.raises(AttributeError, match="has no attribute 'Init'"):
         stage12.Init  # noqa: B018 - only the module's own names
+
+
+def test_partition_parameters_has_the_single_rank_group_check() -> None:
+    pp = importlib.import_module("ds_engine.runtime.zero.partition_parameters")
+    check = pp._contradicting_single_rank_pg_error
+    message = check(dp_world_size=1, explicit_process_group=None, env={"WORLD_SIZE": "2"})
+    assert message == ds_zero.single_rank_group_error(1, None, env={"WORLD_SIZE": "2"})
+    assert message is not None and "WORLD_SIZE=2" in message
+    assert check(1, None, env={"WORLD_SIZE": "1"}) is None
+    assert "_contradicting_single_rank_pg_error" in dir(pp)

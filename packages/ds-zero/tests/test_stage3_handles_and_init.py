@@ -135,3 +135,32 @@ def test_init_and_stage3_install_the_stage3_linear_as_deepspeed_does() -> None:
         """
     )
     _run_fresh(script)
+
+
+@pytest.mark.timeout(120)
+def test_init_refuses_a_one_rank_world_under_a_multi_process_launcher() -> None:
+    # The process group of one is up before Init (as from_pretrained leaves it); the launcher says 2.
+    script = textwrap.dedent(
+        """
+        import os
+        import torch, torch.distributed as dist
+        import ds_zero
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["MASTER_PORT"],
+                                rank=0, world_size=1)
+        os.environ["WORLD_SIZE"] = "2"
+        try:
+            with ds_zero.Init():
+                torch.nn.Linear(3, 2)
+        except RuntimeError as err:
+            assert "WORLD_SIZE=2" in str(err) and "init_distributed" in str(err), err
+        else:
+            raise AssertionError("Init partitioned across a world of 1 under WORLD_SIZE=2")
+        with ds_zero.Init(enabled=False):  # a disabled Init partitions nothing: nothing to refuse
+            torch.nn.Linear(3, 2)
+        with ds_zero.Init(data_parallel_group=dist.new_group([0])):  # a group of one asked for explicitly
+            layer = torch.nn.Linear(3, 2)
+        assert layer.weight.ds_status is ds_zero.ZeroParamStatus.NOT_AVAILABLE
+        print("OK")
+        """
+    )
+    _run_fresh(script)

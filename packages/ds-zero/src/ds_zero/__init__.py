@@ -51,6 +51,7 @@ from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.generation import unwrap_model_for_generation
 from ds_zero._stage3.init import Init, partition_model
 from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
+from ds_zero._stage3.launcher_world import single_rank_group_error
 from ds_zero._stage3.leaf_modules import (
     get_z3_leaf_modules,
     set_z3_leaf_module,
@@ -153,6 +154,7 @@ __all__ = [
     "is_zero_param",
     "partition_model",
     "register_external_parameter",
+    "single_rank_group_error",
     "unregister_external_parameter",
     "unwrap_model_for_generation",
     "torch_patches_restored",

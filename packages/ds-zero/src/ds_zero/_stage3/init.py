@@ -35,6 +35,7 @@ from ds_zero._params.partitioned_module import partition_module
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, shard_numel
 from ds_zero._params.secondary import write_secondary
 from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
+from ds_zero._stage3.launcher_world import single_rank_group_error
 from ds_zero._stage3.module import as_zero_config
 from ds_zero._stage3.quantized_init import install_quantized_wrappers, quantize_module_weights
 
@@ -207,6 +208,9 @@ class Init(InsertPostInitMethodToModuleSubClasses):
     Raises:
         ValueError: `remote_device` is not None/"none"/"cpu"/"nvme", an unreadable config, an mpu, (nvme) a
             missing or unwritable `nvme_path`, or `quantized_initialization` without `memory_efficient_linear`.
+        RuntimeError: (enabled, no `data_parallel_group`) the world has one rank while the launcher's
+            `WORLD_SIZE` says more: a one-process group was set up before `Init`, which would keep the
+            whole model on every rank (see `ds_zero._stage3.launcher_world`).
     """
 
     def __init__(
@@ -230,6 +234,10 @@ class Init(InsertPostInitMethodToModuleSubClasses):
             # whatever launched the process (a world of one when nothing did), so the ranks it
             # partitions across are the ones later collectives use.
             ds_comm.init_distributed()
+        if enabled:
+            mismatch = single_rank_group_error(ds_comm.get_world_size(data_parallel_group), data_parallel_group)
+            if mismatch is not None:
+                raise RuntimeError(mismatch)
         ds_config = _without_auto(_load_config(config_dict_or_path if config_dict_or_path is not None else config))
         zero = as_zero_config(ds_config.get("zero_optimization") or {})
         if remote_device is None:

@@ -27,7 +27,7 @@ parameters: code that needs the released state should test `param.ds_status`, an
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -89,10 +89,22 @@ def zero_wrapper_for_fp_tensor_constructor(
     return wrapped
 
 
+def _contradicting_single_rank_pg_error(
+    dp_world_size: int, explicit_process_group: object | None, env: Mapping[str, str | None] | None = None
+) -> str | None:
+    """DeepSpeed's name of the check `zero.Init` runs on its group: `ds_zero.single_rank_group_error`.
+
+    The message for a one-rank group that was not passed explicitly while the launcher's `WORLD_SIZE` is
+    above one (parameters would stay whole on every rank), else None.
+    """
+    return __getattr__("single_rank_group_error")(dp_world_size, explicit_process_group, env)
+
+
 def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
     return sorted(
         {
             *_zero_dir(),
+            "_contradicting_single_rank_pg_error",
             "_orig_torch_arange",
             "get_accelerator",
             "print_rank_0",
