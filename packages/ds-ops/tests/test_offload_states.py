@@ -100,3 +100,15 @@ def test_check_loaded_names_the_call_and_the_states() -> None:
     off.check_loaded("engine.forward()", [K.lp_params])
     with pytest.raises(StatesOffloadedError, match=r"engine.step\(\) needs the training states lp_grads, optim_states"):
         off.check_loaded("engine.step()", list(K))
+
+
+def test_devices_of_follows_the_bytes(copying: object) -> None:
+    moment, zero_grads, empty = torch.randn(4), torch.zeros(4), torch.empty(0)
+    off = StateOffloader()
+    assert off.devices_of([moment, zero_grads]) == {torch.device("cpu")}
+    assert off.devices_of([empty]) == set()  # no bytes anywhere
+    off.offload({K.optim_states: [moment], K.lp_grads: [zero_grads]})
+    assert off.devices_of([moment]) == {torch.device("cpu")}  # where its copy is
+    assert off.devices_of([zero_grads]) == set()  # dropped as dead: comes back zero-filled
+    off.reload()
+    assert off.devices_of([zero_grads]) == {torch.device("cpu")}

@@ -131,6 +131,27 @@ class EngineOffloadStates:
             self._stage0_offloader.reload(non_blocking=non_blocking)
         self._states_offloaded = False
 
+    def state_devices(self, state: OffloadStateTypeEnum | str) -> set[torch.device]:
+        """The devices the bytes of one kind of state are on now (DeepSpeed's `get_state_devices`).
+
+        A state `offload_states()` moved counts on the device of its copy; gradient memory it released as
+        dead (it comes back zero-filled) and a state that holds nothing count nowhere (an empty set).
+
+        Raises:
+            RuntimeError: the engine has no optimizer.
+            ValueError: `state` is not an `OffloadStateTypeEnum` name.
+        """
+        stepper = self._require_stepper("state_devices()")
+        if isinstance(stepper, ZeroStepper):
+            return stepper.optimizer.state_devices(state)
+        try:
+            kind = OffloadStateTypeEnum(state)
+        except ValueError:
+            valid = ", ".join(k.value for k in OffloadStateTypeEnum)
+            raise ValueError(f"state_devices: unknown state {state!r}; valid: {valid}") from None
+        offloader = self._stage0_offloader if self._stage0_offloader is not None else StateOffloader()
+        return offloader.devices_of(stage0_states(stepper)[0][kind])
+
     def _offloaded_kinds(self) -> set[OffloadStateTypeEnum]:
         if isinstance(self._stepper, ZeroStepper):
             return set(self._stepper.optimizer.offloaded_states)

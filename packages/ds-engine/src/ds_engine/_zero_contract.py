@@ -10,7 +10,7 @@ What crosses the seam:
   * the step path: `backward`, `step(skip=...) -> applied`, `zero_grad`, and what the engine reports
     (`loss_scale`, `global_grad_norm`); `param_groups` is what `engine.get_lr()` reads;
   * `offload_states` / `reload_states` / `offloaded_states` / `empty_partition_cache` (RLHF: states
-    parked in host memory between steps);
+    parked in host memory between steps) and `state_devices` (where each kind of state is now);
   * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
     size), `refresh_fp32_params` (masters from just-loaded module weights); and four module-level
     functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
@@ -111,6 +111,10 @@ class ZeroOptimizer(Protocol):
 
     def empty_partition_cache(self) -> None:
         """Stage 3: free the gathered parameters no running module holds; otherwise nothing."""
+        ...
+
+    def state_devices(self, state: OffloadStateTypeEnum | str) -> set[torch.device]:
+        """The devices the bytes of one kind of state are on now (`get_state_devices`)."""
         ...
 
 

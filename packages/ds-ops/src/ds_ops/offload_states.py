@@ -219,6 +219,23 @@ class StateOffloader:
         self._grads.clear()
         self.offloaded.clear()
 
+    def devices_of(self, tensors: Iterable[torch.Tensor]) -> set[torch.device]:
+        """Where the bytes behind `tensors` are now (DeepSpeed's `get_state_devices` reads this).
+
+        A parked storage counts on the device of its copy; one dropped as dead gradient memory (it comes
+        back zero-filled) and an empty storage count nowhere; any other on the tensor's own device.
+        """
+        devices: set[torch.device] = set()
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            parked = self._parked.get(storage._cdata)
+            if parked is not None:
+                if parked.backup is not None:
+                    devices.add(parked.backup.device)
+            elif storage.nbytes() > 0:
+                devices.add(tensor.device)
+        return devices
+
     def check_loaded(self, call: str, needs: Iterable[OffloadStateTypeEnum]) -> None:
         """Raise `StatesOffloadedError` naming `call` if any state it `needs` is offloaded."""
         missing = sorted(k.value for k in needs if k in self.offloaded)

@@ -123,6 +123,20 @@ class OffloadStatesMixin:
         if self._state_offloader is not None:
             self._state_offloader.reload(non_blocking=non_blocking)
 
+    def state_devices(self, state: OffloadStateTypeEnum | str) -> set[torch.device]:
+        """The devices the bytes of one kind of state are on now (empty: none held, or dropped by offload).
+
+        Raises:
+            ValueError: `state` is not an `OffloadStateTypeEnum` name.
+        """
+        try:
+            kind = OffloadStateTypeEnum(state)
+        except ValueError:
+            valid = ", ".join(k.value for k in OffloadStateTypeEnum)
+            raise ValueError(f"state_devices: unknown state {state!r}; valid: {valid}") from None
+        offloader = self._state_offloader if self._state_offloader is not None else StateOffloader()
+        return offloader.devices_of(state_tensors(self)[kind])
+
     def empty_partition_cache(self) -> None:
         """Stage 3: free every gathered parameter no running module holds (DeepSpeed's name); else nothing."""
         if self.zero_stage == 3:
