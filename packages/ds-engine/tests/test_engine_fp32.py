@@ -9,6 +9,7 @@ import torch
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 import ds_engine
+from ds_comm import UsageError
 
 
 def _plain_torch(steps: int, batch: int) -> tuple[list[float], torch.Tensor]:
@@ -172,9 +173,9 @@ def test_backward_and_step_misuse_are_clear_errors() -> None:
         engine.backward(torch.tensor(1.0))
     with engine.no_sync():
         engine.backward(loss_fn(engine(x), y))
-        with pytest.raises(RuntimeError, match="not allowed inside engine.no_sync"):
+        with pytest.raises(UsageError, match="not allowed inside engine.no_sync"):
             engine.step()
-        with pytest.raises(RuntimeError, match="not re-entrant"), engine.no_sync():
+        with pytest.raises(UsageError, match="cannot be nested inside engine.no_sync"), engine.no_sync():
             pass
     engine.step()
     no_opt = make_engine(tiny_net(0), base_config(optimizer=None))

@@ -6,9 +6,8 @@ counters; the step path reads no config. See `_assembly.py` for how the parts ar
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from ds_engine._engine_offload_states import (
     EngineOffloadStates,
 )
 from ds_engine._engine_queries import EngineCompatQueries
+from ds_engine._engine_sync_contexts import EngineSyncContexts
 from ds_engine._flops_step import StepFlopsProfile
 from ds_engine._optional import require
 from ds_engine._recovery_script import change_recovery_script_permissions
@@ -55,6 +55,7 @@ class DeepSpeedEngine(
     EngineCompatQueries,
     EngineOffloadStates,
     EngineGradReduce,
+    EngineSyncContexts,
     EngineCompile,
     ConsolidatedWeights,
     nn.Module,
@@ -234,8 +235,7 @@ class DeepSpeedEngine(
         """
         if self._stepper is None:
             raise self._no_optimizer("engine.step()")
-        if self._in_no_sync:
-            raise RuntimeError("engine.step() is not allowed inside engine.no_sync()")
+        self._refuse_step_in_sync_context()
         self._check_states_loaded("engine.step()", STEP_NEEDS)
         boundary = self.is_gradient_accumulation_boundary()
         if boundary:
@@ -294,23 +294,6 @@ class DeepSpeedEngine(
         """Clear accumulated gradients (the engine does this after every applied or skipped step)."""
         if self._stepper is not None:
             self._stepper.zero_grad()
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """Backward passes inside skip gradient reduction (at stage 0 reduction happens in step() anyway).
-
-        Raises:
-            RuntimeError: under ZeRO stage 2/3 (gradients are reduced during backward), or when nested.
-        """
-        if self._zero.stage >= 2:
-            raise RuntimeError(f"no_sync() is not supported with ZeRO stage {self._zero.stage}")
-        if self._in_no_sync:
-            raise RuntimeError("no_sync() is not re-entrant")
-        self._in_no_sync = True
-        try:
-            yield
-        finally:
-            self._in_no_sync = False
 
     def was_step_applied(self) -> bool:
         """False when the last step() skipped its update (overflow, or not a boundary)."""

@@ -211,6 +211,6 @@ class EngineQueries:
     def get_tensor_parallel_rank(self) -> int:
         return self._dist.mp_rank
 
-    @property
-    def pipeline_parallelism(self) -> bool:
-        return False
+    #: Whether this engine runs a pipeline schedule (`PipelineEngine` says True). A plain attribute, as in
+    #: DeepSpeed, so that code (and tests) may set it on an instance.
+    pipeline_parallelism: bool = False

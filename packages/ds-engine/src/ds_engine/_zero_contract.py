@@ -11,6 +11,7 @@ What crosses the seam:
     (`loss_scale`, `global_grad_norm`); `param_groups` is what `engine.get_lr()` reads;
   * `offload_states` / `reload_states` / `offloaded_states` / `empty_partition_cache` (RLHF: states
     parked in host memory between steps) and `state_devices` (where each kind of state is now);
+  * `coalesce_grad_reduction()` (the engine's context of that name: one reduction for several backwards);
   * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
     size), `refresh_fp32_params` (masters from just-loaded module weights); and four module-level
     functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
@@ -25,6 +26,7 @@ What crosses the seam:
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -111,6 +113,10 @@ class ZeroOptimizer(Protocol):
 
     def empty_partition_cache(self) -> None:
         """Stage 3: free the gathered parameters no running module holds; otherwise nothing."""
+        ...
+
+    def coalesce_grad_reduction(self) -> AbstractContextManager[None]:
+        """A block whose backwards keep their gradients on the parameters; its exit reduces them in one pass."""
         ...
 
     def state_devices(self, state: OffloadStateTypeEnum | str) -> set[torch.device]:

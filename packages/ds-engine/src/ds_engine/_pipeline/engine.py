@@ -97,6 +97,8 @@ class PipelineEngine(DeepSpeedEngine):
     and with clipping two one-element all-reduces (data-parallel under ZeRO, and pipeline).
     """
 
+    pipeline_parallelism: bool = True
+
     def __init__(self, parts: EngineParts, settings: PipelineSettings) -> None:
         super().__init__(parts)
         ds_pipe = require("ds_pipe", extra="pipe", feature="pipeline parallelism")
@@ -320,10 +322,6 @@ class PipelineEngine(DeepSpeedEngine):
         if module.activation_checkpoint_interval <= 0:
             return False
         return module.activation_checkpoint_func is not ds_pipe.checkpointing.non_reentrant_checkpoint
-
-    @property
-    def pipeline_parallelism(self) -> bool:
-        return True
 
     def get_global_grad_norm(self) -> float | None:
         """The global norm over every stage at the last step when clipping is on, else the stepper's."""

@@ -138,6 +138,8 @@ class BucketReducer:
         self._next = 0
         self._armed: int | None = None
         self._dirty = False
+        #: While set, backwards leave their gradients on the parameters (`reduce_deferred()` reduces them).
+        self.deferred = False
         self._hooks = []
         for bucket in self.buckets:
             for pos, p in enumerate(bucket.params):
@@ -150,12 +152,18 @@ class BucketReducer:
         return on_grad
 
     def _on_grad(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
+        if self.deferred:  # the gradient stays on the parameter; later backwards add to it
+            return
         task = _graph_task_id()
         if self._armed != task:
             # First gradient of this backward pass (a pass that raised never ran its callback, so the
             # graph-task id, not a flag, tells a new pass apart).
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._armed = task
+        self._take(bucket, pos, param)
+
+    def _take(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
+        """Copy `param`'s gradient into its bucket, drop it, and launch the buckets that are now complete."""
         if param.grad is None:
             return
         self._dirty = True
@@ -223,6 +231,17 @@ class BucketReducer:
                 "zero_optimization.ignore_unused_parameters=true to treat them as zero, or freeze "
                 "them (requires_grad=False) before building the optimizer"
             )
+
+    def reduce_deferred(self) -> None:
+        """Reduce the gradients deferred backwards left on the parameters, as one backward would have.
+
+        Every bucket goes in index order (a parameter without a gradient counts as missing, as at the end
+        of a backward), and every reduction is completed into the accumulators.
+        """
+        for bucket in self.buckets:
+            for pos, param in enumerate(bucket.params):
+                self._take(bucket, pos, param)
+        self._end_of_backward()
 
     def finish(self) -> None:
         """Complete every launched reduction; afterwards the accumulators hold all reduced gradients."""

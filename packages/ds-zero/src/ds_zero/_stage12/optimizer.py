@@ -14,6 +14,7 @@ from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
@@ -40,7 +41,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
 
-class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, UniversalInfoCache, torch.optim.Optimizer):
+class DeepSpeedZeroOptimizer(
+    PartitionParamAccess, OffloadStatesMixin, CoalescedReduction, UniversalInfoCache, torch.optim.Optimizer
+):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
     At construction, per param group of `optimizer`, the trainable parameters are copied into one flat
@@ -346,6 +349,9 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, Universal
             for acc in self.grad_partitions:
                 acc.zero_()
 
+    def _deferrable_reducer(self) -> DeferrableReducer:
+        return self._grads
+
     def _grads_are_flat_views(self) -> bool:
         return isinstance(self._grads, BoundaryReducer) and self._grads.in_place
 
@@ -362,6 +368,7 @@ class DeepSpeedZeroOptimizer(PartitionParamAccess, OffloadStatesMixin, Universal
         """
         if closure is not None:
             raise TypeError("DeepSpeedZeroOptimizer.step() takes no closure; call opt.backward(loss) then opt.step()")
+        self._refuse_step_while_coalescing()
         for flat in self.flats:
             flat.check_views()
         self._grads.finish()

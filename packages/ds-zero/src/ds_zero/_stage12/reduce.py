@@ -257,6 +257,13 @@ class BoundaryReducer:
             for item in in_flight:
                 reducer.complete(item, self.accumulators[index], flat.partition_numel, in_place=self.in_place)
 
+    #: Stage 1 reduces only in `finish()`, so a backward never reduces: deferring changes nothing.
+    deferred = False
+
+    def reduce_deferred(self) -> None:
+        """Reduce what the backwards since the last `zero()` accumulated (`finish()`; then no more backward)."""
+        self.finish()
+
     def zero(self) -> None:
         """Clear the flat gradient buffers and re-attach the `.grad` views."""
         self._reduced = False

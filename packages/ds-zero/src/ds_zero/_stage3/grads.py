@@ -95,11 +95,13 @@ class GradReducer:
         self._active = False
         self._fresh: set[int] = set()
         self._inflight: list[tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]] = []
+        #: While set, backwards leave their gradients on the parameters (`reduce_deferred()` reduces them).
+        self.deferred = False
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, param: nn.Parameter) -> None:
         self._on_first_grad()
-        if param.grad is None:
+        if param.grad is None or self.deferred:  # deferred: it stays on the parameter, later backwards add
             return
         self._active = True
         index = state_of(param).grad_bucket
@@ -209,6 +211,12 @@ class GradReducer:
         self._fresh.clear()
         if self.grad_swapper is not None:
             self.grad_swapper.flush()
+
+    def reduce_deferred(self) -> None:
+        """Reduce the gradients deferred backwards left on the parameters: every bucket, in order, as the
+        end of one backward does (a parameter without a gradient contributes zeros)."""
+        self._active = True
+        self.finish()
 
     def discard(self) -> None:
         """Finish anything in flight and drop any full gradient still on a parameter (zero_grad)."""

@@ -15,6 +15,7 @@ from ds_ops import supports_in_pass_copy
 from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage3 import ShardParamAccess
+from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._nvme.eager_step import EagerSteps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
@@ -61,7 +62,7 @@ def _module_and_optimizer(
     return module, optimizer
 
 
-class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # noqa: N801 - DeepSpeed's class name
+class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, CoalescedReduction):  # noqa: N801 - DeepSpeed's class name
     """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
 
     Builds (or reuses) the model's `DeepSpeedZeRoOffload`, which partitions the parameters and gathers
@@ -318,6 +319,9 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         self._arm_eager_steps()
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
+    def _deferrable_reducer(self) -> DeferrableReducer:
+        return self.reducer
+
     def _arm_eager_steps(self) -> None:
         """With the optimizer on NVMe, step sub-groups during this backward when nothing needs the whole
         gradient first (`ds_zero._nvme.eager_step`'s note): told this backward ends the accumulation window,
@@ -325,8 +329,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         whose completion order is known and which never produced a second gradient for a parameter."""
         swapper = self.optimizer_swapper
         boundary, self._boundary_hint = self._boundary_hint, False
-        if swapper is None or swapper.grads.eager is not None:
-            return
+        if swapper is None or swapper.grads.eager is not None or self.reducer.deferred:
+            return  # deferred: no gradient reaches the swapper during this backward
         order = swapper.grads.last_order
         if (
             boundary
@@ -349,6 +353,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin):  # no
         """
         if closure is not None:
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
+        self._refuse_step_while_coalescing()
         self.reducer.finish()
         grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
         swapper = self.optimizer_swapper
