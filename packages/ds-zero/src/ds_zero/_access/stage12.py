@@ -47,6 +47,7 @@ class PartitionParamAccess:
     dp_world_size: int
     partition_groups: list[Any]
     zero_stage: int
+    offload: bool
     _grads: Any
 
     def _group_of(self, g: int) -> tuple[Any, int]:
@@ -183,6 +184,36 @@ class PartitionParamAccess:
             full = self.get_fp32_grad_for_param(p)
             if full is not None:
                 self.set_fp32_grad_for_param(update_func(full, p), p)
+
+    @property
+    def accumulated_grads_in_cpu(self) -> dict[int, torch.Tensor]:
+        """DeepSpeed's name: with optimizer offload, the gradients accumulated in host memory so far this window.
+
+        Per parameter with a fragment in this rank's partition, keyed by its index over the param groups
+        in order (DeepSpeed's param id): that fragment of the host fp32 gradient partition, a flat view
+        (reads see later micro-steps; averaged over the data-parallel group, scaled by the loss scale).
+        Empty without offload, and while the window holds nothing on the host: before the first backward
+        after a step and, at stage 1 (which reduces at `step()`), until its reduction. ds accumulates
+        straight into the fp32 partitions the step reads, so unlike DeepSpeed there is no second host
+        buffer; these are views of those partitions.
+        """
+        if not self.offload or not self._host_holds_window():
+            return {}
+        out: dict[int, torch.Tensor] = {}
+        index = 0
+        for g, flat in enumerate(self.flats):
+            for slot in flat.slots:
+                piece = self._own_piece(g, slot)
+                if piece is not None:
+                    _, n, at = piece
+                    out[index] = self.grad_partitions[g][at : at + n]
+                index += 1
+        return out
+
+    def _host_holds_window(self) -> bool:
+        if isinstance(self._grads, BoundaryReducer):
+            return self._grads.reduced
+        return self._grads.has_gradients
 
     # ------------------------------------------------------------------------------------ local (ZeRO-3 only)
     def _not_partitioned(self, what: str) -> ValueError:
