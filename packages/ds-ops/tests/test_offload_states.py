@@ -102,13 +102,17 @@ def test_check_loaded_names_the_call_and_the_states() -> None:
         off.check_loaded("engine.step()", list(K))
 
 
-def test_devices_of_follows_the_bytes(copying: object) -> None:
+def test_state_devices_follow_the_bytes(copying: object) -> None:
     moment, zero_grads, empty = torch.randn(4), torch.zeros(4), torch.empty(0)
+    states = {K.optim_states: [moment], K.lp_grads: [zero_grads], K.lp_params: [empty]}
     off = StateOffloader()
-    assert off.devices_of([moment, zero_grads]) == {torch.device("cpu")}
-    assert off.devices_of([empty]) == set()  # no bytes anywhere
-    off.offload({K.optim_states: [moment], K.lp_grads: [zero_grads]})
-    assert off.devices_of([moment]) == {torch.device("cpu")}  # where its copy is
-    assert off.devices_of([zero_grads]) == set()  # dropped as dead: comes back zero-filled
+    assert off.state_devices(states, K.optim_states) == off.state_devices(states, "lp_grads") == {torch.device("cpu")}
+    assert off.state_devices(states, K.lp_params) == set()  # no bytes anywhere
+    assert off.state_devices(states, K.hp_params) == set()  # no tensors of that kind
+    off.offload(states, include=[K.optim_states, K.lp_grads])
+    assert off.state_devices(states, K.optim_states) == {torch.device("cpu")}  # where its copy is
+    assert off.state_devices(states, K.lp_grads) == set()  # dropped as dead: comes back zero-filled
     off.reload()
-    assert off.devices_of([zero_grads]) == {torch.device("cpu")}
+    assert off.state_devices(states, K.lp_grads) == {torch.device("cpu")}
+    with pytest.raises(ValueError, match="unknown state 'moments'; valid: optim_states, hp_params"):
+        off.state_devices(states, "moments")

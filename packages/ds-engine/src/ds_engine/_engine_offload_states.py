@@ -144,13 +144,8 @@ class EngineOffloadStates:
         stepper = self._require_stepper("state_devices()")
         if isinstance(stepper, ZeroStepper):
             return stepper.optimizer.state_devices(state)
-        try:
-            kind = OffloadStateTypeEnum(state)
-        except ValueError:
-            valid = ", ".join(k.value for k in OffloadStateTypeEnum)
-            raise ValueError(f"state_devices: unknown state {state!r}; valid: {valid}") from None
         offloader = self._stage0_offloader if self._stage0_offloader is not None else StateOffloader()
-        return offloader.devices_of(stage0_states(stepper)[0][kind])
+        return offloader.state_devices(stage0_states(stepper)[0], state)
 
     def _offloaded_kinds(self) -> set[OffloadStateTypeEnum]:
         if isinstance(self._stepper, ZeroStepper):

@@ -219,14 +219,28 @@ class StateOffloader:
         self._grads.clear()
         self.offloaded.clear()
 
-    def devices_of(self, tensors: Iterable[torch.Tensor]) -> set[torch.device]:
-        """Where the bytes behind `tensors` are now (DeepSpeed's `get_state_devices` reads this).
+    def state_devices(
+        self, states: Mapping[OffloadStateTypeEnum, Iterable[torch.Tensor]], state: OffloadStateTypeEnum | str
+    ) -> set[torch.device]:
+        """Where the bytes of one kind of state are now (DeepSpeed's `get_state_devices` reads this).
+
+        Args:
+            states: the tensors of each kind of state, as given to `offload`.
+            state: the kind asked about (a member or its name).
 
         A parked storage counts on the device of its copy; one dropped as dead gradient memory (it comes
         back zero-filled) and an empty storage count nowhere; any other on the tensor's own device.
+
+        Raises:
+            ValueError: `state` is not an `OffloadStateTypeEnum` name.
         """
+        try:
+            kind = OffloadStateTypeEnum(state)
+        except ValueError:
+            valid = ", ".join(k.value for k in OffloadStateTypeEnum)
+            raise ValueError(f"state_devices: unknown state {state!r}; valid: {valid}") from None
         devices: set[torch.device] = set()
-        for tensor in tensors:
+        for tensor in states.get(kind, ()):
             storage = tensor.untyped_storage()
             parked = self._parked.get(storage._cdata)
             if parked is not None:

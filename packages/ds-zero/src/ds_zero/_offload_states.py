@@ -129,13 +129,8 @@ class OffloadStatesMixin:
         Raises:
             ValueError: `state` is not an `OffloadStateTypeEnum` name.
         """
-        try:
-            kind = OffloadStateTypeEnum(state)
-        except ValueError:
-            valid = ", ".join(k.value for k in OffloadStateTypeEnum)
-            raise ValueError(f"state_devices: unknown state {state!r}; valid: {valid}") from None
         offloader = self._state_offloader if self._state_offloader is not None else StateOffloader()
-        return offloader.devices_of(state_tensors(self)[kind])
+        return offloader.state_devices(state_tensors(self), state)
 
     def empty_partition_cache(self) -> None:
         """Stage 3: free every gathered parameter no running module holds (DeepSpeed's name); else nothing."""
