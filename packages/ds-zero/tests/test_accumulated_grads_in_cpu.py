@@ -1,4 +1,4 @@
-"""`accumulated_grads_in_cpu` (DeepSpeed's name) in one process: this window's host gradients, per parameter.
+"""`accumulated_grads_in_cpu` and `single_partition_of_fp32_groups` (DeepSpeed's names) in one process.
 
 With optimizer offload each micro-step's reduced gradient is added into the host fp32 partitions; the
 property views each parameter's fragment of them, so it must equal plain PyTorch's accumulated `.grad`
@@ -63,3 +63,14 @@ def test_without_offload_nothing_is_on_the_host(stage: int) -> None:
     opt = _zero(model, stage, offload=False)
     opt.backward(model(_x(0)).sum())
     assert opt.accumulated_grads_in_cpu == {}
+
+
+def test_single_partition_of_fp32_groups_are_the_masters_the_base_optimizer_steps() -> None:
+    model = _model()
+    opt = _zero(model, 2, offload=True)
+    opt.backward(model(_x(0)).sum())
+    opt.step()
+    masters = opt.single_partition_of_fp32_groups
+    assert masters is opt.masters and masters[0].dtype == torch.float32
+    assert set(opt.state) == set(masters)  # Adam's state is keyed by them (DeepSpeed's layout)
+    torch.testing.assert_close(masters[0], torch.cat([p.detach().reshape(-1) for p in model.parameters()]))

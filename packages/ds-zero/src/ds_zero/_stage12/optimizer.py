@@ -288,6 +288,12 @@ class DeepSpeedZeroOptimizer(
         return f"DeepSpeedZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, base={self.optimizer!r})"
 
     @property
+    def single_partition_of_fp32_groups(self) -> list[torch.Tensor]:
+        """DeepSpeed's name of the fp32 master partitions, one per param group (`masters`; the base optimizer's
+        params and its state keys)."""
+        return self.masters
+
+    @property
     def loss_scale(self) -> float:
         """The current loss scale."""
         return float(self.loss_scaler.cur_scale)
