@@ -13,6 +13,10 @@ is not on ds's construction path, and swapping it changes nothing in ds.
 on global rank 0 when `debug` or `force` is set (ds-zero logs through `logging` instead; scripts and tests
 call or replace this one).
 
+`_contradicting_single_rank_pg_error(dp_world_size, explicit_process_group, env=None)` is DeepSpeed's name of
+the check `zero.Init` runs before partitioning (ds-zero's `single_rank_group_error`): a message when the
+group it found has one rank, was not passed explicitly, and the launcher's `WORLD_SIZE` is above one.
+
 `zero3_linear_wrap` is DeepSpeed's stage-3 linear (ds-zero's, the object `deepspeed.runtime.zero.linear`
 re-exports and that `zero.Init` installs over `torch.nn.functional.linear` under
 `zero_optimization.memory_efficient_linear`).
