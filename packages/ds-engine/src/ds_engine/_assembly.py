@@ -28,6 +28,7 @@ from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_m
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._deepspeed_layout import check_deepspeed_layout_moe
 from ds_engine._dist_info import DistInfo
+from ds_engine._mixed_precision import cast_module_mixed_precision
 from ds_engine._moe import MoeFp32Stepper, MoeWiring, broadcast_moe_model, detect_moe, moe_param_groups
 from ds_engine._muon import tag_muon_params
 from ds_engine._optimizers import (
@@ -93,31 +94,7 @@ def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device)
     if plan.precision == "bf16" and not acc.is_bf16_supported():
         raise DeepSpeedConfigError(f"bf16.enabled: bf16 is not supported on this {acc.name} device; use fp16 or fp32")
     module.to(device)
-    with torch.no_grad():
-        _cast_parameters(module, plan.dtype)
-        if plan.buffer_dtype is not None:
-            for b in module.buffers():
-                if b.is_floating_point():
-                    b.data = b.data.to(plan.buffer_dtype)
-
-
-def _cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
-    """Floating-point parameters (not buffers) to `dtype`, through each module's own `_apply`.
-
-    [Note: stage-3 parameters] A parameter partitioned by `zero.Init` holds a value-less placeholder;
-    ds-zero overrides `_apply` on the modules that own such parameters so that a conversion converts the
-    shard instead. Going through `_apply` per module (not `p.data = p.data.to(...)`) takes that path.
-    """
-    buffers = {id(b) for b in module.buffers()}
-    if all(p.dtype == dtype for p in module.parameters() if p.is_floating_point()):
-        return
-
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype) if t.is_floating_point() and id(t) not in buffers else t
-
-    for m in module.modules():
-        if m._parameters:
-            m._apply(cast, recurse=False)
+    cast_module_mixed_precision(module, plan.dtype, plan.buffer_dtype)
 
 
 def _base_optimizer(

@@ -22,6 +22,7 @@ from ds_engine._engine_api import EngineQueries
 from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
 from ds_engine._engine_grad_reduce import EngineGradReduce
+from ds_engine._engine_mixed_precision import EngineMixedPrecision
 from ds_engine._engine_offload_states import (
     BACKWARD_NEEDS,
     FORWARD_NEEDS,
@@ -53,6 +54,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
 class DeepSpeedEngine(
     EngineQueries,
     EngineCompatQueries,
+    EngineMixedPrecision,
     EngineOffloadStates,
     EngineGradReduce,
     EngineCompile,

@@ -51,6 +51,7 @@ class EngineCompatQueries:
     """Mixed into `DeepSpeedEngine`; complements `EngineQueries` (`_engine_api.py`)."""
 
     _ds_config: DeepSpeedConfig
+    _config: DeepSpeedConfig
     _plan: AssemblyPlan
     _dist: DistInfo
     _zero: ZeroSettings
@@ -213,7 +214,8 @@ class EngineCompatQueries:
         return self._ds_config.model.dump_state
 
     def log_level(self) -> str | None:
-        return self._ds_config.model.log_level
+        # `log_level` as written ("ERROR"), from `_config` as DeepSpeed reads it.
+        return self._config.log_level
 
     def checkpoint_tag_validation_enabled(self) -> bool:
         return self._ds_config.model.checkpoint.tag_validation != "IGNORE"
