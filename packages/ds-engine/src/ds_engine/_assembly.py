@@ -1,7 +1,8 @@
 """Build the wrapper chain once: cast and place the model, sync it, base optimizer, wrapper, scheduler, reporting.
 
 The order matters and is the whole recipe:
-  1. cast parameters (not buffers) to the training dtype and move the module to its device;
+  1. cast parameters (not buffers) to the training dtype and move the module to its device; with
+     `torch_autocast`, tag the lower-precision-safe parameters;
   2. broadcast parameters and buffers from data-parallel rank 0 (at stage 3 only those `zero.Init` has not
      partitioned), so every rank starts equal;
   3. the base optimizer over the cast parameters (client instance, client callable, or from the config);
@@ -24,6 +25,7 @@ from torch.optim import Optimizer
 
 import ds_comm
 from ds_comm import get_accelerator
+from ds_engine._autocast import AutocastPolicy, mark_lower_precision_params, resolve_module_classes
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._deepspeed_layout import check_deepspeed_layout_moe
@@ -85,6 +87,8 @@ class EngineParts:
     """With `tensor_parallel.autotp_size` > 1: the tensor-parallel group and whole-weight I/O."""
     moe: MoeWiring | None = None
     """The MoE layout (expert groups, layers) when the model has expert parameters."""
+    autocast: AutocastPolicy | None = None
+    """How the forward runs under `torch.autocast` (None: as a disabled `torch_autocast` section)."""
 
 
 def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device) -> None:
@@ -197,7 +201,10 @@ def _stepper(
             if plan.reduce is None
             else GradAllReducer(buffer, plan.reduce, group=dist.dp_group, world_size=dist.dp_world_size)
         )
-        return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers, **mp), base
+        scaler = loss_scaler_for(plan) if plan.dynamic_loss_args is not None else None  # fp16 autocast
+        return Fp32Stepper(
+            base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers, scaler=scaler, **mp
+        ), base
     _trainable(base)
     wrapped = MixedPrecisionOptimizer(
         base,
@@ -264,7 +271,10 @@ def assemble(
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
     _check_optimizer_needed(plan)
+    safe_classes = resolve_module_classes(m.torch_autocast.lower_precision_safe_modules)
     _place_and_cast(module, plan, device)
+    if plan.autocast_dtype is not None:
+        mark_lower_precision_params(module, plan.autocast_dtype, safe_classes)
     moe = detect_moe(module, dist)
     check_deepspeed_layout_moe(config, has_moe=moe is not None)
     if moe is not None and plan.zero_stage == 3:
@@ -327,5 +337,6 @@ def assemble(
         collate_fn=collate_fn,
         parameter_offload=offload,
         tensor_parallel=tensor_parallel,
+        autocast=AutocastPolicy(plan.device_type, plan.autocast_dtype is not None, plan.autocast_dtype),
         moe=moe,
     )

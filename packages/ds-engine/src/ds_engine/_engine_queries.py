@@ -182,8 +182,15 @@ class EngineCompatQueries:
         return self._ds_config.model.torch_autocast.enabled
 
     def torch_autocast_dtype(self) -> torch.dtype | None:
+        """The forward's autocast dtype when enabled (the device default when the section names none); else
+        the section's `dtype`, if any."""
+        if self._plan.autocast_dtype is not None:
+            return self._plan.autocast_dtype
         named = self._ds_config.model.torch_autocast.dtype
         return to_torch_dtype(named) if named is not None else None
+
+    def torch_autocast_lower_precision_safe_modules(self) -> list[str] | None:
+        return self._ds_config.model.torch_autocast.lower_precision_safe_modules
 
     def optimizer_legacy_fusion(self) -> bool:
         section = self._ds_config.model.optimizer

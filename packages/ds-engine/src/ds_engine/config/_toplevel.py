@@ -189,7 +189,7 @@ class DeepSpeedConfigModel(ConfigModel):
     hybrid_engine: HybridEngineConfig = HybridEngineConfig()
     """The RLHF hybrid engine (training plus fast generation in one engine)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
-    """Only disabled."""
+    """torch's autocast around the engine's forward."""
     aio: AioConfig = AioConfig()
     """Async I/O for NVMe offload; validated by ds_ops.AioConfig, handed to ds-zero's stage 3 with nvme offload."""
     dataloader_drop_last: bool = False
