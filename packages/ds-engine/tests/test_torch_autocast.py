@@ -9,26 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from ds_engine_testkit import base_config, batches, loss_fn, make_engine
-from torch import nn
+from ds_engine_testkit import NormNet, base_config, batches, loss_fn, make_engine
 
 from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
 from ds_engine.runtime import torch_autocast as ta
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class NormNet(nn.Module):
-    """Linear layers (lower-precision safe by default) around a LayerNorm (not)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(8, 16)
-        self.norm = nn.LayerNorm(16)
-        self.l2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.norm(self.l1(x))))
 
 
 def _net(seed: int = 0) -> NormNet:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from ds_engine_testkit import NormNet
 from torch import nn
 
 from ds_comm.testing import run_ranks
@@ -16,20 +17,9 @@ from ds_comm.testing import run_ranks
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = nn.Linear(6, 12)
-        self.norm = nn.LayerNorm(12)
-        self.l2 = nn.Linear(12, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.l2(torch.tanh(self.norm(self.l1(x))))
-
-
 def _data(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(200 + rank)
-    return [(torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)) for _ in range(3)]
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)) for _ in range(3)]
 
 
 def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -40,7 +30,7 @@ def _run(rank: int, world: int, stage: int, dtype: str) -> dict[str, Any]:
     import ds_engine
 
     torch.manual_seed(0)
-    model = _Net()
+    model = NormNet()
     reference = copy.deepcopy(model)
     config = {
         "train_micro_batch_size_per_gpu": 4,
