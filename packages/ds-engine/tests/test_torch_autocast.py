@@ -104,6 +104,14 @@ def test_fp16_autocast_scales_the_loss_and_skips_overflow() -> None:
         assert torch.equal(a, b)
 
 
+def test_fp16_autocast_takes_a_static_scale_from_the_fp16_section() -> None:
+    config = _autocast_config("fp16")
+    config["fp16"] = {"enabled": False, "loss_scale": 128}
+    engine = make_engine(_net(), config)
+    assert engine.loss_scale() == 128.0
+    assert make_engine(_net(), _autocast_config("bf16")).loss_scale() == 1.0  # bf16 needs no scaling
+
+
 def test_outer_autocast_follows_the_section() -> None:
     x = torch.randn(2, 8)
     plain = make_engine(_net(), base_config())

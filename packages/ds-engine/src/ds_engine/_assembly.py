@@ -39,7 +39,7 @@ from ds_engine._optimizers import (
     normalize_param_groups,
     swap_for_cpu_optimizer,
 )
-from ds_engine._plan import AssemblyPlan
+from ds_engine._plan import AssemblyPlan, scales_autocast_loss
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._reporting import StepReporter
 from ds_engine._schedulers import build_config_scheduler
@@ -201,7 +201,7 @@ def _stepper(
             if plan.reduce is None
             else GradAllReducer(buffer, plan.reduce, group=dist.dp_group, world_size=dist.dp_world_size)
         )
-        scaler = loss_scaler_for(plan) if plan.dynamic_loss_args is not None else None  # fp16 autocast
+        scaler = loss_scaler_for(plan) if scales_autocast_loss(plan) else None
         return Fp32Stepper(
             base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers, scaler=scaler, **mp
         ), base

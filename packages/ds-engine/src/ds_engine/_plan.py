@@ -20,7 +20,7 @@ from ds_engine.config._dtype_names import to_torch_dtype
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
 
-__all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype"]
+__all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype", "scales_autocast_loss"]
 
 _DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp32"}
 
@@ -140,13 +140,17 @@ def _autocast_dtype(config: DeepSpeedConfig, device_type: str) -> torch.dtype | 
     return to_torch_dtype(section.dtype) if section.dtype is not None else torch.get_autocast_dtype(device_type)
 
 
+def scales_autocast_loss(plan: AssemblyPlan) -> bool:
+    """fp16 autocast over fp32 parameters: the fp32 stepper scales the loss (the `fp16` section's scaler
+    settings), as DeepSpeed gives that case a `torch.amp.GradScaler`."""
+    return plan.precision == "fp32" and plan.autocast_dtype == torch.float16
+
+
 def _loss_scaling(config: DeepSpeedConfig, autocast: torch.dtype | None) -> tuple[str, dict[str, Any] | None, float]:
-    """The loss scaler: fp16's; or, for fp16 autocast over parameters that are not fp16, a dynamic one
-    with the `fp16` section's knobs (as DeepSpeed gives that case a `torch.amp.GradScaler`)."""
     fp16 = config.model.fp16
     if config.precision != "fp16" and not (autocast == torch.float16 and config.precision == "fp32"):
         return "static 1.0 (no scaling)", None, 1.0
-    if fp16.dynamic_loss_scale or config.precision != "fp16":
+    if fp16.dynamic_loss_scale:
         args = fp16.dynamic_loss_args()
         text = (
             f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
@@ -267,7 +271,8 @@ def plan_assembly(
         loss_scaler=scaler_text,
         dynamic_loss_args=dynamic_args,
         static_loss_scale=static_scale,
-        check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow) or dynamic_args is not None,
+        check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow)
+        or (precision == "fp32" and autocast == torch.float16),
         clip=m.gradient_clipping,
         reduce=reduce,
         dp_world_size=world,
