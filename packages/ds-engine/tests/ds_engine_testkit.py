@@ -25,6 +25,19 @@ class TinyNet(nn.Module):
         return self.l2(self.drop(torch.tanh(self.l1(x))))
 
 
+class NormNet(nn.Module):
+    """Linear layers around a LayerNorm: modules autocast treats as lower-precision safe, and one it does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.l2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(torch.tanh(self.norm(self.l1(x))))
+
+
 def tiny_net(seed: int = 0, dropout: float = 0.0) -> TinyNet:
     torch.manual_seed(seed)
     return TinyNet(dropout)

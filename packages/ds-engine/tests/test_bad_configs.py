@@ -202,7 +202,12 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         E,
         r"flops_profiler.module_depth: .*must be -1 \(all\) or >= 0, got -2",
     ),
-    ("torch_autocast_enabled", {"torch_autocast": {"enabled": True}}, E, r"torch_autocast.enabled: .*use \"bf16\""),
+    (
+        "torch_autocast_fp32",
+        {"torch_autocast": {"enabled": True, "dtype": "float32"}},
+        E,
+        r"torch_autocast.dtype: .*autocast to fp32 does nothing",
+    ),
     (
         "hybrid_engine_tensor_parallel",
         {"hybrid_engine": {"enabled": True, "inference_tp_size": 2}},

@@ -1,7 +1,8 @@
 """Build the wrapper chain once: cast and place the model, sync it, base optimizer, wrapper, scheduler, reporting.
 
 The order matters and is the whole recipe:
-  1. cast parameters (not buffers) to the training dtype and move the module to its device;
+  1. cast parameters (not buffers) to the training dtype and move the module to its device; with
+     `torch_autocast`, tag the lower-precision-safe parameters;
   2. broadcast parameters and buffers from data-parallel rank 0 (at stage 3 only those `zero.Init` has not
      partitioned), so every rank starts equal;
   3. the base optimizer over the cast parameters (client instance, client callable, or from the config);
@@ -24,10 +25,12 @@ from torch.optim import Optimizer
 
 import ds_comm
 from ds_comm import get_accelerator
+from ds_engine._autocast import AutocastPolicy, mark_lower_precision_params, resolve_module_classes
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._deepspeed_layout import check_deepspeed_layout_moe
 from ds_engine._dist_info import DistInfo
+from ds_engine._mixed_precision import cast_module_mixed_precision
 from ds_engine._moe import MoeFp32Stepper, MoeWiring, broadcast_moe_model, detect_moe, moe_param_groups
 from ds_engine._muon import tag_muon_params
 from ds_engine._optimizers import (
@@ -36,7 +39,7 @@ from ds_engine._optimizers import (
     normalize_param_groups,
     swap_for_cpu_optimizer,
 )
-from ds_engine._plan import AssemblyPlan
+from ds_engine._plan import AssemblyPlan, scales_autocast_loss
 from ds_engine._precision import MixedPrecisionOptimizer
 from ds_engine._reporting import StepReporter
 from ds_engine._schedulers import build_config_scheduler
@@ -84,6 +87,8 @@ class EngineParts:
     """With `tensor_parallel.autotp_size` > 1: the tensor-parallel group and whole-weight I/O."""
     moe: MoeWiring | None = None
     """The MoE layout (expert groups, layers) when the model has expert parameters."""
+    autocast: AutocastPolicy | None = None
+    """How the forward runs under `torch.autocast` (None: as a disabled `torch_autocast` section)."""
 
 
 def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device) -> None:
@@ -93,31 +98,7 @@ def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device)
     if plan.precision == "bf16" and not acc.is_bf16_supported():
         raise DeepSpeedConfigError(f"bf16.enabled: bf16 is not supported on this {acc.name} device; use fp16 or fp32")
     module.to(device)
-    with torch.no_grad():
-        _cast_parameters(module, plan.dtype)
-        if plan.buffer_dtype is not None:
-            for b in module.buffers():
-                if b.is_floating_point():
-                    b.data = b.data.to(plan.buffer_dtype)
-
-
-def _cast_parameters(module: nn.Module, dtype: torch.dtype) -> None:
-    """Floating-point parameters (not buffers) to `dtype`, through each module's own `_apply`.
-
-    [Note: stage-3 parameters] A parameter partitioned by `zero.Init` holds a value-less placeholder;
-    ds-zero overrides `_apply` on the modules that own such parameters so that a conversion converts the
-    shard instead. Going through `_apply` per module (not `p.data = p.data.to(...)`) takes that path.
-    """
-    buffers = {id(b) for b in module.buffers()}
-    if all(p.dtype == dtype for p in module.parameters() if p.is_floating_point()):
-        return
-
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype) if t.is_floating_point() and id(t) not in buffers else t
-
-    for m in module.modules():
-        if m._parameters:
-            m._apply(cast, recurse=False)
+    cast_module_mixed_precision(module, plan.dtype, plan.buffer_dtype)
 
 
 def _base_optimizer(
@@ -220,7 +201,10 @@ def _stepper(
             if plan.reduce is None
             else GradAllReducer(buffer, plan.reduce, group=dist.dp_group, world_size=dist.dp_world_size)
         )
-        return Fp32Stepper(base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers, **mp), base
+        scaler = loss_scaler_for(plan) if scales_autocast_loss(plan) else None
+        return Fp32Stepper(
+            base, buffer=buffer, reducer=reducer, clip=plan.clip, timers=timers, scaler=scaler, **mp
+        ), base
     _trainable(base)
     wrapped = MixedPrecisionOptimizer(
         base,
@@ -287,7 +271,10 @@ def assemble(
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
     _check_optimizer_needed(plan)
+    safe_classes = resolve_module_classes(m.torch_autocast.lower_precision_safe_modules)
     _place_and_cast(module, plan, device)
+    if plan.autocast_dtype is not None:
+        mark_lower_precision_params(module, plan.autocast_dtype, safe_classes)
     moe = detect_moe(module, dist)
     check_deepspeed_layout_moe(config, has_moe=moe is not None)
     if moe is not None and plan.zero_stage == 3:
@@ -350,5 +337,6 @@ def assemble(
         collate_fn=collate_fn,
         parameter_offload=offload,
         tensor_parallel=tensor_parallel,
+        autocast=AutocastPolicy(plan.device_type, plan.autocast_dtype is not None, plan.autocast_dtype),
         moe=moe,
     )

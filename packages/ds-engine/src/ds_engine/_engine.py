@@ -16,11 +16,13 @@ from torch import nn
 
 from ds_engine import _checkpoint, _deepspeed_layout, _moe_checkpoint, _tp_optimizer_state, _universal_tp
 from ds_engine._assembly import EngineParts
+from ds_engine._autocast import AutocastPolicy
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
 from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
 from ds_engine._engine_grad_reduce import EngineGradReduce
+from ds_engine._engine_mixed_precision import EngineMixedPrecision
 from ds_engine._engine_offload_states import (
     BACKWARD_NEEDS,
     FORWARD_NEEDS,
@@ -53,6 +55,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
 class DeepSpeedEngine(
     EngineQueries,
     EngineCompatQueries,
+    EngineMixedPrecision,
     EngineOffloadStates,
     EngineGradReduce,
     EngineSyncContexts,
@@ -88,6 +91,7 @@ class DeepSpeedEngine(
         self.parameter_offload = parts.parameter_offload
         self._tp = parts.tensor_parallel
         self._moe = parts.moe
+        self._autocast = parts.autocast or AutocastPolicy(parts.plan.device_type)
         self.has_moe_layers = parts.moe is not None
         self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
         self.moe_layers: list[nn.Module] = (
@@ -140,17 +144,19 @@ class DeepSpeedEngine(
 
     # -- the loop ---------------------------------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`)."""
+        """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`; under `torch.autocast` as the
+        `torch_autocast` section says, see `_autocast.py`)."""
         self._check_states_loaded("engine.forward()", FORWARD_NEEDS)
         self.tput_timer.start()
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
-        if self._flops is None:
-            out = self.module(*inputs, **kwargs)
-        else:
-            with self._flops.forward(self.global_steps):
+        with self._autocast.forward_context():
+            if self._flops is None:
                 out = self.module(*inputs, **kwargs)
+            else:
+                with self._flops.forward(self.global_steps):
+                    out = self.module(*inputs, **kwargs)
         self.timers.stop("forward")
         return out
 

@@ -88,7 +88,8 @@ class EngineQueries:
         return self._stepper.loss_scale if self._stepper is not None else 1.0
 
     def gradient_clipping(self) -> float:
-        return self._plan.clip
+        # From the config, as DeepSpeed reads it (callers pass stand-ins with only `_config`).
+        return self._config.gradient_clipping
 
     def zero_optimization(self) -> bool:
         return self._zero.stage > 0

@@ -51,6 +51,7 @@ class EngineCompatQueries:
     """Mixed into `DeepSpeedEngine`; complements `EngineQueries` (`_engine_api.py`)."""
 
     _ds_config: DeepSpeedConfig
+    _config: DeepSpeedConfig
     _plan: AssemblyPlan
     _dist: DistInfo
     _zero: ZeroSettings
@@ -181,8 +182,15 @@ class EngineCompatQueries:
         return self._ds_config.model.torch_autocast.enabled
 
     def torch_autocast_dtype(self) -> torch.dtype | None:
+        """The forward's autocast dtype when enabled (the device default when the section names none); else
+        the section's `dtype`, if any."""
+        if self._plan.autocast_dtype is not None:
+            return self._plan.autocast_dtype
         named = self._ds_config.model.torch_autocast.dtype
         return to_torch_dtype(named) if named is not None else None
+
+    def torch_autocast_lower_precision_safe_modules(self) -> list[str] | None:
+        return self._ds_config.model.torch_autocast.lower_precision_safe_modules
 
     def optimizer_legacy_fusion(self) -> bool:
         section = self._ds_config.model.optimizer
@@ -213,7 +221,8 @@ class EngineCompatQueries:
         return self._ds_config.model.dump_state
 
     def log_level(self) -> str | None:
-        return self._ds_config.model.log_level
+        # `log_level` as written ("ERROR"), from `_config` as DeepSpeed reads it.
+        return self._config.log_level
 
     def checkpoint_tag_validation_enabled(self) -> bool:
         return self._ds_config.model.checkpoint.tag_validation != "IGNORE"

@@ -20,7 +20,7 @@ from ds_engine.config._dtype_names import to_torch_dtype
 if TYPE_CHECKING:
     from ds_engine.config import DeepSpeedConfig
 
-__all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype"]
+__all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype", "scales_autocast_loss"]
 
 _DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp32"}
 
@@ -52,6 +52,8 @@ class AssemblyPlan:
     engine_class: str
     nvme_offload: str | None = None
     """What is swapped to NVMe and the async I/O settings (stage 3 with an "nvme" offload device), else None."""
+    autocast_dtype: torch.dtype | None = None
+    """`torch_autocast` enabled: the dtype the forward autocasts to (the device's default when not given)."""
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
@@ -68,6 +70,8 @@ class AssemblyPlan:
                 "client callable": "the client callable(params)",
                 "none": "none (no optimizer in the config or the call: forward/eval only)",
             }[self.optimizer_source]
+        if self.autocast_dtype is not None:
+            cast += f"; forward under torch.autocast({str(self.autocast_dtype).replace('torch.', '')})"
         out = [f"device: {self.device_type}; {cast}", f"base optimizer: {base}"]
         if self.optimizer is not None and self.optimizer.fallback is not None:
             out.append(f"  if it cannot load here: {self.optimizer.fallback.describe()}")
@@ -129,9 +133,22 @@ def _plan_optimizer(
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
 
 
-def _loss_scaling(config: DeepSpeedConfig) -> tuple[str, dict[str, Any] | None, float]:
+def _autocast_dtype(config: DeepSpeedConfig, device_type: str) -> torch.dtype | None:
+    section = config.model.torch_autocast
+    if not section.enabled:
+        return None
+    return to_torch_dtype(section.dtype) if section.dtype is not None else torch.get_autocast_dtype(device_type)
+
+
+def scales_autocast_loss(plan: AssemblyPlan) -> bool:
+    """fp16 autocast over fp32 parameters: the fp32 stepper scales the loss (the `fp16` section's scaler
+    settings), as DeepSpeed gives that case a `torch.amp.GradScaler`."""
+    return plan.precision == "fp32" and plan.autocast_dtype == torch.float16
+
+
+def _loss_scaling(config: DeepSpeedConfig, autocast: torch.dtype | None) -> tuple[str, dict[str, Any] | None, float]:
     fp16 = config.model.fp16
-    if config.precision != "fp16":
+    if config.precision != "fp16" and not (autocast == torch.float16 and config.precision == "fp32"):
         return "static 1.0 (no scaling)", None, 1.0
     if fp16.dynamic_loss_scale:
         args = fp16.dynamic_loss_args()
@@ -222,7 +239,12 @@ def plan_assembly(
         wrapper = "none: the base optimizer is stepped directly"
     else:
         wrapper = f"MixedPrecisionOptimizer ({precision} parameters, fp32 master weights)"
-    scaler_text, dynamic_args, static_scale = _loss_scaling(config)
+    autocast = _autocast_dtype(config, device_type)
+    if autocast is not None and pipeline:
+        raise DeepSpeedConfigError(
+            "torch_autocast.enabled: torch autocast is not implemented for the pipeline engine in ds; use bf16 or fp16"
+        )
+    scaler_text, dynamic_args, static_scale = _loss_scaling(config, autocast)
     world = config.world_size
     reduce = None
     comm_dtype = reduction_dtype(config)
@@ -249,7 +271,8 @@ def plan_assembly(
         loss_scaler=scaler_text,
         dynamic_loss_args=dynamic_args,
         static_loss_scale=static_scale,
-        check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow),
+        check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow)
+        or (precision == "fp32" and autocast == torch.float16),
         clip=m.gradient_clipping,
         reduce=reduce,
         dp_world_size=world,
@@ -258,4 +281,5 @@ def plan_assembly(
             "PipelineEngine" if pipeline else "DeepSpeedHybridEngine" if m.hybrid_engine.enabled else "DeepSpeedEngine"
         ),
         nvme_offload=_nvme_text(config),
+        autocast_dtype=autocast,
     )

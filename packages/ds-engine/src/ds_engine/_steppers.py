@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer
 from ds_engine._timers import NullTimers, WallClockTimers
 from ds_engine._zero_contract import ZeroOptimizer
-from ds_ops.precision import finish_step
+from ds_ops.precision import LossScaler, finish_step
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class Fp32Stepper(PlainOptimizerState):
         model_parallel_group: the tensor-parallel group (None: none); the norm spans it.
         model_parallel_params: the parameters cut across it (`_tensor_parallel`'s note: the norm and the
             overflow flag); the others are counted once.
+        scaler: a loss scaler (fp16 `torch_autocast` over fp32 parameters: activations' gradients are fp16
+            and underflow unscaled); steps with inf/nan gradients are then skipped. None: no scaling.
     """
 
     def __init__(
@@ -110,8 +112,10 @@ class Fp32Stepper(PlainOptimizerState):
         timers: WallClockTimers | NullTimers,
         model_parallel_group: ProcessGroup | None = None,
         model_parallel_params: Sequence[torch.Tensor] = (),
+        scaler: LossScaler | None = None,
     ) -> None:
         self.optimizer = optimizer
+        self.scaler = scaler
         self.buffer = buffer
         self.reducer = reducer
         self.clip = clip
@@ -122,7 +126,11 @@ class Fp32Stepper(PlainOptimizerState):
         self._cut_grads = buffer.views_of(model_parallel_params) if model_parallel_group is not None else None
 
     def backward(self, loss: torch.Tensor, retain_graph: bool) -> None:
-        loss.backward(retain_graph=retain_graph)
+        (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward(retain_graph=retain_graph)
+
+    @property
+    def loss_scale(self) -> float:
+        return 1.0 if self.scaler is None else float(self.scaler.loss_scale)
 
     def reduce_gradients(self) -> None:
         """All-reduce the accumulated gradients now (`engine.allreduce_gradients()`); the step then skips it."""
@@ -140,9 +148,9 @@ class Fp32Stepper(PlainOptimizerState):
         self._reduced = False
         outcome = finish_step(
             [self.buffer.flat],
-            scaler=None,
+            scaler=self.scaler,
             clip=self.clip,
-            check_overflow=False,
+            check_overflow=self.scaler is not None,
             skip=skip,
             model_parallel_group=self.model_parallel_group,
             model_parallel_grads=self._cut_grads,

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ds_engine._optimizers import is_zero_tested_optimizer
-from ds_engine.config._errors import DeepSpeedConfigError
+from ds_engine.config._errors import DeepSpeedConfigError, ParamDtypeConflictError
 from ds_engine.config._toplevel import OFF_SECTIONS
+from ds_engine.config._types import dtype_name
 from ds_engine.config._zero_section import ZENFLOW_NOT_IMPLEMENTED
 
 if TYPE_CHECKING:
@@ -18,10 +19,27 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_cross_fields", "check_sum_allreduce_conflicts", "precision_name"]
+__all__ = ["check_cross_fields", "check_param_dtype", "check_sum_allreduce_conflicts", "precision_name"]
 
 # (model dtype, accumulation dtype) pairs the stage-0 wrappers implement.
 _ACCUM_OK = {("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32"), ("bf16", "bf16"), ("bf16", "fp32")}
+
+
+def check_param_dtype(param_dtype: str | None, *, fp16: bool, bf16: bool) -> None:
+    """`data_types.param_dtype`, when given, must name the dtype the fp16/bf16 switches train in.
+
+    The wrappers (master weights, loss scaling, reductions) follow the switches, so a different
+    parameter dtype would train in a mode none of them implements.
+
+    Raises:
+        ParamDtypeConflictError: they disagree (a `ValueError` and an `AssertionError`).
+    """
+    mode = "fp16" if fp16 else "bf16" if bf16 else "fp32"
+    if param_dtype is not None and dtype_name(param_dtype) != mode:
+        raise ParamDtypeConflictError(
+            f"data_types.param_dtype={param_dtype!r} conflicts with the precision mode ({mode}: "
+            f"fp16.enabled={fp16}, bf16.enabled={bf16}); drop it or make them agree"
+        )
 
 
 def precision_name(model: DeepSpeedConfigModel) -> str:
@@ -63,11 +81,7 @@ def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
 def _check_dtypes(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     dtype = precision_name(model)
     types = model.data_types
-    if types.param_dtype is not None and types.param_dtype != dtype:
-        raise DeepSpeedConfigError(
-            f"data_types.param_dtype={types.param_dtype!r} conflicts with the precision mode ({dtype}: "
-            f"fp16.enabled={model.fp16.enabled}, bf16.enabled={model.bf16.enabled}); drop it or make them agree"
-        )
+    check_param_dtype(types.param_dtype, fp16=model.fp16.enabled, bf16=model.bf16.enabled)
     accum = types.grad_accum_dtype
     if accum is not None and zero.stage == 0 and (dtype, accum) not in _ACCUM_OK:
         allowed = sorted(a for d, a in _ACCUM_OK if d == dtype)

@@ -18,14 +18,15 @@ from ds_engine.config._toplevel import DeepSpeedConfigModel
 from ds_engine.config._weight_quant_section import resolve_weight_quantization
 from ds_engine.config._zero_section import ZeroSettings, resolve_zero
 
-__all__ = ["DeepSpeedConfig"]
+__all__ = ["DeepSpeedConfig", "validate_model"]
 
 
 class _DataParallelMpu(Protocol):
     def get_data_parallel_world_size(self) -> int: ...
 
 
-def _validate(data: dict[str, Any]) -> DeepSpeedConfigModel:
+def validate_model(data: dict[str, Any]) -> DeepSpeedConfigModel:
+    """`data` as the top-level model; a bad value is a `DeepSpeedConfigError` starting with its key path."""
     try:
         return validate_section(DeepSpeedConfigModel, data)
     except ConfigError as err:
@@ -79,7 +80,7 @@ class DeepSpeedConfig:
         self._raw = raw
         self.auto_keys: tuple[str, ...] = tuple(find_auto_paths(raw))
         check_sum_allreduce_conflicts(raw)
-        self.model: DeepSpeedConfigModel = _validate(without_paths(raw, list(self.auto_keys)))
+        self.model: DeepSpeedConfigModel = validate_model(without_paths(raw, list(self.auto_keys)))
         self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
         self._weight_quantization = resolve_weight_quantization(self.model.weight_quantization)
         self._pipe_sections = {
@@ -221,6 +222,31 @@ class DeepSpeedConfig:
     @property
     def scheduler_params(self) -> dict[str, Any] | None:
         return dict(self.model.scheduler.params) if self.model.scheduler else None
+
+    # DeepSpeed's flat names for the `data_types` and `torch_autocast` keys (raw names, as DeepSpeed keeps them).
+    @property
+    def grad_accum_dtype(self) -> str | None:
+        return self.model.data_types.grad_accum_dtype
+
+    @property
+    def param_dtype(self) -> str | None:
+        return self.model.data_types.param_dtype
+
+    @property
+    def buffer_dtype(self) -> str | None:
+        return self.model.data_types.buffer_dtype
+
+    @property
+    def torch_autocast_enabled(self) -> bool:
+        return self.model.torch_autocast.enabled
+
+    @property
+    def torch_autocast_dtype(self) -> str | None:
+        return self.model.torch_autocast.dtype
+
+    @property
+    def torch_autocast_lower_precision_safe_modules(self) -> list[str] | None:
+        return self.model.torch_autocast.lower_precision_safe_modules
 
     def __getattr__(self, name: str) -> Any:
         # Sections and scalar keys by their ds_config name: config.fp16.loss_scale_window, config.gradient_clipping.

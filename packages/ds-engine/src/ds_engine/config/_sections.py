@@ -328,10 +328,19 @@ class FlopsProfilerConfig(ConfigModel):
 
 
 class TorchAutocastConfig(ConfigModel):
-    """`torch_autocast`: not implemented, accepted only disabled (use `bf16` or `fp16`)."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": 'torch autocast is not implemented; use "bf16" or "fp16"'}
+    """`torch_autocast`: run the engine's forward under `torch.autocast` (parameters keep their dtype)."""
 
     enabled: bool = False
+    """Run `engine(...)` under `torch.autocast`."""
     dtype: DtypeName | None = None
+    """fp16 or bf16 (torch names too: "torch.bfloat16"); None: the device's autocast default (bf16 on CPU,
+    fp16 on CUDA)."""
     lower_precision_safe_modules: list[str] | None = None
+    """Qualified class names whose parameters are tagged lower-precision safe (None: Linear, Conv1d/2d/3d)."""
+
+    @field_validator("dtype")
+    @classmethod
+    def _half(cls, value: str | None) -> str | None:
+        if value == "fp32":
+            raise ValueError("autocast to fp32 does nothing; use fp16 or bf16 (or disable torch_autocast)")
+        return value

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, StrictBool, model_validator
+from pydantic import AfterValidator, BeforeValidator, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import CommsLoggerConfig, ConfigModel
+from ds_engine._log_levels import log_level_value
 from ds_engine.config._hybrid_engine import HybridEngineConfig
 from ds_engine.config._sections import (
     BF16Config,
@@ -80,6 +81,12 @@ def _allreduce_op(value: Any) -> Any:
     if op not in ("mean", "sum"):
         raise ValueError(f"Invalid gradient_allreduce_op {value!r}: use 'mean' or 'sum'")
     return op
+
+
+def _log_level_name(value: str | None) -> str | None:
+    if value is not None:
+        log_level_value(value)  # raises ValueError naming the allowed names
+    return value
 
 
 def _datastates_off(value: Any) -> Any:
@@ -182,7 +189,7 @@ class DeepSpeedConfigModel(ConfigModel):
     hybrid_engine: HybridEngineConfig = HybridEngineConfig()
     """The RLHF hybrid engine (training plus fast generation in one engine)."""
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
-    """Only disabled."""
+    """torch's autocast around the engine's forward."""
     aio: AioConfig = AioConfig()
     """Async I/O for NVMe offload; validated by ds_ops.AioConfig, handed to ds-zero's stage 3 with nvme offload."""
     dataloader_drop_last: bool = False
@@ -192,10 +199,9 @@ class DeepSpeedConfigModel(ConfigModel):
     disable_allgather: bool = False
     use_data_before_expert_parallelism: bool = False
     disable_python_gc: bool = False
-    log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"] | None, BeforeValidator(_lower)] = (
-        None
-    )
-    """Level of the ds packages' loggers, set at initialize() (debug, info, warning, error, critical)."""
+    log_level: Annotated[str | None, AfterValidator(_log_level_name)] = None
+    """Level of the ds packages' loggers, set at initialize() (debug, info, warning, error, critical, any
+    case; kept as written, as DeepSpeed's `engine.log_level()` returns it)."""
     datastates_ckpt: Annotated[Literal[False] | None, BeforeValidator(_datastates_off)] = None
     """DataStates asynchronous checkpointing (DeepSpeed enables it for any value but false); only false."""
 

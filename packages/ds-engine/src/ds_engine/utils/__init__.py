@@ -7,7 +7,8 @@ Submodules at DeepSpeed's paths: `nvtx` (`instrument_w_nvtx`), `pin_memory_track
 
 `logger` is DeepSpeed's "DeepSpeed" logger, the parent of every ds package's logger (`utils.logging`'s
 note; the library adds no handlers); `log_dist(message, ranks=(0,), level=logging.INFO)` logs on the
-listed ranks only (ds-comm's). The ZeRO accessors
+listed ranks only (ds-comm's); `set_log_level_from_string("info")` sets that logger's and every ds
+package's level (what the config's `log_level` does at initialize()). The ZeRO accessors
 (`safe_get_full_fp32_param`, `safe_get_full_grad`...) are `utils.tensor_fragment`'s, which needs no sibling
 to import. The ZeRO-3 leaf-module functions (`set_z3_leaf_modules`...; `utils.z3_leaf_module`, which
 needs the `zero` extra), `utils.zero_to_fp32` (the `zero` extra) and `utils.groups` (ds-parallel's mesh
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ds_engine.runtime.dataloader import RepeatingLoader
 from ds_engine.utils import tensor_fragment
 from ds_engine.utils.init_on_device import OnDevice
-from ds_engine.utils.logging import log_dist, logger
+from ds_engine.utils.logging import log_dist, logger, set_log_level_from_string
 from ds_engine.utils.tensor_fragment import *  # noqa: F403 - the 13 accessors, listed in its __all__
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules and names
@@ -66,7 +67,15 @@ _LAZY_NAMES = {
     )
 }
 
-__all__ = ["OnDevice", "RepeatingLoader", "log_dist", "logger", *tensor_fragment.__all__, *sorted(_LAZY_NAMES)]
+__all__ = [
+    "OnDevice",
+    "RepeatingLoader",
+    "log_dist",
+    "logger",
+    "set_log_level_from_string",
+    *tensor_fragment.__all__,
+    *sorted(_LAZY_NAMES),
+]
 
 
 def __getattr__(name: str) -> Any:

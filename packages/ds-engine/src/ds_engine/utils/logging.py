@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 from ds_comm import log_dist
+from ds_engine._log_levels import log_level_value
 
 __all__ = ["DS_LOGGERS", "get_log_level_from_string", "log_dist", "logger", "set_log_level_from_string"]
 
@@ -30,14 +31,6 @@ logger = logging.getLogger("DeepSpeed")
 
 #: The loggers DeepSpeed's single logger stands for here: itself, the shared `ds` one and each package's root.
 DS_LOGGERS = ("DeepSpeed", "ds", "ds_comm", "ds_ops", "ds_zero", "ds_pipe", "ds_engine", "ds_parallel", "ds_launcher")
-
-_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "critical": logging.CRITICAL,
-}
 
 
 def _adopt_ds_loggers() -> None:
@@ -59,10 +52,7 @@ def get_log_level_from_string(log_level_str: str) -> int:
     Raises:
         ValueError: not one of debug, info, warning, error, critical.
     """
-    level = _LEVELS.get(log_level_str.lower())
-    if level is None:
-        raise ValueError(f"log level {log_level_str!r} is not one of {', '.join(_LEVELS)}")
-    return level
+    return log_level_value(log_level_str)
 
 
 def set_log_level_from_string(log_level_str: str, custom_logger: logging.Logger | None = None) -> None:
