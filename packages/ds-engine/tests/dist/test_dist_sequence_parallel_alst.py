@@ -131,7 +131,9 @@ def test_alst_matches_whole_sequence_training(world: int, stage: int, tiles: int
         # Tiling changes the order in which a parameter's gradient is summed (tile by tile); AdamW's g / sqrt(v)
         # turns those last-bit differences on near-zero gradients into visible ones (about 1e-4 after 4 steps
         # at lr 1e-2, in ~0.2% of the elements), so tiled runs compare weights looser; losses stay at 1e-5.
-        weight_tol = 1e-5 if tiles == 1 else 1e-3
+        # Untiled runs see the same effect from the sequence split alone, smaller: 3 of 22,688 weights off by
+        # 2.2e-5 on one host (whose thread count changes the reduction order), so 1e-4 there.
+        weight_tol = 1e-4 if tiles == 1 else 1e-3
         torch.testing.assert_close(r["weights"], ref_weights, atol=weight_tol, rtol=weight_tol)
     # The step's loss is the mean over data-parallel groups of each group's whole-sequence loss.
     per_group = torch.stack([next(r["losses"] for r in ours if r["dp"] == g) for g in range(dp)])
