@@ -63,6 +63,11 @@ class HostPinning:
         return 1
 
     # ---- the public API ---------------------------------------------------------------------------
+    def pins_host_memory(self) -> bool:
+        """Whether `pin_memory` really page-locks here: the native backend is selected, or the device's
+        torch pinning does (False on the CPU accelerator with the torch backend, where it is a no-op)."""
+        return get_active_native_pinned_memory() is not None or self._torch_pins_host_memory
+
     def pin_memory(self, tensor: torch.Tensor, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
         """A page-locked version of `tensor` (on the CPU accelerator with the torch backend: `tensor` itself).
 
