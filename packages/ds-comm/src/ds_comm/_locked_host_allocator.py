@@ -75,14 +75,13 @@ class LockedHostAllocator:
         The memory stays locked until `free_cpu_locked_tensor(_by_ptr)` is called; the tensor does not own it.
 
         Raises:
-            ValueError: `numel` is negative.
+            ValueError: `numel` is below 1.
             MemoryError: the allocation or the mlock failed (the message names the memlock limit).
         """
-        if numel < 0:
-            raise ValueError(f"new_cpu_locked_tensor: numel must be >= 0, got {numel}")
-        num_bytes = numel * example.element_size()
-        # A zero-byte request still locks one byte, so every tensor has a distinct, freeable base.
-        locked_bytes = max(num_bytes, 1)
+        if numel < 1:
+            # an empty tensor reports data_ptr() 0: it could not be freed by its address
+            raise ValueError(f"new_cpu_locked_tensor: numel must be >= 1, got {numel}")
+        num_bytes = locked_bytes = numel * example.element_size()
         address = ctypes.c_void_p()
         code = self._libc.posix_memalign(ctypes.byref(address), self._page_bytes, locked_bytes)
         if code != 0 or not address.value:
@@ -101,7 +100,7 @@ class LockedHostAllocator:
         with self._lock:
             self._regions[base] = locked_bytes
         raw = torch.frombuffer((ctypes.c_uint8 * locked_bytes).from_address(base), dtype=torch.uint8)
-        return raw[:num_bytes].view(example.dtype)
+        return raw.view(example.dtype)
 
     def free_cpu_locked_tensor_by_ptr(self, address: int) -> bool:
         """Unlock and free the region based at `address`; False when no live region starts there.

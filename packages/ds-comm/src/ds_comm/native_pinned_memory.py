@@ -156,6 +156,10 @@ class NativePinnedMemory:
         numel = 1
         for dim in shape:
             numel *= int(dim)
+        if numel == 0:  # nothing to lock; an empty tensor has no address to track
+            empty = example.new_empty(shape)
+            empty.ds_pinned = True
+            return empty
         buffer = self._handle.new_cpu_locked_tensor(numel, example)
         # The view root owns the allocation: every view of the result keeps it alive through `._base`,
         # so its finalizer runs only after the last view is gone. The finalizer frees by address

@@ -52,8 +52,9 @@ class TorchDeviceAccelerator(Accelerator):
             try:
                 importlib.import_module(self.plugin_module)
             except ModuleNotFoundError as err:
-                if err.name != self.plugin_module:
-                    raise
+                missing = err.name or ""
+                if missing != self.plugin_module and not self.plugin_module.startswith(missing + "."):
+                    raise  # the plugin is there but something it imports is not: its own error says what
                 dist = self.plugin_distribution or self.plugin_module
                 raise ImportError(
                     f"the {self.name} accelerator needs {self.plugin_module}: pip install {dist}"
