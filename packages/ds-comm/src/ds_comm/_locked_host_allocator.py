@@ -62,7 +62,9 @@ class LockedHostAllocator:
         self._libc = _LibC()
         self._page_bytes = mmap.PAGESIZE
         self._regions: dict[int, int] = {}  # base address -> bytes locked
-        self._lock = threading.Lock()
+        # Reentrant: a garbage-collection finalizer (NativePinnedMemory's) may free a region from inside
+        # a locked section of this same thread.
+        self._lock = threading.RLock()
 
     @property
     def num_regions(self) -> int:
@@ -126,7 +128,8 @@ class LockedHostAllocator:
         begin = tensor.data_ptr()
         end = begin + tensor.nbytes
         with self._lock:
-            return any(base <= begin and end <= base + size for base, size in self._regions.items())
+            regions = self._regions.copy()  # a finalizer run mid-iteration would change the dict under us
+        return any(base <= begin and end <= base + size for base, size in regions.items())
 
 
 @functools.cache

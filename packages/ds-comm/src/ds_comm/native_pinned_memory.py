@@ -184,7 +184,8 @@ class NativePinnedMemory:
         if not _has_storage(tensor) or tensor.device.type != "cpu":
             return False
         address = tensor.data_ptr()
-        return any(begin <= address < end for begin, end in self._ranges.items())
+        # a copy: a finalizer run by garbage collection mid-iteration would change the dict under us
+        return any(begin <= address < end for begin, end in self._ranges.copy().items())
 
     def unpin(self, tensor: torch.Tensor) -> bool:
         """Free `tensor`'s allocation now; True when one was freed. Any view of it must not be used after."""
