@@ -21,7 +21,10 @@ from deepspeed import _aliases
 # DeepSpeed paths the frameworks import (transformers, accelerate, lightning), and what implements them.
 FRAMEWORK_PATHS = {
     "deepspeed.comm": "ds_engine.comm",
-    "deepspeed.accelerator": "ds_engine.accelerator",
+    "deepspeed.accelerator": "ds_comm.accelerator",
+    "deepspeed.accelerator.cpu_accelerator": "ds_comm.accelerator.cpu_accelerator",
+    "deepspeed.accelerator.real_accelerator": "ds_comm.accelerator.real_accelerator",
+    "deepspeed.utils.pin_memory": "ds_comm.native_pinned_memory",
     "deepspeed.ops": "ds_engine.ops",
     "deepspeed.ops.adam": "ds_engine.ops.adam",
     "deepspeed.ops.adagrad": "ds_engine.ops.adagrad",

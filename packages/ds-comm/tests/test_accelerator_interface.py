@@ -20,9 +20,11 @@ set_device current_device current_device_name device_count synchronize random se
 manual_seed manual_seed_all initial_seed default_generator Stream stream current_stream default_stream Event
 empty_cache memory_allocated max_memory_allocated reset_max_memory_allocated memory_cached max_memory_cached
 reset_max_memory_cached memory_stats reset_peak_memory_stats memory_reserved max_memory_reserved total_memory
-available_memory is_bf16_supported is_fp16_supported supported_dtypes is_available range_push range_pop lazy_call
+available_memory is_bf16_supported is_fp16_supported
+is_fp64_supported supported_dtypes is_available range_push range_pop lazy_call
 communication_backend_name is_triton_supported create_graph capture_to_graph replay_graph BFloat16Tensor ByteTensor
 DoubleTensor FloatTensor HalfTensor IntTensor LongTensor pin_memory is_pinned unpin_memory on_accelerator
+pin_empty pin_empty_like register_host_memory unregister_host_memory pin_memory_alignment
 export_envs visible_devices_envs set_visible_devices_envs get_compile_backend set_compile_backend
 """.split()
 
@@ -119,9 +121,11 @@ def test_typed_constructors_make_cpu_tensors_of_that_dtype(cpu) -> None:
     assert cpu.FloatTensor(3).shape == (3,)  # the legacy constructor: a size, as DeepSpeed's cpu one
 
 
-def test_unpin_returns_pageable_tensor(cpu) -> None:
+def test_unpin_is_a_no_op_with_the_torch_backend(cpu, monkeypatch) -> None:
+    monkeypatch.delenv("DS_PIN_MEMORY_BACKEND", raising=False)
     t = torch.arange(4.0)
-    assert cpu.unpin_memory(t) is t
+    assert cpu.unpin_memory(t) is None
+    assert torch.equal(t, torch.arange(4.0))
 
 
 def test_visible_devices_and_envs(cpu) -> None:
@@ -148,7 +152,7 @@ def test_is_current_accelerator_supported() -> None:
 
         class Other(acc.CpuAccelerator):
             def device_name(self, device_index: int | None = None) -> str:
-                return "xpu"
+                return "tpu"
 
         acc.set_accelerator(Other())
         assert acc.is_current_accelerator_supported() is False

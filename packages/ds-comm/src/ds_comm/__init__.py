@@ -17,6 +17,7 @@ from ds_comm._comms_logger import DEFAULT_MAX_SAMPLES, CommsLogger, comms_logger
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError, UsageError
 from ds_comm._device_mesh import initialize_mesh_device
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
+from ds_comm._locked_host_allocator import LockedHostAllocator, locked_host_allocator
 from ds_comm._pinned_memory import (
     PinnedMemoryTracker,
     pinned_memory_summary,
@@ -56,6 +57,11 @@ from ds_comm.collectives import (
     send,
 )
 from ds_comm.logging import get_logger, log_dist
+from ds_comm.native_pinned_memory import (
+    NativePinnedMemory,
+    get_active_native_pinned_memory,
+    set_pin_handle_loader,
+)
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_comm.config import (
@@ -85,7 +91,6 @@ __all__ = [
     "Accelerator",
     "Auto",
     "CheckpointFileError",
-    "DEFAULT_MAX_SAMPLES",
     "CollectiveError",
     "CollectiveHandle",
     "CollectiveTimeoutError",
@@ -94,6 +99,9 @@ __all__ = [
     "ConfigDeprecationWarning",
     "ConfigError",
     "ConfigModel",
+    "DEFAULT_MAX_SAMPLES",
+    "LockedHostAllocator",
+    "NativePinnedMemory",
     "P2POp",
     "PinnedMemoryTracker",
     "ReduceOp",
@@ -111,8 +119,8 @@ __all__ = [
     "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
-    "comms_logger",
     "check_deepspeed_version",
+    "comms_logger",
     "configure",
     "destroy_process_group",
     "find_auto",
@@ -120,6 +128,7 @@ __all__ = [
     "fsync_dir",
     "gather",
     "get_accelerator",
+    "get_active_native_pinned_memory",
     "get_comm_operation_count",
     "get_global_rank",
     "get_local_rank",
@@ -136,6 +145,7 @@ __all__ = [
     "is_initialized",
     "isend",
     "load_checkpoint_file",
+    "locked_host_allocator",
     "log_dist",
     "log_summary",
     "monitored_barrier",
@@ -150,9 +160,9 @@ __all__ = [
     "scatter",
     "send",
     "set_accelerator",
+    "set_pin_handle_loader",
     "track_pinned_memory",
     "trim_mean",
-    "UsageError",
     "validate_section",
     "warn_ignored",
 ]

@@ -313,7 +313,11 @@ class DeepSpeedEngine(
         return self.train(False)
 
     def destroy(self) -> None:
-        """Close monitors; the engine should not be used afterwards."""
+        """Close monitors and destroy the optimizer (ZeRO's frees its natively pinned offload buffers);
+        the engine must not be used afterwards."""
+        destroy_optimizer = getattr(self.optimizer, "destroy", None)
+        if callable(destroy_optimizer):
+            destroy_optimizer()
         if self.monitor is not None:
             self.monitor.close()
 

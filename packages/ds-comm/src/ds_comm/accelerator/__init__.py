@@ -1,4 +1,9 @@
-"""Accelerator selection: `get_accelerator()` picks cuda or cpu, or what `DS_ACCELERATOR` names."""
+"""Accelerator selection: `get_accelerator()` picks cuda or cpu, or what `DS_ACCELERATOR` names.
+
+DeepSpeed's per-device modules live beside this one under their DeepSpeed names (`cpu_accelerator`,
+`cuda_accelerator`, `xpu_accelerator`, `npu_accelerator`, ...), each holding one `<NAME>_Accelerator`;
+`DS_ACCELERATOR` may name any of them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,14 @@ import torch
 from ds_comm.accelerator._abstract import Accelerator
 from ds_comm.accelerator._cpu import CpuAccelerator
 from ds_comm.accelerator._cuda import CudaAccelerator
+from ds_comm.accelerator.hpu_accelerator import HPU_Accelerator
+from ds_comm.accelerator.klxpu_accelerator import KLXPU_Accelerator
+from ds_comm.accelerator.mlu_accelerator import MLU_Accelerator
+from ds_comm.accelerator.mps_accelerator import MPS_Accelerator
+from ds_comm.accelerator.npu_accelerator import NPU_Accelerator
+from ds_comm.accelerator.sdaa_accelerator import SDAA_Accelerator
+from ds_comm.accelerator.supa_accelerator import SUPA_Accelerator
+from ds_comm.accelerator.xpu_accelerator import XPU_Accelerator
 
 __all__ = [
     "SUPPORTED_ACCELERATOR_LIST",
@@ -20,8 +33,19 @@ __all__ = [
     "set_accelerator",
 ]
 
-_IMPLEMENTATIONS: dict[str, type[Accelerator]] = {"cpu": CpuAccelerator, "cuda": CudaAccelerator}
-#: The accelerator names ds implements (DeepSpeed's list also names xpu, npu, mps, hpu, ...).
+_IMPLEMENTATIONS: dict[str, type[Accelerator]] = {
+    "cpu": CpuAccelerator,
+    "cuda": CudaAccelerator,
+    "hpu": HPU_Accelerator,
+    "klxpu": KLXPU_Accelerator,
+    "mlu": MLU_Accelerator,
+    "mps": MPS_Accelerator,
+    "npu": NPU_Accelerator,
+    "sdaa": SDAA_Accelerator,
+    "supa": SUPA_Accelerator,
+    "xpu": XPU_Accelerator,
+}
+#: The accelerator names `DS_ACCELERATOR` accepts (DeepSpeed's list).
 SUPPORTED_ACCELERATOR_LIST = sorted(_IMPLEMENTATIONS)
 _current: Accelerator | None = None
 
@@ -45,7 +69,7 @@ def _choose() -> Accelerator:
 def get_accelerator() -> Accelerator:
     """The accelerator for this process, chosen on first call and then fixed.
 
-    `DS_ACCELERATOR` (`cpu` or `cuda`) forces a choice; otherwise cuda when a device is
+    `DS_ACCELERATOR` (any of `SUPPORTED_ACCELERATOR_LIST`) forces a choice; otherwise cuda when a device is
     visible, else cpu.
 
     Raises:

@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from ds_comm.accelerator._pinning import HostPinning
 
-class Accelerator(abc.ABC):
+
+class Accelerator(HostPinning, abc.ABC):
     """One kind of device (cpu, cuda) as ds sees it.
 
     Code above ds-comm asks the accelerator instead of testing `torch.cuda.is_available()`,
@@ -63,6 +65,10 @@ class Accelerator(abc.ABC):
     def is_fp16_supported(self) -> bool:
         """Whether fp16 math runs natively enough to train in."""
 
+    def is_fp64_supported(self) -> bool:
+        """Whether float64 tensors work on this device (False where the device has no fp64, e.g. mps)."""
+        return True
+
     def supported_dtypes(self) -> list[torch.dtype]:
         """Training dtypes this accelerator supports, fp32 first."""
         dtypes = [torch.float32]
@@ -72,15 +78,7 @@ class Accelerator(abc.ABC):
             dtypes.append(torch.bfloat16)
         return dtypes
 
-    # Memory
-    @abc.abstractmethod
-    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A page-locked copy of `tensor` where that helps host↔device copies; else `tensor`."""
-
-    @abc.abstractmethod
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
-        """Whether `tensor` is page-locked."""
-
+    # Memory (pinning: `HostPinning`)
     @abc.abstractmethod
     def memory_allocated(self, device_index: int | None = None) -> int:
         """Bytes currently held by tensors (CPU: process resident set size)."""
@@ -241,10 +239,6 @@ class Accelerator(abc.ABC):
     @abc.abstractmethod
     def available_memory(self, device_index: int | None = None) -> int:
         """Bytes that can still be allocated on the device (cpu: the kernel's MemAvailable)."""
-
-    def unpin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A pageable copy of a pinned `tensor` (`tensor` itself when it is not pinned)."""
-        return tensor.clone() if self.is_pinned(tensor) else tensor
 
     # Typed tensor constructors, as DeepSpeed exposes them.
     @abc.abstractmethod

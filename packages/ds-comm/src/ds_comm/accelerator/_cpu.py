@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -92,11 +92,18 @@ class CpuAccelerator(Accelerator):
         # fp16 math on CPU works in torch but is slow; it is supported for correctness runs.
         return True
 
-    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        # Pinning only matters for copies to a device; with none present it would fail.
+    # torch cannot page-lock without a device runtime (pin_memory() fails on a CPU-only build), and with no
+    # device there is no copy to speed up: the torch backend leaves tensors as they are. The native
+    # backend (DS_PIN_MEMORY_BACKEND=native) does lock them.
+    _torch_pins_host_memory = False
+
+    def _torch_pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
+    def _torch_empty_pinned(self, template: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+        return template.new_empty(tuple(shape))
+
+    def _torch_is_pinned(self, tensor: torch.Tensor) -> bool:
         return False
 
     def memory_allocated(self, device_index: int | None = None) -> int:

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from ds_comm._pinned_memory import track_pinned_memory
 from ds_comm.accelerator._abstract import Accelerator
 
 
@@ -50,15 +49,21 @@ class CudaAccelerator(Accelerator):
         major, _ = torch.cuda.get_device_capability()
         return major >= 6
 
-    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.is_pinned():
-            return tensor
-        pinned = tensor.pin_memory()
-        track_pinned_memory(pinned.nbytes)
-        return pinned
+    def register_host_memory(self, address: int, num_bytes: int) -> bool:
+        """cudaHostRegister the range, so copies from native pinned buffers run as DMA; False if CUDA refuses."""
+        if not torch.cuda.is_available():
+            return False
+        return int(torch.cuda.cudart().cudaHostRegister(address, num_bytes, 0)) == 0
 
-    def is_pinned(self, tensor: torch.Tensor) -> bool:
-        return tensor.is_pinned()
+    def unregister_host_memory(self, address: int) -> None:
+        """cudaHostUnregister the range that starts at `address`.
+
+        Raises:
+            RuntimeError: CUDA refused (the range stays registered, so its memory must not be freed).
+        """
+        code = int(torch.cuda.cudart().cudaHostUnregister(address))
+        if code != 0:
+            raise RuntimeError(f"cudaHostUnregister(0x{address:x}) failed with CUDA error {code}")
 
     def memory_allocated(self, device_index: int | None = None) -> int:
         return torch.cuda.memory_allocated(device_index)

@@ -30,6 +30,7 @@ from ds_ops.op_builder._cuda import CUDAOpBuilder
 from ds_ops.op_builder._evoformer import EvoformerAttnBuilder
 from ds_ops.op_builder._ninja import OpBuildError
 from ds_ops.op_builder._not_implemented import NotImplementedBuilder
+from ds_ops.op_builder._pin_memory import PinMemoryBuilder, PinMemoryOp
 from ds_ops.op_builder._prebuilt import MANIFEST_NAME, PREBUILT_DIR, prebuilt_entry
 from ds_ops.op_builder._toolchain import SIMD_FLAGS, detect_simd
 
@@ -51,6 +52,8 @@ __all__ = [
     "OpBuilder",
     "OpNotCompatibleError",
     "PREBUILT_DIR",
+    "PinMemoryBuilder",
+    "PinMemoryOp",
     "SIMD_FLAGS",
     "detect_simd",
     "env_var",

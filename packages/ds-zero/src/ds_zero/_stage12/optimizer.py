@@ -15,6 +15,7 @@ from ds_zero._access.owner import register_owner
 from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
+from ds_zero._host_buffers import release_pinned
 from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
@@ -495,6 +496,15 @@ class DeepSpeedZeroOptimizer(
     def close(self) -> None:
         """Remove the gradient hooks (stage 2) and detach `.grad` views (stage 1)."""
         self._grads.close()
+
+    def destroy(self) -> None:
+        """`close()`, then free the offload buffers pinned by the native backend (DS_PIN_MEMORY_BACKEND=native).
+
+        The optimizer must not be used afterwards: its fp32 partitions may point at freed memory.
+        """
+        self.close()
+        if self.offload:
+            release_pinned([*self.masters, *self.grad_partitions])
 
 
 ZeroOptimizer = DeepSpeedZeroOptimizer

@@ -6,7 +6,8 @@ partition of the model's flat buffer (a view), so the base optimizer updates the
 fp32 copy exists: parameters + master cost 1 copy, where DeepSpeed keeps a full model-dtype replica plus
 an fp32 partition (1.5 copies on 2 ranks). With bf16/fp16 the master is a separate fp32 partition. With
 `offload_optimizer.device == "cpu"` the master, gradient partition and optimizer state live in host
-buffers (pinned on CUDA when `pin_memory`), and the step runs there.
+buffers (pinned when `pin_memory` and pinning does something, see ds_zero._host_buffers), and the step
+runs there.
 """
 
 from __future__ import annotations
@@ -15,24 +16,13 @@ import logging
 
 import torch
 
-from ds_comm import get_accelerator
 from ds_ops import supports_in_pass_copy
-from ds_ops.host_memory import huge_page_zeros
+from ds_zero._host_buffers import offload_zeros
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["PartitionUpdater", "build_grad_partitions", "build_master_partitions"]
-
-_HOST = torch.device("cpu")
-
-
-def _host_zeros(numel: int, pin_memory: bool) -> torch.Tensor:
-    """fp32 zeros on the host: page-locked when asked (and CUDA is there), else in huge pages, which
-    the CPU optimizer streams faster (ds_ops.host_memory)."""
-    if pin_memory and torch.cuda.is_available():
-        return get_accelerator().pin_memory(torch.zeros(numel, dtype=torch.float32, device=_HOST))
-    return huge_page_zeros(numel, torch.float32)
 
 
 def build_master_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_memory: bool) -> list[torch.Tensor]:
@@ -41,7 +31,7 @@ def build_master_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_m
     for flat in flats:
         own = flat.own_partition
         if offload:
-            master = _host_zeros(flat.partition_numel, pin_memory)
+            master = offload_zeros(flat.partition_numel, pin_memory=pin_memory)
             master.copy_(own)
         elif flat.dtype == torch.float32:
             master = own
@@ -54,7 +44,7 @@ def build_master_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_m
 def build_grad_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_memory: bool) -> list[torch.Tensor]:
     """A zeroed fp32 gradient accumulator per group, next to its master partition."""
     if offload:
-        return [_host_zeros(f.partition_numel, pin_memory) for f in flats]
+        return [offload_zeros(f.partition_numel, pin_memory=pin_memory) for f in flats]
     return [torch.zeros(f.partition_numel, dtype=torch.float32, device=f.device) for f in flats]
 
 

@@ -16,6 +16,7 @@ from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
 from ds_zero._access.owner import register_owner
 from ds_zero._access.stage3 import ShardParamAccess
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
+from ds_zero._host_buffers import release_pinned
 from ds_zero._nvme.eager_step import EagerSteps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
@@ -258,6 +259,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
                 master_device=master_device,
                 sub_group_size=self.config.sub_group_size,
                 swap_master=swap_master,
+                pin_master=self.config.offload_optimizer_or_default.pin_memory,
             )
             group["params"] = [tile.master for tile in part.tiles]
             partitions.append(part)
@@ -500,3 +502,14 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
             load_from_fp32_weights=load_from_fp32_weights,
         )
         self.refresh_gathered(include_frozen=True)
+
+    def destroy(self) -> None:
+        """Remove the gradient hooks and free the fp32 masters pinned by the native backend
+        (DS_PIN_MEMORY_BACKEND=native). The optimizer must not be used afterwards.
+
+        Parameter shards pinned for `offload_param` stay: they belong to the module, which outlives the
+        optimizer, and are freed with it.
+        """
+        self.reducer.remove()
+        if self.offload_optimizer:
+            release_pinned(part.master for part in self.partitions if part.master is not None)

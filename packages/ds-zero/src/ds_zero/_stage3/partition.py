@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_ops.host_memory import huge_page_zeros
+from ds_zero._host_buffers import offload_zeros
 from ds_zero._params.partitioned_param import shard_values, state_of, write_shards
 from ds_zero._partition import Fragment, ParamSlot
 
@@ -110,6 +110,7 @@ class ShardPartition:
         params: the group's partitioned parameters, in order.
         master_device: where the fp32 master lives (None: where the shards are; "cpu" for offload).
         with_master: build the fp32 master (False for frozen parameters).
+        pin_master: page-lock a host master (offload_optimizer.pin_memory; see ds_zero._host_buffers).
         sub_group_size: elements per tile (see the module docstring).
     """
 
@@ -122,6 +123,7 @@ class ShardPartition:
         with_master: bool = True,
         sub_group_size: int = 1_000_000_000,
         swap_master: bool = False,
+        pin_master: bool = False,
     ) -> None:
         self.group_index = group_index
         self.swap_master = swap_master and with_master
@@ -141,7 +143,7 @@ class ShardPartition:
             for p, off in zip(params, self.offsets, strict=True):
                 state_of(p).grad_slot = (self.master, off)
         elif with_master:
-            self.master = self._make_master(master_device)
+            self.master = self._make_master(master_device, pin_master)
             for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
                 state_of(p).master = self.master[off : off + s]
                 state_of(p).grad_slot = (self.master, off)
@@ -191,7 +193,7 @@ class ShardPartition:
                 p.ds_tensor = flat[off : off + s]
         return flat
 
-    def _make_master(self, device: torch.device | None) -> torch.Tensor:
+    def _make_master(self, device: torch.device | None, pin: bool) -> torch.Tensor:
         flat = self.shard16
         if flat is not None and flat.dtype == torch.float32 and (device is None or flat.device == device):
             return flat
@@ -201,8 +203,8 @@ class ShardPartition:
                 if flat is not None
                 else (self.params[0].ds_tensor.device if self.params else torch.device("cpu"))
             )
-        if device.type == "cpu":  # streamed by the CPU optimizer every step: huge pages (ds_ops.host_memory)
-            master = huge_page_zeros(self.numel, torch.float32)
+        if device.type == "cpu":  # pinned, or huge pages the CPU optimizer streams faster (ds_zero._host_buffers)
+            master = offload_zeros(self.numel, pin_memory=pin)
         else:
             master = torch.empty(self.numel, dtype=torch.float32, device=device)
         with torch.no_grad():

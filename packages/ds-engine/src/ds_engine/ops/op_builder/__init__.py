@@ -1,5 +1,8 @@
 """`deepspeed.ops.op_builder`: ds-ops' op builders under DeepSpeed's path (`CPUAdamBuilder().load()`, `ALL_OPS`).
 
+`PinMemoryBuilder` is ds-ops' pin_memory op (nothing to compile); importing this module makes it the
+source of `DS_PIN_MEMORY_BACKEND=native` buffers (see the note below).
+
 As in DeepSpeed, `FusedAdamBuilder` is the accelerator's builder of the `fused_adam` op: the CUDA op,
 or on a CPU accelerator `CPUFusedAdamBuilder` (the CPU Adam kernel). It is found on first access,
 since asking the accelerator imports torch. DeepSpeed's builder names for ops ds does not implement
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import ds_comm
 from ds_ops.op_builder import (
     ALL_OPS,
     AsyncIOBuilder,
@@ -22,6 +26,7 @@ from ds_ops.op_builder import (
     CUDAOpBuilder,
     NotImplementedBuilder,
     OpBuilder,
+    PinMemoryBuilder,
     host_op_builders,
 )
 
@@ -39,6 +44,7 @@ __all__ = [
     "FusedAdamBuilder",
     "NotImplementedBuilder",
     "OpBuilder",
+    "PinMemoryBuilder",
 ]
 
 #: DeepSpeed 0.19.8's op builders whose ops ds does not implement.
@@ -54,7 +60,6 @@ NOT_IMPLEMENTED = frozenset(
         "InferenceBuilder",
         "InferenceCoreBuilder",
         "InferenceCutlassBuilder",
-        "PinMemoryBuilder",
         "QuantizerBuilder",
         "RaggedOpsBuilder",
         "RaggedUtilsBuilder",
@@ -67,6 +72,19 @@ NOT_IMPLEMENTED = frozenset(
         "UtilsBuilder",
     }
 )
+
+
+def _load_pin_handle() -> ds_comm.LockedHostAllocator:
+    # `PinMemoryBuilder` is looked up when called, so a script (or test) that replaces this module's
+    # builder decides where native pinned memory comes from, as in DeepSpeed.
+    return PinMemoryBuilder().load().pin_handle()
+
+
+# [Note: the one import-time effect] Under DeepSpeed's path, native pinned memory is what this module's
+# `PinMemoryBuilder` loads (DeepSpeed's NativePinnedMemory builds it from here). ds-comm, below every
+# package, cannot import this module, so the module tells ds-comm where to load from. Nothing is
+# loaded or built here; ds-comm's default (the same libc allocator) applies until then.
+ds_comm.set_pin_handle_loader(_load_pin_handle)
 
 
 def __getattr__(name: str) -> Any:
