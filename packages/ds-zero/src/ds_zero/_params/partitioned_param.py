@@ -16,7 +16,9 @@ and `named_parameters()` keep working), and its `.data` switches between two ten
 
 The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
-`ds_process_group`, `ds_param_type`, and `ds_secondary_tensor` (hpZ's slice, see `_params.secondary`;
+`ds_process_group`, `ds_param_type`, `ds_active_sub_modules` (a read-only view, see `_params.active_consumers`),
+`is_external_param` (True once a forward returned it to its caller, which gathers it from then on), and
+`ds_secondary_tensor` (hpZ's slice, see `_params.secondary`;
 None without hpZ). Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
 `s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
 
@@ -43,6 +45,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._params.active_consumers import ActiveConsumers
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +193,7 @@ def partition_param(
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
     param.ds_param_type = ZeroParamType.PARTITIONED
     param.ds_secondary_tensor = None
+    param.is_external_param = False
     full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
     param._ds_state = ZeroParamState(
         name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
@@ -202,6 +206,7 @@ def partition_param(
         placeholder=placeholder,
     )
     param.data = placeholder
+    param.ds_active_sub_modules = ActiveConsumers(param, param._ds_state)
     del data, flat
 
 
