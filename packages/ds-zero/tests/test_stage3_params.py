@@ -50,8 +50,11 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "ds_process_group",
         "ds_param_type",
         "ds_secondary_tensor",  # hpZ's slice: None without it
+        "ds_active_sub_modules",  # a read-only view of the claims in `_ds_state`
+        "is_external_param",
         "_ds_state",
     }
+    assert not w.ds_active_sub_modules and w.is_external_param is False
     assert w.ds_secondary_tensor is None
     assert w.ds_param_type is ds_zero.ZeroParamType.PARTITIONED
     st = state_of(w)
