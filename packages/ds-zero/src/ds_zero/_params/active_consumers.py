@@ -12,11 +12,8 @@ always current, cannot be written, and is empty exactly when no running module, 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Set
 from typing import TYPE_CHECKING
-
-import torch
 
 if TYPE_CHECKING:
     from ds_zero._params.partitioned_param import ZeroParamState
@@ -32,17 +29,15 @@ class ActiveConsumers(Set[str]):
     made it (a `GatheredParameters` block, a hold to the end of the iteration).
     """
 
-    __slots__ = ("_param", "_state")
+    __slots__ = ("_ds_id", "_state")
 
-    def __init__(self, param: torch.nn.Parameter, state: ZeroParamState) -> None:
-        self._param = weakref.ref(param)  # the parameter holds this view: no reference cycle
+    def __init__(self, ds_id: int, state: ZeroParamState) -> None:
+        self._ds_id = ds_id  # not the parameter itself: the parameter holds this view, no reference cycle
         self._state = state
 
     def _names(self) -> list[str]:
-        param, st = self._param(), self._state
-        if param is None:
-            return []
-        named = list(st.coord.consumers_of(param)) if st.coord is not None else []
+        st = self._state
+        named = list(st.coord.consumers_of(self._ds_id)) if st.coord is not None else []
         named = named[: st.active]
         return named + ["GatheredParameters block or on-demand read"] * (st.active - len(named))
 

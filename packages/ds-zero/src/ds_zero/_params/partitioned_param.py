@@ -206,7 +206,7 @@ def partition_param(
         placeholder=placeholder,
     )
     param.data = placeholder
-    param.ds_active_sub_modules = ActiveConsumers(param, param._ds_state)
+    param.ds_active_sub_modules = ActiveConsumers(param.ds_id, param._ds_state)
     del data, flat
 
 

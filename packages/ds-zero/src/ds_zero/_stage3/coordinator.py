@@ -396,15 +396,16 @@ class ParamCoordinator:
         """Re-gather parameters that are available but whose shards changed (after a step or a load)."""
         self.live.regather(params, label)
 
-    def consumers_of(self, param: nn.Parameter) -> list[str]:
-        """Name the running module calls and end-of-iteration holds that claim `param` (`ds_active_sub_modules`)."""
+    def consumers_of(self, ds_id: int) -> list[str]:
+        """Name the running module calls and end-of-iteration holds that claim parameter `ds_id`
+        (`param.ds_active_sub_modules`)."""
         names = [
             f"module {f.unit.name!r} (forward)"
             for f in self._stack
-            if f.holds and f.unit is not None and any(p is param for p in f.unit.params)
+            if f.holds and f.unit is not None and any(p.ds_id == ds_id for p in f.unit.params)
         ]
-        names += [f"module {u.name!r} (backward)" for u in self._bwd_uses if any(p is param for p in u.params)]
-        names += ["held to the end of the iteration" for p in self._held if p is param]
+        names += [f"module {u.name!r} (backward)" for u in self._bwd_uses if any(p.ds_id == ds_id for p in u.params)]
+        names += ["held to the end of the iteration" for p in self._held if p.ds_id == ds_id]
         return names
 
     def release_explicit(self, params: list[nn.Parameter]) -> None:
