@@ -66,6 +66,7 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
     with GatheredParameters(w):
         assert w.data.data_ptr() == st.full.data_ptr() and st.full_flat.untyped_storage().nbytes() == 60 * 4
     assert st.full_flat.untyped_storage().nbytes() == 0
+    assert repr(st).startswith("ZeroParamState(name=") and "active=0" in repr(st)  # safe while released
 
 
 def test_released_parameter_reads_nan_and_refuses_writes() -> None:

@@ -76,7 +76,7 @@ class ZeroParamType(enum.Enum):
     """Held by one rank only (DeepSpeed's name; ds never creates such parameters)."""
 
 
-@dataclasses.dataclass(slots=True, eq=False)
+@dataclasses.dataclass(slots=True, eq=False, repr=False)
 class ZeroParamState:
     """This package's bookkeeping for one partitioned parameter on this rank (`state_of(param)`)."""
 
@@ -116,6 +116,13 @@ class ZeroParamState:
     """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
     secondary_valid: bool = False
     """hpZ: `ds_secondary_tensor` holds the current values (see `_params.secondary`); False: gather the primary."""
+
+    def __repr__(self) -> str:
+        # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
+        return (
+            f"ZeroParamState(name={self.name!r}, shard_numel={self.shard_numel}, world_size={self.world_size}, "
+            f"rank={self.rank}, active={self.active}, offload={self.offload})"
+        )
 
 
 def state_of(param: torch.nn.Parameter) -> ZeroParamState:
