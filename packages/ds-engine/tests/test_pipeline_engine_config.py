@@ -49,6 +49,10 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             r"zero_optimization.stage=2: ZeRO-2 and ZeRO-3 are incompatible",
         ),
         ({"pipeline": {"stages": 2}}, r"pipeline.stages=2 but the PipelineModule was built with 1 stages"),
+        (
+            {"managed_gradient_accumulation": False},
+            r"managed_gradient_accumulation=false is not supported with pipeline parallelism",
+        ),
         ({"pipeline": {"partition": "best-effort"}}, r"pipeline.partition: .*unknown partition method"),
         (
             {"activation_checkpointing": {"contiguous_memory_optimization": True}},

@@ -50,8 +50,11 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "ds_process_group",
         "ds_param_type",
         "ds_secondary_tensor",  # hpZ's slice: None without it
+        "ds_active_sub_modules",  # a read-only view of the claims in `_ds_state`
+        "is_external_param",
         "_ds_state",
     }
+    assert not w.ds_active_sub_modules and w.is_external_param is False
     assert w.ds_secondary_tensor is None
     assert w.ds_param_type is ds_zero.ZeroParamType.PARTITIONED
     st = state_of(w)
@@ -63,6 +66,7 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
     with GatheredParameters(w):
         assert w.data.data_ptr() == st.full.data_ptr() and st.full_flat.untyped_storage().nbytes() == 60 * 4
     assert st.full_flat.untyped_storage().nbytes() == 0
+    assert repr(st).startswith("ZeroParamState(name=") and "active=0" in repr(st)  # safe while released
 
 
 def test_released_parameter_reads_nan_and_refuses_writes() -> None:

@@ -130,7 +130,6 @@ def test_knobs_without_effect_are_accepted_and_listed() -> None:
             "contiguous_gradients": False,
             "round_robin_gradients": True,
             "elastic_checkpoint": True,
-            "stage3_module_granularity_threshold": 100,
             "offload_optimizer": {"device": "cpu", "cpuadam_cores_perc": 0.5, "ratio": 0.3},
         }
     )
@@ -139,7 +138,6 @@ def test_knobs_without_effect_are_accepted_and_listed() -> None:
         "zero_optimization.contiguous_gradients": False,
         "zero_optimization.round_robin_gradients": True,
         "zero_optimization.elastic_checkpoint": True,
-        "zero_optimization.module_granularity_threshold": 100,
         "zero_optimization.offload_optimizer.ratio": 0.3,
         "zero_optimization.offload_optimizer.cpuadam_cores_perc": 0.5,
     }

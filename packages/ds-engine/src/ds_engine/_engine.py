@@ -210,10 +210,12 @@ class DeepSpeedEngine(
         """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).
 
         Divided by `gradient_accumulation_steps` and multiplied by the loss scale, exactly what
-        `backward` back-propagates. Stage 0 only; ZeRO's optimizer runs its own backward.
+        `backward` back-propagates, at every ZeRO stage: ZeRO's gradient hooks reduce (and stage 3
+        releases parameters) during whichever backward runs, so a script's own `.backward()` on this
+        loss leaves the same gradients as `engine.backward(loss)`. (`engine.backward` additionally tells a
+        ZeRO-Infinity optimizer whether this backward ends the window, which lets it step NVMe sub-groups
+        early; with `scale()` they are stepped in `step()`.)
         """
-        if self._zero.stage > 0:
-            raise NotImplementedError("engine.scale() is for ZeRO stage 0; with ZeRO use engine.backward(loss)")
         scaled = loss / self._gas if self._gas > 1 else loss
         factor = self._stepper.loss_scale if self._stepper is not None else 1.0
         return scaled * factor if factor != 1.0 else scaled

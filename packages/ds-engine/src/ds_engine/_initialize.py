@@ -224,6 +224,11 @@ def initialize(
             "hybrid_engine.enabled: the hybrid engine wraps a plain module, not a PipelineModule (DeepSpeed builds "
             "the PipelineEngine and ignores the section); switch it off for pipeline training"
         )
+    if pipeline and not ds_config.model.managed_gradient_accumulation:
+        raise DeepSpeedConfigError(
+            "managed_gradient_accumulation=false is not supported with pipeline parallelism: the PipelineEngine's "
+            "train_batch() runs the whole accumulation window itself; remove the key for a PipelineModule"
+        )
     if pipeline:
         built = build_pipeline_engine(
             model=model,

@@ -183,7 +183,6 @@ class ZeroConfig(ConfigModel):
         "parameter_alignment": "flat buffers are padded to the data-parallel size only",
         "pipeline_loading_checkpoint": "stage-3 checkpoints load partition by partition",
         "enable_sanity_checks": "no extra invariant checks are implemented",
-        "module_granularity_threshold": "stage 3 fetches parameters per module; no fine-grained grouping",
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
         "save_muon_momentum_buffer_in_memory": "a ZeRO-3 Muon setting; Muon is not supported at stage 3 in ds",
@@ -266,6 +265,7 @@ class ZeroConfig(ConfigModel):
     """ZenFlow's importance-aware offload (`ZenFlowConfig`); present = on. Parsed only: no ZeRO optimizer runs it."""
     legacy_stage1: bool = False
     module_granularity_threshold: int = Field(0, alias="stage3_module_granularity_threshold")
+    """Stage 3: modules of at most this many parameter elements per layer become leaf modules (0: off)."""
     use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
     allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
     save_muon_momentum_buffer_in_memory: bool = False

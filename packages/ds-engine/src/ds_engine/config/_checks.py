@@ -112,6 +112,20 @@ def _check_nvme(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         )
 
 
+def _check_unmanaged_accumulation(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    """With `managed_gradient_accumulation: false`, stages 0 and 1 reduce once, in `step()`: nothing to overlap.
+
+    Stages 2 and 3 still reduce during each backward, so their `overlap_comm` keeps its meaning.
+    """
+    overlap = bool(getattr(zero.config, "overlap_comm", False))
+    if not model.managed_gradient_accumulation and zero.stage < 2 and overlap:
+        raise DeepSpeedConfigError(
+            f"managed_gradient_accumulation=false supports zero_optimization.overlap_comm only with ZeRO stage 2 "
+            f"or 3 (stage {zero.stage} reduces the gradients once, in step()); set "
+            f"zero_optimization.overlap_comm to false or keep managed_gradient_accumulation true"
+        )
+
+
 def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     """Refuse contradictory settings; warn once about settings that have no effect.
 
@@ -143,6 +157,7 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     if model.gradient_allreduce_op == "sum" and zero.stage == 3:
         raise DeepSpeedConfigError("gradient_allreduce_op='sum' is not supported with ZeRO stage 3; use 'mean'")
     _check_nvme(model, zero)
+    _check_unmanaged_accumulation(model, zero)
     if model.fp16.auto_cast and not model.fp16.enabled:
         warnings.warn("fp16.auto_cast has no effect while fp16.enabled is false", UserWarning, stacklevel=3)
     if model.prescale_gradients and model.gradient_predivide_factor != 1.0:

@@ -16,7 +16,9 @@ and `named_parameters()` keep working), and its `.data` switches between two ten
 
 The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
-`ds_process_group`, `ds_param_type`, and `ds_secondary_tensor` (hpZ's slice, see `_params.secondary`;
+`ds_process_group`, `ds_param_type`, `ds_active_sub_modules` (a read-only view, see `_params.active_consumers`),
+`is_external_param` (True once a forward returned it to its caller, which gathers it from then on), and
+`ds_secondary_tensor` (hpZ's slice, see `_params.secondary`;
 None without hpZ). Rank `r` holds elements `[r * s, (r + 1) * s)` of the flattened parameter, where
 `s = ceil(numel / world_size)`; the last ranks hold zero padding past `numel`.
 
@@ -43,6 +45,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._params.active_consumers import ActiveConsumers
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ class ZeroParamType(enum.Enum):
     """Held by one rank only (DeepSpeed's name; ds never creates such parameters)."""
 
 
-@dataclasses.dataclass(slots=True, eq=False)
+@dataclasses.dataclass(slots=True, eq=False, repr=False)
 class ZeroParamState:
     """This package's bookkeeping for one partitioned parameter on this rank (`state_of(param)`)."""
 
@@ -113,6 +116,13 @@ class ZeroParamState:
     """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
     secondary_valid: bool = False
     """hpZ: `ds_secondary_tensor` holds the current values (see `_params.secondary`); False: gather the primary."""
+
+    def __repr__(self) -> str:
+        # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
+        return (
+            f"ZeroParamState(name={self.name!r}, shard_numel={self.shard_numel}, world_size={self.world_size}, "
+            f"rank={self.rank}, active={self.active}, offload={self.offload})"
+        )
 
 
 def state_of(param: torch.nn.Parameter) -> ZeroParamState:
@@ -190,6 +200,7 @@ def partition_param(
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
     param.ds_param_type = ZeroParamType.PARTITIONED
     param.ds_secondary_tensor = None
+    param.is_external_param = False
     full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
     param._ds_state = ZeroParamState(
         name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
@@ -202,6 +213,7 @@ def partition_param(
         placeholder=placeholder,
     )
     param.data = placeholder
+    param.ds_active_sub_modules = ActiveConsumers(param.ds_id, param._ds_state)
     del data, flat
 
 

@@ -174,6 +174,8 @@ class ParamCoordinator:
             invalidate_secondaries(self.params)
 
     def pre_forward(self, module: nn.Module) -> None:
+        if not self._stack and self._in_backward and torch._C._current_graph_task_id() == -1:
+            self._drain_aborted_backward()
         if not self._stack and not self._in_backward:
             # submodules attached after the model was wrapped read their parameters through a
             # ZeroParamDict too, so a partitioned parameter they share is gathered on access
@@ -246,6 +248,23 @@ class ParamCoordinator:
             self._bwd_uses.clear()
             self._in_backward = False
             self._end_iteration()
+
+    def _drain_aborted_backward(self) -> None:
+        """Finish the iteration of a backward that raised: autograd skips queued callbacks on an error.
+
+        Called when a forward starts at the root while a backward is still marked running but autograd runs
+        none (an exception in a backward hook, a node, or a checkpoint replay). Its claims are released,
+        its parameters freed and its partial recording dropped, so the retry starts a clean iteration. The
+        end-of-backward callbacks do not run: the aborted backward's gradients are incomplete anyway.
+        """
+        logger.warning("stage 3: the previous backward did not finish (it raised); releasing what it held")
+        for unit in self._bwd_uses:
+            self._release(unit)
+        self._bwd_uses.clear()
+        self._in_backward = False
+        if self._trace is not None:
+            self._trace.discard()
+        self._end_iteration()
 
     # ---------------------------------------------------------------------------- gather and release
     def _use(self, unit: GatherUnit, phase: Phase) -> None:
@@ -357,6 +376,7 @@ class ParamCoordinator:
             self._hold(param)
             return False
         caller = self._stack[-1]
+        param.is_external_param = True  # DeepSpeed's flag: stays set, as the caller gathers it from now on
         external_params(caller.module)[id(param)] = param
         self._attach(caller, param)
         logger.debug(
@@ -375,6 +395,18 @@ class ParamCoordinator:
     def refresh(self, params: list[nn.Parameter], label: str) -> None:
         """Re-gather parameters that are available but whose shards changed (after a step or a load)."""
         self.live.regather(params, label)
+
+    def consumers_of(self, ds_id: int) -> list[str]:
+        """Name the running module calls and end-of-iteration holds that claim parameter `ds_id`
+        (`param.ds_active_sub_modules`)."""
+        names = [
+            f"module {f.unit.name!r} (forward)"
+            for f in self._stack
+            if f.holds and f.unit is not None and any(p.ds_id == ds_id for p in f.unit.params)
+        ]
+        names += [f"module {u.name!r} (backward)" for u in self._bwd_uses if any(p.ds_id == ds_id for p in u.params)]
+        names += ["held to the end of the iteration" for p in self._held if p.ds_id == ds_id]
+        return names
 
     def release_explicit(self, params: list[nn.Parameter]) -> None:
         for p in params:

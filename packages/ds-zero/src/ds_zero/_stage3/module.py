@@ -17,6 +17,7 @@ from ds_zero._params.partitioned_module import partition_module, remove_guard
 from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
 from ds_zero._params.secondary import secondary_partition
 from ds_zero._stage3.coordinator import ParamCoordinator
+from ds_zero._stage3.granularity import set_leaves_by_granularity
 from ds_zero._stage3.hooks import install_hooks
 from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._stage3.leaf_modules import apply_leaf_module_config
@@ -138,6 +139,7 @@ class DeepSpeedZeRoOffload:
         if self.param_swapper is not None:  # persistent parameters stay whole on every rank: not swapped
             self.param_swapper.adopt([p for p in params if not p.ds_persist], keep=persistent)
         apply_leaf_module_config(module, cfg.leaf_module)  # before the units are cut
+        set_leaves_by_granularity(module, cfg.module_granularity_threshold)
         self.coordinator = ParamCoordinator(
             module,
             group=self.gather_group,

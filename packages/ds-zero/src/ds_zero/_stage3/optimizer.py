@@ -270,6 +270,17 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
         """The base optimizer's parameters, in order: the tiles of every group's partition."""
         return [tile for part in self.partitions for tile in part.tiles]
 
+    @property
+    def fp16_groups(self) -> list[list[nn.Parameter]]:
+        """DeepSpeed's name: the model parameters of each sub-group (tile), in the base optimizer's order."""
+        return [list(tile.params) for tile in self.tiles]
+
+    @property
+    def fp32_partitioned_groups_flat(self) -> list[torch.Tensor]:
+        """DeepSpeed's name: each sub-group's flat fp32 master slice, the base optimizer's parameter (its
+        `optimizer.state` key; a NaN placeholder while swapped to NVMe)."""
+        return [tile.master for tile in self.tiles]
+
     # ------------------------------------------------------------------------------ the contract
     @property
     def param_groups(self) -> list[dict[str, Any]]:

@@ -88,6 +88,11 @@ class ExecutionTrace:
         self.recording = []
         self.valid = False
 
+    def discard(self) -> None:
+        """Drop this iteration's recording (it was aborted) and stop following the stored trace."""
+        self.recording = []
+        self.valid = False
+
     def refresh(self) -> None:
         """Recompute the per-parameter tables (a unit gained an external parameter)."""
         if self.events:
