@@ -33,6 +33,7 @@ from ds_engine._engine_offload_states import (
 from ds_engine._engine_queries import EngineCompatQueries
 from ds_engine._engine_sync_contexts import EngineSyncContexts
 from ds_engine._flops_step import StepFlopsProfile
+from ds_engine._loss_scale_guard import LossScaleGuard
 from ds_engine._optional import require
 from ds_engine._recovery_script import change_recovery_script_permissions
 from ds_engine._train_state import Counters, TrainState, rng_state
@@ -131,6 +132,7 @@ class DeepSpeedEngine(
         fp = m.flops_profiler
         self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
         self.flops_profiler = self._flops.profiler if self._flops is not None else None
+        self._loss_scale_guard = LossScaleGuard(self.loss_scale)
 
     # -- passthrough ------------------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -157,6 +159,7 @@ class DeepSpeedEngine(
             else:
                 with self._flops.forward(self.global_steps):
                     out = self.module(*inputs, **kwargs)
+        self._loss_scale_guard.arm(out)
         self.timers.stop("forward")
         return out
 
@@ -197,11 +200,12 @@ class DeepSpeedEngine(
         hint = getattr(self._stepper, "set_step_boundary", None)
         if hint is not None:  # ZeRO-Infinity may update sub-groups during the backward that ends the window
             hint(self.is_gradient_accumulation_boundary())
-        if self._flops is None:
-            self._stepper.backward(scaled, retain_graph)
-        else:
-            with self._flops.backward(self.global_steps):
+        with self._loss_scale_guard.engine_backward():
+            if self._flops is None:
                 self._stepper.backward(scaled, retain_graph)
+            else:
+                with self._flops.backward(self.global_steps):
+                    self._stepper.backward(scaled, retain_graph)
         self.timers.stop("backward_inner")
         self.timers.stop("backward")
         return scaled
@@ -218,7 +222,11 @@ class DeepSpeedEngine(
         """
         scaled = loss / self._gas if self._gas > 1 else loss
         factor = self._stepper.loss_scale if self._stepper is not None else 1.0
-        return scaled * factor if factor != 1.0 else scaled
+        if factor == 1.0:
+            return scaled
+        scaled = scaled * factor
+        self._loss_scale_guard.mark_scaled(scaled)
+        return scaled
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""
