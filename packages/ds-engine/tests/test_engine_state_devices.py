@@ -16,8 +16,10 @@ import pytest
 import torch
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
-from ds_engine.runtime.zero.offload_states import get_state_devices
-from ds_ops import OffloadStateTypeEnum, StateOffloader
+pytest.importorskip("ds_zero", reason="deepspeed.runtime.zero needs ds-zero: pip install 'ds-engine[zero]'")
+
+from ds_engine.runtime.zero.offload_states import get_state_devices  # noqa: E402
+from ds_ops import OffloadStateTypeEnum, StateOffloader  # noqa: E402
 
 CPU = {torch.device("cpu")}
 KINDS = list(OffloadStateTypeEnum)

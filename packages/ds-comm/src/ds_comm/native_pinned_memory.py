@@ -19,7 +19,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -113,7 +113,7 @@ class NativePinnedMemory:
 
     def __init__(self, handle: PinHandle | None = None) -> None:
         self._ranges: dict[int, int] = {}
-        self._finalizers: dict[int, weakref.finalize] = {}
+        self._finalizers: dict[int, weakref.finalize[Any, Any]] = {}
         self._device_registered: dict[int, HostRegistrar] = {}  # base -> the runtime it is registered with
         if handle is None:
             try:
@@ -158,7 +158,7 @@ class NativePinnedMemory:
             numel *= int(dim)
         if numel == 0:  # nothing to lock; an empty tensor has no address to track
             empty = example.new_empty(shape)
-            empty.ds_pinned = True
+            empty.ds_pinned = True  # type: ignore[attr-defined]
             return empty
         buffer = self._handle.new_cpu_locked_tensor(numel, example)
         # The view root owns the allocation: every view of the result keeps it alive through `._base`,
@@ -173,8 +173,8 @@ class NativePinnedMemory:
             root, _release, self._handle, begin, self._ranges, self._finalizers, self._device_registered
         )
         locked = buffer[:numel].view(shape)
-        locked.ds_pinned = True
-        locked.ds_pin_base = begin
+        locked.ds_pinned = True  # type: ignore[attr-defined]
+        locked.ds_pin_base = begin  # type: ignore[attr-defined]
         return locked
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
@@ -228,7 +228,7 @@ def _release(
     handle: PinHandle,
     begin: int,
     ranges: dict[int, int],
-    finalizers: dict[int, weakref.finalize],
+    finalizers: dict[int, weakref.finalize[Any, Any]],
     registered: dict[int, HostRegistrar],
 ) -> None:
     """The garbage-collection free of one allocation (module level: it must not hold the tensor)."""

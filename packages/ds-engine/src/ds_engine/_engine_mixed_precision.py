@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ds_engine._mixed_precision import cast_module_mixed_precision, mixed_precision_dtypes
-from ds_engine.config._checks import check_param_dtype
 
 if TYPE_CHECKING:
     from re import Pattern
@@ -39,6 +38,9 @@ class EngineMixedPrecision:
         Raises:
             ParamDtypeConflictError: they disagree (an `AssertionError`, as DeepSpeed raises, and a `ValueError`).
         """
+        # Here, not at module level: the config checks import pydantic, which `import ds_engine` must not load.
+        from ds_engine.config._checks import check_param_dtype
+
         check_param_dtype(self._config.param_dtype, fp16=self.fp16_enabled(), bf16=self.bfloat16_enabled())
 
     def _mixed_precision_dtypes(self) -> tuple[torch.dtype | None, torch.dtype | None]:

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ds_engine.config._dtype_names import DTYPES, to_torch_dtype
-from ds_engine.config._types import dtype_name
 
 __all__ = ["cast_module_mixed_precision", "mixed_precision_dtypes"]
 
@@ -36,6 +35,9 @@ def mixed_precision_dtypes(precision: str, buffer_dtype: str | None) -> tuple[to
     """
     buffers = None
     if buffer_dtype is not None:
+        # Here, not at module level: `_types` imports pydantic, which `import ds_engine` must not load.
+        from ds_engine.config._types import dtype_name
+
         name = dtype_name(buffer_dtype)
         if not isinstance(name, str) or name not in DTYPES:
             raise ValueError(f"data_types.buffer_dtype={buffer_dtype!r} is not one of fp32, fp16, bf16")
