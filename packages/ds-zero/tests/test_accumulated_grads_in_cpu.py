@@ -1,4 +1,4 @@
-"""`accumulated_grads_in_cpu` and `single_partition_of_fp32_groups` (DeepSpeed's names) in one process.
+"""DeepSpeed's names `accumulated_grads_in_cpu`, `single_partition_of_fp32_groups`, `bit16_groups_flat`, one process.
 
 With optimizer offload each micro-step's reduced gradient is added into the host fp32 partitions; the
 property views each parameter's fragment of them, so it must equal plain PyTorch's accumulated `.grad`
@@ -74,3 +74,21 @@ def test_single_partition_of_fp32_groups_are_the_masters_the_base_optimizer_step
     assert masters is opt.masters and masters[0].dtype == torch.float32
     assert set(opt.state) == set(masters)  # Adam's state is keyed by them (DeepSpeed's layout)
     torch.testing.assert_close(masters[0], torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bit16_groups_flat_is_the_buffer_the_parameters_view(stage: int, dtype: torch.dtype) -> None:
+    model = _model().to(dtype)
+    opt = _zero(model, stage, offload=False)
+    (flat,) = opt.bit16_groups_flat
+    assert flat.dtype == dtype and flat.grad_fn is None and flat.device.type == "cpu"
+    params = list(model.parameters())
+    assert flat.numel() >= sum(p.numel() for p in params)
+    torch.testing.assert_close(
+        flat[: sum(p.numel() for p in params)], torch.cat([p.detach().reshape(-1) for p in params])
+    )
+    opt.backward(model(_x(0).to(dtype)).float().sum())
+    opt.step()  # the step writes through the buffer: the parameters still read it
+    torch.testing.assert_close(flat[: params[0].numel()], params[0].detach().reshape(-1), rtol=0, atol=0)
+    assert params[0].data_ptr() == flat.data_ptr()

@@ -289,6 +289,13 @@ class DeepSpeedZeroOptimizer(
         return f"DeepSpeedZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, base={self.optimizer!r})"
 
     @property
+    def bit16_groups_flat(self) -> list[torch.Tensor]:
+        """DeepSpeed's name of the flat model-dtype buffers, one per param group: every trainable parameter
+        of the group is a view of it (padded to a multiple of the data-parallel size), on the parameters'
+        device. Not part of autograd (`grad_fn` is None), so in-place partition updates are safe."""
+        return [f.flat for f in self.flats]
+
+    @property
     def single_partition_of_fp32_groups(self) -> list[torch.Tensor]:
         """DeepSpeed's name of the fp32 master partitions, one per param group (`masters`; the base optimizer's
         params and its state keys)."""
