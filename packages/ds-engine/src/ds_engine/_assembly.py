@@ -185,12 +185,7 @@ def _stepper(
     if plan.zero_stage >= 1:
         zero = build_zero_optimizer(plan, config, base, module, dist, moe=moe, model_parallel=mp)
         return ZeroStepper(zero), zero
-    if moe is not None:
-        if plan.precision != "fp32":
-            raise DeepSpeedConfigError(
-                f"{plan.precision}: MoE models train in {plan.precision} with ZeRO stage 1 or 2 here; set "
-                "zero_optimization.stage to 1 or 2 (stage 0 handles MoE in fp32 only)"
-            )
+    if moe is not None and plan.precision == "fp32":
         _trainable(base)
         stepper = MoeFp32Stepper(base, wiring=moe, dist=dist, settings=plan.reduce, clip=plan.clip, timers=timers)
         return stepper, base
@@ -217,6 +212,7 @@ def _stepper(
         group=dist.dp_group,
         world_size=dist.dp_world_size,
         timers=timers,
+        moe=moe,
         **mp,
     )
     return wrapped, wrapped

@@ -94,14 +94,21 @@ class FlatGradBuffer:
         if fresh_views:
             torch._foreach_copy_(fresh_views, fresh_grads)
 
-    def bucket_slices(self, bucket_numel: int) -> list[torch.Tensor]:
-        """Contiguous slices of the buffer of at most `bucket_numel` elements, cut at parameter boundaries.
+    def span(self, first: int = 0, stop: int | None = None) -> torch.Tensor:
+        """The slice of the buffer holding parameters `first` .. `stop - 1` (all of them by default)."""
+        begin = sum(self.numels[:first])
+        end = begin + sum(self.numels[first:stop])
+        return self.flat[begin:end]
+
+    def bucket_slices(self, bucket_numel: int, first: int = 0, stop: int | None = None) -> list[torch.Tensor]:
+        """Contiguous slices of the buffer of at most `bucket_numel` elements, cut at parameter boundaries,
+        over parameters `first` .. `stop - 1` (all of them by default).
 
         A parameter larger than the bucket gets a slice of its own.
         """
         slices: list[torch.Tensor] = []
-        start = end = 0
-        for n in self.numels:
+        start = end = sum(self.numels[:first])
+        for n in self.numels[first:stop]:
             if end > start and end - start + n > bucket_numel:
                 slices.append(self.flat[start:end])
                 start = end
@@ -142,15 +149,26 @@ class GradAllReducer:
     mean (or by `predivide` for a sum). With prescale: multiply by `1/world`, all-reduce. Every
     bucket's all-reduce is issued before any is waited on, so gloo/nccl pipeline them.
     Collective: one all-reduce per bucket on `group`, in the same order on every rank.
+
+    `first`/`stop` restrict it to the buffer's parameters `first` .. `stop - 1`, so one buffer's parts can
+    be reduced over different groups (an MoE model's dense and expert gradients).
     """
 
     def __init__(
-        self, buffer: FlatGradBuffer, settings: ReduceSettings, *, group: ProcessGroup | None, world_size: int
+        self,
+        buffer: FlatGradBuffer,
+        settings: ReduceSettings,
+        *,
+        group: ProcessGroup | None,
+        world_size: int,
+        first: int = 0,
+        stop: int | None = None,
     ) -> None:
         self.buffer = buffer
         self.group = group
         self.world_size = world_size
-        self.buckets = buffer.bucket_slices(settings.bucket_numel)
+        self.region = buffer.span(first, stop)
+        self.buckets = buffer.bucket_slices(settings.bucket_numel, first, stop)
         comm = settings.comm_dtype
         self.comm_dtype = comm if comm is not None and comm != buffer.flat.dtype else None
         if settings.prescale:
@@ -160,7 +178,7 @@ class GradAllReducer:
             self.post = settings.predivide / world_size if settings.average else settings.predivide
 
     def all_reduce(self) -> None:
-        flat = self.buffer.flat
+        flat = self.region
         if self.pre != 1.0:
             flat.mul_(self.pre)
         if self.comm_dtype is None:

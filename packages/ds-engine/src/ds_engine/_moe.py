@@ -124,8 +124,8 @@ def detect_moe(module: nn.Module, dist: DistInfo) -> MoeWiring | None:
     if not names:
         return None
     ds_parallel = require("ds_parallel", extra="parallel", feature="mixture-of-experts (MoE layers)")
-    for sub in module.modules():
-        if sub is not module and hasattr(sub, "set_deepspeed_parallelism"):
+    for sub in module.modules():  # the model itself may be the MoE layer
+        if hasattr(sub, "set_deepspeed_parallelism"):
             sub.set_deepspeed_parallelism()
     groups = ds_parallel.groups
     for name in names:  # expert params whose layer has no set_deepspeed_parallelism: build from the name

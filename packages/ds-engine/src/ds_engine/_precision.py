@@ -9,21 +9,31 @@ whole fp32 buffer (unscale, inf/nan check, scaler update, norm, clip; identical 
 the all-reduce, so `partitioned=False`: no extra collective; with tensor parallelism one over the
 tensor-parallel group), and either skip (zero the grads) or
 step the masters and copy them back into the 16-bit parameters.
+
+An MoE model's buffers hold the dense gradients first, then each expert group's: the dense part is
+all-reduced over the data-parallel group, each expert part over its expert-data-parallel group (divided
+by the data-parallel world, as `_moe.MoeFp32Stepper` does), and the norm and overflow flag are combined
+over the expert-parallel group as tensor parallelism's are (experts are the parameters each rank of it
+holds differently).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
 
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, ReduceSettings
+from ds_engine._moe import is_expert_param
 from ds_engine._timers import NullTimers, WallClockTimers
 from ds_ops.precision import LossScaler, finish_step
+
+if TYPE_CHECKING:
+    from ds_engine._moe import MoeWiring
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +58,10 @@ class MixedPrecisionOptimizer:
         world_size: its size.
         timers: times the all-reduce.
         model_parallel_group: the tensor-parallel group (None: none); the norm and the overflow flag span it.
+        moe: an MoE model's expert groups (see the module note); not with `model_parallel_group`.
+
+    Raises:
+        ValueError: `moe` with tensor parallelism, or with experts in more than one expert-parallel size.
         model_parallel_params: the model parameters cut across it; the others are counted once in the norm.
     """
 
@@ -66,7 +80,15 @@ class MixedPrecisionOptimizer:
         timers: WallClockTimers | NullTimers,
         model_parallel_group: ProcessGroup | None = None,
         model_parallel_params: Sequence[torch.Tensor] = (),
+        moe: MoeWiring | None = None,
     ) -> None:
+        if moe is not None and model_parallel_group is not None:
+            raise ValueError("fp16/bf16 at ZeRO stage 0: MoE layers with tensor parallelism are not supported")
+        if moe is not None and len(moe.ep_groups) > 1:
+            raise ValueError(
+                f"fp16/bf16 at ZeRO stage 0: MoE layers of different expert-parallel sizes "
+                f"({', '.join(sorted(moe.ep_groups))}) need ZeRO stage 1 or 2 (zero_optimization.stage)"
+            )
         self.optimizer = optimizer
         self.dtype = dtype
         self.loss_scaler = loss_scaler
@@ -83,6 +105,8 @@ class MixedPrecisionOptimizer:
         self._make_masters()
         self._enable_universal_checkpoint()
         trainable = [i for i, p in enumerate(self.model_params) if p.requires_grad]
+        if moe is not None:  # dense gradients first, then the experts': each part is reduced over its own group
+            trainable.sort(key=lambda i: is_expert_param(self.model_params[i]))
         self._train_model = [self.model_params[i] for i in trainable]
         self._train_masters = [self.masters[i] for i in trainable]
         self.master_grads = FlatGradBuffer(self._train_masters, torch.float32, bind=True)
@@ -92,9 +116,23 @@ class MixedPrecisionOptimizer:
         else:
             self.accum = FlatGradBuffer(self._train_model, dtype, bind=True, lazy_bind=True)
             self._absorb_into = None
-        self.reducer = (
-            None if reduce is None else GradAllReducer(self.accum, reduce, group=group, world_size=world_size)
-        )
+        self.reducers: list[GradAllReducer] = []
+        num_dense = len(self._train_model)
+        if moe is not None:
+            num_dense = sum(not is_expert_param(p) for p in self._train_model)
+            # One expert group (checked above): its parameters are the ones each expert-parallel rank holds.
+            model_parallel_group = next(iter(moe.ep_groups.values()), None)
+            model_parallel_params = self._train_model[num_dense:]
+        if reduce is not None:
+            if num_dense:
+                self.reducers.append(
+                    GradAllReducer(self.accum, reduce, group=group, world_size=world_size, stop=num_dense)
+                )
+            if moe is not None and num_dense < len(self._train_model):
+                (edp,) = moe.edp_groups.values()
+                self.reducers.append(
+                    GradAllReducer(self.accum, reduce, group=edp, world_size=world_size, first=num_dense)
+                )
         self.model_parallel_group = model_parallel_group
         self._cut_grads = None
         if model_parallel_group is not None:
@@ -185,9 +223,10 @@ class MixedPrecisionOptimizer:
             return
         self._absorb()
         self.accum.rebind()
-        if self.reducer is not None:
+        if self.reducers:
             self.timers.start("allreduce")
-            self.reducer.all_reduce()
+            for reducer in self.reducers:
+                reducer.all_reduce()
             self.timers.stop("allreduce")
         self._reduced = True
 

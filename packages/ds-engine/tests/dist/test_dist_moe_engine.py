@@ -1,5 +1,8 @@
 """MoE through `initialize()` at ZeRO stages 0, 1 and 2 on 2 and 4 gloo ranks, ep_size 1, 2 and 4.
 
+fp16/bf16 at stage 0 are checked against ZeRO stage 1 in the same precision (itself checked here in fp32
+against the all-experts reference): the same masters, norms and weights.
+
 Each rank trains on its own batches; 20 steps of losses and the final weights (each rank's experts
 compared with the same global experts) must equal one process that holds every expert and steps AdamW
 on the mean of all ranks' losses. Expert gradients are summed over the expert-data-parallel group and
@@ -159,3 +162,86 @@ def test_zero_accessors_see_expert_parameters_over_their_own_group(stage: int) -
     """On 4 ranks with ep_size 2 an expert is partitioned over 2 ranks: the accessors gather it there."""
     for r in run_ranks(4, _accessors, stage, timeout_s=240):
         assert r["grad"] <= 1e-6 and r["value"] == 0.0, r
+
+
+def _half_precision(rank: int, world: int, precision: str) -> dict[str, Any]:
+    from moe_cases import TinyMoE, batch, config, load_full_into
+
+    import ds_engine as deepspeed
+
+    runs = {}
+    for stage in (0, 1):
+        torch.manual_seed(0)
+        initial_full = TinyMoE(ep_size=1)
+        model = TinyMoE(ep_size=2)
+        load_full_into(model, initial_full, rank % 2, 2)
+        cfg = config(stage, 0.3, LR)
+        cfg[precision] = {"enabled": True, "initial_scale_power": 8} if precision == "fp16" else {"enabled": True}
+        engine, *_ = deepspeed.initialize(model=model, config=cfg)
+        norms = []
+        for step in range(8):
+            engine.backward(engine(*batch(rank, step)))
+            engine.step()
+            norms.append(engine.get_global_grad_norm())
+        weights = torch.cat([p.detach().float().reshape(-1) for p in engine.module.parameters()])
+        runs[stage] = (norms, weights)
+    return {"norms": (runs[0][0], runs[1][0]), "weight_err": float((runs[0][1] - runs[1][1]).abs().max())}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("precision", "norm_rtol", "weight_atol"), [("bf16", 1e-5, 1e-6), ("fp16", 1e-4, 2e-3)])
+def test_half_precision_at_stage0_trains_as_zero1(precision: str, norm_rtol: float, weight_atol: float) -> None:
+    """4 ranks, ep_size 2: dense gradients averaged over 4 ranks, experts over their pair, the norm (clipping is
+    active) spanning both experts' holders. bf16 matches ZeRO-1 exactly (measured 0.0); fp16 within one fp16 ulp."""
+    for r in run_ranks(4, _half_precision, precision, timeout_s=540):
+        stage0, stage1 = r["norms"]
+        assert all(n is not None and n > 0.3 for n in stage0[:3]), stage0  # clipping was active
+        torch.testing.assert_close(torch.tensor(stage0), torch.tensor(stage1), rtol=norm_rtol, atol=0)
+        assert r["weight_err"] <= weight_atol, r
+
+
+def _moe_is_the_model(rank: int, world: int) -> tuple[float, float]:
+    import ds_engine as deepspeed
+    from ds_parallel.moe import MoE
+
+    torch.manual_seed(0)
+    model = MoE(8, torch.nn.Linear(8, 8), num_experts=2, ep_size=2, k=1, min_capacity=0)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config={"train_micro_batch_size_per_gpu": 1}
+    )
+    x = torch.randn(1, 4, 8, generator=torch.Generator().manual_seed(rank), requires_grad=True)
+    out, l_aux, _ = engine(x)
+    engine.backward(out.sum() + l_aux)
+    engine.step()
+    return float(x.grad.abs().sum()), float(out.abs().sum())
+
+
+def test_a_model_that_is_one_moe_layer_gets_its_expert_group() -> None:
+    """The root module is the MoE layer itself: initialize() sets its expert-parallel group (the forward's
+    exchange needs it), as for layers inside a model."""
+    for grad_sum, out_sum in run_ranks(2, _moe_is_the_model, timeout_s=120):
+        assert grad_sum > 0 and out_sum > 0
+
+
+def _two_ep_sizes(rank: int, world: int) -> str:
+    import ds_engine as deepspeed
+    from ds_parallel.moe import MoE
+
+    model = torch.nn.ModuleList([MoE(8, torch.nn.Linear(8, 8), num_experts=2, ep_size=e, k=1) for e in (1, 2)])
+    try:
+        deepspeed.initialize(
+            model=model,
+            config={
+                "train_micro_batch_size_per_gpu": 1,
+                "bf16": {"enabled": True},
+                "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            },
+        )
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+def test_half_precision_stage0_refuses_two_expert_parallel_sizes_by_name() -> None:
+    msg = run_ranks(2, _two_ep_sizes, timeout_s=120)[0]
+    assert "ep_size_1, ep_size_2" in msg and "ZeRO stage 1 or 2" in msg

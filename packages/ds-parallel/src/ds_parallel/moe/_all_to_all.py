@@ -16,7 +16,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 
-__all__ = ["expert_all_to_all"]
+__all__ = ["_AllToAll", "expert_all_to_all"]
 
 
 def _exchange(x: Tensor, group: ProcessGroup | None) -> Tensor:
@@ -26,15 +26,18 @@ def _exchange(x: Tensor, group: ProcessGroup | None) -> Tensor:
     return out
 
 
-class _ExpertAllToAll(torch.autograd.Function):
+class _AllToAll(torch.autograd.Function):
+    """The exchange as an autograd function; DeepSpeed's name and argument order (`_AllToAll.apply(group, x)`),
+    looked up at call time by `MOELayer`, so a script can count or replace the exchange as DeepSpeed's tests do."""
+
     @staticmethod
-    def forward(ctx: Any, x: Tensor, group: ProcessGroup | None) -> Tensor:
+    def forward(ctx: Any, group: ProcessGroup | None, x: Tensor) -> Tensor:
         ctx.group = group
         return _exchange(x, group)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return _ExpertAllToAll.apply(grad, ctx.group), None
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
+        return None, _AllToAll.apply(ctx.group, grad)
 
 
 def expert_all_to_all(x: Tensor, group: ProcessGroup | None) -> Tensor:
@@ -46,4 +49,4 @@ def expert_all_to_all(x: Tensor, group: ProcessGroup | None) -> Tensor:
     world = ds_comm.get_world_size(group)
     if x.shape[0] % world:
         raise ValueError(f"expert all-to-all: dim 0 ({x.shape[0]}) must split evenly over {world} ranks")
-    return _ExpertAllToAll.apply(x, group)
+    return _AllToAll.apply(group, x)

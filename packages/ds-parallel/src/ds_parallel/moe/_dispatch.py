@@ -13,14 +13,21 @@ from torch import Tensor
 
 from ds_parallel.moe._gating import Routes
 
-__all__ = ["combine", "dispatch", "route_slots"]
+__all__ = ["combine", "dispatch", "route_slots", "slots_of"]
 
 
 def route_slots(routes: Routes) -> Tensor:
     """`[k, S]` row of each route in the flat `[E * C (+1 scratch), M]` buffer."""
-    scratch = routes.num_experts * routes.capacity
-    slot = routes.indices * routes.capacity + routes.locations
-    return torch.where(routes.indices >= 0, slot, torch.full_like(slot, scratch))
+    return slots_of(routes.indices, routes.locations, routes.num_experts, routes.capacity)
+
+
+def slots_of(indices: Tensor, locations: Tensor, num_experts: int, capacity: int) -> Tensor:
+    """`route_slots` from the routes' expert indices and locations (`[k, S]` each, or sequences of `[S]`)."""
+    if not isinstance(indices, Tensor):
+        indices, locations = torch.stack(list(indices)), torch.stack(list(locations))
+    scratch = num_experts * capacity
+    slot = indices.long() * capacity + locations.long()
+    return torch.where(indices >= 0, slot, torch.full_like(slot, scratch))
 
 
 def dispatch(tokens: Tensor, slots: Tensor, num_experts: int, capacity: int) -> Tensor:

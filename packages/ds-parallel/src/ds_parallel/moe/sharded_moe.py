@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ds_parallel.moe._all_to_all import expert_all_to_all
-from ds_parallel.moe._dispatch import combine, dispatch, route_slots
+import ds_comm as dist
+from ds_parallel.moe._all_to_all import _AllToAll
+from ds_parallel.moe._dispatch import combine, dispatch, route_slots, slots_of
 from ds_parallel.moe._gating import (
     Routes,
     capacity_for,
@@ -38,6 +39,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "MOELayer",
+    "_AllToAll",
+    "_route_slots",
+    "_sparse_decode",
+    "_sparse_encode",
+    "dist",
     "TopKGate",
     "gumbel_rsample",
     "multiplicative_jitter",
@@ -81,6 +87,32 @@ def _result(routes: Routes, sparse_routes: bool) -> tuple[Any, ...]:
         )
     combine_weights, dispatch_mask = dense_combine(routes)
     return routes.l_aux, combine_weights, dispatch_mask, routes.exp_counts
+
+
+def _route_slots(indices: Tensor, locations: Tensor, num_experts: int, capacity: int) -> Tensor:
+    """The sparse routes' rows in the flat `[E * C, M]` capacity buffer, `[k, S]` (dropped routes name one
+    scratch row past the end). `indices`/`locations` are a gate's `sparse_routes` output."""
+    return slots_of(indices, locations, int(num_experts), int(capacity))
+
+
+def _sparse_encode(tokens: Tensor, slots: Tensor, num_experts: int, capacity: int) -> Tensor:
+    """`[E, C, M]`: the tokens `[S, M]` copied into their routes' slots, zeros elsewhere (the dense form is
+    `einsum("sec,sm->ecm", dispatch_mask, tokens)`)."""
+    return dispatch(tokens, slots, int(num_experts), int(capacity))
+
+
+def _sparse_decode(expert_output: Tensor, slots: Tensor, gates: Tensor, num_tokens: int) -> Tensor:
+    """`[S, M]`: per token, the gate-weighted sum of its routes' rows of `expert_output` (`[E * C, M]` or
+    `[E, C, M]`); the dense form is `einsum("sec,ecm->sm", combine_weights, expert_output)`.
+
+    Raises:
+        ValueError: `slots` does not hold `num_tokens` tokens.
+    """
+    if not isinstance(gates, Tensor):
+        gates = torch.stack(list(gates))
+    if slots.shape[-1] != num_tokens:
+        raise ValueError(f"_sparse_decode: the slots route {slots.shape[-1]} tokens, not num_tokens={num_tokens}")
+    return combine(expert_output, slots, gates)
 
 
 def top1gating(
@@ -306,8 +338,10 @@ class MOELayer(nn.Module):
                 f"MoE layer with ep_size={self.ep_size} has no expert-parallel group: call "
                 "deepspeed.initialize() or MoE.set_deepspeed_parallelism() first"
             )
+        if x.shape[0] % self.ep_size:
+            raise ValueError(f"expert all-to-all: dim 0 ({x.shape[0]}) must split evenly over {self.ep_size} ranks")
         start = time.perf_counter()
-        out = expert_all_to_all(x, self.ep_group)
+        out = _AllToAll.apply(self.ep_group, x.contiguous())
         return out, (time.perf_counter() - start) * 1000.0
 
     def forward(self, *input: Tensor, **kwargs: Any) -> Tensor:
