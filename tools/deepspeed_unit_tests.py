@@ -167,7 +167,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="outcomes as JSON")
     parser.add_argument("--compare", type=Path, help="a JSON written by another run")
     parser.add_argument("--reuse-venv", action="store_true", help="use an existing venv as it is, no install")
+    parser.add_argument(
+        "--local-size",
+        type=int,
+        help="export LOCAL_SIZE=N: DeepSpeed's CPU accelerator then counts N devices, so its harness runs tests "
+        "of up to N ranks (unset it counts NUMA nodes, and a one-node host skips every multi-rank test)",
+    )
     args = parser.parse_args()
+    if args.local_size:
+        os.environ["LOCAL_SIZE"] = str(args.local_size)
 
     python = ensure_venv(args.venv or args.work / f"venv-{args.side}", args.side, args.reuse_venv)
     tests = export_tests(args.deepspeed_git, args.work / f"tree-{args.side}")
