@@ -111,8 +111,11 @@ def run_group(python: Path, tests: Path, group: str, report: Path, timeout_s: in
         f"--timeout={timeout_s}",
         f"--junitxml={report}",
     ]
+    env = _clean_env()
+    # As an activated venv: the launcher tests run the `deepspeed` console script by name.
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
     with open(report.with_suffix(".log"), "w") as log:
-        subprocess.run(command, cwd=tests, env=_clean_env(), stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def read_outcomes(report: Path) -> dict[str, dict[str, str]]:
