@@ -37,6 +37,8 @@ FRAMEWORK_PATHS = {
     "deepspeed.runtime.base_optimizer": "ds_engine.runtime.base_optimizer",
     "deepspeed.runtime.zero": "ds_engine.runtime.zero",
     "deepspeed.runtime.zero.partition_parameters": "ds_engine.runtime.zero.partition_parameters",
+    "deepspeed.runtime.comm.coalesced_collectives": "ds_engine.runtime.comm.coalesced_collectives",
+    "deepspeed.runtime.swap_tensor": "ds_engine.runtime.swap_tensor",
     "deepspeed.checkpoint": "ds_engine.checkpoint",
     "deepspeed.checkpoint.utils": "ds_engine.checkpoint.utils",
     "deepspeed.checkpoint.ds_to_universal": "ds_engine.checkpoint.ds_to_universal",

@@ -58,3 +58,10 @@ def test_runtime_exposes_the_new_submodules_lazily() -> None:
     runtime = importlib.import_module("ds_engine.runtime")
     for name in ("config", "fp16", "bf16_optimizer"):
         assert getattr(runtime, name) is importlib.import_module(f"ds_engine.runtime.{name}")
+
+
+def test_swap_tensor_sizes_are_deepspeeds() -> None:
+    from ds_engine.runtime.swap_tensor import AIO_ALIGNED_BYTES, MIN_AIO_BYTES, MIN_SWAPPABLE_BYTES
+
+    assert (MIN_AIO_BYTES, AIO_ALIGNED_BYTES, MIN_SWAPPABLE_BYTES) == (1 << 20, 1 << 10, 1 << 20)
+    assert MIN_SWAPPABLE_BYTES % AIO_ALIGNED_BYTES == 0

@@ -17,6 +17,17 @@ from ds_comm._comms_logger import DEFAULT_MAX_SAMPLES, CommsLogger, comms_logger
 from ds_comm._config_errors import AUTO, Auto, ConfigDeprecationWarning, ConfigError, UsageError
 from ds_comm._device_mesh import initialize_mesh_device
 from ds_comm._dist_init import destroy_process_group, get_local_rank, init_distributed
+from ds_comm._group_helpers import (
+    all_reduce_coalesced,
+    all_to_all,
+    get_all_ranks_from_group,
+    get_world_group,
+    has_all_gather_into_tensor,
+    has_all_reduce_coalesced,
+    has_coalescing_manager,
+    has_reduce_scatter_tensor,
+    is_available,
+)
 from ds_comm._locked_host_allocator import LockedHostAllocator, locked_host_allocator
 from ds_comm._pinned_memory import (
     PinnedMemoryTracker,
@@ -111,6 +122,8 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
     "all_to_all_single",
     "atomic_save",
     "atomic_write",
@@ -129,18 +142,25 @@ __all__ = [
     "gather",
     "get_accelerator",
     "get_active_native_pinned_memory",
+    "get_all_ranks_from_group",
     "get_comm_operation_count",
     "get_global_rank",
     "get_local_rank",
     "get_logged_comm_ops",
     "get_logger",
     "get_rank",
+    "get_world_group",
     "get_world_size",
+    "has_all_gather_into_tensor",
+    "has_all_reduce_coalesced",
+    "has_coalescing_manager",
     "has_comm_data",
+    "has_reduce_scatter_tensor",
     "inference_all_reduce",
     "init_distributed",
     "initialize_mesh_device",
     "irecv",
+    "is_available",
     "is_current_accelerator_supported",
     "is_initialized",
     "isend",

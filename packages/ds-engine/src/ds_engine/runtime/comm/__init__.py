@@ -1,0 +1,1 @@
+"""`deepspeed.runtime.comm`: DeepSpeed's runtime collectives package (`coalesced_collectives`)."""
