@@ -9,6 +9,7 @@ from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_e
 import ds_engine
 import ds_ops
 from ds_engine._optimizers import normalize_param_groups, plan_config_optimizer, swap_for_cpu_optimizer
+from ds_engine._torch_optimizers import FusedLion
 
 
 class FakeCPUAdam(torch.optim.AdamW):
@@ -147,7 +148,7 @@ def test_real_fused_adam_matches_torch_adamw() -> None:
         ("SGD", torch.optim.SGD),
         ("RMSprop", torch.optim.RMSprop),
         ("adagrad", torch.optim.Adagrad),
-        ("Lion", ds_engine.Lion),
+        ("Lion", FusedLion),
         ("LAMB", ds_engine.Lamb),
     ],
 )
@@ -222,3 +223,17 @@ def test_config_torch_adam_is_not_swapped_under_offload() -> None:
     client = torch.optim.AdamW(model.parameters(), lr=0.1)
     swapped = make_engine(model, base_config(zero_optimization=offload, optimizer=None), optimizer=client)
     assert type(swapped.optimizer.optimizer) is ds_ops.DeepSpeedCPUAdam
+
+
+def test_lion_config_defaults_are_deepspeeds_with_and_without_offload() -> None:
+    """DeepSpeed's FusedLion and CPU Lion both default to lr 1e-3, betas (0.9, 0.999): so must the config."""
+    engine = make_engine(tiny_net(0), base_config(optimizer={"type": "Lion", "params": {}}))
+    assert isinstance(engine.optimizer, FusedLion) and isinstance(engine.optimizer, ds_engine.Lion)
+    cpu = ds_ops.DeepSpeedCPULion([torch.nn.Parameter(torch.zeros(2))])
+    for key in ("lr", "betas", "weight_decay"):
+        assert engine.optimizer.defaults[key] == cpu.defaults[key], key
+    assert engine.optimizer.defaults["lr"] == 1e-3 and tuple(engine.optimizer.defaults["betas"]) == (0.9, 0.999)
+    assert FusedLion.__module__ == "ds_engine._torch_optimizers"
+    from ds_engine.ops.lion import FusedLion as from_ops_path
+
+    assert from_ops_path is FusedLion

@@ -34,7 +34,7 @@ from torch.optim import Optimizer
 
 import ds_ops
 from ds_engine._muon import check_muon_params, muon_param_groups
-from ds_engine._torch_optimizers import Lamb, Lion
+from ds_engine._torch_optimizers import FusedLion, Lamb, Lion
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def _constructor(name: str) -> type[Optimizer]:
         "adamw": torch.optim.AdamW,
         "adagrad": torch.optim.Adagrad,
         "lamb": Lamb,
-        "lion": Lion,
+        "lion": FusedLion,
     }.get(name) or getattr(torch.optim, name)
 
 
@@ -156,7 +156,7 @@ def zero_supported_optimizer_classes() -> tuple[type[Optimizer], ...]:
 
     The one list behind both checks: `deepspeed.runtime.zero.utils.ZERO_SUPPORTED_OPTIMIZERS` (DeepSpeed's
     exact-type test) and `is_zero_tested_optimizer` below (ds's isinstance test, which also accepts Lamb).
-    `Lion` is what the `lion` config name builds in ds (DeepSpeed's FusedLion).
+    `FusedLion` (a `Lion` with DeepSpeed's defaults) is what the `lion` config name builds.
     """
     return (
         torch.optim.Adam,
@@ -168,6 +168,7 @@ def zero_supported_optimizer_classes() -> tuple[type[Optimizer], ...]:
         ds_ops.DeepSpeedCPULion,
         ds_ops.MuonWithAuxAdam,
         Lion,
+        FusedLion,
     )
 
 
@@ -211,7 +212,8 @@ class OptimizerPlan:
             return ds_ops.MuonWithAuxAdam(muon_param_groups(params, kwargs), adam_w_mode=adam_w_mode)
         module, _, cls_name = self.target.rpartition(".")
         owner = {"torch.optim": torch.optim, "ds_ops": ds_ops}.get(module)
-        cls = getattr(owner, cls_name) if owner is not None else {"Lion": Lion, "Lamb": Lamb}[cls_name]
+        local = {"FusedLion": FusedLion, "Lion": Lion, "Lamb": Lamb}
+        cls = getattr(owner, cls_name) if owner is not None else local[cls_name]
         if self.fallback is None:
             return cls(params, **self.kwargs)
         try:
@@ -340,7 +342,7 @@ def plan_config_optimizer(
             f"optimizer {name!r} has no DeepSpeed CPU implementation for offload_optimizer; use "
             "Adam/AdamW/Adagrad/Lion, or set zero_force_ds_cpu_optimizer=false to step it on CPU as is"
         )
-    target = {"adagrad": "torch.optim.Adagrad", "lion": "ds_engine.Lion", "lamb": "ds_engine.Lamb"}.get(
+    target = {"adagrad": "torch.optim.Adagrad", "lion": "ds_engine.FusedLion", "lamb": "ds_engine.Lamb"}.get(
         name, f"torch.optim.{name}"
     )
     return OptimizerPlan(name, target, dict(params))

@@ -15,7 +15,7 @@ from torch.optim import Optimizer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Lamb", "Lion"]
+__all__ = ["FusedLion", "Lamb", "Lion"]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -67,6 +67,27 @@ class Lion(Optimizer):
             torch._foreach_mul_(momenta, beta2)
             torch._foreach_add_(momenta, grads, alpha=1.0 - beta2)
         return loss
+
+
+class FusedLion(Lion):
+    """DeepSpeed's `FusedLion` signature and defaults over `Lion`: what the `lion` config name builds.
+
+    DeepSpeed's defaults are `lr=1e-3, betas=(0.9, 0.999)` (its CPU Lion's too), not the paper's
+    `1e-4, (0.9, 0.99)` that `Lion` keeps; a config that leaves them out must step the same in ds as in
+    DeepSpeed, with or without optimizer offload. `set_grad_none` is accepted for the signature: `zero_grad`
+    already sets gradients to None (torch's default).
+    """
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        set_grad_none: bool = True,
+    ) -> None:
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.set_grad_none = set_grad_none
 
 
 class Lamb(Optimizer):

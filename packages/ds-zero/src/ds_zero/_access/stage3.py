@@ -9,14 +9,19 @@ ones all-gather the slices (a collective over the parameter's group) or write th
 whole new value.
 
 Gradients are those of the current accumulation (between backward and step), scaled by the loss
-scale (fp16), averaged over the ranks; with none yet (after the step), zeros. With the optimizer state
-swapped to NVMe (`offload_optimizer.device="nvme"`), the fp32 master and optimizer state live in swap
-files between steps and are not reachable here (a ValueError says so); gradients are.
+scale (fp16), averaged over the ranks; with none yet (after the step), zeros.
+
+With the optimizer on NVMe (`offload_optimizer.device="nvme"`) the fp32 master, the optimizer state and
+the gradient of each sub-group (tile) live in swap files between steps. A getter reads the parameter's
+tile back and returns a copy (not a view: there is no memory to view); a setter reads the tile, writes
+the parameter's slice into it and writes the tile back, so the next step (and a checkpoint) sees it. A new
+gradient also replaces the tile's norm term, which clipping and the overflow check read at the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -60,28 +65,57 @@ class ShardParamAccess:
     def _what(param: nn.Parameter) -> str:
         return f"parameter {state_of(param).name!r}"
 
-    def _local_hp(self, param: nn.Parameter, tile: Any, offset: int, key: str | None) -> torch.Tensor:
-        s = state_of(param).shard_numel
-        if tile.swap is not None or self.optimizer_swapper is not None:
-            raise ValueError(
-                f"{self._what(param)}: the fp32 master and optimizer state are swapped to NVMe "
-                "(offload_optimizer.device='nvme') between steps and cannot be read or written here"
-            )
-        hp = tile.master if key is None else state_tensor(self.optimizer, tile.master, key, self._what(param))
-        return hp[offset : offset + s]
+    @contextlib.contextmanager
+    def _hp_slice(
+        self, param: nn.Parameter, tile: Any, offset: int, key: str | None, *, write: bool = False
+    ) -> Iterator[torch.Tensor]:
+        """This rank's slice of `param`'s fp32 master (`key` None) or optimizer state `key`.
 
-    def _local_grad(self, param: nn.Parameter, create: bool) -> torch.Tensor | None:
-        if self.optimizer_swapper is not None:
-            raise ValueError(
-                f"{self._what(param)}: the fp32 gradient is swapped to NVMe with the optimizer state "
-                "(offload_optimizer.device='nvme') and cannot be read or written here"
-            )
-        master, offset = state_of(param).grad_slot
-        if master.grad is None:
+        In memory, a view. On NVMe, a slice of the tile read back; with `write` the tile is written back
+        after the block.
+        """
+        s = state_of(param).shard_numel
+        hp = tile.master if key is None else state_tensor(self.optimizer, tile.master, key, self._what(param))
+        swapper = self.optimizer_swapper
+        whole = swapper.read_tensor(tile, key) if swapper is not None else None
+        if whole is None:  # in memory (or a state tensor the swapper does not move)
+            yield hp[offset : offset + s]
+            return
+        yield whole[offset : offset + s]
+        if write:
+            swapper.write_tensor(tile, key, whole)
+
+    @contextlib.contextmanager
+    def _grad_slice(self, param: nn.Parameter, *, create: bool, write: bool = False) -> Iterator[torch.Tensor | None]:
+        """This rank's slice of `param`'s fp32 gradient partition; None when there is none and not `create`.
+
+        In memory, a view of the partition's `.grad` (allocated as zeros when `create`). On NVMe, a slice
+        of the tile's gradient read back (zeros when `create` and none exists); with `write` it is written
+        back after the block.
+        """
+        swapper = self.optimizer_swapper
+        st = state_of(param)
+        if swapper is None:
+            master, offset = st.grad_slot
+            if master.grad is None:
+                if not create:
+                    yield None
+                    return
+                master.grad = torch.zeros(master.shape, dtype=torch.float32, device=master.device)
+            yield master.grad[offset : offset + st.shard_numel]
+            return
+        found = self._tile_of(param)
+        assert found is not None
+        tile, offset = found
+        whole = swapper.grads.read(tile)
+        if whole is None:
             if not create:
-                return None
-            master.grad = torch.zeros(master.shape, dtype=torch.float32, device=master.device)
-        return master.grad[offset : offset + state_of(param).shard_numel]
+                yield None
+                return
+            whole = torch.zeros(tile.numel, dtype=torch.float32)
+        yield whole[offset : offset + st.shard_numel]
+        if write:
+            swapper.grads.write(tile, whole)
 
     @staticmethod
     def _all_gather(param: nn.Parameter, local: torch.Tensor) -> torch.Tensor:
@@ -111,7 +145,8 @@ class ShardParamAccess:
         found = self._tile_of(param)
         if found is None:
             return None
-        return self._all_gather(param, self._local_hp(param, *found, optim_state_key))
+        with self._hp_slice(param, *found, optim_state_key) as local:
+            return self._all_gather(param, local)
 
     def set_full_hp_param(self, value: torch.Tensor, param: nn.Parameter, optim_state_key: str | None = None) -> None:
         """Set `param`'s fp32 master (or optimizer state) from its whole new `value`; each rank keeps its slice.
@@ -122,8 +157,8 @@ class ShardParamAccess:
         found = self._tile_of(param)
         if found is None:
             return
-        local = self._local_hp(param, *found, optim_state_key)
-        self._write_own_slice(param, value, local, self._what(param))
+        with self._hp_slice(param, *found, optim_state_key, write=True) as local:
+            self._write_own_slice(param, value, local, self._what(param))
         if optim_state_key is None:
             write_shards([param], [local])
             if param.ds_status is ZeroParamStatus.AVAILABLE:
@@ -131,9 +166,13 @@ class ShardParamAccess:
                     state_of(param).full.copy_(value.reshape(param.ds_shape))
 
     def get_local_fp32_param(self, param: nn.Parameter, optim_state_key: str | None = None) -> torch.Tensor | None:
-        """This rank's fp32 master slice of `param` (or of its optimizer state): a view of `ceil(numel / world)`."""
+        """This rank's fp32 master slice of `param` (or of its optimizer state): `ceil(numel / world)` elements,
+        a view (a copy when the optimizer is on NVMe)."""
         found = self._tile_of(param)
-        return None if found is None else self._local_hp(param, *found, optim_state_key)
+        if found is None:
+            return None
+        with self._hp_slice(param, *found, optim_state_key) as local:
+            return local
 
     def set_local_hp_param(self, value: torch.Tensor, param: nn.Parameter, optim_state_key: str | None = None) -> None:
         """Set this rank's fp32 master slice of `param` (or of its optimizer state) to `value`.
@@ -144,8 +183,7 @@ class ShardParamAccess:
         found = self._tile_of(param)
         if found is None:
             return
-        local = self._local_hp(param, *found, optim_state_key)
-        with torch.no_grad():
+        with self._hp_slice(param, *found, optim_state_key, write=True) as local, torch.no_grad():
             local.copy_(check_numel(value, local.numel(), self._what(param)))
         if optim_state_key is None:
             write_shards([param], [local])
@@ -155,33 +193,32 @@ class ShardParamAccess:
         """The whole averaged fp32 gradient of `param` (zeros before any backward); a collective."""
         if self._tile_of(param) is None:
             return None
-        local = self._local_grad(param, create=False)
-        if local is None:
-            local = torch.zeros(state_of(param).shard_numel, dtype=torch.float32)
-        return self._all_gather(param, local)
+        with self._grad_slice(param, create=False) as local:
+            if local is None:
+                local = torch.zeros(state_of(param).shard_numel, dtype=torch.float32)
+            return self._all_gather(param, local)
 
     def set_fp32_grad_for_param(self, value: torch.Tensor, param: nn.Parameter) -> None:
         """Replace `param`'s averaged gradient by the whole `value`; each rank keeps its slice."""
         if self._tile_of(param) is None:
             return
-        local = self._local_grad(param, create=True)
-        assert local is not None
-        self._write_own_slice(param, value, local, self._what(param))
+        with self._grad_slice(param, create=True, write=True) as local:
+            assert local is not None
+            self._write_own_slice(param, value, local, self._what(param))
 
     def get_local_fp32_grad_for_param(self, param: nn.Parameter) -> torch.Tensor | None:
-        """This rank's slice of `param`'s averaged fp32 gradient (a view; zeros before any backward)."""
+        """This rank's slice of `param`'s averaged fp32 gradient (a view, a copy on NVMe; zeros before any backward)."""
         if self._tile_of(param) is None:
             return None
-        local = self._local_grad(param, create=False)
-        return torch.zeros(state_of(param).shard_numel, dtype=torch.float32) if local is None else local
+        with self._grad_slice(param, create=False) as local:
+            return torch.zeros(state_of(param).shard_numel, dtype=torch.float32) if local is None else local
 
     def set_local_grad_for_param(self, value: torch.Tensor, param: nn.Parameter) -> None:
         """Set this rank's slice of `param`'s averaged gradient to `value`."""
         if self._tile_of(param) is None:
             return
-        local = self._local_grad(param, create=True)
-        assert local is not None
-        with torch.no_grad():
+        with self._grad_slice(param, create=True, write=True) as local, torch.no_grad():
+            assert local is not None
             local.copy_(check_numel(value, local.numel(), self._what(param)))
 
     def update_fp32_grad_for_param_vectorized(

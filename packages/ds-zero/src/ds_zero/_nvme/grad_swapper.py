@@ -179,6 +179,53 @@ class GradSwapper:
         if self._closing_order:
             self.last_order, self._closing_order = self._closing_order, []
 
+    # ------------------------------------------------------------------------------ between backward and step
+    def _check_settled(self, tile: ShardTile, op: str) -> None:
+        if tile.index in self._open:
+            raise RuntimeError(
+                f"NVMe gradient swap: cannot {op} the gradient of sub-group {tile.index} while a backward is "
+                "still delivering it; read or set gradients after backward returns"
+            )
+        if self.eager is not None and tile.index in self.eager.stepped:
+            raise RuntimeError(
+                f"NVMe gradient swap: sub-group {tile.index} was already updated during backward (eager sub-group "
+                f"steps); its gradient was consumed and cannot be {op}"
+            )
+
+    def read(self, tile: ShardTile) -> torch.Tensor | None:
+        """A fresh copy of the tile's gradient of this accumulation window; None before any backward."""
+        self._check_settled(tile, "read")
+        if tile.index not in self._valid:
+            return None
+        self._settle_writes()
+        record = self.file(tile)
+        out = torch.empty(tile.numel, dtype=torch.float32)
+        record.check_before_read(tile.numel * 4)
+        try:
+            request = self.handle.async_pread(out, record.path, checksum=True)
+            self.handle.wait()
+        except AioError as err:
+            raise io_failure(err, [record], "read") from err
+        record.verify(out, request.result.checksum)
+        return out
+
+    def write(self, tile: ShardTile, values: torch.Tensor) -> None:
+        """Replace the tile's gradient with fp32 `values`; its norm term and inf/nan flag are measured anew."""
+        self._check_settled(tile, "written")
+        self._settle_writes()
+        src = values.detach().to(torch.float32).reshape(-1).contiguous()
+        p = self.norm_type
+        norm = float(torch.linalg.vector_norm(src, p))
+        self._stats[tile.index] = (norm if math.isinf(p) else norm**p, not math.isfinite(norm))
+        record = self.file(tile)
+        try:
+            request = self.handle.async_pwrite(src, record.path, checksum=True)
+            self.handle.wait()
+        except AioError as err:
+            raise io_failure(err, [record], "write") from err
+        record.recorded(src, request.result.checksum)
+        self._valid.add(tile.index)
+
     # ------------------------------------------------------------------------------ the step
     def stats(self, tiles: Iterable[ShardTile] | None = None) -> GradStats:
         """The norm term and inf/nan flag of every written gradient (for `finish_step`), or of `tiles`' only."""

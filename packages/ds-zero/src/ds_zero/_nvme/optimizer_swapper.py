@@ -303,6 +303,26 @@ class OptimizerSwapper:
         if tile.numel:
             self._write_now(tile, _MASTER, values.to(torch.float32))
 
+    def read_tensor(self, tile: ShardTile, key: str | None) -> torch.Tensor | None:
+        """A fresh copy of the tile's fp32 master (`key` None) or of its swapped optimizer state `key`.
+
+        None when the optimizer keeps no swapped `key` for the tile (before its first step, or a state
+        that is not partition-shaped and so never leaves memory).
+        """
+        if key is None:
+            return self.read_master(tile)
+        dtype = dict(self._keys.get(tile.index, [])).get(key)
+        return None if dtype is None else self._read_now(tile, key, dtype)
+
+    def write_tensor(self, tile: ShardTile, key: str | None, values: torch.Tensor) -> None:
+        """Replace the tile's fp32 master (`key` None) or swapped optimizer state `key` with `values`."""
+        if key is None:
+            self.write_master(tile, values)
+            return
+        dtype = dict(self._keys.get(tile.index, []))[key]
+        if tile.numel:
+            self._write_now(tile, key, values.to(dtype))
+
     def state_dict(self) -> dict[str, Any]:
         """The base optimizer's `state_dict()` with every swapped state tensor read back (fresh copies)."""
         sd = self.optimizer.state_dict()
