@@ -109,6 +109,24 @@ class GradSwapper:
             record.recorded(src, request.result.checksum)
             self._free.append(base)
 
+    def _read_file(self, tile: ShardTile, into: torch.Tensor) -> None:
+        """Read the tile's gradient file into `into` (its numel elements), after any pending writes; checked."""
+        record = self.file(tile)
+        record.check_before_read(tile.numel * 4)
+        self._settle_writes()
+        try:
+            request = self.handle.async_pread(into, record.path, checksum=True)
+            self.handle.wait()
+        except AioError as err:
+            raise io_failure(err, [record], "read") from err
+        record.verify(into, request.result.checksum)
+
+    def _measure(self, tile: ShardTile, grad: torch.Tensor) -> None:
+        """Record the tile's gradient norm term and inf/nan flag (what `stats` sums for `finish_step`)."""
+        p = self.norm_type
+        norm = float(torch.linalg.vector_norm(grad, p))
+        self._stats[tile.index] = (norm if math.isinf(p) else norm**p, not math.isfinite(norm))
+
     # ------------------------------------------------------------------------------ backward
     def add(self, tile: ShardTile, offset: int, piece: torch.Tensor) -> None:
         """Add (or, first in the window, copy) a reduced gradient piece at `offset` of the tile's gradient."""
@@ -135,15 +153,7 @@ class GradSwapper:
         buffer = base[: tile.numel]
         accumulate = tile.index in self._valid
         if accumulate:  # an earlier micro-step of this window: start from what it wrote
-            record = self.file(tile)
-            record.check_before_read(tile.numel * 4)
-            self._settle_writes()
-            try:
-                request = self.handle.async_pread(buffer, record.path, checksum=True)
-                self.handle.wait()
-            except AioError as err:
-                raise io_failure(err, [record], "read") from err
-            record.verify(buffer, request.result.checksum)
+            self._read_file(tile, buffer)
         entry = _OpenTile(tile, base, buffer, accumulate)
         self._open[tile.index] = entry
         return entry
@@ -151,10 +161,7 @@ class GradSwapper:
     def _close(self, entry: _OpenTile) -> None:
         del self._open[entry.tile.index]
         buffer = entry.buffer
-        p = self.norm_type
-        norm = float(torch.linalg.vector_norm(buffer, p))
-        term = norm if math.isinf(p) else norm**p
-        self._stats[entry.tile.index] = (term, not math.isfinite(norm))
+        self._measure(entry.tile, buffer)
         self._closing_order.append(entry.tile)
         if self.eager is not None and self.eager.offer(entry.tile, buffer):
             self._free.append(entry.base)  # the step consumed the gradient: nothing to write
@@ -197,16 +204,8 @@ class GradSwapper:
         self._check_settled(tile, "read")
         if tile.index not in self._valid:
             return None
-        self._settle_writes()
-        record = self.file(tile)
         out = torch.empty(tile.numel, dtype=torch.float32)
-        record.check_before_read(tile.numel * 4)
-        try:
-            request = self.handle.async_pread(out, record.path, checksum=True)
-            self.handle.wait()
-        except AioError as err:
-            raise io_failure(err, [record], "read") from err
-        record.verify(out, request.result.checksum)
+        self._read_file(tile, out)
         return out
 
     def write(self, tile: ShardTile, values: torch.Tensor) -> None:
@@ -214,9 +213,7 @@ class GradSwapper:
         self._check_settled(tile, "written")
         self._settle_writes()
         src = values.detach().to(torch.float32).reshape(-1).contiguous()
-        p = self.norm_type
-        norm = float(torch.linalg.vector_norm(src, p))
-        self._stats[tile.index] = (norm if math.isinf(p) else norm**p, not math.isfinite(norm))
+        self._measure(tile, src)
         record = self.file(tile)
         try:
             request = self.handle.async_pwrite(src, record.path, checksum=True)
