@@ -200,7 +200,7 @@ def _run_copied_script(save_dir: Path, out: Path) -> dict:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return torch.load(out, weights_only=True)
+    return torch.load(out / "pytorch_model.bin", weights_only=True)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("z0")])
@@ -210,7 +210,7 @@ def test_copied_zero_to_fp32_reads_deepspeed_checkpoints_with_torch_only(case, t
     save_dir = tmp_path / "ckpt"
     shutil.copytree(DATA / case / "ckpt", save_dir)
     copy_zero_to_fp32_script(save_dir)
-    got = _run_copied_script(save_dir, tmp_path / "out.bin")
+    got = _run_copied_script(save_dir, tmp_path / "out")
     want = get_fp32_state_dict_from_zero_checkpoint(save_dir)
     assert list(got) == list(want) and "buf" in got
     for name in want:
@@ -237,15 +237,15 @@ def test_ds_checkpoint_gets_a_working_zero_to_fp32_script(case, tmp_path):
     save_dir = tmp_path / "ckpt"
     run_ranks(2, _train_and_save, case, str(save_dir), timeout_s=240)
     assert (save_dir / "zero_to_fp32.py").is_file()
-    got = _run_copied_script(save_dir, tmp_path / "script.bin")
+    got = _run_copied_script(save_dir, tmp_path / "script")
     proc = subprocess.run(
-        [sys.executable, "-m", "ds_engine.utils.zero_to_fp32", "-q", str(save_dir), str(tmp_path / "module.bin")],
+        [sys.executable, "-m", "ds_engine.utils.zero_to_fp32", "-q", str(save_dir), str(tmp_path / "module")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    by_module = torch.load(tmp_path / "module.bin", weights_only=True)
+    by_module = torch.load(tmp_path / "module" / "pytorch_model.bin", weights_only=True)
     want = get_fp32_state_dict_from_zero_checkpoint(save_dir)
     assert list(got) == list(want) == list(by_module)
     for name in want:

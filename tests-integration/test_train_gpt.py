@@ -191,7 +191,7 @@ def test_zero_to_fp32_gives_the_engines_eval_loss(killed_run: dict, tmp_path: Pa
     import subprocess
     import sys
 
-    out = tmp_path / "fp32.pt"
+    out = tmp_path / "fp32"
     subprocess.run(
         [sys.executable, "-m", "ds_zero.zero_to_fp32", str(killed_run["dir"] / "ckpt"), str(out), "-q"],
         check=True,
@@ -201,7 +201,7 @@ def test_zero_to_fp32_gives_the_engines_eval_loss(killed_run: dict, tmp_path: Pa
     ref = Reference(killed_run["config"], LAYERS, DIM)
     ref.train(4, 2)
     model = ref.new_model()
-    model.load_state_dict(torch.load(out, weights_only=True))
+    model.load_state_dict(torch.load(out / "pytorch_model.bin", weights_only=True))
     engine_eval = {e["step"]: e["eval_loss"] for e in killed_run["log"] if "eval_loss" in e}
     assert sorted(engine_eval) == [2, 4]
     assert ref.eval_loss(model) == pytest.approx(engine_eval[4], rel=1e-6)

@@ -170,3 +170,17 @@ def test_a_refused_step_leaves_every_count_as_it_was() -> None:
         optimizer.step()
     assert [optimizer.state[p]["step"] for p in (good, bad)] == [1, 1]
     assert torch.equal(good.detach(), before)
+
+
+def test_reloaded_param_groups_keep_the_saved_keys() -> None:
+    """Loading a FusedAdam state dict leaves each group with the keys it was saved with (torch's loader
+    adds `differentiable` to `defaults`; copying that into the groups made a reload differ from the save)."""
+    first = FusedAdam(_params(2), lr=1e-2)
+    saved = _roundtrip(first.state_dict())
+    second = FusedAdam(_params(2), lr=1e-3)
+    second.load_state_dict(saved)
+    reloaded = second.state_dict()["param_groups"]
+    assert [sorted(g) for g in reloaded] == [sorted(g) for g in saved["param_groups"]]
+    assert reloaded[0]["lr"] == 1e-2
+    second.add_param_group({"params": _params(1)})
+    assert sorted(second.param_groups[-1]) == sorted(first.param_groups[0])

@@ -67,6 +67,14 @@ def zero_file(ckpt_dir: Path, dp_rank: int, mp_rank: int) -> Path:
     return ckpt_dir / f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
+class CheckpointTagMismatchError(ValueError, AssertionError):
+    """`save_checkpoint` got different tags on different ranks under `checkpoint.tag_validation: FAIL`.
+
+    A ValueError (bad input); also an AssertionError because DeepSpeed raises one there, and scripts
+    written against DeepSpeed catch that.
+    """
+
+
 def _check_tag(tag: str, *, mode: str, world_size: int, device: torch.device) -> None:
     if mode == "IGNORE" or world_size == 1 or not ds_comm.is_initialized():
         return
@@ -78,7 +86,7 @@ def _check_tag(tag: str, *, mode: str, world_size: int, device: torch.device) ->
     if lo.item() != hi.item():
         message = f"checkpoint tag {tag!r} differs across ranks (checkpoint.tag_validation={mode})"
         if mode == "FAIL":
-            raise ValueError(message + "; pass the same tag on every rank")
+            raise CheckpointTagMismatchError(message + "; pass the same tag on every rank")
         logger.warning(message)
 
 

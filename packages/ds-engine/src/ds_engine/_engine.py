@@ -19,6 +19,7 @@ from ds_engine._assembly import EngineParts
 from ds_engine._autocast import AutocastPolicy
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine_api import EngineQueries
+from ds_engine._engine_ckpt_names import EngineCheckpointNames
 from ds_engine._engine_compile import EngineCompile
 from ds_engine._engine_consolidated import ConsolidatedWeights
 from ds_engine._engine_grad_reduce import EngineGradReduce
@@ -62,6 +63,7 @@ class DeepSpeedEngine(
     EngineSyncContexts,
     EngineCompile,
     ConsolidatedWeights,
+    EngineCheckpointNames,
     nn.Module,
 ):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,

@@ -57,6 +57,7 @@ class EngineCompatQueries:
     _zero: ZeroSettings
     _in_no_sync: bool
     _collate_fn: Any
+    _stepper: Any
     _client: ClientObjects = _NO_CLIENT
     module: nn.Module
     optimizer: Any
@@ -290,6 +291,24 @@ class EngineCompatQueries:
         if self._zero.config is not None:
             return self._zero.config
         return require("ds_zero", extra="zero", feature="the zero_optimization settings").ZeroConfig()
+
+    def _get_zero_param_shapes(self) -> list[dict[str, torch.Size]]:
+        """DeepSpeed's name -> shape of the ZeRO optimizer's trainable parameters, one dict per sub-group:
+        stage 3's `sub_group_size` tiles (each its own base-optimizer parameter and state entry), or at
+        stages 1 and 2 each param group's flat partition. Tests and conversion scripts use it to lay a
+        gathered optimizer state out per parameter.
+
+        Raises:
+            RuntimeError: ZeRO is off (there are no partitions to describe).
+        """
+        if self._zero.stage == 0 or self._stepper is None:
+            raise RuntimeError(
+                "_get_zero_param_shapes() describes ZeRO's optimizer partitions; this engine has "
+                "zero_optimization.stage 0 or no optimizer"
+            )
+        ds_zero = require("ds_zero", extra="zero", feature="_get_zero_param_shapes")
+        groups = ds_zero.zero_sub_group_param_shapes(self._stepper.optimizer, self.module)
+        return [{name: torch.Size(shape) for name, shape in group.items()} for group in groups]
 
     def zero_reduce_bucket_size(self) -> int:
         return int(self._zero_config().reduce_bucket_size)

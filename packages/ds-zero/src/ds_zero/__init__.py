@@ -15,7 +15,12 @@ from ds_zero._access.owner import zero_optimizer_of
 from ds_zero._checkpoint.deepspeed_files import write_deepspeed_files
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.format import consolidate_fp32_params
-from ds_zero._checkpoint.io import load_zero_checkpoint, save_zero_checkpoint, zero_param_shapes
+from ds_zero._checkpoint.io import (
+    load_zero_checkpoint,
+    save_zero_checkpoint,
+    zero_param_shapes,
+    zero_sub_group_param_shapes,
+)
 from ds_zero._checkpoint.param_states import (
     param_states_from_partitions,
     param_states_of,
@@ -70,6 +75,7 @@ from ds_zero._stage3.torch_patches import torch_patches_restored
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
+    convert_zero_checkpoint_to_state_dict,
     get_fp32_state_dict_from_zero_checkpoint,
     load_state_dict_from_zero_checkpoint,
 )
@@ -120,6 +126,7 @@ __all__ = [
     "consolidate_fp32_params",
     "convert_to_universal",
     "convert_zero_checkpoint_to_fp32_state_dict",
+    "convert_zero_checkpoint_to_state_dict",
     "copy_zero_to_fp32_script",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_partition_state_dicts",
@@ -134,6 +141,7 @@ __all__ = [
     "write_deepspeed_files",
     "zero_optimizer_of",
     "zero_param_shapes",
+    "zero_sub_group_param_shapes",
     # ZeRO stage 3
     "DeepSpeedZeRoOffload",
     "DeepSpeedZeroOptimizer_Stage3",

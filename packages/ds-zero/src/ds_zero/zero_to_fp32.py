@@ -2,11 +2,12 @@
 
 Command line (installed as `ds-zero-to-fp32`)::
 
-    ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_FILE [-t TAG] [--exclude_frozen_parameters] [-q]
+    ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_DIR [--max_shard_size 5GB] [--safe_serialization] [-t TAG]
+                    [--exclude_frozen_parameters] [-q]
 
-`CHECKPOINT_DIR` is the save directory holding `latest` (or a tag directory). `OUTPUT_FILE` receives a
-`torch.save`d state_dict (an existing directory gets `pytorch_model.bin` inside, as DeepSpeed's script
-writes). A progress bar on stderr follows the consolidation.
+`CHECKPOINT_DIR` is the save directory holding `latest` (or a tag directory). `OUTPUT_DIR` receives
+`pytorch_model.bin` (or `model.safetensors`), or numbered shards and an index when the weights exceed
+`--max_shard_size`: DeepSpeed's arguments and layout. A progress bar on stderr follows the consolidation.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 import ds_comm
 from ds_zero._checkpoint.format import FragmentIndex, consolidate_fp32_params
+from ds_zero._checkpoint.hf_shards import parse_shard_size, write_state_dict_dir
 from ds_zero._checkpoint.io import (
     find_model_states_file,
     load_optim_state_dicts,
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "convert_zero_checkpoint_to_fp32_state_dict",
+    "convert_zero_checkpoint_to_state_dict",
     "get_fp32_state_dict_from_zero_checkpoint",
     "get_model_state_files",
     "get_optim_files",
@@ -129,27 +132,110 @@ def get_fp32_state_dict_from_zero_checkpoint(
     return out
 
 
-def convert_zero_checkpoint_to_fp32_state_dict(
+def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use one of {', '.join(sorted(_DTYPES))} (or a torch.dtype)")
+    return _DTYPES[name]
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+_FILE_SUFFIXES = (".bin", ".pt", ".pth", ".safetensors")
+
+
+def _check_output_dir(output_dir: str | os.PathLike[str]) -> Path:
+    out = Path(output_dir)
+    if out.suffix in _FILE_SUFFIXES and not out.is_dir():
+        raise ValueError(
+            f"output_dir {out} looks like a file name: the second argument is the directory that receives "
+            f"pytorch_model.bin (or model.safetensors, or shards and an index), as in DeepSpeed since 0.14; "
+            f"pass {out.parent} or another directory"
+        )
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output_dir {out} is an existing file; give a directory to write the weights into")
+    return out
+
+
+def _cast(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating-point tensors in `dtype`; tensors that were one object (tied weights) stay one."""
+    cast: dict[int, torch.Tensor] = {}
+    out = {}
+    for name, value in state_dict.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+            value = cast.setdefault(id(value), value.to(dtype))
+        out[name] = value
+    return out
+
+
+def convert_zero_checkpoint_to_state_dict(
     checkpoint_dir: str | os.PathLike[str],
-    output_file: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    dtype: torch.dtype | str = torch.float32,
+    max_shard_size: int | str | None = "5GB",
+    safe_serialization: bool = False,
     tag: str | None = None,
     exclude_frozen_parameters: bool = False,
     *,
     progress: bool = False,
 ) -> Path:
-    """Write `get_fp32_state_dict_from_zero_checkpoint(...)` to `output_file` (atomically); returns the path.
+    """Consolidate a ZeRO checkpoint and write it into `output_dir` in `dtype`, as Hugging Face lays weights out.
 
-    An existing directory as `output_file` gets `pytorch_model.bin` inside it.
+    `pytorch_model.bin` (`model.safetensors` with `safe_serialization`) when the weights fit in
+    `max_shard_size` (`"5GB"`, `"500MiB"`, bytes, or None for one file); otherwise numbered shards and
+    an `.index.json` (`ds_zero._checkpoint.hf_shards`). Floating-point tensors are cast to `dtype`
+    (`float32/fp32/float16/fp16/bfloat16/bf16` or a torch.dtype); tied weights stay tied.
+
+    Returns:
+        `output_dir`.
+
+    Raises:
+        ValueError: `output_dir` is an existing file or looks like a file name (`.bin`, `.pt`, ...: the
+            older signature took a file); a bad `dtype` or `max_shard_size`. Checked before any reading.
+        FileNotFoundError: no such checkpoint (see `get_fp32_state_dict_from_zero_checkpoint`).
+        ImportError: `safe_serialization` without the safetensors package.
     """
-    out = Path(output_file)
-    if out.is_dir():
-        out = out / "pytorch_model.bin"
+    out = _check_output_dir(output_dir)
+    target = _torch_dtype(dtype)
+    parse_shard_size(max_shard_size)
     state_dict = get_fp32_state_dict_from_zero_checkpoint(
         checkpoint_dir, tag, exclude_frozen_parameters, progress=progress
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    ds_comm.atomic_save(state_dict, out)
+    write_state_dict_dir(
+        _cast(state_dict, target), out, max_shard_size=max_shard_size, safe_serialization=safe_serialization
+    )
     return out
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(
+    checkpoint_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    max_shard_size: int | str | None = "5GB",
+    safe_serialization: bool = False,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    *,
+    progress: bool = False,
+) -> Path:
+    """`convert_zero_checkpoint_to_state_dict` in fp32 (DeepSpeed's name and argument order); returns `output_dir`."""
+    return convert_zero_checkpoint_to_state_dict(
+        checkpoint_dir,
+        output_dir,
+        torch.float32,
+        max_shard_size,
+        safe_serialization,
+        tag,
+        exclude_frozen_parameters,
+        progress=progress,
+    )
 
 
 def load_state_dict_from_zero_checkpoint(
@@ -162,19 +248,30 @@ def load_state_dict_from_zero_checkpoint(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_FILE`: returns the exit status."""
+    """`ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_DIR [...]`: returns the exit status."""
     parser = argparse.ArgumentParser(prog="ds-zero-to-fp32", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint_dir", help="save directory holding 'latest' (or a tag directory)")
-    parser.add_argument("output_file", help="where to write the fp32 state_dict (torch.save)")
+    parser.add_argument("output_dir", help="directory for pytorch_model.bin (or shards and an index)")
+    parser.add_argument("--max_shard_size", default="5GB", help="largest shard, e.g. 5GB or 500MiB (default 5GB)")
+    parser.add_argument("--safe_serialization", action="store_true", help="write model.safetensors")
     parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: read from 'latest')")
     parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave out frozen parameters")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("-d", "--debug", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG)
     try:
         out = convert_zero_checkpoint_to_fp32_state_dict(
-            args.checkpoint_dir, args.output_file, args.tag, args.exclude_frozen_parameters, progress=not args.quiet
+            args.checkpoint_dir,
+            args.output_dir,
+            max_shard_size=args.max_shard_size,
+            safe_serialization=args.safe_serialization,
+            tag=args.tag,
+            exclude_frozen_parameters=args.exclude_frozen_parameters,
+            progress=not args.quiet,
         )
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ImportError) as err:
         print(f"ds-zero-to-fp32: error: {err}", file=sys.stderr)
         return 2
     if not args.quiet:

@@ -4,6 +4,7 @@ script) rebuilds the model's state_dict exactly from the partitions."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -142,7 +143,7 @@ def test_zero_to_fp32_equals_the_gathered_model(saved: dict) -> None:
 
 
 def test_console_script_writes_a_loadable_state_dict(saved: dict, tmp_path: Path) -> None:
-    out = tmp_path / "model_fp32.pt"
+    out = tmp_path / "model_fp32"
     proc = subprocess.run(
         [sys.executable, "-m", "ds_zero.zero_to_fp32", str(saved["root2"] / "s2-fp32"), str(out)],
         capture_output=True,
@@ -152,9 +153,42 @@ def test_console_script_writes_a_loadable_state_dict(saved: dict, tmp_path: Path
     )
     assert proc.returncode == 0, proc.stderr
     assert "100.0%" in proc.stderr and "saved fp32 state_dict" in proc.stderr
-    Tiny().load_state_dict(torch.load(out, weights_only=True))
+    Tiny().load_state_dict(torch.load(out / "pytorch_model.bin", weights_only=True))
+
+
+def test_convert_writes_deepspeeds_output_dir_layout(saved: dict, tmp_path: Path) -> None:
+    """`convert_zero_checkpoint_to_fp32_state_dict(ckpt, output_dir)`: DeepSpeed's argument order; one
+    `pytorch_model.bin`, or shards and an index below `max_shard_size`, equal to the consolidated dict."""
+    ckpt = saved["root2"] / "s2-fp32"
+    want = ds_zero.get_fp32_state_dict_from_zero_checkpoint(ckpt)
+    out = ds_zero.convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp_path / "one")
+    assert out == tmp_path / "one" and sorted(p.name for p in out.iterdir()) == ["pytorch_model.bin"]
+    one = torch.load(out / "pytorch_model.bin", weights_only=True)
+    assert list(one) == list(want) and all(torch.equal(one[k], v) for k, v in want.items())
+
+    sharded = ds_zero.convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp_path / "many", max_shard_size=300)
+    index = json.loads((sharded / "pytorch_model.bin.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and all(f.startswith("pytorch_model-") for f in files)
+    merged = {k: v for f in files for k, v in torch.load(sharded / f, weights_only=True).items()}
+    assert set(merged) == set(want) and all(torch.equal(merged[k], v) for k, v in want.items())
+
+    half = ds_zero.convert_zero_checkpoint_to_state_dict(ckpt, tmp_path / "bf16", dtype="bf16", max_shard_size=None)
+    low = torch.load(half / "pytorch_model.bin", weights_only=True)
+    for key, value in want.items():
+        expected = value.to(torch.bfloat16) if value.is_floating_point() else value
+        assert low[key].dtype == expected.dtype and torch.equal(low[key], expected), key
+
+
+def test_convert_refuses_a_file_name_before_reading(tmp_path: Path) -> None:
+    # the checkpoint does not exist either: the output check comes first, and nothing is written
+    with pytest.raises(ValueError, match="looks like a file name"):
+        ds_zero.convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "nope", tmp_path / "model.bin")
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        ds_zero.convert_zero_checkpoint_to_state_dict(tmp_path / "nope", tmp_path / "out", dtype="int8")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_console_script_error_exit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert zero_to_fp32.main([str(tmp_path / "nope"), str(tmp_path / "out.pt")]) == 2
+    assert zero_to_fp32.main([str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
     assert "ds-zero-to-fp32: error: no 'latest' file" in capsys.readouterr().err

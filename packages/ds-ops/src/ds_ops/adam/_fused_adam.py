@@ -131,10 +131,14 @@ class FusedAdam(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's `load_state_dict`; a saved group without one of FusedAdam's hyper-parameters (torch's
-        Adam/AdamW have no `bias_correction`) gets this optimizer's default for it."""
+        Adam/AdamW have no `bias_correction`) gets this optimizer's default for it. Only FusedAdam's own
+        hyper-parameters are filled in: torch's loader adds `differentiable` to `defaults`, which this
+        optimizer does not have, and a reloaded group must keep the keys of the one that was saved."""
+        own_defaults = dict(self.defaults)
         super().load_state_dict(state_dict)
+        self.defaults = own_defaults
         for group in self.param_groups:
-            for key, value in self.defaults.items():
+            for key, value in own_defaults.items():
                 group.setdefault(key, value)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

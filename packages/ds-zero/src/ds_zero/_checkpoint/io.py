@@ -104,6 +104,16 @@ def zero_param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str,
     ]
 
 
+def zero_sub_group_param_shapes(optimizer: Any, module: torch.nn.Module) -> list[dict[str, list[int]]]:
+    """Like `zero_param_shapes`, but per sub-group of the base optimizer: at stage 3 each `sub_group_size`
+    tile is a base-optimizer parameter with its own state (DeepSpeed's `_get_zero_param_shapes` lists
+    stage 3's sub-groups); at stages 1 and 2 a sub-group is a param group's flat partition."""
+    per_tile = getattr(optimizer, "sub_group_param_shapes", None)
+    if per_tile is not None:
+        return per_tile()
+    return zero_param_shapes(optimizer, module)
+
+
 def _model_states(optimizer: Any, module: torch.nn.Module, client_state: Mapping[str, Any]) -> dict[str, Any]:
     state = {
         "module": module.state_dict(),

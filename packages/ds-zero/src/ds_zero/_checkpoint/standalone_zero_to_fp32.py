@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Rebuild full fp32 weights from a ZeRO checkpoint: needs only torch (copied next to each checkpoint).
 
-    python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_FILE [-t TAG]
+    python zero_to_fp32.py CHECKPOINT_DIR OUTPUT_DIR [-t TAG]
 
-`CHECKPOINT_DIR` holds `latest` (or is a tag directory); OUTPUT_FILE gets a `torch.save`d state_dict
-(an existing directory gets `pytorch_model.bin`): every trainable parameter in fp32 from the optimizer
+`CHECKPOINT_DIR` holds `latest` (or is a tag directory); OUTPUT_DIR (created) gets one `torch.save`d
+`pytorch_model.bin`, unsharded (DeepSpeed's argument order; `ds-zero-to-fp32` also shards and writes
+safetensors): every trainable parameter in fp32 from the optimizer
 partitions of all ranks, buffers and frozen parameters from the model-states file. Reads ds's files
 and DeepSpeed 0.19.8's (ZeRO 1-3) without ds or DeepSpeed installed: files are loaded with torch's
 `weights_only` unpickler; DeepSpeed's few pickled classes are read as plain attribute holders.
@@ -162,15 +163,18 @@ def get_fp32_state_dict(checkpoint_dir, tag=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Consolidate a ZeRO checkpoint into one fp32 state_dict.")
     parser.add_argument("checkpoint_dir")
-    parser.add_argument("output_file")
+    parser.add_argument("output_dir", help="directory that receives pytorch_model.bin")
     parser.add_argument("-t", "--tag", default=None)
     args = parser.parse_args(argv)
+    out = Path(args.output_dir)
+    if out.suffix in (".bin", ".pt", ".pth", ".safetensors") and not out.is_dir():
+        parser.error(f"{out} looks like a file name; OUTPUT_DIR is the directory that receives pytorch_model.bin")
+    if out.exists() and not out.is_dir():
+        parser.error(f"{out} is an existing file; OUTPUT_DIR must be a directory")
     state = get_fp32_state_dict(args.checkpoint_dir, args.tag)
-    out = Path(args.output_file)
-    if out.is_dir():
-        out = out / "pytorch_model.bin"
-    torch.save(state, out)
-    print(f"saved {len(state)} tensors to {out}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(state, out / "pytorch_model.bin")
+    print(f"saved {len(state)} tensors to {out / 'pytorch_model.bin'}", file=sys.stderr)
     return 0
 
 

@@ -281,6 +281,25 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
         `optimizer.state` key; a NaN placeholder while swapped to NVMe)."""
         return [tile.master for tile in self.tiles]
 
+    def sub_group_param_shapes(self) -> list[dict[str, list[int]]]:
+        """Per sub-group (tile, in the base optimizer's order): name -> full shape of its parameters."""
+        return [tile.param_shapes() for tile in self.tiles]
+
+    def _set_fp32_optimizer_param_groups(self) -> None:
+        """Point the base optimizer's param groups at every sub-group's fp32 partition (DeepSpeed's name).
+
+        DeepSpeed keeps those groups empty between steps and fills them around `step()` and around a
+        read of `optimizer.optimizer.state_dict()`. ds keeps them filled at all times, so this only
+        re-establishes that (after a caller emptied or replaced a group's `params`).
+        """
+        for part in self.partitions:
+            self.optimizer.param_groups[part.group_index]["params"] = [tile.master for tile in part.tiles]
+
+    def _clear_fp32_optimizer_param_groups(self) -> None:
+        """DeepSpeed's counterpart of `_set_fp32_optimizer_param_groups`. ds's resting state is the filled
+        groups (its `step()` steps whatever they hold), so this restores that state rather than emptying them."""
+        self._set_fp32_optimizer_param_groups()
+
     # ------------------------------------------------------------------------------ the contract
     @property
     def param_groups(self) -> list[dict[str, Any]]:
