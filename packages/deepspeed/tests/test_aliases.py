@@ -39,6 +39,7 @@ FRAMEWORK_PATHS = {
     "deepspeed.runtime.zero.partition_parameters": "ds_engine.runtime.zero.partition_parameters",
     "deepspeed.runtime.comm.coalesced_collectives": "ds_engine.runtime.comm.coalesced_collectives",
     "deepspeed.runtime.swap_tensor": "ds_engine.runtime.swap_tensor",
+    "deepspeed.runtime.utils": "ds_engine.runtime.utils",
     "deepspeed.checkpoint": "ds_engine.checkpoint",
     "deepspeed.checkpoint.utils": "ds_engine.checkpoint.utils",
     "deepspeed.checkpoint.ds_to_universal": "ds_engine.checkpoint.ds_to_universal",
@@ -125,10 +126,12 @@ def test_framework_names_resolve() -> None:
     from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
     from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.utils import CheckOverflow, get_weight_norm
     from deepspeed.runtime.zero import partition_parameters as pp
     from deepspeed.utils import logger
 
     assert DeepSpeedEngine is deepspeed.DeepSpeedEngine
+    assert CheckOverflow.__module__ == get_weight_norm.__module__ == "ds_engine._overflow_check"
     assert pp.Init is deepspeed.zero.Init is ds_zero.Init
     assert callable(pp.zero_wrapper_for_fp_tensor_constructor) and callable(clone_tensors_for_torch_save)
     assert issubclass(ds_zero.DeepSpeedZeroOptimizer, DeepSpeedOptimizer)

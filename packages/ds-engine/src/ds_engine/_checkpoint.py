@@ -67,12 +67,9 @@ def zero_file(ckpt_dir: Path, dp_rank: int, mp_rank: int) -> Path:
     return ckpt_dir / f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
-class CheckpointTagMismatchError(ValueError, AssertionError):
-    """`save_checkpoint` got different tags on different ranks under `checkpoint.tag_validation: FAIL`.
-
-    A ValueError (bad input); also an AssertionError because DeepSpeed raises one there, and scripts
-    written against DeepSpeed catch that.
-    """
+class CheckpointTagMismatchError(ds_comm.UsageError):
+    """`save_checkpoint` got different tags on different ranks under `checkpoint.tag_validation: FAIL`
+    (a ValueError, and the AssertionError DeepSpeed raises there: see `ds_comm.UsageError`)."""
 
 
 def _check_tag(tag: str, *, mode: str, world_size: int, device: torch.device) -> None:

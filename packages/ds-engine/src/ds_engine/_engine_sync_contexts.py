@@ -44,8 +44,9 @@ class EngineSyncContexts:
         """
         if self._zero.stage >= 2:
             raise ds_comm.UsageError(
-                f"no_sync() is not supported with ZeRO stage {self._zero.stage}, which reduces gradients "
-                "during backward; use engine.coalesce_grad_reduction() to reduce several backwards at once"
+                f"no_sync context manager is incompatible with ZeRO stage {self._zero.stage}, which reduces "
+                "gradients during backward; use engine.coalesce_grad_reduction() to reduce several backwards "
+                "at once"
             )
         self._refuse_nesting("no_sync")
         with self._marked("no_sync"):
@@ -90,8 +91,8 @@ class EngineSyncContexts:
     def _refuse_nesting(self, name: str) -> None:
         if self._in_no_sync:
             raise ds_comm.UsageError(
-                f"engine.{name}() cannot be nested inside engine.{self._sync_context}(): both are no_sync "
-                "contexts and nested blocks are not supported"
+                f"engine.{name}() inside engine.{self._sync_context}(): no_sync context manager reentry is "
+                "unsupported (both are no_sync contexts and do not nest)"
             )
 
     @contextlib.contextmanager
@@ -105,6 +106,6 @@ class EngineSyncContexts:
     def _refuse_step_in_sync_context(self) -> None:
         if self._in_no_sync:
             raise ds_comm.UsageError(
-                f"engine.step() is not allowed inside engine.{self._sync_context}() (a no_sync context): "
-                "call it after the with-block"
+                f"It is illegal to call Engine.step() inside no_sync context manager (here "
+                f"engine.{self._sync_context}()): call it after the with-block"
             )

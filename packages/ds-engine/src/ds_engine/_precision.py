@@ -20,12 +20,14 @@ holds differently).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed import ProcessGroup
 from torch.optim import Optimizer
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, ReduceSettings
 from ds_engine._moe import is_expert_param
@@ -39,7 +41,16 @@ logger = logging.getLogger(__name__)
 
 _UC_INFO = "universal_checkpoint_info"  # the parameter attribute (and state-dict key) DeepSpeed's clients set
 
-__all__ = ["MixedPrecisionOptimizer"]
+__all__ = ["MixedPrecisionOptimizer", "stage0_grad_owner"]
+
+# parameter -> weak reference to the MixedPrecisionOptimizer holding its accumulated gradient (by identity)
+_grad_owners = WeakIdKeyDictionary()
+
+
+def stage0_grad_owner(param: torch.Tensor) -> MixedPrecisionOptimizer | None:
+    """The live fp16/bf16 stage-0 optimizer that accumulates `param`'s gradient, or None."""
+    ref = _grad_owners.get(param)
+    return None if ref is None else ref()
 
 
 class MixedPrecisionOptimizer:
@@ -109,6 +120,10 @@ class MixedPrecisionOptimizer:
             trainable.sort(key=lambda i: is_expert_param(self.model_params[i]))
         self._train_model = [self.model_params[i] for i in trainable]
         self._train_masters = [self.masters[i] for i in trainable]
+        self._train_index = {id(p): i for i, p in enumerate(self._train_model)}
+        owner = weakref.ref(self)
+        for p in self._train_model:
+            _grad_owners[p] = owner
         self.master_grads = FlatGradBuffer(self._train_masters, torch.float32, bind=True)
         if grad_accum_dtype == torch.float32:
             self.accum = self.master_grads
@@ -262,6 +277,33 @@ class MixedPrecisionOptimizer:
         torch._foreach_copy_(self.model_params, self.masters)
         self.zero_grad()
         return True
+
+    def fp32_grad_of(self, param: torch.Tensor) -> torch.Tensor | None:
+        """`param`'s gradient accumulated so far in this window, in fp32 (a copy), as `safe_get_full_grad` reads
+        it at stage 0: this rank's own until the step all-reduces it (as `param.grad` is at fp32 stage 0).
+        With fp32 accumulation (bf16's default) the 16-bit `.grad` has been moved into the fp32 buffer after
+        each backward, so it is read there. None for a parameter this optimizer does not train, or before
+        any backward of the window with 16-bit accumulation."""
+        i = self._train_index.get(id(param))
+        if i is None:
+            return None
+        if self.accum is self.master_grads:
+            return self.master_grads.views[i].clone()
+        grad = param.grad
+        return None if grad is None else grad.detach().to(torch.float32, copy=True)
+
+    @torch.no_grad()
+    def set_fp32_grad_of(self, param: torch.Tensor, value: torch.Tensor) -> None:
+        """Replace `param`'s accumulated gradient with `value` (`safe_set_full_grad` at stage 0)."""
+        i = self._train_index.get(id(param))
+        if i is None:
+            return
+        if self.accum is self.master_grads:
+            self.master_grads.views[i].copy_(value)
+        elif param.grad is not None:
+            param.grad.copy_(value)
+        else:
+            param.grad = value.detach().to(param.dtype, copy=True).view(param.shape)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the accumulated gradients.

@@ -125,10 +125,43 @@ class DeepSpeedConfig:
 
     # -- the resolved values, DeepSpeed's attribute names ------------------------------------------------
     def _batch(self) -> BatchPlan:
+        if self.batch is None and self._declared_batch is not None:
+            self._configure_train_batch_size()
         if self.batch is None:
             self.check_resolved()
         assert self.batch is not None
         return self.batch
+
+    # DeepSpeed code (and its tests) assigns the batch fields and then re-derives the triple.
+    _declared_batch: dict[str, int | None] | None = None
+
+    def _declare_batch(self, key: str, value: int | None) -> None:
+        if self._declared_batch is None:
+            self._declared_batch = self._given_batch()
+        self._declared_batch[key] = None if value is None else int(value)
+        self.batch = None  # stale until _configure_train_batch_size() resolves the new triple
+
+    def _given_batch(self) -> dict[str, int | None]:
+        m = self.model
+        return {TBS: m.train_batch_size, MBS: m.train_micro_batch_size_per_gpu, GAS: m.gradient_accumulation_steps}
+
+    def _batch_value(self, key: str) -> int | None:
+        if self.batch is None and self._declared_batch is not None:
+            return self._declared_batch[key]  # assigned, not yet resolved: what was assigned (None: unset)
+        return int(getattr(self._batch(), key))
+
+    def _configure_train_batch_size(self) -> None:
+        """Resolve the batch triple from the values assigned to `train_batch_size`,
+        `train_micro_batch_size_per_gpu` and `gradient_accumulation_steps` (None: not given), with DeepSpeed's
+        rules (`ds_engine.config._batch.resolve_batch`).
+
+        Raises:
+            DeepSpeedConfigError: the values do not make a batch for this world size (also an
+                AssertionError, which DeepSpeed raises here); the assigned values stay unresolved.
+        """
+        declared = self._declared_batch if self._declared_batch is not None else self._given_batch()
+        self.batch = resolve_batch(declared[TBS], declared[MBS], declared[GAS], self.world_size)
+        self._declared_batch = None
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -136,16 +169,29 @@ class DeepSpeedConfig:
         return copy.deepcopy(self._raw)
 
     @property
-    def train_batch_size(self) -> int:
-        return self._batch().train_batch_size
+    def train_batch_size(self) -> int | None:
+        """The resolved value; after an assignment, the assigned one until `_configure_train_batch_size()`."""
+        return self._batch_value(TBS)
+
+    @train_batch_size.setter
+    def train_batch_size(self, value: int | None) -> None:
+        self._declare_batch(TBS, value)
 
     @property
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self._batch().train_micro_batch_size_per_gpu
+    def train_micro_batch_size_per_gpu(self) -> int | None:
+        return self._batch_value(MBS)
+
+    @train_micro_batch_size_per_gpu.setter
+    def train_micro_batch_size_per_gpu(self, value: int | None) -> None:
+        self._declare_batch(MBS, value)
 
     @property
-    def gradient_accumulation_steps(self) -> int:
-        return self._batch().gradient_accumulation_steps
+    def gradient_accumulation_steps(self) -> int | None:
+        return self._batch_value(GAS)
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int | None) -> None:
+        self._declare_batch(GAS, value)
 
     @property
     def precision(self) -> str:

@@ -4,6 +4,7 @@
 `see_memory_usage` / `empty_cache` (memory debugging), `clip_grad_norm_`, `get_global_norm`,
 `has_inf_or_nan`, `is_model_parallel_parameter` (gradient norms, DeepSpeed's semantics),
 `count_used_parameters_in_backward` (from a backward hook: how many parameters this backward reaches),
+`CheckOverflow` / `get_weight_norm` / `is_moe_param` (an inf/nan check agreed across the ranks of a step),
 `set_random_seed`, `ensure_directory_exists` and `call_to_str` (a call's text, as schedules and timers name
 their steps).
 `partition_uniform` / `partition_balanced` / `prefix_sum_inc` (how a pipeline's layers split into stages) and
@@ -23,12 +24,14 @@ import torch
 from ds_engine._backward_graph import count_used_parameters_in_backward
 from ds_engine._grad_norms import clip_grad_norm_, get_global_norm, has_inf_or_nan, is_model_parallel_parameter
 from ds_engine._memory_report import empty_cache, see_memory_usage
+from ds_engine._overflow_check import CheckOverflow, get_weight_norm, is_moe_param
 from ds_engine._tensor_moves import copy_to_device, move_to_device
 
 if TYPE_CHECKING:  # served by __getattr__ from ds-pipe; type checkers see its own
     from ds_pipe import PartitionedTensor, partition_balanced, partition_uniform, prefix_sum_inc
 
 __all__ = [
+    "CheckOverflow",
     "PartitionedTensor",
     "call_to_str",
     "clip_grad_norm_",
@@ -37,8 +40,10 @@ __all__ = [
     "empty_cache",
     "ensure_directory_exists",
     "get_global_norm",
+    "get_weight_norm",
     "has_inf_or_nan",
     "is_model_parallel_parameter",
+    "is_moe_param",
     "move_to_device",
     "partition_balanced",
     "partition_uniform",

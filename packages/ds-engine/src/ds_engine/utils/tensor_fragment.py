@@ -12,8 +12,9 @@ Semantics are DeepSpeed 0.19.8's: gradients are the current accumulation's, betw
 step (scaled by the loss scale with fp16), in fp32. At stages 1 and 2 asking outside that window is a
 ValueError, at stage 3 it gives zeros. A frozen parameter, or one no ZeRO optimizer trains, gives None
 (setters leave it alone). Without ZeRO (stage 0) there is no partitioned fp32 state: the fp32 getters
-give None, setters do nothing, and `safe_get_full_grad` is `param.grad` (ds's stage 0 all-reduces
-gradients inside `step()`, so before it `.grad` is this rank's own gradient).
+give None, setters do nothing, and `safe_get_full_grad` is this rank's own gradient (ds's stage 0
+all-reduces gradients inside `step()`): `param.grad`, or with fp16/bf16 the fp32 accumulation buffer the
+16-bit gradients were moved into.
 
 The work is ds-zero's: each ZeRO optimizer implements DeepSpeed's stage-3 optimizer methods
 (`get_full_hp_param`, `get_fp32_grad_for_param`, ...; the `ZeroParamAccess` contract) and
@@ -28,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from ds_engine._precision import stage0_grad_owner
 from ds_engine._zero_contract import ZeroParamAccess
 
 __all__ = [
@@ -98,14 +100,20 @@ def safe_get_full_grad(param: torch.Tensor) -> torch.Tensor | None:
     owner = _owner(param)
     if owner is not None:
         return owner.get_fp32_grad_for_param(param)
+    mixed = stage0_grad_owner(param)
+    if mixed is not None:  # fp16/bf16 at stage 0: the gradient may already sit in the fp32 accumulation buffer
+        return mixed.fp32_grad_of(param)
     return param.grad
 
 
 def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
     """Replace `param`'s whole averaged gradient by `value`, between backward and step."""
     owner = _owner(param)
+    mixed = stage0_grad_owner(param) if owner is None else None
     if owner is not None:
         owner.set_fp32_grad_for_param(value, param)
+    elif mixed is not None:
+        mixed.set_fp32_grad_of(param, value)
     elif param.grad is not None:
         param.grad.copy_(value)
 
@@ -117,8 +125,13 @@ def safe_update_full_grad_vectorized(
     by_owner: dict[int, tuple[ZeroParamAccess, list[torch.Tensor]]] = {}
     for p in param_list:
         owner = _owner(p)
+        mixed = stage0_grad_owner(p) if owner is None else None
         if owner is not None:
             by_owner.setdefault(id(owner), (owner, []))[1].append(p)
+        elif mixed is not None:
+            grad = mixed.fp32_grad_of(p)
+            if grad is not None:
+                mixed.set_fp32_grad_of(p, update_func(grad, p))
         elif p.grad is not None:
             p.grad.copy_(update_func(p.grad, p))
     for owner, params in by_owner.values():
