@@ -206,6 +206,7 @@ def _stepper(
         dtype=plan.dtype,
         loss_scaler=loss_scaler_for(plan),
         grad_accum_dtype=plan.grad_accum_dtype,
+        immediate_grad_update=plan.immediate_grad_update,
         clip_grad=plan.clip,
         check_overflow=plan.check_overflow,
         reduce=plan.reduce,

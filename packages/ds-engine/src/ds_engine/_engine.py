@@ -222,13 +222,27 @@ class DeepSpeedEngine(
         ZeRO-Infinity optimizer whether this backward ends the window, which lets it step NVMe sub-groups
         early; with `scale()` they are stepped in `step()`.)
         """
-        scaled = loss / self._gas if self._gas > 1 else loss
+        return self._backward_prologue(loss)
+
+    def _backward_prologue(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """DeepSpeed's name for what `backward` propagates: `scale(loss)` (`scale_wrt_gas=False`: only the
+        loss scale). For scripts that run `.backward()` themselves and then `_backward_epilogue()`."""
+        scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
         factor = self._stepper.loss_scale if self._stepper is not None else 1.0
         if factor == 1.0:
             return scaled
         scaled = scaled * factor
         self._loss_scale_guard.mark_scaled(scaled)
         return scaled
+
+    def _backward_epilogue(self) -> None:
+        """Finish a backward the script ran itself (`loss.backward()`, e.g. one loss over several engines):
+        what `backward` does once autograd is done. At stage 0 with fp16/bf16 that moves the 16-bit
+        gradients into the fp32 accumulation buffer (so the next backward does not add to them in 16 bits);
+        ZeRO's gradient hooks and the boundary reduction in `step()` need nothing more."""
+        finish = getattr(self._stepper, "after_backward", None)
+        if finish is not None:
+            finish()
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""

@@ -54,6 +54,9 @@ class AssemblyPlan:
     """What is swapped to NVMe and the async I/O settings (stage 3 with an "nvme" offload device), else None."""
     autocast_dtype: torch.dtype | None = None
     """`torch_autocast` enabled: the dtype the forward autocasts to (the device's default when not given)."""
+    immediate_grad_update: bool = False
+    """bf16 at stage 0 with fp32 accumulation: each 16-bit gradient moves into the fp32 buffer as soon as
+    backward has produced it (`bf16.immediate_grad_update`), not after the whole backward."""
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
@@ -79,7 +82,9 @@ class AssemblyPlan:
         out.append(f"wrapper: {self.wrapper}")
         out.append(
             f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
-            f"gradient accumulation in {accum}; clip global norm: "
+            f"gradient accumulation in {accum}"
+            + (" (each gradient moved in during backward)" if self.immediate_grad_update else "")
+            + "; clip global norm: "
             f"{self.clip:g}" + (" (off)" if self.clip == 0 else "")
         )
         if self.nvme_offload is not None:
@@ -282,4 +287,5 @@ def plan_assembly(
         ),
         nvme_offload=_nvme_text(config),
         autocast_dtype=autocast,
+        immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
     )

@@ -62,6 +62,10 @@ class MixedPrecisionOptimizer:
         dtype: the parameters' dtype (`torch.float16` or `torch.bfloat16`).
         loss_scaler: a `ds_ops.precision` scaler (dynamic for fp16 by default, static 1.0 for bf16).
         grad_accum_dtype: `torch.float32`, or `dtype` to accumulate in the parameters' own `.grad`.
+        immediate_grad_update: with fp32 accumulation, add each 16-bit gradient into the fp32 buffer from a
+            post-accumulate-grad hook, as soon as backward has produced it, and free it there (DeepSpeed's
+            `bf16.immediate_grad_update`): the 16-bit gradients never all exist at once. The sums are the
+            same as moving them after the backward.
         clip_grad: `gradient_clipping` (0: off).
         check_overflow: skip steps whose gradients hold inf/nan (always for fp16; `bf16.check_grad_overflow`).
         reduce: data-parallel settings, or None on one rank.
@@ -84,6 +88,7 @@ class MixedPrecisionOptimizer:
         loss_scaler: LossScaler,
         grad_accum_dtype: torch.dtype,
         clip_grad: float,
+        immediate_grad_update: bool = False,
         check_overflow: bool,
         reduce: ReduceSettings | None,
         group: Any,
@@ -131,6 +136,7 @@ class MixedPrecisionOptimizer:
         else:
             self.accum = FlatGradBuffer(self._train_model, dtype, bind=True, lazy_bind=True)
             self._absorb_into = None
+        self._hooks = self._absorb_during_backward() if immediate_grad_update and self._absorb_into is not None else []
         self.reducers: list[GradAllReducer] = []
         num_dense = len(self._train_model)
         if moe is not None:
@@ -217,6 +223,31 @@ class MixedPrecisionOptimizer:
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """Scale, backward, and (fp32 accumulation) move the 16-bit gradients into the fp32 buffer."""
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
+        self._absorb()
+
+    def _absorb_during_backward(self) -> list[Any]:
+        """One post-accumulate-grad hook per trained parameter: its finished 16-bit gradient goes into the fp32
+        view and is freed (autograd has summed this backward's contributions to it by then)."""
+        handles = []
+        for view, p in zip(self.master_grads.views, self._train_model, strict=True):
+
+            def move(param: torch.Tensor, view: torch.Tensor = view) -> None:
+                with torch.no_grad():
+                    view.add_(param.grad)
+                param.grad = None
+
+            handles.append(p.register_post_accumulate_grad_hook(move))
+        return handles
+
+    def destroy(self) -> None:
+        """Remove the `immediate_grad_update` hooks from the parameters (`engine.destroy()`); the optimizer
+        must not be used afterwards."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def after_backward(self) -> None:
+        """After a backward the engine did not run (`engine._backward_epilogue()`): move the gradients in."""
         self._absorb()
 
     def _absorb(self) -> None:

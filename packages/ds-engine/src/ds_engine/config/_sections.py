@@ -98,7 +98,6 @@ class BF16Config(ConfigModel):
     """`bf16` (legacy key `bfloat16`): bf16 parameters with fp32 master weights and fp32 gradient accumulation."""
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "immediate_grad_update": "gradients are applied at the accumulation boundary",
         "bf16_master_weights_and_grads": "bf16 master weights are not implemented; masters stay fp32",
         "bf16_optimizer_states": "bf16 optimizer states are not implemented",
     }
@@ -108,7 +107,8 @@ class BF16Config(ConfigModel):
     check_grad_overflow: bool = True
     """Skip the step when a gradient holds inf/nan (no loss scale is involved)."""
     immediate_grad_update: bool = False
-    """DeepSpeed's BF16_Optimizer per-parameter updates; only false is accepted."""
+    """At ZeRO stage 0, move each bf16 gradient into the fp32 accumulation buffer as soon as backward produced
+    it (freeing it then), rather than after the whole backward: less peak memory, the same sums."""
     bf16_master_weights_and_grads: bool = False
     """bf16 master weights (ZeRO only in DeepSpeed); only false is accepted."""
     bf16_optimizer_states: bool = False
