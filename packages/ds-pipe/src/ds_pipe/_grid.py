@@ -104,6 +104,15 @@ class PipelineParallelGrid:
             self.slice_parallel_size,
         )
 
+    def _is_grid_valid(self) -> bool:
+        """Whether the mesh still spans the world exactly (DeepSpeed's check): its rank count is the current
+        world size and every rank lies in exactly one pipeline. The constructor refuses any other mesh; this
+        answers again if the process group was re-created since."""
+        world = ds_comm.get_world_size()
+        pipelines = self._topo.get_axis_comm_lists("pipe") or [list(range(self._topo.world_size()))]
+        members = sorted(r for pipeline in pipelines for r in pipeline)
+        return self._topo.world_size() == world and members == list(range(world))
+
     # Topology and stages
     def topology(self) -> ProcessTopology:
         """The mesh this grid was built from."""

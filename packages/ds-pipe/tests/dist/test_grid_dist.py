@@ -39,6 +39,9 @@ def _grids(rank: int, world_size: int) -> dict[str, Any]:
         pd.is_first_stage,
         pd.is_last_stage,
     )
+    out["valid"] = pd._is_grid_valid()
+    pd._topo = PipeDataParallelTopology(num_pp=2, num_dp=1)  # a mesh that no longer spans the 4 ranks
+    out["valid_after_shrink"] = pd._is_grid_valid()
     pm = PipelineParallelGrid(PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1))
     out["pm"] = (
         pm.get_stage_id(),
@@ -83,6 +86,7 @@ def test_grid_groups_and_partitions_on_four_ranks() -> None:
         (1, 0, [2, 3], [0, 2], [2], 4, 0),
         (1, 1, [2, 3], [1, 3], [3], 4, 0),
     ]
+    assert all(r["valid"] and not r["valid_after_shrink"] for r in results)
     assert "has 2 ranks but the world has 4; choose dims whose product is 4" in results[0]["bad"]
     parts = [r["parts"] for r in results]
     # 11 layers: Embed (56 params), tied (64), 3 Blocks (72 each), a function, 3 Blocks, tied (64), Head (27).

@@ -13,8 +13,11 @@ ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runti
 `runtime.precision_config` (the `fp16`/`bf16` section models) and `runtime.config_utils`
 (`DeepSpeedConfigModel`, the base of config classes written against DeepSpeed), `runtime.rollout`
 (on-policy generation for RL trainers: `RolloutEngine`, `HybridEngineRollout`, `build_rollout`),
-`runtime.zenflow` (`zenflow_config.ZenFlowConfig`, ds-zero's; `zenflow_utils._split_affinity`).
-The sibling paths are imported on first use.
+`runtime.zenflow` (`zenflow_config.ZenFlowConfig`, ds-zero's; `zenflow_utils._split_affinity`),
+`runtime.engine` (`DeepSpeedEngine`), `runtime.base_optimizer`, `runtime.constants`, `runtime.comm`,
+`runtime.swap_tensor` and `runtime.torch_autocast`.
+Every one is an attribute of `deepspeed.runtime` (DeepSpeed's tests patch `deepspeed.runtime.engine...`
+without importing it) and is imported on first use.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ds_engine.runtime import lr_schedules
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import activation_checkpointing as activation_checkpointing
+    from ds_engine.runtime import engine as engine
     from ds_engine.runtime import dataloader as dataloader
     from ds_engine.runtime import hybrid_engine as hybrid_engine
     from ds_engine.runtime import pipe as pipe
@@ -39,18 +43,24 @@ __all__ = ["lr_schedules"]
 
 _LAZY = (
     "activation_checkpointing",
+    "base_optimizer",
     "bf16_optimizer",
     "checkpoint_engine",
+    "comm",
     "config",
     "config_utils",
+    "constants",
     "dataloader",
+    "engine",
     "fp16",
     "hybrid_engine",
     "pipe",
     "precision_config",
     "rollout",
     "sequence_parallel",
+    "swap_tensor",
     "tensor_parallel",
+    "torch_autocast",
     "utils",
     "zenflow",
     "zero",
