@@ -30,8 +30,8 @@ from ds_engine.runtime import lr_schedules
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules
     from ds_engine.runtime import activation_checkpointing as activation_checkpointing
-    from ds_engine.runtime import engine as engine
     from ds_engine.runtime import dataloader as dataloader
+    from ds_engine.runtime import engine as engine
     from ds_engine.runtime import hybrid_engine as hybrid_engine
     from ds_engine.runtime import pipe as pipe
     from ds_engine.runtime import sequence_parallel as sequence_parallel
