@@ -53,6 +53,9 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "ds_active_sub_modules",  # a read-only view of the claims in `_ds_state`
         "is_external_param",
         "_ds_state",
+        "all_gather",  # DeepSpeed's per-parameter methods (`_params.param_methods`)
+        "all_gather_coalesced",
+        "partition",
     }
     assert not w.ds_active_sub_modules and w.is_external_param is False
     assert w.ds_secondary_tensor is None

@@ -88,7 +88,10 @@ def _generation(rank: int, world: int) -> dict[str, Any]:
         hooked = model(x)
     before = live.num_gathers
     params_before = opt.parameter_offload.num_param_gathers
+    offload = opt.parameter_offload
+    hooks_before = len(offload.forward_hooks)
     with torch.no_grad(), ds_zero.unwrap_model_for_generation(model) as unwrapped:
+        hooks_inside = len(offload.forward_hooks)
         inside_gathers = live.num_gathers
         params_on_entry = opt.parameter_offload.num_param_gathers - params_before
         statuses = {p.ds_status for p in unwrapped.parameters()}
@@ -106,6 +109,9 @@ def _generation(rank: int, world: int) -> dict[str, Any]:
         "statuses": statuses,
         "after": after_statuses,
         "gathers_after": live.num_gathers > inside_gathers,
+        # DeepSpeed's `forward_hooks`: one pre and one post hook per module, none inside the block
+        "hooks": (hooks_before == 2 * len(list(model.modules())), hooks_inside, len(offload.forward_hooks)),
+        "backward_hooks": offload.backward_hooks,
     }
 
 
@@ -114,5 +120,6 @@ def test_unwrap_model_for_generation_gathers_once_and_restores_the_hooks() -> No
         assert r["same"]
         assert r["gathered_on_entry"] and r["gathers_during"] == 0 and r["gathers_after"]
         assert r["params_on_entry"] == r["num_params"]  # each parameter once (nothing persists here)
+        assert r["hooks"][:2] == (True, 0) and r["hooks"][2] > 0 and r["backward_hooks"] == []
         assert r["statuses"] == {ds_zero.ZeroParamStatus.AVAILABLE}
         assert r["after"] == {ds_zero.ZeroParamStatus.NOT_AVAILABLE}

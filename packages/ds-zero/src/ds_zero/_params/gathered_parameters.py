@@ -23,7 +23,14 @@ from ds_zero._params.partitioned_param import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GatheredParameters", "external_params", "register_external_parameter", "unregister_external_parameter"]
+__all__ = [
+    "GatheredParameters",
+    "external_params",
+    "hold_gathered",
+    "register_external_parameter",
+    "release_held",
+    "unregister_external_parameter",
+]
 
 
 def _as_list(params: Any) -> list[Any]:
@@ -81,26 +88,7 @@ class GatheredParameters:
     def __enter__(self) -> GatheredParameters:
         if not self.params:
             return self
-        managed = [p for p in self.params if state_of(p).coord is not None]
-        coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
-        for coord in coords.values():
-            coord.gather_explicit(
-                [p for p in managed if state_of(p).coord is coord],
-                f"GatheredParameters ({len(managed)} parameters, first {state_of(managed[0]).name!r})",
-            )
-        standalone = [p for p in self.params if state_of(p).coord is None]
-        if standalone:
-            missing = [p for p in standalone if p.ds_status is not ZeroParamStatus.AVAILABLE]
-            if missing:
-                group = missing[0].ds_process_group
-                gather_params(
-                    missing,
-                    group=group,
-                    fp_group=group,
-                    label=f"GatheredParameters ({len(missing)} parameters of shapes "
-                    f"{[tuple(p.ds_shape) for p in missing[:4]]})",
-                )
-            self._standalone = missing
+        self._standalone = hold_gathered(self.params, "GatheredParameters")
         if self.fwd_module is not None:
             for p in self.params:
                 register_external_parameter(self.fwd_module, p)
@@ -118,13 +106,49 @@ class GatheredParameters:
                 for p in self.params:
                     write_shard_from_full(p, state_of(p).full)
         finally:
-            for p in self._standalone:
-                free_full(p)
+            release_held(self.params, self._standalone)
             self._standalone = []
-            managed = [p for p in self.params if state_of(p).coord is not None]
-            coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
-            for coord in coords.values():
-                coord.release_explicit([p for p in managed if state_of(p).coord is coord])
+
+
+def hold_gathered(params: list[nn.Parameter], what: str) -> list[nn.Parameter]:
+    """Gather `params` (partitioned parameters) and hold them until `release_held`.
+
+    Parameters of a model under stage-3 management are claimed through their coordinator (so a running
+    forward does not release them); the others ("standalone", e.g. built under `Init` and not yet in an
+    engine) are gathered here if not available already.
+
+    Returns:
+        The standalone parameters this call gathered: `release_held` frees exactly those.
+    """
+    managed = [p for p in params if state_of(p).coord is not None]
+    coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
+    for coord in coords.values():
+        coord.gather_explicit(
+            [p for p in managed if state_of(p).coord is coord],
+            f"{what} ({len(managed)} parameters, first {state_of(managed[0]).name!r})",
+        )
+    standalone = [p for p in params if state_of(p).coord is None]
+    missing = [p for p in standalone if p.ds_status is not ZeroParamStatus.AVAILABLE]
+    if missing:
+        group = missing[0].ds_process_group
+        gather_params(
+            missing,
+            group=group,
+            fp_group=group,
+            label=f"{what} ({len(missing)} parameters of shapes {[tuple(p.ds_shape) for p in missing[:4]]})",
+        )
+    return missing
+
+
+def release_held(params: list[nn.Parameter], standalone: list[nn.Parameter]) -> None:
+    """Undo `hold_gathered(params)`: free the standalone parameters it gathered, release the claims of the
+    managed ones (freed when nothing else uses them)."""
+    for p in standalone:
+        free_full(p)
+    managed = [p for p in params if state_of(p).coord is not None]
+    coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
+    for coord in coords.values():
+        coord.release_explicit([p for p in managed if state_of(p).coord is coord])
 
 
 def external_params(module: nn.Module) -> dict[int, nn.Parameter]:

@@ -116,6 +116,10 @@ class ZeroParamState:
     """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
     secondary_valid: bool = False
     """hpZ: `ds_secondary_tensor` holds the current values (see `_params.secondary`); False: gather the primary."""
+    api_held: bool = False
+    """Held by `param.all_gather()` / `all_gather_coalesced()` until `param.partition()` (`_params.param_methods`)."""
+    api_standalone: bool = False
+    """That gather was outside any coordinator (so `partition()` frees the full value itself)."""
 
     def __repr__(self) -> str:
         # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
@@ -214,6 +218,9 @@ def partition_param(
     )
     param.data = placeholder
     param.ds_active_sub_modules = ActiveConsumers(param.ds_id, param._ds_state)
+    from ds_zero._params.param_methods import bind_param_methods  # it builds on this module
+
+    bind_param_methods(param)
     del data, flat
 
 

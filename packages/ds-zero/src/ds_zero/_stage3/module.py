@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
+from torch.utils.hooks import RemovableHandle
 
 import ds_comm
 from ds_zero._nvme.param_swapper import ParamSwapper
@@ -212,6 +213,18 @@ class DeepSpeedZeRoOffload:
     def release_all(self) -> None:
         """Free every gathered parameter no running module or `GatheredParameters` block holds."""
         self.coordinator.release_unused()
+
+    @property
+    def forward_hooks(self) -> list[RemovableHandle]:
+        """DeepSpeed's name: the handles of the per-module forward hooks (pre and post) that gather and
+        release; empty inside `hooks_paused()` (`unwrap_model_for_generation`) and after `remove_hooks()`."""
+        return list(self._handles)
+
+    @property
+    def backward_hooks(self) -> list[RemovableHandle]:
+        """DeepSpeed's name for the module backward hooks; ds registers none (the forward hooks attach the
+        backward signals to each call's tensors, see `_stage3.hooks`), so this is always empty."""
+        return []
 
     @contextlib.contextmanager
     def hooks_paused(self) -> Iterator[None]:
