@@ -82,7 +82,7 @@ def test_runtime_zero_partition_parameters_reexports_ds_zero() -> None:
     for name in ("Init", "GatheredParameters", "register_external_parameter", "ZeroParamStatus", "is_zero_param"):
         assert getattr(pp, name) is getattr(ds_zero, name), name
     assert ds_engine.runtime.zero.Init is ds_zero.Init is ds_engine.zero.Init
-    assert pp._orig_torch_arange is torch.arange
+    assert pp._orig_torch_arange is torch.arange and pp._orig_torch_empty is torch.empty
     assert {"Init", "zero_wrapper_for_fp_tensor_constructor", "get_accelerator"} <= set(dir(pp))
     with pytest.raises(AttributeError, match="no_such_name"):
         pp.no_such_name  # noqa: B018

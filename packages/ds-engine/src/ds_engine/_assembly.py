@@ -242,6 +242,22 @@ def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, cli
     return build_config_scheduler(sched.type, dict(sched.params), base)
 
 
+def _check_partitioned_parameters(module: nn.Module, plan: AssemblyPlan) -> None:
+    """Refuse, before anything is moved, a model built under `zero.Init` when the config is not stage 3: its
+    parameters hold only this rank's shard, which no other stage can train (DeepSpeed goes on and trains
+    placeholders)."""
+    if plan.zero_stage == 3:
+        return
+    partitioned = [name for name, p in module.named_parameters() if hasattr(p, "ds_tensor")]
+    if partitioned:
+        raise DeepSpeedConfigError(
+            f"zero_optimization.stage: the model's parameters are partitioned ({len(partitioned)} of them, first "
+            f"{partitioned[0]!r}: built under deepspeed.zero.Init), which only ZeRO stage 3 trains, but the "
+            f"config says stage {plan.zero_stage}; set zero_optimization.stage to 3, or build the model outside "
+            "zero.Init"
+        )
+
+
 def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo, moe: MoeWiring | None) -> None:
     if moe is not None:
         broadcast_moe_model(module, moe, dist)
@@ -268,6 +284,7 @@ def assemble(
     """Carry out `plan` (see the module docstring for the order)."""
     m = config.model
     _check_optimizer_needed(plan)
+    _check_partitioned_parameters(module, plan)
     safe_classes = resolve_module_classes(m.torch_autocast.lower_precision_safe_modules)
     _place_and_cast(module, plan, device)
     if plan.autocast_dtype is not None:

@@ -51,8 +51,11 @@ _zero_all, __getattr__, _zero_dir = optional_reexport(
 #: DeepSpeed's shape of a released stage-3 parameter's `data` (ds keeps the logical shape; see above).
 partitioned_param_data_shape = [0]
 
-#: torch's own constructor, kept before anything could wrap it (DeepSpeed's name for it).
+#: torch's own constructors, kept before anything could wrap them (DeepSpeed's names for them). DeepSpeed's
+#: `Init` wraps the tensor factories and puts these back on exit; ds-zero's `Init` leaves the factories alone
+#: (it casts and places parameters as it partitions them), so replacing these changes nothing in ds.
 _orig_torch_arange = torch.arange
+_orig_torch_empty = torch.empty
 
 __all__ = [
     *_zero_all,
