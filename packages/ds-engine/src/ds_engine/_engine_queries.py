@@ -63,7 +63,7 @@ class EngineCompatQueries:
     optimizer: Any
 
     has_moe_layers: bool = False
-    """True when the model holds mixture-of-experts layers (none here: ds has no MoE layer yet)."""
+    """True when the model holds mixture-of-experts layers (ds-parallel's `MoE`; set by the engine)."""
     losses: Any = None
     """DeepSpeed's per-step loss slot, reset to None at every boundary (the plain engine never fills it)."""
     enable_backward_allreduce: bool = True
