@@ -18,7 +18,7 @@ import torch
 
 import ds_comm
 
-__all__ = ["clip_grad_norm_", "get_global_norm", "has_inf_or_nan", "is_model_parallel_parameter"]
+__all__ = ["clip_grad_norm_", "get_global_norm", "has_inf_or_nan", "is_model_parallel_parameter", "model_parallel_norm"]
 
 
 def is_model_parallel_parameter(p: torch.Tensor) -> bool:
@@ -49,29 +49,44 @@ def get_global_norm(norm_list: Iterable[float | torch.Tensor]) -> float:
     return math.sqrt(sum(float(n) ** 2 for n in norms))
 
 
+def model_parallel_norm(
+    tensors: list[torch.Tensor], norm_type: float, mpu: Any = None, owners: list[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """The `norm_type` norm of `tensors` over the model-parallel group of `mpu` (this rank's alone without one).
+
+    For a finite `norm_type`, a tensor whose owner (`owners[i]`, default the tensor) is not model-parallel is
+    replicated on every model-parallel rank and counts on model-parallel rank 0 only. A 0-dim tensor on the
+    first tensor's device (cpu when there is none).
+    """
+    owners = tensors if owners is None else owners
+    norm_type = float(norm_type)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    group = mpu.get_model_parallel_group() if mpu is not None else None
+    if norm_type == math.inf:
+        maxes = [t.detach().abs().max().float() for t in tensors if t.numel()]
+        total = torch.stack(maxes).max() if maxes else torch.zeros((), device=device)
+        if mpu is not None:
+            ds_comm.all_reduce(total, op=ds_comm.ReduceOp.MAX, group=group)
+        return total
+    counted = [
+        t
+        for t, owner in zip(tensors, owners, strict=True)
+        if mpu is None or mpu.get_model_parallel_rank() == 0 or is_model_parallel_parameter(owner)
+    ]
+    terms = [t.detach().float().norm(norm_type) for t in counted]
+    total = torch.stack(terms).pow(norm_type).sum() if terms else torch.zeros((), device=device)
+    if mpu is not None:
+        ds_comm.all_reduce(total, op=ds_comm.ReduceOp.SUM, group=group)
+    return total.pow(1.0 / norm_type)
+
+
 def clip_grad_norm_(
     parameters: Iterable[torch.Tensor] | torch.Tensor, max_norm: float, norm_type: float = 2, mpu: Any = None
 ) -> torch.Tensor:
     """Clip the gradients of `parameters` in place to `max_norm` (see the module docstring); returns the norm."""
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     params = [p for p in params if p.grad is not None]
-    norm_type = float(norm_type)
-    device = params[0].grad.device if params else torch.device("cpu")
-    mp_group = mpu.get_model_parallel_group() if mpu is not None else None
-    if norm_type == math.inf:
-        maxes = [p.grad.detach().abs().max().float() for p in params]
-        total = torch.stack(maxes).max() if maxes else torch.zeros((), device=device)
-        if mpu is not None:
-            ds_comm.all_reduce(total, op=ds_comm.ReduceOp.MAX, group=mp_group)
-    else:
-        counted = [
-            p for p in params if mpu is None or mpu.get_model_parallel_rank() == 0 or is_model_parallel_parameter(p)
-        ]
-        terms = [p.grad.detach().float().norm(norm_type) for p in counted]
-        total = torch.stack(terms).pow(norm_type).sum() if terms else torch.zeros((), device=device)
-        if mpu is not None:
-            ds_comm.all_reduce(total, op=ds_comm.ReduceOp.SUM, group=mp_group)
-        total = total.pow(1.0 / norm_type)
+    total = model_parallel_norm([p.grad for p in params], norm_type, mpu, owners=params)
     if ds_comm.is_initialized():
         dp_group = mpu.get_data_parallel_group() if mpu is not None else None
         total = total / ds_comm.get_world_size(dp_group)

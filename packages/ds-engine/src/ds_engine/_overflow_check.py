@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import ds_comm
-from ds_engine._grad_norms import has_inf_or_nan, is_model_parallel_parameter
+from ds_engine._grad_norms import has_inf_or_nan, model_parallel_norm
 
 __all__ = ["CheckOverflow", "get_weight_norm", "is_moe_param"]
 
@@ -50,23 +50,7 @@ def get_weight_norm(parameters: Iterable[torch.Tensor] | torch.Tensor, norm_type
     `CheckOverflow.check_using_norm` looks for.
     """
     tensors = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-    norm_type = float(norm_type)
-    group = mpu.get_model_parallel_group() if mpu is not None else None
-    device = tensors[0].device if tensors else torch.device("cpu")
-    if norm_type == math.inf:
-        maxes = [t.detach().abs().max().float() for t in tensors if t.numel()]
-        total = torch.stack(maxes).max() if maxes else torch.zeros((), device=device)
-        if mpu is not None:
-            ds_comm.all_reduce(total, op=ds_comm.ReduceOp.MAX, group=group)
-    else:
-        counted = [
-            t for t in tensors if mpu is None or mpu.get_model_parallel_rank() == 0 or is_model_parallel_parameter(t)
-        ]
-        terms = [t.detach().float().norm(norm_type) for t in counted]
-        total = torch.stack(terms).pow(norm_type).sum() if terms else torch.zeros((), device=device)
-        if mpu is not None:
-            ds_comm.all_reduce(total, op=ds_comm.ReduceOp.SUM, group=group)
-        total = total.pow(1.0 / norm_type)
+    total = model_parallel_norm(tensors, norm_type, mpu)
     value = float(total)
     return -1.0 if not math.isfinite(value) else value
 
