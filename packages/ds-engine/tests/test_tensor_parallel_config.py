@@ -1,7 +1,7 @@
 """The `tensor_parallel` section and `tp_model_init` on one process: DeepSpeed's keys, and the refusals
-(unimplemented partitioning options, stage 3, sequence parallelism, a size that disagrees with
-tp_model_init), each naming the key, before any group is built. fp16 and gradient clipping are accepted
-(tests/dist/test_dist_autotp_clipping.py trains with them)."""
+(unimplemented options, stage 3, sequence parallelism, a malformed partition_config or unknown preset,
+a size that disagrees with tp_model_init), each naming the key, before any group is built. fp16 and
+gradient clipping are accepted (tests/dist/test_dist_autotp_clipping.py trains with them)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def test_section_keys() -> None:
 @pytest.mark.parametrize(
     ("section", "match"),
     [
-        ({"autotp_size": 2, "partition_config": {"layer_specs": []}}, "configurable AutoTP partitioning"),
-        ({"autotp_size": 2, "preset_model": "llama"}, "AutoTP model presets"),
+        ({"autotp_size": 2, "tp_overlap_comm": True}, "overlapping the tensor-parallel all-reduce"),
         ({"autotp_sise": 2}, "tensor_parallel.autotp_sise: unknown key 'autotp_sise'; did you mean 'autotp_size'"),
         ({"autotp_size": -1}, "tensor_parallel.autotp_size"),
     ],
@@ -49,6 +48,23 @@ def test_bad_section_names_the_key(section: dict[str, Any], match: str) -> None:
     [
         ({"zero_optimization": {"stage": 3}}, "autotp_size=2 does not support zero_optimization.stage=3"),
         ({"sequence_parallel_size": 2}, "autotp_size=2 does not support sequence_parallel_size=2"),
+        (
+            {
+                "tensor_parallel": {
+                    "autotp_size": 2,
+                    "partition_config": {"layer_specs": [{"patterns": ["x"], "partition_type": "rows"}]},
+                }
+            },
+            r"tensor_parallel.partition_config.layer_specs\[0\].partition_type: 'rows' is not one of column, row",
+        ),
+        (
+            {"tensor_parallel": {"autotp_size": 2, "partition_config": {"layer_specs": [{"pattern": ["x"]}]}}},
+            "tensor_parallel.partition_config.layer_specs\\[0\\]: unknown key\\(s\\) \\['pattern'\\]",
+        ),
+        (
+            {"tensor_parallel": {"autotp_size": 2, "preset_model": "gpt9"}},
+            "tensor_parallel.preset_model: 'gpt9' is not one of llama",
+        ),
     ],
 )
 def test_combinations_tensor_parallelism_refuses(extra: dict[str, Any], match: str) -> None:
@@ -69,5 +85,6 @@ def test_tp_model_init_records_and_must_agree() -> None:
         deepspeed.initialize(model=model, config=config, dist_init_required=False)
     with pytest.raises(ValueError, match="tp_size must be a positive int, got 0"):
         deepspeed.tp_model_init(model, tp_size=0, dtype=torch.float32)
-    with pytest.raises(ValueError, match="tp_group=...\\) is not supported"):
-        deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32, tp_group=object())
+    deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match="conflicting arguments across calls"):
+        deepspeed.tp_model_init(model, tp_size=2, dtype=torch.bfloat16)

@@ -31,8 +31,8 @@ from ds_engine._optional import require
 from ds_engine._pipeline.build import PipelineError
 from ds_engine._pipeline.engine import PipelineEngine
 from ds_engine._precision import MixedPrecisionOptimizer
-from ds_engine._tensor_parallel import tp_model_init
 from ds_engine._torch_optimizers import Lamb, Lion
+from ds_engine._tp_model_init import tp_model_init
 from ds_engine.config import DeepSpeedConfigError
 from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
 from ds_engine.git_version_info import git_branch, git_hash

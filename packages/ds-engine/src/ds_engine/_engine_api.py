@@ -212,6 +212,10 @@ class EngineQueries:
     def get_tensor_parallel_rank(self) -> int:
         return self._dist.mp_rank
 
+    def autotp_size(self) -> int:
+        """`tensor_parallel.autotp_size`, filled from `tp_model_init` when the config left it unset (0: off)."""
+        return int(self._ds_config.model.tensor_parallel.autotp_size)
+
     #: Whether this engine runs a pipeline schedule (`PipelineEngine` says True). A plain attribute, as in
     #: DeepSpeed, so that code (and tests) may set it on an instance.
     pipeline_parallelism: bool = False

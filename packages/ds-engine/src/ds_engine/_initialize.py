@@ -27,10 +27,12 @@ from ds_engine._sequence_parallel import check_sequence_parallel, sequence_paral
 from ds_engine._tensor_parallel import (
     apply_autotp,
     check_tensor_parallel,
-    resolve_autotp_size,
     tensor_parallel_mpu,
+    tensor_parallel_partition_config,
 )
+from ds_engine._tp_model_init import check_given_group, merge_tp_model_init, refuse_group_with_mpu
 from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
+from ds_engine.utils import groups as tp_groups
 from ds_engine.utils.logging import set_log_level_from_string
 
 if TYPE_CHECKING:
@@ -164,6 +166,7 @@ def initialize(
         raise ValueError("initialize(): mesh_param (DeepSpeed's device mesh) is not supported by ds; pass mpu= instead")
     _check_local_rank(args)
     source = _config_source(args, config, config_params)
+    refuse_group_with_mpu(mpu)
     ds_comm.init_distributed(distributed_port=distributed_port, dist_init_required=dist_init_required, verbose=False)
     pipeline = is_pipeline_module(model)
     if pipeline:
@@ -175,13 +178,20 @@ def initialize(
         ds_config = source.with_world_size(dist.replica_world_size)
     else:
         ds_config = DeepSpeedConfig(source, world_size=dist.replica_world_size)
-    tp_size = resolve_autotp_size(ds_config)
+    tp_init = merge_tp_model_init(ds_config)
+    tp_size = tp_init.size
+    if tp_size != ds_config.model.tensor_parallel.autotp_size:  # DeepSpeed writes tp_model_init's size into the config
+        ds_config = ds_config.with_tensor_parallel_size(tp_size)
     tp_state = None
     if tp_size > 1:
         check_tensor_parallel(ds_config, tp_size=tp_size, pipeline=pipeline)
+        partition_config = tensor_parallel_partition_config(ds_config, tp_size)
         if mpu is None:
             mpu = tensor_parallel_mpu(tp_size)
+            if tp_init.tp_group is not None:
+                check_given_group(tp_init.tp_group, mpu.get_model_parallel_group())
         dist = discover_dist(mpu)
+        tp_groups._set_tp_groups(mpu.get_data_parallel_group(), mpu.get_model_parallel_group())
         if dist.mp_world_size != tp_size:
             raise ValueError(
                 f"tensor_parallel.autotp_size={tp_size} but the mpu's model-parallel world size is {dist.mp_world_size}"
@@ -193,6 +203,7 @@ def initialize(
             tp_grain_size=ds_config.model.tensor_parallel.tensor_parallel.tp_grain_size,
             optimizer=optimizer,
             model_parameters=model_parameters,
+            partition_config=partition_config,
         )
     sp = ds_config.model.sequence_parallel_size
     if sp > 1 and mpu is None and not pipeline:

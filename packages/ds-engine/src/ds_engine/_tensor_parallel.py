@@ -1,13 +1,14 @@
-"""Automatic tensor parallelism in training: `tp_model_init`, and what initialize() does for `autotp_size`.
+"""Automatic tensor parallelism in training: what initialize() does for `autotp_size`.
 
 With `"tensor_parallel": {"autotp_size": N}` (or `tp_model_init(model, tp_size=N, ...)` before
-initialize()), initialize() builds ds-parallel's mesh with a "tp" dim of N (consecutive ranks), shards
-the model's linear layers with AutoTP (training mode: trainable shards, replicated norms and
-embeddings), re-points a client optimizer at the shards, and checks on the first forward that the
-ranks of each tensor-parallel group received the same batch. As in DeepSpeed 0.19.8, a model that
-carries a Hugging Face tensor-parallel plan (`_tp_plan` / `base_model_tp_plan`, merged by
-`extract_hf_tp_plan`) is cut by that plan (Llama's cuts the output head too, its output gathered);
-one without is cut by AutoTP's module-name policy (the output head stays replicated). A plan style
+initialize(), merged by `_tp_model_init`), initialize() builds ds-parallel's mesh with a "tp" dim of N
+(consecutive ranks), shards the model's linear layers with AutoTP (training mode: trainable shards,
+replicated norms and embeddings), re-points a client optimizer at the shards, and checks on the first
+forward that the ranks of each tensor-parallel group received the same batch. As in DeepSpeed 0.19.8,
+the cuts come from, in order: `tensor_parallel.partition_config` / `preset_model` (regex layer specs,
+unmatched layers whole); else a Hugging Face tensor-parallel plan on the model (`_tp_plan` /
+`base_model_tp_plan`, merged by `extract_hf_tp_plan`; Llama's cuts the output head too, its output
+gathered); else AutoTP's module-name policy (the output head stays replicated). A plan style
 AutoTP does not support is refused before anything is cut. Data parallelism and ZeRO 1/2 then run
 over the data-parallel dim only; replicated parameters get identical gradients on the tensor-parallel
 ranks (the column-parallel layers' backward all-reduces their input gradients).
@@ -48,61 +49,9 @@ __all__ = [
     "apply_autotp",
     "check_tensor_parallel",
     "is_cut",
-    "resolve_autotp_size",
     "tensor_parallel_mpu",
-    "tp_model_init",
+    "tensor_parallel_partition_config",
 ]
-
-_RECORDED: dict[str, Any] = {}
-
-
-def tp_model_init(model: nn.Module, tp_size: int, dtype: torch.dtype, config: Any = None, **kwargs: Any) -> nn.Module:
-    """Record tensor-parallel arguments for the next initialize() and switch AutoTP to training mode.
-
-    As in DeepSpeed 0.19.8 nothing is sharded here: initialize() shards the model, taking `tp_size`
-    as `tensor_parallel.autotp_size` when the config leaves it unset (a different value there is an error);
-    the next initialize() consumes the record.
-
-    Args:
-        model: returned unchanged.
-        tp_size: the tensor-parallel degree (a positive int).
-        dtype: recorded (the training dtype comes from the config's fp16/bf16 sections).
-        config: accepted for DeepSpeed's signature; the config is read by initialize().
-        **kwargs: `tp_group` is refused (initialize() builds the group; pass mpu= for your own).
-
-    Raises:
-        ValueError: `tp_size` is not a positive int, or `tp_group` is given.
-    """
-    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
-        raise ValueError(f"tp_model_init: tp_size must be a positive int, got {tp_size!r}")
-    if kwargs.get("tp_group") is not None:
-        raise ValueError("tp_model_init(tp_group=...) is not supported by ds; pass mpu= to initialize() instead")
-    require("ds_parallel", extra="parallel", feature="tp_model_init").tensor.set_autotp_mode(training=True)
-    _RECORDED.update(tp_size=tp_size, dtype=dtype)
-    return model
-
-
-def resolve_autotp_size(config: Any) -> int:
-    """The tensor-parallel degree: the config's `autotp_size`, else what `tp_model_init` recorded.
-
-    Raises:
-        DeepSpeedConfigError: both are set and disagree, or `tensor_parallel.tp.tp_size` disagrees.
-    """
-    section = config.model.tensor_parallel
-    size = section.autotp_size
-    recorded = _RECORDED.pop("tp_size", None)  # consumed by this initialize()
-    _RECORDED.clear()
-    if recorded is not None and size not in (0, recorded):
-        raise DeepSpeedConfigError(
-            f"tensor_parallel.autotp_size={size} but tp_model_init recorded tp_size={recorded}; make them agree"
-        )
-    size = size or recorded or 0
-    if section.tensor_parallel.tp_size not in (1, size):
-        raise DeepSpeedConfigError(
-            f"tensor_parallel.tp.tp_size={section.tensor_parallel.tp_size} does not match "
-            f"tensor_parallel.autotp_size={size}"
-        )
-    return int(size)
 
 
 def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
@@ -116,6 +65,22 @@ def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
     for bad, what in problems:
         if bad:
             raise DeepSpeedConfigError(f"tensor_parallel.autotp_size={tp_size} does not support {what}")
+
+
+def tensor_parallel_partition_config(config: Any, tp_size: int) -> Any:
+    """The `AutoTPConfig` that `tensor_parallel.partition_config` / `preset_model` ask for (None: neither set).
+
+    Raises:
+        DeepSpeedConfigError: an unknown preset or a malformed spec, naming the key path.
+    """
+    section = config.model.tensor_parallel
+    if not section.partition_config and not section.preset_model:
+        return None
+    tensor = require("ds_parallel", extra="parallel", feature="tensor_parallel.partition_config").tensor
+    try:
+        return tensor.partition_config_from_settings(section.partition_config, section.preset_model, tp_size)
+    except ValueError as err:
+        raise DeepSpeedConfigError(str(err)) from None
 
 
 def tensor_parallel_mpu(tp_size: int) -> Any:
@@ -180,14 +145,21 @@ def _remap_optimizer(optimizer: Optimizer, mapping: dict[int, nn.Parameter]) -> 
 
 
 def apply_autotp(
-    model: nn.Module, *, group: ProcessGroup, tp_grain_size: int, optimizer: Any, model_parameters: Any
+    model: nn.Module,
+    *,
+    group: ProcessGroup,
+    tp_grain_size: int,
+    optimizer: Any,
+    model_parameters: Any,
+    partition_config: Any = None,
 ) -> tuple[TensorParallelState, Any]:
     """Shard `model` for training over `group` (unless `TpTrainingManager` did, `ds_autotp_parsed`); re-point
     `optimizer` (in place) and return the re-pointed `model_parameters`. Registers the first-forward batch
     check (collective on `group`).
 
-    The model's Hugging Face tensor-parallel plan, when it has one, decides the cuts; otherwise
-    AutoTP's module-name policy.
+    `partition_config` (a `ds_parallel.tensor.AutoTPConfig`, from `tensor_parallel.partition_config` /
+    `preset_model`) decides the cuts when given; else the model's Hugging Face tensor-parallel plan, when it
+    has one; otherwise AutoTP's module-name policy (DeepSpeed's order).
 
     Raises:
         ValueError: AutoTP cannot shard the model, or its plan has a style AutoTP does not support
@@ -197,15 +169,22 @@ def apply_autotp(
     tensor.set_autotp_mode(training=True)
     before = {name: id(p) for name, p in model.named_parameters()}
     if not getattr(model, "ds_autotp_parsed", False):  # TpTrainingManager has sharded it already
-        plan = tensor.extract_hf_tp_plan(model)
-        if ds_comm.get_rank() == 0:
+        plan = None if partition_config is not None else tensor.extract_hf_tp_plan(model)
+        if ds_comm.get_rank() == 0 and partition_config is None:
             logger.info(
                 "AutoTP: %s",
                 f"partitioning by the Hugging Face tp_plan {plan}"
                 if plan
                 else "no Hugging Face tp_plan on the model; partitioning by the module-name policy",
             )
-        tensor.shard_model(model, tp_group=group, training=True, tp_grain_size=tp_grain_size, tp_plan=plan)
+        tensor.shard_model(
+            model,
+            tp_group=group,
+            training=True,
+            tp_grain_size=tp_grain_size,
+            tp_plan=plan,
+            partition_config=partition_config,
+        )
     mapping = {before[name]: p for name, p in model.named_parameters() if name in before and before[name] != id(p)}
     if isinstance(optimizer, Optimizer):
         _remap_optimizer(optimizer, mapping)

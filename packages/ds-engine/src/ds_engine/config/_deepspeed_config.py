@@ -109,6 +109,12 @@ class DeepSpeedConfig:
             return self
         return DeepSpeedConfig(self._raw, world_size=world_size)
 
+    def with_tensor_parallel_size(self, autotp_size: int) -> DeepSpeedConfig:
+        """The same config with `tensor_parallel.autotp_size` set (what `tp_model_init` recorded)."""
+        section = dict(self._raw.get("tensor_parallel") or {})
+        section["autotp_size"] = autotp_size
+        return DeepSpeedConfig({**self._raw, "tensor_parallel": section}, world_size=self.world_size)
+
     def check_resolved(self) -> None:
         """Raise unless every "auto" placeholder has been filled (initialize() calls this).
 

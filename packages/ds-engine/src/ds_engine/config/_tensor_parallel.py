@@ -2,8 +2,9 @@
 
 `autotp_size` > 1 makes initialize() build ds-parallel's mesh with a "tp" dim of that size, shard the
 model's linear layers with AutoTP, and run data parallelism (and ZeRO) over the remaining ranks.
-DeepSpeed's configurable partitioning (`partition_config`, `preset_model`), vocabulary-parallel heads,
-overlapped communication and kernel injection are not implemented: only their off values are accepted.
+`partition_config` / `preset_model` choose the cuts by regex layer specs (read by ds-parallel at
+initialize()). Vocabulary-parallel heads, overlapped communication and kernel injection are not
+implemented: only their off values are accepted.
 """
 
 from __future__ import annotations
@@ -52,8 +53,6 @@ class TensorParallelConfig(ConfigModel):
         "vocab_parallel_lm_head": f"vocabulary-parallel output heads {_NOT_IMPLEMENTED}",
         "vocab_parallel_ce_backend": f"vocabulary-parallel cross entropy {_NOT_IMPLEMENTED}",
         "injection_policy_tuple": f"injection policies in training {_NOT_IMPLEMENTED}",
-        "partition_config": f"configurable AutoTP partitioning {_NOT_IMPLEMENTED} (the automatic policy is used)",
-        "preset_model": f"AutoTP model presets {_NOT_IMPLEMENTED} (the automatic policy is used)",
         "replace_with_kernel_inject": f"kernel injection {_NOT_IMPLEMENTED}",
     }
 
@@ -68,7 +67,9 @@ class TensorParallelConfig(ConfigModel):
     """Group settings."""
     injection_policy_tuple: tuple[Any, ...] | None = None
     partition_config: dict[str, Any] | None = None
+    """Regex layer specs deciding the cuts (`ds_parallel.tensor.AutoTPConfig.from_dict`; checked at initialize())."""
     preset_model: str | None = None
+    """A built-in spec list (llama, bloom, chatglm, mixtral, deepseek_v2, qwen2, phi3)."""
     keep_module_on_host: bool = False
     """Accepted for compatibility; the engine places the model on its device either way."""
     replace_with_kernel_inject: bool = Field(False, alias="kernel_inject")

@@ -6,8 +6,9 @@
 DeepSpeed also keeps a (data_parallel, tensor_parallel) pair of groups in this module's globals
 (`_DATA_PARALLEL_GROUP`, `_MODEL_PARALLEL_GROUP`, `_TENSOR_MODEL_PARALLEL_GROUP`), set by
 `_init_tp_mesh_device` and read by `get_tensor_model_parallel_group()` and friends; scripts call these
-and reset the globals directly, so they live here, in the module those scripts hold. `initialize()`
-does not use them: for `tensor_parallel.autotp_size` it builds ds-parallel's mesh (`_tensor_parallel`).
+and reset the globals directly, so they live here, in the module those scripts hold. For
+`tensor_parallel.autotp_size` `initialize()` builds ds-parallel's mesh (`_tensor_parallel`) and, as
+DeepSpeed does, publishes its groups here (`_set_tp_groups`), so these getters answer afterwards.
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def _init_tp_mesh_device(tensor_model_parallel_size: int = 1, data_parallel_size
     _TENSOR_MODEL_PARALLEL_GROUP = _MODEL_PARALLEL_GROUP = mesh.get_group(mesh_dim="tensor_parallel")
     _DATA_PARALLEL_GROUP = mesh.get_group(mesh_dim="data_parallel")
     return _DATA_PARALLEL_GROUP, _MODEL_PARALLEL_GROUP
+
+
+def _set_tp_groups(data_parallel_group: Any, tensor_parallel_group: Any) -> None:
+    """Publish the groups initialize() trains with (the mesh's, or an mpu's) as DeepSpeed's TP/DP globals."""
+    global _DATA_PARALLEL_GROUP, _MODEL_PARALLEL_GROUP, _TENSOR_MODEL_PARALLEL_GROUP
+    _DATA_PARALLEL_GROUP = data_parallel_group
+    _TENSOR_MODEL_PARALLEL_GROUP = _MODEL_PARALLEL_GROUP = tensor_parallel_group
 
 
 def _require(group: Any, what: str) -> Any:

@@ -5,7 +5,8 @@
 `load_full_state_dict` move whole weights in and out of a sharded model. `set_autotp_mode` chooses
 what layers are built for, as `deepspeed.module_inject.layers.set_autotp_mode` does.
 `extract_hf_tp_plan` reads a Hugging Face model's tensor-parallel plan; `shard_model(..., tp_plan=...)`
-cuts by that plan instead of by module names (`resolve_plan` shows what it would cut).
+cuts by that plan instead of by module names (`resolve_plan` shows what it would cut), and
+`shard_model(..., partition_config=AutoTPConfig...)` by DeepSpeed's regex layer specs (`resolve_specs`).
 Every layer records on its parameters how it cut them, in DeepSpeed's universal-checkpoint schema
 (`DS_AUTOTP_UC_META`); `collect_autotp_universal_checkpoint_info` aggregates the records into DeepSpeed's
 model-level `universal_checkpoint_info`. DeepSpeed's sub-parameter, Yuan and fused-qkv layers are here
@@ -35,10 +36,20 @@ from ds_parallel.tensor._parser import (
     find_block_policies,
     model_family,
 )
+from ds_parallel.tensor._partition_config import (
+    AutoTPConfig,
+    AutoTPPresets,
+    PartitionType,
+    TPLayerSpec,
+    merge_autotp_configs,
+    model_type_of,
+    partition_config_from_settings,
+)
 from ds_parallel.tensor._plan import PLAN_STYLES, PlanStyle, ResolvedPlan, plan_pattern, resolve_plan
 from ds_parallel.tensor._regions import CopyToTPRegion, GatherFromTPRegion, ReduceFromTPRegion
 from ds_parallel.tensor._replace import shard_model
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_size, shard_sizes
+from ds_parallel.tensor._spec_plan import ResolvedSpecs, resolve_specs
 from ds_parallel.tensor._state import full_state_dict, load_full_state_dict, tp_layers
 from ds_parallel.tensor._subparam import SubParamLinearAllreduce, SubParamLinearLayer
 from ds_parallel.tensor._tp_shard import AutoTPMeta, get_shard_size, get_shard_size_list
@@ -59,6 +70,15 @@ _get_param_uc_conversion_meta = param_uc_conversion_meta
 _subparam_shard_widths = subparam_shard_widths
 
 __all__ = [
+    "resolve_specs",
+    "ResolvedSpecs",
+    "partition_config_from_settings",
+    "model_type_of",
+    "merge_autotp_configs",
+    "TPLayerSpec",
+    "PartitionType",
+    "AutoTPPresets",
+    "AutoTPConfig",
     "DS_AUTOTP_UC_META",
     "PLAN_STYLES",
     "UNSUPPORTED_FAMILIES",

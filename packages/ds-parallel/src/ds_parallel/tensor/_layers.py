@@ -48,7 +48,8 @@ class TensorParallelLayer(nn.Module):
     """A linear layer holding this rank's shard of the original's weight (and bias).
 
     Args:
-        module: the original `nn.Linear`, whole; its parameters are replaced by shards, not modified.
+        module: the original `nn.Linear` (or a module computing `x @ weight.T + bias`), whole; its
+            parameters are replaced by shards, not modified.
         mp_group: the tensor-parallel group (None: a group of one, nothing is cut).
         name: the layer's name inside its block (decides the split rule: by heads or near even).
         tp_meta: the model's head counts and grain.
@@ -80,7 +81,10 @@ class TensorParallelLayer(nn.Module):
         self.name = name
         self.tp_meta = tp_meta or TPMeta()
         self.training_mode = is_autotp_training_mode() if training is None else training
-        self.in_features, self.out_features = module.in_features, module.out_features
+        # A linear-like module named by a partition_config spec need not be an nn.Linear: its weight says.
+        weight_shape = tuple(getattr(module.weight, "ds_shape", None) or module.weight.shape)
+        self.in_features = getattr(module, "in_features", weight_shape[-1])
+        self.out_features = getattr(module, "out_features", weight_shape[0])
         self.layouts: dict[str, ShardLayout] = {}
         #: Each parameter's whole shape (under ZeRO-3, the `ds_shape` it had before being partitioned).
         self._orig_shapes: dict[str, tuple[int, ...]] = {}

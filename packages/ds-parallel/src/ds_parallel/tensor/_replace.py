@@ -1,5 +1,9 @@
 """`shard_model`: replace a model's linear layers with tensor-parallel ones, in place.
 
+With a partition_config (`tensor_parallel.partition_config` / `preset_model`, see `_partition_config`),
+its regex specs alone decide, as a plan does below (a spec's `shape` makes a sub-parameter layer,
+`SubParamLinearLayer` / `SubParamLinearAllreduce`); it takes precedence over a plan, as in DeepSpeed.
+
 With a Hugging Face tensor-parallel plan (`tp_plan`, see `_plan`), the plan alone decides: each
 `nn.Linear` it names becomes column-parallel (`LinearLayer`, gathered when the style says so) or
 row-parallel (`LinearAllreduce`; `LmHeadLinearAllreduce` for an output head), every other module stays
@@ -40,8 +44,11 @@ from ds_parallel.tensor._layers import (
 )
 from ds_parallel.tensor._mode import is_autotp_training_mode
 from ds_parallel.tensor._parser import BlockPolicy, find_block_policies
+from ds_parallel.tensor._partition_config import AutoTPConfig, PartitionType, TPLayerSpec
 from ds_parallel.tensor._plan import PlanStyle, ResolvedPlan, resolve_plan
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_size
+from ds_parallel.tensor._spec_plan import ResolvedSpecs, resolve_specs
+from ds_parallel.tensor._subparam import SubParamLinearAllreduce, SubParamLinearLayer
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +101,12 @@ class _Sharder:
         self.model_classes = " ".join(type(m).__name__ for m in model.modules())
         self.num_replaced = 0
 
-    def _check_heads(self, linear: nn.Linear, name: str, path: str) -> None:
+    def _check_heads(self, linear: nn.Module, name: str, path: str) -> None:
         kv = self.meta.num_kv_heads
         if kv is None or kv % self.tp_size == 0 or "mlp" in name:
             return
-        if linear.out_features % kv == 0 or linear.in_features % kv == 0:
+        out_features, in_features = linear.weight.shape
+        if out_features % kv == 0 or in_features % kv == 0:
             raise ValueError(
                 f"AutoTP: layer {path!r} splits by attention heads, but the model's {kv} key/value heads do not "
                 f"divide over {self.tp_size} tensor-parallel ranks; use a tensor-parallel size that divides {kv}"
@@ -137,25 +145,36 @@ class _Sharder:
                 self._divide_head_attrs(child, key)
 
     def by_plan(self, resolved: ResolvedPlan) -> None:
-        """Replace the layers `resolved` cuts, then divide the attributes of the modules above them.
+        """Replace the layers a Hugging Face plan cuts (see `_apply`)."""
+        self._apply({path: lambda m, p, s=style: self.plan_linear(m, p, s) for path, style in resolved.layers.items()})
+        self._grad_allreduce(resolved.grad_allreduce)
+
+    def by_specs(self, resolved: ResolvedSpecs) -> None:
+        """Replace the layers a partition_config cuts (see `_apply`)."""
+        self._apply({path: lambda m, p, s=spec: self.spec_linear(m, p, s) for path, spec in resolved.layers.items()})
+        self._grad_allreduce(resolved.grad_allreduce)
+
+    def _apply(self, layers: dict[str, Any]) -> None:
+        """Replace each layer by what its builder makes, then divide the attributes of the modules above them.
 
         The head counts are checked for every layer first, so a refusal leaves the model untouched.
         """
-        for path in resolved.layers:
+        for path in layers:
             layer = self.model.get_submodule(path)
-            if isinstance(layer, nn.Linear) and path.rpartition(".")[2] not in _LM_HEAD_NAMES:
+            if path.rpartition(".")[2] not in _LM_HEAD_NAMES:
                 self._check_heads(layer, path, path)
-        for path, style in resolved.layers.items():
+        for path, build in layers.items():
             parent_path, _, key = path.rpartition(".")
             parent = self.model.get_submodule(parent_path)
-            linear = getattr(parent, key)
-            setattr(parent, key, self.plan_linear(linear, path, style))
+            setattr(parent, key, build(getattr(parent, key), path))
         for path, module in list(self.model.named_modules()):
-            if path and not isinstance(module, TensorParallelLayer) and path not in resolved.layers:
+            if path and not isinstance(module, TensorParallelLayer) and path not in layers:
                 self._divide_head_attrs(module, path)
+
+    def _grad_allreduce(self, names: tuple[str, ...]) -> None:
         if self.training:
             for name, param in self.model.named_parameters():
-                if name in resolved.grad_allreduce:
+                if name in names:
                     param.register_hook(_GradAllReduce(self.group))
 
     def plan_linear(self, linear: nn.Linear, path: str, style: PlanStyle) -> nn.Module:
@@ -167,6 +186,24 @@ class _Sharder:
                 return LmHeadLinearAllreduce(linear, self.group, **kwargs)
             return LinearAllreduce(linear, self.group, **kwargs)
         return LinearLayer(linear, self.group, gather_output=style is PlanStyle.COLUMN_GATHER, **kwargs)
+
+    def spec_linear(self, linear: nn.Module, path: str, spec: TPLayerSpec) -> nn.Module:
+        """The layer a partition_config spec asks for: sub-parameter cuts when it gives a `shape`."""
+        kwargs: dict[str, Any] = {"name": path, "tp_meta": self.meta, "training": self.training}
+        self.num_replaced += 1
+        if spec.partition_type is PartitionType.ROW:
+            if spec.shape is not None:
+                return SubParamLinearAllreduce(
+                    linear, self.group, shape=spec.shape, partition_dim=spec.get_partition_dim(), **kwargs
+                )
+            if path.rpartition(".")[2] in _LM_HEAD_NAMES:
+                return LmHeadLinearAllreduce(linear, self.group, **kwargs)
+            return LinearAllreduce(linear, self.group, **kwargs)
+        if spec.shape is not None:
+            return SubParamLinearLayer(
+                linear, self.group, shape=spec.shape, partition_dim=spec.get_partition_dim(), **kwargs
+            )
+        return LinearLayer(linear, self.group, gather_output=spec.gather_output, **kwargs)
 
     def _divide_head_attrs(self, module: nn.Module, name: str) -> None:
         """A module over sharded layers sees local head counts and widths (its reshapes read them)."""
@@ -212,6 +249,7 @@ def shard_model(
     model_config: Any = None,
     policies: list[BlockPolicy] | None = None,
     tp_plan: Mapping[str, str] | None = None,
+    partition_config: AutoTPConfig | None = None,
 ) -> nn.Module:
     """Shard `model`'s linear layers over `tp_group` in place (DeepSpeed's automatic tensor parallelism).
 
@@ -232,6 +270,8 @@ def shard_model(
             None: found automatically (`find_block_policies`).
         tp_plan: a Hugging Face tensor-parallel plan (pattern -> style, `extract_hf_tp_plan`); when
             given (and not empty) it decides alone which layers are cut and how, instead of `policies`.
+        partition_config: regex layer specs (`tensor_parallel.partition_config` / `preset_model`, see
+            `_partition_config`); when given it decides alone, ahead of `tp_plan` (DeepSpeed's priority).
 
     Returns:
         `model`, with `ds_autotp_parsed = True`.
@@ -248,7 +288,10 @@ def shard_model(
         model.ds_autotp_parsed = True  # type: ignore[assignment]
         return model
     meta = TPMeta.from_model_config(model_config or getattr(model, "config", None), tp_grain_size)
-    if tp_plan:
+    if partition_config is not None:
+        sharder = _Sharder(model, tp_group, meta, training)
+        sharder.by_specs(resolve_specs(model, partition_config, skip=(TensorParallelLayer,)))
+    elif tp_plan:
         resolved = resolve_plan(model, tp_plan, skip=(TensorParallelLayer,))
         sharder = _Sharder(model, tp_group, meta, training)
         sharder.by_plan(resolved)
@@ -268,6 +311,10 @@ def shard_model(
         type(model).__name__,
         sharder.tp_size,
         "training" if training else "inference",
-        "by the Hugging Face tp_plan" if tp_plan else "by the module-name policy",
+        "by the partition_config"
+        if partition_config is not None
+        else "by the Hugging Face tp_plan"
+        if tp_plan
+        else "by the module-name policy",
     )
     return model
