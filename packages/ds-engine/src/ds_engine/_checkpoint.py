@@ -415,8 +415,8 @@ def _tensor_parallel_partitions(
             raise ValueError(
                 f"load_checkpoint: {path} was saved with a tensor-parallel degree of {saved_tp}, this engine has "
                 f"{1 if engine.pipeline_parallelism else engine.mp_world_size}, and holds no whole optimizer state "
-                f"({key}; saved by an older ds): pass load_module_only=True (or load_optimizer_states=False) to "
-                "load the weights alone"
+                f"({key}: a ZeRO stage 3 save, or one by an older ds): load it at its own tensor-parallel degree, or "
+                "pass load_module_only=True (or load_optimizer_states=False) to load the weights alone"
             )
     mine = _tp_optimizer_state.shard_param_states(whole, engine.module if engine._tp is not None else None)
     return ds_zero.partitions_from_param_states(mine)

@@ -406,7 +406,8 @@ class DeepSpeedEngine(
         rng_states = _checkpoint.gather_rng(rng_state(), world_size=self.world_size, device=self.device)
         partitioned = self._zero.stage > 0 and self._stepper is not None
         extra: dict[str, Any] = {}
-        if partitioned and self._tp is not None:  # `_tp_optimizer_state`'s note: whole, like the weights
+        # `_tp_optimizer_state`'s note: whole, like the weights (stage 1/2; a stage-3 save loads at its own layout)
+        if partitioned and self._tp is not None and self._zero.stage < 3:
             ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
             whole = ds_zero.param_states_of(
                 self._stepper.optimizer,
@@ -558,7 +559,7 @@ class DeepSpeedEngine(
         group), so checkpoints load at any tensor-parallel size, or without it.
         """
         if self._tp is not None:
-            full = self._tp.full_state_dict(self.module)
+            full = self._tp_full_state_dict()
             state = type(full)((prefix + k, v) for k, v in full.items())
         else:
             state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
@@ -566,6 +567,16 @@ class DeepSpeedEngine(
             frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = type(state)((k, v) for k, v in state.items() if k not in frozen)
         return state
+
+    def _tp_full_state_dict(self) -> dict[str, Any]:
+        """Whole weights of a tensor-parallel model; at ZeRO stage 3 each rank first gathers its shards over
+        the data-parallel ranks (its tensor-parallel part of the model, whole, for the duration)."""
+        assert self._tp is not None
+        if self._zero.stage != 3:
+            return self._tp.full_state_dict(self.module)
+        ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
+        with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            return {k: v.clone() for k, v in self._tp.full_state_dict(self.module).items()}
 
     def load_module_state_dict(
         self,
@@ -577,6 +588,10 @@ class DeepSpeedEngine(
         """Load module weights (copied into the existing, already cast parameters)."""
         if custom_load_fn is not None:
             custom_load_fn(src=checkpoint, dst=self.module)
+        elif self._tp is not None and self._zero.stage == 3:  # every data-parallel rank loads the same shard
+            ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
+            with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0):
+                self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
         elif self._tp is not None:
             self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
         else:

@@ -2,7 +2,8 @@
 
 `zero_gather_16bit_weights_on_model_save()` tells a caller whether the full weights may be gathered for
 saving; `_zero3_consolidated_16bit_state_dict()` gathers them (one module at a time, assembled on the
-CPU of rank 0) under ZeRO stage 3. Both keep DeepSpeed's names: Accelerate's `get_state_dict()` calls them.
+CPU of rank 0) under ZeRO stage 3, and `_consolidated_16bit_state_dict()` under stage 3 or tensor
+parallelism. All keep DeepSpeed's names: Accelerate's `get_state_dict()` calls them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,27 @@ class ConsolidatedWeights:
 
     _zero: ZeroSettings
     module: nn.Module
+    _tp: Any
+    if TYPE_CHECKING:  # the engine's
+
+        def module_state_dict(self, *, exclude_frozen_parameters: bool = False) -> dict[str, Any]: ...
+
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, Any] | None:
+        """The whole state_dict (on the CPU) on global rank 0, None elsewhere, when the weights are split:
+        ZeRO stage 3 and/or tensor parallelism (DeepSpeed's name). Collective: every rank must call it.
+
+        Raises:
+            ValueError: the weights are whole on every rank (neither stage 3 nor tensor parallelism).
+        """
+        if self._tp is not None:  # whole over the tensor-parallel ranks (and gathered first at stage 3)
+            state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+            return {k: v.detach().cpu() for k, v in state.items()} if ds_comm.get_rank() == 0 else None
+        if self._zero.stage == 3:
+            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        raise ValueError(
+            "_consolidated_16bit_state_dict() applies when the weights are split (ZeRO stage 3 or "
+            "tensor_parallel.autotp_size > 1); here module_state_dict() is already whole"
+        )
 
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         """`zero_optimization.stage3_gather_16bit_weights_on_model_save`: may the full weights be gathered to save?"""

@@ -9,17 +9,19 @@ the cuts come from, in order: `tensor_parallel.partition_config` / `preset_model
 unmatched layers whole); else a Hugging Face tensor-parallel plan on the model (`_tp_plan` /
 `base_model_tp_plan`, merged by `extract_hf_tp_plan`; Llama's cuts the output head too, its output
 gathered); else AutoTP's module-name policy (the output head stays replicated). A plan style
-AutoTP does not support is refused before anything is cut. Data parallelism and ZeRO 1/2 then run
-over the data-parallel dim only; replicated parameters get identical gradients on the tensor-parallel
-ranks (the column-parallel layers' backward all-reduces their input gradients).
+AutoTP does not support is refused before anything is cut. Data parallelism and ZeRO 1-3 then run
+over the data-parallel dim only (at stage 3 each tensor-parallel shard is partitioned over it);
+replicated parameters get identical gradients on the tensor-parallel ranks (the column-parallel
+layers' backward all-reduces their input gradients).
 
 [Note: the norm and the overflow flag] Gradient clipping needs the whole model's norm, and fp16 needs
-every shard to skip the same steps. So each stepper (stage 0 fp32 and fp16/bf16, ZeRO 1/2) hands the
+every shard to skip the same steps. So each stepper (stage 0 fp32 and fp16/bf16, ZeRO 1-3) hands the
 tensor-parallel group and its cut gradients (parameters marked `tensor_model_parallel`, DeepSpeed's
 marker) to `ds_ops.precision.finish_step`: cut shards' squares are summed over the group, replicated
 parameters (layer norms, row-parallel biases, embeddings) are counted by the group's first rank only,
-and the overflow flag is OR-ed over the group, after the data-parallel reduction. ZeRO stage 3,
-pipelines and sequence parallelism do not combine with tensor parallelism (refused).
+and the overflow flag is OR-ed over the group, after the data-parallel reduction. Pipelines and
+sequence parallelism do not combine with tensor parallelism (refused), nor does NVMe optimizer offload
+(its norm comes from per-tile sums; ds-zero refuses it).
 
 Checkpoints hold whole weights and whole optimizer state, so they load at any degree
 (`_tp_optimizer_state`).
@@ -45,6 +47,7 @@ from ds_engine.config import DeepSpeedConfigError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "TensorParallelBatchMismatchError",
     "TensorParallelState",
     "apply_autotp",
     "check_tensor_parallel",
@@ -55,12 +58,11 @@ __all__ = [
 
 
 def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
-    """Refuse what does not combine with tensor parallelism (ZeRO 3, pipelines, sequence parallelism), by key."""
+    """Refuse what does not combine with tensor parallelism (pipelines, sequence parallelism), by key."""
     m = config.model
     problems = [
         (pipeline, "a PipelineModule (pipeline + tensor parallelism is not implemented)"),
         (m.sequence_parallel_size > 1, f"sequence_parallel_size={m.sequence_parallel_size} (not combined with it)"),
-        (config.zero.stage == 3, "zero_optimization.stage=3 (use stage 0, 1 or 2)"),
     ]
     for bad, what in problems:
         if bad:
@@ -185,6 +187,8 @@ def apply_autotp(
             tp_plan=plan,
             partition_config=partition_config,
         )
+    # DeepSpeed attaches how each parameter is cut to the model (its UNIVERSAL_CHECKPOINT_INFO attribute)
+    model.universal_checkpoint_info = tensor.collect_autotp_universal_checkpoint_info(model)
     mapping = {before[name]: p for name, p in model.named_parameters() if name in before and before[name] != id(p)}
     if isinstance(optimizer, Optimizer):
         _remap_optimizer(optimizer, mapping)
@@ -218,6 +222,17 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b)
 
 
+#: DeepSpeed's message (its test compares it verbatim); ds's explanation is attached as a note.
+BATCH_MISMATCH = (
+    "Data inconsistency within the TP group. Please check the Dataloader implementation to ensure consistency."
+)
+
+
+class TensorParallelBatchMismatchError(ds_comm.UsageError):
+    """The ranks of a tensor-parallel group were given different batches (a ValueError, and the
+    AssertionError DeepSpeed raises)."""
+
+
 class _BatchCheck:
     """First forward only: the tensor-parallel ranks must have received the same inputs (DeepSpeed checks too)."""
 
@@ -237,8 +252,10 @@ class _BatchCheck:
         flag = torch.tensor([0.0 if _same(box[0], mine) else 1.0], device=device)
         ds_comm.all_reduce(flag, group=self.group)
         if flag.item() > 0:
-            raise ValueError(
+            err = TensorParallelBatchMismatchError(BATCH_MISMATCH)
+            err.add_note(
                 "tensor parallelism: the ranks of a tensor-parallel group received different inputs in their first "
                 "forward; each group must see the same batch (shard data over the data-parallel ranks only, e.g. "
                 "with engine.deepspeed_io or a sampler over engine.dp_world_size / get_data_parallel_rank())"
             )
+            raise err

@@ -100,7 +100,16 @@ def _train(rank: int, world: int, tp: int, specs: list[dict[str, Any]]) -> dict[
         engine.step()
         losses.append(loss.item())
     block = model.block
+    whole = None
+    if tp > 1:  # DeepSpeed's per-parameter hooks: the whole weight in place, then back to the shard
+        weight = block.down_proj.weight
+        shard = weight.detach().clone()
+        weight.gather_params([weight])
+        whole = weight.detach().clone()
+        weight._tp_partition([weight])
+        assert torch.equal(weight, shard)
     return {
+        "whole_down": whole,
         "losses": losses,
         "full": {k: v.clone() for k, v in engine.module_state_dict().items()},
         "kinds": {
@@ -137,6 +146,8 @@ def test_partition_config_cuts_by_specs_and_trains_like_the_whole_model() -> Non
         "extra": "Linear",
     }
     assert results[0]["qkv_shape"] == (3 * D // 2, D)  # half of each of q, k and v
+    for r in results:
+        torch.testing.assert_close(r["whole_down"], ref["full"]["block.down_proj.weight"], rtol=1e-5, atol=1e-5)
     # Without grad_allreduce the replicated scalar gets only its shard's gradient, and training drifts.
     partial = [dict(s, grad_allreduce=False) if "temperature" in s["patterns"][0] else s for s in SPECS]
     drifted = run_ranks(2, _train, 2, partial, timeout_s=240)

@@ -47,6 +47,7 @@ _TP_NAMES = [
     "get_model_parallel_world_size",
     "get_tensor_model_parallel_group",
     "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_src_rank",
     "get_tensor_model_parallel_world_size",
 ]
 __all__ = [*_parallel_all, *_TP_NAMES]
@@ -158,6 +159,11 @@ def get_tensor_model_parallel_world_size() -> int:
 
 def get_tensor_model_parallel_rank() -> int:
     return dist.get_rank(group=get_tensor_model_parallel_group())
+
+
+def get_tensor_model_parallel_src_rank() -> int:
+    """The global rank of this rank's tensor-parallel group's first member (broadcast source for the group)."""
+    return int(dist.get_global_rank(get_tensor_model_parallel_group(), 0))
 
 
 def get_model_parallel_world_size() -> int:

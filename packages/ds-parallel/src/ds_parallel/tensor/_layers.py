@@ -101,6 +101,10 @@ class TensorParallelLayer(nn.Module):
             shard = self._initial_shard(pname, layout, full.data, shape)
             param = nn.Parameter(shard, requires_grad=self.training_mode and full.requires_grad)
             setattr(param, IS_REPLACED_MODULE, True)
+            # DeepSpeed hangs the layer's whole-weight hooks on its parameters: `p.gather_params([p])`, then
+            # `p._tp_partition([p])` (scripts and checkpoint code call them on the parameter)
+            param.gather_params = self.gather_params  # type: ignore[attr-defined]
+            param._tp_partition = self._tp_partition  # type: ignore[attr-defined]
             if not layout.replicated and self.tp_world_size > 1:
                 setattr(param, TENSOR_MODEL_PARALLEL, True)
             self.register_parameter(pname, param)

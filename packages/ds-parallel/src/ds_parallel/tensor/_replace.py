@@ -101,21 +101,26 @@ class _Sharder:
         self.model_classes = " ".join(type(m).__name__ for m in model.modules())
         self.num_replaced = 0
 
-    def _check_heads(self, linear: nn.Module, name: str, path: str) -> None:
+    def warn_uneven_heads(self) -> None:
+        """Key/value heads that do not divide over the ranks split unevenly, whole heads per rank (DeepSpeed
+        0.19.8 does the same); with more ranks than heads the last ranks hold no attention shard and their
+        row-parallel all-reduce adds zeros. Correct either way, but attention no longer scales: say so once."""
         kv = self.meta.num_kv_heads
-        if kv is None or kv % self.tp_size == 0 or "mlp" in name:
+        if kv is None or kv % self.tp_size == 0 or self.tp_rank != 0:
             return
-        out_features, in_features = linear.weight.shape
-        if out_features % kv == 0 or in_features % kv == 0:
-            raise ValueError(
-                f"AutoTP: layer {path!r} splits by attention heads, but the model's {kv} key/value heads do not "
-                f"divide over {self.tp_size} tensor-parallel ranks; use a tensor-parallel size that divides {kv}"
-            )
+        per_rank = [kv // self.tp_size + (1 if r < kv % self.tp_size else 0) for r in range(self.tp_size)]
+        logger.warning(
+            "AutoTP: the model's %d key/value heads do not divide over %d tensor-parallel ranks; attention is split "
+            "unevenly, %s whole heads per rank%s",
+            kv,
+            self.tp_size,
+            "/".join(map(str, per_rank)),
+            " (ranks without a head hold no attention shard)" if self.tp_size > kv else "",
+        )
 
     def linear(self, linear: nn.Linear, name: str, path: str, policy: BlockPolicy, block: nn.Module) -> nn.Module:
         if _keeps_whole(name, self.model_classes):
             return linear
-        self._check_heads(linear, name, path)
         kwargs: dict[str, Any] = {"name": name, "tp_meta": self.meta, "training": self.training}
         self.num_replaced += 1
         if "gate_up_proj" in name or ("dense_h_to_4h" in name and "GLM" in self.model_classes):
@@ -155,14 +160,7 @@ class _Sharder:
         self._grad_allreduce(resolved.grad_allreduce)
 
     def _apply(self, layers: dict[str, Any]) -> None:
-        """Replace each layer by what its builder makes, then divide the attributes of the modules above them.
-
-        The head counts are checked for every layer first, so a refusal leaves the model untouched.
-        """
-        for path in layers:
-            layer = self.model.get_submodule(path)
-            if path.rpartition(".")[2] not in _LM_HEAD_NAMES:
-                self._check_heads(layer, path, path)
+        """Replace each layer by what its builder makes, then divide the attributes of the modules above them."""
         for path, build in layers.items():
             parent_path, _, key = path.rpartition(".")
             parent = self.model.get_submodule(parent_path)
@@ -277,9 +275,10 @@ def shard_model(
         `model`, with `ds_autotp_parsed = True`.
 
     Raises:
-        ValueError: an unsupported model family, no shardable block, key/value heads that do not divide
-            over the group, a layer too small to split, or a plan style AutoTP does not support (each
-            message names the model or layer; a plan is checked before any layer is replaced).
+        ValueError: an unsupported model family, no shardable block, a layer too small to split, or a plan
+            style AutoTP does not support (each message names the model or layer; a plan is checked before
+            any layer is replaced). Key/value heads that do not divide over the group split unevenly, whole
+            heads per rank (a warning says so).
     """
     if getattr(model, "ds_autotp_parsed", False):
         return model
@@ -288,6 +287,7 @@ def shard_model(
         model.ds_autotp_parsed = True  # type: ignore[assignment]
         return model
     meta = TPMeta.from_model_config(model_config or getattr(model, "config", None), tp_grain_size)
+    _Sharder(model, tp_group, meta, training).warn_uneven_heads()
     if partition_config is not None:
         sharder = _Sharder(model, tp_group, meta, training)
         sharder.by_specs(resolve_specs(model, partition_config, skip=(TensorParallelLayer,)))

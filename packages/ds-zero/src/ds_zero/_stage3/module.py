@@ -166,13 +166,27 @@ class DeepSpeedZeRoOffload:
         )
 
     def _new_group(self, backend: str | None = None) -> ProcessGroup | None:
-        """A group over the data-parallel ranks (parameter gathers and fingerprints each get their own)."""
+        """A group over the data-parallel ranks (parameter gathers and fingerprints each get their own).
+
+        torch needs every rank of the job to create every group, in the same order. When the data-parallel
+        group is one of several (tensor parallelism: ranks {0, 2} and {1, 3}), every rank therefore learns
+        all of them and creates each in turn, keeping its own.
+        """
         if self.world_size == 1:
             return None
-        ranks = None
-        if self.dp_group is not None:
-            ranks = torch.distributed.get_process_group_ranks(self.dp_group)
-        return ds_comm.new_group(ranks, backend=backend)
+        if self.dp_group is None:
+            return ds_comm.new_group(None, backend=backend)
+        mine = list(torch.distributed.get_process_group_ranks(self.dp_group))
+        if len(mine) == ds_comm.get_world_size():
+            return ds_comm.new_group(mine, backend=backend)
+        everyone: list[Any] = [None] * ds_comm.get_world_size()
+        torch.distributed.all_gather_object(everyone, mine)
+        own = None
+        for ranks in sorted({tuple(r) for r in everyone}):
+            group = ds_comm.new_group(list(ranks), backend=backend)
+            if ds_comm.get_rank() in ranks:
+                own = group
+        return own
 
     @staticmethod
     def _mark_persistent(module: nn.Module, cfg: ZeroConfig) -> list[nn.Parameter]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +25,7 @@ from ds_zero._param_names import ParamNames
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3.grads import GradReducer
+from ds_zero._stage3.model_parallel import Stage3CutRanges
 from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
 from ds_zero._stage3.partition import ShardPartition
 from ds_zero._stage3.quantized_init import refuse_trainable
@@ -98,6 +99,10 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
         communication_dtype: dtype of the gradient reduce-scatter (None: the gradients' dtype).
         parameter_offload: an existing `DeepSpeedZeRoOffload` of `module` (default: the module's, or a new one).
         aio_config: the top-level `aio` section (dict or `ds_ops.AioConfig`) used by NVMe offload (None: defaults).
+        model_parallel_group: the tensor-parallel group whose ranks hold other shards of the same model (AutoTP);
+            the norm and the overflow flag then span it (`_stage3.model_parallel`).
+        model_parallel_params: with `model_parallel_group`, the parameters cut across it; every other
+            parameter is replicated there and counted once in the norm.
 
     With `offload_optimizer.device="nvme"` the fp32 master and the optimizer state of each tile live in swap
     files under `nvme_path` and are swapped in and out around the step, tile by tile (`sub_group_size`),
@@ -127,6 +132,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
         communication_dtype: torch.dtype | None = None,
         parameter_offload: DeepSpeedZeRoOffload | None = None,
         aio_config: Mapping[str, Any] | AioConfig | None = None,
+        model_parallel_group: ProcessGroup | None = None,
+        model_parallel_params: Collection[torch.Tensor] = (),
     ) -> None:
         module, optimizer = _module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
@@ -148,6 +155,12 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
                 "and parameter on each rank; use zero_optimization.stage 0, 1 or 2 for Muon"
             )
         refuse_trainable(p for g in optimizer.param_groups for p in g["params"])
+        if model_parallel_group is not None and cfg.offload_optimizer_device == "nvme":
+            raise ValueError(
+                "zero_optimization.offload_optimizer.device=nvme is not supported with tensor parallelism "
+                "(tensor_parallel.autotp_size > 1) in ds: the NVMe step measures the gradient norm from per-tile "
+                "sums that cannot leave the replicated parameters' duplicates out; use device 'cpu' or 'none'"
+            )
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         self.config = cfg
@@ -184,6 +197,10 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
         self.dp_rank = ds_comm.get_rank(dp_group)
         self.offload_optimizer = cfg.offload_optimizer_device in ("cpu", "nvme")
         self.partitions = self._build_partitions(swap_master=nvme)
+        self.model_parallel_group = model_parallel_group
+        self._cut = (
+            Stage3CutRanges(self.partitions, model_parallel_params) if model_parallel_group is not None else None
+        )
         self.optimizer_swapper = (
             OptimizerSwapper(
                 self.tiles, optimizer, swap_dir=swap_dir, config=cfg.offload_optimizer_or_default, aio_config=aio_config
@@ -337,8 +354,13 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
         if swapper is not None:
             stats = [swapper.grads.stats(part.tiles) for part in self.partitions]
             return grad_norm_groups(stats=stats, group=self.dp_group, comm_device=self._norm_device)
+        grads = [part.master.grad for part in self.partitions]
         return grad_norm_groups(
-            [[part.master.grad] for part in self.partitions], group=self.dp_group, comm_device=self._norm_device
+            [[g] for g in grads],
+            group=self.dp_group,
+            comm_device=self._norm_device,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut.group_views(grads) if self._cut is not None else None,
         )
 
     def set_step_boundary(self, is_boundary: bool) -> None:
@@ -387,7 +409,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self._refuse_step_while_coalescing()
         self.reducer.finish()
-        grads = [part.master.grad for part in self.partitions if part.master.grad is not None]
+        all_grads = [part.master.grad for part in self.partitions]
+        grads = [g for g in all_grads if g is not None]
         swapper = self.optimizer_swapper
         outcome = finish_step(
             grads,
@@ -400,6 +423,8 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
             comm_device=self._norm_device,
             skip=skip,
             stats=swapper.grads.stats() if swapper is not None else None,  # NVMe: the gradients are on disk
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut.views(all_grads) if self._cut is not None else None,
         )
         if swapper is not None:
             swapper.grad_outcome = outcome
