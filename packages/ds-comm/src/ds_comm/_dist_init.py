@@ -10,6 +10,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ds_comm._comms_logger import configure
+from ds_comm._config_errors import UsageError
 from ds_comm._exit_teardown import register_exit_teardown
 from ds_comm._group_cache import forget
 from ds_comm._launch_env import LaunchInfo, discover
@@ -68,7 +69,8 @@ def init_distributed(
         timeout: how long a collective may take before it fails; default `DEEPSPEED_TIMEOUT`
             minutes or 30 minutes. The collective wrappers use it too.
         init_method: a torch init method URL; default `env://`.
-        dist_init_required: False skips initialisation entirely; True or None initialises when needed.
+        dist_init_required: False skips initialisation entirely (an error in a launched job of several
+            ranks, WORLD_SIZE > 1, with no group yet); True or None initialises when needed.
         config: accepted for DeepSpeed compatibility (its `comms_logger` section); see `configure`.
         rank: explicit rank (with `world_size`), overriding discovery.
         world_size: explicit world size.
@@ -81,6 +83,14 @@ def init_distributed(
     if config is not None:
         configure(config)
     if dist_init_required is False:
+        launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        if launched > 1 and not dist.is_initialized():
+            # DeepSpeed asserts here; running on would have each of the launched ranks train alone.
+            raise UsageError(
+                f"dist_init_required=False, but no process group exists and WORLD_SIZE={launched}: each rank would "
+                "run as a world of one; create the group first (torch.distributed.init_process_group or "
+                "deepspeed.init_distributed()), or pass dist_init_required=True (or leave it None)"
+            )
         return
     if dist.is_initialized():
         register_exit_teardown()
