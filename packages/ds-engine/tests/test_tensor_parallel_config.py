@@ -87,3 +87,11 @@ def test_tp_model_init_records_and_must_agree() -> None:
     deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32)
     with pytest.raises(ValueError, match="conflicting arguments across calls"):
         deepspeed.tp_model_init(model, tp_size=2, dtype=torch.bfloat16)
+
+
+def test_autotp_config_module_path_is_ds_parallels() -> None:
+    from ds_engine.module_inject.autotp_config import AutoTPConfig, AutoTPPresets, merge_autotp_configs
+    from ds_parallel.tensor import AutoTPConfig as Same
+
+    assert AutoTPConfig is Same and callable(merge_autotp_configs)
+    assert AutoTPPresets.get_preset("qwen2") is not None
