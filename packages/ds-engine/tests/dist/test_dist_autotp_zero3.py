@@ -1,6 +1,6 @@
 """AutoTP with ZeRO stage 3: each tensor-parallel shard partitioned over the data-parallel ranks.
 
-TP=2 x DP=2 on 4 ranks trains a tiny HF Llama with the losses, the gradient norms (clipping on, so the
+TP=2 x DP=2 on 4 ranks (and TP=2 alone on 2) trains a tiny HF Llama with the losses, the gradient norms (clipping on, so the
 norm decides every update) and the whole weights of DP=2 alone at stage 3 (fp32, SGD; 1e-5 / 1e-4).
 The norm counts each replicated parameter once over the tensor-parallel ranks: counting it on both
 would change the norm, the clip and the losses. A checkpoint saved at TP=2 x DP=2 and loaded into a
@@ -90,3 +90,14 @@ def test_tp2_by_dp2_zero3_equals_dp2_zero3_and_resumes(tmp_path: Path) -> None:
     resumed = run_ranks(4, _resume, str(tmp_path), timeout_s=400)
     for r, again in zip(results, resumed, strict=True):
         torch.testing.assert_close(torch.tensor(again), torch.tensor(r["after"]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.timeout(600)
+def test_tp_over_every_rank_at_zero3_equals_one_rank() -> None:
+    # data-parallel size 1: stage 3 partitions over a group of one inside a larger world
+    (ref,) = run_ranks(1, _train, 1, None, timeout_s=240)
+    for r in run_ranks(2, _train, 2, None, timeout_s=300):
+        assert r["dp"] == 1
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=0, atol=1e-5)
+        for k, v in ref["full"].items():
+            torch.testing.assert_close(r["full"][k], v, rtol=1e-4, atol=1e-4, msg=k)

@@ -172,8 +172,8 @@ class DeepSpeedZeRoOffload:
         group is one of several (tensor parallelism: ranks {0, 2} and {1, 3}), every rank therefore learns
         all of them and creates each in turn, keeping its own.
         """
-        if self.world_size == 1:
-            return None
+        if self.world_size == 1:  # nothing is gathered; None would mean the world, which may be larger
+            return self.dp_group
         if self.dp_group is None:
             return ds_comm.new_group(None, backend=backend)
         mine = list(torch.distributed.get_process_group_ranks(self.dp_group))
