@@ -1,7 +1,8 @@
 """AutoTP with ZeRO stage 3: each tensor-parallel shard partitioned over the data-parallel ranks.
 
-TP=2 x DP=2 on 4 ranks (and TP=2 alone on 2) trains a tiny HF Llama with the losses, the gradient norms (clipping on, so the
-norm decides every update) and the whole weights of DP=2 alone at stage 3 (fp32, SGD; 1e-5 / 1e-4).
+TP=2 x DP=2 on 4 ranks trains a tiny HF Llama with the losses, the gradient norms (clipping on, so the
+norm decides every update) and the whole weights of DP=2 alone at stage 3 (fp32, SGD; 1e-5 / 1e-4);
+TP=2 alone on 2 ranks (stage 3 over a data-parallel group of one) equals one rank.
 The norm counts each replicated parameter once over the tensor-parallel ranks: counting it on both
 would change the norm, the clip and the losses. A checkpoint saved at TP=2 x DP=2 and loaded into a
 fresh engine resumes with the same losses.
