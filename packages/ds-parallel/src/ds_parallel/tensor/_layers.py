@@ -86,6 +86,8 @@ class TensorParallelLayer(nn.Module):
         self.in_features = getattr(module, "in_features", weight_shape[-1])
         self.out_features = getattr(module, "out_features", weight_shape[0])
         self.layouts: dict[str, ShardLayout] = {}
+        #: A gathered parameter's shard storage, written back by `_tp_partition` (see `gather_params`).
+        self._shard_storage: dict[str, torch.Tensor] = {}
         #: Each parameter's whole shape (under ZeRO-3, the `ds_shape` it had before being partitioned).
         self._orig_shapes: dict[str, tuple[int, ...]] = {}
         for pname in ("weight", "bias"):
@@ -193,11 +195,16 @@ class TensorParallelLayer(nn.Module):
 
     @torch.no_grad()
     def gather_params(self, params_list: list[torch.Tensor | None]) -> None:
-        """DeepSpeed's hook: swap each listed parameter's data for the whole tensor (collective)."""
+        """DeepSpeed's hook: swap each listed parameter's data for the whole tensor (collective).
+
+        The shard's storage is kept aside: `_tp_partition` writes the shard back into it, so a parameter
+        that is a view of an optimizer's flat buffer (ZeRO 1/2) stays one."""
         for pname in self.layouts:
             param = getattr(self, pname)
             if any(p is param for p in params_list if p is not None):
+                shard = param.data
                 param.data = self.full_tensor(pname)
+                self._shard_storage[pname] = shard
 
     @torch.no_grad()
     def _tp_partition(self, params_list: list[torch.Tensor | None]) -> None:
@@ -206,7 +213,12 @@ class TensorParallelLayer(nn.Module):
             param = getattr(self, pname)
             if any(p is param for p in params_list if p is not None) and not layout.replicated:
                 if param.shape[layout.dim] == layout.full_size:
-                    param.data = layout.shard(param.data, self.tp_index)
+                    shard = layout.shard(param.data, self.tp_index)
+                    storage = self._shard_storage.pop(pname, None)
+                    if storage is not None and storage.shape == shard.shape:
+                        storage.copy_(shard)
+                        shard = storage
+                    param.data = shard
 
     def extra_repr(self) -> str:
         return (
