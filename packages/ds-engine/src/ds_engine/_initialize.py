@@ -32,7 +32,6 @@ from ds_engine._tensor_parallel import (
 )
 from ds_engine._tp_model_init import check_given_group, merge_tp_model_init, refuse_group_with_mpu
 from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
-from ds_engine.utils import groups as tp_groups
 from ds_engine.utils.logging import set_log_level_from_string
 
 if TYPE_CHECKING:
@@ -191,6 +190,8 @@ def initialize(
             if tp_init.tp_group is not None:
                 check_given_group(tp_init.tp_group, mpu.get_model_parallel_group())
         dist = discover_dist(mpu)
+        from ds_engine.utils import groups as tp_groups  # needs ds-parallel, as tensor parallelism does
+
         tp_groups._set_tp_groups(mpu.get_data_parallel_group(), mpu.get_model_parallel_group())
         if dist.mp_world_size != tp_size:
             raise ValueError(
