@@ -72,6 +72,17 @@ def test_combinations_tensor_parallelism_refuses(extra: dict[str, Any], match: s
         deepspeed.initialize(model=nn.Linear(4, 4), config=config, dist_init_required=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_record_left() -> Any:
+    """A `tp_model_init` record lives until the next initialize() consumes it: never leak one to other tests."""
+    yield
+    from ds_engine import _tp_model_init
+    from ds_parallel.tensor import set_autotp_mode
+
+    _tp_model_init._RECORD.clear()
+    set_autotp_mode(training=False)
+
+
 def test_tp_model_init_records_and_must_agree() -> None:
     model = nn.Linear(4, 4)
     assert deepspeed.tp_model_init(model, tp_size=2, dtype=torch.float32) is model
