@@ -81,6 +81,16 @@ class ResolvedPlan:
     """Names of the parameters kept whole whose gradients are summed over the group."""
 
 
+def weight_owners(model: nn.Module) -> dict[int, list[str]]:
+    """id of each `weight` parameter -> the paths of every module holding it (tied weights have several)."""
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, nn.Parameter):
+            owners.setdefault(id(weight), []).append(name)
+    return owners
+
+
 def _weight_2d(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return weight is not None and getattr(weight, "dim", lambda: 0)() == 2
@@ -115,11 +125,7 @@ def resolve_plan(model: nn.Module, plan: Mapping[str, str], *, skip: tuple[type,
                 f"AutoTP: the Hugging Face tp_plan entry {pattern!r} (matching {where}) has style {style!r}, which "
                 f"AutoTP does not support (supported: {', '.join(PLAN_STYLES)}); the plan is refused as a whole"
             )
-    owners: dict[int, list[str]] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter):
-            owners.setdefault(id(weight), []).append(name)
+    owners = weight_owners(model)
 
     layers: dict[str, PlanStyle] = {}
 

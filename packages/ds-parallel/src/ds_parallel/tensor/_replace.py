@@ -101,23 +101,6 @@ class _Sharder:
         self.model_classes = " ".join(type(m).__name__ for m in model.modules())
         self.num_replaced = 0
 
-    def warn_uneven_heads(self) -> None:
-        """Key/value heads that do not divide over the ranks split unevenly, whole heads per rank (DeepSpeed
-        0.19.8 does the same); with more ranks than heads the last ranks hold no attention shard and their
-        row-parallel all-reduce adds zeros. Correct either way, but attention no longer scales: say so once."""
-        kv = self.meta.num_kv_heads
-        if kv is None or kv % self.tp_size == 0 or self.tp_rank != 0:
-            return
-        per_rank = [kv // self.tp_size + (1 if r < kv % self.tp_size else 0) for r in range(self.tp_size)]
-        logger.warning(
-            "AutoTP: the model's %d key/value heads do not divide over %d tensor-parallel ranks; attention is split "
-            "unevenly, %s whole heads per rank%s",
-            kv,
-            self.tp_size,
-            "/".join(map(str, per_rank)),
-            " (ranks without a head hold no attention shard)" if self.tp_size > kv else "",
-        )
-
     def linear(self, linear: nn.Linear, name: str, path: str, policy: BlockPolicy, block: nn.Module) -> nn.Module:
         if _keeps_whole(name, self.model_classes):
             return linear
@@ -226,6 +209,24 @@ class _Sharder:
                 return
 
 
+def _warn_uneven_heads(meta: TPMeta, tp_size: int, tp_rank: int) -> None:
+    """Key/value heads that do not divide over the ranks split unevenly, whole heads per rank (DeepSpeed
+    0.19.8 does the same); with more ranks than heads the last ranks hold no attention shard and their
+    row-parallel all-reduce adds zeros. Correct either way, but attention no longer scales: say so once."""
+    kv = meta.num_kv_heads
+    if kv is None or kv % tp_size == 0 or tp_rank != 0:
+        return
+    per_rank = [kv // tp_size + (1 if r < kv % tp_size else 0) for r in range(tp_size)]
+    logger.warning(
+        "AutoTP: the model's %d key/value heads do not divide over %d tensor-parallel ranks; attention is split "
+        "unevenly, %s whole heads per rank%s",
+        kv,
+        tp_size,
+        "/".join(map(str, per_rank)),
+        " (ranks without a head hold no attention shard)" if tp_size > kv else "",
+    )
+
+
 class _GradAllReduce:
     """A gradient hook summing a replicated parameter's gradient over the tensor-parallel group."""
 
@@ -287,7 +288,7 @@ def shard_model(
         model.ds_autotp_parsed = True  # type: ignore[assignment]
         return model
     meta = TPMeta.from_model_config(model_config or getattr(model, "config", None), tp_grain_size)
-    _Sharder(model, tp_group, meta, training).warn_uneven_heads()
+    _warn_uneven_heads(meta, ds_comm.get_world_size(tp_group), ds_comm.get_rank(tp_group))
     if partition_config is not None:
         sharder = _Sharder(model, tp_group, meta, training)
         sharder.by_specs(resolve_specs(model, partition_config, skip=(TensorParallelLayer,)))

@@ -17,6 +17,7 @@ import logging
 from torch import nn
 
 from ds_parallel.tensor._partition_config import AutoTPConfig, PartitionType, TPLayerSpec, model_type_of
+from ds_parallel.tensor._plan import _weight_2d, weight_owners
 
 __all__ = ["ResolvedSpecs", "resolve_specs"]
 
@@ -33,11 +34,6 @@ class ResolvedSpecs:
     """Names of the parameters kept whole whose gradients are summed over the group."""
 
 
-def _weight_2d(module: nn.Module) -> bool:
-    weight = getattr(module, "weight", None)
-    return isinstance(weight, nn.Parameter) and weight.dim() == 2
-
-
 def resolve_specs(model: nn.Module, config: AutoTPConfig, *, skip: tuple[type, ...] = ()) -> ResolvedSpecs:
     """Resolve `config` against `model` (module paths as `model.named_modules()` gives them); no side effects.
 
@@ -50,11 +46,7 @@ def resolve_specs(model: nn.Module, config: AutoTPConfig, *, skip: tuple[type, .
         ValueError: an unmatched layer under `strict_mode`, or a cut of a weight another module shares.
     """
     model_type = model_type_of(model)
-    owners: dict[int, list[str]] = {}
-    for name, module in model.named_modules(remove_duplicate=False):
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter):
-            owners.setdefault(id(weight), []).append(name)
+    owners = weight_owners(model)
     layers: dict[str, TPLayerSpec] = {}
 
     def decide(path: str, module: nn.Module) -> None:
@@ -85,7 +77,7 @@ def resolve_specs(model: nn.Module, config: AutoTPConfig, *, skip: tuple[type, .
             path = f"{prefix}.{key}" if prefix else key
             if (skip and isinstance(child, skip)) or isinstance(child, nn.Embedding):
                 continue
-            if _weight_2d(child):
+            if isinstance(getattr(child, "weight", None), nn.Parameter) and _weight_2d(child):
                 decide(path, child)
             else:
                 walk(child, path)
