@@ -171,6 +171,27 @@ def test_init_dtype_and_config_dtype() -> None:
 
 
 @pytest.mark.parametrize(
+    ("config", "dtype"),
+    [
+        ({"bf16": {"enabled": True}}, torch.bfloat16),
+        ({"bfloat16": {"enabled": True}}, torch.bfloat16),  # the legacy section name, as DeepSpeed reads it
+        ({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}, torch.float32),  # "bf16" wins, as there
+        ({"fp16": {"enabled": True}}, torch.float16),
+        ({"bfloat16": {"enabled": False}}, torch.float32),
+    ],
+)
+def test_init_dtype_from_the_precision_sections(config: dict, dtype: torch.dtype) -> None:
+    with ds_zero.Init(config_dict_or_path={**config, "zero_optimization": {"stage": 3}}):
+        layer = nn.Linear(3, 3)
+    assert layer.weight.dtype == layer.bias.dtype == dtype
+
+
+def test_init_refuses_both_precision_switches() -> None:
+    with pytest.raises(ValueError, match=r"bfloat16.enabled and fp16.enabled are both true"):
+        ds_zero.Init(config_dict_or_path={"bfloat16": {"enabled": True}, "fp16": {"enabled": True}})
+
+
+@pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"remote_device": "nvme"}, "remote_device='nvme'.*needs zero_optimization.offload_param.nvme_path"),

@@ -152,6 +152,26 @@ def _without_auto(value: Any) -> Any:
     return value
 
 
+def _enabled(section: Any) -> bool:
+    return isinstance(section, Mapping) and bool(section.get("enabled", False))
+
+
+def config_dtype(ds_config: Mapping[str, Any]) -> torch.dtype | None:
+    """The dtype a ds_config's fp16/bf16 switches train in: bf16, fp16, or None (fp32: parameters keep theirs).
+
+    The bf16 section is `"bf16"`, or its legacy name `"bfloat16"` when `"bf16"` is absent (DeepSpeed's
+    reader gives `"bf16"` precedence the same way), so a config written with either trains in bf16.
+
+    Raises:
+        ValueError: both switches are on (DeepSpeed refuses this too).
+    """
+    bf16_key = "bf16" if ds_config.get("bf16") is not None else "bfloat16"
+    bf16, fp16 = _enabled(ds_config.get(bf16_key)), _enabled(ds_config.get("fp16"))
+    if bf16 and fp16:
+        raise ValueError(f"{bf16_key}.enabled and fp16.enabled are both true in the config; enable one of them")
+    return torch.bfloat16 if bf16 else torch.float16 if fp16 else None
+
+
 def _quantized_initialization(ds_config: Mapping[str, Any]) -> QuantizedInitializationConfig | None:
     """The config's `weight_quantization.quantized_initialization` (None when absent or off)."""
     section = ds_config.get("weight_quantization")
@@ -187,7 +207,8 @@ class Init(InsertPostInitMethodToModuleSubClasses):
             `zero_optimization.offload_param.device` from the config.
         pin_memory: page-lock CPU shards (None-config default: `offload_param.pin_memory`).
         config_dict_or_path: a ds_config dict or JSON path: `zero_optimization.offload_param` and
-            `override_module_apply` are read, and the dtype defaults to bf16/fp16 when enabled there.
+            `override_module_apply` are read, and the dtype defaults to bf16/fp16 when enabled there
+            (`"bf16"`, or its legacy name `"bfloat16"`; see `config_dtype`).
             With `weight_quantization.quantized_initialization`, the weights of `nn.Linear` / `nn.Embedding`
             layers built inside the context are quantized as they are partitioned (not those of
             `module=`, as in DeepSpeed), and entering installs the dequantizing wrappers of
@@ -260,10 +281,7 @@ class Init(InsertPostInitMethodToModuleSubClasses):
                 zero.offload_param_or_default, rank=ds_comm.get_rank(), aio_config=ds_config.get("aio")
             )
         if dtype is None:
-            if (ds_config.get("bf16") or {}).get("enabled"):
-                dtype = torch.bfloat16
-            elif (ds_config.get("fp16") or {}).get("enabled"):
-                dtype = torch.float16
+            dtype = config_dtype(ds_config)
         if config_dict_or_path is not None or config is not None:
             mem_efficient_linear = zero.memory_efficient_linear
         super().__init__(enabled=enabled, mem_efficient_linear=mem_efficient_linear)
