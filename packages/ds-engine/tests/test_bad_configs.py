@@ -297,13 +297,14 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         {"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 1}, "compile": {"deepcompile": True}},
         E,
         r"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.deepcompile=True is not "
-        r"supported: DeepCompile is not implemented in ds; call torch.compile",
+        r"supported: DeepCompile is not implemented in ds; call engine.compile\(\) or torch.compile",
     ),
     (
         "mean_allreduce_with_deepcompile",  # no conflict: only ds's refusal
         {"gradient_allreduce_op": "mean", "compile": {"deepcompile": True}},
         E,
-        r"^invalid config:\n  compile: deepcompile=True is not supported: DeepCompile is not implemented in ds",
+        r"^invalid config:\n  compile.deepcompile: 'deepcompile'=True is not supported by ds \(DeepCompile is not "
+        r"implemented in ds",
     ),
     ("aio_block_size", {"aio": {"block_size": 0}}, E, r"aio.block_size: Input should be greater than 0"),
     ("aio_typo", {"aio": {"queue_dpeth": 16}}, E, r"aio.queue_dpeth: unknown key .*did you mean 'queue_depth'"),

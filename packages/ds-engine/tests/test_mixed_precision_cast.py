@@ -4,6 +4,7 @@ unless `data_types.buffer_dtype` names one; `data_types.param_dtype` must agree;
 
 from __future__ import annotations
 
+import re
 import types
 
 import pytest
@@ -75,8 +76,10 @@ def test_cast_hook_params_buffers_and_zero_init() -> None:
     model = Rotary()
     DeepSpeedEngine._cast_module_mixed_precision(_stand_in(module=model), torch.float16, torch.float16, True)
     assert model.proj.weight.dtype == torch.float32 and model.inv_freq.dtype == torch.float16
-    with pytest.raises(ValueError, match="keep_in_fp32_modules"):
-        DeepSpeedEngine._cast_module_mixed_precision(_stand_in(module=model), None, None, False, object())
+    model = Rotary()
+    keep = re.compile("inv_freq")
+    DeepSpeedEngine._cast_module_mixed_precision(_stand_in(module=model), torch.bfloat16, torch.bfloat16, False, keep)
+    assert model.proj.weight.dtype == torch.bfloat16 and model.inv_freq.dtype == torch.float32
 
 
 def test_kept_fp32_buffer_gives_the_fp32_angles() -> None:

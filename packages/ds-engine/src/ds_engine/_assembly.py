@@ -30,7 +30,7 @@ from ds_engine._data_parallel import FlatGradBuffer, GradAllReducer, broadcast_m
 from ds_engine._dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._deepspeed_layout import check_deepspeed_layout_moe
 from ds_engine._dist_info import DistInfo
-from ds_engine._mixed_precision import cast_module_mixed_precision
+from ds_engine._mixed_precision import cast_module_mixed_precision, keep_in_fp32_pattern
 from ds_engine._moe import MoeFp32Stepper, MoeWiring, broadcast_moe_model, detect_moe, moe_param_groups
 from ds_engine._muon import tag_muon_params
 from ds_engine._optimizers import (
@@ -98,7 +98,8 @@ def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device)
     if plan.precision == "bf16" and not acc.is_bf16_supported():
         raise DeepSpeedConfigError(f"bf16.enabled: bf16 is not supported on this {acc.name} device; use fp16 or fp32")
     module.to(device)
-    cast_module_mixed_precision(module, plan.dtype, plan.buffer_dtype)
+    keep = keep_in_fp32_pattern(module, plan.keep_in_fp32_modules, plan.dtype)
+    cast_module_mixed_precision(module, plan.dtype, plan.buffer_dtype, keep_fp32=keep)
 
 
 def _base_optimizer(

@@ -56,14 +56,8 @@ class EngineMixedPrecision:
         is_zero_init_model: bool,
         keep_pattern: Pattern[str] | None = None,
     ) -> None:
-        """Cast `self.module`'s parameters (unless built under `zero.Init`) and, when asked, its buffers.
-
-        Raises:
-            ValueError: `keep_pattern` was given (fp32 module islands, `data_types.keep_in_fp32_modules`,
-                are not implemented in ds).
-        """
-        if keep_pattern is not None:
-            raise ValueError(
-                "keep_pattern: keeping named buffers in fp32 (data_types.keep_in_fp32_modules) is not implemented in ds"
-            )
-        cast_module_mixed_precision(self.module, param_dtype, buffer_dtype, skip_params=is_zero_init_model)
+        """Cast `self.module`'s parameters (unless built under `zero.Init`) and, when asked, its buffers; buffers
+        whose names `keep_pattern` matches stay (or become) fp32 (`data_types.keep_in_fp32_modules`)."""
+        cast_module_mixed_precision(
+            self.module, param_dtype, buffer_dtype, skip_params=is_zero_init_model, keep_fp32=keep_pattern
+        )

@@ -23,7 +23,7 @@ from ds_engine._engine_queries import ClientObjects
 from ds_engine._hybrid_engine import DeepSpeedHybridEngine
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
-from ds_engine._sequence_parallel import check_sequence_parallel, sequence_parallel_mpu
+from ds_engine._sequence_parallel import check_data_parallel_size, check_sequence_parallel, sequence_parallel_mpu
 from ds_engine._tensor_parallel import (
     apply_autotp,
     check_tensor_parallel,
@@ -212,6 +212,9 @@ def initialize(
         dist = discover_dist(mpu)
         ds_config = ds_config.with_world_size(dist.replica_world_size)
     check_sequence_parallel(sp, dist, pipeline=pipeline)
+    check_data_parallel_size(
+        ds_config.model.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
+    )
     check_deepspeed_layout(ds_config, pipeline=pipeline, tp_size=tp_size, mp_world_size=dist.mp_world_size, sp_size=sp)
     ds_config.check_resolved()
     if ds_config.model.log_level is not None:

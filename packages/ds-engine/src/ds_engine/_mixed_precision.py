@@ -5,16 +5,60 @@ some buffers must stay fp32 to be right: a rotary embedding's `inv_freq` in bf16
 shift every position's angle. So, as FSDP's `MixedPrecisionPolicy` does and DeepSpeed 0.19.8 does, the
 parameters follow the fp16/bf16 switch and buffers keep the dtype they were loaded in unless
 `data_types.buffer_dtype` names one.
+
+[Note: buffers kept in fp32] Some buffers must be fp32 whatever they were loaded in: a mixture-of-experts
+routing bias (`e_score_correction_bias`) whose values differ by less than bf16's spacing would send tokens
+to other experts. Hugging Face models name them (`_keep_in_fp32_modules_strict`, and under fp16 also
+`_keep_in_fp32_modules`); `data_types.keep_in_fp32_modules` ("auto": those lists; or name patterns; `[]`:
+none) selects the buffers that, under fp16/bf16 training, are brought to fp32 and left out of a
+`buffer_dtype` cast, as DeepSpeed 0.19.8 does. Parameters always follow the training dtype.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from ds_engine.config._dtype_names import DTYPES, to_torch_dtype
 
-__all__ = ["cast_module_mixed_precision", "mixed_precision_dtypes"]
+__all__ = ["cast_module_mixed_precision", "keep_in_fp32_pattern", "mixed_precision_dtypes"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _glob(name: str) -> str:
+    # transformers' matching: `*` is any run of characters, the rest is taken as a regular expression
+    return name.replace("*", ".*")
+
+
+def keep_in_fp32_pattern(
+    module: nn.Module, setting: str | Sequence[str], param_dtype: torch.dtype | None
+) -> re.Pattern[str] | None:
+    """The buffer names `data_types.keep_in_fp32_modules` keeps in fp32 (matched with `search`), or None.
+
+    Args:
+        module: the model.
+        setting: "auto" (each submodule's Hugging Face lists, for that submodule's buffers) or name patterns
+            (`*` any characters; found anywhere in a buffer's full name); `[]` keeps none.
+        param_dtype: the training dtype; nothing is kept unless it is fp16 or bf16.
+    """
+    if param_dtype not in _HALF:
+        return None
+    if isinstance(setting, str):
+        alternatives: set[str] = set()
+        for prefix, sub in module.named_modules():
+            names = list(getattr(sub, "_keep_in_fp32_modules_strict", None) or [])
+            if param_dtype == torch.float16:
+                names += list(getattr(sub, "_keep_in_fp32_modules", None) or [])
+            for name in names:
+                alternatives.add(rf"^{re.escape(prefix)}\..*{_glob(name)}" if prefix else _glob(name))
+    else:
+        alternatives = {_glob(name) for name in setting}
+    return re.compile("|".join(sorted(alternatives))) if alternatives else None
+
 
 _PRECISION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,6 +95,7 @@ def cast_module_mixed_precision(
     buffer_dtype: torch.dtype | None,
     *,
     skip_params: bool = False,
+    keep_fp32: re.Pattern[str] | None = None,
 ) -> None:
     """Cast `module`'s floating-point parameters to `param_dtype` and its buffers to `buffer_dtype`, in place.
 
@@ -60,6 +105,8 @@ def cast_module_mixed_precision(
         buffer_dtype: None leaves buffers alone (see the module note).
         skip_params: leave parameters alone anyway (DeepSpeed's choice for a model built under
             `zero.Init`, whose parameters already have the dtype the Init context gave them).
+        keep_fp32: buffers whose full names it matches are brought to fp32 (from fp16/bf16) and left out of
+            the buffer cast (`keep_in_fp32_pattern`).
 
     [Note: stage-3 parameters] A parameter partitioned by `zero.Init` holds a value-less placeholder;
     ds-zero overrides `_apply` on the modules that own such parameters so that a conversion converts the
@@ -69,9 +116,16 @@ def cast_module_mixed_precision(
     with torch.no_grad():
         if param_dtype is not None and not skip_params:
             _cast_parameters(module, param_dtype)
+        kept: set[int] = set()
+        if keep_fp32 is not None:
+            for name, b in module.named_buffers():
+                if keep_fp32.search(name) and b.is_floating_point():
+                    kept.add(id(b))
+                    if b.dtype in _HALF:
+                        b.data = b.data.float()
         if buffer_dtype is not None:
             for b in module.buffers():
-                if b.is_floating_point() and b.dtype != buffer_dtype:
+                if b.is_floating_point() and b.dtype != buffer_dtype and id(b) not in kept:
                     b.data = b.data.to(buffer_dtype)
 
 

@@ -57,6 +57,8 @@ class AssemblyPlan:
     immediate_grad_update: bool = False
     """bf16 at stage 0 with fp32 accumulation: each 16-bit gradient moves into the fp32 buffer as soon as
     backward has produced it (`bf16.immediate_grad_update`), not after the whole backward."""
+    keep_in_fp32_modules: str | tuple[str, ...] = "auto"
+    """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
@@ -288,4 +290,5 @@ def plan_assembly(
         nvme_offload=_nvme_text(config),
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
+        keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

@@ -44,7 +44,8 @@ class QuantizedInitializationConfig(ConfigModel):
 class WeightQuantizationConfig(ConfigModel):
     """The `weight_quantization` section: `quantized_initialization` (implemented) and `post_init_quant` (refused)."""
 
-    inert_keys: ClassVar[dict[str, str]] = {
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "enabled": "DeepSpeed quantizes whenever quantized_initialization is set, whatever this says",
         "num_bits": "DeepSpeed does not read the section's own num_bits; set quantized_initialization.num_bits",
         "q_type": "DeepSpeed does not read the section's own q_type; set quantized_initialization.symmetric",
         "q_groups": "DeepSpeed does not read the section's own q_groups; set quantized_initialization.group_size",

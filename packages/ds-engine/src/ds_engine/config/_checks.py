@@ -7,9 +7,10 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ds_comm import find_ignored
 from ds_engine._optimizers import is_zero_tested_optimizer
 from ds_engine.config._errors import DeepSpeedConfigError, ParamDtypeConflictError
-from ds_engine.config._toplevel import OFF_SECTIONS
+from ds_engine.config._feature_sections import CompileConfig
 from ds_engine.config._types import dtype_name
 from ds_engine.config._zero_section import ZENFLOW_NOT_IMPLEMENTED
 
@@ -19,7 +20,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_cross_fields", "check_param_dtype", "check_sum_allreduce_conflicts", "precision_name"]
+__all__ = [
+    "check_cross_fields",
+    "check_param_dtype",
+    "check_sum_allreduce_conflicts",
+    "precision_name",
+    "warn_keys_without_effect",
+]
 
 # (model dtype, accumulation dtype) pairs the stage-0 wrappers implement.
 _ACCUM_OK = {("fp32", "fp32"), ("fp16", "fp16"), ("fp16", "fp32"), ("bf16", "bf16"), ("bf16", "fp32")}
@@ -70,11 +77,10 @@ def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
             f"gradient_allreduce_op='sum' is not supported with ZenFlow; besides, {ZENFLOW_NOT_IMPLEMENTED}"
         )
     compile_section = raw.get("compile")
-    switch, reason = OFF_SECTIONS["compile"]
-    if isinstance(compile_section, Mapping) and compile_section.get(switch):
+    if isinstance(compile_section, Mapping) and compile_section.get("deepcompile"):
         raise DeepSpeedConfigError(
-            f"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.{switch}="
-            f"{compile_section[switch]!r} is not supported: {reason}"
+            f"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.deepcompile="
+            f"{compile_section['deepcompile']!r} is not supported: {CompileConfig.inert_keys['deepcompile']}"
         )
 
 
@@ -126,6 +132,19 @@ def _check_unmanaged_accumulation(model: DeepSpeedConfigModel, zero: ZeroSetting
         )
 
 
+#: Sections whose keys without effect are reported where the section is read (only when it is switched on).
+_WARNED_WHERE_READ = ("hybrid_engine",)
+
+
+def warn_keys_without_effect(model: DeepSpeedConfigModel) -> None:
+    """One `UserWarning` per key (top level or in a section model) that DeepSpeed reads and ds does not act on,
+    when set to anything but its default: "<key path>=<value> has no effect in ds (<why>)" (as
+    `ds_comm.warn_ignored`, the models' `ignored_keys`)."""
+    for key, value, reason in find_ignored(model):
+        if key.split(".", 1)[0] not in _WARNED_WHERE_READ:
+            warnings.warn(f"{key}={value!r} has no effect in ds ({reason})", UserWarning, stacklevel=3)
+
+
 def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     """Refuse contradictory settings; warn once about settings that have no effect.
 
@@ -164,6 +183,14 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         warnings.warn(
             "gradient_predivide_factor has no effect with prescale_gradients=true (gradients are "
             "divided by the data-parallel size before the all-reduce)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if model.data_parallel_size is not None and "sequence_parallel_size" not in model.model_fields_set:
+        warnings.warn(
+            f"data_parallel_size={model.data_parallel_size} has no effect without sequence_parallel_size: DeepSpeed "
+            "reads it only to build its (data, sequence) mesh; the data-parallel degree is the world size over "
+            "the other parallel degrees",
             UserWarning,
             stacklevel=3,
         )

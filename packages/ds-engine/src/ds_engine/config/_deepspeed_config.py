@@ -10,7 +10,12 @@ from typing import Any, Protocol
 import ds_comm
 from ds_comm import ConfigError, validate_section
 from ds_engine.config._batch import GAS, MBS, TBS, BatchPlan, resolve_batch
-from ds_engine.config._checks import check_cross_fields, check_sum_allreduce_conflicts, precision_name
+from ds_engine.config._checks import (
+    check_cross_fields,
+    check_sum_allreduce_conflicts,
+    precision_name,
+    warn_keys_without_effect,
+)
 from ds_engine.config._errors import DeepSpeedConfigError
 from ds_engine.config._load import fill_auto, find_auto_paths, load_raw, without_paths
 from ds_engine.config._pipe_sections import validate_pipe_section
@@ -95,6 +100,7 @@ class DeepSpeedConfig:
                 m.train_batch_size, m.train_micro_batch_size_per_gpu, m.gradient_accumulation_steps, self.world_size
             )
         check_cross_fields(m, self.zero)
+        warn_keys_without_effect(m)
         if self.zero.unavailable is not None:
             raise DeepSpeedConfigError(self.zero.unavailable)
 

@@ -26,6 +26,13 @@ _LITERAL_AUTO = {
     "zero_optimization.zenflow.select_strategy",
     "zero_optimization.zenflow.select_interval",
     "zero_optimization.zenflow.update_interval",
+    # AutoEP's values resolved from the model (`_feature_sections.ExpertParallelConfig.literal_auto`).
+    "expert_parallel.score_apply",
+    "expert_parallel.combine_impl",
+    "expert_parallel.row_weighting_impl",
+    "expert_parallel.score_func",
+    "expert_parallel.top_k",
+    "expert_parallel.routed_scaling_factor",
 }
 
 

@@ -272,16 +272,16 @@ class CometConfig(ConfigModel):
 class DataTypesConfig(ConfigModel):
     """`data_types`: dtypes of gradient accumulation, parameters and buffers."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"keep_in_fp32_modules": "per-module fp32 islands are not implemented"}
-
     grad_accum_dtype: DtypeName | None = None
     """Gradient accumulation dtype; None: fp32 under bf16, the model dtype otherwise."""
     param_dtype: DtypeName | None = None
     """Must agree with the fp16/bf16 setting when given."""
     buffer_dtype: DtypeName | None = None
     """Cast buffers to this dtype (None: buffers keep their dtype, fp32 under fp16/bf16)."""
-    keep_in_fp32_modules: list[str] | None = None
-    """Modules kept in fp32; only null is accepted."""
+    keep_in_fp32_modules: Literal["auto"] | list[str] = "auto"
+    """Buffers kept in fp32 under fp16/bf16 training (brought to fp32, left out of `buffer_dtype`): "auto", the
+    Hugging Face model's own lists (`_keep_in_fp32_modules_strict`, and `_keep_in_fp32_modules` under fp16);
+    or name patterns (`*` any characters); `[]`: none. Parameters always follow the training dtype."""
 
 
 class ThroughputTimerConfig(ConfigModel):

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, StrictBool, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, BeforeValidator, StrictBool
 
 from ds_comm import CommsLoggerConfig, ConfigModel
 from ds_engine._log_levels import log_level_value
+from ds_engine.config._feature_sections import (
+    AutotuningConfig,
+    CompileConfig,
+    DataEfficiencyConfig,
+    ExpertParallelConfig,
+)
 from ds_engine.config._hybrid_engine import HybridEngineConfig
 from ds_engine.config._sections import (
     BF16Config,
@@ -29,7 +34,7 @@ from ds_engine.config._tensor_parallel import TensorParallelConfig
 from ds_engine.config._types import DtypeName, NonNegFloat, PosFloat, PosInt, StepInterval
 from ds_ops import AioConfig
 
-__all__ = ["DeepSpeedConfigModel", "OFF_SECTIONS"]
+__all__ = ["DeepSpeedConfigModel"]
 
 _REMOVED = "was removed in DeepSpeed 0.19 and is not implemented in ds"
 
@@ -48,14 +53,6 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "progressive_layer_drop": f"progressive layer drop {_REMOVED}",
     "curriculum_learning": "top-level curriculum learning was removed in DeepSpeed 0.19 (it moved to "
     "data_efficiency, which ds does not implement)",
-    "expert_parallel": "mixture-of-experts parallelism is not implemented in ds",
-}
-
-#: Sections ds accepts only when their feature is switched off: key -> (switch, reason).
-OFF_SECTIONS: dict[str, tuple[str, str]] = {
-    "autotuning": ("enabled", "autotuning is not implemented in ds"),
-    "data_efficiency": ("enabled", "data efficiency (curriculum, random-LTD) is not implemented in ds"),
-    "compile": ("deepcompile", "DeepCompile is not implemented in ds; call torch.compile on the model instead"),
 }
 
 
@@ -110,9 +107,14 @@ class DeepSpeedConfigModel(ConfigModel):
 
     unsupported_keys: ClassVar[dict[str, str]] = UNSUPPORTED_KEYS
     deprecated_keys: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "disable_allgather": "DeepSpeed 0.19.8 reads it but nothing acts on it",
+    }
     inert_keys: ClassVar[dict[str, str]] = {
-        "disable_allgather": "the legacy disable_allgather switch is not implemented",
-        "use_data_before_expert_parallelism": "expert parallelism is not implemented",
+        "use_data_before_expert_parallelism": "DeepSpeed's data-before-expert rank layout of the MoE groups "
+        "(expert-data-parallel groups of consecutive ranks, expert-parallel groups strided over them) is not "
+        "implemented; ds-parallel builds DeepSpeed's default expert-before-data layout (expert-parallel groups "
+        "of consecutive ranks), with which MoE layers (deepspeed.moe.layer.MoE, ep_size=N) train",
         "disable_python_gc": "the engine does not manage Python's garbage collector",
     }
 
@@ -144,6 +146,11 @@ class DeepSpeedConfigModel(ConfigModel):
     """dtype of gradient all-reduces (None: the accumulation dtype)."""
     sequence_parallel_size: PosInt = 1
     """Ulysses sequence-parallel degree; must equal the mpu's (initialize() builds the mesh when no mpu is given)."""
+    data_parallel_size: PosInt | None = None
+    """The data-parallel degree of the (data, sequence) mesh initialize() builds from `sequence_parallel_size`
+    (DeepSpeed reads it only there): it must then be the world size / sequence_parallel_size. Without
+    `sequence_parallel_size` it has no effect (a warning says so); the data-parallel degree is what the
+    world size and the other degrees leave."""
     tensor_parallel: TensorParallelConfig = TensorParallelConfig()
     """Automatic tensor parallelism in training (`autotp_size`); initialize() builds the mesh and shards the model."""
     seq_parallel_communication_data_type: Annotated[DtypeName, BeforeValidator(_lower)] = "fp32"
@@ -197,6 +204,7 @@ class DeepSpeedConfigModel(ConfigModel):
     vocabulary_size: PosInt | None = None
     """Warn when not a multiple of 8 (tensor-core friendly)."""
     disable_allgather: bool = False
+    """A legacy switch DeepSpeed reads and never acts on; no effect (a warning says so)."""
     use_data_before_expert_parallelism: bool = False
     disable_python_gc: bool = False
     log_level: Annotated[str | None, AfterValidator(_log_level_name)] = None
@@ -204,31 +212,11 @@ class DeepSpeedConfigModel(ConfigModel):
     case; kept as written, as DeepSpeed's `engine.log_level()` returns it)."""
     datastates_ckpt: Annotated[Literal[False] | None, BeforeValidator(_datastates_off)] = None
     """DataStates asynchronous checkpointing (DeepSpeed enables it for any value but false); only false."""
-
-    @classmethod
-    def valid_keys(cls) -> list[str]:
-        return [*super().valid_keys(), *OFF_SECTIONS]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _off_sections(cls, data: Any) -> Any:
-        """Drop a feature section that is switched off; refuse one that is switched on."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for key, (switch, reason) in OFF_SECTIONS.items():
-            if key not in data:
-                continue
-            section = data.pop(key)
-            if not isinstance(section, dict):
-                raise PydanticCustomError(
-                    "unsupported_key", "expected a section (object), got {value}", {"key": key, "value": repr(section)}
-                )
-            value = section.get(switch)
-            if value:
-                raise PydanticCustomError(
-                    "unsupported_key",
-                    "{shown}={value} is not supported: {reason} (only a disabled section is accepted)",
-                    {"key": key, "shown": f"{switch}", "value": repr(value), "reason": reason},
-                )
-        return data
+    compile: CompileConfig = CompileConfig()
+    """DeepCompile's settings; only `deepcompile: false` (see `_feature_sections`)."""
+    autotuning: AutotuningConfig = AutotuningConfig()
+    """The autotuner's settings; only `enabled: false`."""
+    data_efficiency: DataEfficiencyConfig = DataEfficiencyConfig()
+    """Curriculum learning, dynamic batching, random-LTD; every `enabled` only false."""
+    expert_parallel: ExpertParallelConfig = ExpertParallelConfig()
+    """AutoEP; only `enabled: false` (expert parallelism itself is the MoE layer's `ep_size`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ds_comm import ConfigError, validate_section
+from ds_comm import ConfigError, validate_section, warn_ignored
 from ds_engine._optional import require
 from ds_engine.config._errors import DeepSpeedConfigError
 
@@ -29,6 +29,8 @@ def resolve_weight_quantization(value: dict[str, Any] | None) -> Any:
     except ImportError as err:
         raise DeepSpeedConfigError(f"weight_quantization: {err}") from None
     try:
-        return validate_section(ds_zero.WeightQuantizationConfig, value, path="weight_quantization")
+        section = validate_section(ds_zero.WeightQuantizationConfig, value, path="weight_quantization")
     except ConfigError as err:
         raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
+    warn_ignored(section, path="weight_quantization")
+    return section
