@@ -306,6 +306,43 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"^invalid config:\n  compile.deepcompile: 'deepcompile'=True is not supported by ds \(DeepCompile is not "
         r"implemented in ds",
     ),
+    (
+        "autoep_enabled",
+        {"expert_parallel": {"enabled": True, "autoep_size": 2}},
+        E,
+        r"expert_parallel.enabled: 'enabled'=True is not supported by ds \(AutoEP, the automatic replacement of a "
+        r"Hugging Face model's MoE blocks .* deepspeed.moe.layer.MoE\(..., ep_size=N\) for expert parallelism",
+    ),
+    ("autoep_typo", {"expert_parallel": {"autoep_sise": 2}}, E, r"expert_parallel.autoep_sise: .*'autoep_size'"),
+    (
+        "data_before_expert_layout",
+        {"use_data_before_expert_parallelism": True},
+        E,
+        r"use_data_before_expert_parallelism: .*=True is not supported by ds \(DeepSpeed's data-before-expert rank "
+        r"layout .* is not implemented; ds-parallel builds DeepSpeed's default expert-before-data layout",
+    ),
+    (
+        "curriculum_sub_switch",  # DeepSpeed acts on it whatever data_efficiency.enabled says
+        {"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}}}},
+        E,
+        r"data_efficiency.data_sampling.curriculum_learning.enabled: .*=True is not supported by ds \(curriculum "
+        r"learning \(DeepSpeed's data efficiency library is not implemented in ds\)\)",
+    ),
+    (
+        "random_ltd_sub_switch",
+        {"data_efficiency": {"data_routing": {"random_ltd": {"enabled": True}}}},
+        E,
+        r"data_efficiency.data_routing.random_ltd.enabled: .*\(random-LTD",
+    ),
+    ("autotuning_on", {"autotuning": {"enabled": True}}, E, r"autotuning.enabled: .*\(the autotuner is not"),
+    ("autotuning_typo", {"autotuning": {"tuner_typ": "random"}}, E, r"autotuning.tuner_typ: .*'tuner_type'"),
+    ("compile_typo", {"compile": {"deepcompil": False}}, E, r"compile.deepcompil: unknown key .*'deepcompile'"),
+    (
+        "data_parallel_size_mismatch",  # DeepSpeed's (data, sequence) mesh would not fit the world either
+        {"data_parallel_size": 2, "sequence_parallel_size": 1},
+        ValueError,
+        r"data_parallel_size=2 with sequence_parallel_size=1, but the data-parallel degree is 1",
+    ),
     ("aio_block_size", {"aio": {"block_size": 0}}, E, r"aio.block_size: Input should be greater than 0"),
     ("aio_typo", {"aio": {"queue_dpeth": 16}}, E, r"aio.queue_dpeth: unknown key .*did you mean 'queue_depth'"),
     ("aio_gds", {"aio": {"use_gds": True}}, E, r"aio.use_gds: .*GPUDirect Storage is not supported"),

@@ -1,10 +1,11 @@
 """DeepSpeed 0.19.8 config keys the engine now takes as DeepSpeed does: `log_level` (applied at initialize),
-`datastates_ckpt` (only false), explicit null offload sections, and knobs without effect (accepted, with a
-warning naming the key path)."""
+`datastates_ckpt` (only false), explicit null offload sections, `data_parallel_size`, and knobs without effect
+(accepted, with one warning naming the key path)."""
 
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
 import pytest
@@ -70,3 +71,41 @@ def test_knobs_without_effect_warn_with_their_key_path() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # DeepSpeed's defaults spelled out: silent
         _config(zero_optimization={"stage": 2, "contiguous_gradients": True, "round_robin_gradients": False})
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"disable_allgather": True}, r"^disable_allgather=True has no effect in ds \(DeepSpeed 0.19.8 reads it but"),
+        (
+            {"compile": {"free_activation": True}},
+            r"^compile.free_activation=True has no effect in ds \(DeepCompile reads it, and DeepCompile is not",
+        ),
+        (
+            {"weight_quantization": {"num_bits": 4}},
+            r"^weight_quantization.num_bits=4 has no effect in ds \(DeepSpeed does not read the section's own",
+        ),
+        (
+            {"data_parallel_size": 2},
+            r"^data_parallel_size=2 has no effect without sequence_parallel_size: DeepSpeed reads it only to build",
+        ),
+    ],
+)
+def test_keys_deepspeed_reads_without_effect_here_warn_once_naming_the_key(keys: dict, message: str) -> None:
+    if "weight_quantization" in keys:
+        pytest.importorskip("ds_zero")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _config(**keys)
+    matching = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(matching) == 1 and re.match(message, matching[0]), matching
+
+
+def test_data_parallel_size_with_sequence_parallel_size() -> None:
+    """With `sequence_parallel_size`, DeepSpeed builds its (data, sequence) mesh from both: here the degree
+    must match what the world leaves (one rank: 1), and no warning is given."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_engine(tiny_net(0), base_config(data_parallel_size=1, sequence_parallel_size=1))
+    with pytest.raises(ValueError, match=r"data_parallel_size=4 with sequence_parallel_size=1, but the data-par"):
+        make_engine(tiny_net(0), base_config(data_parallel_size=4, sequence_parallel_size=1))
