@@ -174,6 +174,13 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"fp16.loss_scale: .*expected a finite number",
     ),
     (
+        "min_loss_scale_above_initial",
+        {"fp16": {"enabled": True, "initial_scale_power": 4, "min_loss_scale": 64}},
+        E,
+        r"fp16: min_loss_scale=64.0 is above the initial loss scale 2\*\*initial_scale_power = 16 "
+        r"\(initial_scale_power=4\)",
+    ),
+    (
         "fp16_master_weights",
         {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
         E,

@@ -109,3 +109,15 @@ def test_data_parallel_size_with_sequence_parallel_size() -> None:
         make_engine(tiny_net(0), base_config(data_parallel_size=1, sequence_parallel_size=1))
     with pytest.raises(ValueError, match=r"data_parallel_size=4 with sequence_parallel_size=1, but the data-par"):
         make_engine(tiny_net(0), base_config(data_parallel_size=4, sequence_parallel_size=1))
+
+
+def test_min_loss_scale_against_the_start_of_the_scale() -> None:
+    """DeepSpeed 0.19.8 accepts a floor above the dynamic start (the first overflow then raises the scale);
+    ds refuses it naming both keys. With a static loss_scale the floor is unused (DeepSpeed's validator leaves
+    such configs valid on purpose), so there it only warns."""
+    with pytest.raises(DeepSpeedConfigError, match=r"fp16: min_loss_scale=64.0 is above the initial loss scale"):
+        _config(fp16={"enabled": True, "initial_scale_power": 4, "min_loss_scale": 64})
+    _config(fp16={"enabled": True, "initial_scale_power": 6, "min_loss_scale": 64})  # equal: the floor is the start
+    _config(fp16={"enabled": False, "initial_scale_power": 4, "min_loss_scale": 64})  # off: nothing is scaled
+    with pytest.warns(UserWarning, match=r"fp16.min_loss_scale=64.0 is above the static fp16.loss_scale=8 and has"):
+        _config(fp16={"enabled": True, "loss_scale": 8, "min_loss_scale": 64})

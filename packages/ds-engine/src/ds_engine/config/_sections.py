@@ -7,6 +7,7 @@ Sections owned elsewhere: `zero_optimization` (ds_zero.ZeroConfig), `comms_logge
 
 from __future__ import annotations
 
+import warnings
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, field_validator, model_validator
@@ -77,6 +78,28 @@ class FP16Config(ConfigModel):
             for key in ("loss_scale_window", "hysteresis", "min_loss_scale"):
                 if getattr(self, key) <= 0:
                     raise ValueError(f"{key}={getattr(self, key)} must be > 0 with dynamic loss scaling (loss_scale=0)")
+        return self
+
+    @model_validator(mode="after")
+    def _floor_below_the_start(self) -> FP16Config:
+        """The dynamic scale starts at 2**initial_scale_power and only halves down to `min_loss_scale`: a floor
+        above the start is a contradiction (the first overflow would raise the scale to the floor). With a
+        static `loss_scale` the floor is not used, as in DeepSpeed, so it only warns there."""
+        if not self.enabled or self.min_loss_scale <= 0:
+            return self
+        if self.loss_scale == 0 and self.min_loss_scale > 2.0**self.initial_scale_power:
+            raise ValueError(
+                f"min_loss_scale={self.min_loss_scale} is above the initial loss scale 2**initial_scale_power = "
+                f"{2.0**self.initial_scale_power:g} (initial_scale_power={self.initial_scale_power}); the dynamic "
+                "scale would start below its own floor: lower min_loss_scale or raise initial_scale_power"
+            )
+        if self.loss_scale > 0 and self.min_loss_scale > self.loss_scale:
+            warnings.warn(
+                f"fp16.min_loss_scale={self.min_loss_scale} is above the static fp16.loss_scale={self.loss_scale:g} "
+                "and has no effect: it is the floor of dynamic loss scaling (loss_scale=0)",
+                UserWarning,
+                stacklevel=2,
+            )
         return self
 
     @property
