@@ -204,7 +204,9 @@ class ZeroConfig(ConfigModel):
     allgather_bucket_size: int = Field(500_000_000, ge=0)
     """Elements all-gathered at once after the step."""
     overlap_comm: bool = False
-    """Overlap gradient reduction with backward; default True for stage 3, False otherwise."""
+    """Reduce gradients while backward goes on (absent or null: true at stage 3, false otherwise). Stages 1/2:
+    buckets are reduced asynchronously, several in flight; stage 3: one bucket's reduce-scatter stays in flight
+    while the next fills. False waits for each reduction as it is issued (less staging memory, no overlap)."""
     compute_grad_norm: bool = True
     """Compute the global gradient norm at each step (stage 1/2 may turn it off when not clipping)."""
     load_from_fp32_weights: bool = True

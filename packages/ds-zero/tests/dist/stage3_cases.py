@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import ds_comm
 import ds_zero
 
 VOCAB, DIM, SEQ = 64, 32, 8
@@ -182,4 +183,35 @@ def compare_with_ddp(
     out = {"ddp": train_ddp(rank, world, steps=steps, gas=gas)}
     for name, kwargs in variants.items():
         out[name] = train_stage3(rank, world, steps=steps, gas=gas, **kwargs)
+    return out
+
+
+class _RecordedWork:
+    """A collective's handle that notes when it is waited for."""
+
+    def __init__(self, work: Any, events: list[tuple[str, int]], index: int) -> None:
+        self._work, self._events, self._index = work, events, index
+
+    def wait(self) -> Any:
+        self._events.append(("wait", self._index))
+        return self._work.wait()
+
+
+def reduce_scatter_order(rank: int, world: int, *, overlap_comm: bool, steps: int = 3) -> dict[str, Any]:
+    """Train stage 3 with `overlap_comm` as given, recording when each gradient reduce-scatter is issued and waited."""
+    events: list[tuple[str, int]] = []
+    original = ds_comm.reduce_scatter_tensor
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        work = original(*args, **kwargs)
+        index = sum(1 for kind, _ in events if kind == "issue")
+        events.append(("issue", index))
+        return _RecordedWork(work, events, index) if work is not None else work
+
+    ds_comm.reduce_scatter_tensor = recording
+    try:
+        out = train_stage3(rank, world, steps=steps, gas=2, config={"overlap_comm": overlap_comm})
+    finally:
+        ds_comm.reduce_scatter_tensor = original
+    out["events"] = events
     return out

@@ -7,7 +7,9 @@ asynchronous collective that overlaps the rest of backward, as soon as all its g
 buckets 0..k-1 are issued; at the end of backward the remaining buckets go in order, with zeros for
 parameters that got no gradient. So every rank issues the same reduce-scatters, of the same sizes, in the
 same order, whatever its graph produced: a data-dependent difference can never pair two different
-collectives. The input is rank-major (`[rank 0: shard 0 of each param | rank 1: shard 1 | ...]`) so the
+collectives. With `overlap_comm` (the stage-3 default) one bucket stays in flight while backward goes on and
+the next fills; without it each reduce-scatter is waited for as soon as it is issued (no overlap, and its
+staging buffer freed at once): the same collectives and the same sums either way. The input is rank-major (`[rank 0: shard 0 of each param | rank 1: shard 1 | ...]`) so the
 output is this rank's shards back to back; each is averaged and added into the fp32 gradient of its
 master partition (accumulating across micro-steps), and each full gradient is dropped once copied.
 """
@@ -57,6 +59,8 @@ class GradReducer:
         communication_dtype: dtype of the collective (None: the parameters' dtype).
         gradient_predivide_factor: divide by this before the reduction and by world/factor after.
         on_first_grad: called for every arriving gradient (the coordinator's backward start).
+        overlap_comm: keep one bucket's reduce-scatter in flight while backward continues (False: wait for
+            each as it is issued).
         swapped: for parameters whose tile's gradient is swapped to NVMe, `id(param) -> (tile, offset)`.
         grad_swapper: the `GradSwapper` those pieces go to (flushed at the end of each backward).
     """
@@ -72,8 +76,10 @@ class GradReducer:
         on_first_grad: Any,
         swapped: Mapping[int, tuple[Any, int]] | None = None,
         grad_swapper: GradSwapper | None = None,
+        overlap_comm: bool = True,
     ) -> None:
         self.group = group
+        self.overlap_comm = overlap_comm
         # NVMe: parameter id -> (tile, offset in the tile); their pieces go to `grad_swapper`, not to a master
         self._swapped = dict(swapped or {})
         self.grad_swapper = grad_swapper
@@ -128,7 +134,7 @@ class GradReducer:
                 params[0].grad = None
                 while self._inflight:
                     self._complete(self._inflight.pop(0))
-                self._inflight.append((None, grad.reshape(-1), params, sizes, grad))
+                self._issued((None, grad.reshape(-1), params, sizes, grad))
                 return
         inp = torch.empty(world, total, dtype=dtype, device=device)
         offset = 0
@@ -156,7 +162,14 @@ class GradReducer:
         # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
         while self._inflight:
             self._complete(self._inflight.pop(0))
-        self._inflight.append((work, out, params, sizes, inp))
+        self._issued((work, out, params, sizes, inp))
+
+    def _issued(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
+        """Leave a just-issued bucket in flight (`overlap_comm`), or finish it now."""
+        if self.overlap_comm:
+            self._inflight.append(item)
+        else:
+            self._complete(item)
 
     def _complete(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
         work, out, params, sizes, _inp = item

@@ -234,6 +234,7 @@ class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, Coales
             if swapper is not None
             else None,
             grad_swapper=swapper.grads if swapper is not None else None,
+            overlap_comm=cfg.overlap_comm,
         )
         self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
         self._trained = trained
