@@ -7,11 +7,12 @@ asynchronous collective that overlaps the rest of backward, as soon as all its g
 buckets 0..k-1 are issued; at the end of backward the remaining buckets go in order, with zeros for
 parameters that got no gradient. So every rank issues the same reduce-scatters, of the same sizes, in the
 same order, whatever its graph produced: a data-dependent difference can never pair two different
-collectives. With `overlap_comm` (the stage-3 default) one bucket stays in flight while backward goes on and
-the next fills; without it each reduce-scatter is waited for as soon as it is issued (no overlap, and its
-staging buffer freed at once): the same collectives and the same sums either way. The input is rank-major (`[rank 0: shard 0 of each param | rank 1: shard 1 | ...]`) so the
-output is this rank's shards back to back; each is averaged and added into the fp32 gradient of its
-master partition (accumulating across micro-steps), and each full gradient is dropped once copied.
+collectives. With `overlap_comm` (the stage-3 default) one bucket stays in flight while backward goes on
+and the next fills; without it each reduce-scatter is waited for as soon as it is issued (no overlap, and
+its staging buffer freed at once): the same collectives and the same sums either way. The input is
+rank-major (`[rank 0: shard 0 of each param | rank 1: shard 1 | ...]`) so the output is this rank's shards
+back to back; each is averaged and added into the fp32 gradient of its master partition (accumulating
+across micro-steps), and each full gradient is dropped once copied.
 """
 
 from __future__ import annotations
