@@ -1,7 +1,11 @@
 """`DeepSpeedInferenceConfig` / `init_inference` argument handling on one process: DeepSpeed's keys and
-aliases, the deprecated `mp_size`, and clear refusals (kernel injection, int8, unknown keys, conflicts)."""
+aliases, the deprecated `mp_size`, clear refusals (kernel injection, int8, unknown keys, conflicts), and one
+warning per key that has no effect here."""
 
 from __future__ import annotations
+
+import re
+import warnings
 
 import pytest
 import torch
@@ -57,3 +61,27 @@ def test_init_inference_merges_config_and_kwargs() -> None:
         deepspeed.init_inference(model, config={"dtype": torch.float32}, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="'config' must be a path or a dict, got int"):
         deepspeed.init_inference(model, config=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"triangular_masking": False}, r"^triangular_masking=False has no effect in ds \(only DeepSpeed's injected"),
+        ({"tm": False}, r"^triangular_masking=False has no effect in ds"),
+        ({"min_tokens": 4}, r"^min_out_tokens=4 has no effect in ds"),
+        ({"use_triton": True}, r"^use_triton=True has no effect in ds \(only DeepSpeed's injected inference kernels"),
+        ({"quant": {"enabled": False}}, r"^quant=\{'enabled': False\} has no effect in ds \(DeepSpeed reads it only"),
+        ({"zero": {"stage": 3}}, r"^zero=\{'stage': 3\} has no effect in ds \(DeepSpeed's inference engine does not"),
+        ({"tensor_parallel": {"enabled": False}}, r"^tensor_parallel.enabled=False has no effect in ds \(DeepSpeed"),
+    ],
+)
+def test_keys_without_effect_warn_once_naming_the_key(kwargs: dict[str, object], message: str) -> None:
+    model = nn.Linear(4, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        deepspeed.init_inference(model, dtype=torch.float32, **kwargs)
+    shown = [str(w.message) for w in caught if w.category is UserWarning]
+    assert len(shown) == 1 and re.match(message, shown[0]), shown
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the defaults spelled out: silent
+        deepspeed.init_inference(model, dtype=torch.float32, triangular_masking=True, return_tuple=True, zero={})

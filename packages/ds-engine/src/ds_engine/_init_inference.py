@@ -24,6 +24,8 @@ def init_inference(
     {"tp_size": N}, `replace_with_kernel_inject`, `checkpoint`, `injection_policy`, ...). With
     `tp_size` > 1 the process group is created if needed (launcher environment) and the model's linear
     layers are sharded over consecutive groups of `tp_size` ranks (needs ds-parallel, the `parallel` extra).
+    A key set to anything but its default that has no effect here (one only DeepSpeed's injected kernels
+    read, `triangular_masking`...) gives one warning naming it.
 
     Args:
         model: the original module, without wrappers.
@@ -37,7 +39,7 @@ def init_inference(
         ValueError: `config` of another type, a key given in both with different values, or any invalid
             setting (a `ConfigError` naming the key; `replace_with_kernel_inject=True` is refused).
     """
-    from ds_comm import validate_section
+    from ds_comm import validate_section, warn_ignored
     from ds_engine.inference import DeepSpeedInferenceConfig, InferenceEngine
 
     if config is None:
@@ -53,4 +55,6 @@ def init_inference(
         if config_dict[key] != kwargs[key]:
             raise ValueError(f"Conflicting argument '{key}' in 'config':{config_dict[key]} and kwargs:{kwargs[key]}")
     config_dict.update(kwargs)
-    return InferenceEngine(model, validate_section(DeepSpeedInferenceConfig, config_dict))
+    settings = validate_section(DeepSpeedInferenceConfig, config_dict)
+    warn_ignored(settings)
+    return InferenceEngine(model, settings)

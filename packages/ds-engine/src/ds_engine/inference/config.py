@@ -3,8 +3,12 @@
 Implemented: `dtype`, `tensor_parallel` (`tp`: `tp_size`, `tp_grain_size`, `mpu`, `tp_group`),
 `injection_policy` (`injection_dict`), `checkpoint` / `base_dir`, `keep_module_on_host`, `max_out_tokens`,
 and the deprecated `mp_size` / `mpu` (mapped into `tensor_parallel`). DeepSpeed's kernel injection,
-CUDA graphs, Triton, quantization, MoE inference and checkpoint re-saving are not implemented: their keys
-are accepted at their off/default values only, and anything else is an error that says so.
+CUDA graphs, MoE inference and checkpoint re-saving are not implemented: their keys are accepted at their
+off/default values only, and anything else is an error that says so. The keys only DeepSpeed's injected
+kernels read (Triton, masking, output form, ...), and those DeepSpeed's inference engine does not read at all
+(`zero`, `checkpoint_config`, `quant` short of an int8 dtype, `tensor_parallel.enabled`), have nothing to act
+on here: any value is accepted and `init_inference` warns once per key set to something else than its
+default (`ignored_keys`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ds_comm import ConfigDeprecationWarning, ConfigModel
 __all__ = ["DeepSpeedInferenceConfig", "DeepSpeedTPConfig", "DtypeEnum"]
 
 _NOT_IMPLEMENTED = "is not implemented in ds"
+_KERNELS = "ds does not implement those kernels"
 
 
 class DtypeEnum:
@@ -45,6 +50,10 @@ class DtypeEnum:
 class DeepSpeedTPConfig(ConfigModel):
     """Tensor parallelism at inference (`tensor_parallel` / `tp`)."""
 
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "enabled": "DeepSpeed does not read it either: tensor_parallel.tp_size decides",
+    }
+
     enabled: bool = True
     """Turn tensor parallelism on/off (DeepSpeed ignores it too: tp_size decides)."""
     tp_size: int = Field(1, ge=1)
@@ -62,22 +71,32 @@ class DeepSpeedInferenceConfig(ConfigModel):
 
     inert_keys: ClassVar[dict[str, str]] = {
         "enable_cuda_graph": f"CUDA graph capture {_NOT_IMPLEMENTED}",
-        "use_triton": f"Triton inference kernels {_NOT_IMPLEMENTED}",
-        "triton_autotune": f"Triton inference kernels {_NOT_IMPLEMENTED}",
-        "zero": f"ZeRO-Inference {_NOT_IMPLEMENTED}",
         "moe": f"mixture-of-experts inference {_NOT_IMPLEMENTED}",
-        "quant": f"inference quantization {_NOT_IMPLEMENTED}",
-        "set_empty_params": f"empty-parameter construction {_NOT_IMPLEMENTED}",
         "save_mp_checkpoint_path": f"re-saving a tensor-parallel checkpoint {_NOT_IMPLEMENTED}",
-        "checkpoint_config": f"the checkpoint_config section {_NOT_IMPLEMENTED}",
-        "training_mp_size": f"loading model-parallel training checkpoints {_NOT_IMPLEMENTED}",
-        "transposed_mode": f"transposed kernel weights {_NOT_IMPLEMENTED}",
         "injection_policy_tuple": "set injection_policy instead",
         "ep_size": f"expert parallelism at inference {_NOT_IMPLEMENTED}",
         "ep_group": f"expert parallelism at inference {_NOT_IMPLEMENTED}",
         "ep_mp_group": f"expert parallelism at inference {_NOT_IMPLEMENTED}",
         "moe_experts": f"mixture-of-experts inference {_NOT_IMPLEMENTED}",
         "moe_type": f"mixture-of-experts inference {_NOT_IMPLEMENTED}",
+    }
+    ignored_keys: ClassVar[dict[str, str]] = {
+        **{
+            key: f"only DeepSpeed's injected inference kernels read it (replace_with_kernel_inject), and {_KERNELS}"
+            for key in (
+                "use_triton",
+                "triton_autotune",
+                "triangular_masking",
+                "return_tuple",
+                "min_out_tokens",
+                "set_empty_params",
+                "training_mp_size",
+                "transposed_mode",
+            )
+        },
+        "quant": f"DeepSpeed reads it only for dtype int8 (quantized kernels), and {_KERNELS}",
+        "zero": "DeepSpeed's inference engine does not read it either",
+        "checkpoint_config": "DeepSpeed's inference engine does not read it either",
     }
 
     replace_with_kernel_inject: bool = Field(False, alias="kernel_inject")
