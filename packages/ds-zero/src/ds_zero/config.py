@@ -326,8 +326,9 @@ class ZeroConfig(ConfigModel):
                 stacklevel=2,
             )
         if self.offload_optimizer_or_default.device != "none" and self.stage == 0:
-            # DeepSpeed accepts the section at stage 0 and ignores it, so a config toggled between stages
-            # keeps working; the effective device there is "none" (`offload_optimizer_device`).
+            # Nothing at stage 0 offloads (`offload_optimizer_device` is "none" there): `zero.Init` reads such a
+            # config without using the section. The engine refuses it (ds-engine's `resolve_zero`), as
+            # DeepSpeed's engine builds a CPU optimizer for it that fails at the first step on an accelerator.
             warnings.warn(
                 "zero_optimization.offload_optimizer has no effect at stage 0: only ZeRO stages 1, 2 and 3 "
                 "offload the optimizer state",

@@ -65,14 +65,30 @@ def _offload_device(section: dict[str, Any], key: str) -> str:
     return str(value.get("device", "none")) if isinstance(value, dict) else "none"
 
 
+def _refuse_stage0_optimizer_offload(section: dict[str, Any], stage: int, device: str) -> None:
+    """Optimizer offload asks for ZeRO: DeepSpeed 0.19.8 takes the section at stage 0, builds its CPU
+    optimizer for it, and the first step then fails on an accelerator (the parameters are not on the CPU);
+    ds says so before anything is built. `offload_param` at stages 0-2 only warns: nothing reads it there."""
+    if stage != 0 or device == "none":
+        return
+    key = "cpu_offload" if section.get("cpu_offload") else "offload_optimizer.device"
+    value = section["cpu_offload"] if key == "cpu_offload" else device
+    raise DeepSpeedConfigError(
+        f"zero_optimization.{key}={value!r}: optimizer offload needs ZeRO stage 1, 2 or 3, but "
+        "zero_optimization.stage is 0 (DeepSpeed builds its CPU optimizer for it and fails at the first step "
+        "on an accelerator); set zero_optimization.stage or remove the offload_optimizer section"
+    )
+
+
 def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     """Validate `zero_optimization` and reduce it to `ZeroSettings`.
 
-    Offload sections at stage 0 warn that they have no effect and resolve to device "none".
+    `offload_param` at stage 0 warns that it has no effect and resolves to device "none"; `offload_optimizer`
+    at stage 0 is refused.
 
     Raises:
-        DeepSpeedConfigError: a bad stage, anything ds-zero's model refuses, or an
-            enabled `zenflow` section (after ds-zero validated it, when installed).
+        DeepSpeedConfigError: a bad stage, optimizer offload at stage 0, anything ds-zero's model refuses, or
+            an enabled `zenflow` section (after ds-zero validated it, when installed).
             Stage >= 1 without ds-zero installed is reported through `ZeroSettings.unavailable`.
     """
     if value is None:
@@ -86,6 +102,7 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         value = {"stage": int(value)}
     stage = _stage_of(value)
     devices = {key: _offload_device(value, key) for key in ("offload_optimizer", "offload_param")}
+    _refuse_stage0_optimizer_offload(value, stage, devices["offload_optimizer"])
     try:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
@@ -113,8 +130,8 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
     if getattr(cfg, "zenflow", None) is not None:
         raise DeepSpeedConfigError(ZENFLOW_NOT_IMPLEMENTED)
     warn_ignored(cfg, path="zero_optimization")
-    # Offload sections at stage 0 have no effect (ds-zero's model warned once, naming each one), as in
-    # DeepSpeed: nothing downstream offloads, swaps or picks a CPU optimizer for them.
+    # `offload_param` below stage 3 has no effect (ds-zero's model warned once, naming it), as in DeepSpeed:
+    # nothing downstream offloads or swaps parameters for it.
     return ZeroSettings(
         stage=cfg.stage,
         offload_optimizer_device=cfg.offload_optimizer_device,
