@@ -175,7 +175,6 @@ def test_init_dtype_and_config_dtype() -> None:
     [
         ({"bf16": {"enabled": True}}, torch.bfloat16),
         ({"bfloat16": {"enabled": True}}, torch.bfloat16),  # the legacy section name, as DeepSpeed reads it
-        ({"bf16": {"enabled": False}, "bfloat16": {"enabled": True}}, torch.float32),  # "bf16" wins, as there
         ({"fp16": {"enabled": True}}, torch.float16),
         ({"bfloat16": {"enabled": False}}, torch.float32),
     ],
@@ -186,9 +185,11 @@ def test_init_dtype_from_the_precision_sections(config: dict, dtype: torch.dtype
     assert layer.weight.dtype == layer.bias.dtype == dtype
 
 
-def test_init_refuses_both_precision_switches() -> None:
+def test_init_refuses_both_precision_switches_and_both_bf16_names() -> None:
     with pytest.raises(ValueError, match=r"bfloat16.enabled and fp16.enabled are both true"):
         ds_zero.Init(config_dict_or_path={"bfloat16": {"enabled": True}, "fp16": {"enabled": True}})
+    with pytest.raises(ValueError, match=r"both 'bfloat16' \(the legacy name\) and 'bf16' are in the config"):
+        ds_zero.Init(config_dict_or_path={"bf16": {"enabled": False}, "bfloat16": {"enabled": True}})
 
 
 @pytest.mark.parametrize(

@@ -159,12 +159,15 @@ def _enabled(section: Any) -> bool:
 def config_dtype(ds_config: Mapping[str, Any]) -> torch.dtype | None:
     """The dtype a ds_config's fp16/bf16 switches train in: bf16, fp16, or None (fp32: parameters keep theirs).
 
-    The bf16 section is `"bf16"`, or its legacy name `"bfloat16"` when `"bf16"` is absent (DeepSpeed's
-    reader gives `"bf16"` precedence the same way), so a config written with either trains in bf16.
+    The bf16 section is `"bf16"` or its legacy name `"bfloat16"` (DeepSpeed's config reader takes either), so
+    a config written with either trains in bf16.
 
     Raises:
-        ValueError: both switches are on (DeepSpeed refuses this too).
+        ValueError: both switches are on (DeepSpeed refuses this too), or both section names are given (the
+            engine's config refuses that as well; DeepSpeed would silently prefer `"bf16"`).
     """
+    if ds_config.get("bf16") is not None and ds_config.get("bfloat16") is not None:
+        raise ValueError("both 'bfloat16' (the legacy name) and 'bf16' are in the config; keep only 'bf16'")
     bf16_key = "bf16" if ds_config.get("bf16") is not None else "bfloat16"
     bf16, fp16 = _enabled(ds_config.get(bf16_key)), _enabled(ds_config.get("fp16"))
     if bf16 and fp16:
