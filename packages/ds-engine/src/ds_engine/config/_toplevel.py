@@ -1,4 +1,4 @@
-"""The whole ds_config as one model: every top-level key DeepSpeed users write, known, refused, or inert."""
+"""The whole ds_config as one model: every top-level key DeepSpeed 0.19.8 reads, known, refused, or inert."""
 
 from __future__ import annotations
 
@@ -98,11 +98,13 @@ def _datastates_off(value: Any) -> Any:
 class DeepSpeedConfigModel(ConfigModel):
     """Every top-level key of a ds_config (sections are models of their own).
 
-    Unknown keys are errors with a suggestion (DeepSpeed ignores them silently). Keys DeepSpeed
-    removed or ds does not implement are errors that say so; a few are accepted at their inert
-    default only. `zero_optimization` is validated by ds-zero's `ZeroConfig`, and `pipeline` /
-    `activation_checkpointing` by ds-pipe's models (lazily, since both are optional extras), so here
-    they are raw.
+    Unknown keys are errors with a suggestion (DeepSpeed ignores them silently). Keys DeepSpeed removed
+    are errors that say so. Every key DeepSpeed 0.19.8 reads is a field: a feature ds lacks keeps its
+    keys and refuses only the value that asks for it (`inert_keys`, the sections of
+    `_feature_sections`), and a key nothing in ds acts on is accepted with a warning (`ignored_keys`).
+    `zero_optimization` is validated by ds-zero's `ZeroConfig`, `weight_quantization` by ds-zero's model,
+    and `pipeline` / `activation_checkpointing` by ds-pipe's models (lazily, since both are optional
+    extras), so here they are raw.
     """
 
     unsupported_keys: ClassVar[dict[str, str]] = UNSUPPORTED_KEYS
