@@ -4,8 +4,9 @@
 random-LTD) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a config written
 for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
 the feature on is refused by name, saying what ds does not do (`inert_keys`). Settings read only by a
-feature that is off have no effect in DeepSpeed either and are accepted silently, except the DeepCompile
-tuning knobs, which warn (`ignored_keys`) since `torch.compile` users set them expecting an effect.
+feature that is off have no effect in DeepSpeed either and are accepted silently, except DeepCompile's
+knobs, which warn (`ignored_keys`): both engines have `engine.compile()`, and ds's (torch.compile) reads
+none of them, where a user may expect them to apply.
 
 DeepSpeed acts on the sub-switches of `data_efficiency` (`curriculum_learning.enabled`,
 `random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is refused on its own.

@@ -14,6 +14,7 @@ from typing import Any
 import hjson
 
 from ds_engine.config._errors import DeepSpeedConfigError
+from ds_engine.config._feature_sections import ExpertParallelConfig
 
 __all__ = ["AUTO", "fill_auto", "find_auto_paths", "load_raw", "without_paths"]
 
@@ -26,13 +27,8 @@ _LITERAL_AUTO = {
     "zero_optimization.zenflow.select_strategy",
     "zero_optimization.zenflow.select_interval",
     "zero_optimization.zenflow.update_interval",
-    # AutoEP's values resolved from the model (`_feature_sections.ExpertParallelConfig.literal_auto`).
-    "expert_parallel.score_apply",
-    "expert_parallel.combine_impl",
-    "expert_parallel.row_weighting_impl",
-    "expert_parallel.score_func",
-    "expert_parallel.top_k",
-    "expert_parallel.routed_scaling_factor",
+    # AutoEP's values resolved from the model.
+    *(f"expert_parallel.{key}" for key in ExpertParallelConfig.literal_auto),
 }
 
 
