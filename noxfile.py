@@ -1,6 +1,7 @@
 """Sessions: one per package (installed alone), integration, frameworks, dag, lint, demo, bench.
 
-Plain `nox` runs dag, lint, every package session, integration, frameworks and gpu_check_dry_run (CI: `.ci/run`).
+Plain `nox` runs dag, lint, every package session, integration, frameworks, multinode, gpu_check_dry_run and
+the demo (CI: `.ci/run`).
 Each package session makes a fresh venv with only that package and the in-tree siblings it
 declares, so an undeclared dependency fails here instead of on a user's machine.
 """
@@ -38,7 +39,8 @@ TEST_REQUIREMENTS: dict[str, tuple[str, ...]] = {
 # Hugging Face models (they skip without transformers, and did in CI until this was added).
 TEST_REQUIREMENTS_WITH_EXTRAS: dict[str, tuple[str, ...]] = {"ds-engine": ("wandb", "comet_ml", "transformers")}
 
-nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run"]
+# The demo too: it is the README's main job, and only a session that runs it notices when it breaks.
+nox.options.sessions = ["dag", "lint", "pkg", "integration", "frameworks", "multinode", "gpu_check_dry_run", "demo"]
 
 #: The clients the `deepspeed` distribution is checked against (versions pinned in constraints.txt).
 FRAMEWORK_CLIENTS = ("transformers", "accelerate", "lightning")

@@ -97,8 +97,9 @@ def main() -> None:
         ]
     )
     trained = time.perf_counter()
-    fp32_file = args.out / "fp32_state_dict.pt"
-    _run([_tool("ds-zero-to-fp32"), str(args.out), str(fp32_file)])
+    fp32_dir = args.out / "fp32"
+    _run([_tool("ds-zero-to-fp32"), str(args.out), str(fp32_dir)])
+    fp32_file = fp32_dir / "pytorch_model.bin"
     # A 0.8M-parameter model evaluated one sequence at a time: extra threads only add synchronisation
     # (tens of seconds of it for the sample on a busy 2-core machine).
     torch.set_num_threads(1)

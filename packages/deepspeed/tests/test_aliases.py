@@ -203,3 +203,29 @@ def test_python_dash_m_runs_the_aliased_module() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "--num_gpus" in out.stdout
+
+
+# A DeepSpeed 0.19.8 module of CUDA-only kernels, which ds does not implement.
+MISSING_DEEPSPEED_PATH = "deepspeed.inference.v2.kernels.ragged_ops"
+
+
+def test_a_deepspeed_path_ds_lacks_fails_naming_it_and_the_compatibility_page() -> None:
+    with pytest.raises(ModuleNotFoundError) as info:
+        importlib.import_module(MISSING_DEEPSPEED_PATH)
+    # The import system imports the parents first; the first one ds lacks is the one named.
+    assert info.value.name is not None and MISSING_DEEPSPEED_PATH.startswith(info.value.name)
+    assert f"{info.value.name} is a DeepSpeed 0.19.8 module that ds does not implement" in str(info.value)
+    assert _aliases.COMPATIBILITY_PAGE in str(info.value)
+    assert info.value.name not in sys.modules
+
+
+def test_a_path_deepspeed_never_had_stays_a_plain_module_not_found() -> None:
+    with pytest.raises(ModuleNotFoundError, match=r"No module named 'deepspeed\.no_such_module'"):
+        importlib.import_module("deepspeed.no_such_module")
+
+
+def test_the_module_list_is_deepspeeds_and_every_framework_path_is_in_it() -> None:
+    paths = _aliases.deepspeed_module_paths()
+    assert len(paths) == 751
+    assert "deepspeed" in paths and MISSING_DEEPSPEED_PATH in paths
+    assert set(FRAMEWORK_PATHS) <= paths

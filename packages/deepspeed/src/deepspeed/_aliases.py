@@ -16,6 +16,13 @@ accelerator package and `utils.pin_memory` (ds-comm). Because
 the mapping is a prefix rewrite, an aliased package's children are that package's own children, and
 the import system's `setattr(parent, child, module)` after an import never puts a foreign module on a
 ds module.
+
+[Note: DeepSpeed paths ds does not implement]
+A path that is one of DeepSpeed 0.19.8's own modules (`deepspeed_0_19_8_modules.txt`) but has no ds
+module behind it fails with a `ModuleNotFoundError` (an `ImportError`) that says so and points to the
+compatibility page, instead of Python's bare "No module named". Any other unknown path stays unknown.
+The finder hands out a spec whose loader raises, so `importlib.util.find_spec` on such a path returns a
+spec; the frameworks probe only `deepspeed` itself.
 """
 
 from __future__ import annotations
@@ -26,9 +33,15 @@ import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Sequence
+from functools import cache
+from importlib.resources import files
 from types import CodeType, ModuleType
 
-__all__ = ["ALIASES", "AliasFinder", "install", "resolve"]
+__all__ = ["ALIASES", "COMPATIBILITY_PAGE", "AliasFinder", "deepspeed_module_paths", "install", "resolve"]
+
+#: Where a missing DeepSpeed path's error sends the reader: every DeepSpeed 0.19.8 subsystem, module path
+#: and config section with its state in ds.
+COMPATIBILITY_PAGE = "COMPATIBILITY.md at the root of the ds repository"
 
 #: DeepSpeed module prefix -> the ds module that implements it. The longest matching prefix wins.
 ALIASES: dict[str, str] = {
@@ -54,6 +67,27 @@ def resolve(fullname: str) -> str | None:
         if fullname == prefix or fullname.startswith(prefix + "."):
             return ALIASES[prefix] + fullname[len(prefix) :]
     return None
+
+
+@cache
+def deepspeed_module_paths() -> frozenset[str]:
+    """Every module path of DeepSpeed 0.19.8's wheel (`deepspeed`, `deepspeed.ops.adam`, ...)."""
+    text = files(__package__).joinpath("deepspeed_0_19_8_modules.txt").read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+class _MissingLoader(importlib.abc.Loader):
+    """Fails the import of a DeepSpeed 0.19.8 module that ds does not implement, naming it."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        raise ModuleNotFoundError(
+            f"{spec.name} is a DeepSpeed 0.19.8 module that ds does not implement; {COMPATIBILITY_PAGE} "
+            "lists every DeepSpeed subsystem, module path and config section with its state in ds",
+            name=spec.name,
+        )
+
+    def exec_module(self, module: ModuleType) -> None:  # pragma: no cover - create_module always raises
+        raise AssertionError("unreachable")
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -97,8 +131,10 @@ class AliasFinder(importlib.abc.MetaPathFinder):
         try:
             ds_spec = importlib.util.find_spec(ds_name)
         except ModuleNotFoundError:  # a parent of ds_name is missing: `deepspeed.<path>` does not exist either
-            return None
+            ds_spec = None
         if ds_spec is None:
+            if fullname in deepspeed_module_paths():
+                return importlib.machinery.ModuleSpec(fullname, _MissingLoader())
             return None
         return importlib.machinery.ModuleSpec(
             fullname, _AliasLoader(ds_name), is_package=ds_spec.submodule_search_locations is not None

@@ -281,8 +281,13 @@ def assemble(
     training_data: Any,
     collate_fn: Callable[..., Any] | None,
     tensor_parallel: TensorParallelState | None = None,
+    shuffle_training_data: bool = True,
 ) -> EngineParts:
-    """Carry out `plan` (see the module docstring for the order)."""
+    """Carry out `plan` (see the module docstring for the order).
+
+    `shuffle_training_data` is DeepSpeed's sampling of `training_data`: the engine's loader shuffles it
+    (DistributedSampler, seed 0, the same order every epoch); the PipelineEngine's reads it in order.
+    """
     m = config.model
     _check_optimizer_needed(plan)
     _check_partitioned_parameters(module, plan)
@@ -334,6 +339,7 @@ def assemble(
             collate_fn=collate_fn,
             num_workers=0,
             drop_last=m.dataloader_drop_last,
+            shuffle=shuffle_training_data,
         )
     return EngineParts(
         module=module,

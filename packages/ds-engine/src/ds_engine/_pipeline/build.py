@@ -126,6 +126,8 @@ def build_pipeline_engine(
         client_scheduler=client_scheduler,
         training_data=training_data,
         collate_fn=collate_fn,
+        # DeepSpeed's PipelineEngine reads `training_data` in order (a DistributedSampler without shuffle).
+        shuffle_training_data=False,
     )
     parts.plan = plan
     # Every stepper skips on inf/nan exactly when plan.check_overflow says so (ds_ops.precision.finish_step).
