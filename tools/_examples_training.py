@@ -1,4 +1,4 @@
-"""Recipes for DeepSpeedExamples' `training/` programs: each made to run offline on a 2-core CPU host in a minute or two.
+"""Recipes for DeepSpeedExamples' `training/` programs, each made to run offline on a 2-core CPU host in minutes.
 
 The edits are the fewest that let a program run here, each for a stated reason:
 - downloads become local files or seeded synthetic data (the offline `torchvision` stand-in; `ds_offline.py`
@@ -133,7 +133,9 @@ def _prepare_autotp(source_dir: Path, work_dir: Path) -> Path:
     substitute(
         script,
         "        engine.step()\n",
-        "        engine.step()\n        if rank == 0:\n            print(f'step loss {outputs.loss.item()}', flush=True)\n",
+        "        engine.step()\n"
+        "        if rank == 0:\n"
+        "            print(f'step loss {outputs.loss.item()}', flush=True)\n",
     )
     add_shims(run_dir, "ds_offline.py")
     return run_dir
@@ -159,7 +161,8 @@ def _prepare_offload_states(source_dir: Path, work_dir: Path) -> Path:
     # does not lower: the program's two "memory fell / rose" asserts test a GPU, not the offload.
     substitute(
         script,
-        '        assert alloc_after_offload < alloc_before_offload, f"Allocated memory should decrease after offload"\n',
+        "        assert alloc_after_offload < alloc_before_offload, "
+        'f"Allocated memory should decrease after offload"\n',
         "",
     )
     substitute(
@@ -171,7 +174,9 @@ def _prepare_offload_states(source_dir: Path, work_dir: Path) -> Path:
     substitute(
         script,
         "        model.step()\n",
-        "        model.step()\n        if dist.get_rank() == 0:\n            print(f'loss {loss.item()}', flush=True)\n",
+        "        model.step()\n"
+        "        if dist.get_rank() == 0:\n"
+        "            print(f'loss {loss.item()}', flush=True)\n",
     )
     return work_dir
 
@@ -199,7 +204,8 @@ def programs() -> list[Program]:
             argv=(LAUNCHER, "--num_gpus", "2", "train.py", "--deepspeed_config=ds_config.json", "-p", "2")
             + ("--steps=6", "--backend", "gloo"),
             loss_pattern=r"pipe step \d+ loss ([-+\d.eE]+|nan|inf)",
-            notes="2 stages; 64x64 crops, train_batch_size 16 (2 micro-batches of 8), 6 steps; prints train_batch()'s loss.",
+            notes="2 stages; 64x64 crops, train_batch_size 16 (2 micro-batches of 8), 6 steps; "
+            "prints train_batch()'s loss.",
             timeout_s=900,
         ),
         Program(
