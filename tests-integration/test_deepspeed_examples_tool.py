@@ -239,7 +239,14 @@ def test_the_synthetic_cifar_is_fixed_and_shaped_like_cifar(tmp_path: Path) -> N
         from torchvision import datasets, transforms
     finally:
         sys.path.remove(str(SHIMS))
-    pipeline = transforms.Compose(
+    first = datasets.CIFAR10(root=str(tmp_path), train=True, transform=transforms.ToTensor())
+    second = datasets.CIFAR10(root=str(tmp_path), train=True, transform=transforms.ToTensor())
+    image, label = first[3]
+    assert image.shape == (3, 32, 32) and 0 <= image.min() and image.max() <= 1 and 0 <= label < 10
+    assert torch.equal(image, second[3][0]) and first.targets == second.targets
+    assert len(datasets.CIFAR10(root="", train=False)) == datasets.TEST_SIZE
+    # The pipeline example's order: Resize and CenterCrop on the image (uint8 HWC, as on a PIL image), then ToTensor.
+    pil_first = transforms.Compose(
         [
             transforms.Resize(72),
             transforms.CenterCrop(64),
@@ -247,16 +254,10 @@ def test_the_synthetic_cifar_is_fixed_and_shaped_like_cifar(tmp_path: Path) -> N
             transforms.Normalize((0.5,) * 3, (0.5,) * 3),
         ]
     )
-    # ToTensor's layout change comes first in the programs; here Resize gets CHW from ToTensor below.
-    first = datasets.CIFAR10(root=str(tmp_path), train=True, transform=transforms.ToTensor())
-    second = datasets.CIFAR10(root=str(tmp_path), train=True, transform=transforms.ToTensor())
-    image, label = first[3]
-    assert image.shape == (3, 32, 32) and 0 <= image.min() and image.max() <= 1 and 0 <= label < 10
-    assert torch.equal(image, second[3][0]) and first.targets == second.targets
-    assert len(datasets.CIFAR10(root="", train=False)) == datasets.TEST_SIZE
-    resized = transforms.CenterCrop(64)(transforms.Resize(72)(image))
-    assert resized.shape == (3, 64, 64)
-    assert pipeline.transforms[-1](resized).shape == (3, 64, 64)
+    tensor_first = transforms.Compose([transforms.ToTensor(), transforms.Resize(72), transforms.CenterCrop(64)])
+    raw = first.data[3]
+    assert pil_first(raw).shape == (3, 64, 64) and tensor_first(raw).shape == (3, 64, 64)
+    assert transforms.Resize((40, 50))(raw).shape == (40, 50, 3)
 
 
 def test_an_export_skips_blobs_a_partial_checkout_lacks(tmp_path: Path) -> None:
@@ -276,3 +277,15 @@ def test_an_export_skips_blobs_a_partial_checkout_lacks(tmp_path: Path) -> None:
     missing = tool.export_folder(repo / ".git", "training/x", tmp_path / "partial")
     assert missing == ["training/x/data.bin"]
     assert (tmp_path / "partial" / "training" / "x" / "train.py").is_file()
+
+
+def test_an_error_whose_message_starts_on_the_next_line_keeps_that_line() -> None:
+    output = (
+        "[rank0]: Traceback (most recent call last):\n[rank0]:   File 'x.py', line 1\n"
+        "[rank0]: ds_engine.config._errors.DeepSpeedConfigError: invalid config:\n"
+        "[rank0]:   bf16.bf16_master_weights_and_grads: not supported\n[rank1]: Traceback (most recent call last):\n"
+    )
+    assert report.first_error(output) == (
+        "ds_engine.config._errors.DeepSpeedConfigError: invalid config: "
+        "bf16.bf16_master_weights_and_grads: not supported"
+    )

@@ -52,14 +52,21 @@ def first_error(output: str) -> str:
     lines = [_RANK_PREFIX.sub("", line.rstrip()) for line in output.splitlines()]
     for index, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
-            for later in lines[index + 1 :]:
+            for offset, later in enumerate(lines[index + 1 :], start=index + 2):
                 if later and not later.startswith((" ", "\t")) and _EXCEPTION.match(later):
-                    return later[:300]
+                    return _with_detail(later, lines[offset : offset + 1])[:300]
     errorish = [line for line in lines if _ERRORISH.search(line)]
     if errorish:
         return errorish[-1].strip()[:300]
     tail = [line for line in lines if line.strip()]
     return tail[-1].strip()[:300] if tail else ""
+
+
+def _with_detail(line: str, following: list[str]) -> str:
+    """An exception line ending in ":" (its message goes on below, as config errors do) plus its next line."""
+    if line.endswith(":") and following and following[0].strip() and not following[0].startswith("Traceback"):
+        return f"{line} {following[0].strip()}"
+    return line
 
 
 def agreement(reference: list[float], candidate: list[float], deterministic: bool) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""The transforms the programs compose, on the uint8 HWC tensors the synthetic datasets yield."""
+"""The transforms the programs compose, on the images the synthetic datasets yield.
+
+A dataset item is a uint8 HWC tensor, standing for the PIL image torchvision would give: `Resize` and
+`CenterCrop` take it (and keep it an image) before `ToTensor`, or a float CHW tensor after it, as torchvision's do.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ class Resize:
         self.size = size
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if image.dtype == torch.uint8:
+            return _on_image(self, image)
         height, width = image.shape[-2:]
         if isinstance(self.size, int):
             scale = self.size / min(height, width)
@@ -56,6 +62,14 @@ class CenterCrop:
         self.size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if image.dtype == torch.uint8:
+            return _on_image(self, image)
         height, width = image.shape[-2:]
         top, left = (height - self.size[0]) // 2, (width - self.size[1]) // 2
         return image[..., top : top + self.size[0], left : left + self.size[1]]
+
+
+def _on_image(transform: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor) -> torch.Tensor:
+    """Apply a CHW transform to a uint8 HWC image and give back a uint8 HWC image (PIL in, PIL out)."""
+    out = transform(image.permute(2, 0, 1).to(torch.float32))
+    return out.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).contiguous()
