@@ -157,6 +157,17 @@ for name in ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"):
 """
 
 
+def clear_stale_locks(work: Path, side: str) -> None:
+    """Remove build locks left in the side's extensions folder by a run this tool ended mid-compile.
+
+    The folder is this tool's alone and one invocation runs one command at a time, so at its start no lock
+    there is live; a stale one would make every later build of that op wait on it forever.
+    """
+    for lock in (work / f"torch-extensions-{side}").glob("*/lock"):
+        print(f"removing the stale build lock {lock}", file=sys.stderr)
+        lock.unlink()
+
+
 def prebuild_ops(python: Path, side: str, work: Path, timeout_s: int) -> None:
     """Compile the side's JIT ops into its extensions folder once, before any program runs."""
     env = _side_env(python, side, work)
@@ -170,11 +181,6 @@ def prebuild_ops(python: Path, side: str, work: Path, timeout_s: int) -> None:
 
 def _side_env(python: Path, side: str, work: Path) -> dict[str, str]:
     """The environment every command of one side runs in (a program adds its own on top)."""
-    extensions = work / f"torch-extensions-{side}"
-    # The folder is this tool's alone and runs are sequential: a lock left there is from a run it ended
-    # mid-compile, and would make every later build wait on it forever.
-    for lock in extensions.glob("*/lock"):
-        lock.unlink()
     env = _base_env()
     env.update(
         DS_ACCELERATOR="cpu",
@@ -183,7 +189,7 @@ def _side_env(python: Path, side: str, work: Path) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         TOKENIZERS_PARALLELISM="false",
         WANDB_MODE="disabled",
-        TORCH_EXTENSIONS_DIR=str(extensions),
+        TORCH_EXTENSIONS_DIR=str(work / f"torch-extensions-{side}"),
         PATH=f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
     if (work / "extras").is_dir():
@@ -320,8 +326,9 @@ def main() -> int:
     if "ds" in sides:
         pythons["ds"] = ensure_ds_venv(args.venv or args.work / "venv-ds", args.reuse_venv)
     ensure_requirements(args.work / "extras", {r for p in programs for r in p.requirements})
-    if not args.no_prebuild:
-        for side in sides:
+    for side in sides:
+        clear_stale_locks(args.work, side)
+        if not args.no_prebuild:
             prebuild_ops(pythons[side], side, args.work, timeout_s=3600)
 
     commit = subprocess.run(
