@@ -3,7 +3,7 @@
     python tools/deepspeed_examples.py --side both --out /tmp/dsex/results.json --markdown /tmp/dsex/table.md
     python tools/deepspeed_examples.py --side ds --reuse-venv --venv V --only 'cifar10-*' --out F.json
     python tools/deepspeed_examples.py --list
-    python tools/deepspeed_examples.py --table F.json          # the markdown table of a results file
+    python tools/deepspeed_examples.py --table A.json B.json --out F.json   # merge results files, print the table
 
 The unit tests (tools/deepspeed_unit_tests.py) measure ds's API piece by piece; this measures whole programs
 people run: DeepSpeedExamples' CIFAR-10 (ZeRO 2/3, MoE, PR-MoE), the pipeline-parallel AlexNet, HelloDeepSpeed
@@ -306,12 +306,24 @@ def main() -> int:
     parser.add_argument("--markdown", type=Path, help="write the table (and the recipes' notes) here too")
     parser.add_argument("--no-prebuild", action="store_true", help="skip compiling the JIT ops before the runs")
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
-    parser.add_argument("--table", type=Path, help="print the markdown table of a results JSON and exit")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        help="print the markdown table of results JSONs (merged in order; into --out if given) and exit",
+    )
     args = parser.parse_args()
 
     if args.table:
-        results = json.loads(args.table.read_text())
-        print(markdown_table(results) + "\n\n" + notes_list(results))
+        results: dict[str, Any] = {}
+        for path in args.table:
+            results = merge(results, json.loads(path.read_text()))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+        table = markdown_table(results) + "\n\n" + notes_list(results)
+        if args.markdown:
+            args.markdown.write_text(table + "\n")
+        print(table)
         return 0
     programs, notes = all_programs()
     if args.list:
@@ -340,7 +352,7 @@ def main() -> int:
             for path in export_folder(args.examples_git, source, export_root):
                 print(f"export: {path} is not in this checkout (skipped)", file=sys.stderr)
 
-    results: dict[str, Any] = {"examples_commit": commit, "notes": notes, "programs": {}}
+    results = {"examples_commit": commit, "notes": notes, "programs": {}}
     if args.out and args.out.exists():
         results = merge(json.loads(args.out.read_text()), results)
     for program in programs:
