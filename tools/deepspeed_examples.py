@@ -157,15 +157,17 @@ for name in ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder"):
 """
 
 
-def clear_stale_locks(work: Path, side: str) -> None:
+def clear_stale_locks(work: Path, side: str, since: float = 0.0) -> None:
     """Remove build locks left in the side's extensions folder by a run this tool ended mid-compile.
 
     The folder is this tool's alone and one invocation runs one command at a time, so at its start no lock
-    there is live; a stale one would make every later build of that op wait on it forever.
+    there is live (`since` 0: all go), and after a run it had to kill, the locks made since that run began
+    are that run's; a stale one would make every later build of that op wait on it forever.
     """
     for lock in (work / f"torch-extensions-{side}").glob("*/lock"):
-        print(f"removing the stale build lock {lock}", file=sys.stderr)
-        lock.unlink()
+        if lock.stat().st_mtime >= since:
+            print(f"removing the stale build lock {lock}", file=sys.stderr)
+            lock.unlink(missing_ok=True)
 
 
 def prebuild_ops(python: Path, side: str, work: Path, timeout_s: int) -> None:
@@ -260,7 +262,7 @@ def run_program(program: Program, side: str, python: Path, export_root: Path, wo
         log_path.write_text(f"recipe: {error}\n")
         return {**result, "status": "not prepared", "rc": None, "first_error": str(error), "losses": [], "wall_s": 0.0}
     env = {**_side_env(python, side, work), "HF_HOME": str(run_root / ".hf"), **program.env}
-    start = time.monotonic()
+    start, started_at = time.monotonic(), time.time()
     rc: int | None = 0
     with open(log_path, "w") as log:
         for command in (*program.setup, program.argv):
@@ -269,6 +271,8 @@ def run_program(program: Program, side: str, python: Path, export_root: Path, wo
             if rc != 0:
                 break
     wall = time.monotonic() - start
+    if rc is None:
+        clear_stale_locks(work, side, since=started_at)
     output = log_path.read_text(errors="replace")
     status = "ran" if rc == 0 else ("timeout" if rc is None else "failed")
     return {
