@@ -290,8 +290,9 @@ def run_program(program: Program, side: str, python: Path, export_root: Path, wo
 def _select(programs: list[Program], only: str) -> list[Program]:
     if not only:
         return programs
-    patterns = only.split(",")
-    chosen = [p for p in programs if any(fnmatch.fnmatchcase(p.name, pattern) for pattern in patterns)]
+    chosen: list[Program] = []
+    for pattern in only.split(","):  # in the order asked for
+        chosen.extend(p for p in programs if fnmatch.fnmatchcase(p.name, pattern) and p not in chosen)
     if not chosen:
         raise SystemExit(f"--only {only!r} matches no program; --list shows them")
     return chosen
@@ -305,7 +306,7 @@ def main() -> int:
     parser.add_argument("--venv", type=Path, help="ds's venv (default: WORK/venv-ds), created and filled if needed")
     parser.add_argument("--reuse-venv", action="store_true", help="use --venv as it is, no install")
     parser.add_argument("--work", type=Path, default=Path("/tmp/dsex"), help="scratch folder")
-    parser.add_argument("--only", default="", help="comma-separated program names or shell patterns")
+    parser.add_argument("--only", default="", help="comma-separated program names or shell patterns, run in that order")
     parser.add_argument("--out", type=Path, help="results JSON; an existing one is merged into")
     parser.add_argument("--markdown", type=Path, help="write the table (and the recipes' notes) here too")
     parser.add_argument("--no-prebuild", action="store_true", help="skip compiling the JIT ops before the runs")
