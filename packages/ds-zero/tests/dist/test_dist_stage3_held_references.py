@@ -10,8 +10,7 @@ step; after SGD steps, against DistributedDataParallel on the same batches to 1e
 
 * `GatheredParameters` exit, for parameters partitioned under `ds_zero.Init` (no optimizer) and for
   parameters of a model under `DeepSpeedZeroOptimizer_Stage3`; the saved dict survives a `torch.save`
-  / `torch.load` round trip and loads into the plain model; a graph built inside the block
-  back-propagates after it (autograd's saved tensors are references too);
+  / `torch.load` round trip and loads into the plain model; `model.state_dict()` taken inside the block;
 * `param.partition()` after `param.all_gather()`;
 * the releases of a training iteration: after a module's forward and backward, and from the prefetch
   and reuse pools (references taken in module hooks to every parameter gathered at that moment);
@@ -90,10 +89,10 @@ def _round_trip(refs: dict[str, dict[str, torch.Tensor]], expected: dict[str, to
         return f"torch.load failed: {err}"
     plain = make_model(seed=3)
     missing = plain.load_state_dict(loaded, strict=False).missing_keys
-    if any(not k.startswith(("pos", "blocks.0.scale", "blocks.1.scale", "shared.inner.scale")) for k in missing):
+    named = dict(plain.named_parameters())
+    if any(k in named for k in missing):  # buffers and the tied lm_head are not in the dict
         return f"missing keys {missing}"
-    state = dict(plain.named_parameters())
-    worst = max((state[n].detach() - v).abs().max().item() for n, v in expected.items())
+    worst = max((named[n].detach() - v).abs().max().item() for n, v in expected.items())
     return "ok" if worst == 0.0 else f"loaded values differ by {worst}"
 
 
@@ -177,28 +176,6 @@ def test_references_taken_inside_gathered_parameters_keep_the_gathered_values() 
         assert before == dict.fromkeys(KINDS, 0.0), before
         assert max(after_one.values()) < 1e-6 and max(after_two.values()) < 1e-6, (after_one, after_two)
         assert r["managed_round_trip"] == "ok"
-
-
-def _graph_across_release(rank: int, world: int) -> dict[str, Any]:
-    plain = make_model()
-    idx, tgt = batch(rank, 0, 0)
-    loss_fn(plain(idx), tgt).backward()
-    want = {n: p.grad for n, p in plain.named_parameters() if p.grad is not None}
-    with ds_zero.Init(config_dict_or_path={"zero_optimization": CFG}):
-        model = make_model()
-    with GatheredParameters(model.parameters()):
-        loss = loss_fn(model(idx), tgt)
-    released = _released(model)
-    loss.backward()  # autograd's saved views of the weights are references taken inside the block
-    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    error = max((grads[n] - g).abs().max().item() for n, g in want.items()) if grads.keys() == want.keys() else -1.0
-    return {"released": released, "error": error}
-
-
-def test_a_graph_built_inside_gathered_parameters_back_propagates_after_the_block() -> None:
-    for r in run_ranks(2, _graph_across_release, timeout_s=180):
-        assert r["released"]
-        assert 0.0 <= r["error"] < 1e-6, r["error"]
 
 
 # ---------------------------------------------------------------------------- a training iteration
