@@ -12,6 +12,9 @@ step; after SGD steps, against DistributedDataParallel on the same batches to 1e
   parameters of a model under `DeepSpeedZeroOptimizer_Stage3`; the saved dict survives a `torch.save`
   / `torch.load` round trip and loads into the plain model; `model.state_dict()` taken inside the block;
 * `param.partition()` after `param.all_gather()`;
+* `ds_zero.Init`: a tensor the caller made a parameter of, a weight kept before its module finished
+  construction, and a weight taken in `model.apply(fn)` (which gathers each module) inside the
+  context; a child's weight read after the child was built is already its released placeholder (NaN);
 * the releases of a training iteration: after a module's forward and backward, and from the prefetch
   and reuse pools (references taken in module hooks to every parameter gathered at that moment);
 * NVMe parameter offload: a swapped shard is never a view of a swap buffer outside a gather, and
@@ -176,6 +179,51 @@ def test_references_taken_inside_gathered_parameters_keep_the_gathered_values() 
         assert before == dict.fromkeys(KINDS, 0.0), before
         assert max(after_one.values()) < 1e-6 and max(after_two.values()) < 1e-6, (after_one, after_two)
         assert r["managed_round_trip"] == "ok"
+
+
+# ------------------------------------------------------------------------------------------ zero.Init
+class _Holder(nn.Module):
+    """Makes a caller's tensor a parameter; keeps references to weights before and after they are partitioned."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)  # the caller's tensor: the same storage
+        self.lin = nn.Linear(8, 16)  # under Init, partitioned when its own __init__ returns
+        self.extra = nn.Parameter(torch.randn(16, 8))
+        self.kept = self.extra.data  # partitioned only when this __init__ returns
+        self.kept_child = self.lin.weight.data  # already released: its NaN placeholder
+
+
+def _init_held(rank: int, world: int) -> dict[str, Any]:
+    torch.manual_seed(5)
+    plain = _Holder(torch.zeros(4, 8))
+    mine = torch.randn(4, 8, generator=torch.Generator().manual_seed(9))
+    copy = mine.clone()
+    torch.manual_seed(5)
+    with ds_zero.Init(config_dict_or_path={"zero_optimization": CFG}):
+        model = _Holder(mine)
+        applied: list[torch.Tensor] = []
+        model.apply(lambda m: applied.append(m.weight.data) if isinstance(m, nn.Linear) else None)
+    held = {"mine": mine, "kept": model.kept, "applied": applied[0]}
+    want = {"mine": copy, "kept": plain.extra.detach(), "applied": plain.lin.weight.detach()}
+    ok = {k: _readable(t) and torch.equal(t, want[k]) for k, t in held.items()}
+    buf = io.BytesIO()
+    torch.save(held, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    return {
+        "partitioned": all(p.ds_status is ZeroParamStatus.NOT_AVAILABLE for p in model.parameters()),
+        "ok": ok,
+        "saved": all(torch.equal(loaded[k], want[k]) for k in held),
+        "child_placeholder": bool(torch.isnan(model.kept_child).all()) and model.kept_child.shape == (16, 8),
+    }
+
+
+def test_tensors_held_before_and_during_init_partitioning_stay_valid() -> None:
+    for r in run_ranks(2, _init_held, timeout_s=120):
+        assert r["partitioned"]
+        assert r["ok"] == {"mine": True, "kept": True, "applied": True}
+        assert r["saved"] and r["child_placeholder"]
 
 
 # ---------------------------------------------------------------------------- a training iteration
