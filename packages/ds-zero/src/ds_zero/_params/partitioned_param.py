@@ -293,7 +293,7 @@ def free_full(param: torch.nn.Parameter) -> None:
     param.data = st.placeholder
     if _held_elsewhere(st):
         old_key = st.full_flat.untyped_storage()._cdata
-        st.full_flat, st.full, _ = _full_storage(st.full_flat.numel(), param.ds_shape, st.full.device, st.full.dtype)
+        st.full_flat, st.full, _ = _full_storage(st.full_flat.numel(), st.full.shape, st.full.device, st.full.dtype)
         st.own_refs = _storage_refs(st.full_flat)
         if st.coord is not None:
             st.coord.storage_replaced(old_key, param)
