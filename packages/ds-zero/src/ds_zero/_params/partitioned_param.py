@@ -23,7 +23,10 @@ left to its holders (freed by refcount when the last one drops it, never written
 parameter gets a new, empty full storage for its next gather: the holders keep the values they saw, as
 in DeepSpeed, whose release drops the parameter's reference rather than the memory. In the training
 loop nothing else holds it (autograd's saved tensors are markers, see `_stage3.saved_tensors`), so each
-release frees the memory in place.
+release frees the memory in place. One exception: torch's non-reentrant activation checkpointing keeps
+the views its recomputation made until the module's backward; a release in between (only when
+`stage3_max_reuse_distance` is shorter than the way to that backward) leaves that memory to the
+checkpoint until the backward has used it, and the backward's gather fills a new storage.
 
 The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
