@@ -226,3 +226,30 @@ def test_forward_of_a_partitioned_but_unmanaged_model_is_refused() -> None:
         model(torch.randn(2, 6))
     with GatheredParameters(model.parameters()):
         assert model(torch.randn(2, 6)).shape == (2, 3)
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["refcount", "no-refcount"])
+def test_a_release_leaves_memory_another_tensor_holds_and_frees_the_rest(
+    counted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ds_zero._params import partitioned_param
+
+    if not counted:  # a torch without the storage reference count: every release leaves the memory to refcount
+        monkeypatch.setattr(partitioned_param, "_use_count", None)
+    model = _mlp()
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ds_zero.partition_model(model)
+    w, b = model[0].weight, model[0].bias
+    with GatheredParameters([w, b]):
+        kept, row = w.data, w.data[1]
+        before = state_of(w).full_flat.untyped_storage()._cdata
+        used = b.float().sum().item()  # b is read, nothing kept
+    assert torch.equal(kept, want["0.weight"]) and torch.equal(row, want["0.weight"][1])
+    assert w.ds_status is b.ds_status is ZeroParamStatus.NOT_AVAILABLE and torch.isnan(w.sum())
+    assert state_of(w).full_flat.untyped_storage()._cdata != before  # w got a new storage; `kept` has the old
+    assert state_of(w).full_flat.untyped_storage().nbytes() == state_of(b).full_flat.untyped_storage().nbytes() == 0
+    with GatheredParameters([w], modifier_rank=0):
+        w.data.mul_(2.0)  # a later gather (and edit) never writes into what `kept` holds
+    assert torch.equal(kept, want["0.weight"])
+    with GatheredParameters([w, b]):
+        assert torch.equal(w, 2.0 * want["0.weight"]) and b.float().sum().item() == used

@@ -88,6 +88,12 @@ class EngineOffloadStates:
         states are already in host memory: only dead gradient memory is released (see
         `ds_ops.offload_states`). With ZeRO the optimizer does the work; parameter offload is refused.
 
+        Moved memory is freed where it was, so a tensor taken from it before the call (a parameter's
+        `.data`, a ZeRO shard, an optimizer state) must not be read until `reload_states()` gives it
+        its bytes back; the parameters themselves read as NaN placeholders meanwhile. At ZeRO-3 a tensor
+        taken inside `GatheredParameters` (`p.data.cpu()`) is the caller's once the block released the
+        parameter, and is not moved.
+
         Args:
             include: kinds of state (`OffloadStateTypeEnum` members or names; None: all).
             device: `OffloadDeviceEnum.cpu`; `none` does nothing; `nvme` is an error, as in DeepSpeed.

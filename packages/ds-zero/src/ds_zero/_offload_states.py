@@ -88,6 +88,10 @@ class OffloadStatesMixin:
 
         Between the two, parameters whose memory was moved read as NaN placeholders, and `step`,
         `backward` and checkpoints must not run. Not a collective: each rank moves its own partition.
+        Moved memory is freed where it was: a tensor taken from it before the call (a parameter's
+        `.data`, a shard, an optimizer state) must not be read until `reload_states()` gives it its
+        bytes back. At stage 3 a tensor taken inside `GatheredParameters` (`p.data.cpu()`) is the
+        caller's once the block released the parameter, and is not moved.
 
         Args:
             include: the kinds of state to move (`OffloadStateTypeEnum` members or their names).

@@ -8,11 +8,25 @@ and `named_parameters()` keep working), and its `.data` switches between two ten
   `dtype`, `device` and `numel()` are the logical values, the tensor costs one element, reading it gives
   NaN (visible, never silently plausible numbers), and writing into it raises torch's "more than one
   element of the written-to tensor refers to a single memory location" error.
-* available: `ZeroParamState.full`, a tensor over a storage this module owns. Releasing it shrinks that storage to 0
-  bytes (`untyped_storage().resize_(0)`) and gathering grows and refills the *same* storage, so views that
-  autograd saved during forward (`weight.t()` inside `F.linear`) read the refilled values in backward and
-  the memory really is freed in between (a plain `.data` swap would keep the old storage alive through
-  those views).
+* available: `ZeroParamState.full`, a view of a storage this module owns. Releasing gives `.data` back
+  the placeholder and then frees the gathered memory *only if nothing else holds it* (see [Note: a
+  release never frees memory another tensor holds]).
+
+[Note: a release never frees memory another tensor holds]
+User code keeps tensors taken while a parameter is gathered: DeepSpeed-Chat's `save_zero_three_model`
+collects `p.data.cpu()` (on a CPU host, the same storage) inside `GatheredParameters([p])` and saves
+them after the block; `model.state_dict()` inside the block holds `p.detach()`; a forward hook keeps a
+view of a weight. So a release counts the storage's references. When only this module's own tensors
+(`full_flat`, `full`) hold it, the storage is shrunk to 0 bytes in place (`untyped_storage().resize_(0)`)
+and the next gather grows and refills the same storage. When anything else holds it, the storage is
+left to its holders (freed by refcount when the last one drops it, never written again by ds) and the
+parameter gets a new, empty full storage for its next gather: the holders keep the values they saw, as
+in DeepSpeed, whose release drops the parameter's reference rather than the memory. In the training
+loop nothing else holds it (autograd's saved tensors are markers, see `_stage3.saved_tensors`), so each
+release frees the memory in place. One exception: torch's non-reentrant activation checkpointing keeps
+the views its recomputation made until the module's backward; a release in between (only when
+`stage3_max_reuse_distance` is shorter than the way to that backward) leaves that memory to the
+checkpoint until the backward has used it, and the backward's gather fills a new storage.
 
 The local shard and partition metadata are reachable with DeepSpeed's attribute names: `ds_tensor` (this
 rank's flat, zero-padded slice), `ds_shape`, `ds_numel`, `ds_status`, `ds_persist`, `ds_id`,
@@ -120,6 +134,9 @@ class ZeroParamState:
     """Held by `param.all_gather()` / `all_gather_coalesced()` until `param.partition()` (`_params.param_methods`)."""
     api_standalone: bool = False
     """That gather was outside any coordinator (so `partition()` frees the full value itself)."""
+    own_refs: int | None = None
+    """References to the full storage from `full_flat` and `full` alone (None: torch cannot count them);
+    a release that finds more leaves the storage to the other holders."""
 
     def __repr__(self) -> str:
         # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
@@ -152,6 +169,20 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) ->
 def _storage_bytes(param: torch.nn.Parameter) -> int:
     st = state_of(param)
     return st.shard_numel * st.world_size * st.full.element_size()
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def _storage_refs(t: torch.Tensor) -> int | None:
+    """How many tensors (and storage handles) reference `t`'s storage; None where torch cannot tell."""
+    return None if _use_count is None else _use_count(t.untyped_storage()._cdata)
+
+
+def _held_elsewhere(st: ZeroParamState) -> bool:
+    """Whether a tensor besides `st.full_flat` and `st.full` references the full storage (True if unknown)."""
+    refs = _storage_refs(st.full_flat)
+    return refs is None or st.own_refs is None or refs > st.own_refs
 
 
 def partition_param(
@@ -215,6 +246,7 @@ def partition_param(
         full_flat=full_flat,
         full=full,
         placeholder=placeholder,
+        own_refs=_storage_refs(full_flat),
     )
     param.data = placeholder
     param.ds_active_sub_modules = ActiveConsumers(param.ds_id, param._ds_state)
@@ -256,10 +288,21 @@ def set_available(param: torch.nn.Parameter) -> None:
 
 
 def free_full(param: torch.nn.Parameter) -> None:
-    """Release: `.data` back to the placeholder, full storage shrunk to 0 bytes."""
+    """Release: `.data` back to the placeholder; the gathered memory is freed unless something else holds it.
+
+    See [Note: a release never frees memory another tensor holds].
+    """
     st = state_of(param)
     param.data = st.placeholder
-    st.full_flat.untyped_storage().resize_(0)
+    if _held_elsewhere(st):
+        old_key = st.full_flat.untyped_storage()._cdata
+        st.full_flat, st.full, _ = _full_storage(st.full_flat.numel(), st.full.shape, st.full.device, st.full.dtype)
+        st.own_refs = _storage_refs(st.full_flat)
+        if st.coord is not None:
+            st.coord.storage_replaced(old_key, param)
+        logger.debug("stage 3: %s released while another tensor holds its values; they stay with it", st.name)
+    else:
+        st.full_flat.untyped_storage().resize_(0)
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 
@@ -386,6 +429,7 @@ def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
         st.full_flat, st.full, st.placeholder = _full_storage(
             st.shard_numel * st.world_size, param.ds_shape, probe.device, probe.dtype
         )
+        st.own_refs = _storage_refs(st.full_flat)
         if full is not None:
             alloc_full(param)
             st.full.copy_(full)
