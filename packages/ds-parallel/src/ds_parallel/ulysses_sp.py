@@ -369,7 +369,18 @@ def aggregate_sp_loss(
     differentiable, so every rank's backward reaches every shard (gradients across the SP group then
     add up to SP x the loss's gradient, which the engine's reduction over data x sequence ranks divides out).
     A shard with no real labels (loss NaN from an empty mean) counts as zero.
+
+    `loss` is this shard's mean loss over `shift_labels`: `model.loss_function(logits=out.logits,
+    labels=None, shift_labels=batch["shift_labels"], vocab_size=...)` (the adapter's batches carry no
+    `labels`, so the model's forward computes none).
     """
+    if not torch.is_tensor(loss):
+        raise TypeError(
+            f"aggregate_sp_loss: loss is {type(loss).__name__}, not a tensor; the model computes no loss from "
+            "UlyssesSPDataLoaderAdapter's batches (they carry shift_labels, not labels): pass "
+            "model.loss_function(logits=outputs.logits, labels=None, shift_labels=batch['shift_labels'], "
+            "vocab_size=model.config.vocab_size)"
+        )
     good = (shift_labels != ignore_index).sum().to(loss.dtype)
     weighted = torch.where(good > 0, loss * good, torch.zeros_like(loss))
     losses = all_gather_autograd(weighted, group)
