@@ -153,3 +153,27 @@ def test_core_attention_sees_whole_sequence_positions() -> None:
     """A core that reads position_ids (flash attention's packed-sample detection) gets the whole sequence's."""
     for seen in run_ranks(2, _positions_seen, timeout_s=120):
         assert seen == [list(range(5, 5 + SEQ))] * 2  # one call per layer
+
+
+def _flex_losses(rank: int, world: int) -> list[float]:
+    from ds_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter, aggregate_sp_loss
+
+    config = tiny_llama_config(2)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(config, "flex_attention", sequence_parallel_size=world)
+    group = mpu.get_sequence_parallel_group()
+    model = build(config, "flex_attention")
+    adapter = UlyssesSPDataLoaderAdapter([sample(rank)], mpu.get_sequence_parallel_rank(), group, world, "cpu")
+    with torch.no_grad():  # flex attention has no backward on the CPU
+        return [aggregate_sp_loss(shard_loss(model, mb), mb["shift_labels"], group).item() for mb in adapter]
+
+
+@pytest.mark.timeout(1000)
+def test_flex_attention_core_is_causal_over_the_whole_sequence() -> None:
+    """The shard's block mask is replaced by a causal one of the whole sequence (no mask would be bidirectional)."""
+    results = run_ranks(2, _flex_losses, timeout_s=900)
+    ref = build(tiny_llama_config(2), "sdpa")
+    with torch.no_grad():
+        for index in range(2):
+            want = ref(**sample(index), use_cache=False).loss.item()
+            for rank, got in enumerate(results):
+                assert abs(got[index] - want) < 1e-5, (index, rank, got[index], want)
