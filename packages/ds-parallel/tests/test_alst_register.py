@@ -1,7 +1,8 @@
 """`UlyssesSPAttentionHF.register_with_transformers` refuses what would run wrong, before building anything
 (no process group is needed to get these errors): an unknown core attention, a loaded model whose attention
 is not the core (its calls would not run sequence-parallel), a fixed length without `seq_length` or not a
-multiple of the SP size (`max_length` is `seq_length`'s deprecated spelling), and head counts P cannot split.
+multiple of the SP size (`max_length` is `seq_length`'s deprecated spelling), and head counts P cannot split;
+the attention itself refuses a call without `position_ids` or, registered with a fixed length, of another length.
 """
 
 from __future__ import annotations
@@ -74,3 +75,31 @@ def test_head_counts_p_cannot_split_are_refused(heads: int, kv_heads: int, match
         pytest.raises(ValueError, match=match),
     ):
         UlyssesSPAttentionHF(lambda *a, **k: None, 1, heads, 4, kv_heads, 1, None, seq_length_is_variable=True)
+
+
+def two_rank_attention(**kwargs: Any) -> Any:
+    """An SP=2 `UlyssesSPAttentionHF` built without a process group (its checks run before any exchange)."""
+    from unittest import mock
+
+    import ds_comm
+
+    with (
+        mock.patch.object(ds_comm, "get_world_size", return_value=2),
+        mock.patch.object(ds_comm, "get_rank", return_value=0),
+    ):
+        return UlyssesSPAttentionHF(lambda *a, **k: None, 1, 4, 8, 4, 1, None, **kwargs)
+
+
+def test_fixed_length_is_checked_on_every_call() -> None:
+    attention = two_rank_attention(seq_length_is_variable=False, local_seq_length=8, global_seq_length=16)
+    module = torch.nn.Module()  # training mode
+    q = torch.zeros(1, 4, 6, 8)
+    with pytest.raises(ValueError, match=r"expects 8 tokens per rank \(seq_length 16 / 2\), got 6"):
+        attention(module, q, q, q, None, position_ids=torch.arange(6)[None])
+
+
+def test_attention_calls_need_position_ids() -> None:
+    attention = two_rank_attention(seq_length_is_variable=True)
+    q = torch.zeros(1, 4, 8, 8)
+    with pytest.raises(ValueError, match="the attention call has no position_ids"):
+        attention(torch.nn.Module(), q, q, q, None)

@@ -210,12 +210,12 @@ class UlyssesSPAttentionHF(nn.Module):
             attention_mask = self._causal_block_mask(q)
         groups_before = getattr(module, "num_key_value_groups", None)
         if replicate > 1:  # cores that repeat kv heads read the module's ratio; this rank's differs
-            module.num_key_value_groups = q.size(1) // k.size(1)
+            setattr(module, "num_key_value_groups", q.size(1) // k.size(1))  # noqa: B010
         try:
             out, weights = self.attn(module, q, k, v, attention_mask, *args, **kwargs)  # [b, s, h/P, d]
         finally:
             if replicate > 1:
-                module.num_key_value_groups = groups_before
+                setattr(module, "num_key_value_groups", groups_before)  # noqa: B010
         out = seq_all_to_all(
             out,
             self.process_group,
@@ -274,7 +274,7 @@ class UlyssesSPAttentionHF(nn.Module):
                 "register_with_transformers: seq_length_is_variable=False needs seq_length (the fixed global "
                 "sequence length); pass seq_length, or seq_length_is_variable=True"
             )
-        if not seq_length_is_variable and seq_length % sequence_parallel_size:
+        if not seq_length_is_variable and seq_length is not None and seq_length % sequence_parallel_size:
             raise ValueError(
                 f"register_with_transformers: seq_length={seq_length} is not a multiple of "
                 f"sequence_parallel_size={sequence_parallel_size}; pad the sequences to a multiple"
