@@ -88,6 +88,7 @@ def _sharded(rank: int, world: int, core: str, kv_heads: int, load_as: str, regi
     return out
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     ("world", "core", "kv_heads", "load_as", "registrations"),
     [
@@ -101,7 +102,7 @@ def _sharded(rank: int, world: int, core: str, kv_heads: int, load_as: str, regi
 def test_sharded_model_matches_full_sequence(
     world: int, core: str, kv_heads: int, load_as: str, registrations: int
 ) -> None:
-    results = run_ranks(world, _sharded, core, kv_heads, load_as, registrations, timeout_s=180)
+    results = run_ranks(world, _sharded, core, kv_heads, load_as, registrations, timeout_s=300)
     config = tiny_llama_config(kv_heads)
     ref = build(config, "sdpa" if core == "sdpa" else "eager")
     for index in range(world):  # the adapter processes the SP group's samples in rank order
