@@ -61,7 +61,7 @@ def _measure(rank: int, world: int, seq: int, tiles: int, steps: int) -> dict[st
     torch.set_num_threads(1)
     config = _config(seq)
     if world > 1:
-        mpu = UlyssesSPAttentionHF.register_with_transformers(config, "sdpa", world, micro_batch_size=1, max_length=seq)
+        mpu = UlyssesSPAttentionHF.register_with_transformers(config, "sdpa", world, micro_batch_size=1, seq_length=seq)
         group = mpu.get_sequence_parallel_group()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(

@@ -64,7 +64,7 @@ def _alst(rank: int, world: int, stage: int, tiles: int) -> dict[str, Any]:
     from ds_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter, aggregate_sp_loss
 
     mpu = UlyssesSPAttentionHF.register_with_transformers(
-        tiny_llama("sdpa").config, "sdpa", SP, micro_batch_size=1, max_length=SEQ
+        tiny_llama("sdpa").config, "sdpa", SP, micro_batch_size=1, seq_length=SEQ
     )
     model = tiny_llama("ulysses")
     if tiles > 1:
@@ -83,7 +83,11 @@ def _alst(rank: int, world: int, stage: int, tiles: int) -> dict[str, Any]:
     adapter = UlyssesSPDataLoaderAdapter(loader, mpu.get_sequence_parallel_rank(), group, SP, "cpu")
     losses = []
     for mb in adapter:
-        loss = aggregate_sp_loss(engine(**mb, use_cache=False).loss, mb["shift_labels"], group)
+        out = engine(**mb, use_cache=False)  # the adapter's batches carry shift_labels, not labels: no out.loss
+        shard = engine.module.loss_function(
+            logits=out.logits, labels=None, shift_labels=mb["shift_labels"], vocab_size=VOCAB
+        )
+        loss = aggregate_sp_loss(shard, mb["shift_labels"], group)
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())

@@ -67,7 +67,7 @@ def _steps(
         from ds_parallel.ulysses_sp import UlyssesSPAttentionHF
 
         mpu = UlyssesSPAttentionHF.register_with_transformers(
-            tiny_llama("sdpa").config, "sdpa", sp, micro_batch_size=1, max_length=SEQ
+            tiny_llama("sdpa").config, "sdpa", sp, micro_batch_size=1, seq_length=SEQ
         )
         model = tiny_llama("ulysses")
         replica = mpu.get_data_parallel_rank()
@@ -92,7 +92,10 @@ def _steps(
         if sp > 1:
             from ds_parallel.ulysses_sp import aggregate_sp_loss
 
-            loss = aggregate_sp_loss(out.loss, mb["shift_labels"], mpu.get_sequence_parallel_group())
+            shard = engine.module.loss_function(
+                logits=out.logits, labels=None, shift_labels=mb["shift_labels"], vocab_size=VOCAB
+            )
+            loss = aggregate_sp_loss(shard, mb["shift_labels"], mpu.get_sequence_parallel_group())
         else:
             loss = out.loss
         engine.backward(loss)
