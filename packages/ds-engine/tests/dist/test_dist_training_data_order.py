@@ -56,7 +56,6 @@ def _engine_order(rank: int, world: int) -> dict[str, list[list[int]]]:
 
 
 def _pipeline_order(rank: int, world: int) -> list[list[int]]:
-    pytest.importorskip("ds_pipe")
     import ds_engine
     from ds_pipe import LayerSpec, PipeDataParallelTopology, PipelineModule
 
@@ -82,6 +81,7 @@ def test_engine_shuffles_training_data_as_deepspeed_does() -> None:
 
 @pytest.mark.timeout(120)
 def test_pipeline_engine_reads_training_data_in_order() -> None:
+    pytest.importorskip("ds_pipe")
     results = run_ranks(2, _pipeline_order, timeout_s=90)
     for rank, batches in enumerate(results):
         assert batches == _expected(rank, 2, shuffle=False)
