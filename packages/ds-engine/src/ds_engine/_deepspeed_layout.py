@@ -12,7 +12,7 @@ How a save goes (every rank calls it; the file system is shared, as for any ds s
    its `[bf16_]zero_pp_rank_{dp}_..._optim_states.pt`, and the model-states file on data-parallel rank 0
    (every rank at stage 3, as DeepSpeed does). Then a barrier.
 4. Global rank 0 publishes: `deepspeed-layout/` becomes `save_dir/<tag>` with one rename (an existing tag
-   directory is swapped out atomically where the kernel can, `_dir_swap`), then `zero_to_fp32.py`,
+   directory is swapped out atomically where the kernel can, `_dir_swap`), then the recovery scripts,
    then `latest`, then the staging directory is removed. A barrier ends the save.
 
 [Note: crash safety] Until the rename in step 4 nothing outside the staging directory has changed, so a
@@ -152,7 +152,7 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
     if request.writes_latest:
         publish_dir(out, target)
         if zero:
-            ds_zero.copy_zero_to_fp32_script(root)
+            ds_zero.copy_recovery_scripts(root)
         if request.save_latest:
             atomic_write_text(root / "latest", tag)
         shutil.rmtree(staging)
