@@ -1,4 +1,4 @@
-"""ds's consolidation of a DeepSpeed 0.19.8 checkpoint equals DeepSpeed's own `zero_to_fp32.py` and `zero_to_torch.py`.
+"""ds's consolidation of a DeepSpeed 0.19.8 checkpoint equals its own `zero_to_fp32.py` and `zero_to_torch.py`.
 
 The checkpoint (`z3_tied_frozen_fp32`: ZeRO-3 on 2 ranks, a frozen layer, tied weights, a one-element
 parameter, sizes the world size does not divide, two param groups) and what DeepSpeed's two scripts

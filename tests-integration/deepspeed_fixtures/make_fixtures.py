@@ -64,7 +64,10 @@ DEEPSPEED_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 #: Cases whose DeepSpeed consolidations (its zero_to_fp32.py and zero_to_torch.py outputs) are stored.
 CONSOLIDATED_CASES = ("z3_tied_frozen_fp32",)
 #: script, its extra arguments, and the name its `pytorch_model.bin` is stored under
-CONSOLIDATIONS = (("zero_to_fp32.py", (), "zero_to_fp32.bin"), ("zero_to_torch.py", ("--dtype", "bf16"), "zero_to_torch_bf16.bin"))
+CONSOLIDATIONS = (
+    ("zero_to_fp32.py", (), "zero_to_fp32.bin"),
+    ("zero_to_torch.py", ("--dtype", "bf16"), "zero_to_torch_bf16.bin"),
+)
 _EXCEPTION_RE = re.compile(r"^(?:\[rank\d+\]:)?\s*(\w+(?:Error|Exception): .*)$", re.M)
 
 
