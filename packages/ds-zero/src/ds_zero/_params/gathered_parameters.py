@@ -142,9 +142,10 @@ def hold_gathered(params: list[nn.Parameter], what: str) -> list[nn.Parameter]:
 
 def release_held(params: list[nn.Parameter], standalone: list[nn.Parameter]) -> None:
     """Undo `hold_gathered(params)`: free the standalone parameters it gathered, release the claims of the
-    managed ones (freed when nothing else uses them)."""
+    managed ones (freed when nothing else uses them). Tensors the caller took from the full values keep
+    them (`free_full`'s `detach_storage`)."""
     for p in standalone:
-        free_full(p)
+        free_full(p, detach_storage=True)
     managed = [p for p in params if state_of(p).coord is not None]
     coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
     for coord in coords.values():

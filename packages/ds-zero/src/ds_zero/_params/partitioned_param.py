@@ -255,11 +255,28 @@ def set_available(param: torch.nn.Parameter) -> None:
     param.ds_status = ZeroParamStatus.AVAILABLE
 
 
-def free_full(param: torch.nn.Parameter) -> None:
-    """Release: `.data` back to the placeholder, full storage shrunk to 0 bytes."""
+def free_full(param: torch.nn.Parameter, *, detach_storage: bool = False) -> None:
+    """Release: `.data` back to the placeholder, full storage shrunk to 0 bytes.
+
+    `detach_storage` (the release at the end of a `GatheredParameters` block or by `param.partition()`):
+    tensors the caller took from the full values while they were gathered (`param.detach()`, `param.data`,
+    on a CPU `param.cpu()`, which is no copy there) keep them, as in DeepSpeed, whose release swaps
+    `.data` for an empty tensor: the storage is left to those tensors (its bytes go with the last of
+    them, at once when there is none) and the parameter gets a new, empty one for its next gather.
+    Autograd holds no views of it (`_stage3.saved_tensors` packs them as markers), so nothing else sees
+    the swap.
+    """
     st = state_of(param)
     param.data = st.placeholder
-    st.full_flat.untyped_storage().resize_(0)
+    if detach_storage:
+        old_key = st.full_flat.untyped_storage()._cdata
+        st.full_flat, st.full, _ = _full_storage(
+            st.full_flat.numel(), param.ds_shape, st.full_flat.device, st.full_flat.dtype
+        )
+        if st.coord is not None:
+            st.coord.storage_replaced(old_key, param)
+    else:
+        st.full_flat.untyped_storage().resize_(0)
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
 

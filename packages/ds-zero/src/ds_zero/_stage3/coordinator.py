@@ -409,8 +409,10 @@ class ParamCoordinator:
         return names
 
     def release_explicit(self, params: list[nn.Parameter]) -> None:
+        """The end of a user's hold (`GatheredParameters`, `param.partition()`): tensors taken from the full
+        values in it keep them (`free_full`'s `detach_storage`)."""
         for p in params:
             st = state_of(p)
             st.active -= 1
             if st.active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE and not self.running:
-                self.live.free(p)
+                self.live.free(p, detach_storage=True)

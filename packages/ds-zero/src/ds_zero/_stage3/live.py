@@ -137,11 +137,12 @@ class LiveParams:
             self.prefetched.pop(p.ds_id, None)
             self.retained.pop(p.ds_id, None)
 
-    def free(self, p: nn.Parameter) -> None:
-        """Release `p`'s full values (waiting for its gather if in flight) and take it out of the pools."""
+    def free(self, p: nn.Parameter, *, detach_storage: bool = False) -> None:
+        """Release `p`'s full values (waiting for its gather if in flight) and take it out of the pools
+        (`detach_storage`: see `free_full`)."""
         if p.ds_status is ZeroParamStatus.INFLIGHT:
             self.wait(p)
-        free_full(p)
+        free_full(p, detach_storage=detach_storage)
         self.live_numel -= p.ds_numel
         self.retained.pop(p.ds_id, None)
         self.prefetched.pop(p.ds_id, None)
