@@ -203,3 +203,17 @@ def test_python_dash_m_runs_the_aliased_module() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "--num_gpus" in out.stdout
+
+
+def test_importing_deepspeed_makes_deepspeeds_checkpoint_layout_the_default() -> None:
+    """ds-engine alone saves in ds's layout; once `deepspeed` is imported, an unset `checkpoint.layout` means
+    DeepSpeed's (a fresh interpreter: this one imported deepspeed above)."""
+    code = (
+        "import ds_engine.config as c\n"
+        "before = c.default_checkpoint_layout()\n"
+        "import deepspeed\n"
+        "print(before, c.default_checkpoint_layout())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["ds", "deepspeed"]
+    assert deepspeed.initialize is ds_engine.initialize  # still ds-engine's own function
