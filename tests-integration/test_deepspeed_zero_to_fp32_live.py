@@ -1,4 +1,4 @@
-"""DeepSpeed's own `zero_to_fp32.py` and `zero_to_torch.py` on ds's saves (the real DeepSpeed 0.19.8; skipped elsewhere).
+"""DeepSpeed's own `zero_to_fp32.py` and `zero_to_torch.py` on ds's saves (real DeepSpeed 0.19.8; skipped elsewhere).
 
 `DS_REFERENCE_PYTHON` names the python of a venv with the pinned DeepSpeed. ds trains `TiedFrozenNet`
 (a frozen layer, tied weights, a one-element parameter, two param groups; `deepspeed_fixtures/border_job.py`)
