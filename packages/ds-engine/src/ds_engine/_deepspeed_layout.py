@@ -20,9 +20,10 @@ save that fails or dies at any point before it leaves `save_dir` as the last goo
 `latest` moves only after the tag directory is complete, as for a ds-layout save.
 
 What DeepSpeed's layout cannot hold is refused at initialize() when asked for (`check_deepspeed_layout`):
-NVMe-offloaded state (DeepSpeed keeps it in swap files beside the checkpoint), MoE expert files, tensor or
-sequence parallelism (ds saves such models whole, DeepSpeed per slice), and pipelines with ZeRO 2/3
-(DeepSpeed's pipeline engine takes ZeRO 0/1). Where the layout is only the default (`checkpoint.layout`
+NVMe-offloaded state (DeepSpeed keeps it in swap files beside the checkpoint; not written here), MoE expert
+files (not written here), tensor parallelism (ds saves such models whole, DeepSpeed per slice), sequence
+parallelism (not written here: DeepSpeed's files for it have not been checked against ds's), and pipelines with
+ZeRO 2/3 (DeepSpeed's pipeline engine takes ZeRO 0/1). Where the layout is only the default (`checkpoint.layout`
 unset under the `deepspeed` distribution), such a job falls back to ds's layout, logged once
 (`resolve_checkpoint_layout`).
 """
