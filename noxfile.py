@@ -220,9 +220,10 @@ def multinode(session: nox.Session) -> None:
 @nox.session
 def deepspeed_live(session: nox.Session) -> None:
     """Regenerate the DeepSpeed checkpoint fixtures with the real deepspeed (pinned in constraints.txt) and
-    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's; the
-    same Muon job under both (`test_deepspeed_live_muon.py`); and MoE training side by side (the same
-    weights and batches give the same losses, l_aux and expert counts).
+    run the round trip both ways: ds continuing from DeepSpeed's checkpoints, DeepSpeed from ds's; DeepSpeed's
+    own zero_to_fp32.py / zero_to_torch.py on ds's saves and ds's on DeepSpeed's; the same Muon job under
+    both (`test_deepspeed_live_muon.py`); and MoE training side by side (the same weights and batches give
+    the same losses, l_aux and expert counts).
 
     Not part of plain `nox`: it installs DeepSpeed (slow) into its own isolated venv, `.nox/deepspeed_ref`
     (`--venv DIR` after `--` picks another), which nothing of ds is installed into.
@@ -239,6 +240,8 @@ def deepspeed_live(session: nox.Session) -> None:
     session.run(
         "pytest",
         str(ROOT / "tests-integration" / "test_deepspeed_checkpoints.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_consolidation.py"),
+        str(ROOT / "tests-integration" / "test_deepspeed_zero_to_fp32_live.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_universal.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_autotp_universal.py"),
         str(ROOT / "tests-integration" / "test_deepspeed_live.py"),

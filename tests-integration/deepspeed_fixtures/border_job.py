@@ -56,6 +56,12 @@ CASES["pipe4_z1_fp32"] = {"stage": 1, "dtype": "fp32", "pipe": True, "layers": 4
 CASES.update(
     {c: {"stage": int(c[1]), "dtype": c[3:7], "offload": True} for c in ("z2_fp32_offload", "z3_bf16_offload")}
 )
+# What a fine-tuning job brings (`TiedFrozenNet`): a frozen layer, tied weights, parameters with fewer
+# elements than ranks or a count the world size does not divide, and two param groups (decay / no decay,
+# as Hugging Face's Trainer builds them). At ZeRO-3 DeepSpeed keeps the frozen layer's partitions in every
+# rank's model-states file, and each param group gets its own flat group; `fp32.pt` holds what DeepSpeed's
+# own `zero_to_fp32.py` makes of the checkpoint.
+CASES["z3_tied_frozen_fp32"] = {"stage": 3, "dtype": "fp32", "model": "tied_frozen"}
 
 
 class TinyNet(torch.nn.Module):
@@ -70,6 +76,37 @@ class TinyNet(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x))) + self.buf.sum() * 0
+
+
+class TiedFrozenNet(torch.nn.Module):
+    """Linear(4, 8) -> Linear(8, 8) -> the same weight again (tied) -> a frozen Linear(8, 5) -> Linear(5, 2),
+    times a one-element `scale`, with a buffer (numels 32, 8, 64, 8, 40, 5, 10, 2, 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.mid_tied = torch.nn.Linear(8, 8)
+        self.mid_tied.weight = self.mid.weight
+        self.frozen = torch.nn.Linear(8, 5)
+        self.frozen.requires_grad_(False)
+        self.fc2 = torch.nn.Linear(5, 2)
+        self.scale = torch.nn.Parameter(torch.ones(1))
+        self.register_buffer("buf", torch.arange(3, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mid(torch.relu(self.fc1(x))))
+        h = torch.tanh(self.frozen(torch.tanh(self.mid_tied(h))))
+        return self.fc2(h) * self.scale + self.buf.sum() * 0
+
+
+def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Hugging Face's Trainer grouping: weight decay on matrices, none on biases and 1-element parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() > 1], "weight_decay": 0.01},
+        {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0},
+    ]
 
 
 def config(
@@ -151,9 +188,13 @@ def build(
 ) -> Any:
     """A fresh engine of `case` (the model's initial weights are the same in every run)."""
     torch.manual_seed(0)
-    model = pipe_model(ds, case, stages) if CASES[case].get("pipe") else TinyNet()
+    if CASES[case].get("pipe"):
+        model = pipe_model(ds, case, stages)
+    else:
+        model = TiedFrozenNet() if CASES[case].get("model") == "tied_frozen" else TinyNet()
     cfg = config(case, world_size, stage, universal, stages, layout)
-    engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    params = param_groups(model) if CASES[case].get("model") == "tied_frozen" else model.parameters()
+    engine, _, _, _ = ds.initialize(model=model, model_parameters=params, config=cfg)
     return engine
 
 

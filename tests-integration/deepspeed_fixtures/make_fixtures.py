@@ -10,7 +10,10 @@ under `data/` gets DeepSpeed's checkpoint (`ckpt/`) and `continuation.json`: the
 steps DeepSpeed itself takes after loading that checkpoint, which ds must match.
 
 DeepSpeed's own helper scripts (`zero_to_fp32.py`, `zero_to_torch.py`) are removed from the stored
-copies: they are DeepSpeed's code, and no test needs them. A case DeepSpeed cannot run on a CPU
+copies: they are DeepSpeed's code. For the cases in `CONSOLIDATED_CASES` they run first, as a user runs
+them from the save directory, and their output is stored beside the checkpoint: `zero_to_fp32.bin`
+(`python zero_to_fp32.py . OUT`) and `zero_to_torch_bf16.bin` (`python zero_to_torch.py . OUT --dtype bf16`),
+what ds's consolidation must reproduce. A case DeepSpeed cannot run on a CPU
 (fp16) is recorded in `data/manifest.json` with its error instead.
 
 Universal checkpoints: DeepSpeed's own converter (`python -m deepspeed.checkpoint.ds_to_universal
@@ -58,6 +61,13 @@ from autotp_job import CASES as AUTOTP_CASES  # noqa: E402
 from border_job import CASES  # noqa: E402
 
 DEEPSPEED_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+#: Cases whose DeepSpeed consolidations (its zero_to_fp32.py and zero_to_torch.py outputs) are stored.
+CONSOLIDATED_CASES = ("z3_tied_frozen_fp32",)
+#: script, its extra arguments, and the name its `pytorch_model.bin` is stored under
+CONSOLIDATIONS = (
+    ("zero_to_fp32.py", (), "zero_to_fp32.bin"),
+    ("zero_to_torch.py", ("--dtype", "bf16"), "zero_to_torch_bf16.bin"),
+)
 _EXCEPTION_RE = re.compile(r"^(?:\[rank\d+\]:)?\s*(\w+(?:Error|Exception): .*)$", re.M)
 
 
@@ -140,9 +150,22 @@ def make_case(python: Path, case: str) -> dict[str, str]:
         shutil.rmtree(out, ignore_errors=True)
         found = _EXCEPTION_RE.findall(proc.stderr + proc.stdout)
         return {"status": "unsupported", "error": found[-1].strip() if found else proc.stderr[-300:].strip()}
+    if case in CONSOLIDATED_CASES:
+        consolidate(python, out)
     for script in DEEPSPEED_SCRIPTS:
         (out / "ckpt" / script).unlink(missing_ok=True)
     return {"status": "ok"}
+
+
+def consolidate(python: Path, out: Path) -> None:
+    """DeepSpeed's scripts in the case's save directory, run there as a user runs them; outputs kept."""
+    scratch = out / "consolidated"
+    for script, extra, stored in CONSOLIDATIONS:
+        shutil.rmtree(scratch, ignore_errors=True)
+        cmd = [str(python), script, ".", str(scratch), *extra]
+        subprocess.run(cmd, cwd=out / "ckpt", check=True, capture_output=True, timeout=600, env=_clean_env())
+        (scratch / "pytorch_model.bin").replace(out / stored)
+    shutil.rmtree(scratch)
 
 
 def _failure(proc: subprocess.CompletedProcess[str]) -> dict[str, str]:

@@ -229,3 +229,17 @@ def test_the_module_list_is_deepspeeds_and_every_framework_path_is_in_it() -> No
     assert len(paths) == 751
     assert "deepspeed" in paths and MISSING_DEEPSPEED_PATH in paths
     assert set(FRAMEWORK_PATHS) <= paths
+
+
+def test_importing_deepspeed_makes_deepspeeds_checkpoint_layout_the_default() -> None:
+    """ds-engine alone saves in ds's layout; once `deepspeed` is imported, an unset `checkpoint.layout` means
+    DeepSpeed's (a fresh interpreter: this one imported deepspeed above)."""
+    code = (
+        "import ds_engine.config as c\n"
+        "before = c.default_checkpoint_layout()\n"
+        "import deepspeed\n"
+        "print(before, c.default_checkpoint_layout())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["ds", "deepspeed"]
+    assert deepspeed.initialize is ds_engine.initialize  # still ds-engine's own function

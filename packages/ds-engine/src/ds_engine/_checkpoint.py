@@ -177,8 +177,8 @@ def write_checkpoint(request: SaveRequest) -> Path:
             partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization
         )
     if request.zero_partition is not None and request.writes_latest:
-        # DeepSpeed copies its consolidation script next to ZeRO checkpoints; this is ds's (torch only).
-        require("ds_zero", extra="zero", feature="ZeRO checkpoints").copy_zero_to_fp32_script(request.root)
+        # DeepSpeed copies its consolidation scripts next to ZeRO checkpoints; these are ds's (torch only).
+        require("ds_zero", extra="zero", feature="ZeRO checkpoints").copy_recovery_scripts(request.root)
     barrier()
     if request.save_latest and request.writes_latest:
         atomic_write_text(request.root / "latest", request.tag)
@@ -372,7 +372,7 @@ def load_checkpoint(
         elif _has_placeholders(state) or (engine._zero.stage > 0 and load_optimizer_states and not load_module_only):
             parts = zero_partitions(ckpt_dir, engine._mp_rank)
         placeholders = _has_placeholders(state)
-        module_state = _fill_placeholders(state["module"], parts, path) if placeholders else state["module"]
+        module_state = _fill_placeholders(state, parts, path) if placeholders else state["module"]
     if engine._moe is not None:
         module_state = _moe_checkpoint.merge_expert_states(module_state, engine._moe, ckpt_dir, mp_rank=engine._mp_rank)
     if engine.global_rank == 0:
@@ -452,18 +452,32 @@ def _has_placeholders(state: dict[str, Any]) -> bool:
     )
 
 
-def _fill_placeholders(module: dict[str, Any], parts: list[dict[str, Any]] | None, path: Path) -> dict[str, Any]:
-    """The module state_dict with each stage-3 placeholder replaced by its value rebuilt from the partitions."""
+def _fill_placeholders(state: dict[str, Any], parts: list[dict[str, Any]] | None, path: Path) -> dict[str, Any]:
+    """The module state_dict with each stage-3 placeholder replaced by its value: trainable parameters rebuilt
+    from the partitions, frozen ones from every rank's `frozen_param_fragments`, tied names from `shared_params`
+    (`ds_zero`'s model-states note)."""
     ds_zero = require("ds_zero", extra="zero", feature="loading a ZeRO stage-3 checkpoint")
+    module = state["module"]
     full = ds_zero.consolidate_fp32_params(parts or [])
+    if state.get("frozen_param_shapes"):
+        full.update(ds_zero.read_frozen_params(path.parent, _mp_rank_of(path)))
+    full = ds_zero.with_shared(full, state.get("shared_params"))
     out = dict(module)
     for name, value in module.items():
         if isinstance(value, torch.Tensor) and value.numel() == 0 and name in full:
             out[name] = full[name].to(value.dtype)
     missing = [n for n, v in out.items() if isinstance(v, torch.Tensor) and v.numel() == 0 and n not in full]
     if missing:
-        raise ValueError(f"{path}: parameters {missing[:5]} are empty placeholders and in no optimizer partition")
+        raise ValueError(
+            f"{path}: parameters {missing[:5]} are empty placeholders, in no optimizer partition and in no "
+            "frozen_param_fragments of the model-states files"
+        )
     return out
+
+
+def _mp_rank_of(path: Path) -> int:
+    """The model-parallel rank in a model-states file's name (`..._mp_rank_XX_model_states.pt`)."""
+    return int(path.name.removesuffix("_model_states.pt").rsplit("mp_rank_", 1)[1])
 
 
 def save_16bit_model(

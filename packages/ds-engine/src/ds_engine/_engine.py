@@ -446,7 +446,10 @@ class DeepSpeedEngine(
         With tensor parallelism the stage-0 optimizer state is saved whole (`_tp_optimizer_state`).
         """
         zero = self._zero.stage > 0
-        shapes = None
+        shapes = shared = frozen_shapes = frozen_values = None
+        module_state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
+            module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
         if zero and self._stepper is not None:
             # The ZeRO optimizer's groups hold flat partitions; ds-zero knows which parameters they hold.
             ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
@@ -454,9 +457,12 @@ class DeepSpeedEngine(
                 {name: torch.Size(shape) for name, shape in group.items()}
                 for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)
             ]
-        module_state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
-        if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
-            module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
+            # DeepSpeed's consolidation (its zero_to_fp32.py) reads tied and frozen parameters from these.
+            shared = ds_zero.shared_param_names(self.module)
+            if not exclude_frozen_parameters and module_state is not None:
+                trained = {name for group in shapes for name in group}
+                frozen = [n for n, _ in self.module.named_parameters() if n not in trained and n in module_state]
+                frozen_shapes, frozen_values = ds_zero.frozen_fields(module_state, frozen, stage=self._zero.stage)
         keep_optimizer = not zero and self._stepper is not None and self._moe is None
         optimizer = self._stepper.state_dict() if keep_optimizer and self._stepper is not None else None
         if optimizer is not None and self._tp is not None:
@@ -467,6 +473,9 @@ class DeepSpeedEngine(
             buffer_names=[n for n, _ in self.module.named_buffers()],
             optimizer=optimizer,
             param_shapes=shapes,
+            shared_params=shared,
+            frozen_param_shapes=frozen_shapes,
+            frozen_param_fragments=frozen_values,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=Counters(
                 global_steps=self.global_steps,

@@ -16,11 +16,12 @@ from torch.optim import Optimizer
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._assembly import assemble
-from ds_engine._deepspeed_layout import check_deepspeed_layout
+from ds_engine._deepspeed_layout import resolve_checkpoint_layout
 from ds_engine._dist_info import discover_dist
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._engine_queries import ClientObjects
 from ds_engine._hybrid_engine import DeepSpeedHybridEngine
+from ds_engine._moe import is_expert_param
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan import plan_assembly
 from ds_engine._sequence_parallel import check_data_parallel_size, check_sequence_parallel, sequence_parallel_mpu
@@ -215,7 +216,15 @@ def initialize(
     check_data_parallel_size(
         ds_config.model.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
     )
-    check_deepspeed_layout(ds_config, pipeline=pipeline, tp_size=tp_size, mp_world_size=dist.mp_world_size, sp_size=sp)
+    ds_config = resolve_checkpoint_layout(
+        ds_config,
+        pipeline=pipeline,
+        tp_size=tp_size,
+        mp_world_size=dist.mp_world_size,
+        sp_size=sp,
+        has_moe=any(is_expert_param(p) for p in model.parameters()),
+        rank=dist.global_rank,
+    )
     ds_config.check_resolved()
     if ds_config.model.log_level is not None:
         set_log_level_from_string(ds_config.model.log_level)

@@ -60,6 +60,12 @@ class TrainState:
     """The stage-0 stepper's state (loss scaler, fp32 masters); None under ZeRO (per-rank partition files)."""
     param_shapes: list[dict[str, torch.Size]] | None
     """Per param group, name -> shape of the trainable parameters (ZeRO only, as DeepSpeed writes it)."""
+    shared_params: dict[str, str] | None = None
+    """Tied parameters, alias -> the name holding the values (ZeRO only; DeepSpeed's `shared_params`)."""
+    frozen_param_shapes: dict[str, torch.Size] | None = None
+    """Name -> shape of the parameters no ZeRO partition holds (ZeRO 2/3, as DeepSpeed writes it)."""
+    frozen_param_fragments: dict[str, torch.Tensor] | None = None
+    """Name -> value of those parameters (`ds_zero`'s model-states note: the whole parameter in ds's layout)."""
     lr_scheduler: dict[str, Any] | None
     """The lr scheduler's state_dict, if there is a scheduler."""
     counters: Counters
@@ -93,9 +99,9 @@ def model_states(state: TrainState, client_state: dict[str, Any], *, ds_version:
         "buffer_names": state.buffer_names,
         "optimizer": state.optimizer,
         "param_shapes": state.param_shapes,
-        "frozen_param_shapes": None,
-        "shared_params": None,
-        "frozen_param_fragments": None,
+        "frozen_param_shapes": state.frozen_param_shapes,
+        "shared_params": state.shared_params,
+        "frozen_param_fragments": state.frozen_param_fragments,
         "lr_scheduler": state.lr_scheduler,
         "data_sampler": None,
         "random_ltd": None,

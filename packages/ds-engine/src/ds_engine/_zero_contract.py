@@ -13,11 +13,13 @@ What crosses the seam:
     parked in host memory between steps) and `state_devices` (where each kind of state is now);
   * `coalesce_grad_reduction()` (the engine's context of that name: one reduction for several backwards);
   * checkpoints: `state_dict` (this rank's partition), `load_state_dict` (all saved ranks, any world
-    size), `refresh_fp32_params` (masters from just-loaded module weights); and four module-level
+    size), `refresh_fp32_params` (masters from just-loaded module weights); and module-level
     functions of `ds_zero`: `zero_param_shapes(optimizer, module)` (the model-states file's
-    `param_shapes`), `load_partition_state_dicts(ckpt_dir, mp_rank=)` (every saved rank's partition,
-    ds's or DeepSpeed's files), `consolidate_fp32_params(state_dicts)` (full fp32 weights, for
-    DeepSpeed's stage-3 placeholders) and `copy_zero_to_fp32_script(save_dir)`;
+    `param_shapes`), `shared_param_names(module)` and `frozen_fields(...)` (its `shared_params` and
+    frozen-parameter fields), `load_partition_state_dicts(ckpt_dir, mp_rank=)` (every saved rank's
+    partition, ds's or DeepSpeed's files), `consolidate_fp32_params(state_dicts)`, `read_frozen_params`
+    and `with_shared` (full weights, for DeepSpeed's stage-3 placeholders) and
+    `copy_recovery_scripts(save_dir)` (`zero_to_fp32.py` and `zero_to_torch.py`);
   * per-parameter access for `deepspeed.utils.safe_get_full_fp32_param` and friends: the
     `ZeroParamAccess` methods (DeepSpeed's stage-3 optimizer names, at every stage) and
     `ds_zero.zero_optimizer_of(param)`, the optimizer that trains a parameter (None for none).

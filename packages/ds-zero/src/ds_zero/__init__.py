@@ -21,13 +21,20 @@ from ds_zero._checkpoint.io import (
     zero_param_shapes,
     zero_sub_group_param_shapes,
 )
+from ds_zero._checkpoint.model_states import (
+    frozen_fields,
+    read_frozen_params,
+    shared_param_names,
+    stage3_fragment,
+    with_shared,
+)
 from ds_zero._checkpoint.param_states import (
     param_states_from_partitions,
     param_states_of,
     partitions_from_param_states,
 )
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts
-from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
+from ds_zero._checkpoint.script_copy import copy_recovery_scripts, copy_zero_to_fp32_script
 from ds_zero._checkpoint.universal_read import load_universal_partitions, universal_model_states_file
 from ds_zero._checkpoint.universal_write import convert_to_universal
 from ds_zero._memory_estimate import (
@@ -127,7 +134,9 @@ __all__ = [
     "convert_to_universal",
     "convert_zero_checkpoint_to_fp32_state_dict",
     "convert_zero_checkpoint_to_state_dict",
+    "copy_recovery_scripts",
     "copy_zero_to_fp32_script",
+    "frozen_fields",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_partition_state_dicts",
     "load_state_dict_from_zero_checkpoint",
@@ -136,8 +145,12 @@ __all__ = [
     "param_states_from_partitions",
     "param_states_of",
     "partitions_from_param_states",
+    "read_frozen_params",
     "save_zero_checkpoint",
+    "shared_param_names",
+    "stage3_fragment",
     "universal_model_states_file",
+    "with_shared",
     "write_deepspeed_files",
     "zero_optimizer_of",
     "zero_param_shapes",

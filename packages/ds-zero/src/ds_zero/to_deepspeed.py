@@ -9,7 +9,7 @@ Command line::
 for every rank, the partitioned parameters as empty tensors, as DeepSpeed writes them) and
 `<tag>/[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt` in DeepSpeed's per-rank layout, with
 `ds_version`, `param_shapes`, `frozen_param_shapes` and DeepSpeed's class paths for the loss scaler,
-`ZeroStageEnum` and `fragment_address`, plus ds's torch-only `zero_to_fp32.py`. DeepSpeed loads
+`ZeroStageEnum` and `fragment_address`, plus ds's torch-only `zero_to_fp32.py` and `zero_to_torch.py`. DeepSpeed loads
 ZeRO files only at the world size they were written for: `--world_size` picks it (default: the
 world size of the ds save), `--stage` the ZeRO stage (default: the saved one).
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import ds_comm
 from ds_zero._checkpoint.deepspeed_files import write_deepspeed_files
 from ds_zero._checkpoint.io import read_latest_tag
-from ds_zero._checkpoint.script_copy import copy_zero_to_fp32_script
+from ds_zero._checkpoint.script_copy import copy_recovery_scripts
 
 __all__ = ["convert_to_deepspeed", "main"]
 
@@ -77,7 +77,7 @@ def convert_to_deepspeed(
     for path in layer_files:
         shutil.copy2(path, out / path.name)
     ds_comm.atomic_write_text(Path(output_dir) / "latest", tag)
-    copy_zero_to_fp32_script(output_dir)
+    copy_recovery_scripts(output_dir)
     return out
 
 

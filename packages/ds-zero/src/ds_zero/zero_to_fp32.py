@@ -27,10 +27,12 @@ import ds_comm
 from ds_zero._checkpoint.format import FragmentIndex, consolidate_fp32_params
 from ds_zero._checkpoint.hf_shards import parse_shard_size, write_state_dict_dir
 from ds_zero._checkpoint.io import (
+    MODEL_STATES_FILE,
     find_model_states_file,
     load_optim_state_dicts,
     resolve_checkpoint_dir,
 )
+from ds_zero._checkpoint.model_states import read_frozen_params, with_shared
 from ds_zero._checkpoint.progress import ProgressBar
 
 logger = logging.getLogger(__name__)
@@ -96,8 +98,9 @@ def get_fp32_state_dict_from_zero_checkpoint(
 
     Returns:
         A state_dict in the module's key order when the model-states file is there: trainable
-        parameters in fp32 from the partitions, frozen parameters (cast to fp32) and buffers (dtype
-        kept) from the module state_dict.
+        parameters in fp32 from the partitions, frozen parameters (cast to fp32; from every rank's
+        `frozen_param_fragments` where a DeepSpeed stage-3 file holds placeholders) and buffers (dtype
+        kept) from the model-states files; a tied parameter is its twin's tensor (`shared_params`).
 
     Raises:
         FileNotFoundError: no such checkpoint, or no optimizer-state files (a stage-0 checkpoint).
@@ -110,26 +113,37 @@ def get_fp32_state_dict_from_zero_checkpoint(
     bar = ProgressBar(total, label=f"zero_to_fp32 {ckpt.name}", enabled=progress)
     params = consolidate_fp32_params(state_dicts, on_param=lambda _name, numel: bar.update(numel))
     bar.close()
-    frozen = set(state_dicts[0].get("frozen_param_shapes", {}))
     states_file = find_model_states_file(ckpt)
     if states_file is None:
         logger.warning("no model-states file in %s: buffers and frozen parameters are not included", ckpt)
         return params
-    module_sd = ds_comm.load_checkpoint_file(states_file).get("module") or {}
+    states = ds_comm.load_checkpoint_file(states_file)
+    module_sd = states.get("module") or {}
+    # Frozen parameters: whole in the module (ds's layout, DeepSpeed's stage 1/2), or only as fragments
+    # (DeepSpeed's stage 3, sliced over every rank's model-states file; `_checkpoint.model_states`).
+    frozen_names = {*(state_dicts[0].get("frozen_param_shapes") or {}), *(states.get("frozen_param_shapes") or {})}
+    buffers = set(states.get("buffer_names") or [])
+    frozen = {}
+    if states.get("frozen_param_shapes") and not exclude_frozen_parameters:
+        one_file = states_file.name == MODEL_STATES_FILE
+        frozen = read_frozen_params(ckpt, states=[states] if one_file else None)
+    shared = states.get("shared_params") or {}
     out: dict[str, torch.Tensor] = {}
     for name, value in module_sd.items():
-        if name in params:
-            out[name] = params[name]
-        elif name in frozen:
-            if not exclude_frozen_parameters:
+        stored = shared.get(name, name)
+        if stored in params:
+            out[name] = params[stored]
+        elif stored not in frozen_names and (name in buffers or "buffer_names" not in states):
+            out[name] = value  # a buffer
+        elif exclude_frozen_parameters:
+            continue
+        else:  # a frozen parameter; an empty placeholder without fragments is not in this checkpoint
+            value = frozen.get(stored, value)
+            if isinstance(value, torch.Tensor) and value.numel() > 0:
                 out[name] = value.float() if value.is_floating_point() else value
-        elif isinstance(value, torch.Tensor) and value.numel() == 0 and name not in params:
-            continue  # a stage-3 placeholder of a parameter that this checkpoint does not hold
-        else:
-            out[name] = value
     for name, value in params.items():
         out.setdefault(name, value)
-    return out
+    return with_shared(out, {a: s for a, s in shared.items() if a in out})
 
 
 def _torch_dtype(dtype: torch.dtype | str) -> torch.dtype:

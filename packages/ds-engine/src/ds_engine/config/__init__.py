@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_engine.config._errors import DeepSpeedConfigError
+from ds_engine.config._layout_default import default_checkpoint_layout, set_default_checkpoint_layout
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine.config._batch import BatchPlan
@@ -80,4 +81,6 @@ __all__ = [
     "TensorBoardConfig",
     "TimersConfig",
     "ZeroSettings",
+    "default_checkpoint_layout",
+    "set_default_checkpoint_layout",
 ]

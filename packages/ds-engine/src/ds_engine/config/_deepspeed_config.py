@@ -121,6 +121,16 @@ class DeepSpeedConfig:
         section["autotp_size"] = autotp_size
         return DeepSpeedConfig({**self._raw, "tensor_parallel": section}, world_size=self.world_size)
 
+    def with_checkpoint_layout(self, layout: str) -> DeepSpeedConfig:
+        """The same config with `checkpoint.layout` decided (`initialize()` resolves an unset one); `raw`,
+        which checkpoints store as the user wrote it, is unchanged."""
+        if self.model.checkpoint.layout == layout:
+            return self
+        out = copy.copy(self)
+        checkpoint = self.model.checkpoint.model_copy(update={"layout": layout})
+        out.model = self.model.model_copy(update={"checkpoint": checkpoint})
+        return out
+
     def check_resolved(self) -> None:
         """Raise unless every "auto" placeholder has been filled (initialize() calls this).
 

@@ -232,11 +232,12 @@ class CheckpointConfig(ConfigModel):
     """torch.save's zipfile serialization (false: the legacy format)."""
     writer: dict[str, Any] | None = None
     """DeepSpeed's checkpoint writer engine; only null is accepted."""
-    layout: Literal["ds", "deepspeed"] = "ds"
+    layout: Literal["ds", "deepspeed"] | None = None
     """The files `save_checkpoint` writes (a ds key; DeepSpeed ignores it): "ds", ds's own layout (ZeRO
     partitions in ds-zero's format, loadable by ds at any world size and stage), or "deepspeed", the
     files DeepSpeed 0.19.8 writes (and loads at the saved world size), built from a staged ds save.
-    ds loads both layouts."""
+    ds loads both layouts. Unset: ds's layout, or DeepSpeed's once the `deepspeed` distribution is
+    imported (`config._layout_default`) where that layout can hold the job; `initialize()` decides."""
 
 
 class _MonitorConfig(ConfigModel):

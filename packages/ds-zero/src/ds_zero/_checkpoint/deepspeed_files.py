@@ -4,9 +4,10 @@
 From the ds save's tag directory it writes, for the data-parallel ranks asked for:
 
 * the model-states file: `mp_rank_XX_model_states.pt` (stages 1/2, data-parallel rank 0 writes it) or
-  `zero_pp_rank_{r}_mp_rank_XX_model_states.pt` (stage 3, every rank its own, each partitioned parameter
-  an empty placeholder), with `param_shapes`, `frozen_param_shapes`, `shared_params`,
-  `frozen_param_fragments`, `dp_world_size` and `ds_version` as DeepSpeed writes them;
+  `zero_pp_rank_{r}_mp_rank_XX_model_states.pt` (stage 3, every rank its own, each parameter an empty
+  placeholder), with `param_shapes`, `frozen_param_shapes`, `shared_params`, `frozen_param_fragments`
+  (stage 3: rank r's slices; `ds_zero._checkpoint.model_states`), `dp_world_size` and `ds_version` as
+  DeepSpeed writes them;
 * `[bf16_]zero_pp_rank_{r}_mp_rank_XX_optim_states.pt`: rank r's partition in DeepSpeed's layout
   (`deepspeed_export`).
 
@@ -28,6 +29,7 @@ import ds_comm
 from ds_comm.checkpoint_files import deepspeed_pickle_names, load_checkpoint_file
 from ds_zero._checkpoint.deepspeed_export import DEEPSPEED_VERSION, deepspeed_rank_state_dict
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._checkpoint.model_states import frozen_fields, read_frozen_params
 from ds_zero._checkpoint.partition_files import deepspeed_model_states_file, load_partition_state_dicts
 
 __all__ = ["write_deepspeed_files"]
@@ -56,6 +58,23 @@ def _param_shapes(states: dict[str, Any], index: FragmentIndex) -> list[OrderedD
             for name, *_, _start in sorted(meta["fragments"], key=lambda f: int(f[3])):
                 group.setdefault(name, torch.Size(meta["param_shapes"][name]))
     return [groups[g] for g in sorted(groups)]
+
+
+def _frozen_params(
+    states_file: Path, states: dict[str, Any], module: dict[str, Any], held: set[str], mp_rank: int
+) -> dict[str, torch.Tensor]:
+    """The frozen parameters' whole values, in module order: from the model-states files' fragments (every
+    rank's file for DeepSpeed's stage 3), or, for ds saves that did not record them, every module entry that
+    is no buffer, no trainable parameter (`held`, tied names included) and no placeholder."""
+    if states.get("frozen_param_shapes") is not None:
+        one_file = states_file.name == f"mp_rank_{mp_rank:02d}_model_states.pt"
+        return read_frozen_params(states_file.parent, mp_rank, states=[states] if one_file else None)
+    buffers = set(states.get("buffer_names") or [])
+    return {
+        n: v
+        for n, v in module.items()
+        if n not in held and n not in buffers and isinstance(v, torch.Tensor) and v.numel() > 0
+    }
 
 
 def write_deepspeed_files(
@@ -108,28 +127,40 @@ def write_deepspeed_files(
         raise ValueError(f"dp_ranks {ranks} must lie in 0..{world - 1} (the data-parallel world size)")
     shapes = _param_shapes(states, index)
     names = [n for group in shapes for n in group]
+    shared = dict(states.get("shared_params") or {})
     module = dict(states.get("module") or {})
+    frozen = _frozen_params(states_file, states, module, {*names, *shared}, mp_rank)
+    module.update(frozen)  # whole values where a stage-3 save held placeholders
     dtype = _module_dtype(module, names, parts[0])
     prefix = "bf16_" if dtype == torch.bfloat16 else ""
     out.mkdir(parents=True, exist_ok=True)
+    frozen_shapes, frozen_values = frozen_fields(module, frozen, stage=stage)
     model_states = {
         **states,
+        "module": OrderedDict(module),
         "param_shapes": shapes,
-        "frozen_param_shapes": {} if stage >= 2 else None,
-        "shared_params": dict(states.get("shared_params") or {}),
-        "frozen_param_fragments": {} if stage >= 2 else None,
+        "frozen_param_shapes": frozen_shapes,
+        "shared_params": shared,
+        "frozen_param_fragments": frozen_values,
         "dp_world_size": world,
         "ds_version": DEEPSPEED_VERSION,
     }
     ds_config = states.get("ds_config") or {}
     with deepspeed_pickle_names():
         if stage == 3:
-            placeholders = {n: torch.empty(0, dtype=module[n].dtype if n in module else dtype) for n in names}
-            stage3_states = {
-                **model_states,
-                "module": OrderedDict((k, placeholders.get(k, v)) for k, v in module.items()),
-            }
+            # Every parameter, frozen and tied ones too, is an empty placeholder; each rank's file holds its
+            # slices of the frozen ones, and global rank 0's the tied names.
+            params = {*names, *frozen, *shared}
+            placeholders = {n: torch.empty(0, dtype=module[n].dtype if n in module else dtype) for n in params}
+            stage3_module = OrderedDict((k, placeholders.get(k, v)) for k, v in module.items())
             for rank in ranks:
+                _, fragments = frozen_fields(module, frozen, stage=3, rank=rank, world=world)
+                stage3_states = {
+                    **model_states,
+                    "module": stage3_module,
+                    "frozen_param_fragments": fragments,
+                    "shared_params": shared if rank == 0 else {},
+                }
                 ds_comm.atomic_save(
                     stage3_states,
                     out / f"zero_pp_rank_{rank}_mp_rank_{mp_rank:02d}_model_states.pt",

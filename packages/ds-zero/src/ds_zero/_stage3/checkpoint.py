@@ -7,6 +7,7 @@ k-th parameter. A parameter's shard is elements `[r * s, (r + 1) * s)` of it, so
 contributes one fragment per rank (the zero padding of the last shard is no fragment). Frozen
 partitioned parameters are saved too, in a trailing partition with `group_index` -1 that no
 base-optimizer parameter refers to, so that `zero_to_fp32` rebuilds them and a resume restores them.
+`fp32_flat_groups` names the trainable tiles once more, DeepSpeed's key for its own stage-3 flats.
 Loading goes through the fragments, so a checkpoint saved at any world size, by any stage, re-partitions
 onto this one.
 """
@@ -51,6 +52,7 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
     parts = _partitions(opt)
     dtypes = [state_of(p).full.dtype for part in opt.partitions for p in part.params]
     model_dtype = dtypes[0] if dtypes else torch.float32
+    values = [part.fp32_values() for part in parts]
     return {
         "ds_zero_format": FORMAT_VERSION,
         "zero_stage": 3,
@@ -58,7 +60,11 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
         "dp_rank": int(opt.dp_rank),
         "model_dtype": str(model_dtype).removeprefix("torch."),
         "offload_optimizer": opt.config.offload_optimizer_device,
-        "single_partition_of_fp32_groups": [part.fp32_values() for part in parts],
+        "single_partition_of_fp32_groups": values,
+        # The trainable tiles again under DeepSpeed's stage-3 key (the same tensors: a file stores them once):
+        # each parameter's shard in its ceil(numel / world) slot, in param_shapes order, as DeepSpeed lays
+        # out its own, so DeepSpeed's zero_to_fp32.py reads a ds save too.
+        "fp32_flat_groups": values[: len(opt.tiles)],
         "partitions": [
             partition_metadata(part.group_index, part.numel, part.fragments(), part.param_shapes()) for part in parts
         ],
