@@ -59,12 +59,14 @@ _THINGS = ("apple", "sky", "grass", "sun", "coal", "snow", "car", "house", "ball
 # Deterministic and not oversubscribed on a small CPU host: two ranks, one thread each.
 _ENV = {"OMP_NUM_THREADS": "1"}
 
+# A printed float; strict, because two ranks' lines can interleave mid-line ("loss = 5.46Epoch: ...").
+FLOAT = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 # Rank 0's per-step losses (`--print_loss`): ranks print in any order, rank 0's lines keep theirs.
-_STEP1_LOSS = r"Epoch: \d+, Step: \d+, Rank: 0, loss = ([-+0-9.eE]+)"
+STEP1_LOSS = rf"Epoch: \d+, Step: \d+, Rank: 0, loss = ({FLOAT})"
 # Step 2 prints the epoch's mean loss (and, with --eval_interval 1, scores after every step).
-_STEP2_LOSS = r"Epoch \d+/\d+ with loss ([-+0-9.eE]+)"
+STEP2_LOSS = rf"Epoch \d+/\d+ with loss ({FLOAT})"
 # Step 3 prints the actor's and critic's mean PPO losses after each generation batch; the pattern takes the actor's.
-_STEP3_LOSS = r"Actor Loss: ([-+0-9.eE]+) \| Critic Loss"
+STEP3_LOSS = rf"Actor Loss: ({FLOAT}) \| Critic Loss"
 
 
 try:  # the runner reports a recipe that no longer fits as "not prepared" (tools/_examples_edit.py)
@@ -398,7 +400,17 @@ def programs() -> list[Program]:
             source=SOURCE,
             prepare=step1,
             argv=_step1(3, "bf16", "--offload", "--gradient_checkpointing", *lora1),
-            loss_pattern=_STEP1_LOSS,
+            loss_pattern=STEP1_LOSS,
+            env=_ENV,
+        ),
+        Program(
+            # DeepSpeed-Chat's default dtype. DeepSpeed 0.19.8 refuses fp16 on a CPU without oneDNN fp16
+            # (its CPU accelerator's is_fp16_supported()); ds runs it.
+            name="chat-step1-lora-zero3-offload-fp16",
+            source=SOURCE,
+            prepare=step1,
+            argv=_step1(3, "fp16", "--offload", "--gradient_checkpointing", *lora1),
+            loss_pattern=STEP1_LOSS,
             env=_ENV,
         ),
         Program(
@@ -406,7 +418,7 @@ def programs() -> list[Program]:
             source=SOURCE,
             prepare=step1,
             argv=_step1(2, "bf16"),
-            loss_pattern=_STEP1_LOSS,
+            loss_pattern=STEP1_LOSS,
             env=_ENV,
         ),
         Program(
@@ -414,7 +426,7 @@ def programs() -> list[Program]:
             source=SOURCE,
             prepare=step2,
             argv=_step2(2, "bf16"),
-            loss_pattern=_STEP2_LOSS,
+            loss_pattern=STEP2_LOSS,
             env=_ENV,
         ),
         Program(
@@ -422,7 +434,7 @@ def programs() -> list[Program]:
             source=SOURCE,
             prepare=step2,
             argv=_step2(3, "bf16", "--offload", "--gradient_checkpointing"),
-            loss_pattern=_STEP2_LOSS,
+            loss_pattern=STEP2_LOSS,
             env=_ENV,
         ),
         Program(
@@ -430,7 +442,7 @@ def programs() -> list[Program]:
             source=SOURCE,
             prepare=step3,
             argv=_step3(2, 2, "bf16", "--enable_hybrid_engine", "--actor_lora_dim", "8"),
-            loss_pattern=_STEP3_LOSS,
+            loss_pattern=STEP3_LOSS,
             env=_ENV,
         ),
         Program(
@@ -438,7 +450,7 @@ def programs() -> list[Program]:
             source=SOURCE,
             prepare=step3,
             argv=_step3(3, 3, "bf16", "--enable_hybrid_engine", "--offload", "--actor_gradient_checkpointing"),
-            loss_pattern=_STEP3_LOSS,
+            loss_pattern=STEP3_LOSS,
             env=_ENV,
         ),
     ]
