@@ -108,6 +108,37 @@ def test_autotp_training_paths_are_ds_engine_modules(path: str) -> None:
     assert importlib.import_module(path) is importlib.import_module(target)
 
 
+def test_deepspeed_chat_names_resolve() -> None:
+    # Every DeepSpeed name DeepSpeed-Chat (DeepSpeedExamples/applications/DeepSpeed-Chat) imports.
+    import warnings
+
+    import ds_comm
+    import ds_ops
+    import ds_zero
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from deepspeed.utils.module_utils import recursive_getattr, recursive_setattr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated path, as in DeepSpeed 0.19.8
+        from deepspeed.compression.helper import recursive_getattr as old_getattr
+        from deepspeed.compression.helper import recursive_setattr as old_setattr
+
+    assert (old_getattr, old_setattr) == (recursive_getattr, recursive_setattr)
+    assert deepspeed.utils.recursive_getattr is recursive_getattr
+    assert importlib.import_module("deepspeed.compression.helper") is importlib.import_module(
+        "ds_engine.compression.helper"
+    )
+    assert get_accelerator is deepspeed.get_accelerator is ds_comm.get_accelerator
+    assert (DeepSpeedCPUAdam, FusedAdam) == (ds_ops.DeepSpeedCPUAdam, ds_ops.FusedAdam)
+    assert ZeroParamStatus is ds_zero.ZeroParamStatus
+    assert deepspeed.zero.GatheredParameters is ds_zero.GatheredParameters
+    assert deepspeed.comm.get_rank is ds_comm.get_rank
+    for name in ("initialize", "init_distributed", "add_config_arguments"):
+        assert callable(getattr(deepspeed, name))
+
+
 def test_from_import_through_alias() -> None:
     import ds_ops
     from deepspeed.launcher.runner import main

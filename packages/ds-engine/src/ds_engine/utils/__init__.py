@@ -3,7 +3,9 @@
 `RepeatingLoader` is `runtime.dataloader`'s; `utils.numa` has `parse_range_list` (`--bind_core_list` syntax).
 Submodules at DeepSpeed's paths: `nvtx` (`instrument_w_nvtx`), `pin_memory_tracker` and `comms_logging`
 (ds-comm's pinned-memory total and comms logger), `timer` (`trim_mean`), `torch` (`required_torch_version`),
-`bwc` (an mpu's tensor- and pipeline-parallel degrees, whichever API generation it has).
+`bwc` (an mpu's tensor- and pipeline-parallel degrees, whichever API generation it has),
+`module_utils` (`recursive_getattr`/`recursive_setattr`: a model's attributes by dotted name, also
+exported here).
 
 `logger` is DeepSpeed's "DeepSpeed" logger, the parent of every ds package's logger (`utils.logging`'s
 note; the library adds no handlers); `log_dist(message, ranks=(0,), level=logging.INFO)` logs on the
@@ -25,6 +27,7 @@ from ds_engine.runtime.dataloader import RepeatingLoader
 from ds_engine.utils import tensor_fragment
 from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger, set_log_level_from_string
+from ds_engine.utils.module_utils import recursive_getattr, recursive_setattr
 from ds_engine.utils.tensor_fragment import *  # noqa: F403 - the 13 accessors, listed in its __all__
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules and names
@@ -72,6 +75,8 @@ __all__ = [
     "RepeatingLoader",
     "log_dist",
     "logger",
+    "recursive_getattr",
+    "recursive_setattr",
     "set_log_level_from_string",
     *tensor_fragment.__all__,
     *sorted(_LAZY_NAMES),
