@@ -86,6 +86,8 @@ class DeepSpeedZeroOptimizer(
         dp_group: the data-parallel process group (None: the world).
         gradient_predivide_factor: divide gradients by this before the reduction and by
             `world / factor` after.
+        gradient_average: average the ranks' gradients (True, `gradient_allreduce_op: "mean"`) or keep
+            their sum (False, `"sum"`: no division, `gradient_predivide_factor` ignored).
         communication_dtype: dtype the gradients are reduced in (None: the model dtype).
         partition_groups: per param group of `optimizer`, the process group its parameters are replicated
             over, so partitioned and reduced over (None or a None entry: `dp_group`). It must lie inside
@@ -119,6 +121,7 @@ class DeepSpeedZeroOptimizer(
         check_overflow: bool = True,
         dp_group: ProcessGroup | None = None,
         gradient_predivide_factor: float = 1.0,
+        gradient_average: bool = True,
         communication_dtype: torch.dtype | None = None,
         partition_groups: Sequence[ProcessGroup | None] | None = None,
         checkpoint_names: Mapping[str, str] | None = None,
@@ -136,6 +139,7 @@ class DeepSpeedZeroOptimizer(
         self.dp_group = dp_group
         self.dp_world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)
+        self.gradient_average = bool(gradient_average)
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
         self.check_overflow = bool(check_overflow)
@@ -168,6 +172,7 @@ class DeepSpeedZeroOptimizer(
                     use_reduce_scatter=config.reduce_scatter,
                     predivide_factor=gradient_predivide_factor,
                     average_world=self.dp_world_size,
+                    average=gradient_average,
                 )
         reducers = [by_group[id(pg)] for pg in self.partition_groups]
         self._grads = self._build_reduction(config, reducers, communication_dtype, pin)
