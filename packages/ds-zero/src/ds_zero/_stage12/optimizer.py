@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
+#: DeepSpeed's `nccl_start_alignment_factor`: 16-bit elements per 4 bytes, the granularity its stage-1/2
+#: all-gather buffers start at; `allgather_bucket_size` must be a multiple of it there, as in DeepSpeed.
+NCCL_START_ALIGNMENT_FACTOR = 2
+
 
 class DeepSpeedZeroOptimizer(
     PartitionParamAccess, OffloadStatesMixin, CoalescedReduction, UniversalInfoCache, torch.optim.Optimizer
@@ -106,7 +110,8 @@ class DeepSpeedZeroOptimizer(
             a different shard); the others are replicated on it and counted once in the norm.
 
     Raises:
-        ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor.
+        ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor, an odd
+            `allgather_bucket_size` (a `ds_comm.UsageError`, also an AssertionError as DeepSpeed asserts it).
         TypeError: `optimizer` is not a torch optimizer, or a group mixes dtypes/devices.
     """
 
@@ -552,6 +557,12 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
         raise ValueError(f"clip_grad (gradient_clipping) must be >= 0, got {clip_grad}")
     if predivide <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+    bucket = config.allgather_bucket_size
+    if bucket % NCCL_START_ALIGNMENT_FACTOR:
+        raise ds_comm.UsageError(
+            "zero_optimization.allgather_bucket_size must be a multiple of nccl_start_alignment_factor "
+            f"({NCCL_START_ALIGNMENT_FACTOR}) at stages 1 and 2, got {bucket}; use {bucket - 1} or {bucket + 1}"
+        )
 
 
 def _memory_breakdown(opt: DeepSpeedZeroOptimizer) -> dict[str, int]:
