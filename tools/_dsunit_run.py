@@ -85,10 +85,14 @@ def run_group(
     grace_s: int = 60,
     exclude: str = "",
     poll_s: float = 1.0,
+    extensions_dir: Path | None = None,
 ) -> dict[str, Outcome]:
     """Every test of `unit/<group>` run, each within `limit_s` (+ `grace_s` before the outside kill).
 
     The pytest output of every attempt goes to `<work>/<group>.log`, the event stream to `<group>.jsonl`.
+    `extensions_dir`: the run's own `TORCH_EXTENSIONS_DIR`. A test killed while it JIT-builds an op leaves
+    torch's build lock file behind, and every later load of that op would wait on it forever; nothing else
+    uses this folder, so after a kill every lock in it is stale and is removed.
     """
     slug = group.replace("/", "__").replace(":", "_")
     events, done, log_path = work / f"{slug}.jsonl", work / f"{slug}.done", work / f"{slug}.log"
@@ -121,6 +125,9 @@ def run_group(
             offset = _read_new(events, offset, progress)
         if killed:
             ended = progress.end_running("timeout", f"no result after {limit_s + grace_s}s: killed from outside")
+            for lock in extensions_dir.glob("*/lock") if extensions_dir is not None else ():
+                logger.warning("%s: removing the build lock %s the killed test left", group, lock)
+                lock.unlink(missing_ok=True)
         else:
             # Reap what the session left behind (pool workers of a test the harness abandoned).
             _kill_group(proc)

@@ -48,6 +48,39 @@ PYTEST_PIN = ("pytest==8.3.5", "pytest-timeout==2.4.0")
 TEST_REQUIREMENTS = ("transformers", "py-cpuinfo")
 
 
+# JIT-built ops nearly every test loads (DeepSpeed's CPU comm, the CPU Adam most configs name), built once
+# before the tests so a build never counts against a test's time limit (nor is killed half done).
+PREBUILD_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
+_PREBUILD = """
+import sys, time
+import deepspeed.ops.op_builder as builders
+from deepspeed.accelerator import get_accelerator
+for name in sys.argv[1:]:
+    start = time.time()
+    try:
+        make = getattr(get_accelerator(), "create_op_builder", None)
+        builder = make(name) if make is not None else getattr(builders, name, lambda: None)()
+        if builder is None:
+            print(f"{name}: not in this deepspeed", flush=True)
+            continue
+        builder.load()
+        print(f"{name}: built in {time.time() - start:.0f}s", flush=True)
+    except Exception as exc:
+        print(f"{name}: not built ({type(exc).__name__}: {exc})", flush=True)
+"""
+
+
+def prebuild_ops(python: Path, env: dict[str, str], names: tuple[str, ...] = PREBUILD_OPS) -> None:
+    """Build (or find) the JIT ops in `names` in the run's extensions folder, with no time limit."""
+    result = subprocess.run(
+        [str(python), "-c", _PREBUILD, *names], env=env, capture_output=True, text=True, check=False
+    )
+    for line in result.stdout.splitlines():
+        logger.info("prebuild %s", line)
+    if result.returncode:
+        logger.warning("prebuild exited with %d: %s", result.returncode, result.stderr.strip()[-500:])
+
+
 def discover_groups(unit: Path) -> list[str]:
     """The folders of `tests/unit` that hold test modules (`test_*.py` at any depth), sorted."""
     return sorted(
@@ -128,6 +161,9 @@ def main() -> int:
     )
     parser.add_argument("--reuse-venv", action="store_true", help="use an existing venv as it is, no install")
     parser.add_argument(
+        "--no-prebuild", action="store_true", help=f"skip building {', '.join(PREBUILD_OPS)} before the tests"
+    )
+    parser.add_argument(
         "--local-size",
         type=int,
         help="export LOCAL_SIZE=N: DeepSpeed's CPU accelerator then counts N devices, so its harness runs tests "
@@ -147,6 +183,12 @@ def main() -> int:
         env["LOCAL_SIZE"] = str(args.local_size)
     # As an activated venv: the launcher tests run the `deepspeed` console script by name.
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    # A JIT-op cache of this run's own: the shared one is rebuilt under other venvs' feet, and a build lock
+    # a killed test leaves there would block everyone's loads.
+    extensions = Path(env.get("TORCH_EXTENSIONS_DIR") or args.work / f"torch-extensions-{args.side}")
+    env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+    if not args.no_prebuild:
+        prebuild_ops(python, env)
     results: dict[str, dict[str, dict[str, str]]] = {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for group in groups:
@@ -164,6 +206,7 @@ def main() -> int:
             limit_s=args.timeout,
             grace_s=args.grace,
             exclude=args.exclude,
+            extensions_dir=extensions,
         )
         logger.info("%s: %s", group, counts(results[group]))
         # Written after every group, so an interrupted run keeps what it measured.
