@@ -2,8 +2,8 @@
 group discovery, and the supervisor's time limit on a made-up test tree whose tests hang or kill their process.
 
 The supervisor exists because DeepSpeed's harness can wedge a pytest process past pytest-timeout (see
-tools/_dsunit_run.py); the hanging test here blocks SIGALRM, so only the outside kill can end it, and the test
-after it must still run.
+tools/_dsunit_run.py); the hanging test here blocks SIGALRM, so only the outside kill can end it, the test
+after it must still run, and the JIT build lock it held must not outlive it.
 """
 
 from __future__ import annotations
@@ -139,6 +139,9 @@ def test_a_passes():
 
 
 def test_b_hangs_where_pytest_timeout_cannot_reach():
+    lock = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "some_op", "lock")
+    os.makedirs(os.path.dirname(lock))
+    open(lock, "w").close()  # as torch's JIT build holds it while building
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(600)
 
@@ -165,8 +168,13 @@ def test_the_supervisor_kills_a_wedged_test_and_goes_on_with_the_rest(tmp_path: 
     tests = tmp_path / "tests"
     (tests / "unit" / "grp").mkdir(parents=True)
     (tests / "unit" / "grp" / "test_hangs.py").write_text(textwrap.dedent(HANGING_TESTS))
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    outcomes = run_group(Path(sys.executable), tests, "grp", tmp_path / "runs", env, limit_s=2, grace_s=2, poll_s=0.2)
+    extensions = tmp_path / "ext"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TORCH_EXTENSIONS_DIR": str(extensions)}
+    run = tmp_path / "runs"
+    outcomes = run_group(
+        Path(sys.executable), tests, "grp", run, env, limit_s=2, grace_s=2, poll_s=0.2, extensions_dir=extensions
+    )
+    assert (extensions / "some_op").is_dir() and not (extensions / "some_op" / "lock").exists()
     by_name = {nodeid.rsplit("::", 1)[1]: r["outcome"] for nodeid, r in outcomes.items()}
     assert by_name == {
         "test_a_passes": "passed",
