@@ -4,7 +4,8 @@ Each rank seeds its RNG with its own rank, and writes rank-dependent values in `
 pattern: initialise on rank 0 only). Whatever each rank built, the gathered parameters must equal what rank 0
 built in plain torch (no stitching of rank 0's first half and rank 1's second half); the same for `Init(module=)`
 over a model built outside the context, and for a quantized initialisation (every rank quantizes rank 0's
-values).
+values). A module built on the meta device by `torch.nn.utils.skip_init` (alone, or with children) is
+partitioned once `to_empty()` gives it storage: its values are uninitialised, but the same bits on every rank.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import skip_init
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -40,6 +42,28 @@ def _gathered(model: nn.Module) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+class Sub(nn.Module):
+    def __init__(self, n: int, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.linear = nn.Linear(n, n, device=device)
+        self.more = nn.ModuleList([nn.Linear(n, 3, device=device)])
+
+
+class SkipInit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.alone = skip_init(nn.Linear, 5, 7)
+        self.nested = skip_init(Sub, 5)
+        self.plain = nn.Linear(5, 2)
+
+
+def _skip_init_bits() -> dict[str, torch.Tensor]:
+    with ds_zero.Init():
+        model = SkipInit()
+    assert all(p.ds_tensor.numel() == -(-p.numel() // 2) for p in model.parameters())
+    return {n: p.view(torch.int32).clone() for n, p in _gathered(model).items()}
+
+
 def _quantized_output(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer built under a quantized `Init` with each rank's own seed: its output, and rank 0's plain one."""
     cfg = {
@@ -64,6 +88,7 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
     ds_zero.Init(module=model)
     quantized, plain = _quantized_output(rank)
     return {
+        "skip_init": _skip_init_bits(),
         "reference": reference,
         "in_context": _gathered(in_context),
         "module_arg": _gathered(model),
@@ -81,3 +106,6 @@ def test_init_partitions_rank0s_values_whatever_each_rank_built() -> None:
                 torch.testing.assert_close(r[case][name], want, rtol=0, atol=0, msg=f"rank {rank} {case} {name}")
         torch.testing.assert_close(r["quantized"], results[0]["quantized"], rtol=0, atol=0)
         torch.testing.assert_close(r["quantized"], r["plain"], rtol=0, atol=0.02)  # rank 0's layer, 8-bit
+        assert sorted(r["skip_init"]) == sorted(n for n, _ in SkipInit().named_parameters())
+        for name, bits in r["skip_init"].items():
+            assert torch.equal(bits, results[0]["skip_init"][name]), (rank, name)

@@ -9,7 +9,8 @@ and is partitioned: this rank keeps its 1/N shard and the full storage is releas
 module's full parameters exist at a time, plus the shards.
 `nn.Module.apply` is overridden too (`override_module_apply`, default on): `fn` runs on each module with
 that module's own parameters gathered, and rank 0's result is re-partitioned to every rank, so
-`model.apply(init_weights)` inside `__init__` works and gives the same weights on every rank. Everything
+`model.apply(init_weights)` inside `__init__` works and gives the same weights on every rank. A module
+built on the meta device (`torch.nn.utils.skip_init`) is partitioned after its `to_empty()` instead. Everything
 is restored on exit; importing ds_zero patches nothing.
 """
 
@@ -78,10 +79,29 @@ def _wrap_init(cls: type) -> None:
         finally:
             _constructing.pop()
         if _active and all(m is not self for m in _constructing):
-            _active[-1]._post_init_partition(self)
+            if any(p.is_meta for p in self.parameters(recurse=True) if not is_zero_param(p)):
+                _partition_after_to_empty(self, _active[-1])
+            else:
+                _active[-1]._post_init_partition(self)
 
     init._ds_orig_init = orig  # type: ignore[attr-defined]
     cls.__init__ = init  # type: ignore[misc]
+
+
+def _partition_after_to_empty(module: nn.Module, ctx: Init) -> None:
+    """A module built on the meta device (`torch.nn.utils.skip_init`: `cls(..., device="meta").to_empty(device=d)`)
+    has no values to partition yet: partition it, as DeepSpeed does, right after its `to_empty()` gives it storage
+    (uninitialised, as skip_init promises; rank 0's, like every partitioned value)."""
+    to_empty = module.to_empty
+
+    @functools.wraps(to_empty)
+    def partition_after(*args: Any, **kwargs: Any) -> nn.Module:
+        del module.to_empty  # the instance attribute: the class's method again
+        out = to_empty(*args, **kwargs)
+        ctx._post_init_partition(module)
+        return out
+
+    module.to_empty = partition_after  # type: ignore[method-assign]
 
 
 def _unwrap_init(cls: type) -> None:
