@@ -188,3 +188,36 @@ def test_the_supervisor_kills_a_wedged_test_and_goes_on_with_the_rest(tmp_path: 
     assert "killed from outside" in hung["message"]
     slow = outcomes["unit/grp/test_hangs.py::test_e_too_slow_for_pytest_timeout"]
     assert "pytest-timeout" in slow["message"]
+
+
+RESUMABLE = """
+import os
+import time
+
+
+def test_a_runs_once():
+    with open(os.environ["RUN_LOG"], "a") as f:
+        f.write("a\\n")
+
+
+def test_b_stalls_the_first_time():
+    if not os.path.exists(os.environ["RUN_LOG"] + ".second"):
+        time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_resume_keeps_the_results_and_runs_again_what_had_none(tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    (tests / "unit" / "grp").mkdir(parents=True)
+    (tests / "unit" / "grp" / "test_resume.py").write_text(textwrap.dedent(RESUMABLE))
+    run_log = tmp_path / "ran.txt"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RUN_LOG": str(run_log)}
+    first = run_group(Path(sys.executable), tests, "grp", tmp_path / "runs", env, limit_s=2, grace_s=1, poll_s=0.2)
+    assert [r["outcome"] for r in first.values()] == ["passed", "timeout"]
+    (tmp_path / "ran.txt.second").write_text("")
+    again = run_group(
+        Path(sys.executable), tests, "grp", tmp_path / "runs", env, limit_s=2, grace_s=1, poll_s=0.2, resume=True
+    )
+    assert [r["outcome"] for r in again.values()] == ["passed", "passed"]
+    assert run_log.read_text() == "a\n"  # the test with a result did not run again

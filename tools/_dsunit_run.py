@@ -86,6 +86,7 @@ def run_group(
     exclude: str = "",
     poll_s: float = 1.0,
     extensions_dir: Path | None = None,
+    resume: bool = False,
 ) -> dict[str, Outcome]:
     """Every test of `unit/<group>` run, each within `limit_s` (+ `grace_s` before the outside kill).
 
@@ -93,16 +94,24 @@ def run_group(
     `extensions_dir`: the run's own `TORCH_EXTENSIONS_DIR`. A test killed while it JIT-builds an op leaves
     torch's build lock file behind, and every later load of that op would wait on it forever; nothing else
     uses this folder, so after a kill every lock in it is stale and is removed.
+    `resume`: keep the results an earlier (interrupted) run of this group wrote in `work` and run only the
+    tests without one, or whose result was a timeout or a crash.
     """
     slug = group.replace("/", "__").replace(":", "_")
     events, done, log_path = work / f"{slug}.jsonl", work / f"{slug}.done", work / f"{slug}.log"
-    for path in (events, done, log_path):
-        path.unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    progress, offset, ended_before = Progress(), 0, set()
+    if resume and events.exists():
+        offset = _read_new(events, 0, progress)
+        progress.running = None  # the test a killed run was in: run again, as every test without a result
+        for test in [t for t, r in progress.outcomes.items() if r["outcome"] in ("timeout", "crashed")]:
+            del progress.outcomes[test]  # and those that timed out: the reason may be gone (a build, the load)
+    else:
+        for path in (events, done, log_path):
+            path.unlink(missing_ok=True)
     env = dict(env, DSUNIT_EVENTS=str(events), DSUNIT_DONE=str(done), PYTHONPATH=str(PLUGIN_DIR))
     # The harness's own hang timeout ends the whole session: leave hangs to the two limits above.
     env["DS_UNITTEST_TIMEOUT"] = str(limit_s + 2 * grace_s)
-    progress, offset, ended_before = Progress(), 0, set()
     while True:
         done.write_text("".join(f"{t}\n" for t in progress.outcomes))
         with open(log_path, "ab") as log:

@@ -48,9 +48,10 @@ PYTEST_PIN = ("pytest==8.3.5", "pytest-timeout==2.4.0")
 TEST_REQUIREMENTS = ("transformers", "py-cpuinfo")
 
 
-# JIT-built ops nearly every test loads (DeepSpeed's CPU comm, the CPU Adam most configs name), built once
-# before the tests so a build never counts against a test's time limit (nor is killed half done).
-PREBUILD_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
+# JIT-built ops nearly every test loads (DeepSpeed's CPU comm; the Adam most configs name, which DeepSpeed
+# builds as FusedAdam on a CPU host too), built once before the tests so a build never counts against a test's
+# time limit (each takes minutes, tens of minutes on a loaded host) nor is killed half done.
+PREBUILD_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
 _PREBUILD = """
 import sys, time
 import deepspeed.ops.op_builder as builders
@@ -161,6 +162,12 @@ def main() -> int:
     )
     parser.add_argument("--reuse-venv", action="store_true", help="use an existing venv as it is, no install")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results an interrupted run left in --work and run only the tests without one "
+        "(tests it timed out or that crashed run again)",
+    )
+    parser.add_argument(
         "--no-prebuild", action="store_true", help=f"skip building {', '.join(PREBUILD_OPS)} before the tests"
     )
     parser.add_argument(
@@ -207,6 +214,7 @@ def main() -> int:
             grace_s=args.grace,
             exclude=args.exclude,
             extensions_dir=extensions,
+            resume=args.resume,
         )
         logger.info("%s: %s", group, counts(results[group]))
         # Written after every group, so an interrupted run keeps what it measured.
