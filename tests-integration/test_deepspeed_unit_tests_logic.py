@@ -3,7 +3,8 @@ group discovery, and the supervisor's time limit on a made-up test tree whose te
 
 The supervisor exists because DeepSpeed's harness can wedge a pytest process past pytest-timeout (see
 tools/_dsunit_run.py); the hanging test here blocks SIGALRM, so only the outside kill can end it, the test
-after it must still run, and the JIT build lock it held must not outlive it.
+after it must still run, and neither the JIT build lock it held nor a compiler it started in a process group
+of its own (as ninja does) may outlive it.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def test_groups_are_the_folders_of_tests_unit_that_hold_tests(tmp_path: Path) ->
 HANGING_TESTS = """
 import os
 import signal
+import subprocess
 import time
 
 
@@ -142,6 +144,10 @@ def test_b_hangs_where_pytest_timeout_cannot_reach():
     lock = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "some_op", "lock")
     os.makedirs(os.path.dirname(lock))
     open(lock, "w").close()  # as torch's JIT build holds it while building
+    # a compiler in a process group of its own, as ninja starts them
+    child = subprocess.Popen(["sleep", "600"], process_group=0)
+    with open(os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], "child.pid"), "w") as f:
+        f.write(str(child.pid))
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(600)
 
@@ -175,6 +181,8 @@ def test_the_supervisor_kills_a_wedged_test_and_goes_on_with_the_rest(tmp_path: 
         Path(sys.executable), tests, "grp", run, env, limit_s=2, grace_s=2, poll_s=0.2, extensions_dir=extensions
     )
     assert (extensions / "some_op").is_dir() and not (extensions / "some_op" / "lock").exists()
+    child = int((extensions / "child.pid").read_text())
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
     by_name = {nodeid.rsplit("::", 1)[1]: r["outcome"] for nodeid, r in outcomes.items()}
     assert by_name == {
         "test_a_passes": "passed",

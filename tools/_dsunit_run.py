@@ -13,8 +13,8 @@ it. So the limit is enforced twice:
 1. in process, pytest-timeout (`--timeout`, SIGALRM): the test fails as `Timeout` with its stack when the
    process can recover;
 2. from outside: a plugin (tools/_dsunit_plugin/dsunit_events.py) writes each test's start and result to a
-   file as it happens; a test still running `grace` seconds after its limit is killed with its whole process
-   group (pool workers and forkserver included), recorded as `timeout`, and pytest starts again, deselecting
+   file as it happens; a test still running `grace` seconds after its limit is killed with its whole session
+   (pool workers, forkserver and JIT builds included), recorded as `timeout`, and pytest starts again, deselecting
    every test that already has a result. A session that ends mid-test (pytest.exit, a crash) records that test
    as `crashed` and goes on the same way.
 """
@@ -53,11 +53,34 @@ def pytest_command(python: Path, group: str, limit_s: int, exclude: str) -> list
     ]
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _session_members(sid: int) -> list[int]:
+    """The processes of session `sid` (from /proc: field 6 of each `stat`)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) == sid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """Kill pytest and everything it started. By session, not process group: ninja runs each compiler in a
+    process group of its own, so a group kill would leave a JIT build running."""
+    for _ in range(10):  # processes may fork while they are being killed
+        members = _session_members(proc.pid)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            proc.wait()
+        time.sleep(0.1)
     proc.wait()
 
 
@@ -121,13 +144,13 @@ def run_group(
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: a kill takes the pool workers with it
+                start_new_session=True,  # its own session: a kill takes the pool workers and builds with it
             )
             killed = False
             while proc.poll() is None:
                 offset = _read_new(events, offset, progress)
                 if progress.running and time.time() - progress.started_at > limit_s + grace_s:
-                    _kill_group(proc)
+                    _kill_session(proc)
                     killed = True
                     break
                 time.sleep(poll_s)
@@ -139,7 +162,7 @@ def run_group(
                 lock.unlink(missing_ok=True)
         else:
             # Reap what the session left behind (pool workers of a test the harness abandoned).
-            _kill_group(proc)
+            _kill_session(proc)
             reason = progress.interrupted or f"the pytest process exited with {proc.returncode} during the test"
             ended = progress.end_running("crashed", reason)
         if ended is None:
