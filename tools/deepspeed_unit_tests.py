@@ -1,31 +1,44 @@
-"""Run DeepSpeed's own CPU unit tests against ds, and against the real DeepSpeed, group by group.
+"""Run DeepSpeed's own unit tests against ds, and against the real DeepSpeed, group by group.
 
     python tools/deepspeed_unit_tests.py --deepspeed-git /work/.mirror/deepspeedai+DeepSpeed/repo \
         --side deepspeed --out /tmp/dsunit/deepspeed.json
     python tools/deepspeed_unit_tests.py --deepspeed-git ... --side ds --out /tmp/dsunit/ds.json \
-        --compare /tmp/dsunit/deepspeed.json
+        --compare /tmp/dsunit/deepspeed.json --markdown /tmp/dsunit/table.md
 
 DeepSpeed's `tests/` tree is the acceptance measure for ds's public surface: a `deepspeed` that *is* ds should
 pass what DeepSpeed itself passes on a CPU host. Nothing of DeepSpeed's is committed here: the tests are
 exported from a checkout (a git directory) into a scratch folder that holds only `tests/`, so the `deepspeed`
-its conftest imports is whichever the chosen venv has installed — ds's alias distribution built from this tree
+its conftest imports is whichever the chosen venv has installed: ds's alias distribution built from this tree
 (`--side ds`) or the pinned upstream release (`--side deepspeed`, built without ops). Both venvs get the same
-pytest (DeepSpeed's tests need pytest < 8.4), and each group runs in its own pytest process with a per-test
-timeout, its outcomes read from a JUnit XML report.
+pytest (DeepSpeed's tests need pytest < 8.4).
+
+The groups are the folders of the exported `tests/unit` that hold tests (`--groups` picks some, or sub-paths
+such as `v1/zero`). Each group runs in a pytest process of its own, supervised: every test gets `--timeout`
+seconds, enforced inside pytest and, for a test that wedges its process, from outside (the test is recorded as
+`timeout` and the group goes on; see tools/_dsunit_run.py). Hugging Face downloads are off (offline mode), the
+same on both sides.
 
 `--compare BASELINE` prints, per group, how many of the tests the baseline passed pass here, and lists every
-one that does not with the first line of its failure.
+one that does not with the first line of its failure; `--markdown FILE` writes the same counts as a table for
+benchmarks/RESULTS.md (group | DeepSpeed passes | ds passes | share), with the baseline as DeepSpeed's side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _dsunit_report import compare, counts, markdown_table  # noqa: E402 - tools/ is a script folder
+from _dsunit_run import run_group  # noqa: E402
+
+logger = logging.getLogger("deepspeed_unit_tests")
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ROOT / "packages"
@@ -33,23 +46,47 @@ DEEPSPEED_PIN = "deepspeed==0.19.8"
 PYTEST_PIN = ("pytest==8.3.5", "pytest-timeout==2.4.0")
 # What DeepSpeed's tests import themselves (the CPU optimizer tests read the CPU's flags through cpuinfo).
 TEST_REQUIREMENTS = ("transformers", "py-cpuinfo")
-# The groups DeepSpeed's tests run on a CPU host (the rest need CUDA kernels, inference models or downloads).
-GROUPS = (
-    "launcher",
-    "pipe",
-    "runtime",
-    "checkpoint",
-    "ops",
-    "utils",
-    "comm",
-    "monitor",
-    "profiling",
-    "sequence_parallelism",
-    "ulysses_alst",
-    "model_parallelism",
-    "linear",
-    "compile",
-)
+
+
+# JIT-built ops nearly every test loads (DeepSpeed's CPU comm; the Adam most configs name, which DeepSpeed
+# builds as FusedAdam on a CPU host too), built once before the tests so a build never counts against a test's
+# time limit (each takes minutes, tens of minutes on a loaded host) nor is killed half done.
+PREBUILD_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder")
+_PREBUILD = """
+import sys, time
+import deepspeed.ops.op_builder as builders
+from deepspeed.accelerator import get_accelerator
+for name in sys.argv[1:]:
+    start = time.time()
+    try:
+        make = getattr(get_accelerator(), "create_op_builder", None)
+        builder = make(name) if make is not None else getattr(builders, name, lambda: None)()
+        if builder is None:
+            print(f"{name}: not in this deepspeed", flush=True)
+            continue
+        builder.load()
+        print(f"{name}: built in {time.time() - start:.0f}s", flush=True)
+    except Exception as exc:
+        print(f"{name}: not built ({type(exc).__name__}: {exc})", flush=True)
+"""
+
+
+def prebuild_ops(python: Path, env: dict[str, str], names: tuple[str, ...] = PREBUILD_OPS) -> None:
+    """Build (or find) the JIT ops in `names` in the run's extensions folder, with no time limit."""
+    result = subprocess.run(
+        [str(python), "-c", _PREBUILD, *names], env=env, capture_output=True, text=True, check=False
+    )
+    for line in result.stdout.splitlines():
+        logger.info("prebuild %s", line)
+    if result.returncode:
+        logger.warning("prebuild exited with %d: %s", result.returncode, result.stderr.strip()[-500:])
+
+
+def discover_groups(unit: Path) -> list[str]:
+    """The folders of `tests/unit` that hold test modules (`test_*.py` at any depth), sorted."""
+    return sorted(
+        d.name for d in unit.iterdir() if d.is_dir() and d.name != "__pycache__" and any(d.rglob("test_*.py"))
+    )
 
 
 def export_tests(git_dir: Path, dest: Path) -> Path:
@@ -65,6 +102,8 @@ def export_tests(git_dir: Path, dest: Path) -> Path:
 def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    # No downloads on either side: a test that needs a model from the hub fails at once instead of waiting.
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     return env
 
 
@@ -92,73 +131,6 @@ def ensure_venv(venv: Path, side: str, reuse: bool = False) -> Path:
     return python
 
 
-def run_group(python: Path, tests: Path, group: str, report: Path, timeout_s: int, exclude: str = "") -> None:
-    """One pytest process for `unit/<group>`; outcomes land in `report` (JUnit XML).
-
-    A group may be a sub-path (`runtime/zero`, `runtime/test_ds_config_dict.py`): a big group then runs in
-    pieces, each with its own report under the same folder layout. `exclude` is a pytest `-k` expression of
-    tests left out on both sides (they are then absent from the report, not failures).
-    """
-    report.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        str(python),
-        "-m",
-        "pytest",
-        f"unit/{group}",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--continue-on-collection-errors",
-        f"--timeout={timeout_s}",
-        f"--junitxml={report}",
-        *(["-k", f"not ({exclude})"] if exclude else []),
-    ]
-    env = _clean_env()
-    # As an activated venv: the launcher tests run the `deepspeed` console script by name.
-    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
-    with open(report.with_suffix(".log"), "w") as log:
-        subprocess.run(command, cwd=tests, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def read_outcomes(report: Path) -> dict[str, dict[str, str]]:
-    """test id -> {"outcome": passed|failed|error|skipped, "message": first line of the reason}."""
-    outcomes: dict[str, dict[str, str]] = {}
-    if not report.exists():
-        return outcomes
-    for case in ET.parse(report).getroot().iter("testcase"):
-        test_id = f"{case.get('classname')}::{case.get('name')}"
-        outcome, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                message = (child.get("message") or child.text or "").strip().splitlines()[:1]
-                message = message[0][:200] if message else ""
-                break
-        outcomes[test_id] = {"outcome": outcome, "message": message}
-    return outcomes
-
-
-def compare(current: dict[str, dict[str, dict[str, str]]], baseline: dict[str, dict[str, dict[str, str]]]) -> str:
-    """Per group: of the baseline's passes, how many pass here; then every one that does not."""
-    lines = [f"{'group':<22}{'baseline passed':>16}{'ds passed':>11}{'share':>8}"]
-    missing: list[str] = []
-    total_base = total_here = 0
-    for group in sorted(baseline):
-        passed = [t for t, r in baseline[group].items() if r["outcome"] == "passed"]
-        here = current.get(group, {})
-        ok = [t for t in passed if here.get(t, {}).get("outcome") == "passed"]
-        total_base, total_here = total_base + len(passed), total_here + len(ok)
-        share = f"{len(ok) / len(passed):.0%}" if passed else "-"
-        lines.append(f"{group:<22}{len(passed):>16}{len(ok):>11}{share:>8}")
-        for test in passed:
-            if test not in ok:
-                result = here.get(test, {"outcome": "not collected", "message": ""})
-                missing.append(f"  {test}: {result['outcome']} {result['message']}")
-    share = f"{total_here / total_base:.0%}" if total_base else "-"
-    lines.append(f"{'all':<22}{total_base:>16}{total_here:>11}{share:>8}")
-    return "\n".join(lines + ["", "Passed by the baseline, not here:", *missing])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deepspeed-git", type=Path, required=True, help="a DeepSpeed git directory")
@@ -166,19 +138,38 @@ def main() -> int:
     parser.add_argument("--venv", type=Path, help="default: /tmp/dsunit/venv-<side>")
     parser.add_argument("--work", type=Path, default=Path("/tmp/dsunit"))
     parser.add_argument(
-        "--groups", default=",".join(GROUPS), help="comma-separated; a group may be a sub-path such as runtime/zero"
+        "--groups",
+        default="",
+        help="comma-separated (default: every folder of tests/unit that holds tests); a group may be a sub-path "
+        "such as runtime/zero, v1/zero/test_zero.py or a node id (file.py::TestClass)",
     )
+    parser.add_argument("--skip-groups", default="", help="comma-separated groups to leave out")
     parser.add_argument("--timeout", type=int, default=120, help="seconds per test")
+    parser.add_argument(
+        "--grace", type=int, default=60, help="seconds past --timeout before a wedged test is killed from outside"
+    )
     parser.add_argument(
         "--exclude",
         default="GPUError",
         help="pytest -k expression of tests to leave out on both sides (default: the *GPUError tests, which "
-        "check an error on GPU tensors; on a CPU host with LOCAL_SIZE set they wedge DeepSpeed's harness: "
-        "pytest.fail in a pool worker never returns); '' keeps everything",
+        "check an error on GPU tensors; on a CPU host with LOCAL_SIZE set they wedge DeepSpeed's harness, so "
+        "each would cost --timeout + --grace as a timeout); '' keeps everything",
     )
     parser.add_argument("--out", type=Path, required=True, help="outcomes as JSON")
     parser.add_argument("--compare", type=Path, help="a JSON written by another run")
+    parser.add_argument(
+        "--markdown", type=Path, help="with --compare: write the per-group table (the baseline as DeepSpeed's side)"
+    )
     parser.add_argument("--reuse-venv", action="store_true", help="use an existing venv as it is, no install")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the results an interrupted run left in --work and run only the tests without one "
+        "(tests it timed out or that crashed run again)",
+    )
+    parser.add_argument(
+        "--no-prebuild", action="store_true", help=f"skip building {', '.join(PREBUILD_OPS)} before the tests"
+    )
     parser.add_argument(
         "--local-size",
         type=int,
@@ -186,29 +177,55 @@ def main() -> int:
         "of up to N ranks (unset it counts NUMA nodes, and a one-node host skips every multi-rank test)",
     )
     args = parser.parse_args()
-    if args.local_size:
-        os.environ["LOCAL_SIZE"] = str(args.local_size)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.markdown and not args.compare:
+        parser.error("--markdown needs --compare (the DeepSpeed side's JSON)")
 
     python = ensure_venv(args.venv or args.work / f"venv-{args.side}", args.side, args.reuse_venv)
     tests = export_tests(args.deepspeed_git, args.work / f"tree-{args.side}")
-    reports = args.work / f"reports-{args.side}"
-    reports.mkdir(parents=True, exist_ok=True)
+    groups = [g for g in args.groups.split(",") if g] or discover_groups(tests / "unit")
+    skip = set(filter(None, args.skip_groups.split(",")))
+    env = _clean_env()
+    if args.local_size:
+        env["LOCAL_SIZE"] = str(args.local_size)
+    # As an activated venv: the launcher tests run the `deepspeed` console script by name.
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    # A JIT-op cache of this run's own: the shared one is rebuilt under other venvs' feet, and a build lock
+    # a killed test leaves there would block everyone's loads.
+    extensions = Path(env.get("TORCH_EXTENSIONS_DIR") or args.work / f"torch-extensions-{args.side}")
+    env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+    if not args.no_prebuild:
+        prebuild_ops(python, env)
     results: dict[str, dict[str, dict[str, str]]] = {}
-    for group in args.groups.split(","):
-        if not (tests / "unit" / group).exists():
-            print(f"{group}: not in this DeepSpeed checkout's tests/unit", file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for group in groups:
+        if group in skip:
             continue
-        report = reports / f"{group}.xml"
-        report.unlink(missing_ok=True)
-        run_group(python, tests, group, report, args.timeout, args.exclude)
-        results[group] = read_outcomes(report)
-        counts: dict[str, int] = {}
-        for result in results[group].values():
-            counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1
-        print(f"{group}: {counts}", flush=True)
+        if not (tests / "unit" / group.split("::", 1)[0]).exists():
+            logger.warning("%s: not in this DeepSpeed checkout's tests/unit", group)
+            continue
+        results[group] = run_group(
+            python,
+            tests,
+            group,
+            args.work / f"runs-{args.side}",
+            env,
+            limit_s=args.timeout,
+            grace_s=args.grace,
+            exclude=args.exclude,
+            extensions_dir=extensions,
+            resume=args.resume,
+        )
+        logger.info("%s: %s", group, counts(results[group]))
+        # Written after every group, so an interrupted run keeps what it measured.
+        args.out.write_text(json.dumps(results, indent=1, sort_keys=True))
     args.out.write_text(json.dumps(results, indent=1, sort_keys=True))
     if args.compare:
-        print(compare(results, json.loads(args.compare.read_text())))
+        # Only the groups run here: a run of a few groups is compared on those.
+        baseline = {g: r for g, r in json.loads(args.compare.read_text()).items() if g in results}
+        print(compare(results, baseline))
+        if args.markdown:
+            args.markdown.write_text(markdown_table(results, baseline))
     return 0
 
 

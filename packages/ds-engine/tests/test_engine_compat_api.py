@@ -80,7 +80,7 @@ def test_zero_queries_read_the_section() -> None:
     section = {
         "stage": 2,
         "reduce_bucket_size": 1234,
-        "allgather_bucket_size": 4321,
+        "allgather_bucket_size": 4322,
         "overlap_comm": True,
         "contiguous_gradients": False,
         "stage3_prefetch_bucket_size": 77,
@@ -88,7 +88,7 @@ def test_zero_queries_read_the_section() -> None:
     }
     with pytest.warns(UserWarning, match="zero_optimization.contiguous_gradients=False has no effect"):
         engine = make_engine(tiny_net(0), base_config(zero_optimization=section))
-    assert engine.zero_reduce_bucket_size() == 1234 and engine.zero_allgather_bucket_size() == 4321
+    assert engine.zero_reduce_bucket_size() == 1234 and engine.zero_allgather_bucket_size() == 4322
     assert engine.zero_overlap_comm() and not engine.zero_contiguous_gradients()
     assert engine.zero_prefetch_bucket_size() == 77 and engine.zero_sub_group_size() == 99
     assert engine.zero_reduce_scatter() and engine.zero_allgather_partitions()

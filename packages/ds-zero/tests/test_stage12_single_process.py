@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import ds_comm
 import ds_zero
 
 
@@ -78,6 +79,22 @@ def test_argument_errors_name_the_setting() -> None:
     opt = _zero(model, 1)
     with pytest.raises(TypeError, match="takes no closure"):
         opt.step(lambda: 0.0)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_an_odd_allgather_bucket_size_is_refused_before_any_work(stage: int) -> None:
+    """DeepSpeed asserts that stage 1/2's all-gather bucket is a multiple of its 2-element (4-byte) alignment."""
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ds_comm.UsageError) as refused:
+        ds_zero.ZeroOptimizer(base, config=ds_zero.ZeroConfig(stage=stage, allgather_bucket_size=1001))
+    message = str(refused.value)
+    assert isinstance(refused.value, AssertionError) and isinstance(refused.value, ValueError)
+    assert "zero_optimization.allgather_bucket_size must be a multiple of nccl_start_alignment_factor (2)" in message
+    assert "got 1001; use 1000 or 1002" in message
+    assert all(p.grad is None and torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert _zero(model, stage, clip_grad=0.0).zero_stage == stage  # an even size (500_000_000 here) is fine
 
 
 def test_state_dict_roundtrip_is_exact_and_checks_ranks() -> None:

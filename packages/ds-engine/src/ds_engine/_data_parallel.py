@@ -145,9 +145,9 @@ class ReduceSettings:
 class GradAllReducer:
     """All-reduces a `FlatGradBuffer` in buckets at the accumulation boundary (DeepSpeed's stage-0 scaling).
 
-    Without prescale: multiply by `1/predivide`, all-reduce (sum), then by `predivide/world` for a
-    mean (or by `predivide` for a sum). With prescale: multiply by `1/world`, all-reduce. Every
-    bucket's all-reduce is issued before any is waited on, so gloo/nccl pipeline them.
+    A mean without prescale: multiply by `1/predivide`, all-reduce (sum), then by `predivide/world`. With
+    prescale: multiply by `1/world`, all-reduce. A sum (`gradient_allreduce_op: "sum"`) is the all-reduce
+    alone: DeepSpeed scales by neither prescale nor predivide then. Every bucket's all-reduce is issued before any is waited on, so gloo/nccl pipeline them.
     Collective: one all-reduce per bucket on `group`, in the same order on every rank.
 
     `first`/`stop` restrict it to the buffer's parameters `first` .. `stop - 1`, so one buffer's parts can
@@ -171,11 +171,12 @@ class GradAllReducer:
         self.buckets = buffer.bucket_slices(settings.bucket_numel, first, stop)
         comm = settings.comm_dtype
         self.comm_dtype = comm if comm is not None and comm != buffer.flat.dtype else None
-        if settings.prescale:
+        if not settings.average:
+            self.pre, self.post = 1.0, 1.0
+        elif settings.prescale:
             self.pre, self.post = 1.0 / world_size, 1.0
         else:
-            self.pre = 1.0 / settings.predivide
-            self.post = settings.predivide / world_size if settings.average else settings.predivide
+            self.pre, self.post = 1.0 / settings.predivide, settings.predivide / world_size
 
     def all_reduce(self) -> None:
         flat = self.region

@@ -165,7 +165,8 @@ class ZeroOptimizerFactory(Protocol):
     """How `initialize()` builds a ZeRO optimizer, the same for every stage (`_zero_wiring.build_zero_optimizer`).
 
     Stage 3 also takes `aio_config=` (the top-level `aio` section) when it swaps to NVMe; stages 1/2 take
-    `model_parallel_group=` and `model_parallel_params=` with tensor parallelism.
+    `model_parallel_group=` and `model_parallel_params=` with tensor parallelism, and `gradient_average=`
+    (False for `gradient_allreduce_op: "sum"`).
     """
 
     def __call__(

@@ -46,7 +46,7 @@ def _step(rank: int, world: int, stage: int, poison: bool) -> dict[str, object]:
 
     model = nn.ParameterDict({"w": nn.Parameter(w_full.chunk(2)[mp_rank].clone()), "r": nn.Parameter(r_full)})
     base = torch.optim.SGD(model.parameters(), lr=1.0)
-    cfg = ZeroConfig(stage=stage, reduce_bucket_size=7, allgather_bucket_size=9, overlap_comm=stage == 2)
+    cfg = ZeroConfig(stage=stage, reduce_bucket_size=7, allgather_bucket_size=10, overlap_comm=stage == 2)
     scaler = DynamicLossScaler(init_scale=8.0, delayed_shift=1)
     opt = DeepSpeedZeroOptimizer(
         base,

@@ -52,7 +52,7 @@ def _step(rank: int, world: int, stage: int, clip: float) -> dict[str, float]:
     base = torch.optim.SGD(
         [{"params": list(dense.parameters())}, {"params": list(expert.parameters()), "moe": True}], lr=1.0
     )
-    cfg = ZeroConfig(stage=stage, reduce_bucket_size=7, allgather_bucket_size=9, overlap_comm=stage == 2)
+    cfg = ZeroConfig(stage=stage, reduce_bucket_size=7, allgather_bucket_size=10, overlap_comm=stage == 2)
     opt = DeepSpeedZeroOptimizer(base, config=cfg, module=model, clip_grad=clip, partition_groups=[None, edp])
     out = model(x)
     opt.backward(nn.functional.mse_loss(out, y))

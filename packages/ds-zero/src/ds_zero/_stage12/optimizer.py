@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
+#: DeepSpeed's `nccl_start_alignment_factor`: 16-bit elements per 4 bytes, the granularity its stage-1/2
+#: all-gather buffers start at; `allgather_bucket_size` must be a multiple of it there, as in DeepSpeed.
+NCCL_START_ALIGNMENT_FACTOR = 2
+
 
 class DeepSpeedZeroOptimizer(
     PartitionParamAccess, OffloadStatesMixin, CoalescedReduction, UniversalInfoCache, torch.optim.Optimizer
@@ -86,6 +90,8 @@ class DeepSpeedZeroOptimizer(
         dp_group: the data-parallel process group (None: the world).
         gradient_predivide_factor: divide gradients by this before the reduction and by
             `world / factor` after.
+        gradient_average: average the ranks' gradients (True, `gradient_allreduce_op: "mean"`) or keep
+            their sum (False, `"sum"`: no division, `gradient_predivide_factor` ignored).
         communication_dtype: dtype the gradients are reduced in (None: the model dtype).
         partition_groups: per param group of `optimizer`, the process group its parameters are replicated
             over, so partitioned and reduced over (None or a None entry: `dp_group`). It must lie inside
@@ -104,7 +110,8 @@ class DeepSpeedZeroOptimizer(
             a different shard); the others are replicated on it and counted once in the norm.
 
     Raises:
-        ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor.
+        ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor, an odd
+            `allgather_bucket_size` (a `ds_comm.UsageError`, also an AssertionError as DeepSpeed asserts it).
         TypeError: `optimizer` is not a torch optimizer, or a group mixes dtypes/devices.
     """
 
@@ -119,6 +126,7 @@ class DeepSpeedZeroOptimizer(
         check_overflow: bool = True,
         dp_group: ProcessGroup | None = None,
         gradient_predivide_factor: float = 1.0,
+        gradient_average: bool = True,
         communication_dtype: torch.dtype | None = None,
         partition_groups: Sequence[ProcessGroup | None] | None = None,
         checkpoint_names: Mapping[str, str] | None = None,
@@ -136,6 +144,7 @@ class DeepSpeedZeroOptimizer(
         self.dp_group = dp_group
         self.dp_world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)
+        self.gradient_average = bool(gradient_average)
         self.loss_scaler = loss_scaler if loss_scaler is not None else LossScaler(1.0)
         self.clip_grad = float(clip_grad)
         self.check_overflow = bool(check_overflow)
@@ -168,6 +177,7 @@ class DeepSpeedZeroOptimizer(
                     use_reduce_scatter=config.reduce_scatter,
                     predivide_factor=gradient_predivide_factor,
                     average_world=self.dp_world_size,
+                    average=gradient_average,
                 )
         reducers = [by_group[id(pg)] for pg in self.partition_groups]
         self._grads = self._build_reduction(config, reducers, communication_dtype, pin)
@@ -547,6 +557,12 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
         raise ValueError(f"clip_grad (gradient_clipping) must be >= 0, got {clip_grad}")
     if predivide <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {predivide}")
+    bucket = config.allgather_bucket_size
+    if bucket % NCCL_START_ALIGNMENT_FACTOR:
+        raise ds_comm.UsageError(
+            "zero_optimization.allgather_bucket_size must be a multiple of nccl_start_alignment_factor "
+            f"({NCCL_START_ALIGNMENT_FACTOR}) at stages 1 and 2, got {bucket}; use {bucket - 1} or {bucket + 1}"
+        )
 
 
 def _memory_breakdown(opt: DeepSpeedZeroOptimizer) -> dict[str, int]:

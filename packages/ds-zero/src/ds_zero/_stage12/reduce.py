@@ -53,6 +53,8 @@ class RangeReducer:
         average_world: the number of data-parallel losses the sum is averaged over (None: the group's
             size). Expert parameters are reduced over their expert-data-parallel group but averaged over
             the whole data-parallel world, since tokens of every data-parallel rank reach them.
+        average: False keeps the plain sum of the ranks' gradients (`gradient_allreduce_op: "sum"`): no
+            division at all, `predivide_factor` included, as DeepSpeed sums.
     """
 
     def __init__(
@@ -62,13 +64,14 @@ class RangeReducer:
         use_reduce_scatter: bool,
         predivide_factor: float,
         average_world: int | None = None,
+        average: bool = True,
     ) -> None:
         self.group = group
         self.world = ds_comm.get_world_size(group)
         self.rank = ds_comm.get_rank(group)
         self.use_reduce_scatter = use_reduce_scatter
-        self.predivide_factor = float(predivide_factor)
-        self.post_scale = self.predivide_factor / (average_world or self.world)
+        self.predivide_factor = float(predivide_factor) if average else 1.0
+        self.post_scale = self.predivide_factor / (average_world or self.world) if average else 1.0
         self._global = [ds_comm.get_global_rank(group, r) for r in range(self.world)]
         backend = dist.get_backend(group) if ds_comm.is_initialized() else "gloo"
         self.point_to_point = use_reduce_scatter and backend == "gloo"

@@ -5,7 +5,7 @@ forward and again before its backward, and released after each. Around that:
 
 * prefetch: while the iteration follows the recorded trace (`ExecutionTrace`), the units ahead are
   gathered asynchronously, up to `prefetch_bucket_size` elements ahead;
-* reuse: a released parameter needed again within `max_reuse_distance` gathered elements is kept;
+* reuse: a released parameter needed again before `max_reuse_distance` more elements are gathered is kept;
 * `max_live_parameters`: kept and prefetched parameters are evicted before a gather would exceed it (the
   parameters in use by running modules always stay, so the peak is bounded by max_live + the running units);
 * safety net: saved-tensor hooks replace autograd's references to gathered storage with markers that
@@ -71,7 +71,8 @@ class ParamCoordinator:
         fp_group: another group over the same ranks for the gather fingerprint (None when world is 1).
         prefetch_bucket_size: elements gathered ahead of use (0: no prefetch).
         max_live_parameters: gathered elements kept resident beyond the running modules' own.
-        max_reuse_distance: keep a released parameter needed again within this many gathered elements.
+        max_reuse_distance: keep a released parameter needed again before this many elements are gathered
+            (fewer than it in between, as DeepSpeed counts: 0 keeps nothing).
         log_trace_cache_warnings: warn (instead of debug-log) when the execution order changes.
         secondary: this rank's hpZ block (None: hpZ off). Gathers of parameters gathered earlier in the
             same iteration run inside the block; the secondary slices go stale at each iteration's end.
@@ -318,7 +319,7 @@ class ParamCoordinator:
             if st.active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
                 continue
             distance = trace.reuse_distance(p.ds_id) if trace is not None else None
-            if distance is not None and distance <= self.max_reuse_distance:
+            if distance is not None and distance < self.max_reuse_distance:
                 self.live.retained[p.ds_id] = p
             else:
                 self.live.free(p)

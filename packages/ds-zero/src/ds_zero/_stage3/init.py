@@ -4,11 +4,13 @@
 Inside the context, the `__init__` of every `nn.Module` subclass (existing ones, and ones defined inside
 the context via `__init_subclass__`) is wrapped. When the *outermost* `__init__` of an instance returns
 (the module is fully built, including its own `reset_parameters()`), every parameter of that module and
-its children that is not partitioned yet is partitioned: this rank keeps its 1/N shard and the full
-storage is released. So at most one module's full parameters exist at a time, plus the shards.
+its children that is not partitioned yet takes data-parallel rank 0's values (a broadcast, as in DeepSpeed)
+and is partitioned: this rank keeps its 1/N shard and the full storage is released. So at most one
+module's full parameters exist at a time, plus the shards.
 `nn.Module.apply` is overridden too (`override_module_apply`, default on): `fn` runs on each module with
 that module's own parameters gathered, and rank 0's result is re-partitioned to every rank, so
-`model.apply(init_weights)` inside `__init__` works and gives the same weights on every rank. Everything
+`model.apply(init_weights)` inside `__init__` works and gives the same weights on every rank. A module
+built on the meta device (`torch.nn.utils.skip_init`) is partitioned after its `to_empty()` instead. Everything
 is restored on exit; importing ds_zero patches nothing.
 """
 
@@ -77,10 +79,29 @@ def _wrap_init(cls: type) -> None:
         finally:
             _constructing.pop()
         if _active and all(m is not self for m in _constructing):
-            _active[-1]._post_init_partition(self)
+            if any(p.is_meta for p in self.parameters(recurse=True) if not is_zero_param(p)):
+                _partition_after_to_empty(self, _active[-1])
+            else:
+                _active[-1]._post_init_partition(self)
 
     init._ds_orig_init = orig  # type: ignore[attr-defined]
     cls.__init__ = init  # type: ignore[misc]
+
+
+def _partition_after_to_empty(module: nn.Module, ctx: Init) -> None:
+    """A module built on the meta device (`torch.nn.utils.skip_init`: `cls(..., device="meta").to_empty(device=d)`)
+    has no values to partition yet: partition it, as DeepSpeed does, right after its `to_empty()` gives it storage
+    (uninitialised, as skip_init promises; rank 0's, like every partitioned value)."""
+    to_empty = module.to_empty
+
+    @functools.wraps(to_empty)
+    def partition_after(*args: Any, **kwargs: Any) -> nn.Module:
+        del module.to_empty  # the instance attribute: the class's method again
+        out = to_empty(*args, **kwargs)
+        ctx._post_init_partition(module)
+        return out
+
+    module.to_empty = partition_after  # type: ignore[method-assign]
 
 
 def _unwrap_init(cls: type) -> None:
@@ -311,7 +332,35 @@ class Init(InsertPostInitMethodToModuleSubClasses):
             self.partition(module)
 
     def partition(self, module: nn.Module) -> int:
-        """Partition every not-yet-partitioned parameter of `module`; returns how many."""
+        """Partition every not-yet-partitioned parameter of `module` (rank 0's values); returns how many."""
+        self._take_rank0_values(module)
+        return self._partition(module)
+
+    def _take_rank0_values(self, module: nn.Module) -> None:
+        """Give every not-yet-partitioned parameter of `module` the values of data-parallel rank 0.
+
+        As DeepSpeed's `Init` does, so the model is rank 0's even where ranks initialise differently (other
+        seeds, rank-dependent init); each rank then keeps its own slice of the same values. One broadcast
+        per parameter, in place (no second copy of a large layer); on nccl through the compute device.
+        Collective: every rank of the data-parallel group, in the same module order.
+        """
+        if self.dp_world_size == 1:
+            return
+        src = ds_comm.get_global_rank(self.dp_group, 0)
+        nccl = torch.distributed.get_backend(self.dp_group) == "nccl"
+        seen: set[int] = set()
+        for m in module.modules():
+            for p in m._parameters.values():
+                if p is None or is_zero_param(p) or not p.numel() or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                data = p.data.to(self.compute_device) if nccl and p.device != self.compute_device else p.data
+                ds_comm.broadcast(data, src, group=self.dp_group)
+                if data is not p.data:
+                    with torch.no_grad():
+                        p.data.copy_(data)
+
+    def _partition(self, module: nn.Module) -> int:
         before = {id(p) for p in module.parameters() if is_zero_param(p)}
         count = partition_module(
             module,
@@ -329,10 +378,11 @@ class Init(InsertPostInitMethodToModuleSubClasses):
 
     def _post_init_partition(self, module: nn.Module) -> int:
         """Partition a module just built inside the context, quantizing its weights first when configured."""
+        self._take_rank0_values(module)  # before quantizing: every rank quantizes the same values
         quantizer = self.quantized_initialization
         if quantizer is not None:
             quantize_module_weights(module, quantizer.quantizer(), skip=is_zero_param, dtype=self.dtype)
-        return self.partition(module)
+        return self._partition(module)
 
     def _aligned_size(self, param: nn.Parameter) -> int:
         """`param`'s padded flat size: its shard size times the data-parallel world size."""

@@ -24,6 +24,7 @@ from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
+from ds_zero._stage3.grad_views import GradPartitionViews
 from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
 from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
@@ -64,7 +65,9 @@ def _module_and_optimizer(
     return module, optimizer
 
 
-class DeepSpeedZeroOptimizer_Stage3(ShardParamAccess, OffloadStatesMixin, CoalescedReduction):  # noqa: N801 - DeepSpeed's class name
+class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
+    ShardParamAccess, GradPartitionViews, OffloadStatesMixin, CoalescedReduction
+):
     """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
 
     Builds (or reuses) the model's `DeepSpeedZeRoOffload`, which partitions the parameters and gathers
