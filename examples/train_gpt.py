@@ -158,7 +158,7 @@ def _batches(loader: Any, skip: int) -> Iterator[Any]:
 def _consumed_batches(engine: deepspeed.DeepSpeedEngine) -> int:
     """Loader batches this rank skips after a resume: the samples the checkpointed run trained on.
 
-    The DistributedSampler deals a shuffled order round-robin, so the first `global_samples` samples
+    The DistributedSampler deals one order (shuffled; in order under a PipelineEngine) round-robin, so the first `global_samples` samples
     of that order are the first `global_samples / (micro batch * dp ranks)` batches of every rank,
     whatever the world size of the run that saved them.
     """

@@ -1,9 +1,9 @@
 """Single-process plain-PyTorch reference for `examples/train_gpt.py` runs (no ds imports).
 
 It replays what a data-parallel run computes, from first principles:
-* data: the engine's loader is a `DistributedSampler` (shuffled, seed 0, epoch 0) per data-parallel rank
-  with the micro batch as its batch size; rank r of W takes positions r, r+W, r+2W... of one random
-  permutation, so step s of a run trains on the contiguous block of that permutation after the samples
+* data: the engine's loader is a `DistributedSampler` (shuffled, seed 0, epoch 0; a PipelineEngine's reads in
+  order, as DeepSpeed's does: `shuffled=False`) per data-parallel rank with the micro batch as its batch size;
+  rank r of W takes positions r, r+W, r+2W... of that order, so step s of a run trains on the contiguous block of that permutation after the samples
   consumed so far, and rank 0's micro batch is every W-th sample of the block;
 * the update: the mean of the ranks' micro-batch losses (what averaging gradients over ranks gives),
   gradient clipping to the global norm, torch's AdamW, and DeepSpeed's WarmupLR formula (the lr is the
@@ -46,6 +46,7 @@ class Reference:
     layers: int
     dim: int
     seed: int = 0
+    shuffled: bool = True
     model: GPT = field(init=False)
     optimizer: torch.optim.AdamW = field(init=False)
     dataset: CharDataset = field(init=False)
@@ -61,7 +62,8 @@ class Reference:
         cfg = GPTConfig(vocab_size=len(VOCAB), num_layers=self.layers, dim=self.dim)
         self.model = GPT(cfg)
         self.dataset = CharDataset(block_size=cfg.block_size)
-        self.order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(0))
+        n = len(self.dataset)
+        self.order = torch.randperm(n, generator=torch.Generator().manual_seed(0)) if self.shuffled else torch.arange(n)
         opt = self.config["optimizer"]["params"]
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
