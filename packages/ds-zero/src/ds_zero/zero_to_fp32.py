@@ -124,7 +124,7 @@ def get_fp32_state_dict_from_zero_checkpoint(
     frozen_names = {*(state_dicts[0].get("frozen_param_shapes") or {}), *(states.get("frozen_param_shapes") or {})}
     buffers = set(states.get("buffer_names") or [])
     frozen = {}
-    if states.get("frozen_param_shapes") and not exclude_frozen_parameters:
+    if states.get("frozen_param_fragments") and not exclude_frozen_parameters:  # absent: whole in the module
         one_file = states_file.name == MODEL_STATES_FILE
         frozen = read_frozen_params(ckpt, states=[states] if one_file else None)
     shared = states.get("shared_params") or {}
@@ -261,11 +261,14 @@ def load_state_dict_from_zero_checkpoint(
     return model
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_DIR [...]`: returns the exit status."""
-    parser = argparse.ArgumentParser(prog="ds-zero-to-fp32", description=__doc__.split("\n\n")[0])
+def run_consolidation_cli(argv: Sequence[str] | None, *, prog: str, description: str, with_dtype: bool) -> int:
+    """The command line `ds-zero-to-fp32` and `zero_to_torch` share (`with_dtype`: a required `--dtype`, as
+    DeepSpeed's `zero_to_torch.py` takes; without it fp32). Returns the exit status."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("checkpoint_dir", help="save directory holding 'latest' (or a tag directory)")
     parser.add_argument("output_dir", help="directory for pytorch_model.bin (or shards and an index)")
+    if with_dtype:
+        parser.add_argument("--dtype", required=True, choices=sorted(_DTYPES), help="output tensor dtype")
     parser.add_argument("--max_shard_size", default="5GB", help="largest shard, e.g. 5GB or 500MiB (default 5GB)")
     parser.add_argument("--safe_serialization", action="store_true", help="write model.safetensors")
     parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: read from 'latest')")
@@ -273,12 +276,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     parser.add_argument("-d", "--debug", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
+    dtype = args.dtype if with_dtype else "fp32"
     if args.debug:
         logging.basicConfig(level=logging.DEBUG)
     try:
-        out = convert_zero_checkpoint_to_fp32_state_dict(
+        out = convert_zero_checkpoint_to_state_dict(
             args.checkpoint_dir,
             args.output_dir,
+            dtype=dtype,
             max_shard_size=args.max_shard_size,
             safe_serialization=args.safe_serialization,
             tag=args.tag,
@@ -286,11 +291,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.quiet,
         )
     except (FileNotFoundError, ValueError, ImportError) as err:
-        print(f"ds-zero-to-fp32: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     if not args.quiet:
-        print(f"saved fp32 state_dict to {out}", file=sys.stderr)
+        print(f"saved {dtype} state_dict to {out}", file=sys.stderr)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`ds-zero-to-fp32 CHECKPOINT_DIR OUTPUT_DIR [...]`: returns the exit status."""
+    return run_consolidation_cli(argv, prog="ds-zero-to-fp32", description=__doc__.split("\n\n")[0], with_dtype=False)
 
 
 if __name__ == "__main__":

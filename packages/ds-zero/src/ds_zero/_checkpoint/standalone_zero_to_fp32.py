@@ -173,6 +173,8 @@ def _from_deepspeed(sds, param_shapes):
 
 def _frozen(ckpt, states):
     """Frozen parameters from `frozen_param_fragments`: whole (one file), or sliced over every rank's file."""
+    if not states[0].get("frozen_param_fragments"):  # whole in the module (ds's own saves)
+        return {}
     shapes = states[0].get("frozen_param_shapes") or {}
     out = {}
     for name, shape in shapes.items():
