@@ -459,7 +459,7 @@ def _fill_placeholders(state: dict[str, Any], parts: list[dict[str, Any]] | None
     ds_zero = require("ds_zero", extra="zero", feature="loading a ZeRO stage-3 checkpoint")
     module = state["module"]
     full = ds_zero.consolidate_fp32_params(parts or [])
-    if state.get("frozen_param_shapes"):
+    if state.get("frozen_param_fragments"):
         full.update(ds_zero.read_frozen_params(path.parent, _mp_rank_of(path)))
     full = ds_zero.with_shared(full, state.get("shared_params"))
     out = dict(module)

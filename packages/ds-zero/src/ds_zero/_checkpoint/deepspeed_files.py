@@ -64,9 +64,9 @@ def _frozen_params(
     states_file: Path, states: dict[str, Any], module: dict[str, Any], held: set[str], mp_rank: int
 ) -> dict[str, torch.Tensor]:
     """The frozen parameters' whole values, in module order: from the model-states files' fragments (every
-    rank's file for DeepSpeed's stage 3), or, for ds saves that did not record them, every module entry that
+    rank's file for DeepSpeed's stage 3), or, for ds saves that hold them whole in the module, every entry that
     is no buffer, no trainable parameter (`held`, tied names included) and no placeholder."""
-    if states.get("frozen_param_shapes") is not None:
+    if states.get("frozen_param_fragments") is not None:
         one_file = states_file.name == f"mp_rank_{mp_rank:02d}_model_states.pt"
         return read_frozen_params(states_file.parent, mp_rank, states=[states] if one_file else None)
     buffers = set(states.get("buffer_names") or [])
