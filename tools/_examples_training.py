@@ -244,9 +244,11 @@ def programs() -> list[Program]:
             name="variable-batch-size-and-lr",
             source="training/data_efficiency/variable_batch_size_and_lr",
             prepare=lambda source_dir, work_dir: work_dir,
-            argv=(LAUNCHER, "--num_gpus", "2", "variable_batch_size_and_lr_example.py"),
+            # Its argparse takes no --local_rank, which both launchers append by default.
+            argv=(LAUNCHER, "--num_gpus", "2", "--no_local_rank", "variable_batch_size_and_lr_example.py"),
             loss_pattern=r"epoch \d+, batch \d+, loss ([-+\d.eE]+|nan|inf)",
-            notes="as written (its model and data are already small and synthetic).",
+            notes="as written (its model and data are already small and synthetic); launched with --no_local_rank, "
+            "as its argument parser takes no --local_rank.",
             timeout_s=600,
         ),
         Program(
