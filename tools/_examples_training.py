@@ -46,7 +46,9 @@ def _cifar(name: str, *args: str, notes: str = "") -> Program:
         prepare=_prepare_cifar,
         argv=(*_CIFAR, *args),
         loss_pattern=_CIFAR_LOSS,
-        notes="512 synthetic CIFAR-10 images, 1 epoch (32 steps); bf16 (fp16, the default, needs a GPU). " + notes,
+        notes="512 synthetic CIFAR-10 images, 1 epoch (32 steps); "
+        + ("fp32. " if "fp32" in args else "bf16 (fp16, the default, needs a GPU). ")
+        + notes,
         timeout_s=600,
     )
 
@@ -186,6 +188,9 @@ def programs() -> list[Program]:
     return [
         _cifar("cifar10-zero2", "--dtype", "bf16", "--stage", "2"),
         _cifar("cifar10-zero3", "--dtype", "bf16", "--stage", "3"),
+        # fp32: the sides' losses can agree to the last printed digit (bf16 rounding hides 1-ulp differences).
+        _cifar("cifar10-zero2-fp32", "--dtype", "fp32", "--stage", "2"),
+        _cifar("cifar10-zero3-fp32", "--dtype", "fp32", "--stage", "3"),
         _cifar("cifar10-moe", "--dtype", "bf16", *_MOE, "--num-experts", "2", notes="run_ds_moe.sh's options."),
         _cifar(
             "cifar10-moe-zero2",
