@@ -2,6 +2,7 @@
 
     python tools/deepspeed_examples.py --side both --out /tmp/dsex/results.json --markdown /tmp/dsex/table.md
     python tools/deepspeed_examples.py --side ds --reuse-venv --venv V --only 'cifar10-*' --out F.json
+    python tools/deepspeed_examples.py --side ds --reuse-venv --venv V --ds-from-tree ...   # this tree's code
     python tools/deepspeed_examples.py --list
     python tools/deepspeed_examples.py --table A.json B.json --out F.json   # merge results files, print the table
 
@@ -57,6 +58,9 @@ PACKAGES = ROOT / "packages"
 EXAMPLES_GIT = Path("/work/.mirror/deepspeedai+DeepSpeedExamples/repo")
 DEEPSPEED_PYTHON = Path("/work/dsref/bin/python")
 # What the programs import beside torch (both sides' venvs need them; /work/dsref has them).
+# --ds-from-tree: the ds side imports this tree's packages/*/src ahead of what its venv has installed (a venv
+# filled from another checkout runs this checkout's code).
+DS_FROM_TREE = False
 VENV_REQUIREMENTS = ("torch", "transformers", "accelerate", "datasets", "hjson", "pydantic", "ninja", "numpy")
 
 
@@ -194,8 +198,11 @@ def _side_env(python: Path, side: str, work: Path) -> dict[str, str]:
         TORCH_EXTENSIONS_DIR=str(work / f"torch-extensions-{side}"),
         PATH=f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
-    if (work / "extras").is_dir():
-        env["PYTHONPATH"] = str(work / "extras")
+    paths = [str(work / "extras")] if (work / "extras").is_dir() else []
+    if side == "ds" and DS_FROM_TREE:
+        paths = [str(src) for src in sorted(PACKAGES.glob("*/src"))] + paths
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 
@@ -309,6 +316,11 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated program names or shell patterns, run in that order")
     parser.add_argument("--out", type=Path, help="results JSON; an existing one is merged into")
     parser.add_argument("--markdown", type=Path, help="write the table (and the recipes' notes) here too")
+    parser.add_argument(
+        "--ds-from-tree",
+        action="store_true",
+        help="run the ds side on this tree's packages/*/src (on PYTHONPATH) rather than the venv's installed ds",
+    )
     parser.add_argument("--no-prebuild", action="store_true", help="skip compiling the JIT ops before the runs")
     parser.add_argument("--list", action="store_true", help="list the programs and exit")
     parser.add_argument(
@@ -330,6 +342,8 @@ def main() -> int:
             args.markdown.write_text(table + "\n")
         print(table)
         return 0
+    global DS_FROM_TREE
+    DS_FROM_TREE = args.ds_from_tree
     programs, notes = all_programs()
     if args.list:
         for program in programs:

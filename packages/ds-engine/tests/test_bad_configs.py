@@ -38,6 +38,42 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ),
     ("zero_bad_stage", {"zero_optimization": {"stage": 5}}, E, r"zero_optimization.stage: must be 0, 1, 2 or 3, got 5"),
     (
+        "bf16_masters_stage0",
+        {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}},
+        E,
+        r"bf16.bf16_master_weights_and_grads=true is only supported with ZeRO stage 1, 2 or 3",
+    ),
+    (
+        "bf16_states_without_masters",
+        {"bf16": {"enabled": True, "bf16_optimizer_states": True}, "zero_optimization": {"stage": 2}},
+        E,
+        r"bf16.bf16_optimizer_states=true needs bf16.bf16_master_weights_and_grads=true",
+    ),
+    (
+        "bf16_masters_without_states",
+        {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}, "zero_optimization": {"stage": 3}},
+        E,
+        r"bf16.bf16_master_weights_and_grads=true with bf16.bf16_optimizer_states=false .* ds does not implement",
+    ),
+    (
+        "bf16_masters_cpu_offload",
+        {
+            "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        },
+        E,
+        r"bf16.bf16_master_weights_and_grads=true with zero_optimization.offload_optimizer.device='cpu' is not impl",
+    ),
+    (
+        "bf16_masters_without_bf16",
+        {
+            "bf16": {"enabled": False, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+            "zero_optimization": {"stage": 1},
+        },
+        E,
+        r"bf16.bf16_master_weights_and_grads=true applies to bf16 training: set bf16.enabled=true",
+    ),
+    (
         "weight_quant_post_init",
         {"weight_quantization": {"post_init_quant": {"fc": {"num_bits": 8, "group_size": 32}}}},
         E,

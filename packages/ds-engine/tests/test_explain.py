@@ -77,3 +77,20 @@ def test_module_entry_point_runs(config_file: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "train_micro_batch_size_per_gpu         8   derived" in proc.stdout
+
+
+def test_explain_names_bf16_master_weights(tmp_path: Path, capsys) -> None:
+    config = {
+        **CONFIG,
+        "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+        "zero_optimization": {"stage": 3},
+    }
+    path = tmp_path / "bf16_full.json"
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "master weights, gradient partitions and optimizer states in bf16 (8 bytes" in out
+    config["bf16"] = {"enabled": True}
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    assert "optimizer states in bf16" not in capsys.readouterr().out

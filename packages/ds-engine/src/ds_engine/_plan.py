@@ -58,6 +58,9 @@ class AssemblyPlan:
     """bf16 at stage 0 with fp32 accumulation: each 16-bit gradient moves into the fp32 buffer as soon as
     backward has produced it (`bf16.immediate_grad_update`), not after the whole backward."""
     keep_in_fp32_modules: str | tuple[str, ...] = "auto"
+    bf16_masters: bool = False
+    """ZeRO keeps bf16 master weights, gradient partitions and optimizer states (`bf16.bf16_master_weights_and_grads`
+    with `bf16.bf16_optimizer_states`) instead of fp32 ones."""
     """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
 
     def lines(self) -> list[str]:
@@ -82,6 +85,11 @@ class AssemblyPlan:
             out.append(f"  if it cannot load here: {self.optimizer.fallback.describe()}")
         accum = str(self.grad_accum_dtype).replace("torch.", "")
         out.append(f"wrapper: {self.wrapper}")
+        if self.bf16_masters:
+            out.append(
+                "  master weights, gradient partitions and optimizer states in bf16 (8 bytes per partitioned "
+                "element instead of 16; bf16.bf16_master_weights_and_grads + bf16.bf16_optimizer_states)"
+            )
         out.append(
             f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
             f"gradient accumulation in {accum}"
@@ -290,5 +298,6 @@ def plan_assembly(
         nvme_offload=_nvme_text(config),
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
+        bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

@@ -97,6 +97,48 @@ def _check_dtypes(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         )
 
 
+_MASTERS = "bf16.bf16_master_weights_and_grads"
+_STATES = "bf16.bf16_optimizer_states"
+
+
+def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    """bf16 master weights / optimizer states: DeepSpeed's refusals (ZeRO stage 1-3 only; optimizer states need
+    the masters), and what ds does not implement (bf16 training off, fp32 moments beside bf16 masters, any
+    optimizer offload). ds-zero checks the same again when its optimizer is built directly."""
+    bf16 = model.bf16
+    masters, states = bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states
+    if not (masters or states):
+        return
+    key = _MASTERS if masters else _STATES
+    if zero.stage not in (1, 2, 3):
+        raise DeepSpeedConfigError(
+            f"{key}=true is only supported with ZeRO stage 1, 2 or 3 (zero_optimization.stage={zero.stage}); "
+            "set zero_optimization.stage, or turn it off"
+        )
+    if states and not masters:
+        raise DeepSpeedConfigError(
+            f"{_STATES}=true needs {_MASTERS}=true (the moments follow the master weights' dtype); set {_MASTERS} "
+            f"to true as well, or drop {_STATES}"
+        )
+    if not bf16.enabled:
+        raise DeepSpeedConfigError(
+            f"{_MASTERS}=true applies to bf16 training: set bf16.enabled=true (ds keeps bf16 masters only over "
+            "a bf16 model), or turn it off"
+        )
+    if zero.offload_optimizer_device != "none":
+        raise DeepSpeedConfigError(
+            f"{_MASTERS}=true with zero_optimization.offload_optimizer.device={zero.offload_optimizer_device!r} "
+            "is not implemented in ds (DeepSpeed needs its CPU Adam for it); keep the optimizer on the device "
+            "(offload_optimizer.device 'none'), or turn bf16_master_weights_and_grads off"
+        )
+    if not states:
+        raise DeepSpeedConfigError(
+            f"{_MASTERS}=true with {_STATES}=false keeps fp32 moments beside bf16 masters, which DeepSpeed allows "
+            "only with zero_optimization.offload_optimizer.device='cpu' and its CPU Adam; ds does not implement "
+            f"that: set {_STATES} to true as well, or turn {_MASTERS} off"
+        )
+
+
 def _check_nvme(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     nvme = [
         key
@@ -157,6 +199,7 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
             "(bf16 is the safer choice where the hardware supports it)"
         )
     _check_dtypes(model, zero)
+    _check_bf16_masters(model, zero)
     opt = model.optimizer
     if (
         zero.stage >= 1

@@ -118,12 +118,8 @@ class FP16Config(ConfigModel):
 
 
 class BF16Config(ConfigModel):
-    """`bf16` (legacy key `bfloat16`): bf16 parameters with fp32 master weights and fp32 gradient accumulation."""
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        "bf16_master_weights_and_grads": "bf16 master weights are not implemented; masters stay fp32",
-        "bf16_optimizer_states": "bf16 optimizer states are not implemented",
-    }
+    """`bf16` (legacy key `bfloat16`): bf16 parameters with fp32 master weights and fp32 gradient accumulation,
+    or, under ZeRO with `bf16_master_weights_and_grads` + `bf16_optimizer_states`, bf16 masters too."""
 
     enabled: bool = False
     """Cast parameters to bf16 and train with fp32 master weights."""
@@ -133,9 +129,10 @@ class BF16Config(ConfigModel):
     """At ZeRO stage 0, move each bf16 gradient into the fp32 accumulation buffer as soon as backward produced
     it (freeing it then), rather than after the whole backward: less peak memory, the same sums."""
     bf16_master_weights_and_grads: bool = False
-    """bf16 master weights (ZeRO only in DeepSpeed); only false is accepted."""
+    """ZeRO stage 1-3: keep the master weights and the gradient partitions in bf16 (2 + 2 bytes per element
+    of a rank's partition instead of 4 + 4). ds needs `bf16_optimizer_states` with it and no optimizer offload."""
     bf16_optimizer_states: bool = False
-    """bf16 optimizer moments; only false is accepted."""
+    """ZeRO stage 1-3: the optimizer's moments in bf16 too (needs `bf16_master_weights_and_grads`)."""
 
 
 def _param_error(err: ParamError) -> PydanticCustomError:

@@ -37,7 +37,10 @@ Required keys (both stages write them; readers rely on nothing else):
 Optional keys: `"shared_params"` (dict alias -> stored name, for tied parameters: the alias gets the same
 tensor on consolidation), `"frozen_param_shapes"` (dict name -> shape of parameters without gradients:
 not partitioned, they come from the model states file), `"offload_optimizer"` (str: "none", "cpu" or "nvme";
-informational: a checkpoint loads with any offload setting).
+informational: a checkpoint loads with any offload setting), `"master_dtype"` (str: "float32" or "bfloat16",
+the dtype the masters, gradient partitions and optimizer moments were trained in: bf16 with
+`bf16.bf16_master_weights_and_grads`, whose masters are still saved widened to fp32 above, exactly; absent:
+"float32"; a load into a run of the other dtype converts, see `ds_zero._master_dtype`).
 
 Model states (`<tag>/mp_rank_00_model_states.pt`, stage 3: `zero_pp_rank_0_mp_rank_00_model_states.pt`):
 `"module"` (the module's state_dict: buffers and frozen parameters are taken from it; stage 3 stores empty

@@ -16,6 +16,7 @@ from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._host_buffers import release_pinned
+from ds_zero._master_dtype import master_weights_dtype, note_master_conversion
 from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
@@ -108,10 +109,15 @@ class DeepSpeedZeroOptimizer(
             skips the same steps. Every rank of it must step together.
         model_parallel_params: with `model_parallel_group`, the parameters cut across it (each rank holds
             a different shard); the others are replicated on it and counted once in the norm.
+        bf16_master_weights_and_gradients: keep the master partitions and the gradient partitions in bf16
+            (`bf16.bf16_master_weights_and_grads`; see `ds_zero._master_dtype`).
+        bf16_optimizer_states: the base optimizer's state follows the bf16 masters (`bf16.bf16_optimizer_states`;
+            needs `bf16_master_weights_and_gradients`).
 
     Raises:
-        ValueError: stage not 1/2, nvme offload, a negative clip value or predivide factor, an odd
-            `allgather_bucket_size` (a `ds_comm.UsageError`, also an AssertionError as DeepSpeed asserts it).
+        ValueError: stage not 1/2, nvme offload, a refused bf16-master combination (`ds_zero._master_dtype`),
+            a negative clip value or predivide factor, an odd `allgather_bucket_size` (a `ds_comm.UsageError`,
+            also an AssertionError as DeepSpeed asserts it).
         TypeError: `optimizer` is not a torch optimizer, or a group mixes dtypes/devices.
     """
 
@@ -132,8 +138,15 @@ class DeepSpeedZeroOptimizer(
         checkpoint_names: Mapping[str, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
         model_parallel_params: Collection[torch.Tensor] = (),
+        bf16_master_weights_and_gradients: bool = False,
+        bf16_optimizer_states: bool = False,
     ) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
+        self.master_weights_and_grads_dtype = master_weights_dtype(
+            bf16_master_weights_and_gradients=bf16_master_weights_and_gradients,
+            bf16_optimizer_states=bf16_optimizer_states,
+            offload_device=config.offload_optimizer_device,
+        )
         if partition_groups is not None and len(partition_groups) != len(optimizer.param_groups):
             raise ValueError(
                 f"partition_groups has {len(partition_groups)} entries but the optimizer has "
@@ -168,7 +181,8 @@ class DeepSpeedZeroOptimizer(
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = names.frozen_param_shapes()
         pin = config.offload_optimizer_or_default.pin_memory
-        self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin)
+        master_dtype = self.master_weights_and_grads_dtype
+        self.masters = build_master_partitions(self.flats, offload=self.offload, pin_memory=pin, dtype=master_dtype)
         by_group: dict[int, RangeReducer] = {}
         for pg in self.partition_groups:
             if id(pg) not in by_group:
@@ -229,12 +243,17 @@ class DeepSpeedZeroOptimizer(
         pin: bool,
     ) -> BoundaryReducer | BucketReducer:
         if self.zero_stage == 1:
+            master_dtype = self.master_weights_and_grads_dtype
             in_place = (
                 not self.offload
-                and all(f.dtype == torch.float32 for f in self.flats)
-                and communication_dtype in (None, torch.float32)
+                and all(f.dtype == master_dtype for f in self.flats)
+                and communication_dtype in (None, master_dtype)
             )
-            accumulators = None if in_place else build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
+            accumulators = (
+                None
+                if in_place
+                else build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin, dtype=master_dtype)
+            )
             return BoundaryReducer(
                 self.flats,
                 reducers,
@@ -242,7 +261,9 @@ class DeepSpeedZeroOptimizer(
                 communication_dtype=communication_dtype,
                 accumulators=accumulators,
             )
-        accumulators = build_grad_partitions(self.flats, offload=self.offload, pin_memory=pin)
+        accumulators = build_grad_partitions(
+            self.flats, offload=self.offload, pin_memory=pin, dtype=self.master_weights_and_grads_dtype
+        )
         return BucketReducer(
             self.flats,
             reducers,
@@ -480,6 +501,7 @@ class DeepSpeedZeroOptimizer(
                 self.zero_stage,
                 self.dp_world_size,
             )
+        note_master_conversion(first, self.master_weights_and_grads_dtype)
         self.zero_grad()
         if load_from_fp32_weights:
             load_masters(index, self.flats, self.masters)

@@ -4,7 +4,8 @@ and the step that updates them and writes the result back into the model dtype.
 [Note: no second copy in fp32] With an fp32 model and no offload, the master partition IS this rank's
 partition of the model's flat buffer (a view), so the base optimizer updates the model in place and no
 fp32 copy exists: parameters + master cost 1 copy, where DeepSpeed keeps a full model-dtype replica plus
-an fp32 partition (1.5 copies on 2 ranks). With bf16/fp16 the master is a separate fp32 partition. With
+an fp32 partition (1.5 copies on 2 ranks). With bf16/fp16 the master is a separate fp32 partition, unless
+`bf16_master_weights_and_grads` keeps bf16 masters over a bf16 model: then it is the view again. With
 `offload_optimizer.device == "cpu"` the master, gradient partition and optimizer state live in host
 buffers (pinned when `pin_memory` and pinning does something, see ds_zero._host_buffers), and the step
 runs there.
@@ -25,27 +26,32 @@ logger = logging.getLogger(__name__)
 __all__ = ["PartitionUpdater", "build_grad_partitions", "build_master_partitions"]
 
 
-def build_master_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_memory: bool) -> list[torch.Tensor]:
-    """The fp32 master partition of each group (a view of the flat buffer for fp32 without offload)."""
+def build_master_partitions(
+    flats: list[FlatParamGroup], *, offload: bool, pin_memory: bool, dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
+    """The master partition of each group, in `dtype` (fp32, or bf16 with `bf16_master_weights_and_grads`): a
+    view of the flat buffer when that already has `dtype` and there is no offload."""
     masters = []
     for flat in flats:
         own = flat.own_partition
         if offload:
             master = offload_zeros(flat.partition_numel, pin_memory=pin_memory)
             master.copy_(own)
-        elif flat.dtype == torch.float32:
+        elif flat.dtype == dtype:
             master = own
         else:
-            master = own.detach().to(torch.float32).clone()
+            master = own.detach().to(dtype).clone()
         masters.append(master)
     return masters
 
 
-def build_grad_partitions(flats: list[FlatParamGroup], *, offload: bool, pin_memory: bool) -> list[torch.Tensor]:
-    """A zeroed fp32 gradient accumulator per group, next to its master partition."""
+def build_grad_partitions(
+    flats: list[FlatParamGroup], *, offload: bool, pin_memory: bool, dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
+    """A zeroed gradient accumulator per group in the masters' dtype, next to its master partition."""
     if offload:
         return [offload_zeros(f.partition_numel, pin_memory=pin_memory) for f in flats]
-    return [torch.zeros(f.partition_numel, dtype=torch.float32, device=f.device) for f in flats]
+    return [torch.zeros(f.partition_numel, dtype=dtype, device=f.device) for f in flats]
 
 
 class PartitionUpdater:

@@ -173,8 +173,8 @@ class BoundaryReducer:
         bucket_numel: elements reduced per collective (`reduce_bucket_size`).
         communication_dtype: dtype of the reduction (None: the model dtype).
         accumulators: per group, this rank's fp32 gradient partition that receives the averaged sums.
-            None (fp32 model, no offload, reduction in fp32): the own partition of each flat gradient
-            buffer is the accumulator, reduced in place, so no second partition-sized buffer exists.
+            None (model dtype = master dtype, no offload, reduction in that dtype): the own partition of each
+            flat gradient buffer is the accumulator, reduced in place, so no second partition-sized buffer exists.
     """
 
     def __init__(
@@ -193,8 +193,9 @@ class BoundaryReducer:
         self.flat_grads = [torch.zeros(f.padded_numel, dtype=f.dtype, device=f.device) for f in flats]
         self.in_place = accumulators is None
         if self.in_place:
-            assert all(f.dtype == torch.float32 for f in flats)
-            assert communication_dtype in (None, torch.float32)
+            # the flat gradients are the accumulators (fp32, or bf16 with bf16 masters): reduced as they are
+            assert len({f.dtype for f in flats}) <= 1
+            assert communication_dtype is None or all(f.dtype == communication_dtype for f in flats)
             accumulators = [f.own_slice(g) for f, g in zip(flats, self.flat_grads, strict=True)]
         self.accumulators: list[torch.Tensor] = accumulators
         self._clean = True

@@ -15,6 +15,7 @@ from ds_zero._checkpoint.format import (
     is_partition_shaped,
     partition_metadata,
 )
+from ds_zero._master_dtype import dtype_name
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def build_rank_state_dict(
         "dp_rank": int(dp_rank),
         "model_dtype": str(next((f.dtype for f in flats if f.numel), torch.float32)).removeprefix("torch."),
         "offload_optimizer": "cpu" if offload else "none",
+        "master_dtype": dtype_name(masters[0].dtype if masters else torch.float32),
         "single_partition_of_fp32_groups": [m.detach().to(torch.float32, copy=True) for m in masters],
         "partitions": [
             partition_metadata(g, f.partition_numel, f.fragments(), f.param_shapes()) for g, f in enumerate(flats)

@@ -30,6 +30,7 @@ from ds_zero._checkpoint.format import (
     is_partition_shaped,
     partition_metadata,
 )
+from ds_zero._master_dtype import dtype_name, note_master_conversion
 from ds_zero._params.gathered_parameters import GatheredParameters
 from ds_zero._params.partitioned_param import is_zero_param, state_of
 from ds_zero._stage12.state import as_state_dict_list
@@ -60,6 +61,7 @@ def stage3_state_dict(opt: DeepSpeedZeroOptimizer_Stage3) -> dict[str, Any]:
         "dp_rank": int(opt.dp_rank),
         "model_dtype": str(model_dtype).removeprefix("torch."),
         "offload_optimizer": opt.config.offload_optimizer_device,
+        "master_dtype": dtype_name(opt.master_weights_and_grads_dtype),
         "single_partition_of_fp32_groups": values,
         # The trainable tiles again under DeepSpeed's stage-3 key (the same tensors: a file stores them once):
         # each parameter's shard in its ceil(numel / world) slot, in param_shapes order, as DeepSpeed lays
@@ -89,6 +91,7 @@ def load_stage3_state_dicts(
     """
     sds = as_state_dict_list(state_dicts)
     index = FragmentIndex(sds)
+    note_master_conversion(index.state_dicts[0], opt.master_weights_and_grads_dtype)
     fp32 = [sd["single_partition_of_fp32_groups"] for sd in sds]
     for tile in _partitions(opt):
         if not tile.params:

@@ -17,6 +17,7 @@ from ds_zero._access.owner import register_owner
 from ds_zero._access.stage3 import ShardParamAccess
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._host_buffers import release_pinned
+from ds_zero._master_dtype import master_weights_dtype
 from ds_zero._nvme.eager_step import EagerSteps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
@@ -106,6 +107,10 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             the norm and the overflow flag then span it (`_stage3.model_parallel`).
         model_parallel_params: with `model_parallel_group`, the parameters cut across it; every other
             parameter is replicated there and counted once in the norm.
+        bf16_master_weights_and_gradients: keep the master and gradient partitions in bf16
+            (`bf16.bf16_master_weights_and_grads`; see `ds_zero._master_dtype`).
+        bf16_optimizer_states: the base optimizer's state follows the bf16 masters (`bf16.bf16_optimizer_states`;
+            needs `bf16_master_weights_and_gradients`).
 
     With `offload_optimizer.device="nvme"` the fp32 master and the optimizer state of each tile live in swap
     files under `nvme_path` and are swapped in and out around the step, tile by tile (`sub_group_size`),
@@ -114,8 +119,9 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     Raises:
         TypeError: not exactly one module and one optimizer given.
-        ValueError: stage is not 3, the optimizer was already stepped, an optimizer parameter is not in
-            `module` or is a trainable quantized weight (`weight_quantization.quantized_initialization`), or
+        ValueError: stage is not 3, a refused bf16-master combination (`ds_zero._master_dtype`), the optimizer
+            was already stepped, an optimizer parameter is not in `module` or is a trainable quantized weight
+            (`weight_quantization.quantized_initialization`), or
             (NVMe offload) `nvme_path` is missing or not writable.
         NVMeSwapError: a swap file could not be written or read back intact, at construction or at the step
             where it happens (disk full, file-size limit, truncated or corrupted file).
@@ -137,6 +143,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         aio_config: Mapping[str, Any] | AioConfig | None = None,
         model_parallel_group: ProcessGroup | None = None,
         model_parallel_params: Collection[torch.Tensor] = (),
+        bf16_master_weights_and_gradients: bool = False,
+        bf16_optimizer_states: bool = False,
     ) -> None:
         module, optimizer = _module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
@@ -146,6 +154,11 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 "ds_zero.DeepSpeedZeroOptimizer for stages 1 and 2"
             )
         refuse_zenflow(cfg)
+        self.master_weights_and_grads_dtype = master_weights_dtype(
+            bf16_master_weights_and_gradients=bf16_master_weights_and_gradients,
+            bf16_optimizer_states=bf16_optimizer_states,
+            offload_device=cfg.offload_optimizer_device,
+        )
         if optimizer.state:
             raise ValueError(
                 "the base optimizer already has state (it was stepped); build "
@@ -278,6 +291,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 gi,
                 trainable,
                 master_device=master_device,
+                master_dtype=self.master_weights_and_grads_dtype,
                 sub_group_size=self.config.sub_group_size,
                 swap_master=swap_master,
                 pin_master=self.config.offload_optimizer_or_default.pin_memory,

@@ -109,6 +109,8 @@ class ShardPartition:
         group_index: the base optimizer param group (-1 for the frozen parameters' partition).
         params: the group's partitioned parameters, in order.
         master_device: where the fp32 master lives (None: where the shards are; "cpu" for offload).
+        master_dtype: the master's (and its gradient's) dtype: fp32, or bf16 with `bf16_master_weights_and_grads`
+            (then, over bf16 shards, the master is the shards' flat buffer itself, as for fp32 training).
         with_master: build the fp32 master (False for frozen parameters).
         pin_master: page-lock a host master (offload_optimizer.pin_memory; see ds_zero._host_buffers).
         sub_group_size: elements per tile (see the module docstring).
@@ -120,12 +122,14 @@ class ShardPartition:
         params: list[nn.Parameter],
         *,
         master_device: torch.device | None,
+        master_dtype: torch.dtype = torch.float32,
         with_master: bool = True,
         sub_group_size: int = 1_000_000_000,
         swap_master: bool = False,
         pin_master: bool = False,
     ) -> None:
         self.group_index = group_index
+        self.master_dtype = master_dtype
         self.swap_master = swap_master and with_master
         self.params = params
         self.sizes = [state_of(p).shard_numel for p in params]
@@ -195,7 +199,7 @@ class ShardPartition:
 
     def _make_master(self, device: torch.device | None, pin: bool) -> torch.Tensor:
         flat = self.shard16
-        if flat is not None and flat.dtype == torch.float32 and (device is None or flat.device == device):
+        if flat is not None and flat.dtype == self.master_dtype and (device is None or flat.device == device):
             return flat
         if device is None:
             device = (
@@ -206,7 +210,7 @@ class ShardPartition:
         if device.type == "cpu":  # pinned, or huge pages the CPU optimizer streams faster (ds_zero._host_buffers)
             master = offload_zeros(self.numel, pin_memory=pin)
         else:
-            master = torch.empty(self.numel, dtype=torch.float32, device=device)
+            master = torch.empty(self.numel, dtype=self.master_dtype, device=device)
         with torch.no_grad():
             for p, off, s in zip(self.params, self.offsets, self.sizes, strict=True):
                 master[off : off + s].copy_(shard_values(p))
