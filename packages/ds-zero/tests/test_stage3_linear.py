@@ -2,8 +2,9 @@
 
 Numerics: values and gradients of input, weight and bias against `x @ w.T + b` computed in float64,
 float32 tolerance (rtol 1e-5, atol 1e-6), for 1-D, 2-D and 3-D inputs, with and without bias, and for
-every subset of inputs that requires grad; values bit-identical to torch's linear kernel. Where autograd
-records nothing the wrap is torch's kernel (no graph node); where it records, the node is DeepSpeed's
+every subset of inputs that requires grad; values bit-identical to DeepSpeed's (in bf16 that is not torch's
+fused linear kernel: the bias is added after the product). Where autograd records nothing the wrap computes
+the same values with no graph node; where it records, the node is DeepSpeed's
 function with DeepSpeed's ctx attributes, backward runs in forward's autocast state, and `torch.func`
 transforms run through it. (The process-wide install is tested in test_stage3_handles_and_init.py, in a
 fresh interpreter.)
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from ds_zero import LinearFunctionForZeroStage3, zero3_linear_wrap
+from ds_zero._stage3.linear import deepspeed_linear_values
 
 _SHAPES = [(7,), (4, 7), (2, 3, 7)]
 
@@ -41,7 +43,7 @@ def test_values_and_gradients_match_float64_reference(
     inputs.append(b.clone().requires_grad_(needs[2]) if bias else None)
     out = zero3_linear_wrap(*inputs)
     if not any(t is not None and t.requires_grad for t in inputs):  # only the bias would, and there is none
-        assert out.grad_fn is None and torch.equal(out, torch._C._nn.linear(x, w, None))
+        assert out.grad_fn is None and torch.equal(out, deepspeed_linear_values(x, w, None))
         return
     assert type(out.grad_fn).__name__.startswith("LinearFunctionForZeroStage3")
     (out * upstream).sum().backward()
@@ -49,7 +51,7 @@ def test_values_and_gradients_match_float64_reference(
     ref = [t.double().requires_grad_() if t is not None else None for t in (x, w, b if bias else None)]
     want = ref[0] @ ref[1].t() + (ref[2] if bias else 0)
     (want * upstream.double()).sum().backward()
-    assert torch.equal(out.detach(), torch.nn.functional.linear(x, w, b if bias else None))
+    assert torch.equal(out.detach(), deepspeed_linear_values(x, w, b if bias else None))
     torch.testing.assert_close(out.detach().double(), want.detach(), rtol=1e-5, atol=1e-6)
     for got, reference, needed in zip(inputs, ref, needs, strict=True):
         if got is None:
@@ -65,7 +67,7 @@ def test_values_and_gradients_match_float64_reference(
 def test_no_graph_where_autograd_records_nothing(shape: tuple[int, ...]) -> None:
     x, w, b, _ = _data(shape, seed=3)
     plain = zero3_linear_wrap(x, w, b)
-    assert plain.grad_fn is None and torch.equal(plain, torch._C._nn.linear(x, w, b))
+    assert plain.grad_fn is None and torch.equal(plain, deepspeed_linear_values(x, w, b))
     with torch.no_grad():
         out = zero3_linear_wrap(x, w.requires_grad_(), b)
     assert out.grad_fn is None and not out.requires_grad and torch.equal(out, plain)
@@ -114,3 +116,19 @@ def test_apply_of_the_function_itself_matches_the_wrap() -> None:
     w = w.requires_grad_()
     assert torch.equal(LinearFunctionForZeroStage3.apply(x, w, b), zero3_linear_wrap(x, w, b))
     assert torch.equal(LinearFunctionForZeroStage3.apply(x, w), zero3_linear_wrap(x, w))
+
+
+def test_bf16_values_are_deepspeeds_product_then_bias() -> None:
+    """DeepSpeed's stage-3 linear rounds the product to bf16 before adding the bias (for inputs of more than 2
+    dims); torch's linear kernel rounds once. A ZeRO-3 run prints DeepSpeed's bf16 losses only with the former."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 32, 64, generator=g).bfloat16()
+    w = torch.randn(256, 64, generator=g).bfloat16()
+    b = torch.randn(256, generator=g).bfloat16()
+    deepspeeds = x.matmul(w.t()) + b
+    for grad in (False, True):
+        out = zero3_linear_wrap(x, w.requires_grad_(grad), b)
+        assert torch.equal(out.detach(), deepspeeds)
+    assert not torch.equal(deepspeeds, torch._C._nn.linear(x, w, b))  # the two roundings differ here
+    x2 = x[0]  # 2-D with a bias: one fused multiply-add, as both compute it
+    assert torch.equal(zero3_linear_wrap(x2, w, b).detach(), torch.addmm(b, x2, w.t()))

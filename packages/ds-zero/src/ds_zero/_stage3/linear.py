@@ -8,8 +8,8 @@ backward, and with `zero_optimization.memory_efficient_linear` (default true) it
 DeepSpeed observes it; ds-zero's saved-tensor hooks already re-gather saved weights for every op, so the
 function is there for the contract, and it is made cheap:
 
-- when autograd will not record (grad mode off, or no input requires grad) `zero3_linear_wrap` calls
-  torch's linear kernel directly: no graph node is made either way, so nothing observable changes;
+- when autograd will not record (grad mode off, or no input requires grad) `zero3_linear_wrap` computes the
+  values directly: no graph node is made either way, so nothing observable changes;
 - otherwise the function is applied without `torch.autograd.Function.apply`'s per-call signature binding
   (all three arguments are always passed), unless a `torch.func` transform is active, which takes the
   full path (`generate_vmap_rule`, `setup_context`);
@@ -20,8 +20,10 @@ Measured (CPU time, one thread, min of 3 runs on a loaded 2-core machine; torch'
 forward+backward of an 8x64 by 64x64 linear 1.05x (1.76x before these changes), 256x1024 by 1024x1024
 1.00x, 256x512 by 2048x512 1.03x (as before); a no-grad 8x64 by 64x64 forward 1.1x (6.4x before).
 
-Values come from torch's own linear kernel (bit-identical to an unpatched `F.linear`), gradients from
-linear's derivative (two matmuls and a sum), in forward's autocast state as `torch.amp.custom_bwd` gives.
+Values are DeepSpeed's (`deepspeed_linear_values`: the bias is added after the product for inputs of more
+than 2 dims, so bf16 outputs can differ from an unpatched `F.linear`'s by an ulp and a ZeRO-3 run prints
+DeepSpeed's losses), gradients come from linear's derivative (two matmuls and a sum), in forward's autocast
+state as `torch.amp.custom_bwd` gives. `memory_efficient_linear: false` keeps torch's `F.linear`.
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ import ds_comm
 
 __all__ = ["LinearFunctionForZeroStage3", "install_zero3_linear", "zero3_linear_wrap"]
 
-#: torch's linear kernel binding; `F.linear` is this object until something replaces it.
-_aten_linear = torch._C._nn.linear
 _grad_enabled = torch.is_grad_enabled
 _transforms_active = torch._C._are_functorch_transforms_active
 _autocast_enabled = torch.is_autocast_enabled
@@ -70,7 +70,7 @@ class LinearFunctionForZeroStage3(torch.autograd.Function):
 
     @staticmethod
     def forward(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002 - F.linear's names
-        return _aten_linear(input, weight, bias)
+        return deepspeed_linear_values(input, weight, bias)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -88,6 +88,24 @@ class LinearFunctionForZeroStage3(torch.autograd.Function):
             with torch.autocast(device_type=ctx._device_type, enabled=ctx._fwd_used_autocast, dtype=ctx._dtype):
                 return _linear_grads(ctx, grad_out)
         return _linear_grads(ctx, grad_out)
+
+
+def deepspeed_linear_values(
+    input: torch.Tensor,  # noqa: A002 - F.linear's names
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`input @ weight.T + bias` computed as DeepSpeed's stage-3 linear computes it.
+
+    A 2-D input with a bias is one fused multiply-add, as torch's linear; otherwise the product is formed
+    (rounded to the tensor dtype) and the bias added after it. In fp32 that differs from torch's fused
+    kernel by rounding only; in bf16/fp16 by up to an ulp of the output, enough to move a printed bf16
+    loss, so ZeRO-3 runs reproduce DeepSpeed's losses rather than an unpatched `F.linear`'s.
+    """
+    if bias is None or input.dim() != 2:
+        out = input.matmul(weight.t())
+        return out if bias is None else out.add_(bias)
+    return torch.addmm(bias, input, weight.t())
 
 
 def _linear_grads(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -120,12 +138,12 @@ _apply_unbound = super(torch.autograd.Function, LinearFunctionForZeroStage3).app
 def zero3_linear_wrap(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002 - F.linear's names
     """`torch.nn.functional.linear(input, weight, bias)` through `LinearFunctionForZeroStage3` (DeepSpeed's drop-in).
 
-    When autograd would record nothing, torch's kernel is called directly (same values, no graph node).
+    When autograd would record nothing, the values are computed directly (the same values, no graph node).
     """
     if not _grad_enabled() or not (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     ):
-        return _aten_linear(input, weight, bias)
+        return deepspeed_linear_values(input, weight, bias)
     if _transforms_active():
         result: torch.Tensor = LinearFunctionForZeroStage3.apply(input, weight, bias)  # type: ignore[no-untyped-call]
         return result
