@@ -158,9 +158,9 @@ def _batches(loader: Any, skip: int) -> Iterator[Any]:
 def _consumed_batches(engine: deepspeed.DeepSpeedEngine) -> int:
     """Loader batches this rank skips after a resume: the samples the checkpointed run trained on.
 
-    The DistributedSampler deals one order (shuffled; in order under a PipelineEngine) round-robin, so the first `global_samples` samples
-    of that order are the first `global_samples / (micro batch * dp ranks)` batches of every rank,
-    whatever the world size of the run that saved them.
+    The DistributedSampler deals one order (shuffled; in order under a PipelineEngine) round-robin, so the
+    first `global_samples` samples of that order are the first `global_samples / (micro batch * dp ranks)`
+    batches of every rank, whatever the world size of the run that saved them.
     """
     per_step = engine.train_micro_batch_size_per_gpu() * engine.dp_world_size
     if engine.global_samples % per_step:

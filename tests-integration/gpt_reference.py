@@ -3,8 +3,8 @@
 It replays what a data-parallel run computes, from first principles:
 * data: the engine's loader is a `DistributedSampler` (shuffled, seed 0, epoch 0; a PipelineEngine's reads in
   order, as DeepSpeed's does: `shuffled=False`) per data-parallel rank with the micro batch as its batch size;
-  rank r of W takes positions r, r+W, r+2W... of that order, so step s of a run trains on the contiguous block of that permutation after the samples
-  consumed so far, and rank 0's micro batch is every W-th sample of the block;
+  rank r of W takes positions r, r+W, r+2W... of that order, so step s of a run trains on the contiguous block
+  of that order after the samples consumed so far, and rank 0's micro batch is every W-th sample of the block;
 * the update: the mean of the ranks' micro-batch losses (what averaging gradients over ranks gives),
   gradient clipping to the global norm, torch's AdamW, and DeepSpeed's WarmupLR formula (the lr is the
   minimum at construction and moves once per optimizer step).

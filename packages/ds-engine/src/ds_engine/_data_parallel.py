@@ -147,7 +147,8 @@ class GradAllReducer:
 
     A mean without prescale: multiply by `1/predivide`, all-reduce (sum), then by `predivide/world`. With
     prescale: multiply by `1/world`, all-reduce. A sum (`gradient_allreduce_op: "sum"`) is the all-reduce
-    alone: DeepSpeed scales by neither prescale nor predivide then. Every bucket's all-reduce is issued before any is waited on, so gloo/nccl pipeline them.
+    alone: DeepSpeed scales by neither prescale nor predivide then. Every bucket's all-reduce is issued before
+    any is waited on, so gloo/nccl pipeline them.
     Collective: one all-reduce per bucket on `group`, in the same order on every rank.
 
     `first`/`stop` restrict it to the buffer's parameters `first` .. `stop - 1`, so one buffer's parts can
