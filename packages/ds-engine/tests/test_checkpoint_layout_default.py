@@ -46,6 +46,7 @@ def _resolved(config: dict, **kwargs: object) -> str | None:
     return resolve_checkpoint_layout(ds_config, **{**_PLAIN, **kwargs}).model.checkpoint.layout
 
 
+@needs_zero
 def test_unset_is_ds_under_ds_engine() -> None:
     assert _resolved(base_config(zero_optimization={"stage": 2})) == "ds"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def test_module_entry_point_runs(config_file: Path) -> None:
     assert "train_micro_batch_size_per_gpu         8   derived" in proc.stdout
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="bf16 masters: needs ds-zero")
 def test_explain_names_bf16_master_weights(tmp_path: Path, capsys) -> None:
     config = {
         **CONFIG,

@@ -102,6 +102,7 @@ class ContractZeroOptimizer:
         dp_group=None,
         gradient_predivide_factor=1.0,
         communication_dtype=None,
+        gradient_average=True,
     ) -> None:
         self.optimizer = optimizer
         self.kwargs = dict(
@@ -113,6 +114,7 @@ class ContractZeroOptimizer:
             dp_group=dp_group,
             gradient_predivide_factor=gradient_predivide_factor,
             communication_dtype=communication_dtype,
+            gradient_average=gradient_average,
         )
         self.loss_scaler = loss_scaler or LossScaler(1.0)
         self.global_grad_norm = None
@@ -166,6 +168,27 @@ def _fake_load_partitions(ckpt_dir: Any, *, mp_rank: int = 0) -> list[dict[str, 
     return [torch.load(f, weights_only=False)["optimizer_state_dict"] for f in files]
 
 
+def _fake_shared_param_names(module: torch.nn.Module) -> dict[str, str]:
+    """Each later name of a parameter object -> its first name (DeepSpeed's `shared_params`)."""
+    first: dict[int, str] = {}
+    shared = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            shared[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return shared
+
+
+def _fake_frozen_fields(
+    module_state: dict[str, torch.Tensor], frozen: list[str], *, stage: int, **_: Any
+) -> tuple[dict[str, torch.Size] | None, dict[str, torch.Tensor] | None]:
+    """The frozen parameters' shapes and whole values from stage 2 on (None below, as DeepSpeed writes them)."""
+    if stage < 2:
+        return None, None
+    return {n: module_state[n].shape for n in frozen}, {n: module_state[n] for n in frozen}
+
+
 def _fake_ds_zero(with_optimizers: bool) -> types.ModuleType:
     module = types.ModuleType("ds_zero")
     module.__version__ = "0.1.0"
@@ -174,7 +197,9 @@ def _fake_ds_zero(with_optimizers: bool) -> types.ModuleType:
     # The module-level checkpoint helpers the engine calls (see `_zero_contract`), in their simplest form.
     module.zero_param_shapes = _fake_param_shapes
     module.load_partition_state_dicts = _fake_load_partitions
-    module.copy_zero_to_fp32_script = lambda save_dir: None
+    module.shared_param_names = _fake_shared_param_names
+    module.frozen_fields = _fake_frozen_fields
+    module.copy_recovery_scripts = lambda save_dir: None
     if with_optimizers:
         module.DeepSpeedZeroOptimizer = ContractZeroOptimizer
         module.DeepSpeedZeroOptimizer_Stage3 = ContractStage3
@@ -212,6 +237,7 @@ def test_zero_call_site_training_and_checkpoint_follow_the_contract(monkeypatch,
     assert kw["config"].stage == 2 and kw["module"] is model and kw["clip_grad"] == 0.5 and kw["dp_group"] is None
     assert kw["check_overflow"] is True  # fp32 under ZeRO: steps with inf/nan gradients are skipped
     assert kw["gradient_predivide_factor"] == 2.0 and kw["communication_dtype"] == torch.float32
+    assert kw["gradient_average"] is True  # gradient_allreduce_op: "mean", the default
     assert type(kw["loss_scaler"]) is LossScaler and isinstance(optimizer.optimizer, torch.optim.AdamW)
     x, y = batches(1, 4)[0]
     for _ in range(4):

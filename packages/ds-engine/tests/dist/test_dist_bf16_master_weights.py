@@ -21,6 +21,8 @@ from torch import nn
 
 from ds_comm.testing import run_ranks
 
+pytest.importorskip("ds_zero", reason="bf16 master weights are a ZeRO setting: needs ds-zero")
+
 LR, WD, STEPS = 1e-2, 0.01, 4
 
 

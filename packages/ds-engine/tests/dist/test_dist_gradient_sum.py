@@ -8,11 +8,14 @@ by the world size), then the same SGD step. SGD, because Adam's update barely mo
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 from ds_comm.testing import run_ranks
+
+pytest.importorskip("ds_zero", reason="stages 1 and 2 need ds-zero")
 
 STEPS, GAS, LR = 3, 2, 0.05
 SCALINGS = {
