@@ -116,7 +116,10 @@ def test_ds_converts_a_pipeline_deepspeeds_converter_cannot(tmp_path):
 
 def _train_and_save(rank: int, world_size: int, case: str, save_dir: str) -> dict:
     import ds_engine
+    from ds_engine.config import set_default_checkpoint_layout
 
+    # ds's own layout, whether or not this process imported `deepspeed` (which makes DeepSpeed's the default).
+    set_default_checkpoint_layout("ds")
     engine = border_job.build(ds_engine, case, world_size)
     border_job.train(engine, 0, border_job.STEPS_BEFORE, rank, world_size, torch.float32)
     engine.save_checkpoint(save_dir, client_state=dict(border_job.CLIENT_STATE))

@@ -137,7 +137,8 @@ def write_deepspeed_files(
     frozen_shapes, frozen_values = frozen_fields(module, frozen, stage=stage)
     model_states = {
         **states,
-        "module": OrderedDict(module),
+        # None stays None (a pipeline's model-states file: its layers are in files of their own).
+        "module": None if states.get("module") is None and not module else OrderedDict(module),
         "param_shapes": shapes,
         "frozen_param_shapes": frozen_shapes,
         "shared_params": shared,

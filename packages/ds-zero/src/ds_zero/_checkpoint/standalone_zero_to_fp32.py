@@ -300,7 +300,8 @@ def convert_zero_checkpoint_to_state_dict(
         else [f"{stem}-{i:05d}-of-{len(shards):05d}.{suffix}" for i in range(1, len(shards) + 1)]
     )
     for shard, file in zip(shards, names, strict=True):
-        _save({n: state[n] for n in shard}, out / file, safe_serialization)
+        members = set(shard)
+        _save({n: v for n, v in state.items() if n in members}, out / file, safe_serialization)  # module order
     if len(shards) > 1:
         total = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in state.values()}.values())
         weight_map = {n: file for shard, file in zip(shards, names, strict=True) for n in shard}
