@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from stage3_cases import batch, gathered_state, loss_fn, make_model
+from stage3_cases import batch, gathered_state, loss_fn, make_model, train_steps
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -49,18 +49,6 @@ def _params(model: torch.nn.Module, stage: int) -> dict[str, torch.Tensor]:
     if stage == 3:
         return gathered_state(model)
     return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
-
-
-def _train(model: torch.nn.Module, opt: Any, rank: int, steps: range) -> list[float]:
-    losses = []
-    for step in steps:
-        idx, tgt = batch(rank, step, 0)
-        loss = loss_fn(model(idx), tgt)
-        opt.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def _reference(world: int) -> tuple[dict[str, torch.Tensor], list[list[float]], list[torch.dtype]]:
@@ -115,7 +103,7 @@ def _bytes_per_element(opt: Any, model: torch.nn.Module, rank: int, stage: int) 
 
 def _vs_reference(rank: int, world: int, stage: int) -> dict[str, Any]:
     model, opt = _build(stage, True)
-    losses = _train(model, opt, rank, range(STEPS))
+    losses = train_steps(model, opt, rank, range(STEPS), gas=1)
     masters, grads, states = _partition_tensors(opt, stage)
     out = {
         "params": _params(model, stage),
@@ -125,7 +113,7 @@ def _vs_reference(rank: int, world: int, stage: int) -> dict[str, Any]:
     }
     out["ref_params"], out["ref_losses"], out["ref_state_dtypes"] = _reference(world)
     fp32_model, fp32_opt = _build(stage, False)
-    _train(fp32_model, fp32_opt, rank, range(STEPS))
+    train_steps(fp32_model, fp32_opt, rank, range(STEPS), gas=1)
     out["bytes_fp32"] = _bytes_per_element(fp32_opt, fp32_model, rank, stage)
     out["fp32_params"] = _params(fp32_model, stage)
     return out
@@ -178,14 +166,14 @@ def _all_state_dicts(opt: Any) -> list[dict[str, Any]]:
 
 def _checkpoint(rank: int, world: int, stage: int) -> dict[str, Any]:
     model, opt = _build(stage, True)
-    _train(model, opt, rank, range(3))
+    train_steps(model, opt, rank, range(3), gas=1)
     saved = _all_state_dicts(opt)
-    _train(model, opt, rank, range(3, 6))
+    train_steps(model, opt, rank, range(3, 6), gas=1)
     straight = _params(model, stage)
 
     resumed_model, resumed = _build(stage, True)
     resumed.load_state_dict(saved)
-    _train(resumed_model, resumed, rank, range(3, 6))
+    train_steps(resumed_model, resumed, rank, range(3, 6), gas=1)
 
     # the bf16-master checkpoint into an fp32-master run: converted (widened, exactly)
     wide_model, wide = _build(stage, False)

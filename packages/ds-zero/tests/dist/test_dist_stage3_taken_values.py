@@ -14,23 +14,11 @@ from typing import Any
 
 import pytest
 import torch
-from stage3_cases import STAGE3_CFG, batch, loss_fn, make_model
+from stage3_cases import STAGE3_CFG, batch, loss_fn, make_model, train_steps
 
 import ds_zero
 from ds_comm.testing import run_ranks
 from ds_zero import GatheredParameters, ZeroParamStatus
-
-
-def _train(model: torch.nn.Module, opt: Any, rank: int, steps: range) -> list[float]:
-    losses = []
-    for step in steps:
-        idx, tgt = batch(rank, step, 0)
-        loss = loss_fn(model(idx), tgt)
-        opt.backward(loss)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def _taken_values(rank: int, world: int) -> dict[str, Any]:
@@ -51,7 +39,7 @@ def _taken_values(rank: int, world: int) -> dict[str, Any]:
     opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
         model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1), config=STAGE3_CFG
     )
-    losses = _train(model, opt, rank, range(2))
+    losses = train_steps(model, opt, rank, range(2), gas=1)
     taken = {}
     for name, p in model.named_parameters():  # one block per parameter, as TestZeroToFP32 does
         with GatheredParameters(p):
@@ -62,7 +50,7 @@ def _taken_values(rank: int, world: int) -> dict[str, Any]:
     fc1.partition()
     released = [n for n, p in model.named_parameters() if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
     persistent = [n for n, p in model.named_parameters() if p.ds_persist]
-    losses += _train(model, opt, rank, range(2, 4))
+    losses += train_steps(model, opt, rank, range(2, 4), gas=1)
     with GatheredParameters(list(model.parameters())):
         final = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {
