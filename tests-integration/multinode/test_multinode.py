@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -68,9 +69,23 @@ pytestmark = [
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768-60999).
+
+    A port the kernel hands out for `bind(0)` lies in the ephemeral range, which srun and sshd draw
+    their own sockets from at launch time on node0: one CI run lost the rendezvous to srun's I/O socket
+    on the same port (rank 0's store "failed to recv, got 0 bytes"). Below the range only a listener
+    started on purpose can hold the port.
+    """
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767")
 
 
 def _env(**extra: str) -> dict[str, str]:
