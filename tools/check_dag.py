@@ -6,7 +6,9 @@ Fails (exit 1) on:
 - a module-level import of an optional sibling (it must be imported inside a function);
 - an import of a sibling's private module (`ds_comm._dist_init`): siblings meet through `__init__`;
 - a cycle among the declared sibling dependencies;
-- a sibling range that excludes that sibling's current `__about__` version.
+- a sibling range that excludes that sibling's current `__about__` version;
+- an import against ds-engine's layer order or across its border, a circle of files in ds-engine or
+  ds-zero (`tools/_layer_check.py`).
 
 Usage: python tools/check_dag.py [REPO_ROOT]
 """
@@ -21,6 +23,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _layer_check import check_circles, check_layers  # noqa: E402
 
 
 def _name(req: str) -> str:
@@ -131,6 +136,16 @@ def main(root: Path) -> int:
     for name in graph:
         if name not in state:
             dfs(name, [name])
+
+    debt = root / "tools" / "layer_debt.txt"
+    engine_src = root / "packages" / "ds-engine" / "src" / "ds_engine"
+    for found_problems, found_notes in (
+        check_layers(engine_src, debt),
+        check_circles(engine_src, debt),
+        check_circles(root / "packages" / "ds-zero" / "src" / "ds_zero", debt),
+    ):
+        problems += found_problems
+        notes += found_notes
 
     for line in notes:
         print(line)

@@ -43,7 +43,7 @@ FRAMEWORK_PATHS = {
     "deepspeed.checkpoint": "ds_engine.checkpoint",
     "deepspeed.checkpoint.utils": "ds_engine.checkpoint.utils",
     "deepspeed.checkpoint.ds_to_universal": "ds_engine.checkpoint.ds_to_universal",
-    "deepspeed.utils.logging": "ds_engine.utils.logging",
+    "deepspeed.utils.logging": "ds_engine._report.logging",
     "deepspeed.launcher": "ds_launcher",
     "deepspeed.launcher.runner": "ds_launcher.runner",
 }
@@ -162,7 +162,7 @@ def test_framework_names_resolve() -> None:
     from deepspeed.utils import logger
 
     assert DeepSpeedEngine is deepspeed.DeepSpeedEngine
-    assert CheckOverflow.__module__ == get_weight_norm.__module__ == "ds_engine._overflow_check"
+    assert CheckOverflow.__module__ == get_weight_norm.__module__ == "ds_engine._step.overflow_check"
     assert pp.Init is deepspeed.zero.Init is ds_zero.Init
     assert callable(pp.zero_wrapper_for_fp_tensor_constructor) and callable(clone_tensors_for_torch_save)
     assert issubclass(ds_zero.DeepSpeedZeroOptimizer, DeepSpeedOptimizer)

@@ -144,7 +144,7 @@ def test_nvme_offload_hands_the_aio_section_to_stage_3(monkeypatch, tmp_path: Pa
     make_engine(tiny_net(0), base_config(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}))
     assert _Recorder.calls[0][1]["aio_config"] is None  # no NVMe: nothing handed over
 
-    from ds_engine._plan import plan_assembly
+    from ds_engine._plan.plan import plan_assembly
 
     plan = plan_assembly(DeepSpeedConfig(_nvme_config(tmp_path)), device_type="cpu")
     assert (

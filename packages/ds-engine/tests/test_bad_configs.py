@@ -11,7 +11,7 @@ from ds_engine_testkit import base_config, flat_params, tiny_net
 
 import ds_engine
 from ds_engine import DeepSpeedConfigError
-from ds_engine.monitors import tensorboard_available
+from ds_engine._report.monitors import tensorboard_available
 
 E = DeepSpeedConfigError
 SGD = {"type": "SGD", "params": {"lr": 0.1}}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
-import ds_engine._checkpoint
+import ds_engine._checkpoint.checkpoint
 from ds_comm.testing import RankFailedError, file_events, run_ranks
 
 SCHED = {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}
@@ -127,7 +127,7 @@ def test_a_save_from_another_data_x_sequence_layout_is_reported_not_refused(tmp_
             state["checkpoint_parallel_dimensions"]["sp_degree"] = sp_degree
         torch.save(state, path)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="ds_engine._checkpoint"):
+        with caplog.at_level(logging.INFO, logger="ds_engine._checkpoint.checkpoint"):
             assert fresh.load_checkpoint(str(tmp_path))[0] == str(path)
         assert torch.equal(flat_params(fresh_model), flat_params(model))
         return caplog.text
@@ -168,7 +168,7 @@ def _crash_during_save(rank: int, world: int, save_dir: str, where: str) -> None
         def die(path, text):
             os._exit(17)
 
-        ds_engine._checkpoint.atomic_write_text = die
+        ds_engine._checkpoint.checkpoint.atomic_write_text = die
         engine.save_checkpoint(save_dir, tag="bad")
 
 
@@ -186,7 +186,7 @@ def test_a_save_killed_midway_leaves_latest_on_the_previous_tag(tmp_path: Path, 
 
 def test_micro_steps_saved_at_another_accumulation_count_are_rederived() -> None:
     """A checkpoint saved at gas 1 (micro_steps 3) loaded at gas 2: the boundary must stay on whole batches."""
-    from ds_engine._train_state import restored_counters
+    from ds_engine._checkpoint.train_state import restored_counters
 
     saved = {"global_steps": 3, "micro_steps": 3, "global_samples": 12}
     assert restored_counters(saved, train_batch_size=4, gradient_accumulation_steps=2).micro_steps == 6

@@ -14,7 +14,7 @@ from ds_engine_testkit import base_config, flat_params, tiny_net
 import ds_engine
 from ds_comm.testing import run_ranks
 from ds_engine import DeepSpeedConfigError
-from ds_engine._deepspeed_layout import check_deepspeed_layout
+from ds_engine._checkpoint.deepspeed_layout import check_deepspeed_layout
 from ds_engine.config import DeepSpeedConfig
 
 _LAYOUT = r'checkpoint.layout="deepspeed" cannot be written with '

@@ -16,7 +16,7 @@ import pytest
 import torch
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
-from ds_engine._deepspeed_layout import resolve_checkpoint_layout
+from ds_engine._checkpoint.deepspeed_layout import resolve_checkpoint_layout
 from ds_engine.config import DeepSpeedConfig, default_checkpoint_layout, set_default_checkpoint_layout
 
 needs_zero = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero (ZeRO configs)")

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from ds_engine._precision import MixedPrecisionOptimizer
-from ds_engine._timers import NullTimers
+from ds_engine._report.timers import NullTimers
+from ds_engine._step.precision import MixedPrecisionOptimizer
 from ds_engine.checkpoint.universal_checkpoint import enable_universal_checkpoint, load_hp_checkpoint_state
 from ds_ops.precision import LossScaler
 

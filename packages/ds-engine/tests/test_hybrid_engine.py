@@ -115,7 +115,7 @@ def test_eval_reports_the_latency_split_of_the_last_round(caplog: pytest.LogCapt
     engine.train()
     engine.backward(torch.nn.functional.mse_loss(engine(x), y))
     engine.step()
-    with caplog.at_level(logging.INFO, logger="ds_engine._hybrid_engine"):
+    with caplog.at_level(logging.INFO, logger="ds_engine._hybrid.engine"):
         engine.eval()
     assert engine.training is False and engine._training_latency == 0.0
     assert any("|E2E latency=" in r.message and "|Training time=" in r.message for r in caplog.records)

@@ -16,7 +16,7 @@ from ds_engine_testkit import base_config, make_engine
 from torch import nn
 
 from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
-from ds_engine._mixed_precision import keep_in_fp32_pattern
+from ds_engine._step.mixed_precision import keep_in_fp32_pattern
 
 
 class Router(nn.Module):

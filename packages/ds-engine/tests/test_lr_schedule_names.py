@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ds_engine import lr_schedules
-from ds_engine._schedulers import build_config_scheduler, check_scheduler_params
+from ds_engine._optim.schedulers import build_config_scheduler, check_scheduler_params
 from ds_engine.runtime import lr_schedules as runtime_lr_schedules
 
 # DeepSpeed 0.19.x's values, written out so a typo on our side fails here.

@@ -13,7 +13,7 @@ from ds_engine_testkit import base_config, make_engine, tiny_net
 from torch import nn
 
 from ds_engine import DeepSpeedConfig, DeepSpeedConfigError, DeepSpeedEngine
-from ds_engine._mixed_precision import cast_module_mixed_precision, mixed_precision_dtypes
+from ds_engine._step.mixed_precision import cast_module_mixed_precision, mixed_precision_dtypes
 from ds_engine.config._errors import ParamDtypeConflictError
 
 

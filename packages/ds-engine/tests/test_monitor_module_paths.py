@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from ds_engine import DeepSpeedConfig
+from ds_engine._report.monitors import tensorboard_available
 from ds_engine.monitor.comet import CometMonitor
 from ds_engine.monitor.config import DeepSpeedMonitorConfig, get_monitor_config
 from ds_engine.monitor.csv_monitor import csvMonitor
 from ds_engine.monitor.monitor import MonitorMaster
 from ds_engine.monitor.tensorboard import TensorBoardMonitor
 from ds_engine.monitor.wandb import WandbMonitor
-from ds_engine.monitors import tensorboard_available
 
 
 def test_sections_read_from_a_config() -> None:

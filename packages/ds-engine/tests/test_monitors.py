@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
-from ds_engine.monitors import TensorBoardMonitor, tensorboard_available
+from ds_engine._report.monitors import TensorBoardMonitor, tensorboard_available
 
 
 def _rows(path: Path) -> list[list[str]]:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
-from ds_engine.monitors import comet_available, wandb_available
-from ds_engine.monitors._comet import _LogThrottle
+from ds_engine._report.monitors import comet_available, wandb_available
+from ds_engine._report.monitors._comet import _LogThrottle
 
 _NAMES = {"Train/Samples/train_loss", "Train/Samples/lr", "Train/Samples/loss_scale"}
 
@@ -140,8 +140,8 @@ def test_comet_throttle_per_name() -> None:
 
 
 def test_missing_packages_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ds_engine.monitors._comet as comet_mod
-    import ds_engine.monitors._wandb as wandb_mod
+    import ds_engine._report.monitors._comet as comet_mod
+    import ds_engine._report.monitors._wandb as wandb_mod
 
     monkeypatch.setattr(wandb_mod, "wandb_available", lambda: False)
     monkeypatch.setattr(comet_mod, "comet_available", lambda: False)

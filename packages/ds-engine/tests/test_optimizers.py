@@ -8,8 +8,8 @@ from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_e
 
 import ds_engine
 import ds_ops
-from ds_engine._optimizers import normalize_param_groups, plan_config_optimizer, swap_for_cpu_optimizer
-from ds_engine._torch_optimizers import FusedLion
+from ds_engine._optim.optimizers import normalize_param_groups, plan_config_optimizer, swap_for_cpu_optimizer
+from ds_engine._optim.torch_optimizers import FusedLion
 
 
 class FakeCPUAdam(torch.optim.AdamW):
@@ -63,7 +63,7 @@ def test_torch_adam_and_adam_w_mode(no_cpu_adam) -> None:
 def test_torch_adam_stays_torch_under_offload(caplog) -> None:
     """DeepSpeed: `torch_adam` wins over offload, and `fp32_optimizer_states` is dropped (popped) there."""
     params = {"lr": 0.1, "torch_adam": True, "adam_w_mode": False, "fp32_optimizer_states": True}
-    with caplog.at_level("WARNING", logger="ds_engine._optimizers"):
+    with caplog.at_level("WARNING", logger="ds_engine._optim.optimizers"):
         plan = plan_config_optimizer("adam", params, device_type="cpu", offload=True)
     assert (plan.target, plan.kwargs) == ("torch.optim.Adam", {"lr": 0.1})
     assert "fp32_optimizer_states applies to ds_ops.DeepSpeedCPUAdam" in caplog.text
@@ -99,7 +99,7 @@ def test_cpu_parameters_get_fused_adam_and_offload_gets_cpu_adam(fake_cpu_adam, 
     offload = plan_config_optimizer("adam", params, device_type="cpu", offload=True)
     assert offload.target == "ds_ops.DeepSpeedCPUAdam" and offload.fallback is None
     assert offload.kwargs == {"lr": 0.1, "bias_correction": True, "adamw_mode": False}
-    with caplog.at_level("WARNING", logger="ds_engine._optimizers"):
+    with caplog.at_level("WARNING", logger="ds_engine._optim.optimizers"):
         dropped = plan_config_optimizer("adamw", {"fp32_optimizer_states": False}, device_type="cpu", offload=False)
     assert dropped.kwargs == {"adam_w_mode": True} and "ds_ops.FusedAdam ignores it" in caplog.text
     kept = plan_config_optimizer("adamw", {"fp32_optimizer_states": False}, device_type="cpu", offload=True)
@@ -233,7 +233,7 @@ def test_lion_config_defaults_are_deepspeeds_with_and_without_offload() -> None:
     for key in ("lr", "betas", "weight_decay"):
         assert engine.optimizer.defaults[key] == cpu.defaults[key], key
     assert engine.optimizer.defaults["lr"] == 1e-3 and tuple(engine.optimizer.defaults["betas"]) == (0.9, 0.999)
-    assert FusedLion.__module__ == "ds_engine._torch_optimizers"
+    assert FusedLion.__module__ == "ds_engine._optim.torch_optimizers"
     from ds_engine.ops.lion import FusedLion as from_ops_path
 
     assert from_ops_path is FusedLion

@@ -1,6 +1,6 @@
 """The ds-zero and ds-pipe seams: clear errors without them, and the ZeRO call site per the contract.
 
-The contract (`ds_engine._zero_contract`) is exercised with a stand-in module that implements its
+The contract (`ds_engine._step.zero_contract`) is exercised with a stand-in module that implements its
 interface without partitioning; tests/test_zero_contract.py checks ds-zero's real classes against it.
 """
 
@@ -229,6 +229,8 @@ def test_zero_call_site_training_and_checkpoint_follow_the_contract(monkeypatch,
             gradient_predivide_factor=2.0,
             communication_data_type="fp32",
             scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5}},
+            # ds's layout, whichever default an earlier `import deepspeed` in this process set
+            checkpoint={"layout": "ds"},
         ),
         dist_init_required=False,
     )

@@ -16,6 +16,7 @@ SHIMS = (
     "ds_engine.runtime.sequence_parallel.ulysses_sp",
     "ds_engine.runtime.sequence_parallel.parallel_state_sp",
     "ds_engine.utils.groups",
+    "ds_engine._parallel.groups",  # the module the DeepSpeed path above is
     "ds_engine.moe",
     "ds_engine.moe.layer",
     "ds_engine.moe.utils",

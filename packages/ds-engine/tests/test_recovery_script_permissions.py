@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ds_engine import DeepSpeedEngine
-from ds_engine._recovery_script import change_recovery_script_permissions
+from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
 
 
 def test_sets_owner_execute_bit(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def test_config_utils_readers() -> None:
 
 
 def test_runtime_config_optimizer_names_are_what_the_engine_builds() -> None:
-    from ds_engine._optimizers import DS_OPTIMIZERS
+    from ds_engine._optim.optimizers import DS_OPTIMIZERS
     from ds_engine.runtime import config
 
     assert config.ADAM_OPTIMIZER == "adam" and config.ADAMW_OPTIMIZER == "adamw" and config.LION_OPTIMIZER == "lion"

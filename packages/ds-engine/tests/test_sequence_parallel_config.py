@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ds_engine._dist_info import DistInfo
-from ds_engine._plan import plan_assembly, reduction_dtype
-from ds_engine._sequence_parallel import check_sequence_parallel
+from ds_engine._parallel.sequence_parallel import check_sequence_parallel
+from ds_engine._plan.dist_info import DistInfo
+from ds_engine._plan.plan import plan_assembly, reduction_dtype
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
 BASE = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}

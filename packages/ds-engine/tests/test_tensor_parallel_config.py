@@ -76,7 +76,7 @@ def test_combinations_tensor_parallelism_refuses(extra: dict[str, Any], match: s
 def _no_record_left() -> Any:
     """A `tp_model_init` record lives until the next initialize() consumes it: never leak one to other tests."""
     yield
-    from ds_engine import _tp_model_init
+    from ds_engine._parallel import tp_model_init as _tp_model_init
     from ds_parallel.tensor import set_autotp_mode
 
     _tp_model_init._RECORD.clear()

@@ -13,8 +13,8 @@ import math
 import pytest
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
-from ds_engine import _timers
-from ds_engine._timers import ThroughputTimer
+from ds_engine._report import timers as _timers
+from ds_engine._report.timers import ThroughputTimer
 
 
 @pytest.fixture

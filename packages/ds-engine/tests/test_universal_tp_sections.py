@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("ds_zero", reason="the converter is ds-zero's")
 tensor = pytest.importorskip("ds_parallel", reason="ShardLayout is ds-parallel's").tensor
 
-from ds_engine._universal_tp import _sections_map  # noqa: E402
+from ds_engine._checkpoint.universal_tp import _sections_map  # noqa: E402
 from ds_zero._checkpoint.affine_map import rebuild  # noqa: E402
 
 

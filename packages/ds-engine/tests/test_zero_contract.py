@@ -1,4 +1,4 @@
-"""ds-zero's optimizers satisfy the engine's typed ZeRO contract (`ds_engine._zero_contract`), structurally.
+"""ds-zero's optimizers satisfy the engine's typed ZeRO contract (`ds_engine._step.zero_contract`), structurally.
 
 ds-zero does not import ds-engine, so nothing but this test ties the two: each Protocol member exists
 on both classes, with the keywords the engine passes, and a real one-process instance of each is a
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from ds_engine._zero_contract import ZeroOptimizer, ZeroOptimizerFactory, ZeroParamAccess
+from ds_engine._step.zero_contract import ZeroOptimizer, ZeroOptimizerFactory, ZeroParamAccess
 
 ds_zero = pytest.importorskip("ds_zero", reason="the contract needs ds-zero: pip install 'ds-engine[zero]'")
 

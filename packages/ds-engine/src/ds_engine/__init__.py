@@ -17,24 +17,24 @@ from typing import TYPE_CHECKING
 from ds_comm import get_accelerator, init_distributed
 from ds_engine import accelerator, comm, git_version_info, lr_schedules
 from ds_engine.__about__ import __version__
-from ds_engine._dataloader import DeepSpeedDataLoader
-from ds_engine._engine import DeepSpeedEngine
-from ds_engine._hybrid_engine import DeepSpeedHybridEngine
-from ds_engine._init_inference import init_inference
-from ds_engine._initialize import (
+from ds_engine._engine.dataloader import DeepSpeedDataLoader
+from ds_engine._engine.engine import DeepSpeedEngine
+from ds_engine._hybrid.engine import DeepSpeedHybridEngine
+from ds_engine._inference.init_inference import init_inference
+from ds_engine._optim.torch_optimizers import Lamb, Lion
+from ds_engine._optional import require
+from ds_engine._parallel.tp_model_init import tp_model_init
+from ds_engine._pipeline.build import PipelineError
+from ds_engine._pipeline.engine import PipelineEngine
+from ds_engine._setup.initialize import (
     DeepSpeedOptimizerCallable,
     DeepSpeedSchedulerCallable,
     add_config_arguments,
     initialize,
 )
-from ds_engine._optional import require
-from ds_engine._pipeline.build import PipelineError
-from ds_engine._pipeline.engine import PipelineEngine
-from ds_engine._precision import MixedPrecisionOptimizer
-from ds_engine._torch_optimizers import Lamb, Lion
-from ds_engine._tp_model_init import tp_model_init
+from ds_engine._step.precision import MixedPrecisionOptimizer
 from ds_engine.config import DeepSpeedConfigError
-from ds_engine.constants import TORCH_DISTRIBUTED_DEFAULT_PORT
+from ds_engine.config._constants import TORCH_DISTRIBUTED_DEFAULT_PORT
 from ds_engine.git_version_info import git_branch, git_hash
 from ds_engine.runtime.base_optimizer import DeepSpeedOptimizer, ZeROOptimizer
 from ds_engine.utils import OnDevice, log_dist, logger

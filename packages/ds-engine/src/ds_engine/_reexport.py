@@ -1,4 +1,4 @@
-"""`optional_reexport`: DeepSpeed's import paths (`deepspeed.pipe`, `deepspeed.zero`) over an optional sibling.
+"""DeepSpeed's import paths over ds's code: `optional_reexport` (an optional sibling) and `alias_module` (a layer).
 
 A shim module such as `ds_engine/pipe.py` is one line:
 
@@ -8,17 +8,21 @@ Importing the shim imports the sibling (through `require`, so a missing one is a
 names `pip install 'ds-engine[<extra>]'`); names are then looked up on the sibling at each access
 (PEP 562 module `__getattr__`), so `from ds_engine.pipe import PipelineModule` returns ds-pipe's own
 class, never a copy. `import ds_engine` itself imports no shim: `ds_engine.__getattr__` does on first use.
+
+A DeepSpeed path whose code is ds-engine's own (`ds_engine/utils/groups.py` over `_parallel/groups.py`)
+calls `alias_module(__name__, target)` and is then that very module.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ds_engine._optional import require
 
-__all__ = ["optional_reexport"]
+__all__ = ["alias_module", "optional_reexport"]
 
 
 def optional_reexport(
@@ -60,3 +64,16 @@ def optional_reexport(
         return sorted(public)
 
     return public, __getattr__, __dir__
+
+
+def alias_module(shim: str, target: str) -> None:
+    """Make DeepSpeed's path `shim` the very module object `target` (called from the shim's own body).
+
+    [Note: why DeepSpeed's paths alias ds's modules] ds's own code lives in its layers (`_report/`,
+    `_checkpoint/`, ...) and never imports a DeepSpeed path; DeepSpeed's scripts and tests import the
+    DeepSpeed path, read and reset its module globals (`groups._DATA_PARALLEL_GROUP = None`) and patch its
+    functions. Putting `target` into `sys.modules` under the shim's name while the shim is being imported
+    makes the import system hand back `target` (it re-reads `sys.modules` when the body finishes), so both
+    names are one module: a patch through either is seen by ds's code.
+    """
+    sys.modules[shim] = importlib.import_module(target)

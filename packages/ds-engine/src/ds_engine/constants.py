@@ -1,23 +1,10 @@
-"""`deepspeed.constants`: DeepSpeed's named constants that scripts import."""
+"""`deepspeed.constants` is the module `ds_engine.config._constants` (one object: `_reexport.alias_module`)."""
 
-from __future__ import annotations
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CROSS_RANK",
-    "CROSS_SIZE",
-    "INFERENCE_GENERIC_MODE",
-    "INFERENCE_SPECIALIZED_MODE",
-    "LOCAL_RANK",
-    "TORCH_DISTRIBUTED_DEFAULT_PORT",
-]
+from ds_engine._reexport import alias_module
 
-#: The rendezvous port `init_distributed()` / `initialize()` use when none is given.
-TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+if TYPE_CHECKING:
+    from ds_engine.config._constants import *  # noqa: F403
 
-INFERENCE_GENERIC_MODE = "generic"
-INFERENCE_SPECIALIZED_MODE = "specialized"
-
-#: Environment variable names of the launcher's layout.
-CROSS_RANK = "CROSS_RANK"
-CROSS_SIZE = "CROSS_SIZE"
-LOCAL_RANK = "LOCAL_RANK"
+alias_module(__name__, "ds_engine.config._constants")

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ds_comm import get_accelerator
-from ds_engine._plan import plan_assembly
+from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
 __all__ = ["cli", "explain", "main"]

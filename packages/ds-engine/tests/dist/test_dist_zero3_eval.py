@@ -154,7 +154,7 @@ def test_stages_1_and_2_without_optimizer_are_refused_before_any_work() -> None:
     from ds_engine_testkit import base_config, make_engine, tiny_net
 
     from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
-    from ds_engine._plan import plan_assembly
+    from ds_engine._plan.plan import plan_assembly
 
     for stage in (1, 2):
         with pytest.raises(

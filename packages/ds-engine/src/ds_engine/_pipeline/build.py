@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ds_engine._assembly import assemble
+from ds_engine._engine.assembly import assemble
 from ds_engine._optional import require
 from ds_engine._pipeline.engine import PipelineEngine, PipelineError, PipelineSettings
 from ds_engine.config import DeepSpeedConfigError
 
 if TYPE_CHECKING:
-    from ds_engine._dist_info import DistInfo
-    from ds_engine._plan import AssemblyPlan
+    from ds_engine._plan.dist_info import DistInfo
+    from ds_engine._plan.plan import AssemblyPlan
     from ds_engine.config import DeepSpeedConfig
 
 logger = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ds_comm
-from ds_engine import _checkpoint
+from ds_engine._checkpoint import checkpoint as _checkpoint
+from ds_engine._checkpoint.train_state import ENGINE_KEYS
 from ds_engine._pipeline.universal import load_pipeline_universal
-from ds_engine._train_state import ENGINE_KEYS
 
 if TYPE_CHECKING:
     from ds_engine._pipeline.engine import PipelineEngine

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 
 import ds_comm
-from ds_engine._assembly import EngineParts
-from ds_engine._engine import DeepSpeedEngine
+from ds_engine._checkpoint.train_state import TrainState
+from ds_engine._engine.assembly import EngineParts
+from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._optional import require
 from ds_engine._pipeline import checkpoint as _pipeline_checkpoint
 from ds_engine._pipeline.clip import PipelineGradClipper
-from ds_engine._train_state import TrainState
 from ds_ops.precision import local_overflow
 
 logger = logging.getLogger(__name__)

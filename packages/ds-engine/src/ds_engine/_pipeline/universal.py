@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import ds_comm
-from ds_engine import _checkpoint
+from ds_engine._checkpoint import checkpoint as _checkpoint
 from ds_engine._optional import require
 
 if TYPE_CHECKING:

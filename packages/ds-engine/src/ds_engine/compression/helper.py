@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from ds_engine._module_attrs import recursive_getattr, recursive_setattr
+from ds_engine._parallel.module_attrs import recursive_getattr, recursive_setattr
 
 __all__ = ["recursive_getattr", "recursive_setattr"]
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ds_comm import find_ignored
-from ds_engine._optimizers import is_zero_tested_optimizer
+from ds_engine._optim.optimizers import is_zero_tested_optimizer
 from ds_engine.config._errors import DeepSpeedConfigError, ParamDtypeConflictError
 from ds_engine.config._feature_sections import CompileConfig
 from ds_engine.config._types import dtype_name

@@ -268,7 +268,7 @@ class DeepSpeedConfig:
     @property
     def monitor_config(self) -> Any:
         """`deepspeed.monitor.config.DeepSpeedMonitorConfig` of the four monitor sections (DeepSpeed's attribute)."""
-        from ds_engine.monitor.config import DeepSpeedMonitorConfig
+        from ds_engine.config._monitor_section import DeepSpeedMonitorConfig
 
         m = self.model
         return DeepSpeedMonitorConfig(

@@ -4,7 +4,7 @@
 compatibility distribution serves DeepSpeed's users, whose tools (DeepSpeed's `zero_to_fp32.py`,
 Hugging Face's and Lightning's helpers) expect DeepSpeed's files: importing it makes DeepSpeed's layout
 the default for engines initialized afterwards in that process, wherever that layout can hold the job
-(`ds_engine._deepspeed_layout.resolve_checkpoint_layout`, which logs the fallback otherwise). One
+(`ds_engine._checkpoint.deepspeed_layout.resolve_checkpoint_layout`, which logs the fallback otherwise). One
 setting per process, read once by each `initialize()`; an explicit `checkpoint.layout` always wins.
 """
 

@@ -14,8 +14,8 @@ from pydantic import BeforeValidator, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import ConfigModel
-from ds_engine._optimizers import ParamError, canonical_optimizer_name, check_optimizer_params
-from ds_engine._schedulers import check_scheduler_params, scheduler_class
+from ds_engine._optim.optimizers import ParamError, canonical_optimizer_name, check_optimizer_params
+from ds_engine._optim.schedulers import check_scheduler_params, scheduler_class
 from ds_engine.config._types import DtypeName, Float, Int, NonNegFloat, NonNegInt, PosInt
 
 __all__ = [

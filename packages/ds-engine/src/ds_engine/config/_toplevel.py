@@ -7,7 +7,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BeforeValidator, StrictBool
 
 from ds_comm import CommsLoggerConfig, ConfigModel
-from ds_engine._log_levels import log_level_value
 from ds_engine.config._feature_sections import (
     AutotuningConfig,
     CompileConfig,
@@ -15,6 +14,7 @@ from ds_engine.config._feature_sections import (
     ExpertParallelConfig,
 )
 from ds_engine.config._hybrid_engine import HybridEngineConfig
+from ds_engine.config._log_levels import log_level_value
 from ds_engine.config._sections import (
     BF16Config,
     CheckpointConfig,

@@ -3,7 +3,7 @@
 `monitor.config.DeepSpeedMonitorConfig` holds the four sections (`tensorboard`, `wandb`, `csv_monitor`,
 `comet`; also `DeepSpeedConfig.monitor_config`). `TensorBoardMonitor(section)`, `WandbMonitor(section)`,
 `csvMonitor(section)` and `CometMonitor(section)` expose the section's settings as attributes and, when
-enabled, write on global rank 0 through ds's backends (`ds_engine.monitors`);
+enabled, write on global rank 0 through ds's backends (`ds_engine._report.monitors`);
 `monitor.MonitorMaster(monitor_config)` fans events out to the enabled ones, as the engine's monitor does.
 """
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ds_engine._report.monitors import CsvMonitor as _Backend
 from ds_engine.monitor._rank import is_rank_zero
-from ds_engine.monitors import CsvMonitor as _Backend
 
 __all__ = ["csvMonitor"]
 

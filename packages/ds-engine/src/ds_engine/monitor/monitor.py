@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from ds_engine._report.monitors import MonitorMaster as _Master
 from ds_engine.monitor.comet import CometMonitor
 from ds_engine.monitor.config import DeepSpeedMonitorConfig
 from ds_engine.monitor.csv_monitor import csvMonitor
 from ds_engine.monitor.tensorboard import TensorBoardMonitor
 from ds_engine.monitor.wandb import WandbMonitor
-from ds_engine.monitors import MonitorMaster as _Master
 
 __all__ = ["MonitorMaster"]
 

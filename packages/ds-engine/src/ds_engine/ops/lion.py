@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ds_engine._torch_optimizers import FusedLion
+from ds_engine._optim.torch_optimizers import FusedLion
 from ds_ops import DeepSpeedCPULion
 
 __all__ = ["DeepSpeedCPULion", "FusedLion"]

@@ -13,7 +13,7 @@ import abc
 import sys
 from typing import Any
 
-from ds_engine._precision import MixedPrecisionOptimizer
+from ds_engine._step.precision import MixedPrecisionOptimizer
 
 __all__ = ["DeepSpeedOptimizer", "ZeROOptimizer"]
 

@@ -6,6 +6,6 @@ masters, a static scale of 1 and an optional overflow check for bf16), so `BF16_
 
 from __future__ import annotations
 
-from ds_engine._precision import MixedPrecisionOptimizer as BF16_Optimizer
+from ds_engine._step.precision import MixedPrecisionOptimizer as BF16_Optimizer
 
 __all__ = ["BF16_Optimizer"]

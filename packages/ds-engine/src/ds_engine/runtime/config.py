@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ds_engine._optimizers import DS_OPTIMIZERS
+from ds_engine._optim.optimizers import DS_OPTIMIZERS
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 from ds_engine.config._key_values import key_value
 from ds_engine.runtime.constants import GRADIENT_CLIPPING, LOG_LEVEL

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ds_engine._engine import DeepSpeedEngine
+from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine.checkpoint.constants import CHECKPOINT_PARALLEL_DIMS, CHECKPOINT_PP_DEGREE, CHECKPOINT_TP_DEGREE
 from ds_engine.utils.bwc import bwc_pipeline_parallel_world_size, bwc_tensor_model_parallel_world_size
 

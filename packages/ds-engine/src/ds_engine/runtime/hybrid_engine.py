@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ds_engine._hybrid_engine import DeepSpeedHybridEngine
+from ds_engine._hybrid.engine import DeepSpeedHybridEngine
 
 __all__ = ["DeepSpeedHybridEngine"]

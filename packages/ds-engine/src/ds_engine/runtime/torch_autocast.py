@@ -3,7 +3,7 @@
 `init_autocast_params(engine, dtype, names)` tags the parameters of the lower-precision-safe module classes
 (`names`, qualified class names; None: Linear and Conv1d/2d/3d) with `comm_dtype=dtype`; `get_comm_dtype(p)`
 reads the tag (the parameter's own dtype without one). `autocast_if_enabled(engine)` is the context the
-engine's forward runs in. initialize() does both when `torch_autocast.enabled` is true (`_autocast.py`).
+engine's forward runs in. initialize() does both when `torch_autocast.enabled` is true (`_step/autocast.py`).
 
 Deliberate difference: DeepSpeed's ZeRO reduces the tagged parameters' gradients in their `comm_dtype`;
 ds reduces every gradient in its own dtype (or `communication_data_type`), so the tag is informational here.
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ds_comm import get_accelerator
-from ds_engine._autocast import (
+from ds_engine._step.autocast import (
     LOWER_PRECISION_SAFE_MODULES,
     PARAM_COMM_DTYPE_ATTR_NAME,
     AutocastPolicy,
@@ -86,7 +86,7 @@ def sort_dtypes(dtypes: Iterable[torch.dtype]) -> list[torch.dtype]:
 
 @contextlib.contextmanager
 def autocast_if_enabled(engine: Any) -> Iterator[None]:
-    """Run the body as `engine.forward` runs the module (`_autocast.py`'s note on an outer autocast)."""
+    """Run the body as `engine.forward` runs the module (`_step/autocast.py`'s note on an outer autocast)."""
     policy = getattr(engine, "_autocast", None)
     if not isinstance(policy, AutocastPolicy):
         enabled = bool(engine.torch_autocast_enabled())

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ds_engine._backward_graph import count_used_parameters_in_backward
-from ds_engine._grad_norms import clip_grad_norm_, get_global_norm, has_inf_or_nan, is_model_parallel_parameter
-from ds_engine._memory_report import empty_cache, see_memory_usage
-from ds_engine._overflow_check import CheckOverflow, get_weight_norm, is_moe_param
-from ds_engine._tensor_moves import copy_to_device, move_to_device
+from ds_engine._report.memory import empty_cache, see_memory_usage
+from ds_engine._step.backward_graph import count_used_parameters_in_backward
+from ds_engine._step.grad_norms import clip_grad_norm_, get_global_norm, has_inf_or_nan, is_model_parallel_parameter
+from ds_engine._step.overflow_check import CheckOverflow, get_weight_norm, is_moe_param
+from ds_engine._step.tensor_moves import copy_to_device, move_to_device
 
 if TYPE_CHECKING:  # served by __getattr__ from ds-pipe; type checkers see its own
     from ds_pipe import PartitionedTensor, partition_balanced, partition_uniform, prefix_sum_inc

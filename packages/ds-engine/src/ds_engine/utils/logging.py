@@ -1,65 +1,10 @@
-"""`deepspeed.utils.logging`: `logger` (DeepSpeed's "DeepSpeed" logger), `log_dist`, and the level setters.
+"""`deepspeed.utils.logging` is the module `ds_engine._report.logging` (one object: `_reexport.alias_module`)."""
 
-[Note: the "DeepSpeed" logger] DeepSpeed logs through `logging.getLogger("DeepSpeed")`, and users and
-libraries configure that name: its level (Lightning through `deepspeed.utils.logging.logger.setLevel`, the
-config's `log_level`), its handlers, its `propagate` flag (tests flip it so `caplog` sees the records).
-The ds packages log under their own names (`ds`, `ds_zero.*`, `ds_engine.*`, ...). Importing this module
-(every `import deepspeed` and `import ds_engine` does) makes the "DeepSpeed" logger the parent of each ds
-package's root logger (`DS_LOGGERS`), so ds records travel the way DeepSpeed's do:
+from typing import TYPE_CHECKING
 
-* a ds logger left at NOTSET (the default) takes its effective level from "DeepSpeed", so setting that
-  logger to WARNING hides ds INFO records and setting it to INFO lets them through;
-* records propagate from the ds loggers to the handlers of "DeepSpeed", and past it only if its
-  `propagate` is true (the default, so root handlers and `caplog` see them as before).
+from ds_engine._reexport import alias_module
 
-The library still adds no handler and sets no level or `propagate` here: while nobody configures
-"DeepSpeed", it passes everything through unchanged (root's level, root's handlers, Python's last-resort
-handler), so a record is printed once, as before. A handler a user puts on "DeepSpeed" with
-`propagate = False` (DeepSpeed's own setup) sees every ds record, and root's handlers then see none.
-"""
+if TYPE_CHECKING:
+    from ds_engine._report.logging import *  # noqa: F403
 
-from __future__ import annotations
-
-import logging
-
-from ds_comm import log_dist
-from ds_engine._log_levels import log_level_value
-
-__all__ = ["DS_LOGGERS", "get_log_level_from_string", "log_dist", "logger", "set_log_level_from_string"]
-
-logger = logging.getLogger("DeepSpeed")
-
-#: The loggers DeepSpeed's single logger stands for here: itself, the shared `ds` one and each package's root.
-DS_LOGGERS = ("DeepSpeed", "ds", "ds_comm", "ds_ops", "ds_zero", "ds_pipe", "ds_engine", "ds_parallel", "ds_launcher")
-
-
-def _adopt_ds_loggers() -> None:
-    """Make "DeepSpeed" the parent of each ds package's root logger (see the module note); idempotent.
-
-    Only those roots are re-pointed: their children (`ds_zero._stage3.optimizer`, ...) keep their package
-    root as parent, and loggers created later find it by name as usual.
-    """
-    for name in DS_LOGGERS[1:]:
-        logging.getLogger(name).parent = logger
-
-
-_adopt_ds_loggers()
-
-
-def get_log_level_from_string(log_level_str: str) -> int:
-    """`"info"` -> `logging.INFO` (any case).
-
-    Raises:
-        ValueError: not one of debug, info, warning, error, critical.
-    """
-    return log_level_value(log_level_str)
-
-
-def set_log_level_from_string(log_level_str: str, custom_logger: logging.Logger | None = None) -> None:
-    """Set the level of `custom_logger` (default: the "DeepSpeed" logger and every ds package's) and of its handlers."""
-    level = get_log_level_from_string(log_level_str)
-    targets = [custom_logger] if custom_logger is not None else [logging.getLogger(n) for n in DS_LOGGERS]
-    for target in targets:
-        target.setLevel(level)
-        for handler in target.handlers:
-            handler.setLevel(level)
+alias_module(__name__, "ds_engine._report.logging")

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from ds_engine._precision import stage0_grad_owner
-from ds_engine._zero_contract import ZeroParamAccess
+from ds_engine._step.precision import stage0_grad_owner
+from ds_engine._step.zero_contract import ZeroParamAccess
 
 __all__ = [
     "safe_get_full_fp32_param",

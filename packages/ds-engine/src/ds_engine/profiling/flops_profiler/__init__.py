@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from ds_engine.profiling.flops_profiler._units import (
+from ds_engine._report.flops_profiler.profiler import (
+    FlopsProfiler,
+    get_model_profile,
+    get_module_duration,
+    get_module_flops,
+    get_module_macs,
+)
+from ds_engine._report.flops_profiler.units import (
     bytes_to_string,
     duration_to_string,
     flops_to_string,
     macs_to_string,
     number_to_string,
     params_to_string,
-)
-from ds_engine.profiling.flops_profiler.profiler import (
-    FlopsProfiler,
-    get_model_profile,
-    get_module_duration,
-    get_module_flops,
-    get_module_macs,
 )
 
 __all__ = [

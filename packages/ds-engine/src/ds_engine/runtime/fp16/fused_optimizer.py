@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ds_engine._precision import MixedPrecisionOptimizer as FP16_Optimizer
+from ds_engine._step.precision import MixedPrecisionOptimizer as FP16_Optimizer
 
 __all__ = ["FP16_Optimizer"]

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ds_engine._precision import MixedPrecisionOptimizer as FP16_UnfusedOptimizer
+from ds_engine._step.precision import MixedPrecisionOptimizer as FP16_UnfusedOptimizer
 
 __all__ = ["FP16_UnfusedOptimizer"]

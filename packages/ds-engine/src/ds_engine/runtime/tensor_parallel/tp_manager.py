@@ -20,7 +20,7 @@ from torch import nn
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._optional import require
-from ds_engine._tensor_parallel import tensor_parallel_mpu
+from ds_engine._parallel.tensor_parallel import tensor_parallel_mpu
 from ds_engine.config._tensor_parallel import TensorParallelConfig, TPConfig
 from ds_engine.module_inject.auto_tp import AutoTP
 

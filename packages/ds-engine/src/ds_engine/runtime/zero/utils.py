@@ -21,7 +21,7 @@ import torch
 
 import ds_comm
 from ds_comm import get_accelerator
-from ds_engine._optimizers import zero_supported_optimizer_classes
+from ds_engine._optim.optimizers import zero_supported_optimizer_classes
 
 __all__ = [
     "ZERO_SUPPORTED_OPTIMIZERS",

@@ -1,0 +1,1 @@
+"""Save and load: ds and DeepSpeed layouts, universal, TP/MoE state, the atomic directory swap."""

@@ -1,0 +1,188 @@
+"""MoE checkpoints in DeepSpeed's layout: one file per (layer, global expert), experts out of the model states.
+
+    <tag>/layer_{L}_expert_{E}_mp_rank_00_model_states.pt   expert E of the L-th MoE layer (module order): its
+                                                            parameters and buffers under the module path with
+                                                            the GLOBAL expert index
+    <tag>/mp_rank_00_model_states.pt                        the module without expert entries, plus
+                                                            `num_experts` (a list, per MoE layer)
+    <tag>/expp_rank_{R}_mp_rank_00_optim_states.pt          stage 0: expert-parallel rank R's optimizer
+    <tag>/zero_pp_rank_{r}_mp_rank_00_optim_states.pt       ZeRO 1/2: as for dense models; expert
+                                                            fragments are named globally
+
+Each expert file is written by rank 0 of that expert's expert-data-parallel group. Loading reads, for each
+local expert, the file of its global index, so weights load at any expert-parallel degree; ZeRO partitions
+re-partition by their global names too. A stage-0 optimizer state is positional (the local experts'
+parameters), so it loads only at the expert-parallel degree it was saved with.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import ds_comm
+from ds_comm import atomic_save
+from ds_engine._step.moe import MoeWiring, moe_layout
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "expert_file",
+    "load_moe_state_dict",
+    "merge_expert_states",
+    "non_expert_state",
+    "optimizer_file",
+    "read_stage0_optimizer",
+    "write_expert_files",
+]
+
+
+def expert_file(ckpt_dir: Path, layer_id: int, expert_id: int, mp_rank: int) -> Path:
+    return ckpt_dir / f"layer_{layer_id}_expert_{expert_id}_mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def optimizer_file(ckpt_dir: Path, ep_rank: int, mp_rank: int) -> Path:
+    return ckpt_dir / f"expp_rank_{ep_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+
+
+def non_expert_state(module_state: dict[str, Any], wiring: MoeWiring) -> dict[str, Any]:
+    """The module state dict without expert entries (they go to the expert files)."""
+    return {k: v for k, v in module_state.items() if k not in wiring.expert_names}
+
+
+def write_expert_files(
+    module: nn.Module, wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, serialization: bool
+) -> None:
+    """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0."""
+    state = module.state_dict()
+    for layer_id, layer in enumerate(wiring.layers):
+        if layer.edp_rank != 0:
+            continue
+        per_expert: dict[int, dict[str, torch.Tensor]] = {}
+        head = f"{layer.prefix}." if layer.prefix else ""
+        for local_name, global_name in wiring.expert_names.items():
+            if not local_name.startswith(head + "deepspeed_moe."):
+                continue
+            expert_id = _expert_index(global_name)
+            per_expert.setdefault(expert_id, {})[global_name] = state[local_name].detach().clone()
+        for expert_id, tensors in sorted(per_expert.items()):
+            atomic_save(tensors, expert_file(ckpt_dir, layer_id, expert_id, mp_rank), serialization=serialization)
+
+
+def _expert_index(global_name: str) -> int:
+    marker = "deepspeed_experts."
+    rest = global_name[global_name.index(marker) + len(marker) :]
+    return int(rest.split(".", 1)[0])
+
+
+def merge_expert_states(
+    module_state: dict[str, Any], wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int
+) -> dict[str, Any]:
+    """`module_state` plus this rank's local experts, read from the files of their global indices.
+
+    Raises:
+        FileNotFoundError: an expert file is missing (names it and the layer's expert count).
+        KeyError: an expert file lacks an entry this model has.
+    """
+    out = dict(module_state)
+    wanted: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for layer_id, layer in enumerate(wiring.layers):
+        head = f"{layer.prefix}." if layer.prefix else ""
+        for local_name, global_name in wiring.expert_names.items():
+            if local_name.startswith(head + "deepspeed_moe."):
+                wanted.setdefault((layer_id, _expert_index(global_name)), []).append((local_name, global_name))
+    for (layer_id, expert_id), names in sorted(wanted.items()):
+        path = expert_file(ckpt_dir, layer_id, expert_id, mp_rank)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"load_checkpoint: {path} is missing (MoE layer {layer_id} has "
+                f"{wiring.layers[layer_id].num_experts} experts); was the checkpoint saved with MoE layers?"
+            )
+        saved = ds_comm.load_checkpoint_file(path)
+        for local_name, global_name in names:
+            if global_name not in saved:
+                raise KeyError(f"{path} has no entry {global_name!r} (it has {sorted(saved)[:4]}...)")
+            out[local_name] = saved[global_name]
+    return out
+
+
+def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) -> dict[str, Any]:
+    """This rank's stage-0 optimizer state from its expert-parallel rank's file.
+
+    Raises:
+        ValueError: the file is missing or was saved at another expert-parallel degree (the state is
+            positional); load with load_optimizer_states=False or resume under ZeRO 1/2 then.
+    """
+    ep_rank, ep_size = _largest_group_rank(wiring)
+    path = optimizer_file(ckpt_dir, ep_rank, mp_rank)
+    if not path.is_file():
+        raise ValueError(
+            f"load_checkpoint: {path} is missing; the checkpoint was saved at another expert-parallel "
+            "degree or under ZeRO. A stage-0 optimizer state loads only at the degree it was saved with: "
+            "pass load_optimizer_states=False (or use ZeRO stage 1/2, which re-partitions)"
+        )
+    saved = ds_comm.load_checkpoint_file(path)
+    if int(saved.get("ep_size", ep_size)) != ep_size:
+        raise ValueError(
+            f"load_checkpoint: {path} holds the optimizer of expert-parallel size {saved['ep_size']}, this run "
+            f"has {ep_size}; pass load_optimizer_states=False (or use ZeRO stage 1/2, which re-partitions)"
+        )
+    return saved["optimizer"]
+
+
+def write_stage0_optimizer(
+    state: dict[str, Any], wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, serialization: bool
+) -> None:
+    """Stage 0: expert-data-parallel rank 0 of the largest expert group writes its expert-parallel rank's file."""
+    ep_rank, ep_size = _largest_group_rank(wiring)
+    largest = max(wiring.layers, key=lambda layer: int(layer.group_name.rsplit("_", 1)[1]))
+    if largest.edp_rank != 0:
+        return
+    atomic_save(
+        {"optimizer": state, "ep_size": ep_size},
+        optimizer_file(ckpt_dir, ep_rank, mp_rank),
+        serialization=serialization,
+    )
+
+
+def _largest_group_rank(wiring: MoeWiring) -> tuple[int, int]:
+    largest = max(wiring.layers, key=lambda layer: int(layer.group_name.rsplit("_", 1)[1]))
+    return largest.ep_rank, int(largest.group_name.rsplit("_", 1)[1])
+
+
+def load_moe_state_dict(
+    checkpoint_path: str | Path,
+    tag: Any,
+    state_dict: dict[str, Any],
+    old_moe_load: bool = False,
+    model: nn.Module | None = None,
+    mpu: Any = None,
+    num_experts: int | list[int] = 1,
+    checkpoint_engine: Any = None,
+) -> None:
+    """DeepSpeed's `DeepSpeedEngine.load_moe_state_dict`: add `model`'s local experts to `state_dict`, in place.
+
+    For scripts that load a model-states file themselves (Megatron-style): the expert entries are read
+    from `<checkpoint_path>/<tag>/layer_{L}_expert_{E}_...` files by global expert index and stored under
+    this rank's local names, so `model.load_state_dict(state_dict)` works at any expert-parallel degree.
+    `num_experts` and `checkpoint_engine` are accepted for DeepSpeed's signature; the counts come from the
+    model's MoE layers and the files are read with ds's restricted unpickler.
+
+    Raises:
+        ValueError: no `model`, a model without MoE layers, or `old_moe_load` (DeepSpeed's pre-0.5 layout).
+        FileNotFoundError: an expert file is missing (named).
+    """
+    if old_moe_load:
+        raise ValueError("load_moe_state_dict(old_moe_load=True): DeepSpeed's pre-0.5 MoE layout is not supported")
+    if model is None:
+        raise ValueError("load_moe_state_dict needs model= (the module whose MoE layers name the local experts)")
+    layers, expert_names = moe_layout(model)
+    if not layers:
+        raise ValueError(f"load_moe_state_dict: {type(model).__name__} has no MoE layers")
+    wiring = MoeWiring(ep_groups={}, edp_groups={}, edp_src={}, layers=layers, expert_names=expert_names)
+    mp_rank = 0 if mpu is None else int(mpu.get_model_parallel_rank())
+    state_dict.update(merge_expert_states(state_dict, wiring, Path(checkpoint_path) / str(tag), mp_rank=mp_rank))

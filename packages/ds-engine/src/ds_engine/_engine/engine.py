@@ -1,0 +1,611 @@
+"""`DeepSpeedEngine`: the training loop's object. forward, backward, step; everything else is wired in.
+
+The engine holds objects initialize() built (a stepper, a scheduler, a reporter, timers) and
+counters; the step path reads no config. See `_engine/assembly.py` for how the parts are made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ds_engine._checkpoint import checkpoint as _checkpoint
+from ds_engine._checkpoint import deepspeed_layout as _deepspeed_layout
+from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
+from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
+from ds_engine._checkpoint import universal_tp as _universal_tp
+from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
+from ds_engine._checkpoint.train_state import Counters, TrainState, rng_state
+from ds_engine._engine.assembly import EngineParts
+from ds_engine._engine.checkpoint_names import EngineCheckpointNames
+from ds_engine._engine.compile import EngineCompile
+from ds_engine._engine.consolidated import ConsolidatedWeights
+from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_dataloader
+from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
+from ds_engine._engine.grad_reduce import EngineGradReduce
+from ds_engine._engine.mixed_precision import EngineMixedPrecision
+from ds_engine._engine.offload_states import (
+    BACKWARD_NEEDS,
+    FORWARD_NEEDS,
+    SAVE_NEEDS,
+    STEP_NEEDS,
+    EngineOffloadStates,
+)
+from ds_engine._engine.queries import EngineQueries
+from ds_engine._engine.sync_contexts import EngineSyncContexts
+from ds_engine._optional import require
+from ds_engine._report.flops_step import StepFlopsProfile
+from ds_engine._step.autocast import AutocastPolicy
+from ds_engine._step.loss_scale_guard import LossScaleGuard
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeepSpeedEngine"]
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+class DeepSpeedEngine(
+    EngineQueries,
+    DeepSpeedGetters,
+    EngineMixedPrecision,
+    EngineOffloadStates,
+    EngineGradReduce,
+    EngineSyncContexts,
+    EngineCompile,
+    ConsolidatedWeights,
+    EngineCheckpointNames,
+    nn.Module,
+):
+    """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
+    `engine.step()`.
+
+    Build it with `ds_engine.initialize(...)`. Attributes not found on the engine are looked up on
+    the wrapped `engine.module`.
+
+    Gradient accumulation is managed by default: `backward` divides the loss by
+    `gradient_accumulation_steps`, and `step()` applies an update only at the boundary (every
+    `gradient_accumulation_steps`-th call), advancing `micro_steps` on every call. With
+    `"managed_gradient_accumulation": false` every `step()` is a boundary.
+    """
+
+    #: DeepSpeed's static helper: a model-states dict plus this rank's experts from their files.
+    load_moe_state_dict = staticmethod(_moe_checkpoint.load_moe_state_dict)
+
+    def __init__(self, parts: EngineParts) -> None:
+        super().__init__()
+        self.module = parts.module
+        self._ds_config = parts.config
+        self._plan = parts.plan
+        self._dist = parts.dist
+        self.device = parts.device
+        self._stepper = parts.stepper
+        self.optimizer = parts.optimizer
+        self.basic_optimizer = parts.basic_optimizer
+        self.parameter_offload = parts.parameter_offload
+        self._tp = parts.tensor_parallel
+        self._moe = parts.moe
+        self._autocast = parts.autocast or AutocastPolicy(parts.plan.device_type)
+        self.has_moe_layers = parts.moe is not None
+        self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
+        self.moe_layers: list[nn.Module] = (
+            [parts.module.get_submodule(layer.prefix).deepspeed_moe for layer in parts.moe.layers]
+            if parts.moe is not None
+            else []
+        )
+        self.lr_scheduler = parts.lr_scheduler
+        self.training_dataloader = parts.training_dataloader
+        self.timers = parts.timers
+        self.monitor = parts.monitor
+        self._reporter = parts.reporter
+        #: DeepSpeed's samples/sec timer: started at each forward, stopped at each step() (see `_timers`).
+        self.tput_timer = parts.reporter.throughput
+        self._collate_fn = parts.collate_fn
+        m = parts.config.model
+        self._ckpt_config = m.checkpoint
+        self._write_checkpoint = (  # checkpoint.layout, decided once
+            _deepspeed_layout.write_deepspeed_checkpoint
+            if m.checkpoint.layout == "deepspeed"
+            else _checkpoint.write_checkpoint
+        )
+        self._zero = parts.config.zero
+        self._gas = parts.config.gradient_accumulation_steps
+        self._micro_batch = parts.config.train_micro_batch_size_per_gpu
+        self._train_batch = parts.config.train_batch_size
+        self._managed = m.managed_gradient_accumulation
+        self._input_dtype = torch.float16 if m.fp16.enabled and m.fp16.auto_cast else None
+        self._boundary_override: bool | None = None
+        self._in_no_sync = False
+        self._step_applied = False
+        self._loss_sum: torch.Tensor | None = None
+        self.global_steps = 0
+        self.global_samples = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        fp = m.flops_profiler
+        self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
+        self.flops_profiler = self._flops.profiler if self._flops is not None else None
+        self._loss_scale_guard = LossScaleGuard(self.loss_scale)
+
+    # -- passthrough ------------------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules", {})
+            if "module" in modules:
+                return getattr(modules["module"], name)
+            raise
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module (inputs cast to fp16 first when `fp16.auto_cast`; under `torch.autocast` as the
+        `torch_autocast` section says, see `_step/autocast.py`)."""
+        self._check_states_loaded("engine.forward()", FORWARD_NEEDS)
+        self.tput_timer.start()
+        self.timers.start("forward")
+        if self._input_dtype is not None:
+            inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
+        with self._autocast.forward_context():
+            if self._flops is None:
+                out = self.module(*inputs, **kwargs)
+            else:
+                with self._flops.forward(self.global_steps):
+                    out = self.module(*inputs, **kwargs)
+        self._loss_scale_guard.arm(out)
+        self.timers.stop("forward")
+        return out
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backward of `loss` into the gradient accumulators.
+
+        The loss is divided by `gradient_accumulation_steps` (when `scale_wrt_gas`), multiplied by
+        the loss scale (fp16), and back-propagated. No collective runs here at stage 0: gradients are
+        reduced at the boundary in `step()`.
+
+        Returns:
+            the loss divided by `gradient_accumulation_steps` (when `scale_wrt_gas`), before any loss
+            scale: what was back-propagated, as DeepSpeed returns it.
+
+        Raises:
+            RuntimeError: no optimizer was configured.
+            ValueError: `loss` is not a scalar tensor that requires grad.
+        """
+        if self._stepper is None:
+            raise self._no_optimizer("engine.backward()")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise ValueError(
+                "engine.backward(loss): loss must be a one-element tensor that requires grad, got "
+                f"{type(loss).__name__}"
+                + (
+                    f" of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}"
+                    if isinstance(loss, torch.Tensor)
+                    else ""
+                )
+            )
+        self._check_states_loaded("engine.backward()", BACKWARD_NEEDS)
+        self.timers.start("backward")
+        if self._reporter.needs_loss:
+            detached = loss.detach().float().reshape(())
+            self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
+        self.timers.start("backward_inner")
+        hint = getattr(self._stepper, "set_step_boundary", None)
+        if hint is not None:  # ZeRO-Infinity may update sub-groups during the backward that ends the window
+            hint(self.is_gradient_accumulation_boundary())
+        with self._loss_scale_guard.engine_backward():
+            if self._flops is None:
+                self._stepper.backward(scaled, retain_graph)
+            else:
+                with self._flops.backward(self.global_steps):
+                    self._stepper.backward(scaled, retain_graph)
+        self.timers.stop("backward_inner")
+        self.timers.stop("backward")
+        return scaled
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a script may back-propagate itself (`engine.scale(loss).backward()`, then `engine.step()`).
+
+        Divided by `gradient_accumulation_steps` and multiplied by the loss scale, exactly what
+        `backward` back-propagates, at every ZeRO stage: ZeRO's gradient hooks reduce (and stage 3
+        releases parameters) during whichever backward runs, so a script's own `.backward()` on this
+        loss leaves the same gradients as `engine.backward(loss)`. (`engine.backward` additionally tells a
+        ZeRO-Infinity optimizer whether this backward ends the window, which lets it step NVMe sub-groups
+        early; with `scale()` they are stepped in `step()`.)
+        """
+        return self._backward_prologue(loss)
+
+    def _backward_prologue(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """DeepSpeed's name for what `backward` propagates: `scale(loss)` (`scale_wrt_gas=False`: only the
+        loss scale). For scripts that run `.backward()` themselves and then `_backward_epilogue()`."""
+        scaled = loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
+        factor = self._stepper.loss_scale if self._stepper is not None else 1.0
+        if factor == 1.0:
+            return scaled
+        scaled = scaled * factor
+        self._loss_scale_guard.mark_scaled(scaled)
+        return scaled
+
+    def _backward_epilogue(self) -> None:
+        """Finish a backward the script ran itself (`loss.backward()`, e.g. one loss over several engines):
+        what `backward` does once autograd is done. At stage 0 with fp16/bf16 that moves the 16-bit
+        gradients into the fp32 accumulation buffer (so the next backward does not add to them in 16 bits);
+        ZeRO's gradient hooks and the boundary reduction in `step()` need nothing more."""
+        finish = getattr(self._stepper, "after_backward", None)
+        if finish is not None:
+            finish()
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""
+        if self._boundary_override is not None:
+            return self._boundary_override
+        if not self._managed:
+            return True
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Override the boundary decision for the next `step()` (reset after it)."""
+        self._boundary_override = bool(is_boundary)
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        """At the boundary: reduce, (unscale, check), clip, update, step the lr scheduler; always count the micro step.
+
+        On an overflow (fp16, bf16 with `check_grad_overflow`, fp32 under ZeRO; one order at every
+        stage: `ds_ops.precision.finish_step`) the update and the scheduler step are skipped and
+        `skipped_steps` grows; `global_steps` counts every boundary, as in DeepSpeed.
+        Collectives (stage 0, several ranks): one all-reduce per gradient bucket on the
+        data-parallel group.
+        """
+        if self._stepper is None:
+            raise self._no_optimizer("engine.step()")
+        self._refuse_step_in_sync_context()
+        self._check_states_loaded("engine.step()", STEP_NEEDS)
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
+            if self._flops is None:
+                self._take_model_step(lr_kwargs)
+            else:
+                with self._flops.step(self.global_steps):
+                    self._take_model_step(lr_kwargs)
+        else:
+            self._step_applied = False
+        self._boundary_override = None
+        self.tput_timer.stop(global_step=boundary)
+        if boundary:
+            self._report_step()
+        self.micro_steps += 1
+
+    def _no_optimizer(self, call: str) -> RuntimeError:
+        stage3 = (
+            " (ZeRO stage 3 still partitions and gathers the parameters for forward)"
+            if self.parameter_offload is not None
+            else ""
+        )
+        return RuntimeError(
+            f"{call} needs an optimizer: this engine was built without one, for evaluation only"
+            f'{stage3}; add an "optimizer" section to the config or pass optimizer= to initialize()'
+        )
+
+    def _take_model_step(self, lr_kwargs: dict[str, Any] | None) -> None:
+        self.timers.start("step")
+        applied = self._stepper.step()
+        self._step_applied = applied
+        if applied:
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+        else:
+            self.skipped_steps += 1
+        self.global_steps += 1
+        self.global_samples += self._train_batch
+        self.timers.stop("step")
+
+    def _report_step(self) -> None:
+        """The reporter's turn after an optimizer step (after the throughput timer took the step's time)."""
+        loss = None
+        if self._loss_sum is not None:
+            loss, self._loss_sum = self._loss_sum / self._gas, None
+        self._reporter.after_step(
+            global_steps=self.global_steps,
+            global_samples=self.global_samples,
+            skipped_steps=self.skipped_steps,
+            lrs=self.get_lr,
+            loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
+            loss=loss,
+        )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear accumulated gradients (the engine does this after every applied or skipped step)."""
+        if self._stepper is not None:
+            self._stepper.zero_grad()
+
+    def was_step_applied(self) -> bool:
+        """False when the last step() skipped its update (overflow, or not a boundary)."""
+        return self._step_applied
+
+    def train(self, mode: bool = True) -> DeepSpeedEngine:
+        super().train(mode)
+        return self
+
+    def eval(self) -> DeepSpeedEngine:
+        return self.train(False)
+
+    def destroy(self) -> None:
+        """Close monitors and destroy the optimizer (ZeRO's frees its natively pinned offload buffers);
+        the engine must not be used afterwards."""
+        destroy_optimizer = getattr(self.optimizer, "destroy", None)
+        if callable(destroy_optimizer):
+            destroy_optimizer()
+        if self.monitor is not None:
+            self.monitor.close()
+
+    # -- data -------------------------------------------------------------------------------------------
+    def deepspeed_io(
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        route: str = "train",
+        pin_memory: bool = True,
+        data_sampler: Any = None,
+        collate_fn: Callable[..., Any] | None = None,
+        num_local_io_workers: int | None = None,
+    ) -> DeepSpeedDataLoader:
+        """A loader over `dataset` with the micro batch size, sharded across data-parallel ranks."""
+        if route not in ("train", "eval", "predict"):
+            raise ValueError(f"deepspeed_io: route must be 'train', 'eval' or 'predict', got {route!r}")
+        return make_dataloader(
+            dataset,
+            batch_size=batch_size or self._micro_batch,
+            dp_world_size=self._dist.dp_world_size,
+            dp_rank=self._dist.dp_rank,
+            pin_memory=pin_memory,
+            data_sampler=data_sampler,
+            collate_fn=collate_fn or self._collate_fn,
+            num_workers=num_local_io_workers or 0,
+            drop_last=self._ds_config.model.dataloader_drop_last,
+            shuffle=route == "train",
+        )
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: Any = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Save module, optimizer (loss scaler, fp32 masters, ZeRO partitions), scheduler, counters and RNG.
+
+        Collective: every rank must call it. Files go under `save_dir/<tag>` (default tag
+        `global_step<N>`), each through `ds_comm.atomic_save` (temporary name, fsync, rename); after
+        all ranks finished, rank 0 points `save_dir/latest` at the tag. A crash mid-save leaves
+        `latest` on the previous tag.
+        `client_state` entries are stored beside the engine's and returned by `load_checkpoint`.
+
+        With `checkpoint.layout: "deepspeed"` the files are DeepSpeed 0.19.8's (`_deepspeed_layout`: built
+        in a staging directory from a ds save, then published with one rename before `latest` moves).
+        """
+        self._check_states_loaded("engine.save_checkpoint()", SAVE_NEEDS)
+        tag = _checkpoint.resolve_save_tag(
+            save_dir,
+            tag,
+            global_steps=self.global_steps,
+            tag_validation=self._ckpt_config.tag_validation,
+            world_size=self.world_size,
+            device=self.device,
+        )
+        rng_states = _checkpoint.gather_rng(rng_state(), world_size=self.world_size, device=self.device)
+        partitioned = self._zero.stage > 0 and self._stepper is not None
+        extra: dict[str, Any] = {}
+        # `_tp_optimizer_state`'s note: whole, like the weights (stage 1/2; a stage-3 save loads at its own layout)
+        if partitioned and self._tp is not None and self._zero.stage < 3:
+            ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
+            whole = ds_zero.param_states_of(
+                self._stepper.optimizer,
+                transform=_tp_optimizer_state.whole_tensors(self.module),
+                keep_tensors=self.global_rank == 0,  # the rank that writes it; the others only take part
+            )
+            if self.global_rank == 0:
+                extra[_tp_optimizer_state.PARAM_STATES_KEY] = whole
+        if self._tp is not None:  # how each parameter is cut, for ds_to_universal (DeepSpeed's AutoTP records it)
+            extra[_universal_tp.UNIVERSAL_INFO_KEY] = _universal_tp.universal_checkpoint_info(self.module)
+        self._write_checkpoint(
+            _checkpoint.SaveRequest(
+                root=Path(save_dir),
+                tag=tag,
+                mp_rank=self._mp_rank,
+                dp_rank=self._dp_rank,
+                writes_latest=self.global_rank == 0,
+                serialization=self._ckpt_config.checkpoint_serialization,
+                ds_config=self._ds_config.raw,
+                train_state=self._train_state(rng_states, exclude_frozen_parameters, extra)
+                if self._dp_rank == 0
+                else None,
+                zero_partition=self._stepper.state_dict() if partitioned else None,
+                client_state=dict(client_state or {}),
+                save_latest=save_latest,
+                write_weights=self._weights_writer(exclude_frozen_parameters),
+            )
+        )
+        return True
+
+    def _train_state(
+        self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
+    ) -> TrainState:
+        """This engine's training state as a value, for the model-states file (`extra`: engine keys beside it).
+
+        With tensor parallelism the stage-0 optimizer state is saved whole (`_tp_optimizer_state`).
+        """
+        zero = self._zero.stage > 0
+        shapes = shared = frozen_shapes = frozen_values = None
+        module_state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
+            module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
+        if zero and self._stepper is not None:
+            # The ZeRO optimizer's groups hold flat partitions; ds-zero knows which parameters they hold.
+            ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
+            shapes = [
+                {name: torch.Size(shape) for name, shape in group.items()}
+                for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)
+            ]
+            # DeepSpeed's consolidation (its zero_to_fp32.py) reads tied and frozen parameters from these.
+            shared = ds_zero.shared_param_names(self.module)
+            if not exclude_frozen_parameters and module_state is not None:
+                trained = {name for group in shapes for name in group}
+                frozen = [n for n, _ in self.module.named_parameters() if n not in trained and n in module_state]
+                frozen_shapes, frozen_values = ds_zero.frozen_fields(module_state, frozen, stage=self._zero.stage)
+        keep_optimizer = not zero and self._stepper is not None and self._moe is None
+        optimizer = self._stepper.state_dict() if keep_optimizer and self._stepper is not None else None
+        if optimizer is not None and self._tp is not None:
+            params = self._stepper.state_params()  # type: ignore[attr-defined]  # every stage-0 stepper has it
+            optimizer = _tp_optimizer_state.gather_stage0_state(optimizer, params, self.module)
+        return TrainState(
+            module=module_state,
+            buffer_names=[n for n, _ in self.module.named_buffers()],
+            optimizer=optimizer,
+            param_shapes=shapes,
+            shared_params=shared,
+            frozen_param_shapes=frozen_shapes,
+            frozen_param_fragments=frozen_values,
+            lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            counters=Counters(
+                global_steps=self.global_steps,
+                global_samples=self.global_samples,
+                micro_steps=self.micro_steps,
+                skipped_steps=self.skipped_steps,
+            ),
+            dp_world_size=self.dp_world_size,
+            mp_world_size=self.mp_world_size,
+            tp_degree=self.mp_world_size,
+            sp_degree=self._dist.sp_world_size,
+            ds_config=self._ds_config.raw,
+            rng_states=rng_states,
+            extra=extra or {},
+        )
+
+    def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
+        """Writes weights kept outside the model-states file: an MoE model's expert files (and, at stage 0,
+        its per-expert-parallel-rank optimizer file); nothing for a dense model."""
+        moe = self._moe
+        if moe is None:
+            return None
+        serialization = self._ckpt_config.checkpoint_serialization
+        stage0_optimizer = self._stepper.state_dict() if self._zero.stage == 0 and self._stepper is not None else None
+
+        def write(ckpt_dir: Path) -> None:
+            _moe_checkpoint.write_expert_files(
+                self.module, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
+            )
+            if stage0_optimizer is not None:
+                _moe_checkpoint.write_stage0_optimizer(
+                    stage0_optimizer, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
+                )
+
+        return write
+
+    def _change_recovery_script_permissions(self, dst: str | Path) -> None:
+        """DeepSpeed's private chmod step for a checkpoint's `zero_to_fp32.py`: make `dst` executable, or log
+        on the "DeepSpeed" logger (INFO) why not and go on (`_recovery_script`)."""
+        change_recovery_script_permissions(dst)
+
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: Any = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+        custom_load_fn: Callable[..., Any] | None = None,
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Load `load_dir/<tag>` (default: the tag in `load_dir/latest`); returns `(path, client_state)`.
+
+        Without a `latest` file it logs a warning and returns `(None, None)`, as DeepSpeed does.
+        """
+        return _checkpoint.load_checkpoint(
+            self,
+            load_dir,
+            tag,
+            load_module_strict,
+            load_optimizer_states,
+            load_lr_scheduler_states,
+            load_module_only,
+            custom_load_fn,
+        )
+
+    def save_16bit_model(
+        self, save_dir: str, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False
+    ) -> bool:
+        """Rank 0 writes the module's state_dict (parameters in the training dtype) to `save_dir/save_filename`.
+
+        Collective under ZeRO stage 3: every rank must call it; parameters are gathered one module at a
+        time, and only with `stage3_gather_16bit_weights_on_model_save` (otherwise a warning, no file,
+        and False, as in DeepSpeed). Returns True when the file was written.
+        """
+        return _checkpoint.save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
+    save_fp16_model = save_16bit_model
+
+    def module_state_dict(
+        self,
+        destination: dict[str, Any] | None = None,
+        prefix: str = "",
+        keep_vars: bool = False,
+        exclude_frozen_parameters: bool = False,
+    ) -> dict[str, Any]:
+        """The wrapped module's state_dict, optionally without frozen parameters.
+
+        With tensor parallelism the weights are whole (gathered: a collective on the tensor-parallel
+        group), so checkpoints load at any tensor-parallel size, or without it.
+        """
+        if self._tp is not None:
+            full = self._tp_full_state_dict()
+            state = type(full)((prefix + k, v) for k, v in full.items())
+        else:
+            state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = type(state)((k, v) for k, v in state.items() if k not in frozen)
+        return state
+
+    def _tp_full_state_dict(self) -> dict[str, Any]:
+        """Whole weights of a tensor-parallel model; at ZeRO stage 3 each rank first gathers its shards over
+        the data-parallel ranks (its tensor-parallel part of the model, whole, for the duration)."""
+        assert self._tp is not None
+        if self._zero.stage != 3:
+            return self._tp.full_state_dict(self.module)
+        ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
+        with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            return {k: v.clone() for k, v in self._tp.full_state_dict(self.module).items()}
+
+    def load_module_state_dict(
+        self,
+        checkpoint: dict[str, Any],
+        strict: bool = True,
+        custom_load_fn: Callable[..., Any] | None = None,
+        **_: Any,
+    ) -> None:
+        """Load module weights (copied into the existing, already cast parameters)."""
+        if custom_load_fn is not None:
+            custom_load_fn(src=checkpoint, dst=self.module)
+        elif self._tp is not None and self._zero.stage == 3:  # every data-parallel rank loads the same shard
+            ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
+            with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0):
+                self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
+        elif self._tp is not None:
+            self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
+        else:
+            self.module.load_state_dict(checkpoint, strict=strict)

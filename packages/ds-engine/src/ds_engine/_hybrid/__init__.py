@@ -1,0 +1,1 @@
+"""The hybrid engine (training + generation) built on DeepSpeedEngine."""

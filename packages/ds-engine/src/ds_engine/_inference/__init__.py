@@ -1,0 +1,1 @@
+"""`init_inference()` built on ds-engine's inference engine."""

@@ -1,0 +1,1 @@
+"""Which optimizer and learning-rate schedule: torch and ds optimizers, Muon, schedule names."""

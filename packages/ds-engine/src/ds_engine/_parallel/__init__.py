@@ -1,0 +1,1 @@
+"""Tensor, sequence and expert parallelism wired onto the model."""

@@ -1,0 +1,57 @@
+"""Sequence parallelism at initialize(): the mpu from ds-parallel's mesh, and its agreement with the config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ds_engine._optional import require
+from ds_engine._plan.dist_info import DistInfo
+
+__all__ = ["check_data_parallel_size", "check_sequence_parallel", "sequence_parallel_mpu"]
+
+
+def sequence_parallel_mpu(sequence_parallel_size: int) -> Any:
+    """Build ds-parallel's process mesh with `sp=sequence_parallel_size` and return its mpu.
+
+    Raises:
+        ImportError: ds-parallel is not installed (names `pip install 'ds-engine[parallel]'`).
+        ValueError: the world size is not a multiple of the degree (from `ParallelDims`).
+    """
+    ds_parallel = require("ds_parallel", extra="parallel", feature=f"sequence_parallel_size={sequence_parallel_size}")
+    mesh = ds_parallel.groups.initialize_mesh(sp=sequence_parallel_size)
+    return ds_parallel.MeshMPU(mesh)
+
+
+def check_sequence_parallel(config_size: int, dist: DistInfo, *, pipeline: bool) -> None:
+    """The config's `sequence_parallel_size` must be the mpu's degree; pipelines do not take it.
+
+    Raises:
+        ValueError: the two disagree, or a PipelineModule is given with sequence parallelism.
+    """
+    if pipeline and config_size > 1:
+        raise ValueError(f"sequence_parallel_size={config_size} is not supported with a PipelineModule")
+    if config_size != dist.sp_world_size:
+        raise ValueError(
+            f"sequence_parallel_size={config_size} in the config but the mpu's sequence-parallel world "
+            f'size is {dist.sp_world_size}; set "sequence_parallel_size": {dist.sp_world_size}'
+        )
+
+
+def check_data_parallel_size(config_size: int | None, *, with_sequence_parallel: bool, dist: DistInfo) -> None:
+    """`data_parallel_size`, given with `sequence_parallel_size`, must be the data-parallel degree.
+
+    DeepSpeed reads `data_parallel_size` only beside `sequence_parallel_size`, to build its (data, sequence)
+    mesh; ds builds that mesh from `sequence_parallel_size` alone, so the given degree must be the one the
+    world leaves (DeepSpeed's mesh would not fit the world otherwise). Without `sequence_parallel_size`
+    the key has no effect, in DeepSpeed as here (`DeepSpeedConfig` warns).
+
+    Raises:
+        ValueError: it disagrees with the data-parallel degree (both values and the world named).
+    """
+    if config_size is None or not with_sequence_parallel or config_size == dist.replica_world_size:
+        return
+    raise ValueError(
+        f"data_parallel_size={config_size} with sequence_parallel_size={dist.sp_world_size}, but the data-parallel "
+        f"degree is {dist.replica_world_size} ({dist.dp_world_size} data x sequence ranks / "
+        f'{dist.sp_world_size}); set "data_parallel_size": {dist.replica_world_size} or remove it'
+    )

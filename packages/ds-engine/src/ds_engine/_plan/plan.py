@@ -1,0 +1,303 @@
+"""The wrapper chain initialize() will build, decided from the config alone (and shown by `ds-engine explain`).
+
+Planning is pure: no parameters, devices or process groups are touched, so `explain` prints exactly
+the decisions `initialize()` then carries out in `_engine/assembly.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim import Optimizer
+
+from ds_engine._optim.optimizers import OptimizerPlan, plan_config_optimizer
+from ds_engine._plan.reduce_settings import ReduceSettings
+from ds_engine.config import DeepSpeedConfigError
+from ds_engine.config._dtype_names import to_torch_dtype
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
+
+__all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype", "scales_autocast_loss"]
+
+_DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp32"}
+
+
+@dataclasses.dataclass(frozen=True)
+class AssemblyPlan:
+    """Every decision initialize() makes from the config, before it builds anything."""
+
+    device_type: str
+    precision: str
+    dtype: torch.dtype
+    grad_accum_dtype: torch.dtype
+    buffer_dtype: torch.dtype | None
+    zero_stage: int
+    offload_optimizer: bool
+    optimizer_source: str
+    """"config", "client", "client callable" or "none"."""
+    optimizer: OptimizerPlan | None
+    wrapper: str
+    loss_scaler: str
+    dynamic_loss_args: dict[str, Any] | None
+    """Arguments of `ds_ops.precision.DynamicLossScaler` (fp16 with loss_scale 0), else None."""
+    static_loss_scale: float
+    check_overflow: bool
+    clip: float
+    reduce: ReduceSettings | None
+    dp_world_size: int
+    scheduler: str | None
+    engine_class: str
+    nvme_offload: str | None = None
+    """What is swapped to NVMe and the async I/O settings (stage 3 with an "nvme" offload device), else None."""
+    autocast_dtype: torch.dtype | None = None
+    """`torch_autocast` enabled: the dtype the forward autocasts to (the device's default when not given)."""
+    immediate_grad_update: bool = False
+    """bf16 at stage 0 with fp32 accumulation: each 16-bit gradient moves into the fp32 buffer as soon as
+    backward has produced it (`bf16.immediate_grad_update`), not after the whole backward."""
+    keep_in_fp32_modules: str | tuple[str, ...] = "auto"
+    bf16_masters: bool = False
+    """ZeRO keeps bf16 master weights, gradient partitions and optimizer states (`bf16.bf16_master_weights_and_grads`
+    with `bf16.bf16_optimizer_states`) instead of fp32 ones."""
+    """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
+
+    def lines(self) -> list[str]:
+        """The chain, one line per link, for `explain` and `dump_state`."""
+        cast = (
+            "parameters stay fp32"
+            if self.precision == "fp32"
+            else f"parameters cast to {self.precision} once (buffers {self.buffer_dtype or 'keep their dtype'})"
+        )
+        if self.optimizer is not None:
+            base = self.optimizer.describe()
+        else:
+            base = {
+                "client": "the client optimizer, as passed",
+                "client callable": "the client callable(params)",
+                "none": "none (no optimizer in the config or the call: forward/eval only)",
+            }[self.optimizer_source]
+        if self.autocast_dtype is not None:
+            cast += f"; forward under torch.autocast({str(self.autocast_dtype).replace('torch.', '')})"
+        out = [f"device: {self.device_type}; {cast}", f"base optimizer: {base}"]
+        if self.optimizer is not None and self.optimizer.fallback is not None:
+            out.append(f"  if it cannot load here: {self.optimizer.fallback.describe()}")
+        accum = str(self.grad_accum_dtype).replace("torch.", "")
+        out.append(f"wrapper: {self.wrapper}")
+        if self.bf16_masters:
+            out.append(
+                "  master weights, gradient partitions and optimizer states in bf16 (8 bytes per partitioned "
+                "element instead of 16; bf16.bf16_master_weights_and_grads + bf16.bf16_optimizer_states)"
+            )
+        out.append(
+            f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
+            f"gradient accumulation in {accum}"
+            + (" (each gradient moved in during backward)" if self.immediate_grad_update else "")
+            + "; clip global norm: "
+            f"{self.clip:g}" + (" (off)" if self.clip == 0 else "")
+        )
+        if self.nvme_offload is not None:
+            out.append(f"  {self.nvme_offload}")
+        if self.zero_stage == 0:
+            reduce = (
+                self.reduce.describe(self.dp_world_size)
+                if self.reduce is not None
+                else "no gradient all-reduce (one data-parallel rank)"
+            )
+            out.append(f"  data parallel: {reduce}")
+        out.append(f"lr scheduler: {self.scheduler or 'none'}")
+        out.append(f"engine: {self.engine_class}")
+        return out
+
+
+def _scheduler_text(config: DeepSpeedConfig, client_scheduler: object | None) -> str | None:
+    if client_scheduler is not None:
+        kind = (
+            "callable(optimizer)"
+            if callable(client_scheduler) and not hasattr(client_scheduler, "step")
+            else type(client_scheduler).__name__
+        )
+        return f"client {kind}, stepped after each applied optimizer step"
+    sched = config.model.scheduler
+    if sched is None:
+        return None
+    args = ", ".join(f"{k}={v!r}" for k, v in sched.params.items())
+    return f"{sched.type}({args}), stepped after each applied optimizer step"
+
+
+def _plan_optimizer(
+    config: DeepSpeedConfig, client_optimizer: object | None, device_type: str, offload: bool
+) -> tuple[str, OptimizerPlan | None]:
+    if isinstance(client_optimizer, Optimizer):
+        return "client", None
+    if client_optimizer is not None:
+        return "client callable", None
+    opt = config.model.optimizer
+    if opt is None:
+        return "none", None
+    try:
+        return "config", plan_config_optimizer(
+            opt.type,
+            dict(opt.params),
+            device_type=device_type,
+            offload=offload,
+            force_ds_cpu_optimizer=config.model.zero_force_ds_cpu_optimizer,
+        )
+    except ValueError as err:
+        raise DeepSpeedConfigError(f"optimizer: {err}") from None
+
+
+def _autocast_dtype(config: DeepSpeedConfig, device_type: str) -> torch.dtype | None:
+    section = config.model.torch_autocast
+    if not section.enabled:
+        return None
+    return to_torch_dtype(section.dtype) if section.dtype is not None else torch.get_autocast_dtype(device_type)
+
+
+def scales_autocast_loss(plan: AssemblyPlan) -> bool:
+    """fp16 autocast over fp32 parameters: the fp32 stepper scales the loss (the `fp16` section's scaler
+    settings), as DeepSpeed gives that case a `torch.amp.GradScaler`."""
+    return plan.precision == "fp32" and plan.autocast_dtype == torch.float16
+
+
+def _loss_scaling(config: DeepSpeedConfig, autocast: torch.dtype | None) -> tuple[str, dict[str, Any] | None, float]:
+    fp16 = config.model.fp16
+    if config.precision != "fp16" and not (autocast == torch.float16 and config.precision == "fp32"):
+        return "static 1.0 (no scaling)", None, 1.0
+    if fp16.dynamic_loss_scale:
+        args = fp16.dynamic_loss_args()
+        text = (
+            f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
+            f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, "
+            f"min {fp16.min_loss_scale:g}"
+        )
+        return text, args, 0.0
+    return f"static {fp16.loss_scale:g}", None, fp16.loss_scale
+
+
+def _nvme_text(config: DeepSpeedConfig) -> str | None:
+    z = config.zero
+    swapped = [
+        f"{what} under {getattr(z.config, f'{key}_or_default').nvme_path}"
+        for key, what in (("offload_param", "parameter partitions"), ("offload_optimizer", "optimizer state"))
+        if getattr(z, f"{key}_device") == "nvme"
+    ]
+    if not swapped:
+        return None
+    a = config.model.aio
+    return (
+        f"NVMe offload (ZeRO-Infinity): {' and '.join(swapped)}; aio: block_size={a.block_size}, "
+        f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
+        f"single_submit={a.single_submit}, overlap_events={a.overlap_events}"
+    )
+
+
+def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:
+    """Whether steps with inf/nan gradients are skipped: always for fp16, `bf16.check_grad_overflow` for
+    bf16, and for fp32 under ZeRO (ds-zero always skipped them there; stage 0's fp32 step never checks)."""
+    if precision == "fp16":
+        return True
+    if precision == "bf16":
+        return bf16_check
+    return stage >= 1
+
+
+def reduction_dtype(config: DeepSpeedConfig) -> torch.dtype | None:
+    """The gradient reductions' dtype: `seq_parallel_communication_data_type` when sequence parallelism is
+    on (as DeepSpeed does), else `communication_data_type` (None: the accumulation dtype)."""
+    m = config.model
+    if m.sequence_parallel_size > 1:
+        return to_torch_dtype(m.seq_parallel_communication_data_type)
+    return to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
+
+
+def plan_assembly(
+    config: DeepSpeedConfig,
+    *,
+    device_type: str,
+    client_optimizer: object | None = None,
+    client_scheduler: object | None = None,
+    pipeline: bool = False,
+) -> AssemblyPlan:
+    """Decide the chain for `config` on `device_type` ("cpu" or "cuda").
+
+    Raises:
+        DeepSpeedConfigError: an optimizer choice that cannot work here (see `plan_config_optimizer`).
+    """
+    m = config.model
+    precision = config.precision
+    accum = m.data_types.grad_accum_dtype or _DEFAULT_ACCUM[precision]
+    stage = config.zero.stage
+    offload = config.zero.offload_optimizer_device != "none"
+    where = "NVMe" if config.zero.offload_optimizer_device == "nvme" else "CPU"
+    source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
+    if opt_plan is not None and opt_plan.name == "muon" and stage == 3:
+        raise DeepSpeedConfigError(
+            "optimizer: Muon is not supported at zero_optimization.stage=3 in ds: Muon orthogonalizes each whole "
+            "weight matrix, and stage 3 keeps only a shard of every parameter and gradient on each rank; use "
+            "stage 0, 1 or 2 (stages 1 and 2 gather the Muon matrices' gradients for the update)"
+        )
+    if stage == 3 and source == "none":
+        wrapper = (
+            "ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "
+            "gathered per module for evaluation; backward/step refused)"
+        )
+    elif stage >= 1 and source == "none":
+        wrapper = f"none: ZeRO stage {stage} needs an optimizer; initialize() refuses this config without optimizer="
+    elif stage >= 1:
+        wrapper = (
+            f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} "
+            f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
+        )
+    elif precision == "fp32":
+        wrapper = "none: the base optimizer is stepped directly"
+    else:
+        wrapper = f"MixedPrecisionOptimizer ({precision} parameters, fp32 master weights)"
+    autocast = _autocast_dtype(config, device_type)
+    if autocast is not None and pipeline:
+        raise DeepSpeedConfigError(
+            "torch_autocast.enabled: torch autocast is not implemented for the pipeline engine in ds; use bf16 or fp16"
+        )
+    scaler_text, dynamic_args, static_scale = _loss_scaling(config, autocast)
+    world = config.world_size
+    reduce = None
+    comm_dtype = reduction_dtype(config)
+    # Sequence-parallel peers hold the same parameters too: gradients are reduced over data x sequence ranks.
+    if stage == 0 and world * m.sequence_parallel_size > 1:
+        reduce = ReduceSettings(
+            bucket_numel=config.zero.reduce_bucket_size,
+            average=m.gradient_allreduce_op == "mean",
+            prescale=m.prescale_gradients,
+            predivide=m.gradient_predivide_factor,
+            comm_dtype=comm_dtype,
+        )
+    return AssemblyPlan(
+        device_type=device_type,
+        precision=precision,
+        dtype=to_torch_dtype(precision),
+        grad_accum_dtype=to_torch_dtype(accum),
+        buffer_dtype=to_torch_dtype(m.data_types.buffer_dtype) if m.data_types.buffer_dtype else None,
+        zero_stage=stage,
+        offload_optimizer=offload,
+        optimizer_source=source,
+        optimizer=opt_plan,
+        wrapper=wrapper,
+        loss_scaler=scaler_text,
+        dynamic_loss_args=dynamic_args,
+        static_loss_scale=static_scale,
+        check_overflow=_check_overflow(precision, stage, m.bf16.check_grad_overflow)
+        or (precision == "fp32" and autocast == torch.float16),
+        clip=m.gradient_clipping,
+        reduce=reduce,
+        dp_world_size=world,
+        scheduler=_scheduler_text(config, client_scheduler),
+        engine_class=(
+            "PipelineEngine" if pipeline else "DeepSpeedHybridEngine" if m.hybrid_engine.enabled else "DeepSpeedEngine"
+        ),
+        nvme_offload=_nvme_text(config),
+        autocast_dtype=autocast,
+        immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
+        bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
+        keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
+    )

@@ -1,0 +1,1 @@
+"""What the user sees: timers, the step reporter, memory and flops reports."""

@@ -1,0 +1,1 @@
+"""The flops profiler: counts each op's flops and prints the per-module report."""

@@ -1,0 +1,1 @@
+"""`initialize()`: the recipe that builds the engine from the config and the model."""
