@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_step",),
     ("_checkpoint",),
     ("_engine",),
-    ("_pipeline", "_hybrid", "_inference"),
+    ("_pipeline", "_hybrid", "_inference", "_activation_offload"),
     ("_setup",),
 )
 #: Leaves every layer may import.

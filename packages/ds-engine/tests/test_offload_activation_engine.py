@@ -203,7 +203,7 @@ def test_negative_settings_are_refused_by_name(name: str) -> None:
     ],
 )
 def test_overlap_detection(size: tuple, stride: tuple, overlaps: bool) -> None:
-    from ds_engine.runtime.activation_checkpointing._offload_engine import _elements_overlap
+    from ds_engine._activation_offload.offload_engine import _elements_overlap
 
     tensor = torch.zeros(200).as_strided(size, stride)
     assert _elements_overlap(tensor) is overlaps

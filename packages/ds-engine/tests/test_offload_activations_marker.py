@@ -18,7 +18,7 @@ import torch
 from host_as_device import HostAsDevice
 from torch.utils.checkpoint import checkpoint
 
-from ds_engine.runtime.activation_checkpointing import _hf_marker
+from ds_engine._activation_offload import hf_marker as _hf_marker
 from ds_engine.runtime.activation_checkpointing.offload_activations import (
     CheckpointHiddenStatesOffload,
     patch_gradient_checkpointing_layer_marker,

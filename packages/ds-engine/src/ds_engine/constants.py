@@ -1,4 +1,8 @@
-"""`deepspeed.constants` is the module `ds_engine.config._constants` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.constants`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine.config._constants`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -1,4 +1,8 @@
-"""`deepspeed.lr_schedules` is the module `ds_engine._optim.lr_schedules` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.lr_schedules`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._optim.lr_schedules`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -1,4 +1,8 @@
-"""DeepSpeed's path for the module `ds_engine._checkpoint.constants` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.checkpoint.constants`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._checkpoint.constants`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -25,8 +25,7 @@ import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ds_engine._reexport import optional_reexport
-from ds_engine.checkpoint._universal_steps import (
+from ds_engine._checkpoint.offline.universal_steps import (
     _check_for_required_state,
     _filter_zero3_optim_files,
     _get_optim_files,
@@ -34,6 +33,7 @@ from ds_engine.checkpoint._universal_steps import (
     _inject_missing_state,
     _validate_autotp_conversion_support,  # noqa: F401 - DeepSpeed's name, used by `_check_for_required_state`
 )
+from ds_engine._reexport import optional_reexport
 from ds_engine.checkpoint.deepspeed_checkpoint import DeepSpeedCheckpoint
 from ds_engine.checkpoint.model_state_metadata import (
     aggregate_autoep_zero12_metadata as _aggregate_autoep_zero12_metadata,  # noqa: F401 - DeepSpeed's private name

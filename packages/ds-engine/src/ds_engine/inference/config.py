@@ -1,4 +1,8 @@
-"""`deepspeed.inference.config` is the module `ds_engine._inference.config` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.inference.config`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._inference.config`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

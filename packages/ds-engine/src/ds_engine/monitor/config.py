@@ -1,4 +1,8 @@
-"""DeepSpeed's path for the module `ds_engine.config._monitor_section` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.monitor.config`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine.config._monitor_section`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ds_engine._step import tensor_fragment
+from ds_engine._step.tensor_fragment import *  # noqa: F403 - the 13 accessors, listed in its __all__
+
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
 from ds_engine.runtime.dataloader import RepeatingLoader
-from ds_engine.utils import tensor_fragment
 from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger, set_log_level_from_string
 from ds_engine.utils.module_utils import recursive_getattr, recursive_setattr
-from ds_engine.utils.tensor_fragment import *  # noqa: F403 - the 13 accessors, listed in its __all__
 
 if TYPE_CHECKING:  # type checkers see the lazy submodules and names
     from ds_engine.utils import groups as groups

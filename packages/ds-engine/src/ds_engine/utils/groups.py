@@ -1,4 +1,8 @@
-"""`deepspeed.utils.groups` is the module `ds_engine._parallel.groups` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.utils.groups`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._parallel.groups`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -1,4 +1,8 @@
-"""`deepspeed.utils.logging` is the module `ds_engine._report.logging` (one object: `_reexport.alias_module`)."""
+"""`deepspeed.utils.logging`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._report.logging`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -1,4 +1,8 @@
-"""DeepSpeed's path over ds's module of the same code (one object: `_reexport.alias_module`)."""
+"""`deepspeed.profiling.flops_profiler.profiler`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._report.flops_profiler.profiler`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

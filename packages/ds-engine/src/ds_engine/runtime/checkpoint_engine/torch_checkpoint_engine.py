@@ -1,4 +1,8 @@
-"""DeepSpeed's path over ds's module of the same code (one object: `_reexport.alias_module`)."""
+"""`deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._checkpoint.torch_checkpoint_engine`;
+both names are one module object (`_reexport.alias_module`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import ds_comm
-from ds_engine.checkpoint.constants import (
+from ds_engine._checkpoint.constants import (
     AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS,
     OPTIMIZER_STATE_DICT,
     UNIVERSAL_CHECKPOINT_INFO,

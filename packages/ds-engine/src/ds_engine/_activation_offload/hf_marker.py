@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ds_engine.runtime.activation_checkpointing.offload_activations import CheckpointHiddenStatesOffload
+    from ds_engine._activation_offload.offload_activations import CheckpointHiddenStatesOffload
 
 __all__ = [
     "acquire_marker",

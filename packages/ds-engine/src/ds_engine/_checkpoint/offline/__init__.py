@@ -1,0 +1,1 @@
+"""Checkpoint readers and reshape maps that need no engine: DeepSpeed's checkpoint folders, universal steps."""
