@@ -64,7 +64,8 @@ def _module_name(path: Path, src: Path) -> str:
     return ".".join(parts)
 
 
-def _type_checking_nodes(tree: ast.Module) -> set[int]:
+def type_checking_nodes(tree: ast.Module) -> set[int]:
+    """ids of every node under an `if TYPE_CHECKING:` (imports there are for type checkers only)."""
     guarded: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -83,7 +84,7 @@ def imports_of(path: Path, src: Path, package: str) -> list[Edge]:
     """Every import of `package` in one file (relative imports resolved), TYPE_CHECKING blocks left out."""
     me = _module_name(path, src)
     tree = ast.parse(path.read_text(), str(path))
-    guarded = _type_checking_nodes(tree)
+    guarded = type_checking_nodes(tree)
     is_pkg = path.name == "__init__.py"
     found: list[Edge] = []
     for node in ast.walk(tree):

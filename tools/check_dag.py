@@ -25,7 +25,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _layer_check import check_circles, check_layers  # noqa: E402
+from _layer_check import check_circles, check_layers, type_checking_nodes  # noqa: E402
 
 
 def _name(req: str) -> str:
@@ -55,15 +55,6 @@ def _module_level_nodes(tree: ast.Module) -> set[int]:
     return eager
 
 
-def _type_checking_nodes(tree: ast.Module) -> set[int]:
-    guarded: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in ast.walk(node):
-                guarded.add(id(child))
-    return guarded
-
-
 def main(root: Path) -> int:
     problems: list[str] = []
     notes: list[str] = []
@@ -90,7 +81,7 @@ def main(root: Path) -> int:
                     problems.append(f"{me}: requires {req_text!r} but {dep} is at {versions[dep]}")
         for f in sorted((pkg_dir / "src").rglob("*.py")):
             tree = ast.parse(f.read_text(), str(f))
-            eager, guarded = _module_level_nodes(tree), _type_checking_nodes(tree)
+            eager, guarded = _module_level_nodes(tree), type_checking_nodes(tree)
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     mods = [a.name for a in node.names]
