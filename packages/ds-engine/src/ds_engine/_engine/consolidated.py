@@ -24,7 +24,7 @@ __all__ = ["ConsolidatedWeights"]
 class ConsolidatedWeights:
     """Mixed into `DeepSpeedEngine`."""
 
-    _zero: ZeroSettings
+    _zero_settings: ZeroSettings
     module: nn.Module
     _tp: Any
     if TYPE_CHECKING:  # the engine's
@@ -41,7 +41,7 @@ class ConsolidatedWeights:
         if self._tp is not None:  # whole over the tensor-parallel ranks (and gathered first at stage 3)
             state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
             return {k: v.detach().cpu() for k, v in state.items()} if ds_comm.get_rank() == 0 else None
-        if self._zero.stage == 3:
+        if self._zero_settings.stage == 3:
             return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
         raise ValueError(
             "_consolidated_16bit_state_dict() applies when the weights are split (ZeRO stage 3 or "
@@ -50,7 +50,7 @@ class ConsolidatedWeights:
 
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         """`zero_optimization.stage3_gather_16bit_weights_on_model_save`: may the full weights be gathered to save?"""
-        return bool(self._zero.gather_16bit_weights_on_model_save)
+        return bool(self._zero_settings.gather_16bit_weights_on_model_save)
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, Any] | None:
         """The full state_dict of the stage-3 model (parameters in the training dtype, on the CPU) on global rank 0.
@@ -61,10 +61,10 @@ class ConsolidatedWeights:
         Raises:
             ValueError: the engine is not at ZeRO stage 3 (use `module_state_dict()`).
         """
-        if self._zero.stage != 3:
+        if self._zero_settings.stage != 3:
             raise ValueError(
                 f"_zero3_consolidated_16bit_state_dict() needs ZeRO stage 3 (this engine is at stage "
-                f"{self._zero.stage}); the module's own state_dict() is already complete"
+                f"{self._zero_settings.stage}); the module's own state_dict() is already complete"
             )
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 consolidated state_dict")
         state = ds_zero.consolidated_16bit_state_dict(

@@ -54,7 +54,7 @@ class DeepSpeedGetters:
     _config: DeepSpeedConfig
     _plan: AssemblyPlan
     _dist: DistInfo
-    _zero: ZeroSettings
+    _zero_settings: ZeroSettings
     _in_no_sync: bool
     _collate_fn: Any
     _stepper: Any
@@ -288,8 +288,8 @@ class DeepSpeedGetters:
     # -- zero_optimization ----------------------------------------------------------------------------
     def _zero_config(self) -> Any:
         """The validated `zero_optimization` section (ds-zero's defaults where the config has none)."""
-        if self._zero.config is not None:
-            return self._zero.config
+        if self._zero_settings.config is not None:
+            return self._zero_settings.config
         return require("ds_zero", extra="zero", feature="the zero_optimization settings").ZeroConfig()
 
     def _get_zero_param_shapes(self) -> list[dict[str, torch.Size]]:
@@ -301,7 +301,7 @@ class DeepSpeedGetters:
         Raises:
             RuntimeError: ZeRO is off (there are no partitions to describe).
         """
-        if self._zero.stage == 0 or self._stepper is None:
+        if self._zero_settings.stage == 0 or self._stepper is None:
             raise RuntimeError(
                 "_get_zero_param_shapes() describes ZeRO's optimizer partitions; this engine has "
                 "zero_optimization.stage 0 or no optimizer"
@@ -404,7 +404,7 @@ class DeepSpeedGetters:
         return float(self._zero_config().offload_optimizer_or_default.ratio)
 
     def zero_nvme_offload_optimizer(self) -> bool:
-        return self._zero.offload_optimizer_device == "nvme"
+        return self._zero_settings.offload_optimizer_device == "nvme"
 
     def super_offload(self) -> bool:
         return bool(self._zero_config().offload_optimizer_or_default.super_offload)
@@ -415,7 +415,7 @@ class DeepSpeedGetters:
         return _CPUADAM_CORES_PERC_WITHOUT_SECTION if section is None else float(section.cpuadam_cores_perc)
 
     def is_first_weights_partition_group(self) -> bool:
-        return self._zero.stage >= 3
+        return self._zero_settings.stage >= 3
 
     def zenflow_config(self) -> Any:
         return self._zero_config().zenflow

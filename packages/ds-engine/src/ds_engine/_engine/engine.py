@@ -14,13 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ds_engine._checkpoint import checkpoint as _checkpoint
-from ds_engine._checkpoint import deepspeed_layout as _deepspeed_layout
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
-from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
-from ds_engine._checkpoint import universal_tp as _universal_tp
+from ds_engine._checkpoint.checkpointer import Checkpointer, CheckpointParts
 from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
-from ds_engine._checkpoint.train_state import Counters, TrainState, rng_state
 from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
 from ds_engine._engine.compile import EngineCompile
@@ -116,12 +112,7 @@ class DeepSpeedEngine(
         self._collate_fn = parts.collate_fn
         m = parts.config.model
         self._ckpt_config = m.checkpoint
-        self._write_checkpoint = (  # checkpoint.layout, decided once
-            _deepspeed_layout.write_deepspeed_checkpoint
-            if m.checkpoint.layout == "deepspeed"
-            else _checkpoint.write_checkpoint
-        )
-        self._zero = parts.config.zero
+        self._zero_settings = parts.config.zero
         self._gas = parts.config.gradient_accumulation_steps
         self._micro_batch = parts.config.train_micro_batch_size_per_gpu
         self._train_batch = parts.config.train_batch_size
@@ -139,6 +130,23 @@ class DeepSpeedEngine(
         self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
         self.flops_profiler = self._flops.profiler if self._flops is not None else None
         self._loss_scale_guard = LossScaleGuard(self.loss_scale)
+        self._checkpointer = self._make_checkpointer(parts)
+
+    def _make_checkpointer(self, parts: EngineParts) -> Checkpointer:
+        """The object that saves and loads this engine's checkpoints (the pipeline engine makes its own kind)."""
+        return Checkpointer(self, self._checkpoint_parts(parts))
+
+    def _checkpoint_parts(self, parts: EngineParts) -> CheckpointParts:
+        return CheckpointParts(
+            stepper=parts.stepper,
+            zero=parts.config.zero,
+            moe=parts.moe,
+            tensor_parallel=parts.tensor_parallel,
+            dist=parts.dist,
+            device=parts.device,
+            settings=parts.config.model.checkpoint,
+            ds_config=parts.config.raw,
+        )
 
     # -- passthrough ------------------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -399,122 +407,7 @@ class DeepSpeedEngine(
         in a staging directory from a ds save, then published with one rename before `latest` moves).
         """
         self._check_states_loaded("engine.save_checkpoint()", SAVE_NEEDS)
-        tag = _checkpoint.resolve_save_tag(
-            save_dir,
-            tag,
-            global_steps=self.global_steps,
-            tag_validation=self._ckpt_config.tag_validation,
-            world_size=self.world_size,
-            device=self.device,
-        )
-        rng_states = _checkpoint.gather_rng(rng_state(), world_size=self.world_size, device=self.device)
-        partitioned = self._zero.stage > 0 and self._stepper is not None
-        extra: dict[str, Any] = {}
-        # `_tp_optimizer_state`'s note: whole, like the weights (stage 1/2; a stage-3 save loads at its own layout)
-        if partitioned and self._tp is not None and self._zero.stage < 3:
-            ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
-            whole = ds_zero.param_states_of(
-                self._stepper.optimizer,
-                transform=_tp_optimizer_state.whole_tensors(self.module),
-                keep_tensors=self.global_rank == 0,  # the rank that writes it; the others only take part
-            )
-            if self.global_rank == 0:
-                extra[_tp_optimizer_state.PARAM_STATES_KEY] = whole
-        if self._tp is not None:  # how each parameter is cut, for ds_to_universal (DeepSpeed's AutoTP records it)
-            extra[_universal_tp.UNIVERSAL_INFO_KEY] = _universal_tp.universal_checkpoint_info(self.module)
-        self._write_checkpoint(
-            _checkpoint.SaveRequest(
-                root=Path(save_dir),
-                tag=tag,
-                mp_rank=self._mp_rank,
-                dp_rank=self._dp_rank,
-                writes_latest=self.global_rank == 0,
-                serialization=self._ckpt_config.checkpoint_serialization,
-                ds_config=self._ds_config.raw,
-                train_state=self._train_state(rng_states, exclude_frozen_parameters, extra)
-                if self._dp_rank == 0
-                else None,
-                zero_partition=self._stepper.state_dict() if partitioned else None,
-                client_state=dict(client_state or {}),
-                save_latest=save_latest,
-                write_weights=self._weights_writer(exclude_frozen_parameters),
-            )
-        )
-        return True
-
-    def _train_state(
-        self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
-    ) -> TrainState:
-        """This engine's training state as a value, for the model-states file (`extra`: engine keys beside it).
-
-        With tensor parallelism the stage-0 optimizer state is saved whole (`_tp_optimizer_state`).
-        """
-        zero = self._zero.stage > 0
-        shapes = shared = frozen_shapes = frozen_values = None
-        module_state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
-        if self._moe is not None:  # experts live in their own files (`_moe_checkpoint`)
-            module_state = _moe_checkpoint.non_expert_state(module_state, self._moe)
-        if zero and self._stepper is not None:
-            # The ZeRO optimizer's groups hold flat partitions; ds-zero knows which parameters they hold.
-            ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
-            shapes = [
-                {name: torch.Size(shape) for name, shape in group.items()}
-                for group in ds_zero.zero_param_shapes(self._stepper.optimizer, self.module)
-            ]
-            # DeepSpeed's consolidation (its zero_to_fp32.py) reads tied and frozen parameters from these.
-            shared = ds_zero.shared_param_names(self.module)
-            if not exclude_frozen_parameters and module_state is not None:
-                trained = {name for group in shapes for name in group}
-                frozen = [n for n, _ in self.module.named_parameters() if n not in trained and n in module_state]
-                frozen_shapes, frozen_values = ds_zero.frozen_fields(module_state, frozen, stage=self._zero.stage)
-        keep_optimizer = not zero and self._stepper is not None and self._moe is None
-        optimizer = self._stepper.state_dict() if keep_optimizer and self._stepper is not None else None
-        if optimizer is not None and self._tp is not None:
-            params = self._stepper.state_params()  # type: ignore[attr-defined]  # every stage-0 stepper has it
-            optimizer = _tp_optimizer_state.gather_stage0_state(optimizer, params, self.module)
-        return TrainState(
-            module=module_state,
-            buffer_names=[n for n, _ in self.module.named_buffers()],
-            optimizer=optimizer,
-            param_shapes=shapes,
-            shared_params=shared,
-            frozen_param_shapes=frozen_shapes,
-            frozen_param_fragments=frozen_values,
-            lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
-            counters=Counters(
-                global_steps=self.global_steps,
-                global_samples=self.global_samples,
-                micro_steps=self.micro_steps,
-                skipped_steps=self.skipped_steps,
-            ),
-            dp_world_size=self.dp_world_size,
-            mp_world_size=self.mp_world_size,
-            tp_degree=self.mp_world_size,
-            sp_degree=self._dist.sp_world_size,
-            ds_config=self._ds_config.raw,
-            rng_states=rng_states,
-            extra=extra or {},
-        )
-
-    def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
-        """Writes weights kept outside the model-states file: an MoE model's expert files (and, at stage 0,
-        its per-expert-parallel-rank optimizer file); nothing for a dense model."""
-        moe = self._moe
-        if moe is None:
-            return None
-        serialization = self._ckpt_config.checkpoint_serialization
-        stage0_optimizer = self._stepper.state_dict() if self._zero.stage == 0 and self._stepper is not None else None
-
-        def write(ckpt_dir: Path) -> None:
-            _moe_checkpoint.write_expert_files(
-                self.module, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
-            )
-            if stage0_optimizer is not None:
-                _moe_checkpoint.write_stage0_optimizer(
-                    stage0_optimizer, moe, ckpt_dir, mp_rank=self._mp_rank, serialization=serialization
-                )
-
-        return write
+        return self._checkpointer.save(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
     def _change_recovery_script_permissions(self, dst: str | Path) -> None:
         """DeepSpeed's private chmod step for a checkpoint's `zero_to_fp32.py`: make `dst` executable, or log
@@ -535,8 +428,7 @@ class DeepSpeedEngine(
 
         Without a `latest` file it logs a warning and returns `(None, None)`, as DeepSpeed does.
         """
-        return _checkpoint.load_checkpoint(
-            self,
+        return self._checkpointer.load(
             load_dir,
             tag,
             load_module_strict,
@@ -555,7 +447,7 @@ class DeepSpeedEngine(
         time, and only with `stage3_gather_16bit_weights_on_model_save` (otherwise a warning, no file,
         and False, as in DeepSpeed). Returns True when the file was written.
         """
-        return _checkpoint.save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+        return self._checkpointer.save_16bit_model(save_dir, save_filename, exclude_frozen_parameters)
 
     save_fp16_model = save_16bit_model
 
@@ -585,7 +477,7 @@ class DeepSpeedEngine(
         """Whole weights of a tensor-parallel model; at ZeRO stage 3 each rank first gathers its shards over
         the data-parallel ranks (its tensor-parallel part of the model, whole, for the duration)."""
         assert self._tp is not None
-        if self._zero.stage != 3:
+        if self._zero_settings.stage != 3:
             return self._tp.full_state_dict(self.module)
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
         with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
@@ -601,7 +493,7 @@ class DeepSpeedEngine(
         """Load module weights (copied into the existing, already cast parameters)."""
         if custom_load_fn is not None:
             custom_load_fn(src=checkpoint, dst=self.module)
-        elif self._tp is not None and self._zero.stage == 3:  # every data-parallel rank loads the same shard
+        elif self._tp is not None and self._zero_settings.stage == 3:  # every data-parallel rank loads the same shard
             ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
             with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0):
                 self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)

@@ -18,7 +18,7 @@ class EngineQueries:
     _ds_config: DeepSpeedConfig
     _plan: AssemblyPlan
     _dist: DistInfo
-    _zero: ZeroSettings
+    _zero_settings: ZeroSettings
     _ckpt_config: Any
     _gas: int
     _micro_batch: int
@@ -92,16 +92,16 @@ class EngineQueries:
         return self._config.gradient_clipping
 
     def zero_optimization(self) -> bool:
-        return self._zero.stage > 0
+        return self._zero_settings.stage > 0
 
     def zero_optimization_stage(self) -> int:
-        return self._zero.stage
+        return self._zero_settings.stage
 
     def zero_optimization_partition_gradients(self) -> bool:
-        return self._zero.stage >= 2
+        return self._zero_settings.stage >= 2
 
     def zero_optimization_partition_weights(self) -> bool:
-        return self._zero.stage >= 3
+        return self._zero_settings.stage >= 3
 
     def load_universal_checkpoint(self) -> bool:
         """Whether `load_checkpoint` reads universal checkpoints (`checkpoint.load_universal`)."""
@@ -109,19 +109,19 @@ class EngineQueries:
 
     def zero_offload_optimizer(self) -> Any:
         """The `zero_optimization.offload_optimizer` section as given, None when absent (DeepSpeed's answer)."""
-        cfg = self._zero.config
+        cfg = self._zero_settings.config
         return cfg.offload_optimizer if cfg is not None else None
 
     def zero_offload_param(self) -> Any:
         """The `zero_optimization.offload_param` section as given, None when absent (DeepSpeed's answer)."""
-        cfg = self._zero.config
+        cfg = self._zero_settings.config
         return cfg.offload_param if cfg is not None else None
 
     def zero_cpu_offload(self) -> bool:
-        return self._zero.offload_optimizer_device == "cpu"
+        return self._zero_settings.offload_optimizer_device == "cpu"
 
     def zero_use_cpu_optimizer(self) -> bool:
-        return self._zero.offload_optimizer_device in ("cpu", "nvme")
+        return self._zero_settings.offload_optimizer_device in ("cpu", "nvme")
 
     # -- logging settings -------------------------------------------------------------------------------
     def steps_per_print(self) -> int | None:

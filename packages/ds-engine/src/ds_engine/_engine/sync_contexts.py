@@ -27,7 +27,7 @@ class EngineSyncContexts:
     """Mixed into `DeepSpeedEngine`: DeepSpeed's `no_sync` and `coalesce_grad_reduction` contexts."""
 
     _stepper: Any
-    _zero: ZeroSettings
+    _zero_settings: ZeroSettings
     _managed: bool
     _in_no_sync: bool
     _sync_context: str = "no_sync"
@@ -42,9 +42,9 @@ class EngineSyncContexts:
                 `coalesce_grad_reduction()`), or inside another no-sync block. Also an AssertionError,
                 as DeepSpeed asserts these.
         """
-        if self._zero.stage >= 2:
+        if self._zero_settings.stage >= 2:
             raise ds_comm.UsageError(
-                f"no_sync context manager is incompatible with ZeRO stage {self._zero.stage}, which reduces "
+                f"no_sync context manager is incompatible with ZeRO stage {self._zero_settings.stage}, which reduces "
                 "gradients during backward; use engine.coalesce_grad_reduction() to reduce several backwards "
                 "at once"
             )

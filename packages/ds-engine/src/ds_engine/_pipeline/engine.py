@@ -13,17 +13,15 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import ds_comm
-from ds_engine._checkpoint.train_state import TrainState
 from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._optional import require
-from ds_engine._pipeline import checkpoint as _pipeline_checkpoint
+from ds_engine._pipeline.checkpoint import PipelineCheckpointer
 from ds_engine._pipeline.clip import PipelineGradClipper
 from ds_ops.precision import local_overflow
 
@@ -116,7 +114,7 @@ class PipelineEngine(DeepSpeedEngine):
                 model_group=self.grid.get_model_parallel_group() if self.num_stages > 1 else None,
                 dp_group=self._dist.dp_group,
                 dp_world_size=self._dist.dp_world_size,
-                partitioned=self._zero.stage > 0,
+                partitioned=self._zero_settings.stage > 0,
                 device=self.device,
             )
             self.basic_optimizer.register_step_pre_hook(self._clipper)
@@ -334,6 +332,10 @@ class PipelineEngine(DeepSpeedEngine):
         return self._executor.timings()
 
     # -- checkpoints ------------------------------------------------------------------------------------
+    def _make_checkpointer(self, parts: EngineParts) -> PipelineCheckpointer:
+        """Layer files and a per-stage state (`_pipeline.checkpoint`); the stage layout is read at save/load."""
+        return PipelineCheckpointer(self, self._checkpoint_parts(parts))
+
     def save_checkpoint(
         self,
         save_dir: str,
@@ -351,28 +353,6 @@ class PipelineEngine(DeepSpeedEngine):
         Collective; `latest` is switched by rank 0 once every rank has written.
         """
         return super().save_checkpoint(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
-
-    def _train_state(
-        self, rng_states: list[dict[str, Any]], exclude_frozen_parameters: bool, extra: dict[str, Any] | None = None
-    ) -> TrainState:
-        """The stage's state: no module (its weights are in the layer files), the stage layout besides.
-
-        With ZeRO, `param_shapes` are this stage's parameters (DeepSpeed writes them; a universal conversion
-        reads them), and `tp_degree` is the grid's tensor-parallel (`model` axis) degree: the model-states
-        files are numbered stage-major, `mp_rank = stage * tp_degree + tp_rank`.
-        """
-        state = super()._train_state(rng_states, exclude_frozen_parameters, extra)
-        return dataclasses.replace(
-            state,
-            module=None,
-            pp_degree=self.num_stages,
-            tp_degree=self.grid.get_slice_parallel_world_size(),
-            extra={**(extra or {}), _pipeline_checkpoint.LAYOUT_KEY: self.layout()},
-        )
-
-    def _weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
-        """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them)."""
-        return functools.partial(self.module.save_state_dict, exclude_frozen_params=exclude_frozen_parameters)
 
     def load_checkpoint(
         self,
@@ -394,8 +374,7 @@ class PipelineEngine(DeepSpeedEngine):
             ValueError: optimizer states requested across a different stage layout, or `custom_load_fn`.
             FileNotFoundError: the tag or a layer file is missing.
         """
-        return _pipeline_checkpoint.load_pipeline_checkpoint(
-            self,
+        return self._checkpointer.load(
             load_dir,
             tag,
             load_module_strict,

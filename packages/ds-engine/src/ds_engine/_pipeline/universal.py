@@ -20,23 +20,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 import ds_comm
 from ds_engine._checkpoint import checkpoint as _checkpoint
+from ds_engine._checkpoint.checkpointer import Checkpointer
 from ds_engine._optional import require
-
-if TYPE_CHECKING:
-    from ds_engine._pipeline.engine import PipelineEngine
+from ds_engine._step.steppers import ZeroStepper
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["load_pipeline_universal"]
 
 
-def _stage_state(engine: PipelineEngine, ckpt_dir: Path) -> tuple[Path, dict[str, Any]]:
+def _stage_state(ckpt_dir: Path, *, stage_id: int, num_stages: int) -> tuple[Path, dict[str, Any]]:
     """The model-states file DeepSpeed reads for this stage: its share of the saved stages' files."""
     files = sorted(ckpt_dir.glob("mp_rank_*_model_states.pt"))
     if not files:
@@ -44,27 +43,30 @@ def _stage_state(engine: PipelineEngine, ckpt_dir: Path) -> tuple[Path, dict[str
             f"load_checkpoint: {ckpt_dir} holds no mp_rank_XX_model_states.pt; is it a universal checkpoint "
             "folder (ds_to_universal's --output_folder)?"
         )
-    path = files[engine.stage_id * len(files) // engine.num_stages]
+    path = files[stage_id * len(files) // num_stages]
     state = ds_comm.load_checkpoint_file(path)
     ds_comm.check_deepspeed_version(state.get("ds_version"), path)
     return path, state
 
 
-def _read_weights(engine: PipelineEngine, ckpt_dir: Path) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
+def _read_weights(
+    stepper: ZeroStepper, module: torch.nn.Module, ckpt_dir: Path
+) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
     """This stage's parameters as a one-rank ZeRO partition, and their full fp32 values by name."""
     ds_zero = require("ds_zero", extra="zero", feature="loading a universal checkpoint")
-    optimizer = engine._stepper.optimizer  # a ZeRO stepper: checked by the caller
-    shapes = ds_zero.zero_param_shapes(optimizer, engine.module)
-    dtype = next((p.dtype for p in engine.module.parameters() if p.is_floating_point()), torch.float32)
+    shapes = ds_zero.zero_param_shapes(stepper.optimizer, module)
+    dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
     parts = ds_zero.load_universal_partitions(ckpt_dir, param_shapes=shapes, model_dtype=dtype)
     return parts, ds_zero.consolidate_fp32_params(parts)
 
 
 def load_pipeline_universal(
-    engine: PipelineEngine,
+    checkpointer: Checkpointer,
     load_dir: str | Path,
     tag: Any,
     *,
+    stage_id: int,
+    num_stages: int,
     load_optimizer_states: bool,
     load_lr_scheduler_states: bool,
     load_module_only: bool,
@@ -74,23 +76,24 @@ def load_pipeline_universal(
     Everything is read before the engine changes. Raises ValueError without ZeRO (stage 0),
     FileNotFoundError when a file (a parameter's `fp32.pt`, `latest_universal`) is missing.
     """
-    if engine._zero.stage == 0 or engine._stepper is None:
+    stepper, module = checkpointer.parts.stepper, checkpointer.engine.module
+    if checkpointer.parts.zero.stage == 0 or not isinstance(stepper, ZeroStepper):
         raise ValueError(
             "checkpoint.load_universal needs ZeRO stage 1 for a PipelineEngine (a universal checkpoint holds "
             "the optimizer state per parameter, which only the ZeRO optimizers load); set zero_optimization.stage"
         )
     ckpt_dir = _checkpoint.resolve_load_dir(load_dir, tag, universal=True)
     assert ckpt_dir is not None  # universal: a missing latest_universal raises
-    path, state = _stage_state(engine, ckpt_dir)
-    parts, full = _read_weights(engine, ckpt_dir)
+    path, state = _stage_state(ckpt_dir, stage_id=stage_id, num_stages=num_stages)
+    parts, full = _read_weights(stepper, module, ckpt_dir)
     with torch.no_grad():
-        for name, param in engine.module.named_parameters():
+        for name, param in module.named_parameters():
             if name in full:
                 param.copy_(full[name].view_as(param).to(param.dtype))
     if load_module_only:
-        engine._stepper.refresh_from_module()
+        stepper.refresh_from_module()
     else:
-        engine._stepper.load_partitions(parts, load_optimizer_states=load_optimizer_states, load_from_fp32_weights=True)
-        _checkpoint.restore_progress(engine, state, load_lr_scheduler_states=load_lr_scheduler_states)
-    logger.info("loaded universal checkpoint %s into pipeline stage %d", ckpt_dir, engine.stage_id)
+        stepper.load_partitions(parts, load_optimizer_states=load_optimizer_states, load_from_fp32_weights=True)
+        checkpointer.restore_progress(state, load_lr_scheduler_states=load_lr_scheduler_states)
+    logger.info("loaded universal checkpoint %s into pipeline stage %d", ckpt_dir, stage_id)
     return str(path), state
