@@ -57,7 +57,7 @@ def test_null_offload_sections() -> None:
     pytest.importorskip("ds_zero")
     cfg = _config(zero_optimization={"stage": 2, "offload_optimizer": None, "offload_param": None})
     assert cfg.zero.offload_optimizer_device == "none" and cfg.zero.offload_param_device == "none"
-    assert cfg.zero.config.offload_param is None and cfg.zero.config.offload_optimizer is None  # as DeepSpeed
+    assert cfg.zero_config.offload_param is None and cfg.zero_config.offload_optimizer is None  # as DeepSpeed
 
 
 def test_knobs_without_effect_warn_with_their_key_path() -> None:

@@ -56,7 +56,7 @@ def _resolved_rows(config: DeepSpeedConfig) -> list[tuple[str, Any, str]]:
             continue  # absent, and ds-pipe is not installed to say what its defaults are
         for path, value in _flatten(section, name, aliases):
             rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))
-    zero = config.zero.config
+    zero = config.zero.zero_config
     if zero is not None:
         for path, value in _flatten(zero, "zero_optimization", aliases):
             rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))

@@ -288,8 +288,8 @@ class DeepSpeedGetters:
     # -- zero_optimization ----------------------------------------------------------------------------
     def _zero_config(self) -> Any:
         """The validated `zero_optimization` section (ds-zero's defaults where the config has none)."""
-        if self._zero_settings.config is not None:
-            return self._zero_settings.config
+        if self._zero_settings.zero_config is not None:
+            return self._zero_settings.zero_config
         return require("ds_zero", extra="zero", feature="the zero_optimization settings").ZeroConfig()
 
     def _get_zero_param_shapes(self) -> list[dict[str, torch.Size]]:

@@ -109,12 +109,12 @@ class EngineQueries:
 
     def zero_offload_optimizer(self) -> Any:
         """The `zero_optimization.offload_optimizer` section as given, None when absent (DeepSpeed's answer)."""
-        cfg = self._zero_settings.config
+        cfg = self._zero_settings.zero_config
         return cfg.offload_optimizer if cfg is not None else None
 
     def zero_offload_param(self) -> Any:
         """The `zero_optimization.offload_param` section as given, None when absent (DeepSpeed's answer)."""
-        cfg = self._zero_settings.config
+        cfg = self._zero_settings.zero_config
         return cfg.offload_param if cfg is not None else None
 
     def zero_cpu_offload(self) -> bool:

@@ -179,7 +179,7 @@ def _loss_scaling(config: DeepSpeedConfig, autocast: torch.dtype | None) -> tupl
 def _nvme_text(config: DeepSpeedConfig) -> str | None:
     z = config.zero
     swapped = [
-        f"{what} under {getattr(z.config, f'{key}_or_default').nvme_path}"
+        f"{what} under {getattr(z.zero_config, f'{key}_or_default').nvme_path}"
         for key, what in (("offload_param", "parameter partitions"), ("offload_optimizer", "optimizer state"))
         if getattr(z, f"{key}_device") == "nvme"
     ]

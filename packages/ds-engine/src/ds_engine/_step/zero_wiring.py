@@ -117,7 +117,7 @@ def build_zero_optimizer(
     return cls(
         base,
         module=module,
-        config=config.zero.config,
+        config=config.zero.zero_config,
         loss_scaler=loss_scaler_for(plan),
         clip_grad=plan.clip,
         check_overflow=plan.check_overflow,
@@ -136,7 +136,7 @@ def build_parameter_offload(config: DeepSpeedConfig, module: nn.Module, dist: Di
     """
     ds_zero = _ds_zero(3, "DeepSpeedZeRoOffload")
     offload = ds_zero.DeepSpeedZeRoOffload(
-        module, config=config.zero.config, dp_group=dist.dp_group, **nvme_kwargs(config)
+        module, config=config.zero.zero_config, dp_group=dist.dp_group, **nvme_kwargs(config)
     )
     logger.info(
         "ZeRO stage 3 without an optimizer: parameters partitioned over %d ranks for evaluation", dist.dp_world_size

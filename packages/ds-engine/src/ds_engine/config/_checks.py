@@ -165,7 +165,7 @@ def _check_unmanaged_accumulation(model: DeepSpeedConfigModel, zero: ZeroSetting
 
     Stages 2 and 3 still reduce during each backward, so their `overlap_comm` keeps its meaning.
     """
-    overlap = bool(getattr(zero.config, "overlap_comm", False))
+    overlap = bool(getattr(zero.zero_config, "overlap_comm", False))
     if not model.managed_gradient_accumulation and zero.stage < 2 and overlap:
         raise DeepSpeedConfigError(
             f"managed_gradient_accumulation=false supports zero_optimization.overlap_comm only with ZeRO stage 2 "

@@ -239,7 +239,7 @@ class DeepSpeedConfig:
     @property
     def zero_config(self) -> Any:
         """ds-zero's `ZeroConfig`, or None when ds-zero is not installed."""
-        return self.zero.config
+        return self.zero.zero_config
 
     @property
     def weight_quantization_config(self) -> Any:

@@ -39,7 +39,7 @@ class ZeroSettings:
     reduce_bucket_size: int = _DEFAULT_BUCKET_NUMEL
     load_from_fp32_weights: bool = True
     gather_16bit_weights_on_model_save: bool = False
-    config: Any = None
+    zero_config: Any = None
     """The `ds_zero.ZeroConfig` instance, or None when ds-zero is not installed (stage 0 only)."""
     unavailable: str | None = None
     """Why the requested stage cannot run here (ds-zero missing); DeepSpeedConfig raises it after the
@@ -139,5 +139,5 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         reduce_bucket_size=cfg.reduce_bucket_size,
         load_from_fp32_weights=cfg.load_from_fp32_weights,
         gather_16bit_weights_on_model_save=cfg.gather_16bit_weights_on_model_save,
-        config=cfg,
+        zero_config=cfg,
     )
