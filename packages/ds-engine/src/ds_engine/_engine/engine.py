@@ -221,6 +221,7 @@ class DeepSpeedEngine(
                 with self._flops.backward(self.global_steps):
                     self._stepper.backward(scaled, retain_graph)
         self.timers.stop("backward_inner")
+        self._reduce_at_boundary()
         self.timers.stop("backward")
         return scaled
 
@@ -250,11 +251,19 @@ class DeepSpeedEngine(
     def _backward_epilogue(self) -> None:
         """Finish a backward the script ran itself (`loss.backward()`, e.g. one loss over several engines):
         what `backward` does once autograd is done. At stage 0 with fp16/bf16 that moves the 16-bit
-        gradients into the fp32 accumulation buffer (so the next backward does not add to them in 16 bits);
-        ZeRO's gradient hooks and the boundary reduction in `step()` need nothing more."""
+        gradients into the fp32 accumulation buffer (so the next backward does not add to them in 16 bits),
+        and at the window's boundary the stage-0 gradients are reduced; ZeRO's gradient hooks need nothing more."""
         finish = getattr(self._stepper, "after_backward", None)
         if finish is not None:
             finish()
+        self._reduce_at_boundary()
+
+    def _reduce_at_boundary(self) -> None:
+        """The backward that ends the accumulation window reduces the stage-0 gradients, as DeepSpeed's does, so
+        code between `backward` and `step` (a gradient read, a norm, a client clip) sees the averaged values.
+        Not inside `no_sync()` and not with `enable_backward_allreduce` off; `step()` reduces whatever is left."""
+        if self.enable_backward_allreduce and not self._in_no_sync:
+            self.allreduce_gradients()
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""

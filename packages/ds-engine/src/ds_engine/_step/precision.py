@@ -127,6 +127,7 @@ class MixedPrecisionOptimizer:
         self._train_model = [self.model_params[i] for i in trainable]
         self._train_masters = [self.masters[i] for i in trainable]
         self._train_index = {id(p): i for i, p in enumerate(self._train_model)}
+        self._train_index_of_master = {id(m): i for i, m in enumerate(self._train_masters)}
         owner = weakref.ref(self)
         for p in self._train_model:
             _grad_owners[p] = owner
@@ -219,6 +220,26 @@ class MixedPrecisionOptimizer:
     @property
     def global_grad_norm(self) -> float | None:
         return self._norm
+
+    @property
+    def fp32_groups_gradients_flat(self) -> list[torch.Tensor]:
+        """DeepSpeed's name: each param group's fp32 gradients as one flat tensor, its trained parameters in order.
+
+        Views of the fp32 gradient buffer (a copy only where an MoE model's expert-last order splits a group).
+        With fp32 accumulation (bf16's default) they hold the window's sums, reduced over the data-parallel
+        ranks once the boundary backward has run; with 16-bit accumulation the step fills them.
+        """
+        starts = [0]
+        for numel in self.master_grads.numels:
+            starts.append(starts[-1] + numel)
+        flat, out = self.master_grads.flat, []
+        for group in self.optimizer.param_groups:
+            index = sorted(i for p in group["params"] if (i := self._train_index_of_master.get(id(p))) is not None)
+            if index and index == list(range(index[0], index[-1] + 1)):
+                out.append(flat[starts[index[0]] : starts[index[-1] + 1]])
+            else:
+                out.append(torch.cat([flat[starts[i] : starts[i + 1]] for i in index]) if index else flat[:0])
+        return out
 
     # -- the stepper face --------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
