@@ -80,7 +80,16 @@ def test_expected_replica_world_size_without_a_process_group() -> None:
 
 @pytest.mark.parametrize(
     ("world", "tp", "sp", "fits"),
-    [(4, 2, 2, True), (8, 2, 2, True), (6, 4, 1, False), (6, 2, 2, False), (3, 1, 2, False), (1, 2, 1, False)],
+    [
+        (4, 2, 2, True),
+        (8, 2, 2, True),
+        (2, 0, 2, True),  # autotp_size 0: unset, no tensor parallelism
+        (6, 4, 1, False),
+        (6, 2, 2, False),
+        (3, 1, 2, False),
+        (3, 0, 2, False),
+        (1, 2, 1, False),
+    ],
 )
 def test_degrees_must_divide_the_world(world: int, tp: int, sp: int, fits: bool) -> None:
     if fits:
@@ -91,14 +100,17 @@ def test_degrees_must_divide_the_world(world: int, tp: int, sp: int, fits: bool)
     msg = str(err.value)
     assert (f"tensor_parallel.autotp_size={tp}" in msg) == (tp > 1)
     assert (f"sequence_parallel_size={sp}" in msg) == (sp > 1)
-    assert f"{tp} x {sp} = {tp * sp} ranks" in msg
+    assert f"{max(tp, 1)} x {sp} = {max(tp, 1) * sp} ranks" in msg
 
 
 def test_layout_without_degrees_or_with_an_mpu_builds_nothing() -> None:
     plain = resolve_parallel_layout(tp=1, sp=1, mpu=None)
     assert plain.dims is None and plain.mpu is None and plain.dist.world_size == 1
+    assert resolve_parallel_layout(tp=0, sp=1, mpu=None).dims is None  # autotp_size 0: unset
     with pytest.raises(RuntimeError, match=r"tensor_parallel.autotp_size=2 and sequence_parallel_size=2: building"):
         resolve_parallel_layout(tp=2, sp=2, mpu=None)
+    with pytest.raises(RuntimeError, match=r"^sequence_parallel_size=2: building"):
+        resolve_parallel_layout(tp=0, sp=2, mpu=None)
 
 
 def test_initialize_without_a_process_group_names_both_keys() -> None:

@@ -109,6 +109,7 @@ def check_degrees_fit(world_size: int, tp: int, sp: int) -> None:
     Raises:
         ValueError: it does not, naming the config keys, the world size and the sizes that would fit.
     """
+    tp, sp = max(tp, 1), max(sp, 1)  # autotp_size 0 is unset: no tensor parallelism
     per_replica = tp * sp
     if world_size % per_replica == 0:
         return
@@ -130,7 +131,8 @@ def resolve_parallel_layout(*, tp: int, sp: int, mpu: Any) -> ParallelLayout:
         RuntimeError: tp/sp asked for without a process group (`dist_init_required=False` and none exists).
         ImportError: ds-parallel is missing (names `pip install 'ds-engine[parallel]'`).
     """
-    if mpu is not None or (tp <= 1 and sp <= 1):
+    tp, sp = max(tp, 1), max(sp, 1)  # autotp_size 0 is unset: no tensor parallelism
+    if mpu is not None or (tp == 1 and sp == 1):
         return ParallelLayout(dims=None, mpu=mpu, dist=discover_dist(mpu))
     if not ds_comm.is_initialized():
         raise RuntimeError(

@@ -152,7 +152,8 @@ def initialize(
             reduced and ZeRO partitions over data x sequence ranks. Without one, `"sequence_parallel_size": N`
             in the config builds ds-parallel's mesh (the `parallel` extra), and so does
             `"tensor_parallel": {"autotp_size": N}`, which also shards the model with AutoTP (the mpu's
-            model-parallel group is the tensor-parallel group when one is given).
+            model-parallel group is the tensor-parallel group when one is given); both set, one mesh has
+            both dims (`ds_engine._parallel.dims`).
         dist_init_required: False to skip creating the process group.
         collate_fn: for the training data loader.
         config: a dict, a JSON/hjson path, base64 JSON, or a `DeepSpeedConfig` (with "auto" filled).
