@@ -6,7 +6,8 @@ the same global batches (fp32, 1e-5).
 
 Also: the degrees must divide the world (refused by key before any group is built); a client mpu wins over
 the config's degrees, and a disagreement names both; the batch triple is resolved once, for the replicas the
-degrees leave (a triple valid only for them used to be refused against the whole world).
+degrees leave (a triple valid only for them used to be refused against the whole world); a TP x SP
+checkpoint resumes exactly.
 
 Needs ds-parallel (the `ds-engine[all]` session); skipped without it.
 """
@@ -91,24 +92,37 @@ def _config(stage: int, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _train(rank: int, world: int, stage: int) -> dict[str, Any]:
+def _engine(stage: int, seed: int = 0) -> tuple[Any, Model, slice]:
+    """The TP2 x SP2 engine, its model (Ulysses attention over the sequence group) and this rank's token slice."""
     import ds_engine as deepspeed
     from ds_parallel import DistributedAttention, groups
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = Model()
     engine, *_ = deepspeed.initialize(model=model, config=_config(stage))
     sp_group, sp_rank = groups._get_sequence_parallel_group(), groups._get_sequence_parallel_rank()
     ulysses = DistributedAttention(causal_attention, sp_group, scatter_idx=2, gather_idx=1)
     model.block.attention = functools.partial(ulysses, batch_dim_idx=0)  # [b, s, h, d]
-    piece = slice(sp_rank * SEQ // 2, (sp_rank + 1) * SEQ // 2)  # this rank's slice of every sequence
+    return engine, model, slice(sp_rank * SEQ // 2, (sp_rank + 1) * SEQ // 2)  # this rank's slice of each sequence
+
+
+def _steps(engine: Any, piece: slice, steps: range) -> list[float]:
     losses = []
-    for step in range(STEPS):
+    for step in steps:
         x, y = _data(step)
         loss = engine(x[:, piece], y[:, piece])
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    return losses
+
+
+def _train(rank: int, world: int, stage: int) -> dict[str, Any]:
+    from ds_parallel import groups
+
+    engine, model, piece = _engine(stage)
+    sp_rank = groups._get_sequence_parallel_rank()
+    losses = _steps(engine, piece, range(STEPS))
     return {
         "losses": losses,
         "full": {k: v.clone() for k, v in engine.module_state_dict().items()},
@@ -153,6 +167,24 @@ def test_tp2_by_sp2_equals_plain_training(stage: int) -> None:
         mean = sum(results[rank]["losses"][step] for rank in (0, 2)) / 2
         assert abs(mean - ref_losses[step]) < 1e-5, (step, mean, ref_losses[step])
         assert results[0]["losses"][step] == results[1]["losses"][step]  # tensor-parallel peers agree
+
+
+def _resume(rank: int, world: int, save_dir: str, load: bool) -> list[float]:
+    engine, _, piece = _engine(2, seed=7 if load else 0)  # the resumed run starts from other weights
+    if load:
+        engine.load_checkpoint(save_dir, tag="mid")
+        return _steps(engine, piece, range(2, STEPS))
+    first = _steps(engine, piece, range(2))
+    engine.save_checkpoint(save_dir, tag="mid")
+    return first + _steps(engine, piece, range(2, STEPS))
+
+
+@pytest.mark.timeout(600)
+def test_tp2_by_sp2_checkpoint_resumes(tmp_path: Any) -> None:
+    straight = run_ranks(4, _resume, str(tmp_path), False, timeout_s=300)
+    resumed = run_ranks(4, _resume, str(tmp_path), True, timeout_s=300)
+    for a, b in zip(straight, resumed, strict=True):
+        assert a[2:] == b  # weights, momentum and counters come back exactly
 
 
 def _refused(rank: int, world: int) -> str:
