@@ -23,14 +23,15 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ds_comm
 from ds_engine._optional import require
 from ds_engine._parallel.tp_model_init import recorded_tp_size
 from ds_engine._plan.dist_info import DistInfo, discover_dist
-from ds_engine.config import DeepSpeedConfig
-from ds_engine.config._load import load_raw
+
+if TYPE_CHECKING:
+    from ds_engine.config import DeepSpeedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def requested_degrees(source: str | os.PathLike[str] | Mapping[str, Any] | DeepS
     Raises:
         DeepSpeedConfigError / TypeError: the source cannot be read (the same error validation gives).
     """
+    from ds_engine.config import DeepSpeedConfig  # pydantic: loaded when a config is read, not at import
+    from ds_engine.config._load import load_raw
+
     if isinstance(source, DeepSpeedConfig):
         tp = source.model.tensor_parallel.autotp_size
         return max(tp or recorded_tp_size() or 1, 1), source.model.sequence_parallel_size
