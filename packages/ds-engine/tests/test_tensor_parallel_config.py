@@ -1,5 +1,5 @@
 """The `tensor_parallel` section and `tp_model_init` on one process: DeepSpeed's keys, and the refusals
-(unimplemented options, sequence parallelism, a malformed partition_config or unknown preset,
+(unimplemented options, a malformed partition_config or unknown preset,
 a size that disagrees with tp_model_init), each naming the key, before any group is built. fp16 and
 gradient clipping are accepted (tests/dist/test_dist_autotp_clipping.py trains with them)."""
 
@@ -46,7 +46,6 @@ def test_bad_section_names_the_key(section: dict[str, Any], match: str) -> None:
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        ({"sequence_parallel_size": 2}, "autotp_size=2 does not support sequence_parallel_size=2"),
         (
             {
                 "tensor_parallel": {

@@ -1,25 +1,10 @@
-"""Sequence parallelism at initialize(): the mpu from ds-parallel's mesh, and its agreement with the config."""
+"""Sequence parallelism at initialize(): the config's degree must agree with the layout (`_parallel.dims`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ds_engine._optional import require
 from ds_engine._plan.dist_info import DistInfo
 
-__all__ = ["check_data_parallel_size", "check_sequence_parallel", "sequence_parallel_mpu"]
-
-
-def sequence_parallel_mpu(sequence_parallel_size: int) -> Any:
-    """Build ds-parallel's process mesh with `sp=sequence_parallel_size` and return its mpu.
-
-    Raises:
-        ImportError: ds-parallel is not installed (names `pip install 'ds-engine[parallel]'`).
-        ValueError: the world size is not a multiple of the degree (from `ParallelDims`).
-    """
-    ds_parallel = require("ds_parallel", extra="parallel", feature=f"sequence_parallel_size={sequence_parallel_size}")
-    mesh = ds_parallel.groups.initialize_mesh(sp=sequence_parallel_size)
-    return ds_parallel.MeshMPU(mesh)
+__all__ = ["check_data_parallel_size", "check_sequence_parallel"]
 
 
 def check_sequence_parallel(config_size: int, dist: DistInfo, *, pipeline: bool) -> None:

@@ -2,7 +2,7 @@
 
 With `"tensor_parallel": {"autotp_size": N}` (or `tp_model_init(model, tp_size=N, ...)` before
 initialize(), merged by `_tp_model_init`), initialize() builds ds-parallel's mesh with a "tp" dim of N
-(consecutive ranks), shards the model's linear layers with AutoTP (training mode: trainable shards,
+(consecutive ranks; `_parallel.dims`), shards the model's linear layers with AutoTP (training mode: trainable shards,
 replicated norms and embeddings), re-points a client optimizer at the shards, and checks on the first
 forward that the ranks of each tensor-parallel group received the same batch. As in DeepSpeed 0.19.8,
 the cuts come from, in order: `tensor_parallel.partition_config` / `preset_model` (regex layer specs,
@@ -19,9 +19,11 @@ every shard to skip the same steps. So each stepper (stage 0 fp32 and fp16/bf16,
 tensor-parallel group and its cut gradients (parameters marked `tensor_model_parallel`, DeepSpeed's
 marker) to `ds_ops.precision.finish_step`: cut shards' squares are summed over the group, replicated
 parameters (layer norms, row-parallel biases, embeddings) are counted by the group's first rank only,
-and the overflow flag is OR-ed over the group, after the data-parallel reduction. Pipelines and
-sequence parallelism do not combine with tensor parallelism (refused), nor does NVMe optimizer offload
-(its norm comes from per-tile sums; ds-zero refuses it).
+and the overflow flag is OR-ed over the group, after the data-parallel reduction.
+Pipelines do not combine with tensor parallelism (refused), nor does NVMe optimizer offload (its norm
+comes from per-tile sums; ds-zero refuses it). Sequence parallelism does: with `sequence_parallel_size`
+too, the mesh has both dims (`_parallel.dims`), the ranks of a tensor-parallel group hold the same
+sequence shard, and data-parallel work spans data x sequence ranks as without tensor parallelism.
 
 Checkpoints hold whole weights and whole optimizer state, so they load at any degree
 (`_tp_optimizer_state`).
@@ -42,6 +44,8 @@ from torch.optim import Optimizer
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._optional import require
+from ds_engine._parallel.tp_model_init import check_given_group
+from ds_engine._plan.dist_info import DistInfo
 from ds_engine.config import DeepSpeedConfigError
 
 logger = logging.getLogger(__name__)
@@ -52,21 +56,38 @@ __all__ = [
     "apply_autotp",
     "check_tensor_parallel",
     "is_cut",
+    "publish_tensor_parallel_groups",
     "tensor_parallel_mpu",
     "tensor_parallel_partition_config",
 ]
 
 
 def check_tensor_parallel(config: Any, *, tp_size: int, pipeline: bool) -> None:
-    """Refuse what does not combine with tensor parallelism (pipelines, sequence parallelism), by key."""
-    m = config.model
-    problems = [
-        (pipeline, "a PipelineModule (pipeline + tensor parallelism is not implemented)"),
-        (m.sequence_parallel_size > 1, f"sequence_parallel_size={m.sequence_parallel_size} (not combined with it)"),
-    ]
-    for bad, what in problems:
-        if bad:
-            raise DeepSpeedConfigError(f"tensor_parallel.autotp_size={tp_size} does not support {what}")
+    """Refuse what does not combine with tensor parallelism (a PipelineModule), by key."""
+    if pipeline:
+        raise DeepSpeedConfigError(
+            f"tensor_parallel.autotp_size={tp_size} does not support a PipelineModule "
+            "(pipeline + tensor parallelism is not implemented)"
+        )
+
+
+def publish_tensor_parallel_groups(mpu: Any, dist: DistInfo, *, tp_size: int, given_group: Any) -> None:
+    """Check the layout's tensor-parallel group against the degree (and a `tp_model_init(tp_group=...)`), then
+    publish the groups as DeepSpeed's `groups` globals (`get_tensor_model_parallel_group()` answers them).
+
+    Raises:
+        ValueError: the given group holds other ranks than the mesh's, or the mpu's model-parallel world size
+            is not `tp_size`.
+    """
+    if given_group is not None:
+        check_given_group(given_group, mpu.get_model_parallel_group())
+    from ds_engine._parallel import groups as tp_groups  # needs ds-parallel, as tensor parallelism does
+
+    tp_groups._set_tp_groups(mpu.get_data_parallel_group(), mpu.get_model_parallel_group())
+    if dist.mp_world_size != tp_size:
+        raise ValueError(
+            f"tensor_parallel.autotp_size={tp_size} but the mpu's model-parallel world size is {dist.mp_world_size}"
+        )
 
 
 def tensor_parallel_partition_config(config: Any, tp_size: int) -> Any:

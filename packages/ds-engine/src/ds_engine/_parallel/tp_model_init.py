@@ -30,6 +30,7 @@ __all__ = [
     "TpInitRecord",
     "check_given_group",
     "merge_tp_model_init",
+    "recorded_tp_size",
     "refuse_group_with_mpu",
     "tp_group_ranks",
     "tp_model_init",
@@ -95,6 +96,13 @@ def _config_dtype(config: Any) -> torch.dtype | None:
     if config.fp16_enabled:
         return torch.float16
     return None
+
+
+def recorded_tp_size() -> int | None:
+    """The size the pending record holds (None: no record), without consuming it: initialize() reads the
+    degrees before the config is validated, and merges the record after."""
+    size = _RECORD.get("tp_size")
+    return None if size is None else int(size)
 
 
 def refuse_group_with_mpu(mpu: Any) -> None:

@@ -20,20 +20,16 @@ from ds_engine._engine.assembly import assemble
 from ds_engine._engine.deepspeed_getters import ClientObjects
 from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._hybrid.engine import DeepSpeedHybridEngine
-from ds_engine._parallel.sequence_parallel import (
-    check_data_parallel_size,
-    check_sequence_parallel,
-    sequence_parallel_mpu,
-)
+from ds_engine._parallel.dims import expected_replica_world_size, requested_degrees, resolve_parallel_layout
+from ds_engine._parallel.sequence_parallel import check_data_parallel_size, check_sequence_parallel
 from ds_engine._parallel.tensor_parallel import (
     apply_autotp,
     check_tensor_parallel,
-    tensor_parallel_mpu,
+    publish_tensor_parallel_groups,
     tensor_parallel_partition_config,
 )
-from ds_engine._parallel.tp_model_init import check_given_group, merge_tp_model_init, refuse_group_with_mpu
+from ds_engine._parallel.tp_model_init import merge_tp_model_init, refuse_group_with_mpu
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
-from ds_engine._plan.dist_info import discover_dist
 from ds_engine._plan.plan import plan_assembly
 from ds_engine._report.logging import set_log_level_from_string
 from ds_engine._step.moe import is_expert_param
@@ -92,6 +88,15 @@ def _device(local_rank: int) -> torch.device:
     return acc.device(local_rank)
 
 
+def _read_config(source: ConfigLike, replica_world_size: int) -> DeepSpeedConfig:
+    """The config validated, its batch triple resolved for `replica_world_size` data-parallel replicas."""
+    from ds_engine.config import DeepSpeedConfig  # pydantic: loaded when a config is read
+
+    if isinstance(source, DeepSpeedConfig):
+        return source.with_world_size(replica_world_size)
+    return DeepSpeedConfig(source, world_size=replica_world_size)
+
+
 def _check_client_objects(model: Any, optimizer: Any, lr_scheduler: Any) -> None:
     if model is None:
         raise ds_comm.UsageError("initialize(): model is required (pass it as model=; the first positional is args)")
@@ -147,7 +152,8 @@ def initialize(
             reduced and ZeRO partitions over data x sequence ranks. Without one, `"sequence_parallel_size": N`
             in the config builds ds-parallel's mesh (the `parallel` extra), and so does
             `"tensor_parallel": {"autotp_size": N}`, which also shards the model with AutoTP (the mpu's
-            model-parallel group is the tensor-parallel group when one is given).
+            model-parallel group is the tensor-parallel group when one is given); both set, one mesh has
+            both dims (`ds_engine._parallel.dims`).
         dist_init_required: False to skip creating the process group.
         collate_fn: for the training data loader.
         config: a dict, a JSON/hjson path, base64 JSON, or a `DeepSpeedConfig` (with "auto" filled).
@@ -175,34 +181,26 @@ def initialize(
     pipeline = is_pipeline_module(model)
     if pipeline:
         check_pipeline_call(mpu)  # a PipelineModule's grid is the mpu: data parallel = its data axis
-    dist = discover_dist(model.mpu() if pipeline else mpu)
-    from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError  # pydantic: loaded when a config is read
-
-    if isinstance(source, DeepSpeedConfig):
-        ds_config = source.with_world_size(dist.replica_world_size)
-    else:
-        ds_config = DeepSpeedConfig(source, world_size=dist.replica_world_size)
+    given_mpu = model.mpu() if pipeline else mpu
+    asked_tp, asked_sp = requested_degrees(source)  # the batch triple counts the replicas the degrees leave
+    ds_config = _read_config(source, expected_replica_world_size(asked_tp, asked_sp, mpu=given_mpu))
     tp_init = merge_tp_model_init(ds_config)
     tp_size = tp_init.size
     if tp_size != ds_config.model.tensor_parallel.autotp_size:  # DeepSpeed writes tp_model_init's size into the config
         ds_config = ds_config.with_tensor_parallel_size(tp_size)
-    tp_state = None
+    sp = ds_config.model.sequence_parallel_size
+    partition_config = None
     if tp_size > 1:
         check_tensor_parallel(ds_config, tp_size=tp_size, pipeline=pipeline)
         partition_config = tensor_parallel_partition_config(ds_config, tp_size)
-        if mpu is None:
-            mpu = tensor_parallel_mpu(tp_size)
-            if tp_init.tp_group is not None:
-                check_given_group(tp_init.tp_group, mpu.get_model_parallel_group())
-        dist = discover_dist(mpu)
-        from ds_engine._parallel import groups as tp_groups  # needs ds-parallel, as tensor parallelism does
-
-        tp_groups._set_tp_groups(mpu.get_data_parallel_group(), mpu.get_model_parallel_group())
-        if dist.mp_world_size != tp_size:
-            raise ValueError(
-                f"tensor_parallel.autotp_size={tp_size} but the mpu's model-parallel world size is {dist.mp_world_size}"
-            )
-        ds_config = ds_config.with_world_size(dist.replica_world_size)
+    layout = resolve_parallel_layout(tp=tp_size, sp=sp, mpu=given_mpu)
+    dist = layout.dist
+    if not pipeline:
+        mpu = layout.mpu  # the client's, or the mesh's built for the config's degrees
+    ds_config = ds_config.with_world_size(dist.replica_world_size)  # itself, unless a degree was coerced
+    tp_state = None
+    if tp_size > 1:
+        publish_tensor_parallel_groups(mpu, dist, tp_size=tp_size, given_group=tp_init.tp_group)
         tp_state, model_parameters = apply_autotp(
             model,
             group=mpu.get_model_parallel_group(),
@@ -211,11 +209,6 @@ def initialize(
             model_parameters=model_parameters,
             partition_config=partition_config,
         )
-    sp = ds_config.model.sequence_parallel_size
-    if sp > 1 and mpu is None and not pipeline:
-        mpu = sequence_parallel_mpu(sp)
-        dist = discover_dist(mpu)
-        ds_config = ds_config.with_world_size(dist.replica_world_size)
     check_sequence_parallel(sp, dist, pipeline=pipeline)
     check_data_parallel_size(
         ds_config.model.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
@@ -230,6 +223,8 @@ def initialize(
         rank=dist.global_rank,
     )
     ds_config.check_resolved()
+    from ds_engine.config import DeepSpeedConfigError  # loaded with the config above
+
     if ds_config.model.log_level is not None:
         set_log_level_from_string(ds_config.model.log_level)
     if "comms_logger" in ds_config.raw:
