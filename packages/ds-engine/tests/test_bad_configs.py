@@ -494,4 +494,4 @@ def test_sum_allreduce_with_zenflow_and_deepcompile_off_is_accepted() -> None:
             "compile": {"deepcompile": False},
         }
     )
-    assert config.model.gradient_allreduce_op == "sum"
+    assert config.parsed.gradient_allreduce_op == "sum"

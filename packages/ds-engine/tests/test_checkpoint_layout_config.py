@@ -30,7 +30,7 @@ def _refused(config: dict, message: str, model: torch.nn.Module | None = None) -
 
 
 def test_unset_is_decided_by_initialize_and_a_bad_value_names_the_key_and_the_values() -> None:
-    assert DeepSpeedConfig(base_config(), world_size=1).model.checkpoint.layout is None
+    assert DeepSpeedConfig(base_config(), world_size=1).parsed.checkpoint.layout is None
     _refused(base_config(checkpoint={"layout": "DeepSpeed"}), r"checkpoint.layout: Input should be 'ds' or 'deepspeed'")
 
 

@@ -43,7 +43,7 @@ def deepspeed_default() -> None:
 
 def _resolved(config: dict, **kwargs: object) -> str | None:
     ds_config = DeepSpeedConfig(config, world_size=1)
-    return resolve_checkpoint_layout(ds_config, **{**_PLAIN, **kwargs}).model.checkpoint.layout
+    return resolve_checkpoint_layout(ds_config, **{**_PLAIN, **kwargs}).parsed.checkpoint.layout
 
 
 @needs_zero

@@ -85,7 +85,7 @@ def _checkpointer(trained: Trained, config: dict[str, Any] | None = None) -> Che
         tensor_parallel=None,
         dist=DistInfo(),
         device=torch.device("cpu"),
-        settings=ds_config.model.checkpoint,
+        settings=ds_config.parsed.checkpoint,
         ds_config=ds_config.raw,
     )
     return Checkpointer(face, parts)

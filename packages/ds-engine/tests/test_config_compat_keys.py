@@ -28,7 +28,7 @@ def test_log_level_sets_every_ds_logger_at_initialize() -> None:
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
-    assert _config().model.log_level is None
+    assert _config().parsed.log_level is None
     with pytest.raises(DeepSpeedConfigError, match=r"log_level: log level 'loud' is not one of debug, info"):
         _config(log_level="loud")
 
@@ -46,7 +46,7 @@ def test_log_level_helpers() -> None:
 
 
 def test_datastates_ckpt_only_off() -> None:
-    assert _config(datastates_ckpt=False).model.datastates_ckpt is False
+    assert _config(datastates_ckpt=False).parsed.datastates_ckpt is False
     with pytest.raises(DeepSpeedConfigError, match=r"datastates_ckpt: DataStates checkpointing is not implemented"):
         _config(datastates_ckpt={"host_cache_size": 16})
     with pytest.raises(DeepSpeedConfigError, match=r"unknown key 'datastates'; did you mean 'datastates_ckpt'"):

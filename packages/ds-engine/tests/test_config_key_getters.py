@@ -18,7 +18,7 @@ from ds_engine.utils.logging import DS_LOGGERS
 
 
 def test_defaults_come_from_the_model() -> None:
-    model = DeepSpeedConfig({"train_batch_size": 2}, world_size=1).model
+    model = DeepSpeedConfig({"train_batch_size": 2}, world_size=1).parsed
     assert constants.GRADIENT_CLIPPING_DEFAULT == model.gradient_clipping == 1.0
     assert constants.LOG_LEVEL_DEFAULT is None is model.log_level
     assert (constants.PARAM_DTYPE_DEFAULT, constants.BUFFER_DTYPE_DEFAULT) == (None, None)

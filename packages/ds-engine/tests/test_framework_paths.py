@@ -22,7 +22,7 @@ from ds_engine.checkpoint.utils import clone_tensors_for_torch_save
 @pytest.mark.parametrize(("value", "expected"), [(float("inf"), None), (None, None), (5, 5), (5.0, 5)])
 def test_steps_per_print_inf_means_never(value: float | None, expected: int | None) -> None:
     config = DeepSpeedConfig({"train_batch_size": 2, "steps_per_print": value}, world_size=1)
-    assert config.model.steps_per_print == expected
+    assert config.parsed.steps_per_print == expected
 
 
 @pytest.mark.parametrize("value", [float("-inf"), float("nan"), 0, -3, True])

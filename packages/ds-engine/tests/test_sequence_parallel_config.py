@@ -33,7 +33,7 @@ def test_seq_parallel_dtype_has_no_effect_without_sequence_parallel() -> None:
         {**BASE, "seq_parallel_communication_data_type": "bf16", "communication_data_type": "fp16"}, world_size=2
     )
     assert reduction_dtype(cfg) is torch.float16
-    assert DeepSpeedConfig(BASE, world_size=1).model.seq_parallel_communication_data_type == "fp32"
+    assert DeepSpeedConfig(BASE, world_size=1).parsed.seq_parallel_communication_data_type == "fp32"
     assert reduction_dtype(DeepSpeedConfig(BASE, world_size=1)) is None
 
 

@@ -25,9 +25,9 @@ BASE: dict[str, Any] = {
 
 def test_section_keys() -> None:
     c = DeepSpeedConfig({**BASE, "tensor_parallel": {"autotp_size": 2, "tp": {"tp_grain_size": 8}}}, world_size=1)
-    tp = c.model.tensor_parallel
+    tp = c.parsed.tensor_parallel
     assert (tp.autotp_size, tp.tensor_parallel.tp_grain_size, tp.enabled) == (2, 8, True)
-    assert not DeepSpeedConfig(BASE, world_size=1).model.tensor_parallel.enabled
+    assert not DeepSpeedConfig(BASE, world_size=1).parsed.tensor_parallel.enabled
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ def _resolved_rows(config: DeepSpeedConfig) -> list[tuple[str, Any, str]]:
     given = {p.replace("bfloat16.", "bf16.", 1) if p.startswith("bfloat16.") else p for p in config.iter_given_paths()}
     aliases: dict[str, str] = {}
     rows = []
-    for path, value in _flatten(config.model, "", aliases):
+    for path, value in _flatten(config.parsed, "", aliases):
         if path.startswith(("zero_optimization", *_PIPE_SECTIONS)):
             continue
         rows.append((path, value, "set" if path in given or aliases.get(path) in given else "default"))

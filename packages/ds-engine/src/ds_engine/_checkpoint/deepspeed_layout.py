@@ -113,7 +113,7 @@ def check_deepspeed_layout(
     Raises:
         DeepSpeedConfigError: names `checkpoint.layout` and the feature.
     """
-    if config.model.checkpoint.layout != "deepspeed":
+    if config.parsed.checkpoint.layout != "deepspeed":
         return
     reason = _unsupported(
         config, pipeline=pipeline, tp_size=tp_size, mp_world_size=mp_world_size, sp_size=sp_size, has_moe=has_moe
@@ -145,7 +145,7 @@ def resolve_checkpoint_layout(
     """
     kwargs = {"pipeline": pipeline, "tp_size": tp_size, "mp_world_size": mp_world_size, "sp_size": sp_size}
     check_deepspeed_layout(config, **kwargs, has_moe=has_moe)
-    if config.model.checkpoint.layout is not None:
+    if config.parsed.checkpoint.layout is not None:
         return config
     layout = default_checkpoint_layout()
     reason = _unsupported(config, **kwargs, has_moe=has_moe) if layout == "deepspeed" else None
@@ -165,7 +165,7 @@ def resolve_checkpoint_layout(
 
 def check_deepspeed_layout_moe(config: DeepSpeedConfig, *, has_moe: bool) -> None:
     """Refuse MoE models (their expert files are not written in DeepSpeed's layout here)."""
-    if has_moe and config.model.checkpoint.layout == "deepspeed":
+    if has_moe and config.parsed.checkpoint.layout == "deepspeed":
         raise _refuse("MoE layers (expert files and expert-parallel optimizer files)", "train without MoE layers")
 
 

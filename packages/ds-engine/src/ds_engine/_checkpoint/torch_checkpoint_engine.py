@@ -42,7 +42,7 @@ class TorchCheckpointEngine:
     name = "TorchCheckpointEngine"
 
     def __init__(self, config_params: Any = None) -> None:
-        model = getattr(config_params, "model", None)
+        model = getattr(config_params, "parsed", None)
         self.zipfile_serialization = bool(model.checkpoint.checkpoint_serialization) if model is not None else True
 
     def create(self, info: CheckpointCommitInfo) -> None:

@@ -111,7 +111,7 @@ def _base_optimizer(
     moe: MoeWiring | None = None,
 ) -> Optimizer | None:
     if isinstance(client, Optimizer):
-        if config.model.optimizer is not None:
+        if config.parsed.optimizer is not None:
             logger.warning("the optimizer passed to initialize() overrides the config's optimizer section")
         optimizer = client
     elif client is not None:
@@ -126,10 +126,10 @@ def _base_optimizer(
     if plan.offload_optimizer and client is not None:
         # Client optimizers only, as DeepSpeed's force check: the config's were planned for offload
         # already, and its `torch_adam: true` stays torch's Adam ([Note: Adam routing]).
-        optimizer = swap_for_cpu_optimizer(optimizer, force=config.model.zero_force_ds_cpu_optimizer)
+        optimizer = swap_for_cpu_optimizer(optimizer, force=config.parsed.zero_force_ds_cpu_optimizer)
     if (
         plan.zero_stage >= 1
-        and not config.model.zero_allow_untested_optimizer
+        and not config.parsed.zero_allow_untested_optimizer
         and not is_zero_tested_optimizer(optimizer)
     ):
         raise DeepSpeedConfigError(
@@ -222,7 +222,7 @@ def _stepper(
 
 def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, client_optimizer: Any) -> Any:
     if client is not None:
-        if config.model.scheduler is not None:
+        if config.parsed.scheduler is not None:
             logger.warning("the lr_scheduler passed to initialize() overrides the config's scheduler section")
         if hasattr(client, "step"):
             if not isinstance(client_optimizer, Optimizer):
@@ -235,7 +235,7 @@ def _scheduler(config: DeepSpeedConfig, client: Any, base: Optimizer | None, cli
         if base is None:
             raise ds_comm.UsageError("lr_scheduler callable given but there is no optimizer to schedule")
         return client(base)
-    sched = config.model.scheduler
+    sched = config.parsed.scheduler
     if sched is None:
         return None
     if base is None:
@@ -288,7 +288,7 @@ def assemble(
     `shuffle_training_data` is DeepSpeed's sampling of `training_data`: the engine's loader shuffles it
     (DistributedSampler, seed 0, the same order every epoch); the PipelineEngine's reads it in order.
     """
-    m = config.model
+    m = config.parsed
     _check_optimizer_needed(plan)
     _check_partitioned_parameters(module, plan)
     safe_classes = resolve_module_classes(m.torch_autocast.lower_precision_safe_modules)

@@ -135,7 +135,7 @@ class DeepSpeedGetters:
     @property
     def gradient_average(self) -> bool:
         """`gradient_allreduce_op` is "mean" (else gradients are summed)."""
-        return self._ds_config.model.gradient_allreduce_op == "mean"
+        return self._ds_config.parsed.gradient_allreduce_op == "mean"
 
     # -- precision ------------------------------------------------------------------------------------
     def amp_enabled(self) -> bool:
@@ -143,14 +143,14 @@ class DeepSpeedGetters:
         return False
 
     def fp16_auto_cast(self) -> bool:
-        return self._ds_config.model.fp16.auto_cast
+        return self._ds_config.parsed.fp16.auto_cast
 
     def initial_dynamic_scale(self) -> float:
-        return float(2.0**self._ds_config.model.fp16.initial_scale_power)
+        return float(2.0**self._ds_config.parsed.fp16.initial_scale_power)
 
     def dynamic_loss_scale_args(self) -> dict[str, Any] | None:
         """The dynamic scaler's settings (DeepSpeed's key names), None unless fp16 scales dynamically."""
-        fp16 = self._ds_config.model.fp16
+        fp16 = self._ds_config.parsed.fp16
         if not (fp16.enabled and fp16.dynamic_loss_scale):
             return None
         return {
@@ -164,7 +164,7 @@ class DeepSpeedGetters:
     @property
     def communication_data_type(self) -> torch.dtype:
         """The dtype gradients are reduced in: `communication_data_type`, else the training dtype."""
-        named = self._ds_config.model.communication_data_type
+        named = self._ds_config.parsed.communication_data_type
         if named is not None:
             return to_torch_dtype(named)
         return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self._plan.precision, torch.float32)
@@ -174,78 +174,78 @@ class DeepSpeedGetters:
         return self._plan.dtype, self._plan.grad_accum_dtype
 
     def postscale_gradients(self) -> bool:
-        return not self._ds_config.model.prescale_gradients
+        return not self._ds_config.parsed.prescale_gradients
 
     def gradient_predivide_factor(self) -> float:
-        return self._ds_config.model.gradient_predivide_factor
+        return self._ds_config.parsed.gradient_predivide_factor
 
     def torch_autocast_enabled(self) -> bool:
-        return self._ds_config.model.torch_autocast.enabled
+        return self._ds_config.parsed.torch_autocast.enabled
 
     def torch_autocast_dtype(self) -> torch.dtype | None:
         """The forward's autocast dtype when enabled (the device default when the section names none); else
         the section's `dtype`, if any."""
         if self._plan.autocast_dtype is not None:
             return self._plan.autocast_dtype
-        named = self._ds_config.model.torch_autocast.dtype
+        named = self._ds_config.parsed.torch_autocast.dtype
         return to_torch_dtype(named) if named is not None else None
 
     def torch_autocast_lower_precision_safe_modules(self) -> list[str] | None:
-        return self._ds_config.model.torch_autocast.lower_precision_safe_modules
+        return self._ds_config.parsed.torch_autocast.lower_precision_safe_modules
 
     def optimizer_legacy_fusion(self) -> bool:
-        section = self._ds_config.model.optimizer
+        section = self._ds_config.parsed.optimizer
         return bool(section.legacy_fusion) if section is not None else False
 
     def bfloat16_master_weights_and_gradients(self) -> bool:
-        return self._ds_config.model.bf16.bf16_master_weights_and_grads
+        return self._ds_config.parsed.bf16.bf16_master_weights_and_grads
 
     bf16_master_weights_and_gradients = bfloat16_master_weights_and_gradients
 
     def fp16_master_weights_and_gradients(self) -> bool:
-        return self._ds_config.model.fp16.fp16_master_weights_and_grads
+        return self._ds_config.parsed.fp16.fp16_master_weights_and_grads
 
     def bf16_optimizer_states(self) -> bool:
-        return self._ds_config.model.bf16.bf16_optimizer_states
+        return self._ds_config.parsed.bf16.bf16_optimizer_states
 
     # -- run settings ---------------------------------------------------------------------------------
     def managed_gradient_accumulation(self) -> bool:
-        return self._ds_config.model.managed_gradient_accumulation
+        return self._ds_config.parsed.managed_gradient_accumulation
 
     def dataloader_drop_last(self) -> bool:
-        return self._ds_config.model.dataloader_drop_last
+        return self._ds_config.parsed.dataloader_drop_last
 
     def memory_breakdown(self) -> bool:
-        return self._ds_config.model.memory_breakdown
+        return self._ds_config.parsed.memory_breakdown
 
     def dump_state(self) -> bool:
-        return self._ds_config.model.dump_state
+        return self._ds_config.parsed.dump_state
 
     def log_level(self) -> str | None:
         # `log_level` as written ("ERROR"), from `_config` as DeepSpeed reads it.
         return self._config.log_level
 
     def checkpoint_tag_validation_enabled(self) -> bool:
-        return self._ds_config.model.checkpoint.tag_validation != "IGNORE"
+        return self._ds_config.parsed.checkpoint.tag_validation != "IGNORE"
 
     def checkpoint_tag_validation_fail(self) -> bool:
-        return self._ds_config.model.checkpoint.tag_validation == "FAIL"
+        return self._ds_config.parsed.checkpoint.tag_validation == "FAIL"
 
     def checkpoint_serialization_enabled(self) -> bool:
-        return self._ds_config.model.checkpoint.checkpoint_serialization
+        return self._ds_config.parsed.checkpoint.checkpoint_serialization
 
     def use_node_local_storage(self) -> bool:
-        return self._ds_config.model.checkpoint.use_node_local_storage
+        return self._ds_config.parsed.checkpoint.use_node_local_storage
 
     def aio_config(self) -> Any:
         """The `aio` section (a `ds_ops.AioConfig`)."""
-        return self._ds_config.model.aio
+        return self._ds_config.parsed.aio
 
     def zero_allow_untested_optimizer(self) -> bool:
-        return self._ds_config.model.zero_allow_untested_optimizer
+        return self._ds_config.parsed.zero_allow_untested_optimizer
 
     def zero_force_ds_cpu_optimizer(self) -> bool:
-        return self._ds_config.model.zero_force_ds_cpu_optimizer
+        return self._ds_config.parsed.zero_force_ds_cpu_optimizer
 
     # features ds does not implement: accepted only switched off, so they answer "off" as DeepSpeed does
     def autotuning_enabled(self) -> bool:

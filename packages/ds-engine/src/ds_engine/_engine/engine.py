@@ -110,7 +110,7 @@ class DeepSpeedEngine(
         #: DeepSpeed's samples/sec timer: started at each forward, stopped at each step() (see `_timers`).
         self.tput_timer = parts.reporter.throughput
         self._collate_fn = parts.collate_fn
-        m = parts.config.model
+        m = parts.config.parsed
         self._ckpt_config = m.checkpoint
         self._zero_settings = parts.config.zero
         self._gas = parts.config.gradient_accumulation_steps
@@ -144,7 +144,7 @@ class DeepSpeedEngine(
             tensor_parallel=parts.tensor_parallel,
             dist=parts.dist,
             device=parts.device,
-            settings=parts.config.model.checkpoint,
+            settings=parts.config.parsed.checkpoint,
             ds_config=parts.config.raw,
         )
 
@@ -391,7 +391,7 @@ class DeepSpeedEngine(
             data_sampler=data_sampler,
             collate_fn=collate_fn or self._collate_fn,
             num_workers=num_local_io_workers or 0,
-            drop_last=self._ds_config.model.dataloader_drop_last,
+            drop_last=self._ds_config.parsed.dataloader_drop_last,
             shuffle=route == "train",
         )
 

@@ -125,10 +125,10 @@ class EngineQueries:
 
     # -- logging settings -------------------------------------------------------------------------------
     def steps_per_print(self) -> int | None:
-        return self._ds_config.model.steps_per_print
+        return self._ds_config.parsed.steps_per_print
 
     def wall_clock_breakdown(self) -> bool:
-        return self._ds_config.model.wall_clock_breakdown
+        return self._ds_config.parsed.wall_clock_breakdown
 
     def get_wall_clock_timers(self) -> dict[str, float]:
         """Milliseconds per timer since the last progress line."""
@@ -214,7 +214,7 @@ class EngineQueries:
 
     def autotp_size(self) -> int:
         """`tensor_parallel.autotp_size`, filled from `tp_model_init` when the config left it unset (0: off)."""
-        return int(self._ds_config.model.tensor_parallel.autotp_size)
+        return int(self._ds_config.parsed.tensor_parallel.autotp_size)
 
     #: Whether this engine runs a pipeline schedule (`PipelineEngine` says True). A plain attribute, as in
     #: DeepSpeed, so that code (and tests) may set it on an instance.

@@ -76,8 +76,8 @@ def requested_degrees(source: str | os.PathLike[str] | Mapping[str, Any] | DeepS
     from ds_engine.config._load import load_raw
 
     if isinstance(source, DeepSpeedConfig):
-        tp = source.model.tensor_parallel.autotp_size
-        return max(tp or recorded_tp_size() or 1, 1), source.model.sequence_parallel_size
+        tp = source.parsed.tensor_parallel.autotp_size
+        return max(tp or recorded_tp_size() or 1, 1), source.parsed.sequence_parallel_size
     raw = load_raw(source)
     section = raw.get("tensor_parallel")
     value = section.get("autotp_size") if isinstance(section, dict) else None

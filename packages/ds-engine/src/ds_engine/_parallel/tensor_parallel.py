@@ -96,7 +96,7 @@ def tensor_parallel_partition_config(config: Any, tp_size: int) -> Any:
     Raises:
         DeepSpeedConfigError: an unknown preset or a malformed spec, naming the key path.
     """
-    section = config.model.tensor_parallel
+    section = config.parsed.tensor_parallel
     if not section.partition_config and not section.preset_model:
         return None
     tensor = require("ds_parallel", extra="parallel", feature="tensor_parallel.partition_config").tensor

@@ -127,7 +127,7 @@ def merge_tp_model_init(config: Any) -> TpInitRecord:
     """
     record = dict(_RECORD)
     _RECORD.clear()
-    section = config.model.tensor_parallel
+    section = config.parsed.tensor_parallel
     size = section.autotp_size
     recorded = record.get("tp_size")
     if recorded is not None and size not in (0, recorded):

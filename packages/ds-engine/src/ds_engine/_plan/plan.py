@@ -119,7 +119,7 @@ def _scheduler_text(config: DeepSpeedConfig, client_scheduler: object | None) ->
             else type(client_scheduler).__name__
         )
         return f"client {kind}, stepped after each applied optimizer step"
-    sched = config.model.scheduler
+    sched = config.parsed.scheduler
     if sched is None:
         return None
     args = ", ".join(f"{k}={v!r}" for k, v in sched.params.items())
@@ -133,7 +133,7 @@ def _plan_optimizer(
         return "client", None
     if client_optimizer is not None:
         return "client callable", None
-    opt = config.model.optimizer
+    opt = config.parsed.optimizer
     if opt is None:
         return "none", None
     try:
@@ -142,14 +142,14 @@ def _plan_optimizer(
             dict(opt.params),
             device_type=device_type,
             offload=offload,
-            force_ds_cpu_optimizer=config.model.zero_force_ds_cpu_optimizer,
+            force_ds_cpu_optimizer=config.parsed.zero_force_ds_cpu_optimizer,
         )
     except ValueError as err:
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
 
 
 def _autocast_dtype(config: DeepSpeedConfig, device_type: str) -> torch.dtype | None:
-    section = config.model.torch_autocast
+    section = config.parsed.torch_autocast
     if not section.enabled:
         return None
     return to_torch_dtype(section.dtype) if section.dtype is not None else torch.get_autocast_dtype(device_type)
@@ -162,7 +162,7 @@ def scales_autocast_loss(plan: AssemblyPlan) -> bool:
 
 
 def _loss_scaling(config: DeepSpeedConfig, autocast: torch.dtype | None) -> tuple[str, dict[str, Any] | None, float]:
-    fp16 = config.model.fp16
+    fp16 = config.parsed.fp16
     if config.precision != "fp16" and not (autocast == torch.float16 and config.precision == "fp32"):
         return "static 1.0 (no scaling)", None, 1.0
     if fp16.dynamic_loss_scale:
@@ -185,7 +185,7 @@ def _nvme_text(config: DeepSpeedConfig) -> str | None:
     ]
     if not swapped:
         return None
-    a = config.model.aio
+    a = config.parsed.aio
     return (
         f"NVMe offload (ZeRO-Infinity): {' and '.join(swapped)}; aio: block_size={a.block_size}, "
         f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
@@ -206,7 +206,7 @@ def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:
 def reduction_dtype(config: DeepSpeedConfig) -> torch.dtype | None:
     """The gradient reductions' dtype: `seq_parallel_communication_data_type` when sequence parallelism is
     on (as DeepSpeed does), else `communication_data_type` (None: the accumulation dtype)."""
-    m = config.model
+    m = config.parsed
     if m.sequence_parallel_size > 1:
         return to_torch_dtype(m.seq_parallel_communication_data_type)
     return to_torch_dtype(m.communication_data_type) if m.communication_data_type else None
@@ -225,7 +225,7 @@ def plan_assembly(
     Raises:
         DeepSpeedConfigError: an optimizer choice that cannot work here (see `plan_config_optimizer`).
     """
-    m = config.model
+    m = config.parsed
     precision = config.precision
     accum = m.data_types.grad_accum_dtype or _DEFAULT_ACCUM[precision]
     stage = config.zero.stage

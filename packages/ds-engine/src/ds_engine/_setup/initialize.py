@@ -186,9 +186,9 @@ def initialize(
     ds_config = _read_config(source, expected_replica_world_size(asked_tp, asked_sp, mpu=given_mpu))
     tp_init = merge_tp_model_init(ds_config)
     tp_size = tp_init.size
-    if tp_size != ds_config.model.tensor_parallel.autotp_size:  # DeepSpeed writes tp_model_init's size into the config
+    if tp_size != ds_config.parsed.tensor_parallel.autotp_size:  # DeepSpeed writes tp_model_init's size into the config
         ds_config = ds_config.with_tensor_parallel_size(tp_size)
-    sp = ds_config.model.sequence_parallel_size
+    sp = ds_config.parsed.sequence_parallel_size
     partition_config = None
     if tp_size > 1:
         check_tensor_parallel(ds_config, tp_size=tp_size, pipeline=pipeline)
@@ -204,14 +204,14 @@ def initialize(
         tp_state, model_parameters = apply_autotp(
             model,
             group=mpu.get_model_parallel_group(),
-            tp_grain_size=ds_config.model.tensor_parallel.tensor_parallel.tp_grain_size,
+            tp_grain_size=ds_config.parsed.tensor_parallel.tensor_parallel.tp_grain_size,
             optimizer=optimizer,
             model_parameters=model_parameters,
             partition_config=partition_config,
         )
     check_sequence_parallel(sp, dist, pipeline=pipeline)
     check_data_parallel_size(
-        ds_config.model.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
+        ds_config.parsed.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
     )
     ds_config = resolve_checkpoint_layout(
         ds_config,
@@ -225,10 +225,10 @@ def initialize(
     ds_config.check_resolved()
     from ds_engine.config import DeepSpeedConfigError  # loaded with the config above
 
-    if ds_config.model.log_level is not None:
-        set_log_level_from_string(ds_config.model.log_level)
+    if ds_config.parsed.log_level is not None:
+        set_log_level_from_string(ds_config.parsed.log_level)
     if "comms_logger" in ds_config.raw:
-        ds_comm.configure(ds_config.model.comms_logger)
+        ds_comm.configure(ds_config.parsed.comms_logger)
     plan = plan_assembly(
         ds_config,
         device_type=get_accelerator().name,
@@ -237,7 +237,7 @@ def initialize(
         pipeline=pipeline,
     )
     device = _device(dist.local_rank)
-    if pipeline and ds_config.model.flops_profiler.enabled:
+    if pipeline and ds_config.parsed.flops_profiler.enabled:
         raise DeepSpeedConfigError(
             "flops_profiler.enabled: the flops profiler is not implemented for the PipelineEngine in ds "
             "(profile the stages' modules with ds_engine.profiling.flops_profiler.get_model_profile instead)"
@@ -247,7 +247,7 @@ def initialize(
             "hybrid_engine.enabled: the hybrid engine wraps a plain module, not a PipelineModule (DeepSpeed builds "
             "the PipelineEngine and ignores the section); switch it off for pipeline training"
         )
-    if pipeline and not ds_config.model.managed_gradient_accumulation:
+    if pipeline and not ds_config.parsed.managed_gradient_accumulation:
         raise DeepSpeedConfigError(
             "managed_gradient_accumulation=false is not supported with pipeline parallelism: the PipelineEngine's "
             "train_batch() runs the whole accumulation window itself; remove the key for a PipelineModule"
@@ -284,7 +284,7 @@ def initialize(
     )
     engine = DeepSpeedHybridEngine(parts) if ds_config.hybrid_engine.enabled else DeepSpeedEngine(parts)
     engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)
-    if ds_config.model.dump_state and dist.global_rank == 0:
+    if ds_config.parsed.dump_state and dist.global_rank == 0:
         logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 

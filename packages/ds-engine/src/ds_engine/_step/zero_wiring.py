@@ -75,7 +75,7 @@ def nvme_kwargs(config: DeepSpeedConfig) -> dict[str, Any]:
     """`{"aio_config": <the aio section as a dict>}` when stage 3 swaps to NVMe, else `{}`."""
     if not _nvme_keys(config):
         return {}
-    return {"aio_config": config.model.aio.model_dump()}
+    return {"aio_config": config.parsed.aio.model_dump()}
 
 
 def build_zero_optimizer(
@@ -101,7 +101,7 @@ def build_zero_optimizer(
     """
     name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
     cls: ZeroOptimizerFactory = getattr(_ds_zero(plan.zero_stage, name), name)
-    m = config.model
+    m = config.parsed
     comm_dtype = reduction_dtype(config)
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
     if moe is not None:

@@ -85,15 +85,16 @@ class DeepSpeedConfig:
         self._raw = raw
         self.auto_keys: tuple[str, ...] = tuple(find_auto_paths(raw))
         check_sum_allreduce_conflicts(raw)
-        self.model: DeepSpeedConfigModel = validate_model(without_paths(raw, list(self.auto_keys)))
-        self.zero: ZeroSettings = resolve_zero(self.model.zero_optimization)
-        self._weight_quantization = resolve_weight_quantization(self.model.weight_quantization)
+        #: The whole config as validated (`DeepSpeedConfigModel`, pydantic): `config.parsed.fp16.enabled`.
+        self.parsed: DeepSpeedConfigModel = validate_model(without_paths(raw, list(self.auto_keys)))
+        self.zero: ZeroSettings = resolve_zero(self.parsed.zero_optimization)
+        self._weight_quantization = resolve_weight_quantization(self.parsed.weight_quantization)
         self._pipe_sections = {
-            name: validate_pipe_section(name, getattr(self.model, name))
+            name: validate_pipe_section(name, getattr(self.parsed, name))
             for name in ("pipeline", "activation_checkpointing")
         }
         self.world_size, self.world_size_source = _world_size(world_size, mpu)
-        m = self.model
+        m = self.parsed
         self.batch: BatchPlan | None = None
         if not {TBS, MBS, GAS} & set(self.auto_keys):
             self.batch = resolve_batch(
@@ -124,11 +125,11 @@ class DeepSpeedConfig:
     def with_checkpoint_layout(self, layout: str) -> DeepSpeedConfig:
         """The same config with `checkpoint.layout` decided (`initialize()` resolves an unset one); `raw`,
         which checkpoints store as the user wrote it, is unchanged."""
-        if self.model.checkpoint.layout == layout:
+        if self.parsed.checkpoint.layout == layout:
             return self
         out = copy.copy(self)
-        checkpoint = self.model.checkpoint.model_copy(update={"layout": layout})
-        out.model = self.model.model_copy(update={"checkpoint": checkpoint})
+        checkpoint = self.parsed.checkpoint.model_copy(update={"layout": layout})
+        out.parsed = self.parsed.model_copy(update={"checkpoint": checkpoint})
         return out
 
     def check_resolved(self) -> None:
@@ -164,7 +165,7 @@ class DeepSpeedConfig:
         self.batch = None  # stale until _configure_train_batch_size() resolves the new triple
 
     def _given_batch(self) -> dict[str, int | None]:
-        m = self.model
+        m = self.parsed
         return {TBS: m.train_batch_size, MBS: m.train_micro_batch_size_per_gpu, GAS: m.gradient_accumulation_steps}
 
     def _batch_value(self, key: str) -> int | None:
@@ -218,15 +219,15 @@ class DeepSpeedConfig:
     @property
     def precision(self) -> str:
         """ "fp32", "fp16" or "bf16"."""
-        return precision_name(self.model)
+        return precision_name(self.parsed)
 
     @property
     def fp16_enabled(self) -> bool:
-        return self.model.fp16.enabled
+        return self.parsed.fp16.enabled
 
     @property
     def bfloat16_enabled(self) -> bool:
-        return self.model.bf16.enabled
+        return self.parsed.bf16.enabled
 
     @property
     def zero_optimization_stage(self) -> int:
@@ -263,65 +264,65 @@ class DeepSpeedConfig:
     @property
     def hybrid_engine(self) -> Any:
         """The `hybrid_engine` section (`HybridEngineConfig`, its defaults when absent)."""
-        return self.model.hybrid_engine
+        return self.parsed.hybrid_engine
 
     @property
     def monitor_config(self) -> Any:
         """`deepspeed.monitor.config.DeepSpeedMonitorConfig` of the four monitor sections (DeepSpeed's attribute)."""
         from ds_engine.config._monitor_section import DeepSpeedMonitorConfig
 
-        m = self.model
+        m = self.parsed
         return DeepSpeedMonitorConfig(
             tensorboard=m.tensorboard, comet=m.comet, wandb=m.wandb, csv_monitor=m.csv_monitor
         )
 
     @property
     def optimizer_name(self) -> str | None:
-        return self.model.optimizer.type if self.model.optimizer else None
+        return self.parsed.optimizer.type if self.parsed.optimizer else None
 
     @property
     def optimizer_params(self) -> dict[str, Any] | None:
-        return dict(self.model.optimizer.params) if self.model.optimizer else None
+        return dict(self.parsed.optimizer.params) if self.parsed.optimizer else None
 
     @property
     def scheduler_name(self) -> str | None:
-        return self.model.scheduler.type if self.model.scheduler else None
+        return self.parsed.scheduler.type if self.parsed.scheduler else None
 
     @property
     def scheduler_params(self) -> dict[str, Any] | None:
-        return dict(self.model.scheduler.params) if self.model.scheduler else None
+        return dict(self.parsed.scheduler.params) if self.parsed.scheduler else None
 
     # DeepSpeed's flat names for the `data_types` and `torch_autocast` keys (raw names, as DeepSpeed keeps them).
     @property
     def grad_accum_dtype(self) -> str | None:
-        return self.model.data_types.grad_accum_dtype
+        return self.parsed.data_types.grad_accum_dtype
 
     @property
     def param_dtype(self) -> str | None:
-        return self.model.data_types.param_dtype
+        return self.parsed.data_types.param_dtype
 
     @property
     def buffer_dtype(self) -> str | None:
-        return self.model.data_types.buffer_dtype
+        return self.parsed.data_types.buffer_dtype
 
     @property
     def torch_autocast_enabled(self) -> bool:
-        return self.model.torch_autocast.enabled
+        return self.parsed.torch_autocast.enabled
 
     @property
     def torch_autocast_dtype(self) -> str | None:
-        return self.model.torch_autocast.dtype
+        return self.parsed.torch_autocast.dtype
 
     @property
     def torch_autocast_lower_precision_safe_modules(self) -> list[str] | None:
-        return self.model.torch_autocast.lower_precision_safe_modules
+        return self.parsed.torch_autocast.lower_precision_safe_modules
 
     def __getattr__(self, name: str) -> Any:
         # Sections and scalar keys by their ds_config name: config.fp16.loss_scale_window, config.gradient_clipping.
-        if name.startswith("_") or name == "model":
+        if name.startswith("_") or name == "parsed":
             raise AttributeError(name)
         try:
-            return getattr(self.model, name)
+            return getattr(self.parsed, name)
         except AttributeError:
             raise AttributeError(f"DeepSpeedConfig has no attribute or config key {name!r}") from None
 

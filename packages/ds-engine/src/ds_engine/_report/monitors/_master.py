@@ -51,7 +51,7 @@ def build_monitor(config: DeepSpeedConfig, *, rank: int) -> MonitorMaster | None
         ImportError: tensorboard, wandb or comet is enabled but its package is not installed (checked
             on every rank, so all ranks fail together instead of rank 0 alone).
     """
-    model = config.model
+    model = config.parsed
     tb, csv_cfg, wb, comet = model.tensorboard, model.csv_monitor, model.wandb, model.comet
     if not (tb.enabled or csv_cfg.enabled or wb.enabled or comet.enabled):
         return None
