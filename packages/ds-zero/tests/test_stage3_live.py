@@ -11,7 +11,7 @@ from torch import nn
 import ds_zero
 from ds_zero import ZeroParamStatus
 from ds_zero._params.partitioned_param import state_of
-from ds_zero._stage3.live import LiveParams
+from ds_zero._schedule.live import LiveParams
 
 
 def _three_weights() -> list[nn.Parameter]:

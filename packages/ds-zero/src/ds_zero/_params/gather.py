@@ -10,7 +10,7 @@ make the data collective safe; a mismatch raises `GatherDivergenceError` on ever
 rank tried to gather; a rank that never reaches the gather makes the others time out on the
 fingerprint, which is reported the same way.
 
-Gathers that follow an execution trace every rank recorded identically (see `_stage3.trace`) skip the
+Gathers that follow an execution trace every rank recorded identically (see `_schedule.trace`) skip the
 fingerprint (*unchecked*): while each rank's execution matches the shared trace, their sequences of
 parameter gathers are identical by construction. A rank whose execution leaves the trace goes back to
 checked gathers and posts what it ran to the c10d store; parameter gathers run on their own process

@@ -22,7 +22,7 @@ and the next gather grows and refills the same storage. When anything else holds
 left to its holders (freed by refcount when the last one drops it, never written again by ds) and the
 parameter gets a new, empty full storage for its next gather: the holders keep the values they saw, as
 in DeepSpeed, whose release drops the parameter's reference rather than the memory. In the training
-loop nothing else holds it (autograd's saved tensors are markers, see `_stage3.saved_tensors`), so each
+loop nothing else holds it (autograd's saved tensors are markers, see `_schedule.saved_tensors`), so each
 release frees the memory in place. One exception: torch's non-reentrant activation checkpointing keeps
 the views its recomputation made until the module's backward; a release in between (only when
 `stage3_max_reuse_distance` is shorter than the way to that backward) leaves that memory to the
