@@ -31,12 +31,12 @@ from ds_zero._params.partitioned_param import (
     convert_param,
     free_full,
     is_zero_param,
-    partition_param,
     set_available,
     shard_numel,
     state_of,
     write_shard_from_full,
 )
+from ds_zero._params.partitioning import partition_param
 
 logger = logging.getLogger(__name__)
 

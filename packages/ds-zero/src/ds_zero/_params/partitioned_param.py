@@ -49,23 +49,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.distributed import ProcessGroup
-
-import ds_comm
-from ds_zero._params.active_consumers import ActiveConsumers
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ZeroParamState", "ZeroParamStatus", "ZeroParamType", "is_zero_param", "state_of"]
-
-_ids = itertools.count()
 
 
 class ZeroParamStatus(enum.Enum):
@@ -138,6 +131,33 @@ class ZeroParamState:
     """References to the full storage from `full_flat` and `full` alone (None: torch cannot count them);
     a release that finds more leaves the storage to the other holders."""
 
+    @classmethod
+    def released(
+        cls,
+        *,
+        name: str,
+        shard_numel: int,
+        world_size: int,
+        rank: int,
+        offload: bool,
+        shape: torch.Size,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> ZeroParamState:
+        """The state of a newly partitioned parameter: a fresh, released full storage of `shape`."""
+        full_flat, full, placeholder = _full_storage(shard_numel * world_size, shape, device, dtype)
+        return cls(
+            name=name,
+            shard_numel=shard_numel,
+            world_size=world_size,
+            rank=rank,
+            offload=offload,
+            full_flat=full_flat,
+            full=full,
+            placeholder=placeholder,
+            own_refs=_storage_refs(full_flat),
+        )
+
     def __repr__(self) -> str:
         # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
         return (
@@ -183,77 +203,6 @@ def _held_elsewhere(st: ZeroParamState) -> bool:
     """Whether a tensor besides `st.full_flat` and `st.full` references the full storage (True if unknown)."""
     refs = _storage_refs(st.full_flat)
     return refs is None or st.own_refs is None or refs > st.own_refs
-
-
-def partition_param(
-    param: torch.nn.Parameter,
-    *,
-    group: ProcessGroup | None,
-    shard_device: torch.device | None = None,
-    compute_device: torch.device | None = None,
-    dtype: torch.dtype | None = None,
-    pin_memory: bool = False,
-    out: torch.Tensor | None = None,
-) -> None:
-    """Turn `param` into a partitioned parameter in place; keeps only this rank's shard.
-
-    Args:
-        param: a parameter holding its full, initialised values on the compute device.
-        group: the data-parallel group the parameter is split across (None: the world).
-        shard_device: where `ds_tensor` lives ("cpu" for parameter offload; None: the compute device).
-        compute_device: where the full values are gathered for compute (None: where the parameter is).
-        dtype: cast floating-point parameters to this dtype (None keeps theirs).
-        pin_memory: page-lock a CPU shard (faster host-to-device copies; no effect on a CPU-only host).
-        out: a 1-D tensor of `ceil(numel / N)` elements (dtype and device as the shard) to hold the shard,
-            so that many shards can share one buffer.
-    """
-    if is_zero_param(param):
-        return
-    world = ds_comm.get_world_size(group)
-    rank = ds_comm.get_rank(group)
-    data = param.data
-    compute_device = torch.device(compute_device) if compute_device is not None else data.device
-    shard_device = torch.device(shard_device) if shard_device is not None else compute_device
-    target = dtype if (dtype is not None and data.is_floating_point()) else data.dtype
-    numel = data.numel()
-    s = shard_numel(numel, world)
-    with torch.no_grad():
-        flat = data.reshape(-1)
-        shard = torch.empty(s, dtype=target, device=shard_device) if out is None else out
-        start, end = min(rank * s, numel), min((rank + 1) * s, numel)
-        if end > start:
-            shard[: end - start].copy_(flat[start:end])
-        shard[end - start :].zero_()
-        if pin_memory and out is None and shard.device.type == "cpu":
-            shard = ds_comm.get_accelerator().pin_memory(shard)
-    param.ds_id = next(_ids)
-    param.ds_shape = data.shape
-    param.ds_numel = numel
-    param.ds_process_group = group
-    param.ds_tensor = shard
-    param.ds_persist = False
-    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
-    param.ds_param_type = ZeroParamType.PARTITIONED
-    param.ds_secondary_tensor = None
-    param.is_external_param = False
-    full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
-    param._ds_state = ZeroParamState(
-        name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
-        shard_numel=s,
-        world_size=world,
-        rank=rank,
-        offload=shard_device != compute_device,
-        full_flat=full_flat,
-        full=full,
-        placeholder=placeholder,
-        own_refs=_storage_refs(full_flat),
-    )
-    param.data = placeholder
-    param.ds_active_sub_modules = ActiveConsumers(param.ds_id, param._ds_state)
-    from ds_zero._params.param_methods import bind_param_methods  # it builds on this module
-
-    bind_param_methods(param)
-    del data, flat
 
 
 def _full_storage(
