@@ -42,7 +42,17 @@ as HF transformers, reads and sets them directly; a property would need a Parame
 changes `type(param)` for everyone). Everything else this package tracks per parameter (the full
 storage, use count, owning coordinator, NVMe swapper, optimizer slots, ...) is one `ZeroParamState`
 reached through `state_of(param)`: a typed, slotted record, like FSDP2's per-parameter `FSDPParam`. No
-value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here.
+value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here (and
+set once, NOT_AVAILABLE, when `partitioning` makes the parameter).
+
+[Note: the state owns its transitions]
+As FSDP2's `FSDPParam` does for its parameter, `ZeroParamState` moves its parameter between the statuses,
+and each move checks the status it starts from: `start_gather` (NOT_AVAILABLE, or AVAILABLE for a regather
+of changed shards, to INFLIGHT), `gather_target` and `finish_gather` (INFLIGHT, to AVAILABLE), `materialize`
+(NOT_AVAILABLE to AVAILABLE with values a load overwrites) and `release` (AVAILABLE to NOT_AVAILABLE). A move
+from any other status is a bug in the schedule, so it raises a RuntimeError naming the parameter's
+`ds_id`, name and status at once, instead of gathering into a storage a pending gather still fills or
+freeing memory twice. The state refers to its parameter weakly (`param`): the parameter owns the state.
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ import dataclasses
 import enum
 import logging
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -130,10 +141,13 @@ class ZeroParamState:
     own_refs: int | None = None
     """References to the full storage from `full_flat` and `full` alone (None: torch cannot count them);
     a release that finds more leaves the storage to the other holders."""
+    param_ref: Callable[[], torch.nn.Parameter | None] | None = None
+    """The parameter this state belongs to, held weakly: the parameter holds its state, not the reverse."""
 
     @classmethod
     def released(
         cls,
+        param: torch.nn.Parameter,
         *,
         name: str,
         shard_numel: int,
@@ -144,7 +158,7 @@ class ZeroParamState:
         device: torch.device,
         dtype: torch.dtype,
     ) -> ZeroParamState:
-        """The state of a newly partitioned parameter: a fresh, released full storage of `shape`."""
+        """The state of `param`, newly partitioned: a fresh, released full storage of `shape`."""
         full_flat, full, placeholder = _full_storage(shard_numel * world_size, shape, device, dtype)
         return cls(
             name=name,
@@ -156,7 +170,148 @@ class ZeroParamState:
             full=full,
             placeholder=placeholder,
             own_refs=_storage_refs(full_flat),
+            param_ref=weakref.ref(param),
         )
+
+    @property
+    def param(self) -> torch.nn.Parameter:
+        """The parameter this state belongs to."""
+        param = None if self.param_ref is None else self.param_ref()
+        if param is None:
+            raise RuntimeError(f"stage 3: the state of {self.name} outlived its parameter")
+        return param
+
+    def _expect(self, action: str, *allowed: ZeroParamStatus) -> torch.nn.Parameter:
+        """The parameter, after checking its status is one `action` starts from (a ds bug otherwise)."""
+        param = self.param
+        if param.ds_status not in allowed:
+            raise RuntimeError(
+                f"stage 3: cannot {action} parameter ds_id={param.ds_id} ({self.name}): its status is "
+                f"{param.ds_status.name}, and {action} starts from {' or '.join(a.name for a in allowed)}"
+            )
+        return param
+
+    def start_gather(self) -> None:
+        """A gather into the full storage is issued: INFLIGHT until `finish_gather`.
+
+        Starts from NOT_AVAILABLE, or AVAILABLE when the shards changed under gathered values (a regather
+        after a step or a load); never from INFLIGHT, which would be two gathers into one storage.
+        """
+        param = self._expect("start a gather of", ZeroParamStatus.NOT_AVAILABLE, ZeroParamStatus.AVAILABLE)
+        param.ds_status = ZeroParamStatus.INFLIGHT
+
+    def gather_target(self) -> torch.Tensor:
+        """The padded flat full storage, given its bytes (contents undefined), for an issued gather to fill."""
+        self._expect("fill the gather of", ZeroParamStatus.INFLIGHT)
+        return self._grow_storage()
+
+    def finish_gather(self) -> None:
+        """The issued gather has filled the full storage: point `.data` at it, AVAILABLE."""
+        param = self._expect("finish the gather of", ZeroParamStatus.INFLIGHT)
+        param.data = self.full
+        param.ds_status = ZeroParamStatus.AVAILABLE
+
+    def materialize(self) -> torch.Tensor:
+        """Make a released parameter AVAILABLE with undefined full values, for a caller that overwrites them
+        all (a state_dict load); returns the full tensor."""
+        param = self._expect("materialize", ZeroParamStatus.NOT_AVAILABLE)
+        self._grow_storage()
+        param.data = self.full
+        param.ds_status = ZeroParamStatus.AVAILABLE
+        return self.full
+
+    def release(self) -> None:
+        """AVAILABLE to NOT_AVAILABLE: `.data` back to the placeholder; the gathered memory is freed unless
+        something else holds it (see [Note: a release never frees memory another tensor holds])."""
+        param = self._expect("release", ZeroParamStatus.AVAILABLE)
+        param.data = self.placeholder
+        if _held_elsewhere(self):
+            old_key = self.full_flat.untyped_storage()._cdata
+            self._new_storage(self.full.device, self.full.dtype, keep_placeholder=True)
+            if self.coord is not None:
+                self.coord.storage_replaced(old_key, param)
+            logger.debug("stage 3: %s released while another tensor holds its values; they stay with it", self.name)
+        else:
+            self.full_flat.untyped_storage().resize_(0)
+        param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+    def _grow_storage(self) -> torch.Tensor:
+        storage = self.full_flat.untyped_storage()
+        need = self.shard_numel * self.world_size * self.full.element_size()
+        if storage.nbytes() != need:
+            storage.resize_(need)
+        return self.full_flat
+
+    def _new_storage(self, device: torch.device, dtype: torch.dtype, *, keep_placeholder: bool = False) -> None:
+        """A new, released full storage of `device`/`dtype` replaces the current one (left to its holders)."""
+        full_flat, full, placeholder = _full_storage(self.shard_numel * self.world_size, self.full.shape, device, dtype)
+        self.full_flat, self.full = full_flat, full
+        if not keep_placeholder:
+            self.placeholder = placeholder
+        self.own_refs = _storage_refs(self.full_flat)
+
+    def write_shard_from_full(self, full: torch.Tensor) -> None:
+        """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
+
+        A shard or master swapped to NVMe is written to its swap file.
+        """
+        param = self.param
+        flat = full.reshape(-1)
+        self.secondary_valid = False
+        s, rank, numel = self.shard_numel, self.rank, param.ds_numel
+        start, end = min(rank * s, numel), min((rank + 1) * s, numel)
+        with torch.no_grad():
+            piece = flat[start:end]
+            if self.swap is not None:
+                padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
+                padded[: end - start].copy_(piece)
+                self.swap.write([param], [padded])
+            else:
+                param.ds_tensor[: end - start].copy_(piece)
+                param.ds_tensor[end - start :].zero_()
+            master = self.master
+            if self.master_writer is not None:
+                padded32 = torch.zeros(s, dtype=torch.float32)
+                padded32[: end - start].copy_(piece)
+                self.master_writer(padded32)
+            elif master is not None and master is not param.ds_tensor:
+                master[: end - start].copy_(piece)
+                master[end - start :].zero_()
+
+    def convert(self, fn: Any) -> None:
+        """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to the partitioned parameter.
+
+        The shard is converted; the full storage is recreated (released) in the converted dtype/device; a
+        parameter that was available (persistent, or gathered) is converted and stays available.
+        """
+        param = self.param
+        available = param.ds_status is ZeroParamStatus.AVAILABLE
+        self.secondary_valid = False
+        param.ds_secondary_tensor = None  # reallocated in the new dtype/device by the next primary gather
+        with torch.no_grad():
+            full = fn(self.full) if available else None
+            if self.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
+                probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
+                if probe.dtype != param.ds_tensor.dtype:
+                    raise ValueError(
+                        f"cannot convert partitioned parameter {self.name} to {probe.dtype}: its shard is "
+                        "swapped to NVMe (offload_param.device='nvme') in "
+                        f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
+                        "it is partitioned"
+                    )
+            else:
+                shard = fn(param.ds_tensor)
+                if self.offload and shard.device != param.ds_tensor.device:
+                    shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
+                param.ds_tensor = shard
+            probe = fn(torch.empty(0, dtype=self.full.dtype, device=self.full.device))
+            self._new_storage(probe.device, probe.dtype)
+            if full is not None:
+                self._grow_storage()
+                self.full.copy_(full)
+                param.data = self.full  # stays AVAILABLE
+            else:
+                param.data = self.placeholder
 
     def __repr__(self) -> str:
         # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
@@ -186,11 +341,6 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) ->
     return torch.full((1,), fill, dtype=dtype, device=device).expand(shape)
 
 
-def _storage_bytes(param: torch.nn.Parameter) -> int:
-    st = state_of(param)
-    return st.shard_numel * st.world_size * st.full.element_size()
-
-
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -213,75 +363,6 @@ def _full_storage(
     full = full_flat[: math.prod(shape)].view(shape)
     full_flat.untyped_storage().resize_(0)  # views made first: a view of a 0-byte storage cannot be created
     return full_flat, full, _placeholder(shape, dtype, device)
-
-
-def alloc_full(param: torch.nn.Parameter) -> torch.Tensor:
-    """Give the full storage its bytes (contents undefined); returns the padded flat view to fill."""
-    full_flat = state_of(param).full_flat
-    storage = full_flat.untyped_storage()
-    need = _storage_bytes(param)
-    if storage.nbytes() != need:
-        storage.resize_(need)
-    return full_flat
-
-
-def mark_inflight(param: torch.nn.Parameter) -> None:
-    """A gather into the full storage has been issued and not yet waited on."""
-    param.ds_status = ZeroParamStatus.INFLIGHT
-
-
-def set_available(param: torch.nn.Parameter) -> None:
-    """Point `.data` at the filled full tensor."""
-    param.data = state_of(param).full
-    param.ds_status = ZeroParamStatus.AVAILABLE
-
-
-def free_full(param: torch.nn.Parameter) -> None:
-    """Release: `.data` back to the placeholder; the gathered memory is freed unless something else holds it.
-
-    See [Note: a release never frees memory another tensor holds].
-    """
-    st = state_of(param)
-    param.data = st.placeholder
-    if _held_elsewhere(st):
-        old_key = st.full_flat.untyped_storage()._cdata
-        st.full_flat, st.full, _ = _full_storage(st.full_flat.numel(), st.full.shape, st.full.device, st.full.dtype)
-        st.own_refs = _storage_refs(st.full_flat)
-        if st.coord is not None:
-            st.coord.storage_replaced(old_key, param)
-        logger.debug("stage 3: %s released while another tensor holds its values; they stay with it", st.name)
-    else:
-        st.full_flat.untyped_storage().resize_(0)
-    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
-
-
-def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
-    """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
-
-    A shard or master swapped to NVMe is written to its swap file.
-    """
-    flat = full.reshape(-1)
-    st = state_of(param)
-    st.secondary_valid = False
-    s, rank, numel = st.shard_numel, st.rank, param.ds_numel
-    start, end = min(rank * s, numel), min((rank + 1) * s, numel)
-    with torch.no_grad():
-        piece = flat[start:end]
-        if st.swap is not None:
-            padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
-            padded[: end - start].copy_(piece)
-            st.swap.write([param], [padded])
-        else:
-            param.ds_tensor[: end - start].copy_(piece)
-            param.ds_tensor[end - start :].zero_()
-        master = st.master
-        if st.master_writer is not None:
-            padded32 = torch.zeros(s, dtype=torch.float32)
-            padded32[: end - start].copy_(piece)
-            st.master_writer(padded32)
-        elif master is not None and master is not param.ds_tensor:
-            master[: end - start].copy_(piece)
-            master[end - start :].zero_()
 
 
 def shard_values(param: torch.nn.Parameter) -> torch.Tensor:
@@ -346,45 +427,6 @@ def prefetch_shards(params: list[torch.nn.Parameter]) -> bool:
     for swap, ps in _by_swapper(params):
         ok = swap.prefetch(ps) and ok
     return ok
-
-
-def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
-    """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to a partitioned parameter.
-
-    The shard is converted; the full storage is recreated (released) in the converted dtype/device; a
-    parameter that was available (persistent, or gathered) is converted and stays available.
-    """
-    available = param.ds_status is ZeroParamStatus.AVAILABLE
-    st = state_of(param)
-    st.secondary_valid = False
-    param.ds_secondary_tensor = None  # reallocated in the new dtype/device by the next primary gather
-    with torch.no_grad():
-        full = fn(st.full) if available else None
-        if st.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
-            probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
-            if probe.dtype != param.ds_tensor.dtype:
-                raise ValueError(
-                    f"cannot convert partitioned parameter {st.name} to {probe.dtype}: its shard is "
-                    "swapped to NVMe (offload_param.device='nvme') in "
-                    f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
-                    "it is partitioned"
-                )
-        else:
-            shard = fn(param.ds_tensor)
-            if st.offload and shard.device != param.ds_tensor.device:
-                shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
-            param.ds_tensor = shard
-        probe = fn(torch.empty(0, dtype=st.full.dtype, device=st.full.device))
-        st.full_flat, st.full, st.placeholder = _full_storage(
-            st.shard_numel * st.world_size, param.ds_shape, probe.device, probe.dtype
-        )
-        st.own_refs = _storage_refs(st.full_flat)
-        if full is not None:
-            alloc_full(param)
-            st.full.copy_(full)
-            set_available(param)
-        else:
-            param.data = st.placeholder
 
 
 def iter_zero_params(params: Iterable[Any]) -> list[torch.nn.Parameter]:

@@ -76,11 +76,12 @@ def partition_param(
     param.ds_process_group = group
     param.ds_tensor = shard
     param.ds_persist = False
-    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+    param.ds_status = ZeroParamStatus.NOT_AVAILABLE  # the one status not reached by a transition
     param.ds_param_type = ZeroParamType.PARTITIONED
     param.ds_secondary_tensor = None
     param.is_external_param = False
     state = ZeroParamState.released(
+        param,
         name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
         shard_numel=s,
         world_size=world,

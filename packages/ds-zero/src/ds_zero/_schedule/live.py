@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from ds_zero._params.gather import GatherHandle, gather_params
-from ds_zero._params.partitioned_param import ZeroParamStatus, free_full, state_of
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.secondary import SecondaryPartition
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class LiveParams:
         """Release `p`'s full values (waiting for its gather if in flight) and take it out of the pools."""
         if p.ds_status is ZeroParamStatus.INFLIGHT:
             self.wait(p)
-        free_full(p)
+        state_of(p).release()
         self.live_numel -= p.ds_numel
         self.retained.pop(p.ds_id, None)
         self.prefetched.pop(p.ds_id, None)
