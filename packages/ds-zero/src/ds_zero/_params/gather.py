@@ -33,8 +33,9 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._params.partitioned_param import acquire_shards, state_of
+from ds_zero._params.partitioned_param import state_of
 from ds_zero._params.secondary import SecondaryPartition, fill_secondary
+from ds_zero._params.shards import acquire_shards
 
 logger = logging.getLogger(__name__)
 

@@ -117,7 +117,10 @@ class LiveParams:
         """Make `params` available now: finish their in-flight gathers, gather the released ones in one go.
 
         Room is made first (`make_room`); `ride_along` may then add parameters needed soon to the same
-        collective (they join the prefetched pool).
+        collective (they join the prefetched pool). The units ahead can include this one (a model that is
+        one unit runs it again in backward), and its parameters are still released when `ride_along`
+        looks: those ride along already, so they are dropped from `ahead` rather than gathered (and
+        counted live) twice.
         """
         self.wait_inflight(params)
         missing = [p for p in params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
@@ -126,6 +129,8 @@ class LiveParams:
         need = sum(p.ds_numel for p in missing)
         self.make_room(need)
         ahead, suffix = ride_along(need) if ride_along is not None else ([], "")
+        gathering = {p.ds_id for p in missing}
+        ahead = [p for p in ahead if p.ds_id not in gathering]
         self.issue(missing + ahead, label + suffix, async_op=False, checked=checked)
         for p in ahead:
             self.prefetched[p.ds_id] = p

@@ -23,7 +23,8 @@ from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of
+from ds_zero._params.shards import write_shards
 from ds_zero._schedule.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3.grad_views import GradPartitionViews

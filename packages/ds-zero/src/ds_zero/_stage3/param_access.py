@@ -29,7 +29,8 @@ from torch import nn
 
 import ds_comm
 from ds_zero._param_access import check_numel, state_tensor
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of
+from ds_zero._params.shards import write_shards
 
 __all__ = ["ShardParamAccess"]
 
