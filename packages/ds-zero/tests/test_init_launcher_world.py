@@ -1,4 +1,4 @@
-"""`single_rank_group_error`: when `Init` must refuse the group it found (see `ds_zero._stage3.launcher_world`).
+"""`single_rank_group_error`: when `Init` must refuse the group it found (see `ds_zero._construct.launcher_world`).
 
 Only a one-rank group that `Init` resolved itself, under a launcher `WORLD_SIZE` above one, is an error;
 `Init`'s refusal of it in a real process group is checked in `test_stage3_handles_and_init.py`.

@@ -7,7 +7,7 @@ from torch import nn
 
 import ds_zero
 from ds_zero import ZeroConfig
-from ds_zero._stage3.leaf_modules import apply_leaf_module_config
+from ds_zero._schedule.leaf_modules import apply_leaf_module_config
 
 
 class Experts(nn.Module):

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import ds_comm
-from ds_zero._quantizer import GroupQuantizer
-from ds_zero._stage3.quantized_init import (
+from ds_zero._construct.quantized_init import (
     QuantizedLayout,
     quantize_module_weights,
     quantize_param,
     refuse_trainable,
 )
+from ds_zero._quantizer import GroupQuantizer
 from ds_zero.config import WeightQuantizationConfig
 
 

@@ -147,7 +147,7 @@ def test_a_backward_that_raised_is_drained_by_the_next_forward(caplog: pytest.Lo
         with pytest.raises(RuntimeError, match="replay failed"):
             net(x).backward()
     assert any(model.rec.weight.ds_active_sub_modules)  # rec's backward claim, never released by autograd
-    with caplog.at_level("WARNING", logger="ds_zero._stage3.coordinator"):
+    with caplog.at_level("WARNING", logger="ds_zero._schedule.coordinator"):
         model(x).backward()
     ref(x).backward()
     assert "the previous backward did not finish" in caplog.text

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import ds_zero
-from ds_zero._stage3.granularity import module_granularity, set_leaves_by_granularity
+from ds_zero._schedule.granularity import module_granularity, set_leaves_by_granularity
 
 
 class Block(nn.Module):
@@ -71,7 +71,7 @@ def test_outermost_modules_at_or_below_the_threshold_become_leaves(threshold: in
 
 def test_a_threshold_below_every_granularity_warns_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     model = Model()
-    with caplog.at_level(logging.WARNING, logger="ds_zero._stage3.granularity"):
+    with caplog.at_level(logging.WARNING, logger="ds_zero._schedule.granularity"):
         assert set_leaves_by_granularity(model, 12) == []
     assert ds_zero.get_z3_leaf_modules(model) == []
     assert "stage3_module_granularity_threshold=12 makes no module a leaf" in caplog.text

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ds_zero import LinearFunctionForZeroStage3, zero3_linear_wrap
-from ds_zero._stage3.linear import deepspeed_linear_values
+from ds_zero._construct.linear import deepspeed_linear_values
 
 _SHAPES = [(7,), (4, 7), (2, 3, 7)]
 

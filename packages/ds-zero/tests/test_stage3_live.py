@@ -11,7 +11,7 @@ from torch import nn
 import ds_zero
 from ds_zero import ZeroParamStatus
 from ds_zero._params.partitioned_param import state_of
-from ds_zero._stage3.live import LiveParams
+from ds_zero._schedule.live import LiveParams
 
 
 def _three_weights() -> list[nn.Parameter]:
@@ -62,3 +62,18 @@ def test_gather_skips_available_parameters_and_ride_along_joins_the_prefetched_p
     assert list(live.prefetched) == [c.ds_id] and c.ds_status is ZeroParamStatus.AVAILABLE
     live.claim([c])
     assert not live.prefetched and state_of(c).active == 1
+
+
+def test_a_parameter_riding_along_with_its_own_gather_is_gathered_and_counted_once() -> None:
+    a, b, _ = _three_weights()
+    live = LiveParams(group=None, fp_group=None, max_live_parameters=1000)
+
+    def ride_along(need: int) -> tuple[list[nn.Parameter], str]:
+        return [a, b], " and the next units"  # the unit ahead is this one again (its backward), plus `b`
+
+    live.gather([a], "a", checked=True, ride_along=ride_along)
+    assert a.ds_status is b.ds_status is ZeroParamStatus.AVAILABLE
+    assert live.num_param_gathers == 2 and live.live_numel == 32
+    assert list(live.prefetched) == [b.ds_id]
+    live.release_unused([a, b])
+    assert live.live_numel == 0

@@ -18,7 +18,7 @@ from torch import nn
 
 import ds_zero
 from ds_zero import ZeroParamStatus
-from ds_zero._stage3.returned_params import returned_params
+from ds_zero._schedule.returned_params import returned_params
 
 CFG = {"stage": 3, "param_persistence_threshold": 0, "prefetch_bucket_size": 0}
 

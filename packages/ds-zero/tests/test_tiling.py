@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ds_zero import TiledLinear, TiledLinearReturnBias
-from ds_zero._stage3.tiling import uniform_bounds
+from ds_zero._construct.tiling import uniform_bounds
 
 
 @pytest.mark.parametrize(("in_splits", "out_splits"), [(1, 1), (3, 2), (10, 7)])

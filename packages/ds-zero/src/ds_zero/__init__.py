@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from ds_ops.precision import DynamicLossScaler, LossScaler
 from ds_zero.__about__ import __version__
-from ds_zero._access.owner import zero_optimizer_of
 from ds_zero._checkpoint.deepspeed_files import write_deepspeed_files
 from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
 from ds_zero._checkpoint.format import consolidate_fp32_params
@@ -37,6 +36,12 @@ from ds_zero._checkpoint.partition_files import load_partition_state_dicts
 from ds_zero._checkpoint.script_copy import copy_recovery_scripts, copy_zero_to_fp32_script
 from ds_zero._checkpoint.universal_read import load_universal_partitions, universal_model_states_file
 from ds_zero._checkpoint.universal_write import convert_to_universal
+from ds_zero._construct.init import Init, partition_model
+from ds_zero._construct.init_base import InsertPostInitMethodToModuleSubClasses
+from ds_zero._construct.launcher_world import single_rank_group_error
+from ds_zero._construct.linear import LinearFunctionForZeroStage3, zero3_linear_wrap
+from ds_zero._construct.tiling import TiledLinear, TiledLinearReturnBias
+from ds_zero._construct.torch_patches import torch_patches_restored
 from ds_zero._memory_estimate import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_cold,
@@ -47,6 +52,7 @@ from ds_zero._memory_estimate import (
     model_to_params,
 )
 from ds_zero._nvme.files import NVMeSwapError
+from ds_zero._param_access import zero_optimizer_of
 
 # ZeRO stage 3
 from ds_zero._params.gather import GatherDivergenceError, MultipleAllGatherHandles
@@ -59,12 +65,8 @@ from ds_zero._params.param_dict import ZeroParamDict as ZeROOrderedDict
 from ds_zero._params.param_dict import ensure_zero_ordered_dict
 from ds_zero._params.partitioned_param import ZeroParamStatus, ZeroParamType, is_zero_param
 from ds_zero._quantizer import CUDAQuantizer
-from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
-from ds_zero._stage3.generation import unwrap_model_for_generation
-from ds_zero._stage3.init import Init, partition_model
-from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
-from ds_zero._stage3.launcher_world import single_rank_group_error
-from ds_zero._stage3.leaf_modules import (
+from ds_zero._schedule.generation import unwrap_model_for_generation
+from ds_zero._schedule.leaf_modules import (
     get_z3_leaf_modules,
     set_z3_leaf_module,
     set_z3_leaf_modules,
@@ -74,11 +76,9 @@ from ds_zero._stage3.leaf_modules import (
     z3_leaf_module,
     z3_leaf_parameter,
 )
-from ds_zero._stage3.linear import LinearFunctionForZeroStage3, zero3_linear_wrap
-from ds_zero._stage3.module import DeepSpeedZeRoOffload
+from ds_zero._schedule.module import DeepSpeedZeRoOffload
+from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
-from ds_zero._stage3.tiling import TiledLinear, TiledLinearReturnBias
-from ds_zero._stage3.torch_patches import torch_patches_restored
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,

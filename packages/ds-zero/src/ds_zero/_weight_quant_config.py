@@ -2,7 +2,7 @@
 
 ds-zero owns it because `ds_zero.Init` is what reads it (from the ds_config it is given), as
 DeepSpeed's `zero.Init` does. Only `quantized_initialization` is implemented: `Init` quantizes the weights
-of `nn.Linear` / `nn.Embedding` layers built inside it (`ds_zero._stage3.quantized_init`). DeepSpeed's
+of `nn.Linear` / `nn.Embedding` layers built inside it (`ds_zero._construct.quantized_init`). DeepSpeed's
 other key, `post_init_quant` (quantizing an already built model by swapping its layers), is refused by
 key path when set. The section's own `num_bits` / `q_type` / `q_groups` are fields DeepSpeed declares but
 never reads; ds accepts them at their defaults only.

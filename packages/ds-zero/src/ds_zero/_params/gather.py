@@ -10,7 +10,7 @@ make the data collective safe; a mismatch raises `GatherDivergenceError` on ever
 rank tried to gather; a rank that never reaches the gather makes the others time out on the
 fingerprint, which is reported the same way.
 
-Gathers that follow an execution trace every rank recorded identically (see `_stage3.trace`) skip the
+Gathers that follow an execution trace every rank recorded identically (see `_schedule.trace`) skip the
 fingerprint (*unchecked*): while each rank's execution matches the shared trace, their sequences of
 parameter gathers are identical by construction. A rank whose execution leaves the trace goes back to
 checked gathers and posts what it ran to the c10d store; parameter gathers run on their own process
@@ -33,8 +33,9 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_zero._params.partitioned_param import acquire_shards, alloc_full, mark_inflight, set_available, state_of
+from ds_zero._params.partitioned_param import state_of
 from ds_zero._params.secondary import SecondaryPartition, fill_secondary
+from ds_zero._params.shards import acquire_shards
 
 logger = logging.getLogger(__name__)
 
@@ -221,14 +222,14 @@ class GatherHandle:
                     f"control flow around partitioned modules?).{deviation_summary(self._group)}"
                 ) from err
         rows = self._recv.view(self._world, -1)
-        outs = [alloc_full(p).view(self._world, s) for p, s in zip(self.params, self._sizes, strict=True)]
+        outs = [state_of(p).gather_target().view(self._world, s) for p, s in zip(self.params, self._sizes, strict=True)]
         with torch.no_grad():
             if len(outs) == 1:
                 outs[0].copy_(rows)
             else:
                 torch.split_with_sizes_copy(rows, self._sizes, dim=1, out=outs)
         for p in self.params:
-            set_available(p)
+            state_of(p).finish_gather()
         if self._fill is not None:
             for p in self.params:
                 if not p.ds_persist:
@@ -306,8 +307,10 @@ def gather_params(
             if world == 1 and all(p.ds_tensor.device == device and p.ds_tensor.dtype == dtype for p in batch):
                 # one rank: each shard is the whole parameter; copied straight into its full storage
                 for p in batch:
-                    alloc_full(p)[: p.ds_tensor.numel()].copy_(p.ds_tensor)
-                    set_available(p)
+                    st = state_of(p)
+                    st.start_gather()
+                    st.gather_target()[: p.ds_tensor.numel()].copy_(p.ds_tensor)
+                    st.finish_gather()
                 if release is not None:
                     release()
                 handles.append(GatherHandle(batch, None, None, 1))
@@ -322,7 +325,7 @@ def gather_params(
                 work = ds_comm.all_gather_into_tensor(recv, send, group=group, async_op=True)
                 handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release, fill=secondary)
         for p in batch:
-            mark_inflight(p)
+            state_of(p).start_gather()
         if not async_op:
             handle.wait()
         handles.append(handle)
@@ -349,7 +352,7 @@ def _gather_secondary(
         batch, recv, work, part.size, f"{label} (hpZ block)", fp_group, sizes=[s.numel() for s in slices]
     )
     for p in batch:
-        mark_inflight(p)
+        state_of(p).start_gather()
     if not async_op:
         handle.wait()
     return handle

@@ -14,11 +14,9 @@ import ds_comm
 from ds_zero._params.gather import broadcast_full, gather_params
 from ds_zero._params.partitioned_param import (
     ZeroParamStatus,
-    free_full,
     is_zero_param,
     iter_zero_params,
     state_of,
-    write_shard_from_full,
 )
 
 logger = logging.getLogger(__name__)
@@ -104,7 +102,7 @@ class GatheredParameters:
                 group = self.params[0].ds_process_group
                 broadcast_full(self.params, self.modifier_rank, group)
                 for p in self.params:
-                    write_shard_from_full(p, state_of(p).full)
+                    state_of(p).write_shard_from_full(state_of(p).full)
         finally:
             release_held(self.params, self._standalone)
             self._standalone = []
@@ -144,7 +142,7 @@ def release_held(params: list[nn.Parameter], standalone: list[nn.Parameter]) -> 
     """Undo `hold_gathered(params)`: free the standalone parameters it gathered, release the claims of the
     managed ones (freed when nothing else uses them)."""
     for p in standalone:
-        free_full(p)
+        state_of(p).release()
     managed = [p for p in params if state_of(p).coord is not None]
     coords = {id(state_of(p).coord): state_of(p).coord for p in managed}
     for coord in coords.values():

@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from ds_zero._params.gathered_parameters import hold_gathered, release_held
-from ds_zero._params.partitioned_param import state_of, write_shard_from_full
+from ds_zero._params.partitioned_param import state_of
 
 __all__ = ["GatheredHandle", "bind_param_methods"]
 
@@ -94,7 +94,7 @@ def partition(
     params = _params(self, param_list)
     if has_been_updated:
         for p in params:
-            write_shard_from_full(p, state_of(p).full)
+            state_of(p).write_shard_from_full(state_of(p).full)
     held = [p for p in params if state_of(p).api_held]
     standalone = [p for p in held if state_of(p).api_standalone]
     for p in held:

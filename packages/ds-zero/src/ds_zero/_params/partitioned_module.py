@@ -27,16 +27,11 @@ import ds_comm
 from ds_zero._params.param_dict import install_param_dict
 from ds_zero._params.partitioned_param import (
     ZeroParamStatus,
-    alloc_full,
-    convert_param,
-    free_full,
     is_zero_param,
-    partition_param,
-    set_available,
     shard_numel,
     state_of,
-    write_shard_from_full,
 )
+from ds_zero._params.partitioning import partition_param
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +150,7 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
                 "on the model before building DeepSpeedZeroOptimizer_Stage3"
             )
         old_key = st.full_flat.untyped_storage()._cdata
-        convert_param(p, fn)
+        state_of(p).convert(fn)
         coord = st.coord
         if coord is not None:
             coord.storage_replaced(old_key, p)
@@ -219,8 +214,7 @@ def _load_pre_hook(
             continue
         was_available = p.ds_status is ZeroParamStatus.AVAILABLE
         if not was_available:
-            alloc_full(p)
-            set_available(p)
+            state_of(p).materialize()
         loading.append((p, was_available))
     module._ds_loading = loading
     module._ds_load_skipped = skipped
@@ -237,6 +231,6 @@ def _load_post_hook(module: nn.Module, incompatible_keys: Any) -> None:
         return
     module._ds_loading = []
     for p, was_available in loading:
-        write_shard_from_full(p, state_of(p).full)
+        state_of(p).write_shard_from_full(state_of(p).full)
         if not was_available:
-            free_full(p)
+            state_of(p).release()

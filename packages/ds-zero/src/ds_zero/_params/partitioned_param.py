@@ -22,7 +22,7 @@ and the next gather grows and refills the same storage. When anything else holds
 left to its holders (freed by refcount when the last one drops it, never written again by ds) and the
 parameter gets a new, empty full storage for its next gather: the holders keep the values they saw, as
 in DeepSpeed, whose release drops the parameter's reference rather than the memory. In the training
-loop nothing else holds it (autograd's saved tensors are markers, see `_stage3.saved_tensors`), so each
+loop nothing else holds it (autograd's saved tensors are markers, see `_schedule.saved_tensors`), so each
 release frees the memory in place. One exception: torch's non-reentrant activation checkpointing keeps
 the views its recomputation made until the module's backward; a release in between (only when
 `stage3_max_reuse_distance` is shorter than the way to that backward) leaves that memory to the
@@ -42,30 +42,34 @@ as HF transformers, reads and sets them directly; a property would need a Parame
 changes `type(param)` for everyone). Everything else this package tracks per parameter (the full
 storage, use count, owning coordinator, NVMe swapper, optimizer slots, ...) is one `ZeroParamState`
 reached through `state_of(param)`: a typed, slotted record, like FSDP2's per-parameter `FSDPParam`. No
-value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here.
+value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here (and
+set once, NOT_AVAILABLE, when `partitioning` makes the parameter).
+
+[Note: the state owns its transitions]
+As FSDP2's `FSDPParam` does for its parameter, `ZeroParamState` moves its parameter between the statuses,
+and each move checks the status it starts from: `start_gather` (NOT_AVAILABLE, or AVAILABLE for a regather
+of changed shards, to INFLIGHT), `gather_target` and `finish_gather` (INFLIGHT, to AVAILABLE), `materialize`
+(NOT_AVAILABLE to AVAILABLE with values a load overwrites) and `release` (AVAILABLE to NOT_AVAILABLE). A move
+from any other status is a bug in the schedule, so it raises a RuntimeError naming the parameter's
+`ds_id`, name and status at once, instead of gathering into a storage a pending gather still fills or
+freeing memory twice. The state refers to its parameter weakly (`param`): the parameter owns the state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import itertools
 import logging
 import math
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.distributed import ProcessGroup
-
-import ds_comm
-from ds_zero._params.active_consumers import ActiveConsumers
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ZeroParamState", "ZeroParamStatus", "ZeroParamType", "is_zero_param", "state_of"]
-
-_ids = itertools.count()
 
 
 class ZeroParamStatus(enum.Enum):
@@ -137,6 +141,177 @@ class ZeroParamState:
     own_refs: int | None = None
     """References to the full storage from `full_flat` and `full` alone (None: torch cannot count them);
     a release that finds more leaves the storage to the other holders."""
+    param_ref: Callable[[], torch.nn.Parameter | None] | None = None
+    """The parameter this state belongs to, held weakly: the parameter holds its state, not the reverse."""
+
+    @classmethod
+    def released(
+        cls,
+        param: torch.nn.Parameter,
+        *,
+        name: str,
+        shard_numel: int,
+        world_size: int,
+        rank: int,
+        offload: bool,
+        shape: torch.Size,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> ZeroParamState:
+        """The state of `param`, newly partitioned: a fresh, released full storage of `shape`."""
+        full_flat, full, placeholder = _full_storage(shard_numel * world_size, shape, device, dtype)
+        return cls(
+            name=name,
+            shard_numel=shard_numel,
+            world_size=world_size,
+            rank=rank,
+            offload=offload,
+            full_flat=full_flat,
+            full=full,
+            placeholder=placeholder,
+            own_refs=_storage_refs(full_flat),
+            param_ref=weakref.ref(param),
+        )
+
+    @property
+    def param(self) -> torch.nn.Parameter:
+        """The parameter this state belongs to."""
+        param = None if self.param_ref is None else self.param_ref()
+        if param is None:
+            raise RuntimeError(f"stage 3: the state of {self.name} outlived its parameter")
+        return param
+
+    def _expect(self, action: str, *allowed: ZeroParamStatus) -> torch.nn.Parameter:
+        """The parameter, after checking its status is one `action` starts from (a ds bug otherwise)."""
+        param = self.param
+        if param.ds_status not in allowed:
+            raise RuntimeError(
+                f"stage 3: cannot {action} parameter ds_id={param.ds_id} ({self.name}): its status is "
+                f"{param.ds_status.name}, and {action} starts from {' or '.join(a.name for a in allowed)}"
+            )
+        return param
+
+    def start_gather(self) -> None:
+        """A gather into the full storage is issued: INFLIGHT until `finish_gather`.
+
+        Starts from NOT_AVAILABLE, or AVAILABLE when the shards changed under gathered values (a regather
+        after a step or a load); never from INFLIGHT, which would be two gathers into one storage.
+        """
+        param = self._expect("start a gather of", ZeroParamStatus.NOT_AVAILABLE, ZeroParamStatus.AVAILABLE)
+        param.ds_status = ZeroParamStatus.INFLIGHT
+
+    def gather_target(self) -> torch.Tensor:
+        """The padded flat full storage, given its bytes (contents undefined), for an issued gather to fill."""
+        self._expect("fill the gather of", ZeroParamStatus.INFLIGHT)
+        return self._grow_storage()
+
+    def finish_gather(self) -> None:
+        """The issued gather has filled the full storage: point `.data` at it, AVAILABLE."""
+        param = self._expect("finish the gather of", ZeroParamStatus.INFLIGHT)
+        param.data = self.full
+        param.ds_status = ZeroParamStatus.AVAILABLE
+
+    def materialize(self) -> torch.Tensor:
+        """Make a released parameter AVAILABLE with undefined full values, for a caller that overwrites them
+        all (a state_dict load); returns the full tensor."""
+        param = self._expect("materialize", ZeroParamStatus.NOT_AVAILABLE)
+        self._grow_storage()
+        param.data = self.full
+        param.ds_status = ZeroParamStatus.AVAILABLE
+        return self.full
+
+    def release(self) -> None:
+        """AVAILABLE to NOT_AVAILABLE: `.data` back to the placeholder; the gathered memory is freed unless
+        something else holds it (see [Note: a release never frees memory another tensor holds])."""
+        param = self._expect("release", ZeroParamStatus.AVAILABLE)
+        param.data = self.placeholder
+        if _held_elsewhere(self):
+            old_key = self.full_flat.untyped_storage()._cdata
+            self._new_storage(self.full.device, self.full.dtype, keep_placeholder=True)
+            if self.coord is not None:
+                self.coord.storage_replaced(old_key, param)
+            logger.debug("stage 3: %s released while another tensor holds its values; they stay with it", self.name)
+        else:
+            self.full_flat.untyped_storage().resize_(0)
+        param.ds_status = ZeroParamStatus.NOT_AVAILABLE
+
+    def _grow_storage(self) -> torch.Tensor:
+        storage = self.full_flat.untyped_storage()
+        need = self.shard_numel * self.world_size * self.full.element_size()
+        if storage.nbytes() != need:
+            storage.resize_(need)
+        return self.full_flat
+
+    def _new_storage(self, device: torch.device, dtype: torch.dtype, *, keep_placeholder: bool = False) -> None:
+        """A new, released full storage of `device`/`dtype` replaces the current one (left to its holders)."""
+        full_flat, full, placeholder = _full_storage(self.shard_numel * self.world_size, self.full.shape, device, dtype)
+        self.full_flat, self.full = full_flat, full
+        if not keep_placeholder:
+            self.placeholder = placeholder
+        self.own_refs = _storage_refs(self.full_flat)
+
+    def write_shard_from_full(self, full: torch.Tensor) -> None:
+        """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
+
+        A shard or master swapped to NVMe is written to its swap file.
+        """
+        param = self.param
+        flat = full.reshape(-1)
+        self.secondary_valid = False
+        s, rank, numel = self.shard_numel, self.rank, param.ds_numel
+        start, end = min(rank * s, numel), min((rank + 1) * s, numel)
+        with torch.no_grad():
+            piece = flat[start:end]
+            if self.swap is not None:
+                padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
+                padded[: end - start].copy_(piece)
+                self.swap.write([param], [padded])
+            else:
+                param.ds_tensor[: end - start].copy_(piece)
+                param.ds_tensor[end - start :].zero_()
+            master = self.master
+            if self.master_writer is not None:
+                padded32 = torch.zeros(s, dtype=torch.float32)
+                padded32[: end - start].copy_(piece)
+                self.master_writer(padded32)
+            elif master is not None and master is not param.ds_tensor:
+                master[: end - start].copy_(piece)
+                master[end - start :].zero_()
+
+    def convert(self, fn: Any) -> None:
+        """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to the partitioned parameter.
+
+        The shard is converted; the full storage is recreated (released) in the converted dtype/device; a
+        parameter that was available (persistent, or gathered) is converted and stays available.
+        """
+        param = self.param
+        available = param.ds_status is ZeroParamStatus.AVAILABLE
+        self.secondary_valid = False
+        param.ds_secondary_tensor = None  # reallocated in the new dtype/device by the next primary gather
+        with torch.no_grad():
+            full = fn(self.full) if available else None
+            if self.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
+                probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
+                if probe.dtype != param.ds_tensor.dtype:
+                    raise ValueError(
+                        f"cannot convert partitioned parameter {self.name} to {probe.dtype}: its shard is "
+                        "swapped to NVMe (offload_param.device='nvme') in "
+                        f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
+                        "it is partitioned"
+                    )
+            else:
+                shard = fn(param.ds_tensor)
+                if self.offload and shard.device != param.ds_tensor.device:
+                    shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
+                param.ds_tensor = shard
+            probe = fn(torch.empty(0, dtype=self.full.dtype, device=self.full.device))
+            self._new_storage(probe.device, probe.dtype)
+            if full is not None:
+                self._grow_storage()
+                self.full.copy_(full)
+                param.data = self.full  # stays AVAILABLE
+            else:
+                param.data = self.placeholder
 
     def __repr__(self) -> str:
         # not the generated repr: printing `full` while released reads a 0-byte storage (a crash, not an error)
@@ -166,11 +341,6 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) ->
     return torch.full((1,), fill, dtype=dtype, device=device).expand(shape)
 
 
-def _storage_bytes(param: torch.nn.Parameter) -> int:
-    st = state_of(param)
-    return st.shard_numel * st.world_size * st.full.element_size()
-
-
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
@@ -185,77 +355,6 @@ def _held_elsewhere(st: ZeroParamState) -> bool:
     return refs is None or st.own_refs is None or refs > st.own_refs
 
 
-def partition_param(
-    param: torch.nn.Parameter,
-    *,
-    group: ProcessGroup | None,
-    shard_device: torch.device | None = None,
-    compute_device: torch.device | None = None,
-    dtype: torch.dtype | None = None,
-    pin_memory: bool = False,
-    out: torch.Tensor | None = None,
-) -> None:
-    """Turn `param` into a partitioned parameter in place; keeps only this rank's shard.
-
-    Args:
-        param: a parameter holding its full, initialised values on the compute device.
-        group: the data-parallel group the parameter is split across (None: the world).
-        shard_device: where `ds_tensor` lives ("cpu" for parameter offload; None: the compute device).
-        compute_device: where the full values are gathered for compute (None: where the parameter is).
-        dtype: cast floating-point parameters to this dtype (None keeps theirs).
-        pin_memory: page-lock a CPU shard (faster host-to-device copies; no effect on a CPU-only host).
-        out: a 1-D tensor of `ceil(numel / N)` elements (dtype and device as the shard) to hold the shard,
-            so that many shards can share one buffer.
-    """
-    if is_zero_param(param):
-        return
-    world = ds_comm.get_world_size(group)
-    rank = ds_comm.get_rank(group)
-    data = param.data
-    compute_device = torch.device(compute_device) if compute_device is not None else data.device
-    shard_device = torch.device(shard_device) if shard_device is not None else compute_device
-    target = dtype if (dtype is not None and data.is_floating_point()) else data.dtype
-    numel = data.numel()
-    s = shard_numel(numel, world)
-    with torch.no_grad():
-        flat = data.reshape(-1)
-        shard = torch.empty(s, dtype=target, device=shard_device) if out is None else out
-        start, end = min(rank * s, numel), min((rank + 1) * s, numel)
-        if end > start:
-            shard[: end - start].copy_(flat[start:end])
-        shard[end - start :].zero_()
-        if pin_memory and out is None and shard.device.type == "cpu":
-            shard = ds_comm.get_accelerator().pin_memory(shard)
-    param.ds_id = next(_ids)
-    param.ds_shape = data.shape
-    param.ds_numel = numel
-    param.ds_process_group = group
-    param.ds_tensor = shard
-    param.ds_persist = False
-    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
-    param.ds_param_type = ZeroParamType.PARTITIONED
-    param.ds_secondary_tensor = None
-    param.is_external_param = False
-    full_flat, full, placeholder = _full_storage(s * world, data.shape, compute_device, target)
-    param._ds_state = ZeroParamState(
-        name=f"<parameter {param.ds_id} of shape {tuple(data.shape)}>",
-        shard_numel=s,
-        world_size=world,
-        rank=rank,
-        offload=shard_device != compute_device,
-        full_flat=full_flat,
-        full=full,
-        placeholder=placeholder,
-        own_refs=_storage_refs(full_flat),
-    )
-    param.data = placeholder
-    param.ds_active_sub_modules = ActiveConsumers(param.ds_id, param._ds_state)
-    from ds_zero._params.param_methods import bind_param_methods  # it builds on this module
-
-    bind_param_methods(param)
-    del data, flat
-
-
 def _full_storage(
     padded: int, shape: torch.Size, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -264,178 +363,6 @@ def _full_storage(
     full = full_flat[: math.prod(shape)].view(shape)
     full_flat.untyped_storage().resize_(0)  # views made first: a view of a 0-byte storage cannot be created
     return full_flat, full, _placeholder(shape, dtype, device)
-
-
-def alloc_full(param: torch.nn.Parameter) -> torch.Tensor:
-    """Give the full storage its bytes (contents undefined); returns the padded flat view to fill."""
-    full_flat = state_of(param).full_flat
-    storage = full_flat.untyped_storage()
-    need = _storage_bytes(param)
-    if storage.nbytes() != need:
-        storage.resize_(need)
-    return full_flat
-
-
-def mark_inflight(param: torch.nn.Parameter) -> None:
-    """A gather into the full storage has been issued and not yet waited on."""
-    param.ds_status = ZeroParamStatus.INFLIGHT
-
-
-def set_available(param: torch.nn.Parameter) -> None:
-    """Point `.data` at the filled full tensor."""
-    param.data = state_of(param).full
-    param.ds_status = ZeroParamStatus.AVAILABLE
-
-
-def free_full(param: torch.nn.Parameter) -> None:
-    """Release: `.data` back to the placeholder; the gathered memory is freed unless something else holds it.
-
-    See [Note: a release never frees memory another tensor holds].
-    """
-    st = state_of(param)
-    param.data = st.placeholder
-    if _held_elsewhere(st):
-        old_key = st.full_flat.untyped_storage()._cdata
-        st.full_flat, st.full, _ = _full_storage(st.full_flat.numel(), st.full.shape, st.full.device, st.full.dtype)
-        st.own_refs = _storage_refs(st.full_flat)
-        if st.coord is not None:
-            st.coord.storage_replaced(old_key, param)
-        logger.debug("stage 3: %s released while another tensor holds its values; they stay with it", st.name)
-    else:
-        st.full_flat.untyped_storage().resize_(0)
-    param.ds_status = ZeroParamStatus.NOT_AVAILABLE
-
-
-def write_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> None:
-    """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
-
-    A shard or master swapped to NVMe is written to its swap file.
-    """
-    flat = full.reshape(-1)
-    st = state_of(param)
-    st.secondary_valid = False
-    s, rank, numel = st.shard_numel, st.rank, param.ds_numel
-    start, end = min(rank * s, numel), min((rank + 1) * s, numel)
-    with torch.no_grad():
-        piece = flat[start:end]
-        if st.swap is not None:
-            padded = torch.zeros(s, dtype=param.ds_tensor.dtype)
-            padded[: end - start].copy_(piece)
-            st.swap.write([param], [padded])
-        else:
-            param.ds_tensor[: end - start].copy_(piece)
-            param.ds_tensor[end - start :].zero_()
-        master = st.master
-        if st.master_writer is not None:
-            padded32 = torch.zeros(s, dtype=torch.float32)
-            padded32[: end - start].copy_(piece)
-            st.master_writer(padded32)
-        elif master is not None and master is not param.ds_tensor:
-            master[: end - start].copy_(piece)
-            master[end - start :].zero_()
-
-
-def shard_values(param: torch.nn.Parameter) -> torch.Tensor:
-    """This rank's shard, readable: `ds_tensor`, or a fresh copy read from its NVMe swap file."""
-    swap = state_of(param).swap
-    if swap is None:
-        return param.ds_tensor
-    return swap.read_copy(param)
-
-
-def _by_swapper(params: Iterable[torch.nn.Parameter]) -> list[tuple[Any, list[torch.nn.Parameter]]]:
-    groups: dict[int, tuple[Any, list[torch.nn.Parameter]]] = {}
-    for p in params:
-        swap = state_of(p).swap
-        if swap is not None:
-            groups.setdefault(id(swap), (swap, []))[1].append(p)
-    return list(groups.values())
-
-
-def write_shards(params: list[torch.nn.Parameter], values: list[torch.Tensor]) -> None:
-    """Set the shards of `params` to `values` (each `shard_numel` elements); swapped ones go to NVMe."""
-    swapped: dict[int, tuple[Any, list[torch.nn.Parameter], list[torch.Tensor]]] = {}
-    with torch.no_grad():
-        for p, v in zip(params, values, strict=True):
-            state_of(p).secondary_valid = False
-            swap = state_of(p).swap
-            if swap is None:
-                p.ds_tensor.copy_(v)
-            else:
-                entry = swapped.setdefault(id(swap), (swap, [], []))
-                entry[1].append(p)
-                entry[2].append(v)
-    for swap, ps, vs in swapped.values():
-        swap.write(ps, vs)
-
-
-def acquire_shards(params: list[torch.nn.Parameter], label: str) -> Any:
-    """Read the NVMe-swapped shards of `params` in; returns the callable that releases them (None: none swapped)."""
-    groups = _by_swapper(params)
-    if not groups:
-        return None
-    done: list[tuple[Any, list[torch.nn.Parameter]]] = []
-    try:
-        for swap, ps in groups:
-            swap.acquire(ps, label)
-            done.append((swap, ps))
-    except BaseException:
-        for swap, ps in done:
-            swap.release(ps)
-        raise
-
-    def release() -> None:
-        for swap, ps in done:
-            swap.release(ps)
-
-    return release
-
-
-def prefetch_shards(params: list[torch.nn.Parameter]) -> bool:
-    """Start NVMe reads of the swapped shards of `params`; False when a swapper has no room for more."""
-    ok = True
-    for swap, ps in _by_swapper(params):
-        ok = swap.prefetch(ps) and ok
-    return ok
-
-
-def convert_param(param: torch.nn.Parameter, fn: Any) -> None:
-    """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to a partitioned parameter.
-
-    The shard is converted; the full storage is recreated (released) in the converted dtype/device; a
-    parameter that was available (persistent, or gathered) is converted and stays available.
-    """
-    available = param.ds_status is ZeroParamStatus.AVAILABLE
-    st = state_of(param)
-    st.secondary_valid = False
-    param.ds_secondary_tensor = None  # reallocated in the new dtype/device by the next primary gather
-    with torch.no_grad():
-        full = fn(st.full) if available else None
-        if st.swap is not None:  # the shard is on NVMe: only a device move of the compute copy is possible
-            probe = fn(torch.empty(0, dtype=param.ds_tensor.dtype))
-            if probe.dtype != param.ds_tensor.dtype:
-                raise ValueError(
-                    f"cannot convert partitioned parameter {st.name} to {probe.dtype}: its shard is "
-                    "swapped to NVMe (offload_param.device='nvme') in "
-                    f"{param.ds_tensor.dtype}; convert the model (or pass dtype= to ds_zero.Init) before "
-                    "it is partitioned"
-                )
-        else:
-            shard = fn(param.ds_tensor)
-            if st.offload and shard.device != param.ds_tensor.device:
-                shard = shard.to(param.ds_tensor.device)  # offloaded shards stay on the host
-            param.ds_tensor = shard
-        probe = fn(torch.empty(0, dtype=st.full.dtype, device=st.full.device))
-        st.full_flat, st.full, st.placeholder = _full_storage(
-            st.shard_numel * st.world_size, param.ds_shape, probe.device, probe.dtype
-        )
-        st.own_refs = _storage_refs(st.full_flat)
-        if full is not None:
-            alloc_full(param)
-            st.full.copy_(full)
-            set_available(param)
-        else:
-            param.data = st.placeholder
 
 
 def iter_zero_params(params: Iterable[Any]) -> list[torch.nn.Parameter]:

@@ -11,19 +11,19 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
-from ds_zero._access.owner import register_owner
-from ds_zero._access.stage12 import PartitionParamAccess
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._host_buffers import release_pinned
 from ds_zero._master_dtype import master_weights_dtype, note_master_conversion
 from ds_zero._offload_states import OffloadStatesMixin
+from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.model_parallel import CutRanges
 from ds_zero._stage12.muon import MuonPartitionUpdate
+from ds_zero._stage12.param_access import PartitionParamAccess
 from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
 from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
 from ds_zero._stage12.state import (
@@ -73,7 +73,7 @@ class DeepSpeedZeroOptimizer(
     the updated partitions into every rank's parameters in `allgather_bucket_size` chunks.
 
     One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
-    per-parameter methods (`get_full_hp_param`, `get_fp32_grad_for_param`, ...; `ds_zero._access.stage12`),
+    per-parameter methods (`get_full_hp_param`, `get_fp32_grad_for_param`, ...; `ds_zero._stage12.param_access`),
     which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
 
     Args:

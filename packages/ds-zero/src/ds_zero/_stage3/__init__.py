@@ -1,9 +1,8 @@
-"""ZeRO stage 3 on top of `_params`: scheduling the gathers of a running model, and the optimizer.
+"""The ZeRO stage-3 optimizer, on top of `_params` (partitioned parameters) and `_schedule` (their gathers).
 
-Scheduling: `coordinator` (module stack, iterations, on-demand gathers) with `live` (the gathered
-parameters and `max_live_parameters`), `prefetch` (along `trace`, the recorded execution order),
-`saved_tensors` (the autograd safety net), `units` (what each module gathers) and `hooks` (the module and
-autograd hooks); `module` wraps it all as `DeepSpeedZeRoOffload`, `init` is `ds_zero.Init`. The optimizer:
 `optimizer` (`DeepSpeedZeroOptimizer_Stage3`), `partition` (the fp32 shard tiles), `grads` (gradient
-reduce-scatter) and `checkpoint` (its state in the shared format).
+reduce-scatter into the owners' partitions), `grad_views` (DeepSpeed's views of those gradient
+partitions), `model_parallel` (which partition elements belong to tensor-parallel cut parameters, for the
+norm), `checkpoint` (its state in the shared format, and the consolidated 16-bit state_dict) and
+`param_access` (one parameter's fp32 master, gradient and optimizer state).
 """

@@ -13,25 +13,27 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_ops import supports_in_pass_copy
 from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
-from ds_zero._access.owner import register_owner
-from ds_zero._access.stage3 import ShardParamAccess
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
+from ds_zero._construct.quantized_init import refuse_trainable
 from ds_zero._host_buffers import release_pinned
 from ds_zero._master_dtype import master_weights_dtype
 from ds_zero._nvme.eager_step import EagerSteps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
+from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of
+from ds_zero._params.shards import write_shards
+from ds_zero._schedule.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3.grad_views import GradPartitionViews
 from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
-from ds_zero._stage3.module import DeepSpeedZeRoOffload, as_zero_config
+from ds_zero._stage3.param_access import ShardParamAccess
 from ds_zero._stage3.partition import ShardPartition
-from ds_zero._stage3.quantized_init import refuse_trainable
 from ds_zero._zenflow_refusal import refuse_zenflow
+from ds_zero._zero_config import as_zero_config
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -84,7 +86,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
     per-parameter methods (`get_full_hp_param`, `get_local_fp32_param`, `get_fp32_grad_for_param`, ...;
-    `ds_zero._access.stage3`), which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
+    `ds_zero._stage3.param_access`), which `deepspeed.utils.safe_get_full_fp32_param` and friends call.
 
     Called as `DeepSpeedZeroOptimizer_Stage3(module, optimizer, config=...)` (DeepSpeed's order) or, like
     the stage 1/2 optimizer in the engine contract, `DeepSpeedZeroOptimizer_Stage3(optimizer, module=...,

@@ -22,7 +22,8 @@ from torch import nn
 
 import ds_comm
 from ds_zero._host_buffers import offload_zeros
-from ds_zero._params.partitioned_param import shard_values, state_of, write_shards
+from ds_zero._params.partitioned_param import state_of
+from ds_zero._params.shards import shard_values, write_shards
 from ds_zero._partition import Fragment, ParamSlot
 
 logger = logging.getLogger(__name__)

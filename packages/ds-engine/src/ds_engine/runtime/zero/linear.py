@@ -2,7 +2,7 @@
 
 `LinearFunctionForZeroStage3` and `zero3_linear_wrap` are ds-zero's (one implementation, one object:
 ds-zero installs it over `torch.nn.functional.linear` under `zero_optimization.memory_efficient_linear`,
-see `ds_zero._stage3.linear`), looked up on ds-zero when first asked for; without ds-zero that is an
+see `ds_zero._construct.linear`), looked up on ds-zero when first asked for; without ds-zero that is an
 ImportError naming `pip install 'ds-engine[zero]'`. `LinearModuleForZeroStage3` is `nn.Linear` computed
 through that function.
 

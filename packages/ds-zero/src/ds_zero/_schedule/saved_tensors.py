@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
-from ds_zero._stage3.live import LiveParams
-from ds_zero._stage3.units import UnitRegistry
+from ds_zero._schedule.live import LiveParams
+from ds_zero._schedule.units import UnitRegistry
 
 logger = logging.getLogger(__name__)
 

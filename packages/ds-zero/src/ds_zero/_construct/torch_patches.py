@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from torch import nn
 from torch.nn import functional
 
-from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
+from ds_zero._construct.init_base import InsertPostInitMethodToModuleSubClasses
 
 __all__ = ["torch_patches_restored"]
 

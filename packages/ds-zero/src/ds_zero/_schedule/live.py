@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from ds_zero._params.gather import GatherHandle, gather_params
-from ds_zero._params.partitioned_param import ZeroParamStatus, free_full, state_of
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.secondary import SecondaryPartition
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,10 @@ class LiveParams:
         """Make `params` available now: finish their in-flight gathers, gather the released ones in one go.
 
         Room is made first (`make_room`); `ride_along` may then add parameters needed soon to the same
-        collective (they join the prefetched pool).
+        collective (they join the prefetched pool). The units ahead can include this one (a model that is
+        one unit runs it again in backward), and its parameters are still released when `ride_along`
+        looks: those ride along already, so they are dropped from `ahead` rather than gathered (and
+        counted live) twice.
         """
         self.wait_inflight(params)
         missing = [p for p in params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE]
@@ -126,6 +129,8 @@ class LiveParams:
         need = sum(p.ds_numel for p in missing)
         self.make_room(need)
         ahead, suffix = ride_along(need) if ride_along is not None else ([], "")
+        gathering = {p.ds_id for p in missing}
+        ahead = [p for p in ahead if p.ds_id not in gathering]
         self.issue(missing + ahead, label + suffix, async_op=False, checked=checked)
         for p in ahead:
             self.prefetched[p.ds_id] = p
@@ -141,7 +146,7 @@ class LiveParams:
         """Release `p`'s full values (waiting for its gather if in flight) and take it out of the pools."""
         if p.ds_status is ZeroParamStatus.INFLIGHT:
             self.wait(p)
-        free_full(p)
+        state_of(p).release()
         self.live_numel -= p.ds_numel
         self.retained.pop(p.ds_id, None)
         self.prefetched.pop(p.ds_id, None)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import ds_comm
-from ds_zero._access.common import check_numel, state_tensor
+from ds_zero._param_access import check_numel, state_tensor
 from ds_zero._partition import ParamSlot
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.reduce import BoundaryReducer
@@ -110,7 +110,8 @@ class PartitionParamAccess:
     def set_full_hp_param(self, value: torch.Tensor, param: torch.Tensor, optim_state_key: str | None = None) -> None:
         """Set `param`'s fp32 master (or optimizer state) from its whole new `value`; every rank passes the same.
 
-        A new master value also goes into the model's weights at once (see `ds_zero._access` for why).
+        A new master value also goes into the model's weights at once (see the
+        [Note: a new fp32 master reaches the model's weights at once] in `ds_zero._param_access`).
         """
         found = self._slot_of(param)
         if found is None:

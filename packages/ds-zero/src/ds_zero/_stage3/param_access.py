@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_zero._access.common import check_numel, state_tensor
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of, write_shards
+from ds_zero._param_access import check_numel, state_tensor
+from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of
+from ds_zero._params.shards import write_shards
 
 __all__ = ["ShardParamAccess"]
 
@@ -152,7 +153,8 @@ class ShardParamAccess:
         """Set `param`'s fp32 master (or optimizer state) from its whole new `value`; each rank keeps its slice.
 
         A new master value also goes into the parameter's shard, and into its full values when it is
-        gathered (persistent), at once (see `ds_zero._access` for why).
+        gathered (persistent), at once (see the
+        [Note: a new fp32 master reaches the model's weights at once] in `ds_zero._param_access`).
         """
         found = self._tile_of(param)
         if found is None:

@@ -13,15 +13,16 @@ from torch.distributed import ProcessGroup
 from torch.utils.hooks import RemovableHandle
 
 import ds_comm
+from ds_zero._construct.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._nvme.param_swapper import ParamSwapper
 from ds_zero._params.partitioned_module import partition_module, remove_guard
 from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
 from ds_zero._params.secondary import secondary_partition
-from ds_zero._stage3.coordinator import ParamCoordinator
-from ds_zero._stage3.granularity import set_leaves_by_granularity
-from ds_zero._stage3.hooks import install_hooks
-from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
-from ds_zero._stage3.leaf_modules import apply_leaf_module_config
+from ds_zero._schedule.coordinator import ParamCoordinator
+from ds_zero._schedule.granularity import set_leaves_by_granularity
+from ds_zero._schedule.hooks import install_hooks
+from ds_zero._schedule.leaf_modules import apply_leaf_module_config
+from ds_zero._zero_config import as_zero_config
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -29,22 +30,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DeepSpeedZeRoOffload", "as_zero_config"]
-
-
-def as_zero_config(config: ZeroConfig | Mapping[str, Any] | None, *, stage: int = 3) -> ZeroConfig:
-    """A `ZeroConfig` from a model, a `zero_optimization` dict, or None (defaults at `stage`)."""
-    from ds_zero.config import ZeroConfig  # pydantic: loaded on first use, not at import
-
-    if config is None:
-        return ZeroConfig(stage=stage)
-    if isinstance(config, ZeroConfig):
-        return config
-    if isinstance(config, Mapping):
-        data = dict(config)
-        data.setdefault("stage", stage)
-        return ds_comm.validate_section(ZeroConfig, data, path="zero_optimization")
-    raise TypeError(f"config must be a ds_zero.ZeroConfig or a zero_optimization dict, got {type(config).__name__}")
+__all__ = ["DeepSpeedZeRoOffload"]
 
 
 class DeepSpeedZeRoOffload:
@@ -58,9 +44,9 @@ class DeepSpeedZeRoOffload:
     all-gathered once and stay whole ("persistent"); forward hooks are installed on every submodule. From
     then on, each forward and backward gathers a module's partitioned parameters just before it runs
     (one coalesced all-gather per module, prefetched along the recorded execution order) and releases
-    them after, as described in `ds_zero._stage3.coordinator`; a leaf module (flagged with
+    them after, as described in `ds_zero._schedule.coordinator`; a leaf module (flagged with
     `ds_zero.set_z3_leaf_modules` or named by `zero_optimization.leaf_module`) gathers its whole subtree
-    on entry instead (`ds_zero._stage3.leaf_modules`). This is all that evaluation without an
+    on entry instead (`ds_zero._schedule.leaf_modules`). This is all that evaluation without an
     optimizer needs; `DeepSpeedZeroOptimizer_Stage3` builds one of these for training.
 
     Args:
@@ -237,7 +223,7 @@ class DeepSpeedZeRoOffload:
     @property
     def backward_hooks(self) -> list[RemovableHandle]:
         """DeepSpeed's name for the module backward hooks; ds registers none (the forward hooks attach the
-        backward signals to each call's tensors, see `_stage3.hooks`), so this is always empty."""
+        backward signals to each call's tensors, see `_schedule.hooks`), so this is always empty."""
         return []
 
     @contextlib.contextmanager

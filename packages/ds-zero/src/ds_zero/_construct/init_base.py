@@ -9,15 +9,15 @@ once as the class attribute `linear_bk`. It is installed when an enabled `Init` 
 DeepSpeed's engine does through its own `Init(module=...)`; constructing an `Init` installs nothing.
 With `weight_quantization.quantized_initialization`, entering also wraps `F.linear` / `F.embedding` (and
 `nn.Linear` / `nn.Embedding` state-dict loading) so quantized weights are dequantized where they are
-used (`_stage3.quantized_init`).
+used (`_construct.quantized_init`).
 
-Why ds installs it although it does not need it: ds-zero's saved-tensor hooks (`_stage3.saved_tensors`)
+Why ds installs it although it does not need it: ds-zero's saved-tensor hooks (`_schedule.saved_tensors`)
 already re-gather every saved view of a partitioned weight for backward, whatever the op; but code
 written for DeepSpeed observes the patch (`F.linear is zero3_linear_wrap`, `linear_bk`, the `grad_fn`
 type of a linear's output), so ds gives DeepSpeed's behaviour. What it costs: every `F.linear` in the
 process, ZeRO or not, goes through `zero3_linear_wrap`. Where autograd records nothing (no grad, or
 no input requires grad) that is one check before torch's kernel; where it records, a Python autograd
-function (see `_stage3.linear` for the measured overhead: a few microseconds per call, visible only on
+function (see `_construct.linear` for the measured overhead: a few microseconds per call, visible only on
 small layers). `memory_efficient_linear: false` leaves `F.linear` alone and sets no `linear_bk`.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ds_zero._stage3.linear import install_zero3_linear
+from ds_zero._construct.linear import install_zero3_linear
 
 __all__ = ["InsertPostInitMethodToModuleSubClasses"]
 

@@ -24,7 +24,7 @@ from ds_zero._params.gather import name_fingerprint
 from ds_zero._params.gathered_parameters import external_params
 from ds_zero._params.param_dict import install_param_dict
 from ds_zero._params.partitioned_param import is_zero_param, state_of
-from ds_zero._stage3.leaf_modules import z3_leaf_module
+from ds_zero._schedule.leaf_modules import z3_leaf_module
 
 logger = logging.getLogger(__name__)
 

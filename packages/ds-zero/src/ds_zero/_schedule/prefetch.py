@@ -17,10 +17,11 @@ from typing import Any
 
 from torch import nn
 
-from ds_zero._params.partitioned_param import ZeroParamStatus, prefetch_shards, state_of
-from ds_zero._stage3.live import LiveParams
-from ds_zero._stage3.trace import ExecutionTrace
-from ds_zero._stage3.units import GatherUnit
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
+from ds_zero._params.shards import prefetch_shards
+from ds_zero._schedule.live import LiveParams
+from ds_zero._schedule.trace import ExecutionTrace
+from ds_zero._schedule.units import GatherUnit
 
 logger = logging.getLogger(__name__)
 

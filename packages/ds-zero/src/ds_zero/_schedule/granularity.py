@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from ds_zero._stage3.leaf_modules import set_z3_leaf_module
+from ds_zero._schedule.leaf_modules import set_z3_leaf_module
 
 logger = logging.getLogger(__name__)
 

@@ -31,15 +31,15 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._construct.init_base import InsertPostInitMethodToModuleSubClasses
+from ds_zero._construct.launcher_world import single_rank_group_error
+from ds_zero._construct.quantized_init import install_quantized_wrappers, quantize_module_weights
 from ds_zero._nvme.param_swapper import ParamSwapper
 from ds_zero._params.gathered_parameters import GatheredParameters
 from ds_zero._params.partitioned_module import partition_module
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, shard_numel
 from ds_zero._params.secondary import write_secondary
-from ds_zero._stage3.init_base import InsertPostInitMethodToModuleSubClasses
-from ds_zero._stage3.launcher_world import single_rank_group_error
-from ds_zero._stage3.module import as_zero_config
-from ds_zero._stage3.quantized_init import install_quantized_wrappers, quantize_module_weights
+from ds_zero._zero_config import as_zero_config
 
 if TYPE_CHECKING:
     from ds_zero.config import QuantizedInitializationConfig
@@ -236,7 +236,7 @@ class Init(InsertPostInitMethodToModuleSubClasses):
             With `weight_quantization.quantized_initialization`, the weights of `nn.Linear` / `nn.Embedding`
             layers built inside the context are quantized as they are partitioned (not those of
             `module=`, as in DeepSpeed), and entering installs the dequantizing wrappers of
-            `torch.nn.functional.linear` / `embedding` (see `ds_zero._stage3.quantized_init`).
+            `torch.nn.functional.linear` / `embedding` (see `ds_zero._construct.quantized_init`).
             Values still `"auto"` (as Hugging Face passes them before training starts) take their defaults.
         enabled: False makes `Init` a no-op.
         dtype: cast floating-point parameters to this dtype as they are partitioned.
@@ -255,7 +255,7 @@ class Init(InsertPostInitMethodToModuleSubClasses):
             missing or unwritable `nvme_path`, or `quantized_initialization` without `memory_efficient_linear`.
         RuntimeError: (enabled, no `data_parallel_group`) the world has one rank while the launcher's
             `WORLD_SIZE` says more: a one-process group was set up before `Init`, which would keep the
-            whole model on every rank (see `ds_zero._stage3.launcher_world`).
+            whole model on every rank (see `ds_zero._construct.launcher_world`).
     """
 
     def __init__(

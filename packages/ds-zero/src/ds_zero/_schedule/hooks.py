@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.hooks import RemovableHandle
 
-from ds_zero._stage3.coordinator import ParamCoordinator
+from ds_zero._schedule.coordinator import ParamCoordinator
 
 logger = logging.getLogger(__name__)
 

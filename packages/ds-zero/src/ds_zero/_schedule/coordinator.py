@@ -39,12 +39,12 @@ from ds_zero._params.gathered_parameters import external_params
 from ds_zero._params.param_dict import ensure_zero_ordered_dict
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.secondary import SecondaryPartition, invalidate_secondaries
-from ds_zero._stage3.live import LiveParams
-from ds_zero._stage3.prefetch import Prefetcher
-from ds_zero._stage3.returned_params import returned_params
-from ds_zero._stage3.saved_tensors import SavedTensorNet
-from ds_zero._stage3.trace import Event, ExecutionTrace, Phase
-from ds_zero._stage3.units import GatherUnit, UnitRegistry
+from ds_zero._schedule.live import LiveParams
+from ds_zero._schedule.prefetch import Prefetcher
+from ds_zero._schedule.returned_params import returned_params
+from ds_zero._schedule.saved_tensors import SavedTensorNet
+from ds_zero._schedule.trace import Event, ExecutionTrace, Phase
+from ds_zero._schedule.units import GatherUnit, UnitRegistry
 
 logger = logging.getLogger(__name__)
 
