@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineParts", "assemble"]
+__all__ = ["AssemblyInputs", "EngineParts", "assemble"]
 
 
 @dataclasses.dataclass
@@ -268,26 +268,37 @@ def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo, moe: MoeWi
         broadcast_module_states([*module.parameters(), *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)
 
 
-def assemble(
-    *,
-    module: nn.Module,
-    config: DeepSpeedConfig,
-    plan: AssemblyPlan,
-    dist: DistInfo,
-    device: torch.device,
-    client_optimizer: Any,
-    model_parameters: Any,
-    client_scheduler: Any,
-    training_data: Any,
-    collate_fn: Callable[..., Any] | None,
-    tensor_parallel: TensorParallelState | None = None,
-    shuffle_training_data: bool = True,
-) -> EngineParts:
-    """Carry out `plan` (see the module docstring for the order).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AssemblyInputs:
+    """What `initialize()` hands the assembly, as one value: the client's objects and what was decided about them.
 
-    `shuffle_training_data` is DeepSpeed's sampling of `training_data`: the engine's loader shuffles it
-    (DistributedSampler, seed 0, the same order every epoch); the PipelineEngine's reads it in order.
+    The pipeline builder passes it on with its own changes (`dataclasses.replace`), so the arguments are
+    written once, not at every call.
     """
+
+    module: nn.Module
+    config: DeepSpeedConfig
+    plan: AssemblyPlan
+    dist: DistInfo
+    device: torch.device
+    client_optimizer: Any = None
+    """A torch optimizer, a callable over param groups, or None (the config's `optimizer`)."""
+    model_parameters: Any = None
+    client_scheduler: Any = None
+    training_data: Any = None
+    collate_fn: Callable[..., Any] | None = None
+    tensor_parallel: TensorParallelState | None = None
+    shuffle_training_data: bool = True
+    """DeepSpeed's sampling of `training_data`: the engine's loader shuffles it (DistributedSampler, seed 0,
+    the same order every epoch); the PipelineEngine's reads it in order."""
+
+
+def assemble(inputs: AssemblyInputs) -> EngineParts:
+    """Carry out `inputs.plan` (see the module docstring for the order)."""
+    module, config, plan, dist, device = inputs.module, inputs.config, inputs.plan, inputs.dist, inputs.device
+    client_optimizer, client_scheduler = inputs.client_optimizer, inputs.client_scheduler
+    model_parameters, training_data, collate_fn = inputs.model_parameters, inputs.training_data, inputs.collate_fn
+    tensor_parallel, shuffle_training_data = inputs.tensor_parallel, inputs.shuffle_training_data
     m = config.parsed
     _check_optimizer_needed(plan)
     _check_partitioned_parameters(module, plan)

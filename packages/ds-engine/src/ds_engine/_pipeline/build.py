@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
-from ds_engine._engine.assembly import assemble
+from ds_engine._engine.assembly import AssemblyInputs, assemble
 from ds_engine._optional import require
 from ds_engine._pipeline.engine import PipelineEngine, PipelineError, PipelineSettings
 from ds_engine.config import DeepSpeedConfigError
 
 if TYPE_CHECKING:
-    from ds_engine._plan.dist_info import DistInfo
-    from ds_engine._plan.plan import AssemblyPlan
     from ds_engine.config import DeepSpeedConfig
 
 logger = logging.getLogger(__name__)
@@ -84,19 +80,7 @@ def _pipeline_sections(model: nn.Module, config: DeepSpeedConfig) -> tuple[Any, 
     return section, ckpt
 
 
-def build_pipeline_engine(
-    *,
-    model: nn.Module,
-    config: DeepSpeedConfig,
-    plan: AssemblyPlan,
-    dist: DistInfo,
-    device: torch.device,
-    client_optimizer: Any,
-    model_parameters: Any,
-    client_scheduler: Any,
-    training_data: Any,
-    collate_fn: Callable[..., Any] | None,
-) -> tuple[PipelineEngine, Any, Any, Any]:
+def build_pipeline_engine(inputs: AssemblyInputs) -> tuple[PipelineEngine, Any, Any, Any]:
     """The PipelineEngine for a PipelineModule (ZeRO stage < 2; `dist` from the module's grid).
 
     Returns:
@@ -107,6 +91,7 @@ def build_pipeline_engine(
         DeepSpeedConfigError: ZeRO stage >= 2, a bad `pipeline` / `activation_checkpointing` section,
             `pipeline.stages` disagreeing with the module.
     """
+    model, config, plan = inputs.module, inputs.config, inputs.plan
     if plan.zero_stage >= 2:
         raise DeepSpeedConfigError(
             f"zero_optimization.stage={plan.zero_stage}: ZeRO-2 and ZeRO-3 are incompatible "
@@ -115,20 +100,8 @@ def build_pipeline_engine(
     section, _ = _pipeline_sections(model, config)
     # Clipping must see every stage, so the stepper is built without it and the engine clips (see _pipeline.clip).
     stepper_plan = dataclasses.replace(plan, clip=0.0)
-    parts = assemble(
-        module=model,
-        config=config,
-        plan=stepper_plan,
-        dist=dist,
-        device=device,
-        client_optimizer=client_optimizer,
-        model_parameters=model_parameters,
-        client_scheduler=client_scheduler,
-        training_data=training_data,
-        collate_fn=collate_fn,
-        # DeepSpeed's PipelineEngine reads `training_data` in order (a DistributedSampler without shuffle).
-        shuffle_training_data=False,
-    )
+    # DeepSpeed's PipelineEngine reads `training_data` in order (a DistributedSampler without shuffle).
+    parts = assemble(dataclasses.replace(inputs, plan=stepper_plan, shuffle_training_data=False))
     parts.plan = plan
     # Every stepper skips on inf/nan exactly when plan.check_overflow says so (ds_ops.precision.finish_step).
     skips = plan.check_overflow

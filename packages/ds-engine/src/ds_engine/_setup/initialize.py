@@ -16,7 +16,7 @@ from torch.optim import Optimizer
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._checkpoint.deepspeed_layout import resolve_checkpoint_layout
-from ds_engine._engine.assembly import assemble
+from ds_engine._engine.assembly import AssemblyInputs, assemble
 from ds_engine._engine.deepspeed_getters import ClientObjects
 from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._hybrid.engine import DeepSpeedHybridEngine
@@ -252,24 +252,7 @@ def initialize(
             "managed_gradient_accumulation=false is not supported with pipeline parallelism: the PipelineEngine's "
             "train_batch() runs the whole accumulation window itself; remove the key for a PipelineModule"
         )
-    if pipeline:
-        built = build_pipeline_engine(
-            model=model,
-            config=ds_config,
-            plan=plan,
-            dist=dist,
-            device=device,
-            client_optimizer=optimizer,
-            model_parameters=model_parameters,
-            client_scheduler=lr_scheduler,
-            training_data=training_data,
-            collate_fn=collate_fn,
-        )
-        built[0]._client = ClientObjects(
-            mpu=model.mpu(), optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data
-        )
-        return built
-    parts = assemble(
+    inputs = AssemblyInputs(
         module=model,
         config=ds_config,
         plan=plan,
@@ -282,6 +265,13 @@ def initialize(
         collate_fn=collate_fn,
         tensor_parallel=tp_state,
     )
+    if pipeline:
+        built = build_pipeline_engine(inputs)
+        built[0]._client = ClientObjects(
+            mpu=model.mpu(), optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data
+        )
+        return built
+    parts = assemble(inputs)
     engine = DeepSpeedHybridEngine(parts) if ds_config.hybrid_engine.enabled else DeepSpeedEngine(parts)
     engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)
     if ds_config.parsed.dump_state and dist.global_rank == 0:
