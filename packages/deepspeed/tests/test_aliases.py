@@ -20,7 +20,7 @@ from deepspeed import _aliases
 
 # DeepSpeed paths the frameworks import (transformers, accelerate, lightning), and what implements them.
 FRAMEWORK_PATHS = {
-    "deepspeed.comm": "ds_engine.comm",
+    "deepspeed.comm": "ds_engine._comm",
     "deepspeed.accelerator": "ds_comm.accelerator",
     "deepspeed.accelerator.cpu_accelerator": "ds_comm.accelerator.cpu_accelerator",
     "deepspeed.accelerator.real_accelerator": "ds_comm.accelerator.real_accelerator",

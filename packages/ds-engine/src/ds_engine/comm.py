@@ -1,21 +1,14 @@
-"""`deepspeed.comm` for migrated scripts: ds-comm's torch.distributed-like API under the name scripts use."""
+"""`deepspeed.comm`, DeepSpeed's module path: ds's own module under it.
 
-from __future__ import annotations
+The code lives in `ds_engine._comm`; both names are one module object (`_reexport.alias_module`), so a
+patch through either name is seen by ds's code.
+"""
 
 from typing import TYPE_CHECKING
 
-import ds_comm
+from ds_engine._reexport import alias_module
 
-if TYPE_CHECKING:  # the names below are copied at run time; type checkers see ds_comm's own
-    from ds_comm import *  # noqa: F403
-#: ds_comm's config models: served on first access (they import pydantic, ~0.3 s), as ds_comm does.
-_LAZY = frozenset({"CommsLoggerConfig", "ConfigModel", "find_auto", "find_ignored", "validate_section", "warn_ignored"})
+if TYPE_CHECKING:
+    from ds_engine._comm import *  # noqa: F403
 
-__all__ = [name for name in ds_comm.__all__ if name != "__version__"]
-globals().update({name: getattr(ds_comm, name) for name in __all__ if name not in _LAZY})
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        return getattr(ds_comm, name)
-    raise AttributeError(f"module 'ds_engine.comm' has no attribute {name!r}")
+alias_module(__name__, "ds_engine._comm")

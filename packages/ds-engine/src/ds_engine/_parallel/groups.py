@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ds_engine import comm as dist
+from ds_engine import _comm as dist
 from ds_engine._reexport import optional_reexport
 from ds_engine._report.logging import log_dist
 
