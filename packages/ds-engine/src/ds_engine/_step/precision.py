@@ -33,7 +33,7 @@ from ds_engine._plan.reduce_settings import ReduceSettings
 from ds_engine._report.timers import NullTimers, WallClockTimers
 from ds_engine._step.data_parallel import FlatGradBuffer, GradAllReducer
 from ds_engine._step.moe import is_expert_param
-from ds_ops.precision import LossScaler, finish_step
+from ds_ops.precision import LossScaler, WrappedOptimizer, finish_step
 
 if TYPE_CHECKING:
     from ds_engine._step.moe import MoeWiring
@@ -54,7 +54,7 @@ def stage0_grad_owner(param: torch.Tensor) -> MixedPrecisionOptimizer | None:
     return None if ref is None else ref()
 
 
-class MixedPrecisionOptimizer:
+class MixedPrecisionOptimizer(WrappedOptimizer):
     """The optimizer `initialize()` returns for fp16/bf16 at stage 0 (DeepSpeed's FP16_Optimizer role).
 
     Args:
@@ -113,7 +113,7 @@ class MixedPrecisionOptimizer:
         self.check_overflow = check_overflow
         self.timers = timers
         self.overflow = False
-        self._norm: float | None = None
+        self._global_grad_norm: float | None = None
         self._reduced = False
         self.model_params: list[torch.Tensor] = []
         self.masters: list[torch.Tensor] = []
@@ -196,31 +196,7 @@ class MixedPrecisionOptimizer:
         """The cached `universal_checkpoint_info` (None when no parameter carried one)."""
         return getattr(self, "_universal_checkpoint_info", None)
 
-    # -- the optimizer face ------------------------------------------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    @property
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
-    @property
-    def cur_scale(self) -> float:
-        return self.loss_scaler.cur_scale
-
-    @property
-    def global_grad_norm(self) -> float | None:
-        return self._norm
-
+    # -- the optimizer face (param_groups, state, defaults, loss_scale, ...: `WrappedOptimizer`) -----------
     @property
     def fp32_groups_gradients_flat(self) -> list[torch.Tensor]:
         """DeepSpeed's name: each param group's fp32 gradients as one flat tensor, its trained parameters in order.
@@ -321,10 +297,7 @@ class MixedPrecisionOptimizer:
             model_parallel_group=self.model_parallel_group,
             model_parallel_grads=self._cut_grads,
         )
-        self.overflow = outcome.overflow
-        self._norm = outcome.grad_norm
-        if self.overflow:
-            self.zero_grad()
+        if not self._record_outcome(outcome):
             return False
         self.optimizer.step()
         torch._foreach_copy_(self.model_params, self.masters)

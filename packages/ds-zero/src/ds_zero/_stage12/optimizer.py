@@ -10,7 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
+from ds_ops.precision import LossScaler, WrappedOptimizer, finish_step, grad_norm_groups
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._host_buffers import release_pinned
@@ -48,7 +48,12 @@ NCCL_START_ALIGNMENT_FACTOR = 2
 
 
 class DeepSpeedZeroOptimizer(
-    PartitionParamAccess, OffloadStatesMixin, CoalescedReduction, UniversalInfoCache, torch.optim.Optimizer
+    PartitionParamAccess,
+    OffloadStatesMixin,
+    CoalescedReduction,
+    UniversalInfoCache,
+    WrappedOptimizer,
+    torch.optim.Optimizer,
 ):
     """ZeRO stage 1 or 2: optimizer state (and at stage 2 gradients) partitioned across data-parallel ranks.
 
@@ -284,32 +289,7 @@ class DeepSpeedZeroOptimizer(
         for group, master in zip(self.optimizer.param_groups, self.masters, strict=True):
             group["params"] = [master]
 
-    # ----- torch.optim.Optimizer surface -----------------------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        """The base optimizer's param groups (lr schedulers write `lr` here); `params` are the partitions."""
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
+    # ----- torch.optim.Optimizer surface (param_groups, state, defaults, loss_scale, ...: `WrappedOptimizer`) --
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise NotImplementedError(
             "ZeRO flattens the param groups at construction; build the base optimizer with "
@@ -331,17 +311,6 @@ class DeepSpeedZeroOptimizer(
         """DeepSpeed's name of the fp32 master partitions, one per param group (`masters`; the base optimizer's
         params and its state keys)."""
         return self.masters
-
-    @property
-    def loss_scale(self) -> float:
-        """The current loss scale."""
-        return float(self.loss_scaler.cur_scale)
-
-    @property
-    def global_grad_norm(self) -> float | None:
-        """The unscaled global gradient norm of the last step, before clipping (None before any, or when
-        `compute_grad_norm` is off and nothing needed it)."""
-        return self._global_grad_norm
 
     def _get_norm_groups(self) -> list[torch.Tensor]:
         """The L2 norm of each param group's current gradient, over all ranks (DeepSpeed's name); a collective.
@@ -431,10 +400,7 @@ class DeepSpeedZeroOptimizer(
             model_parallel_group=self.model_parallel_group,
             model_parallel_grads=self._cut.views(grads) if self._cut is not None else None,
         )
-        self.overflow = outcome.overflow
-        self._global_grad_norm = outcome.grad_norm
-        if self.overflow:
-            self.zero_grad()
+        if not self._record_outcome(outcome):
             return False
         if self._muon is not None:
             self._muon(grads)

@@ -12,7 +12,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_ops import supports_in_pass_copy
-from ds_ops.precision import LossScaler, finish_step, grad_norm_groups
+from ds_ops.precision import LossScaler, WrappedOptimizer, finish_step, grad_norm_groups
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._construct.quantized_init import refuse_trainable
 from ds_zero._host_buffers import release_pinned
@@ -69,7 +69,7 @@ def _module_and_optimizer(
 
 
 class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
-    ShardParamAccess, GradPartitionViews, OffloadStatesMixin, CoalescedReduction
+    ShardParamAccess, GradPartitionViews, OffloadStatesMixin, CoalescedReduction, WrappedOptimizer
 ):
     """ZeRO stage 3: parameters, gradients and optimizer state all partitioned across the data-parallel ranks.
 
@@ -338,24 +338,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self._set_fp32_optimizer_param_groups()
 
     # ------------------------------------------------------------------------------ the contract
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The base optimizer's param groups (lr schedulers write `lr` here)."""
-        return self.optimizer.param_groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @property
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale
-
-    @property
-    def global_grad_norm(self) -> float | None:
-        """The gradient norm of the last step, before clipping (None before the first step)."""
-        return self._global_grad_norm
-
+    # param_groups, state, defaults, loss_scale, cur_scale, global_grad_norm: `WrappedOptimizer`
     def _get_norm_groups(self) -> list[torch.Tensor]:
         """The L2 norm of each param group's current gradient, over all ranks (DeepSpeed's name); a collective.
 
@@ -448,10 +431,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         )
         if swapper is not None:
             swapper.grad_outcome = outcome
-        self._global_grad_norm = outcome.grad_norm
-        self.overflow = outcome.overflow
-        if self.overflow:
-            self.zero_grad()
+        if not self._record_outcome(outcome):
             return False
         self._base_step()
         self.refresh_gathered()

@@ -1,0 +1,109 @@
+"""`WrappedOptimizer`: the torch.optim.Optimizer face of an optimizer that wraps a base optimizer.
+
+[Note: the face] The stage-0 fp16/bf16 optimizer, ZeRO 1/2 and ZeRO 3 each wrap a user's torch optimizer
+(re-pointed at fp32 master copies or partitions) and are handed back to the user in its place. Code written
+for a plain optimizer (lr schedulers writing `param_groups[k]["lr"]`, clients reading `state`) and
+DeepSpeed's clients (`optimizer.loss_scale`, `optimizer.cur_scale`, `optimizer._global_grad_norm`) must see
+the same thing through any of them: the base optimizer's own groups, state and defaults, live (a write
+through the wrapper reaches the base optimizer), and the loss scaler's current scale. This mixin is that
+face, written once.
+
+It holds no state of its own: a class using it sets `optimizer` (the base optimizer) and `loss_scaler`,
+and records each step's result with `_record_outcome`. A class that also derives from
+`torch.optim.Optimizer` (for `isinstance` checks) lists this mixin first, so these properties shadow the
+attributes `Optimizer.__init__` would have set (it is never called); torch's `__getstate__`, `__repr__`
+and `state_dict` read `param_groups`/`state`/`defaults` through them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ds_ops.precision._loss_scaler import LossScaler
+from ds_ops.precision._step import StepOutcome
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WrappedOptimizer"]
+
+
+class WrappedOptimizer:
+    """Mixin: `param_groups`, `state`, `defaults`, `loss_scale`, `cur_scale`, `global_grad_norm` of a wrapper.
+
+    Attributes the class sets:
+        optimizer: the wrapped base optimizer; `param_groups`, `state` and `defaults` are its own objects
+            (read and assigned through).
+        loss_scaler: the `ds_ops.precision` scaler the wrapper scales the loss with.
+        overflow: whether the last step was skipped (set by `_record_outcome`).
+        _global_grad_norm: the unscaled global gradient norm of the last step, before clipping (DeepSpeed's
+            attribute name; None before the first step or when the step did not compute it).
+    """
+
+    optimizer: torch.optim.Optimizer
+    loss_scaler: LossScaler
+    overflow: bool = False
+    _global_grad_norm: float | None = None
+
+    if TYPE_CHECKING:
+
+        def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The base optimizer's param groups (lr schedulers write `lr` here); `params` are what it steps."""
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        """The base optimizer's per-parameter state, keyed by the tensors it steps."""
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The base optimizer's default hyper-parameters."""
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    @property
+    def loss_scale(self) -> float:
+        """The loss scale the next backward multiplies by (1.0 without dynamic or static fp16 scaling)."""
+        return float(self.loss_scaler.loss_scale)
+
+    @property
+    def cur_scale(self) -> float:
+        """DeepSpeed's other name of `loss_scale`."""
+        return float(self.loss_scaler.cur_scale)
+
+    @property
+    def global_grad_norm(self) -> float | None:
+        """The unscaled global gradient norm of the last step, before clipping (None before any step, or
+        when the step did not compute it)."""
+        return self._global_grad_norm
+
+    def _record_outcome(self, outcome: StepOutcome) -> bool:
+        """Keep the overflow flag and the norm of `finish_step`'s decision; on a skipped step clear the
+        gradients (the next window starts from zero, as after an applied step).
+
+        Returns:
+            True when the caller must apply the update, False when the step is skipped.
+        """
+        self.overflow = outcome.overflow
+        self._global_grad_norm = outcome.grad_norm
+        if self.overflow:
+            self.zero_grad()
+            return False
+        return True
