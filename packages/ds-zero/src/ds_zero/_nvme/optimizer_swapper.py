@@ -28,6 +28,7 @@ from ds_zero._nvme.files import SwapFile, claim_finalizer, io_failure, make_aio_
 from ds_zero._nvme.grad_swapper import GradSwapper
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._stage3.partition import ShardTile
+from ds_zero._stage3.partition_index import PartitionIndex
 
 if TYPE_CHECKING:
     from ds_ops.aio import AioConfig
@@ -52,6 +53,8 @@ class OptimizerSwapper:
     Args:
         tiles: the base optimizer's parameters (every group's tiles, in order), with `swap_master` partitions.
         optimizer: the base optimizer (its state is swapped).
+        index: the stage-3 optimizer's `PartitionIndex`; each parameter's record gets the writer of its master
+            slice (`master_writer`), which a write of the parameter's shard goes through.
         swap_dir: this rank's directory (`prepare_swap_dir`, checked before the partitions were built).
         config: the `offload_optimizer` section (buffer_count, pipeline_read, pipeline_write).
         aio_config: the top-level `aio` section (None: its defaults).
@@ -65,6 +68,7 @@ class OptimizerSwapper:
         tiles: list[ShardTile],
         optimizer: torch.optim.Optimizer,
         *,
+        index: PartitionIndex,
         swap_dir: os.PathLike[str],
         config: OffloadOptimizerConfig,
         aio_config: Mapping[str, Any] | AioConfig | None = None,
@@ -95,7 +99,7 @@ class OptimizerSwapper:
         for k, tile in enumerate(tiles):
             tile.index, tile.swap = k, self
             for p, off in zip(tile.params, tile.offsets, strict=True):
-                state_of(p).master_writer = self._master_writer(tile, off)
+                index[p].master_writer = self._master_writer(tile, off)
         self._write_initial_masters()
         self.grads = GradSwapper(tiles, swap_dir=self.dir, handle=make_aio_handle(aio_config))
         self.grad_outcome: StepOutcome | None = None  # the factors finish_step left for the gradients read

@@ -143,7 +143,7 @@ def _zero_apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
         st = state_of(p)
         if _is_noop(fn, st.full) and _is_noop(fn, p.ds_tensor):
             continue
-        if st.master is not None or st.master_writer is not None:
+        if st.master_sink is not None:
             raise ValueError(
                 f"cannot convert partitioned parameter {st.name} ({st.full.dtype} on "
                 f"{st.full.device}) after its ZeRO stage-3 optimizer was built; call .to()/.half() "

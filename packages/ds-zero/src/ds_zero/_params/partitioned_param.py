@@ -40,8 +40,10 @@ None without hpZ). Rank `r` holds elements `[r * s, (r + 1) * s)` of the flatten
 Only those DeepSpeed names live on the parameter, as plain attributes (code written for DeepSpeed, such
 as HF transformers, reads and sets them directly; a property would need a Parameter subclass, which
 changes `type(param)` for everyone). Everything else this package tracks per parameter (the full
-storage, use count, owning coordinator, NVMe swapper, optimizer slots, ...) is one `ZeroParamState`
-reached through `state_of(param)`: a typed, slotted record, like FSDP2's per-parameter `FSDPParam`. No
+storage, use count, owning coordinator, NVMe swapper, the optimizer holding its master, ...) is one
+`ZeroParamState` reached through `state_of(param)`: a typed, slotted record, like FSDP2's per-parameter
+`FSDPParam`. The optimizer's own per-parameter bookkeeping (master slice, gradient bucket and slot) lives
+in its `_stage3.partition_index.PartitionIndex`, not here. No
 value is kept in both places, so nothing has to be kept in sync; `ds_status` is written only here (and
 set once, NOT_AVAILABLE, when `partitioning` makes the parameter).
 
@@ -63,13 +65,21 @@ import logging
 import math
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ZeroParamState", "ZeroParamStatus", "ZeroParamType", "is_zero_param", "state_of"]
+__all__ = ["MasterSink", "ZeroParamState", "ZeroParamStatus", "ZeroParamType", "is_zero_param", "state_of"]
+
+
+class MasterSink(Protocol):
+    """Where a write of a shard's values goes on to the fp32 master (the stage-3 optimizer's partition index)."""
+
+    def write_master(self, param: torch.nn.Parameter, piece: torch.Tensor) -> None:
+        """Write this rank's unpadded slice `piece` of `param`'s values into its master, zero-padded."""
+        ...
 
 
 class ZeroParamStatus(enum.Enum):
@@ -122,16 +132,12 @@ class ZeroParamState:
     """The `ParamCoordinator` that schedules the parameter's gathers (None: not yet adopted by a model)."""
     fingerprint: int | None = None
     """Hash of `name` for the gather check (None before a coordinator named it: the shape is used)."""
-    master: torch.Tensor | None = None
-    """The fp32 master slice the stage-3 optimizer keeps for this shard (None: none, or swapped to NVMe)."""
-    master_writer: Callable[[torch.Tensor], None] | None = None
-    """Writes a new fp32 master slice when the master is swapped to NVMe (optimizer offload)."""
+    master_sink: MasterSink | None = None
+    """The stage-3 optimizer's index that holds this shard's fp32 master (None: no optimizer was built over
+    the parameter). A write of the shard goes on to the master through it, and `.to()`/`.half()` are
+    refused once it is set (the master would no longer match)."""
     swap: Any = None
     """The `ParamSwapper` holding the shard on NVMe (offload_param.device="nvme"); None: `ds_tensor` holds it."""
-    grad_bucket: int | None = None
-    """Index of the gradient reduce bucket the parameter's gradient goes to."""
-    grad_slot: tuple[torch.Tensor, int] | None = None
-    """(flat fp32 buffer, offset) where the reduced gradient shard is accumulated."""
     secondary_valid: bool = False
     """hpZ: `ds_secondary_tensor` holds the current values (see `_params.secondary`); False: gather the primary."""
     api_held: bool = False
@@ -269,14 +275,8 @@ class ZeroParamState:
             else:
                 param.ds_tensor[: end - start].copy_(piece)
                 param.ds_tensor[end - start :].zero_()
-            master = self.master
-            if self.master_writer is not None:
-                padded32 = torch.zeros(s, dtype=torch.float32)
-                padded32[: end - start].copy_(piece)
-                self.master_writer(padded32)
-            elif master is not None and master is not param.ds_tensor:
-                master[: end - start].copy_(piece)
-                master[end - start :].zero_()
+            if self.master_sink is not None:
+                self.master_sink.write_master(param, piece)
 
     def convert(self, fn: Any) -> None:
         """Apply a `Module._apply` conversion (`.to(dtype)`, `.cuda()`, ...) to the partitioned parameter.

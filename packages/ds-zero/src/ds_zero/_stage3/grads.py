@@ -30,6 +30,7 @@ from ds_zero._params.partitioned_param import state_of
 
 if TYPE_CHECKING:
     from ds_zero._nvme.grad_swapper import GradSwapper
+    from ds_zero._stage3.partition_index import PartitionIndex
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class GradReducer:
     """Buckets, reduce-scatters and accumulates the gradients of partitioned parameters.
 
     Args:
-        params: trainable partitioned parameters; each has `state_of(p).grad_slot = (master, offset)`, the fp32
-            master flat tensor and the offset of its shard in it.
+        params: trainable partitioned parameters, each in `partition_index`.
+        partition_index: the optimizer's `PartitionIndex`: per parameter, the flat fp32 master whose `.grad`
+            the reduced shard goes to and the shard's offset in it (`grad_flat`, `grad_offset`); each record's
+            `grad_bucket` is set here.
         group: the data-parallel group.
         reduce_bucket_size: elements per reduce-scatter (a larger parameter gets a bucket of its own).
         communication_dtype: dtype of the collective (None: the parameters' dtype).
@@ -70,6 +73,7 @@ class GradReducer:
         self,
         params: list[nn.Parameter],
         *,
+        partition_index: PartitionIndex,
         group: ProcessGroup | None,
         reduce_bucket_size: int,
         communication_dtype: torch.dtype | None,
@@ -79,6 +83,7 @@ class GradReducer:
         grad_swapper: GradSwapper | None = None,
         overlap_comm: bool = True,
     ) -> None:
+        self.partition_index = partition_index
         self.group = group
         self.overlap_comm = overlap_comm
         # NVMe: parameter id -> (tile, offset in the tile); their pieces go to `grad_swapper`, not to a master
@@ -91,9 +96,9 @@ class GradReducer:
         self._on_first_grad = on_first_grad
         # One rank reduces nothing: a bucket per parameter lets each gradient go (copy-free) as it arrives.
         self.buckets = _buckets(params, 1 if self.world == 1 and self.pre == 1.0 else max(1, reduce_bucket_size))
-        for index, bucket in enumerate(self.buckets):
+        for number, bucket in enumerate(self.buckets):
             for p in bucket:
-                state_of(p).grad_bucket = index
+                partition_index[p].grad_bucket = number
         self._arrived = [0] * len(self.buckets)
         self._seen: set[int] = set()
         self._late: set[int] = set()
@@ -111,7 +116,8 @@ class GradReducer:
         if param.grad is None or self.deferred:  # deferred: it stays on the parameter, later backwards add
             return
         self._active = True
-        index = state_of(param).grad_bucket
+        index = self.partition_index[param].grad_bucket
+        assert index is not None
         if index < self._next:  # a second gradient after its bucket went (reentrant checkpointing)
             self._late.add(index)
             return
@@ -186,7 +192,8 @@ class GradReducer:
                     self.grad_swapper.add(route[0], route[1], out[offset : offset + s])
                     offset += s
                     continue
-                master, moff = state_of(p).grad_slot
+                slots = self.partition_index[p]
+                master, moff = slots.grad_flat, slots.grad_offset
                 if master.grad is None:
                     # every bucket is reduced once per backward and the shards tile the master, so each
                     # slice is written exactly once before it is read: no need to zero it first

@@ -32,6 +32,7 @@ from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
 from ds_zero._stage3.param_access import ShardParamAccess
 from ds_zero._stage3.partition import ShardPartition
+from ds_zero._stage3.partition_index import PartitionIndex
 from ds_zero._zenflow_refusal import refuse_zenflow
 from ds_zero._zero_config import as_zero_config
 
@@ -214,6 +215,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self.world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)
         self.offload_optimizer = cfg.offload_optimizer_device in ("cpu", "nvme")
+        # this optimizer's per-parameter bookkeeping (master slice, gradient bucket and slot)
+        self.partition_index = PartitionIndex()
         self.partitions = self._build_partitions(swap_master=nvme)
         self.model_parallel_group = model_parallel_group
         self._cut = (
@@ -221,7 +224,12 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         )
         self.optimizer_swapper = (
             OptimizerSwapper(
-                self.tiles, optimizer, swap_dir=swap_dir, config=cfg.offload_optimizer_or_default, aio_config=aio_config
+                self.tiles,
+                optimizer,
+                index=self.partition_index,
+                swap_dir=swap_dir,
+                config=cfg.offload_optimizer_or_default,
+                aio_config=aio_config,
             )
             if swap_dir is not None
             else None
@@ -243,6 +251,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         swapper = self.optimizer_swapper
         self.reducer = GradReducer(
             ordered,
+            partition_index=self.partition_index,
             group=dp_group,
             reduce_bucket_size=cfg.reduce_bucket_size,
             communication_dtype=communication_dtype,
@@ -297,6 +306,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 sub_group_size=self.config.sub_group_size,
                 swap_master=swap_master,
                 pin_master=self.config.offload_optimizer_or_default.pin_memory,
+                index=self.partition_index,
             )
             group["params"] = [tile.master for tile in part.tiles]
             partitions.append(part)

@@ -31,6 +31,7 @@ import ds_comm
 from ds_zero._param_access import check_numel, state_tensor
 from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of
 from ds_zero._params.shards import write_shards
+from ds_zero._stage3.partition_index import PartitionIndex
 
 __all__ = ["ShardParamAccess"]
 
@@ -46,6 +47,7 @@ class ShardParamAccess:
     partitions: list[Any]
     optimizer: torch.optim.Optimizer
     optimizer_swapper: Any
+    partition_index: PartitionIndex
 
     def _tile_of(self, param: torch.Tensor) -> tuple[Any, int] | None:
         """(tile, offset of the parameter's slice in the tile) for a parameter this optimizer trains."""
@@ -97,7 +99,8 @@ class ShardParamAccess:
         swapper = self.optimizer_swapper
         st = state_of(param)
         if swapper is None:
-            master, offset = st.grad_slot
+            slots = self.partition_index[param]
+            master, offset = slots.grad_flat, slots.grad_offset
             if master.grad is None:
                 if not create:
                     yield None

@@ -25,6 +25,7 @@ from ds_zero._host_buffers import offload_zeros
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._params.shards import shard_values, write_shards
 from ds_zero._partition import Fragment, ParamSlot
+from ds_zero._stage3.partition_index import PartitionIndex
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class ShardPartition:
             (then, over bf16 shards, the master is the shards' flat buffer itself, as for fp32 training).
         with_master: build the fp32 master (False for frozen parameters).
         pin_master: page-lock a host master (offload_optimizer.pin_memory; see ds_zero._host_buffers).
+        index: the optimizer's `PartitionIndex`, told where each parameter's master slice and gradient slot
+            are (with a master only).
         sub_group_size: elements per tile (see the module docstring).
     """
 
@@ -128,6 +131,7 @@ class ShardPartition:
         sub_group_size: int = 1_000_000_000,
         swap_master: bool = False,
         pin_master: bool = False,
+        index: PartitionIndex | None = None,
     ) -> None:
         self.group_index = group_index
         self.master_dtype = master_dtype
@@ -145,13 +149,14 @@ class ShardPartition:
         if self.swap_master:
             # fp32 values live in the tiles' swap files; this shape-only tensor carries the gradient partition
             self.master = torch.full((1,), float("nan")).expand(total)
-            for p, off in zip(params, self.offsets, strict=True):
-                state_of(p).grad_slot = (self.master, off)
+            if index is not None:
+                for p, off in zip(params, self.offsets, strict=True):
+                    index.add(p, grad_flat=self.master, grad_offset=off, master=None)
         elif with_master:
             self.master = self._make_master(master_device, pin_master)
-            for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
-                state_of(p).master = self.master[off : off + s]
-                state_of(p).grad_slot = (self.master, off)
+            if index is not None:
+                for p, off, s in zip(params, self.offsets, self.sizes, strict=True):
+                    index.add(p, grad_flat=self.master, grad_offset=off, master=self.master[off : off + s])
         self.tiles = self._cut(max(1, sub_group_size))
 
     def _cut(self, tile_numel: int) -> list[ShardTile]:
