@@ -25,6 +25,7 @@ from torch import nn
 from ds_comm.testing import run_ranks
 
 pytest.importorskip("ds_parallel", reason="tensor and sequence parallelism need ds-parallel")
+pytest.importorskip("ds_zero", reason="the TP x SP runs train at ZeRO stages 1 and 2: need ds-zero")
 
 STEPS = 5
 D, HEAD_DIM, BATCH, SEQ = 16, 4, 2, 8
