@@ -320,12 +320,12 @@ class Checkpointer:
             state = ds_comm.load_checkpoint_file(path)
             ds_comm.check_deepspeed_version(state.get("ds_version"), path)
             saved_tp = _checkpoint.saved_tp_degree(state)
+            placeholders = _checkpoint.has_placeholders(state)
             if saved_tp != parts.dist.mp_world_size and restore_optimizer:
                 # The module is saved whole; so is the optimizer state (`_tp_optimizer_state`), cut here.
                 parts_read = self._tensor_parallel_partitions(ckpt_dir, state, path, saved_tp)
-            elif _checkpoint.has_placeholders(state) or restore_optimizer:
+            elif placeholders or restore_optimizer:
                 parts_read = _checkpoint.zero_partitions(ckpt_dir, mp_rank)
-            placeholders = _checkpoint.has_placeholders(state)
             module_state = _checkpoint.fill_placeholders(state, parts_read, path) if placeholders else state["module"]
         if parts.moe is not None:
             module_state = _moe_checkpoint.merge_expert_states(module_state, parts.moe, ckpt_dir, mp_rank=mp_rank)

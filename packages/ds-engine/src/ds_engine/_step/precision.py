@@ -19,6 +19,7 @@ holds differently).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from collections.abc import Sequence
@@ -127,7 +128,6 @@ class MixedPrecisionOptimizer(WrappedOptimizer):
         self._train_model = [self.model_params[i] for i in trainable]
         self._train_masters = [self.masters[i] for i in trainable]
         self._train_index = {id(p): i for i, p in enumerate(self._train_model)}
-        self._train_index_of_master = {id(m): i for i, m in enumerate(self._train_masters)}
         owner = weakref.ref(self)
         for p in self._train_model:
             _grad_owners[p] = owner
@@ -205,16 +205,15 @@ class MixedPrecisionOptimizer(WrappedOptimizer):
         With fp32 accumulation (bf16's default) they hold the window's sums, reduced over the data-parallel
         ranks once the boundary backward has run; with 16-bit accumulation the step fills them.
         """
-        starts = [0]
-        for numel in self.master_grads.numels:
-            starts.append(starts[-1] + numel)
         flat, out = self.master_grads.flat, []
         for group in self.optimizer.param_groups:
-            index = sorted(i for p in group["params"] if (i := self._train_index_of_master.get(id(p))) is not None)
-            if index and index == list(range(index[0], index[-1] + 1)):
-                out.append(flat[starts[index[0]] : starts[index[-1] + 1]])
+            views = [v.reshape(-1) for v in self.master_grads.views_of(group["params"])]
+            adjacent = all(b.storage_offset() == a.storage_offset() + a.numel() for a, b in itertools.pairwise(views))
+            if views and adjacent:
+                start = views[0].storage_offset() - flat.storage_offset()
+                out.append(flat[start : start + sum(v.numel() for v in views)])
             else:
-                out.append(torch.cat([flat[starts[i] : starts[i + 1]] for i in index]) if index else flat[:0])
+                out.append(torch.cat(views) if views else flat[:0])
         return out
 
     # -- the stepper face --------------------------------------------------------------------------------
