@@ -377,7 +377,13 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         E,
         r"data_efficiency.data_routing.random_ltd.enabled: .*\(random-LTD",
     ),
-    ("autotuning_on", {"autotuning": {"enabled": True}}, E, r"autotuning.enabled: .*\(the autotuner is not"),
+    ("autotuning_metric", {"autotuning": {"metric": "speed"}}, E, r"autotuning.metric: Input should be 'throughput'"),
+    (
+        "autotuning_window",
+        {"autotuning": {"start_profile_step": 4, "end_profile_step": 2}},
+        E,
+        r"autotuning: .*end_profile_step=2 is before start_profile_step=4",
+    ),
     ("autotuning_typo", {"autotuning": {"tuner_typ": "random"}}, E, r"autotuning.tuner_typ: .*'tuner_type'"),
     ("compile_typo", {"compile": {"deepcompil": False}}, E, r"compile.deepcompil: unknown key .*'deepcompile'"),
     (

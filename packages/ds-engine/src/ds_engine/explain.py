@@ -90,6 +90,12 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
             lines.append(f"  {key:<32}{getattr(config.batch, key):>8}   {config.batch.sources[key]}")
     plan = plan_assembly(config, device_type=device_type or get_accelerator().name)
     lines += ["", "wrapper chain initialize() would build", *(f"  {line}" for line in plan.lines())]
+    if config.parsed.autotuning.enabled:
+        lines += [
+            "",
+            "autotuning experiment (autotuning.enabled)",
+            *(f"  {line}" for line in config.parsed.autotuning.describe()),
+        ]
     if config.auto_keys:
         lines += [
             "",

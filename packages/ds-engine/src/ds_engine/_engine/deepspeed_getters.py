@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,6 +21,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 import ds_comm
 from ds_engine._checkpoint.torch_checkpoint_engine import TorchCheckpointEngine
 from ds_engine._optional import require
+from ds_engine._report.autotuning import DEFAULT_METRIC_FILE, DEFAULT_MODEL_INFO_FILE
 from ds_engine.config._dtype_names import to_torch_dtype
 
 if TYPE_CHECKING:
@@ -247,9 +249,33 @@ class DeepSpeedGetters:
     def zero_force_ds_cpu_optimizer(self) -> bool:
         return self._ds_config.parsed.zero_force_ds_cpu_optimizer
 
-    # features ds does not implement: accepted only switched off, so they answer "off" as DeepSpeed does
     def autotuning_enabled(self) -> bool:
-        return False
+        return self._ds_config.parsed.autotuning.enabled
+
+    def autotuning_start_profile_step(self) -> int:
+        return self._ds_config.parsed.autotuning.start_profile_step
+
+    def autotuning_end_profile_step(self) -> int:
+        return self._ds_config.parsed.autotuning.end_profile_step
+
+    def autotuning_metric(self) -> str:
+        return self._ds_config.parsed.autotuning.metric
+
+    def autotuning_metric_path(self) -> str:
+        """Where an experiment writes its metrics (`autotuning_metric.json` in the working directory by default)."""
+        path = self._ds_config.parsed.autotuning.metric_path
+        return path or os.path.join(os.getcwd(), DEFAULT_METRIC_FILE)
+
+    def autotuning_model_info_path(self) -> str:
+        """Where the model profile run writes (`autotuning_model_info.json` in the working directory by default)."""
+        path = self._ds_config.parsed.autotuning.model_info_path
+        return path or os.path.join(os.getcwd(), DEFAULT_MODEL_INFO_FILE)
+
+    def autotuning_profile_model_info(self) -> bool:
+        at = self._ds_config.parsed.autotuning
+        return at.enabled and at.model_info is not None and at.model_info.profile
+
+    # features ds does not implement: accepted only switched off, so they answer "off" as DeepSpeed does
 
     def curriculum_learning_enabled(self) -> bool:
         return False

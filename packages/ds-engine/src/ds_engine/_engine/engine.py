@@ -6,6 +6,7 @@ counters; the step path reads no config. See `_engine/assembly.py` for how the p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -35,9 +36,11 @@ from ds_engine._engine.offload_states import (
 from ds_engine._engine.queries import EngineQueries
 from ds_engine._engine.sync_contexts import EngineSyncContexts
 from ds_engine._optional import require
+from ds_engine._report.autotuning import ExperimentProbe, ModelInfoProbe
 from ds_engine._report.flops_step import StepFlopsProfile
 from ds_engine._step.autocast import AutocastPolicy
 from ds_engine._step.loss_scale_guard import LossScaleGuard
+from ds_engine.config._sections import FlopsProfilerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -128,9 +131,29 @@ class DeepSpeedEngine(
         self.skipped_steps = 0
         fp = m.flops_profiler
         self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
+        self._autotuning, self._model_info = self._autotuning_probes(m.autotuning)
         self.flops_profiler = self._flops.profiler if self._flops is not None else None
         self._loss_scale_guard = LossScaleGuard(self.loss_scale)
         self._checkpointer = self._make_checkpointer(parts)
+
+    def _autotuning_probes(self, settings: Any) -> tuple[ExperimentProbe | None, ModelInfoProbe | None]:
+        """An autotuning experiment's probes (`_report/autotuning.py`); none unless `autotuning.enabled`.
+
+        During an experiment the flops profiler measures for the probe (on the step before the timed
+        ones) and prints nothing, whatever the `flops_profiler` section says.
+        """
+        if not settings.enabled:
+            return None, None
+        rank = self._dist.global_rank
+        if settings.model_info is not None and settings.model_info.profile:
+            return None, ModelInfoProbe(self.module, settings.model_info_path, rank=rank)
+        probe = ExperimentProbe(
+            settings, train_batch_size=self._train_batch, gradient_accumulation_steps=self._gas, rank=rank
+        )
+        if rank == 0:
+            profile = FlopsProfilerConfig(enabled=True, profile_step=probe.flops_step, detailed=False)
+            self._flops = StepFlopsProfile(self.module, self, profile, on_profiled=probe.record_flops)
+        return probe, None
 
     def _make_checkpointer(self, parts: EngineParts) -> Checkpointer:
         """The object that saves and loads this engine's checkpoints (the pipeline engine makes its own kind)."""
@@ -167,15 +190,24 @@ class DeepSpeedEngine(
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
-        with self._autocast.forward_context():
-            if self._flops is None:
-                out = self.module(*inputs, **kwargs)
-            else:
-                with self._flops.forward(self.global_steps):
-                    out = self.module(*inputs, **kwargs)
+        if self._autotuning is not None:
+            self._autotuning.micro_step_began(self.global_steps)
+        with self._autocast.forward_context(), self._forward_observers():
+            out = self.module(*inputs, **kwargs)
         self._loss_scale_guard.arm(out)
         self.timers.stop("forward")
         return out
+
+    def _forward_observers(self) -> contextlib.AbstractContextManager[None]:
+        """What watches a forward: the flops profiler on its step, the autotuning model profile."""
+        if self._flops is None and self._model_info is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        if self._flops is not None:
+            stack.enter_context(self._flops.forward(self.global_steps))
+        if self._model_info is not None:
+            stack.enter_context(self._model_info.forward())
+        return stack
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward of `loss` into the gradient accumulators.
@@ -304,6 +336,8 @@ class DeepSpeedEngine(
         if boundary:
             self._report_step()
         self.micro_steps += 1
+        if boundary and self._autotuning is not None:
+            self._autotuning.optimizer_step_ended(self.global_steps)  # ends the process after the last timed step
 
     def _no_optimizer(self, call: str) -> RuntimeError:
         stage3 = (

@@ -157,6 +157,8 @@ class PipelineEngine(DeepSpeedEngine):
             )
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
+        if self._autotuning is not None:
+            self._autotuning.micro_step_began(self.global_steps)
         self.tput_timer.start()
         self.timers.start("train_batch")
         loss = self._executor.train_batch(data_iter)
@@ -171,6 +173,8 @@ class PipelineEngine(DeepSpeedEngine):
             loss_scale=lambda: self._stepper.loss_scale if self._stepper else 1.0,
             loss=loss.detach().float(),
         )
+        if self._autotuning is not None:
+            self._autotuning.optimizer_step_ended(self.global_steps)  # ends the process after the last timed step
         return loss
 
     def eval_batch(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,11 +36,20 @@ class StepFlopsProfile:
         module: the wrapped model.
         engine: the engine (for the summary's batch and parallel sizes).
         config: the `flops_profiler` section.
+        on_profiled: called with the profiler after the profiled step instead of printing the table
+            (an autotuning experiment takes the flops from it).
     """
 
-    def __init__(self, module: torch.nn.Module, engine: Any, config: FlopsProfilerConfig) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        engine: Any,
+        config: FlopsProfilerConfig,
+        on_profiled: Callable[[FlopsProfiler], None] | None = None,
+    ) -> None:
         from ds_engine._report.flops_profiler.profiler import FlopsProfiler
 
+        self.on_profiled = on_profiled
         self.profiler: FlopsProfiler = FlopsProfiler(module, engine, config.recompute_fwd_factor)
         self.profile_step = config.profile_step
         self.module_depth = config.module_depth
@@ -87,6 +96,10 @@ class StepFlopsProfile:
         start = self._now()
         yield
         self.profiler.latencies["step"] = self._now() - start
+        if self.on_profiled is not None:
+            self.on_profiled(self.profiler)
+            self.profiler.end_profile()
+            return
         self.profiler.print_model_profile(
             profile_step=step,
             module_depth=self.module_depth,

@@ -1,6 +1,6 @@
 """Sections of DeepSpeed features ds does not implement: every key accepted, the switch turning one on refused.
 
-`compile` (DeepCompile), `autotuning`, `data_efficiency` (curriculum data sampling, dynamic batching,
+`compile` (DeepCompile), `data_efficiency` (curriculum data sampling, dynamic batching,
 random-LTD) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a config written
 for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
 the feature on is refused by name, saying what ds does not do (`inert_keys`). Settings read only by a
@@ -19,7 +19,6 @@ from typing import Any, ClassVar, Literal
 from ds_comm import ConfigModel
 
 __all__ = [
-    "AutotuningConfig",
     "CompileConfig",
     "DataEfficiencyConfig",
     "ExpertParallelConfig",
@@ -78,44 +77,6 @@ class CompileConfig(ConfigModel):
     keep_int_input_tensors: bool = True
     keep_all_input_tensors: bool = False
     passes: list[Literal["z1", "z3", "autosp", "autotp"]] | None = None
-
-
-class AutotuningModelInfo(ConfigModel):
-    """`autotuning.model_info`."""
-
-    profile: bool = False
-    num_params: int | None = None
-    hidden_size: int | None = None
-    num_layers: int | None = None
-
-
-class AutotuningConfig(ConfigModel):
-    """`autotuning`: DeepSpeed's autotuner (launched with `deepspeed --autotuning`)."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"the autotuner {_NOT_IN_DS}"}
-
-    enabled: bool = False
-    """Profile the steps the autotuner asks for; only false is accepted."""
-    fast: bool = True
-    results_dir: str = "autotuning_results"
-    exps_dir: str = "autotuning_exps"
-    overwrite: bool = True
-    start_profile_step: int = 3
-    end_profile_step: int = 5
-    metric: str = "throughput"
-    metric_path: str | None = None
-    tuner_type: str = "gridsearch"
-    tuner_early_stopping: int = 5
-    tuner_num_trials: int = 50
-    arg_mappings: dict[str, str] | None = None
-    model_info: AutotuningModelInfo | None = None
-    model_info_path: str | None = None
-    mp_size: int = 1
-    max_train_batch_size: int | None = None
-    min_train_batch_size: int = 1
-    max_train_micro_batch_size_per_gpu: int = 1024
-    min_train_micro_batch_size_per_gpu: int = 1
-    num_tuning_micro_batch_sizes: int = 3
 
 
 class CurriculumLearningConfig(ConfigModel):

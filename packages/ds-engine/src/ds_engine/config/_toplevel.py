@@ -7,8 +7,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, BeforeValidator, StrictBool
 
 from ds_comm import CommsLoggerConfig, ConfigModel
+from ds_engine.config._autotuning import AutotuningConfig
 from ds_engine.config._feature_sections import (
-    AutotuningConfig,
     CompileConfig,
     DataEfficiencyConfig,
     ExpertParallelConfig,
@@ -217,7 +217,7 @@ class DeepSpeedConfigModel(ConfigModel):
     compile: CompileConfig = CompileConfig()
     """DeepCompile's settings; only `deepcompile: false` (see `_feature_sections`)."""
     autotuning: AutotuningConfig = AutotuningConfig()
-    """The autotuner's settings; only `enabled: false`."""
+    """The autotuner's settings; `enabled` makes this run an autotuning experiment (see `AutotuningConfig`)."""
     data_efficiency: DataEfficiencyConfig = DataEfficiencyConfig()
     """Curriculum learning, dynamic batching, random-LTD; every `enabled` only false."""
     expert_parallel: ExpertParallelConfig = ExpertParallelConfig()
