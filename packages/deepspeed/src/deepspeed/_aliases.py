@@ -11,7 +11,7 @@ hands back the already imported ds module and executes nothing; the module keeps
 
 The table maps DeepSpeed's module prefixes onto the ds packages: everything under `deepspeed.` is
 ds-engine's (which lays out DeepSpeed's paths: `ds_engine.runtime.zero.partition_parameters`,
-`ds_engine.checkpoint.utils`, `ds_engine.utils.groups`...), except the launcher (ds-launcher), the
+`ds_engine.checkpoint.utils`, `ds_engine.utils.groups`...), except the launcher and the autotuner (ds-launcher), the
 accelerator package and `utils.pin_memory` (ds-comm). Because
 the mapping is a prefix rewrite, an aliased package's children are that package's own children, and
 the import system's `setattr(parent, child, module)` after an import never puts a foreign module on a
@@ -46,6 +46,8 @@ COMPATIBILITY_PAGE = "COMPATIBILITY.md at the root of the ds repository"
 #: DeepSpeed module prefix -> the ds module that implements it. The longest matching prefix wins.
 ALIASES: dict[str, str] = {
     "deepspeed.launcher": "ds_launcher",
+    # The autotuner launches experiments as processes, so it is the launcher's.
+    "deepspeed.autotuning": "ds_launcher.autotuning",
     # DeepSpeed's accelerator package (its per-device `*_accelerator` modules) and the pinned-memory
     # backend it dispatches to are ds-comm's, the floor every package pins memory through.
     "deepspeed.accelerator": "ds_comm.accelerator",

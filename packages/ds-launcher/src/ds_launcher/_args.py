@@ -69,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force_multi", action="store_true", help="use the multi-node backend even for one host")
     p.add_argument("--save_pid", action="store_true", help="write the launcher's pid to /tmp/<runner pid>.deepspeed")
     p.add_argument("--enable_each_rank_log", type=str, default="None", help="directory for per-rank logs")
-    p.add_argument("--autotuning", type=str, default="", choices=["", "tune", "run"], help="not supported")
+    p.add_argument(
+        "--autotuning",
+        type=str,
+        default="",
+        choices=["", "tune", "run"],
+        help="tune: find the best ZeRO stage and micro-batch size (the ds_config's autotuning section) and write "
+        "autotuning_results/ds_config_optimal.json; run: tune, then train with it",
+    )
     p.add_argument("--bind_cores_to_rank", action="store_true", help="pin each rank to its share of the cores")
     p.add_argument("--bind_core_list", type=str, default=None, help="cores to share out, e.g. '0,2-5'")
     p.add_argument("--ssh_port", type=int, default=None, help="ssh port for the ssh check, ssh and pdsh")

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ds_launcher._args import parse_args
+from ds_launcher._autotuning.autotuner import run_autotuning
 from ds_launcher._cli_logging import configure_cli_logging
 from ds_launcher._env import DEFAULT_ENV_FILE, collect_exports, read_env_files
 from ds_launcher._hostfile import fetch_hostfile, parse_hostfile
@@ -66,10 +67,6 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError(
             "--elastic_training/--min_elastic_nodes/--max_elastic_nodes: elastic training is not "
             "supported by ds-launcher; launch a fixed set of nodes"
-        )
-    if args.autotuning:
-        raise ValueError(
-            f"--autotuning {args.autotuning}: the autotuner is not part of ds-launcher; launch without --autotuning"
         )
     if args.module and args.no_python:
         raise ValueError(
@@ -322,6 +319,9 @@ def _parse_hostfile(hostfile_lines: Sequence[str]) -> dict[str, int]:
 def main(args: Sequence[str] | None = None) -> int:
     """Run the `deepspeed` command with `args` (default `sys.argv[1:]`); DeepSpeed's programmatic entry.
 
+    With `--autotuning tune|run` it runs the autotuner instead (`ds_launcher.autotuning`): experiments
+    launched one at a time through this command, then (`run`) training with the best config.
+
     Returns the job's exit status. Bad input is raised, as DeepSpeed's `main` does, so a caller
     can catch it; the console script (`cli`) reports it as one line and exit status 2 instead.
 
@@ -332,6 +332,10 @@ def main(args: Sequence[str] | None = None) -> int:
     parsed = parse_args(args)
     configure_cli_logging(parsed.log_level, quiet=parsed.quiet, name="deepspeed")
     cwd, home = os.getcwd(), os.path.expanduser("~")
+    if parsed.autotuning:
+        _check_flags(parsed)
+        active, _ = resolve_resources(parsed, dict(os.environ))
+        return run_autotuning(parsed, active)
     launch = plan_launch(parsed, os.environ, cwd=cwd, home=home)
     if not launch.multi_node:
         _exec_local(launch, max(parsed.node_rank, 0) if parsed.no_ssh else 0)

@@ -1,0 +1,1 @@
+"""The autotuner behind `deepspeed --autotuning tune|run`: settings, search space, tuners, experiments."""
