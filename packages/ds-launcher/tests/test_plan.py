@@ -37,10 +37,6 @@ def _plan(tmp_path: Path, *argv: str, environ: dict[str, str] | None = None):
             "is not supported by ds-launcher; launch a fixed set of nodes",
         ),
         (
-            ["--autotuning", "tune"],
-            "--autotuning tune: the autotuner is not part of ds-launcher; launch without --autotuning",
-        ),
-        (
             ["--module", "--no_python"],
             "--no_python and --module cannot be used together: --module runs the script "
             "with `python -m`, --no_python runs it without python",

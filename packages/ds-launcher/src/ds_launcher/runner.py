@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ds_launcher._args import parse_args
-from ds_launcher._autotuning.autotuner import run_autotuning
 from ds_launcher._cli_logging import configure_cli_logging
 from ds_launcher._env import DEFAULT_ENV_FILE, collect_exports, read_env_files
 from ds_launcher._hostfile import fetch_hostfile, parse_hostfile
@@ -335,6 +334,10 @@ def main(args: Sequence[str] | None = None) -> int:
     if parsed.autotuning:
         _check_flags(parsed)
         active, _ = resolve_resources(parsed, dict(os.environ))
+        # Imported here: the autotuner reads configs through ds-comm, which imports torch (seconds), and
+        # every plain launch, each autotuning experiment included, goes through this module.
+        from ds_launcher._autotuning.autotuner import run_autotuning
+
         return run_autotuning(parsed, active)
     launch = plan_launch(parsed, os.environ, cwd=cwd, home=home)
     if not launch.multi_node:
