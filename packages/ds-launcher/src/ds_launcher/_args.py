@@ -89,6 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse `deepspeed` arguments (`argv` defaults to `sys.argv[1:]`)."""
-    return build_parser().parse_args(argv)
+def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse `deepspeed` arguments (`args`, DeepSpeed's parameter name, defaults to `sys.argv[1:]`)."""
+    return build_parser().parse_args(args)
