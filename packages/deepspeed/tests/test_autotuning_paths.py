@@ -8,8 +8,8 @@ import importlib
 import pytest
 
 from ds_engine.config._autotuning import AutotuningConfig, AutotuningModelInfo
-from ds_launcher._autotuning.settings import AutotuningModelInfo as LauncherModelInfo
-from ds_launcher._autotuning.settings import AutotuningSettings
+from ds_launcher.autotuning.config import AutotuningModelInfo as LauncherModelInfo
+from ds_launcher.autotuning.config import AutotuningSettings
 
 PATHS = [
     "",
