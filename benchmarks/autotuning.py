@@ -1,0 +1,151 @@
+"""Autotuning vs an exhaustive manual grid: the demo's GPT (examples/train_gpt.py) at 2 CPU ranks.
+
+1. `deepspeed --autotuning tune --num_gpus N examples/train_gpt.py --deepspeed_config cfg.json` over ZeRO
+   stages x micro-batch sizes (`--stages`, `--mbs`; the samples per rank per step fixed at the largest size,
+   as the autotuner does), timed from start to exit: the tuning time.
+2. The manual grid: every one of those configs trained by hand as an ordinary job
+   (`deepspeed --num_gpus N examples/train_gpt.py --steps S`), its throughput read from the demo's own
+   progress lines: samples between the step-1 and step-S lines over the time between them (the demo prints
+   the running mean rate since start; the two lines give the rate of the steps in between).
+3. The figure: the manual throughput of the config the autotuner chose over the best manual throughput
+   (1.0: it chose the best; the target is >= 0.95).
+
+    python benchmarks/autotuning.py [--nproc 2] [--stages 0,1,2] [--mbs 4,8,16] [--tuner gridsearch] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_gpt.py"
+BASE = json.loads((ROOT / "examples" / "ds_config_zero1.json").read_text())
+LINE = re.compile(r"step\s+(\d+) \| loss \S+ \| lr \S+ \| ([\d.]+) samples/s")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+def _launch(
+    flags: list[str], cfg: Path, cwd: Path, *script_args: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    cmd = [sys.executable, "-m", "ds_launcher", *flags, "--master_port", str(_port()), str(SCRIPT)]
+    cmd += ["--deepspeed_config", str(cfg), "--save_dir", str(cwd / "ckpt"), *script_args]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=3600)
+    return proc, time.perf_counter() - started
+
+
+def _config(stage: int, mbs: int, per_rank: int, nproc: int) -> dict:
+    gas = max(per_rank // mbs, 1)
+    return {
+        **BASE,
+        "zero_optimization": {"stage": stage},
+        "train_micro_batch_size_per_gpu": mbs,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": mbs * gas * nproc,
+    }
+
+
+def manual_throughput(stage: int, mbs: int, per_rank: int, args: argparse.Namespace, work: Path) -> float:
+    """Samples/s of steps 2..S of an ordinary training job with this config (from the demo's progress lines)."""
+    run = work / f"manual_z{stage}_mbs{mbs}"
+    run.mkdir()
+    cfg = run / "cfg.json"
+    config = _config(stage, mbs, per_rank, args.nproc)
+    cfg.write_text(json.dumps(config))
+    proc, _ = _launch(["--num_gpus", str(args.nproc)], cfg, run, "--steps", str(args.manual_steps))
+    if proc.returncode != 0:
+        raise RuntimeError(f"manual run z{stage} mbs {mbs} failed:\n{proc.stderr[-3000:]}")
+    rates = {int(m.group(1)): float(m.group(2)) for m in LINE.finditer(proc.stdout)}
+    first, last = 1, args.manual_steps
+    batch = config["train_batch_size"]
+    t_first, t_last = first * batch / rates[first], last * batch / rates[last]
+    return (last - first) * batch / (t_last - t_first)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--stages", default="0,1,2")
+    parser.add_argument("--mbs", default="4,8,16")
+    parser.add_argument("--tuner", default="gridsearch", choices=("gridsearch", "random", "model_based"))
+    parser.add_argument("--manual-steps", type=int, default=10, help="optimizer steps of each manual run")
+    parser.add_argument("--json", action="store_true", help="print one JSON row at the end")
+    args = parser.parse_args()
+    stages = [int(s) for s in args.stages.split(",")]
+    sizes = [int(m) for m in args.mbs.split(",")]
+    per_rank = max(sizes)
+    with tempfile.TemporaryDirectory(prefix="ds_autotuning_bench_") as tmp:
+        work = Path(tmp)
+        cfg = work / "cfg.json"
+        autotuning = {"enabled": True, "start_profile_step": 2, "end_profile_step": 4, "tuner_type": args.tuner}
+        cfg.write_text(
+            json.dumps(
+                {
+                    **BASE,
+                    "zero_optimization": {"stage": stages},
+                    "train_micro_batch_size_per_gpu": sizes,
+                    "gradient_accumulation_steps": 1,
+                    "autotuning": autotuning,
+                }
+            )
+        )
+        proc, tuning_s = _launch(["--autotuning", "tune", "--num_gpus", str(args.nproc)], cfg, work)
+        if proc.returncode != 0:
+            raise SystemExit(f"autotuning failed:\n{proc.stderr[-4000:]}")
+        optimal = json.loads((work / "autotuning_results" / "ds_config_optimal.json").read_text())
+        trials = json.loads((work / "autotuning_results" / "trials.json").read_text())
+        chosen = (optimal["zero_optimization"]["stage"], optimal["train_micro_batch_size_per_gpu"])
+        summary = f"{len(trials)} experiments in {tuning_s:.1f} s; chose z{chosen[0]} mbs {chosen[1]}"
+        print(f"autotuning ({args.tuner}): {summary}")
+        for t in trials:
+            print(f"  {t['name']:<20} {t['status']:<8} throughput {t['throughput'] or 0:8.1f} samples/s (profiled)")
+        started = time.perf_counter()
+        manual = {}
+        for stage in stages:
+            for mbs in sizes:
+                manual[(stage, mbs)] = manual_throughput(stage, mbs, per_rank, args, work)
+                print(f"  manual z{stage} mbs {mbs:<3} {manual[(stage, mbs)]:8.1f} samples/s", flush=True)
+        manual_s = time.perf_counter() - started
+    best = max(manual, key=manual.__getitem__)
+    ratio = manual[chosen] / manual[best]
+    print(
+        f"manual grid: {len(manual)} runs in {manual_s:.1f} s; best z{best[0]} mbs {best[1]} {manual[best]:.1f} "
+        f"samples/s; the tuned config z{chosen[0]} mbs {chosen[1]} gets {manual[chosen]:.1f} samples/s = "
+        f"{ratio:.3f} of the best (target >= 0.95)"
+    )
+    if args.json:
+        row = {
+            "benchmark": "autotuning",
+            "nproc": args.nproc,
+            "tuner": args.tuner,
+            "space": {"stages": stages, "micro_batch_sizes": sizes},
+            "tuning_s": round(tuning_s, 1),
+            "manual_grid_s": round(manual_s, 1),
+            "chosen": {"stage": chosen[0], "mbs": chosen[1]},
+            "manual_best": {"stage": best[0], "mbs": best[1]},
+            "manual_samples_per_s": {f"z{s}_mbs{m}": round(v, 1) for (s, m), v in manual.items()},
+            "tuned_over_best": round(ratio, 3),
+        }
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
