@@ -10,7 +10,7 @@
 3. The figure: the manual throughput of the config the autotuner chose over the best manual throughput
    (1.0: it chose the best; the target is >= 0.95).
 
-    python benchmarks/autotuning.py [--nproc 2] [--stages 0,1,2] [--mbs 4,8,16] [--tuner gridsearch] [--json]
+    python benchmarks/autotuning.py [--nproc 2] [--stages 0,1,2] [--mbs 4,8,16] [--tuner gridsearch] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _report
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_gpt.py"
@@ -87,7 +89,7 @@ def main() -> None:
     parser.add_argument("--mbs", default="4,8,16")
     parser.add_argument("--tuner", default="gridsearch", choices=("gridsearch", "random", "model_based"))
     parser.add_argument("--manual-steps", type=int, default=10, help="optimizer steps of each manual run")
-    parser.add_argument("--json", action="store_true", help="print one JSON row at the end")
+    _report.add_json_argument(parser)
     args = parser.parse_args()
     stages = [int(s) for s in args.stages.split(",")]
     sizes = [int(m) for m in args.mbs.split(",")]
@@ -131,20 +133,24 @@ def main() -> None:
         f"samples/s; the tuned config z{chosen[0]} mbs {chosen[1]} gets {manual[chosen]:.1f} samples/s = "
         f"{ratio:.3f} of the best (target >= 0.95)"
     )
-    if args.json:
-        row = {
-            "benchmark": "autotuning",
-            "nproc": args.nproc,
-            "tuner": args.tuner,
-            "space": {"stages": stages, "micro_batch_sizes": sizes},
-            "tuning_s": round(tuning_s, 1),
-            "manual_grid_s": round(manual_s, 1),
-            "chosen": {"stage": chosen[0], "mbs": chosen[1]},
-            "manual_best": {"stage": best[0], "mbs": best[1]},
-            "manual_samples_per_s": {f"z{s}_mbs{m}": round(v, 1) for (s, m), v in manual.items()},
-            "tuned_over_best": round(ratio, 3),
-        }
-        print(json.dumps(row))
+    space = f"{args.nproc} ranks, stages {args.stages} x micro-batch {args.mbs}, {args.tuner}"
+    _report.write_rows(
+        args.json,
+        [
+            _report.Row(
+                "autotuning",
+                f"manual throughput of the tuned config (z{chosen[0]} mbs {chosen[1]}) / best of the manual grid "
+                f"(z{best[0]} mbs {best[1]}); {space}",
+                manual[chosen],
+                "samples/s",
+                "best config of an exhaustive manual grid",
+                manual[best],
+                target=">= 0.95",
+            ),
+            _report.Row("autotuning", f"tuning time ({len(trials)} experiments); {space}", tuning_s, "s"),
+            _report.Row("autotuning", f"manual grid time ({len(manual)} training runs); {space}", manual_s, "s"),
+        ],
+    )
 
 
 if __name__ == "__main__":
