@@ -23,14 +23,18 @@ SLEEP_S = 0.02
 
 
 class SleepyNet(nn.Module):
-    """TinyNet's layers with a fixed sleep in every forward (a step of known minimum length)."""
+    """TinyNet's layers with a fixed sleep in every forward (a step of known minimum length), and a long one in
+    forward number `slow_call` (a step slowed by something else on the host)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow_call: int = -1) -> None:
         super().__init__()
         self.net = tiny_net()
+        self.calls = 0
+        self.slow_call = slow_call
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(SLEEP_S)
+        time.sleep(SLEEP_S + (0.3 if self.calls == self.slow_call else 0.0))
+        self.calls += 1
         return self.net(x)
 
 
@@ -48,18 +52,21 @@ def _train_until_exit(engine, *, gap_s: float = 0.0, max_steps: int = 20) -> int
 
 def test_experiment_times_the_window_writes_the_metrics_and_exits(tmp_path: Path) -> None:
     metric_path = tmp_path / "exp" / "metrics.json"
-    autotuning = {"enabled": True, "start_profile_step": 1, "end_profile_step": 2, "metric_path": str(metric_path)}
-    engine = make_engine(SleepyNet(), base_config(gradient_accumulation_steps=2, autotuning=autotuning))
+    autotuning = {"enabled": True, "start_profile_step": 1, "end_profile_step": 3, "metric_path": str(metric_path)}
+    model = SleepyNet(slow_call=5)  # the second forward of step 2
+    engine = make_engine(model, base_config(gradient_accumulation_steps=2, autotuning=autotuning))
     assert engine.autotuning_enabled() and engine.autotuning_metric_path() == str(metric_path)
 
     steps = _train_until_exit(engine, gap_s=0.1)
 
-    assert steps == 3  # steps 0, 1, 2 ran; the process ends after the last timed one
+    assert steps == 4  # steps 0-3 ran; the process ends after the last timed one
     metrics = json.loads(metric_path.read_text())
-    assert metrics["num_profiled_steps"] == 2
+    assert metrics["num_profiled_steps"] == 3
     assert metrics["train_batch_size"] == 8
-    # two forwards of >= 20 ms per step are counted, the 100 ms between steps is not
+    # two forwards of >= 20 ms per step are counted, the 100 ms between steps is not; the median leaves out
+    # the step slowed by 300 ms, the mean does not
     assert 2 * SLEEP_S * 1e3 <= metrics["latency"] < 2 * SLEEP_S * 1e3 + 60
+    assert metrics["latency_mean"] >= 2 * SLEEP_S * 1e3 + 300 / 3
     assert metrics["throughput"] == pytest.approx(8 / (metrics["latency"] / 1e3), rel=1e-9)
     flops_per_step = metrics["FLOPS_per_gpu"] * metrics["latency"] / 1e3
     # per sample: forward 2 x weights, weight gradients 2 x weights, input gradient of l2 only (the data needs

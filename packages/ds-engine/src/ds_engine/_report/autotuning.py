@@ -9,10 +9,11 @@ back; nothing else passes between the two. The engine therefore does three thing
   `step()`, as DeepSpeed sums its forward, backward and step timers (the time the script spends between
   steps, e.g. loading data, is left out). After step `end_profile_step` rank 0 writes the metrics JSON and
   every rank ends with status 0 (DeepSpeed calls `exit()` at the same point).
-- The metrics file carries DeepSpeed's keys: `latency` (ms per optimizer step, the mean over the timed
-  steps), `throughput` (samples per second: `train_batch_size` / latency), `FLOPS_per_gpu` (floating-point
+- The metrics file carries DeepSpeed's keys: `latency` (ms per optimizer step, the median over the timed
+  steps, where DeepSpeed takes the mean: one step slowed by another process on the host must not decide
+  between two configs), `throughput` (samples per second: `train_batch_size` / latency), `FLOPS_per_gpu` (floating-point
   operations per second on rank 0), plus `flops` (the same value under the name the `metric: "flops"`
-  setting reads), `num_profiled_steps` and `train_batch_size`.
+  setting reads), `latency_mean` (ms, the mean), `num_profiled_steps` and `train_batch_size`.
 - The flops come from ds's flops profiler run on the step before the window (on the first step when the
   window starts at 0), so its module hooks do not slow the timed steps. It counts forward and backward
   of the step's last micro-batch (measured, where DeepSpeed multiplies the forward by 3), times
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -99,8 +101,7 @@ class ExperimentProbe:
         self.rank = rank
         self._on_done = on_done
         self._began: float | None = None
-        self._timed_s = 0.0
-        self._timed_steps = 0
+        self._step_s: list[float] = []
         self._flops_per_step: float | None = None
 
     @property
@@ -125,8 +126,7 @@ class ExperimentProbe:
     def optimizer_step_ended(self, global_steps: int) -> None:
         """The optimizer step `global_steps - 1` finished; after the window's last one, report and end."""
         if self._began is not None:
-            self._timed_s += self._now() - self._began
-            self._timed_steps += 1
+            self._step_s.append(self._now() - self._began)
             self._began = None
         if global_steps != self.end_step + 1:
             return
@@ -139,14 +139,16 @@ class ExperimentProbe:
 
     def metrics(self) -> dict[str, float | int]:
         """The metrics of the steps timed so far (DeepSpeed's keys; see the module docstring)."""
-        latency_s = self._timed_s / max(self._timed_steps, 1)
+        latency_s = statistics.median(self._step_s) if self._step_s else 0.0
+        mean_s = statistics.fmean(self._step_s) if self._step_s else 0.0
         flops_per_s = (self._flops_per_step or 0.0) / latency_s if latency_s > 0 else 0.0
         return {
             "latency": latency_s * 1e3,
             "throughput": self.train_batch_size / latency_s if latency_s > 0 else 0.0,
             "FLOPS_per_gpu": flops_per_s,
             "flops": flops_per_s,
-            "num_profiled_steps": self._timed_steps,
+            "latency_mean": mean_s * 1e3,
+            "num_profiled_steps": len(self._step_s),
             "train_batch_size": self.train_batch_size,
         }
 
