@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--mbs", default="4,8,16")
     parser.add_argument("--tuner", default="gridsearch", choices=("gridsearch", "random", "model_based"))
     parser.add_argument("--manual-steps", type=int, default=10, help="optimizer steps of each manual run")
+    parser.add_argument("--profile-steps", default="2,6", help="the experiments' start_profile_step,end_profile_step")
     _report.add_json_argument(parser)
     args = parser.parse_args()
     stages = [int(s) for s in args.stages.split(",")]
@@ -97,7 +98,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ds_autotuning_bench_") as tmp:
         work = Path(tmp)
         cfg = work / "cfg.json"
-        autotuning = {"enabled": True, "start_profile_step": 2, "end_profile_step": 4, "tuner_type": args.tuner}
+        start, end = (int(v) for v in args.profile_steps.split(","))
+        autotuning = {"enabled": True, "start_profile_step": start, "end_profile_step": end, "tuner_type": args.tuner}
         cfg.write_text(
             json.dumps(
                 {
