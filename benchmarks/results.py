@@ -49,8 +49,8 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     # full: the 2.42B job from NVMe, ds alone (43 GB of swap files; DeepSpeed cannot run it here), ~5 min
     "infinity": ([], ["--layers", "2", "--width", "2048", "--steps", "1", "--sides", "ds"]),
     "infinity_0.6b": ([], ["--layers", "1", "--width", "2048", "--steps", "1", "--sides", "ds"]),
-    # full: 9 tuning experiments and 9 manual runs of the demo GPT at 2 ranks (~10 min on 2 idle cores)
-    "autotuning": ([], ["--stages", "0,1", "--mbs", "4,8", "--manual-steps", "4"]),
+    # full: up to 9 tuning experiments and 3 x 9 manual runs of the demo GPT at 2 ranks
+    "autotuning": ([], ["--stages", "0,1", "--mbs", "4,8", "--manual-steps", "4", "--manual-rounds", "1"]),
 }
 
 
