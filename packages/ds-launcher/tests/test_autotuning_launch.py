@@ -32,7 +32,11 @@ def test_autotuning_run_picks_the_best_and_trains_with_it(tmp_path: Path) -> Non
         "train_micro_batch_size_per_gpu": [2, 4, 8, 16],
         "zero_optimization": {"stage": [0, 1]},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "autotuning": {"enabled": True, "arg_mappings": {"train_micro_batch_size_per_gpu": "--mbs_arg"}},
+        "autotuning": {
+            "enabled": True,
+            "arg_mappings": {"train_micro_batch_size_per_gpu": "--mbs_arg"},
+            "metric_path": "one_file_for_all.json",  # replaced: each experiment writes in its own folder
+        },
     }
     (tmp_path / "cfg.json").write_text(json.dumps(config))
     cmd = [sys.executable, "-m", "ds_launcher", "--autotuning", "run", "--num_gpus", "1", "--master_port"]

@@ -182,8 +182,9 @@ class ExperimentScheduler:
     def run(self, name: str, ds_config: dict[str, Any], *, autotuning: dict[str, Any]) -> ExperimentResult:
         """Launch experiment `name` with `ds_config` and its `autotuning` section; wait for it.
 
-        `autotuning` gets `enabled: true` and, unless the caller set it, `metric_path`; a profile run
-        passes `model_info` and `model_info_path` in it instead.
+        `autotuning` gets `enabled: true` and `metric_path` in the experiment's folder (a value from the
+        user's config would send every experiment's metrics to one file); a profile run passes
+        `model_info: {"profile": true}` and its `model_info_path`, which is then the file to read.
         """
         assert self.results_dir is not None and self.exps_dir is not None
         exp_id = self.experiment_count
@@ -194,9 +195,10 @@ class ExperimentScheduler:
         config = copy.deepcopy(ds_config)
         section = {k: v for k, v in autotuning.items() if k not in ("results_dir", "exps_dir")}
         section["enabled"] = True
-        section.setdefault("metric_path", str(metric_file))
+        section["metric_path"] = str(metric_file)
         config["autotuning"] = section
-        output = Path(section.get("model_info_path") or section["metric_path"])
+        profile = (section.get("model_info") or {}).get("profile", False)
+        output = Path(section["model_info_path"]) if profile else metric_file
         config_path = result_dir / "ds_config.json"
         _write_json(config_path, config)
         cmd = self.command(config, config_path, port_offset=exp_id)
