@@ -1,8 +1,9 @@
 """ds-launcher: the `deepspeed` command, hostfiles, resource filters, env propagation, local and multi-node runners.
 
 Entry points: the `deepspeed` console script (`ds_launcher.runner:cli`, also `python -m ds_launcher`)
-and the per-node launcher `python -m ds_launcher.launch`. The names below are the building blocks,
-for tools that plan or inspect a launch without running it.
+and the per-node launcher `python -m ds_launcher.launch`; `deepspeed --autotuning tune|run` runs the
+autotuner (`ds_launcher.autotuning`, DeepSpeed's `deepspeed.autotuning`). The names below are the building
+blocks, for tools that plan or inspect a launch without running it.
 """
 
 from __future__ import annotations
