@@ -1,5 +1,6 @@
 """`deepspeed --autotuning tune|run` with the real engine: experiments of a tiny model at 2 CPU ranks over
-ZeRO stages 0-1 x micro-batch sizes 2 and 4 (2 profiled steps each), the per-experiment metrics the
+ZeRO stage 1 x micro-batch sizes 2 and 4 (2 profiled steps each; the stage x size cross product is the
+launcher's unit tests' job), the per-experiment metrics the
 engines wrote, `ds_config_optimal.json`, and `--autotuning run` training with it; then the path that
 measures the model first (the model profile experiment) at 1 rank.
 """
@@ -38,12 +39,12 @@ def test_tune_then_run_with_the_optimal_config(tmp_path: Path) -> None:
     config = {
         **BASE,
         "train_micro_batch_size_per_gpu": [2, 4],
-        "zero_optimization": {"stage": [0, 1]},
+        "zero_optimization": {"stage": [1]},
         "autotuning": {"enabled": True, "start_profile_step": 1, "end_profile_step": 2},
     }
     _autotune(tmp_path, "run", 2, config)
     results = tmp_path / "autotuning_results"
-    names = ["z0_gas2_tmbspg2", "z0_gas1_tmbspg4", "z1_gas2_tmbspg2", "z1_gas1_tmbspg4"]
+    names = ["z1_gas2_tmbspg2", "z1_gas1_tmbspg4"]
     throughput = {}
     for name in names:
         metrics = json.loads((results / name / "metrics.json").read_text())
