@@ -111,7 +111,8 @@ class FastFileWriter(BaseFileWriter):
         self._stripe_start: int | None = None  # file offset of the stripe the buffer holds
         self._tail = bytearray()
         self._closed = False
-        self._failed = False
+        self.failure: BaseException | None = None
+        """The error a write to the file raised, if any (torch.save may report its own error on top of it)."""
         self._stats.update(dict.fromkeys(s.FASTIO_STAT_KEYS, 0))
         self._stats[s.RANK_KEY] = config.global_rank
 
@@ -155,7 +156,7 @@ class FastFileWriter(BaseFileWriter):
         if self._closed:
             return
         self._closed = True
-        if self._failed:  # the error was raised where it happened; the file is incomplete, nothing more to write
+        if self.failure is not None:  # the error was raised where it happened; the file is incomplete, nothing more to write
             self._io_buffer.reset()
             super().close()
             return
@@ -229,8 +230,8 @@ class FastFileWriter(BaseFileWriter):
         start = time.perf_counter()
         try:
             num_bytes = self._io_buffer.drain(self._file_path, self._stripe_start)
-        except BaseException:
-            self._failed = True
+        except BaseException as err:
+            self.failure = err
             raise
         self._incr_stats(s.AIO_WRITE_SEC_KEY, time.perf_counter() - start)
         self._incr_stats(s.AIO_WRITE_BYTES_KEY, num_bytes)
