@@ -156,7 +156,8 @@ class FastFileWriter(BaseFileWriter):
         if self._closed:
             return
         self._closed = True
-        if self.failure is not None:  # the error was raised where it happened; the file is incomplete, nothing more to write
+        # After a failed write the error was raised where it happened; the file is incomplete: write no more.
+        if self.failure is not None:
             self._io_buffer.reset()
             super().close()
             return
