@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ds_ops.fast_io import BaseFileWriter
-from ds_ops.fast_io._stats import BASE_STAT_KEYS
+from ds_ops.fast_io.constants import BASE_STAT_KEYS
 
 __all__ = ["BASE_STAT_KEYS", "BaseFileWriter"]

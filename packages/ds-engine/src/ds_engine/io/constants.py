@@ -1,4 +1,4 @@
-"""`deepspeed.io.constants`, DeepSpeed's module path: ds-ops' statistic names (`ds_ops.fast_io._stats`) under it.
+"""`deepspeed.io.constants`, DeepSpeed's module path: ds-ops' statistic names (`ds_ops.fast_io.constants`) under it.
 
 Both names are one module object (`_reexport.alias_module`).
 """
@@ -8,6 +8,6 @@ from typing import TYPE_CHECKING
 from ds_engine._reexport import alias_module
 
 if TYPE_CHECKING:
-    from ds_ops.fast_io._stats import *  # noqa: F403
+    from ds_ops.fast_io.constants import *  # noqa: F403
 
-alias_module(__name__, "ds_ops.fast_io._stats")
+alias_module(__name__, "ds_ops.fast_io.constants")

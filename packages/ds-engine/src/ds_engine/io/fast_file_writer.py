@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from ds_ops.fast_io import FastFileWriter, FastFileWriterConfig
-from ds_ops.fast_io._stats import FASTIO_STAT_KEYS
+from ds_ops.fast_io.constants import FASTIO_STAT_KEYS
 
 __all__ = ["FASTIO_STAT_KEYS", "FastFileWriter", "FastFileWriterConfig"]

@@ -1,8 +1,8 @@
-"""`deepspeed.io.utils`: byte/tensor conversions the writers use (`ds_ops.fast_io._serial`)."""
+"""`deepspeed.io.utils`: byte/tensor conversions the writers use (`ds_ops.fast_io.serial`)."""
 
 from __future__ import annotations
 
-from ds_ops.fast_io._serial import (
+from ds_ops.fast_io.serial import (
     bytes_to_tensor,
     obj_serialization_details,
     required_minimum_torch_version,

@@ -7,7 +7,7 @@
     writer.close()
 
 `PyFileWriter` (a plain Python file) and `MockFileWriter` (counts, writes nothing) share the face and
-the statistics, for comparison.
+the statistics, for comparison. `constants` holds the statistic names, `serial` the byte/tensor helpers.
 """
 
 from __future__ import annotations

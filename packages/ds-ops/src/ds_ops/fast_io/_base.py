@@ -2,7 +2,7 @@
 
 `torch.save(obj, writer)` streams the archive through `writer.write(bytes)` and ends with
 `writer.flush()`; `fileno()` answers -1 so torch never bypasses `write` with the OS descriptor. Every
-writer counts calls, bytes and seconds under DeepSpeed's statistic names (see `_stats`).
+writer counts calls, bytes and seconds under DeepSpeed's statistic names (see `constants`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ds_ops.fast_io import _stats as s
+from ds_ops.fast_io import constants as s
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ds_ops.fast_io import _stats as s
+from ds_ops.fast_io import constants as s
 from ds_ops.fast_io._base import BaseFileWriter, storage_bytes
 from ds_ops.fast_io._io_buffers import DoubleIOBuffer, SingleIOBuffer
 
