@@ -135,7 +135,10 @@ def get_sorted_results(log_dir: str, metric: str) -> tuple[list[tuple[Any, ...]]
     """Every log of `log_dir` as {setting: metric}, and the settings in sorted order."""
     files = [os.path.join(log_dir, f) for f in sorted(os.listdir(log_dir))]
     results = get_results([f for f in files if os.path.isfile(f)], metric)
-    return sorted(results, key=lambda key: tuple(map(str, key))), results
+    try:
+        return sorted(results), results
+    except TypeError:  # names of another shape side by side: order them as text
+        return sorted(results, key=lambda key: tuple(map(str, key))), results
 
 
 def generate_aio_param(read_log_dir: str, write_log_dir: str) -> tuple[dict[str, Any], float, float]:

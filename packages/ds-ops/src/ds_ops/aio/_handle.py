@@ -409,3 +409,4 @@ class AsyncIOHandle:
 
 #: DeepSpeed's name (`deepspeed.ops.op_builder.AsyncIOBuilder().load().aio_handle`).
 aio_handle = AsyncIOHandle
+AsyncIOBuilder.handle_class = AsyncIOHandle
