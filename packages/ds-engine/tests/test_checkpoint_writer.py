@@ -149,6 +149,22 @@ def test_bad_writer_values_name_the_key(writer: dict[str, Any], message: str) ->
         DeepSpeedConfig({"train_batch_size": 4, "checkpoint": {"writer": writer}}, world_size=1)
 
 
+def test_checkpoint_engine_is_the_fast_one(tmp_path: Path) -> None:
+    from ds_engine.runtime.checkpoint_engine import CheckpointEngine, FastCheckpointEngine, TorchCheckpointEngine
+
+    fast, _ = _trained(base_config(checkpoint={"writer": {"io_buffer_size": 8192}}), steps=0)
+    plain, _ = _trained(base_config(), steps=0)
+    assert isinstance(fast.checkpoint_engine, FastCheckpointEngine) and fast.checkpoint_writer_enabled()
+    assert type(plain.checkpoint_engine) is TorchCheckpointEngine and not plain.checkpoint_writer_enabled()
+    assert isinstance(plain.checkpoint_engine, CheckpointEngine) and isinstance(
+        fast.checkpoint_engine, CheckpointEngine
+    )
+    state = {"w": torch.arange(10_000)}
+    fast.checkpoint_engine.save(state, str(tmp_path / "x.pt"))  # a script's own file, through the writer
+    assert torch.equal(fast.checkpoint_engine.load(str(tmp_path / "x.pt"))["w"], state["w"])
+    assert fast.checkpoint_engine.is_data_parallel_writer(0) and not fast.checkpoint_engine.is_decoupled()
+
+
 def test_explain_shows_the_writer() -> None:
     def line(checkpoint: dict[str, Any], world: int = 1, stage: int = 0) -> str:
         cfg = {"train_batch_size": 4 * world, "checkpoint": checkpoint, "zero_optimization": {"stage": stage}}

@@ -65,9 +65,3 @@ class FastCheckpointEngine(TorchCheckpointEngine):
     def is_data_parallel_writer(self, dp_rank: int) -> bool:
         """Whether this rank writes through this engine (it was given a data-parallel writer description)."""
         return self._writer is not None
-
-    def is_decoupled(self) -> bool:
-        return False
-
-    def preserves_storage_sharing(self) -> bool:
-        return True

@@ -7,7 +7,8 @@ serialization and writer settings.
 
 from __future__ import annotations
 
+from ds_engine.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 from ds_engine.runtime.checkpoint_engine.fast_checkpoint_engine import FastCheckpointEngine
 from ds_engine.runtime.checkpoint_engine.torch_checkpoint_engine import CheckpointCommitInfo, TorchCheckpointEngine
 
-__all__ = ["CheckpointCommitInfo", "FastCheckpointEngine", "TorchCheckpointEngine"]
+__all__ = ["CheckpointCommitInfo", "CheckpointEngine", "FastCheckpointEngine", "TorchCheckpointEngine"]
