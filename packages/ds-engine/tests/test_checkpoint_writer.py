@@ -19,6 +19,7 @@ import torch
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 from ds_engine import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine._plan.plan import plan_assembly
 from ds_engine.explain import explain
 from ds_ops.aio import AsyncIOHandle
 
@@ -178,3 +179,9 @@ def test_explain_shows_the_writer() -> None:
     if HAS_ZERO:
         assert "off at ZeRO stage 3" in line({"writer": {"data_parallel": "replica"}}, world=2, stage=3)
     assert "Python file" in line({"writer": {"type": "python"}})
+    piped = plan_assembly(
+        DeepSpeedConfig({"train_batch_size": 8, "checkpoint": {"writer": {"data_parallel": "replica"}}}, world_size=2),
+        device_type="cpu",
+        pipeline=True,
+    )
+    assert "off in the pipeline engine" in piped.checkpoint_writer

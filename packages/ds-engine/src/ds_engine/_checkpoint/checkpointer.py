@@ -108,6 +108,9 @@ class Checkpointer:
     checkpoint loads (`load`); the tag, the RNG gather, the write and `latest` stay here.
     """
 
+    replica_writes_allowed = True
+    """`checkpoint.writer.data_parallel: replica` may have every data-parallel rank write the model states."""
+
     def __init__(self, engine: CheckpointedEngine, parts: CheckpointParts) -> None:
         self.engine = engine
         self.parts = parts

@@ -196,7 +196,7 @@ def _nvme_text(config: DeepSpeedConfig) -> str | None:
     )
 
 
-def _checkpoint_writer_text(config: DeepSpeedConfig) -> str:
+def _checkpoint_writer_text(config: DeepSpeedConfig, pipeline: bool) -> str:
     w = config.parsed.checkpoint.writer
     if w is None:
         return AssemblyPlan.checkpoint_writer
@@ -214,12 +214,14 @@ def _checkpoint_writer_text(config: DeepSpeedConfig) -> str:
         who = "data-parallel rank 0 writes the model states"
     elif config.world_size * config.parsed.sequence_parallel_size <= 1:
         who = "data_parallel=REPLICA has one data-parallel rank here: it writes the model states alone"
+    elif pipeline:
+        who = "data_parallel=REPLICA is off in the pipeline engine: each stage's data-parallel rank 0 writes its states"
     elif config.zero.stage >= 3:
         who = "data_parallel=REPLICA is off at ZeRO stage 3 (model states differ per rank): rank 0 writes them"
     else:
         who = (
             "data_parallel=REPLICA: every data-parallel rank writes stripes of the model-states file "
-            "(rank 0 alone for a model with MoE layers)"
+            "(rank 0 alone for a model with MoE layers and in the pipeline engine)"
         )
     return f"{what}; {who}; every file published atomically"
 
@@ -327,7 +329,7 @@ def plan_assembly(
             "PipelineEngine" if pipeline else "DeepSpeedHybridEngine" if m.hybrid_engine.enabled else "DeepSpeedEngine"
         ),
         nvme_offload=_nvme_text(config),
-        checkpoint_writer=_checkpoint_writer_text(config),
+        checkpoint_writer=_checkpoint_writer_text(config, pipeline),
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
