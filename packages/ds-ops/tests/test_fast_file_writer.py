@@ -174,3 +174,19 @@ def test_py_and_mock_writers(tmp_path: Path) -> None:
     assert os.path.getsize(tmp_path / "mock.pt") == 0
     assert mock.stats()["bytes"] == len(_torch_bytes(obj)) == py.stats()["bytes"]
     assert py.fileno() == -1
+
+
+def test_storage_object_list_writes_torchs_legacy_layout(handle: AsyncIOHandle, tmp_path: Path) -> None:
+    """`save_torch_storage_object_list` (the hook a FastPersist-patched torch calls) writes each storage's bytes,
+    after its 8-byte little-endian element count with `save_size`."""
+    a, b = torch.arange(5, dtype=torch.int64), torch.tensor([1.5, -2.0], dtype=torch.float16)
+    writer = FastFileWriter(tmp_path / "s.bin", _config(handle, 8192, True))
+    taken = writer.save_torch_storage_object_list(
+        [(a.untyped_storage(), torch.int64), (b.untyped_storage(), torch.float16)], True
+    )
+    writer.close()
+    expected = (
+        (5).to_bytes(8, "little") + bytes(a.numpy()) + (2).to_bytes(8, "little") + bytes(b.view(torch.int16).numpy())
+    )
+    assert taken == len(expected) and (tmp_path / "s.bin").read_bytes() == expected
+    assert writer.stats()["save_storage"] == 2 and writer.stats()["save_storage_bytes"] == 40 + 4
