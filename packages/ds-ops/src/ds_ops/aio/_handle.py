@@ -405,8 +405,3 @@ class AsyncIOHandle:
             f"intra_op_parallelism={self._intra_op_parallelism}, use_o_direct={self._use_o_direct}, "
             f"engine={self.engine!r})"
         )
-
-
-#: DeepSpeed's name (`deepspeed.ops.op_builder.AsyncIOBuilder().load().aio_handle`).
-aio_handle = AsyncIOHandle
-AsyncIOBuilder.handle_class = AsyncIOHandle
