@@ -56,16 +56,20 @@ def _files(root: Path) -> dict[str, Any]:
     return out
 
 
+_ZERO = pytest.mark.skipif(not HAS_ZERO, reason="ds-zero is not installed")
+FAST_SINGLE = {"type": "fast", "io_buffer_size": 8192, "io_buffer_double": False}
+FAST_DOUBLE = {"type": "FAST", "io_buffer_size": 16384}
+
+
 @pytest.mark.parametrize(
-    "writer",
+    ("writer", "stage"),
     [
-        {"type": "fast", "io_buffer_size": 8192, "io_buffer_double": False},
-        {"type": "FAST", "io_buffer_size": 16384},
-        {"type": "python"},
+        pytest.param(FAST_SINGLE, 0, id="fast-single-zero0"),
+        pytest.param(FAST_DOUBLE, 0, id="fast-double-zero0"),
+        pytest.param(FAST_DOUBLE, 1, id="fast-double-zero1", marks=_ZERO),  # + the ZeRO partition file
+        pytest.param({"type": "python"}, 0, id="python-zero0"),
     ],
-    ids=["fast-single", "fast-double", "python"],
 )
-@pytest.mark.parametrize("stage", [0, pytest.param(1, marks=pytest.mark.skipif(not HAS_ZERO, reason="ds-zero"))])
 def test_fast_writer_save_equals_torch_save_and_loads(tmp_path: Path, writer: dict[str, Any], stage: int) -> None:
     config = base_config(zero_optimization={"stage": stage})
     engine, model = _trained(config)
