@@ -83,7 +83,11 @@ class CheckpointFileWriter:
         if self.settings is None:
             atomic_save(obj, path, serialization=serialization)
             return
-        atomic_write(path, lambda tmp: self._write(obj, tmp, serialization, writers=1, rank=0))
+
+        def write(tmp: Path) -> None:
+            self._write(obj, tmp, serialization, writers=1, rank=0)
+
+        atomic_write(path, write)
 
     def save_replicated(self, obj: Any, path: str | os.PathLike[str], *, serialization: bool = True) -> None:
         """Collective over the data-parallel group: every rank passes the same `obj`; see the module note.
