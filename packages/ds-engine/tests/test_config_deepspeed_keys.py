@@ -1,6 +1,6 @@
 """Every ds_config key DeepSpeed 0.19.8 reads (`deepspeed_config_keys.py`) is known to ds, one key at a time on top of
-a minimal config: accepted with DeepSpeed's example value, or, for the two sections ds refuses whole (ZenFlow's
-training loop, FastPersist writers), refused with a message naming the feature, never "unknown key". A typo of
+a minimal config: accepted with DeepSpeed's example value, or, for the section ds refuses whole (ZenFlow's
+training loop), refused with a message naming the feature, never "unknown key". A typo of
 any section key is an error naming it and suggesting the real key.
 """
 
@@ -23,7 +23,6 @@ BASE: dict[str, Any] = {"train_batch_size": 2}
 #: key path prefix -> what ds answers when the section is given at all (a feature it does not implement)
 REFUSED_SECTIONS = {
     "zero_optimization.zenflow.": r"zero_optimization.zenflow: ZenFlow's training loop .* is not implemented in ds",
-    "checkpoint.writer.": r"checkpoint.writer: 'writer'=.* is not supported by ds \(DeepSpeed's FastPersist",
 }
 
 #: sections validated by an optional sibling package (without it the key is refused naming the extra)
@@ -39,7 +38,6 @@ FREE_FORM = (
     "optimizer.params.",
     "scheduler.params.",
     "tensor_parallel.partition_config",
-    "checkpoint.writer.",
 )
 
 #: the legacy spellings that announce their new name when used (a ConfigDeprecationWarning)

@@ -56,7 +56,15 @@ def test_ds_io_moves_and_validates_the_bytes(tmp_path: Path, read: bool, capsys:
         *(["--read"] if read else []),
     ]
     assert nvme_bench.ds_io_main(argv) == 0
-    line = capsys.readouterr().out.strip()
+    *speed_lines, line = capsys.readouterr().out.strip().splitlines()
+    what = "Read" if read else "Write"
+    assert [x.split(" = ")[0] for x in speed_lines] == [
+        f"Task {what} Latency",
+        f"Task {what} Speed",
+        f"E2E {what} Latency",
+        f"E2E {what} Speed",
+    ]
+    assert float(speed_lines[-1].split()[-2]) > 0 and speed_lines[-1].endswith("GB/sec")
     assert line.startswith(f"{'read' if read else 'write'} 2097152 bytes x 2 loops: best ")
     assert line.endswith("validated") and "block_size=262144 queue_depth=4" in line
     assert list(tmp_path.iterdir()) == []  # the scratch file is removed

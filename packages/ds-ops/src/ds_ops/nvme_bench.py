@@ -5,7 +5,9 @@
 
 A write test writes `io_size` bytes of a pinned buffer to `<folder>/ds_aio_<io_size>B.bin` per loop; a read
 test first writes that file and then reads it back. Each loop's bytes and seconds give the bandwidth in
-GB/s (1e9 bytes); the summary reports the best and the mean over the timed loops. `--validate` compares
+GB/s (1e9 bytes); the summary reports the best and the mean over the timed loops, after DeepSpeed's
+`Task/E2E <Read|Write> Latency/Speed` lines for the best loop (GB/sec there is 1024**3 bytes, as DeepSpeed
+prints it), which `ds_ops.nvme_stats` (`parse_nvme_stats`) reads back from sweep logs. `--validate` compares
 what a read brings back with what was written.
 """
 
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from ds_ops.aio import AsyncIOHandle
+from ds_ops.nvme_stats import report_lines
 
 __all__ = ["IoResult", "ds_io_main", "parse_size", "run_io"]
 
@@ -171,6 +174,8 @@ def ds_io_main(argv: Sequence[str] | None = None) -> int:
         print(f"ds_io: {err}", file=sys.stderr)
         return 2
     kind = "read" if result.read else "write"
+    for line in report_lines(result.read, io_size, min(result.seconds)):
+        print(line)
     print(
         f"{kind} {io_size} bytes x {len(result.seconds)} loops: best {result.best_gbps:.3f} GB/s, "
         f"mean {result.mean_gbps:.3f} GB/s (block_size={block_size} queue_depth={args.queue_depth} "

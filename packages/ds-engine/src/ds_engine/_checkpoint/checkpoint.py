@@ -10,8 +10,9 @@ An engine's `Checkpointer` (`_checkpoint.checkpointer`) captures what to save as
 (`_train_state.TrainState`, this rank's ZeRO partition) and hands it over in a `SaveRequest`;
 `write_checkpoint` writes the files of both the plain and the pipeline engine.
 
-[Note: crash safety] Every file goes through `ds_comm.atomic_save` (a unique temporary name,
-fsync, rename, fsync of the directory); all ranks finish their files before rank 0 switches
+[Note: crash safety] Every file goes through `ds_comm.atomic_save`, or the `checkpoint.writer`'s
+`CheckpointFileWriter` built on the same `atomic_write` (a unique temporary name, fsync, rename,
+fsync of the directory); all ranks finish their files before rank 0 switches
 `latest`, so a save killed at any point leaves `latest` naming the previous complete tag
 (`tests/dist/test_dist_checkpoint_kill.py` kills a save at every file-system step).
 """
@@ -32,6 +33,7 @@ import torch
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
 from ds_engine.__about__ import __version__
+from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.train_state import TrainState, model_states
 from ds_engine._optional import require
 
@@ -148,6 +150,11 @@ class SaveRequest:
     """Writes weights kept outside the model-states file into the tag directory (a pipeline's layer files)."""
     ds_version: str = __version__
     """The `ds_version` the model-states file carries (DeepSpeed's release for a DeepSpeed-layout save)."""
+    file_writer: CheckpointFileWriter | None = None
+    """How files are written (`checkpoint.writer`); None: `ds_comm.atomic_save`."""
+    replica_model_states: bool = False
+    """Every data-parallel rank holds `train_state` and writes its share of the model-states file
+    (`checkpoint.writer.data_parallel: replica`, see `_checkpoint.file_writer`)."""
 
 
 def write_checkpoint(request: SaveRequest) -> Path:
@@ -163,18 +170,22 @@ def write_checkpoint(request: SaveRequest) -> Path:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     if request.write_weights is not None:
         request.write_weights(ckpt_dir)
+    save = request.file_writer.save if request.file_writer is not None else atomic_save
     if request.train_state is not None:
         state = model_states(request.train_state, request.client_state, ds_version=request.ds_version)
-        atomic_save(state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization)
+        if request.replica_model_states and request.file_writer is not None:
+            request.file_writer.save_replicated(
+                state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization
+            )
+        else:
+            save(state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization)
     if request.zero_partition is not None:
         partition = {
             "optimizer_state_dict": request.zero_partition,
             "ds_config": request.ds_config,
             "ds_version": __version__,
         }
-        atomic_save(
-            partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization
-        )
+        save(partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization)
     if request.zero_partition is not None and request.writes_latest:
         # DeepSpeed copies its consolidation scripts next to ZeRO checkpoints; these are ds's (torch only).
         require("ds_zero", extra="zero", feature="ZeRO checkpoints").copy_recovery_scripts(request.root)

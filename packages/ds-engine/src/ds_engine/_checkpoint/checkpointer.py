@@ -29,6 +29,7 @@ from ds_engine._checkpoint import deepspeed_layout as _deepspeed_layout
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
 from ds_engine._checkpoint import universal_tp as _universal_tp
+from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.train_state import (
     ENGINE_KEYS,
     Counters,
@@ -96,6 +97,8 @@ class CheckpointParts:
     """The config's `checkpoint` section (layout, serialization, tag validation, universal loading)."""
     ds_config: dict[str, Any]
     """The config as the user gave it, recorded in every model-states and partition file."""
+    file_writer: CheckpointFileWriter | None = None
+    """How files are written (`checkpoint.writer`); None: `ds_comm.atomic_save`."""
 
 
 class Checkpointer:
@@ -104,6 +107,9 @@ class Checkpointer:
     Subclasses (the pipeline engine's) change what is captured (`train_state`, `weights_writer`) and how a
     checkpoint loads (`load`); the tag, the RNG gather, the write and `latest` stay here.
     """
+
+    replica_writes_allowed = True
+    """`checkpoint.writer.data_parallel: replica` may have every data-parallel rank write the model states."""
 
     def __init__(self, engine: CheckpointedEngine, parts: CheckpointParts) -> None:
         self.engine = engine
@@ -137,6 +143,10 @@ class Checkpointer:
         rng_states = _checkpoint.gather_rng(rng_state(), world_size=dist.world_size, device=parts.device)
         partitioned = parts.zero.stage > 0 and parts.stepper is not None
         extra = self._tensor_parallel_extra(partitioned)
+        writer = parts.file_writer
+        replica = writer is not None and writer.replica_writes(
+            zero_stage=parts.zero.stage, has_moe=parts.moe is not None
+        )
         self._write(
             _checkpoint.SaveRequest(
                 root=Path(save_dir),
@@ -147,12 +157,14 @@ class Checkpointer:
                 serialization=parts.settings.checkpoint_serialization,
                 ds_config=parts.ds_config,
                 train_state=self.train_state(rng_states, exclude_frozen_parameters, extra)
-                if dist.dp_rank == 0
+                if dist.dp_rank == 0 or replica
                 else None,
                 zero_partition=parts.stepper.state_dict() if partitioned and parts.stepper is not None else None,
                 client_state=dict(client_state or {}),
                 save_latest=save_latest,
                 write_weights=self.weights_writer(exclude_frozen_parameters),
+                file_writer=writer,
+                replica_model_states=replica,
             )
         )
         return True
@@ -281,7 +293,12 @@ class Checkpointer:
         if rank0:
             path = Path(save_dir)
             path.mkdir(parents=True, exist_ok=True)
-            ds_comm.atomic_save(state, path / save_filename, serialization=parts.settings.checkpoint_serialization)
+            if parts.file_writer is not None:
+                parts.file_writer.save(
+                    state, path / save_filename, serialization=parts.settings.checkpoint_serialization
+                )
+            else:
+                ds_comm.atomic_save(state, path / save_filename, serialization=parts.settings.checkpoint_serialization)
         _checkpoint.barrier()
         return True
 

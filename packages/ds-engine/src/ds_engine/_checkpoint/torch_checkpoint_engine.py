@@ -8,7 +8,6 @@ nothing to wait for, so `commit` returns True.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any
@@ -16,22 +15,14 @@ from typing import Any
 import torch
 
 from ds_comm import atomic_save
+from ds_engine._checkpoint.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CheckpointCommitInfo", "TorchCheckpointEngine"]
 
 
-@dataclasses.dataclass
-class CheckpointCommitInfo:
-    """Which checkpoint `create`/`commit` are about (DeepSpeed's fields)."""
-
-    tag: str
-    save_dir: str
-    save_latest: bool
-
-
-class TorchCheckpointEngine:
+class TorchCheckpointEngine(CheckpointEngine):
     """Saves and loads checkpoint files with torch.
 
     Args:
@@ -42,6 +33,7 @@ class TorchCheckpointEngine:
     name = "TorchCheckpointEngine"
 
     def __init__(self, config_params: Any = None) -> None:
+        super().__init__(config_params)
         model = getattr(config_params, "parsed", None)
         self.zipfile_serialization = bool(model.checkpoint.checkpoint_serialization) if model is not None else True
 

@@ -19,6 +19,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 import ds_comm
+from ds_engine._checkpoint.fast_checkpoint_engine import FastCheckpointEngine
 from ds_engine._checkpoint.torch_checkpoint_engine import TorchCheckpointEngine
 from ds_engine._optional import require
 from ds_engine._report.autotuning import DEFAULT_METRIC_FILE, DEFAULT_MODEL_INFO_FILE
@@ -60,6 +61,7 @@ class DeepSpeedGetters:
     _in_no_sync: bool
     _collate_fn: Any
     _stepper: Any
+    _checkpointer: Any
     _client: ClientObjects = _NO_CLIENT
     module: nn.Module
     optimizer: Any
@@ -95,10 +97,14 @@ class DeepSpeedGetters:
 
     @property
     def checkpoint_engine(self) -> TorchCheckpointEngine:
-        """The engine scripts save their own files through (the config's serialization, atomic writes)."""
+        """The engine scripts save their own files through (the config's serialization and writer, atomic writes):
+        a `FastCheckpointEngine` sharing the engine's writer when `checkpoint.writer` is set."""
         engine = self.__dict__.get("_checkpoint_engine")
         if engine is None:
-            engine = TorchCheckpointEngine(self._ds_config)
+            if self._ds_config.parsed.checkpoint.writer is not None:
+                engine = FastCheckpointEngine(self._ds_config, file_writer=self._checkpointer.parts.file_writer)
+            else:
+                engine = TorchCheckpointEngine(self._ds_config)
             self.__dict__["_checkpoint_engine"] = engine
         return engine
 
@@ -232,6 +238,10 @@ class DeepSpeedGetters:
 
     def checkpoint_tag_validation_fail(self) -> bool:
         return self._ds_config.parsed.checkpoint.tag_validation == "FAIL"
+
+    def checkpoint_writer_enabled(self) -> bool:
+        """Whether `checkpoint.writer` (FastPersist) writes the checkpoint files."""
+        return self._ds_config.parsed.checkpoint.writer is not None
 
     def checkpoint_serialization_enabled(self) -> bool:
         return self._ds_config.parsed.checkpoint.checkpoint_serialization

@@ -17,6 +17,7 @@ from torch import nn
 
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint.checkpointer import Checkpointer, CheckpointParts
+from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
 from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
@@ -169,6 +170,9 @@ class DeepSpeedEngine(
             device=parts.device,
             settings=parts.config.parsed.checkpoint,
             ds_config=parts.config.raw,
+            file_writer=CheckpointFileWriter(
+                parts.config.parsed.checkpoint.writer, parts.config.parsed.aio, parts.dist, parts.device
+            ),
         )
 
     # -- passthrough ------------------------------------------------------------------------------------

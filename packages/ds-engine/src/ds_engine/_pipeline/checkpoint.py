@@ -58,6 +58,9 @@ class PipelineCheckpointer(Checkpointer):
 
     engine: CheckpointedPipeline
 
+    replica_writes_allowed = False
+    """Each stage's model states are written by its data-parallel rank 0 alone (REPLICA is the plain engine's)."""
+
     def __init__(self, engine: CheckpointedPipeline, parts: CheckpointParts) -> None:
         super().__init__(engine, parts)
 

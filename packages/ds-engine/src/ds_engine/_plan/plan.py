@@ -62,6 +62,8 @@ class AssemblyPlan:
     """ZeRO keeps bf16 master weights, gradient partitions and optimizer states (`bf16.bf16_master_weights_and_grads`
     with `bf16.bf16_optimizer_states`) instead of fp32 ones."""
     """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
+    checkpoint_writer: str = "torch.save to a temporary file, published atomically (checkpoint.writer unset)"
+    """How `save_checkpoint` writes its files (`checkpoint.writer`, FastPersist)."""
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
@@ -108,6 +110,7 @@ class AssemblyPlan:
             out.append(f"  data parallel: {reduce}")
         out.append(f"lr scheduler: {self.scheduler or 'none'}")
         out.append(f"engine: {self.engine_class}")
+        out.append(f"checkpoint files: {self.checkpoint_writer}")
         return out
 
 
@@ -191,6 +194,36 @@ def _nvme_text(config: DeepSpeedConfig) -> str | None:
         f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
         f"single_submit={a.single_submit}, overlap_events={a.overlap_events}"
     )
+
+
+def _checkpoint_writer_text(config: DeepSpeedConfig, pipeline: bool) -> str:
+    w = config.parsed.checkpoint.writer
+    if w is None:
+        return AssemblyPlan.checkpoint_writer
+    if w.type == "FAST":
+        a = config.parsed.aio
+        halves = "two halves" if w.io_buffer_double else "one"
+        what = (
+            f"FastPersist writer (checkpoint.writer.type=FAST): torch.save through an aligned {w.io_buffer_size}-byte "
+            f"buffer ({halves}) and the async I/O op (aio block_size={a.block_size}, queue_depth={a.queue_depth}, "
+            f"intra_op_parallelism={a.intra_op_parallelism})"
+        )
+    else:
+        what = "torch.save through a Python file (checkpoint.writer.type=PYTHON)"
+    if w.data_parallel != "REPLICA":
+        who = "data-parallel rank 0 writes the model states"
+    elif config.world_size * config.parsed.sequence_parallel_size <= 1:
+        who = "data_parallel=REPLICA has one data-parallel rank here: it writes the model states alone"
+    elif pipeline:
+        who = "data_parallel=REPLICA is off in the pipeline engine: each stage's data-parallel rank 0 writes its states"
+    elif config.zero.stage >= 3:
+        who = "data_parallel=REPLICA is off at ZeRO stage 3 (model states differ per rank): rank 0 writes them"
+    else:
+        who = (
+            "data_parallel=REPLICA: every data-parallel rank writes stripes of the model-states file "
+            "(rank 0 alone for a model with MoE layers and in the pipeline engine)"
+        )
+    return f"{what}; {who}; every file published atomically"
 
 
 def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:
@@ -296,6 +329,7 @@ def plan_assembly(
             "PipelineEngine" if pipeline else "DeepSpeedHybridEngine" if m.hybrid_engine.enabled else "DeepSpeedEngine"
         ),
         nvme_offload=_nvme_text(config),
+        checkpoint_writer=_checkpoint_writer_text(config, pipeline),
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,

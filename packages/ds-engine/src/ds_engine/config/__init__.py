@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine.config._sections import (
         BF16Config,
         CheckpointConfig,
+        CheckpointWriterConfig,
         CSVMonitorConfig,
         DataTypesConfig,
         FP16Config,
@@ -38,6 +39,7 @@ _WHERE = {
     "BatchPlan": "_batch",
     "CSVMonitorConfig": "_sections",
     "CheckpointConfig": "_sections",
+    "CheckpointWriterConfig": "_sections",
     "DataTypesConfig": "_sections",
     "DeepSpeedConfig": "_deepspeed_config",
     "DeepSpeedConfigModel": "_toplevel",
@@ -69,6 +71,7 @@ __all__ = [
     "BatchPlan",
     "CSVMonitorConfig",
     "CheckpointConfig",
+    "CheckpointWriterConfig",
     "DataTypesConfig",
     "DeepSpeedConfig",
     "DeepSpeedConfigError",

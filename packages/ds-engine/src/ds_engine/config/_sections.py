@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, field_validator, model_validator
+from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ds_comm import ConfigModel
@@ -22,6 +22,7 @@ __all__ = [
     "BF16Config",
     "CSVMonitorConfig",
     "CheckpointConfig",
+    "CheckpointWriterConfig",
     "CometConfig",
     "DataTypesConfig",
     "FP16Config",
@@ -208,12 +209,90 @@ class ParallelWriteConfig(ConfigModel):
     """Spread pipeline layer files over data-parallel ranks; only false is accepted."""
 
 
+#: The I/O alignment of the async I/O op (ds_ops.aio): the staging buffer is cut into multiples of it.
+_IO_ALIGNMENT = 4096
+
+
+class CheckpointWriterConfig(ConfigModel):
+    """`checkpoint.writer`: how checkpoint files reach the disk (DeepSpeed's FastPersist).
+
+    Every file still goes through ds's atomic publish (temporary name, fsync, rename): the writer only
+    changes how the temporary file is written.
+    """
+
+    inert_keys: ClassVar[dict[str, str]] = {
+        "decoupled": "decoupled (background-process) checkpoint writes are not implemented; saves are synchronous",
+        "io_multiplier": "more parallel writers than data-parallel ranks is not implemented",
+    }
+
+    type: Annotated[Literal["FAST", "PYTHON", "MOCK"], BeforeValidator(_upper)] = "FAST"
+    """FAST: `torch.save` through aligned buffers and the async I/O op (the `aio` section's settings);
+    PYTHON: through a plain Python file; MOCK (DeepSpeed's serialization-only timing) is refused: it writes
+    no bytes, so the published checkpoint would be empty."""
+    decoupled: bool = False
+    """Write from a background process; only false is accepted."""
+    io_buffer_double: bool = True
+    """Split the buffer in two and fill one half while the other is written."""
+    io_buffer_size: PosInt = 64 * 1024**2
+    """Bytes of the staging buffer (a multiple of 4096, of 8192 when double-buffered)."""
+    show_statistics: bool = False
+    """Log each file's write statistics (bytes, seconds, GB/s) at INFO."""
+    data_parallel: Annotated[Literal["REPLICA", "SOCKET", "MACHINE"] | None, BeforeValidator(_upper)] = None
+    """Parallel writes of the model-states file: REPLICA, every data-parallel rank writes a share of it;
+    None, data-parallel rank 0 writes it alone. SOCKET and MACHINE (one writer per socket / node) are refused."""
+    io_multiplier: PosInt = 1
+    """Writers per data-parallel rank; only 1 is accepted."""
+
+    @field_validator("type")
+    @classmethod
+    def _no_mock(cls, value: str) -> str:
+        if value == "MOCK":
+            raise ValueError(
+                "'MOCK' writes no bytes (it times serialization alone), so the published checkpoint would be "
+                "empty; use 'FAST' or 'PYTHON' (ds_ops.fast_io.MockFileWriter serves timing outside the engine)"
+            )
+        return value
+
+    @field_validator("data_parallel")
+    @classmethod
+    def _replica_only(cls, value: str | None) -> str | None:
+        if value in ("SOCKET", "MACHINE"):
+            raise ValueError(
+                f"{value!r} (one writer per {value.lower()}) is not implemented; use 'REPLICA' (every "
+                "data-parallel rank writes a share of the file) or null (rank 0 writes it)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replica_needs_fast(self) -> CheckpointWriterConfig:
+        if self.data_parallel == "REPLICA" and self.type != "FAST":
+            raise PydanticCustomError(
+                "value_error",
+                "data_parallel='REPLICA' needs type 'FAST' (ranks write stripes of one file through the async "
+                "I/O op); got type {type}",
+                {"type": repr(self.type)},
+            )
+        return self
+
+    @field_validator("io_buffer_size")
+    @classmethod
+    def _buffer_fits(cls, value: int, info: ValidationInfo) -> int:
+        double = info.data.get("io_buffer_double", True)
+        unit = _IO_ALIGNMENT * (2 if double else 1)
+        if value % unit:
+            why = ", twice over with io_buffer_double" if double else ""
+            raise ValueError(
+                f"{value} must be a multiple of {unit} (the 4096-byte I/O alignment{why}); "
+                f"e.g. {max(unit, value // unit * unit)}"
+            )
+        return value
+
+
 class CheckpointConfig(ConfigModel):
     """`checkpoint`: how save_checkpoint/load_checkpoint behave."""
 
     inert_keys: ClassVar[dict[str, str]] = {
         "use_node_local_storage": "node-local checkpoint storage is not implemented",
-        "writer": "DeepSpeed's FastPersist checkpoint writers are not implemented",
     }
 
     tag_validation: Annotated[Literal["WARN", "IGNORE", "FAIL"], BeforeValidator(_upper)] = "WARN"
@@ -227,8 +306,20 @@ class CheckpointConfig(ConfigModel):
     """Parallel write options."""
     checkpoint_serialization: bool = True
     """torch.save's zipfile serialization (false: the legacy format)."""
-    writer: dict[str, Any] | None = None
-    """DeepSpeed's checkpoint writer engine; only null is accepted."""
+    writer: CheckpointWriterConfig | None = None
+    """How checkpoint files are written (FastPersist); null: `torch.save` to the file."""
+
+    @model_validator(mode="after")
+    def _replica_needs_zipfile(self) -> CheckpointConfig:
+        if self.writer is not None and self.writer.data_parallel == "REPLICA" and not self.checkpoint_serialization:
+            raise PydanticCustomError(
+                "value_error",
+                "writer.data_parallel='REPLICA' needs checkpoint_serialization true: ranks check they wrote the "
+                "same file through the CRC-32s of torch's zip format, which the legacy format lacks",
+                {},
+            )
+        return self
+
     layout: Literal["ds", "deepspeed"] | None = None
     """The files `save_checkpoint` writes (a ds key; DeepSpeed ignores it): "ds", ds's own layout (ZeRO
     partitions in ds-zero's format, loadable by ds at any world size and stage), or "deepspeed", the

@@ -13,10 +13,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from ds_ops.aio._handle import AsyncIOHandle, aio_handle
+from ds_ops.aio._deepspeed_handle import aio_handle
+from ds_ops.aio._handle import AsyncIOHandle
 from ds_ops.aio._requests import AioError
 from ds_ops.aio._trace import IoRecord, IoTrace
 from ds_ops.op_builder import AsyncIOBuilder
+
+AsyncIOBuilder.handle_class = aio_handle  # `AsyncIOBuilder().load().aio_handle(...)`, DeepSpeed's idiom
 
 if TYPE_CHECKING:  # type checkers see the lazy name's real type
     from ds_ops.aio._config import AioConfig

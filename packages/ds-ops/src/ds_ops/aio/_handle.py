@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ds_ops.aio._buffers import aligned_tensor, direct_io_allowed
+from ds_ops.aio._buffers import ALIGNMENT, aligned_tensor, direct_io_allowed
 from ds_ops.aio._limits import MAX_BLOCK_SIZE, MAX_INTRA_OP_PARALLELISM, MAX_QUEUE_DEPTH
 from ds_ops.aio._requests import AioError, PendingRequest, Result
 from ds_ops.aio._trace import record_settled
@@ -345,6 +345,10 @@ class AsyncIOHandle:
     def get_intra_op_parallelism(self) -> int:
         return self._intra_op_parallelism
 
+    def get_alignment(self) -> int:
+        """Bytes that O_DIRECT requests' memory, offsets and sizes are multiples of (4096)."""
+        return ALIGNMENT
+
     def get_thread_count(self) -> int:
         """DeepSpeed's old name of `get_intra_op_parallelism`."""
         return self._intra_op_parallelism
@@ -401,7 +405,3 @@ class AsyncIOHandle:
             f"intra_op_parallelism={self._intra_op_parallelism}, use_o_direct={self._use_o_direct}, "
             f"engine={self.engine!r})"
         )
-
-
-#: DeepSpeed's name (`deepspeed.ops.op_builder.AsyncIOBuilder().load().aio_handle`).
-aio_handle = AsyncIOHandle

@@ -19,8 +19,9 @@ import errno
 import functools
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ds_ops.op_builder._base import CFunctionSpec, OpBuilder
 from ds_ops.op_builder._toolchain import probe_compiler
@@ -92,6 +93,16 @@ class AsyncIOBuilder(OpBuilder):
         "ds_aio_wait": (_i64, (_ptr,)),
         "ds_aio_probe_io_uring": (_i32, ()),
     }
+    handle_class: ClassVar[Callable[..., Any] | None] = None
+    """`ds_ops.aio.AsyncIOHandle`, set when `ds_ops.aio` is imported (importing `ds_ops` does it): `load()`
+    hangs it on the library as `aio_handle`, so DeepSpeed's `AsyncIOBuilder().load().aio_handle(...)` works."""
+
+    def load(self, verbose: bool = True) -> ctypes.CDLL:
+        """The op's library (see `OpBuilder.load`), with DeepSpeed's `aio_handle` constructor on it."""
+        library = super().load(verbose=verbose)
+        if self.handle_class is not None:
+            library.aio_handle = self.handle_class
+        return library
 
     def absolute_name(self) -> str:
         return "ds_ops.aio.async_io_op"
