@@ -1,0 +1,452 @@
+"""`DataAnalyzer`: compute per-sample metrics over a dataset (map) and index the data by them (reduce).
+
+Map: worker `worker_id` of `num_workers` takes its contiguous share of the dataset and splits it among
+`num_threads` processes; each walks its share in batches (`batch_size`, `collate_fn`) and applies every
+metric function to a batch. Under `save_path/<metric>/worker<w>_thread<t>/` it writes:
+
+- `single_value_per_sample` (one integer per sample): `<metric>_sample_to_metric` (an mmap indexed
+  dataset, one row per sample) and `<metric>_metric_to_sample_<value>.csv` (the samples with that value,
+  comma-separated rows, appended in sample order);
+- `accumulate_value_over_samples` (a tensor summed over batches): `<metric>_metric_value`.
+
+Reduce (worker 0, after every worker's map; `num_threads_reduce` processes): under `save_path/<metric>/`,
+`<metric>_sample_to_metric` (all samples, in the narrowest integer dtype of the value range),
+`<metric>_index_to_metric` (row r: the r-th smallest value) and `<metric>_index_to_sample` (row r: its
+samples, ascending), `<metric>_index_to_sample_percentile_merged` (rows of about 1% of the values
+merged), each also as per-reduce-process `_thread<r>` pieces; and `<metric>_metric_value` for
+accumulated metrics. The names, layout and bytes are DeepSpeed 0.19.8's, so its curriculum sampler reads
+them and ds's reads DeepSpeed's.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from multiprocessing import Manager, Process
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, Subset
+
+from ds_engine._data.index_utils import (
+    close_mmap_dataset_builder,
+    create_mmap_dataset_builder,
+    find_fit_int_dtype,
+    split_dataset,
+    split_index,
+)
+from ds_engine._data.indexed_dataset import MMapIndexedDataset, valid_dtypes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["METRIC_TYPES", "DataAnalyzer", "write_index_to_sample_percentile"]
+
+METRIC_TYPES = ("single_value_per_sample", "accumulate_value_over_samples")
+#: a value's pending sample list is appended to its csv file once it holds more than this many samples
+_CSV_FLUSH = 100
+
+
+def _same_dtype(a: Any, b: Any) -> bool:
+    """True when two numpy/torch dtypes are the same element type."""
+    if isinstance(a, torch.dtype) or isinstance(b, torch.dtype):
+        if isinstance(a, torch.dtype) and isinstance(b, torch.dtype):
+            return a == b
+        t, other = (a, b) if isinstance(a, torch.dtype) else (b, a)
+        return torch.empty(0, dtype=t).numpy().dtype == np.dtype(other)
+    return np.dtype(a) == np.dtype(b)
+
+
+def _append_csv(path: str, samples: list[int]) -> None:
+    with open(path, "a", newline="") as f:
+        csv.writer(f, lineterminator="\r\n").writerow(samples)
+
+
+def write_index_to_sample_percentile(
+    index_to_sample_fname: str,
+    index_to_metric_fname: str,
+    metric_name: str,
+    metric_save_path: str,
+    total_num_samples: int,
+    sample_idx_dtype: Any,
+) -> dict[Any, int]:
+    """Write `<metric>_index_to_sample_percentile_merged` (index_to_sample rows merged in groups of
+    `max(1, rows // 100)`) and return value -> sample count."""
+    index_to_sample = MMapIndexedDataset(index_to_sample_fname, skip_warmup=True)
+    index_to_metric = MMapIndexedDataset(index_to_metric_fname, skip_warmup=True)
+    counts: dict[Any, int] = {}
+    for v in range(len(index_to_sample)):
+        if v > 0 and not index_to_metric[v][0] > index_to_metric[v - 1][0]:
+            raise ValueError(f"{index_to_metric_fname}: metric values are not strictly increasing at row {v}")
+        counts[index_to_metric[v][0]] = len(index_to_sample[v])
+    if sum(counts.values()) != total_num_samples:
+        raise ValueError(f"{index_to_sample_fname} holds {sum(counts.values())} samples, not {total_num_samples}")
+    merged_fname = f"{metric_save_path}/{metric_name}_index_to_sample_percentile_merged"
+    builder = create_mmap_dataset_builder(merged_fname, sample_idx_dtype)
+    step = max(1, len(index_to_sample) // 100)
+    for v in range(0, len(index_to_sample), step):
+        rows = index_to_sample[v : min(len(index_to_sample), v + step)]
+        builder.add_item_numpy(np.concatenate(rows, axis=None).astype(np.int64))
+    close_mmap_dataset_builder(builder, merged_fname)
+    return counts
+
+
+class DataAnalyzer:
+    """Map/reduce of metric functions over `dataset` (see the module docstring for the files).
+
+    `metric_functions[i](batch)` returns a tensor or array of dtype `metric_dtypes[i]`: one value per sample
+    of the batch for `single_value_per_sample`, any shape for `accumulate_value_over_samples`. A batch that
+    is a dict with an `index` entry names its samples' dataset indices (`batch["index"][row][0]`);
+    otherwise `sample_indices[i]`, when given, is the index of the i-th sample in iteration order.
+    `custom_map_init/update/finalize` and `custom_reduce` replace the built-in steps with the same arguments.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_workers: int = 1,
+        worker_id: int = 0,
+        num_threads: int = 1,
+        num_threads_reduce: int = 1,
+        specific_threads: Sequence[int] = (),
+        batch_size: int = 1,
+        metric_names: Sequence[str] = (),
+        metric_functions: Sequence[Callable[[Any], Any]] = (),
+        metric_types: Sequence[str] = (),
+        metric_dtypes: Sequence[Any] = (),
+        save_path: str = "./",
+        collate_fn: Callable[..., Any] | None = None,
+        custom_map_init: Callable[..., Any] | None = None,
+        custom_map_update: Callable[..., Any] | None = None,
+        custom_map_finalize: Callable[..., Any] | None = None,
+        custom_reduce: Callable[..., Any] | None = None,
+        sample_indices: Sequence[int] | None = None,
+    ) -> None:
+        n = len(metric_names)
+        if not (len(metric_functions) == len(metric_types) == n) or (metric_dtypes and len(metric_dtypes) != n):
+            raise ValueError(
+                "DataAnalyzer: metric_names, metric_functions, metric_types and metric_dtypes need one entry "
+                f"per metric; got {n}, {len(metric_functions)}, {len(metric_types)} and {len(metric_dtypes)}"
+            )
+        for name, mtype in zip(metric_names, metric_types):
+            if mtype not in METRIC_TYPES:
+                raise ValueError(f"DataAnalyzer: metric_types for {name!r} is {mtype!r}; use one of {METRIC_TYPES}")
+        for name, mdtype in zip(metric_names, metric_dtypes):
+            if mdtype not in valid_dtypes:
+                raise ValueError(f"DataAnalyzer: metric_dtypes for {name!r} is {mdtype}, not an integer dtype of the index format")
+        if not 0 <= worker_id < num_workers or num_threads < 1 or num_threads_reduce < 1:
+            raise ValueError(
+                f"DataAnalyzer: need 0 <= worker_id < num_workers and at least one thread; got worker_id "
+                f"{worker_id}, num_workers {num_workers}, num_threads {num_threads}, "
+                f"num_threads_reduce {num_threads_reduce}"
+            )
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.worker_id = worker_id
+        self.num_threads = num_threads
+        self.num_threads_reduce = num_threads_reduce
+        self.specific_threads = list(specific_threads)
+        self.batch_size = batch_size
+        self.metric_names = list(metric_names)
+        self.metric_functions = list(metric_functions)
+        self.metric_types = list(metric_types)
+        self.metric_dtypes = list(metric_dtypes)
+        self.save_path = str(save_path)
+        self.collate_fn = collate_fn
+        self.custom_map_init = custom_map_init
+        self.custom_map_update = custom_map_update
+        self.custom_map_finalize = custom_map_finalize
+        self.custom_reduce = custom_reduce
+        self.sample_indices = sample_indices
+
+    # -- map ----------------------------------------------------------------------------------------------
+    def init_metric_results(
+        self, thread_id: int, metric_names: Sequence[str], metric_types: Sequence[str], metric_dtypes: Sequence[Any],
+        save_path: str, worker_id: int,
+    ) -> list[dict[str, Any]]:
+        """Open this thread's output files (removing stale csv files of an earlier run)."""
+        results: list[dict[str, Any]] = []
+        for name, mtype, mdtype in zip(metric_names, metric_types, metric_dtypes):
+            out = f"{save_path}/{name}/worker{worker_id}_thread{thread_id}/"
+            os.makedirs(out, exist_ok=True)
+            if mtype == "single_value_per_sample":
+                s2m = f"{out}/{name}_sample_to_metric"
+                m2s = f"{out}/{name}_metric_to_sample"
+                for stale in glob.glob(f"{glob.escape(m2s)}*"):
+                    os.remove(stale)
+                results.append({
+                    "sample_to_metric_fname": s2m,
+                    "sample_to_metric_builder": create_mmap_dataset_builder(s2m, mdtype),
+                    "metric_to_sample_fname": m2s,
+                    "metric_to_sample_dict": defaultdict(list),
+                })
+            else:
+                results.append({"metric_value": None, "metric_value_fname": f"{out}/{name}_metric_value"})
+        return results
+
+    def _sample_index(self, data: Any, row: int, position: int) -> int:
+        if isinstance(data, dict) and "index" in data:
+            return int(data["index"][row][0].item())
+        if self.sample_indices is not None:
+            return int(self.sample_indices[position])
+        return position
+
+    def update_metric_results(
+        self, data: Any, metric_types: Sequence[str], metric_dtypes: Sequence[Any],
+        metric_functions: Sequence[Callable[[Any], Any]], metric_results: list[dict[str, Any]], batch_start_idx: int = 0,
+    ) -> None:
+        """Apply every metric to one batch whose first sample is `batch_start_idx` in iteration order."""
+        for mtype, mdtype, fn, result in zip(metric_types, metric_dtypes, metric_functions, metric_results):
+            values = fn(data)
+            if not (torch.is_tensor(values) or isinstance(values, np.ndarray)):
+                raise TypeError(f"a metric function returned {type(values).__name__}; it must return a tensor or array")
+            if not _same_dtype(values.dtype, mdtype):
+                raise TypeError(f"a metric function returned dtype {values.dtype}, but its metric_dtypes entry is {mdtype}")
+            values = torch.from_numpy(values) if isinstance(values, np.ndarray) else values
+            if mtype == "single_value_per_sample":
+                pending = result["metric_to_sample_dict"]
+                for row in range(values.size(0)):
+                    result["sample_to_metric_builder"].add_item(values[row].reshape(-1))
+                    pending[values[row].item()].append(self._sample_index(data, row, batch_start_idx + row))
+                for value, samples in pending.items():
+                    if len(samples) > _CSV_FLUSH:
+                        _append_csv(f"{result['metric_to_sample_fname']}_{value}.csv", samples)
+                        pending[value] = []
+            elif result["metric_value"] is None:
+                result["metric_value"] = values
+            else:
+                result["metric_value"].add_(values)
+
+    def finalize_metric_results(
+        self, metric_types: Sequence[str], metric_dtypes: Sequence[Any], metric_results: list[dict[str, Any]]
+    ) -> None:
+        """Close this thread's files: the sample_to_metric index, the remaining csv rows, the accumulated value."""
+        for mtype, mdtype, result in zip(metric_types, metric_dtypes, metric_results):
+            if mtype == "single_value_per_sample":
+                close_mmap_dataset_builder(result["sample_to_metric_builder"], result["sample_to_metric_fname"])
+                for value, samples in result["metric_to_sample_dict"].items():
+                    if samples:
+                        _append_csv(f"{result['metric_to_sample_fname']}_{value}.csv", samples)
+                        result["metric_to_sample_dict"][value] = []
+            elif result["metric_value"] is not None:
+                builder = create_mmap_dataset_builder(result["metric_value_fname"], mdtype)
+                builder.add_item(result["metric_value"].reshape(-1))
+                close_mmap_dataset_builder(builder, result["metric_value_fname"])
+
+    def run_map_helper(self, thread_id: int) -> None:
+        """Map one thread's share of this worker's samples."""
+        start, end = self.thread_splits[thread_id]
+        logger.info("worker %d thread %d: samples %d to %d", self.worker_id, thread_id, start, end)
+        subset = Subset(self.dataset, list(range(start, end)))
+        sampler = BatchSampler(SequentialSampler(subset), batch_size=self.batch_size, drop_last=False)
+        loader = DataLoader(subset, batch_sampler=sampler, num_workers=0, collate_fn=self.collate_fn)
+        init = self.custom_map_init or self.init_metric_results
+        update = self.custom_map_update or self.update_metric_results
+        finalize = self.custom_map_finalize or self.finalize_metric_results
+        results = init(thread_id, self.metric_names, self.metric_types, self.metric_dtypes, self.save_path, self.worker_id)
+        done = 0
+        for data in loader:
+            update(data, self.metric_types, self.metric_dtypes, self.metric_functions, results, start + done)
+            done += len(data)
+        finalize(self.metric_types, self.metric_dtypes, results)
+        logger.info("worker %d thread %d: finished %d samples", self.worker_id, thread_id, done)
+
+    def run_map(self) -> None:
+        """Map this worker's share, one process per thread when `num_threads > 1`."""
+        self.worker_splits, self.thread_splits = split_dataset(
+            self.dataset, self.num_workers, self.worker_id, self.num_threads
+        )
+        threads = self.specific_threads or list(range(self.num_threads))
+        if self.num_threads == 1:
+            self.run_map_helper(0)
+            return
+        _run_processes([(self.run_map_helper, (t,)) for t in threads])
+
+    # -- reduce -------------------------------------------------------------------------------------------
+    def _map_dirs(self, metric_save_path: str) -> list[tuple[int, int, str]]:
+        return [
+            (w, t, f"{metric_save_path}/worker{w}_thread{t}/")
+            for w in range(self.num_workers)
+            for t in range(self.num_threads)
+        ]
+
+    def merge_gather_map_stats(
+        self, num_workers: int, num_threads: int, num_threads_reduce: int, t_idx_reduce: int,
+        metric_save_path: str, metric_name: str, return_dict: Any,
+    ) -> None:
+        """Unique values and sample counts of the map outputs reduce process `t_idx_reduce` reads."""
+        results = []
+        for w, t, out in self._map_dirs(metric_save_path):
+            if (w * num_threads + t) % num_threads_reduce == t_idx_reduce:
+                data = MMapIndexedDataset(f"{out}/{metric_name}_sample_to_metric", skip_warmup=True)
+                rows = [int(x) for row in data for x in row]
+                results.append([sorted(set(rows)), len(data)])
+        return_dict[t_idx_reduce] = results
+
+    def merge_sample_to_metric(
+        self, t_idx_reduce: int, metric_save_path: str, metric_name: str, metric_value_dtype: Any,
+        map_worker_thread: Sequence[Sequence[int]],
+    ) -> None:
+        """Concatenate the sample_to_metric files of `map_worker_thread`, in the final dtype."""
+        fname = f"{metric_save_path}/{metric_name}_sample_to_metric_thread{t_idx_reduce}"
+        builder = create_mmap_dataset_builder(fname, metric_value_dtype)
+        for w, t in map_worker_thread:
+            data = MMapIndexedDataset(f"{metric_save_path}/worker{w}_thread{t}//{metric_name}_sample_to_metric", True)
+            for row in range(len(data)):
+                builder.add_item_numpy(data[row].astype(np.int64))
+        close_mmap_dataset_builder(builder, fname)
+
+    def merge_metric_to_sample(
+        self, t_idx_reduce: int, metric_save_path: str, metric_name: str, sample_idx_dtype: Any,
+        metric_value_dtype: Any, unique_metric_values: Sequence[int], num_workers: int, num_threads: int,
+    ) -> None:
+        """index_to_sample / index_to_metric rows for `unique_metric_values`, from every map csv file."""
+        is_fname = f"{metric_save_path}/{metric_name}_index_to_sample_thread{t_idx_reduce}"
+        im_fname = f"{metric_save_path}/{metric_name}_index_to_metric_thread{t_idx_reduce}"
+        is_builder = create_mmap_dataset_builder(is_fname, sample_idx_dtype)
+        im_builder = create_mmap_dataset_builder(im_fname, metric_value_dtype)
+        for value in unique_metric_values:
+            samples: list[int] = []
+            for _, _, out in self._map_dirs(metric_save_path):
+                path = f"{out}/{metric_name}_metric_to_sample_{value}.csv"
+                if os.path.isfile(path):
+                    with open(path, newline="") as f:
+                        for row in csv.reader(f):
+                            samples += [int(x) for x in row]
+            is_builder.add_item_numpy(np.asarray(samples, dtype=np.int64))
+            im_builder.add_item_numpy(np.asarray([value], dtype=np.int64))
+        close_mmap_dataset_builder(is_builder, is_fname)
+        close_mmap_dataset_builder(im_builder, im_fname)
+
+    def _reduce_single_value(self, metric_name: str, metric_save_path: str, total: int, sample_idx_dtype: Any) -> None:
+        manager = Manager()
+        stats = manager.dict()
+        R = self.num_threads_reduce
+        _run_processes(
+            [
+                (self.merge_gather_map_stats, (self.num_workers, self.num_threads, R, r, metric_save_path, metric_name, stats))
+                for r in range(R)
+            ],
+            force=True,
+        )
+        unique: set[int] = set()
+        count = 0
+        for r in range(R):
+            for values, n in stats[r]:
+                unique.update(values)
+                count += n
+        manager.shutdown()
+        if count != total:
+            raise RuntimeError(
+                f"the map outputs of metric {metric_name!r} hold {count} samples, the dataset {total}: a map "
+                "worker did not finish"
+            )
+        value_dtype = find_fit_int_dtype(min(unique), max(unique))
+        map_threads = [[w, t] for w, t, _ in self._map_dirs(metric_save_path)]
+        splits = split_index(0, len(map_threads), R)
+        _run_processes(
+            [
+                (self.merge_sample_to_metric, (r, metric_save_path, metric_name, value_dtype, map_threads[a:b]))
+                for r, (a, b) in enumerate(splits)
+            ]
+        )
+        s2m = f"{metric_save_path}/{metric_name}_sample_to_metric"
+        builder = create_mmap_dataset_builder(s2m, value_dtype)
+        for r in range(R):
+            builder.merge_file_(f"{metric_save_path}/{metric_name}_sample_to_metric_thread{r}")
+        close_mmap_dataset_builder(builder, s2m)
+
+        values = sorted(unique)
+        splits = split_index(0, len(values), R)
+        _run_processes(
+            [
+                (
+                    self.merge_metric_to_sample,
+                    (r, metric_save_path, metric_name, sample_idx_dtype, value_dtype, values[a:b], self.num_workers, self.num_threads),
+                )
+                for r, (a, b) in enumerate(splits)
+            ]
+        )
+        is_fname = f"{metric_save_path}/{metric_name}_index_to_sample"
+        im_fname = f"{metric_save_path}/{metric_name}_index_to_metric"
+        is_builder = create_mmap_dataset_builder(is_fname, sample_idx_dtype)
+        im_builder = create_mmap_dataset_builder(im_fname, value_dtype)
+        for r in range(R):
+            is_builder.merge_file_(f"{metric_save_path}/{metric_name}_index_to_sample_thread{r}")
+            im_builder.merge_file_(f"{metric_save_path}/{metric_name}_index_to_metric_thread{r}")
+        close_mmap_dataset_builder(is_builder, is_fname)
+        close_mmap_dataset_builder(im_builder, im_fname)
+        counts = write_index_to_sample_percentile(is_fname, im_fname, metric_name, metric_save_path, total, sample_idx_dtype)
+        seen, pct = 0, 5
+        for value in sorted(counts):
+            seen += counts[value]
+            while pct <= 100 and seen >= total * pct / 100.0:
+                logger.info("metric %s: %dth percentile %s", metric_name, pct, value)
+                pct += 5
+
+    def _reduce_accumulated(self, metric_name: str, metric_save_path: str) -> None:
+        total = None
+        for _, _, out in self._map_dirs(metric_save_path):
+            part = np.copy(MMapIndexedDataset(f"{out}/{metric_name}_metric_value", skip_warmup=True)[0])
+            total = part if total is None else total + part
+        assert total is not None
+        fname = f"{metric_save_path}/{metric_name}_metric_value"
+        builder = create_mmap_dataset_builder(fname, find_fit_int_dtype(int(total.min()), int(total.max())))
+        builder.add_item_numpy(total.astype(np.int64))
+        close_mmap_dataset_builder(builder, fname)
+
+    def merge_map_results(
+        self, dataset: Any, metric_names: Sequence[str], metric_types: Sequence[str], save_path: str,
+        num_workers: int, num_threads: int, num_threads_reduce: int,
+    ) -> None:
+        """The reduce: every metric's final files under `save_path/<metric>/`."""
+        total = len(dataset)
+        sample_idx_dtype = find_fit_int_dtype(0, total - 1)
+        for name, mtype in zip(metric_names, metric_types):
+            metric_save_path = f"{save_path}/{name}/"
+            if mtype == "single_value_per_sample":
+                self._reduce_single_value(name, metric_save_path, total, sample_idx_dtype)
+            else:
+                self._reduce_accumulated(name, metric_save_path)
+
+    def run_reduce(self) -> None:
+        reduce = self.custom_reduce or self.merge_map_results
+        reduce(
+            self.dataset, self.metric_names, self.metric_types, self.save_path,
+            self.num_workers, self.num_threads, self.num_threads_reduce,
+        )
+
+    def run_map_reduce(self, comm_group: Any = None) -> None:
+        """Map this worker's share, wait for every worker, reduce on worker 0, wait again (collective
+        over `comm_group` when torch.distributed is initialized)."""
+        self.run_map()
+        _barrier(comm_group)
+        if self.worker_id == 0:
+            self.run_reduce()
+        _barrier(comm_group)
+
+
+def _barrier(group: Any) -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier(group=group)
+
+
+def _run_processes(jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]], force: bool = False) -> None:
+    """Run each `(fn, args)` in its own process and wait; inline when there is a single job (unless
+    `force`, for jobs that write through a Manager proxy anyway). A failed process is an error."""
+    if len(jobs) == 1 and not force:
+        fn, args = jobs[0]
+        fn(*args)
+        return
+    procs = [Process(target=fn, args=args) for fn, args in jobs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    failed = [p.exitcode for p in procs if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"DataAnalyzer: {len(failed)} of {len(procs)} processes failed (exit codes {failed})")
