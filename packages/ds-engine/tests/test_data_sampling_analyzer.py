@@ -118,3 +118,16 @@ def test_sampler_resumes_where_its_state_left_off(analysis: Path) -> None:
     resumed = _sampler(name, analysis)
     resumed.load_state_dict(state)
     assert head + [list(mb) for mb in resumed] == whole
+
+
+def test_distributed_analyzer_threads_map_like_one_thread() -> None:
+    from ds_engine._data.distributed_analyzer import DistributedDataAnalyzer
+
+    kw = cases.analyzer_kwargs(torch)
+    for key in ("metric_dtypes", "num_threads_reduce", "num_workers", "num_threads"):
+        kw.pop(key)
+    one = DistributedDataAnalyzer(cases.MetricDataset(), num_workers=2, worker_id=1, num_threads=1, **kw)._map()
+    three = DistributedDataAnalyzer(cases.MetricDataset(), num_workers=2, worker_id=1, num_threads=3, **kw)._map()
+    assert one[0] == three[0] == [(cases.SEQLEN[i], i) for i in range(60, 120)]
+    assert one[1] == three[1]
+    assert one[2].tolist() == three[2].tolist() == [sum(cases.SEQLEN[60:]), sum(cases.VOCAB[60:])]

@@ -26,7 +26,7 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from multiprocessing import Manager, Process
+from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["METRIC_TYPES", "DataAnalyzer", "write_index_to_sample_percentile"]
 
 METRIC_TYPES = ("single_value_per_sample", "accumulate_value_over_samples")
+#: map and reduce processes fork: metric functions and datasets need not pickle (lambdas are common)
+_CTX = get_context("fork")
 #: a value's pending sample list is appended to its csv file once it holds more than this many samples
 _CSV_FLUSH = 100
 
@@ -323,7 +325,7 @@ class DataAnalyzer:
         close_mmap_dataset_builder(im_builder, im_fname)
 
     def _reduce_single_value(self, metric_name: str, metric_save_path: str, total: int, sample_idx_dtype: Any) -> None:
-        manager = Manager()
+        manager = _CTX.Manager()
         stats = manager.dict()
         R = self.num_threads_reduce
         _run_processes(
@@ -442,7 +444,7 @@ def _run_processes(jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]], force
         fn, args = jobs[0]
         fn(*args)
         return
-    procs = [Process(target=fn, args=args) for fn, args in jobs]
+    procs = [_CTX.Process(target=fn, args=args) for fn, args in jobs]
     for p in procs:
         p.start()
     for p in procs:
