@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -83,7 +82,9 @@ def test_analyzer_refuses_a_metric_of_the_wrong_dtype(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="metric_dtypes entry is torch.int32"):
         DataAnalyzer(cases.MetricDataset(), save_path=str(tmp_path), **kw).run_map()
     with pytest.raises(ValueError, match="metric_types for 'seqlen' is 'per_sample'"):
-        DataAnalyzer(cases.MetricDataset(), metric_names=["seqlen"], metric_functions=[len], metric_types=["per_sample"])
+        DataAnalyzer(
+            cases.MetricDataset(), metric_names=["seqlen"], metric_functions=[len], metric_types=["per_sample"]
+        )
 
 
 def _sampler(name: str, root: Path, dp_rank: int = 0, dp_size: int = 1) -> DeepSpeedDataSampler:
@@ -92,8 +93,11 @@ def _sampler(name: str, root: Path, dp_rank: int = 0, dp_size: int = 1) -> DeepS
     case = cases.SAMPLER_CASES[name]
     section = cases.sampler_config(name, case, str(root))
     mbs = case["micro_batch_size"]
-    cfg = {"train_micro_batch_size_per_gpu": mbs, "gradient_accumulation_steps": case["gradient_accumulation_steps"],
-           "data_efficiency": section}
+    cfg = {
+        "train_micro_batch_size_per_gpu": mbs,
+        "gradient_accumulation_steps": case["gradient_accumulation_steps"],
+        "data_efficiency": section,
+    }
     de = DeepSpeedConfig(cfg).data_efficiency_config
     sampler = DeepSpeedDataSampler(
         de, cases.NUM_SAMPLES, mbs, dp_rank, dp_size, None, case["gradient_accumulation_steps"], dp_rank

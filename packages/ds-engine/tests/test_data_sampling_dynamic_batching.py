@@ -70,7 +70,12 @@ def test_loader_yields_the_micro_batches_of_each_rank() -> None:
     seen = []
     for rank in range(2):
         loader, _, io_kwargs = get_dataloader_and_lr_scheduler_for_variable_batch_size(
-            data, cases.SEQLENS, 40, 2, dataloader_rank=rank, dataloader_num_replicas=2,
+            data,
+            cases.SEQLENS,
+            40,
+            2,
+            dataloader_rank=rank,
+            dataloader_num_replicas=2,
             lr_scheduler_or_optimizer=opt,
         )
         assert io_kwargs["data_sampler"] is loader.sampler
@@ -85,3 +90,68 @@ def test_bad_picking_order_and_too_few_samples_are_refused() -> None:
         batch_by_seqlens([1, 2, 3], 10, sequence_picking_order="longest")
     with pytest.raises(ValueError, match="fewer than the 4 one batch needs"):
         batch_by_seqlens([5, 5, 5, 5], 5, effective_batch_size=4)
+
+
+class _Seqs(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return len(cases.SEQLENS)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.ones(cases.SEQLENS[i], 3), i
+
+
+def _collate(batch: list) -> tuple[torch.Tensor, torch.Tensor]:
+    seqs, ids = zip(*batch, strict=False)
+    return torch.nn.utils.rnn.pad_sequence(list(seqs), batch_first=True), torch.tensor(ids)
+
+
+def test_engine_helper_scales_the_engines_lr_per_batch(tmp_path: Path) -> None:
+    from ds_engine_testkit import make_engine
+
+    from ds_engine.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import (
+        get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed,
+    )
+
+    config = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}},
+        "data_efficiency": {
+            "enabled": True,
+            "seed": 42,
+            "data_sampling": {
+                "dynamic_batching": {
+                    "enabled": True,
+                    "max_tokens": 40,
+                    "lr_scaling_method": "linear",
+                    "sequence_picking_order": "seqlen",
+                    "max_batch_size": 6,
+                    "metrics_path": str(tmp_path),
+                },
+            },
+        },
+    }
+    engine = make_engine(torch.nn.Linear(3, 1), config)
+    # the lengths come from the data analyzer's seqlen metric when not given (a single worker needs no process group)
+    loader, sched, io_kwargs = get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
+        _Seqs(),
+        engine,
+        dataloader_collate_fn=_collate,
+        batch_seqlens_fn=lambda batch: (batch[0][:, :, 0] != 0).sum(1),
+    )
+    ids, sizes, _ = batch_by_seqlens(
+        cases.SEQLENS, 40, max_batch_size=6, sequence_picking_order="seqlen", effective_batch_size=4, seed=42
+    )
+    engine.lr_scheduler = sched
+    it = iter(loader)
+    consumed: list = []
+    for k in range(len(sizes) - 1):
+        # the lr of step k is the base lr scaled by batch k's sequence count over train_batch_size
+        assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * sizes[k] / 4)
+        for _ in range(engine.gradient_accumulation_steps()):
+            seqs, sample_ids = next(it)
+            assert sample_ids.tolist() == [i for _, mb in ids[len(consumed) : len(consumed) + 2] for i in mb]
+            consumed += ids[len(consumed) : len(consumed) + 2]
+            engine.backward(engine(seqs.mean(1)).pow(2).mean())
+            engine.step()
+    assert io_kwargs["data_sampler"] is loader.sampler

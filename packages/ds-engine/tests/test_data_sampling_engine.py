@@ -83,7 +83,7 @@ def test_training_loader_draws_deepspeeds_curriculum_order(analysis: Path, tmp_p
     seen = _train(engine, engine.training_dataloader, 30)  # 15 curriculum steps of 2 micro batches
     assert seen == RECORDED["value_fixed_linear"][:30]
     # the data seen at each step is within that step's difficulty (sequence length <= difficulty)
-    assert all(cases.SEQLEN[i] <= d for mb, d in zip(seen, difficulties) for i in mb)
+    assert all(cases.SEQLEN[i] <= d for mb, d in zip(seen, difficulties, strict=False) for i in mb)
     assert difficulties[0] == 8 and difficulties[19] == 40 and difficulties[-1] == 50  # total_curriculum_step 12
 
 
@@ -111,22 +111,37 @@ def test_checkpoint_resumes_the_sampler(analysis: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda s: s["data_sampling"]["curriculum_learning"].pop("data_cluster_path"),
-         "data_efficiency.data_sampling.curriculum_learning.data_cluster_path: is required"),
-        (lambda s: s["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"].update(
-            schedule_type="fixed_cubic"),
-         "curriculum_learning.curriculum_metrics.seqlen.schedule_type: 'fixed_cubic' is not a schedule"),
-        (lambda s: s["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"]["schedule_config"].pop(
-            "difficulty_step"),
-         "curriculum_metrics.seqlen.schedule_config.difficulty_step: is required by schedule_type 'fixed_linear'"),
-        (lambda s: s["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"].update(
-            difficulty_type="rank"),
-         "curriculum_metrics.seqlen.difficulty_type: 'rank' is not a difficulty type"),
+        (
+            lambda s: s["data_sampling"]["curriculum_learning"].pop("data_cluster_path"),
+            "data_efficiency.data_sampling.curriculum_learning.data_cluster_path: is required",
+        ),
+        (
+            lambda s: s["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"].update(
+                schedule_type="fixed_cubic"
+            ),
+            "curriculum_learning.curriculum_metrics.seqlen.schedule_type: 'fixed_cubic' is not a schedule",
+        ),
+        (
+            lambda s: s["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"]["schedule_config"].pop(
+                "difficulty_step"
+            ),
+            "curriculum_metrics.seqlen.schedule_config.difficulty_step: is required by schedule_type 'fixed_linear'",
+        ),
+        (
+            lambda s: s["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen"].update(
+                difficulty_type="rank"
+            ),
+            "curriculum_metrics.seqlen.difficulty_type: 'rank' is not a difficulty type",
+        ),
         (lambda s: s["data_sampling"].update(num_epochs=0), "data_efficiency.data_sampling.num_epochs: must be >= 1"),
-        (lambda s: s["data_sampling"].update(dynamic_batching={"enabled": True}),
-         "data_efficiency.data_sampling.dynamic_batching.max_tokens: must be an int > 0"),
-        (lambda s: s["data_sampling"].update(dynamic_batching={"lr_scaling_method": "cubic"}),
-         "data_efficiency.data_sampling.dynamic_batching.lr_scaling_method"),
+        (
+            lambda s: s["data_sampling"].update(dynamic_batching={"enabled": True}),
+            "data_efficiency.data_sampling.dynamic_batching.max_tokens: must be an int > 0",
+        ),
+        (
+            lambda s: s["data_sampling"].update(dynamic_batching={"lr_scaling_method": "cubic"}),
+            "data_efficiency.data_sampling.dynamic_batching.lr_scaling_method",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_key(change: Any, message: str, tmp_path: Path) -> None:

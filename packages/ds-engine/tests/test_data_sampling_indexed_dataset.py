@@ -74,7 +74,9 @@ def test_deepspeeds_files_read_back_and_ours_are_the_same_bytes(tmp_path: Path) 
             boundaries.pop(0)
     builder.finalize(str(tmp_path / "ours.idx"))
     for suffix in ("bin", "idx"):
-        assert (tmp_path / f"ours.{suffix}").read_bytes() == (tmp_path / f"seqlen_index_to_sample.{suffix}").read_bytes()
+        assert (tmp_path / f"ours.{suffix}").read_bytes() == (
+            tmp_path / f"seqlen_index_to_sample.{suffix}"
+        ).read_bytes()
 
 
 def test_bad_dtype_and_bad_index_are_refused(tmp_path: Path) -> None:

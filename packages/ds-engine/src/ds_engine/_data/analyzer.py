@@ -134,12 +134,14 @@ class DataAnalyzer:
                 "DataAnalyzer: metric_names, metric_functions, metric_types and metric_dtypes need one entry "
                 f"per metric; got {n}, {len(metric_functions)}, {len(metric_types)} and {len(metric_dtypes)}"
             )
-        for name, mtype in zip(metric_names, metric_types):
+        for name, mtype in zip(metric_names, metric_types, strict=False):
             if mtype not in METRIC_TYPES:
                 raise ValueError(f"DataAnalyzer: metric_types for {name!r} is {mtype!r}; use one of {METRIC_TYPES}")
-        for name, mdtype in zip(metric_names, metric_dtypes):
+        for name, mdtype in zip(metric_names, metric_dtypes, strict=False):
             if mdtype not in valid_dtypes:
-                raise ValueError(f"DataAnalyzer: metric_dtypes for {name!r} is {mdtype}, not an integer dtype of the index format")
+                raise ValueError(
+                    f"DataAnalyzer: metric_dtypes for {name!r} is {mdtype}, not an integer dtype of the index format"
+                )
         if not 0 <= worker_id < num_workers or num_threads < 1 or num_threads_reduce < 1:
             raise ValueError(
                 f"DataAnalyzer: need 0 <= worker_id < num_workers and at least one thread; got worker_id "
@@ -167,12 +169,17 @@ class DataAnalyzer:
 
     # -- map ----------------------------------------------------------------------------------------------
     def init_metric_results(
-        self, thread_id: int, metric_names: Sequence[str], metric_types: Sequence[str], metric_dtypes: Sequence[Any],
-        save_path: str, worker_id: int,
+        self,
+        thread_id: int,
+        metric_names: Sequence[str],
+        metric_types: Sequence[str],
+        metric_dtypes: Sequence[Any],
+        save_path: str,
+        worker_id: int,
     ) -> list[dict[str, Any]]:
         """Open this thread's output files (removing stale csv files of an earlier run)."""
         results: list[dict[str, Any]] = []
-        for name, mtype, mdtype in zip(metric_names, metric_types, metric_dtypes):
+        for name, mtype, mdtype in zip(metric_names, metric_types, metric_dtypes, strict=False):
             out = f"{save_path}/{name}/worker{worker_id}_thread{thread_id}/"
             os.makedirs(out, exist_ok=True)
             if mtype == "single_value_per_sample":
@@ -180,12 +187,14 @@ class DataAnalyzer:
                 m2s = f"{out}/{name}_metric_to_sample"
                 for stale in glob.glob(f"{glob.escape(m2s)}*"):
                     os.remove(stale)
-                results.append({
-                    "sample_to_metric_fname": s2m,
-                    "sample_to_metric_builder": create_mmap_dataset_builder(s2m, mdtype),
-                    "metric_to_sample_fname": m2s,
-                    "metric_to_sample_dict": defaultdict(list),
-                })
+                results.append(
+                    {
+                        "sample_to_metric_fname": s2m,
+                        "sample_to_metric_builder": create_mmap_dataset_builder(s2m, mdtype),
+                        "metric_to_sample_fname": m2s,
+                        "metric_to_sample_dict": defaultdict(list),
+                    }
+                )
             else:
                 results.append({"metric_value": None, "metric_value_fname": f"{out}/{name}_metric_value"})
         return results
@@ -198,16 +207,25 @@ class DataAnalyzer:
         return position
 
     def update_metric_results(
-        self, data: Any, metric_types: Sequence[str], metric_dtypes: Sequence[Any],
-        metric_functions: Sequence[Callable[[Any], Any]], metric_results: list[dict[str, Any]], batch_start_idx: int = 0,
+        self,
+        data: Any,
+        metric_types: Sequence[str],
+        metric_dtypes: Sequence[Any],
+        metric_functions: Sequence[Callable[[Any], Any]],
+        metric_results: list[dict[str, Any]],
+        batch_start_idx: int = 0,
     ) -> None:
         """Apply every metric to one batch whose first sample is `batch_start_idx` in iteration order."""
-        for mtype, mdtype, fn, result in zip(metric_types, metric_dtypes, metric_functions, metric_results):
+        for mtype, mdtype, fn, result in zip(
+            metric_types, metric_dtypes, metric_functions, metric_results, strict=False
+        ):
             values = fn(data)
             if not (torch.is_tensor(values) or isinstance(values, np.ndarray)):
                 raise TypeError(f"a metric function returned {type(values).__name__}; it must return a tensor or array")
             if not _same_dtype(values.dtype, mdtype):
-                raise TypeError(f"a metric function returned dtype {values.dtype}, but its metric_dtypes entry is {mdtype}")
+                raise TypeError(
+                    f"a metric function returned dtype {values.dtype}, but its metric_dtypes entry is {mdtype}"
+                )
             values = torch.from_numpy(values) if isinstance(values, np.ndarray) else values
             if mtype == "single_value_per_sample":
                 pending = result["metric_to_sample_dict"]
@@ -227,7 +245,7 @@ class DataAnalyzer:
         self, metric_types: Sequence[str], metric_dtypes: Sequence[Any], metric_results: list[dict[str, Any]]
     ) -> None:
         """Close this thread's files: the sample_to_metric index, the remaining csv rows, the accumulated value."""
-        for mtype, mdtype, result in zip(metric_types, metric_dtypes, metric_results):
+        for mtype, mdtype, result in zip(metric_types, metric_dtypes, metric_results, strict=False):
             if mtype == "single_value_per_sample":
                 close_mmap_dataset_builder(result["sample_to_metric_builder"], result["sample_to_metric_fname"])
                 for value, samples in result["metric_to_sample_dict"].items():
@@ -249,7 +267,9 @@ class DataAnalyzer:
         init = self.custom_map_init or self.init_metric_results
         update = self.custom_map_update or self.update_metric_results
         finalize = self.custom_map_finalize or self.finalize_metric_results
-        results = init(thread_id, self.metric_names, self.metric_types, self.metric_dtypes, self.save_path, self.worker_id)
+        results = init(
+            thread_id, self.metric_names, self.metric_types, self.metric_dtypes, self.save_path, self.worker_id
+        )
         done = 0
         for data in loader:
             update(data, self.metric_types, self.metric_dtypes, self.metric_functions, results, start + done)
@@ -277,8 +297,14 @@ class DataAnalyzer:
         ]
 
     def merge_gather_map_stats(
-        self, num_workers: int, num_threads: int, num_threads_reduce: int, t_idx_reduce: int,
-        metric_save_path: str, metric_name: str, return_dict: Any,
+        self,
+        num_workers: int,
+        num_threads: int,
+        num_threads_reduce: int,
+        t_idx_reduce: int,
+        metric_save_path: str,
+        metric_name: str,
+        return_dict: Any,
     ) -> None:
         """Unique values and sample counts of the map outputs reduce process `t_idx_reduce` reads."""
         results = []
@@ -290,7 +316,11 @@ class DataAnalyzer:
         return_dict[t_idx_reduce] = results
 
     def merge_sample_to_metric(
-        self, t_idx_reduce: int, metric_save_path: str, metric_name: str, metric_value_dtype: Any,
+        self,
+        t_idx_reduce: int,
+        metric_save_path: str,
+        metric_name: str,
+        metric_value_dtype: Any,
         map_worker_thread: Sequence[Sequence[int]],
     ) -> None:
         """Concatenate the sample_to_metric files of `map_worker_thread`, in the final dtype."""
@@ -303,8 +333,15 @@ class DataAnalyzer:
         close_mmap_dataset_builder(builder, fname)
 
     def merge_metric_to_sample(
-        self, t_idx_reduce: int, metric_save_path: str, metric_name: str, sample_idx_dtype: Any,
-        metric_value_dtype: Any, unique_metric_values: Sequence[int], num_workers: int, num_threads: int,
+        self,
+        t_idx_reduce: int,
+        metric_save_path: str,
+        metric_name: str,
+        sample_idx_dtype: Any,
+        metric_value_dtype: Any,
+        unique_metric_values: Sequence[int],
+        num_workers: int,
+        num_threads: int,
     ) -> None:
         """index_to_sample / index_to_metric rows for `unique_metric_values`, from every map csv file."""
         is_fname = f"{metric_save_path}/{metric_name}_index_to_sample_thread{t_idx_reduce}"
@@ -330,7 +367,10 @@ class DataAnalyzer:
         R = self.num_threads_reduce
         _run_processes(
             [
-                (self.merge_gather_map_stats, (self.num_workers, self.num_threads, R, r, metric_save_path, metric_name, stats))
+                (
+                    self.merge_gather_map_stats,
+                    (self.num_workers, self.num_threads, R, r, metric_save_path, metric_name, stats),
+                )
                 for r in range(R)
             ],
             force=True,
@@ -368,7 +408,16 @@ class DataAnalyzer:
             [
                 (
                     self.merge_metric_to_sample,
-                    (r, metric_save_path, metric_name, sample_idx_dtype, value_dtype, values[a:b], self.num_workers, self.num_threads),
+                    (
+                        r,
+                        metric_save_path,
+                        metric_name,
+                        sample_idx_dtype,
+                        value_dtype,
+                        values[a:b],
+                        self.num_workers,
+                        self.num_threads,
+                    ),
                 )
                 for r, (a, b) in enumerate(splits)
             ]
@@ -382,7 +431,9 @@ class DataAnalyzer:
             im_builder.merge_file_(f"{metric_save_path}/{metric_name}_index_to_metric_thread{r}")
         close_mmap_dataset_builder(is_builder, is_fname)
         close_mmap_dataset_builder(im_builder, im_fname)
-        counts = write_index_to_sample_percentile(is_fname, im_fname, metric_name, metric_save_path, total, sample_idx_dtype)
+        counts = write_index_to_sample_percentile(
+            is_fname, im_fname, metric_name, metric_save_path, total, sample_idx_dtype
+        )
         seen, pct = 0, 5
         for value in sorted(counts):
             seen += counts[value]
@@ -402,13 +453,19 @@ class DataAnalyzer:
         close_mmap_dataset_builder(builder, fname)
 
     def merge_map_results(
-        self, dataset: Any, metric_names: Sequence[str], metric_types: Sequence[str], save_path: str,
-        num_workers: int, num_threads: int, num_threads_reduce: int,
+        self,
+        dataset: Any,
+        metric_names: Sequence[str],
+        metric_types: Sequence[str],
+        save_path: str,
+        num_workers: int,
+        num_threads: int,
+        num_threads_reduce: int,
     ) -> None:
         """The reduce: every metric's final files under `save_path/<metric>/`."""
         total = len(dataset)
         sample_idx_dtype = find_fit_int_dtype(0, total - 1)
-        for name, mtype in zip(metric_names, metric_types):
+        for name, mtype in zip(metric_names, metric_types, strict=False):
             metric_save_path = f"{save_path}/{name}/"
             if mtype == "single_value_per_sample":
                 self._reduce_single_value(name, metric_save_path, total, sample_idx_dtype)
@@ -418,8 +475,13 @@ class DataAnalyzer:
     def run_reduce(self) -> None:
         reduce = self.custom_reduce or self.merge_map_results
         reduce(
-            self.dataset, self.metric_names, self.metric_types, self.save_path,
-            self.num_workers, self.num_threads, self.num_threads_reduce,
+            self.dataset,
+            self.metric_names,
+            self.metric_types,
+            self.save_path,
+            self.num_workers,
+            self.num_threads,
+            self.num_threads_reduce,
         )
 
     def run_map_reduce(self, comm_group: Any = None) -> None:

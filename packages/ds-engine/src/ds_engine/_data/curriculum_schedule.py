@@ -64,7 +64,9 @@ def validate_schedule(config: Mapping[str, Any]) -> None:
             raise ScheduleConfigError(key, "is required for a curriculum metric")
     stype = config["schedule_type"]
     if stype not in SCHEDULE_TYPES:
-        raise ScheduleConfigError("schedule_type", f"{stype!r} is not a schedule; use one of {', '.join(SCHEDULE_TYPES)}")
+        raise ScheduleConfigError(
+            "schedule_type", f"{stype!r} is not a schedule; use one of {', '.join(SCHEDULE_TYPES)}"
+        )
     sconf = config.get("schedule_config") or {}
     for key in _REQUIRED[stype]:
         if key not in sconf:
@@ -94,8 +96,9 @@ def validate_metric(config: Mapping[str, Any]) -> None:
     if dtype not in DIFFICULTY_TYPES:
         raise ScheduleConfigError("difficulty_type", f"{dtype!r} is not a difficulty type; use 'value' or 'percentile'")
     if "clustering_type" not in config:
-        raise ScheduleConfigError("clustering_type", "is required ('single_cluster', or any other name for clusters "
-                                  "formed by the schedule)")
+        raise ScheduleConfigError(
+            "clustering_type", "is required ('single_cluster', or any other name for clusters formed by the schedule)"
+        )
     if config["clustering_type"] != "single_cluster":
         needed = ("index_to_sample_path", "index_to_metric_path") if dtype == "value" else ("index_to_sample_path",)
         for key in needed:
@@ -176,7 +179,7 @@ class CurriculumSchedule:
 
     def _discrete(self, global_steps: int) -> Any:
         sconf = self.state["schedule_config"]
-        for difficulty, max_step in zip(sconf["difficulty"], sconf["max_step"]):
+        for difficulty, max_step in zip(sconf["difficulty"], sconf["max_step"], strict=False):
             if global_steps <= max_step:
                 return difficulty
         return sconf["difficulty"][-1]

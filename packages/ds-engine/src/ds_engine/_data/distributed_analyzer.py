@@ -58,10 +58,14 @@ class DistributedDataAnalyzer:
         sample_indices: Sequence[int] | None = None,
     ) -> None:
         if not (len(metric_names) == len(metric_functions) == len(metric_types)):
-            raise ValueError("DistributedDataAnalyzer: metric_names, metric_functions and metric_types need one entry per metric")
-        for name, mtype in zip(metric_names, metric_types):
+            raise ValueError(
+                "DistributedDataAnalyzer: metric_names, metric_functions and metric_types need one entry per metric"
+            )
+        for name, mtype in zip(metric_names, metric_types, strict=False):
             if mtype not in METRIC_TYPES:
-                raise ValueError(f"DistributedDataAnalyzer: metric_types for {name!r} is {mtype!r}; use one of {METRIC_TYPES}")
+                raise ValueError(
+                    f"DistributedDataAnalyzer: metric_types for {name!r} is {mtype!r}; use one of {METRIC_TYPES}"
+                )
         self.dataset = dataset
         self.batch_size = batch_size
         self.metric_names = list(metric_names)
@@ -77,6 +81,7 @@ class DistributedDataAnalyzer:
         else:
             self.num_workers, self.worker_id = tdist.get_world_size(comm_group), tdist.get_rank(comm_group)
         self.device = torch.device(device) if device is not None else None
+        self._local = False
 
     # -- map ----------------------------------------------------------------------------------------------
     def run_map_helper(self, thread_id: int = 0) -> list[Any]:
@@ -92,13 +97,17 @@ class DistributedDataAnalyzer:
         results: list[Any] = [[] if t == "single_value_per_sample" else None for t in self.metric_types]
         position = start
         for data in loader:
-            for m, (mtype, fn) in enumerate(zip(self.metric_types, self.metric_functions)):
+            for m, (mtype, fn) in enumerate(zip(self.metric_types, self.metric_functions, strict=False)):
                 values = fn(data)
                 if not (torch.is_tensor(values) or isinstance(values, np.ndarray)):
-                    raise TypeError(f"metric {self.metric_names[m]!r} returned {type(values).__name__}, not a tensor or array")
+                    raise TypeError(
+                        f"metric {self.metric_names[m]!r} returned {type(values).__name__}, not a tensor or array"
+                    )
                 values = torch.from_numpy(values) if isinstance(values, np.ndarray) else values
                 if values.dtype not in valid_dtypes:
-                    raise TypeError(f"metric {self.metric_names[m]!r} returned dtype {values.dtype}, not an integer dtype")
+                    raise TypeError(
+                        f"metric {self.metric_names[m]!r} returned dtype {values.dtype}, not an integer dtype"
+                    )
                 if mtype == "single_value_per_sample":
                     for row in range(values.size(0)):
                         if isinstance(data, dict) and "index" in data:
@@ -139,7 +148,9 @@ class DistributedDataAnalyzer:
             if mtype == "single_value_per_sample":
                 merged.append([tuple(pair) for t in range(self.num_threads) for pair in per_thread[t][m]])
             else:
-                parts = [torch.tensor(per_thread[t][m]) for t in range(self.num_threads) if per_thread[t][m] is not None]
+                parts = [
+                    torch.tensor(per_thread[t][m]) for t in range(self.num_threads) if per_thread[t][m] is not None
+                ]
                 merged.append(sum(parts[1:], parts[0]) if parts else None)
         return merged
 
@@ -147,8 +158,12 @@ class DistributedDataAnalyzer:
     def _gather_pairs(self, pairs: list[tuple[int, int]]) -> np.ndarray | None:
         """Every rank's `(value, sample)` rows, in rank order, on rank 0 (None elsewhere)."""
         local = torch.tensor(pairs, dtype=torch.int64, device=self.device).reshape(-1, 2)
+        if self._local:
+            return local.numpy()
         counts = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.num_workers)]
-        tdist.all_gather(counts, torch.tensor([len(local)], dtype=torch.int64, device=self.device), group=self.comm_group)
+        tdist.all_gather(
+            counts, torch.tensor([len(local)], dtype=torch.int64, device=self.device), group=self.comm_group
+        )
         longest = int(max(c.item() for c in counts))
         padded = torch.zeros(longest, 2, dtype=torch.int64, device=self.device)
         padded[: len(local)] = local
@@ -158,7 +173,7 @@ class DistributedDataAnalyzer:
         if self.worker_id != 0:
             return None
         assert bufs is not None
-        return torch.cat([b[: int(c.item())] for b, c in zip(bufs, counts)]).cpu().numpy()
+        return torch.cat([b[: int(c.item())] for b, c in zip(bufs, counts, strict=False)]).cpu().numpy()
 
     def _write_single(self, name: str, pairs: np.ndarray, total: int, sample_dtype: Any) -> None:
         out = f"{self.save_path}/{name}/"
@@ -188,17 +203,24 @@ class DistributedDataAnalyzer:
         """Map this rank's share, then write the final files on rank 0 (collective; all ranks return after).
 
         Raises:
-            RuntimeError: torch.distributed is not initialized.
+            RuntimeError: torch.distributed is not initialized and there is more than one worker (a single
+                worker runs without it).
         """
-        if not tdist.is_initialized():
-            raise RuntimeError("DistributedDataAnalyzer needs torch.distributed initialized (deepspeed.init_distributed())")
-        if self.device is None:
+        self._local = not tdist.is_initialized()
+        if self._local and self.num_workers != 1:
+            raise RuntimeError(
+                f"DistributedDataAnalyzer with {self.num_workers} workers needs torch.distributed initialized "
+                "(deepspeed.init_distributed())"
+            )
+        if self._local:
+            self.device = torch.device("cpu")
+        elif self.device is None:
             gloo = tdist.get_backend(self.comm_group) == "gloo"
             self.device = torch.device("cpu" if gloo else get_accelerator().current_device_name())
         results = self._map()
         total = len(self.dataset)
         sample_dtype = find_fit_int_dtype(0, total - 1)
-        for name, mtype, result in zip(self.metric_names, self.metric_types, results):
+        for name, mtype, result in zip(self.metric_names, self.metric_types, results, strict=False):
             if self.worker_id == 0:
                 os.makedirs(f"{self.save_path}/{name}/", exist_ok=True)
             if mtype == "single_value_per_sample":
@@ -211,12 +233,16 @@ class DistributedDataAnalyzer:
                         f"worker {self.worker_id} has no samples for accumulated metric {name!r}; use fewer workers"
                     )
                 summed = result.to(self.device, torch.int64)
-                root = tdist.get_global_rank(self.comm_group, 0) if self.comm_group is not None else 0
-                tdist.reduce(summed, dst=root, op=tdist.ReduceOp.SUM, group=self.comm_group)
+                if not self._local:
+                    root = tdist.get_global_rank(self.comm_group, 0) if self.comm_group is not None else 0
+                    tdist.reduce(summed, dst=root, op=tdist.ReduceOp.SUM, group=self.comm_group)
                 if self.worker_id == 0:
                     summed = summed.cpu().numpy().reshape(-1)
                     fname = f"{self.save_path}/{name}/{name}_metric_value"
-                    builder = create_mmap_dataset_builder(fname, find_fit_int_dtype(int(summed.min()), int(summed.max())))
+                    builder = create_mmap_dataset_builder(
+                        fname, find_fit_int_dtype(int(summed.min()), int(summed.max()))
+                    )
                     builder.add_item_numpy(summed)
                     close_mmap_dataset_builder(builder, fname)
-            tdist.barrier(group=self.comm_group)
+            if not self._local:
+                tdist.barrier(group=self.comm_group)

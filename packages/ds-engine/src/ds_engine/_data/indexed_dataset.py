@@ -69,7 +69,9 @@ def _numpy_dtype(dtype: Any) -> type[np.generic]:
     for np_dt, torch_dt in DTYPE_CODES.values():
         if dtype is torch_dt or (not isinstance(dtype, torch.dtype) and np.dtype(dtype) == np.dtype(np_dt)):
             return np_dt
-    raise ValueError(f"dtype {dtype} cannot be stored in an indexed dataset; use one of {sorted(map(str, valid_dtypes))}")
+    raise ValueError(
+        f"dtype {dtype} cannot be stored in an indexed dataset; use one of {sorted(map(str, valid_dtypes))}"
+    )
 
 
 def code(dtype: Any) -> int:

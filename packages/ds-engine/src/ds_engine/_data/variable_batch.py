@@ -72,9 +72,9 @@ def batch_by_seqlens(
     if sequence_picking_order not in PICKING_ORDERS:
         raise ValueError(f"sequence_picking_order is {sequence_picking_order!r}; use one of {PICKING_ORDERS}")
     if sequence_ids_per_mb is None:
-        metrics = list(zip(seqlens, range(len(seqlens))))
+        metrics = list(zip(seqlens, range(len(seqlens)), strict=False))
     else:
-        metrics = list(zip(np.array(seqlens)[list(sequence_ids_per_mb)], sequence_ids_per_mb))
+        metrics = list(zip(np.array(seqlens)[list(sequence_ids_per_mb)], sequence_ids_per_mb, strict=False))
     if sequence_picking_order == "random":
         random.Random(seed).shuffle(metrics)
     elif sequence_picking_order == "seqlen":
@@ -124,7 +124,11 @@ def batch_by_seqlens(
         if verbose:
             logger.info(
                 "batch %d: %d micro batches, %d sequences; sequences per micro batch %s, tokens %s, ids %s",
-                batch_id, len(mbs), batch_sizes[-1], [len(mb) for mb in mbs], [sum(m[0] for m in mb) for mb in mbs],
+                batch_id,
+                len(mbs),
+                batch_sizes[-1],
+                [len(mb) for mb in mbs],
+                [sum(m[0] for m in mb) for mb in mbs],
                 [[m[1] for m in mb] for mb in mbs],
             )
     return microbatch_ids, batch_sizes, batch_max_seqlens
@@ -260,10 +264,11 @@ class VariableBatchSizeLR(LRScheduler):
         """Advance to step `epoch` (the next one when None): the wrapped scheduler steps on the unscaled lrs,
         then the lrs are scaled for the batch of the new step. `step(0)` restarts from the base lrs."""
         unscaled = self.base_lrs if epoch == 0 else self.get_last_lr()
-        for group, lr in zip(self.optimizer.param_groups, unscaled):
+        for group, lr in zip(self.optimizer.param_groups, unscaled, strict=False):
             group["lr"] = lr
         with warnings.catch_warnings():  # step(epoch) is how the wrapped schedule is restarted at step 0
             warnings.filterwarnings("ignore", message="The epoch parameter", category=UserWarning)
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
             self.base_lr_scheduler.step(epoch)
         self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
         batch_size = self.batch_sizes[self.last_epoch % len(self.batch_sizes)]
@@ -272,7 +277,11 @@ class VariableBatchSizeLR(LRScheduler):
         if self.verbose:
             logger.info(
                 "step %d: batch size %d (reference %d), lr %s -> %s",
-                self.last_epoch, batch_size, self.base_batch_size, unscaled, self.get_lr(),
+                self.last_epoch,
+                batch_size,
+                self.base_batch_size,
+                unscaled,
+                self.get_lr(),
             )
 
 

@@ -251,7 +251,6 @@ class DeepSpeedGetters:
     def autotuning_enabled(self) -> bool:
         return False
 
-
     def random_ltd_enabled(self) -> bool:
         return False
 

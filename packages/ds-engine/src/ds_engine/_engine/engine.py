@@ -17,11 +17,11 @@ from torch import nn
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint.checkpointer import Checkpointer, CheckpointParts
 from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
+from ds_engine._data.loader import CurriculumDataLoader
 from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
 from ds_engine._engine.compile import EngineCompile
 from ds_engine._engine.consolidated import ConsolidatedWeights
-from ds_engine._data.loader import CurriculumDataLoader
 from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_curriculum_loader, make_dataloader
 from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
 from ds_engine._engine.grad_reduce import EngineGradReduce

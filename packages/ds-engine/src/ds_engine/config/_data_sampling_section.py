@@ -42,8 +42,10 @@ class CurriculumLearningConfig(ConfigModel):
         if not self.enabled:
             return self
         if not self.data_cluster_path:
-            raise _key_error("data_cluster_path", "is required when curriculum learning is enabled (a directory for "
-                             "the sampler's cluster files)")
+            raise _key_error(
+                "data_cluster_path",
+                "is required when curriculum learning is enabled (a directory for the sampler's cluster files)",
+            )
         if not self.curriculum_metrics:
             raise _key_error("curriculum_metrics", "needs at least one metric when curriculum learning is enabled")
         for name, metric in self.curriculum_metrics.items():
@@ -75,7 +77,9 @@ class DynamicBatchingConfig(ConfigModel):
         if self.max_batch_size is not None and self.max_batch_size < self.min_batch_size:
             raise _key_error("max_batch_size", f"{self.max_batch_size} is below min_batch_size {self.min_batch_size}")
         if self.enabled and (self.max_tokens is None or self.max_tokens <= 0):
-            raise _key_error("max_tokens", f"must be an int > 0 when dynamic batching is enabled, got {self.max_tokens!r}")
+            raise _key_error(
+                "max_tokens", f"must be an int > 0 when dynamic batching is enabled, got {self.max_tokens!r}"
+            )
         return self
 
 
