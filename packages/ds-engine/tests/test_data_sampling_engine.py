@@ -155,3 +155,16 @@ def test_data_routing_stays_refused(tmp_path: Path) -> None:
     cfg = base_config(data_efficiency={"data_routing": {"random_ltd": {"enabled": True}}})
     with pytest.raises(DeepSpeedConfigError, match="random_ltd.enabled"):
         DeepSpeedConfig(cfg)
+
+
+def test_explain_shows_the_sampling_choices(tmp_path: Path) -> None:
+    from ds_engine.explain import explain
+
+    cfg = _config("two_metrics", tmp_path, tmp_path)
+    cfg["data_efficiency"]["data_sampling"]["dynamic_batching"] = {"enabled": True, "max_tokens": 64}
+    text = explain(DeepSpeedConfig(cfg), device_type="cpu")
+    assert "curriculum sampling (DeepSpeedDataSampler, seed 99, 2 epochs, 0 loader workers)" in text
+    assert "metric seqlen: value-based, fixed_discrete difficulties [10, 30, 50] until steps [3, 6]" in text
+    assert "metric vocab: percentile-based, fixed_linear 40 -> 100 over 8 steps, in multiples of 20" in text
+    assert "dynamic batching: micro batches of at most 64 tokens (min 1 sequences, picked in dataloader order)" in text
+    assert "data sampling" not in explain(DeepSpeedConfig(base_config()), device_type="cpu")
