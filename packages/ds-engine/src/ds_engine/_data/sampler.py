@@ -11,8 +11,11 @@ next samples of each drawn cluster (reshuffling and restarting one that runs out
 
 The random stream is DeepSpeed 0.19.8's: one `numpy.random.default_rng(data_efficiency.seed)` consumed in
 the same order, so the same config, seed and dataset give the same batches as DeepSpeed's sampler. The
-data-parallel leader (dp rank 0) draws each batch and broadcasts it; every rank yields its contiguous slice
-of each micro batch.
+data-parallel leader (dp rank 0 of each group) draws each batch and broadcasts it; every rank yields its
+contiguous slice of each micro batch. Clusters are held in memory by the leaders; global rank 0 writes
+their files (read back when a checkpoint is loaded, so with several nodes `data_cluster_path` must be a
+shared directory, as in DeepSpeed). Whether a cluster was formed is broadcast, not read from the file
+system, so every rank of a group agrees on the cluster list even where an older run left files behind.
 
 State (`state_dict`) has DeepSpeed's keys plus `sampler_rng_state`, the generator's own state: DeepSpeed
 saves only numpy's global RNG state, so its resumed sampler restarts its stream from the seed; ds
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,7 +109,7 @@ class DeepSpeedDataSampler:
         self.difficulty_type: dict[str, str] = {}
         self.clustering_type: dict[str, str] = {}
         self.data_1epoch_size: int | None = None
-        self.data_clusters: list[MMapIndexedDataset] = []
+        self.data_clusters: list[Sequence[np.ndarray]] = []  # each a dataset of one row: the shuffled cluster
         self.data_cluster_sizes: list[int] = []
         if not self.curriculum_enabled:
             return
@@ -219,33 +222,43 @@ class DeepSpeedDataSampler:
         return f"{self.cluster_root}/{fname}"
 
     def get_new_cluster(self, previous_difficulties: Mapping[str, Any]) -> None:
-        """Form, shuffle and write the cluster of newly admitted samples; every rank records its name."""
+        """Form and shuffle the cluster of newly admitted samples (the leader) and write its file (global rank
+        0); every rank of the data-parallel group records its name when it is not empty."""
         fname = "cluster" + "".join(f"_{m}{self.current_difficulties[m]}" for m in self.curriculum_schedulers)
-        path = self._cluster_path(fname)
+        formed = False
         if self.is_leader:
             cluster = self._new_cluster_samples(previous_difficulties)
-            if cluster is not None and len(cluster) > 0:
+            formed = cluster is not None and len(cluster) > 0
+            if formed:
                 logger.info(
                     "new data cluster (difficulties %s -> %s) of %d samples",
                     dict(previous_difficulties),
                     self.current_difficulties,
                     len(cluster),
                 )
+                cluster = np.asarray(cluster).astype(self.index_dtype)
                 self.np_rng.shuffle(cluster)
-                self._write_cluster(path, cluster)
-                self.data_clusters.append(MMapIndexedDataset(path, skip_warmup=True))
-                self.data_cluster_sizes.append(len(self.data_clusters[-1][0]))
+                self._keep_cluster(fname, cluster)
             else:
                 logger.info("no sample is newly admitted at difficulties %s; no cluster", self.current_difficulties)
-        self._barrier()
-        if os.path.isfile(f"{path}.bin"):
+        if self._broadcast_flag(formed):
             self.data_cluster_paths.append(fname)
             self.data_cluster_current_position.append(0)
 
-    def _write_cluster(self, path: str, cluster: np.ndarray) -> None:
-        builder = create_mmap_dataset_builder(path, self.index_dtype)
-        builder.add_item_numpy(cluster)
-        close_mmap_dataset_builder(builder, path)
+    def _keep_cluster(self, fname: str, cluster: np.ndarray, cidx: int | None = None) -> None:
+        """Hold a cluster in memory (as a one-row dataset) and write its file from global rank 0 (read back
+        when a checkpoint is loaded). Other data-parallel groups' leaders hold the same cluster without
+        writing the same file at the same time."""
+        if self.global_rank == 0:
+            path = self._cluster_path(fname)
+            builder = create_mmap_dataset_builder(path, self.index_dtype)
+            builder.add_item_numpy(cluster)
+            close_mmap_dataset_builder(builder, path)
+        if cidx is None:
+            self.data_clusters.append([cluster])
+            self.data_cluster_sizes.append(len(cluster))
+        else:
+            self.data_clusters[cidx] = [cluster]
 
     def sample_from_clusters(self) -> np.ndarray:
         """How many samples of the next global batch come from each cluster (drawn by cluster size)."""
@@ -256,11 +269,9 @@ class DeepSpeedDataSampler:
 
     def reshuffle_clusters(self, cidx: int) -> None:
         """Shuffle cluster `cidx` again (it ran out) and rewrite its file."""
-        path = self._cluster_path(self.data_cluster_paths[cidx])
         cluster = np.copy(self.data_clusters[cidx][0])
         self.np_rng.shuffle(cluster)
-        self._write_cluster(path, cluster)
-        self.data_clusters[cidx] = MMapIndexedDataset(path, skip_warmup=True)
+        self._keep_cluster(self.data_cluster_paths[cidx], cluster, cidx)
 
     def get_sample_from_cluster(self, cidx: int, num_samples: int) -> list[Any]:
         """The next `num_samples` of cluster `cidx`, wrapping around (with a reshuffle) at its end."""
@@ -310,9 +321,13 @@ class DeepSpeedDataSampler:
     def _distributed(self) -> bool:
         return self.data_parallel_size > 1 and tdist.is_available() and tdist.is_initialized()
 
-    def _barrier(self) -> None:
-        if self._distributed():
-            tdist.barrier(group=self.data_parallel_group)
+    def _broadcast_flag(self, flag: bool) -> bool:
+        """The leader's `flag`, on every rank of the data-parallel group."""
+        if not self._distributed():
+            return flag
+        tensor = torch.tensor([int(flag)], dtype=torch.long)
+        self._broadcast(tensor)
+        return bool(tensor.item())
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         if not self._distributed():
@@ -369,5 +384,6 @@ class DeepSpeedDataSampler:
         self.data_clusters, self.data_cluster_sizes = [], []
         if self.is_leader:
             for fname in self.data_cluster_paths:
-                self.data_clusters.append(MMapIndexedDataset(self._cluster_path(fname), skip_warmup=True))
-                self.data_cluster_sizes.append(len(self.data_clusters[-1][0]))
+                cluster = np.copy(MMapIndexedDataset(self._cluster_path(fname), skip_warmup=True)[0])
+                self.data_clusters.append([cluster])
+                self.data_cluster_sizes.append(len(cluster))
