@@ -93,3 +93,18 @@ def test_helpers() -> None:
     assert find_fit_int_dtype(-1, 127) is np.int8 and find_fit_int_dtype(-129, 0) is np.int16
     assert find_fit_int_dtype(0, 2**40) is np.uint64 and find_fit_int_dtype(-(2**40), 0) is np.int64
     assert split_index(0, 10, 3) == [(0, 3), (3, 6), (6, 10)] and split_index(5, 5, 2) == [(5, 5), (5, 5)]
+
+
+def test_megatron_style_helpers_on_deepspeeds_path(tmp_path: Path) -> None:
+    from ds_engine.runtime.data_pipeline.data_sampling import indexed_dataset as ids
+
+    builder = ids.make_builder(str(tmp_path / "tok.bin"), impl="mmap", vocab_size=50000)
+    builder.add_item(torch.tensor([5, 49999]))
+    builder.end_document()
+    builder.finalize(str(tmp_path / "tok.idx"))
+    assert ids.infer_dataset_impl(str(tmp_path / "tok")) == "mmap" and ids.dataset_exists(str(tmp_path / "tok"), "mmap")
+    ds = ids.make_dataset(str(tmp_path / "tok"), "infer", skip_warmup=True)
+    assert ds is not None and ds.dtype is np.uint16 and ds[0].tolist() == [5, 49999]
+    assert ids.make_dataset(str(tmp_path / "none"), "mmap") is None
+    with pytest.raises(ValueError, match="'lazy': ds implements the 'mmap' indexed dataset only"):
+        ids.make_builder(str(tmp_path / "x.bin"), impl="lazy")

@@ -38,8 +38,13 @@ __all__ = [
     "MMapIndexedDatasetBuilder",
     "code",
     "data_file_path",
+    "dataset_exists",
     "dtype_from_code",
+    "get_available_dataset_impl",
     "index_file_path",
+    "infer_dataset_impl",
+    "make_builder",
+    "make_dataset",
     "valid_dtypes",
 ]
 
@@ -309,3 +314,56 @@ class MMapIndexedDatasetBuilder:
         """Close the `.bin` and write the `.idx` at `index_file`."""
         self._data_file.close()
         write_index(index_file, self._dtype, self._sizes, self._doc_idx)
+
+
+_LEGACY_MAGIC = b"TNTIDX\x00\x00"
+_ONLY_MMAP = "ds implements the 'mmap' indexed dataset only (not fairseq's 'lazy'/'cached' format)"
+
+
+def get_available_dataset_impl() -> list[str]:
+    """The dataset implementations ds reads and writes."""
+    return ["mmap"]
+
+
+def infer_dataset_impl(path: str) -> str | None:
+    """'mmap' for an mmap indexed dataset at `path`, 'cached' for the legacy format, None otherwise."""
+    if not MMapIndexedDataset.exists(path):
+        logger.warning("no indexed dataset at %s (a prefix to which .idx and .bin are appended)", path)
+        return None
+    with open(index_file_path(path), "rb") as f:
+        magic = f.read(9)
+    if magic == _MAGIC:
+        return "mmap"
+    return "cached" if magic[:8] == _LEGACY_MAGIC else None
+
+
+def make_builder(out_file: str, impl: str, vocab_size: int | None = None) -> MMapIndexedDatasetBuilder:
+    """A builder for token ids: uint16 when `vocab_size` < 65500, else int32.
+
+    Raises:
+        ValueError: `impl` is not 'mmap'.
+    """
+    if impl != "mmap":
+        raise ValueError(f"indexed dataset impl {impl!r}: {_ONLY_MMAP}")
+    dtype = np.uint16 if vocab_size is not None and vocab_size < 65500 else np.int32
+    return MMapIndexedDatasetBuilder(out_file, dtype=dtype)
+
+
+def make_dataset(path: str, impl: str, skip_warmup: bool = False) -> MMapIndexedDataset | None:
+    """The dataset at `path` (`impl` 'mmap' or 'infer'); None when there is none.
+
+    Raises:
+        ValueError: the dataset is in another format, or `impl` is neither 'mmap' nor 'infer'.
+    """
+    if not MMapIndexedDataset.exists(path):
+        logger.warning("no indexed dataset at %s (a prefix to which .idx and .bin are appended)", path)
+        return None
+    if impl == "infer":
+        impl = infer_dataset_impl(path) or "unknown"
+    if impl != "mmap":
+        raise ValueError(f"indexed dataset at {path} is {impl!r}: {_ONLY_MMAP}")
+    return MMapIndexedDataset(path, skip_warmup)
+
+
+def dataset_exists(path: str, impl: str) -> bool:
+    return MMapIndexedDataset.exists(path)

@@ -8,7 +8,12 @@ from ds_engine._data.indexed_dataset import (
     MMapIndexedDatasetBuilder,
     code,
     data_file_path,
+    dataset_exists,
+    get_available_dataset_impl,
     index_file_path,
+    infer_dataset_impl,
+    make_builder,
+    make_dataset,
     valid_dtypes,
 )
 
@@ -17,7 +22,12 @@ __all__ = [
     "MMapIndexedDatasetBuilder",
     "code",
     "data_file_path",
+    "dataset_exists",
     "dtypes",
+    "get_available_dataset_impl",
     "index_file_path",
+    "infer_dataset_impl",
+    "make_builder",
+    "make_dataset",
     "valid_dtypes",
 ]
