@@ -135,3 +135,18 @@ def test_distributed_analyzer_threads_map_like_one_thread() -> None:
     assert one[0] == three[0] == [(cases.SEQLEN[i], i) for i in range(60, 120)]
     assert one[1] == three[1]
     assert one[2].tolist() == three[2].tolist() == [sum(cases.SEQLEN[60:]), sum(cases.VOCAB[60:])]
+
+
+def test_a_deepspeed_sampler_state_loads_and_resumes_as_in_deepspeed(analysis: Path) -> None:
+    recorded = json.loads((FIXTURES / "deepspeed_data_sampling.json").read_text())["sampler_resume"]
+    state = dict(recorded["state"])
+    kind, keys, pos, has_gauss, cached = state["np_rng_state"]
+    state["np_rng_state"] = (kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)
+    name = "value_fixed_linear"
+    first = _sampler(name, analysis)  # writes the cluster files as they were when DeepSpeed's state was saved
+    it = iter(first)
+    for _ in range(23):
+        next(it)
+    resumed = _sampler(name, analysis)
+    resumed.load_state_dict(state)  # no sampler_rng_state: the stream restarts from the seed, as DeepSpeed's does
+    assert [list(mb) for mb in resumed] == recorded["after_load"]
