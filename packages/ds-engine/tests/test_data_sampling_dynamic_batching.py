@@ -155,3 +155,6 @@ def test_engine_helper_scales_the_engines_lr_per_batch(tmp_path: Path) -> None:
             engine.backward(engine(seqs.mean(1)).pow(2).mean())
             engine.step()
     assert io_kwargs["data_sampler"] is loader.sampler
+    # DeepSpeed's other route: the engine's own loader from the returned kwargs gives the same batches
+    via_engine = [ids.tolist() for _, ids in engine.deepspeed_io(**io_kwargs)]
+    assert via_engine == [ids.tolist() for _, ids in loader]
