@@ -365,11 +365,11 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"layout .* is not implemented; ds-parallel builds DeepSpeed's default expert-before-data layout",
     ),
     (
-        "curriculum_sub_switch",  # DeepSpeed acts on it whatever data_efficiency.enabled says
+        "curriculum_without_cluster_path",  # DeepSpeed acts on it whatever data_efficiency.enabled says
         {"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}}}},
         E,
-        r"data_efficiency.data_sampling.curriculum_learning.enabled: .*=True is not supported by ds \(curriculum "
-        r"learning \(DeepSpeed's data efficiency library is not implemented in ds\)\)",
+        r"data_efficiency.data_sampling.curriculum_learning.data_cluster_path: is required when curriculum "
+        r"learning is enabled",
     ),
     (
         "random_ltd_sub_switch",

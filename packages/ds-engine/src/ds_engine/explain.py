@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ds_comm import get_accelerator
+from ds_engine._data.describe import describe_data_sampling
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
@@ -96,6 +97,9 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
             "autotuning experiment (autotuning.enabled)",
             *(f"  {line}" for line in config.parsed.autotuning.describe()),
         ]
+    data_lines = describe_data_sampling(config.data_efficiency_config)
+    if data_lines:
+        lines += ["", "data sampling", *(f"  {line}" for line in data_lines)]
     if config.auto_keys:
         lines += [
             "",

@@ -241,6 +241,7 @@ class Checkpointer:
             sp_degree=dist.sp_world_size,
             ds_config=parts.ds_config,
             rng_states=rng_states,
+            data_sampler=_curriculum_sampler_state(engine),
             extra=extra or {},
         )
 
@@ -372,6 +373,10 @@ class Checkpointer:
             train_batch_size=engine.train_batch_size(),
             gradient_accumulation_steps=engine.gradient_accumulation_steps(),
         )
+        if state.get("data_sampler") is not None and engine.curriculum_learning_enabled():
+            loader = engine.training_dataloader
+            if loader is not None:
+                loader.data_sampler.load_state_dict(state["data_sampler"])
         engine.global_steps = counters.global_steps
         engine.global_samples = counters.global_samples
         engine.skipped_steps = counters.skipped_steps
@@ -484,3 +489,11 @@ class Checkpointer:
                 )
         module = self.engine.module if self.parts.tensor_parallel is not None else None
         return ds_zero.partitions_from_param_states(_tp_optimizer_state.shard_param_states(whole, module))
+
+
+def _curriculum_sampler_state(engine: Any) -> dict[str, Any] | None:
+    """The training loader's curriculum sampler state, when curriculum learning drives it."""
+    loader = engine.training_dataloader
+    if loader is None or not engine.curriculum_learning_enabled():
+        return None
+    return loader.data_sampler.state_dict()

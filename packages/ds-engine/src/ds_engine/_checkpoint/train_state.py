@@ -82,6 +82,8 @@ class TrainState:
     """The config as the user wrote it."""
     rng_states: list[dict[str, Any]]
     """Every rank's RNG state, in global rank order."""
+    data_sampler: dict[str, Any] | None = None
+    """The curriculum sampler's state (DeepSpeed's `data_sampler` key), under curriculum learning."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Engine-specific keys (the pipeline's stage layout)."""
 
@@ -103,7 +105,7 @@ def model_states(state: TrainState, client_state: dict[str, Any], *, ds_version:
         "shared_params": state.shared_params,
         "frozen_param_fragments": state.frozen_param_fragments,
         "lr_scheduler": state.lr_scheduler,
-        "data_sampler": None,
+        "data_sampler": state.data_sampler,
         "random_ltd": None,
         "skipped_steps": c.skipped_steps,
         "global_steps": c.global_steps,

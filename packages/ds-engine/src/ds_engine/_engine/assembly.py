@@ -26,7 +26,8 @@ from torch.optim import Optimizer
 import ds_comm
 from ds_comm import get_accelerator
 from ds_engine._checkpoint.deepspeed_layout import check_deepspeed_layout_moe
-from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_dataloader
+from ds_engine._data.loader import CurriculumDataLoader
+from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_curriculum_loader, make_dataloader
 from ds_engine._optim.muon import tag_muon_params
 from ds_engine._optim.optimizers import (
     call_optimizer_factory,
@@ -76,7 +77,7 @@ class EngineParts:
     optimizer: Any
     basic_optimizer: Optimizer | None
     lr_scheduler: Any
-    training_dataloader: DeepSpeedDataLoader | None
+    training_dataloader: DeepSpeedDataLoader | CurriculumDataLoader | None
     timers: WallClockTimers | NullTimers
     reporter: StepReporter
     monitor: MonitorMaster | None
@@ -338,8 +339,19 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
         monitor=monitor,
         memory_breakdown=m.memory_breakdown,
     )
-    loader = None
-    if training_data is not None:
+    loader: DeepSpeedDataLoader | CurriculumDataLoader | None = None
+    if training_data is not None and m.data_efficiency.data_sampling.curriculum_learning.enabled:
+        loader = make_curriculum_loader(
+            training_data,
+            data_efficiency_config=config.data_efficiency_config,
+            batch_size=config.train_micro_batch_size_per_gpu,
+            dist=dist,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            pin_memory=True,
+            collate_fn=collate_fn,
+            drop_last=m.dataloader_drop_last,
+        )
+    elif training_data is not None:
         loader = make_dataloader(
             training_data,
             batch_size=config.train_micro_batch_size_per_gpu,

@@ -1,4 +1,5 @@
-"""`deepspeed_io`'s loader: the micro batch per rank, a DistributedSampler over the data-parallel ranks."""
+"""`deepspeed_io`'s loader: the micro batch per rank, a DistributedSampler over the data-parallel ranks (or,
+under curriculum learning, the curriculum sampler)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from ds_comm import get_accelerator
+from ds_engine._data.loader import CurriculumDataLoader
+from ds_engine._data.sampler import DeepSpeedDataSampler
+from ds_engine._plan.dist_info import DistInfo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DeepSpeedDataLoader", "make_dataloader"]
+__all__ = ["DeepSpeedDataLoader", "make_curriculum_loader", "make_dataloader"]
 
 
 class DeepSpeedDataLoader(DataLoader):
@@ -52,4 +56,39 @@ def make_dataloader(
         num_workers=num_workers,
         drop_last=drop_last,
         pin_memory=pin_memory and get_accelerator().name != "cpu" and torch.cuda.is_available(),
+    )
+
+
+def make_curriculum_loader(
+    dataset: Dataset[Any],
+    *,
+    data_efficiency_config: dict[str, Any],
+    batch_size: int,
+    dist: DistInfo,
+    gradient_accumulation_steps: int,
+    pin_memory: bool,
+    collate_fn: Callable[..., Any] | None,
+    drop_last: bool,
+) -> CurriculumDataLoader:
+    """The loader `deepspeed_io` builds under `data_efficiency.data_sampling.curriculum_learning.enabled`:
+    a `DeepSpeedDataSampler` over the data-parallel ranks, with `data_sampling.num_workers` workers."""
+    sampler = DeepSpeedDataSampler(
+        data_efficiency_config,
+        len(dataset),  # type: ignore[arg-type]  # a map-style dataset
+        batch_size,
+        dist.dp_rank,
+        dist.dp_world_size,
+        dist.dp_group,
+        gradient_accumulation_steps,
+        dist.global_rank,
+        drop_last=drop_last,
+    )
+    return CurriculumDataLoader(
+        dataset,
+        sampler,
+        batch_size=batch_size,
+        collate_fn=collate_fn,
+        num_workers=data_efficiency_config["data_sampling"]["num_workers"],
+        pin_memory=pin_memory and get_accelerator().name != "cpu" and torch.cuda.is_available(),
+        drop_last=drop_last,
     )

@@ -19,11 +19,12 @@ from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint.checkpointer import Checkpointer, CheckpointParts
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
+from ds_engine._data.loader import CurriculumDataLoader
 from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
 from ds_engine._engine.compile import EngineCompile
 from ds_engine._engine.consolidated import ConsolidatedWeights
-from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_dataloader
+from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_curriculum_loader, make_dataloader
 from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
 from ds_engine._engine.grad_reduce import EngineGradReduce
 from ds_engine._engine.mixed_precision import EngineMixedPrecision
@@ -416,10 +417,26 @@ class DeepSpeedEngine(
         data_sampler: Any = None,
         collate_fn: Callable[..., Any] | None = None,
         num_local_io_workers: int | None = None,
-    ) -> DeepSpeedDataLoader:
-        """A loader over `dataset` with the micro batch size, sharded across data-parallel ranks."""
+    ) -> DeepSpeedDataLoader | CurriculumDataLoader:
+        """A loader over `dataset` with the micro batch size, sharded across data-parallel ranks.
+
+        Under `data_efficiency.data_sampling.curriculum_learning.enabled` it is the curriculum loader (any
+        route, as in DeepSpeed): `data_sampler` and `num_local_io_workers` are then not used, the workers
+        are `data_sampling.num_workers`.
+        """
         if route not in ("train", "eval", "predict"):
             raise ValueError(f"deepspeed_io: route must be 'train', 'eval' or 'predict', got {route!r}")
+        if self.curriculum_learning_enabled():
+            return make_curriculum_loader(
+                dataset,
+                data_efficiency_config=self._ds_config.data_efficiency_config,
+                batch_size=batch_size or self._micro_batch,
+                dist=self._dist,
+                gradient_accumulation_steps=self.gradient_accumulation_steps(),
+                pin_memory=pin_memory,
+                collate_fn=collate_fn or self._collate_fn,
+                drop_last=self._ds_config.parsed.dataloader_drop_last,
+            )
         return make_dataloader(
             dataset,
             batch_size=batch_size or self._micro_batch,
@@ -432,6 +449,19 @@ class DeepSpeedEngine(
             drop_last=self._ds_config.parsed.dataloader_drop_last,
             shuffle=route == "train",
         )
+
+    def set_data_post_process_func(self, post_process_func: Callable[[Any, dict[str, Any]], Any]) -> None:
+        """Under curriculum learning, pass every training batch through `post_process_func(batch,
+        sampler_state)` (the state holds `current_difficulties`); other loaders do not call it."""
+        if self.training_dataloader is not None:
+            self.training_dataloader.post_process_func = post_process_func  # type: ignore[union-attr]
+
+    def set_custom_curriculum_learning_schedule(self, schedule_func_dict: dict[str, Callable[[int], Any]]) -> None:
+        """Give the curriculum metrics with `schedule_type: custom` their `fn(global_step) -> difficulty`."""
+        if self.training_dataloader is not None and self.curriculum_learning_enabled():
+            self.training_dataloader.data_sampler.set_custom_curriculum_learning_schedule(  # type: ignore[union-attr]
+                schedule_func_dict
+            )
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(

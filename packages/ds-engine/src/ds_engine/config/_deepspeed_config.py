@@ -317,6 +317,16 @@ class DeepSpeedConfig:
     def torch_autocast_lower_precision_safe_modules(self) -> list[str] | None:
         return self.parsed.torch_autocast.lower_precision_safe_modules
 
+    @property
+    def data_efficiency_enabled(self) -> bool:
+        return self.parsed.data_efficiency.enabled
+
+    @property
+    def data_efficiency_config(self) -> dict[str, Any]:
+        """The `data_efficiency` section as DeepSpeed's dict (every key, defaults filled): what
+        `DeepSpeedDataSampler` and the dynamic-batching helpers read."""
+        return self.parsed.data_efficiency.model_dump()
+
     def __getattr__(self, name: str) -> Any:
         # Sections and scalar keys by their ds_config name: config.fp16.loss_scale_window, config.gradient_clipping.
         if name.startswith("_") or name == "parsed":

@@ -1,7 +1,7 @@
 """Sections of DeepSpeed features ds does not implement: every key accepted, the switch turning one on refused.
 
-`compile` (DeepCompile), `data_efficiency` (curriculum data sampling, dynamic batching,
-random-LTD) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a config written
+`compile` (DeepCompile), `data_efficiency.data_routing` (random-LTD) and `expert_parallel` (AutoEP)
+carry DeepSpeed 0.19.8's keys and defaults, so a config written
 for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
 the feature on is refused by name, saying what ds does not do (`inert_keys`). Settings read only by a
 feature that is off have no effect in DeepSpeed either and are accepted silently, except DeepCompile's
@@ -9,7 +9,9 @@ knobs, which warn (`ignored_keys`): both engines have `engine.compile()`, and ds
 none of them, where a user may expect them to apply.
 
 DeepSpeed acts on the sub-switches of `data_efficiency` (`curriculum_learning.enabled`,
-`random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is refused on its own.
+`random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is checked on its own: data
+sampling (curriculum learning, dynamic batching) is implemented (`_data_sampling_section`), data routing
+is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from ds_comm import ConfigModel
+from ds_engine.config._data_sampling_section import DataSamplingConfig
 
 __all__ = [
     "CompileConfig",
@@ -79,43 +82,6 @@ class CompileConfig(ConfigModel):
     passes: list[Literal["z1", "z3", "autosp", "autotp"]] | None = None
 
 
-class CurriculumLearningConfig(ConfigModel):
-    """`data_efficiency.data_sampling.curriculum_learning`."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"curriculum learning ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    data_cluster_path: str | None = None
-    curriculum_metrics: dict[str, Any] = {}
-    """Metric name -> its index paths, difficulty type and schedule."""
-
-
-class DynamicBatchingConfig(ConfigModel):
-    """`data_efficiency.data_sampling.dynamic_batching`."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"dynamic batching ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    metrics_path: str | None = None
-    lr_scaling_method: str = "linear"
-    min_batch_size: int = 1
-    max_batch_size: int | None = None
-    sequence_picking_order: str = "dataloader"
-    max_tokens: int | None = None
-    verbose: bool = False
-
-
-class DataSamplingConfig(ConfigModel):
-    """`data_efficiency.data_sampling`."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"data sampling ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    num_epochs: int = 1000
-    num_workers: int = 0
-    pin_memory: bool = False
-    curriculum_learning: CurriculumLearningConfig = CurriculumLearningConfig()
-    dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
 
 
 class RandomLtdConfig(ConfigModel):
@@ -144,11 +110,10 @@ class DataRoutingConfig(ConfigModel):
 
 
 class DataEfficiencyConfig(ConfigModel):
-    """`data_efficiency`: DeepSpeed's data efficiency library (curriculum learning, random-LTD)."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": _DATA_EFFICIENCY}
+    """`data_efficiency`: DeepSpeed's data efficiency library (data sampling; random-LTD is refused)."""
 
     enabled: bool = False
+    """Reported by `engine.data_efficiency_enabled()`; as in DeepSpeed, the sub-switches act on their own."""
     seed: int = 1234
     data_sampling: DataSamplingConfig = DataSamplingConfig()
     data_routing: DataRoutingConfig = DataRoutingConfig()

@@ -51,8 +51,8 @@ UNSUPPORTED_KEYS: dict[str, str] = {
     "elasticity": f"elastic training {_REMOVED}",
     "graph_harvesting": f"graph harvesting {_REMOVED}",
     "progressive_layer_drop": f"progressive layer drop {_REMOVED}",
-    "curriculum_learning": "top-level curriculum learning was removed in DeepSpeed 0.19 (it moved to "
-    "data_efficiency, which ds does not implement)",
+    "curriculum_learning": "top-level curriculum learning was removed in DeepSpeed 0.19; use "
+    "data_efficiency.data_sampling.curriculum_learning (curriculum data sampling) instead",
 }
 
 

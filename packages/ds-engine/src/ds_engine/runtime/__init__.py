@@ -6,7 +6,8 @@
 `runtime.sequence_parallel` (`.ulysses_sp`, `.parallel_state_sp`; ds-parallel, the `parallel` extra),
 `runtime.utils` (DeepSpeed's helpers: `move_to_device`, `see_memory_usage`, `clip_grad_norm_`...),
 `runtime.checkpoint_engine` (`TorchCheckpointEngine`, what `engine.checkpoint_engine` is),
-`runtime.dataloader` (`RepeatingLoader`), `runtime.hybrid_engine` (`DeepSpeedHybridEngine`),
+`runtime.dataloader` (`RepeatingLoader`), `runtime.data_pipeline.data_sampling` (indexed datasets, the data
+analyzer, the curriculum sampler, dynamic batching), `runtime.hybrid_engine` (`DeepSpeedHybridEngine`),
 `runtime.tensor_parallel` (`TpTrainingManager`, the `tensor_parallel` section's models; AutoTP from
 ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runtime.fp16` and
 `runtime.bf16_optimizer` (the 16-bit wrapper and loss scalers under DeepSpeed's class names),
@@ -50,6 +51,7 @@ _LAZY = (
     "config",
     "config_utils",
     "constants",
+    "data_pipeline",
     "dataloader",
     "engine",
     "fp16",
