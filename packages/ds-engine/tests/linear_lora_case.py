@@ -83,7 +83,9 @@ def train(ds: ModuleType, rank: int, world: int, sharding: int, stage: int, init
     norms = {
         name: float(p.detach().double().norm()) for name, p in engine.module.named_parameters() if "lora_weight" in name
     }
-    base = {name: float(p.detach().double().norm()) for name, p in engine.module.named_parameters() if "lora" not in name}
+    base = {
+        name: float(p.detach().double().norm()) for name, p in engine.module.named_parameters() if "lora" not in name
+    }
     return {"losses": losses, "lora_norms": norms, "base_norms": base}
 
 
