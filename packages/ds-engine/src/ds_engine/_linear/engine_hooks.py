@@ -76,6 +76,13 @@ def apply_offload(module: nn.Module) -> OptimizedLinearLayout:
         if p.ds_offload:
             moved += p.numel()
             p.data = p.data.to("cpu")
-    if moved:
-        logger.info("OptimizedLinear: %d of the base-weight elements kept on the host (offload_ratio=%s)", moved, ratio)
-    return OptimizedLinearLayout(True, sharded, ratio, moved)
+    layout = OptimizedLinearLayout(True, sharded, ratio, moved)
+    logger.info(
+        "OptimizedLinear: LoRA layers found; base weights %s, left out of the initial broadcast; %d of %d "
+        "base-weight elements kept on the host (lora_config.offload_ratio=%s)",
+        "sharded over the ranks" if sharded else "whole on each rank",
+        moved,
+        sum(p.numel() for p in eligible),
+        ratio,
+    )
+    return layout
