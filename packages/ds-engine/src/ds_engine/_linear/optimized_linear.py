@@ -259,6 +259,8 @@ class LoRAOptimizedLinear(nn.Module):
             )
         with torch.no_grad():
             base_weight = self.full_weight() if self.zero_shards > 1 else self._local_weight()
+        if base_weight.dtype != input_tensor.dtype and input_tensor.is_floating_point():
+            base_weight = base_weight.to(input_tensor.dtype)  # a quantized weight dequantizes to its build dtype
         base = F.linear(input_tensor, base_weight)
         lora = self.lora_weight_2(self.lora_weight_1(input_tensor))
         return base + self.lora_scaling_factor * lora

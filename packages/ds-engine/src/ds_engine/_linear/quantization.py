@@ -146,4 +146,7 @@ class QuantizedLinear(nn.Linear):
         self.weight = QuantizedParameter(self.weight.data, quantization_config=quantization_config)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.linear(input, self.weight.dequantized(), self.bias)
+        weight = self.weight.dequantized()
+        if weight.dtype != input.dtype and input.is_floating_point():
+            weight = weight.to(input.dtype)  # the packed weight does not follow module casts (it is not floating point)
+        return F.linear(input, weight, self.bias)
