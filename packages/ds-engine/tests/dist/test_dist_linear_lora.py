@@ -99,8 +99,36 @@ def _engine_keeps_slices(rank: int, world: int) -> dict[str, Any]:
     }
 
 
+def _quantized_bf16_engine(rank: int, world: int) -> dict[str, Any]:
+    """A quantized LoRA layer built in fp32 trains under a bf16 engine (ZeRO 1); its packed weight stays as it was."""
+    torch.manual_seed(0)
+    config = QuantizationConfig(group_size=64)
+    model = torch.nn.Sequential(
+        OptimizedLinear(32, 16, lora_config=LoRAConfig(lora_r=4), quantization_config=config, dtype=torch.float32)
+    )
+    packed = model[0].weight.detach().clone()
+    ds_config = {
+        "train_batch_size": 4,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "Adam", "params": {"lr": 0.05}},
+    }
+    engine, *_ = ds_engine.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    x, y = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(4, 16)
+    losses = []
+    for _ in range(3):
+        loss = F.mse_loss(engine(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return {"losses": losses, "packed_kept": torch.equal(engine.module[0].weight.detach(), packed)}
+
+
 def _ranks(rank: int, world: int) -> dict[str, Any]:
-    out = {"sharding": _sharding(rank, world), "engine": _engine_keeps_slices(rank, world)} if world > 1 else {}
+    if world > 1:
+        out = {"sharding": _sharding(rank, world), "engine": _engine_keeps_slices(rank, world)}
+    else:
+        out = {"quantized": _quantized_bf16_engine(rank, world)}
     for name, (run_world, sharding, stage, init) in case.RUNS.items():
         if run_world == world:
             out[name] = case.train(ds_engine, rank, world, sharding, stage, init)
@@ -142,5 +170,7 @@ def test_two_ranks_shard_gather_and_train_like_deepspeed() -> None:
 
 def test_one_rank_trains_like_deepspeed() -> None:
     (result,) = run_ranks(1, _ranks, timeout_s=120)
+    q = result["quantized"]
+    assert q["packed_kept"] and q["losses"][-1] < q["losses"][0]  # the adapters learn; the base stays packed
     for name in ("w1_seeded", "w1_loaded"):
         _assert_matches_deepspeed(name, result[name], 0)
