@@ -203,3 +203,9 @@ def test_loading_a_whole_weight_into_a_quantized_layer_quantizes_it() -> None:
 def test_bad_configs_are_refused_by_name(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         OptimizedLinear(16, 8, **kwargs)  # type: ignore[arg-type]
+
+
+def test_loading_a_base_weight_of_the_wrong_size_names_the_shape() -> None:
+    layer = OptimizedLinear(16, 4, lora_config=LoRAConfig(lora_r=2, target_mods=[""]), dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"shape \(32,\); load the whole \(4, 16\) weight"):
+        layer.load_state_dict({"weight": torch.zeros(32)}, strict=False)

@@ -214,6 +214,11 @@ class LoRAOptimizedLinear(nn.Module):
     def _local_slice_of(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's stored form of a whole `(output_dim, input_dim)` weight: sliced, then quantized if configured."""
         local: torch.Tensor = full
+        if full.numel() != self.output_dim * self.input_dim:
+            raise ValueError(
+                f"LoRAOptimizedLinear: the state dict's base weight has shape {tuple(full.shape)}; load the whole "
+                f"({self.output_dim}, {self.input_dim}) weight (each rank keeps its own slice of it)"
+            )
         if self.zero_shards > 1:
             if not dist.is_initialized():
                 raise RuntimeError(
