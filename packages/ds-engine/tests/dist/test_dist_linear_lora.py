@@ -76,8 +76,9 @@ def _sharding(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def _engine_keeps_slices(rank: int, world: int) -> dict[str, Any]:
-    """Through `initialize` (ZeRO 1): each rank's slice survives the init broadcast; offload_ratio applies."""
+def _engine_keeps_slices(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    """Through `initialize` (ZeRO 1): each rank's slice survives the init broadcast; offload_ratio applies; a
+    checkpoint (which holds rank 0's slice) loads back with each rank's own slice and the saved adapters."""
     model = case.build(ds_engine, sharding=world, init="loaded")
     for layer in (model.q_proj, model.down_proj):
         layer.lora_config.offload_ratio = 0.5
@@ -91,11 +92,19 @@ def _engine_keeps_slices(rank: int, world: int) -> dict[str, Any]:
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config
     )
     after = [p.detach().clone() for p in (engine.module.q_proj.weight, engine.module.down_proj.weight)]
+    adapter = engine.module.q_proj.lora_weight_1.weight
+    saved_adapter = adapter.detach().clone()
+    engine.save_checkpoint(ckpt_dir)
+    with torch.no_grad():
+        adapter.zero_()
+    engine.load_checkpoint(ckpt_dir)
+    reloaded = torch.equal(adapter.detach(), saved_adapter) and torch.equal(engine.module.q_proj.weight, after[0])
     return {
         "same": all(torch.equal(a, b) for a, b in zip(before, after, strict=True)),
         "attrs": (engine.optimized_linear_lora_enabled, engine.optimized_linear_base_weight_sharding),
         "offload": [engine.module.q_proj.weight.ds_offload, engine.module.down_proj.weight.ds_offload],
         "local": after[0],
+        "reloaded": reloaded,
     }
 
 
@@ -124,9 +133,9 @@ def _quantized_bf16_engine(rank: int, world: int) -> dict[str, Any]:
     return {"losses": losses, "packed_kept": torch.equal(engine.module[0].weight.detach(), packed)}
 
 
-def _ranks(rank: int, world: int) -> dict[str, Any]:
+def _ranks(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
     if world > 1:
-        out = {"sharding": _sharding(rank, world), "engine": _engine_keeps_slices(rank, world)}
+        out = {"sharding": _sharding(rank, world), "engine": _engine_keeps_slices(rank, world, ckpt_dir)}
     else:
         out = {"quantized": _quantized_bf16_engine(rank, world)}
     for name, (run_world, sharding, stage, init) in case.RUNS.items():
@@ -144,8 +153,8 @@ def _assert_matches_deepspeed(name: str, got: dict[str, Any], rank: int) -> None
     assert got["base_norms"] == pytest.approx(ref["base_norms"], abs=TOL)
 
 
-def test_two_ranks_shard_gather_and_train_like_deepspeed() -> None:
-    results = run_ranks(2, _ranks, timeout_s=240)
+def test_two_ranks_shard_gather_and_train_like_deepspeed(tmp_path: Path) -> None:
+    results = run_ranks(2, _ranks, str(tmp_path), timeout_s=240)
     whole_bytes = 12 * 16 * 4
     for rank, r in enumerate(results):
         s = r["sharding"]
@@ -162,14 +171,14 @@ def test_two_ranks_shard_gather_and_train_like_deepspeed() -> None:
         assert rel.max() <= 2**-4 + 2**-8  # E4M3's half ulp, plus the bf16 input's rounding
         torch.testing.assert_close(q["y"], q["y_ref"], rtol=0, atol=0)
         e = r["engine"]
-        assert e["same"] and e["attrs"] == (True, True) and e["offload"] == [True, False]
+        assert e["same"] and e["attrs"] == (True, True) and e["offload"] == [True, False] and e["reloaded"]
         _assert_matches_deepspeed("w2_shard2_zero1_seeded", r["w2_shard2_zero1_seeded"], rank)
         _assert_matches_deepspeed("w2_shard2_zero1_loaded", r["w2_shard2_zero1_loaded"], rank)
     assert not torch.equal(results[0]["engine"]["local"], results[1]["engine"]["local"])  # slices differ per rank
 
 
-def test_one_rank_trains_like_deepspeed() -> None:
-    (result,) = run_ranks(1, _ranks, timeout_s=120)
+def test_one_rank_trains_like_deepspeed(tmp_path: Path) -> None:
+    (result,) = run_ranks(1, _ranks, str(tmp_path), timeout_s=120)
     q = result["quantized"]
     assert q["packed_kept"] and q["losses"][-1] < q["losses"][0]  # the adapters learn; the base stays packed
     for name in ("w1_seeded", "w1_loaded"):

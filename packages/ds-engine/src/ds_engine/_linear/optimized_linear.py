@@ -205,11 +205,34 @@ class LoRAOptimizedLinear(nn.Module):
             )
         key = f"{prefix}weight"
         incoming = state_dict.get(key)
-        if incoming is not None and incoming.dtype != getattr(self.quantization_config, "q_dtype", None):
+        if incoming is not None and self._is_saved_slice(incoming):
+            state_dict[key] = self._own_slice_for(incoming, key)
+        elif incoming is not None and incoming.dtype != getattr(self.quantization_config, "q_dtype", None):
             state_dict[key] = self._local_slice_of(incoming)
         return super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _is_saved_slice(self, incoming: torch.Tensor) -> bool:
+        """A sharded layer's own state dict (a checkpoint): one rank's slice, in the stored form."""
+        return self.zero_shards > 1 and incoming.shape == self.weight.data.shape and incoming.dtype == self.weight.dtype
+
+    def _own_slice_for(self, saved: torch.Tensor, key: str) -> torch.Tensor:
+        """What to load from a checkpoint's slice: this rank's own, unchanged.
+
+        [Note: checkpoints of sharded base weights] The engine's checkpoint holds rank 0's state dict,
+        so the slice in it is rank 0's. The base weight is frozen, so the slice each rank built the model
+        with (from the same pretrained weights, before resuming) is the one it trained with. Rank 0 checks
+        that its slice is the saved one; a mismatch means the model was built from other base weights.
+        """
+        own = self.weight.data
+        if dist.is_initialized() and dist.get_rank() == 0 and not torch.equal(saved.to(own.device), own):
+            raise ValueError(
+                f"{key}: the checkpoint's base-weight slice differs from this model's; build the model from the "
+                "same base weights it was trained with (they are frozen and kept per rank), then load the checkpoint"
+            )
+        logger.debug("%s: keeping this rank's base-weight slice (the checkpoint holds rank 0's)", key)
+        return own
 
     def _local_slice_of(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's stored form of a whole `(output_dim, input_dim)` weight: sliced, then quantized if configured."""
