@@ -209,3 +209,27 @@ def test_loading_a_base_weight_of_the_wrong_size_names_the_shape() -> None:
     layer = OptimizedLinear(16, 4, lora_config=LoRAConfig(lora_r=2, target_mods=[""]), dtype=torch.float32)
     with pytest.raises(ValueError, match=r"shape \(32,\); load the whole \(4, 16\) weight"):
         layer.load_state_dict({"weight": torch.zeros(32)}, strict=False)
+
+
+def test_init_builds_a_hugging_face_model_with_adapters_ready() -> None:
+    """`from_config` under `Init` returns the model with every linear a LoRA layer and the adapters built."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    with Init(lora_config=LoRAConfig(lora_r=4, lora_alpha=8)):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert transformers.AutoModelForCausalLM.from_config.__qualname__.startswith("_BaseAutoModelClass")  # restored
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, LoRAOptimizedLinear) and q_proj._initialized
+    trainable = {n.rsplit(".", 2)[0] for n, p in model.named_parameters() if p.requires_grad}
+    assert "model.layers.0.self_attn.q_proj" in trainable and "model.embed_tokens" not in trainable
+    model.to(torch.bfloat16)
+    ids = torch.randint(0, 64, (1, 5))
+    model(ids, labels=ids).loss.backward()
+    assert q_proj.lora_weight_2.weight.grad.abs().sum() > 0
