@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -48,7 +49,7 @@ def main() -> None:
     import deepspeed
 
     results: dict[str, object] = {"deepspeed_version": deepspeed.__version__, "torch_version": torch.__version__}
-    tmp = HERE / ".record_tmp"
+    tmp = Path(tempfile.mkdtemp()) / "rank"
     for name, (world, *_rest) in case.RUNS.items():
         mp.spawn(_rank, args=(world, _free_port(), name, str(tmp)), nprocs=world, join=True)
         results[name] = [torch.load(f"{tmp}.{r}") for r in range(world)]
