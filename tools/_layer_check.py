@@ -28,7 +28,7 @@ from pathlib import Path
 
 #: Left to right; names in one tuple share a rank and do not import each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_optim", "_data"),
+    ("_optim", "_data", "_linear"),
     ("config",),
     ("_plan",),
     ("_report",),

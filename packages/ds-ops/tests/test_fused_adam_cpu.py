@@ -181,3 +181,13 @@ def test_the_cpu_accelerator_reports_the_cpu_op(monkeypatch: pytest.MonkeyPatch)
     assert hasattr(library, "ds_cpu_adam_step")
     path, why = CPUFusedAdamBuilder().prebuilt_library()
     assert path is None and "CUDA" in why
+
+
+def test_a_frozen_non_float_parameter_is_accepted_and_left_alone() -> None:
+    """A frozen quantized weight (uint8, `deepspeed.linear`) rides along in the groups a model hands over."""
+    frozen = torch.nn.Parameter(torch.arange(6, dtype=torch.uint8), requires_grad=False)
+    trained = torch.nn.Parameter(torch.ones(3))
+    opt = FusedAdam([frozen, trained], lr=0.1)
+    trained.grad = torch.ones(3)
+    opt.step()
+    assert torch.equal(frozen, torch.arange(6, dtype=torch.uint8)) and not torch.equal(trained, torch.ones(3))

@@ -42,6 +42,7 @@ from ds_engine.utils import OnDevice, log_dist, logger
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_engine import checkpointing as checkpointing
     from ds_engine import inference as inference
+    from ds_engine import linear as linear
     from ds_engine import module_inject as module_inject
     from ds_engine import moe as moe
     from ds_engine import ops as ops
@@ -105,6 +106,7 @@ _SUBMODULES = (
     "checkpointing",
     "constants",
     "inference",
+    "linear",
     "module_inject",
     "moe",
     "ops",

@@ -158,7 +158,7 @@ class CPUOptimizerBase(torch.optim.Optimizer):
                         "parameters on the CPU (with ZeRO: 'offload_optimizer': {'device': 'cpu'}), or use "
                         "FusedAdam / a torch.optim optimizer for accelerator tensors"
                     )
-                if param.dtype not in DTYPE_CODES:
+                if param.dtype not in DTYPE_CODES and param.requires_grad:  # a frozen one is never stepped
                     raise TypeError(
                         f"{self._owner}: {where} has dtype {param.dtype}; supported dtypes are "
                         "torch.float32, torch.bfloat16 and torch.float16"

@@ -28,6 +28,7 @@ from ds_comm import get_accelerator
 from ds_engine._checkpoint.deepspeed_layout import check_deepspeed_layout_moe
 from ds_engine._data.loader import CurriculumDataLoader
 from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_curriculum_loader, make_dataloader
+from ds_engine._linear.engine_hooks import OptimizedLinearLayout, apply_offload, replicated
 from ds_engine._optim.muon import tag_muon_params
 from ds_engine._optim.optimizers import (
     call_optimizer_factory,
@@ -90,6 +91,8 @@ class EngineParts:
     """The MoE layout (expert groups, layers) when the model has expert parameters."""
     autocast: AutocastPolicy | None = None
     """How the forward runs under `torch.autocast` (None: as a disabled `torch_autocast` section)."""
+    optimized_linear: OptimizedLinearLayout = dataclasses.field(default_factory=OptimizedLinearLayout)
+    """The model's `deepspeed.linear` LoRA layers (sharded base weights, offload)."""
 
 
 def _place_and_cast(module: nn.Module, plan: AssemblyPlan, device: torch.device) -> None:
@@ -266,7 +269,8 @@ def _broadcast(module: nn.Module, plan: AssemblyPlan, dist: DistInfo, moe: MoeWi
     elif plan.zero_stage == 3:
         broadcast_unpartitioned(module, dist)
     elif dist.dp_world_size > 1:
-        broadcast_module_states([*module.parameters(), *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)
+        tensors = replicated([*module.parameters(), *module.buffers()])  # not OptimizedLinear base-weight slices
+        broadcast_module_states(tensors, src=dist.dp_src_rank, group=dist.dp_group)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -315,6 +319,7 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
             "DeepSpeed); use stage 1 or 2"
         )
     _broadcast(module, plan, dist, moe)
+    optimized_linear = apply_offload(module)
     timers: WallClockTimers | NullTimers = (
         WallClockTimers(get_accelerator().synchronize) if m.wall_clock_breakdown else NullTimers()
     )
@@ -383,4 +388,5 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
         tensor_parallel=tensor_parallel,
         autocast=AutocastPolicy(plan.device_type, plan.autocast_dtype is not None, plan.autocast_dtype),
         moe=moe,
+        optimized_linear=optimized_linear,
     )

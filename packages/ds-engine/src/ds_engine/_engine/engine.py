@@ -107,6 +107,8 @@ class DeepSpeedEngine(
             if parts.moe is not None
             else []
         )
+        self.optimized_linear_lora_enabled = parts.optimized_linear.lora_enabled
+        self.optimized_linear_base_weight_sharding = parts.optimized_linear.base_weight_sharding
         self.lr_scheduler = parts.lr_scheduler
         self.training_dataloader = parts.training_dataloader
         self.timers = parts.timers

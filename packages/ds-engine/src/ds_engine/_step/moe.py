@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_engine._linear.engine_hooks import replicated
 from ds_engine._optional import require
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine._plan.reduce_settings import ReduceSettings
@@ -185,7 +186,7 @@ def broadcast_moe_model(module: nn.Module, wiring: MoeWiring, dist: DistInfo) ->
     """
     by_name: dict[str, list[torch.Tensor]] = {}
     dense: list[torch.Tensor] = []
-    for p in module.parameters():
+    for p in replicated(module.parameters()):  # not OptimizedLinear base-weight slices
         if is_expert_param(p):
             by_name.setdefault(p.group_name, []).append(p)
         else:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from ds_engine._linear.engine_hooks import replicated
 from ds_engine._optional import require
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine._plan.plan import AssemblyPlan, reduction_dtype
@@ -153,5 +154,5 @@ def broadcast_unpartitioned(module: nn.Module, dist: DistInfo) -> None:
     if dist.dp_world_size <= 1:
         return
     is_zero_param = require("ds_zero", extra="zero", feature="ZeRO stage 3").is_zero_param
-    tensors = [p for p in module.parameters() if not is_zero_param(p)]
+    tensors = [p for p in replicated(module.parameters()) if not is_zero_param(p)]
     broadcast_module_states([*tensors, *module.buffers()], src=dist.dp_src_rank, group=dist.dp_group)

@@ -117,7 +117,7 @@ class FusedAdam(torch.optim.Optimizer):
                     raise ValueError(
                         f"{owner}['params'][{i}] is on {param.device}; FusedAdam updates CUDA or CPU tensors"
                     )
-                if param.dtype not in DTYPE_CODES:
+                if param.dtype not in DTYPE_CODES and param.requires_grad:  # a frozen one is never stepped
                     raise TypeError(f"{owner}['params'][{i}] has dtype {param.dtype}; use float32, bfloat16 or float16")
             for key in ("lr", "eps", "weight_decay"):
                 check_non_negative(owner, key, group[key])
