@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -33,6 +34,7 @@ from ds_engine._step.precision import stage0_grad_owner
 from ds_engine._step.zero_contract import ZeroParamAccess
 
 __all__ = [
+    "fragment_address",
     "safe_get_full_fp32_param",
     "safe_get_full_grad",
     "safe_get_full_optimizer_state",
@@ -47,6 +49,18 @@ __all__ = [
     "safe_set_local_optimizer_state",
     "safe_update_full_grad_vectorized",
 ]
+
+
+@dataclass
+class fragment_address:  # noqa: N801 - DeepSpeed's class name, pickled under it in ZeRO-1/2 checkpoints
+    """Where one parameter's slice starts in a flat partition and how many elements it has.
+
+    DeepSpeed's ZeRO-1/2 optimizer-state files pickle these (`param_slice_mappings`), so with `deepspeed`
+    imported, `torch.load(..., weights_only=False)` of such a file looks the class up at this path.
+    """
+
+    numel: int
+    start: int
 
 
 def _owner(param: torch.Tensor) -> ZeroParamAccess | None:
