@@ -30,6 +30,7 @@ from pathlib import Path
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("_optim",),
     ("config",),
+    ("_data_efficiency",),
     ("_plan",),
     ("_report",),
     ("_parallel",),
