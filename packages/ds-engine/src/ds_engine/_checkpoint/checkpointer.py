@@ -98,6 +98,12 @@ class CheckpointParts:
     """The config as the user gave it, recorded in every model-states and partition file."""
 
 
+def _random_ltd_state(engine: CheckpointedEngine) -> dict[str, Any] | None:
+    """The random-LTD scheduler's state to save, when the engine has one (an engine without the attribute has none)."""
+    scheduler = getattr(engine, "random_ltd_scheduler", None)
+    return scheduler.state_dict() if scheduler is not None else None
+
+
 class Checkpointer:
     """Saves and loads one engine's checkpoints (DeepSpeed's layout, written atomically).
 
@@ -230,6 +236,7 @@ class Checkpointer:
             ds_config=parts.ds_config,
             rng_states=rng_states,
             extra=extra or {},
+            random_ltd=_random_ltd_state(engine),
         )
 
     def weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
@@ -350,6 +357,9 @@ class Checkpointer:
         engine, dist = self.engine, self.parts.dist
         if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        random_ltd = getattr(engine, "random_ltd_scheduler", None)
+        if random_ltd is not None and state.get("random_ltd") is not None:
+            random_ltd.load_state_dict(state["random_ltd"])
         counters = restored_counters(
             state,
             train_batch_size=engine.train_batch_size(),

@@ -251,18 +251,6 @@ class DeepSpeedGetters:
     def autotuning_enabled(self) -> bool:
         return False
 
-    def curriculum_learning_enabled(self) -> bool:
-        return False
-
-    def data_efficiency_enabled(self) -> bool:
-        return False
-
-    def data_sampling_enabled(self) -> bool:
-        return False
-
-    def random_ltd_enabled(self) -> bool:
-        return False
-
     def is_deepcompile_enabled(self) -> bool:
         return False
 

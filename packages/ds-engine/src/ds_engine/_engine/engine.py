@@ -21,6 +21,7 @@ from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
 from ds_engine._engine.compile import EngineCompile
 from ds_engine._engine.consolidated import ConsolidatedWeights
+from ds_engine._engine.data_efficiency import EngineDataEfficiency
 from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_dataloader
 from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
 from ds_engine._engine.grad_reduce import EngineGradReduce
@@ -56,6 +57,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
 
 class DeepSpeedEngine(
     EngineQueries,
+    EngineDataEfficiency,
     DeepSpeedGetters,
     EngineMixedPrecision,
     EngineOffloadStates,
@@ -130,6 +132,9 @@ class DeepSpeedEngine(
         self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
         self.flops_profiler = self._flops.profiler if self._flops is not None else None
         self._loss_scale_guard = LossScaleGuard(self.loss_scale)
+        self._init_data_efficiency(
+            parts.config.raw, train_batch_size=self._train_batch, micro_batch_size=self._micro_batch
+        )
         self._checkpointer = self._make_checkpointer(parts)
 
     def _make_checkpointer(self, parts: EngineParts) -> Checkpointer:
@@ -167,6 +172,7 @@ class DeepSpeedEngine(
         self.timers.start("forward")
         if self._input_dtype is not None:
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
+        self._random_ltd_step()
         with self._autocast.forward_context():
             if self._flops is None:
                 out = self.module(*inputs, **kwargs)
@@ -470,7 +476,8 @@ class DeepSpeedEngine(
         """The wrapped module's state_dict, optionally without frozen parameters.
 
         With tensor parallelism the weights are whole (gathered: a collective on the tensor-parallel
-        group), so checkpoints load at any tensor-parallel size, or without it.
+        group), so checkpoints load at any tensor-parallel size, or without it. With random-LTD the
+        wrappers' `.random_ltd_layer` is left out of the names (as DeepSpeed saves them).
         """
         if self._tp is not None:
             full = self._tp_full_state_dict()
@@ -480,7 +487,7 @@ class DeepSpeedEngine(
         if exclude_frozen_parameters:
             frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = type(state)((k, v) for k, v in state.items() if k not in frozen)
-        return state
+        return self._without_random_ltd_names(state)
 
     def _tp_full_state_dict(self) -> dict[str, Any]:
         """Whole weights of a tensor-parallel model; at ZeRO stage 3 each rank first gathers its shards over
@@ -499,7 +506,12 @@ class DeepSpeedEngine(
         custom_load_fn: Callable[..., Any] | None = None,
         **_: Any,
     ) -> None:
-        """Load module weights (copied into the existing, already cast parameters)."""
+        """Load module weights (copied into the existing, already cast parameters).
+
+        With random-LTD, names saved without the wrappers' `.random_ltd_layer` (DeepSpeed's and ds's saves)
+        are mapped onto the wrapped model first, so a strict load matches.
+        """
+        checkpoint = self._with_random_ltd_names(checkpoint)
         if custom_load_fn is not None:
             custom_load_fn(src=checkpoint, dst=self.module)
         elif self._tp is not None and self._zero_settings.stage == 3:  # every data-parallel rank loads the same shard

@@ -1,7 +1,7 @@
 """Sections of DeepSpeed features ds does not implement: every key accepted, the switch turning one on refused.
 
-`compile` (DeepCompile), `autotuning`, `data_efficiency` (curriculum data sampling, dynamic batching,
-random-LTD) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a config written
+`compile` (DeepCompile), `autotuning`, `data_efficiency.data_sampling` (curriculum data sampling, dynamic
+batching) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a config written
 for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
 the feature on is refused by name, saying what ds does not do (`inert_keys`). Settings read only by a
 feature that is off have no effect in DeepSpeed either and are accepted silently, except DeepCompile's
@@ -9,7 +9,8 @@ knobs, which warn (`ignored_keys`): both engines have `engine.compile()`, and ds
 none of them, where a user may expect them to apply.
 
 DeepSpeed acts on the sub-switches of `data_efficiency` (`curriculum_learning.enabled`,
-`random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is refused on its own.
+`random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is refused on its own;
+`data_routing.random_ltd` is implemented (`_random_ltd_section`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from ds_comm import ConfigModel
+from ds_engine.config._random_ltd_section import DataRoutingConfig
 
 __all__ = [
     "AutotuningConfig",
@@ -26,7 +28,7 @@ __all__ = [
 ]
 
 _NOT_IN_DS = "is not implemented in ds"
-_DATA_EFFICIENCY = f"DeepSpeed's data efficiency library {_NOT_IN_DS}"
+_DATA_EFFICIENCY = f"DeepSpeed's data efficiency data sampling {_NOT_IN_DS}"
 
 
 class CompileConfig(ConfigModel):
@@ -157,37 +159,11 @@ class DataSamplingConfig(ConfigModel):
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
 
 
-class RandomLtdConfig(ConfigModel):
-    """`data_efficiency.data_routing.random_ltd` (random layerwise token dropping)."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"random-LTD ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    total_layer_num: int | None = None
-    random_ltd_layer_num: int | None = None
-    random_ltd_layer_id: list[int] | None = None
-    model_mask_name: str | None = None
-    model_type: str | None = None
-    hidden_state_order: str | None = None
-    random_ltd_schedule: dict[str, Any] | None = None
-    layer_token_lr_schedule: dict[str, Any] | None = None
-
-
-class DataRoutingConfig(ConfigModel):
-    """`data_efficiency.data_routing`."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"data routing ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    random_ltd: RandomLtdConfig = RandomLtdConfig()
-
-
 class DataEfficiencyConfig(ConfigModel):
     """`data_efficiency`: DeepSpeed's data efficiency library (curriculum learning, random-LTD)."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": _DATA_EFFICIENCY}
-
     enabled: bool = False
+    """Reported by the engine only; each part's own switch acts (as in DeepSpeed)."""
     seed: int = 1234
     data_sampling: DataSamplingConfig = DataSamplingConfig()
     data_routing: DataRoutingConfig = DataRoutingConfig()
