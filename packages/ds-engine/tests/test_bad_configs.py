@@ -369,13 +369,14 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         {"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}}}},
         E,
         r"data_efficiency.data_sampling.curriculum_learning.enabled: .*=True is not supported by ds \(curriculum "
-        r"learning \(DeepSpeed's data efficiency library is not implemented in ds\)\)",
+        r"learning \(DeepSpeed's data efficiency data sampling is not implemented in ds\)\)",
     ),
     (
         "random_ltd_sub_switch",
         {"data_efficiency": {"data_routing": {"random_ltd": {"enabled": True}}}},
         E,
-        r"data_efficiency.data_routing.random_ltd.enabled: .*\(random-LTD",
+        r"data_efficiency.data_routing.random_ltd: random-LTD is enabled but total_layer_num, random_ltd_layer_num, "
+        r"random_ltd_layer_id, model_type, hidden_state_order, random_ltd_schedule is not set",
     ),
     ("autotuning_on", {"autotuning": {"enabled": True}}, E, r"autotuning.enabled: .*\(the autotuner is not"),
     ("autotuning_typo", {"autotuning": {"tuner_typ": "random"}}, E, r"autotuning.tuner_typ: .*'tuner_type'"),

@@ -224,3 +224,15 @@ def test_wiring_mismatch_and_missing_switch_are_refused() -> None:
     assert not off.random_ltd_enabled() and off.random_ltd_scheduler is None
     with pytest.raises(RuntimeError, match="random_ltd.enabled"):
         off.random_ltd_initialize()
+
+
+def test_explain_shows_the_random_ltd_choices() -> None:
+    from ds_engine.config import DeepSpeedConfig
+    from ds_engine.explain import explain
+
+    text = explain(DeepSpeedConfig(_config()), device_type="cpu")
+    assert "random-LTD: layers [1, 2] of 3 run on a random subset of tokens (decoder, batch_seq_dim" in text
+    assert "kept tokens: 4 -> 8 over 4 steps (fixed_linear, multiples of 2)" in text
+    assert "global_batch_size=4" in text
+    off = explain(DeepSpeedConfig({"train_batch_size": 2}), device_type="cpu")
+    assert "random-LTD: off" in off

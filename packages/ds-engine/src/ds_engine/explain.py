@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ds_comm import get_accelerator
+from ds_engine._data_efficiency.describe import data_efficiency_lines
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
@@ -90,6 +91,12 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
             lines.append(f"  {key:<32}{getattr(config.batch, key):>8}   {config.batch.sources[key]}")
     plan = plan_assembly(config, device_type=device_type or get_accelerator().name)
     lines += ["", "wrapper chain initialize() would build", *(f"  {line}" for line in plan.lines())]
+    batch = config.batch.train_batch_size if config.batch is not None else None
+    lines += [
+        "",
+        "data efficiency",
+        *(f"  {line}" for line in data_efficiency_lines(config.parsed.data_efficiency, train_batch_size=batch)),
+    ]
     if config.auto_keys:
         lines += [
             "",
