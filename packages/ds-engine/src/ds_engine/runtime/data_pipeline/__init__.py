@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-_LAZY = ("config", "constants", "curriculum_scheduler", "data_routing", "data_sampling")
+_LAZY = ("config", "constants", "curriculum_scheduler", "data_routing")
 
 
 def __getattr__(name: str) -> ModuleType:
