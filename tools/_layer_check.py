@@ -5,8 +5,9 @@ its left (or its own package). `_optim/` is the lowest layer: `config/` checks a
 schedule's params against their constructors, so it needs them (DESIGN.md drew `config` first; the
 note on issue 39 says why the order is `_optim < config`). `_data_efficiency/` (curriculum and random-LTD
 schedulers, the token-dropping layer) needs nothing above `config/`; the engine and the data sampler build
-on it. `__about__`, `_comm`, `_optional` and `_reexport` are leaves any layer may use. Every other plain-named path (`runtime/`, `utils/`, `comm.py`, ...) is
-DeepSpeed 0.19.8's path: it may import ds's layers to re-export them, but ds's own code never imports
+on it. `__about__`, `_comm`, `_optional` and `_reexport` are leaves any layer may use. Every other
+plain-named path (`runtime/`, `utils/`, `comm.py`, ...) is DeepSpeed 0.19.8's path: it may import ds's
+layers to re-export them, but ds's own code never imports
 it (the border). `explain.py` and `__init__.py` are ds's public faces and sit above everything.
 
 Imports under `if TYPE_CHECKING:` are not edges. Imports inside functions are: a lazy import does not
