@@ -236,3 +236,56 @@ def test_explain_shows_the_random_ltd_choices() -> None:
     assert "global_batch_size=4" in text
     off = explain(DeepSpeedConfig({"train_batch_size": 2}), device_type="cpu")
     assert "random-LTD: off" in off
+
+
+class PositionalMaskBlock(Block):
+    """The mask as the second positional argument, as Hugging Face's blocks take it."""
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+        return super().forward(x, attention_mask=attention_mask) * scale
+
+
+def test_mask_passed_by_position_is_cut_to_the_kept_tokens() -> None:
+    """DeepSpeed's wrapper takes keywords only (a positional mask is a TypeError there); ds finds the mask by name."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    model.layers = nn.ModuleList(PositionalMaskBlock() for _ in range(3))
+
+    def forward(ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        mask = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).expand(ids.shape[0], 1, SEQ, SEQ)
+        x = model.embed(ids)
+        for layer in model.layers:
+            x = layer(x, mask, 1.0)
+        return nn.functional.cross_entropy(model.head(x).reshape(-1, VOCAB), labels.reshape(-1))
+
+    model.forward = forward  # type: ignore[method-assign]
+    engine = convert_to_random_ltd(make_engine(model, _config()), PositionalMaskBlock)
+    kept, losses = _train(engine, _data(1) * 4)
+    assert kept == [4, 4, 4, 4] and losses[-1] < losses[0]  # Block asserts the mask matches the kept length
+
+
+def test_hugging_face_gpt2_trains_with_random_ltd() -> None:
+    """DeepSpeedExamples' random-LTD finetuning recipe: convert_to_random_ltd(engine, GPT2Block)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    hf_config = transformers.GPT2Config(n_layer=3, n_embd=16, n_head=2, vocab_size=32, n_positions=16)
+    hf_config._attn_implementation = "eager"  # a 4-D mask tensor, cut to the kept tokens
+    config = _config(model_mask_name="attention_mask")
+    config["data_efficiency"]["data_routing"]["random_ltd"]["random_ltd_schedule"].update(
+        min_value=8, max_value=16, schedule_config={"require_steps": 4, "seq_per_step": 4}
+    )
+    engine = convert_to_random_ltd(make_engine(transformers.GPT2LMHeadModel(hf_config), config), GPT2Block)
+    ids = torch.randint(32, (BATCH, 16), generator=torch.Generator().manual_seed(2))
+    kept, losses = [], []
+    for _ in range(6):
+        out = engine(input_ids=ids, labels=ids)
+        kept.append(engine.random_ltd_scheduler.get_current_seq())
+        losses.append(float(out.loss.detach()))
+        engine.backward(out.loss)
+        engine.step()
+    assert kept == [8, 8, 8, 8, 12, 12]
+    assert engine.random_ltd_scheduler.state["sample_idx"].shape == (2, BATCH, 12)  # the last forward kept 12
+    assert losses[-1] < losses[0]
+    assert set(save_without_random_ltd(engine)) == set(transformers.GPT2LMHeadModel(hf_config).state_dict())

@@ -9,10 +9,15 @@ later ones read them. In eval, or at full length, it is the wrapped layer.
 
 `init_config` (called by the engine's `random_ltd_initialize`) gives the wrapper its scheduler, its
 position among the random-LTD layers and the section's settings; until then it is the wrapped layer.
+
+Arguments after the hidden states pass through as given; the mask is found by its parameter name
+whether the model passes it by keyword or by position (Hugging Face's blocks take it positionally, where
+DeepSpeed's wrapper, keyword-only, fails).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -93,20 +98,23 @@ class RandomLayerTokenDrop(nn.Module):
     def get_hidden_tensor_shape(self, hidden_states: torch.Tensor) -> None:
         (self.get_bsh if self.batch_first else self.get_sbh)(hidden_states)
 
-    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> Any:
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         scheduler = self.random_ltd_scheduler
         if scheduler is None:
-            return self.random_ltd_layer(hidden_states, **kwargs)
+            return self.random_ltd_layer(hidden_states, *args, **kwargs)
         self.reserved_length = scheduler.get_current_seq()
         self.get_hidden_tensor_shape(hidden_states)
         if not self.training or self.reserved_length >= self.curr_seq:
-            return self.random_ltd_layer(hidden_states, **kwargs)
-        indices, part_mask = self._positions(scheduler, hidden_states, kwargs)
+            return self.random_ltd_layer(hidden_states, *args, **kwargs)
+        args, kwargs, mask_at = self._find_mask(args, kwargs)
+        mask = _read(args, kwargs, mask_at)
+        indices, part_mask = self._positions(scheduler, hidden_states, mask)
         mine = indices[self.random_ltd_layer_id]
         hidden_states, kept = GatherTokens.apply(hidden_states, mine, self.batch_first)
-        if self.mask_name is not None and self.mask_name in kwargs:
-            kwargs[self.mask_name] = part_mask[self.random_ltd_layer_id] if self.model_type == "encoder" else part_mask
-        outputs = self.random_ltd_layer(kept, **kwargs)
+        if mask is not None:
+            cut = part_mask[self.random_ltd_layer_id] if self.model_type == "encoder" else part_mask
+            args, kwargs = _write(args, kwargs, mask_at, cut)
+        outputs = self.random_ltd_layer(kept, *args, **kwargs)
         if isinstance(outputs, torch.Tensor):
             return ScatterTokens.apply(hidden_states, outputs, mine, self.batch_first)
         if isinstance(outputs, tuple) and outputs and isinstance(outputs[0], torch.Tensor):
@@ -117,12 +125,28 @@ class RandomLayerTokenDrop(nn.Module):
             f"{type(outputs).__name__}; random-LTD needs the hidden states as a tensor or as the first item of a tuple"
         )
 
+    def _find_mask(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], int | str | None]:
+        """Where the mask is in this call: a keyword (its name), a position in `args`, or None (not passed)."""
+        name = self.mask_name
+        if name is None:
+            return args, kwargs, None
+        if name in kwargs:
+            return args, dict(kwargs), name
+        try:
+            params = list(inspect.signature(self.random_ltd_layer.forward).parameters)
+        except (TypeError, ValueError):  # no introspectable signature: keyword-only, as DeepSpeed
+            return args, kwargs, None
+        if name in params and 0 < params.index(name) <= len(args):
+            return args, kwargs, params.index(name) - 1  # the hidden states take the first parameter
+        return args, kwargs, None
+
     def _positions(
-        self, scheduler: RandomLTDScheduler, hidden_states: torch.Tensor, kwargs: Mapping[str, Any]
+        self, scheduler: RandomLTDScheduler, hidden_states: torch.Tensor, mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, Any]:
         """This forward's kept positions for every random-LTD layer: drawn by layer 0, shared through the scheduler."""
         if self.random_ltd_layer_id == 0:
-            mask = kwargs.get(self.mask_name) if self.mask_name is not None else None
             assert self.index_generator is not None  # set with the scheduler in init_config
             indices, part_mask = self.index_generator(
                 self.reserved_length,
@@ -141,3 +165,19 @@ class RandomLayerTokenDrop(nn.Module):
                 f"positions; {_PATH}.{k.RANDOM_LTD_LAYER_ID} must list the layers in the order the model runs them"
             )
         return scheduler.state[k.RANDOM_LTD_SAMPLE_INDEX], scheduler.state[k.RANDOM_LTD_ATTENTION_MASK]
+
+
+def _read(args: tuple[Any, ...], kwargs: Mapping[str, Any], where: int | str | None) -> Any:
+    if where is None:
+        return None
+    return kwargs[where] if isinstance(where, str) else args[where]
+
+
+def _write(
+    args: tuple[Any, ...], kwargs: dict[str, Any], where: int | str | None, value: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(where, str):
+        kwargs[where] = value
+    elif where is not None:
+        args = (*args[:where], value, *args[where + 1 :])
+    return args, kwargs
