@@ -159,6 +159,7 @@ class PipelineEngine(DeepSpeedEngine):
             raise RuntimeError("train_batch() requires gradients enabled. Use eval_batch() instead.")
         self.tput_timer.start()
         self.timers.start("train_batch")
+        self._random_ltd_step()  # every micro-batch of this batch runs at the same kept length, as in DeepSpeed
         loss = self._executor.train_batch(data_iter)
         self.micro_steps += self._gas
         self.timers.stop("train_batch")
