@@ -289,3 +289,33 @@ def test_hugging_face_gpt2_trains_with_random_ltd() -> None:
     assert engine.random_ltd_scheduler.state["sample_idx"].shape == (2, BATCH, 12)  # the last forward kept 12
     assert losses[-1] < losses[0]
     assert set(save_without_random_ltd(engine)) == set(transformers.GPT2LMHeadModel(hf_config).state_dict())
+
+
+class Mix(nn.Module):
+    """A token-wise residual layer for a pipeline: one tensor in, one out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.lin(x))
+
+
+def test_pipeline_engine_drops_tokens_in_its_layers() -> None:
+    """PipelineModule runs its layers from a list: the wrappers must land there, and train_batch steps the schedule."""
+    ds_pipe = pytest.importorskip("ds_pipe")
+    torch.manual_seed(0)
+    specs = [ds_pipe.LayerSpec(Mix) for _ in range(3)]
+    module = ds_pipe.PipelineModule(specs, num_stages=1, loss_fn=lambda out, y: nn.functional.mse_loss(out, y))
+    engine = convert_to_random_ltd(make_engine(module, _config(model_mask_name=None)), Mix)
+    assert [type(f).__name__ for f in module.forward_funcs] == ["RandomLayerTokenDrop"] * 3
+    g = torch.Generator().manual_seed(6)
+    data = [(torch.randn(BATCH, SEQ, HIDDEN, generator=g), torch.randn(BATCH, SEQ, HIDDEN, generator=g))] * 6
+    it = iter(data)
+    kept = []
+    for _ in range(3):
+        engine.train_batch(it)
+        kept.append(engine.random_ltd_scheduler.get_current_seq())
+        assert engine.random_ltd_scheduler.state["sample_idx"].shape[-1] == kept[-1] or kept[-1] == SEQ
+    assert kept == [4, 4, 6]

@@ -54,9 +54,19 @@ def convert_to_random_ltd(model: Any, convert_type: type[nn.Module]) -> Any:
     for name in targets:
         parent_name, _, leaf = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
-        setattr(parent, leaf, RandomLayerTokenDrop(getattr(parent, leaf)))
+        _replace(parent, leaf, RandomLayerTokenDrop(getattr(parent, leaf)))
     model.random_ltd_initialize()
     return model
+
+
+def _replace(parent: nn.Module, leaf: str, wrapper: RandomLayerTokenDrop) -> None:
+    """Put `wrapper` where `parent.<leaf>` was, also in plain lists of the parent that run the layer (a
+    `PipelineModule` calls its layers from `forward_funcs`, which a bare setattr would leave unwrapped)."""
+    old = getattr(parent, leaf)
+    setattr(parent, leaf, wrapper)
+    for value in vars(parent).values():
+        if isinstance(value, list):
+            value[:] = [wrapper if item is old else item for item in value]
 
 
 def _layer_index(name: str) -> int | None:
