@@ -64,6 +64,7 @@ class RandomLayerTokenDrop(nn.Module):
         self.micro_bs: int | None = None
         self.random_ltd_num_layer = 0
         self.index_generator: Callable[..., Any] | None = None
+        self._layer_params: list[str] | None = None
 
     def init_config(self, config: Mapping[str, Any], scheduler: RandomLTDScheduler, random_ltd_layer_id: int) -> None:
         """Attach the scheduler; `random_ltd_layer_id` is this wrapper's position among the random-LTD layers.
@@ -88,6 +89,10 @@ class RandomLayerTokenDrop(nn.Module):
         self.batch_first = HIDDEN_STATE_ORDERS[order]
         self.model_type = model_type
         self.index_generator = MODEL_TYPES[model_type]
+        try:  # where a positional mask sits (read once: the wrapped layer's signature does not change)
+            self._layer_params = list(inspect.signature(self.random_ltd_layer.forward).parameters)
+        except (TypeError, ValueError):
+            self._layer_params = None
 
     def get_bsh(self, hidden_states: torch.Tensor) -> None:
         self.curr_seq, self.curr_micro_batch = hidden_states.size(1), hidden_states.size(0)
@@ -134,9 +139,8 @@ class RandomLayerTokenDrop(nn.Module):
             return args, kwargs, None
         if name in kwargs:
             return args, dict(kwargs), name
-        try:
-            params = list(inspect.signature(self.random_ltd_layer.forward).parameters)
-        except (TypeError, ValueError):  # no introspectable signature: keyword-only, as DeepSpeed
+        params = self._layer_params
+        if params is None:  # no introspectable signature: keyword-only, as DeepSpeed
             return args, kwargs, None
         if name in params and 0 < params.index(name) <= len(args):
             return args, kwargs, params.index(name) - 1  # the hidden states take the first parameter
