@@ -3,9 +3,12 @@
 ds's own code sits in `_underscore` packages ranked left to right; a module imports only packages to
 its left (or its own package). `_optim/` is the lowest layer: `config/` checks an optimizer's and a
 schedule's params against their constructors, so it needs them (DESIGN.md drew `config` first; the
-note on issue 39 says why the order is `_optim < config`). `__about__`, `_comm`, `_optional` and
-`_reexport` are leaves any layer may use. Every other plain-named path (`runtime/`, `utils/`, `comm.py`, ...) is
-DeepSpeed 0.19.8's path: it may import ds's layers to re-export them, but ds's own code never imports
+note on issue 39 says why the order is `_optim < config`). `_data/` (data efficiency: the data sampler,
+curriculum and random-LTD schedulers, the token-dropping layer) and `_linear/` (`deepspeed.linear`'s layers)
+need no other layer, and `config/` checks curriculum metrics with `_data`'s rules, so they share `_optim`'s
+rank. `__about__`, `_comm`, `_optional` and `_reexport` are leaves any layer may use. Every other
+plain-named path (`runtime/`, `utils/`, `comm.py`, ...) is DeepSpeed 0.19.8's path: it may import ds's
+layers to re-export them, but ds's own code never imports
 it (the border). `explain.py` and `__init__.py` are ds's public faces and sit above everything.
 
 Imports under `if TYPE_CHECKING:` are not edges. Imports inside functions are: a lazy import does not

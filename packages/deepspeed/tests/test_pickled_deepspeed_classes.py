@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from ds_comm.checkpoint_files import DeepSpeedFragmentAddress, deepspeed_pickle_names
 
 import deepspeed.utils.tensor_fragment as tensor_fragment
+from ds_comm.checkpoint_files import DeepSpeedFragmentAddress, deepspeed_pickle_names
 
 
 def test_a_pickled_fragment_address_loads_as_deepspeeds_class(tmp_path: Path) -> None:

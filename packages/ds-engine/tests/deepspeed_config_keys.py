@@ -416,6 +416,21 @@ _FEATURES: dict[str, Any] = {
     "data_efficiency.data_routing.random_ltd": {},
     "data_efficiency.data_routing.random_ltd.enabled": False,
     "data_efficiency.data_routing.random_ltd.layer_token_lr_schedule": {"enabled": False},
+    "data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.total_layer_tokens": 1000,
+    "data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.warmup_type": "linear",
+    "data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.warmup_layer_tokens": 100,
+    "data_efficiency.data_routing.random_ltd.total_layer_num": 12,
+    "data_efficiency.data_routing.random_ltd.random_ltd_layer_num": 10,
+    "data_efficiency.data_routing.random_ltd.random_ltd_layer_id": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+    "data_efficiency.data_routing.random_ltd.model_mask_name": "attention_mask",
+    "data_efficiency.data_routing.random_ltd.model_type": "decoder",
+    "data_efficiency.data_routing.random_ltd.hidden_state_order": "batch_seq_dim",
+    "data_efficiency.data_routing.random_ltd.random_ltd_schedule": {
+        "min_value": 128,
+        "max_value": 1024,
+        "schedule_type": "fixed_linear",
+        "schedule_config": {"require_steps": 400, "seq_per_step": 8},
+    },
 }
 
 #: Every key path DeepSpeed 0.19.8's training config reads -> a valid example value.

@@ -375,7 +375,8 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         "random_ltd_sub_switch",
         {"data_efficiency": {"data_routing": {"random_ltd": {"enabled": True}}}},
         E,
-        r"data_efficiency.data_routing.random_ltd.enabled: .*\(random-LTD",
+        r"data_efficiency.data_routing.random_ltd: random-LTD is enabled but total_layer_num, random_ltd_layer_num, "
+        r"random_ltd_layer_id, model_type, hidden_state_order, random_ltd_schedule is not set",
     ),
     ("autotuning_metric", {"autotuning": {"metric": "speed"}}, E, r"autotuning.metric: Input should be 'throughput'"),
     (

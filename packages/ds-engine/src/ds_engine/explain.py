@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from ds_comm import get_accelerator
 from ds_engine._data.describe import describe_data_sampling
+from ds_engine._data.describe_routing import data_efficiency_lines
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
@@ -100,6 +101,12 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
     data_lines = describe_data_sampling(config.data_efficiency_config)
     if data_lines:
         lines += ["", "data sampling", *(f"  {line}" for line in data_lines)]
+    batch = config.batch.train_batch_size if config.batch is not None else None
+    lines += [
+        "",
+        "data efficiency",
+        *(f"  {line}" for line in data_efficiency_lines(config.parsed.data_efficiency, train_batch_size=batch)),
+    ]
     if config.auto_keys:
         lines += [
             "",

@@ -101,6 +101,12 @@ class CheckpointParts:
     """How files are written (`checkpoint.writer`); None: `ds_comm.atomic_save`."""
 
 
+def _random_ltd_state(engine: CheckpointedEngine) -> dict[str, Any] | None:
+    """The random-LTD scheduler's state to save, when the engine has one (an engine without the attribute has none)."""
+    scheduler = getattr(engine, "random_ltd_scheduler", None)
+    return scheduler.state_dict() if scheduler is not None else None
+
+
 class Checkpointer:
     """Saves and loads one engine's checkpoints (DeepSpeed's layout, written atomically).
 
@@ -243,6 +249,7 @@ class Checkpointer:
             rng_states=rng_states,
             data_sampler=_curriculum_sampler_state(engine),
             extra=extra or {},
+            random_ltd=_random_ltd_state(engine),
         )
 
     def weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
@@ -368,6 +375,9 @@ class Checkpointer:
         engine, dist = self.engine, self.parts.dist
         if load_lr_scheduler_states and engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        random_ltd = getattr(engine, "random_ltd_scheduler", None)
+        if random_ltd is not None and state.get("random_ltd") is not None:
+            random_ltd.load_state_dict(state["random_ltd"])
         counters = restored_counters(
             state,
             train_batch_size=engine.train_batch_size(),

@@ -86,6 +86,8 @@ class TrainState:
     """The curriculum sampler's state (DeepSpeed's `data_sampler` key), under curriculum learning."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Engine-specific keys (the pipeline's stage layout)."""
+    random_ltd: dict[str, Any] | None = None
+    """The random-LTD scheduler's state_dict, when random-LTD is enabled."""
 
 
 def model_states(state: TrainState, client_state: dict[str, Any], *, ds_version: str = __version__) -> dict[str, Any]:
@@ -106,7 +108,7 @@ def model_states(state: TrainState, client_state: dict[str, Any], *, ds_version:
         "frozen_param_fragments": state.frozen_param_fragments,
         "lr_scheduler": state.lr_scheduler,
         "data_sampler": state.data_sampler,
-        "random_ltd": None,
+        "random_ltd": state.random_ltd,
         "skipped_steps": c.skipped_steps,
         "global_steps": c.global_steps,
         "global_samples": c.global_samples,

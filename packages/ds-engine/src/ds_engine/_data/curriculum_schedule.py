@@ -1,25 +1,13 @@
-"""The difficulty schedule of one curriculum metric: which difficulty a global step trains at.
+"""The config checks of one curriculum metric (`data_efficiency...curriculum_learning.curriculum_metrics.<m>`).
 
-This is the part of DeepSpeed 0.19.8's `CurriculumScheduler` the data sampler needs: `update_difficulty(step)`,
-`get_current_difficulty()`, `get_state()`/`set_state()` and `set_custom_get_difficulty(fn)`, with its four
-schedule types:
-
-- `fixed_discrete`: `schedule_config.difficulty` `[d0, d1, ...]` and `max_step` `[s0, s1, ...]` (one fewer);
-  steps up to `s0` train at `d0`, up to `s1` at `d1`, ..., later steps at the last difficulty.
-- `fixed_linear` / `fixed_root`: `min + (step / total_curriculum_step) ** (1 / root_degree) * (max - min)`,
-  floored, rounded down to a multiple of `difficulty_step`, then kept within `[the first multiple of
-  difficulty_step at or above min, max]` (linear is root degree 1).
-- `custom`: a function of the step the user sets (`engine.set_custom_curriculum_learning_schedule`).
-
-The difficulty only rises: once it reaches `max_difficulty` it stays there. The state dict has DeepSpeed's
-keys, so a saved state loads on either side.
+`config/` runs them on the whole section before any work, naming the key; the schedule itself is
+`_data.curriculum.CurriculumScheduler` (DeepSpeed 0.19.8's four schedule types), which the data sampler steps.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -27,7 +15,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DIFFICULTY_TYPES",
     "SCHEDULE_TYPES",
-    "CurriculumSchedule",
     "ScheduleConfigError",
     "validate_metric",
     "validate_schedule",
@@ -112,84 +99,3 @@ def validate_metric(config: Mapping[str, Any]) -> None:
             f"a percentile metric's max_difficulty is the number of ranks the data is split into (an int > 0, "
             f"usually 100), got {config['max_difficulty']!r}",
         )
-
-
-class CurriculumSchedule:
-    """Difficulty per global step for one metric's `config` (`min_difficulty`, `max_difficulty`,
-    `schedule_type`, `schedule_config`)."""
-
-    def __init__(self, config: Mapping[str, Any], where: str = "curriculum") -> None:
-        try:
-            validate_schedule(config)
-        except ScheduleConfigError as err:
-            raise ValueError(f"{where}.{err.key}: {err.message}") from None
-        self.state: dict[str, Any] = {
-            "min_difficulty": config["min_difficulty"],
-            "max_difficulty": config["max_difficulty"],
-            "current_difficulty": config["min_difficulty"],
-            "schedule_type": config["schedule_type"],
-        }
-        if config["schedule_type"] != "custom":
-            self.state["schedule_config"] = dict(config["schedule_config"])
-            step = self.state["schedule_config"].get("difficulty_step")
-            if step is not None and step % 8 != 0:
-                logger.warning(
-                    "%s.schedule_config.difficulty_step is %s: for a sequence-length metric, a multiple of 8 "
-                    "(FP16) or 16 (INT8) keeps tensor-core friendly shapes",
-                    where,
-                    step,
-                )
-        self._where = where
-        self.custom_get_difficulty: Callable[[int], Any] | None = None
-
-    def set_custom_get_difficulty(self, schedule_function: Callable[[int], Any]) -> None:
-        """Use `schedule_function(global_step) -> difficulty` (schedule type `custom`)."""
-        self.custom_get_difficulty = schedule_function
-
-    def get_difficulty(self, global_steps: int) -> Any:
-        """The schedule's difficulty at `global_steps`, regardless of the current one."""
-        stype = self.state["schedule_type"]
-        if stype == "fixed_discrete":
-            return self._discrete(global_steps)
-        if stype == "fixed_linear":
-            return self._root(global_steps, 1)
-        if stype == "fixed_root":
-            return self._root(global_steps, self.state["schedule_config"]["root_degree"])
-        if self.custom_get_difficulty is None:
-            raise RuntimeError(
-                f"{self._where}.schedule_type is 'custom' but no schedule function is set; call "
-                "engine.set_custom_curriculum_learning_schedule({metric: fn}) before training"
-            )
-        return self.custom_get_difficulty(global_steps)
-
-    def update_difficulty(self, global_steps: int) -> Any:
-        """Move to the difficulty of `global_steps` unless the maximum is reached; return the current one."""
-        if self.state["current_difficulty"] < self.state["max_difficulty"]:
-            self.state["current_difficulty"] = self.get_difficulty(global_steps)
-        return self.state["current_difficulty"]
-
-    def get_current_difficulty(self) -> Any:
-        return self.state["current_difficulty"]
-
-    def get_state(self) -> dict[str, Any]:
-        return self.state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    def _discrete(self, global_steps: int) -> Any:
-        sconf = self.state["schedule_config"]
-        for difficulty, max_step in zip(sconf["difficulty"], sconf["max_step"], strict=False):
-            if global_steps <= max_step:
-                return difficulty
-        return sconf["difficulty"][-1]
-
-    def _root(self, global_steps: int, root_degree: float) -> int:
-        sconf = self.state["schedule_config"]
-        low, high = self.state["min_difficulty"], self.state["max_difficulty"]
-        step = sconf["difficulty_step"]
-        fraction = (float(global_steps) / sconf["total_curriculum_step"]) ** (1.0 / root_degree)
-        difficulty = math.floor(fraction * (high - low) + low)
-        difficulty -= difficulty % step
-        difficulty = max(difficulty, -(-low // step) * step)
-        return min(difficulty, high)

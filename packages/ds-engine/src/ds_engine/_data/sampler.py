@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as tdist
 
-from ds_engine._data.curriculum_schedule import CurriculumSchedule
+from ds_engine._data.curriculum import CurriculumScheduler
 from ds_engine._data.index_utils import close_mmap_dataset_builder, create_mmap_dataset_builder, find_fit_int_dtype
 from ds_engine._data.indexed_dataset import MMapIndexedDataset
 
@@ -103,7 +103,7 @@ class DeepSpeedDataSampler:
         self.current_difficulties: dict[str, Any] = {}
         self.data_cluster_paths: list[str] = []
         self.data_cluster_current_position: list[int] = []
-        self.curriculum_schedulers: dict[str, CurriculumSchedule] = {}
+        self.curriculum_schedulers: dict[str, CurriculumScheduler] = {}
         self.curriculum_index_to_sample: dict[str, MMapIndexedDataset] = {}
         self.curriculum_index_to_metric: dict[str, MMapIndexedDataset] = {}
         self.difficulty_type: dict[str, str] = {}
@@ -118,7 +118,7 @@ class DeepSpeedDataSampler:
             os.makedirs(self.cluster_root, exist_ok=True)
         for metric, mconf in cl["curriculum_metrics"].items():
             where = f"{_CL}.curriculum_metrics.{metric}"
-            self.curriculum_schedulers[metric] = CurriculumSchedule(mconf, where)
+            self.curriculum_schedulers[metric] = CurriculumScheduler(mconf, path=where)
             self.difficulty_type[metric] = mconf["difficulty_type"]
             self.clustering_type[metric] = mconf["clustering_type"]
             if self.is_leader and mconf["clustering_type"] != "single_cluster":

@@ -285,35 +285,11 @@ class DeepSpeedGetters:
         at = self._ds_config.parsed.autotuning
         return at.enabled and at.model_info is not None and at.model_info.profile
 
-    # features ds does not implement: accepted only switched off, so they answer "off" as DeepSpeed does
-
-    def random_ltd_enabled(self) -> bool:
-        return False
-
     def is_deepcompile_enabled(self) -> bool:
         return False
 
     def is_deepcompile_active(self) -> bool:
         return False
-
-    # data efficiency: DeepSpeed's dict of the `data_efficiency` section and its switches
-    def data_efficiency_enabled(self) -> bool:
-        return self._ds_config.data_efficiency_enabled
-
-    def data_efficiency_config(self) -> dict[str, Any]:
-        return self._ds_config.data_efficiency_config
-
-    def data_sampling_enabled(self) -> bool:
-        return self._ds_config.parsed.data_efficiency.data_sampling.enabled
-
-    def data_sampling_config(self) -> dict[str, Any]:
-        return self._ds_config.data_efficiency_config["data_sampling"]
-
-    def curriculum_learning_enabled(self) -> bool:
-        return self._ds_config.parsed.data_efficiency.data_sampling.curriculum_learning.enabled
-
-    def curriculum_learning_config(self) -> dict[str, Any]:
-        return self._ds_config.data_efficiency_config["data_sampling"]["curriculum_learning"]
 
     def collect_python_gc(self) -> int:
         """Run Python's cyclic garbage collector now, at a point the script chose; returns what it freed."""

@@ -24,6 +24,7 @@ from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
 from ds_engine._engine.compile import EngineCompile
 from ds_engine._engine.consolidated import ConsolidatedWeights
+from ds_engine._engine.data_efficiency import EngineDataEfficiency
 from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_curriculum_loader, make_dataloader
 from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
 from ds_engine._engine.grad_reduce import EngineGradReduce
@@ -61,6 +62,7 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
 
 class DeepSpeedEngine(
     EngineQueries,
+    EngineDataEfficiency,
     DeepSpeedGetters,
     EngineMixedPrecision,
     EngineOffloadStates,
@@ -138,6 +140,9 @@ class DeepSpeedEngine(
         self._autotuning, self._model_info = self._autotuning_probes(m.autotuning)
         self.flops_profiler = self._flops.profiler if self._flops is not None else None
         self._loss_scale_guard = LossScaleGuard(self.loss_scale)
+        self._init_data_efficiency(
+            parts.config.raw, train_batch_size=self._train_batch, micro_batch_size=self._micro_batch
+        )
         self._checkpointer = self._make_checkpointer(parts)
 
     def _autotuning_probes(self, settings: Any) -> tuple[ExperimentProbe | None, ModelInfoProbe | None]:
@@ -199,6 +204,7 @@ class DeepSpeedEngine(
             inputs, kwargs = _cast_floats(inputs, self._input_dtype), _cast_floats(kwargs, self._input_dtype)
         if self._autotuning is not None:
             self._autotuning.micro_step_began(self.global_steps)
+        self._random_ltd_step()
         with self._autocast.forward_context(), self._forward_observers():
             out = self.module(*inputs, **kwargs)
         self._loss_scale_guard.arm(out)
@@ -452,19 +458,6 @@ class DeepSpeedEngine(
             shuffle=route == "train",
         )
 
-    def set_data_post_process_func(self, post_process_func: Callable[[Any, dict[str, Any]], Any]) -> None:
-        """Under curriculum learning, pass every training batch through `post_process_func(batch,
-        sampler_state)` (the state holds `current_difficulties`); other loaders do not call it."""
-        if self.training_dataloader is not None:
-            self.training_dataloader.post_process_func = post_process_func  # type: ignore[union-attr]
-
-    def set_custom_curriculum_learning_schedule(self, schedule_func_dict: dict[str, Callable[[int], Any]]) -> None:
-        """Give the curriculum metrics with `schedule_type: custom` their `fn(global_step) -> difficulty`."""
-        if self.training_dataloader is not None and self.curriculum_learning_enabled():
-            self.training_dataloader.data_sampler.set_custom_curriculum_learning_schedule(  # type: ignore[union-attr]
-                schedule_func_dict
-            )
-
     # -- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(
         self,
@@ -540,7 +533,8 @@ class DeepSpeedEngine(
         """The wrapped module's state_dict, optionally without frozen parameters.
 
         With tensor parallelism the weights are whole (gathered: a collective on the tensor-parallel
-        group), so checkpoints load at any tensor-parallel size, or without it.
+        group), so checkpoints load at any tensor-parallel size, or without it. With random-LTD the
+        wrappers' `.random_ltd_layer` is left out of the names (as DeepSpeed saves them).
         """
         if self._tp is not None:
             full = self._tp_full_state_dict()
@@ -550,7 +544,7 @@ class DeepSpeedEngine(
         if exclude_frozen_parameters:
             frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = type(state)((k, v) for k, v in state.items() if k not in frozen)
-        return state
+        return self._without_random_ltd_names(state)
 
     def _tp_full_state_dict(self) -> dict[str, Any]:
         """Whole weights of a tensor-parallel model; at ZeRO stage 3 each rank first gathers its shards over
@@ -569,7 +563,12 @@ class DeepSpeedEngine(
         custom_load_fn: Callable[..., Any] | None = None,
         **_: Any,
     ) -> None:
-        """Load module weights (copied into the existing, already cast parameters)."""
+        """Load module weights (copied into the existing, already cast parameters).
+
+        With random-LTD, names saved without the wrappers' `.random_ltd_layer` (DeepSpeed's and ds's saves)
+        are mapped onto the wrapped model first, so a strict load matches.
+        """
+        checkpoint = self._with_random_ltd_names(checkpoint)
         if custom_load_fn is not None:
             custom_load_fn(src=checkpoint, dst=self.module)
         elif self._tp is not None and self._zero_settings.stage == 3:  # every data-parallel rank loads the same shard

@@ -161,6 +161,7 @@ class PipelineEngine(DeepSpeedEngine):
             self._autotuning.micro_step_began(self.global_steps)
         self.tput_timer.start()
         self.timers.start("train_batch")
+        self._random_ltd_step()  # every micro-batch of this batch runs at the same kept length, as in DeepSpeed
         loss = self._executor.train_batch(data_iter)
         self.micro_steps += self._gas
         self.timers.stop("train_batch")

@@ -1,8 +1,7 @@
 """Sections of DeepSpeed features ds does not implement: every key accepted, the switch turning one on refused.
 
-`compile` (DeepCompile), `data_efficiency.data_routing` (random-LTD) and `expert_parallel` (AutoEP)
-carry DeepSpeed 0.19.8's keys and defaults, so a config written
-for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
+`compile` (DeepCompile) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a
+config written for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
 the feature on is refused by name, saying what ds does not do (`inert_keys`). Settings read only by a
 feature that is off have no effect in DeepSpeed either and are accepted silently, except DeepCompile's
 knobs, which warn (`ignored_keys`): both engines have `engine.compile()`, and ds's (torch.compile) reads
@@ -10,16 +9,17 @@ none of them, where a user may expect them to apply.
 
 DeepSpeed acts on the sub-switches of `data_efficiency` (`curriculum_learning.enabled`,
 `random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is checked on its own: data
-sampling (curriculum learning, dynamic batching) is implemented (`_data_sampling_section`), data routing
-is refused.
+sampling (curriculum learning, dynamic batching; `_data_sampling_section`) and data routing (random-LTD;
+`_random_ltd_section`) are implemented.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from ds_comm import ConfigModel
 from ds_engine.config._data_sampling_section import DataSamplingConfig
+from ds_engine.config._random_ltd_section import DataRoutingConfig
 
 __all__ = [
     "CompileConfig",
@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 _NOT_IN_DS = "is not implemented in ds"
-_DATA_EFFICIENCY = f"DeepSpeed's data efficiency library {_NOT_IN_DS}"
 
 
 class CompileConfig(ConfigModel):
@@ -82,35 +81,8 @@ class CompileConfig(ConfigModel):
     passes: list[Literal["z1", "z3", "autosp", "autotp"]] | None = None
 
 
-
-
-class RandomLtdConfig(ConfigModel):
-    """`data_efficiency.data_routing.random_ltd` (random layerwise token dropping)."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"random-LTD ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    total_layer_num: int | None = None
-    random_ltd_layer_num: int | None = None
-    random_ltd_layer_id: list[int] | None = None
-    model_mask_name: str | None = None
-    model_type: str | None = None
-    hidden_state_order: str | None = None
-    random_ltd_schedule: dict[str, Any] | None = None
-    layer_token_lr_schedule: dict[str, Any] | None = None
-
-
-class DataRoutingConfig(ConfigModel):
-    """`data_efficiency.data_routing`."""
-
-    inert_keys: ClassVar[dict[str, str]] = {"enabled": f"data routing ({_DATA_EFFICIENCY})"}
-
-    enabled: bool = False
-    random_ltd: RandomLtdConfig = RandomLtdConfig()
-
-
 class DataEfficiencyConfig(ConfigModel):
-    """`data_efficiency`: DeepSpeed's data efficiency library (data sampling; random-LTD is refused)."""
+    """`data_efficiency`: DeepSpeed's data efficiency library (data sampling and random-LTD data routing)."""
 
     enabled: bool = False
     """Reported by `engine.data_efficiency_enabled()`; as in DeepSpeed, the sub-switches act on their own."""

@@ -16,7 +16,7 @@ ds-parallel, the `parallel` extra), `runtime.config` (`DeepSpeedConfig`), `runti
 (on-policy generation for RL trainers: `RolloutEngine`, `HybridEngineRollout`, `build_rollout`),
 `runtime.zenflow` (`zenflow_config.ZenFlowConfig`, ds-zero's; `zenflow_utils._split_affinity`),
 `runtime.engine` (`DeepSpeedEngine`), `runtime.base_optimizer`, `runtime.constants`, `runtime.comm`,
-`runtime.swap_tensor` and `runtime.torch_autocast`.
+`runtime.swap_tensor`, `runtime.torch_autocast` and `runtime.data_pipeline` (curriculum schedules, random-LTD).
 Every one is an attribute of `deepspeed.runtime` (DeepSpeed's tests patch `deepspeed.runtime.engine...`
 without importing it) and is imported on first use.
 """
