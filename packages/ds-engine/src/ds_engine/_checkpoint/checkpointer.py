@@ -53,7 +53,11 @@ __all__ = ["CheckpointParts", "CheckpointedEngine", "Checkpointer"]
 
 
 class CheckpointedEngine(Protocol):
-    """What a `Checkpointer` reads from and restores into: the engine's live training state."""
+    """What a `Checkpointer` reads from and restores into: the engine's live training state.
+
+    Data efficiency's state is optional and read where present: `random_ltd_scheduler`, and the training
+    loader's curriculum sampler (`training_dataloader` with `curriculum_learning_enabled()`).
+    """
 
     module: nn.Module
     lr_scheduler: Any
@@ -383,10 +387,9 @@ class Checkpointer:
             train_batch_size=engine.train_batch_size(),
             gradient_accumulation_steps=engine.gradient_accumulation_steps(),
         )
-        if state.get("data_sampler") is not None and engine.curriculum_learning_enabled():
-            loader = engine.training_dataloader
-            if loader is not None:
-                loader.data_sampler.load_state_dict(state["data_sampler"])
+        sampler = _curriculum_sampler(engine)
+        if sampler is not None and state.get("data_sampler") is not None:
+            sampler.load_state_dict(state["data_sampler"])
         engine.global_steps = counters.global_steps
         engine.global_samples = counters.global_samples
         engine.skipped_steps = counters.skipped_steps
@@ -501,9 +504,17 @@ class Checkpointer:
         return ds_zero.partitions_from_param_states(_tp_optimizer_state.shard_param_states(whole, module))
 
 
-def _curriculum_sampler_state(engine: Any) -> dict[str, Any] | None:
-    """The training loader's curriculum sampler state, when curriculum learning drives it."""
-    loader = engine.training_dataloader
-    if loader is None or not engine.curriculum_learning_enabled():
+def _curriculum_sampler(engine: Any) -> Any:
+    """The training loader's curriculum sampler, when curriculum learning drives it (an engine without a
+    training loader or data efficiency, such as a bare `CheckpointedEngine`, has none)."""
+    loader = getattr(engine, "training_dataloader", None)
+    enabled = getattr(engine, "curriculum_learning_enabled", None)
+    if loader is None or enabled is None or not enabled():
         return None
-    return loader.data_sampler.state_dict()
+    return loader.data_sampler
+
+
+def _curriculum_sampler_state(engine: Any) -> dict[str, Any] | None:
+    """The curriculum sampler's state to save, when there is one."""
+    sampler = _curriculum_sampler(engine)
+    return sampler.state_dict() if sampler is not None else None

@@ -43,7 +43,6 @@ from ds_engine._report.autotuning import ExperimentProbe, ModelInfoProbe
 from ds_engine._report.flops_step import StepFlopsProfile
 from ds_engine._step.autocast import AutocastPolicy
 from ds_engine._step.loss_scale_guard import LossScaleGuard
-from ds_engine.config._sections import FlopsProfilerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +159,10 @@ class DeepSpeedEngine(
             settings, train_batch_size=self._train_batch, gradient_accumulation_steps=self._gas, rank=rank
         )
         if rank == 0:
-            profile = FlopsProfilerConfig(enabled=True, profile_step=probe.flops_step, detailed=False)
+            # the user's flops_profiler section, switched on at the step before the timed window
+            profile = self._ds_config.parsed.flops_profiler.model_copy(
+                update={"enabled": True, "profile_step": probe.flops_step, "detailed": False}
+            )
             self._flops = StepFlopsProfile(self.module, self, profile, on_profiled=probe.record_flops)
         return probe, None
 

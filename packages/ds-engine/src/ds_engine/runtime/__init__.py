@@ -56,6 +56,7 @@ _LAZY = (
     "engine",
     "fp16",
     "hybrid_engine",
+    "model_checkpointing",
     "pipe",
     "precision_config",
     "rollout",
