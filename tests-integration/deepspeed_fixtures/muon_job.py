@@ -3,8 +3,8 @@
     python -m torch.distributed.run --nproc_per_node=2 muon_job.py --engine ds|deepspeed --stage S --out DIR
 
 Rank 0 writes `DIR/muon.json`: the optimizer's param groups (name, use_muon, lr, weight_decay), each
-parameter's `use_muon` tag, the losses, and the final weights. Two param groups come in (no weight decay
-on biases) so the Muon/Adam split has to keep them apart.
+parameter's `use_muon` tag, the losses, and the final (at stage 3 gathered) weights. Two param groups come
+in (no weight decay on biases) so the Muon/Adam split has to keep them apart.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def main() -> None:
             "type": "Muon",
             "params": {"lr": 0.02, "adam_lr": 3e-3, "momentum": 0.9, "betas": [0.9, 0.99]},
         },
-        "zero_optimization": {"stage": args.stage},
+        # DeepSpeed 0.19.8 refuses Muon with reduce_scatter at stage 3 (ds accepts either)
+        "zero_optimization": {"stage": args.stage, **({"reduce_scatter": False} if args.stage == 3 else {})},
     }
     engine, optimizer, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -71,13 +72,15 @@ def main() -> None:
         engine.step()
         losses.append(loss.item())
     base = getattr(optimizer, "optimizer", optimizer)
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), enabled=args.stage == 3):
+        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         result = {
             "groups": [[g["name"], g["use_muon"], g["lr"], g["weight_decay"]] for g in base.param_groups],
             "tags": {n: bool(p.use_muon) for n, p in model.named_parameters()},
             "losses": losses,
-            "weights": torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist(),
+            "weights": weights,
         }
         (args.out / "muon.json").write_text(json.dumps(result))
 
