@@ -1,7 +1,7 @@
 """`"type": "Muon"` in ds against the real DeepSpeed 0.19.8 (the `deepspeed_live` nox session; skipped elsewhere).
 
 The same 2-rank job (`deepspeed_fixtures/muon_job.py`) runs under ds and under DeepSpeed (the venv
-named by `DS_REFERENCE_PYTHON`) at ZeRO stages 0 and 2: the param groups (names, Muon or Adam, lr,
+named by `DS_REFERENCE_PYTHON`) at ZeRO stages 0, 2 and 3: the param groups (names, Muon or Adam, lr,
 weight decay), the `use_muon` tags, the losses and the final weights must agree (1e-6; DeepSpeed runs
 its default "gram" Newton–Schulz in fp32 on a CPU, ds the same polynomial in fp32).
 """
@@ -32,7 +32,7 @@ def _run(python: str, engine: str, stage: int, out: Path) -> dict:
     return json.loads((out / "muon.json").read_text())
 
 
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_muon_matches_deepspeed(stage: int, tmp_path: Path) -> None:
     assert REFERENCE is not None
     mine = _run(sys.executable, "ds", stage, tmp_path / "ds")
