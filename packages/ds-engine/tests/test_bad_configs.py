@@ -138,9 +138,9 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ),
     (
         "muon_per_head",
-        {"optimizer": {"type": "Muon", "params": {"per_head_muon": True}}},
+        {"optimizer": {"type": "Muon", "params": {"per_head_muon": "yes"}}},
         E,
-        r"optimizer.params.per_head_muon: per-head Muon .* is not implemented in ds",
+        r"optimizer.params.per_head_muon: per_head_muon must be true or false, got 'yes'",
     ),
     (
         "muon_ns_method",
@@ -149,10 +149,19 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"optimizer.params.ns_method: ns_method must be 'gram' or 'standard', got 'svd'",
     ),
     (
-        "muon_zero3",
-        {"optimizer": {"type": "muon"}, "zero_optimization": {"stage": 3}},
+        "muon_zero3_nvme",
+        {
+            "optimizer": {"type": "muon"},
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
+        },
         E,
-        r"optimizer: Muon is not supported at zero_optimization.stage=3 in ds: Muon orthogonalizes each whole",
+        r"zero_optimization.offload_optimizer.device: Muon at ZeRO stage 3 with NVMe optimizer offload",
+    ),
+    (
+        "muon_momentum_in_memory_not_bool",
+        {"optimizer": {"type": "muon"}, "zero_optimization": {"stage": 3, "save_muon_momentum_buffer_in_memory": "x"}},
+        E,
+        r"zero_optimization.save_muon_momentum_buffer_in_memory",
     ),
     ("scheduler_unknown", {"scheduler": {"type": "WarmUpLR"}}, E, r"scheduler.type.*did you mean 'WarmupLR'"),
     (

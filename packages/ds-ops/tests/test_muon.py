@@ -167,3 +167,35 @@ def test_flat_partition_needs_the_zero_mark() -> None:
     part.muon_update_in_grad = True  # type: ignore[attr-defined]
     opt.step()
     assert torch.equal(part.detach(), torch.zeros(8))  # 1 - 0.5 * 2: the gradient is the update
+
+
+@pytest.mark.parametrize("shape, heads", [((12, 5), 4), ((8, 3), 2), ((6, 10), 3)])
+def test_per_head_update_orthogonalizes_each_head(shape: tuple[int, int], heads: int) -> None:
+    """`num_heads`: each block of rows is its own Muon matrix (scaled by its own aspect ratio)."""
+    g = torch.Generator().manual_seed(3)
+    grad = torch.randn(shape, generator=g)
+    buf = torch.randn(shape, generator=g)
+    ref_buf = buf.clone()
+    ref_buf.lerp_(grad, 0.05)
+    direction = grad.lerp(ref_buf, 0.95)
+    rows, cols = shape[0] // heads, shape[1]
+    scale = math.sqrt(rows / cols) if rows > cols else 1.0
+    expected = torch.cat([ref_orthogonalize(block) * scale for block in direction.split(rows)])
+    got = muon_update(grad, buf, beta=0.95, num_heads=heads)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(buf, ref_buf)
+    assert (got - muon_update(grad, ref_buf.clone(), beta=0.95)).abs().max() > 1e-2  # not the whole-matrix update
+
+
+def test_per_head_tag_reaches_the_optimizer_and_bad_counts_are_named() -> None:
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 6))
+    w.muon_num_heads = 2
+    w.grad = torch.randn(8, 6)
+    expected = w.detach().clone() - 0.1 * muon_update(w.grad.clone(), torch.zeros(8, 6), beta=0.9, num_heads=2)
+    MuonWithAuxAdam([{"params": [w], "use_muon": True, "lr": 0.1, "momentum": 0.9}]).step()
+    torch.testing.assert_close(w.detach(), expected)
+    with pytest.raises(ValueError, match=r"rows of a \(8, 6\) matrix do not split into num_heads=3"):
+        muon_update(torch.randn(8, 6), torch.zeros(8, 6), num_heads=3)
+    with pytest.raises(ValueError, match="per-head Muon needs a 2-D"):
+        muon_update(torch.randn(2, 4, 6), torch.zeros(2, 4, 6), num_heads=2)

@@ -185,7 +185,6 @@ class ZeroConfig(ConfigModel):
         "enable_sanity_checks": "no extra invariant checks are implemented",
         "use_all_reduce_for_fetch_params": "parameters are always fetched with all-gather",
         "allgather_sequential": "parameters are always fetched in coalesced buckets",
-        "save_muon_momentum_buffer_in_memory": "a ZeRO-3 Muon setting; Muon is not supported at stage 3 in ds",
         "elastic_checkpoint": "elastic checkpointing is deprecated; ds checkpoints always re-partition on load",
     }
 
@@ -271,6 +270,8 @@ class ZeroConfig(ConfigModel):
     use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
     allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
     save_muon_momentum_buffer_in_memory: bool = False
+    """Stage 3 with Muon: keep the Muon momentum in memory rather than swapped with the optimizer state. ds always
+    keeps it in memory (NVMe optimizer offload is refused with Muon), so both values train the same."""
 
     @classmethod
     def valid_keys(cls) -> list[str]:

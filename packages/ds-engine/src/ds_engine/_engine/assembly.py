@@ -113,6 +113,7 @@ def _base_optimizer(
     client: Any,
     model_parameters: Any,
     moe: MoeWiring | None = None,
+    tp_size: int = 1,
 ) -> Optimizer | None:
     if isinstance(client, Optimizer):
         if config.parsed.optimizer is not None:
@@ -122,7 +123,11 @@ def _base_optimizer(
         optimizer = call_optimizer_factory(client, normalize_param_groups(model_parameters, module))
     elif plan.optimizer is not None:
         if plan.optimizer.name == "muon":
-            tag_muon_params(module)
+            tag_muon_params(
+                module,
+                per_head=bool(plan.optimizer.kwargs.get("per_head_muon", False)),
+                tp_size=tp_size,
+            )
         groups = normalize_param_groups(model_parameters, module)
         optimizer = plan.optimizer.build(moe_param_groups(groups) if moe is not None else groups)
     else:
@@ -323,7 +328,8 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
     timers: WallClockTimers | NullTimers = (
         WallClockTimers(get_accelerator().synchronize) if m.wall_clock_breakdown else NullTimers()
     )
-    base = _base_optimizer(plan, config, module, client_optimizer, model_parameters, moe)
+    tp_size = tensor_parallel.size if tensor_parallel is not None else 1
+    base = _base_optimizer(plan, config, module, client_optimizer, model_parameters, moe, tp_size)
     stepper, optimizer = _stepper(plan, config, base, module, dist, timers, moe, tensor_parallel)
     offload = build_parameter_offload(config, module, dist) if base is None and plan.zero_stage == 3 else None
     scheduler = _scheduler(config, client_scheduler, base, client_optimizer)

@@ -3,7 +3,8 @@
 Why tagging: Muon is defined on hidden weight matrices only. As DeepSpeed 0.19.8 does at
 `initialize()`, every parameter of the model gets `use_muon`: True for parameters with 2 or more
 dims whose name contains neither "embed" nor "lm_head" (the input embedding and the output head
-are matrices but belong with Adam), False otherwise. Each incoming param group is then split into
+are matrices but belong with Adam), False otherwise. `per_head_muon: true` also tags the
+attention projections with their head counts (`_optim.per_head`). Each incoming param group is then split into
 its Muon half and its Adam half, so per-group settings (a no-decay group for biases) survive.
 """
 
@@ -13,6 +14,8 @@ import logging
 from typing import Any
 
 import torch
+
+from ds_engine._optim.per_head import tag_attention_heads
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +33,19 @@ def _layer_shape(p: torch.Tensor) -> tuple[int, ...]:
     return tuple(p.shape) if shape is None else tuple(shape)
 
 
-def tag_muon_params(module: torch.nn.Module) -> None:
-    """Set `use_muon` on every parameter of `module` (DeepSpeed's rule, module docstring)."""
+def tag_muon_params(module: torch.nn.Module, *, per_head: bool = False, tp_size: int = 1) -> dict[str, str]:
+    """Set `use_muon` on every parameter of `module` (DeepSpeed's rule, module docstring), and with
+    `per_head` (`optimizer.params.per_head_muon`) `muon_num_heads` on its attention projections
+    (`_optim.per_head`; None everywhere otherwise). Returns the per-head tags (name -> description).
+
+    Raises:
+        ValueError: `per_head` and no projection could be tagged.
+    """
     for name, p in module.named_parameters():
         lowered = name.lower()
         p.use_muon = len(_layer_shape(p)) >= 2 and "embed" not in lowered and "lm_head" not in lowered  # type: ignore[attr-defined]
+        p.muon_num_heads = None  # type: ignore[attr-defined]
+    return tag_attention_heads(module, tp_size=tp_size) if per_head else {}
 
 
 def check_muon_params(params: dict[str, Any]) -> tuple[str, str] | None:
@@ -50,8 +61,8 @@ def check_muon_params(params: dict[str, Any]) -> tuple[str, str] | None:
             close = difflib.get_close_matches(key, sorted(MUON_CONFIG_KEYS), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else f"; accepted: {', '.join(sorted(MUON_CONFIG_KEYS))}"
             return key, f"{key!r} is not a parameter of optimizer 'muon'{hint}"
-    if params.get("per_head_muon", False):
-        return "per_head_muon", "per-head Muon (each attention head orthogonalized on its own) is not implemented in ds"
+    if not isinstance(params.get("per_head_muon", False), bool):
+        return "per_head_muon", f"per_head_muon must be true or false, got {params['per_head_muon']!r}"
     method = params.get("ns_method", "gram")
     if method not in ("gram", "standard"):
         return "ns_method", f"ns_method must be 'gram' or 'standard', got {method!r}"

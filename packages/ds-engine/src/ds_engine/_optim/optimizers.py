@@ -321,11 +321,8 @@ def plan_config_optimizer(
             raise ValueError(
                 "optimizer 'muon' needs ds_ops.MuonWithAuxAdam, which the installed ds-ops lacks; upgrade ds-ops"
             )
-        if offload and force_ds_cpu_optimizer:
-            raise ValueError(
-                "optimizer 'muon' with offload_optimizer: ds has no DeepSpeed CPU Muon; set "
-                "zero_force_ds_cpu_optimizer=false to step ds_ops.MuonWithAuxAdam on the host partitions"
-            )
+        # With offload it steps the host partitions; as in DeepSpeed, zero_force_ds_cpu_optimizer only
+        # checks client optimizers, so the config's Muon is not refused there.
         return OptimizerPlan(
             name, "ds_ops.MuonWithAuxAdam", dict(params), "Muon for use_muon matrices, Adam for the rest"
         )

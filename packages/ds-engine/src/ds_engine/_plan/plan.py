@@ -13,6 +13,7 @@ import torch
 from torch.optim import Optimizer
 
 from ds_engine._optim.optimizers import OptimizerPlan, plan_config_optimizer
+from ds_engine._plan.muon import muon_lines
 from ds_engine._plan.reduce_settings import ReduceSettings
 from ds_engine.config import DeepSpeedConfigError
 from ds_engine.config._dtype_names import to_torch_dtype
@@ -58,6 +59,8 @@ class AssemblyPlan:
     """bf16 at stage 0 with fp32 accumulation: each 16-bit gradient moves into the fp32 buffer as soon as
     backward has produced it (`bf16.immediate_grad_update`), not after the whole backward."""
     keep_in_fp32_modules: str | tuple[str, ...] = "auto"
+    muon: tuple[str, ...] = ()
+    """With `"optimizer": {"type": "Muon"}`: how each Muon choice is carried out (`_plan.muon`)."""
     bf16_masters: bool = False
     """ZeRO keeps bf16 master weights, gradient partitions and optimizer states (`bf16.bf16_master_weights_and_grads`
     with `bf16.bf16_optimizer_states`) instead of fp32 ones."""
@@ -101,6 +104,7 @@ class AssemblyPlan:
         )
         if self.nvme_offload is not None:
             out.append(f"  {self.nvme_offload}")
+        out += [f"  {line}" for line in self.muon]
         if self.zero_stage == 0:
             reduce = (
                 self.reduce.describe(self.dp_world_size)
@@ -265,12 +269,7 @@ def plan_assembly(
     offload = config.zero.offload_optimizer_device != "none"
     where = "NVMe" if config.zero.offload_optimizer_device == "nvme" else "CPU"
     source, opt_plan = _plan_optimizer(config, client_optimizer, device_type, offload)
-    if opt_plan is not None and opt_plan.name == "muon" and stage == 3:
-        raise DeepSpeedConfigError(
-            "optimizer: Muon is not supported at zero_optimization.stage=3 in ds: Muon orthogonalizes each whole "
-            "weight matrix, and stage 3 keeps only a shard of every parameter and gradient on each rank; use "
-            "stage 0, 1 or 2 (stages 1 and 2 gather the Muon matrices' gradients for the update)"
-        )
+    muon = muon_lines(config, opt_plan.kwargs, stage) if opt_plan is not None and opt_plan.name == "muon" else ()
     if stage == 3 and source == "none":
         wrapper = (
             "ds_zero.DeepSpeedZeRoOffload (ZeRO stage 3 without an optimizer: parameters partitioned and "
@@ -333,5 +332,6 @@ def plan_assembly(
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
+        muon=muon,
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

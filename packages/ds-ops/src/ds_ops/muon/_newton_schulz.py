@@ -62,6 +62,7 @@ def muon_update(
     beta: float = 0.95,
     ns_steps: int = 5,
     nesterov: bool = True,
+    num_heads: int | None = None,
 ) -> torch.Tensor:
     """The Muon step direction for one weight matrix; advances `momentum` in place.
 
@@ -70,6 +71,11 @@ def muon_update(
     the same per-element RMS as wide ones. A 4-D (convolution) gradient is orthogonalized as
     `[out_channels, -1]` and a 3-D one as a batch of matrices; the scale reads the last two dims of
     `grad` either way, as DeepSpeed does.
+
+    With `num_heads` (per-head Muon, an attention projection `[num_heads * head_dim, in_features]`)
+    the direction is orthogonalized as a batch of `num_heads` blocks of `head_dim` rows, each scaled
+    by `sqrt(max(1, head_dim / in_features))`: every head gets its own orthogonal update instead of
+    sharing one with the other heads.
 
     A non-finite gradient leaves `momentum` untouched and is returned as is, so the caller's
     overflow check still sees it and one skipped step does not poison the momentum.
@@ -80,20 +86,39 @@ def muon_update(
         beta: momentum coefficient.
         ns_steps: Newton–Schulz iterations.
         nesterov: use the Nesterov look-ahead.
+        num_heads: orthogonalize per head (rows split into this many equal blocks); None: the whole matrix.
 
     Raises:
-        ValueError: `grad` is not a matrix, or the shapes differ.
+        ValueError: `grad` is not a matrix, the shapes differ, or (`num_heads`) `grad` is not 2-D or its
+            rows do not split into `num_heads` equal blocks.
     """
     if grad.ndim < 2:
         raise ValueError(f"Muon updates matrices (>= 2-D); got a gradient of shape {tuple(grad.shape)}")
     if momentum.shape != grad.shape:
         raise ValueError(f"momentum shape {tuple(momentum.shape)} != gradient shape {tuple(grad.shape)}")
+    if num_heads is not None:
+        _check_heads(grad, num_heads)
     finite = torch.isfinite(grad).all()
     momentum.copy_(torch.where(finite, momentum.lerp(grad.to(momentum.dtype), 1.0 - beta), momentum))
     direction = grad.to(momentum.dtype).lerp(momentum, beta) if nesterov else momentum
-    matrix = direction.reshape(direction.size(0), -1) if direction.ndim == 4 else direction
-    update = newton_schulz_orthogonalize(matrix, ns_steps).view(grad.shape)
-    rows, cols = grad.size(-2), grad.size(-1)
+    if num_heads is not None:
+        rows, cols = grad.size(0) // num_heads, grad.size(1)
+        heads = direction.reshape(num_heads, rows, cols)
+        update = newton_schulz_orthogonalize(heads, ns_steps).reshape(grad.shape)
+    else:
+        matrix = direction.reshape(direction.size(0), -1) if direction.ndim == 4 else direction
+        update = newton_schulz_orthogonalize(matrix, ns_steps).view(grad.shape)
+        rows, cols = grad.size(-2), grad.size(-1)
     if rows > cols:
         update = update * math.sqrt(rows / cols)
     return torch.where(finite, update, grad.to(update.dtype)).to(grad.dtype)
+
+
+def _check_heads(grad: torch.Tensor, num_heads: int) -> None:
+    if grad.ndim != 2:
+        raise ValueError(f"per-head Muon needs a 2-D attention projection, got a gradient of shape {tuple(grad.shape)}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1 or grad.size(0) % num_heads:
+        raise ValueError(
+            f"per-head Muon: the {grad.size(0)} rows of a {tuple(grad.shape)} matrix do not split into "
+            f"num_heads={num_heads!r} equal heads"
+        )

@@ -36,7 +36,8 @@ class MuonWithAuxAdam(Optimizer):
     """Muon on groups with `use_muon=True`, Adam(W) on groups with `use_muon=False`.
 
     Muon group step, per parameter: `p *= 1 - lr * weight_decay`, then `p -= lr * muon_update(...)`
-    with the parameter's `momentum_buffer`. Adam group step: bias-corrected Adam moments,
+    with the parameter's `momentum_buffer` (per attention head when the parameter carries
+    `muon_num_heads`, DeepSpeed's per-head Muon tag). Adam group step: bias-corrected Adam moments,
     `p -= lr * m_hat / (sqrt(v_hat) + eps)`, with decoupled weight decay (`adam_w_mode=True`,
     AdamW) or L2 decay added to the gradient (`adam_w_mode=False`).
 
@@ -98,7 +99,11 @@ class MuonWithAuxAdam(Optimizer):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 update = muon_update(
-                    p.grad, state["momentum_buffer"], beta=group["momentum"], ns_steps=group["ns_steps"]
+                    p.grad,
+                    state["momentum_buffer"],
+                    beta=group["momentum"],
+                    ns_steps=group["ns_steps"],
+                    num_heads=getattr(p, "muon_num_heads", None),
                 )
             if wd != 0:
                 p.mul_(1.0 - lr * wd)

@@ -100,7 +100,7 @@ class MuonPartitionUpdate:
         full_grad = self._gather(grad_part, flat.padded_numel)
         full_momentum = self._gather(momentum, flat.padded_numel)
         lo, hi = flat.own_start, flat.own_start + flat.partition_numel
-        for slot in flat.slots:
+        for param, slot in zip(flat.params, flat.slots, strict=True):
             if slot.flat_end <= lo or slot.flat_offset >= hi or slot.numel == 0:
                 continue  # another rank's matrix: its owners compute it
             grad = flat.slot_view(full_grad, slot)
@@ -109,6 +109,7 @@ class MuonPartitionUpdate:
                 flat.slot_view(full_momentum, slot),
                 beta=settings.get("momentum", 0.95),
                 ns_steps=settings.get("ns_steps", 5),
+                num_heads=getattr(param, "muon_num_heads", None),
             )
             grad.copy_(update)
         with torch.no_grad():

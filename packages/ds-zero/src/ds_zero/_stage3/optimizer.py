@@ -30,6 +30,7 @@ from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dic
 from ds_zero._stage3.grad_views import GradPartitionViews
 from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
+from ds_zero._stage3.muon import MuonShardUpdate
 from ds_zero._stage3.param_access import ShardParamAccess
 from ds_zero._stage3.partition import ShardPartition
 from ds_zero._stage3.partition_index import PartitionIndex
@@ -82,7 +83,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     `step()`: `ds_ops.precision.finish_step` on the fp32 gradient partitions (unscale, inf/nan check,
     loss-scaler update, global norm, clip; one all-reduce, so an inf/nan on any rank skips the step on
-    all ranks), the base optimizer's step on the partitions, copy into the model-dtype shards, and
+    all ranks), for `use_muon` groups (`ds_ops.MuonWithAuxAdam`) the Muon update of the whole matrices
+    (`_stage3.muon`), the base optimizer's step on the partitions, copy into the model-dtype shards, and
     re-gather the parameters that stay whole (persistent ones).
 
     One parameter's fp32 master, gradient and optimizer state are read and written with DeepSpeed's
@@ -123,7 +125,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
     Raises:
         TypeError: not exactly one module and one optimizer given.
         ValueError: stage is not 3, a refused bf16-master combination (`ds_zero._master_dtype`), the optimizer
-            was already stepped, an optimizer parameter is not in `module` or is a trainable quantized weight
+            was already stepped, Muon groups with NVMe optimizer offload or holding a parameter of fewer
+            than 2 dims, an optimizer parameter is not in `module` or is a trainable quantized weight
             (`weight_quantization.quantized_initialization`), or
             (NVMe offload) `nvme_path` is missing or not writable.
         NVMeSwapError: a swap file could not be written or read back intact, at construction or at the step
@@ -167,11 +170,11 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 "the base optimizer already has state (it was stepped); build "
                 "DeepSpeedZeroOptimizer_Stage3 around a fresh optimizer"
             )
-        if any(g.get("use_muon", False) for g in optimizer.param_groups):
+        if cfg.offload_optimizer_device == "nvme" and any(g.get("use_muon", False) for g in optimizer.param_groups):
             raise ValueError(
-                "Muon (param groups with use_muon=True) is not supported at ZeRO stage 3 in ds: Muon "
-                "orthogonalizes each whole weight matrix, and stage 3 keeps only a shard of every gradient "
-                "and parameter on each rank; use zero_optimization.stage 0, 1 or 2 for Muon"
+                "Muon (param groups with use_muon=True) with zero_optimization.offload_optimizer.device=nvme is "
+                "not supported in ds: the Muon update gathers each matrix's gradient and momentum, which the NVMe "
+                "step keeps on disk; use offload_optimizer.device 'cpu' or 'none'"
             )
         refuse_trainable(p for g in optimizer.param_groups for p in g["params"])
         if model_parallel_group is not None and cfg.offload_optimizer_device == "nvme":
@@ -279,6 +282,14 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self.shared_params = names.shared_params()
         self.frozen_param_shapes = {state_of(p).name: list(p.ds_shape) for p in self.frozen.params}
         self.flats = self.partitions
+        muon = MuonShardUpdate(
+            optimizer,
+            self.partitions,
+            dp_group,
+            bucket_numel=cfg.reduce_bucket_size,
+            comm_device=self._norm_device if nccl else None,
+        )
+        self._muon = muon if muon.partitions else None
 
     def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
         master_device = torch.device("cpu") if self.offload_optimizer else None
@@ -443,6 +454,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             swapper.grad_outcome = outcome
         if not self._record_outcome(outcome):
             return False
+        if self._muon is not None:  # after unscale, check and clip: `_stage3.muon`
+            self._muon()
         self._base_step()
         self.refresh_gathered()
         return True
