@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ds_comm import atomic_write_text
 from ds_comm.checkpoint_files import DEEPSPEED_READ_VERSION
@@ -143,7 +143,12 @@ def resolve_checkpoint_layout(
     Raises:
         DeepSpeedConfigError: an explicit "deepspeed" that cannot hold the job.
     """
-    kwargs = {"pipeline": pipeline, "tp_size": tp_size, "mp_world_size": mp_world_size, "sp_size": sp_size}
+    kwargs: dict[str, Any] = {
+        "pipeline": pipeline,
+        "tp_size": tp_size,
+        "mp_world_size": mp_world_size,
+        "sp_size": sp_size,
+    }
     check_deepspeed_layout(config, **kwargs, has_moe=has_moe)
     if config.parsed.checkpoint.layout is not None:
         return config

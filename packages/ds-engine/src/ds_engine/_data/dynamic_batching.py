@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch.distributed as tdist
@@ -71,7 +71,7 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
     dataloader_collate_fn: Callable[[list[Any]], Any] | None = None,
     sample_padding_fn: Callable[[Any, int], Any] | None = None,
     batch_seqlens_fn: Callable[[Any], Any] | None = None,
-) -> tuple[DataLoader, VariableBatchSizeLR, dict[str, Any]]:
+) -> tuple[DataLoader[Any], VariableBatchSizeLR, dict[str, Any]]:
     """`(dataloader, lr_scheduler, deepspeed_io_kwargs)` for `dataset` under the engine's dynamic batching
     settings (see the module docstring).
 
@@ -84,8 +84,10 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
     if not batching["enabled"]:
         raise ValueError(f"{_KEY}.enabled is false; enable it (with max_tokens) to use dynamic batching")
     if dataset_seqlens is None:
-        dataset_seqlens = _seqlens_from_metrics(
-            dataset, engine, batching["metrics_path"], dataloader_collate_fn, batch_seqlens_fn
+        # a 1-D int64 array: sized, indexable and iterable like the Sequence[int] the batching reads
+        dataset_seqlens = cast(
+            Sequence[int],
+            _seqlens_from_metrics(dataset, engine, batching["metrics_path"], dataloader_collate_fn, batch_seqlens_fn),
         )
     group = engine.data_parallel_group
     distributed = group is not None and tdist.is_initialized()

@@ -30,10 +30,10 @@ def find_fit_int_dtype(min_value: int, max_value: int) -> type[np.integer]:
             if max_value <= np.iinfo(dt).max:
                 return dt
         return np.uint64
-    for dt in _SIGNED:
-        info = np.iinfo(dt)
+    for sdt in _SIGNED:
+        info = np.iinfo(sdt)
         if info.min <= min_value and max_value <= info.max:
-            return dt
+            return sdt
     return np.int64
 
 

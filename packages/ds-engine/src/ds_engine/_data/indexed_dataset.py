@@ -24,7 +24,7 @@ import numbers
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,7 +171,7 @@ def _warmup(path: str) -> None:
             pass
 
 
-class MMapIndexedDataset(torch.utils.data.Dataset):
+class MMapIndexedDataset(torch.utils.data.Dataset[Any]):
     """Items of an indexed dataset at `path` (the prefix, without `.bin`/`.idx`) as numpy views of a memory map.
 
     `ds[i]` is item `i` (a read-only 1-D array), `ds[a:b]` a list of items; `get(i, offset, length)` a part
@@ -221,6 +221,11 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
             ptr, size = self._index[i]
             return np.frombuffer(self._bin, dtype=self._index.dtype, count=size, offset=ptr)
         raise TypeError(f"indexed dataset indices are ints or slices, got {type(idx).__name__}")
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Items `0 .. len - 1` in order (what iterating through `__getitem__` gives)."""
+        for i in range(len(self)):
+            yield self[i]
 
     def get(self, idx: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Elements `offset : offset + length` of item `idx` (to its end when `length` is None)."""

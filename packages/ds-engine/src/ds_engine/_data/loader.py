@@ -49,7 +49,7 @@ class CurriculumDataLoader:
         self.post_process_func: Callable[[Any, dict[str, Any]], Any] | None = None
         n = len(data_sampler)
         self.len = n // batch_size if drop_last else -(-n // batch_size)
-        self.dataloader: DataLoader | None = None
+        self.dataloader: DataLoader[Any] | None = None
         self.data_iterator: Iterator[Any] | None = None
 
     def __len__(self) -> int:
@@ -61,7 +61,7 @@ class CurriculumDataLoader:
             kwargs["collate_fn"] = self.collate_fn
         self.dataloader = DataLoader(
             self.dataset,
-            batch_sampler=self.data_sampler,  # type: ignore[arg-type]  # an iterable of index lists
+            batch_sampler=self.data_sampler,  # an iterable of index lists
             num_workers=self.num_local_io_workers,
             pin_memory=self.pin_memory,
             **kwargs,

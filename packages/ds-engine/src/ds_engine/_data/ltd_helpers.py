@@ -14,7 +14,7 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -37,7 +37,7 @@ _INFIX = ".random_ltd_layer"
 
 
 def _inner(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") else model
+    return cast(nn.Module, model.module) if hasattr(model, "module") else model
 
 
 def convert_to_random_ltd(model: Any, convert_type: type[nn.Module]) -> Any:

@@ -200,14 +200,24 @@ class DeepSpeedDataSampler:
         clustered = [m for m in self.curriculum_schedulers if self.clustering_type[m] != "single_cluster"]
         if len(clustered) > 1:
             # several metrics: everything within all current difficulties, minus what earlier clusters hold
-            cluster = None
+            cluster: np.ndarray | None = None
             for metric in self.curriculum_schedulers:
                 if self.clustering_type[metric] == "single_cluster":
-                    part = np.arange(0, self.one_epoch_total_samples, 1, dtype=self.index_dtype)
+                    part: np.ndarray | None = np.arange(0, self.one_epoch_total_samples, 1, dtype=self.index_dtype)
                 else:
                     low = float("-inf") if self.difficulty_type[metric] == "value" else 0
                     part = self._metric_cluster(metric, low, self.current_difficulties[metric])
-                cluster = part if cluster is None else np.intersect1d(cluster, part, assume_unique=True)
+                if cluster is None:
+                    cluster = part
+                elif part is None:  # numpy cannot intersect with None
+                    raise ValueError(
+                        f"curriculum metric {metric!r} has no sample up to difficulty "
+                        f"{self.current_difficulties[metric]!r}; check its index files and difficulty schedule"
+                    )
+                else:
+                    cluster = np.intersect1d(cluster, part, assume_unique=True)
+            if cluster is None:  # no metric's index held a sample in range: nothing is admitted
+                return None
             for existing in self.data_clusters:
                 cluster = np.setdiff1d(cluster, existing[0], assume_unique=True)
             return cluster
@@ -229,7 +239,7 @@ class DeepSpeedDataSampler:
         if self.is_leader:
             cluster = self._new_cluster_samples(previous_difficulties)
             formed = cluster is not None and len(cluster) > 0
-            if formed:
+            if formed and cluster is not None:
                 logger.info(
                     "new data cluster (difficulties %s -> %s) of %d samples",
                     dict(previous_difficulties),

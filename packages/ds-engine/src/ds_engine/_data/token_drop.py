@@ -115,15 +115,15 @@ class RandomLayerTokenDrop(nn.Module):
         mask = _read(args, kwargs, mask_at)
         indices, part_mask = self._positions(scheduler, hidden_states, mask)
         mine = indices[self.random_ltd_layer_id]
-        hidden_states, kept = GatherTokens.apply(hidden_states, mine, self.batch_first)
+        hidden_states, kept = GatherTokens.apply(hidden_states, mine, self.batch_first)  # type: ignore[no-untyped-call]
         if mask is not None:
             cut = part_mask[self.random_ltd_layer_id] if self.model_type == "encoder" else part_mask
             args, kwargs = _write(args, kwargs, mask_at, cut)
         outputs = self.random_ltd_layer(kept, *args, **kwargs)
         if isinstance(outputs, torch.Tensor):
-            return ScatterTokens.apply(hidden_states, outputs, mine, self.batch_first)
+            return ScatterTokens.apply(hidden_states, outputs, mine, self.batch_first)  # type: ignore[no-untyped-call]
         if isinstance(outputs, tuple) and outputs and isinstance(outputs[0], torch.Tensor):
-            merged = ScatterTokens.apply(hidden_states, outputs[0], mine, self.batch_first)
+            merged = ScatterTokens.apply(hidden_states, outputs[0], mine, self.batch_first)  # type: ignore[no-untyped-call]
             return (merged, *outputs[1:])
         raise TypeError(
             f"RandomLayerTokenDrop: the wrapped {type(self.random_ltd_layer).__name__} returned "

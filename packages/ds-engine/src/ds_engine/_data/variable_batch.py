@@ -20,12 +20,13 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from torch import Tensor
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import Optimizer
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def dataloader_for_variable_batch_size(
     dataloader_pin_memory: bool = False,
     required_microbatches_of_same_seqlen: bool = False,
     sample_padding_fn: Callable[[Any, int], Any] | None = None,
-) -> tuple[DataLoader, dict[str, Any]]:
+) -> tuple[DataLoader[Any], dict[str, Any]]:
     """A loader over the micro batches (interleaved across `dataloader_num_replicas`), each item the
     collated samples of `dataloader_batch_size` micro batches; and the same as `deepspeed_io` kwargs.
 
@@ -167,8 +168,10 @@ def dataloader_for_variable_batch_size(
     """
     if required_microbatches_of_same_seqlen and sample_padding_fn is None:
         raise ValueError("required_microbatches_of_same_seqlen needs sample_padding_fn(sample, max_seqlen)")
-    sampler = DistributedSampler(
-        microbatch_ids, num_replicas=dataloader_num_replicas, rank=dataloader_rank, shuffle=False, drop_last=False
+    # A sequence is a map-style dataset (__getitem__ and __len__), which is all the sampler and loader use.
+    ids_dataset = cast("Dataset[tuple[int, list[int]]]", microbatch_ids)
+    sampler: DistributedSampler[tuple[int, list[int]]] = DistributedSampler(
+        ids_dataset, num_replicas=dataloader_num_replicas, rank=dataloader_rank, shuffle=False, drop_last=False
     )
 
     def collate(items: list[tuple[int, list[int]]]) -> Any:
@@ -184,7 +187,7 @@ def dataloader_for_variable_batch_size(
         return dataloader_collate_fn(samples) if dataloader_collate_fn else samples
 
     loader = DataLoader(
-        microbatch_ids,  # type: ignore[arg-type]
+        ids_dataset,
         batch_size=dataloader_batch_size,
         sampler=sampler,
         num_workers=dataloader_num_workers,
@@ -252,15 +255,15 @@ class VariableBatchSizeLR(LRScheduler):
         for key in ("base_batch_size", "lr_scaling_method", "batch_sizes", "base_lrs", "last_epoch", "verbose"):
             setattr(self, key, state_dict[key])
 
-    def get_last_lr(self) -> list[float]:
+    def get_last_lr(self) -> list[float | Tensor]:
         """The wrapped scheduler's last (unscaled) lrs."""
         return self.base_lr_scheduler._last_lr
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
+    def get_lr(self) -> list[float | Tensor]:
         """The lrs in the optimizer now (scaled)."""
         return [group["lr"] for group in self.optimizer.param_groups]
 
-    def step(self, epoch: int | None = None) -> None:  # type: ignore[override]
+    def step(self, epoch: int | None = None) -> None:
         """Advance to step `epoch` (the next one when None): the wrapped scheduler steps on the unscaled lrs,
         then the lrs are scaled for the batch of the new step. `step(0)` restarts from the base lrs."""
         unscaled = self.base_lrs if epoch == 0 else self.get_last_lr()
@@ -288,7 +291,7 @@ class VariableBatchSizeLR(LRScheduler):
 class _ConstantLR(LRScheduler):
     """Keeps the optimizer's lrs (the base for scaling when there is no scheduler)."""
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
+    def get_lr(self) -> list[float | Tensor]:
         return list(self.base_lrs)
 
 
@@ -346,7 +349,7 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size(
     sample_padding_fn: Callable[[Any, int], Any] | None = None,
     verbose: bool = False,
     seed: int | None = None,
-) -> tuple[DataLoader, VariableBatchSizeLR, dict[str, Any]]:
+) -> tuple[DataLoader[Any], VariableBatchSizeLR, dict[str, Any]]:
     """`batch_by_seqlens`, then its loader and lr scheduler: `(dataloader, lr_scheduler, deepspeed_io_kwargs)`."""
     microbatch_ids, batch_sizes, batch_max_seqlens = batch_by_seqlens(
         seqlens=dataset_seqlens,

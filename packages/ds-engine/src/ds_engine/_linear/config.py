@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, is_dataclass
+from typing import cast
 
 import torch
 
@@ -73,6 +74,9 @@ def check_lora_config(config: object, argument: str = "lora_config") -> LoRAConf
     """`config` as a checked `LoRAConfig`; a ValueError naming `argument.<field>` and the fix otherwise."""
     if not is_dataclass(config) or not hasattr(config, "lora_r"):
         raise ValueError(f"Expecting LoRAConfig but received {type(config)} as {argument}")
+    # Any dataclass with LoRAConfig's fields is accepted (DeepSpeed's own LoRAConfig included); each
+    # field is checked below.
+    config = cast(LoRAConfig, config)
     _positive_int(config.lora_r, f"{argument}.lora_r")
     _positive_int(config.base_weight_sharding, f"{argument}.base_weight_sharding")
     if not isinstance(config.lora_alpha, (int, float)) or isinstance(config.lora_alpha, bool):
@@ -85,7 +89,7 @@ def check_lora_config(config: object, argument: str = "lora_config") -> LoRAConf
             f"{argument}.target_mods must be a list of module names such as ['q_proj', 'v_proj'], "
             f"got {config.target_mods!r}"
         )
-    return config  # type: ignore[return-value]
+    return config
 
 
 #: q_bits -> the mantissa bits DeepSpeed's FP quantizer uses for it (8 bits: the config's choice).
@@ -96,6 +100,8 @@ def check_quantization_config(config: object, argument: str = "quantization_conf
     """`config` as a checked `QuantizationConfig`; a ValueError naming `argument.<field>` and the fix otherwise."""
     if not is_dataclass(config) or not hasattr(config, "q_bits"):
         raise ValueError(f"Expecting QuantizationConfig but received {type(config)} as {argument}")
+    # Any dataclass with QuantizationConfig's fields is accepted; each field is checked below.
+    config = cast(QuantizationConfig, config)
     if config.q_bits not in (8, *FIXED_MANTISSA):
         raise ValueError(f"{argument}.q_bits must be one of 8, 12, 6, 4, got {config.q_bits!r}")
     if config.q_bits == 8 and config.mantissa_bits not in (2, 3):
@@ -110,4 +116,4 @@ def check_quantization_config(config: object, argument: str = "quantization_conf
         )
     if config.q_dtype != torch.uint8:
         raise ValueError(f"{argument}.q_dtype must be torch.uint8 (packed bytes), got {config.q_dtype!r}")
-    return config  # type: ignore[return-value]
+    return config

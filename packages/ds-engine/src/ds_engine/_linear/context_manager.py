@@ -103,7 +103,8 @@ class Init:
     def __enter__(self) -> Init:
         self._orig_nn_linear = torch.nn.Linear
         self._patch_transformers()
-        torch.nn.Linear = _linear_factory(self._orig_nn_linear, self.lora_config, self.quant_config)  # type: ignore[misc]
+        # a stand-in class, not a subclass: its calls return OptimizedLinear modules
+        torch.nn.Linear = _linear_factory(self._orig_nn_linear, self.lora_config, self.quant_config)  # type: ignore[misc, assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:

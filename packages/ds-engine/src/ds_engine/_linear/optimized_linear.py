@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import is_dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -173,13 +173,13 @@ class LoRAOptimizedLinear(nn.Module):
             self.weight = QuantizedParameter(self.weight.data, quantization_config=self.quantization_config)
         self._initialized = True
         self.weight.requires_grad = False
-        self.weight.ds_optim_param = True  # the engine neither broadcasts nor trains it (each rank's own slice)
+        self.weight.ds_optim_param = True  # type: ignore[attr-defined]  # the engine neither broadcasts nor trains it (each rank's own slice)
         rank = self.lora_config.lora_r
         self.lora_scaling_factor = self.lora_config.lora_alpha / rank
         self.lora_weight_1 = self.linear_cls(self.input_dim, rank, bias=False, device=self.device, dtype=self.dtype)
         self.lora_weight_2 = self.linear_cls(rank, self.output_dim, bias=False, device=self.device, dtype=self.dtype)
-        nn.init.kaiming_uniform_(self.lora_weight_1.weight, a=math.sqrt(5))
-        nn.init.zeros_(self.lora_weight_2.weight)
+        nn.init.kaiming_uniform_(cast(torch.Tensor, self.lora_weight_1.weight), a=math.sqrt(5))
+        nn.init.zeros_(cast(torch.Tensor, self.lora_weight_2.weight))
         self.lora_weight_1.weight.requires_grad = True
         self.lora_weight_2.weight.requires_grad = True
 
@@ -250,11 +250,13 @@ class LoRAOptimizedLinear(nn.Module):
                 )
             size = self.output_dim * self.sharded_weight_size
             local = full.reshape(-1).narrow(0, dist.get_rank() * size, size)
-        if isinstance(self.weight, QuantizedParameter) and self.weight.dtype == self.quantization_config.q_dtype:
+        if isinstance(self.weight, QuantizedParameter):
             config = self.quantization_config
-            local = self.weight.quantizer.quantize(
-                local.to(self.dtype), q_bits=config.q_bits, q_mantisa_bits=config.mantissa_bits
-            )
+            assert config is not None, "a QuantizedParameter base weight is only built from a quantization_config"
+            if self.weight.dtype == config.q_dtype:
+                local = self.weight.quantizer.quantize(
+                    local.to(self.dtype), q_bits=config.q_bits, q_mantisa_bits=config.mantissa_bits
+                )
         return local
 
     def _local_weight(self) -> torch.Tensor:

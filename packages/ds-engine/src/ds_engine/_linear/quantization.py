@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -102,7 +102,7 @@ class QuantizedParameter(nn.Parameter):
     def cuda(self, device: Any = None, non_blocking: bool = False) -> torch.Tensor:  # type: ignore[override]
         return self.to("cuda" if device is None else device, non_blocking=non_blocking)
 
-    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+    def to(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Move (or cast) like a tensor; the result is quantized when it lands on the accelerator's device.
 
         Module moves (`model.to(device)`) call this and keep the result as the parameter's data.
@@ -146,7 +146,7 @@ class QuantizedLinear(nn.Linear):
         self.weight = QuantizedParameter(self.weight.data, quantization_config=quantization_config)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight = self.weight.dequantized()
+        weight = cast(QuantizedParameter, self.weight).dequantized()  # set so in __init__
         if weight.dtype != input.dtype and input.is_floating_point():
             weight = weight.to(input.dtype)  # the packed weight does not follow module casts (it is not floating point)
         return F.linear(input, weight, self.bias)

@@ -46,6 +46,13 @@ __all__ = ["Autotuner", "run_autotuning"]
 PROFILE_NAME = "profile_model_info"
 
 
+def _metric_of(trial: Trial) -> float:
+    """The metric of a trial that has one (what the lists of finished trials hold)."""
+    if trial.metric is None:
+        raise ValueError(f"experiment {trial.experiment.name!r} has no metric to rank")
+    return trial.metric
+
+
 class Autotuner:
     """Tunes ZeRO stage, micro-batch size (and, with `fast: false`, ZeRO knobs) by running experiments.
 
@@ -198,7 +205,7 @@ class Autotuner:
         if not done:
             return None
         pick = max if self.settings.higher_is_better else min
-        return pick(done, key=lambda t: t.metric)  # type: ignore[arg-type,return-value]
+        return pick(done, key=_metric_of)
 
     def print_tuning_results(self) -> str:
         """Write (and log) `summary.txt`: the best experiment per stage and overall, and the tuning time."""
@@ -209,7 +216,7 @@ class Autotuner:
             if not ran:
                 continue
             pick = max if self.settings.higher_is_better else min
-            best = pick(done, key=lambda t: t.metric) if done else None  # type: ignore[arg-type]
+            best = pick(done, key=_metric_of) if done else None
             rows.append(
                 (
                     f"z{stage}",

@@ -104,9 +104,9 @@ def candidate_stages(user_config: dict[str, Any]) -> list[int]:
 
 def instantiation_bytes(num_params: int, stage: int, *, num_ranks: int, half: bool, mp_size: int = 1) -> float:
     """Bytes per rank of parameters, gradients and Adam states at `stage` (DeepSpeed's estimate)."""
-    params = num_params * (2 if half else 4)
-    grads = num_params * (2 if half else 4)
-    optim = num_params * (16 if half else 8)
+    params: float = num_params * (2 if half else 4)
+    grads: float = num_params * (2 if half else 4)
+    optim: float = num_params * (16 if half else 8)
     if stage >= 1:
         optim /= num_ranks
     if stage >= 2:
@@ -149,7 +149,7 @@ def candidate_micro_batches(
         top = min(top, bound)
     start = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
     mbs = max(start or settings.min_train_micro_batch_size_per_gpu, 1)
-    ladder = []
+    ladder: list[int] = []
     while mbs <= top and len(ladder) < settings.num_tuning_micro_batch_sizes:
         ladder.append(mbs)
         mbs *= 2

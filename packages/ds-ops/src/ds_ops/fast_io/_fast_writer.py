@@ -140,7 +140,7 @@ class FastFileWriter(BaseFileWriter):
             if save_size:
                 itemsize = storage_obj[1].itemsize if isinstance(storage_obj, tuple) else 1
                 total += self.write(int(data.numel() // itemsize).to_bytes(s.STORAGE_OBJ_SIZE, "little"))
-            total += self.write(memoryview(data.numpy()))
+            total += self.write(data.numpy().data)  # the array's memoryview
             self._incr_stats(s.SAVE_STORAGE_KEY)
             self._incr_stats(s.SAVE_STORAGE_BYTES_KEY, data.numel())
         self._stats.setdefault(s.SAVE_STORAGE_SEC_KEY, 0.0)

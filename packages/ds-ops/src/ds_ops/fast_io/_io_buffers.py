@@ -13,10 +13,14 @@ alignment, so every request but the file's last short one takes the op's O_DIREC
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from ds_ops.aio._buffers import ALIGNMENT
+
+if TYPE_CHECKING:
+    from ds_ops.aio._handle import AsyncIOHandle
 
 __all__ = ["DoubleIOBuffer", "SingleIOBuffer", "handle_alignment"]
 
@@ -62,7 +66,7 @@ class SingleIOBuffer:
 
     parts = 1
 
-    def __init__(self, pinned_tensor: torch.Tensor, handle: object) -> None:
+    def __init__(self, pinned_tensor: torch.Tensor, handle: AsyncIOHandle) -> None:
         self._handle = handle
         alignment = handle_alignment(handle)
         memory = _check_pinned(pinned_tensor, self.parts, alignment)
