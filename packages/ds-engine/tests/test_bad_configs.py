@@ -427,7 +427,14 @@ except ImportError:
 
 
 #: rows that need a ZeRO stage ds-zero validates first (without it the error names the extra instead)
-_NEEDS_DS_ZERO = {"muon_zero3", "zenflow_bad_ratio", "zenflow_typo", "weight_quant_post_init", "weight_quant_bits"}
+_NEEDS_DS_ZERO = {
+    "muon_zero3_nvme",
+    "muon_momentum_in_memory_not_bool",
+    "zenflow_bad_ratio",
+    "zenflow_typo",
+    "weight_quant_post_init",
+    "weight_quant_bits",
+}
 _NO_DS_ZERO = importlib.util.find_spec("ds_zero") is None
 
 

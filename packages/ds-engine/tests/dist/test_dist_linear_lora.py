@@ -10,6 +10,7 @@ math, so only summation order may differ.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ import torch.nn.functional as F
 import ds_engine
 from ds_comm.testing import run_ranks
 from ds_engine.linear import LoRAConfig, OptimizedLinear, QuantizationConfig
+
+# the engine runs (and DeepSpeed's recorded ones) train at ZeRO stage 1
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero (ZeRO stage 1)")
 
 REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "linear_lora_deepspeed.json").read_text())
 TOL = 1e-5
