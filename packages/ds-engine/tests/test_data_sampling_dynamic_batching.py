@@ -158,3 +158,21 @@ def test_engine_helper_scales_the_engines_lr_per_batch(tmp_path: Path) -> None:
     # DeepSpeed's other route: the engine's own loader from the returned kwargs gives the same batches
     via_engine = [ids.tolist() for _, ids in engine.deepspeed_io(**io_kwargs)]
     assert via_engine == [ids.tolist() for _, ids in loader]
+
+
+def test_engine_helper_without_lengths_or_metrics_path_names_the_key() -> None:
+    from ds_engine_testkit import make_engine
+
+    from ds_engine.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import (
+        get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed,
+    )
+
+    config = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "torch_adam": True}},
+        "data_efficiency": {"data_sampling": {"dynamic_batching": {"enabled": True, "max_tokens": 40}}},
+    }
+    engine = make_engine(torch.nn.Linear(3, 1), config)
+    with pytest.raises(ValueError, match=r"dynamic_batching\.metrics_path is required"):
+        get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(_Seqs(), engine)

@@ -87,7 +87,9 @@ def get_dataloader_and_lr_scheduler_for_variable_batch_size_deepspeed(
         # a 1-D int64 array: sized, indexable and iterable like the Sequence[int] the batching reads
         dataset_seqlens = cast(
             Sequence[int],
-            _seqlens_from_metrics(dataset, engine, batching["metrics_path"], dataloader_collate_fn, batch_seqlens_fn),
+            _seqlens_from_metrics(
+                dataset, engine, batching.get("metrics_path"), dataloader_collate_fn, batch_seqlens_fn
+            ),
         )
     group = engine.data_parallel_group
     distributed = group is not None and tdist.is_initialized()
