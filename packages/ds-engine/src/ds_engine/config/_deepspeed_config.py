@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import ds_comm
 from ds_comm import ConfigError, validate_section
+from ds_engine._data.section import get_data_efficiency_config
 from ds_engine.config._batch import GAS, MBS, TBS, BatchPlan, resolve_batch
 from ds_engine.config._checks import (
     check_cross_fields,
@@ -323,9 +324,9 @@ class DeepSpeedConfig:
 
     @property
     def data_efficiency_config(self) -> dict[str, Any]:
-        """The `data_efficiency` section as DeepSpeed's dict (every key, defaults filled): what
-        `DeepSpeedDataSampler` and the dynamic-batching helpers read."""
-        return self.parsed.data_efficiency.model_dump()
+        """The `data_efficiency` section as DeepSpeed's dict (DeepSpeed's readers, defaults filled): what
+        `DeepSpeedDataSampler`, the dynamic-batching helpers and `engine.data_efficiency_config()` read."""
+        return get_data_efficiency_config(self._raw)
 
     def __getattr__(self, name: str) -> Any:
         # Sections and scalar keys by their ds_config name: config.fp16.loss_scale_window, config.gradient_clipping.
