@@ -259,8 +259,9 @@ def import_side_effects(module: str) -> dict[str, Any]:
 
     Returns a dict with `ds_modules` (top-level `ds_*` packages now loaded), `cuda_initialized`
     (whether the import touched CUDA), `pydantic_loaded` (the config models' dependency, ~0.3 s
-    to import, which packages load only when a config is read) and `seconds` (import time beyond
-    `import torch`).
+    to import, which packages load only when a config is read), `new_modules` (every module the
+    import loaded beyond `import torch`, sorted: what a test can hold to a list, unlike a timing) and
+    `seconds` (import time beyond `import torch`).
     Used by every package's "importing has no side effects" test.
     """
     import json
@@ -269,12 +270,14 @@ def import_side_effects(module: str) -> dict[str, Any]:
 
     code = (
         "import json, sys, time, torch\n"
+        "before = set(sys.modules)\n"
         "t = time.perf_counter()\n"
         f"import {module}\n"
         "dt = time.perf_counter() - t\n"
+        "new = sorted(set(sys.modules) - before)\n"
         "mods = sorted({m.split('.')[0] for m in sys.modules if m.startswith('ds_')})\n"
         "print(json.dumps({'ds_modules': mods, 'cuda_initialized': torch.cuda.is_initialized(), 'seconds': dt,"
-        " 'pydantic_loaded': 'pydantic' in sys.modules}))\n"
+        " 'pydantic_loaded': 'pydantic' in sys.modules, 'new_modules': new}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
