@@ -1,5 +1,6 @@
 """Make the shared test helpers (`ds_engine_testkit`) importable from tests/ and tests/dist/; restore torch's
-`F.linear` after each test (see `_restore_torch_linear`)."""
+`F.linear` after each test (see `_restore_torch_linear`); split the work between the ds-engine-alone and the
+all-extras CI sessions (`extras_split`: `--only-extras`, `runs_without_extras.txt`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,33 @@ HERE = str(Path(__file__).parent)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from extras_split import (  # noqa: E402 - needs HERE on sys.path
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_unconfigure,
+)
+
+# Looked up once, here, before `extras_split` starts watching: every test uses it, and the lookup is the
+# conftest's, not the test's.
+try:
+    from ds_zero import torch_patches_restored
+except ImportError:  # ds-engine alone: nothing installs anything
+    torch_patches_restored = None
+
+__all__ = [
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_make_collect_report",
+    "pytest_runtest_makereport",
+    "pytest_runtest_protocol",
+    "pytest_unconfigure",
+]
+
 
 @pytest.fixture(autouse=True)
 def _restore_torch_linear() -> Iterator[None]:
@@ -22,9 +50,7 @@ def _restore_torch_linear() -> Iterator[None]:
     the process (DeepSpeed's `memory_efficient_linear`), and a quantized `Init` also wraps `F.embedding`
     and the state-dict loading of `nn.Linear` / `nn.Embedding`; one test's install must not leak into the next.
     """
-    try:
-        from ds_zero import torch_patches_restored
-    except ImportError:  # ds-engine alone: nothing installs anything
+    if torch_patches_restored is None:  # ds-engine alone: nothing installs anything
         yield
         return
     with torch_patches_restored():
