@@ -4,6 +4,7 @@ all-extras CI sessions (`extras_split`: `--only-extras`, `runs_without_extras.tx
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,3 +56,14 @@ def _restore_torch_linear() -> Iterator[None]:
         return
     with torch_patches_restored():
         yield
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection imported (torch, the packages, the test modules) out of garbage collection.
+
+    Those objects live for the whole run; without the freeze every full collection walks them again
+    (torch alone is a few hundred thousand objects): 4.3 s of a 39 s run of ds-engine's config, compat-API,
+    precision and lr-schedule tests, 2.7 s with the freeze.
+    """
+    gc.collect()
+    gc.freeze()

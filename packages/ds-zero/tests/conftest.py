@@ -8,6 +8,7 @@ one runs.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -19,3 +20,14 @@ from ds_zero import torch_patches_restored
 def _restore_torch_linear() -> Iterator[None]:
     with torch_patches_restored():
         yield
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection imported (torch, the packages, the test modules) out of garbage collection.
+
+    Those objects live for the whole run; without the freeze every full collection walks them again
+    (torch alone is a few hundred thousand objects): 4.3 s of a 39 s run of ds-engine's config, compat-API,
+    precision and lr-schedule tests, 2.7 s with the freeze.
+    """
+    gc.collect()
+    gc.freeze()

@@ -140,9 +140,10 @@ def _context() -> Any:
     cores add up); plain `fork` from a test process that already ran torch ops can deadlock in
     OpenMP. The forkserver is a fresh process that imported torch but ran nothing, so forking it is
     both fast and safe. Each rank still receives the caller's sys.path, so test modules import.
+    The server freezes what it imported (`_forkserver_preload`), so no rank's garbage collector walks it.
     """
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "ds_comm"])
+    ctx.set_forkserver_preload(["ds_comm._forkserver_preload"])
     return ctx
 
 
