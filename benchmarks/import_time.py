@@ -1,6 +1,7 @@
 """Import cost of each ds package beyond `import torch`, in fresh interpreters (median of N runs).
 
-Run: python benchmarks/import_time.py [--runs 5]. Target: < 0.05 s each (it was 0.3 s while the packages imported their engines eagerly), and no CUDA initialisation.
+Run: python benchmarks/import_time.py [--runs 5]. Target: < 0.05 s each (it was 0.3 s while the packages
+imported their engines eagerly), and no CUDA initialisation.
 """
 
 from __future__ import annotations
