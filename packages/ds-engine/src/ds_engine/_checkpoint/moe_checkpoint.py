@@ -9,6 +9,10 @@
     <tag>/zero_pp_rank_{r}_mp_rank_00_optim_states.pt       ZeRO 1/2: as for dense models; expert
                                                             fragments are named globally
 
+AutoEP layers keep their local experts stacked in `experts.w1/w2/w3` (`[num_local_experts, ...]`); their
+expert file holds row i of each under `<layer>.experts.<w>.<E>` (DeepSpeed's AutoEP layout), and loading
+stacks the rows of this rank's experts back, so those weights too load at any expert-parallel degree.
+
 Each expert file is written by rank 0 of that expert's expert-data-parallel group. Loading reads, for each
 local expert, the file of its global index, so weights load at any expert-parallel degree; ZeRO partitions
 re-partition by their global names too. A stage-0 optimizer state is positional (the local experts'
@@ -26,7 +30,7 @@ from torch import nn
 
 import ds_comm
 from ds_comm import atomic_save
-from ds_engine._step.moe import MoeWiring, moe_layout
+from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,10 @@ def write_expert_files(
         if layer.edp_rank != 0:
             continue
         per_expert: dict[int, dict[str, torch.Tensor]] = {}
+        for name in layer.fused_experts:
+            for i in range(layer.num_local_experts):
+                expert_id = layer.ep_rank * layer.num_local_experts + i
+                per_expert.setdefault(expert_id, {})[f"{name}.{expert_id}"] = state[name][i].detach().clone()
         head = f"{layer.prefix}." if layer.prefix else ""
         for local_name, global_name in wiring.expert_names.items():
             if not local_name.startswith(head + "deepspeed_moe."):
@@ -89,6 +97,9 @@ def merge_expert_states(
         KeyError: an expert file lacks an entry this model has.
     """
     out = dict(module_state)
+    for layer_id, layer in enumerate(wiring.layers):
+        if layer.fused_experts:
+            out.update(_stacked_experts(layer_id, layer, ckpt_dir, mp_rank=mp_rank))
     wanted: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for layer_id, layer in enumerate(wiring.layers):
         head = f"{layer.prefix}." if layer.prefix else ""
@@ -108,6 +119,26 @@ def merge_expert_states(
                 raise KeyError(f"{path} has no entry {global_name!r} (it has {sorted(saved)[:4]}...)")
             out[local_name] = saved[global_name]
     return out
+
+
+def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank: int) -> dict[str, torch.Tensor]:
+    """An AutoEP layer's local expert tensors, stacked from the files of its global expert indices."""
+    rows: dict[str, list[torch.Tensor]] = {name: [] for name in layer.fused_experts}
+    for i in range(layer.num_local_experts):
+        expert_id = layer.ep_rank * layer.num_local_experts + i
+        path = expert_file(ckpt_dir, layer_id, expert_id, mp_rank)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"load_checkpoint: {path} is missing (AutoEP layer {layer.prefix!r} has {layer.num_experts} "
+                "experts); was the checkpoint saved from a model with the same MoE blocks?"
+            )
+        saved = ds_comm.load_checkpoint_file(path)
+        for name in layer.fused_experts:
+            key = f"{name}.{expert_id}"
+            if key not in saved:
+                raise KeyError(f"{path} has no entry {key!r} (it has {sorted(saved)[:4]}...)")
+            rows[name].append(saved[key])
+    return {name: torch.stack(tensors) for name, tensors in rows.items()}
 
 
 def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) -> dict[str, Any]:

@@ -103,8 +103,12 @@ class DeepSpeedEngine(
         self._autocast = parts.autocast or AutocastPolicy(parts.plan.device_type)
         self.has_moe_layers = parts.moe is not None
         self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
-        self.moe_layers: list[nn.Module] = (
-            [parts.module.get_submodule(layer.prefix).deepspeed_moe for layer in parts.moe.layers]
+        self.moe_layers: list[nn.Module] = (  # DeepSpeed-MoE's MOELayers (AutoEP layers are not among them)
+            [
+                parts.module.get_submodule(layer.prefix).deepspeed_moe
+                for layer in parts.moe.layers
+                if not layer.fused_experts
+            ]
             if parts.moe is not None
             else []
         )
