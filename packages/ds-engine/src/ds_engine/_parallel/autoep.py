@@ -119,8 +119,8 @@ def apply_autoep(
         return None, model_parameters
     _check_layout(section, dist, tp_size=tp_size, zero_stage=zero_stage, pipeline=pipeline)
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
+    options = autoep_options(section)
+    ds_parallel.autoep.detect_moe_layers(model, options)  # a model AutoEP cannot convert fails before any collective
     groups = ds_parallel.moe.create_expert_groups(section.autoep_size)
-    report = ds_parallel.autoep.convert_moe_model(
-        model, autoep_options(section), ep_rank=groups.ep_rank, ep_group=groups.ep_group
-    )
+    report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=groups.ep_rank, ep_group=groups.ep_group)
     return report, _fresh(model_parameters, model)

@@ -313,7 +313,7 @@ def _build(
             router.gate.bias.copy_(bias)
     correction = getattr(router_src, "e_score_correction_bias", None)
     if isinstance(correction, torch.Tensor):
-        router.register_buffer("e_score_correction_bias", correction.detach().clone())
+        router.e_score_correction_bias = correction.detach().clone()
     experts_src = getattr(module, preset.experts_pattern)
     w1, w2, w3 = _expert_weights(experts_src, preset)  # type: ignore[misc]
     lo, hi = ep_rank * (spec.num_experts // ep_size), (ep_rank + 1) * (spec.num_experts // ep_size)

@@ -61,7 +61,9 @@ class TopKRouter(nn.Module):
         self.num_expert_groups = num_expert_groups
         self.num_limited_groups = num_limited_groups
         self.group_score_func = group_score_func
-        self.e_score_correction_bias: torch.Tensor | None = None
+        # DeepSeek-V3's selection bias (a buffer of the model, copied at conversion); None for the others.
+        self.e_score_correction_bias: torch.Tensor | None
+        self.register_buffer("e_score_correction_bias", None)
 
     def _limit_to_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """Mask (-inf) every expert outside the `num_limited_groups` best groups of each token."""
