@@ -12,13 +12,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 from ds_engine._optional import require
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine.config._expert_parallel_section import ExpertParallelConfig
 
-__all__ = ["apply_autoep", "autoep_options"]
+__all__ = ["apply_autoep", "autoep_options", "describe_autoep"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,107 @@ def apply_autoep(
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
     options = autoep_options(section)
     ds_parallel.autoep.detect_moe_layers(model, options)  # a model AutoEP cannot convert fails before any collective
-    groups = ds_parallel.moe.create_expert_groups(section.autoep_size)
-    report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=groups.ep_rank, ep_group=groups.ep_group)
+    if section.autoep_size == 1 and not torch.distributed.is_initialized():  # one process: nothing to exchange
+        ep_rank, ep_group = 0, None
+    else:
+        groups = ds_parallel.moe.create_expert_groups(section.autoep_size)
+        ep_rank, ep_group = groups.ep_rank, groups.ep_group
+    report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
     return report, _fresh(model_parameters, model)
+
+
+def _preset_lines(section: ExpertParallelConfig) -> list[str]:
+    """Where the blocks are looked for, from ds-parallel's presets (a note when it is not installed)."""
+    try:
+        ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
+    except ImportError as err:
+        return [f"presets unavailable here: {err}"]
+    presets = ds_parallel.autoep.PRESETS
+    if section.preset_model is None:
+        picked = ", ".join(f"{t} -> {name}" for name, p in presets.items() for t in p.hf_model_types)
+        out = [f"preset: picked from model.config.model_type ({picked})"]
+        if section.moe_layer_pattern is None:
+            return out + ["  (another model_type: every preset is tried in turn)"]
+        preset = ds_parallel.autoep.MoEModelPreset(moe_layer_pattern=section.moe_layer_pattern)
+        out.append("  (another model_type: the custom preset below)")
+    elif section.preset_model in presets:
+        preset, out = presets[section.preset_model], [f"preset: {section.preset_model} (set)"]
+    else:
+        return [f"preset_model {section.preset_model!r} is not a preset; choose one of {sorted(presets)}"]
+    preset = ds_parallel.autoep.apply_overrides(autoep_options(section), preset)
+    w3 = "fused with the gate in expert_w1" if preset.expert_w3 is None else repr(preset.expert_w3)
+    out.append(
+        f"MoE blocks: modules fully matching {preset.moe_layer_pattern!r} with a router child "
+        f"{preset.router_pattern!r} and an experts child {preset.experts_pattern!r} (w1 {preset.expert_w1!r}, "
+        f"w2 {preset.expert_w2!r}, up {w3}) become AutoEPMoELayer; others stay as they are"
+    )
+    shared = (
+        f"shared experts {preset.shared_experts_pattern!r}"
+        + (f" gated by sigmoid({preset.shared_experts_gate_pattern!r})" if preset.shared_experts_gate_pattern else "")
+        if preset.has_shared_experts
+        else "no shared experts"
+    )
+    out.append(f"  kept dense (replicated, averaged over data parallel): the router, {shared}")
+    return out
+
+
+def _model_lines(section: ExpertParallelConfig, model: nn.Module) -> list[str]:
+    """The blocks AutoEP would replace in `model`, and where each expert would live (detection only)."""
+    ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
+    try:
+        family, _, specs = ds_parallel.autoep.detect_moe_layers(model, autoep_options(section))
+    except ValueError as err:
+        return [f"this model: initialize() would refuse it: {err}"]
+    report = ds_parallel.autoep.ConversionReport(
+        preset=family, ep_size=section.autoep_size, ep_rank=0, layers=tuple(specs)
+    )
+    return ["this model:", *(f"  {line}" for line in report.lines())]
+
+
+def describe_autoep(section: ExpertParallelConfig, *, world_size: int, model: nn.Module | None = None) -> list[str]:
+    """What initialize() would do with the model's MoE blocks (for `explain`); nothing is built or converted.
+
+    With `model`, the blocks are detected in it and listed with their expert placement.
+    """
+    if not section.enabled:
+        return ["off (expert_parallel.enabled is false): MoE blocks stay as the model defines them"]
+    ep = section.autoep_size
+    out = [
+        f"autoep_size {ep}: expert-parallel rank r holds the contiguous experts [r*E/{ep}, (r+1)*E/{ep}) of each "
+        "block (E: the block's expert count, which autoep_size must divide)",
+    ]
+    if world_size % ep == 0:
+        ep_groups = [list(range(s, s + ep)) for s in range(0, world_size, ep)]
+        edp_groups = [list(range(s, world_size, ep)) for s in range(ep)]
+        out.append(
+            f"  on {world_size} data-parallel ranks: expert-parallel groups {ep_groups} (tokens exchanged by "
+            f"all-to-all), expert-data-parallel groups {edp_groups} (expert gradients summed, divided by {world_size})"
+        )
+    else:
+        out.append(
+            f"  autoep_size {ep} does not divide the data-parallel world size {world_size}: initialize() refuses it"
+        )
+    out += _preset_lines(section)
+    top_k = section.top_k if section.top_k != "auto" else "model.config's top_k_attr (num_experts_per_tok)"
+    norm = section.route_norm if section.route_norm is not None else "model.config.norm_topk_prob, else the preset's"
+    scale = (
+        section.routed_scaling_factor
+        if section.routed_scaling_factor != "auto"
+        else f"model.config.routed_scaling_factor, else route_scale {section.route_scale:g}"
+    )
+    groups = (
+        f"{section.num_limited_groups} of {section.num_expert_groups} expert groups"
+        if section.num_expert_groups is not None
+        else "model.config n_group/topk_group for DeepSeek presets, else none"
+    )
+    out.append(
+        f"routing: score_func {section.score_func}, top_k {top_k}, route_norm {norm}, scale {scale}, "
+        f"score_apply {section.score_apply}, group-limited: {groups} ('auto' = the preset's)"
+    )
+    out.append(
+        "checkpoints: experts in layer_{L}_expert_{E}_mp_rank_00_model_states.pt, one file per global expert; "
+        "weights load at any autoep_size"
+    )
+    if model is not None:
+        out += _model_lines(section, model)
+    return out

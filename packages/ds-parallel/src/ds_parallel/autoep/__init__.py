@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from ds_parallel.autoep._convert import AutoEPOptions, ConversionReport, convert_moe_model, detect_moe_layers
+from ds_parallel.autoep._convert import (
+    AutoEPOptions,
+    ConversionReport,
+    apply_overrides,
+    convert_moe_model,
+    detect_moe_layers,
+)
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts
 from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
 from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
@@ -18,6 +24,7 @@ __all__ = [
     "MoELayerSpec",
     "MoEModelPreset",
     "TopKRouter",
+    "apply_overrides",
     "convert_moe_model",
     "detect_moe_layers",
     "preset_for_model_type",

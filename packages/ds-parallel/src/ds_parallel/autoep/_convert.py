@@ -25,7 +25,7 @@ from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
 from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
 from ds_parallel.autoep._router import TopKRouter
 
-__all__ = ["AutoEPOptions", "ConversionReport", "convert_moe_model", "detect_moe_layers"]
+__all__ = ["AutoEPOptions", "ConversionReport", "apply_overrides", "convert_moe_model", "detect_moe_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,8 @@ class ConversionReport:
         return out
 
 
-def _override(opts: AutoEPOptions, preset: MoEModelPreset) -> MoEModelPreset:
+def apply_overrides(opts: AutoEPOptions, preset: MoEModelPreset) -> MoEModelPreset:
+    """`preset` with the explicitly set name/pattern options of `opts` in place of its own."""
     changes: dict[str, Any] = {}
     for key, field in (
         ("moe_layer_pattern", "moe_layer_pattern"),
@@ -121,13 +122,13 @@ def _candidates(opts: AutoEPOptions, model_type: str | None) -> list[tuple[str, 
                 f"{_KEY}.preset_model={opts.preset_model!r} is not a preset; choose one of {sorted(PRESETS)} "
                 "or describe the model with moe_layer_pattern/router_pattern/expert_pattern"
             )
-        return [(opts.preset_model, _override(opts, PRESETS[opts.preset_model]))]
+        return [(opts.preset_model, apply_overrides(opts, PRESETS[opts.preset_model]))]
     by_type = preset_for_model_type(model_type)
     if by_type is not None:
-        return [(by_type, _override(opts, PRESETS[by_type]))]
+        return [(by_type, apply_overrides(opts, PRESETS[by_type]))]
     if opts.moe_layer_pattern is not None:
-        return [("custom", _override(opts, MoEModelPreset(moe_layer_pattern=opts.moe_layer_pattern)))]
-    return [(name, _override(opts, preset)) for name, preset in PRESETS.items()]
+        return [("custom", apply_overrides(opts, MoEModelPreset(moe_layer_pattern=opts.moe_layer_pattern)))]
+    return [(name, apply_overrides(opts, preset)) for name, preset in PRESETS.items()]
 
 
 def _expert_weights(
