@@ -187,3 +187,17 @@ def test_bad_options_are_refused_naming_the_key(opts: AutoEPOptions, message: st
     model = _mixtral()
     with pytest.raises(ValueError, match=message):
         convert_moe_model(model, opts)
+
+
+def test_frozen_experts_stay_frozen_and_the_router_keeps_its_flag() -> None:
+    model = _mixtral()
+    block = model.model.layers[0].mlp
+    block.experts.gate_up_proj.requires_grad_(False)
+    convert_moe_model(model, AutoEPOptions())
+    layer = model.model.layers[0].mlp
+    assert [layer.experts.w1.requires_grad, layer.experts.w2.requires_grad, layer.experts.w3.requires_grad] == [
+        False,
+        True,
+        False,
+    ]
+    assert layer.router.gate.weight.requires_grad

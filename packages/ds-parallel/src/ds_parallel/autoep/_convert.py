@@ -159,6 +159,27 @@ def _expert_weights(
     return None
 
 
+def _requires_grad(experts: nn.Module, preset: MoEModelPreset) -> tuple[bool, bool, bool]:
+    """Whether the block's gate, down and up expert weights train (frozen experts stay frozen).
+
+    Raises:
+        ValueError: a module-list block's experts disagree about one projection.
+    """
+    if isinstance(experts, nn.ModuleList):
+        flags = []
+        for proj in ("gate_proj", "down_proj", "up_proj"):
+            seen = {bool(getattr(e, proj).weight.requires_grad) for e in experts}
+            if len(seen) > 1:
+                raise ValueError(
+                    f"AutoEP: the experts' {proj} weights have mixed requires_grad flags; freeze all or none"
+                )
+            flags.append(seen.pop())
+        return flags[0], flags[1], flags[2]
+    w1, w2 = getattr(experts, preset.expert_w1), getattr(experts, preset.expert_w2)
+    w3 = getattr(experts, preset.expert_w3) if preset.expert_w3 is not None else w1
+    return bool(w1.requires_grad), bool(w2.requires_grad), bool(w3.requires_grad)
+
+
 def _router_weight(router: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     weight = getattr(router, "weight", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -312,6 +333,12 @@ def _build(
         router.gate.weight.copy_(weight)
         if bias is not None:
             router.gate.bias.copy_(bias)
+    for param, source in (
+        (router.gate.weight, router_src.weight),
+        (router.gate.bias, getattr(router_src, "bias", None)),
+    ):
+        if param is not None and isinstance(source, torch.Tensor):
+            param.requires_grad_(source.requires_grad)
     correction = getattr(router_src, "e_score_correction_bias", None)
     if isinstance(correction, torch.Tensor):
         router.e_score_correction_bias = correction.detach().clone()
@@ -320,6 +347,8 @@ def _build(
     lo, hi = ep_rank * (spec.num_experts // ep_size), (ep_rank + 1) * (spec.num_experts // ep_size)
     act = getattr(experts_src, "act_fn", None) if isinstance(getattr(experts_src, "act_fn", None), nn.Module) else None
     experts = GroupedExperts(w1[lo:hi], w2[lo:hi], w3[lo:hi], activation=spec.expert_activation, gate_act=act)
+    for param, trains in zip((experts.w1, experts.w2, experts.w3), _requires_grad(experts_src, preset), strict=True):
+        param.requires_grad_(trains)
     return AutoEPMoELayer(
         spec,
         router=router,
