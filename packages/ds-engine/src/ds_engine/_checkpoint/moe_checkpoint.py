@@ -30,6 +30,13 @@ from torch import nn
 
 import ds_comm
 from ds_comm import atomic_save
+from ds_engine._checkpoint.constants import (
+    AUTOEP_EP_SIZE,
+    AUTOEP_EXPERT_KEY_PREFIX,
+    AUTOEP_LAYERS_KEY,
+    AUTOEP_NUM_EXPERTS,
+    AUTOEP_NUM_LOCAL_EXPERTS,
+)
 from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
 
 logger = logging.getLogger(__name__)
@@ -139,6 +146,41 @@ def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank:
                 raise KeyError(f"{path} has no entry {key!r} (it has {sorted(saved)[:4]}...)")
             rows[name].append(saved[key])
     return {name: torch.stack(tensors) for name, tensors in rows.items()}
+
+
+def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
+    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers."""
+    entries = [
+        {
+            "name": layer.prefix,
+            AUTOEP_EXPERT_KEY_PREFIX: f"{layer.prefix}.experts" if layer.prefix else "experts",
+            AUTOEP_NUM_EXPERTS: layer.num_experts,
+            AUTOEP_NUM_LOCAL_EXPERTS: layer.num_local_experts,
+            AUTOEP_EP_SIZE: layer.num_experts // layer.num_local_experts,
+        }
+        for layer in wiring.layers
+        if layer.fused_experts
+    ]
+    return {AUTOEP_LAYERS_KEY: entries} if entries else {}
+
+
+def check_autoep_optimizer_degree(state: dict[str, Any], wiring: MoeWiring, path: Path) -> None:
+    """A ZeRO optimizer state of AutoEP layers resumes only at the autoep_size it was saved with.
+
+    Raises:
+        ValueError: the degrees differ (names both and the way out: weights load at any degree).
+    """
+    here = {
+        layer.prefix: layer.num_experts // layer.num_local_experts for layer in wiring.layers if layer.fused_experts
+    }
+    for entry in state.get(AUTOEP_LAYERS_KEY) or []:
+        saved, now = entry.get(AUTOEP_EP_SIZE), here.get(entry.get("name"))
+        if now is not None and saved is not None and saved != now:
+            raise ValueError(
+                f"load_checkpoint: {path} holds the optimizer state of AutoEP layer {entry['name']!r} at "
+                f"expert_parallel.autoep_size={saved}, this run has {now}; the expert weights load at any autoep_size: "
+                "pass load_optimizer_states=False (the optimizer then starts fresh from the loaded weights)"
+            )
 
 
 def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) -> dict[str, Any]:
