@@ -113,8 +113,10 @@ def _reference_moe(
             w = w / w.sum()
         w = w * route["route_scale"]
         for weight, e in zip(w, chosen, strict=True):
-            h = F.silu(gate_up[e, :ffn] @ x[t]) * (gate_up[e, ffn:] @ x[t])
-            out[t] += weight * (down[e] @ h)
+            pre = route.get("score_apply") == "pre"  # weight the expert's input instead of its output
+            xin = weight * x[t] if pre else x[t]
+            h = F.silu(gate_up[e, :ffn] @ xin) * (gate_up[e, ffn:] @ xin)
+            out[t] += down[e] @ h if pre else weight * (down[e] @ h)
     return out
 
 
@@ -125,6 +127,7 @@ def _reference_moe(
         dict(score_func="sigmoid", top_k=1, route_norm=False, route_scale=1.0),
         dict(score_func="sigmoid", top_k=3, route_norm=True, route_scale=0.5),
         dict(score_func="softmax", top_k=2, route_norm=False, route_scale=2.0),
+        dict(score_func="softmax", top_k=2, route_norm=True, route_scale=1.0, score_apply="pre"),
     ],
 )
 def test_routing_options_are_honoured(route: dict[str, Any]) -> None:

@@ -120,6 +120,11 @@ def apply_autoep(
         return None, model_parameters
     _check_layout(section, dist, tp_size=tp_size, zero_stage=zero_stage, pipeline=pipeline)
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
+    if section.autoep_size == 1:
+        logger.warning(
+            "expert_parallel.autoep_size=1: every rank holds every expert; the MoE blocks are converted but no "
+            "tokens are exchanged"
+        )
     options = autoep_options(section)
     ds_parallel.autoep.detect_moe_layers(model, options)  # a model AutoEP cannot convert fails before any collective
     if section.autoep_size == 1 and not torch.distributed.is_initialized():  # one process: nothing to exchange
