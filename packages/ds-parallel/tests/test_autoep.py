@@ -41,6 +41,34 @@ def _qwen2_moe() -> Any:
     return transformers.Qwen2MoeForCausalLM(cfg)
 
 
+def _qwen3_moe() -> Any:
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(
+        **_SMALL, intermediate_size=24, moe_intermediate_size=12, num_experts=4, num_experts_per_tok=2, head_dim=8
+    )
+    return transformers.Qwen3MoeForCausalLM(cfg)
+
+
+def _deepseek_v2() -> Any:
+    torch.manual_seed(0)
+    cfg = transformers.DeepseekV2Config(
+        **_SMALL,
+        intermediate_size=24,
+        moe_intermediate_size=12,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        routed_scaling_factor=1.5,
+        q_lora_rank=None,
+        kv_lora_rank=8,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+    )
+    return transformers.DeepseekV2ForCausalLM(cfg)
+
+
 def _deepseek_v3() -> Any:
     torch.manual_seed(0)
     cfg = transformers.DeepseekV3Config(
@@ -74,7 +102,13 @@ def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("build", "preset", "num_blocks"),
-    [(_mixtral, "mixtral", 2), (_qwen2_moe, "qwen3_moe", 2), (_deepseek_v3, "deepseek_v3", 1)],
+    [
+        (_mixtral, "mixtral", 2),
+        (_qwen2_moe, "qwen3_moe", 2),
+        (_qwen3_moe, "qwen3_moe", 2),
+        (_deepseek_v2, "deepseek_v2", 1),
+        (_deepseek_v3, "deepseek_v3", 1),
+    ],
 )
 def test_conversion_at_ep1_computes_what_the_hf_model_computes(build: Any, preset: str, num_blocks: int) -> None:
     model = build()
