@@ -86,6 +86,9 @@ class DeepSpeedEngine(
 
     #: DeepSpeed's static helper: a model-states dict plus this rank's experts from their files.
     load_moe_state_dict = staticmethod(_moe_checkpoint.load_moe_state_dict)
+    #: With `expert_parallel.enabled`: what AutoEP converted (ds-parallel's `ConversionReport`: the preset, each
+    #: replaced block and where its experts live; `.lines()` prints it); None otherwise. Set by initialize().
+    autoep_report: Any = None
 
     def __init__(self, parts: EngineParts) -> None:
         super().__init__()
