@@ -85,3 +85,14 @@ def test_a_parameter_list_given_before_conversion_is_replaced_by_the_converted_m
     )  # fmt: skip
     assert report.preset == "mixtral" and len(report.layers) == 2
     assert {id(p) for p in params} == {id(p) for p in model.parameters()}
+
+
+def test_an_optimizer_built_before_conversion_is_refused_before_it() -> None:
+    model = _mixtral()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"the optimizer passed to initialize\(\) holds the MoE routers'"):
+        apply_autoep(
+            model, ExpertParallelConfig(enabled=True), DistInfo(), tp_size=1, zero_stage=0, pipeline=False,
+            client_optimizer=optimizer,
+        )  # fmt: skip
+    assert type(model.model.layers[0].mlp).__name__ == "MixtralSparseMoeBlock"

@@ -99,6 +99,23 @@ def _fresh(params: Any, model: nn.Module) -> Any:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def _check_client_optimizer(optimizer: Any, model: nn.Module, blocks: list[tuple[str, Any]]) -> None:
+    """An optimizer built before initialize() must not hold the router/expert weights AutoEP replaces."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return  # None, or a callable that receives the converted model's parameters
+    replaced = set()
+    for name, preset in blocks:
+        block = model.get_submodule(name)
+        for child in (preset.router_pattern, preset.experts_pattern):
+            replaced |= {id(p) for p in getattr(block, child).parameters()}
+    if any(id(p) in replaced for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError(
+            "expert_parallel.enabled: the optimizer passed to initialize() holds the MoE routers' and experts' "
+            "parameters, which AutoEP replaces; pass a callable (params -> optimizer) or use the config's "
+            "optimizer section instead"
+        )
+
+
 def apply_autoep(
     model: nn.Module,
     section: ExpertParallelConfig,
@@ -108,6 +125,7 @@ def apply_autoep(
     zero_stage: int,
     pipeline: bool,
     model_parameters: Any = None,
+    client_optimizer: Any = None,
 ) -> tuple[Any, Any]:
     """Convert `model` in place when `expert_parallel.enabled`; (the conversion report or None, model_parameters).
 
@@ -126,7 +144,9 @@ def apply_autoep(
             "tokens are exchanged"
         )
     options = autoep_options(section)
-    ds_parallel.autoep.detect_moe_layers(model, options)  # a model AutoEP cannot convert fails before any collective
+    # A model AutoEP cannot convert, or an optimizer over weights it replaces, fails before any collective.
+    _, preset, specs = ds_parallel.autoep.detect_moe_layers(model, options)
+    _check_client_optimizer(client_optimizer, model, [(s.moe_module_name, preset) for s in specs])
     if section.autoep_size == 1 and not torch.distributed.is_initialized():  # one process: nothing to exchange
         ep_rank, ep_group = 0, None
     else:

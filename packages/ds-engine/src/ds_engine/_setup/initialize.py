@@ -219,6 +219,7 @@ def initialize(
         zero_stage=ds_config.zero.stage,
         pipeline=pipeline,
         model_parameters=model_parameters,
+        client_optimizer=optimizer,
     )
     check_data_parallel_size(
         ds_config.parsed.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
