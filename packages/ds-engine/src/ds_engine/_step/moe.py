@@ -188,7 +188,7 @@ def moe_layout(module: nn.Module) -> tuple[list[MoeLayer], dict[str, str]]:
     return layers, expert_names
 
 
-def autoep_layer(prefix: str, sub: nn.Module, groups: Any) -> MoeLayer:
+def autoep_layer(prefix: str, sub: Any, groups: Any) -> MoeLayer:
     """An AutoEP layer's place: its stacked expert tensors hold experts `ep_rank * local ...` in rows."""
     head = f"{prefix}." if prefix else ""
     return MoeLayer(

@@ -139,7 +139,10 @@ def _expert_weights(
         first = experts[0] if len(experts) else None
         if first is None or not all(hasattr(first, n) for n in ("gate_proj", "up_proj", "down_proj")):
             return None
-        stack = lambda n: torch.stack([getattr(e, n).weight.detach() for e in experts])  # noqa: E731
+
+        def stack(proj: str) -> torch.Tensor:
+            return torch.stack([getattr(e, proj).weight.detach() for e in experts])
+
         return stack("gate_proj"), stack("down_proj"), stack("up_proj")
     w1, w2 = getattr(experts, preset.expert_w1, None), getattr(experts, preset.expert_w2, None)
     if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor) and w1.dim() == 3 and w2.dim() == 3):
@@ -235,7 +238,7 @@ def _resolve(
             f"{_KEY}.num_expert_groups ({groups}) and num_limited_groups ({limited}) must be set together "
             f"(layer {name!r})"
         )
-    if groups is not None and (num_experts % groups or not 1 <= limited <= groups):
+    if groups is not None and limited is not None and (num_experts % groups or not 1 <= limited <= groups):
         raise ValueError(
             f"{_KEY}.num_expert_groups={groups} must divide num_experts={num_experts} and num_limited_groups="
             f"{limited} must be between 1 and it (layer {name!r})"

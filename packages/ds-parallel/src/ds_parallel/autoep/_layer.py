@@ -94,15 +94,15 @@ class AutoEPMoELayer(nn.Module):
         self.ep_group = ep_group
         self.num_local_experts = spec.num_experts // ep_size
         self.ep_group_name = f"ep_size_{ep_size}"
-        for p in self.experts.parameters():
-            p.allreduce = False
-            p.group_name = self.ep_group_name
+        for p in self.experts.parameters():  # DeepSpeed's expert mark, read by the engine's MoE wiring
+            setattr(p, "allreduce", False)  # noqa: B010
+            setattr(p, "group_name", self.ep_group_name)  # noqa: B010
         dense = [*self.router.parameters()]
         for extra in (shared_experts, shared_experts_gate):
             if extra is not None:
                 dense += list(extra.parameters())
         for p in dense:
-            p.allreduce = True
+            setattr(p, "allreduce", True)  # noqa: B010
 
     @property
     def local_experts(self) -> range:
