@@ -37,7 +37,7 @@ class CompileConfig(ConfigModel):
 
     inert_keys: ClassVar[dict[str, str]] = {
         "deepcompile": f"DeepCompile {_NOT_IN_DS}; call engine.compile() or torch.compile on the model instead",
-        "autoep_non_moe": f"compiling around AutoEP layers needs AutoEP, which {_NOT_IN_DS}",
+        "autoep_non_moe": f"compiling around AutoEP layers is a DeepCompile option; DeepCompile {_NOT_IN_DS}",
     }
     ignored_keys: ClassVar[dict[str, str]] = {
         name: "DeepCompile reads it, and DeepCompile is not implemented in ds"
