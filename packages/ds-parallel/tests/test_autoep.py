@@ -238,3 +238,13 @@ def test_frozen_experts_stay_frozen_and_the_router_keeps_its_flag() -> None:
         False,
     ]
     assert layer.router.gate.weight.requires_grad
+
+
+def test_an_fp32_router_routes_bf16_tokens_as_fp32_ones() -> None:
+    torch.manual_seed(4)
+    router = TopKRouter(8, 4, top_k=2, score_func="softmax", route_norm=True, route_scale=1.0)  # fp32 gate
+    x = torch.randn(6, 8).to(torch.bfloat16)
+    weights, indices = router(x)
+    ref_weights, ref_indices = router(x.float())
+    assert torch.equal(indices, ref_indices) and weights.dtype == torch.float32
+    torch.testing.assert_close(weights, ref_weights)

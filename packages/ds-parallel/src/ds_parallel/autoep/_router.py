@@ -79,7 +79,8 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`x` `[T, hidden]` -> (weights `[T, top_k]` fp32, expert indices `[T, top_k]`)."""
-        logits = self.gate(x).float()
+        # In the gate's own dtype (DeepSeek keeps an fp32 router in a bf16 model), scored in fp32.
+        logits = F.linear(x.to(self.gate.weight.dtype), self.gate.weight, self.gate.bias).float()
         scores = torch.sigmoid(logits) if self.score_func == "sigmoid" else F.softmax(logits, dim=-1)
         choice = scores
         if self.e_score_correction_bias is not None:
