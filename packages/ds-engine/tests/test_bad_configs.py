@@ -359,11 +359,47 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"implemented in ds",
     ),
     (
-        "autoep_enabled",
+        "autoep_size_over_world",
         {"expert_parallel": {"enabled": True, "autoep_size": 2}},
+        ValueError,
+        r"expert_parallel.autoep_size=2 must divide the data-parallel world size 1",
+    ),
+    (
+        "autoep_folding_with_expert_tp",
+        {"expert_parallel": {"enabled": True, "expert_tensor_parallel_size": 2}},
         E,
-        r"expert_parallel.enabled: 'enabled'=True is not supported by ds \(AutoEP, the automatic replacement of a "
-        r"Hugging Face model's MoE blocks .* deepspeed.moe.layer.MoE\(..., ep_size=N\) for expert parallelism",
+        r"expert_parallel.expert_tensor_parallel_size: .*expert tensor parallelism folded into AutoEP is not "
+        r"implemented in ds",
+    ),
+    (
+        "autoep_load_balance",
+        {"expert_parallel": {"enabled": True, "load_balance_coeff": 0.01}},
+        E,
+        r"expert_parallel: .*load_balance_coeff=0.01 is not supported",
+    ),
+    (
+        "autoep_bad_score_func",
+        {"expert_parallel": {"enabled": True, "score_func": "relu"}},
+        E,
+        r"expert_parallel.score_func: .*'softmax'",
+    ),
+    (
+        "autoep_groups",
+        {"expert_parallel": {"num_expert_groups": 2, "num_limited_groups": 3}},
+        E,
+        r"expert_parallel: .*num_limited_groups \(3\) must be <= num_expert_groups \(2\)",
+    ),
+    (
+        "autoep_deepep",
+        {"expert_parallel": {"enabled": True, "comm_backend": "deepep"}},
+        E,
+        r"expert_parallel.comm_backend: .*DeepEP exchange is not implemented in ds",
+    ),
+    (
+        "autoep_not_an_moe_model",
+        {"expert_parallel": {"enabled": True}},
+        ValueError,
+        r"expert_parallel: no MoE block found in the model; tried mixtral: moe_layer_pattern=",
     ),
     ("autoep_typo", {"expert_parallel": {"autoep_sise": 2}}, E, r"expert_parallel.autoep_sise: .*'autoep_size'"),
     (

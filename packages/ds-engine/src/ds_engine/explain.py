@@ -15,10 +15,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
+from torch import nn
 
 from ds_comm import get_accelerator
 from ds_engine._data.describe import describe_data_sampling
 from ds_engine._data.describe_routing import data_efficiency_lines
+from ds_engine._parallel.autoep import describe_autoep
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 
@@ -77,8 +79,12 @@ def _resolved_rows(config: DeepSpeedConfig) -> list[tuple[str, Any, str]]:
     return rows
 
 
-def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
-    """The explanation text for an already-validated config."""
+def explain(config: DeepSpeedConfig, *, device_type: str | None = None, model: nn.Module | None = None) -> str:
+    """The explanation text for an already-validated config.
+
+    `model` (optional) is looked at, never changed: with `expert_parallel.enabled`, the MoE blocks AutoEP
+    would replace in it are listed with where each expert would live.
+    """
     lines = [
         f"config: {config.source}",
         f"data-parallel world size: {config.world_size} ({config.world_size_source})",
@@ -97,6 +103,15 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
             "",
             "autotuning experiment (autotuning.enabled)",
             *(f"  {line}" for line in config.parsed.autotuning.describe()),
+        ]
+    if config.parsed.expert_parallel.enabled:
+        lines += [
+            "",
+            "expert parallelism (AutoEP: expert_parallel.enabled)",
+            *(
+                f"  {line}"
+                for line in describe_autoep(config.parsed.expert_parallel, world_size=config.world_size, model=model)
+            ),
         ]
     data_lines = describe_data_sampling(config.data_efficiency_config)
     if data_lines:

@@ -252,7 +252,7 @@ class Checkpointer:
             ds_config=parts.ds_config,
             rng_states=rng_states,
             data_sampler=_curriculum_sampler_state(engine),
-            extra=extra or {},
+            extra={**(extra or {}), **(_moe_checkpoint.autoep_layers_entry(parts.moe) if parts.moe else {})},
             random_ltd=_random_ltd_state(engine),
         )
 
@@ -357,6 +357,8 @@ class Checkpointer:
                 parts_read = _checkpoint.zero_partitions(ckpt_dir, mp_rank)
             module_state = _checkpoint.fill_placeholders(state, parts_read, path) if placeholders else state["module"]
         if parts.moe is not None:
+            if restore_optimizer:
+                _moe_checkpoint.check_autoep_optimizer_degree(state, parts.moe, path)
             module_state = _moe_checkpoint.merge_expert_states(module_state, parts.moe, ckpt_dir, mp_rank=mp_rank)
         if parts.dist.global_rank == 0:
             _checkpoint.log_layout_change(

@@ -9,6 +9,10 @@
     <tag>/zero_pp_rank_{r}_mp_rank_00_optim_states.pt       ZeRO 1/2: as for dense models; expert
                                                             fragments are named globally
 
+AutoEP layers keep their local experts stacked in `experts.w1/w2/w3` (`[num_local_experts, ...]`); their
+expert file holds row i of each under `<layer>.experts.<w>.<E>` (DeepSpeed's AutoEP layout), and loading
+stacks the rows of this rank's experts back, so those weights too load at any expert-parallel degree.
+
 Each expert file is written by rank 0 of that expert's expert-data-parallel group. Loading reads, for each
 local expert, the file of its global index, so weights load at any expert-parallel degree; ZeRO partitions
 re-partition by their global names too. A stage-0 optimizer state is positional (the local experts'
@@ -26,7 +30,14 @@ from torch import nn
 
 import ds_comm
 from ds_comm import atomic_save
-from ds_engine._step.moe import MoeWiring, moe_layout
+from ds_engine._checkpoint.constants import (
+    AUTOEP_EP_SIZE,
+    AUTOEP_EXPERT_KEY_PREFIX,
+    AUTOEP_LAYERS_KEY,
+    AUTOEP_NUM_EXPERTS,
+    AUTOEP_NUM_LOCAL_EXPERTS,
+)
+from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +74,10 @@ def write_expert_files(
         if layer.edp_rank != 0:
             continue
         per_expert: dict[int, dict[str, torch.Tensor]] = {}
+        for name in layer.fused_experts:
+            for i in range(layer.num_local_experts):
+                expert_id = layer.ep_rank * layer.num_local_experts + i
+                per_expert.setdefault(expert_id, {})[f"{name}.{expert_id}"] = state[name][i].detach().clone()
         head = f"{layer.prefix}." if layer.prefix else ""
         for local_name, global_name in wiring.expert_names.items():
             if not local_name.startswith(head + "deepspeed_moe."):
@@ -89,6 +104,9 @@ def merge_expert_states(
         KeyError: an expert file lacks an entry this model has.
     """
     out = dict(module_state)
+    for layer_id, layer in enumerate(wiring.layers):
+        if layer.fused_experts:
+            out.update(_stacked_experts(layer_id, layer, ckpt_dir, mp_rank=mp_rank))
     wanted: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for layer_id, layer in enumerate(wiring.layers):
         head = f"{layer.prefix}." if layer.prefix else ""
@@ -108,6 +126,61 @@ def merge_expert_states(
                 raise KeyError(f"{path} has no entry {global_name!r} (it has {sorted(saved)[:4]}...)")
             out[local_name] = saved[global_name]
     return out
+
+
+def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank: int) -> dict[str, torch.Tensor]:
+    """An AutoEP layer's local expert tensors, stacked from the files of its global expert indices."""
+    rows: dict[str, list[torch.Tensor]] = {name: [] for name in layer.fused_experts}
+    for i in range(layer.num_local_experts):
+        expert_id = layer.ep_rank * layer.num_local_experts + i
+        path = expert_file(ckpt_dir, layer_id, expert_id, mp_rank)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"load_checkpoint: {path} is missing (AutoEP layer {layer.prefix!r} has {layer.num_experts} "
+                "experts); was the checkpoint saved from a model with the same MoE blocks?"
+            )
+        saved = ds_comm.load_checkpoint_file(path)
+        for name in layer.fused_experts:
+            key = f"{name}.{expert_id}"
+            if key not in saved:
+                raise KeyError(f"{path} has no entry {key!r} (it has {sorted(saved)[:4]}...)")
+            rows[name].append(saved[key])
+    return {name: torch.stack(tensors) for name, tensors in rows.items()}
+
+
+def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
+    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers."""
+    entries = [
+        {
+            "name": layer.prefix,
+            AUTOEP_EXPERT_KEY_PREFIX: f"{layer.prefix}.experts" if layer.prefix else "experts",
+            AUTOEP_NUM_EXPERTS: layer.num_experts,
+            AUTOEP_NUM_LOCAL_EXPERTS: layer.num_local_experts,
+            AUTOEP_EP_SIZE: layer.num_experts // layer.num_local_experts,
+        }
+        for layer in wiring.layers
+        if layer.fused_experts
+    ]
+    return {AUTOEP_LAYERS_KEY: entries} if entries else {}
+
+
+def check_autoep_optimizer_degree(state: dict[str, Any], wiring: MoeWiring, path: Path) -> None:
+    """A ZeRO optimizer state of AutoEP layers resumes only at the autoep_size it was saved with.
+
+    Raises:
+        ValueError: the degrees differ (names both and the way out: weights load at any degree).
+    """
+    here = {
+        layer.prefix: layer.num_experts // layer.num_local_experts for layer in wiring.layers if layer.fused_experts
+    }
+    for entry in state.get(AUTOEP_LAYERS_KEY) or []:
+        saved, now = entry.get(AUTOEP_EP_SIZE), here.get(entry.get("name"))
+        if now is not None and saved is not None and saved != now:
+            raise ValueError(
+                f"load_checkpoint: {path} holds the optimizer state of AutoEP layer {entry['name']!r} at "
+                f"expert_parallel.autoep_size={saved}, this run has {now}; the expert weights load at any autoep_size: "
+                "pass load_optimizer_states=False (the optimizer then starts fresh from the loaded weights)"
+            )
 
 
 def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) -> dict[str, Any]:

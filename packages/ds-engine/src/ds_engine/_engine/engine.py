@@ -86,6 +86,9 @@ class DeepSpeedEngine(
 
     #: DeepSpeed's static helper: a model-states dict plus this rank's experts from their files.
     load_moe_state_dict = staticmethod(_moe_checkpoint.load_moe_state_dict)
+    #: With `expert_parallel.enabled`: what AutoEP converted (ds-parallel's `ConversionReport`: the preset, each
+    #: replaced block and where its experts live; `.lines()` prints it); None otherwise. Set by initialize().
+    autoep_report: Any = None
 
     def __init__(self, parts: EngineParts) -> None:
         super().__init__()
@@ -103,8 +106,12 @@ class DeepSpeedEngine(
         self._autocast = parts.autocast or AutocastPolicy(parts.plan.device_type)
         self.has_moe_layers = parts.moe is not None
         self.num_experts: list[int] = parts.moe.num_experts if parts.moe is not None else []
-        self.moe_layers: list[nn.Module] = (
-            [parts.module.get_submodule(layer.prefix).deepspeed_moe for layer in parts.moe.layers]
+        self.moe_layers: list[nn.Module] = (  # DeepSpeed-MoE's MOELayers (AutoEP layers are not among them)
+            [
+                parts.module.get_submodule(layer.prefix).deepspeed_moe
+                for layer in parts.moe.layers
+                if not layer.fused_experts
+            ]
             if parts.moe is not None
             else []
         )

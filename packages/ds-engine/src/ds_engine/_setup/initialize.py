@@ -20,6 +20,7 @@ from ds_engine._engine.assembly import AssemblyInputs, assemble
 from ds_engine._engine.deepspeed_getters import ClientObjects
 from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._hybrid.engine import DeepSpeedHybridEngine
+from ds_engine._parallel.autoep import apply_autoep
 from ds_engine._parallel.dims import expected_replica_world_size, requested_degrees, resolve_parallel_layout
 from ds_engine._parallel.sequence_parallel import check_data_parallel_size, check_sequence_parallel
 from ds_engine._parallel.tensor_parallel import (
@@ -210,6 +211,16 @@ def initialize(
             partition_config=partition_config,
         )
     check_sequence_parallel(sp, dist, pipeline=pipeline)
+    autoep_report, model_parameters = apply_autoep(  # AutoEP: the MoE wiring below sees the converted layers
+        model,
+        ds_config.parsed.expert_parallel,
+        dist,
+        tp_size=tp_size,
+        zero_stage=ds_config.zero.stage,
+        pipeline=pipeline,
+        model_parameters=model_parameters,
+        client_optimizer=optimizer,
+    )
     check_data_parallel_size(
         ds_config.parsed.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
     )
@@ -273,6 +284,7 @@ def initialize(
         return built
     parts = assemble(inputs)
     engine = DeepSpeedHybridEngine(parts) if ds_config.hybrid_engine.enabled else DeepSpeedEngine(parts)
+    engine.autoep_report = autoep_report
     engine._client = ClientObjects(mpu=mpu, optimizer=optimizer, lr_scheduler=lr_scheduler, training_data=training_data)
     if ds_config.parsed.dump_state and dist.global_rank == 0:
         logger.info("ds_engine.initialize: %r\n  %s", ds_config, "\n  ".join(plan.lines()))

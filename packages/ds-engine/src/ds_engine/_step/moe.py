@@ -60,6 +60,9 @@ class MoeLayer:
     group_name: str
     ep_rank: int
     edp_rank: int
+    fused_experts: tuple[str, ...] = ()
+    """AutoEP layers: the module names of the `[num_local_experts, ...]` expert tensors (`experts.w1`, ...),
+    one row per local expert; empty for DeepSpeed-MoE layers (one module per expert)."""
 
     def global_name(self, local_name: str) -> str:
         """`...deepspeed_experts.{i}...` -> `...deepspeed_experts.{ep_rank * local + i}...`."""
@@ -176,7 +179,27 @@ def moe_layout(module: nn.Module) -> tuple[list[MoeLayer], dict[str, str]]:
                 full = head + name
                 if _EXPERT_INDEX.search(full):
                     expert_names[full] = layer.global_name(full)
+        elif isinstance(sub, ds_parallel.autoep.AutoEPMoELayer):
+            layer = autoep_layer(prefix, sub, groups)
+            layers.append(layer)
+            lo, hi = sub.local_experts.start, sub.local_experts.stop
+            for name in layer.fused_experts:  # unique per expert range, so ZeRO never mixes two ranks' experts
+                expert_names[name] = f"{name}@experts{lo}:{hi}"
     return layers, expert_names
+
+
+def autoep_layer(prefix: str, sub: Any, groups: Any) -> MoeLayer:
+    """An AutoEP layer's place: its stacked expert tensors hold experts `ep_rank * local ...` in rows."""
+    head = f"{prefix}." if prefix else ""
+    return MoeLayer(
+        prefix=prefix,
+        num_experts=sub.num_experts,
+        num_local_experts=sub.num_local_experts,
+        group_name=sub.ep_group_name,
+        ep_rank=groups._get_expert_parallel_rank(sub.ep_group_name),
+        edp_rank=groups._get_expert_data_parallel_rank(sub.ep_group_name),
+        fused_experts=tuple(f"{head}experts.{n}" for n, _ in sub.experts.named_parameters()),
+    )
 
 
 def broadcast_moe_model(module: nn.Module, wiring: MoeWiring, dist: DistInfo) -> None:

@@ -1,11 +1,12 @@
 """Sections of DeepSpeed features ds does not implement: every key accepted, the switch turning one on refused.
 
-`compile` (DeepCompile) and `expert_parallel` (AutoEP) carry DeepSpeed 0.19.8's keys and defaults, so a
+`compile` (DeepCompile) carries DeepSpeed 0.19.8's keys and defaults, so a
 config written for DeepSpeed validates here key by key (a typo is an error with a suggestion), while a switch that turns
 the feature on is refused by name, saying what ds does not do (`inert_keys`). Settings read only by a
 feature that is off have no effect in DeepSpeed either and are accepted silently, except DeepCompile's
 knobs, which warn (`ignored_keys`): both engines have `engine.compile()`, and ds's (torch.compile) reads
 none of them, where a user may expect them to apply.
+`expert_parallel` (AutoEP) is implemented (`_expert_parallel_section`) and re-exported here.
 
 DeepSpeed acts on the sub-switches of `data_efficiency` (`curriculum_learning.enabled`,
 `random_ltd.enabled`, ...) whatever the section's own `enabled` says, so each is checked on its own: data
@@ -19,6 +20,7 @@ from typing import ClassVar, Literal
 
 from ds_comm import ConfigModel
 from ds_engine.config._data_sampling_section import DataSamplingConfig
+from ds_engine.config._expert_parallel_section import ExpertParallelConfig
 from ds_engine.config._random_ltd_section import DataRoutingConfig
 
 __all__ = [
@@ -35,7 +37,7 @@ class CompileConfig(ConfigModel):
 
     inert_keys: ClassVar[dict[str, str]] = {
         "deepcompile": f"DeepCompile {_NOT_IN_DS}; call engine.compile() or torch.compile on the model instead",
-        "autoep_non_moe": f"compiling around AutoEP layers needs AutoEP, which {_NOT_IN_DS}",
+        "autoep_non_moe": f"compiling around AutoEP layers is a DeepCompile option; DeepCompile {_NOT_IN_DS}",
     }
     ignored_keys: ClassVar[dict[str, str]] = {
         name: "DeepCompile reads it, and DeepCompile is not implemented in ds"
@@ -89,67 +91,3 @@ class DataEfficiencyConfig(ConfigModel):
     seed: int = 1234
     data_sampling: DataSamplingConfig = DataSamplingConfig()
     data_routing: DataRoutingConfig = DataRoutingConfig()
-
-
-class ExpertParallelConfig(ConfigModel):
-    """`expert_parallel`: DeepSpeed 0.19.8's AutoEP, which swaps a Hugging Face model's MoE blocks for its
-    own expert-parallel layers at initialize().
-
-    ds implements expert parallelism through the MoE layer (`deepspeed.moe.layer.MoE(..., ep_size=N)`, from
-    ds-parallel), whose groups initialize() builds; the automatic replacement is what it does not do.
-    """
-
-    inert_keys: ClassVar[dict[str, str]] = {
-        "enabled": "AutoEP, the automatic replacement of a Hugging Face model's MoE blocks by expert-parallel "
-        f"layers, {_NOT_IN_DS}; build the model with deepspeed.moe.layer.MoE(..., ep_size=N) for expert "
-        "parallelism instead",
-    }
-
-    enabled: bool = False
-    """Replace the model's MoE blocks at initialize(); only false is accepted."""
-    autoep_size: int = 1
-    expert_tensor_parallel_size: int = 1
-    validate_folding_routing: bool = False
-    async_split_plan: bool = False
-    preset_model: str | None = None
-    moe_layer_pattern: str | None = None
-    expert_pattern: str | None = None
-    router_pattern: str | None = None
-    use_grouped_mm: bool = True
-    disable_triton_grouped_mm: bool = False
-    route_norm: bool | None = None
-    route_scale: float = 1.0
-    score_apply: str = "auto"
-    combine_impl: str = "auto"
-    row_weighting_impl: str = "auto"
-    gate_up_impl: str = "separate"
-    comm_backend: str = "comm"
-    comm_num_sm: int = 12
-    comm_qp_margin: int = 4
-    comm_max_tokens_per_rank: int = 0
-    num_expert_groups: int | None = None
-    num_limited_groups: int | None = None
-    score_func: str = "auto"
-    top_k: int | Literal["auto"] = "auto"
-    load_balance_coeff: None = None
-    """DeepSpeed refuses any value but null."""
-    routed_scaling_factor: float | Literal["auto"] = "auto"
-    expert_w1: str | None = None
-    expert_w2: str | None = None
-    expert_w3: str | None = None
-    num_experts_attr: str | None = None
-    top_k_attr: str | None = None
-    has_shared_experts: bool | None = None
-    shared_experts_pattern: str | None = None
-    shared_experts_gate_pattern: str | None = None
-    expert_activation: str | None = None
-
-    #: keys whose "auto" is DeepSpeed's own value (resolved from the model), not a placeholder to fill
-    literal_auto: ClassVar[tuple[str, ...]] = (
-        "score_apply",
-        "combine_impl",
-        "row_weighting_impl",
-        "score_func",
-        "top_k",
-        "routed_scaling_factor",
-    )

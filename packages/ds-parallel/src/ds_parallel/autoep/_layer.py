@@ -1,0 +1,170 @@
+"""`AutoEPMoELayer`: a Hugging Face MoE block rebuilt for expert parallelism, same function, same inputs.
+
+Forward on `[B, S, H]`:
+  1. the router picks `top_k` experts and weights per token (replicated on every rank);
+  2. the T*k (token, expert) assignments are sorted by expert, and each rank sends the rows for experts it
+     does not own to their owner (one count exchange + one variable-split all-to-all on the expert-parallel
+     group); expert-parallel rank r owns the contiguous experts [r*E/ep, (r+1)*E/ep);
+  3. the owner runs its experts on the rows grouped by local expert and sends the results back (the
+     reverse all-to-all); with ep_size 1 there is no exchange;
+  4. results are weighted (score_apply "post"; "pre" weights the inputs instead) and summed per token;
+     shared experts (and their sigmoid gate) are added, as the original block does.
+Nothing is dropped or padded, so the output equals the original block's up to summation order.
+
+Expert parameters carry DeepSpeed's expert mark (`allreduce = False`, `group_name = "ep_size_{N}"`): the
+engine sums their gradients over the expert-data-parallel group; router and shared-expert parameters stay
+dense (`allreduce = True`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+import ds_comm
+from ds_parallel.autoep._experts import GroupedExperts, all_to_all_v
+from ds_parallel.autoep._router import TopKRouter
+
+__all__ = ["AutoEPMoELayer", "MoELayerSpec"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoELayerSpec:
+    """One detected MoE block, resolved: what was found and how it will route."""
+
+    moe_module_name: str
+    model_family: str
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    ffn_hidden_size: int
+    score_func: Literal["softmax", "sigmoid"]
+    score_apply: Literal["pre", "post"]
+    route_norm: bool
+    route_scale: float
+    num_expert_groups: int | None
+    num_limited_groups: int | None
+    group_score_func: Literal["max", "top2_sum"]
+    expert_activation: str
+    shared_experts_name: str
+    shared_experts_gate_name: str
+
+
+class AutoEPMoELayer(nn.Module):
+    """The expert-parallel replacement of one MoE block (see the module docstring).
+
+    Args:
+        spec: the resolved layer.
+        router: its router, gate weights copied from the block.
+        experts: this rank's experts (`spec.num_experts // ep_size` of them).
+        shared_experts / shared_experts_gate: the block's own modules, kept as they are (or None).
+        ep_size / ep_rank / ep_group: the expert-parallel degree, this rank's place, and its group.
+    """
+
+    def __init__(
+        self,
+        spec: MoELayerSpec,
+        *,
+        router: TopKRouter,
+        experts: GroupedExperts,
+        shared_experts: nn.Module | None,
+        shared_experts_gate: nn.Module | None,
+        ep_size: int,
+        ep_rank: int,
+        ep_group: ProcessGroup | None,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.router = router
+        self.experts = experts
+        self.shared_experts = shared_experts
+        self.shared_experts_gate = shared_experts_gate
+        self.num_experts = spec.num_experts
+        self.top_k = spec.top_k
+        self.score_apply = spec.score_apply
+        self.ep_size = ep_size
+        self.ep_rank = ep_rank
+        self.ep_group = ep_group
+        self.num_local_experts = spec.num_experts // ep_size
+        self.ep_group_name = f"ep_size_{ep_size}"
+        for p in self.experts.parameters():  # DeepSpeed's expert mark, read by the engine's MoE wiring
+            setattr(p, "allreduce", False)  # noqa: B010
+            setattr(p, "group_name", self.ep_group_name)  # noqa: B010
+        dense = [*self.router.parameters()]
+        for extra in (shared_experts, shared_experts_gate):
+            if extra is not None:
+                dense += list(extra.parameters())
+        for p in dense:
+            setattr(p, "allreduce", True)  # noqa: B010
+
+    @property
+    def local_experts(self) -> range:
+        """Global indices of the experts this rank holds."""
+        return range(self.ep_rank * self.num_local_experts, (self.ep_rank + 1) * self.num_local_experts)
+
+    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+        """Bind the expert-parallel group of this layer's degree (the engine calls it; a collective the first
+        time a degree is seen)."""
+        from ds_parallel.moe._groups import create_expert_groups
+
+        groups = create_expert_groups(self.ep_size)
+        if groups.ep_rank != self.ep_rank:
+            raise RuntimeError(
+                f"AutoEP layer {self.spec.moe_module_name!r} was built for expert-parallel rank {self.ep_rank}, "
+                f"but this rank is {groups.ep_rank} of {self.ep_group_name}"
+            )
+        self.ep_group = groups.ep_group
+
+    def _exchange_plan(self, counts: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
+        """(rows sent to each rank, rows received from each rank, received counts `[ep, E_local]`)."""
+        assert self.ep_group is not None
+        received = torch.empty_like(counts)
+        ds_comm.all_to_all_single(received, counts, group=self.ep_group)
+        send = counts.view(self.ep_size, self.num_local_experts).sum(1).tolist()
+        recv_counts = received.view(self.ep_size, self.num_local_experts)
+        return send, recv_counts.sum(1).tolist(), recv_counts
+
+    def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Rows sorted by global expert, `counts[e]` each -> the experts' outputs in the same order."""
+        if self.ep_size == 1:
+            return self.experts(rows, counts.tolist())
+        send, recv, recv_counts = self._exchange_plan(counts)
+        assert self.ep_group is not None
+        arrived = all_to_all_v(rows, self.ep_group, out_splits=recv, in_splits=send)
+        # arrived is [source 0: its rows for local expert 0, 1, ...][source 1: ...]; group by local expert.
+        owner = torch.arange(self.num_local_experts, device=rows.device).repeat(self.ep_size)
+        expert_of_row = torch.repeat_interleave(owner, recv_counts.reshape(-1))
+        order = torch.argsort(expert_of_row, stable=True)
+        done = self.experts(arrived.index_select(0, order), recv_counts.sum(0).tolist())
+        back = done.index_select(0, torch.argsort(order))
+        return all_to_all_v(back, self.ep_group, out_splits=send, in_splits=recv)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        weights, indices = self.router(x)
+        flat = indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // self.top_k
+        w = weights.reshape(-1).index_select(0, order).unsqueeze(1)
+        rows = x.index_select(0, token)
+        if self.score_apply == "pre":
+            rows = (rows.float() * w).to(x.dtype)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        out_rows = self._run_experts(rows, counts)
+        if self.score_apply == "post":
+            out_rows = (out_rows.float() * w).to(x.dtype)
+        out = torch.zeros_like(x).index_add(0, token, out_rows)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)
+            if self.shared_experts_gate is not None:
+                shared = torch.sigmoid(self.shared_experts_gate(x)) * shared
+            out = out + shared
+        return out.reshape(shape)
