@@ -1,9 +1,36 @@
-"""Sequence parallelism: DeepSpeed-Ulysses `DistributedAttention` and its all-to-all (`deepspeed.sequence`)."""
+"""Sequence parallelism (`deepspeed.sequence`): DeepSpeed-Ulysses `DistributedAttention` and its all-to-all,
+and the losses over vocabulary- and sequence-sharded logits (vocabulary-parallel and fused linear cross
+entropy, per-token log-probabilities / entropy / KL)."""
 
 from __future__ import annotations
 
 from ds_parallel.sequence._all_gather import all_gather_autograd
 from ds_parallel.sequence._all_to_all import seq_all_to_all
+from ds_parallel.sequence._cross_entropy import (
+    VocabParallelCausalLMLoss,
+    VocabParallelCrossEntropyLoss,
+    configure_vocab_parallel_loss,
+    validate_vocab_parallel_loss,
+    vocab_parallel_cross_entropy,
+    vocab_sequence_parallel_cross_entropy,
+)
+from ds_parallel.sequence._linear_cross_entropy import vocab_parallel_linear_cross_entropy
+from ds_parallel.sequence._vocab_ops import vocab_parallel_entropy, vocab_parallel_kl_div, vocab_parallel_logprobs
 from ds_parallel.sequence.layer import DistributedAttention, head_split_sizes
 
-__all__ = ["DistributedAttention", "all_gather_autograd", "head_split_sizes", "seq_all_to_all"]
+__all__ = [
+    "DistributedAttention",
+    "VocabParallelCausalLMLoss",
+    "VocabParallelCrossEntropyLoss",
+    "all_gather_autograd",
+    "configure_vocab_parallel_loss",
+    "head_split_sizes",
+    "seq_all_to_all",
+    "validate_vocab_parallel_loss",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_entropy",
+    "vocab_parallel_kl_div",
+    "vocab_parallel_linear_cross_entropy",
+    "vocab_parallel_logprobs",
+    "vocab_sequence_parallel_cross_entropy",
+]
