@@ -1,5 +1,6 @@
 """Sequence parallelism (`deepspeed.sequence`): DeepSpeed-Ulysses `DistributedAttention` and its all-to-all,
-and the losses over vocabulary- and sequence-sharded logits (vocabulary-parallel and fused linear cross
+and the FPDT (the sequence in chunks, kept in host memory), the
+losses over vocabulary- and sequence-sharded logits (vocabulary-parallel and fused linear cross
 entropy, per-token log-probabilities / entropy / KL)."""
 
 from __future__ import annotations
@@ -14,11 +15,17 @@ from ds_parallel.sequence._cross_entropy import (
     vocab_parallel_cross_entropy,
     vocab_sequence_parallel_cross_entropy,
 )
+from ds_parallel.sequence._fpdt import FPDT_FFN, FPDT_Attention, FPDT_InputConstruct, FPDT_LogitsLoss, SequenceChunk
 from ds_parallel.sequence._linear_cross_entropy import vocab_parallel_linear_cross_entropy
 from ds_parallel.sequence._vocab_ops import vocab_parallel_entropy, vocab_parallel_kl_div, vocab_parallel_logprobs
 from ds_parallel.sequence.layer import DistributedAttention, head_split_sizes
 
 __all__ = [
+    "FPDT_FFN",
+    "FPDT_Attention",
+    "FPDT_InputConstruct",
+    "FPDT_LogitsLoss",
+    "SequenceChunk",
     "DistributedAttention",
     "VocabParallelCausalLMLoss",
     "VocabParallelCrossEntropyLoss",
