@@ -118,3 +118,25 @@ def test_bad_input_is_refused_by_name() -> None:
         vocab_parallel_cross_entropy(logits, target, vocab_start_index=3, vocab_end_index=40)
     with pytest.raises(ValueError, match="chunk_size=0"):
         vocab_parallel_linear_cross_entropy(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(2), chunk_size=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_chunked_cross_entropy_matches_torch(dtype: torch.dtype) -> None:
+    from ds_parallel.sequence._chunked_cross_entropy import ChunkedCausalLMLoss, chunked_cross_entropy
+
+    logits, target = _data(seed=5)
+    logits, target = logits.flatten(0, 1).to(dtype), target.flatten()
+    mine, ref = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    got = chunked_cross_entropy(mine, target, block_rows=5)
+    want = F.cross_entropy(ref.float(), target)
+    tol = TOL if dtype == torch.float64 else {"atol": 1e-2, "rtol": 1e-2}
+    torch.testing.assert_close(got, want.to(got.dtype), **tol)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(mine.grad, ref.grad, **tol)
+    labels = torch.randint(0, 37, (2, 12))
+    hf = ChunkedCausalLMLoss(block_rows=3)(logits.view(2, 12, 37), labels, 37)
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+    torch.testing.assert_close(hf, F.cross_entropy(logits.float(), shifted.flatten()).to(hf.dtype), **tol)
+    with pytest.raises(ValueError, match="block_rows=0"):
+        chunked_cross_entropy(logits, target, block_rows=0)
