@@ -17,6 +17,10 @@ Memory per rank after one forward (the worst rank):
   from the same tensors;
 - peak RSS growth over the step (the whole process, everything) is printed beside them.
 
+Neither figure counts the transients of backward: for ulysses the `[tokens, vocab]` gradient of the logits
+among others, for FPDT the attention output's and the queries' gradients of the whole local sequence, which
+its backward holds on the device while it walks the key chunks.
+
 The budget is ulysses' device memory at its longest measured length; the longest sequence within it comes
 from the least-squares line through each mode's measured points (memory is linear in the length for both:
 no `[seq, seq]` matrix exists in either), and FPDT is then run at that length to check it fits.
