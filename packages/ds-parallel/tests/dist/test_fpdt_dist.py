@@ -119,6 +119,7 @@ def _case(rank: int, world: int) -> dict[str, float]:
     close("a2a_s2h", s2h, full[:, :, [0, 1]] if rank == 0 else full[:, :, [2]])
     back = _SeqAllToAll.apply(group, s2h, 1, 2, 0, None, None, None, True, 3)
     close("a2a_round_trip", back, t.detach())
+    close("a2a_round_trip_counted", _SeqAllToAll.apply(group, s2h, 1, 2, 0), t.detach())  # head counts exchanged
     (back * 2).sum().backward()
     close("a2a_grad", t.grad, torch.full_like(t, 2.0))
     return errs
@@ -126,5 +127,5 @@ def _case(rank: int, world: int) -> dict[str, float]:
 
 def test_fpdt_sp2_matches_plain_attention_and_ulysses() -> None:
     results = run_ranks(2, _case, timeout_s=120)
-    assert all(len(r) == 14 for r in results), results
+    assert all(len(r) == 15 for r in results), results
     assert max(max(r.values()) for r in results) <= 1e-5

@@ -26,19 +26,31 @@ def _heads(total: int, world: int) -> list[int]:
 
 
 def _plan(
-    t: torch.Tensor, scatter_idx: int, batch_dim_idx: int, world: int, me: int, num_heads: int | None
+    t: torch.Tensor,
+    scatter_idx: int,
+    batch_dim_idx: int,
+    group: ProcessGroup | None,
+    world: int,
+    me: int,
+    num_heads: int | None,
 ) -> tuple[int, int, list[int], list[int]]:
     seq_dim = 1 - batch_dim_idx
     if scatter_idx >= 2:  # sequence -> heads
         heads = _heads(t.shape[2], world)
         return 2, seq_dim, heads, [t.shape[seq_dim]] * world
-    total = num_heads if num_heads is not None else t.shape[2] * world
-    heads = _heads(total, world)
-    if heads[me] != t.shape[2]:
-        raise ValueError(
-            f"single_all_to_all: this rank holds {t.shape[2]} heads but {total} heads over {world} ranks give it "
-            f"{heads[me]}; pass num_kv_heads (the total head count)"
+    if num_heads is not None:
+        heads = _heads(num_heads, world)
+        if heads[me] != t.shape[2]:
+            raise ValueError(
+                f"single_all_to_all: this rank holds {t.shape[2]} heads but num_kv_heads={num_heads} over {world} "
+                f"ranks gives it {heads[me]}"
+            )
+    else:  # each rank says how many heads it holds (they may differ by one)
+        counts = torch.zeros(world, dtype=torch.long, device=t.device)
+        ds_comm.all_gather_into_tensor(
+            counts, torch.tensor([t.shape[2]], dtype=torch.long, device=t.device), group=group
         )
+        heads = [int(c) for c in counts.tolist()]
     if t.shape[seq_dim] % world:
         raise ValueError(f"single_all_to_all: sequence of {t.shape[seq_dim]} does not split over {world} ranks")
     return seq_dim, 2, [t.shape[seq_dim] // world] * world, heads
@@ -57,14 +69,14 @@ def single_all_to_all(
 ) -> torch.Tensor:
     """One all-to-all of a 4-D `[b, s, h, d]` / `[s, b, h, d]` tensor (no autograd; `_SeqAllToAll` has one).
 
-    `num_kv_heads`: the total head count, needed to trade back heads that the ranks hold unevenly.
+    `num_kv_heads`: the total head count when trading back (without it the ranks tell each other theirs).
     `async_op`, `handle`, `type`: accepted; the exchange completes before returning.
     """
     world = ds_comm.get_world_size(group)
     if world == 1:
         return input
     me = ds_comm.get_rank(group)
-    scatter, gather, s_sizes, g_sizes = _plan(input, scatter_idx, batch_dim_idx, world, me, num_kv_heads)
+    scatter, gather, s_sizes, g_sizes = _plan(input, scatter_idx, batch_dim_idx, group, world, me, num_kv_heads)
     return _exchange(input.contiguous(), group, scatter, gather, s_sizes, g_sizes)
 
 
