@@ -17,8 +17,17 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_parallel.sequence._all_to_all import seq_all_to_all
+from ds_parallel.sequence._layout_all_to_all import _SeqAllToAll, single_all_to_all
+from ds_parallel.sequence._rotary import _rotate_half, apply_rotary_pos_emb
 
-__all__ = ["DistributedAttention", "head_split_sizes"]
+__all__ = [
+    "DistributedAttention",
+    "_SeqAllToAll",
+    "_rotate_half",
+    "apply_rotary_pos_emb",
+    "head_split_sizes",
+    "single_all_to_all",
+]
 
 
 def head_split_sizes(num_heads: int, world: int) -> list[int]:
@@ -163,3 +172,7 @@ class DistributedAttention(nn.Module):
             scatter_sizes=seq,
             gather_sizes=[h * width for h in q_heads],
         )
+
+
+# DeepSpeed's module also carries its all-to-all by layout and the rotary embedding (FPDT uses both).
+_torchembed_available = False  # no fused rotary kernel: the PyTorch formula always runs

@@ -1,0 +1,17 @@
+"""`deepspeed.sequence.cross_entropy`: ds-parallel's vocabulary-parallel cross entropy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ds_engine._reexport import optional_reexport
+
+if TYPE_CHECKING:  # names are looked up at run time; type checkers see ds_parallel's own
+    from ds_parallel.sequence._cross_entropy import *  # noqa: F403
+
+__all__, __getattr__, __dir__ = optional_reexport(
+    "ds_engine.sequence.cross_entropy",
+    "ds_parallel.sequence._cross_entropy",
+    extra="parallel",
+    feature="ds_engine.sequence.cross_entropy (deepspeed.sequence.cross_entropy, vocabulary-parallel cross entropy)",
+)
