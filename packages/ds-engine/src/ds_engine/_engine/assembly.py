@@ -316,7 +316,7 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
     _place_and_cast(module, plan, device)
     if plan.autocast_dtype is not None:
         mark_lower_precision_params(module, plan.autocast_dtype, safe_classes)
-    moe = detect_moe(module, dist)
+    moe = detect_moe(module, dist, data_before_expert=m.use_data_before_expert_parallelism)
     check_deepspeed_layout_moe(config, has_moe=moe is not None)
     if moe is not None and plan.zero_stage == 3:
         raise DeepSpeedConfigError(
