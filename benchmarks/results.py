@@ -45,6 +45,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),
     "ulysses": ([], ["--lengths", "1024,2048", "--steps", "1", "--modes", "sp1,sp2"]),
     "moe": ([], ["--tokens", "256", "--steps", "2"]),
+    "domino": ([], ["--hidden", "256", "--layers", "2", "--seq", "64", "--steps", "2"]),
     "hybrid_engine": ([], ["--hidden", "128", "--layers", "2", "--new-tokens", "8", "--reps", "1"]),
     # full: the 2.42B job from NVMe, ds alone (43 GB of swap files; DeepSpeed cannot run it here), ~5 min
     "infinity": ([], ["--layers", "2", "--width", "2048", "--steps", "1", "--sides", "ds"]),
