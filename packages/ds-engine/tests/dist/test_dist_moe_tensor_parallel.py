@@ -4,7 +4,7 @@ Both tensor-parallel ranks feed the same batch. Cases: experts whole on each ran
 sends only its half of every expert's slots; expert gradients are summed over the expert-data-parallel
 group) and ep 2 (the two tensor-parallel peers exchange slots by all-to-all; top-2 without dropping, so
 the capacity is padded to a multiple of tp); and tensor-parallel experts (`enable_expert_tensor_parallelism`,
-each rank holds half of every expert's hidden units). Losses of two SGD steps and the gradients of the
+each rank holds half of every expert's hidden units), at ZeRO 0 and 2. Losses of two SGD steps and the gradients of the
 first (lr 1: the weight change) must equal the plain model's on one process to 1e-5.
 
 Needs ds-parallel (the `ds-engine[all]` session); skipped without it.
@@ -122,9 +122,10 @@ def _local_to_global(name: str, ep_rank: int, num_local: int) -> str:
     return f"{head}.deepspeed_experts.{ep_rank * num_local + int(index)}.{rest}"
 
 
-def _case(rank: int, ep: int, k: int, drop: bool, expert_tp: bool) -> dict[str, float]:
+def _case(rank: int, ep: int, k: int, drop: bool, expert_tp: bool, stage: int = 0) -> dict[str, float]:
     import ds_engine as deepspeed
     from ds_parallel import groups
+    from ds_parallel.moe import split_params_into_different_moe_groups_for_optimizer
 
     groups.reset_mesh()
     torch.manual_seed(0)
@@ -145,10 +146,17 @@ def _case(rank: int, ep: int, k: int, drop: bool, expert_tp: bool) -> dict[str, 
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(_shard(name, initial[_local_to_global(name, ep_rank, num_local)], rank, tp))
+    param_groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "all"}
+    )
     engine, *_ = deepspeed.initialize(
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
-        config={"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1},
+        optimizer=torch.optim.SGD(param_groups, lr=1.0),
+        config={
+            "train_micro_batch_size_per_gpu": 4,
+            "zero_optimization": {"stage": stage},
+            "zero_allow_untested_optimizer": True,
+        },
         mpu=_Mpu(),
     )
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
@@ -174,6 +182,7 @@ def _run(rank: int, world: int) -> dict[str, dict[str, float]]:
         "whole_ep1": _case(rank, ep=1, k=1, drop=True, expert_tp=False),
         "whole_ep2_top2_nodrop": _case(rank, ep=2, k=2, drop=False, expert_tp=False),
         "tp_experts": _case(rank, ep=1, k=1, drop=True, expert_tp=True),
+        "tp_experts_zero2": _case(rank, ep=1, k=1, drop=True, expert_tp=True, stage=2),
     }
 
 
@@ -183,4 +192,4 @@ def test_moe_in_a_tensor_parallel_model_matches_one_process() -> None:
         for case, errors in result.items():
             assert errors["loss0"] <= 1e-5 and errors["loss1"] <= 1e-5, (case, errors)
             assert errors["grad"] <= 1e-5 and errors["grad_scale"] > 1e-3, (case, errors)
-            assert errors["expert_tp"] == (2.0 if case == "tp_experts" else 1.0), (case, errors)
+            assert errors["expert_tp"] == (2.0 if case.startswith("tp_experts") else 1.0), (case, errors)
