@@ -47,6 +47,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     # full: 2 gloo ranks per measured length, FPDT checked at its fitted longest length (~17k tokens, ~6 min)
     "fpdt": ([], ["--lengths", "512,1024", "--chunk", "256"]),
     "moe": ([], ["--tokens", "256", "--steps", "2"]),
+    "domino": ([], ["--hidden", "256", "--layers", "2", "--seq", "64", "--steps", "2"]),
     "hybrid_engine": ([], ["--hidden", "128", "--layers", "2", "--new-tokens", "8", "--reps", "1"]),
     # full: the 2.42B job from NVMe, ds alone (43 GB of swap files; DeepSpeed cannot run it here), ~5 min
     "infinity": ([], ["--layers", "2", "--width", "2048", "--steps", "1", "--sides", "ds"]),

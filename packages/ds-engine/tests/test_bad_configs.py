@@ -403,13 +403,6 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     ),
     ("autoep_typo", {"expert_parallel": {"autoep_sise": 2}}, E, r"expert_parallel.autoep_sise: .*'autoep_size'"),
     (
-        "data_before_expert_layout",
-        {"use_data_before_expert_parallelism": True},
-        E,
-        r"use_data_before_expert_parallelism: .*=True is not supported by ds \(DeepSpeed's data-before-expert rank "
-        r"layout .* is not implemented; ds-parallel builds DeepSpeed's default expert-before-data layout",
-    ),
-    (
         "curriculum_without_cluster_path",  # DeepSpeed acts on it whatever data_efficiency.enabled says
         {"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}}}},
         E,

@@ -122,6 +122,8 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None, model: n
         "data efficiency",
         *(f"  {line}" for line in data_efficiency_lines(config.parsed.data_efficiency, train_batch_size=batch)),
     ]
+    if "use_data_before_expert_parallelism" in config.raw:
+        lines += ["", "mixture of experts (MoE layers)", f"  {_moe_layout_line(config)}"]
     if config.auto_keys:
         lines += [
             "",
@@ -133,6 +135,15 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None, model: n
     lines += ["", "resolved config (set = in your file, default = applied by ds, derived = computed)"]
     lines += [f"  {path:<{width}}  {value!r:<24} {source}" for path, value, source in rows]
     return "\n".join(lines)
+
+
+def _moe_layout_line(config: DeepSpeedConfig) -> str:
+    if config.parsed.use_data_before_expert_parallelism:
+        return (
+            "expert groups data-before-expert (use_data_before_expert_parallelism=true): expert-data-parallel "
+            "groups are consecutive ranks, expert-parallel groups stride over them"
+        )
+    return "expert groups expert-before-data (the default): expert-parallel groups are consecutive ranks"
 
 
 def _parse_auto(pairs: Sequence[str]) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 `initialize_mesh(...)` (or `set_mesh`) installs the process-wide mesh; until then the first call builds
 the plain data-parallel layout (every rank one replica), as DeepSpeed's groups default to the world.
+
+`mpu` is DeepSpeed's `groups.mpu`: a client's model-parallel unit, published by the engine (or set by a
+script). While set, the data-parallel and tensor-parallel answers are the mpu's, as in DeepSpeed.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from torch.distributed import ProcessGroup
 from ds_parallel._dims import ParallelDims
 from ds_parallel._mesh import ParallelMesh, build_mesh
 from ds_parallel.moe import _groups as _experts
+from ds_parallel.moe._layouts import expert_rank_lists
 
 __all__ = [
     "_get_data_parallel_group",
@@ -25,6 +29,8 @@ __all__ = [
     "_get_expert_data_parallel_group_ranks",
     "_get_expert_data_parallel_rank",
     "_get_expert_data_parallel_world_size",
+    "_get_expert_model_parallel_world_size",
+    "_create_expert_data_and_model_parallel",
     "_get_expert_parallel_group",
     "_get_expert_parallel_group_dict",
     "_get_expert_parallel_group_ranks",
@@ -45,12 +51,15 @@ __all__ = [
     "_get_sequence_parallel_rank",
     "_get_sequence_parallel_world_size",
     "get_mesh",
+    "mpu",
     "initialize_mesh",
     "reset_mesh",
     "set_mesh",
 ]
 
 _MESH: ParallelMesh | None = None
+#: DeepSpeed's `groups.mpu` (None: the mesh answers).
+mpu: Any = None
 
 
 def initialize_mesh(dims: ParallelDims | None = None, **degrees: Any) -> ParallelMesh:
@@ -76,8 +85,9 @@ def set_mesh(mesh: ParallelMesh) -> None:
 def reset_mesh() -> None:
     """Forget the installed mesh and the expert groups (process groups stay alive until torch.distributed is
     torn down)."""
-    global _MESH
+    global _MESH, mpu
     _MESH = None
+    mpu = None
     _experts.reset_expert_groups()
 
 
@@ -91,15 +101,43 @@ def get_mesh() -> ParallelMesh:
 
 def _get_data_parallel_group() -> ProcessGroup:
     """Replicas of the model (excluding sequence-parallel peers, which see the same samples)."""
+    if mpu is not None:
+        return mpu.get_data_parallel_group()
     return get_mesh().group("dp")
 
 
 def _get_data_parallel_world_size() -> int:
+    if mpu is not None:
+        return int(mpu.get_data_parallel_world_size())
     return get_mesh().size("dp")
 
 
 def _get_data_parallel_rank() -> int:
+    if mpu is not None:
+        return int(mpu.get_data_parallel_rank())
     return get_mesh().rank("dp")
+
+
+def _tensor_parallel() -> tuple[int, ProcessGroup | None, int]:
+    """`(size, group, rank)` of this rank's tensor-parallel group: the mpu's when one is published, else the
+    mesh's `tp` dim (a mesh is not built for this when none is installed: no tensor parallelism then)."""
+    if mpu is not None:
+        size = getattr(mpu, "get_tensor_model_parallel_world_size", mpu.get_model_parallel_world_size)()
+        group = getattr(mpu, "get_tensor_model_parallel_group", mpu.get_model_parallel_group)()
+        rank = getattr(mpu, "get_tensor_model_parallel_rank", mpu.get_model_parallel_rank)()
+        return int(size), group, int(rank)
+    if _MESH is None:
+        return 1, None, 0
+    return _MESH.size("tp"), _MESH.group("tp"), _MESH.rank("tp")
+
+
+def _pipeline_parallel_size() -> int:
+    if mpu is not None:
+        get = getattr(mpu, "get_pipeline_model_parallel_world_size", None) or getattr(
+            mpu, "get_pipe_parallel_world_size", None
+        )
+        return int(get()) if get is not None else 1
+    return _MESH.size("pp") if _MESH is not None else 1
 
 
 def _get_sequence_parallel_group() -> ProcessGroup:
@@ -129,15 +167,21 @@ def _get_sequence_data_parallel_rank() -> int:
 
 
 def _get_model_parallel_group() -> ProcessGroup:
-    """Tensor-parallel peers (DeepSpeed's model-parallel group without an mpu)."""
+    """Tensor-parallel peers (the mpu's model-parallel group when one is published)."""
+    if mpu is not None:
+        return mpu.get_model_parallel_group()
     return get_mesh().group("tp")
 
 
 def _get_model_parallel_world_size() -> int:
+    if mpu is not None:
+        return int(mpu.get_model_parallel_world_size())
     return get_mesh().size("tp")
 
 
 def _get_model_parallel_rank() -> int:
+    if mpu is not None:
+        return int(mpu.get_model_parallel_rank())
     return get_mesh().rank("tp")
 
 
@@ -161,12 +205,73 @@ def _get_expert_parallel_rank(group_name: str | None = None) -> int:
 
 
 def _create_expert_and_data_parallel(
-    expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False
+    expert_parallel_size_: int,
+    mp_size: int | None = None,
+    pp_size: int | None = None,
+    mp_mode: str = "tp",
+    use_data_before_expert_parallel_: bool = False,
+    folding_spec: Any = None,
 ) -> None:
-    """Create the `ep_size_{N}` expert-parallel and expert-data-parallel groups (a collective)."""
-    if use_data_before_expert_parallel_:
-        raise NotImplementedError("use_data_before_expert_parallel_=True (the D+E rank layout) is not supported")
-    _experts.create_expert_groups(expert_parallel_size_)
+    """Create the `ep_size_{N}` expert-parallel and expert-data-parallel groups (a collective).
+
+    `mp_size` None or 1, experts that are not tensor-parallel: with a tensor-parallel model (the published
+    mpu's or the mesh's `tp`) the groups are DeepSpeed's E + D layout over the world, tensor-parallel peers
+    included; with the data-before-expert flag the D + E layout (`ds_parallel.moe._layouts`); otherwise
+    views of the mesh. `mp_size > 1`: `mp_mode="tp"` forms the groups inside each tensor-parallel lane
+    (E + M + D), `"sp"` over consecutive ranks (E + D).
+
+    Raises:
+        NotImplementedError: a `folding_spec` (AutoEP's folding tables), or the data-before-expert flag with
+            `mp_size > 1` (as in DeepSpeed).
+        ValueError: an unknown `mp_mode`, or sizes that do not divide the world.
+    """
+    if folding_spec is not None:
+        raise NotImplementedError("_create_expert_and_data_parallel(folding_spec=...): AutoEP folding tables")
+    if mp_mode not in ("tp", "sp"):
+        raise ValueError(f"_create_expert_and_data_parallel: mp_mode must be 'tp' or 'sp', got {mp_mode!r}")
+    mp = mp_size or 1
+    if mp > 1 and use_data_before_expert_parallel_:
+        raise NotImplementedError("use_data_before_expert_parallel_ is not supported with mp_size > 1")
+    if mp == 1 and _tensor_parallel()[0] == 1 and not use_data_before_expert_parallel_ and pp_size is None:
+        _experts.create_expert_groups(expert_parallel_size_)
+        return
+    _experts.create_expert_groups_from_layout(
+        expert_parallel_size_,
+        tp_size=mp if mp_mode == "tp" else 1,
+        pp_size=pp_size or _pipeline_parallel_size(),
+        expert_tensor_parallel=mp > 1 and mp_mode == "tp",
+        data_before_expert=use_data_before_expert_parallel_,
+        record_expert_tp=False,
+    )
+
+
+def _create_expert_data_and_model_parallel(
+    expert_parallel_size_: int, mpu: Any, use_data_before_expert_parallel_: bool = False
+) -> None:
+    """Create the `ep_size_{N}` groups for tensor-parallel experts (a collective): expert groups are formed
+    inside each tensor-parallel lane (E + M + D, or D + M + E with the flag), and the experts'
+    tensor-parallel degree becomes the model's (`_get_expert_model_parallel_world_size`)."""
+    global_mpu = mpu if mpu is not None else globals()["mpu"]
+    if global_mpu is None:
+        tp_size, pp_size = _tensor_parallel()[0], _pipeline_parallel_size()
+    else:
+        tp_size = int(
+            getattr(global_mpu, "get_tensor_model_parallel_world_size", global_mpu.get_model_parallel_world_size)()
+        )
+        get_pp = getattr(global_mpu, "get_pipeline_model_parallel_world_size", None)
+        pp_size = int(get_pp()) if get_pp is not None else 1
+    _experts.create_expert_groups_from_layout(
+        expert_parallel_size_,
+        tp_size=tp_size,
+        pp_size=pp_size,
+        expert_tensor_parallel=True,
+        data_before_expert=use_data_before_expert_parallel_,
+    )
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    """The experts' tensor-parallel degree: 1 unless a layer enabled expert tensor parallelism."""
+    return _experts.expert_tensor_parallel_size()
 
 
 def _get_expert_parallel_ranks(
@@ -176,21 +281,19 @@ def _get_expert_parallel_ranks(
     pipeline_parallel_size_: int = 1,
     use_data_before_expert_parallel_: bool = False,
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """The expert-parallel and expert-data-parallel rank lists of a world, computed without any process group.
+    """The expert-parallel and expert-data-parallel rank lists of tensor-parallel experts, computed without
+    any process group.
 
-    Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline stage (DeepSpeed's
-    E + M + D layout). Each stage's data-parallel ranks at one tensor-parallel index (`i, i + tp, ...`)
-    split into expert-parallel groups of `expert_parallel_size_` consecutive members; the members at the
-    same position of those groups form an expert-data-parallel group. World 16, tp 2, ep 4 gives
-    expert-parallel `[0, 2, 4, 6], [8, 10, 12, 14], [1, 3, 5, 7], [9, 11, 13, 15]` and expert-data-parallel
-    `[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], ...`.
+    Ranks are laid out tensor-parallel fastest, then data-parallel, then pipeline stage. Each stage's
+    data-parallel ranks at one tensor-parallel index (`i, i + tp, ...`) split into expert-parallel groups of
+    `expert_parallel_size_` consecutive members (E + M + D), or of members a stride apart
+    (D + M + E, `use_data_before_expert_parallel_`); the rest of each lane's split is the expert-data-parallel
+    groups. World 16, tp 2, ep 4 gives expert-parallel `[0, 2, 4, 6], [8, 10, 12, 14], [1, 3, 5, 7], ...` and
+    expert-data-parallel `[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], ...`.
 
     Raises:
         ValueError: a size does not divide what it must (named with the values).
-        NotImplementedError: `use_data_before_expert_parallel_=True` (the D + E layout).
     """
-    if use_data_before_expert_parallel_:
-        raise NotImplementedError("use_data_before_expert_parallel_=True (the D+E rank layout) is not supported")
     model_size = tensor_parallel_size_ * pipeline_parallel_size_
     if min(world_size, tensor_parallel_size_, expert_parallel_size_, pipeline_parallel_size_) < 1:
         raise ValueError(
@@ -202,21 +305,19 @@ def _get_expert_parallel_ranks(
             f"world_size {world_size} is not divisible by "
             f"tensor_parallel_size_ x pipeline_parallel_size_ = {model_size}"
         )
-    dp_size = world_size // model_size
-    if dp_size % expert_parallel_size_:
+    if (world_size // model_size) % expert_parallel_size_:
         raise ValueError(
-            f"the data-parallel size {dp_size} is not divisible by expert_parallel_size_ {expert_parallel_size_}"
+            f"the data-parallel size {world_size // model_size} is not divisible by "
+            f"expert_parallel_size_ {expert_parallel_size_}"
         )
-    stage_size = world_size // pipeline_parallel_size_
-    ep_groups: list[list[int]] = []
-    edp_groups: list[list[int]] = []
-    for stage_start in range(0, world_size, stage_size):
-        for tp_index in range(tensor_parallel_size_):
-            dp_ranks = list(range(stage_start + tp_index, stage_start + stage_size, tensor_parallel_size_))
-            chunks = [dp_ranks[i : i + expert_parallel_size_] for i in range(0, dp_size, expert_parallel_size_)]
-            ep_groups.extend(chunks)
-            edp_groups.extend([list(column) for column in zip(*chunks, strict=True)])
-    return ep_groups, edp_groups
+    return expert_rank_lists(
+        world_size,
+        expert_parallel_size_,
+        tp_size=tensor_parallel_size_,
+        pp_size=pipeline_parallel_size_,
+        expert_tensor_parallel=True,
+        data_before_expert=use_data_before_expert_parallel_,
+    )
 
 
 def _get_expert_data_parallel_group(group_name: str) -> ProcessGroup:

@@ -316,12 +316,14 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
     _place_and_cast(module, plan, device)
     if plan.autocast_dtype is not None:
         mark_lower_precision_params(module, plan.autocast_dtype, safe_classes)
-    moe = detect_moe(module, dist)
+    moe = detect_moe(module, dist, data_before_expert=m.use_data_before_expert_parallelism)
     check_deepspeed_layout_moe(config, has_moe=moe is not None)
     if moe is not None and plan.zero_stage == 3:
         raise DeepSpeedConfigError(
-            "zero_optimization.stage=3: DeepSpeed MoE layers are not supported with ZeRO stage 3 (as in "
-            "DeepSpeed); use stage 1 or 2"
+            "zero_optimization.stage=3: Native DeepSpeed MoE is not supported with ZeRO Stage 3 "
+            "(deepspeed.moe.layer.MoE layers, refused as DeepSpeed 0.19.8 does); use stage 1 or 2, or at stage 3 "
+            "a mixture-of-experts block of plain modules flagged as a ZeRO-3 leaf (zero_optimization.leaf_module "
+            "or deepspeed.utils.set_z3_leaf_modules), which ZeRO-3 gathers whole whatever the routing"
         )
     _broadcast(module, plan, dist, moe)
     optimized_linear = apply_offload(module)

@@ -14,9 +14,12 @@ DeepSpeed does, publishes its groups here (`_set_tp_groups`), so these getters a
 from __future__ import annotations
 
 import os
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from ds_engine import _comm as dist
+from ds_engine._optional import require
 from ds_engine._reexport import optional_reexport
 from ds_engine._report.logging import log_dist
 
@@ -50,7 +53,7 @@ _TP_NAMES = [
     "get_tensor_model_parallel_src_rank",
     "get_tensor_model_parallel_world_size",
 ]
-__all__ = [*_parallel_all, *_TP_NAMES]
+__all__ = [*_parallel_all, *_TP_NAMES]  # `mpu` (a property, below) is in ds_parallel.groups' list
 
 
 def _check_layout(tensor_model_parallel_size: int, data_parallel_size: int | None) -> tuple[int, int]:
@@ -184,3 +187,23 @@ def get_data_parallel_rank() -> int:
 
 def __dir__() -> list[str]:  # noqa: N807 - the PEP 562 hook
     return sorted({*_parallel_dir(), *_TP_NAMES})
+
+
+class _GroupsModule(types.ModuleType):
+    """This module, with DeepSpeed's `groups.mpu` read and written through to ds-parallel's groups (where the
+    MoE layers read it), so a script's `deepspeed.utils.groups.mpu = mpu` reaches them."""
+
+    @property
+    def mpu(self) -> Any:
+        return _parallel_groups().mpu
+
+    @mpu.setter
+    def mpu(self, value: Any) -> None:
+        _parallel_groups().mpu = value
+
+
+def _parallel_groups() -> Any:
+    return require("ds_parallel", extra="parallel", feature="deepspeed.utils.groups.mpu").groups
+
+
+sys.modules[__name__].__class__ = _GroupsModule

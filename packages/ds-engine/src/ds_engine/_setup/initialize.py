@@ -33,7 +33,7 @@ from ds_engine._parallel.tp_model_init import merge_tp_model_init, refuse_group_
 from ds_engine._pipeline.build import build_pipeline_engine, check_pipeline_call, is_pipeline_module
 from ds_engine._plan.plan import plan_assembly
 from ds_engine._report.logging import set_log_level_from_string
-from ds_engine._step.moe import is_expert_param
+from ds_engine._step.moe import is_expert_param, publish_moe_mpu
 from ds_engine.config._constants import TORCH_DISTRIBUTED_DEFAULT_PORT
 
 if TYPE_CHECKING:
@@ -210,6 +210,8 @@ def initialize(
             model_parameters=model_parameters,
             partition_config=partition_config,
         )
+    if not pipeline:
+        publish_moe_mpu(model, mpu)  # MoE layers lay their expert groups out around the model's tensor parallelism
     check_sequence_parallel(sp, dist, pipeline=pipeline)
     autoep_report, model_parameters = apply_autoep(  # AutoEP: the MoE wiring below sees the converted layers
         model,

@@ -38,7 +38,7 @@ from ds_ops.precision import finish_step
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MoeLayer", "MoeWiring", "MoeFp32Stepper", "detect_moe"]
+__all__ = ["MoeLayer", "MoeWiring", "MoeFp32Stepper", "detect_moe", "publish_moe_mpu"]
 
 _EXPERT_INDEX = re.compile(r"((?:^|\.)deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)(\.)")
 _EPS = 1e-6
@@ -119,8 +119,21 @@ class MoeWiring:
         return out
 
 
-def detect_moe(module: nn.Module, dist: DistInfo) -> MoeWiring | None:
+def publish_moe_mpu(module: nn.Module, mpu: Any) -> None:
+    """Hand the client's mpu (or the mesh's) to ds-parallel's groups (DeepSpeed's `groups.mpu = mpu`) for an
+    MoE model, so its layers see the model's tensor-parallel group and lay their expert groups out around it.
+    Nothing for a dense model or without an mpu."""
+    if mpu is None or not any(is_expert_param(p) for p in module.parameters()):
+        return
+    ds_parallel = require("ds_parallel", extra="parallel", feature="mixture-of-experts (MoE layers)")
+    ds_parallel.groups.mpu = mpu
+
+
+def detect_moe(module: nn.Module, dist: DistInfo, *, data_before_expert: bool = False) -> MoeWiring | None:
     """Set up the expert groups of an MoE model (a collective); None for a dense model.
+
+    `data_before_expert` (the config's `use_data_before_expert_parallelism`) asks every layer for DeepSpeed's
+    D + E layout: expert-data-parallel groups of consecutive ranks, expert-parallel groups strided over them.
 
     Raises:
         ImportError: ds-parallel is missing (names `pip install 'ds-engine[parallel]'`).
@@ -131,11 +144,13 @@ def detect_moe(module: nn.Module, dist: DistInfo) -> MoeWiring | None:
     ds_parallel = require("ds_parallel", extra="parallel", feature="mixture-of-experts (MoE layers)")
     for sub in module.modules():  # the model itself may be the MoE layer
         if hasattr(sub, "set_deepspeed_parallelism"):
-            sub.set_deepspeed_parallelism()
+            sub.set_deepspeed_parallelism(use_data_before_expert_parallel_=data_before_expert)
     groups = ds_parallel.groups
     for name in names:  # expert params whose layer has no set_deepspeed_parallelism: build from the name
         if name not in groups._get_expert_parallel_group_dict():
-            groups._create_expert_and_data_parallel(int(name.rsplit("_", 1)[1]))
+            groups._create_expert_and_data_parallel(
+                int(name.rsplit("_", 1)[1]), use_data_before_expert_parallel_=data_before_expert
+            )
     dp = groups._get_data_parallel_world_size()
     if dp != dist.dp_world_size:
         raise ValueError(
@@ -286,7 +301,9 @@ class MoeFp32Stepper(PlainOptimizerState):
             buffer = FlatGradBuffer(experts[name], torch.float32, bind=True, lazy_bind=True)
             self.buffers.append(buffer)
             self.norm_groups.append(wiring.ep_groups[name])
-            if dist.dp_world_size > 1:
+            # Not dp_world_size > 1: with tensor parallelism the expert-data-parallel group spans
+            # tensor-parallel peers (each held a slice of the tokens) even when there is one replica.
+            if ds_comm.get_world_size(wiring.edp_groups[name]) > 1:
                 self.reducers.append(
                     GradAllReducer(buffer, reduce, group=wiring.edp_groups[name], world_size=dist.dp_world_size)
                 )

@@ -113,10 +113,6 @@ class DeepSpeedConfigModel(ConfigModel):
         "disable_allgather": "DeepSpeed 0.19.8 reads it but nothing acts on it",
     }
     inert_keys: ClassVar[dict[str, str]] = {
-        "use_data_before_expert_parallelism": "DeepSpeed's data-before-expert rank layout of the MoE groups "
-        "(expert-data-parallel groups of consecutive ranks, expert-parallel groups strided over them) is not "
-        "implemented; ds-parallel builds DeepSpeed's default expert-before-data layout (expert-parallel groups "
-        "of consecutive ranks), with which MoE layers (deepspeed.moe.layer.MoE, ep_size=N) train",
         "disable_python_gc": "the engine does not manage Python's garbage collector",
     }
 
@@ -208,6 +204,8 @@ class DeepSpeedConfigModel(ConfigModel):
     disable_allgather: bool = False
     """A legacy switch DeepSpeed reads and never acts on; no effect (a warning says so)."""
     use_data_before_expert_parallelism: bool = False
+    """MoE layers lay their groups out data-before-expert (D + E): expert-data-parallel groups of consecutive
+    ranks, expert-parallel groups strided over them (default E + D: expert-parallel groups consecutive)."""
     disable_python_gc: bool = False
     log_level: Annotated[str | None, AfterValidator(_log_level_name)] = None
     """Level of the ds packages' loggers, set at initialize() (debug, info, warning, error, critical, any

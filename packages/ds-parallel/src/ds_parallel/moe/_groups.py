@@ -12,14 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from ds_parallel._dims import ParallelDims
 from ds_parallel._mesh import ParallelMesh, build_mesh
+from ds_parallel.moe._layouts import expert_rank_lists
 
 __all__ = [
     "ExpertGroups",
     "create_expert_groups",
+    "create_expert_groups_from_layout",
+    "expert_tensor_parallel_size",
     "expert_group_name",
     "expert_groups",
     "get_expert_groups",
@@ -27,6 +31,9 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, ExpertGroups] = {}
+#: The tensor-parallel degree of the experts (DeepSpeed's `expert_tensor_parallel_world_size`): the model's
+#: tensor-parallel degree once a layer set up expert tensor parallelism, else 1.
+_EXPERT_TP_SIZE = 1
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,67 @@ def create_expert_groups(ep_size: int) -> ExpertGroups:
     return _REGISTRY[name]
 
 
+def create_expert_groups_from_layout(
+    ep_size: int,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    expert_tensor_parallel: bool = False,
+    data_before_expert: bool = False,
+    record_expert_tp: bool = True,
+) -> ExpertGroups:
+    """The groups of degree `ep_size` in one of DeepSpeed's explicit layouts (`ds_parallel.moe._layouts`),
+    created with one `new_group` per group on first use (a collective: every rank must call it).
+
+    Used where the mesh's own `ep` dim is not the layout: a tensor-parallel model (tensor-parallel peers
+    share tokens), expert tensor parallelism, or the data-before-expert order.
+
+    `record_expert_tp`: with `expert_tensor_parallel`, the experts' tensor-parallel degree becomes `tp_size`
+    (False: only the tensor-parallel-lane ordering is wanted).
+
+    Raises:
+        ValueError: the sizes do not divide the world (named).
+    """
+    global _EXPERT_TP_SIZE
+    name = expert_group_name(ep_size)
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ep_lists, edp_lists = expert_rank_lists(
+        world,
+        ep_size,
+        tp_size=tp_size,
+        pp_size=pp_size,
+        expert_tensor_parallel=expert_tensor_parallel,
+        data_before_expert=data_before_expert,
+    )
+    mine: dict[str, tuple[ProcessGroup, list[int]]] = {}
+    for kind, lists in (("ep", ep_lists), ("edp", edp_lists)):
+        for ranks in lists:  # every rank creates every group, in the same order (torch requires it)
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[kind] = (group, ranks)
+    (ep_group, ep_ranks), (edp_group, edp_ranks) = mine["ep"], mine["edp"]
+    _REGISTRY[name] = ExpertGroups(
+        name=name,
+        ep_size=ep_size,
+        ep_group=ep_group,
+        edp_group=edp_group,
+        ep_ranks=tuple(ep_ranks),
+        edp_ranks=tuple(edp_ranks),
+        ep_rank=ep_ranks.index(rank),
+        edp_rank=edp_ranks.index(rank),
+    )
+    if expert_tensor_parallel and record_expert_tp:
+        _EXPERT_TP_SIZE = tp_size
+    return _REGISTRY[name]
+
+
+def expert_tensor_parallel_size() -> int:
+    """The experts' tensor-parallel degree (1 unless a layer set up expert tensor parallelism)."""
+    return _EXPERT_TP_SIZE
+
+
 def get_expert_groups(name: str) -> ExpertGroups:
     """The groups registered under `name` (`ep_size_{N}`).
 
@@ -112,4 +180,6 @@ def expert_groups() -> dict[str, ExpertGroups]:
 
 def reset_expert_groups() -> None:
     """Forget the registered groups (the process groups live until torch.distributed is torn down)."""
+    global _EXPERT_TP_SIZE
     _REGISTRY.clear()
+    _EXPERT_TP_SIZE = 1

@@ -7,7 +7,7 @@ import logging
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ds_parallel.moe._groups import create_expert_groups, expert_group_name
+from ds_parallel.moe._groups import expert_group_name, get_expert_groups
 from ds_parallel.moe.experts import Experts
 from ds_parallel.moe.sharded_moe import MOELayer, TopKGate
 
@@ -38,8 +38,10 @@ class MoE(nn.Module):
         drop_tokens: enforce capacity.
         use_rts: random token selection when dropping (top-1).
         use_tutel: accepted; Tutel is not used.
-        enable_expert_tensor_parallelism: accepted; no tensor parallelism of experts is set up, so with a
-            tensor-parallel mesh the layer refuses to build its groups.
+        enable_expert_tensor_parallelism: with a tensor-parallel model, `expert` is itself tensor-parallel
+            (its layers shard over the model's tensor-parallel group): expert groups are formed inside each
+            tensor-parallel lane and every tensor-parallel rank runs its shard on all of an expert's tokens.
+            Off (the default), experts are whole on each rank and tensor-parallel peers split the tokens.
         top2_2nd_expert_sampling: Gumbel-sample top-2's second expert.
 
     `forward(hidden_states, used_token=None)` returns `(output, l_aux, exp_counts)`.
@@ -102,27 +104,36 @@ class MoE(nn.Module):
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
         """Create (or reuse) the `ep_size_{N}` groups and hand the expert-parallel one to the layer.
 
-        A collective over the world the first time a degree is seen.
+        A collective over the world the first time a degree is seen. The tensor-parallel degree is the
+        model's (`ds_parallel.groups`: the published mpu's, else the mesh's `tp`); the layouts are
+        DeepSpeed's (`ds_parallel.moe._layouts`): E + D (or D + E with `use_data_before_expert_parallel_`)
+        over the world, or inside each tensor-parallel lane with `enable_expert_tensor_parallelism`.
 
         Raises:
-            NotImplementedError: `use_data_before_expert_parallel_` (DeepSpeed's D+E layout) is asked for.
-            ValueError: ep_size does not divide the data-parallel world.
+            ValueError: ep_size does not divide the ranks it splits.
         """
-        if use_data_before_expert_parallel_:
-            raise NotImplementedError(
-                "use_data_before_expert_parallel_=True (the data-before-expert rank layout) is not supported; "
-                "expert-parallel groups are consecutive ranks"
-            )
         from ds_parallel import groups
 
-        if groups.get_mesh().size("tp") > 1:
-            raise NotImplementedError(
-                "MoE with tensor parallelism (a tp > 1 mesh) is not supported: tokens would be duplicated "
-                "across tensor-parallel ranks"
+        tp_size, tp_group, _ = groups._tensor_parallel()
+        expert_tp = self.enable_expert_tensor_parallelism and tp_size > 1
+        if expert_tp:
+            groups._create_expert_data_and_model_parallel(
+                self.ep_size, mpu=groups.mpu, use_data_before_expert_parallel_=use_data_before_expert_parallel_
             )
-        expert_groups = create_expert_groups(self.ep_size)
+        elif self.expert_group_name not in groups._get_expert_parallel_group_dict():
+            groups._create_expert_and_data_parallel(
+                self.ep_size, use_data_before_expert_parallel_=use_data_before_expert_parallel_
+            )
+        expert_groups = get_expert_groups(self.expert_group_name)
         if self.deepspeed_moe.ep_group is not expert_groups.ep_group:
             self.deepspeed_moe._set_ep_group(expert_groups.ep_group)
+        self.deepspeed_moe._set_tensor_parallel(tp_group, tp_size, expert_tp)
+        logger.info(
+            "MoE layer %s: tensor-parallel degree %d, experts %s",
+            self.expert_group_name,
+            tp_size,
+            "tensor-parallel" if expert_tp else "whole on each rank",
+        )
 
     def _create_process_groups(self, use_data_before_expert_parallel_: bool = False) -> None:
         self.set_deepspeed_parallelism(use_data_before_expert_parallel_)

@@ -34,6 +34,7 @@ from ds_parallel.moe._gating import (
     route_topk,
     uniform_noise,
 )
+from ds_parallel.moe.mappings import drop_tokens, gather_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +240,9 @@ class TopKGate(nn.Module):
         self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
         self.wall_clock_breakdown = False
         self.gate_time = 0.0
+        self.capacity_multiple = 1
+        """The capacity is rounded up to a multiple of this (the tensor-parallel degree, so each tensor-parallel
+        rank keeps an equal slice of every expert's slots); the extra slots stay empty."""
 
     def _set_ep_group(self, ep_group: Any) -> None:
         if self.ep_group is not None and self.ep_group is not ep_group:
@@ -277,6 +281,8 @@ class TopKGate(nn.Module):
             routes = route_topk(
                 logits, self.k, factor, self.min_capacity, drop_tokens=self.drop_tokens, ep_group=self.ep_group
             )
+        if routes.capacity % self.capacity_multiple:
+            routes.capacity += self.capacity_multiple - routes.capacity % self.capacity_multiple
         if self.wall_clock_breakdown:
             self.gate_time = (time.perf_counter() - start) * 1000.0
         return routes
@@ -325,10 +331,24 @@ class MOELayer(nn.Module):
         self.time_moe = 0.0
         self.l_aux: Tensor | None = None
         self.exp_counts: Tensor | None = None
+        self.tp_group: Any = None
+        self.expert_tensor_parallel = False
 
     def _set_ep_group(self, ep_group: Any) -> None:
         self.ep_group = ep_group
         self.gate._set_ep_group(ep_group)
+
+    def _set_tensor_parallel(self, tp_group: Any, tp_size: int, expert_tensor_parallel: bool) -> None:
+        """The model is tensor-parallel over `tp_group` (`tp_size` > 1): tokens arrive identical on its ranks.
+
+        Each rank then sends only its 1/tp slice of every expert's capacity through the all-to-all and the
+        slices are gathered back after it. Tensor-parallel experts (`expert_tensor_parallel`) need every
+        token on every tensor-parallel rank, so the slices are also gathered before them and split again
+        after.
+        """
+        self.tp_group = tp_group if tp_size > 1 else None
+        self.expert_tensor_parallel = expert_tensor_parallel and tp_size > 1
+        self.gate.capacity_multiple = max(tp_size, 1)
 
     def _exchange(self, x: Tensor) -> tuple[Tensor, float]:
         if self.ep_size == 1:
@@ -354,10 +374,19 @@ class MOELayer(nn.Module):
         self.l_aux, self.exp_counts = routes.l_aux, routes.exp_counts
         slots = route_slots(routes)
         buffer = dispatch(tokens, slots, routes.num_experts, routes.capacity)
+        tp = self.tp_group
+        if tp is not None:  # every tensor-parallel rank holds these tokens: each sends only its slots' slice
+            buffer = drop_tokens(buffer, 1, tp)
         buffer, self.time_falltoall = self._exchange(buffer)
+        if self.expert_tensor_parallel:
+            buffer = gather_tokens(buffer, 1, tp)
         expert_in = buffer.reshape(self.ep_size, self.num_local_experts, -1, model_dim)
         expert_out = self.experts(expert_in).reshape(self.ep_size * self.num_local_experts, -1, model_dim)
+        if self.expert_tensor_parallel:
+            expert_out = drop_tokens(expert_out, 1, tp)
         expert_out, self.time_salltoall = self._exchange(expert_out)
+        if tp is not None:
+            expert_out = gather_tokens(expert_out, 1, tp)
         out = combine(expert_out, slots, routes.gates).reshape(hidden.shape)
         self.time_moe = (time.perf_counter() - start) * 1000.0
         return out
