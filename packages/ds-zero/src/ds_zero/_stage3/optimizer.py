@@ -34,6 +34,7 @@ from ds_zero._stage3.muon import MuonShardUpdate
 from ds_zero._stage3.param_access import ShardParamAccess
 from ds_zero._stage3.partition import ShardPartition
 from ds_zero._stage3.partition_index import PartitionIndex
+from ds_zero._stage3.superoffload import SuperOffload, refuse_superoffload
 from ds_zero._zenflow_refusal import refuse_zenflow
 from ds_zero._zero_config import as_zero_config
 
@@ -177,6 +178,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 "step keeps on disk; use offload_optimizer.device 'cpu' or 'none'"
             )
         refuse_trainable(p for g in optimizer.param_groups for p in g["params"])
+        refuse_superoffload(optimizer, cfg)
         if model_parallel_group is not None and cfg.offload_optimizer_device == "nvme":
             raise ValueError(
                 "zero_optimization.offload_optimizer.device=nvme is not supported with tensor parallelism "
@@ -290,6 +292,16 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             comm_device=self._norm_device if nccl else None,
         )
         self._muon = muon if muon.partitions else None
+        self._super = self._superoffload(cfg)
+
+    def _superoffload(self, cfg: ZeroConfig) -> SuperOffload | None:
+        """`offload_optimizer.super_offload`: the CPU tiles step during backward (`_stage3.superoffload`)."""
+        off = cfg.offload_optimizer_or_default
+        if not off.super_offload:
+            return None
+        sup = SuperOffload(self, self.tiles, cores_perc=off.cpuadam_cores_perc)
+        self.reducer.on_piece = sup.on_piece
+        return sup
 
     def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
         master_device = torch.device("cpu") if self.offload_optimizer else None
@@ -394,6 +406,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
+        if self._super is not None:
+            self._super.arm(self._boundary_hint)
         self._arm_eager_steps()
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
@@ -433,6 +447,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self._refuse_step_while_coalescing()
         self.reducer.finish()
+        if self._super is not None:
+            self._super.wait()
         all_grads = [part.master.grad for part in self.partitions]
         grads = [g for g in all_grads if g is not None]
         swapper = self.optimizer_swapper
@@ -452,6 +468,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         )
         if swapper is not None:
             swapper.grad_outcome = outcome
+        if self._super is not None:  # keep, undo or redo the updates made during backward
+            self._super.settle(outcome)
         if not self._record_outcome(outcome):
             return False
         if self._muon is not None:  # after unscale, check and clip: `_stage3.muon`
@@ -477,6 +495,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         eager = self.optimizer_swapper.grads.eager if self.optimizer_swapper is not None else None
         if eager is not None:  # stepped during backward: not again
             tiles = [t for t in tiles if t.index not in eager.stepped]
+        if self._super is not None and self._super.done:  # SuperOffload kept its in-backward updates
+            tiles = [t for t in tiles if id(t) not in self._super.done]
         for tile in tiles:
             tile.attach_grad()
         if len(tiles) == len(self.partitions) and self.optimizer_swapper is None:
@@ -536,6 +556,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradient partitions (and any full gradient still on a parameter)."""
         self.reducer.discard()
+        if self._super is not None:  # updates made from gradients that no step will use
+            self._super.discard()
         if self.optimizer_swapper is not None:
             self.optimizer_swapper.grads.zero_grad()
         for part in self.partitions:
@@ -589,5 +611,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         optimizer, and are freed with it.
         """
         self.reducer.remove()
+        if self._super is not None:
+            self._super.close()
         if self.offload_optimizer:
             release_pinned(part.master for part in self.partitions if part.master is not None)
