@@ -71,10 +71,6 @@ class OffloadParamConfig(ConfigModel):
 class OffloadOptimizerConfig(ConfigModel):
     """`zero_optimization.offload_optimizer`: fp32 master weights and optimizer state off the device."""
 
-    ignored_keys: ClassVar[dict[str, str]] = {
-        "ratio": "the whole optimizer state is offloaded",
-    }
-
     device: OffloadDevice = "none"
     """"cpu": state in host memory and the step on the CPU (DeepSpeedCPUAdam); "nvme": swapped to disk."""
     nvme_path: Path | None = None
@@ -90,7 +86,9 @@ class OffloadOptimizerConfig(ConfigModel):
     fast_init: bool = False
     """Skip the NVMe swap warm-up at init."""
     ratio: float = Field(1.0, ge=0.0, le=1.0)
-    """Fraction of the optimizer state to offload; below 1 only with stage 3."""
+    """Share of the sub-groups (`sub_group_size` tiles, counted in the optimizer's order) whose fp32 master and
+    optimizer state are offloaded to the CPU; the first `int((1 - ratio) * n)` stay on the accelerator and are
+    stepped there. Below 1 only with stage 3 and device "cpu" (`ds_zero._stage3.partial_offload`)."""
     super_offload: bool = False
     """SuperOffload: each CPU sub-group is stepped during the backward as soon as its gradient is complete, on a
     worker thread, and undone when the step is skipped or clipped (stage 3 with device "cpu";
@@ -338,10 +336,22 @@ class ZeroConfig(ConfigModel):
                 UserWarning,
                 stacklevel=2,
             )
-        if self.offload_optimizer_or_default.ratio < 1.0 and self.stage != 3:
+        if off.ratio < 1.0 and self.stage != 3:
             raise ValueError(
-                f"offload_optimizer.ratio={self.offload_optimizer_or_default.ratio} (partial offload) needs "
+                f"zero_optimization.offload_optimizer.ratio={off.ratio} (partial offload) needs "
                 f"stage 3, but stage is {self.stage}"
+            )
+        if off.ratio < 1.0 and off.device == "nvme":
+            raise ValueError(
+                f"zero_optimization.offload_optimizer.ratio={off.ratio} (partial offload) is not supported with "
+                'device "nvme" in ds; use device "cpu" or ratio 1'
+            )
+        if off.ratio < 1.0 and off.device == "none":
+            warnings.warn(
+                f"zero_optimization.offload_optimizer.ratio={off.ratio} has no effect without "
+                'offload_optimizer.device "cpu"',
+                UserWarning,
+                stacklevel=2,
             )
         if self.offload_param_device != "none" and self.stage != 3:
             warnings.warn(

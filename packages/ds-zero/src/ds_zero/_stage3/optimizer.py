@@ -32,6 +32,7 @@ from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
 from ds_zero._stage3.muon import MuonShardUpdate
 from ds_zero._stage3.param_access import ShardParamAccess
+from ds_zero._stage3.partial_offload import TilePlacement
 from ds_zero._stage3.partition import ShardPartition
 from ds_zero._stage3.partition_index import PartitionIndex
 from ds_zero._stage3.superoffload import SuperOffload, refuse_superoffload
@@ -222,6 +223,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self.offload_optimizer = cfg.offload_optimizer_device in ("cpu", "nvme")
         # this optimizer's per-parameter bookkeeping (master slice, gradient bucket and slot)
         self.partition_index = PartitionIndex()
+        self._placement = TilePlacement(optimizer, cfg, model_parallel=model_parallel_group is not None)
         self.partitions = self._build_partitions(swap_master=nvme)
         self.model_parallel_group = model_parallel_group
         self._cut = (
@@ -299,13 +301,14 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         off = cfg.offload_optimizer_or_default
         if not off.super_offload:
             return None
-        sup = SuperOffload(self, self.tiles, cores_perc=off.cpuadam_cores_perc)
+        sup = SuperOffload(self, self._placement.cpu_tiles, cores_perc=off.cpuadam_cores_perc)
         self.reducer.on_piece = sup.on_piece
         return sup
 
     def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
         master_device = torch.device("cpu") if self.offload_optimizer else None
-        partitions = []
+        partitions: list[ShardPartition] = []
+        trainable_by_group: list[list[nn.Parameter]] = []
         seen: set[int] = set()
         for gi, group in enumerate(self.optimizer.param_groups):
             trainable = []
@@ -321,18 +324,25 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
-            part = ShardPartition(
-                gi,
-                trainable,
-                master_device=master_device,
-                master_dtype=self.master_weights_and_grads_dtype,
-                sub_group_size=self.config.sub_group_size,
-                swap_master=swap_master,
-                pin_master=self.config.offload_optimizer_or_default.pin_memory,
-                index=self.partition_index,
-            )
-            group["params"] = [tile.master for tile in part.tiles]
-            partitions.append(part)
+            trainable_by_group.append(trainable)
+        # offload_optimizer.ratio < 1: each group's leading tiles stay on the accelerator (`_stage3.partial_offload`)
+        for gi, pieces in enumerate(self._placement.split(trainable_by_group)):
+            parts = [
+                ShardPartition(
+                    gi,
+                    params,
+                    master_device=ds_comm.get_accelerator().device() if on_device else master_device,
+                    master_dtype=self.master_weights_and_grads_dtype,
+                    sub_group_size=self.config.sub_group_size,
+                    swap_master=swap_master,
+                    pin_master=self.config.offload_optimizer_or_default.pin_memory,
+                    index=self.partition_index,
+                )
+                for params, on_device in pieces
+            ]
+            self.optimizer.param_groups[gi]["params"] = [tile.master for part in parts for tile in part.tiles]
+            partitions += parts
+            self._placement.place(parts, [on_device for _, on_device in pieces])
         return partitions
 
     @property
@@ -362,8 +372,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         read of `optimizer.optimizer.state_dict()`. ds keeps them filled at all times, so this only
         re-establishes that (after a caller emptied or replaced a group's `params`).
         """
-        for part in self.partitions:
-            self.optimizer.param_groups[part.group_index]["params"] = [tile.master for tile in part.tiles]
+        for gi, masters in self._placement.masters_by_group(self.partitions).items():
+            self.optimizer.param_groups[gi]["params"] = masters
 
     def _clear_fp32_optimizer_param_groups(self) -> None:
         """DeepSpeed's counterpart of `_set_fp32_optimizer_param_groups`. ds's resting state is the filled
@@ -392,7 +402,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             return grad_norm_groups(stats=stats, group=self.dp_group, comm_device=self._norm_device)
         grads = [part.master.grad for part in self.partitions]
         return grad_norm_groups(
-            [[g] for g in grads],
+            self._placement.grads_by_group(self.partitions),
             group=self.dp_group,
             comm_device=self._norm_device,
             model_parallel_group=self.model_parallel_group,
@@ -499,7 +509,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             tiles = [t for t in tiles if id(t) not in self._super.done]
         for tile in tiles:
             tile.attach_grad()
-        if len(tiles) == len(self.partitions) and self.optimizer_swapper is None:
+        if len(tiles) == len(self.partitions) and self.optimizer_swapper is None and not self._placement.partial:
             self._step_tiles(tiles)
         else:  # one tile at a time, so the step's temporaries stay within sub_group_size
             groups = self.optimizer.param_groups
@@ -524,14 +534,19 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     def _step_tiles(self, tiles: list[Any]) -> None:
         """Step the base optimizer (whose groups hold exactly `tiles`) and update the model-dtype shards."""
-        fused = self._fused_copy and all(t.shard16() is not None and not t.partition.master_is_shard for t in tiles)
+        optimizer = self._placement.optimizer_for(tiles)  # partial offload: the device twin for device tiles
+        fused = (
+            self._fused_copy
+            and optimizer is self.optimizer
+            and all(t.shard16() is not None and not t.partition.master_is_shard for t in tiles)
+        )
         if fused:  # ds_ops CPU optimizers write the 16-bit shards in the same pass
             by_group: list[list[torch.Tensor]] = [[] for _ in self.optimizer.param_groups]
             for tile in tiles:
                 by_group[tile.group_index].append(tile.shard16())
             self.optimizer.step(fp16_param_groups=by_group)
             return
-        self.optimizer.step()
+        optimizer.step()
         for tile in tiles:
             if not tile.partition.master_is_shard:
                 with torch.no_grad():
