@@ -20,6 +20,12 @@ the overflow check and the global norm are known:
 
 So the numbers are those of ZeRO-3 with CPU offload, bit for bit: the same gradient, hyper-parameters
 and per-element arithmetic for every sub-group; only when each is computed changes.
+
+A wrong guess costs an undo and (clipped) a second update, so the guess follows the last step: after a
+step that was skipped or clipped the next backward does not speculate (clipping, when it happens, tends to
+last for a while: early training, a loss spike) and the step runs as without SuperOffload; after a clean
+step it speculates again. DeepSpeed's SuperOffload does not speculate at all when `gradient_clipping` is
+set; this keeps the overlap for the steps clipping leaves alone.
 """
 
 from __future__ import annotations
@@ -89,6 +95,9 @@ class SuperOffload:
         self._launched: set[int] = set()
         self._stale: set[ShardTile] = set()
         self._armed = False
+        self._last_clean = True  # the last step was applied unclipped (the guess for the next one)
+        #: speculate only after a clean step (the module note); False: on every boundary backward
+        self.follow_last_step = True
         self.num_threads = worker_threads(cores_perc)
         self.steps = SpeculativeSteps(optimizer.optimizer, self._step_tile, num_threads=self.num_threads)
         #: tiles whose speculative update the last `settle` kept (the base step leaves them alone)
@@ -103,7 +112,8 @@ class SuperOffload:
         self._count.clear()
         self._launched.clear()
         self._stale.clear()
-        self._armed = boundary and not self.zero.reducer.deferred
+        guess = self._last_clean or not self.follow_last_step
+        self._armed = boundary and guess and not self.zero.reducer.deferred
 
     def on_piece(self, param: nn.Parameter) -> None:
         """The reducer added `param`'s reduced shard into its master gradient."""
@@ -147,6 +157,7 @@ class SuperOffload:
     def settle(self, outcome: StepOutcome) -> None:
         """Keep, undo or mark for redo every speculative update, given the step's decision (after `wait`)."""
         self.done = set()
+        self._last_clean = outcome.applied and outcome.clip_coef == 1.0
         if not self.steps.stepped:
             return
         if not outcome.applied or outcome.clip_coef != 1.0:
