@@ -34,8 +34,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["SpeculativeSteps", "UndoRecord"]
 
 
-def _copy_value(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+def _copy_value(value: Any, spare: dict[str, torch.Tensor] | None = None, name: str = "") -> Any:
+    """A copy of `value`; a tensor goes into `spare[name]` when that fits (kept between steps: no fresh
+    allocation, whose first touch of every page costs as much as the copy itself)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if spare is None:
+        return value.detach().clone()
+    buf = spare.get(name)
+    if buf is None or buf.shape != value.shape or buf.dtype != value.dtype or buf.device != value.device:
+        buf = spare[name] = torch.empty_like(value, memory_format=torch.contiguous_format)
+    with torch.no_grad():
+        buf.copy_(value)
+    return buf
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -48,11 +59,21 @@ class UndoRecord:
     """What one speculative update overwrote: the parameter's values, its optimizer state, its group's
     hyper-parameters at the time (to notice a change before the step)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, param: torch.Tensor, group_index: int) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        param: torch.Tensor,
+        group_index: int,
+        spare: dict[str, torch.Tensor] | None = None,
+        *,
+        copy: bool = True,
+    ) -> None:
         self.param = param
-        self.values = param.detach().clone()
+        #: whether the values and state were copied (else only the hyper-parameters are kept: no undo)
+        self.restorable = copy
+        self.values = _copy_value(param, spare, "\0values") if copy else None
         self.had_state = param in optimizer.state
-        self.state = {k: _copy_value(v) for k, v in optimizer.state.get(param, {}).items()}
+        self.state = {k: _copy_value(v, spare, k) for k, v in optimizer.state.get(param, {}).items()} if copy else {}
         group = optimizer.param_groups[group_index]
         self.group_index = group_index
         self.hyper = {k: _copy_value(v) for k, v in group.items() if k != "params"}
@@ -64,6 +85,8 @@ class UndoRecord:
 
     def restore(self, optimizer: torch.optim.Optimizer) -> None:
         """Put back the values and the state exactly as they were (in place, so views stay valid)."""
+        if not self.restorable:
+            raise RuntimeError("speculative step: this update was made without an undo copy and cannot be undone")
         with torch.no_grad():
             self.param.copy_(self.values)
         if not self.had_state:
@@ -78,8 +101,8 @@ class UndoRecord:
             if isinstance(old, torch.Tensor) and isinstance(cur, torch.Tensor) and cur.shape == old.shape:
                 with torch.no_grad():
                     cur.copy_(old)
-            else:
-                live[key] = old
+            else:  # the copy may be a reused buffer: the state gets its own tensor
+                live[key] = old.clone() if isinstance(old, torch.Tensor) else old
 
 
 class SpeculativeSteps:
@@ -90,8 +113,9 @@ class SpeculativeSteps:
         step_fn: `step_fn(key, grad)` updates the unit `key` with gradient `grad`; run on the worker, one
             unit at a time, nothing else touches the optimizer meanwhile (the caller waits in `settle`).
         num_threads: intra-op threads of the worker (`torch.set_num_threads` in that thread; None: leave).
-        keep_undo: copy what each update overwrites first. Without it nothing can be undone, so only
-            use False where the caller knows no step will be skipped, clipped or redone.
+        keep_undo: copy what each update overwrites first (the default for `submit`). Without the copy
+            an update cannot be undone, so only go without where the caller knows no step will be
+            skipped, clipped or redone.
     """
 
     def __init__(
@@ -109,6 +133,7 @@ class SpeculativeSteps:
         self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future[None]] = []
         self._undo: dict[Hashable, UndoRecord] = {}
+        self._spare: dict[Hashable, dict[str, torch.Tensor]] = {}  # per unit: the undo copies' buffers, reused
         self._lock = threading.Lock()
         #: keys updated since the last `settle`, in update order
         self.stepped: list[Hashable] = []
@@ -130,15 +155,19 @@ class SpeculativeSteps:
             torch.set_num_threads(main_threads)
         return self._pool
 
-    def submit(self, key: Hashable, param: torch.Tensor, group_index: int, grad: torch.Tensor) -> None:
-        """Update unit `key` (its optimizer parameter `param` in group `group_index`) with `grad`, soon."""
+    def submit(
+        self, key: Hashable, param: torch.Tensor, group_index: int, grad: torch.Tensor, *, keep_undo: bool | None = None
+    ) -> None:
+        """Update unit `key` (its optimizer parameter `param` in group `group_index`) with `grad`, soon;
+        `keep_undo` overrides the constructor's choice for this update."""
+        copy = self.keep_undo if keep_undo is None else keep_undo
 
         def run() -> None:
-            record = UndoRecord(self.optimizer, param, group_index) if self.keep_undo else None
+            spare = self._spare.setdefault(key, {}) if copy else None
+            record = UndoRecord(self.optimizer, param, group_index, spare, copy=copy)
             self.step_fn(key, grad)
             with self._lock:
-                if record is not None:
-                    self._undo[key] = record
+                self._undo[key] = record
                 self.stepped.append(key)
 
         self._futures.append(self._worker().submit(run))
@@ -151,6 +180,10 @@ class SpeculativeSteps:
             if err is not None:
                 raise err
 
+    def restorable(self, key: Hashable) -> bool:
+        """Whether the update of `key` can be undone (it was made with an undo copy)."""
+        return key in self._undo and self._undo[key].restorable
+
     def changed_hyper(self) -> list[Hashable]:
         """Keys whose group's hyper-parameters changed since they were updated (after `wait`)."""
         return [k for k in self.stepped if k in self._undo and self._undo[k].hyper_changed(self.optimizer)]
@@ -160,7 +193,7 @@ class SpeculativeSteps:
         keys = list(keys)
         missing = [k for k in keys if k not in self._undo]
         if missing:
-            raise RuntimeError(f"speculative step: no undo record for {missing!r} (kept only with keep_undo=True)")
+            raise RuntimeError(f"speculative step: no undo record for {missing!r}")
         for key in keys:
             self._undo.pop(key).restore(self.optimizer)
         gone = set(keys)

@@ -96,6 +96,7 @@ class SuperOffload:
         self._stale: set[ShardTile] = set()
         self._armed = False
         self._last_clean = True  # the last step was applied unclipped (the guess for the next one)
+        self._backward_seen = False
         #: speculate only after a clean step (the module note); False: on every boundary backward
         self.follow_last_step = True
         self.num_threads = worker_threads(cores_perc)
@@ -104,6 +105,7 @@ class SuperOffload:
         self.done: set[int] = set()
         #: counters for tests and reports: tiles updated during backward / undone (skip, clip, late, lr change)
         self.num_speculative = 0
+        self.num_undo_copies = 0
         self.num_undone = 0
 
     # ---------------------------------------------------------------- during backward
@@ -131,8 +133,25 @@ class SuperOffload:
             scale = self.zero.loss_scaler.loss_scale
             if scale != 1.0:  # the same product finish_step's unscale makes, in a copy (it unscales in place later)
                 grad = grad * (1.0 / scale)
-            self.steps.submit(tile, tile.master, tile.group_index, grad)
+            copy = self._needs_undo()
+            self.steps.submit(tile, tile.master, tile.group_index, grad, keep_undo=copy)
             self.num_speculative += 1
+            self.num_undo_copies += copy
+
+    def _needs_undo(self) -> bool:
+        """Whether this step's updates may have to be undone, so an exact copy is kept first (it costs
+        about two Adam passes of memory traffic): with an inf/nan check, clipping or a dynamic loss scale,
+        and until a backward has shown that no parameter gets a second gradient (and whenever one did).
+        Without any of them only an lr changed between the backward and `step()` could call for an undo;
+        that update is kept, as DeepSpeed's SuperOffload keeps it (it reads the lr during the backward)."""
+        z = self.zero
+        return (
+            z.check_overflow
+            or z.clip_grad > 0
+            or z.loss_scaler.dynamic
+            or not self._backward_seen
+            or z.reducer.saw_late
+        )
 
     def _step_tile(self, tile: Any, grad: torch.Tensor) -> None:
         """On the worker: the base optimizer's step on this tile alone (its group narrowed to it)."""
@@ -153,6 +172,7 @@ class SuperOffload:
         """End of the speculation window: every update submitted has landed."""
         self._armed = False
         self.steps.wait()
+        self._backward_seen = True
 
     def settle(self, outcome: StepOutcome) -> None:
         """Keep, undo or mark for redo every speculative update, given the step's decision (after `wait`)."""
@@ -165,7 +185,15 @@ class SuperOffload:
             why = "skipped step" if not outcome.applied else f"clipped gradients (coef {outcome.clip_coef:.4g})"
         else:
             undo = [t for t in self.steps.stepped if t in self._stale]
-            undo += [t for t in self.steps.changed_hyper() if t not in self._stale]
+            changed = [t for t in self.steps.changed_hyper() if t not in self._stale]
+            kept_old = [t for t in changed if not self.steps.restorable(t)]
+            if kept_old:
+                logger.warning(
+                    "superoffload: the hyper-parameters changed between the backward and step(); %d sub-groups "
+                    "were updated during the backward with the old ones and keep that update",
+                    len(kept_old),
+                )
+            undo += [t for t in changed if self.steps.restorable(t)]
             why = "late gradient or changed hyper-parameters"
         if undo:
             logger.debug("superoffload: undoing %d speculative sub-group updates (%s)", len(undo), why)
