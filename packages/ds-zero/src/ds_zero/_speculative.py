@@ -87,6 +87,7 @@ class UndoRecord:
         """Put back the values and the state exactly as they were (in place, so views stay valid)."""
         if not self.restorable:
             raise RuntimeError("speculative step: this update was made without an undo copy and cannot be undone")
+        assert self.values is not None
         with torch.no_grad():
             self.param.copy_(self.values)
         if not self.had_state:

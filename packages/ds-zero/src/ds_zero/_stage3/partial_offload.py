@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 import ds_comm
-from ds_ops import DeepSpeedCPUAdam, FusedAdam
-from ds_ops._cpu_optimizer import CPUOptimizerBase
+from ds_ops import DeepSpeedCPUAdagrad, DeepSpeedCPUAdam, DeepSpeedCPULion, FusedAdam
 from ds_zero._params.partitioned_param import state_of
 
 logger = logging.getLogger(__name__)
@@ -102,7 +101,7 @@ class TilePlacement:
                 "zero_optimization.offload_optimizer.ratio < 1 (partial offload) is not supported with Muon "
                 "(param groups with use_muon=True); set ratio to 1"
             )
-        if self.partial and isinstance(base, CPUOptimizerBase) and not isinstance(base, DeepSpeedCPUAdam):
+        if self.partial and isinstance(base, (DeepSpeedCPUAdagrad, DeepSpeedCPULion)):  # the CPU-only kernels
             raise ValueError(
                 f"zero_optimization.offload_optimizer.ratio < 1 (partial offload) needs an optimizer that also runs "
                 f"on the accelerator; {type(base).__name__} runs on the CPU only. Use Adam/AdamW (DeepSpeedCPUAdam, as "

@@ -129,7 +129,9 @@ class SuperOffload:
         count = self._count[key] = self._count.get(key, 0) + 1
         if self._armed and count == len(tile.params):
             self._launched.add(key)
-            grad = tile.partition.master.grad[tile.start : tile.end]
+            master = tile.partition.master
+            assert master is not None and master.grad is not None  # the reducer just wrote this piece into it
+            grad = master.grad[tile.start : tile.end]
             scale = self.zero.loss_scaler.loss_scale
             if scale != 1.0:  # the same product finish_step's unscale makes, in a copy (it unscales in place later)
                 grad = grad * (1.0 / scale)
@@ -202,7 +204,7 @@ class SuperOffload:
         kept = self.steps.commit()
         if outcome.applied:
             for tile in kept:
-                write_tile_shards(tile)
+                write_tile_shards(tile)  # type: ignore[arg-type]  # the keys submitted here are tiles
             self.done = {id(t) for t in kept}
 
     def discard(self) -> None:
