@@ -154,7 +154,7 @@ def main() -> None:
         args.json,
         [
             _report.Row(
-                "superoffload",
+                "superoffload_bf16" if args.bf16 else "superoffload",  # results.py's name for each run
                 figure,
                 median["superoffload"],
                 "s",
