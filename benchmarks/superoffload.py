@@ -45,7 +45,8 @@ def _config(super_offload: bool, block: int, clip: float, bf16: bool) -> dict:
             "sub_group_size": block // 2,  # a rank's shard of one block
             "stage3_prefetch_bucket_size": block,
             "stage3_param_persistence_threshold": 100_000,
-            "offload_optimizer": {"device": "cpu", "super_offload": super_offload, "cpuadam_cores_perc": 0.5},
+            "offload_optimizer": {"device": "cpu", "super_offload": super_offload}
+            | ({"cpuadam_cores_perc": 0.5} if super_offload else {}),
         },
     }
 
