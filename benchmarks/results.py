@@ -40,6 +40,8 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "cpu_adam": ([], ["--sizes", "10000000", "--threads", "1", "--reps", "3"]),
     "engine_overhead": ([], ["--steps", "2", "--rounds", "2"]),
     "zero": ([], ["--steps", "3", "--modes", "ddp,stage2,fsdp2,stage3"]),  # RSS runs per mode dominate
+    "superoffload": ([], ["--steps", "2"]),
+    "superoffload_bf16": ([], ["--steps", "2"]),
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),
@@ -63,6 +65,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "aio_step": ("aio", ["--step"]),  # ZeRO-3 step: NVMe vs CPU offload
     "infinity_0.6b": ("infinity", ["--layers", "9", "--steps", "4"]),  # ds beside DeepSpeed where both run
+    "superoffload_bf16": ("superoffload", ["--bf16"]),  # no step can be undone: no undo copies
 }
 
 # torch 2.13 deprecates the *_tensor collectives ds_comm wraps; every rank of every run would say so.

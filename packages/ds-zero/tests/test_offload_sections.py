@@ -76,14 +76,13 @@ def test_given_sections_are_still_validated(tmp_path: Path) -> None:
         _zero({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.25}})
     with pytest.raises(ConfigError, match=r"zero_optimization\.offload_param\.buffer_count"):
         _zero({"stage": 3, "offload_param": {"buffer_count": -1}})
-    z = _zero(
-        {
-            "stage": 3,
-            "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path), "pipeline_read": True, "ratio": 0.5},
-        }
-    )
+    z = _zero({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path), "pipeline_read": True}})
     assert z.offload_optimizer is not None and z.offload_optimizer.pipeline
-    assert (z.offload_optimizer_device, z.offload_optimizer_or_default.ratio) == ("nvme", 0.5)
+    assert z.offload_optimizer_device == "nvme"
+    # partial offload is implemented for device "cpu" only
+    nvme = {"device": "nvme", "nvme_path": str(tmp_path), "ratio": 0.5}
+    with pytest.raises(ConfigError, match=r"offload_optimizer\.ratio=0\.5 \(partial offload\) is not supported with"):
+        _zero({"stage": 3, "offload_optimizer": nvme})
 
 
 def test_absent_sections_warn_nothing() -> None:

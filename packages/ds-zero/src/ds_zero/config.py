@@ -71,12 +71,6 @@ class OffloadParamConfig(ConfigModel):
 class OffloadOptimizerConfig(ConfigModel):
     """`zero_optimization.offload_optimizer`: fp32 master weights and optimizer state off the device."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"super_offload": "SuperOffload is not implemented"}
-    ignored_keys: ClassVar[dict[str, str]] = {
-        "ratio": "the whole optimizer state is offloaded",
-        "cpuadam_cores_perc": "the CPU optimizer uses torch's intra-op threads (torch.set_num_threads)",
-    }
-
     device: OffloadDevice = "none"
     """"cpu": state in host memory and the step on the CPU (DeepSpeedCPUAdam); "nvme": swapped to disk."""
     nvme_path: Path | None = None
@@ -92,11 +86,15 @@ class OffloadOptimizerConfig(ConfigModel):
     fast_init: bool = False
     """Skip the NVMe swap warm-up at init."""
     ratio: float = Field(1.0, ge=0.0, le=1.0)
-    """Fraction of the optimizer state to offload; below 1 only with stage 3."""
+    """Share of the sub-groups (`sub_group_size` tiles, counted in the optimizer's order) whose fp32 master and
+    optimizer state are offloaded to the CPU; the first `int((1 - ratio) * n)` stay on the accelerator and are
+    stepped there. Below 1 only with stage 3 and device "cpu" (`ds_zero._stage3.partial_offload`)."""
     super_offload: bool = False
-    """DeepSpeed's SuperOffload (not implemented; only False is accepted)."""
+    """SuperOffload: each CPU sub-group is stepped during the backward as soon as its gradient is complete, on a
+    worker thread, and undone when the step is skipped or clipped (stage 3 with device "cpu";
+    `ds_zero._stage3.superoffload`)."""
     cpuadam_cores_perc: float = Field(0.8, ge=0.0, le=1.0)
-    """Share of host cores the CPU optimizer may use."""
+    """With `super_offload`: share of the host's cores the CPU optimizer's worker uses (0 < value <= 1)."""
 
     @model_validator(mode="after")
     def _nvme_needs_path(self) -> OffloadOptimizerConfig:
@@ -314,10 +312,46 @@ class ZeroConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ZeroConfig:
-        if self.offload_optimizer_or_default.ratio < 1.0 and self.stage != 3:
+        off = self.offload_optimizer_or_default
+        if off.super_offload:
+            if self.stage != 3:
+                raise ValueError(
+                    "zero_optimization.offload_optimizer.super_offload=true needs zero_optimization.stage=3 "
+                    f"(SuperOffload is a stage-3 optimizer), but stage is {self.stage}"
+                )
+            if off.device != "cpu":
+                raise ValueError(
+                    "zero_optimization.offload_optimizer.super_offload=true needs "
+                    f'zero_optimization.offload_optimizer.device="cpu", got {off.device!r}'
+                )
+            if not 0.0 < off.cpuadam_cores_perc <= 1.0:
+                raise ValueError(
+                    "zero_optimization.offload_optimizer.cpuadam_cores_perc must be in (0, 1] with super_offload "
+                    f"(the CPU optimizer's share of the cores), got {off.cpuadam_cores_perc}"
+                )
+        elif off.cpuadam_cores_perc != type(off).model_fields["cpuadam_cores_perc"].default:
+            warnings.warn(
+                f"zero_optimization.offload_optimizer.cpuadam_cores_perc={off.cpuadam_cores_perc} has no effect "
+                "without offload_optimizer.super_offload=true",
+                UserWarning,
+                stacklevel=2,
+            )
+        if off.ratio < 1.0 and self.stage != 3:
             raise ValueError(
-                f"offload_optimizer.ratio={self.offload_optimizer_or_default.ratio} (partial offload) needs "
+                f"zero_optimization.offload_optimizer.ratio={off.ratio} (partial offload) needs "
                 f"stage 3, but stage is {self.stage}"
+            )
+        if off.ratio < 1.0 and off.device == "nvme":
+            raise ValueError(
+                f"zero_optimization.offload_optimizer.ratio={off.ratio} (partial offload) is not supported with "
+                'device "nvme" in ds; use device "cpu" or ratio 1'
+            )
+        if off.ratio < 1.0 and off.device == "none":
+            warnings.warn(
+                f"zero_optimization.offload_optimizer.ratio={off.ratio} has no effect without "
+                'offload_optimizer.device "cpu"',
+                UserWarning,
+                stacklevel=2,
             )
         if self.offload_param_device != "none" and self.stage != 3:
             warnings.warn(

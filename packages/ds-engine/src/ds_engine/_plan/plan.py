@@ -7,6 +7,7 @@ the decisions `initialize()` then carries out in `_engine/assembly.py`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,6 +54,8 @@ class AssemblyPlan:
     engine_class: str
     nvme_offload: str | None = None
     """What is swapped to NVMe and the async I/O settings (stage 3 with an "nvme" offload device), else None."""
+    cpu_offload: tuple[str, ...] = ()
+    """Stage 3 with offload to the CPU: partial offload (`offload_optimizer.ratio`) and SuperOffload choices."""
     autocast_dtype: torch.dtype | None = None
     """`torch_autocast` enabled: the dtype the forward autocasts to (the device's default when not given)."""
     immediate_grad_update: bool = False
@@ -104,6 +107,7 @@ class AssemblyPlan:
         )
         if self.nvme_offload is not None:
             out.append(f"  {self.nvme_offload}")
+        out += [f"  {line}" for line in self.cpu_offload]
         out += [f"  {line}" for line in self.muon]
         if self.zero_stage == 0:
             reduce = (
@@ -198,6 +202,34 @@ def _nvme_text(config: DeepSpeedConfig) -> str | None:
         f"queue_depth={a.queue_depth}, intra_op_parallelism={a.intra_op_parallelism}, "
         f"single_submit={a.single_submit}, overlap_events={a.overlap_events}"
     )
+
+
+def _cpu_offload_lines(config: DeepSpeedConfig, device_type: str) -> tuple[str, ...]:
+    """What stage 3 does with `offload_optimizer.ratio` and `super_offload` (device "cpu")."""
+    z = config.zero
+    if z.stage != 3 or z.offload_optimizer_device != "cpu":
+        return ()
+    off = z.zero_config.offload_optimizer_or_default
+    lines = []
+    if off.ratio < 1.0:
+        lines.append(
+            f"partial offload (offload_optimizer.ratio={off.ratio:g}): of the n sub-groups (sub_group_size="
+            f"{int(z.zero_config.sub_group_size)} elements, in the optimizer's order) the first "
+            f"int({1 - off.ratio:g} * n) keep their fp32 master and optimizer state on the accelerator ({device_type}) "
+            "and are stepped there; the rest are offloaded to the CPU"
+        )
+    if off.super_offload:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores - int((1.0 - off.cpuadam_cores_perc) * cores))
+        clip = config.parsed.gradient_clipping
+        lines.append(
+            "SuperOffload (offload_optimizer.super_offload): on the backward that ends the accumulation window each "
+            "CPU sub-group is stepped as soon as its gradient is complete, on a worker thread with "
+            f"{threads} of {cores} cores (cpuadam_cores_perc={off.cpuadam_cores_perc:g}), overlapping the rest of the "
+            "backward; a step skipped for an inf/nan gradient undoes those updates"
+            + (f", a step clipped to gradient_clipping={clip:g} undoes and redoes them" if clip > 0 else "")
+        )
+    return tuple(lines)
 
 
 def _checkpoint_writer_text(config: DeepSpeedConfig, pipeline: bool) -> str:
@@ -328,6 +360,7 @@ def plan_assembly(
             "PipelineEngine" if pipeline else "DeepSpeedHybridEngine" if m.hybrid_engine.enabled else "DeepSpeedEngine"
         ),
         nvme_offload=_nvme_text(config),
+        cpu_offload=_cpu_offload_lines(config, device_type),
         checkpoint_writer=_checkpoint_writer_text(config, pipeline),
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,

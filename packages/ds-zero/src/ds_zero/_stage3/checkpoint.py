@@ -167,6 +167,7 @@ def _load_base_optimizer_state(index: FragmentIndex, opt: DeepSpeedZeroOptimizer
     opt.optimizer.load_state_dict({"state": state, "param_groups": loaded})
     if opt.optimizer_swapper is not None:
         opt.optimizer_swapper.adopt_state()
+    opt._placement.adopt_state()  # partial offload: device tiles' state back on the accelerator
 
 
 def consolidated_16bit_state_dict(

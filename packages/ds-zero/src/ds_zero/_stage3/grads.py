@@ -18,7 +18,7 @@ across micro-steps), and each full gradient is dropped once copied.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -109,6 +109,8 @@ class GradReducer:
         self._inflight: list[tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]] = []
         #: While set, backwards leave their gradients on the parameters (`reduce_deferred()` reduces them).
         self.deferred = False
+        #: Called with each parameter once its reduced shard is in its master's gradient (SuperOffload).
+        self.on_piece: Callable[[nn.Parameter], None] | None = None
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     def _on_grad(self, param: nn.Parameter) -> None:
@@ -205,6 +207,8 @@ class GradReducer:
                 else:
                     master.grad[moff : moff + s].add_(piece)
                 offset += s
+                if self.on_piece is not None:
+                    self.on_piece(p)
 
     def finish(self) -> None:
         """End of backward: issue the remaining buckets in order, wait, add the results into the master grads."""

@@ -32,8 +32,10 @@ from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
 from ds_zero._stage3.muon import MuonShardUpdate
 from ds_zero._stage3.param_access import ShardParamAccess
+from ds_zero._stage3.partial_offload import TilePlacement
 from ds_zero._stage3.partition import ShardPartition
 from ds_zero._stage3.partition_index import PartitionIndex
+from ds_zero._stage3.superoffload import SuperOffload, refuse_superoffload
 from ds_zero._zenflow_refusal import refuse_zenflow
 from ds_zero._zero_config import as_zero_config
 
@@ -177,6 +179,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 "step keeps on disk; use offload_optimizer.device 'cpu' or 'none'"
             )
         refuse_trainable(p for g in optimizer.param_groups for p in g["params"])
+        refuse_superoffload(optimizer, cfg)
         if model_parallel_group is not None and cfg.offload_optimizer_device == "nvme":
             raise ValueError(
                 "zero_optimization.offload_optimizer.device=nvme is not supported with tensor parallelism "
@@ -220,6 +223,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self.offload_optimizer = cfg.offload_optimizer_device in ("cpu", "nvme")
         # this optimizer's per-parameter bookkeeping (master slice, gradient bucket and slot)
         self.partition_index = PartitionIndex()
+        self._placement = TilePlacement(optimizer, cfg, model_parallel=model_parallel_group is not None)
         self.partitions = self._build_partitions(swap_master=nvme)
         self.model_parallel_group = model_parallel_group
         self._cut = (
@@ -290,10 +294,21 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             comm_device=self._norm_device if nccl else None,
         )
         self._muon = muon if muon.partitions else None
+        self._super = self._superoffload(cfg)
+
+    def _superoffload(self, cfg: ZeroConfig) -> SuperOffload | None:
+        """`offload_optimizer.super_offload`: the CPU tiles step during backward (`_stage3.superoffload`)."""
+        off = cfg.offload_optimizer_or_default
+        if not off.super_offload:
+            return None
+        sup = SuperOffload(self, self._placement.cpu_tiles, cores_perc=off.cpuadam_cores_perc)
+        self.reducer.on_piece = sup.on_piece
+        return sup
 
     def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
         master_device = torch.device("cpu") if self.offload_optimizer else None
-        partitions = []
+        partitions: list[ShardPartition] = []
+        trainable_by_group: list[list[nn.Parameter]] = []
         seen: set[int] = set()
         for gi, group in enumerate(self.optimizer.param_groups):
             trainable = []
@@ -309,18 +324,25 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 seen.add(id(p))
                 if p.requires_grad:
                     trainable.append(p)
-            part = ShardPartition(
-                gi,
-                trainable,
-                master_device=master_device,
-                master_dtype=self.master_weights_and_grads_dtype,
-                sub_group_size=self.config.sub_group_size,
-                swap_master=swap_master,
-                pin_master=self.config.offload_optimizer_or_default.pin_memory,
-                index=self.partition_index,
-            )
-            group["params"] = [tile.master for tile in part.tiles]
-            partitions.append(part)
+            trainable_by_group.append(trainable)
+        # offload_optimizer.ratio < 1: each group's leading tiles stay on the accelerator (`_stage3.partial_offload`)
+        for gi, pieces in enumerate(self._placement.split(trainable_by_group)):
+            parts = [
+                ShardPartition(
+                    gi,
+                    params,
+                    master_device=ds_comm.get_accelerator().device() if on_device else master_device,
+                    master_dtype=self.master_weights_and_grads_dtype,
+                    sub_group_size=self.config.sub_group_size,
+                    swap_master=swap_master,
+                    pin_master=self.config.offload_optimizer_or_default.pin_memory,
+                    index=self.partition_index,
+                )
+                for params, on_device in pieces
+            ]
+            self.optimizer.param_groups[gi]["params"] = [tile.master for part in parts for tile in part.tiles]
+            partitions += parts
+            self._placement.place(parts, [on_device for _, on_device in pieces])
         return partitions
 
     @property
@@ -350,8 +372,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         read of `optimizer.optimizer.state_dict()`. ds keeps them filled at all times, so this only
         re-establishes that (after a caller emptied or replaced a group's `params`).
         """
-        for part in self.partitions:
-            self.optimizer.param_groups[part.group_index]["params"] = [tile.master for tile in part.tiles]
+        for gi, masters in self._placement.masters_by_group(self.partitions).items():
+            self.optimizer.param_groups[gi]["params"] = masters
 
     def _clear_fp32_optimizer_param_groups(self) -> None:
         """DeepSpeed's counterpart of `_set_fp32_optimizer_param_groups`. ds's resting state is the filled
@@ -380,7 +402,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             return grad_norm_groups(stats=stats, group=self.dp_group, comm_device=self._norm_device)
         grads = [part.master.grad for part in self.partitions]
         return grad_norm_groups(
-            [[g] for g in grads],
+            self._placement.grads_by_group(self.partitions),
             group=self.dp_group,
             comm_device=self._norm_device,
             model_parallel_group=self.model_parallel_group,
@@ -394,6 +416,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
+        if self._super is not None:
+            self._super.arm(self._boundary_hint)
         self._arm_eager_steps()
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
@@ -433,6 +457,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             raise ValueError("DeepSpeedZeroOptimizer_Stage3.step() does not take a closure")
         self._refuse_step_while_coalescing()
         self.reducer.finish()
+        if self._super is not None:
+            self._super.wait()
         all_grads = [part.master.grad for part in self.partitions]
         grads = [g for g in all_grads if g is not None]
         swapper = self.optimizer_swapper
@@ -452,6 +478,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         )
         if swapper is not None:
             swapper.grad_outcome = outcome
+        if self._super is not None:  # keep, undo or redo the updates made during backward
+            self._super.settle(outcome)
         if not self._record_outcome(outcome):
             return False
         if self._muon is not None:  # after unscale, check and clip: `_stage3.muon`
@@ -477,9 +505,11 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         eager = self.optimizer_swapper.grads.eager if self.optimizer_swapper is not None else None
         if eager is not None:  # stepped during backward: not again
             tiles = [t for t in tiles if t.index not in eager.stepped]
+        if self._super is not None and self._super.done:  # SuperOffload kept its in-backward updates
+            tiles = [t for t in tiles if id(t) not in self._super.done]
         for tile in tiles:
             tile.attach_grad()
-        if len(tiles) == len(self.partitions) and self.optimizer_swapper is None:
+        if len(tiles) == len(self.partitions) and self.optimizer_swapper is None and not self._placement.partial:
             self._step_tiles(tiles)
         else:  # one tile at a time, so the step's temporaries stay within sub_group_size
             groups = self.optimizer.param_groups
@@ -504,14 +534,19 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     def _step_tiles(self, tiles: list[Any]) -> None:
         """Step the base optimizer (whose groups hold exactly `tiles`) and update the model-dtype shards."""
-        fused = self._fused_copy and all(t.shard16() is not None and not t.partition.master_is_shard for t in tiles)
+        optimizer = self._placement.optimizer_for(tiles)  # partial offload: the device twin for device tiles
+        fused = (
+            self._fused_copy
+            and optimizer is self.optimizer
+            and all(t.shard16() is not None and not t.partition.master_is_shard for t in tiles)
+        )
         if fused:  # ds_ops CPU optimizers write the 16-bit shards in the same pass
             by_group: list[list[torch.Tensor]] = [[] for _ in self.optimizer.param_groups]
             for tile in tiles:
                 by_group[tile.group_index].append(tile.shard16())
             self.optimizer.step(fp16_param_groups=by_group)
             return
-        self.optimizer.step()
+        optimizer.step()
         for tile in tiles:
             if not tile.partition.master_is_shard:
                 with torch.no_grad():
@@ -536,6 +571,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradient partitions (and any full gradient still on a parameter)."""
         self.reducer.discard()
+        if self._super is not None:  # updates made from gradients that no step will use
+            self._super.discard()
         if self.optimizer_swapper is not None:
             self.optimizer_swapper.grads.zero_grad()
         for part in self.partitions:
@@ -589,5 +626,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         optimizer, and are freed with it.
         """
         self.reducer.remove()
+        if self._super is not None:
+            self._super.close()
         if self.offload_optimizer:
             release_pinned(part.master for part in self.partitions if part.master is not None)
