@@ -62,7 +62,8 @@ def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
 
     ds does not implement ZenFlow's loop and refuses it alone while validating its section; with 'sum' as
     well, the config is wrong for DeepSpeed too, so the message leads with DeepSpeed's reason. DeepSpeed
-    refuses 'sum' with DeepCompile, and so does ds. It reads the raw dict because it must run before the sections are validated.
+    refuses 'sum' with DeepCompile, and so does ds. It reads the raw dict because it must run before the
+    sections are validated.
 
     Raises:
         DeepSpeedConfigError: 'sum' with a `zero_optimization.zenflow` section or with `compile.deepcompile` on.

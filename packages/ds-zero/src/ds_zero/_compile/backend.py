@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-import torch
 from torch import fx, nn
 
 from ds_zero._compile import passes
