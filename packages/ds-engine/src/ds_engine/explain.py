@@ -21,6 +21,7 @@ from ds_engine._data.describe import describe_data_sampling
 from ds_engine._data.describe_routing import data_efficiency_lines
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.config._compile_section import describe_deepcompile
 
 __all__ = ["cli", "explain", "main"]
 
@@ -98,6 +99,9 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None) -> str:
             "autotuning experiment (autotuning.enabled)",
             *(f"  {line}" for line in config.parsed.autotuning.describe()),
         ]
+    dc_lines = describe_deepcompile(config.parsed.compile, config.zero.stage)
+    if dc_lines:
+        lines += ["", "DeepCompile (compile.deepcompile)", *(f"  {line}" for line in dc_lines)]
     data_lines = describe_data_sampling(config.data_efficiency_config)
     if data_lines:
         lines += ["", "data sampling", *(f"  {line}" for line in data_lines)]

@@ -85,3 +85,25 @@ class CompileConfig(ConfigModel):
     keep_all_input_tensors: bool = False
     passes: Annotated[list[Literal["z1", "z3", "autosp", "autotp"]] | None, AfterValidator(_passes)] = None
     """Which ZeRO pass to run ('z1' covers stages 1 and 2, 'z3' stage 3); unset: the configured stage's."""
+
+
+def describe_deepcompile(settings: CompileConfig, stage: int) -> list[str]:
+    """What `engine.compile()` will do under these settings at ZeRO `stage` (for `explain`); [] when off."""
+    if not settings.deepcompile:
+        return []
+    if stage == 3:
+        lines = [
+            "engine.compile() captures the forward as one graph (backend inductor, or eager/aot_eager)",
+            "pass z3: each partitioned parameter is all-gathered right before its first use and released after",
+            "  its last, in the forward graph and again in the backward graph (re-gathered, not saved)",
+            "gradients: whole on each parameter, reduce-scattered by stage 3's reducer (eager hooks)",
+            "a graph break: warning naming the place, then eager ZeRO-3 hooks for the rest of the run",
+        ]
+    else:
+        lines = [
+            "engine.compile() compiles the forward and backward with the chosen backend",
+            f"pass z1: gradient reduction stays with ZeRO stage {stage}'s eager hooks (nothing is gathered)",
+        ]
+    log = "INFO" if settings.debug_log else "DEBUG (compile.debug_log: INFO)"
+    lines.append(f"the placed schedule is logged at {log} and returned by engine.deepcompile_schedule")
+    return lines
