@@ -1,20 +1,23 @@
 """DeepCompile (`compile.deepcompile: true` + `engine.compile()`) on 2 gloo ranks against the same job eager.
 
 ZeRO-3: the gathers and releases the passes place run inside the compiled forward and backward graphs
-(the FX graphs run as Python, `backend="eager"`, to keep compile time short; `test_inductor` is the
-same check through inductor's CPU code and is marked slow). Each job trains 10 steps with gradient
-accumulation 2 and clipping; the per-step losses must match the eager ZeRO-3 run to 1e-4 and the final
-weights to 1e-4. Also: the schedule is visible and balanced (every gather has a release in its graph),
-a graph break falls back to the eager hooks with a warning that names the place, ZeRO-2 with
-DeepCompile trains like eager, and a ZeRO-3 checkpoint saved by a DeepCompile run resumes exactly.
+(the FX graphs run as Python, `backend="eager"`, to keep compile time short; `test_zero3_inductor` is the
+same check through inductor's CPU code, skipped unless DS_TEST_INDUCTOR=1). Each job trains 10 steps with
+gradient accumulation 2 and clipping; per-micro-step losses and final weights must match the eager run to
+1e-4. Also: bf16 with torch's (non-reentrant) activation checkpointing, ZeRO 1 and 2, the schedule (every
+gather has its release), a graph break (DeepSpeed's reentrant checkpointing) falling back to the eager
+hooks with a warning naming the place, and a checkpoint saved by a DeepCompile run resuming exactly.
+
+Dynamo's first compile in a process costs most of the time (about a minute on a loaded 2-core host), so
+every case runs in one pair of rank processes (`results`, module scope) and the tests read its parts.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,22 +34,30 @@ GAS = 2
 
 
 class Net(nn.Module):
-    def __init__(self, graph_break: bool = False) -> None:
+    def __init__(self, checkpointing: str | None = None) -> None:
         super().__init__()
-        self.graph_break = graph_break
+        self.checkpointing = checkpointing
         self.a = nn.Linear(8, 16)
         self.b = nn.Linear(16, 16)
         self.c = nn.Linear(16, 4)
 
+    def _middle(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.b(h)) + h
+
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.a(x))
-        if self.graph_break:
-            torch._dynamo.graph_break()
-        h = torch.tanh(self.b(h)) + h
-        return nn.functional.mse_loss(self.c(h), y)
+        if self.checkpointing == "torch":
+            h = torch.utils.checkpoint.checkpoint(self._middle, h, use_reentrant=False)
+        elif self.checkpointing == "deepspeed":  # reentrant: Dynamo cannot capture it (a graph break)
+            from deepspeed import checkpointing
+
+            h = checkpointing.checkpoint(self._middle, h)
+        else:
+            h = self._middle(h)
+        return nn.functional.mse_loss(self.c(h).float(), y)
 
 
-def _config(stage: int, deepcompile: bool, **extra: Any) -> dict[str, Any]:
+def _config(stage: int, deepcompile: bool, bf16: bool = False) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
@@ -57,7 +68,7 @@ def _config(stage: int, deepcompile: bool, **extra: Any) -> dict[str, Any]:
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
         "zero_optimization": zero,
         "compile": {"deepcompile": deepcompile, "debug_log": deepcompile},
-        **extra,
+        "bf16": {"enabled": bf16},
     }
 
 
@@ -92,17 +103,19 @@ class _null:
         return None
 
 
-def _run(stage: int, deepcompile: bool, backend: str, rank: int, graph_break: bool) -> dict[str, Any]:
+def _run(stage: int, deepcompile: bool, backend: str, rank: int, checkpointing: str | None, bf16: bool) -> Any:
     import ds_engine
     from ds_zero._compile.ops import stats
 
+    torch._dynamo.reset()  # each engine compiles its own backend; a fresh cache keeps under the recompile limit
     torch.manual_seed(0)
-    engine, *_ = ds_engine.initialize(model=Net(graph_break), config=_config(stage, deepcompile))
+    engine, *_ = ds_engine.initialize(model=Net(checkpointing), config=_config(stage, deepcompile, bf16))
     engine.compile(backend=backend)
     stats.reset()
+    batches = [(x.bfloat16() if bf16 else x, y) for x, y in _batches(rank, STEPS)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        losses = _train(engine, _batches(rank, STEPS))
+        losses = _train(engine, batches)
     return {
         "losses": losses,
         "weights": _weights(engine),
@@ -114,23 +127,70 @@ def _run(stage: int, deepcompile: bool, backend: str, rank: int, graph_break: bo
     }
 
 
-def _job(rank: int, world: int, stage: int, backend: str, graph_break: bool = False) -> Any:
-    """The eager job and the DeepCompile job, one after the other in the same ranks (one start-up)."""
-    eager = _run(stage, False, "eager", rank, graph_break)
-    return eager, _run(stage, True, backend, rank, graph_break)
+#: name -> (stage, backend, activation checkpointing, bf16)
+CASES = {
+    "zero3": (3, "eager", None, False),
+    "zero3_bf16_checkpointing": (3, "eager", "torch", True),
+    "zero3_graph_break": (3, "eager", "deepspeed", False),
+    "zero2": (2, "aot_eager", None, False),
+    "zero1": (1, "eager", None, False),
+}
 
 
-def _close(a: dict[str, Any], b: dict[str, Any]) -> None:
+def _pair(rank: int, case: tuple[int, str, str | None, bool]) -> tuple[Any, Any]:
+    stage, backend, checkpointing, bf16 = case
+    eager = _run(stage, False, "eager", rank, checkpointing, bf16)
+    return eager, _run(stage, True, backend, rank, checkpointing, bf16)
+
+
+def _resume(rank: int, path: str) -> tuple[list[float], list[float]]:
+    import ds_engine
+
+    batches = _batches(rank, STEPS)
+    half = len(batches) // 2
+
+    def fresh() -> Any:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        engine, *_ = ds_engine.initialize(model=Net(), config=_config(3, True))
+        engine.compile(backend="eager")
+        return engine
+
+    full = _train(fresh(), batches)
+    first = fresh()
+    _train(first, batches[:half])
+    first.save_checkpoint(path, tag="half")
+    second = fresh()
+    second.load_checkpoint(path, tag="half")
+    return full[half:], _train(second, batches[half:])
+
+
+def _job(rank: int, world: int, cases: dict[str, Any], path: str | None) -> dict[str, Any]:
+    """Every case's eager job and DeepCompile job, one after the other in the same ranks (one warm-up)."""
+    out: dict[str, Any] = {name: _pair(rank, case) for name, case in cases.items()}
+    if path is not None:
+        out["resume"] = _resume(rank, path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    path = str(tmp_path_factory.mktemp("deepcompile_ckpt"))
+    return run_ranks(2, _job, CASES, path, timeout_s=560)
+
+
+def _close(a: dict[str, Any], b: dict[str, Any], tol: float = TOL) -> None:
     assert len(a["losses"]) == len(b["losses"]) == STEPS * GAS
     for i, (x, y) in enumerate(zip(a["losses"], b["losses"], strict=True)):
-        assert abs(x - y) <= TOL, f"micro-step {i}: {x} vs {y}"
+        assert abs(x - y) <= tol, f"micro-step {i}: {x} vs {y}"
     for name, w in a["weights"].items():
-        torch.testing.assert_close(w, b["weights"][name], atol=TOL, rtol=0, msg=name)
+        torch.testing.assert_close(w.float(), b["weights"][name].float(), atol=tol, rtol=0, msg=name)
 
 
-@pytest.mark.timeout(300)
-def test_zero3_deepcompile_matches_eager() -> None:
-    for eager, dc in run_ranks(2, _job, 3, "eager", timeout_s=280):
+@pytest.mark.timeout(600)
+def test_zero3_deepcompile_matches_eager(results: list[dict[str, Any]]) -> None:
+    for rank in results:
+        eager, dc = rank["zero3"]
         _close(dc, eager)
         assert dc["active"] and not dc["warnings"]
         # every parameter is gathered in the forward graph and released in it; the backward re-gathers
@@ -138,59 +198,52 @@ def test_zero3_deepcompile_matches_eager() -> None:
         schedule = "\n".join(dc["schedule"])
         assert "forward 0: 6 gathers, 6 releases" in schedule, schedule
         assert "backward 0: 2 gathers, 2 releases" in schedule, schedule
+        assert re.search(
+            r"gather  b.weight \(ds_id=\d+\) before t_1\n.*\n.*release b.weight \(ds_id=\d+\) after addmm_1", schedule
+        )
         assert dc["gathers"] == dc["releases"] == 8 * STEPS * GAS
         assert eager["gathers"] == 0  # the eager run never used the graph ops
 
 
-@pytest.mark.timeout(300)
-def test_graph_break_falls_back_with_warning() -> None:
-    for eager, dc in run_ranks(2, _job, 3, "eager", True, timeout_s=280):
+@pytest.mark.timeout(600)
+def test_zero3_bf16_with_activation_checkpointing(results: list[dict[str, Any]]) -> None:
+    for rank in results:
+        eager, dc = rank["zero3_bf16_checkpointing"]
+        _close(dc, eager)
+        assert dc["active"] and not dc["warnings"] and dc["gathers"] == dc["releases"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_graph_break_falls_back_with_warning(results: list[dict[str, Any]]) -> None:
+    for rank in results:
+        eager, dc = rank["zero3_graph_break"]
         _close(dc, eager)
         assert not dc["active"] and dc["gathers"] == 0
         (message,) = dc["warnings"]
         assert "eager hooks" in message
-        assert "test_dist_deepcompile.py" in message, message  # names where the graph breaks
+        assert "checkpointing.py" in message, message  # names where the graph breaks
 
 
-@pytest.mark.timeout(300)
-def test_zero2_deepcompile_matches_eager() -> None:
-    for eager, dc in run_ranks(2, _job, 2, "aot_eager", timeout_s=280):
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_deepcompile_matches_eager(results: list[dict[str, Any]], stage: int) -> None:
+    for rank in results:
+        eager, dc = rank[f"zero{stage}"]
         _close(dc, eager)
-        assert dc["active"]
+        assert dc["active"] and not dc["schedule"]
+
+
+@pytest.mark.timeout(600)
+def test_zero3_deepcompile_checkpoint_resume(results: list[dict[str, Any]]) -> None:
+    for rank in results:
+        straight, resumed = rank["resume"]
+        assert resumed == pytest.approx(straight, abs=TOL)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not os.environ.get("DS_TEST_INDUCTOR"), reason="slow (inductor compiles C++); DS_TEST_INDUCTOR=1")
-def test_zero3_deepcompile_inductor() -> None:
-    for eager, dc in run_ranks(2, _job, 3, "inductor", timeout_s=580):
+def test_zero3_inductor() -> None:
+    for rank in run_ranks(2, _job, {"zero3": CASES["zero3"][:1] + ("inductor", None, False)}, None, timeout_s=580):
+        eager, dc = rank["zero3"]
         _close(dc, eager)
         assert dc["gathers"] == dc["releases"] == 8 * STEPS * GAS
-
-
-def _resume_job(rank: int, world: int, path: str) -> Any:
-    import ds_engine
-
-    batches = _batches(rank, STEPS)
-    half = len(batches) // 2
-
-    def fresh() -> Any:
-        torch.manual_seed(0)
-        engine, *_ = ds_engine.initialize(model=Net(), config=_config(3, True))
-        engine.compile(backend="eager")
-        return engine
-
-    straight = fresh()
-    full = _train(straight, batches)
-    first = fresh()
-    _train(first, batches[:half])
-    first.save_checkpoint(path, tag="half")
-    second = fresh()
-    second.load_checkpoint(path, tag="half")
-    rest = _train(second, batches[half:])
-    return full[half:], rest
-
-
-@pytest.mark.timeout(300)
-def test_zero3_deepcompile_checkpoint_resume(tmp_path: Path) -> None:
-    for straight, resumed in run_ranks(2, _resume_job, str(tmp_path), timeout_s=280):
-        assert resumed == pytest.approx(straight, abs=TOL)

@@ -135,7 +135,7 @@ class EngineCompile:
 
         try:
             return self.module(*inputs, **kwargs)
-        except (dynamo_exc.Unsupported, dynamo_exc.UserError) as err:
+        except (dynamo_exc.Unsupported, dynamo_exc.UserError, dynamo_exc.FailOnRecompileLimitHit) as err:
             where = str(err).strip()
             warnings.warn(
                 f"DeepCompile: the forward does not capture as one graph, so ZeRO-3 runs with its eager "

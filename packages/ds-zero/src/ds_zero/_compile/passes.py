@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ScheduledOp", "insert_gathers", "schedule_gathers", "tag_recompute"]
 
+_AFTER_EVERY_REGION = 2**62
 GATHER = torch.ops.ds_zero.allgather_param.default
 RELEASE = torch.ops.ds_zero.release_param.default
 
@@ -73,7 +74,9 @@ def tag_recompute(joint: fx.GraphModule) -> int:
     for node in joint.graph.nodes:
         if _is_gather(node):
             node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-            node.meta.setdefault("ac_graph_id", 0)
+            # above every activation-checkpoint region's id: the partitioner saves a recomputable node whose
+            # user sits in a later region, which would keep a gathered parameter alive until the backward
+            node.meta["ac_graph_id"] = _AFTER_EVERY_REGION
             count += 1
     return count
 
