@@ -42,6 +42,8 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "zero": ([], ["--steps", "3", "--modes", "ddp,stage2,fsdp2,stage3"]),  # RSS runs per mode dominate
     "superoffload": ([], ["--steps", "2"]),
     "superoffload_bf16": ([], ["--steps", "2"]),
+    # inductor compiles the 21M GPT's forward and backward once per compiled mode (minutes on 2 loaded cores)
+    "deepcompile": ([], ["--steps", "2", "--modes", "eager,deepcompile"]),
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),

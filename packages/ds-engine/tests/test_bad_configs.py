@@ -348,15 +348,20 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         "sum_allreduce_with_deepcompile",
         {"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 1}, "compile": {"deepcompile": True}},
         E,
-        r"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.deepcompile=True is not "
-        r"supported: DeepCompile is not implemented in ds; call engine.compile\(\) or torch.compile",
+        r"gradient_allreduce_op='sum' is not supported with DeepCompile \(compile.deepcompile=true\); use 'mean'",
     ),
     (
-        "mean_allreduce_with_deepcompile",  # no conflict: only ds's refusal
-        {"gradient_allreduce_op": "mean", "compile": {"deepcompile": True}},
+        "deepcompile_offload_opt_states",  # DeepCompile itself is implemented; its offload modes are not
+        {"compile": {"deepcompile": True, "offload_opt_states": True}},
         E,
-        r"^invalid config:\n  compile.deepcompile: 'deepcompile'=True is not supported by ds \(DeepCompile is not "
-        r"implemented in ds",
+        r"^invalid config:\n  compile.offload_opt_states: 'offload_opt_states'=True is not supported by ds "
+        r"\(optimizer-state offload is not implemented in ds's DeepCompile; use zero_optimization.offload_optimizer",
+    ),
+    (
+        "deepcompile_autosp_pass",
+        {"compile": {"deepcompile": True, "passes": ["z3", "autosp"]}},
+        E,
+        r"compile.passes: .*the 'autosp' pass is not implemented in ds's DeepCompile; use 'z1' or 'z3'",
     ),
     (
         "autoep_size_over_world",

@@ -79,7 +79,7 @@ def test_knobs_without_effect_warn_with_their_key_path() -> None:
         ({"disable_allgather": True}, r"^disable_allgather=True has no effect in ds \(DeepSpeed 0.19.8 reads it but"),
         (
             {"compile": {"free_activation": True}},
-            r"^compile.free_activation=True has no effect in ds \(DeepCompile reads it, and DeepCompile is not",
+            r"^compile.free_activation=True has no effect in ds \(it tunes DeepSpeed's CUDA DeepCompile; ds's passes",
         ),
         (
             {"weight_quantization": {"num_bits": 4}},

@@ -96,3 +96,18 @@ def test_explain_names_bf16_master_weights(tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(config))
     assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
     assert "optimizer states in bf16" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("stage", "expected"), [(3, "pass z3: each partitioned parameter"), (2, "pass z1:")])
+def test_explain_shows_deepcompile_passes(tmp_path: Path, capsys, stage: int, expected: str) -> None:
+    config = {**CONFIG, "zero_optimization": {"stage": stage}, "compile": {"deepcompile": True, "debug_log": True}}
+    path = tmp_path / "dc.json"
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepCompile (compile.deepcompile)" in out and expected in out
+    assert "logged at INFO" in out
+    config["compile"] = {"deepcompile": False}
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    assert "DeepCompile (compile.deepcompile)" not in capsys.readouterr().out

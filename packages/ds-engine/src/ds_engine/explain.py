@@ -23,6 +23,7 @@ from ds_engine._data.describe_routing import data_efficiency_lines
 from ds_engine._parallel.autoep import describe_autoep
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
+from ds_engine.config._compile_section import describe_deepcompile
 
 __all__ = ["cli", "explain", "main"]
 
@@ -113,6 +114,9 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None, model: n
                 for line in describe_autoep(config.parsed.expert_parallel, world_size=config.world_size, model=model)
             ),
         ]
+    dc_lines = describe_deepcompile(config.parsed.compile, config.zero.stage)
+    if dc_lines:
+        lines += ["", "DeepCompile (compile.deepcompile)", *(f"  {line}" for line in dc_lines)]
     data_lines = describe_data_sampling(config.data_efficiency_config)
     if data_lines:
         lines += ["", "data sampling", *(f"  {line}" for line in data_lines)]

@@ -286,10 +286,16 @@ class DeepSpeedGetters:
         return at.enabled and at.model_info is not None and at.model_info.profile
 
     def is_deepcompile_enabled(self) -> bool:
-        return False
+        """`compile.deepcompile` is on (it takes effect at `engine.compile()`)."""
+        return bool(self._ds_config.parsed.compile.deepcompile)
 
     def is_deepcompile_active(self) -> bool:
-        return False
+        """DeepCompile's backend compiled the module and has not fallen back to the eager hooks."""
+        return getattr(self, "_dc_backend", None) is not None or (
+            self.is_deepcompile_enabled()
+            and getattr(self, "_is_compiled", False)
+            and self.zero_optimization_stage() < 3
+        )
 
     def collect_python_gc(self) -> int:
         """Run Python's cyclic garbage collector now, at a point the script chose; returns what it freed."""

@@ -215,7 +215,7 @@ class DeepSpeedEngine(
             self._autotuning.micro_step_began(self.global_steps)
         self._random_ltd_step()
         with self._autocast.forward_context(), self._forward_observers():
-            out = self.module(*inputs, **kwargs)
+            out = self._call_module(*inputs, **kwargs)
         self._loss_scale_guard.arm(out)
         self.timers.stop("forward")
         return out

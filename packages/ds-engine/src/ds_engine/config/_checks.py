@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from ds_comm import find_ignored
 from ds_engine._optim.optimizers import is_zero_tested_optimizer
 from ds_engine.config._errors import DeepSpeedConfigError, ParamDtypeConflictError
-from ds_engine.config._feature_sections import CompileConfig
 from ds_engine.config._types import dtype_name
 from ds_engine.config._zero_section import ZENFLOW_NOT_IMPLEMENTED
 
@@ -61,9 +60,10 @@ def precision_name(model: DeepSpeedConfigModel) -> str:
 def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
     """Refuse `gradient_allreduce_op='sum'` with ZenFlow or DeepCompile, naming that conflict as DeepSpeed does.
 
-    ds implements neither feature and refuses each alone while validating its section. With 'sum' as
-    well, the config is wrong for DeepSpeed too, so the message leads with DeepSpeed's reason and then
-    gives ds's. It reads the raw dict because it must run before the sections are validated.
+    ds does not implement ZenFlow's loop and refuses it alone while validating its section; with 'sum' as
+    well, the config is wrong for DeepSpeed too, so the message leads with DeepSpeed's reason. DeepSpeed
+    refuses 'sum' with DeepCompile, and so does ds. It reads the raw dict because it must run before the
+    sections are validated.
 
     Raises:
         DeepSpeedConfigError: 'sum' with a `zero_optimization.zenflow` section or with `compile.deepcompile` on.
@@ -79,8 +79,8 @@ def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
     compile_section = raw.get("compile")
     if isinstance(compile_section, Mapping) and compile_section.get("deepcompile"):
         raise DeepSpeedConfigError(
-            f"gradient_allreduce_op='sum' is not supported with DeepCompile; besides, compile.deepcompile="
-            f"{compile_section['deepcompile']!r} is not supported: {CompileConfig.inert_keys['deepcompile']}"
+            "gradient_allreduce_op='sum' is not supported with DeepCompile (compile.deepcompile=true); "
+            "use 'mean' (the default)"
         )
 
 

@@ -8,8 +8,8 @@ from pydantic import AfterValidator, BeforeValidator, StrictBool
 
 from ds_comm import CommsLoggerConfig, ConfigModel
 from ds_engine.config._autotuning import AutotuningConfig
+from ds_engine.config._compile_section import CompileConfig
 from ds_engine.config._feature_sections import (
-    CompileConfig,
     DataEfficiencyConfig,
     ExpertParallelConfig,
 )
@@ -213,7 +213,7 @@ class DeepSpeedConfigModel(ConfigModel):
     datastates_ckpt: Annotated[Literal[False] | None, BeforeValidator(_datastates_off)] = None
     """DataStates asynchronous checkpointing (DeepSpeed enables it for any value but false); only false."""
     compile: CompileConfig = CompileConfig()
-    """DeepCompile's settings; only `deepcompile: false` (see `_feature_sections`)."""
+    """DeepCompile's settings (see `_compile_section`)."""
     autotuning: AutotuningConfig = AutotuningConfig()
     """The autotuner's settings; `enabled` makes this run an autotuning experiment (see `AutotuningConfig`)."""
     data_efficiency: DataEfficiencyConfig = DataEfficiencyConfig()

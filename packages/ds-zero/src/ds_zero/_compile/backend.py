@@ -1,0 +1,133 @@
+"""The torch.compile backend that turns a captured ZeRO-3 forward into a gather/release schedule.
+
+Dynamo hands the backend its graph with the module's parameters lifted to placeholders. The backend
+recognizes the partitioned ones (non-persistent stage-3 parameters, by identity with the example inputs
+or by the source Dynamo recorded), routes their uses through `allgather_param`, and compiles the result
+with AOTAutograd: the joint graph's gathers are tagged for recomputation, the min-cut partitioner splits
+forward and backward, and `schedule_gathers` places each graph's gathers and releases. The graphs then go
+to inductor's `compile_fx_inner` (`inner="inductor"`, native code on CPU or CUDA) or run as FX code
+(`inner="eager"`, for quick checks of the schedule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from torch import fx, nn
+
+from ds_zero._compile import passes
+from ds_zero._compile.ops import register_params
+from ds_zero._params.partitioned_param import is_zero_param
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DeepCompileBackend", "Schedule"]
+
+
+@dataclasses.dataclass
+class Schedule:
+    """What the passes placed, per compiled graph ("forward 0", "backward 0", ...), in graph order."""
+
+    graphs: dict[str, list[passes.ScheduledOp]] = dataclasses.field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        for name, items in self.graphs.items():
+            out.append(
+                f"{name}: {sum(i.kind == 'gather' for i in items)} gathers, "
+                f"{sum(i.kind == 'release' for i in items)} releases"
+            )
+            out.extend(f"  {item}" for item in items)
+        return out
+
+
+class DeepCompileBackend:
+    """A torch.compile backend for a module whose parameters ds-zero stage 3 partitioned.
+
+    Args:
+        module: the partitioned module (its parameters are matched to Dynamo's placeholders).
+        inner: "inductor" (native code) or "eager" (the scheduled FX graphs run as Python).
+        prefetch: how many graph nodes before its first user each gather is placed.
+        debug_log: log each graph's schedule at INFO (otherwise DEBUG).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        inner: Literal["inductor", "eager"] = "inductor",
+        prefetch: int = 0,
+        debug_log: bool = False,
+    ) -> None:
+        self.inner = inner
+        self.prefetch = prefetch
+        self.debug_log = debug_log
+        self.schedule = Schedule()
+        self.graph_count = 0
+        self._names: dict[int, str] = {}
+        self._by_id: dict[int, nn.Parameter] = {}
+        for name, p in module.named_parameters():
+            if is_zero_param(p) and not p.ds_persist:
+                self._names[int(p.ds_id)] = name
+                self._by_id[id(p)] = p
+        register_params(self._by_id.values())
+
+    @property
+    def param_names(self) -> dict[int, str]:
+        return dict(self._names)
+
+    def _placeholders(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[fx.Node, int]:
+        found: dict[fx.Node, int] = {}
+        inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for node, example in zip(inputs, example_inputs, strict=False):
+            param = self._by_id.get(id(example))
+            if param is None:
+                grapharg = node.meta.get("grapharg")
+                param = self._by_id.get(id(getattr(grapharg, "example", None))) if grapharg is not None else None
+            if param is not None:
+                found[node] = int(param.ds_id)
+        return found
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        number = self.graph_count
+        self.graph_count += 1
+        count = passes.insert_gathers(gm, self._names, self._placeholders(gm, example_inputs))
+        logger.debug("DeepCompile: graph %d has %d partitioned parameters", number, count)
+
+        def partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+            passes.tag_recompute(joint)
+            return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+        def compiler(label: str, graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+            placed = passes.schedule_gathers(graph, self._names, prefetch=self.prefetch)
+            key = f"{label} {number}"
+            self.schedule.graphs[key] = placed
+            log = logger.info if self.debug_log else logger.debug
+            for line in Schedule({key: placed}).lines():
+                log("DeepCompile schedule: %s", line)
+            if self.inner == "inductor":
+                from torch._inductor.compile_fx import compile_fx_inner
+
+                return compile_fx_inner(graph, inputs, is_backward=label == "backward")
+            from functorch.compile import make_boxed_func
+
+            return make_boxed_func(graph.forward)
+
+        kwargs: dict[str, Any] = {
+            "fw_compiler": functools.partial(compiler, "forward"),
+            "bw_compiler": functools.partial(compiler, "backward"),
+            "partition_fn": partition,
+        }
+        if self.inner == "inductor":
+            from torch._inductor.decomposition import select_decomp_table
+
+            kwargs["decompositions"] = select_decomp_table()
+            kwargs["keep_inference_input_mutations"] = True
+        return aot_autograd(**kwargs)(gm, example_inputs)
