@@ -249,9 +249,9 @@ CPU_OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
     [
         ({"bf16_optimizer_states": True}, {}, "bf16.bf16_optimizer_states=true needs bf16.bf16_master_weights"),
         ({"bf16_master_weights_and_gradients": True}, {}, "bf16.bf16_master_weights_and_grads=true with bf16.bf16_opt"),
-        (BF16, CPU_OFFLOAD, "offload_optimizer.device='cpu' is not implemented"),
+        (BF16, CPU_OFFLOAD, "with optimizer offload needs DeepSpeedCPUAdam as the base optimizer"),
     ],
-    ids=["states-without-masters", "masters-without-states", "cpu-offload"],
+    ids=["states-without-masters", "masters-without-states", "cpu-offload-torch-adamw"],
 )
 @pytest.mark.parametrize("stage", [2, 3])
 def test_refused_combinations_name_the_key(stage: int, kwargs: dict[str, bool], config: dict, needle: str) -> None:
