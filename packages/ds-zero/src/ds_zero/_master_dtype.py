@@ -93,7 +93,8 @@ def _check_cpu_adam(optimizer: object | None, bf16_optimizer_states: bool) -> No
     if bf16_optimizer_states and getattr(optimizer, "fp32_optimizer_states", True):
         raise ValueError(
             f"{STATES_KEY}=true with optimizer offload needs DeepSpeedCPUAdam(fp32_optimizer_states=False), so the "
-            f"moments are stored in bf16; build it so (the engine does for a configured optimizer), or drop {STATES_KEY}"
+            "moments are stored in bf16; build it so (the engine does for a configured optimizer), or drop "
+            f"{STATES_KEY}"
         )
 
 
