@@ -233,6 +233,12 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"fp16.fp16_master_weights_and_grads: .*not supported by ds",
     ),
     (
+        "legacy_fusion_fp16_stage0",
+        {"optimizer": {"type": "Adam", "legacy_fusion": True}, "fp16": {"enabled": True}},
+        E,
+        r"optimizer.legacy_fusion=true with fp16 at ZeRO stage 0 selects DeepSpeed's legacy fused fp16 step",
+    ),
+    (
         "lamb_static_fp16",
         {"optimizer": {"type": "Lamb"}, "fp16": {"enabled": True, "loss_scale": 64}},
         E,

@@ -140,6 +140,19 @@ def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None
         )
 
 
+def _check_legacy_fusion(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    """`optimizer.legacy_fusion` selects DeepSpeed's legacy fused fp16 step, which it reaches only with fp16 at ZeRO
+    stage 0 and which fails there at the first step in DeepSpeed 0.19.8 (its FusedAdam refuses the legacy
+    arguments). Elsewhere DeepSpeed never reads it: the section's `ignored_keys` warns."""
+    opt = model.optimizer
+    if opt is not None and opt.legacy_fusion and model.fp16.enabled and zero.stage == 0:
+        raise DeepSpeedConfigError(
+            "optimizer.legacy_fusion=true with fp16 at ZeRO stage 0 selects DeepSpeed's legacy fused fp16 step, "
+            "which DeepSpeed 0.19.8 cannot run either (its FusedAdam no longer takes the legacy gradients and "
+            "scale arguments); set optimizer.legacy_fusion to false"
+        )
+
+
 def _check_nvme(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     nvme = [
         key
@@ -221,6 +234,7 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         raise DeepSpeedConfigError("gradient_allreduce_op='sum' is not supported with ZeRO stage 3; use 'mean'")
     _check_nvme(model, zero)
     _check_unmanaged_accumulation(model, zero)
+    _check_legacy_fusion(model, zero)
     if model.fp16.auto_cast and not model.fp16.enabled:
         warnings.warn("fp16.auto_cast has no effect while fp16.enabled is false", UserWarning, stacklevel=3)
     if model.prescale_gradients and model.gradient_predivide_factor != 1.0:

@@ -49,7 +49,10 @@ class FP16Config(ConfigModel):
     """`fp16`: half-precision training with fp32 master weights and a (dynamic) loss scale."""
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "fp16_master_weights_and_grads": "fp16 master weights are not implemented; masters stay fp32",
+        "fp16_master_weights_and_grads": (
+            "fp16 master weights are not implemented; DeepSpeed keeps them with ZeRO 1-3 and CPU optimizer offload "
+            "(DeepSpeedCPUAdam) only, where ds keeps fp32 masters: use bf16 with bf16_master_weights_and_grads"
+        ),
     }
 
     enabled: bool = False
@@ -150,14 +153,19 @@ def _type_name(value: Any) -> Any:
 class OptimizerConfig(ConfigModel):
     """`optimizer`: which optimizer initialize() builds when the script passes none."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"legacy_fusion": "legacy FP16 fusion is not implemented"}
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "legacy_fusion": "DeepSpeed reads it only in its fp16 ZeRO-0 fused-optimizer step, which ds refuses with it"
+    }
 
     type: Annotated[str, BeforeValidator(_type_name)]
     """A DeepSpeed name (Adam, AdamW, Adagrad, Lamb, Lion; any case) or a torch.optim class (SGD, RMSprop, ...)."""
     params: dict[str, Any] = {}
     """Constructor keyword arguments; for Adam/AdamW also torch_adam, adam_w_mode, fp32_optimizer_states."""
     legacy_fusion: bool = False
-    """DeepSpeed's legacy flag; only false is accepted."""
+    """DeepSpeed's legacy fused fp16 step (`FP16_Optimizer(fused_adam_legacy=True)`): read only with fp16 at ZeRO
+    stage 0, where DeepSpeed 0.19.8 then passes gradients and a scale to a FusedAdam that no longer takes them
+    and fails at the first step; ds refuses it there and warns that it has no effect elsewhere, as DeepSpeed
+    ignores it there."""
 
     @field_validator("type")
     @classmethod
