@@ -7,7 +7,8 @@ The DeepSpeed numbers come from `tests/data/bf16_master_deepspeed.json`, written
 moments to bf16 after every step, so a one-ulp difference in a reduction order shows at the 1e-4 level.
 
 Also: the CPU Adam really keeps what the keys say (bf16 masters; bf16 or fp32 moments), a checkpoint taken
-mid-run resumes to the uninterrupted run's losses exactly, and `zero_to_fp32` reads such a checkpoint.
+mid-run (in ds's layout at ZeRO-2, in DeepSpeed's at ZeRO-3) resumes to the uninterrupted run's losses exactly,
+and `zero_to_fp32` reads both.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ pytest.importorskip("ds_zero", reason="bf16 master weights are a ZeRO setting: n
 
 REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "bf16_master_deepspeed.json").read_text())
 TOL = 1e-3
-RESUMED = ("offload_z2_fp32_states", "offload_z3_bf16_states")
+#: run -> `checkpoint.layout` of its mid-run save (ds's own, or DeepSpeed's file layout)
+RESUMED = {"offload_z2_fp32_states": "ds", "offload_z3_bf16_states": "deepspeed"}
 SPLIT = 3
 
 
@@ -39,12 +41,13 @@ def _step(engine: Any, ids: torch.Tensor) -> float:
     return float(loss.detach())
 
 
-def _engine(name: str, world: int) -> Any:
+def _engine(name: str, world: int, layout: str = "ds") -> Any:
     import ds_engine
 
     torch.manual_seed(1234)
     model = case.TinyLM()
-    engine, *_ = ds_engine.initialize(model=model, model_parameters=model.parameters(), config=case.config(name, world))
+    config = {**case.config(name, world), "checkpoint": {"layout": layout}}
+    engine, *_ = ds_engine.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine
 
 
@@ -58,12 +61,12 @@ def _dtypes(engine: Any) -> dict[str, Any]:
 
 def _resume(name: str, rank: int, world: int, ckpt: str) -> list[float]:
     batches = case.batches(rank)
-    first = _engine(name, world)
+    first = _engine(name, world, RESUMED[name])
     for ids in batches[:SPLIT]:
         _step(first, ids)
     first.save_checkpoint(ckpt, tag=name)
     del first
-    second = _engine(name, world)
+    second = _engine(name, world, RESUMED[name])
     second.load_checkpoint(ckpt, tag=name)
     return [_step(second, ids) for ids in batches[SPLIT:]]
 
@@ -82,9 +85,9 @@ def _ranks(rank: int, world: int, ckpt: str) -> dict[str, Any]:
     if rank == 0:
         from ds_zero.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(f"{ckpt}/{RESUMED[1]}", tag=RESUMED[1])
-        out["fp32_keys"] = sorted(state)
-        out["fp32_dtypes"] = {str(t.dtype) for t in state.values()}
+        for name, layout in RESUMED.items():
+            state = get_fp32_state_dict_from_zero_checkpoint(f"{ckpt}/{name}", tag=name)
+            out[f"fp32_{layout}"] = (sorted(state), {str(t.dtype) for t in state.values()})
     out["model_keys"] = sorted(k for k, _ in case.TinyLM().named_parameters())
     return out
 
@@ -118,6 +121,8 @@ def test_resume_equals_the_uninterrupted_run(results: list[dict[str, Any]], name
         assert res[name]["resumed"] == res[name]["losses"][SPLIT:]
 
 
-def test_zero_to_fp32_reads_the_bf16_master_checkpoint(results: list[dict[str, Any]]) -> None:
-    assert results[0]["fp32_keys"] == results[0]["model_keys"]
-    assert results[0]["fp32_dtypes"] == {"torch.float32"}
+@pytest.mark.parametrize("layout", ["ds", "deepspeed"])
+def test_zero_to_fp32_reads_the_bf16_master_checkpoint(results: list[dict[str, Any]], layout: str) -> None:
+    keys, dtypes = results[0][f"fp32_{layout}"]
+    assert keys == results[0]["model_keys"]
+    assert dtypes == {"torch.float32"}

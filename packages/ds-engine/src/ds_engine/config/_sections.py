@@ -123,7 +123,7 @@ class FP16Config(ConfigModel):
 
 class BF16Config(ConfigModel):
     """`bf16` (legacy key `bfloat16`): bf16 parameters with fp32 master weights and fp32 gradient accumulation,
-    or, under ZeRO with `bf16_master_weights_and_grads` + `bf16_optimizer_states`, bf16 masters too."""
+    or, under ZeRO with `bf16_master_weights_and_grads`, bf16 masters and gradient partitions too."""
 
     enabled: bool = False
     """Cast parameters to bf16 and train with fp32 master weights."""
@@ -134,9 +134,12 @@ class BF16Config(ConfigModel):
     it (freeing it then), rather than after the whole backward: less peak memory, the same sums."""
     bf16_master_weights_and_grads: bool = False
     """ZeRO stage 1-3: keep the master weights and the gradient partitions in bf16 (2 + 2 bytes per element
-    of a rank's partition instead of 4 + 4). ds needs `bf16_optimizer_states` with it and no optimizer offload."""
+    of a rank's partition instead of 4 + 4). Without `bf16_optimizer_states` the moments stay fp32, which (as in
+    DeepSpeed) needs `zero_optimization.offload_optimizer.device: "cpu"` with DeepSpeedCPUAdam; NVMe offload is
+    not implemented with it."""
     bf16_optimizer_states: bool = False
-    """ZeRO stage 1-3: the optimizer's moments in bf16 too (needs `bf16_master_weights_and_grads`)."""
+    """ZeRO stage 1-3: the optimizer's moments in bf16 too (needs `bf16_master_weights_and_grads`); with CPU
+    optimizer offload the configured Adam is built as `DeepSpeedCPUAdam(fp32_optimizer_states=False)`."""
 
 
 def _param_error(err: ParamError) -> PydanticCustomError:
