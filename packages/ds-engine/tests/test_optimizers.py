@@ -241,8 +241,6 @@ def test_lion_config_defaults_are_deepspeeds_with_and_without_offload() -> None:
 
 def test_offloaded_bf16_optimizer_states_build_cpu_adam_with_bf16_moments(caplog: pytest.LogCaptureFixture) -> None:
     """As DeepSpeed's engine: `bf16.bf16_optimizer_states` under offload overrides `fp32_optimizer_states` to false."""
-    from ds_engine._optim.optimizers import plan_config_optimizer
-
     params = {"lr": 1e-3, "fp32_optimizer_states": True}
     with caplog.at_level("WARNING"):
         plan = plan_config_optimizer("adamw", params, device_type="cpu", offload=True, bf16_optimizer_states=True)
