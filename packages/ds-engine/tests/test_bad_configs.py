@@ -53,16 +53,17 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         "bf16_masters_without_states",
         {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}, "zero_optimization": {"stage": 3}},
         E,
-        r"bf16.bf16_master_weights_and_grads=true with bf16.bf16_optimizer_states=false .* ds does not implement",
+        r"bf16.bf16_master_weights_and_grads=true with bf16.bf16_optimizer_states=false keeps fp32 moments .* "
+        r"needs zero_optimization.offload_optimizer.device='cpu'",
     ),
     (
-        "bf16_masters_cpu_offload",
+        "bf16_masters_nvme_offload",
         {
             "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
-            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}},
         },
         E,
-        r"bf16.bf16_master_weights_and_grads=true with zero_optimization.offload_optimizer.device='cpu' is not impl",
+        r"bf16.bf16_master_weights_and_grads=true with zero_optimization.offload_optimizer.device='nvme' is not impl",
     ),
     (
         "bf16_masters_without_bf16",
@@ -230,6 +231,12 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
         E,
         r"fp16.fp16_master_weights_and_grads: .*not supported by ds",
+    ),
+    (
+        "legacy_fusion_fp16_stage0",
+        {"optimizer": {"type": "Adam", "legacy_fusion": True}, "fp16": {"enabled": True}},
+        E,
+        r"optimizer.legacy_fusion=true with fp16 at ZeRO stage 0 selects DeepSpeed's legacy fused fp16 step",
     ),
     (
         "lamb_static_fp16",

@@ -86,6 +86,10 @@ def test_knobs_without_effect_warn_with_their_key_path() -> None:
             r"^weight_quantization.num_bits=4 has no effect in ds \(DeepSpeed does not read the section's own",
         ),
         (
+            {"optimizer": {"type": "AdamW", "legacy_fusion": True}, "bf16": {"enabled": True}},
+            r"^optimizer.legacy_fusion=True has no effect in ds \(DeepSpeed reads it only in its fp16 ZeRO-0",
+        ),
+        (
             {"data_parallel_size": 2},
             r"^data_parallel_size=2 has no effect without sequence_parallel_size: DeepSpeed reads it only to build",
         ),

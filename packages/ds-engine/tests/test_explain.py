@@ -91,7 +91,21 @@ def test_explain_names_bf16_master_weights(tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(config))
     assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "master weights, gradient partitions and optimizer states in bf16 (8 bytes" in out
+    assert "master weights, gradient partitions and optimizer states in bf16 on the device (8 bytes" in out
+    config["zero_optimization"] = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 2  # torch_adam: torch's AdamW cannot
+    assert "with optimizer offload needs DeepSpeedCPUAdam" in capsys.readouterr().err  # step bf16 host masters
+    config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "optimizer states in bf16 on the CPU, stepped by DeepSpeedCPUAdam (8 bytes" in out
+    assert "fp32_optimizer_states': False" in out or "moments in bf16 (bf16.bf16_optimizer_states)" in out
+    config["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True}
+    path.write_text(json.dumps(config))
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    assert "Adam moments fp32 (12 bytes per partitioned element" in capsys.readouterr().out
     config["bf16"] = {"enabled": True}
     path.write_text(json.dumps(config))
     assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0

@@ -237,3 +237,14 @@ def test_lion_config_defaults_are_deepspeeds_with_and_without_offload() -> None:
     from ds_engine.ops.lion import FusedLion as from_ops_path
 
     assert from_ops_path is FusedLion
+
+
+def test_offloaded_bf16_optimizer_states_build_cpu_adam_with_bf16_moments(caplog: pytest.LogCaptureFixture) -> None:
+    """As DeepSpeed's engine: `bf16.bf16_optimizer_states` under offload overrides `fp32_optimizer_states` to false."""
+    params = {"lr": 1e-3, "fp32_optimizer_states": True}
+    with caplog.at_level("WARNING"):
+        plan = plan_config_optimizer("adamw", params, device_type="cpu", offload=True, bf16_optimizer_states=True)
+    assert plan.target == "ds_ops.DeepSpeedCPUAdam" and plan.kwargs["fp32_optimizer_states"] is False
+    assert "overrides optimizer.params.fp32_optimizer_states=true" in caplog.text
+    plain = plan_config_optimizer("adamw", params, device_type="cpu", offload=True)
+    assert plain.kwargs["fp32_optimizer_states"] is True

@@ -20,13 +20,14 @@ from ds_ops.host_memory import huge_page_zeros
 __all__ = ["offload_zeros", "release_pinned"]
 
 
-def offload_zeros(numel: int, *, pin_memory: bool) -> torch.Tensor:
-    """A 1-D fp32 host buffer of `numel` zeros: pinned through the accelerator (see the note), else in huge pages."""
+def offload_zeros(numel: int, *, pin_memory: bool, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A 1-D host buffer of `numel` zeros in `dtype` (fp32 masters, or bf16 ones with
+    `bf16.bf16_master_weights_and_grads`): pinned through the accelerator (see the note), else in huge pages."""
     accelerator = ds_comm.get_accelerator()
     if pin_memory and accelerator.pins_host_memory():
-        buffer = accelerator.pin_memory(torch.empty(numel, dtype=torch.float32), make_copy=False)
+        buffer = accelerator.pin_memory(torch.empty(numel, dtype=dtype), make_copy=False)
         return buffer.zero_()
-    return huge_page_zeros(numel, torch.float32)
+    return huge_page_zeros(numel, dtype)
 
 
 def release_pinned(buffers: Iterable[torch.Tensor]) -> int:

@@ -10,10 +10,12 @@ element on a rank's partition (2 master + 2 gradient + 2 + 2 Adam moments) inste
 rank's slice of the model's own flat buffer (no copy), as for fp32 training: the optimizer updates the
 model in place.
 
-DeepSpeed 0.19.8 makes the same choices with the same refusals: bf16 optimizer states need bf16 masters,
-and bf16 masters whose optimizer states stay fp32 need optimizer offload with its CPU Adam keeping fp32
-moments on the host. ds refuses that last combination, and bf16 masters with any optimizer offload, as not
-implemented.
+DeepSpeed 0.19.8's rules, which ds keeps: bf16 optimizer states need bf16 masters; bf16 masters whose moments
+stay fp32 (`bf16_optimizer_states` off) need optimizer offload to the CPU with `DeepSpeedCPUAdam` as the base
+optimizer, which keeps fp32 moments beside the bf16 host masters; bf16 masters and moments with optimizer offload
+need `DeepSpeedCPUAdam(fp32_optimizer_states=False)`, so its moments really are bf16 (the engine builds it so).
+The CPU Adam steps the bf16 host masters with the bf16 gradient partition in one pass (fp32 arithmetic inside,
+rounded to bf16 on store). Offload to NVMe is refused with bf16 masters: ds's NVMe swapper pages fp32 masters.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def master_weights_dtype(
     bf16_master_weights_and_gradients: bool,
     bf16_optimizer_states: bool,
     offload_device: str,
+    optimizer: object | None = None,
 ) -> torch.dtype:
     """torch.bfloat16 or torch.float32 for the masters and gradient partitions, after refusing what cannot work.
 
@@ -44,6 +47,7 @@ def master_weights_dtype(
         bf16_master_weights_and_gradients: bf16 masters and gradient partitions.
         bf16_optimizer_states: bf16 optimizer moments (needs bf16 masters).
         offload_device: `zero_optimization.offload_optimizer.device` ("none", "cpu" or "nvme").
+        optimizer: the base optimizer; with bf16 masters on the CPU it must be `ds_ops.DeepSpeedCPUAdam`.
 
     Raises:
         ValueError: a combination DeepSpeed refuses, or one ds does not implement; the message names the key.
@@ -55,19 +59,43 @@ def master_weights_dtype(
         )
     if not bf16_master_weights_and_gradients:
         return torch.float32
-    if offload_device != "none":
+    if offload_device == "nvme":
         raise ValueError(
-            f"{MASTERS_KEY}=true with zero_optimization.offload_optimizer.device={offload_device!r} is not "
-            "implemented in ds (DeepSpeed needs its CPU Adam for it); keep the optimizer on the device "
-            "(offload_optimizer.device 'none'), or turn bf16_master_weights_and_grads off"
+            f"{MASTERS_KEY}=true with zero_optimization.offload_optimizer.device='nvme' is not implemented in ds "
+            "(its NVMe swapper pages fp32 masters); use offload_optimizer.device 'cpu' or 'none', or turn "
+            f"{MASTERS_KEY} off"
         )
-    if not bf16_optimizer_states:
+    if bf16_optimizer_states and offload_device == "none":
+        return torch.bfloat16
+    if offload_device == "none":
         raise ValueError(
-            f"{MASTERS_KEY}=true with {STATES_KEY}=false keeps fp32 moments beside bf16 masters, which "
-            "DeepSpeed allows only with zero_optimization.offload_optimizer.device='cpu' and its CPU Adam; ds "
-            f"does not implement that: set {STATES_KEY} to true as well, or turn {MASTERS_KEY} off"
+            f"{MASTERS_KEY}=true with {STATES_KEY}=false keeps fp32 moments beside bf16 masters, which needs "
+            "zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed): offload the "
+            f"optimizer, or set {STATES_KEY} to true as well"
         )
+    _check_cpu_adam(optimizer, bf16_optimizer_states)
     return torch.bfloat16
+
+
+def _check_cpu_adam(optimizer: object | None, bf16_optimizer_states: bool) -> None:
+    """bf16 masters on the host are stepped by DeepSpeedCPUAdam only (DeepSpeed checks the exact class), and
+    with `bf16_optimizer_states` it must keep its moments in the parameters' bf16."""
+    if optimizer is None:
+        return
+    import ds_ops
+
+    if type(optimizer) is not ds_ops.DeepSpeedCPUAdam:
+        raise ValueError(
+            f"{MASTERS_KEY}=true with optimizer offload needs DeepSpeedCPUAdam as the base optimizer (as in "
+            f"DeepSpeed), got {type(optimizer).__name__}; configure optimizer.type Adam/AdamW without torch_adam, "
+            f"or pass ds_ops.DeepSpeedCPUAdam"
+        )
+    if bf16_optimizer_states and getattr(optimizer, "fp32_optimizer_states", True):
+        raise ValueError(
+            f"{STATES_KEY}=true with optimizer offload needs DeepSpeedCPUAdam(fp32_optimizer_states=False), so the "
+            "moments are stored in bf16; build it so (the engine does for a configured optimizer), or drop "
+            f"{STATES_KEY}"
+        )
 
 
 def dtype_name(dtype: torch.dtype) -> str:

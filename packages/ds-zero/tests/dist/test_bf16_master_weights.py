@@ -249,11 +249,31 @@ CPU_OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
     [
         ({"bf16_optimizer_states": True}, {}, "bf16.bf16_optimizer_states=true needs bf16.bf16_master_weights"),
         ({"bf16_master_weights_and_gradients": True}, {}, "bf16.bf16_master_weights_and_grads=true with bf16.bf16_opt"),
-        (BF16, CPU_OFFLOAD, "offload_optimizer.device='cpu' is not implemented"),
+        (BF16, CPU_OFFLOAD, "with optimizer offload needs DeepSpeedCPUAdam as the base optimizer"),
     ],
-    ids=["states-without-masters", "masters-without-states", "cpu-offload"],
+    ids=["states-without-masters", "masters-without-states", "cpu-offload-torch-adamw"],
 )
 @pytest.mark.parametrize("stage", [2, 3])
 def test_refused_combinations_name_the_key(stage: int, kwargs: dict[str, bool], config: dict, needle: str) -> None:
     message = run_ranks(1, _refusal, stage, kwargs, config, timeout_s=60)[0]
     assert needle in message, message
+
+
+def _cpu_adam_refusal(rank: int, world: int, fp32_states: bool) -> str:
+    import ds_ops
+
+    model = make_model().to(torch.bfloat16)
+    params = [p for p in model.parameters() if p.requires_grad]
+    base = ds_ops.DeepSpeedCPUAdam(params, lr=LR, fp32_optimizer_states=fp32_states)
+    try:
+        ds_zero.DeepSpeedZeroOptimizer(base, config=ds_zero.ZeroConfig(stage=2, **CPU_OFFLOAD), module=model, **BF16)
+    except ValueError as err:
+        return str(err)
+    return "accepted"
+
+
+def test_offloaded_bf16_states_need_a_cpu_adam_with_bf16_moments() -> None:
+    """As DeepSpeed asserts: offloaded `bf16_optimizer_states` need DeepSpeedCPUAdam(fp32_optimizer_states=False)."""
+    refused, accepted = (run_ranks(1, _cpu_adam_refusal, fp32, timeout_s=60)[0] for fp32 in (True, False))
+    assert "needs DeepSpeedCPUAdam(fp32_optimizer_states=False)" in refused, refused
+    assert accepted == "accepted"

@@ -237,7 +237,9 @@ def _drop_fp32_optimizer_states(kwargs: dict[str, Any], target: str) -> None:
         )
 
 
-def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: bool) -> OptimizerPlan:
+def _plan_adam(
+    name: str, params: dict[str, Any], *, device_type: str, offload: bool, bf16_optimizer_states: bool = False
+) -> OptimizerPlan:
     kwargs = dict(params)
     torch_adam = bool(kwargs.pop("torch_adam", False))
     adamw = name == "adamw" or bool(kwargs.pop("adam_w_mode", True))
@@ -261,7 +263,17 @@ def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: 
             )
         kwargs.pop("set_grad_none", None)
         _check_keys(kwargs, _CPU_ADAM_KEYS, "ds_ops.DeepSpeedCPUAdam")
-        return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", dict(kwargs, adamw_mode=adamw), "CPU offload")
+        note = "CPU offload"
+        if bf16_optimizer_states:
+            # as DeepSpeed's engine does: the moments follow the bf16 masters whatever the params say
+            if kwargs.get("fp32_optimizer_states"):
+                logger.warning(
+                    "bf16.bf16_optimizer_states=true overrides optimizer.params.fp32_optimizer_states=true: the CPU "
+                    "Adam keeps its moments in bf16"
+                )
+            kwargs["fp32_optimizer_states"] = False
+            note = "CPU offload, moments in bf16 (bf16.bf16_optimizer_states)"
+        return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", dict(kwargs, adamw_mode=adamw), note)
     if device_type == "cpu" and _has_ds_ops("FusedAdam"):
         _drop_fp32_optimizer_states(kwargs, "ds_ops.FusedAdam")
         _check_keys(kwargs, _FUSED_ADAM_KEYS, "ds_ops.FusedAdam")
@@ -305,16 +317,27 @@ def _torch_adam_plan(name: str, cls: str, kwargs: dict[str, Any], device_type: s
 
 
 def plan_config_optimizer(
-    name: str, params: dict[str, Any], *, device_type: str, offload: bool, force_ds_cpu_optimizer: bool = True
+    name: str,
+    params: dict[str, Any],
+    *,
+    device_type: str,
+    offload: bool,
+    force_ds_cpu_optimizer: bool = True,
+    bf16_optimizer_states: bool = False,
 ) -> OptimizerPlan:
     """The base optimizer for `optimizer.type == name` (already canonical) on `device_type`.
+
+    With offload and `bf16_optimizer_states` (`bf16.bf16_optimizer_states`), DeepSpeedCPUAdam keeps its moments in
+    the bf16 masters' dtype (`fp32_optimizer_states=False`, overriding the params as DeepSpeed does).
 
     Raises:
         ValueError: an impossible combination (offload without a CPU kernel, CPU-only arguments on
             the torch path, a non-DeepSpeed optimizer with offload while `zero_force_ds_cpu_optimizer`).
     """
     if name in ("adam", "adamw"):
-        return _plan_adam(name, params, device_type=device_type, offload=offload)
+        return _plan_adam(
+            name, params, device_type=device_type, offload=offload, bf16_optimizer_states=bf16_optimizer_states
+        )
     if name == "muon":
         # Plain torch on any device; with offload the ZeRO step runs it on the host partitions.
         if not _has_ds_ops("MuonWithAuxAdam"):

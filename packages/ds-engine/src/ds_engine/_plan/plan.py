@@ -62,14 +62,30 @@ class AssemblyPlan:
     """bf16 at stage 0 with fp32 accumulation: each 16-bit gradient moves into the fp32 buffer as soon as
     backward has produced it (`bf16.immediate_grad_update`), not after the whole backward."""
     keep_in_fp32_modules: str | tuple[str, ...] = "auto"
+    """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
     muon: tuple[str, ...] = ()
     """With `"optimizer": {"type": "Muon"}`: how each Muon choice is carried out (`_plan.muon`)."""
     bf16_masters: bool = False
-    """ZeRO keeps bf16 master weights, gradient partitions and optimizer states (`bf16.bf16_master_weights_and_grads`
-    with `bf16.bf16_optimizer_states`) instead of fp32 ones."""
-    """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
+    """ZeRO keeps bf16 master weights and gradient partitions (`bf16.bf16_master_weights_and_grads`) instead of
+    fp32 ones."""
+    bf16_optimizer_states: bool = False
+    """With `bf16_masters`: the optimizer's moments in bf16 too (`bf16.bf16_optimizer_states`); without it they
+    stay fp32 in the CPU Adam of the optimizer offload."""
     checkpoint_writer: str = "torch.save to a temporary file, published atomically (checkpoint.writer unset)"
     """How `save_checkpoint` writes its files (`checkpoint.writer`, FastPersist)."""
+
+    def _bf16_masters_text(self) -> str:
+        """Where the bf16 masters live and what their moments are, with the model-state bytes per element."""
+        where = "on the CPU, stepped by DeepSpeedCPUAdam" if self.offload_optimizer else "on the device"
+        if self.bf16_optimizer_states:
+            return (
+                f"master weights, gradient partitions and optimizer states in bf16 {where} (8 bytes per "
+                "partitioned element instead of 16; bf16.bf16_master_weights_and_grads + bf16.bf16_optimizer_states)"
+            )
+        return (
+            f"master weights and gradient partitions in bf16 {where}, Adam moments fp32 (12 bytes per partitioned "
+            "element instead of 16; bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states off)"
+        )
 
     def lines(self) -> list[str]:
         """The chain, one line per link, for `explain` and `dump_state`."""
@@ -94,10 +110,7 @@ class AssemblyPlan:
         accum = str(self.grad_accum_dtype).replace("torch.", "")
         out.append(f"wrapper: {self.wrapper}")
         if self.bf16_masters:
-            out.append(
-                "  master weights, gradient partitions and optimizer states in bf16 (8 bytes per partitioned "
-                "element instead of 16; bf16.bf16_master_weights_and_grads + bf16.bf16_optimizer_states)"
-            )
+            out.append(f"  {self._bf16_masters_text()}")
         out.append(
             f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
             f"gradient accumulation in {accum}"
@@ -148,15 +161,22 @@ def _plan_optimizer(
     if opt is None:
         return "none", None
     try:
-        return "config", plan_config_optimizer(
+        plan = plan_config_optimizer(
             opt.type,
             dict(opt.params),
             device_type=device_type,
             offload=offload,
             force_ds_cpu_optimizer=config.parsed.zero_force_ds_cpu_optimizer,
+            bf16_optimizer_states=config.parsed.bf16.bf16_optimizer_states,
         )
     except ValueError as err:
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
+    if offload and config.parsed.bf16.bf16_master_weights_and_grads and plan.target != "ds_ops.DeepSpeedCPUAdam":
+        raise DeepSpeedConfigError(
+            f"bf16.bf16_master_weights_and_grads=true with optimizer offload needs DeepSpeedCPUAdam (as in DeepSpeed), "
+            f"but optimizer.type={opt.type!r} builds {plan.target}; use Adam/AdamW without optimizer.params.torch_adam"
+        )
+    return "config", plan
 
 
 def _autocast_dtype(config: DeepSpeedConfig, device_type: str) -> torch.dtype | None:
@@ -365,6 +385,7 @@ def plan_assembly(
         autocast_dtype=autocast,
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
+        bf16_optimizer_states=stage >= 1 and m.bf16.bf16_optimizer_states,
         muon=muon,
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

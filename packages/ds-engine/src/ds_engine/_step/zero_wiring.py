@@ -108,9 +108,9 @@ def build_zero_optimizer(
     if moe is not None:
         extra = {"partition_groups": moe.partition_groups(base.param_groups), "checkpoint_names": moe.expert_names}
     extra.update(model_parallel or {})
-    if plan.bf16_masters:  # the config checks allowed it (ZeRO 1-3, bf16, both keys, no offload)
+    if plan.bf16_masters:  # the config checks allowed it (ZeRO 1-3, bf16; fp32 moments only with CPU offload)
         extra["bf16_master_weights_and_gradients"] = True
-        extra["bf16_optimizer_states"] = True
+        extra["bf16_optimizer_states"] = plan.bf16_optimizer_states
     if plan.zero_stage < 3:
         # `gradient_allreduce_op: "sum"` (refused at stage 3 by the config checks, as DeepSpeed refuses it).
         extra["gradient_average"] = m.gradient_allreduce_op == "mean"

@@ -103,8 +103,9 @@ _STATES = "bf16.bf16_optimizer_states"
 
 def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     """bf16 master weights / optimizer states: DeepSpeed's refusals (ZeRO stage 1-3 only; optimizer states need
-    the masters), and what ds does not implement (bf16 training off, fp32 moments beside bf16 masters, any
-    optimizer offload). ds-zero checks the same again when its optimizer is built directly."""
+    the masters; fp32 moments beside bf16 masters need CPU optimizer offload), and what ds does not implement
+    (bf16 training off, NVMe optimizer offload). ds-zero checks the same again, with the base optimizer's class
+    (DeepSpeedCPUAdam under offload), when its optimizer is built."""
     bf16 = model.bf16
     masters, states = bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states
     if not (masters or states):
@@ -125,17 +126,30 @@ def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None
             f"{_MASTERS}=true applies to bf16 training: set bf16.enabled=true (ds keeps bf16 masters only over "
             "a bf16 model), or turn it off"
         )
-    if zero.offload_optimizer_device != "none":
+    offload = zero.offload_optimizer_device
+    if offload == "nvme":
         raise DeepSpeedConfigError(
-            f"{_MASTERS}=true with zero_optimization.offload_optimizer.device={zero.offload_optimizer_device!r} "
-            "is not implemented in ds (DeepSpeed needs its CPU Adam for it); keep the optimizer on the device "
-            "(offload_optimizer.device 'none'), or turn bf16_master_weights_and_grads off"
+            f"{_MASTERS}=true with zero_optimization.offload_optimizer.device='nvme' is not implemented in ds (its "
+            "NVMe swapper pages fp32 masters); use offload_optimizer.device 'cpu' or 'none', or turn it off"
         )
-    if not states:
+    if not states and offload != "cpu":
         raise DeepSpeedConfigError(
-            f"{_MASTERS}=true with {_STATES}=false keeps fp32 moments beside bf16 masters, which DeepSpeed allows "
-            "only with zero_optimization.offload_optimizer.device='cpu' and its CPU Adam; ds does not implement "
-            f"that: set {_STATES} to true as well, or turn {_MASTERS} off"
+            f"{_MASTERS}=true with {_STATES}=false keeps fp32 moments beside bf16 masters, which needs "
+            "zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed): offload the "
+            f"optimizer, or set {_STATES} to true as well"
+        )
+
+
+def _check_legacy_fusion(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    """`optimizer.legacy_fusion` selects DeepSpeed's legacy fused fp16 step, which it reaches only with fp16 at ZeRO
+    stage 0 and which fails there at the first step in DeepSpeed 0.19.8 (its FusedAdam refuses the legacy
+    arguments). Elsewhere DeepSpeed never reads it: the section's `ignored_keys` warns."""
+    opt = model.optimizer
+    if opt is not None and opt.legacy_fusion and model.fp16.enabled and zero.stage == 0:
+        raise DeepSpeedConfigError(
+            "optimizer.legacy_fusion=true with fp16 at ZeRO stage 0 selects DeepSpeed's legacy fused fp16 step, "
+            "which DeepSpeed 0.19.8 cannot run either (its FusedAdam no longer takes the legacy gradients and "
+            "scale arguments); set optimizer.legacy_fusion to false"
         )
 
 
@@ -220,6 +234,7 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         raise DeepSpeedConfigError("gradient_allreduce_op='sum' is not supported with ZeRO stage 3; use 'mean'")
     _check_nvme(model, zero)
     _check_unmanaged_accumulation(model, zero)
+    _check_legacy_fusion(model, zero)
     if model.fp16.auto_cast and not model.fp16.enabled:
         warnings.warn("fp16.auto_cast has no effect while fp16.enabled is false", UserWarning, stacklevel=3)
     if model.prescale_gradients and model.gradient_predivide_factor != 1.0:

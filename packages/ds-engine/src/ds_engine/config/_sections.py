@@ -49,7 +49,10 @@ class FP16Config(ConfigModel):
     """`fp16`: half-precision training with fp32 master weights and a (dynamic) loss scale."""
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "fp16_master_weights_and_grads": "fp16 master weights are not implemented; masters stay fp32",
+        "fp16_master_weights_and_grads": (
+            "fp16 master weights are not implemented; DeepSpeed keeps them with ZeRO 1-3 and CPU optimizer offload "
+            "(DeepSpeedCPUAdam) only, where ds keeps fp32 masters: use bf16 with bf16_master_weights_and_grads"
+        ),
     }
 
     enabled: bool = False
@@ -120,7 +123,7 @@ class FP16Config(ConfigModel):
 
 class BF16Config(ConfigModel):
     """`bf16` (legacy key `bfloat16`): bf16 parameters with fp32 master weights and fp32 gradient accumulation,
-    or, under ZeRO with `bf16_master_weights_and_grads` + `bf16_optimizer_states`, bf16 masters too."""
+    or, under ZeRO with `bf16_master_weights_and_grads`, bf16 masters and gradient partitions too."""
 
     enabled: bool = False
     """Cast parameters to bf16 and train with fp32 master weights."""
@@ -131,9 +134,12 @@ class BF16Config(ConfigModel):
     it (freeing it then), rather than after the whole backward: less peak memory, the same sums."""
     bf16_master_weights_and_grads: bool = False
     """ZeRO stage 1-3: keep the master weights and the gradient partitions in bf16 (2 + 2 bytes per element
-    of a rank's partition instead of 4 + 4). ds needs `bf16_optimizer_states` with it and no optimizer offload."""
+    of a rank's partition instead of 4 + 4). Without `bf16_optimizer_states` the moments stay fp32, which (as in
+    DeepSpeed) needs `zero_optimization.offload_optimizer.device: "cpu"` with DeepSpeedCPUAdam; NVMe offload is
+    not implemented with it."""
     bf16_optimizer_states: bool = False
-    """ZeRO stage 1-3: the optimizer's moments in bf16 too (needs `bf16_master_weights_and_grads`)."""
+    """ZeRO stage 1-3: the optimizer's moments in bf16 too (needs `bf16_master_weights_and_grads`); with CPU
+    optimizer offload the configured Adam is built as `DeepSpeedCPUAdam(fp32_optimizer_states=False)`."""
 
 
 def _param_error(err: ParamError) -> PydanticCustomError:
@@ -150,14 +156,19 @@ def _type_name(value: Any) -> Any:
 class OptimizerConfig(ConfigModel):
     """`optimizer`: which optimizer initialize() builds when the script passes none."""
 
-    inert_keys: ClassVar[dict[str, str]] = {"legacy_fusion": "legacy FP16 fusion is not implemented"}
+    ignored_keys: ClassVar[dict[str, str]] = {
+        "legacy_fusion": "DeepSpeed reads it only in its fp16 ZeRO-0 fused-optimizer step, which ds refuses with it"
+    }
 
     type: Annotated[str, BeforeValidator(_type_name)]
     """A DeepSpeed name (Adam, AdamW, Adagrad, Lamb, Lion; any case) or a torch.optim class (SGD, RMSprop, ...)."""
     params: dict[str, Any] = {}
     """Constructor keyword arguments; for Adam/AdamW also torch_adam, adam_w_mode, fp32_optimizer_states."""
     legacy_fusion: bool = False
-    """DeepSpeed's legacy flag; only false is accepted."""
+    """DeepSpeed's legacy fused fp16 step (`FP16_Optimizer(fused_adam_legacy=True)`): read only with fp16 at ZeRO
+    stage 0, where DeepSpeed 0.19.8 then passes gradients and a scale to a FusedAdam that no longer takes them
+    and fails at the first step; ds refuses it there and warns that it has no effect elsewhere, as DeepSpeed
+    ignores it there."""
 
     @field_validator("type")
     @classmethod

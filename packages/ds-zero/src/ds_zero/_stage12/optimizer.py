@@ -151,6 +151,7 @@ class DeepSpeedZeroOptimizer(
             bf16_master_weights_and_gradients=bf16_master_weights_and_gradients,
             bf16_optimizer_states=bf16_optimizer_states,
             offload_device=config.offload_optimizer_device,
+            optimizer=optimizer,
         )
         if partition_groups is not None and len(partition_groups) != len(optimizer.param_groups):
             raise ValueError(

@@ -35,7 +35,7 @@ def build_master_partitions(
     for flat in flats:
         own = flat.own_partition
         if offload:
-            master = offload_zeros(flat.partition_numel, pin_memory=pin_memory)
+            master = offload_zeros(flat.partition_numel, pin_memory=pin_memory, dtype=dtype)
             master.copy_(own)
         elif flat.dtype == dtype:
             master = own
@@ -50,7 +50,7 @@ def build_grad_partitions(
 ) -> list[torch.Tensor]:
     """A zeroed gradient accumulator per group in the masters' dtype, next to its master partition."""
     if offload:
-        return [offload_zeros(f.partition_numel, pin_memory=pin_memory) for f in flats]
+        return [offload_zeros(f.partition_numel, pin_memory=pin_memory, dtype=dtype) for f in flats]
     return [torch.zeros(f.partition_numel, dtype=dtype, device=f.device) for f in flats]
 
 

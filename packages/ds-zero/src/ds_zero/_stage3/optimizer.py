@@ -166,6 +166,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             bf16_master_weights_and_gradients=bf16_master_weights_and_gradients,
             bf16_optimizer_states=bf16_optimizer_states,
             offload_device=cfg.offload_optimizer_device,
+            optimizer=optimizer,
         )
         if optimizer.state:
             raise ValueError(

@@ -214,7 +214,7 @@ class ShardPartition:
                 else (self.params[0].ds_tensor.device if self.params else torch.device("cpu"))
             )
         if device.type == "cpu":  # pinned, or huge pages the CPU optimizer streams faster (ds_zero._host_buffers)
-            master = offload_zeros(self.numel, pin_memory=pin)
+            master = offload_zeros(self.numel, pin_memory=pin, dtype=self.master_dtype)
         else:
             master = torch.empty(self.numel, dtype=self.master_dtype, device=device)
         with torch.no_grad():
