@@ -80,6 +80,7 @@ from ds_zero._schedule.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.checkpoint import consolidated_16bit_state_dict
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer, ZeroOptimizer
+from ds_zero._zenflow import ZenFlowSchedule, ZenFlowZeroOptimizer
 from ds_zero.zero_to_fp32 import (
     convert_zero_checkpoint_to_fp32_state_dict,
     convert_zero_checkpoint_to_state_dict,
@@ -127,6 +128,8 @@ __all__ = [
     "OffloadParamConfig",
     "WeightQuantizationConfig",
     "ZenFlowConfig",
+    "ZenFlowSchedule",
+    "ZenFlowZeroOptimizer",
     "ZeroConfig",
     "ZeroOptimizer",
     "__version__",

@@ -237,7 +237,9 @@ def _drop_fp32_optimizer_states(kwargs: dict[str, Any], target: str) -> None:
         )
 
 
-def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: bool) -> OptimizerPlan:
+def _plan_adam(
+    name: str, params: dict[str, Any], *, device_type: str, offload: bool, zenflow: bool = False
+) -> OptimizerPlan:
     kwargs = dict(params)
     torch_adam = bool(kwargs.pop("torch_adam", False))
     adamw = name == "adamw" or bool(kwargs.pop("adam_w_mode", True))
@@ -261,6 +263,8 @@ def _plan_adam(name: str, params: dict[str, Any], *, device_type: str, offload: 
             )
         kwargs.pop("set_grad_none", None)
         _check_keys(kwargs, _CPU_ADAM_KEYS, "ds_ops.DeepSpeedCPUAdam")
+        if zenflow:  # ZenFlow's CPU update counts bias correction by micro step (`step(step_id=...)`)
+            return OptimizerPlan(name, "ds_ops.ZenFlowCPUAdam", dict(kwargs, adamw_mode=adamw), "ZenFlow CPU offload")
         return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", dict(kwargs, adamw_mode=adamw), "CPU offload")
     if device_type == "cpu" and _has_ds_ops("FusedAdam"):
         _drop_fp32_optimizer_states(kwargs, "ds_ops.FusedAdam")
@@ -305,7 +309,13 @@ def _torch_adam_plan(name: str, cls: str, kwargs: dict[str, Any], device_type: s
 
 
 def plan_config_optimizer(
-    name: str, params: dict[str, Any], *, device_type: str, offload: bool, force_ds_cpu_optimizer: bool = True
+    name: str,
+    params: dict[str, Any],
+    *,
+    device_type: str,
+    offload: bool,
+    force_ds_cpu_optimizer: bool = True,
+    zenflow: bool = False,
 ) -> OptimizerPlan:
     """The base optimizer for `optimizer.type == name` (already canonical) on `device_type`.
 
@@ -314,7 +324,7 @@ def plan_config_optimizer(
             the torch path, a non-DeepSpeed optimizer with offload while `zero_force_ds_cpu_optimizer`).
     """
     if name in ("adam", "adamw"):
-        return _plan_adam(name, params, device_type=device_type, offload=offload)
+        return _plan_adam(name, params, device_type=device_type, offload=offload, zenflow=zenflow)
     if name == "muon":
         # Plain torch on any device; with offload the ZeRO step runs it on the host partitions.
         if not _has_ds_ops("MuonWithAuxAdam"):

@@ -150,6 +150,7 @@ def _plan_optimizer(
             device_type=device_type,
             offload=offload,
             force_ds_cpu_optimizer=config.parsed.zero_force_ds_cpu_optimizer,
+            zenflow=getattr(config.zero.zero_config, "zenflow", None) is not None,
         )
     except ValueError as err:
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
