@@ -160,3 +160,35 @@ def test_refusals_name_the_setting() -> None:
     conv = nn.Conv1d(2, 2, 3)
     with pytest.raises(ValueError, match="1-D and 2-D parameters"):
         ds_zero.ZenFlowZeroOptimizer(ds_ops.ZenFlowCPUAdam(conv.parameters()), config=_zenflow(**section))
+
+
+def _run(opt: ds_zero.ZenFlowZeroOptimizer, model: nn.Module, batches, start: int) -> None:
+    schedule = opt.zenflow_schedule
+    for m, (x, y) in enumerate(batches, start=start):
+        opt.backward(nn.functional.mse_loss(model(x), y) / schedule.update_interval)
+        if schedule.is_update_boundary(m):
+            opt.step()
+        opt.zero_grad()
+
+
+def test_state_dict_resumes_the_same_run() -> None:
+    section = {"topk_ratio": 0.3, "select_strategy": "step", "select_interval": 4, "update_interval": 2}
+
+    def build(seed: int) -> tuple[nn.Module, ds_zero.ZenFlowZeroOptimizer]:
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(12, 10), nn.Tanh(), nn.Linear(10, 4))
+        base = ds_ops.ZenFlowCPUAdam(model.parameters(), lr=LR, weight_decay=WD)
+        return model, ds_zero.ZenFlowZeroOptimizer(base, config=_zenflow(**section), module=model)
+
+    batches = _batches(12)
+    whole, whole_opt = build(3)
+    _run(whole_opt, whole, batches, 0)
+    first, first_opt = build(3)
+    _run(first_opt, first, batches[:6], 0)  # ends mid-selection (reselect at 8), after an update (m=5)
+    saved = first_opt.state_dict()
+    resumed, resumed_opt = build(99)  # other weights: all of it must come from the checkpoint
+    resumed_opt.load_state_dict([saved])
+    assert resumed_opt.micro_step == 5
+    _run(resumed_opt, resumed, batches[6:], 6)
+    for a, b in zip(resumed.parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)

@@ -38,6 +38,7 @@ from ds_engine._engine.offload_states import (
 )
 from ds_engine._engine.queries import EngineQueries
 from ds_engine._engine.sync_contexts import EngineSyncContexts
+from ds_engine._engine.zenflow import EngineZenFlow
 from ds_engine._optional import require
 from ds_engine._report.autotuning import ExperimentProbe, ModelInfoProbe
 from ds_engine._report.flops_step import StepFlopsProfile
@@ -70,6 +71,7 @@ class DeepSpeedEngine(
     EngineCompile,
     ConsolidatedWeights,
     EngineCheckpointNames,
+    EngineZenFlow,
     nn.Module,
 ):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,

@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 from ds_engine._optim.optimizers import OptimizerPlan, plan_config_optimizer
 from ds_engine._plan.muon import muon_lines
 from ds_engine._plan.reduce_settings import ReduceSettings
+from ds_engine._plan.zenflow import zenflow_lines
 from ds_engine.config import DeepSpeedConfigError
 from ds_engine.config._dtype_names import to_torch_dtype
 
@@ -61,6 +62,8 @@ class AssemblyPlan:
     keep_in_fp32_modules: str | tuple[str, ...] = "auto"
     muon: tuple[str, ...] = ()
     """With `"optimizer": {"type": "Muon"}`: how each Muon choice is carried out (`_plan.muon`)."""
+    zenflow: tuple[str, ...] = ()
+    """With `zero_optimization.zenflow`: the resolved selection and update schedule (`_plan.zenflow`)."""
     bf16_masters: bool = False
     """ZeRO keeps bf16 master weights, gradient partitions and optimizer states (`bf16.bf16_master_weights_and_grads`
     with `bf16.bf16_optimizer_states`) instead of fp32 ones."""
@@ -105,6 +108,7 @@ class AssemblyPlan:
         if self.nvme_offload is not None:
             out.append(f"  {self.nvme_offload}")
         out += [f"  {line}" for line in self.muon]
+        out += [f"  {line}" for line in self.zenflow]
         if self.zero_stage == 0:
             reduce = (
                 self.reduce.describe(self.dp_world_size)
@@ -279,8 +283,10 @@ def plan_assembly(
     elif stage >= 1 and source == "none":
         wrapper = f"none: ZeRO stage {stage} needs an optimizer; initialize() refuses this config without optimizer="
     elif stage >= 1:
+        zenflow = getattr(config.zero.zero_config, "zenflow", None) is not None
+        name = "DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer"
         wrapper = (
-            f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} "
+            f"ds_zero.{'ZenFlowZeroOptimizer' if zenflow else name} "
             f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
         )
     elif precision == "fp32":
@@ -334,5 +340,6 @@ def plan_assembly(
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
         muon=muon,
+        zenflow=zenflow_lines(config) if stage in (1, 2) and source != "none" else (),
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

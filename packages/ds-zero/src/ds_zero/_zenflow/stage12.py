@@ -39,7 +39,9 @@ from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer
 from ds_zero._stage12.partitions import build_grad_partitions
 from ds_zero._stage12.reduce import RangeReducer
 from ds_zero._zenflow.columns import ColumnPlan
+from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.gradients import MicroStepGradients
+from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
 
 if TYPE_CHECKING:
@@ -105,9 +107,16 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         self._cpu = self._make_cpu_update()
         logger.info("ZenFlow: %s", schedule.describe())
 
-    def _make_cpu_update(self) -> Any:
-        from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
-
+    def _make_cpu_update(self) -> SequentialCpuUpdate | OverlappedCpuUpdate:
+        if self.zenflow_schedule.overlap_step:
+            return OverlappedCpuUpdate(
+                self.optimizer,
+                self.flats,
+                self.masters,
+                self._updater,
+                self.zenflow_schedule,
+                float(self.zenflow_config.pt_reserved_cores_perc),
+            )
         return SequentialCpuUpdate(self.optimizer, self.flats, self.masters, self._updater)
 
     # ----- the gradient path ----------------------------------------------------------------------
@@ -213,6 +222,64 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             self.selective_optimizer.step()
         return True
 
+    # ----- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The ZeRO partition state plus ZenFlow's (`zenflow`: micro step, selections, selective optimizer
+        state, this rank's accumulated gradients), so a resumed run continues the same schedule.
+
+        Raises:
+            ValueError: with `overlap_step` (the CPU moments live in the worker process).
+        """
+        if self.zenflow_schedule.overlap_step:
+            raise ValueError(
+                f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
+                "live in the worker process); save with overlap_step false"
+            )
+        # The masters' selected columns are never read (the device's values win there); saving the model's
+        # values makes the checkpoint's fp32 weights the real ones (zero_to_fp32, resume).
+        self._cpu.refresh_masters()
+        state = super().state_dict()
+        state["zenflow"] = {
+            "micro_step": self.micro_step,
+            "world_size": self.dp_world_size,
+            "selected_indices": [[getattr(p, "selected_indices", None) for p in flat.params] for flat in self.flats],
+            "selective_optimizer": self.selective_optimizer.state_dict(),
+            "accumulators": [acc.clone() for acc in self.grad_partitions],
+        }
+        return state
+
+    def load_state_dict(  # type: ignore[override]
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
+        """`DeepSpeedZeroOptimizer.load_state_dict`, then ZenFlow's state of this rank (same world size only).
+
+        Raises:
+            ValueError: the ZenFlow state was saved at another data-parallel world size (the columns are
+                chosen per partition), or with overlap_step.
+        """
+        super().load_state_dict(state_dicts, load_optimizer_states, load_from_fp32_weights)
+        saved_list = state_dicts if isinstance(state_dicts, list) else [state_dicts]
+        saved = saved_list[self.dp_rank if len(saved_list) > 1 else 0].get("zenflow")
+        if saved is None:
+            logger.warning("ZenFlow: the checkpoint has no ZenFlow state; selection and windows start afresh")
+            return
+        if int(saved["world_size"]) != self.dp_world_size:
+            raise ValueError(
+                f"{_KEY}: the checkpoint's ZenFlow state was saved on {saved['world_size']} data-parallel ranks, "
+                f"this run has {self.dp_world_size}; ZenFlow resumes at the same world size only"
+            )
+        self.micro_step = int(saved["micro_step"])
+        for flat, indices in zip(self.flats, saved["selected_indices"], strict=True):
+            for p, idx in zip(flat.params, indices, strict=True):
+                p.selected_indices = idx
+        if load_optimizer_states:
+            self.selective_optimizer.load_state_dict(saved["selective_optimizer"])
+            for acc, value in zip(self.grad_partitions, saved["accumulators"], strict=True):
+                acc.copy_(value)
+
     def _drop_selection_inputs(self) -> None:
         for flat in self.flats:
             for p in flat.params:
@@ -225,6 +292,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         self.selective_optimizer.step()
 
     def close(self) -> None:
+        """Stop the CPU update worker (overlap_step) and remove the gradient views."""
         self._cpu.close()
         super().close()
 
