@@ -40,6 +40,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "cpu_adam": ([], ["--sizes", "10000000", "--threads", "1", "--reps", "3"]),
     "engine_overhead": ([], ["--steps", "2", "--rounds", "2"]),
     "zero": ([], ["--steps", "3", "--modes", "ddp,stage2,fsdp2,stage3"]),  # RSS runs per mode dominate
+    "zenflow": ([], ["--steps", "8"]),
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),

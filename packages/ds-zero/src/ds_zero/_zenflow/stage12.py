@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +106,9 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             **_selective_params(optimizer, selective_optimizer_params),
         )
         self._cpu = self._make_cpu_update()
+        #: Seconds the training process spent in each CPU update so far (with overlap_step: waiting for the
+        #: worker, copying its result, handing over the window; the first includes starting the worker).
+        self.cpu_update_times: list[float] = []
         logger.info("ZenFlow: %s", schedule.describe())
 
     def _make_cpu_update(self) -> SequentialCpuUpdate | OverlappedCpuUpdate:
@@ -216,7 +220,9 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             self._grads.clear_accumulators()
             self._drop_selection_inputs()
             return False
+        started = time.perf_counter()
         self._cpu.update(grads, step_id=self.micro_step + 1, sync=self._sync)
+        self.cpu_update_times.append(time.perf_counter() - started)
         self._grads.clear_accumulators()
         if not self.zenflow_schedule.in_warm_up(self.micro_step + 1):
             self.selective_optimizer.step()
