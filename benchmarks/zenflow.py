@@ -58,7 +58,7 @@ def _rank(rank: int, world: int, port: int, side: str, mode: str, steps: int, ou
     os.environ.update({"LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
     sys.path.insert(0, str(HERE))
-    from zero import GPT  # the decoder of benchmarks/zero.py
+    from _gpt import GPT  # benchmarks/zero.py's decoder, importable without ds (DeepSpeed's venv runs it too)
 
     ds = __import__("deepspeed" if side == "deepspeed" else "ds_engine")
     ds.init_distributed(dist_backend="gloo")

@@ -113,6 +113,12 @@ class OverlappedCpuUpdate:
 
     # -- the worker -------------------------------------------------------------------------------
     def _start(self) -> None:
+        if mp.current_process().daemon:
+            raise RuntimeError(
+                "zero_optimization.zenflow.overlap_step=true runs the CPU update in a worker process, which this "
+                "rank cannot start: it is a daemonic process (e.g. a multiprocessing pool or harness child); "
+                "launch ranks with the deepspeed launcher or torchrun, or set overlap_step false"
+            )
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         worker_cores, _training = split_cores(cores, self.reserved_perc)
         ctx = mp.get_context("spawn")
