@@ -44,6 +44,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "superoffload_bf16": ([], ["--steps", "2"]),
     # inductor compiles the 21M GPT's forward and backward once per compiled mode (minutes on 2 loaded cores)
     "deepcompile": ([], ["--steps", "2", "--modes", "eager,deepcompile"]),
+    "zenflow": ([], ["--steps", "8"]),
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),

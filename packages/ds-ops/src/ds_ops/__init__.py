@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 from ds_ops.__about__ import __version__
 from ds_ops._in_pass_copy import InPassCopyOptimizer, supports_in_pass_copy
 from ds_ops.adagrad import DeepSpeedCPUAdagrad
-from ds_ops.adam import DeepSpeedCPUAdam, FusedAdam, ZenFlowSelectiveAdamW, ZenFlowSelectiveAdamW_stage3
+from ds_ops.adam import (
+    DeepSpeedCPUAdam,
+    FusedAdam,
+    ZenFlowCPUAdam,
+    ZenFlowSelectiveAdamW,
+    ZenFlowSelectiveAdamW_stage3,
+)
 from ds_ops.aio import AioError, AsyncIOHandle, aio_handle
 from ds_ops.lion import DeepSpeedCPULion
 from ds_ops.muon import MuonWithAuxAdam, muon_update, newton_schulz_orthogonalize
@@ -68,6 +74,7 @@ __all__ = [
     "OpNotCompatibleError",
     "StateOffloader",
     "StatesOffloadedError",
+    "ZenFlowCPUAdam",
     "ZenFlowSelectiveAdamW",
     "ZenFlowSelectiveAdamW_stage3",
     "__version__",

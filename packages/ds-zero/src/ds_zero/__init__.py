@@ -88,6 +88,8 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3 as DeepSpeedZeroOptimizer_Stage3
     from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer as DeepSpeedZeroOptimizer
     from ds_zero._stage12.optimizer import ZeroOptimizer as ZeroOptimizer
+    from ds_zero._zenflow import ZenFlowSchedule as ZenFlowSchedule
+    from ds_zero._zenflow import ZenFlowZeroOptimizer as ZenFlowZeroOptimizer
     from ds_zero.config import (
         LeafModuleConfig,
         OffloadOptimizerConfig,
@@ -203,6 +205,8 @@ _LAZY_NAMES: dict[str, tuple[str, str]] = {
     "OffloadParamConfig": ("ds_zero.config", "OffloadParamConfig"),
     "WeightQuantizationConfig": ("ds_zero.config", "WeightQuantizationConfig"),
     "ZenFlowConfig": ("ds_zero.config", "ZenFlowConfig"),
+    "ZenFlowSchedule": ("ds_zero._zenflow", "ZenFlowSchedule"),
+    "ZenFlowZeroOptimizer": ("ds_zero._zenflow", "ZenFlowZeroOptimizer"),
     "ZeroConfig": ("ds_zero.config", "ZeroConfig"),
 }
 
@@ -231,6 +235,8 @@ __all__ = [
     "OffloadParamConfig",
     "WeightQuantizationConfig",
     "ZenFlowConfig",
+    "ZenFlowSchedule",
+    "ZenFlowZeroOptimizer",
     "ZeroConfig",
     "ZeroOptimizer",
     "__version__",

@@ -1,4 +1,4 @@
-"""The refusal of an enabled `zero_optimization.zenflow` section by the ZeRO optimizers (ds runs no ZenFlow loop).
+"""The refusal of an enabled `zero_optimization.zenflow` section by the ZeRO optimizers that do not run its loop.
 
 Kept apart from `ZenFlowConfig` so the optimizers can check without importing pydantic at import time.
 """
@@ -11,9 +11,9 @@ __all__ = ["NOT_IMPLEMENTED", "refuse_zenflow"]
 
 #: Why a ZenFlow section is refused where a training loop would need it (the key path goes in front).
 NOT_IMPLEMENTED = (
-    "ZenFlow's training loop (selective updates on the accelerator with the overlapped CPU update) is not "
-    "implemented in ds; remove the section or set it to null. The selective optimizers can be used on "
-    "their own: ds_ops.ZenFlowSelectiveAdamW / ZenFlowSelectiveAdamW_stage3 (deepspeed.ops.adam)"
+    "this optimizer does not run ZenFlow's loop; at ZeRO stage 1/2 build ds_zero.ZenFlowZeroOptimizer "
+    "(deepspeed.initialize does when the section is present), and ZenFlow at stage 3 is not supported "
+    "in ds yet: use zero_optimization.stage 1 or 2, or remove the zenflow section"
 )
 
 

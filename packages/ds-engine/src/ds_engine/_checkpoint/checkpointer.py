@@ -387,7 +387,10 @@ class Checkpointer:
         counters = restored_counters(
             state,
             train_batch_size=engine.train_batch_size(),
-            gradient_accumulation_steps=engine.gradient_accumulation_steps(),
+            # ZenFlow's windows do not tile micro steps evenly (warm-up, reselections): keep the saved count
+            gradient_accumulation_steps=1
+            if getattr(engine, "zenflow", False)
+            else engine.gradient_accumulation_steps(),
         )
         sampler = _curriculum_sampler(engine)
         if sampler is not None and state.get("data_sampler") is not None:

@@ -38,6 +38,7 @@ from ds_engine._engine.offload_states import (
 )
 from ds_engine._engine.queries import EngineQueries
 from ds_engine._engine.sync_contexts import EngineSyncContexts
+from ds_engine._engine.zenflow import EngineZenFlow
 from ds_engine._optional import require
 from ds_engine._report.autotuning import ExperimentProbe, ModelInfoProbe
 from ds_engine._report.flops_step import StepFlopsProfile
@@ -70,6 +71,7 @@ class DeepSpeedEngine(
     EngineCompile,
     ConsolidatedWeights,
     EngineCheckpointNames,
+    EngineZenFlow,
     nn.Module,
 ):
     """Wraps the user's model for training with DeepSpeed's loop: `loss = engine(batch)`, `engine.backward(loss)`,
@@ -129,6 +131,11 @@ class DeepSpeedEngine(
         self._ckpt_config = m.checkpoint
         self._zero_settings = parts.config.zero
         self._gas = parts.config.gradient_accumulation_steps
+        #: ZenFlow's schedule (`ds_zero.ZenFlowSchedule`) when the optimizer runs it: it decides the boundaries,
+        #: and each loss is divided by its update interval (DeepSpeed sets gradient_accumulation_steps to it).
+        self._zenflow = getattr(parts.optimizer, "zenflow_schedule", None)
+        if self._zenflow is not None:
+            self._gas = self._zenflow.update_interval
         self._micro_batch = parts.config.train_micro_batch_size_per_gpu
         self._train_batch = parts.config.train_batch_size
         self._managed = m.managed_gradient_accumulation
@@ -325,6 +332,8 @@ class DeepSpeedEngine(
             return self._boundary_override
         if not self._managed:
             return True
+        if self._zenflow is not None:
+            return bool(self._zenflow.is_update_boundary(self.micro_steps))
         return (self.micro_steps + 1) % self._gas == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
@@ -345,6 +354,8 @@ class DeepSpeedEngine(
         self._refuse_step_in_sync_context()
         self._check_states_loaded("engine.step()", STEP_NEEDS)
         boundary = self.is_gradient_accumulation_boundary()
+        if self._zenflow is not None:
+            self.optimizer._sync_selective_optimizer_lr()
         if boundary:
             if self._flops is None:
                 self._take_model_step(lr_kwargs)
@@ -353,6 +364,8 @@ class DeepSpeedEngine(
                     self._take_model_step(lr_kwargs)
         else:
             self._step_applied = False
+            if self._zenflow is not None and self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))  # ZenFlow steps the schedule every micro step
         self._boundary_override = None
         self.tput_timer.stop(global_step=boundary)
         if boundary:

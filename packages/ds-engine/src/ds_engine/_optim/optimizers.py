@@ -238,7 +238,13 @@ def _drop_fp32_optimizer_states(kwargs: dict[str, Any], target: str) -> None:
 
 
 def _plan_adam(
-    name: str, params: dict[str, Any], *, device_type: str, offload: bool, bf16_optimizer_states: bool = False
+    name: str,
+    params: dict[str, Any],
+    *,
+    device_type: str,
+    offload: bool,
+    bf16_optimizer_states: bool = False,
+    zenflow: bool = False,
 ) -> OptimizerPlan:
     kwargs = dict(params)
     torch_adam = bool(kwargs.pop("torch_adam", False))
@@ -273,6 +279,8 @@ def _plan_adam(
                 )
             kwargs["fp32_optimizer_states"] = False
             note = "CPU offload, moments in bf16 (bf16.bf16_optimizer_states)"
+        if zenflow:  # ZenFlow's CPU update counts bias correction by micro step (`step(step_id=...)`)
+            return OptimizerPlan(name, "ds_ops.ZenFlowCPUAdam", dict(kwargs, adamw_mode=adamw), f"ZenFlow {note}")
         return OptimizerPlan(name, "ds_ops.DeepSpeedCPUAdam", dict(kwargs, adamw_mode=adamw), note)
     if device_type == "cpu" and _has_ds_ops("FusedAdam"):
         _drop_fp32_optimizer_states(kwargs, "ds_ops.FusedAdam")
@@ -324,6 +332,7 @@ def plan_config_optimizer(
     offload: bool,
     force_ds_cpu_optimizer: bool = True,
     bf16_optimizer_states: bool = False,
+    zenflow: bool = False,
 ) -> OptimizerPlan:
     """The base optimizer for `optimizer.type == name` (already canonical) on `device_type`.
 
@@ -336,7 +345,12 @@ def plan_config_optimizer(
     """
     if name in ("adam", "adamw"):
         return _plan_adam(
-            name, params, device_type=device_type, offload=offload, bf16_optimizer_states=bf16_optimizer_states
+            name,
+            params,
+            device_type=device_type,
+            offload=offload,
+            bf16_optimizer_states=bf16_optimizer_states,
+            zenflow=zenflow,
         )
     if name == "muon":
         # Plain torch on any device; with offload the ZeRO step runs it on the host partitions.

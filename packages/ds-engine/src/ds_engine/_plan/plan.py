@@ -16,6 +16,7 @@ from torch.optim import Optimizer
 from ds_engine._optim.optimizers import OptimizerPlan, plan_config_optimizer
 from ds_engine._plan.muon import muon_lines
 from ds_engine._plan.reduce_settings import ReduceSettings
+from ds_engine._plan.zenflow import zenflow_lines
 from ds_engine.config import DeepSpeedConfigError
 from ds_engine.config._dtype_names import to_torch_dtype
 
@@ -65,6 +66,8 @@ class AssemblyPlan:
     """`data_types.keep_in_fp32_modules`: "auto" or name patterns of buffers kept in fp32 under fp16/bf16."""
     muon: tuple[str, ...] = ()
     """With `"optimizer": {"type": "Muon"}`: how each Muon choice is carried out (`_plan.muon`)."""
+    zenflow: tuple[str, ...] = ()
+    """With `zero_optimization.zenflow`: the resolved selection and update schedule (`_plan.zenflow`)."""
     bf16_masters: bool = False
     """ZeRO keeps bf16 master weights and gradient partitions (`bf16.bf16_master_weights_and_grads`) instead of
     fp32 ones."""
@@ -122,6 +125,7 @@ class AssemblyPlan:
             out.append(f"  {self.nvme_offload}")
         out += [f"  {line}" for line in self.cpu_offload]
         out += [f"  {line}" for line in self.muon]
+        out += [f"  {line}" for line in self.zenflow]
         if self.zero_stage == 0:
             reduce = (
                 self.reduce.describe(self.dp_world_size)
@@ -168,6 +172,7 @@ def _plan_optimizer(
             offload=offload,
             force_ds_cpu_optimizer=config.parsed.zero_force_ds_cpu_optimizer,
             bf16_optimizer_states=config.parsed.bf16.bf16_optimizer_states,
+            zenflow=getattr(config.zero.zero_config, "zenflow", None) is not None,
         )
     except ValueError as err:
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
@@ -330,8 +335,10 @@ def plan_assembly(
     elif stage >= 1 and source == "none":
         wrapper = f"none: ZeRO stage {stage} needs an optimizer; initialize() refuses this config without optimizer="
     elif stage >= 1:
+        zenflow = getattr(config.zero.zero_config, "zenflow", None) is not None
+        name = "DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer"
         wrapper = (
-            f"ds_zero.{'DeepSpeedZeroOptimizer_Stage3' if stage == 3 else 'DeepSpeedZeroOptimizer'} "
+            f"ds_zero.{'ZenFlowZeroOptimizer' if zenflow else name} "
             f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
         )
     elif precision == "fp32":
@@ -387,5 +394,6 @@ def plan_assembly(
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
         bf16_optimizer_states=stage >= 1 and m.bf16.bf16_optimizer_states,
         muon=muon,
+        zenflow=zenflow_lines(config) if stage in (1, 2) and source != "none" else (),
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

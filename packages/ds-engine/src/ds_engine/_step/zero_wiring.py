@@ -89,7 +89,8 @@ def build_zero_optimizer(
     moe: MoeWiring | None = None,
     model_parallel: dict[str, Any] | None = None,
 ) -> ZeroOptimizer:
-    """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2) or `..._Stage3`.
+    """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2; `ZenFlowZeroOptimizer` with a
+    `zero_optimization.zenflow` section) or `..._Stage3`.
 
     With MoE layers (stage 1/2), each MoE param group is partitioned and reduced over its
     expert-data-parallel group (`partition_groups=`), and expert parameters are saved under their global
@@ -101,6 +102,9 @@ def build_zero_optimizer(
         ImportError: ds-zero is missing, or lacks the class (the message names the pip command).
     """
     name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
+    zenflow = plan.zero_stage < 3 and getattr(config.zero.zero_config, "zenflow", None) is not None
+    if zenflow:  # checked at config time (`config._zenflow_checks`): stage 1/2 with CPU optimizer offload
+        name = "ZenFlowZeroOptimizer"
     cls: ZeroOptimizerFactory = getattr(_ds_zero(plan.zero_stage, name), name)
     m = config.parsed
     comm_dtype = reduction_dtype(config)
@@ -114,6 +118,9 @@ def build_zero_optimizer(
     if plan.zero_stage < 3:
         # `gradient_allreduce_op: "sum"` (refused at stage 3 by the config checks, as DeepSpeed refuses it).
         extra["gradient_average"] = m.gradient_allreduce_op == "mean"
+    if zenflow and m.optimizer is not None:
+        # The selective AdamW takes the config's optimizer params, as DeepSpeed builds it.
+        extra["selective_optimizer_params"] = dict(m.optimizer.params)
     # The contract's calling convention for every stage (ds-zero's stage 3 also accepts DeepSpeed's module-first order).
     return cls(
         base,

@@ -11,7 +11,6 @@ from ds_comm import find_ignored
 from ds_engine._optim.optimizers import is_zero_tested_optimizer
 from ds_engine.config._errors import DeepSpeedConfigError, ParamDtypeConflictError
 from ds_engine.config._types import dtype_name
-from ds_engine.config._zero_section import ZENFLOW_NOT_IMPLEMENTED
 
 if TYPE_CHECKING:
     from ds_engine.config._toplevel import DeepSpeedConfigModel
@@ -60,10 +59,9 @@ def precision_name(model: DeepSpeedConfigModel) -> str:
 def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
     """Refuse `gradient_allreduce_op='sum'` with ZenFlow or DeepCompile, naming that conflict as DeepSpeed does.
 
-    ds does not implement ZenFlow's loop and refuses it alone while validating its section; with 'sum' as
-    well, the config is wrong for DeepSpeed too, so the message leads with DeepSpeed's reason. DeepSpeed
-    refuses 'sum' with DeepCompile, and so does ds. It reads the raw dict because it must run before the
-    sections are validated.
+    ZenFlow averages each micro step's gradients (its selective update reads the mean), so a sum is
+    refused as DeepSpeed refuses it. DeepSpeed refuses 'sum' with DeepCompile, and so does ds. It reads
+    the raw dict because it must run before the sections are validated.
 
     Raises:
         DeepSpeedConfigError: 'sum' with a `zero_optimization.zenflow` section or with `compile.deepcompile` on.
@@ -74,7 +72,8 @@ def check_sum_allreduce_conflicts(raw: Mapping[str, Any]) -> None:
     zero = raw.get("zero_optimization")
     if isinstance(zero, Mapping) and zero.get("zenflow") is not None:
         raise DeepSpeedConfigError(
-            f"gradient_allreduce_op='sum' is not supported with ZenFlow; besides, {ZENFLOW_NOT_IMPLEMENTED}"
+            "gradient_allreduce_op='sum' is not supported with ZenFlow (zero_optimization.zenflow); use 'mean' "
+            "or remove the zenflow section"
         )
     compile_section = raw.get("compile")
     if isinstance(compile_section, Mapping) and compile_section.get("deepcompile"):

@@ -1,7 +1,7 @@
 """`zero_optimization`: the legacy bool form, offload devices, and validation by ds-zero (an optional extra).
 
-An enabled `zenflow` section is refused here, at config time, before anything is built: ds parses it
-(ds-zero's `ZenFlowConfig`) but has no ZenFlow training loop.
+An enabled `zenflow` section is checked here, at config time, before anything is built
+(`_zenflow_checks`): ds runs it at stages 1 and 2 with CPU optimizer offload.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from ds_comm import ConfigDeprecationWarning, ConfigError, validate_section, warn_ignored
 from ds_engine._optional import require
 from ds_engine.config._errors import DeepSpeedConfigError
+from ds_engine.config._zenflow_checks import check_zenflow
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +22,9 @@ __all__ = ["ZeroSettings", "resolve_zero"]
 
 _DEFAULT_BUCKET_NUMEL = 500_000_000
 
-ZENFLOW_NOT_IMPLEMENTED = (
-    "zero_optimization.zenflow: ZenFlow's training loop (importance-aware selective updates with the "
-    "overlapped ZeRO-Offload CPU step) is not implemented in ds; remove the section or set it to null. "
-    "The selective optimizers can be used directly: deepspeed.ops.adam.ZenFlowSelectiveAdamW / "
-    "ZenFlowSelectiveAdamW_stage3"
+ZENFLOW_NEEDS_ZERO = (
+    "zero_optimization.zenflow needs ds-zero (ZeRO stage 1/2 with CPU optimizer offload): "
+    "pip install 'ds-engine[zero]', or remove the section"
 )
 
 
@@ -88,7 +87,7 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
 
     Raises:
         DeepSpeedConfigError: a bad stage, optimizer offload at stage 0, anything ds-zero's model refuses, or
-            an enabled `zenflow` section (after ds-zero validated it, when installed).
+            a `zenflow` section ds cannot run (`_zenflow_checks`), or one without ds-zero installed.
             Stage >= 1 without ds-zero installed is reported through `ZeroSettings.unavailable`.
     """
     if value is None:
@@ -107,7 +106,7 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         ds_zero = require("ds_zero", extra="zero", feature=f"ZeRO stage {stage}")
     except ImportError as err:
         if value.get("zenflow") is not None:
-            raise DeepSpeedConfigError(ZENFLOW_NOT_IMPLEMENTED) from None
+            raise DeepSpeedConfigError(ZENFLOW_NEEDS_ZERO) from None
         if stage > 0:
             return ZeroSettings(
                 stage=stage,
@@ -127,8 +126,7 @@ def resolve_zero(value: dict[str, Any] | bool | None) -> ZeroSettings:
         cfg = validate_section(ds_zero.ZeroConfig, value, path="zero_optimization")
     except ConfigError as err:
         raise DeepSpeedConfigError(str(err).replace("Value error, ", "")) from None
-    if getattr(cfg, "zenflow", None) is not None:
-        raise DeepSpeedConfigError(ZENFLOW_NOT_IMPLEMENTED)
+    check_zenflow(cfg)
     warn_ignored(cfg, path="zero_optimization")
     # `offload_param` below stage 3 has no effect (ds-zero's model warned once, naming it), as in DeepSpeed:
     # nothing downstream offloads or swaps parameters for it.

@@ -146,7 +146,7 @@ class DeepSpeedZeroOptimizer(
         bf16_master_weights_and_gradients: bool = False,
         bf16_optimizer_states: bool = False,
     ) -> None:
-        _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor)
+        _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor, zenflow=self._runs_zenflow)
         self.master_weights_and_grads_dtype = master_weights_dtype(
             bf16_master_weights_and_gradients=bf16_master_weights_and_gradients,
             bf16_optimizer_states=bf16_optimizer_states,
@@ -512,11 +512,14 @@ class DeepSpeedZeroOptimizer(
         if self.offload:
             release_pinned([*self.masters, *self.grad_partitions])
 
+    #: Whether this class runs ZenFlow's loop (`ds_zero._zenflow.ZenFlowZeroOptimizer`); this one refuses the section.
+    _runs_zenflow = False
+
 
 ZeroOptimizer = DeepSpeedZeroOptimizer
 
 
-def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: float) -> None:
+def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: float, *, zenflow: bool) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     from ds_zero.config import ZeroConfig  # pydantic: loaded on first use, not at import
@@ -535,7 +538,8 @@ def _check_arguments(optimizer: Any, config: Any, clip_grad: float, predivide: f
         raise ValueError(
             f"zero_optimization.stage={config.stage}: DeepSpeedZeroOptimizer handles stages 1 and 2; {hint}"
         )
-    refuse_zenflow(config)
+    if not zenflow:
+        refuse_zenflow(config)
     if config.offload_optimizer_device == "nvme":
         raise ValueError(
             'zero_optimization.offload_optimizer.device="nvme" is not supported at stages 1 and 2 '

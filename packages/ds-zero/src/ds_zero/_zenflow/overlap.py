@@ -1,0 +1,209 @@
+"""`OverlappedCpuUpdate`: ZenFlow's CPU update in a worker process, overlapped with the next micro steps.
+
+`zero_optimization.zenflow.overlap_step: true`. The host masters, two gradient buffers and a "stale" copy
+of the result live in shared memory; a worker process (spawned once, at the first update) owns the
+Adam moments and runs the CPU optimizer (`ds_ops.ZenFlowCPUAdam`) on command, on its own share of the
+rank's cores (`pt_reserved_cores_perc` stays with training). The training process sends a command per
+update window and goes on with forward and backward while the worker computes.
+
+DeepSpeed 0.19.8's semantics, kept here:
+
+- the windows alternate between two gradient buffers and two sets of Adam moments, by window parity
+  (`(m // update_interval) % 2`; `m % 2` in warm-up);
+- in warm-up the update is applied at once (submitted, waited for, copied into the model);
+- after warm-up, a window's update is submitted at its end and its result (the stale copy) is copied into
+  the model at the end of the next window, before that window is submitted: the model sees each CPU
+  update one window late. The first window after warm-up (and, without warm-up, also the very first)
+  copies nothing;
+- at a reselection the masters are reset from the model's weights.
+
+Where DeepSpeed lets the worker race with those copies (its result depends on the worker's speed), ds
+waits for the worker first, which is DeepSpeed's result whenever its worker keeps up.
+
+Why a process, not a thread: the update is memory-bandwidth bound Python-free C++ either way, but a
+process gets its own OpenMP pool pinned to its cores and its own allocator, so it does not contend with
+the training process's intra-op threads, as in DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ds_zero._stage12.flat_buffer import FlatParamGroup
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OverlappedCpuUpdate", "split_cores"]
+
+#: Seconds between checks that the worker is alive while waiting for it.
+_POLL_S = 5.0
+_HYPER = ("lr", "betas", "eps", "weight_decay", "bias_correction")
+
+
+def split_cores(cores: list[int], reserved_perc: float) -> tuple[list[int], list[int]]:
+    """(worker cores, training cores): training keeps the first `ceil(reserved_perc * n)`; both share all
+    cores when that leaves either side empty (DeepSpeed's rule)."""
+    keep = math.ceil(reserved_perc * len(cores))
+    if 0 < keep < len(cores):
+        return cores[keep:], cores[:keep]
+    return list(cores), list(cores)
+
+
+def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.Tensor]], stale: list[torch.Tensor],
+                 adamw_mode: bool, cores: list[int]) -> None:  # fmt: skip
+    """The worker: two optimizers (one per buffer parity) over the shared masters; one command at a time."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(max(1, len(cores)))
+    from ds_ops import ZenFlowCPUAdam
+
+    optimizers = [ZenFlowCPUAdam([{"params": [p]} for p in params], adamw_mode=adamw_mode) for _ in range(2)]
+    conn.send("ready")
+    while True:
+        command = conn.recv()
+        if command[0] == "exit":
+            break
+        _, state, step_id, hypers = command
+        opt = optimizers[state]
+        for group, hyper, param, grad in zip(opt.param_groups, hypers, params, grads, strict=True):
+            group.update(hyper)
+            param.grad = grad[state]
+        opt.step(step_id=step_id)
+        for param, copy in zip(params, stale, strict=True):
+            param.grad = None
+            copy.copy_(param)
+        conn.send("done")
+    conn.close()
+
+
+class OverlappedCpuUpdate:
+    """The CPU update run by a worker process (see the module note).
+
+    Args:
+        optimizer: the training process's CPU optimizer: its param groups give the hyper-parameters of
+            each update (its own state is not used: the moments live in the worker).
+        flats: the flat parameter groups.
+        masters: the host fp32 master partitions (moved to shared memory here).
+        updater: the ZeRO optimizer's partition updater.
+        schedule: the resolved ZenFlow schedule.
+        reserved_perc: `pt_reserved_cores_perc`.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, flats: list[FlatParamGroup], masters: list[torch.Tensor],
+                 updater: Any, schedule: Any, reserved_perc: float) -> None:  # fmt: skip
+        self.optimizer = optimizer
+        self.flats = flats
+        self.masters = [m.share_memory_() for m in masters]
+        self.updater = updater
+        self.schedule = schedule
+        self.reserved_perc = reserved_perc
+        self.grads = [[torch.zeros_like(m).share_memory_() for _ in range(2)] for m in self.masters]
+        self.stale = [torch.zeros_like(m).share_memory_() for m in self.masters]
+        self._process: Any = None
+        self._conn: Any = None
+        self._outstanding = 0
+        self._first_after_warm_up = True
+
+    # -- the worker -------------------------------------------------------------------------------
+    def _start(self) -> None:
+        if mp.current_process().daemon:
+            raise RuntimeError(
+                "zero_optimization.zenflow.overlap_step=true runs the CPU update in a worker process, which this "
+                "rank cannot start: it is a daemonic process (e.g. a multiprocessing pool or harness child); "
+                "launch ranks with the deepspeed launcher or torchrun, or set overlap_step false"
+            )
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        worker_cores, _training = split_cores(cores, self.reserved_perc)
+        ctx = mp.get_context("spawn")
+        here, there = ctx.Pipe()
+        adamw = bool(getattr(self.optimizer, "adam_w_mode", True))
+        self._process = ctx.Process(
+            target=_worker_main,
+            args=(there, self.masters, self.grads, self.stale, adamw, worker_cores),
+            daemon=True,
+            name="zenflow-cpu-update",
+        )
+        self._process.start()
+        there.close()
+        self._conn = here
+        self._receive("ready")
+        logger.info("ZenFlow: CPU update worker pid %d on cores %s", self._process.pid, worker_cores)
+
+    def _receive(self, expected: str) -> None:
+        while not self._conn.poll(_POLL_S):
+            if not self._process.is_alive():
+                raise RuntimeError(
+                    f"the ZenFlow CPU update worker (pid {self._process.pid}) exited with code "
+                    f"{self._process.exitcode} instead of answering; see its traceback above"
+                )
+        got = self._conn.recv()
+        if got != expected:
+            raise RuntimeError(f"the ZenFlow CPU update worker answered {got!r}, expected {expected!r}")
+
+    def wait(self) -> None:
+        """Block until every submitted update is done."""
+        while self._outstanding:
+            self._receive("done")
+            self._outstanding -= 1
+
+    def submit(self, grads: list[torch.Tensor], *, state: int, step_id: int) -> None:
+        """Hand the window's gradients (buffer `state`) to the worker and return at once."""
+        if self._process is None:
+            self._start()
+        self.wait()  # one update in flight: the worker never reads a buffer being filled
+        for buffers, grad in zip(self.grads, grads, strict=True):
+            buffers[state].copy_(grad)
+        hypers = [{k: g[k] for k in _HYPER if k in g} for g in self.optimizer.param_groups]
+        self._conn.send(("step", state, step_id, hypers))
+        self._outstanding += 1
+
+    # -- ZenFlow's step -----------------------------------------------------------------------------
+    def refresh_masters(self) -> None:
+        """Reset the masters from the model's partitions (after the worker is done with them)."""
+        self.wait()
+        self.updater.refresh_masters()
+
+    def update(self, grads: list[torch.Tensor], *, step_id: int, sync: Callable[[], None]) -> None:
+        """DeepSpeed's order at micro step `step_id - 1`: warm-up submits first; then the previous result is
+        copied in (see the module note); after warm-up this window is submitted last."""
+        m = step_id - 1
+        s = self.schedule
+        state = (m & 1) if m < s.full_warm_up_rounds else (m // s.update_interval) & 1
+        if m < s.full_warm_up_rounds:
+            self.submit(grads, state=state, step_id=step_id)
+        self._copy_result(m, sync)
+        if m >= s.full_warm_up_rounds:
+            self.submit(grads, state=state, step_id=step_id)
+
+    def _copy_result(self, m: int, sync: Callable[[], None]) -> None:
+        if self._process is None:
+            return
+        if m + 1 > self.schedule.full_warm_up_rounds and self._first_after_warm_up:
+            self._first_after_warm_up = False
+            return
+        self.wait()
+        with torch.no_grad():
+            for flat, stale in zip(self.flats, self.stale, strict=True):
+                flat.own_partition.copy_(stale)
+        sync()
+
+    def close(self) -> None:
+        """Stop the worker (the last submitted update is not applied, as in DeepSpeed)."""
+        if self._process is None:
+            return
+        try:
+            if self._process.is_alive():
+                self._conn.send(("exit",))
+            self._process.join(timeout=30)
+        finally:
+            if self._process.is_alive():
+                self._process.terminate()
+            self._conn.close()
+            self._process = None

@@ -1,0 +1,354 @@
+"""`ZenFlowZeroOptimizer`: ZeRO stage 1/2 with CPU optimizer offload and ZenFlow's importance-aware updates.
+
+Each micro step `m` (one `backward`):
+
+1. at a selection step (`ZenFlowSchedule.is_select_boundary`) the host masters are refreshed from the
+   model's weights (the selected columns moved on the device since) and the selective optimizer's
+   moments are cleared;
+2. the backward's gradients are averaged over the data-parallel group (`MicroStepGradients`); at a
+   selection step the top `topk_ratio` columns of each weight are chosen from them (`ColumnPlan`, DeepSpeed's
+   choice per partition); after warm-up each parameter gets `selected_grad` (those columns; a 1-D
+   parameter's whole gradient);
+3. on a step that does not end the update window, ds-ops' `ZenFlowSelectiveAdamW` updates the selected
+   columns at once; on one that does, it snapshots them (the CPU update will overwrite them);
+4. this rank's partition of the averaged gradient is added to the host accumulator.
+
+`step()` at the end of a window: norm, clip and the overflow check over the accumulated partitions, the
+CPU optimizer's update (`ds_ops.ZenFlowCPUAdam`, bias correction by micro step `m + 1`), the all-gather
+of the partitions, then the selective optimizer puts the snapshotted columns back and updates them with
+this step's gradient: the selected columns never take the CPU's (delayed) update.
+
+With `overlap_step` the CPU update runs in a worker process while the next window's micro steps go on
+(`ds_zero._zenflow.overlap`); its result is applied at the next window's end, one window late, as in
+DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import ds_comm
+from ds_ops import ZenFlowSelectiveAdamW
+from ds_ops.precision import finish_step
+from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer
+from ds_zero._stage12.partitions import build_grad_partitions
+from ds_zero._stage12.reduce import RangeReducer
+from ds_zero._zenflow.columns import ColumnPlan
+from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
+from ds_zero._zenflow.gradients import MicroStepGradients
+from ds_zero._zenflow.overlap import OverlappedCpuUpdate
+from ds_zero._zenflow.schedule import ZenFlowSchedule
+
+if TYPE_CHECKING:
+    from ds_zero.config import ZeroConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ZenFlowZeroOptimizer"]
+
+_KEY = "zero_optimization.zenflow"
+_SELECTIVE_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
+
+
+class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
+    """ZeRO stage 1/2 with ZenFlow (see the module note). DeepSpeed's `ZenFlowZeroOptimizer`.
+
+    Args:
+        optimizer: the CPU optimizer over the model's parameters; its `step` must take `step_id`
+            (`ds_ops.ZenFlowCPUAdam`, what `deepspeed.initialize` builds for Adam/AdamW with ZenFlow).
+        config: the `zero_optimization` section, with `zenflow` set and `offload_optimizer.device: cpu`.
+        steps_per_epoch: micro steps per epoch, for `select_strategy` "epoch"/"auto" (None: select once).
+        selective_optimizer_params: the selective AdamW's hyper-parameters (the config's optimizer params;
+            None: each group's lr, betas, eps and weight_decay from `optimizer`).
+        **kwargs: as for `DeepSpeedZeroOptimizer`.
+
+    Raises:
+        ValueError: no zenflow section, no CPU optimizer offload, `zenflow.offload` without
+            `overlap_comm`, a refused interval combination (`ZenFlowSchedule`), per-group partition
+            groups (MoE), or a parameter of more than 2 dimensions; each names the key.
+        TypeError: the optimizer's `step` takes no `step_id`.
+    """
+
+    _runs_zenflow = True
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        config: ZeroConfig,
+        steps_per_epoch: int | None = None,
+        selective_optimizer_params: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        zenflow = getattr(config, "zenflow", None)
+        _check(optimizer, config, zenflow, kwargs)
+        self.zenflow_schedule = ZenFlowSchedule.from_config(zenflow, steps_per_epoch=steps_per_epoch)
+        self.zenflow_config = zenflow
+        super().__init__(optimizer, config=config, **kwargs)
+        self.micro_step = -1
+        schedule = self.zenflow_schedule
+        self.column_plans = [
+            ColumnPlan(
+                [s.shape for s in f.slots], ds_comm.get_world_size(pg), schedule.topk_ratio, [s.name for s in f.slots]
+            )
+            for f, pg in zip(self.flats, self.partition_groups, strict=True)
+        ]
+        self.selective_optimizer = ZenFlowSelectiveAdamW(
+            [{"params": list(f.params)} for f in self.flats],
+            offload=bool(zenflow.offload),
+            bucket_size=config.allgather_bucket_size,
+            **_selective_params(optimizer, selective_optimizer_params),
+        )
+        self._cpu = self._make_cpu_update()
+        #: Seconds the training process spent in each CPU update so far (with overlap_step: waiting for the
+        #: worker, copying its result, handing over the window; the first includes starting the worker).
+        self.cpu_update_times: list[float] = []
+        logger.info("ZenFlow: %s", schedule.describe())
+
+    def _make_cpu_update(self) -> SequentialCpuUpdate | OverlappedCpuUpdate:
+        if self.zenflow_schedule.overlap_step:
+            return OverlappedCpuUpdate(
+                self.optimizer,
+                self.flats,
+                self.masters,
+                self._updater,
+                self.zenflow_schedule,
+                float(self.zenflow_config.pt_reserved_cores_perc),
+            )
+        return SequentialCpuUpdate(self.optimizer, self.flats, self.masters, self._updater)
+
+    # ----- the gradient path ----------------------------------------------------------------------
+    def _build_reduction(self, config: ZeroConfig, reducers: list[RangeReducer], communication_dtype, pin):  # type: ignore[no-untyped-def,override]
+        accumulators = build_grad_partitions(
+            self.flats, offload=True, pin_memory=pin, dtype=self.master_weights_and_grads_dtype
+        )
+        return MicroStepGradients(
+            self.flats,
+            accumulators,
+            group=self.dp_group,
+            average=self.gradient_average,
+            communication_dtype=communication_dtype,
+        )
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """One ZenFlow micro step: steps 1-4 of the module note around `(loss * loss_scale).backward()`."""
+        self.micro_step += 1
+        m = self.micro_step
+        schedule = self.zenflow_schedule
+        if schedule.is_select_boundary(m):
+            if m != 0:
+                self._cpu.refresh_masters()
+            self.selective_optimizer.clear_selected_mv()
+        self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
+        averaged = self._grads.average_micro_step()
+        if not schedule.in_warm_up(m):
+            touched = self._select(averaged, reselect=schedule.is_select_boundary(m))
+            if schedule.is_update_boundary(m):
+                self.selective_optimizer.temp_copy_param(touched)
+            else:
+                self.selective_optimizer.group_step(touched)
+        self._grads.accumulate()
+        self._grads.zero()
+
+    def _select(self, averaged: list[torch.Tensor], *, reselect: bool) -> dict[int, list[torch.Tensor]]:
+        """Hang `selected_indices` (when reselecting) and `selected_grad` on every parameter; by group index."""
+        scale = float(self.loss_scaler.loss_scale)
+        touched: dict[int, list[torch.Tensor]] = {}
+        for g, (flat, plan, grads) in enumerate(zip(self.flats, self.column_plans, averaged, strict=True)):
+            params = []
+            for p, slot, cols in zip(flat.params, flat.slots, plan.params, strict=True):
+                grad = flat.slot_view(grads, slot)
+                if cols.is_matrix:
+                    if reselect or getattr(p, "selected_indices", None) is None:
+                        p.selected_indices = cols.select(grad)
+                    selected = grad.index_select(1, p.selected_indices.to(grad.device))
+                else:
+                    selected = grad.clone()
+                p.selected_grad = selected if scale == 1.0 else selected.div_(scale)
+                params.append(p)
+            touched[g] = params
+        return touched
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the micro step's gradients; the host accumulators are cleared only by the CPU update."""
+        self._grads.zero()
+
+    def _sync_selective_optimizer_lr(self) -> None:
+        """Copy each base group's lr into the selective optimizer (the engine calls it at each `step()`)."""
+        for selective, group in zip(self.selective_optimizer.param_groups, self.optimizer.param_groups, strict=True):
+            selective["lr"] = group["lr"]
+
+    def is_zenflow_update_boundary(self, micro_step: int) -> bool:
+        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule)."""
+        return self.zenflow_schedule.is_update_boundary(micro_step)
+
+    # ----- the window's update ----------------------------------------------------------------------
+    def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:  # type: ignore[override]
+        """The end of an update window: the CPU update of the accumulated gradients, then the selected columns.
+
+        Returns False (nothing applied, the window's gradients dropped) when an inf/nan skips the step.
+
+        Raises:
+            TypeError: a closure is given.
+        """
+        if closure is not None:
+            raise TypeError("ZenFlowZeroOptimizer.step() takes no closure; call opt.backward(loss) then opt.step()")
+        self._refuse_step_while_coalescing()
+        for flat in self.flats:
+            flat.check_views()
+        grads = self.grad_partitions
+        outcome = finish_step(
+            grads,
+            scaler=self.loss_scaler,
+            clip=self.clip_grad,
+            check_overflow=self.check_overflow,
+            compute_norm=self._compute_norm,
+            group=self.dp_group,
+            partitioned=True,
+            comm_device=self._comm_device,
+            skip=skip,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut.views(grads) if self._cut is not None else None,
+        )
+        if not self._record_outcome(outcome):
+            self._grads.clear_accumulators()
+            self._drop_selection_inputs()
+            return False
+        started = time.perf_counter()
+        self._cpu.update(grads, step_id=self.micro_step + 1, sync=self._sync)
+        self.cpu_update_times.append(time.perf_counter() - started)
+        self._grads.clear_accumulators()
+        if not self.zenflow_schedule.in_warm_up(self.micro_step + 1):
+            self.selective_optimizer.step()
+        return True
+
+    # ----- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The ZeRO partition state plus ZenFlow's (`zenflow`: micro step, selections, selective optimizer
+        state, this rank's accumulated gradients), so a resumed run continues the same schedule.
+
+        Raises:
+            ValueError: with `overlap_step` (the CPU moments live in the worker process).
+        """
+        if self.zenflow_schedule.overlap_step:
+            raise ValueError(
+                f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
+                "live in the worker process); save with overlap_step false"
+            )
+        # The masters' selected columns are never read (the device's values win there); saving the model's
+        # values makes the checkpoint's fp32 weights the real ones (zero_to_fp32, resume).
+        self._cpu.refresh_masters()
+        state = super().state_dict()
+        state["zenflow"] = {
+            "micro_step": self.micro_step,
+            "world_size": self.dp_world_size,
+            "selected_indices": [[getattr(p, "selected_indices", None) for p in flat.params] for flat in self.flats],
+            "selective_optimizer": self.selective_optimizer.state_dict(),
+            "accumulators": [acc.clone() for acc in self.grad_partitions],
+        }
+        return state
+
+    def load_state_dict(  # type: ignore[override]
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
+        """`DeepSpeedZeroOptimizer.load_state_dict`, then ZenFlow's state of this rank (same world size only).
+
+        Raises:
+            ValueError: the ZenFlow state was saved at another data-parallel world size (the columns are
+                chosen per partition), or with overlap_step.
+        """
+        super().load_state_dict(state_dicts, load_optimizer_states, load_from_fp32_weights)
+        saved_list = state_dicts if isinstance(state_dicts, list) else [state_dicts]
+        saved = saved_list[self.dp_rank if len(saved_list) > 1 else 0].get("zenflow")
+        if saved is None:
+            logger.warning("ZenFlow: the checkpoint has no ZenFlow state; selection and windows start afresh")
+            return
+        if int(saved["world_size"]) != self.dp_world_size:
+            raise ValueError(
+                f"{_KEY}: the checkpoint's ZenFlow state was saved on {saved['world_size']} data-parallel ranks, "
+                f"this run has {self.dp_world_size}; ZenFlow resumes at the same world size only"
+            )
+        self.micro_step = int(saved["micro_step"])
+        for flat, indices in zip(self.flats, saved["selected_indices"], strict=True):
+            for p, idx in zip(flat.params, indices, strict=True):
+                p.selected_indices = idx
+        if load_optimizer_states:
+            self.selective_optimizer.load_state_dict(saved["selective_optimizer"])
+            for acc, value in zip(self.grad_partitions, saved["accumulators"], strict=True):
+                acc.copy_(value)
+
+    def _drop_selection_inputs(self) -> None:
+        for flat in self.flats:
+            for p in flat.params:
+                p.selected_grad = None
+                if hasattr(p, "temp_selected_param"):
+                    p.temp_selected_param = None
+
+    def selective_optimizer_step(self) -> None:
+        """DeepSpeed's name: update the selected columns with the parameters' `selected_grad` now."""
+        self.selective_optimizer.step()
+
+    def close(self) -> None:
+        """Stop the CPU update worker (overlap_step) and remove the gradient views."""
+        self._cpu.close()
+        super().close()
+
+    def __repr__(self) -> str:
+        return (
+            f"ZenFlowZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, "
+            f"{self.zenflow_schedule.describe()}, base={self.optimizer!r})"
+        )
+
+
+def _check(optimizer: Any, config: Any, zenflow: Any, kwargs: Mapping[str, Any]) -> None:
+    if zenflow is None:
+        raise ValueError(
+            f"{_KEY} is not set: ZenFlowZeroOptimizer needs the section; use DeepSpeedZeroOptimizer without it"
+        )
+    if config.stage not in (1, 2):
+        raise ValueError(
+            f"zero_optimization.stage={config.stage}: ZenFlowZeroOptimizer handles stages 1 and 2 "
+            "(ZenFlow at stage 3 is not supported in ds yet)"
+        )
+    if config.offload_optimizer_device != "cpu":
+        raise ValueError(
+            f'{_KEY} needs zero_optimization.offload_optimizer.device "cpu" (the unimportant gradients are '
+            f"applied by the CPU optimizer), got {config.offload_optimizer_device!r}"
+        )
+    if zenflow.offload and not config.overlap_comm:
+        raise ValueError(
+            f"{_KEY}.offload=true (the selective optimizer's moments on the host) needs "
+            "zero_optimization.overlap_comm=true, as in DeepSpeed"
+        )
+    if kwargs.get("partition_groups") is not None:
+        raise ValueError(
+            f"{_KEY} with per-group partition groups (mixture-of-experts parameters) is not supported; "
+            "remove the zenflow section for MoE models"
+        )
+    step = getattr(optimizer, "step", None)
+    try:
+        takes_step_id = step is not None and "step_id" in inspect.signature(step).parameters
+    except (TypeError, ValueError):
+        takes_step_id = False
+    if not takes_step_id:
+        raise TypeError(
+            f"{_KEY}: the base optimizer {type(optimizer).__name__} has no step(step_id=...); ZenFlow's CPU "
+            "update counts Adam's bias correction by micro step: use ds_ops.ZenFlowCPUAdam (the optimizer "
+            'section "Adam"/"AdamW" builds it)'
+        )
+
+
+def _selective_params(optimizer: torch.optim.Optimizer, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    if given is not None:
+        return {k: given[k] for k in _SELECTIVE_KEYS if k in given}
+    group = optimizer.param_groups[0]
+    return {k: group[k] for k in _SELECTIVE_KEYS if k in group}
