@@ -36,7 +36,7 @@ MODES = ("offload", "superoffload")
 def _config(super_offload: bool, block: int, clip: float, bf16: bool) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 1,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": bf16, "check_grad_overflow": False},
         "gradient_clipping": clip,
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.01}},
         "zero_optimization": {
