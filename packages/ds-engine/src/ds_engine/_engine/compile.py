@@ -120,7 +120,9 @@ class EngineCompile:
         if kwargs.get("fullgraph") is False:
             logger.warning("engine.compile: DeepCompile captures the whole forward; fullgraph=False is overridden")
         dc = require("ds_zero._compile.backend", extra="zero", feature="DeepCompile at ZeRO stage 3")
-        stage3 = self.module._ds_zero3
+        stage3: Any = getattr(self.module, "_ds_zero3", None)
+        if stage3 is None:
+            raise RuntimeError("engine.compile: DeepCompile at ZeRO stage 3 found no partitioned module")
         self._dc_backend = dc.DeepCompileBackend(self.module, inner=inner, debug_log=debug_log)
         self._dc_pause = contextlib.ExitStack()
         self._dc_pause.enter_context(stage3.hooks_paused())

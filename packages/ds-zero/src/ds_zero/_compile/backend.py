@@ -116,7 +116,7 @@ class DeepCompileBackend:
                 from torch._inductor.compile_fx import compile_fx_inner
 
                 return compile_fx_inner(graph, inputs, is_backward=label == "backward")
-            from functorch.compile import make_boxed_func
+            from torch._functorch.aot_autograd import make_boxed_func
 
             return make_boxed_func(graph.forward)
 

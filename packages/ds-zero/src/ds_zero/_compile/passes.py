@@ -11,6 +11,7 @@ earlier), and a `release_param` goes right after the last user of the gathered v
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import operator
 from collections.abc import Callable
@@ -60,7 +61,7 @@ def insert_gathers(gm: fx.GraphModule, params: dict[int, str], placeholders: dic
         with graph.inserting_after(last_input):
             gathered = graph.call_function(GATHER, (node, ds_id))
         gathered.meta = dict(node.meta)
-        node.replace_all_uses_with(gathered, delete_user_cb=lambda user, g=gathered: user is not g)
+        node.replace_all_uses_with(gathered, delete_user_cb=functools.partial(operator.is_not, gathered))
         count += 1
         logger.debug("DeepCompile: gather of %s (ds_id=%d) inserted", params.get(ds_id, "?"), ds_id)
     graph.lint()
