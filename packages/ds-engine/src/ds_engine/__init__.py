@@ -15,6 +15,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_engine.__about__ import __version__
+from ds_engine._report.logger_tree import adopt_ds_loggers
+
+# ds's loggers report through DeepSpeed's "DeepSpeed" logger from the first import (`_report.logging`'s note).
+adopt_ds_loggers()
 
 if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_comm import get_accelerator as get_accelerator

@@ -23,27 +23,14 @@ from __future__ import annotations
 import logging
 
 from ds_comm import log_dist
+from ds_engine._report.logger_tree import DS_LOGGERS, adopt_ds_loggers
 from ds_engine.config._log_levels import log_level_value
 
 __all__ = ["DS_LOGGERS", "get_log_level_from_string", "log_dist", "logger", "set_log_level_from_string"]
 
 logger = logging.getLogger("DeepSpeed")
 
-#: The loggers DeepSpeed's single logger stands for here: itself, the shared `ds` one and each package's root.
-DS_LOGGERS = ("DeepSpeed", "ds", "ds_comm", "ds_ops", "ds_zero", "ds_pipe", "ds_engine", "ds_parallel", "ds_launcher")
-
-
-def _adopt_ds_loggers() -> None:
-    """Make "DeepSpeed" the parent of each ds package's root logger (see the module note); idempotent.
-
-    Only those roots are re-pointed: their children (`ds_zero._stage3.optimizer`, ...) keep their package
-    root as parent, and loggers created later find it by name as usual.
-    """
-    for name in DS_LOGGERS[1:]:
-        logging.getLogger(name).parent = logger
-
-
-_adopt_ds_loggers()
+adopt_ds_loggers()
 
 
 def get_log_level_from_string(log_level_str: str) -> int:
