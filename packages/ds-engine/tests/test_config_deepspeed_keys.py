@@ -1,6 +1,6 @@
 """Every ds_config key DeepSpeed 0.19.8 reads (`deepspeed_config_keys.py`) is known to ds, one key at a time on top of
-a minimal config: accepted with DeepSpeed's example value, or, for a section the minimal config cannot run (ZenFlow needs
-ZeRO 1/2 with CPU offload), refused with a message naming the section, never "unknown key". A typo of
+a minimal config: accepted with DeepSpeed's example value, or, for a section the minimal config cannot run
+(ZenFlow needs ZeRO 1/2 with CPU offload), refused with a message naming the section, never "unknown key". A typo of
 any section key is an error naming it and suggesting the real key.
 """
 

@@ -137,7 +137,9 @@ class DominoAsyncColumnParallelLinear(nn.Module):
 
     def forward(self, input_: Tensor, handle_dic: MutableMapping[Any, Any], h_id: Any) -> tuple[Tensor, Any]:
         bias = None if self.skip_bias_add else self.bias
-        out = DominoAsyncColumnParallelLinearImpl.apply(input_, self.weight, bias, handle_dic, h_id, self.tp_group)
+        out = DominoAsyncColumnParallelLinearImpl.apply(  # type: ignore[no-untyped-call]
+            input_, self.weight, bias, handle_dic, h_id, self.tp_group
+        )
         return out, (self.bias if self.skip_bias_add else None)
 
 

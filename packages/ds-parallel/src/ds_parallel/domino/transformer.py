@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -95,7 +95,7 @@ class NoOper(torch.autograd.Function):
 
 def _Wait_bwd_comm(input_: Tensor, dic_: MutableMapping[Any, Any], h_id: Any) -> Tensor:  # noqa: N802 - DeepSpeed's
     """Mark `input_` so the backward waits for half `h_id`'s input-gradient all-reduce here."""
-    out: Tensor = NoOper.apply(input_, dic_, h_id)
+    out: Tensor = NoOper.apply(input_, dic_, h_id)  # type: ignore[no-untyped-call]
     return out
 
 
@@ -287,6 +287,9 @@ class DominoTransformer(DominoModule):
             "intra-layer" if self.intra_layer_overlap else "inter-layer",
         )
 
+    def _layer_list(self) -> list[DominoTransformerLayer]:
+        return cast("list[DominoTransformerLayer]", list(self.layers))
+
     def _final(self, hidden: Tensor) -> Tensor:
         return self.final_layernorm(hidden) if self.post_process and self.post_layer_norm else hidden
 
@@ -294,7 +297,7 @@ class DominoTransformer(DominoModule):
         self, hidden_states: Tensor, attention_mask: Any, rotary_pos_emb: Any = None
     ) -> Tensor:
         halves = torch.chunk(hidden_states, chunks=2, dim=1)
-        stages = [stage for layer in self.layers for stage in layer.stages(attention_mask, rotary_pos_emb)]
+        stages = [stage for layer in self._layer_list() for stage in layer.stages(attention_mask, rotary_pos_emb)]
         out = _run_overlapped(halves, (DominoUtil.BATCH_0, DominoUtil.BATCH_1), stages, self.TP_group)
         return torch.cat([self._final(h) for h in out], dim=1)
 
@@ -308,7 +311,7 @@ class DominoTransformer(DominoModule):
 
     def forward_without_overlap(self, hidden_states: Tensor, attention_mask: Any, rotary_pos_emb: Any = None) -> Tensor:
         """Plain tensor parallelism on the same weights: the whole batch, every all-reduce waited at once."""
-        stages = [stage for layer in self.layers for stage in layer.stages(attention_mask, rotary_pos_emb)]
+        stages = [stage for layer in self._layer_list() for stage in layer.stages(attention_mask, rotary_pos_emb)]
         (out,) = _run_overlapped([hidden_states], (DominoUtil.BATCH_0,), stages, self.TP_group)
         return self._final(out)
 
