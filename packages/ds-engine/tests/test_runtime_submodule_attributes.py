@@ -14,7 +14,7 @@ import pytest
 import ds_engine.runtime as runtime
 
 _NEEDS = {"pipe": "ds_pipe", "activation_checkpointing": "ds_pipe", "zero": "ds_zero", "zenflow": "ds_zero"}
-_NEEDS |= {"sequence_parallel": "ds_parallel", "tensor_parallel": "ds_parallel"}
+_NEEDS |= {"sequence_parallel": "ds_parallel", "tensor_parallel": "ds_parallel", "chunked_cross_entropy": "ds_parallel"}
 
 
 @pytest.mark.parametrize("name", sorted(m.name for m in pkgutil.iter_modules(runtime.__path__)))

@@ -76,6 +76,7 @@ def test_zenflows_auto_modes_are_values_not_placeholders() -> None:
 
 
 def test_initialize_refuses_a_zenflow_it_cannot_run_before_any_work() -> None:
+    pytest.importorskip("ds_zero")  # ds-zero's ZenFlow checks name the missing CPU offload
     model = tiny_net(0)
     before = flat_params(model)
     zero = {"stage": 2, "zenflow": {"topk_ratio": 0.2, "update_interval": 2}}  # no CPU optimizer offload
