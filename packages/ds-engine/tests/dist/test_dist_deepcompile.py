@@ -49,7 +49,7 @@ class Net(nn.Module):
         if self.checkpointing == "torch":
             h = torch.utils.checkpoint.checkpoint(self._middle, h, use_reentrant=False)
         elif self.checkpointing == "deepspeed":  # reentrant: Dynamo cannot capture it (a graph break)
-            from deepspeed import checkpointing
+            from ds_engine import checkpointing
 
             h = checkpointing.checkpoint(self._middle, h)
         else:
