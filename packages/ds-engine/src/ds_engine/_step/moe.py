@@ -301,9 +301,11 @@ class MoeFp32Stepper(PlainOptimizerState):
             buffer = FlatGradBuffer(experts[name], torch.float32, bind=True, lazy_bind=True)
             self.buffers.append(buffer)
             self.norm_groups.append(wiring.ep_groups[name])
-            # Not dp_world_size > 1: with tensor parallelism the expert-data-parallel group spans
-            # tensor-parallel peers (each held a slice of the tokens) even when there is one replica.
-            if ds_comm.get_world_size(wiring.edp_groups[name]) > 1:
+            # The reducer also divides by the data-parallel world (an expert's gradient sums the tokens every
+            # replica routed to it), so it is needed with several replicas even when the expert-data-parallel
+            # group is one rank; and with tensor parallelism that group spans tensor-parallel peers (each held
+            # a slice of the tokens) even when there is one replica.
+            if dist.dp_world_size > 1 or ds_comm.get_world_size(wiring.edp_groups[name]) > 1:
                 self.reducers.append(
                     GradAllReducer(buffer, reduce, group=wiring.edp_groups[name], world_size=dist.dp_world_size)
                 )
