@@ -10,7 +10,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
-from ds_ops.precision import LossScaler, WrappedOptimizer, finish_step, grad_norm_groups
+from ds_ops.precision import LossScaler, StepOutcome, WrappedOptimizer, finish_step, grad_norm_groups
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._host_buffers import release_pinned
@@ -370,6 +370,23 @@ class DeepSpeedZeroOptimizer(
     def _grads_are_flat_views(self) -> bool:
         return isinstance(self._grads, BoundaryReducer) and self._grads.in_place
 
+    def _finish_grads(self, skip: torch.Tensor | None) -> StepOutcome:
+        """Unscale, check and clip this rank's gradient partitions (`ds_ops.precision.finish_step`)."""
+        grads = self.grad_partitions
+        return finish_step(
+            grads,
+            scaler=self.loss_scaler,
+            clip=self.clip_grad,
+            check_overflow=self.check_overflow,
+            compute_norm=self._compute_norm,
+            group=self.dp_group,
+            partitioned=True,
+            comm_device=self._comm_device,
+            skip=skip,
+            model_parallel_group=self.model_parallel_group,
+            model_parallel_grads=self._cut.views(grads) if self._cut is not None else None,
+        )
+
     def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:  # type: ignore[override]
         """Apply one optimizer step on every rank (a collective); returns False if it was skipped.
 
@@ -388,19 +405,7 @@ class DeepSpeedZeroOptimizer(
             flat.check_views()
         self._grads.finish()
         grads = self.grad_partitions
-        outcome = finish_step(
-            grads,
-            scaler=self.loss_scaler,
-            clip=self.clip_grad,
-            check_overflow=self.check_overflow,
-            compute_norm=self._compute_norm,
-            group=self.dp_group,
-            partitioned=True,
-            comm_device=self._comm_device,
-            skip=skip,
-            model_parallel_group=self.model_parallel_group,
-            model_parallel_grads=self._cut.views(grads) if self._cut is not None else None,
-        )
+        outcome = self._finish_grads(skip)
         if not self._record_outcome(outcome):
             return False
         if self._muon is not None:

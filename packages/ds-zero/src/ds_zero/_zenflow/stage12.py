@@ -35,7 +35,6 @@ import torch
 
 import ds_comm
 from ds_ops import ZenFlowSelectiveAdamW
-from ds_ops.precision import finish_step
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer
 from ds_zero._stage12.partitions import build_grad_partitions
 from ds_zero._stage12.reduce import RangeReducer
@@ -203,19 +202,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         for flat in self.flats:
             flat.check_views()
         grads = self.grad_partitions
-        outcome = finish_step(
-            grads,
-            scaler=self.loss_scaler,
-            clip=self.clip_grad,
-            check_overflow=self.check_overflow,
-            compute_norm=self._compute_norm,
-            group=self.dp_group,
-            partitioned=True,
-            comm_device=self._comm_device,
-            skip=skip,
-            model_parallel_group=self.model_parallel_group,
-            model_parallel_grads=self._cut.views(grads) if self._cut is not None else None,
-        )
+        outcome = self._finish_grads(skip)
         if not self._record_outcome(outcome):
             self._grads.clear_accumulators()
             self._drop_selection_inputs()
