@@ -9,6 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ds_comm.testing import preload_in_ranks
+
+# The in-process dist tests' ranks import the engine stack; their forkserver imports it once for all of them
+# ([Note: preloading a suite's modules] in ds_comm).
+preload_in_ranks("ds_engine._setup.initialize", "ds_engine._engine.engine", "ds_zero._stage3.optimizer", "deepspeed")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 

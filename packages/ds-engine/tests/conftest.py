@@ -25,6 +25,23 @@ from extras_split import (  # noqa: E402 - needs HERE on sys.path
     pytest_unconfigure,
 )
 
+from ds_comm.testing import preload_in_ranks  # noqa: E402
+
+# Every rank of every dist test imports the stack under test; the ranks' forkserver imports it once for all
+# of them ([Note: preloading a suite's modules]). What is not installed (ds-engine alone) is skipped there.
+preload_in_ranks(
+    "ds_engine._setup.initialize",
+    "ds_engine._engine.engine",
+    "ds_engine._pipeline",
+    "ds_zero._stage12.optimizer",
+    "ds_zero._stage3.optimizer",
+    "ds_parallel",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.mixtral.modeling_mixtral",
+)
+
 # Looked up once, here, before `extras_split` starts watching: every test uses it, and the lookup is the
 # conftest's, not the test's.
 try:

@@ -13,7 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from ds_comm.testing import preload_in_ranks
 from ds_zero import torch_patches_restored
+
+# Every rank of every dist test imports ZeRO's optimizers; the ranks' forkserver imports them once for all
+# of them ([Note: preloading a suite's modules] in ds_comm).
+preload_in_ranks("ds_zero._stage12.optimizer", "ds_zero._stage3.optimizer", "ds_zero._construct")
 
 
 @pytest.fixture(autouse=True)

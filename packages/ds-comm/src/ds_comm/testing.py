@@ -42,8 +42,11 @@ __all__ = [
     "file_events",
     "free_port",
     "import_side_effects",
+    "preload_in_ranks",
     "run_ranks",
 ]
+
+_PRELOAD_ENV = "DS_TESTING_PRELOAD"  # read by `_forkserver_preload`, in the forkserver
 
 
 class RankFailedError(RuntimeError):
@@ -145,6 +148,19 @@ def _context() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["ds_comm._forkserver_preload"])
     return ctx
+
+
+def preload_in_ranks(*modules: str) -> None:
+    """Have every rank of `run_ranks` start with `modules` already imported (a suite's conftest calls it).
+
+    The ranks are forks of one server process (see [Note: why forkserver]); the server imports these
+    before it forks, so a rank does not import the stack under test again (see [Note: preloading a
+    suite's modules] in `_forkserver_preload`). Missing modules are skipped. Call it before the first
+    `run_ranks` of the process: the server reads the list once, when that call starts it.
+    """
+    names = [n for n in os.environ.get(_PRELOAD_ENV, "").split(",") if n]
+    names += [m for m in modules if m not in names]
+    os.environ[_PRELOAD_ENV] = ",".join(names)
 
 
 def run_ranks(
