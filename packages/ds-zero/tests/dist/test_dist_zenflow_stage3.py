@@ -12,7 +12,10 @@
 3. `overlap_step: true` (the CPU update in a worker process, applied one window late) in one process
    (a rank of the test harness is a daemonic process and cannot start the worker): equal to ZeRO-2's
    overlapped run to 1e-5, and within 5e-2 of the synchronous ZeRO-3 run (it is a different schedule:
-   the measured gap is printed and asserted, not assumed zero).
+   measured 2.5e-2 on weights of O(0.3); the gap is printed and must be non-zero).
+
+Also: the selective moments on the host (`zenflow.offload`) give the same weights (1e-6); bf16 shards stay
+within 5e-3 of the fp32 run.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ def _batch(step: int, rank: int, d_in: int, d_out: int) -> tuple[torch.Tensor, t
     return torch.randn(5, d_in, generator=g), torch.randn(5, d_out, generator=g)
 
 
-def _section(warm: int = 0, overlap: bool = False) -> dict[str, Any]:
+def _section(warm: int = 0, overlap: bool = False, host_moments: bool = False) -> dict[str, Any]:
     return {
+        "offload": host_moments,
         "topk_ratio": RATIO,
         "select_strategy": "step",
         "select_interval": SELECT,
@@ -61,17 +65,27 @@ def _section(warm: int = 0, overlap: bool = False) -> dict[str, Any]:
 
 
 def _train(
-    stage: int, model: nn.Module, rank: int, *, warm: int = 0, overlap: bool = False, persistence: int | None = None
+    stage: int,
+    model: nn.Module,
+    rank: int,
+    *,
+    warm: int = 0,
+    overlap: bool = False,
+    persistence: int | None = None,
+    host_moments: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
     """ZenFlow at `stage` on this rank's batches; the trained weights (gathered)."""
     d_in, d_out = model[0].in_features, model[-1].out_features
     config: dict[str, Any] = {
         "stage": stage,
         "offload_optimizer": {"device": "cpu"},
-        "zenflow": _section(warm, overlap),
+        "overlap_comm": True,
+        "zenflow": _section(warm, overlap, host_moments),
     }
     if persistence is not None:
         config["stage3_param_persistence_threshold"] = persistence
+    model = model.to(dtype)
     base = ds_ops.ZenFlowCPUAdam(model.parameters(), lr=LR, weight_decay=WD)
     selective = {"lr": LR, "weight_decay": WD}
     if stage == 3:
@@ -83,7 +97,7 @@ def _train(
     try:
         for m in range(STEPS):
             x, y = _batch(m, rank, d_in, d_out)
-            opt.backward(nn.functional.mse_loss(model(x), y) / UPDATE)
+            opt.backward(nn.functional.mse_loss(model(x.to(dtype)).float(), y) / UPDATE)
             if opt.zenflow_schedule.is_update_boundary(m):
                 assert opt.step() is True
             opt.zero_grad()
@@ -91,7 +105,7 @@ def _train(
             selected = [sc.selected_columns for cols in opt.shard_columns for sc in cols if sc.is_matrix]
             assert all(len(s) for s in selected)  # columns really were split off
             with ds_zero.GatheredParameters(list(model.parameters())):
-                return [p.detach().clone() for p in model.parameters()]
+                return [p.detach().float().clone() for p in model.parameters()]
         return [p.detach().clone() for p in model.parameters()]
     finally:
         opt.close()
@@ -131,6 +145,33 @@ def test_the_cut_column_is_never_chosen() -> None:
     plan = stage3_columns((3, 7), 2, RATIO, "w")
     assert plan.pieces == ((0, 3, 0), (4, 7, 0)) and plan.num_select_total == 1
     assert plan.select_from_sums(g.abs().sum(dim=0)).tolist() == [5]
+
+
+def _rank_host_moments(rank: int, world: int) -> float:
+    on_host = _train(3, _model_a(), rank, host_moments=True)
+    on_device = _train(3, _model_a(), rank)
+    return max(float((a - b).abs().max()) for a, b in zip(on_host, on_device, strict=True))
+
+
+def test_selective_moments_on_the_host_change_nothing() -> None:
+    """`zenflow.offload: true` keeps the selective AdamW's moments on the host; the rank-local selection sizes
+    change at the reselection, so the host moments are remade at the new size."""
+    worst = run_ranks(2, _rank_host_moments, timeout_s=240)
+    assert max(worst) <= 1e-6
+
+
+def _rank_bf16(rank: int, world: int) -> float:
+    bf16 = _train(3, _model_a(), rank, dtype=torch.bfloat16)
+    fp32 = _train(3, _model_a(), rank)
+    return max(float((a - b).abs().max()) for a, b in zip(bf16, fp32, strict=True))
+
+
+def test_bf16_shards_train_close_to_fp32() -> None:
+    """16-bit shards (the selective AdamW works in their dtype, the CPU update on fp32 masters): within bf16's
+    rounding of the fp32 run (5e-3; measured 1.8e-3 on weights of O(0.3): bf16 keeps 8 bits)."""
+    worst = run_ranks(2, _rank_bf16, timeout_s=240)
+    print(f"bf16 vs fp32 ZeRO-3 ZenFlow: max |diff| {max(worst):.2e}")
+    assert max(worst) <= 5e-3
 
 
 def _rank_stage3_vs_stage2(rank: int, world: int) -> float:

@@ -95,7 +95,10 @@ class ShardColumns:
         else:
             self.proxy.data = values
             selected = grad.clone()
-        self.proxy.selected_grad = selected if scale == 1.0 else selected.div_(scale)
+        if scale != 1.0:
+            selected.div_(scale)
+        # the selective AdamW works in the shard's dtype (the fp32 gradient partition meets 16-bit shards)
+        self.proxy.selected_grad = selected.to(values.dtype)
         return self.proxy
 
     def drop_inputs(self) -> None:
