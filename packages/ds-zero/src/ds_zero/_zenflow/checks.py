@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_zenflow_setup", "selective_params"]
+__all__ = ["check_zenflow_setup", "group_hyper_params", "selective_params"]
 
 _KEY = "zero_optimization.zenflow"
 _SELECTIVE_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
@@ -66,4 +66,9 @@ def selective_params(optimizer: torch.optim.Optimizer, given: Mapping[str, Any] 
     if given is not None:
         return {k: given[k] for k in _SELECTIVE_KEYS if k in given}
     group = optimizer.param_groups[0]
+    return {k: group[k] for k in _SELECTIVE_KEYS if k in group}
+
+
+def group_hyper_params(group: Mapping[str, Any]) -> dict[str, Any]:
+    """The selective AdamW's hyper-parameters found in one base optimizer param group."""
     return {k: group[k] for k in _SELECTIVE_KEYS if k in group}

@@ -36,7 +36,7 @@ import ds_comm
 from ds_ops import ZenFlowSelectiveAdamW
 from ds_ops.precision import finish_step
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3, _module_and_optimizer
-from ds_zero._zenflow.checks import check_zenflow_setup, selective_params
+from ds_zero._zenflow.checks import check_zenflow_setup, group_hyper_params, selective_params
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
@@ -60,8 +60,9 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
         *args: the module and the base optimizer, in either order (as for `DeepSpeedZeroOptimizer_Stage3`).
         config: the `zero_optimization` section, with `zenflow` set and `offload_optimizer.device: cpu`.
         steps_per_epoch: micro steps per epoch, for `select_strategy` "epoch"/"auto" (None: select once).
-        selective_optimizer_params: the selective AdamW's hyper-parameters (None: the base optimizer's
-            group 0 lr, betas, eps and weight_decay).
+        selective_optimizer_params: the selective AdamW's default hyper-parameters (None: the base optimizer's
+            group 0 lr, betas, eps and weight_decay); each group takes its base group's own values, as in
+            DeepSpeed's stage-3 path.
         **kwargs: as for `DeepSpeedZeroOptimizer_Stage3`.
 
     Raises:
@@ -107,8 +108,15 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             for part in self.partitions
         ]
         self.accumulators = [torch.zeros_like(part.master) for part in self.partitions]
+        # As DeepSpeed's stage-3 selective optimizer: each group takes its base group's hyper-parameters.
         self.selective_optimizer = ZenFlowSelectiveAdamW(
-            [{"params": [sc.proxy for sc in cols]} for cols in self.shard_columns],
+            [
+                {
+                    **group_hyper_params(self.optimizer.param_groups[part.group_index]),
+                    "params": [sc.proxy for sc in cols],
+                }
+                for part, cols in zip(self.partitions, self.shard_columns, strict=True)
+            ],
             offload=bool(zenflow.offload),
             bucket_size=cfg.allgather_bucket_size,
             **selective_params(optimizer, selective_optimizer_params),
