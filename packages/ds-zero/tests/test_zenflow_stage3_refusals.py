@@ -1,5 +1,6 @@
 """ZenFlow at ZeRO-3 in one process: what `ZenFlowZeroOptimizer_Stage3` refuses, each naming its key, before any
-parameter is partitioned; and the plain stage-3 optimizer pointing at it. (Numerics: tests/dist/test_dist_zenflow_stage3.py.)
+parameter is partitioned; and the plain stage-3 optimizer pointing at it.
+(Numerics: tests/dist/test_dist_zenflow_stage3.py.)
 """
 
 from __future__ import annotations
