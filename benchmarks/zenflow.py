@@ -1,6 +1,6 @@
 """ZenFlow on 2 gloo ranks: ZeRO-2 + CPU optimizer offload, ZenFlow, ZenFlow with overlap_step; ds and DeepSpeed.
 
-Run: python benchmarks/zenflow.py [--steps 24] [--deepspeed-python /work/dsref/bin/python] [--json PATH]
+Run: python benchmarks/zenflow.py [--steps 24] [--stage 2|3] [--deepspeed-python /work/dsref/bin/python] [--json PATH]
 Model: the GPT-style decoder of benchmarks/zero.py, smaller (vocab 4096, 4 layers of width 256, ~4.5M
 parameters), AdamW lr 1e-3, fp32, batch 4 x 64 tokens per rank, the same seeded data on both sides.
 ZenFlow: topk_ratio 0.1, select_strategy step, select_interval 8, update_interval 4.
@@ -12,7 +12,8 @@ update call per window (waiting for the worker, copying its result, handing over
 share of the same call's time without overlap (the whole CPU Adam step). Goal: <= 10%.
 DeepSpeed 0.19.8 runs with `DS_ACCELERATOR=cpu`; its ZenFlow starts from reshuffled weights (its
 transposed-view bug, see packages/ds-engine/tests/data/record_zenflow_deepspeed.py), so its losses are
-shown, not compared.
+shown, not compared. With `--stage 3` every mode runs at ZeRO-3 (ds's `ZenFlowZeroOptimizer_Stage3`); DeepSpeed
+is not run then, as its ZeRO-3 ZenFlow needs CUDA.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ ZENFLOW = {"topk_ratio": 0.1, "select_strategy": "step", "select_interval": 8, "
 BATCH, SEQ, VOCAB = 4, 64, 4096
 
 
-def _config(mode: str) -> dict:
-    zero: dict = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+def _config(mode: str, stage: int = 2) -> dict:
+    zero: dict = {"stage": stage, "offload_optimizer": {"device": "cpu"}}
     if mode != "offload":
         zero["zenflow"] = dict(ZENFLOW, overlap_step=mode.endswith("overlap"))
     return {
@@ -53,7 +54,7 @@ def _config(mode: str) -> dict:
     }
 
 
-def _rank(rank: int, world: int, port: int, side: str, mode: str, steps: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, side: str, mode: str, steps: int, out: str, stage: int) -> None:
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)})
     os.environ.update({"LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
@@ -67,7 +68,7 @@ def _rank(rank: int, world: int, port: int, side: str, mode: str, steps: int, ou
     for module in model.modules():  # GPT-2's init scale (the tied N(0, 1) embedding gives logits in the hundreds)
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             torch.nn.init.normal_(module.weight, std=0.02)
-    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=_config(mode))
+    engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(), config=_config(mode, stage))
     g = torch.Generator().manual_seed(100 + rank)
     times, losses = [], []
     for _ in range(steps):
@@ -96,11 +97,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_side(side: str, steps: int, modes: list[str]) -> dict:
+def run_side(side: str, steps: int, modes: list[str], stage: int = 2) -> dict:
     out = Path(tempfile.mkdtemp()) / "rank"
     results = {}
     for mode in modes:
-        mp.spawn(_rank, args=(2, _free_port(), side, mode, steps, str(out)), nprocs=2, join=True)
+        mp.spawn(_rank, args=(2, _free_port(), side, mode, steps, str(out), stage), nprocs=2, join=True)
         ranks = [torch.load(f"{out}.{r}") for r in range(2)]
         warm = max(2, steps // 4)
         step = max(statistics.median(r["times"][warm:]) for r in ranks)
@@ -120,6 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--stage", type=int, choices=(2, 3), default=2)
     parser.add_argument("--deepspeed-python", default="/work/dsref/bin/python")
     parser.add_argument("--side", choices=("ds", "deepspeed"), default="ds", help=argparse.SUPPRESS)
     sys.path.insert(0, str(HERE))
@@ -131,9 +133,11 @@ def main() -> None:
     if args.side == "deepspeed":  # the child run under DeepSpeed's venv
         print(json.dumps(run_side("deepspeed", args.steps, modes)))
         return
-    ours = run_side("ds", args.steps, modes)
+    ours = run_side("ds", args.steps, modes, args.stage)
     theirs: dict = {}
-    if args.deepspeed_python and Path(args.deepspeed_python).exists():
+    if args.stage == 3:
+        print("DeepSpeed not run: its ZeRO-3 ZenFlow needs CUDA")
+    elif args.deepspeed_python and Path(args.deepspeed_python).exists():
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["DS_ACCELERATOR"] = "cpu"
         cmd = [args.deepspeed_python, __file__, "--side", "deepspeed", "--steps", str(args.steps)]
@@ -164,7 +168,7 @@ def main() -> None:
         rows = [
             _report.Row(
                 "zenflow",
-                f"{mode} step time, 2 ranks",
+                f"{mode} step time, 2 ranks" + (", ZeRO-3" if args.stage == 3 else ""),
                 ours[mode]["step_ms"],
                 "ms",
                 "DeepSpeed 0.19.8",

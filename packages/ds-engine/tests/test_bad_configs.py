@@ -335,7 +335,19 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         "zenflow_empty_section",  # present at all = on, as in DeepSpeed
         {"zero_optimization": {"stage": 3, "zenflow": {}}},
         E,
-        r"zero_optimization.zenflow at zero_optimization.stage 3 is not supported in ds yet",
+        r'zero_optimization.zenflow needs zero_optimization.offload_optimizer.device "cpu"',
+    ),
+    (
+        "zenflow_stage3_with_super_offload",
+        {
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu", "super_offload": True},
+                "zenflow": {"select_strategy": "step", "select_interval": 2, "update_interval": 2},
+            }
+        },
+        E,
+        r"zero_optimization.zenflow with zero_optimization.offload_optimizer.super_offload=true",
     ),
     (
         "zenflow_bad_ratio",

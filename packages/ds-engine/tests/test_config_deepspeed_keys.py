@@ -1,6 +1,6 @@
 """Every ds_config key DeepSpeed 0.19.8 reads (`deepspeed_config_keys.py`) is known to ds, one key at a time on top of
 a minimal config: accepted with DeepSpeed's example value, or, for a section the minimal config cannot run
-(ZenFlow needs ZeRO 1/2 with CPU offload), refused with a message naming the section, never "unknown key". A typo of
+(ZenFlow needs ZeRO 1-3 with CPU offload), refused with a message naming the section, never "unknown key". A typo of
 any section key is an error naming it and suggesting the real key.
 """
 
@@ -22,8 +22,8 @@ BASE: dict[str, Any] = {"train_batch_size": 2}
 
 #: key path prefix -> what ds answers when the section is given at all (a feature it does not implement)
 REFUSED_SECTIONS = {
-    # ZenFlow needs ZeRO 1/2 with CPU optimizer offload, which the minimal config does not have
-    "zero_optimization.zenflow.": r"zero_optimization.zenflow needs zero_optimization.stage 1 or 2",
+    # ZenFlow needs ZeRO 1-3 with CPU optimizer offload, which the minimal config does not have
+    "zero_optimization.zenflow.": r"zero_optimization.zenflow needs zero_optimization.stage 1, 2 or 3",
 }
 
 #: sections validated by an optional sibling package (without it the key is refused naming the extra)

@@ -1,6 +1,6 @@
 """ZenFlow under DeepSpeed's paths: the optimizers, the config model, the core split, and the engine's refusals.
 
-ds runs ZenFlow at ZeRO 1/2 with CPU optimizer offload; `initialize()` must refuse a section it cannot run
+ds runs ZenFlow at ZeRO 1-3 with CPU optimizer offload; `initialize()` must refuse a section it cannot run
 before any work (also covered by the table in test_bad_configs.py); a null section is off and fine.
 """
 

@@ -1,10 +1,11 @@
 """ZenFlow at ZeRO stage 1/2 in one process against a plain-PyTorch reference of the same math.
 
-The reference (`_reference_run`) is written from ZenFlow's rules alone, with torch tensors: columns picked
-by the sum of |gradient| (top `max(1, int(ratio * columns))`), torch's `AdamW` on the selected columns
-only (its state cleared at each reselection), the rest of the gradient summed on the side and applied
-every `update_interval` steps by a hand-written Adam(W) whose bias correction counts micro steps, with
-the selected columns kept out of that update. `ZenFlowZeroOptimizer` must give the same weights.
+The reference (`zenflow_math.reference_run`) is written from ZenFlow's rules alone, with torch tensors:
+columns picked by the sum of |gradient| (top `max(1, int(ratio * columns))`), torch's `AdamW` on the
+selected columns only (its state cleared at each reselection), the rest of the gradient summed on the
+side and applied every `update_interval` steps by a hand-written Adam(W) whose bias correction counts
+micro steps, with the selected columns kept out of that update. `ZenFlowZeroOptimizer` must give the
+same weights.
 Also: the schedule's boundaries and the refusals of bad settings, each naming its key.
 """
 
@@ -13,11 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from zenflow_math import LR, WD, reference_run
 
 import ds_ops
 import ds_zero
-
-LR, WD, BETAS, EPS = 1e-2, 0.01, (0.9, 0.999), 1e-8
 
 
 def _model() -> nn.Module:
@@ -32,68 +32,6 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _zenflow(stage: int = 2, **zenflow) -> ds_zero.ZeroConfig:
     return ds_zero.ZeroConfig(stage=stage, offload_optimizer={"device": "cpu"}, zenflow=zenflow)
-
-
-def _adamw_cpu(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int) -> None:
-    """DeepSpeed's CPU AdamW on all elements, bias correction at `step`."""
-    p.mul_(1 - LR * WD)
-    m.mul_(BETAS[0]).add_(g, alpha=1 - BETAS[0])
-    v.mul_(BETAS[1]).addcmul_(g, g, value=1 - BETAS[1])
-    denom = (v / (1 - BETAS[1] ** step)).sqrt().add_(EPS)
-    p.addcdiv_(m, denom, value=-LR / (1 - BETAS[0] ** step))
-
-
-def _reference_run(model: nn.Module, batches, *, ratio: float, select: int, update: int, warm: int) -> None:
-    params = list(model.parameters())
-    acc = [torch.zeros_like(p) for p in params]
-    cpu_m = [torch.zeros_like(p) for p in params]
-    cpu_v = [torch.zeros_like(p) for p in params]
-    cols: list[torch.Tensor | None] = [None] * len(params)
-    sel_opt: list[torch.optim.AdamW | None] = [None] * len(params)
-    sel_vals: list[torch.Tensor | None] = [None] * len(params)
-    for m, (x, y) in enumerate(batches):
-        model.zero_grad()
-        (nn.functional.mse_loss(model(x), y) / update).backward()
-        grads = [p.grad.detach().clone() for p in params]
-        after = m - warm
-        reselect = after >= 0 and (after == 0 or m % select == 0)
-        boundary = m + 1 < warm or (m + 1 - warm) % update == 0 or (m + 1) % select == 0
-        if reselect:
-            for i, g in enumerate(grads):
-                if g.dim() == 2:
-                    k = max(1, int(g.shape[1] * ratio))
-                    cols[i] = torch.topk(g.abs().sum(dim=0), k).indices.sort().values
-                state = sel_opt[i].state if sel_opt[i] is not None else {}
-                for s in state.values():  # new selection: moments cleared, step counts kept
-                    s["exp_avg"].zero_()
-                    s["exp_avg_sq"].zero_()
-        saved = []
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            acc[i] += g
-            if after < 0:
-                continue
-            idx = cols[i]
-            value = p.detach()[:, idx].clone() if idx is not None else p.detach().clone()
-            grad = g[:, idx] if idx is not None else g
-            if sel_opt[i] is None:
-                sel_vals[i] = nn.Parameter(value)
-                sel_opt[i] = torch.optim.AdamW([sel_vals[i]], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-            saved.append((i, idx, value, grad))
-        if boundary:
-            with torch.no_grad():
-                for i, p in enumerate(params):
-                    _adamw_cpu(p.data, acc[i], cpu_m[i], cpu_v[i], m + 1)
-                    acc[i].zero_()
-        for i, idx, value, grad in saved:  # the selected columns skip the CPU update: before it, then AdamW
-            with torch.no_grad():
-                sel_vals[i].copy_(value)
-            sel_vals[i].grad = grad
-            sel_opt[i].step()
-            with torch.no_grad():
-                if idx is not None:
-                    params[i].data[:, idx] = sel_vals[i].detach()
-                else:
-                    params[i].data.copy_(sel_vals[i].detach())
 
 
 @pytest.mark.parametrize(("stage", "warm"), [(2, 0), (1, 2)])
@@ -113,7 +51,15 @@ def test_matches_plain_torch_reference(stage: int, warm: int) -> None:
         if schedule.is_update_boundary(m):
             assert opt.step() is True
         opt.zero_grad()
-    _reference_run(ref, batches, ratio=0.3, select=4, update=2, warm=warm)
+    reference_run(
+        ref,
+        lambda net, m: nn.functional.mse_loss(net(batches[m][0]), batches[m][1]) / 2,
+        len(batches),
+        ratio=0.3,
+        select=4,
+        update=2,
+        warm=warm,
+    )
     for a, b in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6)
     # ZenFlow really split the update: some columns moved between CPU updates

@@ -53,6 +53,19 @@ def test_two_ranks_match_deepspeed(tmp_path: Path) -> None:
         _check(name, results)
 
 
+def test_zero3_matches_zero2_through_initialize() -> None:
+    """ZeRO-3 ZenFlow through `ds_engine.initialize` (DeepSpeed needs CUDA for it; ds runs it on CPU) gives
+    ZeRO-2 ZenFlow's losses and weights at 1 rank, where both stages choose the same columns (tolerance 1e-5)."""
+    names = ["z3_w1", "z2_w1", "z3_w1_warmup", "z2_w1_warmup"]
+    (result,) = run_ranks(1, _ranks, names, timeout_s=300)
+    for z3, z2 in (("z3_w1", "z2_w1"), ("z3_w1_warmup", "z2_w1_warmup")):
+        assert result[z3]["optimizer"] == "ZenFlowZeroOptimizer_Stage3", result[z3]["optimizer"]
+        worst = max(abs(a - b) for a, b in zip(result[z3]["losses"], result[z2]["losses"], strict=True))
+        assert worst <= 1e-5, (z3, worst)
+        for key, norm in result[z2]["norms"].items():
+            assert abs(result[z3]["norms"][key] - norm) <= 1e-5, (z3, key)
+
+
 def test_one_rank_matches_deepspeed(tmp_path: Path) -> None:
     results = run_ranks(1, _ranks, ["z2_w1"], timeout_s=240)
     _check("z2_w1", results)

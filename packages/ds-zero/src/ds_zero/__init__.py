@@ -90,6 +90,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_zero._stage12.optimizer import ZeroOptimizer as ZeroOptimizer
     from ds_zero._zenflow import ZenFlowSchedule as ZenFlowSchedule
     from ds_zero._zenflow import ZenFlowZeroOptimizer as ZenFlowZeroOptimizer
+    from ds_zero._zenflow import ZenFlowZeroOptimizer_Stage3 as ZenFlowZeroOptimizer_Stage3
     from ds_zero.config import (
         LeafModuleConfig,
         OffloadOptimizerConfig,
@@ -207,6 +208,7 @@ _LAZY_NAMES: dict[str, tuple[str, str]] = {
     "ZenFlowConfig": ("ds_zero.config", "ZenFlowConfig"),
     "ZenFlowSchedule": ("ds_zero._zenflow", "ZenFlowSchedule"),
     "ZenFlowZeroOptimizer": ("ds_zero._zenflow", "ZenFlowZeroOptimizer"),
+    "ZenFlowZeroOptimizer_Stage3": ("ds_zero._zenflow", "ZenFlowZeroOptimizer_Stage3"),
     "ZeroConfig": ("ds_zero.config", "ZeroConfig"),
 }
 
@@ -237,6 +239,7 @@ __all__ = [
     "ZenFlowConfig",
     "ZenFlowSchedule",
     "ZenFlowZeroOptimizer",
+    "ZenFlowZeroOptimizer_Stage3",
     "ZeroConfig",
     "ZeroOptimizer",
     "__version__",

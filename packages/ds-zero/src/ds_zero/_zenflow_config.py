@@ -3,9 +3,8 @@
 ZenFlow is DeepSpeed's importance-aware ZeRO-Offload: each step the top `topk_ratio` gradient columns
 are updated at once on the accelerator (ds-ops' `ZenFlowSelectiveAdamW`), the rest are accumulated and
 applied by the CPU optimizer every `update_interval` steps, possibly overlapped with the next forward
-and backward. ds parses and validates the section so a DeepSpeed config reads the same, but runs no
-ZenFlow training loop: a ZeRO optimizer or engine given an enabled section refuses it
-(`ds_zero._zenflow_refusal`).
+and backward. ds runs it with `ZenFlowZeroOptimizer` (ZeRO 1/2) and `ZenFlowZeroOptimizer_Stage3`; the
+plain ZeRO optimizers given an enabled section refuse it (`ds_zero._zenflow_refusal`).
 """
 
 from __future__ import annotations

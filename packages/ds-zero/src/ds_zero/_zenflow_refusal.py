@@ -11,9 +11,9 @@ __all__ = ["NOT_IMPLEMENTED", "refuse_zenflow"]
 
 #: Why a ZenFlow section is refused where a training loop would need it (the key path goes in front).
 NOT_IMPLEMENTED = (
-    "this optimizer does not run ZenFlow's loop; at ZeRO stage 1/2 build ds_zero.ZenFlowZeroOptimizer "
-    "(deepspeed.initialize does when the section is present), and ZenFlow at stage 3 is not supported "
-    "in ds yet: use zero_optimization.stage 1 or 2, or remove the zenflow section"
+    "this optimizer does not run ZenFlow's loop; build ds_zero.ZenFlowZeroOptimizer (ZeRO stage 1/2) or "
+    "ds_zero.ZenFlowZeroOptimizer_Stage3 (stage 3) instead (deepspeed.initialize does when the section is "
+    "present), or remove the zenflow section"
 )
 
 

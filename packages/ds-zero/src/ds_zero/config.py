@@ -159,7 +159,8 @@ class ZeroConfig(ConfigModel):
     Keys, defaults and legacy spellings follow DeepSpeed 0.19.8. Sizes are in elements, not bytes;
     `5e8` is accepted for integer sizes. Of ZeRO++, hpZ (`zero_hpz_partition_size`) is implemented; the
     other ZeRO++ and the MiCS keys are accepted only at their defaults; the `zenflow` section is parsed
-    (`ZenFlowConfig`), but the ZeRO optimizers refuse an enabled one.
+    (`ZenFlowConfig`) and run by `ZenFlowZeroOptimizer` / `ZenFlowZeroOptimizer_Stage3` (the plain ZeRO
+    optimizers refuse an enabled one).
     """
 
     deprecated_keys: ClassVar[dict[str, str]] = {
@@ -261,7 +262,7 @@ class ZeroConfig(ConfigModel):
     mics_hierarchical_params_gather: bool = False
     zeropp_loco_param: dict[str, Any] | None = None
     zenflow: ZenFlowConfig | None = None
-    """ZenFlow's importance-aware offload (`ZenFlowConfig`); present = on. Parsed only: no ZeRO optimizer runs it."""
+    """ZenFlow's importance-aware offload (`ZenFlowConfig`); present = on. Run by the ZenFlow optimizers only."""
     legacy_stage1: bool = False
     module_granularity_threshold: int = Field(0, alias="stage3_module_granularity_threshold")
     """Stage 3: modules of at most this many parameter elements per layer become leaf modules (0: off)."""

@@ -22,7 +22,7 @@ class EngineZenFlow:
 
     @property
     def zenflow(self) -> bool:
-        """Whether ZenFlow runs (a `zero_optimization.zenflow` section at stage 1/2)."""
+        """Whether ZenFlow runs (a `zero_optimization.zenflow` section)."""
         return self._zenflow is not None
 
     @property

@@ -337,10 +337,9 @@ def plan_assembly(
     elif stage >= 1:
         zenflow = getattr(config.zero.zero_config, "zenflow", None) is not None
         name = "DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer"
-        wrapper = (
-            f"ds_zero.{'ZenFlowZeroOptimizer' if zenflow else name} "
-            f"(ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
-        )
+        if zenflow:
+            name = "ZenFlowZeroOptimizer_Stage3" if stage == 3 else "ZenFlowZeroOptimizer"
+        wrapper = f"ds_zero.{name} (ZeRO stage {stage}{f', optimizer offload to {where}' if offload else ''})"
     elif precision == "fp32":
         wrapper = "none: the base optimizer is stepped directly"
     else:

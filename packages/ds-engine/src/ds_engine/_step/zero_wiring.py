@@ -89,8 +89,8 @@ def build_zero_optimizer(
     moe: MoeWiring | None = None,
     model_parallel: dict[str, Any] | None = None,
 ) -> ZeroOptimizer:
-    """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2; `ZenFlowZeroOptimizer` with a
-    `zero_optimization.zenflow` section) or `..._Stage3`.
+    """ds-zero's optimizer around `base`: `DeepSpeedZeroOptimizer` (stage 1/2) or `..._Stage3`; with a
+    `zero_optimization.zenflow` section `ZenFlowZeroOptimizer` or `ZenFlowZeroOptimizer_Stage3`.
 
     With MoE layers (stage 1/2), each MoE param group is partitioned and reduced over its
     expert-data-parallel group (`partition_groups=`), and expert parameters are saved under their global
@@ -102,9 +102,9 @@ def build_zero_optimizer(
         ImportError: ds-zero is missing, or lacks the class (the message names the pip command).
     """
     name = "DeepSpeedZeroOptimizer_Stage3" if plan.zero_stage == 3 else "DeepSpeedZeroOptimizer"
-    zenflow = plan.zero_stage < 3 and getattr(config.zero.zero_config, "zenflow", None) is not None
-    if zenflow:  # checked at config time (`config._zenflow_checks`): stage 1/2 with CPU optimizer offload
-        name = "ZenFlowZeroOptimizer"
+    zenflow = getattr(config.zero.zero_config, "zenflow", None) is not None
+    if zenflow:  # checked at config time (`config._zenflow_checks`): with CPU optimizer offload
+        name = "ZenFlowZeroOptimizer_Stage3" if plan.zero_stage == 3 else "ZenFlowZeroOptimizer"
     cls: ZeroOptimizerFactory = getattr(_ds_zero(plan.zero_stage, name), name)
     m = config.parsed
     comm_dtype = reduction_dtype(config)

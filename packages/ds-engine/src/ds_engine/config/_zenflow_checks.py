@@ -1,6 +1,7 @@
 """Config-time checks of `zero_optimization.zenflow`, before anything is built (DeepSpeed 0.19.8's rules).
 
-ds runs ZenFlow at ZeRO stages 1 and 2 with CPU optimizer offload (ds-zero's `ZenFlowZeroOptimizer`). The
+ds runs ZenFlow at ZeRO stages 1 and 2 (ds-zero's `ZenFlowZeroOptimizer`) and 3 (`ZenFlowZeroOptimizer_Stage3`,
+on any accelerator, where DeepSpeed's needs CUDA), with CPU optimizer offload. The
 section's own combinations (`select_strategy` against `select_interval`, the intervals' order, the
 adaptive `update_interval`) are ds-zero's `ZenFlowSchedule` rules, checked here as well so a bad
 config fails in `initialize()` before the model is touched, naming the key.
@@ -16,29 +17,22 @@ from ds_engine.config._errors import DeepSpeedConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ZENFLOW_STAGE3", "check_zenflow"]
-
-ZENFLOW_STAGE3 = (
-    "zero_optimization.zenflow at zero_optimization.stage 3 is not supported in ds yet; use stage 1 or 2 with "
-    'offload_optimizer.device "cpu", or remove the zenflow section'
-)
+__all__ = ["check_zenflow"]
 
 
 def check_zenflow(cfg: Any) -> None:
     """Refuse what ZenFlow cannot run with, naming the key (`cfg`: ds-zero's validated `ZeroConfig`).
 
     Raises:
-        DeepSpeedConfigError: stage 3, no CPU optimizer offload, `zenflow.offload` without `overlap_comm`,
-            or an interval combination `ZenFlowSchedule` refuses.
+        DeepSpeedConfigError: stage 0, no CPU optimizer offload, `zenflow.offload` without `overlap_comm`,
+            an interval combination `ZenFlowSchedule` refuses, or (stage 3) SuperOffload or partial offload.
     """
     zenflow = getattr(cfg, "zenflow", None)
     if zenflow is None:
         return
-    if cfg.stage == 3:
-        raise DeepSpeedConfigError(ZENFLOW_STAGE3)
-    if cfg.stage not in (1, 2):
+    if cfg.stage not in (1, 2, 3):
         raise DeepSpeedConfigError(
-            "zero_optimization.zenflow needs zero_optimization.stage 1 or 2 with CPU optimizer offload, got "
+            "zero_optimization.zenflow needs zero_optimization.stage 1, 2 or 3 with CPU optimizer offload, got "
             f"stage {cfg.stage}"
         )
     if cfg.offload_optimizer_device != "cpu":
@@ -50,6 +44,18 @@ def check_zenflow(cfg: Any) -> None:
         raise DeepSpeedConfigError(
             "zero_optimization.zenflow.offload=true needs zero_optimization.overlap_comm=true, as in DeepSpeed"
         )
+    if cfg.stage == 3:
+        off = cfg.offload_optimizer_or_default
+        if off.super_offload:
+            raise DeepSpeedConfigError(
+                "zero_optimization.zenflow with zero_optimization.offload_optimizer.super_offload=true: both "
+                "change when the CPU optimizer steps; use one of them"
+            )
+        if off.ratio < 1.0:
+            raise DeepSpeedConfigError(
+                f"zero_optimization.zenflow with zero_optimization.offload_optimizer.ratio={off.ratio}: ZenFlow "
+                "applies the CPU update to every partition; set ratio 1 or remove the zenflow section"
+            )
     schedule = require("ds_zero", extra="zero", feature="zero_optimization.zenflow").ZenFlowSchedule
     try:
         schedule.from_config(zenflow)

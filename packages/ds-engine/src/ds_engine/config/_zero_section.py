@@ -1,7 +1,7 @@
 """`zero_optimization`: the legacy bool form, offload devices, and validation by ds-zero (an optional extra).
 
 An enabled `zenflow` section is checked here, at config time, before anything is built
-(`_zenflow_checks`): ds runs it at stages 1 and 2 with CPU optimizer offload.
+(`_zenflow_checks`): ds runs it at stages 1, 2 and 3 with CPU optimizer offload.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["ZeroSettings", "resolve_zero"]
 _DEFAULT_BUCKET_NUMEL = 500_000_000
 
 ZENFLOW_NEEDS_ZERO = (
-    "zero_optimization.zenflow needs ds-zero (ZeRO stage 1/2 with CPU optimizer offload): "
+    "zero_optimization.zenflow needs ds-zero (ZeRO with CPU optimizer offload): "
     "pip install 'ds-engine[zero]', or remove the section"
 )
 

@@ -161,7 +161,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 f"DeepSpeedZeroOptimizer_Stage3 needs zero_optimization.stage=3, got {cfg.stage}; use "
                 "ds_zero.DeepSpeedZeroOptimizer for stages 1 and 2"
             )
-        refuse_zenflow(cfg)
+        if not self._runs_zenflow:
+            refuse_zenflow(cfg)
         self.master_weights_and_grads_dtype = master_weights_dtype(
             bf16_master_weights_and_gradients=bf16_master_weights_and_gradients,
             bf16_optimizer_states=bf16_optimizer_states,
@@ -297,6 +298,10 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self._muon = muon if muon.partitions else None
         self._super = self._superoffload(cfg)
 
+    #: Whether this class runs ZenFlow's loop (`ds_zero._zenflow.ZenFlowZeroOptimizer_Stage3`); this one refuses
+    #: the section.
+    _runs_zenflow = False
+
     def _superoffload(self, cfg: ZeroConfig) -> SuperOffload | None:
         """`offload_optimizer.super_offload`: the CPU tiles step during backward (`_stage3.superoffload`)."""
         off = cfg.offload_optimizer_or_default
@@ -338,6 +343,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                     swap_master=swap_master,
                     pin_master=self.config.offload_optimizer_or_default.pin_memory,
                     index=self.partition_index,
+                    own_master=self._runs_zenflow,
                 )
                 for params, on_device in pieces
             ]

@@ -118,6 +118,8 @@ class ShardPartition:
         index: the optimizer's `PartitionIndex`, told where each parameter's master slice and gradient slot
             are (with a master only).
         sub_group_size: elements per tile (see the module docstring).
+        own_master: always give the master its own buffer, even where the shards' flat buffer could be it
+            (ZenFlow updates the shards between CPU updates, so the two must differ).
     """
 
     def __init__(
@@ -132,8 +134,10 @@ class ShardPartition:
         swap_master: bool = False,
         pin_master: bool = False,
         index: PartitionIndex | None = None,
+        own_master: bool = False,
     ) -> None:
         self.group_index = group_index
+        self.own_master = own_master
         self.master_dtype = master_dtype
         self.swap_master = swap_master and with_master
         self.params = params
@@ -205,7 +209,12 @@ class ShardPartition:
 
     def _make_master(self, device: torch.device | None, pin: bool) -> torch.Tensor:
         flat = self.shard16
-        if flat is not None and flat.dtype == self.master_dtype and (device is None or flat.device == device):
+        if (
+            not self.own_master
+            and flat is not None
+            and flat.dtype == self.master_dtype
+            and (device is None or flat.device == device)
+        ):
             return flat
         if device is None:
             device = (

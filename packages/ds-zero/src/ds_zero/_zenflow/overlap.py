@@ -94,16 +94,20 @@ class OverlappedCpuUpdate:
         updater: the ZeRO optimizer's partition updater.
         schedule: the resolved ZenFlow schedule.
         reserved_perc: `pt_reserved_cores_perc`.
+        master_groups: the param group of `optimizer` each master belongs to (None: master i is group i's
+            only one, as at stage 1/2; at stage 3 a group may have several tiles).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, flats: list[FlatParamGroup], masters: list[torch.Tensor],
-                 updater: Any, schedule: Any, reserved_perc: float) -> None:  # fmt: skip
+                 updater: Any, schedule: Any, reserved_perc: float,
+                 master_groups: list[int] | None = None) -> None:  # fmt: skip
         self.optimizer = optimizer
         self.flats = flats
         self.masters = [m.share_memory_() for m in masters]
         self.updater = updater
         self.schedule = schedule
         self.reserved_perc = reserved_perc
+        self.master_groups = list(range(len(masters))) if master_groups is None else list(master_groups)
         self.grads = [[torch.zeros_like(m).share_memory_() for _ in range(2)] for m in self.masters]
         self.stale = [torch.zeros_like(m).share_memory_() for m in self.masters]
         self._process: Any = None
@@ -160,7 +164,8 @@ class OverlappedCpuUpdate:
         self.wait()  # one update in flight: the worker never reads a buffer being filled
         for buffers, grad in zip(self.grads, grads, strict=True):
             buffers[state].copy_(grad)
-        hypers = [{k: g[k] for k in _HYPER if k in g} for g in self.optimizer.param_groups]
+        groups = self.optimizer.param_groups
+        hypers = [{k: groups[i][k] for k in _HYPER if k in groups[i]} for i in self.master_groups]
         self._conn.send(("step", state, step_id, hypers))
         self._outstanding += 1
 

@@ -25,7 +25,6 @@ DeepSpeed.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Mapping
@@ -38,6 +37,7 @@ from ds_ops import ZenFlowSelectiveAdamW
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer
 from ds_zero._stage12.partitions import build_grad_partitions
 from ds_zero._stage12.reduce import RangeReducer
+from ds_zero._zenflow.checks import check_zenflow_setup, selective_params
 from ds_zero._zenflow.columns import ColumnPlan
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.gradients import MicroStepGradients
@@ -52,7 +52,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["ZenFlowZeroOptimizer"]
 
 _KEY = "zero_optimization.zenflow"
-_SELECTIVE_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
 
 
 class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
@@ -86,7 +85,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         **kwargs: Any,
     ) -> None:
         zenflow = getattr(config, "zenflow", None)
-        _check(optimizer, config, zenflow, kwargs)
+        check_zenflow_setup(optimizer, config, zenflow, kwargs, stages=(1, 2), owner="ZenFlowZeroOptimizer")
         self.zenflow_schedule = ZenFlowSchedule.from_config(zenflow, steps_per_epoch=steps_per_epoch)
         self.zenflow_config = zenflow
         super().__init__(optimizer, config=config, **kwargs)
@@ -102,7 +101,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             [{"params": list(f.params)} for f in self.flats],
             offload=bool(zenflow.offload),
             bucket_size=config.allgather_bucket_size,
-            **_selective_params(optimizer, selective_optimizer_params),
+            **selective_params(optimizer, selective_optimizer_params),
         )
         self._cpu = self._make_cpu_update()
         #: Seconds the training process spent in each CPU update so far (with overlap_step: waiting for the
@@ -294,48 +293,3 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             f"ZenFlowZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, "
             f"{self.zenflow_schedule.describe()}, base={self.optimizer!r})"
         )
-
-
-def _check(optimizer: Any, config: Any, zenflow: Any, kwargs: Mapping[str, Any]) -> None:
-    if zenflow is None:
-        raise ValueError(
-            f"{_KEY} is not set: ZenFlowZeroOptimizer needs the section; use DeepSpeedZeroOptimizer without it"
-        )
-    if config.stage not in (1, 2):
-        raise ValueError(
-            f"zero_optimization.stage={config.stage}: ZenFlowZeroOptimizer handles stages 1 and 2 "
-            "(ZenFlow at stage 3 is not supported in ds yet)"
-        )
-    if config.offload_optimizer_device != "cpu":
-        raise ValueError(
-            f'{_KEY} needs zero_optimization.offload_optimizer.device "cpu" (the unimportant gradients are '
-            f"applied by the CPU optimizer), got {config.offload_optimizer_device!r}"
-        )
-    if zenflow.offload and not config.overlap_comm:
-        raise ValueError(
-            f"{_KEY}.offload=true (the selective optimizer's moments on the host) needs "
-            "zero_optimization.overlap_comm=true, as in DeepSpeed"
-        )
-    if kwargs.get("partition_groups") is not None:
-        raise ValueError(
-            f"{_KEY} with per-group partition groups (mixture-of-experts parameters) is not supported; "
-            "remove the zenflow section for MoE models"
-        )
-    step = getattr(optimizer, "step", None)
-    try:
-        takes_step_id = step is not None and "step_id" in inspect.signature(step).parameters
-    except (TypeError, ValueError):
-        takes_step_id = False
-    if not takes_step_id:
-        raise TypeError(
-            f"{_KEY}: the base optimizer {type(optimizer).__name__} has no step(step_id=...); ZenFlow's CPU "
-            "update counts Adam's bias correction by micro step: use ds_ops.ZenFlowCPUAdam (the optimizer "
-            'section "Adam"/"AdamW" builds it)'
-        )
-
-
-def _selective_params(optimizer: torch.optim.Optimizer, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    if given is not None:
-        return {k: given[k] for k in _SELECTIVE_KEYS if k in given}
-    group = optimizer.param_groups[0]
-    return {k: group[k] for k in _SELECTIVE_KEYS if k in group}

@@ -1,0 +1,344 @@
+"""`ZenFlowZeroOptimizer_Stage3`: ZeRO stage 3 with CPU optimizer offload and ZenFlow's importance-aware updates.
+
+The loop is the stage-1/2 one (`ds_zero._zenflow.stage12`), on stage-3 partitions. Each micro step `m`:
+
+1. at a selection step (`ZenFlowSchedule.is_select_boundary`) the host masters are reloaded from the
+   model's shards and the selective optimizer's moments are cleared;
+2. backward reduce-scatters the averaged gradient into each group's flat gradient partition, as plain
+   ZeRO-3 does; at a selection step each weight's columns are chosen as DeepSpeed chooses them at ZeRO-3
+   (`ds_zero._zenflow.shards`: per-column partial sums, one all-reduce, one top-k per weight among the
+   columns whole inside one of DeepSpeed's transposed partitions);
+3. after warm-up, the chosen columns' elements of this rank's shards are updated at once by ds-ops'
+   `ZenFlowSelectiveAdamW` (a 1-D parameter's whole shard), or snapshotted on the step that ends the
+   window; the parameters that stay gathered (persistent ones) are re-gathered;
+4. the micro step's gradient partition is added into a host accumulator and dropped.
+
+`step()` at the end of a window: unscale, inf/nan check, norm and clip over the accumulated partitions
+(`ds_ops.precision.finish_step`), the CPU optimizer's update of the fp32 masters with ZenFlow's step
+count (`ds_zero._zenflow.cpu_update`, or in a worker process with `overlap_step`:
+`ds_zero._zenflow.overlap`), copied into the shards, then the selective step puts the snapshotted
+columns back and updates them with this step's gradient, and the persistent parameters are re-gathered.
+
+DeepSpeed 0.19.8 has this path for CUDA only; here it runs on any accelerator, CPU included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+import ds_comm
+from ds_ops import ZenFlowSelectiveAdamW
+from ds_ops.precision import finish_step
+from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3, _module_and_optimizer
+from ds_zero._zenflow.checks import check_zenflow_setup, group_hyper_params, selective_params
+from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
+from ds_zero._zenflow.overlap import OverlappedCpuUpdate
+from ds_zero._zenflow.schedule import ZenFlowSchedule
+from ds_zero._zenflow.shards import ShardColumns, TileTarget, TileUpdater
+from ds_zero._zero_config import as_zero_config
+
+if TYPE_CHECKING:
+    from ds_zero.config import ZeroConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ZenFlowZeroOptimizer_Stage3"]
+
+_KEY = "zero_optimization.zenflow"
+
+
+class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 - DeepSpeed's naming
+    """ZeRO stage 3 with ZenFlow (see the module note): DeepSpeed's stage-3 ZenFlow path, on any accelerator.
+
+    Args:
+        *args: the module and the base optimizer, in either order (as for `DeepSpeedZeroOptimizer_Stage3`).
+        config: the `zero_optimization` section, with `zenflow` set and `offload_optimizer.device: cpu`.
+        steps_per_epoch: micro steps per epoch, for `select_strategy` "epoch"/"auto" (None: select once).
+        selective_optimizer_params: the selective AdamW's default hyper-parameters (None: the base optimizer's
+            group 0 lr, betas, eps and weight_decay); each group takes its base group's own values, as in
+            DeepSpeed's stage-3 path.
+        **kwargs: as for `DeepSpeedZeroOptimizer_Stage3`.
+
+    Raises:
+        ValueError: what `ZenFlowZeroOptimizer` refuses (no zenflow section, no CPU optimizer offload,
+            `zenflow.offload` without `overlap_comm`, refused intervals, parameters of more than 2 dims),
+            and at stage 3 also `offload_optimizer.super_offload`, `offload_optimizer.ratio` < 1, Muon
+            groups, tensor parallelism, and `offload_param.device: nvme`; each names the key.
+        TypeError: the optimizer's `step` takes no `step_id`.
+    """
+
+    _runs_zenflow = True
+
+    def __init__(
+        self,
+        *args: nn.Module | torch.optim.Optimizer,
+        config: ZeroConfig | Mapping[str, Any] | None = None,
+        module: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        steps_per_epoch: int | None = None,
+        selective_optimizer_params: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        module, optimizer = _module_and_optimizer(args, module, optimizer)
+        cfg = as_zero_config(config)
+        zenflow = getattr(cfg, "zenflow", None)
+        check_zenflow_setup(optimizer, cfg, zenflow, kwargs, stages=(3,), owner="ZenFlowZeroOptimizer_Stage3")
+        _check_stage3(cfg, optimizer, kwargs)
+        self.zenflow_schedule = ZenFlowSchedule.from_config(zenflow, steps_per_epoch=steps_per_epoch)
+        self.zenflow_config = zenflow
+        super().__init__(module=module, optimizer=optimizer, config=cfg, **kwargs)
+        if any(part.shard16 is None for part in self.partitions if part.params):
+            raise ValueError(
+                f"{_KEY} at stage 3 needs each group's shards in one flat buffer of one dtype and device; "
+                "zero_optimization.offload_param.device nvme (or mixed shard dtypes) is not supported with it"
+            )
+        self.micro_step = -1
+        schedule = self.zenflow_schedule
+        self.shard_columns = [
+            [
+                ShardColumns(p, part, off, self.world_size, schedule.topk_ratio)
+                for p, off in zip(part.params, part.offsets, strict=True)
+            ]
+            for part in self.partitions
+        ]
+        self.accumulators = [torch.zeros_like(part.master) for part in self.partitions]
+        # As DeepSpeed's stage-3 selective optimizer: each group takes its base group's hyper-parameters.
+        self.selective_optimizer = ZenFlowSelectiveAdamW(
+            [
+                {
+                    **group_hyper_params(self.optimizer.param_groups[part.group_index]),
+                    "params": [sc.proxy for sc in cols],
+                }
+                for part, cols in zip(self.partitions, self.shard_columns, strict=True)
+            ],
+            offload=bool(zenflow.offload),
+            bucket_size=cfg.allgather_bucket_size,
+            **selective_params(optimizer, selective_optimizer_params),
+        )
+        self._cpu = self._make_cpu_update()
+        #: Seconds the training process spent in each CPU update (as `ZenFlowZeroOptimizer.cpu_update_times`).
+        self.cpu_update_times: list[float] = []
+        logger.info("ZenFlow (ZeRO-3): %s", schedule.describe())
+
+    def _make_cpu_update(self) -> SequentialCpuUpdate | OverlappedCpuUpdate:
+        tiles = self.tiles
+        targets: list[Any] = [TileTarget(t) for t in tiles]
+        masters = [t.master for t in tiles]
+        updater = TileUpdater(self.partitions, len(tiles))
+        if self.zenflow_schedule.overlap_step:
+            return OverlappedCpuUpdate(
+                self.optimizer,
+                targets,
+                masters,
+                updater,
+                self.zenflow_schedule,
+                float(self.zenflow_config.pt_reserved_cores_perc),
+                master_groups=[t.group_index for t in tiles],
+            )
+        return SequentialCpuUpdate(self.optimizer, targets, masters, updater)  # type: ignore[arg-type]
+
+    # ----- the gradient path ----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+        """One ZenFlow micro step: steps 1-4 of the module note around the stage-3 backward."""
+        self.micro_step += 1
+        m = self.micro_step
+        schedule = self.zenflow_schedule
+        if schedule.is_select_boundary(m):
+            if m != 0:
+                self._cpu.refresh_masters()
+            self.selective_optimizer.clear_selected_mv()
+        super().backward(loss, retain_graph=retain_graph)
+        self.reducer.finish()
+        grads = self._micro_step_grads()
+        if not schedule.in_warm_up(m):
+            if schedule.is_select_boundary(m) or self.shard_columns and self._never_selected():
+                self._choose_columns(grads)
+            touched = self._attach_selected(grads)
+            if schedule.is_update_boundary(m):
+                self.selective_optimizer.temp_copy_param(touched)
+            else:
+                self.selective_optimizer.group_step(touched)
+                self.refresh_gathered()
+        with torch.no_grad():
+            for acc, grad in zip(self.accumulators, grads, strict=True):
+                acc.add_(grad)
+        for part in self.partitions:
+            part.master.grad = None
+
+    def _micro_step_grads(self) -> list[torch.Tensor]:
+        """Each partition's gradient of this micro step (zeros where backward produced none)."""
+        grads = []
+        for part in self.partitions:
+            if part.master.grad is None:
+                part.master.grad = torch.zeros_like(part.master)
+            grads.append(part.master.grad)
+        return grads
+
+    def _never_selected(self) -> bool:
+        return any(sc.is_matrix and sc.proxy.selected_indices is None for cols in self.shard_columns for sc in cols)
+
+    def _choose_columns(self, grads: list[torch.Tensor]) -> None:
+        """Choose every weight's columns (module note, step 2). One all-reduce of the column sums."""
+        matrices = [(sc, grad) for cols, grad in zip(self.shard_columns, grads, strict=True) for sc in cols]
+        matrices = [(sc, grad) for sc, grad in matrices if sc.is_matrix]
+        if not matrices:
+            return
+        sums = torch.zeros(sum(sc.num_columns for sc, _ in matrices), dtype=torch.float32)
+        offset = 0
+        for sc, grad in matrices:
+            sc.add_column_sums(grad, sums[offset : offset + sc.num_columns])
+            offset += sc.num_columns
+        if self.world_size > 1:
+            reduced = sums.to(self._norm_device)
+            ds_comm.all_reduce(reduced, group=self.dp_group)
+            sums = reduced.to("cpu")
+        offset = 0
+        for sc, _ in matrices:
+            if sc.choose(sums[offset : offset + sc.num_columns]):
+                self._reset_moments(sc.proxy)
+            offset += sc.num_columns
+
+    def _reset_moments(self, proxy: nn.Parameter) -> None:
+        """A new selection of another size on this rank: its (cleared) moments are made anew at that size."""
+        state = self.selective_optimizer.state.get(proxy)
+        if state:
+            for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+                state.pop(name, None)
+        for name in ("exp_avg_cpu_data", "exp_avg_sq_cpu_data"):
+            if getattr(proxy, name, None) is not None:
+                setattr(proxy, name, None)
+
+    def _attach_selected(self, grads: list[torch.Tensor]) -> dict[int, list[nn.Parameter]]:
+        scale = float(self.loss_scaler.loss_scale)
+        return {
+            g: [sc.attach(grad, scale) for sc in cols]
+            for g, (cols, grad) in enumerate(zip(self.shard_columns, grads, strict=True))
+        }
+
+    def _drop_selection_inputs(self) -> None:
+        for cols in self.shard_columns:
+            for sc in cols:
+                sc.drop_inputs()
+
+    def _sync_selective_optimizer_lr(self) -> None:
+        """Copy each base group's lr into the selective optimizer (the engine calls it at each `step()`)."""
+        for selective, group in zip(self.selective_optimizer.param_groups, self.optimizer.param_groups, strict=True):
+            selective["lr"] = group["lr"]
+
+    def is_zenflow_update_boundary(self, micro_step: int) -> bool:
+        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule)."""
+        return self.zenflow_schedule.is_update_boundary(micro_step)
+
+    def selective_optimizer_step(self) -> None:
+        """DeepSpeed's name: update the selected columns with the proxies' `selected_grad` now."""
+        self.selective_optimizer.step()
+        self.refresh_gathered()
+
+    # ----- the window's update ----------------------------------------------------------------------
+    def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
+        """The end of an update window: the CPU update of the accumulated gradients, then the selected columns.
+
+        Returns False (nothing applied, the window's gradients dropped) when an inf/nan skips the step.
+
+        Raises:
+            ValueError: a closure is given.
+        """
+        if closure is not None:
+            raise ValueError("ZenFlowZeroOptimizer_Stage3.step() does not take a closure")
+        self._refuse_step_while_coalescing()
+        self.reducer.finish()
+        for part, acc in zip(self.partitions, self.accumulators, strict=True):
+            part.master.grad = acc
+        outcome = finish_step(
+            list(self.accumulators),
+            scaler=self.loss_scaler,
+            clip=self.clip_grad,
+            check_overflow=self.check_overflow,
+            compute_norm=True,
+            group=self.dp_group,
+            partitioned=True,
+            comm_device=self._norm_device,
+            skip=skip,
+        )
+        for part in self.partitions:
+            part.master.grad = None
+        if not self._record_outcome(outcome):
+            self._clear_accumulators()
+            self._drop_selection_inputs()
+            return False
+        index = {id(part): i for i, part in enumerate(self.partitions)}
+        grads = [self.accumulators[index[id(t.partition)]][t.start : t.end] for t in self.tiles]
+        started = time.perf_counter()
+        self._cpu.update(grads, step_id=self.micro_step + 1, sync=lambda: None)
+        self.cpu_update_times.append(time.perf_counter() - started)
+        self._clear_accumulators()
+        if not self.zenflow_schedule.in_warm_up(self.micro_step + 1):
+            self.selective_optimizer.step()
+        self.refresh_gathered()
+        return True
+
+    def _clear_accumulators(self) -> None:
+        for acc in self.accumulators:
+            acc.zero_()
+
+    # ----- what this optimizer does not do --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Refused: ZenFlow's state at stage 3 (selections, selective moments, accumulators) is not saved yet.
+
+        Raises:
+            ValueError: always, naming the key.
+        """
+        raise ValueError(
+            f"{_KEY} at zero_optimization.stage 3: saving a checkpoint is not supported in ds yet (the selections, "
+            "selective moments and accumulated gradients would be lost); save from a stage 1/2 ZenFlow run"
+        )
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        """Refused, as `state_dict`.
+
+        Raises:
+            ValueError: always, naming the key.
+        """
+        raise ValueError(f"{_KEY} at zero_optimization.stage 3: loading a checkpoint is not supported in ds yet")
+
+    def close(self) -> None:
+        """Stop the CPU update worker (overlap_step)."""
+        self._cpu.close()
+
+    def destroy(self) -> None:
+        """`close()`, then the stage-3 teardown."""
+        self._cpu.close()
+        super().destroy()
+
+    def __repr__(self) -> str:
+        return (
+            f"ZenFlowZeroOptimizer_Stage3(world={self.world_size}, {self.zenflow_schedule.describe()}, "
+            f"base={self.optimizer!r})"
+        )
+
+
+def _check_stage3(cfg: Any, optimizer: torch.optim.Optimizer, kwargs: Mapping[str, Any]) -> None:
+    """What ZeRO-3 offers that ZenFlow's loop here does not run with."""
+    off = cfg.offload_optimizer_or_default
+    if off.super_offload:
+        raise ValueError(
+            f"{_KEY} with zero_optimization.offload_optimizer.super_offload=true: both change when the CPU "
+            "optimizer steps; use one of them"
+        )
+    if off.ratio < 1.0:
+        raise ValueError(
+            f"{_KEY} with zero_optimization.offload_optimizer.ratio={off.ratio}: ZenFlow applies the CPU update "
+            "to every partition; set ratio 1 (full offload) or remove the zenflow section"
+        )
+    if any(g.get("use_muon", False) for g in optimizer.param_groups):
+        raise ValueError(f"{_KEY} with Muon param groups (use_muon=True) is not supported; use Adam/AdamW")
+    if kwargs.get("model_parallel_group") is not None:
+        raise ValueError(
+            f"{_KEY} with tensor parallelism (tensor_parallel.autotp_size > 1) is not supported at stage 3 in ds"
+        )
