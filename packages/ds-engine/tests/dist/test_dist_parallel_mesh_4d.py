@@ -27,6 +27,7 @@ pytest.importorskip("ds_zero", reason="the runs train at ZeRO stages 1 and 2: ne
 STEPS = 4
 D, HEAD_DIM, MICRO, SEQ = 16, 4, 1, 8
 TP, SP, DP = 2, 2, 2
+NUM_EXPERTS, EP = 4, 2
 LR, MOMENTUM = 0.05, 0.9
 SPECS: list[dict[str, Any]] = [
     {"patterns": [r".*\.(q_proj|k_proj|v_proj|up_proj)\.weight$"], "partition_type": "column"},
@@ -62,17 +63,60 @@ class Block(nn.Module):
         return x + self.down_proj(torch.tanh(self.up_proj(x)))
 
 
-class Model(nn.Module):
+def _expert() -> nn.Module:
+    return nn.Sequential(nn.Linear(D, 2 * D), nn.Tanh(), nn.Linear(2 * D, D))  # names match no AutoTP spec
+
+
+class ReferenceMoE(nn.Module):
+    """Top-1 routing over all experts on one process, in plain PyTorch, with ds MoE's parameter names.
+
+    Without capacity dropping a token's output is its gate probability times its expert's output, whatever
+    else is in the batch: the sharded MoE must give the same on any split of the tokens."""
+
     def __init__(self) -> None:
+        super().__init__()
+        self.deepspeed_moe = nn.Module()
+        self.deepspeed_moe.gate = nn.Module()
+        self.deepspeed_moe.gate.wg = nn.Linear(D, NUM_EXPERTS, bias=False)
+        self.deepspeed_moe.experts = nn.Module()
+        self.deepspeed_moe.experts.deepspeed_experts = nn.ModuleList([_expert() for _ in range(NUM_EXPERTS)])
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        x = h.reshape(-1, D)
+        gates = self.deepspeed_moe.gate.wg(x).softmax(dim=1)
+        choice = gates.argmax(dim=1, keepdim=True)
+        outputs = torch.stack([e(x) for e in self.deepspeed_moe.experts.deepspeed_experts], dim=1)  # [n, E, D]
+        picked = outputs.gather(1, choice.unsqueeze(-1).expand(-1, 1, D)).squeeze(1)
+        return (gates.gather(1, choice) * picked).reshape(h.shape), None, None
+
+
+def _moe(ep: int) -> nn.Module:
+    """ep 0: the one-process reference; else ds MoE sharded over `ep` ranks (no dropping, no noise)."""
+    if ep == 0:
+        return ReferenceMoE()
+    from ds_parallel.moe import MoE
+
+    return MoE(
+        D, _expert(), num_experts=NUM_EXPERTS, ep_size=ep, k=1, min_capacity=1, drop_tokens=False, use_rts=False
+    )
+
+
+class Model(nn.Module):
+    """Embedding, two blocks, an optional MoE FFN (`moe_ep`: None none, 0 the reference, N ds MoE at ep N), head."""
+
+    def __init__(self, moe_ep: int | None = None) -> None:
         super().__init__()
         self.embed = nn.Linear(D, D)  # no spec matches: whole on every rank
         self.blocks = nn.ModuleList([Block(), Block()])
+        self.moe = None if moe_ep is None else _moe(moe_ep)
         self.head = nn.Linear(D, 1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
         for block in self.blocks:
             h = block(h)
+        if self.moe is not None:
+            h = h + self.moe(h)[0]  # l_aux left out: a product of batch means, it is not additive over shards
         return nn.functional.mse_loss(self.head(h), y)  # mean over this rank's tokens
 
 
@@ -95,12 +139,35 @@ def _config(stage: int, clip: float, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _train(rank: int, world: int, stage: int, clip: float) -> dict[str, Any]:
+def _local_experts(state: dict[str, torch.Tensor], ep_rank: int) -> dict[str, torch.Tensor]:
+    """The reference's whole state as an expert-parallel rank holds it: its experts renumbered from 0."""
+    per_rank, out = NUM_EXPERTS // EP, {}
+    for name, value in state.items():
+        head, sep, tail = name.partition(".deepspeed_experts.")
+        if not sep:
+            out[name] = value
+            continue
+        index, _, rest = tail.partition(".")
+        if int(index) // per_rank == ep_rank:
+            out[f"{head}{sep}{int(index) % per_rank}.{rest}"] = value
+    return out
+
+
+def _initial(moe: bool) -> Model:
+    torch.manual_seed(0)
+    return Model(moe_ep=0 if moe else None)
+
+
+def _train(rank: int, world: int, stage: int, clip: float, moe: bool = False) -> dict[str, Any]:
     import ds_engine as deepspeed
     from ds_parallel import DistributedAttention, groups
 
-    torch.manual_seed(0)
-    model = Model()
+    model = _initial(moe)
+    ep_rank = rank % EP  # DeepSpeed's layout beside tensor parallelism: an expert group is EP consecutive ranks
+    if moe:
+        whole = model.state_dict()
+        model = Model(moe_ep=EP)
+        model.load_state_dict(_local_experts(whole, ep_rank))
     engine, *_ = deepspeed.initialize(model=model, config=_config(stage, clip))
     ulysses = DistributedAttention(causal_attention, groups._get_sequence_parallel_group(), scatter_idx=2, gather_idx=1)
     for block in model.blocks:
@@ -115,19 +182,20 @@ def _train(rank: int, world: int, stage: int, clip: float) -> dict[str, Any]:
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    expert_ranks = groups._get_expert_parallel_group_ranks(f"ep_size_{EP}") if moe else None
     return {
         "losses": losses,
         "full": {k: v.clone() for k, v in engine.module_state_dict().items()},
+        "expert": (ep_rank, expert_ranks),
         "coords": (dp_rank, sp_rank, groups._get_model_parallel_rank()),
         "sizes": (engine.dp_world_size, engine._dist.sp_world_size, engine._dist.mp_world_size),
         "train_batch_size": engine.train_batch_size(),
     }
 
 
-def _reference(clip: float) -> tuple[list[float], dict[str, torch.Tensor]]:
+def _reference(clip: float, moe: bool = False) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same model in plain PyTorch on one process, whole global batches, the norm clipped to `clip` (0: not)."""
-    torch.manual_seed(0)
-    model = Model()
+    model = _initial(moe)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     losses = []
     for step in range(STEPS):
@@ -154,5 +222,24 @@ def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
         for k, v in ref_state.items():
             torch.testing.assert_close(r["full"][k], v, rtol=1e-5, atol=1e-5, msg=k)
     for step in range(STEPS):  # every rank's mean over an equal share of tokens: their mean is the whole mean
+        mean = sum(r["losses"][step] for r in results) / len(results)
+        assert abs(mean - ref_losses[step]) < 1e-5, (step, mean, ref_losses[step])
+
+
+@pytest.mark.timeout(600)
+def test_moe_at_ep2_inside_tp2_sp2_dp2_equals_one_process() -> None:
+    """An MoE FFN with 4 experts at ep_size=2 in the same 8-rank job: expert groups are DeepSpeed's (2
+    consecutive ranks: the tensor-parallel peers, which split each token set's slots between them), expert
+    gradients are reduced over the ranks holding the same experts (data x sequence). ZeRO 2, clipped."""
+    ref_losses, ref_state = _reference(0.5, moe=True)
+    results = run_ranks(TP * SP * DP, _train, 2, 0.5, True, timeout_s=300)
+    for rank, r in enumerate(results):
+        ep_rank, expert_ranks = r["expert"]
+        assert expert_ranks == [rank - ep_rank + i for i in range(EP)]
+        expected = _local_experts(ref_state, ep_rank)
+        assert r["full"].keys() == expected.keys()
+        for k, v in expected.items():
+            torch.testing.assert_close(r["full"][k], v, rtol=1e-5, atol=1e-5, msg=k)
+    for step in range(STEPS):
         mean = sum(r["losses"][step] for r in results) / len(results)
         assert abs(mean - ref_losses[step]) < 1e-5, (step, mean, ref_losses[step])

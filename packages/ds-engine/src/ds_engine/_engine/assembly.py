@@ -191,7 +191,10 @@ def _stepper(
     mp: dict[str, Any] = {}
     if tp is not None:
         params = [p for g in base.param_groups for p in g["params"]]
-        mp = {"model_parallel_group": tp.group, "model_parallel_params": tp.cut_params(params)}
+        cut = tp.cut_params(params)
+        if moe is not None:  # tensor-parallel peers holding different experts: summed in the norm as shards are
+            cut += moe.experts_across(tp.group, params)
+        mp = {"model_parallel_group": tp.group, "model_parallel_params": cut}
     if plan.zero_stage >= 1:
         zero = build_zero_optimizer(plan, config, base, module, dist, moe=moe, model_parallel=mp)
         return ZeroStepper(zero), zero

@@ -88,6 +88,37 @@ class MoeWiring:
     def num_experts(self) -> list[int]:
         return [layer.num_experts for layer in self.layers]
 
+    def experts_across(self, tp_group: ProcessGroup, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The expert parameters among `params` that differ between the ranks of `tp_group`.
+
+        Beside tensor parallelism DeepSpeed's expert-parallel groups are consecutive ranks, so with ep_size
+        a multiple of the tensor-parallel degree the tensor-parallel peers hold different experts: for the
+        gradient norm those parameters count as cut across the group (summed over it), like AutoTP's shards.
+        With ep_size 1, or expert groups inside tensor-parallel lanes, the peers hold the same experts
+        (counted once). Parameters already cut (`tensor_model_parallel`) are left to the caller's list.
+
+        Raises:
+            ValueError: an expert-parallel group splits a tensor-parallel group (ep_size below the
+                tensor-parallel degree and above 1): the peers would hold some experts twice.
+        """
+        peers = set(ds_comm.get_all_ranks_from_group(tp_group))
+        across: set[str] = set()
+        for name, group in self.ep_groups.items():
+            shared = peers & set(ds_comm.get_all_ranks_from_group(group))
+            if shared == peers:
+                across.add(name)
+            elif len(shared) > 1:
+                raise ValueError(
+                    f"MoE {name} with a tensor-parallel group of {len(peers)} ranks: its expert-parallel groups "
+                    "split the tensor-parallel group, so the peers hold some experts twice; use an ep_size "
+                    "that is 1 or a multiple of tensor_parallel.autotp_size"
+                )
+        return [
+            p
+            for p in params
+            if is_expert_param(p) and p.group_name in across and not getattr(p, "tensor_model_parallel", False)
+        ]
+
     def partition_groups(self, param_groups: list[dict[str, Any]]) -> list[ProcessGroup | None]:
         """For ZeRO 1/2: each MoE param group's expert-data-parallel group, None (data parallel) for the rest.
 
@@ -151,11 +182,11 @@ def detect_moe(module: nn.Module, dist: DistInfo, *, data_before_expert: bool = 
             groups._create_expert_and_data_parallel(
                 int(name.rsplit("_", 1)[1]), use_data_before_expert_parallel_=data_before_expert
             )
-    dp = groups._get_data_parallel_world_size()
-    if dp != dist.dp_world_size:
+    dp = groups._get_data_parallel_world_size()  # model replicas: sequence-parallel peers are one replica
+    if dp != dist.replica_world_size:
         raise ValueError(
-            f"MoE: ds-parallel's data-parallel world ({dp}) differs from the engine's ({dist.dp_world_size}); "
-            "an mpu that splits the world another way is not supported with MoE layers"
+            f"MoE: ds-parallel's data-parallel world ({dp}) differs from the engine's ({dist.replica_world_size} "
+            "replicas); an mpu that splits the world another way is not supported with MoE layers"
         )
     layers, expert_names = moe_layout(module)
     wiring = MoeWiring(
