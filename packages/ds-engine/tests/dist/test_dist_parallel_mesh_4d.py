@@ -25,8 +25,8 @@ pytest.importorskip("ds_parallel", reason="tensor and sequence parallelism need 
 pytest.importorskip("ds_zero", reason="the runs train at ZeRO stages 1 and 2: need ds-zero")
 
 STEPS = 4
-D, HEAD_DIM, MICRO, SEQ = 16, 4, 1, 8
-TP, SP, DP = 2, 2, 2
+D, HEAD_DIM, BATCH, SEQ = 16, 4, 4, 8
+WORLD, SP = 8, 2  # data parallelism takes the ranks tensor x sequence parallelism leave
 NUM_EXPERTS, EP = 4, 2
 LR, MOMENTUM = 0.05, 0.9
 SPECS: list[dict[str, Any]] = [
@@ -96,9 +96,7 @@ def _moe(ep: int) -> nn.Module:
         return ReferenceMoE()
     from ds_parallel.moe import MoE
 
-    return MoE(
-        D, _expert(), num_experts=NUM_EXPERTS, ep_size=ep, k=1, min_capacity=1, drop_tokens=False, use_rts=False
-    )
+    return MoE(D, _expert(), num_experts=NUM_EXPERTS, ep_size=ep, k=1, min_capacity=1, drop_tokens=False, use_rts=False)
 
 
 class Model(nn.Module):
@@ -121,21 +119,21 @@ class Model(nn.Module):
 
 
 def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of `step`: DP x MICRO samples."""
+    """The global batch of `step`: BATCH samples, split over the data-parallel replicas."""
     g = torch.Generator().manual_seed(100 + step)
-    return torch.randn(DP * MICRO, SEQ, D, generator=g), torch.randn(DP * MICRO, SEQ, 1, generator=g)
+    return torch.randn(BATCH, SEQ, D, generator=g), torch.randn(BATCH, SEQ, 1, generator=g)
 
 
-def _config(stage: int, clip: float, **extra: Any) -> dict[str, Any]:
+def _config(stage: int, clip: float, tp: int) -> dict[str, Any]:
+    tensor_parallel = {"autotp_size": tp, "partition_config": {"use_default_specs": False, "layer_specs": SPECS}}
     return {
-        "train_micro_batch_size_per_gpu": MICRO,
+        "train_micro_batch_size_per_gpu": BATCH * tp * SP // WORLD,
         "gradient_clipping": clip,  # 0: off (DeepSpeed's default is 1.0), so the gradients' scale is checked too
         "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": MOMENTUM}},
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
-        "tensor_parallel": {"autotp_size": TP, "partition_config": {"use_default_specs": False, "layer_specs": SPECS}},
         "sequence_parallel_size": SP,
-        **extra,
+        **({"tensor_parallel": tensor_parallel} if tp > 1 else {}),
     }
 
 
@@ -153,27 +151,34 @@ def _local_experts(state: dict[str, torch.Tensor], ep_rank: int) -> dict[str, to
     return out
 
 
+def _expert_rank(rank: int, tp: int) -> int:
+    """Where `rank` sits in its expert-parallel group. Beside tensor parallelism DeepSpeed's layout: EP
+    consecutive ranks. Otherwise the mesh's `ep` dim, inside data parallelism (outside sequence parallelism)."""
+    return rank % EP if tp > 1 else rank // SP % EP
+
+
 def _initial(moe: bool) -> Model:
     torch.manual_seed(0)
     return Model(moe_ep=0 if moe else None)
 
 
-def _train(rank: int, world: int, stage: int, clip: float, moe: bool = False) -> dict[str, Any]:
+def _train(rank: int, world: int, stage: int, clip: float, moe: bool = False, tp: int = 2) -> dict[str, Any]:
     import ds_engine as deepspeed
     from ds_parallel import DistributedAttention, groups
 
     model = _initial(moe)
-    ep_rank = rank % EP  # DeepSpeed's layout beside tensor parallelism: an expert group is EP consecutive ranks
+    ep_rank = _expert_rank(rank, tp)
     if moe:
         whole = model.state_dict()
         model = Model(moe_ep=EP)
         model.load_state_dict(_local_experts(whole, ep_rank))
-    engine, *_ = deepspeed.initialize(model=model, config=_config(stage, clip))
+    engine, *_ = deepspeed.initialize(model=model, config=_config(stage, clip, tp))
     ulysses = DistributedAttention(causal_attention, groups._get_sequence_parallel_group(), scatter_idx=2, gather_idx=1)
     for block in model.blocks:
         block.attention = functools.partial(ulysses, batch_dim_idx=0)  # [b, s, h, d]
     sp_rank, dp_rank = groups._get_sequence_parallel_rank(), groups._get_data_parallel_rank()
-    samples = slice(dp_rank * MICRO, (dp_rank + 1) * MICRO)  # this replica's samples
+    micro = BATCH * tp * SP // WORLD
+    samples = slice(dp_rank * micro, (dp_rank + 1) * micro)  # this replica's samples
     tokens = slice(sp_rank * SEQ // SP, (sp_rank + 1) * SEQ // SP)  # this rank's piece of each sequence
     losses = []
     for step in range(STEPS):
@@ -209,17 +214,13 @@ def _reference(clip: float, moe: bool = False) -> tuple[list[float], dict[str, t
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize(("stage", "clip"), [(1, 0.0), (2, 0.5)])
-def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
-    ref_losses, ref_state = _reference(clip)
-    results = run_ranks(TP * SP * DP, _train, stage, clip, timeout_s=300)
-    for rank, r in enumerate(results):
-        assert r["sizes"] == (DP * SP, SP, TP)  # gradients reduce over data x sequence ranks
-        assert r["train_batch_size"] == DP * MICRO
-        assert r["coords"] == (rank // (TP * SP), rank // TP % SP, rank % TP)  # tp innermost, then sp, then dp
+def _check(results: list[dict[str, Any]], reference: tuple[list[float], dict[str, torch.Tensor]], moe: bool) -> None:
+    """Every rank's weights (its own experts renumbered) and the mean of the ranks' losses equal the reference."""
+    ref_losses, ref_state = reference
     for r in results:
-        for k, v in ref_state.items():
+        expected = _local_experts(ref_state, r["expert"][0]) if moe else ref_state
+        assert r["full"].keys() == expected.keys()
+        for k, v in expected.items():
             torch.testing.assert_close(r["full"][k], v, rtol=1e-5, atol=1e-5, msg=k)
     for step in range(STEPS):  # every rank's mean over an equal share of tokens: their mean is the whole mean
         mean = sum(r["losses"][step] for r in results) / len(results)
@@ -227,19 +228,27 @@ def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_moe_at_ep2_inside_tp2_sp2_dp2_equals_one_process() -> None:
-    """An MoE FFN with 4 experts at ep_size=2 in the same 8-rank job: expert groups are DeepSpeed's (2
-    consecutive ranks: the tensor-parallel peers, which split each token set's slots between them), expert
-    gradients are reduced over the ranks holding the same experts (data x sequence). ZeRO 2, clipped."""
-    ref_losses, ref_state = _reference(0.5, moe=True)
-    results = run_ranks(TP * SP * DP, _train, 2, 0.5, True, timeout_s=300)
+@pytest.mark.parametrize(("stage", "clip"), [(1, 0.0), (2, 0.5)])
+def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
+    results = run_ranks(WORLD, _train, stage, clip, timeout_s=300)
+    tp, dp = 2, WORLD // (2 * SP)
+    for rank, r in enumerate(results):
+        assert r["sizes"] == (dp * SP, SP, tp)  # gradients reduce over data x sequence ranks
+        assert r["train_batch_size"] == BATCH
+        assert r["coords"] == (rank // (tp * SP), rank // tp % SP, rank % tp)  # tp innermost, then sp, then dp
+    _check(results, _reference(clip), moe=False)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("tp", [2, 1])
+def test_moe_at_ep2_equals_one_process(tp: int) -> None:
+    """An MoE FFN with 4 experts at ep_size=2 in the same job (ZeRO 2, clipped). tp 2 (TP2 x SP2 x DP2):
+    DeepSpeed's expert groups beside tensor parallelism, 2 consecutive ranks (the tensor-parallel peers, which
+    split each token set's slots between them). tp 1 (SP2 x DP4): the mesh's `ep` dim inside data parallelism.
+    Either way expert gradients are reduced over every rank holding the same experts (data x sequence)."""
+    results = run_ranks(WORLD, _train, 2, 0.5, True, tp, timeout_s=300)
+    stride = 1 if tp > 1 else SP
     for rank, r in enumerate(results):
         ep_rank, expert_ranks = r["expert"]
-        assert expert_ranks == [rank - ep_rank + i for i in range(EP)]
-        expected = _local_experts(ref_state, ep_rank)
-        assert r["full"].keys() == expected.keys()
-        for k, v in expected.items():
-            torch.testing.assert_close(r["full"][k], v, rtol=1e-5, atol=1e-5, msg=k)
-    for step in range(STEPS):
-        mean = sum(r["losses"][step] for r in results) / len(results)
-        assert abs(mean - ref_losses[step]) < 1e-5, (step, mean, ref_losses[step])
+        assert expert_ranks == [rank + (i - ep_rank) * stride for i in range(EP)]
+    _check(results, _reference(0.5, moe=True), moe=True)
