@@ -124,15 +124,15 @@ def _data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, SEQ, D, generator=g), torch.randn(BATCH, SEQ, 1, generator=g)
 
 
-def _config(stage: int, clip: float, tp: int) -> dict[str, Any]:
+def _config(stage: int, clip: float, tp: int, sp: int = SP) -> dict[str, Any]:
     tensor_parallel = {"autotp_size": tp, "partition_config": {"use_default_specs": False, "layer_specs": SPECS}}
     return {
-        "train_micro_batch_size_per_gpu": BATCH * tp * SP // WORLD,
+        "train_micro_batch_size_per_gpu": BATCH * tp * sp // WORLD,
         "gradient_clipping": clip,  # 0: off (DeepSpeed's default is 1.0), so the gradients' scale is checked too
         "optimizer": {"type": "SGD", "params": {"lr": LR, "momentum": MOMENTUM}},
         "zero_optimization": {"stage": stage},
         "zero_allow_untested_optimizer": True,
-        "sequence_parallel_size": SP,
+        "sequence_parallel_size": sp,
         **({"tensor_parallel": tensor_parallel} if tp > 1 else {}),
     }
 
@@ -192,6 +192,7 @@ def _train(rank: int, world: int, stage: int, clip: float, moe: bool = False, tp
         "losses": losses,
         "full": {k: v.clone() for k, v in engine.module_state_dict().items()},
         "expert": (ep_rank, expert_ranks),
+        "mesh_ep": (groups.get_mesh().dims.ep, groups.get_mesh().ranks("ep")),  # the one mesh initialize() built
         "coords": (dp_rank, sp_rank, groups._get_model_parallel_rank()),
         "sizes": (engine.dp_world_size, engine._dist.sp_world_size, engine._dist.mp_world_size),
         "train_batch_size": engine.train_batch_size(),
@@ -244,11 +245,36 @@ def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
 def test_moe_at_ep2_equals_one_process(tp: int) -> None:
     """An MoE FFN with 4 experts at ep_size=2 in the same job (ZeRO 2, clipped). tp 2 (TP2 x SP2 x DP2):
     DeepSpeed's expert groups beside tensor parallelism, 2 consecutive ranks (the tensor-parallel peers, which
-    split each token set's slots between them). tp 1 (SP2 x DP4): the mesh's `ep` dim inside data parallelism.
+    split each token set's slots between them). tp 1 (SP2 x DP4): the `ep` dim of the one mesh initialize()
+    builds, inside data parallelism.
     Either way expert gradients are reduced over every rank holding the same experts (data x sequence)."""
     results = run_ranks(WORLD, _train, 2, 0.5, True, tp, timeout_s=300)
     stride = 1 if tp > 1 else SP
     for rank, r in enumerate(results):
         ep_rank, expert_ranks = r["expert"]
         assert expert_ranks == [rank + (i - ep_rank) * stride for i in range(EP)]
+        if tp == 1:  # the expert groups are the engine's mesh's `ep` dim (one ParallelDims: sp 2, dp 4, ep 2)
+            assert r["mesh_ep"] == (EP, expert_ranks)
+        else:
+            assert r["mesh_ep"][0] == 1
     _check(results, _reference(0.5, moe=True), moe=True)
+
+
+def _expert_groups_splitting_tp(rank: int, world: int) -> str:
+    import ds_engine as deepspeed
+
+    torch.manual_seed(0)
+    try:
+        deepspeed.initialize(model=Model(moe_ep=EP), config=_config(1, 1.0, tp=world, sp=1))
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
+@pytest.mark.timeout(300)
+def test_expert_groups_that_split_a_tensor_parallel_group_are_refused() -> None:
+    """ep_size=2 beside autotp_size=4: DeepSpeed's expert groups (2 consecutive ranks) split each tensor-parallel
+    group, whose peers then hold some experts twice; refused at initialize(), naming the keys to change."""
+    for msg in run_ranks(4, _expert_groups_splitting_tp, timeout_s=240):
+        assert "MoE ep_size_2 with a tensor-parallel group of 4 ranks" in msg
+        assert "use an ep_size that is 1 or a multiple of tensor_parallel.autotp_size" in msg
