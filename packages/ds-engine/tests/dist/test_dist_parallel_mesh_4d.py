@@ -1,10 +1,17 @@
-"""Tensor x sequence x data parallelism from one ds_config on 8 ranks: `"tensor_parallel": {"autotp_size": 2}`,
-`"sequence_parallel_size": 2` and data parallelism over the 2 replicas left build one `ParallelDims` and one
-mesh (tp innermost, then sp, then dp). AutoTP cuts attention heads and MLP, Ulysses `DistributedAttention`
-spreads each rank's heads over its sequence peers, and each data-parallel replica takes its own samples.
-Gradients are averaged over data x sequence ranks (DeepSpeed's seq_data_parallel group, as ALST does), so
-each rank's mean loss over its own tokens trains like the mean over the whole batch. At ZeRO 1 and 2, the
+"""Tensor x sequence x expert x data parallelism from one ds_config on 8 ranks, against one process.
+
+`"tensor_parallel": {"autotp_size": 2}` and `"sequence_parallel_size": 2` with data parallelism over the 2
+replicas left build one `ParallelDims` and one mesh (tp innermost, then sp, then dp). AutoTP cuts attention
+heads and MLP, Ulysses `DistributedAttention` spreads each rank's heads over its sequence peers, and each
+data-parallel replica takes its own samples. Gradients are averaged over data x sequence ranks (the
+sequence-data-parallel group), so each rank's mean loss over its own equal share of tokens trains like
+the mean over the whole batch (what ALST's `aggregate_sp_loss` gives, SP peers agreeing). At ZeRO 1
+(unclipped: the gradients' scale is checked), 2 and 3 (clipped: the norm over all three dims is checked),
 losses and whole weights equal plain PyTorch on one process over the full batch (fp32, 1e-5).
+
+An MoE FFN (4 experts, ep_size=2) in the same job trains like all experts on one process too: beside
+TP2 x SP2 x DP2 in DeepSpeed's expert groups, and at SP2 x DP4 as the `ep` dim of the one mesh.
+Expert groups that split a tensor-parallel group are refused.
 
 Needs ds-parallel and ds-zero (the `ds-engine[all]` session); skipped without them.
 """
@@ -22,7 +29,7 @@ from torch import nn
 from ds_comm.testing import run_ranks
 
 pytest.importorskip("ds_parallel", reason="tensor and sequence parallelism need ds-parallel")
-pytest.importorskip("ds_zero", reason="the runs train at ZeRO stages 1 and 2: need ds-zero")
+pytest.importorskip("ds_zero", reason="the runs train at ZeRO stages 1-3: need ds-zero")
 
 STEPS = 4
 D, HEAD_DIM, BATCH, SEQ = 16, 4, 4, 8
@@ -229,7 +236,7 @@ def _check(results: list[dict[str, Any]], reference: tuple[list[float], dict[str
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("stage", "clip"), [(1, 0.0), (2, 0.5)])
+@pytest.mark.parametrize(("stage", "clip"), [(1, 0.0), (2, 0.5), (3, 0.5)])
 def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
     results = run_ranks(WORLD, _train, stage, clip, timeout_s=300)
     tp, dp = 2, WORLD // (2 * SP)
