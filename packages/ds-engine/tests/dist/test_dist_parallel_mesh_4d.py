@@ -9,8 +9,9 @@ the mean over the whole batch (what ALST's `aggregate_sp_loss` gives, SP peers a
 (unclipped: the gradients' scale is checked), 2 and 3 (clipped: the norm over all three dims is checked),
 losses and whole weights equal plain PyTorch on one process over the full batch (fp32, 1e-5).
 
-An MoE FFN (4 experts, ep_size=2) in the same job trains like all experts on one process too: beside
-TP2 x SP2 x DP2 in DeepSpeed's expert groups, and at SP2 x DP4 as the `ep` dim of the one mesh.
+An MoE FFN (4 experts, ep_size=2) in the same job trains like all experts on one process too, clipped: beside
+TP2 x SP2 x DP2 in DeepSpeed's expert groups (ZeRO 2, and 0 with its MoE stepper), and at SP2 x DP4 as the
+`ep` dim of the one mesh (ZeRO 2).
 Expert groups that split a tensor-parallel group are refused.
 
 Needs ds-parallel and ds-zero (the `ds-engine[all]` session); skipped without them.
@@ -248,14 +249,14 @@ def test_tp2_sp2_dp2_equals_one_process(stage: int, clip: float) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("tp", [2, 1])
-def test_moe_at_ep2_equals_one_process(tp: int) -> None:
-    """An MoE FFN with 4 experts at ep_size=2 in the same job (ZeRO 2, clipped). tp 2 (TP2 x SP2 x DP2):
+@pytest.mark.parametrize(("tp", "stage"), [(2, 2), (2, 0), (1, 2)])
+def test_moe_at_ep2_equals_one_process(tp: int, stage: int) -> None:
+    """An MoE FFN with 4 experts at ep_size=2 in the same job (ZeRO 2 or 0, clipped). tp 2 (TP2 x SP2 x DP2):
     DeepSpeed's expert groups beside tensor parallelism, 2 consecutive ranks (the tensor-parallel peers, which
     split each token set's slots between them). tp 1 (SP2 x DP4): the `ep` dim of the one mesh initialize()
     builds, inside data parallelism.
     Either way expert gradients are reduced over every rank holding the same experts (data x sequence)."""
-    results = run_ranks(WORLD, _train, 2, 0.5, True, tp, timeout_s=300)
+    results = run_ranks(WORLD, _train, stage, 0.5, True, tp, timeout_s=300)
     stride = 1 if tp > 1 else SP
     for rank, r in enumerate(results):
         ep_rank, expert_ranks = r["expert"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -294,8 +295,9 @@ class MoeFp32Stepper(PlainOptimizerState):
 
     The dense buffer is all-reduced (averaged) over the data-parallel group; each expert group's buffer is
     all-reduced over its expert-data-parallel group and divided by the data-parallel world size. The
-    clipping norm adds the dense gradients' squares (the same on every rank) and each expert group's,
-    summed over its expert-parallel group (each rank holds other experts).
+    clipping norm adds the dense gradients' squares (the same on every rank; with tensor parallelism the
+    squares of the cut parameters are summed over `model_parallel_group`) and each expert group's, summed
+    over its expert-parallel group (each rank holds other experts).
     """
 
     def __init__(
@@ -307,9 +309,13 @@ class MoeFp32Stepper(PlainOptimizerState):
         settings: ReduceSettings | None,
         clip: float,
         timers: WallClockTimers | NullTimers,
+        model_parallel_group: ProcessGroup | None = None,
+        model_parallel_params: Sequence[torch.Tensor] = (),
     ) -> None:
         self.optimizer = optimizer
         self.clip = clip
+        self.model_parallel_group = model_parallel_group
+        self._cut_dense: list[torch.Tensor] = []  # views of the dense buffer: parameters AutoTP cut
         self.timers = timers
         self._norm: float | None = None
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -324,6 +330,9 @@ class MoeFp32Stepper(PlainOptimizerState):
         reduce = settings or ReduceSettings()
         if dense:
             buffer = FlatGradBuffer(dense, torch.float32, bind=True, lazy_bind=True)
+            if model_parallel_group is not None:
+                cut = {id(p) for p in model_parallel_params}
+                self._cut_dense = buffer.views_of([p for p in dense if id(p) in cut])
             self.buffers.append(buffer)
             self.norm_groups.append(None)
             if dist.dp_world_size > 1:
@@ -351,6 +360,11 @@ class MoeFp32Stepper(PlainOptimizerState):
             if group is not None and ds_comm.get_world_size(group) > 1:
                 ds_comm.all_reduce(sq, group=group)
             total += float(sq)
+        if self.model_parallel_group is not None and self._cut_dense:  # the other shards of the cut parameters
+            cut_sq = sum((v.float().square().sum() for v in self._cut_dense), torch.zeros(())).reshape(1)
+            mine = float(cut_sq)
+            ds_comm.all_reduce(cut_sq, group=self.model_parallel_group)
+            total += float(cut_sq) - mine
         return total**0.5
 
     def step(self, skip: torch.Tensor | None = None) -> bool:
