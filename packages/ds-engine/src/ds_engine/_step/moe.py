@@ -114,10 +114,11 @@ class MoeWiring:
                     "split the tensor-parallel group, so the peers hold some experts twice; use an ep_size "
                     "that is 1 or a multiple of tensor_parallel.autotp_size"
                 )
+        already_cut = {id(p) for p in params if getattr(p, "tensor_model_parallel", False)}
         return [
             p
             for p in params
-            if is_expert_param(p) and p.group_name in across and not getattr(p, "tensor_model_parallel", False)
+            if is_expert_param(p) and getattr(p, "group_name", None) in across and id(p) not in already_cut
         ]
 
     def partition_groups(self, param_groups: list[dict[str, Any]]) -> list[ProcessGroup | None]:
