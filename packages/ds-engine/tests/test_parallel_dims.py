@@ -1,7 +1,8 @@
 """`_parallel.dims` on one process: the degrees read from a config before validation, the replica count the batch
 triple is resolved for, and the refusals of degrees that do not fit the world (naming the config keys).
 
-The mesh itself (4 ranks, tensor x sequence parallel) is built in tests/dist/test_dist_tensor_sequence_parallel.py.
+The mesh itself (4 ranks, tensor x sequence parallel) is built in tests/dist/test_dist_tensor_sequence_parallel.py,
+with data and expert parallelism too (8 ranks) in tests/dist/test_dist_parallel_mesh_4d.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ds_engine._parallel import tp_model_init as _tp_model_init
 from ds_engine._parallel.dims import (
     check_degrees_fit,
     expected_replica_world_size,
+    model_expert_degree,
     requested_degrees,
     resolve_parallel_layout,
 )
@@ -131,3 +133,17 @@ def test_a_bad_degree_is_still_named_by_validation() -> None:
         deepspeed.initialize(
             model=nn.Linear(4, 4), config={**BASE, "sequence_parallel_size": 0}, dist_init_required=False
         )
+
+
+def _marked(module: nn.Module, group_name: str) -> nn.Module:
+    for p in module.parameters():
+        p.allreduce, p.group_name = False, group_name  # DeepSpeed's expert mark (ds-parallel's Experts sets it)
+    return module
+
+
+def test_model_expert_degree_reads_the_moe_layers_ep_size() -> None:
+    """The `ep` dim the mesh gets from an MoE model: its layers' one degree; 1 for dense or mixed degrees."""
+    assert model_expert_degree(nn.Linear(2, 2)) == 1
+    assert model_expert_degree(nn.Sequential(nn.Linear(2, 2), _marked(nn.Linear(2, 2), "ep_size_4"))) == 4
+    mixed = nn.Sequential(_marked(nn.Linear(2, 2), "ep_size_2"), _marked(nn.Linear(2, 2), "ep_size_4"))
+    assert model_expert_degree(mixed) == 1

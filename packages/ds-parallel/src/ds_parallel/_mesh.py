@@ -1,7 +1,9 @@
 """`ParallelMesh`: the process layout as one `DeviceMesh` with named dims; every group is a view of it.
 
-Named 1-D views: `pp`, `dp` (= `edp` x `ep`), `edp`, `ep`, `sp`, `tp`, and `dp_sp` (the data and
-sequence ranks together: what ZeRO partitions and reduces gradients over when sequence parallelism is on).
+Named 1-D views: `pp`, `dp` (= `edp` x `ep`), `edp`, `ep`, `sp`, `tp`, `dp_sp` (the data and
+sequence ranks together: what ZeRO partitions and reduces gradients over when sequence parallelism is on),
+and `edp_sp` (`edp` x `sp`: every rank holding the same experts, since sequence-parallel peers route their
+own tokens to them; expert gradients are reduced over it).
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from ds_parallel._dims import MESH_DIM_NAMES, ParallelDims
 
 __all__ = ["ParallelMesh", "build_mesh"]
 
-#: Flattened views: name -> the mesh dims it joins (contiguous, outer first).
-_FLATTENED: dict[str, tuple[str, ...]] = {"dp": ("edp", "ep"), "dp_sp": ("edp", "ep", "sp")}
+#: Flattened views: name -> the mesh dims it joins (outer first; `edp_sp` skips `ep`).
+_FLATTENED: dict[str, tuple[str, ...]] = {
+    "dp": ("edp", "ep"),
+    "dp_sp": ("edp", "ep", "sp"),
+    "edp_sp": ("edp", "sp"),
+}
 
 
 class ParallelMesh:

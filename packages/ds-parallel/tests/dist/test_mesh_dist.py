@@ -59,6 +59,30 @@ def test_all_dims_layout_on_8_ranks() -> None:
         assert r["groups"][6] == 2 and r["mpu"][4:] == (2, 2)
 
 
+def _expert_groups(rank: int, world: int) -> dict[str, Any]:
+    from ds_parallel import groups
+
+    mesh = groups.initialize_mesh(sp=2, ep=2)
+    groups._create_expert_and_data_parallel(2)
+    name = "ep_size_2"
+    return {
+        "edp_sp": mesh.ranks("edp_sp"),
+        "ep": groups._get_expert_parallel_group_ranks(name),
+        "edp": (groups._get_expert_data_parallel_group_ranks(name), groups._get_expert_data_parallel_rank(name)),
+    }
+
+
+@pytest.mark.timeout(240)
+def test_expert_data_parallel_group_holds_the_sequence_peers() -> None:
+    """sp=2, dp=4 (ep=2 inside it) on 8 ranks: a rank's experts are also held by its sequence-parallel peer,
+    which routes other tokens to them, so the expert-data-parallel group is `edp` x `sp` (4 ranks), not `edp`."""
+    for rank, r in enumerate(run_ranks(8, _expert_groups, timeout_s=200)):
+        sp, ep = rank % 2, rank // 2 % 2
+        same_experts = [e * 4 + ep * 2 + s for e in range(2) for s in range(2)]  # edp outer, sp inner
+        assert r["edp_sp"] == same_experts and r["edp"] == (same_experts, same_experts.index(rank))
+        assert r["ep"] == [rank - rank % 4 + sp, rank - rank % 4 + sp + 2]
+
+
 def _world_mismatch(rank: int, world: int) -> str:
     from ds_parallel import ParallelDims, build_mesh
 

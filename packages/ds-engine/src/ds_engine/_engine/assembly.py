@@ -193,11 +193,13 @@ def _stepper(
         params = [p for g in base.param_groups for p in g["params"]]
         mp = {"model_parallel_group": tp.group, "model_parallel_params": tp.cut_params(params)}
     if plan.zero_stage >= 1:
+        if tp is not None and moe is not None:  # tensor-parallel peers holding other experts: summed as shards are
+            mp["model_parallel_params"] += moe.experts_across(tp.group, params)
         zero = build_zero_optimizer(plan, config, base, module, dist, moe=moe, model_parallel=mp)
         return ZeroStepper(zero), zero
-    if moe is not None and plan.precision == "fp32":
+    if moe is not None and plan.precision == "fp32":  # expert norms are summed over their expert-parallel groups
         _trainable(base)
-        stepper = MoeFp32Stepper(base, wiring=moe, dist=dist, settings=plan.reduce, clip=plan.clip, timers=timers)
+        stepper = MoeFp32Stepper(base, wiring=moe, dist=dist, settings=plan.reduce, clip=plan.clip, timers=timers, **mp)
         return stepper, base
     if plan.precision == "fp32":
         buffer = FlatGradBuffer(_trainable(base), torch.float32, bind=True, lazy_bind=True)

@@ -8,7 +8,11 @@ Where the layout comes from, in order:
 * otherwise the config: `tensor_parallel.autotp_size` (or `tp_model_init`'s size) and
   `sequence_parallel_size`. When either is above 1, ds-parallel's mesh is built once with both dims
   (`ParallelDims`; tp innermost, so a tensor-parallel group is consecutive ranks that hold the same
-  sequence shard, and sp inside dp), data parallelism taking the ranks left;
+  sequence shard, and sp inside dp), data parallelism taking the ranks left. An MoE model's expert degree
+  (its layers' `ep_size`; DeepSpeed has no config key for it) joins the same mesh as its `ep` dim, inside
+  data parallelism, where it folds: one degree, no tensor parallelism (beside it DeepSpeed's expert groups
+  are consecutive ranks across the tensor-parallel peers, not a mesh dim), dividing the data-parallel degree
+  (otherwise the layer's own groups refuse it by name);
 * neither: plain data parallelism over the world, without ds-parallel (an optional extra).
 
 The batch triple is resolved for the data-parallel replicas, which depend on the degrees, while the
@@ -39,6 +43,7 @@ __all__ = [
     "ParallelLayout",
     "check_degrees_fit",
     "expected_replica_world_size",
+    "model_expert_degree",
     "requested_degrees",
     "resolve_parallel_layout",
 ]
@@ -124,11 +129,25 @@ def check_degrees_fit(world_size: int, tp: int, sp: int) -> None:
     )
 
 
-def resolve_parallel_layout(*, tp: int, sp: int, mpu: Any) -> ParallelLayout:
+def model_expert_degree(module: Any) -> int:
+    """The expert-parallel degree of `module`'s MoE layers when they share one (1: dense, or several degrees).
+
+    Read from DeepSpeed's expert mark on parameters (`allreduce = False`, `group_name = "ep_size_N"`).
+    """
+    names = {getattr(p, "group_name", "") for p in module.parameters() if getattr(p, "allreduce", True) is False}
+    if len(names) != 1:
+        return 1
+    (name,) = names
+    prefix, _, degree = name.rpartition("_")
+    return int(degree) if prefix == "ep_size" and degree.isdigit() else 1
+
+
+def resolve_parallel_layout(*, tp: int, sp: int, mpu: Any, ep: int = 1) -> ParallelLayout:
     """The layout for degrees `tp`, `sp` (validated) and an optional mpu (the client's, or a pipeline's grid).
 
     With no mpu and `tp` or `sp` above 1, builds ds-parallel's process-wide mesh (a collective on every
-    rank) with both dims; otherwise builds nothing.
+    rank) with both dims, and with the model's expert degree `ep` as its `ep` dim where that folds (no
+    tensor parallelism, `ep` divides the data-parallel degree); otherwise builds nothing.
 
     Raises:
         ValueError: the degrees do not fit the world (`check_degrees_fit`).
@@ -146,7 +165,9 @@ def resolve_parallel_layout(*, tp: int, sp: int, mpu: Any) -> ParallelLayout:
     world = _world_size()
     check_degrees_fit(world, tp, sp)
     ds_parallel = require("ds_parallel", extra="parallel", feature=_keys(tp, sp))
-    dims = ds_parallel.ParallelDims(world_size=world, tp=tp, sp=sp)
+    dp = world // (tp * sp)
+    folds = tp == 1 and ep > 1 and dp % ep == 0
+    dims = ds_parallel.ParallelDims(world_size=world, tp=tp, sp=sp, ep=ep if folds else 1)
     built = ds_parallel.MeshMPU(ds_parallel.groups.initialize_mesh(dims))
     logger.debug("initialize(): built the process mesh %r", dims)
     return ParallelLayout(dims=dims, mpu=built, dist=discover_dist(built))

@@ -21,7 +21,12 @@ from ds_engine._engine.deepspeed_getters import ClientObjects
 from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._hybrid.engine import DeepSpeedHybridEngine
 from ds_engine._parallel.autoep import apply_autoep
-from ds_engine._parallel.dims import expected_replica_world_size, requested_degrees, resolve_parallel_layout
+from ds_engine._parallel.dims import (
+    expected_replica_world_size,
+    model_expert_degree,
+    requested_degrees,
+    resolve_parallel_layout,
+)
 from ds_engine._parallel.sequence_parallel import check_data_parallel_size, check_sequence_parallel
 from ds_engine._parallel.tensor_parallel import (
     apply_autotp,
@@ -194,7 +199,7 @@ def initialize(
     if tp_size > 1:
         check_tensor_parallel(ds_config, tp_size=tp_size, pipeline=pipeline)
         partition_config = tensor_parallel_partition_config(ds_config, tp_size)
-    layout = resolve_parallel_layout(tp=tp_size, sp=sp, mpu=given_mpu)
+    layout = resolve_parallel_layout(tp=tp_size, sp=sp, mpu=given_mpu, ep=model_expert_degree(model))
     dist = layout.dist
     if not pipeline:
         mpu = layout.mpu  # the client's, or the mesh's built for the config's degrees

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -88,6 +89,38 @@ class MoeWiring:
     def num_experts(self) -> list[int]:
         return [layer.num_experts for layer in self.layers]
 
+    def experts_across(self, tp_group: ProcessGroup, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The expert parameters among `params` that differ between the ranks of `tp_group`.
+
+        Beside tensor parallelism DeepSpeed's expert-parallel groups are consecutive ranks, so with ep_size
+        a multiple of the tensor-parallel degree the tensor-parallel peers hold different experts: for the
+        gradient norm those parameters count as cut across the group (summed over it), like AutoTP's shards.
+        With ep_size 1, or expert groups inside tensor-parallel lanes, the peers hold the same experts
+        (counted once). Parameters already cut (`tensor_model_parallel`) are left to the caller's list.
+
+        Raises:
+            ValueError: an expert-parallel group splits a tensor-parallel group (ep_size below the
+                tensor-parallel degree and above 1): the peers would hold some experts twice.
+        """
+        peers = set(ds_comm.get_all_ranks_from_group(tp_group))
+        across: set[str] = set()
+        for name, group in self.ep_groups.items():
+            shared = peers & set(ds_comm.get_all_ranks_from_group(group))
+            if shared == peers:
+                across.add(name)
+            elif len(shared) > 1:
+                raise ValueError(
+                    f"MoE {name} with a tensor-parallel group of {len(peers)} ranks: its expert-parallel groups "
+                    "split the tensor-parallel group, so the peers hold some experts twice; use an ep_size "
+                    "that is 1 or a multiple of tensor_parallel.autotp_size"
+                )
+        already_cut = {id(p) for p in params if getattr(p, "tensor_model_parallel", False)}
+        return [
+            p
+            for p in params
+            if is_expert_param(p) and getattr(p, "group_name", None) in across and id(p) not in already_cut
+        ]
+
     def partition_groups(self, param_groups: list[dict[str, Any]]) -> list[ProcessGroup | None]:
         """For ZeRO 1/2: each MoE param group's expert-data-parallel group, None (data parallel) for the rest.
 
@@ -151,11 +184,11 @@ def detect_moe(module: nn.Module, dist: DistInfo, *, data_before_expert: bool = 
             groups._create_expert_and_data_parallel(
                 int(name.rsplit("_", 1)[1]), use_data_before_expert_parallel_=data_before_expert
             )
-    dp = groups._get_data_parallel_world_size()
-    if dp != dist.dp_world_size:
+    dp = groups._get_data_parallel_world_size()  # model replicas: sequence-parallel peers are one replica
+    if dp != dist.replica_world_size:
         raise ValueError(
-            f"MoE: ds-parallel's data-parallel world ({dp}) differs from the engine's ({dist.dp_world_size}); "
-            "an mpu that splits the world another way is not supported with MoE layers"
+            f"MoE: ds-parallel's data-parallel world ({dp}) differs from the engine's ({dist.replica_world_size} "
+            "replicas); an mpu that splits the world another way is not supported with MoE layers"
         )
     layers, expert_names = moe_layout(module)
     wiring = MoeWiring(
@@ -263,8 +296,9 @@ class MoeFp32Stepper(PlainOptimizerState):
 
     The dense buffer is all-reduced (averaged) over the data-parallel group; each expert group's buffer is
     all-reduced over its expert-data-parallel group and divided by the data-parallel world size. The
-    clipping norm adds the dense gradients' squares (the same on every rank) and each expert group's,
-    summed over its expert-parallel group (each rank holds other experts).
+    clipping norm adds the dense gradients' squares (the same on every rank; with tensor parallelism the
+    squares of the cut parameters are summed over `model_parallel_group`) and each expert group's, summed
+    over its expert-parallel group (each rank holds other experts).
     """
 
     def __init__(
@@ -276,9 +310,13 @@ class MoeFp32Stepper(PlainOptimizerState):
         settings: ReduceSettings | None,
         clip: float,
         timers: WallClockTimers | NullTimers,
+        model_parallel_group: ProcessGroup | None = None,
+        model_parallel_params: Sequence[torch.Tensor] = (),
     ) -> None:
         self.optimizer = optimizer
         self.clip = clip
+        self.model_parallel_group = model_parallel_group
+        self._cut_dense: list[torch.Tensor] = []  # views of the dense buffer: parameters AutoTP cut
         self.timers = timers
         self._norm: float | None = None
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -293,6 +331,9 @@ class MoeFp32Stepper(PlainOptimizerState):
         reduce = settings or ReduceSettings()
         if dense:
             buffer = FlatGradBuffer(dense, torch.float32, bind=True, lazy_bind=True)
+            if model_parallel_group is not None:
+                cut = {id(p) for p in model_parallel_params}
+                self._cut_dense = buffer.views_of([p for p in dense if id(p) in cut])
             self.buffers.append(buffer)
             self.norm_groups.append(None)
             if dist.dp_world_size > 1:
@@ -320,6 +361,11 @@ class MoeFp32Stepper(PlainOptimizerState):
             if group is not None and ds_comm.get_world_size(group) > 1:
                 ds_comm.all_reduce(sq, group=group)
             total += float(sq)
+        if self.model_parallel_group is not None and self._cut_dense:  # the other shards of the cut parameters
+            cut_sq = sum((v.float().square().sum() for v in self._cut_dense), torch.zeros(())).reshape(1)
+            mine = float(cut_sq)
+            ds_comm.all_reduce(cut_sq, group=self.model_parallel_group)
+            total += float(cut_sq) - mine
         return total**0.5
 
     def step(self, skip: torch.Tensor | None = None) -> bool:

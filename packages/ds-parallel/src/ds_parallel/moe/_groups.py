@@ -5,7 +5,8 @@ a view of a mesh: the installed one (`ds_parallel.groups`) when its `ep` degree 
 with the installed layout's pp/sp/tp and `ep=N`. Either way the layout is DeepSpeed's: the expert-parallel
 group is N consecutive data-parallel ranks ({0,1}, {2,3} for N=2 on 4 ranks) and the expert-data-parallel
 group strides over them ({0,2}, {1,3}); expert parameters are replicated, and their gradients reduced,
-over the latter.
+over the latter. With sequence parallelism the expert-data-parallel group also holds the sequence-parallel
+peers (the mesh's `edp_sp`): they keep the same experts and route their own tokens to them.
 """
 
 from __future__ import annotations
@@ -64,11 +65,11 @@ def _groups_from(mesh: ParallelMesh, name: str) -> ExpertGroups:
         name=name,
         ep_size=mesh.size("ep"),
         ep_group=mesh.group("ep"),
-        edp_group=mesh.group("edp"),
+        edp_group=mesh.group("edp_sp"),  # sequence-parallel peers hold the same experts, fed other tokens
         ep_ranks=tuple(mesh.ranks("ep")),
-        edp_ranks=tuple(mesh.ranks("edp")),
+        edp_ranks=tuple(mesh.ranks("edp_sp")),
         ep_rank=mesh.rank("ep"),
-        edp_rank=mesh.rank("edp"),
+        edp_rank=mesh.rank("edp_sp"),
     )
 
 
