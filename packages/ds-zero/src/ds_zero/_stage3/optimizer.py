@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -276,6 +277,9 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         register_owner(trained, self)
         self._global_grad_norm: float | None = None
         self._boundary_hint = False
+        #: NVMe optimizer: update sub-groups during the boundary backward, speculatively (False: at `step()`)
+        self.nvme_speculation = True
+        self._last_step_clean = True
         self.overflow = False
         self._fused_copy = supports_in_pass_copy(optimizer)
         nccl = ds_comm.is_initialized() and torch.distributed.get_backend(dp_group) == "nccl"
@@ -426,10 +430,12 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         return self.reducer
 
     def _arm_eager_steps(self) -> None:
-        """With the optimizer on NVMe, step sub-groups during this backward when nothing needs the whole
-        gradient first (`ds_zero._nvme.eager_step`'s note): told this backward ends the accumulation window,
-        no clipping, no inf/nan check, loss scale 1, and a previous backward
-        whose completion order is known and which never produced a second gradient for a parameter."""
+        """With the optimizer on NVMe, step sub-groups during this backward, speculatively
+        (`ds_zero._nvme.eager_step`'s note): told this backward ends the accumulation window, loss scale 1,
+        a previous backward whose completion order is known and which never produced a second gradient for
+        a parameter, and (under an inf/nan check or clipping) the last step was applied unclipped: a
+        skipped or clipped step tends to be followed by another (early training, a loss spike), whose
+        updates would all be undone, so the next backward leaves the step to `step()`."""
         swapper = self.optimizer_swapper
         boundary, self._boundary_hint = self._boundary_hint, False
         if swapper is None or swapper.grads.eager is not None or self.reducer.deferred:
@@ -437,16 +443,33 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         order = swapper.grads.last_order
         if (
             boundary
-            and self.clip_grad == 0.0
-            and not self.check_overflow
+            and self.nvme_speculation
+            and self._last_step_clean
             and not self.loss_scaler.dynamic
             and self.loss_scaler.loss_scale == 1.0
             and not self.reducer.saw_late
             and len(order) == sum(1 for t in self.tiles if t.numel)
         ):
-            swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward
-            swapper.grads.eager = EagerSteps(swapper, order, self._step_one)
+            keep_grads = self.clip_grad > 0
+            if not keep_grads:
+                swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward
+            swapper.grads.eager = EagerSteps(
+                swapper, order, self._step_one, keep_grads=keep_grads, stop=self._step_known_to_change
+            )
             swapper.grads.eager.start()
+
+    def _step_known_to_change(self) -> bool:
+        """Whether this rank's gradients so far already show the step will be skipped (an inf/nan under the
+        check) or clipped (their norm alone is above `gradient_clipping`: the global norm is at least it).
+        Only a hint to stop updating during the backward; `step()` decides."""
+        assert self.optimizer_swapper is not None
+        stats = self.optimizer_swapper.grads.stats()
+        if self.check_overflow and stats.nonfinite:
+            return True
+        norm_type = self.optimizer_swapper.grads.norm_type
+        if self.clip_grad > 0 and norm_type == 2.0 and stats.norm_term > 0:
+            return math.sqrt(stats.norm_term) > self.clip_grad * (1.0 + 1e-3) + 1e-6
+        return False
 
     def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
         """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank).
@@ -479,6 +502,9 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         )
         if swapper is not None:
             swapper.grad_outcome = outcome
+            self._last_step_clean = outcome.applied and outcome.clip_coef == 1.0
+            if swapper.grads.eager is not None:  # keep or undo the updates made during backward
+                swapper.grads.eager.settle(outcome)
         if self._super is not None:  # keep, undo or redo the updates made during backward
             self._super.settle(outcome)
         if not self._record_outcome(outcome):
