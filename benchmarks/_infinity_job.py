@@ -72,10 +72,10 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": 1,
         "steps_per_print": 10**9,
-        "gradient_clipping": 0.0,
-        # bf16 has fp32's range: no inf/nan check (DeepSpeed's bf16.check_grad_overflow), so nothing needs the
-        # whole gradient before an update and ds updates each sub-group during backward (see the benchmark doc)
-        "bf16": {"enabled": True, "check_grad_overflow": False},
+        # the users' defaults: DeepSpeed's bf16.check_grad_overflow (on) and gradient_clipping (0; configs often
+        # set 1.0: --clip). ds updates sub-groups during backward speculatively either way (ds_zero._nvme.eager_step)
+        "gradient_clipping": args.clip,
+        "bf16": {"enabled": True, "check_grad_overflow": not args.no_overflow_check},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
         "zero_optimization": zero,
         "aio": {
@@ -236,6 +236,10 @@ def main() -> None:
     parser.add_argument("--live", type=float, default=2e8, help="stage3_max_live_parameters")
     parser.add_argument("--sub-group", type=int, default=int(1e9), help="sub_group_size")
     parser.add_argument("--io-threads", type=int, default=2, help="aio.intra_op_parallelism")
+    parser.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (DeepSpeed's default: 0)")
+    parser.add_argument(
+        "--no-overflow-check", action="store_true", help="bf16.check_grad_overflow false (default: on, DeepSpeed's)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.live = int(args.live)

@@ -95,6 +95,9 @@ def _run_side(side: str, python: str, args: argparse.Namespace, out: Path, offlo
         str(args.sub_group),
         "--out",
         str(out),
+        "--clip",
+        str(args.clip),
+        *(["--no-overflow-check"] if args.no_overflow_check else []),
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     if side == "deepspeed":
@@ -162,6 +165,10 @@ def main() -> None:
         "runs out of buffers or memory on this 24 GB machine: pass ds,deepspeed to see it fail)",
     )
     parser.add_argument("--deepspeed-python", default=os.environ.get("DS_REFERENCE_PYTHON", ""))
+    parser.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (DeepSpeed's default: 0)")
+    parser.add_argument(
+        "--no-overflow-check", action="store_true", help="bf16.check_grad_overflow false (default: on, DeepSpeed's)"
+    )
     parser.add_argument("--check", action="store_true", help="also train without offload and compare the losses")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per side")
     parser.add_argument("--plot", type=Path, default=None, help="also write the per-phase bar chart (SVG) here")
