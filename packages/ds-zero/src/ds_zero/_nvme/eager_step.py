@@ -30,6 +30,7 @@ eager stepping is allowed and steps the rest at `step()`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EagerSteps"]
+__all__ = ["EagerSteps", "arm_eager_steps"]
 
 
 class EagerSteps:
@@ -198,3 +199,47 @@ def _write_shards_from_master(tile: ShardTile, master: torch.Tensor) -> None:
                 tile.params,
                 [master[off : off + state_of(p).shard_numel] for p, off in zip(tile.params, tile.offsets, strict=True)],
             )
+
+
+def arm_eager_steps(zero: Any, boundary: bool) -> bool:
+    """A backward of `zero` (a `DeepSpeedZeroOptimizer_Stage3`) starts: with the optimizer on NVMe, let it
+    update sub-groups during this backward, speculatively (the module note), when it ends the accumulation
+    window (`boundary`, the engine's hint), the loss scale is 1, a previous backward's completion order is
+    known and never had a second gradient for a parameter, and (under an inf/nan check or clipping) the
+    last step was applied unclipped: a skipped or clipped step tends to be followed by another (early
+    training, a loss spike), whose updates would all be undone, so the next backward leaves the step to
+    `step()`. Returns the boundary hint for the next backward (consumed: False)."""
+    swapper = zero.optimizer_swapper
+    if swapper is None or swapper.grads.eager is not None or zero.reducer.deferred:
+        return False  # deferred: no gradient reaches the swapper during this backward
+    order = swapper.grads.last_order
+    if (
+        boundary
+        and zero.nvme_speculation
+        and zero._last_step_clean
+        and not zero.loss_scaler.dynamic
+        and zero.loss_scaler.loss_scale == 1.0
+        and not zero.reducer.saw_late
+        and len(order) == sum(1 for t in zero.tiles if t.numel)
+    ):
+        keep_grads = zero.clip_grad > 0
+        if not keep_grads:
+            swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward
+        swapper.grads.eager = EagerSteps(
+            swapper, order, zero._step_one, keep_grads=keep_grads, stop=lambda: step_known_to_change(zero)
+        )
+        swapper.grads.eager.start()
+    return False
+
+
+def step_known_to_change(zero: Any) -> bool:
+    """Whether this rank's gradients so far already show the step will be skipped (an inf/nan under the
+    check) or clipped (their norm alone is above `gradient_clipping`, so the global norm is too). Only a
+    hint to stop updating during the backward; `step()` decides."""
+    grads = zero.optimizer_swapper.grads
+    stats = grads.stats()
+    if zero.check_overflow and stats.nonfinite:
+        return True
+    if zero.clip_grad > 0 and grads.norm_type == 2.0 and stats.norm_term > 0:
+        return math.sqrt(stats.norm_term) > zero.clip_grad * (1.0 + 1e-3) + 1e-6
+    return False

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,7 @@ from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._construct.quantized_init import refuse_trainable
 from ds_zero._host_buffers import release_pinned
 from ds_zero._master_dtype import master_weights_dtype
-from ds_zero._nvme.eager_step import EagerSteps
+from ds_zero._nvme.eager_step import arm_eager_steps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
@@ -423,53 +422,11 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
         if self._super is not None:
             self._super.arm(self._boundary_hint)
-        self._arm_eager_steps()
+        self._boundary_hint = arm_eager_steps(self, self._boundary_hint)
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
     def _deferrable_reducer(self) -> DeferrableReducer:
         return self.reducer
-
-    def _arm_eager_steps(self) -> None:
-        """With the optimizer on NVMe, step sub-groups during this backward, speculatively
-        (`ds_zero._nvme.eager_step`'s note): told this backward ends the accumulation window, loss scale 1,
-        a previous backward whose completion order is known and which never produced a second gradient for
-        a parameter, and (under an inf/nan check or clipping) the last step was applied unclipped: a
-        skipped or clipped step tends to be followed by another (early training, a loss spike), whose
-        updates would all be undone, so the next backward leaves the step to `step()`."""
-        swapper = self.optimizer_swapper
-        boundary, self._boundary_hint = self._boundary_hint, False
-        if swapper is None or swapper.grads.eager is not None or self.reducer.deferred:
-            return  # deferred: no gradient reaches the swapper during this backward
-        order = swapper.grads.last_order
-        if (
-            boundary
-            and self.nvme_speculation
-            and self._last_step_clean
-            and not self.loss_scaler.dynamic
-            and self.loss_scaler.loss_scale == 1.0
-            and not self.reducer.saw_late
-            and len(order) == sum(1 for t in self.tiles if t.numel)
-        ):
-            keep_grads = self.clip_grad > 0
-            if not keep_grads:
-                swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward
-            swapper.grads.eager = EagerSteps(
-                swapper, order, self._step_one, keep_grads=keep_grads, stop=self._step_known_to_change
-            )
-            swapper.grads.eager.start()
-
-    def _step_known_to_change(self) -> bool:
-        """Whether this rank's gradients so far already show the step will be skipped (an inf/nan under the
-        check) or clipped (their norm alone is above `gradient_clipping`: the global norm is at least it).
-        Only a hint to stop updating during the backward; `step()` decides."""
-        assert self.optimizer_swapper is not None
-        stats = self.optimizer_swapper.grads.stats()
-        if self.check_overflow and stats.nonfinite:
-            return True
-        norm_type = self.optimizer_swapper.grads.norm_type
-        if self.clip_grad > 0 and norm_type == 2.0 and stats.norm_term > 0:
-            return math.sqrt(stats.norm_term) > self.clip_grad * (1.0 + 1e-3) + 1e-6
-        return False
 
     def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
         """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank).
