@@ -5,7 +5,8 @@
     python benchmarks/infinity.py --layers 3 --check    # 0.2B: NVMe losses vs the same model without offload
 
 Each side runs `_infinity_job.py` in its own process (one rank, stage 3, bf16, AdamW, parameters and
-optimizer state on NVMe under `--nvme`, batch 4): ds with this interpreter, DeepSpeed 0.19.8 with
+optimizer state on NVMe under `--nvme`, batch 4, the users' defaults: `bf16.check_grad_overflow` on and
+`gradient_clipping` 0 unless `--no-overflow-check` / `--clip X`): ds with this interpreter, DeepSpeed 0.19.8 with
 `--deepspeed-python` (default `$DS_REFERENCE_PYTHON`) when its async_io op can be built (it needs libaio:
 the benchmark tries `apt-get install libaio-dev` when it runs as root). Reported per step (the median step
 after `--warmup`): time in forward, backward and the optimizer; for ds also the NVMe reads and writes

@@ -8,7 +8,8 @@ default). Step 3 gets an inf gradient in its first layer (the step is skipped), 
 equal both others bit for bit; the skipped step leaves the fp32 masters, the Adam state on disk, the
 step counts and the bf16 weights bit-identical to before it, after undoing the updates made during its
 backward; the clipped step's updates are undone and redone with the clipped gradient; after a skipped
-or clipped step the next backward does not speculate.
+or clipped step the next backward does not speculate. Step 7 replaces a gradient between backward and step
+(`safe_set_full_grad`): the sub-group updated from the old one is undone and updated at the step.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ CLIP = 5.0
 STEPS = 8
 INF_STEP = 3
 SPIKE_STEP = 5
+EDIT_STEP = 7
 _poison = {"on": False}
 
 
@@ -99,6 +101,7 @@ def _snapshot(engine: Any) -> dict[str, Any]:
 
 def _train(rank: int, config: dict[str, Any], speculate: bool | None, hint: bool = True) -> dict[str, Any]:
     import ds_engine as deepspeed
+    from ds_engine.utils import safe_get_full_grad, safe_set_full_grad
     from ds_zero._nvme import eager_step
 
     torch.manual_seed(0)
@@ -122,6 +125,9 @@ def _train(rank: int, config: dict[str, Any], speculate: bool | None, hint: bool
         swapper = getattr(engine.optimizer, "optimizer_swapper", None)
         eager = swapper.grads.eager if swapper is not None else None
         speculated.append(len(eager.stepped) if eager is not None else 0)
+        if step == EDIT_STEP:  # a gradient replaced between backward and step: its sub-group is updated anew
+            weight = engine.module.fc3.weight
+            safe_set_full_grad(weight, safe_get_full_grad(weight) * 0.5)
         engine.step()
         undone.append(eager.num_undone if eager is not None else 0)
         losses.append(loss.item())
@@ -185,5 +191,7 @@ def test_speculative_updates_during_backward_equal_stepping_after_it(tmp_path: P
         assert hintless["undone"][SPIKE_STEP] == hintless["speculated"][SPIKE_STEP], where
         assert spec["undone"][SPIKE_STEP] == spec["speculated"][SPIKE_STEP] < hintless["speculated"][SPIKE_STEP], where
         for run in (spec, hintless):
-            for step in (1, 2, 7):
+            for step in (1, 2):
                 assert run["undone"][step] == 0, f"{where}: step {step} was undone"
+            # step 7 replaced fc3.weight's gradient after the backward: that one sub-group was undone
+            assert run["undone"][EDIT_STEP] == 1, where

@@ -151,11 +151,11 @@ class EagerSteps:
             return
         if not outcome.applied or outcome.clip_coef != 1.0:
             why = "skipped step" if not outcome.applied else f"clipped gradients (coef {outcome.clip_coef:.4g})"
-            self._undo_tiles(list(self.stepped), why)
+            self.undo(list(self.stepped), why)
         else:
             changed = [i for i in self.stepped if self._undo[i][1].hyper_changed(self.swapper.optimizer)]
             if changed and self.keep_grads:  # redone by step() from the gradients on disk
-                self._undo_tiles(changed, "changed hyper-parameters")
+                self.undo(changed, "changed hyper-parameters")
             elif changed:
                 logger.warning(
                     "NVMe offload: the hyper-parameters changed between the backward and step(); %d sub-groups "
@@ -170,10 +170,12 @@ class EagerSteps:
         """The gradients are dropped without a step (`zero_grad`): undo whatever was updated from them."""
         self.finish()
         if not self.settled:
-            self._undo_tiles(list(self.stepped), "gradients dropped without a step")
+            self.undo(list(self.stepped), "gradients dropped without a step")
             self.settled = True
 
-    def _undo_tiles(self, indices: list[int], why: str) -> None:
+    def undo(self, indices: list[int], why: str) -> None:
+        """Undo the updates of the sub-groups `indices` (after `finish`): `step()` updates them instead."""
+        self.finish()
         logger.debug("NVMe offload: undoing %d in-backward sub-group updates (%s)", len(indices), why)
         sw = self.swapper
         for index in sorted(indices):

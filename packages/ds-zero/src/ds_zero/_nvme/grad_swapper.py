@@ -220,7 +220,12 @@ class GradSwapper:
         return out
 
     def write(self, tile: ShardTile, values: torch.Tensor) -> None:
-        """Replace the tile's gradient with fp32 `values`; its norm term and inf/nan flag are measured anew."""
+        """Replace the tile's gradient with fp32 `values`; its norm term and inf/nan flag are measured anew.
+
+        A tile updated during the backward from its old gradient is undone first; `step()` updates it."""
+        eager = self.eager
+        if eager is not None and not eager.settled and tile.index in eager.stepped:
+            eager.undo([tile.index], "its gradient was replaced before step()")
         self._check_settled(tile, "written")
         self._settle_writes()
         src = values.detach().to(torch.float32).reshape(-1).contiguous()
