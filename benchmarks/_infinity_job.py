@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trace.take()
         if adam is not None:
             adam.take()
+        cpu0 = time.process_time()
         a = time.monotonic_ns()
         loss = engine(x, target)
         b = time.monotonic_ns()
@@ -196,10 +197,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         c = time.monotonic_ns()
         engine.step()
         d = time.monotonic_ns()
+        cpu_s = time.process_time() - cpu0  # every thread of the process (aio workers included): a loaded host's figure
         step: dict[str, Any] = {
             "loss": float(loss.detach()),
             "t": [a, b, c, d],
             "peak_rss_gib": _peak_rss_gib(),
+            "cpu_s": cpu_s,
         }
         if trace is not None:
             step["io"] = [(r.op, r.nbytes, r.start_ns, r.end_ns) for r in trace.take()]
@@ -209,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"[{args.side}] step {len(steps)}: loss {step['loss']:.6f}  {(d - a) / 1e9:.2f} s "
             f"(fwd {(b - a) / 1e9:.2f}, bwd {(c - b) / 1e9:.2f}, step {(d - c) / 1e9:.2f})  "
-            f"peak RSS {step['peak_rss_gib']:.2f} GiB",
+            f"peak RSS {step['peak_rss_gib']:.2f} GiB, CPU {cpu_s:.2f} s",
             flush=True,
         )
     return {
