@@ -72,10 +72,10 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": args.batch,
         "gradient_accumulation_steps": 1,
         "steps_per_print": 10**9,
-        "gradient_clipping": 0.0,
-        # bf16 has fp32's range: no inf/nan check (DeepSpeed's bf16.check_grad_overflow), so nothing needs the
-        # whole gradient before an update and ds updates each sub-group during backward (see the benchmark doc)
-        "bf16": {"enabled": True, "check_grad_overflow": False},
+        # the users' defaults: DeepSpeed's bf16.check_grad_overflow (on) and gradient_clipping (0; configs often
+        # set 1.0: --clip). ds updates sub-groups during backward speculatively either way (ds_zero._nvme.eager_step)
+        "gradient_clipping": args.clip,
+        "bf16": {"enabled": True, "check_grad_overflow": not args.no_overflow_check},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
         "zero_optimization": zero,
         "aio": {
@@ -189,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trace.take()
         if adam is not None:
             adam.take()
+        cpu0 = time.process_time()
         a = time.monotonic_ns()
         loss = engine(x, target)
         b = time.monotonic_ns()
@@ -196,10 +197,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         c = time.monotonic_ns()
         engine.step()
         d = time.monotonic_ns()
+        cpu_s = time.process_time() - cpu0  # every thread of the process (aio workers included): a loaded host's figure
         step: dict[str, Any] = {
             "loss": float(loss.detach()),
             "t": [a, b, c, d],
             "peak_rss_gib": _peak_rss_gib(),
+            "cpu_s": cpu_s,
         }
         if trace is not None:
             step["io"] = [(r.op, r.nbytes, r.start_ns, r.end_ns) for r in trace.take()]
@@ -209,7 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(
             f"[{args.side}] step {len(steps)}: loss {step['loss']:.6f}  {(d - a) / 1e9:.2f} s "
             f"(fwd {(b - a) / 1e9:.2f}, bwd {(c - b) / 1e9:.2f}, step {(d - c) / 1e9:.2f})  "
-            f"peak RSS {step['peak_rss_gib']:.2f} GiB",
+            f"peak RSS {step['peak_rss_gib']:.2f} GiB, CPU {cpu_s:.2f} s",
             flush=True,
         )
     return {
@@ -236,6 +239,10 @@ def main() -> None:
     parser.add_argument("--live", type=float, default=2e8, help="stage3_max_live_parameters")
     parser.add_argument("--sub-group", type=int, default=int(1e9), help="sub_group_size")
     parser.add_argument("--io-threads", type=int, default=2, help="aio.intra_op_parallelism")
+    parser.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (DeepSpeed's default: 0)")
+    parser.add_argument(
+        "--no-overflow-check", action="store_true", help="bf16.check_grad_overflow false (default: on, DeepSpeed's)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     args.live = int(args.live)

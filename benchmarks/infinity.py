@@ -5,7 +5,8 @@
     python benchmarks/infinity.py --layers 3 --check    # 0.2B: NVMe losses vs the same model without offload
 
 Each side runs `_infinity_job.py` in its own process (one rank, stage 3, bf16, AdamW, parameters and
-optimizer state on NVMe under `--nvme`, batch 4): ds with this interpreter, DeepSpeed 0.19.8 with
+optimizer state on NVMe under `--nvme`, batch 4, the users' defaults: `bf16.check_grad_overflow` on and
+`gradient_clipping` 0 unless `--no-overflow-check` / `--clip X`): ds with this interpreter, DeepSpeed 0.19.8 with
 `--deepspeed-python` (default `$DS_REFERENCE_PYTHON`) when its async_io op can be built (it needs libaio:
 the benchmark tries `apt-get install libaio-dev` when it runs as root). Reported per step (the median step
 after `--warmup`): time in forward, backward and the optimizer; for ds also the NVMe reads and writes
@@ -95,6 +96,9 @@ def _run_side(side: str, python: str, args: argparse.Namespace, out: Path, offlo
         str(args.sub_group),
         "--out",
         str(out),
+        "--clip",
+        str(args.clip),
+        *(["--no-overflow-check"] if args.no_overflow_check else []),
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     if side == "deepspeed":
@@ -162,6 +166,10 @@ def main() -> None:
         "runs out of buffers or memory on this 24 GB machine: pass ds,deepspeed to see it fail)",
     )
     parser.add_argument("--deepspeed-python", default=os.environ.get("DS_REFERENCE_PYTHON", ""))
+    parser.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (DeepSpeed's default: 0)")
+    parser.add_argument(
+        "--no-overflow-check", action="store_true", help="bf16.check_grad_overflow false (default: on, DeepSpeed's)"
+    )
     parser.add_argument("--check", action="store_true", help="also train without offload and compare the losses")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per side")
     parser.add_argument("--plot", type=Path, default=None, help="also write the per-phase bar chart (SVG) here")

@@ -15,15 +15,15 @@ undone because its gradient changed after it was updated (a late second gradient
 The mechanism knows nothing of ZeRO: a unit is any `(key, param)` the base optimizer steps alone, and
 the caller supplies the function that steps it. SuperOffload (`ds_zero._stage3.superoffload`) feeds it
 the CPU sub-groups of ZeRO-3; ZeRO-Infinity's in-backward update of NVMe sub-groups
-(`ds_zero._nvme.eager_step`) can use the same undo records to step during backward under an overflow
-check or clipping.
+(`ds_zero._nvme.eager_step`) uses the same undo records, with the master and the moments' pre-update
+copies left in the swap files the update did not overwrite (`UndoRecord`'s `elsewhere`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -57,7 +57,16 @@ def _same(a: Any, b: Any) -> bool:
 
 class UndoRecord:
     """What one speculative update overwrote: the parameter's values, its optimizer state, its group's
-    hyper-parameters at the time (to notice a change before the step)."""
+    hyper-parameters at the time (to notice a change before the step).
+
+    `elsewhere`: what the caller keeps the pre-update copy of itself, so the record neither copies nor
+    restores it: `VALUES` for the parameter's values, and state keys. ZeRO-Infinity's NVMe sub-groups
+    keep the master and the Adam moments in the swap files the update did not overwrite
+    (`OptimizerSwapper.spare_slot`); the record holds the rest (the step count, which lives in memory).
+    """
+
+    #: the name of the parameter's values in `elsewhere`
+    VALUES = "\0values"
 
     def __init__(
         self,
@@ -67,13 +76,17 @@ class UndoRecord:
         spare: dict[str, torch.Tensor] | None = None,
         *,
         copy: bool = True,
+        elsewhere: Collection[str] = (),
     ) -> None:
         self.param = param
         #: whether the values and state were copied (else only the hyper-parameters are kept: no undo)
         self.restorable = copy
-        self.values = _copy_value(param, spare, "\0values") if copy else None
+        self.elsewhere = frozenset(elsewhere)
+        own_values = copy and self.VALUES not in self.elsewhere
+        self.values = _copy_value(param, spare, self.VALUES) if own_values else None
         self.had_state = param in optimizer.state
-        self.state = {k: _copy_value(v, spare, k) for k, v in optimizer.state.get(param, {}).items()} if copy else {}
+        state = optimizer.state.get(param, {})
+        self.state = {k: _copy_value(v, spare, k) for k, v in state.items() if k not in self.elsewhere} if copy else {}
         group = optimizer.param_groups[group_index]
         self.group_index = group_index
         self.hyper = {k: _copy_value(v) for k, v in group.items() if k != "params"}
@@ -87,15 +100,16 @@ class UndoRecord:
         """Put back the values and the state exactly as they were (in place, so views stay valid)."""
         if not self.restorable:
             raise RuntimeError("speculative step: this update was made without an undo copy and cannot be undone")
-        assert self.values is not None
-        with torch.no_grad():
-            self.param.copy_(self.values)
+        if self.VALUES not in self.elsewhere:
+            assert self.values is not None
+            with torch.no_grad():
+                self.param.copy_(self.values)
         if not self.had_state:
             optimizer.state.pop(self.param, None)
             return
         live = optimizer.state[self.param]
         for key in list(live):
-            if key not in self.state:
+            if key not in self.state and key not in self.elsewhere:
                 del live[key]
         for key, old in self.state.items():
             cur = live.get(key)

@@ -163,12 +163,23 @@ class GradSwapper:
         buffer = entry.buffer
         self._measure(entry.tile, buffer)
         self._closing_order.append(entry.tile)
-        if self.eager is not None and self.eager.offer(entry.tile, buffer):
-            self._free.append(entry.base)  # the step consumed the gradient: nothing to write
+        eager = self.eager
+        # With `keep_grads` (clipping: a clipped step redoes the updates from the gradients on disk) the write
+        # starts first and overlaps the update, which reads the buffer and leaves it as it is.
+        keep = eager is None or eager.keep_grads
+        if keep:
+            self._write(entry)
+        if eager is not None and eager.offer(entry.tile, buffer):
+            if not keep:
+                self._free.append(entry.base)  # the step consumed the gradient: nothing to write
             return
+        if not keep:
+            self._write(entry)
+
+    def _write(self, entry: _OpenTile) -> None:
         record = self.file(entry.tile)
-        request = self.handle.async_pwrite(buffer, record.path, checksum=True)
-        self._writing.append((record, buffer, entry.base, request))
+        request = self.handle.async_pwrite(entry.buffer, record.path, checksum=True)
+        self._writing.append((record, entry.buffer, entry.base, request))
         self._valid.add(entry.tile.index)
 
     def flush(self) -> None:
@@ -193,7 +204,7 @@ class GradSwapper:
                 f"NVMe gradient swap: cannot {op} the gradient of sub-group {tile.index} while a backward is "
                 "still delivering it; read or set gradients after backward returns"
             )
-        if self.eager is not None and tile.index in self.eager.stepped:
+        if self.eager is not None and tile.index in self.eager.stepped and (op != "read" or not self.has_grad(tile)):
             raise RuntimeError(
                 f"NVMe gradient swap: sub-group {tile.index} was already updated during backward (eager sub-group "
                 f"steps); its gradient was consumed and cannot be {op}"
@@ -209,7 +220,12 @@ class GradSwapper:
         return out
 
     def write(self, tile: ShardTile, values: torch.Tensor) -> None:
-        """Replace the tile's gradient with fp32 `values`; its norm term and inf/nan flag are measured anew."""
+        """Replace the tile's gradient with fp32 `values`; its norm term and inf/nan flag are measured anew.
+
+        A tile updated during the backward from its old gradient is undone first; `step()` updates it."""
+        eager = self.eager
+        if eager is not None and not eager.settled and tile.index in eager.stepped:
+            eager.undo([tile.index], "its gradient was replaced before step()")
         self._check_settled(tile, "written")
         self._settle_writes()
         src = values.detach().to(torch.float32).reshape(-1).contiguous()
@@ -242,6 +258,8 @@ class GradSwapper:
         self._valid.clear()
         self._stats.clear()
         self._closing_order = []
+        if self.eager is not None:  # updates made from gradients no step will use
+            self.eager.undo_all()
         self.eager = None
 
     def close(self) -> None:

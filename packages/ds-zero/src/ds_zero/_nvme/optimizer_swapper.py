@@ -90,7 +90,8 @@ class OptimizerSwapper:
             )
         self.max_numel = max((t.numel for t in tiles), default=0)
         self.num_sets = 1 + int(self.pipeline_read) + int(self.pipeline_write)
-        self._files: dict[tuple[int, str], SwapFile] = {}
+        self._files: dict[tuple[int, str, int], SwapFile] = {}
+        self._slot: dict[int, int] = {}  # tile index -> the file set holding its committed values (`spare_slot`)
         self._keys: dict[int, list[tuple[str, torch.dtype]]] = {}
         self._sets: list[dict[str, torch.Tensor]] = []
         example = torch.empty(0, dtype=torch.uint8)
@@ -107,17 +108,38 @@ class OptimizerSwapper:
         self.num_writes = 0
 
     # ------------------------------------------------------------------------------ files and buffers
-    def _file(self, tile: ShardTile, key: str) -> SwapFile:
-        record = self._files.get((tile.index, key))
+    def _file(self, tile: ShardTile, key: str, slot: int | None = None) -> SwapFile:
+        """The file of the tile's `key` in `slot` (None: the committed one, see `spare_slot`)."""
+        if slot is None:
+            slot = self._slot.get(tile.index, 0)
+        record = self._files.get((tile.index, key, slot))
         if record is None:
             name = "fp32 master" if key == _MASTER else f"optimizer state {key!r}"
             names = [repr(state_of(p).name) for p in tile.params[:3]]
             params = ", ".join(names) + (" ..." if len(tile.params) > 3 else "")
+            suffix = "" if slot == 0 else f".{slot}"
             record = SwapFile(
-                self.dir / f"tile{tile.index}.{key}.swp", f"the {name} of sub-group {tile.index} (parameters {params})"
+                self.dir / f"tile{tile.index}.{key}{suffix}.swp",
+                f"the {name} of sub-group {tile.index} (parameters {params})",
             )
-            self._files[(tile.index, key)] = record
+            self._files[(tile.index, key, slot)] = record
         return record
+
+    def spare_slot(self, tile: ShardTile) -> int:
+        """The file set that does not hold the tile's committed master and state.
+
+        [Note: two file sets] An update made during the backward (`ds_zero._nvme.eager_step`) is speculative:
+        the step may still be skipped (inf/nan) or clipped. It is written to the spare set, so the committed
+        set keeps the pre-update values untouched: that is the undo copy, on disk like the state itself, at
+        no extra traffic (the write goes to another file instead of the same one) and no host memory; the
+        price is disk space, the optimizer state twice. `commit_slot` makes the spare set the committed one;
+        an undo just leaves the committed set as it was.
+        """
+        return 1 - self._slot.get(tile.index, 0)
+
+    def commit_slot(self, tile: ShardTile) -> None:
+        """The tile's update written to the spare set stands: that set is now the committed one."""
+        self._slot[tile.index] = self.spare_slot(tile)
 
     def _view(self, set_index: int, key: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
         raw = self._sets[set_index][key]
@@ -225,7 +247,8 @@ class OptimizerSwapper:
             for key, dtype in keys:
                 state[key] = self._view(set_index, key, tile.numel, dtype)
 
-    def _issue_writes(self, tile: ShardTile) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+    def _issue_writes(self, tile: ShardTile, slot: int | None = None) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+        """Write the bound tile's master and state to `slot` (None: the committed set)."""
         if tile.numel == 0:
             return []
         keys = self._state_keys(tile)
@@ -235,7 +258,7 @@ class OptimizerSwapper:
         state = self.optimizer.state.get(tile.master, {})
         writes = []
         for key, tensor in [(_MASTER, tile.master.data), *((k, state[k]) for k, _ in keys)]:
-            record = self._file(tile, key)
+            record = self._file(tile, key, slot)
             src = tensor.detach()
             if not src.is_contiguous():
                 src = src.contiguous()

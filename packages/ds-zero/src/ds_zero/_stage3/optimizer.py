@@ -17,7 +17,7 @@ from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._construct.quantized_init import refuse_trainable
 from ds_zero._host_buffers import release_pinned
 from ds_zero._master_dtype import master_weights_dtype
-from ds_zero._nvme.eager_step import EagerSteps
+from ds_zero._nvme.eager_step import arm_eager_steps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
 from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
@@ -277,6 +277,9 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         register_owner(trained, self)
         self._global_grad_norm: float | None = None
         self._boundary_hint = False
+        #: NVMe optimizer: update sub-groups during the boundary backward, speculatively (False: at `step()`)
+        self.nvme_speculation = True
+        self._last_step_clean = True
         self.overflow = False
         self._fused_copy = supports_in_pass_copy(optimizer)
         nccl = ds_comm.is_initialized() and torch.distributed.get_backend(dp_group) == "nccl"
@@ -425,34 +428,11 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
         if self._super is not None:
             self._super.arm(self._boundary_hint)
-        self._arm_eager_steps()
+        self._boundary_hint = arm_eager_steps(self, self._boundary_hint)
         self.loss_scaler.scale_loss(loss).backward(retain_graph=retain_graph)
 
     def _deferrable_reducer(self) -> DeferrableReducer:
         return self.reducer
-
-    def _arm_eager_steps(self) -> None:
-        """With the optimizer on NVMe, step sub-groups during this backward when nothing needs the whole
-        gradient first (`ds_zero._nvme.eager_step`'s note): told this backward ends the accumulation window,
-        no clipping, no inf/nan check, loss scale 1, and a previous backward
-        whose completion order is known and which never produced a second gradient for a parameter."""
-        swapper = self.optimizer_swapper
-        boundary, self._boundary_hint = self._boundary_hint, False
-        if swapper is None or swapper.grads.eager is not None or self.reducer.deferred:
-            return  # deferred: no gradient reaches the swapper during this backward
-        order = swapper.grads.last_order
-        if (
-            boundary
-            and self.clip_grad == 0.0
-            and not self.check_overflow
-            and not self.loss_scaler.dynamic
-            and self.loss_scaler.loss_scale == 1.0
-            and not self.reducer.saw_late
-            and len(order) == sum(1 for t in self.tiles if t.numel)
-        ):
-            swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward
-            swapper.grads.eager = EagerSteps(swapper, order, self._step_one)
-            swapper.grads.eager.start()
 
     def step(self, closure: Callable[[], Any] | None = None, *, skip: torch.Tensor | None = None) -> bool:
         """Apply one optimizer step on the partitions; returns False when skipped (overflow on any rank).
@@ -485,6 +465,9 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         )
         if swapper is not None:
             swapper.grad_outcome = outcome
+            self._last_step_clean = outcome.applied and outcome.clip_coef == 1.0
+            if swapper.grads.eager is not None:  # keep or undo the updates made during backward
+                swapper.grads.eager.settle(outcome)
         if self._super is not None:  # keep, undo or redo the updates made during backward
             self._super.settle(outcome)
         if not self._record_outcome(outcome):
