@@ -40,8 +40,7 @@ from ds_engine._engine.queries import EngineQueries
 from ds_engine._engine.sync_contexts import EngineSyncContexts
 from ds_engine._engine.zenflow import EngineZenFlow
 from ds_engine._optional import require
-from ds_engine._report.autotuning import ExperimentProbe, ModelInfoProbe
-from ds_engine._report.flops_step import StepFlopsProfile
+from ds_engine._report.autotuning import step_probes
 from ds_engine._step.autocast import AutocastPolicy
 from ds_engine._step.loss_scale_guard import LossScaleGuard
 
@@ -148,37 +147,21 @@ class DeepSpeedEngine(
         self.global_samples = 0
         self.micro_steps = 0
         self.skipped_steps = 0
-        fp = m.flops_profiler
-        self._flops = StepFlopsProfile(self.module, self, fp) if fp.enabled and self._dist.global_rank == 0 else None
-        self._autotuning, self._model_info = self._autotuning_probes(m.autotuning)
+        self._flops, self._autotuning, self._model_info = step_probes(
+            self,
+            self.module,
+            m.flops_profiler,
+            m.autotuning,
+            rank=self._dist.global_rank,
+            train_batch_size=self._train_batch,
+            gas=self._gas,
+        )
         self.flops_profiler = self._flops.profiler if self._flops is not None else None
         self._loss_scale_guard = LossScaleGuard(self.loss_scale)
         self._init_data_efficiency(
             parts.config.raw, train_batch_size=self._train_batch, micro_batch_size=self._micro_batch
         )
         self._checkpointer = self._make_checkpointer(parts)
-
-    def _autotuning_probes(self, settings: Any) -> tuple[ExperimentProbe | None, ModelInfoProbe | None]:
-        """An autotuning experiment's probes (`_report/autotuning.py`); none unless `autotuning.enabled`.
-
-        During an experiment the flops profiler measures for the probe (on the step before the timed
-        ones) and prints nothing, whatever the `flops_profiler` section says.
-        """
-        if not settings.enabled:
-            return None, None
-        rank = self._dist.global_rank
-        if settings.model_info is not None and settings.model_info.profile:
-            return None, ModelInfoProbe(self.module, settings.model_info_path, rank=rank)
-        probe = ExperimentProbe(
-            settings, train_batch_size=self._train_batch, gradient_accumulation_steps=self._gas, rank=rank
-        )
-        if rank == 0:
-            # the user's flops_profiler section, switched on at the step before the timed window
-            profile = self._ds_config.parsed.flops_profiler.model_copy(
-                update={"enabled": True, "profile_step": probe.flops_step, "detailed": False}
-            )
-            self._flops = StepFlopsProfile(self.module, self, profile, on_profiled=probe.record_flops)
-        return probe, None
 
     def _make_checkpointer(self, parts: EngineParts) -> Checkpointer:
         """The object that saves and loads this engine's checkpoints (the pipeline engine makes its own kind)."""

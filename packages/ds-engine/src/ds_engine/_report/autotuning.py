@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ds_comm import atomic_write_text, get_accelerator
+from ds_engine._report.flops_step import StepFlopsProfile
 
 if TYPE_CHECKING:
     from ds_engine._report.flops_profiler.profiler import FlopsProfiler
@@ -48,7 +49,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_METRIC_FILE", "DEFAULT_MODEL_INFO_FILE", "ExperimentProbe", "ModelInfoProbe", "end_experiment"]
+__all__ = [
+    "DEFAULT_METRIC_FILE",
+    "DEFAULT_MODEL_INFO_FILE",
+    "ExperimentProbe",
+    "ModelInfoProbe",
+    "end_experiment",
+    "step_probes",
+]
 
 #: Where the metrics go when `autotuning.metric_path` is not set (DeepSpeed's name, in the working directory).
 DEFAULT_METRIC_FILE = "autotuning_metric.json"
@@ -198,3 +206,34 @@ class ModelInfoProbe:
             _write_json(self.path, info)
             logger.info("autotuning: wrote the model profile to %s", Path(self.path).resolve())
         self._on_done()
+
+
+def step_probes(
+    engine: Any,
+    module: nn.Module,
+    flops_profiler: Any,
+    settings: AutotuningConfig,
+    *,
+    rank: int,
+    train_batch_size: int,
+    gas: int,
+) -> tuple[StepFlopsProfile | None, ExperimentProbe | None, ModelInfoProbe | None]:
+    """What watches the engine's steps: the flops profile (rank 0, `flops_profiler.enabled`), an autotuning
+    experiment's probe, or the model-info probe (`autotuning.enabled`).
+
+    During an experiment the flops profiler measures for the probe (on the step before the timed ones) and
+    prints nothing, whatever the `flops_profiler` section says.
+    """
+    flops = StepFlopsProfile(module, engine, flops_profiler) if flops_profiler.enabled and rank == 0 else None
+    if not settings.enabled:
+        return flops, None, None
+    if settings.model_info is not None and settings.model_info.profile:
+        return flops, None, ModelInfoProbe(module, settings.model_info_path, rank=rank)
+    probe = ExperimentProbe(settings, train_batch_size=train_batch_size, gradient_accumulation_steps=gas, rank=rank)
+    if rank == 0:
+        # the user's flops_profiler section, switched on at the step before the timed window
+        profile = flops_profiler.model_copy(
+            update={"enabled": True, "profile_step": probe.flops_step, "detailed": False}
+        )
+        flops = StepFlopsProfile(module, engine, profile, on_profiled=probe.record_flops)
+    return flops, probe, None
