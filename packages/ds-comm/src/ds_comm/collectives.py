@@ -21,6 +21,7 @@ from torch.distributed import ProcessGroup, ReduceOp, Work
 
 from ds_comm._comms_logger import comms_logger, configure
 from ds_comm._dist_init import state
+from ds_comm._gloo_pair import PairWork, pair_all_gather, pair_reduce_scatter
 from ds_comm._group_cache import waits_on_cpu
 from ds_comm.accelerator import get_accelerator
 
@@ -115,7 +116,9 @@ class CollectiveHandle:
 
     __slots__ = ("_work", "_op", "_group", "_size_bytes", "_start", "_done")
 
-    def __init__(self, work: Work, op: str, group: ProcessGroup | None, size_bytes: int, start: float) -> None:
+    def __init__(
+        self, work: Work | PairWork, op: str, group: ProcessGroup | None, size_bytes: int, start: float
+    ) -> None:
         self._work = work
         self._op = op
         self._group = group
@@ -138,7 +141,7 @@ class CollectiveHandle:
 
 
 def _finish(
-    work: Work | None,
+    work: Work | PairWork | None,
     op: str,
     group: ProcessGroup | None,
     size_bytes: int,
@@ -162,7 +165,12 @@ def _finish(
 
 
 def _issue(
-    op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup | None, async_op: bool, size_bytes: int
+    op: str,
+    call: Callable[[bool], Work | PairWork | None],
+    *,
+    group: ProcessGroup | None,
+    async_op: bool,
+    size_bytes: int,
 ) -> CollectiveHandle | None:
     """Run `call(async_op)` with the timeout policy and logging; `size_bytes` feeds the logger."""
     start = 0.0
@@ -267,7 +275,10 @@ def all_gather_into_tensor(
     """`torch.distributed.all_gather_into_tensor`: rank i's input lands in the i-th slice of the output."""
     return _issue(
         "all_gather_into_tensor",
-        lambda a: _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a),
+        lambda a: (
+            pair_all_gather(output_tensor, input_tensor, group)
+            or _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a)
+        ),
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(output_tensor),
@@ -301,7 +312,10 @@ def reduce_scatter_tensor(
     """`torch.distributed.reduce_scatter_tensor`: slice `rank` of the reduced input lands in `output`."""
     return _issue(
         "reduce_scatter_tensor",
-        lambda a: _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a),
+        lambda a: (
+            pair_reduce_scatter(output, input, op, group)
+            or _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a)
+        ),
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(input),

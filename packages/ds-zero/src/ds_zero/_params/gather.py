@@ -33,6 +33,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._buffer_pool import BufferPool
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._params.secondary import SecondaryPartition, fill_secondary
 from ds_zero._params.shards import acquire_shards
@@ -177,10 +178,14 @@ def deviation_summary(group: ProcessGroup | None) -> str:
     return (" Reported by the ranks: " + "; ".join(found) + ".") if found else ""
 
 
+#: The send and receive buffers of parameter gathers, reused step after step (see `_buffer_pool`).
+GATHER_BUFFERS = BufferPool()
+
+
 class GatherHandle:
     """An issued coalesced gather; `wait()` fills every parameter's full storage and marks it available."""
 
-    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release", "_fill")
+    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release", "_fill", "_pooled")
 
     def __init__(
         self,
@@ -193,9 +198,11 @@ class GatherHandle:
         release: Callable[[], None] | None = None,
         sizes: list[int] | None = None,
         fill: SecondaryPartition | None = None,
+        pooled: tuple[torch.Tensor, ...] = (),
     ) -> None:
         self.params = params
         self._recv = recv
+        self._pooled = pooled  # buffers from GATHER_BUFFERS, handed back once the gather is complete
         self._work = work
         # elements each of the `world` senders contributed per parameter (their shard, or their hpZ slice)
         self._sizes = sizes if sizes is not None else [state_of(p).shard_numel for p in params]
@@ -236,6 +243,9 @@ class GatherHandle:
                     fill_secondary(p, self._fill)
         self._recv = None
         self._work = None
+        for buf in self._pooled:
+            GATHER_BUFFERS.give(buf)
+        self._pooled = ()
         if self._release is not None:
             self._release()
             self._release = None
@@ -315,15 +325,23 @@ def gather_params(
                     release()
                 handles.append(GatherHandle(batch, None, None, 1))
                 continue
-            send = torch.cat([p.ds_tensor for p in batch]) if len(batch) > 1 else batch[0].ds_tensor
-            # from a swap buffer, the copy must be complete before the buffer is reused
-            send = send.to(device=device, dtype=dtype, non_blocking=release is None)
+            pooled: tuple[torch.Tensor, ...] = ()
+            shards = [p.ds_tensor for p in batch]
+            if world > 1 and len(batch) > 1 and all(t.device == device and t.dtype == dtype for t in shards):
+                send = torch.cat(shards, out=GATHER_BUFFERS.take(sum(t.numel() for t in shards), dtype, device))
+                pooled = (send,)
+            else:
+                send = torch.cat(shards) if len(batch) > 1 else batch[0].ds_tensor
+                # from a swap buffer, the copy must be complete before the buffer is reused
+                send = send.to(device=device, dtype=dtype, non_blocking=release is None)
             if world == 1:
                 handle = GatherHandle(batch, send, None, 1, release=release)
             else:
-                recv = torch.empty(send.numel() * world, dtype=dtype, device=device)
+                recv = GATHER_BUFFERS.take(send.numel() * world, dtype, device)
                 work = ds_comm.all_gather_into_tensor(recv, send, group=group, async_op=True)
-                handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release, fill=secondary)
+                handle = GatherHandle(
+                    batch, recv, work, world, label, fp_group, release=release, fill=secondary, pooled=(*pooled, recv)
+                )
         for p in batch:
             state_of(p).start_gather()
         if not async_op:
