@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp, Work
 
-__all__ = ["PairWork", "pair_all_gather", "pair_peer", "pair_reduce_scatter"]
+__all__ = ["PairWork", "pair_all_gather", "pair_all_gather_many", "pair_peer", "pair_reduce_scatter"]
 
 #: A tag of their own, so that the pair's messages never match a user's `isend`/`irecv` (tag 0) on the group.
 _TAG = 0x2E6C
@@ -113,6 +113,28 @@ def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGro
         dist.isend(mine, group=group, group_dst=peer, tag=_TAG),
         dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG),
     ]
+    return PairWork([w for w in works if w is not None], None)
+
+
+def pair_all_gather_many(
+    outputs: list[torch.Tensor], inputs: list[torch.Tensor], group: ProcessGroup | None
+) -> PairWork | None:
+    """Each `outputs[i]` = [rank 0's `inputs[i]`, rank 1's]: one send and one receive per tensor, no staging
+    buffer (a coalesced gather lands in each parameter's own storage); None when not eligible (nothing sent)."""
+    peers = pair_peer(group)
+    if peers is None or len(outputs) != len(inputs) or not outputs:
+        return None
+    for o, i in zip(outputs, inputs, strict=True):
+        if not _eligible(o, i) or o.numel() != 2 * i.numel() or _overlaps(o, i):
+            return None
+    me, peer = peers
+    works: list[Work | None] = []
+    for o, i in zip(outputs, inputs, strict=True):
+        halves = o.view(-1).chunk(2)
+        mine = i.view(-1)
+        halves[me].copy_(mine)
+        works.append(dist.isend(mine, group=group, group_dst=peer, tag=_TAG))
+        works.append(dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG))
     return PairWork([w for w in works if w is not None], None)
 
 

@@ -21,7 +21,7 @@ from torch.distributed import ProcessGroup, ReduceOp, Work
 
 from ds_comm._comms_logger import comms_logger, configure
 from ds_comm._dist_init import state
-from ds_comm._gloo_pair import PairWork, pair_all_gather, pair_reduce_scatter
+from ds_comm._gloo_pair import PairWork, pair_all_gather, pair_all_gather_many, pair_reduce_scatter
 from ds_comm._group_cache import waits_on_cpu
 from ds_comm.accelerator import get_accelerator
 
@@ -54,6 +54,7 @@ __all__ = [
     "isend",
     "log_summary",
     "new_group",
+    "pair_all_gather_into_tensors",
     "recv",
     "reduce",
     "reduce_scatter",
@@ -282,6 +283,27 @@ def all_gather_into_tensor(
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(output_tensor),
+    )
+
+
+def pair_all_gather_into_tensors(
+    outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], group: ProcessGroup | None = None
+) -> CollectiveHandle | None:
+    """On a gloo group of two CPU ranks, `all_gather_into_tensor(outputs[i], inputs[i])` for every i as one
+    asynchronous exchange that writes straight into the outputs (no staging buffer, no copy out of one);
+    None, with nothing issued, on any other group or tensors (the caller gathers another way).
+    Logged as `all_gather_into_tensor`. See ds_comm._gloo_pair."""
+    if not waits_on_cpu(group):
+        return None
+    work = pair_all_gather_many(list(outputs), list(inputs), group)
+    if work is None:
+        return None
+    return _issue(
+        "all_gather_into_tensor",
+        lambda a: work,
+        group=group,
+        async_op=True,
+        size_bytes=sum(_nbytes(t) for t in outputs),
     )
 
 

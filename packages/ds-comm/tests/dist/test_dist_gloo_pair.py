@@ -38,6 +38,17 @@ def _pair_vs_torch(rank: int, world: int) -> dict[str, object]:
         inplace[3 * rank : 3 * rank + 3].copy_(shard)
         ds_comm.all_gather_into_tensor(inplace, inplace[3 * rank : 3 * rank + 3])
         out[f"ag_{dtype}"] = (torch.equal(got, ref_g), torch.equal(inplace, ref_g), done_before_wait)
+    # several tensors at once, straight into their outputs
+    inputs = [torch.randn(n, generator=gen) for n in (7, 1, 300)]
+    refs = [torch.empty(2 * n) for n in (7, 1, 300)]
+    for r, i in zip(refs, inputs, strict=True):
+        dist.all_gather_single(r, i)
+    outs = [torch.full((2 * n,), float("nan")) for n in (7, 1, 300)]
+    handle = ds_comm.pair_all_gather_into_tensors(outs, inputs)
+    assert handle is not None
+    handle.wait()
+    out["many"] = [torch.equal(o, r) for o, r in zip(outs, refs, strict=True)]
+    out["many_refused"] = ds_comm.pair_all_gather_into_tensors([torch.empty(5)], [torch.empty(2)]) is None
     # not eligible: MAX goes to torch; the answer is still right
     t = torch.arange(4.0) * (rank + 1)
     shard = torch.empty(2)
@@ -53,6 +64,7 @@ def test_pair_path_equals_torch_collectives_bitwise() -> None:
         for key, value in r.items():
             if key.startswith(("rs_torch", "ag_")):
                 assert all(value), (rank, key, value)
+        assert all(r["many"]) and r["many_refused"]
         assert r["rs_max"] == [2.0 * x for x in range(4)][2 * rank : 2 * rank + 2]
 
 
