@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp, Work
 
-__all__ = ["PairWork", "pair_all_gather", "pair_all_gather_many", "pair_peer", "pair_reduce_scatter"]
+__all__ = ["PairWork", "pair_all_gather", "pair_all_gather_many", "pair_exchange", "pair_peer", "pair_reduce_scatter"]
 
 #: A tag of their own, so that the pair's messages never match a user's `isend`/`irecv` (tag 0) on the group.
 _TAG = 0x2E6C
@@ -135,6 +135,23 @@ def pair_all_gather_many(
         halves[me].copy_(mine)
         works.append(dist.isend(mine, group=group, group_dst=peer, tag=_TAG))
         works.append(dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG))
+    return PairWork([w for w in works if w is not None], None)
+
+
+def pair_exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None) -> PairWork | None:
+    """Send each of `sends` to the peer and receive each of `recvs` from it, in order (the peer's `sends[i]`
+    lands in this rank's `recvs[i]`); None, nothing sent, when not eligible."""
+    peers = pair_peer(group)
+    if peers is None or len(sends) != len(recvs) or not sends:
+        return None
+    for a, b in zip(recvs, sends, strict=True):
+        if not _eligible(a, b) or a.numel() != b.numel() or _overlaps(a, b):
+            return None
+    peer = peers[1]
+    works: list[Work | None] = []
+    for a, b in zip(recvs, sends, strict=True):
+        works.append(dist.isend(b, group=group, group_dst=peer, tag=_TAG))
+        works.append(dist.irecv(a, group=group, group_src=peer, tag=_TAG))
     return PairWork([w for w in works if w is not None], None)
 
 

@@ -21,7 +21,16 @@ from torch.distributed import ProcessGroup, ReduceOp, Work
 
 from ds_comm._comms_logger import comms_logger, configure
 from ds_comm._dist_init import state
-from ds_comm._gloo_pair import PairWork, pair_all_gather, pair_all_gather_many, pair_reduce_scatter
+from ds_comm._gloo_pair import (
+    PairWork,
+    pair_all_gather,
+    pair_all_gather_many,
+    pair_peer,
+    pair_reduce_scatter,
+)
+from ds_comm._gloo_pair import (
+    pair_exchange as _pair_exchange,
+)
 from ds_comm._group_cache import waits_on_cpu
 from ds_comm.accelerator import get_accelerator
 
@@ -55,6 +64,8 @@ __all__ = [
     "log_summary",
     "new_group",
     "pair_all_gather_into_tensors",
+    "pair_exchange",
+    "pair_ranks",
     "recv",
     "reduce",
     "reduce_scatter",
@@ -305,6 +316,30 @@ def pair_all_gather_into_tensors(
         async_op=True,
         size_bytes=sum(_nbytes(t) for t in outputs),
     )
+
+
+def pair_ranks(group: ProcessGroup | None = None) -> tuple[int, int] | None:
+    """(this rank, the other rank) in `group` when it is a gloo group of two ranks, where
+    `pair_exchange` and `pair_all_gather_into_tensors` work; None otherwise."""
+    return pair_peer(group)
+
+
+def pair_exchange(
+    sends: Sequence[torch.Tensor],
+    recvs: Sequence[torch.Tensor],
+    group: ProcessGroup | None = None,
+    op: str = "pair_exchange",
+) -> CollectiveHandle | None:
+    """On a gloo group of two CPU ranks, send `sends[i]` to the other rank and receive its `sends[i]` into
+    `recvs[i]`, for every i, as one asynchronous operation (a caller's own collective built from halves,
+    such as a reduce-scatter without a staging buffer); logged as `op`. None, with nothing issued, on any
+    other group or tensors. See ds_comm._gloo_pair."""
+    if not waits_on_cpu(group):
+        return None
+    work = _pair_exchange(list(sends), list(recvs), group)
+    if work is None:
+        return None
+    return _issue(op, lambda a: work, group=group, async_op=True, size_bytes=2 * sum(_nbytes(t) for t in sends))
 
 
 def reduce_scatter(

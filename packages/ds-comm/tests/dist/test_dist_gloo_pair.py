@@ -49,6 +49,13 @@ def _pair_vs_torch(rank: int, world: int) -> dict[str, object]:
     handle.wait()
     out["many"] = [torch.equal(o, r) for o, r in zip(outs, refs, strict=True)]
     out["many_refused"] = ds_comm.pair_all_gather_into_tensors([torch.empty(5)], [torch.empty(2)]) is None
+    # a pair exchange: the peer's sends[i] land in recvs[i]
+    sends = [torch.full((n,), float(rank * 10 + n)) for n in (3, 4)]
+    recvs = [torch.empty(n) for n in (3, 4)]
+    handle = ds_comm.pair_exchange(sends, recvs, op="reduce_scatter_tensor")
+    assert handle is not None and ds_comm.pair_ranks() == (rank, 1 - rank)
+    handle.wait()
+    out["exchange"] = [r.tolist() for r in recvs]
     # not eligible: MAX goes to torch; the answer is still right
     t = torch.arange(4.0) * (rank + 1)
     shard = torch.empty(2)
@@ -65,6 +72,7 @@ def test_pair_path_equals_torch_collectives_bitwise() -> None:
             if key.startswith(("rs_torch", "ag_")):
                 assert all(value), (rank, key, value)
         assert all(r["many"]) and r["many_refused"]
+        assert r["exchange"] == [[float((1 - rank) * 10 + n)] * n for n in (3, 4)]
         assert r["rs_max"] == [2.0 * x for x in range(4)][2 * rank : 2 * rank + 2]
 
 

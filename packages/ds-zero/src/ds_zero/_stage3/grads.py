@@ -118,6 +118,8 @@ class GradReducer:
         self._pooled: set[int] = set()  # ids of the in-flight buffers taken from the pool
         # the master gradients dropped by zero_grad, reused as the next backward's (see `keep_master_grad`)
         self._spare: dict[int, torch.Tensor] = {}
+        # pair-exchanged buckets (`_reduce_in_pairs`): this rank's own gradient halves, added once received
+        self._own_halves: dict[int, list[torch.Tensor]] = {}
 
     def _on_grad(self, param: nn.Parameter) -> None:
         self._on_first_grad()
@@ -151,6 +153,8 @@ class GradReducer:
                     self._complete(self._inflight.pop(0))
                 self._issued((None, grad.reshape(-1), params, sizes, grad))
                 return
+        if world == 2 and self.pre == 1.0 and self._reduce_in_pairs(params, sizes, total, dtype, device):
+            return
         inp = self._take(world * total, dtype, device).view(world, total)
         offset = 0
         with torch.no_grad():
@@ -178,6 +182,42 @@ class GradReducer:
         while self._inflight:
             self._complete(self._inflight.pop(0))
         self._issued((work, out, params, sizes, inp))
+
+    def _reduce_in_pairs(
+        self, params: list[nn.Parameter], sizes: list[int], total: int, dtype: torch.dtype, device: torch.device
+    ) -> bool:
+        """Two gloo CPU ranks: each gradient sends the peer its half straight from `.grad` into the peer's
+        bucket output, and adds its own half there once received (`ds_comm.pair_exchange`): the same sum
+        as the reduce-scatter's (two addends), without staging the bucket's gradients in a send buffer.
+        False, nothing issued, when the group or the gradients do not allow it."""
+        grads = [p.grad for p in params]
+        for p, g, s in zip(params, grads, sizes, strict=True):
+            if g is None or g.dtype != dtype or g.device != device or not g.is_contiguous() or p.ds_numel != 2 * s:
+                return False
+        peers = ds_comm.pair_ranks(self.group)
+        if peers is None:
+            return False
+        me, peer = peers
+        out = self._take(total, dtype, device)
+        sends, recvs, own = [], [], []
+        offset = 0
+        for g, s in zip(grads, sizes, strict=True):
+            rows = g.detach().view(2, s)
+            sends.append(rows[peer])
+            own.append(rows[me])
+            recvs.append(out[offset : offset + s])
+            offset += s
+        work = ds_comm.pair_exchange(sends, recvs, group=self.group, op="reduce_scatter_tensor")
+        if work is None:
+            self._give(out)
+            return False
+        for p in params:
+            p.grad = None
+        self._own_halves[id(out)] = own
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
+        self._issued((work, out, params, sizes, out))
+        return True
 
     def _issued(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
         """Leave a just-issued bucket in flight (`overlap_comm`), or finish it now."""
@@ -210,6 +250,13 @@ class GradReducer:
         work, out, params, sizes, inp = item
         if work is not None:
             work.wait()
+        own = self._own_halves.pop(id(out), None)
+        if own is not None:
+            offset = 0
+            with torch.no_grad():
+                for half in own:
+                    out[offset : offset + half.numel()].add_(half)
+                    offset += half.numel()
         if self.post != 1.0:
             out.div_(self.post)
         offset = 0
