@@ -21,6 +21,16 @@ from torch.distributed import ProcessGroup, ReduceOp, Work
 
 from ds_comm._comms_logger import comms_logger, configure
 from ds_comm._dist_init import state
+from ds_comm._gloo_pair import (
+    PairWork,
+    pair_all_gather,
+    pair_all_gather_many,
+    pair_peer,
+    pair_reduce_scatter,
+)
+from ds_comm._gloo_pair import (
+    pair_exchange as _pair_exchange,
+)
 from ds_comm._group_cache import waits_on_cpu
 from ds_comm.accelerator import get_accelerator
 
@@ -53,6 +63,9 @@ __all__ = [
     "isend",
     "log_summary",
     "new_group",
+    "pair_all_gather_into_tensors",
+    "pair_exchange",
+    "pair_ranks",
     "recv",
     "reduce",
     "reduce_scatter",
@@ -115,7 +128,9 @@ class CollectiveHandle:
 
     __slots__ = ("_work", "_op", "_group", "_size_bytes", "_start", "_done")
 
-    def __init__(self, work: Work, op: str, group: ProcessGroup | None, size_bytes: int, start: float) -> None:
+    def __init__(
+        self, work: Work | PairWork, op: str, group: ProcessGroup | None, size_bytes: int, start: float
+    ) -> None:
         self._work = work
         self._op = op
         self._group = group
@@ -138,7 +153,7 @@ class CollectiveHandle:
 
 
 def _finish(
-    work: Work | None,
+    work: Work | PairWork | None,
     op: str,
     group: ProcessGroup | None,
     size_bytes: int,
@@ -162,7 +177,12 @@ def _finish(
 
 
 def _issue(
-    op: str, call: Callable[[bool], Work | None], *, group: ProcessGroup | None, async_op: bool, size_bytes: int
+    op: str,
+    call: Callable[[bool], Work | PairWork | None],
+    *,
+    group: ProcessGroup | None,
+    async_op: bool,
+    size_bytes: int,
 ) -> CollectiveHandle | None:
     """Run `call(async_op)` with the timeout policy and logging; `size_bytes` feeds the logger."""
     start = 0.0
@@ -267,11 +287,59 @@ def all_gather_into_tensor(
     """`torch.distributed.all_gather_into_tensor`: rank i's input lands in the i-th slice of the output."""
     return _issue(
         "all_gather_into_tensor",
-        lambda a: _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a),
+        lambda a: (
+            pair_all_gather(output_tensor, input_tensor, group)
+            or _dist_all_gather_flat(output_tensor, input_tensor, group=group, async_op=a)
+        ),
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(output_tensor),
     )
+
+
+def pair_all_gather_into_tensors(
+    outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], group: ProcessGroup | None = None
+) -> CollectiveHandle | None:
+    """On a gloo group of two CPU ranks, `all_gather_into_tensor(outputs[i], inputs[i])` for every i as one
+    asynchronous exchange that writes straight into the outputs (no staging buffer, no copy out of one);
+    None, with nothing issued, on any other group or tensors (the caller gathers another way).
+    Logged as `all_gather_into_tensor`. See ds_comm._gloo_pair."""
+    if not waits_on_cpu(group):
+        return None
+    work = pair_all_gather_many(list(outputs), list(inputs), group)
+    if work is None:
+        return None
+    return _issue(
+        "all_gather_into_tensor",
+        lambda a: work,
+        group=group,
+        async_op=True,
+        size_bytes=sum(_nbytes(t) for t in outputs),
+    )
+
+
+def pair_ranks(group: ProcessGroup | None = None) -> tuple[int, int] | None:
+    """(this rank, the other rank) in `group` when it is a gloo group of two ranks, where
+    `pair_exchange` and `pair_all_gather_into_tensors` work; None otherwise."""
+    return pair_peer(group)
+
+
+def pair_exchange(
+    sends: Sequence[torch.Tensor],
+    recvs: Sequence[torch.Tensor],
+    group: ProcessGroup | None = None,
+    op: str = "pair_exchange",
+) -> CollectiveHandle | None:
+    """On a gloo group of two CPU ranks, send `sends[i]` to the other rank and receive its `sends[i]` into
+    `recvs[i]`, for every i, as one asynchronous operation (a caller's own collective built from halves,
+    such as a reduce-scatter without a staging buffer); logged as `op`. None, with nothing issued, on any
+    other group or tensors. See ds_comm._gloo_pair."""
+    if not waits_on_cpu(group):
+        return None
+    work = _pair_exchange(list(sends), list(recvs), group)
+    if work is None:
+        return None
+    return _issue(op, lambda a: work, group=group, async_op=True, size_bytes=2 * sum(_nbytes(t) for t in sends))
 
 
 def reduce_scatter(
@@ -301,7 +369,10 @@ def reduce_scatter_tensor(
     """`torch.distributed.reduce_scatter_tensor`: slice `rank` of the reduced input lands in `output`."""
     return _issue(
         "reduce_scatter_tensor",
-        lambda a: _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a),
+        lambda a: (
+            pair_reduce_scatter(output, input, op, group)
+            or _dist_reduce_scatter_flat(output, input, op=op, group=group, async_op=a)
+        ),
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(input),

@@ -208,10 +208,23 @@ def reduce_scatter_order(rank: int, world: int, *, overlap_comm: bool, steps: in
         events.append(("issue", index))
         return _RecordedWork(work, events, index) if work is not None else work
 
+    # on two gloo ranks a bucket's reduce-scatter is a pair exchange (ds_comm.pair_exchange): recorded alike
+    original_pair = ds_comm.pair_exchange
+
+    def recording_pair(*args: Any, **kwargs: Any) -> Any:
+        work = original_pair(*args, **kwargs)
+        if work is None or kwargs.get("op") != "reduce_scatter_tensor":
+            return work
+        index = sum(1 for kind, _ in events if kind == "issue")
+        events.append(("issue", index))
+        return _RecordedWork(work, events, index)
+
     ds_comm.reduce_scatter_tensor = recording
+    ds_comm.pair_exchange = recording_pair
     try:
         out = train_stage3(rank, world, steps=steps, gas=2, config={"overlap_comm": overlap_comm})
     finally:
         ds_comm.reduce_scatter_tensor = original
+        ds_comm.pair_exchange = original_pair
     out["events"] = events
     return out

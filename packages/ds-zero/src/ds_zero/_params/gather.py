@@ -33,6 +33,7 @@ import torch
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._buffer_pool import BufferPool
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._params.secondary import SecondaryPartition, fill_secondary
 from ds_zero._params.shards import acquire_shards
@@ -177,10 +178,26 @@ def deviation_summary(group: ProcessGroup | None) -> str:
     return (" Reported by the ranks: " + "; ".join(found) + ".") if found else ""
 
 
+#: The send and receive buffers of parameter gathers, reused step after step (see `_buffer_pool`).
+GATHER_BUFFERS = BufferPool()
+
+
 class GatherHandle:
     """An issued coalesced gather; `wait()` fills every parameter's full storage and marks it available."""
 
-    __slots__ = ("params", "_recv", "_work", "_sizes", "_world", "_label", "_group", "_release", "_fill")
+    __slots__ = (
+        "params",
+        "_recv",
+        "_work",
+        "_sizes",
+        "_world",
+        "_label",
+        "_group",
+        "_release",
+        "_fill",
+        "_pooled",
+        "_direct",
+    )
 
     def __init__(
         self,
@@ -193,9 +210,13 @@ class GatherHandle:
         release: Callable[[], None] | None = None,
         sizes: list[int] | None = None,
         fill: SecondaryPartition | None = None,
+        pooled: tuple[torch.Tensor, ...] = (),
+        direct: bool = False,
     ) -> None:
         self.params = params
         self._recv = recv
+        self._pooled = pooled  # buffers from GATHER_BUFFERS, handed back once the gather is complete
+        self._direct = direct  # the collective writes into the full storages themselves (no `recv`)
         self._work = work
         # elements each of the `world` senders contributed per parameter (their shard, or their hpZ slice)
         self._sizes = sizes if sizes is not None else [state_of(p).shard_numel for p in params]
@@ -210,7 +231,7 @@ class GatherHandle:
         receive buffer on asynchronous devices; here the buffer is consumed before `wait` returns, so
         it changes nothing."""
         del handle_dependency
-        if self._recv is None:
+        if self._recv is None and not self._direct:
             return
         if self._work is not None:
             try:
@@ -221,13 +242,19 @@ class GatherHandle:
                     "the collective timeout: another rank ran different modules from here on (data-dependent "
                     f"control flow around partitioned modules?).{deviation_summary(self._group)}"
                 ) from err
-        rows = self._recv.view(self._world, -1)
-        outs = [state_of(p).gather_target().view(self._world, s) for p, s in zip(self.params, self._sizes, strict=True)]
-        with torch.no_grad():
-            if len(outs) == 1:
-                outs[0].copy_(rows)
-            else:
-                torch.split_with_sizes_copy(rows, self._sizes, dim=1, out=outs)
+        if self._direct:
+            self._direct = False
+        else:
+            assert self._recv is not None
+            rows = self._recv.view(self._world, -1)
+            outs = [
+                state_of(p).gather_target().view(self._world, s) for p, s in zip(self.params, self._sizes, strict=True)
+            ]
+            with torch.no_grad():
+                if len(outs) == 1:
+                    outs[0].copy_(rows)
+                else:
+                    torch.split_with_sizes_copy(rows, self._sizes, dim=1, out=outs)
         for p in self.params:
             state_of(p).finish_gather()
         if self._fill is not None:
@@ -236,6 +263,9 @@ class GatherHandle:
                     fill_secondary(p, self._fill)
         self._recv = None
         self._work = None
+        for buf in self._pooled:
+            GATHER_BUFFERS.give(buf)
+        self._pooled = ()
         if self._release is not None:
             self._release()
             self._release = None
@@ -315,21 +345,66 @@ def gather_params(
                     release()
                 handles.append(GatherHandle(batch, None, None, 1))
                 continue
-            send = torch.cat([p.ds_tensor for p in batch]) if len(batch) > 1 else batch[0].ds_tensor
-            # from a swap buffer, the copy must be complete before the buffer is reused
-            send = send.to(device=device, dtype=dtype, non_blocking=release is None)
+            pooled: tuple[torch.Tensor, ...] = ()
+            shards = [p.ds_tensor for p in batch]
+            if world == 2 and release is None and secondary is None:
+                direct = _gather_in_place(batch, shards, dtype, device, group, label, fp_group, async_op)
+                if direct is not None:
+                    handles.append(direct)
+                    continue
+            if world > 1 and len(batch) > 1 and all(t.device == device and t.dtype == dtype for t in shards):
+                send = torch.cat(shards, out=GATHER_BUFFERS.take(sum(t.numel() for t in shards), dtype, device))
+                pooled = (send,)
+            else:
+                send = torch.cat(shards) if len(batch) > 1 else batch[0].ds_tensor
+                # from a swap buffer, the copy must be complete before the buffer is reused
+                send = send.to(device=device, dtype=dtype, non_blocking=release is None)
             if world == 1:
                 handle = GatherHandle(batch, send, None, 1, release=release)
             else:
-                recv = torch.empty(send.numel() * world, dtype=dtype, device=device)
+                recv = GATHER_BUFFERS.take(send.numel() * world, dtype, device)
                 work = ds_comm.all_gather_into_tensor(recv, send, group=group, async_op=True)
-                handle = GatherHandle(batch, recv, work, world, label, fp_group, release=release, fill=secondary)
+                handle = GatherHandle(
+                    batch, recv, work, world, label, fp_group, release=release, fill=secondary, pooled=(*pooled, recv)
+                )
         for p in batch:
             state_of(p).start_gather()
         if not async_op:
             handle.wait()
         handles.append(handle)
     return handles
+
+
+def _gather_in_place(
+    batch: list[torch.nn.Parameter],
+    shards: list[torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+    group: ProcessGroup | None,
+    label: str,
+    fp_group: ProcessGroup | None,
+    async_op: bool,
+) -> GatherHandle | None:
+    """Two gloo CPU ranks: each shard goes straight from the peer into the parameter's own full storage
+    (`ds_comm.pair_all_gather_into_tensors`), skipping the send concatenation, the receive buffer and the
+    copy out of it (about a third of ZeRO-3's per-step gather cost on CPU). None, nothing issued, when the
+    group or the shards do not allow it."""
+    if not all(t.device == device and t.dtype == dtype and t.is_contiguous() for t in shards):
+        return None
+    states = [state_of(p) for p in batch]
+    before = [p.ds_status for p in batch]
+    for st in states:
+        st.start_gather()
+    targets = [st.gather_target() for st in states]
+    work = ds_comm.pair_all_gather_into_tensors(targets, shards, group=group)
+    if work is None:
+        for p, status in zip(batch, before, strict=True):  # back to where it was; the caller gathers another way
+            p.ds_status = status
+        return None
+    handle = GatherHandle(batch, None, work, 2, label, fp_group, direct=True)
+    if not async_op:
+        handle.wait()
+    return handle
 
 
 def _gather_secondary(

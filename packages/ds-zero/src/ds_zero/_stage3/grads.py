@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 import ds_comm
+from ds_zero._buffer_pool import BufferPool
 from ds_zero._params.partitioned_param import state_of
 
 if TYPE_CHECKING:
@@ -112,6 +113,13 @@ class GradReducer:
         #: Called with each parameter once its reduced shard is in its master's gradient (SuperOffload).
         self.on_piece: Callable[[nn.Parameter], None] | None = None
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        # the buckets' send and receive buffers, reused backward after backward (see `_buffer_pool`)
+        self._buffers = BufferPool()
+        self._pooled: set[int] = set()  # ids of the in-flight buffers taken from the pool
+        # the master gradients dropped by zero_grad, reused as the next backward's (see `keep_master_grad`)
+        self._spare: dict[int, torch.Tensor] = {}
+        # pair-exchanged buckets (`_reduce_in_pairs`): this rank's own gradient halves, added once received
+        self._own_halves: dict[int, list[torch.Tensor]] = {}
 
     def _on_grad(self, param: nn.Parameter) -> None:
         self._on_first_grad()
@@ -145,7 +153,9 @@ class GradReducer:
                     self._complete(self._inflight.pop(0))
                 self._issued((None, grad.reshape(-1), params, sizes, grad))
                 return
-        inp = torch.empty(world, total, dtype=dtype, device=device)
+        if world == 2 and self.pre == 1.0 and self._reduce_in_pairs(params, sizes, total, dtype, device):
+            return
+        inp = self._take(world * total, dtype, device).view(world, total)
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
@@ -166,12 +176,48 @@ class GradReducer:
         if world == 1:
             out, work = inp.view(-1), None
         else:
-            out = torch.empty(total, dtype=dtype, device=device)
+            out = self._take(total, dtype, device)
             work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=self.group, async_op=True)
         # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
         while self._inflight:
             self._complete(self._inflight.pop(0))
         self._issued((work, out, params, sizes, inp))
+
+    def _reduce_in_pairs(
+        self, params: list[nn.Parameter], sizes: list[int], total: int, dtype: torch.dtype, device: torch.device
+    ) -> bool:
+        """Two gloo CPU ranks: each gradient sends the peer its half straight from `.grad` into the peer's
+        bucket output, and adds its own half there once received (`ds_comm.pair_exchange`): the same sum
+        as the reduce-scatter's (two addends), without staging the bucket's gradients in a send buffer.
+        False, nothing issued, when the group or the gradients do not allow it."""
+        grads = [p.grad for p in params]
+        for p, g, s in zip(params, grads, sizes, strict=True):
+            if g is None or g.dtype != dtype or g.device != device or not g.is_contiguous() or p.ds_numel != 2 * s:
+                return False
+        peers = ds_comm.pair_ranks(self.group)
+        if peers is None:
+            return False
+        me, peer = peers
+        out = self._take(total, dtype, device)
+        sends, recvs, own = [], [], []
+        offset = 0
+        for g, s in zip(grads, sizes, strict=True):
+            rows = g.detach().view(2, s)
+            sends.append(rows[peer])
+            own.append(rows[me])
+            recvs.append(out[offset : offset + s])
+            offset += s
+        work = ds_comm.pair_exchange(sends, recvs, group=self.group, op="reduce_scatter_tensor")
+        if work is None:
+            self._give(out)
+            return False
+        for p in params:
+            p.grad = None
+        self._own_halves[id(out)] = own
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
+        self._issued((work, out, params, sizes, out))
+        return True
 
     def _issued(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
         """Leave a just-issued bucket in flight (`overlap_comm`), or finish it now."""
@@ -180,10 +226,37 @@ class GradReducer:
         else:
             self._complete(item)
 
+    def _take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        buf = self._buffers.take(numel, dtype, device)
+        self._pooled.add(id(buf))
+        return buf
+
+    def _give(self, *bufs: torch.Tensor) -> None:
+        for buf in bufs:
+            base = buf if buf._base is None else buf._base
+            if id(base) in self._pooled:
+                self._pooled.discard(id(base))
+                self._buffers.give(base)
+
+    def keep_master_grad(self, master: torch.Tensor) -> None:
+        """zero_grad(set_to_none) drops `master.grad`: keep its storage for the next backward's first write.
+
+        `_complete` writes every slice of a fresh master gradient before anything reads it, so the old
+        contents do not matter; reusing the storage saves the page faults of a fresh one each step."""
+        if master.grad is not None and master.grad.device.type == "cpu":
+            self._spare[id(master)] = master.grad
+
     def _complete(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
-        work, out, params, sizes, _inp = item
+        work, out, params, sizes, inp = item
         if work is not None:
             work.wait()
+        own = self._own_halves.pop(id(out), None)
+        if own is not None:
+            offset = 0
+            with torch.no_grad():
+                for half in own:
+                    out[offset : offset + half.numel()].add_(half)
+                    offset += half.numel()
         if self.post != 1.0:
             out.div_(self.post)
         offset = 0
@@ -199,7 +272,13 @@ class GradReducer:
                 if master.grad is None:
                     # every bucket is reduced once per backward and the shards tile the master, so each
                     # slice is written exactly once before it is read: no need to zero it first
-                    master.grad = torch.empty_like(master)
+                    spare = self._spare.pop(id(master), None)
+                    fits = spare is not None and (spare.shape, spare.dtype, spare.device) == (
+                        master.shape,
+                        master.dtype,
+                        master.device,
+                    )
+                    master.grad = spare if fits else torch.empty_like(master)
                     self._fresh.add(id(master))
                 piece = out[offset : offset + s].to(master.grad.device)
                 if id(master) in self._fresh:
@@ -209,6 +288,8 @@ class GradReducer:
                 offset += s
                 if self.on_piece is not None:
                     self.on_piece(p)
+        if not any(id(p) in self._swapped for p in params):  # the NVMe swapper may still read `out`
+            self._give(out, inp)
 
     def finish(self) -> None:
         """End of backward: issue the remaining buckets in order, wait, add the results into the master grads."""

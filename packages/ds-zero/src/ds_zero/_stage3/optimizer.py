@@ -567,6 +567,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             self.optimizer_swapper.grads.zero_grad()
         for part in self.partitions:
             if set_to_none:
+                self.reducer.keep_master_grad(part.master)
                 part.master.grad = None
             elif part.master.grad is not None:
                 part.master.grad.zero_()
