@@ -11,6 +11,11 @@ and backward, so the pair path is taken for them: a gloo group of exactly two ra
 contiguous, one dtype, SUM. The result is the same bits as gloo's: the all-gather copies, and the sum
 of two numbers does not depend on their order. Every other case goes to torch as before.
 
+Whether a call takes the pair path must be decided alike on both ranks, or one rank would wait in a
+send while the other waits in gloo's collective (a hang until the collective timeout). So the test looks
+only at what both ranks share (the group, the device, the dtype, the sizes); where this rank's buffers
+overlap (an in-place call), the pair path copies instead of falling back.
+
 The returned `PairWork` stands for the pair's two gloo works: waiting on it waits both and, for the
 reduce-scatter, adds this rank's own half into the received one (the output), once.
 """
@@ -106,9 +111,7 @@ def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGro
         return None
     me, peer = peers
     halves = output.view(-1).chunk(2)
-    mine = input.view(-1)
-    if halves[me].data_ptr() != mine.data_ptr():
-        halves[me].copy_(mine)
+    mine = _own_half(halves[me], input.view(-1), output)
     works = [
         dist.isend(mine, group=group, group_dst=peer, tag=_TAG),
         dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG),
@@ -125,14 +128,13 @@ def pair_all_gather_many(
     if peers is None or len(outputs) != len(inputs) or not outputs:
         return None
     for o, i in zip(outputs, inputs, strict=True):
-        if not _eligible(o, i) or o.numel() != 2 * i.numel() or _overlaps(o, i):
+        if not _eligible(o, i) or o.numel() != 2 * i.numel():
             return None
     me, peer = peers
     works: list[Work | None] = []
     for o, i in zip(outputs, inputs, strict=True):
         halves = o.view(-1).chunk(2)
-        mine = i.view(-1)
-        halves[me].copy_(mine)
+        mine = _own_half(halves[me], i.view(-1), o)
         works.append(dist.isend(mine, group=group, group_dst=peer, tag=_TAG))
         works.append(dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG))
     return PairWork([w for w in works if w is not None], None)
@@ -145,11 +147,13 @@ def pair_exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor], group: P
     if peers is None or len(sends) != len(recvs) or not sends:
         return None
     for a, b in zip(recvs, sends, strict=True):
-        if not _eligible(a, b) or a.numel() != b.numel() or _overlaps(a, b):
+        if not _eligible(a, b) or a.numel() != b.numel():
             return None
     peer = peers[1]
     works: list[Work | None] = []
     for a, b in zip(recvs, sends, strict=True):
+        if any(_overlaps(r, b) for r in recvs):
+            b = b.clone()  # the receive must not overwrite what is still being sent
         works.append(dist.isend(b, group=group, group_dst=peer, tag=_TAG))
         works.append(dist.irecv(a, group=group, group_src=peer, tag=_TAG))
     return PairWork([w for w in works if w is not None], None)
@@ -165,18 +169,34 @@ def pair_reduce_scatter(
     me, peer = peers
     halves = input.view(-1).chunk(2)
     out = output.view(-1)
-    if _overlaps(out, input):
-        return None  # the receive would overwrite what is still to be added or sent
+    own = halves[me]
+    # An output inside the input (an in-place reduce-scatter into this rank's own slice): the peer's half
+    # lands in a buffer of its own, or the receive would overwrite what is still to be added or sent.
+    landing = torch.empty_like(out) if _overlaps(out, input) else out
     works = [
         dist.isend(halves[peer], group=group, group_dst=peer, tag=_TAG),
-        dist.irecv(out, group=group, group_src=peer, tag=_TAG),
+        dist.irecv(landing, group=group, group_src=peer, tag=_TAG),
     ]
-    own = halves[me]
 
     def add_own() -> None:
-        out.add_(own)
+        if landing is out:
+            out.add_(own)
+        else:
+            out.copy_(own + landing)
 
     return PairWork([w for w in works if w is not None], add_own)
+
+
+def _own_half(slot: torch.Tensor, mine: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """Put this rank's input in its slot of the output; returns what to send. An input that is already
+    the slot (an in-place gather) is sent as it is; one overlapping the output elsewhere is copied first,
+    as the receive would overwrite it while it is sent."""
+    if slot.data_ptr() == mine.data_ptr():
+        return mine
+    if _overlaps(mine, output):
+        mine = mine.clone()
+    slot.copy_(mine)
+    return mine
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

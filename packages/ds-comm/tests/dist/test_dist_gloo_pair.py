@@ -24,7 +24,12 @@ def _pair_vs_torch(rank: int, world: int) -> dict[str, object]:
         handle = ds_comm.reduce_scatter_tensor(async_out := torch.empty(1000, dtype=dtype), full, async_op=True)
         assert handle is not None
         handle.wait()
-        out[f"rs_{dtype}"] = (torch.equal(mine, ref), torch.equal(async_out, ref))
+        # in place: the output is this rank's own slice of the input (the pair path copies, never falls back
+        # on one rank alone, which would leave the other waiting in a send)
+        in_place = full.clone()
+        ds_comm.reduce_scatter_tensor(in_place[1000 * rank : 1000 * (rank + 1)], in_place)
+        own_slice = in_place[1000 * rank : 1000 * (rank + 1)]
+        out[f"rs_{dtype}"] = (torch.equal(mine, ref), torch.equal(async_out, ref), torch.equal(own_slice, ref))
         # all-gather into a 2-D output, and in place (the input is this rank's row of the output)
         shard = torch.randn(3, 5, generator=gen).to(dtype)
         ref_g = torch.empty(6, 5, dtype=dtype)
@@ -48,6 +53,15 @@ def _pair_vs_torch(rank: int, world: int) -> dict[str, object]:
     assert handle is not None
     handle.wait()
     out["many"] = [torch.equal(o, r) for o, r in zip(outs, refs, strict=True)]
+    # ... and in place, each input this rank's half of its output
+    in_place_outs = [torch.empty(2 * n) for n in (7, 1, 300)]
+    for o, i in zip(in_place_outs, inputs, strict=True):
+        o[i.numel() * rank : i.numel() * (rank + 1)].copy_(i)
+    halves = [o[i.numel() * rank : i.numel() * (rank + 1)] for o, i in zip(in_place_outs, inputs, strict=True)]
+    handle = ds_comm.pair_all_gather_into_tensors(in_place_outs, halves)
+    assert handle is not None
+    handle.wait()
+    out["many"] += [torch.equal(o, r) for o, r in zip(in_place_outs, refs, strict=True)]
     out["many_refused"] = ds_comm.pair_all_gather_into_tensors([torch.empty(5)], [torch.empty(2)]) is None
     # a pair exchange: the peer's sends[i] land in recvs[i]
     sends = [torch.full((n,), float(rank * 10 + n)) for n in (3, 4)]

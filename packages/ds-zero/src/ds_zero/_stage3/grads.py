@@ -116,8 +116,6 @@ class GradReducer:
         # the buckets' send and receive buffers, reused backward after backward (see `_buffer_pool`)
         self._buffers = BufferPool()
         self._pooled: set[int] = set()  # ids of the in-flight buffers taken from the pool
-        # the master gradients dropped by zero_grad, reused as the next backward's (see `keep_master_grad`)
-        self._spare: dict[int, torch.Tensor] = {}
         # pair-exchanged buckets (`_reduce_in_pairs`): this rank's own gradient halves, added once received
         self._own_halves: dict[int, list[torch.Tensor]] = {}
 
@@ -189,20 +187,29 @@ class GradReducer:
         """Two gloo CPU ranks: each gradient sends the peer its half straight from `.grad` into the peer's
         bucket output, and adds its own half there once received (`ds_comm.pair_exchange`): the same sum
         as the reduce-scatter's (two addends), without staging the bucket's gradients in a send buffer.
-        False, nothing issued, when the group or the gradients do not allow it."""
-        grads = [p.grad for p in params]
-        for p, g, s in zip(params, grads, sizes, strict=True):
-            if g is None or g.dtype != dtype or g.device != device or not g.is_contiguous() or p.ds_numel != 2 * s:
-                return False
+        False, nothing issued, when the group or the parameters do not allow it.
+
+        Both ranks must decide alike (one in a pair exchange, the other in a reduce-scatter would hang), so
+        the decision reads only what they share: the group, the parameters' dtypes and shard sizes. What may
+        differ between them is adapted instead: a gradient this rank never got (an expert no token of this
+        rank reached) is sent as zeros, as the reduce-scatter's bucket holds it."""
+        if any(p.dtype != dtype or p.ds_numel != 2 * s for p, s in zip(params, sizes, strict=True)):
+            return False
         peers = ds_comm.pair_ranks(self.group)
         if peers is None:
             return False
         me, peer = peers
+        grads = [
+            torch.zeros(2 * s, dtype=dtype, device=device)
+            if p.grad is None
+            else p.grad.detach().to(device=device, dtype=dtype).contiguous()
+            for p, s in zip(params, sizes, strict=True)
+        ]
         out = self._take(total, dtype, device)
         sends, recvs, own = [], [], []
         offset = 0
         for g, s in zip(grads, sizes, strict=True):
-            rows = g.detach().view(2, s)
+            rows = g.view(2, s)
             sends.append(rows[peer])
             own.append(rows[me])
             recvs.append(out[offset : offset + s])
@@ -238,14 +245,6 @@ class GradReducer:
                 self._pooled.discard(id(base))
                 self._buffers.give(base)
 
-    def keep_master_grad(self, master: torch.Tensor) -> None:
-        """zero_grad(set_to_none) drops `master.grad`: keep its storage for the next backward's first write.
-
-        `_complete` writes every slice of a fresh master gradient before anything reads it, so the old
-        contents do not matter; reusing the storage saves the page faults of a fresh one each step."""
-        if master.grad is not None and master.grad.device.type == "cpu":
-            self._spare[id(master)] = master.grad
-
     def _complete(self, item: tuple[Any, torch.Tensor, list[nn.Parameter], list[int], torch.Tensor]) -> None:
         work, out, params, sizes, inp = item
         if work is not None:
@@ -272,13 +271,7 @@ class GradReducer:
                 if master.grad is None:
                     # every bucket is reduced once per backward and the shards tile the master, so each
                     # slice is written exactly once before it is read: no need to zero it first
-                    spare = self._spare.pop(id(master), None)
-                    fits = spare is not None and (spare.shape, spare.dtype, spare.device) == (
-                        master.shape,
-                        master.dtype,
-                        master.device,
-                    )
-                    master.grad = spare if fits else torch.empty_like(master)
+                    master.grad = torch.empty_like(master)
                     self._fresh.add(id(master))
                 piece = out[offset : offset + s].to(master.grad.device)
                 if id(master) in self._fresh:

@@ -566,8 +566,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         if self.optimizer_swapper is not None:
             self.optimizer_swapper.grads.zero_grad()
         for part in self.partitions:
-            if set_to_none:
-                self.reducer.keep_master_grad(part.master)
+            if set_to_none:  # frees them: what a caller asks for before evaluation or generation
                 part.master.grad = None
             elif part.master.grad is not None:
                 part.master.grad.zero_()
