@@ -494,6 +494,7 @@ _NEEDS_DS_ZERO = {
     "zenflow_auto_strategy_with_interval",
     "zenflow_without_cpu_offload",
     "zenflow_empty_section",
+    "zenflow_stage3_with_super_offload",
 }
 _NO_DS_ZERO = importlib.util.find_spec("ds_zero") is None
 #: rows whose model check AutoEP (ds-parallel) makes (without it the error names the extra instead)
