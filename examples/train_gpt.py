@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed
 
 import ds_engine as deepspeed
 
@@ -112,13 +113,21 @@ def main() -> None:
         if log is not None:
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
             log.flush()
-        if args.seconds and time.perf_counter() - start > args.seconds:
+        if args.seconds and _out_of_time(start, args.seconds):
             break
         if args.save_every and step % args.save_every == 0 and step < args.steps:
             _save(engine, args.save_dir, step, eval_x, eval_y, log)
     _save(engine, args.save_dir, step, eval_x, eval_y, log)
     if rank == 0:
         print(f"saved checkpoint to {os.path.abspath(args.save_dir)} (tag global_step{step})", flush=True)
+
+
+def _out_of_time(start: float, seconds: float) -> bool:
+    """Whether the time budget is spent, agreed by every rank: each rank's own clock would let one stop a step
+    before another, leaving its peers waiting in the next step's collectives while it saves (a hang)."""
+    spent = torch.tensor([float(time.perf_counter() - start > seconds)])
+    torch.distributed.all_reduce(spent, op=torch.distributed.ReduceOp.MAX)
+    return bool(spent.item())
 
 
 def pipeline_gpt(cfg: GPTConfig, num_stages: int) -> torch.nn.Module:
