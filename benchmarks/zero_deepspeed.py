@@ -13,7 +13,7 @@ is forward, `engine.backward`, `engine.step`. Runs alternate side by side (ds, D
 for `--rounds` rounds so machine noise hits both alike; a run's figure is the median over its
 `--steps` steps (after 3 warm-up steps) of the process CPU time (all threads) summed over the two
 ranks, and a side's figure is the median over rounds. Peak RSS is the larger rank's `ru_maxrss`.
-Targets (issue 44): ZeRO-3 <= 0.8x DeepSpeed's CPU time per step, ZeRO-1/2 <= 0.75x, peak RSS <= 1x.
+Targets: ZeRO-3 <= 0.8x DeepSpeed's CPU time per step, ZeRO-1/2 <= 0.75x, peak RSS <= 1x.
 """
 
 from __future__ import annotations
