@@ -61,4 +61,12 @@ def test_config_and_mpu_degrees_must_agree() -> None:
         check_sequence_parallel(2, DistInfo(), pipeline=False)
     with pytest.raises(ValueError, match="not supported with a PipelineModule"):
         check_sequence_parallel(2, DistInfo(sp_world_size=2), pipeline=True)
-    check_sequence_parallel(2, DistInfo(sp_world_size=2, dp_world_size=2), pipeline=False)
+    assert check_sequence_parallel(2, DistInfo(sp_world_size=2, dp_world_size=2), pipeline=False) == 2
+
+
+def test_unset_key_takes_the_mpus_degree() -> None:
+    """DeepSpeed reads the degree from the mpu; a config that leaves the key unset runs with it."""
+    assert check_sequence_parallel(1, DistInfo(sp_world_size=2, dp_world_size=2), pipeline=False, given=False) == 2
+    assert check_sequence_parallel(1, DistInfo(), pipeline=False, given=False) == 1
+    with pytest.raises(ValueError, match="set .*sequence_parallel_size.*: 2"):
+        check_sequence_parallel(1, DistInfo(sp_world_size=2, dp_world_size=2), pipeline=False, given=True)

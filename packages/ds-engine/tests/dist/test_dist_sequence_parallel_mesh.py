@@ -1,5 +1,6 @@
 """`"sequence_parallel_size": 2` with no mpu: initialize() builds ds-parallel's mesh, reduces gradients over
-the SP peers and counts batches per replica; a config that disagrees with the mpu is refused by name.
+the SP peers and counts batches per replica; an mpu alone (the key unset) sets the degree the same way, as
+in DeepSpeed; a config that disagrees with the mpu is refused by name.
 
 Needs ds-parallel (the `ds-engine[all]` session); skipped without it.
 """
@@ -28,13 +29,18 @@ def _inputs(rank: int) -> torch.Tensor:
     return torch.arange(4, dtype=torch.float32).view(1, 4) + rank
 
 
-def _train(rank: int, world: int) -> dict[str, Any]:
+def _train(rank: int, world: int, with_mpu: bool = False) -> dict[str, Any]:
     import ds_engine as deepspeed
-    from ds_parallel import groups
+    from ds_parallel import MeshMPU, groups
 
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
-    engine, *_ = deepspeed.initialize(model=model, config=CONFIG)
+    if with_mpu:  # the mpu alone sets the degree: the config leaves the key unset, as DeepSpeed's users do
+        mpu = MeshMPU(groups.initialize_mesh(sp=2))
+        config = {k: v for k, v in CONFIG.items() if k != "sequence_parallel_size"}
+        engine, *_ = deepspeed.initialize(model=model, config=config, mpu=mpu)
+    else:
+        engine, *_ = deepspeed.initialize(model=model, config=CONFIG)
     loss = engine(_inputs(rank)).pow(2).mean()  # SP peers see different tokens of one sample
     engine.backward(loss)
     engine.step()
@@ -45,8 +51,9 @@ def _train(rank: int, world: int) -> dict[str, Any]:
     }
 
 
-def test_config_alone_builds_the_mesh_and_reduces_over_sequence_peers() -> None:
-    res = run_ranks(2, _train, timeout_s=120)
+@pytest.mark.parametrize("with_mpu", [False, True], ids=["config", "mpu-only"])
+def test_config_alone_builds_the_mesh_and_reduces_over_sequence_peers(with_mpu: bool) -> None:
+    res = run_ranks(2, _train, with_mpu, timeout_s=120)
     torch.manual_seed(0)
     ref = nn.Linear(4, 1)
     loss = sum(ref(_inputs(r)).pow(2).mean() for r in range(2)) / 2  # the engine averages over data x sequence

@@ -7,19 +7,27 @@ from ds_engine._plan.dist_info import DistInfo
 __all__ = ["check_data_parallel_size", "check_sequence_parallel"]
 
 
-def check_sequence_parallel(config_size: int, dist: DistInfo, *, pipeline: bool) -> None:
-    """The config's `sequence_parallel_size` must be the mpu's degree; pipelines do not take it.
+def check_sequence_parallel(config_size: int, dist: DistInfo, *, pipeline: bool, given: bool = True) -> int:
+    """The sequence-parallel degree the engine runs with: the mpu's.
+
+    DeepSpeed takes the degree from the client's mpu (`get_sequence_parallel_world_size`) and ignores the
+    config key, so a config that leaves `sequence_parallel_size` unset (`given=False`) adopts the mpu's degree.
+    A key that is set must agree with it: a mismatch is a silent mistake DeepSpeed would let through.
+    Pipelines do not take sequence parallelism.
 
     Raises:
-        ValueError: the two disagree, or a PipelineModule is given with sequence parallelism.
+        ValueError: a set key disagrees with the mpu, or a PipelineModule is given with sequence parallelism.
     """
     if pipeline and config_size > 1:
         raise ValueError(f"sequence_parallel_size={config_size} is not supported with a PipelineModule")
+    if not given and not pipeline:
+        return dist.sp_world_size
     if config_size != dist.sp_world_size:
         raise ValueError(
             f"sequence_parallel_size={config_size} in the config but the mpu's sequence-parallel world "
             f'size is {dist.sp_world_size}; set "sequence_parallel_size": {dist.sp_world_size}'
         )
+    return config_size
 
 
 def check_data_parallel_size(config_size: int | None, *, with_sequence_parallel: bool, dist: DistInfo) -> None:

@@ -217,7 +217,9 @@ def initialize(
         )
     if not pipeline:
         publish_moe_mpu(model, mpu)  # MoE layers lay their expert groups out around the model's tensor parallelism
-    check_sequence_parallel(sp, dist, pipeline=pipeline)
+    sp_given = "sequence_parallel_size" in ds_config.raw
+    sp = check_sequence_parallel(sp, dist, pipeline=pipeline, given=sp_given)
+    ds_config = ds_config.with_sequence_parallel_size(sp)  # itself, unless the mpu set an unset key
     autoep_report, model_parameters = apply_autoep(  # AutoEP: the MoE wiring below sees the converted layers
         model,
         ds_config.parsed.expert_parallel,
@@ -228,9 +230,7 @@ def initialize(
         model_parameters=model_parameters,
         client_optimizer=optimizer,
     )
-    check_data_parallel_size(
-        ds_config.parsed.data_parallel_size, with_sequence_parallel="sequence_parallel_size" in ds_config.raw, dist=dist
-    )
+    check_data_parallel_size(ds_config.parsed.data_parallel_size, with_sequence_parallel=sp_given, dist=dist)
     ds_config = resolve_checkpoint_layout(
         ds_config,
         pipeline=pipeline,

@@ -123,6 +123,15 @@ class DeepSpeedConfig:
         section["autotp_size"] = autotp_size
         return DeepSpeedConfig({**self._raw, "tensor_parallel": section}, world_size=self.world_size)
 
+    def with_sequence_parallel_size(self, size: int) -> DeepSpeedConfig:
+        """The same config with `sequence_parallel_size` taken from the client's mpu (`initialize()` does this
+        when the key is unset, as DeepSpeed reads the degree from the mpu); `raw` is unchanged."""
+        if self.parsed.sequence_parallel_size == size:
+            return self
+        out = copy.copy(self)
+        out.parsed = self.parsed.model_copy(update={"sequence_parallel_size": size})
+        return out
+
     def with_checkpoint_layout(self, layout: str) -> DeepSpeedConfig:
         """The same config with `checkpoint.layout` decided (`initialize()` resolves an unset one); `raw`,
         which checkpoints store as the user wrote it, is unchanged."""
