@@ -88,7 +88,7 @@ def main() -> None:
             for rank in range(2):
                 with open(f"{out}.{rank}") as f:
                     update = json.load(f)
-                ratios = [round(u / r, 4) for u, r in zip(update, reference)]
+                ratios = [round(u / r, 4) for u, r in zip(update, reference, strict=True)]
                 print(f"stage {stage}, loss {args.loss}, rank {rank}: update / mean-loss gradient = {ratios}")
 
 
