@@ -80,3 +80,43 @@ def _mismatch(rank: int, world: int) -> str:
 def test_config_disagreeing_with_the_mpu_is_refused() -> None:
     msg = run_ranks(2, _mismatch, timeout_s=120)[0]
     assert "sequence_parallel_size=1 in the config but the mpu's sequence-parallel world size is 2" in msg
+
+
+def _module_mpu_checkpoint(rank: int, world: int, ckpt_dir: str) -> dict[str, Any]:
+    import ds_engine as deepspeed
+    from ds_engine.runtime.sequence_parallel import parallel_state_sp as sp_mpu
+
+    config = {"train_batch_size": world, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+    config["zero_optimization"] = {"stage": 1}
+    source = nn.Linear(4, 4)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.fill_(1.5)
+    engine, *_ = deepspeed.initialize(model=source, model_parameters=source.parameters(), config=config)
+    engine.save_checkpoint(ckpt_dir, tag="no_sp")
+    sp_mpu.initialize_sequence_parallel(world)  # the module itself is the mpu, the config has no SP key
+    target = nn.Linear(4, 4)
+    engine, *_ = deepspeed.initialize(model=target, model_parameters=target.parameters(), config=config, mpu=sp_mpu)
+    engine.load_checkpoint(ckpt_dir, tag="no_sp", load_module_only=True, load_optimizer_states=False)
+    return {
+        "sp": engine.sequence_parallel_size,
+        "mp_world_size": engine.mp_world_size,
+        "checkpoint_mp_rank": engine.checkpoint_mp_rank,
+        "module_model_parallel_rank": sp_mpu.get_model_parallel_rank(),
+        "loaded": all(torch.equal(v, torch.full_like(v, 1.5)) for v in engine.module.state_dict().values()),
+    }
+
+
+def test_module_mpu_counts_no_model_parallelism_and_loads_a_non_sp_checkpoint(tmp_path: Any) -> None:
+    """DeepSpeed's ALST module mpu: its get_model_parallel_* are the SP group's, yet the engine counts no
+    model parallelism (DeepSpeed's rule for an mpu with `initialize_sequence_parallel`), takes SP 2 from it
+    and loads a checkpoint saved without sequence parallelism."""
+    res = run_ranks(2, _module_mpu_checkpoint, str(tmp_path), timeout_s=180)
+    for rank, r in enumerate(res):
+        assert r == {
+            "sp": 2,
+            "mp_world_size": 1,
+            "checkpoint_mp_rank": 0,
+            "module_model_parallel_rank": rank,
+            "loaded": True,
+        }

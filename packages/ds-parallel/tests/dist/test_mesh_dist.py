@@ -109,9 +109,11 @@ def _module_mpu(rank: int, world: int) -> tuple[int, ...]:
         mpu.get_sequence_data_parallel_world_size(),
         mpu.get_sequence_data_parallel_rank(),
         mpu.get_model_parallel_world_size(),
+        mpu.get_model_parallel_rank(),
     )
 
 
 def test_parallel_state_sp_module_is_a_mesh_view() -> None:
     res = run_ranks(4, _module_mpu, timeout_s=120)
-    assert res == [(2, r % 2, 2, r // 2, 4, r, 1) for r in range(4)]
+    # get_model_parallel_* alias the sequence-parallel group, as DeepSpeed's module does
+    assert res == [(2, r % 2, 2, r // 2, 4, r, 2, r % 2) for r in range(4)]

@@ -155,6 +155,8 @@ def resolve_parallel_layout(*, tp: int, sp: int, mpu: Any, ep: int = 1) -> Paral
         ImportError: ds-parallel is missing (names `pip install 'ds-engine[parallel]'`).
     """
     tp, sp = max(tp, 1), max(sp, 1)  # autotp_size 0 is unset: no tensor parallelism
+    if mpu is not None and hasattr(mpu, "initialize_sequence_parallel"):
+        mpu = _mesh_of_module_mpu(mpu)
     if mpu is not None or (tp == 1 and sp == 1):
         return ParallelLayout(dims=None, mpu=mpu, dist=discover_dist(mpu))
     if not ds_comm.is_initialized():
@@ -171,3 +173,15 @@ def resolve_parallel_layout(*, tp: int, sp: int, mpu: Any, ep: int = 1) -> Paral
     built = ds_parallel.MeshMPU(ds_parallel.groups.initialize_mesh(dims))
     logger.debug("initialize(): built the process mesh %r", dims)
     return ParallelLayout(dims=dims, mpu=built, dist=discover_dist(built))
+
+
+def _mesh_of_module_mpu(module: Any) -> Any:
+    """The engine's mpu for DeepSpeed's module-level ALST mpu (`parallel_state_sp` passed as `mpu=`).
+
+    That module answers `get_model_parallel_*` with its sequence-parallel group, as DeepSpeed's does, and
+    DeepSpeed's engine therefore counts no model parallelism for an mpu that has `initialize_sequence_parallel`.
+    ds does the same by reading the mesh the module installed through ds-parallel's `MeshMPU`, whose model
+    parallel dim is tensor parallelism.
+    """
+    ds_parallel = require("ds_parallel", extra="parallel", feature="mpu=parallel_state_sp (the ALST mpu)")
+    return ds_parallel.MeshMPU(ds_parallel.groups.get_mesh())
