@@ -139,11 +139,6 @@ class Checkpointer:
         writer = parts.file_writer
         if writer is None or writer.settings is None or not writer.settings.decoupled:
             return None
-        if parts.settings.layout == "deepspeed":
-            raise ValueError(
-                "checkpoint.writer.decoupled: true needs checkpoint.layout 'ds' (a DeepSpeed-layout save publishes "
-                "its tag directory in one rename, which must follow the writes); set one of them differently"
-            )
         return DecoupledWriter(writer.save, parts.dist, parts.device)
 
     # -- decoupled writes --------------------------------------------------------------------------------
@@ -197,27 +192,34 @@ class Checkpointer:
         replica = writer is not None and writer.replica_writes(
             zero_stage=parts.zero.stage, has_moe=parts.moe is not None
         )
-        self._write(
-            _checkpoint.SaveRequest(
-                root=Path(save_dir),
-                tag=tag,
-                mp_rank=dist.mp_rank,
-                dp_rank=dist.dp_rank,
-                writes_latest=dist.global_rank == 0,
-                serialization=parts.settings.checkpoint_serialization,
-                ds_config=parts.ds_config,
-                train_state=self.train_state(rng_states, exclude_frozen_parameters, extra)
-                if dist.dp_rank == 0 or replica
-                else None,
-                zero_partition=parts.stepper.state_dict() if partitioned and parts.stepper is not None else None,
-                client_state=dict(client_state or {}),
-                save_latest=save_latest and decoupled is None,
-                write_weights=self.weights_writer(exclude_frozen_parameters),
-                file_writer=writer,
-                replica_model_states=replica,
-            )
+        request = _checkpoint.SaveRequest(
+            root=Path(save_dir),
+            tag=tag,
+            mp_rank=dist.mp_rank,
+            dp_rank=dist.dp_rank,
+            writes_latest=dist.global_rank == 0,
+            serialization=parts.settings.checkpoint_serialization,
+            ds_config=parts.ds_config,
+            train_state=self.train_state(rng_states, exclude_frozen_parameters, extra)
+            if dist.dp_rank == 0 or replica
+            else None,
+            zero_partition=parts.stepper.state_dict() if partitioned and parts.stepper is not None else None,
+            client_state=dict(client_state or {}),
+            save_latest=save_latest,
+            write_weights=self.weights_writer(exclude_frozen_parameters),
+            file_writer=writer,
+            replica_model_states=replica,
         )
-        if decoupled is not None:
+        if decoupled is None:
+            self._write(request)
+        elif parts.settings.layout == "deepspeed":  # its tag directory is built and renamed at the commit
+            decoupled.begin(
+                PendingCheckpoint(
+                    Path(save_dir), tag, save_latest, _deepspeed_layout.stage_deepspeed_checkpoint(request)
+                )
+            )
+        else:
+            _checkpoint.write_checkpoint(dataclasses.replace(request, save_latest=False))
             decoupled.begin(PendingCheckpoint(Path(save_dir), tag, save_latest))
         return True
 

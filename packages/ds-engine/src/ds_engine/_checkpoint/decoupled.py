@@ -62,6 +62,9 @@ class PendingCheckpoint:
     save_dir: Path
     tag: str
     save_latest: bool
+    finish: Callable[[], Any] | None = None
+    """Publishes the checkpoint once its files are written (collective; a DeepSpeed-layout save builds and
+    renames its tag directory); None: rank 0 writes `latest` when `save_latest`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +197,9 @@ class DecoupledWriter:
         assert pending is not None
         self.pending = None
         self._raise_failures(pending.tag, publishing=True)
+        if pending.finish is not None:
+            pending.finish()
+            return
         if pending.save_latest and self._dist.global_rank == 0:
             atomic_write_text(pending.save_dir / "latest", pending.tag)
         _barrier()
