@@ -170,3 +170,26 @@ def test_refused_combinations_name_the_key(tmp_path: Path) -> None:
         )
     out = explain(DeepSpeedConfig({"train_batch_size": 4, "checkpoint": {"writer": WRITER}}, world_size=1))
     assert "decoupled: a background worker writes a snapshot" in out
+
+
+def test_snapshot_pool_reuses_the_last_saves_memory() -> None:
+    from ds_engine._checkpoint.snapshot import SnapshotPool
+
+    pool = SnapshotPool()
+    flat = torch.arange(20.0)
+    state = {"a": flat[:10], "b": flat[10:], "opt": [{"m": torch.ones(3)}], "step": 4}
+    copy1, used1 = pool.snapshot(state)
+    assert copy1["a"].untyped_storage().data_ptr() == copy1["b"].untyped_storage().data_ptr()  # still one buffer
+    assert copy1["b"].storage_offset() == 10 and torch.equal(copy1["b"], flat[10:]) and copy1["step"] == 4
+    pool.give_back(used1)
+    pointers = {s.data_ptr() for s in used1}
+    flat.add_(1)
+    copy2, used2 = pool.snapshot(state)
+    assert {s.data_ptr() for s in used2} == pointers  # the same memory, refilled
+    assert torch.equal(copy2["a"], flat[:10]) and torch.equal(copy2["opt"][0]["m"], torch.ones(3))
+    pool.give_back(used2)
+    pool.trim()  # both used since the last trim: kept
+    _, used3 = pool.snapshot({"other": torch.zeros(7)})
+    pool.give_back(used3)
+    pool.trim()  # the first state's storages were not used this round: dropped, the 7-float one kept
+    assert {key: len(free) for key, free in pool._free.items()} == {(28, "cpu"): 1}

@@ -4,8 +4,9 @@ DeepSpeed's decoupled engine hands each file's state to a writer process and let
 engine commits (waits for the writes, then writes `latest`) at the next optimizer step. ds keeps the
 published-checkpoint rule of the synchronous path while doing the same:
 
-* The save snapshots each file's state (`copy.deepcopy`, which keeps tensors that share storage shared,
-  so the file is byte-for-byte what a synchronous save writes) and queues it; a worker thread writes it
+* The save snapshots each file's state (`_checkpoint.snapshot`: a deep copy that keeps tensors that share
+  storage shared, so the file is byte-for-byte what a synchronous save writes, into memory kept from the
+  previous save) and queues it; a worker thread writes it
   through the engine's writer (`CheckpointFileWriter.save`: temporary name, fsync, rename). The snapshot
   is what lets the optimizer step run while the files are written (DeepSpeed's step waits for the
   writer instead): its cost is one copy of the saved state, made on the state's device.
@@ -25,7 +26,6 @@ file and async I/O calls) release the GIL.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import multiprocessing.util
@@ -41,6 +41,7 @@ import torch
 
 import ds_comm
 from ds_comm import atomic_write_text
+from ds_engine._checkpoint.snapshot import SnapshotPool
 from ds_engine._plan.dist_info import DistInfo
 
 logger = logging.getLogger(__name__)
@@ -67,11 +68,12 @@ class PendingCheckpoint:
     renames its tag directory); None: rank 0 writes `latest` when `save_latest`."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _Job:
     state: Any
     path: Path
     serialization: bool
+    storages: list[torch.UntypedStorage]
 
 
 class DecoupledWriter:
@@ -93,6 +95,7 @@ class DecoupledWriter:
         self._failures: list[tuple[Path, BaseException]] = []
         self._deferred: DecoupledCheckpointError | None = None
         self._thread: threading.Thread | None = None
+        self._pool = SnapshotPool()
         self.pending: PendingCheckpoint | None = None
 
     # -- the writes ---------------------------------------------------------------------------------------
@@ -103,7 +106,7 @@ class DecoupledWriter:
     def save(self, obj: Any, path: str | os.PathLike[str], *, serialization: bool = True) -> None:
         """Snapshot `obj` and queue its write to `path`; returns before the file is written."""
         try:
-            state = copy.deepcopy(obj)
+            state, storages = self._pool.snapshot(obj)
         except Exception as err:  # noqa: BLE001 - an object that cannot be copied is written now instead
             logger.warning(
                 "checkpoint.writer.decoupled: %s cannot be snapshot (%s); writing it synchronously", path, err
@@ -113,7 +116,7 @@ class DecoupledWriter:
         self._start()
         with self._idle:
             self._outstanding += 1
-        self._queue.put(_Job(state, Path(path), serialization))
+        self._queue.put(_Job(state, Path(path), serialization, storages))
 
     def drain(self) -> None:
         """Wait until this rank's queued files are written (local; failures stay recorded for the commit)."""
@@ -140,6 +143,8 @@ class DecoupledWriter:
                 with self._idle:
                     self._failures.append((job.path, err))
             finally:
+                job.state = None
+                self._pool.give_back(job.storages)
                 del job
                 with self._idle:
                     self._outstanding -= 1
@@ -149,6 +154,7 @@ class DecoupledWriter:
     def begin(self, pending: PendingCheckpoint) -> None:
         """The files of `pending` are queued (on every rank); its commit is due."""
         self.pending = pending
+        self._pool.trim()
 
     def poll(self) -> None:
         """At an optimizer step boundary: commit the pending checkpoint if every rank has written its files.
