@@ -128,3 +128,43 @@ def test_nvme_tune_rejects_unknown_sweep_keys(tmp_path: Path) -> None:
         nvme_tune.sweep(str(tmp_path), 4096, {"blocksize": ["1M"]})
     with pytest.raises(ValueError, match="nothing to measure"):
         nvme_tune.sweep(str(tmp_path), 4096, SMALL_SWEEP, read=False, write=False)
+
+
+@pytest.mark.parametrize("engine", ["torch_io", "torch_fastio"])
+def test_ds_io_torch_engines_write_what_torch_save_writes(
+    tmp_path: Path, engine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--folder", str(tmp_path), "--io_size", "1M", "--loops", "2", "--warmup_loops", "0", "--validate"]
+    assert nvme_bench.ds_io_main([*argv, "--engine", engine, "--fast_io_size", "256K"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("write 1048576 bytes x 2 loops") and f"engine={engine}" in line and "validated" in line
+    assert not list(tmp_path.iterdir())  # the file is removed afterwards
+
+
+def test_ds_io_torch_fastio_file_equals_torch_save(tmp_path: Path) -> None:
+    from ds_ops import nvme_torch_io
+    from ds_ops.aio import AsyncIOHandle
+
+    handle = AsyncIOHandle(block_size=1 << 16, queue_depth=4)
+    buffer = torch.arange(300_000, dtype=torch.int32).view(torch.uint8)
+    seconds = nvme_torch_io.time_torch_writes(
+        "torch_fastio", str(tmp_path / "f.bin"), buffer, handle, loops=1, warmup_loops=0, fast_io_size=1 << 16
+    )
+    handle.close()
+    with open(tmp_path / "ref.bin", "wb") as f:
+        torch.save(buffer, f)
+    assert len(seconds) == 1 and (tmp_path / "f.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "torch_io", "--read"], "--engine torch_io times writes only"),
+        (["--engine", "aio_basic"], "--engine 'aio_basic' is not one of aio_handle, torch_io, torch_fastio"),
+    ],
+)
+def test_ds_io_refuses_unsupported_engines(
+    tmp_path: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert nvme_bench.ds_io_main(["--folder", str(tmp_path), "--io_size", "1M", *extra]) == 2
+    assert message in capsys.readouterr().err
