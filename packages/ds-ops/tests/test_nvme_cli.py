@@ -141,19 +141,36 @@ def test_ds_io_torch_engines_write_what_torch_save_writes(
     assert not list(tmp_path.iterdir())  # the file is removed afterwards
 
 
-def test_ds_io_torch_fastio_file_equals_torch_save(tmp_path: Path) -> None:
-    from ds_ops import nvme_torch_io
-    from ds_ops.aio import AsyncIOHandle
+def test_torch_engines_write_torch_saves_bytes(tmp_path: Path) -> None:
+    import types
 
-    handle = AsyncIOHandle(block_size=1 << 16, queue_depth=4)
-    buffer = torch.arange(300_000, dtype=torch.int32).view(torch.uint8)
-    seconds = nvme_torch_io.time_torch_writes(
-        "torch_fastio", str(tmp_path / "f.bin"), buffer, handle, loops=1, warmup_loops=0, fast_io_size=1 << 16
+    from ds_ops.nvme_torch_io import FILE, TorchFastIOEngine, TorchIOEngine
+
+    args = types.SimpleNamespace(
+        mapping_list=[(0, str(tmp_path / "a")), (0, str(tmp_path / "b"))],
+        io_size=300_000,
+        gpu=False,
+        block_size=1 << 16,
+        queue_depth=4,
+        single_submit=False,
+        sequential_requests=False,
+        io_parallel=1,
+        fast_io_size=1 << 16,
     )
-    handle.close()
-    with open(tmp_path / "ref.bin", "wb") as f:
-        torch.save(buffer, f)
-    assert len(seconds) == 1 and (tmp_path / "f.bin").read_bytes() == (tmp_path / "ref.bin").read_bytes()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain, fast = TorchIOEngine(args, 0, False), TorchFastIOEngine(args, 1, False)
+    fast.ctxt["buffer"].copy_(plain.ctxt["buffer"])
+    assert plain.write() > 0 and fast.write() > 0
+    assert plain.ctxt[FILE].endswith("_aio_write_300000.pt.0") and fast.ctxt[FILE].endswith(".pt.1")
+    with open(tmp_path / "ref.pt", "wb") as f:  # a file object, as the FastFileWriter is: same zip record names
+        torch.save(fast.ctxt["buffer"], f)
+    assert Path(fast.ctxt[FILE]).read_bytes() == (tmp_path / "ref.pt").read_bytes()
+    assert torch.equal(torch.load(plain.ctxt[FILE], weights_only=True), plain.ctxt["buffer"])
+    plain.fini()
+    fast.fini()
+    with pytest.raises(ValueError, match="torch_fastio times writes only"):
+        TorchFastIOEngine(args, 0, True)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import torch
 
 from ds_ops.aio import AsyncIOHandle
 from ds_ops.nvme_stats import report_lines
-from ds_ops.nvme_torch_io import TORCH_ENGINES, time_torch_writes
+from ds_ops.nvme_torch_io import TORCH_ENGINES, run_torch_engine
 
 __all__ = ["IoResult", "ds_io_main", "parse_size", "run_io"]
 
@@ -102,6 +102,23 @@ def run_io(
         raise ValueError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
     if read and engine in TORCH_ENGINES:
         raise ValueError(f"--engine {engine} times writes only (as DeepSpeed's); drop --read")
+    if engine in TORCH_ENGINES:
+        seconds = run_torch_engine(
+            engine,
+            os.fspath(folder),
+            io_size,
+            loops=loops,
+            warmup_loops=warmup_loops,
+            validate=validate,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            single_submit=single_submit,
+            sequential_requests=not overlap_events,
+            io_parallel=intra_op_parallelism,
+            fast_io_size=fast_io_size,
+            torch_legacy_save=torch_legacy_save,
+        )
+        return IoResult(read=False, num_bytes=io_size, seconds=tuple(seconds))
     path = os.path.join(folder, f"ds_aio_{io_size}B.bin")
     handle = AsyncIOHandle(
         block_size=block_size,
@@ -114,21 +131,6 @@ def run_io(
         buffer = handle.new_cpu_locked_tensor(io_size, torch.empty(0, dtype=torch.uint8))
         source = torch.randint(0, 256, (io_size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
         buffer.copy_(source)
-        if engine in TORCH_ENGINES:
-            seconds = time_torch_writes(
-                engine,
-                path,
-                buffer,
-                handle,
-                loops=loops,
-                warmup_loops=warmup_loops,
-                fast_io_size=fast_io_size,
-                zipfile_serialization=not torch_legacy_save,
-            )
-            if validate:
-                _check_same(torch.load(path, weights_only=True), source, path)
-            handle.free_cpu_locked_tensor(buffer)
-            return IoResult(read=False, num_bytes=io_size, seconds=tuple(seconds))
         if read:
             handle.sync_pwrite(buffer, path)
         seconds = []
