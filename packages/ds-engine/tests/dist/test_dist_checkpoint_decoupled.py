@@ -175,3 +175,36 @@ def test_process_exit_finishes_queued_writes(tmp_path: Path) -> None:
         assert "optimizer_state_dict" in torch.load(path, weights_only=False) or path.name.startswith("mp_rank")
     assert torch.load(files[-1], weights_only=False)["module"]
     assert not (tmp_path / "latest").exists()  # the process group was gone at exit: no commit
+
+
+def _standalone_engine(rank: int, world: int, root: str) -> dict[str, Any]:
+    import types
+
+    from ds_engine import DeepSpeedConfig
+    from ds_engine.runtime.checkpoint_engine import CheckpointCommitInfo, create_checkpoint_engine
+
+    raw = {"train_batch_size": 2, "checkpoint": {"writer": {"io_buffer_size": 8192, "decoupled": True}}}
+    engine = create_checkpoint_engine(
+        DeepSpeedConfig(raw, world_size=2), types.SimpleNamespace(mpu=None), 0, False, False
+    )
+    info = CheckpointCommitInfo(tag="s", save_dir=root, save_latest=False)
+    engine.create(info)
+    engine.save({"rank": rank, "w": torch.full((1000,), float(rank))}, str(Path(root) / "f.pt"))
+    committed = engine.commit(info)  # a collective on both ranks, the one that writes nothing too
+    engine.create(info)
+    engine.save({"w": torch.ones(3)}, str(Path(root) / "missing" / "g.pt"))
+    error = None
+    try:
+        engine.commit(info)
+    except RuntimeError as err:
+        error = str(err)
+    engine.cleanup()
+    return {"writer": engine.is_data_parallel_writer(0), "committed": committed, "error": error}
+
+
+def test_standalone_engine_commits_on_every_rank(tmp_path: Path) -> None:
+    results = run_ranks(2, _standalone_engine, root=str(tmp_path), timeout_s=120)
+    assert [r["writer"] for r in results] == [True, False] and all(r["committed"] for r in results)
+    assert torch.load(tmp_path / "f.pt", weights_only=True)["rank"] == 0  # data-parallel rank 0 wrote it
+    assert "missing/g.pt of checkpoint 's' failed" in results[0]["error"]
+    assert "rank(s) [0] failed writing files of checkpoint 's'" in results[1]["error"]

@@ -217,7 +217,7 @@ class DecoupledWriter:
             failures, self._failures = self._failures, []
         world = self._world_size()
         failed = torch.zeros(world, dtype=torch.int64, device=self._device)
-        failed[self._dist.global_rank if world > 1 else 0] = 1 if failures else 0
+        failed[ds_comm.get_rank() if world > 1 else 0] = 1 if failures else 0
         self._all_reduce_max(failed)
         ranks = [r for r, f in enumerate(failed.tolist()) if f]
         if not ranks:

@@ -42,7 +42,8 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
 
     Args:
         config_params: a `DeepSpeedConfig` with a `checkpoint.writer` section.
-        dp_writer_config: DeepSpeed's data-parallel writer description; None: this rank writes nothing.
+        dp_writer_config: DeepSpeed's data-parallel writer description; None: this rank writes nothing (it
+            still takes part in `commit`, a collective).
         optimize_dp_state: accepted for DeepSpeed's signature.
         writer: the engine's background writer to share, else one is made over the config's writer.
     """
@@ -58,7 +59,7 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
         writer: DecoupledWriter | None = None,
     ) -> None:
         super().__init__(config_params)
-        if writer is None and dp_writer_config is not None:
+        if writer is None:
             model = getattr(config_params, "parsed", None)
             if model is None or model.checkpoint.writer is None:
                 raise ValueError(
@@ -67,7 +68,9 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
                 )
             files = CheckpointFileWriter(model.checkpoint.writer, model.aio, DistInfo(), torch.device("cpu"))
             writer = DecoupledWriter(files.save, DistInfo(), torch.device("cpu"))
-        self._writer = writer if dp_writer_config is not None else None
+        # Every rank keeps the writer: `commit` is a collective, also on a rank that writes nothing.
+        self._writer = writer
+        self._writes = dp_writer_config is not None
         self.dp_writer_config = dp_writer_config
         self.optimize_dp_state = optimize_dp_state
         self.commit_info: CheckpointCommitInfo | None = None
@@ -78,7 +81,7 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
 
     def save(self, state_dict: Any, path: str | os.PathLike[str]) -> None:
         """Snapshot `state_dict` and queue its atomic write to `path` (nothing on a non-writer rank)."""
-        if self._writer is not None:
+        if self._writes:
             self._writer.save(state_dict, path, serialization=self.zipfile_serialization)
 
     def commit(self, info: CheckpointCommitInfo) -> bool:
@@ -92,8 +95,7 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
             raise ValueError(
                 f"[{ENGINE_NAME}] Checkpoint commit info mismatch: expected {self.commit_info}, got {info}"
             )
-        if self._writer is not None:
-            self._writer.flush(info.tag)
+        self._writer.flush(info.tag)
         self.commit_info = None
         return True
 
@@ -101,7 +103,7 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
         """The checkpoint `create` began, else the engine's save still to be committed."""
         if self.commit_info is not None:
             return self.commit_info
-        pending = self._writer.pending if self._writer is not None else None
+        pending = self._writer.pending
         if pending is None:
             return None
         return CheckpointCommitInfo(tag=pending.tag, save_dir=str(pending.save_dir), save_latest=pending.save_latest)
@@ -114,12 +116,10 @@ class DecoupledCheckpointEngine(TorchCheckpointEngine):
 
     def is_data_parallel_writer(self, dp_rank: int) -> bool:
         """Whether this rank writes through this engine (it was given a data-parallel writer description)."""
-        return self._writer is not None
+        return self._writes
 
     def cleanup(self) -> None:
         """Wait for the queued files (DeepSpeed commits the open checkpoint here; failures are logged)."""
-        if self._writer is None:
-            return
         try:
             if self.commit_info is not None:
                 self.commit(self.commit_info)
