@@ -174,7 +174,7 @@ def write_checkpoint(request: SaveRequest) -> Path:
     save = request.file_writer.save if request.file_writer is not None else atomic_save
     if request.train_state is not None:
         state = model_states(request.train_state, request.client_state, ds_version=request.ds_version)
-        if request.replica_model_states and request.file_writer is not None:
+        if request.replica_model_states and isinstance(request.file_writer, CheckpointFileWriter):
             request.file_writer.save_replicated(
                 state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization
             )

@@ -73,7 +73,8 @@ class SnapshotPool:
         with self._lock:
             self._taken.update(id(s) for s in used)
         try:
-            return copy.deepcopy(obj, {"torch": memo}), used  # torch's storage deepcopy looks here first
+            seeded: dict[Any, Any] = {"torch": memo}  # torch's storage deepcopy looks here first
+            return copy.deepcopy(obj, seeded), used
         except Exception:
             self.give_back(used)
             raise

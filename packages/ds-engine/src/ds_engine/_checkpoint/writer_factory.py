@@ -82,6 +82,7 @@ class CheckpointWriterFactory:
                     raise ValueError("create_writer(optimize_dp_state=True) needs a data-parallel writer config")
                 writers, rank = dp.world_size * self._io_multiplier, dp.rank
                 file_path = f"{os.fspath(file_path)}-{rank}.{writers}"
+            assert self._io_buffer is not None  # made with the handle for FAST
             config = FastFileWriterConfig(
                 dnvme_handle=self._dnvme_handle,
                 pinned_tensor=self._io_buffer,

@@ -40,7 +40,7 @@ def _validated_checkpoint(section: dict[str, Any]) -> tuple[Any, bool]:
     section = copy.deepcopy(section)
     writer = section.get(c.CHECKPOINT_WRITER)
     mock = isinstance(writer, dict) and str(writer.get(c.CHECKPOINT_WRITER_TYPE, "")).upper() == "MOCK"
-    if mock:
+    if mock and isinstance(writer, dict):
         writer[c.CHECKPOINT_WRITER_TYPE] = "PYTHON"
     return validate_section(CheckpointConfig, section, path=c.CHECKPOINT), mock
 
