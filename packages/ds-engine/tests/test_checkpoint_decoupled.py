@@ -3,13 +3,18 @@
 The save's files are a snapshot: the optimizer steps taken while the writer is held do not reach them, and
 they equal a synchronous save of the same state byte for byte; `latest` moves at the first step boundary
 after the files are written; a load and `save_16bit_model` wait for queued writes; tied weights stay one
-storage; DeepSpeed's `DecoupledCheckpointEngine` queues a script's files and its `commit` raises a failed
+storage; a script that ends right after a save still gets the files and `latest` (the exit hook);
+DeepSpeed's `DecoupledCheckpointEngine` queues a script's files and its `commit` raises a failed
 write, naming the file; a DeepSpeed-layout save is built and published at the commit; REPLICA writes (a
 collective) are refused with decoupled, naming the key.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -193,3 +198,32 @@ def test_snapshot_pool_reuses_the_last_saves_memory() -> None:
     pool.give_back(used3)
     pool.trim()  # the first state's storages were not used this round: dropped, the 7-float one kept
     assert {key: len(free) for key, free in pool._free.items()} == {(28, "cpu"): 1}
+
+
+def test_a_process_that_exits_after_a_save_finishes_and_commits_it(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
+        engine = make_engine(tiny_net(0), base_config(checkpoint={{"writer": {WRITER!r}, "layout": "ds"}}))
+        for x, y in batches(1, 4):
+            engine.backward(loss_fn(engine(x), y))
+            engine.step()
+        writer = engine._checkpointer.decoupled
+        real = writer._save
+        def slow(obj, path, **kw):
+            time.sleep(1.0)  # still writing when the script ends
+            real(obj, path, **kw)
+        writer._save = slow
+        engine.save_checkpoint({str(tmp_path)!r}, tag="end")
+        print("saved", Path({str(tmp_path)!r}, "latest").exists())
+        """
+    )
+    tests_dir = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": tests_dir + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "saved False" in out.stdout  # the script ended before the commit
+    assert (tmp_path / "latest").read_text() == "end"  # the exit hook finished the write and committed it
+    assert torch.load(tmp_path / "end" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
