@@ -3,10 +3,10 @@
 The save's files are a snapshot: the optimizer steps taken while the writer is held do not reach them, and
 they equal a synchronous save of the same state byte for byte; `latest` moves at the first step boundary
 after the files are written; a load and `save_16bit_model` wait for queued writes; tied weights stay one
-storage; a script that ends right after a save still gets the files and `latest` (the exit hook);
-DeepSpeed's `DecoupledCheckpointEngine` queues a script's files and its `commit` raises a failed
-write, naming the file; a DeepSpeed-layout save is built and published at the commit; REPLICA writes (a
-collective) are refused with decoupled, naming the key.
+storage; a state deepcopy refuses is written at once instead; a script that ends right after a save still
+gets the files and `latest` (the exit hook); DeepSpeed's `DecoupledCheckpointEngine` queues a script's files
+and its `commit` raises a failed write, naming the file; a DeepSpeed-layout save is built and published at
+the commit; REPLICA writes (a collective) are refused with decoupled, naming the key.
 """
 
 from __future__ import annotations
@@ -227,3 +227,15 @@ def test_a_process_that_exits_after_a_save_finishes_and_commits_it(tmp_path: Pat
     assert "saved False" in out.stdout  # the script ended before the commit
     assert (tmp_path / "latest").read_text() == "end"  # the exit hook finished the write and committed it
     assert torch.load(tmp_path / "end" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+
+
+def test_a_state_that_cannot_be_copied_is_written_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    engine = make_engine(tiny_net(0), base_config(checkpoint={"writer": WRITER, "layout": "ds"}))
+    _train(engine, 1)
+    grad_tracking = torch.ones(3, requires_grad=True) * 2  # a non-leaf tensor: deepcopy refuses it, torch.save not
+    with caplog.at_level("WARNING", logger="ds_engine._checkpoint.decoupled"):
+        engine.save_checkpoint(str(tmp_path), tag="c", client_state={"scaled": grad_tracking})
+    assert "cannot be snapshot" in caplog.text
+    saved = torch.load(tmp_path / "c" / "mp_rank_00_model_states.pt", weights_only=False)  # written before return
+    assert torch.equal(saved["scaled"].detach(), torch.full((3,), 2.0))
+    assert engine.commit_checkpoint() and (tmp_path / "latest").read_text() == "c"

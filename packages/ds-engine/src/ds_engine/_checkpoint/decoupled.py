@@ -111,6 +111,7 @@ class DecoupledWriter:
             logger.warning(
                 "checkpoint.writer.decoupled: %s cannot be snapshot (%s); writing it synchronously", path, err
             )
+            self.drain()  # the writer (its staging buffer) is the worker's until then
             self._save(obj, path, serialization=serialization)
             return
         self._start()
