@@ -61,6 +61,8 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     "autotuning": ([], ["--stages", "0,1", "--mbs", "4,8", "--manual-steps", "4", "--manual-rounds", "1"]),
     # full: 0.6B bf16 parameters (1.2 GB a save), 3 reps of each contender after a warm-up, ~2.5 min
     "fast_writer": ([], ["--params", "5e7", "--reps", "2"]),
+    # full: ~100M params fp32 + AdamW (1.2 GB a save), 3 reps of each way after a warm-up, ~1.5 min
+    "decoupled_save": ([], ["--layers", "4", "--reps", "2"]),
     "bf16_masters": ([], ["--hidden", "128", "--layers", "2"]),  # 4 ZeRO-3 runs of 2 ranks, ~2 min loaded
 }
 

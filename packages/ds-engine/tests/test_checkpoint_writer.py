@@ -145,7 +145,10 @@ def test_show_statistics_logs_each_file(tmp_path: Path, caplog: pytest.LogCaptur
         ({"type": "nvme"}, r"checkpoint.writer.type"),
         ({"data_parallel": "machine"}, r"checkpoint.writer.data_parallel: 'MACHINE' .* not implemented"),
         ({"io_buffer_size": 1000}, r"checkpoint.writer.io_buffer_size: 1000 must be a multiple of 8192"),
-        ({"io_buffer_size": 4096, "io_buffer_double": False, "decoupled": True}, r"checkpoint.writer.decoupled"),
+        (
+            {"decoupled": True, "data_parallel": "replica"},
+            r"checkpoint.writer: decoupled=true with data_parallel='REPLICA' is not implemented",
+        ),
         ({"io_multiplier": 2}, r"checkpoint.writer.io_multiplier"),
         ({"type": "python", "data_parallel": "replica"}, r"checkpoint.writer: data_parallel='REPLICA' needs type"),
         ({"buffer_size": 8192}, r"checkpoint.writer.buffer_size: unknown key .*io_buffer_size"),

@@ -128,3 +128,60 @@ def test_nvme_tune_rejects_unknown_sweep_keys(tmp_path: Path) -> None:
         nvme_tune.sweep(str(tmp_path), 4096, {"blocksize": ["1M"]})
     with pytest.raises(ValueError, match="nothing to measure"):
         nvme_tune.sweep(str(tmp_path), 4096, SMALL_SWEEP, read=False, write=False)
+
+
+@pytest.mark.parametrize("engine", ["torch_io", "torch_fastio"])
+def test_ds_io_torch_engines_write_what_torch_save_writes(
+    tmp_path: Path, engine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--folder", str(tmp_path), "--io_size", "1M", "--loops", "2", "--warmup_loops", "0", "--validate"]
+    assert nvme_bench.ds_io_main([*argv, "--engine", engine, "--fast_io_size", "256K"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("write 1048576 bytes x 2 loops") and f"engine={engine}" in line and "validated" in line
+    assert not list(tmp_path.iterdir())  # the file is removed afterwards
+
+
+def test_torch_engines_write_torch_saves_bytes(tmp_path: Path) -> None:
+    import types
+
+    from ds_ops.nvme_torch_io import FILE, TorchFastIOEngine, TorchIOEngine
+
+    args = types.SimpleNamespace(
+        mapping_list=[(0, str(tmp_path / "a")), (0, str(tmp_path / "b"))],
+        io_size=300_000,
+        gpu=False,
+        block_size=1 << 16,
+        queue_depth=4,
+        single_submit=False,
+        sequential_requests=False,
+        io_parallel=1,
+        fast_io_size=1 << 16,
+    )
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain, fast = TorchIOEngine(args, 0, False), TorchFastIOEngine(args, 1, False)
+    fast.ctxt["buffer"].copy_(plain.ctxt["buffer"])
+    assert plain.write() > 0 and fast.write() > 0
+    assert plain.ctxt[FILE].endswith("_aio_write_300000.pt.0") and fast.ctxt[FILE].endswith(".pt.1")
+    with open(tmp_path / "ref.pt", "wb") as f:  # a file object, as the FastFileWriter is: same zip record names
+        torch.save(fast.ctxt["buffer"], f)
+    assert Path(fast.ctxt[FILE]).read_bytes() == (tmp_path / "ref.pt").read_bytes()
+    assert torch.equal(torch.load(plain.ctxt[FILE], weights_only=True), plain.ctxt["buffer"])
+    plain.fini()
+    fast.fini()
+    with pytest.raises(ValueError, match="torch_fastio times writes only"):
+        TorchFastIOEngine(args, 0, True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "torch_io", "--read"], "--engine torch_io times writes only"),
+        (["--engine", "aio_basic"], "--engine 'aio_basic' is not one of aio_handle, torch_io, torch_fastio"),
+    ],
+)
+def test_ds_io_refuses_unsupported_engines(
+    tmp_path: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert nvme_bench.ds_io_main(["--folder", str(tmp_path), "--io_size", "1M", *extra]) == 2
+    assert message in capsys.readouterr().err

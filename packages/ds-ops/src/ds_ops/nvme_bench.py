@@ -2,13 +2,15 @@
 
     ds_io --folder /nvme/scratch --io_size 400M [--read] [--block_size 1M] [--queue_depth 32]
           [--single_submit] [--sequential_requests] [--io_parallel N] [--loops 3] [--warmup_loops 1] [--validate]
+          [--engine aio_handle|torch_io|torch_fastio] [--fast_io_size 64M] [--torch_legacy_save]
 
 A write test writes `io_size` bytes of a pinned buffer to `<folder>/ds_aio_<io_size>B.bin` per loop; a read
 test first writes that file and then reads it back. Each loop's bytes and seconds give the bandwidth in
 GB/s (1e9 bytes); the summary reports the best and the mean over the timed loops, after DeepSpeed's
 `Task/E2E <Read|Write> Latency/Speed` lines for the best loop (GB/sec there is 1024**3 bytes, as DeepSpeed
 prints it), which `ds_ops.nvme_stats` (`parse_nvme_stats`) reads back from sweep logs. `--validate` compares
-what a read brings back with what was written.
+what a read brings back with what was written. `--engine torch_io` / `torch_fastio` time `torch.save` of
+the buffer instead, plain or through the FastPersist writer (writes only, as in DeepSpeed; `ds_ops.nvme_torch_io`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import torch
 
 from ds_ops.aio import AsyncIOHandle
 from ds_ops.nvme_stats import report_lines
+from ds_ops.nvme_torch_io import TORCH_ENGINES, run_torch_engine
 
 __all__ = ["IoResult", "ds_io_main", "parse_size", "run_io"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+ENGINES = ("aio_handle", *TORCH_ENGINES)
+"""`--engine` choices (DeepSpeed's `aio_basic`, the functional aio calls, is not implemented)."""
 
 
 def parse_size(text: str | int) -> int:
@@ -79,6 +84,9 @@ def run_io(
     loops: int = 3,
     warmup_loops: int = 1,
     validate: bool = False,
+    engine: str = "aio_handle",
+    fast_io_size: int = 64 << 20,
+    torch_legacy_save: bool = False,
 ) -> IoResult:
     """Time `loops` reads or writes of `io_size` bytes of one file in `folder` through an `AsyncIOHandle`.
 
@@ -90,6 +98,27 @@ def run_io(
         raise ValueError(f"--folder {os.fspath(folder)!r} is not a directory")
     if loops < 1 or warmup_loops < 0:
         raise ValueError(f"--loops must be >= 1 and --warmup_loops >= 0, got {loops} and {warmup_loops}")
+    if engine not in ENGINES:
+        raise ValueError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if read and engine in TORCH_ENGINES:
+        raise ValueError(f"--engine {engine} times writes only (as DeepSpeed's); drop --read")
+    if engine in TORCH_ENGINES:
+        seconds = run_torch_engine(
+            engine,
+            os.fspath(folder),
+            io_size,
+            loops=loops,
+            warmup_loops=warmup_loops,
+            validate=validate,
+            block_size=block_size,
+            queue_depth=queue_depth,
+            single_submit=single_submit,
+            sequential_requests=not overlap_events,
+            io_parallel=intra_op_parallelism,
+            fast_io_size=fast_io_size,
+            torch_legacy_save=torch_legacy_save,
+        )
+        return IoResult(read=False, num_bytes=io_size, seconds=tuple(seconds))
     path = os.path.join(folder, f"ds_aio_{io_size}B.bin")
     handle = AsyncIOHandle(
         block_size=block_size,
@@ -149,6 +178,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--loops", type=int, default=3, help="timed repetitions (default %(default)s)")
     p.add_argument("--warmup_loops", type=int, default=1, help="untimed repetitions first (default %(default)s)")
     p.add_argument("--validate", action="store_true", help="check the bytes read back against those written")
+    p.add_argument(
+        "--engine", default="aio_handle", help=f"I/O engine, one of {', '.join(ENGINES)} (default %(default)s)"
+    )
+    p.add_argument("--fast_io_size", default="64M", help="torch_fastio's pinned buffer bytes (default %(default)s)")
+    p.add_argument("--torch_legacy_save", action="store_true", help="torch engines: torch's legacy (non-zip) format")
     return p
 
 
@@ -169,6 +203,9 @@ def ds_io_main(argv: Sequence[str] | None = None) -> int:
             loops=args.loops,
             warmup_loops=args.warmup_loops,
             validate=args.validate,
+            engine=args.engine,
+            fast_io_size=parse_size(args.fast_io_size),
+            torch_legacy_save=args.torch_legacy_save,
         )
     except ValueError as err:
         print(f"ds_io: {err}", file=sys.stderr)
@@ -180,7 +217,7 @@ def ds_io_main(argv: Sequence[str] | None = None) -> int:
         f"{kind} {io_size} bytes x {len(result.seconds)} loops: best {result.best_gbps:.3f} GB/s, "
         f"mean {result.mean_gbps:.3f} GB/s (block_size={block_size} queue_depth={args.queue_depth} "
         f"single_submit={args.single_submit} overlap_events={not args.sequential_requests} "
-        f"io_parallel={args.io_parallel}){' validated' if args.validate else ''}"
+        f"io_parallel={args.io_parallel} engine={args.engine}){' validated' if args.validate else ''}"
     )
     return 0
 

@@ -33,6 +33,7 @@ import torch
 import ds_comm
 from ds_comm import atomic_save, atomic_write_text
 from ds_engine.__about__ import __version__
+from ds_engine._checkpoint.decoupled import DecoupledWriter
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.train_state import TrainState, model_states
 from ds_engine._optional import require
@@ -150,8 +151,8 @@ class SaveRequest:
     """Writes weights kept outside the model-states file into the tag directory (a pipeline's layer files)."""
     ds_version: str = __version__
     """The `ds_version` the model-states file carries (DeepSpeed's release for a DeepSpeed-layout save)."""
-    file_writer: CheckpointFileWriter | None = None
-    """How files are written (`checkpoint.writer`); None: `ds_comm.atomic_save`."""
+    file_writer: CheckpointFileWriter | DecoupledWriter | None = None
+    """How files are written (`checkpoint.writer`; a `DecoupledWriter` queues them); None: `ds_comm.atomic_save`."""
     replica_model_states: bool = False
     """Every data-parallel rank holds `train_state` and writes its share of the model-states file
     (`checkpoint.writer.data_parallel: replica`, see `_checkpoint.file_writer`)."""
@@ -173,7 +174,7 @@ def write_checkpoint(request: SaveRequest) -> Path:
     save = request.file_writer.save if request.file_writer is not None else atomic_save
     if request.train_state is not None:
         state = model_states(request.train_state, request.client_state, ds_version=request.ds_version)
-        if request.replica_model_states and request.file_writer is not None:
+        if request.replica_model_states and isinstance(request.file_writer, CheckpointFileWriter):
             request.file_writer.save_replicated(
                 state, model_file(ckpt_dir, request.mp_rank), serialization=request.serialization
             )

@@ -29,6 +29,7 @@ from ds_engine._checkpoint import deepspeed_layout as _deepspeed_layout
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
 from ds_engine._checkpoint import universal_tp as _universal_tp
+from ds_engine._checkpoint.decoupled import DecoupledWriter, PendingCheckpoint
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.train_state import (
     ENGINE_KEYS,
@@ -130,6 +131,34 @@ class Checkpointer:
             if parts.settings.layout == "deepspeed"
             else _checkpoint.write_checkpoint
         )
+        self.decoupled = self._make_decoupled(parts)
+        """The background writer under `checkpoint.writer.decoupled: true` (`_checkpoint.decoupled`), else None."""
+
+    @staticmethod
+    def _make_decoupled(parts: CheckpointParts) -> DecoupledWriter | None:
+        writer = parts.file_writer
+        if writer is None or writer.settings is None or not writer.settings.decoupled:
+            return None
+        return DecoupledWriter(writer.save, parts.dist, parts.device)
+
+    # -- decoupled writes --------------------------------------------------------------------------------
+    def commit(self) -> bool:
+        """Wait for a decoupled save's files on every rank and move `latest` (collective); False: nothing pending.
+
+        Raises:
+            DecoupledCheckpointError: a background write failed; `latest` names the last complete checkpoint.
+        """
+        return self.decoupled.commit() if self.decoupled is not None else False
+
+    def at_step_boundary(self) -> None:
+        """The optimizer step is done: commit a decoupled save whose files are all written (never waits)."""
+        if self.decoupled is not None:
+            self.decoupled.poll()
+
+    def close(self) -> None:
+        """Commit a pending decoupled save and stop its worker (collective when one is pending)."""
+        if self.decoupled is not None:
+            self.decoupled.close()
 
     # -- save --------------------------------------------------------------------------------------------
     def save(
@@ -140,8 +169,14 @@ class Checkpointer:
         save_latest: bool = True,
         exclude_frozen_parameters: bool = False,
     ) -> bool:
-        """See `DeepSpeedEngine.save_checkpoint`. Collective: every rank calls it."""
-        parts, dist = self.parts, self.parts.dist
+        """See `DeepSpeedEngine.save_checkpoint`. Collective: every rank calls it.
+
+        Decoupled (`checkpoint.writer.decoupled`): the previous save is committed first (raising its failure),
+        this one's files are queued and `latest` moves at its commit (`_checkpoint.decoupled`).
+        """
+        parts, dist, decoupled = self.parts, self.parts.dist, self.decoupled
+        if decoupled is not None:
+            decoupled.commit()
         tag = _checkpoint.resolve_save_tag(
             save_dir,
             tag,
@@ -153,30 +188,39 @@ class Checkpointer:
         rng_states = _checkpoint.gather_rng(rng_state(), world_size=dist.world_size, device=parts.device)
         partitioned = parts.zero.stage > 0 and parts.stepper is not None
         extra = self._tensor_parallel_extra(partitioned)
-        writer = parts.file_writer
+        writer = parts.file_writer if decoupled is None else decoupled
         replica = writer is not None and writer.replica_writes(
             zero_stage=parts.zero.stage, has_moe=parts.moe is not None
         )
-        self._write(
-            _checkpoint.SaveRequest(
-                root=Path(save_dir),
-                tag=tag,
-                mp_rank=dist.mp_rank,
-                dp_rank=dist.dp_rank,
-                writes_latest=dist.global_rank == 0,
-                serialization=parts.settings.checkpoint_serialization,
-                ds_config=parts.ds_config,
-                train_state=self.train_state(rng_states, exclude_frozen_parameters, extra)
-                if dist.dp_rank == 0 or replica
-                else None,
-                zero_partition=parts.stepper.state_dict() if partitioned and parts.stepper is not None else None,
-                client_state=dict(client_state or {}),
-                save_latest=save_latest,
-                write_weights=self.weights_writer(exclude_frozen_parameters),
-                file_writer=writer,
-                replica_model_states=replica,
-            )
+        request = _checkpoint.SaveRequest(
+            root=Path(save_dir),
+            tag=tag,
+            mp_rank=dist.mp_rank,
+            dp_rank=dist.dp_rank,
+            writes_latest=dist.global_rank == 0,
+            serialization=parts.settings.checkpoint_serialization,
+            ds_config=parts.ds_config,
+            train_state=self.train_state(rng_states, exclude_frozen_parameters, extra)
+            if dist.dp_rank == 0 or replica
+            else None,
+            zero_partition=parts.stepper.state_dict() if partitioned and parts.stepper is not None else None,
+            client_state=dict(client_state or {}),
+            save_latest=save_latest,
+            write_weights=self.weights_writer(exclude_frozen_parameters),
+            file_writer=writer,
+            replica_model_states=replica,
         )
+        if decoupled is None:
+            self._write(request)
+        elif parts.settings.layout == "deepspeed":  # its tag directory is built and renamed at the commit
+            decoupled.begin(
+                PendingCheckpoint(
+                    Path(save_dir), tag, save_latest, _deepspeed_layout.stage_deepspeed_checkpoint(request)
+                )
+            )
+        else:
+            _checkpoint.write_checkpoint(dataclasses.replace(request, save_latest=False))
+            decoupled.begin(PendingCheckpoint(Path(save_dir), tag, save_latest))
         return True
 
     def _tensor_parallel_extra(self, partitioned: bool) -> dict[str, Any]:
@@ -305,6 +349,8 @@ class Checkpointer:
         if rank0:
             path = Path(save_dir)
             path.mkdir(parents=True, exist_ok=True)
+            if self.decoupled is not None:
+                self.decoupled.drain()  # the writer's staging buffer is the background worker's until then
             if parts.file_writer is not None:
                 parts.file_writer.save(
                     state, path / save_filename, serialization=parts.settings.checkpoint_serialization
@@ -330,6 +376,7 @@ class Checkpointer:
         Everything is read and checked before the engine changes (nothing half loaded on a bad file).
         """
         parts, engine, mp_rank = self.parts, self.engine, self.parts.dist.mp_rank
+        self.commit()  # a decoupled save still in flight is finished (and `latest` moved) before reading
         universal = parts.settings.load_universal
         ckpt_dir = _checkpoint.resolve_load_dir(load_dir, tag, universal=universal)
         if ckpt_dir is None:

@@ -15,6 +15,9 @@ How a save goes (every rank calls it; the file system is shared, as for any ds s
    directory is swapped out atomically where the kernel can, `_dir_swap`), then the recovery scripts,
    then `latest`, then the staging directory is removed. A barrier ends the save.
 
+With `checkpoint.writer.decoupled` steps 1-2 happen at the save (the files queued to the background writer)
+and steps 3-4 at its commit, once every rank's staged files are written (`stage_deepspeed_checkpoint`).
+
 [Note: crash safety] Until the rename in step 4 nothing outside the staging directory has changed, so a
 save that fails or dies at any point before it leaves `save_dir` as the last good save left it, and
 `latest` moves only after the tag directory is complete, as for a ds-layout save.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +186,13 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
     Returns:
         The published tag directory.
     """
+    return stage_deepspeed_checkpoint(request)()
+
+
+def stage_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Callable[[], Path]:
+    """Steps 1-2: this rank's ds files into the staging directory (through `request.file_writer`, which may
+    queue them: `checkpoint.writer.decoupled`). Returns steps 3-4, to call once those files are written
+    (collective: under ZeRO it builds DeepSpeed's files from them, then publishes the tag and `latest`)."""
     root, tag = request.root, request.tag
     staging = root / f".{tag}{_STAGING_SUFFIX}"
     out = staging / _BUILT  # becomes save_dir/<tag>; its own name never meets a user's tag
@@ -203,15 +214,6 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
             write_weights=(lambda _: weights(out)) if weights is not None else None,
         )
         src = _checkpoint.write_checkpoint(staged)
-        ds_zero = require("ds_zero", extra="zero", feature="a DeepSpeed-layout ZeRO checkpoint")
-        ds_zero.write_deepspeed_files(
-            src,
-            out,
-            mp_rank=request.mp_rank,
-            dp_ranks=[request.dp_rank],
-            serialization=request.serialization,
-            mmap=request.serialization,  # torch maps zipfile checkpoints only
-        )
     else:  # without ZeRO partitions ds's files are DeepSpeed's
         _checkpoint.write_checkpoint(
             dataclasses.replace(
@@ -223,15 +225,29 @@ def write_deepspeed_checkpoint(request: _checkpoint.SaveRequest) -> Path:
                 ds_version=DEEPSPEED_VERSION,
             )
         )
-    _checkpoint.barrier()
-    target = root / tag
-    if request.writes_latest:
-        publish_dir(out, target)
-        if zero:
-            ds_zero.copy_recovery_scripts(root)
-        if request.save_latest:
-            atomic_write_text(root / "latest", tag)
-        shutil.rmtree(staging)
-    _checkpoint.barrier()
-    logger.info("saved checkpoint %s (DeepSpeed's layout)", target)
-    return target
+
+    def finish() -> Path:
+        ds_zero = require("ds_zero", extra="zero", feature="a DeepSpeed-layout ZeRO checkpoint") if zero else None
+        if ds_zero is not None:
+            ds_zero.write_deepspeed_files(
+                src,
+                out,
+                mp_rank=request.mp_rank,
+                dp_ranks=[request.dp_rank],
+                serialization=request.serialization,
+                mmap=request.serialization,  # torch maps zipfile checkpoints only
+            )
+        _checkpoint.barrier()
+        target = root / tag
+        if request.writes_latest:
+            publish_dir(out, target)
+            if ds_zero is not None:
+                ds_zero.copy_recovery_scripts(root)
+            if request.save_latest:
+                atomic_write_text(root / "latest", tag)
+            shutil.rmtree(staging)
+        _checkpoint.barrier()
+        logger.info("saved checkpoint %s (DeepSpeed's layout)", target)
+        return target
+
+    return finish

@@ -19,6 +19,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 import ds_comm
+from ds_engine._checkpoint.decoupled_checkpoint_engine import DecoupledCheckpointEngine
 from ds_engine._checkpoint.fast_checkpoint_engine import FastCheckpointEngine
 from ds_engine._checkpoint.torch_checkpoint_engine import TorchCheckpointEngine
 from ds_engine._optional import require
@@ -98,10 +99,13 @@ class DeepSpeedGetters:
     @property
     def checkpoint_engine(self) -> TorchCheckpointEngine:
         """The engine scripts save their own files through (the config's serialization and writer, atomic writes):
-        a `FastCheckpointEngine` sharing the engine's writer when `checkpoint.writer` is set."""
+        a `FastCheckpointEngine` sharing the engine's writer when `checkpoint.writer` is set (a
+        `DecoupledCheckpointEngine` sharing its background worker with `writer.decoupled`)."""
         engine = self.__dict__.get("_checkpoint_engine")
         if engine is None:
-            if self._ds_config.parsed.checkpoint.writer is not None:
+            if self._checkpointer.decoupled is not None:
+                engine = DecoupledCheckpointEngine(self._ds_config, writer=self._checkpointer.decoupled)
+            elif self._ds_config.parsed.checkpoint.writer is not None:
                 engine = FastCheckpointEngine(self._ds_config, file_writer=self._checkpointer.parts.file_writer)
             else:
                 engine = TorchCheckpointEngine(self._ds_config)

@@ -353,6 +353,7 @@ class DeepSpeedEngine(
         self.tput_timer.stop(global_step=boundary)
         if boundary:
             self._report_step()
+            self._checkpointer.at_step_boundary()  # a decoupled save's commit, once its files are written
         self.micro_steps += 1
         if boundary and self._autotuning is not None:
             self._autotuning.optimizer_step_ended(self.global_steps)  # ends the process after the last timed step
@@ -413,12 +414,16 @@ class DeepSpeedEngine(
 
     def destroy(self) -> None:
         """Close monitors and destroy the optimizer (ZeRO's frees its natively pinned offload buffers);
-        the engine must not be used afterwards."""
-        destroy_optimizer = getattr(self.optimizer, "destroy", None)
-        if callable(destroy_optimizer):
-            destroy_optimizer()
-        if self.monitor is not None:
-            self.monitor.close()
+        the engine must not be used afterwards. A decoupled save still in flight is finished and
+        committed first (collective then; its failure is raised after the rest is released)."""
+        try:
+            self._checkpointer.close()
+        finally:
+            destroy_optimizer = getattr(self.optimizer, "destroy", None)
+            if callable(destroy_optimizer):
+                destroy_optimizer()
+            if self.monitor is not None:
+                self.monitor.close()
 
     # -- data -------------------------------------------------------------------------------------------
     def deepspeed_io(
@@ -485,6 +490,20 @@ class DeepSpeedEngine(
         """
         self._check_states_loaded("engine.save_checkpoint()", SAVE_NEEDS)
         return self._checkpointer.save(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+
+    def commit_checkpoint(self) -> bool:
+        """Under `checkpoint.writer.decoupled`: wait until every rank wrote the last save's files, then move
+        `latest` (collective). The next save, load, optimizer step boundary (once the files are written) and
+        `destroy()` do it too. Returns False when nothing was pending.
+
+        Raises:
+            DecoupledCheckpointError: a background write failed, naming the file; `latest` was not moved.
+        """
+        return self._checkpointer.commit()
+
+    def _commit_decoupled_checkpoint(self) -> None:
+        """DeepSpeed's name for `commit_checkpoint`."""
+        self._checkpointer.commit()
 
     def _change_recovery_script_permissions(self, dst: str | Path) -> None:
         """DeepSpeed's private chmod step for a checkpoint's `zero_to_fp32.py`: make `dst` executable, or log

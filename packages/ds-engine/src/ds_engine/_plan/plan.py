@@ -284,7 +284,13 @@ def _checkpoint_writer_text(config: DeepSpeedConfig, pipeline: bool) -> str:
             "data_parallel=REPLICA: every data-parallel rank writes stripes of the model-states file "
             "(rank 0 alone for a model with MoE layers and in the pipeline engine)"
         )
-    return f"{what}; {who}; every file published atomically"
+    when = (
+        "; decoupled: a background worker writes a snapshot of each file and `latest` moves once every rank's "
+        "files are written (at a step boundary, the next save/load, commit_checkpoint() or destroy())"
+        if w.decoupled
+        else ""
+    )
+    return f"{what}; {who}; every file published atomically{when}"
 
 
 def _check_overflow(precision: str, stage: int, bf16_check: bool) -> bool:

@@ -232,7 +232,6 @@ class CheckpointWriterConfig(ConfigModel):
     """
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "decoupled": "decoupled (background-process) checkpoint writes are not implemented; saves are synchronous",
         "io_multiplier": "more parallel writers than data-parallel ranks is not implemented",
     }
 
@@ -241,7 +240,8 @@ class CheckpointWriterConfig(ConfigModel):
     PYTHON: through a plain Python file; MOCK (DeepSpeed's serialization-only timing) is refused: it writes
     no bytes, so the published checkpoint would be empty."""
     decoupled: bool = False
-    """Write from a background process; only false is accepted."""
+    """Write the files from a background worker: the save returns once the state is copied, and `latest`
+    moves when every rank's files are durable (`ds_engine._checkpoint.decoupled`)."""
     io_buffer_double: bool = True
     """Split the buffer in two and fill one half while the other is written."""
     io_buffer_size: PosInt = 64 * 1024**2
@@ -273,6 +273,17 @@ class CheckpointWriterConfig(ConfigModel):
                 "data-parallel rank writes a share of the file) or null (rank 0 writes it)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _decoupled_not_replica(self) -> CheckpointWriterConfig:
+        if self.decoupled and self.data_parallel == "REPLICA":
+            raise PydanticCustomError(
+                "value_error",
+                "decoupled=true with data_parallel='REPLICA' is not implemented (the ranks' shared write of one "
+                "file is a collective, which a background write cannot be); drop one of them",
+                {},
+            )
+        return self
 
     @model_validator(mode="after")
     def _replica_needs_fast(self) -> CheckpointWriterConfig:

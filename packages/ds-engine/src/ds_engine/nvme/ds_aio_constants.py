@@ -1,5 +1,5 @@
-"""`deepspeed.nvme.ds_aio_constants`: the I/O engine names of DeepSpeed's `ds_io --engine` (ds's `ds_io` runs the aio
-handle, `aio_handle`)."""
+"""`deepspeed.nvme.ds_aio_constants`: the I/O engine names of DeepSpeed's `ds_io --engine` (ds's `ds_io` runs
+`aio_handle`, `torch_io` and `torch_fastio`; not `aio_basic`)."""
 
 from __future__ import annotations
 
@@ -9,4 +9,30 @@ TORCH_IO = "torch_io"
 TORCH_FAST_IO = "torch_fastio"
 VALID_ENGINES = [AIO_HANDLE, AIO_BASIC, TORCH_IO, TORCH_FAST_IO]
 
-__all__ = ["AIO_BASIC", "AIO_HANDLE", "TORCH_FAST_IO", "TORCH_IO", "VALID_ENGINES"]
+# The keys of an engine's `ctxt` dict (`deepspeed.nvme.torch_io`, `torch_fastio_engine`).
+BUFFER = "buffer"
+BOUNCE_BUFFER = "bounce_buffer"
+NUM_BYTES = "num_bytes"
+FILE = "file"
+HANDLE = "handle"
+ELAPSED_SEC = "elapsed_sec"
+FAST_IO_BUFFER = "fast_io_buffer"
+USE_CPU_LOCKED_TENSOR = "cpu_locked_tensor"
+USE_GDS = "gds"
+
+__all__ = [
+    "AIO_BASIC",
+    "AIO_HANDLE",
+    "BOUNCE_BUFFER",
+    "BUFFER",
+    "ELAPSED_SEC",
+    "FAST_IO_BUFFER",
+    "FILE",
+    "HANDLE",
+    "NUM_BYTES",
+    "TORCH_FAST_IO",
+    "TORCH_IO",
+    "USE_CPU_LOCKED_TENSOR",
+    "USE_GDS",
+    "VALID_ENGINES",
+]

@@ -1,0 +1,14 @@
+"""`deepspeed.runtime.model_checkpointing.writer_factory`, DeepSpeed's module path: ds's own module under it.
+
+The code lives in `ds_engine._checkpoint.writer_factory`;
+both names are one module object (`_reexport.alias_module`).
+"""
+
+from typing import TYPE_CHECKING
+
+from ds_engine._reexport import alias_module
+
+if TYPE_CHECKING:
+    from ds_engine._checkpoint.writer_factory import *  # noqa: F403
+
+alias_module(__name__, "ds_engine._checkpoint.writer_factory")
