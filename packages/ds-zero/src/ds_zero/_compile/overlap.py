@@ -80,7 +80,8 @@ def overlap_gathers(gm: fx.GraphModule, *, ahead: int = 1, keys: Mapping[int, Ha
         for gather in bucket:
             with graph.inserting_before(gather):
                 wait = graph.call_function(WAIT, (start, gather.args[0], gather.args[1]))
-            wait.meta = dict(gather.meta)
+            # the gather's value, not its inputs' (`eager_input_vals` would not fit the wait's schema)
+            wait.meta = {k: v for k, v in gather.meta.items() if k != "eager_input_vals"}
             gather.replace_all_uses_with(wait)
             graph.erase_node(gather)
             if gather is bucket[0]:
