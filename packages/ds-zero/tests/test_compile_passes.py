@@ -14,6 +14,8 @@ from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ds_zero._compile import passes
+from ds_zero._compile.backend import Schedule, _boxed
+from ds_zero._compile.overlap import overlap_gathers
 
 aten = torch.ops.aten
 
@@ -91,3 +93,82 @@ def test_tag_recompute_marks_gathers_above_checkpoint_regions() -> None:
         if n.op == "call_function" and n.target is passes.GATHER:
             assert n.meta["recompute"] is CheckpointPolicy.MUST_RECOMPUTE
             assert n.meta["ac_graph_id"] > 10**9
+
+
+def _graph3() -> tuple[fx.GraphModule, dict[fx.Node, int]]:
+    """Three Linear-like layers: weight i (viewed by `t`) and bias i, read first by one addmm."""
+    g = fx.Graph()
+    ws = [g.placeholder(f"w{i}") for i in range(3)]
+    bs = [g.placeholder(f"b{i}") for i in range(3)]
+    h = g.placeholder("x")
+    for w, b in zip(ws, bs, strict=True):
+        h = g.call_function(aten.addmm.default, (b, h, g.call_function(aten.t.default, (w,))))
+        h = g.call_function(aten.relu.default, (h,))
+    g.output((h,))
+    placeholders = {w: 2 * i for i, w in enumerate(ws)} | {b: 2 * i + 1 for i, b in enumerate(bs)}
+    return fx.GraphModule(torch.nn.Module(), g), placeholders
+
+
+def _overlapped(ahead: int, keys: dict[int, object] | None = None) -> tuple[fx.GraphModule, int, list[str]]:
+    gm, placeholders = _graph3()
+    names = {i: f"p{i}" for i in range(6)}
+    passes.insert_gathers(gm, names, placeholders)
+    passes.schedule_gathers(gm, names)
+    buckets = overlap_gathers(gm, ahead=ahead, keys=keys)
+    order = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is passes.START:
+            order.append("start" + "+".join(map(str, n.args[1])))
+        elif n.target is passes.WAIT:
+            order.append(f"wait{n.args[2]}")
+        elif n.target is passes.RELEASE:
+            order.append(f"release{n.args[1]}")
+        else:
+            order.append(str(n.target).split(".")[-2])
+    return gm, buckets, order
+
+
+def test_overlap_buckets_a_layer_and_starts_the_next_one_ahead() -> None:
+    gm, buckets, order = _overlapped(ahead=1)
+    assert buckets == 3  # each weight + bias pair is one collective (only the view t between them)
+    assert not any(n.target is passes.GATHER for n in gm.graph.nodes)
+    assert order[:8] == ["start0+1", "wait0", "start2+3", "t", "wait1", "addmm", "release0", "release1"]
+    # the third layer's bucket starts right after the second's first wait, before that layer computes
+    second = order.index("wait2")
+    assert order[second + 1] == "start4+5" and order.index("start4+5") < order.index("wait4")
+    assert order.count("start4+5") == 1 and order[-1] == "relu"
+    placed = passes.placed_ops(gm, {i: f"p{i}" for i in range(6)})
+    assert [p.kind for p in placed].count("prefetch") == 6
+    assert [p.kind for p in placed].count("gather") == [p.kind for p in placed].count("release") == 6
+
+
+def test_overlap_ahead_zero_only_buckets_and_keys_split_buckets() -> None:
+    _, buckets, order = _overlapped(ahead=0)
+    assert buckets == 3
+    for first in (0, 2, 4):  # each start just before its own bucket's first wait
+        assert order[order.index(f"start{first}+{first + 1}") + 1] == f"wait{first}"
+    # parameters of different process groups / dtypes never share a collective
+    _, buckets, order = _overlapped(ahead=1, keys={i: i % 2 for i in range(6)})
+    assert buckets == 6 and "start0" in order and "start1" in order
+
+
+def test_schedule_counts_what_is_gathered_at_once() -> None:
+    names = {i: f"p{i}" for i in range(6)}
+    gm, _, _ = _overlapped(ahead=1)
+    assert Schedule({"g": passes.placed_ops(gm, names)}).max_gathered("g") == 4  # a layer + the next layer
+    gm, _, _ = _overlapped(ahead=0)
+    assert Schedule({"g": passes.placed_ops(gm, names)}).max_gathered("g") == 2  # one layer at a time
+
+
+def test_eager_inner_graph_drops_its_inputs_as_it_goes() -> None:
+    g = fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    g.output((g.call_function(aten.add.Tensor, (g.call_function(aten.relu.default, (a,)), b)),))
+    run = _boxed(fx.GraphModule(torch.nn.Module(), g))
+    x, y = torch.randn(3), torch.randn(3)
+    args = [x.clone(), y]
+    (out,) = run(args)
+    torch.testing.assert_close(out, torch.relu(x) + y)
+    assert args == [] and run._boxed_call  # AOTAutograd's boxed convention: the list is consumed

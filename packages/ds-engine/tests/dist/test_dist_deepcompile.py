@@ -120,9 +120,14 @@ def _run(stage: int, deepcompile: bool, backend: str, rank: int, checkpointing: 
         "losses": losses,
         "weights": _weights(engine),
         "schedule": engine.deepcompile_schedule,
+        "held": {}
+        if engine._dc_backend is None
+        else {name: engine._dc_backend.schedule.max_gathered(name) for name in engine._dc_backend.schedule.graphs},
         "active": engine.is_deepcompile_active(),
         "gathers": stats.gathers,
         "releases": stats.releases,
+        "collectives": stats.collectives,
+        "max_inflight": stats.max_inflight,
         "warnings": [str(w.message) for w in caught if "DeepCompile" in str(w.message)],
     }
 
@@ -196,12 +201,22 @@ def test_zero3_deepcompile_matches_eager(results: list[dict[str, Any]]) -> None:
         # every parameter is gathered in the forward graph and released in it; the backward re-gathers
         # the two weights it needs for input gradients; the ops ran that often, every micro-step
         schedule = "\n".join(dc["schedule"])
-        assert "forward 0: 6 gathers, 6 releases" in schedule, schedule
-        assert "backward 0: 2 gathers, 2 releases" in schedule, schedule
+        # each Linear's weight and bias travel in one collective (3 in the forward, 2 in the backward)
+        assert "forward 0: 6 gathers, 6 releases, 3 asynchronous collectives" in schedule, schedule
+        assert "backward 0: 2 gathers, 2 releases, 2 asynchronous collectives" in schedule, schedule
+        # b's bucket is started one bucket ahead: right after a.weight is complete, before a is used
         assert re.search(
-            r"gather  b.weight \(ds_id=\d+\) before t_1\n.*\n.*release b.weight \(ds_id=\d+\) after addmm_1", schedule
-        )
+            r"gather  a.weight .* before t\n.*prefetch b.weight .* after allgather_wait_default\n"
+            r".*prefetch b.bias .*\n.*gather  a.bias .* before addmm\n",
+            schedule,
+        ), schedule
+        assert re.search(r"gather  b.weight .* before t_1\n(.*\n){3}.*release b.weight .* after addmm_1", schedule)
         assert dc["gathers"] == dc["releases"] == 8 * STEPS * GAS
+        assert dc["collectives"] == 5 * STEPS * GAS
+        assert dc["max_inflight"] == 2  # the bucket in use and the one ahead, never more
+        # memory: the forward holds one layer's weight and bias plus the next layer's (eager ZeRO-3 holds
+        # one module's, with its prefetch the next one's), the backward one weight plus the next
+        assert dc["held"] == {"forward 0": 4, "backward 0": 2}
         assert eager["gathers"] == 0  # the eager run never used the graph ops
 
 

@@ -2,7 +2,8 @@
 
 `deepcompile: true` makes `engine.compile()` capture the forward with torch.compile and, at ZeRO stage 3,
 rewrite the graph: each partitioned parameter is all-gathered right before its first use and released
-after its last, in the forward graph and (re-gathered) in the backward graph (ds-zero's `_compile`). At
+after its last, in the forward graph and (re-gathered) in the backward graph, the gathers bucketed and
+started one bucket ahead so they overlap computation (ds-zero's `_compile`). At
 stages 1 and 2 the forward and backward are compiled and gradient reduction stays with ZeRO's eager
 per-parameter hooks. `debug_log` logs the placed schedule at INFO. It runs wherever torch.compile does,
 CPU included.
@@ -96,6 +97,8 @@ def describe_deepcompile(settings: CompileConfig, stage: int) -> list[str]:
             "engine.compile() captures the forward as one graph (backend inductor, or eager/aot_eager)",
             "pass z3: each partitioned parameter is all-gathered right before its first use and released after",
             "  its last, in the forward graph and again in the backward graph (re-gathered, not saved)",
+            "prefetch: adjacent gathers (a layer's weight and bias) are one collective, started asynchronously",
+            "  one bucket ahead and waited for just before the first use",
             "gradients: whole on each parameter, reduce-scattered by stage 3's reducer (eager hooks)",
             "a graph break: warning naming the place, then eager ZeRO-3 hooks for the rest of the run",
         ]

@@ -4,9 +4,11 @@ Dynamo hands the backend its graph with the module's parameters lifted to placeh
 recognizes the partitioned ones (non-persistent stage-3 parameters, by identity with the example inputs
 or by the source Dynamo recorded), routes their uses through `allgather_param`, and compiles the result
 with AOTAutograd: the joint graph's gathers are tagged for recomputation, the min-cut partitioner splits
-forward and backward, and `schedule_gathers` places each graph's gathers and releases. The graphs then go
-to inductor's `compile_fx_inner` (`inner="inductor"`, native code on CPU or CUDA) or run as FX code
-(`inner="eager"`, for quick checks of the schedule).
+forward and backward, `schedule_gathers` places each graph's gathers and releases, and `overlap_gathers`
+turns them into bucketed asynchronous starts issued one bucket ahead and waits at the first use. The
+graphs then go to inductor's `compile_fx_inner` (`inner="inductor"`, native code on CPU or CUDA) or run
+as FX code (`inner="eager"`, for quick checks of the schedule); that code takes its inputs boxed and drops
+each after its last use, as inductor's does, so a backward graph frees its saved activations as it goes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import fx, nn
 
 from ds_zero._compile import passes
 from ds_zero._compile.ops import register_params
+from ds_zero._compile.overlap import overlap_gathers
 from ds_zero._params.partitioned_param import is_zero_param
 
 logger = logging.getLogger(__name__)
@@ -34,12 +37,27 @@ class Schedule:
 
     graphs: dict[str, list[passes.ScheduledOp]] = dataclasses.field(default_factory=dict)
 
+    def max_gathered(self, graph: str) -> int:
+        """The most parameters `graph` holds gathered at once: each counts from its start (or its blocking
+        gather) to its release, in graph order; a gathered value the graph returns is never released."""
+        live: set[int] = set()
+        most = 0
+        for item in self.graphs[graph]:
+            if item.kind in ("prefetch", "gather"):
+                live.add(item.ds_id)
+            else:
+                live.discard(item.ds_id)
+            most = max(most, len(live))
+        return most
+
     def lines(self) -> list[str]:
         out: list[str] = []
         for name, items in self.graphs.items():
+            starts = {i.position for i in items if i.kind == "prefetch"}
             out.append(
                 f"{name}: {sum(i.kind == 'gather' for i in items)} gathers, "
-                f"{sum(i.kind == 'release' for i in items)} releases"
+                f"{sum(i.kind == 'release' for i in items)} releases, "
+                f"{len(starts)} asynchronous collectives, at most {self.max_gathered(name)} gathered at once"
             )
             out.extend(f"  {item}" for item in items)
         return out
@@ -52,6 +70,8 @@ class DeepCompileBackend:
         module: the partitioned module (its parameters are matched to Dynamo's placeholders).
         inner: "inductor" (native code) or "eager" (the scheduled FX graphs run as Python).
         prefetch: how many graph nodes before its first user each gather is placed.
+        overlap: gathers are bucketed and started this many buckets ahead of their use (0: bucketed, no
+            overlap; None: each gather a blocking collective in its place).
         debug_log: log each graph's schedule at INFO (otherwise DEBUG).
     """
 
@@ -61,19 +81,23 @@ class DeepCompileBackend:
         *,
         inner: Literal["inductor", "eager"] = "inductor",
         prefetch: int = 0,
+        overlap: int | None = 1,
         debug_log: bool = False,
     ) -> None:
         self.inner = inner
         self.prefetch = prefetch
+        self.overlap = overlap
         self.debug_log = debug_log
         self.schedule = Schedule()
         self.graph_count = 0
         self._names: dict[int, str] = {}
         self._by_id: dict[int, nn.Parameter] = {}
+        self._keys: dict[int, tuple[int, Any]] = {}  # what one bucket's parameters share
         for name, p in module.named_parameters():
             if is_zero_param(p) and not p.ds_persist:
                 self._names[int(p.ds_id)] = name
                 self._by_id[id(p)] = p
+                self._keys[int(p.ds_id)] = (id(p.ds_process_group), p.dtype)
         register_params(self._by_id.values())
 
     @property
@@ -107,6 +131,9 @@ class DeepCompileBackend:
 
         def compiler(label: str, graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
             placed = passes.schedule_gathers(graph, self._names, prefetch=self.prefetch)
+            if self.overlap is not None:
+                overlap_gathers(graph, ahead=self.overlap, keys=self._keys)
+                placed = passes.placed_ops(graph, self._names)
             key = f"{label} {number}"
             self.schedule.graphs[key] = placed
             log = logger.info if self.debug_log else logger.debug
@@ -116,9 +143,7 @@ class DeepCompileBackend:
                 from torch._inductor.compile_fx import compile_fx_inner
 
                 return compile_fx_inner(graph, inputs, is_backward=label == "backward")
-            from torch._functorch.aot_autograd import make_boxed_func
-
-            return make_boxed_func(graph.forward)
+            return _boxed(graph)
 
         kwargs: dict[str, Any] = {
             "fw_compiler": functools.partial(compiler, "forward"),
@@ -131,3 +156,21 @@ class DeepCompileBackend:
             kwargs["decompositions"] = select_decomp_table()
             kwargs["keep_inference_input_mutations"] = True
         return aot_autograd(**kwargs)(gm, example_inputs)
+
+
+def _boxed(gm: fx.GraphModule) -> Callable[..., Any]:
+    """`gm` as AOTAutograd's boxed callable that clears its argument list and drops each input after its
+    last use (torch.fx's boxed code generation), instead of holding every input until it returns."""
+    codegen = getattr(fx.graph, "_BoxedCodeGen", None)
+    if codegen is None:  # an older torch: inputs live until the graph returns
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        return make_boxed_func(gm.forward)
+    gm.graph.set_codegen(codegen())
+    gm.recompile()
+
+    def run(args: list[Any]) -> Any:
+        return gm(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run

@@ -11,6 +11,13 @@
   free a value after its last user, and this op is that user). It counts the release for the schedule's
   bookkeeping (`GatherStats`).
 
+* `ds_zero::allgather_start(placeholders, ds_ids)` / `ds_zero::allgather_wait(token, placeholder, ds_id)`:
+  the same gather split in two so that it overlaps computation (the `overlap` pass places them). The start
+  issues one asynchronous collective for all the listed parameters (a bucket) and returns a token (a
+  one-element int64 tensor naming the in-flight entry); each parameter's wait, placed just before its first
+  use, finishes the collective (the first wait of a bucket does) and returns that parameter's full tensor,
+  as `allgather_param` does. The start is marked side-effecting, so no pass removes or sinks it.
+
 Shards are found by `ds_id` in a registry of weak references the backend fills (`register_params`), so
 the graph carries only integers besides the parameters.
 """
@@ -18,9 +25,11 @@ the graph carries only integers besides the parameters.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import weakref
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,7 +39,15 @@ from ds_zero._params.shards import shard_values
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GatherStats", "allgather_param", "register_params", "release_param", "stats"]
+__all__ = [
+    "GatherStats",
+    "allgather_param",
+    "allgather_start",
+    "allgather_wait",
+    "register_params",
+    "release_param",
+    "stats",
+]
 
 _PARAMS: dict[int, weakref.ReferenceType[nn.Parameter]] = {}
 
@@ -42,9 +59,11 @@ class GatherStats:
     gathers: int = 0
     releases: int = 0
     gathered_numel: int = 0
+    collectives: int = 0  # gather collectives issued (a bucket of several parameters is one)
+    max_inflight: int = 0  # most started-and-not-yet-waited buckets at once
 
     def reset(self) -> None:
-        self.gathers = self.releases = self.gathered_numel = 0
+        self.gathers = self.releases = self.gathered_numel = self.collectives = self.max_inflight = 0
 
 
 stats = GatherStats()
@@ -105,3 +124,97 @@ def _(full: torch.Tensor, ds_id: int) -> None:
 
 
 torch.fx.node.has_side_effect(torch.ops.ds_zero.release_param.default)
+
+
+@dataclasses.dataclass
+class _Inflight:
+    """One started bucket: the collective's handle and, per parameter, its gathered (padded) flat tensor."""
+
+    handle: Any
+    flats: dict[int, torch.Tensor]
+    unpack: Any = None  # the general path's copy out of the rank-major receive buffer, run after the wait
+
+
+_INFLIGHT: dict[int, _Inflight] = {}
+_KEYS = itertools.count()
+
+
+def _issue(params: list[nn.Parameter], like: list[torch.Tensor]) -> _Inflight:
+    shards = []
+    for p, ref in zip(params, like, strict=True):
+        shard = shard_values(p).reshape(-1)
+        if shard.device != ref.device or shard.dtype != ref.dtype:
+            shard = shard.to(device=ref.device, dtype=ref.dtype)
+        shards.append(shard.contiguous())
+    group = params[0].ds_process_group
+    world = ds_comm.get_world_size(group)
+    flats = [s.new_empty(world * s.numel()) for s in shards]
+    by_id = {int(p.ds_id): f for p, f in zip(params, flats, strict=True)}
+    if world == 1:
+        for f, s in zip(flats, shards, strict=True):
+            f.copy_(s)
+        return _Inflight(None, by_id)
+    stats.collectives += 1
+    if len(params) == 1:
+        return _Inflight(ds_comm.all_gather_into_tensor(flats[0], shards[0], group=group, async_op=True), by_id)
+    handle = ds_comm.pair_all_gather_into_tensors(flats, shards, group=group)
+    if handle is not None:  # two gloo ranks: one exchange straight into each parameter's tensor
+        return _Inflight(handle, by_id)
+    sizes = [s.numel() for s in shards]
+    recv = shards[0].new_empty(world * sum(sizes))
+    handle = ds_comm.all_gather_into_tensor(recv, torch.cat(shards), group=group, async_op=True)
+
+    def unpack() -> None:  # rank-major [rank r: shard of each parameter] -> each parameter's [r0 | r1 | ...]
+        offset = 0
+        rows = recv.view(world, -1)
+        for f, n in zip(flats, sizes, strict=True):
+            f.view(world, n).copy_(rows[:, offset : offset + n])
+            offset += n
+
+    return _Inflight(handle, by_id, unpack)
+
+
+@torch.library.custom_op("ds_zero::allgather_start", mutates_args=())
+def allgather_start(placeholders: list[torch.Tensor], ds_ids: list[int]) -> torch.Tensor:
+    params = [_param(i) for i in ds_ids]
+    groups = {id(p.ds_process_group) for p in params}
+    if len(groups) != 1:
+        raise RuntimeError(f"DeepCompile: a gather bucket spans {len(groups)} process groups (ds_ids {ds_ids})")
+    key = next(_KEYS)
+    _INFLIGHT[key] = _issue(params, placeholders)
+    stats.max_inflight = max(stats.max_inflight, len(_INFLIGHT))
+    return torch.tensor([key], dtype=torch.int64)
+
+
+@allgather_start.register_fake
+def _(placeholders: list[torch.Tensor], ds_ids: list[int]) -> torch.Tensor:
+    return torch.empty((1,), dtype=torch.int64)
+
+
+torch.fx.node.has_side_effect(torch.ops.ds_zero.allgather_start.default)
+
+
+@torch.library.custom_op("ds_zero::allgather_wait", mutates_args=())
+def allgather_wait(token: torch.Tensor, placeholder: torch.Tensor, ds_id: int) -> torch.Tensor:
+    key = int(token[0])
+    entry = _INFLIGHT.get(key)
+    if entry is None or ds_id not in entry.flats:
+        raise RuntimeError(f"DeepCompile: no gather of ds_id={ds_id} in flight under token {key}")
+    if entry.handle is not None:
+        entry.handle.wait()
+        entry.handle = None
+    if entry.unpack is not None:
+        entry.unpack()
+        entry.unpack = None
+    flat = entry.flats.pop(ds_id)
+    if not entry.flats:
+        del _INFLIGHT[key]
+    param = _param(ds_id)
+    stats.gathers += 1
+    stats.gathered_numel += int(param.ds_numel)
+    return flat.narrow(0, 0, int(param.ds_numel)).view(placeholder.shape)
+
+
+@allgather_wait.register_fake
+def _(token: torch.Tensor, placeholder: torch.Tensor, ds_id: int) -> torch.Tensor:
+    return placeholder.new_empty(placeholder.shape)

@@ -24,18 +24,20 @@ from ds_zero._compile import ops
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ScheduledOp", "insert_gathers", "schedule_gathers", "tag_recompute"]
+__all__ = ["ScheduledOp", "insert_gathers", "placed_ops", "schedule_gathers", "tag_recompute"]
 
 _AFTER_EVERY_REGION = 2**62
 GATHER = torch.ops.ds_zero.allgather_param.default
 RELEASE = torch.ops.ds_zero.release_param.default
+START = torch.ops.ds_zero.allgather_start.default
+WAIT = torch.ops.ds_zero.allgather_wait.default
 
 
 @dataclasses.dataclass(frozen=True)
 class ScheduledOp:
     """One gather or release the passes placed: its position in the graph and the node it is next to."""
 
-    kind: str  # "gather" or "release"
+    kind: str  # "gather", "prefetch" (the asynchronous start of a later gather) or "release"
     ds_id: int
     name: str
     position: int
@@ -147,17 +149,30 @@ def schedule_gathers(
         release.meta["ds_last_use"] = last.name
     graph.lint()
     gm.recompile()
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    placed: list[ScheduledOp] = []
-    for pos, node in enumerate(graph.nodes):
-        if _is_gather(node):
-            readers = [u for u in node.users if u.target not in (RELEASE, ops.release_param)]
-            anchor = min(readers, key=order.__getitem__).name if readers else "-"
-            placed.append(ScheduledOp("gather", int(node.args[1]), names.get(int(node.args[1]), "?"), pos, anchor))
-        elif node.op == "call_function" and node.target in (RELEASE, ops.release_param):
-            ds_id = int(node.args[1])
-            placed.append(ScheduledOp("release", ds_id, names.get(ds_id, "?"), pos, node.meta.get("ds_last_use", "?")))
+    placed = placed_ops(gm, names)
     for item in placed:
         if on_op is not None:
             on_op(item)
+    return placed
+
+
+def placed_ops(gm: fx.GraphModule, names: dict[int, str]) -> list[ScheduledOp]:
+    """The gathers (blocking ones, or the waits of started ones), their starts ("prefetch") and the
+    releases in `gm`, in graph order: what the schedule dump lists."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    placed: list[ScheduledOp] = []
+    for pos, node in enumerate(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if _is_gather(node) or node.target in (WAIT, ops.allgather_wait):
+            ds_id = int(node.args[-1])
+            readers = [u for u in node.users if u.target not in (RELEASE, ops.release_param)]
+            anchor = min(readers, key=order.__getitem__).name if readers else "-"
+            placed.append(ScheduledOp("gather", ds_id, names.get(ds_id, "?"), pos, anchor))
+        elif node.target in (START, ops.allgather_start):
+            for ds_id in node.args[1]:
+                placed.append(ScheduledOp("prefetch", int(ds_id), names.get(int(ds_id), "?"), pos, node.prev.name))
+        elif node.target in (RELEASE, ops.release_param):
+            ds_id = int(node.args[1])
+            placed.append(ScheduledOp("release", ds_id, names.get(ds_id, "?"), pos, node.meta.get("ds_last_use", "?")))
     return placed
