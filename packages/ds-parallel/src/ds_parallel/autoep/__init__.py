@@ -10,22 +10,57 @@ from ds_parallel.autoep._convert import (
     detect_moe_layers,
 )
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts
+from ds_parallel.autoep._folding import (
+    FoldingGroupHandles,
+    FoldingGroupTables,
+    ParallelFoldingSpec,
+    assert_group_matches_spec,
+    build_folding_spec,
+    expected_folding_group_tables,
+    local_folding_ranks,
+    validate_folding_global,
+)
 from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
+from ds_parallel.autoep._layout import FusedExpertLayout, classify_fused_gate_up_layout
 from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
 from ds_parallel.autoep._router import TopKRouter
+from ds_parallel.autoep._settings import (
+    PRESET_MODELS,
+    AutoEPConfig,
+    fill_autoep_config_from_hf,
+    parse_autoep_config,
+    validate_autoep_config,
+    validate_autoep_post_detection,
+)
 
 __all__ = [
     "EXPERT_ACTIVATIONS",
     "PRESETS",
+    "PRESET_MODELS",
+    "AutoEPConfig",
     "AutoEPMoELayer",
     "AutoEPOptions",
     "ConversionReport",
+    "FoldingGroupHandles",
+    "FoldingGroupTables",
+    "FusedExpertLayout",
     "GroupedExperts",
     "MoELayerSpec",
     "MoEModelPreset",
+    "ParallelFoldingSpec",
     "TopKRouter",
     "apply_overrides",
+    "assert_group_matches_spec",
+    "build_folding_spec",
+    "classify_fused_gate_up_layout",
     "convert_moe_model",
     "detect_moe_layers",
+    "expected_folding_group_tables",
+    "fill_autoep_config_from_hf",
+    "local_folding_ranks",
+    "parse_autoep_config",
     "preset_for_model_type",
+    "validate_autoep_config",
+    "validate_autoep_post_detection",
+    "validate_folding_global",
 ]

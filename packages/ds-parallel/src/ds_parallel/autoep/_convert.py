@@ -22,6 +22,7 @@ from torch.distributed import ProcessGroup
 
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts
 from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
+from ds_parallel.autoep._layout import classify_fused_gate_up_layout
 from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
 from ds_parallel.autoep._router import TopKRouter
 
@@ -151,14 +152,14 @@ def _expert_weights(
     if preset.expert_w3 is not None:
         w3 = getattr(experts, preset.expert_w3, None)
         return (w1, w2, w3.detach()) if isinstance(w3, torch.Tensor) else None
-    num, hidden = w1.shape[0], w2.shape[1]
-    if w1.shape[2] == hidden and w1.shape[1] % 2 == 0:  # [E, 2F, H] gate then up
-        ffn = w1.shape[1] // 2
-        return w1[:, :ffn], w2, w1[:, ffn:]
-    if w1.shape[1] == w2.shape[2] and w1.shape[2] % 2 == 0:  # [E, H, 2F] and down [E, F, H]
-        ffn = w1.shape[2] // 2
+    layout = classify_fused_gate_up_layout(w1.shape, w2.shape)
+    if layout is not None:
+        ffn = layout.ffn_hidden_size
+        if not layout.needs_transpose:  # [E, 2F, H] gate then up, down [E, H, F]
+            return w1[:, :ffn], w2, w1[:, ffn:]
+        # [E, H, 2F] and down [E, F, H]: the matmul orientation
         return w1[:, :, :ffn].transpose(1, 2), w2.transpose(1, 2), w1[:, :, ffn:].transpose(1, 2)
-    logger.debug("AutoEP: unrecognized expert layout %s / %s (%d experts)", tuple(w1.shape), tuple(w2.shape), num)
+    logger.debug("AutoEP: unrecognized expert layout %s / %s", tuple(w1.shape), tuple(w2.shape))
     return None
 
 
