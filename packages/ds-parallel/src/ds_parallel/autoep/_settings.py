@@ -110,8 +110,8 @@ class AutoEPConfig:
 
     def to_options(self) -> AutoEPOptions:
         """The conversion settings (`convert_moe_model`'s) this section describes."""
-        names = {f.name for f in dataclasses.fields(AutoEPOptions)}
-        return AutoEPOptions(**{k: v for k, v in dataclasses.asdict(self).items() if k in names})
+        # getattr, not dataclasses.asdict: asdict deep-copies, and the "unset" sentinel must stay itself
+        return AutoEPOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(AutoEPOptions)})
 
 
 def parse_autoep_config(section: Mapping[str, Any] | None) -> AutoEPConfig:
