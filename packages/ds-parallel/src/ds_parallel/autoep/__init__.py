@@ -20,7 +20,7 @@ from ds_parallel.autoep._folding import (
     local_folding_ranks,
     validate_folding_global,
 )
-from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
+from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec, combine_from_routed
 from ds_parallel.autoep._layout import FusedExpertLayout, classify_fused_gate_up_layout
 from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
 from ds_parallel.autoep._router import TopKRouter
@@ -31,6 +31,15 @@ from ds_parallel.autoep._settings import (
     parse_autoep_config,
     validate_autoep_config,
     validate_autoep_post_detection,
+)
+from ds_parallel.autoep._tp_dispatch import (
+    RestoreContext,
+    RoutedAssignmentPayload,
+    assert_tp_payload_consistent,
+    assignment_ordinals_by_expert,
+    dispatch_counters,
+    partition_assignments,
+    restore_combined,
 )
 
 __all__ = [
@@ -48,18 +57,26 @@ __all__ = [
     "MoELayerSpec",
     "MoEModelPreset",
     "ParallelFoldingSpec",
+    "RestoreContext",
+    "RoutedAssignmentPayload",
     "TopKRouter",
     "apply_overrides",
     "assert_group_matches_spec",
+    "assert_tp_payload_consistent",
+    "assignment_ordinals_by_expert",
     "build_folding_spec",
     "classify_fused_gate_up_layout",
+    "combine_from_routed",
     "convert_moe_model",
     "detect_moe_layers",
+    "dispatch_counters",
     "expected_folding_group_tables",
     "fill_autoep_config_from_hf",
     "local_folding_ranks",
     "parse_autoep_config",
+    "partition_assignments",
     "preset_for_model_type",
+    "restore_combined",
     "validate_autoep_config",
     "validate_autoep_post_detection",
     "validate_folding_global",

@@ -30,7 +30,7 @@ import ds_comm
 from ds_parallel.autoep._experts import GroupedExperts, all_to_all_v
 from ds_parallel.autoep._router import TopKRouter
 
-__all__ = ["AutoEPMoELayer", "MoELayerSpec"]
+__all__ = ["AutoEPMoELayer", "MoELayerSpec", "combine_from_routed"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,40 @@ class MoELayerSpec:
     expert_activation: str
     shared_experts_name: str
     shared_experts_gate_name: str
+
+
+def combine_from_routed(
+    expert_output: torch.Tensor,
+    top_scores: torch.Tensor,
+    token_indices_sorted: torch.Tensor,
+    top_k: int,
+    score_apply: Literal["pre", "post"],
+    combine_impl: Literal["weighted_sum", "legacy_bmm"],
+    shape: tuple[int, int, int],
+) -> torch.Tensor:
+    """Put the expert outputs back in token order and sum each token's `top_k` results (DeepSpeed's name).
+
+    Args:
+        expert_output: `[T*top_k, H]`, row i is the result for flat assignment `token_indices_sorted[i]`
+            (assignment `t*top_k + k` is token t's k-th choice).
+        top_scores: `[T, top_k]` routing weights; applied here when `score_apply` is "post" (in at least fp32, then
+            cast back), ignored for "pre" (already applied to the inputs).
+        combine_impl: "weighted_sum" (weight each slot, then sum) or "legacy_bmm" (one batched matmul); the same
+            function up to rounding.
+        shape: `(B, S, H)` of the result, B*S = T.
+    """
+    bsz, seqlen, hidden = shape
+    tokens = bsz * seqlen
+    flat = expert_output.new_zeros((tokens * top_k, hidden)).index_copy(0, token_indices_sorted, expert_output)
+    per_slot = flat.reshape(tokens, top_k, hidden)
+    acc = torch.promote_types(expert_output.dtype, torch.float32)  # fp32 at least; fp64 stays fp64
+    if score_apply != "post":
+        out = per_slot.sum(dim=1)
+    elif combine_impl == "legacy_bmm":
+        out = torch.bmm(top_scores.reshape(tokens, 1, top_k).to(acc), per_slot.to(acc)).squeeze(1)
+    else:
+        out = (per_slot.to(acc) * top_scores.reshape(tokens, top_k, 1).to(acc)).sum(dim=1)
+    return out.to(expert_output.dtype).reshape(bsz, seqlen, hidden)
 
 
 class AutoEPMoELayer(nn.Module):
