@@ -212,7 +212,7 @@ def validate_folding_global(
     if spec.etp_size != 1:
         raise ValueError(
             f"expert_parallel.expert_tensor_parallel_size={spec.etp_size} is reserved for expert-internal tensor "
-            "parallelism, which is not supported; set it to 1"
+            "parallelism, which is not supported; use expert_tensor_parallel_size=1"
         )
     if tp_preset is not None and ep_preset is not None and tp_preset != ep_preset:
         raise ValueError(

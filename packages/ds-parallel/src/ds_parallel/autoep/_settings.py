@@ -59,8 +59,8 @@ _NAME_KEYS = (
 
 def _refuse_load_balance(value: object) -> NoReturn:
     raise ValueError(
-        f"expert_parallel.load_balance_coeff={value!r} is not supported (expert-bias auxiliary-loss-free load "
-        "balancing, which DeepSpeed refuses too); set it to null or omit the key"
+        f"expert_parallel.load_balance_coeff={value!r} is not supported (it would register an expert_bias for "
+        "auxiliary-loss-free load balancing, which DeepSpeed refuses too); set it to null or omit the key"
     )
 
 
@@ -107,6 +107,8 @@ class AutoEPConfig:
     shared_experts_pattern: str | None = None
     shared_experts_gate_pattern: str | None = None
     expert_activation: str | None = None
+    _load_balance_coeff_explicit: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
+    """Whether the parsed section named `load_balance_coeff` (DeepSpeed records it; only null is accepted)."""
 
     def to_options(self) -> AutoEPOptions:
         """The conversion settings (`convert_moe_model`'s) this section describes."""
@@ -128,7 +130,9 @@ def parse_autoep_config(section: Mapping[str, Any] | None) -> AutoEPConfig:
         raise ValueError(f"expert_parallel: unknown key(s) {unknown}; the keys are {sorted(known)}")
     if section.get("load_balance_coeff") is not None:
         _refuse_load_balance(section["load_balance_coeff"])
-    return AutoEPConfig(**dict(section))
+    config = AutoEPConfig(**dict(section))
+    config._load_balance_coeff_explicit = "load_balance_coeff" in section
+    return config
 
 
 def _check_names(config: AutoEPConfig) -> None:
