@@ -5,6 +5,7 @@ repacking in every stored layout, the two-step `AutoEP` driver, and the refusal 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -160,3 +161,12 @@ def test_wrapper_model_types_are_refused_with_what_to_pass() -> None:
     assert get_preset_adapter("mixtral") is get_preset_adapter("default")
     with pytest.raises(ValueError, match="unknown AutoEP preset adapter 'gpt'"):
         get_preset_adapter("gpt")
+
+
+def test_router_logit_capture_is_refused_by_name() -> None:
+    spec = detect_moe_layers(_mixtral(1), AutoEPConfig(enabled=True).to_options())[2][0]
+    assert (spec.return_router_logits, spec.router_logits_capture_target) == (False, "none")
+    with pytest.raises(ValueError, match="capturing router logits .* is not implemented in ds"):
+        dataclasses.replace(spec, return_router_logits=True)
+    with pytest.raises(ValueError, match="router_logits_capture_target='router'"):
+        dataclasses.replace(spec, router_logits_capture_target="router")

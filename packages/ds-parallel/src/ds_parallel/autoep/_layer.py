@@ -73,6 +73,20 @@ class MoELayerSpec:
     """The up projection, or None when gate and up are fused in `expert_w1_name`."""
     gate_bias: bool = False
     has_shared_experts: bool = False
+    return_router_logits: bool = False
+    """DeepSpeed's router-logit capture (the block also returns its router logits); ds does not capture them."""
+    router_logits_capture_target: Literal["moe_block", "router", "none"] = "none"
+    router_logits_capture_index: int | None = None
+    router_logits_capture_layer_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.return_router_logits or self.router_logits_capture_target != "none":
+            raise ValueError(
+                f"AutoEP layer {self.moe_module_name!r}: returning or capturing router logits "
+                f"(return_router_logits={self.return_router_logits}, router_logits_capture_target="
+                f"{self.router_logits_capture_target!r}) is not implemented in ds; set the model config's "
+                "output_router_logits=False"
+            )
 
 
 def resolve_score_apply_mode(spec: MoELayerSpec, config_override: Literal["auto", "pre", "post"]) -> str:
