@@ -14,6 +14,7 @@ autoep = pytest.importorskip("ds_parallel", reason="needs ds-parallel: pip insta
 _SAME_NAME = {
     "moe.fused_expert_layout": ["classify_fused_gate_up_layout", "FusedExpertLayout"],
     "moe.ep_router": ["TokenChoiceTopKRouter"],
+    "moe.ep_count": ["count_tokens_per_expert"],
     "moe.ep_repack": ["repack_expert_weights"],
     "moe.ep_experts": ["EXPERT_ACTIVATIONS"],
     "moe.ep_tp_dispatch": ["partition_assignments", "restore_combined", "RoutedAssignmentPayload"],
@@ -54,3 +55,11 @@ def test_deepspeed_names_map_to_ds_names() -> None:
 def test_dist_is_ds_comm_where_deepspeed_patches_it() -> None:
     for path in ("module_inject.auto_ep_layer", "moe.ep_tp_dispatch"):
         assert importlib.import_module(f"ds_engine.{path}").dist is ds_comm
+
+
+def test_autoep_universal_is_ds_engines_own() -> None:
+    offline = importlib.import_module("ds_engine._checkpoint.offline.autoep_zero12")
+    shim = importlib.import_module("ds_engine.checkpoint.autoep_universal")
+    assert shim.consolidate_autoep_zero12_expert_states is offline.consolidate_autoep_zero12_expert_states
+    assert shim._zero12_fragment_path is offline.zero12_fragment_path
+    assert shim._autoep_zero12_dp_ranks is offline.autoep_zero12_dp_ranks

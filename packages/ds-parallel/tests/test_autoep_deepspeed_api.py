@@ -23,6 +23,7 @@ from ds_parallel.autoep import (
     apply_scores_before_experts_if_enabled,
     compute_split_plan,
     convert_moe_model,
+    count_tokens_per_expert,
     detect_moe_layers,
     get_preset_adapter,
     repack_expert_weights,
@@ -170,3 +171,9 @@ def test_router_logit_capture_is_refused_by_name() -> None:
         dataclasses.replace(spec, return_router_logits=True)
     with pytest.raises(ValueError, match="router_logits_capture_target='router'"):
         dataclasses.replace(spec, router_logits_capture_target="router")
+
+
+def test_token_counts_are_the_histogram() -> None:
+    experts = torch.randint(0, 7, (13, 3))
+    counts = count_tokens_per_expert(experts, 9)
+    assert counts.dtype == torch.int32 and counts.tolist() == torch.bincount(experts.flatten(), minlength=9).tolist()

@@ -47,7 +47,12 @@ from ds_parallel.autoep._settings import (
     validate_autoep_config,
     validate_autoep_post_detection,
 )
-from ds_parallel.autoep._split_plan import SplitPlan, compute_split_plan, compute_split_plan_from_expert_indices
+from ds_parallel.autoep._split_plan import (
+    SplitPlan,
+    compute_split_plan,
+    compute_split_plan_from_expert_indices,
+    count_tokens_per_expert,
+)
 from ds_parallel.autoep._tp_dispatch import (
     RestoreContext,
     RoutedAssignmentPayload,
@@ -92,6 +97,7 @@ __all__ = [
     "compute_split_plan",
     "compute_split_plan_from_expert_indices",
     "convert_moe_model",
+    "count_tokens_per_expert",
     "detect_moe_layers",
     "dispatch_counters",
     "expected_folding_group_tables",

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ds_parallel.autoep._split_plan import count_tokens_per_expert
+
 __all__ = ["TokenChoiceTopKRouter", "TopKRouter"]
 
 logger = logging.getLogger(__name__)
@@ -133,5 +135,4 @@ class TokenChoiceTopKRouter(TopKRouter):
         if expert_bias is not None:
             raise ValueError("expert_bias (load_balance_coeff load balancing) is not supported; pass None")
         weights, indices = super().forward(x)
-        counts = torch.bincount(indices.reshape(-1), minlength=self.num_experts).to(torch.int32)
-        return weights, indices, counts
+        return weights, indices, count_tokens_per_expert(indices, self.num_experts)

@@ -15,7 +15,17 @@ import torch
 
 import ds_comm
 
-__all__ = ["SplitPlan", "compute_split_plan", "compute_split_plan_from_expert_indices"]
+__all__ = ["SplitPlan", "compute_split_plan", "compute_split_plan_from_expert_indices", "count_tokens_per_expert"]
+
+
+def count_tokens_per_expert(selected_experts_indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """`[num_experts]` int32: how many of the (token, expert) choices name each expert.
+
+    A scatter-add into a buffer of known size, so (unlike `torch.bincount`) no device sync sizes the output.
+    """
+    flat = selected_experts_indices.reshape(-1).long()
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
 
 
 class SplitPlan(NamedTuple):
@@ -66,7 +76,7 @@ def compute_split_plan(
             f"num_experts={num_experts} must equal ep_size={ep_size} * num_local_experts={num_local_experts}"
         )
     if num_tokens_per_expert is None:
-        num_tokens_per_expert = torch.bincount(selected_experts.reshape(-1).long(), minlength=num_experts)
+        num_tokens_per_expert = count_tokens_per_expert(selected_experts, num_experts)
     return _plan_from_counts(num_tokens_per_expert, ep_size, num_local_experts, ep_group)
 
 
