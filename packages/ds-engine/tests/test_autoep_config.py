@@ -3,6 +3,8 @@ layouts initialize() refuses before converting anything (single process; nothing
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -46,6 +48,17 @@ def test_deepspeed_defaults_and_given_null_expert_w3() -> None:
 def test_bad_values_name_the_key(section: dict, message: str) -> None:
     with pytest.raises(DeepSpeedConfigError, match=message):
         DeepSpeedConfig({"train_batch_size": 1, "expert_parallel": section})
+
+
+@pytest.mark.parametrize("value", [0.0, False, "1e-3", [1e-3]])
+def test_load_balancing_is_refused_and_a_given_null_is_recorded(value: object) -> None:
+    with pytest.raises(
+        DeepSpeedConfigError, match=rf"load_balance_coeff={re.escape(repr(value))} .*expert_bias.*null or omit"
+    ):
+        DeepSpeedConfig({"train_batch_size": 1, "expert_parallel": {"load_balance_coeff": value}})
+    given = DeepSpeedConfig({"train_batch_size": 1, "expert_parallel": {"load_balance_coeff": None}})
+    assert given.expert_parallel_config._load_balance_coeff_explicit is True
+    assert ExpertParallelConfig()._load_balance_coeff_explicit is False
 
 
 def test_explain_lists_the_blocks_and_where_each_expert_lives() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ds_engine._optional import require
@@ -26,7 +26,13 @@ __all__ = ["alias_module", "optional_reexport"]
 
 
 def optional_reexport(
-    shim: str, target: str, *, extra: str, feature: str, names: Sequence[str] | None = None
+    shim: str,
+    target: str,
+    *,
+    extra: str,
+    feature: str,
+    names: Sequence[str] | None = None,
+    renames: Mapping[str, str] | None = None,
 ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """`(__all__, __getattr__, __dir__)` for a shim module that re-exports `target` (a sibling or its submodule).
 
@@ -36,6 +42,8 @@ def optional_reexport(
         extra: the ds-engine extra that installs the sibling (`"pipe"`, `"zero"`).
         feature: what the user asked for, for the missing-extra message.
         names: re-export only these names of `target` (None: its whole public API).
+        renames: DeepSpeed's name -> the name `target` gives the same object (DeepSpeed's `GroupedExperts` is
+            ds's `SizedGroupedExperts`); the DeepSpeed names are added to the shim's names.
 
     Raises:
         ImportError: the sibling is not installed (names the pip command).
@@ -48,15 +56,18 @@ def optional_reexport(
 
     module = load()
     public = [name for name in getattr(module, "__all__", dir(module)) if not name.startswith("_")]
+    renames = dict(renames or {})
     if names is not None:
         public = list(names)
+    public += [name for name in renames if name not in public]
+    allowed = None if names is None else set(public)
 
     def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook
-        if name.startswith("__") or (names is not None and name not in names):
+        if name.startswith("__") or (allowed is not None and name not in allowed):
             # __path__, __spec__...: this shim is a plain module, not `target`
             raise AttributeError(f"module {shim!r} has no attribute {name!r}")
         try:
-            return getattr(load(), name)
+            return getattr(load(), renames.get(name, name))
         except AttributeError:
             raise AttributeError(f"module {shim!r} has no attribute {name!r} ({target} does not provide it)") from None
 

@@ -166,3 +166,8 @@ def test_autoep_gradients_training_and_checkpoints_across_ep_degrees(tmp_path: P
         for expert in range(4):
             assert f"layer_{layer}_expert_{expert}_mp_rank_00_model_states.pt" in files
     assert "model.layers.0.mlp: 4 experts" in "\n".join(results[0]["report"])
+    entries = torch.load(tmp_path / "ep2" / "mp_rank_00_model_states.pt", weights_only=False)["ds_autoep_layers"]
+    assert [(e["moe_layer_id"], e["module_path"], e["num_local_experts"], e["ep_size"]) for e in entries] == [
+        (0, "model.layers.0.mlp", 2, 2),
+        (1, "model.layers.1.mlp", 2, 2),
+    ]

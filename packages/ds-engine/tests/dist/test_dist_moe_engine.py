@@ -246,3 +246,31 @@ def _two_ep_sizes(rank: int, world: int) -> str:
 def test_half_precision_stage0_refuses_two_expert_parallel_sizes_by_name() -> None:
     msg = run_ranks(2, _two_ep_sizes, timeout_s=120)[0]
     assert "ep_size_1, ep_size_2" in msg and "ZeRO stage 1 or 2" in msg
+
+
+def _grads_after_backward(rank: int, world: int, ep_size: int) -> float:
+    from moe_cases import TinyMoE, batch, config, global_name, load_full_into
+
+    import ds_engine as deepspeed
+
+    torch.manual_seed(0)
+    full = TinyMoE(ep_size=1)
+    model = TinyMoE(ep_size=ep_size)
+    load_full_into(model, full, rank % ep_size, 4 // ep_size)
+    engine, *_ = deepspeed.initialize(model=model, config=config(0, 0.0, LR))
+    engine.backward(engine(*batch(rank, 0)))  # the window's boundary: reduced here, before step()
+    (sum(full(*batch(r, 0)) for r in range(world)) / world).backward()  # the mean loss on one process
+    ref = dict(full.named_parameters())
+    return max(
+        float((p.grad - ref[global_name(n, rank % ep_size, 4 // ep_size)].grad).abs().max())
+        for n, p in engine.module.named_parameters()
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_stage0_gradients_are_reduced_when_backward_returns(ep_size: int) -> None:
+    """DeepSpeed reduces stage-0 gradients in the boundary backward; a read before step() sees the averaged
+    dense and expert gradients (expert ones summed over the expert-data-parallel group, / data-parallel size)."""
+    for err in run_ranks(2, _grads_after_backward, ep_size, timeout_s=240):
+        assert err < 1e-6, err

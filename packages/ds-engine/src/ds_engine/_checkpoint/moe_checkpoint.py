@@ -150,16 +150,18 @@ def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank:
 
 def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
     """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers."""
+    autoep = [layer for layer in wiring.layers if layer.fused_experts]
     entries = [
         {
+            "moe_layer_id": index,  # DeepSpeed's two keys for the block (`name` is ds's older one, still read)
+            "module_path": layer.prefix,
             "name": layer.prefix,
             AUTOEP_EXPERT_KEY_PREFIX: f"{layer.prefix}.experts" if layer.prefix else "experts",
             AUTOEP_NUM_EXPERTS: layer.num_experts,
             AUTOEP_NUM_LOCAL_EXPERTS: layer.num_local_experts,
             AUTOEP_EP_SIZE: layer.num_experts // layer.num_local_experts,
         }
-        for layer in wiring.layers
-        if layer.fused_experts
+        for index, layer in enumerate(autoep)
     ]
     return {AUTOEP_LAYERS_KEY: entries} if entries else {}
 
@@ -174,10 +176,11 @@ def check_autoep_optimizer_degree(state: dict[str, Any], wiring: MoeWiring, path
         layer.prefix: layer.num_experts // layer.num_local_experts for layer in wiring.layers if layer.fused_experts
     }
     for entry in state.get(AUTOEP_LAYERS_KEY) or []:
-        saved, now = entry.get(AUTOEP_EP_SIZE), here.get(entry.get("name"))
+        block = entry.get("module_path", entry.get("name"))
+        saved, now = entry.get(AUTOEP_EP_SIZE), here.get(block)
         if now is not None and saved is not None and saved != now:
             raise ValueError(
-                f"load_checkpoint: {path} holds the optimizer state of AutoEP layer {entry['name']!r} at "
+                f"load_checkpoint: {path} holds the optimizer state of AutoEP layer {block!r} at "
                 f"expert_parallel.autoep_size={saved}, this run has {now}; the expert weights load at any autoep_size: "
                 "pass load_optimizer_states=False (the optimizer then starts fresh from the loaded weights)"
             )

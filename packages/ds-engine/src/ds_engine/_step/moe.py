@@ -319,6 +319,7 @@ class MoeFp32Stepper(PlainOptimizerState):
         self._cut_dense: list[torch.Tensor] = []  # views of the dense buffer: parameters AutoTP cut
         self.timers = timers
         self._norm: float | None = None
+        self._reduced = False
         params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
         dense = [p for p in params if not is_expert_param(p)]
         experts: dict[str, list[torch.Tensor]] = {}
@@ -368,13 +369,22 @@ class MoeFp32Stepper(PlainOptimizerState):
             total += float(cut_sq) - mine
         return total**0.5
 
-    def step(self, skip: torch.Tensor | None = None) -> bool:
+    def reduce_gradients(self) -> None:
+        """All-reduce the accumulated dense and expert gradients now (`engine.allreduce_gradients()`, which the
+        engine's backward calls at the window's boundary, as DeepSpeed's does); the step then skips it."""
+        if self._reduced:
+            return
         for buffer in self.buffers:
             buffer.rebind()
         self.timers.start("allreduce")
         for reducer in self.reducers:
             reducer.all_reduce()
         self.timers.stop("allreduce")
+        self._reduced = True
+
+    def step(self, skip: torch.Tensor | None = None) -> bool:
+        self.reduce_gradients()
+        self._reduced = False
         if self.clip > 0:
             self._norm = self._global_norm()
             coef = min(self.clip / (self._norm + _EPS), 1.0)
@@ -391,3 +401,4 @@ class MoeFp32Stepper(PlainOptimizerState):
     def zero_grad(self) -> None:
         for buffer in self.buffers:
             buffer.release()
+        self._reduced = False

@@ -253,6 +253,11 @@ class DeepSpeedConfig:
         return self.zero.zero_config
 
     @property
+    def expert_parallel_config(self) -> Any:
+        """The `expert_parallel` section (`ExpertParallelConfig`) under DeepSpeed's attribute name."""
+        return self.parsed.expert_parallel
+
+    @property
     def weight_quantization_config(self) -> Any:
         """ds-zero's `WeightQuantizationConfig` of the `weight_quantization` section, or None when absent."""
         return self._weight_quantization

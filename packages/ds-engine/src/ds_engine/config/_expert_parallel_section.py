@@ -113,13 +113,18 @@ class ExpertParallelConfig(ConfigModel):
         "routed_scaling_factor",
     )
 
+    @property
+    def _load_balance_coeff_explicit(self) -> bool:
+        """Whether the section named `load_balance_coeff` (DeepSpeed records it; only null is accepted)."""
+        return "load_balance_coeff" in self.model_fields_set
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_load_balance(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("load_balance_coeff") is not None:
             raise ValueError(
-                f"load_balance_coeff={data['load_balance_coeff']!r} is not supported (expert-bias auxiliary-loss-free "
-                "load balancing, which DeepSpeed refuses too); set it to null or omit the key"
+                f"load_balance_coeff={data['load_balance_coeff']!r} is not supported (it would register an expert_bias "
+                "for auxiliary-loss-free load balancing, which DeepSpeed refuses too); set it to null or omit the key"
             )
         return data
 

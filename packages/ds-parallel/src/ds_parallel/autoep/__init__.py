@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ds_parallel.autoep._autoep import AutoEP, resolve_route_scale
 from ds_parallel.autoep._convert import (
     AutoEPOptions,
     ConversionReport,
@@ -9,23 +10,110 @@ from ds_parallel.autoep._convert import (
     convert_moe_model,
     detect_moe_layers,
 )
-from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts
-from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
-from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
-from ds_parallel.autoep._router import TopKRouter
+from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts, SizedGroupedExperts
+from ds_parallel.autoep._folding import (
+    FoldingGroupHandles,
+    FoldingGroupTables,
+    ParallelFoldingSpec,
+    assert_group_matches_spec,
+    build_folding_spec,
+    expected_folding_group_tables,
+    local_folding_ranks,
+    validate_folding_global,
+)
+from ds_parallel.autoep._layer import (
+    AutoEPMoELayer,
+    MoELayerSpec,
+    apply_scores_before_experts_if_enabled,
+    combine_from_routed,
+    resolve_score_apply_mode,
+)
+from ds_parallel.autoep._layout import FusedExpertLayout, classify_fused_gate_up_layout
+from ds_parallel.autoep._presets import (
+    PRESETS,
+    MoEModelPreset,
+    PresetAdapter,
+    get_preset_adapter,
+    preset_for_model_type,
+    unsupported_preset_for_hf_model_type,
+)
+from ds_parallel.autoep._replace import repack_expert_weights, replace_moe_block
+from ds_parallel.autoep._router import TokenChoiceTopKRouter, TopKRouter
+from ds_parallel.autoep._settings import (
+    PRESET_MODELS,
+    AutoEPConfig,
+    fill_autoep_config_from_hf,
+    parse_autoep_config,
+    validate_autoep_config,
+    validate_autoep_post_detection,
+)
+from ds_parallel.autoep._split_plan import (
+    SplitPlan,
+    compute_split_plan,
+    compute_split_plan_from_expert_indices,
+    count_tokens_per_expert,
+)
+from ds_parallel.autoep._tp_dispatch import (
+    RestoreContext,
+    RoutedAssignmentPayload,
+    assert_tp_payload_consistent,
+    assignment_ordinals_by_expert,
+    dispatch_counters,
+    partition_assignments,
+    restore_combined,
+)
 
 __all__ = [
     "EXPERT_ACTIVATIONS",
     "PRESETS",
+    "PRESET_MODELS",
+    "AutoEP",
+    "AutoEPConfig",
     "AutoEPMoELayer",
     "AutoEPOptions",
     "ConversionReport",
+    "FoldingGroupHandles",
+    "FoldingGroupTables",
+    "FusedExpertLayout",
     "GroupedExperts",
     "MoELayerSpec",
     "MoEModelPreset",
+    "ParallelFoldingSpec",
+    "PresetAdapter",
+    "RestoreContext",
+    "RoutedAssignmentPayload",
+    "SizedGroupedExperts",
+    "SplitPlan",
+    "TokenChoiceTopKRouter",
     "TopKRouter",
     "apply_overrides",
+    "apply_scores_before_experts_if_enabled",
+    "assert_group_matches_spec",
+    "assert_tp_payload_consistent",
+    "assignment_ordinals_by_expert",
+    "build_folding_spec",
+    "classify_fused_gate_up_layout",
+    "combine_from_routed",
+    "compute_split_plan",
+    "compute_split_plan_from_expert_indices",
     "convert_moe_model",
+    "count_tokens_per_expert",
     "detect_moe_layers",
+    "dispatch_counters",
+    "expected_folding_group_tables",
+    "fill_autoep_config_from_hf",
+    "get_preset_adapter",
+    "local_folding_ranks",
+    "parse_autoep_config",
+    "partition_assignments",
     "preset_for_model_type",
+    "repack_expert_weights",
+    "replace_moe_block",
+    "resolve_route_scale",
+    "resolve_score_apply_mode",
+    "restore_combined",
+    "unsupported_preset_for_hf_model_type",
+    "validate_autoep_config",
+    "validate_autoep_post_detection",
+    "validate_folding_global",
 ]

@@ -14,16 +14,23 @@ import dataclasses
 import logging
 import math
 import re
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts
-from ds_parallel.autoep._layer import AutoEPMoELayer, MoELayerSpec
-from ds_parallel.autoep._presets import PRESETS, MoEModelPreset, preset_for_model_type
-from ds_parallel.autoep._router import TopKRouter
+from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS
+from ds_parallel.autoep._layer import MoELayerSpec
+from ds_parallel.autoep._presets import (
+    PRESETS,
+    MoEModelPreset,
+    get_preset_adapter,
+    preset_for_model_type,
+    unsupported_preset_for_hf_model_type,
+)
+from ds_parallel.autoep._replace import _expert_weights, _router_weight, replace_moe_block
 
 __all__ = ["AutoEPOptions", "ConversionReport", "apply_overrides", "convert_moe_model", "detect_moe_layers"]
 
@@ -123,72 +130,15 @@ def _candidates(opts: AutoEPOptions, model_type: str | None) -> list[tuple[str, 
                 "or describe the model with moe_layer_pattern/router_pattern/expert_pattern"
             )
         return [(opts.preset_model, apply_overrides(opts, PRESETS[opts.preset_model]))]
+    unsupported = unsupported_preset_for_hf_model_type(model_type)
+    if unsupported is not None:
+        get_preset_adapter(unsupported[0]).validate_compatibility(*unsupported, SimpleNamespace(model_type=model_type))
     by_type = preset_for_model_type(model_type)
     if by_type is not None:
         return [(by_type, apply_overrides(opts, PRESETS[by_type]))]
     if opts.moe_layer_pattern is not None:
         return [("custom", apply_overrides(opts, MoEModelPreset(moe_layer_pattern=opts.moe_layer_pattern)))]
     return [(name, apply_overrides(opts, preset)) for name, preset in PRESETS.items()]
-
-
-def _expert_weights(
-    experts: nn.Module, preset: MoEModelPreset
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The block's full (w1 gate, w2 down, w3 up) as `[E, ffn, H]`, `[E, H, ffn]`, `[E, ffn, H]`, or None."""
-    if isinstance(experts, nn.ModuleList):
-        first = experts[0] if len(experts) else None
-        if first is None or not all(hasattr(first, n) for n in ("gate_proj", "up_proj", "down_proj")):
-            return None
-
-        def stack(proj: str) -> torch.Tensor:
-            return torch.stack([getattr(e, proj).weight.detach() for e in experts])
-
-        return stack("gate_proj"), stack("down_proj"), stack("up_proj")
-    w1, w2 = getattr(experts, preset.expert_w1, None), getattr(experts, preset.expert_w2, None)
-    if not (isinstance(w1, torch.Tensor) and isinstance(w2, torch.Tensor) and w1.dim() == 3 and w2.dim() == 3):
-        return None
-    w1, w2 = w1.detach(), w2.detach()
-    if preset.expert_w3 is not None:
-        w3 = getattr(experts, preset.expert_w3, None)
-        return (w1, w2, w3.detach()) if isinstance(w3, torch.Tensor) else None
-    num, hidden = w1.shape[0], w2.shape[1]
-    if w1.shape[2] == hidden and w1.shape[1] % 2 == 0:  # [E, 2F, H] gate then up
-        ffn = w1.shape[1] // 2
-        return w1[:, :ffn], w2, w1[:, ffn:]
-    if w1.shape[1] == w2.shape[2] and w1.shape[2] % 2 == 0:  # [E, H, 2F] and down [E, F, H]
-        ffn = w1.shape[2] // 2
-        return w1[:, :, :ffn].transpose(1, 2), w2.transpose(1, 2), w1[:, :, ffn:].transpose(1, 2)
-    logger.debug("AutoEP: unrecognized expert layout %s / %s (%d experts)", tuple(w1.shape), tuple(w2.shape), num)
-    return None
-
-
-def _requires_grad(experts: nn.Module, preset: MoEModelPreset) -> tuple[bool, bool, bool]:
-    """Whether the block's gate, down and up expert weights train (frozen experts stay frozen).
-
-    Raises:
-        ValueError: a module-list block's experts disagree about one projection.
-    """
-    if isinstance(experts, nn.ModuleList):
-        flags = []
-        for proj in ("gate_proj", "down_proj", "up_proj"):
-            seen = {bool(getattr(e, proj).weight.requires_grad) for e in experts}
-            if len(seen) > 1:
-                raise ValueError(
-                    f"AutoEP: the experts' {proj} weights have mixed requires_grad flags; freeze all or none"
-                )
-            flags.append(seen.pop())
-        return flags[0], flags[1], flags[2]
-    w1, w2 = getattr(experts, preset.expert_w1), getattr(experts, preset.expert_w2)
-    w3 = getattr(experts, preset.expert_w3) if preset.expert_w3 is not None else w1
-    return bool(w1.requires_grad), bool(w2.requires_grad), bool(w3.requires_grad)
-
-
-def _router_weight(router: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    weight = getattr(router, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        return None
-    bias = getattr(router, "bias", None)
-    return weight.detach(), bias.detach() if isinstance(bias, torch.Tensor) else None
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -210,9 +160,16 @@ def _route_scale(opts: AutoEPOptions, model_config: Any) -> float:
 
 
 def _resolve(
-    name: str, family: str, preset: MoEModelPreset, opts: AutoEPOptions, cfg: Any, weights: tuple[torch.Tensor, ...]
+    name: str,
+    family: str,
+    preset: MoEModelPreset,
+    opts: AutoEPOptions,
+    cfg: Any,
+    weights: tuple[torch.Tensor, ...],
+    module: nn.Module,
 ) -> MoELayerSpec:
     w1, w2, _ = weights
+    experts, router = getattr(module, preset.experts_pattern), getattr(module, preset.router_pattern)
     num_experts = getattr(cfg, preset.num_experts_attr, None) or w1.shape[0]
     top_k = opts.top_k if opts.top_k != "auto" else getattr(cfg, preset.top_k_attr, None)
     if top_k is None:
@@ -264,6 +221,14 @@ def _resolve(
         expert_activation=preset.expert_activation,
         shared_experts_name=preset.shared_experts_pattern if preset.has_shared_experts else "",
         shared_experts_gate_name=preset.shared_experts_gate_pattern if preset.has_shared_experts else "",
+        router_name=preset.router_pattern,
+        experts_name=preset.experts_pattern,
+        expert_storage="module_list" if isinstance(experts, nn.ModuleList) else "fused_3d",
+        expert_w1_name="gate_proj" if isinstance(experts, nn.ModuleList) else preset.expert_w1,
+        expert_w2_name="down_proj" if isinstance(experts, nn.ModuleList) else preset.expert_w2,
+        expert_w3_name="up_proj" if isinstance(experts, nn.ModuleList) else preset.expert_w3,
+        gate_bias=isinstance(getattr(router, "bias", None), torch.Tensor),
+        has_shared_experts=preset.has_shared_experts,
     )
 
 
@@ -292,9 +257,9 @@ def detect_moe_layers(model: nn.Module, opts: AutoEPOptions) -> tuple[str, MoEMo
             )
             if not isinstance(experts, nn.Module) or router is None or _router_weight(router) is None:
                 continue
-            weights = _expert_weights(experts, preset)
+            weights = _expert_weights(experts, preset.expert_w1, preset.expert_w2, preset.expert_w3)
             if weights is not None:
-                specs.append(_resolve(name, family, preset, opts, cfg, weights))
+                specs.append(_resolve(name, family, preset, opts, cfg, weights, module))
         if specs:
             return family, preset, specs
         tried.append(
@@ -306,63 +271,6 @@ def detect_moe_layers(model: nn.Module, opts: AutoEPOptions) -> tuple[str, MoEMo
         + "; ".join(tried)
         + ". Set expert_parallel.preset_model to the model's family or describe it with moe_layer_pattern, "
         "router_pattern and expert_pattern"
-    )
-
-
-def _build(
-    module: nn.Module,
-    spec: MoELayerSpec,
-    preset: MoEModelPreset,
-    *,
-    ep_size: int,
-    ep_rank: int,
-    ep_group: ProcessGroup | None,
-) -> AutoEPMoELayer:
-    router_src = getattr(module, preset.router_pattern)
-    weight, bias = _router_weight(router_src)  # type: ignore[misc]
-    router = TopKRouter(
-        spec.hidden_size,
-        spec.num_experts,
-        top_k=spec.top_k,
-        score_func=spec.score_func,
-        route_norm=spec.route_norm,
-        route_scale=spec.route_scale,
-        gate_bias=bias is not None,
-        num_expert_groups=spec.num_expert_groups,
-        num_limited_groups=spec.num_limited_groups,
-        group_score_func=spec.group_score_func,
-    ).to(device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        router.gate.weight.copy_(weight)
-        if bias is not None:
-            router.gate.bias.copy_(bias)
-    for param, source in (
-        (router.gate.weight, router_src.weight),
-        (router.gate.bias, getattr(router_src, "bias", None)),
-    ):
-        if param is not None and isinstance(source, torch.Tensor):
-            param.requires_grad_(source.requires_grad)
-    correction = getattr(router_src, "e_score_correction_bias", None)
-    if isinstance(correction, torch.Tensor):
-        router.e_score_correction_bias = correction.detach().clone()
-    experts_src = getattr(module, preset.experts_pattern)
-    w1, w2, w3 = _expert_weights(experts_src, preset)  # type: ignore[misc]
-    lo, hi = ep_rank * (spec.num_experts // ep_size), (ep_rank + 1) * (spec.num_experts // ep_size)
-    act = getattr(experts_src, "act_fn", None) if isinstance(getattr(experts_src, "act_fn", None), nn.Module) else None
-    experts = GroupedExperts(w1[lo:hi], w2[lo:hi], w3[lo:hi], activation=spec.expert_activation, gate_act=act)
-    for param, trains in zip((experts.w1, experts.w2, experts.w3), _requires_grad(experts_src, preset), strict=True):
-        param.requires_grad_(trains)
-    return AutoEPMoELayer(
-        spec,
-        router=router,
-        experts=experts,
-        shared_experts=getattr(module, spec.shared_experts_name, None) if spec.shared_experts_name else None,
-        shared_experts_gate=getattr(module, spec.shared_experts_gate_name, None)
-        if spec.shared_experts_gate_name
-        else None,
-        ep_size=ep_size,
-        ep_rank=ep_rank,
-        ep_group=ep_group,
     )
 
 
@@ -390,10 +298,7 @@ def convert_moe_model(
                 f"{spec.moe_module_name!r}; choose one of {divisors}"
             )
     for spec in specs:
-        parent_name, _, child = spec.moe_module_name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        layer = _build(getattr(parent, child), spec, preset, ep_size=ep_size, ep_rank=ep_rank, ep_group=ep_group)
-        setattr(parent, child, layer)
+        replace_moe_block(model, spec, ep_size=ep_size, ep_rank=ep_rank, ep_group=ep_group)
     report = ConversionReport(preset=family, ep_size=ep_size, ep_rank=ep_rank, layers=tuple(specs))
     for line in report.lines():
         logger.info("%s", line)

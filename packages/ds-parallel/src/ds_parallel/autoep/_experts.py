@@ -18,7 +18,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 
-__all__ = ["EXPERT_ACTIVATIONS", "GroupedExperts", "all_to_all_v"]
+__all__ = ["EXPERT_ACTIVATIONS", "GroupedExperts", "SizedGroupedExperts", "all_to_all_v"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,9 @@ class GroupedExperts(nn.Module):
             return self.gate_act(gate) * up
         return EXPERT_ACTIVATIONS[self.activation](gate, up)
 
-    def forward(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def forward(self, rows: torch.Tensor, counts: list[int] | torch.Tensor) -> torch.Tensor:
+        if isinstance(counts, torch.Tensor):  # a host list for split: one device sync here, not one per expert
+            counts = counts.tolist()
         outs = []
         for e, chunk in enumerate(torch.split(rows, counts)):
             if chunk.shape[0] == 0:
@@ -83,6 +85,23 @@ class GroupedExperts(nn.Module):
             zero = (self.w1.sum() + self.w2.sum() + self.w3.sum()) * 0
             return rows.new_zeros((0, self.w2.shape[1])) + zero
         return torch.cat(outs)
+
+
+class SizedGroupedExperts(GroupedExperts):
+    """`GroupedExperts` made from sizes, DeepSpeed 0.19.8's constructor: `num_experts` gated MLPs of width `dim`
+    and hidden width `hidden_dim`, weights uninitialized (`torch.empty`) for the caller to fill or load.
+
+    `use_grouped_mm` is a kernel choice in DeepSpeed; ds runs each expert's GEMMs in turn either way.
+    """
+
+    def __init__(
+        self, dim: int, hidden_dim: int, num_experts: int, use_grouped_mm: bool = True, activation: str = "swiglu"
+    ) -> None:
+        del use_grouped_mm
+        if activation not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"activation={activation!r} must be one of {sorted(EXPERT_ACTIVATIONS)}")
+        gate_up = torch.empty(num_experts, hidden_dim, dim)
+        super().__init__(gate_up, torch.empty(num_experts, dim, hidden_dim), gate_up, activation=activation)
 
 
 class _AllToAllV(torch.autograd.Function):

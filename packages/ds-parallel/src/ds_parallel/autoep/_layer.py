@@ -26,11 +26,17 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-import ds_comm
 from ds_parallel.autoep._experts import GroupedExperts, all_to_all_v
 from ds_parallel.autoep._router import TopKRouter
+from ds_parallel.autoep._split_plan import compute_split_plan
 
-__all__ = ["AutoEPMoELayer", "MoELayerSpec"]
+__all__ = [
+    "AutoEPMoELayer",
+    "MoELayerSpec",
+    "apply_scores_before_experts_if_enabled",
+    "combine_from_routed",
+    "resolve_score_apply_mode",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +54,88 @@ class MoELayerSpec:
     score_func: Literal["softmax", "sigmoid"]
     score_apply: Literal["pre", "post"]
     route_norm: bool
-    route_scale: float
-    num_expert_groups: int | None
-    num_limited_groups: int | None
-    group_score_func: Literal["max", "top2_sum"]
-    expert_activation: str
-    shared_experts_name: str
-    shared_experts_gate_name: str
+    route_scale: float = 1.0
+    num_expert_groups: int | None = None
+    num_limited_groups: int | None = None
+    group_score_func: Literal["max", "top2_sum"] = "top2_sum"
+    expert_activation: str = "swiglu"
+    shared_experts_name: str = ""
+    shared_experts_gate_name: str = ""
+    router_name: str = "gate"
+    """The block's router child."""
+    experts_name: str = "experts"
+    """The block's experts child."""
+    expert_storage: Literal["fused_3d", "module_list"] = "fused_3d"
+    expert_w1_name: str = "gate_up_proj"
+    """fused_3d: the gate (or fused gate+up) tensor; module_list: each expert's gate child."""
+    expert_w2_name: str = "down_proj"
+    expert_w3_name: str | None = None
+    """The up projection, or None when gate and up are fused in `expert_w1_name`."""
+    gate_bias: bool = False
+    has_shared_experts: bool = False
+    return_router_logits: bool = False
+    """DeepSpeed's router-logit capture (the block also returns its router logits); ds does not capture them."""
+    router_logits_capture_target: Literal["moe_block", "router", "none"] = "none"
+    router_logits_capture_index: int | None = None
+    router_logits_capture_layer_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.return_router_logits or self.router_logits_capture_target != "none":
+            raise ValueError(
+                f"AutoEP layer {self.moe_module_name!r}: returning or capturing router logits "
+                f"(return_router_logits={self.return_router_logits}, router_logits_capture_target="
+                f"{self.router_logits_capture_target!r}) is not implemented in ds; set the model config's "
+                "output_router_logits=False"
+            )
+
+
+def resolve_score_apply_mode(spec: MoELayerSpec, config_override: Literal["auto", "pre", "post"]) -> str:
+    """`expert_parallel.score_apply` when set ("pre"/"post"), else the layer's own."""
+    return spec.score_apply if config_override == "auto" else config_override
+
+
+def apply_scores_before_experts_if_enabled(
+    routed_input: torch.Tensor, top_scores: torch.Tensor, score_apply: str
+) -> torch.Tensor:
+    """With "pre", the rows `[N, H]` times their routing weights `[N]` (in fp32, cast back); else the rows as
+    they are."""
+    if score_apply != "pre":
+        return routed_input
+    return (routed_input.float() * top_scores.reshape(-1, 1).float()).to(routed_input.dtype)
+
+
+def combine_from_routed(
+    expert_output: torch.Tensor,
+    top_scores: torch.Tensor,
+    token_indices_sorted: torch.Tensor,
+    top_k: int,
+    score_apply: Literal["pre", "post"],
+    combine_impl: Literal["weighted_sum", "legacy_bmm"],
+    shape: tuple[int, int, int],
+) -> torch.Tensor:
+    """Put the expert outputs back in token order and sum each token's `top_k` results (DeepSpeed's name).
+
+    Args:
+        expert_output: `[T*top_k, H]`, row i is the result for flat assignment `token_indices_sorted[i]`
+            (assignment `t*top_k + k` is token t's k-th choice).
+        top_scores: `[T, top_k]` routing weights; applied here when `score_apply` is "post" (in at least fp32, then
+            cast back), ignored for "pre" (already applied to the inputs).
+        combine_impl: "weighted_sum" (weight each slot, then sum) or "legacy_bmm" (one batched matmul); the same
+            function up to rounding.
+        shape: `(B, S, H)` of the result, B*S = T.
+    """
+    bsz, seqlen, hidden = shape
+    tokens = bsz * seqlen
+    flat = expert_output.new_zeros((tokens * top_k, hidden)).index_copy(0, token_indices_sorted, expert_output)
+    per_slot = flat.reshape(tokens, top_k, hidden)
+    acc = torch.promote_types(expert_output.dtype, torch.float32)  # fp32 at least; fp64 stays fp64
+    if score_apply != "post":
+        out = per_slot.sum(dim=1)
+    elif combine_impl == "legacy_bmm":
+        out = torch.bmm(top_scores.reshape(tokens, 1, top_k).to(acc), per_slot.to(acc)).squeeze(1)
+    else:
+        out = (per_slot.to(acc) * top_scores.reshape(tokens, top_k, 1).to(acc)).sum(dim=1)
+    return out.to(expert_output.dtype).reshape(bsz, seqlen, hidden)
 
 
 class AutoEPMoELayer(nn.Module):
@@ -122,27 +203,19 @@ class AutoEPMoELayer(nn.Module):
             )
         self.ep_group = groups.ep_group
 
-    def _exchange_plan(self, counts: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
-        """(rows sent to each rank, rows received from each rank, received counts `[ep, E_local]`)."""
-        assert self.ep_group is not None
-        received = torch.empty_like(counts)
-        ds_comm.all_to_all_single(received, counts, group=self.ep_group)
-        send = counts.view(self.ep_size, self.num_local_experts).sum(1).tolist()
-        recv_counts = received.view(self.ep_size, self.num_local_experts)
-        return send, recv_counts.sum(1).tolist(), recv_counts
-
     def _run_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows sorted by global expert, `counts[e]` each -> the experts' outputs in the same order."""
         if self.ep_size == 1:
             return self.experts(rows, counts.tolist())
-        send, recv, recv_counts = self._exchange_plan(counts)
         assert self.ep_group is not None
+        plan = compute_split_plan(rows, self.num_experts, self.ep_size, self.num_local_experts, self.ep_group, counts)
+        send, recv, recv_counts = plan.input_splits, plan.output_splits, plan.local_counts_by_source
         arrived = all_to_all_v(rows, self.ep_group, out_splits=recv, in_splits=send)
         # arrived is [source 0: its rows for local expert 0, 1, ...][source 1: ...]; group by local expert.
         owner = torch.arange(self.num_local_experts, device=rows.device).repeat(self.ep_size)
         expert_of_row = torch.repeat_interleave(owner, recv_counts.reshape(-1))
         order = torch.argsort(expert_of_row, stable=True)
-        done = self.experts(arrived.index_select(0, order), recv_counts.sum(0).tolist())
+        done = self.experts(arrived.index_select(0, order), plan.local_counts.tolist())
         back = done.index_select(0, torch.argsort(order))
         return all_to_all_v(back, self.ep_group, out_splits=send, in_splits=recv)
 
@@ -155,8 +228,7 @@ class AutoEPMoELayer(nn.Module):
         token = order // self.top_k
         w = weights.reshape(-1).index_select(0, order).unsqueeze(1)
         rows = x.index_select(0, token)
-        if self.score_apply == "pre":
-            rows = (rows.float() * w).to(x.dtype)
+        rows = apply_scores_before_experts_if_enabled(rows, w, self.score_apply)
         counts = torch.bincount(flat, minlength=self.num_experts)
         out_rows = self._run_experts(rows, counts)
         if self.score_apply == "post":

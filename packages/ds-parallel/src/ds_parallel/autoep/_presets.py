@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Literal
 
-__all__ = ["PRESETS", "MoEModelPreset", "preset_for_model_type"]
+__all__ = [
+    "PRESETS",
+    "MoEModelPreset",
+    "PresetAdapter",
+    "get_preset_adapter",
+    "preset_for_model_type",
+    "unsupported_preset_for_hf_model_type",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +62,8 @@ class MoEModelPreset:
     expert_activation: str = "swiglu"
     hf_model_types: tuple[str, ...] = ()
     """`model.config.model_type` values this preset is picked for when `preset_model` is not set."""
+    unsupported_hf_model_type_notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Model types of the same family AutoEP cannot convert as they are (a multimodal wrapper), with what to do."""
 
 
 _BLOCK = r"model\.layers\.\d+\.mlp"
@@ -75,6 +85,10 @@ PRESETS: dict[str, MoEModelPreset] = {
         shared_experts_pattern="shared_expert",
         shared_experts_gate_pattern="shared_expert_gate",
         hf_model_types=("qwen3_5_moe_text",),
+        unsupported_hf_model_type_notes={
+            "qwen3_5_moe": "AutoEP converts the Qwen3.5 text backbone; pass the text model (model_type "
+            "'qwen3_5_moe_text')"
+        },
     ),
     "deepseek_v2": MoEModelPreset(
         moe_layer_pattern=_BLOCK,
@@ -103,6 +117,10 @@ PRESETS: dict[str, MoEModelPreset] = {
         shared_experts_pattern="shared_experts",
         expert_activation="swiglu_oai",
         hf_model_types=("minimax_m3_vl_text",),
+        unsupported_hf_model_type_notes={
+            "minimax_m3_vl": "AutoEP converts the MiniMax-M3 text backbone; pass the text model (model_type "
+            "'minimax_m3_vl_text')"
+        },
     ),
 }
 
@@ -113,3 +131,45 @@ def preset_for_model_type(model_type: str | None) -> str | None:
         if model_type in preset.hf_model_types:
             return name
     return None
+
+
+def unsupported_preset_for_hf_model_type(model_type: str | None) -> tuple[str, MoEModelPreset] | None:
+    """(preset name, preset) whose family has `model_type` but cannot convert it as it is (see the preset's
+    `unsupported_hf_model_type_notes`), or None."""
+    for name, preset in PRESETS.items():
+        if model_type in preset.unsupported_hf_model_type_notes:
+            return name, preset
+    return None
+
+
+class PresetAdapter:
+    """The model-compatibility check a preset runs before conversion (DeepSpeed's preset adapter)."""
+
+    def validate_compatibility(self, preset_name: str, preset: MoEModelPreset, model_config: object) -> None:
+        """Raise when the model's `model_type` is one the preset's family cannot convert as it is.
+
+        Raises:
+            ValueError: names the model type, the preset and what to pass instead.
+        """
+        model_type = getattr(model_config, "model_type", None)
+        note = preset.unsupported_hf_model_type_notes.get(model_type) if isinstance(model_type, str) else None
+        if note is not None:
+            raise ValueError(
+                f"expert_parallel: model_type {model_type!r} is not supported by preset {preset_name!r}: {note}"
+            )
+
+
+_ADAPTER = PresetAdapter()
+
+
+def get_preset_adapter(adapter_name: str) -> PresetAdapter:
+    """The adapter of a preset (every preset and "default" share ds's one adapter).
+
+    Raises:
+        ValueError: `adapter_name` is neither a preset nor "default".
+    """
+    if adapter_name != "default" and adapter_name not in PRESETS:
+        raise ValueError(
+            f"unknown AutoEP preset adapter {adapter_name!r}; choose 'default' or one of {sorted(PRESETS)}"
+        )
+    return _ADAPTER

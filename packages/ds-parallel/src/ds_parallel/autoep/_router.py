@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["TopKRouter"]
+from ds_parallel.autoep._split_plan import count_tokens_per_expert
+
+__all__ = ["TokenChoiceTopKRouter", "TopKRouter"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +94,45 @@ class TopKRouter(nn.Module):
         if self.route_norm:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
         return weights * self.route_scale, indices
+
+
+class TokenChoiceTopKRouter(TopKRouter):
+    """`TopKRouter` with DeepSpeed 0.19.8's constructor (positional, group sizes before `top_k`) and return value:
+    `forward(x)` gives (weights `[T, top_k]`, expert indices `[T, top_k]`, int32 tokens per expert `[E]`).
+
+    A load-balancing `expert_bias` is refused (DeepSpeed's AutoEP refuses `load_balance_coeff` too).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_experts: int,
+        num_expert_groups: int | None,
+        num_limited_groups: int | None,
+        top_k: int,
+        score_func: Literal["softmax", "sigmoid"],
+        route_norm: bool,
+        route_scale: float,
+        gate_bias: bool,
+        group_score_func: Literal["max", "top2_sum"] = "top2_sum",
+    ) -> None:
+        super().__init__(
+            dim,
+            num_experts,
+            top_k=top_k,
+            score_func=score_func,
+            route_norm=route_norm,
+            route_scale=route_scale,
+            gate_bias=gate_bias,
+            num_expert_groups=num_expert_groups,
+            num_limited_groups=num_limited_groups,
+            group_score_func=group_score_func,
+        )
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, expert_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if expert_bias is not None:
+            raise ValueError("expert_bias (load_balance_coeff load balancing) is not supported; pass None")
+        weights, indices = super().forward(x)
+        return weights, indices, count_tokens_per_expert(indices, self.num_experts)

@@ -1,0 +1,1 @@
+"""`deepspeed.module_inject.auto_ep_presets`: DeepSpeed's package of AutoEP presets; `registry` holds them."""
