@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
-CFG = base_config(bf16={"enabled": True})
+CFG = base_config(bf16={"enabled": True}, data_types={"grad_accum_dtype": "fp32"})
 
 
 def _weights(engine) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""`bf16.immediate_grad_update` at ZeRO stage 0: each bf16 gradient moves into the fp32 buffer during backward.
+"""`bf16.immediate_grad_update` at ZeRO stage 0 with fp32 gradient accumulation (`data_types.grad_accum_dtype`,
+DeepSpeed's BF16_Optimizer): each bf16 gradient moves into the fp32 buffer during backward.
 
 The sums are the same as moving them after the backward, so the weights after several accumulated steps
 are bit-identical to the default; what changes is that a layer's 16-bit gradient is already freed while
@@ -15,7 +16,11 @@ STEPS, GAS = 3, 2
 
 
 def _train(immediate: bool) -> tuple[torch.Tensor, list[bool]]:
-    cfg = base_config(bf16={"enabled": True, "immediate_grad_update": immediate}, gradient_accumulation_steps=GAS)
+    cfg = base_config(
+        bf16={"enabled": True, "immediate_grad_update": immediate},
+        gradient_accumulation_steps=GAS,
+        data_types={"grad_accum_dtype": "fp32"},  # the fp32 buffer the gradients move into
+    )
     engine = make_engine(tiny_net(0), cfg)
     seen_freed: list[bool] = []
     module = engine.module
@@ -37,7 +42,7 @@ def test_same_weights_and_gradients_freed_during_backward() -> None:
 
 
 def test_plan_names_it_and_destroy_removes_the_hooks() -> None:
-    cfg = base_config(bf16={"enabled": True, "immediate_grad_update": True})
+    cfg = base_config(bf16={"enabled": True, "immediate_grad_update": True}, data_types={"grad_accum_dtype": "fp32"})
     engine = make_engine(tiny_net(0), cfg)
     assert any("moved in during backward" in line for line in engine._plan.lines())
     engine.destroy()

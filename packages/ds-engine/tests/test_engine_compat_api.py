@@ -67,12 +67,13 @@ def test_attributes_libraries_read() -> None:
     [({}, None, torch.float32), ({"bf16": {"enabled": True}}, None, torch.bfloat16), ({}, "bf16", torch.bfloat16)],
 )
 def test_precision_queries(section: dict[str, object], comm: str | None, expected: torch.dtype) -> None:
+    """DeepSpeed's `get_data_types()`: gradients accumulate in the model's dtype unless data_types says."""
     cfg = base_config(**section)
     if comm is not None:
         cfg["communication_data_type"] = comm
     engine = make_engine(tiny_net(0), cfg)
     assert engine.communication_data_type == expected
-    assert engine.get_data_types()[1] == torch.float32  # gradients accumulate in fp32
+    assert engine.get_data_types() == (expected if section else torch.float32,) * 2
     assert engine.amp_enabled() is False and engine.fp16_auto_cast() is False
     assert engine.dynamic_loss_scale_args() is None  # no fp16: no dynamic scaler
     assert engine.initial_dynamic_scale() == 2.0**16

@@ -40,7 +40,7 @@ def test_explain_shows_batch_sources_chain_autos_and_defaults(config_file: Path,
     ) in out
     assert "base optimizer: torch.optim.AdamW(" in out and "torch_adam=true" in out
     assert "wrapper: MixedPrecisionOptimizer (bf16 parameters, fp32 master weights)" in out
-    assert "gradient accumulation in float32; clip global norm: 0.5" in out
+    assert "gradient accumulation in bfloat16; clip global norm: 0.5" in out
     assert "data parallel: bucketed all-reduce (mean over 4 ranks" in out
     assert "lr scheduler: WarmupLR(warmup_num_steps=100)" in out and "engine: DeepSpeedEngine" in out
     assert 'unfilled "auto" placeholders' in out and "  optimizer.params.lr" in out

@@ -28,14 +28,15 @@ def test_no_sync_under_zero_2_names_the_incompatibility() -> None:
     assert not engine.inside_no_sync_ctxt
 
 
-@pytest.mark.parametrize("accum", [None, "bf16"], ids=["fp32_accumulation", "bf16_accumulation"])
+@pytest.mark.parametrize("accum", ["fp32", None], ids=["fp32_accumulation", "bf16_accumulation"])
 def test_bf16_stage0_full_grad_inside_no_sync(accum: str | None) -> None:
     cfg = base_config(bf16={"enabled": True})
     if accum is not None:
         cfg["data_types"] = {"grad_accum_dtype": accum}
     model = tiny_net(0)
     engine = make_engine(model, cfg)
-    assert (engine.optimizer.accum is engine.optimizer.master_grads) == (accum is None)
+    # unset means the model's dtype (DeepSpeed's default): the bf16 gradients accumulate in .grad
+    assert (engine.optimizer.accum is engine.optimizer.master_grads) == (accum == "fp32")
     reference = copy.deepcopy(engine.module)  # the same bf16 weights
     ref_sums = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in reference.named_parameters()}
     data = batches(3, 4, seed=5)
@@ -50,10 +51,10 @@ def test_bf16_stage0_full_grad_inside_no_sync(accum: str | None) -> None:
     for x, y in data:
         loss_fn(reference(x.bfloat16()), y.bfloat16()).float().backward()
         for n, p in reference.named_parameters():
-            if accum is None:  # moved into fp32 after every backward
+            if accum == "fp32":  # moved into fp32 after every backward
                 ref_sums[n] += p.grad.float()
                 p.grad = None
-    if accum is not None:  # summed in bf16 by autograd, read once in fp32
+    if accum != "fp32":  # summed in bf16 by autograd, read once in fp32
         ref_sums = {n: p.grad.float() for n, p in reference.named_parameters()}
     for name, value in first.items():
         assert value is not None and value.dtype == torch.float32, name

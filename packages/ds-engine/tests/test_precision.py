@@ -102,7 +102,7 @@ def test_bf16_converges_and_tracks_fp32() -> None:
     bf16, model, engine = _regression({"bf16": {"enabled": True}})
     assert model.l1.weight.dtype == torch.bfloat16 and model.buf.dtype == torch.float32
     assert all(m.dtype == torch.float32 for m in engine.optimizer.masters)
-    assert engine.optimizer.accum.flat.dtype == torch.float32  # fp32 gradient accumulation by default
+    assert engine.optimizer.accum.flat.dtype == torch.bfloat16  # accumulation in the model's dtype by default
     first, last = sum(bf16[:5]) / 5, sum(bf16[-5:]) / 5
     assert last < first / 4, (first, last)
     assert abs(last - sum(fp32[-5:]) / 5) < 0.1 * first

@@ -178,6 +178,8 @@ def _half_precision(rank: int, world: int, precision: str) -> dict[str, Any]:
         load_full_into(model, initial_full, rank % 2, 2)
         cfg = config(stage, 0.3, LR)
         cfg[precision] = {"enabled": True, "initial_scale_power": 8} if precision == "fp16" else {"enabled": True}
+        if precision == "bf16":  # fp32 accumulation at stage 0 (DeepSpeed's BF16_Optimizer), as ZeRO-1 keeps it
+            cfg["data_types"] = {"grad_accum_dtype": "fp32"}
         engine, *_ = deepspeed.initialize(model=model, config=cfg)
         norms = []
         for step in range(8):

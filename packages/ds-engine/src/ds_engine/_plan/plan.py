@@ -25,7 +25,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AssemblyPlan", "plan_assembly", "reduction_dtype", "scales_autocast_loss"]
 
-_DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "fp32"}
+# `data_types.grad_accum_dtype` unset means the model's dtype, as in DeepSpeed 0.19.8 (`get_data_types`): bf16 at
+# stage 0 then accumulates in the parameters' own bf16 `.grad` (DeepSpeed's FP16_Optimizer for bf16); fp32
+# accumulation into the masters (DeepSpeed's BF16_Optimizer) is `"grad_accum_dtype": "fp32"`.
+_DEFAULT_ACCUM = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
 
 @dataclasses.dataclass(frozen=True)
