@@ -43,6 +43,7 @@ from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.gradients import MicroStepGradients
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
+from ds_zero._zenflow.state import load_selective_state, selective_state
 
 if TYPE_CHECKING:
     from ds_zero.config import ZeroConfig
@@ -227,18 +228,39 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
                 f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
                 "live in the worker process); save with overlap_step false"
             )
-        # The masters' selected columns are never read (the device's values win there); saving the model's
-        # values makes the checkpoint's fp32 weights the real ones (zero_to_fp32, resume).
-        self._cpu.refresh_masters()
         state = super().state_dict()
+        self._patch_owned_values(state["single_partition_of_fp32_groups"])
         state["zenflow"] = {
             "micro_step": self.micro_step,
             "world_size": self.dp_world_size,
             "selected_indices": [[getattr(p, "selected_indices", None) for p in flat.params] for flat in self.flats],
-            "selective_optimizer": self.selective_optimizer.state_dict(),
+            "selective_optimizer": selective_state(self.selective_optimizer),
             "accumulators": [acc.clone() for acc in self.grad_partitions],
         }
         return state
+
+    def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
+        """Write the model's values of the selective-owned elements into the saved fp32 partitions.
+
+        The masters' copies of the selected columns (and, once selective steps started, of the 1-D
+        parameters) are stale by design: the selective step updates the model there and the next
+        reselection reloads the masters. Taking those elements from the model makes the checkpoint's fp32
+        weights the real ones (zero_to_fp32, resume) without touching the running masters (a save must not
+        change the run: a refresh would round 16-bit models' other master elements).
+        """
+        started = self.micro_step >= 0 and not self.zenflow_schedule.in_warm_up(self.micro_step)
+        for flat, value in zip(self.flats, values, strict=True):
+            owned = torch.zeros(flat.padded_numel, dtype=torch.bool)
+            for p, slot in zip(flat.params, flat.slots, strict=True):
+                view = flat.slot_view(owned, slot)
+                indices = getattr(p, "selected_indices", None)
+                if view.dim() == 2 and indices is not None:
+                    view[:, indices.to("cpu")] = True
+                elif view.dim() != 2 and started:
+                    view.fill_(True)
+            mine = flat.own_slice(owned).nonzero().squeeze(1)
+            if mine.numel():
+                value[mine] = flat.own_partition.detach()[mine.to(flat.device)].to("cpu", value.dtype)
 
     def load_state_dict(  # type: ignore[override]
         self,
@@ -268,7 +290,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             for p, idx in zip(flat.params, indices, strict=True):
                 p.selected_indices = idx
         if load_optimizer_states:
-            self.selective_optimizer.load_state_dict(saved["selective_optimizer"])
+            load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
             for acc, value in zip(self.grad_partitions, saved["accumulators"], strict=True):
                 acc.copy_(value)
 

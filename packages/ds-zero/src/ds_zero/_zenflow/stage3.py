@@ -41,6 +41,7 @@ from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
 from ds_zero._zenflow.shards import ShardColumns, TileTarget, TileUpdater
+from ds_zero._zenflow.state import load_selective_state, selective_state
 from ds_zero._zero_config import as_zero_config
 
 if TYPE_CHECKING:
@@ -287,25 +288,94 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
         for acc in self.accumulators:
             acc.zero_()
 
-    # ----- what this optimizer does not do --------------------------------------------------------
+    # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Refused: ZenFlow's state at stage 3 (selections, selective moments, accumulators) is not saved yet.
+        """This rank's stage-3 state (`stage3_state_dict`) plus ZenFlow's (`zenflow`: micro step, each weight's
+        chosen columns, the selective optimizer's state and host moments, this rank's accumulated gradients),
+        so that a resumed run continues the same windows and selections.
+
+        The fp32 values saved are the masters except where the selective step owns the elements (the chosen
+        columns, and 1-D parameters once selective steps started): there the shards are the truth (the
+        masters' copies are stale until the next reselection reloads them), so the checkpoint's fp32 weights
+        are the model's. Nothing here changes the running optimizer.
 
         Raises:
-            ValueError: always, naming the key.
+            ValueError: with `overlap_step` (the CPU optimizer's moments live in the worker process).
         """
-        raise ValueError(
-            f"{_KEY} at zero_optimization.stage 3: saving a checkpoint is not supported in ds yet (the selections, "
-            "selective moments and accumulated gradients would be lost); save from a stage 1/2 ZenFlow run"
-        )
+        if self.zenflow_schedule.overlap_step:
+            raise ValueError(
+                f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
+                "live in the worker process); save with overlap_step false"
+            )
+        state = super().state_dict()
+        self._patch_owned_values(state["single_partition_of_fp32_groups"])
+        state["zenflow"] = {
+            "micro_step": self.micro_step,
+            "world_size": self.world_size,
+            "dp_rank": self.dp_rank,
+            "selected_columns": [
+                [None if sc.selected_columns is None else sc.selected_columns.clone() for sc in cols]
+                for cols in self.shard_columns
+            ],
+            "selective_optimizer": selective_state(self.selective_optimizer),
+            "accumulators": [acc.clone() for acc in self.accumulators],
+        }
+        return state
 
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        """Refused, as `state_dict`.
+    def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
+        """Write the shards' values of the selective-owned elements into the saved fp32 tile values."""
+        started = not self.zenflow_schedule.in_warm_up(self.micro_step) and self.micro_step >= 0
+        index = {id(part): i for i, part in enumerate(self.partitions)}
+        for tile, value in zip(self.tiles, values, strict=False):
+            for sc in self.shard_columns[index[id(tile.partition)]]:
+                positions = sc.owned_positions(started)
+                if positions is None or not positions.numel():
+                    continue
+                at = positions + sc.offset
+                keep = (at >= tile.start) & (at < tile.end)
+                at = at[keep]
+                value[at - tile.start] = tile.partition.shard16[at].to(value.dtype)
+
+    def load_state_dict(
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
+        """The stage-3 load (any saved world size), then ZenFlow's state of this rank (same world size only).
+
+        A checkpoint without ZenFlow state (saved by plain ZeRO) loads with a warning: selection and windows
+        start afresh.
 
         Raises:
-            ValueError: always, naming the key.
+            ValueError: the ZenFlow state was saved on another number of data-parallel ranks (the columns
+                and the selective moments belong to the ranks' shards), naming the key.
         """
-        raise ValueError(f"{_KEY} at zero_optimization.stage 3: loading a checkpoint is not supported in ds yet")
+        saved_list = list(state_dicts) if isinstance(state_dicts, list) else [state_dicts]
+        found = [z for z in (sd.get("zenflow") for sd in saved_list) if z is not None]
+        same_world = bool(found) and int(found[0]["world_size"]) == self.world_size == len(found)
+        if found and load_optimizer_states and not same_world:
+            raise ValueError(
+                f"{_KEY}: the checkpoint's ZenFlow state was saved on {found[0]['world_size']} data-parallel "
+                f"ranks ({len(found)} given), this run has {self.world_size}; ZenFlow at stage 3 resumes at the "
+                "same world size only (load_optimizer_states=False restarts its selection)"
+            )
+        super().load_state_dict(state_dicts, load_optimizer_states, load_from_fp32_weights)
+        if not found:
+            logger.warning("ZenFlow: the checkpoint has no ZenFlow state; selection and windows start afresh")
+            return
+        self.micro_step = int(found[0]["micro_step"])  # the schedule's position (the engine's counters resume)
+        if not load_optimizer_states:
+            return
+        saved = next(z for z in found if int(z["dp_rank"]) == self.dp_rank)
+        for cols, chosen in zip(self.shard_columns, saved["selected_columns"], strict=True):
+            for sc, columns in zip(cols, chosen, strict=True):
+                if columns is not None:
+                    sc.use_columns(columns.to(torch.long))
+                sc.point_at_shard()
+        load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
+        for acc, value in zip(self.accumulators, saved["accumulators"], strict=True):
+            acc.copy_(value)
 
     def close(self) -> None:
         """Stop the CPU update worker (overlap_step)."""
