@@ -220,14 +220,10 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         """The ZeRO partition state plus ZenFlow's (`zenflow`: micro step, selections, selective optimizer
         state, this rank's accumulated gradients), so a resumed run continues the same schedule.
 
-        Raises:
-            ValueError: with `overlap_step` (the CPU moments live in the worker process).
+        With `overlap_step` the save first waits for the CPU update in flight; it adds the worker's optimizer
+        state, the pending result and this rank's model partitions (one window behind the masters by design).
         """
-        if self.zenflow_schedule.overlap_step:
-            raise ValueError(
-                f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
-                "live in the worker process); save with overlap_step false"
-            )
+        overlap = self._cpu.state_dict() if isinstance(self._cpu, OverlappedCpuUpdate) else None
         state = super().state_dict()
         self._patch_owned_values(state["single_partition_of_fp32_groups"])
         state["zenflow"] = {
@@ -237,6 +233,9 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             "selective_optimizer": selective_state(self.selective_optimizer),
             "accumulators": [acc.clone() for acc in self.grad_partitions],
         }
+        if overlap is not None:
+            overlap["model"] = [flat.own_partition.detach().clone() for flat in self.flats]
+            state["zenflow"]["overlap"] = overlap
         return state
 
     def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
@@ -272,7 +271,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
 
         Raises:
             ValueError: the ZenFlow state was saved at another data-parallel world size (the columns are
-                chosen per partition), or with overlap_step.
+                chosen per partition).
         """
         super().load_state_dict(state_dicts, load_optimizer_states, load_from_fp32_weights)
         saved_list = state_dicts if isinstance(state_dicts, list) else [state_dicts]
@@ -293,6 +292,20 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
             for acc, value in zip(self.grad_partitions, saved["accumulators"], strict=True):
                 acc.copy_(value)
+            self._load_overlap(saved.get("overlap"))
+
+    def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:
+        """`overlap_step`: the worker's state and pending result, and the model's own (delayed) partitions."""
+        if not isinstance(self._cpu, OverlappedCpuUpdate):
+            return
+        if saved is None:
+            logger.warning("ZenFlow: the checkpoint has no overlap_step state; the CPU moments start afresh")
+            return
+        self._cpu.load_state_dict(dict(saved))
+        with torch.no_grad():
+            for flat, value in zip(self.flats, saved["model"], strict=True):
+                flat.own_partition.copy_(value)
+        self._sync()
 
     def _drop_selection_inputs(self) -> None:
         for flat in self.flats:

@@ -299,14 +299,10 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
         masters' copies are stale until the next reselection reloads them), so the checkpoint's fp32 weights
         are the model's. Nothing here changes the running optimizer.
 
-        Raises:
-            ValueError: with `overlap_step` (the CPU optimizer's moments live in the worker process).
+        With `overlap_step` the save first waits for the CPU update in flight; it adds the worker's optimizer
+        state, the pending result and the model's shards (one window behind the masters by design).
         """
-        if self.zenflow_schedule.overlap_step:
-            raise ValueError(
-                f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
-                "live in the worker process); save with overlap_step false"
-            )
+        overlap = self._cpu.state_dict() if isinstance(self._cpu, OverlappedCpuUpdate) else None
         state = super().state_dict()
         self._patch_owned_values(state["single_partition_of_fp32_groups"])
         state["zenflow"] = {
@@ -320,6 +316,9 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             "selective_optimizer": selective_state(self.selective_optimizer),
             "accumulators": [acc.clone() for acc in self.accumulators],
         }
+        if overlap is not None:
+            overlap["model"] = [None if part.shard16 is None else part.shard16.clone() for part in self.partitions]
+            state["zenflow"]["overlap"] = overlap
         return state
 
     def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
@@ -376,6 +375,21 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
         load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
         for acc, value in zip(self.accumulators, saved["accumulators"], strict=True):
             acc.copy_(value)
+        self._load_overlap(saved.get("overlap"))
+
+    def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:
+        """`overlap_step`: the worker's state and pending result, and the model's own (delayed) shards."""
+        if not isinstance(self._cpu, OverlappedCpuUpdate):
+            return
+        if saved is None:
+            logger.warning("ZenFlow: the checkpoint has no overlap_step state; the CPU moments start afresh")
+            return
+        self._cpu.load_state_dict(dict(saved))
+        with torch.no_grad():
+            for part, value in zip(self.partitions, saved["model"], strict=True):
+                if value is not None:
+                    part.shard16.copy_(value)
+        self.refresh_gathered(include_frozen=True)
 
     def close(self) -> None:
         """Stop the CPU update worker (overlap_step)."""
