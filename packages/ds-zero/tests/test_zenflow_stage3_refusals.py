@@ -34,7 +34,6 @@ def _model() -> nn.Module:
         (_config(offload_optimizer={"device": "cpu", "super_offload": True}), "super_offload=true"),
         (_config(offload_optimizer={"device": "cpu", "ratio": 0.5}), r"offload_optimizer.ratio=0.5"),
         (_config(overlap_comm=False, zenflow=dict(SECTION, offload=True)), "zenflow.offload=true"),
-        (_config(zenflow=dict(SECTION, update_interval="auto")), 'zenflow.update_interval="auto"'),
     ],
 )
 def test_refusals_name_the_key_before_partitioning(config: dict[str, Any], match: str) -> None:

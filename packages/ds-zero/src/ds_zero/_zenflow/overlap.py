@@ -236,7 +236,7 @@ class OverlappedCpuUpdate:
         copied in (see the module note); after warm-up this window is submitted last."""
         m = step_id - 1
         s = self.schedule
-        state = (m & 1) if m < s.full_warm_up_rounds else (m // s.update_interval) & 1
+        state = s.overlap_state(m)
         if m < s.full_warm_up_rounds:
             self.submit(grads, state=state, step_id=step_id)
         self._copy_result(m, sync)

@@ -37,6 +37,7 @@ from ds_ops import ZenFlowSelectiveAdamW
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer
 from ds_zero._stage12.partitions import build_grad_partitions
 from ds_zero._stage12.reduce import RangeReducer
+from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, selective_params
 from ds_zero._zenflow.columns import ColumnPlan
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
@@ -105,6 +106,11 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             **selective_params(optimizer, selective_optimizer_params),
         )
         self._cpu = self._make_cpu_update()
+        num_weights = sum(len(s.shape) == 2 for f in self.flats for s in f.slots)
+        #: `update_interval: "auto"`: the adaptive window (None with a fixed interval)
+        self.auto_update = (
+            AutoUpdateRule(schedule.topk_ratio, schedule.auto_ratio, num_weights) if schedule.auto_update else None
+        )
         #: Seconds the training process spent in each CPU update so far (with overlap_step: waiting for the
         #: worker, copying its result, handing over the window; the first includes starting the worker).
         self.cpu_update_times: list[float] = []
@@ -148,7 +154,9 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         averaged = self._grads.average_micro_step()
         if not schedule.in_warm_up(m):
             touched = self._select(averaged, reselect=schedule.is_select_boundary(m))
-            if schedule.is_update_boundary(m):
+            if self.auto_update is not None:
+                self._observe_auto(averaged, m)
+            if self.is_zenflow_update_boundary(m):
                 self.selective_optimizer.temp_copy_param(touched)
             else:
                 self.selective_optimizer.group_step(touched)
@@ -184,8 +192,25 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             selective["lr"] = group["lr"]
 
     def is_zenflow_update_boundary(self, micro_step: int) -> bool:
-        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule)."""
-        return self.zenflow_schedule.is_update_boundary(micro_step)
+        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule;
+        with `update_interval: "auto"` also where the adaptive rule ended the window)."""
+        auto = self.auto_update is not None and self.auto_update.ends(micro_step)
+        return auto or self.zenflow_schedule.is_update_boundary(micro_step)
+
+    def _observe_auto(self, averaged: list[torch.Tensor], m: int) -> None:
+        """Feed the adaptive rule this micro step's |gradient| sums of every weight (every rank holds the
+        whole averaged gradient, so every rank decides the same)."""
+        scale = float(self.loss_scaler.loss_scale)
+        totals, criticals = [], []
+        for flat, grads in zip(self.flats, averaged, strict=True):
+            for p, slot in zip(flat.params, flat.slots, strict=True):
+                if len(slot.shape) == 2:
+                    totals.append(flat.slot_view(grads, slot).abs().sum().float().cpu() / scale)
+                    criticals.append(p.selected_grad.abs().sum().float().cpu())
+        empty = torch.zeros(0)
+        self.auto_update.observe(  # type: ignore[union-attr]
+            m, torch.stack(totals) if totals else empty, torch.stack(criticals) if criticals else empty
+        )
 
     # ----- the window's update ----------------------------------------------------------------------
     def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:  # type: ignore[override]
@@ -202,6 +227,10 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         for flat in self.flats:
             flat.check_views()
         grads = self.grad_partitions
+        if self.auto_update is not None:  # the window's mean (no loss was divided: its length was not known)
+            for acc in grads:
+                acc.div_(self.auto_update.mean_divisor())
+            self.auto_update.restart()
         outcome = self._finish_grads(skip)
         if not self._record_outcome(outcome):
             self._grads.clear_accumulators()
@@ -232,6 +261,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             "selected_indices": [[getattr(p, "selected_indices", None) for p in flat.params] for flat in self.flats],
             "selective_optimizer": selective_state(self.selective_optimizer),
             "accumulators": [acc.clone() for acc in self.grad_partitions],
+            "auto_update": None if self.auto_update is None else self.auto_update.state_dict(),
         }
         if overlap is not None:
             overlap["model"] = [flat.own_partition.detach().clone() for flat in self.flats]
@@ -292,6 +322,8 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
             for acc, value in zip(self.grad_partitions, saved["accumulators"], strict=True):
                 acc.copy_(value)
+            if self.auto_update is not None and saved.get("auto_update") is not None:
+                self.auto_update.load_state_dict(saved["auto_update"])
             self._load_overlap(saved.get("overlap"))
 
     def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:

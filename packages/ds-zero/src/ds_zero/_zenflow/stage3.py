@@ -36,6 +36,7 @@ import ds_comm
 from ds_ops import ZenFlowSelectiveAdamW
 from ds_ops.precision import finish_step
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3, _module_and_optimizer
+from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, group_hyper_params, selective_params
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
@@ -123,6 +124,11 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             **selective_params(optimizer, selective_optimizer_params),
         )
         self._cpu = self._make_cpu_update()
+        num_weights = sum(sc.is_matrix for cols in self.shard_columns for sc in cols)
+        #: `update_interval: "auto"`: the adaptive window (None with a fixed interval)
+        self.auto_update = (
+            AutoUpdateRule(schedule.topk_ratio, schedule.auto_ratio, num_weights) if schedule.auto_update else None
+        )
         #: Seconds the training process spent in each CPU update (as `ZenFlowZeroOptimizer.cpu_update_times`).
         self.cpu_update_times: list[float] = []
         logger.info("ZenFlow (ZeRO-3): %s", schedule.describe())
@@ -161,7 +167,9 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             if schedule.is_select_boundary(m) or self.shard_columns and self._never_selected():
                 self._choose_columns(grads)
             touched = self._attach_selected(grads)
-            if schedule.is_update_boundary(m):
+            if self.auto_update is not None:
+                self._observe_auto(grads, m)
+            if self.is_zenflow_update_boundary(m):
                 self.selective_optimizer.temp_copy_param(touched)
             else:
                 self.selective_optimizer.group_step(touched)
@@ -233,8 +241,27 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             selective["lr"] = group["lr"]
 
     def is_zenflow_update_boundary(self, micro_step: int) -> bool:
-        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule)."""
-        return self.zenflow_schedule.is_update_boundary(micro_step)
+        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule;
+        with `update_interval: "auto"` also where the adaptive rule ended the window)."""
+        auto = self.auto_update is not None and self.auto_update.ends(micro_step)
+        return auto or self.zenflow_schedule.is_update_boundary(micro_step)
+
+    def _observe_auto(self, grads: list[torch.Tensor], m: int) -> None:
+        """Feed the adaptive rule every weight's |gradient| sums (whole, selected columns): this rank's
+        shards' partial sums, added over the ranks with one all-reduce, so every rank decides the same."""
+        scale = float(self.loss_scaler.loss_scale)
+        sums = []
+        for cols, grad in zip(self.shard_columns, grads, strict=True):
+            for sc in cols:
+                if sc.is_matrix:
+                    sums.append(sc.shard(grad).abs().sum().double().cpu() / scale)
+                    sums.append(sc.proxy.selected_grad.abs().sum().double().cpu())
+        both = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
+        if self.world_size > 1 and both.numel():
+            reduced = both.to(self._norm_device)
+            ds_comm.all_reduce(reduced, group=self.dp_group)
+            both = reduced.cpu()
+        self.auto_update.observe(m, both[0::2], both[1::2])  # type: ignore[union-attr]
 
     def selective_optimizer_step(self) -> None:
         """DeepSpeed's name: update the selected columns with the proxies' `selected_grad` now."""
@@ -254,6 +281,10 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             raise ValueError("ZenFlowZeroOptimizer_Stage3.step() does not take a closure")
         self._refuse_step_while_coalescing()
         self.reducer.finish()
+        if self.auto_update is not None:  # the window's mean (no loss was divided: its length was not known)
+            for acc in self.accumulators:
+                acc.div_(self.auto_update.mean_divisor())
+            self.auto_update.restart()
         for part, acc in zip(self.partitions, self.accumulators, strict=True):
             part.master.grad = acc
         outcome = finish_step(
@@ -315,6 +346,7 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             ],
             "selective_optimizer": selective_state(self.selective_optimizer),
             "accumulators": [acc.clone() for acc in self.accumulators],
+            "auto_update": None if self.auto_update is None else self.auto_update.state_dict(),
         }
         if overlap is not None:
             overlap["model"] = [None if part.shard16 is None else part.shard16.clone() for part in self.partitions]
@@ -375,6 +407,8 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
         load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
         for acc, value in zip(self.accumulators, saved["accumulators"], strict=True):
             acc.copy_(value)
+        if self.auto_update is not None and saved.get("auto_update") is not None:
+            self.auto_update.load_state_dict(saved["auto_update"])
         self._load_overlap(saved.get("overlap"))
 
     def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:

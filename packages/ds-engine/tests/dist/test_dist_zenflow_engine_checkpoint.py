@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, rea
 ZF = case.RUNS["z2_w2_warmup"][2]
 #: (name, zero stage, zenflow section, k, bf16): z2/z3 update every 2 after 3 warm-up steps and reselect every 4,
 #: so k=6 stops mid-window and k=5 right after an update; z1 updates every 3 (k=4: mid-window). The bf16
-#: runs check that a save changes nothing: the masters' fp32 values outside the selection are kept.
+#: runs check that a save changes nothing: the masters' fp32 values outside the selection are kept. The
+#: "auto" runs resume the adaptive window's sums too (and the engine takes its boundaries from the optimizer).
 CASES: list[tuple[str, int, dict[str, Any], int, bool]] = [
     ("z1_mid_window", 1, case.RUNS["z1_w2"][2], 4, False),
     ("z2_mid_window", 2, ZF, 6, False),
@@ -34,6 +35,8 @@ CASES: list[tuple[str, int, dict[str, Any], int, bool]] = [
     ("z3_mid_window", 3, ZF, 6, False),
     ("z3_after_update", 3, ZF, 5, False),
     ("z3_bf16_host_moments", 3, dict(ZF, offload=True), 6, True),
+    ("z2_auto_update", 2, dict(ZF, update_interval="auto", auto_ratio=1.0), 5, False),
+    ("z3_auto_update", 3, dict(ZF, update_interval="auto", auto_ratio=1.0), 5, False),
 ]
 
 
