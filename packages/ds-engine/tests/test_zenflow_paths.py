@@ -89,6 +89,8 @@ def test_initialize_runs_the_adaptive_update_interval() -> None:
     from ds_engine.explain import explain
 
     assert 'update_interval "auto" decides' in explain(DeepSpeedConfig(config))
+    zero3 = dict(config, zero_optimization=dict(zero, stage=3))  # explain states ZeRO-3's column rule too
+    assert "among the columns whole inside one of DeepSpeed's transposed ZeRO-3" in explain(DeepSpeedConfig(zero3))
 
 
 def test_initialize_refuses_a_zenflow_it_cannot_run_before_any_work() -> None:

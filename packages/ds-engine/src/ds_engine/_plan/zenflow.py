@@ -35,10 +35,14 @@ def zenflow_lines(config: DeepSpeedConfig) -> tuple[str, ...]:
         if s.overlap_step
         else "in step(), blocking"
     )
+    per = (
+        "per weight, among the columns whole inside one of DeepSpeed's transposed ZeRO-3 partitions"
+        if config.zero.stage == 3
+        else "per partition"
+    )
     return (
-        f"ZenFlow: top {s.topk_ratio:g} of each weight's columns (by |gradient| per column, chosen per "
-        f"partition) updated every micro step by ZenFlowSelectiveAdamW"
-        + (" (moments on the host)" if zenflow.offload else ""),
+        f"ZenFlow: top {s.topk_ratio:g} of each weight's columns (by |gradient| per column, chosen {per}) "
+        f"updated every micro step by ZenFlowSelectiveAdamW" + (" (moments on the host)" if zenflow.offload else ""),
         f"  selection ({s.select_strategy}): {when}; warm-up: {s.full_warm_up_rounds} full update step(s)",
         (
             f"  the other gradients accumulate on the host; the CPU optimizer applies them every "
