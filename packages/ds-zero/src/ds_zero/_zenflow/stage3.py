@@ -353,6 +353,12 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             state["zenflow"]["overlap"] = overlap
         return state
 
+    def zenflow_resume_at(self, micro_steps: int) -> None:
+        """Continue ZenFlow's schedule after `micro_steps` micro steps (the engine's restored counter): a
+        checkpoint loaded without the optimizer state (or without ZenFlow's) restarts the selection and the
+        window, at the schedule's position the engine resumes at."""
+        self.micro_step = int(micro_steps) - 1
+
     def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
         """Write the shards' values of the selective-owned elements into the saved fp32 tile values."""
         started = not self.zenflow_schedule.in_warm_up(self.micro_step) and self.micro_step >= 0
