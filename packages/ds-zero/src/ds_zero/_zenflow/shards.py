@@ -96,7 +96,7 @@ class ShardColumns:
         them there): the selected columns' elements, or, once ZenFlow's selective steps have started, a 1-D
         parameter's whole shard. None when there are none."""
         if self.is_matrix:
-            return self.proxy.selected_indices
+            return self.proxy.selected_indices  # type: ignore[attr-defined]  # ZenFlow's input attribute
         return torch.arange(self.count, dtype=torch.long) if selective_started and self.count else None
 
     def point_at_shard(self) -> nn.Parameter:
@@ -108,7 +108,7 @@ class ShardColumns:
 
     def attach(self, grad_flat: torch.Tensor, scale: float) -> nn.Parameter:
         """Point the proxy at the shard and hang this micro step's `selected_grad` on it; returns the proxy."""
-        values = self.shard(self.partition.shard16)
+        values = self.shard(self.partition.shard16)  # type: ignore[attr-defined]  # a ShardPartition
         grad = self.shard(grad_flat)
         if self.is_matrix:
             self.proxy.data = values.view(1, self.count)

@@ -206,7 +206,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             for p, slot in zip(flat.params, flat.slots, strict=True):
                 if len(slot.shape) == 2:
                     totals.append(flat.slot_view(grads, slot).abs().sum().float().cpu() / scale)
-                    criticals.append(p.selected_grad.abs().sum().float().cpu())
+                    criticals.append(p.selected_grad.abs().sum().float().cpu())  # type: ignore[attr-defined]
         empty = torch.zeros(0)
         self.auto_update.observe(  # type: ignore[union-attr]
             m, torch.stack(totals) if totals else empty, torch.stack(criticals) if criticals else empty

@@ -255,7 +255,7 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             for sc in cols:
                 if sc.is_matrix:
                     sums.append(sc.shard(grad).abs().sum().double().cpu() / scale)
-                    sums.append(sc.proxy.selected_grad.abs().sum().double().cpu())
+                    sums.append(sc.proxy.selected_grad.abs().sum().double().cpu())  # type: ignore[attr-defined]
         both = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
         if self.world_size > 1 and both.numel():
             reduced = both.to(self._norm_device)

@@ -31,7 +31,8 @@ def selective_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     host = []
     for p in _params(optimizer):
         moments = [getattr(p, name, None) for name in _HOST_MOMENTS]
-        host.append(None if any(m is None for m in moments) else [m.detach().clone() for m in moments])
+        kept = [m.detach().clone() for m in moments if m is not None]
+        host.append(kept if len(kept) == len(moments) else None)
     return {"optimizer": copy.deepcopy(optimizer.state_dict()), "host_moments": host}
 
 
