@@ -64,15 +64,33 @@ def test_a_null_zenflow_section_is_off() -> None:
 
 
 def test_zenflows_auto_modes_are_values_not_placeholders() -> None:
-    pytest.importorskip("ds_zero")
-    # the "auto" values reach ZenFlow's own checks (the adaptive update interval is refused by name)
+    ds_zero = pytest.importorskip("ds_zero")
+    # the "auto" values reach ZenFlow's own schedule: an epoch's selection, the adaptive update interval
     section = {
         "stage": 2,
         "offload_optimizer": {"device": "cpu"},
-        "zenflow": {"select_strategy": "auto", "update_interval": "auto"},
+        "zenflow": {"select_strategy": "auto", "update_interval": "auto", "steps_per_epoch": 8},
     }
-    with pytest.raises(DeepSpeedConfigError, match='zenflow.update_interval="auto"'):
-        DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": section})
+    cfg = DeepSpeedConfig({"train_batch_size": 2, "zero_optimization": section})
+    schedule = ds_zero.ZenFlowSchedule.from_config(cfg.zero_config.zenflow)
+    assert (schedule.select_strategy, schedule.select_interval) == ("epoch", 8)
+    assert schedule.auto_update and schedule.update_interval == 0 and schedule.loss_divisor == 1
+
+
+def test_initialize_runs_the_adaptive_update_interval() -> None:
+    pytest.importorskip("ds_zero")
+    model = tiny_net(0)
+    zero = {"stage": 2, "offload_optimizer": {"device": "cpu"}, "zenflow": {"topk_ratio": 0.3}}  # DeepSpeed's
+    config = base_config(zero_optimization=zero, optimizer={"type": "AdamW", "params": {"lr": 1e-2}})
+    engine, *_ = ds_engine.initialize(  # defaults: update_interval "auto", select_strategy "auto"
+        model=model, config=config, dist_init_required=False
+    )
+    assert engine.auto_update and engine.gradient_accumulation_steps() == 1
+    from ds_engine.explain import explain
+
+    assert 'update_interval "auto" decides' in explain(DeepSpeedConfig(config))
+    zero3 = dict(config, zero_optimization=dict(zero, stage=3))  # explain states ZeRO-3's column rule too
+    assert "among the columns whole inside one of DeepSpeed's transposed ZeRO-3" in explain(DeepSpeedConfig(zero3))
 
 
 def test_initialize_refuses_a_zenflow_it_cannot_run_before_any_work() -> None:

@@ -1,6 +1,6 @@
 """ZenFlow at ZeRO-3 in one process: what `ZenFlowZeroOptimizer_Stage3` refuses, each naming its key, before any
 parameter is partitioned; and the plain stage-3 optimizer pointing at it.
-(Numerics: tests/dist/test_dist_zenflow_stage3.py.)
+(Numerics: tests/dist/test_dist_zenflow_stage3.py; checkpoints: tests/dist/test_dist_zenflow_checkpoint.py.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ def _model() -> nn.Module:
         (_config(offload_optimizer={"device": "cpu", "super_offload": True}), "super_offload=true"),
         (_config(offload_optimizer={"device": "cpu", "ratio": 0.5}), r"offload_optimizer.ratio=0.5"),
         (_config(overlap_comm=False, zenflow=dict(SECTION, offload=True)), "zenflow.offload=true"),
-        (_config(zenflow=dict(SECTION, update_interval="auto")), 'zenflow.update_interval="auto"'),
     ],
 )
 def test_refusals_name_the_key_before_partitioning(config: dict[str, Any], match: str) -> None:
@@ -57,13 +56,25 @@ def test_the_plain_stage3_optimizer_points_at_the_zenflow_one() -> None:
         ds_zero.DeepSpeedZeroOptimizer_Stage3(model, ds_ops.ZenFlowCPUAdam(model.parameters()), config=_config())
 
 
-def test_checkpoints_are_refused_naming_the_key() -> None:
-    model = _model()
+def test_a_plain_zero3_checkpoint_loads_and_zenflow_starts_afresh(caplog: pytest.LogCaptureFixture) -> None:
+    """A checkpoint without ZenFlow state (plain ZeRO-3): the weights load, a warning says selection restarts."""
+    source = _model()
+    plain = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        source, ds_ops.ZenFlowCPUAdam(source.parameters()), config={"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    )
+    saved = plain.state_dict()
+    with ds_zero.GatheredParameters(list(source.parameters())):
+        want = [p.detach().clone() for p in source.parameters()]
+    plain.destroy()
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2))
     opt = ds_zero.ZenFlowZeroOptimizer_Stage3(model, ds_ops.ZenFlowCPUAdam(model.parameters()), config=_config())
     try:
-        with pytest.raises(ValueError, match="zero_optimization.zenflow at zero_optimization.stage 3: saving"):
-            opt.state_dict()
-        with pytest.raises(ValueError, match="loading a checkpoint is not supported"):
-            opt.load_state_dict({})
+        with caplog.at_level("WARNING", logger="ds_zero._zenflow.stage3"):
+            opt.load_state_dict([saved])
+        assert "no ZenFlow state" in caplog.text and opt.micro_step == -1
+        with ds_zero.GatheredParameters(list(model.parameters())):
+            for p, w in zip(model.parameters(), want, strict=True):
+                torch.testing.assert_close(p, w, rtol=0, atol=0)
     finally:
         opt.destroy()

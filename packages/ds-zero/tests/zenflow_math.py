@@ -67,10 +67,21 @@ def reference_run(
     update: int,
     warm: int,
     choose: Choose = whole_columns,
-) -> None:
+    auto_ratio: float | None = None,
+) -> list[int]:
     """Train `model` for `num_steps` micro steps of ZenFlow; `loss_at(model, m)` is micro step m's loss
-    (already divided by `update`; the mean over the ranks' losses for a multi-rank run)."""
+    (already divided by `update`; the mean over the ranks' losses for a multi-rank run). Returns the micro
+    steps after which the CPU update ran.
+
+    With `auto_ratio` (`update_interval: "auto"`; `update` unused, losses not divided) a window ends when,
+    for at least `int(auto_ratio * 2-D weights)` weights, the running sum of the left-out |gradient|
+    (scaled by 1 / (10 (1 - ratio))) has reached the running average of the selected |gradient|
+    (averaged over the window and scaled by 1 / (10 ratio) at each step), or before a reselection; the
+    CPU update then applies the window's mean gradient."""
     params = list(model.parameters())
+    matrices = [i for i, p in enumerate(params) if p.dim() == 2]
+    window, avg, non = 0, [0.0] * len(params), [0.0] * len(params)
+    boundaries = []
     acc = [torch.zeros_like(p) for p in params]
     cpu_m = [torch.zeros_like(p) for p in params]
     cpu_v = [torch.zeros_like(p) for p in params]
@@ -83,7 +94,10 @@ def reference_run(
         grads = [p.grad.detach().clone() for p in params]
         after = m - warm
         reselect = after >= 0 and (after == 0 or m % select == 0)
-        boundary = m + 1 < warm or (m + 1 - warm) % update == 0 or (m + 1) % select == 0
+        if auto_ratio is None:
+            boundary = m + 1 < warm or (m + 1 - warm) % update == 0 or (m + 1) % select == 0
+        else:
+            boundary = m + 1 <= warm or (select != 0 and (m + 1) % select == 0)
         if reselect:
             for i, g in enumerate(grads):
                 if g.dim() == 2:
@@ -104,11 +118,23 @@ def reference_run(
                 sel_vals[i] = nn.Parameter(value)
                 sel_opt[i] = torch.optim.AdamW([sel_vals[i]], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
             saved.append((i, idx, value, grad))
+        if auto_ratio is not None and after >= 0:
+            window += 1
+            need = 0
+            for i in matrices:
+                critical = float(grads[i][:, cols[i]].abs().sum())
+                avg[i] = (avg[i] * (window - 1) + critical) / window / (ratio * 10)
+                non[i] += (float(grads[i].abs().sum()) - critical) / ((1 - ratio) * 10)
+                need += non[i] >= avg[i]
+            boundary = boundary or need >= int(auto_ratio * len(matrices))
         if boundary:
+            boundaries.append(m)
             with torch.no_grad():
                 for i, p in enumerate(params):
-                    adamw_cpu(p.data, acc[i], cpu_m[i], cpu_v[i], m + 1)
+                    mean = acc[i] / max(1, window) if auto_ratio is not None else acc[i]
+                    adamw_cpu(p.data, mean, cpu_m[i], cpu_v[i], m + 1)
                     acc[i].zero_()
+            window, non = 0, [0.0] * len(params)
         for i, idx, value, grad in saved:  # the selected columns skip the CPU update: before it, then AdamW
             with torch.no_grad():
                 sel_vals[i].copy_(value)
@@ -119,3 +145,4 @@ def reference_run(
                     params[i].data[:, idx] = sel_vals[i].detach()
                 else:
                     params[i].data.copy_(sel_vals[i].detach())
+    return boundaries

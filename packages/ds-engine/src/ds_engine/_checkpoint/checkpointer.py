@@ -446,6 +446,9 @@ class Checkpointer:
         engine.global_samples = counters.global_samples
         engine.skipped_steps = counters.skipped_steps
         engine.micro_steps = counters.micro_steps
+        zenflow_resume_at = getattr(engine.optimizer, "zenflow_resume_at", None)
+        if zenflow_resume_at is not None:  # ZenFlow's schedule follows the engine's micro-step count
+            zenflow_resume_at(engine.micro_steps)
         rng = state.get("rng_states")
         if rng:
             if len(rng) == dist.world_size:

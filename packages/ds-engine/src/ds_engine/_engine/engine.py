@@ -130,11 +130,12 @@ class DeepSpeedEngine(
         self._ckpt_config = m.checkpoint
         self._zero_settings = parts.config.zero
         self._gas = parts.config.gradient_accumulation_steps
-        #: ZenFlow's schedule (`ds_zero.ZenFlowSchedule`) when the optimizer runs it: it decides the boundaries,
-        #: and each loss is divided by its update interval (DeepSpeed sets gradient_accumulation_steps to it).
+        #: ZenFlow's schedule (`ds_zero.ZenFlowSchedule`) when the optimizer runs it: the optimizer decides the
+        #: boundaries, and each loss is divided by the fixed update interval (DeepSpeed sets
+        #: gradient_accumulation_steps to it; not divided with the adaptive "auto" interval).
         self._zenflow = getattr(parts.optimizer, "zenflow_schedule", None)
         if self._zenflow is not None:
-            self._gas = self._zenflow.update_interval
+            self._gas = self._zenflow.loss_divisor
         self._micro_batch = parts.config.train_micro_batch_size_per_gpu
         self._train_batch = parts.config.train_batch_size
         self._managed = m.managed_gradient_accumulation
@@ -316,7 +317,7 @@ class DeepSpeedEngine(
         if not self._managed:
             return True
         if self._zenflow is not None:
-            return bool(self._zenflow.is_update_boundary(self.micro_steps))
+            return bool(self.optimizer.is_zenflow_update_boundary(self.micro_steps))
         return (self.micro_steps + 1) % self._gas == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:

@@ -32,13 +32,17 @@ class EngineZenFlow:
 
     @property
     def update_interval(self) -> int:
-        """Micro steps between CPU updates."""
-        return int(self._zenflow.update_interval) if self._zenflow is not None else 0
+        """Micro steps between CPU updates (with `update_interval: "auto"`: the current window's micro steps
+        so far, as DeepSpeed's engine counts them)."""
+        if self._zenflow is None:
+            return 0
+        rule = getattr(getattr(self, "optimizer", None), "auto_update", None)
+        return int(rule.window) if rule is not None else int(self._zenflow.update_interval)
 
     @property
     def auto_update(self) -> bool:
-        """DeepSpeed's adaptive update interval (`update_interval: "auto"`); ds refuses it, so always False."""
-        return False
+        """DeepSpeed's adaptive update interval (`update_interval: "auto"`)."""
+        return bool(self._zenflow is not None and self._zenflow.auto_update)
 
     @property
     def overlap_step(self) -> bool:
@@ -52,4 +56,4 @@ class EngineZenFlow:
 
     def _is_zenflow_update_boundary(self) -> bool:
         """DeepSpeed's name: whether the coming `step()` applies the CPU update."""
-        return bool(self._zenflow is not None and self._zenflow.is_update_boundary(self.micro_steps))  # type: ignore[attr-defined]
+        return bool(self._zenflow is not None and self.optimizer.is_zenflow_update_boundary(self.micro_steps))  # type: ignore[attr-defined]

@@ -402,6 +402,6 @@ def plan_assembly(
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
         bf16_optimizer_states=stage >= 1 and m.bf16.bf16_optimizer_states,
         muon=muon,
-        zenflow=zenflow_lines(config) if stage in (1, 2) and source != "none" else (),
+        zenflow=zenflow_lines(config) if stage >= 1 and source != "none" else (),
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),
     )

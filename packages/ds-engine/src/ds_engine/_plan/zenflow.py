@@ -35,13 +35,28 @@ def zenflow_lines(config: DeepSpeedConfig) -> tuple[str, ...]:
         if s.overlap_step
         else "in step(), blocking"
     )
+    per = (
+        "per weight, among the columns whole inside one of DeepSpeed's transposed ZeRO-3 partitions"
+        if config.zero.stage == 3
+        else "per partition"
+    )
     return (
-        f"ZenFlow: top {s.topk_ratio:g} of each weight's columns (by |gradient| per column, chosen per "
-        f"partition) updated every micro step by ZenFlowSelectiveAdamW"
-        + (" (moments on the host)" if zenflow.offload else ""),
+        f"ZenFlow: top {s.topk_ratio:g} of each weight's columns (by |gradient| per column, chosen {per}) "
+        f"updated every micro step by ZenFlowSelectiveAdamW" + (" (moments on the host)" if zenflow.offload else ""),
         f"  selection ({s.select_strategy}): {when}; warm-up: {s.full_warm_up_rounds} full update step(s)",
-        f"  the other gradients accumulate on the host; the CPU optimizer applies them every "
-        f"{s.update_interval} micro steps, {cpu}",
-        f"  each loss is divided by update_interval={s.update_interval} (gradient_accumulation_steps); "
-        "the lr schedule steps every micro step",
+        (
+            f"  the other gradients accumulate on the host; the CPU optimizer applies them every "
+            f"{s.update_interval} micro steps, {cpu}"
+            if not s.auto_update
+            else "  the other gradients accumulate on the host; the CPU optimizer applies their mean when "
+            f'update_interval "auto" decides (at least int({s.auto_ratio:g} x the weights) have left-out '
+            f"gradients caught up with the selected ones; also before each reselection), {cpu}"
+        ),
+        (
+            f"  each loss is divided by update_interval={s.update_interval} (gradient_accumulation_steps); "
+            "the lr schedule steps every micro step"
+            if not s.auto_update
+            else "  no loss is divided (the window's length is decided as it goes); the lr schedule steps "
+            "every micro step"
+        ),
     )

@@ -2,8 +2,8 @@
 
 ds runs ZenFlow at ZeRO stages 1 and 2 (ds-zero's `ZenFlowZeroOptimizer`) and 3 (`ZenFlowZeroOptimizer_Stage3`,
 on any accelerator, where DeepSpeed's needs CUDA), with CPU optimizer offload. The
-section's own combinations (`select_strategy` against `select_interval`, the intervals' order, the
-adaptive `update_interval`) are ds-zero's `ZenFlowSchedule` rules, checked here as well so a bad
+section's own combinations (`select_strategy` against `select_interval`, the intervals' order)
+are ds-zero's `ZenFlowSchedule` rules, checked here as well so a bad
 config fails in `initialize()` before the model is touched, naming the key.
 """
 

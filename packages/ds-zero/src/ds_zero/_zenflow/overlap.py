@@ -27,6 +27,7 @@ the training process's intra-op threads, as in DeepSpeed.
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import multiprocessing as mp
@@ -70,6 +71,16 @@ def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.T
         command = conn.recv()
         if command[0] == "exit":
             break
+        if command[0] == "state":  # for a checkpoint: both optimizers' state, serialized (no shared storage)
+            buffer = io.BytesIO()
+            torch.save([opt.state_dict() for opt in optimizers], buffer)
+            conn.send(("state", buffer.getvalue()))
+            continue
+        if command[0] == "load":
+            for opt, saved in zip(optimizers, torch.load(io.BytesIO(command[1]), weights_only=True), strict=True):
+                opt.load_state_dict(saved)
+            conn.send("loaded")
+            continue
         _, state, step_id, hypers = command
         opt = optimizers[state]
         for group, hyper, param, grad in zip(opt.param_groups, hypers, params, grads, strict=True):
@@ -114,6 +125,10 @@ class OverlappedCpuUpdate:
         self._conn: Any = None
         self._outstanding = 0
         self._first_after_warm_up = True
+        #: a submitted window's result waits in `stale` (copied into the model at the next window's end)
+        self._has_result = False
+        #: the worker optimizers' state from a checkpoint, handed to the worker when it starts
+        self._restored: bytes | None = None
 
     # -- the worker -------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -138,9 +153,13 @@ class OverlappedCpuUpdate:
         there.close()
         self._conn = here
         self._receive("ready")
+        if self._restored is not None:
+            self._conn.send(("load", self._restored))
+            self._receive("loaded")
+            self._restored = None
         logger.info("ZenFlow: CPU update worker pid %d on cores %s", self._process.pid, worker_cores)
 
-    def _receive(self, expected: str) -> None:
+    def _receive(self, expected: str) -> Any:
         while not self._conn.poll(_POLL_S):
             if not self._process.is_alive():
                 raise RuntimeError(
@@ -148,8 +167,9 @@ class OverlappedCpuUpdate:
                     f"{self._process.exitcode} instead of answering; see its traceback above"
                 )
         got = self._conn.recv()
-        if got != expected:
+        if (got[0] if isinstance(got, tuple) else got) != expected:
             raise RuntimeError(f"the ZenFlow CPU update worker answered {got!r}, expected {expected!r}")
+        return got
 
     def wait(self) -> None:
         """Block until every submitted update is done."""
@@ -168,6 +188,42 @@ class OverlappedCpuUpdate:
         hypers = [{k: groups[i][k] for k in _HYPER if k in groups[i]} for i in self.master_groups]
         self._conn.send(("step", state, step_id, hypers))
         self._outstanding += 1
+        self._has_result = True
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What resumes the overlap exactly: both worker optimizers' state (after the update in flight
+        finished: a save waits for it), the masters as they are, the pending result (`stale`) and where the
+        delay stands. (The masters' copies of the selected columns are read here: the window in flight at a
+        reselection was computed from them and lands after it, so they are saved raw, not from the model.)"""
+        self.wait()
+        if self._process is not None:
+            self._conn.send(("state",))
+            worker: bytes | None = self._receive("state")[1]
+        else:
+            worker = self._restored
+        return {
+            "worker_optimizers": worker,
+            "masters": [m.clone() for m in self.masters],
+            "stale": [s.clone() for s in self.stale],
+            "has_result": self._has_result,
+            "first_after_warm_up": self._first_after_warm_up,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s; the worker gets its optimizers' state now or when it starts."""
+        self.wait()
+        for stale, value in zip(self.stale, saved["stale"], strict=True):
+            stale.copy_(value)
+        for master, value in zip(self.masters, saved["masters"], strict=True):
+            master.copy_(value)
+        self._has_result = bool(saved["has_result"])
+        self._first_after_warm_up = bool(saved["first_after_warm_up"])
+        self._restored = saved["worker_optimizers"]
+        if self._process is not None and self._restored is not None:
+            self._conn.send(("load", self._restored))
+            self._receive("loaded")
+            self._restored = None
 
     # -- ZenFlow's step -----------------------------------------------------------------------------
     def refresh_masters(self) -> None:
@@ -180,7 +236,7 @@ class OverlappedCpuUpdate:
         copied in (see the module note); after warm-up this window is submitted last."""
         m = step_id - 1
         s = self.schedule
-        state = (m & 1) if m < s.full_warm_up_rounds else (m // s.update_interval) & 1
+        state = s.overlap_state(m)
         if m < s.full_warm_up_rounds:
             self.submit(grads, state=state, step_id=step_id)
         self._copy_result(m, sync)
@@ -188,7 +244,7 @@ class OverlappedCpuUpdate:
             self.submit(grads, state=state, step_id=step_id)
 
     def _copy_result(self, m: int, sync: Callable[[], None]) -> None:
-        if self._process is None:
+        if not self._has_result:
             return
         if m + 1 > self.schedule.full_warm_up_rounds and self._first_after_warm_up:
             self._first_after_warm_up = False

@@ -60,6 +60,8 @@ class ShardColumns:
         self.proxy = nn.Parameter(torch.empty(0), requires_grad=False)
         self.proxy.selected_indices = None
         self.proxy.selected_grad = None
+        #: the weight's chosen columns (global indices); None until the first selection
+        self.selected_columns: torch.Tensor | None = None
 
     @property
     def num_columns(self) -> int:
@@ -76,7 +78,11 @@ class ShardColumns:
 
     def choose(self, sums: torch.Tensor) -> bool:
         """Pick the columns from the whole columns' sums; returns whether the shard's selected size changed."""
-        chosen = self.columns.select_from_sums(sums)
+        return self.use_columns(self.columns.select_from_sums(sums))
+
+    def use_columns(self, chosen: torch.Tensor) -> bool:
+        """Select the weight's columns `chosen` (sorted indices; a checkpoint's or `choose`'s); returns whether
+        the shard's selected size changed."""
         mask = torch.zeros(self.num_columns, dtype=torch.bool)
         mask[chosen] = True
         positions = mask[self.column_of].nonzero().squeeze(1) if self.count else torch.zeros(0, dtype=torch.long)
@@ -85,9 +91,24 @@ class ShardColumns:
         self.selected_columns = chosen
         return before is None or before.numel() != positions.numel()
 
+    def owned_positions(self, selective_started: bool) -> torch.Tensor | None:
+        """The shard's elements whose truth is the shard, not the fp32 master (the selective step updates
+        them there): the selected columns' elements, or, once ZenFlow's selective steps have started, a 1-D
+        parameter's whole shard. None when there are none."""
+        if self.is_matrix:
+            return self.proxy.selected_indices  # type: ignore[attr-defined]  # ZenFlow's input attribute
+        return torch.arange(self.count, dtype=torch.long) if selective_started and self.count else None
+
+    def point_at_shard(self) -> nn.Parameter:
+        """Point the proxy at the shard (the model's storage) without inputs; returns it. (A checkpoint's
+        selective moments are loaded onto proxies of the shard's dtype.)"""
+        values = self.shard(self.partition.shard16)
+        self.proxy.data = values.view(1, self.count) if self.is_matrix else values
+        return self.proxy
+
     def attach(self, grad_flat: torch.Tensor, scale: float) -> nn.Parameter:
         """Point the proxy at the shard and hang this micro step's `selected_grad` on it; returns the proxy."""
-        values = self.shard(self.partition.shard16)
+        values = self.shard(self.partition.shard16)  # type: ignore[attr-defined]  # a ShardPartition
         grad = self.shard(grad_flat)
         if self.is_matrix:
             self.proxy.data = values.view(1, self.count)

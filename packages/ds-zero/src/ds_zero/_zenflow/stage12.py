@@ -37,12 +37,14 @@ from ds_ops import ZenFlowSelectiveAdamW
 from ds_zero._stage12.optimizer import DeepSpeedZeroOptimizer
 from ds_zero._stage12.partitions import build_grad_partitions
 from ds_zero._stage12.reduce import RangeReducer
+from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, selective_params
 from ds_zero._zenflow.columns import ColumnPlan
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.gradients import MicroStepGradients
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
+from ds_zero._zenflow.state import load_selective_state, selective_state
 
 if TYPE_CHECKING:
     from ds_zero.config import ZeroConfig
@@ -104,6 +106,11 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             **selective_params(optimizer, selective_optimizer_params),
         )
         self._cpu = self._make_cpu_update()
+        num_weights = sum(len(s.shape) == 2 for f in self.flats for s in f.slots)
+        #: `update_interval: "auto"`: the adaptive window (None with a fixed interval)
+        self.auto_update = (
+            AutoUpdateRule(schedule.topk_ratio, schedule.auto_ratio, num_weights) if schedule.auto_update else None
+        )
         #: Seconds the training process spent in each CPU update so far (with overlap_step: waiting for the
         #: worker, copying its result, handing over the window; the first includes starting the worker).
         self.cpu_update_times: list[float] = []
@@ -147,7 +154,9 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         averaged = self._grads.average_micro_step()
         if not schedule.in_warm_up(m):
             touched = self._select(averaged, reselect=schedule.is_select_boundary(m))
-            if schedule.is_update_boundary(m):
+            if self.auto_update is not None:
+                self._observe_auto(averaged, m)
+            if self.is_zenflow_update_boundary(m):
                 self.selective_optimizer.temp_copy_param(touched)
             else:
                 self.selective_optimizer.group_step(touched)
@@ -183,8 +192,25 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             selective["lr"] = group["lr"]
 
     def is_zenflow_update_boundary(self, micro_step: int) -> bool:
-        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule)."""
-        return self.zenflow_schedule.is_update_boundary(micro_step)
+        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule;
+        with `update_interval: "auto"` also where the adaptive rule ended the window)."""
+        auto = self.auto_update is not None and self.auto_update.ends(micro_step)
+        return auto or self.zenflow_schedule.is_update_boundary(micro_step)
+
+    def _observe_auto(self, averaged: list[torch.Tensor], m: int) -> None:
+        """Feed the adaptive rule this micro step's |gradient| sums of every weight (every rank holds the
+        whole averaged gradient, so every rank decides the same)."""
+        scale = float(self.loss_scaler.loss_scale)
+        totals, criticals = [], []
+        for flat, grads in zip(self.flats, averaged, strict=True):
+            for p, slot in zip(flat.params, flat.slots, strict=True):
+                if len(slot.shape) == 2:
+                    totals.append(flat.slot_view(grads, slot).abs().sum().float().cpu() / scale)
+                    criticals.append(p.selected_grad.abs().sum().float().cpu())  # type: ignore[attr-defined]
+        empty = torch.zeros(0)
+        self.auto_update.observe(  # type: ignore[union-attr]
+            m, torch.stack(totals) if totals else empty, torch.stack(criticals) if criticals else empty
+        )
 
     # ----- the window's update ----------------------------------------------------------------------
     def step(self, closure: Any = None, *, skip: torch.Tensor | None = None) -> bool:  # type: ignore[override]
@@ -201,6 +227,10 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         for flat in self.flats:
             flat.check_views()
         grads = self.grad_partitions
+        if self.auto_update is not None:  # the window's mean (no loss was divided: its length was not known)
+            for acc in grads:
+                acc.div_(self.auto_update.mean_divisor())
+            self.auto_update.restart()
         outcome = self._finish_grads(skip)
         if not self._record_outcome(outcome):
             self._grads.clear_accumulators()
@@ -219,26 +249,53 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         """The ZeRO partition state plus ZenFlow's (`zenflow`: micro step, selections, selective optimizer
         state, this rank's accumulated gradients), so a resumed run continues the same schedule.
 
-        Raises:
-            ValueError: with `overlap_step` (the CPU moments live in the worker process).
+        With `overlap_step` the save first waits for the CPU update in flight; it adds the worker's optimizer
+        state, the pending result and this rank's model partitions (one window behind the masters by design).
         """
-        if self.zenflow_schedule.overlap_step:
-            raise ValueError(
-                f"{_KEY}.overlap_step=true: saving a checkpoint is not supported (the CPU optimizer's moments "
-                "live in the worker process); save with overlap_step false"
-            )
-        # The masters' selected columns are never read (the device's values win there); saving the model's
-        # values makes the checkpoint's fp32 weights the real ones (zero_to_fp32, resume).
-        self._cpu.refresh_masters()
+        overlap = self._cpu.state_dict() if isinstance(self._cpu, OverlappedCpuUpdate) else None
         state = super().state_dict()
+        self._patch_owned_values(state["single_partition_of_fp32_groups"])
         state["zenflow"] = {
             "micro_step": self.micro_step,
             "world_size": self.dp_world_size,
             "selected_indices": [[getattr(p, "selected_indices", None) for p in flat.params] for flat in self.flats],
-            "selective_optimizer": self.selective_optimizer.state_dict(),
+            "selective_optimizer": selective_state(self.selective_optimizer),
             "accumulators": [acc.clone() for acc in self.grad_partitions],
+            "auto_update": None if self.auto_update is None else self.auto_update.state_dict(),
         }
+        if overlap is not None:
+            overlap["model"] = [flat.own_partition.detach().clone() for flat in self.flats]
+            state["zenflow"]["overlap"] = overlap
         return state
+
+    def zenflow_resume_at(self, micro_steps: int) -> None:
+        """Continue ZenFlow's schedule after `micro_steps` micro steps (the engine's restored counter): a
+        checkpoint loaded without the optimizer state (or without ZenFlow's) restarts the selection and the
+        window, at the schedule's position the engine resumes at."""
+        self.micro_step = int(micro_steps) - 1
+
+    def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
+        """Write the model's values of the selective-owned elements into the saved fp32 partitions.
+
+        The masters' copies of the selected columns (and, once selective steps started, of the 1-D
+        parameters) are stale by design: the selective step updates the model there and the next
+        reselection reloads the masters. Taking those elements from the model makes the checkpoint's fp32
+        weights the real ones (zero_to_fp32, resume) without touching the running masters (a save must not
+        change the run: a refresh would round 16-bit models' other master elements).
+        """
+        started = self.micro_step >= 0 and not self.zenflow_schedule.in_warm_up(self.micro_step)
+        for flat, value in zip(self.flats, values, strict=True):
+            owned = torch.zeros(flat.padded_numel, dtype=torch.bool)
+            for p, slot in zip(flat.params, flat.slots, strict=True):
+                view = flat.slot_view(owned, slot)
+                indices = getattr(p, "selected_indices", None)
+                if view.dim() == 2 and indices is not None:
+                    view[:, indices.to("cpu")] = True
+                elif view.dim() != 2 and started:
+                    view.fill_(True)
+            mine = flat.own_slice(owned).nonzero().squeeze(1)
+            if mine.numel():
+                value[mine] = flat.own_partition.detach()[mine.to(flat.device)].to("cpu", value.dtype)
 
     def load_state_dict(  # type: ignore[override]
         self,
@@ -250,7 +307,7 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
 
         Raises:
             ValueError: the ZenFlow state was saved at another data-parallel world size (the columns are
-                chosen per partition), or with overlap_step.
+                chosen per partition).
         """
         super().load_state_dict(state_dicts, load_optimizer_states, load_from_fp32_weights)
         saved_list = state_dicts if isinstance(state_dicts, list) else [state_dicts]
@@ -268,9 +325,25 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             for p, idx in zip(flat.params, indices, strict=True):
                 p.selected_indices = idx
         if load_optimizer_states:
-            self.selective_optimizer.load_state_dict(saved["selective_optimizer"])
+            load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
             for acc, value in zip(self.grad_partitions, saved["accumulators"], strict=True):
                 acc.copy_(value)
+            if self.auto_update is not None and saved.get("auto_update") is not None:
+                self.auto_update.load_state_dict(saved["auto_update"])
+            self._load_overlap(saved.get("overlap"))
+
+    def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:
+        """`overlap_step`: the worker's state and pending result, and the model's own (delayed) partitions."""
+        if not isinstance(self._cpu, OverlappedCpuUpdate):
+            return
+        if saved is None:
+            logger.warning("ZenFlow: the checkpoint has no overlap_step state; the CPU moments start afresh")
+            return
+        self._cpu.load_state_dict(dict(saved))
+        with torch.no_grad():
+            for flat, value in zip(self.flats, saved["model"], strict=True):
+                flat.own_partition.copy_(value)
+        self._sync()
 
     def _drop_selection_inputs(self) -> None:
         for flat in self.flats:

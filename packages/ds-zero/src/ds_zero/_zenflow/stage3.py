@@ -36,11 +36,13 @@ import ds_comm
 from ds_ops import ZenFlowSelectiveAdamW
 from ds_ops.precision import finish_step
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3, _module_and_optimizer
+from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, group_hyper_params, selective_params
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
 from ds_zero._zenflow.shards import ShardColumns, TileTarget, TileUpdater
+from ds_zero._zenflow.state import load_selective_state, selective_state
 from ds_zero._zero_config import as_zero_config
 
 if TYPE_CHECKING:
@@ -122,6 +124,11 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             **selective_params(optimizer, selective_optimizer_params),
         )
         self._cpu = self._make_cpu_update()
+        num_weights = sum(sc.is_matrix for cols in self.shard_columns for sc in cols)
+        #: `update_interval: "auto"`: the adaptive window (None with a fixed interval)
+        self.auto_update = (
+            AutoUpdateRule(schedule.topk_ratio, schedule.auto_ratio, num_weights) if schedule.auto_update else None
+        )
         #: Seconds the training process spent in each CPU update (as `ZenFlowZeroOptimizer.cpu_update_times`).
         self.cpu_update_times: list[float] = []
         logger.info("ZenFlow (ZeRO-3): %s", schedule.describe())
@@ -160,7 +167,9 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             if schedule.is_select_boundary(m) or self.shard_columns and self._never_selected():
                 self._choose_columns(grads)
             touched = self._attach_selected(grads)
-            if schedule.is_update_boundary(m):
+            if self.auto_update is not None:
+                self._observe_auto(grads, m)
+            if self.is_zenflow_update_boundary(m):
                 self.selective_optimizer.temp_copy_param(touched)
             else:
                 self.selective_optimizer.group_step(touched)
@@ -232,8 +241,27 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             selective["lr"] = group["lr"]
 
     def is_zenflow_update_boundary(self, micro_step: int) -> bool:
-        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule)."""
-        return self.zenflow_schedule.is_update_boundary(micro_step)
+        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule;
+        with `update_interval: "auto"` also where the adaptive rule ended the window)."""
+        auto = self.auto_update is not None and self.auto_update.ends(micro_step)
+        return auto or self.zenflow_schedule.is_update_boundary(micro_step)
+
+    def _observe_auto(self, grads: list[torch.Tensor], m: int) -> None:
+        """Feed the adaptive rule every weight's |gradient| sums (whole, selected columns): this rank's
+        shards' partial sums, added over the ranks with one all-reduce, so every rank decides the same."""
+        scale = float(self.loss_scaler.loss_scale)
+        sums = []
+        for cols, grad in zip(self.shard_columns, grads, strict=True):
+            for sc in cols:
+                if sc.is_matrix:
+                    sums.append(sc.shard(grad).abs().sum().double().cpu() / scale)
+                    sums.append(sc.proxy.selected_grad.abs().sum().double().cpu())  # type: ignore[attr-defined]
+        both = torch.stack(sums) if sums else torch.zeros(0, dtype=torch.float64)
+        if self.world_size > 1 and both.numel():
+            reduced = both.to(self._norm_device)
+            ds_comm.all_reduce(reduced, group=self.dp_group)
+            both = reduced.cpu()
+        self.auto_update.observe(m, both[0::2], both[1::2])  # type: ignore[union-attr]
 
     def selective_optimizer_step(self) -> None:
         """DeepSpeed's name: update the selected columns with the proxies' `selected_grad` now."""
@@ -253,6 +281,10 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             raise ValueError("ZenFlowZeroOptimizer_Stage3.step() does not take a closure")
         self._refuse_step_while_coalescing()
         self.reducer.finish()
+        if self.auto_update is not None:  # the window's mean (no loss was divided: its length was not known)
+            for acc in self.accumulators:
+                acc.div_(self.auto_update.mean_divisor())
+            self.auto_update.restart()
         for part, acc in zip(self.partitions, self.accumulators, strict=True):
             part.master.grad = acc
         outcome = finish_step(
@@ -287,25 +319,117 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
         for acc in self.accumulators:
             acc.zero_()
 
-    # ----- what this optimizer does not do --------------------------------------------------------
+    # ----- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Refused: ZenFlow's state at stage 3 (selections, selective moments, accumulators) is not saved yet.
+        """This rank's stage-3 state (`stage3_state_dict`) plus ZenFlow's (`zenflow`: micro step, each weight's
+        chosen columns, the selective optimizer's state and host moments, this rank's accumulated gradients),
+        so that a resumed run continues the same windows and selections.
+
+        The fp32 values saved are the masters except where the selective step owns the elements (the chosen
+        columns, and 1-D parameters once selective steps started): there the shards are the truth (the
+        masters' copies are stale until the next reselection reloads them), so the checkpoint's fp32 weights
+        are the model's. Nothing here changes the running optimizer.
+
+        With `overlap_step` the save first waits for the CPU update in flight; it adds the worker's optimizer
+        state, the pending result and the model's shards (one window behind the masters by design).
+        """
+        overlap = self._cpu.state_dict() if isinstance(self._cpu, OverlappedCpuUpdate) else None
+        state = super().state_dict()
+        self._patch_owned_values(state["single_partition_of_fp32_groups"])
+        state["zenflow"] = {
+            "micro_step": self.micro_step,
+            "world_size": self.world_size,
+            "dp_rank": self.dp_rank,
+            "selected_columns": [
+                [None if sc.selected_columns is None else sc.selected_columns.clone() for sc in cols]
+                for cols in self.shard_columns
+            ],
+            "selective_optimizer": selective_state(self.selective_optimizer),
+            "accumulators": [acc.clone() for acc in self.accumulators],
+            "auto_update": None if self.auto_update is None else self.auto_update.state_dict(),
+        }
+        if overlap is not None:
+            overlap["model"] = [None if part.shard16 is None else part.shard16.clone() for part in self.partitions]
+            state["zenflow"]["overlap"] = overlap
+        return state
+
+    def zenflow_resume_at(self, micro_steps: int) -> None:
+        """Continue ZenFlow's schedule after `micro_steps` micro steps (the engine's restored counter): a
+        checkpoint loaded without the optimizer state (or without ZenFlow's) restarts the selection and the
+        window, at the schedule's position the engine resumes at."""
+        self.micro_step = int(micro_steps) - 1
+
+    def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
+        """Write the shards' values of the selective-owned elements into the saved fp32 tile values."""
+        started = not self.zenflow_schedule.in_warm_up(self.micro_step) and self.micro_step >= 0
+        index = {id(part): i for i, part in enumerate(self.partitions)}
+        for tile, value in zip(self.tiles, values, strict=False):
+            for sc in self.shard_columns[index[id(tile.partition)]]:
+                positions = sc.owned_positions(started)
+                if positions is None or not positions.numel():
+                    continue
+                at = positions + sc.offset
+                keep = (at >= tile.start) & (at < tile.end)
+                at = at[keep]
+                value[at - tile.start] = tile.partition.shard16[at].to(value.dtype)
+
+    def load_state_dict(
+        self,
+        state_dicts: list[Mapping[str, Any]] | Mapping[str, Any],
+        load_optimizer_states: bool = True,
+        load_from_fp32_weights: bool = True,
+    ) -> None:
+        """The stage-3 load (any saved world size), then ZenFlow's state of this rank (same world size only).
+
+        A checkpoint without ZenFlow state (saved by plain ZeRO) loads with a warning: selection and windows
+        start afresh.
 
         Raises:
-            ValueError: always, naming the key.
+            ValueError: the ZenFlow state was saved on another number of data-parallel ranks (the columns
+                and the selective moments belong to the ranks' shards), naming the key.
         """
-        raise ValueError(
-            f"{_KEY} at zero_optimization.stage 3: saving a checkpoint is not supported in ds yet (the selections, "
-            "selective moments and accumulated gradients would be lost); save from a stage 1/2 ZenFlow run"
-        )
+        saved_list = list(state_dicts) if isinstance(state_dicts, list) else [state_dicts]
+        found = [z for z in (sd.get("zenflow") for sd in saved_list) if z is not None]
+        same_world = bool(found) and int(found[0]["world_size"]) == self.world_size == len(found)
+        if found and load_optimizer_states and not same_world:
+            raise ValueError(
+                f"{_KEY}: the checkpoint's ZenFlow state was saved on {found[0]['world_size']} data-parallel "
+                f"ranks ({len(found)} given), this run has {self.world_size}; ZenFlow at stage 3 resumes at the "
+                "same world size only (load_optimizer_states=False restarts its selection)"
+            )
+        super().load_state_dict(state_dicts, load_optimizer_states, load_from_fp32_weights)
+        if not found:
+            logger.warning("ZenFlow: the checkpoint has no ZenFlow state; selection and windows start afresh")
+            return
+        self.micro_step = int(found[0]["micro_step"])  # the schedule's position (the engine's counters resume)
+        if not load_optimizer_states:
+            return
+        saved = next(z for z in found if int(z["dp_rank"]) == self.dp_rank)
+        for cols, chosen in zip(self.shard_columns, saved["selected_columns"], strict=True):
+            for sc, columns in zip(cols, chosen, strict=True):
+                if columns is not None:
+                    sc.use_columns(columns.to(torch.long))
+                sc.point_at_shard()
+        load_selective_state(self.selective_optimizer, saved["selective_optimizer"])
+        for acc, value in zip(self.accumulators, saved["accumulators"], strict=True):
+            acc.copy_(value)
+        if self.auto_update is not None and saved.get("auto_update") is not None:
+            self.auto_update.load_state_dict(saved["auto_update"])
+        self._load_overlap(saved.get("overlap"))
 
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        """Refused, as `state_dict`.
-
-        Raises:
-            ValueError: always, naming the key.
-        """
-        raise ValueError(f"{_KEY} at zero_optimization.stage 3: loading a checkpoint is not supported in ds yet")
+    def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:
+        """`overlap_step`: the worker's state and pending result, and the model's own (delayed) shards."""
+        if not isinstance(self._cpu, OverlappedCpuUpdate):
+            return
+        if saved is None:
+            logger.warning("ZenFlow: the checkpoint has no overlap_step state; the CPU moments start afresh")
+            return
+        self._cpu.load_state_dict(dict(saved))
+        with torch.no_grad():
+            for part, value in zip(self.partitions, saved["model"], strict=True):
+                if value is not None:
+                    part.shard16.copy_(value)
+        self.refresh_gathered(include_frozen=True)
 
     def close(self) -> None:
         """Stop the CPU update worker (overlap_step)."""
