@@ -152,22 +152,25 @@ def pair_exchange(
     sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None
 ) -> PairWork | ShmWork | None:
     """Send each of `sends` to the peer and receive each of `recvs` from it, in order (the peer's `sends[i]`
-    lands in this rank's `recvs[i]`); None, nothing sent, when not eligible."""
+    lands in this rank's `recvs[i]`; the two lists may differ in length, even be empty, as long as the
+    peer's sends match these receives); None, nothing sent, when not eligible: the decision reads each
+    tensor's device, contiguity and size, which the peer's matching tensors share."""
     peers = pair_peer(group)
-    if peers is None or len(sends) != len(recvs) or not sends:
+    if peers is None or not (sends or recvs):
         return None
-    for a, b in zip(recvs, sends, strict=True):
-        if not _eligible(a, b) or a.numel() != b.numel():
+    for t in (*sends, *recvs):
+        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
             return None
     peer = peers[1]
     channel = shm_channel(group)
     if channel is not None:
         return channel.exchange(list(sends), list(recvs))
     works: list[Work | None] = []
-    for a, b in zip(recvs, sends, strict=True):
+    for b in sends:
         if any(_overlaps(r, b) for r in recvs):
             b = b.clone()  # the receive must not overwrite what is still being sent
         works.append(dist.isend(b, group=group, group_dst=peer, tag=_TAG))
+    for a in recvs:
         works.append(dist.irecv(a, group=group, group_src=peer, tag=_TAG))
     return PairWork([w for w in works if w is not None], None)
 

@@ -50,6 +50,7 @@ and rounds once).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import os
@@ -144,37 +145,40 @@ def _words(buf: torch.Tensor) -> torch.Tensor:
 
 
 class _Layout:
-    """Where each tensor of a message sits in the message's bytes, and which parts fall in which chunk."""
+    """Where each tensor of a message sits in the message's bytes, and which parts fall in which chunk:
+    per chunk, (tensor index, first byte in the tensor, byte count, offset in the slot, whole tensor?).
+    A chunk past the message's end is empty (a message shorter than the peer's)."""
 
-    __slots__ = ("offsets", "sizes", "total", "slot")
+    __slots__ = ("total", "chunks", "pieces")
 
-    def __init__(self, tensors: list[torch.Tensor], slot: int) -> None:
-        self.offsets: list[int] = []
-        self.sizes: list[int] = []
+    def __init__(self, sizes: tuple[int, ...], slot: int) -> None:
+        offsets = []
         pos = 0
-        for t in tensors:
+        for n in sizes:
             pos = -(-pos // _ALIGN) * _ALIGN
-            n = t.numel() * t.element_size()
-            self.offsets.append(pos)
-            self.sizes.append(n)
+            offsets.append(pos)
             pos += n
         self.total = pos
-        self.slot = slot
+        self.chunks = max(1, -(-pos // slot))
+        self.pieces: list[list[tuple[int, int, int, int, bool]]] = []
+        for c in range(self.chunks):
+            lo, hi = c * slot, (c + 1) * slot
+            chunk = []
+            for i, (off, n) in enumerate(zip(offsets, sizes, strict=True)):
+                a, b = max(lo, off), min(hi, off + n)
+                if a < b:
+                    chunk.append((i, a - off, b - a, a - lo, b - a == n))
+            self.pieces.append(chunk)
 
-    @property
-    def chunks(self) -> int:
-        return max(1, -(-self.total // self.slot))
 
-    def pieces(self, chunk: int) -> list[tuple[int, int, int, int]]:
-        """(tensor index, first byte in the tensor, byte count, offset in the slot) for `chunk` (none past
-        the message's end: a message shorter than the peer's leaves its last chunks empty)."""
-        lo, hi = chunk * self.slot, (chunk + 1) * self.slot
-        out = []
-        for i, (off, n) in enumerate(zip(self.offsets, self.sizes, strict=True)):
-            a, b = max(lo, off), min(hi, off + n)
-            if a < b:
-                out.append((i, a - off, b - a, a - lo))
-        return out
+@functools.lru_cache(maxsize=4096)
+def _layout(sizes: tuple[int, ...], slot: int) -> _Layout:
+    """Layouts repeat step after step (the same parameters, the same buckets): made once each."""
+    return _Layout(sizes, slot)
+
+
+def _sizes(tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    return tuple(t.numel() * t.element_size() for t in tensors)
 
 
 class ShmWork:
@@ -250,7 +254,7 @@ class ShmChannel:
         (this rank's sends are the peer's recvs). The sends are read before this returns; the destinations
         are complete once the returned work's `wait()` returns."""
         adds: list[torch.Tensor | None] = list(addends) if addends is not None else [None] * len(recvs)
-        out_layout, in_layout = _Layout(sends, self.slot), _Layout(recvs, self.slot)
+        out_layout, in_layout = _layout(_sizes(sends), self.slot), _layout(_sizes(recvs), self.slot)
         chunks = max(out_layout.chunks, in_layout.chunks)  # the same number on both ranks
         with self._lock:
             self._check()
@@ -258,7 +262,7 @@ class ShmChannel:
             if chunks > 1:  # later chunks are sent after earlier ones were received: no overwrites
                 sends = [_unshared(s, recvs, i) for i, s in enumerate(sends)]
             adds = [a if a is None else _unshared(a, recvs, i) for i, a in enumerate(adds)]
-            views = [t.reshape(-1).view(torch.uint8) for t in sends]
+            views = [_bytes(t) for t in sends]
             first = self._next
             try:
                 for c in range(chunks):
@@ -268,8 +272,8 @@ class ShmChannel:
                     slot = self._slots[self._me][s % 2]
                     head = self._heads[self._me][s % 2]
                     head[0], head[1] = out_layout.total, c
-                    for i, a, n, at in out_layout.pieces(c):
-                        slot[at : at + n].copy_(views[i][a : a + n])
+                    for i, a, n, at, whole in out_layout.pieces[c] if c < out_layout.chunks else ():
+                        slot[at : at + n].copy_(views[i] if whole else views[i][a : a + n])
                     self._written[self._me].value = s & _MASK
                     _futex(self._written_addr[self._me], _FUTEX_WAKE, 0x7FFFFFFF)
                     self._pending.append((s, c, in_layout, recvs, adds))
@@ -313,15 +317,20 @@ class ShmChannel:
                     f"shared-memory pair exchange: the peer sent {total} bytes (chunk {index}) where this rank "
                     f"expects {layout.total} (chunk {c}); the two ranks issued different collectives"
                 )
-            for i, a, n, at in layout.pieces(c):
+            for i, a, n, at, whole in layout.pieces[c] if c < layout.chunks else ():
                 src = slot[at : at + n]
                 dest, add = recvs[i], adds[i]
                 if add is None:
-                    dest.reshape(-1).view(torch.uint8)[a : a + n].copy_(src)
+                    if whole:
+                        _bytes(dest).copy_(src)
+                    else:
+                        _bytes(dest)[a : a + n].copy_(src)
+                elif whole:
+                    torch.add(add.view(-1), src.view(dest.dtype), out=dest.view(-1))
                 else:
                     size = dest.element_size()
                     lo, hi = a // size, (a + n) // size
-                    torch.add(add.reshape(-1)[lo:hi], src.view(dest.dtype), out=dest.reshape(-1)[lo:hi])
+                    torch.add(add.view(-1)[lo:hi], src.view(dest.dtype), out=dest.view(-1)[lo:hi])
             self._pending.popleft()
             self._taken = s
             self._read[self._me].value = s & _MASK
@@ -359,6 +368,11 @@ class ShmChannel:
     def _check(self) -> None:
         if self._broken is not None:
             raise RuntimeError(f"shared-memory pair exchange unusable: {self._broken}")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes, flat."""
+    return t.view(-1).view(torch.uint8)
 
 
 def _seconds(timeout: timedelta | None) -> float:

@@ -335,14 +335,16 @@ def pair_exchange(
 ) -> CollectiveHandle | None:
     """On a gloo group of two CPU ranks, send `sends[i]` to the other rank and receive its `sends[i]` into
     `recvs[i]`, for every i, as one asynchronous operation (a caller's own collective built from halves,
-    such as a reduce-scatter without a staging buffer); logged as `op`. None, with nothing issued, on any
-    other group or tensors. See ds_comm._gloo_pair."""
+    such as a reduce-scatter without a staging buffer); logged as `op`. The lists may differ in length
+    (one may be empty) where the other rank's sends match these receives. None, with nothing issued, on
+    any other group or tensors. See ds_comm._gloo_pair (and ds_comm._shm_pair: on one host, shared memory)."""
     if not waits_on_cpu(group):
         return None
     work = _pair_exchange(list(sends), list(recvs), group)
     if work is None:
         return None
-    return _issue(op, lambda a: work, group=group, async_op=True, size_bytes=2 * sum(_nbytes(t) for t in sends))
+    size = sum(_nbytes(t) for t in sends) + sum(_nbytes(t) for t in recvs)
+    return _issue(op, lambda a: work, group=group, async_op=True, size_bytes=size)
 
 
 def reduce_scatter(
