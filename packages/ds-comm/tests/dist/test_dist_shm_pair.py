@@ -105,6 +105,22 @@ def _collectives(rank: int, world: int) -> dict[str, object]:
     assert h is not None
     h.wait()
     out["exchange"] = [r.float().unique().tolist() for r in recvs]
+    # lists of different lengths: group rank 0 sends two tensors and receives one, rank 1 the reverse;
+    # then a one-way exchange (rank 0 only sends), each landing in order
+    two = [torch.arange(5.0), torch.arange(3000.0) * 2]
+    one = [torch.arange(7, dtype=torch.float64)]
+    sends, recvs = (
+        (two, [torch.empty(7, dtype=torch.float64)]) if me == 0 else (one, [torch.empty(5), torch.empty(3000)])
+    )
+    h = ds_comm.pair_exchange(sends, recvs, group=group)
+    assert h is not None
+    h.wait()
+    one_way = torch.full((4099,), 3.5) if me == 0 else torch.zeros(4099)
+    h = ds_comm.pair_exchange([one_way] if me == 0 else [], [] if me == 0 else [one_way], group=group)
+    assert h is not None
+    h.wait()
+    expect = one if me == 0 else two
+    out["uneven"] = [torch.equal(r, e) for r, e in zip(recvs, expect, strict=True)] + [bool((one_way == 3.5).all())]
     out["channel"] = shm_channel(group) is not None
     out["segments"] = _mapped_segments()
     out["left_in_dev_shm"] = glob.glob(f"/dev/shm/ds_comm_pair_{os.getpid()}_*")
@@ -114,7 +130,7 @@ def _collectives(rank: int, world: int) -> dict[str, object]:
 def _check(results: list[dict[str, object]], *, shm: bool) -> None:
     for rank, r in enumerate(results):
         for key, value in r.items():
-            if key.startswith(("rs_", "ag_", "ar_", "bc")) or key in ("in_flight", "many"):
+            if key.startswith(("rs_", "ag_", "ar_", "bc")) or key in ("in_flight", "many", "uneven"):
                 assert all(value), (rank, key, value)  # type: ignore[call-overload]
         peer = 1 - rank
         bf16 = torch.tensor(float(peer * 100 + 5000)).to(torch.bfloat16).item()
