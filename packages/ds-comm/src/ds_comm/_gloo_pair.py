@@ -125,7 +125,7 @@ def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGro
     me, peer = peers
     halves = output.view(-1).chunk(2)
     mine = _own_half(halves[me], input.view(-1), output)
-    return _send_recv([mine], [halves[peer]], group, peer)
+    return _send_recv([mine], [halves[peer]], group, peer, kind=1)
 
 
 def pair_all_gather_many(
@@ -145,7 +145,7 @@ def pair_all_gather_many(
         halves = o.view(-1).chunk(2)
         sends.append(_own_half(halves[me], i.view(-1), o))
         recvs.append(halves[peer])
-    return _send_recv(sends, recvs, group, peer)
+    return _send_recv(sends, recvs, group, peer, kind=1)
 
 
 def pair_exchange(
@@ -188,7 +188,7 @@ def pair_reduce_scatter(
     own = halves[me]
     channel = shm_channel(group)
     if channel is not None:  # out = own + peer's, taken straight out of the segment
-        return channel.exchange([halves[peer]], [out], [own])
+        return channel.exchange([halves[peer]], [out], [own], kind=2)
     # An output inside the input (an in-place reduce-scatter into this rank's own slice): the peer's half
     # lands in a buffer of its own, or the receive would overwrite what is still to be added or sent.
     landing = torch.empty_like(out) if _overlaps(out, input) else out
@@ -226,9 +226,9 @@ def pair_all_reduce(
     if channel is None:
         return None
     if tensor.is_contiguous():
-        return channel.exchange([tensor], [tensor], [tensor])
+        return channel.exchange([tensor], [tensor], [tensor], kind=3)
     flat = tensor.contiguous()
-    work = channel.exchange([flat], [flat], [flat])
+    work = channel.exchange([flat], [flat], [flat], kind=3)
     return PairWork([work], lambda: tensor.copy_(flat))
 
 
@@ -249,8 +249,8 @@ def pair_broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -
         return None
     flat = tensor if tensor.is_contiguous() else tensor.contiguous()
     if root == peers[0]:
-        return channel.exchange([flat], [])
-    work = channel.exchange([], [flat])
+        return channel.exchange([flat], [], kind=4)
+    work = channel.exchange([], [flat], kind=4)
     return work if flat is tensor else PairWork([work], lambda: tensor.copy_(flat))
 
 
@@ -260,13 +260,13 @@ _SUMMABLE = frozenset(
 
 
 def _send_recv(
-    sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None, peer: int
+    sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None, peer: int, kind: int
 ) -> PairWork | ShmWork:
     """The peer's `sends[i]` into this rank's `recvs[i]`: through the group's shared segment when it has
     one, else one gloo send and receive per tensor."""
     channel = shm_channel(group)
     if channel is not None:
-        return channel.exchange(sends, recvs)
+        return channel.exchange(sends, recvs, kind=kind)
     works: list[Work | None] = []
     for a, b in zip(sends, recvs, strict=True):
         works.append(dist.isend(a, group=group, group_dst=peer, tag=_TAG))

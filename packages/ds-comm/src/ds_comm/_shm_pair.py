@@ -78,6 +78,9 @@ SLOT_ENV = "DS_COMM_SHM_SLOT_MB"
 """Size of one slot in MiB (group rank 0's value counts); a segment holds four, plus a header page."""
 DEFAULT_SLOT_MB = 8
 
+KINDS = {0: "an exchange", 1: "all_gather", 2: "reduce_scatter", 3: "all_reduce", 4: "broadcast"}
+"""What `ShmChannel.exchange(kind=)` codes stand for, in messages."""
+
 _HEADER = 4096
 _SLOT_HEADER = 64
 _ALIGN = 64
@@ -227,10 +230,10 @@ class ShmChannel:
             [self._buf[self._slot_at(r, k) + _SLOT_HEADER : self._slot_at(r, k) + _SLOT_HEADER + slot] for k in (0, 1)]
             for r in (0, 1)
         ]
-        # each slot's header: (the message's byte size, the chunk's index), for the reader to check
-        self._heads = [[(ctypes.c_int64 * 2).from_address(base + self._slot_at(r, k)) for k in (0, 1)] for r in (0, 1)]
+        # each slot's header: (the message's byte size, the chunk's index, the collective), for the reader to check
+        self._heads = [[(ctypes.c_int64 * 3).from_address(base + self._slot_at(r, k)) for k in (0, 1)] for r in (0, 1)]
         self._next = 1  # the next chunk this rank writes
-        self._pending: deque[tuple[int, int, _Layout, list[torch.Tensor], list[torch.Tensor | None]]] = deque()
+        self._pending: deque[tuple[int, int, _Layout, list[torch.Tensor], list[torch.Tensor | None], int]] = deque()
         self._taken = 0  # the last peer chunk taken out
         self._lock = threading.Lock()
         self._broken: str | None = None
@@ -246,13 +249,15 @@ class ShmChannel:
         recvs: list[torch.Tensor],
         addends: list[torch.Tensor | None] | None = None,
         timeout: timedelta | None = None,
+        kind: int = 0,
     ) -> ShmWork:
         """Send `sends` to the peer and receive what it sends into `recvs`: its i-th tensor lands in
         `recvs[i]`, or `recvs[i] = addends[i] + peer's` where an addend is given. Contiguous CPU tensors;
         the peer's i-th send has `recvs[i]`'s byte size (and an addend `recvs[i]`'s shape and dtype).
         Either list may be empty (a broadcast sends only, or receives only); both ranks' calls must match
         (this rank's sends are the peer's recvs). The sends are read before this returns; the destinations
-        are complete once the returned work's `wait()` returns."""
+        are complete once the returned work's `wait()` returns. `kind` names the collective (both ranks
+        must give the same; the reader checks it with the sizes, so mismatched collectives fail loudly)."""
         adds: list[torch.Tensor | None] = list(addends) if addends is not None else [None] * len(recvs)
         out_layout, in_layout = _layout(_sizes(sends), self.slot), _layout(_sizes(recvs), self.slot)
         chunks = max(out_layout.chunks, in_layout.chunks)  # the same number on both ranks
@@ -271,12 +276,12 @@ class ShmChannel:
                     self._wait(self._read, self._read_addr, self._peer, s - 2, deadline, "take out")
                     slot = self._slots[self._me][s % 2]
                     head = self._heads[self._me][s % 2]
-                    head[0], head[1] = out_layout.total, c
+                    head[0], head[1], head[2] = out_layout.total, c, kind
                     for i, a, n, at, whole in out_layout.pieces[c] if c < out_layout.chunks else ():
                         slot[at : at + n].copy_(views[i] if whole else views[i][a : a + n])
                     self._written[self._me].value = s & _MASK
                     _futex(self._written_addr[self._me], _FUTEX_WAKE, 0x7FFFFFFF)
-                    self._pending.append((s, c, in_layout, recvs, adds))
+                    self._pending.append((s, c, in_layout, recvs, adds, kind))
                 self._next = first + chunks
             except BaseException as err:
                 self._broken = f"an earlier exchange failed: {err}"
@@ -307,15 +312,16 @@ class ShmChannel:
 
     def _take_out(self, upto: int, deadline: float) -> None:
         while self._pending and self._pending[0][0] <= upto:
-            s, c, layout, recvs, adds = self._pending[0]
+            s, c, layout, recvs, adds, kind = self._pending[0]
             self._wait(self._written, self._written_addr, self._peer, s, deadline, "write")
             slot = self._slots[self._peer][s % 2]
             head = self._heads[self._peer][s % 2]
-            total, index = head[0], head[1]
-            if total != layout.total or index != c:
+            total, index, theirs = head[0], head[1], head[2]
+            if total != layout.total or index != c or theirs != kind:
                 raise RuntimeError(
-                    f"shared-memory pair exchange: the peer sent {total} bytes (chunk {index}) where this rank "
-                    f"expects {layout.total} (chunk {c}); the two ranks issued different collectives"
+                    f"shared-memory pair exchange: the peer sent {total} bytes (chunk {index}) of "
+                    f"{KINDS.get(theirs, theirs)} where this rank expects {layout.total} (chunk {c}) of "
+                    f"{KINDS.get(kind, kind)}; the two ranks issued different collectives"
                 )
             for i, a, n, at, whole in layout.pieces[c] if c < layout.chunks else ():
                 src = slot[at : at + n]

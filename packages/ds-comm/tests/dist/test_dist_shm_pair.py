@@ -205,13 +205,19 @@ def test_concurrent_groups_each_have_their_segment() -> None:
         assert all(r["ok"]) and all(r["channels"]) and r["segments"] == 2
 
 
-def _mismatched_sizes(rank: int, world: int) -> None:
-    ds_comm.all_reduce(torch.ones(10 + rank))
+def _mismatched(rank: int, world: int, what: str) -> None:
+    if what == "sizes":
+        ds_comm.all_reduce(torch.ones(10 + rank))
+    elif rank == 0:  # the same bytes, another collective
+        ds_comm.all_reduce(torch.ones(8))
+    else:
+        ds_comm.broadcast(torch.ones(8), src=1)
 
 
-def test_mismatched_sizes_raise_instead_of_mixing_data() -> None:
-    with pytest.raises(ds_comm.CollectiveError, match="the two ranks issued different collectives"):
-        run_ranks(2, _mismatched_sizes, timeout_s=60, collective_timeout_s=10)
+@pytest.mark.parametrize(("what", "detail"), [("sizes", "sent 4[04] bytes"), ("kinds", "of broadcast")])
+def test_mismatched_collectives_raise_instead_of_mixing_data(what: str, detail: str) -> None:
+    with pytest.raises(ds_comm.CollectiveError, match=f"{detail}.*the two ranks issued different collectives"):
+        run_ranks(2, _mismatched, what, timeout_s=60, collective_timeout_s=10)
 
 
 def _peer_absent(rank: int, world: int) -> None:
