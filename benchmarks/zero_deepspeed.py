@@ -78,7 +78,8 @@ def _rank(rank: int, port: int, stage: int, steps: int, batch: int, seq: int, ou
     if os.environ.get("ZERO_DS_PROFILE") and rank == 0:  # a cProfile of rank 0's timed steps, for looking into
         import cProfile
 
-        prof = cProfile.Profile()
+        # the main thread's CPU time (ZERO_DS_PROFILE_WALL=1: wall time, waits included)
+        prof = cProfile.Profile() if os.environ.get("ZERO_DS_PROFILE_WALL") else cProfile.Profile(time.thread_time)
     for i in range(steps + 3):
         if prof is not None and i == 3:
             prof.enable()

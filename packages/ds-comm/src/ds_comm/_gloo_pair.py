@@ -17,7 +17,9 @@ only at what both ranks share (the group, the device, the dtype, the sizes); whe
 overlap (an in-place call), the pair path copies instead of falling back.
 
 The returned `PairWork` stands for the pair's two gloo works: waiting on it waits both and, for the
-reduce-scatter, adds this rank's own half into the received one (the output), once.
+reduce-scatter, adds this rank's own half into the received one (the output), once. Where both ranks
+share a host, the pair's data goes through a shared-memory segment instead of gloo's TCP (a `ShmWork`,
+see ds_comm._shm_pair); whether a group does is agreed once by both ranks, so the rule above holds.
 """
 
 from __future__ import annotations
@@ -30,7 +32,18 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp, Work
 
-__all__ = ["PairWork", "pair_all_gather", "pair_all_gather_many", "pair_exchange", "pair_peer", "pair_reduce_scatter"]
+from ds_comm._shm_pair import ShmWork, shm_channel
+
+__all__ = [
+    "PairWork",
+    "pair_all_gather",
+    "pair_all_gather_many",
+    "pair_all_reduce",
+    "pair_broadcast",
+    "pair_exchange",
+    "pair_peer",
+    "pair_reduce_scatter",
+]
 
 #: A tag of their own, so that the pair's messages never match a user's `isend`/`irecv` (tag 0) on the group.
 _TAG = 0x2E6C
@@ -70,7 +83,7 @@ class PairWork:
 
     __slots__ = ("_works", "_then", "_done")
 
-    def __init__(self, works: list[Work], then: Callable[[], None] | None) -> None:
+    def __init__(self, works: list[Work] | list[ShmWork], then: Callable[[], object] | None) -> None:
         self._works = works
         self._then = then
         self._done = False
@@ -104,7 +117,7 @@ class PairWork:
         return fut
 
 
-def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGroup | None) -> PairWork | None:
+def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGroup | None) -> PairWork | ShmWork | None:
     """`output` = [rank 0's input, rank 1's input] by one send and one receive; None when not eligible."""
     peers = pair_peer(group)
     if peers is None or not _eligible(output, input) or output.numel() != 2 * input.numel():
@@ -112,16 +125,12 @@ def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGro
     me, peer = peers
     halves = output.view(-1).chunk(2)
     mine = _own_half(halves[me], input.view(-1), output)
-    works = [
-        dist.isend(mine, group=group, group_dst=peer, tag=_TAG),
-        dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG),
-    ]
-    return PairWork([w for w in works if w is not None], None)
+    return _send_recv([mine], [halves[peer]], group, peer, kind=1)
 
 
 def pair_all_gather_many(
     outputs: list[torch.Tensor], inputs: list[torch.Tensor], group: ProcessGroup | None
-) -> PairWork | None:
+) -> PairWork | ShmWork | None:
     """Each `outputs[i]` = [rank 0's `inputs[i]`, rank 1's]: one send and one receive per tensor, no staging
     buffer (a coalesced gather lands in each parameter's own storage); None when not eligible (nothing sent)."""
     peers = pair_peer(group)
@@ -131,37 +140,44 @@ def pair_all_gather_many(
         if not _eligible(o, i) or o.numel() != 2 * i.numel():
             return None
     me, peer = peers
-    works: list[Work | None] = []
+    sends, recvs = [], []
     for o, i in zip(outputs, inputs, strict=True):
         halves = o.view(-1).chunk(2)
-        mine = _own_half(halves[me], i.view(-1), o)
-        works.append(dist.isend(mine, group=group, group_dst=peer, tag=_TAG))
-        works.append(dist.irecv(halves[peer], group=group, group_src=peer, tag=_TAG))
-    return PairWork([w for w in works if w is not None], None)
+        sends.append(_own_half(halves[me], i.view(-1), o))
+        recvs.append(halves[peer])
+    return _send_recv(sends, recvs, group, peer, kind=1)
 
 
-def pair_exchange(sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None) -> PairWork | None:
+def pair_exchange(
+    sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None
+) -> PairWork | ShmWork | None:
     """Send each of `sends` to the peer and receive each of `recvs` from it, in order (the peer's `sends[i]`
-    lands in this rank's `recvs[i]`); None, nothing sent, when not eligible."""
+    lands in this rank's `recvs[i]`; the two lists may differ in length, even be empty, as long as the
+    peer's sends match these receives); None, nothing sent, when not eligible: the decision reads each
+    tensor's device, contiguity and size, which the peer's matching tensors share."""
     peers = pair_peer(group)
-    if peers is None or len(sends) != len(recvs) or not sends:
+    if peers is None or not (sends or recvs):
         return None
-    for a, b in zip(recvs, sends, strict=True):
-        if not _eligible(a, b) or a.numel() != b.numel():
+    for t in (*sends, *recvs):
+        if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
             return None
     peer = peers[1]
+    channel = shm_channel(group)
+    if channel is not None:
+        return channel.exchange(list(sends), list(recvs))
     works: list[Work | None] = []
-    for a, b in zip(recvs, sends, strict=True):
+    for b in sends:
         if any(_overlaps(r, b) for r in recvs):
             b = b.clone()  # the receive must not overwrite what is still being sent
         works.append(dist.isend(b, group=group, group_dst=peer, tag=_TAG))
+    for a in recvs:
         works.append(dist.irecv(a, group=group, group_src=peer, tag=_TAG))
     return PairWork([w for w in works if w is not None], None)
 
 
 def pair_reduce_scatter(
     output: torch.Tensor, input: torch.Tensor, op: ReduceOp.RedOpType, group: ProcessGroup | None
-) -> PairWork | None:
+) -> PairWork | ShmWork | None:
     """`output` = both ranks' slice `rank` of `input` summed, by one send and one receive; None if not eligible."""
     peers = pair_peer(group)
     if peers is None or op != ReduceOp.SUM or not _eligible(output, input) or input.numel() != 2 * output.numel():
@@ -170,6 +186,9 @@ def pair_reduce_scatter(
     halves = input.view(-1).chunk(2)
     out = output.view(-1)
     own = halves[me]
+    channel = shm_channel(group)
+    if channel is not None:  # out = own + peer's, taken straight out of the segment
+        return channel.exchange([halves[peer]], [out], [own], kind=2)
     # An output inside the input (an in-place reduce-scatter into this rank's own slice): the peer's half
     # lands in a buffer of its own, or the receive would overwrite what is still to be added or sent.
     landing = torch.empty_like(out) if _overlaps(out, input) else out
@@ -185,6 +204,74 @@ def pair_reduce_scatter(
             out.copy_(own + landing)
 
     return PairWork([w for w in works if w is not None], add_own)
+
+
+def pair_all_reduce(
+    tensor: torch.Tensor, op: ReduceOp.RedOpType, group: ProcessGroup | None
+) -> PairWork | ShmWork | None:
+    """`tensor` = both ranks' `tensor` summed, through the group's shared segment: one copy in, one addition
+    out. None (the caller goes to gloo) unless the group has a segment (see ds_comm._shm_pair): over gloo
+    itself, torch's all-reduce of two ranks costs no more than a send/receive pair would. The decision reads
+    the group, the op, the device and the dtype (alike on both ranks); a non-contiguous tensor goes
+    through a contiguous copy rather than to gloo, which its peer might not."""
+    if (
+        pair_peer(group) is None
+        or op != ReduceOp.SUM
+        or tensor.device.type != "cpu"
+        or tensor.numel() == 0
+        or tensor.dtype not in _SUMMABLE
+    ):
+        return None
+    channel = shm_channel(group)
+    if channel is None:
+        return None
+    if tensor.is_contiguous():
+        return channel.exchange([tensor], [tensor], [tensor], kind=3)
+    flat = tensor.contiguous()
+    work = channel.exchange([flat], [flat], [flat], kind=3)
+    return PairWork([work], lambda: tensor.copy_(flat))
+
+
+def pair_broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None) -> PairWork | ShmWork | None:
+    """`tensor` = global rank `src`'s `tensor`, through the group's shared segment (one copy in, one out).
+    None (the caller goes to gloo) unless the group has a segment; decided from the group, the device
+    and the size, alike on both ranks (a non-contiguous tensor goes through a contiguous copy)."""
+    peers = pair_peer(group)
+    if peers is None or tensor.device.type != "cpu" or tensor.numel() == 0:
+        return None
+    key = group if group is not None else dist.group.WORLD
+    try:
+        root = src if key is None or key is dist.group.WORLD else dist.get_group_rank(key, src)
+    except (RuntimeError, ValueError):
+        return None  # not a member: torch raises its own error
+    channel = shm_channel(group)
+    if channel is None:
+        return None
+    flat = tensor if tensor.is_contiguous() else tensor.contiguous()
+    if root == peers[0]:
+        return channel.exchange([flat], [], kind=4)
+    work = channel.exchange([], [flat], kind=4)
+    return work if flat is tensor else PairWork([work], lambda: tensor.copy_(flat))
+
+
+_SUMMABLE = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64}
+)
+
+
+def _send_recv(
+    sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None, peer: int, kind: int
+) -> PairWork | ShmWork:
+    """The peer's `sends[i]` into this rank's `recvs[i]`: through the group's shared segment when it has
+    one, else one gloo send and receive per tensor."""
+    channel = shm_channel(group)
+    if channel is not None:
+        return channel.exchange(sends, recvs, kind=kind)
+    works: list[Work | None] = []
+    for a, b in zip(sends, recvs, strict=True):
+        works.append(dist.isend(a, group=group, group_dst=peer, tag=_TAG))
+        works.append(dist.irecv(b, group=group, group_src=peer, tag=_TAG))
+    return PairWork([w for w in works if w is not None], None)
 
 
 def _own_half(slot: torch.Tensor, mine: torch.Tensor, output: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,8 @@ from ds_comm._gloo_pair import (
     PairWork,
     pair_all_gather,
     pair_all_gather_many,
+    pair_all_reduce,
+    pair_broadcast,
     pair_peer,
     pair_reduce_scatter,
 )
@@ -32,6 +34,7 @@ from ds_comm._gloo_pair import (
     pair_exchange as _pair_exchange,
 )
 from ds_comm._group_cache import waits_on_cpu
+from ds_comm._shm_pair import ShmWork
 from ds_comm.accelerator import get_accelerator
 
 logger = logging.getLogger(__name__)
@@ -129,7 +132,7 @@ class CollectiveHandle:
     __slots__ = ("_work", "_op", "_group", "_size_bytes", "_start", "_done")
 
     def __init__(
-        self, work: Work | PairWork, op: str, group: ProcessGroup | None, size_bytes: int, start: float
+        self, work: Work | PairWork | ShmWork, op: str, group: ProcessGroup | None, size_bytes: int, start: float
     ) -> None:
         self._work = work
         self._op = op
@@ -153,7 +156,7 @@ class CollectiveHandle:
 
 
 def _finish(
-    work: Work | PairWork | None,
+    work: Work | PairWork | ShmWork | None,
     op: str,
     group: ProcessGroup | None,
     size_bytes: int,
@@ -178,7 +181,7 @@ def _finish(
 
 def _issue(
     op: str,
-    call: Callable[[bool], Work | PairWork | None],
+    call: Callable[[bool], Work | PairWork | ShmWork | None],
     *,
     group: ProcessGroup | None,
     async_op: bool,
@@ -214,10 +217,10 @@ def all_reduce(
     group: ProcessGroup | None = None,
     async_op: bool = False,
 ) -> CollectiveHandle | None:
-    """`torch.distributed.all_reduce`, in place on `tensor`."""
+    """`torch.distributed.all_reduce`, in place on `tensor` (two ranks of one host: see ds_comm._shm_pair)."""
     return _issue(
         "all_reduce",
-        lambda a: dist.all_reduce(tensor, op=op, group=group, async_op=a),
+        lambda a: pair_all_reduce(tensor, op, group) or dist.all_reduce(tensor, op=op, group=group, async_op=a),
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(tensor),
@@ -258,10 +261,10 @@ def reduce(
 def broadcast(
     tensor: torch.Tensor, src: int, group: ProcessGroup | None = None, async_op: bool = False
 ) -> CollectiveHandle | None:
-    """`torch.distributed.broadcast` from global rank `src`."""
+    """`torch.distributed.broadcast` from global rank `src` (two ranks of one host: see ds_comm._shm_pair)."""
     return _issue(
         "broadcast",
-        lambda a: dist.broadcast(tensor, src, group=group, async_op=a),
+        lambda a: pair_broadcast(tensor, src, group) or dist.broadcast(tensor, src, group=group, async_op=a),
         group=group,
         async_op=async_op,
         size_bytes=_nbytes(tensor),
@@ -332,14 +335,16 @@ def pair_exchange(
 ) -> CollectiveHandle | None:
     """On a gloo group of two CPU ranks, send `sends[i]` to the other rank and receive its `sends[i]` into
     `recvs[i]`, for every i, as one asynchronous operation (a caller's own collective built from halves,
-    such as a reduce-scatter without a staging buffer); logged as `op`. None, with nothing issued, on any
-    other group or tensors. See ds_comm._gloo_pair."""
+    such as a reduce-scatter without a staging buffer); logged as `op`. The lists may differ in length
+    (one may be empty) where the other rank's sends match these receives. None, with nothing issued, on
+    any other group or tensors. See ds_comm._gloo_pair (and ds_comm._shm_pair: on one host, shared memory)."""
     if not waits_on_cpu(group):
         return None
     work = _pair_exchange(list(sends), list(recvs), group)
     if work is None:
         return None
-    return _issue(op, lambda a: work, group=group, async_op=True, size_bytes=2 * sum(_nbytes(t) for t in sends))
+    size = sum(_nbytes(t) for t in sends) + sum(_nbytes(t) for t in recvs)
+    return _issue(op, lambda a: work, group=group, async_op=True, size_bytes=size)
 
 
 def reduce_scatter(

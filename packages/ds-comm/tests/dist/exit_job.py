@@ -10,6 +10,7 @@ default group still exists at that point.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import time
 
@@ -20,6 +21,10 @@ import ds_comm
 import ds_comm._exit_teardown
 
 ending = sys.argv[1]
+if ending.startswith("stray"):
+    # the stray all-reduce must be gloo's: over the shared-memory pair path (two ranks, one host) nothing of
+    # it stays in flight for the teardown to wait on
+    os.environ["DS_COMM_SHM"] = "0"
 atexit.register(lambda: print(f"after ds_comm's exit hook: initialized={dist.is_initialized()}", flush=True))
 ds_comm._exit_teardown.TEARDOWN_LIMIT_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
 ds_comm.init_distributed(dist_backend="gloo", verbose=False)
