@@ -1,4 +1,5 @@
-"""DeepSpeedEngine's checkpoint file-name methods (`_get_ckpt_name`, `_get_zero_ckpt_name`, `_get_optimizer_ckpt_name`).
+"""DeepSpeedEngine's checkpoint file-name methods (`_get_ckpt_name`, `_get_zero_ckpt_name`, `_get_optimizer_ckpt_name`),
+and the small checkpoint methods beside `save_checkpoint` (`commit_checkpoint`, DeepSpeed's private names).
 
 Scripts and tests that inspect, copy or patch a checkpoint's files ask the engine where a file of this
 rank lives rather than spelling the names themselves. The names are the ones `save_checkpoint` writes
@@ -9,9 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ds_engine._checkpoint import checkpoint as _checkpoint
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
+from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
+
+if TYPE_CHECKING:
+    from ds_engine._checkpoint.checkpointer import Checkpointer
 
 __all__ = ["EngineCheckpointNames"]
 
@@ -21,6 +27,26 @@ class EngineCheckpointNames:
 
     _mp_rank: int
     _dp_rank: int
+    _checkpointer: Checkpointer
+
+    def commit_checkpoint(self) -> bool:
+        """Under `checkpoint.writer.decoupled`: wait until every rank wrote the last save's files, then move
+        `latest` (collective). The next save, load, optimizer step boundary (once the files are written) and
+        `destroy()` do it too. Returns False when nothing was pending.
+
+        Raises:
+            DecoupledCheckpointError: a background write failed, naming the file; `latest` was not moved.
+        """
+        return self._checkpointer.commit()
+
+    def _commit_decoupled_checkpoint(self) -> None:
+        """DeepSpeed's name for `commit_checkpoint`."""
+        self._checkpointer.commit()
+
+    def _change_recovery_script_permissions(self, dst: str | Path) -> None:
+        """DeepSpeed's private chmod step for a checkpoint's `zero_to_fp32.py`: make `dst` executable, or log
+        on the "DeepSpeed" logger (INFO) why not and go on (`_recovery_script`)."""
+        change_recovery_script_permissions(dst)
 
     def _get_ckpt_name(
         self, checkpoints_path: str | os.PathLike[str], tag: object, mp_placeholder: str | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +17,6 @@ from torch import nn
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint.checkpointer import Checkpointer, CheckpointParts
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
-from ds_engine._checkpoint.recovery_script import change_recovery_script_permissions
 from ds_engine._data.loader import CurriculumDataLoader
 from ds_engine._engine.assembly import EngineParts
 from ds_engine._engine.checkpoint_names import EngineCheckpointNames
@@ -491,25 +489,6 @@ class DeepSpeedEngine(
         """
         self._check_states_loaded("engine.save_checkpoint()", SAVE_NEEDS)
         return self._checkpointer.save(save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
-
-    def commit_checkpoint(self) -> bool:
-        """Under `checkpoint.writer.decoupled`: wait until every rank wrote the last save's files, then move
-        `latest` (collective). The next save, load, optimizer step boundary (once the files are written) and
-        `destroy()` do it too. Returns False when nothing was pending.
-
-        Raises:
-            DecoupledCheckpointError: a background write failed, naming the file; `latest` was not moved.
-        """
-        return self._checkpointer.commit()
-
-    def _commit_decoupled_checkpoint(self) -> None:
-        """DeepSpeed's name for `commit_checkpoint`."""
-        self._checkpointer.commit()
-
-    def _change_recovery_script_permissions(self, dst: str | Path) -> None:
-        """DeepSpeed's private chmod step for a checkpoint's `zero_to_fp32.py`: make `dst` executable, or log
-        on the "DeepSpeed" logger (INFO) why not and go on (`_recovery_script`)."""
-        change_recovery_script_permissions(dst)
 
     def load_checkpoint(
         self,

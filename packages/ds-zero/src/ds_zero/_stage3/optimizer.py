@@ -23,9 +23,10 @@ from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
-from ds_zero._params.partitioned_param import ZeroParamStatus, is_zero_param, state_of
+from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.shards import write_shards
 from ds_zero._schedule.module import DeepSpeedZeRoOffload
+from ds_zero._stage3.build_partitions import build_partitions
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3.grad_views import GradPartitionViews
 from ds_zero._stage3.grads import GradReducer
@@ -226,7 +227,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         # this optimizer's per-parameter bookkeeping (master slice, gradient bucket and slot)
         self.partition_index = PartitionIndex()
         self._placement = TilePlacement(optimizer, cfg, model_parallel=model_parallel_group is not None)
-        self.partitions = self._build_partitions(swap_master=nvme)
+        self.partitions = build_partitions(self, swap_master=nvme)
         self.model_parallel_group = model_parallel_group
         self._cut = (
             Stage3CutRanges(self.partitions, model_parallel_params) if model_parallel_group is not None else None
@@ -313,47 +314,6 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         sup = SuperOffload(self, self._placement.cpu_tiles, cores_perc=off.cpuadam_cores_perc)
         self.reducer.on_piece = sup.on_piece
         return sup
-
-    def _build_partitions(self, swap_master: bool) -> list[ShardPartition]:
-        master_device = torch.device("cpu") if self.offload_optimizer else None
-        partitions: list[ShardPartition] = []
-        trainable_by_group: list[list[nn.Parameter]] = []
-        seen: set[int] = set()
-        for gi, group in enumerate(self.optimizer.param_groups):
-            trainable = []
-            for p in group["params"]:
-                if not is_zero_param(p) or state_of(p).coord is not self.coordinator:
-                    raise ValueError(
-                        f"optimizer param group {gi} holds a parameter of shape {tuple(p.shape)} that "
-                        "is not a parameter of the module given to DeepSpeedZeroOptimizer_Stage3; "
-                        "build the optimizer over module.parameters()"
-                    )
-                if id(p) in seen:
-                    raise ValueError(f"parameter {state_of(p).name} appears in more than one optimizer param group")
-                seen.add(id(p))
-                if p.requires_grad:
-                    trainable.append(p)
-            trainable_by_group.append(trainable)
-        # offload_optimizer.ratio < 1: each group's leading tiles stay on the accelerator (`_stage3.partial_offload`)
-        for gi, pieces in enumerate(self._placement.split(trainable_by_group)):
-            parts = [
-                ShardPartition(
-                    gi,
-                    params,
-                    master_device=ds_comm.get_accelerator().device() if on_device else master_device,
-                    master_dtype=self.master_weights_and_grads_dtype,
-                    sub_group_size=self.config.sub_group_size,
-                    swap_master=swap_master,
-                    pin_master=self.config.offload_optimizer_or_default.pin_memory,
-                    index=self.partition_index,
-                    own_master=self._runs_zenflow,
-                )
-                for params, on_device in pieces
-            ]
-            self.optimizer.param_groups[gi]["params"] = [tile.master for part in parts for tile in part.tiles]
-            partitions += parts
-            self._placement.place(parts, [on_device for _, on_device in pieces])
-        return partitions
 
     @property
     def tiles(self) -> list[Any]:

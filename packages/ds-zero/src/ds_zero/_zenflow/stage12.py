@@ -40,6 +40,7 @@ from ds_zero._stage12.reduce import RangeReducer
 from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, selective_params
 from ds_zero._zenflow.columns import ColumnPlan
+from ds_zero._zenflow.common import ZenFlowOptimizerCommon
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.gradients import MicroStepGradients
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
@@ -56,7 +57,7 @@ __all__ = ["ZenFlowZeroOptimizer"]
 _KEY = "zero_optimization.zenflow"
 
 
-class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
+class ZenFlowZeroOptimizer(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer):
     """ZeRO stage 1/2 with ZenFlow (see the module note). DeepSpeed's `ZenFlowZeroOptimizer`.
 
     Args:
@@ -186,17 +187,6 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
         """Clear the micro step's gradients; the host accumulators are cleared only by the CPU update."""
         self._grads.zero()
 
-    def _sync_selective_optimizer_lr(self) -> None:
-        """Copy each base group's lr into the selective optimizer (the engine calls it at each `step()`)."""
-        for selective, group in zip(self.selective_optimizer.param_groups, self.optimizer.param_groups, strict=True):
-            selective["lr"] = group["lr"]
-
-    def is_zenflow_update_boundary(self, micro_step: int) -> bool:
-        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule;
-        with `update_interval: "auto"` also where the adaptive rule ended the window)."""
-        auto = self.auto_update is not None and self.auto_update.ends(micro_step)
-        return auto or self.zenflow_schedule.is_update_boundary(micro_step)
-
     def _observe_auto(self, averaged: list[torch.Tensor], m: int) -> None:
         """Feed the adaptive rule this micro step's |gradient| sums of every weight (every rank holds the
         whole averaged gradient, so every rank decides the same)."""
@@ -268,12 +258,6 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
             state["zenflow"]["overlap"] = overlap
         return state
 
-    def zenflow_resume_at(self, micro_steps: int) -> None:
-        """Continue ZenFlow's schedule after `micro_steps` micro steps (the engine's restored counter): a
-        checkpoint loaded without the optimizer state (or without ZenFlow's) restarts the selection and the
-        window, at the schedule's position the engine resumes at."""
-        self.micro_step = int(micro_steps) - 1
-
     def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
         """Write the model's values of the selective-owned elements into the saved fp32 partitions.
 
@@ -332,17 +316,10 @@ class ZenFlowZeroOptimizer(DeepSpeedZeroOptimizer):
                 self.auto_update.load_state_dict(saved["auto_update"])
             self._load_overlap(saved.get("overlap"))
 
-    def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:
-        """`overlap_step`: the worker's state and pending result, and the model's own (delayed) partitions."""
-        if not isinstance(self._cpu, OverlappedCpuUpdate):
-            return
-        if saved is None:
-            logger.warning("ZenFlow: the checkpoint has no overlap_step state; the CPU moments start afresh")
-            return
-        self._cpu.load_state_dict(dict(saved))
-        with torch.no_grad():
-            for flat, value in zip(self.flats, saved["model"], strict=True):
-                flat.own_partition.copy_(value)
+    def _restore_overlapped_model(self, values: list[torch.Tensor | None]) -> None:
+        """The model's own (delayed) partitions an `overlap_step` checkpoint saved."""
+        for flat, value in zip(self.flats, values, strict=True):
+            flat.own_partition.copy_(value)
         self._sync()
 
     def _drop_selection_inputs(self) -> None:

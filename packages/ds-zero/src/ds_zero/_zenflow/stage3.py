@@ -38,6 +38,7 @@ from ds_ops.precision import finish_step
 from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3, _module_and_optimizer
 from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, group_hyper_params, selective_params
+from ds_zero._zenflow.common import ZenFlowOptimizerCommon
 from ds_zero._zenflow.cpu_update import SequentialCpuUpdate
 from ds_zero._zenflow.overlap import OverlappedCpuUpdate
 from ds_zero._zenflow.schedule import ZenFlowSchedule
@@ -55,7 +56,7 @@ __all__ = ["ZenFlowZeroOptimizer_Stage3"]
 _KEY = "zero_optimization.zenflow"
 
 
-class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 - DeepSpeed's naming
+class ZenFlowZeroOptimizer_Stage3(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 - DeepSpeed's naming
     """ZeRO stage 3 with ZenFlow (see the module note): DeepSpeed's stage-3 ZenFlow path, on any accelerator.
 
     Args:
@@ -235,17 +236,6 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             for sc in cols:
                 sc.drop_inputs()
 
-    def _sync_selective_optimizer_lr(self) -> None:
-        """Copy each base group's lr into the selective optimizer (the engine calls it at each `step()`)."""
-        for selective, group in zip(self.selective_optimizer.param_groups, self.optimizer.param_groups, strict=True):
-            selective["lr"] = group["lr"]
-
-    def is_zenflow_update_boundary(self, micro_step: int) -> bool:
-        """Whether the `step()` after micro step `micro_step` applies the CPU update (DeepSpeed's engine rule;
-        with `update_interval: "auto"` also where the adaptive rule ended the window)."""
-        auto = self.auto_update is not None and self.auto_update.ends(micro_step)
-        return auto or self.zenflow_schedule.is_update_boundary(micro_step)
-
     def _observe_auto(self, grads: list[torch.Tensor], m: int) -> None:
         """Feed the adaptive rule every weight's |gradient| sums (whole, selected columns): this rank's
         shards' partial sums, added over the ranks with one all-reduce, so every rank decides the same."""
@@ -353,12 +343,6 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             state["zenflow"]["overlap"] = overlap
         return state
 
-    def zenflow_resume_at(self, micro_steps: int) -> None:
-        """Continue ZenFlow's schedule after `micro_steps` micro steps (the engine's restored counter): a
-        checkpoint loaded without the optimizer state (or without ZenFlow's) restarts the selection and the
-        window, at the schedule's position the engine resumes at."""
-        self.micro_step = int(micro_steps) - 1
-
     def _patch_owned_values(self, values: list[torch.Tensor]) -> None:
         """Write the shards' values of the selective-owned elements into the saved fp32 tile values."""
         started = not self.zenflow_schedule.in_warm_up(self.micro_step) and self.micro_step >= 0
@@ -417,18 +401,11 @@ class ZenFlowZeroOptimizer_Stage3(DeepSpeedZeroOptimizer_Stage3):  # noqa: N801 
             self.auto_update.load_state_dict(saved["auto_update"])
         self._load_overlap(saved.get("overlap"))
 
-    def _load_overlap(self, saved: Mapping[str, Any] | None) -> None:
-        """`overlap_step`: the worker's state and pending result, and the model's own (delayed) shards."""
-        if not isinstance(self._cpu, OverlappedCpuUpdate):
-            return
-        if saved is None:
-            logger.warning("ZenFlow: the checkpoint has no overlap_step state; the CPU moments start afresh")
-            return
-        self._cpu.load_state_dict(dict(saved))
-        with torch.no_grad():
-            for part, value in zip(self.partitions, saved["model"], strict=True):
-                if value is not None:
-                    part.shard16.copy_(value)
+    def _restore_overlapped_model(self, values: list[torch.Tensor | None]) -> None:
+        """The model's own (delayed) shards an `overlap_step` checkpoint saved, then the gathered copies."""
+        for part, value in zip(self.partitions, values, strict=True):
+            if value is not None:
+                part.shard16.copy_(value)
         self.refresh_gathered(include_frozen=True)
 
     def close(self) -> None:
