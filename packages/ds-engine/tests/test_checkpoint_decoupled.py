@@ -11,6 +11,7 @@ the commit; REPLICA writes (a collective) are refused with decoupled, naming the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -141,7 +142,13 @@ def test_deepspeed_engine_queues_and_commit_names_a_failed_file(tmp_path: Path) 
     assert silent.commit(info) and not (tmp_path / "z.pt").exists() and not silent.is_data_parallel_writer(0)
 
 
-@pytest.mark.parametrize("stage", [0, 1])
+@pytest.mark.parametrize(
+    "stage",
+    [
+        0,
+        pytest.param(1, marks=pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero")),
+    ],
+)
 def test_deepspeed_layout_is_built_and_published_at_the_commit(tmp_path: Path, stage: int) -> None:
     config = base_config(checkpoint={"writer": WRITER, "layout": "deepspeed"}, zero_optimization={"stage": stage})
     engine = make_engine(tiny_net(0), config)

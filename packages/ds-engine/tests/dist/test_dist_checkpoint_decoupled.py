@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ import torch
 from ds_engine_testkit import base_config, batches, flat_params, loss_fn, make_engine, tiny_net
 
 from ds_comm.testing import run_ranks
+
+needs_zero = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero (ZeRO stage 1)")
 
 CONFIG = base_config(
     zero_optimization={"stage": 1},
@@ -73,6 +76,7 @@ def _byte_equal_after_commit(rank: int, world: int, root: str) -> dict[str, Any]
     }
 
 
+@needs_zero
 def test_decoupled_save_equals_sync_save_and_training_goes_on(tmp_path: Path) -> None:
     results = run_ranks(2, _byte_equal_after_commit, root=str(tmp_path), timeout_s=240)
     for r in results:
@@ -120,6 +124,7 @@ def _failure_keeps_last_good(rank: int, world: int, root: str) -> dict[str, Any]
     return {"error": error, "latest": latest, "tag": tag, "loaded_good": loaded_good}
 
 
+@needs_zero
 def test_failed_background_write_keeps_latest_and_is_raised(tmp_path: Path) -> None:
     results = run_ranks(2, _failure_keeps_last_good, root=str(tmp_path), timeout_s=240)
     for rank, r in enumerate(results):
@@ -144,6 +149,7 @@ def _destroy_finishes(rank: int, world: int, root: str) -> dict[str, Any]:
     return {"latest_before": latest_before, "latest": (Path(root) / "latest").read_text(), "waited": waited_out}
 
 
+@needs_zero
 def test_destroy_finishes_and_commits(tmp_path: Path) -> None:
     for r in run_ranks(2, _destroy_finishes, root=str(tmp_path), timeout_s=180):
         assert not r["latest_before"] and r["latest"] == "d" and r["waited"] and not any(r["waited"])
@@ -167,6 +173,7 @@ def _exit_with_writes_queued(rank: int, world: int, root: str) -> float:
 
 
 @pytest.mark.filterwarnings("ignore")
+@needs_zero
 def test_process_exit_finishes_queued_writes(tmp_path: Path) -> None:
     run_ranks(2, _exit_with_writes_queued, root=str(tmp_path), timeout_s=180)
     files = [tmp_path / "x" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2)]
