@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -24,6 +25,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports nobody listens on now, below the kernel's ephemeral range.
+
+    For jobs that take `base + n` (the autotuner moves `--master_port` by the experiment's number): a base
+    from `free_port()` is an ephemeral port, and its neighbours are handed to the outgoing TCP connections
+    the previous experiment's ranks open (gloo), so `base + 1` was found taken (EADDRINUSE).
+    """
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free ports in 20000-32000")
 
 
 def deepspeed(

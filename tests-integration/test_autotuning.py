@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port_run
 
 SCRIPT = Path(__file__).parent / "autotuning" / "tiny_train.py"
 BASE = {
@@ -26,7 +26,7 @@ BASE = {
 def _autotune(tmp_path: Path, mode: str, num_gpus: int, config: dict) -> subprocess.CompletedProcess[str]:
     (tmp_path / "cfg.json").write_text(json.dumps(config))
     cmd = [sys.executable, "-m", "ds_launcher", "--autotuning", mode, "--num_gpus", str(num_gpus)]
-    cmd += ["--master_port", str(free_port()), str(SCRIPT), "--deepspeed_config", "cfg.json", "--steps", "4"]
+    cmd += ["--master_port", str(free_port_run(16)), str(SCRIPT), "--deepspeed_config", "cfg.json", "--steps", "4"]
     cmd += ["--done_file", "done.json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
