@@ -180,6 +180,15 @@ def test_a_config_edit_refuses_a_key_the_config_does_not_have(tmp_path: Path) ->
     assert json.loads(config.read_text()) == {"train_batch_size": 16, "steps_per_print": 10}
 
 
+def test_a_config_addition_refuses_a_key_the_config_already_has(tmp_path: Path) -> None:
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({"train_batch_size": 256}))
+    with pytest.raises(RecipeError, match="already set"):
+        edit_json(config, {"train_batch_size": 16}, new_keys=True)
+    edit_json(config, {"gradient_clipping": 0.0}, new_keys=True)
+    assert json.loads(config.read_text()) == {"train_batch_size": 256, "gradient_clipping": 0.0}
+
+
 def test_a_recipe_stops_on_a_changed_upstream_file_and_edits_an_unchanged_one(tmp_path: Path) -> None:
     changed = tmp_path / "changed"
     changed.mkdir()

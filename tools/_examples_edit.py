@@ -52,9 +52,20 @@ def add_shims(run_dir: Path, *names: str) -> None:
             raise RecipeError(f"no shim {name!r} in {SHIMS}")
 
 
-def edit_json(path: Path, changes: dict[str, object]) -> None:
-    """Set top-level keys of a JSON config; each key must already be there (a renamed key is an error)."""
+def edit_json(path: Path, changes: dict[str, object], new_keys: bool = False) -> None:
+    """Set top-level keys of a JSON config; each key must already be there (a renamed key is an error).
+
+    `new_keys=True` adds keys the config lacks instead, and refuses any it already has (a recipe that sets an
+    upstream default explicitly, e.g. `gradient_clipping`, must notice when upstream starts setting it).
+    """
     config = json.loads(path.read_text())
+    if new_keys:
+        present = [key for key in changes if key in config]
+        if present:
+            raise RecipeError(f"{path.name}: key(s) {present} already set (expected to add them)")
+        config.update(changes)
+        path.write_text(json.dumps(config, indent=2) + "\n")
+        return
     missing = [key for key in changes if key not in config]
     if missing:
         raise RecipeError(f"{path.name}: no key(s) {missing} to change (has {sorted(config)})")

@@ -73,6 +73,19 @@ def _prepare_pipeline(source_dir: Path, work_dir: Path) -> Path:
     return work_dir
 
 
+def _prepare_pipeline_noclip(source_dir: Path, work_dir: Path) -> Path:
+    """The same program with gradient clipping off (DeepSpeed 0.19.8's default `gradient_clipping` is 1.0).
+
+    DeepSpeed's pipeline clips by the norm of the first stage's gradients only: its `clip_grad_norm_` counts a
+    parameter only on model-parallel rank 0, and the pipeline grid reports the stage as that rank. ds clips by
+    the norm over every stage. With clipping off, both compute the same update, so this variant shows whether
+    the pipeline itself (schedule, data order, loss) matches.
+    """
+    run_dir = _prepare_pipeline(source_dir, work_dir)
+    edit_json(run_dir / "ds_config.json", {"gradient_clipping": 0.0}, new_keys=True)
+    return run_dir
+
+
 # --- training/HelloDeepSpeed ----------------------------------------------------------------------------------
 
 _BERT_SIZE = "--max_seq_length 32 --num_layers 2 --num_heads 2 --ff_dim 64 --h_dim 32 --batch_size 8 --log_every 1"
@@ -211,6 +224,17 @@ def programs() -> list[Program]:
             loss_pattern=r"pipe step \d+ loss ([-+\d.eE]+|nan|inf)",
             notes="2 stages; 64x64 crops, train_batch_size 16 (2 micro-batches of 8), 6 steps; "
             "prints train_batch()'s loss.",
+            timeout_s=900,
+        ),
+        Program(
+            name="pipeline-alexnet-noclip",
+            source="training/pipeline_parallelism",
+            prepare=_prepare_pipeline_noclip,
+            argv=(LAUNCHER, "--num_gpus", "2", "train.py", "--deepspeed_config=ds_config.json", "-p", "2")
+            + ("--steps=6", "--backend", "gloo"),
+            loss_pattern=r"pipe step \d+ loss ([-+\d.eE]+|nan|inf)",
+            notes="pipeline-alexnet with gradient_clipping 0 (DeepSpeed clips a pipeline by stage 0's gradient "
+            "norm alone; ds by every stage's).",
             timeout_s=900,
         ),
         Program(
