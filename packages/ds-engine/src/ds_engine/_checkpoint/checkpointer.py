@@ -185,7 +185,13 @@ class Checkpointer:
             world_size=dist.world_size,
             device=parts.device,
         )
-        rng_states = _checkpoint.gather_rng(rng_state(), world_size=dist.world_size, device=parts.device)
+        # DeepSpeed's files hold no RNG state and its load leaves the RNG alone (a program's data order after a
+        # resume depends on that); ds's own layout saves every rank's RNG so a resumed run continues exactly.
+        rng_states = (
+            []
+            if parts.settings.layout == "deepspeed"
+            else _checkpoint.gather_rng(rng_state(), world_size=dist.world_size, device=parts.device)
+        )
         partitioned = parts.zero.stage > 0 and parts.stepper is not None
         extra = self._tensor_parallel_extra(partitioned)
         writer = parts.file_writer if decoupled is None else decoupled

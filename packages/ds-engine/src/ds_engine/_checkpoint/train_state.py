@@ -123,7 +123,7 @@ def model_states(state: TrainState, client_state: dict[str, Any], *, ds_version:
         },
         "ds_config": state.ds_config,
         "ds_version": ds_version,
-        "rng_states": state.rng_states,
+        **({"rng_states": state.rng_states} if state.rng_states else {}),
         **state.extra,
     }
     clash = sorted(set(client_state) & set(out))
