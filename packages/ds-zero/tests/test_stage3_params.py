@@ -56,6 +56,7 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "all_gather",  # DeepSpeed's per-parameter methods (`_params.param_methods`)
         "all_gather_coalesced",
         "partition",
+        "ds_summary",
     }
     assert not w.ds_active_sub_modules and w.is_external_param is False
     assert w.ds_secondary_tensor is None
@@ -70,6 +71,29 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         assert w.data.data_ptr() == st.full.data_ptr() and st.full_flat.untyped_storage().nbytes() == 60 * 4
     assert st.full_flat.untyped_storage().nbytes() == 0
     assert repr(st).startswith("ZeroParamState(name=") and "active=0" in repr(st)  # safe while released
+
+
+def test_ds_summary_describes_the_parameter_as_deepspeeds_does() -> None:
+    model = _mlp()
+    ds_zero.partition_model(model)
+    w = model[0].weight
+    summary = w.ds_summary()
+    assert summary == {
+        "id": w.ds_id,
+        "status": "NOT_AVAILABLE",
+        "numel": 60,
+        "ds_numel": 60,
+        "shape": (10, 6),  # ds keeps the logical shape while released (DeepSpeed's is (0,))
+        "ds_shape": (10, 6),
+        "requires_grad": True,
+        "grad_shape": None,
+        "persist": False,
+        "active_sub_modules": w.ds_active_sub_modules,
+        "ds_tensor.shape": torch.Size([60]),
+    }
+    with GatheredParameters(w):
+        assert w.ds_summary()["status"] == "AVAILABLE"
+    assert w.ds_summary(use_debug_name=True)["id"] == state_of(w).name
 
 
 def test_released_parameter_reads_nan_and_refuses_writes() -> None:

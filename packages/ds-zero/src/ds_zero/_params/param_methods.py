@@ -1,4 +1,5 @@
-"""DeepSpeed's methods on each partitioned parameter: `all_gather`, `all_gather_coalesced`, `partition`.
+"""DeepSpeed's methods on each partitioned parameter: `all_gather`, `all_gather_coalesced`, `partition`,
+`ds_summary`.
 
 Code written against DeepSpeed gathers parameters by hand with these (`p.all_gather()`, then `p.partition()`)
 where `GatheredParameters` would be the block form. Here they are the same operation split in two: the
@@ -103,8 +104,32 @@ def partition(
         release_held(held, standalone)
 
 
+def ds_summary(self: nn.Parameter, use_debug_name: bool = False) -> dict[str, Any]:
+    """DeepSpeed's one-line description of a partitioned parameter (assertion messages print it).
+
+    `use_debug_name` names the parameter by ds's state name (its module path once known) instead of `ds_id`.
+    `shape` is the logical shape: ds keeps it while released, where DeepSpeed's is `(0,)`.
+    """
+    grad = self.grad
+    shard = self.ds_tensor
+    return {
+        "id": state_of(self).name if use_debug_name else self.ds_id,
+        "status": self.ds_status.name,
+        "numel": self.numel(),
+        "ds_numel": self.ds_numel,
+        "shape": tuple(self.shape),
+        "ds_shape": tuple(self.ds_shape),
+        "requires_grad": self.requires_grad,
+        "grad_shape": tuple(grad.shape) if grad is not None else None,
+        "persist": self.ds_persist,
+        "active_sub_modules": self.ds_active_sub_modules,
+        "ds_tensor.shape": shard.shape if shard is not None else None,
+    }
+
+
 def bind_param_methods(param: nn.Parameter) -> None:
     """Give a newly partitioned parameter DeepSpeed's per-parameter methods."""
+    param.ds_summary = types.MethodType(ds_summary, param)
     param.all_gather = types.MethodType(all_gather, param)
     param.all_gather_coalesced = types.MethodType(all_gather_coalesced, param)
     param.partition = types.MethodType(partition, param)

@@ -20,6 +20,7 @@ from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
 from ds_zero._stage12.allgather import PartitionAllGather
 from ds_zero._stage12.buckets import BucketReducer
+from ds_zero._stage12.deepspeed_views import NCCL_START_ALIGNMENT_FACTOR, FlatBufferViews
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.model_parallel import CutRanges
 from ds_zero._stage12.muon import MuonPartitionUpdate
@@ -42,13 +43,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
-#: DeepSpeed's `nccl_start_alignment_factor`: 16-bit elements per 4 bytes, the granularity its stage-1/2
-#: all-gather buffers start at; `allgather_bucket_size` must be a multiple of it there, as in DeepSpeed.
-NCCL_START_ALIGNMENT_FACTOR = 2
-
-
 class DeepSpeedZeroOptimizer(
     PartitionParamAccess,
+    FlatBufferViews,
     OffloadStatesMixin,
     CoalescedReduction,
     UniversalInfoCache,
@@ -299,19 +296,6 @@ class DeepSpeedZeroOptimizer(
 
     def __repr__(self) -> str:
         return f"DeepSpeedZeroOptimizer(stage={self.zero_stage}, world={self.dp_world_size}, base={self.optimizer!r})"
-
-    @property
-    def bit16_groups_flat(self) -> list[torch.Tensor]:
-        """DeepSpeed's name of the flat model-dtype buffers, one per param group: every trainable parameter
-        of the group is a view of it (padded to a multiple of the data-parallel size), on the parameters'
-        device. Not part of autograd (`grad_fn` is None), so in-place partition updates are safe."""
-        return [f.flat for f in self.flats]
-
-    @property
-    def single_partition_of_fp32_groups(self) -> list[torch.Tensor]:
-        """DeepSpeed's name of the fp32 master partitions, one per param group (`masters`; the base optimizer's
-        params and its state keys)."""
-        return self.masters
 
     def _get_norm_groups(self) -> list[torch.Tensor]:
         """The L2 norm of each param group's current gradient, over all ranks (DeepSpeed's name); a collective.
