@@ -88,7 +88,7 @@ def test_ds_summary_describes_the_parameter_as_deepspeeds_does() -> None:
         "requires_grad": True,
         "grad_shape": None,
         "persist": False,
-        "active_sub_modules": w.ds_active_sub_modules,
+        "active_sub_modules": set(),
         "ds_tensor.shape": torch.Size([60]),
     }
     with GatheredParameters(w):

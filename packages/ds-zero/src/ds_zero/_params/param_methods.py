@@ -122,7 +122,7 @@ def ds_summary(self: nn.Parameter, use_debug_name: bool = False) -> dict[str, An
         "requires_grad": self.requires_grad,
         "grad_shape": tuple(grad.shape) if grad is not None else None,
         "persist": self.ds_persist,
-        "active_sub_modules": self.ds_active_sub_modules,
+        "active_sub_modules": set(self.ds_active_sub_modules),  # a plain set: the summary pickles
         "ds_tensor.shape": shard.shape if shard is not None else None,
     }
 
