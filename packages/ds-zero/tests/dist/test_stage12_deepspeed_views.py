@@ -1,5 +1,6 @@
 """DeepSpeed's names for the stage-1/2 flat buffers on 2 ranks: `parallel_partitioned_bit16_groups` and
-`nccl_start_alignment_factor` (DeepSpeed's `TestPartitionNcclAlignment` reads both).
+`nccl_start_alignment_factor` (DeepSpeed's `TestPartitionNcclAlignment` reads both), and `averaged_gradients`
+(its offload-states tests read it between backward and step).
 
 Every rank sees every rank's partition as a view of its own flat buffer, in rank order; the partitions tile the
 buffer; and the own partition is the one this rank's masters were cast from. (Unlike DeepSpeed's, ds's flat buffers
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from zero_dist_cases import make_model, make_optimizer, zero_config
+from zero_dist_cases import batch, loss_fn, make_model, make_optimizer, zero_config
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -45,3 +46,56 @@ def test_every_rank_sees_each_ranks_partition_of_its_flat_buffer(stage: int, dty
         assert result["groups"], "no param group"
         for group in result["groups"]:
             assert group == {"count": 2, "tiles": True, "views": True, "own_is_master": True}
+
+
+def _averaged(rank: int, world: int, stage: int, offload: bool) -> dict[str, Any]:
+    """`averaged_gradients` through one step, against the mean of both ranks' plain gradients."""
+    model = make_model()
+    reference = make_model()
+    cfg = zero_config(stage, **({"offload_optimizer": {"device": "cpu"}} if offload else {}))
+    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=cfg, module=model)
+    x, y = batch(0, 0, rank, world)
+    out: dict[str, Any] = {"before": opt.averaged_gradients}
+    opt.backward(loss_fn(model, x, y))
+    out["after_backward"] = {g: len(v) for g, v in opt.averaged_gradients.items()}
+    if stage == 1:
+        opt._get_norm_groups()  # ds's stage 1 reduces here (or at step()); DeepSpeed's at the boundary backward
+    views = opt.averaged_gradients
+    # the reference: this rank's fragments of the data-parallel mean of the plain gradients
+    loss_fn(reference, x, y).backward()
+    named = dict(reference.named_parameters())
+    expected: dict[int, list[torch.Tensor]] = {}
+    for g, flat in enumerate(opt.flats):
+        full = torch.zeros(flat.padded_numel)
+        for slot in flat.slots:
+            grad = named[slot.name].grad
+            if grad is not None:
+                full[slot.flat_offset : slot.flat_end] = grad.reshape(-1)
+        torch.distributed.all_reduce(full)
+        own = (full / world)[flat.own_start : flat.own_start + flat.partition_numel]
+        expected[g] = [own[f.partition_start : f.partition_start + f.numel] for f in flat.fragments()]
+    out["match"] = sorted(views) == sorted(expected) and all(
+        len(views[g]) == len(expected[g])
+        and all(torch.allclose(a.float(), b, atol=1e-6) for a, b in zip(views[g], expected[g], strict=True))
+        for g in expected
+    )
+    opt.step()
+    out["after_step"] = opt.averaged_gradients
+    opt.close()
+    return out
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_averaged_gradients_hold_this_ranks_reduced_fragments_between_backward_and_step(stage: int) -> None:
+    for result in run_ranks(2, _averaged, stage, False, timeout_s=120):
+        assert result["before"] == {} and result["after_step"] == {}
+        if stage == 1:
+            assert result["after_backward"] == {}  # not reduced yet: reading never reduces
+        else:
+            assert result["after_backward"] and all(n > 0 for n in result["after_backward"].values())
+        assert result["match"]
+
+
+def test_averaged_gradients_stay_empty_with_optimizer_offload() -> None:
+    for result in run_ranks(2, _averaged, 2, True, timeout_s=120):
+        assert result["before"] == {} and result["after_backward"] == {} and result["after_step"] == {}

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DeepSpeedZeroOptimizer", "ZeroOptimizer"]
 
+
 class DeepSpeedZeroOptimizer(
     PartitionParamAccess,
     FlatBufferViews,

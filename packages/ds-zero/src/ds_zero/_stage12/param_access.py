@@ -211,6 +211,31 @@ class PartitionParamAccess:
                 index += 1
         return out
 
+    @property
+    def averaged_gradients(self) -> dict[int, list[torch.Tensor]]:
+        """DeepSpeed's name: per param group, this rank's reduced gradient fragment of each parameter with a
+        fragment in its partition, in order (views of the gradient partition the step reads; averaged over the
+        data-parallel group, scaled by the loss scale).
+
+        Filled from a backward's reduction until the step, as DeepSpeed's is at the accumulation boundary.
+        Empty otherwise: before the first backward and after the step; with optimizer offload (DeepSpeed's
+        stays empty there too, its gradients go to the host copy: `accumulated_grads_in_cpu`); and at stage 1
+        until its reduction, which ds runs at `step()` (or `_get_norm_groups()`) where DeepSpeed runs it at
+        the boundary backward; reading this never reduces.
+        """
+        if self.offload or not self._grads.has_gradients or self._stage1_unreduced():
+            return {}
+        out: dict[int, list[torch.Tensor]] = {}
+        for g, flat in enumerate(self.flats):
+            pieces = []
+            for slot in flat.slots:
+                piece = self._own_piece(g, slot)
+                if piece is not None:
+                    _, n, at = piece
+                    pieces.append(self.grad_partitions[g][at : at + n])
+            out[g] = pieces
+        return out
+
     def _host_holds_window(self) -> bool:
         if isinstance(self._grads, BoundaryReducer):
             return self._grads.reduced
