@@ -185,6 +185,9 @@ def test_backward_and_step_misuse_are_clear_errors() -> None:
             engine.no_sync(),
         ):
             pass
+        # DeepSpeed's own test matches "nested" for coalesce_grad_reduction() inside no_sync()
+        with pytest.raises(UsageError, match="nested"), engine.coalesce_grad_reduction():
+            pass
     engine.step()
     no_opt = make_engine(tiny_net(0), base_config(optimizer=None))
     assert no_opt.optimizer is None

@@ -92,7 +92,7 @@ class EngineSyncContexts:
         if self._in_no_sync:
             raise ds_comm.UsageError(
                 f"engine.{name}() inside engine.{self._sync_context}(): no_sync context manager reentry is "
-                "unsupported (both are no_sync contexts and do not nest)"
+                "unsupported (both are no_sync contexts and cannot be nested)"
             )
 
     @contextlib.contextmanager
