@@ -90,14 +90,16 @@ class CommsLogger(CommsLoggerQueries):
     def should_record(self, op: str) -> bool:
         return self.enabled and self.config is not None and (self.config.prof_all or op in self.config.prof_ops)
 
-    def record(self, op: str, size_bytes: int, latency_s: float, world_size: int) -> None:
+    def record(self, op: str, size_bytes: int, latency_s: float, world_size: int, bus_op: str | None = None) -> None:
+        """Record one call of `op`; `bus_op` (default `op`) names the collective whose bus-bandwidth factor
+        applies, for a record kept under a custom name (`timed_op`'s `log_name`)."""
         name = op
         if self.config is not None and self.config.debug:
             caller = _caller_name()
             name = f"{op} | [Caller Func: {caller}]"
         latency_s = max(latency_s, 1e-9)
         algbw_gbps = size_bytes / latency_s * 8 / 1e9
-        busbw_gbps = algbw_gbps * bus_factor(op, world_size)
+        busbw_gbps = algbw_gbps * bus_factor(bus_op or op, world_size)
         self._append(name, size_bytes, latency_s * 1e3, algbw_gbps, busbw_gbps)
         if self.config is not None and self.config.verbose:
             logger.info(
