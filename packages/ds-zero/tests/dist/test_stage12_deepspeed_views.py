@@ -99,3 +99,29 @@ def test_averaged_gradients_hold_this_ranks_reduced_fragments_between_backward_a
 def test_averaged_gradients_stay_empty_with_optimizer_offload() -> None:
     for result in run_ranks(2, _averaged, 2, True, timeout_s=120):
         assert result["before"] == {} and result["after_backward"] == {} and result["after_step"] == {}
+
+
+def _coalesced_full_grad(rank: int, world: int, stage: int) -> dict[str, Any]:
+    """Inside `coalesce_grad_reduction()`, DeepSpeed's documented `safe_get_full_grad`: the local `.grad`."""
+    model = make_model()
+    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage), module=model)
+    x, y = batch(0, 0, rank, world)
+    weight = model.emb.weight
+    with opt.coalesce_grad_reduction():
+        opt.backward(loss_fn(model, x, y))
+        inside = opt.get_fp32_grad_for_param(weight)
+        local = weight.grad.detach().clone()
+        same_tensor = inside is weight.grad
+    after = opt.get_fp32_grad_for_param(weight)  # reduced at the block's exit: the mean over the ranks
+    mean = local.clone()
+    torch.distributed.all_reduce(mean)
+    mean /= world
+    opt.step()
+    opt.close()
+    return {"same_tensor": same_tensor, "after_is_mean": torch.allclose(after, mean.float(), atol=1e-6)}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_full_grad_inside_a_coalesced_block_is_the_local_gradient(stage: int) -> None:
+    for result in run_ranks(2, _coalesced_full_grad, stage, timeout_s=120):
+        assert result == {"same_tensor": True, "after_is_mean": True}

@@ -48,6 +48,7 @@ class PartitionParamAccess:
     partition_groups: list[Any]
     zero_stage: int
     offload: bool
+    coalescing_grad_reduction: bool
     _grads: Any
 
     def _group_of(self, g: int) -> tuple[Any, int]:
@@ -146,10 +147,16 @@ class PartitionParamAccess:
         return param.grad
 
     def get_fp32_grad_for_param(self, param: torch.Tensor) -> torch.Tensor | None:
-        """The whole averaged fp32 gradient of `param` (between backward and step); a collective."""
+        """The whole averaged fp32 gradient of `param` (between backward and step); a collective.
+
+        Inside `coalesce_grad_reduction()` nothing is reduced yet: as DeepSpeed documents for that block, this
+        returns the parameter's local, accumulated `.grad` itself (no collective, not averaged).
+        """
         found = self._slot_of(param)
         if found is None:
             return None
+        if self.coalescing_grad_reduction and param.grad is not None:
+            return param.grad
         g, slot = found
         self._require_gradients(slot)
         if self._stage1_unreduced():
