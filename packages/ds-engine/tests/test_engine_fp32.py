@@ -233,3 +233,17 @@ def test_scale_for_a_manual_backward_matches_engine_backward() -> None:
         eb.scale(loss_fn(eb(x.half()), y)).backward()
         eb.step()
     assert torch.equal(flat_params(a), flat_params(b)) and eb.global_steps == 2
+
+
+def test_boundary_override_is_deepspeeds_attribute_until_the_step() -> None:
+    """`set_gradient_accumulation_boundary` stores its override under DeepSpeed's attribute name (its tests and
+    some trainers read `engine._is_gradient_accumulation_boundary`); the step consumes it."""
+    engine = make_engine(tiny_net(0), base_config(gradient_accumulation_steps=2))
+    assert engine._is_gradient_accumulation_boundary is None
+    assert not engine.is_gradient_accumulation_boundary()  # first of 2 micro steps
+    engine.set_gradient_accumulation_boundary(True)
+    assert engine._is_gradient_accumulation_boundary is True and engine.is_gradient_accumulation_boundary()
+    x, y = batches(1, 4)[0]
+    engine.backward(loss_fn(engine(x), y))
+    engine.step()
+    assert engine._is_gradient_accumulation_boundary is None and engine.global_steps == 1

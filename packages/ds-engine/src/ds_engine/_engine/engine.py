@@ -138,7 +138,9 @@ class DeepSpeedEngine(
         self._train_batch = parts.config.train_batch_size
         self._managed = m.managed_gradient_accumulation
         self._input_dtype = torch.float16 if m.fp16.enabled and m.fp16.auto_cast else None
-        self._boundary_override: bool | None = None
+        # set_gradient_accumulation_boundary()'s override until the next step (None: count micro steps);
+        # DeepSpeed's attribute name, which its tests and some trainers read.
+        self._is_gradient_accumulation_boundary: bool | None = None
         self._in_no_sync = False
         self._step_applied = False
         self._loss_sum: torch.Tensor | None = None
@@ -310,8 +312,8 @@ class DeepSpeedEngine(
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next `step()` applies an update: every `gradient_accumulation_steps`-th micro step."""
-        if self._boundary_override is not None:
-            return self._boundary_override
+        if self._is_gradient_accumulation_boundary is not None:
+            return self._is_gradient_accumulation_boundary
         if not self._managed:
             return True
         if self._zenflow is not None:
@@ -320,7 +322,7 @@ class DeepSpeedEngine(
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """Override the boundary decision for the next `step()` (reset after it)."""
-        self._boundary_override = bool(is_boundary)
+        self._is_gradient_accumulation_boundary = bool(is_boundary)
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """At the boundary: reduce, (unscale, check), clip, update, step the lr scheduler; always count the micro step.
@@ -348,7 +350,7 @@ class DeepSpeedEngine(
             self._step_applied = False
             if self._zenflow is not None and self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))  # ZenFlow steps the schedule every micro step
-        self._boundary_override = None
+        self._is_gradient_accumulation_boundary = None
         self.tput_timer.stop(global_step=boundary)
         if boundary:
             self._report_step()
