@@ -12,6 +12,7 @@ Nothing else in the program changes: its config, its training loop and its DeepS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from _examples_edit import add_shims, between, edit_json, substitute
@@ -71,6 +72,20 @@ def _prepare_pipeline(source_dir: Path, work_dir: Path) -> Path:
     edit_json(work_dir / "ds_config.json", {"train_batch_size": 16})
     add_shims(work_dir, "torchvision")
     return work_dir
+
+
+def _pipeline(name: str, prepare: Callable[[Path, Path], Path], notes: str) -> Program:
+    """training/pipeline_parallelism's train.py at 2 stages for 6 steps, prepared by `prepare`."""
+    return Program(
+        name=name,
+        source="training/pipeline_parallelism",
+        prepare=prepare,
+        argv=(LAUNCHER, "--num_gpus", "2", "train.py", "--deepspeed_config=ds_config.json", "-p", "2")
+        + ("--steps=6", "--backend", "gloo"),
+        loss_pattern=r"pipe step \d+ loss ([-+\d.eE]+|nan|inf)",
+        notes=notes,
+        timeout_s=900,
+    )
 
 
 def _prepare_pipeline_noclip(source_dir: Path, work_dir: Path) -> Path:
@@ -215,27 +230,16 @@ def programs() -> list[Program]:
             *("--dtype", "bf16", *_MOE, "--num-experts", "2", "4", "--mlp-type", "residual"),
             notes="run_ds_prmoe.sh's options (2 + 4 experts, residual MLP).",
         ),
-        Program(
-            name="pipeline-alexnet",
-            source="training/pipeline_parallelism",
-            prepare=_prepare_pipeline,
-            argv=(LAUNCHER, "--num_gpus", "2", "train.py", "--deepspeed_config=ds_config.json", "-p", "2")
-            + ("--steps=6", "--backend", "gloo"),
-            loss_pattern=r"pipe step \d+ loss ([-+\d.eE]+|nan|inf)",
-            notes="2 stages; 64x64 crops, train_batch_size 16 (2 micro-batches of 8), 6 steps; "
-            "prints train_batch()'s loss.",
-            timeout_s=900,
+        _pipeline(
+            "pipeline-alexnet",
+            _prepare_pipeline,
+            "2 stages; 64x64 crops, train_batch_size 16 (2 micro-batches of 8), 6 steps; prints train_batch()'s loss.",
         ),
-        Program(
-            name="pipeline-alexnet-noclip",
-            source="training/pipeline_parallelism",
-            prepare=_prepare_pipeline_noclip,
-            argv=(LAUNCHER, "--num_gpus", "2", "train.py", "--deepspeed_config=ds_config.json", "-p", "2")
-            + ("--steps=6", "--backend", "gloo"),
-            loss_pattern=r"pipe step \d+ loss ([-+\d.eE]+|nan|inf)",
-            notes="pipeline-alexnet with gradient_clipping 0 (DeepSpeed clips a pipeline by stage 0's gradient "
-            "norm alone; ds by every stage's).",
-            timeout_s=900,
+        _pipeline(
+            "pipeline-alexnet-noclip",
+            _prepare_pipeline_noclip,
+            "pipeline-alexnet with gradient_clipping 0 (DeepSpeed clips a pipeline by stage 0's gradient norm "
+            "alone; ds by every stage's).",
         ),
         Program(
             name="hellodeepspeed-bert-resume",
