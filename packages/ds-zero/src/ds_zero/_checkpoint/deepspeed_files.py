@@ -136,7 +136,8 @@ def write_deepspeed_files(
     out.mkdir(parents=True, exist_ok=True)
     frozen_shapes, frozen_values = frozen_fields(module, frozen, stage=stage)
     model_states = {
-        **states,
+        # DeepSpeed's files hold no RNG state (its load leaves the RNG alone), so ds's `rng_states` is not copied
+        **{k: v for k, v in states.items() if k != "rng_states"},
         # None stays None (a pipeline's model-states file: its layers are in files of their own).
         "module": None if states.get("module") is None and not module else OrderedDict(module),
         "param_shapes": shapes,
