@@ -152,13 +152,13 @@ class ProbedTower(nn.Module):
 MODULE_NUMEL = 64 * 64 + 64
 
 
-def _peak_gathered(rank: int, world: int, max_live: int) -> dict[str, Any]:
+def _peak_gathered(rank: int, world: int, max_live: int, bucket: int = 2 * MODULE_NUMEL) -> dict[str, Any]:
     torch.manual_seed(0)
     model = ProbedTower()
     cfg = {
         "stage": 3,
         "stage3_param_persistence_threshold": 0,
-        "stage3_prefetch_bucket_size": 2 * MODULE_NUMEL,
+        "stage3_prefetch_bucket_size": bucket,
         "stage3_max_live_parameters": max_live,
         "stage3_max_reuse_distance": 0,
     }
@@ -185,6 +185,20 @@ def test_peak_gathered_stays_within_max_live_parameters_plus_one_module() -> Non
     for by_budget in run_ranks(2, _peak_gathered_budgets, budgets=budgets, timeout_s=120):
         for max_live, r in by_budget.items():
             _check_peak(max_live, r)
+
+
+def _peak_gathered_small_bucket(rank: int, world: int) -> dict[str, Any]:
+    return _peak_gathered(rank, world, 10 * MODULE_NUMEL, bucket=MODULE_NUMEL // 2)
+
+
+def test_a_prefetch_bucket_smaller_than_one_module_still_prefetches_one() -> None:
+    """DeepSpeed's bucket is a threshold (prefetch while less is on its way), not a cap: Hugging Face's "auto"
+    bucket, 0.9 * hidden**2, is below one hidden x hidden weight and must not switch prefetching off."""
+    for r in run_ranks(2, _peak_gathered_small_bucket, timeout_s=120):
+        # with reuse distance 0 only a prefetch makes a second module live while one runs
+        assert r["measured"] == 2 * MODULE_NUMEL, r
+        assert r["counted"] == 2 * MODULE_NUMEL, r
+        assert r["after"] == 0, r
 
 
 def _check_peak(max_live: int, r: dict[str, Any]) -> None:

@@ -3,7 +3,10 @@
 While the iteration follows the stored `ExecutionTrace`, the parameters of the units ahead are gathered
 before their modules run: asynchronously once at least half of `prefetch_bucket_size` is free, and, when a
 unit must be gathered synchronously anyway, the units right after it ride along in the same collective
-(fewer, larger gathers). Both stay within `max_live_parameters`. With `offload_param.device="nvme"` the
+(fewer, larger gathers). As in DeepSpeed, `prefetch_bucket_size` is a threshold, not a cap: units are added
+while less than it is on its way, so the unit that crosses it still goes. A bucket smaller than one module
+(Hugging Face's "auto" is 0.9 * hidden_size**2, below one hidden x hidden weight) then prefetches one module
+instead of none. `max_live_parameters` stays a cap. With `offload_param.device="nvme"` the
 shards of the units ahead are also read from their swap files into pinned buffers, as far as the swap
 buffers allow, so a gather finds its shard in memory. A cursor per activity remembers how far along the
 trace it got; both restart with each iteration and stop when the trace breaks.
@@ -92,8 +95,8 @@ class Prefetcher:
             unit = self.units[trace.unit_at(position)]
             cand = [p for p in unit.params if p.ds_status is ZeroParamStatus.NOT_AVAILABLE and p.ds_id not in ids]
             csize = sum(p.ds_numel for p in cand)
-            if size + csize > budget or live.live_numel + reserved + size + csize > live.max_live_parameters:
-                break
+            if size >= budget or live.live_numel + reserved + size + csize > live.max_live_parameters:
+                break  # the budget is reached (the unit that crossed it went), or the live cap would be
             batch.extend(cand)
             ids.update(p.ds_id for p in cand)
             size += csize
