@@ -130,3 +130,22 @@ def test_sampled_rollout_expands_prompts_and_matches_generate_under_the_same_see
         rollout.generate(request, SamplingConfig(max_new_tokens=2, continuous_batch_size=4))
     with pytest.raises(ValueError, match="max_new_tokens and n_samples_per_prompt must be >= 1"):
         rollout.generate(request, SamplingConfig(max_new_tokens=0))
+
+
+def test_sample_top_p_draws_from_the_nucleus_with_its_renormalized_probabilities() -> None:
+    from ds_engine.runtime.rollout.hybrid_engine_rollout import HybridEngineRollout
+
+    sample = HybridEngineRollout._sample_top_p
+    logits = torch.log(torch.tensor([[0.1, 0.5, 0.15, 0.25]]))
+    # nucleus at 0.7: 0.5 and 0.25 (0.5 alone is below 0.7; with 0.25 it is 0.75); renormalized 2/3, 1/3
+    torch.manual_seed(0)
+    draws = torch.cat([sample(logits, top_p=0.7) for _ in range(3000)]).flatten()
+    assert set(draws.tolist()) == {1, 3}
+    assert abs((draws == 1).float().mean().item() - 2 / 3) < 0.03
+    # top_p 1: every token, with its own probability; a tiny temperature: the argmax
+    torch.manual_seed(0)
+    whole = torch.cat([sample(logits.expand(4, 4), top_p=1.0) for _ in range(1000)]).flatten()
+    assert abs((whole == 0).float().mean().item() - 0.1) < 0.03
+    assert sample(logits, temperature=1e-10).item() == 1
+    # a top_p below the most likely token's probability keeps that token alone
+    assert sample(logits.expand(5, 4), top_p=0.01).flatten().tolist() == [1] * 5

@@ -140,3 +140,19 @@ class HybridEngineRollout(RolloutEngine):
     def sync_weights(self, step: int) -> None:
         """Nothing to do: the engine generates with the weights it trains."""
         return None
+
+    @staticmethod
+    def _sample_top_p(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+        """One token id per row of `logits` ([rows, vocab] -> [rows, 1]), DeepSpeed's sampling helper.
+
+        Sampled from softmax(logits / temperature) restricted to the nucleus: the most likely tokens, in
+        order, up to and including the first at which their probabilities add up to `top_p` (at least one
+        token is always kept). `top_p >= 1` samples from the whole distribution.
+        """
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p >= 1.0:
+            return torch.multinomial(probs, 1)
+        ranked, order = probs.sort(dim=-1, descending=True)
+        mass_before = ranked.cumsum(dim=-1) - ranked  # what the more likely tokens already cover
+        ranked = ranked.masked_fill(mass_before >= top_p, 0.0)
+        return order.gather(-1, torch.multinomial(ranked, 1))
