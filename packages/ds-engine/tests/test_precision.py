@@ -26,7 +26,7 @@ def test_fp16_overflow_skips_steps_lowers_the_scale_and_honours_the_minimum() ->
     )
     assert model.l1.weight.dtype == torch.float16 and model.buf.dtype == torch.float32  # params only
     # Step i injects: inf, nan, or nothing into the loss (and so into every gradient).
-    inject = {1: float("inf"), 2: float("nan"), 7: float("inf"), 8: float("nan"), 9: float("inf")}
+    inject = {1: float("inf"), 2: float("nan"), 7: float("inf")}
     scales, applied, lrs = [], [], []
     data = batches(11, 4)
     for i, (x, y) in enumerate(data[:10]):
@@ -45,14 +45,15 @@ def test_fp16_overflow_skips_steps_lowers_the_scale_and_honours_the_minimum() ->
             torch.isfinite(flat_params(model)).all()
             and torch.isfinite(torch.cat([m.reshape(-1) for m in engine.optimizer.masters])).all()
         )
-    # Hysteresis 2: the first overflow only spends hysteresis; window 3: three clean steps double it back;
-    # the floor clamps 128 / 2 to 100.
-    assert scales == [256, 256, 128, 128, 128, 128, 256, 256, 128, 100]
-    assert applied == [True, False, False, True, True, True, True, False, False, False]
-    assert (engine.global_steps, engine.skipped_steps, engine.micro_steps) == (10, 5, 10)
-    # The scheduler advances only on applied steps: 5 of them, lr = min + (max - min) * it / 100.
-    assert engine.lr_scheduler.last_batch_iteration == 4
-    assert lrs[-1] == pytest.approx(1e-3 + 9e-3 * 4 / 100)
+    # At stage 0 every overflow halves the scale, as DeepSpeed's FP16_Optimizer does: `hysteresis` (2 here)
+    # applies to ZeRO's scaler only. The floor clamps 128 / 2 to 100; window 3: the update after three clean
+    # steps doubles it.
+    assert scales == [256, 128, 100, 100, 100, 100, 200, 100, 100, 100]
+    assert applied == [True, False, False, True, True, True, True, False, True, True]
+    assert (engine.global_steps, engine.skipped_steps, engine.micro_steps) == (10, 3, 10)
+    # The scheduler advances only on applied steps: 7 of them, lr = min + (max - min) * it / 100.
+    assert engine.lr_scheduler.last_batch_iteration == 6
+    assert lrs[-1] == pytest.approx(1e-3 + 9e-3 * 6 / 100)
     # Clean steps at the minimum keep training; an overflow at the minimum stops the run loudly.
     x, y = data[10]
     engine.backward(loss_fn(engine(x.half()), y))

@@ -118,3 +118,24 @@ def test_an_lr_scheduler_over_the_wrapper_drives_the_base_lr() -> None:
     sched.step()
     sched.step()
     assert base.param_groups[0]["lr"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("cls", [Plain, Subclass])
+def test_deepspeeds_loss_scale_config_reads_the_scaler_live(cls: type) -> None:
+    _, base = _sgd()
+    scaler = DynamicLossScaler(init_scale=2.0**8, scale_window=2, min_scale=0.5, delayed_shift=1)
+    wrapped = cls(base, scaler)
+    view = wrapped.loss_scale_config
+    assert wrapped.dynamic_loss_scale is True and view.dynamic_loss_scale is True and view.use_grad_scaling
+    assert (view.cur_scale, view.cur_iter, view.scale_window) == (256.0, 0, 2)
+    assert (view.scale_factor, view.min_loss_scale, view.last_overflow_iter) == (2.0, 0.5, -1)
+    for _ in range(3):  # DeepSpeed's count: the scale doubles at the update after a window of 2 clean steps
+        scaler.update_scale(False)
+    assert (view.cur_scale, view.cur_iter) == (512.0, 3)
+    scaler.update_scale(True)  # an overflow halves it at once (delayed_shift 1)
+    assert (view.cur_scale, view.cur_iter, view.last_overflow_iter) == (256.0, 4, 3)
+
+    static = cls(base, LossScaler()).loss_scale_config
+    assert static.dynamic_loss_scale is False and not static.use_grad_scaling
+    assert (static.cur_scale, static.scale_window, static.scale_factor, static.min_loss_scale) == (1.0, None, None, None)
+    assert cls(base, LossScaler(128.0)).loss_scale_config.use_grad_scaling

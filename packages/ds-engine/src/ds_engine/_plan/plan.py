@@ -200,16 +200,27 @@ def scales_autocast_loss(plan: AssemblyPlan) -> bool:
     return plan.precision == "fp32" and plan.autocast_dtype == torch.float16
 
 
-def _loss_scaling(config: DeepSpeedConfig, autocast: torch.dtype | None) -> tuple[str, dict[str, Any] | None, float]:
+def _loss_scaling(
+    config: DeepSpeedConfig, autocast: torch.dtype | None, stage: int
+) -> tuple[str, dict[str, Any] | None, float]:
+    """The scaler's description, its `DynamicLossScaler` arguments (None: static) and the static scale.
+
+    At ZeRO stage 0 with fp16 parameters DeepSpeed 0.19.8 steps with its FP16_Optimizer, whose own scale
+    update lowers the scale at every overflow: `fp16.hysteresis` applies only to ZeRO's scaler. ds does the
+    same (hysteresis 1 at stage 0), so a stage-0 run skips the same steps as DeepSpeed's.
+    """
     fp16 = config.parsed.fp16
     if config.precision != "fp16" and not (autocast == torch.float16 and config.precision == "fp32"):
         return "static 1.0 (no scaling)", None, 1.0
     if fp16.dynamic_loss_scale:
         args = fp16.dynamic_loss_args()
+        hysteresis = f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}"
+        if stage == 0 and config.precision == "fp16":
+            args.update(delayed_shift=1, consecutive_hysteresis=False)
+            hysteresis = "not applied at ZeRO stage 0 (lowered at every overflow, as DeepSpeed's fp16 optimizer)"
         text = (
             f"dynamic: start 2**{fp16.initial_scale_power}, window {fp16.loss_scale_window}, hysteresis "
-            f"{fp16.hysteresis}{' (consecutive)' if fp16.consecutive_hysteresis else ''}, "
-            f"min {fp16.min_loss_scale:g}"
+            f"{hysteresis}, min {fp16.min_loss_scale:g}"
         )
         return text, args, 0.0
     return f"static {fp16.loss_scale:g}", None, fp16.loss_scale
@@ -358,7 +369,7 @@ def plan_assembly(
         raise DeepSpeedConfigError(
             "torch_autocast.enabled: torch autocast is not implemented for the pipeline engine in ds; use bf16 or fp16"
         )
-    scaler_text, dynamic_args, static_scale = _loss_scaling(config, autocast)
+    scaler_text, dynamic_args, static_scale = _loss_scaling(config, autocast, stage)
     world = config.world_size
     reduce = None
     comm_dtype = reduction_dtype(config)

@@ -3,7 +3,8 @@
 [Note: the face] The stage-0 fp16/bf16 optimizer, ZeRO 1/2 and ZeRO 3 each wrap a user's torch optimizer
 (re-pointed at fp32 master copies or partitions) and are handed back to the user in its place. Code written
 for a plain optimizer (lr schedulers writing `param_groups[k]["lr"]`, clients reading `state`) and
-DeepSpeed's clients (`optimizer.loss_scale`, `optimizer.cur_scale`, `optimizer._global_grad_norm`) must see
+DeepSpeed's clients (`optimizer.loss_scale`, `optimizer.cur_scale`, `optimizer._global_grad_norm`,
+`optimizer.dynamic_loss_scale`, `optimizer.loss_scale_config`) must see
 the same thing through any of them: the base optimizer's own groups, state and defaults, live (a write
 through the wrapper reaches the base optimizer), and the loss scaler's current scale. This mixin is that
 face, written once.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ds_ops.precision._loss_scale_view import LossScaleView
 from ds_ops.precision._loss_scaler import LossScaler
 from ds_ops.precision._step import StepOutcome
 
@@ -87,6 +89,16 @@ class WrappedOptimizer:
     def cur_scale(self) -> float:
         """DeepSpeed's other name of `loss_scale`."""
         return float(self.loss_scaler.cur_scale)
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """DeepSpeed's flag: whether the loss scale adapts to overflows (fp16 with `loss_scale: 0`)."""
+        return bool(self.loss_scaler.dynamic)
+
+    @property
+    def loss_scale_config(self) -> LossScaleView:
+        """DeepSpeed's record of the scaling settings and counters, read live from the scaler."""
+        return LossScaleView(self.loss_scaler)
 
     @property
     def global_grad_norm(self) -> float | None:
