@@ -316,9 +316,13 @@ class Checkpointer:
         stepper, mp_rank = parts.stepper, parts.dist.mp_rank
         stage0_optimizer = stepper.state_dict() if parts.zero.stage == 0 and stepper is not None else None
         module = self.engine.module
+        # ZeRO-3 (AutoEP): the expert tensors are partitioned; gathered here, on every rank alike
+        experts = _moe_checkpoint.gathered_expert_state(module, moe) if parts.zero.stage == 3 else None
 
         def write(ckpt_dir: Path) -> None:
-            _moe_checkpoint.write_expert_files(module, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization)
+            _moe_checkpoint.write_expert_files(
+                module, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization, state=experts
+            )
             if stage0_optimizer is not None:
                 _moe_checkpoint.write_stage0_optimizer(
                     stage0_optimizer, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization

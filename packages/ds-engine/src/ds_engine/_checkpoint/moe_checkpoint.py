@@ -37,6 +37,7 @@ from ds_engine._checkpoint.constants import (
     AUTOEP_NUM_EXPERTS,
     AUTOEP_NUM_LOCAL_EXPERTS,
 )
+from ds_engine._optional import require
 from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
 
 logger = logging.getLogger(__name__)
@@ -66,10 +67,19 @@ def non_expert_state(module_state: dict[str, Any], wiring: MoeWiring) -> dict[st
 
 
 def write_expert_files(
-    module: nn.Module, wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, serialization: bool
+    module: nn.Module,
+    wiring: MoeWiring,
+    ckpt_dir: Path,
+    *,
+    mp_rank: int,
+    serialization: bool,
+    state: dict[str, Any] | None = None,
 ) -> None:
-    """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0."""
-    state = module.state_dict()
+    """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0.
+
+    `state`: the expert tensors' values when the module does not hold them (ZeRO-3: `gathered_expert_state`).
+    """
+    state = module.state_dict() if state is None else state
     for layer_id, layer in enumerate(wiring.layers):
         if layer.edp_rank != 0:
             continue
@@ -262,3 +272,14 @@ def load_moe_state_dict(
     wiring = MoeWiring(ep_groups={}, edp_groups={}, edp_src={}, layers=layers, expert_names=expert_names)
     mp_rank = 0 if mpu is None else int(mpu.get_model_parallel_rank())
     state_dict.update(merge_expert_states(state_dict, wiring, Path(checkpoint_path) / str(tag), mp_rank=mp_rank))
+
+
+def gathered_expert_state(module: nn.Module, wiring: MoeWiring) -> dict[str, torch.Tensor]:
+    """ZeRO-3: CPU copies of the full local expert tensors of every AutoEP layer, gathered over their
+    expert-data-parallel groups (a collective: every rank calls it, at the same point of the save)."""
+    ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO stage-3 checkpoint")
+    names = [name for layer in wiring.layers for name in layer.fused_experts]
+    params = dict(module.named_parameters())
+    wanted = [params[n] for n in names]
+    with ds_zero.GatheredParameters(wanted):
+        return {n: p.detach().to("cpu", copy=True) for n, p in zip(names, wanted, strict=True)}

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ds_engine._optional import require
+from ds_engine._parallel.autoep_zero3 import check_autoep_zero3
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine.config._expert_parallel_section import ExpertParallelConfig
 
@@ -73,10 +74,6 @@ def _check_layout(
             f"expert_parallel.enabled with sequence_parallel_size={dist.sp_world_size} is not implemented in ds; "
             "use one of them"
         )
-    if zero_stage == 3:
-        raise ValueError(
-            "expert_parallel.enabled with zero_optimization.stage=3 is not implemented in ds; use ZeRO stage 0, 1 or 2"
-        )
     if dist.dp_world_size % ep:
         raise ValueError(
             f"expert_parallel.autoep_size={ep} must divide the data-parallel world size {dist.dp_world_size}"
@@ -126,10 +123,12 @@ def apply_autoep(
     pipeline: bool,
     model_parameters: Any = None,
     client_optimizer: Any = None,
+    zero_config: Any = None,
 ) -> tuple[Any, Any]:
     """Convert `model` in place when `expert_parallel.enabled`; (the conversion report or None, model_parameters).
 
-    Creates the expert-parallel groups of degree `autoep_size` (a collective on every rank).
+    Creates the expert-parallel groups of degree `autoep_size` (a collective on every rank). At ZeRO stage 3
+    `zero_config` (the `zero_optimization` section) is checked against DeepSpeed's AutoEP gate first.
 
     Raises:
         ValueError: a layout AutoEP does not support here, or a conversion error (names the key).
@@ -137,6 +136,8 @@ def apply_autoep(
     if not section.enabled:
         return None, model_parameters
     _check_layout(section, dist, tp_size=tp_size, zero_stage=zero_stage, pipeline=pipeline)
+    if zero_stage == 3:
+        check_autoep_zero3(section, zero_config)
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
     if section.autoep_size == 1:
         logger.warning(
