@@ -5,7 +5,9 @@
   in fp32), on 2 ranks (expert-data-parallel groups of 1) and 4 ranks (groups of 2, so
   the experts are really partitioned), with gradient clipping on;
 - placement: expert tensors are split over their expert-data-parallel group, the rest over all ranks;
-- checkpoints: a save at stage 3 resumes exactly (the next steps equal the uninterrupted run's);
+- checkpoints: a save at stage 3 resumes exactly (the next steps equal the uninterrupted run's); its weights
+  load at autoep_size 1 from the per-expert files, its optimizer state there is refused by name; zero_to_fp32
+  and the consolidated 16-bit export refuse it (as DeepSpeed);
 - bf16: trains at stage 3 with autoep_size 2 (losses close to fp32's);
 - refusals: DeepSpeed's AutoEP stage-3 gate (hpZ) names the key before any conversion.
 
@@ -118,12 +120,31 @@ def _train(rank: int, world: int, root: str) -> dict[str, Any]:
     engine = _engine(2, 3)
     _steps(engine, rank, range(2))
     engine.save_checkpoint(root, tag="z3")
+    out["saved"] = _full_weights(engine, 3)
+    out["export"] = _refusal(engine._zero3_consolidated_16bit_state_dict)
     out["after"] = (_steps(engine, rank, range(2, 4)), _full_weights(engine, 3))
     engine = _engine(2, 3)
     engine.load_checkpoint(root, tag="z3")
     out["resumed"] = (_steps(engine, rank, range(2, 4)), _full_weights(engine, 3))
+    # at autoep_size 1 the weights load from the per-expert files; the optimizer state is per ep rank: refused
+    engine = _engine(1, 3)
+    out["other_degree"] = _refusal(lambda: engine.load_checkpoint(root, tag="z3"))
+    engine.load_checkpoint(root, tag="z3", load_optimizer_states=False)
+    out["loaded_at_ep1"] = _full_weights(engine, 3)
     out["files"] = sorted(p.name for p in (Path(root) / "z3").iterdir())
+    if rank == 0:
+        import ds_zero
+
+        out["zero_to_fp32"] = _refusal(lambda: ds_zero.get_fp32_state_dict_from_zero_checkpoint(root, tag="z3"))
     return out
+
+
+def _refusal(call: Any) -> str:
+    try:
+        call()
+    except (ValueError, NotImplementedError) as err:
+        return f"{type(err).__name__}: {err}"
+    return "not refused"
 
 
 def _assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
@@ -176,6 +197,11 @@ def _check(results: list[dict[str, Any]], world: int) -> None:
         (la, wa), (lr, wr) = r["after"], r["resumed"]
         assert la == lr, (la, lr)
         _assert_weights_close(wa, wr, 0.0)
+        _assert_weights_close(r["saved"], r["loaded_at_ep1"], 0.0)
+        assert "at expert_parallel.autoep_size=2, this run has 1" in r["other_degree"], r["other_degree"]
+        assert r["export"].startswith("NotImplementedError") and "AutoEP at ZeRO stage 3" in r["export"]
+    assert results[0]["zero_to_fp32"].startswith("AutoEPZero3CheckpointError"), results[0]["zero_to_fp32"]
+    assert "zero3_partitioned" in results[0]["zero_to_fp32"]
     files = results[0]["files"]
     for layer in (0, 1):
         for expert in range(4):

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import ds_comm
+from ds_zero._checkpoint.autoep_zero3 import refuse_autoep_zero3
 from ds_zero._checkpoint.format import FragmentIndex, consolidate_fp32_params
 from ds_zero._checkpoint.hf_shards import parse_shard_size, write_state_dict_dir
 from ds_zero._checkpoint.io import (
@@ -105,19 +106,22 @@ def get_fp32_state_dict_from_zero_checkpoint(
     Raises:
         FileNotFoundError: no such checkpoint, or no optimizer-state files (a stage-0 checkpoint).
         ValueError: a rank's file is missing or does not cover its parameters.
+        NotImplementedError: an AutoEP checkpoint saved at ZeRO stage 3 (`_checkpoint.autoep_zero3`).
     """
     ckpt = resolve_checkpoint_dir(checkpoint_dir, tag)
+    states_file = find_model_states_file(ckpt)
+    states = ds_comm.load_checkpoint_file(states_file) if states_file is not None else None
+    if states is not None:
+        refuse_autoep_zero3(states, states_file)
     state_dicts = load_optim_state_dicts(ckpt)
     index = FragmentIndex(state_dicts)
     total = sum(math.prod(shape) for shape in index.param_shapes.values())
     bar = ProgressBar(total, label=f"zero_to_fp32 {ckpt.name}", enabled=progress)
     params = consolidate_fp32_params(state_dicts, on_param=lambda _name, numel: bar.update(numel))
     bar.close()
-    states_file = find_model_states_file(ckpt)
-    if states_file is None:
+    if states_file is None or states is None:
         logger.warning("no model-states file in %s: buffers and frozen parameters are not included", ckpt)
         return params
-    states = ds_comm.load_checkpoint_file(states_file)
     module_sd = states.get("module") or {}
     # Frozen parameters: whole in the module (ds's layout, DeepSpeed's stage 1/2), or only as fragments
     # (DeepSpeed's stage 3, sliced over every rank's model-states file; `_checkpoint.model_states`).

@@ -302,7 +302,10 @@ class Checkpointer:
             ds_config=parts.ds_config,
             rng_states=rng_states,
             data_sampler=_curriculum_sampler_state(engine),
-            extra={**(extra or {}), **(_moe_checkpoint.autoep_layers_entry(parts.moe) if parts.moe else {})},
+            extra={
+                **(extra or {}),
+                **(_moe_checkpoint.autoep_layers_entry(parts.moe, zero_stage=parts.zero.stage) if parts.moe else {}),
+            },
             random_ltd=_random_ltd_state(engine),
         )
 

@@ -36,6 +36,10 @@ from ds_engine._checkpoint.constants import (
     AUTOEP_LAYERS_KEY,
     AUTOEP_NUM_EXPERTS,
     AUTOEP_NUM_LOCAL_EXPERTS,
+    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY,
+    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION,
+    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY,
+    AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT,
 )
 from ds_engine._optional import require
 from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
@@ -158,11 +162,17 @@ def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank:
     return {name: torch.stack(tensors) for name, tensors in rows.items()}
 
 
-def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
-    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers."""
+def autoep_layers_entry(wiring: MoeWiring, *, zero_stage: int = 0) -> dict[str, Any]:
+    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers.
+
+    At ZeRO stage 3 each entry also carries DeepSpeed's stage-3 fields: the format marker
+    (`checkpoint_format: "zero3_partitioned"`, which `zero_to_fp32` refuses) and where this rank's experts sit
+    (expert-parallel rank, expert-data-parallel rank and size, global expert range).
+    """
     autoep = [layer for layer in wiring.layers if layer.fused_experts]
-    entries = [
-        {
+    entries = []
+    for index, layer in enumerate(autoep):
+        entry: dict[str, Any] = {
             "moe_layer_id": index,  # DeepSpeed's two keys for the block (`name` is ds's older one, still read)
             "module_path": layer.prefix,
             "name": layer.prefix,
@@ -171,8 +181,21 @@ def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
             AUTOEP_NUM_LOCAL_EXPERTS: layer.num_local_experts,
             AUTOEP_EP_SIZE: layer.num_experts // layer.num_local_experts,
         }
-        for index, layer in enumerate(autoep)
-    ]
+        if zero_stage == 3:
+            start = layer.ep_rank * layer.num_local_experts
+            entry.update(
+                {
+                    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY: AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT,
+                    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY: AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION,
+                    "ep_group_name": layer.group_name,
+                    "ep_rank": layer.ep_rank,
+                    "expert_data_parallel_rank": layer.edp_rank,
+                    "expert_data_parallel_world_size": ds_comm.get_world_size(wiring.edp_groups[layer.group_name]),
+                    "global_expert_start": start,
+                    "global_expert_end": start + layer.num_local_experts,
+                }
+            )
+        entries.append(entry)
     return {AUTOEP_LAYERS_KEY: entries} if entries else {}
 
 
