@@ -13,12 +13,14 @@ Command line (installed as `ds-zero-to-fp32`)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -46,6 +48,8 @@ __all__ = [
     "get_optim_files",
     "load_state_dict_from_zero_checkpoint",
     "main",
+    "parse_model_states",
+    "zero_model_state",
 ]
 
 
@@ -80,6 +84,56 @@ def get_model_state_files(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
         FileNotFoundError: the directory does not exist or holds no such file.
     """
     return _files_ending(checkpoint_dir, "_model_states.pt")
+
+
+@dataclasses.dataclass
+class zero_model_state:  # noqa: N801 - DeepSpeed's name
+    """What `parse_model_states` reads from one model-states file (DeepSpeed's record)."""
+
+    buffers: dict[str, torch.Tensor]
+    param_shapes: list[dict[str, Any]]
+    shared_params: list[list[str]]
+    ds_version: Any
+    frozen_param_shapes: dict[str, Any] | None
+    frozen_param_fragments: dict[str, torch.Tensor] | None
+
+
+def _raise_if_autoep_zero3_partitioned_checkpoint(model_files: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse model-states files of an AutoEP save at ZeRO stage 3 (DeepSpeed's name; `_checkpoint.autoep_zero3`).
+
+    Raises:
+        AutoEPZero3CheckpointError: one is (a NotImplementedError, as DeepSpeed's).
+    """
+    for file in model_files:
+        refuse_autoep_zero3(ds_comm.load_checkpoint_file(file), file)
+
+
+def parse_model_states(files: Sequence[str | os.PathLike[str]]) -> list[zero_model_state]:
+    """Each model-states file's buffers (as fp32), parameter shapes, tied names, version and frozen parameters
+    (DeepSpeed's reader, which its consolidation starts from).
+
+    Raises:
+        AutoEPZero3CheckpointError: an AutoEP save at ZeRO stage 3.
+        ValueError: a file that is not a model-states file (no `buffer_names`).
+    """
+    out = []
+    for file in files:
+        states = ds_comm.load_checkpoint_file(file)
+        refuse_autoep_zero3(states, file)
+        if "buffer_names" not in states:
+            raise ValueError(f"{file} is not a model state checkpoint")
+        names = set(states["buffer_names"])
+        out.append(
+            zero_model_state(
+                buffers={k: v.float() for k, v in (states.get("module") or {}).items() if k in names},
+                param_shapes=states["param_shapes"],
+                shared_params=[[k, v] for k, v in (states.get("shared_params") or {}).items()],
+                ds_version=states.get("ds_version"),
+                frozen_param_shapes=states.get("frozen_param_shapes"),
+                frozen_param_fragments=states.get("frozen_param_fragments"),
+            )
+        )
+    return out
 
 
 def get_fp32_state_dict_from_zero_checkpoint(
