@@ -20,8 +20,8 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
