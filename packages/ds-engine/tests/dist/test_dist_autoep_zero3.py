@@ -3,7 +3,8 @@
 - training: at stage 3, autoep_size 2 trains like the unconverted model in plain PyTorch (torch Adam on every
   rank's batch, clipped), like autoep_size 1 and like autoep_size 2 at ZeRO 2 (losses and every weight, 1e-5
   in fp32), on 2 ranks (expert-data-parallel groups of 1) and 4 ranks (groups of 2, so
-  the experts are really partitioned), with gradient clipping on;
+  the experts are really partitioned), with gradient clipping on; so does it with the optimizer offloaded to
+  the host and overlap_comm off, and from a model already partitioned by zero.Init(module=...);
 - placement: expert tensors are split over their expert-data-parallel group, the rest over all ranks;
 - checkpoints: a save at stage 3 resumes exactly (the next steps equal the uninterrupted run's); its weights
   load at autoep_size 1 from the per-expert files, its optimizer state there is refused by name; zero_to_fp32
@@ -53,7 +54,7 @@ def _batch(rank: int, step: int) -> torch.Tensor:
     return torch.randint(0, 32, (2, 6), generator=g)
 
 
-def _engine(ep: int, stage: int, *, bf16: bool = False, zero: dict[str, Any] | None = None) -> Any:
+def _engine(ep: int, stage: int, *, bf16: bool = False, zero: dict[str, Any] | None = None, model: Any = None) -> Any:
     import ds_engine as deepspeed
     from ds_parallel import groups
 
@@ -67,7 +68,7 @@ def _engine(ep: int, stage: int, *, bf16: bool = False, zero: dict[str, Any] | N
     }
     if bf16:
         config["bf16"] = {"enabled": True}
-    engine, *_ = deepspeed.initialize(model=_mixtral(), config=config)
+    engine, *_ = deepspeed.initialize(model=_mixtral() if model is None else model, config=config)
     return engine
 
 
@@ -116,6 +117,16 @@ def _train(rank: int, world: int, root: str) -> dict[str, Any]:
         if (stage, ep) == (3, 2):
             out["placement"] = _placement(engine)
             out["norm"] = engine.get_global_grad_norm()
+    # the optimizer on the host, each reduce-scatter waited for at once: the same training
+    engine = _engine(2, 3, zero={"offload_optimizer": {"device": "cpu"}, "overlap_comm": False})
+    out["offload"] = (_steps(engine, rank, range(STEPS)), _full_weights(engine, 3))
+    # a model already partitioned (zero.Init(module=...)): its MoE blocks are gathered for the conversion
+    import ds_zero
+
+    model = _mixtral()
+    ds_zero.Init(module=model)
+    engine = _engine(2, 3, model=model)
+    out["zero_init"] = (_steps(engine, rank, range(STEPS)), _full_weights(engine, 3))
     # save after 2 steps, go on 2 more; a fresh engine loads the save and runs the same 2 steps
     engine = _engine(2, 3)
     _steps(engine, rank, range(2))
@@ -186,10 +197,11 @@ def _check(results: list[dict[str, Any]], world: int) -> None:
         assert l1[0] != l1[-1]  # it trained
         assert max(abs(a - b) for a, b in zip(ref_losses[rank], l2, strict=True)) < TOL, (ref_losses[rank], l2)
         _assert_weights_close(ref_weights, w2, TOL)
-        for other in (l2, lz2):
+        (lo, wo), (li, wi) = r["offload"], r["zero_init"]
+        for other in (l2, lz2, lo, li):
             assert max(abs(a - b) for a, b in zip(l1, other, strict=True)) < TOL, (l1, other)
-        _assert_weights_close(w1, w2, TOL)
-        _assert_weights_close(wz2, w2, TOL)
+        for other in (w1, wz2, wo, wi):
+            _assert_weights_close(other, w2, TOL)
         experts = {n: s for n, s in r["placement"].items() if ".experts.w" in n}
         dense = {n: s for n, s in r["placement"].items() if ".experts.w" not in n}
         assert experts and set(experts.values()) == {world // 2}

@@ -8,6 +8,7 @@ checkpoint files) treats the new layers as it treats DeepSpeed-MoE layers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -153,8 +154,20 @@ def apply_autoep(
     else:
         groups = ds_parallel.moe.create_expert_groups(section.autoep_size)
         ep_rank, ep_group = groups.ep_rank, groups.ep_group
-    report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
+    with _gathered_sources(model, [s.moe_module_name for s in specs]):
+        report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
     return report, _fresh(model_parameters, model)
+
+
+def _gathered_sources(model: nn.Module, blocks: list[str]) -> Any:
+    """A context in which the MoE blocks' parameters hold their full values: a model built under `zero.Init`
+    (ZeRO stage 3) has them partitioned, and the conversion copies the router and expert weights out of them
+    (collective over their group; every rank converts the same blocks). A plain model: nothing to do."""
+    params = [p for name in blocks for p in model.get_submodule(name).parameters() if hasattr(p, "ds_tensor")]
+    if not params:
+        return contextlib.nullcontext()
+    ds_zero = require("ds_zero", extra="zero", feature="AutoEP on a model built under zero.Init")
+    return ds_zero.GatheredParameters(params)
 
 
 def _preset_lines(section: ExpertParallelConfig) -> list[str]:
