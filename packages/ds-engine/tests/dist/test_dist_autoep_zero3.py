@@ -6,7 +6,8 @@
   the experts are really partitioned), with gradient clipping on; so does it with the optimizer offloaded to
   the host and overlap_comm off, and from a model already partitioned by zero.Init(module=...);
 - placement: expert tensors are split over their expert-data-parallel group, the rest over all ranks;
-- checkpoints: a save at stage 3 resumes exactly (the next steps equal the uninterrupted run's); its weights
+- checkpoints: a save at stage 3 resumes exactly (the next steps equal the uninterrupted run's), and a 4-rank
+  save re-partitions onto 2 ranks at the same autoep_size and trains on like the 4 ranks (1e-5); its weights
   load at autoep_size 1 from the per-expert files, its optimizer state there is refused by name; zero_to_fp32
   and the consolidated 16-bit export refuse it (as DeepSpeed);
 - bf16: trains at stage 3 with autoep_size 2 (losses close to fp32's);
@@ -228,10 +229,30 @@ def test_autoep_zero3_two_ranks_trains_like_ep1_and_zero2_and_resumes(tmp_path: 
     _check(run_ranks(2, _train, str(tmp_path), timeout_s=460), 2)
 
 
+def _resume_on_two(rank: int, world: int, root: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Load the 4-rank save (2 steps) on 2 ranks at the same autoep_size and run steps 2 and 3 on the batches
+    ranks r and r + 2 ran there (so the global batch is the same)."""
+    del world
+    engine = _engine(2, 3)
+    engine.load_checkpoint(root, tag="z3")
+    losses = []
+    for step in (2, 3):
+        ids = torch.cat([_batch(rank, step), _batch(rank + 2, step)])
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses, _full_weights(engine, 3)
+
+
 @pytest.mark.timeout(800)
 def test_autoep_zero3_four_ranks_partitions_experts_over_edp(tmp_path: Path) -> None:
-    """EP 2 on 4 ranks: each expert tensor split over its 2-rank expert-data-parallel group."""
-    _check(run_ranks(4, _train, str(tmp_path), timeout_s=760), 4)
+    """EP 2 on 4 ranks: each expert tensor split over its 2-rank expert-data-parallel group. Its save re-partitions
+    onto 2 ranks (expert-data-parallel groups of 1) at the same autoep_size and trains on as the 4 ranks did."""
+    results = run_ranks(4, _train, str(tmp_path), timeout_s=560)
+    _check(results, 4)
+    for _, weights in run_ranks(2, _resume_on_two, str(tmp_path), timeout_s=200):
+        _assert_weights_close(weights, results[0]["after"][1], TOL)
 
 
 def _bf16(rank: int, world: int) -> dict[str, Any]:
