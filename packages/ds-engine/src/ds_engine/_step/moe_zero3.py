@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+import ds_comm
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine._step.moe import MoeWiring, is_expert_param
 
@@ -48,24 +49,23 @@ def mark_zero3_placement(module: nn.Module, wiring: MoeWiring, dist: DistInfo) -
     """
     for name, p in module.named_parameters():
         if is_expert_param(p):
-            family, group_name = AUTOEP_EXPERT, p.group_name
+            family, group_name = AUTOEP_EXPERT, getattr(p, "group_name")  # noqa: B009 - set by the MoE layer
             group: Any = wiring.edp_groups[group_name]
         else:
             family, group_name, group = REPLICATED, None, dist.dp_group
-        if hasattr(p, "ds_id") and family == AUTOEP_EXPERT and not _same_group(p.ds_process_group, group):
+        partitioned = getattr(p, "ds_process_group", None) if hasattr(p, "ds_id") else None
+        if hasattr(p, "ds_id") and family == AUTOEP_EXPERT and not _same_group(partitioned, group):
             raise ValueError(
                 f"expert_parallel.enabled: AutoEP expert parameter {name!r} was already partitioned by "
                 "zero.Init over a non-expert process group; build the model outside zero.Init (AutoEP creates the "
                 "expert parameters) or leave the MoE blocks unconverted inside it"
             )
-        p.ds_zero_placement_family = family
-        p.ds_zero_partition_group_name = group_name
-        p.ds_zero_partition_process_group = group
+        setattr(p, "ds_zero_placement_family", family)  # noqa: B010 - DeepSpeed's parameter attributes
+        setattr(p, "ds_zero_partition_group_name", group_name)  # noqa: B010
+        setattr(p, "ds_zero_partition_process_group", group)  # noqa: B010
 
 
 def _same_group(a: Any, b: Any) -> bool:
-    import ds_comm
-
     if a is b:
         return True
     if a is None or b is None:

@@ -57,7 +57,7 @@ def family_group(param: Any) -> ProcessGroup | None:
     data-parallel family (the caller's group)."""
     if getattr(param, "ds_zero_placement_family", REPLICATED) == REPLICATED:
         return None
-    return param.ds_process_group  # type: ignore[no-any-return]
+    return param.ds_process_group
 
 
 def has_families(params: Iterable[Any]) -> bool:

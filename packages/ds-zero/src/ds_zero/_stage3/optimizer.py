@@ -229,7 +229,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 release_swap_dir(swap_dir)
             raise
         self.coordinator = self.parameter_offload.coordinator
-        refuse_families(self.coordinator.params, optimizer, cfg, model_parallel_group)
+        refuse_families(self.coordinator.params, optimizer, model_parallel_group)
         rename_for_checkpoint(module, checkpoint_names)
         self.world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)

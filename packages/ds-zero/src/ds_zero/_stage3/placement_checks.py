@@ -14,7 +14,7 @@ from ds_zero._params.placement import has_families
 __all__ = ["refuse_families", "rename_for_checkpoint"]
 
 
-def refuse_families(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, cfg: Any, mp_group: Any) -> None:
+def refuse_families(params: list[nn.Parameter], optimizer: torch.optim.Optimizer, mp_group: Any) -> None:
     """Refuse what would mix an expert family's shards with the data-parallel ones.
 
     Muon gathers each matrix's gradient over the data-parallel group, and a tensor-parallel group would
@@ -23,7 +23,6 @@ def refuse_families(params: list[nn.Parameter], optimizer: torch.optim.Optimizer
     Raises:
         ValueError: AutoEP expert parameters with Muon param groups or with tensor parallelism.
     """
-    del cfg
     if not has_families(params):
         return
     if any(g.get("use_muon", False) for g in optimizer.param_groups):
