@@ -4,6 +4,7 @@ layouts initialize() refuses before converting anything (single process; nothing
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -78,7 +79,18 @@ def test_explain_lists_the_blocks_and_where_each_expert_lives() -> None:
     ("kwargs", "message"),
     [
         (dict(tp_size=2, zero_stage=1, pipeline=False), r"expert_parallel.enabled with tensor_parallel.autotp_size=2"),
-        (dict(tp_size=1, zero_stage=3, pipeline=False), r"expert_parallel.enabled with zero_optimization.stage=3"),
+        (
+            dict(tp_size=1, zero_stage=3, pipeline=False, zero_config=SimpleNamespace(zero_hpz_partition_size=2)),
+            r"stage=3 does not support hpZeRO .*zero_optimization.zero_hpz_partition_size=2",
+        ),
+        (
+            dict(tp_size=1, zero_stage=3, pipeline=False, zero_config=SimpleNamespace(mics_shard_size=2)),
+            r"stage=3 does not support MiCS \(zero_optimization.mics_shard_size=2\)",
+        ),
+        (
+            dict(tp_size=1, zero_stage=3, pipeline=False, zero_config=SimpleNamespace(zero_quantized_gradients=True)),
+            r"stage=3 does not support quantized gradients \(zero_optimization.zero_quantized_gradients",
+        ),
         (dict(tp_size=1, zero_stage=1, pipeline=True), r"expert_parallel.enabled: AutoEP converts a plain model"),
     ],
 )

@@ -240,6 +240,21 @@ def test_frozen_experts_stay_frozen_and_the_router_keeps_its_flag() -> None:
     assert layer.router.gate.weight.requires_grad
 
 
+@pytest.mark.parametrize("build", [_mixtral, _qwen2_moe])
+def test_layers_mark_deepspeeds_zero3_placement_families(build: Any) -> None:
+    """Experts are partitioned over their expert-data-parallel group at ZeRO-3, the rest (router, shared experts)
+    over the data-parallel group: DeepSpeed's marks, read by ds-zero."""
+    model = build()
+    convert_moe_model(model, AutoEPOptions())
+    layers = [m for m in model.modules() if isinstance(m, AutoEPMoELayer)]
+    assert layers
+    for layer in layers:
+        for p in layer.experts.parameters():
+            assert (p.ds_zero_placement_family, p.ds_zero_partition_group_name) == ("autoep_expert", "ep_size_1")
+        dense = [*layer.router.parameters(), *(layer.shared_experts.parameters() if layer.shared_experts else ())]
+        assert dense and all(p.ds_zero_placement_family == "replicated" for p in dense)
+
+
 def test_an_fp32_router_routes_bf16_tokens_as_fp32_ones() -> None:
     torch.manual_seed(4)
     router = TopKRouter(8, 4, top_k=2, score_func="softmax", route_norm=True, route_scale=1.0)  # fp32 gate

@@ -48,6 +48,8 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "ds_status",
         "ds_persist",
         "ds_process_group",
+        "ds_zero_partition_rank",  # this rank's place in ds_process_group (DeepSpeed sets both at partitioning)
+        "ds_zero_partition_world_size",
         "ds_param_type",
         "ds_secondary_tensor",  # hpZ's slice: None without it
         "ds_active_sub_modules",  # a read-only view of the claims in `_ds_state`

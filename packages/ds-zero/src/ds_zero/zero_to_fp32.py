@@ -13,6 +13,7 @@ Command line (installed as `ds-zero-to-fp32`)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -20,10 +21,12 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import ds_comm
+from ds_zero._checkpoint.autoep_zero3 import refuse_autoep_zero3
 from ds_zero._checkpoint.format import FragmentIndex, consolidate_fp32_params
 from ds_zero._checkpoint.hf_shards import parse_shard_size, write_state_dict_dir
 from ds_zero._checkpoint.io import (
@@ -45,6 +48,8 @@ __all__ = [
     "get_optim_files",
     "load_state_dict_from_zero_checkpoint",
     "main",
+    "parse_model_states",
+    "zero_model_state",
 ]
 
 
@@ -81,6 +86,56 @@ def get_model_state_files(checkpoint_dir: str | os.PathLike[str]) -> list[str]:
     return _files_ending(checkpoint_dir, "_model_states.pt")
 
 
+@dataclasses.dataclass
+class zero_model_state:  # noqa: N801 - DeepSpeed's name
+    """What `parse_model_states` reads from one model-states file (DeepSpeed's record)."""
+
+    buffers: dict[str, torch.Tensor]
+    param_shapes: list[dict[str, Any]]
+    shared_params: list[list[str]]
+    ds_version: Any
+    frozen_param_shapes: dict[str, Any] | None
+    frozen_param_fragments: dict[str, torch.Tensor] | None
+
+
+def _raise_if_autoep_zero3_partitioned_checkpoint(model_files: Sequence[str | os.PathLike[str]]) -> None:
+    """Refuse model-states files of an AutoEP save at ZeRO stage 3 (DeepSpeed's name; `_checkpoint.autoep_zero3`).
+
+    Raises:
+        AutoEPZero3CheckpointError: one is (a NotImplementedError, as DeepSpeed's).
+    """
+    for file in model_files:
+        refuse_autoep_zero3(ds_comm.load_checkpoint_file(file), file)
+
+
+def parse_model_states(files: Sequence[str | os.PathLike[str]]) -> list[zero_model_state]:
+    """Each model-states file's buffers (as fp32), parameter shapes, tied names, version and frozen parameters
+    (DeepSpeed's reader, which its consolidation starts from).
+
+    Raises:
+        AutoEPZero3CheckpointError: an AutoEP save at ZeRO stage 3.
+        ValueError: a file that is not a model-states file (no `buffer_names`).
+    """
+    out = []
+    for file in files:
+        states = ds_comm.load_checkpoint_file(file)
+        refuse_autoep_zero3(states, file)
+        if "buffer_names" not in states:
+            raise ValueError(f"{file} is not a model state checkpoint")
+        names = set(states["buffer_names"])
+        out.append(
+            zero_model_state(
+                buffers={k: v.float() for k, v in (states.get("module") or {}).items() if k in names},
+                param_shapes=states["param_shapes"],
+                shared_params=[[k, v] for k, v in (states.get("shared_params") or {}).items()],
+                ds_version=states.get("ds_version"),
+                frozen_param_shapes=states.get("frozen_param_shapes"),
+                frozen_param_fragments=states.get("frozen_param_fragments"),
+            )
+        )
+    return out
+
+
 def get_fp32_state_dict_from_zero_checkpoint(
     checkpoint_dir: str | os.PathLike[str],
     tag: str | None = None,
@@ -105,19 +160,22 @@ def get_fp32_state_dict_from_zero_checkpoint(
     Raises:
         FileNotFoundError: no such checkpoint, or no optimizer-state files (a stage-0 checkpoint).
         ValueError: a rank's file is missing or does not cover its parameters.
+        NotImplementedError: an AutoEP checkpoint saved at ZeRO stage 3 (`_checkpoint.autoep_zero3`).
     """
     ckpt = resolve_checkpoint_dir(checkpoint_dir, tag)
+    states_file = find_model_states_file(ckpt)
+    states = ds_comm.load_checkpoint_file(states_file) if states_file is not None else None
+    if states is not None:
+        refuse_autoep_zero3(states, states_file)
     state_dicts = load_optim_state_dicts(ckpt)
     index = FragmentIndex(state_dicts)
     total = sum(math.prod(shape) for shape in index.param_shapes.values())
     bar = ProgressBar(total, label=f"zero_to_fp32 {ckpt.name}", enabled=progress)
     params = consolidate_fp32_params(state_dicts, on_param=lambda _name, numel: bar.update(numel))
     bar.close()
-    states_file = find_model_states_file(ckpt)
-    if states_file is None:
+    if states_file is None or states is None:
         logger.warning("no model-states file in %s: buffers and frozen parameters are not included", ckpt)
         return params
-    states = ds_comm.load_checkpoint_file(states_file)
     module_sd = states.get("module") or {}
     # Frozen parameters: whole in the module (ds's layout, DeepSpeed's stage 1/2), or only as fragments
     # (DeepSpeed's stage 3, sliced over every rank's model-states file; `_checkpoint.model_states`).

@@ -302,7 +302,10 @@ class Checkpointer:
             ds_config=parts.ds_config,
             rng_states=rng_states,
             data_sampler=_curriculum_sampler_state(engine),
-            extra={**(extra or {}), **(_moe_checkpoint.autoep_layers_entry(parts.moe) if parts.moe else {})},
+            extra={
+                **(extra or {}),
+                **(_moe_checkpoint.autoep_layers_entry(parts.moe, zero_stage=parts.zero.stage) if parts.moe else {}),
+            },
             random_ltd=_random_ltd_state(engine),
         )
 
@@ -316,9 +319,13 @@ class Checkpointer:
         stepper, mp_rank = parts.stepper, parts.dist.mp_rank
         stage0_optimizer = stepper.state_dict() if parts.zero.stage == 0 and stepper is not None else None
         module = self.engine.module
+        # ZeRO-3 (AutoEP): the expert tensors are partitioned; gathered here, on every rank alike
+        experts = _moe_checkpoint.gathered_expert_state(module, moe) if parts.zero.stage == 3 else None
 
         def write(ckpt_dir: Path) -> None:
-            _moe_checkpoint.write_expert_files(module, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization)
+            _moe_checkpoint.write_expert_files(
+                module, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization, state=experts
+            )
             if stage0_optimizer is not None:
                 _moe_checkpoint.write_stage0_optimizer(
                     stage0_optimizer, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization

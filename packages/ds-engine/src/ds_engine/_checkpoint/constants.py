@@ -90,3 +90,9 @@ AUTOEP_NUM_EXPERTS = "num_experts"
 AUTOEP_NUM_LOCAL_EXPERTS = "num_local_experts"
 AUTOEP_EP_SIZE = "ep_size"
 AUTOEP_ZERO12_REQUIRED_FIELDS = (AUTOEP_EXPERT_KEY_PREFIX, AUTOEP_NUM_EXPERTS, AUTOEP_NUM_LOCAL_EXPERTS, AUTOEP_EP_SIZE)
+# AutoEP at ZeRO stage 3: the layer entries say the experts live in the stage-3 partitions (of their
+# expert-data-parallel groups), which a data-parallel consolidation (zero_to_fp32) cannot rebuild.
+AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY = "checkpoint_format"
+AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT = "zero3_partitioned"
+AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY = "checkpoint_format_version"
+AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION = 1

@@ -36,7 +36,12 @@ from ds_engine._checkpoint.constants import (
     AUTOEP_LAYERS_KEY,
     AUTOEP_NUM_EXPERTS,
     AUTOEP_NUM_LOCAL_EXPERTS,
+    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY,
+    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION,
+    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY,
+    AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT,
 )
+from ds_engine._optional import require
 from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
 
 logger = logging.getLogger(__name__)
@@ -66,10 +71,19 @@ def non_expert_state(module_state: dict[str, Any], wiring: MoeWiring) -> dict[st
 
 
 def write_expert_files(
-    module: nn.Module, wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, serialization: bool
+    module: nn.Module,
+    wiring: MoeWiring,
+    ckpt_dir: Path,
+    *,
+    mp_rank: int,
+    serialization: bool,
+    state: dict[str, Any] | None = None,
 ) -> None:
-    """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0."""
-    state = module.state_dict()
+    """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0.
+
+    `state`: the expert tensors' values when the module does not hold them (ZeRO-3: `gathered_expert_state`).
+    """
+    state = module.state_dict() if state is None else state
     for layer_id, layer in enumerate(wiring.layers):
         if layer.edp_rank != 0:
             continue
@@ -148,11 +162,17 @@ def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank:
     return {name: torch.stack(tensors) for name, tensors in rows.items()}
 
 
-def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
-    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers."""
+def autoep_layers_entry(wiring: MoeWiring, *, zero_stage: int = 0) -> dict[str, Any]:
+    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers.
+
+    At ZeRO stage 3 each entry also carries DeepSpeed's stage-3 fields: the format marker
+    (`checkpoint_format: "zero3_partitioned"`, which `zero_to_fp32` refuses) and where this rank's experts sit
+    (expert-parallel rank, expert-data-parallel rank and size, global expert range).
+    """
     autoep = [layer for layer in wiring.layers if layer.fused_experts]
-    entries = [
-        {
+    entries = []
+    for index, layer in enumerate(autoep):
+        entry: dict[str, Any] = {
             "moe_layer_id": index,  # DeepSpeed's two keys for the block (`name` is ds's older one, still read)
             "module_path": layer.prefix,
             "name": layer.prefix,
@@ -161,8 +181,21 @@ def autoep_layers_entry(wiring: MoeWiring) -> dict[str, Any]:
             AUTOEP_NUM_LOCAL_EXPERTS: layer.num_local_experts,
             AUTOEP_EP_SIZE: layer.num_experts // layer.num_local_experts,
         }
-        for index, layer in enumerate(autoep)
-    ]
+        if zero_stage == 3:
+            start = layer.ep_rank * layer.num_local_experts
+            entry.update(
+                {
+                    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY: AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT,
+                    AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY: AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION,
+                    "ep_group_name": layer.group_name,
+                    "ep_rank": layer.ep_rank,
+                    "expert_data_parallel_rank": layer.edp_rank,
+                    "expert_data_parallel_world_size": ds_comm.get_world_size(wiring.edp_groups[layer.group_name]),
+                    "global_expert_start": start,
+                    "global_expert_end": start + layer.num_local_experts,
+                }
+            )
+        entries.append(entry)
     return {AUTOEP_LAYERS_KEY: entries} if entries else {}
 
 
@@ -262,3 +295,14 @@ def load_moe_state_dict(
     wiring = MoeWiring(ep_groups={}, edp_groups={}, edp_src={}, layers=layers, expert_names=expert_names)
     mp_rank = 0 if mpu is None else int(mpu.get_model_parallel_rank())
     state_dict.update(merge_expert_states(state_dict, wiring, Path(checkpoint_path) / str(tag), mp_rank=mp_rank))
+
+
+def gathered_expert_state(module: nn.Module, wiring: MoeWiring) -> dict[str, torch.Tensor]:
+    """ZeRO-3: CPU copies of the full local expert tensors of every AutoEP layer, gathered over their
+    expert-data-parallel groups (a collective: every rank calls it, at the same point of the save)."""
+    ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO stage-3 checkpoint")
+    names = [name for layer in wiring.layers for name in layer.fused_experts]
+    params = dict(module.named_parameters())
+    wanted = [params[n] for n in names]
+    with ds_zero.GatheredParameters(wanted):
+        return {n: p.detach().to("cpu", copy=True) for n, p in zip(names, wanted, strict=True)}

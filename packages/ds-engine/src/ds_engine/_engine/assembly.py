@@ -47,6 +47,7 @@ from ds_engine._step.autocast import AutocastPolicy, mark_lower_precision_params
 from ds_engine._step.data_parallel import FlatGradBuffer, GradAllReducer, broadcast_module_states
 from ds_engine._step.mixed_precision import cast_module_mixed_precision, keep_in_fp32_pattern
 from ds_engine._step.moe import MoeFp32Stepper, MoeWiring, broadcast_moe_model, detect_moe, moe_param_groups
+from ds_engine._step.moe_zero3 import check_zero3_moe, mark_zero3_placement
 from ds_engine._step.precision import MixedPrecisionOptimizer
 from ds_engine._step.steppers import Fp32Stepper, Stepper, ZeroStepper
 from ds_engine._step.zero_wiring import (
@@ -321,13 +322,13 @@ def assemble(inputs: AssemblyInputs) -> EngineParts:
     moe = detect_moe(module, dist, data_before_expert=m.use_data_before_expert_parallelism)
     check_deepspeed_layout_moe(config, has_moe=moe is not None)
     if moe is not None and plan.zero_stage == 3:
-        raise DeepSpeedConfigError(
-            "zero_optimization.stage=3: Native DeepSpeed MoE is not supported with ZeRO Stage 3 "
-            "(deepspeed.moe.layer.MoE layers, refused as DeepSpeed 0.19.8 does); use stage 1 or 2, or at stage 3 "
-            "a mixture-of-experts block of plain modules flagged as a ZeRO-3 leaf (zero_optimization.leaf_module "
-            "or deepspeed.utils.set_z3_leaf_modules), which ZeRO-3 gathers whole whatever the routing"
-        )
+        try:  # AutoEP layers only, as DeepSpeed
+            check_zero3_moe(moe)
+        except ValueError as err:
+            raise DeepSpeedConfigError(str(err)) from None
     _broadcast(module, plan, dist, moe)
+    if moe is not None and plan.zero_stage == 3:  # experts partitioned over their expert-data-parallel group
+        mark_zero3_placement(module, moe, dist)
     optimized_linear = apply_offload(module)
     timers: WallClockTimers | NullTimers = (
         WallClockTimers(get_accelerator().synchronize) if m.wall_clock_breakdown else NullTimers()

@@ -27,6 +27,7 @@ class ConsolidatedWeights:
     _zero_settings: ZeroSettings
     module: nn.Module
     _tp: Any
+    _moe: Any
     if TYPE_CHECKING:  # the engine's
 
         def module_state_dict(self, *, exclude_frozen_parameters: bool = False) -> dict[str, Any]: ...
@@ -48,6 +49,31 @@ class ConsolidatedWeights:
             "tensor_parallel.autotp_size > 1); here module_state_dict() is already whole"
         )
 
+    def _has_autoep_layers(self) -> bool:
+        """Whether the model holds AutoEP layers (DeepSpeed's name)."""
+        moe = getattr(self, "_moe", None)
+        return moe is not None and any(layer.fused_experts for layer in moe.layers)
+
+    def _raise_if_autoep_zero3_consolidated_export(self, operation: str) -> None:
+        """Refuse a data-parallel consolidation of AutoEP experts at ZeRO stage 3, as DeepSpeed does.
+
+        Raises:
+            NotImplementedError: ZeRO stage 3 with AutoEP layers (their experts are partitioned over their
+                expert-data-parallel groups; a gather over data-parallel ranks holds only this rank's experts).
+        """
+        if self.zero_optimization_partition_weights() and self._has_autoep_layers():
+            raise NotImplementedError(
+                f"{operation} is not supported for AutoEP with ZeRO Stage 3, as in DeepSpeed: the expert parameters "
+                "are partitioned over their expert-data-parallel groups, so a data-parallel consolidation would "
+                "hold incomplete expert tensors. DeepSpeed points to its ds_to_universal.py, which ds does not "
+                "implement for this layout; save_checkpoint() writes every expert's weights in per-expert files "
+                "(layer_*_expert_*_mp_rank_00_model_states.pt)"
+            )
+
+    if TYPE_CHECKING:
+
+        def zero_optimization_partition_weights(self) -> bool: ...
+
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         """`zero_optimization.stage3_gather_16bit_weights_on_model_save`: may the full weights be gathered to save?"""
         return bool(self._zero_settings.gather_16bit_weights_on_model_save)
@@ -60,12 +86,14 @@ class ConsolidatedWeights:
 
         Raises:
             ValueError: the engine is not at ZeRO stage 3 (use `module_state_dict()`).
+            NotImplementedError: AutoEP layers (`_raise_if_autoep_zero3_consolidated_export`).
         """
         if self._zero_settings.stage != 3:
             raise ValueError(
                 f"_zero3_consolidated_16bit_state_dict() needs ZeRO stage 3 (this engine is at stage "
                 f"{self._zero_settings.stage}); the module's own state_dict() is already complete"
             )
+        self._raise_if_autoep_zero3_consolidated_export("_zero3_consolidated_16bit_state_dict")
         ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 consolidated state_dict")
         state = ds_zero.consolidated_16bit_state_dict(
             self.module, rank0_only=True, exclude_frozen_parameters=exclude_frozen_parameters

@@ -525,6 +525,7 @@ class DeepSpeedEngine(
         time, and only with `stage3_gather_16bit_weights_on_model_save` (otherwise a warning, no file,
         and False, as in DeepSpeed). Returns True when the file was written.
         """
+        self._raise_if_autoep_zero3_consolidated_export("save_16bit_model")
         return self._checkpointer.save_16bit_model(save_dir, save_filename, exclude_frozen_parameters)
 
     save_fp16_model = save_16bit_model

@@ -8,6 +8,7 @@ checkpoint files) treats the new layers as it treats DeepSpeed-MoE layers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from ds_engine._optional import require
+from ds_engine._parallel.autoep_zero3 import check_autoep_zero3
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine.config._expert_parallel_section import ExpertParallelConfig
 
@@ -73,10 +75,6 @@ def _check_layout(
             f"expert_parallel.enabled with sequence_parallel_size={dist.sp_world_size} is not implemented in ds; "
             "use one of them"
         )
-    if zero_stage == 3:
-        raise ValueError(
-            "expert_parallel.enabled with zero_optimization.stage=3 is not implemented in ds; use ZeRO stage 0, 1 or 2"
-        )
     if dist.dp_world_size % ep:
         raise ValueError(
             f"expert_parallel.autoep_size={ep} must divide the data-parallel world size {dist.dp_world_size}"
@@ -126,10 +124,12 @@ def apply_autoep(
     pipeline: bool,
     model_parameters: Any = None,
     client_optimizer: Any = None,
+    zero_config: Any = None,
 ) -> tuple[Any, Any]:
     """Convert `model` in place when `expert_parallel.enabled`; (the conversion report or None, model_parameters).
 
-    Creates the expert-parallel groups of degree `autoep_size` (a collective on every rank).
+    Creates the expert-parallel groups of degree `autoep_size` (a collective on every rank). At ZeRO stage 3
+    `zero_config` (the `zero_optimization` section) is checked against DeepSpeed's AutoEP gate first.
 
     Raises:
         ValueError: a layout AutoEP does not support here, or a conversion error (names the key).
@@ -137,6 +137,8 @@ def apply_autoep(
     if not section.enabled:
         return None, model_parameters
     _check_layout(section, dist, tp_size=tp_size, zero_stage=zero_stage, pipeline=pipeline)
+    if zero_stage == 3:
+        check_autoep_zero3(section, zero_config)
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
     if section.autoep_size == 1:
         logger.warning(
@@ -152,8 +154,20 @@ def apply_autoep(
     else:
         groups = ds_parallel.moe.create_expert_groups(section.autoep_size)
         ep_rank, ep_group = groups.ep_rank, groups.ep_group
-    report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
+    with _gathered_sources(model, [s.moe_module_name for s in specs]):
+        report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
     return report, _fresh(model_parameters, model)
+
+
+def _gathered_sources(model: nn.Module, blocks: list[str]) -> Any:
+    """A context in which the MoE blocks' parameters hold their full values: a model built under `zero.Init`
+    (ZeRO stage 3) has them partitioned, and the conversion copies the router and expert weights out of them
+    (collective over their group; every rank converts the same blocks). A plain model: nothing to do."""
+    params = [p for name in blocks for p in model.get_submodule(name).parameters() if hasattr(p, "ds_tensor")]
+    if not params:
+        return contextlib.nullcontext()
+    ds_zero = require("ds_zero", extra="zero", feature="AutoEP on a model built under zero.Init")
+    return ds_zero.GatheredParameters(params)
 
 
 def _preset_lines(section: ExpertParallelConfig) -> list[str]:

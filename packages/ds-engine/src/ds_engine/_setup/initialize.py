@@ -229,6 +229,7 @@ def initialize(
         pipeline=pipeline,
         model_parameters=model_parameters,
         client_optimizer=optimizer,
+        zero_config=ds_config.zero.zero_config,
     )
     check_data_parallel_size(ds_config.parsed.data_parallel_size, with_sequence_parallel=sp_given, dist=dist)
     ds_config = resolve_checkpoint_layout(

@@ -258,6 +258,8 @@ def broadcast_moe_model(module: nn.Module, wiring: MoeWiring, dist: DistInfo) ->
     by_name: dict[str, list[torch.Tensor]] = {}
     dense: list[torch.Tensor] = []
     for p in replicated(module.parameters()):  # not OptimizedLinear base-weight slices
+        if hasattr(p, "ds_tensor"):  # partitioned under zero.Init: its shards came from rank 0 already
+            continue
         if is_expert_param(p):
             by_name.setdefault(p.group_name, []).append(p)
         else:

@@ -94,7 +94,8 @@ def build_zero_optimizer(
 
     With MoE layers (stage 1/2), each MoE param group is partitioned and reduced over its
     expert-data-parallel group (`partition_groups=`), and expert parameters are saved under their global
-    expert names (`checkpoint_names=`), so a save loads at another expert-parallel degree. With tensor
+    expert names (`checkpoint_names=`), so a save loads at another expert-parallel degree. At stage 3 (AutoEP
+    only) the expert parameters carry their partition group themselves (`_step.moe_zero3`). With tensor
     parallelism (stage 1/2), `model_parallel` holds `model_parallel_group=` and `model_parallel_params=`
     (the norm and the overflow flag span the tensor-parallel shards).
 
@@ -109,7 +110,10 @@ def build_zero_optimizer(
     m = config.parsed
     comm_dtype = reduction_dtype(config)
     extra = nvme_kwargs(config) if plan.zero_stage == 3 else {}
-    if moe is not None:
+    if moe is not None and plan.zero_stage == 3:
+        # AutoEP: the experts carry their placement (`_step.moe_zero3`); their fragments get global names
+        extra["checkpoint_names"] = moe.expert_names
+    elif moe is not None:
         extra = {"partition_groups": moe.partition_groups(base.param_groups), "checkpoint_names": moe.expert_names}
     extra.update(model_parallel or {})
     if plan.bf16_masters:  # the config checks allowed it (ZeRO 1-3, bf16; fp32 moments only with CPU offload)

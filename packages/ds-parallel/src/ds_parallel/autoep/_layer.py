@@ -175,15 +175,20 @@ class AutoEPMoELayer(nn.Module):
         self.ep_group = ep_group
         self.num_local_experts = spec.num_experts // ep_size
         self.ep_group_name = f"ep_size_{ep_size}"
-        for p in self.experts.parameters():  # DeepSpeed's expert mark, read by the engine's MoE wiring
+        # DeepSpeed's expert mark, read by the engine's MoE wiring, and its ZeRO-3 placement family: experts are
+        # partitioned over their expert-data-parallel group, the rest over the data-parallel group
+        for p in self.experts.parameters():
             setattr(p, "allreduce", False)  # noqa: B010
             setattr(p, "group_name", self.ep_group_name)  # noqa: B010
+            setattr(p, "ds_zero_placement_family", "autoep_expert")  # noqa: B010
+            setattr(p, "ds_zero_partition_group_name", self.ep_group_name)  # noqa: B010
         dense = [*self.router.parameters()]
         for extra in (shared_experts, shared_experts_gate):
             if extra is not None:
                 dense += list(extra.parameters())
         for p in dense:
             setattr(p, "allreduce", True)  # noqa: B010
+            setattr(p, "ds_zero_placement_family", "replicated")  # noqa: B010
 
     @property
     def local_experts(self) -> range:

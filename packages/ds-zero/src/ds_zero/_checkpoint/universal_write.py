@@ -58,8 +58,10 @@ import torch
 
 import ds_comm
 from ds_comm.checkpoint_files import deepspeed_pickle_names
+from ds_zero._checkpoint.autoep_zero3 import refuse_autoep_zero3
 from ds_zero._checkpoint.deepspeed_format import is_deepspeed_state_dict
 from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._checkpoint.io import find_model_states_file
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts, optim_files
 from ds_zero._checkpoint.universal_categories import UNIVERSAL_INFO_KEY, Categories
 
@@ -169,7 +171,8 @@ def convert_to_universal(
 
     Raises:
         FileNotFoundError: not a ZeRO checkpoint tag directory (stage 0 has no optimizer partitions).
-        ValueError: a layout this converter does not handle, missing universal info, unused patterns.
+        ValueError: a layout this converter does not handle (an AutoEP save at ZeRO stage 3:
+            `_checkpoint.autoep_zero3`), missing universal info, unused patterns.
         ds_comm.CheckpointFileError: a file that cannot be read (names it).
     """
     if num_extract_workers < 1 or num_merge_workers < 1:
@@ -178,6 +181,9 @@ def convert_to_universal(
     if not src.is_dir():
         raise FileNotFoundError(f"input folder {src} does not exist")
     temp = out / "tmp"
+    states_file = find_model_states_file(src)
+    if states_file is not None:
+        refuse_autoep_zero3(ds_comm.load_checkpoint_file(states_file), states_file, "ds_to_universal")
     files = optim_files(src)
     first = ds_comm.load_checkpoint_file(files[0])
     if not is_deepspeed_state_dict(first["optimizer_state_dict"]):

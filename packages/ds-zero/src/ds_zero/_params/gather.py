@@ -35,6 +35,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._buffer_pool import BufferPool
 from ds_zero._params.partitioned_param import state_of
+from ds_zero._params.placement import family_runs
 from ds_zero._params.secondary import SecondaryPartition, fill_secondary
 from ds_zero._params.shards import acquire_shards
 
@@ -298,6 +299,7 @@ def gather_params(
     checked: bool = True,
     seq: int = 0,
     secondary: SecondaryPartition | None = None,
+    _split: bool = True,
 ) -> list[GatherHandle]:
     """All-gather the full values of `params` (one collective per dtype), after the fingerprint check.
 
@@ -312,13 +314,35 @@ def gather_params(
         secondary: this rank's hpZ block (None: hpZ off). Parameters with a current secondary slice are
             gathered in the block from it (one more collective per dtype); the others from their primary
             shards, refreshing their slices.
+        _split: internal (False: `params` are known to be of one family, `group`'s).
+
+    Parameters of a placement family (`ds_zero._params.placement`: AutoEP experts) are gathered over their
+    family's group instead of `group`, family by family in order of first appearance (the same on every
+    rank); the fingerprint check covers them all.
 
     Returns:
         One handle per dtype (and, with hpZ, per source); already waited on unless `async_op`.
     """
-    world = ds_comm.get_world_size(group)
     if checked:
         check_same_gather(params, label, fp_group, seq)
+    runs = family_runs(params) if _split and params else [(None, params)]
+    if len(runs) > 1 or runs[0][0] is not None:
+        # placement families (AutoEP experts): each family's shards are gathered over its own group, one run
+        # after the other in the same order on every rank (`_params.placement`)
+        handles = []
+        for family, run in runs:
+            handles += gather_params(
+                run,
+                group=group if family is None else family,
+                fp_group=fp_group,
+                label=label,
+                async_op=async_op,
+                checked=False,
+                secondary=secondary if family is None else None,
+                _split=False,
+            )
+        return handles
+    world = ds_comm.get_world_size(group)
     by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
     from_secondary: dict[torch.dtype, list[torch.nn.Parameter]] = {}
     for p in params:

@@ -32,6 +32,7 @@ from ds_zero._params.partitioned_param import (
     state_of,
 )
 from ds_zero._params.partitioning import partition_param
+from ds_zero._params.placement import placement_group
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ def partition_module(
 
     Args:
         module: the module; its parameters must hold their full, initialised values.
-        group: the data-parallel group (None: the world).
+        group: the data-parallel group (None: the world); a parameter of a placement family (AutoEP
+            experts, `ds_zero._params.placement`) is split over its family's group instead.
         shard_device: where shards live ("cpu" for parameter offload; None: the compute device).
         compute_device: where full values are gathered (None: where each parameter is).
         dtype: cast floating-point parameters to it (None keeps theirs).
@@ -67,11 +69,12 @@ def partition_module(
             if p is not None and not is_zero_param(p) and p.numel() and id(p) not in seen:
                 seen.add(id(p))
                 todo.append(p)
-    buffers = _shared_shard_buffers(todo, group, shard_device, compute_device, dtype, pin_memory)
-    for p, out in zip(todo, buffers, strict=True):
+    groups = [placement_group(p, group) for p in todo]
+    buffers = _shared_shard_buffers(todo, groups, shard_device, compute_device, dtype, pin_memory)
+    for p, out, p_group in zip(todo, buffers, groups, strict=True):
         partition_param(
             p,
-            group=group,
+            group=p_group,
             shard_device=shard_device,
             compute_device=compute_device,
             dtype=dtype,
@@ -86,7 +89,7 @@ def partition_module(
 
 def _shared_shard_buffers(
     params: list[nn.Parameter],
-    group: ProcessGroup | None,
+    groups: list[ProcessGroup | None],
     shard_device: torch.device | None,
     compute_device: torch.device | None,
     dtype: torch.dtype | None,
@@ -97,7 +100,6 @@ def _shared_shard_buffers(
     One buffer per model, in parameter order, is also the layout the optimizer's flat partition wants,
     which then needs no copy; and many small shard allocations would fragment the host heap.
     """
-    world = ds_comm.get_world_size(group)
     kinds = set()
     for p in params:
         target = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
@@ -106,7 +108,7 @@ def _shared_shard_buffers(
     if len(kinds) != 1 or len(params) < 2:
         return [None] * len(params)
     target, device = kinds.pop()
-    sizes = [shard_numel(p.numel(), world) for p in params]
+    sizes = [shard_numel(p.numel(), ds_comm.get_world_size(g)) for p, g in zip(params, groups, strict=True)]
     flat = torch.empty(sum(sizes), dtype=target, device=device)
     if pin_memory and device.type == "cpu":
         flat = ds_comm.get_accelerator().pin_memory(flat)

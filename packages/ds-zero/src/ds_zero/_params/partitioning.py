@@ -74,6 +74,8 @@ def partition_param(
     param.ds_shape = data.shape
     param.ds_numel = numel
     param.ds_process_group = group
+    param.ds_zero_partition_rank = rank  # DeepSpeed's names for where the shard sits in `group`
+    param.ds_zero_partition_world_size = world
     param.ds_tensor = shard
     param.ds_persist = False
     param.ds_status = ZeroParamStatus.NOT_AVAILABLE  # the one status not reached by a transition

@@ -17,6 +17,7 @@ from ds_zero._construct.init_base import InsertPostInitMethodToModuleSubClasses
 from ds_zero._nvme.param_swapper import ParamSwapper
 from ds_zero._params.partitioned_module import partition_module, remove_guard
 from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
+from ds_zero._params.placement import family_group, has_families
 from ds_zero._params.secondary import secondary_partition
 from ds_zero._schedule.coordinator import ParamCoordinator
 from ds_zero._schedule.granularity import set_leaves_by_granularity
@@ -107,13 +108,18 @@ class DeepSpeedZeRoOffload:
         )
         params = iter_zero_params(module.parameters())
         for p in params:
-            if (world := state_of(p).world_size) != self.world_size:
+            if family_group(p) is None and (world := state_of(p).world_size) != self.world_size:
                 raise ValueError(
                     f"parameter {tuple(p.ds_shape)} was partitioned over {world} ranks but the "
                     f"data-parallel group has {self.world_size}; use the same group in ds_zero.Init "
                     "(data_parallel_group=) and here (dp_group=)"
                 )
         hpz = cfg.zero_hpz_partition_size
+        if hpz > 1 and has_families(params):
+            raise ValueError(
+                f"zero_optimization.zero_hpz_partition_size={hpz} with AutoEP expert parameters (partitioned over "
+                "their expert-data-parallel group) is not supported, as in DeepSpeed; set it to 1"
+            )
         if hpz > 1 and self.world_size % hpz:  # refused before any group is made
             raise ValueError(
                 f"zero_optimization.zero_hpz_partition_size={hpz} must divide the data-parallel world size "

@@ -33,6 +33,7 @@ from ds_zero._checkpoint.format import (
 from ds_zero._master_dtype import dtype_name, note_master_conversion
 from ds_zero._params.gathered_parameters import GatheredParameters
 from ds_zero._params.partitioned_param import is_zero_param, state_of
+from ds_zero._params.placement import has_families
 from ds_zero._stage12.state import as_state_dict_list
 
 if TYPE_CHECKING:
@@ -180,12 +181,20 @@ def consolidated_16bit_state_dict(
     `engine.save_16bit_model()` writes under `stage3_gather_16bit_weights_on_model_save`.
 
     Every rank must call it (collectives per module). Keys and order are those of `module.state_dict()`.
+    Refused (NotImplementedError) for a model with AutoEP experts partitioned over their own groups.
 
     Args:
         module: the stage-3 model.
         rank0_only: only global rank 0 assembles (and returns) the dict; the others return `{}`.
         exclude_frozen_parameters: leave out parameters with `requires_grad=False`.
     """
+    if has_families(p for p in module.parameters() if is_zero_param(p)):
+        raise NotImplementedError(
+            "a consolidated 16-bit state_dict (save_16bit_model, stage3_gather_16bit_weights_on_model_save) is not "
+            "supported for AutoEP at ZeRO stage 3, as in DeepSpeed: the expert parameters are partitioned over their "
+            "expert-data-parallel groups, so a data-parallel consolidation would hold only some experts; "
+            "save_checkpoint() writes every expert's weights (layer_*_expert_*_model_states.pt)"
+        )
     keep = not rank0_only or ds_comm.get_rank() == 0
     template = module.state_dict(keep_vars=True)
     gathered: dict[int, torch.Tensor | None] = {}

@@ -12,7 +12,9 @@ and the next fills; without it each reduce-scatter is waited for as soon as it i
 its staging buffer freed at once): the same collectives and the same sums either way. The input is
 rank-major (`[rank 0: shard 0 of each param | rank 1: shard 1 | ...]`) so the output is this rank's shards
 back to back; each is averaged and added into the fp32 gradient of its master partition (accumulating
-across micro-steps), and each full gradient is dropped once copied.
+across micro-steps), and each full gradient is dropped once copied. A bucket holds one placement family
+(`ds_zero._params.placement`): AutoEP expert buckets are reduce-scattered over their expert-data-parallel
+group and, like the others, divided by the data-parallel world size.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._buffer_pool import BufferPool
 from ds_zero._params.partitioned_param import state_of
+from ds_zero._params.placement import family_group
 
 if TYPE_CHECKING:
     from ds_zero._nvme.grad_swapper import GradSwapper
@@ -43,7 +46,7 @@ def _buckets(params: list[nn.Parameter], bucket_numel: int) -> list[list[nn.Para
     size = 0
     for p in reversed(params):
         full = bool(out) and size + p.ds_numel > bucket_numel
-        if not out or full or out[-1][0].dtype != p.dtype:
+        if not out or full or out[-1][0].dtype != p.dtype or family_group(out[-1][0]) is not family_group(p):
             out.append([])
             size = 0
         out[-1].append(p)
@@ -136,8 +139,16 @@ class GradReducer:
             self._reduce(self.buckets[self._next])
             self._next += 1
 
+    def _group_of(self, params: list[nn.Parameter]) -> tuple[ProcessGroup | None, int]:
+        """The bucket's group and its size: the data-parallel group, or the bucket's placement family's
+        (AutoEP experts: their expert-data-parallel group; still averaged over the data-parallel world)."""
+        family = family_group(params[0])
+        if family is None:
+            return self.group, self.world
+        return family, ds_comm.get_world_size(family)
+
     def _reduce(self, params: list[nn.Parameter]) -> None:
-        world = self.world
+        group, world = self._group_of(params)
         dtype = self.comm_dtype or params[0].dtype
         sizes = [state_of(p).shard_numel for p in params]
         total = sum(sizes)
@@ -151,7 +162,7 @@ class GradReducer:
                     self._complete(self._inflight.pop(0))
                 self._issued((None, grad.reshape(-1), params, sizes, grad))
                 return
-        if world == 2 and self.pre == 1.0 and self._reduce_in_pairs(params, sizes, total, dtype, device):
+        if world == 2 and self.pre == 1.0 and self._reduce_in_pairs(params, sizes, total, dtype, device, group):
             return
         inp = self._take(world * total, dtype, device).view(world, total)
         offset = 0
@@ -175,14 +186,20 @@ class GradReducer:
             out, work = inp.view(-1), None
         else:
             out = self._take(total, dtype, device)
-            work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=self.group, async_op=True)
+            work = ds_comm.reduce_scatter_tensor(out, inp.view(-1), group=group, async_op=True)
         # one bucket in flight while the next fills: older ones are finished now, freeing their buffers
         while self._inflight:
             self._complete(self._inflight.pop(0))
         self._issued((work, out, params, sizes, inp))
 
     def _reduce_in_pairs(
-        self, params: list[nn.Parameter], sizes: list[int], total: int, dtype: torch.dtype, device: torch.device
+        self,
+        params: list[nn.Parameter],
+        sizes: list[int],
+        total: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        group: ProcessGroup | None,
     ) -> bool:
         """Two gloo CPU ranks: each gradient sends the peer its half straight from `.grad` into the peer's
         bucket output, and adds its own half there once received (`ds_comm.pair_exchange`): the same sum
@@ -195,7 +212,7 @@ class GradReducer:
         rank reached) is sent as zeros, as the reduce-scatter's bucket holds it."""
         if any(p.dtype != dtype or p.ds_numel != 2 * s for p, s in zip(params, sizes, strict=True)):
             return False
-        peers = ds_comm.pair_ranks(self.group)
+        peers = ds_comm.pair_ranks(group)
         if peers is None:
             return False
         me, peer = peers
@@ -214,7 +231,7 @@ class GradReducer:
             own.append(rows[me])
             recvs.append(out[offset : offset + s])
             offset += s
-        work = ds_comm.pair_exchange(sends, recvs, group=self.group, op="reduce_scatter_tensor")
+        work = ds_comm.pair_exchange(sends, recvs, group=group, op="reduce_scatter_tensor")
         if work is None:
             self._give(out)
             return False

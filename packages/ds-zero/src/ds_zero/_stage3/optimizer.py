@@ -36,6 +36,7 @@ from ds_zero._stage3.param_access import ShardParamAccess
 from ds_zero._stage3.partial_offload import TilePlacement
 from ds_zero._stage3.partition import ShardPartition
 from ds_zero._stage3.partition_index import PartitionIndex
+from ds_zero._stage3.placement_checks import refuse_families, rename_for_checkpoint
 from ds_zero._stage3.superoffload import SuperOffload, refuse_superoffload
 from ds_zero._zenflow_refusal import refuse_zenflow
 from ds_zero._zero_config import as_zero_config
@@ -119,6 +120,12 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             (`bf16.bf16_master_weights_and_grads`; see `ds_zero._master_dtype`).
         bf16_optimizer_states: the base optimizer's state follows the bf16 masters (`bf16.bf16_optimizer_states`;
             needs `bf16_master_weights_and_gradients`).
+        checkpoint_names: module parameter name -> the name its fragments are saved under (an AutoEP expert
+            tensor's name with its expert range, so that different expert-parallel ranks' experts never meet
+            in one consolidated tensor); the gather fingerprints keep the module names.
+
+    Parameters of a placement family (AutoEP experts, marked before partitioning; `ds_zero._params.placement`)
+    are partitioned, gathered and reduce-scattered over their family's group and averaged over `dp_group`.
 
     With `offload_optimizer.device="nvme"` the fp32 master and the optimizer state of each tile live in swap
     files under `nvme_path` and are swapped in and out around the step, tile by tile (`sub_group_size`),
@@ -154,6 +161,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         model_parallel_params: Collection[torch.Tensor] = (),
         bf16_master_weights_and_gradients: bool = False,
         bf16_optimizer_states: bool = False,
+        checkpoint_names: Mapping[str, str] | None = None,
     ) -> None:
         module, optimizer = _module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
@@ -221,6 +229,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 release_swap_dir(swap_dir)
             raise
         self.coordinator = self.parameter_offload.coordinator
+        refuse_families(self.coordinator.params, optimizer, model_parallel_group)
+        rename_for_checkpoint(module, checkpoint_names)
         self.world_size = ds_comm.get_world_size(dp_group)
         self.dp_rank = ds_comm.get_rank(dp_group)
         self.offload_optimizer = cfg.offload_optimizer_device in ("cpu", "nvme")
