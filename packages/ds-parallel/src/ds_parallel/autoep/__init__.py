@@ -11,6 +11,7 @@ from ds_parallel.autoep._convert import (
     detect_moe_layers,
 )
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts, SizedGroupedExperts
+from ds_parallel.autoep._fold import create_folding_groups, folded_expert_rows
 from ds_parallel.autoep._folding import (
     FoldingGroupHandles,
     FoldingGroupTables,
@@ -97,11 +98,13 @@ __all__ = [
     "compute_split_plan",
     "compute_split_plan_from_expert_indices",
     "convert_moe_model",
+    "create_folding_groups",
     "count_tokens_per_expert",
     "detect_moe_layers",
     "dispatch_counters",
     "expected_folding_group_tables",
     "fill_autoep_config_from_hf",
+    "folded_expert_rows",
     "get_preset_adapter",
     "local_folding_ranks",
     "parse_autoep_config",

@@ -26,7 +26,10 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_parallel.autoep._experts import GroupedExperts, all_to_all_v
+from ds_parallel.autoep._fold import folded_expert_rows
+from ds_parallel.autoep._folding import FoldingGroupHandles
 from ds_parallel.autoep._router import TopKRouter
 from ds_parallel.autoep._split_plan import compute_split_plan
 
@@ -175,6 +178,11 @@ class AutoEPMoELayer(nn.Module):
         self.ep_group = ep_group
         self.num_local_experts = spec.num_experts // ep_size
         self.ep_group_name = f"ep_size_{ep_size}"
+        self.folding_group_handles: FoldingGroupHandles | None = None
+        """Set by `enable_folding` (AutoEP folded with AutoTP); None otherwise."""
+        self.tp_group: ProcessGroup | None = None
+        self.tp_size = 1
+        self.tp_rank = 0
         for p in self.experts.parameters():  # DeepSpeed's expert mark, read by the engine's MoE wiring
             setattr(p, "allreduce", False)  # noqa: B010
             setattr(p, "group_name", self.ep_group_name)  # noqa: B010
@@ -190,11 +198,31 @@ class AutoEPMoELayer(nn.Module):
         """Global indices of the experts this rank holds."""
         return range(self.ep_rank * self.num_local_experts, (self.ep_rank + 1) * self.num_local_experts)
 
+    def enable_folding(self, handles: FoldingGroupHandles) -> None:
+        """Run folded with AutoTP (`ds_parallel.autoep._fold`): each lane of `handles.tp_group` sends its share of
+        the routed assignments over `handles.ep_group`, and the lanes' results are gathered back.
+
+        Raises:
+            ValueError: `handles` are for another expert-parallel degree or rank.
+        """
+        if handles.spec.ep_size != self.ep_size or handles.ep_ranks.index(ds_comm.get_rank()) != self.ep_rank:
+            raise ValueError(
+                f"AutoEP layer {self.spec.moe_module_name!r} (ep_size {self.ep_size}, ep_rank {self.ep_rank}) "
+                f"does not fit the folding groups {handles.ep_ranks} of ep_size {handles.spec.ep_size}"
+            )
+        self.folding_group_handles = handles
+        self.ep_group = handles.ep_group
+        self.tp_group = handles.tp_group
+        self.tp_size = handles.spec.tp_size
+        self.tp_rank = handles.tp_ranks.index(ds_comm.get_rank())
+
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
         """Bind the expert-parallel group of this layer's degree (the engine calls it; a collective the first
-        time a degree is seen)."""
+        time a degree is seen). A folded layer keeps its folding groups."""
         from ds_parallel.moe._groups import create_expert_groups
 
+        if self.folding_group_handles is not None:
+            return
         groups = create_expert_groups(self.ep_size)
         if groups.ep_rank != self.ep_rank:
             raise RuntimeError(
@@ -227,10 +255,13 @@ class AutoEPMoELayer(nn.Module):
         order = torch.argsort(flat, stable=True)
         token = order // self.top_k
         w = weights.reshape(-1).index_select(0, order).unsqueeze(1)
-        rows = x.index_select(0, token)
-        rows = apply_scores_before_experts_if_enabled(rows, w, self.score_apply)
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        out_rows = self._run_experts(rows, counts)
+        if self.tp_size > 1:  # folded: each TP lane runs its share, every lane gets all rows back
+            out_rows = folded_expert_rows(self, x, w, token, flat.index_select(0, order))
+        else:
+            rows = x.index_select(0, token)
+            rows = apply_scores_before_experts_if_enabled(rows, w, self.score_apply)
+            counts = torch.bincount(flat, minlength=self.num_experts)
+            out_rows = self._run_experts(rows, counts)
         if self.score_apply == "post":
             out_rows = (out_rows.float() * w).to(x.dtype)
         out = torch.zeros_like(x).index_add(0, token, out_rows)
