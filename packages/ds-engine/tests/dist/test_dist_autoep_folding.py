@@ -10,7 +10,8 @@ groups are consecutive ranks {0,1}, {2,3} (the tensor-parallel groups), the dens
   unconverted model on the mean loss of the two batches with `torch.optim.Adam` and `clip_grad_norm_` (1e-5);
 - bf16 at ZeRO 1: the same within bf16's tolerance;
 - checkpoints: saved after two steps at ZeRO 2 and loaded by a fresh engine of the same topology, the third
-  step gives bit-identical losses and weights;
+  step gives bit-identical losses and weights; every file carries its `folding` record (family, partition
+  group and count), and an unfolded run, or a folded file without its record, is refused;
 - refusals: autoep_size 1, or one that is not a multiple of autotp_size, name the key before work starts.
 
 Needs ds-parallel and transformers; skipped without them.
@@ -137,6 +138,29 @@ def _run(engine: Any, replica: int, steps: range) -> tuple[list[float], list[dic
     return losses, weights
 
 
+def _records(tag_dir: Path) -> dict[str, tuple[str, str, int]]:
+    """file name -> (family, partition group, partition count) of its `folding` record."""
+    out = {}
+    for path in sorted(tag_dir.glob("*.pt")):
+        record = torch.load(path, weights_only=False).get("folding")
+        if record is not None:
+            out[path.name] = (record["family"], record["zero_partition_group"], record["zero_partition_count"])
+            if record["family"] == "dense":
+                families = record["param_families"]
+                assert families["model.layers.0.mlp.router.gate.weight"] == "router_gate_replicated"
+                assert families["model.layers.0.self_attn.q_proj.weight"] == "dense"
+    return out
+
+
+def _load_refusal(config: dict[str, Any], root: str) -> str:
+    engine = _engine(config)
+    try:
+        engine.load_checkpoint(root, tag="folded")
+    except RuntimeError as err:
+        return str(err)
+    return "not refused"
+
+
 def _refusal(config: dict[str, Any]) -> str:
     try:
         _engine(config)
@@ -162,6 +186,18 @@ def _job(rank: int, world: int, root: str) -> dict[str, Any]:
     engine = _engine(_config(2))
     engine.load_checkpoint(root, tag="folded")
     out["after_load"] = _run(engine, replica, range(2, 3))
+    out["records"] = _records(Path(root) / "folded")
+    out["refused_unfolded_load"] = _load_refusal(_config(2, ep=1, tp=1), root)
+    import ds_comm
+
+    ds_comm.barrier()
+    if rank == 0:  # a folded checkpoint without its record is refused
+        for path in (Path(root) / "folded").glob("mp_rank_*_model_states.pt"):
+            state = torch.load(path, weights_only=False)
+            del state["folding"]
+            torch.save(state, path)
+    ds_comm.barrier()
+    out["refused_missing_record"] = _load_refusal(_config(2), root)
     out["refused_ep1"] = _refusal(_config(1, ep=1))
     out["refused_ep_not_multiple"] = _refusal(_config(1, ep=1 if world < 4 else 2, tp=4))
     return out
@@ -191,5 +227,12 @@ def test_autoep_folded_with_autotp_trains_like_one_process_and_resumes(tmp_path:
         _close(weights[-1], ref_weights[-1], 5e-2)
         assert r["after_save"][0] == r["after_load"][0]
         _close(r["after_load"][1][0], r["after_save"][1][0], 0.0)
+        records = r["records"]
+        assert records["mp_rank_00_model_states.pt"] == ("dense", "dense_dp", 2)
+        assert records["layer_0_expert_0_mp_rank_00_model_states.pt"] == ("routed_expert", "edp", 2)
+        assert records["layer_1_expert_3_mp_rank_01_model_states.pt"] == ("routed_expert", "edp", 2)
+        assert records["zero_pp_rank_1_mp_rank_01_optim_states.pt"] == ("zero_optimizer_state", "per_family", 2)
+        assert "requires a folded runtime" in r["refused_unfolded_load"], r["refused_unfolded_load"]
+        assert "Missing AutoEP+AutoTP folding metadata" in r["refused_missing_record"], r["refused_missing_record"]
         assert "expert_parallel.autoep_size" in r["refused_ep1"], r["refused_ep1"]
         assert "expert_parallel.autoep_size=2 with tensor_parallel.autotp_size=4" in r["refused_ep_not_multiple"]

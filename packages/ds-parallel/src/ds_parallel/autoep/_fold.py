@@ -45,7 +45,7 @@ __all__ = ["create_folding_groups", "folded_expert_rows"]
 
 
 def create_folding_groups(
-    spec: ParallelFoldingSpec, *, tp_group: ProcessGroup, dense_dp_group: ProcessGroup
+    spec: ParallelFoldingSpec, *, tp_group: ProcessGroup, dense_dp_group: ProcessGroup | None
 ) -> FoldingGroupHandles:
     """Register the folded expert-parallel and expert-data-parallel groups (`ep_size_{N}`) and return this rank's
     four groups. A collective (one `new_group` per table row) the first time; `tp_group` and `dense_dp_group` are
@@ -67,9 +67,11 @@ def create_folding_groups(
     groups = register_expert_groups(spec.ep_size, tables.ep_groups, tables.edp_groups)
     mine = local_folding_ranks(ds_comm.get_rank(), spec)
     for kind, group in (("tp", tp_group), ("dense_dp", dense_dp_group)):
+        if group is None:  # one data-parallel replica: the engine keeps no group for it
+            continue
         ranks = tuple(ds_comm.get_all_ranks_from_group(group))
         if ranks != mine[kind]:
-            raise RuntimeError(f"AutoEP folding: this rank's {kind} group is {ranks}, the folding layout's {mine[kind]}")
+            raise RuntimeError(f"AutoEP folding: this rank's {kind} group is {ranks}, the layout's {mine[kind]}")
     return FoldingGroupHandles(
         spec=spec,
         tp_group=tp_group,
@@ -135,5 +137,8 @@ def folded_expert_rows(
     ds_comm.all_gather(lane_counts, mine_n, group=group)
     sizes = tuple(int(c) for c in lane_counts)
     positions = _gather_rows(keep, group, list(sizes))
-    gathered = _GatherLaneRows.apply(done, group, sizes, rank) if done.requires_grad else _gather_rows(done, group, list(sizes))
+    if done.requires_grad:
+        gathered = _GatherLaneRows.apply(done, group, sizes, rank)
+    else:
+        gathered = _gather_rows(done, group, list(sizes))
     return done.new_zeros((tokens.numel(), *done.shape[1:])).index_copy(0, positions, gathered)
