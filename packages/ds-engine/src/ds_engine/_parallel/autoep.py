@@ -138,7 +138,7 @@ def apply_autoep(
     if not section.enabled:
         return None, model_parameters
     _check_layout(section, dist, tp_size=tp_size, zero_stage=zero_stage, pipeline=pipeline)
-    spec = check_folding(section, dist, tp_size=tp_size, flags=folding) if tp_size > 1 else None
+    spec = check_folding(section, dist, tp_size=tp_size, zero_stage=zero_stage, flags=folding) if tp_size > 1 else None
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
     if section.autoep_size == 1:
         logger.warning(

@@ -15,7 +15,7 @@ usual families apply unchanged:
   summed as shards are).
 
 Refused, naming the key: what DeepSpeed refuses (`validate_folding_global`: autoep_size 1, pipeline,
-sequence parallelism, DeepCompile, ZeRO offload, the data-before-expert order, expert tensor parallelism)
+sequence parallelism, ZeRO stage 3, DeepCompile, ZeRO offload, the data-before-expert order, expert tensor parallelism)
 and, in ds, an `autoep_size` that is not a multiple of `autotp_size` (tensor-parallel peers would hold some
 experts twice, which the norm does not count).
 """
@@ -59,7 +59,9 @@ class FoldingFlags:
         )
 
 
-def check_folding(section: ExpertParallelConfig, dist: DistInfo, *, tp_size: int, flags: FoldingFlags | None) -> Any:
+def check_folding(
+    section: ExpertParallelConfig, dist: DistInfo, *, tp_size: int, zero_stage: int, flags: FoldingFlags | None
+) -> Any:
     """The folding spec of this run (`ds_parallel.autoep.ParallelFoldingSpec`), checked before any group exists.
 
     Raises:
@@ -77,6 +79,7 @@ def check_folding(section: ExpertParallelConfig, dist: DistInfo, *, tp_size: int
     )
     autoep.validate_folding_global(
         spec,
+        zero_stage=zero_stage,
         sp_size=dist.sp_world_size,
         deepcompile_enabled=flags.deepcompile,
         use_data_before_expert_parallel=flags.data_before_expert,

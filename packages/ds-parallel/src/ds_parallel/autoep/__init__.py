@@ -12,6 +12,20 @@ from ds_parallel.autoep._convert import (
 )
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts, SizedGroupedExperts
 from ds_parallel.autoep._fold import create_folding_groups, folded_expert_rows
+from ds_parallel.autoep._fold_families import (
+    AUTOEP_FOLDING_GRAD_REDUCE_AVERAGE,
+    AUTOEP_FOLDING_GRAD_REDUCE_EXPERT_TP_CANCEL,
+    AUTOEP_FOLDING_GRAD_REDUCE_SKIP,
+    AUTOEP_FOLDING_GRAD_REDUCE_SUM,
+    AUTOEP_FOLDING_PARAM_FAMILY_ATTR,
+    AUTOEP_FOLDING_ROUTER_GATE_PARTIAL_PARAM,
+    AUTOEP_FOLDING_ROUTER_GATE_REPLICATED_PARAM,
+    AUTOEP_FOLDING_SP_SHARDED_LAYERNORM_PARAM,
+    autoep_folding_gradient_reduction_strategy,
+    mark_autoep_folding_partial_router_parameter,
+    mark_autoep_folding_router_parameter,
+    mark_autoep_folding_sp_sharded_layernorm_parameter,
+)
 from ds_parallel.autoep._folding import (
     FoldingGroupHandles,
     FoldingGroupTables,
@@ -65,6 +79,18 @@ from ds_parallel.autoep._tp_dispatch import (
 )
 
 __all__ = [
+    "AUTOEP_FOLDING_GRAD_REDUCE_AVERAGE",
+    "AUTOEP_FOLDING_GRAD_REDUCE_EXPERT_TP_CANCEL",
+    "AUTOEP_FOLDING_GRAD_REDUCE_SKIP",
+    "AUTOEP_FOLDING_GRAD_REDUCE_SUM",
+    "AUTOEP_FOLDING_PARAM_FAMILY_ATTR",
+    "AUTOEP_FOLDING_ROUTER_GATE_PARTIAL_PARAM",
+    "AUTOEP_FOLDING_ROUTER_GATE_REPLICATED_PARAM",
+    "AUTOEP_FOLDING_SP_SHARDED_LAYERNORM_PARAM",
+    "autoep_folding_gradient_reduction_strategy",
+    "mark_autoep_folding_partial_router_parameter",
+    "mark_autoep_folding_router_parameter",
+    "mark_autoep_folding_sp_sharded_layernorm_parameter",
     "EXPERT_ACTIVATIONS",
     "PRESETS",
     "PRESET_MODELS",

@@ -29,6 +29,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_parallel.autoep._experts import GroupedExperts, all_to_all_v
 from ds_parallel.autoep._fold import folded_expert_rows
+from ds_parallel.autoep._fold_families import mark_autoep_folding_router_parameter
 from ds_parallel.autoep._folding import FoldingGroupHandles
 from ds_parallel.autoep._router import TopKRouter
 from ds_parallel.autoep._split_plan import compute_split_plan
@@ -192,6 +193,8 @@ class AutoEPMoELayer(nn.Module):
                 dense += list(extra.parameters())
         for p in dense:
             setattr(p, "allreduce", True)  # noqa: B010
+        for p in self.router.parameters():  # DeepSpeed's family mark (the checkpoint record's router family)
+            mark_autoep_folding_router_parameter(p)
 
     @property
     def local_experts(self) -> range:
