@@ -180,13 +180,22 @@ def _job(rank: int, world: int, root: str) -> dict[str, Any]:
     engine = _engine(_config(1, bf16=True))
     out["bf16"] = _run(engine, replica, range(STEPS))
     engine = _engine(_config(2))
-    _run(engine, replica, range(2))
+    _at_save = _run(engine, replica, range(2))[1][-1]
     engine.save_checkpoint(root, tag="folded")
     out["after_save"] = _run(engine, replica, range(2, 3))
     engine = _engine(_config(2))
     engine.load_checkpoint(root, tag="folded")
     out["after_load"] = _run(engine, replica, range(2, 3))
     out["records"] = _records(Path(root) / "folded")
+    if rank == 0:  # the expert files rejoin into whole tensors (universal format): every expert written once
+        from ds_engine.checkpoint.autoep_universal import consolidate_autoep_expert_files
+
+        entries = torch.load(Path(root) / "folded" / "mp_rank_00_model_states.pt", weights_only=False)
+        consolidate_autoep_expert_files(str(Path(root) / "folded"), root + "/universal", entries["ds_autoep_layers"])
+        for block in ("model.layers.0.mlp", "model.layers.1.mlp"):
+            w1, w3, w2 = (torch.load(f"{root}/universal/zero/{block}.experts.w{w}/fp32.pt")["param"] for w in "132")
+            torch.testing.assert_close(torch.cat([w1, w3], dim=1), _at_save[f"{block}.experts.gate_up_proj"])
+            torch.testing.assert_close(w2, _at_save[f"{block}.experts.down_proj"])
     out["refused_unfolded_load"] = _load_refusal(_config(2, ep=1, tp=1), root)
     import ds_comm
 

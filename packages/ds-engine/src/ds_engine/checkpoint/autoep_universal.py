@@ -7,6 +7,7 @@ The code is ds-engine's `ds_engine._checkpoint.offline.autoep_zero12`; `_zero12_
 
 from __future__ import annotations
 
+from ds_engine._checkpoint.offline.autoep_experts import consolidate_autoep_expert_files, resolve_expert_ckpt_path
 from ds_engine._checkpoint.offline.autoep_folding import make_folding_metadata, validate_folding_metadata
 from ds_engine._checkpoint.offline.autoep_zero12 import (
     autoep_zero12_dp_ranks as _autoep_zero12_dp_ranks,
@@ -21,7 +22,9 @@ from ds_engine._checkpoint.offline.autoep_zero12 import (
 __all__ = [
     "_autoep_zero12_dp_ranks",
     "_zero12_fragment_path",
+    "consolidate_autoep_expert_files",
     "consolidate_autoep_zero12_expert_states",
     "make_folding_metadata",
+    "resolve_expert_ckpt_path",
     "validate_folding_metadata",
 ]
