@@ -74,7 +74,7 @@ def _check_layout(
         raise ValueError(
             "expert_parallel.enabled with zero_optimization.stage=3 is not implemented in ds; use ZeRO stage 0, 1 or 2"
         )
-    if tp_size == 1 and dist.dp_world_size % ep:  # folded layouts: check_folding
+    if tp_size <= 1 and dist.dp_world_size % ep:  # folded layouts: check_folding
         raise ValueError(
             f"expert_parallel.autoep_size={ep} must divide the data-parallel world size {dist.dp_world_size}"
         )
