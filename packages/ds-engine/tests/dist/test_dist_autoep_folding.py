@@ -8,7 +8,8 @@ groups are consecutive ranks {0,1}, {2,3} (the tensor-parallel groups), the dens
 - training: at ZeRO 0, 1 and 2 (fp32, Adam, with gradient clipping that acts), the losses and the whole
   weights (TP shards and experts gathered) after each step equal plain PyTorch's on one process, training the
   unconverted model on the mean loss of the two batches with `torch.optim.Adam` and `clip_grad_norm_` (1e-5);
-- bf16 at ZeRO 1: the same within bf16's tolerance;
+- bf16 at ZeRO 1 (with `validate_folding_routing`, the lanes' routing checked on every forward): the same
+  within bf16's tolerance;
 - checkpoints: saved after two steps at ZeRO 2 and loaded by a fresh engine of the same topology, the third
   step gives bit-identical losses and weights; every file carries its `folding` record (family, partition
   group and count), and an unfolded run, or a folded file without its record, is refused;
@@ -177,7 +178,12 @@ def _job(rank: int, world: int, root: str) -> dict[str, Any]:
         layer = engine.module.model.layers[0].mlp
         out["layout"] = (layer.folding_group_handles.ep_ranks, layer.folding_group_handles.edp_ranks, layer.tp_size)
         out[stage] = _run(engine, replica, range(STEPS))
-    engine = _engine(_config(1, bf16=True))
+    engine = _engine(
+        {
+            **_config(1, bf16=True),
+            "expert_parallel": {**_config(1)["expert_parallel"], "validate_folding_routing": True},
+        }
+    )
     out["bf16"] = _run(engine, replica, range(STEPS))
     engine = _engine(_config(2))
     _at_save = _run(engine, replica, range(2))[1][-1]

@@ -161,7 +161,7 @@ def apply_autoep(
         ep_rank, ep_group = groups.ep_rank, groups.ep_group
     report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
     if handles is not None:
-        fold_layers(model, handles)
+        fold_layers(model, handles, validate_routing=section.validate_folding_routing)
     return report, _fresh(model_parameters, model)
 
 

@@ -103,10 +103,13 @@ def create_folding_groups(spec: Any, *, tp_group: ProcessGroup, dist: DistInfo) 
     return ds_parallel.autoep.create_folding_groups(spec, tp_group=tp_group, dense_dp_group=dist.dp_group)
 
 
-def fold_layers(model: nn.Module, handles: Any) -> int:
-    """Switch every converted `AutoEPMoELayer` of `model` to the folded dispatch; how many there were."""
+def fold_layers(model: nn.Module, handles: Any, *, validate_routing: bool = False) -> int:
+    """Switch every converted `AutoEPMoELayer` of `model` to the folded dispatch; how many there were.
+
+    `validate_routing` (`expert_parallel.validate_folding_routing`): each forward checks the lanes routed alike.
+    """
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
     layers = [m for m in model.modules() if isinstance(m, ds_parallel.autoep.AutoEPMoELayer)]
     for layer in layers:
-        layer.enable_folding(handles)
+        layer.enable_folding(handles, validate_routing=validate_routing)
     return len(layers)

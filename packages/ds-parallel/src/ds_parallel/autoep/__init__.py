@@ -11,7 +11,7 @@ from ds_parallel.autoep._convert import (
     detect_moe_layers,
 )
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts, SizedGroupedExperts
-from ds_parallel.autoep._fold import create_folding_groups, folded_expert_rows
+from ds_parallel.autoep._fold import check_lanes_routed_alike, create_folding_groups, folded_expert_rows
 from ds_parallel.autoep._fold_families import (
     AUTOEP_FOLDING_GRAD_REDUCE_AVERAGE,
     AUTOEP_FOLDING_GRAD_REDUCE_EXPERT_TP_CANCEL,
@@ -119,6 +119,7 @@ __all__ = [
     "assert_tp_payload_consistent",
     "assignment_ordinals_by_expert",
     "build_folding_spec",
+    "check_lanes_routed_alike",
     "classify_fused_gate_up_layout",
     "combine_from_routed",
     "compute_split_plan",

@@ -41,7 +41,7 @@ from ds_parallel.autoep._folding import (
 from ds_parallel.autoep._tp_dispatch import assignment_ordinals_by_expert
 from ds_parallel.tensor._regions import copy_to_tp_region
 
-__all__ = ["create_folding_groups", "folded_expert_rows"]
+__all__ = ["check_lanes_routed_alike", "create_folding_groups", "folded_expert_rows"]
 
 
 def create_folding_groups(
@@ -108,6 +108,42 @@ class _GatherLaneRows(torch.autograd.Function):
         return grad.narrow(0, ctx.start, ctx.rows).contiguous(), None, None, None
 
 
+_PRIME = 2_147_483_647
+
+
+def check_lanes_routed_alike(
+    experts: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, group: ProcessGroup
+) -> None:
+    """Raise unless every lane of `group` routed alike (the same sorted experts, tokens and weights to 1e-6).
+
+    Folding relies on it: each lane keeps its share of *its own* routing, so lanes that routed differently would
+    drop some assignments and run others twice. DeepSpeed's `expert_parallel.validate_folding_routing` check.
+    Collectives: two all_reduces (MAX and MIN) of a 4-word digest on `group`.
+
+    Raises:
+        RuntimeError: the digests differ (names both).
+    """
+    words = torch.cat([experts.long(), tokens.long(), weights.detach().double().mul(1e6).round().long().flatten()])
+    position = torch.arange(1, words.numel() + 1, device=words.device, dtype=torch.long)
+    digest = torch.stack(
+        [
+            torch.tensor(words.numel(), device=words.device),
+            (words.remainder(_PRIME) * position).remainder(_PRIME).sum().remainder(_PRIME),
+            (words.remainder(_PRIME) * position.square().remainder(_PRIME)).remainder(_PRIME).sum().remainder(_PRIME),
+            words.sum(),
+        ]
+    )
+    high, low = digest.clone(), digest.clone()
+    ds_comm.all_reduce(high, op=ds_comm.ReduceOp.MAX, group=group)
+    ds_comm.all_reduce(low, op=ds_comm.ReduceOp.MIN, group=group)
+    if not torch.equal(high, low):
+        raise RuntimeError(
+            "AutoEP+AutoTP: the tensor-parallel lanes routed differently (routing digests "
+            f"{low.tolist()} .. {high.tolist()}); each lane must see the same tokens (feed the same batch to the "
+            "ranks of a tensor-parallel group)"
+        )
+
+
 def folded_expert_rows(
     layer: Any, x: torch.Tensor, weights: torch.Tensor, tokens: torch.Tensor, experts: torch.Tensor
 ) -> torch.Tensor:
@@ -124,6 +160,8 @@ def folded_expert_rows(
     the all-reduce of `copy_to_tp_region`; plus the expert exchange on the expert-parallel group.
     """
     group, size, rank = layer.tp_group, layer.tp_size, layer.tp_rank
+    if layer.validate_folding_routing:
+        check_lanes_routed_alike(experts, tokens, weights, group)
     keep = (assignment_ordinals_by_expert(experts).remainder(size) == rank).nonzero().flatten()
     grad = torch.is_grad_enabled()
     rows = copy_to_tp_region(x, group, grad).index_select(0, tokens.index_select(0, keep))

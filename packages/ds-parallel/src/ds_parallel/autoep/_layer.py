@@ -184,6 +184,8 @@ class AutoEPMoELayer(nn.Module):
         self.tp_group: ProcessGroup | None = None
         self.tp_size = 1
         self.tp_rank = 0
+        self.validate_folding_routing = False
+        """Check on every folded forward that the lanes routed alike (`expert_parallel.validate_folding_routing`)."""
         for p in self.experts.parameters():  # DeepSpeed's expert mark, read by the engine's MoE wiring
             setattr(p, "allreduce", False)  # noqa: B010
             setattr(p, "group_name", self.ep_group_name)  # noqa: B010
@@ -201,9 +203,10 @@ class AutoEPMoELayer(nn.Module):
         """Global indices of the experts this rank holds."""
         return range(self.ep_rank * self.num_local_experts, (self.ep_rank + 1) * self.num_local_experts)
 
-    def enable_folding(self, handles: FoldingGroupHandles) -> None:
+    def enable_folding(self, handles: FoldingGroupHandles, *, validate_routing: bool = False) -> None:
         """Run folded with AutoTP (`ds_parallel.autoep._fold`): each lane of `handles.tp_group` sends its share of
         the routed assignments over `handles.ep_group`, and the lanes' results are gathered back.
+        `validate_routing`: check on every forward that the lanes routed alike (`check_lanes_routed_alike`).
 
         Raises:
             ValueError: `handles` are for another expert-parallel degree or rank.
@@ -218,6 +221,7 @@ class AutoEPMoELayer(nn.Module):
         self.tp_group = handles.tp_group
         self.tp_size = handles.spec.tp_size
         self.tp_rank = handles.tp_ranks.index(ds_comm.get_rank())
+        self.validate_folding_routing = validate_routing
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
         """Bind the expert-parallel group of this layer's degree (the engine calls it; a collective the first
