@@ -77,6 +77,8 @@ class MoELayerSpec:
     expert_w3_name: str | None = None
     """The up projection, or None when gate and up are fused in `expert_w1_name`."""
     gate_bias: bool = False
+    supports_expert_bias: bool = True
+    """DeepSpeed's flag whether the family could carry an expert bias (load balancing); ds supports none."""
     has_shared_experts: bool = False
     return_router_logits: bool = False
     """DeepSpeed's router-logit capture (the block also returns its router logits); ds does not capture them."""
@@ -181,6 +183,13 @@ class AutoEPMoELayer(nn.Module):
             raise TypeError(
                 "AutoEPMoELayer takes either the source block (spec, source_module, ep_size, ep_rank, config) or "
                 "its parts (spec, router=..., experts=..., ...), not both and not neither"
+            )
+        coeff = getattr(config, "load_balance_coeff", None)
+        if coeff is not None:
+            raise ValueError(
+                f"AutoEP layer {spec.moe_module_name!r}: expert_parallel.load_balance_coeff={coeff!r} is not supported "
+                "(load_balance_coeff/expert_bias, auxiliary-loss-free load balancing, is not implemented in ds); "
+                "set it to null or omit the key"
             )
         if source_module is not None:
             if config is not None:
