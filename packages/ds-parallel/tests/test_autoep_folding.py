@@ -86,7 +86,7 @@ _FOLDED = build_folding_spec(world_size=4, pp_size=1, tp_size=2, ep_size=2)
         (build_folding_spec(world_size=4, pp_size=1, tp_size=2, ep_size=1), {}, "autoep_size > 1"),
         (_FOLDED, dict(use_data_before_expert_parallel=True), "use_data_before_expert_parallel_"),
         (_FOLDED, dict(zero_offload_param=True), "offload"),
-        (_FOLDED, dict(zero_stage=3), r"zero_optimization.stage=3 .* separate ZeRO-3 composition lane"),
+        (_FOLDED, dict(zero_stage=3), r"ZeRO stage 3 \(zero_optimization.stage=3\).* separate ZeRO-3 composition lane"),
         (_FOLDED, dict(mpu=SimpleNamespace(get_model_parallel_world_size=lambda: 4)), r"mpu tensor/model .* \(4\)"),
     ],
 )

@@ -226,8 +226,8 @@ def validate_folding_global(
         raise ValueError("use_data_before_expert_parallel_ is not supported with AutoEP+AutoTP folding; disable it")
     if folded and zero_stage == 3:
         raise ValueError(
-            "AutoEP+AutoTP folding with zero_optimization.stage=3 is not supported (DeepSpeed keeps it for a "
-            "separate ZeRO-3 composition lane); use ZeRO stage 0, 1 or 2, or tensor_parallel.autotp_size=1"
+            "AutoEP+AutoTP folding with ZeRO stage 3 (zero_optimization.stage=3) is not supported: DeepSpeed keeps "
+            "it for a separate ZeRO-3 composition lane; use ZeRO stage 0, 1 or 2, or tensor_parallel.autotp_size=1"
         )
     if folded and (zero_offload_optimizer or zero_offload_param):
         raise ValueError(
