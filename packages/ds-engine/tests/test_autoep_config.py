@@ -78,7 +78,8 @@ def test_explain_lists_the_blocks_and_where_each_expert_lives() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(tp_size=2, zero_stage=1, pipeline=False), r"expert_parallel.enabled with tensor_parallel.autotp_size=2"),
+        (dict(tp_size=2, zero_stage=1, pipeline=False), r"tensor_parallel.autotp_size=2 must divide the stage size"),
+        (dict(tp_size=2, zero_stage=3, pipeline=False), r"zero_optimization.stage=3"),
         (
             dict(tp_size=1, zero_stage=3, pipeline=False, zero_config=SimpleNamespace(zero_hpz_partition_size=2)),
             r"stage=3 does not support hpZeRO .*zero_optimization.zero_hpz_partition_size=2",

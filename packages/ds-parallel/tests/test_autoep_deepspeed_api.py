@@ -177,3 +177,26 @@ def test_token_counts_are_the_histogram() -> None:
     experts = torch.randint(0, 7, (13, 3))
     counts = count_tokens_per_expert(experts, 9)
     assert counts.dtype == torch.int32 and counts.tolist() == torch.bincount(experts.flatten(), minlength=9).tolist()
+
+
+def test_deepspeeds_constructor_builds_the_layer_from_the_source_block() -> None:
+    """`AutoEPMoELayer(spec, source, ep_size, ep_rank, config)` computes the source block's function (1e-5), and
+    the config's score_apply / route_norm / validate_folding_routing reach the layer."""
+    model = _mixtral(1)
+    spec = detect_moe_layers(model, AutoEPConfig(enabled=True).to_options())[2][0]
+    block = model.model.layers[0].mlp
+    layer = AutoEPMoELayer(spec, block, ep_size=1, ep_rank=0, config=AutoEPConfig(enabled=True))
+    x = torch.randn(2, 5, spec.hidden_size)
+    want = block(x)
+    want = want[0] if isinstance(want, tuple) else want
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+    assert layer._is_autoep_layer and layer.num_local_experts == spec.num_experts
+    config = AutoEPConfig(enabled=True, score_apply="pre", validate_folding_routing=True)
+    tuned = AutoEPMoELayer(spec, block, 2, 1, config)
+    assert tuned.score_apply == "pre" and tuned.validate_folding_routing and tuned.local_experts == range(2, 4)
+    with pytest.raises(TypeError, match="either the source block"):
+        AutoEPMoELayer(spec)
+    with pytest.raises(ValueError, match=r"load_balance_coeff=0.02 is not supported"):
+        AutoEPMoELayer(spec, block, 1, 0, AutoEPConfig(enabled=True, load_balance_coeff=0.02))
+    with pytest.raises(TypeError, match="either the source block"):
+        AutoEPMoELayer(spec, block, router=layer.router, experts=layer.experts)

@@ -86,6 +86,7 @@ _FOLDED = build_folding_spec(world_size=4, pp_size=1, tp_size=2, ep_size=2)
         (build_folding_spec(world_size=4, pp_size=1, tp_size=2, ep_size=1), {}, "autoep_size > 1"),
         (_FOLDED, dict(use_data_before_expert_parallel=True), "use_data_before_expert_parallel_"),
         (_FOLDED, dict(zero_offload_param=True), "offload"),
+        (_FOLDED, dict(zero_stage=3), r"ZeRO stage 3 \(zero_optimization.stage=3\).* separate ZeRO-3 composition lane"),
         (_FOLDED, dict(mpu=SimpleNamespace(get_model_parallel_world_size=lambda: 4)), r"mpu tensor/model .* \(4\)"),
     ],
 )
@@ -96,7 +97,9 @@ def test_global_rules_refuse_what_folding_does_not_support(spec, kwargs: dict, m
 
 def test_global_rules_leave_unfolded_layouts_and_disabled_autoep_alone() -> None:
     unfolded = build_folding_spec(world_size=8, pp_size=2, tp_size=1, ep_size=2)
-    validate_folding_global(unfolded, deepcompile_enabled=True, sp_size=2, zero_offload_optimizer=True)
+    validate_folding_global(unfolded, deepcompile_enabled=True, sp_size=2, zero_offload_optimizer=True, zero_stage=3)
+    for stage in (0, 1, 2):
+        validate_folding_global(_FOLDED, zero_stage=stage)
     validate_folding_global(_FOLDED, deepcompile_enabled=True, autoep_enabled=False)
 
 

@@ -153,6 +153,8 @@ class SaveRequest:
     """The `ds_version` the model-states file carries (DeepSpeed's release for a DeepSpeed-layout save)."""
     file_writer: CheckpointFileWriter | DecoupledWriter | None = None
     """How files are written (`checkpoint.writer`; a `DecoupledWriter` queues them); None: `ds_comm.atomic_save`."""
+    zero_partition_extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Entries the ZeRO optimizer file carries beside the partition (a folded AutoEP run's `folding` record)."""
     replica_model_states: bool = False
     """Every data-parallel rank holds `train_state` and writes its share of the model-states file
     (`checkpoint.writer.data_parallel: replica`, see `_checkpoint.file_writer`)."""
@@ -185,6 +187,7 @@ def write_checkpoint(request: SaveRequest) -> Path:
             "optimizer_state_dict": request.zero_partition,
             "ds_config": request.ds_config,
             "ds_version": __version__,
+            **request.zero_partition_extra,
         }
         save(partition, zero_file(ckpt_dir, request.dp_rank, request.mp_rank), serialization=request.serialization)
     if request.zero_partition is not None and request.writes_latest:

@@ -210,6 +210,9 @@ class Checkpointer:
             if dist.dp_rank == 0 or replica
             else None,
             zero_partition=parts.stepper.state_dict() if partitioned and parts.stepper is not None else None,
+            zero_partition_extra=_moe_checkpoint.zero_folding_record(parts.moe, parts.stepper, self.engine.module, dist)
+            if partitioned
+            else {},
             client_state=dict(client_state or {}),
             save_latest=save_latest,
             write_weights=self.weights_writer(exclude_frozen_parameters),
@@ -305,6 +308,9 @@ class Checkpointer:
             extra={
                 **(extra or {}),
                 **(_moe_checkpoint.autoep_layers_entry(parts.moe, zero_stage=parts.zero.stage) if parts.moe else {}),
+                **_moe_checkpoint.folding_record(
+                    parts.moe, family="dense", dp_rank=dist.dp_rank, names=list(module_state or {})
+                ),
             },
             random_ltd=_random_ltd_state(engine),
         )
@@ -416,6 +422,7 @@ class Checkpointer:
             elif placeholders or restore_optimizer:
                 parts_read = _checkpoint.zero_partitions(ckpt_dir, mp_rank)
             module_state = _checkpoint.fill_placeholders(state, parts_read, path) if placeholders else state["module"]
+        _moe_checkpoint.check_folded_file(state, parts.moe, path, family="dense")
         if parts.moe is not None:
             if restore_optimizer:
                 _moe_checkpoint.check_autoep_optimizer_degree(state, parts.moe, path)
@@ -488,6 +495,7 @@ class Checkpointer:
         if not load_optimizer_states:
             stepper.refresh_from_module()
         elif parts.zero.stage > 0:
+            _moe_checkpoint.check_folded_zero_file(ckpt_dir, parts.moe, dp_rank=parts.dist.dp_rank, mp_rank=mp_rank)
             stepper.load_partitions(  # type: ignore[attr-defined]  # ZeRO: a ZeroStepper
                 parts_read if parts_read is not None else _checkpoint.zero_partitions(ckpt_dir, mp_rank),
                 load_optimizer_states=True,

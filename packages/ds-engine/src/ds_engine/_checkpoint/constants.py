@@ -2,8 +2,8 @@
 
 ds reads and writes checkpoints in this format (see `checkpoint/utils.py` for the file names), so
 tools that index a checkpoint's dicts by these names work on ds's files too. Of DeepSpeed's AutoEP keys
-only those a reader checks are here (ds writes no AutoEP metadata; `DeepSpeedCheckpoint` reads
-DeepSpeed's); the AutoTP-folding keys are left out.
+only those a reader checks are here (`DeepSpeedCheckpoint` reads DeepSpeed's), and the AutoEP+AutoTP folding
+record every file of a folded run carries (`_checkpoint.offline.autoep_folding`).
 """
 
 from __future__ import annotations
@@ -96,3 +96,20 @@ AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY = "checkpoint_format"
 AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT = "zero3_partitioned"
 AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY = "checkpoint_format_version"
 AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION = 1
+
+# AutoEP folded with AutoTP: the `folding` record of each checkpoint file (`_checkpoint.offline.autoep_folding`).
+FOLDING_METADATA_KEY = "folding"
+FOLDING_METADATA_VERSION = 1
+FOLDING_TP_SIZE = "tp_size"
+FOLDING_TP_RANK = "tp_rank"
+FOLDING_EP_SIZE = "ep_size"
+FOLDING_EP_RANK = "ep_rank"
+FOLDING_ETP_SIZE = "etp_size"
+FOLDING_ETP_RANK = "etp_rank"
+FOLDING_ZERO_PARTITION_GROUP = "zero_partition_group"
+FOLDING_ZERO_PARTITION_RANK = "zero_partition_rank"
+FOLDING_ZERO_PARTITION_COUNT = "zero_partition_count"
+FOLDING_DISPATCH_STRATEGY = "dispatch_strategy"
+FOLDING_SHARED_EXPERT_PLACEMENT = "shared_expert_placement"
+FOLDING_FAMILY = "family"
+FOLDING_PARAM_FAMILIES = "param_families"

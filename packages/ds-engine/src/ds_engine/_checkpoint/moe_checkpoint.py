@@ -30,6 +30,7 @@ from torch import nn
 
 import ds_comm
 from ds_comm import atomic_save
+from ds_engine._checkpoint.checkpoint import zero_file
 from ds_engine._checkpoint.constants import (
     AUTOEP_EP_SIZE,
     AUTOEP_EXPERT_KEY_PREFIX,
@@ -40,6 +41,13 @@ from ds_engine._checkpoint.constants import (
     AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION,
     AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY,
     AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT,
+    FOLDING_METADATA_KEY,
+)
+from ds_engine._checkpoint.offline.autoep_folding import (
+    check_folding_record,
+    make_folding_metadata,
+    non_expert_param_families,
+    param_family,
 )
 from ds_engine._optional import require
 from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
@@ -47,13 +55,17 @@ from ds_engine._step.moe import MoeLayer, MoeWiring, moe_layout
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "check_folded_file",
+    "check_folded_zero_file",
     "expert_file",
+    "folding_record",
     "load_moe_state_dict",
     "merge_expert_states",
     "non_expert_state",
     "optimizer_file",
     "read_stage0_optimizer",
     "write_expert_files",
+    "zero_folding_record",
 ]
 
 
@@ -98,8 +110,114 @@ def write_expert_files(
                 continue
             expert_id = _expert_index(global_name)
             per_expert.setdefault(expert_id, {})[global_name] = state[local_name].detach().clone()
+        record = _expert_record(wiring, layer)
         for expert_id, tensors in sorted(per_expert.items()):
+            tensors.update(record)
             atomic_save(tensors, expert_file(ckpt_dir, layer_id, expert_id, mp_rank), serialization=serialization)
+
+
+def _tp_rank(wiring: MoeWiring) -> int:
+    return int(wiring.folding.tp_ranks.index(ds_comm.get_rank()))
+
+
+def _largest(wiring: MoeWiring) -> MoeLayer:
+    return max(wiring.layers, key=lambda layer: int(layer.group_name.rsplit("_", 1)[1]))
+
+
+def _expert_record(wiring: MoeWiring, layer: MoeLayer) -> dict[str, Any]:
+    """The `folding` entry of a routed-expert file (partitioned over the expert-data-parallel group), or `{}`."""
+    if wiring.folding is None:
+        return {}
+    spec = wiring.folding.spec
+    return {
+        FOLDING_METADATA_KEY: make_folding_metadata(
+            tp_size=spec.tp_size,
+            tp_rank=_tp_rank(wiring),
+            ep_size=spec.ep_size,
+            ep_rank=layer.ep_rank,
+            zero_partition_group="edp",
+            zero_partition_rank=layer.edp_rank,
+            zero_partition_count=spec.edp_size,
+            family="routed_expert",
+        )
+    }
+
+
+def folding_record(
+    wiring: MoeWiring | None, *, family: str, dp_rank: int, names: list[str] | None = None
+) -> dict[str, Any]:
+    """The `folding` entry of the model-states file (`family="dense"`, `names`: its entries) or of a ZeRO
+    optimizer file (`"zero_optimizer_state"`, `names`: the parameters it partitions), or `{}` unfolded."""
+    if wiring is None or wiring.folding is None:
+        return {}
+    spec, largest = wiring.folding.spec, _largest(wiring)
+    if family == "dense":
+        group, families = "dense_dp", non_expert_param_families(names or [])
+    else:
+        group, families = "per_family", {}
+        for name in names or []:
+            expert = param_family(name) == "routed_expert"
+            families[name] = {
+                "family": param_family(name),
+                "zero_partition_group": "edp" if expert else "dense_dp",
+                "zero_partition_rank": largest.edp_rank if expert else dp_rank,
+                "zero_partition_count": spec.edp_size if expert else spec.dp_size,
+            }
+    return {
+        FOLDING_METADATA_KEY: make_folding_metadata(
+            tp_size=spec.tp_size,
+            tp_rank=_tp_rank(wiring),
+            ep_size=spec.ep_size,
+            ep_rank=largest.ep_rank,
+            zero_partition_group=group,
+            zero_partition_rank=dp_rank,
+            zero_partition_count=spec.dp_size,
+            family=family,
+            param_families=families,
+        )
+    }
+
+
+def check_folded_file(state: Any, wiring: MoeWiring | None, path: Path, *, family: str) -> None:
+    """A loaded file's `folding` entry against this run (`check_folding_record`); experts: `family="routed_expert"`.
+
+    Raises:
+        RuntimeError: a folded file in an unfolded run, or a missing or different record in a folded one.
+    """
+    folding = wiring.folding if wiring is not None else None
+    if folding is None:
+        check_folding_record(state, folded=None, where=str(path))
+        return
+    spec = folding.spec
+    group, count = {"dense": ("dense_dp", spec.dp_size), "routed_expert": ("edp", spec.edp_size)}.get(
+        family, ("per_family", spec.dp_size)
+    )
+    check_folding_record(
+        state,
+        folded=spec,
+        where=str(path),
+        family=family,
+        zero_partition_group=group,
+        zero_partition_count=count,
+        tp_rank=_tp_rank(wiring),
+    )
+
+
+def zero_folding_record(wiring: MoeWiring | None, stepper: Any, module: nn.Module, dist: Any) -> dict[str, Any]:
+    """A folded run's `folding` entry for this rank's ZeRO optimizer file (every parameter's family), or `{}`."""
+    if wiring is None or wiring.folding is None or stepper is None:
+        return {}
+    ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO checkpoint")
+    names = [name for group in ds_zero.zero_param_shapes(stepper.optimizer, module) for name in group]
+    return folding_record(wiring, family="zero_optimizer_state", dp_rank=dist.dp_rank, names=names)
+
+
+def check_folded_zero_file(ckpt_dir: Path, wiring: MoeWiring | None, *, dp_rank: int, mp_rank: int) -> None:
+    """In a folded run, this rank's ZeRO optimizer file must carry this topology (`check_folded_file`)."""
+    if wiring is None or wiring.folding is None:
+        return
+    own = zero_file(ckpt_dir, dp_rank, mp_rank)
+    check_folded_file(ds_comm.load_checkpoint_file(own), wiring, own, family="zero_optimizer_state")
 
 
 def _expert_index(global_name: str) -> int:
@@ -120,7 +238,7 @@ def merge_expert_states(
     out = dict(module_state)
     for layer_id, layer in enumerate(wiring.layers):
         if layer.fused_experts:
-            out.update(_stacked_experts(layer_id, layer, ckpt_dir, mp_rank=mp_rank))
+            out.update(_stacked_experts(layer_id, layer, ckpt_dir, mp_rank=mp_rank, wiring=wiring))
     wanted: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for layer_id, layer in enumerate(wiring.layers):
         head = f"{layer.prefix}." if layer.prefix else ""
@@ -142,7 +260,9 @@ def merge_expert_states(
     return out
 
 
-def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank: int) -> dict[str, torch.Tensor]:
+def _stacked_experts(
+    layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank: int, wiring: MoeWiring
+) -> dict[str, torch.Tensor]:
     """An AutoEP layer's local expert tensors, stacked from the files of its global expert indices."""
     rows: dict[str, list[torch.Tensor]] = {name: [] for name in layer.fused_experts}
     for i in range(layer.num_local_experts):
@@ -154,6 +274,7 @@ def _stacked_experts(layer_id: int, layer: MoeLayer, ckpt_dir: Path, *, mp_rank:
                 "experts); was the checkpoint saved from a model with the same MoE blocks?"
             )
         saved = ds_comm.load_checkpoint_file(path)
+        check_folded_file(saved, wiring, path, family="routed_expert")
         for name in layer.fused_experts:
             key = f"{name}.{expert_id}"
             if key not in saved:
@@ -235,6 +356,7 @@ def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) ->
             "pass load_optimizer_states=False (or use ZeRO stage 1/2, which re-partitions)"
         )
     saved = ds_comm.load_checkpoint_file(path)
+    check_folded_file(saved, wiring, path, family="routed_expert")
     if int(saved.get("ep_size", ep_size)) != ep_size:
         raise ValueError(
             f"load_checkpoint: {path} holds the optimizer of expert-parallel size {saved['ep_size']}, this run "
@@ -252,7 +374,7 @@ def write_stage0_optimizer(
     if largest.edp_rank != 0:
         return
     atomic_save(
-        {"optimizer": state, "ep_size": ep_size},
+        {"optimizer": state, "ep_size": ep_size, **_expert_record(wiring, largest)},
         optimizer_file(ckpt_dir, ep_rank, mp_rank),
         serialization=serialization,
     )

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from ds_engine._optional import require
+from ds_engine._parallel.autoep_folding import FoldingFlags, check_folding, create_folding_groups, fold_layers
 from ds_engine._parallel.autoep_zero3 import check_autoep_zero3
 from ds_engine._plan.dist_info import DistInfo
 from ds_engine.config._expert_parallel_section import ExpertParallelConfig
@@ -65,17 +67,12 @@ def _check_layout(
     ep = section.autoep_size
     if pipeline:
         raise ValueError("expert_parallel.enabled: AutoEP converts a plain model, not a PipelineModule")
-    if tp_size > 1:
-        raise ValueError(
-            f"expert_parallel.enabled with tensor_parallel.autotp_size={tp_size}: folding AutoEP with AutoTP is not "
-            "implemented in ds; set tensor_parallel.autotp_size to 1 (or expert_parallel.enabled to false)"
-        )
     if dist.sp_world_size > 1:
         raise ValueError(
             f"expert_parallel.enabled with sequence_parallel_size={dist.sp_world_size} is not implemented in ds; "
             "use one of them"
         )
-    if dist.dp_world_size % ep:
+    if tp_size <= 1 and dist.dp_world_size % ep:  # folded layouts: check_folding
         raise ValueError(
             f"expert_parallel.autoep_size={ep} must divide the data-parallel world size {dist.dp_world_size}"
         )
@@ -125,11 +122,15 @@ def apply_autoep(
     model_parameters: Any = None,
     client_optimizer: Any = None,
     zero_config: Any = None,
+    tp_group: ProcessGroup | None = None,
+    folding: FoldingFlags | None = None,
 ) -> tuple[Any, Any]:
     """Convert `model` in place when `expert_parallel.enabled`; (the conversion report or None, model_parameters).
 
     Creates the expert-parallel groups of degree `autoep_size` (a collective on every rank). At ZeRO stage 3
-    `zero_config` (the `zero_optimization` section) is checked against DeepSpeed's AutoEP gate first.
+    `zero_config` (the `zero_optimization` section) is checked against DeepSpeed's AutoEP gate first. With
+    `tp_size` > 1 (AutoTP over `tp_group`, done before) the layers are folded (`_parallel.autoep_folding`;
+    `folding`: the config switches its rules read).
 
     Raises:
         ValueError: a layout AutoEP does not support here, or a conversion error (names the key).
@@ -137,6 +138,7 @@ def apply_autoep(
     if not section.enabled:
         return None, model_parameters
     _check_layout(section, dist, tp_size=tp_size, zero_stage=zero_stage, pipeline=pipeline)
+    spec = check_folding(section, dist, tp_size=tp_size, zero_stage=zero_stage, flags=folding) if tp_size > 1 else None
     if zero_stage == 3:
         check_autoep_zero3(section, zero_config)
     ds_parallel = require("ds_parallel", extra="parallel", feature="AutoEP (expert_parallel.enabled)")
@@ -149,13 +151,20 @@ def apply_autoep(
     # A model AutoEP cannot convert, or an optimizer over weights it replaces, fails before any collective.
     _, preset, specs = ds_parallel.autoep.detect_moe_layers(model, options)
     _check_client_optimizer(client_optimizer, model, [(s.moe_module_name, preset) for s in specs])
-    if section.autoep_size == 1 and not torch.distributed.is_initialized():  # one process: nothing to exchange
+    handles = None
+    if spec is not None:
+        assert tp_group is not None, "folded AutoEP needs the tensor-parallel group"
+        handles = create_folding_groups(spec, tp_group=tp_group, dist=dist)
+        ep_rank, ep_group = handles.ep_ranks.index(dist.global_rank), handles.ep_group
+    elif section.autoep_size == 1 and not torch.distributed.is_initialized():  # one process: nothing to exchange
         ep_rank, ep_group = 0, None
     else:
         groups = ds_parallel.moe.create_expert_groups(section.autoep_size)
         ep_rank, ep_group = groups.ep_rank, groups.ep_group
     with _gathered_sources(model, [s.moe_module_name for s in specs]):
         report = ds_parallel.autoep.convert_moe_model(model, options, ep_rank=ep_rank, ep_group=ep_group)
+    if handles is not None:
+        fold_layers(model, handles, validate_routing=section.validate_folding_routing)
     return report, _fresh(model_parameters, model)
 
 

@@ -21,6 +21,7 @@ from ds_engine._engine.deepspeed_getters import ClientObjects
 from ds_engine._engine.engine import DeepSpeedEngine
 from ds_engine._hybrid.engine import DeepSpeedHybridEngine
 from ds_engine._parallel.autoep import apply_autoep
+from ds_engine._parallel.autoep_folding import FoldingFlags
 from ds_engine._parallel.dims import (
     expected_replica_world_size,
     model_expert_degree,
@@ -230,6 +231,8 @@ def initialize(
         model_parameters=model_parameters,
         client_optimizer=optimizer,
         zero_config=ds_config.zero.zero_config,
+        tp_group=tp_state.group if tp_state is not None else None,
+        folding=FoldingFlags.from_config(ds_config) if tp_size > 1 else None,
     )
     check_data_parallel_size(ds_config.parsed.data_parallel_size, with_sequence_parallel=sp_given, dist=dist)
     ds_config = resolve_checkpoint_layout(

@@ -84,6 +84,8 @@ class MoeWiring:
     layers: list[MoeLayer]
     expert_names: dict[str, str]
     """Module name of every expert parameter (and buffer) -> its name with the global expert index."""
+    folding: Any = None
+    """AutoEP folded with AutoTP: the layers' `FoldingGroupHandles` (the spec and this rank's groups); else None."""
 
     @property
     def num_experts(self) -> list[int]:
@@ -197,6 +199,7 @@ def detect_moe(module: nn.Module, dist: DistInfo, *, data_before_expert: bool = 
         edp_src={n: groups._get_expert_broadcast_src_rank(n) for n in names},
         layers=layers,
         expert_names=expert_names,
+        folding=next((h for h in (getattr(m, "folding_group_handles", None) for m in module.modules()) if h), None),
     )
     logger.info("MoE: %d layer(s), experts %s, expert groups %s", len(layers), wiring.num_experts, ", ".join(names))
     return wiring

@@ -52,7 +52,6 @@ class ExpertParallelConfig(ConfigModel):
         "comm_num_sm": "read by DeepEP only",
         "comm_qp_margin": "read by DeepEP only",
         "comm_max_tokens_per_rank": "read by DeepEP only",
-        "validate_folding_routing": "read by AutoEP+AutoTP folding only",
     }
 
     enabled: bool = False
@@ -63,6 +62,7 @@ class ExpertParallelConfig(ConfigModel):
     expert_tensor_parallel_size: int = 1
     """Tensor parallelism inside each expert; only 1 is accepted."""
     validate_folding_routing: bool = False
+    """AutoEP folded with AutoTP: check on every forward that the tensor-parallel lanes routed alike."""
     async_split_plan: bool = False
     preset_model: str | None = None
     """Model family (`mixtral`, `qwen3_moe` (also Qwen2-MoE), `qwen3_5_moe`, `deepseek_v2`, `deepseek_v3`,

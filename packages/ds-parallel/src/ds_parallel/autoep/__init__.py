@@ -11,6 +11,21 @@ from ds_parallel.autoep._convert import (
     detect_moe_layers,
 )
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS, GroupedExperts, SizedGroupedExperts
+from ds_parallel.autoep._fold import check_lanes_routed_alike, create_folding_groups, folded_expert_rows
+from ds_parallel.autoep._fold_families import (
+    AUTOEP_FOLDING_GRAD_REDUCE_AVERAGE,
+    AUTOEP_FOLDING_GRAD_REDUCE_EXPERT_TP_CANCEL,
+    AUTOEP_FOLDING_GRAD_REDUCE_SKIP,
+    AUTOEP_FOLDING_GRAD_REDUCE_SUM,
+    AUTOEP_FOLDING_PARAM_FAMILY_ATTR,
+    AUTOEP_FOLDING_ROUTER_GATE_PARTIAL_PARAM,
+    AUTOEP_FOLDING_ROUTER_GATE_REPLICATED_PARAM,
+    AUTOEP_FOLDING_SP_SHARDED_LAYERNORM_PARAM,
+    autoep_folding_gradient_reduction_strategy,
+    mark_autoep_folding_partial_router_parameter,
+    mark_autoep_folding_router_parameter,
+    mark_autoep_folding_sp_sharded_layernorm_parameter,
+)
 from ds_parallel.autoep._folding import (
     FoldingGroupHandles,
     FoldingGroupTables,
@@ -64,6 +79,18 @@ from ds_parallel.autoep._tp_dispatch import (
 )
 
 __all__ = [
+    "AUTOEP_FOLDING_GRAD_REDUCE_AVERAGE",
+    "AUTOEP_FOLDING_GRAD_REDUCE_EXPERT_TP_CANCEL",
+    "AUTOEP_FOLDING_GRAD_REDUCE_SKIP",
+    "AUTOEP_FOLDING_GRAD_REDUCE_SUM",
+    "AUTOEP_FOLDING_PARAM_FAMILY_ATTR",
+    "AUTOEP_FOLDING_ROUTER_GATE_PARTIAL_PARAM",
+    "AUTOEP_FOLDING_ROUTER_GATE_REPLICATED_PARAM",
+    "AUTOEP_FOLDING_SP_SHARDED_LAYERNORM_PARAM",
+    "autoep_folding_gradient_reduction_strategy",
+    "mark_autoep_folding_partial_router_parameter",
+    "mark_autoep_folding_router_parameter",
+    "mark_autoep_folding_sp_sharded_layernorm_parameter",
     "EXPERT_ACTIVATIONS",
     "PRESETS",
     "PRESET_MODELS",
@@ -92,16 +119,19 @@ __all__ = [
     "assert_tp_payload_consistent",
     "assignment_ordinals_by_expert",
     "build_folding_spec",
+    "check_lanes_routed_alike",
     "classify_fused_gate_up_layout",
     "combine_from_routed",
     "compute_split_plan",
     "compute_split_plan_from_expert_indices",
     "convert_moe_model",
+    "create_folding_groups",
     "count_tokens_per_expert",
     "detect_moe_layers",
     "dispatch_counters",
     "expected_folding_group_tables",
     "fill_autoep_config_from_hf",
+    "folded_expert_rows",
     "get_preset_adapter",
     "local_folding_ranks",
     "parse_autoep_config",

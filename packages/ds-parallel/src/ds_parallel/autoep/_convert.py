@@ -23,6 +23,7 @@ from torch.distributed import ProcessGroup
 
 from ds_parallel.autoep._experts import EXPERT_ACTIVATIONS
 from ds_parallel.autoep._layer import MoELayerSpec
+from ds_parallel.autoep._parts import _expert_weights, _router_weight
 from ds_parallel.autoep._presets import (
     PRESETS,
     MoEModelPreset,
@@ -30,7 +31,7 @@ from ds_parallel.autoep._presets import (
     preset_for_model_type,
     unsupported_preset_for_hf_model_type,
 )
-from ds_parallel.autoep._replace import _expert_weights, _router_weight, replace_moe_block
+from ds_parallel.autoep._replace import replace_moe_block
 
 __all__ = ["AutoEPOptions", "ConversionReport", "apply_overrides", "convert_moe_model", "detect_moe_layers"]
 

@@ -10,9 +10,9 @@ out as DeepSpeed 0.19.8 lays them out, so group tables agree rank for rank acros
   are numbered node by node), and may span TP lanes;
 - expert-data-parallel groups take the same position of every EP group in the stage.
 
-Nothing here creates a process group; `FoldingGroupHandles` only carries groups a caller made. ds's engine
-does not run a folded model yet (initialize() refuses `tensor_parallel.autotp_size` > 1 with AutoEP); these
-tables and checks are what a folded layout is validated against.
+Nothing here creates a process group; `FoldingGroupHandles` only carries groups a caller made. `_fold` creates
+the groups from these tables and runs the folded dispatch; ds-engine's initialize() checks a folded layout
+with `build_folding_spec` and `validate_folding_global` before any group exists.
 """
 
 from __future__ import annotations
@@ -186,14 +186,12 @@ def validate_folding_global(
 ) -> None:
     """DeepSpeed 0.19.8's global rules for a folded layout, checked before any group exists.
 
-    `zero_stage` is accepted as DeepSpeed accepts it (it places no rule on it here).
-
     Raises:
-        ValueError: a combination DeepSpeed refuses: DeepCompile, pipeline or Ulysses parallelism, ZeRO offload or
+        ValueError: a combination DeepSpeed refuses: DeepCompile, pipeline or Ulysses parallelism, ZeRO stage 3,
+            ZeRO offload or
             `use_data_before_expert_parallel_` with folding; `expert_tensor_parallel_size` != 1; `autoep_size` 1 with
             AutoTP; the two `preset_model` keys disagreeing; an `mpu` whose TP or PP size disagrees.
     """
-    del zero_stage
     if not autoep_enabled:
         return
     folded = spec.tp_size > 1
@@ -226,6 +224,11 @@ def validate_folding_global(
         )
     if folded and use_data_before_expert_parallel:
         raise ValueError("use_data_before_expert_parallel_ is not supported with AutoEP+AutoTP folding; disable it")
+    if folded and zero_stage == 3:
+        raise ValueError(
+            "AutoEP+AutoTP folding with ZeRO stage 3 (zero_optimization.stage=3) is not supported: DeepSpeed keeps "
+            "it for a separate ZeRO-3 composition lane; use ZeRO stage 0, 1 or 2, or tensor_parallel.autotp_size=1"
+        )
     if folded and (zero_offload_optimizer or zero_offload_param):
         raise ValueError(
             "ZeRO optimizer/parameter offload is not supported with AutoEP+AutoTP folding; disable "

@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+import ds_comm
 from ds_parallel.autoep._experts import GroupedExperts, all_to_all_v
+from ds_parallel.autoep._fold import folded_expert_rows
+from ds_parallel.autoep._fold_families import mark_autoep_folding_router_parameter
+from ds_parallel.autoep._folding import FoldingGroupHandles
+from ds_parallel.autoep._parts import layer_parts
 from ds_parallel.autoep._router import TopKRouter
 from ds_parallel.autoep._split_plan import compute_split_plan
 
@@ -72,6 +77,8 @@ class MoELayerSpec:
     expert_w3_name: str | None = None
     """The up projection, or None when gate and up are fused in `expert_w1_name`."""
     gate_bias: bool = False
+    supports_expert_bias: bool = True
+    """DeepSpeed's flag whether the family could carry an expert bias (load balancing); ds supports none."""
     has_shared_experts: bool = False
     return_router_logits: bool = False
     """DeepSpeed's router-logit capture (the block also returns its router logits); ds does not capture them."""
@@ -141,26 +148,59 @@ def combine_from_routed(
 class AutoEPMoELayer(nn.Module):
     """The expert-parallel replacement of one MoE block (see the module docstring).
 
+    Built from its parts (ds's form) or, as DeepSpeed builds it, from the source block:
+    `AutoEPMoELayer(spec, source_module, ep_size, ep_rank, config)`, where `config` (an `AutoEPConfig`) may
+    override the spec's `score_apply` and `route_norm` and sets `validate_folding_routing`.
+
     Args:
         spec: the resolved layer.
+        source_module: DeepSpeed's form: the block to take the router and this rank's experts from.
+        config: DeepSpeed's form: the `expert_parallel` settings (`AutoEPConfig`).
         router: its router, gate weights copied from the block.
         experts: this rank's experts (`spec.num_experts // ep_size` of them).
         shared_experts / shared_experts_gate: the block's own modules, kept as they are (or None).
         ep_size / ep_rank / ep_group: the expert-parallel degree, this rank's place, and its group.
+
+    Raises:
+        TypeError: neither a source module nor the router and experts, or both.
     """
 
     def __init__(
         self,
         spec: MoELayerSpec,
+        source_module: nn.Module | None = None,
+        ep_size: int = 1,
+        ep_rank: int = 0,
+        config: Any = None,
         *,
-        router: TopKRouter,
-        experts: GroupedExperts,
-        shared_experts: nn.Module | None,
-        shared_experts_gate: nn.Module | None,
-        ep_size: int,
-        ep_rank: int,
-        ep_group: ProcessGroup | None,
+        router: TopKRouter | None = None,
+        experts: GroupedExperts | None = None,
+        shared_experts: nn.Module | None = None,
+        shared_experts_gate: nn.Module | None = None,
+        ep_group: ProcessGroup | None = None,
     ) -> None:
+        if (source_module is None) == (router is None or experts is None):
+            raise TypeError(
+                "AutoEPMoELayer takes either the source block (spec, source_module, ep_size, ep_rank, config) or "
+                "its parts (spec, router=..., experts=..., ...), not both and not neither"
+            )
+        coeff = getattr(config, "load_balance_coeff", None)
+        if coeff is not None:
+            raise ValueError(
+                f"AutoEP layer {spec.moe_module_name!r}: expert_parallel.load_balance_coeff={coeff!r} is not supported "
+                "(load_balance_coeff/expert_bias, auxiliary-loss-free load balancing, is not implemented in ds); "
+                "set it to null or omit the key"
+            )
+        if source_module is not None:
+            if config is not None:
+                overrides = {"score_apply": resolve_score_apply_mode(spec, getattr(config, "score_apply", "auto"))}
+                if getattr(config, "route_norm", None) is not None:
+                    overrides["route_norm"] = config.route_norm
+                spec = dataclasses.replace(spec, **overrides)
+            parts = layer_parts(source_module, spec, ep_size=ep_size, ep_rank=ep_rank)
+            router, experts = parts["router"], parts["experts"]
+            shared_experts, shared_experts_gate = parts["shared_experts"], parts["shared_experts_gate"]
+        assert router is not None and experts is not None
         super().__init__()
         self.spec = spec
         self.router = router
@@ -175,6 +215,14 @@ class AutoEPMoELayer(nn.Module):
         self.ep_group = ep_group
         self.num_local_experts = spec.num_experts // ep_size
         self.ep_group_name = f"ep_size_{ep_size}"
+        self._is_autoep_layer = True  # DeepSpeed's marker of an AutoEP layer
+        self.folding_group_handles: FoldingGroupHandles | None = None
+        """Set by `enable_folding` (AutoEP folded with AutoTP); None otherwise."""
+        self.tp_group: ProcessGroup | None = None
+        self.tp_size = 1
+        self.tp_rank = 0
+        self.validate_folding_routing = bool(getattr(config, "validate_folding_routing", False))
+        """Check on every folded forward that the lanes routed alike (`expert_parallel.validate_folding_routing`)."""
         # DeepSpeed's expert mark, read by the engine's MoE wiring, and its ZeRO-3 placement family: experts are
         # partitioned over their expert-data-parallel group, the rest over the data-parallel group
         for p in self.experts.parameters():
@@ -189,17 +237,46 @@ class AutoEPMoELayer(nn.Module):
         for p in dense:
             setattr(p, "allreduce", True)  # noqa: B010
             setattr(p, "ds_zero_placement_family", "replicated")  # noqa: B010
+        for p in self.router.parameters():  # DeepSpeed's family mark (the checkpoint record's router family)
+            mark_autoep_folding_router_parameter(p)
 
     @property
     def local_experts(self) -> range:
         """Global indices of the experts this rank holds."""
         return range(self.ep_rank * self.num_local_experts, (self.ep_rank + 1) * self.num_local_experts)
 
-    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+    def enable_folding(self, handles: FoldingGroupHandles, *, validate_routing: bool = False) -> None:
+        """Run folded with AutoTP (`ds_parallel.autoep._fold`): each lane of `handles.tp_group` sends its share of
+        the routed assignments over `handles.ep_group`, and the lanes' results are gathered back.
+        `validate_routing`: check on every forward that the lanes routed alike (`check_lanes_routed_alike`).
+
+        Raises:
+            ValueError: `handles` are for another expert-parallel degree or rank.
+        """
+        if handles.spec.ep_size != self.ep_size or handles.ep_ranks.index(ds_comm.get_rank()) != self.ep_rank:
+            raise ValueError(
+                f"AutoEP layer {self.spec.moe_module_name!r} (ep_size {self.ep_size}, ep_rank {self.ep_rank}) "
+                f"does not fit the folding groups {handles.ep_ranks} of ep_size {handles.spec.ep_size}"
+            )
+        self.folding_group_handles = handles
+        self.ep_group = handles.ep_group
+        self.tp_group = handles.tp_group
+        self.tp_size = handles.spec.tp_size
+        self.tp_rank = handles.tp_ranks.index(ds_comm.get_rank())
+        self.validate_folding_routing = validate_routing
+
+    def set_deepspeed_parallelism(
+        self, use_data_before_expert_parallel_: bool = False, folding_group_handles: FoldingGroupHandles | None = None
+    ) -> None:
         """Bind the expert-parallel group of this layer's degree (the engine calls it; a collective the first
-        time a degree is seen)."""
+        time a degree is seen). With `folding_group_handles` (DeepSpeed's form of `enable_folding`) bind those;
+        a folded layer keeps its folding groups."""
         from ds_parallel.moe._groups import create_expert_groups
 
+        if folding_group_handles is not None:
+            self.enable_folding(folding_group_handles, validate_routing=self.validate_folding_routing)
+        if self.folding_group_handles is not None:
+            return
         groups = create_expert_groups(self.ep_size)
         if groups.ep_rank != self.ep_rank:
             raise RuntimeError(
@@ -232,10 +309,13 @@ class AutoEPMoELayer(nn.Module):
         order = torch.argsort(flat, stable=True)
         token = order // self.top_k
         w = weights.reshape(-1).index_select(0, order).unsqueeze(1)
-        rows = x.index_select(0, token)
-        rows = apply_scores_before_experts_if_enabled(rows, w, self.score_apply)
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        out_rows = self._run_experts(rows, counts)
+        if self.tp_size > 1:  # folded: each TP lane runs its share, every lane gets all rows back
+            out_rows = folded_expert_rows(self, x, w, token, flat.index_select(0, order))
+        else:
+            rows = x.index_select(0, token)
+            rows = apply_scores_before_experts_if_enabled(rows, w, self.score_apply)
+            counts = torch.bincount(flat, minlength=self.num_experts)
+            out_rows = self._run_experts(rows, counts)
         if self.score_apply == "post":
             out_rows = (out_rows.float() * w).to(x.dtype)
         out = torch.zeros_like(x).index_add(0, token, out_rows)

@@ -11,6 +11,7 @@ peers (the mesh's `edp_sp`): they keep the same experts and route their own toke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -28,6 +29,7 @@ __all__ = [
     "expert_group_name",
     "expert_groups",
     "get_expert_groups",
+    "register_expert_groups",
     "reset_expert_groups",
 ]
 
@@ -122,21 +124,46 @@ def create_expert_groups_from_layout(
     name = expert_group_name(ep_size)
     if name in _REGISTRY:
         return _REGISTRY[name]
-    world, rank = dist.get_world_size(), dist.get_rank()
     ep_lists, edp_lists = expert_rank_lists(
-        world,
+        dist.get_world_size(),
         ep_size,
         tp_size=tp_size,
         pp_size=pp_size,
         expert_tensor_parallel=expert_tensor_parallel,
         data_before_expert=data_before_expert,
     )
+    groups = register_expert_groups(ep_size, ep_lists, edp_lists)
+    if expert_tensor_parallel and record_expert_tp:
+        _EXPERT_TP_SIZE = tp_size
+    return groups
+
+
+def register_expert_groups(
+    ep_size: int, ep_lists: Sequence[Sequence[int]], edp_lists: Sequence[Sequence[int]]
+) -> ExpertGroups:
+    """Create (one `new_group` per list, a collective: every rank passes the same lists) and register the
+    `ep_size_{N}` groups from explicit rank lists; the registered ones when the name is known already.
+
+    For layouts no mesh expresses (AutoEP folded with AutoTP: expert-parallel groups of consecutive ranks
+    across tensor-parallel lanes).
+
+    Raises:
+        ValueError: this rank is in no list, or in several, of a kind.
+    """
+    name = expert_group_name(ep_size)
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    rank = dist.get_rank()
     mine: dict[str, tuple[ProcessGroup, list[int]]] = {}
     for kind, lists in (("ep", ep_lists), ("edp", edp_lists)):
         for ranks in lists:  # every rank creates every group, in the same order (torch requires it)
-            group = dist.new_group(ranks)
+            group = dist.new_group(list(ranks))
             if rank in ranks:
-                mine[kind] = (group, ranks)
+                if kind in mine:
+                    raise ValueError(f"expert group lists of {name}: rank {rank} is in two {kind} groups")
+                mine[kind] = (group, list(ranks))
+        if kind not in mine:
+            raise ValueError(f"expert group lists of {name}: rank {rank} is in no {kind} group")
     (ep_group, ep_ranks), (edp_group, edp_ranks) = mine["ep"], mine["edp"]
     _REGISTRY[name] = ExpertGroups(
         name=name,
@@ -148,8 +175,6 @@ def create_expert_groups_from_layout(
         ep_rank=ep_ranks.index(rank),
         edp_rank=edp_ranks.index(rank),
     )
-    if expert_tensor_parallel and record_expert_tp:
-        _EXPERT_TP_SIZE = tp_size
     return _REGISTRY[name]
 
 

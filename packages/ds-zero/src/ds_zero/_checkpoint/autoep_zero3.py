@@ -10,8 +10,8 @@ files the same save wrote (`layer_{L}_expert_{E}_mp_rank_00_model_states.pt`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 __all__ = ["AutoEPZero3CheckpointError", "is_autoep_zero3", "refuse_autoep_zero3"]
@@ -34,7 +34,9 @@ def is_autoep_zero3(states: Mapping[str, Any]) -> bool:
     return False
 
 
-def refuse_autoep_zero3(states: Mapping[str, Any], path: str | Path, what: str = "zero_to_fp32") -> None:
+def refuse_autoep_zero3(
+    states: Mapping[str, Any], path: str | os.PathLike[str] | None, what: str = "zero_to_fp32"
+) -> None:
     """Raise when `states` (read from `path`) is an AutoEP ZeRO-3 save (see the module docstring).
 
     Raises:
