@@ -79,7 +79,6 @@ def test_explain_lists_the_blocks_and_where_each_expert_lives() -> None:
     ("kwargs", "message"),
     [
         (dict(tp_size=2, zero_stage=1, pipeline=False), r"tensor_parallel.autotp_size=2 must divide the stage size"),
-        (dict(tp_size=2, zero_stage=3, pipeline=False), r"zero_optimization.stage=3"),
         (
             dict(tp_size=1, zero_stage=3, pipeline=False, zero_config=SimpleNamespace(zero_hpz_partition_size=2)),
             r"stage=3 does not support hpZeRO .*zero_optimization.zero_hpz_partition_size=2",
@@ -99,6 +98,16 @@ def test_unsupported_layouts_are_refused_before_conversion(kwargs: dict, message
     model = _mixtral()
     with pytest.raises(ValueError, match=message):
         apply_autoep(model, ExpertParallelConfig(enabled=True), DistInfo(), **kwargs)
+    assert type(model.model.layers[0].mlp).__name__ == "MixtralSparseMoeBlock"
+
+
+def test_folding_with_autotp_is_refused_at_zero_stage_3_naming_the_key() -> None:
+    model = _mixtral()
+    with pytest.raises(ValueError, match=r"zero_optimization.stage=3"):
+        apply_autoep(
+            model, ExpertParallelConfig(enabled=True, autoep_size=2), DistInfo(world_size=4, dp_world_size=2),
+            tp_size=2, zero_stage=3, pipeline=False,
+        )  # fmt: skip
     assert type(model.model.layers[0].mlp).__name__ == "MixtralSparseMoeBlock"
 
 
