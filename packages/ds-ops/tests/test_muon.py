@@ -199,3 +199,16 @@ def test_per_head_tag_reaches_the_optimizer_and_bad_counts_are_named() -> None:
         muon_update(torch.randn(8, 6), torch.zeros(8, 6), num_heads=3)
     with pytest.raises(ValueError, match="per-head Muon needs a 2-D"):
         muon_update(torch.randn(2, 4, 6), torch.zeros(2, 4, 6), num_heads=2)
+
+
+def test_muon_update_takes_deepspeeds_ns_method_and_expert_flag() -> None:
+    """Both of DeepSpeed's Newton-Schulz variants compute one function in ds; an unknown one is refused."""
+    from ds_ops.muon import muon_update
+
+    g = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    plain = muon_update(g, torch.zeros_like(g), beta=0.9)
+    for method in ("gram", "standard"):
+        m = torch.zeros_like(g)
+        torch.testing.assert_close(muon_update(g, m, beta=0.9, ns_method=method, is_expert_group=True), plain)
+    with pytest.raises(ValueError, match="ns_method must be one of"):
+        muon_update(g, torch.zeros_like(g), ns_method="svd")

@@ -125,3 +125,41 @@ def _coalesced_full_grad(rank: int, world: int, stage: int) -> dict[str, Any]:
 def test_full_grad_inside_a_coalesced_block_is_the_local_gradient(stage: int) -> None:
     for result in run_ranks(2, _coalesced_full_grad, stage, timeout_s=120):
         assert result == {"same_tensor": True, "after_is_mean": True}
+
+
+def _partition_ids(rank: int, world: int) -> dict[str, Any]:
+    """`get_param_id` / `param_to_partition_ids` against the ranks whose partition view overlaps the parameter."""
+    model = make_model()
+    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(2), module=model)
+    ids, maps, expected = [], opt.param_to_partition_ids, []
+    for params, flat, parts in zip(
+        opt.bit16_groups, opt.bit16_groups_flat, opt.parallel_partitioned_bit16_groups, strict=True
+    ):
+        size, base = flat.element_size(), flat.data_ptr()
+        where: dict[int, list[int]] = {}
+        for p in params:
+            start = (p.data_ptr() - base) // size
+            end = start + p.numel()
+            owners = []
+            for r, part in enumerate(parts):
+                lo = (part.data_ptr() - base) // size
+                if start < lo + part.numel() and lo < end:
+                    owners.append(r)
+            ids.append(opt.get_param_id(p))
+            where[opt.get_param_id(p)] = owners
+        expected.append(where)
+    try:
+        opt.get_param_id(torch.nn.Parameter(torch.zeros(3)))
+        foreign = "no error"
+    except ValueError as err:
+        foreign = str(err)
+    opt.close()
+    return {"ids": ids, "maps": maps, "expected": expected, "foreign": foreign}
+
+
+def test_param_ids_and_the_partitions_each_parameter_spans() -> None:
+    for r in run_ranks(2, _partition_ids, timeout_s=120):
+        assert r["ids"] == list(range(len(r["ids"])))  # counted over the groups in order, as DeepSpeed does
+        assert r["maps"] == r["expected"]
+        assert any(len(owners) > 1 for m in r["maps"] for owners in m.values()), "no parameter straddles ranks"
+        assert "not one this ZeRO optimizer partitions" in r["foreign"]

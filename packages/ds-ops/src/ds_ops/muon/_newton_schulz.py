@@ -63,6 +63,8 @@ def muon_update(
     ns_steps: int = 5,
     nesterov: bool = True,
     num_heads: int | None = None,
+    ns_method: str = "gram",
+    is_expert_group: bool = False,
 ) -> torch.Tensor:
     """The Muon step direction for one weight matrix; advances `momentum` in place.
 
@@ -87,11 +89,18 @@ def muon_update(
         ns_steps: Newton–Schulz iterations.
         nesterov: use the Nesterov look-ahead.
         num_heads: orthogonalize per head (rows split into this many equal blocks); None: the whole matrix.
+        ns_method: DeepSpeed's choice of iteration, "gram" or "standard"; both compute the same function
+            here (see the module docstring).
+        is_expert_group: DeepSpeed's flag for a stacked `[experts, rows, cols]` expert gradient; a 3-D
+            gradient is orthogonalized per expert whatever its value, so it changes nothing here.
 
     Raises:
-        ValueError: `grad` is not a matrix, the shapes differ, or (`num_heads`) `grad` is not 2-D or its
-            rows do not split into `num_heads` equal blocks.
+        ValueError: `ns_method` is neither "gram" nor "standard", `grad` is not a matrix, the shapes
+            differ, or (`num_heads`) `grad` is not 2-D or its rows do not split into `num_heads` equal blocks.
     """
+    if ns_method not in NS_METHODS:
+        raise ValueError(f"ns_method must be one of {NS_METHODS}, got {ns_method!r}")
+    del is_expert_group  # accepted for DeepSpeed's signature; a 3-D gradient is a batch of matrices anyway
     if grad.ndim < 2:
         raise ValueError(f"Muon updates matrices (>= 2-D); got a gradient of shape {tuple(grad.shape)}")
     if momentum.shape != grad.shape:

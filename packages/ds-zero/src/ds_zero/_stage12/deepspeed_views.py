@@ -46,3 +46,40 @@ class FlatBufferViews:
         """DeepSpeed's name of the fp32 master partitions, one per param group (`masters`; the base optimizer's
         params and its state keys)."""
         return self.masters
+
+    def _deepspeed_param_ids(self) -> dict[int, int]:
+        ids: dict[int, int] = {}
+        for f in self.flats:
+            for p in f.params:
+                ids.setdefault(id(p), len(ids))
+        return ids
+
+    def get_param_id(self, param: torch.Tensor) -> int:
+        """DeepSpeed's id of a trainable parameter: its position counting over the param groups in order.
+
+        Raises:
+            ValueError: `param` is not one of the parameters this optimizer partitions.
+        """
+        found = self._deepspeed_param_ids().get(id(param))
+        if found is None:
+            raise ValueError(
+                f"get_param_id: the parameter of shape {tuple(param.shape)} is not one this ZeRO optimizer partitions"
+            )
+        return found
+
+    @property
+    def param_to_partition_ids(self) -> list[dict[int, list[int]]]:
+        """Per param group, DeepSpeed's map: param id -> the data-parallel ranks whose partition of the flat
+        buffer holds part of the parameter (more than one for a parameter that straddles a boundary)."""
+        ids = self._deepspeed_param_ids()
+        maps: list[dict[int, list[int]]] = []
+        for f in self.flats:
+            where: dict[int, list[int]] = {}
+            for p, slot in zip(f.params, f.slots, strict=True):
+                if slot.numel == 0 or f.partition_numel == 0:
+                    continue
+                first = slot.flat_offset // f.partition_numel
+                last = (slot.flat_offset + slot.numel - 1) // f.partition_numel
+                where[ids[id(p)]] = list(range(first, last + 1))
+            maps.append(where)
+        return maps
