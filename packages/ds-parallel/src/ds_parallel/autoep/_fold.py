@@ -38,7 +38,7 @@ from ds_parallel.autoep._folding import (
     expected_folding_group_tables,
     local_folding_ranks,
 )
-from ds_parallel.autoep._tp_dispatch import assignment_ordinals_by_expert
+from ds_parallel.autoep._tp_dispatch import assignment_ordinals_by_expert, gather_rows
 from ds_parallel.tensor._regions import copy_to_tp_region
 
 __all__ = ["check_lanes_routed_alike", "create_folding_groups", "folded_expert_rows"]
@@ -86,22 +86,13 @@ def create_folding_groups(
     )
 
 
-def _gather_rows(x: torch.Tensor, group: ProcessGroup, counts: list[int]) -> torch.Tensor:
-    longest = max(counts)
-    pad = longest - x.shape[0]
-    padded = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))]) if pad else x
-    parts = [torch.empty_like(padded) for _ in counts]
-    ds_comm.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([p[:c] for p, c in zip(parts, counts, strict=True)])
-
-
 class _GatherLaneRows(torch.autograd.Function):
     """All-gather of the lanes' rows; backward keeps this lane's rows of the (lane-identical) gradient."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup, counts: tuple[int, ...], rank: int) -> torch.Tensor:
         ctx.start, ctx.rows = sum(counts[:rank]), counts[rank]
-        return _gather_rows(x, group, list(counts))
+        return gather_rows(x, group, list(counts))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -174,9 +165,9 @@ def folded_expert_rows(
     lane_counts = [torch.zeros_like(mine_n) for _ in range(size)]
     ds_comm.all_gather(lane_counts, mine_n, group=group)
     sizes = tuple(int(c) for c in lane_counts)
-    positions = _gather_rows(keep, group, list(sizes))
+    positions = gather_rows(keep, group, list(sizes))
     if done.requires_grad:
         gathered = _GatherLaneRows.apply(done, group, sizes, rank)
     else:
-        gathered = _gather_rows(done, group, list(sizes))
+        gathered = gather_rows(done, group, list(sizes))
     return done.new_zeros((tokens.numel(), *done.shape[1:])).index_copy(0, positions, gathered)

@@ -181,7 +181,9 @@ def _gather_counts(rows: int, group: Any, size: int, device: torch.device) -> li
     return [int(c) for c in counts]
 
 
-def _gather_rows(x: torch.Tensor, group: Any, counts: list[int]) -> torch.Tensor:
+def gather_rows(x: torch.Tensor, group: Any, counts: list[int]) -> torch.Tensor:
+    """Every rank's rows of `x`, rank by rank (rank r gives `counts[r]` rows): padded to the longest, all-gathered,
+    trimmed back. Not differentiable by itself; the autograd functions around it decide the backward."""
     longest = max(counts)
     padded = torch.cat([x, x.new_zeros((longest - x.shape[0], *x.shape[1:]))]) if x.shape[0] < longest else x
     parts = [torch.empty_like(padded) for _ in counts]
@@ -195,7 +197,7 @@ class _GatherRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any, counts: tuple[int, ...], rank: int) -> torch.Tensor:
         ctx.group, ctx.counts, ctx.rank = group, counts, rank
-        return _gather_rows(x, group, list(counts))
+        return gather_rows(x, group, list(counts))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -209,7 +211,7 @@ def _gather(x: torch.Tensor, group: Any, counts: list[int], rank: int) -> torch.
     if x.requires_grad:
         out: torch.Tensor = _GatherRows.apply(x, group, tuple(counts), rank)
         return out
-    return _gather_rows(x, group, counts)
+    return gather_rows(x, group, counts)
 
 
 def _check_coverage(payload: RoutedAssignmentPayload, gathered: list[torch.Tensor]) -> None:
