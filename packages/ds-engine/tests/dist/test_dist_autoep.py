@@ -23,30 +23,10 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_parallel", reason="AutoEP needs ds-parallel: pip install 'ds-engine[parallel]'")
 pytest.importorskip("transformers", reason="AutoEP converts Hugging Face models")
 
+from autoep_cases import batch as _batch  # noqa: E402 - tests/dist is on the path
+from autoep_cases import tiny_mixtral as _mixtral  # noqa: E402
+
 STEPS, TOL = 3, 1e-4
-
-
-def _mixtral() -> Any:
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    cfg = MixtralConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=32,
-    )
-    return MixtralForCausalLM(cfg).float()
-
-
-def _batch(rank: int, step: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(100 * step + rank)
-    return torch.randint(0, 32, (2, 6), generator=g)
 
 
 def _full_experts(engine: Any) -> dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ from ds_parallel.autoep._folding import (
     expected_folding_group_tables,
     local_folding_ranks,
 )
-from ds_parallel.autoep._tp_dispatch import assignment_ordinals_by_expert, gather_rows
+from ds_parallel.autoep._tp_dispatch import assignment_ordinals_by_expert, digest_spread, gather_rows
 from ds_parallel.tensor._regions import copy_to_tp_region
 
 __all__ = ["check_lanes_routed_alike", "create_folding_groups", "folded_expert_rows"]
@@ -124,13 +124,11 @@ def check_lanes_routed_alike(
             words.sum(),
         ]
     )
-    high, low = digest.clone(), digest.clone()
-    ds_comm.all_reduce(high, op=ds_comm.ReduceOp.MAX, group=group)
-    ds_comm.all_reduce(low, op=ds_comm.ReduceOp.MIN, group=group)
-    if not torch.equal(high, low):
+    spread = digest_spread(digest, group)
+    if spread is not None:
         raise RuntimeError(
             "AutoEP+AutoTP: the tensor-parallel lanes routed differently (routing digests "
-            f"{low.tolist()} .. {high.tolist()}); each lane must see the same tokens (feed the same batch to the "
+            f"{spread[0]} .. {spread[1]}); each lane must see the same tokens (feed the same batch to the "
             "ranks of a tensor-parallel group)"
         )
 

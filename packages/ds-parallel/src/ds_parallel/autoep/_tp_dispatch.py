@@ -163,15 +163,21 @@ def assert_tp_payload_consistent(payload: RoutedAssignmentPayload, *, tp_group: 
     """
     if tp_size <= 1 or not ds_comm.is_initialized():
         return
-    digest = _digest(payload)
-    high, low = digest.clone(), digest.clone()
-    ds_comm.all_reduce(high, op=ds_comm.ReduceOp.MAX, group=tp_group)
-    ds_comm.all_reduce(low, op=ds_comm.ReduceOp.MIN, group=tp_group)
-    if not torch.equal(high, low):
+    spread = digest_spread(_digest(payload), tp_group)
+    if spread is not None:
         raise RuntimeError(
             "AutoEP+AutoTP routing decisions differ across tensor-parallel lanes (payload digests "
-            f"{low.tolist()} .. {high.tolist()}); folded dispatch needs identical routing on every lane"
+            f"{spread[0]} .. {spread[1]}); folded dispatch needs identical routing on every lane"
         )
+
+
+def digest_spread(digest: torch.Tensor, group: Any) -> tuple[list[Any], list[Any]] | None:
+    """None when every rank of `group` holds the same `digest`; else its element-wise (min, max) over the group,
+    for the error message. Two all-reduces, the same on every rank, so every rank reaches the same verdict."""
+    high, low = digest.clone(), digest.clone()
+    ds_comm.all_reduce(high, op=ds_comm.ReduceOp.MAX, group=group)
+    ds_comm.all_reduce(low, op=ds_comm.ReduceOp.MIN, group=group)
+    return None if torch.equal(high, low) else (low.tolist(), high.tolist())
 
 
 def _gather_counts(rows: int, group: Any, size: int, device: torch.device) -> list[int]:

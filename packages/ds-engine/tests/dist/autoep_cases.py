@@ -1,0 +1,34 @@
+"""The tiny Mixtral and token batches the AutoEP dist tests share (built from a config, never downloaded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["batch", "tiny_mixtral"]
+
+
+def tiny_mixtral() -> Any:
+    """A 2-layer Mixtral with 4 experts, top-2, fp32, seeded."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=32,
+    )
+    return MixtralForCausalLM(cfg).float()
+
+
+def batch(rank: int, step: int) -> torch.Tensor:
+    """Rank `rank`'s token ids at `step`: 2 sequences of 6 tokens, seeded by both."""
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randint(0, 32, (2, 6), generator=g)
