@@ -54,11 +54,11 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _child(cache: str, python: str = sys.executable, code: str = CHILD) -> dict:
+def _child(cache: str, python: str = sys.executable, code: str = CHILD, *, deepspeed: bool = False) -> dict:
     """One fresh process loading cpu_adam with `cache` as TORCH_EXTENSIONS_DIR; its timings and CPU seconds."""
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=cache)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if code is DEEPSPEED_CHILD:  # DeepSpeed's venv alone: no ds sources on the path, its CPU accelerator
+    if deepspeed:  # DeepSpeed's venv alone: no ds sources on the path, its CPU accelerator
         env.pop("PYTHONPATH", None)
         env["DS_ACCELERATOR"] = "cpu"
     cpu_before = _children_cpu_s()
@@ -72,8 +72,8 @@ def _child(cache: str, python: str = sys.executable, code: str = CHILD) -> dict:
 
 def _trial(runs: dict[str, list[dict]], side: str, python: str, code: str) -> None:
     with tempfile.TemporaryDirectory() as cache:
-        runs[f"{side} cold"].append(_child(cache, python, code))
-        runs[f"{side} cached"].append(_child(cache, python, code))
+        runs[f"{side} cold"].append(_child(cache, python, code, deepspeed=side == "deepspeed"))
+        runs[f"{side} cached"].append(_child(cache, python, code, deepspeed=side == "deepspeed"))
 
 
 def main() -> None:
