@@ -12,10 +12,11 @@ hands back the already imported ds module and executes nothing; the module keeps
 The table maps DeepSpeed's module prefixes onto the ds packages: everything under `deepspeed.` is
 ds-engine's (which lays out DeepSpeed's paths: `ds_engine.runtime.zero.partition_parameters`,
 `ds_engine.checkpoint.utils`, `ds_engine.utils.groups`...), except the launcher and the autotuner (ds-launcher), the
-accelerator package and `utils.pin_memory` (ds-comm). Because
+accelerator package and `utils.pin_memory` (ds-comm), and DeepNVMe's `io` and `nvme` (ds-ops). Because
 the mapping is a prefix rewrite, an aliased package's children are that package's own children, and
-the import system's `setattr(parent, child, module)` after an import never puts a foreign module on a
-ds module.
+the import system's `setattr(parent, child, module)` after an import puts a foreign module on a ds
+module only where a child is mapped on its own (`deepspeed.io.constants` is ds-ops' `fast_io.constants`,
+one module under both names).
 
 [Note: DeepSpeed paths ds does not implement]
 A path that is one of DeepSpeed 0.19.8's own modules (`deepspeed_0_19_8_modules.txt`) but has no ds
@@ -52,6 +53,10 @@ ALIASES: dict[str, str] = {
     # backend it dispatches to are ds-comm's, the floor every package pins memory through.
     "deepspeed.accelerator": "ds_comm.accelerator",
     "deepspeed.utils.pin_memory": "ds_comm.native_pinned_memory",
+    # DeepNVMe's file writers and benchmark/tuning tools sit on the async I/O op; the engine uses neither.
+    "deepspeed.io": "ds_ops.io",
+    "deepspeed.io.constants": "ds_ops.fast_io.constants",
+    "deepspeed.nvme": "ds_ops.nvme",
     "deepspeed": "ds_engine",
 }
 

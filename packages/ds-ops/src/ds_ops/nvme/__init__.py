@@ -1,4 +1,5 @@
-"""`deepspeed.nvme`: DeepNVMe's benchmark and tuning tools (ds-ops' `ds_io`, `ds_nvme_tune`, `nvme_stats`).
+"""`deepspeed.nvme`: DeepNVMe's benchmark and tuning tools over ds-ops'
+`nvme_bench` (`ds_io`), `nvme_tune` (`ds_nvme_tune`) and `nvme_stats`; see `ds_ops.io` for why the path.
 
 ds_io --folder /nvme/scratch --io_size 400M            # one transfer size, timed
 ds_nvme_tune --nvme_dir /nvme/scratch                   # sweep the aio settings, propose an `aio` section

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ds_engine.nvme import ds_aio_constants as c
-from ds_engine.nvme.torch_fastio_engine import Torch_FastIO_Engine
-from ds_engine.nvme.torch_io import TorchIO_Engine
+from ds_ops.nvme import ds_aio_constants as c
+from ds_ops.nvme.torch_fastio_engine import Torch_FastIO_Engine
+from ds_ops.nvme.torch_io import TorchIO_Engine
 
 
 def test_engines_fill_deepspeeds_context_keys(tmp_path: Path) -> None:
