@@ -1,4 +1,5 @@
-"""Muon under ZeRO 1 and 2 matches DDP + the same Muon optimizer (fp32, 1e-6 over 8 steps) on 2 gloo ranks.
+"""Muon under ZeRO 1 and 2 (also with the optimizer offloaded) matches DDP + the same Muon optimizer (fp32, 1e-6 over 8
+steps) on 2 gloo ranks.
 
 Muon needs whole matrices; the ZeRO partitions of this model cut through them (a 13x7 and a 9x13
 matrix over partitions of odd length), so agreement with DDP shows the gathered update is right.
@@ -53,6 +54,10 @@ def _zero_vs_ddp(rank: int, world: int) -> dict[str, Any]:
         ("s1", 1, 0.0, {}),
         ("s2-clip", 2, 0.05, {"overlap_comm": False}),
         ("s2-overlap", 2, 0.0, {"overlap_comm": True}),
+        # With the optimizer on the host and reduce_scatter on (DeepSpeed's default), which DeepSpeed after
+        # 0.19.8 refuses because its offload keeps only partition slices: ds gathers whole matrices there too.
+        ("s1-offload", 1, 0.0, {"reduce_scatter": True, "offload_optimizer": {"device": "cpu"}}),
+        ("s2-offload-clip", 2, 0.05, {"reduce_scatter": True, "offload_optimizer": {"device": "cpu"}}),
     ):
         model = make_model()
         opt = ds_zero.DeepSpeedZeroOptimizer(
@@ -67,6 +72,7 @@ def _zero_vs_ddp(rank: int, world: int) -> dict[str, Any]:
             "momentum_numel": momentum.numel(),
             "partition_numel": opt.flats[0].partition_numel,
             "group_numel": opt.flats[0].numel,
+            "offload": opt.offload,
         }
         opt.close()
     return out
@@ -81,6 +87,7 @@ def test_muon_zero12_matches_ddp() -> None:
             assert r["moved"] > 1e-3, f"{where}: training did not move the parameters"
             # partitioned momentum: half of the (padded) Muon group per rank
             assert r["momentum_numel"] == r["partition_numel"] < r["group_numel"], where
+            assert r["offload"] == ("offload" in name), where
 
 
 def _resume(rank: int, world: int) -> dict[str, float]:
