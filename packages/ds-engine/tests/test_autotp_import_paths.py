@@ -18,6 +18,17 @@ def test_module_inject_paths_are_ds_parallels_objects() -> None:
     assert module_inject.set_autotp_mode is tensor.set_autotp_mode is ds_engine.set_autotp_mode
 
 
+def test_tp_plan_converter_and_auto_tp_config_names() -> None:
+    tensor = pytest.importorskip("ds_parallel", reason="needs ds-parallel: pip install 'ds-engine[parallel]'").tensor
+    converter = importlib.import_module("ds_engine.module_inject.tp_plan_converter")
+    auto_tp = importlib.import_module("ds_engine.module_inject.auto_tp")
+    assert (auto_tp.AutoTPConfig, auto_tp.TPLayerSpec) == (tensor.AutoTPConfig, tensor.TPLayerSpec)
+    assert auto_tp.PartitionType is tensor.PartitionType and converter.SUPPORTED_STYLES == set(tensor.PLAN_STYLES)
+    plan = {"layers.*.q_proj": "colwise_rep", "layers.*.o_proj": "rowwise"}
+    assert converter.TPPlanConverter.convert(plan) == tensor.plan_to_layer_specs(plan)
+    assert converter.TPPlanConverter._wildcard_to_regex("a.*") == tensor.plan_wildcard_regex("a.*")
+
+
 def test_inference_paths() -> None:
     engine_mod = importlib.import_module("ds_engine.inference.engine")
     config_mod = importlib.import_module("ds_engine.inference.config")

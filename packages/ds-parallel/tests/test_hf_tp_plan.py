@@ -10,7 +10,18 @@ import types
 import pytest
 from torch import nn
 
-from ds_parallel.tensor import PLAN_STYLES, PlanStyle, extract_hf_tp_plan, plan_pattern, resolve_plan
+from ds_parallel.tensor import (
+    PLAN_STYLES,
+    AutoTPConfig,
+    PartitionType,
+    PlanStyle,
+    extract_hf_tp_plan,
+    plan_pattern,
+    plan_to_layer_specs,
+    plan_wildcard_regex,
+    resolve_plan,
+    resolve_specs,
+)
 
 # -- extraction --------------------------------------------------------------------------------------
 
@@ -135,16 +146,18 @@ class _Net(nn.Module):
             self.head.weight = self.emb.weight
 
 
+_MIXED_PLAN = {
+    "blocks.1.up": "rowwise",  # first match wins over the wildcard below
+    "blocks.*.up": "colwise",
+    "blocks.*.down": "RowWise",  # styles are case-insensitive
+    "head": "colwise_rep",
+    "emb": "embedding_rowwise",
+    "blocks.*.norm": "replicated_with_grad_allreduce",
+}
+
+
 def test_resolve_picks_styles_first_match_and_leaves_the_rest() -> None:
-    plan = {
-        "blocks.1.up": "rowwise",  # first match wins over the wildcard below
-        "blocks.*.up": "colwise",
-        "blocks.*.down": "RowWise",  # styles are case-insensitive
-        "head": "colwise_rep",
-        "emb": "embedding_rowwise",
-        "blocks.*.norm": "replicated_with_grad_allreduce",
-    }
-    resolved = resolve_plan(_Net(), plan)
+    resolved = resolve_plan(_Net(), _MIXED_PLAN)
     assert resolved.layers == {
         "blocks.0.up": PlanStyle.COLUMN,
         "blocks.0.down": PlanStyle.ROW,
@@ -173,3 +186,35 @@ def test_cutting_a_non_linear_or_a_tied_weight_is_refused() -> None:
 def test_gathered_head_tied_to_the_embedding_stays_whole() -> None:
     resolved = resolve_plan(_Net(tie=True), {"head": "colwise_gather_output", "blocks.*.up": "colwise"})
     assert resolved.layers == {"blocks.0.up": PlanStyle.COLUMN, "blocks.1.up": PlanStyle.COLUMN}
+
+
+# -- the plan as DeepSpeed's layer specs (TPPlanConverter) ----------------------------------------------
+
+
+def test_layer_specs_cut_what_the_plan_cuts() -> None:
+    specs = plan_to_layer_specs(_MIXED_PLAN)
+    assert specs is not None and len(specs) == len(_MIXED_PLAN)
+    by_specs = resolve_specs(_Net(), AutoTPConfig(layer_specs=specs))
+    by_plan = resolve_plan(_Net(), _MIXED_PLAN)
+    as_style = {
+        (PartitionType.COLUMN, False): PlanStyle.COLUMN,
+        (PartitionType.COLUMN, True): PlanStyle.COLUMN_GATHER,
+        (PartitionType.ROW, False): PlanStyle.ROW,
+    }
+    assert {
+        name: as_style[(s.partition_type, s.gather_output)] for name, s in by_specs.layers.items()
+    } == by_plan.layers
+    assert by_specs.grad_allreduce == by_plan.grad_allreduce
+    kept = [s for s in specs if s.partition_type is PartitionType.SKIP]
+    assert [(s.patterns, s.grad_allreduce) for s in kept] == [
+        ([r".*emb\.weight$"], False),
+        ([r".*blocks\..*\.norm\.weight$"], True),
+    ]
+
+
+def test_layer_specs_of_an_empty_or_unsupported_plan() -> None:
+    assert plan_to_layer_specs({}) is None
+    with pytest.raises(ValueError, match=r"unsupported partition style\(s\) \['local', 'packed'\]"):
+        plan_to_layer_specs({"a": "colwise", "b": "packed", "c": "local"})
+    assert plan_wildcard_regex("layers.*.q_proj") == r".*layers\..*\.q_proj"
+    assert plan_to_layer_specs({"head.weight": "rowwise"})[0].patterns == [r".*head\.weight$"]  # type: ignore[index]

@@ -6,23 +6,35 @@ an instance that DeepSpeed's own `replace_module` drives layer by layer. ds keep
 `ds_parallel.tensor` (the `parallel` extra): `tp_parser`, `supported`, `get_module_list`,
 `in_module_list`, `update_policy_list` and `kernel_supported`. Sharding itself is
 `ds_parallel.tensor.shard_model` (what `initialize()` and `TpTrainingManager` call), so constructing an
-`AutoTP` instance is refused with that pointer.
+`AutoTP` instance is refused with that pointer. `AutoTPConfig`, `TPLayerSpec` and `PartitionType` are
+importable from here too, as from DeepSpeed's module (ds-parallel's, as in `autotp_config`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ds_engine._optional import require
 
-__all__ = ["AutoTP"]
+if TYPE_CHECKING:  # looked up at run time (`__getattr__`); type checkers see ds_parallel's own
+    from ds_parallel.tensor import AutoTPConfig, PartitionType, TPLayerSpec  # noqa: F401
+
+__all__ = ["AutoTP", "AutoTPConfig", "PartitionType", "TPLayerSpec"]
+
+_CONFIG_NAMES = ("AutoTPConfig", "PartitionType", "TPLayerSpec")
 
 
 def _tensor() -> Any:
     return require("ds_parallel", extra="parallel", feature="deepspeed.module_inject.auto_tp").tensor
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONFIG_NAMES:
+        return getattr(_tensor(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class AutoTP:

@@ -45,7 +45,16 @@ from ds_parallel.tensor._partition_config import (
     model_type_of,
     partition_config_from_settings,
 )
-from ds_parallel.tensor._plan import PLAN_STYLES, PlanStyle, ResolvedPlan, plan_pattern, resolve_plan
+from ds_parallel.tensor._plan import (
+    PLAN_STYLES,
+    PlanStyle,
+    ResolvedPlan,
+    plan_pattern,
+    plan_regex,
+    plan_wildcard_regex,
+    resolve_plan,
+)
+from ds_parallel.tensor._plan_specs import plan_to_layer_specs
 from ds_parallel.tensor._regions import CopyToTPRegion, GatherFromTPRegion, ReduceFromTPRegion
 from ds_parallel.tensor._replace import shard_model
 from ds_parallel.tensor._shard_sizes import TPMeta, shard_size, shard_sizes
@@ -119,6 +128,9 @@ __all__ = [
     "model_family",
     "param_uc_conversion_meta",
     "plan_pattern",
+    "plan_regex",
+    "plan_to_layer_specs",
+    "plan_wildcard_regex",
     "resolve_plan",
     "set_autotp_mode",
     "shard_model",

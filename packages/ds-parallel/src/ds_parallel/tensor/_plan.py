@@ -33,7 +33,15 @@ from collections.abc import Mapping
 
 from torch import nn
 
-__all__ = ["PLAN_STYLES", "PlanStyle", "ResolvedPlan", "plan_pattern", "resolve_plan"]
+__all__ = [
+    "PLAN_STYLES",
+    "PlanStyle",
+    "ResolvedPlan",
+    "plan_pattern",
+    "plan_regex",
+    "plan_wildcard_regex",
+    "resolve_plan",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +72,21 @@ PLAN_STYLES: Mapping[str, PlanStyle] = {
 }
 
 
-def plan_pattern(pattern: str) -> re.Pattern[str]:
-    """The regex a plan pattern stands for, matched (with `re.match`) against `<module path>.weight`."""
-    body = re.escape(pattern).replace(r"\*", ".*")
+def plan_wildcard_regex(pattern: str) -> str:
+    r"""A plan pattern as regex text, without the `.weight` anchor: `.*` + the pattern with `*` standing for
+    any text and every other character literal (`"layers.*.q_proj"` -> `r".*layers\..*\.q_proj"`)."""
+    return ".*" + re.escape(pattern).replace(r"\*", ".*")
+
+
+def plan_regex(pattern: str) -> str:
+    """The regex text a plan pattern stands for, matched (with `re.match`) against `<module path>.weight`."""
     suffix = "$" if pattern.endswith(".weight") else r"\.weight$"
-    return re.compile(".*" + body + suffix)
+    return plan_wildcard_regex(pattern) + suffix
+
+
+def plan_pattern(pattern: str) -> re.Pattern[str]:
+    """`plan_regex(pattern)` compiled."""
+    return re.compile(plan_regex(pattern))
 
 
 @dataclasses.dataclass(frozen=True)
