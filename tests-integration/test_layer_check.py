@@ -1,9 +1,9 @@
 """`tools/check_dag.py` holds ds-engine to its layer order and its border (`tools/_layer_check.py`).
 
 The real tree passes; a copy with one planted wrong-way import (a lower layer importing a higher one, ds's
-own code importing a DeepSpeed path, an import hidden inside a function) fails, naming the file; an
-import under `if TYPE_CHECKING:` is no edge; a debt line that no longer matches an import fails, so the
-debt list only shrinks.
+own code importing a DeepSpeed path, an import hidden inside a function, two rooms importing each other)
+fails, naming the file; an import under `if TYPE_CHECKING:` is no edge; a debt line that no longer matches
+an import fails, so the debt list only shrinks.
 """
 
 from __future__ import annotations
@@ -64,9 +64,10 @@ def test_the_real_tree_keeps_its_layers() -> None:
 
 def test_a_lower_layer_importing_a_higher_one_fails(engine_copy: Path) -> None:
     _plant(engine_copy, "_plan/plan.py", "from ds_engine._setup.initialize import initialize  # planted")
-    wrong_way, circle = _check(engine_copy)  # initialize imports the plan: a circle too
+    wrong_way, circle, rooms = _check(engine_copy)  # initialize imports the plan: a circle too, of rooms as well
     assert "ds_engine._plan.plan imports ds_engine._setup.initialize" in wrong_way and "_plan/plan.py" in wrong_way
     assert circle.startswith("layers: files import each other in a circle: ") and "ds_engine._plan.plan" in circle
+    assert rooms.startswith("layers: rooms import each other in a circle: ") and "ds_engine._setup" in rooms
 
 
 def test_a_wrong_way_import_inside_a_function_fails(engine_copy: Path) -> None:
@@ -79,8 +80,9 @@ def test_a_wrong_way_import_inside_a_function_fails(engine_copy: Path) -> None:
 
 def test_ds_code_importing_a_deepspeed_path_fails(engine_copy: Path) -> None:
     _plant(engine_copy, "_step/steppers.py", "from ds_engine.utils import groups  # planted")
-    (problem,) = _check(engine_copy)
+    problem, rooms = _check(engine_copy)  # utils re-exports _step's accessors: the two rooms now form a circle
     assert "imports DeepSpeed's path ds_engine.utils.groups" in problem
+    assert rooms == "layers: rooms import each other in a circle: ds_engine._step ds_engine.utils"
 
 
 def test_an_import_for_type_checking_only_is_no_edge(engine_copy: Path) -> None:
@@ -97,6 +99,14 @@ def test_a_circle_of_files_fails_even_through_a_lazy_import(engine_copy: Path) -
     )
     (problem,) = _check(engine_copy)
     assert problem == "layers: files import each other in a circle: ds_engine._optim.muon ds_engine._optim.optimizers"
+
+
+def test_a_circle_of_rooms_fails_without_a_circle_of_files(engine_copy: Path) -> None:
+    # runtime/engine.py imports utils.bwc; utils/bwc.py importing runtime.dataloader closes no file circle
+    # (dataloader imports neither), but the rooms runtime and utils now import each other
+    _plant(engine_copy, "utils/bwc.py", "from ds_engine.runtime import dataloader  # planted")
+    (problem,) = _check(engine_copy)
+    assert problem == "layers: rooms import each other in a circle: ds_engine.runtime ds_engine.utils"
 
 
 def test_a_stale_debt_line_fails(engine_copy: Path) -> None:

@@ -15,7 +15,9 @@ Imports under `if TYPE_CHECKING:` are not edges. Imports inside functions are: a
 make a wrong-way dependency right.
 
 Circles of files (a imports b imports ... a, inside-function imports included) fail in every package
-`check_circles` is given (ds-engine and ds-zero): a lazy import that dodges a circle is still one.
+`check_circles` is given (ds-engine and ds-zero): a lazy import that dodges a circle is still one. So do
+circles of rooms (the package's top-level packages and modules, as a floor plan draws them): `_nvme` importing
+`_stage3` while `_stage3` imports `_nvme` is a circle of rooms even when no file imports itself back.
 
 Known wrong-way edges and circles that later steps of issue 39 remove are listed in
 `tools/layer_debt.txt` (`importer -> imported`, or `circle: a b c`, one per line). A listed one is
@@ -135,13 +137,27 @@ def read_debt(debt_file: Path | None) -> set[str]:
     return {line.split("#")[0].strip() for line in debt_file.read_text().splitlines() if line.split("#")[0].strip()}
 
 
-def circles(src: Path) -> list[list[str]]:
-    """Every circle of files in the package at `src`: the strongly connected parts of its import graph."""
+def _room(module: str) -> str | None:
+    """The top-level entry of the package that holds `module` (`ds_zero._stage3.optimizer` -> `_stage3`); None
+    for the package itself (its `__init__` is the public face, which imports every room)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def circles(src: Path, *, rooms: bool = False) -> list[list[str]]:
+    """Every circle in the package at `src`: the strongly connected parts of its import graph, of files, or with
+    `rooms` of its top-level packages and modules (two rooms whose files import each other both ways are a
+    circle even when no file circle closes)."""
     graph: dict[str, set[str]] = {}
     for path in sorted(src.rglob("*.py")):
         for edge in imports_of(path, src.parent, src.name):
-            if edge.imported != edge.importer:
-                graph.setdefault(edge.importer, set()).add(edge.imported)
+            importer, imported = edge.importer, edge.imported
+            if rooms:
+                importer, imported = _room(importer), _room(imported)  # type: ignore[assignment]
+                if importer is None or imported is None:
+                    continue
+            if imported != importer:
+                graph.setdefault(importer, set()).add(imported)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -178,13 +194,15 @@ def check_circles(src: Path, debt_file: Path | None) -> tuple[list[str], list[st
     problems: list[str] = []
     notes: list[str] = []
     seen: set[str] = set()
-    for part in circles(src):
+    found = [(part, "files") for part in circles(src)]
+    found += [([f"{src.name}.{room}" for room in part], "rooms") for part in circles(src, rooms=True)]
+    for part, kind in found:
         key = "circle: " + " ".join(part)
         seen.add(key)
         if key in debt:
             notes.append(f"layers: known debt {key}")
         else:
-            problems.append(f"layers: files import each other in a circle: {' '.join(part)}")
+            problems.append(f"layers: {kind} import each other in a circle: {' '.join(part)}")
     for stale in sorted(line for line in debt - seen if line.split()[1].split(".")[0] == src.name):
         problems.append(f"layers: {stale} is listed in {debt_file} but is no circle any more; remove the line")
     return problems, notes

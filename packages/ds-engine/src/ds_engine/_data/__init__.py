@@ -3,7 +3,8 @@
 Data sampling: `indexed_dataset` (the `.bin`/`.idx` format), `index_utils`, `analyzer` + `analyzer_reduce`
 and `distributed_analyzer` (metric indexes of a dataset), `curriculum_schedule` (the config checks of a
 curriculum metric), `sampler` (`DeepSpeedDataSampler`), `loader` (the curriculum loader), `variable_batch`
-and `dynamic_batching` (variable batch size and lr), `describe` (for `explain`).
+and `dynamic_batching` (variable batch size and lr), `repeating_loader` (`RepeatingLoader`), `describe`
+(for `explain`).
 
 Curriculum and data routing: `curriculum` (`CurriculumScheduler`, the difficulty schedule of one metric,
 which the sampler steps); `ltd_scheduler` (`RandomLTDScheduler`, the kept sequence length of the random-LTD

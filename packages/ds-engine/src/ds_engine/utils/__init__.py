@@ -1,6 +1,7 @@
 """`deepspeed.utils` for migrated scripts: `logger`, `log_dist`, ZeRO's accessors and leaf modules, submodules.
 
-`RepeatingLoader` is `runtime.dataloader`'s; `utils.numa` has `parse_range_list` (`--bind_core_list` syntax).
+`RepeatingLoader` is `runtime.dataloader`'s (`_data.repeating_loader`); `utils.numa` has `parse_range_list`
+(`--bind_core_list` syntax).
 Submodules at DeepSpeed's paths: `nvtx` (`instrument_w_nvtx`), `pin_memory_tracker` and `comms_logging`
 (ds-comm's pinned-memory total and comms logger), `timer` (`trim_mean`), `torch` (`required_torch_version`),
 `bwc` (an mpu's tensor- and pipeline-parallel degrees, whichever API generation it has),
@@ -22,12 +23,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ds_engine._data.repeating_loader import RepeatingLoader
 from ds_engine._step import tensor_fragment
 from ds_engine._step.tensor_fragment import *  # noqa: F403 - the 13 accessors, listed in its __all__
+from ds_engine.utils.init_on_device import OnDevice
 
 # Binds `ds_engine.utils.logging` to the submodule (DeepSpeed's `deepspeed.utils.logging`), not the stdlib's.
-from ds_engine.runtime.dataloader import RepeatingLoader
-from ds_engine.utils.init_on_device import OnDevice
 from ds_engine.utils.logging import log_dist, logger, set_log_level_from_string
 from ds_engine.utils.module_utils import recursive_getattr, recursive_setattr
 

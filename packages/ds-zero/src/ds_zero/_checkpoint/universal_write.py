@@ -59,6 +59,7 @@ import torch
 import ds_comm
 from ds_comm.checkpoint_files import deepspeed_pickle_names
 from ds_zero._checkpoint.autoep_zero3 import refuse_autoep_zero3
+from ds_zero._checkpoint.deepspeed_convert import convert_to_deepspeed
 from ds_zero._checkpoint.deepspeed_format import is_deepspeed_state_dict
 from ds_zero._checkpoint.format import FragmentIndex
 from ds_zero._checkpoint.io import find_model_states_file
@@ -187,8 +188,7 @@ def convert_to_universal(
     files = optim_files(src)
     first = ds_comm.load_checkpoint_file(files[0])
     if not is_deepspeed_state_dict(first["optimizer_state_dict"]):
-        from ds_zero.to_deepspeed import convert_to_deepspeed  # a ds checkpoint: DeepSpeed's layout first
-
+        # a ds checkpoint: DeepSpeed's layout first
         src = convert_to_deepspeed(src.parent, temp, tag=src.name)
         first = ds_comm.load_checkpoint_file(optim_files(src)[0])
     try:

@@ -42,7 +42,7 @@ from ds_zero._speculative import UndoRecord
 
 if TYPE_CHECKING:
     from ds_ops.precision import StepOutcome
-    from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
+    from ds_zero._stage3.optimizer_swapper import OptimizerSwapper
     from ds_zero._stage3.partition import ShardTile
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ from ds_zero._host_buffers import release_pinned
 from ds_zero._master_dtype import master_weights_dtype
 from ds_zero._nvme.eager_step import arm_eager_steps
 from ds_zero._nvme.files import prepare_swap_dir, release_swap_dir
-from ds_zero._nvme.optimizer_swapper import OptimizerSwapper
 from ds_zero._offload_states import OffloadStatesMixin
 from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
@@ -32,6 +31,7 @@ from ds_zero._stage3.grad_views import GradPartitionViews
 from ds_zero._stage3.grads import GradReducer
 from ds_zero._stage3.model_parallel import Stage3CutRanges
 from ds_zero._stage3.muon import MuonShardUpdate
+from ds_zero._stage3.optimizer_swapper import OptimizerSwapper
 from ds_zero._stage3.param_access import ShardParamAccess
 from ds_zero._stage3.partial_offload import TilePlacement
 from ds_zero._stage3.partition import ShardPartition
