@@ -167,10 +167,14 @@ def test_queries_passthrough_and_batch_changes() -> None:
 def test_backward_and_step_misuse_are_clear_errors() -> None:
     engine = make_engine(tiny_net(0), base_config())
     x, y = batches(1, 4)[0]
-    with pytest.raises(ValueError, match="loss must be a one-element tensor that requires grad, got Tensor of shape"):
+    scalar = r"loss must be a scalar tensor \(one element\) that requires grad, got Tensor of shape \(4, 4\)"
+    with pytest.raises(ValueError, match=r"engine.backward\(loss\): " + scalar):
         engine.backward(engine(x))
     with pytest.raises(ValueError, match="requires_grad=False"):
         engine.backward(torch.tensor(1.0))
+    # scale() too, as an AssertionError as well (DeepSpeed asserts it), before anything is scaled
+    with pytest.raises(AssertionError, match=r"engine.scale\(loss\): " + scalar):
+        engine.scale(engine(x))
     with engine.no_sync():
         engine.backward(loss_fn(engine(x), y))
         with pytest.raises(

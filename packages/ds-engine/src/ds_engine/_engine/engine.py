@@ -26,6 +26,7 @@ from ds_engine._engine.data_efficiency import EngineDataEfficiency
 from ds_engine._engine.dataloader import DeepSpeedDataLoader, make_curriculum_loader, make_dataloader
 from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
 from ds_engine._engine.grad_reduce import EngineGradReduce
+from ds_engine._engine.loss_checks import check_scalar_loss
 from ds_engine._engine.mixed_precision import EngineMixedPrecision
 from ds_engine._engine.offload_states import (
     BACKWARD_NEEDS,
@@ -235,20 +236,11 @@ class DeepSpeedEngine(
 
         Raises:
             RuntimeError: no optimizer was configured.
-            ValueError: `loss` is not a scalar tensor that requires grad.
+            LossNotScalarError: `loss` is not a scalar tensor that requires grad (a ValueError).
         """
         if self._stepper is None:
             raise self._no_optimizer("engine.backward()")
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
-            raise ValueError(
-                "engine.backward(loss): loss must be a one-element tensor that requires grad, got "
-                f"{type(loss).__name__}"
-                + (
-                    f" of shape {tuple(loss.shape)}, requires_grad={loss.requires_grad}"
-                    if isinstance(loss, torch.Tensor)
-                    else ""
-                )
-            )
+        check_scalar_loss(loss, "engine.backward(loss)")
         self._check_states_loaded("engine.backward()", BACKWARD_NEEDS)
         self.timers.start("backward")
         if self._reporter.needs_loss:
@@ -279,7 +271,14 @@ class DeepSpeedEngine(
         loss leaves the same gradients as `engine.backward(loss)`. (`engine.backward` additionally tells a
         ZeRO-Infinity optimizer whether this backward ends the window, which lets it step NVMe sub-groups
         early; with `scale()` they are stepped in `step()`.)
+
+        Raises:
+            RuntimeError: no optimizer was configured.
+            LossNotScalarError: `loss` is not a scalar tensor that requires grad (a ValueError).
         """
+        if self._stepper is None:
+            raise self._no_optimizer("engine.scale()")
+        check_scalar_loss(loss, "engine.scale(loss)")
         return self._backward_prologue(loss)
 
     def _backward_prologue(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> torch.Tensor:
