@@ -127,6 +127,7 @@ def test_deepspeeds_loss_scale_config_reads_the_scaler_live(cls: type) -> None:
     wrapped = cls(base, scaler)
     view = wrapped.loss_scale_config
     assert wrapped.dynamic_loss_scale is True and view.dynamic_loss_scale is True and view.use_grad_scaling
+    assert wrapped.needs_scaler()
     assert (view.cur_scale, view.cur_iter, view.scale_window) == (256.0, 0, 2)
     assert (view.scale_factor, view.min_loss_scale, view.last_overflow_iter) == (2.0, 0.5, -1)
     for _ in range(3):  # DeepSpeed's count: the scale doubles at the update after a window of 2 clean steps
@@ -140,3 +141,4 @@ def test_deepspeeds_loss_scale_config_reads_the_scaler_live(cls: type) -> None:
     assert static.cur_scale == 1.0
     assert (static.scale_window, static.scale_factor, static.min_loss_scale) == (None, None, None)
     assert cls(base, LossScaler(128.0)).loss_scale_config.use_grad_scaling
+    assert cls(base, LossScaler(128.0)).needs_scaler() and not cls(base, LossScaler()).needs_scaler()

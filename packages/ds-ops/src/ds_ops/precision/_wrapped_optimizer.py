@@ -100,6 +100,14 @@ class WrappedOptimizer:
         """DeepSpeed's record of the scaling settings and counters, read live from the scaler."""
         return LossScaleView(self.loss_scaler)
 
+    def needs_scaler(self) -> bool:
+        """DeepSpeed's check: must a backward the script runs itself go through `engine.scale(loss)`?
+
+        True with dynamic fp16 scaling and with a static scale other than 1 (DeepSpeed 0.19.8 answers False
+        for a static scale, although its step then divides unscaled gradients by it); False for bf16/fp32.
+        """
+        return self.loss_scale_config.use_grad_scaling
+
     @property
     def global_grad_norm(self) -> float | None:
         """The unscaled global gradient norm of the last step, before clipping (None before any step, or
