@@ -28,6 +28,7 @@ from ds_engine._checkpoint import checkpoint as _checkpoint
 from ds_engine._checkpoint import deepspeed_layout as _deepspeed_layout
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
+from ds_engine._checkpoint import universal_autoep as _universal_autoep
 from ds_engine._checkpoint import universal_tp as _universal_tp
 from ds_engine._checkpoint.decoupled import DecoupledWriter, PendingCheckpoint
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
@@ -403,11 +404,11 @@ class Checkpointer:
         restore_optimizer = parts.zero.stage > 0 and load_optimizer_states and not load_module_only
         parts_read = None
         if universal:
-            if parts.moe is not None:
+            if parts.moe is not None and any(not layer.fused_experts for layer in parts.moe.layers):
                 raise ValueError(
-                    f"checkpoint.load_universal: {ckpt_dir} cannot be loaded into a model with MoE layers "
-                    "(universal checkpoints hold no per-expert files here); load the ZeRO checkpoint itself, "
-                    "which re-partitions to this world size and ep_size"
+                    f"checkpoint.load_universal: {ckpt_dir} cannot be loaded into a model with DeepSpeed-MoE layers "
+                    "(deepspeed.moe.layer.MoE; universal loading takes AutoEP layers); load the ZeRO checkpoint "
+                    "itself, which re-partitions to this world size and ep_size"
                 )
             path, state, parts_read, module_state = self._read_universal(ckpt_dir)
         else:
@@ -423,7 +424,7 @@ class Checkpointer:
                 parts_read = _checkpoint.zero_partitions(ckpt_dir, mp_rank)
             module_state = _checkpoint.fill_placeholders(state, parts_read, path) if placeholders else state["module"]
         _moe_checkpoint.check_folded_file(state, parts.moe, path, family="dense")
-        if parts.moe is not None:
+        if parts.moe is not None and not universal:  # a universal load cut the experts for this rank already
             if restore_optimizer:
                 _moe_checkpoint.check_autoep_optimizer_degree(state, parts.moe, path)
             module_state = _moe_checkpoint.merge_expert_states(module_state, parts.moe, ckpt_dir, mp_rank=mp_rank)
@@ -522,7 +523,7 @@ class Checkpointer:
         """A universal checkpoint's model states, its single-rank ZeRO partition and the module state_dict.
 
         The parameters come from the fp32 values in `zero/<name>/fp32.pt` (cast to the dtype the
-        model-states file has them in), the buffers from the model-states file.
+        model-states file has them in), the buffers from the model-states file; AutoEP: `_universal_autoep`.
         """
         parts, module = self.parts, self.engine.module
         if parts.zero.stage == 0:
@@ -540,6 +541,9 @@ class Checkpointer:
         path = ds_zero.universal_model_states_file(ckpt_dir)
         state = ds_comm.load_checkpoint_file(path)
         ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+        if parts.moe is not None:  # AutoEP: each expert tensor cut for this expert-parallel rank
+            read = _universal_autoep.read_autoep_universal(ckpt_dir, state, path, module, parts.stepper, parts.moe)
+            return path, state, *read
         partitions = ds_zero.load_universal_partitions(ckpt_dir)
         full = ds_zero.consolidate_fp32_params(partitions)
         saved = state.get("module") or {}
