@@ -1,11 +1,11 @@
-"""Universal checkpoints of AutoEP models at ZeRO stage 3 on gloo ranks (the tiny config-built Mixtral, 4 experts).
+"""Universal checkpoints of AutoEP models on gloo ranks (the tiny config-built Mixtral, 4 experts).
 
-- same topology (2 ranks, autoep_size 2): a save after 2 steps, converted by `ds_to_universal`, holds every expert
-  tensor whole (`[4, ...]`, DeepSpeed's expert entries) equal to the trained weights; loaded with
-  `checkpoint.load_universal`, the engine's weights and Adam states are the saved ones (the loaded engine saved and
-  converted again gives the same files, exactly), and 2 more steps equal the uninterrupted run's (1e-6);
-- topology changes: a 4-rank save at autoep_size 2 loads on 2 ranks at autoep_size 2 and on 4 ranks at autoep_size 4
-  and 1, and 2 more steps on the same global batches equal the uninterrupted 4-rank run (1e-5);
+- same topology (2 ranks, autoep_size 2, ZeRO 3 and 2): a save after 2 steps, converted by `ds_to_universal`,
+  holds every expert tensor whole (`[4, ...]`, DeepSpeed's expert entries) equal to the trained weights; loaded
+  with `checkpoint.load_universal`, the engine's weights and Adam states are the saved ones (the loaded engine
+  saved and converted again gives the same files, exactly), and 2 more steps equal the uninterrupted run's (1e-6);
+- topology changes (ZeRO 3): a 4-rank save at autoep_size 2 loads on 2 ranks at autoep_size 2 and on 4 ranks at
+  autoep_size 4 and 1, and 2 more steps on the same global batches equal the uninterrupted 4-rank run (1e-5);
   `load_module_only` and `load_optimizer_states=False` load the weights exactly; a model with 8 experts is refused
   naming both local expert counts.
 
@@ -33,7 +33,7 @@ from test_dist_autoep_zero3 import _full_weights, _steps  # noqa: E402
 _STATES = ("fp32", "exp_avg", "exp_avg_sq")
 
 
-def _engine(ep: int, *, universal: bool = False, num_experts: int = 4) -> Any:
+def _engine(ep: int, *, universal: bool = False, num_experts: int = 4, stage: int = 3) -> Any:
     import ds_engine as deepspeed
     from ds_parallel import groups
 
@@ -42,7 +42,7 @@ def _engine(ep: int, *, universal: bool = False, num_experts: int = 4) -> Any:
         "train_micro_batch_size_per_gpu": 2,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
         "gradient_clipping": 0.5,
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": 200},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 200},
         "expert_parallel": {"enabled": True, "autoep_size": ep, "preset_model": "mixtral"},
     }
     if universal:
@@ -52,12 +52,20 @@ def _engine(ep: int, *, universal: bool = False, num_experts: int = 4) -> Any:
 
 
 def _convert(root: str, tag: str) -> None:
-    """Rank 0 converts `root/tag` into `root/<tag>_universal` (DeepSpeed's entry point), the others wait."""
+    """Rank 0 converts `root/tag` into `root/<tag>_universal` (DeepSpeed's entry point, no injected state: an
+    AutoEP save records its universal info), the others wait."""
     import ds_comm
     from ds_engine.checkpoint.ds_to_universal import main
 
     if ds_comm.get_rank() == 0:
-        main(SimpleNamespace(input_folder=f"{root}/{tag}", output_folder=f"{root}/{tag}_universal", strict=True))
+        args = {
+            "num_extract_workers": 1,
+            "num_merge_workers": 1,
+            "keep_temp_folder": False,
+            "strict": True,
+            "inject_missing_state": False,
+        }
+        main(SimpleNamespace(input_folder=f"{root}/{tag}", output_folder=f"{root}/{tag}_universal", **args))
     ds_comm.barrier()
 
 
@@ -70,24 +78,25 @@ def _universal_files(folder: Path) -> dict[str, Any]:
 
 
 def _tensor(entry: Any) -> torch.Tensor:
-    return (entry["param"] if isinstance(entry, dict) else entry).detach().reshape(-1)
+    """A state file's tensor (an entry's `param`, a bare tensor, or a step), flat."""
+    return torch.as_tensor(entry["param"] if isinstance(entry, dict) else entry).detach().reshape(-1)
 
 
-def _same_topology(rank: int, world: int, root: str) -> dict[str, Any]:
+def _same_topology(rank: int, world: int, root: str, stage: int) -> dict[str, Any]:
     del world
-    engine = _engine(2)
+    engine = _engine(2, stage=stage)
     _steps(engine, rank, range(2))
     engine.save_checkpoint(root, tag="z3")
-    out: dict[str, Any] = {"saved": _full_weights(engine, 3)}
+    out: dict[str, Any] = {"saved": _full_weights(engine, stage)}
     _convert(root, "z3")
-    out["straight"] = (_steps(engine, rank, range(2, 4)), _full_weights(engine, 3))
-    loaded = _engine(2, universal=True)
+    out["straight"] = (_steps(engine, rank, range(2, 4)), _full_weights(engine, stage))
+    loaded = _engine(2, universal=True, stage=stage)
     loaded.load_checkpoint(root, tag="z3_universal")
-    out["loaded"] = _full_weights(loaded, 3)
+    out["loaded"] = _full_weights(loaded, stage)
     out["step"] = loaded.global_steps
     loaded.save_checkpoint(root, tag="again")  # its weights and Adam states, converted the same way
     _convert(root, "again")
-    out["resumed"] = (_steps(loaded, rank, range(2, 4)), _full_weights(loaded, 3))
+    out["resumed"] = (_steps(loaded, rank, range(2, 4)), _full_weights(loaded, stage))
     return out
 
 
@@ -98,10 +107,12 @@ def _assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]
 
 
 @pytest.mark.timeout(600)
-def test_autoep_zero3_universal_round_trip_same_topology(tmp_path: Path) -> None:
-    results = run_ranks(2, _same_topology, str(tmp_path), timeout_s=560)
+@pytest.mark.parametrize("stage", [3, 2])
+def test_autoep_universal_round_trip_same_topology(tmp_path: Path, stage: int) -> None:
+    results = run_ranks(2, _same_topology, str(tmp_path), stage, timeout_s=560)
     files = _universal_files(tmp_path / "z3_universal")
     saved = results[0]["saved"]
+    assert any(key.endswith("/step") for key in files) == (stage < 3)  # stage 1/2 keep a step per parameter
     for name in ("model.layers.0.mlp.experts.w1", "model.layers.1.mlp.experts.w2"):
         for state in _STATES:
             entry = files[f"{name}/{state}"]
@@ -152,7 +163,8 @@ def _full_weights_after(engine: Any, rank: int) -> dict[str, torch.Tensor]:
 
 
 def _load_on_two(rank: int, world: int, root: str) -> dict[str, Any]:
-    """The 4-rank save on 2 ranks at autoep_size 2: rank r runs the batches ranks r and r + 2 ran (same global batch)."""
+    """The 4-rank save on 2 ranks at autoep_size 2: rank r runs the batches ranks r and r + 2 ran (the same
+    global batch)."""
     del world
     out: dict[str, Any] = {}
     engine = _engine(2, universal=True)
