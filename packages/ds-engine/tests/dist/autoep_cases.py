@@ -9,8 +9,8 @@ import torch
 __all__ = ["batch", "tiny_mixtral"]
 
 
-def tiny_mixtral() -> Any:
-    """A 2-layer Mixtral with 4 experts, top-2, fp32, seeded."""
+def tiny_mixtral(num_experts: int = 4) -> Any:
+    """A 2-layer Mixtral with `num_experts` experts (4), top-2, fp32, seeded."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
@@ -21,7 +21,7 @@ def tiny_mixtral() -> Any:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        num_local_experts=4,
+        num_local_experts=num_experts,
         num_experts_per_tok=2,
         max_position_embeddings=32,
     )

@@ -28,6 +28,7 @@ from ds_engine._checkpoint import checkpoint as _checkpoint
 from ds_engine._checkpoint import deepspeed_layout as _deepspeed_layout
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
+from ds_engine._checkpoint import universal_autoep as _universal_autoep
 from ds_engine._checkpoint import universal_tp as _universal_tp
 from ds_engine._checkpoint.decoupled import DecoupledWriter, PendingCheckpoint
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
@@ -35,6 +36,8 @@ from ds_engine._checkpoint.train_state import (
     ENGINE_KEYS,
     Counters,
     TrainState,
+    curriculum_sampler,
+    curriculum_sampler_state,
     restored_counters,
     rng_state,
     set_rng_state,
@@ -304,10 +307,10 @@ class Checkpointer:
             sp_degree=dist.sp_world_size,
             ds_config=parts.ds_config,
             rng_states=rng_states,
-            data_sampler=_curriculum_sampler_state(engine),
+            data_sampler=curriculum_sampler_state(engine),
             extra={
                 **(extra or {}),
-                **(_moe_checkpoint.autoep_layers_entry(parts.moe, zero_stage=parts.zero.stage) if parts.moe else {}),
+                **(_moe_checkpoint.autoep_layers_entry(parts.moe, parts.zero.stage, extra) if parts.moe else {}),
                 **_moe_checkpoint.folding_record(
                     parts.moe, family="dense", dp_rank=dist.dp_rank, names=list(module_state or {})
                 ),
@@ -403,11 +406,11 @@ class Checkpointer:
         restore_optimizer = parts.zero.stage > 0 and load_optimizer_states and not load_module_only
         parts_read = None
         if universal:
-            if parts.moe is not None:
+            if parts.moe is not None and any(not layer.fused_experts for layer in parts.moe.layers):
                 raise ValueError(
-                    f"checkpoint.load_universal: {ckpt_dir} cannot be loaded into a model with MoE layers "
-                    "(universal checkpoints hold no per-expert files here); load the ZeRO checkpoint itself, "
-                    "which re-partitions to this world size and ep_size"
+                    f"checkpoint.load_universal: {ckpt_dir} cannot be loaded into a model with MoE layers of "
+                    "deepspeed.moe.layer.MoE (universal loading takes AutoEP layers); load the ZeRO checkpoint "
+                    "itself, which re-partitions to this world size and ep_size"
                 )
             path, state, parts_read, module_state = self._read_universal(ckpt_dir)
         else:
@@ -423,7 +426,7 @@ class Checkpointer:
                 parts_read = _checkpoint.zero_partitions(ckpt_dir, mp_rank)
             module_state = _checkpoint.fill_placeholders(state, parts_read, path) if placeholders else state["module"]
         _moe_checkpoint.check_folded_file(state, parts.moe, path, family="dense")
-        if parts.moe is not None:
+        if parts.moe is not None and not universal:  # a universal load cut the experts for this rank already
             if restore_optimizer:
                 _moe_checkpoint.check_autoep_optimizer_degree(state, parts.moe, path)
             module_state = _moe_checkpoint.merge_expert_states(module_state, parts.moe, ckpt_dir, mp_rank=mp_rank)
@@ -435,11 +438,11 @@ class Checkpointer:
             custom_load_fn(src=module_state, dst=engine.module)
         else:
             engine.load_module_state_dict(module_state, strict=load_module_strict)
+        masters = parts_read if universal and parts.moe is not None else None  # see `_refresh_masters`
         if load_module_only:
-            if parts.stepper is not None:
-                parts.stepper.refresh_from_module()
+            self._refresh_masters(masters)
         else:
-            self._load_optimizer(state, ckpt_dir, load_optimizer_states, parts_read)
+            self._load_optimizer(state, ckpt_dir, load_optimizer_states, parts_read, masters)
             self.restore_progress(state, load_lr_scheduler_states=load_lr_scheduler_states)
         return str(path), {k: v for k, v in state.items() if k not in ENGINE_KEYS}
 
@@ -459,7 +462,7 @@ class Checkpointer:
             if getattr(engine, "zenflow", False)
             else engine.gradient_accumulation_steps(),
         )
-        sampler = _curriculum_sampler(engine)
+        sampler = curriculum_sampler(engine)
         if sampler is not None and state.get("data_sampler") is not None:
             sampler.load_state_dict(state["data_sampler"])
         engine.global_steps = counters.global_steps
@@ -486,6 +489,7 @@ class Checkpointer:
         ckpt_dir: Path,
         load_optimizer_states: bool,
         parts_read: list[dict[str, Any]] | None,
+        masters: list[dict[str, Any]] | None,
     ) -> None:
         parts, stepper = self.parts, self.parts.stepper
         fp32 = parts.zero.load_from_fp32_weights
@@ -493,7 +497,7 @@ class Checkpointer:
         if stepper is None:
             return
         if not load_optimizer_states:
-            stepper.refresh_from_module()
+            self._refresh_masters(masters)
         elif parts.zero.stage > 0:
             _moe_checkpoint.check_folded_zero_file(ckpt_dir, parts.moe, dp_rank=parts.dist.dp_rank, mp_rank=mp_rank)
             stepper.load_partitions(  # type: ignore[attr-defined]  # ZeRO: a ZeroStepper
@@ -518,11 +522,22 @@ class Checkpointer:
             )
             stepper.refresh_from_module()
 
+    def _refresh_masters(self, universal_parts: list[dict[str, Any]] | None) -> None:
+        """The fp32 masters without the optimizer state: from an AutoEP universal checkpoint's fp32 files (exact
+        under bf16, as DeepSpeed's universal load), else from the module's weights."""
+        stepper = self.parts.stepper
+        if stepper is not None and universal_parts is not None:
+            stepper.load_partitions(  # type: ignore[attr-defined]  # universal: ZeRO, a ZeroStepper
+                universal_parts, load_optimizer_states=False, load_from_fp32_weights=True
+            )
+        elif stepper is not None:
+            stepper.refresh_from_module()
+
     def _read_universal(self, ckpt_dir: Path) -> tuple[Path, dict[str, Any], list[dict[str, Any]], Any]:
         """A universal checkpoint's model states, its single-rank ZeRO partition and the module state_dict.
 
         The parameters come from the fp32 values in `zero/<name>/fp32.pt` (cast to the dtype the
-        model-states file has them in), the buffers from the model-states file.
+        model-states file has them in), the buffers from the model-states file; AutoEP: `_universal_autoep`.
         """
         parts, module = self.parts, self.engine.module
         if parts.zero.stage == 0:
@@ -540,6 +555,9 @@ class Checkpointer:
         path = ds_zero.universal_model_states_file(ckpt_dir)
         state = ds_comm.load_checkpoint_file(path)
         ds_comm.check_deepspeed_version(state.get("ds_version"), path)
+        if parts.moe is not None:  # AutoEP: each expert tensor cut for this expert-parallel rank
+            read = _universal_autoep.read_autoep_universal(ckpt_dir, state, path, module, parts.stepper, parts.moe)
+            return path, state, *read
         partitions = ds_zero.load_universal_partitions(ckpt_dir)
         full = ds_zero.consolidate_fp32_params(partitions)
         saved = state.get("module") or {}
@@ -578,19 +596,3 @@ class Checkpointer:
                 )
         module = self.engine.module if self.parts.tensor_parallel is not None else None
         return ds_zero.partitions_from_param_states(_tp_optimizer_state.shard_param_states(whole, module))
-
-
-def _curriculum_sampler(engine: Any) -> Any:
-    """The training loader's curriculum sampler, when curriculum learning drives it (an engine without a
-    training loader or data efficiency, such as a bare `CheckpointedEngine`, has none)."""
-    loader = getattr(engine, "training_dataloader", None)
-    enabled = getattr(engine, "curriculum_learning_enabled", None)
-    if loader is None or enabled is None or not enabled():
-        return None
-    return loader.data_sampler
-
-
-def _curriculum_sampler_state(engine: Any) -> dict[str, Any] | None:
-    """The curriculum sampler's state to save, when there is one."""
-    sampler = _curriculum_sampler(engine)
-    return sampler.state_dict() if sampler is not None else None

@@ -41,7 +41,11 @@ from ds_engine._checkpoint.constants import (
     AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION,
     AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY,
     AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT,
+    EXPERT_PARAMETER_PATTERNS,
     FOLDING_METADATA_KEY,
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
 )
 from ds_engine._checkpoint.offline.autoep_folding import (
     check_folding_record,
@@ -283,8 +287,10 @@ def _stacked_experts(
     return {name: torch.stack(tensors) for name, tensors in rows.items()}
 
 
-def autoep_layers_entry(wiring: MoeWiring, *, zero_stage: int = 0) -> dict[str, Any]:
-    """`{"ds_autoep_layers": [...]}` for the model-states file (DeepSpeed's key), or `{}` without AutoEP layers.
+def autoep_layers_entry(wiring: MoeWiring, zero_stage: int = 0, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`{"ds_autoep_layers": [...], "universal_checkpoint_info": {...}}` for the model-states file (DeepSpeed's
+    keys), or `{}` without AutoEP layers. The universal info (the one in `extra`, the other engine keys of the
+    file, extended) names the expert tensors and layers, as DeepSpeed's engine records them for `ds_to_universal`.
 
     At ZeRO stage 3 each entry also carries DeepSpeed's stage-3 fields: the format marker
     (`checkpoint_format: "zero3_partitioned"`, which `zero_to_fp32` refuses) and where this rank's experts sit
@@ -317,7 +323,13 @@ def autoep_layers_entry(wiring: MoeWiring, *, zero_stage: int = 0) -> dict[str, 
                 }
             )
         entries.append(entry)
-    return {AUTOEP_LAYERS_KEY: entries} if entries else {}
+    if not entries:
+        return {}
+    info = dict((extra or {}).get(UNIVERSAL_CHECKPOINT_INFO) or {})
+    info.setdefault(UNIVERSAL_CHECKPOINT_VERSION_KEY, UNIVERSAL_CHECKPOINT_VERSION_VALUE)
+    info[EXPERT_PARAMETER_PATTERNS] = [r".*\.experts\.w[123]$"]
+    info[AUTOEP_LAYERS_KEY] = entries
+    return {AUTOEP_LAYERS_KEY: entries, UNIVERSAL_CHECKPOINT_INFO: info}
 
 
 def check_autoep_optimizer_degree(state: dict[str, Any], wiring: MoeWiring, path: Path) -> None:

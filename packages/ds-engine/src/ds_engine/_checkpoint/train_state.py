@@ -17,7 +17,17 @@ import torch
 
 from ds_engine.__about__ import __version__
 
-__all__ = ["ENGINE_KEYS", "Counters", "TrainState", "model_states", "restored_counters", "rng_state", "set_rng_state"]
+__all__ = [
+    "ENGINE_KEYS",
+    "Counters",
+    "TrainState",
+    "curriculum_sampler",
+    "curriculum_sampler_state",
+    "model_states",
+    "restored_counters",
+    "rng_state",
+    "set_rng_state",
+]
 
 #: Keys of the model-states file the engine restores itself; everything else is returned as client_state.
 ENGINE_KEYS = (
@@ -172,3 +182,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
     numpy = sys.modules.get("numpy")
     if "numpy" in state and numpy is not None:
         numpy.random.set_state(state["numpy"])
+
+
+def curriculum_sampler(engine: Any) -> Any:
+    """The training loader's curriculum sampler, when curriculum learning drives it (an engine without a
+    training loader or data efficiency, such as a bare `CheckpointedEngine`, has none)."""
+    loader = getattr(engine, "training_dataloader", None)
+    enabled = getattr(engine, "curriculum_learning_enabled", None)
+    if loader is None or enabled is None or not enabled():
+        return None
+    return loader.data_sampler
+
+
+def curriculum_sampler_state(engine: Any) -> dict[str, Any] | None:
+    """The curriculum sampler's state to save, when there is one."""
+    sampler = curriculum_sampler(engine)
+    return sampler.state_dict() if sampler is not None else None

@@ -1,11 +1,12 @@
-"""Refuse to consolidate an AutoEP checkpoint saved at ZeRO stage 3 over the data-parallel ranks.
+"""Refuse to consolidate an AutoEP checkpoint saved at ZeRO stage 3 over the data-parallel ranks (`zero_to_fp32`).
 
 Such a checkpoint's expert tensors are partitioned over their expert-data-parallel groups, and different
 expert-parallel ranks hold different experts: the per-rank partition files do not add up to whole
 parameters the way `zero_to_fp32` and the universal converter assume. The engine marks the model-states
 file's AutoEP layer entries (`ds_autoep_layers`) with DeepSpeed's `checkpoint_format: "zero3_partitioned"`;
-ds refuses them, as DeepSpeed 0.19.8's `zero_to_fp32` does. Every expert's weights are in the per-expert
-files the same save wrote (`layer_{L}_expert_{E}_mp_rank_00_model_states.pt`).
+`zero_to_fp32` refuses them, as DeepSpeed 0.19.8's does. The universal converter takes them: it rebuilds each
+expert range from its own fragments and joins the ranges (`universal_autoep.py`). Every expert's weights are
+also in the per-expert files the same save wrote (`layer_{L}_expert_{E}_mp_rank_00_model_states.pt`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def refuse_autoep_zero3(
         raise AutoEPZero3CheckpointError(
             f"{what}: {path} is an AutoEP checkpoint saved at ZeRO stage 3 (ds_autoep_layers checkpoint_format "
             f"{_ZERO3_FORMAT!r}); its expert tensors are partitioned over expert-data-parallel groups, so a "
-            "data-parallel consolidation would mix different ranks' experts (DeepSpeed refuses it too and points to "
-            "its ds_to_universal.py, which ds does not implement for this layout). Every expert's weights are in "
-            "the per-expert files of the same save (layer_*_expert_*_mp_rank_00_model_states.pt); load the "
-            "checkpoint with load_checkpoint() at the same expert_parallel.autoep_size"
+            "data-parallel consolidation would mix different ranks' experts (DeepSpeed refuses it too). Convert it "
+            "with ds_to_universal (which joins every expert tensor whole) and load that with "
+            "checkpoint.load_universal, at any world size and autoep_size; every expert's weights are also in the "
+            "per-expert files of the same save (layer_*_expert_*_mp_rank_00_model_states.pt)"
         )

@@ -68,6 +68,7 @@ __all__ = [
     "FragmentIndex",
     "consolidate_fp32_params",
     "fill_partition",
+    "full_param_states",
     "is_partition_shaped",
     "partition_metadata",
     "validate_rank_state_dicts",
@@ -280,4 +281,30 @@ def consolidate_fp32_params(
     for alias, name in dict(state_dicts[0].get("shared_params", {})).items():
         if name in out:
             out[alias] = out[name]
+    return out
+
+
+def full_param_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    """`fp32`, every partition-shaped optimizer-state tensor, and `step` of parameter `name`, unpartitioned
+    (1-D), from every rank's state dict `parts` of one save indexed by `index`.
+
+    Raises:
+        ValueError: the saved fragments do not cover the parameter.
+    """
+    index.check_complete(name)
+    numel = math.prod(index.param_shapes[name])
+
+    def gather(source: Callable[[int, int], torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty(numel, dtype=dtype)
+        index.copy_slice(out, name, 0, source)
+        return out
+
+    rank, k = index.first_partition(name)  # the partition of its first slice says which states there are
+    state = parts[rank]["base_optimizer_state"]["state"].get(k, {})
+    out: dict[str, Any] = {"fp32": gather(lambda r, k: parts[r]["single_partition_of_fp32_groups"][k], torch.float32)}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 1:
+            out[key] = gather(lambda r, k, key=key: parts[r]["base_optimizer_state"]["state"][k][key], value.dtype)
+        else:
+            out.setdefault(key, value)
     return out

@@ -114,6 +114,7 @@ def load_universal_partitions(
     param_shapes: Sequence[Mapping[str, Sequence[int]]] | None = None,
     model_dtype: torch.dtype | None = None,
     transform: ShardTransform | None = None,
+    source_names: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The universal checkpoint in `folder` as the single-rank format-1 state dict list ds-zero loads.
 
@@ -131,6 +132,9 @@ def load_universal_partitions(
             the fp32 value and every optimizer state alike (a tensor-parallel rank's shard: universal
             files hold whole parameters). `whole` has the saved whole shape; the result must have
             `param_shapes[name]`'s number of elements.
+        source_names: name in `param_shapes` -> the parameter folder (`zero/<folder>/`) it is read from;
+            default the name itself. An AutoEP expert range (`<prefix>.w1@experts2:4`) reads its layer's whole
+            expert tensor (`<prefix>.w1`), which `transform` cuts.
 
     Raises:
         FileNotFoundError: a missing model-states, `zero/optimizer_state.pt` or parameter file (names it).
@@ -170,7 +174,8 @@ def load_universal_partitions(
         frags, at, steps = [], 0, {}
         keys = None
         for name, shape in shapes.items():
-            pdir = root / "zero" / name
+            source = source_names.get(name, name) if source_names else name
+            pdir = root / "zero" / source
             names = _state_keys(pdir)
             if keys is None:
                 keys = names
@@ -178,7 +183,7 @@ def load_universal_partitions(
                 raise ValueError(f"{pdir} holds optimizer states {names}, other parameters of group {g} hold {keys}")
             for key in ["fp32", *names]:
                 value = _tensor(
-                    pdir / f"{key}.pt", shape, name=name, saved_shape=saved_shapes.get(name), transform=transform
+                    pdir / f"{key}.pt", shape, name=name, saved_shape=saved_shapes.get(source), transform=transform
                 )
                 flats.setdefault(key, []).append(value)
             if (pdir / "step.pt").is_file():
@@ -197,6 +202,8 @@ def load_universal_partitions(
             state = {"step": step, **state}
         base_state[g] = state
     scaler = common.get("loss_scaler")
+    if isinstance(scaler, Mapping):  # a ds save's common file keeps the loss scaler's state dict
+        scaler = dict(scaler)
     return [
         {
             "ds_zero_format": FORMAT_VERSION,
@@ -211,7 +218,9 @@ def load_universal_partitions(
                 "state": base_state,
                 "param_groups": [{**group, "params": [g]} for g, group in enumerate(groups)],
             },
-            "loss_scaler": scaler.state_dict()
+            "loss_scaler": scaler
+            if isinstance(scaler, dict)
+            else scaler.state_dict()
             if hasattr(scaler, "state_dict")
             else {"cur_scale": 1.0, "dynamic": False},
             "dynamic_loss_scale": bool(common.get("dynamic_loss_scale", False)),

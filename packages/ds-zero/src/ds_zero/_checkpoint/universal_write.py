@@ -39,17 +39,21 @@ data-parallel ranks, then the ranks' slices merge by the categories of the `univ
 (`{"cat_dim": ..., "param": ...}` files, as at stage 1/2, and no `step.pt`: the steps stay in
 `optimizer_state.pt`), as DeepSpeed 0.19.8's converter does; without that info every parameter would
 be taken as cut along dim 0, so one without it is refused, as at stage 1/2.
+
+[Note: AutoEP] A save of a model with AutoEP layers (`ds_autoep_layers` in its model-states file), at any
+ZeRO stage, holds each expert-parallel rank's stacked experts under a name with their range; its universal
+checkpoint joins them into whole `[num_experts, ...]` tensors marked as DeepSpeed's expert entries
+(`universal_autoep.py`), so it loads at another world size and another `autoep_size`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -58,12 +62,12 @@ import torch
 
 import ds_comm
 from ds_comm.checkpoint_files import deepspeed_pickle_names
-from ds_zero._checkpoint.autoep_zero3 import refuse_autoep_zero3
 from ds_zero._checkpoint.deepspeed_convert import convert_to_deepspeed
 from ds_zero._checkpoint.deepspeed_format import is_deepspeed_state_dict
-from ds_zero._checkpoint.format import FragmentIndex
+from ds_zero._checkpoint.format import FragmentIndex, full_param_states
 from ds_zero._checkpoint.io import find_model_states_file
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts, optim_files
+from ds_zero._checkpoint.universal_autoep import autoep_layers, write_autoep_universal
 from ds_zero._checkpoint.universal_categories import UNIVERSAL_INFO_KEY, Categories
 
 __all__ = ["UNIVERSAL_INFO_KEY", "convert_to_universal"]
@@ -109,28 +113,6 @@ def _model_states_files(folder: Path, stage: int) -> tuple[list[Path], bool, int
     return files, pipeline, len(mp_ranks), tp_degree
 
 
-def _full_states(index: FragmentIndex, parts: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
-    """`fp32`, every partition-shaped optimizer-state tensor, and `step` of parameter `name`, unpartitioned."""
-    index.check_complete(name)
-    shape = index.param_shapes[name]
-    numel = math.prod(shape)
-
-    def gather(source: Callable[[int, int], torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-        out = torch.empty(numel, dtype=dtype)
-        index.copy_slice(out, name, 0, source)
-        return out
-
-    rank, k = index.first_partition(name)  # the partition of its first slice says which states there are
-    state = parts[rank]["base_optimizer_state"]["state"].get(k, {})
-    out: dict[str, Any] = {"fp32": gather(lambda r, k: parts[r]["single_partition_of_fp32_groups"][k], torch.float32)}
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor) and value.dim() == 1:
-            out[key] = gather(lambda r, k, key=key: parts[r]["base_optimizer_state"]["state"][k][key], value.dtype)
-        else:
-            out.setdefault("step" if key == "step" else key, value)
-    return out
-
-
 def _check_universal_info(states: Mapping[str, Any], path: Path, inject: bool) -> dict[str, Any]:
     info = states.get(UNIVERSAL_INFO_KEY)
     if info is None:
@@ -172,8 +154,8 @@ def convert_to_universal(
 
     Raises:
         FileNotFoundError: not a ZeRO checkpoint tag directory (stage 0 has no optimizer partitions).
-        ValueError: a layout this converter does not handle (an AutoEP save at ZeRO stage 3:
-            `_checkpoint.autoep_zero3`), missing universal info, unused patterns.
+        ValueError: a layout this converter does not handle (an AutoEP save folded with tensor parallelism,
+            or one whose expert fragments carry no expert range), missing universal info, unused patterns.
         ds_comm.CheckpointFileError: a file that cannot be read (names it).
     """
     if num_extract_workers < 1 or num_merge_workers < 1:
@@ -183,8 +165,15 @@ def convert_to_universal(
         raise FileNotFoundError(f"input folder {src} does not exist")
     temp = out / "tmp"
     states_file = find_model_states_file(src)
-    if states_file is not None:
-        refuse_autoep_zero3(ds_comm.load_checkpoint_file(states_file), states_file, "ds_to_universal")
+    states = ds_comm.load_checkpoint_file(states_file) if states_file is not None else {}
+    if states_file is not None and autoep_layers(states):  # expert tensors joined whole ([Note: AutoEP])
+        try:
+            write_autoep_universal(src, out, states_file, states)
+        finally:
+            if not keep_temp_folder:
+                shutil.rmtree(temp, ignore_errors=True)
+        ds_comm.atomic_write_text(out.parent / "latest_universal", out.name)
+        return out
     files = optim_files(src)
     first = ds_comm.load_checkpoint_file(files[0])
     if not is_deepspeed_state_dict(first["optimizer_state_dict"]):
@@ -291,7 +280,7 @@ def _write_param(
     """The state files of parameter `name` (`fp32.pt`, one per optimizer state, and `step.pt` when
     `with_step`: stage 1/2), its slices on every tensor-parallel rank in `shards` merged (one shard: no
     tensor parallelism)."""
-    states = [_full_states(s.index, s.parts, name) for s in shards]
+    states = [full_param_states(s.index, s.parts, name) for s in shards]
     shapes = [s.index.param_shapes[name] for s in shards]
     folder = zero / name
     folder.mkdir(exist_ok=True)

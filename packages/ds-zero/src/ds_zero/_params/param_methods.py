@@ -1,5 +1,5 @@
 """DeepSpeed's methods on each partitioned parameter: `all_gather`, `all_gather_coalesced`, `partition`,
-`ds_summary`.
+`partition_numel`, `ds_summary`.
 
 Code written against DeepSpeed gathers parameters by hand with these (`p.all_gather()`, then `p.partition()`)
 where `GatheredParameters` would be the block form. Here they are the same operation split in two: the
@@ -127,9 +127,15 @@ def ds_summary(self: nn.Parameter, use_debug_name: bool = False) -> dict[str, An
     }
 
 
+def partition_numel(self: nn.Parameter) -> int:
+    """The number of elements of this rank's shard, padding included (DeepSpeed's `ds_tensor.ds_numel`)."""
+    return int(state_of(self).shard_numel)
+
+
 def bind_param_methods(param: nn.Parameter) -> None:
     """Give a newly partitioned parameter DeepSpeed's per-parameter methods."""
     param.ds_summary = types.MethodType(ds_summary, param)
     param.all_gather = types.MethodType(all_gather, param)
     param.all_gather_coalesced = types.MethodType(all_gather_coalesced, param)
     param.partition = types.MethodType(partition, param)
+    param.partition_numel = types.MethodType(partition_numel, param)

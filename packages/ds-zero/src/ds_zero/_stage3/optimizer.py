@@ -341,6 +341,11 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         `optimizer.state` key; a NaN placeholder while swapped to NVMe)."""
         return [tile.master for tile in self.tiles]
 
+    @property
+    def fp16_partitioned_groups_flat(self) -> list[torch.Tensor]:
+        """DeepSpeed's name: each sub-group's flat model-dtype shards; a copy (read it, write the parameters)."""
+        return [tile.model_values() for tile in self.tiles]
+
     def sub_group_param_shapes(self) -> list[dict[str, list[int]]]:
         """Per sub-group (tile, in the base optimizer's order): name -> full shape of its parameters."""
         return [tile.param_shapes() for tile in self.tiles]

@@ -79,6 +79,14 @@ class ShardTile:
             return self.master.detach().to(torch.float32, copy=True)
         return self.shard_fp32_values()
 
+    def model_values(self) -> torch.Tensor:
+        """A fresh copy of the tile's shards in the model dtype, each at its offset (zeros between them)."""
+        dtype = state_of(self.params[0]).full.dtype if self.params else torch.float32
+        out = torch.zeros(self.numel, dtype=dtype)
+        for p, off in zip(self.params, self.offsets, strict=True):
+            out[off : off + state_of(p).shard_numel].copy_(shard_values(p))
+        return out
+
     def shard_fp32_values(self) -> torch.Tensor:
         """The tile's model-dtype shards (read from NVMe when swapped), as fp32."""
         out = torch.empty(self.numel, dtype=torch.float32)
