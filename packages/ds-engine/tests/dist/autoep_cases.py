@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["batch", "tiny_mixtral"]
+__all__ = ["assert_weights_close", "batch", "tiny_mixtral"]
 
 
 def tiny_mixtral(num_experts: int = 4) -> Any:
@@ -32,3 +32,10 @@ def batch(rank: int, step: int) -> torch.Tensor:
     """Rank `rank`'s token ids at `step`: 2 sequences of 6 tokens, seeded by both."""
     g = torch.Generator().manual_seed(100 * step + rank)
     return torch.randint(0, 32, (2, 6), generator=g)
+
+
+def assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
+    """The same names, and every tensor within `tol` (absolute; 0 means bit-equal)."""
+    assert sorted(a) == sorted(b)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=tol, msg=name)

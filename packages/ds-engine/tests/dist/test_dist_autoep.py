@@ -23,6 +23,7 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_parallel", reason="AutoEP needs ds-parallel: pip install 'ds-engine[parallel]'")
 pytest.importorskip("transformers", reason="AutoEP converts Hugging Face models")
 
+from autoep_cases import assert_weights_close  # noqa: E402
 from autoep_cases import batch as _batch  # noqa: E402 - tests/dist is on the path
 from autoep_cases import tiny_mixtral as _mixtral  # noqa: E402
 
@@ -117,12 +118,6 @@ def _train(rank: int, world: int, root: str) -> dict[str, Any]:
     return out
 
 
-def _assert_params_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
-    assert sorted(a) == sorted(b)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=tol, msg=name)
-
-
 @pytest.mark.timeout(400)
 def test_autoep_gradients_training_and_checkpoints_across_ep_degrees(tmp_path: Path) -> None:
     """One 2-rank job (the ranks' start-up is most of the cost): gradient parity, then training, then loads."""
@@ -133,10 +128,10 @@ def test_autoep_gradients_training_and_checkpoints_across_ep_degrees(tmp_path: P
             (l1, w1), (l2, w2) = r[(stage, 1)], r[(stage, 2)]
             assert max(abs(a - b) for a, b in zip(l1, l2, strict=True)) < TOL, (stage, l1, l2)
             assert l1[0] != l1[-1]  # it trained
-            _assert_params_close(w1, w2, TOL)
+            assert_weights_close(w1, w2, TOL)
         saved = {1: r[(2, 1)][1], 2: r[(2, 2)][1]}
-        _assert_params_close(r[("loaded", 2, 1)], saved[2], 0.0)
-        _assert_params_close(r[("loaded", 1, 2)], saved[1], 0.0)
+        assert_weights_close(r[("loaded", 2, 1)], saved[2], 0.0)
+        assert_weights_close(r[("loaded", 1, 2)], saved[1], 0.0)
         for save_ep, load_ep in ((2, 1), (1, 2)):
             assert (
                 f"at expert_parallel.autoep_size={save_ep}, this run has {load_ep}" in r[("refused", save_ep, load_ep)]

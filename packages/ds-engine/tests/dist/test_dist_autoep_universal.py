@@ -26,6 +26,7 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_parallel", reason="AutoEP needs ds-parallel: pip install 'ds-engine[parallel]'")
 pytest.importorskip("transformers", reason="AutoEP converts Hugging Face models")
 
+from autoep_cases import assert_weights_close  # noqa: E402
 from autoep_cases import batch as _batch  # noqa: E402 - tests/dist is on the path
 from autoep_cases import tiny_mixtral as _mixtral  # noqa: E402
 from test_dist_autoep_zero3 import _full_weights, _steps  # noqa: E402
@@ -100,12 +101,6 @@ def _same_topology(rank: int, world: int, root: str, stage: int) -> dict[str, An
     return out
 
 
-def _assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
-    assert sorted(a) == sorted(b)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=tol, msg=name)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("stage", [3, 2])
 def test_autoep_universal_round_trip_same_topology(tmp_path: Path, stage: int) -> None:
@@ -127,10 +122,10 @@ def test_autoep_universal_round_trip_same_topology(tmp_path: Path, stage: int) -
         torch.testing.assert_close(_tensor(again[key]), _tensor(entry), rtol=0, atol=1e-6, msg=key)
     for r in results:
         assert r["step"] == 2
-        _assert_weights_close(r["loaded"], r["saved"], 1e-6)
+        assert_weights_close(r["loaded"], r["saved"], 1e-6)
         (ls, ws), (lr, wr) = r["straight"], r["resumed"]
         assert max(abs(a - b) for a, b in zip(ls, lr, strict=True)) < 1e-6, (ls, lr)
-        _assert_weights_close(wr, ws, 1e-6)
+        assert_weights_close(wr, ws, 1e-6)
 
 
 def _save_on_four(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -186,9 +181,9 @@ def test_autoep_zero3_universal_loads_at_other_world_size_and_autoep_size(tmp_pa
     straight, saved = four[0]["straight"], four[0]["saved"]
     for r in four:
         for ep in (4, 1):
-            _assert_weights_close(r[f"ep{ep}"], straight, 1e-5)
-        _assert_weights_close(r["weights_only"], saved, 1e-6)
+            assert_weights_close(r[f"ep{ep}"], straight, 1e-5)
+        assert_weights_close(r["weights_only"], saved, 1e-6)
         assert "target_local_experts=4, checkpoint_local_experts=2" in r["refused"], r["refused"]
     for r in run_ranks(2, _load_on_two, str(tmp_path), timeout_s=250):
-        _assert_weights_close(r["resumed"], straight, 1e-5)
-        _assert_weights_close(r["module_only"], saved, 1e-6)
+        assert_weights_close(r["resumed"], straight, 1e-5)
+        assert_weights_close(r["module_only"], saved, 1e-6)

@@ -29,6 +29,7 @@ from ds_comm.testing import run_ranks
 pytest.importorskip("ds_parallel", reason="AutoEP needs ds-parallel: pip install 'ds-engine[parallel]'")
 pytest.importorskip("transformers", reason="AutoEP converts Hugging Face models")
 
+from autoep_cases import assert_weights_close  # noqa: E402
 from autoep_cases import batch as _batch  # noqa: E402 - tests/dist is on the path
 from autoep_cases import tiny_mixtral as _mixtral  # noqa: E402
 
@@ -140,12 +141,6 @@ def _refusal(call: Any) -> str:
     return "not refused"
 
 
-def _assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float) -> None:
-    assert sorted(a) == sorted(b)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=tol, msg=name)
-
-
 def _reference(world: int) -> tuple[list[list[float]], dict[str, torch.Tensor]]:
     """Plain PyTorch: the unconverted model on every rank's batch (mean loss), clipped, torch Adam; per-rank
     losses per step and the weights under AutoEP's names."""
@@ -177,12 +172,12 @@ def _check(results: list[dict[str, Any]], world: int) -> None:
         (l1, w1), (l2, w2), (lz2, wz2) = r[(3, 1)], r[(3, 2)], r[(2, 2)]
         assert l1[0] != l1[-1]  # it trained
         assert max(abs(a - b) for a, b in zip(ref_losses[rank], l2, strict=True)) < TOL, (ref_losses[rank], l2)
-        _assert_weights_close(ref_weights, w2, TOL)
+        assert_weights_close(ref_weights, w2, TOL)
         (lo, wo), (li, wi) = r["offload"], r["zero_init"]
         for other in (l2, lz2, lo, li):
             assert max(abs(a - b) for a, b in zip(l1, other, strict=True)) < TOL, (l1, other)
         for other in (w1, wz2, wo, wi):
-            _assert_weights_close(other, w2, TOL)
+            assert_weights_close(other, w2, TOL)
         experts = {n: s for n, s in r["placement"].items() if ".experts.w" in n}
         dense = {n: s for n, s in r["placement"].items() if ".experts.w" not in n}
         assert experts and set(experts.values()) == {world // 2}
@@ -190,8 +185,8 @@ def _check(results: list[dict[str, Any]], world: int) -> None:
         assert r["norm"] is not None and r["norm"] > 0
         (la, wa), (lr, wr) = r["after"], r["resumed"]
         assert la == lr, (la, lr)
-        _assert_weights_close(wa, wr, 0.0)
-        _assert_weights_close(r["saved"], r["loaded_at_ep1"], 0.0)
+        assert_weights_close(wa, wr, 0.0)
+        assert_weights_close(r["saved"], r["loaded_at_ep1"], 0.0)
         assert "at expert_parallel.autoep_size=2, this run has 1" in r["other_degree"], r["other_degree"]
         for export in (r["export"], r["export16"]):
             assert export.startswith("NotImplementedError") and "for AutoEP with ZeRO Stage 3" in export, export
@@ -232,7 +227,7 @@ def test_autoep_zero3_four_ranks_partitions_experts_over_edp(tmp_path: Path) -> 
     results = run_ranks(4, _train, str(tmp_path), timeout_s=560)
     _check(results, 4)
     for _, weights in run_ranks(2, _resume_on_two, str(tmp_path), timeout_s=200):
-        _assert_weights_close(weights, results[0]["after"][1], TOL)
+        assert_weights_close(weights, results[0]["after"][1], TOL)
 
 
 def _bf16(rank: int, world: int) -> dict[str, Any]:
