@@ -77,6 +77,9 @@ def test_unmanaged_accumulation_steps_on_every_call() -> None:
             unmanaged.step()
     assert torch.equal(flat_params(managed_model), flat_params(unmanaged_model))
     assert unmanaged.global_steps == 2 and managed.global_steps == 2
+    # the caller owns the boundary: overriding it is refused (also an AssertionError, as DeepSpeed asserts)
+    with pytest.raises(AssertionError, match="set_gradient_accumulation_boundary.*managed_gradient_accumulation=false"):
+        unmanaged.set_gradient_accumulation_boundary(True)
 
 
 def test_clipping_by_global_norm_matches_the_formula() -> None:

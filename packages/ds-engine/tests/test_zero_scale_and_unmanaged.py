@@ -55,7 +55,7 @@ def test_scale_divides_by_accumulation_steps_and_multiplies_by_the_loss_scale() 
         fp16={"enabled": True, "initial_scale_power": 5, "loss_scale_window": 100},
     )
     engine = make_engine(tiny_net(0), config)
-    loss = torch.tensor(3.0)
+    loss = torch.tensor(3.0, requires_grad=True)
     assert engine.scale(loss).item() == pytest.approx(3.0 / 4 * 2**5)
 
 

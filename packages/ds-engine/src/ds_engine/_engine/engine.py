@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import ds_comm
 from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint.checkpointer import Checkpointer, CheckpointParts
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
@@ -320,7 +321,16 @@ class DeepSpeedEngine(
         return (self.micro_steps + 1) % self._gas == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """Override the boundary decision for the next `step()` (reset after it)."""
+        """Override the boundary decision for the next `step()` (reset after it).
+
+        Raises:
+            ds_comm.UsageError: `managed_gradient_accumulation` is false (every `step()` is the boundary).
+        """
+        if not self._managed:
+            raise ds_comm.UsageError(
+                "set_gradient_accumulation_boundary() is not supported with managed_gradient_accumulation=false: "
+                "the caller owns the boundary, and every step() is one"
+            )
         self._is_gradient_accumulation_boundary = bool(is_boundary)
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
