@@ -58,6 +58,7 @@ def test_only_deepspeed_names_sit_on_the_parameter_and_the_rest_is_one_slotted_r
         "all_gather",  # DeepSpeed's per-parameter methods (`_params.param_methods`)
         "all_gather_coalesced",
         "partition",
+        "partition_numel",
         "ds_summary",
     }
     assert not w.ds_active_sub_modules and w.is_external_param is False
