@@ -15,7 +15,6 @@ whose layers hold E / s experts per rank (DeepSpeed's check, with its message).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,9 @@ from torch import nn
 
 from ds_engine._checkpoint.constants import AUTOEP_EXPERT_KEY_PREFIX, AUTOEP_LAYERS_KEY, AUTOEP_NUM_EXPERTS
 from ds_engine._optional import require
-from ds_engine._step.moe import MoeWiring
+from ds_engine._step.moe import MoeWiring, expert_range_of
 
 __all__ = ["read_autoep_universal"]
-
-_RANGE = re.compile(r"^(?P<base>.+)@experts(?P<lo>\d+):(?P<hi>\d+)$")
 
 
 def _ranges(wiring: MoeWiring) -> dict[str, tuple[str, int, int, int]]:
@@ -38,10 +35,11 @@ def _ranges(wiring: MoeWiring) -> dict[str, tuple[str, int, int, int]]:
     for layer in wiring.layers:
         ep_size = layer.num_experts // layer.num_local_experts
         for name in layer.fused_experts:
-            m = _RANGE.match(wiring.expert_names[name])
-            if m is None:  # every AutoEP tensor is renamed with its range by `moe_layout`
+            zero_name = wiring.expert_names[name]
+            found = expert_range_of(zero_name)
+            if found is None:  # every AutoEP tensor is renamed with its range by `moe_layout`
                 raise AssertionError(f"AutoEP expert tensor {name} has no expert range in its checkpoint name")
-            out[m.group(0)] = (m["base"], int(m["lo"]), int(m["hi"]), ep_size)
+            out[zero_name] = (*found, ep_size)
     return out
 
 

@@ -2,8 +2,8 @@
 
 A non-scalar (a model's raw output passed by mistake) would otherwise back-propagate with an implicit
 gradient of ones or fail deep inside autograd; the check names the call, the shape and `requires_grad`.
-The error is a `ValueError` and, because DeepSpeed asserts this and scripts catch its `AssertionError`,
-an `AssertionError` too.
+The error is a `ds_comm.UsageError`: a `ValueError` and, because DeepSpeed asserts this and scripts catch its
+`AssertionError`, an `AssertionError` too.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 
+import ds_comm
+
 __all__ = ["LossNotScalarError", "check_scalar_loss"]
 
 
-class LossNotScalarError(ValueError, AssertionError):
+class LossNotScalarError(ds_comm.UsageError):
     """The loss handed to `backward`/`scale` is not a one-element tensor that requires grad."""
 
 

@@ -39,9 +39,19 @@ from ds_ops.precision import finish_step
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MoeLayer", "MoeWiring", "MoeFp32Stepper", "detect_moe", "publish_moe_mpu"]
+__all__ = ["MoeLayer", "MoeWiring", "MoeFp32Stepper", "detect_moe", "expert_range_of", "publish_moe_mpu"]
 
 _EXPERT_INDEX = re.compile(r"((?:^|\.)deepspeed_moe\.experts\.deepspeed_experts\.)(\d+)(\.)")
+#: An AutoEP expert tensor's ZeRO name, `<module name>@experts{lo}:{hi}` (`moe_layout` makes it).
+_EXPERT_RANGE = re.compile(r"^(?P<base>.+)@experts(?P<lo>\d+):(?P<hi>\d+)$")
+
+
+def expert_range_of(zero_name: str) -> tuple[str, int, int] | None:
+    """`(module name, first expert, end)` of an AutoEP expert tensor's ZeRO name; None for any other name."""
+    m = _EXPERT_RANGE.match(zero_name)
+    return (m["base"], int(m["lo"]), int(m["hi"])) if m else None
+
+
 _EPS = 1e-6
 
 

@@ -142,6 +142,7 @@ def write_autoep_universal(src: Path, out: Path, states_file: Path, states: Mapp
         _write_states(zero / base, joined, whole_shapes[base], stage, step, expert_count=num_experts)
     _write_common(zero, parts[0], stage, step)
     _write_model_states(states, states_file, out, whole_shapes, layers)
+    logger.info("AutoEP universal checkpoint: %d expert tensors joined into %s", len(experts), out)
 
 
 def _write_states(
@@ -203,4 +204,3 @@ def _write_model_states(
     copied["universal_checkpoint_info"] = info
     with deepspeed_pickle_names():
         ds_comm.atomic_save(copied, out / states_file.name)
-    logger.info("AutoEP universal checkpoint: %d expert tensors joined into %s", len(layers) * 3, out)

@@ -166,30 +166,24 @@ def convert_to_universal(
     temp = out / "tmp"
     states_file = find_model_states_file(src)
     states = ds_comm.load_checkpoint_file(states_file) if states_file is not None else {}
-    if states_file is not None and autoep_layers(states):  # expert tensors joined whole ([Note: AutoEP])
-        try:
-            write_autoep_universal(src, out, states_file, states)
-        finally:
-            if not keep_temp_folder:
-                shutil.rmtree(temp, ignore_errors=True)
-        ds_comm.atomic_write_text(out.parent / "latest_universal", out.name)
-        return out
-    files = optim_files(src)
-    first = ds_comm.load_checkpoint_file(files[0])
-    if not is_deepspeed_state_dict(first["optimizer_state_dict"]):
-        # a ds checkpoint: DeepSpeed's layout first
-        src = convert_to_deepspeed(src.parent, temp, tag=src.name)
-        first = ds_comm.load_checkpoint_file(optim_files(src)[0])
     try:
-        _write(
-            src,
-            out,
-            first["optimizer_state_dict"],
-            num_extract_workers,
-            num_merge_workers,
-            strict,
-            inject_missing_state,
-        )
+        if states_file is not None and autoep_layers(states):  # expert tensors joined whole ([Note: AutoEP])
+            write_autoep_universal(src, out, states_file, states)
+        else:
+            first = ds_comm.load_checkpoint_file(optim_files(src)[0])
+            if not is_deepspeed_state_dict(first["optimizer_state_dict"]):
+                # a ds checkpoint: DeepSpeed's layout first
+                src = convert_to_deepspeed(src.parent, temp, tag=src.name)
+                first = ds_comm.load_checkpoint_file(optim_files(src)[0])
+            _write(
+                src,
+                out,
+                first["optimizer_state_dict"],
+                num_extract_workers,
+                num_merge_workers,
+                strict,
+                inject_missing_state,
+            )
     finally:
         if not keep_temp_folder:
             shutil.rmtree(temp, ignore_errors=True)
