@@ -9,7 +9,9 @@ equal both others bit for bit; the skipped step leaves the fp32 masters, the Ada
 step counts and the bf16 weights bit-identical to before it, after undoing the updates made during its
 backward; the clipped step's updates are undone and redone with the clipped gradient; after a skipped
 or clipped step the next backward does not speculate. Step 7 replaces a gradient between backward and step
-(`safe_set_full_grad`): the sub-group updated from the old one is undone and updated at the step.
+(`safe_set_full_grad`): the sub-group updated from the old one is undone and updated at the step. On a disk
+with room for only half of the spare files, the sub-groups that fit are updated during backward, the rest at
+`step()`, with the same result.
 """
 
 from __future__ import annotations
@@ -99,7 +101,23 @@ def _snapshot(engine: Any) -> dict[str, Any]:
     return out
 
 
-def _train(rank: int, config: dict[str, Any], speculate: bool | None, hint: bool = True) -> dict[str, Any]:
+def _half_the_spare_room(engine: Any) -> Any:
+    """A stand-in for `free_swap_bytes`: a disk with room for half of the second file set (the spare files
+    already written count against it, as on a real disk)."""
+    sw = engine.optimizer.optimizer_swapper
+    room: list[int] = []
+
+    def free(path: Any) -> int:
+        if not room:  # first call: no spare file written yet
+            room.append(sum(sw.spare_bytes_needed(t) for t in sw.tiles if t.numel) // 2)
+        return room[0] - sum(f.nbytes for (_, _, slot), f in sw._files.items() if slot == 1)
+
+    return free
+
+
+def _train(
+    rank: int, config: dict[str, Any], speculate: bool | None, hint: bool = True, tight_disk: bool = False
+) -> dict[str, Any]:
     import ds_engine as deepspeed
     from ds_engine.utils import safe_get_full_grad, safe_set_full_grad
     from ds_zero._nvme import eager_step
@@ -110,6 +128,8 @@ def _train(rank: int, config: dict[str, Any], speculate: bool | None, hint: bool
         engine.optimizer.nvme_speculation = speculate
     if not hint:  # keep updating during the backward even once this rank's gradients show a clip is coming
         eager_step.step_known_to_change = lambda zero: False  # (this rank process runs nothing else after)
+    if tight_disk:  # (the last run of this rank process)
+        eager_step.free_swap_bytes = _half_the_spare_room(engine)
     losses, speculated, undone, skipped = [], [], [], {}
     before = None
     for step in range(STEPS):
@@ -140,6 +160,7 @@ def _train(rank: int, config: dict[str, Any], speculate: bool | None, hint: bool
         "undone": undone,
         "skipped": skipped,
         "skipped_steps": engine.skipped_steps,
+        "disk_limit_logged": getattr(getattr(engine.optimizer, "optimizer_swapper", None), "disk_limit_logged", None),
     }
 
 
@@ -149,12 +170,13 @@ def _run(rank: int, world: int, root: str) -> dict[str, Any]:
         "at_step": _train(rank, _config(f"{root}/at_step"), False),
         "speculative": _train(rank, _config(f"{root}/spec"), True),
         "no_hint": _train(rank, _config(f"{root}/no_hint"), True, hint=False),
+        "tight_disk": _train(rank, _config(f"{root}/tight"), True, tight_disk=True),
     }
 
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_speculative_updates_during_backward_equal_stepping_after_it(tmp_path: Path, world: int) -> None:
-    for sub in ("at_step", "spec", "no_hint"):
+    for sub in ("at_step", "spec", "no_hint", "tight"):
         (tmp_path / sub).mkdir()
     results = run_ranks(world, _run, root=str(tmp_path), timeout_s=300)
     for rank, r in enumerate(results):
@@ -195,3 +217,11 @@ def test_speculative_updates_during_backward_equal_stepping_after_it(tmp_path: P
                 assert run["undone"][step] == 0, f"{where}: step {step} was undone"
             # step 7 replaced fc3.weight's gradient after the backward: that one sub-group was undone
             assert run["undone"][EDIT_STEP] == 1, where
+        # (d) a disk with room for half the second file set: the sub-groups whose spare files fit are updated
+        # during the backward, the rest at step() (said once), and the training is the same
+        tight = r["tight_disk"]
+        assert tight["losses"] == plain["losses"], where
+        torch.testing.assert_close(tight["weights"], plain["weights"], rtol=0, atol=0, msg=where)
+        for step in (1, 2, 7):
+            assert 0 < tight["speculated"][step] < spec["speculated"][step], f"{where}: step {step}: {tight}"
+        assert tight["disk_limit_logged"] is True, where

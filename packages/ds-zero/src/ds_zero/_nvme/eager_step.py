@@ -23,7 +23,8 @@ skipped or clipped (`stop`), the remaining sub-groups are left for `step()`.
 
 The sub-groups are expected in the order the previous backward completed them (recorded by the
 `GradSwapper`); one that completes out of that order is simply left for `step()` (its gradient goes to
-disk as usual), as is every sub-group after it. The caller (`DeepSpeedZeroOptimizer_Stage3`) decides when
+disk as usual), as is every sub-group after it. So is every sub-group whose spare files would not fit on
+the swap disk (`fitting_on_disk`): the speed-up shrinks with the disk instead of a write failing mid-step. The caller (`DeepSpeedZeroOptimizer_Stage3`) decides when
 eager stepping is allowed and steps the rest at `step()`.
 """
 
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -203,6 +206,45 @@ def _write_shards_from_master(tile: ShardTile, master: torch.Tensor) -> None:
             )
 
 
+#: Left free on the swap disk (at least; or 1% of it) when deciding how many spare files may be created.
+DISK_RESERVE_BYTES = 1 << 30
+
+
+def free_swap_bytes(path: os.PathLike[str]) -> int:
+    """Bytes this rank may still claim under `path`: the filesystem's free space less a reserve, split
+    between the ranks of this host (each decides alone, against the same free space)."""
+    usage = shutil.disk_usage(path)
+    reserve = max(DISK_RESERVE_BYTES, usage.total // 100)
+    ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    return max(0, usage.free - reserve) // ranks_here
+
+
+def fitting_on_disk(swapper: OptimizerSwapper, order: list[ShardTile]) -> list[ShardTile]:
+    """The longest prefix of `order` whose spare files (`OptimizerSwapper.spare_bytes_needed`) fit in
+    `free_swap_bytes`; says once, naming the key, how much more disk would let every sub-group in."""
+    budget = free_swap_bytes(swapper.dir)
+    needs = [swapper.spare_bytes_needed(tile) for tile in order]
+    fits = 0
+    while fits < len(order) and needs[fits] <= budget:
+        budget -= needs[fits]
+        fits += 1
+    if fits < len(order) and not swapper.disk_limit_logged:
+        swapper.disk_limit_logged = True
+        logger.warning(
+            "NVMe offload: updating a sub-group during the backward keeps a second copy of its fp32 master and "
+            "optimizer state on disk; only %d of %d sub-groups' copies fit under "
+            "zero_optimization.offload_optimizer.nvme_path (%s, %.1f GB free on the disk), the other %d are "
+            "updated at step() (slower). %.1f GB more free space there lets every sub-group in.",
+            fits,
+            len(order),
+            swapper.dir,
+            shutil.disk_usage(swapper.dir).free / 1e9,
+            len(order) - fits,
+            sum(needs[fits:]) / 1e9,
+        )
+    return order[:fits]
+
+
 def arm_eager_steps(zero: Any, boundary: bool) -> bool:
     """A backward of `zero` (a `DeepSpeedZeroOptimizer_Stage3`) starts: with the optimizer on NVMe, let it
     update sub-groups during this backward, speculatively (the module note), when it ends the accumulation
@@ -224,6 +266,9 @@ def arm_eager_steps(zero: Any, boundary: bool) -> bool:
         and not zero.reducer.saw_late
         and len(order) == sum(1 for t in zero.tiles if t.numel)
     ):
+        order = fitting_on_disk(swapper, order)
+        if not order:
+            return False
         keep_grads = zero.clip_grad > 0
         if not keep_grads:
             swapper.release_grad_buffers()  # not needed while sub-groups are updated in backward

@@ -92,6 +92,7 @@ class OptimizerSwapper:
         self.num_sets = 1 + int(self.pipeline_read) + int(self.pipeline_write)
         self._files: dict[tuple[int, str, int], SwapFile] = {}
         self._slot: dict[int, int] = {}  # tile index -> the file set holding its committed values (`spare_slot`)
+        self.disk_limit_logged = False  # `ds_zero._nvme.eager_step.fitting_on_disk` said the disk is too small
         self._keys: dict[int, list[tuple[str, torch.dtype]]] = {}
         self._sets: list[dict[str, torch.Tensor]] = []
         example = torch.empty(0, dtype=torch.uint8)
@@ -136,6 +137,18 @@ class OptimizerSwapper:
         an undo just leaves the committed set as it was.
         """
         return 1 - self._slot.get(tile.index, 0)
+
+    def spare_bytes_needed(self, tile: ShardTile) -> int:
+        """Disk bytes the tile's spare set (`spare_slot`) still has to claim: its master and swapped state
+        files not yet written (0 once an update during backward has written them; they are then reused)."""
+        spare = self.spare_slot(tile)
+        keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
+        total = 0
+        for key, dtype in keys:
+            record = self._files.get((tile.index, key, spare))
+            if record is None or not record.nbytes:
+                total += tile.numel * dtype.itemsize
+        return total
 
     def commit_slot(self, tile: ShardTile) -> None:
         """The tile's update written to the spare set stands: that set is now the committed one."""
