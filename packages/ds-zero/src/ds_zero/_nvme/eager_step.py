@@ -24,8 +24,9 @@ skipped or clipped (`stop`), the remaining sub-groups are left for `step()`.
 The sub-groups are expected in the order the previous backward completed them (recorded by the
 `GradSwapper`); one that completes out of that order is simply left for `step()` (its gradient goes to
 disk as usual), as is every sub-group after it. So is every sub-group whose spare files would not fit on
-the swap disk (`fitting_on_disk`): the speed-up shrinks with the disk instead of a write failing mid-step. The caller (`DeepSpeedZeroOptimizer_Stage3`) decides when
-eager stepping is allowed and steps the rest at `step()`.
+the swap disk (`fitting_on_disk`): the speed-up shrinks with the disk instead of a write failing mid-step.
+The caller (`DeepSpeedZeroOptimizer_Stage3`) decides when eager stepping is allowed and steps the rest at
+`step()`.
 """
 
 from __future__ import annotations
