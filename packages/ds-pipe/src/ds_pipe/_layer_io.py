@@ -39,9 +39,12 @@ def layer_file_name(layer_idx: int, rank_repr: str) -> str:
 
 
 def _save(obj: Any, path: Path, engine: CheckpointEngine | None) -> None:
-    """Write one layer file atomically (see `ds_comm.atomic_write`), through `engine` when one is given."""
+    """Write one layer file atomically (see `ds_comm.atomic_write`), through `engine` when one is given; an
+    engine whose `publishes_atomically` is true (ds-engine's decoupled writer) is handed the final path."""
     if engine is None:
         ds_comm.atomic_save(obj, path)
+    elif getattr(engine, "publishes_atomically", False):
+        engine.save(obj, str(path))
     else:
         ds_comm.atomic_write(path, lambda tmp: engine.save(obj, str(tmp)))
 

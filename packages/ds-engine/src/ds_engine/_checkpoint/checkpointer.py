@@ -30,7 +30,7 @@ from ds_engine._checkpoint import moe_checkpoint as _moe_checkpoint
 from ds_engine._checkpoint import tp_optimizer_state as _tp_optimizer_state
 from ds_engine._checkpoint import universal_autoep as _universal_autoep
 from ds_engine._checkpoint import universal_tp as _universal_tp
-from ds_engine._checkpoint.decoupled import DecoupledWriter, PendingCheckpoint
+from ds_engine._checkpoint.decoupled import DecoupledWriter, PendingCheckpoint, file_saver
 from ds_engine._checkpoint.file_writer import CheckpointFileWriter
 from ds_engine._checkpoint.train_state import (
     ENGINE_KEYS,
@@ -320,11 +320,12 @@ class Checkpointer:
 
     def weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
         """Writes weights kept outside the model-states file: an MoE model's expert files (and, at stage 0,
-        its per-expert-parallel-rank optimizer file); nothing for a dense model."""
+        its per-expert-parallel-rank optimizer file; queued like the rest under a decoupled writer); nothing
+        for a dense model."""
         parts, moe = self.parts, self.parts.moe
         if moe is None:
             return None
-        serialization = parts.settings.checkpoint_serialization
+        save = file_saver(self.decoupled, serialization=parts.settings.checkpoint_serialization)
         stepper, mp_rank = parts.stepper, parts.dist.mp_rank
         stage0_optimizer = stepper.state_dict() if parts.zero.stage == 0 and stepper is not None else None
         module = self.engine.module
@@ -332,13 +333,9 @@ class Checkpointer:
         experts = _moe_checkpoint.gathered_expert_state(module, moe) if parts.zero.stage == 3 else None
 
         def write(ckpt_dir: Path) -> None:
-            _moe_checkpoint.write_expert_files(
-                module, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization, state=experts
-            )
+            _moe_checkpoint.write_expert_files(module, moe, ckpt_dir, mp_rank=mp_rank, save=save, state=experts)
             if stage0_optimizer is not None:
-                _moe_checkpoint.write_stage0_optimizer(
-                    stage0_optimizer, moe, ckpt_dir, mp_rank=mp_rank, serialization=serialization
-                )
+                _moe_checkpoint.write_stage0_optimizer(stage0_optimizer, moe, ckpt_dir, mp_rank=mp_rank, save=save)
 
         return write
 

@@ -46,7 +46,7 @@ from ds_engine._plan.dist_info import DistInfo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DecoupledCheckpointError", "DecoupledWriter", "PendingCheckpoint"]
+__all__ = ["DecoupledCheckpointError", "DecoupledWriter", "PendingCheckpoint", "QueuedFiles", "file_saver"]
 
 SaveFn = Callable[..., None]
 """`save(obj, path, *, serialization)`: writes one file atomically (the engine's `CheckpointFileWriter.save`)."""
@@ -282,3 +282,25 @@ def _finish_at_exit(ref: weakref.ReferenceType[DecoupledWriter]) -> None:
 def _barrier() -> None:
     if ds_comm.is_initialized() and ds_comm.get_world_size() > 1:
         ds_comm.barrier()
+
+
+class QueuedFiles:
+    """A `checkpoint_engine` for the files a save writes besides its own (a pipeline's per-layer files, through
+    `PipelineModule.save_state_dict`): each `save` is queued on the decoupled writer, which publishes it
+    atomically (`publishes_atomically`: the caller adds no temporary name of its own)."""
+
+    publishes_atomically = True
+
+    def __init__(self, writer: DecoupledWriter, *, serialization: bool) -> None:
+        self.writer, self.serialization = writer, serialization
+
+    def save(self, state_dict: Any, path: str | os.PathLike[str]) -> None:
+        self.writer.save(state_dict, path, serialization=self.serialization)
+
+
+def file_saver(writer: DecoupledWriter | None, *, serialization: bool) -> Callable[[Any, Path], None]:
+    """How a save writes a file besides its own (an MoE expert file): queued on `writer` under
+    `checkpoint.writer.decoupled` (DeepSpeed's decoupled engine queues these too), else atomically now."""
+    if writer is not None:
+        return QueuedFiles(writer, serialization=serialization).save
+    return lambda obj, path: ds_comm.atomic_save(obj, path, serialization=serialization)

@@ -22,6 +22,7 @@ parameters), so it loads only at the expert-parallel degree it was saved with.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ import torch
 from torch import nn
 
 import ds_comm
-from ds_comm import atomic_save
 from ds_engine._checkpoint.checkpoint import zero_file
 from ds_engine._checkpoint.constants import (
     AUTOEP_EP_SIZE,
@@ -92,12 +92,13 @@ def write_expert_files(
     ckpt_dir: Path,
     *,
     mp_rank: int,
-    serialization: bool,
+    save: Callable[[Any, Path], None],
     state: dict[str, Any] | None = None,
 ) -> None:
     """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0.
 
-    `state`: the expert tensors' values when the module does not hold them (ZeRO-3: `gathered_expert_state`).
+    `save`: writes one file (`_checkpoint.decoupled.file_saver`). `state`: the expert tensors' values when the
+    module does not hold them (ZeRO-3: `gathered_expert_state`).
     """
     state = module.state_dict() if state is None else state
     for layer_id, layer in enumerate(wiring.layers):
@@ -117,7 +118,7 @@ def write_expert_files(
         record = _expert_record(wiring, layer)
         for expert_id, tensors in sorted(per_expert.items()):
             tensors.update(record)
-            atomic_save(tensors, expert_file(ckpt_dir, layer_id, expert_id, mp_rank), serialization=serialization)
+            save(tensors, expert_file(ckpt_dir, layer_id, expert_id, mp_rank))
 
 
 def _tp_rank(wiring: MoeWiring) -> int:
@@ -378,17 +379,16 @@ def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) ->
 
 
 def write_stage0_optimizer(
-    state: dict[str, Any], wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, serialization: bool
+    state: dict[str, Any], wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, save: Callable[[Any, Path], None]
 ) -> None:
     """Stage 0: expert-data-parallel rank 0 of the largest expert group writes its expert-parallel rank's file."""
     ep_rank, ep_size = _largest_group_rank(wiring)
     largest = max(wiring.layers, key=lambda layer: int(layer.group_name.rsplit("_", 1)[1]))
     if largest.edp_rank != 0:
         return
-    atomic_save(
+    save(
         {"optimizer": state, "ep_size": ep_size, **_expert_record(wiring, largest)},
         optimizer_file(ckpt_dir, ep_rank, mp_rank),
-        serialization=serialization,
     )
 
 

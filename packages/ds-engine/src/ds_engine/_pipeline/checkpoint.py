@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import ds_comm
 from ds_engine._checkpoint import checkpoint as _checkpoint
 from ds_engine._checkpoint.checkpointer import CheckpointedEngine, Checkpointer, CheckpointParts
+from ds_engine._checkpoint.decoupled import QueuedFiles
 from ds_engine._checkpoint.train_state import ENGINE_KEYS, TrainState
 from ds_engine._pipeline.universal import load_pipeline_universal
 
@@ -83,9 +84,17 @@ class PipelineCheckpointer(Checkpointer):
         )
 
     def weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None]:
-        """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them)."""
+        """Per-layer weight files by global layer index (data-parallel rank 0 of each stage writes them; queued
+        like the rest under a decoupled writer, as DeepSpeed's decoupled engine queues them)."""
         save_state_dict: Callable[..., None] = self.engine.module.save_state_dict  # type: ignore[assignment]
-        return functools.partial(save_state_dict, exclude_frozen_params=exclude_frozen_parameters)
+        queued = (
+            None
+            if self.decoupled is None
+            else QueuedFiles(self.decoupled, serialization=self.parts.settings.checkpoint_serialization)
+        )
+        return functools.partial(
+            save_state_dict, checkpoint_engine=queued, exclude_frozen_params=exclude_frozen_parameters
+        )
 
     def load(
         self,

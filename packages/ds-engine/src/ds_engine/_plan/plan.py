@@ -299,8 +299,10 @@ def _checkpoint_writer_text(config: DeepSpeedConfig, pipeline: bool) -> str:
             "(rank 0 alone for a model with MoE layers and in the pipeline engine)"
         )
     when = (
-        "; decoupled: a background worker writes a snapshot of each file and `latest` moves once every rank's "
-        "files are written (at a step boundary, the next save/load, commit_checkpoint() or destroy())"
+        "; decoupled: a background worker writes a snapshot of each file (pipeline layer and MoE expert files "
+        "too; save_16bit_model's file is written before it returns, as DeepSpeed commits it at once) and "
+        "`latest` moves once every rank's files are written (at a step boundary, the next save/load, "
+        "commit_checkpoint() or destroy())"
         if w.decoupled
         else ""
     )
