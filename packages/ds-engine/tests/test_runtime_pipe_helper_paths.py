@@ -1,4 +1,5 @@
-"""DeepSpeed's pipeline helpers under `deepspeed.runtime`: `pipe.topology._prime_factors`, `utils.PartitionedTensor`."""
+"""DeepSpeed's pipeline helpers under `deepspeed.runtime`: `pipe.topology._prime_factors`, `pipe.engine`,
+`utils.PartitionedTensor`."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def test_runtime_utils_partitioned_tensor_is_ds_pipes() -> None:
     from ds_engine.runtime.utils import PartitionedTensor, prefix_sum_inc
 
     assert PartitionedTensor is ds_pipe.PartitionedTensor and prefix_sum_inc is ds_pipe.prefix_sum_inc
+
+
+def test_pipe_engine_module_serves_the_engine_and_deepspeeds_constants() -> None:
+    import ds_engine
+    from ds_engine.runtime.pipe import engine
+
+    assert engine.PipelineEngine is ds_engine.PipelineEngine and issubclass(
+        engine.PipelineEngine, ds_engine.DeepSpeedEngine
+    )
+    assert engine.PipelineError is ds_engine.PipelineError
+    # DeepSpeed 0.19.8's values
+    assert (engine.TARGET_ID, engine.LOG_STAGE, engine.DATA_PARALLEL_ID, engine.TENSOR_META_SIZE) == (-2, -2, -2, 256)
+    assert engine.TRAIN_BATCH_TIMER == "train_batch" and engine.PIPE_RECV_GRAD_TIMER == "pipe_recv_grad"
+    assert [engine.is_even(n) for n in (0, 1, 2, 7)] == [True, False, True, False]
