@@ -113,7 +113,9 @@ class ZenFlowZeroOptimizer(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer):
             AutoUpdateRule(schedule.topk_ratio, schedule.auto_ratio, num_weights) if schedule.auto_update else None
         )
         #: Seconds the training process spent in each CPU update so far (with overlap_step: waiting for the
-        #: worker, copying its result, handing over the window; the first includes starting the worker).
+        #: worker, copying its result, handing over the window; the first includes starting the worker). The
+        #: all-gather of the updated partitions that follows, which every ZeRO-1/2 step makes, is not counted
+        #: (stage 3 has none: its shards are gathered by the next forward).
         self.cpu_update_times: list[float] = []
         logger.info("ZenFlow: %s", schedule.describe())
 
@@ -226,9 +228,17 @@ class ZenFlowZeroOptimizer(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer):
             self._grads.clear_accumulators()
             self._drop_selection_inputs()
             return False
+        gather_s = 0.0
+
+        def timed_sync() -> None:
+            nonlocal gather_s
+            begun = time.perf_counter()
+            self._sync()
+            gather_s += time.perf_counter() - begun
+
         started = time.perf_counter()
-        self._cpu.update(grads, step_id=self.micro_step + 1, sync=self._sync)
-        self.cpu_update_times.append(time.perf_counter() - started)
+        self._cpu.update(grads, step_id=self.micro_step + 1, sync=timed_sync)
+        self.cpu_update_times.append(time.perf_counter() - started - gather_s)
         self._grads.clear_accumulators()
         if not self.zenflow_schedule.in_warm_up(self.micro_step + 1):
             self.selective_optimizer.step()
