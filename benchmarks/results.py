@@ -80,8 +80,10 @@ CHILD_ENV = {"PYTHONWARNINGS": "ignore::FutureWarning:torch.distributed.c10d_log
 
 def discover() -> list[str]:
     """Every benchmark script: the known ones in SETTINGS order, then any other `benchmarks/*.py` (e.g. aio)."""
-    # gpu.py needs a CUDA device and runs from tools/gpu_check.sh, on the GPU machine.
-    found = {p.stem for p in HERE.glob("*.py") if not p.name.startswith("_") and p.stem not in ("results", "gpu")}
+    # gpu.py needs a CUDA device and runs from tools/gpu_check.sh, on the GPU machine; zenflow_stage3_profile.py
+    # prints a profile for reading, no figures.
+    skip = ("results", "gpu", "zenflow_stage3_profile")
+    found = {p.stem for p in HERE.glob("*.py") if not p.name.startswith("_") and p.stem not in skip}
     found |= {name for name, (script, _) in VARIANTS.items() if script in found}
     return [n for n in SETTINGS if n in found] + sorted(found - set(SETTINGS))
 
