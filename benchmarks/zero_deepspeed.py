@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import _report
+
 HERE = Path(__file__).resolve().parent
 TARGETS = {1: 0.75, 2: 0.75, 3: 0.8}
 
@@ -225,8 +227,44 @@ def main() -> None:
         if ref and ("ds", stage) in runs:
             diff = max(abs(a - b) for a, b in zip(runs[("ds", stage)][0]["losses"], ref[0]["losses"], strict=True))
             print(f"        stage {stage} max |loss ds - loss DeepSpeed| over the run: {diff:.2e}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    _report.write_rows(args.json, report_rows(rows, args.rounds))
+
+
+def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
+    """RESULTS.md's rows from the per-(stage, side) results: ds's CPU time per step, wall time and peak RSS
+    against DeepSpeed's (ds alone when DeepSpeed did not run)."""
+    by = {(r["side"], r["stage"]): r for r in results}
+    rows = []
+    for (side, stage), r in sorted(by.items(), key=lambda item: item[0][1]):
+        if side != "ds":
+            continue
+        ref = by.get(("deepspeed", stage))
+        base = "DeepSpeed 0.19.8 (same run)" if ref else ""
+        what = f"stage {stage}, 21M GPT, 2 ranks"
+        rows += [
+            _report.Row(
+                "zero_deepspeed",
+                f"{what}: CPU time per step (both ranks), median of {rounds} rounds",
+                r["cpu"],
+                "s",
+                base,
+                ref["cpu"] if ref else None,
+                target=f"<= {TARGETS[stage]}" if ref else "",
+            ),
+            _report.Row(
+                "zero_deepspeed", f"{what}: wall time per step", r["wall"], "s", base, ref["wall"] if ref else None
+            ),
+            _report.Row(
+                "zero_deepspeed",
+                f"{what}: peak RSS (larger rank)",
+                r["peak_rss"],
+                "MiB",
+                base,
+                ref["peak_rss"] if ref else None,
+                target="<= 1" if ref else "",
+            ),
+        ]
+    return rows
 
 
 if __name__ == "__main__":
