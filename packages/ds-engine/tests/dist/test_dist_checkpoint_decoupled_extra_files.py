@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ds_comm.testing import run_ranks
 
@@ -78,39 +76,16 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # -- a 2-stage pipeline --------------------------------------------------------------------------------------
-D, H, ROWS, GAS = 6, 10, 4, 2
-
-
 def _pipeline(rank: int, world: int, root: str) -> dict[str, Any]:
-    import ds_engine
-    from ds_pipe import LayerSpec, PipeDataParallelTopology, PipelineModule
+    from pipeline_cases import batches, two_stage_engine
 
-    model = PipelineModule(
-        [LayerSpec(nn.Linear, D, H), LayerSpec(nn.ReLU), LayerSpec(nn.Linear, H, H), LayerSpec(nn.Linear, H, 2)],
-        topology=PipeDataParallelTopology(num_pp=2, num_dp=1),
-        loss_fn=lambda out, y: F.mse_loss(out, y),
-        partition_method=[0, 2, 4],
-        seed_layers=True,
-        base_seed=7,
-    )
-    config = {
-        "train_micro_batch_size_per_gpu": ROWS,
-        "gradient_accumulation_steps": GAS,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-        "zero_optimization": {"stage": 1},
-        "checkpoint": WRITER,
-    }
-    engine, *_ = ds_engine.initialize(model=model, config=config)
-
-    def train_one(step: int = 0) -> None:
-        g = torch.Generator().manual_seed(100 + step)
-        engine.train_batch(iter([(torch.randn(ROWS, D, generator=g), torch.randn(ROWS, 2, generator=g))] * GAS))
-
-    train_one()
-    return _sync_then_decoupled(engine, Path(root), lambda: train_one(1))
+    engine = two_stage_engine(checkpoint=WRITER)
+    engine.train_batch(batches(0))
+    return _sync_then_decoupled(engine, Path(root), lambda: engine.train_batch(batches(1)))
 
 
 def test_pipeline_layer_files_are_written_in_the_background(tmp_path: Path) -> None:
+    pytest.importorskip("ds_pipe")
     results = run_ranks(2, _pipeline, root=str(tmp_path), timeout_s=240)
     assert _compare(tmp_path, "layer_*-model_states.pt", results) == [f"layer_0{i}-model_states.pt" for i in range(4)]
 

@@ -9,48 +9,28 @@ after a pp 2 -> 1 reshape.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ds_comm.testing import run_ranks
 
 pytest.importorskip("ds_pipe")
 pytest.importorskip("ds_zero")
 
-D, H, ROWS, GAS = 6, 10, 4, 2
-
 
 def _engine() -> Any:
-    import ds_engine
-    from ds_pipe import LayerSpec, PipeDataParallelTopology, PipelineModule
+    from pipeline_cases import two_stage_engine
 
-    model = PipelineModule(
-        [LayerSpec(nn.Linear, D, H), LayerSpec(nn.ReLU), LayerSpec(nn.Linear, H, H), LayerSpec(nn.Linear, H, 2)],
-        topology=PipeDataParallelTopology(num_pp=2, num_dp=1),
-        loss_fn=lambda out, y: F.mse_loss(out, y),
-        partition_method=[0, 2, 4],
-        seed_layers=True,
-        base_seed=7,
-    )
-    config = {
-        "train_micro_batch_size_per_gpu": ROWS,
-        "gradient_accumulation_steps": GAS,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
-        "zero_optimization": {"stage": 1},
-    }
-    engine, *_ = ds_engine.initialize(model=model, config=copy.deepcopy(config))
-    return engine
+    return two_stage_engine()
 
 
 def _batches(step: int) -> Any:
-    g = torch.Generator().manual_seed(100 + step)
-    return iter([(torch.randn(ROWS, D, generator=g), torch.randn(ROWS, 2, generator=g)) for _ in range(GAS)])
+    from pipeline_cases import batches
+
+    return batches(step)
 
 
 def _save(rank: int, world: int, root: str) -> dict[str, Any]:
