@@ -406,29 +406,77 @@ def load_moe_state_dict(
     mpu: Any = None,
     num_experts: int | list[int] = 1,
     checkpoint_engine: Any = None,
+    autoep_layers: Any = None,
+    folding_spec: Any = None,
+    checkpoint_mp_rank: int | None = None,
 ) -> None:
     """DeepSpeed's `DeepSpeedEngine.load_moe_state_dict`: add `model`'s local experts to `state_dict`, in place.
 
     For scripts that load a model-states file themselves (Megatron-style): the expert entries are read
     from `<checkpoint_path>/<tag>/layer_{L}_expert_{E}_...` files by global expert index and stored under
     this rank's local names, so `model.load_state_dict(state_dict)` works at any expert-parallel degree.
-    `num_experts` and `checkpoint_engine` are accepted for DeepSpeed's signature; the counts come from the
-    model's MoE layers and the files are read with ds's restricted unpickler.
+    `num_experts`, `checkpoint_engine` and `folding_spec` are accepted for DeepSpeed's signature; the counts
+    and the folding come from the model's MoE layers and the files are read with ds's restricted unpickler.
+    `autoep_layers` (a model-states file's `ds_autoep_layers`) is checked as DeepSpeed checks it;
+    `checkpoint_mp_rank` (default: `mpu`'s model-parallel rank, or 0) picks the files' `mp_rank_XX`. A model
+    without MoE layers loads nothing, as in DeepSpeed (with a warning).
 
     Raises:
-        ValueError: no `model`, a model without MoE layers, or `old_moe_load` (DeepSpeed's pre-0.5 layout).
+        ValueError: no `model`, or `old_moe_load` (DeepSpeed's pre-0.5 layout).
+        RuntimeError: `autoep_layers` is malformed (`check_autoep_layers`).
         FileNotFoundError: an expert file is missing (named).
     """
     if old_moe_load:
         raise ValueError("load_moe_state_dict(old_moe_load=True): DeepSpeed's pre-0.5 MoE layout is not supported")
     if model is None:
         raise ValueError("load_moe_state_dict needs model= (the module whose MoE layers name the local experts)")
+    if autoep_layers is not None:
+        check_autoep_layers(autoep_layers)
     layers, expert_names = moe_layout(model)
     if not layers:
-        raise ValueError(f"load_moe_state_dict: {type(model).__name__} has no MoE layers")
+        logger.warning("load_moe_state_dict: %s has no MoE layers; no expert entries loaded", type(model).__name__)
+        return
     wiring = MoeWiring(ep_groups={}, edp_groups={}, edp_src={}, layers=layers, expert_names=expert_names)
-    mp_rank = 0 if mpu is None else int(mpu.get_model_parallel_rank())
+    mp_rank = checkpoint_mp_rank if checkpoint_mp_rank is not None else expert_file_mp_rank(mpu)
     state_dict.update(merge_expert_states(state_dict, wiring, Path(checkpoint_path) / str(tag), mp_rank=mp_rank))
+
+
+#: The fields every `ds_autoep_layers` entry has (DeepSpeed 0.19.8 refuses an entry without one).
+AUTOEP_LAYER_FIELDS = (
+    "moe_layer_id",
+    "module_path",
+    "num_experts",
+    "num_local_experts",
+    "ep_size",
+    "expert_key_prefix",
+)
+
+
+def check_autoep_layers(entries: Any) -> None:
+    """DeepSpeed's check of a model-states file's `ds_autoep_layers`: a list of dicts with `AUTOEP_LAYER_FIELDS`,
+    no `moe_layer_id` or `expert_key_prefix` twice.
+
+    Raises:
+        RuntimeError: what is wrong ("malformed", "missing fields [...]", "duplicate ..."), as DeepSpeed says it.
+    """
+    if not isinstance(entries, list):
+        raise RuntimeError(f"ds_autoep_layers metadata is malformed: expected list, got {type(entries).__name__}")
+    seen: dict[str, set[Any]] = {"moe_layer_id": set(), "expert_key_prefix": set()}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise RuntimeError(f"ds_autoep_layers entry is malformed: expected dict, got {type(entry).__name__}")
+        missing = sorted(set(AUTOEP_LAYER_FIELDS) - entry.keys())
+        if missing:
+            raise RuntimeError(f"ds_autoep_layers entry is invalid: missing fields {missing}")
+        for key, values in seen.items():
+            if entry[key] in values:
+                raise RuntimeError(f"ds_autoep_layers metadata has duplicate {key}: {entry[key]}")
+            values.add(entry[key])
+
+
+def expert_file_mp_rank(mpu: Any) -> int:
+    """The `mp_rank_XX` of the expert files this rank reads: its model-parallel rank in `mpu`, 0 without one."""
+    return 0 if mpu is None else int(mpu.get_model_parallel_rank())
 
 
 def gathered_expert_state(module: nn.Module, wiring: MoeWiring) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""DeepSpeedEngine's checkpoint file-name methods (`_get_ckpt_name`, `_get_zero_ckpt_name`, `_get_optimizer_ckpt_name`),
-and the small checkpoint methods beside `save_checkpoint` (`commit_checkpoint`, DeepSpeed's private names).
+"""DeepSpeedEngine's checkpoint file-name methods (`_get_ckpt_name`, `_get_zero_ckpt_name`, `_get_expert_ckpt_name`,
+`_get_optimizer_ckpt_name`), and the small checkpoint methods beside `save_checkpoint` (`commit_checkpoint`,
+DeepSpeed's private names).
 
 Scripts and tests that inspect, copy or patch a checkpoint's files ask the engine where a file of this
 rank lives rather than spelling the names themselves. The names are the ones `save_checkpoint` writes
@@ -61,6 +62,25 @@ class EngineCheckpointNames:
     def _get_zero_ckpt_name(self, checkpoints_path: str | os.PathLike[str], tag: object) -> str:
         """This rank's ZeRO partition file: `<path>/<tag>/zero_pp_rank_<dp>_mp_rank_XX_optim_states.pt`."""
         return str(_checkpoint.zero_file(Path(checkpoints_path) / str(tag), self._dp_rank, self._mp_rank))
+
+    @staticmethod
+    def _get_expert_ckpt_name(
+        checkpoints_path: str | os.PathLike[str],
+        layer_id: int,
+        expert_id: int,
+        tag: object,
+        mpu: object = None,
+        checkpoint_mp_rank: int | None = None,
+    ) -> str:
+        """Expert `expert_id` of the `layer_id`-th MoE layer:
+        `<path>/<tag>/layer_<L>_expert_<E>_mp_rank_XX_model_states.pt` (`layer_id` -1: DeepSpeed's pre-layer name
+        `expert_<E>_mp_rank_XX_model_states.pt`); XX is `checkpoint_mp_rank`, else `mpu`'s model-parallel rank,
+        else 0."""
+        mp_rank = checkpoint_mp_rank if checkpoint_mp_rank is not None else _moe_checkpoint.expert_file_mp_rank(mpu)
+        ckpt_dir = Path(checkpoints_path) / ("" if tag is None else str(tag))
+        if layer_id <= -1:
+            return str(ckpt_dir / f"expert_{expert_id}_mp_rank_{mp_rank:02d}_model_states.pt")
+        return str(_moe_checkpoint.expert_file(ckpt_dir, layer_id, expert_id, mp_rank))
 
     def _get_optimizer_ckpt_name(self, checkpoints_path: str | os.PathLike[str], tag: object, expp_rank: int) -> str:
         """The stage-0 optimizer file of expert-parallel rank `expp_rank` in a model with MoE layers:
