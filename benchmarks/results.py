@@ -59,8 +59,12 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     # updates during backward also creates the spare files), ~4 min
     "infinity": (["--steps", "4"], ["--layers", "2", "--width", "2048", "--steps", "1", "--sides", "ds"]),
     "infinity_0.6b": ([], ["--layers", "1", "--width", "2048", "--steps", "1", "--sides", "ds"]),
-    # full: up to 9 tuning experiments and 3 x 9 manual runs of the demo GPT at 2 ranks
-    "autotuning": ([], ["--stages", "0,1", "--mbs", "4,8", "--manual-steps", "4", "--manual-rounds", "1"]),
+    # full: up to 9 tuning experiments, 3 x 9 manual runs of the demo GPT at 2 ranks, and 5 x 2 back-to-back runs when
+    # the tuned config is not the grid's best
+    "autotuning": (
+        [],
+        ["--stages", "0,1", "--mbs", "4,8", "--manual-steps", "4", "--manual-rounds", "1", "--paired-rounds", "1"],
+    ),
     # full: 0.6B bf16 parameters (1.2 GB a save), 3 reps of each contender after a warm-up, ~2.5 min
     "fast_writer": ([], ["--params", "5e7", "--reps", "2"]),
     # full: ~100M params fp32 + AdamW (1.2 GB a save), 3 reps of each way after a warm-up, ~1.5 min
