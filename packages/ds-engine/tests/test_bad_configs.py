@@ -227,10 +227,18 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         r"\(initial_scale_power=4\)",
     ),
     (
-        "fp16_master_weights",
-        {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}},
+        "fp16_master_weights_without_offload",
+        {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}, "zero_optimization": {"stage": 2}},
         E,
-        r"fp16.fp16_master_weights_and_grads: .*not supported by ds",
+        r"fp16.fp16_master_weights_and_grads=true keeps fp32 moments beside fp16 masters on the host, which needs "
+        r"ZeRO stage 1, 2 or 3 with zero_optimization.offload_optimizer.device='cpu' .*got stage 2, "
+        r"offload_optimizer.device 'none'",
+    ),
+    (
+        "fp16_master_weights_without_fp16",
+        {"fp16": {"fp16_master_weights_and_grads": True}},
+        E,
+        r"fp16.fp16_master_weights_and_grads=true applies to fp16 training: set fp16.enabled=true",
     ),
     (
         "legacy_fusion_fp16_stage0",

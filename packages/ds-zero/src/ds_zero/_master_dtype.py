@@ -16,6 +16,12 @@ optimizer, which keeps fp32 moments beside the bf16 host masters; bf16 masters a
 need `DeepSpeedCPUAdam(fp32_optimizer_states=False)`, so its moments really are bf16 (the engine builds it so).
 The CPU Adam steps the bf16 host masters with the bf16 gradient partition in one pass (fp32 arithmetic inside,
 rounded to bf16 on store). Offload to NVMe is refused with bf16 masters: ds's NVMe swapper pages fp32 masters.
+
+`fp16_master_weights_and_gradients` (`fp16.fp16_master_weights_and_grads`) is DeepSpeed's fp16 twin for fp16
+training: fp16 masters and gradient partitions on the host, fp32 moments in `DeepSpeedCPUAdam`, so it needs
+optimizer offload to the CPU with that optimizer, as in DeepSpeed; the two master options exclude each other.
+The gradient partitions hold the loss-scaled gradients in fp16 (an overflow there is a skipped step, as for
+the model's own fp16 gradients).
 """
 
 from __future__ import annotations
@@ -28,10 +34,18 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MASTERS_KEY", "STATES_KEY", "dtype_name", "master_weights_dtype", "note_master_conversion"]
+__all__ = [
+    "FP16_MASTERS_KEY",
+    "MASTERS_KEY",
+    "STATES_KEY",
+    "dtype_name",
+    "master_weights_dtype",
+    "note_master_conversion",
+]
 
 MASTERS_KEY = "bf16.bf16_master_weights_and_grads"
 STATES_KEY = "bf16.bf16_optimizer_states"
+FP16_MASTERS_KEY = "fp16.fp16_master_weights_and_grads"
 
 
 def master_weights_dtype(
@@ -40,18 +54,23 @@ def master_weights_dtype(
     bf16_optimizer_states: bool,
     offload_device: str,
     optimizer: object | None = None,
+    fp16_master_weights_and_gradients: bool = False,
 ) -> torch.dtype:
-    """torch.bfloat16 or torch.float32 for the masters and gradient partitions, after refusing what cannot work.
+    """torch.bfloat16, torch.float16 or torch.float32 for the masters and gradient partitions, after refusing
+    what cannot work.
 
     Args:
         bf16_master_weights_and_gradients: bf16 masters and gradient partitions.
         bf16_optimizer_states: bf16 optimizer moments (needs bf16 masters).
         offload_device: `zero_optimization.offload_optimizer.device` ("none", "cpu" or "nvme").
-        optimizer: the base optimizer; with bf16 masters on the CPU it must be `ds_ops.DeepSpeedCPUAdam`.
+        optimizer: the base optimizer; with bf16 or fp16 masters on the CPU it must be `ds_ops.DeepSpeedCPUAdam`.
+        fp16_master_weights_and_gradients: fp16 masters and gradient partitions (CPU offload only).
 
     Raises:
         ValueError: a combination DeepSpeed refuses, or one ds does not implement; the message names the key.
     """
+    if fp16_master_weights_and_gradients:
+        return _fp16_masters(bf16_master_weights_and_gradients or bf16_optimizer_states, offload_device, optimizer)
     if bf16_optimizer_states and not bf16_master_weights_and_gradients:
         raise ValueError(
             f"{STATES_KEY}=true needs {MASTERS_KEY}=true (the moments follow the master weights' dtype); set "
@@ -75,6 +94,31 @@ def master_weights_dtype(
         )
     _check_cpu_adam(optimizer, bf16_optimizer_states)
     return torch.bfloat16
+
+
+def _fp16_masters(bf16_too: bool, offload_device: str, optimizer: object | None) -> torch.dtype:
+    """DeepSpeed's rules for fp16 masters: not with the bf16 options, CPU optimizer offload with DeepSpeedCPUAdam."""
+    if bf16_too:
+        raise ValueError(
+            f"{FP16_MASTERS_KEY}=true and {MASTERS_KEY} / {STATES_KEY} exclude each other (as in DeepSpeed); keep "
+            "the one that matches the training precision"
+        )
+    if offload_device != "cpu":
+        raise ValueError(
+            f"{FP16_MASTERS_KEY}=true keeps fp32 moments beside fp16 masters on the host, which needs "
+            f"zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed), got "
+            f"{offload_device!r}"
+        )
+    if optimizer is not None:
+        import ds_ops
+
+        if type(optimizer) is not ds_ops.DeepSpeedCPUAdam:
+            raise ValueError(
+                f"{FP16_MASTERS_KEY}=true needs DeepSpeedCPUAdam as the base optimizer (as in DeepSpeed), got "
+                f"{type(optimizer).__name__}; configure optimizer.type Adam/AdamW without torch_adam, or pass "
+                "ds_ops.DeepSpeedCPUAdam"
+            )
+    return torch.float16
 
 
 def _check_cpu_adam(optimizer: object | None, bf16_optimizer_states: bool) -> None:

@@ -77,6 +77,9 @@ class AssemblyPlan:
     bf16_optimizer_states: bool = False
     """With `bf16_masters`: the optimizer's moments in bf16 too (`bf16.bf16_optimizer_states`); without it they
     stay fp32 in the CPU Adam of the optimizer offload."""
+    fp16_masters: bool = False
+    """ZeRO keeps fp16 master weights and gradient partitions on the host, fp32 moments in DeepSpeedCPUAdam
+    (`fp16.fp16_master_weights_and_grads`)."""
     checkpoint_writer: str = "torch.save to a temporary file, published atomically (checkpoint.writer unset)"
     """How `save_checkpoint` writes its files (`checkpoint.writer`, FastPersist)."""
 
@@ -117,6 +120,11 @@ class AssemblyPlan:
         out.append(f"wrapper: {self.wrapper}")
         if self.bf16_masters:
             out.append(f"  {self._bf16_masters_text()}")
+        if self.fp16_masters:
+            out.append(
+                "  master weights and gradient partitions in fp16 on the CPU, stepped by DeepSpeedCPUAdam with fp32 "
+                "moments (12 bytes per partitioned element instead of 16; fp16.fp16_master_weights_and_grads)"
+            )
         out.append(
             f"  loss scaler: {self.loss_scaler}; overflow check: {'on' if self.check_overflow else 'off'}; "
             f"gradient accumulation in {accum}"
@@ -179,9 +187,17 @@ def _plan_optimizer(
         )
     except ValueError as err:
         raise DeepSpeedConfigError(f"optimizer: {err}") from None
-    if offload and config.parsed.bf16.bf16_master_weights_and_grads and plan.target != "ds_ops.DeepSpeedCPUAdam":
+    masters = [
+        key
+        for key, on in (
+            ("bf16.bf16_master_weights_and_grads", config.parsed.bf16.bf16_master_weights_and_grads),
+            ("fp16.fp16_master_weights_and_grads", config.parsed.fp16.fp16_master_weights_and_grads),
+        )
+        if on
+    ]
+    if offload and masters and plan.target != "ds_ops.DeepSpeedCPUAdam":
         raise DeepSpeedConfigError(
-            f"bf16.bf16_master_weights_and_grads=true with optimizer offload needs DeepSpeedCPUAdam (as in DeepSpeed), "
+            f"{masters[0]}=true with optimizer offload needs DeepSpeedCPUAdam (as in DeepSpeed), "
             f"but optimizer.type={opt.type!r} builds {plan.target}; use Adam/AdamW without optimizer.params.torch_adam"
         )
     return "config", plan
@@ -414,6 +430,7 @@ def plan_assembly(
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
         bf16_optimizer_states=stage >= 1 and m.bf16.bf16_optimizer_states,
+        fp16_masters=stage >= 1 and m.fp16.fp16_master_weights_and_grads,
         muon=muon,
         zenflow=zenflow_lines(config) if stage >= 1 and source != "none" else (),
         keep_in_fp32_modules=(keep if isinstance(keep := m.data_types.keep_in_fp32_modules, str) else tuple(keep)),

@@ -119,6 +119,8 @@ def build_zero_optimizer(
     if plan.bf16_masters:  # the config checks allowed it (ZeRO 1-3, bf16; fp32 moments only with CPU offload)
         extra["bf16_master_weights_and_gradients"] = True
         extra["bf16_optimizer_states"] = plan.bf16_optimizer_states
+    if plan.fp16_masters:  # the config checks allowed it (ZeRO 1-3, fp16, CPU optimizer offload)
+        extra["fp16_master_weights_and_gradients"] = True
     if plan.zero_stage < 3:
         # `gradient_allreduce_op: "sum"` (refused at stage 3 by the config checks, as DeepSpeed refuses it).
         extra["gradient_average"] = m.gradient_allreduce_op == "mean"

@@ -139,6 +139,30 @@ def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None
         )
 
 
+_FP16_MASTERS = "fp16.fp16_master_weights_and_grads"
+
+
+def _check_fp16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
+    """fp16 master weights: DeepSpeed's rules (ZeRO stage 1-3 with CPU optimizer offload and DeepSpeedCPUAdam, not
+    with the bf16 master options), fp16 training on. ds-zero checks again with the base optimizer's class."""
+    if not model.fp16.fp16_master_weights_and_grads:
+        return
+    if not model.fp16.enabled:
+        raise DeepSpeedConfigError(
+            f"{_FP16_MASTERS}=true applies to fp16 training: set fp16.enabled=true, or turn it off"
+        )
+    if model.bf16.bf16_master_weights_and_grads or model.bf16.bf16_optimizer_states:
+        raise DeepSpeedConfigError(
+            f"{_FP16_MASTERS}=true and {_MASTERS} / {_STATES} exclude each other (as in DeepSpeed); drop the bf16 ones"
+        )
+    if zero.stage not in (1, 2, 3) or zero.offload_optimizer_device != "cpu":
+        raise DeepSpeedConfigError(
+            f"{_FP16_MASTERS}=true keeps fp32 moments beside fp16 masters on the host, which needs ZeRO stage 1, 2 "
+            "or 3 with zero_optimization.offload_optimizer.device='cpu' and DeepSpeedCPUAdam (as in DeepSpeed); got "
+            f"stage {zero.stage}, offload_optimizer.device {zero.offload_optimizer_device!r}"
+        )
+
+
 def _check_legacy_fusion(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     """`optimizer.legacy_fusion` selects DeepSpeed's legacy fused fp16 step, which it reaches only with fp16 at ZeRO
     stage 0 and which fails there at the first step in DeepSpeed 0.19.8 (its FusedAdam refuses the legacy
@@ -213,6 +237,7 @@ def check_cross_fields(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
         )
     _check_dtypes(model, zero)
     _check_bf16_masters(model, zero)
+    _check_fp16_masters(model, zero)
     opt = model.optimizer
     if (
         zero.stage >= 1

@@ -48,13 +48,6 @@ def _a_number(value: Any) -> Any:
 class FP16Config(ConfigModel):
     """`fp16`: half-precision training with fp32 master weights and a (dynamic) loss scale."""
 
-    inert_keys: ClassVar[dict[str, str]] = {
-        "fp16_master_weights_and_grads": (
-            "fp16 master weights are not implemented; DeepSpeed keeps them with ZeRO 1-3 and CPU optimizer offload "
-            "(DeepSpeedCPUAdam) only, where ds keeps fp32 masters: use bf16 with bf16_master_weights_and_grads"
-        ),
-    }
-
     enabled: bool = False
     """Cast parameters to fp16 and train with fp32 master weights."""
     auto_cast: bool = False
@@ -74,7 +67,8 @@ class FP16Config(ConfigModel):
     min_loss_scale: Float = 1.0
     """Floor of the dynamic scale; an overflow at the floor stops the run (it is diverging)."""
     fp16_master_weights_and_grads: bool = False
-    """DeepSpeed's fp16 master weights (ZeRO only there); not implemented here, only false is accepted."""
+    """fp16 master weights and gradient partitions on the host, fp32 moments in DeepSpeedCPUAdam (ZeRO 1-3 with CPU
+    optimizer offload, as in DeepSpeed; `ds_zero._master_dtype`)."""
 
     @model_validator(mode="after")
     def _dynamic_needs_positive(self) -> FP16Config:

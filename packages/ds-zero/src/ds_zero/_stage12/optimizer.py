@@ -116,6 +116,8 @@ class DeepSpeedZeroOptimizer(
             (`bf16.bf16_master_weights_and_grads`; see `ds_zero._master_dtype`).
         bf16_optimizer_states: the base optimizer's state follows the bf16 masters (`bf16.bf16_optimizer_states`;
             needs `bf16_master_weights_and_gradients`).
+        fp16_master_weights_and_gradients: fp16 masters and gradient partitions on the host, fp32 moments in
+            DeepSpeedCPUAdam (`fp16.fp16_master_weights_and_grads`; CPU optimizer offload only).
 
     Raises:
         ValueError: stage not 1/2, nvme offload, a refused bf16-master combination (`ds_zero._master_dtype`),
@@ -143,6 +145,7 @@ class DeepSpeedZeroOptimizer(
         model_parallel_params: Collection[torch.Tensor] = (),
         bf16_master_weights_and_gradients: bool = False,
         bf16_optimizer_states: bool = False,
+        fp16_master_weights_and_gradients: bool = False,
     ) -> None:
         _check_arguments(optimizer, config, clip_grad, gradient_predivide_factor, zenflow=self._runs_zenflow)
         self.master_weights_and_grads_dtype = master_weights_dtype(
@@ -150,6 +153,7 @@ class DeepSpeedZeroOptimizer(
             bf16_optimizer_states=bf16_optimizer_states,
             offload_device=config.offload_optimizer_device,
             optimizer=optimizer,
+            fp16_master_weights_and_gradients=fp16_master_weights_and_gradients,
         )
         if partition_groups is not None and len(partition_groups) != len(optimizer.param_groups):
             raise ValueError(

@@ -25,6 +25,7 @@ from ds_zero._param_names import ParamNames
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.shards import write_shards
 from ds_zero._schedule.module import DeepSpeedZeRoOffload
+from ds_zero._stage3.arguments import module_and_optimizer
 from ds_zero._stage3.build_partitions import build_partitions
 from ds_zero._stage3.checkpoint import load_stage3_state_dicts, stage3_state_dict
 from ds_zero._stage3.grad_views import GradPartitionViews
@@ -48,30 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["DeepSpeedZeroOptimizer_Stage3"]
-
-
-def _module_and_optimizer(
-    args: tuple[Any, ...], module: nn.Module | None, optimizer: torch.optim.Optimizer | None
-) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Sort the positional arguments of either calling convention into (module, optimizer)."""
-    for arg in args:
-        if isinstance(arg, nn.Module) and module is None:
-            module = arg
-        elif isinstance(arg, torch.optim.Optimizer) and optimizer is None:
-            optimizer = arg
-        else:
-            raise TypeError(
-                f"DeepSpeedZeroOptimizer_Stage3: unexpected positional argument of type "
-                f"{type(arg).__name__}; pass (module, optimizer, config=...) or "
-                "(optimizer, module=..., config=...)"
-            )
-    if module is None or optimizer is None:
-        missing = "module (the model)" if module is None else "optimizer (a torch.optim.Optimizer)"
-        raise TypeError(
-            f"DeepSpeedZeroOptimizer_Stage3 needs a {missing}: pass (module, optimizer, config=...) "
-            "or (optimizer, module=..., config=...)"
-        )
-    return module, optimizer
 
 
 class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
@@ -120,6 +97,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             (`bf16.bf16_master_weights_and_grads`; see `ds_zero._master_dtype`).
         bf16_optimizer_states: the base optimizer's state follows the bf16 masters (`bf16.bf16_optimizer_states`;
             needs `bf16_master_weights_and_gradients`).
+        fp16_master_weights_and_gradients: fp16 masters and gradient partitions on the host, fp32 moments in
+            DeepSpeedCPUAdam (`fp16.fp16_master_weights_and_grads`; CPU optimizer offload only).
         checkpoint_names: module parameter name -> the name its fragments are saved under (an AutoEP expert
             tensor's name with its expert range, so that different expert-parallel ranks' experts never meet
             in one consolidated tensor); the gather fingerprints keep the module names.
@@ -161,9 +140,10 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         model_parallel_params: Collection[torch.Tensor] = (),
         bf16_master_weights_and_gradients: bool = False,
         bf16_optimizer_states: bool = False,
+        fp16_master_weights_and_gradients: bool = False,
         checkpoint_names: Mapping[str, str] | None = None,
     ) -> None:
-        module, optimizer = _module_and_optimizer(args, module, optimizer)
+        module, optimizer = module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
         if cfg.stage != 3:
             raise ValueError(
@@ -177,6 +157,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
             bf16_optimizer_states=bf16_optimizer_states,
             offload_device=cfg.offload_optimizer_device,
             optimizer=optimizer,
+            fp16_master_weights_and_gradients=fp16_master_weights_and_gradients,
         )
         if optimizer.state:
             raise ValueError(

@@ -35,7 +35,8 @@ from torch import nn
 import ds_comm
 from ds_ops import ZenFlowSelectiveAdamW
 from ds_ops.precision import finish_step
-from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3, _module_and_optimizer
+from ds_zero._stage3.arguments import module_and_optimizer
+from ds_zero._stage3.optimizer import DeepSpeedZeroOptimizer_Stage3
 from ds_zero._zenflow.auto_update import AutoUpdateRule
 from ds_zero._zenflow.checks import check_zenflow_setup, group_hyper_params, selective_params
 from ds_zero._zenflow.common import ZenFlowOptimizerCommon
@@ -88,7 +89,7 @@ class ZenFlowZeroOptimizer_Stage3(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer
         selective_optimizer_params: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        module, optimizer = _module_and_optimizer(args, module, optimizer)
+        module, optimizer = module_and_optimizer(args, module, optimizer)
         cfg = as_zero_config(config)
         zenflow = getattr(cfg, "zenflow", None)
         check_zenflow_setup(optimizer, cfg, zenflow, kwargs, stages=(3,), owner="ZenFlowZeroOptimizer_Stage3")
