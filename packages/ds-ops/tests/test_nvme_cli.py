@@ -39,9 +39,14 @@ def test_bad_sizes_are_named(text: str) -> None:
         nvme_bench.parse_size(text)
 
 
+@pytest.mark.parametrize("engine", ["aio_handle", "aio_basic"])
 @pytest.mark.parametrize("read", [False, True])
-def test_ds_io_moves_and_validates_the_bytes(tmp_path: Path, read: bool, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ds_io_moves_and_validates_the_bytes(
+    tmp_path: Path, read: bool, engine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = [
+        "--engine",
+        engine,
         "--folder",
         str(tmp_path),
         "--io_size",
@@ -177,7 +182,7 @@ def test_torch_engines_write_torch_saves_bytes(tmp_path: Path) -> None:
     ("extra", "message"),
     [
         (["--engine", "torch_io", "--read"], "--engine torch_io times writes only"),
-        (["--engine", "aio_basic"], "--engine 'aio_basic' is not one of aio_handle, torch_io, torch_fastio"),
+        (["--engine", "aio_bogus"], "--engine 'aio_bogus' is not one of aio_handle, aio_basic, torch_io, torch_fastio"),
     ],
 )
 def test_ds_io_refuses_unsupported_engines(
@@ -185,3 +190,46 @@ def test_ds_io_refuses_unsupported_engines(
 ) -> None:
     assert nvme_bench.ds_io_main(["--folder", str(tmp_path), "--io_size", "1M", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_functional_aio_calls_hang_on_the_op_and_move_the_bytes(tmp_path: Path) -> None:
+    """DeepSpeed's `AsyncIOBuilder().load().aio_write/aio_read(buffer, file, block, depth, single, overlap, validate)`
+    on ds's op."""
+    from ds_ops.aio import AioError
+    from ds_ops.op_builder import AsyncIOBuilder
+
+    op = AsyncIOBuilder().load(verbose=False)
+    path = tmp_path / "basic.bin"
+    data = torch.randint(0, 256, (3 << 18,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    assert op.aio_write(data, str(path), 1 << 18, 4, False, True, True) == 0
+    assert path.read_bytes() == bytes(data.numpy())
+    back = torch.zeros_like(data)
+    assert op.aio_read(back, str(path), 1 << 18, 4, True, False, True) == 0
+    assert torch.equal(back, data)
+    with pytest.raises(AioError, match="missing.bin"):
+        op.aio_read(back, str(tmp_path / "missing.bin"), 1 << 18, 4, False, True, False)
+
+
+def test_aio_basic_engine_writes_and_reads_the_task_file(tmp_path: Path) -> None:
+    """`deepspeed.nvme.ds_aio_basic.AIOBasic_Engine` with DeepSpeed's (args, tid, read_op) and ctxt keys."""
+    import types
+
+    from ds_ops.nvme.ds_aio_basic import AIOBasic_Engine
+    from ds_ops.nvme.ds_aio_constants import BUFFER, ELAPSED_SEC, FILE, NUM_BYTES
+
+    args = types.SimpleNamespace(
+        mapping_list=[(0, str(tmp_path))], io_size=1 << 20, read=False, block_size=1 << 18, queue_depth=4,
+        single_submit=False, sequential_requests=False, validate=True,
+    )  # fmt: skip
+    writer = AIOBasic_Engine(args, 0, False)
+    writer.ctxt[BUFFER].copy_(torch.arange(1 << 20, dtype=torch.int64).to(torch.uint8))
+    assert writer.write(args, 0, 0) > 0 and writer.write(args, 0, 1) > 0
+    written = Path(writer.ctxt[FILE])
+    assert written.name == f"_aio_write_{1 << 20}.pt.0" and written.read_bytes() == bytes(writer.ctxt[BUFFER].numpy())
+    assert writer.ctxt[NUM_BYTES] == 1 << 20 and writer.ctxt[ELAPSED_SEC] > 0
+    writer.fini()
+    args.read = True
+    reader = AIOBasic_Engine(args, 0, True)  # creates the read file of io_size random bytes
+    assert reader.read(args, 0, 0) > 0
+    assert bytes(reader.ctxt[BUFFER].numpy()) == Path(reader.ctxt[FILE]).read_bytes()
+    reader.fini()

@@ -2,7 +2,7 @@
 
     ds_io --folder /nvme/scratch --io_size 400M [--read] [--block_size 1M] [--queue_depth 32]
           [--single_submit] [--sequential_requests] [--io_parallel N] [--loops 3] [--warmup_loops 1] [--validate]
-          [--engine aio_handle|torch_io|torch_fastio] [--fast_io_size 64M] [--torch_legacy_save]
+          [--engine aio_handle|aio_basic|torch_io|torch_fastio] [--fast_io_size 64M] [--torch_legacy_save]
 
 A write test writes `io_size` bytes of a pinned buffer to `<folder>/ds_aio_<io_size>B.bin` per loop; a read
 test first writes that file and then reads it back. Each loop's bytes and seconds give the bandwidth in
@@ -11,6 +11,8 @@ GB/s (1e9 bytes); the summary reports the best and the mean over the timed loops
 prints it), which `ds_ops.nvme_stats` (`parse_nvme_stats`) reads back from sweep logs. `--validate` compares
 what a read brings back with what was written. `--engine torch_io` / `torch_fastio` time `torch.save` of
 the buffer instead, plain or through the FastPersist writer (writes only, as in DeepSpeed; `ds_ops.nvme_torch_io`).
+`--engine aio_basic` times DeepSpeed's functional calls (`aio_read` / `aio_write`: a handle per call, a write
+to a removed file each loop, as DeepSpeed's basic engine does) instead of one handle's.
 """
 
 from __future__ import annotations
@@ -25,15 +27,15 @@ from collections.abc import Sequence
 
 import torch
 
-from ds_ops.aio import AsyncIOHandle
+from ds_ops.aio import AsyncIOHandle, aio_read, aio_write
 from ds_ops.nvme_stats import report_lines
 from ds_ops.nvme_torch_io import TORCH_ENGINES, run_torch_engine
 
 __all__ = ["IoResult", "ds_io_main", "parse_size", "run_io"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-ENGINES = ("aio_handle", *TORCH_ENGINES)
-"""`--engine` choices (DeepSpeed's `aio_basic`, the functional aio calls, is not implemented)."""
+ENGINES = ("aio_handle", "aio_basic", *TORCH_ENGINES)
+"""`--engine` choices, DeepSpeed's."""
 
 
 def parse_size(text: str | int) -> int:
@@ -137,8 +139,14 @@ def run_io(
         for i in range(warmup_loops + loops):
             if read:
                 buffer.zero_()
+            elif engine == "aio_basic" and os.path.exists(path):
+                os.remove(path)  # DeepSpeed's basic engine never overwrites a file in place
             start = time.perf_counter()
-            (handle.sync_pread if read else handle.sync_pwrite)(buffer, path)
+            if engine == "aio_basic":
+                call = aio_read if read else aio_write
+                call(buffer, path, block_size, queue_depth, single_submit, overlap_events, False)
+            else:
+                (handle.sync_pread if read else handle.sync_pwrite)(buffer, path)
             if i >= warmup_loops:
                 seconds.append(time.perf_counter() - start)
         if validate:

@@ -14,12 +14,14 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ds_ops.aio._deepspeed_handle import aio_handle
+from ds_ops.aio._functional import aio_read, aio_write
 from ds_ops.aio._handle import AsyncIOHandle
 from ds_ops.aio._requests import AioError
 from ds_ops.aio._trace import IoRecord, IoTrace
 from ds_ops.op_builder import AsyncIOBuilder
 
 AsyncIOBuilder.handle_class = aio_handle  # `AsyncIOBuilder().load().aio_handle(...)`, DeepSpeed's idiom
+AsyncIOBuilder.functional = {"aio_read": aio_read, "aio_write": aio_write}  # `.load().aio_read(...)`
 
 if TYPE_CHECKING:  # type checkers see the lazy name's real type
     from ds_ops.aio._config import AioConfig
@@ -32,4 +34,14 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'ds_ops.aio' has no attribute {name!r}")
 
 
-__all__ = ["AioConfig", "AioError", "AsyncIOBuilder", "AsyncIOHandle", "IoRecord", "IoTrace", "aio_handle"]
+__all__ = [
+    "AioConfig",
+    "AioError",
+    "AsyncIOBuilder",
+    "AsyncIOHandle",
+    "IoRecord",
+    "IoTrace",
+    "aio_handle",
+    "aio_read",
+    "aio_write",
+]

@@ -1,5 +1,5 @@
 """`deepspeed.nvme.ds_aio_constants`: the I/O engine names of DeepSpeed's `ds_io --engine` (ds's `ds_io` runs
-`aio_handle`, `torch_io` and `torch_fastio`; not `aio_basic`)."""
+all four)."""
 
 from __future__ import annotations
 

@@ -96,12 +96,17 @@ class AsyncIOBuilder(OpBuilder):
     handle_class: ClassVar[Callable[..., Any] | None] = None
     """`ds_ops.aio.AsyncIOHandle`, set when `ds_ops.aio` is imported (importing `ds_ops` does it): `load()`
     hangs it on the library as `aio_handle`, so DeepSpeed's `AsyncIOBuilder().load().aio_handle(...)` works."""
+    functional: ClassVar[dict[str, Callable[..., int]]] = {}
+    """DeepSpeed's functional calls (`aio_read`, `aio_write`), set with `handle_class` and hung on the library too."""
 
     def load(self, verbose: bool = True) -> ctypes.CDLL:
-        """The op's library (see `OpBuilder.load`), with DeepSpeed's `aio_handle` constructor on it."""
+        """The op's library (see `OpBuilder.load`), with DeepSpeed's `aio_handle` constructor and functional
+        `aio_read` / `aio_write` on it."""
         library = super().load(verbose=verbose)
         if self.handle_class is not None:
             library.aio_handle = self.handle_class
+        for name, function in self.functional.items():
+            setattr(library, name, function)
         return library
 
     def absolute_name(self) -> str:
