@@ -228,3 +228,28 @@ def reduce_scatter_order(rank: int, world: int, *, overlap_comm: bool, steps: in
         ds_comm.pair_exchange = original_pair
     out["events"] = events
     return out
+
+
+def partition_tensors(opt: Any, stage: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """This rank's masters, gradient partitions and partition-shaped optimizer moments."""
+    if stage == 3:
+        masters = [part.master for part in opt.partitions]
+        grads = [part.master.grad for part in opt.partitions if part.master.grad is not None]
+        keys = [tile.master for tile in opt.tiles]
+    else:
+        masters, grads, keys = list(opt.masters), list(opt.grad_partitions), list(opt.masters)
+    states = [
+        t for key in keys for name, t in opt.optimizer.state[key].items() if name != "step" and t.numel() == key.numel()
+    ]
+    return masters, grads, states
+
+
+def state_bytes_per_element(opt: Any, model: torch.nn.Module, rank: int, stage: int) -> float:
+    """Model-state bytes per trained element of this rank's partition, measured mid-step (gradients held)."""
+    idx, tgt = batch(rank, 100, 0)
+    opt.backward(loss_fn(model(idx), tgt))
+    masters, grads, states = partition_tensors(opt, stage)
+    numel = sum(m.numel() for m in masters)
+    total = sum(t.numel() * t.element_size() for t in [*masters, *grads, *states])
+    opt.zero_grad()
+    return total / numel

@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from stage3_cases import batch, gathered_state, loss_fn, make_model, train_steps
+from stage3_cases import (
+    batch,
+    gathered_state,
+    loss_fn,
+    make_model,
+    partition_tensors,
+    state_bytes_per_element,
+    train_steps,
+)
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -76,45 +84,20 @@ def _reference(world: int) -> tuple[dict[str, torch.Tensor], list[list[float]], 
     return {k: v.detach().float().clone() for k, v in model.state_dict().items()}, losses, states
 
 
-def _partition_tensors(opt: Any, stage: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """This rank's masters, gradient partitions and partition-shaped optimizer moments."""
-    if stage == 3:
-        masters = [part.master for part in opt.partitions]
-        grads = [part.master.grad for part in opt.partitions if part.master.grad is not None]
-        keys = [tile.master for tile in opt.tiles]
-    else:
-        masters, grads, keys = list(opt.masters), list(opt.grad_partitions), list(opt.masters)
-    states = [
-        t for key in keys for name, t in opt.optimizer.state[key].items() if name != "step" and t.numel() == key.numel()
-    ]
-    return masters, grads, states
-
-
-def _bytes_per_element(opt: Any, model: torch.nn.Module, rank: int, stage: int) -> float:
-    """Model-state bytes per trained element of this rank's partition, measured mid-step (gradients held)."""
-    idx, tgt = batch(rank, 100, 0)
-    opt.backward(loss_fn(model(idx), tgt))
-    masters, grads, states = _partition_tensors(opt, stage)
-    numel = sum(m.numel() for m in masters)
-    total = sum(t.numel() * t.element_size() for t in [*masters, *grads, *states])
-    opt.zero_grad()
-    return total / numel
-
-
 def _vs_reference(rank: int, world: int, stage: int) -> dict[str, Any]:
     model, opt = _build(stage, True)
     losses = train_steps(model, opt, rank, range(STEPS), gas=1)
-    masters, grads, states = _partition_tensors(opt, stage)
+    masters, grads, states = partition_tensors(opt, stage)
     out = {
         "params": _params(model, stage),
         "losses": losses,
         "dtypes": {t.dtype for t in [*masters, *states]} | {opt.master_weights_and_grads_dtype},
-        "bytes_bf16": _bytes_per_element(opt, model, rank, stage),
+        "bytes_bf16": state_bytes_per_element(opt, model, rank, stage),
     }
     out["ref_params"], out["ref_losses"], out["ref_state_dtypes"] = _reference(world)
     fp32_model, fp32_opt = _build(stage, False)
     train_steps(fp32_model, fp32_opt, rank, range(STEPS), gas=1)
-    out["bytes_fp32"] = _bytes_per_element(fp32_opt, fp32_model, rank, stage)
+    out["bytes_fp32"] = state_bytes_per_element(fp32_opt, fp32_model, rank, stage)
     out["fp32_params"] = _params(fp32_model, stage)
     return out
 
@@ -178,8 +161,8 @@ def _checkpoint(rank: int, world: int, stage: int) -> dict[str, Any]:
     # the bf16-master checkpoint into an fp32-master run: converted (widened, exactly)
     wide_model, wide = _build(stage, False)
     wide.load_state_dict(saved)
-    bf16_masters, _, bf16_states = _partition_tensors(_build_loaded(stage, saved), stage)
-    fp32_masters, _, fp32_states = _partition_tensors(wide, stage)
+    bf16_masters, _, bf16_states = partition_tensors(_build_loaded(stage, saved), stage)
+    fp32_masters, _, fp32_states = partition_tensors(wide, stage)
     return {
         "master_dtype": {sd["master_dtype"] for sd in saved},
         "straight": straight,

@@ -20,7 +20,15 @@ from typing import Any
 
 import pytest
 import torch
-from stage3_cases import batch, gathered_state, loss_fn, make_model, train_steps
+from stage3_cases import (
+    batch,
+    gathered_state,
+    loss_fn,
+    make_model,
+    partition_tensors,
+    state_bytes_per_element,
+    train_steps,
+)
 
 import ds_zero
 from ds_comm.testing import run_ranks
@@ -79,28 +87,12 @@ def _reference(world: int) -> tuple[dict[str, torch.Tensor], list[list[float]]]:
     return {k: v.detach().float().clone() for k, v in model.state_dict().items()}, losses
 
 
-def _partitions(opt: Any, stage: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """This rank's masters, gradient partitions (mid-step) and partition-shaped optimizer moments."""
-    if stage == 3:
-        masters = [part.master for part in opt.partitions]
-        grads = [part.master.grad for part in opt.partitions if part.master.grad is not None]
-        keys = [tile.master for tile in opt.tiles]
-    else:
-        masters, grads, keys = list(opt.masters), list(opt.grad_partitions), list(opt.masters)
-    states = [
-        t for key in keys for name, t in opt.optimizer.state[key].items() if name != "step" and t.numel() == key.numel()
-    ]
-    return masters, grads, states
-
-
 def _run(rank: int, world: int, stage: int) -> dict[str, Any]:
     model, opt = _build(stage, **FP16)
     losses = train_steps(model, opt, rank, range(STEPS), gas=1)
     idx, tgt = batch(rank, 100, 0)
-    opt.backward(loss_fn(model(idx), tgt))  # gradients held: measure the model state mid-step
-    masters, grads, states = _partitions(opt, stage)
-    numel = sum(m.numel() for m in masters)
-    state_bytes = sum(t.numel() * t.element_size() for t in [*masters, *grads, *states]) / numel
+    opt.backward(loss_fn(model(idx), tgt))  # gradients held: their dtype mid-step
+    masters, grads, states = partition_tensors(opt, stage)
     opt.zero_grad()
     params = (
         gathered_state(model) if stage == 3 else {k: v.detach().float().clone() for k, v in model.state_dict().items()}
@@ -113,7 +105,7 @@ def _run(rank: int, world: int, stage: int) -> dict[str, Any]:
             "grads": {str(t.dtype) for t in grads},
             "moments": {str(t.dtype) for t in states},
         },
-        "bytes": state_bytes,
+        "bytes": state_bytes_per_element(opt, model, rank, stage),
     }
     out["ref_params"], out["ref_losses"] = _reference(world)
     return out
