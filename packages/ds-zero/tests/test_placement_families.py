@@ -59,5 +59,5 @@ def test_autoep_zero3_model_states_are_refused_by_name(tmp_path: Path) -> None:
     zero3 = {**entry, "checkpoint_format": "zero3_partitioned", "checkpoint_format_version": 1}
     with pytest.raises(AutoEPZero3CheckpointError, match=r"zero_to_fp32: .*x.pt is an AutoEP checkpoint saved at ZeRO"):
         refuse_autoep_zero3({"ds_autoep_layers": [zero3]}, tmp_path / "x.pt")
-    with pytest.raises(NotImplementedError):  # DeepSpeed's exception type
+    with pytest.raises(NotImplementedError, match=r"ds_to_universal\.py"):  # DeepSpeed's exception type and hint
         refuse_autoep_zero3({"autoep_layers": [zero3]}, "y.pt")

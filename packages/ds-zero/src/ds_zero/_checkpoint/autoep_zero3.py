@@ -48,7 +48,8 @@ def refuse_autoep_zero3(
             f"{what}: {path} is an AutoEP checkpoint saved at ZeRO stage 3 (ds_autoep_layers checkpoint_format "
             f"{_ZERO3_FORMAT!r}); its expert tensors are partitioned over expert-data-parallel groups, so a "
             "data-parallel consolidation would mix different ranks' experts (DeepSpeed refuses it too). Convert it "
-            "with ds_to_universal (which joins every expert tensor whole) and load that with "
-            "checkpoint.load_universal, at any world size and autoep_size; every expert's weights are also in the "
+            "with ds_to_universal.py (the `ds_to_universal` command; it joins every expert tensor whole) and load "
+            "that with checkpoint.load_universal, at any world size and autoep_size; every expert's weights are also "
+            "in the "
             "per-expert files of the same save (layer_*_expert_*_mp_rank_00_model_states.pt)"
         )
