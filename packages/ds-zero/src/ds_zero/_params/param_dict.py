@@ -40,9 +40,15 @@ class ZeroParamDict(dict):
         param = dict.__getitem__(self, key)
         if param is not None and getattr(param, "ds_status", None) not in (None, ZeroParamStatus.AVAILABLE):
             coord = state_of(param).coord
-            if coord is not None:
-                coord.fetch_on_access(param)
+            if coord is not None and coord.running:  # (not running: nothing to gather, e.g. under DeepCompile)
+                _fetch(coord, param)
         return param
+
+
+@torch.compiler.disable
+def _fetch(coord: Any, param: torch.nn.Parameter) -> None:
+    """`coord.fetch_on_access`, never traced under `torch.compile` (see `ds_zero._schedule.hooks._gather_for`)."""
+    coord.fetch_on_access(param)
 
 
 def install_param_dict(module: torch.nn.Module) -> None:

@@ -51,10 +51,25 @@ def _grad_tensors(tree: Any) -> tuple[list[Any], Any, list[int]]:
     return flat, spec, idx
 
 
+@torch.compiler.disable
+def _gather_for(coord: ParamCoordinator, module: nn.Module) -> None:
+    """`coord.pre_forward`, never traced: under `torch.compile` of the model the hook is a graph break here
+    (the coordinator's gathers are collectives and bookkeeping, not graph ops; traced, every module's label
+    string became a guard and the hook recompiled until dynamo's recompile limit, as DeepSpeed avoids with
+    `torch.compiler.disable` on its own hooks)."""
+    coord.pre_forward(module)
+
+
+@torch.compiler.disable
+def _release_after(coord: ParamCoordinator, module: nn.Module, output: Any) -> None:
+    """`coord.post_forward`, never traced (see `_gather_for`)."""
+    coord.post_forward(module, output)
+
+
 def _pre_forward(
     coord: ParamCoordinator, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-    coord.pre_forward(module)
+    _gather_for(coord, module)
     if not torch.is_grad_enabled() or not coord.gathers_for(module):
         return None
     flat, spec, idx = _grad_tensors((args, kwargs))
@@ -82,7 +97,7 @@ def _post_forward(coord: ParamCoordinator, module: nn.Module, args: Any, output:
                     computed, functools.partial(_on_output_grad, coord, module), mode="any"
                 )
     finally:
-        coord.post_forward(module, output)
+        _release_after(coord, module, output)
 
 
 def install_hooks(root: nn.Module, coord: ParamCoordinator) -> list[RemovableHandle]:
