@@ -40,7 +40,7 @@ ZERO = {
         "stage3_param_persistence_threshold": "auto",
     },
 }
-TARGETS = {"zero2": ">= 0.8", "zero3": ">= 0.8"}  # zero3: issue 44
+TARGETS = {"zero2": ">= 0.8", "zero3": ">= 0.8"}
 
 
 def _config(zero: dict) -> dict:

@@ -92,7 +92,7 @@ def master_weights_dtype(
             "zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed): offload the "
             f"optimizer, or set {STATES_KEY} to true as well"
         )
-    _check_cpu_adam(optimizer, bf16_optimizer_states)
+    _check_cpu_adam(optimizer, MASTERS_KEY, bf16_optimizer_states=bf16_optimizer_states)
     return torch.bfloat16
 
 
@@ -109,28 +109,20 @@ def _fp16_masters(bf16_too: bool, offload_device: str, optimizer: object | None)
             f"zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed), got "
             f"{offload_device!r}"
         )
-    if optimizer is not None:
-        import ds_ops
-
-        if type(optimizer) is not ds_ops.DeepSpeedCPUAdam:
-            raise ValueError(
-                f"{FP16_MASTERS_KEY}=true needs DeepSpeedCPUAdam as the base optimizer (as in DeepSpeed), got "
-                f"{type(optimizer).__name__}; configure optimizer.type Adam/AdamW without torch_adam, or pass "
-                "ds_ops.DeepSpeedCPUAdam"
-            )
+    _check_cpu_adam(optimizer, FP16_MASTERS_KEY)
     return torch.float16
 
 
-def _check_cpu_adam(optimizer: object | None, bf16_optimizer_states: bool) -> None:
-    """bf16 masters on the host are stepped by DeepSpeedCPUAdam only (DeepSpeed checks the exact class), and
-    with `bf16_optimizer_states` it must keep its moments in the parameters' bf16."""
+def _check_cpu_adam(optimizer: object | None, key: str, *, bf16_optimizer_states: bool = False) -> None:
+    """bf16 or fp16 masters (`key`) on the host are stepped by DeepSpeedCPUAdam only (DeepSpeed checks the exact
+    class), and with `bf16_optimizer_states` it must keep its moments in the parameters' bf16."""
     if optimizer is None:
         return
     import ds_ops
 
     if type(optimizer) is not ds_ops.DeepSpeedCPUAdam:
         raise ValueError(
-            f"{MASTERS_KEY}=true with optimizer offload needs DeepSpeedCPUAdam as the base optimizer (as in "
+            f"{key}=true with optimizer offload needs DeepSpeedCPUAdam as the base optimizer (as in "
             f"DeepSpeed), got {type(optimizer).__name__}; configure optimizer.type Adam/AdamW without torch_adam, "
             f"or pass ds_ops.DeepSpeedCPUAdam"
         )
