@@ -80,15 +80,21 @@ def step_breakdown(step: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def floor_s(params: int, read_gbps: float, write_gbps: float) -> dict[str, float]:
+def floor_s(params: int, read_gbps: float, write_gbps: float, both_gbps: float | None = None) -> dict[str, float]:
     """The NVMe-traffic floor of one step: optimizer state (fp32 master + 2 Adam moments) read and written
-    once, bf16 parameters read twice (forward, backward) and written once; reads and writes overlapped
-    (the larger of the two) and serialized (their sum)."""
+    once, bf16 parameters read twice (forward, backward) and written once. `serial_s`: reads then writes;
+    `ideal_s`: the larger of the two, as if reading and writing at once each kept its own rate;
+    `overlapped_s`: at once, at the disk's measured rate for a read and a write together (`both_gbps`; a disk
+    that shares one bandwidth between them gets no faster by overlapping), never below `ideal_s`."""
     read = params * (12 + 2 * 2)
     write = params * (12 + 2)
+    ideal = max(read / (read_gbps * 1e9), write / (write_gbps * 1e9))
+    serial = read / (read_gbps * 1e9) + write / (write_gbps * 1e9)
+    overlapped = ideal if both_gbps is None else min(serial, max(ideal, (read + write) / (both_gbps * 1e9)))
     return {
         "read_bytes": read,
         "write_bytes": write,
-        "overlapped_s": max(read / (read_gbps * 1e9), write / (write_gbps * 1e9)),
-        "serial_s": read / (read_gbps * 1e9) + write / (write_gbps * 1e9),
+        "ideal_s": ideal,
+        "overlapped_s": overlapped,
+        "serial_s": serial,
     }

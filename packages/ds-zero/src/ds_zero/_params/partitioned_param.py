@@ -69,6 +69,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ds_zero._params.storage_pool import released_storages
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["MasterSink", "ZeroParamState", "ZeroParamStatus", "ZeroParamType", "is_zero_param", "state_of"]
@@ -175,7 +177,7 @@ class ZeroParamState:
             full_flat=full_flat,
             full=full,
             placeholder=placeholder,
-            own_refs=_storage_refs(full_flat),
+            own_refs=storage_refs(full_flat),
             param_ref=weakref.ref(param),
         )
 
@@ -238,13 +240,15 @@ class ZeroParamState:
                 self.coord.storage_replaced(old_key, param)
             logger.debug("stage 3: %s released while another tensor holds its values; they stay with it", self.name)
         else:
-            self.full_flat.untyped_storage().resize_(0)
+            storage = self.full_flat.untyped_storage()
+            if not released_storages.take_from(storage):  # see [Note: why released full storages are pooled]
+                storage.resize_(0)
         param.ds_status = ZeroParamStatus.NOT_AVAILABLE
 
     def _grow_storage(self) -> torch.Tensor:
         storage = self.full_flat.untyped_storage()
         need = self.shard_numel * self.world_size * self.full.element_size()
-        if storage.nbytes() != need:
+        if storage.nbytes() != need and not released_storages.fill(storage, need):
             storage.resize_(need)
         return self.full_flat
 
@@ -254,7 +258,7 @@ class ZeroParamState:
         self.full_flat, self.full = full_flat, full
         if not keep_placeholder:
             self.placeholder = placeholder
-        self.own_refs = _storage_refs(self.full_flat)
+        self.own_refs = storage_refs(self.full_flat)
 
     def write_shard_from_full(self, full: torch.Tensor) -> None:
         """Copy this rank's slice of `full` (any shape with `ds_numel` elements) into the shard and the master.
@@ -344,14 +348,14 @@ def _placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) ->
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _storage_refs(t: torch.Tensor) -> int | None:
+def storage_refs(t: torch.Tensor) -> int | None:
     """How many tensors (and storage handles) reference `t`'s storage; None where torch cannot tell."""
     return None if _use_count is None else _use_count(t.untyped_storage()._cdata)
 
 
 def _held_elsewhere(st: ZeroParamState) -> bool:
     """Whether a tensor besides `st.full_flat` and `st.full` references the full storage (True if unknown)."""
-    refs = _storage_refs(st.full_flat)
+    refs = storage_refs(st.full_flat)
     return refs is None or st.own_refs is None or refs > st.own_refs
 
 

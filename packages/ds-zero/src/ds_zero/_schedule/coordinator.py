@@ -39,6 +39,7 @@ from ds_zero._params.gathered_parameters import external_params
 from ds_zero._params.param_dict import ensure_zero_ordered_dict
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.secondary import SecondaryPartition, invalidate_secondaries
+from ds_zero._params.storage_pool import released_storages
 from ds_zero._schedule.live import LiveParams
 from ds_zero._schedule.prefetch import Prefetcher
 from ds_zero._schedule.returned_params import returned_params
@@ -115,6 +116,7 @@ class ParamCoordinator:
             self.units, self.live, prefetch_bucket_size=prefetch_bucket_size, swappers=list(swappers.values())
         )
         self.saved_tensors = SavedTensorNet(self.registry, self.live, self._hold)
+        released_storages.reserve(_pool_bytes(self.params))
         self.end_of_backward_callbacks: list[Any] = []
 
     # ----------------------------------------------------------------------------------------- units
@@ -415,3 +417,9 @@ class ParamCoordinator:
             st.active -= 1
             if st.active == 0 and not p.ds_persist and p.ds_status is ZeroParamStatus.AVAILABLE and not self.running:
                 self.live.free(p)
+
+
+def _pool_bytes(params: list[nn.Parameter]) -> int:
+    """What the released-storage pool may hold for this model: three of its largest full storages (a weight
+    gathered ahead, one in use and its gradient; see [Note: why released full storages are pooled])."""
+    return 3 * max((state_of(p).full_flat.numel() * p.element_size() for p in params), default=0)

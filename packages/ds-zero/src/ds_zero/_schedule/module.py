@@ -19,6 +19,7 @@ from ds_zero._params.partitioned_module import partition_module, remove_guard
 from ds_zero._params.partitioned_param import is_zero_param, iter_zero_params, state_of
 from ds_zero._params.placement import family_group, has_families
 from ds_zero._params.secondary import secondary_partition
+from ds_zero._params.storage_pool import released_storages
 from ds_zero._schedule.coordinator import ParamCoordinator
 from ds_zero._schedule.granularity import set_leaves_by_granularity
 from ds_zero._schedule.hooks import install_hooks
@@ -217,8 +218,10 @@ class DeepSpeedZeRoOffload:
         return self.coordinator.live.num_block_param_gathers
 
     def release_all(self) -> None:
-        """Free every gathered parameter no running module or `GatheredParameters` block holds."""
+        """Free every gathered parameter no running module or `GatheredParameters` block holds, and the
+        released storages kept for reuse (`_params.storage_pool`)."""
         self.coordinator.release_unused()
+        released_storages.clear()
 
     @property
     def forward_hooks(self) -> list[RemovableHandle]:

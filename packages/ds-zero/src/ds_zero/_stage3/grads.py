@@ -29,8 +29,9 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._buffer_pool import BufferPool
-from ds_zero._params.partitioned_param import state_of
+from ds_zero._params.partitioned_param import state_of, storage_refs
 from ds_zero._params.placement import family_group
+from ds_zero._params.storage_pool import released_storages
 
 if TYPE_CHECKING:
     from ds_zero._nvme.grad_swapper import GradSwapper
@@ -275,6 +276,15 @@ class GradReducer:
                     offset += half.numel()
         if self.post != 1.0:
             out.div_(self.post)
+        self._add_pieces(out, params, sizes)  # its temporaries go with its frame (`_recycle_gradient` counts holders)
+        own_gradient = work is None and own is None and id(inp) not in self._pooled  # one rank's identity path
+        if not any(id(p) in self._swapped for p in params):  # the NVMe swapper may still read `out`
+            self._give(out, inp)
+        if own_gradient:
+            _recycle_gradient(inp, out)
+
+    def _add_pieces(self, out: torch.Tensor, params: list[nn.Parameter], sizes: list[int]) -> None:
+        """Add each parameter's piece of the reduced `out` to its master gradient (or its NVMe gradient tile)."""
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
@@ -298,8 +308,6 @@ class GradReducer:
                 offset += s
                 if self.on_piece is not None:
                     self.on_piece(p)
-        if not any(id(p) in self._swapped for p in params):  # the NVMe swapper may still read `out`
-            self._give(out, inp)
 
     def finish(self) -> None:
         """End of backward: issue the remaining buckets in order, wait, add the results into the master grads."""
@@ -345,3 +353,12 @@ class GradReducer:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def _recycle_gradient(grad: torch.Tensor, piece: torch.Tensor) -> bool:
+    """One rank: the parameter's own gradient was the reduced piece and has been added where it goes; its
+    memory goes to the released-storage pool for the next gradient of that size (`_construct.linear`'s
+    `_weight_grad`), unless a tensor besides `grad` and its view `piece` still holds it (a hook that kept it).
+    Whether it went to the pool."""
+    holders = (1 if piece is grad else 2) + 1  # + the temporary storage handle `storage_refs` itself takes
+    return storage_refs(grad) == holders and released_storages.take_from(grad.untyped_storage())

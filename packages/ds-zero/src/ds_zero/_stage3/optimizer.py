@@ -24,6 +24,7 @@ from ds_zero._param_access import register_owner
 from ds_zero._param_names import ParamNames
 from ds_zero._params.partitioned_param import ZeroParamStatus, state_of
 from ds_zero._params.shards import write_shards
+from ds_zero._params.storage_pool import released_storages
 from ds_zero._schedule.module import DeepSpeedZeRoOffload
 from ds_zero._stage3.arguments import module_and_optimizer
 from ds_zero._stage3.build_partitions import build_partitions
@@ -572,6 +573,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         optimizer, and are freed with it.
         """
         self.reducer.remove()
+        released_storages.clear()  # the gathers' pooled memory (`_params.storage_pool`)
         if self._super is not None:
             self._super.close()
         if self.offload_optimizer:
