@@ -68,3 +68,22 @@ def test_nvme_and_checkpointing_paths() -> None:
     assert callable(get_sorted_results) and callable(main)
     assert CHECKPOINT_WRITER == "writer" and CheckpointWriterType.FAST == "FAST"
     assert FastCheckpointEngine.name == "FastCheckpointEngine"
+
+
+def test_multi_task_ds_io_through_deepspeeds_module_paths(tmp_path: Path) -> None:
+    """DeepSpeed's `ds_io` internals by their paths: its flags, its task runner and the handle engine."""
+    from deepspeed.nvme.ds_aio_args import get_validated_args
+    from deepspeed.nvme.ds_aio_handle import AIOHandle_Engine
+    from deepspeed.nvme.ds_aio_job import Job, run_job
+    from deepspeed.nvme.io_engine import io_engine_multiprocessing, prepare_operation
+    from deepspeed.nvme.test_ds_aio_utils import create_filename, refine_integer_value
+
+    args = get_validated_args(["--folder", str(tmp_path), "--io_size", "1M", "--multi_process", "2", "--loops", "1"])
+    assert args.mapping_list == [(0, str(tmp_path)), (1, str(tmp_path))] and args.total_loops == 2
+    engine = prepare_operation(args, 0, False)
+    assert isinstance(engine, AIOHandle_Engine)
+    engine.fini()
+    results = io_engine_multiprocessing(args, False)
+    assert len(results) == 2 and all(r is not None and r[2] == refine_integer_value("1M") for r in results)
+    assert os.path.getsize(create_filename(str(tmp_path), False, 1 << 20, "1_0")) == 1 << 20
+    run_job(Job(["true"]))

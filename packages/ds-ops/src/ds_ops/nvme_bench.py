@@ -194,9 +194,35 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Flags only DeepSpeed's multi-task `ds_io` reads: with any of them the run goes through its task runner.
+_TASK_FLAGS = frozenset(
+    (
+        "--multi_process",
+        "--folder_to_device_mapping",
+        "--gpu",
+        "--use_gds",
+        "--slow_bounce_buffer",
+        "--use_accelerator_pin_memory",
+        "--include_warmup_time",
+        "--different_file_each_iteration",
+    )
+)
+
+
 def ds_io_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `ds_io`: run the benchmark and print one summary line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    """Entry point of `ds_io`: run the benchmark and print one summary line; returns the exit status.
+
+    With any of DeepSpeed's task flags (`--multi_process N`, `--folder_to_device_mapping DIR:DEV ...`, `--gpu`,
+    ...) the run is DeepSpeed's: one process per task, in step (`ds_ops.nvme.io_engine`), its summary lines.
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    if any(word.split("=", 1)[0] in _TASK_FLAGS for word in words):
+        from ds_ops.nvme.ds_aio_args import get_validated_args  # noqa: PLC0415 - the task runner's own path
+        from ds_ops.nvme.io_engine import io_engine_multiprocessing  # noqa: PLC0415
+
+        task_args = get_validated_args(words)
+        return 0 if None not in io_engine_multiprocessing(task_args, task_args.read) else 1
+    args = _parser().parse_args(words)
     try:
         io_size, block_size = parse_size(args.io_size), parse_size(args.block_size)
         result = run_io(

@@ -33,7 +33,7 @@ BUFFER, NUM_BYTES, FILE, HANDLE, ELAPSED_SEC = "buffer", "num_bytes", "file", "h
 FAST_IO_BUFFER, USE_CPU_LOCKED_TENSOR = "fast_io_buffer", "cpu_locked_tensor"
 
 
-def create_filename(folder: str, read_op: bool, size: int, tid: int) -> str:
+def create_filename(folder: str, read_op: bool, size: int, tid: int | str) -> str:
     """DeepSpeed's name of task `tid`'s file."""
     return os.path.join(folder, f"_aio_{'read' if read_op else 'write'}_{size}.pt.{tid}")
 

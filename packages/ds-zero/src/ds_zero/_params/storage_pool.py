@@ -34,7 +34,9 @@ __all__ = ["MIN_POOLED_BYTES", "ReleasedStoragePool", "released_storages"]
 MIN_POOLED_BYTES = 8 * 2**20
 """Smaller storages are left to the allocator (glibc serves them from its heap without new pages)."""
 
-_CAN_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+_swap_bytes = getattr(torch.UntypedStorage, "_swap_data_ptr_", None)
+"""`a._swap_data_ptr_(b)`: `a` and `b` exchange their memory and sizes (one may be empty); None before torch had it."""
+_CAN_SWAP = _swap_bytes is not None
 
 
 class ReleasedStoragePool:
@@ -63,7 +65,7 @@ class ReleasedStoragePool:
         if not _CAN_SWAP or storage.device.type != "cpu" or nbytes < MIN_POOLED_BYTES or nbytes > self.capacity:
             return False
         block = torch.UntypedStorage(0)
-        block._swap_data_ptr_(storage)
+        _swap_bytes(block, storage)  # type: ignore[misc]
         with self._lock:
             self._blocks.setdefault(nbytes, []).append(block)
             self._blocks.move_to_end(nbytes)
@@ -85,7 +87,7 @@ class ReleasedStoragePool:
                 del self._blocks[nbytes]
             self._bytes -= nbytes
             self.hits += 1
-        storage._swap_data_ptr_(block)
+        _swap_bytes(storage, block)  # type: ignore[misc]
         return True
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
@@ -97,7 +99,8 @@ class ReleasedStoragePool:
         storage = torch.UntypedStorage(0)
         if not self.fill(storage, nbytes):
             return None
-        return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
 
     def clear(self) -> None:
         """Free every pooled block."""
