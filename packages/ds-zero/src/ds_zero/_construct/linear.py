@@ -35,7 +35,7 @@ from torch._C._functorch import unwrap_if_dead
 from torch.nn import functional
 
 import ds_comm
-from ds_zero._params.storage_pool import released_storages
+from ds_zero._params.storage_pool import MIN_POOLED_BYTES, released_storages
 
 __all__ = ["LinearFunctionForZeroStage3", "install_zero3_linear", "zero3_linear_wrap"]
 
@@ -141,8 +141,14 @@ def _weight_grad(ctx: Any, grad_out: torch.Tensor, input: torch.Tensor) -> torch
     gradient (`_stage3.grads`), so the next layer's gradient reuses it (see [Note: why released full
     storages are pooled]). Same kernel, same values; not under autocast, whose output dtype is its own.
     """
-    if not ctx._fwd_used_autocast and grad_out.dtype == input.dtype and grad_out.device.type == "cpu":
-        out = released_storages.empty((grad_out.shape[1], input.shape[1]), grad_out.dtype)
+    shape = (grad_out.shape[1], input.shape[1])
+    if (
+        shape[0] * shape[1] * grad_out.element_size() >= MIN_POOLED_BYTES  # small ones: not worth a lookup
+        and not ctx._fwd_used_autocast
+        and grad_out.dtype == input.dtype
+        and grad_out.device.type == "cpu"
+    ):
+        out = released_storages.empty(shape, grad_out.dtype)
         if out is not None:
             return torch.mm(grad_out.t(), input, out=out)
     return grad_out.t().mm(input)

@@ -93,7 +93,7 @@ class ReleasedStoragePool:
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
         """A contiguous host tensor of `shape`/`dtype` on a pooled block of exactly its bytes (contents
         undefined); None when the pool has none (the caller allocates as usual)."""
-        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_POOLED_BYTES:
             return None
         storage = torch.UntypedStorage(0)
