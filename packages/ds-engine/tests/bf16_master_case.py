@@ -8,11 +8,14 @@ runs them under ds and compares.
 
 The runs: DeepSpeedExamples' `training/bf16_master_weight/configs/bf16_full.json` settings (ZeRO-3, bf16 masters,
 gradients and Adam moments, `torch_autocast` bf16) and the same masters with the optimizer offloaded to the CPU at
-ZeRO 1, 2 and 3, where the CPU Adam keeps the moments in bf16 (`bf16_optimizer_states`) or in fp32 (not set).
+ZeRO 1, 2 and 3, where the CPU Adam keeps the moments in bf16 (`bf16_optimizer_states`) or in fp32 (not set), and
+to NVMe at ZeRO 3 (swap files under the temporary directory).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from types import ModuleType
 from typing import Any
 
@@ -55,7 +58,11 @@ def config(name: str, world: int) -> dict[str, Any]:
     zero["reduce_bucket_size"] = 5e7
     if stage == 3:
         zero["stage3_param_persistence_threshold"] = 0
-    if offload:
+    if offload == "nvme":
+        swap = os.path.join(tempfile.gettempdir(), f"bf16_master_case_{name}")
+        os.makedirs(swap, exist_ok=True)
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": swap}
+    elif offload:
         zero["offload_optimizer"] = {"device": "cpu"}
     bf16: dict[str, Any] = {"enabled": True, "bf16_master_weights_and_grads": True}
     if states:
@@ -90,14 +97,16 @@ def train(ds: ModuleType, rank: int, world: int, name: str) -> dict[str, Any]:
     return {"losses": losses}
 
 
-#: The runs recorded: name -> (ZeRO stage, optimizer offloaded to the CPU, bf16_optimizer_states). Stages 1 and 2
-#: first: a ZeRO-3 engine routes `F.linear` through its own autograd function for the rest of the process (as
-#: DeepSpeed's does), which rounds differently from torch's addmm under autocast.
-RUNS: dict[str, tuple[int, bool, bool]] = {
-    "offload_z1_bf16_states": (1, True, True),
-    "offload_z2_fp32_states": (2, True, False),
-    "bf16_full_z3": (3, False, True),
-    "offload_z3_bf16_states": (3, True, True),
-    "offload_z3_fp32_states": (3, True, False),
+#: The runs recorded: name -> (ZeRO stage, optimizer offload: "" none, "cpu" or "nvme", bf16_optimizer_states).
+#: Stages 1 and 2 first: a ZeRO-3 engine routes `F.linear` through its own autograd function for the rest of the
+#: process (as DeepSpeed's does), which rounds differently from torch's addmm under autocast.
+RUNS: dict[str, tuple[int, str, bool]] = {
+    "offload_z1_bf16_states": (1, "cpu", True),
+    "offload_z2_fp32_states": (2, "cpu", False),
+    "bf16_full_z3": (3, "", True),
+    "offload_z3_bf16_states": (3, "cpu", True),
+    "offload_z3_fp32_states": (3, "cpu", False),
+    "nvme_z3_bf16_states": (3, "nvme", True),
+    "nvme_z3_fp32_states": (3, "nvme", False),
 }
 WORLD = 2

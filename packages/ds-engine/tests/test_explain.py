@@ -106,6 +106,10 @@ def test_explain_names_bf16_master_weights(tmp_path: Path, capsys) -> None:
     path.write_text(json.dumps(config))
     assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
     assert "Adam moments fp32 (12 bytes per partitioned element" in capsys.readouterr().out
+    config["zero_optimization"] = {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}
+    path.write_text(json.dumps(config))  # DeepSpeed pages bf16 masters from NVMe too
+    assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
+    assert "master weights and gradient partitions in bf16 on NVMe (swap files" in capsys.readouterr().out
     config["bf16"] = {"enabled": True}
     path.write_text(json.dumps(config))
     assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0

@@ -7,8 +7,8 @@ The DeepSpeed numbers come from `tests/data/bf16_master_deepspeed.json`, written
 moments to bf16 after every step, so a one-ulp difference in a reduction order shows at the 1e-4 level.
 
 Also: the CPU Adam really keeps what the keys say (bf16 masters; bf16 or fp32 moments), a checkpoint taken
-mid-run (in ds's layout at ZeRO-2, in DeepSpeed's at ZeRO-3) resumes to the uninterrupted run's losses exactly,
-and `zero_to_fp32` reads both.
+mid-run (in ds's layout at ZeRO-2 and at ZeRO-3 with the masters on NVMe, in DeepSpeed's at ZeRO-3) resumes to
+the uninterrupted run's losses exactly, and `zero_to_fp32` reads each.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ pytest.importorskip("ds_zero", reason="bf16 master weights are a ZeRO setting: n
 REFERENCE = json.loads((Path(__file__).parents[1] / "data" / "bf16_master_deepspeed.json").read_text())
 TOL = 1e-3
 #: run -> `checkpoint.layout` of its mid-run save (ds's own, or DeepSpeed's file layout)
-RESUMED = {"offload_z2_fp32_states": "ds", "offload_z3_bf16_states": "deepspeed"}
+RESUMED = {"offload_z2_fp32_states": "ds", "offload_z3_bf16_states": "deepspeed", "nvme_z3_fp32_states": "ds"}
 SPLIT = 3
 
 
@@ -85,9 +85,9 @@ def _ranks(rank: int, world: int, ckpt: str) -> dict[str, Any]:
     if rank == 0:
         from ds_zero.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        for name, layout in RESUMED.items():
+        for name in RESUMED:
             state = get_fp32_state_dict_from_zero_checkpoint(f"{ckpt}/{name}", tag=name)
-            out[f"fp32_{layout}"] = (sorted(state), {str(t.dtype) for t in state.values()})
+            out[f"fp32_{name}"] = (sorted(state), {str(t.dtype) for t in state.values()})
     out["model_keys"] = sorted(k for k, _ in case.TinyLM().named_parameters())
     return out
 
@@ -121,8 +121,8 @@ def test_resume_equals_the_uninterrupted_run(results: list[dict[str, Any]], name
         assert res[name]["resumed"] == res[name]["losses"][SPLIT:]
 
 
-@pytest.mark.parametrize("layout", ["ds", "deepspeed"])
-def test_zero_to_fp32_reads_the_bf16_master_checkpoint(results: list[dict[str, Any]], layout: str) -> None:
-    keys, dtypes = results[0][f"fp32_{layout}"]
+@pytest.mark.parametrize("name", RESUMED)
+def test_zero_to_fp32_reads_the_bf16_master_checkpoint(results: list[dict[str, Any]], name: str) -> None:
+    keys, dtypes = results[0][f"fp32_{name}"]
     assert keys == results[0]["model_keys"]
     assert dtypes == {"torch.float32"}

@@ -78,19 +78,13 @@ def master_weights_dtype(
         )
     if not bf16_master_weights_and_gradients:
         return torch.float32
-    if offload_device == "nvme":
-        raise ValueError(
-            f"{MASTERS_KEY}=true with zero_optimization.offload_optimizer.device='nvme' is not implemented in ds "
-            "(its NVMe swapper pages fp32 masters); use offload_optimizer.device 'cpu' or 'none', or turn "
-            f"{MASTERS_KEY} off"
-        )
     if bf16_optimizer_states and offload_device == "none":
         return torch.bfloat16
     if offload_device == "none":
         raise ValueError(
             f"{MASTERS_KEY}=true with {STATES_KEY}=false keeps fp32 moments beside bf16 masters, which needs "
-            "zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed): offload the "
-            f"optimizer, or set {STATES_KEY} to true as well"
+            "zero_optimization.offload_optimizer.device 'cpu' or 'nvme' with DeepSpeedCPUAdam (as in DeepSpeed): "
+            f"offload the optimizer, or set {STATES_KEY} to true as well"
         )
     _check_cpu_adam(optimizer, MASTERS_KEY, bf16_optimizer_states=bf16_optimizer_states)
     return torch.bfloat16

@@ -77,6 +77,8 @@ class AssemblyPlan:
     bf16_optimizer_states: bool = False
     """With `bf16_masters`: the optimizer's moments in bf16 too (`bf16.bf16_optimizer_states`); without it they
     stay fp32 in the CPU Adam of the optimizer offload."""
+    masters_on_nvme: bool = False
+    """The optimizer is offloaded to NVMe (`offload_optimizer.device: nvme`): the masters are paged from swap files."""
     fp16_masters: bool = False
     """ZeRO keeps fp16 master weights and gradient partitions on the host, fp32 moments in DeepSpeedCPUAdam
     (`fp16.fp16_master_weights_and_grads`)."""
@@ -86,6 +88,8 @@ class AssemblyPlan:
     def _bf16_masters_text(self) -> str:
         """Where the bf16 masters live and what their moments are, with the model-state bytes per element."""
         where = "on the CPU, stepped by DeepSpeedCPUAdam" if self.offload_optimizer else "on the device"
+        if self.masters_on_nvme:
+            where = "on NVMe (swap files of that width, paged through the CPU), stepped by DeepSpeedCPUAdam"
         if self.bf16_optimizer_states:
             return (
                 f"master weights, gradient partitions and optimizer states in bf16 {where} (8 bytes per "
@@ -430,6 +434,7 @@ def plan_assembly(
         immediate_grad_update=precision == "bf16" and stage == 0 and m.bf16.immediate_grad_update,
         bf16_masters=stage >= 1 and m.bf16.bf16_master_weights_and_grads,
         bf16_optimizer_states=stage >= 1 and m.bf16.bf16_optimizer_states,
+        masters_on_nvme=config.zero.offload_optimizer_device == "nvme",
         fp16_masters=stage >= 1 and m.fp16.fp16_master_weights_and_grads,
         muon=muon,
         zenflow=zenflow_lines(config) if stage >= 1 and source != "none" else (),

@@ -103,7 +103,7 @@ _STATES = "bf16.bf16_optimizer_states"
 def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
     """bf16 master weights / optimizer states: DeepSpeed's refusals (ZeRO stage 1-3 only; optimizer states need
     the masters; fp32 moments beside bf16 masters need CPU optimizer offload), and what ds does not implement
-    (bf16 training off, NVMe optimizer offload). ds-zero checks the same again, with the base optimizer's class
+    (bf16 training off). ds-zero checks the same again, with the base optimizer's class
     (DeepSpeedCPUAdam under offload), when its optimizer is built."""
     bf16 = model.bf16
     masters, states = bf16.bf16_master_weights_and_grads, bf16.bf16_optimizer_states
@@ -126,16 +126,11 @@ def _check_bf16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None
             "a bf16 model), or turn it off"
         )
     offload = zero.offload_optimizer_device
-    if offload == "nvme":
-        raise DeepSpeedConfigError(
-            f"{_MASTERS}=true with zero_optimization.offload_optimizer.device='nvme' is not implemented in ds (its "
-            "NVMe swapper pages fp32 masters); use offload_optimizer.device 'cpu' or 'none', or turn it off"
-        )
-    if not states and offload != "cpu":
+    if not states and offload == "none":
         raise DeepSpeedConfigError(
             f"{_MASTERS}=true with {_STATES}=false keeps fp32 moments beside bf16 masters, which needs "
-            "zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed): offload the "
-            f"optimizer, or set {_STATES} to true as well"
+            "zero_optimization.offload_optimizer.device 'cpu' or 'nvme' with DeepSpeedCPUAdam (as in DeepSpeed): "
+            f"offload the optimizer, or set {_STATES} to true as well"
         )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "SwapFile",
     "checksum",
     "claim_finalizer",
+    "dtype_word",
     "io_failure",
     "make_aio_handle",
     "prepare_swap_dir",
@@ -128,6 +129,11 @@ def release_swap_dir(path: Path) -> None:
 def claim_finalizer(owner: object, path: Path) -> None:
     """Remove `path` when `owner` is garbage collected (or at interpreter exit)."""
     weakref.finalize(owner, release_swap_dir, path)
+
+
+def dtype_word(dtype: torch.dtype) -> str:
+    """ "fp32", "bf16", "fp16" (what messages call a swap file's values)."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def checksum(tensor: torch.Tensor) -> int:

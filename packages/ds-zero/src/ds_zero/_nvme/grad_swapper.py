@@ -24,7 +24,7 @@ import torch
 
 from ds_ops.aio import AioError
 from ds_ops.precision import GradStats
-from ds_zero._nvme.files import SwapFile, io_failure
+from ds_zero._nvme.files import SwapFile, dtype_word, io_failure
 
 if TYPE_CHECKING:
     from ds_ops.aio import AsyncIOHandle
@@ -47,20 +47,28 @@ class _OpenTile:
 
 
 class GradSwapper:
-    """Collects, writes and reads back the fp32 gradient of each swapped tile.
+    """Collects, writes and reads back the gradient (fp32, or bf16 with bf16 masters) of each swapped tile.
 
     Args:
         tiles: the stage-3 optimizer's tiles (their `index` already set by the optimizer swapper).
         swap_dir: the optimizer swap directory of this rank.
         handle: an async I/O handle of its own (waits on it settle only gradient writes).
         norm_type: p of the gradient norm the stats are for.
+        dtype: the gradients' dtype: fp32, or the masters' bf16 with `bf16_master_weights_and_grads`.
     """
 
     def __init__(
-        self, tiles: list[ShardTile], *, swap_dir: os.PathLike[str], handle: AsyncIOHandle, norm_type: float = 2.0
+        self,
+        tiles: list[ShardTile],
+        *,
+        swap_dir: os.PathLike[str],
+        handle: AsyncIOHandle,
+        norm_type: float = 2.0,
+        dtype: torch.dtype = torch.float32,
     ):
         self.dir = swap_dir
         self.handle = handle
+        self.dtype = dtype
         self.norm_type = float(norm_type)
         self.max_numel = max((t.numel for t in tiles), default=0)
         self._files: dict[int, SwapFile] = {}
@@ -79,7 +87,8 @@ class GradSwapper:
     def file(self, tile: ShardTile) -> SwapFile:
         record = self._files.get(tile.index)
         if record is None:
-            record = SwapFile(self.dir / f"tile{tile.index}.grad.swp", f"the fp32 gradient of sub-group {tile.index}")
+            label = f"the {dtype_word(self.dtype)} gradient of sub-group {tile.index}"
+            record = SwapFile(self.dir / f"tile{tile.index}.grad.swp", label)
             self._files[tile.index] = record
         return record
 
@@ -95,7 +104,7 @@ class GradSwapper:
         self.num_buffers += 1
         if self.num_buffers > 4:
             logger.debug("NVMe gradient swap: %d tile buffers in use", self.num_buffers)
-        return self.handle.new_cpu_locked_tensor(max(1, self.max_numel), torch.empty(0, dtype=torch.float32))
+        return self.handle.new_cpu_locked_tensor(max(1, self.max_numel), torch.empty(0, dtype=self.dtype))
 
     def _settle_writes(self) -> None:
         writing, self._writing = self._writing, []
@@ -112,7 +121,7 @@ class GradSwapper:
     def _read_file(self, tile: ShardTile, into: torch.Tensor) -> None:
         """Read the tile's gradient file into `into` (its numel elements), after any pending writes; checked."""
         record = self.file(tile)
-        record.check_before_read(tile.numel * 4)
+        record.check_before_read(tile.numel * self.dtype.itemsize)
         self._settle_writes()
         try:
             request = self.handle.async_pread(into, record.path, checksum=True)
@@ -124,7 +133,7 @@ class GradSwapper:
     def _measure(self, tile: ShardTile, grad: torch.Tensor) -> None:
         """Record the tile's gradient norm term and inf/nan flag (what `stats` sums for `finish_step`)."""
         p = self.norm_type
-        norm = float(torch.linalg.vector_norm(grad, p))
+        norm = float(torch.linalg.vector_norm(grad, p, dtype=torch.float32))  # a bf16 gradient's norm in fp32
         self._stats[tile.index] = (norm if math.isinf(p) else norm**p, not math.isfinite(norm))
 
     # ------------------------------------------------------------------------------ backward
@@ -215,12 +224,13 @@ class GradSwapper:
         self._check_settled(tile, "read")
         if tile.index not in self._valid:
             return None
-        out = torch.empty(tile.numel, dtype=torch.float32)
+        out = torch.empty(tile.numel, dtype=self.dtype)
         self._read_file(tile, out)
         return out
 
     def write(self, tile: ShardTile, values: torch.Tensor) -> None:
-        """Replace the tile's gradient with fp32 `values`; its norm term and inf/nan flag are measured anew.
+        """Replace the tile's gradient with `values` (stored in `dtype`); its norm term and inf/nan flag are
+        measured anew.
 
         A tile updated during the backward from its old gradient is undone first; `step()` updates it."""
         eager = self.eager
@@ -228,7 +238,7 @@ class GradSwapper:
             eager.undo([tile.index], "its gradient was replaced before step()")
         self._check_settled(tile, "written")
         self._settle_writes()
-        src = values.detach().to(torch.float32).reshape(-1).contiguous()
+        src = values.detach().to(self.dtype).reshape(-1).contiguous()
         self._measure(tile, src)
         record = self.file(tile)
         try:

@@ -1,7 +1,8 @@
-"""`OptimizerSwapper`: the stage-3 fp32 master and optimizer state on NVMe (`offload_optimizer.device = "nvme"`).
+"""`OptimizerSwapper`: the stage-3 master and optimizer state on NVMe (`offload_optimizer.device = "nvme"`).
 
 Each tile (sub-group of at most `sub_group_size` elements, see `_stage3.partition`) has one swap file for
-its fp32 master and one per partition-shaped optimizer-state tensor (Adam: `exp_avg`, `exp_avg_sq`). Between
+its master (fp32, or bf16 with `bf16_master_weights_and_grads`, as DeepSpeed pages them) and one per
+partition-shaped optimizer-state tensor (Adam: `exp_avg`, `exp_avg_sq`). Between
 steps the tile's master and state tensors are placeholders (right shape, one NaN element). The step visits
 the tiles in order: read the tile into a buffer set, point the master and the state at the buffers, run the
 base optimizer on it, write it back. The gradient partition stays in host memory.
@@ -24,7 +25,7 @@ import torch
 
 from ds_ops.aio import AioError
 from ds_ops.precision import StepOutcome
-from ds_zero._nvme.files import SwapFile, claim_finalizer, io_failure, make_aio_handle
+from ds_zero._nvme.files import SwapFile, claim_finalizer, dtype_word, io_failure, make_aio_handle
 from ds_zero._nvme.grad_swapper import GradSwapper
 from ds_zero._params.partitioned_param import state_of
 from ds_zero._stage3.partition import ShardTile
@@ -48,7 +49,7 @@ def _placeholder(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 class OptimizerSwapper:
-    """Swaps each tile's fp32 master and optimizer state between NVMe files and reused host buffers.
+    """Swaps each tile's master and optimizer state between NVMe files and reused host buffers.
 
     Args:
         tiles: the base optimizer's parameters (every group's tiles, in order), with `swap_master` partitions.
@@ -89,6 +90,8 @@ class OptimizerSwapper:
                 stacklevel=3,
             )
         self.max_numel = max((t.numel for t in tiles), default=0)
+        # fp32, or bf16 with `bf16_master_weights_and_grads` (DeepSpeed pages the masters in their own dtype)
+        self.master_dtype = tiles[0].partition.master_dtype if tiles else torch.float32
         self.num_sets = 1 + int(self.pipeline_read) + int(self.pipeline_write)
         self._files: dict[tuple[int, str, int], SwapFile] = {}
         self._slot: dict[int, int] = {}  # tile index -> the file set holding its committed values (`spare_slot`)
@@ -97,13 +100,15 @@ class OptimizerSwapper:
         self._sets: list[dict[str, torch.Tensor]] = []
         example = torch.empty(0, dtype=torch.uint8)
         for _ in range(self.num_sets):
-            self._sets.append({_MASTER: self.reader.new_cpu_locked_tensor(self.max_numel * 4, example)})
+            self._sets.append(
+                {_MASTER: self.reader.new_cpu_locked_tensor(self.max_numel * self.master_dtype.itemsize, example)}
+            )
         for k, tile in enumerate(tiles):
             tile.index, tile.swap = k, self
             for p, off in zip(tile.params, tile.offsets, strict=True):
                 index[p].master_writer = self._master_writer(tile, off)
         self._write_initial_masters()
-        self.grads = GradSwapper(tiles, swap_dir=self.dir, handle=make_aio_handle(aio_config))
+        self.grads = GradSwapper(tiles, swap_dir=self.dir, handle=make_aio_handle(aio_config), dtype=self.master_dtype)
         self.grad_outcome: StepOutcome | None = None  # the factors finish_step left for the gradients read
         self.num_reads = 0
         self.num_writes = 0
@@ -115,7 +120,7 @@ class OptimizerSwapper:
             slot = self._slot.get(tile.index, 0)
         record = self._files.get((tile.index, key, slot))
         if record is None:
-            name = "fp32 master" if key == _MASTER else f"optimizer state {key!r}"
+            name = f"{dtype_word(self.master_dtype)} master" if key == _MASTER else f"optimizer state {key!r}"
             names = [repr(state_of(p).name) for p in tile.params[:3]]
             params = ", ".join(names) + (" ..." if len(tile.params) > 3 else "")
             suffix = "" if slot == 0 else f".{slot}"
@@ -142,7 +147,7 @@ class OptimizerSwapper:
         """Disk bytes the tile's spare set (`spare_slot`) still has to claim: its master and swapped state
         files not yet written (0 once an update during backward has written them; they are then reused)."""
         spare = self.spare_slot(tile)
-        keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
+        keys = [(_MASTER, self.master_dtype), *self._keys.get(tile.index, [])]
         total = 0
         for key, dtype in keys:
             record = self._files.get((tile.index, key, spare))
@@ -164,7 +169,7 @@ class OptimizerSwapper:
         if need > self.buffer_count:
             raise ValueError(
                 f"{_KEY}.buffer_count={self.buffer_count} is too small: the optimizer keeps {len(keys)} "
-                f"state tensors per parameter ({[k for k, _ in keys]}), which with the fp32 master need "
+                f"state tensors per parameter ({[k for k, _ in keys]}), which with the master need "
                 f"{need} buffers; set buffer_count >= {need}"
             )
         example = torch.empty(0, dtype=torch.uint8)
@@ -177,7 +182,7 @@ class OptimizerSwapper:
     def _write_initial_masters(self) -> None:
         for tile in self.tiles:
             if tile.numel:
-                self._write_now(tile, _MASTER, tile.shard_fp32_values())
+                self._write_now(tile, _MASTER, tile.shard_fp32_values().to(self.master_dtype))
 
     def _write_now(self, tile: ShardTile, key: str, values: torch.Tensor) -> None:
         record = self._file(tile, key)
@@ -226,13 +231,13 @@ class OptimizerSwapper:
         reads: list[tuple[SwapFile, torch.Tensor, Any]] = []
         if tile.numel == 0:  # a param group without trainable parameters
             return reads
-        keys = [(_MASTER, torch.float32), *self._keys.get(tile.index, [])]
+        keys = [(_MASTER, self.master_dtype), *self._keys.get(tile.index, [])]
         if with_grad and self.grads.has_grad(tile):
-            keys.append((_GRAD, torch.float32))
+            keys.append((_GRAD, self.master_dtype))
             if _GRAD not in self._sets[set_index]:
                 for buffers in self._sets:
                     buffers[_GRAD] = self.reader.new_cpu_locked_tensor(
-                        self.max_numel * 4, torch.empty(0, dtype=torch.uint8)
+                        self.max_numel * self.master_dtype.itemsize, torch.empty(0, dtype=torch.uint8)
                     )
         for key, dtype in keys:
             record = self.grads.file(tile) if key == _GRAD else self._file(tile, key)
@@ -250,9 +255,9 @@ class OptimizerSwapper:
             record.verify(view, request.result.checksum)
         if tile.numel == 0:
             return
-        tile.master.data = self._view(set_index, _MASTER, tile.numel, torch.float32)
+        tile.master.data = self._view(set_index, _MASTER, tile.numel, self.master_dtype)
         if with_grad and self.grads.has_grad(tile):
-            grad = self._view(set_index, _GRAD, tile.numel, torch.float32)
+            grad = self._view(set_index, _GRAD, tile.numel, self.master_dtype)
             tile.master.grad = grad if self.grad_outcome is None else self.grad_outcome.apply_(grad)
         keys = self._keys.get(tile.index)
         if keys:
@@ -286,7 +291,7 @@ class OptimizerSwapper:
         if tile.numel == 0:
             return
         tile.master.grad = None
-        tile.master.data = _placeholder(tile.numel, torch.float32)
+        tile.master.data = _placeholder(tile.numel, self.master_dtype)
         state = self.optimizer.state.get(tile.master)
         if state:
             for key, dtype in self._keys.get(tile.index, []):
@@ -333,18 +338,18 @@ class OptimizerSwapper:
 
     # ------------------------------------------------------------------------------ checkpoints
     def read_master(self, tile: ShardTile) -> torch.Tensor:
-        """A fresh fp32 copy of the tile's master, read from its swap file (checked)."""
+        """A fresh copy of the tile's master (in `master_dtype`), read from its swap file (checked)."""
         if tile.numel == 0:
-            return torch.empty(0)
-        return self._read_now(tile, _MASTER, torch.float32)
+            return torch.empty(0, dtype=self.master_dtype)
+        return self._read_now(tile, _MASTER, self.master_dtype)
 
     def write_master(self, tile: ShardTile, values: torch.Tensor) -> None:
-        """Replace the tile's master with fp32 `values`."""
+        """Replace the tile's master with `values` (stored in `master_dtype`)."""
         if tile.numel:
-            self._write_now(tile, _MASTER, values.to(torch.float32))
+            self._write_now(tile, _MASTER, values.to(self.master_dtype))
 
     def read_tensor(self, tile: ShardTile, key: str | None) -> torch.Tensor | None:
-        """A fresh copy of the tile's fp32 master (`key` None) or of its swapped optimizer state `key`.
+        """A fresh copy of the tile's master (`key` None) or of its swapped optimizer state `key`.
 
         None when the optimizer keeps no swapped `key` for the tile (before its first step, or a state
         that is not partition-shaped and so never leaves memory).
@@ -355,7 +360,7 @@ class OptimizerSwapper:
         return None if dtype is None else self._read_now(tile, key, dtype)
 
     def write_tensor(self, tile: ShardTile, key: str | None, values: torch.Tensor) -> None:
-        """Replace the tile's fp32 master (`key` None) or swapped optimizer state `key` with `values`."""
+        """Replace the tile's master (`key` None) or swapped optimizer state `key` with `values`."""
         if key is None:
             self.write_master(tile, values)
             return

@@ -56,7 +56,7 @@ class ShardTile:
         self.swap: Any = None  # the OptimizerSwapper when the master lives on NVMe
         self.index = -1  # position among the base optimizer's parameters (set by the swapper)
         if part.swap_master:  # its own tensor, whose data the swapper points at a buffer during the step
-            self.master = torch.full((1,), float("nan")).expand(self.numel)
+            self.master = torch.full((1,), float("nan"), dtype=part.master_dtype).expand(self.numel)
         else:
             self.master = part.master[start:end] if part.master is not None else None
 
@@ -74,7 +74,7 @@ class ShardTile:
     def fp32_values(self) -> torch.Tensor:
         """A fresh fp32 copy of the tile's values."""
         if self.swap is not None:
-            return self.swap.read_master(self)
+            return self.swap.read_master(self).to(torch.float32)
         if self.master is not None:
             return self.master.detach().to(torch.float32, copy=True)
         return self.shard_fp32_values()
@@ -159,8 +159,8 @@ class ShardPartition:
         self.shard16 = self._flatten_shards()
         self.master: torch.Tensor | None = None
         if self.swap_master:
-            # fp32 values live in the tiles' swap files; this shape-only tensor carries the gradient partition
-            self.master = torch.full((1,), float("nan")).expand(total)
+            # the masters live in the tiles' swap files; this shape-only tensor carries the gradient partition
+            self.master = torch.full((1,), float("nan"), dtype=self.master_dtype).expand(total)
             if index is not None:
                 for p, off in zip(params, self.offsets, strict=True):
                     index.add(p, grad_flat=self.master, grad_offset=off, master=None)
