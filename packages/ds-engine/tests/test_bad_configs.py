@@ -222,7 +222,7 @@ BAD: list[tuple[str, dict[str, Any], type[Exception], str]] = [
         {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True}, "zero_optimization": {"stage": 2}},
         E,
         r"fp16.fp16_master_weights_and_grads=true keeps fp32 moments beside fp16 masters on the host, which needs "
-        r"ZeRO stage 1, 2 or 3 with zero_optimization.offload_optimizer.device='cpu' .*got stage 2, "
+        r"ZeRO stage 1, 2 or 3 with zero_optimization.offload_optimizer.device 'cpu' .*got stage 2, "
         r"offload_optimizer.device 'none'",
     ),
     (

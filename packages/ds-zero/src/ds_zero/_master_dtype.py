@@ -97,11 +97,11 @@ def _fp16_masters(bf16_too: bool, offload_device: str, optimizer: object | None)
             f"{FP16_MASTERS_KEY}=true and {MASTERS_KEY} / {STATES_KEY} exclude each other (as in DeepSpeed); keep "
             "the one that matches the training precision"
         )
-    if offload_device != "cpu":
+    if offload_device not in ("cpu", "nvme"):
         raise ValueError(
             f"{FP16_MASTERS_KEY}=true keeps fp32 moments beside fp16 masters on the host, which needs "
-            f"zero_optimization.offload_optimizer.device='cpu' with DeepSpeedCPUAdam (as in DeepSpeed), got "
-            f"{offload_device!r}"
+            f"zero_optimization.offload_optimizer.device 'cpu' or 'nvme' with DeepSpeedCPUAdam (as in DeepSpeed), "
+            f"got {offload_device!r}"
         )
     _check_cpu_adam(optimizer, FP16_MASTERS_KEY)
     return torch.float16

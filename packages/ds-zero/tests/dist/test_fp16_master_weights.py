@@ -165,7 +165,7 @@ def _refusal(rank: int, world: int, stage: int, kwargs: dict[str, bool], offload
     ("kwargs", "offload", "torch_adam", "needle"),
     [
         ({**FP16, "bf16_master_weights_and_gradients": True}, True, False, "exclude each other"),
-        (FP16, False, False, "needs zero_optimization.offload_optimizer.device='cpu'"),
+        (FP16, False, False, "needs zero_optimization.offload_optimizer.device 'cpu' or 'nvme'"),
         (FP16, True, True, "needs DeepSpeedCPUAdam as the base optimizer"),
     ],
     ids=["with-bf16-masters", "no-offload", "torch-adamw"],

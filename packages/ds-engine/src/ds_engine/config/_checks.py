@@ -138,8 +138,9 @@ _FP16_MASTERS = "fp16.fp16_master_weights_and_grads"
 
 
 def _check_fp16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None:
-    """fp16 master weights: DeepSpeed's rules (ZeRO stage 1-3 with CPU optimizer offload and DeepSpeedCPUAdam, not
-    with the bf16 master options), fp16 training on. ds-zero checks again with the base optimizer's class."""
+    """fp16 master weights: DeepSpeed's rules (ZeRO stage 1-3 with CPU optimizer offload, or NVMe at stage 3, and
+    DeepSpeedCPUAdam; not with the bf16 master options), fp16 training on. ds-zero checks again with the base
+    optimizer's class."""
     if not model.fp16.fp16_master_weights_and_grads:
         return
     if not model.fp16.enabled:
@@ -150,11 +151,11 @@ def _check_fp16_masters(model: DeepSpeedConfigModel, zero: ZeroSettings) -> None
         raise DeepSpeedConfigError(
             f"{_FP16_MASTERS}=true and {_MASTERS} / {_STATES} exclude each other (as in DeepSpeed); drop the bf16 ones"
         )
-    if zero.stage not in (1, 2, 3) or zero.offload_optimizer_device != "cpu":
+    if zero.stage not in (1, 2, 3) or zero.offload_optimizer_device not in ("cpu", "nvme"):
         raise DeepSpeedConfigError(
             f"{_FP16_MASTERS}=true keeps fp32 moments beside fp16 masters on the host, which needs ZeRO stage 1, 2 "
-            "or 3 with zero_optimization.offload_optimizer.device='cpu' and DeepSpeedCPUAdam (as in DeepSpeed); got "
-            f"stage {zero.stage}, offload_optimizer.device {zero.offload_optimizer_device!r}"
+            "or 3 with zero_optimization.offload_optimizer.device 'cpu' (or 'nvme' at stage 3) and DeepSpeedCPUAdam "
+            f"(as in DeepSpeed); got stage {zero.stage}, offload_optimizer.device {zero.offload_optimizer_device!r}"
         )
 
 

@@ -1,4 +1,4 @@
-"""bf16 master weights and gradients with the optimizer on NVMe (ZeRO-3, 2 gloo ranks).
+"""bf16 (and fp16) master weights and gradients with the optimizer on NVMe (ZeRO-3, 2 gloo ranks).
 
 DeepSpeed 0.19.8 runs `bf16_master_weights_and_grads` with `offload_optimizer.device: nvme` (its swapper pages
 each sub-group's master in the master's own dtype; checked on this host with DeepSpeed's CPU accelerator). The
@@ -8,7 +8,8 @@ masters and gradients, only where they are kept differs. So losses and parameter
 over 6 steps with 2 micro-steps each (the second adds to the first's gradient read back from its file), with
 fp32 moments and with bf16 ones (`bf16_optimizer_states`), every sub-group updated at `step()` or during the
 backward that ends the window (speculatively, `ds_zero._nvme.eager_step`; also with one micro-step a step).
-The swap files hold 2 bytes an element for the masters and gradients, the moments' own width.
+The swap files hold 2 bytes an element for the masters and gradients, the moments' own width. The same for
+fp16 masters (`fp16_master_weights_and_gradients`, fp32 moments), which DeepSpeed also accepts with NVMe.
 """
 
 from __future__ import annotations
@@ -27,17 +28,20 @@ from ds_comm.testing import run_ranks
 STEPS = 6
 
 
-def _build(config: dict[str, Any], states_bf16: bool) -> tuple[torch.nn.Module, Any]:
-    model = make_model().to(torch.bfloat16)
+def _build(config: dict[str, Any], dtype: torch.dtype, states_16: bool) -> tuple[torch.nn.Module, Any]:
+    model = make_model().to(dtype)
     params = [p for p in model.parameters() if p.requires_grad]
-    base = ds_ops.DeepSpeedCPUAdam(params, lr=1e-2, weight_decay=0.01, fp32_optimizer_states=not states_bf16)
+    base = ds_ops.DeepSpeedCPUAdam(params, lr=1e-2, weight_decay=0.01, fp32_optimizer_states=not states_16)
+    if dtype == torch.bfloat16:
+        masters = {"bf16_master_weights_and_gradients": True, "bf16_optimizer_states": states_16}
+    else:
+        masters = {"fp16_master_weights_and_gradients": True}
     opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(
         model,
         base,
         config={**STAGE3_CFG, "sub_group_size": 1500, **config},
-        bf16_master_weights_and_gradients=True,
-        bf16_optimizer_states=states_bf16,
         aio_config={"queue_depth": 4},
+        **masters,
     )
     return model, opt
 
@@ -74,11 +78,13 @@ def _train(model: torch.nn.Module, opt: Any, rank: int, gas: int, hint: bool) ->
     return losses, in_backward
 
 
-def _cpu_vs_nvme(rank: int, world: int, *, root: str, states_bf16: bool, gas: int, hint: bool) -> dict[str, Any]:
-    cpu_model, cpu_opt = _build({"offload_optimizer": {"device": "cpu"}}, states_bf16)
+def _cpu_vs_nvme(
+    rank: int, world: int, *, root: str, dtype: torch.dtype, states_16: bool, gas: int, hint: bool
+) -> dict[str, Any]:
+    cpu_model, cpu_opt = _build({"offload_optimizer": {"device": "cpu"}}, dtype, states_16)
     cpu_losses, _ = _train(cpu_model, cpu_opt, rank, gas, hint)
     nvme = {"device": "nvme", "nvme_path": root, "pipeline_read": True, "pipeline_write": True}
-    model, opt = _build({"offload_optimizer": nvme}, states_bf16)
+    model, opt = _build({"offload_optimizer": nvme}, dtype, states_16)
     losses, in_backward = _train(model, opt, rank, gas, hint)
     swapper = opt.optimizer_swapper
     return {
@@ -93,23 +99,39 @@ def _cpu_vs_nvme(rank: int, world: int, *, root: str, states_bf16: bool, gas: in
 
 
 @pytest.mark.parametrize(
-    ("states_bf16", "gas", "hint"),
-    [(False, 2, False), (True, 2, False), (False, 2, True), (False, 1, True)],
-    ids=["fp32-moments-at-step", "bf16-moments-at-step", "fp32-moments-gas2-in-backward", "fp32-moments-in-backward"],
+    ("dtype", "states_16", "gas", "hint"),
+    [
+        (torch.bfloat16, False, 2, False),
+        (torch.bfloat16, True, 2, False),
+        (torch.bfloat16, False, 2, True),
+        (torch.bfloat16, False, 1, True),
+        (torch.float16, False, 2, False),
+        (torch.float16, False, 1, True),
+    ],
+    ids=[
+        "bf16-fp32-moments-at-step",
+        "bf16-bf16-moments-at-step",
+        "bf16-gas2-in-backward",
+        "bf16-in-backward",
+        "fp16-at-step",
+        "fp16-in-backward",
+    ],
 )
 def test_masters_on_nvme_train_exactly_like_masters_in_memory(
-    tmp_path: Any, states_bf16: bool, gas: int, hint: bool
+    tmp_path: Any, dtype: torch.dtype, states_16: bool, gas: int, hint: bool
 ) -> None:
-    results = run_ranks(2, _cpu_vs_nvme, root=str(tmp_path), states_bf16=states_bf16, gas=gas, hint=hint, timeout_s=240)
+    results = run_ranks(
+        2, _cpu_vs_nvme, root=str(tmp_path), dtype=dtype, states_16=states_16, gas=gas, hint=hint, timeout_s=240
+    )
     for res in results:
-        assert res["master_dtype"] == torch.bfloat16
+        assert res["master_dtype"] == dtype
         assert res["losses"] == res["cpu_losses"]
         assert set(res["state"]) == set(res["cpu_state"])
         for name, value in res["state"].items():
             assert torch.equal(value, res["cpu_state"][name]), name
         widths = res["widths"]
-        assert widths["fp32"] == {2.0}  # the master file (DeepSpeed's "fp32" key name) holds bf16
-        assert widths["exp_avg"] == widths["exp_avg_sq"] == {2.0 if states_bf16 else 4.0}
+        assert widths["fp32"] == {2.0}  # the master file (DeepSpeed's "fp32" key name) holds 16-bit values
+        assert widths["exp_avg"] == widths["exp_avg_sq"] == {2.0 if states_16 else 4.0}
         if gas == 2:  # the first micro-step's gradient went to its file and was read back
             assert widths["grad"] == {2.0}
         if not hint:  # every sub-group updated at step()
