@@ -59,7 +59,8 @@ def _file_widths(swap_dir: str, tiles: list[Any]) -> dict[str, set[float]]:
 
 
 def _train(model: torch.nn.Module, opt: Any, rank: int, gas: int, hint: bool) -> tuple[list[float], list[int]]:
-    """Losses per step, and how many sub-groups were updated during each step's last backward."""
+    """Losses per step, and how many sub-groups were updated during each step's last backward (the most whose
+    writes were in flight at once goes on `opt.most_in_flight`)."""
     losses, in_backward = [], []
     for step in range(STEPS):
         total = 0.0
@@ -72,6 +73,7 @@ def _train(model: torch.nn.Module, opt: Any, rank: int, gas: int, hint: bool) ->
         swapper = getattr(opt, "optimizer_swapper", None)
         eager = None if swapper is None else swapper.grads.eager
         in_backward.append(0 if eager is None else len(eager.stepped))
+        opt.most_in_flight = max(getattr(opt, "most_in_flight", 0), 0 if eager is None else eager.most_writes_in_flight)
         opt.step()
         opt.zero_grad()
         losses.append(total)
@@ -95,6 +97,7 @@ def _cpu_vs_nvme(
         "master_dtype": swapper.master_dtype,
         "widths": _file_widths(str(swapper.dir), swapper.tiles),
         "in_backward": in_backward,
+        "most_in_flight": getattr(opt, "most_in_flight", 0),
     }
 
 
@@ -140,3 +143,5 @@ def test_masters_on_nvme_train_exactly_like_masters_in_memory(
             assert all(res["in_backward"])
         else:  # the first step's backward records the order, the later ones update in backward
             assert res["in_backward"][0] == 0 and all(res["in_backward"][1:])
+        if hint:  # pipeline_write: a sub-group's writes stay in flight while the next one is stepped
+            assert res["most_in_flight"] == 2

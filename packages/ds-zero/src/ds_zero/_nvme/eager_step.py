@@ -85,11 +85,14 @@ class EagerSteps:
         self.stepped: set[int] = set()
         self._undo: dict[int, tuple[ShardTile, UndoRecord, list[Any] | None]] = {}
         self._ahead: list[Any] | None = None
-        self._pending_write: tuple[ShardTile, list[Any]] | None = None
+        # sub-groups whose writes are in flight: (position in `order`, tile, its writes, the writer carrying them)
+        self._pending_writes: list[tuple[int, ShardTile, list[Any], Any]] = []
         self.active = True
         self.settled = False
-        #: counters for tests and reports: sub-groups undone by `settle`/`undo_all`
+        #: counters for tests and reports: sub-groups undone by `settle`/`undo_all`, and the most sub-groups whose
+        #: writes were in flight at once (see [Note: two writes in flight])
         self.num_undone = 0
+        self.most_writes_in_flight = 0
 
     def start(self) -> None:
         """Begin reading the first expected sub-group's master and state (overlaps the start of backward)."""
@@ -105,6 +108,11 @@ class EagerSteps:
             return False
         sw = self.swapper
         set_index = self.pos % sw.num_sets
+        # [Note: two writes in flight] The buffer set a read-ahead fills, and the writer this sub-group's writes
+        # go to, were last used by the sub-group two places back: only its writes must have landed. The
+        # previous sub-group's stay in flight on the other writer while this one is read, stepped and written,
+        # so the backward does not wait for the disk a sub-group early.
+        self._settle_writes(before=self.pos - 1)
         reads = self._ahead if self._ahead is not None else sw._issue_reads(tile, set_index, with_grad=False)
         sw._wait(sw.reader, "read", [r for r, _, _ in reads])
         self._ahead = None
@@ -118,21 +126,22 @@ class EagerSteps:
         tile.master.grad = grad
         self.step_fn(tile)
         tile.master.grad = None
-        writes = sw._issue_writes(tile, sw.spare_slot(tile))
+        writer = sw.writers[self.pos % 2]
+        writes = sw._issue_writes(tile, sw.spare_slot(tile), writer)
         self._undo[tile.index] = (tile, record, None if keys is None else list(keys))
-        self._settle_write()
-        self._pending_write = (tile, writes)
+        self._pending_writes.append((self.pos, tile, writes, writer))
+        self.most_writes_in_flight = max(self.most_writes_in_flight, len(self._pending_writes))
         if not sw.pipeline_write:  # its buffer set is needed again right away
-            self._settle_write()
+            self._settle_writes()
         self.stepped.add(tile.index)
         self.pos += 1
         return True
 
-    def _settle_write(self) -> None:
-        if self._pending_write is not None:
-            tile, writes = self._pending_write
-            self._pending_write = None
-            self.swapper._wait(self.swapper.writer, "write", [r for r, _, _ in writes])
+    def _settle_writes(self, before: int | None = None) -> None:
+        """Wait for the writes of the sub-groups at positions below `before` (None: all), oldest first."""
+        while self._pending_writes and (before is None or self._pending_writes[0][0] < before):
+            _, tile, writes, writer = self._pending_writes.pop(0)
+            self.swapper._wait(writer, "write", [r for r, _, _ in writes])
             self.swapper._unbind(tile, writes)
 
     def finish(self) -> None:
@@ -141,7 +150,7 @@ class EagerSteps:
         if self._ahead is not None:
             self._ahead = None
             self.swapper._wait(self.swapper.reader, "read", [])
-        self._settle_write()
+        self._settle_writes()
 
     # ---------------------------------------------------------------- at the step
     def settle(self, outcome: StepOutcome) -> None:

@@ -80,6 +80,9 @@ class OptimizerSwapper:
         self.optimizer = optimizer
         self.reader = make_aio_handle(aio_config)
         self.writer = make_aio_handle(aio_config)  # its own queue, so a write can run while a read is waited on
+        # updates during backward alternate between two writers, so one sub-group's writes can be waited for
+        # while the next one's are still in flight (`ds_zero._nvme.eager_step`)
+        self.writers = (self.writer, make_aio_handle(aio_config))
         self.buffer_count = config.buffer_count
         self.pipeline_read = config.pipeline_read
         self.pipeline_write = config.pipeline_write
@@ -265,8 +268,12 @@ class OptimizerSwapper:
             for key, dtype in keys:
                 state[key] = self._view(set_index, key, tile.numel, dtype)
 
-    def _issue_writes(self, tile: ShardTile, slot: int | None = None) -> list[tuple[SwapFile, torch.Tensor, Any]]:
-        """Write the bound tile's master and state to `slot` (None: the committed set)."""
+    def _issue_writes(
+        self, tile: ShardTile, slot: int | None = None, writer: Any = None
+    ) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+        """Write the bound tile's master and state to `slot` (None: the committed set) on `writer` (None: the
+        swapper's own)."""
+        writer = self.writer if writer is None else writer
         if tile.numel == 0:
             return []
         keys = self._state_keys(tile)
@@ -280,7 +287,7 @@ class OptimizerSwapper:
             src = tensor.detach()
             if not src.is_contiguous():
                 src = src.contiguous()
-            writes.append((record, src, self.writer.async_pwrite(src, record.path, checksum=True)))
+            writes.append((record, src, writer.async_pwrite(src, record.path, checksum=True)))
             self.num_writes += 1
         return writes
 
