@@ -58,10 +58,10 @@ def _file_widths(swap_dir: str, tiles: list[Any]) -> dict[str, set[float]]:
     return widths
 
 
-def _train(model: torch.nn.Module, opt: Any, rank: int, gas: int, hint: bool) -> tuple[list[float], list[int]]:
-    """Losses per step, and how many sub-groups were updated during each step's last backward (the most whose
-    writes were in flight at once goes on `opt.most_in_flight`)."""
-    losses, in_backward = [], []
+def _train(model: torch.nn.Module, opt: Any, rank: int, gas: int, hint: bool) -> tuple[list[float], list[int], int]:
+    """Losses per step, how many sub-groups were updated during each step's last backward, and the most of them
+    whose writes were in flight at once."""
+    losses, in_backward, most_in_flight = [], [], 0
     for step in range(STEPS):
         total = 0.0
         for micro in range(gas):
@@ -73,21 +73,21 @@ def _train(model: torch.nn.Module, opt: Any, rank: int, gas: int, hint: bool) ->
         swapper = getattr(opt, "optimizer_swapper", None)
         eager = None if swapper is None else swapper.grads.eager
         in_backward.append(0 if eager is None else len(eager.stepped))
-        opt.most_in_flight = max(getattr(opt, "most_in_flight", 0), 0 if eager is None else eager.most_writes_in_flight)
+        most_in_flight = max(most_in_flight, 0 if eager is None else eager.most_writes_in_flight)
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    return losses, in_backward
+    return losses, in_backward, most_in_flight
 
 
 def _cpu_vs_nvme(
     rank: int, world: int, *, root: str, dtype: torch.dtype, states_16: bool, gas: int, hint: bool
 ) -> dict[str, Any]:
     cpu_model, cpu_opt = _build({"offload_optimizer": {"device": "cpu"}}, dtype, states_16)
-    cpu_losses, _ = _train(cpu_model, cpu_opt, rank, gas, hint)
+    cpu_losses, _, _ = _train(cpu_model, cpu_opt, rank, gas, hint)
     nvme = {"device": "nvme", "nvme_path": root, "pipeline_read": True, "pipeline_write": True}
     model, opt = _build({"offload_optimizer": nvme}, dtype, states_16)
-    losses, in_backward = _train(model, opt, rank, gas, hint)
+    losses, in_backward, most_in_flight = _train(model, opt, rank, gas, hint)
     swapper = opt.optimizer_swapper
     return {
         "cpu_losses": cpu_losses,
@@ -97,7 +97,7 @@ def _cpu_vs_nvme(
         "master_dtype": swapper.master_dtype,
         "widths": _file_widths(str(swapper.dir), swapper.tiles),
         "in_backward": in_backward,
-        "most_in_flight": getattr(opt, "most_in_flight", 0),
+        "most_in_flight": most_in_flight,
     }
 
 

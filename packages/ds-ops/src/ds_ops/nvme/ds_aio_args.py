@@ -72,15 +72,19 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def refine_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The size flags as bytes ("64M" -> 67108864); ValueError naming the flag when one is not a size."""
+def refine_args(args: argparse.Namespace, *, strict: bool = True) -> argparse.Namespace:
+    """The size flags as bytes ("64M" -> 67108864); ValueError naming the flag when one is not a size, or, with
+    `strict` off, that flag left as given (for `validate_args` to report with the rest)."""
     for name in _SIZE_FLAGS:
         value = getattr(args, name, None)
         if isinstance(value, str) and value:
             try:
                 setattr(args, name, refine_integer_value(value))
             except ValueError:
-                raise ValueError(f"--{name} {value!r} is not a size (a number with an optional K, M or G)") from None
+                if strict:
+                    raise ValueError(
+                        f"--{name} {value!r} is not a size (a number with an optional K, M or G)"
+                    ) from None
     return args
 
 
@@ -155,11 +159,7 @@ def get_validated_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         SystemExit: status 2 after printing what is wrong with the flags.
     """
     args = parse_arguments(argv)
-    for name in _SIZE_FLAGS:
-        try:
-            setattr(args, name, refine_integer_value(getattr(args, name)))
-        except ValueError:
-            pass  # not a size: left as given, validate_args reports it with the rest
+    refine_args(args, strict=False)
     if not validate_args(args):
         raise SystemExit(2)
     print("Successful validation of command line arguments")
