@@ -92,4 +92,6 @@ def test_no_undo_copies_when_no_step_can_be_undone(caplog: pytest.LogCaptureFixt
     with caplog.at_level("WARNING", logger="ds_zero._stage3.superoffload"):
         changed, _ = _tiny_run(False, True, lr_change_at=2)
     assert "updated during the backward with the old ones and keep that update" in caplog.text
-    assert changed[:3] == plain[:3]
+    # the step-2 update used the old lr whatever the worker's timing, so every loss equals the unchanged run's
+    # (the new lr first shows in step 3's update, after the last loss)
+    assert changed == plain

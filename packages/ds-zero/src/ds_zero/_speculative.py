@@ -31,7 +31,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SpeculativeSteps", "UndoRecord"]
+__all__ = ["SpeculativeSteps", "UndoRecord", "hyper_of"]
 
 
 def _copy_value(value: Any, spare: dict[str, torch.Tensor] | None = None, name: str = "") -> Any:
@@ -49,6 +49,11 @@ def _copy_value(value: Any, spare: dict[str, torch.Tensor] | None = None, name: 
     return buf
 
 
+def hyper_of(group: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a param group's hyper-parameters (everything but its params)."""
+    return {k: _copy_value(v) for k, v in group.items() if k != "params"}
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
@@ -56,8 +61,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class UndoRecord:
-    """What one speculative update overwrote: the parameter's values, its optimizer state, its group's
-    hyper-parameters at the time (to notice a change before the step).
+    """What one speculative update overwrote: the parameter's values, its optimizer state, and the group's
+    hyper-parameters the update used (to notice a change before the step).
 
     `elsewhere`: what the caller keeps the pre-update copy of itself, so the record neither copies nor
     restores it: `VALUES` for the parameter's values, and state keys. ZeRO-Infinity's NVMe sub-groups
@@ -77,6 +82,7 @@ class UndoRecord:
         *,
         copy: bool = True,
         elsewhere: Collection[str] = (),
+        hyper: dict[str, Any] | None = None,
     ) -> None:
         self.param = param
         #: whether the values and state were copied (else only the hyper-parameters are kept: no undo)
@@ -87,9 +93,9 @@ class UndoRecord:
         self.had_state = param in optimizer.state
         state = optimizer.state.get(param, {})
         self.state = {k: _copy_value(v, spare, k) for k, v in state.items() if k not in self.elsewhere} if copy else {}
-        group = optimizer.param_groups[group_index]
         self.group_index = group_index
-        self.hyper = {k: _copy_value(v) for k, v in group.items() if k != "params"}
+        #: the hyper-parameters the update used (`hyper`, else the group's now)
+        self.hyper = hyper if hyper is not None else hyper_of(optimizer.param_groups[group_index])
 
     def hyper_changed(self, optimizer: torch.optim.Optimizer) -> bool:
         group = optimizer.param_groups[self.group_index]
@@ -125,8 +131,10 @@ class SpeculativeSteps:
 
     Args:
         optimizer: the base optimizer whose state the updates change.
-        step_fn: `step_fn(key, grad)` updates the unit `key` with gradient `grad`; run on the worker, one
-            unit at a time, nothing else touches the optimizer meanwhile (the caller waits in `settle`).
+        step_fn: `step_fn(key, grad, hyper)` updates the unit `key` with gradient `grad` and the group's
+            hyper-parameters `hyper` as they were at `submit`; run on the worker, one unit at a time. It must
+            not read the live param group: the caller's thread may change it meanwhile (an lr set between the
+            backward and `step()`), and which value the update saw would then depend on timing.
         num_threads: intra-op threads of the worker (`torch.set_num_threads` in that thread; None: leave).
         keep_undo: copy what each update overwrites first (the default for `submit`). Without the copy
             an update cannot be undone, so only go without where the caller knows no step will be
@@ -136,7 +144,7 @@ class SpeculativeSteps:
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
-        step_fn: Callable[[Hashable, torch.Tensor], None],
+        step_fn: Callable[[Hashable, torch.Tensor, dict[str, Any]], None],
         *,
         num_threads: int | None = None,
         keep_undo: bool = True,
@@ -176,11 +184,12 @@ class SpeculativeSteps:
         """Update unit `key` (its optimizer parameter `param` in group `group_index`) with `grad`, soon;
         `keep_undo` overrides the constructor's choice for this update."""
         copy = self.keep_undo if keep_undo is None else keep_undo
+        hyper = hyper_of(self.optimizer.param_groups[group_index])  # on the caller's thread: what "now" means
 
         def run() -> None:
             spare = self._spare.setdefault(key, {}) if copy else None
-            record = UndoRecord(self.optimizer, param, group_index, spare, copy=copy)
-            self.step_fn(key, grad)
+            record = UndoRecord(self.optimizer, param, group_index, spare, copy=copy, hyper=hyper)
+            self.step_fn(key, grad, hyper)
             with self._lock:
                 self._undo[key] = record
                 self.stepped.append(key)

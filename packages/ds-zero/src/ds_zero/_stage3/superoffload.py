@@ -155,19 +155,23 @@ class SuperOffload:
             or z.reducer.saw_late
         )
 
-    def _step_tile(self, tile: Any, grad: torch.Tensor) -> None:
-        """On the worker: the base optimizer's step on this tile alone (its group narrowed to it)."""
-        groups = self.zero.optimizer.param_groups
-        saved = [group["params"] for group in groups]
+    def _step_tile(self, tile: Any, grad: torch.Tensor, hyper: dict[str, Any]) -> None:
+        """On the worker: the base optimizer's step on this tile alone, with the hyper-parameters its group
+        had when the tile's gradient completed.
+
+        The step runs on a private view of the base optimizer (`_private_view`): the same state, hooks and
+        class, its own param groups. Narrowing the live groups instead would race with the caller's thread,
+        which may read them or set an lr between the backward and `step()`; the update would then use the
+        old lr or the new one depending on which thread got there first."""
+        base = self.zero.optimizer
+        view = _private_view(base, tile.group_index, tile.master, hyper)
+        tile.master.grad = grad
         try:
-            for gi, group in enumerate(groups):
-                group["params"] = [tile.master] if gi == tile.group_index else []
-            tile.master.grad = grad
-            self.zero.optimizer.step()
+            view.step()
         finally:
             tile.master.grad = None
-            for group, params in zip(groups, saved, strict=True):
-                group["params"] = params
+        # torch's lr scheduler warns when it steps before the optimizer did; the view's step counts.
+        base._opt_called = True  # type: ignore[attr-defined]
 
     # ---------------------------------------------------------------- at the step
     def wait(self) -> None:
@@ -217,6 +221,22 @@ class SuperOffload:
 
     def close(self) -> None:
         self.steps.close()
+
+
+def _private_view(
+    base: torch.optim.Optimizer, group_index: int, param: torch.Tensor, hyper: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """An optimizer object sharing `base`'s class, state and hooks whose only parameter is `param`, in group
+    `group_index` with `hyper`; the other groups are present (some optimizers read every group's settings)
+    but empty. Not `copy.copy`: torch's `Optimizer.__getstate__` would drop the subclass's own attributes."""
+    view = object.__new__(type(base))
+    view.__dict__.update(base.__dict__)
+    view.__dict__.pop("step", None)  # an lr scheduler's wrapper on the instance would step `base` itself
+    view.param_groups = [
+        {**hyper, "params": [param]} if gi == group_index else {**group, "params": []}
+        for gi, group in enumerate(base.param_groups)
+    ]
+    return view
 
 
 def refuse_superoffload(base: torch.optim.Optimizer, cfg: Any) -> None:
