@@ -6,7 +6,7 @@ steps per second of `trainer.train()` (the Trainer's own `train_runtime`, so mod
 start are not counted) and the largest peak RSS over the ranks. Modes run one after another, `--rounds`
 times in alternation so drift on a shared machine hits all alike; medians are reported.
 
-    python benchmarks/hf_trainer.py [--steps 20] [--rounds 2] [--hidden 256] [--layers 4]
+    python benchmarks/hf_trainer.py [--steps 20] [--rounds 2] [--hidden 256] [--layers 4] [--modes ddp,zero3]
 
 Needs transformers, accelerate and the `deepspeed` distribution (`nox -s bench` installs them).
 Target: ZeRO-2 steps/s >= 0.8x DDP. ZeRO-3 is reported without a target: it all-gathers every module's
@@ -106,6 +106,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--modes", default="ddp,zero2,zero3", help="comma-separated subset (ddp is always run)")
     _report.add_json_argument(p)
     a = p.parse_args()
     try:
@@ -121,7 +122,7 @@ def main() -> None:
     sys.path.insert(0, str(JOB_DIR))
     from hf_trainer_job import tiny_config
 
-    modes = ["ddp", "zero2", "zero3"]
+    modes = ["ddp", *(m for m in a.modes.split(",") if m in ZERO)]
     results: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory(prefix="hf_trainer_bench_") as tmp_name:
         tmp = Path(tmp_name)

@@ -101,14 +101,19 @@ STAGE3_CFG = {
 }
 
 
-def train_steps(model: nn.Module, opt: Any, rank: int, steps: range, gas: int) -> list[float]:
-    """The stage-3 training loop: `gas` micro-batches through `opt.backward`, then one step; loss per step."""
+def train_steps(model: nn.Module, opt: Any, rank: int, steps: range, gas: int, hint: str | None = None) -> list[float]:
+    """The stage-3 training loop: `gas` micro-batches through `opt.backward`, then one step; loss per step.
+
+    `hint`: None, no `set_step_boundary` calls; "window", the engine's (True before the last micro-batch's
+    backward); "never", always False (a caller that steps anyway: what it carried must not go stale)."""
     losses = []
     for step in steps:
         total = 0.0
         for micro in range(gas):
             idx, tgt = batch(rank, step, micro)
             loss = loss_fn(model(idx), tgt) / gas
+            if hint is not None:
+                opt.set_step_boundary(hint == "window" and micro == gas - 1)
             opt.backward(loss)
             total += loss.item()
         opt.step()
@@ -128,6 +133,7 @@ def train_stage3(
     config: dict[str, Any] | None = None,
     lr: float = 1e-2,
     use_init: bool = False,
+    hint: str | None = None,
 ) -> dict[str, Any]:
     cfg = dict(STAGE3_CFG, **(config or {}))
     if use_init:
@@ -137,7 +143,7 @@ def train_stage3(
         model = make_model().to(dtype)
     base = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
     opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=cfg, clip_grad=clip)
-    losses = train_steps(model, opt, rank, range(steps), gas=gas)
+    losses = train_steps(model, opt, rank, range(steps), gas=gas, hint=hint)
     with torch.no_grad():
         eval_logits = model(batch(rank, 999, 0)[0]).float()
     return {

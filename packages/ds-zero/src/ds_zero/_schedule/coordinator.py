@@ -6,10 +6,24 @@ forward and again before its backward, and released after each. Around that:
 * prefetch: while the iteration follows the recorded trace (`ExecutionTrace`), the units ahead are
   gathered asynchronously, up to `prefetch_bucket_size` elements ahead;
 * reuse: a released parameter needed again before `max_reuse_distance` more elements are gathered is kept;
+  within a gradient accumulation window that reach extends into the next micro-step's forward (below);
 * `max_live_parameters`: kept and prefetched parameters are evicted before a gather would exceed it (the
   parameters in use by running modules always stay, so the peak is bounded by max_live + the running units);
 * safety net: saved-tensor hooks replace autograd's references to gathered storage with markers that
   re-gather on unpack, so a backward that no hook anticipated still reads the right values.
+
+[Note: carried into the next micro-step] Between the micro-steps of one gradient accumulation window no
+optimizer step runs, so the shards do not change and a parameter gathered at the end of one backward holds
+the values the next forward would gather. DeepSpeed releases everything at the end of each backward and
+gathers it all again; with a model whose gathers are mostly per-collective latency (Hugging Face's "auto"
+buckets on a small model: one collective per module) that is a third of the step. When the optimizer is told
+the window continues (`set_step_boundary(False)`, which the engine says before every backward but the last
+of a window), the backward's releases measure reuse across the iteration's end: a parameter whose next use
+is early in the next forward, fewer than `max_reuse_distance` gathered elements away, stays in the retained
+pool through the iteration's end, evicted first when a gather would pass `max_live_parameters` (as retained
+ones always are); what is carried is what the next forward would gather first anyway. A step, a load or a
+refresh of the weights releases (or re-gathers) every gathered parameter first (`refresh_gathered`), so a
+carried value never outlives the shards it came from, whatever the caller said.
 
 Those three live in their own modules (`live.LiveParams`, `prefetch.Prefetcher`,
 `saved_tensors.SavedTensorNet`); this one keeps the module stack, the iteration edges, the trace
@@ -118,6 +132,9 @@ class ParamCoordinator:
         self.saved_tensors = SavedTensorNet(self.registry, self.live, self._hold)
         released_storages.reserve(_pool_bytes(self.params))
         self.end_of_backward_callbacks: list[Any] = []
+        #: Set for one backward by the optimizer when the next iteration continues its gradient accumulation
+        #: window (no step in between): see [Note: carried into the next micro-step].
+        self.carry_into_next = False
 
     # ----------------------------------------------------------------------------------------- units
     def _refresh_traces(self) -> None:
@@ -169,7 +186,12 @@ class ParamCoordinator:
         for p in self._held:
             state_of(p).active -= 1
         self._held.clear()
-        self.release_unused()
+        if self.carry_into_next and trace is self._traces["train"]:
+            self.live.release_unused(self.params, keep=self.live.retained)
+            self.prefetcher.stop()
+        else:
+            self.release_unused()
+        self.carry_into_next = False
         if self._trace is not None:
             self._trace.commit()
         self._trace = None
@@ -321,6 +343,8 @@ class ParamCoordinator:
             if st.active > 0 or p.ds_status is not ZeroParamStatus.AVAILABLE:
                 continue
             distance = trace.reuse_distance(p.ds_id) if trace is not None else None
+            if distance is None and self.carry_into_next and self._in_backward and trace is not None:
+                distance = trace.distance_into_next(p.ds_id)
             if distance is not None and distance < self.max_reuse_distance:
                 self.live.retained[p.ds_id] = p
             else:

@@ -168,13 +168,16 @@ class LiveParams:
                 self.free(p)
         self.retained.clear()
 
-    def release_unused(self, params: Sequence[nn.Parameter]) -> None:
-        """Wait for in-flight gathers, then free every non-persistent parameter of `params` no one uses."""
+    def release_unused(self, params: Sequence[nn.Parameter], keep: dict[int, nn.Parameter] | None = None) -> None:
+        """Wait for in-flight gathers, then free every non-persistent parameter of `params` no one uses,
+        except those in `keep` (by `ds_id`), which become the retained pool."""
         self.wait_inflight(params)
+        kept = dict(keep) if keep else {}
         for p in params:
-            if not p.ds_persist and state_of(p).active == 0 and p.ds_status is ZeroParamStatus.AVAILABLE:
+            idle = not p.ds_persist and state_of(p).active == 0 and p.ds_status is ZeroParamStatus.AVAILABLE
+            if idle and p.ds_id not in kept:
                 self.free(p)
-        self.retained.clear()
+        self.retained = kept
         self.prefetched.clear()
 
     def regather(self, params: list[nn.Parameter], label: str) -> None:

@@ -129,3 +129,13 @@ class ExecutionTrace:
 
     def unit_at(self, position: int) -> int:
         return self.events[position][0]
+
+    def distance_into_next(self, param_id: int) -> int | None:
+        """Elements gathered, from now, before `param_id` is first needed in the next iteration, if that one
+        follows this trace too (None: not following it, or the parameter is not in it)."""
+        if not self.valid:
+            return None
+        positions = self._param_positions.get(param_id)
+        if not positions:
+            return None
+        return self._cum[-1] - self._cum[self.pos] + self._cum[positions[0]]

@@ -270,6 +270,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         register_owner(trained, self)
         self._global_grad_norm: float | None = None
         self._boundary_hint = False
+        self._window_continues = False  # set only by set_step_boundary(False): see the coordinator's carry
         #: NVMe optimizer: update sub-groups during the boundary backward, speculatively (False: at `step()`)
         self.nvme_speculation = True
         self._last_step_clean = True
@@ -380,9 +381,12 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         """The engine says whether the next backward ends the gradient accumulation window (the next
         `step()` updates). Only then may NVMe-swapped sub-groups be updated during that backward."""
         self._boundary_hint = bool(is_boundary)
+        self._window_continues = not is_boundary
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """`(loss * loss_scale).backward()`; gradients are reduce-scattered as backward produces them."""
+        # parameters the next micro-step's forward needs soon may stay gathered (its shards do not change)
+        self.coordinator.carry_into_next, self._window_continues = self._window_continues, False
         if self._super is not None:
             self._super.arm(self._boundary_hint)
         self._boundary_hint = arm_eager_steps(self, self._boundary_hint)
