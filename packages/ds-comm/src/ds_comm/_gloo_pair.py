@@ -149,22 +149,29 @@ def pair_all_gather_many(
 
 
 def pair_exchange(
-    sends: list[torch.Tensor], recvs: list[torch.Tensor], group: ProcessGroup | None
+    sends: list[torch.Tensor],
+    recvs: list[torch.Tensor],
+    group: ProcessGroup | None,
+    addends: list[torch.Tensor | None] | None = None,
 ) -> PairWork | ShmWork | None:
     """Send each of `sends` to the peer and receive each of `recvs` from it, in order (the peer's `sends[i]`
     lands in this rank's `recvs[i]`; the two lists may differ in length, even be empty, as long as the
     peer's sends match these receives); None, nothing sent, when not eligible: the decision reads each
-    tensor's device, contiguity and size, which the peer's matching tensors share."""
+    tensor's device, contiguity and size, which the peer's matching tensors share. With `addends`, a
+    receive with an addend becomes `recvs[i] = addends[i] + peer's` (one pass through shared memory; over
+    gloo, added once received): the second half of a two-rank reduction, in IEEE's either-order sum."""
     peers = pair_peer(group)
     if peers is None or not (sends or recvs):
         return None
     for t in (*sends, *recvs):
         if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
             return None
+    if addends is not None and len(addends) != len(recvs):
+        raise ValueError(f"pair_exchange: {len(addends)} addends for {len(recvs)} receives")
     peer = peers[1]
     channel = shm_channel(group)
     if channel is not None:
-        return channel.exchange(list(sends), list(recvs))
+        return channel.exchange(list(sends), list(recvs), addends=addends)
     works: list[Work | None] = []
     for b in sends:
         if any(_overlaps(r, b) for r in recvs):
@@ -172,7 +179,16 @@ def pair_exchange(
         works.append(dist.isend(b, group=group, group_dst=peer, tag=_TAG))
     for a in recvs:
         works.append(dist.irecv(a, group=group, group_src=peer, tag=_TAG))
-    return PairWork([w for w in works if w is not None], None)
+    then = None
+    if addends is not None and any(a is not None for a in addends):
+
+        def then() -> None:
+            with torch.no_grad():
+                for r, a in zip(recvs, addends, strict=True):
+                    if a is not None:
+                        torch.add(a.view(-1), r.view(-1), out=r.view(-1))
+
+    return PairWork([w for w in works if w is not None], then)
 
 
 def pair_reduce_scatter(

@@ -332,15 +332,18 @@ def pair_exchange(
     recvs: Sequence[torch.Tensor],
     group: ProcessGroup | None = None,
     op: str = "pair_exchange",
+    addends: Sequence[torch.Tensor | None] | None = None,
 ) -> CollectiveHandle | None:
     """On a gloo group of two CPU ranks, send `sends[i]` to the other rank and receive its `sends[i]` into
     `recvs[i]`, for every i, as one asynchronous operation (a caller's own collective built from halves,
     such as a reduce-scatter without a staging buffer); logged as `op`. The lists may differ in length
-    (one may be empty) where the other rank's sends match these receives. None, with nothing issued, on
-    any other group or tensors. See ds_comm._gloo_pair (and ds_comm._shm_pair: on one host, shared memory)."""
+    (one may be empty) where the other rank's sends match these receives. `addends[i]` (same shape and
+    dtype as `recvs[i]`, or None) makes that receive `addends[i] + the peer's`: a two-rank sum in one pass.
+    None, with nothing issued, on any other group or tensors. See ds_comm._gloo_pair (and
+    ds_comm._shm_pair: on one host, shared memory)."""
     if not waits_on_cpu(group):
         return None
-    work = _pair_exchange(list(sends), list(recvs), group)
+    work = _pair_exchange(list(sends), list(recvs), group, None if addends is None else list(addends))
     if work is None:
         return None
     size = sum(_nbytes(t) for t in sends) + sum(_nbytes(t) for t in recvs)

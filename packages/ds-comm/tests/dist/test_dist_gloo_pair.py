@@ -97,3 +97,36 @@ def _peer_of_world(rank: int, world: int) -> object:
 @pytest.mark.parametrize("world", [1, 4])
 def test_no_pair_path_outside_two_rank_groups(world: int) -> None:
     assert run_ranks(world, _peer_of_world, timeout_s=120) == [None] * world
+
+
+def _exchange_with_addends(rank: int, world: int) -> list[bool]:
+    """`pair_exchange(..., addends=own)` is a two-rank reduce-scatter: bitwise torch's, fp32 and bf16."""
+    gen = torch.Generator().manual_seed(rank)
+    same = []
+    for dtype in (torch.float32, torch.bfloat16):
+        sizes = (5, 300, 1)
+        grads = [torch.randn(2 * n, generator=gen).to(dtype) for n in sizes]
+        refs = [torch.empty(n, dtype=dtype) for n in sizes]
+        for ref, g in zip(refs, grads, strict=True):
+            dist.reduce_scatter_single(ref, g.clone())
+        rows = [g.view(2, -1) for g in grads]
+        outs = [torch.empty(n, dtype=dtype) for n in sizes]
+        handle = ds_comm.pair_exchange(
+            [r[1 - rank] for r in rows], outs, op="reduce_scatter_tensor", addends=[r[rank] for r in rows]
+        )
+        assert handle is not None
+        handle.wait()
+        same += [torch.equal(o, r) for o, r in zip(outs, refs, strict=True)]
+    # an addend of None leaves that receive a plain copy
+    plain = torch.empty(3)
+    handle = ds_comm.pair_exchange([torch.full((3,), float(rank))], [plain], addends=[None])
+    assert handle is not None
+    handle.wait()
+    same.append(plain.tolist() == [float(1 - rank)] * 3)
+    return same
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_pair_exchange_with_addends_is_a_reduce_scatter(shm: str) -> None:
+    results = run_ranks(2, _exchange_with_addends, timeout_s=120, env={"DS_COMM_SHM": shm})
+    assert all(all(r) for r in results), results

@@ -20,6 +20,7 @@ group and, like the others, divided by the data-parallel world size.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -120,8 +121,8 @@ class GradReducer:
         # the buckets' send and receive buffers, reused backward after backward (see `_buffer_pool`)
         self._buffers = BufferPool()
         self._pooled: set[int] = set()  # ids of the in-flight buffers taken from the pool
-        # pair-exchanged buckets (`_reduce_in_pairs`): this rank's own gradient halves, added once received
-        self._own_halves: dict[int, list[torch.Tensor]] = {}
+        # dividing by a power of two is exact, so it can ride on the copy into the master gradient
+        self._post_is_power_of_two = math.frexp(self.post)[0] == 0.5
 
     def _on_grad(self, param: nn.Parameter) -> None:
         self._on_first_grad()
@@ -232,13 +233,13 @@ class GradReducer:
             own.append(rows[me])
             recvs.append(out[offset : offset + s])
             offset += s
-        work = ds_comm.pair_exchange(sends, recvs, group=group, op="reduce_scatter_tensor")
+        # the own half is added as the peer's arrives (one pass: `recv = own + peer's`, IEEE's either-order sum)
+        work = ds_comm.pair_exchange(sends, recvs, group=group, op="reduce_scatter_tensor", addends=own)
         if work is None:
             self._give(out)
             return False
         for p in params:
             p.grad = None
-        self._own_halves[id(out)] = own
         while self._inflight:
             self._complete(self._inflight.pop(0))
         self._issued((work, out, params, sizes, out))
@@ -267,24 +268,23 @@ class GradReducer:
         work, out, params, sizes, inp = item
         if work is not None:
             work.wait()
-        own = self._own_halves.pop(id(out), None)
-        if own is not None:
-            offset = 0
-            with torch.no_grad():
-                for half in own:
-                    out[offset : offset + half.numel()].add_(half)
-                    offset += half.numel()
+        swapped = any(id(p) in self._swapped for p in params)
+        scale = 1.0
         if self.post != 1.0:
-            out.div_(self.post)
-        self._add_pieces(out, params, sizes)  # its temporaries go with its frame (`_recycle_gradient` counts holders)
-        own_gradient = work is None and own is None and id(inp) not in self._pooled  # one rank's identity path
-        if not any(id(p) in self._swapped for p in params):  # the NVMe swapper may still read `out`
+            if self._post_is_power_of_two and not swapped:
+                scale = 1.0 / self.post  # exact: folded into the copy into the master gradient (one pass less)
+            else:
+                out.div_(self.post)
+        self._add_pieces(out, params, sizes, scale)  # its temporaries go with its frame (`_recycle_gradient`)
+        own_gradient = work is None and id(inp) not in self._pooled  # one rank's identity path
+        if not swapped:  # the NVMe swapper may still read `out`
             self._give(out, inp)
         if own_gradient:
             _recycle_gradient(inp, out)
 
-    def _add_pieces(self, out: torch.Tensor, params: list[nn.Parameter], sizes: list[int]) -> None:
-        """Add each parameter's piece of the reduced `out` to its master gradient (or its NVMe gradient tile)."""
+    def _add_pieces(self, out: torch.Tensor, params: list[nn.Parameter], sizes: list[int], scale: float = 1.0) -> None:
+        """Add each parameter's piece of the reduced `out`, times `scale`, to its master gradient (or its NVMe
+        gradient tile: only with scale 1)."""
         offset = 0
         with torch.no_grad():
             for p, s in zip(params, sizes, strict=True):
@@ -301,10 +301,14 @@ class GradReducer:
                     master.grad = torch.empty_like(master)
                     self._fresh.add(id(master))
                 piece = out[offset : offset + s].to(master.grad.device)
+                dest = master.grad[moff : moff + s]
                 if id(master) in self._fresh:
-                    master.grad[moff : moff + s].copy_(piece)
+                    if scale == 1.0:
+                        dest.copy_(piece)
+                    else:
+                        torch.mul(piece, scale, out=dest)
                 else:
-                    master.grad[moff : moff + s].add_(piece)
+                    dest.add_(piece, alpha=scale)
                 offset += s
                 if self.on_piece is not None:
                     self.on_piece(p)
