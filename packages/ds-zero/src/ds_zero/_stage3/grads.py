@@ -271,8 +271,9 @@ class GradReducer:
         swapped = any(id(p) in self._swapped for p in params)
         scale = 1.0
         if self.post != 1.0:
-            if self._post_is_power_of_two and not swapped:
-                scale = 1.0 / self.post  # exact: folded into the copy into the master gradient (one pass less)
+            # halving is exact but in fp16's wide subnormal range, where the separate division's rounding stays
+            if self._post_is_power_of_two and not swapped and out.dtype != torch.float16:
+                scale = 1.0 / self.post  # folded into the copy into the master gradient (one pass less)
             else:
                 out.div_(self.post)
         self._add_pieces(out, params, sizes, scale)  # its temporaries go with its frame (`_recycle_gradient`)
