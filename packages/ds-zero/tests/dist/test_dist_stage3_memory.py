@@ -67,6 +67,11 @@ def _build_under_init(rank: int, world: int) -> dict[str, Any]:
     # glibc otherwise keeps freed multi-MB blocks in its heap (dynamic mmap threshold), so RSS would
     # measure the allocator's caching instead of what the tensors hold
     ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    # A first Init imports its config machinery (pydantic and ds_zero.config: 5-10 MB, more where the venv holds no
+    # compiled bytecode, as uv's do not); a tiny warm-up build pays that before the measurement starts, so the
+    # growth counts what building the model holds.
+    with ds_zero.Init():
+        Tower(64, 1)
     torch.manual_seed(0)
     base = _rss()
     samples: list[int] = []
