@@ -31,7 +31,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SpeculativeSteps", "UndoRecord", "hyper_of"]
+__all__ = ["SpeculativeSteps", "UndoRecord"]
 
 
 def _copy_value(value: Any, spare: dict[str, torch.Tensor] | None = None, name: str = "") -> Any:

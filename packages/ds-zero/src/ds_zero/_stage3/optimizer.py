@@ -379,7 +379,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
 
     def set_step_boundary(self, is_boundary: bool) -> None:
         """The engine says whether the next backward ends the gradient accumulation window (the next
-        `step()` updates). Only then may NVMe-swapped sub-groups be updated during that backward."""
+        `step()` updates). Only then may NVMe-swapped sub-groups be updated during that backward; otherwise
+        parameters the next forward needs soon may stay gathered ([Note: carried into the next micro-step])."""
         self._boundary_hint = bool(is_boundary)
         self._window_continues = not is_boundary
 
