@@ -125,6 +125,7 @@ def test_explain_shows_deepcompile_passes(tmp_path: Path, capsys, stage: int, ex
     assert main([str(path), "--world-size", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "DeepCompile (compile.deepcompile)" in out and expected in out
+    assert ("selective unsharding: after 5 warm-up steps" in out) == (stage == 3)
     assert "logged at INFO" in out
     config["compile"] = {"deepcompile": False}
     path.write_text(json.dumps(config))

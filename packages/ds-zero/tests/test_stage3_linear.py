@@ -132,3 +132,25 @@ def test_bf16_values_are_deepspeeds_product_then_bias() -> None:
     assert not torch.equal(deepspeeds, torch._C._nn.linear(x, w, b))  # the two roundings differ here
     x2 = x[0]  # 2-D with a bias: one fused multiply-add, as both compute it
     assert torch.equal(zero3_linear_wrap(x2, w, b).detach(), torch.addmm(b, x2, w.t()))
+
+
+def test_a_large_weight_compiles_as_one_graph() -> None:
+    """torch.compile (DeepCompile's capture) traces the backward: a weight gradient of pooled size
+    (>= 8 MiB) must not reach the released-storage pool there (a storage built in Python is a graph
+    break, which sent DeepCompile back to its eager hooks on the benchmark's GPT)."""
+    from ds_zero._params.storage_pool import MIN_POOLED_BYTES
+
+    out_features = MIN_POOLED_BYTES // 4 // 256  # an fp32 weight of exactly the pooled minimum
+    weight = torch.nn.Parameter(torch.randn(out_features, 256) * 0.01)
+    x = torch.randn(4, 256, requires_grad=True)
+
+    def loss(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return zero3_linear_wrap(x, w).square().sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)  # raises on a graph break
+    compiled(x, weight).backward()
+    got = weight.grad.clone(), x.grad.clone()
+    weight.grad = x.grad = None
+    loss(x, weight).backward()
+    torch.testing.assert_close(got[0], weight.grad)
+    torch.testing.assert_close(got[1], x.grad)

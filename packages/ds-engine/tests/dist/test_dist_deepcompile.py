@@ -7,6 +7,9 @@ gradient accumulation 2 and clipping; per-micro-step losses and final weights mu
 1e-4. Also: bf16 with torch's (non-reentrant) activation checkpointing, ZeRO 1 and 2, the schedule (every
 gather has its release), a graph break (DeepSpeed's reentrant checkpointing) falling back to the eager
 hooks with a warning naming the place, and a checkpoint saved by a DeepCompile run resuming exactly.
+Selective unsharding after the 5 warm-up steps: with the host's headroom every parameter is kept whole
+and the last 5 steps gather nothing; with a headroom set for the test, the smallest parameters that fit
+(the three biases) are kept whole and only the weights are gathered; with none, nothing changes.
 
 Dynamo's first compile in a process costs most of the time (about a minute on a loaded 2-core host), so
 every case runs in one pair of rank processes (`results`, module scope) and the tests read its parts.
@@ -14,6 +17,7 @@ every case runs in one pair of rank processes (`results`, module scope) and the 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -31,6 +35,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, rea
 TOL = 1e-4
 STEPS = 10
 GAS = 2
+WARMUP = 5  # DeepSpeed's warm-up steps before selective unsharding
 
 
 class Net(nn.Module):
@@ -103,8 +108,18 @@ class _null:
         return None
 
 
-def _run(stage: int, deepcompile: bool, backend: str, rank: int, checkpointing: str | None, bf16: bool) -> Any:
+def _run(
+    stage: int,
+    deepcompile: bool,
+    backend: str,
+    rank: int,
+    checkpointing: str | None,
+    bf16: bool,
+    headroom: int | None = None,
+    evaluate: bool = False,
+) -> Any:
     import ds_engine
+    from ds_zero._compile import selective
     from ds_zero._compile.ops import stats
 
     torch._dynamo.reset()  # each engine compiles its own backend; a fresh cache keeps under the recompile limit
@@ -113,11 +128,27 @@ def _run(stage: int, deepcompile: bool, backend: str, rank: int, checkpointing: 
     engine.compile(backend=backend)
     stats.reset()
     batches = [(x.bfloat16() if bf16 else x, y) for x, y in _batches(rank, STEPS)]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses = _train(engine, batches)
+    measured = selective.memory_headroom
+    if headroom is not None:  # the test's budget in place of this host's memory
+        selective.memory_headroom = lambda *_: headroom
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses = _train(engine, batches[: WARMUP * GAS])
+            warmup = dataclasses.replace(stats)
+            if evaluate:  # an evaluation forward (no grad) does not make the choice: some ranks may skip it
+                with torch.no_grad():
+                    engine(*batches[0])
+                evaluated_before_choice = engine._dc_unshard_plan is None
+            losses += _train(engine, batches[WARMUP * GAS :])
+    finally:
+        selective.memory_headroom = measured
     return {
         "losses": losses,
+        "warmup_gathers": warmup.gathers,
+        "evaluated_before_choice": evaluated_before_choice if evaluate else None,
+        "warmup_collectives": warmup.collectives,
+        "whole": [n for n, p in engine.module.named_parameters() if getattr(p, "ds_persist", False)],
         "weights": _weights(engine),
         "schedule": engine.deepcompile_schedule,
         "held": {}
@@ -132,9 +163,12 @@ def _run(stage: int, deepcompile: bool, backend: str, rank: int, checkpointing: 
     }
 
 
-#: name -> (stage, backend, activation checkpointing, bf16)
+#: name -> (stage, backend, activation checkpointing, bf16[, selective unsharding's headroom in bytes,
+#: an evaluation forward after the warm-up])
 CASES = {
     "zero3": (3, "eager", None, False),
+    "zero3_biases_whole": (3, "eager", None, False, 200),  # 16 + 64 + 64 bytes fit; c.weight's 256 do not
+    "zero3_no_headroom": (3, "eager", None, False, 0, True),  # and an evaluation forward after the warm-up
     "zero3_bf16_checkpointing": (3, "eager", "torch", True),
     "zero3_graph_break": (3, "eager", "deepspeed", False),
     "zero2": (2, "aot_eager", None, False),
@@ -142,10 +176,10 @@ CASES = {
 }
 
 
-def _pair(rank: int, case: tuple[int, str, str | None, bool]) -> tuple[Any, Any]:
-    stage, backend, checkpointing, bf16 = case
+def _pair(rank: int, case: tuple[Any, ...]) -> tuple[Any, Any]:
+    stage, backend, checkpointing, bf16, *headroom = case
     eager = _run(stage, False, "eager", rank, checkpointing, bf16)
-    return eager, _run(stage, True, backend, rank, checkpointing, bf16)
+    return eager, _run(stage, True, backend, rank, checkpointing, bf16, *headroom)
 
 
 def _resume(rank: int, path: str) -> tuple[list[float], list[float]]:
@@ -211,13 +245,40 @@ def test_zero3_deepcompile_matches_eager(results: list[dict[str, Any]]) -> None:
             schedule,
         ), schedule
         assert re.search(r"gather  b.weight .* before t_1\n(.*\n){3}.*release b.weight .* after addmm_1", schedule)
-        assert dc["gathers"] == dc["releases"] == 8 * STEPS * GAS
-        assert dc["collectives"] == 5 * STEPS * GAS
+        assert dc["warmup_gathers"] == 8 * WARMUP * GAS
+        assert dc["warmup_collectives"] == 5 * WARMUP * GAS
         assert dc["max_inflight"] == 2  # the bucket in use and the one ahead, never more
+        # selective unsharding: this host has room for the whole model, so after the warm-up every parameter
+        # is kept whole, the module is compiled again without gathers, and nothing more is gathered
+        assert sorted(dc["whole"]) == sorted(dc["weights"]), dc["whole"]
+        assert dc["gathers"] == dc["releases"] == dc["warmup_gathers"]
+        assert "forward 1: 0 gathers, 0 releases" in schedule and "backward 1: 0 gathers, 0 releases" in schedule
+        assert dc["schedule"][-1].startswith("selective unsharding: 6 of 6 partitioned parameters kept whole"), schedule
         # memory: the forward holds one layer's weight and bias plus the next layer's (eager ZeRO-3 holds
         # one module's, with its prefetch the next one's), the backward one weight plus the next
-        assert dc["held"] == {"forward 0": 4, "backward 0": 2}
+        assert dc["held"] == {"forward 0": 4, "backward 0": 2, "forward 1": 0, "backward 1": 0}
         assert eager["gathers"] == 0  # the eager run never used the graph ops
+
+
+@pytest.mark.timeout(600)
+def test_selective_unsharding_keeps_the_smallest_that_fit(results: list[dict[str, Any]]) -> None:
+    for rank in results:
+        eager = rank["zero3"][0]
+        dc = rank["zero3_biases_whole"][1]
+        _close(dc, eager)
+        assert sorted(dc["whole"]) == ["a.bias", "b.bias", "c.bias"]
+        schedule = "\n".join(dc["schedule"])
+        assert "selective unsharding: 3 of 6 partitioned parameters kept whole" in schedule, schedule
+        # after the warm-up the forward gathers the three weights, the backward b's and c's weights
+        assert "forward 1: 3 gathers, 3 releases" in schedule and "backward 1: 2 gathers, 2 releases" in schedule
+        assert dc["gathers"] - dc["warmup_gathers"] == 5 * (STEPS - WARMUP) * GAS
+
+        none = rank["zero3_no_headroom"][1]
+        _close(none, eager)
+        assert none["evaluated_before_choice"] is True
+        assert none["whole"] == [] and none["gathers"] == 8 * STEPS * GAS + 6  # the evaluation gathered 6
+        assert none["schedule"][-1].startswith("selective unsharding: 0 of 6"), none["schedule"]
+        assert not any(line.startswith("backward 1") for line in none["schedule"])  # not compiled again
 
 
 @pytest.mark.timeout(600)
@@ -261,4 +322,4 @@ def test_zero3_inductor() -> None:
     for rank in run_ranks(2, _job, {"zero3": CASES["zero3"][:1] + ("inductor", None, False)}, None, timeout_s=580):
         eager, dc = rank["zero3"]
         _close(dc, eager)
-        assert dc["gathers"] == dc["releases"] == 8 * STEPS * GAS
+        assert dc["warmup_gathers"] == 8 * WARMUP * GAS and dc["gathers"] == dc["releases"] == dc["warmup_gathers"]

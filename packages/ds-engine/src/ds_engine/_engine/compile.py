@@ -8,9 +8,11 @@ With `compile.deepcompile: true` at ZeRO stage 3 the module's gather/release hoo
 module is compiled with ds-zero's DeepCompile backend, which places each parameter's all-gather and
 release inside the forward and backward graphs (see `ds_zero._compile`). The whole forward must be one
 graph: where Dynamo meets a graph break the engine warns, naming the place, and goes back to the eager
-hooks for good. At stages 0-2 DeepCompile compiles the forward and backward with the chosen backend and
-gradient reduction stays with ZeRO's eager per-parameter hooks. DeepSpeed's custom pass schedules and
-compiled autograd are refused by name.
+hooks for good. After DeepSpeed's 5 warm-up steps the engine keeps whole the partitioned parameters that
+fit in the memory the warm-up left unused and recompiles without their gathers (selective unsharding,
+`ds_zero._compile.selective`). At stages 0-2 DeepCompile compiles the forward and backward with the
+chosen backend and gradient reduction stays with ZeRO's eager per-parameter hooks. DeepSpeed's custom
+pass schedules and compiled autograd are refused by name.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 import warnings
 from typing import Any
 
+import torch
 from torch import nn
 
 from ds_comm import get_accelerator
@@ -41,6 +44,9 @@ class EngineCompile:
     _compile_kwargs: dict[str, Any] | None = None
     _dc_backend: Any = None
     _dc_pause: contextlib.ExitStack | None = None
+    _dc_kwargs: dict[str, Any] | None = None  # what the module was compiled with, for the recompile
+    _dc_unshard_plan: Any = None  # selective unsharding's choice, once made
+    _dc_unshard_after: int | None = None  # the optimizer steps before it is made
 
     def compile(
         self,
@@ -127,12 +133,38 @@ class EngineCompile:
         self._dc_pause = contextlib.ExitStack()
         self._dc_pause.enter_context(stage3.hooks_paused())
         logger.info("engine.compile: DeepCompile (ZeRO-3 gathers and releases in the graph), backend=%s", backend)
-        self.module.compile(**{**kwargs, "backend": self._dc_backend, "fullgraph": True})
+        self._dc_kwargs = {**kwargs, "fullgraph": True}
+        self._dc_unshard_after = require("ds_zero._compile.selective", extra="zero", feature="DeepCompile").WARMUP_STEPS
+        self.module.compile(**{**self._dc_kwargs, "backend": self._dc_backend})
+
+    def _unshard_selectively(self) -> None:
+        """Selective unsharding, once, at the first training forward after the warm-up steps (collectives)."""
+        selective = require("ds_zero._compile.selective", extra="zero", feature="DeepCompile at ZeRO stage 3")
+        stage3: Any = self.module._ds_zero3
+        gathered = self._dc_backend.param_names
+        candidates = [(name, p) for name, p in self.module.named_parameters() if getattr(p, "ds_id", None) in gathered]
+        headroom = selective.agreed_headroom(selective.memory_headroom())
+        chosen, plan = selective.choose_whole(candidates, headroom)
+        self._dc_unshard_plan = plan
+        log = logger.info if self._ds_config.parsed.compile.debug_log else logger.debug  # type: ignore[attr-defined]
+        log("DeepCompile %s", plan.line())
+        if chosen:
+            params = [p for _, p in chosen]
+            selective.keep_whole(stage3, params)
+            self.module.compile(**{**(self._dc_kwargs or {}), "backend": self._dc_backend.stop_gathering(params)})
 
     def _call_module(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module; DeepCompile meeting a graph break falls back to the eager hooks here."""
         if self._dc_pause is None:
             return self.module(*inputs, **kwargs)
+        # at a training forward (every rank runs it; an evaluation under no_grad may run on some ranks only)
+        if (
+            self._dc_unshard_after is not None
+            and self.global_steps >= self._dc_unshard_after  # type: ignore[attr-defined]
+            and torch.is_grad_enabled()
+        ):
+            self._dc_unshard_after = None
+            self._unshard_selectively()
         import torch._dynamo.exc as dynamo_exc
 
         try:
@@ -154,8 +186,12 @@ class EngineCompile:
 
     @property
     def deepcompile_schedule(self) -> list[str]:
-        """The gathers and releases DeepCompile placed, per compiled graph (empty before the first step)."""
-        return [] if self._dc_backend is None else self._dc_backend.schedule.lines()
+        """The gathers and releases DeepCompile placed, per compiled graph (empty before the first step),
+        then selective unsharding's choice once it is made."""
+        if self._dc_backend is None:
+            return []
+        plan = [] if self._dc_unshard_plan is None else [self._dc_unshard_plan.line()]
+        return [*self._dc_backend.schedule.lines(), *plan]
 
     @property
     def is_compiled(self) -> bool:

@@ -3,7 +3,9 @@
 `deepcompile: true` makes `engine.compile()` capture the forward with torch.compile and, at ZeRO stage 3,
 rewrite the graph: each partitioned parameter is all-gathered right before its first use and released
 after its last, in the forward graph and (re-gathered) in the backward graph, the gathers bucketed and
-started one bucket ahead so they overlap computation (ds-zero's `_compile`). At
+started one bucket ahead so they overlap computation (ds-zero's `_compile`); after DeepSpeed's 5 warm-up
+steps the parameters that fit in the memory the warm-up left unused are kept whole and the graphs
+compiled again without their gathers (selective unsharding, on as in DeepSpeed's default schedule). At
 stages 1 and 2 the forward and backward are compiled and gradient reduction stays with ZeRO's eager
 per-parameter hooks. `debug_log` logs the placed schedule at INFO. It runs wherever torch.compile does,
 CPU included.
@@ -100,6 +102,9 @@ def describe_deepcompile(settings: CompileConfig, stage: int) -> list[str]:
             "prefetch: adjacent gathers (a layer's weight and bias) are one collective, started asynchronously",
             "  one bucket ahead and waited for just before the first use",
             "gradients: whole on each parameter, reduce-scattered by stage 3's reducer (eager hooks)",
+            "selective unsharding: after 5 warm-up steps, the smallest partitioned parameters that fit in",
+            "  90% of memory less the warm-up's peak (a CPU host shared by its ranks) stay whole, and the",
+            "  module is compiled again without their gathers (all of them when the model fits)",
             "a graph break: warning naming the place, then eager ZeRO-3 hooks for the rest of the run",
         ]
     else:

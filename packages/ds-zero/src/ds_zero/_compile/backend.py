@@ -104,6 +104,19 @@ class DeepCompileBackend:
     def param_names(self) -> dict[int, str]:
         return dict(self._names)
 
+    def stop_gathering(self, params: Sequence[nn.Parameter]) -> Callable[..., Any]:
+        """Leave `params` (now kept whole, see `_compile.selective`) out of the graphs compiled from here on.
+
+        Returns the backend to recompile the module with: a new callable over this object, so Dynamo,
+        which caches a frame's graphs per backend, compiles the module's frames again (the graphs compiled
+        so far gather these parameters); the schedule and the graph numbers go on from this object's.
+        """
+        for p in params:
+            self._names.pop(int(p.ds_id), None)
+            self._keys.pop(int(p.ds_id), None)
+            self._by_id.pop(id(p), None)
+        return functools.partial(DeepCompileBackend.__call__, self)
+
     def _placeholders(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[fx.Node, int]:
         found: dict[fx.Node, int] = {}
         inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -43,6 +43,7 @@ _grad_enabled = torch.is_grad_enabled
 _transforms_active = torch._C._are_functorch_transforms_active
 _autocast_enabled = torch.is_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
+_is_compiling = torch.compiler.is_compiling
 
 
 def _resolve_device_type() -> tuple[str, bool]:
@@ -144,6 +145,7 @@ def _weight_grad(ctx: Any, grad_out: torch.Tensor, input: torch.Tensor) -> torch
     shape = (grad_out.shape[1], input.shape[1])
     if (
         shape[0] * shape[1] * grad_out.element_size() >= MIN_POOLED_BYTES  # small ones: not worth a lookup
+        and not _is_compiling()  # traced (DeepCompile, torch.compile): the graph allocates its own output
         and not ctx._fwd_used_autocast
         and grad_out.dtype == input.dtype
         and grad_out.device.type == "cpu"
