@@ -5,15 +5,18 @@ A tiny config-built Mixtral (4 experts, top-2; nothing downloaded) has its atten
 groups are consecutive ranks {0,1}, {2,3} (the tensor-parallel groups), the dense data-parallel groups
 {0,2}, {1,3}. The ranks of a tensor-parallel group feed the same batch, so the job sees two distinct batches.
 
-- training: at ZeRO 0, 1 and 2 (fp32, Adam, with gradient clipping that acts), the losses and the whole
-  weights (TP shards and experts gathered) after each step equal plain PyTorch's on one process, training the
-  unconverted model on the mean loss of the two batches with `torch.optim.Adam` and `clip_grad_norm_` (1e-5);
+- training: at ZeRO 0, 1 and 2 (fp32, Adam, with gradient clipping that acts), the losses, the whole
+  weights (TP shards and experts gathered) after each step and the global gradient norms equal plain
+  PyTorch's on one process, training the unconverted model on the mean loss of the two batches with
+  `torch.optim.Adam` and `clip_grad_norm_` (1e-5);
 - bf16 at ZeRO 1 (with `validate_folding_routing`, the lanes' routing checked on every forward): the same
   within bf16's tolerance;
 - checkpoints: saved after two steps at ZeRO 2 and loaded by a fresh engine of the same topology, the third
   step gives bit-identical losses and weights; every file carries its `folding` record (family, partition
   group and count), and an unfolded run, or a folded file without its record, is refused;
-- refusals: autoep_size 1, or one that is not a multiple of autotp_size, name the key before work starts.
+- refusals: autoep_size 1 names the key before work starts;
+- autoep_size 2 below autotp_size 4 (the expert groups split the tensor-parallel group, as DeepSpeed allows):
+  the same equalities at ZeRO 0, 1 and 2 with every rank on one batch, and a ZeRO-2 checkpoint that resumes.
 
 Needs ds-parallel and transformers; skipped without them.
 """
@@ -39,7 +42,7 @@ SPECS = [
 ]
 
 
-def _mixtral() -> Any:
+def _mixtral(kv_heads: int = 2) -> Any:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
@@ -49,7 +52,7 @@ def _mixtral() -> Any:
         intermediate_size=FFN,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=kv_heads,
         num_local_experts=4,
         num_experts_per_tok=2,
         max_position_embeddings=32,
@@ -76,12 +79,12 @@ def _config(stage: int, *, ep: int = EP, tp: int = TP, bf16: bool = False) -> di
     return config
 
 
-def _engine(config: dict[str, Any]) -> Any:
+def _engine(config: dict[str, Any], kv_heads: int = 2) -> Any:
     import ds_engine as deepspeed
     from ds_parallel import groups
 
     groups.reset_mesh()
-    engine, *_ = deepspeed.initialize(model=_mixtral(), config=config)
+    engine, *_ = deepspeed.initialize(model=_mixtral(kv_heads), config=config)
     return engine
 
 
@@ -109,14 +112,19 @@ def _whole(engine: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def _reference() -> tuple[list[float], list[dict[str, torch.Tensor]]]:
-    """Plain PyTorch on one process: the mean loss of both replicas' batches, Adam, clip_grad_norm_."""
-    model = _mixtral()
+def _reference(
+    replicas: int = 2, kv_heads: int = 2
+) -> tuple[list[list[float]], list[dict[str, torch.Tensor]], list[float]]:
+    """Plain PyTorch on one process: the mean loss of the replicas' batches, Adam, clip_grad_norm_.
+
+    Returns each step's per-replica losses, the weights after it and the gradient norm before clipping.
+    """
+    model = _mixtral(kv_heads)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    losses, weights = [], []
+    losses, weights, norms = [], [], []
     for step in range(STEPS):
-        parts = [model(input_ids=_batch(r, step), labels=_batch(r, step)).loss for r in range(2)]
-        loss = sum(parts) / 2
+        parts = [model(input_ids=_batch(r, step), labels=_batch(r, step)).loss for r in range(replicas)]
+        loss = sum(parts) / replicas
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         assert norm > 2 * CLIP  # the clipping acts, so the engines' norms must be whole-model norms
@@ -124,11 +132,14 @@ def _reference() -> tuple[list[float], list[dict[str, torch.Tensor]]]:
         optimizer.zero_grad()
         losses.append([float(p.detach()) for p in parts])
         weights.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-    return losses, weights
+        norms.append(float(norm))
+    return losses, weights, norms
 
 
-def _run(engine: Any, replica: int, steps: range) -> tuple[list[float], list[dict[str, torch.Tensor]]]:
-    losses, weights = [], []
+def _run(engine: Any, replica: int, steps: range) -> tuple[list[float], list[dict[str, torch.Tensor]], list[float]]:
+    """Train `steps`; each step's loss, whole weights after it, and the global gradient norm it clipped by
+    (Adam barely moves when a clip coefficient is wrong, so the norm is checked itself)."""
+    losses, weights, norms = [], [], []
     for step in steps:
         ids = _batch(replica, step)
         loss = engine(input_ids=ids, labels=ids).loss
@@ -136,7 +147,8 @@ def _run(engine: Any, replica: int, steps: range) -> tuple[list[float], list[dic
         engine.step()
         losses.append(float(loss.detach()))
         weights.append(_whole(engine))
-    return losses, weights
+        norms.append(float(engine.get_global_grad_norm()))
+    return losses, weights, norms
 
 
 def _records(tag_dir: Path) -> dict[str, tuple[str, str, int]]:
@@ -214,7 +226,25 @@ def _job(rank: int, world: int, root: str) -> dict[str, Any]:
     ds_comm.barrier()
     out["refused_missing_record"] = _load_refusal(_config(2), root)
     out["refused_ep1"] = _refusal(_config(1, ep=1))
-    out["refused_ep_not_multiple"] = _refusal(_config(1, ep=1 if world < 4 else 2, tp=4))
+    return out
+
+
+def _job_ep_below_tp(rank: int, world: int, root: str) -> dict[str, Any]:
+    """autotp_size 4, autoep_size 2: one tensor-parallel group {0..3}, expert groups {0,1} and {2,3}, so the
+    peers 0 and 2 (1 and 3) hold the same experts; one data-parallel replica (every rank feeds batch 0)."""
+    out: dict[str, Any] = {}
+    for stage in (0, 1, 2):
+        engine = _engine(_config(stage, ep=2, tp=4), kv_heads=4)
+        handles = engine.module.model.layers[0].mlp.folding_group_handles
+        out["layout"] = (handles.ep_ranks, handles.edp_ranks)
+        out[stage] = _run(engine, 0, range(STEPS))
+    engine = _engine(_config(2, ep=2, tp=4), kv_heads=4)
+    _run(engine, 0, range(2))
+    engine.save_checkpoint(root, tag="ep_below_tp")
+    out["after_save"] = _run(engine, 0, range(2, 3))
+    engine = _engine(_config(2, ep=2, tp=4), kv_heads=4)
+    engine.load_checkpoint(root, tag="ep_below_tp")
+    out["after_load"] = _run(engine, 0, range(2, 3))
     return out
 
 
@@ -227,17 +257,18 @@ def _close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], tol: flo
 @pytest.mark.timeout(600)
 def test_autoep_folded_with_autotp_trains_like_one_process_and_resumes(tmp_path: Path) -> None:
     results = run_ranks(4, _job, str(tmp_path), timeout_s=560)
-    ref_losses, ref_weights = _reference()
+    ref_losses, ref_weights, ref_norms = _reference()
     for r in results:
         first, lane = 2 * r["replica"], r["rank"] % 2
         assert r["layout"] == ((first, first + 1), (lane, lane + 2), 2)
         want = [parts[r["replica"]] for parts in ref_losses]
         for stage in (0, 1, 2):
-            losses, weights = r[stage]
+            losses, weights, norms = r[stage]
             assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (stage, losses, want)
+            assert norms == pytest.approx(ref_norms, rel=TOL), (stage, norms, ref_norms)
             for got, ref in zip(weights, ref_weights, strict=True):
                 _close(got, ref, TOL)
-        losses, weights = r["bf16"]
+        losses, weights, _ = r["bf16"]
         assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < 5e-2, (losses, want)
         _close(weights[-1], ref_weights[-1], 5e-2)
         assert r["after_save"][0] == r["after_load"][0]
@@ -250,4 +281,26 @@ def test_autoep_folded_with_autotp_trains_like_one_process_and_resumes(tmp_path:
         assert "requires a folded runtime" in r["refused_unfolded_load"], r["refused_unfolded_load"]
         assert "Missing AutoEP+AutoTP folding metadata" in r["refused_missing_record"], r["refused_missing_record"]
         assert "expert_parallel.autoep_size" in r["refused_ep1"], r["refused_ep1"]
-        assert "expert_parallel.autoep_size=2 with tensor_parallel.autotp_size=4" in r["refused_ep_not_multiple"]
+
+
+@pytest.mark.timeout(600)
+def test_autoep_size_below_autotp_size_trains_like_one_process(tmp_path: Path) -> None:
+    """DeepSpeed folds AutoEP into AutoTP also when the expert groups split a tensor-parallel group: each
+    expert is then held by two peers of one tensor-parallel group (its expert-data-parallel replicas), run on
+    disjoint halves of the lanes' assignments; at ZeRO 1/2 the peers hold other slices of it. The losses,
+    whole weights and gradient norms equal plain PyTorch's at ZeRO 0, 1 and 2; a ZeRO-2 checkpoint resumes
+    bit for bit."""
+    results = run_ranks(4, _job_ep_below_tp, str(tmp_path), timeout_s=560)
+    ref_losses, ref_weights, ref_norms = _reference(replicas=1, kv_heads=4)
+    want = [parts[0] for parts in ref_losses]
+    for r in results:
+        rank = results.index(r)
+        assert r["layout"] == ((rank - rank % 2, rank - rank % 2 + 1), (rank % 2, rank % 2 + 2))
+        for stage in (0, 1, 2):
+            losses, weights, norms = r[stage]
+            assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < TOL, (stage, losses, want)
+            assert norms == pytest.approx(ref_norms, rel=TOL), (stage, norms, ref_norms)
+            for got, ref in zip(weights, ref_weights, strict=True):
+                _close(got, ref, TOL)
+        assert r["after_save"][0] == r["after_load"][0]
+        _close(r["after_load"][1][0], r["after_save"][1][0], 0.0)

@@ -95,14 +95,14 @@ def write_expert_files(
     save: Callable[[Any, Path], None],
     state: dict[str, Any] | None = None,
 ) -> None:
-    """This rank's expert files: every local expert of every layer where it is expert-data-parallel rank 0.
+    """This rank's expert files: every local expert of every layer where it writes them (`_writes_experts`).
 
     `save`: writes one file (`_checkpoint.decoupled.file_saver`). `state`: the expert tensors' values when the
     module does not hold them (ZeRO-3: `gathered_expert_state`).
     """
     state = module.state_dict() if state is None else state
     for layer_id, layer in enumerate(wiring.layers):
-        if layer.edp_rank != 0:
+        if not _writes_experts(wiring, layer):
             continue
         per_expert: dict[int, dict[str, torch.Tensor]] = {}
         for name in layer.fused_experts:
@@ -119,6 +119,22 @@ def write_expert_files(
         for expert_id, tensors in sorted(per_expert.items()):
             tensors.update(record)
             save(tensors, expert_file(ckpt_dir, layer_id, expert_id, mp_rank))
+
+
+def _writes_experts(wiring: MoeWiring, layer: MoeLayer) -> bool:
+    """Whether this rank writes `layer`'s local experts: the first of their replicas under each file name.
+
+    An expert file is named by the writer's model-parallel rank, and a rank loads the files of its own. Without
+    folding that is expert-data-parallel rank 0. Folded with AutoTP, the replicas of an expert (its
+    expert-data-parallel group) may sit at several tensor-parallel ranks (`autoep_size` below `autotp_size`):
+    the first replica at each tensor-parallel rank writes, so every rank finds its experts under its own
+    name, as DeepSpeed's folded checkpoints have them.
+    """
+    if wiring.folding is None:
+        return layer.edp_rank == 0
+    tp_size = wiring.folding.spec.tp_size
+    rank = ds_comm.get_rank()
+    return all(r % tp_size != rank % tp_size for r in wiring.folding.edp_ranks if r < rank)
 
 
 def _tp_rank(wiring: MoeWiring) -> int:

@@ -11,13 +11,13 @@ usual families apply unchanged:
 - routed experts: summed over their expert-data-parallel group, divided by the dense data-parallel degree
   (the number of distinct batches), at ZeRO 0, 1 and 2 (ZeRO partitions them over that group);
 - the clipping norm: cut shards summed over the tensor-parallel group, each expert counted once (summed over
-  its expert-parallel group at stage 0; at ZeRO 1/2 the tensor-parallel peers hold other experts and are
-  summed as shards are).
+  its expert-parallel group at stage 0; at ZeRO 1/2 the tensor-parallel peers hold other experts, or, with
+  `autoep_size` below `autotp_size`, other ZeRO slices of the same experts, and are summed as shards are).
 
 Refused, naming the key: what DeepSpeed refuses (`validate_folding_global`: autoep_size 1, pipeline,
-sequence parallelism, ZeRO stage 3, DeepCompile, ZeRO offload, the data-before-expert order, expert tensor parallelism)
-and, in ds, an `autoep_size` that is not a multiple of `autotp_size` (tensor-parallel peers would hold some
-experts twice, which the norm does not count).
+sequence parallelism, ZeRO stage 3, DeepCompile, ZeRO offload, the data-before-expert order, expert tensor
+parallelism). An `autoep_size` below `autotp_size` runs, as in DeepSpeed: the expert groups then split a
+tensor-parallel group, and the peers holding the same experts are those experts' data-parallel replicas.
 """
 
 from __future__ import annotations
@@ -88,12 +88,6 @@ def check_folding(
         zero_offload_optimizer=flags.offload_optimizer,
         zero_offload_param=flags.offload_param,
     )
-    if section.autoep_size % tp_size:
-        raise ValueError(
-            f"expert_parallel.autoep_size={section.autoep_size} with tensor_parallel.autotp_size={tp_size}: ds folds "
-            "AutoEP with AutoTP only when autoep_size is a multiple of autotp_size (the tensor-parallel peers then "
-            f"hold different experts); use autoep_size in {[tp_size * k for k in range(1, 4)]}..."
-        )
     return spec
 
 

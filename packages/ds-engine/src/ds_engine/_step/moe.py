@@ -102,23 +102,31 @@ class MoeWiring:
         return [layer.num_experts for layer in self.layers]
 
     def experts_across(self, tp_group: ProcessGroup, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The expert parameters among `params` that differ between the ranks of `tp_group`.
+        """The expert parameters among `params` that differ between the ranks of `tp_group` (at ZeRO 1/2).
 
         Beside tensor parallelism DeepSpeed's expert-parallel groups are consecutive ranks, so with ep_size
         a multiple of the tensor-parallel degree the tensor-parallel peers hold different experts: for the
         gradient norm those parameters count as cut across the group (summed over it), like AutoTP's shards.
-        With ep_size 1, or expert groups inside tensor-parallel lanes, the peers hold the same experts
-        (counted once). Parameters already cut (`tensor_model_parallel`) are left to the caller's list.
+        AutoEP folded with ep_size below the tensor-parallel degree: the peers holding the same experts are
+        those experts' data-parallel replicas, over which ZeRO partitions them, so each peer holds another
+        slice and they are summed the same way. With ep_size 1, or DeepSpeed-MoE expert groups inside
+        tensor-parallel lanes, the peers hold the same experts (counted once). Parameters already cut
+        (`tensor_model_parallel`) are left to the caller's list.
 
         Raises:
-            ValueError: an expert-parallel group splits a tensor-parallel group (ep_size below the
-                tensor-parallel degree and above 1): the peers would hold some experts twice.
+            ValueError: DeepSpeed-MoE (not folded) expert-parallel groups that split a tensor-parallel group
+                (ep_size below the tensor-parallel degree and above 1): the peers would hold some experts
+                twice.
         """
         peers = set(ds_comm.get_all_ranks_from_group(tp_group))
         across: set[str] = set()
         for name, group in self.ep_groups.items():
             shared = peers & set(ds_comm.get_all_ranks_from_group(group))
             if shared == peers:
+                across.add(name)
+            elif len(shared) > 1 and self.folding is not None:
+                # folded, autoep_size below autotp_size: the peers holding the same experts are that expert's
+                # data-parallel replicas, over which ZeRO partitions it, so each peer holds another slice
                 across.add(name)
             elif len(shared) > 1:
                 raise ValueError(
