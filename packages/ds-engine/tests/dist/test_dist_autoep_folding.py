@@ -239,8 +239,20 @@ def _job_ep_below_tp(rank: int, world: int, root: str) -> dict[str, Any]:
         out["layout"] = (handles.ep_ranks, handles.edp_ranks)
         out[stage] = _run(engine, 0, range(STEPS))
     engine = _engine(_config(2, ep=2, tp=4), kv_heads=4)
-    _run(engine, 0, range(2))
+    at_save = _run(engine, 0, range(2))[1][-1]
     engine.save_checkpoint(root, tag="ep_below_tp")
+    if rank == 0:  # each expert is in two files (its replicas at two tensor-parallel ranks), rejoined as one
+        from ds_engine.checkpoint.autoep_universal import consolidate_autoep_expert_files
+
+        tag = Path(root) / "ep_below_tp"
+        out["expert_files"] = sorted(p.name for p in tag.glob("layer_0_expert_*"))
+        entries = torch.load(tag / "mp_rank_00_model_states.pt", weights_only=False)
+        consolidate_autoep_expert_files(str(tag), root + "/universal", entries["ds_autoep_layers"])
+        w1, w3, w2 = (
+            torch.load(f"{root}/universal/zero/model.layers.0.mlp.experts.w{w}/fp32.pt")["param"] for w in "132"
+        )
+        torch.testing.assert_close(torch.cat([w1, w3], dim=1), at_save["model.layers.0.mlp.experts.gate_up_proj"])
+        torch.testing.assert_close(w2, at_save["model.layers.0.mlp.experts.down_proj"])
     out["after_save"] = _run(engine, 0, range(2, 3))
     engine = _engine(_config(2, ep=2, tp=4), kv_heads=4)
     engine.load_checkpoint(root, tag="ep_below_tp")
@@ -304,3 +316,8 @@ def test_autoep_size_below_autotp_size_trains_like_one_process(tmp_path: Path) -
                 _close(got, ref, TOL)
         assert r["after_save"][0] == r["after_load"][0]
         _close(r["after_load"][1][0], r["after_save"][1][0], 0.0)
+    # experts 0 and 1 live on ranks 0 and 2 (tensor-parallel ranks 0 and 2), experts 2 and 3 on ranks 1 and 3
+    assert results[0]["expert_files"] == [
+        f"layer_0_expert_{e}_mp_rank_{mp:02d}_model_states.pt"
+        for e, mp in ((0, 0), (0, 2), (1, 0), (1, 2), (2, 1), (2, 3), (3, 1), (3, 3))
+    ]

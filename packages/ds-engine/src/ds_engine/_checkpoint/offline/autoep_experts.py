@@ -5,9 +5,13 @@ holding row E of each stacked expert tensor under `<prefix>.<w>.<E>`. Rejoining 
 0 .. E-1 into DeepSpeed's universal expert entry `{param, cat_dim: 0, is_expert_param, ep_num_experts}` under
 `<output>/zero/<prefix>.<w>/fp32.pt`, so a universal load can cut it at any expert-parallel degree.
 
-ds writes each expert once, also in a folded AutoEP+AutoTP run (by the tensor-parallel rank that holds it, so
-the mp_rank in the name varies). Several files for one expert (DeepSpeed's folded expert shards, one per
-tensor-parallel rank) are refused, as DeepSpeed refuses them. The folding record travels with the entry.
+ds writes each expert once per tensor-parallel rank that holds it: once in a folded AutoEP+AutoTP run whose
+`autoep_size` is a multiple of `autotp_size` (the mp_rank in the name varies), and once at each such rank when
+`autoep_size` is below `autotp_size` (the expert's data-parallel replicas sit at several tensor-parallel
+ranks, and each rank loads its own file). Several files from distinct expert-data-parallel ranks holding the
+same values are those replicas and are read as one; others (DeepSpeed's folded expert shards, one per
+tensor-parallel rank of one replica) are refused, as DeepSpeed refuses them. The folding record travels with
+the entry.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from typing import Any
 import torch
 
 import ds_comm
-from ds_engine._checkpoint.constants import CAT_DIM, EP_IS_EXPERT_PARAM, EP_NUM_EXPERTS, FOLDING_METADATA_KEY, PARAM
+from ds_engine._checkpoint.constants import (
+    CAT_DIM,
+    EP_IS_EXPERT_PARAM,
+    EP_NUM_EXPERTS,
+    FOLDING_METADATA_KEY,
+    FOLDING_ZERO_PARTITION_RANK,
+    PARAM,
+)
 
 __all__ = ["consolidate_autoep_expert_files", "resolve_expert_ckpt_path"]
 
@@ -53,6 +64,39 @@ def resolve_expert_ckpt_path(checkpoint_dir: str, moe_layer_id: int, global_expe
     return matches[0]
 
 
+def _expert_file(checkpoint_dir: str, moe_layer_id: int, global_expert_id: int) -> dict[str, Any]:
+    """The saved entries of one expert: its one file, or its replicas' files when they hold the same values.
+
+    Raises:
+        FileNotFoundError / NotImplementedError: as `resolve_expert_ckpt_path` (the latter for files that differ).
+    """
+    try:
+        return ds_comm.load_checkpoint_file(resolve_expert_ckpt_path(checkpoint_dir, moe_layer_id, global_expert_id))  # type: ignore[no-any-return]
+    except NotImplementedError:
+        pattern = f"layer_{moe_layer_id}_expert_{global_expert_id}_mp_rank_*_model_states.pt"
+        saved = [
+            ds_comm.load_checkpoint_file(path) for path in sorted(glob.glob(os.path.join(checkpoint_dir, pattern)))
+        ]
+        if _replicas(saved):
+            return saved[0]  # type: ignore[no-any-return]
+        raise
+
+
+def _replicas(saved: list[dict[str, Any]]) -> bool:
+    """Whether the files are one expert's data-parallel replicas: folded records of distinct
+    expert-data-parallel ranks (shards of one replica share it), holding the same values."""
+    if not all(FOLDING_METADATA_KEY in s for s in saved):
+        return False
+    ranks = [s[FOLDING_METADATA_KEY].get(FOLDING_ZERO_PARTITION_RANK) for s in saved]
+    return len(set(ranks)) == len(ranks) and all(_same_tensors(saved[0], s) for s in saved[1:])
+
+
+def _same_tensors(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    tensors_a = {k: v for k, v in a.items() if isinstance(v, torch.Tensor)}
+    tensors_b = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
+    return tensors_a.keys() == tensors_b.keys() and all(torch.equal(v, tensors_b[k]) for k, v in tensors_a.items())
+
+
 def consolidate_autoep_expert_files(
     checkpoint_dir: str, output_dir: str, autoep_layers_metadata: Sequence[dict[str, Any]] | None
 ) -> None:
@@ -74,10 +118,7 @@ def consolidate_autoep_expert_files(
         )
     for layer in autoep_layers_metadata:
         layer_id, num_experts, prefix = layer["moe_layer_id"], layer["num_experts"], layer["expert_key_prefix"]
-        files = [
-            ds_comm.load_checkpoint_file(resolve_expert_ckpt_path(checkpoint_dir, layer_id, e))
-            for e in range(num_experts)
-        ]
+        files = [_expert_file(checkpoint_dir, layer_id, e) for e in range(num_experts)]
         for weight in _WEIGHTS:
             rows = []
             for expert, saved in enumerate(files):
