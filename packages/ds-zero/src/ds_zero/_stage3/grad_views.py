@@ -1,5 +1,5 @@
-"""DeepSpeed's stage-3 views of the accumulated gradient partitions: `averaged_gradients` and
-`get_fp32_grad_partitions()`.
+"""DeepSpeed's stage-3 views of the accumulated gradient partitions: `averaged_gradients`,
+`get_fp32_grad_partitions()` and `grad_partitions_flat_buffer`.
 
 Both are keyed like DeepSpeed's: by sub-group (the optimizer's `fp16_groups`, ds's tiles), then by the
 parameter's index in it, and hold this rank's partition of each parameter's gradient: `ceil(numel / world)`
@@ -54,6 +54,26 @@ class GradPartitionViews:
             if grads:
                 out[index] = grads
         return out
+
+    @property
+    def grad_partitions_flat_buffer(self) -> torch.Tensor:
+        """DeepSpeed's name: this rank's gradient partitions as one flat fp32 tensor, param group by param group.
+
+        ds accumulates each param group's partition in its fp32 master's `.grad`. With one param group (and
+        the optimizer not on NVMe) that gradient itself is returned, so a write changes it; otherwise a copy,
+        zeros where a partition holds no gradient (DeepSpeed's buffer is allocated once and zeroed; ds frees
+        the gradient after each step, so between steps this is all zeros).
+        """
+        grads = [None if part.master is None else part.master.grad for part in self.partitions]
+        if len(grads) == 1 and grads[0] is not None:
+            return grads[0]
+        device = next((part.master.device for part in self.partitions if part.master is not None), None)
+        return torch.cat(
+            [
+                torch.zeros(part.numel, dtype=torch.float32, device=device) if g is None else g.float().reshape(-1)
+                for part, g in zip(self.partitions, grads, strict=True)
+            ]
+        )
 
     @property
     def averaged_gradients(self) -> dict[int, list[torch.Tensor]]:
