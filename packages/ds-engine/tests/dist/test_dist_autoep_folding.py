@@ -257,6 +257,13 @@ def _job_ep_below_tp(rank: int, world: int, root: str) -> dict[str, Any]:
     engine = _engine(_config(2, ep=2, tp=4), kv_heads=4)
     engine.load_checkpoint(root, tag="ep_below_tp")
     out["after_load"] = _run(engine, 0, range(2, 3))
+    engine = _engine(_config(0, ep=2, tp=4), kv_heads=4)  # stage 0: the optimizer state is in expert files too
+    _run(engine, 0, range(2))
+    engine.save_checkpoint(root, tag="ep_below_tp_stage0")
+    out["stage0_after_save"] = _run(engine, 0, range(2, 3))
+    engine = _engine(_config(0, ep=2, tp=4), kv_heads=4)
+    engine.load_checkpoint(root, tag="ep_below_tp_stage0")
+    out["stage0_after_load"] = _run(engine, 0, range(2, 3))
     return out
 
 
@@ -307,8 +314,8 @@ def test_autoep_size_below_autotp_size_trains_like_one_process(tmp_path: Path) -
     """DeepSpeed folds AutoEP into AutoTP also when the expert groups split a tensor-parallel group: each
     expert is then held by two peers of one tensor-parallel group (its expert-data-parallel replicas), run on
     disjoint halves of the lanes' assignments; at ZeRO 1/2 the peers hold other slices of it. The losses,
-    whole weights and gradient norms equal plain PyTorch's at ZeRO 0, 1 and 2; a ZeRO-2 checkpoint resumes
-    bit for bit."""
+    whole weights and gradient norms equal plain PyTorch's at ZeRO 0, 1 and 2; ZeRO-2 and ZeRO-0 checkpoints
+    resume bit for bit."""
     results = run_ranks(4, _job_ep_below_tp, str(tmp_path), timeout_s=560)
     ref_losses, ref_weights, ref_norms = _reference(replicas=1, kv_heads=4)
     want = [parts[0] for parts in ref_losses]
@@ -316,8 +323,9 @@ def test_autoep_size_below_autotp_size_trains_like_one_process(tmp_path: Path) -
         rank = results.index(r)
         assert r["layout"] == ((rank - rank % 2, rank - rank % 2 + 1), (rank % 2, rank % 2 + 2))
         _check_stages(r, want, ref_weights, ref_norms)
-        assert r["after_save"][0] == r["after_load"][0]
-        _close(r["after_load"][1][0], r["after_save"][1][0], 0.0)
+        for saved, loaded in (("after_save", "after_load"), ("stage0_after_save", "stage0_after_load")):
+            assert r[saved][0] == r[loaded][0]
+            _close(r[loaded][1][0], r[saved][1][0], 0.0)
     # experts 0 and 1 live on ranks 0 and 2 (tensor-parallel ranks 0 and 2), experts 2 and 3 on ranks 1 and 3
     assert results[0]["expert_files"] == [
         f"layer_0_expert_{e}_mp_rank_{mp:02d}_model_states.pt"

@@ -397,10 +397,11 @@ def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) ->
 def write_stage0_optimizer(
     state: dict[str, Any], wiring: MoeWiring, ckpt_dir: Path, *, mp_rank: int, save: Callable[[Any, Path], None]
 ) -> None:
-    """Stage 0: expert-data-parallel rank 0 of the largest expert group writes its expert-parallel rank's file."""
+    """Stage 0: the writer of the largest expert group's files (`_writes_experts`) writes its expert-parallel
+    rank's file, under its own model-parallel rank."""
     ep_rank, ep_size = _largest_group_rank(wiring)
     largest = max(wiring.layers, key=lambda layer: int(layer.group_name.rsplit("_", 1)[1]))
-    if largest.edp_rank != 0:
+    if not _writes_experts(wiring, largest):
         return
     save(
         {"optimizer": state, "ep_size": ep_size, **_expert_record(wiring, largest)},
