@@ -49,8 +49,10 @@ and rounds once).
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
+import itertools
 import logging
 import mmap
 import os
@@ -264,9 +266,11 @@ class ShmChannel:
         with self._lock:
             self._check()
             deadline = time.monotonic() + _seconds(timeout)
-            if chunks > 1:  # later chunks are sent after earlier ones were received: no overwrites
-                sends = [_unshared(s, recvs, i) for i, s in enumerate(sends)]
-            adds = [a if a is None else _unshared(a, recvs, i) for i, a in enumerate(adds)]
+            if chunks > 1 or any(a is not None for a in adds):
+                dests = _Destinations(recvs)
+                if chunks > 1:  # later chunks are sent after earlier ones were received: no overwrites
+                    sends = [dests.unshared(s, i) for i, s in enumerate(sends)]
+                adds = [a if a is None else dests.unshared(a, i) for i, a in enumerate(adds)]
             views = [_bytes(t) for t in sends]
             first = self._next
             try:
@@ -389,19 +393,34 @@ def _seconds(timeout: timedelta | None) -> float:
     return state.timeout.total_seconds() if state.timeout is not None else 1800.0
 
 
-def _unshared(t: torch.Tensor, recvs: list[torch.Tensor], index: int) -> torch.Tensor:
-    """`t`, or a copy of it where a destination other than its own overlaps it (and could overwrite it
-    before it is read); being its own destination (an in-place reduction) is safe, chunk by chunk."""
-    for j, r in enumerate(recvs):
-        same = j == index and r.data_ptr() == t.data_ptr() and r.numel() == t.numel() and r.dtype == t.dtype
-        if not same and _overlaps(r, t):
-            return t.clone()
-    return t
+class _Destinations:
+    """The receive tensors' byte ranges, sorted, so that whether a source overlaps one is a binary search
+    (an exchange of n tensors each way checked n * n pairs: 46k checks, ~60 ms, per step of a 21M model at
+    ZeRO-3, whose after-step all-gather sends and receives every parameter)."""
 
+    def __init__(self, recvs: list[torch.Tensor]) -> None:
+        self.recvs = recvs
+        self.spans = sorted(
+            (r.data_ptr(), r.data_ptr() + r.numel() * r.element_size(), j) for j, r in enumerate(recvs) if r.numel()
+        )
+        self.starts = [start for start, _, _ in self.spans]
+        self.reach = list(itertools.accumulate((end for _, end, _ in self.spans), max))  # furthest end so far
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+    def unshared(self, t: torch.Tensor, index: int) -> torch.Tensor:
+        """`t`, or a copy of it where a destination other than its own overlaps it (and could overwrite it
+        before it is read); being its own destination (an in-place reduction) is safe, chunk by chunk."""
+        t0 = t.data_ptr()
+        t1 = t0 + t.numel() * t.element_size()
+        k = bisect.bisect_left(self.starts, t1) - 1  # the last destination starting before t ends
+        while k >= 0 and self.reach[k] > t0:  # some destination at or before k still reaches into t
+            start, end, j = self.spans[k]
+            if end > t0:
+                r = self.recvs[j]
+                same = j == index and start == t0 and r.numel() == t.numel() and r.dtype == t.dtype
+                if not same:
+                    return t.clone()
+            k -= 1
+        return t
 
 
 # ---- setup ---------------------------------------------------------------------------------------------
