@@ -68,6 +68,10 @@ def test_cpu_headroom_is_the_host_share_less_the_peak(monkeypatch: pytest.Monkey
     assert selective.memory_headroom(acc) == 2 * gib
     acc.peak = 10 * gib
     assert selective.memory_headroom(acc) == 0
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("LOCAL_SIZE", "4")  # the MPI runners' name
+    acc.peak, acc.available = 1 * gib, 16 * gib
+    assert selective.memory_headroom(acc) == int(20 * gib * 0.9) // 4 - 1 * gib
 
 
 def test_device_headroom_is_deepspeeds(monkeypatch: pytest.MonkeyPatch) -> None:

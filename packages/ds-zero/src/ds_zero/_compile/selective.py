@@ -70,8 +70,9 @@ class UnshardPlan:
 
 
 def _ranks_on_host() -> int:
-    """The ranks sharing this host: the launcher's LOCAL_WORLD_SIZE, else every rank (the cautious guess)."""
-    for key in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+    """The ranks sharing this host: the launcher's count (torchrun's and ds's LOCAL_WORLD_SIZE, the MPI
+    runners' LOCAL_SIZE, Open MPI's, MPICH's), else every rank (the cautious guess)."""
+    for key in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
         value = os.environ.get(key, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
