@@ -44,7 +44,7 @@ class CompileConfig(ConfigModel):
     """`compile`: DeepCompile's settings (DeepSpeed's `CompileConfig`)."""
 
     inert_keys: ClassVar[dict[str, str]] = {
-        "autoep_non_moe": "compiling around AutoEP layers needs AutoEP, which is not implemented in ds",
+        "autoep_non_moe": f"compiling only the parts around AutoEP layers {_NOT_IN_DS}",
         "offload_activation": f"activation offload {_NOT_IN_DS}",
         "offload_opt_states": f"optimizer-state offload {_NOT_IN_DS}; use zero_optimization.offload_optimizer",
         "offload_parameters": f"parameter offload {_NOT_IN_DS}; use zero_optimization.offload_param",
