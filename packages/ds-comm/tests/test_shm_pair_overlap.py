@@ -3,7 +3,7 @@
 `_Destinations.unshared` answers with a binary search over the destinations' sorted byte ranges; here it is
 checked against the pairwise definition (any destination but the source's own identical one sharing a byte)
 on random layouts of views into one buffer: overlapping destinations, in-place sources, empty tensors,
-other dtypes.
+other dtypes, and index -1 (the gloo path's sends, which have no destination of their own).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_copies_exactly_where_another_destination_overlaps() -> None:
     for _ in range(3000):
         recvs = [_view(buffer, rng) if rng.random() < 0.7 else rng.choice(separate) for _ in range(rng.randrange(1, 8))]
         dests = _Destinations(recvs)
-        for index in range(len(recvs)):
+        for index in [*range(len(recvs)), -1]:  # -1: a source with no destination of its own (gloo's sends)
             t = recvs[index] if rng.random() < 0.3 else _view(buffer, rng)  # in place, or any source
             out = dests.unshared(t, index)
             if _must_copy(t, recvs, index):

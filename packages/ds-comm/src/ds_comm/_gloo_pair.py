@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp, Work
 
-from ds_comm._shm_pair import ShmWork, shm_channel
+from ds_comm._shm_pair import ShmWork, _Destinations, shm_channel
 
 __all__ = [
     "PairWork",
@@ -173,9 +173,9 @@ def pair_exchange(
     if channel is not None:
         return channel.exchange(list(sends), list(recvs), addends=addends)
     works: list[Work | None] = []
+    dests = _Destinations(recvs)
     for b in sends:
-        if any(_overlaps(r, b) for r in recvs):
-            b = b.clone()  # the receive must not overwrite what is still being sent
+        b = dests.unshared(b, -1)  # a copy where a receive could overwrite what is still being sent
         works.append(dist.isend(b, group=group, group_dst=peer, tag=_TAG))
     for a in recvs:
         works.append(dist.irecv(a, group=group, group_src=peer, tag=_TAG))

@@ -408,7 +408,8 @@ class _Destinations:
 
     def unshared(self, t: torch.Tensor, index: int) -> torch.Tensor:
         """`t`, or a copy of it where a destination other than its own overlaps it (and could overwrite it
-        before it is read); being its own destination (an in-place reduction) is safe, chunk by chunk."""
+        before it is read); being its own destination (an in-place reduction) is safe, chunk by chunk.
+        `index` -1: `t` has no destination of its own, so any overlap counts."""
         t0 = t.data_ptr()
         t1 = t0 + t.numel() * t.element_size()
         k = bisect.bisect_left(self.starts, t1) - 1  # the last destination starting before t ends

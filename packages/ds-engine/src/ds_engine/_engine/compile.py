@@ -134,7 +134,9 @@ class EngineCompile:
         self._dc_pause.enter_context(stage3.hooks_paused())
         logger.info("engine.compile: DeepCompile (ZeRO-3 gathers and releases in the graph), backend=%s", backend)
         self._dc_kwargs = {**kwargs, "fullgraph": True}
-        self._dc_unshard_after = require("ds_zero._compile.selective", extra="zero", feature="DeepCompile").WARMUP_STEPS
+        self._dc_unshard_after = require(
+            "ds_zero._compile.selective", extra="zero", feature="DeepCompile at ZeRO stage 3"
+        ).WARMUP_STEPS
         self.module.compile(**{**self._dc_kwargs, "backend": self._dc_backend})
 
     def _unshard_selectively(self) -> None:

@@ -23,7 +23,6 @@ behaviour too: selective unsharding trades memory the job does not use for speed
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -32,8 +31,6 @@ import torch
 from torch import nn
 
 import ds_comm
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "MEM_MARGIN",
@@ -108,15 +105,14 @@ def choose_whole(
     candidates: Sequence[tuple[str, nn.Parameter]], headroom_bytes: int
 ) -> tuple[list[tuple[str, nn.Parameter]], UnshardPlan]:
     """The smallest-first prefix of `candidates` (name, partitioned parameter) that fits `headroom_bytes`."""
-    order = sorted(range(len(candidates)), key=lambda i: (_nbytes(candidates[i][1]), i))
     chosen: list[tuple[str, nn.Parameter]] = []
     spent = 0
-    for i in order:
-        size = _nbytes(candidates[i][1])
+    for name, param in sorted(candidates, key=lambda c: _nbytes(c[1])):  # stable: ties in the given order
+        size = _nbytes(param)
         if spent + size > headroom_bytes:
             break
         spent += size
-        chosen.append(candidates[i])
+        chosen.append((name, param))
     plan = UnshardPlan(
         headroom_bytes=headroom_bytes,
         chosen=tuple(name for name, _ in chosen),
