@@ -45,6 +45,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     # inductor compiles the 21M GPT's forward and backward once per compiled mode (minutes on 2 loaded cores)
     "deepcompile": ([], ["--steps", "2", "--modes", "eager,deepcompile"]),
     "zenflow": ([], ["--steps", "8"]),
+    "zenflow_1rank": ([], ["--steps", "8"]),
     "pipe": ([], ["--micro-batches", "4", "--repeats", "1", "--batches", "2"]),
     "loss_curves": ([], ["--steps", "10"]),
     "hf_trainer": ([], ["--steps", "6", "--rounds", "1", "--hidden", "64", "--layers", "2"]),
@@ -78,6 +79,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "aio_step": ("aio", ["--step"]),  # ZeRO-3 step: NVMe vs CPU offload
     "infinity_0.6b": ("infinity", ["--layers", "9", "--steps", "4"]),  # ds beside DeepSpeed where both run
     "superoffload_bf16": ("superoffload", ["--bf16"]),  # no step can be undone: no undo copies
+    "zenflow_1rank": ("zenflow", ["--ranks", "1"]),  # the worker on the core the rank leaves idle
 }
 
 # torch 2.13 deprecates the *_tensor collectives ds_comm wraps; every rank of every run would say so.

@@ -1,6 +1,9 @@
-"""ZenFlow on 2 gloo ranks: ZeRO-2 + CPU optimizer offload, ZenFlow, ZenFlow with overlap_step; ds and DeepSpeed.
+"""ZenFlow on gloo ranks: ZeRO-2 + CPU optimizer offload, ZenFlow, ZenFlow with overlap_step; ds and DeepSpeed.
 
-Run: python benchmarks/zenflow.py [--steps 24] [--stage 2|3] [--deepspeed-python /work/dsref/bin/python] [--json PATH]
+Run: python benchmarks/zenflow.py [--steps 24] [--stage 2|3] [--ranks 1|2]
+     [--deepspeed-python /work/dsref/bin/python] [--json PATH]
+Ranks: 2 by default. With --ranks 1 the rank leaves the host's second core to the ZenFlow worker, as a GPU
+rank leaves its host's cores to it (on this 2-core host, 2 ranks leave no core idle).
 Model: the GPT-style decoder of benchmarks/zero.py, smaller (vocab 4096, 4 layers of width 256, ~4.5M
 parameters), AdamW lr 1e-3, fp32, batch 4 x 64 tokens per rank, the same seeded data on both sides.
 ZenFlow: topk_ratio 0.1, select_strategy step, select_interval 8, update_interval 4.
@@ -98,12 +101,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_side(side: str, steps: int, modes: list[str], stage: int = 2) -> dict:
+def run_side(side: str, steps: int, modes: list[str], stage: int = 2, world: int = 2) -> dict:
     out = Path(tempfile.mkdtemp()) / "rank"
     results = {}
     for mode in modes:
-        mp.spawn(_rank, args=(2, _free_port(), side, mode, steps, str(out), stage), nprocs=2, join=True)
-        ranks = [torch.load(f"{out}.{r}") for r in range(2)]
+        mp.spawn(_rank, args=(world, _free_port(), side, mode, steps, str(out), stage), nprocs=world, join=True)
+        ranks = [torch.load(f"{out}.{r}") for r in range(world)]
         warm = max(2, steps // 4)
         step = max(statistics.median(r["times"][warm:]) for r in ranks)
         tail = ranks[0]["losses"][-max(1, steps // 4) :]
@@ -123,6 +126,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--stage", type=int, choices=(2, 3), default=2)
+    parser.add_argument("--ranks", type=int, choices=(1, 2), default=2, help="rank processes per side")
     parser.add_argument("--deepspeed-python", default="/work/dsref/bin/python")
     parser.add_argument("--side", choices=("ds", "deepspeed"), default="ds", help=argparse.SUPPRESS)
     sys.path.insert(0, str(HERE))
@@ -132,16 +136,25 @@ def main() -> None:
     args = parser.parse_args()
     modes = args.modes.split(",")
     if args.side == "deepspeed":  # the child run under DeepSpeed's venv
-        print(json.dumps(run_side("deepspeed", args.steps, modes)))
+        print(json.dumps(run_side("deepspeed", args.steps, modes, world=args.ranks)))
         return
-    ours = run_side("ds", args.steps, modes, args.stage)
+    ours = run_side("ds", args.steps, modes, args.stage, args.ranks)
     theirs: dict = {}
     if args.stage == 3:
         print("DeepSpeed not run: its ZeRO-3 ZenFlow needs CUDA")
     elif args.deepspeed_python and Path(args.deepspeed_python).exists():
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["DS_ACCELERATOR"] = "cpu"
-        cmd = [args.deepspeed_python, __file__, "--side", "deepspeed", "--steps", str(args.steps)]
+        cmd = [
+            args.deepspeed_python,
+            __file__,
+            "--side",
+            "deepspeed",
+            "--steps",
+            str(args.steps),
+            "--ranks",
+            str(args.ranks),
+        ]
         proc = subprocess.run([*cmd, "--modes", args.modes], env=env, capture_output=True, text=True, check=False)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         theirs = json.loads(lines[-1]) if lines else {}
@@ -166,10 +179,13 @@ def main() -> None:
     for mode in modes:
         print(f"  {mode:<18}" + " ".join(f"{x:.3f}" for x in ours[mode]["losses"]))
     if args.json:
+        name = "zenflow" if args.ranks == 2 else "zenflow_1rank"  # results.py's name for each run
         rows = [
             _report.Row(
-                "zenflow",
-                f"{mode} step time, 2 ranks" + (", ZeRO-3" if args.stage == 3 else ""),
+                name,
+                f"{mode} step time, {args.ranks} rank"
+                + ("s" if args.ranks > 1 else "")
+                + (", ZeRO-3" if args.stage == 3 else ""),
                 ours[mode]["step_ms"],
                 "ms",
                 "DeepSpeed 0.19.8",
@@ -179,7 +195,13 @@ def main() -> None:
         ]
         if share is not None:
             rows.append(
-                _report.Row("zenflow", "overlap_step: CPU update time visible", 100 * share, "%", target="<= 10 %")
+                _report.Row(
+                    name,
+                    f"overlap_step: CPU update time visible, {args.ranks} rank" + ("s" if args.ranks > 1 else ""),
+                    100 * share,
+                    "%",
+                    target="<= 10 %",
+                )
             )
         _report.write_rows(args.json, rows)
 

@@ -32,6 +32,18 @@ RUNS: dict[str, tuple[int, int, dict[str, Any]]] = {
         },
     ),
     "z1_w2": (2, 1, {"topk_ratio": 0.3, "select_strategy": "step", "select_interval": 3, "update_interval": 3}),
+    "z2_w1_overlap": (
+        1,
+        2,
+        {
+            "topk_ratio": 0.25,
+            "select_strategy": "step",
+            "select_interval": 4,
+            "update_interval": 2,
+            "full_warm_up_rounds": 1,
+            "overlap_step": True,
+        },
+    ),
     "z2_w2_overlap": (
         2,
         2,

@@ -172,6 +172,7 @@ def run_ranks(
     num_threads: int = 1,
     env: dict[str, str] | None = None,
     collective_timeout_s: float | None = None,
+    daemonic: bool = True,
     **kwargs: Any,
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` fresh processes; return per-rank results.
@@ -185,6 +186,9 @@ def run_ranks(
         env: extra environment variables for the ranks.
         collective_timeout_s: each collective's timeout inside the ranks; default half of `timeout_s`,
             so a hung collective fails with the op's name before the harness kills the job.
+        daemonic: start the ranks as daemonic processes (they die with the parent). False lets a rank
+            start processes of its own (ZenFlow's `overlap_step` worker, which Python refuses to a
+            daemonic process); the harness still kills every rank when the job ends or its deadline passes.
 
     Returns:
         `[result of rank 0, result of rank 1, ...]`; results travel through `torch.save`.
@@ -226,7 +230,7 @@ def run_ranks(
                 coll_timeout,
                 max(1.0, timeout_s - 2),
             ),
-            daemon=True,
+            daemon=daemonic,
             name=f"ds-rank-{rank}",
         )
         for rank in range(world_size)

@@ -76,3 +76,20 @@ def test_harness_timeout_kills_the_job() -> None:
     with pytest.raises(RankTimeoutError, match=r"ranks \[0, 1\] of 2 did not finish within 4"):
         run_ranks(2, _sleeps, timeout_s=4)
     assert time.monotonic() - start < 15
+
+
+def _start_a_child(rank: int, world: int) -> int:
+    import multiprocessing as mp
+
+    child = mp.get_context("spawn").Process(target=time.sleep, args=(0.1,))
+    child.start()
+    child.join(timeout=30)
+    return child.exitcode
+
+
+def test_non_daemonic_ranks_may_start_processes() -> None:
+    """A rank that runs a worker process of its own (ZenFlow's `overlap_step`) needs `daemonic=False`:
+    Python refuses children to a daemonic process, which the default keeps."""
+    assert run_ranks(2, _start_a_child, timeout_s=60, daemonic=False) == [0, 0]
+    with pytest.raises(AssertionError, match="daemonic processes are not allowed to have children"):
+        run_ranks(1, _start_a_child, timeout_s=60)

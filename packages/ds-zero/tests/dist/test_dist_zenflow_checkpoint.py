@@ -142,3 +142,28 @@ def test_overlap_step_resumes_exactly(stage: int, k: int) -> None:
     _close(opt)
     gap = max(float((a - b).abs().max()) for a, b in zip(resumed, whole, strict=True))
     assert gap == 0.0, f"overlap_step, stage {stage}, resumed after {k}: max |diff| {gap:.2e}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_overlap_step_hands_the_accumulators_over(stage: int) -> None:
+    """`overlap_step`: the optimizer accumulates each window straight into one of the worker's two shared
+    sets, and after the window's step its accumulators are the other set, already cleared by the worker:
+    no copy of the window's gradients and no clearing in the training process."""
+    model, opt = _build(3, torch.float32, False, stage=stage, overlap=True)
+    cpu = opt._cpu
+    accumulators = opt.grad_partitions if stage == 2 else opt.accumulators
+    assert [a.data_ptr() for a in accumulators] == [s.data_ptr() for s in cpu.sets[0]]
+    assert all(a.is_shared() for a in accumulators)
+    filled = []
+    for m in range(STEPS):
+        _run(model, opt, 0, range(m, m + 1), torch.float32)
+        if opt.zenflow_schedule.is_update_boundary(m):
+            cpu.wait()  # the worker clears a set before it answers
+            filled.append(cpu._filling)
+            assert all(a is s for a, s in zip(accumulators, cpu.sets[cpu._filling], strict=True))
+            assert all(float(a.abs().max()) == 0.0 for a in accumulators if a.numel())
+        else:
+            assert any(float(a.abs().max()) > 0.0 for a in accumulators)  # this window's gradients so far
+    assert filled[:4] == [1, 0, 1, 0]
+    _close(opt)

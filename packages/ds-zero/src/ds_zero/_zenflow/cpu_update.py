@@ -47,8 +47,10 @@ class SequentialCpuUpdate:
         """Reset the host masters from the model's partitions (the selected columns moved on the device)."""
         self.updater.refresh_masters()
 
-    def update(self, grads: list[torch.Tensor], *, step_id: int, sync: Callable[[], None]) -> None:
-        """Step the CPU optimizer on `grads` (the accumulated partitions) and all-gather the result (`sync`)."""
+    def update(self, grads: list[torch.Tensor], *, step_id: int, sync: Callable[[], None]) -> bool:
+        """Step the CPU optimizer on `grads` (the accumulated partitions) and all-gather the result (`sync`).
+
+        Returns False: the accumulators still hold the window's gradients (the caller clears them)."""
         for master, grad in zip(self.masters, grads, strict=True):
             master.grad = grad
         try:
@@ -64,6 +66,7 @@ class SequentialCpuUpdate:
             for master in self.masters:
                 master.grad = None
         sync()
+        return False
 
     def close(self) -> None:
         """Nothing runs outside the training process."""

@@ -1,10 +1,16 @@
 """`OverlappedCpuUpdate`: ZenFlow's CPU update in a worker process, overlapped with the next micro steps.
 
-`zero_optimization.zenflow.overlap_step: true`. The host masters, two gradient buffers and a "stale" copy
-of the result live in shared memory; a worker process (spawned once, at the first update) owns the
-Adam moments and runs the CPU optimizer (`ds_ops.ZenFlowCPUAdam`) on command, on its own share of the
-rank's cores (`pt_reserved_cores_perc` stays with training). The training process sends a command per
-update window and goes on with forward and backward while the worker computes.
+`zero_optimization.zenflow.overlap_step: true`. The host masters, two sets of gradient accumulators and a
+"stale" copy of the result live in shared memory; a worker process (spawned once, at the first update)
+owns the Adam moments and runs the CPU optimizer (`ds_ops.ZenFlowCPUAdam`) on command, on its own share
+of the rank's cores (`pt_reserved_cores_perc` stays with training). The training process sends a command
+per update window and goes on with forward and backward while the worker computes.
+
+The gradients are handed over without a copy: the ZeRO optimizer accumulates a window straight into one
+of the two shared sets (its accumulator list is pointed at it), the command names that set, and the list
+is pointed at the other set for the next window; the worker clears a set when its step is done with it.
+On a CPU host a copy of the window's gradients costs about as much memory traffic as the update it hands
+over, so copying them would keep most of the update's time in the step.
 
 DeepSpeed 0.19.8's semantics, kept here:
 
@@ -37,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ds_zero._host_buffers import release_pinned
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
 logger = logging.getLogger(__name__)
@@ -58,8 +65,10 @@ def split_cores(cores: list[int], reserved_perc: float) -> tuple[list[int], list
 
 
 def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.Tensor]], stale: list[torch.Tensor],
-                 adamw_mode: bool, cores: list[int]) -> None:  # fmt: skip
-    """The worker: two optimizers (one per buffer parity) over the shared masters; one command at a time."""
+                 sets: list[list[torch.Tensor]], adamw_mode: bool, cores: list[int]) -> None:  # fmt: skip
+    """The worker: two optimizers (one per window parity) over the shared masters; one command at a time.
+
+    `grads[i][k]` is master i's gradient in accumulator set k (a view of `sets[k]`), cleared after use."""
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(max(1, len(cores)))
@@ -81,15 +90,17 @@ def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.T
                 opt.load_state_dict(saved)
             conn.send("loaded")
             continue
-        _, state, step_id, hypers = command
+        _, state, accumulated, step_id, hypers = command
         opt = optimizers[state]
         for group, hyper, param, grad in zip(opt.param_groups, hypers, params, grads, strict=True):
             group.update(hyper)
-            param.grad = grad[state]
+            param.grad = grad[accumulated]
         opt.step(step_id=step_id)
         for param, copy in zip(params, stale, strict=True):
             param.grad = None
             copy.copy_(param)
+        for buffer in sets[accumulated]:  # cleared before "done": the training process may fill it next
+            buffer.zero_()
         conn.send("done")
     conn.close()
 
@@ -105,12 +116,17 @@ class OverlappedCpuUpdate:
         updater: the ZeRO optimizer's partition updater.
         schedule: the resolved ZenFlow schedule.
         reserved_perc: `pt_reserved_cores_perc`.
+        accumulators: the ZeRO optimizer's list of host gradient accumulators, which it adds each micro step
+            into; its entries are replaced here by shared ones (the list object stays, so every holder of it
+            sees the swaps).
+        master_gradients: maps a set of accumulators to each master's gradient in it (views).
         master_groups: the param group of `optimizer` each master belongs to (None: master i is group i's
             only one, as at stage 1/2; at stage 3 a group may have several tiles).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, flats: list[FlatParamGroup], masters: list[torch.Tensor],
-                 updater: Any, schedule: Any, reserved_perc: float,
+                 updater: Any, schedule: Any, reserved_perc: float, accumulators: list[torch.Tensor],
+                 master_gradients: Callable[[list[torch.Tensor]], list[torch.Tensor]],
                  master_groups: list[int] | None = None) -> None:  # fmt: skip
         self.optimizer = optimizer
         self.flats = flats
@@ -119,7 +135,17 @@ class OverlappedCpuUpdate:
         self.schedule = schedule
         self.reserved_perc = reserved_perc
         self.master_groups = list(range(len(masters))) if master_groups is None else list(master_groups)
-        self.grads = [[torch.zeros_like(m).share_memory_() for _ in range(2)] for m in self.masters]
+        self.accumulators = accumulators
+        #: the two shared accumulator sets; the ZeRO optimizer fills `sets[self._filling]`
+        self.sets = [[torch.zeros_like(acc).share_memory_() for acc in accumulators] for _ in range(2)]
+        by_set = [master_gradients(one) for one in self.sets]
+        #: `grads[i][k]`: master i's gradient in set k
+        self.grads = [list(pair) for pair in zip(*by_set, strict=True)]
+        self._filling = 0
+        for k, value in enumerate(accumulators):
+            self.sets[0][k].copy_(value)
+        release_pinned(accumulators)
+        accumulators[:] = self.sets[0]
         self.stale = [torch.zeros_like(m).share_memory_() for m in self.masters]
         self._process: Any = None
         self._conn: Any = None
@@ -145,7 +171,7 @@ class OverlappedCpuUpdate:
         adamw = bool(getattr(self.optimizer, "adam_w_mode", True))
         self._process = ctx.Process(
             target=_worker_main,
-            args=(there, self.masters, self.grads, self.stale, adamw, worker_cores),
+            args=(there, self.masters, self.grads, self.stale, self.sets, adamw, worker_cores),
             daemon=True,
             name="zenflow-cpu-update",
         )
@@ -178,17 +204,26 @@ class OverlappedCpuUpdate:
             self._outstanding -= 1
 
     def submit(self, grads: list[torch.Tensor], *, state: int, step_id: int) -> None:
-        """Hand the window's gradients (buffer `state`) to the worker and return at once."""
+        """Hand the window's gradients to the worker (Adam moments `state`) and return at once.
+
+        `grads` are normally views of the set being filled, handed over as they are; any that is not (a
+        caller that replaced an accumulator) is copied into it first. The accumulators then point at the
+        other set, which the worker cleared when it was done with it."""
         if self._process is None:
             self._start()
-        self.wait()  # one update in flight: the worker never reads a buffer being filled
-        for buffers, grad in zip(self.grads, grads, strict=True):
-            buffers[state].copy_(grad)
+        self.wait()  # one update in flight: the other set is free and cleared
+        filled = self._filling
+        for pair, grad in zip(self.grads, grads, strict=True):
+            target = pair[filled]
+            if grad.data_ptr() != target.data_ptr() or grad.shape != target.shape:
+                target.copy_(grad)
         groups = self.optimizer.param_groups
         hypers = [{k: groups[i][k] for k in _HYPER if k in groups[i]} for i in self.master_groups]
-        self._conn.send(("step", state, step_id, hypers))
+        self._conn.send(("step", state, filled, step_id, hypers))
         self._outstanding += 1
         self._has_result = True
+        self._filling = 1 - filled
+        self.accumulators[:] = self.sets[self._filling]
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -231,9 +266,11 @@ class OverlappedCpuUpdate:
         self.wait()
         self.updater.refresh_masters()
 
-    def update(self, grads: list[torch.Tensor], *, step_id: int, sync: Callable[[], None]) -> None:
+    def update(self, grads: list[torch.Tensor], *, step_id: int, sync: Callable[[], None]) -> bool:
         """DeepSpeed's order at micro step `step_id - 1`: warm-up submits first; then the previous result is
-        copied in (see the module note); after warm-up this window is submitted last."""
+        copied in (see the module note); after warm-up this window is submitted last.
+
+        Returns True: the accumulators now point at a cleared set (the caller need not clear them)."""
         m = step_id - 1
         s = self.schedule
         state = s.overlap_state(m)
@@ -242,6 +279,7 @@ class OverlappedCpuUpdate:
         self._copy_result(m, sync)
         if m >= s.full_warm_up_rounds:
             self.submit(grads, state=state, step_id=step_id)
+        return True
 
     def _copy_result(self, m: int, sync: Callable[[], None]) -> None:
         if not self._has_result:

@@ -128,6 +128,8 @@ class ZenFlowZeroOptimizer(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer):
                 self._updater,
                 self.zenflow_schedule,
                 float(self.zenflow_config.pt_reserved_cores_perc),
+                accumulators=self._grads.accumulators,
+                master_gradients=list,  # accumulator i is master i's gradient
             )
         return SequentialCpuUpdate(self.optimizer, self.flats, self.masters, self._updater)
 
@@ -237,9 +239,10 @@ class ZenFlowZeroOptimizer(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer):
             gather_s += time.perf_counter() - begun
 
         started = time.perf_counter()
-        self._cpu.update(grads, step_id=self.micro_step + 1, sync=timed_sync)
+        handed_over = self._cpu.update(grads, step_id=self.micro_step + 1, sync=timed_sync)
         self.cpu_update_times.append(time.perf_counter() - started - gather_s)
-        self._grads.clear_accumulators()
+        if not handed_over:
+            self._grads.clear_accumulators()
         if not self.zenflow_schedule.in_warm_up(self.micro_step + 1):
             self.selective_optimizer.step()
         return True

@@ -148,6 +148,8 @@ class ZenFlowZeroOptimizer_Stage3(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer
                 updater,
                 self.zenflow_schedule,
                 float(self.zenflow_config.pt_reserved_cores_perc),
+                accumulators=self.accumulators,
+                master_gradients=self._tile_gradients,
                 master_groups=[t.group_index for t in tiles],
             )
         return SequentialCpuUpdate(self.optimizer, targets, masters, updater)  # type: ignore[arg-type]
@@ -295,16 +297,22 @@ class ZenFlowZeroOptimizer_Stage3(ZenFlowOptimizerCommon, DeepSpeedZeroOptimizer
             self._clear_accumulators()
             self._drop_selection_inputs()
             return False
-        index = {id(part): i for i, part in enumerate(self.partitions)}
-        grads = [self.accumulators[index[id(t.partition)]][t.start : t.end] for t in self.tiles]
         started = time.perf_counter()
-        self._cpu.update(grads, step_id=self.micro_step + 1, sync=lambda: None)
+        handed_over = self._cpu.update(
+            self._tile_gradients(self.accumulators), step_id=self.micro_step + 1, sync=lambda: None
+        )
         self.cpu_update_times.append(time.perf_counter() - started)
-        self._clear_accumulators()
+        if not handed_over:
+            self._clear_accumulators()
         if not self.zenflow_schedule.in_warm_up(self.micro_step + 1):
             self.selective_optimizer.step()
         self.refresh_gathered()
         return True
+
+    def _tile_gradients(self, accumulators: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each tile's gradient: its range of its partition's accumulator."""
+        index = {id(part): i for i, part in enumerate(self.partitions)}
+        return [accumulators[index[id(t.partition)]][t.start : t.end] for t in self.tiles]
 
     def _clear_accumulators(self) -> None:
         for acc in self.accumulators:
