@@ -1,6 +1,9 @@
-"""SuperOffload: ZeRO-3 + CPU optimizer offload with and without `super_offload`, step time on 2 gloo ranks.
+"""SuperOffload: ZeRO-3 + CPU optimizer offload with and without `super_offload`, step time on gloo ranks.
 
 Run: python benchmarks/superoffload.py [--steps 10] [--batch 4] [--seq 64] [--threads 1] [--clip 0] [--bf16]
+     [--ranks 2]
+Ranks: 2 by default; with `--ranks 1` (and one thread) the rank leaves the host's second core to SuperOffload's
+worker, as a GPU rank leaves its host's cores to the CPU optimizer.
 Model: benchmarks/zero.py's GPT (~21M parameters, tied embeddings), fp32, DeepSpeedCPUAdam through
 `ds_engine.initialize` (ZeRO-3, `offload_optimizer.device: "cpu"`, `sub_group_size` a rank's shard of one
 block, so the CPU step has about a dozen sub-groups to start during the backward). Both configs live in
@@ -108,13 +111,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clip", type=float, default=0.0)
+    parser.add_argument("--ranks", type=int, choices=(1, 2), default=2, help="rank processes")
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 without check_grad_overflow: no step can be undone, no undo copies"
     )
     _report.add_json_argument(parser)
     args = parser.parse_args()
     ranks = run_ranks(
-        2,
+        args.ranks,
         _time,
         steps=args.steps,
         batch=args.batch,
@@ -132,7 +136,7 @@ def main() -> None:
     info = ranks[0]
     print(
         f"GPT ~21M params, {'bf16' if args.bf16 else 'fp32'}, ZeRO-3 + CPU offload (DeepSpeedCPUAdam), "
-        f"2 gloo ranks x {args.threads} thread(s), batch {args.batch}x{args.seq} tokens/rank, "
+        f"{args.ranks} gloo rank(s) x {args.threads} thread(s), batch {args.batch}x{args.seq} tokens/rank, "
         f"gradient_clipping {args.clip:g}; {info['tiles']} CPU sub-groups per rank, SuperOffload worker "
         f"{info['worker_threads']} thread(s); median of {args.steps} steps, configs "
         "interleaved step by step (slower rank)"
@@ -151,11 +155,14 @@ def main() -> None:
         figure += f", gradient_clipping {args.clip:g}"
     if args.bf16:
         figure += ", bf16 (no undo copies)"
+    if args.ranks == 1:
+        figure += ", 1 rank (the worker on the core it leaves idle)"
     _report.write_rows(
         args.json,
         [
             _report.Row(
-                "superoffload_bf16" if args.bf16 else "superoffload",  # results.py's name for each run
+                # results.py's name for each run
+                ("superoffload_bf16" if args.bf16 else "superoffload") + ("_1rank" if args.ranks == 1 else ""),
                 figure,
                 median["superoffload"],
                 "s",

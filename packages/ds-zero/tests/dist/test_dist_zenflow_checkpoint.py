@@ -167,3 +167,30 @@ def test_overlap_step_hands_the_accumulators_over(stage: int) -> None:
             assert any(float(a.abs().max()) > 0.0 for a in accumulators)  # this window's gradients so far
     assert filled[:4] == [1, 0, 1, 0]
     _close(opt)
+
+
+@pytest.mark.timeout(300)
+def test_overlap_step_swaps_a_host_model_buffer_instead_of_copying() -> None:
+    """At stage 1/2 with the model in host memory, the worker writes each result into the flat buffer the
+    model is not using, and the window's end points the parameters at it (no copy of the result)."""
+    model, opt = _build(3, torch.float32, False, stage=2, overlap=True)
+    results = opt._cpu.results
+    assert type(results).__name__ == "SwappedBuffers"
+    buffers = [[b.data_ptr() for b in pair] for pair in results.buffers]
+    live = []
+    for m in range(STEPS):
+        _run(model, opt, 0, range(m, m + 1), torch.float32)
+        flat = opt.flats[0]
+        which = buffers[0].index(flat.flat.data_ptr())
+        live.append(which)
+        flat.check_views()  # every parameter is a view of the live buffer
+        assert flat.flat.is_shared()
+    # a swap at every window's end (warm-up included) but the first one after warm-up, which applies nothing
+    boundaries = [m for m in range(STEPS) if opt.zenflow_schedule.is_update_boundary(m)]
+    swaps = [m for m in boundaries if m != SECTION["full_warm_up_rounds"] + UPDATE - 1]
+    expected, which = [], 0
+    for m in range(STEPS):
+        which ^= m in swaps
+        expected.append(which)
+    assert boundaries == [0, 2, 3, 4, 6, 7, 8] and live == expected, (boundaries, live)
+    _close(opt)

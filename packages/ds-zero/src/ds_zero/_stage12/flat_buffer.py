@@ -63,6 +63,19 @@ class FlatParamGroup:
                 view.copy_(p.detach().reshape(-1))
                 p.data = view.view(slot.shape)
 
+    def use_buffer(self, buffer: torch.Tensor) -> None:
+        """Make `buffer` (same size, dtype and device) the flat buffer: every parameter becomes its view.
+
+        ZenFlow's overlapped update swaps in a buffer whose own partition its worker filled."""
+        if buffer.shape != self.flat.shape or buffer.dtype != self.dtype or buffer.device != self.flat.device:
+            raise ValueError(
+                f"a flat buffer of {self.padded_numel} {self.dtype} elements on {self.flat.device} is needed, "
+                f"got {tuple(buffer.shape)} {buffer.dtype} on {buffer.device}"
+            )
+        self.flat = buffer
+        for p, slot in zip(self.params, self.slots, strict=True):
+            p.data = buffer[slot.flat_offset : slot.flat_end].view(slot.shape)
+
     def partition(self, rank: int) -> torch.Tensor:
         """Rank `rank`'s partition of the flat buffer (a view)."""
         start = rank * self.partition_numel

@@ -1,10 +1,11 @@
 """`OverlappedCpuUpdate`: ZenFlow's CPU update in a worker process, overlapped with the next micro steps.
 
-`zero_optimization.zenflow.overlap_step: true`. The host masters, two sets of gradient accumulators and a
-"stale" copy of the result live in shared memory; a worker process (spawned once, at the first update)
-owns the Adam moments and runs the CPU optimizer (`ds_ops.ZenFlowCPUAdam`) on command, on its own share
-of the rank's cores (`pt_reserved_cores_perc` stays with training). The training process sends a command
-per update window and goes on with forward and backward while the worker computes.
+`zero_optimization.zenflow.overlap_step: true`. The host masters, two sets of gradient accumulators and
+the place the result goes (`ds_zero._zenflow.results`) live in shared memory; a worker process (spawned
+once, at the first update) owns the Adam moments and runs the CPU optimizer (`ds_ops.ZenFlowCPUAdam`) on
+command, on its own share of the rank's cores (`pt_reserved_cores_perc` stays with training). The
+training process sends a command per update window and goes on with forward and backward while the
+worker computes.
 
 The gradients are handed over without a copy: the ZeRO optimizer accumulates a window straight into one
 of the two shared sets (its accumulator list is pointed at it), the command names that set, and the list
@@ -17,8 +18,8 @@ DeepSpeed 0.19.8's semantics, kept here:
 - the windows alternate between two gradient buffers and two sets of Adam moments, by window parity
   (`(m // update_interval) % 2`; `m % 2` in warm-up);
 - in warm-up the update is applied at once (submitted, waited for, copied into the model);
-- after warm-up, a window's update is submitted at its end and its result (the stale copy) is copied into
-  the model at the end of the next window, before that window is submitted: the model sees each CPU
+- after warm-up, a window's update is submitted at its end and its result is put into the model at the
+  end of the next window, before that window is submitted: the model sees each CPU
   update one window late. The first window after warm-up (and, without warm-up, also the very first)
   copies nothing;
 - at a reselection the masters are reset from the model's weights.
@@ -45,6 +46,7 @@ import torch
 
 from ds_zero._host_buffers import release_pinned
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._zenflow.results import result_slots
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +66,13 @@ def split_cores(cores: list[int], reserved_perc: float) -> tuple[list[int], list
     return list(cores), list(cores)
 
 
-def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.Tensor]], stale: list[torch.Tensor],
-                 sets: list[list[torch.Tensor]], adamw_mode: bool, cores: list[int]) -> None:  # fmt: skip
+def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.Tensor]],
+                 results: list[list[torch.Tensor]], sets: list[list[torch.Tensor]], adamw_mode: bool,
+                 cores: list[int]) -> None:  # fmt: skip
     """The worker: two optimizers (one per window parity) over the shared masters; one command at a time.
 
-    `grads[i][k]` is master i's gradient in accumulator set k (a view of `sets[k]`), cleared after use."""
+    `grads[i][k]` is master i's gradient in accumulator set k (a view of `sets[k]`), cleared after use;
+    `results[i][j]` is where master i's result goes when the command names slot j."""
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(max(1, len(cores)))
@@ -90,15 +94,15 @@ def _worker_main(conn: Any, params: list[torch.Tensor], grads: list[list[torch.T
                 opt.load_state_dict(saved)
             conn.send("loaded")
             continue
-        _, state, accumulated, step_id, hypers = command
+        _, state, accumulated, slot, step_id, hypers = command
         opt = optimizers[state]
         for group, hyper, param, grad in zip(opt.param_groups, hypers, params, grads, strict=True):
             group.update(hyper)
             param.grad = grad[accumulated]
         opt.step(step_id=step_id)
-        for param, copy in zip(params, stale, strict=True):
+        for param, result in zip(params, results, strict=True):
             param.grad = None
-            copy.copy_(param)
+            result[slot].copy_(param)
         for buffer in sets[accumulated]:  # cleared before "done": the training process may fill it next
             buffer.zero_()
         conn.send("done")
@@ -146,12 +150,12 @@ class OverlappedCpuUpdate:
             self.sets[0][k].copy_(value)
         release_pinned(accumulators)
         accumulators[:] = self.sets[0]
-        self.stale = [torch.zeros_like(m).share_memory_() for m in self.masters]
+        self.results = result_slots(flats, self.masters)
         self._process: Any = None
         self._conn: Any = None
         self._outstanding = 0
         self._first_after_warm_up = True
-        #: a submitted window's result waits in `stale` (copied into the model at the next window's end)
+        #: a submitted window's result waits in `results` (put into the model at the next window's end)
         self._has_result = False
         #: the worker optimizers' state from a checkpoint, handed to the worker when it starts
         self._restored: bytes | None = None
@@ -171,7 +175,7 @@ class OverlappedCpuUpdate:
         adamw = bool(getattr(self.optimizer, "adam_w_mode", True))
         self._process = ctx.Process(
             target=_worker_main,
-            args=(there, self.masters, self.grads, self.stale, self.sets, adamw, worker_cores),
+            args=(there, self.masters, self.grads, self.results.slots(), self.sets, adamw, worker_cores),
             daemon=True,
             name="zenflow-cpu-update",
         )
@@ -219,7 +223,7 @@ class OverlappedCpuUpdate:
                 target.copy_(grad)
         groups = self.optimizer.param_groups
         hypers = [{k: groups[i][k] for k in _HYPER if k in groups[i]} for i in self.master_groups]
-        self._conn.send(("step", state, filled, step_id, hypers))
+        self._conn.send(("step", state, filled, self.results.writes_next, step_id, hypers))
         self._outstanding += 1
         self._has_result = True
         self._filling = 1 - filled
@@ -240,7 +244,7 @@ class OverlappedCpuUpdate:
         return {
             "worker_optimizers": worker,
             "masters": [m.clone() for m in self.masters],
-            "stale": [s.clone() for s in self.stale],
+            "stale": [s.clone() for s in self.results.pending()],
             "has_result": self._has_result,
             "first_after_warm_up": self._first_after_warm_up,
         }
@@ -248,7 +252,7 @@ class OverlappedCpuUpdate:
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Restore `state_dict()`'s; the worker gets its optimizers' state now or when it starts."""
         self.wait()
-        for stale, value in zip(self.stale, saved["stale"], strict=True):
+        for stale, value in zip(self.results.pending(), saved["stale"], strict=True):
             stale.copy_(value)
         for master, value in zip(self.masters, saved["masters"], strict=True):
             master.copy_(value)
@@ -288,9 +292,7 @@ class OverlappedCpuUpdate:
             self._first_after_warm_up = False
             return
         self.wait()
-        with torch.no_grad():
-            for flat, stale in zip(self.flats, self.stale, strict=True):
-                flat.own_partition.copy_(stale)
+        self.results.apply()
         sync()
 
     def close(self) -> None:

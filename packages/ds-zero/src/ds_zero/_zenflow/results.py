@@ -1,0 +1,83 @@
+"""Where ZenFlow's overlapped CPU update leaves its result, and how the result reaches the model.
+
+`overlap_step` applies each window's CPU update one window late: the worker process computes it while the
+model still trains on the previous result, and the training process puts it into the model at the next
+window's end. Two ways, both behind `slots()` (what the worker writes into), `writes_next` (which slot the
+next update writes) and `apply()`:
+
+- `CopiedResult`: one shared "stale" tensor per master, copied into the model's partition by `apply()`.
+  For a model on an accelerator (the copy is the host-to-device copy DeepSpeed makes too) and for ZeRO-3's
+  tiles.
+- `SwappedBuffers`: a model whose ZeRO-1/2 flat buffers are in host memory gets a second flat buffer per
+  group, both in shared memory; the worker writes the result straight into the own partition of the buffer
+  the model is not using, and `apply()` points the parameters at it. On a CPU host the copy would move as
+  many bytes as the update the worker takes over reads (both memory-bound), so it would keep about a third
+  of the update's time in the step; the swap re-points a view per parameter. The other ranks' partitions
+  of the swapped-in buffer are stale until the all-gather that follows every `apply()` refreshes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ds_zero._stage12.flat_buffer import FlatParamGroup
+
+__all__ = ["CopiedResult", "SwappedBuffers", "result_slots"]
+
+
+class CopiedResult:
+    """The result in one shared fp32 tensor per master, copied into each target's `own_partition`."""
+
+    writes_next = 0
+
+    def __init__(self, targets: list[Any], masters: list[torch.Tensor]) -> None:
+        self.targets = targets
+        self.stale = [torch.zeros_like(m).share_memory_() for m in masters]
+
+    def slots(self) -> list[list[torch.Tensor]]:
+        """Per master, the tensors the worker may write its result into (slot `writes_next`)."""
+        return [[s] for s in self.stale]
+
+    def pending(self) -> list[torch.Tensor]:
+        """The result the next `apply()` puts into the model."""
+        return self.stale
+
+    def apply(self) -> None:
+        with torch.no_grad():
+            for target, stale in zip(self.targets, self.stale, strict=True):
+                target.own_partition.copy_(stale)
+
+
+class SwappedBuffers:
+    """Two shared flat buffers per group; the worker writes into the idle one, `apply()` swaps them."""
+
+    def __init__(self, flats: list[FlatParamGroup]) -> None:
+        self.flats = flats
+        for flat in flats:
+            flat.flat.share_memory_()  # in place: the parameters' views follow the storage
+        self.buffers = [[flat.flat, flat.flat.clone().share_memory_()] for flat in flats]
+        #: the buffer the model does not use: the worker writes the next result into its own partition
+        self.writes_next = 1
+
+    def _own(self, flat: FlatParamGroup, buffer: torch.Tensor) -> torch.Tensor:
+        return flat.own_slice(buffer)
+
+    def slots(self) -> list[list[torch.Tensor]]:
+        return [[self._own(f, b) for b in pair] for f, pair in zip(self.flats, self.buffers, strict=True)]
+
+    def pending(self) -> list[torch.Tensor]:
+        return [self._own(f, pair[self.writes_next]) for f, pair in zip(self.flats, self.buffers, strict=True)]
+
+    def apply(self) -> None:
+        for flat, pair in zip(self.flats, self.buffers, strict=True):
+            flat.use_buffer(pair[self.writes_next])
+        self.writes_next = 1 - self.writes_next
+
+
+def result_slots(targets: list[Any], masters: list[torch.Tensor]) -> CopiedResult | SwappedBuffers:
+    """`SwappedBuffers` where every target is a host-memory ZeRO-1/2 flat group, else `CopiedResult`."""
+    if targets and all(isinstance(t, FlatParamGroup) and t.flat.device.type == "cpu" for t in targets):
+        return SwappedBuffers(targets)
+    return CopiedResult(targets, masters)
