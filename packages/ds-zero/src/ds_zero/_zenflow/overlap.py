@@ -15,17 +15,18 @@ over, so copying them would keep most of the update's time in the step.
 
 DeepSpeed 0.19.8's semantics, kept here:
 
-- the windows alternate between two gradient buffers and two sets of Adam moments, by window parity
-  (`(m // update_interval) % 2`; `m % 2` in warm-up);
-- in warm-up the update is applied at once (submitted, waited for, copied into the model);
+- the windows alternate between two sets of Adam moments, by window parity (`(m // update_interval) % 2`;
+  `m % 2` in warm-up), and between two gradient buffers (here: the two accumulator sets);
+- in warm-up the update is applied at once (submitted, waited for, put into the model);
 - after warm-up, a window's update is submitted at its end and its result is put into the model at the
-  end of the next window, before that window is submitted: the model sees each CPU
-  update one window late. The first window after warm-up (and, without warm-up, also the very first)
-  copies nothing;
+  end of the next window, before that window is submitted: the model sees each CPU update one window late.
+  The first window after warm-up (and, without warm-up, also the very first) applies nothing;
 - at a reselection the masters are reset from the model's weights.
 
-Where DeepSpeed lets the worker race with those copies (its result depends on the worker's speed), ds
-waits for the worker first, which is DeepSpeed's result whenever its worker keeps up.
+Where DeepSpeed lets the worker race with the model (it resets the masters at a reselection while its
+worker may still be updating them, so its result depends on the worker's speed), ds waits for the worker
+first, which is DeepSpeed's result whenever its worker keeps up (ds-engine's ZenFlow tests compare with
+DeepSpeed recorded that way).
 
 Why a process, not a thread: the update is memory-bandwidth bound Python-free C++ either way, but a
 process gets its own OpenMP pool pinned to its cores and its own allocator, so it does not contend with
