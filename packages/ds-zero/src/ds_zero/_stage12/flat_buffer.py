@@ -63,18 +63,28 @@ class FlatParamGroup:
                 view.copy_(p.detach().reshape(-1))
                 p.data = view.view(slot.shape)
 
-    def use_buffer(self, buffer: torch.Tensor) -> None:
-        """Make `buffer` (same size, dtype and device) the flat buffer: every parameter becomes its view.
+    def param_views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's view of `buffer` (same size, dtype and device as the flat buffer).
 
-        ZenFlow's overlapped update swaps in a buffer whose own partition its worker filled."""
+        Raises:
+            ValueError: `buffer` does not fit.
+        """
         if buffer.shape != self.flat.shape or buffer.dtype != self.dtype or buffer.device != self.flat.device:
             raise ValueError(
                 f"a flat buffer of {self.padded_numel} {self.dtype} elements on {self.flat.device} is needed, "
                 f"got {tuple(buffer.shape)} {buffer.dtype} on {buffer.device}"
             )
+        return [buffer[slot.flat_offset : slot.flat_end].view(slot.shape) for slot in self.slots]
+
+    def use_buffer(self, buffer: torch.Tensor, views: list[torch.Tensor] | None = None) -> None:
+        """Make `buffer` the flat buffer: every parameter becomes its view (`views`: `param_views(buffer)`,
+        kept by a caller that swaps often; slicing 50 views costs ~0.15 ms, assigning them ~0.01 ms).
+
+        ZenFlow's overlapped update swaps in a buffer whose own partition its worker filled."""
+        views = self.param_views(buffer) if views is None else views
         self.flat = buffer
-        for p, slot in zip(self.params, self.slots, strict=True):
-            p.data = buffer[slot.flat_offset : slot.flat_end].view(slot.shape)
+        for p, view in zip(self.params, views, strict=True):
+            p.data = view
 
     def partition(self, rank: int) -> torch.Tensor:
         """Rank `rank`'s partition of the flat buffer (a view)."""

@@ -58,6 +58,7 @@ class SwappedBuffers:
         for flat in flats:
             flat.flat.share_memory_()  # in place: the parameters' views follow the storage
         self.buffers = [[flat.flat, flat.flat.clone().share_memory_()] for flat in flats]
+        self.views = [[f.param_views(b) for b in pair] for f, pair in zip(flats, self.buffers, strict=True)]
         #: the buffer the model does not use: the worker writes the next result into its own partition
         self.writes_next = 1
 
@@ -71,8 +72,8 @@ class SwappedBuffers:
         return [self._own(f, pair[self.writes_next]) for f, pair in zip(self.flats, self.buffers, strict=True)]
 
     def apply(self) -> None:
-        for flat, pair in zip(self.flats, self.buffers, strict=True):
-            flat.use_buffer(pair[self.writes_next])
+        for flat, pair, views in zip(self.flats, self.buffers, self.views, strict=True):
+            flat.use_buffer(pair[self.writes_next], views[self.writes_next])
         self.writes_next = 1 - self.writes_next
 
 
