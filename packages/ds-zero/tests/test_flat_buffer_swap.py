@@ -41,3 +41,21 @@ def test_a_buffer_that_does_not_fit_is_refused() -> None:
         flat.use_buffer(torch.zeros(flat.padded_numel, dtype=torch.float64))
     with pytest.raises(ValueError, match="got \\(25,\\)"):
         flat.param_views(torch.zeros(flat.padded_numel - 1))
+
+
+@pytest.mark.parametrize(
+    ("partitions", "dtype", "swapped"),
+    [(1, torch.float32, True), (2, torch.float32, False), (2, torch.bfloat16, True), (4, torch.bfloat16, False)],
+)
+def test_zenflow_swaps_only_where_the_twin_costs_no_more_than_the_copy(
+    partitions: int, dtype: torch.dtype, swapped: bool
+) -> None:
+    """The twin is a whole flat buffer in the model's dtype, the stale copy it replaces one fp32 partition."""
+    from ds_zero._zenflow.results import result_slots
+
+    model = nn.Linear(8, 8).to(dtype)
+    params = list(model.parameters())
+    flat = FlatParamGroup(params, ["w", "b"], num_partitions=partitions, rank=0)
+    master = torch.zeros(flat.partition_numel, dtype=torch.float32)
+    slots = result_slots([flat], [master])
+    assert (type(slots).__name__ == "SwappedBuffers") is swapped

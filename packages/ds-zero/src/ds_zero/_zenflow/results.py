@@ -8,12 +8,15 @@ next update writes) and `apply()`:
 - `CopiedResult`: one shared "stale" tensor per master, copied into the model's partition by `apply()`.
   For a model on an accelerator (the copy is the host-to-device copy DeepSpeed makes too) and for ZeRO-3's
   tiles.
-- `SwappedBuffers`: a model whose ZeRO-1/2 flat buffers are in host memory gets a second flat buffer per
-  group, both in shared memory; the worker writes the result straight into the own partition of the buffer
-  the model is not using, and `apply()` points the parameters at it. On a CPU host the copy would move as
-  many bytes as the update the worker takes over reads (both memory-bound), so it would keep about a third
-  of the update's time in the step; the swap re-points a view per parameter. The other ranks' partitions
-  of the swapped-in buffer are stale until the all-gather that follows every `apply()` refreshes them.
+- `SwappedBuffers`: a model whose ZeRO-1/2 flat buffers are in host memory, and small enough (below), gets
+  a second flat buffer per group, both in shared memory; the worker writes the result straight into the
+  own partition of the buffer the model is not using, and `apply()` points the parameters at it. On a CPU
+  host the copy would move as many bytes as the update the worker takes over reads (both memory-bound), so
+  it would keep about a third of the update's time in the step; the swap re-points a view per parameter.
+  The other ranks' partitions of the swapped-in buffer are stale until the all-gather that follows every
+  `apply()` refreshes them. The twin is a whole flat buffer where the stale copy is one partition, so it is
+  used only where it costs no more memory (`result_slots`): with more ranks the copy is a smaller share of
+  the model and the twin a larger one, and ds keeps its memory at or below DeepSpeed's.
 """
 
 from __future__ import annotations
@@ -77,8 +80,18 @@ class SwappedBuffers:
         self.writes_next = 1 - self.writes_next
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def result_slots(targets: list[Any], masters: list[torch.Tensor]) -> CopiedResult | SwappedBuffers:
-    """`SwappedBuffers` where every target is a host-memory ZeRO-1/2 flat group, else `CopiedResult`."""
-    if targets and all(isinstance(t, FlatParamGroup) and t.flat.device.type == "cpu" for t in targets):
+    """`SwappedBuffers` where every target is a host-memory ZeRO-1/2 flat group whose twin costs no more
+    memory than the stale copy it replaces (a whole flat buffer in the model's dtype against a partition in
+    the masters': one rank, or two with 16-bit weights and fp32 masters), else `CopiedResult`."""
+    swappable = [
+        isinstance(t, FlatParamGroup) and t.flat.device.type == "cpu" and _nbytes(t.flat) <= _nbytes(m)
+        for t, m in zip(targets, masters, strict=True)
+    ]
+    if swappable and all(swappable):
         return SwappedBuffers(targets)
     return CopiedResult(targets, masters)
