@@ -180,12 +180,11 @@ def main() -> None:
         print(f"  {mode:<18}" + " ".join(f"{x:.3f}" for x in ours[mode]["losses"]))
     if args.json:
         name = "zenflow" if args.ranks == 2 else "zenflow_1rank"  # results.py's name for each run
+        ranks = f"{args.ranks} rank" + ("s" if args.ranks > 1 else "")
         rows = [
             _report.Row(
                 name,
-                f"{mode} step time, {args.ranks} rank"
-                + ("s" if args.ranks > 1 else "")
-                + (", ZeRO-3" if args.stage == 3 else ""),
+                f"{mode} step time, {ranks}" + (", ZeRO-3" if args.stage == 3 else ""),
                 ours[mode]["step_ms"],
                 "ms",
                 "DeepSpeed 0.19.8",
@@ -197,7 +196,7 @@ def main() -> None:
             rows.append(
                 _report.Row(
                     name,
-                    f"overlap_step: CPU update time visible, {args.ranks} rank" + ("s" if args.ranks > 1 else ""),
+                    f"overlap_step: CPU update time visible, {ranks}",
                     100 * share,
                     "%",
                     target="<= 10 %",

@@ -65,14 +65,11 @@ class SwappedBuffers:
         #: the buffer the model does not use: the worker writes the next result into its own partition
         self.writes_next = 1
 
-    def _own(self, flat: FlatParamGroup, buffer: torch.Tensor) -> torch.Tensor:
-        return flat.own_slice(buffer)
-
     def slots(self) -> list[list[torch.Tensor]]:
-        return [[self._own(f, b) for b in pair] for f, pair in zip(self.flats, self.buffers, strict=True)]
+        return [[f.own_slice(b) for b in pair] for f, pair in zip(self.flats, self.buffers, strict=True)]
 
     def pending(self) -> list[torch.Tensor]:
-        return [self._own(f, pair[self.writes_next]) for f, pair in zip(self.flats, self.buffers, strict=True)]
+        return [f.own_slice(pair[self.writes_next]) for f, pair in zip(self.flats, self.buffers, strict=True)]
 
     def apply(self) -> None:
         for flat, pair, views in zip(self.flats, self.buffers, self.views, strict=True):
