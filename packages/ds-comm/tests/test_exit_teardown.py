@@ -40,9 +40,14 @@ def test_hook_collects_cycles_after_the_script_destroyed_its_groups(monkeypatch:
         gc.enable()
 
 
-def test_hook_leaves_everything_after_an_uncaught_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hook_collects_after_an_uncaught_exception_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "last_value", RuntimeError("the script failed"), raising=False)
     calls = []
     monkeypatch.setattr(_exit_teardown, "collect_unreachable_groups", lambda: calls.append(1))
+    limits = []
+    monkeypatch.setattr(
+        _exit_teardown, "_start_watchdog", lambda limit, failed: limits.append((limit, failed)) or (lambda: None)
+    )
     _exit_teardown._destroy_at_exit()
-    assert calls == []
+    assert calls == [1]
+    assert limits == [(_exit_teardown.EXCEPTION_TEARDOWN_LIMIT_S, True)]

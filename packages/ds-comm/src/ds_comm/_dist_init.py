@@ -76,8 +76,9 @@ def init_distributed(
         world_size: explicit world size.
 
     Idempotent: when the default group exists nothing changes (the timeout is still recorded).
-    Either way the groups are destroyed at normal interpreter exit (see `ds_comm._exit_teardown`: gloo
-    can otherwise abort a finished process with SIGABRT); an explicit `destroy_process_group` first is fine.
+    Either way the groups are destroyed at interpreter exit, also after an uncaught exception (see
+    `ds_comm._exit_teardown`: gloo can otherwise abort the process with SIGABRT); an explicit
+    `destroy_process_group` first is fine.
     """
     state.timeout = timeout if timeout is not None else default_timeout()
     if config is not None:

@@ -10,9 +10,11 @@ an active exception") after a run that succeeded. DeepSpeed-style scripts never 
 workers while the interpreter is still whole. (Seen in CI; here, 6 of 38 2-rank launches of a finished
 script died of SIGABRT, and with torch alone 2 of 30 runs of a 2-rank loop ending in an all-reduce.)
 
-Not after an uncaught exception: a collective may still be in flight then, and destroying would wait for
-peers that are not coming. The process exits at once, as it always did, so a launcher stops the job.
-A watchdog bounds the teardown anyway (an async collective that nobody waited on).
+After an uncaught exception too, since the groups would otherwise meet the same end during
+finalization (seen in CI: a rank that raised died of SIGABRT, status 134 instead of Python's 1). There a
+collective may still be in flight, and destroying would wait for peers that are not coming, so that
+teardown gets a short limit (`EXCEPTION_TEARDOWN_LIMIT_S`): a launcher must learn of the failure within
+seconds to stop the job. A watchdog bounds every teardown (an async collective that nobody waited on).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ logger = logging.getLogger(__name__)
 TEARDOWN_LIMIT_S = 60.0
 """How long destroying the groups at exit may take before the process exits without them (status 1)."""
 
+EXCEPTION_TEARDOWN_LIMIT_S = 5.0
+"""The same limit after an uncaught exception, when the job is failing and peers may never come."""
+
 _registered = False
 
 
@@ -50,9 +55,8 @@ def _ended_by_exception() -> bool:
 
 
 def _destroy_at_exit() -> None:
-    if _ended_by_exception():
-        return
-    cancel = _start_watchdog()
+    failed = _ended_by_exception()
+    cancel = _start_watchdog(EXCEPTION_TEARDOWN_LIMIT_S if failed else TEARDOWN_LIMIT_S, failed)
     try:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -77,26 +81,27 @@ def collect_unreachable_groups() -> None:
     gc.collect()
 
 
-def _start_watchdog() -> Callable[[], None]:
+def _start_watchdog(limit_s: float, failed: bool) -> Callable[[], None]:
     """Arm the limit; returns its cancel. A thread where Python allows one at exit, else faulthandler.
 
     Python 3.12 refuses new threads once shutdown began ("can't create new thread at interpreter
     shutdown"); faulthandler's C watchdog still works there: it prints the stacks (ours names
     `_destroy_at_exit`) and exits with status 1.
     """
-    watchdog = threading.Timer(TEARDOWN_LIMIT_S, _give_up)
+    watchdog = threading.Timer(limit_s, _give_up, args=(limit_s, failed))
     watchdog.daemon = True
     try:
         watchdog.start()
     except RuntimeError:
-        faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)
+        faulthandler.dump_traceback_later(limit_s, exit=True)
         return faulthandler.cancel_dump_traceback_later
     return watchdog.cancel
 
 
-def _give_up() -> None:
+def _give_up(limit_s: float, failed: bool) -> None:
+    ending = "the script raised (its traceback is above); " if failed else ""
     sys.stderr.write(
-        f"[ds_comm] destroying the process groups at exit took over {TEARDOWN_LIMIT_S:g} s: a "
+        f"[ds_comm] {ending}destroying the process groups at exit took over {limit_s:g} s: a "
         "collective is still in flight (an async_op=True handle nobody waited on?). Exiting "
         "without the teardown, status 1.\n"
     )

@@ -2,9 +2,9 @@
 
 argv[1] picks the ending: `normal` (fall off the end), `raise` (uncaught exception), `stray` (rank 0 leaves
 an async all-reduce that rank 1 never joins, then ends normally), `stray-nothread` (the same where Python
-refuses to start threads at exit, as 3.12 does). A hook registered before
-`init_distributed` runs after ds_comm's own exit hook (atexit is last-in, first-out) and prints whether the
-default group still exists at that point.
+refuses to start threads at exit, as 3.12 does), `stray-raise` (the stray all-reduce, then rank 0 raises).
+A hook registered before `init_distributed` runs after ds_comm's own exit hook (atexit is last-in,
+first-out) and prints whether the default group still exists at that point.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ if ending.startswith("stray"):
     os.environ["DS_COMM_SHM"] = "0"
 atexit.register(lambda: print(f"after ds_comm's exit hook: initialized={dist.is_initialized()}", flush=True))
 ds_comm._exit_teardown.TEARDOWN_LIMIT_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+ds_comm._exit_teardown.EXCEPTION_TEARDOWN_LIMIT_S = float(sys.argv[2]) if len(sys.argv) > 2 else 5.0
 ds_comm.init_distributed(dist_backend="gloo", verbose=False)
 rank = ds_comm.get_rank()
 for _ in range(5):
@@ -48,3 +49,5 @@ if ending.startswith("stray"):
     else:
         time.sleep(float(sys.argv[3]))
 print(f"rank {rank} done", flush=True)
+if ending == "stray-raise" and rank == 0:
+    raise RuntimeError("the script failed after its stray all-reduce")
