@@ -169,6 +169,43 @@ def test_overlap_step_hands_the_accumulators_over(stage: int) -> None:
     _close(opt)
 
 
+class _SpyConnection:
+    """The worker's pipe, recording the values of the set each "step" command names as it is sent."""
+
+    def __init__(self, conn: Any, sets: list[list[torch.Tensor]]) -> None:
+        self._conn, self._sets, self.sent = conn, sets, []
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        if message[0] == "step":
+            self.sent.append([t.clone() for t in self._sets[message[2]]])
+        self._conn.send(message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+@pytest.mark.timeout(300)
+def test_overlap_step_copies_a_gradient_that_is_not_a_view_of_its_set() -> None:
+    """A caller that hands over gradients living elsewhere (an accumulator replaced from outside) has them
+    copied into the set being filled before the worker is told: the worker only ever reads its shared sets."""
+    model, opt = _build(3, torch.float32, False, stage=2, overlap=True)
+    cpu = opt._cpu
+    filled = cpu._filling
+    before = [t.data_ptr() for t in cpu.sets[filled]]
+    elsewhere = [torch.full_like(t, 0.25) for t in cpu.sets[filled]]
+    cpu._start()
+    spy = _SpyConnection(cpu._conn, cpu.sets)
+    cpu._conn = spy
+    cpu.submit(elsewhere, state=0, step_id=1)
+    cpu.wait()
+    assert [t.data_ptr() for t in cpu.sets[filled]] == before
+    (handed,) = spy.sent
+    assert sum(t.numel() for t in handed) > 0 and all(bool((t == 0.25).all()) for t in handed)
+    assert all(float(t.abs().max()) == 0.0 for t in cpu.sets[filled] if t.numel())  # the worker cleared it
+    assert all(a is t for a, t in zip(cpu.accumulators, cpu.sets[1 - filled], strict=True))
+    _close(opt)
+
+
 @pytest.mark.timeout(300)
 def test_overlap_step_swaps_a_host_model_buffer_instead_of_copying() -> None:
     """At stage 1/2 with the model in host memory, the worker writes each result into the flat buffer the
