@@ -18,6 +18,7 @@ import logging
 import torch
 
 from ds_ops import supports_in_pass_copy
+from ds_zero._blocked_adam import step_in_blocks
 from ds_zero._host_buffers import offload_zeros
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
@@ -95,7 +96,8 @@ class PartitionUpdater:
         if self.in_pass_copy:
             self.optimizer.step(fp16_param_groups=[[f.own_partition] for f in self.flats])
             return
-        self.optimizer.step()
+        if not step_in_blocks(self.optimizer):  # a client's torch Adam/AdamW: the same bits, in cache-sized blocks
+            self.optimizer.step()
         with torch.no_grad():
             for flat, master, copy in zip(self.flats, self.masters, self.copy_back, strict=True):
                 if copy:

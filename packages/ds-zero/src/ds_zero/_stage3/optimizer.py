@@ -13,6 +13,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_ops import supports_in_pass_copy
 from ds_ops.precision import LossScaler, WrappedOptimizer, finish_step, grad_norm_groups
+from ds_zero._blocked_adam import step_in_blocks
 from ds_zero._coalesce import CoalescedReduction, DeferrableReducer
 from ds_zero._construct.quantized_init import refuse_trainable
 from ds_zero._host_buffers import release_pinned
@@ -498,7 +499,8 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
                 by_group[tile.group_index].append(tile.shard16())
             self.optimizer.step(fp16_param_groups=by_group)
             return
-        optimizer.step()
+        if not step_in_blocks(optimizer):  # a client's torch Adam/AdamW: the same bits, in cache-sized blocks
+            optimizer.step()
         for tile in tiles:
             if not tile.partition.master_is_shard:
                 with torch.no_grad():
