@@ -75,7 +75,7 @@ def _rank(rank: int, port: int, stage: int, steps: int, batch: int, seq: int, ou
     )
     gen = torch.Generator().manual_seed(rank)
     data = [torch.randint(0, 8192, (batch, seq + 1), generator=gen) for _ in range(4)]
-    cpu, wall, main, losses = [], [], [], []
+    cpu, wall, main, losses, faults = [], [], [], [], []
     prof = None
     if os.environ.get("ZERO_DS_PROFILE") and rank == 0:  # a cProfile of rank 0's timed steps, for looking into
         import cProfile
@@ -87,14 +87,17 @@ def _rank(rank: int, port: int, stage: int, steps: int, batch: int, seq: int, ou
             prof.enable()
         idx = data[i % len(data)]
         dist.barrier()
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
         logits = engine(idx[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
         engine.backward(loss)
         engine.step()
         m1, c1, t1 = time.thread_time(), time.process_time(), time.perf_counter()
+        f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         losses.append(loss.item())
         if i >= 3:
+            faults.append(f1 - f0)
             cpu.append(c1 - c0)
             wall.append(t1 - t0)
             main.append(m1 - m0)
@@ -105,6 +108,7 @@ def _rank(rank: int, port: int, stage: int, steps: int, batch: int, seq: int, ou
         "cpu": cpu,
         "wall": wall,
         "main": main,
+        "faults": faults,
         "losses": losses,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "deepspeed": getattr(deepspeed, "__version__", "?"),
@@ -139,6 +143,7 @@ def _run_side(python: str, env: dict, stage: int, steps: int, batch: int, seq: i
         "cpu": statistics.median(per_step),
         "wall": statistics.median(max(a, b) for a, b in zip(ranks[0]["wall"], ranks[1]["wall"], strict=True)),
         "main": statistics.median(a + b for a, b in zip(ranks[0]["main"], ranks[1]["main"], strict=True)),
+        "faults": statistics.median(a + b for a, b in zip(ranks[0]["faults"], ranks[1]["faults"], strict=True)),
         "peak_rss": max(r["peak_rss"] for r in ranks),
         "losses": ranks[0]["losses"],
         "version": ranks[0]["deepspeed"],
@@ -201,7 +206,7 @@ def main() -> None:
                     runs[(side, stage)].append(r)
                     print(
                         f"  {side:<9} stage {stage}: cpu {r['cpu']:.3f} s/step (2 ranks; main threads "
-                        f"{r['main']:.3f}), wall {r['wall']:.3f} s",
+                        f"{r['main']:.3f}), wall {r['wall']:.3f} s, {r['faults']:.0f} page faults/step",
                         flush=True,
                     )
     print(
