@@ -120,3 +120,27 @@ def test_module_mpu_counts_no_model_parallelism_and_loads_a_non_sp_checkpoint(tm
             "module_model_parallel_rank": rank,
             "loaded": True,
         }
+
+
+def _sp_group_sums(rank: int, world: int, sp: int) -> tuple[float, float, bool]:
+    import ds_comm
+    import ds_engine as deepspeed
+
+    config = {**CONFIG, "sequence_parallel_size": sp}
+    engine, *_ = deepspeed.initialize(model=nn.Linear(4, 1), config=config)
+    if sp == 1:
+        return 0.0, 0.0, hasattr(engine, "seq_parallel_group")
+    value = torch.tensor([float(rank + 1)])
+    ds_comm.all_reduce(value, group=engine.seq_parallel_group)
+    again = torch.tensor([float(rank + 1)])
+    ds_comm.all_reduce(again, group=engine.get_sequence_parallel_group())
+    return float(value), float(again), True
+
+
+def test_engine_exposes_the_sequence_parallel_group() -> None:
+    """`engine.seq_parallel_group` / `get_sequence_parallel_group()` (DeepSpeed's names, used by scripts that
+    reduce a loss over the sequence peers): at 4 ranks with SP=2 the groups are {0, 1} and {2, 3}; with SP=1
+    the attribute does not exist, as in DeepSpeed."""
+    sums = run_ranks(4, _sp_group_sums, 2, timeout_s=180)
+    assert [s[:2] for s in sums] == [(3.0, 3.0), (3.0, 3.0), (7.0, 7.0), (7.0, 7.0)]
+    assert [s[2] for s in run_ranks(2, _sp_group_sums, 1, timeout_s=120)] == [False, False]

@@ -135,6 +135,23 @@ class DeepSpeedGetters:
         return self._dist.sp_world_size
 
     @property
+    def seq_parallel_group(self) -> Any:
+        """The sequence-parallel group (the ranks sharing one sample's sequence), from the engine's mpu.
+
+        As in DeepSpeed it exists only with `sequence_parallel_size` > 1 (`hasattr` is False otherwise, and a
+        script that reduces over it cannot fall back to the world group unnoticed)."""
+        if self._dist.sp_world_size <= 1:
+            raise AttributeError(
+                "engine.seq_parallel_group exists only with sequence_parallel_size > 1 (as in DeepSpeed); "
+                "this engine runs sequence_parallel_size=1"
+            )
+        return self.mpu.get_sequence_parallel_group()
+
+    def get_sequence_parallel_group(self) -> Any:
+        """`seq_parallel_group` (DeepSpeed's getter; an AttributeError with `sequence_parallel_size` 1)."""
+        return self.seq_parallel_group
+
+    @property
     def dist_backend(self) -> str | None:
         """The torch.distributed backend of the job (None without one)."""
         return str(torch.distributed.get_backend()) if ds_comm.is_initialized() else None
