@@ -142,3 +142,20 @@ def test_deepspeeds_loss_scale_config_reads_the_scaler_live(cls: type) -> None:
     assert (static.scale_window, static.scale_factor, static.min_loss_scale) == (None, None, None)
     assert cls(base, LossScaler(128.0)).loss_scale_config.use_grad_scaling
     assert cls(base, LossScaler(128.0)).needs_scaler() and not cls(base, LossScaler()).needs_scaler()
+
+
+def test_global_grad_norm_is_deepspeeds_tensor_and_a_float_through_the_property() -> None:
+    """`optimizer._global_grad_norm` is a 0-d fp32 tensor, as in DeepSpeed (scripts call `torch.isfinite` on it);
+    `global_grad_norm` (what the engine reports) is the same value as a float; None before any step."""
+
+    class Wrapper(WrappedOptimizer):
+        pass
+
+    w = Wrapper()
+    assert w._global_grad_norm is None and w.global_grad_norm is None
+    w._global_grad_norm = 2.5
+    assert isinstance(w._global_grad_norm, torch.Tensor) and w._global_grad_norm.dim() == 0
+    assert bool(torch.isfinite(w._global_grad_norm)) and float(w._global_grad_norm) == 2.5
+    assert w.global_grad_norm == 2.5 and isinstance(w.global_grad_norm, float)
+    w._global_grad_norm = torch.tensor(float("inf"))
+    assert not bool(torch.isfinite(w._global_grad_norm)) and w.global_grad_norm == float("inf")

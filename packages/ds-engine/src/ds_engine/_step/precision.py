@@ -114,7 +114,7 @@ class MixedPrecisionOptimizer(WrappedOptimizer):
         self.check_overflow = check_overflow
         self.timers = timers
         self.overflow = False
-        self._global_grad_norm: float | None = None
+        self._global_grad_norm = None
         self._reduced = False
         self.model_params: list[torch.Tensor] = []
         self.masters: list[torch.Tensor] = []

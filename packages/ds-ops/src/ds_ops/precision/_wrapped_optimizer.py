@@ -40,14 +40,15 @@ class WrappedOptimizer:
             (read and assigned through).
         loss_scaler: the `ds_ops.precision` scaler the wrapper scales the loss with.
         overflow: whether the last step was skipped (set by `_record_outcome`).
-        _global_grad_norm: the unscaled global gradient norm of the last step, before clipping (DeepSpeed's
-            attribute name; None before the first step or when the step did not compute it).
+        _global_grad_norm: the unscaled global gradient norm of the last step, before clipping, as a 0-d fp32
+            tensor (DeepSpeed's attribute name and type: scripts call `torch.isfinite` on it); None before the
+            first step or when the step did not compute it. `global_grad_norm` gives it as a float.
     """
 
     optimizer: torch.optim.Optimizer
     loss_scaler: LossScaler
     overflow: bool = False
-    _global_grad_norm: float | None = None
+    _grad_norm: float | None = None
 
     if TYPE_CHECKING:
 
@@ -112,7 +113,15 @@ class WrappedOptimizer:
     def global_grad_norm(self) -> float | None:
         """The unscaled global gradient norm of the last step, before clipping (None before any step, or
         when the step did not compute it)."""
-        return self._global_grad_norm
+        return self._grad_norm
+
+    @property
+    def _global_grad_norm(self) -> torch.Tensor | None:
+        return None if self._grad_norm is None else torch.tensor(self._grad_norm, dtype=torch.float32)
+
+    @_global_grad_norm.setter
+    def _global_grad_norm(self, value: float | torch.Tensor | None) -> None:
+        self._grad_norm = None if value is None else float(value)
 
     def _record_outcome(self, outcome: StepOutcome) -> bool:
         """Keep the overflow flag and the norm of `finish_step`'s decision; on a skipped step clear the
@@ -122,7 +131,7 @@ class WrappedOptimizer:
             True when the caller must apply the update, False when the step is skipped.
         """
         self.overflow = outcome.overflow
-        self._global_grad_norm = outcome.grad_norm
+        self._grad_norm = outcome.grad_norm
         if self.overflow:
             self.zero_grad()
             return False

@@ -171,7 +171,7 @@ class DeepSpeedZeroOptimizer(
         self.check_overflow = bool(check_overflow)
         self.offload = config.offload_optimizer_device == "cpu"
         self.overflow = False
-        self._global_grad_norm: float | None = None
+        self._global_grad_norm = None
 
         names = ParamNames(module, renames=checkpoint_names)
         self.partition_groups: list[ProcessGroup | None] = [

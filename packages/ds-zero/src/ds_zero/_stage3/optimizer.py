@@ -269,7 +269,7 @@ class DeepSpeedZeroOptimizer_Stage3(  # noqa: N801 - DeepSpeed's class name
         self.coordinator.end_of_backward_callbacks.append(self.reducer.finish)
         self._trained = trained
         register_owner(trained, self)
-        self._global_grad_norm: float | None = None
+        self._global_grad_norm = None
         self._boundary_hint = False
         self._window_continues = False  # set only by set_step_boundary(False): see the coordinator's carry
         #: NVMe optimizer: update sub-groups during the boundary backward, speculatively (False: at `step()`)
