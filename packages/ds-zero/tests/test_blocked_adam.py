@@ -115,6 +115,14 @@ def test_leaves_an_optimizer_with_step_hooks_to_its_own_step() -> None:
     assert calls == [1]
 
 
+def test_a_step_counter_that_is_not_a_tensor_is_left_to_torch() -> None:
+    params = _params(5)
+    opt = _stepped(torch.optim.AdamW(params), params)
+    for p in params:
+        opt.state[p]["step"] = float(opt.state[p]["step"])
+    assert step_in_blocks(opt) is False
+
+
 def test_first_step_is_left_to_torch() -> None:
     params = _params(3)
     opt = torch.optim.AdamW(params)

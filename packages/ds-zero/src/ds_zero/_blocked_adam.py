@@ -70,6 +70,8 @@ def _plan(optimizer: torch.optim.Optimizer) -> list[tuple[dict[str, Any], list[t
             state = optimizer.state.get(p)
             if not state or not {"step", "exp_avg", "exp_avg_sq"} <= state.keys():
                 return None
+            if not isinstance(state["step"], torch.Tensor):  # a plain number (a loaded state): torch's step handles it
+                return None
             tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
             if p.is_complex() or p.grad.is_sparse or not all(t.is_contiguous() for t in tensors):
                 return None
