@@ -55,9 +55,8 @@ def _plan(optimizer: torch.optim.Optimizer) -> list[tuple[dict[str, Any], list[t
         torch_optimizer._global_optimizer_pre_hooks,
         torch_optimizer._global_optimizer_post_hooks,
     )
-    if any(hooks) or getattr(optimizer, "grad_scale", None) is not None:
-        return None
-    if getattr(optimizer, "found_inf", None) is not None:
+    amp = (getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None))
+    if any(hooks) or any(value is not None for value in amp):
         return None
     plan = []
     for group in optimizer.param_groups:
