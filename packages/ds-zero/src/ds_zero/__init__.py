@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # type checkers see the lazy names' real types
     from ds_zero._checkpoint.deepspeed_files import write_deepspeed_files as write_deepspeed_files
     from ds_zero._checkpoint.format import FORMAT_VERSION as CHECKPOINT_FORMAT_VERSION
     from ds_zero._checkpoint.format import consolidate_fp32_params as consolidate_fp32_params
+    from ds_zero._checkpoint.format import fp32_param_values as fp32_param_values
     from ds_zero._checkpoint.io import load_zero_checkpoint as load_zero_checkpoint
     from ds_zero._checkpoint.io import save_zero_checkpoint as save_zero_checkpoint
     from ds_zero._checkpoint.io import zero_param_shapes as zero_param_shapes
@@ -117,6 +118,7 @@ _LAZY_NAMES: dict[str, tuple[str, str]] = {
     "write_deepspeed_files": ("ds_zero._checkpoint.deepspeed_files", "write_deepspeed_files"),
     "CHECKPOINT_FORMAT_VERSION": ("ds_zero._checkpoint.format", "FORMAT_VERSION"),
     "consolidate_fp32_params": ("ds_zero._checkpoint.format", "consolidate_fp32_params"),
+    "fp32_param_values": ("ds_zero._checkpoint.format", "fp32_param_values"),
     "load_zero_checkpoint": ("ds_zero._checkpoint.io", "load_zero_checkpoint"),
     "save_zero_checkpoint": ("ds_zero._checkpoint.io", "save_zero_checkpoint"),
     "zero_param_shapes": ("ds_zero._checkpoint.io", "zero_param_shapes"),
@@ -249,6 +251,7 @@ __all__ = [
     "convert_zero_checkpoint_to_state_dict",
     "copy_recovery_scripts",
     "copy_zero_to_fp32_script",
+    "fp32_param_values",
     "frozen_fields",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_partition_state_dicts",

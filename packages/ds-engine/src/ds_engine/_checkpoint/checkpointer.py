@@ -321,19 +321,18 @@ class Checkpointer:
     def weights_writer(self, exclude_frozen_parameters: bool) -> Callable[[Path], None] | None:
         """Writes weights kept outside the model-states file: an MoE model's expert files (and, at stage 0,
         its per-expert-parallel-rank optimizer file; queued like the rest under a decoupled writer); nothing
-        for a dense model."""
+        for a dense model, nor at stage 3, where the (AutoEP) experts live in the ZeRO partitions only, as in
+        DeepSpeed, and load from there at any expert-parallel degree (`partitioned_expert_states`)."""
         parts, moe = self.parts, self.parts.moe
-        if moe is None:
+        if moe is None or parts.zero.stage == 3:
             return None
         save = file_saver(self.decoupled, serialization=parts.settings.checkpoint_serialization)
         stepper, mp_rank = parts.stepper, parts.dist.mp_rank
         stage0_optimizer = stepper.state_dict() if parts.zero.stage == 0 and stepper is not None else None
         module = self.engine.module
-        # ZeRO-3 (AutoEP): the expert tensors are partitioned; gathered here, on every rank alike
-        experts = _moe_checkpoint.gathered_expert_state(module, moe) if parts.zero.stage == 3 else None
 
         def write(ckpt_dir: Path) -> None:
-            _moe_checkpoint.write_expert_files(module, moe, ckpt_dir, mp_rank=mp_rank, save=save, state=experts)
+            _moe_checkpoint.write_expert_files(module, moe, ckpt_dir, mp_rank=mp_rank, save=save)
             if stage0_optimizer is not None:
                 _moe_checkpoint.write_stage0_optimizer(stage0_optimizer, moe, ckpt_dir, mp_rank=mp_rank, save=save)
 
@@ -423,9 +422,10 @@ class Checkpointer:
                 parts_read = _checkpoint.zero_partitions(ckpt_dir, mp_rank)
             module_state = _checkpoint.fill_placeholders(state, parts_read, path) if placeholders else state["module"]
         _moe_checkpoint.check_folded_file(state, parts.moe, path, family="dense")
-        if parts.moe is not None and not universal:  # a universal load cut the experts for this rank already
-            if restore_optimizer:
-                _moe_checkpoint.check_autoep_optimizer_degree(state, parts.moe, path)
+        if parts.moe is not None and not universal and parts.zero.stage == 3:  # experts in the ZeRO partitions
+            parts_read = parts_read if parts_read is not None else _checkpoint.zero_partitions(ckpt_dir, mp_rank)
+            module_state = _moe_checkpoint.partitioned_expert_states(module_state, parts.moe, parts_read)
+        elif parts.moe is not None and not universal:  # a universal load cut the experts for this rank already
             module_state = _moe_checkpoint.merge_expert_states(module_state, parts.moe, ckpt_dir, mp_rank=mp_rank)
         if parts.dist.global_rank == 0:
             _checkpoint.log_layout_change(

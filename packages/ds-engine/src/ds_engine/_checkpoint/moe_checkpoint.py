@@ -6,8 +6,11 @@
     <tag>/mp_rank_00_model_states.pt                        the module without expert entries, plus
                                                             `num_experts` (a list, per MoE layer)
     <tag>/expp_rank_{R}_mp_rank_00_optim_states.pt          stage 0: expert-parallel rank R's optimizer
-    <tag>/zero_pp_rank_{r}_mp_rank_00_optim_states.pt       ZeRO 1/2: as for dense models; expert
+    <tag>/zero_pp_rank_{r}_mp_rank_00_optim_states.pt       ZeRO 1-3: as for dense models; expert
                                                             fragments are named globally
+
+At ZeRO stage 3 (AutoEP only: DeepSpeed-MoE layers are refused there) no expert file is written, as in
+DeepSpeed: the experts are in the ZeRO partitions alone, and load from there (`partitioned_expert_states`).
 
 AutoEP layers keep their local experts stacked in `experts.w1/w2/w3` (`[num_local_experts, ...]`); their
 expert file holds row i of each under `<layer>.experts.<w>.<E>` (DeepSpeed's AutoEP layout), and loading
@@ -15,8 +18,9 @@ stacks the rows of this rank's experts back, so those weights too load at any ex
 
 Each expert file is written by rank 0 of that expert's expert-data-parallel group. Loading reads, for each
 local expert, the file of its global index, so weights load at any expert-parallel degree; ZeRO partitions
-re-partition by their global names too. A stage-0 optimizer state is positional (the local experts'
-parameters), so it loads only at the expert-parallel degree it was saved with.
+re-partition by their global names too, an AutoEP expert range across expert-parallel degrees as well
+(`ds_zero._checkpoint.expert_ranges`), optimizer state included. A stage-0 optimizer state is positional (the
+local experts' parameters), so it loads only at the expert-parallel degree it was saved with.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ __all__ = [
     "merge_expert_states",
     "non_expert_state",
     "optimizer_file",
+    "partitioned_expert_states",
     "read_stage0_optimizer",
     "write_expert_files",
     "zero_folding_record",
@@ -97,8 +102,8 @@ def write_expert_files(
 ) -> None:
     """This rank's expert files: every local expert of every layer where it writes them (`_writes_experts`).
 
-    `save`: writes one file (`_checkpoint.decoupled.file_saver`). `state`: the expert tensors' values when the
-    module does not hold them (ZeRO-3: `gathered_expert_state`).
+    `save`: writes one file (`_checkpoint.decoupled.file_saver`). `state`: the expert tensors' values (default
+    the module's state dict).
     """
     state = module.state_dict() if state is None else state
     for layer_id, layer in enumerate(wiring.layers):
@@ -349,26 +354,6 @@ def autoep_layers_entry(wiring: MoeWiring, zero_stage: int = 0, extra: dict[str,
     return {AUTOEP_LAYERS_KEY: entries, UNIVERSAL_CHECKPOINT_INFO: info}
 
 
-def check_autoep_optimizer_degree(state: dict[str, Any], wiring: MoeWiring, path: Path) -> None:
-    """A ZeRO optimizer state of AutoEP layers resumes only at the autoep_size it was saved with.
-
-    Raises:
-        ValueError: the degrees differ (names both and the way out: weights load at any degree).
-    """
-    here = {
-        layer.prefix: layer.num_experts // layer.num_local_experts for layer in wiring.layers if layer.fused_experts
-    }
-    for entry in state.get(AUTOEP_LAYERS_KEY) or []:
-        block = entry.get("module_path", entry.get("name"))
-        saved, now = entry.get(AUTOEP_EP_SIZE), here.get(block)
-        if now is not None and saved is not None and saved != now:
-            raise ValueError(
-                f"load_checkpoint: {path} holds the optimizer state of AutoEP layer {block!r} at "
-                f"expert_parallel.autoep_size={saved}, this run has {now}; the expert weights load at any autoep_size: "
-                "pass load_optimizer_states=False (the optimizer then starts fresh from the loaded weights)"
-            )
-
-
 def read_stage0_optimizer(ckpt_dir: Path, wiring: MoeWiring, *, mp_rank: int) -> dict[str, Any]:
     """This rank's stage-0 optimizer state from its expert-parallel rank's file.
 
@@ -496,12 +481,19 @@ def expert_file_mp_rank(mpu: Any) -> int:
     return 0 if mpu is None else int(mpu.get_model_parallel_rank())
 
 
-def gathered_expert_state(module: nn.Module, wiring: MoeWiring) -> dict[str, torch.Tensor]:
-    """ZeRO-3: CPU copies of the full local expert tensors of every AutoEP layer, gathered over their
-    expert-data-parallel groups (a collective: every rank calls it, at the same point of the save)."""
-    ds_zero = require("ds_zero", extra="zero", feature="saving a ZeRO stage-3 checkpoint")
-    names = [name for layer in wiring.layers for name in layer.fused_experts]
-    params = dict(module.named_parameters())
-    wanted = [params[n] for n in names]
-    with ds_zero.GatheredParameters(wanted):
-        return {n: p.detach().to("cpu", copy=True) for n, p in zip(names, wanted, strict=True)}
+def partitioned_expert_states(
+    module_state: dict[str, Any], wiring: MoeWiring, parts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """ZeRO-3: `module_state` plus this rank's AutoEP expert tensors, read from the save's ZeRO partitions.
+
+    At stage 3 a save writes no expert files (as DeepSpeed's): each stacked expert tensor is in the partitions
+    under its ZeRO name, `<module name>@experts{lo}:{hi}`. The range this rank holds now is read from the ranges
+    the save holds, so the weights load at any expert-parallel degree (`ds_zero.fp32_param_values`).
+
+    Raises:
+        ValueError: the partitions do not hold this rank's expert range (names it).
+    """
+    ds_zero = require("ds_zero", extra="zero", feature="loading a ZeRO stage-3 checkpoint")
+    names = {local: wiring.expert_names[local] for layer in wiring.layers for local in layer.fused_experts}
+    values = ds_zero.fp32_param_values(parts, names.values())
+    return {**module_state, **{local: values[zero_name] for local, zero_name in names.items()}}

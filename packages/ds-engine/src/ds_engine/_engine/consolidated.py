@@ -65,9 +65,9 @@ class ConsolidatedWeights:
             raise NotImplementedError(
                 f"{operation} is not supported for AutoEP with ZeRO Stage 3, as in DeepSpeed: the expert parameters "
                 "are partitioned over their expert-data-parallel groups, so a data-parallel consolidation would "
-                "hold incomplete expert tensors. DeepSpeed points to its ds_to_universal.py, which ds does not "
-                "implement for this layout; save_checkpoint() writes every expert's weights in per-expert files "
-                "(layer_*_expert_*_mp_rank_00_model_states.pt)"
+                "hold incomplete expert tensors. Convert a save_checkpoint() with ds_to_universal (it joins every "
+                "expert tensor whole), as DeepSpeed advises; engine.load_checkpoint loads the save as it is at any "
+                "world size and autoep_size"
             )
 
     if TYPE_CHECKING:

@@ -268,8 +268,9 @@ def describe_autoep(section: ExpertParallelConfig, *, world_size: int, model: nn
         f"score_apply {section.score_apply}, group-limited: {groups} ('auto' = the preset's)"
     )
     out.append(
-        "checkpoints: experts in layer_{L}_expert_{E}_mp_rank_00_model_states.pt, one file per global expert; "
-        "weights load at any autoep_size"
+        "checkpoints: experts in layer_{L}_expert_{E}_mp_rank_00_model_states.pt, one file per global expert "
+        "(ZeRO 3: in the ZeRO partitions only, as DeepSpeed); they load at any autoep_size, with the ZeRO "
+        "optimizer state"
     )
     if model is not None:
         out += _model_lines(section, model)

@@ -5,8 +5,9 @@ expert-parallel ranks hold different experts: the per-rank partition files do no
 parameters the way `zero_to_fp32` and the universal converter assume. The engine marks the model-states
 file's AutoEP layer entries (`ds_autoep_layers`) with DeepSpeed's `checkpoint_format: "zero3_partitioned"`;
 `zero_to_fp32` refuses them, as DeepSpeed 0.19.8's does. The universal converter takes them: it rebuilds each
-expert range from its own fragments and joins the ranges (`universal_autoep.py`). Every expert's weights are
-also in the per-expert files the same save wrote (`layer_{L}_expert_{E}_mp_rank_00_model_states.pt`).
+expert range from its own fragments and joins the ranges (`universal_autoep.py`). The engine loads such a save
+as it is at any world size and `autoep_size` (`expert_ranges.py`); the save writes no per-expert files, as
+DeepSpeed's does not.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ def refuse_autoep_zero3(
             f"{_ZERO3_FORMAT!r}); its expert tensors are partitioned over expert-data-parallel groups, so a "
             "data-parallel consolidation would mix different ranks' experts (DeepSpeed refuses it too). Convert it "
             "with ds_to_universal.py (the `ds_to_universal` command; it joins every expert tensor whole) and load "
-            "that with checkpoint.load_universal, at any world size and autoep_size; every expert's weights are also "
-            "in the "
-            "per-expert files of the same save (layer_*_expert_*_mp_rank_00_model_states.pt)"
+            "that with checkpoint.load_universal, at any world size and autoep_size; ds's engine also loads the save "
+            "as it is at any world size and autoep_size (engine.load_checkpoint)"
         )

@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from ds_zero._checkpoint.expert_ranges import ExpertRanges
 from ds_zero._partition import Fragment
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ __all__ = [
     "FragmentIndex",
     "consolidate_fp32_params",
     "fill_partition",
+    "fp32_param_values",
     "full_param_states",
     "is_partition_shaped",
     "partition_metadata",
@@ -182,6 +184,13 @@ class FragmentIndex:
                     )
         for located in self._by_name.values():
             located.sort(key=lambda loc: loc.param_start)
+        self._expert_ranges = ExpertRanges(self.param_shapes)
+
+    def shape_of(self, name: str) -> tuple[int, ...] | None:
+        """The shape of parameter `name` in this save, or None when it has none. An AutoEP expert range saved
+        under other ranges (another expert-parallel degree) has the shape of its rows (`expert_ranges`)."""
+        shape = self.param_shapes.get(name)
+        return shape if shape is not None else self._expert_ranges.shape(name)
 
     @property
     def names(self) -> list[str]:
@@ -216,6 +225,12 @@ class FragmentIndex:
         `source(rank, k)` returns the saved 1-D tensor of rank `rank`'s partition `k` to read from
         (the fp32 master values, or an optimizer-state tensor with the same layout).
         """
+        if name not in self._by_name:
+            pieces = self._expert_ranges.pieces(name, param_start, dst.numel())
+            if pieces:  # an expert range this save holds under other ranges
+                for saved, start, offset, length in pieces:
+                    self.copy_slice(dst[offset : offset + length], saved, start, source)
+                return
         want_lo, want_hi = param_start, param_start + dst.numel()
         filled = 0
         for loc in self._by_name.get(name, []):
@@ -243,12 +258,35 @@ def fill_partition(
     """
     dst.zero_()
     for f in fragments:
-        if f.name not in index.param_shapes:
+        if index.shape_of(f.name) is None:
             raise ValueError(
                 f"parameter {f.name!r} is not in the checkpoint (saved parameters include "
                 f"{index.names[:5]}...); was the model or its parameter naming changed?"
             )
         index.copy_slice(dst[f.partition_start : f.partition_start + f.numel], f.name, f.param_start, source)
+
+
+def fp32_param_values(state_dicts: Sequence[Mapping[str, Any]], names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """The fp32 values of the parameters `names` (ZeRO names), each of its shape, from every rank's state dict
+    of one save. An AutoEP expert range the save holds under other ranges is read from them (`expert_ranges`),
+    so a rank's experts load at another expert-parallel degree.
+
+    Raises:
+        ValueError: a name the save does not hold, or missing fragments (names the parameter).
+    """
+    index = FragmentIndex(state_dicts)
+    fp32 = [sd["single_partition_of_fp32_groups"] for sd in state_dicts]
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        shape = index.shape_of(name)
+        if shape is None:
+            raise ValueError(
+                f"parameter {name!r} is not in the checkpoint (saved parameters include {index.names[:5]}...)"
+            )
+        value = torch.empty(math.prod(shape), dtype=torch.float32)
+        index.copy_slice(value, name, 0, lambda rank, k: fp32[rank][k])
+        out[name] = value.view(shape)
+    return out
 
 
 def consolidate_fp32_params(

@@ -25,7 +25,6 @@ data-parallel world size and any `autoep_size` that divides `num_experts`.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ import torch
 
 import ds_comm
 from ds_comm.checkpoint_files import deepspeed_pickle_names
+from ds_zero._checkpoint.expert_ranges import expert_range
 from ds_zero._checkpoint.format import FragmentIndex, full_param_states
 from ds_zero._checkpoint.partition_files import load_partition_state_dicts
 
@@ -42,7 +42,6 @@ __all__ = ["AUTOEP_LAYERS_KEYS", "autoep_layers", "expert_range", "write_autoep_
 logger = logging.getLogger(__name__)
 
 AUTOEP_LAYERS_KEYS = ("ds_autoep_layers", "autoep_layers")
-_RANGE = re.compile(r"^(?P<base>.+)@experts(?P<lo>\d+):(?P<hi>\d+)$")
 _SHARDED = ("base_optimizer_state", "single_partition_of_fp32_groups", "fp32_flat_groups", "partitions")
 _EXPERT_PATTERN = r".*\.experts\.w[123]$"  # DeepSpeed's `expert_parameter_patterns` entry for AutoEP
 
@@ -54,12 +53,6 @@ def autoep_layers(states: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         if entries:
             return [e for e in entries if isinstance(e, Mapping)]
     return []
-
-
-def expert_range(name: str) -> tuple[str, int, int] | None:
-    """`(module name, first expert, end)` of a ZeRO name `<prefix>.w1@experts{lo}:{hi}`; None for another name."""
-    m = _RANGE.match(name)
-    return (m["base"], int(m["lo"]), int(m["hi"])) if m else None
 
 
 def _num_experts(layers: Sequence[Mapping[str, Any]], base: str) -> int:
