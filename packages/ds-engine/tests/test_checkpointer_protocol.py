@@ -60,7 +60,7 @@ class Trained:
     def load_module_state_dict(
         self, checkpoint: dict[str, Any], strict: bool = True, custom_load_fn: Any = None
     ) -> None:
-        self.module.load_state_dict(checkpoint, strict=strict)
+        self.module.load_state_dict(checkpoint["module"], strict=strict)
 
     def train(self, steps: int) -> None:
         for _ in range(steps):

@@ -86,7 +86,7 @@ class CheckpointedEngine(Protocol):
     def load_module_state_dict(
         self, checkpoint: dict[str, Any], strict: bool = True, custom_load_fn: Callable[..., Any] | None = None
     ) -> None:
-        """Load whole weights into the module (cut to this rank's tensor-parallel shards)."""
+        """Load `checkpoint["module"]`, whole weights, into the module (cut to this rank's tensor-parallel shards)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -431,10 +431,8 @@ class Checkpointer:
             _checkpoint.log_layout_change(
                 state, path, dp_world_size=parts.dist.dp_world_size, sp_degree=parts.dist.sp_world_size
             )
-        if custom_load_fn is not None:
-            custom_load_fn(src=module_state, dst=engine.module)
-        else:
-            engine.load_module_state_dict(module_state, strict=load_module_strict)
+        # DeepSpeed's call: the whole checkpoint dict (a subclass may override it), its module state filled in
+        engine.load_module_state_dict({**state, "module": module_state}, load_module_strict, custom_load_fn)
         masters = parts_read if universal and parts.moe is not None else None  # see `_refresh_masters`
         if load_module_only:
             self._refresh_masters(masters)

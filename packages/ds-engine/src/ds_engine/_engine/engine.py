@@ -29,6 +29,7 @@ from ds_engine._engine.deepspeed_getters import DeepSpeedGetters
 from ds_engine._engine.grad_reduce import EngineGradReduce
 from ds_engine._engine.loss_checks import check_scalar_loss
 from ds_engine._engine.mixed_precision import EngineMixedPrecision
+from ds_engine._engine.module_state import EngineModuleState
 from ds_engine._engine.offload_states import (
     BACKWARD_NEEDS,
     FORWARD_NEEDS,
@@ -39,7 +40,6 @@ from ds_engine._engine.offload_states import (
 from ds_engine._engine.queries import EngineQueries
 from ds_engine._engine.sync_contexts import EngineSyncContexts
 from ds_engine._engine.zenflow import EngineZenFlow
-from ds_engine._optional import require
 from ds_engine._report.autotuning import step_probes
 from ds_engine._step.autocast import AutocastPolicy
 from ds_engine._step.loss_scale_guard import LossScaleGuard
@@ -69,6 +69,7 @@ class DeepSpeedEngine(
     EngineSyncContexts,
     EngineCompile,
     ConsolidatedWeights,
+    EngineModuleState,
     EngineCheckpointNames,
     EngineZenFlow,
     nn.Module,
@@ -538,60 +539,3 @@ class DeepSpeedEngine(
         return self._checkpointer.save_16bit_model(save_dir, save_filename, exclude_frozen_parameters)
 
     save_fp16_model = save_16bit_model
-
-    def module_state_dict(
-        self,
-        destination: dict[str, Any] | None = None,
-        prefix: str = "",
-        keep_vars: bool = False,
-        exclude_frozen_parameters: bool = False,
-    ) -> dict[str, Any]:
-        """The wrapped module's state_dict, optionally without frozen parameters.
-
-        With tensor parallelism the weights are whole (gathered: a collective on the tensor-parallel
-        group), so checkpoints load at any tensor-parallel size, or without it. With random-LTD the
-        wrappers' `.random_ltd_layer` is left out of the names (as DeepSpeed saves them).
-        """
-        if self._tp is not None:
-            full = self._tp_full_state_dict()
-            state = type(full)((prefix + k, v) for k, v in full.items())
-        else:
-            state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
-        if exclude_frozen_parameters:
-            frozen = {prefix + n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = type(state)((k, v) for k, v in state.items() if k not in frozen)
-        return self._without_random_ltd_names(state)
-
-    def _tp_full_state_dict(self) -> dict[str, Any]:
-        """Whole weights of a tensor-parallel model; at ZeRO stage 3 each rank first gathers its shards over
-        the data-parallel ranks (its tensor-parallel part of the model, whole, for the duration)."""
-        assert self._tp is not None
-        if self._zero_settings.stage != 3:
-            return self._tp.full_state_dict(self.module)
-        ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
-        with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
-            return {k: v.clone() for k, v in self._tp.full_state_dict(self.module).items()}
-
-    def load_module_state_dict(
-        self,
-        checkpoint: dict[str, Any],
-        strict: bool = True,
-        custom_load_fn: Callable[..., Any] | None = None,
-        **_: Any,
-    ) -> None:
-        """Load module weights (copied into the existing, already cast parameters).
-
-        With random-LTD, names saved without the wrappers' `.random_ltd_layer` (DeepSpeed's and ds's saves)
-        are mapped onto the wrapped model first, so a strict load matches.
-        """
-        checkpoint = self._with_random_ltd_names(checkpoint)
-        if custom_load_fn is not None:
-            custom_load_fn(src=checkpoint, dst=self.module)
-        elif self._tp is not None and self._zero_settings.stage == 3:  # every data-parallel rank loads the same shard
-            ds_zero = require("ds_zero", extra="zero", feature="ZeRO stage 3 with tensor parallelism")
-            with ds_zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0):
-                self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
-        elif self._tp is not None:
-            self._tp.load_full_state_dict(self.module, checkpoint, strict=strict)
-        else:
-            self.module.load_state_dict(checkpoint, strict=strict)
