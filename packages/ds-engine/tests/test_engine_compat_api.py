@@ -135,8 +135,7 @@ def test_compile_trains_as_eager() -> None:
 
 def test_compile_refuses_deepcompile_arguments() -> None:
     engine = make_engine(tiny_net(0), base_config())
-    with pytest.raises(ValueError, match="custom DeepCompile pass schedules are not supported in ds"):
-        engine.compile(schedule=[(0, [])])
+    # pass schedules are honoured with compile.deepcompile (test_deepcompile_schedule.py)
     with pytest.raises(ValueError, match="compiled autograd is not supported in ds"):
         engine.compile(compiled_autograd_enabled=True)
     with pytest.raises(TypeError, match="compile_kwargs"):

@@ -126,6 +126,9 @@ def test_explain_shows_deepcompile_passes(tmp_path: Path, capsys, stage: int, ex
     out = capsys.readouterr().out
     assert "DeepCompile (compile.deepcompile)" in out and expected in out
     assert ("selective unsharding: after 5 warm-up steps" in out) == (stage == 3)
+    steps = "step 0: zero3_compile, prefetch; step 5: zero3_compile, prefetch, selective_gather"
+    steps = steps if stage == 3 else f"step 0: zero{stage}_compile"
+    assert f"pass schedule unless engine.compile(schedule=...) gives one: {steps}" in out, out
     assert "logged at INFO" in out
     config["compile"] = {"deepcompile": False}
     path.write_text(json.dumps(config))

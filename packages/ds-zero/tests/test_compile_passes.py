@@ -5,16 +5,18 @@ with views of the weights (`t`). `insert_gathers` routes every use of a weight t
 `schedule_gathers` must put each gather right before its weight's first reader and its release right after
 the last reader of the gathered value or any view of it, and leave a gathered value the graph returns
 unreleased. `tag_recompute` marks gathers MUST_RECOMPUTE above every checkpoint region.
+Also the schedule dump of a range of graphs and `with_overlap` (the engine's pass schedules use both).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ds_zero._compile import passes
-from ds_zero._compile.backend import Schedule, _boxed
+from ds_zero._compile.backend import DeepCompileBackend, Schedule, _boxed
 from ds_zero._compile.overlap import overlap_gathers
 
 aten = torch.ops.aten
@@ -172,3 +174,26 @@ def test_eager_inner_graph_drops_its_inputs_as_it_goes() -> None:
     (out,) = run(args)
     torch.testing.assert_close(out, torch.relu(x) + y)
     assert args == [] and run._boxed_call  # AOTAutograd's boxed convention: the list is consumed
+
+
+def test_schedule_lines_take_a_range_of_graph_numbers() -> None:
+    gm, _ = _graph()
+    placed = passes.placed_ops(gm, {})
+    schedule = Schedule({"forward 0": placed, "backward 0": placed, "forward 1": placed, "backward 1": []})
+    heads = [line for line in schedule.lines() if not line.startswith(" ")]
+    assert heads[0].startswith("forward 0:") and len(heads) == 4
+    later = [line for line in schedule.lines(1) if not line.startswith(" ")]
+    assert [line.split(":")[0] for line in later] == ["forward 1", "backward 1"]
+    assert [line.split(":")[0] for line in schedule.lines(0, 1) if not line.startswith(" ")] == [
+        "forward 0",
+        "backward 0",
+    ]
+
+
+def test_with_overlap_changes_the_placement_and_gives_a_new_backend() -> None:
+    backend = DeepCompileBackend(torch.nn.Linear(2, 2), inner="eager")
+    assert backend.overlap == 1
+    first, second = backend.with_overlap(None), backend.fresh()
+    assert backend.overlap is None and first is not second  # Dynamo compiles the frames again for a new backend
+    with pytest.raises(ValueError, match=r"with_overlap\(-1\): must be None or >= 0"):
+        backend.with_overlap(-1)

@@ -21,6 +21,7 @@ from ds_comm import get_accelerator
 from ds_engine._data.describe import describe_data_sampling
 from ds_engine._data.describe_routing import data_efficiency_lines
 from ds_engine._parallel.autoep import describe_autoep
+from ds_engine._plan.compile_schedule import default_schedule, describe_steps
 from ds_engine._plan.plan import plan_assembly
 from ds_engine.config import DeepSpeedConfig, DeepSpeedConfigError
 from ds_engine.config._compile_section import describe_deepcompile
@@ -116,6 +117,8 @@ def explain(config: DeepSpeedConfig, *, device_type: str | None = None, model: n
         ]
     dc_lines = describe_deepcompile(config.parsed.compile, config.zero.stage)
     if dc_lines:
+        steps = describe_steps(default_schedule(config.zero.stage)) if config.zero.stage else "none (stage 0)"
+        dc_lines.append(f"pass schedule unless engine.compile(schedule=...) gives one: {steps}")
         lines += ["", "DeepCompile (compile.deepcompile)", *(f"  {line}" for line in dc_lines)]
     data_lines = describe_data_sampling(config.data_efficiency_config)
     if data_lines:

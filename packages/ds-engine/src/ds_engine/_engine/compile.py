@@ -11,15 +11,26 @@ graph: where Dynamo meets a graph break the engine warns, naming the place, and 
 hooks for good. After DeepSpeed's 5 warm-up steps the engine keeps whole the partitioned parameters that
 fit in the memory the warm-up left unused and recompiles without their gathers (selective unsharding,
 `ds_zero._compile.selective`). At stages 0-2 DeepCompile compiles the forward and backward with the
-chosen backend and gradient reduction stays with ZeRO's eager per-parameter hooks. DeepSpeed's custom
-pass schedules and compiled autograd are refused by name.
+chosen backend and gradient reduction stays with ZeRO's eager per-parameter hooks. Compiled autograd is
+refused by name.
+
+`engine.compile(schedule=...)` takes DeepSpeed's pass schedule, `[(global_step, [pass, ...]), ...]`, with
+its pass names or callables (`deepspeed.compile.passes.*`): it is checked against DeepSpeed's pass
+contracts and ds's rules at `compile()` (`_plan.compile_schedule`, which says what each pass means in ds
+and which are refused), and at the first training forward of each listed step the DeepCompile settings
+change to that step's passes and the module is compiled again where the graphs change (`prefetch` on or
+off, parameters kept whole by `selective_gather`). `engine.register_compile_pass(name, fn, contract)`
+registers a pass and its contract, which take part in the validation; a schedule that lists a user pass
+is refused, since ds cannot give it DeepSpeed's graph internals (see COMPATIBILITY.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +38,8 @@ from torch import nn
 
 from ds_comm import get_accelerator
 from ds_engine._optional import require
+from ds_engine._plan.compile_schedule import CompileStep, default_schedule, plan_schedule
+from ds_engine._plan.pass_contracts import PassContract, register_compile_pass
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +47,15 @@ __all__ = ["EngineCompile"]
 
 #: engine.compile(backend=...) values DeepCompile's stage-3 backend can compile its graphs with
 _DC_INNER = {"inductor": "inductor", "eager": "eager", "aot_eager": "eager"}
+
+
+@dataclasses.dataclass
+class _StepRecord:
+    """A schedule step that began: the first graph number compiled under it, selective unsharding's choice."""
+
+    step: CompileStep
+    first_graph: int
+    unshard_plan: Any = None
 
 
 class EngineCompile:
@@ -45,14 +67,16 @@ class EngineCompile:
     _dc_backend: Any = None
     _dc_pause: contextlib.ExitStack | None = None
     _dc_kwargs: dict[str, Any] | None = None  # what the module was compiled with, for the recompile
-    _dc_unshard_plan: Any = None  # selective unsharding's choice, once made
-    _dc_unshard_after: int | None = None  # the optimizer steps before it is made
+    _dc_unshard_plan: Any = None  # selective unsharding's latest choice
+    _dc_pending: list[CompileStep] | None = None  # the schedule's steps not begun yet
+    _dc_history: list[_StepRecord] | None = None  # the steps begun, in order
+    _dc_steps_given: bool = False  # the schedule came from engine.compile(schedule=...)
 
     def compile(
         self,
         backend: str | None = None,
         compile_kwargs: dict[str, Any] | None = None,
-        schedule: Any = None,
+        schedule: Sequence[tuple[int, Sequence[str | Callable[..., Any]]]] | None = None,
         compiled_autograd_enabled: bool = False,
     ) -> None:
         """`torch.compile` the wrapped module in place (DeepCompile when `compile.deepcompile` is on).
@@ -64,21 +88,19 @@ class EngineCompile:
                 stage 3: "inductor", or "eager"/"aot_eager" (the scheduled graphs run as Python).
             compile_kwargs: other `torch.compile` keyword arguments (`mode`, `dynamic`, `fullgraph`...);
                 a `backend` inside it is overridden by `backend`, with a warning.
-            schedule: DeepSpeed's custom pass schedule; only None (ds runs the ZeRO stage's passes, or
-                `compile.passes`).
+            schedule: DeepSpeed's pass schedule `[(global_step, [pass name or callable, ...]), ...]`, with
+                `compile.deepcompile` on (without it the schedule has no effect, with a warning). None: at
+                stage 3 `prefetch` from step 0 and `selective_gather` after 5 warm-up steps; at stages 1/2
+                the stage's pass. What each pass does in ds: `ds_engine._plan.compile_schedule`.
             compiled_autograd_enabled: DeepSpeed's compiled autograd; only False (DeepCompile's backward is
                 compiled through AOTAutograd).
 
         Raises:
-            ValueError: `schedule` or `compiled_autograd_enabled` given; a backend DeepCompile cannot use;
-                `compile.passes` naming a pass for another ZeRO stage.
-            TypeError: `compile_kwargs` is not a dict.
+            ValueError: `compiled_autograd_enabled` given; a backend DeepCompile cannot use; `compile.passes`
+                naming a pass for another ZeRO stage; a schedule ds refuses (naming the step and the pass;
+                `PassContractError` for a broken pass contract).
+            TypeError: `compile_kwargs` is not a dict; `schedule` is not a list of (int, list) pairs.
         """
-        if schedule is not None:
-            raise ValueError(
-                "engine.compile(schedule=...): custom DeepCompile pass schedules are not supported in ds; "
-                "DeepCompile runs the ZeRO stage's passes (see the compile.passes key)"
-            )
         if compiled_autograd_enabled:
             raise ValueError(
                 "engine.compile(compiled_autograd_enabled=True): compiled autograd is not supported in ds; "
@@ -94,11 +116,32 @@ class EngineCompile:
         chosen = backend if backend is not None else get_accelerator().get_compile_backend()
         settings = self._ds_config.parsed.compile  # type: ignore[attr-defined]
         stage = self.zero_optimization_stage()  # type: ignore[attr-defined]
+        steps: tuple[CompileStep, ...] | None = None
         if settings.deepcompile:
             self._check_passes(settings.passes, stage)
+            if schedule is not None:
+                steps = plan_schedule(schedule, stage=stage)
+                if settings.passes is not None:
+                    warnings.warn(
+                        f"compile.passes={settings.passes!r} has no effect: engine.compile(schedule=...) names the "
+                        "passes",
+                        UserWarning,
+                        stacklevel=2,
+                    )
+        elif schedule is not None:
+            warnings.warn(
+                "engine.compile(schedule=...) has no effect without compile.deepcompile: true (the module is "
+                "compiled with torch.compile)",
+                UserWarning,
+                stacklevel=2,
+            )
         if settings.deepcompile and stage == 3:
-            self._deepcompile_zero3(chosen, dict(kwargs), debug_log=settings.debug_log)
+            self._deepcompile_zero3(chosen, dict(kwargs), debug_log=settings.debug_log, steps=steps)
         else:
+            if steps is not None:
+                # every step's graphs are the same compile at stages 1/2 (reduction is eager), so once is enough
+                self._dc_history = [_StepRecord(step, 0) for step in steps]
+                self._dc_steps_given = True
             logger.info("engine.compile: torch.compile of the module with backend=%s %s", chosen, kwargs)
             self.module.compile(**{**kwargs, "backend": chosen})
         self._is_compiled = True
@@ -116,7 +159,23 @@ class EngineCompile:
                 f"{stage}; use [{want!r}] or leave compile.passes unset"
             )
 
-    def _deepcompile_zero3(self, backend: str, kwargs: dict[str, Any], *, debug_log: bool) -> None:
+    def register_compile_pass(
+        self, pass_name: str, pass_fn: Callable[..., Any], contract: PassContract | None = None
+    ) -> None:
+        """Register `pass_fn` as DeepCompile pass `pass_name` with `contract` (None clears an earlier one).
+
+        The registry is process-wide, as DeepSpeed's. The contract takes part in checking every schedule;
+        a schedule that lists the pass is refused at `compile()`, since ds cannot run a pass written
+        against DeepSpeed's graph internals (see `ds_engine._plan.compile_schedule`).
+
+        Raises:
+            TypeError: `pass_name` is not a non-empty string or `pass_fn` is not callable.
+        """
+        register_compile_pass(pass_name, pass_fn, contract)
+
+    def _deepcompile_zero3(
+        self, backend: str, kwargs: dict[str, Any], *, debug_log: bool, steps: tuple[CompileStep, ...] | None
+    ) -> None:
         inner = _DC_INNER.get(backend)
         if inner is None:
             raise ValueError(
@@ -129,44 +188,64 @@ class EngineCompile:
         stage3: Any = getattr(self.module, "_ds_zero3", None)
         if stage3 is None:
             raise RuntimeError("engine.compile: DeepCompile at ZeRO stage 3 found no partitioned module")
-        self._dc_backend = dc.DeepCompileBackend(self.module, inner=inner, debug_log=debug_log)
+        selective = require("ds_zero._compile.selective", extra="zero", feature="DeepCompile at ZeRO stage 3")
+        self._dc_steps_given = steps is not None
+        steps = steps if steps is not None else default_schedule(3, selective.WARMUP_STEPS)
+        first, *later = steps
+        self._dc_backend = dc.DeepCompileBackend(self.module, inner=inner, overlap=_overlap(first), debug_log=debug_log)
         self._dc_pause = contextlib.ExitStack()
         self._dc_pause.enter_context(stage3.hooks_paused())
         logger.info("engine.compile: DeepCompile (ZeRO-3 gathers and releases in the graph), backend=%s", backend)
         self._dc_kwargs = {**kwargs, "fullgraph": True}
-        self._dc_unshard_after = require(
-            "ds_zero._compile.selective", extra="zero", feature="DeepCompile at ZeRO stage 3"
-        ).WARMUP_STEPS
+        self._dc_history = [_StepRecord(first, 0)]
+        self._dc_pending = list(later)
         self.module.compile(**{**self._dc_kwargs, "backend": self._dc_backend})
 
-    def _unshard_selectively(self) -> None:
-        """Selective unsharding, once, at the first training forward after the warm-up steps (collectives)."""
+    def _begin_step(self, step: CompileStep) -> None:
+        """Put `step`'s passes in force (at a training forward: selective unsharding is a collective) and
+        compile the module again where its graphs change; the same passes again compile nothing new."""
+        backend = self._dc_backend
+        record = _StepRecord(step, backend.graph_count)
+        assert self._dc_history is not None
+        self._dc_history.append(record)
+        logger.info("DeepCompile: global step %d, passes %s", step.step, list(step.passes))
+        recompile = None
+        if step.unshard:
+            recompile = self._unshard_selectively(record)
+        if _overlap(step) != backend.overlap:
+            recompile = backend.with_overlap(_overlap(step))
+        if recompile is not None:
+            self.module.compile(**{**(self._dc_kwargs or {}), "backend": recompile})
+
+    def _unshard_selectively(self, record: _StepRecord) -> Callable[..., Any] | None:
+        """Selective unsharding at the start of `record`'s step (collectives); the backend to compile the module
+        with again when parameters were kept whole, else None."""
         selective = require("ds_zero._compile.selective", extra="zero", feature="DeepCompile at ZeRO stage 3")
         stage3: Any = self.module._ds_zero3
         gathered = self._dc_backend.param_names
         candidates = [(name, p) for name, p in self.module.named_parameters() if getattr(p, "ds_id", None) in gathered]
         headroom = selective.agreed_headroom(selective.memory_headroom())
         chosen, plan = selective.choose_whole(candidates, headroom)
-        self._dc_unshard_plan = plan
+        self._dc_unshard_plan = record.unshard_plan = plan
         log = logger.info if self._ds_config.parsed.compile.debug_log else logger.debug  # type: ignore[attr-defined]
         log("DeepCompile %s", plan.line())
-        if chosen:
-            params = [p for _, p in chosen]
-            selective.keep_whole(stage3, params)
-            self.module.compile(**{**(self._dc_kwargs or {}), "backend": self._dc_backend.stop_gathering(params)})
+        if not chosen:
+            return None
+        params = [p for _, p in chosen]
+        selective.keep_whole(stage3, params)
+        return self._dc_backend.stop_gathering(params)  # type: ignore[no-any-return]
 
     def _call_module(self, *inputs: Any, **kwargs: Any) -> Any:
         """Run the wrapped module; DeepCompile meeting a graph break falls back to the eager hooks here."""
         if self._dc_pause is None:
             return self.module(*inputs, **kwargs)
         # at a training forward (every rank runs it; an evaluation under no_grad may run on some ranks only)
-        if (
-            self._dc_unshard_after is not None
-            and self.global_steps >= self._dc_unshard_after  # type: ignore[attr-defined]
+        while (
+            self._dc_pending
+            and self.global_steps >= self._dc_pending[0].step  # type: ignore[attr-defined]
             and torch.is_grad_enabled()
         ):
-            self._dc_unshard_after = None
-            self._unshard_selectively()
+            self._begin_step(self._dc_pending.pop(0))
         import torch._dynamo.exc as dynamo_exc
 
         try:
@@ -183,19 +262,36 @@ class EngineCompile:
             self._dc_pause.close()
             self._dc_pause = None
             self._dc_backend = None
+            self._dc_pending = self._dc_history = None
             self.module._compiled_call_impl = None
             return self.module(*inputs, **kwargs)
 
     @property
     def deepcompile_schedule(self) -> list[str]:
-        """The gathers and releases DeepCompile placed, per compiled graph (empty before the first step),
-        then selective unsharding's choice once it is made."""
-        if self._dc_backend is None:
+        """Per schedule step begun: `step N: <passes>`, then (ZeRO-3) the gathers and releases placed in each
+        graph compiled under it, then selective unsharding's choice when the step made one. Empty before
+        `compile()`, after a fall-back to the eager hooks, and at stages 1/2 without a given schedule."""
+        if self._dc_history is None or (self._dc_backend is None and not self._dc_steps_given):
             return []
-        plan = [] if self._dc_unshard_plan is None else [self._dc_unshard_plan.line()]
-        return [*self._dc_backend.schedule.lines(), *plan]
+        if self._dc_backend is None:  # stages 1/2: no graph of ds's passes to show
+            suffix = " (compiled once; gradients reduced by ZeRO's eager hooks)"
+            return [record.step.line() + suffix for record in self._dc_history]
+        lines: list[str] = []
+        history = self._dc_history
+        for i, record in enumerate(history):
+            end = history[i + 1].first_graph if i + 1 < len(history) else None
+            lines.append(record.step.line())
+            lines += self._dc_backend.schedule.lines(record.first_graph, end)
+            if record.unshard_plan is not None:
+                lines.append(record.unshard_plan.line())
+        return lines
 
     @property
     def is_compiled(self) -> bool:
         """Whether `compile()` was called (DeepSpeed's property)."""
         return self._is_compiled
+
+
+def _overlap(step: CompileStep) -> int | None:
+    """ds-zero's `overlap` for `step`: one bucket ahead with `prefetch`, else blocking gathers in place."""
+    return 1 if step.prefetch else None

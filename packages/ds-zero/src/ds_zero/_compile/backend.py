@@ -50,9 +50,13 @@ class Schedule:
             most = max(most, len(live))
         return most
 
-    def lines(self) -> list[str]:
+    def lines(self, first_graph: int = 0, end_graph: int | None = None) -> list[str]:
+        """The dump of the graphs numbered `first_graph` up to (not including) `end_graph` (default: all)."""
         out: list[str] = []
         for name, items in self.graphs.items():
+            number = int(name.rsplit(" ", 1)[1])
+            if number < first_graph or (end_graph is not None and number >= end_graph):
+                continue
             starts = {i.position for i in items if i.kind == "prefetch"}
             out.append(
                 f"{name}: {sum(i.kind == 'gather' for i in items)} gathers, "
@@ -115,6 +119,19 @@ class DeepCompileBackend:
             self._names.pop(int(p.ds_id), None)
             self._keys.pop(int(p.ds_id), None)
             self._by_id.pop(id(p), None)
+        return self.fresh()
+
+    def with_overlap(self, overlap: int | None) -> Callable[..., Any]:
+        """Place the gathers of the graphs compiled from here on with `overlap` (see the class); returns the
+        backend to recompile the module with, as `stop_gathering` does."""
+        if overlap is not None and overlap < 0:
+            raise ValueError(f"DeepCompileBackend.with_overlap({overlap}): must be None or >= 0")
+        self.overlap = overlap
+        return self.fresh()
+
+    def fresh(self) -> Callable[..., Any]:
+        """A new callable over this object: Dynamo caches a frame's graphs per backend, so compiling the
+        module with it compiles the frames again under the current settings."""
         return functools.partial(DeepCompileBackend.__call__, self)
 
     def _placeholders(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> dict[fx.Node, int]:
