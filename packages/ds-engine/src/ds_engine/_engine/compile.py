@@ -10,9 +10,13 @@ release inside the forward and backward graphs (see `ds_zero._compile`). The who
 graph: where Dynamo meets a graph break the engine warns, naming the place, and goes back to the eager
 hooks for good. After DeepSpeed's 5 warm-up steps the engine keeps whole the partitioned parameters that
 fit in the memory the warm-up left unused and recompiles without their gathers (selective unsharding,
-`ds_zero._compile.selective`). At stages 0-2 DeepCompile compiles the forward and backward with the
-chosen backend and gradient reduction stays with ZeRO's eager per-parameter hooks. Compiled autograd is
-refused by name.
+`ds_zero._compile.selective`). At stages 1/2 the module is compiled with ds-zero's stage-1/2 backend
+(`ds_zero._compile.reduce_backend`, DeepSpeed's `zero1_compile`/`zero2_compile`): each parameter's
+gradient is handed to ZeRO's reducer by an op placed right after the node producing it in the backward
+graph (stage 2 reduce-scatters its buckets during the backward, stage 1 reduces at the accumulation
+boundary, as eagerly), and the reducer's eager hooks leave those parameters alone; a graph break gives
+them back to the hooks, with the same warning as at stage 3. At stage 0 DeepCompile is a plain
+`torch.compile`. Compiled autograd is refused by name.
 
 `engine.compile(schedule=...)` takes DeepSpeed's pass schedule, `[(global_step, [pass, ...]), ...]`, with
 its pass names or callables (`deepspeed.compile.passes.*`): it is checked against DeepSpeed's pass
@@ -70,7 +74,7 @@ class EngineCompile:
     _dc_unshard_plan: Any = None  # selective unsharding's latest choice
     _dc_pending: list[CompileStep] | None = None  # the schedule's steps not begun yet
     _dc_history: list[_StepRecord] | None = None  # the steps begun, in order
-    _dc_steps_given: bool = False  # the schedule came from engine.compile(schedule=...)
+    _dc_reduces: bool = False  # ZeRO-1/2: the backend places gradient reductions (no gathers, no later steps)
 
     def compile(
         self,
@@ -85,7 +89,7 @@ class EngineCompile:
 
         Args:
             backend: a torch.compile backend (default: the accelerator's, "inductor"). With DeepCompile at
-                stage 3: "inductor", or "eager"/"aot_eager" (the scheduled graphs run as Python).
+                stages 1-3: "inductor", or "eager"/"aot_eager" (the scheduled graphs run as Python).
             compile_kwargs: other `torch.compile` keyword arguments (`mode`, `dynamic`, `fullgraph`...);
                 a `backend` inside it is overridden by `backend`, with a warning.
             schedule: DeepSpeed's pass schedule `[(global_step, [pass name or callable, ...]), ...]`, with
@@ -137,11 +141,9 @@ class EngineCompile:
             )
         if settings.deepcompile and stage == 3:
             self._deepcompile_zero3(chosen, dict(kwargs), debug_log=settings.debug_log, steps=steps)
+        elif settings.deepcompile and stage in (1, 2):
+            self._deepcompile_zero12(chosen, dict(kwargs), stage, debug_log=settings.debug_log, steps=steps)
         else:
-            if steps is not None:
-                # every step's graphs are the same compile at stages 1/2 (reduction is eager), so once is enough
-                self._dc_history = [_StepRecord(step, 0) for step in steps]
-                self._dc_steps_given = True
             logger.info("engine.compile: torch.compile of the module with backend=%s %s", chosen, kwargs)
             self.module.compile(**{**kwargs, "backend": chosen})
         self._is_compiled = True
@@ -189,7 +191,6 @@ class EngineCompile:
         if stage3 is None:
             raise RuntimeError("engine.compile: DeepCompile at ZeRO stage 3 found no partitioned module")
         selective = require("ds_zero._compile.selective", extra="zero", feature="DeepCompile at ZeRO stage 3")
-        self._dc_steps_given = steps is not None
         steps = steps if steps is not None else default_schedule(3, selective.WARMUP_STEPS)
         first, *later = steps
         self._dc_backend = dc.DeepCompileBackend(self.module, inner=inner, overlap=_overlap(first), debug_log=debug_log)
@@ -199,6 +200,41 @@ class EngineCompile:
         self._dc_kwargs = {**kwargs, "fullgraph": True}
         self._dc_history = [_StepRecord(first, 0)]
         self._dc_pending = list(later)
+        self.module.compile(**{**self._dc_kwargs, "backend": self._dc_backend})
+
+    def _deepcompile_zero12(
+        self,
+        backend: str,
+        kwargs: dict[str, Any],
+        stage: int,
+        *,
+        debug_log: bool,
+        steps: tuple[CompileStep, ...] | None,
+    ) -> None:
+        """Compile with ds-zero's stage-1/2 backend: each gradient's hand-over to ZeRO's reducer is placed in the
+        backward graph (`ds_zero._compile.reduce_backend`). Every schedule step means the same graphs at these
+        stages (`zero1_compile` and `zero2_compile` alike), so the module is compiled once."""
+        inner = _DC_INNER.get(backend)
+        if inner is None:
+            raise ValueError(
+                f"engine.compile(backend={backend!r}): DeepCompile at ZeRO stage {stage} compiles its graphs with "
+                f"one of {sorted(_DC_INNER)}"
+            )
+        if kwargs.get("fullgraph") is False:
+            logger.warning("engine.compile: DeepCompile captures the whole forward; fullgraph=False is overridden")
+        feature = f"DeepCompile at ZeRO stage {stage}"
+        dc = require("ds_zero._compile.reduce_backend", extra="zero", feature=feature)
+        sink = self.optimizer.graph_gradients()  # type: ignore[attr-defined]
+        steps = steps if steps is not None else default_schedule(stage)
+        self._dc_reduces = True
+        self._dc_backend = dc.ReduceGradBackend(self.module, sink, inner=inner, debug_log=debug_log)
+        # the graphs hand their parameters' gradients over themselves; falling back gives them to the hooks
+        self._dc_pause = contextlib.ExitStack()
+        self._dc_pause.callback(sink.take_back_from_graph)
+        logger.info("engine.compile: DeepCompile (ZeRO-%d gradient reduction in the graph), backend=%s", stage, backend)
+        self._dc_kwargs = {**kwargs, "fullgraph": True}
+        self._dc_history = [_StepRecord(step, 0) for step in steps]
+        self._dc_pending = []
         self.module.compile(**{**self._dc_kwargs, "backend": self._dc_backend})
 
     def _begin_step(self, step: CompileStep) -> None:
@@ -252,13 +288,14 @@ class EngineCompile:
             return self.module(*inputs, **kwargs)
         except (dynamo_exc.Unsupported, dynamo_exc.UserError, dynamo_exc.FailOnRecompileLimitHit) as err:
             where = str(err).strip()
+            stage = self.zero_optimization_stage()  # type: ignore[attr-defined]
             warnings.warn(
-                f"DeepCompile: the forward does not capture as one graph, so ZeRO-3 runs with its eager "
+                f"DeepCompile: the forward does not capture as one graph, so ZeRO-{stage} runs with its eager "
                 f"hooks instead: {where}",
                 RuntimeWarning,
                 stacklevel=3,
             )
-            logger.warning("DeepCompile fell back to eager ZeRO-3: %s", where)
+            logger.warning("DeepCompile fell back to eager ZeRO-%d: %s", stage, where)
             self._dc_pause.close()
             self._dc_pause = None
             self._dc_backend = None
@@ -268,15 +305,16 @@ class EngineCompile:
 
     @property
     def deepcompile_schedule(self) -> list[str]:
-        """Per schedule step begun: `step N: <passes>`, then (ZeRO-3) the gathers and releases placed in each
-        graph compiled under it, then selective unsharding's choice when the step made one. Empty before
-        `compile()`, after a fall-back to the eager hooks, and at stages 1/2 without a given schedule."""
-        if self._dc_history is None or (self._dc_backend is None and not self._dc_steps_given):
+        """ZeRO-3: per schedule step begun, `step N: <passes>`, then the gathers and releases placed in each
+        graph compiled under it, then selective unsharding's choice when the step made one. ZeRO-1/2: every
+        step's line (the same graphs serve them all), then per backward graph its gradient reductions, each
+        with the node it follows. Empty before `compile()` and after a fall-back to the eager hooks."""
+        if self._dc_history is None or self._dc_backend is None:
             return []
-        if self._dc_backend is None:  # stages 1/2: no graph of ds's passes to show
-            suffix = " (compiled once; gradients reduced by ZeRO's eager hooks)"
-            return [record.step.line() + suffix for record in self._dc_history]
-        lines: list[str] = []
+        if self._dc_reduces:  # stages 1/2: every step the same graphs
+            lines = [record.step.line() for record in self._dc_history]
+            return lines + self._dc_backend.schedule.lines()  # type: ignore[no-any-return]
+        lines = []
         history = self._dc_history
         for i, record in enumerate(history):
             end = history[i + 1].first_graph if i + 1 < len(history) else None

@@ -311,11 +311,12 @@ class DeepSpeedGetters:
         return bool(self._ds_config.parsed.compile.deepcompile)
 
     def is_deepcompile_active(self) -> bool:
-        """DeepCompile's backend compiled the module and has not fallen back to the eager hooks."""
+        """DeepCompile's backend compiled the module and has not fallen back to the eager hooks (at stage 0,
+        where DeepCompile is a plain torch.compile: the module was compiled)."""
         return getattr(self, "_dc_backend", None) is not None or (
             self.is_deepcompile_enabled()
             and getattr(self, "_is_compiled", False)
-            and self.zero_optimization_stage() < 3
+            and self.zero_optimization_stage() == 0
         )
 
     def collect_python_gc(self) -> int:

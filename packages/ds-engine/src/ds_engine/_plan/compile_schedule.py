@@ -10,8 +10,10 @@ DeepSpeed's pass contracts, and turns each step into ds-zero's DeepCompile setti
   ahead of their use (without it each gather is a blocking collective in place); `selective_gather`
   runs selective unsharding when its step begins (the partitioned parameters that fit in the memory not
   used so far are kept whole and leave the graphs). Parameters kept whole stay whole at later steps.
-- ZeRO-1/2: `zero1_compile` / `zero2_compile` compile the forward and backward; gradient reduction stays
-  with ZeRO's eager hooks (either name at either stage: both mean the same compile in ds).
+- ZeRO-1/2: `zero1_compile` / `zero2_compile` place each parameter's gradient hand-over to ZeRO's reducer
+  right after its producing node in the backward graph (`ds_zero._compile.reduce_backend`; the reducer
+  decides by stage: stage 2 reduces during the backward, stage 1 at the accumulation boundary, so either
+  name at either stage means the same compile in ds, as one compile serves every step).
 
 Refused before anything is compiled, naming the step and the pass:
 - a ZeRO-3 step without `zero3_compile` (the graph would read the parameters' partitions as if whole;

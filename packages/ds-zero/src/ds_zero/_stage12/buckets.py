@@ -22,6 +22,7 @@ import torch
 import ds_comm
 from ds_zero._partition import ParamSlot
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.graph_grads import GraphOwnedGrads
 from ds_zero._stage12.reduce import RangeReducer, _distinct, _Launched
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def _graph_task_id() -> int:
     return getter() if getter is not None else 0
 
 
-class BucketReducer:
+class BucketReducer(GraphOwnedGrads):
     """Reduce-scatters gradients during backward into each rank's fp32 partition (stage 2).
 
     Args:
@@ -141,8 +142,10 @@ class BucketReducer:
         #: While set, backwards leave their gradients on the parameters (`reduce_deferred()` reduces them).
         self.deferred = False
         self._hooks = []
+        self._where: dict[int, tuple[_Bucket, int]] = {}
         for bucket in self.buckets:
             for pos, p in enumerate(bucket.params):
+                self._where[id(p)] = (bucket, pos)
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(bucket, pos)))
 
     def _hook(self, bucket: _Bucket, pos: int):  # noqa: ANN202 - a closure per parameter
@@ -154,26 +157,50 @@ class BucketReducer:
     def _on_grad(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
         if self.deferred:  # the gradient stays on the parameter; later backwards add to it
             return
+        if self._hook_defers_to_graph(param):  # the compiled backward handed it over already
+            return
+        self._arm()
+        self._take(bucket, pos, param)
+
+    def accept_graph_grad(self, param: torch.Tensor, grad: torch.Tensor) -> None:
+        """`param`'s gradient of this backward, handed over by a compiled backward graph in place of the hook
+        (`ds_zero::reduce_grad`): taken into its bucket as the hook takes `.grad`, or, while deferred, added to
+        `.grad` as autograd would have."""
+        bucket, pos = self._where[id(param)]
+        if self.deferred:
+            with torch.no_grad():
+                if param.grad is None:
+                    param.grad = grad.detach().clone()
+                else:
+                    param.grad.add_(grad)
+            return
+        self._arm()
+        self._take_grad(bucket, pos, grad)
+
+    def _arm(self) -> None:
         task = _graph_task_id()
         if self._armed != task:
             # First gradient of this backward pass (a pass that raised never ran its callback, so the
             # graph-task id, not a flag, tells a new pass apart).
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._armed = task
-        self._take(bucket, pos, param)
 
     def _take(self, bucket: _Bucket, pos: int, param: torch.Tensor) -> None:
         """Copy `param`'s gradient into its bucket, drop it, and launch the buckets that are now complete."""
         if param.grad is None:
             return
+        grad = param.grad
+        param.grad = None
+        self._take_grad(bucket, pos, grad)
+
+    def _take_grad(self, bucket: _Bucket, pos: int, grad: torch.Tensor) -> None:
         self._dirty = True
         if bucket.storage is None:
             bucket.storage = self._acquire()
         slot = bucket.slots[pos]
         view = bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start]
         with torch.no_grad():
-            view.copy_(param.grad.reshape(-1))
-        param.grad = None
+            view.copy_(grad.reshape(-1))
         if not bucket.filled[pos]:
             bucket.filled[pos] = True
             bucket.pending -= 1

@@ -356,6 +356,20 @@ class DeepSpeedZeroOptimizer(
     def _deferrable_reducer(self) -> DeferrableReducer:
         return self._grads
 
+    def graph_gradients(self) -> BoundaryReducer | BucketReducer:
+        """The gradient reducer a DeepCompile backward graph hands gradients to (`ds_zero._compile.z12`):
+        stage 1's boundary reducer or stage 2's bucket reducer, with `hand_to_graph`/`accept_graph_grad`.
+
+        Raises:
+            ValueError: this optimizer runs ZenFlow, whose gradients take another path.
+        """
+        if self._runs_zenflow or not isinstance(self._grads, (BoundaryReducer, BucketReducer)):
+            raise ValueError(
+                "compile.deepcompile at ZeRO stage 1/2 does not combine with zenflow (its gradients take another "
+                "path); turn one of them off"
+            )
+        return self._grads
+
     def _grads_are_flat_views(self) -> bool:
         return isinstance(self._grads, BoundaryReducer) and self._grads.in_place
 

@@ -26,6 +26,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._partition import owner_pieces
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.graph_grads import GraphOwnedGrads
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)  # blocking: the host reads it right away
 
 
-class BoundaryReducer:
+class BoundaryReducer(GraphOwnedGrads):
     """Stage 1: full gradients accumulate in a flat buffer per group; `finish()` reduces them to the owners.
 
     Each parameter's `.grad` is a view into the group's flat gradient buffer, so autograd accumulates
@@ -231,6 +232,17 @@ class BoundaryReducer:
 
     def _mark_dirty(self, _param: torch.Tensor) -> None:
         self._clean = False
+
+    def accept_graph_grad(self, param: torch.Tensor, grad: torch.Tensor) -> None:
+        """`param`'s gradient of this backward, handed over by a compiled backward graph in place of autograd
+        (`ds_zero::reduce_grad`): added into `.grad` (its view of the flat buffer) as autograd's accumulation
+        would, so `finish()` reduces it at the boundary like every other gradient."""
+        self._clean = False
+        with torch.no_grad():
+            if param.grad is None:
+                param.grad = grad.detach().clone()  # `_collect` copies a foreign `.grad` in, as after autograd
+            else:
+                param.grad.add_(grad)
 
     @property
     def has_gradients(self) -> bool:
