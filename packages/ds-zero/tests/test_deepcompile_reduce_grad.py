@@ -3,9 +3,9 @@
 
 `place_reductions` on a hand-made backward graph: a reduction right after each listed gradient's node
 (after the placeholders for a gradient that is an input), None returned in its place, a clear error when
-the outputs do not line up with the forward's inputs. Through Dynamo (graphs run as Python): the
-compiled module trains as plain torch does with accumulation and clipping (a second hand-over by the
-hooks would double stage 1's gradients), the graph op enters the reducer once per parameter per backward
+the outputs do not line up with the forward's inputs. Through Dynamo: the compiled module (as FX code
+and through inductor) trains as plain torch does with accumulation and clipping (a second hand-over by
+the hooks would double stage 1's gradients), the graph op enters the reducer once per parameter per backward
 and stage 2 leaves nothing on `.grad`; at stage 2 a parameter that also gets a gradient outside the graph
 is refused by name; `take_back_from_graph` gives the duty back to the hooks.
 """
@@ -73,12 +73,13 @@ def _zero(model: Mlp, stage: int) -> ds_zero.DeepSpeedZeroOptimizer:
     return ds_zero.ZeroOptimizer(base, config=config, module=model, clip_grad=0.3)
 
 
+@pytest.mark.parametrize("inner", ["eager", "inductor"])
 @pytest.mark.parametrize("stage", [1, 2])
-def test_compiled_backward_hands_gradients_to_the_reducer(stage: int) -> None:
+def test_compiled_backward_hands_gradients_to_the_reducer(stage: int, inner: str) -> None:
     torch._dynamo.reset()
     model, ref = _model(), _model()
     opt = _zero(model, stage)
-    backend = ReduceGradBackend(model, opt.graph_gradients(), inner="eager")
+    backend = ReduceGradBackend(model, opt.graph_gradients(), inner=inner)  # type: ignore[arg-type]
     model.compile(backend=backend, fullgraph=True)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=False)
     reduce_stats.reset()
