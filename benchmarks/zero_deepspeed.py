@@ -14,6 +14,12 @@ for `--rounds` rounds so machine noise hits both alike; a run's figure is the me
 `--steps` steps (after 3 warm-up steps) of the process CPU time (all threads) summed over the two
 ranks, and a side's figure is the median over rounds. Peak RSS is the larger rank's `ru_maxrss`.
 Targets: ZeRO-3 <= 0.8x DeepSpeed's CPU time per step, ZeRO-1/2 <= 0.75x, peak RSS <= 1x.
+
+`--sides ds,deepspeed,floor` adds the floor of any ZeRO-1/2 on this host: the same ranks and steps in plain
+PyTorch without a single collective: forward, backward, each gradient copied into one flat fp32 buffer (as
+ZeRO copies it into its buckets), and the client AdamW stepping this rank's half of that flat buffer (the
+partition a ZeRO-1/2 rank owns). Whatever a ZeRO-1/2 implementation adds (reduce-scatter, all-gather, hooks)
+comes on top of it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import _report
 
@@ -64,15 +72,19 @@ def _rank(rank: int, port: int, stage: int, steps: int, batch: int, seq: int, ou
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    import deepspeed
-
     torch.manual_seed(0)
     model = GPT()
-    block = sum(p.numel() for p in model.blocks[0].parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, foreach=True)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=opt, config=_config(stage, block, model.wte.weight.numel())
-    )
+    if os.environ.get("ZERO_DS_FLOOR"):
+        deepspeed: Any = SimpleNamespace(__version__="floor (plain PyTorch)", __file__="-")
+        engine = _Floor(model, rank)
+    else:
+        import deepspeed
+
+        block = sum(p.numel() for p in model.blocks[0].parameters())
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, foreach=True)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=opt, config=_config(stage, block, model.wte.weight.numel())
+        )
     gen = torch.Generator().manual_seed(rank)
     data = [torch.randint(0, 8192, (batch, seq + 1), generator=gen) for _ in range(4)]
     cpu, wall, main, losses, faults = [], [], [], [], []
@@ -117,6 +129,39 @@ def _rank(rank: int, port: int, stage: int, steps: int, batch: int, seq: int, ou
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+class _Floor:
+    """The `floor` side's engine: what a ZeRO-1/2 rank cannot avoid, without communication (module docstring)."""
+
+    def __init__(self, model: Any, rank: int) -> None:
+        import torch
+
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        numel = sum(p.numel() for p in self.params)
+        self.flat_grad = torch.zeros(numel)
+        half = numel // 2
+        self.lo, self.hi = (0, half) if rank == 0 else (half, numel)
+        self.master = torch.cat([p.detach().reshape(-1) for p in self.params])[self.lo : self.hi].clone()
+        self.master.requires_grad_(True)
+        self.opt = torch.optim.AdamW([self.master], lr=3e-4, weight_decay=0.01, foreach=True)
+
+    def __call__(self, idx: Any) -> Any:
+        return self.model(idx)
+
+    def backward(self, loss: Any) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        at = 0
+        for p in self.params:
+            n = p.numel()
+            self.flat_grad[at : at + n].copy_(p.grad.reshape(-1))
+            p.grad = None
+            at += n
+        self.master.grad = self.flat_grad[self.lo : self.hi]
+        self.opt.step()
 
 
 def _free_port() -> int:
@@ -168,6 +213,7 @@ def _envs(deepspeed_python: str, before: str) -> dict[str, tuple[str, dict]]:
         sides["ds-before"] = (sys.executable, {**ds_env, "PYTHONPATH": _src_path(Path(before))})
     if deepspeed_python and Path(deepspeed_python).exists():
         sides["deepspeed"] = (deepspeed_python, ref_env)
+    sides["floor"] = (sys.executable, {**ds_env, "ZERO_DS_FLOOR": "1"})
     return sides
 
 
@@ -269,6 +315,18 @@ def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
                 target="<= 1" if ref else "",
             ),
         ]
+        floor = by.get(("floor", stage))
+        if floor is not None and stage in (1, 2):
+            rows.append(
+                _report.Row(
+                    "zero_deepspeed",
+                    f"{what}: plain-PyTorch floor of a ZeRO-1/2 rank (no communication), CPU time per step",
+                    floor["cpu"],
+                    "s",
+                    base,
+                    ref["cpu"] if ref else None,
+                )
+            )
     return rows
 
 
