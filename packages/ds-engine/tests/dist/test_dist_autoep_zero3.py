@@ -198,6 +198,7 @@ def _check(results: list[dict[str, Any]], world: int) -> None:
         assert_weights_close(wa, w1r, TOL)
         for export in (r["export"], r["export16"]):
             assert export.startswith("NotImplementedError") and "for AutoEP with ZeRO Stage 3" in export, export
+            assert "ds_to_universal.py" in export, export
     assert results[0]["zero_to_fp32"].startswith("AutoEPZero3CheckpointError"), results[0]["zero_to_fp32"]
     assert "zero3_partitioned" in results[0]["zero_to_fp32"]
     files = results[0]["files"]

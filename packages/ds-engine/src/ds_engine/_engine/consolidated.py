@@ -65,9 +65,9 @@ class ConsolidatedWeights:
             raise NotImplementedError(
                 f"{operation} is not supported for AutoEP with ZeRO Stage 3, as in DeepSpeed: the expert parameters "
                 "are partitioned over their expert-data-parallel groups, so a data-parallel consolidation would "
-                "hold incomplete expert tensors. Convert a save_checkpoint() with ds_to_universal (it joins every "
-                "expert tensor whole), as DeepSpeed advises; engine.load_checkpoint loads the save as it is at any "
-                "world size and autoep_size"
+                "hold incomplete expert tensors. Convert a save_checkpoint() with ds_to_universal.py (the "
+                "ds_to_universal command; it joins every expert tensor whole), as DeepSpeed advises; "
+                "engine.load_checkpoint loads the save as it is at any world size and autoep_size"
             )
 
     if TYPE_CHECKING:

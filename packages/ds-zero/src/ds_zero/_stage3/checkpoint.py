@@ -193,7 +193,7 @@ def consolidated_16bit_state_dict(
             "a consolidated 16-bit state_dict (save_16bit_model, stage3_gather_16bit_weights_on_model_save) is not "
             "supported for AutoEP at ZeRO stage 3, as in DeepSpeed: the expert parameters are partitioned over their "
             "expert-data-parallel groups, so a data-parallel consolidation would hold only some experts; "
-            "convert a save_checkpoint() with ds_to_universal (it joins every expert tensor whole)"
+            "convert a save_checkpoint() with ds_to_universal.py (it joins every expert tensor whole)"
         )
     keep = not rank0_only or ds_comm.get_rank() == 0
     template = module.state_dict(keep_vars=True)
