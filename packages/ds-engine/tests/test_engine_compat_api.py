@@ -135,9 +135,8 @@ def test_compile_trains_as_eager() -> None:
 
 def test_compile_refuses_deepcompile_arguments() -> None:
     engine = make_engine(tiny_net(0), base_config())
-    # pass schedules are honoured with compile.deepcompile (test_deepcompile_schedule.py)
-    with pytest.raises(ValueError, match="compiled autograd is not supported in ds"):
-        engine.compile(compiled_autograd_enabled=True)
+    # pass schedules are honoured with compile.deepcompile (test_deepcompile_schedule.py), compiled autograd
+    # too (test_compiled_autograd.py)
     with pytest.raises(TypeError, match="compile_kwargs"):
         engine.compile(compile_kwargs="max-autotune")  # type: ignore[arg-type]
     assert not engine.is_compiled

@@ -16,7 +16,13 @@ gradient is handed to ZeRO's reducer by an op placed right after the node produc
 graph (stage 2 reduce-scatters its buckets during the backward, stage 1 reduces at the accumulation
 boundary, as eagerly), and the reducer's eager hooks leave those parameters alone; a graph break gives
 them back to the hooks, with the same warning as at stage 3. At stage 0 DeepCompile is a plain
-`torch.compile`. Compiled autograd is refused by name.
+`torch.compile`.
+
+`compile(compiled_autograd_enabled=True)` without DeepCompile wraps each `engine.backward` in torch's compiled
+autograd, as DeepSpeed does: the backward's autograd graph, ZeRO's gradient hooks included, is captured and
+compiled with the same backend and `compile_kwargs`, at ZeRO stages 0 and 1; at stages 2 and 3 it is refused
+naming the stage (their gradient hooks queue autograd callbacks, which Dynamo captures only in one full graph).
+With DeepCompile it is ignored with a warning (DeepSpeed logs the same: DeepCompile compiles the backward).
 
 `engine.compile(schedule=...)` takes DeepSpeed's pass schedule, `[(global_step, [pass, ...]), ...]`, with
 its pass names or callables (`deepspeed.compile.passes.*`): it is checked against DeepSpeed's pass
@@ -75,6 +81,7 @@ class EngineCompile:
     _dc_pending: list[CompileStep] | None = None  # the schedule's steps not begun yet
     _dc_history: list[_StepRecord] | None = None  # the steps begun, in order
     _dc_reduces: bool = False  # ZeRO-1/2: the backend places gradient reductions (no gathers, no later steps)
+    _autograd_compiler: Callable[..., Any] | None = None  # compiled autograd's compiler, when it is on
 
     def compile(
         self,
@@ -96,20 +103,17 @@ class EngineCompile:
                 `compile.deepcompile` on (without it the schedule has no effect, with a warning). None: at
                 stage 3 `prefetch` from step 0 and `selective_gather` after 5 warm-up steps; at stages 1/2
                 the stage's pass. What each pass does in ds: `ds_engine._plan.compile_schedule`.
-            compiled_autograd_enabled: DeepSpeed's compiled autograd; only False (DeepCompile's backward is
-                compiled through AOTAutograd).
+            compiled_autograd_enabled: capture each `engine.backward`'s autograd graph and compile it with
+                `backend` and `compile_kwargs` (torch's compiled autograd), at ZeRO stages 0 and 1. With
+                DeepCompile, which compiles the backward itself, it is ignored with a warning, as in DeepSpeed.
 
         Raises:
-            ValueError: `compiled_autograd_enabled` given; a backend DeepCompile cannot use; `compile.passes`
+            ValueError: compiled autograd at ZeRO stage 2 or 3 without DeepCompile (their gradient hooks queue
+                autograd callbacks, which it cannot capture); a backend DeepCompile cannot use; `compile.passes`
                 naming a pass for another ZeRO stage; a schedule ds refuses (naming the step and the pass;
                 `PassContractError` for a broken pass contract).
             TypeError: `compile_kwargs` is not a dict; `schedule` is not a list of (int, list) pairs.
         """
-        if compiled_autograd_enabled:
-            raise ValueError(
-                "engine.compile(compiled_autograd_enabled=True): compiled autograd is not supported in ds; "
-                "DeepCompile compiles the backward through AOTAutograd already"
-            )
         kwargs = {} if compile_kwargs is None else compile_kwargs
         if not isinstance(kwargs, dict):
             raise TypeError(f"engine.compile(compile_kwargs=...): expected a dict, got {type(kwargs).__name__}")
@@ -120,6 +124,12 @@ class EngineCompile:
         chosen = backend if backend is not None else get_accelerator().get_compile_backend()
         settings = self._ds_config.parsed.compile  # type: ignore[attr-defined]
         stage = self.zero_optimization_stage()  # type: ignore[attr-defined]
+        if compiled_autograd_enabled and not settings.deepcompile and stage >= 2:
+            raise ValueError(
+                f"engine.compile(compiled_autograd_enabled=True) with zero_optimization.stage={stage}: ZeRO's gradient "
+                "hooks at stages 2 and 3 schedule their collectives from autograd callbacks, which compiled autograd "
+                "cannot capture; it works at stages 0 and 1 (or use compile.deepcompile, which compiles the backward)"
+            )
         steps: tuple[CompileStep, ...] | None = None
         if settings.deepcompile:
             self._check_passes(settings.passes, stage)
@@ -148,6 +158,26 @@ class EngineCompile:
             self.module.compile(**{**kwargs, "backend": chosen})
         self._is_compiled = True
         self._compile_kwargs = dict(kwargs)
+        if compiled_autograd_enabled and settings.deepcompile:
+            warnings.warn(
+                "engine.compile(compiled_autograd_enabled=True) is ignored: DeepCompile (compile.deepcompile) compiles "
+                "the backward itself, and compiled autograd does not combine with it (DeepSpeed ignores it too)",
+                UserWarning,
+                stacklevel=2,
+            )
+        elif compiled_autograd_enabled:
+            self._autograd_compiler = torch.compile(backend=chosen, **kwargs)
+            logger.info("engine.compile: compiled autograd on, each backward compiled with backend=%s", chosen)
+
+    def _compiled_backward(self) -> contextlib.AbstractContextManager[Any]:
+        """Compiled autograd around `engine.backward` when `compile(compiled_autograd_enabled=True)` turned it on:
+        the backward's autograd graph (ZeRO's gradient hooks included) is captured and compiled; nothing
+        otherwise, nor inside a graph Dynamo is tracing."""
+        if self._autograd_compiler is None or torch.compiler.is_compiling():
+            return contextlib.nullcontext()
+        from torch._dynamo import compiled_autograd
+
+        return compiled_autograd._enable(self._autograd_compiler)
 
     @staticmethod
     def _check_passes(passes: list[str] | None, stage: int) -> None:

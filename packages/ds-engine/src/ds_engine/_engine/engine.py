@@ -253,7 +253,7 @@ class DeepSpeedEngine(
         hint = getattr(self._stepper, "set_step_boundary", None)
         if hint is not None:  # ZeRO-Infinity may update sub-groups during the backward that ends the window
             hint(self.is_gradient_accumulation_boundary())
-        with self._loss_scale_guard.engine_backward():
+        with self._loss_scale_guard.engine_backward(), self._compiled_backward():
             if self._flops is None:
                 self._stepper.backward(scaled, retain_graph)
             else:
