@@ -68,6 +68,23 @@ class _StepRecord:
     unshard_plan: Any = None
 
 
+def _dc_inner(backend: str, kwargs: dict[str, Any], *, stage: int) -> str:
+    """How DeepCompile's backends compile their graphs for `engine.compile(backend=...)` ("inductor" or "eager").
+
+    Raises:
+        ValueError: a backend DeepCompile's graphs cannot go through (names the choices).
+    """
+    inner = _DC_INNER.get(backend)
+    if inner is None:
+        raise ValueError(
+            f"engine.compile(backend={backend!r}): DeepCompile at ZeRO stage {stage} compiles its graphs with "
+            f"one of {sorted(_DC_INNER)}"
+        )
+    if kwargs.get("fullgraph") is False:
+        logger.warning("engine.compile: DeepCompile captures the whole forward; fullgraph=False is overridden")
+    return inner
+
+
 class EngineCompile:
     """Mixed into `DeepSpeedEngine`."""
 
@@ -208,14 +225,7 @@ class EngineCompile:
     def _deepcompile_zero3(
         self, backend: str, kwargs: dict[str, Any], *, debug_log: bool, steps: tuple[CompileStep, ...] | None
     ) -> None:
-        inner = _DC_INNER.get(backend)
-        if inner is None:
-            raise ValueError(
-                f"engine.compile(backend={backend!r}): DeepCompile at ZeRO stage 3 compiles its graphs with "
-                f"one of {sorted(_DC_INNER)}"
-            )
-        if kwargs.get("fullgraph") is False:
-            logger.warning("engine.compile: DeepCompile captures the whole forward; fullgraph=False is overridden")
+        inner = _dc_inner(backend, kwargs, stage=3)
         dc = require("ds_zero._compile.backend", extra="zero", feature="DeepCompile at ZeRO stage 3")
         stage3: Any = getattr(self.module, "_ds_zero3", None)
         if stage3 is None:
@@ -244,14 +254,7 @@ class EngineCompile:
         """Compile with ds-zero's stage-1/2 backend: each gradient's hand-over to ZeRO's reducer is placed in the
         backward graph (`ds_zero._compile.reduce_backend`). Every schedule step means the same graphs at these
         stages (`zero1_compile` and `zero2_compile` alike), so the module is compiled once."""
-        inner = _DC_INNER.get(backend)
-        if inner is None:
-            raise ValueError(
-                f"engine.compile(backend={backend!r}): DeepCompile at ZeRO stage {stage} compiles its graphs with "
-                f"one of {sorted(_DC_INNER)}"
-            )
-        if kwargs.get("fullgraph") is False:
-            logger.warning("engine.compile: DeepCompile captures the whole forward; fullgraph=False is overridden")
+        inner = _dc_inner(backend, kwargs, stage=stage)
         feature = f"DeepCompile at ZeRO stage {stage}"
         dc = require("ds_zero._compile.reduce_backend", extra="zero", feature=feature)
         sink = self.optimizer.graph_gradients()  # type: ignore[attr-defined]

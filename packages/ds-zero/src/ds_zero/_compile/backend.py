@@ -28,7 +28,7 @@ from ds_zero._params.partitioned_param import is_zero_param
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DeepCompileBackend", "Schedule"]
+__all__ = ["DeepCompileBackend", "Schedule", "compile_graph"]
 
 
 @dataclasses.dataclass
@@ -169,11 +169,7 @@ class DeepCompileBackend:
             log = logger.info if self.debug_log else logger.debug
             for line in Schedule({key: placed}).lines():
                 log("DeepCompile schedule: %s", line)
-            if self.inner == "inductor":
-                from torch._inductor.compile_fx import compile_fx_inner
-
-                return compile_fx_inner(graph, inputs, is_backward=label == "backward")
-            return _boxed(graph)
+            return compile_graph(self.inner, graph, inputs, backward=label == "backward")
 
         kwargs: dict[str, Any] = {
             "fw_compiler": functools.partial(compiler, "forward"),
@@ -186,6 +182,18 @@ class DeepCompileBackend:
             kwargs["decompositions"] = select_decomp_table()
             kwargs["keep_inference_input_mutations"] = True
         return aot_autograd(**kwargs)(gm, example_inputs)
+
+
+def compile_graph(
+    inner: Literal["inductor", "eager"], graph: fx.GraphModule, inputs: Sequence[Any], *, backward: bool
+) -> Callable[..., Any]:
+    """One partitioned graph (the passes already ran on it) as AOTAutograd's compiled callable: inductor's native
+    code, or the FX graph run as Python (`_boxed`)."""
+    if inner == "inductor":
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        return compile_fx_inner(graph, inputs, is_backward=backward)
+    return _boxed(graph)
 
 
 def _boxed(gm: fx.GraphModule) -> Callable[..., Any]:

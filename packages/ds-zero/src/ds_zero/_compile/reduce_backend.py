@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from torch import fx, nn
 
-from ds_zero._compile.backend import _boxed
+from ds_zero._compile.backend import compile_graph
 from ds_zero._compile.reduce_ops import GradSink, register_param
 
 logger = logging.getLogger(__name__)
@@ -166,11 +166,7 @@ class ReduceGradBackend:
                 log = logger.info if self.debug_log else logger.debug
                 for line in ReduceSchedule({key: placed}).lines():
                     log("DeepCompile schedule: %s", line)
-            if self.inner == "inductor":
-                from torch._inductor.compile_fx import compile_fx_inner
-
-                return compile_fx_inner(graph, inputs, is_backward=label == "backward")
-            return _boxed(graph)
+            return compile_graph(self.inner, graph, inputs, backward=label == "backward")
 
         kwargs: dict[str, Any] = {
             "fw_compiler": functools.partial(compiler, "forward"),
