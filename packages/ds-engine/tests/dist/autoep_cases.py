@@ -39,3 +39,15 @@ def assert_weights_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor],
     assert sorted(a) == sorted(b)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=tol, msg=name)
+
+
+def train_steps(engine: Any, rank: int, steps: range) -> list[float]:
+    """Train `engine` on this rank's batches of `steps` (input ids as labels); the losses."""
+    losses = []
+    for step in steps:
+        ids = batch(rank, step)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses

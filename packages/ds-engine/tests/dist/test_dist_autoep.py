@@ -27,6 +27,7 @@ pytest.importorskip("transformers", reason="AutoEP converts Hugging Face models"
 from autoep_cases import assert_weights_close  # noqa: E402
 from autoep_cases import batch as _batch  # noqa: E402 - tests/dist is on the path
 from autoep_cases import tiny_mixtral as _mixtral  # noqa: E402
+from autoep_cases import train_steps as _steps  # noqa: E402
 
 STEPS, TOL = 3, 1e-4
 
@@ -89,17 +90,6 @@ def _grad_parity(rank: int, world: int) -> float:
             ref_g = full[2 * groups.ep_rank : 2 * groups.ep_rank + 2]
         err = max(err, (g - ref_g).abs().max().item())
     return err
-
-
-def _steps(engine: Any, rank: int, steps: range) -> list[float]:
-    losses = []
-    for step in steps:
-        ids = _batch(rank, step)
-        loss = engine(input_ids=ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss))
-    return losses
 
 
 def _train(rank: int, world: int, root: str) -> dict[str, Any]:

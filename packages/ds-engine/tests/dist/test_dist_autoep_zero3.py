@@ -34,6 +34,7 @@ pytest.importorskip("transformers", reason="AutoEP converts Hugging Face models"
 from autoep_cases import assert_weights_close  # noqa: E402
 from autoep_cases import batch as _batch  # noqa: E402 - tests/dist is on the path
 from autoep_cases import tiny_mixtral as _mixtral  # noqa: E402
+from autoep_cases import train_steps as _steps  # noqa: E402
 
 STEPS, TOL = 3, 1e-5
 
@@ -73,17 +74,6 @@ def _full_weights(engine: Any, stage: int) -> dict[str, torch.Tensor]:
                 value = torch.cat(parts)
             out[name] = value
     return out
-
-
-def _steps(engine: Any, rank: int, steps: range) -> list[float]:
-    losses = []
-    for step in steps:
-        ids = _batch(rank, step)
-        loss = engine(input_ids=ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss))
-    return losses
 
 
 def _placement(engine: Any) -> dict[str, int]:
