@@ -7,10 +7,10 @@
 Each side runs `_infinity_job.py` in its own process (one rank, stage 3, bf16, AdamW, parameters and
 optimizer state on NVMe under `--nvme`, batch 4, the users' defaults: `bf16.check_grad_overflow` on and
 `gradient_clipping` 0 unless `--no-overflow-check` / `--clip X`): ds with this interpreter, DeepSpeed 0.19.8 with
-`--deepspeed-python` (default `$DS_REFERENCE_PYTHON`) when its async_io op can be built (it needs libaio:
-the benchmark tries `apt-get install libaio-dev` when it runs as root). Reported per step (the median step
-after `--warmup`): time in forward, backward and the optimizer; for ds also the NVMe reads and writes
-(bytes, busy seconds, GB/s), how much of the optimizer phase was CPU Adam and how much of it overlapped
+`--deepspeed-python` (default `$DS_REFERENCE_PYTHON`, else /work/dsref/bin/python) when its async_io op can be
+built (it needs libaio: the benchmark tries `apt-get install libaio-dev` when it runs as root). Reported per
+step (the median step after `--warmup`): time in forward, backward and the optimizer; for ds also the NVMe reads
+and writes (bytes, busy seconds, GB/s), how much of the optimizer phase was CPU Adam and how much of it overlapped
 I/O; peak RSS of the step; bytes on disk. The floor printed next to it is what the NVMe traffic alone
 costs at the disk's measured bandwidth (`ds_io`, 1 GiB, before the runs): the optimizer state read and
 written once, the bf16 parameters read twice and written once.
@@ -184,7 +184,7 @@ def main() -> None:
         help="comma-separated: ds, deepspeed (default: both up to 12 layers; ds alone above, where DeepSpeed 0.19.8 "
         "runs out of buffers or memory on this 24 GB machine: pass ds,deepspeed to see it fail)",
     )
-    parser.add_argument("--deepspeed-python", default=os.environ.get("DS_REFERENCE_PYTHON", ""))
+    parser.add_argument("--deepspeed-python", default=os.environ.get("DS_REFERENCE_PYTHON", "/work/dsref/bin/python"))
     parser.add_argument("--clip", type=float, default=0.0, help="gradient_clipping (DeepSpeed's default: 0)")
     parser.add_argument(
         "--no-overflow-check", action="store_true", help="bf16.check_grad_overflow false (default: on, DeepSpeed's)"
