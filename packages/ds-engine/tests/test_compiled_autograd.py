@@ -5,6 +5,7 @@ warning, as DeepSpeed does."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ import torch
 from ds_engine_testkit import base_config, batches, loss_fn, make_engine, tiny_net
 
 from ds_comm.testing import run_ranks
+
+needs_zero = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero (ZeRO configs)")
 
 
 def _train(config: dict[str, Any], *, compiled_autograd: bool, rank: int = 0) -> tuple[list[float], int]:
@@ -47,6 +50,7 @@ def _zero(rank: int, world: int, stage: int) -> dict[str, Any]:
     return {"eager": eager, "compiled": compiled, "captures": captures}
 
 
+@needs_zero
 @pytest.mark.timeout(300)
 def test_zero1_trains_like_eager_under_compiled_autograd() -> None:
     for r in run_ranks(2, _zero, 1, timeout_s=260):
@@ -64,6 +68,7 @@ def _refusal(rank: int, world: int, stage: int) -> str:
     return "not refused"
 
 
+@needs_zero
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero2_and_3_refuse_it_naming_the_stage_before_compiling(stage: int) -> None:

@@ -183,6 +183,7 @@ def test_plan_refusals(schedule: Any, stage: int, error: type[Exception], match:
         plan_schedule(schedule, stage=stage)
 
 
+@needs_zero
 def test_user_passes_take_part_in_validation_and_are_refused(registry: None) -> None:
     def my_pass(gm: Any, *args: Any) -> Any:
         return gm

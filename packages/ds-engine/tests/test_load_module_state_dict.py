@@ -5,6 +5,7 @@ checkpoint it read."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import torch
 from ds_engine_testkit import base_config, make_engine, tiny_net
 
 from ds_comm.testing import run_ranks
+
+needs_zero = pytest.mark.skipif(importlib.util.find_spec("ds_zero") is None, reason="needs ds-zero (ZeRO configs)")
 
 
 def _target_state(seed: int = 7) -> dict[str, torch.Tensor]:
@@ -107,6 +110,7 @@ def _zero3(rank: int, world: int) -> dict[str, bool]:
     return out
 
 
+@needs_zero
 @pytest.mark.timeout(200)
 def test_zero3_loads_with_and_without_fetching_the_partitioned_parameters() -> None:
     for result in run_ranks(2, _zero3, timeout_s=160):
