@@ -34,6 +34,7 @@ class GraphOwnedGrads:
 
     flats: list[FlatParamGroup]
     _graph_owned: dict[int, str] | None = None  # id(param) -> its name, for the error
+    _held: frozenset[int] | None = None  # ids of the flats' parameters (`holds`)
 
     def hand_to_graph(self, params: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
         """From now on the compiled backward delivers these `(name, parameter)`s' gradients (`accept_graph_grad`);
@@ -50,8 +51,11 @@ class GraphOwnedGrads:
         self._graph_owned = None
 
     def holds(self, param: torch.Tensor) -> bool:
-        """Whether `param` is one of the trainable parameters this reducer reduces."""
-        return any(p is param for flat in self.flats for p in flat.params)
+        """Whether `param` is one of the trainable parameters this reducer reduces (the flats hold them, so their
+        ids stay theirs; one set instead of a scan per call, which made a backend's set-up quadratic)."""
+        if self._held is None:
+            self._held = frozenset(id(p) for flat in self.flats for p in flat.params)
+        return id(param) in self._held
 
     def owned_by_graph(self, param: torch.Tensor) -> bool:
         """Whether a compiled backward graph delivers `param`'s gradient."""
