@@ -13,7 +13,8 @@ step (the median step after `--warmup`): time in forward, backward and the optim
 and writes (bytes, busy seconds, GB/s), how much of the optimizer phase was CPU Adam and how much of it overlapped
 I/O; peak RSS of the step; bytes on disk. The floor printed next to it is what the NVMe traffic alone
 costs at the disk's measured bandwidth (`ds_io`, 1 GiB, before the runs): the optimizer state read and
-written once, the bf16 parameters read twice and written once.
+written once, the bf16 parameters written once and read twice, less what the parameter swap buffers keep
+between the passes.
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ def main() -> None:
     if "ds" in summaries:
         ds = summaries["ds"]
         params = results["ds"]["params"]
-        floor = breakdown.floor_s(params, read_gbps, write_gbps, both_gbps)
+        pool_bytes = args.buffers * args.width * args.width * 2  # offload_param's bf16 swap buffers
+        floor = breakdown.floor_s(params, read_gbps, write_gbps, both_gbps, pool_bytes=pool_bytes)
         print(
             f"\nNVMe floor of one step ({params / 1e9:.2f}B): read {floor['read_bytes'] / 1e9:.1f} GB, write "
             f"{floor['write_bytes'] / 1e9:.1f} GB: {floor['overlapped_s']:.1f} s with reads and writes overlapped "

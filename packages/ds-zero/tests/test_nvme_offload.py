@@ -224,6 +224,7 @@ def test_truncated_or_overwritten_swap_files_are_errors_at_the_next_swap_in(tmp_
     _train(model, opt, 1)
     victim = next(p for p in _files(tmp_path, "params") if p.stat().st_size == 8192 * 4)  # fc1/fc2 weight
     os.truncate(victim, 1000)
+    opt.parameter_offload.param_swapper.drop_kept()  # else the next gather uses the values still in the pool
     with pytest.raises(
         ds_zero.NVMeSwapError,
         match=rf"shard of parameter 'fc\d.weight' is truncated \({victim}: 1000 "
@@ -320,9 +321,10 @@ def test_inference_with_parameters_on_nvme_and_a_bad_aio_section(tmp_path: Path)
     model = Net()
     offload = ds_zero.DeepSpeedZeRoOffload(model, config=_cfg(tmp_path, opt=False), aio_config={"block_size": 65536})
     with torch.no_grad():
-        for _ in range(3):  # the second and third pass read ahead along the recorded order
+        for _ in range(3):  # the pool holds every shard: the second and third pass read nothing
             torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
-    assert offload.param_swapper.num_reads >= 9 and offload.param_swapper.num_writes == 4
+    swapper = offload.param_swapper
+    assert (swapper.num_reads, swapper.num_writes, swapper.num_kept_hits) == (4, 4, 8)
     with pytest.raises(ValueError, match=r"aio\.queue_depth"):
         ds_zero.DeepSpeedZeRoOffload(Net(), config=_cfg(tmp_path, opt=False), aio_config={"queue_depth": 0})
 
@@ -377,3 +379,50 @@ def test_gradients_swap_to_nvme_and_accumulate_over_micro_steps(tmp_path: Path) 
     losses, norms = _train_accumulating(model, opt, 3)
     assert losses == pytest.approx(ref_losses, rel=1e-6, abs=0)
     assert norms == pytest.approx(ref_norms, rel=1e-6)
+
+
+class _Tower(nn.Module):
+    """Six Linear(64, 64): 4096-element weight shards, two to a pool buffer of 8192 elements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x[:, :8]
+
+
+def _tower(cfg: dict[str, Any]) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = _Tower()
+    base = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    return model, ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=cfg, clip_grad=1.0)
+
+
+def test_released_shards_stay_in_the_pool_until_their_room_is_needed(tmp_path: Path) -> None:
+    """A pool that holds every shard reads each once; one too small for that gives up the least recently used
+    kept slices and reads them again (ahead of the gathers); both train exactly like each other, and the kept
+    slices carry the optimizer's writes (a stale slice would give other losses from step 2 on)."""
+    roomy_dir, tight_dir = tmp_path / "roomy", tmp_path / "tight"
+    roomy_dir.mkdir()
+    tight_dir.mkdir()
+    roomy_model, roomy = _tower(_cfg(roomy_dir))  # 4 buffers: 8 weights
+    tight_param = {"device": "nvme", "nvme_path": str(tight_dir), "buffer_count": 2, "buffer_size": 8192}
+    tight_param["max_in_cpu"] = 0
+    tight_model, tight = _tower(_cfg(tight_dir, offload_param=tight_param))  # 4 of the 6 weights
+    plain_model, plain = _tower(_cfg(tmp_path, param=False))  # the optimizer state on NVMe in all three
+    expected = _train(plain_model, plain, 4)
+    assert _train(roomy_model, roomy, 4) == expected
+    assert _train(tight_model, tight, 4) == expected
+    roomy_swap, tight_swap = roomy.parameter_offload.param_swapper, tight.parameter_offload.param_swapper
+    assert roomy_swap.num_reads == 6 and roomy_swap.num_kept_hits >= 6 * 3  # each weight read once, at step 1
+    assert tight_swap.num_reads > 6 and tight_swap.num_read_ahead_hits > 0 and tight_swap.num_kept_hits > 0
+    for p in roomy_model.parameters():  # a copy outside a gather comes from the kept slice, equal to the file
+        if roomy_swap.swapped(p):
+            kept = roomy_swap.read_copy(p)
+            roomy_swap.drop_kept()
+            torch.testing.assert_close(roomy_swap.read_copy(p), kept, rtol=0, atol=0)
+    assert _train(roomy_model, roomy, 1, start=4) == _train(plain_model, plain, 1, start=4)
+    assert roomy_swap.num_reads == 6 + 6  # after drop_kept each weight is read once more (copies are not counted)

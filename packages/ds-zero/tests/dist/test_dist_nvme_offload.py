@@ -58,7 +58,7 @@ def _nvme_vs_plain(rank: int, world: int, *, root: str) -> dict[str, Any]:
     ds_zero.save_zero_checkpoint(ckpt, "step10", opt, model)
     final = gathered_state(model)
     swapper = opt.parameter_offload.param_swapper
-    reads = (swapper.num_reads, opt.optimizer_swapper.num_reads, swapper.num_read_ahead_hits)
+    reads = (swapper.num_reads, opt.optimizer_swapper.num_reads, swapper.num_kept_hits)
     cont = _train(model, opt, rank, range(STEPS, STEPS + 2))
     loaded, loaded_opt = _setup(dict(STAGE3_CFG), seed=7)
     ds_zero.load_zero_checkpoint(ckpt, loaded_opt, loaded)
@@ -90,7 +90,8 @@ def test_nvme_offload_matches_no_offload_and_its_checkpoint_is_ordinary(tmp_path
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(r["ref"]), rtol=0, atol=1e-6)
         for key, value in r["ref_state"].items():
             torch.testing.assert_close(r["final"][key], value, rtol=1e-6, atol=1e-6)
-        assert r["swapped"] >= 8 and min(r["reads"]) > 0  # the last: gathers whose shards were read ahead
+        # the last: gathers that found their shards still in the pool (it holds every shard of this model)
+        assert r["swapped"] >= 8 and min(r["reads"]) > 0
         for key, value in r["final"].items():
             torch.testing.assert_close(r["loaded_state"][key], value, rtol=0, atol=0)
         # the in-memory run sums the clipping norm over whole partitions, the NVMe run tile by tile
