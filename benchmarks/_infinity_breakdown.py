@@ -84,14 +84,15 @@ def floor_s(
     params: int, read_gbps: float, write_gbps: float, both_gbps: float | None = None, pool_bytes: int = 0
 ) -> dict[str, float]:
     """The NVMe-traffic floor of one step: optimizer state (fp32 master + 2 Adam moments) read and written
-    once, bf16 parameters written once and read twice (forward, backward) except what the parameter swap
-    buffers (`pool_bytes`, `offload_param.buffer_count` x `buffer_size`) keep from one use to the next: the
-    layers a pass ends with are the ones the next pass starts with. `serial_s`: reads then writes;
+    once, bf16 parameters read twice (forward, backward) except what the parameter swap buffers
+    (`pool_bytes`, `offload_param.buffer_count` x `buffer_size`) keep from one use to the next (the layers a
+    pass ends with are the ones the next pass starts with), and written once unless the buffers hold them all
+    (then ds writes them back only when a buffer is given up). `serial_s`: reads then writes;
     `ideal_s`: the larger of the two, as if reading and writing at once each kept its own rate;
     `overlapped_s`: at once, at the disk's measured rate for a read and a write together (`both_gbps`; a disk
     that shares one bandwidth between them gets no faster by overlapping), never below `ideal_s`."""
     read = params * 12 + 2 * max(0, params * 2 - pool_bytes)
-    write = params * (12 + 2)
+    write = params * 12 + (0 if pool_bytes >= params * 2 else params * 2)
     ideal = max(read / (read_gbps * 1e9), write / (write_gbps * 1e9))
     serial = read / (read_gbps * 1e9) + write / (write_gbps * 1e9)
     overlapped = ideal if both_gbps is None else min(serial, max(ideal, (read + write) / (both_gbps * 1e9)))

@@ -13,7 +13,7 @@ step (the median step after `--warmup`): time in forward, backward and the optim
 and writes (bytes, busy seconds, GB/s), how much of the optimizer phase was CPU Adam and how much of it overlapped
 I/O; peak RSS of the step; bytes on disk. The floor printed next to it is what the NVMe traffic alone
 costs at the disk's measured bandwidth (`ds_io`, 1 GiB, before the runs): the optimizer state read and
-written once, the bf16 parameters written once and read twice, less what the parameter swap buffers keep
+written once, the bf16 parameters read twice and written once, less what the parameter swap buffers keep
 between the passes.
 """
 

@@ -222,9 +222,10 @@ def test_file_size_limit_is_a_clear_error(tmp_path: Path) -> None:
 def test_truncated_or_overwritten_swap_files_are_errors_at_the_next_swap_in(tmp_path: Path) -> None:
     model, opt = _build(_cfg(tmp_path))
     _train(model, opt, 1)
+    # the files get the values held in the pool (written back), and the next gather reads them
+    opt.parameter_offload.param_swapper.drop_kept()
     victim = next(p for p in _files(tmp_path, "params") if p.stat().st_size == 8192 * 4)  # fc1/fc2 weight
     os.truncate(victim, 1000)
-    opt.parameter_offload.param_swapper.drop_kept()  # else the next gather uses the values still in the pool
     with pytest.raises(
         ds_zero.NVMeSwapError,
         match=rf"shard of parameter 'fc\d.weight' is truncated \({victim}: 1000 "
@@ -402,9 +403,10 @@ def _tower(cfg: dict[str, Any]) -> tuple[nn.Module, Any]:
 
 
 def test_released_shards_stay_in_the_pool_until_their_room_is_needed(tmp_path: Path) -> None:
-    """A pool that holds every shard reads each once; one too small for that gives up the least recently used
-    kept slices and reads them again (ahead of the gathers); both train exactly like each other, and the kept
-    slices carry the optimizer's writes (a stale slice would give other losses from step 2 on)."""
+    """A pool that holds every shard reads each once and writes none back until its slices are given up; one
+    too small for that gives up the least recently used kept slices, reads them again (ahead of the gathers)
+    and writes through; both train exactly like each other, and the kept slices carry the optimizer's writes
+    (a stale slice would give other losses from step 2 on)."""
     roomy_dir, tight_dir = tmp_path / "roomy", tmp_path / "tight"
     roomy_dir.mkdir()
     tight_dir.mkdir()
@@ -419,10 +421,14 @@ def test_released_shards_stay_in_the_pool_until_their_room_is_needed(tmp_path: P
     roomy_swap, tight_swap = roomy.parameter_offload.param_swapper, tight.parameter_offload.param_swapper
     assert roomy_swap.num_reads == 6 and roomy_swap.num_kept_hits >= 6 * 3  # each weight read once, at step 1
     assert tight_swap.num_reads > 6 and tight_swap.num_read_ahead_hits > 0 and tight_swap.num_kept_hits > 0
+    # write-back while the pool never gave up a kept slice: only adoption wrote the files; then writing through
+    assert roomy_swap.write_back and roomy_swap.num_writes == 6
+    assert not tight_swap.write_back and tight_swap.num_writes > 6 * 4
     for p in roomy_model.parameters():  # a copy outside a gather comes from the kept slice, equal to the file
         if roomy_swap.swapped(p):
             kept = roomy_swap.read_copy(p)
             roomy_swap.drop_kept()
-            torch.testing.assert_close(roomy_swap.read_copy(p), kept, rtol=0, atol=0)
+            torch.testing.assert_close(roomy_swap.read_copy(p), kept, rtol=0, atol=0)  # the file got the values
+    assert roomy_swap.num_writes == 6 + 6  # drop_kept wrote the dirty slices
     assert _train(roomy_model, roomy, 1, start=4) == _train(plain_model, plain, 1, start=4)
     assert roomy_swap.num_reads == 6 + 6  # after drop_kept each weight is read once more (copies are not counted)

@@ -16,6 +16,16 @@ forward and the backward after it visit the layers in opposite orders, so the la
 last are the ones the next forward starts with: with a pool as large as the model (16 buffers hold the
 0.6B benchmark's 9 layers) a step reads no parameter shard at all after the first.
 
+[Note: write-back while nothing is given up] As long as the pool has never had to give up a kept slice
+for room, a write to a shard with a slice goes to the slice only, and the shard is marked dirty: its file
+is written when the slice is given up (`_free`: evicted, `drop_kept`, `drop_prefetched`), and the slice
+is not handed out again before that write has landed. Then a model the pool holds whole writes no
+parameter shard to disk after adoption (the 0.6B job: 1.2 GB less written per step). The first time an
+allocation evicts a kept slice the swapper switches to writing through (the slice and the file at once)
+for good, so a pool smaller than the model never waits on a dirty eviction's write in the middle of a
+pass; the dirty shards left are written as they are given up. Nothing but this swapper reads the files
+(copies outside a gather come from the slice, `read_copy`), so a dirty slice is never missed.
+
 `max_in_cpu`: the first parameters (in the order given) whose shards total at most that many elements
 stay in host memory and are never swapped (DeepSpeed's meaning of the key).
 """
@@ -73,6 +83,7 @@ class _Shard:
     verified: bool = False  # the slot holds the file's checked contents
     request: Any = None  # the read in flight into `slot` (its result carries the checksum)
     prefetched: bool = False
+    dirty: bool = False  # the slot holds values its file does not have yet (see the write-back note)
 
 
 class ParamSwapper:
@@ -127,6 +138,7 @@ class ParamSwapper:
         self.num_writes = 0
         self.num_read_ahead_hits = 0  # gathers that found their shard already read ahead
         self.num_kept_hits = 0  # gathers that found their shard still in the pool from its last use
+        self.write_back = True  # until an allocation first gives up a kept slice (see the write-back note)
 
     @classmethod
     def from_config(
@@ -321,7 +333,7 @@ class ParamSwapper:
         while slot is None and self._kept:
             for key, shard in self._kept.items():
                 if key not in keep and self._pools[shard.param.ds_tensor.dtype] is pool:
-                    del self._kept[key]
+                    self.write_back = False
                     self._free(shard)
                     break
             else:
@@ -332,6 +344,8 @@ class ParamSwapper:
     def _free(self, shard: _Shard) -> None:
         p = shard.param
         self._kept.pop(p.ds_id, None)
+        if shard.dirty:
+            self._flush(shard)
         if shard.slot is not None and self._writing(shard):  # the slice is the source of a write in flight
             self._settle_reads()
         if shard.slot is not None:
@@ -367,7 +381,8 @@ class ParamSwapper:
         return True
 
     def drop_kept(self) -> None:
-        """Give up the kept slices of released shards: the next gather of each reads (and checks) its swap file."""
+        """Give up the kept slices of released shards (writing the dirty ones to their files first): the next
+        gather of each reads (and checks) its swap file."""
         for shard in list(self._kept.values()):
             self._free(shard)
 
@@ -420,9 +435,23 @@ class ParamSwapper:
                 src = stage[:numel]
             with torch.no_grad():
                 src.copy_(value.detach().reshape(-1))
-            request = self.handle.async_pwrite(src, shard.file.path, checksum=True)
-            self._writes.append((shard, src, stage, request))
-            self.num_writes += 1
+            if stage is None and self.write_back:
+                shard.dirty = True  # written when the slice is given up
+                continue
+            self._issue_write(shard, src, stage)
+
+    def _issue_write(self, shard: _Shard, src: torch.Tensor, stage: torch.Tensor | None) -> None:
+        request = self.handle.async_pwrite(src, shard.file.path, checksum=True)
+        self._writes.append((shard, src, stage, request))
+        shard.dirty = False
+        self.num_writes += 1
+
+    def _flush(self, shard: _Shard) -> None:
+        """Write a dirty shard's slice to its file (queued; `_free` waits for it before the slice goes)."""
+        assert shard.slot is not None
+        shard.file.label = self._label(shard)
+        dtype = shard.param.ds_tensor.dtype
+        self._issue_write(shard, self._pools[dtype].view(shard.slot, state_of(shard.param).shard_numel), None)
 
     def _writing(self, shard: _Shard) -> bool:
         return any(queued is shard for queued, _, _, _ in self._writes)
@@ -460,6 +489,7 @@ class ParamSwapper:
         self._settle_reads()
         for shard in list(self._shards.values()):
             if shard.users == 0:
+                shard.dirty = False  # nothing reads the files after this
                 self._free(shard)
         for pool in self._pools.values():
             pool.close()
