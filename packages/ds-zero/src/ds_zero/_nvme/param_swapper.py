@@ -7,17 +7,17 @@ into a slice of the pinned buffer pool (`acquire`) and made readable until the a
 (`prefetch`), so a gather normally finds its shards already read. Shards are written only when their
 values change: by the optimizer step, `GatheredParameters(modifier_rank=...)`, or a load.
 
-[Note: released shards stay in the pool] A released shard keeps its slice while nothing else needs the
-room, and the next gather of that shard reads nothing. The pool is allocated once at its full size
-(`buffer_count` x `buffer_size`), so holding on allocates nothing; on a host that maps unpinned pages at
-their first use it does keep more of the configured pool resident than the gathers alone would (measured on
-the 0.6B benchmark: +0.5 GiB of its 2.1 GB pool, for a forward that reads nothing; a variant that kept slices
-only in room already mapped read almost as much as before, see benchmarks/RESULTS.md). Every write of a
-shard also lands in its slice (`write`), so a kept slice never goes stale. When an allocation finds no room, the least recently used kept
-slices go first (no I/O: their values are on disk), before read-ahead shards and before the error. A
-forward and the backward after it visit the layers in opposite orders, so the layers the backward touched
-last are the ones the next forward starts with: with a pool as large as the model (16 buffers hold the
-0.6B benchmark's 9 layers) a step reads no parameter shard at all after the first.
+[Note: released shards stay in the pool] A released shard keeps its slice while nothing else needs the room,
+and the next gather of that shard reads nothing. The pool is allocated once at its full size (`buffer_count`
+x `buffer_size`), so holding on allocates nothing; on a host that maps unpinned pages at their first use it
+does keep more of the configured pool resident than the gathers alone would (measured on the 0.6B benchmark:
++0.5 GiB of its 2.1 GB pool, for a forward that reads nothing; a variant that kept slices only in room
+already mapped read almost as much as before, see benchmarks/RESULTS.md). Every write of a shard also lands
+in its slice (`write`), so a kept slice never goes stale. When an allocation finds no room, the least
+recently used kept slices go first (no I/O: their values are on disk), before read-ahead shards and before
+the error. A forward and the backward after it visit the layers in opposite orders, so the layers the
+backward touched last are the ones the next forward starts with: with a pool as large as the model (16
+buffers hold the 0.6B benchmark's 9 layers) a step reads no parameter shard at all after the first.
 
 [Note: write-back while nothing is given up] As long as the pool has never had to give up a kept slice
 for room, a write to a shard with a slice goes to the slice only, and the shard is marked dirty: its file
