@@ -424,7 +424,6 @@ class ParamSwapper:
             return
         for p, value in items:
             shard = self._shards[p.ds_id]
-            shard.file.label = self._label(shard)
             dtype = p.ds_tensor.dtype
             numel = state_of(p).shard_numel
             if shard.pending or self._writing(shard):  # its slot's old values still landing, or the file busy
@@ -444,6 +443,7 @@ class ParamSwapper:
             self._issue_write(shard, src, stage)
 
     def _issue_write(self, shard: _Shard, src: torch.Tensor, stage: torch.Tensor | None) -> None:
+        shard.file.label = self._label(shard)  # what a failed write's error names
         request = self.handle.async_pwrite(src, shard.file.path, checksum=True)
         self._writes.append((shard, src, stage, request))
         shard.dirty = False
@@ -452,7 +452,6 @@ class ParamSwapper:
     def _flush(self, shard: _Shard) -> None:
         """Write a dirty shard's slice to its file (queued; `_free` waits for it before the slice goes)."""
         assert shard.slot is not None
-        shard.file.label = self._label(shard)
         dtype = shard.param.ds_tensor.dtype
         self._issue_write(shard, self._pools[dtype].view(shard.slot, state_of(shard.param).shard_numel), None)
 
