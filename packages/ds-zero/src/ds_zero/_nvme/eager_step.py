@@ -85,14 +85,14 @@ class EagerSteps:
         self.stepped: set[int] = set()
         self._undo: dict[int, tuple[ShardTile, UndoRecord, list[Any] | None]] = {}
         self._ahead: list[Any] | None = None
-        # sub-groups whose writes are in flight: (position in `order`, tile, its writes, the writer carrying them)
-        self._pending_writes: list[tuple[int, ShardTile, list[Any], Any]] = []
+        # sub-groups whose writes are in flight (each key on its own writer): (position in `order`, tile, writes)
+        self._pending_writes: list[tuple[int, ShardTile, list[Any]]] = []
         self.active = True
         self.settled = False
-        #: counters for tests and reports: sub-groups undone by `settle`/`undo_all`, and the most sub-groups whose
-        #: writes were in flight at once (see [Note: two writes in flight])
+        #: counters for tests and reports: sub-groups undone by `settle`/`undo_all`, and the sub-groups whose
+        #: read (or read-ahead) was issued while the previous sub-group's writes were still in flight
         self.num_undone = 0
-        self.most_writes_in_flight = 0
+        self.num_reads_over_writes = 0
 
     def start(self) -> None:
         """Begin reading the first expected sub-group's master and state (overlaps the start of backward)."""
@@ -108,16 +108,27 @@ class EagerSteps:
             return False
         sw = self.swapper
         set_index = self.pos % sw.num_sets
-        # [Note: two writes in flight] The buffer set a read-ahead fills, and the writer this sub-group's writes
-        # go to, were last used by the sub-group two places back: only its writes must have landed. The
-        # previous sub-group's stay in flight on the other writer while this one is read, stepped and written,
-        # so the backward does not wait for the disk a sub-group early.
-        self._settle_writes(before=self.pos - 1)
+        # The set this sub-group is read into was last used `num_sets` places back: its writes must have
+        # landed. The previous sub-group's writes stay in flight while this one is read.
+        self._settle_writes(before=self.pos - sw.num_sets + 1)
+        if self._pending_writes and self._ahead is None:
+            self.num_reads_over_writes += 1
         reads = self._ahead if self._ahead is not None else sw._issue_reads(tile, set_index, with_grad=False)
         sw._wait(sw.reader, "read", [r for r, _, _ in reads])
         self._ahead = None
         if sw.pipeline_read and self.pos + 1 < len(self.order):
-            self._ahead = sw._issue_reads(self.order[self.pos + 1], (self.pos + 1) % sw.num_sets, with_grad=False)
+            # The next sub-group's set is the one the previous sub-group's writes leave (with both pipelines:
+            # `optimizer_swapper`'s module note): each buffer's read-ahead waits for that buffer's write only,
+            # then the read-ahead overlaps this update and the backward of the layers before it.
+            before = self.pos + 2 - sw.num_sets
+            self.num_reads_over_writes += int(bool(self._pending_writes))
+            self._ahead = sw._issue_reads(
+                self.order[self.pos + 1],
+                (self.pos + 1) % sw.num_sets,
+                with_grad=False,
+                before_read=lambda key: self._settle_writes(before=before, key=key),
+            )
+            self._settle_writes(before=before)
         sw._bind(tile, set_index, reads, with_grad=False)
         keys = sw._keys.get(tile.index)
         # The master and the swapped moments' pre-update values stay in the committed files; the rest is copied.
@@ -126,23 +137,28 @@ class EagerSteps:
         tile.master.grad = grad
         self.step_fn(tile)
         tile.master.grad = None
-        writer = sw.writers[self.pos % 2]
-        writes = sw._issue_writes(tile, sw.spare_slot(tile), writer)
+        writes = sw._issue_writes(tile, sw.spare_slot(tile), pipelined=True)
         self._undo[tile.index] = (tile, record, None if keys is None else list(keys))
-        self._pending_writes.append((self.pos, tile, writes, writer))
-        self.most_writes_in_flight = max(self.most_writes_in_flight, len(self._pending_writes))
+        self._pending_writes.append((self.pos, tile, writes))
         if not sw.pipeline_write:  # its buffer set is needed again right away
             self._settle_writes()
         self.stepped.add(tile.index)
         self.pos += 1
         return True
 
-    def _settle_writes(self, before: int | None = None) -> None:
-        """Wait for the writes of the sub-groups at positions below `before` (None: all), oldest first."""
-        while self._pending_writes and (before is None or self._pending_writes[0][0] < before):
-            _, tile, writes, writer = self._pending_writes.pop(0)
-            self.swapper._wait(writer, "write", [r for r, _, _ in writes])
+    def _settle_writes(self, before: int | None = None, key: str | None = None) -> None:
+        """Wait for the writes of the sub-groups at positions below `before` (None: all), oldest first; with
+        `key`, for that key's writes only, leaving the sub-groups bound."""
+        waiting = [w for w in self._pending_writes if before is None or w[0] < before]
+        if key is not None:
+            if waiting:  # a key's writer carries only these sub-groups' writes of it (the sets' rotation)
+                self.swapper.wait_key_writers([x for _, _, writes in waiting for x in writes], key)
+            return
+        for entry in waiting:
+            _, tile, writes = entry
+            self.swapper.wait_key_writers(writes)
             self.swapper._unbind(tile, writes)
+            self._pending_writes.remove(entry)
 
     def finish(self) -> None:
         """End of backward: the last write lands, a read-ahead nobody took is dropped."""
