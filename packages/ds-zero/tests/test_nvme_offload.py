@@ -432,3 +432,78 @@ def test_released_shards_stay_in_the_pool_until_their_room_is_needed(tmp_path: P
     assert roomy_swap.num_writes == 6 + 6  # drop_kept wrote the dirty slices
     assert _train(roomy_model, roomy, 1, start=4) == _train(plain_model, plain, 1, start=4)
     assert roomy_swap.num_reads == 6 + 6  # after drop_kept each weight is read once more (copies are not counted)
+
+
+class _RecordedHandle:
+    """An aio handle that remembers which memory its writes still read (until its `wait`) and checks that no
+    read, on any handle, lands on such memory."""
+
+    def __init__(self, real: Any, log: dict[str, Any]) -> None:
+        self._real, self._log = real, log
+        log["handles"].append(self)
+        self.writing: list[tuple[int, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    @staticmethod
+    def _span(t: torch.Tensor) -> tuple[int, int]:
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    def async_pwrite(self, src: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self.writing.append(self._span(src))
+        return self._real.async_pwrite(src, *args, **kwargs)
+
+    def async_pread(self, dst: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        lo, hi = self._span(dst)
+        in_flight = [s for h in self._log["handles"] for s in h.writing]
+        if any(a < hi and lo < b for a, b in in_flight):
+            self._log["clobbered"] += 1
+        elif in_flight:
+            self._log["reads_beside_writes"] += 1
+        return self._real.async_pread(dst, *args, **kwargs)
+
+    def wait(self) -> int:
+        done = self._real.wait()
+        self.writing.clear()
+        return done
+
+
+def test_pipelined_reads_never_land_on_a_buffer_whose_write_is_in_flight(tmp_path: Path, monkeypatch: Any) -> None:
+    """Both pipelines share two buffer sets (`optimizer_swapper`'s note): a sub-group's read-ahead goes into the
+    buffers the previous sub-group's writes are leaving, each after its own buffer's write, at `step()` and in
+    the updates during backward alike; meanwhile the other buffers' writes stay in flight."""
+    import ds_zero._stage3.optimizer_swapper as swapper_module
+
+    log: dict[str, Any] = {"handles": [], "clobbered": 0, "reads_beside_writes": 0}
+    make = swapper_module.make_aio_handle
+    monkeypatch.setattr(swapper_module, "make_aio_handle", lambda cfg: _RecordedHandle(make(cfg), log))
+    torch.manual_seed(0)
+    model = Net(64)
+    base = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = ds_zero.DeepSpeedZeroOptimizer_Stage3(model, base, config=_cfg(tmp_path, param=False, sub_group_size=600))
+    torch.manual_seed(0)
+    ref_model = Net(64)  # the same initial weights, no offload
+    ref = ds_zero.DeepSpeedZeroOptimizer_Stage3(
+        ref_model, torch.optim.AdamW(ref_model.parameters(), lr=1e-2), config=_cfg(None, param=False, opt=False)
+    )
+    swapper = opt.optimizer_swapper
+    assert swapper.num_sets == 2 and len(opt.tiles) >= 4
+    in_backward = []
+    for step in range(4):
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(6, 64, generator=g), torch.randn(6, 8, generator=g)
+        losses = []
+        for o, m in ((opt, model), (ref, ref_model)):
+            o.set_step_boundary(True)
+            loss = nn.functional.mse_loss(m(x), y)
+            o.backward(loss)
+            if o is opt:
+                in_backward.append(0 if swapper.grads.eager is None else len(swapper.grads.eager.stepped))
+            o.step()
+            o.zero_grad()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=0)
+    assert in_backward[0] == 0 and all(n == len(opt.tiles) for n in in_backward[1:])  # step() first, then backward
+    assert log["clobbered"] == 0
+    assert log["reads_beside_writes"] > 0  # the pipelines overlap: reads were issued with other writes in flight
