@@ -12,11 +12,20 @@ and costs about half of gloo's `reduce` plus the add (measured with 2 ranks on 2
 26-34 ms of process CPU time; gloo's `reduce_scatter_tensor` costs more than its `all_reduce`). Two ranks
 make it one `ds_comm.pair_exchange` (shared memory on one host).
 `reduce_scatter=False` all-reduces the bucket instead and each rank keeps its piece.
+
+[Note: two ranks sum as they receive] In the pair exchange the owner's own piece is the addend of its
+receive (`recv = own + peer's`, one pass over shared memory), and the average is taken once from that sum:
+two passes over the owner's piece instead of three (copy the peer's piece out, scale or add the own piece,
+add the peer's). This is done when the averaging factor is a power of two (2 ranks, no predivide): then
+`(own + peer) * f` is exactly `own * f + peer * f`, which the separate passes computed, and exactly what
+an all-reduce followed by the division gives (DDP's result). With micro-steps accumulating into an fp32
+partition (stage 2), the step's averaged sum is added once, as DeepSpeed adds its averaged bucket.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -42,6 +51,7 @@ class _Launched:
     end: int
     handles: list[ds_comm.CollectiveHandle]
     received: list[torch.Tensor] = field(default_factory=list)
+    summed: bool = False  # `received` already holds own + peer's (the module's last note)
 
 
 class RangeReducer:
@@ -77,6 +87,8 @@ class RangeReducer:
         self._global = [ds_comm.get_global_rank(group, r) for r in range(self.world)]
         backend = dist.get_backend(group) if ds_comm.is_initialized() else "gloo"
         self.point_to_point = use_reduce_scatter and backend == "gloo"
+        # the last note of the module: the pair exchange sums where the average is then exact
+        self._sum_in_exchange = math.frexp(self.post_scale)[0] == 0.5
         self._pool: list[torch.Tensor] = []
         self._tag = 0
 
@@ -112,20 +124,23 @@ class RangeReducer:
         in as one pair exchange (`ds_comm.pair_exchange`; through shared memory where both ranks share a
         host, see ds_comm). False, nothing issued, where the group or the buffer do not allow it: both ranks
         decide alike, from the group and the bucket's range, which they share."""
-        sends, recvs = [], []
+        sends, recvs, own = [], [], []
         for owner, lo, hi in owner_pieces(launched.start, launched.end, partition_numel):
             piece = launched.buffer[lo - launched.start : hi - launched.start]
             if owner != self.rank:
                 sends.append(piece)
             else:
                 recvs.append(self._acquire(piece))
-        handle = ds_comm.pair_exchange(sends, recvs, group=self.group, op="reduce")
+                own.append(piece)
+        addends = own if self._sum_in_exchange and own else None
+        handle = ds_comm.pair_exchange(sends, recvs, group=self.group, op="reduce", addends=addends)
         if handle is None:
             for recv in recvs:
                 self._release(recv)
             return False
         launched.received.extend(recvs)
         launched.handles.append(handle)
+        launched.summed = addends is not None
         return True
 
     def own_piece(self, launched: _Launched, partition_numel: int) -> tuple[slice, slice] | None:
@@ -148,7 +163,14 @@ class RangeReducer:
         for h in launched.handles:
             h.wait()
         piece = self.own_piece(launched, partition_numel)
-        if piece is not None:
+        if piece is not None and launched.summed:  # own + peer's already, in the one received piece
+            (total,) = launched.received
+            acc = accumulator[piece[1]]
+            if in_place:
+                torch.mul(_to(total, acc.device), self.post_scale, out=acc)
+            else:
+                acc.add_(_to(total, acc.device), alpha=self.post_scale)
+        elif piece is not None:
             src, dst = piece
             acc = accumulator[dst]
             if in_place:
