@@ -137,7 +137,7 @@ class EagerSteps:
         tile.master.grad = grad
         self.step_fn(tile)
         tile.master.grad = None
-        writes = sw._issue_writes(tile, sw.spare_slot(tile), pipelined=True)
+        writes = sw._issue_writes(tile, sw.spare_slot(tile))
         self._undo[tile.index] = (tile, record, None if keys is None else list(keys))
         self._pending_writes.append((self.pos, tile, writes))
         if not sw.pipeline_write:  # its buffer set is needed again right away

@@ -88,7 +88,7 @@ class OptimizerSwapper:
         self.tiles = tiles
         self.optimizer = optimizer
         self.reader = make_aio_handle(aio_config)
-        self.writer = make_aio_handle(aio_config)  # its own queue, so a write can run while a read is waited on
+        self.writer = make_aio_handle(aio_config)  # writes outside the step (initial masters, checkpoint loads)
         self._aio_config = aio_config
         self._key_writers: dict[str, Any] = {}  # `key_writer`
         self.buffer_count = config.buffer_count
@@ -171,15 +171,15 @@ class OptimizerSwapper:
         self._slot[tile.index] = self.spare_slot(tile)
 
     def key_writer(self, key: str) -> Any:
-        """The handle the pipelined writes of `key`'s files go through (one per buffer of a set), so a read
-        into a buffer waits for that buffer's write alone while the set's other writes stay in flight."""
+        """The handle the step's writes of `key`'s files go through (one per buffer of a set), so a read into
+        a buffer waits for that buffer's write alone while the set's other writes stay in flight."""
         handle = self._key_writers.get(key)
         if handle is None:
             handle = self._key_writers[key] = make_aio_handle(self._aio_config)
         return handle
 
     def wait_key_writers(self, writes: list[tuple[SwapFile, torch.Tensor, Any]], key: str | None = None) -> None:
-        """Wait for the pipelined writes (`key`'s only, or all), naming `writes`' files if one failed."""
+        """Wait for the step's writes (`key`'s only, or all), naming `writes`' files if one failed."""
         handles = self._key_writers.values() if key is None else [self._key_writers.get(key)]
         for handle in handles:
             if handle is not None:
@@ -299,11 +299,9 @@ class OptimizerSwapper:
             for key, dtype in keys:
                 state[key] = self._view(set_index, key, tile.numel, dtype)
 
-    def _issue_writes(
-        self, tile: ShardTile, slot: int | None = None, *, pipelined: bool = False
-    ) -> list[tuple[SwapFile, torch.Tensor, Any]]:
-        """Write the bound tile's master and state to `slot` (None: the committed set), on the swapper's writer,
-        or `pipelined` on each key's own (`key_writer`)."""
+    def _issue_writes(self, tile: ShardTile, slot: int | None = None) -> list[tuple[SwapFile, torch.Tensor, Any]]:
+        """Write the bound tile's master and state to `slot` (None: the committed set), each key on its own
+        writer (`key_writer`)."""
         if tile.numel == 0:
             return []
         keys = self._state_keys(tile)
@@ -317,8 +315,7 @@ class OptimizerSwapper:
             src = tensor.detach()
             if not src.is_contiguous():
                 src = src.contiguous()
-            writer = self.key_writer(key) if pipelined else self.writer
-            writes.append((record, src, writer.async_pwrite(src, record.path, checksum=True)))
+            writes.append((record, src, self.key_writer(key).async_pwrite(src, record.path, checksum=True)))
             self.num_writes += 1
         return writes
 
@@ -366,7 +363,7 @@ class OptimizerSwapper:
                     land_pending()
                 self._bind(tile, set_index, reads)
                 yield tile
-                writes = self._issue_writes(tile, pipelined=True)
+                writes = self._issue_writes(tile)
                 land_pending()  # (pipeline_write alone: the previous tile's write overlapped this tile's step)
                 pending_write = (tile, writes)
                 if not self.pipeline_write:
