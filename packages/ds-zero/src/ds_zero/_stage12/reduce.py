@@ -16,10 +16,12 @@ make it one `ds_comm.pair_exchange` (shared memory on one host).
 [Note: two ranks sum as they receive] In the pair exchange the owner's own piece is the addend of its
 receive (`recv = own + peer's`, one pass over shared memory), and the average is taken once from that sum:
 two passes over the owner's piece instead of three (copy the peer's piece out, scale or add the own piece,
-add the peer's). This is done when the averaging factor is a power of two (2 ranks, no predivide): then
-`(own + peer) * f` is exactly `own * f + peer * f`, which the separate passes computed, and exactly what
-an all-reduce followed by the division gives (DDP's result). With micro-steps accumulating into an fp32
-partition (stage 2), the step's averaged sum is added once, as DeepSpeed adds its averaged bucket.
+add the peer's). This is done for fp32 buckets when the averaging factor is a power of two (2 ranks, no
+predivide): then `(own + peer) * f` is exactly `own * f + peer * f`, which the separate passes computed,
+and exactly what an all-reduce followed by the division gives (DDP's result). A bf16 or fp16 bucket keeps
+the separate passes: its sum would round in the bucket's dtype, where they add into the fp32 partition.
+With micro-steps accumulating into an fp32 partition (stage 2), the step's averaged sum is added once, as
+DeepSpeed adds its averaged bucket.
 """
 
 from __future__ import annotations
@@ -132,7 +134,10 @@ class RangeReducer:
             else:
                 recvs.append(self._acquire(piece))
                 own.append(piece)
-        addends = own if self._sum_in_exchange and own else None
+        # an fp32 sum only: a bf16/fp16 bucket's own + peer's would round in that dtype, where the separate
+        # additions round once, in the fp32 partition they accumulate into
+        fp32 = launched.buffer.dtype == torch.float32
+        addends = own if self._sum_in_exchange and own and fp32 else None
         handle = ds_comm.pair_exchange(sends, recvs, group=self.group, op="reduce", addends=addends)
         if handle is None:
             for recv in recvs:
