@@ -10,9 +10,9 @@ processes (gloo, 1 thread each) building the GPT of benchmarks/_gpt.py (~21M par
 embeddings), a client torch AdamW (foreach) and `deepspeed.initialize` with one config per stage
 (ZeRO-3 as in benchmarks/_zero3_modes.py: buckets of one block, persistence threshold 100k). A step
 is forward, `engine.backward`, `engine.step`. Runs alternate side by side (ds, DeepSpeed, ds, ...)
-for `--rounds` rounds so machine noise hits both alike; a run's figure is the median over its
-`--steps` steps (after 3 warm-up steps) of the process CPU time (all threads) summed over the two
-ranks, and a side's figure is the median over rounds. Peak RSS is the larger rank's `ru_maxrss`.
+for `--rounds` rounds so machine noise hits both alike, each round starting with the next side; a run's
+figure is the median over its `--steps` steps (after 3 warm-up steps) of the process CPU time (all
+threads) summed over the two ranks, and a side's figure is the median over rounds. Peak RSS is the larger rank's `ru_maxrss`.
 Targets: ZeRO-3 <= 0.8x DeepSpeed's CPU time per step, ZeRO-1/2 <= 0.75x, peak RSS <= 1x.
 
 `--sides ds,deepspeed,floor` adds the floor of any ZeRO-1/2 on this host: the same ranks and steps in plain
@@ -245,9 +245,12 @@ def main() -> None:
     stages = [int(s) for s in args.stages.split(",")]
     runs: dict[tuple[str, int], list[dict]] = {(s, z): [] for s in sides for z in stages}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.rounds):
+        order = list(sides.items())
+        for round_index in range(args.rounds):
+            # each round starts with the next side, so no side always runs first after a stage change
+            shift = round_index % len(order)
             for stage in stages:
-                for side, (python, env) in sides.items():
+                for side, (python, env) in order[shift:] + order[:shift]:
                     r = _run_side(python, env, stage, args.steps, args.batch, args.seq, Path(tmp))
                     runs[(side, stage)].append(r)
                     print(
