@@ -12,7 +12,8 @@ embeddings), a client torch AdamW (foreach) and `deepspeed.initialize` with one 
 is forward, `engine.backward`, `engine.step`. Runs alternate side by side (ds, DeepSpeed, ds, ...)
 for `--rounds` rounds so machine noise hits both alike, each round starting with the next side; a run's
 figure is the median over its `--steps` steps (after 3 warm-up steps) of the process CPU time (all
-threads) summed over the two ranks, and a side's figure is the median over rounds. Peak RSS is the larger rank's `ru_maxrss`.
+threads) summed over the two ranks, and a side's figure is the median over rounds. Peak RSS is the
+larger rank's `ru_maxrss`.
 Targets: ZeRO-3 <= 0.8x DeepSpeed's CPU time per step, ZeRO-1/2 <= 0.75x, peak RSS <= 1x.
 
 `--sides ds,deepspeed,floor` adds the floor of any ZeRO-1/2 on this host: the same ranks and steps in plain
