@@ -88,7 +88,6 @@ class OptimizerSwapper:
         self.tiles = tiles
         self.optimizer = optimizer
         self.reader = make_aio_handle(aio_config)
-        self.writer = make_aio_handle(aio_config)  # writes outside the step (initial masters, checkpoint loads)
         self._aio_config = aio_config
         self._key_writers: dict[str, Any] = {}  # `key_writer`
         self.buffer_count = config.buffer_count
@@ -171,15 +170,15 @@ class OptimizerSwapper:
         self._slot[tile.index] = self.spare_slot(tile)
 
     def key_writer(self, key: str) -> Any:
-        """The handle the step's writes of `key`'s files go through (one per buffer of a set), so a read into
-        a buffer waits for that buffer's write alone while the set's other writes stay in flight."""
+        """The handle the writes of `key`'s files go through (one per buffer of a set), so a read into a
+        buffer waits for that buffer's write alone while the set's other writes stay in flight."""
         handle = self._key_writers.get(key)
         if handle is None:
             handle = self._key_writers[key] = make_aio_handle(self._aio_config)
         return handle
 
     def wait_key_writers(self, writes: list[tuple[SwapFile, torch.Tensor, Any]], key: str | None = None) -> None:
-        """Wait for the step's writes (`key`'s only, or all), naming `writes`' files if one failed."""
+        """Wait for the writes in flight (`key`'s only, or all), naming `writes`' files if one failed."""
         handles = self._key_writers.values() if key is None else [self._key_writers.get(key)]
         for handle in handles:
             if handle is not None:
@@ -213,8 +212,9 @@ class OptimizerSwapper:
     def _write_now(self, tile: ShardTile, key: str, values: torch.Tensor) -> None:
         record = self._file(tile, key)
         src = values.detach().reshape(-1).contiguous()
-        self.writer.async_pwrite(src, record.path)
-        self._wait(self.writer, "write", [record])
+        writer = self.key_writer(key)
+        writer.async_pwrite(src, record.path)
+        self._wait(writer, "write", [record])
         record.recorded(src)
 
     def _read_now(self, tile: ShardTile, key: str, dtype: torch.dtype) -> torch.Tensor:
