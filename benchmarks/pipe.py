@@ -13,7 +13,9 @@ Two kinds of stage work:
   ranks the stages cannot run at the same time, so this mode measures framework overhead and
   contention rather than pipeline overlap.
 - `sleep`: a small Linear plus a fixed forward/backward delay (`time.sleep`, releasing the CPU), so
-  stages overlap as on separate devices whatever the core count: it measures the schedule.
+  stages overlap as on separate devices whatever the core count: it measures the schedule. As on a
+  host with a CPU per rank, ds_comm's shared-memory p2p waits poll for 1 ms before they sleep
+  (`DS_COMM_SHM_POLL_US=1000`, its default there; with 4 ranks on 2 CPUs it would not poll).
 
 Columns: `speedup` = sequential time / pipeline time (ideal p*m/(m+p-1)); `bubble` = 1 - speedup/p,
 the fraction of stage time lost (schedule bubble plus communication, measured from wall time);
@@ -37,6 +39,7 @@ from ds_comm.testing import run_ranks
 from ds_pipe import LayerSpec, PipelineExecutor, PipelineModule
 
 WARMUP = 2
+_POLL = {"DS_COMM_SHM_POLL_US": "1000"}  # sleep mode: the polling ds_comm does where each rank has a CPU
 
 
 class Sleep(torch.autograd.Function):
@@ -198,7 +201,7 @@ def main() -> None:
         f"{args.stages} stages x {args.layers_per_stage} blocks (compute: Linear({args.hidden}); sleep: "
         f"Linear({args.sleep_hidden}) + {args.sleep_ms} ms forward / {2 * args.sleep_ms} ms backward per stage), "
         f"{args.rows} rows per micro-batch, gloo on CPU, 1 thread per rank; medians of {args.repeats} x "
-        f"{args.batches} batches"
+        f"{args.batches} batches; sleep mode: ds_pipe's p2p waits poll 1 ms first (DS_COMM_SHM_POLL_US=1000)"
     )
     print(
         f"{'mode':8s} {'m':>3s}  {'impl':11s} {'batch_ms':>9s} {'samples/s':>10s} {'speedup':>7s} "
@@ -218,7 +221,9 @@ def main() -> None:
             seqs, ours, theirs, busy = [], [], [], []
             for _ in range(args.repeats):  # interleaved, so drifting machine load hits all three alike
                 seqs.append(sequential(run_args, m))
-                results = run_ranks(args.stages, ds_pipe_worker, args=run_args, m=m, timeout_s=900)
+                results = run_ranks(
+                    args.stages, ds_pipe_worker, args=run_args, m=m, timeout_s=900, env=_POLL if sleeping else None
+                )
                 ours.append(max(r["time"] for r in results))
                 busy.append(max(r["busy_bubble"] for r in results))
                 results = run_ranks(args.stages, torch_worker, args=run_args, m=m, timeout_s=900)

@@ -64,6 +64,7 @@ from ds_comm._pinned_memory import (
     track_pinned_memory,
 )
 from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
+from ds_comm._shm_p2p import open_shm_p2p
 from ds_comm._trim_mean import trim_mean
 from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 from ds_comm.checkpoint_files import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
@@ -220,6 +221,7 @@ __all__ = [
     "monitored_barrier",
     "mpi_discovery",
     "new_group",
+    "open_shm_p2p",
     "pair_all_gather_into_tensors",
     "pair_exchange",
     "pair_ranks",

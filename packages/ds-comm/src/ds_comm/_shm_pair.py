@@ -56,26 +56,38 @@ import itertools
 import logging
 import mmap
 import os
-import platform
-import secrets
-import sys
 import threading
 import time
 import weakref
 from collections import deque
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from ds_comm._shm_segment import (
+    ENV,
+    FUTEX_WAIT,
+    FUTEX_WAKE,
+    MASK,
+    POLL_S,
+    WAKE_ALL,
+    attach,
+    check_peer,
+    close,
+    create,
+    enabled,
+    futex,
+    pid_ns,
+    reached,
+    unlink,
+)
+
 __all__ = ["ENV", "SLOT_ENV", "ShmChannel", "ShmWork", "shm_channel"]
 
 logger = logging.getLogger(__name__)
 
-ENV = "DS_COMM_SHM"
-"""Set to 0 (or false/off/no) on any rank to keep a group's pair exchanges on gloo."""
 SLOT_ENV = "DS_COMM_SHM_SLOT_MB"
 """Size of one slot in MiB (group rank 0's value counts); a segment holds four, plus a header page."""
 DEFAULT_SLOT_MB = 8
@@ -88,42 +100,6 @@ _SLOT_HEADER = 64
 _ALIGN = 64
 _NONCE, _SLOT = 0, 8  # header words (int64)
 _WRITTEN, _READ = 64, 192  # + 64 * rank: one cache line per 32-bit counter
-_MASK, _HALF = 0xFFFFFFFF, 0x80000000
-_POLL_S = 0.5  # how often a sleeping waiter looks whether its peer is still there
-
-_SYS_FUTEX = 202  # x86-64
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # not the private variants: the word is shared between processes
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_syscall: Any = None
-
-
-def _futex(addr: int, op: int, val: int, timeout_s: float | None = None) -> None:
-    global _syscall
-    if _syscall is None:
-        _syscall = ctypes.CDLL(None, use_errno=True).syscall  # releases the GIL while it sleeps
-        _syscall.restype = ctypes.c_long
-    ts = None
-    if timeout_s is not None:
-        whole = int(timeout_s)
-        ts = ctypes.byref(_Timespec(whole, int((timeout_s - whole) * 1e9)))
-    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val), ts, None, 0)
-
-
-def _reached(value: int, target: int) -> bool:
-    """Counter `value` is at or past `target` (both modulo 2**32; they are never 2**31 apart)."""
-    return ((value - target) & _MASK) < _HALF
-
-
-def enabled() -> bool:
-    """Whether this rank may use a shared segment at all (the switch, the platform, /dev/shm)."""
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-        return False
-    return sys.platform == "linux" and platform.machine() in ("x86_64", "AMD64") and os.path.isdir("/dev/shm")
 
 
 def _slot_bytes() -> int:
@@ -139,10 +115,6 @@ def _slot_bytes() -> int:
 
 def _segment_bytes(slot: int) -> int:
     return _HEADER + 4 * (_SLOT_HEADER + slot)
-
-
-def _path(pid: int, nonce: int) -> str:
-    return f"/dev/shm/ds_comm_pair_{pid}_{nonce:016x}"
 
 
 def _words(buf: torch.Tensor) -> torch.Tensor:
@@ -283,8 +255,8 @@ class ShmChannel:
                     head[0], head[1], head[2] = out_layout.total, c, kind
                     for i, a, n, at, whole in out_layout.pieces[c] if c < out_layout.chunks else ():
                         slot[at : at + n].copy_(views[i] if whole else views[i][a : a + n])
-                    self._written[self._me].value = s & _MASK
-                    _futex(self._written_addr[self._me], _FUTEX_WAKE, 0x7FFFFFFF)
+                    self._written[self._me].value = s & MASK
+                    futex(self._written_addr[self._me], FUTEX_WAKE, WAKE_ALL)
                     self._pending.append((s, c, in_layout, recvs, adds, kind))
                 self._next = first + chunks
             except BaseException as err:
@@ -309,7 +281,7 @@ class ShmChannel:
         with self._lock:
             if self._taken >= last:
                 return True
-            if not _reached(self._written[self._peer].value, last & _MASK):
+            if not reached(self._written[self._peer].value, last & MASK):
                 return False
         self.complete(last, None)
         return True
@@ -343,17 +315,17 @@ class ShmChannel:
                     torch.add(add.view(-1)[lo:hi], src.view(dest.dtype), out=dest.view(-1)[lo:hi])
             self._pending.popleft()
             self._taken = s
-            self._read[self._me].value = s & _MASK
-            _futex(self._read_addr[self._me], _FUTEX_WAKE, 0x7FFFFFFF)
+            self._read[self._me].value = s & MASK
+            futex(self._read_addr[self._me], FUTEX_WAKE, WAKE_ALL)
 
     def _wait(
         self, words: list[ctypes.c_uint32], addrs: list[int], rank: int, target: int, deadline: float, what: str
     ) -> None:
         """Until counter `words[rank]` reaches `target`: sleep on its futex, up to the deadline."""
-        word, goal = words[rank], target & _MASK
+        word, goal = words[rank], target & MASK
         while True:
             value = word.value
-            if _reached(value, goal):
+            if reached(value, goal):
                 return
             left = deadline - time.monotonic()
             if left <= 0:
@@ -361,19 +333,10 @@ class ShmChannel:
                     f"shared-memory pair exchange: timed out waiting for the peer to {what} chunk {target}"
                 )
             self._check_peer()
-            _futex(addrs[rank], _FUTEX_WAIT, value, min(left, _POLL_S))
+            futex(addrs[rank], FUTEX_WAIT, value, min(left, POLL_S))
 
     def _check_peer(self) -> None:
-        if self._peer_pid is None:
-            return
-        try:
-            os.kill(self._peer_pid, 0)
-        except ProcessLookupError:
-            raise RuntimeError(
-                f"shared-memory pair exchange: the peer process (pid {self._peer_pid}) has exited"
-            ) from None
-        except PermissionError:
-            pass
+        check_peer(self._peer_pid, "shared-memory pair exchange")
 
     def _check(self) -> None:
         if self._broken is not None:
@@ -448,64 +411,21 @@ def shm_channel(group: ProcessGroup | None) -> ShmChannel | None:
     return channel
 
 
-def _pid_ns() -> int:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return -1
-
-
 def _create(slot: int) -> tuple[mmap.mmap, str, int] | None:
-    nonce = secrets.randbits(63)
-    path = _path(os.getpid(), nonce)
-    size = _segment_bytes(slot)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError as err:
-        logger.info("no shared-memory segment for a pair group (%s): gloo carries it", err)
-        return None
-    try:
-        os.posix_fallocate(fd, 0, size)  # the space is taken now or refused now, never a SIGBUS later
-        mm = mmap.mmap(fd, size)
-    except OSError as err:
-        os.unlink(path)
-        logger.info("no shared-memory segment for a pair group (%s): gloo carries it", err)
-        return None
-    finally:
-        os.close(fd)
-    words = _words(torch.frombuffer(mm, dtype=torch.uint8))
-    words[_NONCE // 8] = nonce
-    words[_SLOT // 8] = slot
-    return mm, path, nonce
+    created = create("pair", _segment_bytes(slot))
+    if created is not None:
+        _words(torch.frombuffer(created[0], dtype=torch.uint8))[_SLOT // 8] = slot
+    return created
 
 
 def _attach(pid: int, nonce: int, slot: int) -> mmap.mmap | None:
-    path = _path(pid, nonce)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return None  # another /dev/shm (another container or host): gloo
-    try:
-        if os.fstat(fd).st_size != _segment_bytes(slot):
-            return None
-        mm = mmap.mmap(fd, _segment_bytes(slot))
-    except OSError:
+    mm = attach("pair", pid, nonce, _segment_bytes(slot))
+    if mm is None:
         return None
-    finally:
-        os.close(fd)
-    words = _words(torch.frombuffer(mm, dtype=torch.uint8))
-    if int(words[_NONCE // 8]) != nonce or int(words[_SLOT // 8]) != slot:
-        del words
-        _close(mm)
+    if int(_words(torch.frombuffer(mm, dtype=torch.uint8))[_SLOT // 8]) != slot:
+        close(mm)
         return None
     return mm
-
-
-def _close(mm: mmap.mmap) -> None:
-    try:
-        mm.close()
-    except BufferError:  # a tensor still views it: the mapping goes with the last one
-        pass
 
 
 def _setup(group: ProcessGroup | None) -> ShmChannel | None:
@@ -521,7 +441,7 @@ def _setup(group: ProcessGroup | None) -> ShmChannel | None:
                 os.getpid(),
                 created[2] if created else 0,
                 slot,
-                _pid_ns(),
+                pid_ns(),
                 os.getuid(),
             ],
             dtype=torch.int64,
@@ -538,13 +458,10 @@ def _setup(group: ProcessGroup | None) -> ShmChannel | None:
         _all_gather(both, ok, group=group)
     finally:
         if created is not None:
-            try:
-                os.unlink(created[1])  # both ranks have mapped it (or never will): the name can go
-            except FileNotFoundError:
-                pass
+            unlink(created[1])  # both ranks have mapped it (or never will): the name can go
     if not all(both.tolist()) or mm is None:
         if mm is not None:
-            _close(mm)
+            close(mm)
         return None
     peer = r1 if me == 0 else r0
     same_ns = r0[4] == r1[4] and r0[4] != -1

@@ -34,6 +34,7 @@ from ds_comm._gloo_pair import (
     pair_exchange as _pair_exchange,
 )
 from ds_comm._group_cache import waits_on_cpu
+from ds_comm._shm_p2p import ShmP2PWork, shm_link
 from ds_comm._shm_pair import ShmWork
 from ds_comm.accelerator import get_accelerator
 
@@ -132,7 +133,12 @@ class CollectiveHandle:
     __slots__ = ("_work", "_op", "_group", "_size_bytes", "_start", "_done")
 
     def __init__(
-        self, work: Work | PairWork | ShmWork, op: str, group: ProcessGroup | None, size_bytes: int, start: float
+        self,
+        work: Work | PairWork | ShmWork | ShmP2PWork,
+        op: str,
+        group: ProcessGroup | None,
+        size_bytes: int,
+        start: float,
     ) -> None:
         self._work = work
         self._op = op
@@ -156,7 +162,7 @@ class CollectiveHandle:
 
 
 def _finish(
-    work: Work | PairWork | ShmWork | None,
+    work: Work | PairWork | ShmWork | ShmP2PWork | None,
     op: str,
     group: ProcessGroup | None,
     size_bytes: int,
@@ -181,7 +187,7 @@ def _finish(
 
 def _issue(
     op: str,
-    call: Callable[[bool], Work | PairWork | ShmWork | None],
+    call: Callable[[bool], Work | PairWork | ShmWork | ShmP2PWork | None],
     *,
     group: ProcessGroup | None,
     async_op: bool,
@@ -416,7 +422,7 @@ def isend(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag
     """Non-blocking send to global rank `dst`; `wait()` on the handle."""
     handle = _issue(
         "send",
-        lambda a: dist.isend(tensor, dst, group=group, tag=tag),
+        lambda a: _ring_send(tensor, dst, group, tag) or dist.isend(tensor, dst, group=group, tag=tag),
         group=group,
         async_op=True,
         size_bytes=_nbytes(tensor),
@@ -431,13 +437,24 @@ def irecv(
     """Non-blocking receive from global rank `src`; `wait()` on the handle."""
     handle = _issue(
         "recv",
-        lambda a: dist.irecv(tensor, src, group=group, tag=tag),
+        lambda a: _ring_post(tensor, src, group, tag) or dist.irecv(tensor, src, group=group, tag=tag),
         group=group,
         async_op=True,
         size_bytes=_nbytes(tensor),
     )
     assert handle is not None
     return handle
+
+
+def _ring_send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None, tag: int) -> ShmP2PWork | None:
+    """The send through a shared-memory link with `dst` (see ds_comm._shm_p2p), or None: gloo's."""
+    link = shm_link(dst, group, tag, tensor)
+    return link.send(tensor) if link is not None else None
+
+
+def _ring_post(tensor: torch.Tensor, src: int | None, group: ProcessGroup | None, tag: int) -> ShmP2PWork | None:
+    link = shm_link(src, group, tag, tensor)
+    return link.post(tensor) if link is not None else None
 
 
 def send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:

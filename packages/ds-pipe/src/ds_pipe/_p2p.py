@@ -9,11 +9,13 @@ same as before, n: a new n-long description follows), so descriptions still trav
 shape changes. Gradients need no description: the receiving stage knows its outputs' shapes.
 
 Sends are non-blocking (`ds_comm.isend`); the tensors are kept until `finish_batch()`, which the
-executor calls at the end of a batch. Receives block, but with static shapes the executor asks for
-the next message's receives to be posted early (`prefetch_next`), so data lands during compute.
-With tensor parallelism and
-`pipe_partitioned` / `grad_partitioned`, each rank sends only its 1/mp slice of every floating
-tensor and the receiver all-gathers the slices over its tensor-parallel group.
+executor calls at the end of a batch. Neighbours on one host link through shared memory when the
+stage is built (`ds_comm.open_shm_p2p`): messages up to its slot size then skip gloo's TCP, which
+matters because two hops per micro-batch lie on 1F1B's critical path. Receives block, but with
+static shapes the executor asks for the next message's receives to be posted early
+(`prefetch_next`), so data lands during compute. With tensor parallelism and `pipe_partitioned` /
+`grad_partitioned`, each rank sends only its 1/mp slice of every floating tensor and the receiver
+all-gathers the slices over its tensor-parallel group.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ class StageP2P:
         stage, num_stages = grid.get_stage_id(), grid.get_pipe_parallel_world_size()
         self.prev_rank = grid.stage_to_global(stage - 1) if stage > 0 else None
         self.next_rank = grid.stage_to_global(stage + 1) if stage < num_stages - 1 else None
+        # Small sends between neighbours on one host go through shared memory (ds_comm._shm_p2p): every
+        # stage links with its previous stage first, then its next, so the pairs' setups chain from stage 0.
+        self.shared_memory = {
+            peer: ds_comm.open_shm_p2p(peer) for peer in (self.prev_rank, self.next_rank) if peer is not None
+        }
         slices = grid.get_slice_parallel_world_size()
         self._slice_group: ProcessGroup | None = grid.get_slice_parallel_group()
         self._slice_rank, self._slices = grid.get_slice_parallel_rank(), slices

@@ -42,7 +42,8 @@ def _shapes(rank: int, world_size: int, dynamic: bool, rows: list[int]) -> dict[
     executor = PipelineExecutor(module, micro_batches=len(rows))
     loss = executor.train_batch(iter(_rows_batches(rows)))
     evaluated = executor.eval_batch(iter(_rows_batches(rows)), reduce_output=None)
-    return {"loss": loss, "eval": evaluated, "grads": {n: p.grad for n, p in module.named_parameters()}}
+    grads = {n: p.grad for n, p in module.named_parameters()}
+    return {"loss": loss, "eval": evaluated, "grads": grads, "shared_memory": executor.p2p.shared_memory}
 
 
 def _sequential(rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor], dict[str, torch.Tensor]]:
@@ -61,10 +62,13 @@ def _sequential(rows: list[int]) -> tuple[torch.Tensor, list[torch.Tensor], dict
     return torch.stack(losses).mean().detach(), [loss.detach() for loss in losses], grads
 
 
-def test_dynamic_shapes_match_sequential() -> None:
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "gloo"])
+def test_dynamic_shapes_match_sequential(shm: str) -> None:
+    """Over either transport between the stages (`DS_COMM_SHM`: ds_comm's shared-memory p2p ring or gloo)."""
     rows = [3, 5, 5, 2]
-    results = run_ranks(2, _shapes, dynamic=True, rows=rows, timeout_s=90)
+    results = run_ranks(2, _shapes, dynamic=True, rows=rows, timeout_s=90, env={"DS_COMM_SHM": shm})
     loss, per_micro, grads = _sequential(rows)
+    assert [res["shared_memory"] for res in results] == [{1: shm == "1"}, {0: shm == "1"}]
     for res in results:
         torch.testing.assert_close(res["loss"], loss, rtol=0, atol=1e-6)
         torch.testing.assert_close(torch.stack(res["eval"]), torch.stack(per_micro), rtol=0, atol=1e-6)
