@@ -20,7 +20,9 @@ Two kinds of stage work:
 Columns: `speedup` = sequential time / pipeline time (ideal p*m/(m+p-1)); `bubble` = 1 - speedup/p,
 the fraction of stage time lost (schedule bubble plus communication, measured from wall time);
 `theory` = (p-1)/(m+p-1); `busy_bubble` (ds_pipe only) = 1 - (forward+backward time)/(batch time)
-on the busiest stage, from the executor's own instruction timings.
+on the busiest stage, from the executor's own instruction timings. Each ds_pipe batch is also traced
+and replayed with free communication (`_pipe_replay`), which splits its time into the 1F1B theory at
+the traced mean stage time, what the stage times' variation adds, and what the transport adds.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import statistics
 import time
 from typing import Any
 
+import _pipe_replay
 import _report
 import torch
 import torch.distributed as dist
@@ -115,7 +118,7 @@ def sequential(args: argparse.Namespace, m: int) -> float:
     return statistics.median(_time_batches(run, args.batches, sync=False))
 
 
-def ds_pipe_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, float]:
+def ds_pipe_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, Any]:
     torch.manual_seed(0)
     module = PipelineModule(
         _blocks(args), num_stages=world_size, loss_fn=nn.functional.mse_loss, partition_method="uniform"
@@ -124,14 +127,19 @@ def ds_pipe_worker(rank: int, world_size: int, args: argparse.Namespace, m: int)
     executor = PipelineExecutor(module, micro_batches=m, optimizer_step=opt.step)
     data = _data(args, m)
     busy: list[float] = []
+    trace = _pipe_replay.record(executor)
+    traces: list[_pipe_replay.Trace] = []
 
     def run() -> None:
+        trace.clear()
         executor.train_batch(iter(data))
+        traces.append(list(trace))
         t = executor.timings()
         busy.append(1 - (t.get("ForwardPass", 0) + t.get("BackwardPass", 0)) / t["batch"])
 
     times = _time_batches(run, args.batches)
-    return {"time": statistics.median(times), "busy_bubble": statistics.median(busy[WARMUP:])}
+    busy_bubble = statistics.median(busy[WARMUP:])
+    return {"time": statistics.median(times), "busy_bubble": busy_bubble, "traces": traces[WARMUP:]}
 
 
 def torch_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, float]:
@@ -218,7 +226,7 @@ def main() -> None:
             }
         )
         for m in args.micro_batches:
-            seqs, ours, theirs, busy = [], [], [], []
+            seqs, ours, theirs, busy, replays, stage_s = [], [], [], [], [], []
             for _ in range(args.repeats):  # interleaved, so drifting machine load hits all three alike
                 seqs.append(sequential(run_args, m))
                 results = run_ranks(
@@ -226,12 +234,22 @@ def main() -> None:
                 )
                 ours.append(max(r["time"] for r in results))
                 busy.append(max(r["busy_bubble"] for r in results))
+                for batch in zip(*(r["traces"] for r in results), strict=True):
+                    replays.append(_pipe_replay.replay(list(batch)))
+                    stage_s.append(_pipe_replay.mean_stage_seconds(list(batch)))
                 results = run_ranks(args.stages, torch_worker, args=run_args, m=m, timeout_s=900)
                 theirs.append(max(r["time"] for r in results))
             seq, ours_s, theirs_s = statistics.median(seqs), statistics.median(ours), statistics.median(theirs)
             print(_row(mode, m, "sequential", seq, seq, args))
             print(_row(mode, m, "ds_pipe", ours_s, seq, args, busy=statistics.median(busy)))
-            print(_row(mode, m, "torch 1F1B", theirs_s, seq, args), flush=True)
+            print(_row(mode, m, "torch 1F1B", theirs_s, seq, args))
+            replay_s, theory_s = statistics.median(replays), (m + args.stages - 1) * statistics.median(stage_s)
+            print(
+                f"{'':8s} {'':3s}  ds_pipe replayed with free p2p: {replay_s * 1e3:.2f} ms; 1F1B theory at the "
+                f"traced mean stage time: {theory_s * 1e3:.2f} ms (stage-time jitter adds "
+                f"{(replay_s - theory_s) * 1e3:.1f} ms, transport and executor {(ours_s - replay_s) * 1e3:.1f} ms)",
+                flush=True,
+            )
             ratios.append((mode, m, theirs_s / ours_s))
             setting = f"{mode} m={m}, {args.stages} stages: batch time"
             rows.append(
@@ -252,6 +270,17 @@ def main() -> None:
                         "pipe",
                         f"{mode} m={m}: bubble fraction (1 - speedup/p)",
                         bubble,
+                        "",
+                        "theory (p-1)/(m+p-1)",
+                        (args.stages - 1) / (m + args.stages - 1),
+                        target="<= 1.05",
+                    )
+                )
+                rows.append(
+                    _report.Row(
+                        "pipe",
+                        f"{mode} m={m}: bubble fraction with free p2p (the traced stage times replayed)",
+                        1 - seq / replay_s / args.stages,
                         "",
                         "theory (p-1)/(m+p-1)",
                         (args.stages - 1) / (m + args.stages - 1),

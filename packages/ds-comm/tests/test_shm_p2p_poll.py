@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from ds_comm import _shm_p2p
 
@@ -12,11 +13,15 @@ from ds_comm import _shm_p2p
 def test_polls_where_every_local_rank_has_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(_shm_p2p.POLL_ENV, raising=False)
     cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus))
     assert _shm_p2p.poll_seconds() == pytest.approx(_shm_p2p.DEFAULT_POLL_US / 1e6)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cpus + 1))  # more ranks than CPUs: polling takes compute time
     assert _shm_p2p.poll_seconds() == 0.0
     monkeypatch.delenv("LOCAL_WORLD_SIZE")  # unknown: do not poll
+    assert _shm_p2p.poll_seconds() == 0.0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cpus + 1)  # its own threads would lose a CPU
     assert _shm_p2p.poll_seconds() == 0.0
 
 

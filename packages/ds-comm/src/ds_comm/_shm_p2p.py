@@ -27,11 +27,11 @@ on (as torch's `isend` handles are), or at any later call on the link.
 
 [Note: poll, then sleep] A process asleep on a futex on an idle core takes 0.1-0.3 ms to run again once
 woken, on this kind of virtual machine (measured: about 0.2 ms after 5 ms idle, for gloo and for this
-ring alike), about what gloo's whole hop costs. So where every local rank has a CPU of its own, a wait
-first polls for up to 1 ms (`DS_COMM_SHM_POLL_US`), yielding the core between looks, and only then
-sleeps: a pipeline's steady-state hops are waited on for well under that, and the long waits of filling
-and draining it cost 1 ms of polling each. With more ranks than CPUs it does not poll (measured on 2
-CPUs with 4 compute-bound stages: polling made a batch 10% slower).
+ring alike), about what gloo's whole hop costs. So where the local ranks' compute threads all have CPUs
+of their own, a wait first polls for up to 1 ms (`DS_COMM_SHM_POLL_US`), yielding the core between
+looks, and only then sleeps: a pipeline's steady-state hops are waited on for well under that, and the
+long waits of filling and draining it cost 1 ms of polling each. With more threads than CPUs it does
+not poll (measured on 2 CPUs with 4 compute-bound stages: polling made a batch 10% slower).
 
 A receive posted early (`irecv`) queues its destination; its `wait()` takes the ring's messages out in
 order up to it. Waits give up at the collective timeout with `TimeoutError`, and earlier with a
@@ -282,9 +282,9 @@ class ShmP2PWork:
 
 
 def poll_seconds() -> float:
-    """How long a wait polls: `DS_COMM_SHM_POLL_US` if set, else 1 ms where every local rank has a CPU
-    of its own (`LOCAL_WORLD_SIZE` ranks, this process's CPU affinity), else 0: polling ranks would take
-    CPU time from ranks that compute."""
+    """How long a wait polls: `DS_COMM_SHM_POLL_US` if set, else 1 ms where every compute thread of every
+    local rank has a CPU of its own (`LOCAL_WORLD_SIZE` ranks of `torch.get_num_threads()` threads, this
+    process's CPU affinity), else 0: a polling rank would take CPU time from ranks that compute."""
     raw = os.environ.get(POLL_ENV)
     if raw is not None and raw.strip():
         try:
@@ -298,7 +298,8 @@ def poll_seconds() -> float:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
     except ValueError:
         local = 0
-    return DEFAULT_POLL_US / 1e6 if 0 < local <= len(os.sched_getaffinity(0)) else 0.0
+    wanted = local * torch.get_num_threads()  # every rank's compute threads
+    return DEFAULT_POLL_US / 1e6 if 0 < wanted <= len(os.sched_getaffinity(0)) else 0.0
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
