@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup, ReduceOp, Work
 
 from ds_comm._shm_pair import ShmWork, _Destinations, shm_channel
+from ds_comm._shm_segment import completed_future
 
 __all__ = [
     "PairWork",
@@ -112,9 +113,7 @@ class PairWork:
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         self.wait()
-        fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        fut.set_result([])
-        return fut
+        return completed_future()
 
 
 def pair_all_gather(output: torch.Tensor, input: torch.Tensor, group: ProcessGroup | None) -> PairWork | ShmWork | None:

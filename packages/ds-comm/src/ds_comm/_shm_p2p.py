@@ -63,11 +63,13 @@ from ds_comm._shm_segment import (
     attach,
     check_peer,
     close,
+    completed_future,
     create,
     enabled,
     futex,
     pid_ns,
     reached,
+    timeout_seconds,
     unlink,
 )
 
@@ -225,7 +227,7 @@ class ShmLink:
     def wait(self, seq: int, sending: bool, timeout: timedelta | None) -> None:
         """Until message `seq` is sent or received, moving queued sends and arrived messages meanwhile."""
         now = time.monotonic()
-        deadline, poll_until = now + _seconds(timeout), now + self.poll_s
+        deadline, poll_until = now + timeout_seconds(timeout), now + self.poll_s
         with self._lock:
             self._check()
             while True:
@@ -276,9 +278,7 @@ class ShmP2PWork:
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         self.wait()
-        fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        fut.set_result([])
-        return fut
+        return completed_future()
 
 
 def poll_seconds() -> float:
@@ -309,14 +309,6 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cpu":
         raise RuntimeError(f"shared-memory p2p carries CPU tensors, not {t.device.type} ones")
     return t.view(-1).view(torch.uint8)
-
-
-def _seconds(timeout: timedelta | None) -> float:
-    if timeout is not None:
-        return timeout.total_seconds()
-    from ds_comm._dist_init import state
-
-    return state.timeout.total_seconds() if state.timeout is not None else 1800.0
 
 
 # ---- which messages take a link ---------------------------------------------------------------------

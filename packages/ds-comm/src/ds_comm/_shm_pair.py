@@ -76,11 +76,13 @@ from ds_comm._shm_segment import (
     attach,
     check_peer,
     close,
+    completed_future,
     create,
     enabled,
     futex,
     pid_ns,
     reached,
+    timeout_seconds,
     unlink,
 )
 
@@ -181,9 +183,7 @@ class ShmWork:
 
     def get_future(self) -> torch.futures.Future[list[torch.Tensor]]:
         self.wait()
-        fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
-        fut.set_result([])
-        return fut
+        return completed_future()
 
 
 class ShmChannel:
@@ -237,7 +237,7 @@ class ShmChannel:
         chunks = max(out_layout.chunks, in_layout.chunks)  # the same number on both ranks
         with self._lock:
             self._check()
-            deadline = time.monotonic() + _seconds(timeout)
+            deadline = time.monotonic() + timeout_seconds(timeout)
             if chunks > 1 or any(a is not None for a in adds):
                 dests = _Destinations(recvs)
                 if chunks > 1:  # later chunks are sent after earlier ones were received: no overwrites
@@ -271,7 +271,7 @@ class ShmChannel:
         with self._lock:
             self._check()
             try:
-                self._take_out(last, time.monotonic() + _seconds(timeout))
+                self._take_out(last, time.monotonic() + timeout_seconds(timeout))
             except BaseException as err:
                 self._broken = f"an earlier exchange failed: {err}"
                 raise
@@ -346,14 +346,6 @@ class ShmChannel:
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor's bytes, flat."""
     return t.view(-1).view(torch.uint8)
-
-
-def _seconds(timeout: timedelta | None) -> float:
-    if timeout is not None:
-        return timeout.total_seconds()
-    from ds_comm._dist_init import state
-
-    return state.timeout.total_seconds() if state.timeout is not None else 1800.0
 
 
 class _Destinations:

@@ -25,6 +25,7 @@ import os
 import platform
 import secrets
 import sys
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -152,3 +153,19 @@ def check_peer(pid: int | None, what: str) -> None:
         raise RuntimeError(f"{what}: the peer process (pid {pid}) has exited") from None
     except PermissionError:
         pass
+
+
+def timeout_seconds(timeout: timedelta | None) -> float:
+    """A wait's limit: `timeout`, else the collectives' configured timeout (30 minutes before any)."""
+    if timeout is not None:
+        return timeout.total_seconds()
+    from ds_comm._dist_init import state
+
+    return state.timeout.total_seconds() if state.timeout is not None else 1800.0
+
+
+def completed_future() -> torch.futures.Future[list[torch.Tensor]]:
+    """What `get_future()` of a finished work returns: a future already set (the data is in place)."""
+    fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
+    fut.set_result([])
+    return fut
