@@ -18,6 +18,7 @@ from torch.distributed import ProcessGroup
 
 from ds_comm._comms_logger import comms_logger
 from ds_comm._dist_init import state
+from ds_comm._shm_p2p import shm_link
 from ds_comm.accelerator import get_accelerator
 from ds_comm.collectives import CollectiveHandle, _error, _issue, _nbytes, _timed_out, irecv, isend
 
@@ -139,22 +140,32 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[CollectiveHandle]:
     if comms_logger.should_record("send") or comms_logger.should_record("recv"):
         get_accelerator().synchronize()
         start = time.perf_counter()
-    torch_ops = [
-        dist.P2POp(dist.isend if p.is_send else dist.irecv, p.tensor, p.peer, group=p.group, tag=p.tag)
-        for p in p2p_op_list
-    ]
-    group = p2p_op_list[0].group
-    try:
-        works = dist.batch_isend_irecv(torch_ops)
-    except RuntimeError as err:
-        raise _error("batch_isend_irecv", group, err, state.timeout, timed_out=False) from err
-    # torch returns one work per op on gloo and a single coalesced work on nccl; keep one handle per op.
-    if len(works) != len(p2p_op_list):
-        works = [works[-1]] * len(p2p_op_list)
-    return [
-        CollectiveHandle(work, "send" if p.is_send else "recv", p.group, _nbytes(p.tensor), start)
-        for work, p in zip(works, p2p_op_list, strict=True)
-    ]
+    # A message a shared-memory link carries (ds_comm._shm_p2p) must take it here too, or a peer that
+    # receives it with irecv would wait on the ring for what went to gloo: those ops go one by one.
+    linked = [shm_link(p.peer, p.group, p.tag, p.tensor) is not None for p in p2p_op_list]
+    batched = [p for p, ring in zip(p2p_op_list, linked, strict=True) if not ring]
+    handles: list[CollectiveHandle] = []
+    works: list[Any] = []
+    if batched:
+        torch_ops = [
+            dist.P2POp(dist.isend if p.is_send else dist.irecv, p.tensor, p.peer, group=p.group, tag=p.tag)
+            for p in batched
+        ]
+        try:
+            works = dist.batch_isend_irecv(torch_ops)
+        except RuntimeError as err:
+            raise _error("batch_isend_irecv", batched[0].group, err, state.timeout, timed_out=False) from err
+        # torch returns one work per op on gloo and a single coalesced work on nccl; keep one handle per op.
+        if len(works) != len(batched):
+            works = [works[-1]] * len(batched)
+    remaining = iter(works)
+    for p, ring in zip(p2p_op_list, linked, strict=True):
+        if ring:
+            handles.append((isend if p.is_send else irecv)(p.tensor, p.peer, group=p.group, tag=p.tag))
+        else:
+            kind = "send" if p.is_send else "recv"
+            handles.append(CollectiveHandle(next(remaining), kind, p.group, _nbytes(p.tensor), start))
+    return handles
 
 
 def monitored_barrier(

@@ -14,8 +14,10 @@ a header page (nonce, slot size, slot count, then 32-bit counters on cache lines
 direction, messages written and messages taken out; per rank, a doorbell), then per direction `SLOTS`
 slots of `SLOT_BYTES`, each with a 64-byte header (the message's byte size and its sequence number,
 which the reader checks). From then on a send of at most `SLOT_BYTES` between the two, on the default
-group with tag 0, takes the ring; anything else goes to gloo. Both sides decide from the message's byte
-size, which a matching receive shares, so each transport stays in order on its own.
+group with tag 0, takes the ring, whether issued by `isend`/`irecv`/`send`/`recv` or in a
+`batch_isend_irecv`; anything else goes to gloo (torch.distributed's own calls always do: a linked pair
+must not mix them with ds_comm's for such messages). Both sides decide from the message's byte size,
+which a matching receive shares, so each transport stays in order on its own.
 
 [Note: never blocking a send] gloo's `isend` returns at once, and programs rely on it: in a pipeline
 step both neighbours send first and receive second. So a send that finds every slot unread is queued

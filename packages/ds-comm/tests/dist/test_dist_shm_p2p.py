@@ -89,6 +89,32 @@ def _switched_off_on_rank_1(rank: int, world: int) -> dict[str, object]:
     return _round_trip(rank, world)
 
 
+def _batched(rank: int, world: int) -> list[bool]:
+    """batch_isend_irecv on one side, isend/irecv on the other: both must pick the same transport."""
+    peer = 1 - rank
+    assert ds_comm.open_shm_p2p(peer)
+    small, large = torch.arange(6.0) + rank, torch.arange(float(LARGE)) + rank
+    got_small, got_large = torch.empty(6), torch.empty(LARGE)
+    if rank == 0:
+        ops = [
+            ds_comm.P2POp(ds_comm.isend, small, peer),
+            ds_comm.P2POp(ds_comm.irecv, got_small, peer),
+            ds_comm.P2POp(ds_comm.isend, large, peer),
+            ds_comm.P2POp(ds_comm.irecv, got_large, peer),
+        ]
+        handles = ds_comm.batch_isend_irecv(ops)
+    else:
+        handles = [ds_comm.irecv(got_small, peer), ds_comm.isend(small, peer)]
+        handles += [ds_comm.irecv(got_large, peer), ds_comm.isend(large, peer)]
+    for h in handles:
+        h.wait()
+    return [torch.equal(got_small, torch.arange(6.0) + peer), torch.equal(got_large, torch.arange(float(LARGE)) + peer)]
+
+
+def test_batched_and_single_p2p_meet_on_the_same_transport() -> None:
+    assert run_ranks(2, _batched, timeout_s=60, collective_timeout_s=20) == [[True, True], [True, True]]
+
+
 def _mismatch(rank: int, world: int) -> None:
     assert ds_comm.open_shm_p2p(1 - rank)
     if rank == 0:
