@@ -5,8 +5,9 @@ stage, and in 1F1B's steady state two such hops lie on the critical path of ever
 a 4 KiB message between two ranks of a 2-core host took 95 us from the send to the completed receive
 (the `isend` call alone 35 us: a socket write, then gloo's I/O thread and a condition variable on the
 other side); through this ring, 36 us (the call 15 us): the sender copies into a slot of a segment both
-processes map and rings the peer's futex. Measured with `benchmarks/pipe.py`'s stages, 4 ranks on 2
-CPUs, compute-bound: a batch of 4 micro-batches took 21.8 ms against 26.9 ms over gloo.
+processes map and rings the peer's futex. `benchmarks/pipe.py`'s compute-bound stages, 4 ranks on 2
+CPUs, 4 paired rounds: a batch of 4 micro-batches took 24 ms against 30 ms over gloo (medians), one of
+16 took 79 against 100 ms.
 
 [Note: the link] `open_shm_p2p(peer)`, called by both ranks at the same point, sets up one segment per
 pair (see ds_comm._shm_segment; the lower rank makes it, the two agree over gloo whether both mapped it):
