@@ -364,9 +364,15 @@ def open_shm_p2p(peer: int) -> bool:
 def _exchange(tensor: torch.Tensor, peer: int, sending: bool) -> None:
     from ds_comm._dist_init import state
 
-    work = (dist.isend if sending else dist.irecv)(tensor, peer, tag=_SETUP_TAG)
-    assert work is not None
-    work.wait(timeout=state.timeout) if state.timeout is not None else work.wait()
+    try:
+        work = (dist.isend if sending else dist.irecv)(tensor, peer, tag=_SETUP_TAG)
+        assert work is not None
+        work.wait(timeout=state.timeout) if state.timeout is not None else work.wait()
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"open_shm_p2p: rank {peer} did not answer while this rank {dist.get_rank()} set up their link "
+            f"(both ranks must call open_shm_p2p, each naming the other): {err}"
+        ) from err
 
 
 def _setup(peer: int, low: bool) -> ShmLink | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 import pytest
 import torch
@@ -151,6 +152,18 @@ def test_the_segment_leaves_no_file_behind() -> None:
     results = run_ranks(2, _segments, timeout_s=60)
     assert all(linked for linked, _ in results)
     assert not any(paths for _, paths in results)  # unlinked as soon as both ranks mapped it
+
+
+def _one_sided(rank: int, world: int) -> None:
+    if rank == 0:
+        ds_comm.open_shm_p2p(1)  # rank 1 never calls it
+    else:
+        time.sleep(6)
+
+
+def test_a_peer_that_never_joins_is_named() -> None:
+    with pytest.raises(RuntimeError, match=r"open_shm_p2p: rank 1 did not answer while this rank 0 set up"):
+        run_ranks(2, _one_sided, timeout_s=60, collective_timeout_s=3)
 
 
 def _bad_peer(rank: int, world: int) -> str:
