@@ -234,7 +234,7 @@ def main() -> None:
                 )
                 ours.append(max(r["time"] for r in results))
                 busy.append(max(r["busy_bubble"] for r in results))
-                for batch in zip(*(r["traces"] for r in results), strict=True):
+                for batch in zip(*(r["traces"] for r in results), strict=True) if sleeping else ():
                     replays.append(_pipe_replay.replay(list(batch)))
                     stage_s.append(_pipe_replay.mean_stage_seconds(list(batch)))
                 results = run_ranks(args.stages, torch_worker, args=run_args, m=m, timeout_s=900)
@@ -243,14 +243,6 @@ def main() -> None:
             print(_row(mode, m, "sequential", seq, seq, args))
             print(_row(mode, m, "ds_pipe", ours_s, seq, args, busy=statistics.median(busy)))
             print(_row(mode, m, "torch 1F1B", theirs_s, seq, args), flush=True)
-            replay_s, theory_s = statistics.median(replays), (m + args.stages - 1) * statistics.median(stage_s)
-            if sleeping:  # with stages competing for cores, a replay would not separate anything
-                print(
-                    f"{'':8s} {'':3s}  ds_pipe replayed with free p2p: {replay_s * 1e3:.2f} ms; 1F1B theory at the "
-                    f"traced mean stage time: {theory_s * 1e3:.2f} ms (stage-time variation adds "
-                    f"{(replay_s - theory_s) * 1e3:.1f} ms, transport and executor {(ours_s - replay_s) * 1e3:.1f} ms)",
-                    flush=True,
-                )
             ratios.append((mode, m, theirs_s / ours_s))
             setting = f"{mode} m={m}, {args.stages} stages: batch time"
             rows.append(
@@ -264,7 +256,14 @@ def main() -> None:
                     target="<= 1.0",
                 )
             )
-            if sleeping:  # stages overlap only when their work does not compete for cores
+            if sleeping:  # stages overlap only when their work does not compete for cores (nor would a replay)
+                replay_s, theory_s = statistics.median(replays), (m + args.stages - 1) * statistics.median(stage_s)
+                print(
+                    f"{'':8s} {'':3s}  ds_pipe replayed with free p2p: {replay_s * 1e3:.2f} ms; 1F1B theory at the "
+                    f"traced mean stage time: {theory_s * 1e3:.2f} ms (stage-time variation adds "
+                    f"{(replay_s - theory_s) * 1e3:.1f} ms, transport and executor {(ours_s - replay_s) * 1e3:.1f} ms)",
+                    flush=True,
+                )
                 bubble = 1 - seq / ours_s / args.stages
                 rows.append(
                     _report.Row(

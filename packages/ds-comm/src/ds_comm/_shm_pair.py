@@ -10,19 +10,14 @@ straight from there into its destination: two memory copies and a few atomic wor
 [Note: the segment] One per 2-rank gloo group, made on the group's first pair exchange: a header page
 (a nonce, the slot size, four 32-bit counters, each on a cache line of its own), then two slots per
 rank of `slot` bytes each, every slot with a 64-byte header (the message's size and the chunk's index,
-checked by the reader). Group rank 0 creates the file in /dev/shm with its space reserved up front
-(`posix_fallocate`: a full /dev/shm refuses here instead of killing a process with SIGBUS later), rank 1
-maps it and checks the nonce (the same /dev/shm, not only the same host name), both say whether that
-worked in one all-gather, and rank 0 unlinks the file right away: from then on the memory lives only as
-long as the two mappings, so nothing is left behind when a rank crashes.
+checked by the reader). Group rank 0 creates the file and rank 1 maps it as ds_comm._shm_segment
+describes; both say whether that worked in one all-gather before rank 0 unlinks it.
 
 [Note: the same decision on both ranks] A rank that exchanges through shared memory while its peer sends
 over gloo waits forever. So whether a group uses the segment is decided once, from facts both ranks hold
 after the setup's all-gathers (rank 0 made and filled the segment, rank 1 mapped it and read the nonce,
 neither has it turned off); `DS_COMM_SHM=0` on any rank turns it off for the group. The slot size is
-rank 0's (`DS_COMM_SHM_SLOT_MB`). Only on x86-64 Linux: the counters are published with plain aligned
-stores after the data copy, which x86's store order makes visible in that order; other CPUs would need
-barriers Python cannot issue, and keep gloo.
+rank 0's (`DS_COMM_SHM_SLOT_MB`). Only on x86-64 Linux (ds_comm._shm_segment's [Note: counters]).
 
 [Note: protocol] Every exchange (a list of tensors to send, and as many destinations of the same byte
 sizes to receive the peer's into) is one message, laid out at 64-byte aligned offsets and cut into chunks
