@@ -65,6 +65,7 @@ from ds_comm._pinned_memory import (
 )
 from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
 from ds_comm._shm_p2p import open_shm_p2p
+from ds_comm._shm_shared import PairSharedTensor, pair_shared_tensor
 from ds_comm._trim_mean import trim_mean
 from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
 from ds_comm.checkpoint_files import CheckpointFileError, check_deepspeed_version, load_checkpoint_file
@@ -147,6 +148,7 @@ __all__ = [
     "LockedHostAllocator",
     "NativePinnedMemory",
     "P2POp",
+    "PairSharedTensor",
     "PinnedMemoryTracker",
     "ProcessGroup",
     "ReduceOp",
@@ -225,6 +227,7 @@ __all__ = [
     "pair_all_gather_into_tensors",
     "pair_exchange",
     "pair_ranks",
+    "pair_shared_tensor",
     "patch_aml_env_for_torch_nccl_backend",
     "patch_aws_sm_env_for_torch_nccl_backend",
     "pinned_memory_summary",

@@ -5,7 +5,8 @@
 (the own partition is the input, in place). On gloo, `all_gather_into_tensor` copies through temporary
 buffers and costs about five times what one broadcast per owner costs (measured with 2 ranks on 80 MB:
 0.11 s vs 0.022 s of process CPU time), so there each owner broadcasts its partition in place; DeepSpeed's
-`allgather_partitions=false` asks for that form everywhere.
+`allgather_partitions=false` asks for that form everywhere. Two ranks of one host whose flat buffers are
+pair memory copy the peer's partition straight out of its buffer (ds_zero._stage12.pair_memory).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch.distributed import ProcessGroup
 
 import ds_comm
 from ds_zero._stage12.flat_buffer import FlatParamGroup
+from ds_zero._stage12.pair_memory import gather_from_peer, shared_params
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,10 @@ class PartitionAllGather:
         handles: list = []
         for flat, group, world, global_ranks in zip(self.flats, self.groups, self.worlds, self._global, strict=True):
             if world == 1:
+                continue
+            shared = shared_params(flat)
+            if shared is not None:  # two ranks of one host: straight out of the peer's buffer (pair_memory)
+                gather_from_peer(flat, shared)
                 continue
             numel = flat.partition_numel
             chunk = max(1, self.bucket_numel // world)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
+import ds_comm
 from ds_zero._partition import Fragment, ParamSlot, fragments_in_range, padded_numel
 
 logger = logging.getLogger(__name__)
@@ -26,12 +28,21 @@ class FlatParamGroup:
         names: a name per parameter (used in checkpoints).
         num_partitions: data-parallel world size.
         rank: this rank's index in the data-parallel group.
+        share: a collective giving a buffer of (numel, dtype) in memory two ranks share (called once, by
+            every rank alike, for a buffer on the CPU; None from it keeps a private buffer).
 
     Raises:
         TypeError: parameters of different dtypes or devices in one group.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], names: list[str], num_partitions: int, rank: int) -> None:
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        names: list[str],
+        num_partitions: int,
+        rank: int,
+        share: Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None = None,
+    ) -> None:
         self.params = params
         self.num_partitions = num_partitions
         self.rank = rank
@@ -53,9 +64,15 @@ class FlatParamGroup:
         self.numel = offset
         self.padded_numel = padded_numel(offset, num_partitions)
         self.partition_numel = self.padded_numel // num_partitions
+        #: The buffer in memory the peer rank reads directly (`share`; ds_zero._stage12.pair_memory), or None.
+        self.shared = share(self.padded_numel, self.dtype) if share is not None and self.device.type == "cpu" else None
         # `empty`, not `zeros`: pages become resident as each parameter is copied in while its old storage
         # is released, so building the buffer costs about one model copy, not two.
-        self.flat = torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
+        self.flat = (
+            self.shared.mine
+            if self.shared is not None
+            else torch.empty(self.padded_numel, dtype=self.dtype, device=self.device)
+        )
         self.flat[self.numel :].zero_()
         with torch.no_grad():
             for p, slot in zip(params, slots, strict=True):

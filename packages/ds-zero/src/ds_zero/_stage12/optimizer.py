@@ -24,6 +24,7 @@ from ds_zero._stage12.deepspeed_views import NCCL_START_ALIGNMENT_FACTOR, FlatBu
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.model_parallel import CutRanges
 from ds_zero._stage12.muon import MuonPartitionUpdate
+from ds_zero._stage12.pair_memory import share_for
 from ds_zero._stage12.param_access import PartitionParamAccess
 from ds_zero._stage12.partitions import PartitionUpdater, build_grad_partitions, build_master_partitions
 from ds_zero._stage12.reduce import BoundaryReducer, RangeReducer
@@ -204,6 +205,7 @@ class DeepSpeedZeroOptimizer(
         reducers = [by_group[id(pg)] for pg in self.partition_groups]
         self._grads = self._build_reduction(config, reducers, communication_dtype, pin)
         self.grad_partitions: list[torch.Tensor] = self._grads.accumulators
+        self._partitions_clear = False  # zero_grad() cleared them and nothing wrote them since
         self._adopt_base_optimizer()
         self._updater = PartitionUpdater(optimizer, self.flats, self.masters, offload=self.offload)
         self._comm_device = next((f.device for f in self.flats if f.numel), torch.device("cpu"))
@@ -239,9 +241,10 @@ class DeepSpeedZeroOptimizer(
             else:
                 names.note_frozen(p, g, i)
         pg = self.partition_groups[g]
-        return FlatParamGroup(
-            [p for p, _ in trainable], [n for _, n in trainable], ds_comm.get_world_size(pg), ds_comm.get_rank(pg)
-        )
+        trained = [p for p, _ in trainable]
+        world, rank = ds_comm.get_world_size(pg), ds_comm.get_rank(pg)
+        share = None if self._runs_zenflow else share_for(pg)  # ZenFlow swaps the flat buffers it updates
+        return FlatParamGroup(trained, [n for _, n in trainable], world, rank, share=share)
 
     def _build_reduction(
         self,
@@ -268,6 +271,7 @@ class DeepSpeedZeroOptimizer(
                 bucket_numel=config.reduce_bucket_size,
                 communication_dtype=communication_dtype,
                 accumulators=accumulators,
+                share=[share_for(pg) for pg in self.partition_groups],
             )
         accumulators = build_grad_partitions(
             self.flats, offload=self.offload, pin_memory=pin, dtype=self.master_weights_and_grads_dtype
@@ -348,10 +352,15 @@ class DeepSpeedZeroOptimizer(
         `set_to_none` says (autograd then accumulates into it without allocating); stage 2 sets `.grad`
         to None.
         """
+        # Only what was written since the last clearing needs clearing: a reduction (`has_gradients`) or a
+        # step (it unscales and clips them). The engine's zero_grad() right after step()'s own then skips a
+        # memset of every partition (2.8 ms per step and rank on the 21M GPT's 10.5M elements).
+        written = self._grads.has_gradients or not self._partitions_clear
         self._grads.zero()
-        if not self._grads_are_flat_views():
+        if written and not self._grads_are_flat_views():
             for acc in self.grad_partitions:
                 acc.zero_()
+        self._partitions_clear = True
 
     def _deferrable_reducer(self) -> DeferrableReducer:
         return self._grads
@@ -407,6 +416,7 @@ class DeepSpeedZeroOptimizer(
         for flat in self.flats:
             flat.check_views()
         self._grads.finish()
+        self._partitions_clear = False
         grads = self.grad_partitions
         outcome = self._finish_grads(skip)
         if not self._record_outcome(outcome):

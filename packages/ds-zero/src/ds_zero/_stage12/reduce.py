@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,7 @@ import ds_comm
 from ds_zero._partition import owner_pieces
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.graph_grads import GraphOwnedGrads
+from ds_zero._stage12.pair_memory import reduce_with_peer
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,12 @@ class RangeReducer:
         self._sum_in_exchange = math.frexp(self.post_scale)[0] == 0.5
         self._pool: list[torch.Tensor] = []
         self._tag = 0
+
+    @property
+    def sums_pairs_in_place(self) -> bool:
+        """Whether fp32 buffers in pair memory may be reduced by `pair_memory.reduce_with_peer`: two gloo
+        ranks reducing to owners, a power-of-two average and no predivision (the module's last note)."""
+        return self.point_to_point and self.world == 2 and self._sum_in_exchange and self.predivide_factor == 1.0
 
     def launch(self, buffer: torch.Tensor, start: int, end: int, partition_numel: int) -> _Launched:
         """Start the reduction of `buffer` (= flat range `[start, end)`); all communication is asynchronous."""
@@ -227,6 +235,8 @@ class BoundaryReducer(GraphOwnedGrads):
         accumulators: per group, this rank's fp32 gradient partition that receives the averaged sums.
             None (model dtype = master dtype, no offload, reduction in that dtype): the own partition of each
             flat gradient buffer is the accumulator, reduced in place, so no second partition-sized buffer exists.
+        share: per group, the collective giving pair memory (`pair_memory.share_for`); an fp32 flat gradient
+            buffer reduced in place on two ranks of one host lives there and is reduced from the peer's.
     """
 
     def __init__(
@@ -237,13 +247,29 @@ class BoundaryReducer(GraphOwnedGrads):
         bucket_numel: int,
         communication_dtype: torch.dtype | None,
         accumulators: list[torch.Tensor] | None,
+        share: list[Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None] | None = None,
     ) -> None:
         self.flats = flats
         self.reducers = reducers
         self.bucket_numel = int(bucket_numel)
         self.communication_dtype = communication_dtype
-        self.flat_grads = [torch.zeros(f.padded_numel, dtype=f.dtype, device=f.device) for f in flats]
         self.in_place = accumulators is None
+        # Two ranks of one host reduce fp32 gradients in place from each other's buffers (pair_memory).
+        self.shared: list[ds_comm.PairSharedTensor | None] = [
+            make(f.padded_numel, f.dtype)
+            if make is not None
+            and self.in_place
+            and reducer.sums_pairs_in_place
+            and f.dtype == torch.float32
+            and f.device.type == "cpu"
+            and communication_dtype in (None, torch.float32)
+            else None
+            for f, reducer, make in zip(flats, reducers, share or [None] * len(flats), strict=True)
+        ]
+        self.flat_grads = [
+            s.mine if s is not None else torch.zeros(f.padded_numel, dtype=f.dtype, device=f.device)
+            for f, s in zip(flats, self.shared, strict=True)
+        ]
         if self.in_place:
             # the flat gradients are the accumulators (fp32, or bf16 with bf16 masters): reduced as they are
             assert len({f.dtype for f in flats}) <= 1
@@ -310,6 +336,10 @@ class BoundaryReducer(GraphOwnedGrads):
         for index, (flat, grads) in enumerate(zip(self.flats, self.flat_grads, strict=True)):
             reducer = self.reducers[index]
             self._collect(flat, grads)
+            shared = self.shared[index]
+            if shared is not None:
+                reduce_with_peer(flat, shared, grads, reducer.post_scale)
+                continue
             in_flight: list = []
             for start in range(0, flat.numel, self.bucket_numel):
                 end = min(start + self.bucket_numel, flat.numel)
