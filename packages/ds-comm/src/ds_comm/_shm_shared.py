@@ -15,10 +15,11 @@ says "what I wrote is final", the second "I am done reading yours", so after it 
 again. Nothing else orders the two processes, so a caller that reads `peer` outside that window reads
 whatever is there.
 
-[Note: the barrier] Each segment's header holds its owner's barrier count (a 32-bit word on a cache line of
+[Note: the barrier] Each segment's header holds its owner's counters (32-bit words, each on a cache line of
 its own, written only by the owner, published after the data as ds_comm._shm_segment's [Note: counters]
-says). `barrier()` raises this rank's count and sleeps on the peer's word until it reaches the same: the
-peer is at most one barrier ahead or behind. A wait gives up at the collective timeout (`TimeoutError`,
+says). `barrier()` raises this rank's first counter and sleeps on the peer's until it reaches the same:
+the peer is at most one barrier ahead or behind. The others are the caller's (`post`, `wait_for`), for
+finer orders than "both are here" (ZeRO-2 counts the buckets each rank wrote and read). A wait gives up at the collective timeout (`TimeoutError`,
 naming what was waited for), and early with a `RuntimeError` when the peer process is gone.
 
 Each rank creates its own segment (so its memory is its own, counted in its own RSS until the peer
@@ -63,7 +64,9 @@ __all__ = ["PairSharedTensor", "pair_shared_tensor"]
 logger = logging.getLogger(__name__)
 
 _HEADER = 4096
-_COUNT = 64  # byte offset of the owner's barrier count
+_COUNT = 64  # byte offset of the owner's first counter (the barrier's); each on a cache line of its own
+WORDS = 8
+"""Counters per rank: the barrier's and seven a caller may `post` and `wait_for`."""
 _KIND = "shared"
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # torch 2.13's name, else the old
 _INFO = 6  # want, pid, nonce, bytes, pid namespace, user id
@@ -77,10 +80,12 @@ class PairSharedTensor:
         # storages of exactly the data (memory accounting reads a tensor's storage size), after the header
         self.mine = _data(mine, numel, dtype)
         self.peer = _data(peer, numel, dtype)
-        self._mine_addr = torch.frombuffer(mine, dtype=torch.uint8, count=_HEADER).data_ptr() + _COUNT
-        self._peer_addr = torch.frombuffer(peer, dtype=torch.uint8, count=_HEADER).data_ptr() + _COUNT
-        self._mine_word = ctypes.c_uint32.from_address(self._mine_addr)
-        self._peer_word = ctypes.c_uint32.from_address(self._peer_addr)
+        mine_base = torch.frombuffer(mine, dtype=torch.uint8, count=_HEADER).data_ptr()
+        peer_base = torch.frombuffer(peer, dtype=torch.uint8, count=_HEADER).data_ptr()
+        self._mine_addrs = [mine_base + _COUNT + 64 * w for w in range(WORDS)]
+        self._peer_addrs = [peer_base + _COUNT + 64 * w for w in range(WORDS)]
+        self._mine_words = [ctypes.c_uint32.from_address(a) for a in self._mine_addrs]
+        self._peer_words = [ctypes.c_uint32.from_address(a) for a in self._peer_addrs]
         self._mappings = (mine, peer)  # alive as long as this object (the tensors keep them too)
         self._peer_pid = peer_pid
         self._count = 0
@@ -88,22 +93,29 @@ class PairSharedTensor:
     def barrier(self, timeout: timedelta | None = None) -> None:
         """Wait until the peer has made as many `barrier()` calls as this rank (this one included)."""
         self._count += 1
-        target = self._count & MASK
-        self._mine_word.value = target
-        futex(self._mine_addr, FUTEX_WAKE, WAKE_ALL)
+        self.post(0, self._count)
+        self.wait_for(0, self._count, f"reach barrier {self._count} (both ranks must call barrier() alike)", timeout)
+
+    def post(self, word: int, value: int) -> None:
+        """Publish `value` in this rank's counter `word` (1 to WORDS - 1; 0 is the barrier's), after every
+        write before it (the module's [Note: the barrier]), and wake a peer waiting on it."""
+        self._mine_words[word].value = value & MASK
+        futex(self._mine_addrs[word], FUTEX_WAKE, WAKE_ALL)
+
+    def wait_for(self, word: int, value: int, what: str, timeout: timedelta | None = None) -> None:
+        """Sleep until the peer's counter `word` reaches `value` (counters only grow, modulo 2**32); `what` the
+        peer is waited for to do, for the timeout's message."""
+        target = value & MASK
         deadline = time.monotonic() + timeout_seconds(timeout)
         while True:
-            value = self._peer_word.value
-            if reached(value, target):
+            current = self._peer_words[word].value
+            if reached(current, target):
                 return
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(
-                    f"shared tensor of two ranks: timed out waiting for the peer to reach barrier {self._count} "
-                    "(both ranks must call barrier() alike)"
-                )
+                raise TimeoutError(f"shared tensor of two ranks: timed out waiting for the peer to {what}")
             check_peer(self._peer_pid, "shared tensor of two ranks")
-            futex(self._peer_addr, FUTEX_WAIT, value, min(left, POLL_S))
+            futex(self._peer_addrs[word], FUTEX_WAIT, current, min(left, POLL_S))
 
 
 def _data(mm: mmap.mmap, numel: int, dtype: torch.dtype) -> torch.Tensor:

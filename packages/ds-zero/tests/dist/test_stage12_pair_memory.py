@@ -2,9 +2,9 @@
 
 The same training runs with pair memory and with `DS_COMM_SHM=0` (the collectives through gloo): the
 parameters must agree bit for bit after every step, at stage 1 (whose gradient buffer is pair memory too)
-and stage 2, with gradient accumulation (a rank writes its gradient buffer again in the next micro-step
-only after its peer has read it) and an uneven pace (one rank sleeps inside the window, so the barriers
-must really wait).
+and stage 2 (whose buckets are staged there, with and without overlap, in many small buckets), with
+gradient accumulation (a rank writes its gradient buffer again in the next micro-step only after its peer
+has read it) and an uneven pace (one rank sleeps inside the window, so the waits must really wait).
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import ds_zero
 from ds_comm.testing import run_ranks
 
 
-def _train(rank: int, world: int, stage: int, gas: int) -> tuple[list[torch.Tensor], dict[str, Any]]:
+def _train(rank: int, world: int, stage: int, gas: int, **config: Any) -> tuple[list[torch.Tensor], dict[str, Any]]:
     model = make_model()
-    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage), module=model)
-    used = {
-        "params": [f.shared is not None for f in opt.flats],
-        "grads": [s is not None for s in getattr(opt._grads, "shared", [])],
-    }
+    opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, **config), module=model)
+    grads = opt._grads.shared if stage == 1 else opt._grads.pairs  # stage 1: the flat buffer; 2: the staging
+    used = {"params": [f.shared is not None for f in opt.flats], "grads": [s is not None for s in grads]}
     snapshots = []
     for step in range(4):
         for micro in range(gas):
@@ -41,11 +39,11 @@ def _train(rank: int, world: int, stage: int, gas: int) -> tuple[list[torch.Tens
     return snapshots, used
 
 
-def _both_ways(rank: int, world: int, stage: int, gas: int) -> dict[str, Any]:
-    shared, used = _train(rank, world, stage, gas)
+def _both_ways(rank: int, world: int, stage: int, gas: int, config: dict[str, Any]) -> dict[str, Any]:
+    shared, used = _train(rank, world, stage, gas, **config)
     os.environ["DS_COMM_SHM"] = "0"
     try:
-        plain, unused = _train(rank, world, stage, gas)
+        plain, unused = _train(rank, world, stage, gas, **config)
     finally:
         del os.environ["DS_COMM_SHM"]
     return {
@@ -56,12 +54,23 @@ def _both_ways(rank: int, world: int, stage: int, gas: int) -> dict[str, Any]:
     }
 
 
+TINY = {"reduce_bucket_size": 40}  # many buckets, most straddling the partitions
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("stage", "gas"), [(1, 1), (1, 3), (2, 1), (2, 3)])
-def test_pair_memory_gives_the_collectives_bits(stage: int, gas: int) -> None:
-    for rank, res in enumerate(run_ranks(2, _both_ways, stage=stage, gas=gas, timeout_s=150)):
+@pytest.mark.parametrize(
+    ("stage", "gas", "config"),
+    [
+        (1, 1, {}),
+        (1, 3, {}),
+        (2, 1, {}),
+        (2, 3, {"overlap_comm": True, **TINY}),
+        (2, 2, {"overlap_comm": False, **TINY}),
+    ],
+)
+def test_pair_memory_gives_the_collectives_bits(stage: int, gas: int, config: dict[str, Any]) -> None:
+    for rank, res in enumerate(run_ranks(2, _both_ways, stage=stage, gas=gas, config=config, timeout_s=150)):
         assert res["equal"] == [True] * 4, f"rank {rank}: {res['equal']}"
         assert res["moved"], f"rank {rank}: the parameters never changed"
-        assert all(res["used"]["params"]) and not any(res["unused"]["params"]), res
-        if stage == 1:  # fp32 in place: the gradient buffer is pair memory too
-            assert all(res["used"]["grads"]) and not any(res["unused"]["grads"]), res
+        for kind in ("params", "grads"):
+            assert all(res["used"][kind]) and not any(res["unused"][kind]), res

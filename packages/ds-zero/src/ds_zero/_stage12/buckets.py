@@ -8,13 +8,16 @@ buffer and drops `param.grad` at once (full gradients never outlive their bucket
 strictly in index order, the same on every rank, so collectives match even if hooks fire in a different
 order. At the end of each backward (an autograd engine callback) buckets whose parameters got no gradient
 are zero-filled and launched, and every reduction is completed into this rank's fp32 partition, so
-micro-steps accumulate there.
+micro-steps accumulate there. On the two ranks of one host, a bucket of an fp32 group is staged at its
+place in a flat buffer in pair memory, and its owner sums the piece out of both ranks' buffers
+(ds_zero._stage12.pair_memory).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +26,7 @@ import ds_comm
 from ds_zero._partition import ParamSlot
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.graph_grads import GraphOwnedGrads
+from ds_zero._stage12.pair_memory import PairBuckets, pair_buckets
 from ds_zero._stage12.reduce import RangeReducer, _distinct, _Launched
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,7 @@ class _Bucket:
     filled: list[bool] = field(default_factory=list)
     pending: int = 0
     storage: torch.Tensor | None = None
+    last_seq: int = 0  # in pair memory: this bucket's number among its group's launches, the last time
 
     @property
     def numel(self) -> int:
@@ -108,6 +113,8 @@ class BucketReducer(GraphOwnedGrads):
         communication_dtype: dtype of the staging buffers and the reduction (None: the model dtype).
         ignore_unused_parameters: treat parameters without a gradient as zero; else raise at the end of
             backward naming them.
+        share: per group, the collective giving pair memory (`pair_memory.share_for`): on two ranks of one
+            host an fp32 group stages its buckets in a flat buffer there, read by the peer in place.
     """
 
     def __init__(
@@ -121,6 +128,7 @@ class BucketReducer(GraphOwnedGrads):
         communication_dtype: torch.dtype | None,
         ignore_unused_parameters: bool,
         max_in_flight: int = 2,
+        share: list[Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None] | None = None,
     ) -> None:
         self.flats = flats
         self.reducers = reducers
@@ -133,9 +141,13 @@ class BucketReducer(GraphOwnedGrads):
         self._buffer_numel = max((b.numel for b in self.buckets), default=0)
         self._buffer_dtype = dtype
         self._device = flats[0].device if flats else torch.device("cpu")
+        self.pairs = [
+            pair_buckets(make, f, reducer.sums_pairs_in_place and dtype == torch.float32)
+            for f, reducer, make in zip(flats, reducers, share or [None] * len(flats), strict=True)
+        ]
         self._pool: list[torch.Tensor] = []
         self._num_buffers = 0
-        self._in_flight: deque[tuple[_Bucket, _Launched]] = deque()
+        self._in_flight: deque[tuple[_Bucket, _Launched | None]] = deque()
         self._next = 0
         self._armed: int | None = None
         self._dirty = False
@@ -196,7 +208,7 @@ class BucketReducer(GraphOwnedGrads):
     def _take_grad(self, bucket: _Bucket, pos: int, grad: torch.Tensor) -> None:
         self._dirty = True
         if bucket.storage is None:
-            bucket.storage = self._acquire()
+            bucket.storage = self._storage(bucket)
         slot = bucket.slots[pos]
         view = bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start]
         with torch.no_grad():
@@ -206,6 +218,10 @@ class BucketReducer(GraphOwnedGrads):
             bucket.pending -= 1
             if bucket.pending == 0:
                 self._launch_ready()
+
+    def _storage(self, bucket: _Bucket) -> torch.Tensor:
+        pair = self.pairs[bucket.group]
+        return pair.stage(bucket.start, bucket.end, bucket.last_seq) if pair is not None else self._acquire()
 
     def _acquire(self) -> torch.Tensor:
         if not self._pool and self._in_flight and self._num_buffers >= self.max_in_flight:
@@ -220,7 +236,14 @@ class BucketReducer(GraphOwnedGrads):
             bucket = self.buckets[self._next]
             self._next += 1
             flat = self.flats[bucket.group]
-            launched = self.reducers[bucket.group].launch(bucket.buffer, bucket.start, bucket.end, flat.partition_numel)
+            pair = self.pairs[bucket.group]
+            launched: _Launched | None = None
+            if pair is not None:  # the peer sums its piece straight out of this rank's staging (pair_memory)
+                bucket.last_seq = pair.launch()
+            else:
+                launched = self.reducers[bucket.group].launch(
+                    bucket.buffer, bucket.start, bucket.end, flat.partition_numel
+                )
             self._in_flight.append((bucket, launched))
             if not self.overlap_comm:
                 self._complete_oldest()
@@ -228,9 +251,15 @@ class BucketReducer(GraphOwnedGrads):
     def _complete_oldest(self) -> None:
         bucket, launched = self._in_flight.popleft()
         flat = self.flats[bucket.group]
-        self.reducers[bucket.group].complete(launched, self.accumulators[bucket.group], flat.partition_numel)
-        assert bucket.storage is not None
-        self._pool.append(bucket.storage)
+        pair = self.pairs[bucket.group]
+        if launched is None:
+            assert pair is not None
+            scale = self.reducers[bucket.group].post_scale
+            pair.complete(flat, bucket.start, bucket.end, bucket.last_seq, self.accumulators[bucket.group], scale)
+        else:
+            self.reducers[bucket.group].complete(launched, self.accumulators[bucket.group], flat.partition_numel)
+            assert bucket.storage is not None
+            self._pool.append(bucket.storage)
         bucket.storage = None
 
     def _end_of_backward(self) -> None:
@@ -241,7 +270,7 @@ class BucketReducer(GraphOwnedGrads):
             if bucket.pending == 0:
                 continue
             if bucket.storage is None:
-                bucket.storage = self._acquire()
+                bucket.storage = self._storage(bucket)
             for pos, slot in enumerate(bucket.slots):
                 if not bucket.filled[pos]:
                     bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start].zero_()
@@ -280,7 +309,7 @@ class BucketReducer(GraphOwnedGrads):
         while self._in_flight:
             self._complete_oldest()
         for bucket in self.buckets:
-            if bucket.storage is not None:
+            if bucket.storage is not None and self.pairs[bucket.group] is None:
                 self._pool.append(bucket.storage)
             bucket.reset()
             for p in bucket.params:
@@ -296,7 +325,8 @@ class BucketReducer(GraphOwnedGrads):
 
     def gradient_tensors(self) -> list[torch.Tensor]:
         """Staging and receive buffers held (for memory accounting; accumulators are counted by the caller)."""
-        return list(self._pool) + [b for r in _distinct(self.reducers) for b in r.buffers()]
+        staged = [p.shared.mine for p in self.pairs if p is not None]
+        return list(self._pool) + staged + [b for r in _distinct(self.reducers) for b in r.buffers()]
 
     def close(self) -> None:
         for handle in self._hooks:

@@ -8,7 +8,9 @@ can map. Then:
   (instead of the owner copying it into the pair channel's slot and the peer copying it out again);
 - stage 1's reduction is one pass over both ranks' gradients for this rank's partition, `(own + peer's)`
   scaled once, straight into the own partition (instead of the peer copying its piece into the slot and
-  this rank adding it into a receive buffer it then scales into the partition).
+  this rank adding it into a receive buffer it then scales into the partition);
+- stage 2 stages each bucket at its place in a flat gradient buffer in pair memory, and the owner of a
+  piece sums it out of both ranks' buffers into its fp32 partition (`PairBuckets`).
 
 The result is the same bits as the pair exchange's: `own + peer's` is IEEE's one rounding whichever rank
 adds, and the scale is a power of two (RangeReducer's [Note: two ranks sum as they receive]), so DDP's
@@ -16,6 +18,14 @@ adds, and the scale is a power of two (RangeReducer's [Note: two ranks sum as th
 of both ranks is done, the second that both are done reading, so each may write its own buffer again
 (ds_comm._shm_shared's [Note: the contract]). A buffer ZenFlow swapped out, another dtype or scaling, or
 a group the pair memory does not cover keep the collectives.
+
+[Note: stage 2's counters] Stage 2 reduces bucket by bucket during the backward, so two barriers per
+exchange would stall the faster rank at every bucket. Each rank instead counts, per group, the buckets it
+launched (its writes are final) and the buckets it completed (it has read the peer's), in the same order
+on both ranks. Completing bucket number n waits until the peer launched n; staging a bucket in the next
+backward waits until the peer completed that bucket's previous number (it read the old contents). The
+peer completes every bucket by the end of its backward, which needs nothing of this rank's later
+backwards, so neither wait can close a cycle.
 """
 
 from __future__ import annotations
@@ -29,9 +39,10 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
-__all__ = ["gather_from_peer", "reduce_with_peer", "share_for"]
+__all__ = ["PairBuckets", "gather_from_peer", "pair_buckets", "reduce_with_peer", "share_for"]
 
 _CHUNK = 1 << 18  # elements summed and scaled while in cache (1 MiB of fp32 per operand)
+_WRITTEN, _READ = 1, 2  # stage 2's counters (ds_comm.PairSharedTensor.post / wait_for)
 
 
 def share_for(group: ProcessGroup | None) -> Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None:
@@ -68,3 +79,51 @@ def reduce_with_peer(flat: FlatParamGroup, shared: ds_comm.PairSharedTensor, gra
         torch.add(piece, theirs[lo : lo + _CHUNK], out=piece)
         piece.mul_(scale)
     shared.barrier()  # the peer is done reading this rank's gradients
+
+
+class PairBuckets:
+    """Stage 2's buckets of one fp32 group, staged in pair memory (the module's [Note: stage 2's counters])."""
+
+    def __init__(self, shared: ds_comm.PairSharedTensor) -> None:
+        self.shared = shared
+        self.launched = 0
+        self.completed = 0
+        self._sum = torch.empty(_CHUNK, dtype=shared.mine.dtype)
+
+    def stage(self, start: int, end: int, last_seq: int) -> torch.Tensor:
+        """Where a bucket over flat range `[start, end)` is staged, once the peer has read its previous
+        contents (the bucket's launch number `last_seq`; 0: never launched)."""
+        self.shared.wait_for(_READ, last_seq, f"read this rank's gradient bucket {last_seq}")
+        return self.shared.mine[start:end]
+
+    def launch(self) -> int:
+        """The next bucket's writes are final: its launch number."""
+        self.launched += 1
+        self.shared.post(_WRITTEN, self.launched)
+        return self.launched
+
+    def complete(
+        self, flat: FlatParamGroup, start: int, end: int, seq: int, accumulator: torch.Tensor, scale: float
+    ) -> None:
+        """Add `(own + peer's) * scale` of bucket `seq` (flat range `[start, end)`) into this rank's part of it
+        in `accumulator` (its fp32 partition): the pair exchange's sum and RangeReducer's addition, bit for bit."""
+        self.shared.wait_for(_WRITTEN, seq, f"write its gradient bucket {seq}")
+        lo, hi = max(start, flat.own_start), min(end, flat.own_start + flat.partition_numel)
+        for at in range(lo, hi, _CHUNK):
+            n = min(_CHUNK, hi - at)
+            total = self._sum[:n]
+            torch.add(self.shared.mine[at : at + n], self.shared.peer[at : at + n], out=total)
+            accumulator[at - flat.own_start : at - flat.own_start + n].add_(total, alpha=scale)
+        self.completed += 1
+        self.shared.post(_READ, self.completed)
+
+
+def pair_buckets(
+    share: Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None, flat: FlatParamGroup, eligible: bool
+) -> PairBuckets | None:
+    """Stage 2's pair memory for `flat` where its reduction allows it (`eligible`: two gloo ranks, a power-of-two
+    average, fp32 communication) and both ranks could map it; else None, the pair exchange."""
+    if share is None or not eligible or flat.dtype != torch.float32 or flat.device.type != "cpu":
+        return None
+    shared = share(flat.padded_numel, flat.dtype)
+    return PairBuckets(shared) if shared is not None else None
