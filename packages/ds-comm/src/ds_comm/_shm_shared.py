@@ -19,8 +19,9 @@ whatever is there.
 its own, written only by the owner, published after the data as ds_comm._shm_segment's [Note: counters]
 says). `barrier()` raises this rank's first counter and sleeps on the peer's until it reaches the same:
 the peer is at most one barrier ahead or behind. The others are the caller's (`post`, `wait_for`), for
-finer orders than "both are here" (ZeRO-2 counts the buckets each rank wrote and read). A wait gives up at the collective timeout (`TimeoutError`,
-naming what was waited for), and early with a `RuntimeError` when the peer process is gone.
+finer orders than "both are here" (ZeRO-2 counts the buckets each rank wrote and read). A wait gives up at
+the collective timeout (`TimeoutError`, naming what was waited for), and early with a `RuntimeError` when
+the peer process is gone.
 
 Each rank creates its own segment (so its memory is its own, counted in its own RSS until the peer
 reads it), both map both, and both names are unlinked once mapped: nothing stays in /dev/shm. Where

@@ -26,7 +26,7 @@ import ds_comm
 from ds_zero._partition import ParamSlot
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.graph_grads import GraphOwnedGrads
-from ds_zero._stage12.pair_memory import PairBuckets, pair_buckets
+from ds_zero._stage12.pair_memory import pair_buckets
 from ds_zero._stage12.reduce import RangeReducer, _distinct, _Launched
 
 logger = logging.getLogger(__name__)
