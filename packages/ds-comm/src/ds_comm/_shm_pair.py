@@ -75,6 +75,7 @@ from ds_comm._shm_segment import (
     create,
     enabled,
     futex,
+    pair_rows,
     pid_ns,
     reached,
     timeout_seconds,
@@ -376,9 +377,7 @@ class _Destinations:
 
 # ---- setup ---------------------------------------------------------------------------------------------
 
-_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # torch 2.13's name, else the old
 _channels: weakref.WeakKeyDictionary[ProcessGroup, ShmChannel | None] = weakref.WeakKeyDictionary()
-_INFO = 6  # ok, pid, nonce, slot bytes, pid namespace, user id
 
 
 def shm_channel(group: ProcessGroup | None) -> ShmChannel | None:
@@ -422,31 +421,19 @@ def _setup(group: ProcessGroup | None) -> ShmChannel | None:
     created = _create(slot) if want and me == 0 else None
     mm: mmap.mmap | None = None
     try:
-        info = torch.tensor(
-            [
-                int(created is not None or (want and me == 1)),
-                os.getpid(),
-                created[2] if created else 0,
-                slot,
-                pid_ns(),
-                os.getuid(),
-            ],
-            dtype=torch.int64,
-        )
-        rows = torch.empty(2 * _INFO, dtype=torch.int64)
-        _all_gather(rows, info, group=group)
-        r0, r1 = rows.view(2, _INFO).tolist()
+        # ok, pid, nonce, slot bytes, pid namespace, user id
+        wanted = int(created is not None or (want and me == 1))
+        info = [wanted, os.getpid(), created[2] if created else 0, slot, pid_ns(), os.getuid()]
+        r0, r1 = pair_rows(info, group)
         if me == 0 and created is not None:
             mm = created[0]
         elif me == 1 and r0[0] and r1[0]:
             mm = _attach(r0[1], r0[2], r0[3])
-        ok = torch.tensor([int(mm is not None)], dtype=torch.int64)
-        both = torch.empty(2, dtype=torch.int64)
-        _all_gather(both, ok, group=group)
+        both = pair_rows([int(mm is not None)], group)
     finally:
         if created is not None:
             unlink(created[1])  # both ranks have mapped it (or never will): the name can go
-    if not all(both.tolist()) or mm is None:
+    if not (both[0][0] and both[1][0]) or mm is None:
         if mm is not None:
             close(mm)
         return None

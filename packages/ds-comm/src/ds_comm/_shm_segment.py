@@ -29,6 +29,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 logger = logging.getLogger(__name__)
 
@@ -169,3 +171,15 @@ def completed_future() -> torch.futures.Future[list[torch.Tensor]]:
     fut: torch.futures.Future[list[torch.Tensor]] = torch.futures.Future()
     fut.set_result([])
     return fut
+
+
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # torch 2.13's name, else the old
+
+
+def pair_rows(values: list[int], group: ProcessGroup | None) -> tuple[list[int], list[int]]:
+    """Both ranks' `values` of a two-rank `group`, (rank 0's, rank 1's): the facts a setup decides from, the
+    same on both ranks (one all-gather; both ranks call it with as many values)."""
+    rows = torch.empty(2 * len(values), dtype=torch.int64)
+    _all_gather(rows, torch.tensor(values, dtype=torch.int64), group=group)
+    first, second = rows.view(2, len(values)).tolist()
+    return first, second

@@ -54,6 +54,7 @@ from ds_comm._shm_segment import (
     create,
     enabled,
     futex,
+    pair_rows,
     pid_ns,
     reached,
     timeout_seconds,
@@ -69,8 +70,6 @@ _COUNT = 64  # byte offset of the owner's first counter (the barrier's); each on
 WORDS = 8
 """Counters per rank: the barrier's and seven a caller may `post` and `wait_for`."""
 _KIND = "shared"
-_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)  # torch 2.13's name, else the old
-_INFO = 6  # want, pid, nonce, bytes, pid namespace, user id
 
 
 class PairSharedTensor:
@@ -142,13 +141,10 @@ def pair_shared_tensor(numel: int, dtype: torch.dtype, group: ProcessGroup | Non
     created = create(_KIND, size) if enabled() else None
     peer_mm: mmap.mmap | None = None
     try:
-        info = torch.tensor(
-            [int(created is not None), os.getpid(), created[2] if created else 0, nbytes, pid_ns(), os.getuid()],
-            dtype=torch.int64,
-        )
-        rows = torch.empty(2 * _INFO, dtype=torch.int64)
-        _all_gather(rows, info, group=group)
-        mine_row, peer_row = rows.view(2, _INFO).tolist()[me], rows.view(2, _INFO).tolist()[1 - me]
+        # want, pid, nonce, bytes, pid namespace, user id
+        info = [int(created is not None), os.getpid(), created[2] if created else 0, nbytes, pid_ns(), os.getuid()]
+        rows = pair_rows(info, group)
+        mine_row, peer_row = rows[me], rows[1 - me]
         if mine_row[3] != peer_row[3]:
             raise ValueError(
                 f"pair_shared_tensor: this rank asked for {mine_row[3]} bytes and its peer for {peer_row[3]}; "
@@ -156,13 +152,11 @@ def pair_shared_tensor(numel: int, dtype: torch.dtype, group: ProcessGroup | Non
             )
         if created is not None and peer_row[0]:
             peer_mm = attach(_KIND, peer_row[1], peer_row[2], size)
-        ok = torch.tensor([int(peer_mm is not None)], dtype=torch.int64)
-        both = torch.empty(2, dtype=torch.int64)
-        _all_gather(both, ok, group=group)
+        both = pair_rows([int(peer_mm is not None)], group)
     finally:
         if created is not None:
             unlink(created[1])  # the peer has mapped it (or never will): the name can go
-    if created is None or peer_mm is None or not all(both.tolist()):
+    if created is None or peer_mm is None or not (both[0][0] and both[1][0]):
         for mm in (created[0] if created else None, peer_mm):
             if mm is not None:
                 close(mm)
