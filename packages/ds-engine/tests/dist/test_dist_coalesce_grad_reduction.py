@@ -3,7 +3,7 @@
 Each step runs its backwards inside the block (the last marked as the boundary) and steps after it. The
 weights must match plain PyTorch (one process, every rank's chunks, AdamW on the mean over ranks of the
 summed chunk gradients) and the engine without the block; at stages 2 and 3, which reduce during backward,
-the block must issue fewer collectives than the same backwards outside it.
+the block must issue fewer reductions than the same backwards outside it.
 """
 
 from __future__ import annotations
@@ -40,17 +40,26 @@ def _reference() -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _counting(counts: list[int]) -> Any:
-    """Append the number of collectives issued inside (ds_comm's comms logger counts every call)."""
+def _counting(counts: list[int], engine: Any) -> Any:
+    """Append the number of reductions issued inside: the collectives (ds_comm's comms logger counts every
+    call) and stage 2's buckets reduced through pair memory, which are not collectives (two ranks of one
+    host: ds_zero._stage12.pair_memory)."""
     import ds_comm
 
     ds_comm.configure(enabled=True, prof_all=True)
     ds_comm.comms_logger.comms_dict = {}
+    before = _pair_launches(engine)
     try:
         yield
     finally:
-        counts.append(sum(r[0] for sizes in ds_comm.comms_logger.comms_dict.values() for r in sizes.values()))
+        collectives = sum(r[0] for sizes in ds_comm.comms_logger.comms_dict.values() for r in sizes.values())
+        counts.append(collectives + _pair_launches(engine) - before)
         ds_comm.configure(enabled=False)
+
+
+def _pair_launches(engine: Any) -> int:
+    pairs = getattr(getattr(engine.optimizer, "_grads", None), "pairs", None) or []
+    return sum(p.launched for p in pairs if p is not None)
 
 
 def _train(rank: int, stage: int, coalesce: bool) -> tuple[torch.Tensor, int]:
@@ -63,7 +72,7 @@ def _train(rank: int, stage: int, coalesce: bool) -> tuple[torch.Tensor, int]:
     counts: list[int] = []
     for step in range(STEPS):
         block = engine.coalesce_grad_reduction() if coalesce else contextlib.nullcontext()
-        with _counting(counts), block:
+        with _counting(counts, engine), block:
             for i, (x, y) in enumerate(data[step * CHUNKS : (step + 1) * CHUNKS]):
                 engine.set_gradient_accumulation_boundary(i == CHUNKS - 1)
                 engine.backward(loss_fn(engine(x), y))

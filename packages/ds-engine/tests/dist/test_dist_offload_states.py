@@ -73,13 +73,23 @@ def _train(rank: int, stage: int, precision: str, mode: str, offload_at: list[in
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
+    # two ranks of one host keep stage 1's fp32 gradients in pair memory the peer maps (ds_zero._stage12.pair_memory):
+    # offload_states leaves such memory in place, as any storage it cannot resize
+    pair_grads = any(s is not None for s in getattr(getattr(engine.optimizer, "_grads", None), "shared", []))
     engine.offload_states(include=[OffloadStateTypeEnum.optim_states])
     partial = sorted(k.value for k in engine._offloaded_kinds())
     engine(data[0][0].to(dtype), data[0][1])  # forward needs only the parameters
     engine.reload_states()
     with deepspeed.zero.GatheredParameters(list(model.parameters())) if stage == 3 else contextlib.nullcontext():
         weights = torch.cat([p.detach().float().reshape(-1).clone() for p in engine.module.parameters()])
-    return {"losses": losses, "weights": weights, "parked": parked, "refused": refused, "partial": partial}
+    return {
+        "losses": losses,
+        "weights": weights,
+        "parked": parked,
+        "refused": refused,
+        "partial": partial,
+        "pair_grads": pair_grads,
+    }
 
 
 @pytest.mark.parametrize(
@@ -102,8 +112,8 @@ def test_offload_reload_keeps_training_identical(stage: int, precision: str) -> 
             assert ours["partial"] == ["optim_states"]
         host_bytes = [n for _, n in result["host"]["parked"]]
         copy_bytes = [n for _, n in result["copy"]["parked"]]
-        if stage < 3:  # right after a step the gradient buffers are dead: freed even on a CPU host
-            assert host_bytes[0] > 0
+        if stage < 3 and not result["host"]["pair_grads"]:  # right after a step the gradient buffers are dead:
+            assert host_bytes[0] > 0  # freed even on a CPU host
         # the copy path moves everything: at least this rank's half of the two fp32 Adam moments
         numel = 12 * 32 + 32 + 32 * 6 + 6
         assert min(copy_bytes) >= 4 * numel
