@@ -32,7 +32,6 @@ same all-gathered facts, and the caller keeps its collectives.
 from __future__ import annotations
 
 import ctypes
-import logging
 import mmap
 import os
 import time
@@ -62,8 +61,6 @@ from ds_comm._shm_segment import (
 )
 
 __all__ = ["PairSharedTensor", "pair_shared_tensor"]
-
-logger = logging.getLogger(__name__)
 
 _HEADER = 4096
 _COUNT = 64  # byte offset of the owner's first counter (the barrier's); each on a cache line of its own

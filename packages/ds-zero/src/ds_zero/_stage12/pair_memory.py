@@ -39,7 +39,7 @@ from torch.distributed import ProcessGroup
 import ds_comm
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 
-__all__ = ["PairBuckets", "gather_from_peer", "pair_buckets", "reduce_with_peer", "share_for"]
+__all__ = ["PairBuckets", "gather_from_peer", "gradient_memory", "pair_buckets", "reduce_with_peer", "share_for"]
 
 _CHUNK = 1 << 18  # elements summed and scaled while in cache (1 MiB of fp32 per operand)
 _WRITTEN, _READ = 1, 2  # stage 2's counters (ds_comm.PairSharedTensor.post / wait_for)
@@ -118,12 +118,20 @@ class PairBuckets:
         self.shared.post(_READ, self.completed)
 
 
+def gradient_memory(
+    share: Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None, flat: FlatParamGroup, eligible: bool
+) -> ds_comm.PairSharedTensor | None:
+    """Pair memory laid out like `flat` for its gradients, where the reduction allows it (`eligible`: two gloo
+    ranks, a power-of-two average, fp32 communication), `flat` is fp32 on the CPU and both ranks could map
+    it; else None, the pair exchange. Called alike on both ranks (`share` is a collective)."""
+    if share is None or not eligible or flat.dtype != torch.float32 or flat.device.type != "cpu":
+        return None
+    return share(flat.padded_numel, flat.dtype)
+
+
 def pair_buckets(
     share: Callable[[int, torch.dtype], ds_comm.PairSharedTensor | None] | None, flat: FlatParamGroup, eligible: bool
 ) -> PairBuckets | None:
-    """Stage 2's pair memory for `flat` where its reduction allows it (`eligible`: two gloo ranks, a power-of-two
-    average, fp32 communication) and both ranks could map it; else None, the pair exchange."""
-    if share is None or not eligible or flat.dtype != torch.float32 or flat.device.type != "cpu":
-        return None
-    shared = share(flat.padded_numel, flat.dtype)
+    """Stage 2's staging for `flat` in pair memory (`gradient_memory`), or None."""
+    shared = gradient_memory(share, flat, eligible)
     return PairBuckets(shared) if shared is not None else None

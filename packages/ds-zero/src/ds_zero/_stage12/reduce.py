@@ -39,7 +39,7 @@ import ds_comm
 from ds_zero._partition import owner_pieces
 from ds_zero._stage12.flat_buffer import FlatParamGroup
 from ds_zero._stage12.graph_grads import GraphOwnedGrads
-from ds_zero._stage12.pair_memory import reduce_with_peer
+from ds_zero._stage12.pair_memory import gradient_memory, reduce_with_peer
 
 logger = logging.getLogger(__name__)
 
@@ -255,15 +255,9 @@ class BoundaryReducer(GraphOwnedGrads):
         self.communication_dtype = communication_dtype
         self.in_place = accumulators is None
         # Two ranks of one host reduce fp32 gradients in place from each other's buffers (pair_memory).
+        in_place_fp32 = self.in_place and communication_dtype in (None, torch.float32)
         self.shared: list[ds_comm.PairSharedTensor | None] = [
-            make(f.padded_numel, f.dtype)
-            if make is not None
-            and self.in_place
-            and reducer.sums_pairs_in_place
-            and f.dtype == torch.float32
-            and f.device.type == "cpu"
-            and communication_dtype in (None, torch.float32)
-            else None
+            gradient_memory(make, f, in_place_fp32 and reducer.sums_pairs_in_place)
             for f, reducer, make in zip(flats, reducers, share or [None] * len(flats), strict=True)
         ]
         self.flat_grads = [
