@@ -99,6 +99,10 @@ class PairSharedTensor:
         self._mine_words[word].value = value & MASK
         futex(self._mine_addrs[word], FUTEX_WAKE, WAKE_ALL)
 
+    def peer_reached(self, word: int, value: int) -> bool:
+        """Whether the peer's counter `word` has reached `value` (what `wait_for` waits for; never waits)."""
+        return reached(self._peer_words[word].value, value & MASK)
+
     def wait_for(self, word: int, value: int, what: str, timeout: timedelta | None = None) -> None:
         """Sleep until the peer's counter `word` reaches `value` (counters only grow, modulo 2**32); `what` the
         peer is waited for to do, for the timeout's message."""

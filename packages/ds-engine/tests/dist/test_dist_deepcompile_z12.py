@@ -94,9 +94,9 @@ def _train(engine: Any, batches: list[Any], *, break_at: int | None = None) -> d
     method = "_take_grad" if engine.zero_optimization_stage() == 2 else "accept_graph_grad"
     original = getattr(reducer, method)
 
-    def counted(*args: Any) -> None:
+    def counted(*args: Any, **kwargs: Any) -> None:
         entered["n"] += 1
-        original(*args)
+        original(*args, **kwargs)
 
     setattr(reducer, method, counted)
     reduce_stats.reset()

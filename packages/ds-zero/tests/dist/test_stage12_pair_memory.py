@@ -5,6 +5,11 @@ parameters must agree bit for bit after every step, at stage 1 (whose gradient b
 and stage 2 (whose buckets are staged there, with and without overlap, in many small buckets), with
 gradient accumulation (a rank writes its gradient buffer again in the next micro-step only after its peer
 has read it) and an uneven pace (one rank sleeps inside the window, so the waits must really wait).
+
+Stage 2 writes a bucket's first sum over a partition `zero_grad()` left uncleared, and sums this rank's
+own part straight from the gradients (BucketReducer's [Note: clearing by overwriting]), so the plans
+also reach what no bucket writes: a step with no backward, a `zero_grad()` inside the window, and
+micro-steps whose loss leaves some parameters without a gradient.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ import ds_zero
 from ds_comm.testing import run_ranks
 
 
-def _train(rank: int, world: int, stage: int, gas: int, **config: Any) -> tuple[list[torch.Tensor], dict[str, Any]]:
+def _partial_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A loss through `emb` alone: `mid` and `head` get no gradient (counted as zero)."""
+    return (torch.tanh(model.emb(x)).sum(dim=1, keepdim=True) - y).pow(2).mean()
+
+
+def _train(
+    rank: int, world: int, stage: int, gas: int, plan: str = "", **config: Any
+) -> tuple[list[torch.Tensor], dict[str, Any]]:
     model = make_model()
     opt = ds_zero.DeepSpeedZeroOptimizer(make_optimizer(model), config=zero_config(stage, **config), module=model)
     grads = opt._grads.shared if stage == 1 else opt._grads.pairs  # stage 1: the flat buffer; 2: the staging
@@ -32,18 +44,25 @@ def _train(rank: int, world: int, stage: int, gas: int, **config: Any) -> tuple[
             if rank == 1 and step % 2:
                 time.sleep(0.05)  # this rank lags: its peer must wait at the barriers, not read early
             x, y = batch(step, micro, rank, world)
+            if plan == "no backward" and step == 2:
+                continue  # the step after it reads partitions no reduction wrote since zero_grad()
+            if plan == "partial" and step in (1, 2) and micro == 0:
+                opt.backward(_partial_loss(model, x, y) / gas)
+                continue
             opt.backward(loss_fn(model, x, y) / gas)
+            if plan == "zero inside" and step == 1 and micro == 0:
+                opt.zero_grad()  # this micro-step's sums must not reach the step
         opt.step()
         snapshots.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
     opt.close()
     return snapshots, used
 
 
-def _both_ways(rank: int, world: int, stage: int, gas: int, config: dict[str, Any]) -> dict[str, Any]:
-    shared, used = _train(rank, world, stage, gas, **config)
+def _both_ways(rank: int, world: int, stage: int, gas: int, config: dict[str, Any], plan: str) -> dict[str, Any]:
+    shared, used = _train(rank, world, stage, gas, plan, **config)
     os.environ["DS_COMM_SHM"] = "0"
     try:
-        plain, unused = _train(rank, world, stage, gas, **config)
+        plain, unused = _train(rank, world, stage, gas, plan, **config)
     finally:
         del os.environ["DS_COMM_SHM"]
     return {
@@ -55,21 +74,26 @@ def _both_ways(rank: int, world: int, stage: int, gas: int, config: dict[str, An
 
 
 TINY = {"reduce_bucket_size": 40}  # many buckets, most straddling the partitions
+UNUSED = {"ignore_unused_parameters": True}
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    ("stage", "gas", "config"),
+    ("stage", "gas", "config", "plan"),
     [
-        (1, 1, {}),
-        (1, 3, {}),
-        (2, 1, {}),
-        (2, 3, {"overlap_comm": True, **TINY}),
-        (2, 2, {"overlap_comm": False, **TINY}),
+        (1, 1, {}, ""),
+        (1, 3, {}, ""),
+        (2, 1, {}, ""),
+        (2, 3, {"overlap_comm": True, **TINY}, ""),
+        (2, 2, {"overlap_comm": False, **TINY}, ""),
+        (2, 2, {"overlap_comm": True, **TINY, **UNUSED}, "partial"),
+        (2, 1, {"overlap_comm": True, **TINY}, "no backward"),
+        (2, 2, {"overlap_comm": True}, "zero inside"),
     ],
 )
-def test_pair_memory_gives_the_collectives_bits(stage: int, gas: int, config: dict[str, Any]) -> None:
-    for rank, res in enumerate(run_ranks(2, _both_ways, stage=stage, gas=gas, config=config, timeout_s=150)):
+def test_pair_memory_gives_the_collectives_bits(stage: int, gas: int, config: dict[str, Any], plan: str) -> None:
+    ranks = run_ranks(2, _both_ways, stage=stage, gas=gas, config=config, plan=plan, timeout_s=150)
+    for rank, res in enumerate(ranks):
         assert res["equal"] == [True] * 4, f"rank {rank}: {res['equal']}"
         assert res["moved"], f"rank {rank}: the parameters never changed"
         for kind in ("params", "grads"):

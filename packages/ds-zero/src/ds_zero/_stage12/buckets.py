@@ -11,6 +11,13 @@ are zero-filled and launched, and every reduction is completed into this rank's 
 micro-steps accumulate there. On the two ranks of one host, a bucket of an fp32 group is staged at its
 place in a flat buffer in pair memory, and its owner sums the piece out of both ranks' buffers
 (ds_zero._stage12.pair_memory).
+
+[Note: clearing by overwriting] A group in pair memory is not cleared by `zero_grad()`: `clear()` marks
+its partition logically zero, and the first completion of each bucket after that writes its sum over
+the partition instead of adding it (one memset of the partition per step saved, and one read of it).
+Whatever no completion wrote by the time the reductions finish (`finish()`: the end of a backward, or a
+step without one) is zeroed then, so every reader of the partitions, which all come after `finish()`,
+sees what a cleared partition would hold.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class _Bucket:
     pending: int = 0
     storage: torch.Tensor | None = None
     last_seq: int = 0  # in pair memory: this bucket's number among its group's launches, the last time
+    #: In pair memory: this rank's part of each taken gradient, `pos -> (flat index, values)`.
+    own: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+    written: bool = False  # in pair memory: completed into the partition since the group's last clear()
 
     @property
     def numel(self) -> int:
@@ -60,6 +70,7 @@ class _Bucket:
         self.filled = [False] * len(self.params)
         self.pending = len(self.params)
         self.storage = None
+        self.own = {}
 
 
 def _build_buckets(flats: list[FlatParamGroup], bucket_numel: int) -> list[_Bucket]:
@@ -145,6 +156,8 @@ class BucketReducer(GraphOwnedGrads):
             pair_buckets(make, f, reducer.sums_pairs_in_place and dtype == torch.float32)
             for f, reducer, make in zip(flats, reducers, share or [None] * len(flats), strict=True)
         ]
+        #: Per group: the partition is logically zero, not yet written over ([Note: clearing by overwriting]).
+        self._clear_pending = [False] * len(flats)
         self._pool: list[torch.Tensor] = []
         self._num_buffers = 0
         self._in_flight: deque[tuple[_Bucket, _Launched | None]] = deque()
@@ -187,7 +200,7 @@ class BucketReducer(GraphOwnedGrads):
                     param.grad.add_(grad)
             return
         self._arm()
-        self._take_grad(bucket, pos, grad)
+        self._take_grad(bucket, pos, grad, keep=False)  # the graph may reuse its memory: copied
 
     def _arm(self) -> None:
         task = _graph_task_id()
@@ -203,16 +216,38 @@ class BucketReducer(GraphOwnedGrads):
             return
         grad = param.grad
         param.grad = None
-        self._take_grad(bucket, pos, grad)
+        self._take_grad(bucket, pos, grad, keep=True)
 
-    def _take_grad(self, bucket: _Bucket, pos: int, grad: torch.Tensor) -> None:
+    def _take_grad(self, bucket: _Bucket, pos: int, grad: torch.Tensor, *, keep: bool) -> None:
+        """Stage `grad` in its bucket; in pair memory this rank's own part is kept (`keep`: nothing else
+        writes `grad`) or staged and read from there, never sent (pair_memory's [Note: the own piece is never
+        staged])."""
         self._dirty = True
+        if self._in_flight:
+            self._complete_launched_pairs()
         if bucket.storage is None:
             bucket.storage = self._storage(bucket)
         slot = bucket.slots[pos]
-        view = bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start]
-        with torch.no_grad():
-            view.copy_(grad.reshape(-1))
+        values = grad.detach().reshape(-1)
+        lo, hi = slot.flat_offset, slot.flat_end
+        pair = self.pairs[bucket.group]
+        if pair is None:
+            bucket.buffer[lo - bucket.start : hi - bucket.start].copy_(values)
+        else:
+            flat = self.flats[bucket.group]
+            a, b = max(lo, flat.own_start), min(hi, flat.own_start + flat.partition_numel)
+            if a >= b:
+                bucket.buffer[lo - bucket.start : hi - bucket.start].copy_(values)
+            else:
+                staging = bucket.buffer
+                if lo < a:
+                    staging[lo - bucket.start : a - bucket.start].copy_(values[: a - lo])
+                if b < hi:
+                    staging[b - bucket.start : hi - bucket.start].copy_(values[b - lo :])
+                own = values[a - lo : b - lo]
+                if not (keep and own.dtype == pair.dtype):
+                    own = staging[a - bucket.start : b - bucket.start].copy_(own)
+                bucket.own[pos] = (a, own)
         if not bucket.filled[pos]:
             bucket.filled[pos] = True
             bucket.pending -= 1
@@ -247,6 +282,17 @@ class BucketReducer(GraphOwnedGrads):
             self._in_flight.append((bucket, launched))
             if not self.overlap_comm:
                 self._complete_oldest()
+        self._complete_launched_pairs()
+
+    def _complete_launched_pairs(self) -> None:
+        """Complete, oldest first, the pair-memory buckets the peer has launched too: no wait, and the
+        gradients they keep (pair_memory's [Note: the own piece is never staged]) go at once."""
+        while self._in_flight:
+            bucket, launched = self._in_flight[0]
+            pair = self.pairs[bucket.group]
+            if launched is not None or pair is None or not pair.launched_by_peer(bucket.last_seq):
+                return
+            self._complete_oldest()
 
     def _complete_oldest(self) -> None:
         bucket, launched = self._in_flight.popleft()
@@ -255,7 +301,11 @@ class BucketReducer(GraphOwnedGrads):
         if launched is None:
             assert pair is not None
             scale = self.reducers[bucket.group].post_scale
-            pair.complete(flat, bucket.start, bucket.end, bucket.last_seq, self.accumulators[bucket.group], scale)
+            overwrite = self._clear_pending[bucket.group] and not bucket.written
+            own = list(bucket.own.values())
+            pair.complete(flat, bucket.last_seq, own, self.accumulators[bucket.group], scale, overwrite=overwrite)
+            bucket.written = True
+            bucket.own = {}
         else:
             self.reducers[bucket.group].complete(launched, self.accumulators[bucket.group], flat.partition_numel)
             assert bucket.storage is not None
@@ -273,7 +323,7 @@ class BucketReducer(GraphOwnedGrads):
                 bucket.storage = self._storage(bucket)
             for pos, slot in enumerate(bucket.slots):
                 if not bucket.filled[pos]:
-                    bucket.buffer[slot.flat_offset - bucket.start : slot.flat_end - bucket.start].zero_()
+                    self._take_grad(bucket, pos, torch.zeros(slot.numel, dtype=self._buffer_dtype), keep=False)
                     missing.append(slot.name)
             bucket.pending = 0
         self._launch_ready()
@@ -303,6 +353,31 @@ class BucketReducer(GraphOwnedGrads):
         """Complete every launched reduction; afterwards the accumulators hold all reduced gradients."""
         while self._in_flight:
             self._complete_oldest()
+        self._settle_clears()
+
+    def clear(self, group: int) -> bool:
+        """Mark `group`'s partition logically zero if it is in pair memory ([Note: clearing by overwriting]);
+        False: it is not, and the caller zeroes it."""
+        if self.pairs[group] is None:
+            return False
+        self._clear_pending[group] = True
+        for bucket in self.buckets:
+            if bucket.group == group:
+                bucket.written = False
+        return True
+
+    def _settle_clears(self) -> None:
+        """Zero what no completion wrote over since a `clear()` (the buckets not reduced; nothing writes the
+        padding, which stays zero)."""
+        for g, pending in enumerate(self._clear_pending):
+            if not pending:
+                continue
+            flat, acc = self.flats[g], self.accumulators[g]
+            lo, hi = flat.own_start, flat.own_start + flat.partition_numel
+            for bucket in self.buckets:
+                if bucket.group == g and not bucket.written and max(lo, bucket.start) < min(hi, bucket.end):
+                    acc[max(lo, bucket.start) - lo : min(hi, bucket.end) - lo].zero_()
+            self._clear_pending[g] = False
 
     def zero(self) -> None:
         """Drop any gradients left on parameters and reset per-backward state (accumulators are the caller's)."""

@@ -351,16 +351,16 @@ class DeepSpeedZeroOptimizer(
         """Clear accumulated gradients: the fp32 partitions and any full gradients still held.
 
         Stage 1 keeps each parameter's `.grad` as a zeroed view of its flat gradient buffer whatever
-        `set_to_none` says (autograd then accumulates into it without allocating); stage 2 sets `.grad`
-        to None.
+        `set_to_none` says (autograd then accumulates into it without allocating); stage 2 sets it to None.
         """
         # Cleared only if written since the last clearing (a reduction, or a step: it unscales and clips), so
         # the engine's zero_grad() right after step()'s own skips a memset of every partition.
         written = self._grads.has_gradients or not self._partitions_clear
         self._grads.zero()
         if written and not self._grads_are_flat_views():
-            for acc in self.grad_partitions:
-                acc.zero_()
+            for g, acc in enumerate(self.grad_partitions):  # or the next reduction writes over it (BucketReducer)
+                if not (isinstance(self._grads, BucketReducer) and self._grads.clear(g)):
+                    acc.zero_()
         self._partitions_clear = True
 
     def _deferrable_reducer(self) -> DeferrableReducer:

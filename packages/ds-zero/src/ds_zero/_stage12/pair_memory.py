@@ -26,6 +26,13 @@ on both ranks. Completing bucket number n waits until the peer launched n; stagi
 backward waits until the peer completed that bucket's previous number (it read the old contents). The
 peer completes every bucket by the end of its backward, which needs nothing of this rank's later
 backwards, so neither wait can close a cycle.
+
+[Note: the own piece is never staged] Only the peer reads a bucket's staging, and only the part in its
+own partition. So the part of a gradient in this rank's partition is not copied into the staging at all:
+the bucket keeps the gradient (autograd's tensor, dropped from `.grad`) and its completion sums it with the
+peer's staging straight into the partition, one pass where a copy and a pass were. Where the partition is
+logically zero (the first backward since `zero_grad()`), completion writes the sum over it instead of
+adding, so `zero_grad()` need not clear it first (BucketReducer's [Note: clearing by overwriting]).
 """
 
 from __future__ import annotations
@@ -82,13 +89,18 @@ def reduce_with_peer(flat: FlatParamGroup, shared: ds_comm.PairSharedTensor, gra
 
 
 class PairBuckets:
-    """Stage 2's buckets of one fp32 group, staged in pair memory (the module's [Note: stage 2's counters])."""
+    """Stage 2's buckets of one fp32 group, staged in pair memory (the module's [Note: stage 2's counters] and
+    [Note: the own piece is never staged])."""
 
     def __init__(self, shared: ds_comm.PairSharedTensor) -> None:
         self.shared = shared
         self.launched = 0
         self.completed = 0
         self._sum = torch.empty(_CHUNK, dtype=shared.mine.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shared.mine.dtype
 
     def stage(self, start: int, end: int, last_seq: int) -> torch.Tensor:
         """Where a bucket over flat range `[start, end)` is staged, once the peer has read its previous
@@ -102,18 +114,36 @@ class PairBuckets:
         self.shared.post(_WRITTEN, self.launched)
         return self.launched
 
+    def launched_by_peer(self, seq: int) -> bool:
+        """Whether the peer has launched bucket `seq` (its writes are final): `complete` would not wait."""
+        return self.shared.peer_reached(_WRITTEN, seq)
+
     def complete(
-        self, flat: FlatParamGroup, start: int, end: int, seq: int, accumulator: torch.Tensor, scale: float
+        self,
+        flat: FlatParamGroup,
+        seq: int,
+        own: list[tuple[int, torch.Tensor]],
+        accumulator: torch.Tensor,
+        scale: float,
+        *,
+        overwrite: bool,
     ) -> None:
-        """Add `(own + peer's) * scale` of bucket `seq` (flat range `[start, end)`) into this rank's part of it
-        in `accumulator` (its fp32 partition): the pair exchange's sum and RangeReducer's addition, bit for bit."""
+        """Put `(own + peer's) * scale` of bucket `seq` into this rank's part of it in `accumulator` (its fp32
+        partition): added, or written over it where `overwrite` (the partition is logically zero). `own` is
+        this rank's values of that part, as `(flat index, values)` pieces that tile it (the gradients
+        themselves, or their staging). The pair exchange's sum and RangeReducer's addition, bit for bit."""
         self.shared.wait_for(_WRITTEN, seq, f"write its gradient bucket {seq}")
-        lo, hi = max(start, flat.own_start), min(end, flat.own_start + flat.partition_numel)
-        for at in range(lo, hi, _CHUNK):
-            n = min(_CHUNK, hi - at)
-            total = self._sum[:n]
-            torch.add(self.shared.mine[at : at + n], self.shared.peer[at : at + n], out=total)
-            accumulator[at - flat.own_start : at - flat.own_start + n].add_(total, alpha=scale)
+        base = flat.own_start
+        for start, values in own:
+            for lo in range(0, values.numel(), _CHUNK):
+                n = min(_CHUNK, values.numel() - lo)
+                at = start + lo
+                total, out = self._sum[:n], accumulator[at - base : at - base + n]
+                torch.add(values[lo : lo + n], self.shared.peer[at : at + n], out=total)
+                if overwrite:
+                    torch.mul(total, scale, out=out)
+                else:
+                    out.add_(total, alpha=scale)
         self.completed += 1
         self.shared.post(_READ, self.completed)
 
