@@ -39,6 +39,24 @@ def test_each_round_reads_the_peers_values_of_that_round() -> None:
     assert run_ranks(2, _rounds, timeout_s=60) == [[True] * 6, [True] * 6]
 
 
+def _counters(rank: int, world: int) -> list[bool]:
+    shared = ds_comm.pair_shared_tensor(8, torch.float32)
+    assert shared is not None
+    seen = [shared.peer_reached(1, 1)]  # before the barrier no rank has posted anything
+    shared.barrier()
+    if rank == 0:
+        shared.post(1, 1)
+    else:
+        shared.wait_for(1, 1, "post 1")
+        seen += [shared.peer_reached(1, 1), shared.peer_reached(1, 2)]  # rank 0 is held at the barrier
+    shared.barrier()
+    return seen
+
+
+def test_peer_reached_reads_the_peers_counter_without_waiting() -> None:
+    assert run_ranks(2, _counters, timeout_s=60) == [[False], [False, True, False]]
+
+
 def _switched_off(rank: int, world: int) -> tuple[bool, list[str]]:
     if rank == 1:
         os.environ["DS_COMM_SHM"] = "0"
