@@ -323,7 +323,8 @@ class BucketReducer(GraphOwnedGrads):
                 bucket.storage = self._storage(bucket)
             for pos, slot in enumerate(bucket.slots):
                 if not bucket.filled[pos]:
-                    self._take_grad(bucket, pos, torch.zeros(slot.numel, dtype=self._buffer_dtype), keep=False)
+                    zeros = torch.zeros(slot.numel, dtype=self._buffer_dtype, device=self._device)
+                    self._take_grad(bucket, pos, zeros, keep=False)
                     missing.append(slot.name)
             bucket.pending = 0
         self._launch_ready()
