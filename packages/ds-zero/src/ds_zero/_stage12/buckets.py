@@ -228,26 +228,22 @@ class BucketReducer(GraphOwnedGrads):
         if bucket.storage is None:
             bucket.storage = self._storage(bucket)
         slot = bucket.slots[pos]
-        values = grad.detach().reshape(-1)
+        values, staging, start = grad.detach().reshape(-1), bucket.buffer, bucket.start
         lo, hi = slot.flat_offset, slot.flat_end
-        pair = self.pairs[bucket.group]
-        if pair is None:
-            bucket.buffer[lo - bucket.start : hi - bucket.start].copy_(values)
+        pair, flat = self.pairs[bucket.group], self.flats[bucket.group]
+        # this rank's own part [a, b) of the slot: empty outside pair memory (everything is staged)
+        a, b = (hi, hi) if pair is None else (max(lo, flat.own_start), min(hi, flat.own_start + flat.partition_numel))
+        if a >= b:
+            staging[lo - start : hi - start].copy_(values)
         else:
-            flat = self.flats[bucket.group]
-            a, b = max(lo, flat.own_start), min(hi, flat.own_start + flat.partition_numel)
-            if a >= b:
-                bucket.buffer[lo - bucket.start : hi - bucket.start].copy_(values)
-            else:
-                staging = bucket.buffer
-                if lo < a:
-                    staging[lo - bucket.start : a - bucket.start].copy_(values[: a - lo])
-                if b < hi:
-                    staging[b - bucket.start : hi - bucket.start].copy_(values[b - lo :])
-                own = values[a - lo : b - lo]
-                if not (keep and own.dtype == pair.dtype):
-                    own = staging[a - bucket.start : b - bucket.start].copy_(own)
-                bucket.own[pos] = (a, own)
+            if lo < a:
+                staging[lo - start : a - start].copy_(values[: a - lo])
+            if b < hi:
+                staging[b - start : hi - start].copy_(values[b - lo :])
+            own = values[a - lo : b - lo]
+            if not (keep and pair is not None and own.dtype == pair.dtype):
+                own = staging[a - start : b - start].copy_(own)
+            bucket.own[pos] = (a, own)
         if not bucket.filled[pos]:
             bucket.filled[pos] = True
             bucket.pending -= 1
@@ -282,11 +278,11 @@ class BucketReducer(GraphOwnedGrads):
             self._in_flight.append((bucket, launched))
             if not self.overlap_comm:
                 self._complete_oldest()
-        self._complete_launched_pairs()
 
     def _complete_launched_pairs(self) -> None:
-        """Complete, oldest first, the pair-memory buckets the peer has launched too: no wait, and the
-        gradients they keep (pair_memory's [Note: the own piece is never staged]) go at once."""
+        """Complete, oldest first, the pair-memory buckets the peer has launched too (checked as each gradient
+        arrives): no wait, and the gradients they keep (pair_memory's [Note: the own piece is never staged]) go
+        early."""
         while self._in_flight:
             bucket, launched = self._in_flight[0]
             pair = self.pairs[bucket.group]
