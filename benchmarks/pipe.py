@@ -6,7 +6,9 @@
 For each micro-batch count m it times one training batch (m micro-batches, forward, backward,
 optimizer step) three ways: the whole model in one process with gradient accumulation
 ("sequential"), a 4-stage ds_pipe `PipelineExecutor`, and the same 4 stages under torch's
-`Schedule1F1B`. Times are medians over `--batches` batches after 2 warm-up batches.
+`Schedule1F1B`. Times are medians over `--batches` batches after 2 warm-up batches; a pipeline's batch
+runs from the first rank's start to the last rank's end (the ranks start from one barrier; the barrier
+that ends the batch is not timed, as the sequential side has none).
 
 Two kinds of stage work:
 - `compute`: Linear + GELU layers (real CPU math, one thread per rank). With fewer cores than
@@ -87,18 +89,40 @@ def _data(args: argparse.Namespace, m: int) -> list[tuple[torch.Tensor, torch.Te
     ]
 
 
-def _time_batches(run_batch: Any, batches: int, sync: bool = True) -> list[float]:
+def _time_batches(run_batch: Any, batches: int) -> list[float]:
+    """Seconds per batch in one process (the sequential model)."""
     times = []
     for i in range(WARMUP + batches):
-        if sync:
-            dist.barrier()
         start = time.perf_counter()
         run_batch()
-        if sync:
-            dist.barrier()
         if i >= WARMUP:
             times.append(time.perf_counter() - start)
     return times
+
+
+def _stamp_batches(run_batch: Any, batches: int) -> list[tuple[float, float]]:
+    """(start, end) of each batch on this rank, every rank starting from the same barrier.
+
+    The batch's time is then from the first rank's start to the last rank's end (`_batch_seconds`):
+    `time.perf_counter` is CLOCK_MONOTONIC, one clock for every process of the host. A barrier after
+    the batch keeps the ranks in step but stays out of the figure, as the sequential side has none.
+    """
+    stamps = []
+    for i in range(WARMUP + batches):
+        dist.barrier()
+        start = time.perf_counter()
+        run_batch()
+        end = time.perf_counter()
+        dist.barrier()
+        if i >= WARMUP:
+            stamps.append((start, end))
+    return stamps
+
+
+def _batch_seconds(results: list[dict[str, Any]]) -> float:
+    """Median over batches of the first start to the last end, over every rank's stamps."""
+    per_batch = zip(*(r["stamps"] for r in results), strict=True)
+    return statistics.median(max(e for _, e in batch) - min(s for s, _ in batch) for batch in per_batch)
 
 
 def sequential(args: argparse.Namespace, m: int) -> float:
@@ -115,7 +139,7 @@ def sequential(args: argparse.Namespace, m: int) -> float:
             (nn.functional.mse_loss(model(x), y) / m).backward()
         opt.step()
 
-    return statistics.median(_time_batches(run, args.batches, sync=False))
+    return statistics.median(_time_batches(run, args.batches))
 
 
 def ds_pipe_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, Any]:
@@ -137,12 +161,12 @@ def ds_pipe_worker(rank: int, world_size: int, args: argparse.Namespace, m: int)
         t = executor.timings()
         busy.append(1 - (t.get("ForwardPass", 0) + t.get("BackwardPass", 0)) / t["batch"])
 
-    times = _time_batches(run, args.batches)
+    stamps = _stamp_batches(run, args.batches)
     busy_bubble = statistics.median(busy[WARMUP:])
-    return {"time": statistics.median(times), "busy_bubble": busy_bubble, "traces": traces[WARMUP:]}
+    return {"stamps": stamps, "busy_bubble": busy_bubble, "traces": traces[WARMUP:]}
 
 
-def torch_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, float]:
+def torch_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.manual_seed(0)
@@ -166,7 +190,7 @@ def torch_worker(rank: int, world_size: int, args: argparse.Namespace, m: int) -
             schedule.step()
         opt.step()
 
-    return {"time": statistics.median(_time_batches(run, args.batches))}
+    return {"stamps": _stamp_batches(run, args.batches)}
 
 
 def _row(
@@ -198,7 +222,7 @@ def main() -> None:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=3,
+        default=5,
         help="measurements per setting, interleaved across implementations (median reported)",
     )
     _report.add_json_argument(parser)
@@ -232,13 +256,13 @@ def main() -> None:
                 results = run_ranks(
                     args.stages, ds_pipe_worker, args=run_args, m=m, timeout_s=900, env=_POLL if sleeping else None
                 )
-                ours.append(max(r["time"] for r in results))
+                ours.append(_batch_seconds(results))
                 busy.append(max(r["busy_bubble"] for r in results))
                 for batch in zip(*(r["traces"] for r in results), strict=True) if sleeping else ():
                     replays.append(_pipe_replay.replay(list(batch)))
                     stage_s.append(_pipe_replay.mean_stage_seconds(list(batch)))
                 results = run_ranks(args.stages, torch_worker, args=run_args, m=m, timeout_s=900)
-                theirs.append(max(r["time"] for r in results))
+                theirs.append(_batch_seconds(results))
             seq, ours_s, theirs_s = statistics.median(seqs), statistics.median(ours), statistics.median(theirs)
             print(_row(mode, m, "sequential", seq, seq, args))
             print(_row(mode, m, "ds_pipe", ours_s, seq, args, busy=statistics.median(busy)))
@@ -264,11 +288,14 @@ def main() -> None:
                     f"{(replay_s - theory_s) * 1e3:.1f} ms, transport and executor {(ours_s - replay_s) * 1e3:.1f} ms)",
                     flush=True,
                 )
-                bubble = 1 - seq / ours_s / args.stages
+                # paired: each round's pipeline batch against the same round's sequential one, so the host's
+                # drift between rounds (its `time.sleep` overshoot moves both) cancels in the ratio
+                bubble = statistics.median(1 - s / o / args.stages for s, o in zip(seqs, ours, strict=True))
+                print(f"{'':8s} {'':3s}  bubble, paired median of {len(seqs)} rounds: {bubble:.3f}", flush=True)
                 rows.append(
                     _report.Row(
                         "pipe",
-                        f"{mode} m={m}: bubble fraction (1 - speedup/p)",
+                        f"{mode} m={m}: bubble fraction (1 - speedup/p), paired median of {len(seqs)} rounds",
                         bubble,
                         "",
                         "theory (p-1)/(m+p-1)",

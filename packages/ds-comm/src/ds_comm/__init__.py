@@ -64,7 +64,7 @@ from ds_comm._pinned_memory import (
     track_pinned_memory,
 )
 from ds_comm._rooted_and_batched import P2POp, batch_isend_irecv, gather, monitored_barrier, scatter
-from ds_comm._shm_p2p import open_shm_p2p
+from ds_comm._shm_p2p import open_shm_p2p, shm_p2p_carries
 from ds_comm._shm_shared import PairSharedTensor, pair_shared_tensor
 from ds_comm._trim_mean import trim_mean
 from ds_comm.accelerator import Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator
@@ -243,6 +243,7 @@ __all__ = [
     "set_accelerator",
     "set_backend",
     "set_pin_handle_loader",
+    "shm_p2p_carries",
     "timed_op",
     "track_pinned_memory",
     "trim_mean",

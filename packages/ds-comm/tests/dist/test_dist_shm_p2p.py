@@ -34,6 +34,7 @@ def _messages(sender: int) -> list[torch.Tensor]:
         torch.randn(1000, generator=g).to(torch.bfloat16),
         torch.randn(_shm_p2p.SLOT_BYTES // 4, generator=g),  # exactly one slot: the ring
         torch.rand(5, generator=g) > 0.5,
+        torch.randn(40, generator=g)[8:24],  # a view starting 32 bytes into its storage
     ]
 
 
@@ -59,13 +60,15 @@ def _round_trip(rank: int, world: int) -> dict[str, object]:
         ds_comm.send(torch.arange(4.0), peer)
         ds_comm.isend(torch.ones(3), peer, tag=5).wait()
     else:
-        got = torch.empty(4)
-        ds_comm.recv(got, peer)
+        got = torch.zeros(10)
+        ds_comm.recv(got[3:7], peer)  # into a view: the bytes land where the view starts, nowhere else
         ds_comm.recv(tagged, peer, tag=5)
-        equal.append(torch.equal(got, torch.arange(4.0)) and torch.equal(tagged, torch.ones(3)))
+        expected = torch.cat([torch.zeros(3), torch.arange(4.0), torch.zeros(3)])
+        equal.append(torch.equal(got, expected) and torch.equal(tagged, torch.ones(3)))
     link = _shm_p2p._links[dist.group.WORLD][peer]
     ring = (link.messages_sent, link.messages_received) if link is not None else None
-    return {"linked": linked, "equal": equal, "ring": ring, "rounds": rounds}
+    carries = [ds_comm.shm_p2p_carries(p, n) for p, n in ((peer, _shm_p2p.SLOT_BYTES), (peer, _shm_p2p.SLOT_BYTES + 1))]
+    return {"linked": linked, "equal": equal, "ring": ring, "rounds": rounds, "carries": carries}
 
 
 def test_ring_carries_small_messages_in_order_and_gloo_the_large() -> None:
@@ -76,12 +79,14 @@ def test_ring_carries_small_messages_in_order_and_gloo_the_large() -> None:
         assert res["linked"] is True
         # the blocking send of rank 0 took the ring too; the tagged one went to gloo
         assert res["ring"] == (small + (rank == 0), small + (rank == 1)), f"rank {rank}"
+        assert res["carries"] == [True, False], "a slot's worth takes the ring, a byte more gloo"
 
 
 def test_the_switch_on_one_rank_keeps_both_on_gloo() -> None:
     for rank, res in enumerate(run_ranks(2, _switched_off_on_rank_1, timeout_s=120)):
         assert all(res["equal"]), f"rank {rank}: mismatched messages at {res['equal'].index(False)}"
         assert res["linked"] is False and res["ring"] is None
+        assert res["carries"] == [False, False]
 
 
 def _switched_off_on_rank_1(rank: int, world: int) -> dict[str, object]:

@@ -13,7 +13,8 @@ executor calls at the end of a batch. Neighbours on one host link through shared
 stage is built (`ds_comm.open_shm_p2p`): messages up to its slot size then skip gloo's TCP, which
 matters because two hops per micro-batch lie on 1F1B's critical path. Receives block, but with
 static shapes the executor asks for the next message's receives to be posted early
-(`prefetch_next`), so data lands during compute. With tensor parallelism and `pipe_partitioned` /
+(`prefetch_next`), so gloo lands the data during compute (not for messages the ring carries: see
+[Note: no prefetch through the ring]). With tensor parallelism and `pipe_partitioned` /
 `grad_partitioned`, each rank sends only its 1/mp slice of every floating tensor and the receiver
 all-gathers the slices over its tensor-parallel group.
 """
@@ -152,7 +153,10 @@ class StageP2P:
 
     # Raw transfers
     def _isend(self, tensor: torch.Tensor, dst: int) -> None:
-        tensor = tensor.detach().contiguous()
+        if tensor.requires_grad:  # each call is a cold dispatch right after a stage's compute: skip no-ops
+            tensor = tensor.detach()
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
         self._pending.append((ds_comm.isend(tensor, dst), tensor))
 
     def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> torch.Tensor:
@@ -171,6 +175,24 @@ class StageP2P:
                 tensor = torch.empty(shape, dtype=dtype, device=self.device)
                 posted.append((ds_comm.irecv(tensor, src), tensor, None))
         return posted
+
+    def _prefetches(self, specs: list[tuple[tuple[int, ...], torch.dtype]], src: int, partitioned: bool) -> bool:
+        """Whether to post the next message's receives now: not when the shared-memory ring carries it.
+
+        [Note: no prefetch through the ring] Posting early lets gloo land the data during compute; a ring
+        message waits in its slot anyway. Posted early, the receives' cost (cold, right after the
+        previous message arrived) lies between that arrival and the compute it feeds, on 1F1B's critical
+        path; posted by the receive that waits for them, it hides in that wait.
+        """
+        if self.dynamic_shape:
+            return False
+        for shape, dtype in specs:
+            numel = math.prod(shape)
+            if partitioned and dtype.is_floating_point:
+                numel = math.ceil(numel / self._slices)
+            if not ds_comm.shm_p2p_carries(src, numel * dtype.itemsize):
+                return True
+        return False
 
     def _complete(self, posted: _Posted) -> list[torch.Tensor]:
         """Wait for posted receives; all-gather partitioned pieces over the tensor-parallel group."""
@@ -228,7 +250,7 @@ class StageP2P:
         """Receive the previous stage's output; floating tensors that required grad there require it here.
 
         With `prefetch_next` (static shapes only) the receives of the next output are posted too, so
-        its data can arrive while this stage computes.
+        gloo can land its data while this stage computes ([Note: no prefetch through the ring]).
         """
         assert self.prev_rank is not None, "the first stage receives no activations"
         posted, self._next_activation = self._next_activation, None
@@ -239,13 +261,12 @@ class StageP2P:
                 if length:
                     meta = _decode(self._recv((length,), torch.int64, self.prev_rank).tolist())
                     self._received[self.mode] = meta
-            assert meta is not None, "a dynamic-shape stream began without a description"
-            posted = self._post([(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank, self.pipe_partitioned)
-        assert meta is not None
-        if prefetch_next and not self.dynamic_shape:
-            self._next_activation = self._post(
-                [(shape, dtype) for dtype, _, shape in meta[1]], self.prev_rank, self.pipe_partitioned
-            )
+        assert meta is not None, "a dynamic-shape stream began without a description"
+        specs = [(shape, dtype) for dtype, _, shape in meta[1]]
+        if posted is None:
+            posted = self._post(specs, self.prev_rank, self.pipe_partitioned)
+        if prefetch_next and self._prefetches(specs, self.prev_rank, self.pipe_partitioned):
+            self._next_activation = self._post(specs, self.prev_rank, self.pipe_partitioned)
         grad = torch.is_grad_enabled()
         tensors = [
             t.requires_grad_(requires_grad and grad)
@@ -266,14 +287,15 @@ class StageP2P:
         """Receive the gradients of this stage's outputs that require grad, in order.
 
         With `prefetch_next` (static shapes only) the receives for the next micro-batch's gradients
-        are posted too (same shapes: static mode guarantees every output has the same structure).
+        are posted too where gloo carries them (same shapes: static mode guarantees every output has
+        the same structure).
         """
         assert self.next_rank is not None, "the last stage receives no gradients"
         specs = [(tuple(t.shape), t.dtype) for t in as_tuple(outputs) if t.requires_grad]
         posted, self._next_grads = self._next_grads, None
         if posted is None:
             posted = self._post(specs, self.next_rank, self.grad_partitioned)
-        if prefetch_next and not self.dynamic_shape:
+        if prefetch_next and self._prefetches(specs, self.next_rank, self.grad_partitioned):
             self._next_grads = self._post(specs, self.next_rank, self.grad_partitioned)
         return self._complete(posted)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from ds_comm import _shm_p2p as ds_comm_shm_p2p
 from ds_comm.testing import run_ranks
 from ds_pipe import (
     ActivationShapeError,
@@ -74,6 +75,25 @@ def test_dynamic_shapes_match_sequential(shm: str) -> None:
         torch.testing.assert_close(torch.stack(res["eval"]), torch.stack(per_micro), rtol=0, atol=1e-6)
         for name, grad in res["grads"].items():
             torch.testing.assert_close(grad, grads[name], rtol=0, atol=1e-6)
+
+
+def _prefetch_choices(rank: int, world_size: int) -> dict[str, bool]:
+    executor = PipelineExecutor(_mlp_module(world_size, dynamic=False), micro_batches=2)
+    p2p, peer = executor.p2p, 1 - rank
+    slot = ds_comm_shm_p2p.SLOT_BYTES
+    return {
+        "small": p2p._prefetches([((32, 32), torch.float32)], peer, partitioned=False),
+        "one slot": p2p._prefetches([((slot // 2,), torch.bfloat16)], peer, partitioned=False),
+        "one over": p2p._prefetches([((32, 32), torch.float32), ((slot + 1,), torch.uint8)], peer, partitioned=False),
+    }
+
+
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "gloo"])
+def test_receives_are_posted_early_only_for_gloo(shm: str) -> None:
+    """[Note: no prefetch through the ring]: early posting is for messages gloo carries."""
+    for res in run_ranks(2, _prefetch_choices, timeout_s=60, env={"DS_COMM_SHM": shm}):
+        over_gloo = shm == "0"
+        assert res == {"small": over_gloo, "one slot": over_gloo, "one over": True}
 
 
 def test_static_shapes_reject_a_changed_activation() -> None:

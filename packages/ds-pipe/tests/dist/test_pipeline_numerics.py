@@ -70,8 +70,15 @@ def _check_against_reference(results: list[dict[str, Any]], num_dp: int) -> None
     assert len(tied) == 2 * num_dp and all(torch.equal(t, tied[0]) for t in tied)
 
 
-@pytest.mark.parametrize(("num_pp", "num_dp"), [(2, 1), (4, 1), (2, 2)])
-def test_pipeline_matches_sequential(num_pp: int, num_dp: int) -> None:
-    results = run_ranks(num_pp * num_dp, _train, num_pp=num_pp, num_dp=num_dp, timeout_s=120)
+@pytest.mark.parametrize(
+    ("num_pp", "num_dp", "shm"),
+    [(2, 1, "1"), (4, 1, "1"), (2, 2, "1"), (4, 1, "0")],
+    ids=["2x1", "4x1", "2x2", "4x1-gloo"],
+)
+def test_pipeline_matches_sequential(num_pp: int, num_dp: int, shm: str) -> None:
+    """Neighbours talk through ds_comm's shared-memory ring, or (`DS_COMM_SHM=0`) gloo, where the next
+    message's receives are posted early and the loss walks back from the last stage over gloo's p2p."""
+    env = {"DS_COMM_SHM": shm}
+    results = run_ranks(num_pp * num_dp, _train, num_pp=num_pp, num_dp=num_dp, timeout_s=120, env=env)
     assert results[0]["parts"] == ([0, 6, 11] if num_pp == 2 else [0, 3, 6, 9, 11])
     _check_against_reference(results, num_dp)
