@@ -397,8 +397,9 @@ class PipelineExecutor:
         previous one, point to point, instead of a broadcast over the pipe group: 1F1B's drain ends
         the stages in that very order (the last stage first, the first stage last), so every stage
         finds the loss already sent when it gets there. A broadcast made the first stage, whose end
-        is the batch's end, run a gloo collective there (about 0.8 ms on this 2-CPU host's sleep-model
-        pipeline); through the neighbours' shared-memory ring it takes one receive of a scalar.
+        is the batch's end, run a gloo collective there: 0.7-1.0 ms from its last instruction to its
+        return on this 2-CPU host's sleep-model pipeline (4 stages), 0.2 ms with the walk through
+        the neighbours' shared-memory ring.
         """
         if self.is_last_stage:
             assert mean is not None
