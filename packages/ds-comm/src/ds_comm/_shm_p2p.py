@@ -338,15 +338,15 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 _links: weakref.WeakKeyDictionary[ProcessGroup, dict[int, ShmLink | None]] = weakref.WeakKeyDictionary()
 
 
-def shm_link(peer: int | None, group: ProcessGroup | None, tag: int, tensor: torch.Tensor) -> ShmLink | None:
-    """The link a p2p message with global rank `peer` takes, or None (gloo): see the module's note."""
+def shm_link(peer: int | None, group: ProcessGroup | None, tag: int, nbytes: int) -> ShmLink | None:
+    """The link a p2p message of `nbytes` with global rank `peer` takes, or None (gloo): see the module's note."""
     if peer is None or tag != 0 or not _links:
         return None
     world = dist.group.WORLD
     if world is None or (group is not None and group is not world):
         return None
     link = _links.get(world, {}).get(peer)
-    if link is None or tensor.numel() * tensor.element_size() > link.slot:
+    if link is None or nbytes > link.slot:
         return None
     return link
 
@@ -357,9 +357,7 @@ def shm_p2p_carries(peer: int, nbytes: int) -> bool:
 
     A receive the ring carries gains nothing from being posted early (the message waits in its slot until
     taken out), so a caller can post it when it is about to wait instead of in front of other work."""
-    world = dist.group.WORLD
-    link = _links.get(world, {}).get(peer) if world is not None else None
-    return link is not None and nbytes <= link.slot
+    return shm_link(peer, None, 0, nbytes) is not None
 
 
 # ---- setup ---------------------------------------------------------------------------------------------

@@ -448,12 +448,12 @@ def irecv(
 
 def _ring_send(tensor: torch.Tensor, dst: int, group: ProcessGroup | None, tag: int) -> ShmP2PWork | None:
     """The send through a shared-memory link with `dst` (see ds_comm._shm_p2p), or None: gloo's."""
-    link = shm_link(dst, group, tag, tensor)
+    link = shm_link(dst, group, tag, _nbytes(tensor))
     return link.send(tensor) if link is not None else None
 
 
 def _ring_post(tensor: torch.Tensor, src: int | None, group: ProcessGroup | None, tag: int) -> ShmP2PWork | None:
-    link = shm_link(src, group, tag, tensor)
+    link = shm_link(src, group, tag, _nbytes(tensor))
     return link.post(tensor) if link is not None else None
 
 
