@@ -1,6 +1,6 @@
 """ZeRO 1/2/3 through `deepspeed.initialize`: ds vs DeepSpeed 0.19.8, CPU time per step on 2 gloo ranks.
 
-Run: python benchmarks/zero_deepspeed.py [--stages 1,2,3] [--steps 10] [--rounds 3]
+Run: python benchmarks/zero_deepspeed.py [--stages 1,2,3] [--steps 10] [--rounds 5]
          [--deepspeed-python /work/dsref/bin/python] [--ds-before CHECKOUT] [--json PATH]
 
 The same program runs on both sides: `import deepspeed` is ds's compatibility package under this
@@ -12,8 +12,10 @@ embeddings), a client torch AdamW (foreach) and `deepspeed.initialize` with one 
 is forward, `engine.backward`, `engine.step`. Runs alternate side by side (ds, DeepSpeed, ds, ...)
 for `--rounds` rounds so machine noise hits both alike, each round starting with the next side; a run's
 figure is the median over its `--steps` steps (after 3 warm-up steps) of the process CPU time (all
-threads) summed over the two ranks, and a side's figure is the median over rounds. Peak RSS is the
-larger rank's `ru_maxrss`.
+threads) summed over the two ranks, and a side's figure is the median over rounds. The ratio to DeepSpeed
+is paired: each round's ds run against the same round's DeepSpeed run, the median of those per-round
+ratios (a 3-round ratio of medians moved by about 0.1 between runs of the same code here, one slow run of
+either side shifting it). Peak RSS is the larger rank's `ru_maxrss`.
 Targets: ZeRO-3 <= 0.8x DeepSpeed's CPU time per step, ZeRO-1/2 <= 0.75x, peak RSS <= 1x.
 
 `--sides ds,deepspeed,floor` adds the floor of any ZeRO-1/2 on this host: the same ranks and steps in plain
@@ -229,7 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", default="1,2,3")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--sides", default="ds,deepspeed")
@@ -271,6 +273,7 @@ def main() -> None:
         f"alternating sides, each the median of {args.steps} steps; CPU = process time summed over ranks"
     )
     print(f"{'stage':<7}{'side':<11}{'cpu s/step':>11}{'wall s':>8}{'peak RSS':>10}{'cpu/DS':>8}{'RSS/DS':>8}  target")
+    print("        (cpu/DS: the median of the per-round ratios, each round's run against its DeepSpeed run)")
     rows = []
     for stage in stages:
         ref = runs.get(("deepspeed", stage))
@@ -281,15 +284,23 @@ def main() -> None:
             cpu = statistics.median(r["cpu"] for r in rs)
             wall = statistics.median(r["wall"] for r in rs)
             rss = max(r["peak_rss"] for r in rs)
-            ratio = f"{cpu / ref_cpu:.3f}" if ref_cpu else ""
+            ratio = f"{_paired([r['cpu'] for r in rs], [r['cpu'] for r in ref]):.3f}" if ref else ""
             rss_ratio = f"{rss / ref_rss:.3f}" if ref_rss else ""
             tgt = f"<= {TARGETS[stage]}" if side == "ds" and ref_cpu else ""
             print(f"{stage:<7}{side:<11}{cpu:>11.3f}{wall:>8.3f}{rss:>10.0f}{ratio:>8}{rss_ratio:>8}  {tgt}")
             rows.append(dict(stage=stage, side=side, cpu=cpu, wall=wall, peak_rss=rss, runs=[r["cpu"] for r in rs]))
+            if ref and side != "deepspeed":
+                each = ", ".join(f"{a['cpu'] / b['cpu']:.3f}" for a, b in zip(rs, ref, strict=True))
+                print(f"{'':18}per round: {each}")
         if ref and ("ds", stage) in runs:
             diff = max(abs(a - b) for a, b in zip(runs[("ds", stage)][0]["losses"], ref[0]["losses"], strict=True))
             print(f"        stage {stage} max |loss ds - loss DeepSpeed| over the run: {diff:.2e}")
     _report.write_rows(args.json, report_rows(rows, args.rounds))
+
+
+def _paired(side: list[float], ref: list[float]) -> float:
+    """The median over rounds of one side's CPU time per step over DeepSpeed's in the same round."""
+    return statistics.median(a / b for a, b in zip(side, ref, strict=True))
 
 
 def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
@@ -306,11 +317,12 @@ def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
         rows += [
             _report.Row(
                 "zero_deepspeed",
-                f"{what}: CPU time per step (both ranks), median of {rounds} rounds",
+                f"{what}: CPU time per step (both ranks), paired median of {rounds} rounds",
                 r["cpu"],
                 "s",
                 base,
                 ref["cpu"] if ref else None,
+                ratio=_paired(r["runs"], ref["runs"]) if ref else None,
                 target=f"<= {TARGETS[stage]}" if ref else "",
             ),
             _report.Row(
@@ -331,11 +343,12 @@ def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
             rows.append(
                 _report.Row(
                     "zero_deepspeed",
-                    f"{what}: plain-PyTorch floor of a ZeRO-1/2 rank (no communication), CPU time per step",
+                    f"{what}: plain-PyTorch floor of a ZeRO-1/2 rank (no communication), CPU time per step, paired",
                     floor["cpu"],
                     "s",
                     base,
                     ref["cpu"] if ref else None,
+                    ratio=_paired(floor["runs"], ref["runs"]) if ref else None,
                 )
             )
     return rows
