@@ -71,7 +71,7 @@ SETTINGS: dict[str, tuple[list[str], list[str]]] = {
     # full: ~100M params fp32 + AdamW (1.2 GB a save), 3 reps of each way after a warm-up, ~1.5 min
     "decoupled_save": ([], ["--layers", "4", "--reps", "2"]),
     "bf16_masters": ([], ["--hidden", "128", "--layers", "2"]),  # 4 ZeRO-3 runs of 2 ranks, ~2 min loaded
-    # full: ds beside DeepSpeed 0.19.8 and the plain-PyTorch floor of a ZeRO-1/2 rank, 3 rounds, ~10 min
+    # full: ds beside DeepSpeed 0.19.8 and the plain-PyTorch floor of a ZeRO-1/2 rank, 5 paired rounds, ~10 min
     "zero_deepspeed": (["--sides", "ds,deepspeed,floor"], ["--stages", "2", "--rounds", "1", "--steps", "3"]),
 }
 
