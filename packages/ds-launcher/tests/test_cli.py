@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+# The report goes out in one write(): the launcher runs ranks with `python -u`, where print() writes the text
+# and its newline separately, so two ranks' lines could interleave on the shared stdout (as train_job.py says).
 PROBE = """\
 import json, os, sys
-print(json.dumps({"rank": os.environ["RANK"], "argv": sys.argv[1:], "ppid": os.getppid(),
-                  "pidfile": open(f"/tmp/{os.getppid()}.deepspeed").read() if "--pidfile" in sys.argv else None}))
+report = {"rank": os.environ["RANK"], "argv": sys.argv[1:], "ppid": os.getppid(),
+          "pidfile": open(f"/tmp/{os.getppid()}.deepspeed").read() if "--pidfile" in sys.argv else None}
+os.write(1, (json.dumps(report) + "\\n").encode())
 sys.exit(int(os.environ.get("EXIT_" + os.environ["RANK"], "0")))
 """
 
