@@ -142,9 +142,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[P2POp]) -> list[CollectiveHandle]:
         start = time.perf_counter()
     # A message a shared-memory link carries (ds_comm._shm_p2p) must take it here too, or a peer that
     # receives it with irecv would wait on the ring for what went to gloo: those ops go one by one.
-    linked = [
-        shm_link(p.peer, p.group, p.tag, p.tensor.numel() * p.tensor.element_size()) is not None for p in p2p_op_list
-    ]
+    linked = [shm_link(p.peer, p.group, p.tag, _nbytes(p.tensor)) is not None for p in p2p_op_list]
     batched = [p for p, ring in zip(p2p_op_list, linked, strict=True) if not ring]
     handles: list[CollectiveHandle] = []
     works: list[Any] = []
