@@ -19,7 +19,8 @@ import json
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,12 @@ def read_rows(path: Path) -> list[Row]:
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of rows, got {type(data).__name__}")
     return [row_from_dict(item, Path(path).stem) for item in data]
+
+
+def paired_ratio(values: Sequence[float], baselines: Sequence[float]) -> float:
+    """The ratio of a *paired* figure (see [Note: ratio and target]): the median over rounds of each round's
+    value over the same round's baseline."""
+    return statistics.median(v / b for v, b in zip(values, baselines, strict=True))
 
 
 def _finite(x: Any) -> Any:

@@ -142,7 +142,7 @@ def main() -> None:
     per_round = {m: [a.steps / r["train_runtime_s"] for r in results[m]] for m in modes}
     rate = {m: statistics.median(v) for m, v in per_round.items()}
     # paired: this round's mode against this round's DDP, seconds apart (the module docstring says why)
-    paired = {m: statistics.median(x / d for x, d in zip(per_round[m], per_round["ddp"], strict=True)) for m in modes}
+    paired = {m: _report.paired_ratio(per_round[m], per_round["ddp"]) for m in modes}
     rss = {m: statistics.median(max(r["peak_rss_mib"]) for r in results[m]) for m in modes}
     print(
         f"HF Trainer, Llama {a.layers}x{a.hidden} ({n_params / 1e6:.2f}M params), 2 gloo ranks, "

@@ -284,7 +284,7 @@ def main() -> None:
             cpu = statistics.median(r["cpu"] for r in rs)
             wall = statistics.median(r["wall"] for r in rs)
             rss = max(r["peak_rss"] for r in rs)
-            ratio = f"{_paired([r['cpu'] for r in rs], [r['cpu'] for r in ref]):.3f}" if ref else ""
+            ratio = f"{_report.paired_ratio([r['cpu'] for r in rs], [r['cpu'] for r in ref]):.3f}" if ref else ""
             rss_ratio = f"{rss / ref_rss:.3f}" if ref_rss else ""
             tgt = f"<= {TARGETS[stage]}" if side == "ds" and ref_cpu else ""
             print(f"{stage:<7}{side:<11}{cpu:>11.3f}{wall:>8.3f}{rss:>10.0f}{ratio:>8}{rss_ratio:>8}  {tgt}")
@@ -296,11 +296,6 @@ def main() -> None:
             diff = max(abs(a - b) for a, b in zip(runs[("ds", stage)][0]["losses"], ref[0]["losses"], strict=True))
             print(f"        stage {stage} max |loss ds - loss DeepSpeed| over the run: {diff:.2e}")
     _report.write_rows(args.json, report_rows(rows, args.rounds))
-
-
-def _paired(side: list[float], ref: list[float]) -> float:
-    """The median over rounds of one side's CPU time per step over DeepSpeed's in the same round."""
-    return statistics.median(a / b for a, b in zip(side, ref, strict=True))
 
 
 def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
@@ -322,7 +317,7 @@ def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
                 "s",
                 base,
                 ref["cpu"] if ref else None,
-                ratio=_paired(r["runs"], ref["runs"]) if ref else None,
+                ratio=_report.paired_ratio(r["runs"], ref["runs"]) if ref else None,
                 target=f"<= {TARGETS[stage]}" if ref else "",
             ),
             _report.Row(
@@ -348,7 +343,7 @@ def report_rows(results: list[dict], rounds: int) -> list[_report.Row]:
                     "s",
                     base,
                     ref["cpu"] if ref else None,
-                    ratio=_paired(floor["runs"], ref["runs"]) if ref else None,
+                    ratio=_report.paired_ratio(floor["runs"], ref["runs"]) if ref else None,
                 )
             )
     return rows
